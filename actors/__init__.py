@@ -1,0 +1,36 @@
+"""kinbox.actors: the runtime, its actors and the agent tools. Start here.
+
+    from kinbox.actors import Runtime
+
+    def brain(turn):
+        turn.reply(f"got {turn.messages[0].content}")
+
+    with Runtime(db="sqlite:///app.db", brain=brain) as rt:
+        ...
+"""
+
+from .access import HIDDEN_KINDS, SESSION_KINDS
+from .clock import Clock, ManualClock, SystemClock
+from .errors import ConfigError, IdleTimeout, KinboxError, RuntimeStateError, ToolError
+from .runtime import Runtime
+from .tools import AgentTools
+from .turn import Brain, Message, Turn, TurnOutcome
+
+__all__ = [
+    "HIDDEN_KINDS",
+    "SESSION_KINDS",
+    "AgentTools",
+    "Brain",
+    "Clock",
+    "ConfigError",
+    "IdleTimeout",
+    "KinboxError",
+    "ManualClock",
+    "Message",
+    "Runtime",
+    "RuntimeStateError",
+    "SystemClock",
+    "ToolError",
+    "Turn",
+    "TurnOutcome",
+]

@@ -1,0 +1,115 @@
+"""What the runtime's actors share: stores, clock, brain, identity and observers.
+
+One :class:`RuntimeContext` per started runtime. It holds no policy; it is
+the wiring the composition root (``runtime.py``) hands to each actor, plus
+the :class:`Activity` board that ``run_until_idle`` waits on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pykka
+
+from ..persistence import Journal, SessionStore
+from .clock import Clock
+from .messages import Wake
+from .running import RunningTurns
+from ..persistence import NewMessage
+from .turn import Brain, Turn, TurnOutcome
+
+log = logging.getLogger("kinbox.runtime")
+
+OutboxHook = Callable[["RuntimeContext", Turn, TurnOutcome], list[NewMessage]]
+"""Messages a turn's end causes (a parent's wake-up); committed with the turn's outcome."""
+
+Observer = Callable[[str, dict[str, Any]], None]
+"""``observer(event, data)``: told of sends, turns, retries, crashes (scenario reports)."""
+
+FAULTS = frozenset({"ack_before_turn", "skip_marker_check"})
+"""Deliberately broken delivery variants, for tests that prove the checkers work."""
+
+
+class Activity:
+    """The dispatcher's published state, and a condition to wait for changes on."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.busy = 0
+        self.claim_pending = False
+        self.live = 0
+        self.peak_live = 0
+        self.activations = 0
+        self.passivations = 0
+        self.turns = 0
+
+    def publish(self, **values: Any) -> None:
+        """Update fields and wake every waiter."""
+        with self.cond:
+            for key, value in values.items():
+                setattr(self, key, value)
+            self.peak_live = max(self.peak_live, self.live)
+            self.cond.notify_all()
+
+    def bump(self, name: str, by: int = 1) -> None:
+        """Add to a counter and wake every waiter."""
+        with self.cond:
+            setattr(self, name, getattr(self, name) + by)
+            self.cond.notify_all()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The current values."""
+        with self.cond:
+            return {k: getattr(self, k) for k in ("busy", "claim_pending", "live", "peak_live",
+                                                  "activations", "passivations", "turns")}
+
+
+@dataclass
+class RuntimeContext:
+    """Everything a runtime actor needs, created by ``Runtime.start``."""
+
+    journal: Journal
+    store: SessionStore
+    clock: Clock
+    brain: Brain
+    owner: str
+    lease_seconds: float
+    faults: frozenset[str]
+    tools_for: Callable[[str], Any]
+    turns: RunningTurns = field(default_factory=RunningTurns)
+    activity: Activity = field(default_factory=Activity)
+    crashed: threading.Event = field(default_factory=threading.Event)
+    observers: list[Observer] = field(default_factory=list)
+    outbox_hooks: list[OutboxHook] = field(default_factory=list)
+    dispatcher: pykka.ActorRef[Any] | None = None
+
+    def outbox(self, turn: Turn, outcome: TurnOutcome) -> list[NewMessage]:
+        """Collect the messages every outbox hook wants committed with this outcome."""
+        messages: list[NewMessage] = []
+        for hook in self.outbox_hooks:
+            messages.extend(hook(self, turn, outcome))
+        return messages
+
+    def now(self) -> float:
+        """The runtime clock's time."""
+        return self.clock.now()
+
+    def emit(self, event: str, **data: Any) -> None:
+        """Tell observers; an observer that raises is logged, never fatal."""
+        for observer in list(self.observers):
+            try:
+                observer(event, data)
+            except Exception:
+                log.exception("observer failed on %s", event)
+
+    def wake_dispatcher(self) -> None:
+        """Nudge the dispatcher (after a send committed)."""
+        if self.dispatcher is not None and not self.crashed.is_set():
+            try:
+                self.dispatcher.tell(Wake())
+            except pykka.ActorDeadError:
+                pass  # stopping: the journal keeps the row for the next start

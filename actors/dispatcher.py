@@ -1,0 +1,142 @@
+"""The dispatcher actor: claims due rows by lease and hands them to session actors.
+
+Its mailbox mirror is the set of due rows in the journal; its own messages
+(``Wake``, ``Tick``, ``TurnDone``) are ephemeral nudges. It keeps one row in
+flight per target (the journal enforces that across processes, the ``busy``
+set within this one), delivers to different targets concurrently, renews
+the leases of running turns, and keeps the number of live session actors
+within ``max_active`` by passivating idle ones (rules in ``passivation``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import pykka
+
+from ..persistence import PersistenceError, WriterClosed
+from . import passivation
+from .context import RuntimeContext
+from .messages import ClaimNow, Deliver, Tick, TurnDone, Wake
+from .session_actor import SessionActor
+
+log = logging.getLogger("kinbox.dispatcher")
+
+
+class Dispatcher(pykka.ThreadingActor):
+    """Claims due inbox rows and routes each to its session actor."""
+
+    def __init__(self, ctx: RuntimeContext, max_active: int, idle_ttl: float) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.max_active = max_active
+        self.idle_ttl = idle_ttl
+        self.live: OrderedDict[str, pykka.ActorRef[Any]] = OrderedDict()
+        self.last_used: dict[str, float] = {}
+        self.busy: set[str] = set()
+        self.claim_scheduled = False
+        self.last_renewal = 0.0
+
+    def on_receive(self, message: Any) -> None:
+        if self.ctx.crashed.is_set():
+            return
+        if isinstance(message, TurnDone):
+            self.busy.discard(message.session_id)
+            self.last_used[message.session_id] = self.ctx.now()
+            self._publish()
+            self._schedule_claim()
+        elif isinstance(message, Wake):
+            self._schedule_claim()
+        elif isinstance(message, ClaimNow):
+            self.claim_scheduled = False
+            self._claim()
+        elif isinstance(message, Tick):
+            self._renew_leases()
+            self._passivate_expired()
+            self._claim()
+
+    def on_stop(self) -> None:
+        # Stop every session actor at once, then wait: running turns finish and commit.
+        futures = [ref.stop(block=False) for ref in self.live.values()]
+        for future in futures:
+            try:
+                future.get(timeout=30)
+            except Exception:
+                log.warning("a session actor did not stop in time")
+        self.live.clear()
+        self.ctx.journal.t.db.close()
+
+    def _schedule_claim(self) -> None:
+        # Many wakes queued behind each other cost one claim query.
+        if not self.claim_scheduled:
+            self.claim_scheduled = True
+            self._publish()
+            self.actor_ref.tell(ClaimNow())
+
+    def _publish(self) -> None:
+        self.ctx.activity.publish(busy=len(self.busy), claim_pending=self.claim_scheduled,
+                                  live=len(self.live))
+
+    def _claim(self) -> None:
+        capacity = self.max_active - len(self.busy)
+        if capacity <= 0:
+            return
+        ctx = self.ctx
+        try:
+            result = ctx.journal.claim(ctx.owner, ctx.now(), limit=capacity,
+                                       lease=ctx.lease_seconds, exclude=self.busy,
+                                       check_markers="skip_marker_check" not in ctx.faults)
+        except WriterClosed:
+            return
+        except PersistenceError as exc:
+            log.error("claim failed: %s", exc)
+            return
+        for message_id in result.acked_by_marker:
+            ctx.emit("acked_by_marker", message_id=message_id)
+        for row in result.rows:
+            self.busy.add(row.target)
+            self._actor_for(row.target).tell(Deliver(row))
+            ctx.emit("claimed", message_id=row.message_id, session_id=row.target,
+                     attempt=row.attempts + 1)
+        if result.acked_by_marker or len(result.rows) == capacity:
+            self._schedule_claim()
+        self._publish()
+
+    def _actor_for(self, session_id: str) -> pykka.ActorRef[Any]:
+        ref = self.live.get(session_id)
+        if ref is None:
+            for victim in passivation.evictions_for(list(self.live), self.busy, session_id,
+                                                    self.max_active):
+                self._passivate(victim)
+            ref = SessionActor.start(self.ctx, session_id)
+            self.live[session_id] = ref
+            self.ctx.activity.bump("activations")
+        self.live.move_to_end(session_id)
+        self.last_used[session_id] = self.ctx.now()
+        return ref
+
+    def _passivate(self, session_id: str) -> None:
+        ref = self.live.pop(session_id, None)
+        self.last_used.pop(session_id, None)
+        if ref is not None:
+            ref.stop(block=False)
+            self.ctx.activity.bump("passivations")
+
+    def _passivate_expired(self) -> None:
+        for session_id in passivation.expired_idle(self.last_used, self.busy, self.ctx.now(),
+                                                   self.idle_ttl):
+            self._passivate(session_id)
+        self._publish()
+
+    def _renew_leases(self) -> None:
+        now = self.ctx.now()
+        if not self.busy or now - self.last_renewal < self.ctx.lease_seconds / 3:
+            return
+        self.last_renewal = now
+        try:
+            self.ctx.journal.renew(self.ctx.owner, sorted(self.busy),
+                                   now + self.ctx.lease_seconds, now)
+        except PersistenceError as exc:
+            log.error("lease renewal failed: %s", exc)

@@ -1,0 +1,34 @@
+"""Which session actors to keep alive: the bounded-threads rule (I8).
+
+Pure: the dispatcher passes in what is live, what is busy and the time, and
+gets back which actors to stop. Busy actors are never stopped; the least
+recently used idle ones go first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence, Set
+
+
+def evictions_for(live_lru: Sequence[str], busy: Set[str], incoming: str, cap: int) -> list[str]:
+    """Idle actors to stop so that ``incoming`` can be activated within ``cap``.
+
+    ``live_lru`` lists the live actors, least recently used first. Returns
+    an empty list when ``incoming`` is already live or there is room.
+    """
+    if cap < 1:
+        raise ValueError(f"cap must be >= 1, got {cap}")
+    if incoming in live_lru:
+        return []
+    excess = len(live_lru) + 1 - cap
+    if excess <= 0:
+        return []
+    idle = [s for s in live_lru if s not in busy]
+    return idle[:excess]
+
+
+def expired_idle(last_used: Mapping[str, float], busy: Set[str], now: float,
+                 ttl: float) -> list[str]:
+    """Idle actors unused for at least ``ttl`` seconds, oldest first."""
+    old = [(t, s) for s, t in last_used.items() if s not in busy and now - t >= ttl]
+    return [s for _, s in sorted(old)]

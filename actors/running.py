@@ -1,0 +1,53 @@
+"""The registry of running turns: who is active now, and their stop flags.
+
+Stop requests are ephemeral control (not journaled): ``agent_stop`` sets the
+running turn's flag and the brain sees ``turn.stop_requested``. Shared by the
+session actors (which register their turn) and the tools (which ask).
+"""
+
+from __future__ import annotations
+
+import threading
+
+
+class RunningTurns:
+    """Thread-safe map of session id -> stop flag of its running turn."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._flags: dict[str, threading.Event] = {}
+        self._stopped_by: dict[str, str | None] = {}
+
+    def begin(self, session_id: str) -> threading.Event:
+        """Register a turn of ``session_id``; return its stop flag."""
+        flag = threading.Event()
+        with self._lock:
+            self._flags[session_id] = flag
+            self._stopped_by.pop(session_id, None)
+        return flag
+
+    def end(self, session_id: str) -> str | None:
+        """Unregister the turn; return who stopped it (None if nobody did)."""
+        with self._lock:
+            self._flags.pop(session_id, None)
+            return self._stopped_by.pop(session_id, None)
+
+    def is_running(self, session_id: str) -> bool:
+        """True while a turn of ``session_id`` runs in this runtime."""
+        with self._lock:
+            return session_id in self._flags
+
+    def request_stop(self, session_id: str, by: str | None) -> bool:
+        """Set the stop flag of the running turn; False when none runs."""
+        with self._lock:
+            flag = self._flags.get(session_id)
+            if flag is None:
+                return False
+            self._stopped_by[session_id] = by
+        flag.set()
+        return True
+
+    def running(self) -> list[str]:
+        """Ids of the sessions whose turn runs now."""
+        with self._lock:
+            return sorted(self._flags)

@@ -1,0 +1,113 @@
+"""The Brain contract: what a turn sees and what it can do.
+
+A ``Brain`` is any callable ``brain(turn)``; kinbox calls it once per turn,
+on the session's actor thread. The turn carries the messages that started
+it, the caller-bound agent tools, a cooperative stop flag and a steering
+feed of messages that arrive while it runs. What the brain says with
+``turn.reply`` is committed together with the delivery markers, so a turn
+either happened completely or not at all. An exception from the brain is a
+failed delivery: the message is retried with backoff.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..persistence import ClaimedRow, TurnEntry
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message delivered to a turn."""
+
+    message_id: str
+    """The journal id (idempotency key) of the message."""
+    kind: str
+    """``agent_message``, ``subagent_result``, ... (SPEC I1)."""
+    content: str
+    """The text of the message."""
+    sender_id: str | None
+    """The sending session's id, or None for the runtime or an operator."""
+    payload: dict[str, Any]
+    """Structured extras of the message (JSON object)."""
+
+    @classmethod
+    def from_row(cls, row: ClaimedRow) -> Message:
+        """Build the brain's view of a claimed inbox row."""
+        return cls(row.message_id, row.kind, row.content, row.sender, dict(row.payload))
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    """How a turn ended, as seen by the hooks that add messages to its commit."""
+
+    ok: bool
+    """True when the brain returned; False when it raised."""
+    error: str | None
+    """The brain's exception as text, when it raised."""
+    stopped_by: str | None
+    """Who called ``agent_stop`` on the turn, if anyone (a session id or "operator")."""
+
+
+class Brain(Protocol):
+    """Runs one turn of a session (the product's LLM loop)."""
+
+    def __call__(self, turn: Turn) -> object:
+        """Run the turn; raise to make the delivery fail and be retried."""
+        ...
+
+
+class Turn:
+    """One run of a session's brain, started by one or more inbox messages."""
+
+    def __init__(self, session_id: str, messages: list[Message], tools: Any,
+                 stop_event: threading.Event,
+                 fetch_steering: Callable[[], list[Message]]) -> None:
+        self.session_id = session_id
+        self.messages = messages
+        self.tools = tools
+        self._stop = stop_event
+        self._fetch_steering = fetch_steering
+        self._steered: list[Message] = []
+        self.replies: list[str] = []
+        # Transcript order is the order things happened: steering lands between replies.
+        self._log: list[TurnEntry] = [TurnEntry("user", m.content, True, m.message_id)
+                                      for m in messages]
+
+    @property
+    def stop_requested(self) -> bool:
+        """True once someone called ``agent_stop`` on this session; end the turn soon."""
+        return self._stop.is_set()
+
+    def wait_stop_requested(self, timeout: float) -> bool:
+        """Block until a stop is requested or ``timeout`` passes; return the flag."""
+        return self._stop.wait(timeout)
+
+    def reply(self, text: str) -> None:
+        """Add an assistant message to the session's transcript (committed with the turn)."""
+        if not isinstance(text, str):
+            raise TypeError(f"reply takes a str, not {type(text).__name__}")
+        self.replies.append(text)
+        self._log.append(TurnEntry("assistant", text, True))
+
+    def steering(self) -> list[Message]:
+        """Messages to this session that arrived since the turn started (or last asked).
+
+        They become part of this turn: committed and acknowledged with it.
+        """
+        fresh = self._fetch_steering()
+        self._steered.extend(fresh)
+        self._log.extend(TurnEntry("user", m.content, True, m.message_id) for m in fresh)
+        return fresh
+
+    @property
+    def all_messages(self) -> list[Message]:
+        """The starting messages followed by every steering message taken so far."""
+        return [*self.messages, *self._steered]
+
+    def entries(self) -> list[TurnEntry]:
+        """The transcript entries this turn commits, in the order they happened."""
+        return list(self._log)

@@ -1,0 +1,58 @@
+"""Argument checks for the agent tools: each failure is a ToolError a model can act on.
+
+Pure functions, one per kind of argument, so every tool phrases the same
+mistake the same way and writes nothing before its arguments are good.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import ToolError
+
+
+def require_str(name: str, value: Any) -> str:
+    """``value`` must be a string."""
+    if not isinstance(value, str):
+        raise ToolError("invalid_argument",
+                        f"{name} must be a string, not {type(value).__name__}.")
+    return value
+
+
+def require_id(name: str, value: Any) -> str:
+    """A non-empty id string, stripped."""
+    text = require_str(name, value).strip()
+    if not text:
+        raise ToolError("invalid_argument", f"{name} must not be empty.")
+    return text
+
+
+def require_message(value: Any, limit: int, name: str = "message") -> str:
+    """A message: stripped, 1..``limit`` characters."""
+    text = require_str(name, value).strip()
+    if not text:
+        raise ToolError("invalid_argument", f"{name} must not be empty.")
+    if len(text) > limit:
+        raise ToolError("invalid_argument",
+                        f"{name} is {len(text):,} characters; the limit is {limit:,}. "
+                        "Shorten it or split it into several messages.")
+    return text
+
+
+def require_int(name: str, value: Any, low: int, high: int) -> int:
+    """An integer in ``low..high`` (booleans are not integers here)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ToolError("invalid_argument",
+                        f"{name} must be an integer from {low} to {high}, "
+                        f"not {type(value).__name__}.")
+    if not low <= value <= high:
+        raise ToolError("invalid_argument", f"{name} must be from {low} to {high}, got {value}.")
+    return value
+
+
+def require_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    """One of ``choices``."""
+    if not isinstance(value, str) or value not in choices:
+        options = ", ".join(repr(c) for c in choices)
+        raise ToolError("invalid_argument", f"{name} must be one of {options}, got {value!r}.")
+    return value

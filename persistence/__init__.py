@@ -1,0 +1,75 @@
+"""kinbox.persistence: the durable journal and the records the actors address.
+
+Public surface: :func:`open_database`, :func:`bind_tables`, the schema
+functions, the :class:`GroupCommitWriter`, the :class:`Journal` (inbox) and
+:class:`SessionStore` (projects, sessions, transcripts), the pure inbox rules
+in :mod:`.inbox_core`, and the error tree rooted at :class:`PersistenceError`.
+This package never imports ``kinbox.actors`` or ``kinbox.transport``.
+"""
+
+from . import inbox_core
+from .database import default_data_dir, default_url, is_postgres, is_sqlite, open_database
+from .errors import (
+    DatabaseInUse,
+    DatabaseOpenError,
+    DuplicateError,
+    IdempotencyConflict,
+    IllegalTransition,
+    LeaseLost,
+    PersistenceError,
+    RowNotFound,
+    SchemaError,
+    WriterClosed,
+)
+from .exclusive import ExclusiveLock
+from .journal import (
+    DEFAULT_LEASE_SECONDS,
+    ClaimedRow,
+    ClaimResult,
+    EnqueueResult,
+    Journal,
+    NewMessage,
+    TurnEntry,
+)
+from .models import Tables, bind_tables
+from .schema import pending_changes, require_current, upgrade
+from .sessions import EntryRecord, ProjectRecord, SessionRecord, SessionStore
+from .writer import GroupCommitWriter, WriterStatistics
+
+__all__ = [
+    "DEFAULT_LEASE_SECONDS",
+    "ClaimResult",
+    "ClaimedRow",
+    "DatabaseInUse",
+    "DatabaseOpenError",
+    "DuplicateError",
+    "EnqueueResult",
+    "EntryRecord",
+    "ExclusiveLock",
+    "GroupCommitWriter",
+    "IdempotencyConflict",
+    "IllegalTransition",
+    "Journal",
+    "LeaseLost",
+    "NewMessage",
+    "PersistenceError",
+    "ProjectRecord",
+    "RowNotFound",
+    "SchemaError",
+    "SessionRecord",
+    "SessionStore",
+    "Tables",
+    "TurnEntry",
+    "WriterClosed",
+    "WriterStatistics",
+    "bind_tables",
+    "default_data_dir",
+    "default_url",
+    "inbox_core",
+    "is_postgres",
+    "is_sqlite",
+    "open_database",
+    "pending_changes",
+    "require_current",
+    "upgrade",
+]

@@ -1,0 +1,46 @@
+"""Exclusive ownership of an embedded SQLite database by one runtime.
+
+The embedded default is one runtime process per database file. Holding an
+OS lock on ``<file>.lock`` for the runtime's life makes that a checked fact
+rather than a hope, and it is what lets a starting runtime take over every
+lease at once: whoever held them is certainly gone (a crash releases the OS
+lock). PostgreSQL deployments share a database and rely on lease expiry.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+import peewee as pw
+
+from .errors import DatabaseInUse
+
+
+class ExclusiveLock:
+    """An advisory lock next to a SQLite file; released on ``release`` or process death."""
+
+    def __init__(self, db: pw.SqliteDatabase) -> None:
+        self.path = Path(str(db.database) + ".lock")
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise :class:`DatabaseInUse` at once (never waits)."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DatabaseInUse(
+                f"database {str(self.path)[:-5]!r} is in use by another kinbox runtime; "
+                "stop it first, or use PostgreSQL to share one database between processes"
+            ) from None
+        self._fd = fd
+
+    def release(self) -> None:
+        """Give the lock up (idempotent)."""
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,159 @@
+"""The inbox state machine, retry policy, fencing and idempotency rules (I2-I6).
+
+Pure: no database, threads or clock. Times come in as arguments (epoch
+seconds), so a 37-hour peer retry schedule is tested in microseconds.
+
+States and legal transitions (anything else raises ``IllegalTransition``)::
+
+    pending    --claim-->   processing
+    processing --claim-->   processing   (lease expired: another worker takes over)
+    processing --ack-->     delivered    (terminal)
+    processing --retry-->   pending      (after backoff)
+    processing --fail-->    failed       (terminal until an operator requeues)
+    processing --release--> pending      (handed back unrun, no attempt counted)
+    failed     --requeue--> pending      (attempts reset, history kept)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from .errors import IdempotencyConflict, IllegalTransition, LeaseLost
+
+
+class State(str, Enum):
+    """Where an inbox row is in its life."""
+
+    PENDING = "pending"
+    PROCESSING = "processing"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+
+
+class Event(str, Enum):
+    """What can happen to an inbox row."""
+
+    CLAIM = "claim"
+    ACK = "ack"
+    RETRY = "retry"
+    FAIL = "fail"
+    RELEASE = "release"
+    REQUEUE = "requeue"
+
+
+TRANSITIONS: dict[tuple[State, Event], State] = {
+    (State.PENDING, Event.CLAIM): State.PROCESSING,
+    (State.PROCESSING, Event.CLAIM): State.PROCESSING,
+    (State.PROCESSING, Event.ACK): State.DELIVERED,
+    (State.PROCESSING, Event.RETRY): State.PENDING,
+    (State.PROCESSING, Event.FAIL): State.FAILED,
+    (State.PROCESSING, Event.RELEASE): State.PENDING,
+    (State.FAILED, Event.REQUEUE): State.PENDING,
+}
+
+OPEN_STATES = (State.PENDING.value, State.PROCESSING.value)
+"""States of rows that still wait for delivery."""
+
+TERMINAL_STATES = (State.DELIVERED.value, State.FAILED.value)
+
+
+def transition(message_id: str, state: State | str, event: Event) -> State:
+    """Return the state after ``event``; raise :class:`IllegalTransition` if not allowed."""
+    current = State(state)
+    try:
+        return TRANSITIONS[(current, event)]
+    except KeyError:
+        raise IllegalTransition(message_id, current.value, event.value) from None
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently a transport retries.
+
+    ``cap``: the longest delay between attempts, in seconds.
+    ``max_attempts``: the failed attempt with this number makes the row ``failed``.
+    """
+
+    cap: float
+    max_attempts: int
+
+
+LOCAL = RetryPolicy(cap=60.0, max_attempts=5)
+"""Local deliveries: 2, 4, 8, 16 s, then failed at the 5th failed attempt."""
+
+PEER = RetryPolicy(cap=3600.0, max_attempts=48)
+"""Outbound peer rows: 2, 4, ... 2048 s, then 3600 s, failed at the 48th."""
+
+TRANSPORT_POLICIES = {"local": LOCAL, "suzent_peer": PEER}
+
+
+def backoff_delay(attempts: int, cap: float) -> float:
+    """Seconds to wait after the failed attempt numbered ``attempts`` (1-based)."""
+    if attempts < 1:
+        raise ValueError(f"attempts must be >= 1, got {attempts}")
+    # 2**attempts overflows float range long before it matters; clamp the exponent.
+    return float(min(cap, 2.0 ** min(attempts, 64)))
+
+
+@dataclass(frozen=True)
+class FailureOutcome:
+    """What a failed attempt does to its row."""
+
+    state: State
+    attempts: int
+    available_at: float
+
+
+def after_failure(
+    attempts_before: int, max_attempts: int, cap: float, now: float, *, permanent: bool = False
+) -> FailureOutcome:
+    """Decide retry-with-backoff or ``failed`` for a row whose attempt just failed.
+
+    ``permanent`` marks errors that cannot heal (revoked device, rejected
+    payload): they fail at once whatever the attempt count.
+    """
+    attempts = attempts_before + 1
+    if permanent or attempts >= max_attempts:
+        return FailureOutcome(State.FAILED, attempts, now)
+    return FailureOutcome(State.PENDING, attempts, now + backoff_delay(attempts, cap))
+
+
+def check_lease(message_id: str, state: str, lease_owner: str | None, worker: str) -> None:
+    """Fencing: raise :class:`LeaseLost` unless ``worker`` holds the row's lease.
+
+    A lease that expired but that nobody re-claimed still belongs to its
+    worker: no one else can have run the message in between.
+    """
+    if state != State.PROCESSING.value or lease_owner != worker:
+        raise LeaseLost(message_id, worker)
+
+
+def is_claimable(state: str, available_at: float, lease_until: float | None, now: float) -> bool:
+    """A head-of-queue row can be claimed when pending and due, or when its lease expired."""
+    if state == State.PENDING.value:
+        return available_at <= now
+    if state == State.PROCESSING.value:
+        return lease_until is None or lease_until <= now
+    return False
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What makes two enqueues of the same id the same message."""
+
+    target: str
+    kind: str
+    content: str
+
+
+def enqueue_decision(message_id: str, existing: Fingerprint | None, new: Fingerprint) -> bool:
+    """Return True when a row must be created, False for an idempotent repeat.
+
+    Raises :class:`IdempotencyConflict` when the id exists with other content.
+    """
+    if existing is None:
+        return True
+    if existing != new:
+        raise IdempotencyConflict(message_id)
+    return False

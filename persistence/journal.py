@@ -1,0 +1,421 @@
+"""The durable inbox: every message to an actor is a row here before anyone hears of it.
+
+The journal is the mailbox mirror of DESIGN.md: a session's mailbox is its
+open rows, the dispatcher's mailbox is the set of due rows. Every write goes
+through the :class:`~.writer.GroupCommitWriter`, so a caller that gets a
+result back knows its change is committed. The rules (states, backoff,
+fencing, idempotency) live in :mod:`.inbox_core`; this module applies them
+to rows.
+
+Ordering: each row gets a ``seq`` in the enqueue transaction; a target's
+rows are delivered in ``seq`` order, and only the oldest open row of a
+target (its *head*) can be claimed, which gives one row in flight per
+target across processes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import peewee as pw
+
+from . import inbox_core as core
+from .database import is_postgres
+from .errors import RowNotFound
+from .models import InboxMessage, Tables
+from .schema import INBOX_SEQUENCE
+from .writer import GroupCommitWriter
+
+DEFAULT_LEASE_SECONDS = 30.0
+"""How long a claim holds a row before another worker may take it over."""
+
+
+@dataclass(frozen=True)
+class NewMessage:
+    """A message to enqueue. ``message_id`` is the idempotency key."""
+
+    message_id: str
+    target: str
+    content: str
+    kind: str = "agent_message"
+    sender: str | None = None
+    transport: str = "local"
+    destination_peer_id: str | None = None
+    payload: dict[str, Any] = field(default_factory=dict)
+    max_attempts: int | None = None
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    """What ``enqueue`` did: ``created`` is False for an idempotent repeat."""
+
+    message_id: str
+    target: str
+    status: str
+    created: bool
+    created_at: float
+
+
+@dataclass(frozen=True)
+class ClaimedRow:
+    """A row handed to a worker for delivery."""
+
+    message_id: str
+    seq: int
+    target: str
+    sender: str | None
+    kind: str
+    content: str
+    payload: dict[str, Any]
+    attempts: int
+    created_at: float
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    """Rows to deliver, and rows found already delivered by their marker (I6)."""
+
+    rows: list[ClaimedRow]
+    acked_by_marker: list[str]
+
+
+@dataclass(frozen=True)
+class TurnEntry:
+    """A transcript entry a turn commits."""
+
+    role: str
+    text: str
+    visible: bool = True
+    message_id: str | None = None
+
+
+def _claimed(row: InboxMessage) -> ClaimedRow:
+    return ClaimedRow(row.message_id, row.seq, row.target_chat_id, row.sender_chat_id, row.kind,
+                      row.content, json.loads(row.payload or "{}"), row.attempts, row.created_at)
+
+
+def row_to_dict(row: InboxMessage) -> dict[str, Any]:
+    """An inbox row as a plain dict (payload decoded)."""
+    data = {f.name: getattr(row, f.name) for f in row._meta.sorted_fields}
+    data["payload"] = json.loads(row.payload or "{}")
+    return data
+
+
+class Journal:
+    """Inbox operations on one database; writes are group-committed."""
+
+    def __init__(self, tables: Tables, writer: GroupCommitWriter) -> None:
+        self.t = tables
+        self.writer = writer
+
+    # -- enqueue ---------------------------------------------------------------------------
+
+    def _next_seq(self) -> Any:
+        m = self.t.inbox
+        if is_postgres(self.t.db):
+            return pw.fn.nextval(INBOX_SEQUENCE)
+        # The writer holds SQLite's write lock (BEGIN IMMEDIATE): MAX+1 cannot race.
+        return m.select(pw.fn.COALESCE(pw.fn.MAX(m.seq), 0) + 1)
+
+    def _enqueue_op(self, msg: NewMessage, now: float) -> EnqueueResult:
+        m = self.t.inbox
+        existing = (m.select(m.target_chat_id, m.kind, m.content, m.status, m.created_at)
+                    .where(m.message_id == msg.message_id).first())
+        fingerprint = core.Fingerprint(msg.target, msg.kind, msg.content)
+        before = (core.Fingerprint(existing.target_chat_id, existing.kind, existing.content)
+                  if existing else None)
+        if not core.enqueue_decision(msg.message_id, before, fingerprint):
+            return EnqueueResult(msg.message_id, msg.target, existing.status, False,
+                                 existing.created_at)
+        policy = core.TRANSPORT_POLICIES.get(msg.transport, core.LOCAL)
+        m.insert(
+            message_id=msg.message_id, seq=self._next_seq(), transport=msg.transport,
+            destination_peer_id=msg.destination_peer_id, sender_chat_id=msg.sender,
+            target_chat_id=msg.target, kind=msg.kind, content=msg.content,
+            payload=json.dumps(msg.payload, sort_keys=True), status=core.State.PENDING.value,
+            attempts=0, max_attempts=msg.max_attempts or policy.max_attempts,
+            available_at=now, created_at=now, updated_at=now,
+        ).execute()
+        return EnqueueResult(msg.message_id, msg.target, core.State.PENDING.value, True, now)
+
+    def enqueue(self, msg: NewMessage, now: float) -> EnqueueResult:
+        """Write ``msg`` and commit; return once it is durable."""
+        return self.writer.call(lambda: self._enqueue_op(msg, now))
+
+    def enqueue_many(self, msgs: Sequence[NewMessage], now: float) -> list[EnqueueResult]:
+        """Enqueue several messages in one transaction (all or, on conflict, an error)."""
+        return self.writer.call(lambda: [self._enqueue_op(x, now) for x in msgs])
+
+    # -- claims ----------------------------------------------------------------------------
+
+    def _claim_op(self, owner: str, now: float, lease: float, limit: int,
+                  exclude: frozenset[str], check_markers: bool,
+                  transport: str) -> ClaimResult:
+        m = self.t.inbox
+        head = m.alias("head")
+        head_seq = (head.select(pw.fn.MIN(head.seq))
+                    .where((head.target_chat_id == m.target_chat_id)
+                           & head.status.in_(core.OPEN_STATES)))
+        due = (((m.status == core.State.PENDING.value) & (m.available_at <= now))
+               | ((m.status == core.State.PROCESSING.value) & (m.lease_until <= now)))
+        query = (m.select().where(m.status.in_(core.OPEN_STATES), m.transport == transport,
+                                  m.seq == head_seq, due)
+                 .order_by(m.seq).limit(limit + len(exclude)))
+        if is_postgres(self.t.db):
+            query = query.for_update("FOR UPDATE SKIP LOCKED")
+        rows = [r for r in query if r.target_chat_id not in exclude][:limit]
+        if not rows:
+            return ClaimResult([], [])
+        ids = [r.message_id for r in rows]
+        for r in rows:
+            core.transition(r.message_id, r.status, core.Event.CLAIM)
+        m.update(status=core.State.PROCESSING.value, lease_owner=owner, lease_until=now + lease,
+                 updated_at=now).where(m.message_id.in_(ids)).execute()
+        s = self.t.session
+        s.update(status="active", updated_at=now).where(
+            s.id.in_([r.target_chat_id for r in rows])).execute()
+        done: set[str] = set()
+        if check_markers:
+            mk = self.t.marker
+            done = {x.message_id for x in mk.select(mk.message_id).where(mk.message_id.in_(ids))}
+            if done:
+                self._mark_delivered(list(done), now)
+        return ClaimResult([_claimed(r) for r in rows if r.message_id not in done], sorted(done))
+
+    def claim(self, owner: str, now: float, *, limit: int = 64,
+              lease: float = DEFAULT_LEASE_SECONDS, exclude: Iterable[str] = (),
+              check_markers: bool = True, transport: str = "local") -> ClaimResult:
+        """Lease up to ``limit`` due head rows (one per target), oldest first."""
+        ex = frozenset(exclude)
+        return self.writer.call(
+            lambda: self._claim_op(owner, now, lease, limit, ex, check_markers, transport))
+
+    def _claim_more_op(self, owner: str, target: str, after_seq: int, now: float,
+                       lease: float, limit: int) -> list[ClaimedRow]:
+        m = self.t.inbox
+        candidates = (m.select().where(m.target_chat_id == target, m.seq > after_seq,
+                                       m.status.in_(core.OPEN_STATES))
+                      .order_by(m.seq).limit(limit))
+        taken: list[InboxMessage] = []
+        for r in candidates:  # contiguous due rows only, so per-target order holds
+            if r.status != core.State.PENDING.value or r.available_at > now:
+                break
+            taken.append(r)
+        if taken:
+            m.update(status=core.State.PROCESSING.value, lease_owner=owner,
+                     lease_until=now + lease, updated_at=now).where(
+                m.message_id.in_([r.message_id for r in taken])).execute()
+        return [_claimed(r) for r in taken]
+
+    def claim_more(self, owner: str, target: str, after_seq: int, now: float, *,
+                   lease: float = DEFAULT_LEASE_SECONDS, limit: int = 100) -> list[ClaimedRow]:
+        """Lease the target's next due rows after ``after_seq`` (steering into a running turn)."""
+        return self.writer.call(
+            lambda: self._claim_more_op(owner, target, after_seq, now, lease, limit))
+
+    def renew(self, owner: str, targets: Sequence[str], until: float, now: float) -> int:
+        """Extend every lease ``owner`` holds on rows of ``targets``; return how many."""
+        m = self.t.inbox
+        tg = list(targets)
+        return self.writer.call(lambda: m.update(lease_until=until, updated_at=now).where(
+            m.target_chat_id.in_(tg), m.lease_owner == owner,
+            m.status == core.State.PROCESSING.value).execute())
+
+    def expire_leases(self, now: float) -> int:
+        """Make every processing row claimable now (start-up of an exclusive runtime)."""
+        m = self.t.inbox
+        return self.writer.call(lambda: m.update(lease_until=now).where(
+            m.status == core.State.PROCESSING.value).execute())
+
+    # -- outcomes --------------------------------------------------------------------------
+
+    def _fence(self, owner: str, ids: Sequence[str]) -> list[InboxMessage]:
+        m = self.t.inbox
+        rows = {r.message_id: r for r in m.select(m.message_id, m.status, m.lease_owner,
+                                                  m.attempts, m.max_attempts, m.transport)
+                .where(m.message_id.in_(list(ids)))}
+        for mid in ids:
+            row = rows.get(mid)
+            if row is None:
+                raise RowNotFound(f"no inbox row with id {mid!r}")
+            core.check_lease(mid, row.status, row.lease_owner, owner)
+        return [rows[i] for i in ids]
+
+    def _mark_delivered(self, ids: list[str], now: float) -> None:
+        m = self.t.inbox
+        m.update(status=core.State.DELIVERED.value, delivered_at=now, updated_at=now,
+                 lease_owner=None, lease_until=None).where(m.message_id.in_(ids)).execute()
+
+    def _complete_op(self, owner: str, session_id: str, ids: list[str],
+                     entries: Sequence[TurnEntry], now: float, ack: bool, fenced: bool,
+                     enqueue: Sequence[NewMessage]) -> None:
+        if fenced:
+            self._fence(owner, ids)
+        for msg in enqueue:
+            self._enqueue_op(msg, now)
+        if entries:
+            self.t.transcript.insert_many([
+                {"session_id": session_id, "role": e.role, "text": e.text, "visible": e.visible,
+                 "message_id": e.message_id, "created_at": now} for e in entries]).execute()
+        self.t.marker.insert_many([
+            {"session_id": session_id, "message_id": i, "created_at": now} for i in ids]).execute()
+        if ack:
+            self._mark_delivered(ids, now)
+        s = self.t.session
+        s.update(status="idle", updated_at=now).where(s.id == session_id).execute()
+
+    def complete_turn(self, owner: str, session_id: str, message_ids: Sequence[str],
+                      entries: Sequence[TurnEntry], now: float, *, ack: bool = True,
+                      fenced: bool = True, enqueue: Sequence[NewMessage] = ()) -> None:
+        """Commit a turn's transcript entries, its delivery markers and the acks together.
+
+        Refused with :class:`LeaseLost` (nothing written) if ``owner`` lost any lease.
+        ``enqueue`` messages (a parent's wake-up, a reply) commit in the same
+        transaction, so a crash cannot keep the turn and lose what it caused.
+        ``ack=False`` / ``fenced=False`` exist only for the deliberately broken
+        variants the crash tests must catch; the runtime never uses them otherwise.
+        """
+        ids = list(message_ids)
+        self.writer.call(
+            lambda: self._complete_op(owner, session_id, ids, entries, now, ack, fenced,
+                                      list(enqueue)))
+
+    def _ack_op(self, owner: str, ids: list[str], now: float) -> None:
+        for row in self._fence(owner, ids):
+            core.transition(row.message_id, row.status, core.Event.ACK)
+        self._mark_delivered(ids, now)
+
+    def ack(self, owner: str, message_ids: Sequence[str], now: float) -> None:
+        """Mark rows delivered without a turn (fenced)."""
+        ids = list(message_ids)
+        self.writer.call(lambda: self._ack_op(owner, ids, now))
+
+    def _retry_op(self, owner: str, message_id: str, error: str, now: float,
+                  permanent: bool, release: list[str],
+                  on_failed: Sequence[NewMessage]) -> core.FailureOutcome:
+        row = self._fence(owner, [message_id, *release])[0]
+        policy = core.TRANSPORT_POLICIES.get(row.transport, core.LOCAL)
+        out = core.after_failure(row.attempts, row.max_attempts, policy.cap, now,
+                                 permanent=permanent)
+        core.transition(message_id, row.status,
+                        core.Event.FAIL if out.state is core.State.FAILED else core.Event.RETRY)
+        m = self.t.inbox
+        m.update(status=out.state.value, attempts=out.attempts, available_at=out.available_at,
+                 last_error=error[:2000], lease_owner=None, lease_until=None,
+                 updated_at=now).where(m.message_id == message_id).execute()
+        self.t.event.insert(message_id=message_id, at=now, attempts=out.attempts,
+                            event="failed" if out.state is core.State.FAILED else "retry",
+                            detail=error[:2000]).execute()
+        if release:
+            self._release_rows(release, now)
+        if out.state is core.State.FAILED:
+            for msg in on_failed:
+                self._enqueue_op(msg, now)
+        s = self.t.session
+        s.update(status="idle", updated_at=now).where(
+            s.id == m.select(m.target_chat_id).where(m.message_id == message_id)).execute()
+        return out
+
+    def retry(self, owner: str, message_id: str, error: str, now: float, *,
+              permanent: bool = False, release: Sequence[str] = (),
+              on_failed: Sequence[NewMessage] = ()) -> core.FailureOutcome:
+        """Record a failed attempt: back to pending with backoff, or ``failed`` at the limit.
+
+        ``release`` names other rows of the same turn (steering) handed back
+        unrun; ``on_failed`` messages are enqueued in the same transaction
+        only if this attempt makes the row ``failed``.
+        """
+        rel = list(release)
+        fail_msgs = list(on_failed)
+        return self.writer.call(
+            lambda: self._retry_op(owner, message_id, error, now, permanent, rel, fail_msgs))
+
+    def _release_rows(self, ids: list[str], now: float) -> None:
+        m = self.t.inbox
+        m.update(status=core.State.PENDING.value, lease_owner=None, lease_until=None,
+                 updated_at=now).where(m.message_id.in_(ids)).execute()
+
+    def release(self, owner: str, message_ids: Sequence[str], now: float) -> None:
+        """Hand leased rows back unrun (no attempt counted)."""
+        ids = list(message_ids)
+
+        def op() -> None:
+            for row in self._fence(owner, ids):
+                core.transition(row.message_id, row.status, core.Event.RELEASE)
+            self._release_rows(ids, now)
+        self.writer.call(op)
+
+    def _requeue_op(self, message_id: str, now: float) -> dict[str, Any]:
+        m = self.t.inbox
+        row = m.get_or_none(m.message_id == message_id)
+        if row is None:
+            raise RowNotFound(f"no inbox row with id {message_id!r}")
+        core.transition(message_id, row.status, core.Event.REQUEUE)
+        self.t.event.insert(message_id=message_id, at=now, attempts=row.attempts,
+                            event="requeued", detail=row.last_error).execute()
+        m.update(status=core.State.PENDING.value, attempts=0, available_at=now,
+                 updated_at=now).where(m.message_id == message_id).execute()
+        return row_to_dict(m.get(m.message_id == message_id))
+
+    def requeue(self, message_id: str, now: float) -> dict[str, Any]:
+        """Operator: put a ``failed`` row back to ``pending`` (attempts reset, history kept)."""
+        return self.writer.call(lambda: self._requeue_op(message_id, now))
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get(self, message_id: str) -> dict[str, Any]:
+        """One row as a dict; :class:`RowNotFound` if absent."""
+        m = self.t.inbox
+        row = m.get_or_none(m.message_id == message_id)
+        if row is None:
+            raise RowNotFound(f"no inbox row with id {message_id!r}")
+        return row_to_dict(row)
+
+    def history(self, message_id: str) -> list[dict[str, Any]]:
+        """The failures and operator actions recorded for a row, oldest first."""
+        e = self.t.event
+        return [{"at": x.at, "event": x.event, "attempts": x.attempts, "detail": x.detail}
+                for x in e.select().where(e.message_id == message_id).order_by(e.id)]
+
+    def rows(self, *, state: str | None = None, target: str | None = None,
+             limit: int | None = None) -> list[dict[str, Any]]:
+        """Rows in journal order, filtered by state and target."""
+        m = self.t.inbox
+        q = m.select().order_by(m.seq)
+        if state:
+            q = q.where(m.status == state)
+        if target:
+            q = q.where(m.target_chat_id == target)
+        if limit:
+            q = q.limit(limit)
+        return [row_to_dict(r) for r in q]
+
+    def counts(self) -> dict[str, int]:
+        """Rows per state."""
+        m = self.t.inbox
+        q = m.select(m.status, pw.fn.COUNT(m.message_id).alias("n")).group_by(m.status)
+        return {r.status: r.n for r in q}
+
+    def has_due(self, now: float, transport: str = "local") -> bool:
+        """True when a row waits for delivery now (pending and due, or processing)."""
+        m = self.t.inbox
+        return (m.select(m.message_id).where(
+            m.transport == transport,
+            (m.status == core.State.PROCESSING.value)
+            | ((m.status == core.State.PENDING.value) & (m.available_at <= now)))
+            .limit(1).exists())
+
+    def next_due_at(self, transport: str = "local") -> float | None:
+        """The earliest ``available_at`` of a pending row, or None."""
+        m = self.t.inbox
+        return (m.select(pw.fn.MIN(m.available_at)).where(
+            m.transport == transport, m.status == core.State.PENDING.value).scalar())
+
+    def pending_count(self, target: str) -> int:
+        """Open rows addressed to ``target``."""
+        m = self.t.inbox
+        return m.select().where(m.target_chat_id == target,
+                                m.status.in_(core.OPEN_STATES)).count()

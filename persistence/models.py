@@ -1,0 +1,193 @@
+"""The peewee models: projects, sessions, transcripts, markers, tasks and the inbox.
+
+Models are declared once, unbound, and bound to a database by
+:func:`bind_tables`, which returns a :class:`Tables` of subclasses bound to
+that database. That lets several runtimes (say a SQLite one and a PostgreSQL
+one in the same test process) live side by side without a global proxy.
+
+Times are stored as epoch seconds (floats) taken from the runtime's injected
+clock, so tests can move time without touching the database clock.
+References between tables are plain indexed columns: rows are always written
+through the journal and store code, which keep them consistent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import peewee as pw
+
+
+class _Base(pw.Model):
+    class Meta:
+        database = None
+        legacy_table_names = False
+
+
+class Project(_Base):
+    """A project: the authorization boundary between sessions (S2, S4)."""
+
+    id = pw.CharField(primary_key=True, max_length=64)
+    slug = pw.CharField(unique=True, max_length=128)
+    name = pw.CharField(max_length=256)
+    archived = pw.BooleanField(default=False)
+    hidden = pw.BooleanField(default=False)
+    created_at = pw.DoubleField()
+
+    class Meta:
+        table_name = "projects"
+
+
+class Session(_Base):
+    """An addressable agent conversation (S1)."""
+
+    id = pw.CharField(primary_key=True, max_length=128)
+    project_id = pw.CharField(null=True, index=True, max_length=64)
+    title = pw.CharField(max_length=512)
+    kind = pw.CharField(max_length=32)
+    platform = pw.CharField(null=True, max_length=64)
+    parent_id = pw.CharField(null=True, index=True, max_length=128)
+    status = pw.CharField(default="idle", max_length=16)
+    config = pw.TextField(default="{}")
+    created_at = pw.DoubleField()
+    updated_at = pw.DoubleField(index=True)
+
+    class Meta:
+        table_name = "sessions"
+
+
+class TranscriptEntry(_Base):
+    """One entry of a session's transcript (role, text, visibility, time)."""
+
+    id = pw.BigAutoField()
+    session_id = pw.CharField(index=True, max_length=128)
+    role = pw.CharField(max_length=32)
+    text = pw.TextField()
+    visible = pw.BooleanField(default=True)
+    message_id = pw.CharField(null=True, max_length=256)
+    created_at = pw.DoubleField()
+
+    class Meta:
+        table_name = "transcript_entries"
+
+
+class DeliveryMarker(_Base):
+    """Structured proof that a message's turn committed (I6); never transcript text.
+
+    ``message_id`` is indexed but deliberately not unique: the crash checker
+    counts markers per message to prove that no turn ever committed twice.
+    """
+
+    id = pw.BigAutoField()
+    session_id = pw.CharField(max_length=128)
+    message_id = pw.CharField(index=True, max_length=256)
+    created_at = pw.DoubleField()
+
+    class Meta:
+        table_name = "delivery_markers"
+
+
+class Task(_Base):
+    """A task owned by a session (K1)."""
+
+    id = pw.CharField(primary_key=True, max_length=64)
+    project_id = pw.CharField(null=True, index=True, max_length=64)
+    chat_id = pw.CharField(index=True, max_length=128)
+    title = pw.CharField(max_length=512)
+    status = pw.CharField(max_length=16)
+    blocked_on = pw.CharField(null=True, max_length=16)
+    reason = pw.TextField(null=True)
+    created_at = pw.DoubleField()
+    updated_at = pw.DoubleField()
+
+    class Meta:
+        table_name = "tasks"
+
+
+class InboxMessage(_Base):
+    """A row of the durable inbox: one message to one actor address (I1).
+
+    ``seq`` is the journal order (per-target delivery follows it); the
+    message id stays the primary key and the idempotency key.
+    """
+
+    message_id = pw.CharField(primary_key=True, max_length=256)
+    seq = pw.BigIntegerField(unique=True)
+    transport = pw.CharField(max_length=16)
+    destination_peer_id = pw.CharField(null=True, max_length=128)
+    sender_chat_id = pw.CharField(null=True, max_length=128)
+    target_chat_id = pw.CharField(max_length=128)
+    kind = pw.CharField(max_length=64)
+    content = pw.TextField()
+    payload = pw.TextField(default="{}")
+    status = pw.CharField(max_length=16)
+    attempts = pw.IntegerField(default=0)
+    max_attempts = pw.IntegerField()
+    available_at = pw.DoubleField()
+    lease_owner = pw.CharField(null=True, max_length=128)
+    lease_until = pw.DoubleField(null=True)
+    created_at = pw.DoubleField()
+    updated_at = pw.DoubleField()
+    delivered_at = pw.DoubleField(null=True)
+    last_error = pw.TextField(null=True)
+
+    class Meta:
+        table_name = "agent_inbox_messages"
+        indexes = (
+            (("target_chat_id", "status", "seq"), False),
+            (("status", "seq"), False),
+        )
+
+
+class InboxEvent(_Base):
+    """History of a row's failures, requeues and operator actions (kept on requeue)."""
+
+    id = pw.BigAutoField()
+    message_id = pw.CharField(index=True, max_length=256)
+    at = pw.DoubleField()
+    event = pw.CharField(max_length=32)
+    attempts = pw.IntegerField()
+    detail = pw.TextField(null=True)
+
+    class Meta:
+        table_name = "agent_inbox_events"
+
+
+MODELS: tuple[type[_Base], ...] = (
+    Project,
+    Session,
+    TranscriptEntry,
+    DeliveryMarker,
+    Task,
+    InboxMessage,
+    InboxEvent,
+)
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The models bound to one database."""
+
+    db: pw.Database
+    project: type[Project]
+    session: type[Session]
+    transcript: type[TranscriptEntry]
+    marker: type[DeliveryMarker]
+    task: type[Task]
+    inbox: type[InboxMessage]
+    event: type[InboxEvent]
+
+    def all(self) -> list[type[pw.Model]]:
+        """Every bound model, in creation order."""
+        return [self.project, self.session, self.transcript, self.marker, self.task,
+                self.inbox, self.event]
+
+
+def _bound(model: type[_Base], db: pw.Database) -> type:
+    meta = type("Meta", (), {"database": db, "table_name": model._meta.table_name})
+    return type(model.__name__, (model,), {"Meta": meta, "__module__": model.__module__})
+
+
+def bind_tables(db: pw.Database) -> Tables:
+    """Return the models bound to ``db``."""
+    return Tables(db, *(_bound(m, db) for m in MODELS))

@@ -1,0 +1,82 @@
+"""Creating and upgrading the schema with peewee's migration support.
+
+The models are the description of the schema; the database is compared to
+them, not to a hand-kept version number. ``upgrade`` creates missing tables
+and indexes and adds missing columns through ``playhouse.migrate`` (which
+knows how to add a NOT NULL column with a default on every backend);
+``pending_changes`` lists what an upgrade would do, for ``kinbox db status``.
+"""
+
+from __future__ import annotations
+
+import peewee as pw
+from playhouse import migrate
+
+from .database import is_postgres, is_sqlite
+from .errors import SchemaError
+from .models import Tables
+
+INBOX_SEQUENCE = "agent_inbox_seq"
+"""PostgreSQL sequence that orders inbox rows across processes."""
+
+
+def _migrator(db: pw.Database) -> migrate.SchemaMigrator:
+    if is_sqlite(db):
+        return migrate.SqliteMigrator(db)
+    if is_postgres(db):
+        return migrate.PostgresqlMigrator(db)
+    return migrate.SchemaMigrator.from_database(db)
+
+
+def pending_changes(tables: Tables) -> list[str]:
+    """What ``upgrade`` would change, one line each; empty when up to date."""
+    db = tables.db
+    existing = set(db.get_tables())
+    changes: list[str] = []
+    for model in tables.all():
+        name = model._meta.table_name
+        if name not in existing:
+            changes.append(f"create table {name}")
+            continue
+        have = {c.name for c in db.get_columns(name)}
+        for field in model._meta.sorted_fields:
+            if field.column_name not in have:
+                changes.append(f"add column {name}.{field.column_name}")
+    return changes
+
+
+def upgrade(tables: Tables) -> list[str]:
+    """Bring the schema up to the models; return the changes made."""
+    db = tables.db
+    changes = pending_changes(tables)
+    with db.atomic():
+        existing = set(db.get_tables())
+        missing_columns: list[tuple[str, str, pw.Field]] = []
+        for model in tables.all():
+            name = model._meta.table_name
+            if name not in existing:
+                db.create_tables([model], safe=True)
+                continue
+            have = {c.name for c in db.get_columns(name)}
+            missing_columns.extend(
+                (name, f.column_name, f) for f in model._meta.sorted_fields
+                if f.column_name not in have
+            )
+        if missing_columns:
+            migrator = _migrator(db)
+            migrate.migrate(*(migrator.add_column(t, c, f) for t, c, f in missing_columns))
+        for model in tables.all():
+            model._schema.create_indexes(safe=True)
+        if is_postgres(db):
+            db.execute_sql(f"CREATE SEQUENCE IF NOT EXISTS {INBOX_SEQUENCE}")
+    return changes
+
+
+def require_current(tables: Tables) -> None:
+    """Raise :class:`SchemaError` unless the schema matches the models."""
+    changes = pending_changes(tables)
+    if changes:
+        raise SchemaError(
+            "the database schema is out of date (" + "; ".join(changes[:5])
+            + ("; ..." if len(changes) > 5 else "") + "); run `kinbox db upgrade`"
+        )

@@ -1,0 +1,198 @@
+"""Projects, sessions and transcripts: the records the actors address and write.
+
+Writes go through the group-commit writer like the journal's; reads run on
+the caller's thread. Records come back as frozen dataclasses so callers
+never hold live peewee rows across threads.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import peewee as pw
+
+from .errors import DuplicateError, RowNotFound
+from .journal import TurnEntry
+from .models import Project, Session, Tables
+from .writer import GroupCommitWriter
+
+
+@dataclass(frozen=True)
+class ProjectRecord:
+    """A project (S4)."""
+
+    id: str
+    slug: str
+    name: str
+    archived: bool
+    hidden: bool
+    created_at: float
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """A session (S1)."""
+
+    id: str
+    project_id: str | None
+    title: str
+    kind: str
+    platform: str | None
+    parent_id: str | None
+    status: str
+    created_at: float
+    updated_at: float
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EntryRecord:
+    """A transcript entry."""
+
+    id: int
+    session_id: str
+    role: str
+    text: str
+    visible: bool
+    message_id: str | None
+    created_at: float
+
+
+def _project(p: Project) -> ProjectRecord:
+    return ProjectRecord(p.id, p.slug, p.name, bool(p.archived), bool(p.hidden), p.created_at)
+
+
+def _session(s: Session) -> SessionRecord:
+    return SessionRecord(s.id, s.project_id, s.title, s.kind, s.platform, s.parent_id, s.status,
+                         s.created_at, s.updated_at, json.loads(s.config or "{}"))
+
+
+class SessionStore:
+    """Projects, sessions and transcripts on one database."""
+
+    def __init__(self, tables: Tables, writer: GroupCommitWriter) -> None:
+        self.t = tables
+        self.writer = writer
+
+    # -- projects --------------------------------------------------------------------------
+
+    def create_project(self, project_id: str, slug: str, name: str, now: float, *,
+                       hidden: bool = False, archived: bool = False) -> ProjectRecord:
+        """Insert a project; :class:`DuplicateError` if the slug or id is taken."""
+        p = self.t.project
+
+        def op() -> ProjectRecord:
+            if p.select().where((p.slug == slug) | (p.id == project_id)).exists():
+                raise DuplicateError(f"a project with slug {slug!r} already exists")
+            p.insert(id=project_id, slug=slug, name=name, hidden=hidden, archived=archived,
+                     created_at=now).execute()
+            return ProjectRecord(project_id, slug, name, archived, hidden, now)
+        return self.writer.call(op)
+
+    def ensure_project(self, project_id: str, slug: str, name: str, now: float, *,
+                       hidden: bool = False) -> ProjectRecord:
+        """Return the project with ``slug``, creating it if it does not exist."""
+        p = self.t.project
+
+        def op() -> ProjectRecord:
+            row = p.get_or_none(p.slug == slug)
+            if row is None:
+                p.insert(id=project_id, slug=slug, name=name, hidden=hidden,
+                         created_at=now).execute()
+                row = p.get(p.slug == slug)
+            return _project(row)
+        return self.writer.call(op)
+
+    def project(self, project_id: str) -> ProjectRecord | None:
+        """The project with this id, or None."""
+        p = self.t.project
+        row = p.get_or_none(p.id == project_id)
+        return _project(row) if row else None
+
+    def project_by_slug(self, slug: str) -> ProjectRecord | None:
+        """The project with this slug, or None."""
+        p = self.t.project
+        row = p.get_or_none(p.slug == slug)
+        return _project(row) if row else None
+
+    def projects(self) -> list[ProjectRecord]:
+        """Every project, oldest first."""
+        p = self.t.project
+        return [_project(r) for r in p.select().order_by(p.created_at, p.id)]
+
+    # -- sessions --------------------------------------------------------------------------
+
+    def create_session(self, session_id: str, project_id: str | None, title: str, kind: str,
+                       now: float, *, parent_id: str | None = None, platform: str | None = None,
+                       config: dict[str, Any] | None = None) -> SessionRecord:
+        """Insert a session; :class:`DuplicateError` if the id is taken."""
+        s = self.t.session
+        cfg = json.dumps(config or {}, sort_keys=True)
+
+        def op() -> SessionRecord:
+            if s.select().where(s.id == session_id).exists():
+                raise DuplicateError(f"a session with id {session_id!r} already exists")
+            s.insert(id=session_id, project_id=project_id, title=title, kind=kind,
+                     platform=platform, parent_id=parent_id, status="idle", config=cfg,
+                     created_at=now, updated_at=now).execute()
+            return SessionRecord(session_id, project_id, title, kind, platform, parent_id, "idle",
+                                 now, now, dict(config or {}))
+        return self.writer.call(op)
+
+    def session(self, session_id: str) -> SessionRecord | None:
+        """The session with this id, or None."""
+        s = self.t.session
+        row = s.get_or_none(s.id == session_id)
+        return _session(row) if row else None
+
+    def sessions(self, *, project_id: str | None = None, kinds: tuple[str, ...] = (),
+                 limit: int | None = None) -> list[SessionRecord]:
+        """Sessions, most recently updated first."""
+        s = self.t.session
+        q = s.select().order_by(s.updated_at.desc(), s.id)
+        if project_id is not None:
+            q = q.where(s.project_id == project_id)
+        if kinds:
+            q = q.where(s.kind.in_(kinds))
+        if limit:
+            q = q.limit(limit)
+        return [_session(r) for r in q]
+
+    def update_session(self, session_id: str, now: float, **changes: Any) -> None:
+        """Change columns of a session (``config`` is a dict)."""
+        s = self.t.session
+        if "config" in changes:
+            changes["config"] = json.dumps(changes["config"], sort_keys=True)
+
+        def op() -> None:
+            if not s.update(updated_at=now, **changes).where(s.id == session_id).execute():
+                raise RowNotFound(f"no session with id {session_id!r}")
+        self.writer.call(op)
+
+    def session_count(self) -> int:
+        """How many sessions exist."""
+        return self.t.session.select().count()
+
+    # -- transcripts -----------------------------------------------------------------------
+
+    def append(self, session_id: str, entries: list[TurnEntry], now: float) -> None:
+        """Append entries outside a delivered turn (a user typing into a session)."""
+        tr = self.t.transcript
+        self.writer.call(lambda: tr.insert_many([
+            {"session_id": session_id, "role": e.role, "text": e.text, "visible": e.visible,
+             "message_id": e.message_id, "created_at": now} for e in entries]).execute())
+
+    def transcript(self, session_id: str) -> list[EntryRecord]:
+        """Every entry of a session's transcript, oldest first."""
+        tr = self.t.transcript
+        return [EntryRecord(e.id, e.session_id, e.role, e.text, bool(e.visible), e.message_id,
+                            e.created_at)
+                for e in tr.select().where(tr.session_id == session_id).order_by(tr.id)]
+
+    def marker_counts(self) -> dict[str, int]:
+        """Committed delivery markers per message id (the crash checker's evidence)."""
+        mk = self.t.marker
+        q = mk.select(mk.message_id, pw.fn.COUNT(mk.id).alias("n")).group_by(mk.message_id)
+        return {r.message_id: r.n for r in q}
