@@ -15,11 +15,11 @@ from typing import Any
 
 import pykka
 
-from ..persistence import Journal, SessionStore
+from ..persistence import Journal, NewMessage, SessionStore
 from .clock import Clock
+from .errors import RuntimeStateError
 from .messages import Wake
 from .running import RunningTurns
-from ..persistence import NewMessage
 from .turn import Brain, Turn, TurnOutcome
 
 log = logging.getLogger("kinbox.runtime")
@@ -80,9 +80,11 @@ class RuntimeContext:
     lease_seconds: float
     faults: frozenset[str]
     tools_for: Callable[[str], Any]
+    new_id: Callable[[], str]
     turns: RunningTurns = field(default_factory=RunningTurns)
     activity: Activity = field(default_factory=Activity)
     crashed: threading.Event = field(default_factory=threading.Event)
+    closed: threading.Event = field(default_factory=threading.Event)
     observers: list[Observer] = field(default_factory=list)
     outbox_hooks: list[OutboxHook] = field(default_factory=list)
     dispatcher: pykka.ActorRef[Any] | None = None
@@ -93,6 +95,12 @@ class RuntimeContext:
         for hook in self.outbox_hooks:
             messages.extend(hook(self, turn, outcome))
         return messages
+
+    def require_running(self) -> None:
+        """Raise :class:`RuntimeStateError` once the runtime stopped or crashed."""
+        if self.closed.is_set():
+            state = "crashed" if self.crashed.is_set() else "stopped"
+            raise RuntimeStateError(f"the runtime is {state}; it accepts no more work")
 
     def now(self) -> float:
         """The runtime clock's time."""

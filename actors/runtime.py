@@ -61,7 +61,8 @@ class Runtime:
                  lease_seconds: float = DEFAULT_LEASE_SECONDS, idle_ttl: float = 300.0,
                  tick_interval: float = 0.2, synchronous: str = "FULL",
                  data_dir: str | os.PathLike[str] | None = None,
-                 faults: Iterable[str] = ()) -> None:
+                 faults: Iterable[str] = (),
+                 ids: Callable[[], str] | None = None) -> None:
         if not isinstance(max_active_sessions, int) or max_active_sessions < 1:
             raise ConfigError(f"max_active_sessions must be an integer >= 1, "
                               f"got {max_active_sessions!r}")
@@ -82,6 +83,8 @@ class Runtime:
         self.synchronous = synchronous
         self.faults = frozenset(faults)
         self.data_dir = Path(data_dir) if data_dir else None
+        # Ids of new messages, sessions and projects; scenarios pass a seeded source.
+        self.new_id: Callable[[], str] = ids or (lambda: uuid.uuid4().hex)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._ctx: RuntimeContext | None = None
         self._observers: list[Observer] = []
@@ -115,6 +118,7 @@ class Runtime:
             ctx = RuntimeContext(journal=journal, store=store, clock=self.clock, brain=self.brain,
                                  owner=self.owner, lease_seconds=self.lease_seconds,
                                  faults=self.faults, tools_for=self._tools_for_ctx,
+                                 new_id=self.new_id,
                                  observers=self._observers)
             self._ctx = ctx
             now = self.clock.now()
@@ -142,6 +146,7 @@ class Runtime:
             return
         ctx = self._require()
         self._state = "stopped"
+        ctx.closed.set()
         self._stop_ticker()
         for session_id in ctx.turns.running():
             ctx.turns.request_stop(session_id, "runtime")
@@ -157,6 +162,7 @@ class Runtime:
         ctx = self._require()
         self._state = "crashed"
         ctx.crashed.set()
+        ctx.closed.set()
         self._stop_ticker()
         if self._writer is not None:
             self._writer.abort()
@@ -242,7 +248,7 @@ class Runtime:
         return not ctx.journal.has_due(ctx.now())
 
     def run_until_idle(self, timeout: float = 10.0) -> None:
-        """Wait until no row is due and no turn runs; raise :class:`IdleTimeout` after ``timeout``."""
+        """Wait until no row is due and no turn runs; :class:`IdleTimeout` after ``timeout``."""
         ctx = self._running()
         deadline = time.monotonic() + timeout
         while True:
@@ -264,7 +270,7 @@ class Runtime:
         if not isinstance(slug, str) or not slug.strip():
             raise ConfigError("a project needs a non-empty slug")
         slug = slug.strip()
-        return ctx.store.create_project(f"p_{uuid.uuid4().hex[:10]}", slug, name or slug,
+        return ctx.store.create_project(f"p_{self.new_id()[:10]}", slug, name or slug,
                                         ctx.now(), hidden=hidden)
 
     def project(self, slug: str) -> ProjectRecord | None:
@@ -284,7 +290,7 @@ class Runtime:
             raise ConfigError(f"no project with id {project_id!r}")
         if parent_id is not None and ctx.store.session(parent_id) is None:
             raise ConfigError(f"no parent session with id {parent_id!r}")
-        sid = session_id or f"chat-{uuid.uuid4().hex[:12]}"
+        sid = session_id or f"chat-{self.new_id()[:12]}"
         return ctx.store.create_session(sid, project_id, title, kind, ctx.now(),
                                         parent_id=parent_id, platform=platform, config=config)
 
@@ -315,7 +321,7 @@ class Runtime:
         if not isinstance(content, str) or not content.strip():
             raise ConfigError("a message needs non-empty text")
         result = ctx.journal.enqueue(
-            NewMessage(message_id or f"msg-{uuid.uuid4().hex}", target, content, kind=kind,
+            NewMessage(message_id or f"msg-{self.new_id()}", target, content, kind=kind,
                        sender=sender, payload=payload or {}), ctx.now())
         ctx.emit("sent", message_id=result.message_id, sender=sender, target=target, kind=kind,
                  created=result.created)

@@ -8,7 +8,6 @@ is a :class:`ToolError` and leaves nothing behind.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from ..persistence import NewMessage, SessionRecord
@@ -41,6 +40,7 @@ class AgentTools:
         self.caller_id = caller_id
 
     def _caller(self) -> SessionRecord:
+        self._ctx.require_running()
         caller = self._ctx.store.session(self.caller_id)
         if caller is None:
             raise ToolError("execution_failed",
@@ -66,7 +66,7 @@ class AgentTools:
         self._target(caller, target_id, allow_self=False)
         ctx = self._ctx
         result = ctx.journal.enqueue(
-            NewMessage(f"msg-{uuid.uuid4().hex}", target_id, text, sender=caller.id), ctx.now())
+            NewMessage(f"msg-{ctx.new_id()}", target_id, text, sender=caller.id), ctx.now())
         ctx.emit("sent", message_id=result.message_id, sender=caller.id, target=target_id,
                  kind="agent_message")
         ctx.wake_dispatcher()

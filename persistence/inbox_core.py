@@ -17,12 +17,12 @@ States and legal transitions (anything else raises ``IllegalTransition``)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from .errors import IdempotencyConflict, IllegalTransition, LeaseLost
 
 
-class State(str, Enum):
+class State(StrEnum):
     """Where an inbox row is in its life."""
 
     PENDING = "pending"
@@ -31,7 +31,7 @@ class State(str, Enum):
     FAILED = "failed"
 
 
-class Event(str, Enum):
+class Event(StrEnum):
     """What can happen to an inbox row."""
 
     CLAIM = "claim"

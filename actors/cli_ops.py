@@ -1,0 +1,192 @@
+"""Operator commands: inspect and repair a live database (inbox, sessions, schema).
+
+Every command takes ``--db`` (falling back to ``$KINBOX_DB``, then the data
+directory's file) and works while a runtime is running on that database:
+reads do not block it, and a requeue is one short transaction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+from ..persistence import (
+    GroupCommitWriter,
+    Journal,
+    SessionStore,
+    bind_tables,
+    default_url,
+    open_database,
+    pending_changes,
+    require_current,
+    upgrade,
+)
+from ..persistence.inbox_core import State
+
+STATES = tuple(s.value for s in State)
+
+
+@contextmanager
+def stores(url: str | None, *, check_schema: bool = True) -> Iterator[tuple[Journal, SessionStore]]:
+    """Open the journal and session store of ``url`` for one command."""
+    db = open_database(url or default_url())
+    tables = bind_tables(db)
+    if check_schema:
+        require_current(tables)
+    writer = GroupCommitWriter(db, name="kinbox-cli-writer")
+    writer.start()
+    try:
+        yield Journal(tables, writer), SessionStore(tables, writer)
+    finally:
+        writer.stop()
+        db.close()
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _emit(out: TextIO, as_json: bool, data: Any, lines: list[str]) -> None:
+    if as_json:
+        out.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    else:
+        out.write("\n".join(lines) + ("\n" if lines else ""))
+
+
+def inbox_list(args: argparse.Namespace, out: TextIO) -> int:
+    """``kinbox inbox list``."""
+    with stores(args.db) as (journal, _):
+        rows = journal.rows(state=args.state, target=args.target, limit=args.limit)
+    lines = [f"{'seq':>6}  {'state':<10} {'att':>3}  {'target':<28} {'kind':<22} message_id"]
+    lines += [f"{r['seq']:>6}  {r['status']:<10} {r['attempts']:>3}  {r['target_chat_id']:<28} "
+              f"{r['kind']:<22} {r['message_id']}" for r in rows]
+    if not rows:
+        lines = ["no rows" + (f" in state {args.state}" if args.state else "")]
+    # Message bodies stay out of listings; `inbox show` prints one on request.
+    for r in rows:
+        r.pop("content", None)
+    _emit(out, args.json, rows, lines)
+    return 0
+
+
+def inbox_show(args: argparse.Namespace, out: TextIO) -> int:
+    """``kinbox inbox show ID``."""
+    with stores(args.db) as (journal, _):
+        row = journal.get(args.message_id)
+        row["history"] = journal.history(args.message_id)
+    lines = [f"{k}: {row[k]}" for k in row if k not in ("history", "payload")]
+    lines.append(f"payload: {json.dumps(row['payload'], sort_keys=True)}")
+    lines.append("history:" if row["history"] else "history: (none)")
+    lines += [f"  {_when(h['at'])}  {h['event']:<9} attempts={h['attempts']}  {h['detail'] or ''}"
+              for h in row["history"]]
+    _emit(out, args.json, row, lines)
+    return 0
+
+
+def inbox_requeue(args: argparse.Namespace, out: TextIO) -> int:
+    """``kinbox inbox requeue ID``: only a ``failed`` row may go back to ``pending``."""
+    with stores(args.db) as (journal, _):
+        row = journal.requeue(args.message_id, time.time())
+    _emit(out, args.json, row,
+          [f"requeued {row['message_id']}: pending again, attempts reset (history kept)"])
+    return 0
+
+
+def sessions_list(args: argparse.Namespace, out: TextIO) -> int:
+    """``kinbox sessions list``."""
+    with stores(args.db) as (_, store):
+        project_id = None
+        if args.project:
+            project = store.project_by_slug(args.project)
+            if project is None:
+                raise LookupError(f"no project with slug {args.project!r}")
+            project_id = project.id
+        sessions = store.sessions(project_id=project_id)
+        slugs = {p.id: p.slug for p in store.projects()}
+    data = [{"id": s.id, "title": s.title, "kind": s.kind, "status": s.status,
+             "project": slugs.get(s.project_id or ""), "parent_id": s.parent_id,
+             "updated_at": s.updated_at} for s in sessions]
+    lines = [f"{'id':<32} {'kind':<12} {'status':<7} {'project':<16} title"]
+    lines += [f"{d['id']:<32} {d['kind']:<12} {d['status']:<7} {d['project'] or '-':<16} "
+              f"{d['title']}" for d in data]
+    _emit(out, args.json, data, lines if data else ["no sessions"])
+    return 0
+
+
+def db_status(args: argparse.Namespace, out: TextIO) -> int:
+    """``kinbox db status``: schema changes pending and rows per state."""
+    db = open_database(args.db or default_url())
+    tables = bind_tables(db)
+    changes = pending_changes(tables)
+    counts: dict[str, int] = {}
+    if not changes:
+        with stores(args.db) as (journal, _):
+            counts = journal.counts()
+    data = {"url": args.db or default_url(), "up_to_date": not changes, "pending": changes,
+            "rows": counts}
+    lines = [f"schema: {'up to date' if not changes else 'needs upgrade'}"]
+    lines += [f"  pending: {c}" for c in changes]
+    lines += [f"rows {s}: {counts.get(s, 0)}" for s in STATES] if not changes else []
+    _emit(out, args.json, data, lines)
+    return 0
+
+
+def db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
+    """``kinbox db upgrade``: create missing tables, columns and indexes."""
+    db = open_database(args.db or default_url())
+    changes = upgrade(bind_tables(db))
+    _emit(out, args.json, {"applied": changes},
+          [f"applied: {c}" for c in changes] or ["schema already up to date"])
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``inbox``, ``sessions`` and ``db``."""
+    def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--db", help="database URL (default: $KINBOX_DB, then the data dir file)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+        return p
+
+    inbox = sub.add_parser("inbox", help="inspect and repair the durable inbox")
+    isub = inbox.add_subparsers(dest="action", required=True)
+    p = common(isub.add_parser("list", help="list inbox rows"))
+    p.add_argument("--state", choices=STATES)
+    p.add_argument("--target", help="only rows addressed to this session")
+    p.add_argument("--limit", type=_positive, default=100)
+    p.set_defaults(handler=inbox_list)
+    p = common(isub.add_parser("show", help="one row in full, with its history"))
+    p.add_argument("message_id")
+    p.set_defaults(handler=inbox_show)
+    p = common(isub.add_parser("requeue", help="send a failed row back to pending"))
+    p.add_argument("message_id")
+    p.set_defaults(handler=inbox_requeue)
+
+    sessions = sub.add_parser("sessions", help="list sessions")
+    ssub = sessions.add_subparsers(dest="action", required=True)
+    p = common(ssub.add_parser("list", help="list sessions, newest first"))
+    p.add_argument("--project", help="project slug")
+    p.set_defaults(handler=sessions_list)
+
+    dbp = sub.add_parser("db", help="schema status and upgrade")
+    dsub = dbp.add_subparsers(dest="action", required=True)
+    common(dsub.add_parser("status", help="schema and row counts")).set_defaults(
+        handler=db_status)
+    common(dsub.add_parser("upgrade", help="bring the schema up to date")).set_defaults(
+        handler=db_upgrade)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value

@@ -1,0 +1,152 @@
+"""Turning a finished scenario into a report: text, JSON and a Mermaid diagram.
+
+The report reads the truth from the journal (every message's final state
+and attempts) and the story from the scenario's timeline (turns, crashes,
+notes, checks). Times are scenario-clock seconds from the start, so the
+same seed renders the same report.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .scenario import Scenario
+
+
+def short(message_id: str) -> str:
+    """A message id cut to something a person can read in a table."""
+    return message_id if len(message_id) <= 16 else message_id[:16] + "…"
+
+
+def build_report(sc: Scenario) -> dict[str, Any]:
+    """Collect the report of a finished scenario."""
+    rt = sc.runtime
+    names = {s.id: s.title for s in rt.sessions()}
+    rows = rt.inbox()
+    messages = [{
+        "seq": r["seq"], "id": r["message_id"], "sender": r["sender_chat_id"],
+        "target": r["target_chat_id"], "kind": r["kind"], "state": r["status"],
+        "attempts": r["attempts"], "content": r["content"][:80],
+        "last_error": r["last_error"],
+    } for r in rows]
+    turns = [{
+        "t": e["t"], "life": e["life"], "session": e["session_id"],
+        "outcome": "committed" if e["event"] == "turn_committed" else "failed",
+        "messages": e.get("message_ids") or [e.get("message_id")],
+        "replies": e.get("replies", []), "error": e.get("error"),
+    } for e in sc.timeline if e["event"] in ("turn_committed", "turn_failed")]
+    states: dict[str, int] = {}
+    for m in messages:
+        states[m["state"]] = states.get(m["state"], 0) + 1
+    return {
+        "scenario": sc.name, "seed": sc.seed, "ok": sc.ok,
+        "summary": {"messages": len(messages), "states": states,
+                    "turns": sum(1 for t in turns if t["outcome"] == "committed"),
+                    "failed_attempts": sum(1 for t in turns if t["outcome"] == "failed"),
+                    "lives": sc.generation},
+        "sessions": names,
+        "messages": messages,
+        "turns": turns,
+        "timeline": sc.timeline,
+        "expectations": [{"what": e.what, "ok": e.ok, "detail": e.detail}
+                         for e in sc.expectations],
+    }
+
+
+def _label(names: dict[str, str], session_id: str | None) -> str:
+    if session_id is None:
+        return "(outside)"
+    title = names.get(session_id)
+    return f"{title} [{session_id}]" if title else session_id
+
+
+def render_text(report: dict[str, Any]) -> str:
+    """The report as plain text for a terminal."""
+    names = report["sessions"]
+    out = [f"scenario {report['scenario']} (seed {report['seed']})", ""]
+    out.append("messages (journal order):")
+    for m in report["messages"]:
+        out.append(f"  #{m['seq']:<4} {_label(names, m['sender'])} -> {_label(names, m['target'])}"
+                   f"  {m['kind']}  {m['state']}  attempts={m['attempts']}  {m['content']!r}")
+        if m["last_error"] and m["state"] != "delivered":
+            out.append(f"         last error: {m['last_error']}")
+    out.append("")
+    out.append("turns and events:")
+    for e in report["timeline"]:
+        line = _event_line(names, e)
+        if line:
+            out.append(f"  t={e['t']:>8}s life {e['life']}  {line}")
+    out.append("")
+    s = report["summary"]
+    out.append(f"summary: {s['messages']} messages {s['states']}, {s['turns']} turns committed, "
+               f"{s['failed_attempts']} failed attempts, {s['lives']} runtime lives")
+    out.append("")
+    out.append("expectations:")
+    for e in report["expectations"]:
+        mark = "PASS" if e["ok"] else "FAIL"
+        out.append(f"  [{mark}] {e['what']}" + (f" ({e['detail']})" if e["detail"] else ""))
+    out.append("")
+    out.append("result: " + ("ok" if report["ok"] else "FAILED"))
+    return "\n".join(out)
+
+
+def _event_line(names: dict[str, str], e: dict[str, Any]) -> str | None:
+    ev = e["event"]
+    if ev == "turn_committed":
+        replies = "; ".join(repr(r[:60]) for r in e.get("replies", []))
+        return (f"turn of {_label(names, e['session_id'])} committed "
+                f"{', '.join(short(i) for i in e['message_ids'])}"
+                + (f" replying {replies}" if replies else ""))
+    if ev == "turn_failed":
+        return (f"turn of {_label(names, e['session_id'])} FAILED on {short(e['message_id'])}: "
+                f"{e['error']} -> {e['state']} (attempts {e['attempts']})")
+    if ev == "crashed":
+        return "runtime CRASHED (killed; nothing in flight committed)"
+    if ev == "started":
+        return "runtime started" + (" (replaying unacknowledged rows)" if e["life"] > 1 else "")
+    if ev == "note":
+        return f"note: {e['text']}"
+    if ev == "clock":
+        return f"clock advanced {e['advance']}s"
+    if ev == "requeued":
+        return f"operator requeued {short(e['message_id'])}"
+    if ev == "acked_by_marker":
+        return f"{short(e['message_id'])} acknowledged from its delivery marker (no second turn)"
+    return None
+
+
+def render_mermaid(report: dict[str, Any]) -> str:
+    """A Mermaid sequence diagram: sessions as participants, messages as arrows."""
+    names = report["sessions"]
+    ids = sorted({m["sender"] for m in report["messages"] if m["sender"]}
+                 | {m["target"] for m in report["messages"]})
+    alias = {sid: f"S{i}" for i, sid in enumerate(ids)}
+    lines = ["```mermaid", "sequenceDiagram"]
+    if any(m["sender"] is None for m in report["messages"]):
+        lines.append("    participant OUT as outside")
+    for sid in ids:
+        title = names.get(sid, sid).replace('"', "'")
+        lines.append(f'    participant {alias[sid]} as {title}')
+    state = {m["id"]: m for m in report["messages"]}
+    for e in report["timeline"]:
+        ev = e["event"]
+        if ev == "sent" and e.get("created", True):
+            m = state.get(e["message_id"])
+            if m is None:
+                continue
+            src = alias.get(m["sender"], "OUT")
+            lines.append(f"    {src}->>{alias[m['target']]}: {short(m['id'])} "
+                         f"{m['kind']} ({m['state']}, {m['attempts']} failed attempts)")
+        elif ev == "turn_failed" and e["session_id"] in alias:
+            lines.append(f"    Note over {alias[e['session_id']]}: attempt failed, "
+                         f"{e['state']}")
+        elif (ev in ("crashed", "started") and e["life"] > 1) or ev == "crashed":
+            span = f"{alias[ids[0]]},{alias[ids[-1]]}" if len(ids) > 1 else alias.get(
+                ids[0], "OUT") if ids else "OUT"
+            text = "runtime crashed" if ev == "crashed" else "runtime restarted, replaying"
+            lines.append(f"    Note over {span}: {text}")
+        elif ev == "note" and ids:
+            span = f"{alias[ids[0]]},{alias[ids[-1]]}" if len(ids) > 1 else alias[ids[0]]
+            lines.append(f"    Note over {span}: {e['text']}")
+    lines.append("```")
+    return "\n".join(lines)

@@ -1,0 +1,108 @@
+"""Shared fixtures: real SQLite files, a real PostgreSQL when configured, runtimes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from kinbox.actors import ManualClock, Runtime
+from kinbox.persistence import (
+    GroupCommitWriter,
+    Journal,
+    SessionStore,
+    Tables,
+    bind_tables,
+    open_database,
+    upgrade,
+)
+
+PG_URL = os.environ.get("KINBOX_TEST_PG_URL")
+KINBOX_TABLES = ("agent_inbox_events", "agent_inbox_messages", "tasks", "delivery_markers",
+                 "transcript_entries", "sessions", "projects")
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    """A fresh SQLite file URL."""
+    return f"sqlite:///{tmp_path / 'kinbox.db'}"
+
+
+def reset_postgres(url: str) -> None:
+    """Drop every kinbox table so a test starts from an empty database."""
+    db = open_database(url)
+    for table in KINBOX_TABLES:
+        db.execute_sql(f"DROP TABLE IF EXISTS {table} CASCADE")
+    db.execute_sql("DROP SEQUENCE IF EXISTS agent_inbox_seq")
+    db.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def any_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database of each backend (PostgreSQL skips without KINBOX_TEST_PG_URL)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'kinbox.db'}"
+    if not PG_URL:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run the PostgreSQL tests: .ci/run sets KINBOX_TEST_PG_URL")
+        pytest.skip("PostgreSQL tests need KINBOX_TEST_PG_URL (set by .ci/run)")
+    reset_postgres(PG_URL)
+    return PG_URL
+
+
+class Stores:
+    """A journal and session store on one database, for tests below the runtime."""
+
+    def __init__(self, url: str) -> None:
+        self.db = open_database(url)
+        self.tables: Tables = bind_tables(self.db)
+        upgrade(self.tables)
+        self.writer = GroupCommitWriter(self.db)
+        self.writer.start()
+        self.journal = Journal(self.tables, self.writer)
+        self.store = SessionStore(self.tables, self.writer)
+
+    def close(self) -> None:
+        self.writer.stop()
+        self.db.close()
+
+
+@pytest.fixture
+def stores(any_db_url: str) -> Iterator[Stores]:
+    """Journal + store on each backend."""
+    s = Stores(any_db_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A clock that moves only when a test says so."""
+    return ManualClock()
+
+
+@pytest.fixture
+def make_runtime(db_url: str, clock: ManualClock) -> Iterator[Callable[..., Runtime]]:
+    """Start runtimes on the test's database and clock; all are stopped at the end."""
+    started: list[Runtime] = []
+
+    def make(**options: object) -> Runtime:
+        options.setdefault("db", db_url)
+        options.setdefault("clock", clock)
+        rt = Runtime(**options)  # type: ignore[arg-type]
+        rt.start()
+        started.append(rt)
+        return rt
+
+    yield make
+    for rt in started:
+        if rt._state == "running":
+            rt.stop()
+
+
+def pytest_report_header() -> str:
+    """Say up front whether the PostgreSQL half of the contract tests runs."""
+    return ("postgresql: " + ("KINBOX_TEST_PG_URL set, contract tests run on it" if PG_URL
+                              else "KINBOX_TEST_PG_URL unset, PostgreSQL tests skip"))

@@ -1,0 +1,38 @@
+"""A runtime process for the crash tests: delivers what the journal holds until idle.
+
+Usage: python crash_child.py DB_URL LOG_PATH LIFE [FAULT ...]
+
+Every turn start is appended to LOG_PATH as "LIFE MESSAGE_ID" before the
+brain does anything, so the parent can prove which lives ran which message.
+Prints "ready" once started and "done" once idle, then exits.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from kinbox.actors import Runtime, Turn
+
+
+def main() -> None:
+    url, log_path, life, *faults = sys.argv[1:]
+    log = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+    lock = threading.Lock()
+
+    def brain(turn: Turn) -> None:
+        message = turn.messages[0]
+        with lock:
+            log.write(f"{life} {message.message_id}\n")
+        # A little work so kills land inside turns as well as between them.
+        digest = sum(ord(c) for c in message.content * 50)
+        turn.reply(f"processed {message.message_id} ({digest})")
+
+    with Runtime(db=url, brain=brain, faults=faults, tick_interval=0.05) as rt:
+        print("ready", flush=True)
+        rt.run_until_idle(timeout=120)
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main()

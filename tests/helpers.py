@@ -1,0 +1,17 @@
+"""Test helpers: wait on a condition with a timeout instead of sleeping."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """Return once ``condition()`` is true; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        pause.wait(0.005)  # re-check soon; the timeout above bounds the wait

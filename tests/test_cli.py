@@ -1,0 +1,134 @@
+"""The command line as a user runs it: a real subprocess against a real database file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kinbox.persistence import NewMessage
+
+from .conftest import Stores
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def kinbox(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kinbox.actors", *args], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, **(env or {})}, cwd=ROOT)
+
+
+@pytest.fixture
+def failed_row_db(db_url: str) -> str:
+    """A database with one delivered, one pending and one failed row."""
+    s = Stores(db_url)
+    s.store.create_session("s1", None, "Worker", "interactive", 0)
+    for mid in ("ok", "stuck", "waiting"):
+        s.journal.enqueue(NewMessage(mid, "s1", f"body of {mid}"), 0)
+    s.journal.claim("w", 0)
+    s.journal.complete_turn("w", "s1", ["ok"], [], 0)
+    s.journal.claim("w", 0)
+    s.journal.retry("w", "stuck", "boom", 0, permanent=True)
+    s.close()
+    return db_url
+
+
+def test_scenario_run_prints_a_report_and_exits_zero(tmp_path: Path) -> None:
+    diagram = tmp_path / "hello.md"
+    result = kinbox("scenario", "run", "scenarios/hello.py", "--diagram", str(diagram))
+    assert result.returncode == 0, result.stderr
+    assert "[PASS] each message committed exactly one turn" in result.stdout
+    assert "result: ok" in result.stdout
+    assert diagram.read_text().count("->>") == 3
+    assert "sequenceDiagram" in diagram.read_text()
+
+
+def test_scenario_reports_are_the_same_for_the_same_seed() -> None:
+    runs = [json.loads(kinbox("scenario", "run", "scenarios/hello.py", "--json",
+                              "--seed", "3").stdout) for _ in range(2)]
+    for r in runs:
+        r.pop("db")
+    assert runs[0] == runs[1]
+
+
+def test_a_failing_expectation_exits_one(tmp_path: Path) -> None:
+    script = tmp_path / "bad.py"
+    script.write_text("def run(sc):\n    sc.start()\n    sc.expect(1 == 2, 'one is two')\n")
+    result = kinbox("scenario", "run", str(script))
+    assert result.returncode == 1
+    assert "[FAIL] one is two" in result.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ("scenario", "run", "no/such/file.py"),
+    ("scenario", "run"),
+    ("inbox", "list", "--state", "lost"),
+    ("inbox", "list", "--limit", "0"),
+    ("frobnicate",),
+])
+def test_usage_errors_exit_two(args: tuple[str, ...]) -> None:
+    result = kinbox(*args)
+    assert result.returncode == 2
+    assert result.stderr.strip()
+
+
+def test_inbox_list_filters_by_state_and_hides_bodies(failed_row_db: str) -> None:
+    result = kinbox("inbox", "list", "--db", failed_row_db, "--state", "failed", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert [r["message_id"] for r in rows] == ["stuck"]
+    assert "content" not in rows[0]
+    text = kinbox("inbox", "list", "--db", failed_row_db)
+    assert "body of" not in text.stdout and "stuck" in text.stdout
+
+
+def test_the_database_can_come_from_kinbox_db(failed_row_db: str) -> None:
+    result = kinbox("inbox", "list", "--json", env={"KINBOX_DB": failed_row_db})
+    assert len(json.loads(result.stdout)) == 3
+
+
+def test_inbox_show_prints_the_row_and_its_history(failed_row_db: str) -> None:
+    result = kinbox("inbox", "show", "stuck", "--db", failed_row_db, "--json")
+    row = json.loads(result.stdout)
+    assert row["status"] == "failed" and row["content"] == "body of stuck"
+    assert [h["event"] for h in row["history"]] == ["failed"]
+
+
+def test_requeue_moves_only_failed_rows_back_to_pending(failed_row_db: str) -> None:
+    refused = kinbox("inbox", "requeue", "waiting", "--db", failed_row_db)
+    assert refused.returncode == 1
+    assert "cannot requeue a row in state 'pending'" in refused.stderr
+    missing = kinbox("inbox", "requeue", "nope", "--db", failed_row_db)
+    assert missing.returncode == 1 and "no inbox row" in missing.stderr
+    ok = kinbox("inbox", "requeue", "stuck", "--db", failed_row_db)
+    assert ok.returncode == 0, ok.stderr
+    row = json.loads(kinbox("inbox", "show", "stuck", "--db", failed_row_db, "--json").stdout)
+    assert (row["status"], row["attempts"]) == ("pending", 0)
+    assert [h["event"] for h in row["history"]] == ["failed", "requeued"]
+
+
+def test_sessions_list_and_db_status(failed_row_db: str) -> None:
+    sessions = json.loads(kinbox("sessions", "list", "--db", failed_row_db, "--json").stdout)
+    assert [s["id"] for s in sessions] == ["s1"]
+    status = json.loads(kinbox("db", "status", "--db", failed_row_db, "--json").stdout)
+    assert status["up_to_date"] is True
+    assert status["rows"] == {"delivered": 1, "failed": 1, "pending": 1}
+
+
+def test_db_upgrade_creates_a_schema_and_commands_refuse_an_old_one(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    before = kinbox("inbox", "list", "--db", url)
+    assert before.returncode == 1 and "kinbox db upgrade" in before.stderr
+    up = kinbox("db", "upgrade", "--db", url)
+    assert up.returncode == 0 and "create table agent_inbox_messages" in up.stdout
+    assert "already up to date" in kinbox("db", "upgrade", "--db", url).stdout
+
+
+def test_an_unopenable_database_is_a_clear_error() -> None:
+    result = kinbox("inbox", "list", "--db", "sqlite:////no/such/dir/x.db")
+    assert result.returncode == 1
+    assert "does not exist" in result.stderr

@@ -1,0 +1,96 @@
+"""Opening databases, connection pragmas, and schema upgrades through peewee migrations."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from kinbox.persistence import (
+    DatabaseOpenError,
+    bind_tables,
+    open_database,
+    pending_changes,
+    require_current,
+    upgrade,
+)
+from kinbox.persistence.errors import SchemaError, redact_url
+
+
+def test_every_sqlite_connection_gets_wal_full_sync_busy_timeout_and_foreign_keys(
+        db_url: str) -> None:
+    db = open_database(db_url)
+    seen: list[tuple[object, ...]] = []
+
+    def read() -> None:
+        seen.append(tuple(db.execute_sql(f"PRAGMA {p}").fetchone()[0] for p in
+                          ("journal_mode", "synchronous", "busy_timeout", "foreign_keys")))
+        db.close()
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    read()
+    assert seen == [("wal", 2, 10_000, 1)] * 5  # synchronous 2 == FULL
+
+
+def test_synchronous_normal_is_available_for_benchmarks(db_url: str) -> None:
+    db = open_database(db_url, synchronous="NORMAL")
+    assert db.execute_sql("PRAGMA synchronous").fetchone()[0] == 1
+
+
+@pytest.mark.parametrize(("url", "reason"), [
+    ("mysql://root@localhost/x", "unsupported scheme"),
+    ("nonsense", "unsupported scheme"),
+    ("sqlite:///:memory:", "give a file path"),
+    ("sqlite://", "give a file path"),
+    ("sqlite:////no/such/dir/x.db", "does not exist"),
+])
+def test_urls_that_cannot_be_opened_give_a_precise_error(url: str, reason: str) -> None:
+    with pytest.raises(DatabaseOpenError, match=reason):
+        open_database(url)
+
+
+def test_an_unreachable_postgres_is_a_database_open_error() -> None:
+    with pytest.raises(DatabaseOpenError, match="cannot open database"):
+        open_database("postgresql://nobody@127.0.0.1:1/none")
+
+
+def test_passwords_are_redacted_from_errors() -> None:
+    assert redact_url("postgresql://me:secret@h/db") == "postgresql://me:***@h/db"
+    with pytest.raises(DatabaseOpenError) as info:
+        open_database("postgresql://me:secret@127.0.0.1:1/db")
+    assert "secret" not in str(info.value)
+
+
+def test_bad_synchronous_values_are_refused(db_url: str) -> None:
+    with pytest.raises(DatabaseOpenError, match="synchronous must be FULL or NORMAL"):
+        open_database(db_url, synchronous="OFF")  # type: ignore[arg-type]
+
+
+def test_upgrade_creates_the_schema_then_has_nothing_left_to_do(any_db_url: str) -> None:
+    tables = bind_tables(open_database(any_db_url))
+    with pytest.raises(SchemaError, match="kinbox db upgrade"):
+        require_current(tables)
+    applied = upgrade(tables)
+    assert "create table agent_inbox_messages" in applied
+    assert pending_changes(tables) == []
+    assert upgrade(tables) == []
+    require_current(tables)
+
+
+def test_upgrade_adds_a_column_an_older_schema_lacks(tmp_path: Path) -> None:
+    db = open_database(f"sqlite:///{tmp_path / 'old.db'}")
+    tables = bind_tables(db)
+    upgrade(tables)
+    tables.inbox.insert(message_id="old", seq=1, transport="local", target_chat_id="s",
+                        kind="agent_message", content="kept", status="pending",
+                        max_attempts=5, available_at=0, created_at=0, updated_at=0).execute()
+    db.execute_sql("ALTER TABLE agent_inbox_messages DROP COLUMN last_error")
+    assert pending_changes(tables) == ["add column agent_inbox_messages.last_error"]
+    assert upgrade(tables) == ["add column agent_inbox_messages.last_error"]
+    row = tables.inbox.get(tables.inbox.message_id == "old")
+    assert (row.content, row.last_error) == ("kept", None)

@@ -1,0 +1,140 @@
+"""The pure inbox rules: transitions, backoff, failure outcomes, fencing, idempotency."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from kinbox.persistence import IdempotencyConflict, IllegalTransition, LeaseLost
+from kinbox.persistence.inbox_core import (
+    LOCAL,
+    PEER,
+    TRANSITIONS,
+    Event,
+    Fingerprint,
+    State,
+    after_failure,
+    backoff_delay,
+    check_lease,
+    enqueue_decision,
+    is_claimable,
+    transition,
+)
+
+LEGAL = [
+    (State.PENDING, Event.CLAIM, State.PROCESSING),
+    (State.PROCESSING, Event.CLAIM, State.PROCESSING),
+    (State.PROCESSING, Event.ACK, State.DELIVERED),
+    (State.PROCESSING, Event.RETRY, State.PENDING),
+    (State.PROCESSING, Event.FAIL, State.FAILED),
+    (State.PROCESSING, Event.RELEASE, State.PENDING),
+    (State.FAILED, Event.REQUEUE, State.PENDING),
+]
+
+
+@pytest.mark.parametrize(("state", "event", "after"), LEGAL)
+def test_every_legal_transition_reaches_its_state(state: State, event: Event,
+                                                   after: State) -> None:
+    assert transition("m", state, event) is after
+
+
+def test_the_legal_table_is_exactly_the_documented_one() -> None:
+    assert {(s, e): a for s, e, a in LEGAL} == TRANSITIONS
+
+
+ILLEGAL = [(s, e) for s, e in itertools.product(State, Event) if (s, e) not in TRANSITIONS]
+
+
+@pytest.mark.parametrize(("state", "event"), ILLEGAL)
+def test_illegal_transitions_raise_with_the_state_and_event(state: State, event: Event) -> None:
+    with pytest.raises(IllegalTransition) as info:
+        transition("m-1", state, event)
+    assert info.value.current == state.value
+    assert info.value.event == event.value
+    assert "m-1" in str(info.value)
+
+
+@pytest.mark.parametrize("terminal", [State.DELIVERED])
+def test_delivered_is_terminal_for_every_event(terminal: State) -> None:
+    for event in Event:
+        with pytest.raises(IllegalTransition):
+            transition("m", terminal, event)
+
+
+def test_local_backoff_is_2_4_8_16_then_failed_at_attempt_5() -> None:
+    now, attempts, delays = 1000.0, 0, []
+    while True:
+        out = after_failure(attempts, LOCAL.max_attempts, LOCAL.cap, now)
+        attempts = out.attempts
+        if out.state is State.FAILED:
+            break
+        delays.append(out.available_at - now)
+    assert delays == [2, 4, 8, 16]
+    assert attempts == 5
+
+
+def test_peer_backoff_doubles_to_2048_then_caps_at_3600_and_fails_at_48() -> None:
+    now, attempts, delays = 0.0, 0, []
+    while True:
+        out = after_failure(attempts, PEER.max_attempts, PEER.cap, now)
+        attempts = out.attempts
+        if out.state is State.FAILED:
+            break
+        delays.append(out.available_at - now)
+    assert delays[:11] == [2 ** n for n in range(1, 12)]
+    assert delays[10] == 2048
+    assert set(delays[11:]) == {3600}
+    assert attempts == 48
+    assert len(delays) == 47
+
+
+@pytest.mark.parametrize(("attempts", "cap", "delay"),
+                         [(1, 60, 2), (5, 60, 32), (6, 60, 60), (40, 60, 60), (1000, 3600, 3600)])
+def test_backoff_is_min_of_cap_and_two_to_the_attempts(attempts: int, cap: float,
+                                                       delay: float) -> None:
+    assert backoff_delay(attempts, cap) == delay
+
+
+def test_backoff_rejects_attempt_zero() -> None:
+    with pytest.raises(ValueError, match="attempts must be >= 1"):
+        backoff_delay(0, 60)
+
+
+def test_permanent_errors_fail_at_once_whatever_the_count() -> None:
+    out = after_failure(0, PEER.max_attempts, PEER.cap, 5.0, permanent=True)
+    assert out.state is State.FAILED
+    assert out.attempts == 1
+
+
+def test_fencing_refuses_another_worker_and_non_processing_rows() -> None:
+    check_lease("m", "processing", "w1", "w1")
+    with pytest.raises(LeaseLost):
+        check_lease("m", "processing", "w2", "w1")
+    for state in ("pending", "delivered", "failed"):
+        with pytest.raises(LeaseLost):
+            check_lease("m", state, "w1", "w1")
+
+
+@pytest.mark.parametrize(("state", "available_at", "lease_until", "now", "claimable"), [
+    ("pending", 10, None, 10, True),
+    ("pending", 11, None, 10, False),
+    ("processing", 0, 20, 10, False),
+    ("processing", 0, 10, 10, True),
+    ("delivered", 0, None, 10, False),
+    ("failed", 0, None, 10, False),
+])
+def test_claimable_rows_are_due_pending_or_expired_processing(
+        state: str, available_at: float, lease_until: float | None, now: float,
+        claimable: bool) -> None:
+    assert is_claimable(state, available_at, lease_until, now) is claimable
+
+
+def test_enqueue_is_idempotent_for_the_same_content_and_refuses_other_content() -> None:
+    fp = Fingerprint("s1", "agent_message", "hello")
+    assert enqueue_decision("m", None, fp) is True
+    assert enqueue_decision("m", fp, Fingerprint("s1", "agent_message", "hello")) is False
+    for other in (Fingerprint("s1", "agent_message", "bye"), Fingerprint("s2", "agent_message",
+                  "hello"), Fingerprint("s1", "subagent_result", "hello")):
+        with pytest.raises(IdempotencyConflict):
+            enqueue_decision("m", fp, other)

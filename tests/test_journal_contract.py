@@ -1,0 +1,216 @@
+"""The journal store's contract, run against SQLite and PostgreSQL alike."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from kinbox.persistence import (
+    IdempotencyConflict,
+    IllegalTransition,
+    Journal,
+    LeaseLost,
+    NewMessage,
+    RowNotFound,
+    TurnEntry,
+)
+
+from .conftest import Stores
+
+T0 = 1000.0
+
+
+def send(j: Journal, mid: str, target: str = "s1", content: str = "hi", now: float = T0) -> None:
+    j.enqueue(NewMessage(mid, target, content, sender="s0"), now)
+
+
+def test_enqueue_commits_a_pending_row_with_every_inbox_column(stores: Stores) -> None:
+    result = stores.journal.enqueue(NewMessage("m1", "s1", "hello", sender="s0",
+                                               payload={"k": 1}), T0)
+    assert result.created and result.status == "pending"
+    row = stores.journal.get("m1")
+    expected = {"message_id", "seq", "transport", "destination_peer_id", "sender_chat_id",
+                "target_chat_id", "kind", "content", "payload", "status", "attempts",
+                "max_attempts", "available_at", "lease_owner", "lease_until", "created_at",
+                "updated_at", "delivered_at", "last_error"}
+    assert set(row) == expected
+    assert (row["status"], row["attempts"], row["max_attempts"], row["payload"]) == (
+        "pending", 0, 5, {"k": 1})
+
+
+def test_same_id_same_content_is_not_a_new_row(stores: Stores) -> None:
+    send(stores.journal, "m1")
+    again = stores.journal.enqueue(NewMessage("m1", "s1", "hi", sender="s0"), T0 + 5)
+    assert again.created is False
+    assert len(stores.journal.rows()) == 1
+
+
+def test_same_id_other_content_is_rejected_and_writes_nothing(stores: Stores) -> None:
+    send(stores.journal, "m1")
+    with pytest.raises(IdempotencyConflict):
+        send(stores.journal, "m1", content="other")
+    assert [r["content"] for r in stores.journal.rows()] == ["hi"]
+
+
+def test_claim_takes_only_the_head_of_each_target_oldest_first(stores: Stores) -> None:
+    j = stores.journal
+    for mid, target in [("a1", "A"), ("b1", "B"), ("a2", "A"), ("c1", "C")]:
+        send(j, mid, target)
+    first = j.claim("w1", T0, limit=10)
+    assert [r.message_id for r in first.rows] == ["a1", "b1", "c1"]
+    assert j.claim("w1", T0, limit=10).rows == []  # a2 waits behind a1 in flight
+    j.complete_turn("w1", "A", ["a1"], [], T0)
+    assert [r.message_id for r in j.claim("w1", T0).rows] == ["a2"]
+
+
+def test_a_row_in_backoff_holds_back_the_rows_behind_it(stores: Stores) -> None:
+    j = stores.journal
+    send(j, "a1", "A")
+    send(j, "a2", "A")
+    j.claim("w1", T0)
+    j.retry("w1", "a1", "boom", T0)
+    assert j.claim("w1", T0 + 1).rows == []
+    assert [r.message_id for r in j.claim("w1", T0 + 2).rows] == ["a1"]
+
+
+def test_an_expired_lease_can_be_taken_over_and_fences_the_old_worker(stores: Stores) -> None:
+    j = stores.journal
+    send(j, "m1")
+    j.claim("old", T0, lease=10)
+    assert j.claim("new", T0 + 5, lease=10).rows == []
+    taken = j.claim("new", T0 + 10, lease=10)
+    assert [r.message_id for r in taken.rows] == ["m1"]
+    before = j.get("m1")
+    for late in (lambda: j.complete_turn("old", "s1", ["m1"], [TurnEntry("assistant", "x")],
+                                         T0 + 11),
+                 lambda: j.ack("old", ["m1"], T0 + 11),
+                 lambda: j.retry("old", "m1", "late", T0 + 11)):
+        with pytest.raises(LeaseLost):
+            late()
+    assert j.get("m1") == before
+    assert stores.store.transcript("s1") == []
+    assert stores.store.marker_counts() == {}
+
+
+def test_renewal_keeps_a_lease_alive_for_its_owner_only(stores: Stores) -> None:
+    j = stores.journal
+    send(j, "m1")
+    j.claim("w1", T0, lease=10)
+    assert j.renew("w2", ["s1"], T0 + 100, T0) == 0
+    assert j.renew("w1", ["s1"], T0 + 100, T0) == 1
+    assert j.claim("w2", T0 + 50).rows == []
+
+
+def test_complete_turn_commits_entries_marker_and_ack_together(stores: Stores) -> None:
+    j = stores.journal
+    send(j, "m1")
+    j.claim("w1", T0)
+    j.complete_turn("w1", "s1", ["m1"], [TurnEntry("user", "hi", True, "m1"),
+                                         TurnEntry("assistant", "hello")], T0 + 1)
+    row = j.get("m1")
+    assert (row["status"], row["delivered_at"], row["lease_owner"]) == ("delivered", T0 + 1, None)
+    assert [(e.role, e.text) for e in stores.store.transcript("s1")] == [
+        ("user", "hi"), ("assistant", "hello")]
+    assert stores.store.marker_counts() == {"m1": 1}
+
+
+def test_complete_turn_can_enqueue_follow_ups_in_the_same_transaction(stores: Stores) -> None:
+    j = stores.journal
+    send(j, "m1")
+    j.claim("w1", T0)
+    j.complete_turn("w1", "s1", ["m1"], [], T0, enqueue=[NewMessage("r1", "s0", "done")])
+    assert [r["message_id"] for r in j.rows(state="pending")] == ["r1"]
+
+
+def test_a_marker_already_present_acks_at_claim_without_delivering(stores: Stores) -> None:
+    j = stores.journal
+    send(j, "m1")
+    j.claim("w1", T0)
+    j.complete_turn("w1", "s1", ["m1"], [], T0, ack=False)  # turn committed, ack lost
+    j.expire_leases(T0)
+    result = j.claim("w2", T0)
+    assert result.rows == [] and result.acked_by_marker == ["m1"]
+    assert j.get("m1")["status"] == "delivered"
+    assert stores.store.marker_counts() == {"m1": 1}
+
+
+def test_retries_back_off_then_fail_and_requeue_keeps_history(stores: Stores) -> None:
+    j = stores.journal
+    send(j, "m1")
+    now = T0
+    for attempt in range(1, 6):
+        rows = j.claim("w1", now).rows
+        assert [r.message_id for r in rows] == ["m1"], attempt
+        out = j.retry("w1", "m1", f"boom {attempt}", now)
+        if attempt < 5:
+            assert out.state.value == "pending"
+            assert out.available_at - now == 2 ** attempt
+            now = out.available_at
+    row = j.get("m1")
+    assert (row["status"], row["attempts"], row["last_error"]) == ("failed", 5, "boom 5")
+    assert j.claim("w1", now + 10_000).rows == []
+    with pytest.raises(LeaseLost):
+        j.ack("w1", ["m1"], now)
+    requeued = j.requeue("m1", now + 1)
+    assert (requeued["status"], requeued["attempts"]) == ("pending", 0)
+    events = [h["event"] for h in j.history("m1")]
+    assert events == ["retry"] * 4 + ["failed", "requeued"]
+    assert [r.message_id for r in j.claim("w1", now + 1).rows] == ["m1"]
+
+
+def test_requeue_refuses_rows_that_are_not_failed(stores: Stores) -> None:
+    j = stores.journal
+    send(j, "m1")
+    with pytest.raises(IllegalTransition, match="cannot requeue a row in state 'pending'"):
+        j.requeue("m1", T0)
+    with pytest.raises(RowNotFound):
+        j.requeue("nope", T0)
+    assert j.history("m1") == []
+
+
+def test_steering_claims_the_next_due_rows_of_a_busy_target(stores: Stores) -> None:
+    j = stores.journal
+    for mid in ("a1", "a2", "a3"):
+        send(j, mid, "A")
+    head = j.claim("w1", T0).rows[0]
+    more = j.claim_more("w1", "A", head.seq, T0)
+    assert [r.message_id for r in more] == ["a2", "a3"]
+    j.complete_turn("w1", "A", ["a1", "a2", "a3"], [], T0)
+    assert j.counts() == {"delivered": 3}
+
+
+def test_concurrent_workers_never_claim_the_same_row_or_two_rows_of_one_target(
+        any_db_url: str) -> None:
+    workers = [Stores(any_db_url) for _ in range(3)]
+    try:
+        j0 = workers[0].journal
+        for i in range(60):
+            send(j0, f"m{i:03d}", f"T{i % 6}")
+        claimed: list[list[str]] = [[] for _ in workers]
+        barrier = threading.Barrier(len(workers))
+
+        def work(k: int) -> None:
+            barrier.wait()
+            j = workers[k].journal
+            while True:
+                rows = j.claim(f"w{k}", T0, limit=2).rows
+                if not rows:
+                    if j.counts().get("pending", 0) == 0:
+                        return
+                    continue
+                for r in rows:
+                    claimed[k].append(r.message_id)
+                    j.complete_turn(f"w{k}", r.target, [r.message_id], [], T0)
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(len(workers))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        every = [m for c in claimed for m in c]
+        assert sorted(every) == [f"m{i:03d}" for i in range(60)]
+        assert workers[0].store.marker_counts() == {m: 1 for m in every}
+    finally:
+        for w in workers:
+            w.close()

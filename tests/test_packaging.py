@@ -1,0 +1,107 @@
+"""Guard tests: packaging lists every package, and the layering rules hold."""
+
+from __future__ import annotations
+
+import ast
+import configparser
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("actors", "persistence", "transport")
+
+PURE_MODULES = [
+    "persistence/inbox_core.py",
+    "actors/access.py",
+    "actors/passivation.py",
+    "actors/validation.py",
+]
+"""Modules that hold rules only: time and randomness come in as arguments."""
+
+IMPURE_IMPORTS = {"threading", "socket", "time", "datetime", "random", "sqlite3", "peewee",
+                  "playhouse", "psycopg2", "asyncio", "pykka", "websockets", "uuid", "os",
+                  "subprocess", "concurrent"}
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """(level, module) for every import in a file; level > 0 is relative."""
+    tree = ast.parse(path.read_text(), str(path))
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((0, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.level, node.module or ""))
+    return found
+
+
+def test_setup_cfg_lists_every_package_folder_and_maps_it() -> None:
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    listed = set(cfg["options"]["packages"].split())
+    folders = {f"kinbox.{p.parent.relative_to(ROOT).as_posix().replace('/', '.')}"
+               for p in ROOT.glob("*/**/__init__.py")
+               if p.parent.relative_to(ROOT).parts[0] in PACKAGES}
+    assert listed == folders == {f"kinbox.{p}" for p in PACKAGES}
+    mapping = dict(line.split("=") for line in cfg["options"]["package_dir"].split("\n") if line)
+    assert {k.strip(): v.strip() for k, v in mapping.items()} == {
+        f"kinbox.{p}": p for p in PACKAGES}
+    for package in PACKAGES:
+        assert (ROOT / package / "py.typed").exists()
+
+
+@pytest.mark.parametrize("package", ["persistence", "transport"])
+def test_lower_layers_never_import_actors_or_each_other(package: str) -> None:
+    other = {"persistence": "transport", "transport": "persistence"}[package]
+    for path in (ROOT / package).glob("*.py"):
+        for level, module in imports_of(path):
+            top = module.split(".")[0]
+            if level >= 2:
+                assert top not in ("actors", other), f"{path.name} imports ..{module}"
+            if level == 0:
+                assert not module.startswith(("kinbox.actors", f"kinbox.{other}")), path.name
+                assert top not in ("actors", other), f"{path.name} imports {module}"
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_packages_import_each_other_only_relatively(package: str) -> None:
+    for path in (ROOT / package).glob("*.py"):
+        for level, module in imports_of(path):
+            if level == 0:
+                assert module.split(".")[0] not in (*PACKAGES, "kinbox"), (
+                    f"{package}/{path.name} imports {module} absolutely")
+
+
+@pytest.mark.parametrize("module", PURE_MODULES)
+def test_pure_modules_import_no_threads_sockets_clocks_or_database(module: str) -> None:
+    for level, name in imports_of(ROOT / module):
+        if level == 0:
+            assert name.split(".")[0] not in IMPURE_IMPORTS, f"{module} imports {name}"
+        else:
+            assert name.split(".")[0] in ("errors", ""), f"{module} imports .{name}"
+
+
+def test_public_names_exist() -> None:
+    import kinbox.actors as actors
+    import kinbox.persistence as persistence
+
+    for module in (actors, persistence):
+        for name in module.__all__:
+            assert hasattr(module, name), f"{module.__name__}.{name} is exported but missing"
+    from kinbox.actors import Runtime, ToolError  # the names the issues fix
+
+    assert Runtime and ToolError
+
+
+def test_the_code_is_ruff_clean() -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
+    if not Path(ruff).exists():
+        pytest.skip("ruff is not installed (it comes with the test extra)")
+    result = subprocess.run([ruff, "check", str(ROOT)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout[-4000:]

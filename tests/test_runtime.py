@@ -1,0 +1,297 @@
+"""The runtime end to end: delivery, retries, passivation, rehydration, steering."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from kinbox.actors import (
+    IdleTimeout,
+    ManualClock,
+    Runtime,
+    RuntimeStateError,
+    Turn,
+)
+from kinbox.persistence import DatabaseInUse, NewMessage
+
+from .conftest import Stores
+from .helpers import wait_for
+
+MakeRuntime = Callable[..., Runtime]
+
+
+def recorder() -> tuple[list[tuple[str, str]], Callable[[Turn], None]]:
+    seen: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def brain(turn: Turn) -> None:
+        with lock:
+            for m in turn.messages:
+                seen.append((turn.session_id, m.content))
+        turn.reply(f"ack {turn.messages[0].content}")
+    return seen, brain
+
+
+def two_sessions(rt: Runtime) -> tuple[str, str]:
+    project = rt.create_project("p")
+    return (rt.create_session(project.id, "A").id, rt.create_session(project.id, "B").id)
+
+
+def test_a_sent_message_runs_one_turn_and_lands_in_the_transcript(
+        make_runtime: MakeRuntime) -> None:
+    seen, brain = recorder()
+    rt = make_runtime(brain=brain)
+    a, b = two_sessions(rt)
+    receipt = rt.tools_for(a).agent_send(b, "  hello  ")
+    assert receipt["agent_id"] == b and receipt["status"] == "pending"
+    assert rt.inbox()[0]["status"] in ("pending", "processing", "delivered")  # committed at once
+    rt.run_until_idle()
+    assert seen == [(b, "hello")]
+    assert [(e.role, e.text, e.visible) for e in rt.transcript(b)] == [
+        ("user", "hello", True), ("assistant", "ack hello", True)]
+    assert rt.inbox()[0]["sender_chat_id"] == a
+    assert rt.marker_counts() == {receipt["message_id"]: 1}
+
+
+def test_messages_to_one_target_run_in_order_and_targets_run_concurrently(
+        make_runtime: MakeRuntime) -> None:
+    running: set[str] = set()
+    overlap = threading.Event()
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def brain(turn: Turn) -> None:
+        with lock:
+            running.add(turn.session_id)
+            order.append(turn.messages[0].content)
+            if len(running) > 1:
+                overlap.set()
+        overlap.wait(2)  # both targets' turns must be able to run at the same time
+        with lock:
+            running.discard(turn.session_id)
+
+    rt = make_runtime(brain=brain)
+    project = rt.create_project("p")
+    sender = rt.create_session(project.id, "S").id
+    x, y = rt.create_session(project.id, "X").id, rt.create_session(project.id, "Y").id
+    for i in range(5):
+        rt.post(x, f"x{i}", sender=sender)
+        rt.post(y, f"y{i}", sender=sender)
+    rt.run_until_idle(30)
+    assert overlap.is_set()
+    assert [o for o in order if o[0] == "x"] == [f"x{i}" for i in range(5)]
+    assert [o for o in order if o[0] == "y"] == [f"y{i}" for i in range(5)]
+
+
+def test_a_failing_brain_is_retried_with_backoff_on_the_injected_clock(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    calls: list[float] = []
+
+    def brain(turn: Turn) -> None:
+        calls.append(clock.now())
+        if len(calls) <= 2:
+            raise RuntimeError("model timeout")
+        turn.reply("finally")
+
+    rt = make_runtime(brain=brain)
+    a, b = two_sessions(rt)
+    rt.post(b, "work", sender=a)
+    rt.run_until_idle()
+    row = rt.inbox()[0]
+    assert (row["status"], row["attempts"], row["last_error"]) == (
+        "pending", 1, "RuntimeError: model timeout")
+    clock.advance(1.9)
+    rt.run_until_idle()
+    assert len(calls) == 1
+    clock.advance(0.1)
+    rt.run_until_idle()
+    assert len(calls) == 2
+    clock.advance(4)
+    rt.run_until_idle()
+    assert rt.inbox()[0]["status"] == "delivered"
+    assert [c - calls[0] for c in calls] == [0, 2, 6]
+
+
+def test_five_failures_make_a_row_failed_and_requeue_delivers_it(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    broken = threading.Event()
+    broken.set()
+
+    def brain(turn: Turn) -> None:
+        if broken.is_set():
+            raise ValueError("bad tool output")
+
+    rt = make_runtime(brain=brain)
+    a, b = two_sessions(rt)
+    mid = rt.post(b, "work", sender=a).message_id
+    for delay in (0, 2, 4, 8, 16):
+        clock.advance(delay)
+        rt.run_until_idle()
+    assert rt.inbox()[0]["status"] == "failed"
+    broken.clear()
+    rt.requeue(mid)
+    rt.run_until_idle()
+    assert rt.inbox()[0]["status"] == "delivered"
+    assert rt.marker_counts() == {mid: 1}
+
+
+def test_idle_session_actors_are_passivated_so_live_actors_stay_bounded(
+        make_runtime: MakeRuntime) -> None:
+    seen, brain = recorder()
+    rt = make_runtime(brain=brain, max_active_sessions=3)
+    project = rt.create_project("p")
+    ids = [rt.create_session(project.id, f"S{i}").id for i in range(12)]
+    for sid in ids:
+        for k in range(2):
+            rt.post(sid, f"{sid}-{k}")
+    rt.run_until_idle(30)
+    stats = rt.statistics()
+    assert len(seen) == 24
+    assert stats["peak_live"] <= 3
+    assert stats["passivations"] >= 9
+    assert stats["activations"] >= 12
+    # a passivated session is re-activated on demand
+    rt.post(ids[0], "again")
+    rt.run_until_idle()
+    assert seen[-1] == (ids[0], "again")
+
+
+def test_start_replays_exactly_the_unacknowledged_rows_in_order(db_url: str,
+                                                                clock: ManualClock) -> None:
+    prepared = Stores(db_url)
+    for i in range(3):
+        prepared.store.create_session(f"s{i}", None, f"S{i}", "interactive", 0)
+    j = prepared.journal
+    j.enqueue(NewMessage("done", "s0", "old news"), 0)
+    j.claim("dead-worker", 0)
+    j.complete_turn("dead-worker", "s0", ["done"], [], 0)
+    for i in range(4):
+        j.enqueue(NewMessage(f"s0-{i}", "s0", f"s0 #{i}"), 1)
+        j.enqueue(NewMessage(f"s1-{i}", "s1", f"s1 #{i}"), 1)
+    j.claim("dead-worker", 1, lease=10_000)  # in flight when the old process died
+    prepared.close()
+
+    seen, brain = recorder()
+    with Runtime(db=db_url, brain=brain, clock=clock) as rt:
+        rt.run_until_idle()
+        assert [c for s, c in seen if s == "s0"] == [f"s0 #{i}" for i in range(4)]
+        assert [c for s, c in seen if s == "s1"] == [f"s1 #{i}" for i in range(4)]
+        assert "old news" not in [c for _, c in seen]
+        assert set(rt.marker_counts().values()) == {1}
+
+
+def test_a_crash_mid_turn_reruns_that_message_once_after_restart(db_url: str,
+                                                                 clock: ManualClock) -> None:
+    in_turn = threading.Event()
+    release = threading.Event()
+    runs: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        runs.append(turn.messages[0].content)
+        if len(runs) == 1:
+            in_turn.set()
+            release.wait(10)
+        turn.reply("done")
+
+    rt = Runtime(db=db_url, brain=brain, clock=clock).start()
+    a, b = two_sessions(rt)
+    rt.post(b, "important", sender=a)
+    assert in_turn.wait(10)
+    rt.crash()
+    release.set()  # the old turn finishes after the crash: its commit must not land
+    with Runtime(db=db_url, brain=brain, clock=clock) as rt2:
+        rt2.run_until_idle()
+        assert runs == ["important", "important"]
+        assert list(rt2.marker_counts().values()) == [1]
+        assert [e.text for e in rt2.transcript(b)] == ["important", "done"]
+
+
+def test_a_turn_sees_messages_that_arrive_while_it_runs(make_runtime: MakeRuntime) -> None:
+    started = threading.Event()
+    steered: list[str] = []
+    turns: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        turns.append(turn.messages[0].content)
+        if turn.messages[0].content != "first":
+            return
+        started.set()
+        wait_for(lambda: bool(steered.extend(m.content for m in turn.steering()) or steered),
+                 what="the steering message")
+        turn.reply("saw it")
+
+    rt = make_runtime(brain=brain)
+    a, b = two_sessions(rt)
+    rt.post(b, "first", sender=a)
+    assert started.wait(10)
+    second = rt.tools_for(a).agent_send(b, "second")
+    rt.run_until_idle()
+    assert steered == ["second"] and turns == ["first"]
+    assert [e.text for e in rt.transcript(b)] == ["first", "second", "saw it"]
+    assert rt.marker_counts()[second["message_id"]] == 1
+
+
+def test_leases_are_renewed_while_a_long_turn_runs(make_runtime: MakeRuntime,
+                                                   clock: ManualClock) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def brain(turn: Turn) -> None:
+        started.set()
+        release.wait(10)
+
+    rt = make_runtime(brain=brain, lease_seconds=30)
+    a, b = two_sessions(rt)
+    rt.post(b, "slow", sender=a)
+    assert started.wait(10)
+    first = rt.inbox()[0]["lease_until"]
+    clock.advance(20)
+    wait_for(lambda: rt.inbox()[0]["lease_until"] > first, what="a renewed lease")
+    assert rt.inbox()[0]["lease_until"] == clock.now() + 30
+    release.set()
+    rt.run_until_idle()
+
+
+def test_run_until_idle_times_out_while_a_turn_is_stuck(make_runtime: MakeRuntime) -> None:
+    release = threading.Event()
+    rt = make_runtime(brain=lambda turn: release.wait(10))
+    a, b = two_sessions(rt)
+    rt.post(b, "x", sender=a)
+    with pytest.raises(IdleTimeout) as info:
+        rt.run_until_idle(timeout=0.3)
+    assert info.value.statistics["busy"] == 1
+    release.set()
+    rt.run_until_idle()
+
+
+def test_concurrent_sends_are_committed_in_shared_batches(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    a, b = two_sessions(rt)
+    tools = rt.tools_for(a)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: tools.agent_send(b, f"m{i}"), range(200)))
+    rt.run_until_idle()
+    assert rt.statistics()["writer"]["largest_batch"] > 1
+    assert rt.statistics()["rows"] == {"delivered": 200}
+
+
+def test_a_stopped_runtime_refuses_work_with_a_clear_error(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    a, b = two_sessions(rt)
+    tools = rt.tools_for(a)
+    rt.stop()
+    with pytest.raises(RuntimeStateError, match="stopped"):
+        rt.post(b, "late")
+    with pytest.raises(RuntimeStateError):
+        tools.agent_send(b, "late")
+    with pytest.raises(RuntimeStateError, match="starts once"):
+        rt.start()
+
+
+def test_a_second_runtime_on_the_same_sqlite_file_is_refused(make_runtime: MakeRuntime,
+                                                              db_url: str) -> None:
+    make_runtime()
+    with pytest.raises(DatabaseInUse, match="in use by another kinbox runtime"):
+        Runtime(db=db_url).start()
