@@ -13,7 +13,7 @@ from .access import HIDDEN_KINDS, SESSION_KINDS
 from .clock import Clock, ManualClock, SystemClock
 from .errors import ConfigError, IdleTimeout, KinboxError, RuntimeStateError, ToolError
 from .runtime import Runtime
-from .tools import AgentTools
+from .tools import AgentTools, SubagentTools, TaskTools
 from .turn import Brain, Message, Turn, TurnOutcome
 
 __all__ = [
@@ -29,7 +29,9 @@ __all__ = [
     "Message",
     "Runtime",
     "RuntimeStateError",
+    "SubagentTools",
     "SystemClock",
+    "TaskTools",
     "ToolError",
     "Turn",
     "TurnOutcome",

@@ -45,6 +45,19 @@ def can_reach(caller: Subject, target: Subject | None, *, allow_self: bool) -> b
     return caller.project_id is not None and caller.project_id == target.project_id
 
 
-def can_list(caller: Subject, target: Subject) -> bool:
-    """Is ``target`` in ``caller``'s ``agent_list``? (Same rule; self included.)"""
-    return can_reach(caller, target, allow_self=True)
+TOOLS_ALLOWING_SELF = frozenset({"agent_list", "agent_read"})
+TOOLS_REFUSING_SELF = frozenset({"agent_send", "agent_stop"})
+
+
+def decide(tool: str, caller: Subject, target: Subject | None) -> str:
+    """The decision of one tool call: ``allow``, ``self_refused`` or ``unavailable``.
+
+    Send and stop refuse the caller itself with their own message (a
+    feedback loop is a usage mistake, not a secret); everything else that
+    cannot be reached is ``unavailable``, whatever the reason.
+    """
+    if tool not in TOOLS_ALLOWING_SELF | TOOLS_REFUSING_SELF:
+        raise ValueError(f"unknown tool {tool!r}")
+    if tool in TOOLS_REFUSING_SELF and target is not None and target.id == caller.id:
+        return "self_refused"
+    return "allow" if can_reach(caller, target, allow_self=True) else "unavailable"

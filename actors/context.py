@@ -15,7 +15,7 @@ from typing import Any
 
 import pykka
 
-from ..persistence import Journal, NewMessage, SessionStore
+from ..persistence import Journal, NewMessage, SessionStore, TaskChange, TaskStore
 from .clock import Clock
 from .errors import RuntimeStateError
 from .messages import Wake
@@ -24,8 +24,29 @@ from .turn import Brain, Turn, TurnOutcome
 
 log = logging.getLogger("kinbox.runtime")
 
-OutboxHook = Callable[["RuntimeContext", Turn, TurnOutcome], list[NewMessage]]
-"""Messages a turn's end causes (a parent's wake-up); committed with the turn's outcome."""
+@dataclass
+class TurnEffects:
+    """What a turn's end causes besides its own commit."""
+
+    messages: list[NewMessage] = field(default_factory=list)
+    """Messages to enqueue in the turn's commit (a parent's wake-up)."""
+    ops: list[Callable[[], object]] = field(default_factory=list)
+    """Writes run on the writer thread inside the turn's commit (a task update)."""
+    after: list[Callable[[], None]] = field(default_factory=list)
+    """Notifications to run once the commit is durable."""
+
+    def extend(self, other: TurnEffects) -> None:
+        """Add another hook's effects."""
+        self.messages.extend(other.messages)
+        self.ops.extend(other.ops)
+        self.after.extend(other.after)
+
+
+OutboxHook = Callable[["RuntimeContext", Turn, TurnOutcome], TurnEffects]
+"""Effects of a turn's end (a parent's wake-up), committed with the turn's outcome."""
+
+TaskHook = Callable[["RuntimeContext", TaskChange], list[NewMessage]]
+"""Messages a task change causes (a Focal notice); run inside the change's transaction."""
 
 Observer = Callable[[str, dict[str, Any]], None]
 """``observer(event, data)``: told of sends, turns, retries, crashes (scenario reports)."""
@@ -74,6 +95,7 @@ class RuntimeContext:
 
     journal: Journal
     store: SessionStore
+    tasks: TaskStore
     clock: Clock
     brain: Brain
     owner: str
@@ -87,14 +109,15 @@ class RuntimeContext:
     closed: threading.Event = field(default_factory=threading.Event)
     observers: list[Observer] = field(default_factory=list)
     outbox_hooks: list[OutboxHook] = field(default_factory=list)
+    task_hooks: list[TaskHook] = field(default_factory=list)
     dispatcher: pykka.ActorRef[Any] | None = None
 
-    def outbox(self, turn: Turn, outcome: TurnOutcome) -> list[NewMessage]:
-        """Collect the messages every outbox hook wants committed with this outcome."""
-        messages: list[NewMessage] = []
+    def effects(self, turn: Turn, outcome: TurnOutcome) -> TurnEffects:
+        """Collect what every outbox hook wants committed with this outcome."""
+        effects = TurnEffects()
         for hook in self.outbox_hooks:
-            messages.extend(hook(self, turn, outcome))
-        return messages
+            effects.extend(hook(self, turn, outcome))
+        return effects
 
     def require_running(self) -> None:
         """Raise :class:`RuntimeStateError` once the runtime stopped or crashed."""

@@ -30,6 +30,7 @@ from ..persistence import (
     ProjectRecord,
     SessionRecord,
     SessionStore,
+    TaskStore,
     bind_tables,
     default_url,
     is_sqlite,
@@ -42,7 +43,8 @@ from .context import FAULTS, Observer, RuntimeContext
 from .dispatcher import Dispatcher
 from .errors import ConfigError, IdleTimeout, RuntimeStateError
 from .messages import Tick
-from .tools import AgentTools
+from .subagents import report_back
+from .tools import TaskTools, tools_for
 from .turn import Brain, Turn
 
 SYSTEM_PROJECTS = (("default", "Default"), ("social", "Social"))
@@ -115,11 +117,14 @@ class Runtime:
             self._writer.start()
             journal = Journal(tables, self._writer)
             store = SessionStore(tables, self._writer)
-            ctx = RuntimeContext(journal=journal, store=store, clock=self.clock, brain=self.brain,
+            ctx = RuntimeContext(journal=journal, store=store,
+                                 tasks=TaskStore(tables, self._writer),
+                                 clock=self.clock, brain=self.brain,
                                  owner=self.owner, lease_seconds=self.lease_seconds,
                                  faults=self.faults, tools_for=self._tools_for_ctx,
                                  new_id=self.new_id,
                                  observers=self._observers)
+            ctx.outbox_hooks.append(report_back)
             self._ctx = ctx
             now = self.clock.now()
             for slug, name in SYSTEM_PROJECTS:
@@ -302,12 +307,12 @@ class Runtime:
         """Sessions, most recently updated first."""
         return self._require().store.sessions(project_id=project_id)
 
-    def tools_for(self, session_id: str) -> AgentTools:
-        """The agent tools bound to ``session_id`` as the caller."""
+    def tools_for(self, session_id: str) -> TaskTools:
+        """The tools bound to ``session_id`` as the caller (agent tools unless a sub-agent)."""
         return self._tools_for_ctx(session_id)
 
-    def _tools_for_ctx(self, session_id: str) -> AgentTools:
-        return AgentTools(self._running(), session_id)
+    def _tools_for_ctx(self, session_id: str) -> TaskTools:
+        return tools_for(self._running(), session_id)
 
     # -- messages --------------------------------------------------------------------------
 

@@ -33,13 +33,19 @@ class ScriptedBrain:
 
     def __init__(self) -> None:
         self._scripts: dict[str, TurnScript] = {}
+        self._prefixes: list[tuple[str, TurnScript]] = []
 
     def on(self, session_id: str, script: TurnScript) -> None:
         """Run ``script(turn)`` for turns of ``session_id``."""
         self._scripts[session_id] = script
 
+    def on_prefix(self, prefix: str, script: TurnScript) -> None:
+        """Run ``script(turn)`` for sessions whose id starts with ``prefix`` (``subagent-``)."""
+        self._prefixes.append((prefix, script))
+
     def __call__(self, turn: Turn) -> object:
-        script = self._scripts.get(turn.session_id)
+        script = self._scripts.get(turn.session_id) or next(
+            (s for p, s in self._prefixes if turn.session_id.startswith(p)), None)
         if script is None:
             turn.reply("ok")
             return None
@@ -155,6 +161,10 @@ class Scenario:
     def on(self, session_id: str, script: TurnScript) -> None:
         """Script the turns of one session."""
         self.brain.on(session_id, script)
+
+    def on_children(self, script: TurnScript) -> None:
+        """Script every sub-agent's turns (their ids are only known once created)."""
+        self.brain.on_prefix("subagent-", script)
 
     def advance(self, seconds: float) -> None:
         """Move the scenario clock forward (due retries become claimable)."""

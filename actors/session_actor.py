@@ -10,13 +10,14 @@ so the session's slot frees up.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
 import pykka
 
-from ..persistence import ClaimedRow, LeaseLost, NewMessage, PersistenceError, WriterClosed
-from .context import RuntimeContext
+from ..persistence import ClaimedRow, LeaseLost, PersistenceError, WriterClosed
+from .context import RuntimeContext, TurnEffects
 from .messages import Deliver, TurnDone
 from .turn import Message, Turn, TurnOutcome
 
@@ -86,30 +87,42 @@ class SessionActor(pykka.ThreadingActor):
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             failed = TurnOutcome(False, error, ctx.turns.end(sid))
+            effects = ctx.effects(turn, failed)
             result = ctx.journal.retry(ctx.owner, row.message_id, error, ctx.now(),
-                                       release=steered, on_failed=ctx.outbox(turn, failed))
+                                       release=steered, on_failed=effects.messages,
+                                       on_failed_also=effects.ops)
             ctx.emit("turn_failed", session_id=sid, message_id=row.message_id, error=error,
                      state=result.state.value, attempts=result.attempts,
                      available_at=result.available_at)
+            if result.state.value == "failed":
+                self._run_after(effects)
             return
         done = TurnOutcome(True, None, ctx.turns.end(sid))
         ids = [row.message_id, *steered]
-        self._commit(ids, turn, ctx.outbox(turn, done))
+        effects = ctx.effects(turn, done)
+        self._commit(ids, turn, effects)
         ctx.activity.bump("turns")
         ctx.emit("turn_committed", session_id=sid, message_ids=ids, replies=list(turn.replies),
                  stopped_by=done.stopped_by)
+        self._run_after(effects)
 
-    def _commit(self, ids: list[str], turn: Turn, outbox: list[NewMessage]) -> None:
+    def _run_after(self, effects: TurnEffects) -> None:
+        for notify in effects.after:
+            try:
+                notify()
+            except Exception:
+                log.exception("post-commit notification failed for %s", self.session_id)
+
+    def _commit(self, ids: list[str], turn: Turn, effects: TurnEffects) -> None:
         ctx = self.ctx
-        now = ctx.now()
+        commit = functools.partial(ctx.journal.complete_turn, ctx.owner, self.session_id, ids,
+                                   turn.entries(), ctx.now(), enqueue=effects.messages,
+                                   also=effects.ops)
         if "ack_before_turn" in ctx.faults:
-            ctx.journal.complete_turn(ctx.owner, self.session_id, ids, turn.entries(), now,
-                                      ack=False, fenced=False, enqueue=outbox)
+            commit(ack=False, fenced=False)
         elif "skip_marker_check" in ctx.faults:
             # The seed's original two-step commit, without the marker check on claim.
-            ctx.journal.complete_turn(ctx.owner, self.session_id, ids, turn.entries(), now,
-                                      ack=False, enqueue=outbox)
+            commit(ack=False)
             ctx.journal.ack(ctx.owner, ids, ctx.now())
         else:
-            ctx.journal.complete_turn(ctx.owner, self.session_id, ids, turn.entries(), now,
-                                      enqueue=outbox)
+            commit()

@@ -3,7 +3,8 @@
 The caller's identity comes from the runtime (``rt.tools_for(session_id)``
 or ``turn.tools``), never from an argument. Each tool validates its
 arguments, applies the pure access rules, and only then writes; a refusal
-is a :class:`ToolError` and leaves nothing behind.
+is a :class:`ToolError` and leaves nothing behind. Sub-agents get
+:class:`SubagentTools`: task tools only, no agent tools (no recursion).
 """
 
 from __future__ import annotations
@@ -11,15 +12,20 @@ from __future__ import annotations
 from typing import Any
 
 from ..persistence import NewMessage, SessionRecord
-from . import access
+from . import access, transcript_view
 from .context import RuntimeContext
 from .errors import ToolError
-from .validation import require_id, require_message
+from .subagents import TASK_KIND, task_message_id
+from .tasks import TaskService
+from .validation import require_choice, require_id, require_int, require_message
 
 SEND_LIMIT = 20_000
 """Longest ``agent_send`` message, in characters (after stripping)."""
 
 SELF_SEND = "Use a normal follow-up turn instead of sending to the current agent."
+SELF_STOP = "The current agent cannot stop itself with agent_stop."
+NO_AGENT_TOOLS = ("Sub-agents do not hold the agent tools; finish your task and your parent "
+                  "is told the result.")
 
 
 def unavailable(agent_id: str) -> ToolError:
@@ -32,8 +38,15 @@ def subject(s: SessionRecord) -> access.Subject:
     return access.Subject(s.id, s.project_id, s.kind, s.platform)
 
 
-class AgentTools:
-    """The agent tools as seen by one calling session."""
+def listing(s: SessionRecord) -> dict[str, Any]:
+    """An ``agent_list`` record."""
+    return {"agent_id": s.id, "title": s.title, "kind": s.kind, "status": s.status,
+            "project_id": s.project_id, "parent_agent_id": s.parent_id,
+            "updated_at": s.updated_at}
+
+
+class TaskTools:
+    """Task tools of a session: every session may keep tasks."""
 
     def __init__(self, ctx: RuntimeContext, caller_id: str) -> None:
         self._ctx = ctx
@@ -48,22 +61,81 @@ class AgentTools:
                             "tools must be bound to an existing session.")
         return caller
 
-    def _target(self, caller: SessionRecord, agent_id: str, *, allow_self: bool) -> SessionRecord:
+    def task_create(self, title: Any, status: Any = "pending") -> dict[str, Any]:
+        """Create a task of the calling session (``pending`` or ``in_progress``)."""
+        text = require_message(title, 512, name="title")
+        caller = self._caller()
+        return TaskService(self._ctx).create(caller.id, caller.project_id, text,
+                                             require_choice("status", status,
+                                                            ("pending", "in_progress"))
+                                             ).to_dict()
+
+    def task_update(self, task_id: Any, status: Any = None, blocked_on: Any = None,
+                    reason: Any = None) -> dict[str, Any]:
+        """Change a task's status, what it is blocked on, or the reason."""
+        tid = require_id("task_id", task_id)
+        caller = self._caller()
+        return TaskService(self._ctx).update(caller.id, tid, status, blocked_on,
+                                             reason).to_dict()
+
+    def task_list(self) -> dict[str, Any]:
+        """The calling session's tasks, oldest first."""
+        caller = self._caller()
+        return {"tasks": [t.to_dict() for t in self._ctx.tasks.for_session(caller.id)]}
+
+
+class SubagentTools(TaskTools):
+    """What a sub-agent holds: task tools; every agent tool is refused."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "agent" or name.startswith("agent_"):
+            def refused(*_args: Any, **_kwargs: Any) -> Any:
+                raise ToolError("execution_failed", NO_AGENT_TOOLS)
+            return refused
+        raise AttributeError(name)
+
+
+class AgentTools(TaskTools):
+    """The agent tools as seen by one calling session."""
+
+    def _target(self, tool: str, caller: SessionRecord, agent_id: str) -> SessionRecord:
+        """The target of ``tool``, or the ToolError the access rules call for."""
         target = self._ctx.store.session(agent_id)
-        me = subject(caller)
-        if not access.can_reach(me, subject(target) if target else None, allow_self=allow_self):
+        decision = access.decide(tool, subject(caller), subject(target) if target else None)
+        if decision == "self_refused":
+            raise ToolError("invalid_argument", SELF_SEND if tool == "agent_send" else SELF_STOP)
+        if decision != "allow" or target is None:
             raise unavailable(agent_id)
-        assert target is not None
         return target
+
+    def agent_list(self, status: Any = "recent", limit: Any = 20) -> dict[str, Any]:
+        """Sessions the caller may address, newest first: ``active`` ones or all ``recent``."""
+        mode = require_choice("status", status, ("active", "recent"))
+        n = require_int("limit", limit, 1, 50)
+        caller = self._caller()
+        me = subject(caller)
+        pool = (self._ctx.store.sessions(project_id=caller.project_id)
+                if caller.project_id is not None else [caller])
+        visible = [s for s in pool if access.decide("agent_list", me, subject(s)) == "allow"
+                   and (mode == "recent" or s.status == "active")]
+        return {"agents": [listing(s) for s in visible[:n]], "has_more": len(visible) > n}
+
+    def agent_read(self, agent_id: Any) -> dict[str, Any]:
+        """The target's visible transcript (user and assistant text), newest kept."""
+        target_id = require_id("agent_id", agent_id)
+        caller = self._caller()
+        target = self._target("agent_read", caller, target_id)
+        lines = [transcript_view.Line(e.role, e.text, e.visible)
+                 for e in self._ctx.store.transcript(target.id)]
+        return {"agent_id": target.id, "title": target.title, "status": target.status,
+                "transcript": transcript_view.render(lines)}
 
     def agent_send(self, agent_id: Any, message: Any) -> dict[str, Any]:
         """Queue ``message`` for ``agent_id``; returns once the inbox row is committed."""
         target_id = require_id("agent_id", agent_id)
         text = require_message(message, SEND_LIMIT)
         caller = self._caller()
-        if target_id == caller.id:
-            raise ToolError("invalid_argument", SELF_SEND)
-        self._target(caller, target_id, allow_self=False)
+        self._target("agent_send", caller, target_id)
         ctx = self._ctx
         result = ctx.journal.enqueue(
             NewMessage(f"msg-{ctx.new_id()}", target_id, text, sender=caller.id), ctx.now())
@@ -71,3 +143,65 @@ class AgentTools:
                  kind="agent_message")
         ctx.wake_dispatcher()
         return {"message_id": result.message_id, "agent_id": target_id, "status": result.status}
+
+    def agent_stop(self, agent_id: Any) -> dict[str, Any]:
+        """Ask the target's running turn to stop (cooperative)."""
+        target_id = require_id("agent_id", agent_id)
+        caller = self._caller()
+        target = self._target("agent_stop", caller, target_id)
+        if not self._ctx.turns.request_stop(target.id, caller.id):
+            raise ToolError("execution_failed", f"Agent '{target.id}' is not active.")
+        self._ctx.emit("stop_requested", session_id=target.id, by=caller.id)
+        return {"agent_id": target.id, "status": "stop_requested"}
+
+    def agent(self, description: Any, run_in_background: Any = True, title: Any = None,
+              timeout: Any = 300) -> dict[str, Any]:
+        """Create a child session for ``description`` and run it (in the background by default)."""
+        text = require_message(description, SEND_LIMIT, name="description")
+        if not isinstance(run_in_background, bool):
+            raise ToolError("invalid_argument", "run_in_background must be true or false.")
+        name = require_message(title, 512, name="title") if title is not None else text[:60]
+        wait = require_int("timeout", timeout, 1, 3600)
+        caller = self._caller()
+        ctx = self._ctx
+        child_id = f"subagent-sub_{ctx.new_id()[:8]}"
+        ctx.store.create_session(child_id, caller.project_id, name, "subagent", ctx.now(),
+                                 parent_id=caller.id)
+        task = TaskService(ctx).create(child_id, caller.project_id, name, "in_progress")
+        ctx.journal.enqueue(NewMessage(task_message_id(task.id), child_id, text, kind=TASK_KIND,
+                                       sender=caller.id, payload={"task_id": task.id}),
+                            ctx.now())
+        ctx.emit("sent", message_id=task_message_id(task.id), sender=caller.id,
+                 target=child_id, kind=TASK_KIND)
+        ctx.wake_dispatcher()
+        result = {"agent_id": child_id, "task_id": task.id, "status": "running"}
+        if run_in_background:
+            return result
+        return self._wait_for_child(result, float(wait))
+
+    def _wait_for_child(self, result: dict[str, Any], timeout: float) -> dict[str, Any]:
+        ctx = self._ctx
+        task_id = result["task_id"]
+
+        def finished() -> bool:
+            row = ctx.journal.get(task_message_id(task_id))
+            return row["status"] in ("delivered", "failed")
+
+        with ctx.activity.cond:
+            if not ctx.activity.cond.wait_for(finished, timeout):
+                raise ToolError("execution_failed",
+                                f"Sub-agent '{result['agent_id']}' is still running after "
+                                f"{timeout:.0f}s; it reports back when done.")
+        replies = [e.text for e in ctx.store.transcript(result["agent_id"])
+                   if e.role == "assistant"]
+        task = ctx.tasks.get(task_id)
+        return {**result, "status": task.status if task else "unknown",
+                "result": replies[-1] if replies else None}
+
+
+def tools_for(ctx: RuntimeContext, session_id: str) -> TaskTools:
+    """The tools a session holds: sub-agents get task tools only."""
+    session = ctx.store.session(session_id)
+    if session is not None and session.kind == "subagent":
+        return SubagentTools(ctx, session_id)
+    return AgentTools(ctx, session_id)

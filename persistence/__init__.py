@@ -34,10 +34,12 @@ from .journal import (
 from .models import Tables, bind_tables
 from .schema import pending_changes, require_current, upgrade
 from .sessions import EntryRecord, ProjectRecord, SessionRecord, SessionStore
+from .tasks import OPEN_TASK_STATES, TaskChange, TaskRecord, TaskStore
 from .writer import GroupCommitWriter, WriterStatistics
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
+    "OPEN_TASK_STATES",
     "ClaimResult",
     "ClaimedRow",
     "DatabaseInUse",
@@ -59,6 +61,9 @@ __all__ = [
     "SessionRecord",
     "SessionStore",
     "Tables",
+    "TaskChange",
+    "TaskRecord",
+    "TaskStore",
     "TurnEntry",
     "WriterClosed",
     "WriterStatistics",

@@ -16,7 +16,7 @@ target across processes.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,7 +120,8 @@ class Journal:
         # The writer holds SQLite's write lock (BEGIN IMMEDIATE): MAX+1 cannot race.
         return m.select(pw.fn.COALESCE(pw.fn.MAX(m.seq), 0) + 1)
 
-    def _enqueue_op(self, msg: NewMessage, now: float) -> EnqueueResult:
+    def enqueue_now(self, msg: NewMessage, now: float) -> EnqueueResult:
+        """Enqueue inside the caller's transaction (on the writer thread)."""
         m = self.t.inbox
         existing = (m.select(m.target_chat_id, m.kind, m.content, m.status, m.created_at)
                     .where(m.message_id == msg.message_id).first())
@@ -143,11 +144,11 @@ class Journal:
 
     def enqueue(self, msg: NewMessage, now: float) -> EnqueueResult:
         """Write ``msg`` and commit; return once it is durable."""
-        return self.writer.call(lambda: self._enqueue_op(msg, now))
+        return self.writer.call(lambda: self.enqueue_now(msg, now))
 
     def enqueue_many(self, msgs: Sequence[NewMessage], now: float) -> list[EnqueueResult]:
         """Enqueue several messages in one transaction (all or, on conflict, an error)."""
-        return self.writer.call(lambda: [self._enqueue_op(x, now) for x in msgs])
+        return self.writer.call(lambda: [self.enqueue_now(x, now) for x in msgs])
 
     # -- claims ----------------------------------------------------------------------------
 
@@ -251,11 +252,13 @@ class Journal:
 
     def _complete_op(self, owner: str, session_id: str, ids: list[str],
                      entries: Sequence[TurnEntry], now: float, ack: bool, fenced: bool,
-                     enqueue: Sequence[NewMessage]) -> None:
+                     enqueue: Sequence[NewMessage], also: Sequence[Callable[[], object]]) -> None:
         if fenced:
             self._fence(owner, ids)
         for msg in enqueue:
-            self._enqueue_op(msg, now)
+            self.enqueue_now(msg, now)
+        for op in also:
+            op()
         if entries:
             self.t.transcript.insert_many([
                 {"session_id": session_id, "role": e.role, "text": e.text, "visible": e.visible,
@@ -269,11 +272,13 @@ class Journal:
 
     def complete_turn(self, owner: str, session_id: str, message_ids: Sequence[str],
                       entries: Sequence[TurnEntry], now: float, *, ack: bool = True,
-                      fenced: bool = True, enqueue: Sequence[NewMessage] = ()) -> None:
+                      fenced: bool = True, enqueue: Sequence[NewMessage] = (),
+                      also: Sequence[Callable[[], object]] = ()) -> None:
         """Commit a turn's transcript entries, its delivery markers and the acks together.
 
         Refused with :class:`LeaseLost` (nothing written) if ``owner`` lost any lease.
-        ``enqueue`` messages (a parent's wake-up, a reply) commit in the same
+        ``enqueue`` messages (a parent's wake-up, a reply) and ``also``
+        operations (a task update; run on the writer thread) commit in the same
         transaction, so a crash cannot keep the turn and lose what it caused.
         ``ack=False`` / ``fenced=False`` exist only for the deliberately broken
         variants the crash tests must catch; the runtime never uses them otherwise.
@@ -281,7 +286,7 @@ class Journal:
         ids = list(message_ids)
         self.writer.call(
             lambda: self._complete_op(owner, session_id, ids, entries, now, ack, fenced,
-                                      list(enqueue)))
+                                      list(enqueue), list(also)))
 
     def _ack_op(self, owner: str, ids: list[str], now: float) -> None:
         for row in self._fence(owner, ids):
@@ -294,8 +299,8 @@ class Journal:
         self.writer.call(lambda: self._ack_op(owner, ids, now))
 
     def _retry_op(self, owner: str, message_id: str, error: str, now: float,
-                  permanent: bool, release: list[str],
-                  on_failed: Sequence[NewMessage]) -> core.FailureOutcome:
+                  permanent: bool, release: list[str], on_failed: Sequence[NewMessage],
+                  on_failed_also: Sequence[Callable[[], object]]) -> core.FailureOutcome:
         row = self._fence(owner, [message_id, *release])[0]
         policy = core.TRANSPORT_POLICIES.get(row.transport, core.LOCAL)
         out = core.after_failure(row.attempts, row.max_attempts, policy.cap, now,
@@ -313,7 +318,9 @@ class Journal:
             self._release_rows(release, now)
         if out.state is core.State.FAILED:
             for msg in on_failed:
-                self._enqueue_op(msg, now)
+                self.enqueue_now(msg, now)
+            for op in on_failed_also:
+                op()
         s = self.t.session
         s.update(status="idle", updated_at=now).where(
             s.id == m.select(m.target_chat_id).where(m.message_id == message_id)).execute()
@@ -321,17 +328,18 @@ class Journal:
 
     def retry(self, owner: str, message_id: str, error: str, now: float, *,
               permanent: bool = False, release: Sequence[str] = (),
-              on_failed: Sequence[NewMessage] = ()) -> core.FailureOutcome:
+              on_failed: Sequence[NewMessage] = (),
+              on_failed_also: Sequence[Callable[[], object]] = ()) -> core.FailureOutcome:
         """Record a failed attempt: back to pending with backoff, or ``failed`` at the limit.
 
         ``release`` names other rows of the same turn (steering) handed back
         unrun; ``on_failed`` messages are enqueued in the same transaction
-        only if this attempt makes the row ``failed``.
+        (with the ``on_failed_also`` operations) only if this attempt makes the
+        row ``failed``.
         """
-        rel = list(release)
-        fail_msgs = list(on_failed)
+        rel, msgs, ops = list(release), list(on_failed), list(on_failed_also)
         return self.writer.call(
-            lambda: self._retry_op(owner, message_id, error, now, permanent, rel, fail_msgs))
+            lambda: self._retry_op(owner, message_id, error, now, permanent, rel, msgs, ops))
 
     def _release_rows(self, ids: list[str], now: float) -> None:
         m = self.t.inbox

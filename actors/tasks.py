@@ -1,0 +1,77 @@
+"""Tasks of sessions (K1): create, update and list, with their events.
+
+Rules live in :mod:`.task_rules`. A change and the messages it causes
+(through ``ctx.task_hooks``, e.g. a Focal notice) commit in one transaction;
+observers hear ``task_changed``, ``task_blocked`` and ``session_closed``
+once it is durable.
+"""
+
+from __future__ import annotations
+
+from ..persistence import RowNotFound, TaskChange, TaskRecord
+from . import task_rules
+from .context import RuntimeContext
+from .errors import ToolError
+
+
+def view(task: TaskRecord) -> task_rules.TaskView:
+    """The rule module's view of a task."""
+    return task_rules.TaskView(task.status, task.blocked_on, task.reason)
+
+
+class TaskService:
+    """Task operations on behalf of sessions."""
+
+    def __init__(self, ctx: RuntimeContext) -> None:
+        self.ctx = ctx
+
+    def create(self, chat_id: str, project_id: str | None, title: str,
+               status: str = "pending") -> TaskRecord:
+        """Create a task for a session."""
+        if status not in task_rules.OPEN_STATUSES:
+            raise ToolError("invalid_argument",
+                            f"a new task starts as pending or in_progress, not {status!r}.")
+        task_id = f"task-{self.ctx.new_id()[:12]}"
+        change = self.ctx.tasks.create(task_id, project_id, chat_id, title, status,
+                                       self.ctx.now())
+        self.notify(change)
+        return change.after
+
+    def apply_in_txn(self, chat_id: str, task_id: str, changes: dict[str, object],
+                     now: float) -> TaskChange:
+        """Apply a change inside the current transaction, enqueueing what hooks ask for."""
+        change = self.ctx.tasks.apply(task_id, chat_id, changes, now)
+        for hook in self.ctx.task_hooks:
+            for message in hook(self.ctx, change):
+                self.ctx.journal.enqueue_now(message, now)
+        return change
+
+    def update(self, chat_id: str, task_id: str, status: object = None,
+               blocked_on: object = None, reason: object = None) -> TaskRecord:
+        """Validate and apply an update to one of ``chat_id``'s tasks."""
+        task = self.ctx.tasks.get(task_id) if isinstance(task_id, str) else None
+        if task is None or task.chat_id != chat_id:
+            raise ToolError("not_found", f"Task '{task_id}' does not exist in this session.")
+        changes = task_rules.check_update(view(task), status, blocked_on, reason)
+        now = self.ctx.now()
+        try:
+            change = self.ctx.tasks.writer.call(
+                lambda: self.apply_in_txn(chat_id, task_id, changes, now))
+        except RowNotFound as exc:
+            raise ToolError("not_found", str(exc)) from exc
+        self.ctx.wake_dispatcher()
+        self.notify(change)
+        return change.after
+
+    def notify(self, change: TaskChange) -> None:
+        """Tell observers what a committed change means."""
+        before = view(change.before) if change.before else None
+        after = view(change.after)
+        task = change.after
+        self.ctx.emit("task_changed", task_id=task.id, session_id=task.chat_id,
+                      status=task.status)
+        if task_rules.became_blocked(before, after):
+            self.ctx.emit("task_blocked", task_id=task.id, session_id=task.chat_id,
+                          blocked_on=task.blocked_on, reason=task.reason)
+        if task_rules.closes_session(before, after, change.open_left):
+            self.ctx.emit("session_closed", session_id=task.chat_id, task_id=task.id)

@@ -1,0 +1,53 @@
+"""What ``agent_read`` shows of a transcript (T2). Pure.
+
+Only visible user and assistant text; never reasoning, tool output or
+markers. The newest messages are kept within the character budget; a first
+line says how many older ones were left out; a single newest message that
+alone exceeds the budget keeps its tail behind a truncation marker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+READ_LIMIT = 20_000
+SHOWN_ROLES = frozenset({"user", "assistant"})
+TRUNCATED = "[... message truncated ...]"
+
+
+@dataclass(frozen=True)
+class Line:
+    """A transcript entry as the view sees it."""
+
+    role: str
+    text: str
+    visible: bool
+
+
+def omitted_line(n: int) -> str:
+    """The first line when ``n`` older messages are left out."""
+    return f"[... {n} earlier messages omitted ...]"
+
+
+def render(entries: Sequence[Line], limit: int = READ_LIMIT) -> str:
+    """The readable transcript, newest messages kept within ``limit`` characters."""
+    shown = [f"{e.role}: {e.text}" for e in entries if e.visible and e.role in SHOWN_ROLES]
+    kept: list[str] = []
+    used = 0
+    for block in reversed(shown):
+        cost = len(block) + (2 if kept else 0)
+        if used + cost > limit:
+            break
+        kept.append(block)
+        used += cost
+    kept.reverse()
+    omitted = len(shown) - len(kept)
+    if not kept and shown:
+        newest = shown[-1]
+        tail = newest[-(limit - len(TRUNCATED) - 1):]
+        kept = [f"{TRUNCATED}\n{tail}"]
+        omitted = len(shown) - 1
+    if omitted:
+        return "\n\n".join([omitted_line(omitted), *kept])
+    return "\n\n".join(kept)

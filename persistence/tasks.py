@@ -1,0 +1,110 @@
+"""Tasks owned by sessions (K1): durable rows, written through the group-commit writer.
+
+The rules (which statuses exist, what ``blocked`` needs) are checked by the
+caller before anything is written; this store applies a change and reports
+what it did, including how many open tasks the session has left, which is
+how "the session closed its last open task" is noticed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import RowNotFound
+from .models import Tables, Task
+from .writer import GroupCommitWriter
+
+OPEN_TASK_STATES = ("pending", "in_progress", "blocked")
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """A task."""
+
+    id: str
+    project_id: str | None
+    chat_id: str
+    title: str
+    status: str
+    blocked_on: str | None
+    reason: str | None
+    created_at: float
+    updated_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The task as a tool result."""
+        return {"task_id": self.id, "chat_id": self.chat_id, "title": self.title,
+                "status": self.status, "blocked_on": self.blocked_on, "reason": self.reason,
+                "updated_at": self.updated_at}
+
+
+@dataclass(frozen=True)
+class TaskChange:
+    """What an update did: the task before and after, and the open tasks left."""
+
+    before: TaskRecord | None
+    after: TaskRecord
+    open_left: int
+
+
+def _record(t: Task) -> TaskRecord:
+    return TaskRecord(t.id, t.project_id, t.chat_id, t.title, t.status, t.blocked_on, t.reason,
+                      t.created_at, t.updated_at)
+
+
+class TaskStore:
+    """Tasks on one database."""
+
+    def __init__(self, tables: Tables, writer: GroupCommitWriter) -> None:
+        self.t = tables
+        self.writer = writer
+
+    def _open_count(self, chat_id: str) -> int:
+        t = self.t.task
+        return t.select().where(t.chat_id == chat_id, t.status.in_(OPEN_TASK_STATES)).count()
+
+    def create(self, task_id: str, project_id: str | None, chat_id: str, title: str,
+               status: str, now: float) -> TaskChange:
+        """Insert a task."""
+        t = self.t.task
+
+        def op() -> TaskChange:
+            t.insert(id=task_id, project_id=project_id, chat_id=chat_id, title=title,
+                     status=status, created_at=now, updated_at=now).execute()
+            return TaskChange(None, _record(t.get(t.id == task_id)), self._open_count(chat_id))
+        return self.writer.call(op)
+
+    def apply(self, task_id: str, chat_id: str, changes: dict[str, Any],
+              now: float) -> TaskChange:
+        """Apply ``changes`` inside the caller's transaction (on the writer thread)."""
+        t = self.t.task
+        row = t.get_or_none((t.id == task_id) & (t.chat_id == chat_id))
+        if row is None:
+            raise RowNotFound(f"no task {task_id!r} in session {chat_id!r}")
+        before = _record(row)
+        t.update(updated_at=now, **changes).where(t.id == task_id).execute()
+        return TaskChange(before, _record(t.get(t.id == task_id)), self._open_count(chat_id))
+
+    def update(self, task_id: str, chat_id: str, changes: dict[str, Any],
+               now: float) -> TaskChange:
+        """Apply ``changes`` to a task of ``chat_id``; :class:`RowNotFound` if it has none such."""
+        return self.writer.call(lambda: self.apply(task_id, chat_id, changes, now))
+
+    def get(self, task_id: str) -> TaskRecord | None:
+        """The task with this id, or None."""
+        t = self.t.task
+        row = t.get_or_none(t.id == task_id)
+        return _record(row) if row else None
+
+    def for_session(self, chat_id: str) -> list[TaskRecord]:
+        """A session's tasks, oldest first."""
+        t = self.t.task
+        return [_record(r) for r in t.select().where(t.chat_id == chat_id)
+                .order_by(t.created_at, t.id)]
+
+    def for_project(self, project_id: str) -> list[TaskRecord]:
+        """Every task of a project, oldest first."""
+        t = self.t.task
+        return [_record(r) for r in t.select().where(t.project_id == project_id)
+                .order_by(t.created_at, t.id)]

@@ -1,0 +1,414 @@
+"""The agent tools through a real runtime: contracts, texts, and refusals that write nothing."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kinbox.actors import ManualClock, Runtime, ToolError, Turn
+from kinbox.actors.transcript_view import TRUNCATED
+from kinbox.persistence import TurnEntry
+
+from .helpers import wait_for
+
+MakeRuntime = Callable[..., Runtime]
+
+
+@pytest.fixture
+def world(make_runtime: MakeRuntime) -> dict[str, Any]:
+    """Two projects, sessions of several kinds, a hidden one and a loner without a project."""
+    rt = make_runtime()
+    p1, p2 = rt.create_project("one"), rt.create_project("two")
+    w: dict[str, Any] = {"rt": rt, "p1": p1, "p2": p2}
+    w["me"] = rt.create_session(p1.id, "Me").id
+    w["peer"] = rt.create_session(p1.id, "Peer", kind="cron").id
+    w["social"] = rt.create_session(p1.id, "Thread", kind="social").id
+    w["dream"] = rt.create_session(p1.id, "Dream", kind="dream").id
+    w["wake"] = rt.create_session(p1.id, "Wake", platform="subagent_wakeup").id
+    w["far"] = rt.create_session(p2.id, "Far").id
+    w["loner"] = rt.create_session(None, "Loner").id
+    return w
+
+
+def refused(call: Callable[[], object], code: str, text: str | None = None) -> ToolError:
+    with pytest.raises(ToolError) as info:
+        call()
+    assert info.value.code == code
+    if text is not None:
+        assert info.value.message == text
+    return info.value
+
+
+# -- agent_send ------------------------------------------------------------------------------
+
+def test_send_to_self_and_to_unreachable_targets_uses_the_spec_texts(world: dict[str, Any]
+                                                                     ) -> None:
+    rt, tools = world["rt"], world["rt"].tools_for(world["me"])
+    refused(lambda: tools.agent_send(world["me"], "hi"), "invalid_argument",
+            "Use a normal follow-up turn instead of sending to the current agent.")
+    for target in ("nope", world["dream"], world["wake"], world["far"]):
+        refused(lambda t=target: tools.agent_send(t, "hi"), "not_found",
+                f"Agent '{target}' is not available in the current project.")
+    assert rt.inbox() == []
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    ((None, "hi"), "agent_id must be a string"),
+    ((42, "hi"), "agent_id must be a string"),
+    (("", "hi"), "agent_id must not be empty"),
+    (("peer", None), "message must be a string"),
+    (("peer", "   "), "message must not be empty"),
+    (("peer", "x" * 20_001), "20,001 characters; the limit is 20,000"),
+])
+def test_bad_send_arguments_are_invalid_and_write_nothing(world: dict[str, Any],
+                                                          args: tuple[Any, Any],
+                                                          fragment: str) -> None:
+    target = world.get(args[0], args[0]) if isinstance(args[0], str) else args[0]
+    err = refused(lambda: world["rt"].tools_for(world["me"]).agent_send(target, args[1]),
+                  "invalid_argument")
+    assert fragment in err.message
+    assert world["rt"].inbox() == []
+
+
+def test_send_strips_the_message_and_accepts_exactly_20000_characters(world: dict[str, Any]
+                                                                     ) -> None:
+    tools = world["rt"].tools_for(world["me"])
+    receipt = tools.agent_send(world["peer"], "  " + "x" * 20_000 + "\n")
+    assert set(receipt) == {"message_id", "agent_id", "status"}
+    assert world["rt"].inbox()[0]["content"] == "x" * 20_000
+
+
+def test_a_caller_that_does_not_exist_is_an_execution_failure(world: dict[str, Any]) -> None:
+    ghost = world["rt"].tools_for("ghost")
+    refused(lambda: ghost.agent_send(world["me"], "hi"), "execution_failed")
+    refused(lambda: ghost.agent_list(), "execution_failed")
+    assert world["rt"].inbox() == []
+
+
+def test_every_tool_decision_matches_the_access_rules_through_the_runtime(
+        world: dict[str, Any]) -> None:
+    from kinbox.actors.access import Subject, decide
+
+    rt = world["rt"]
+    names = ["me", "peer", "social", "dream", "wake", "far", "loner"]
+    subjects = {n: Subject(s.id, s.project_id, s.kind, s.platform)
+                for n in names if (s := rt.session(world[n]))}
+    for caller, target in itertools.product(names, names):
+        tools = rt.tools_for(world[caller])
+        expected = decide("agent_read", subjects[caller], subjects[target])
+        try:
+            tools.agent_read(world[target])
+            got = "allow"
+        except ToolError as exc:
+            got = "unavailable" if exc.code == "not_found" else exc.code
+        assert got == expected, (caller, target)
+
+
+# -- agent_list ------------------------------------------------------------------------------
+
+def test_list_shows_the_project_newest_first_without_hidden_or_foreign_sessions(
+        world: dict[str, Any], clock: ManualClock) -> None:
+    rt = world["rt"]
+    result = rt.tools_for(world["me"]).agent_list()
+    ids = [a["agent_id"] for a in result["agents"]]
+    assert set(ids) == {world["me"], world["peer"], world["social"]}
+    assert result["has_more"] is False
+    assert set(result["agents"][0]) == {"agent_id", "title", "kind", "status", "project_id",
+                                        "parent_agent_id", "updated_at"}
+    clock.advance(5)
+    rt.post(world["peer"], "bump")
+    rt.run_until_idle()
+    assert rt.tools_for(world["me"]).agent_list()["agents"][0]["agent_id"] == world["peer"]
+    assert [a["agent_id"] for a in rt.tools_for(world["loner"]).agent_list()["agents"]] == [
+        world["loner"]]
+
+
+def test_list_limit_and_has_more(world: dict[str, Any]) -> None:
+    tools = world["rt"].tools_for(world["me"])
+    page = tools.agent_list(limit=2)
+    assert len(page["agents"]) == 2 and page["has_more"] is True
+    for bad, fragment in ((0, "from 1 to 50"), (51, "from 1 to 50"), ("5", "integer"),
+                          (True, "integer")):
+        err = refused(lambda b=bad: tools.agent_list(limit=b), "invalid_argument")
+        assert fragment in err.message
+    refused(lambda: tools.agent_list(status="idle"), "invalid_argument")
+
+
+def test_list_active_shows_only_sessions_whose_turn_runs(make_runtime: MakeRuntime) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def brain(turn: Turn) -> None:
+        started.set()
+        release.wait(10)
+
+    rt = make_runtime(brain=brain)
+    p = rt.create_project("p")
+    me, busy, idle = (rt.create_session(p.id, n).id for n in ("me", "busy", "idle"))
+    rt.post(busy, "work")
+    assert started.wait(10)
+    active = rt.tools_for(me).agent_list(status="active")["agents"]
+    assert [(a["agent_id"], a["status"]) for a in active] == [(busy, "active")]
+    release.set()
+    rt.run_until_idle()
+    assert rt.tools_for(me).agent_list(status="active")["agents"] == []
+    assert rt.session(idle).status == "idle"
+
+
+# -- agent_read ------------------------------------------------------------------------------
+
+def test_read_shows_visible_user_and_assistant_text_only(world: dict[str, Any]) -> None:
+    rt = world["rt"]
+    rt.context.store.append(world["peer"], [
+        TurnEntry("user", "question"), TurnEntry("reasoning", "secret thoughts"),
+        TurnEntry("tool", "tool output"), TurnEntry("assistant", "hidden note", visible=False),
+        TurnEntry("assistant", "answer")], 0)
+    out = rt.tools_for(world["me"]).agent_read(world["peer"])
+    assert out["transcript"] == "user: question\n\nassistant: answer"
+    assert rt.tools_for(world["me"]).agent_read(world["me"])["agent_id"] == world["me"]
+
+
+def test_read_keeps_the_newest_messages_within_20000_characters(world: dict[str, Any]) -> None:
+    rt = world["rt"]
+    rt.context.store.append(world["peer"], [
+        TurnEntry("user", f"{i:02d}" + "y" * 2_990) for i in range(10)], 0)
+    text = rt.tools_for(world["me"]).agent_read(world["peer"])["transcript"]
+    first, rest = text.split("\n\n", 1)
+    assert first == "[... 4 earlier messages omitted ...]"
+    assert len(rest) <= 20_000
+    assert rest.startswith("user: 04") and "user: 09" in rest
+
+
+def test_read_keeps_the_tail_of_one_over_long_newest_message(world: dict[str, Any]) -> None:
+    rt = world["rt"]
+    rt.context.store.append(world["peer"], [TurnEntry("user", "old"),
+                                            TurnEntry("assistant", "a" * 30_000 + "THE END")], 0)
+    text = rt.tools_for(world["me"]).agent_read(world["peer"])["transcript"]
+    assert text.startswith("[... 1 earlier messages omitted ...]\n\n" + TRUNCATED)
+    assert text.endswith("THE END")
+    assert len(text.split("\n\n", 1)[1]) <= 20_000
+
+
+# -- agent_stop ------------------------------------------------------------------------------
+
+def test_stop_sets_the_running_turns_flag_and_the_turn_ends(make_runtime: MakeRuntime) -> None:
+    started = threading.Event()
+    saw_stop: list[bool] = []
+
+    def brain(turn: Turn) -> None:
+        started.set()
+        saw_stop.append(turn.wait_stop_requested(10))
+        turn.reply("stopping as asked")
+
+    rt = make_runtime(brain=brain)
+    p = rt.create_project("p")
+    me, worker = rt.create_session(p.id, "me").id, rt.create_session(p.id, "worker").id
+    tools = rt.tools_for(me)
+    refused(lambda: tools.agent_stop(worker), "execution_failed",
+            f"Agent '{worker}' is not active.")
+    refused(lambda: tools.agent_stop(me), "invalid_argument",
+            "The current agent cannot stop itself with agent_stop.")
+    rt.post(worker, "long job")
+    assert started.wait(10)
+    assert tools.agent_stop(worker) == {"agent_id": worker, "status": "stop_requested"}
+    rt.run_until_idle()
+    assert saw_stop == [True]
+    assert rt.transcript(worker)[-1].text == "stopping as asked"
+
+
+# -- sub-agents ------------------------------------------------------------------------------
+
+def test_agent_creates_a_child_that_runs_and_wakes_its_parent(make_runtime: MakeRuntime) -> None:
+    woken: list[tuple[str, str, dict[str, Any]]] = []
+
+    def brain(turn: Turn) -> None:
+        session = rt.session(turn.session_id)
+        assert session is not None
+        if session.kind == "subagent":
+            turn.reply(f"done: {turn.messages[0].content}")
+        else:
+            woken.extend((m.kind, m.content, m.payload) for m in turn.messages)
+
+    rt = make_runtime(brain=brain)
+    p = rt.create_project("p")
+    parent = rt.create_session(p.id, "parent").id
+    spawned = rt.tools_for(parent).agent(description="summarize the logs")
+    child = rt.session(spawned["agent_id"])
+    assert child is not None
+    assert spawned["agent_id"].startswith("subagent-sub_") and len(spawned["agent_id"]) == 21
+    assert (child.kind, child.project_id, child.parent_id) == ("subagent", p.id, parent)
+    rt.run_until_idle()
+    task_id = spawned["task_id"]
+    assert woken == [("subagent_result", "done: summarize the logs",
+                      {"task_id": task_id, "child_id": child.id, "outcome": "completed"})]
+    assert rt.inbox(target=parent)[0]["message_id"] == f"subagent-result-{task_id}"
+    assert rt.context.tasks.get(task_id).status == "completed"  # type: ignore[union-attr]
+
+
+def test_children_never_hold_the_agent_tools(make_runtime: MakeRuntime) -> None:
+    errors: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            for call in (lambda: turn.tools.agent(description="recurse"),
+                         lambda: turn.tools.agent_send("x", "y"),
+                         lambda: turn.tools.agent_list()):
+                try:
+                    call()
+                except ToolError as exc:
+                    errors.append(exc.code)
+            turn.reply("ok")
+
+    rt = make_runtime(brain=brain)
+    p = rt.create_project("p")
+    parent = rt.create_session(p.id, "parent").id
+    rt.tools_for(parent).agent(description="try to recurse")
+    rt.run_until_idle()
+    assert errors == ["execution_failed"] * 3
+    assert [s.kind for s in rt.sessions()].count("subagent") == 1
+
+
+def test_a_failed_child_wakes_its_parent_with_the_error(make_runtime: MakeRuntime,
+                                                        clock: ManualClock) -> None:
+    def brain(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            raise RuntimeError("tool crashed")
+
+    rt = make_runtime(brain=brain)
+    p = rt.create_project("p")
+    parent = rt.create_session(p.id, "parent").id
+    spawned = rt.tools_for(parent).agent(description="doomed")
+    for delay in (0, 2, 4, 8, 16):
+        clock.advance(delay)
+        rt.run_until_idle()
+    wake = rt.inbox(target=parent)
+    assert [(w["kind"], w["payload"]["outcome"]) for w in wake] == [("subagent_result", "failed")]
+    task = rt.context.tasks.get(spawned["task_id"])
+    assert task is not None and (task.status, task.blocked_on) == ("blocked", "error")
+
+
+@pytest.mark.parametrize(("stopper", "wakes"), [("parent", False), ("sibling", True)])
+def test_a_child_stopped_by_anyone_but_its_parent_wakes_the_parent(
+        make_runtime: MakeRuntime, stopper: str, wakes: bool) -> None:
+    started = threading.Event()
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            started.set()
+            turn.wait_stop_requested(10)
+
+    rt = make_runtime(brain=brain)
+    p = rt.create_project("p")
+    parent = rt.create_session(p.id, "parent").id
+    sibling = rt.create_session(p.id, "sibling").id
+    child = rt.tools_for(parent).agent(description="wait")["agent_id"]
+    assert started.wait(10)
+    rt.tools_for(parent if stopper == "parent" else sibling).agent_stop(child)
+    rt.run_until_idle()
+    outcomes = [r["payload"].get("outcome") for r in rt.inbox(target=parent)]
+    assert outcomes == (["stopped"] if wakes else [])
+
+
+def test_agent_in_the_foreground_returns_the_childs_result(make_runtime: MakeRuntime) -> None:
+    results: list[dict[str, Any]] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            turn.reply("42")
+        elif turn.messages[0].kind == "agent_message":
+            results.append(turn.tools.agent(description="compute", run_in_background=False,
+                                            timeout=20))
+
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    p = rt.create_project("p")
+    parent = rt.create_session(p.id, "parent").id
+    rt.post(parent, "go")
+    rt.run_until_idle(30)
+    assert results[0]["result"] == "42" and results[0]["status"] == "completed"
+
+
+@pytest.mark.parametrize(("kwargs", "fragment"), [
+    ({"description": ""}, "description must not be empty"),
+    ({"description": 5}, "description must be a string"),
+    ({"description": "x", "run_in_background": "yes"}, "run_in_background"),
+    ({"description": "x", "timeout": 0}, "timeout must be from 1"),
+])
+def test_bad_agent_arguments_create_nothing(world: dict[str, Any], kwargs: dict[str, Any],
+                                            fragment: str) -> None:
+    rt = world["rt"]
+    before = len(rt.sessions())
+    err = refused(lambda: rt.tools_for(world["me"]).agent(**kwargs), "invalid_argument")
+    assert fragment in err.message
+    assert len(rt.sessions()) == before and rt.inbox() == []
+
+
+# -- tasks -----------------------------------------------------------------------------------
+
+def test_tasks_are_durable_and_closing_the_last_one_is_announced(
+        make_runtime: MakeRuntime, db_url: str, clock: ManualClock) -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    rt = make_runtime()
+    rt.subscribe(lambda e, d: events.append((e, d)) if e in ("task_blocked", "session_closed")
+                 else None)
+    p = rt.create_project("p")
+    me = rt.create_session(p.id, "me").id
+    tools = rt.tools_for(me)
+    a = tools.task_create("write report", status="in_progress")["task_id"]
+    b = tools.task_create("ship it")["task_id"]
+    tools.task_update(a, status="blocked", blocked_on="user", reason="which format?")
+    tools.task_update(a, status="completed")
+    assert [e for e, _ in events] == ["task_blocked"]
+    tools.task_update(b, status="cancelled")
+    assert events[-1] == ("session_closed", {"session_id": me, "task_id": b})
+    rt.stop()
+    with Runtime(db=db_url, clock=clock) as again:
+        listed = again.tools_for(me).task_list()["tasks"]
+        assert {t["task_id"]: (t["title"], t["status"]) for t in listed} == {
+            a: ("write report", "completed"), b: ("ship it", "cancelled")}
+
+
+@pytest.mark.parametrize(("kwargs", "code", "fragment"), [
+    ({"task_id": "task-nope", "status": "completed"}, "not_found", "does not exist"),
+    ({"status": "done"}, "invalid_argument", "status must be one of"),
+    ({"status": "blocked"}, "invalid_argument", "blocked_on='user'"),
+    ({"status": "in_progress", "blocked_on": "user"}, "invalid_argument", "only for"),
+    ({}, "invalid_argument", "at least one"),
+    ({"reason": 3}, "invalid_argument", "reason must be a string"),
+])
+def test_bad_task_updates_change_nothing(make_runtime: MakeRuntime, kwargs: dict[str, Any],
+                                         code: str, fragment: str) -> None:
+    rt = make_runtime()
+    me = rt.create_session(rt.create_project("p").id, "me").id
+    tools = rt.tools_for(me)
+    task = tools.task_create("t")
+    kwargs = {"task_id": task["task_id"], **kwargs}
+    err = refused(lambda: tools.task_update(**kwargs), code)
+    assert fragment in err.message
+    assert tools.task_list()["tasks"] == [task]
+
+
+def test_a_session_cannot_update_another_sessions_task(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    p = rt.create_project("p")
+    me, other = rt.create_session(p.id, "me").id, rt.create_session(p.id, "other").id
+    theirs = rt.tools_for(other).task_create("theirs")["task_id"]
+    refused(lambda: rt.tools_for(me).task_update(theirs, status="completed"), "not_found")
+
+
+def test_tool_errors_read_as_tool_results() -> None:
+    assert ToolError("not_found", "gone").to_dict() == {"error": "not_found", "message": "gone"}
+
+
+def test_session_status_is_visible_while_a_turn_runs(make_runtime: MakeRuntime) -> None:
+    started, release = threading.Event(), threading.Event()
+    rt = make_runtime(brain=lambda turn: (started.set(), release.wait(10)))
+    me = rt.create_session(rt.create_project("p").id, "me").id
+    rt.post(me, "x")
+    assert started.wait(10)
+    wait_for(lambda: rt.session(me).status == "active", what="status active")  # type: ignore[union-attr]
+    release.set()
+    rt.run_until_idle()
+    assert rt.session(me).status == "idle"  # type: ignore[union-attr]
