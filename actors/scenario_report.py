@@ -115,6 +115,11 @@ def _event_line(names: dict[str, str], e: dict[str, Any]) -> str | None:
     return None
 
 
+def _safe(text: str) -> str:
+    """Text Mermaid accepts in a message or note (it treats ; and # specially)."""
+    return " ".join(text.replace(";", ",").replace("#", "no.").split())
+
+
 def render_mermaid(report: dict[str, Any]) -> str:
     """A Mermaid sequence diagram: sessions as participants, messages as arrows."""
     names = report["sessions"]
@@ -137,6 +142,10 @@ def render_mermaid(report: dict[str, Any]) -> str:
             src = alias.get(m["sender"], "OUT")
             lines.append(f"    {src}->>{alias[m['target']]}: {short(m['id'])} "
                          f"{m['kind']} ({m['state']}, {m['attempts']} failed attempts)")
+        elif ev == "turn_committed" and e["session_id"] in alias:
+            replies = e.get("replies") or ["(no reply)"]
+            lines.append(f"    Note over {alias[e['session_id']]}: turn committed: "
+                         f"{_safe(replies[-1][:50])}")
         elif ev == "turn_failed" and e["session_id"] in alias:
             lines.append(f"    Note over {alias[e['session_id']]}: attempt failed, "
                          f"{e['state']}")
@@ -147,6 +156,6 @@ def render_mermaid(report: dict[str, Any]) -> str:
             lines.append(f"    Note over {span}: {text}")
         elif ev == "note" and ids:
             span = f"{alias[ids[0]]},{alias[ids[-1]]}" if len(ids) > 1 else alias[ids[0]]
-            lines.append(f"    Note over {span}: {e['text']}")
+            lines.append(f"    Note over {span}: {_safe(e['text'])}")
     lines.append("```")
     return "\n".join(lines)
