@@ -111,6 +111,8 @@ class RuntimeContext:
     outbox_hooks: list[OutboxHook] = field(default_factory=list)
     task_hooks: list[TaskHook] = field(default_factory=list)
     dispatcher: pykka.ActorRef[Any] | None = None
+    buckets: Any = None
+    """Family rate-limit buckets (``family.Buckets``), set by the runtime."""
 
     def effects(self, turn: Turn, outcome: TurnOutcome) -> TurnEffects:
         """Collect what every outbox hook wants committed with this outcome."""

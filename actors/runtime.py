@@ -42,6 +42,7 @@ from .clock import Clock, ManualClock, SystemClock
 from .context import FAULTS, Observer, RuntimeContext
 from .dispatcher import Dispatcher
 from .errors import ConfigError, IdleTimeout, RuntimeStateError
+from .family import Buckets
 from .messages import Tick
 from .subagents import report_back
 from .tools import TaskTools, tools_for
@@ -125,6 +126,7 @@ class Runtime:
                                  new_id=self.new_id,
                                  observers=self._observers)
             ctx.outbox_hooks.append(report_back)
+            ctx.buckets = Buckets()
             self._ctx = ctx
             now = self.clock.now()
             for slug, name in SYSTEM_PROJECTS:

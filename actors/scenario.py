@@ -71,6 +71,12 @@ def failing(times: int, then: TurnScript | None = None,
     return script
 
 
+def _canonical(entry: dict[str, Any]) -> tuple[str, ...]:
+    ids = entry.get("message_ids") or [entry.get("message_id") or ""]
+    return (str(entry["event"]), str(entry.get("session_id") or entry.get("target") or ""),
+            *map(str, ids))
+
+
 @dataclass(frozen=True)
 class Expectation:
     """One ``expect`` check and its result."""
@@ -97,6 +103,10 @@ class Scenario:
         self._rng_lock = threading.Lock()
         self._on_event = on_event
         self._runtime: Runtime | None = None
+        self._script_thread = threading.current_thread()
+        self._timeline_lock = threading.Lock()
+        self._step = 0
+        self._order: list[tuple[int, bool, tuple[str, ...], int]] = []
         self._runtime_options: dict[str, Any] = {}
 
     # -- lives of the runtime --------------------------------------------------------------
@@ -111,9 +121,18 @@ class Scenario:
         data = {k: v for k, v in data.items() if k != "owner"}  # differs per process
         entry = {"t": round(self.clock.now() - SCENARIO_EPOCH, 3), "life": self.generation,
                  "event": event, **data}
-        self.timeline.append(entry)
+        with self._timeline_lock:
+            scripted = threading.current_thread() is self._script_thread
+            self._order.append((self._step, not scripted,
+                                () if scripted else _canonical(entry), len(self.timeline)))
+            self.timeline.append(entry)
         if self._on_event is not None:
             self._on_event(event, entry)
+
+    def _boundary(self) -> None:
+        """Close a step: runtime work recorded so far belongs to the steps before."""
+        with self._timeline_lock:
+            self._step += 1
 
     def start(self, **options: Any) -> Runtime:
         """Start the runtime (options go to :class:`Runtime`; brain and clock are ours).
@@ -144,11 +163,13 @@ class Scenario:
     def crash(self) -> None:
         """Kill the runtime abruptly: nothing in flight commits, memory is lost."""
         self.runtime.crash()
+        self._boundary()
 
     def restart(self) -> Runtime:
         """Start a new runtime on the same database (after ``crash`` or ``stop``)."""
         if self._runtime is not None and self._runtime._state == "running":
             self._runtime.stop()
+        self._boundary()
         return self._start()
 
     def stop(self) -> None:
@@ -168,12 +189,14 @@ class Scenario:
 
     def advance(self, seconds: float) -> None:
         """Move the scenario clock forward (due retries become claimable)."""
+        self._boundary()
         self._record("clock", {"advance": seconds})
         self.clock.advance(seconds)
 
     def settle(self, timeout: float = 10.0) -> None:
         """Wait until nothing is due and no turn runs."""
         self.runtime.run_until_idle(timeout)
+        self._boundary()
 
     def note(self, text: str) -> None:
         """Put a note on the timeline (shown in the report and the diagram)."""
@@ -185,6 +208,17 @@ class Scenario:
         self.expectations.append(Expectation(what, ok, detail))
         self._record("expect", {"what": what, "ok": ok})
         return ok
+
+    def ordered_timeline(self) -> list[dict[str, Any]]:
+        """The timeline in a canonical order, so concurrent turns cannot reorder a report.
+
+        Steps end where the script waits for the runtime (settle, crash,
+        restart, clock moves). Within a step the script's own events come
+        first, as they happened, then what runtime threads did, sorted by
+        event, session and message.
+        """
+        with self._timeline_lock:
+            return [self.timeline[i] for *_, i in sorted(self._order)]
 
     @property
     def ok(self) -> bool:

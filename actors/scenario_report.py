@@ -21,6 +21,7 @@ def short(message_id: str) -> str:
 def build_report(sc: Scenario) -> dict[str, Any]:
     """Collect the report of a finished scenario."""
     rt = sc.runtime
+    timeline = sc.ordered_timeline()
     names = {s.id: s.title for s in rt.sessions()}
     rows = rt.inbox()
     messages = [{
@@ -34,7 +35,7 @@ def build_report(sc: Scenario) -> dict[str, Any]:
         "outcome": "committed" if e["event"] == "turn_committed" else "failed",
         "messages": e.get("message_ids") or [e.get("message_id")],
         "replies": e.get("replies", []), "error": e.get("error"),
-    } for e in sc.timeline if e["event"] in ("turn_committed", "turn_failed")]
+    } for e in timeline if e["event"] in ("turn_committed", "turn_failed")]
     states: dict[str, int] = {}
     for m in messages:
         states[m["state"]] = states.get(m["state"], 0) + 1
@@ -47,7 +48,7 @@ def build_report(sc: Scenario) -> dict[str, Any]:
         "sessions": names,
         "messages": messages,
         "turns": turns,
-        "timeline": sc.timeline,
+        "timeline": timeline,
         "expectations": [{"what": e.what, "ok": e.ok, "detail": e.detail}
                          for e in sc.expectations],
     }

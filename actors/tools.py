@@ -4,7 +4,7 @@ The caller's identity comes from the runtime (``rt.tools_for(session_id)``
 or ``turn.tools``), never from an argument. Each tool validates its
 arguments, applies the pure access rules, and only then writes; a refusal
 is a :class:`ToolError` and leaves nothing behind. Sub-agents get
-:class:`SubagentTools`: task tools only, no agent tools (no recursion).
+:class:`SubagentTools`: task and family tools, no agent tools (no recursion).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from ..persistence import NewMessage, SessionRecord
 from . import access, transcript_view
 from .context import RuntimeContext
 from .errors import ToolError
+from .family import FamilyTools
 from .subagents import TASK_KIND, task_message_id
 from .tasks import TaskService
 from .validation import require_choice, require_id, require_int, require_message
@@ -84,7 +85,7 @@ class TaskTools:
         return {"tasks": [t.to_dict() for t in self._ctx.tasks.for_session(caller.id)]}
 
 
-class SubagentTools(TaskTools):
+class SubagentTools(FamilyTools, TaskTools):
     """What a sub-agent holds: task tools; every agent tool is refused."""
 
     def __getattr__(self, name: str) -> Any:
@@ -95,7 +96,7 @@ class SubagentTools(TaskTools):
         raise AttributeError(name)
 
 
-class AgentTools(TaskTools):
+class AgentTools(FamilyTools, TaskTools):
     """The agent tools as seen by one calling session."""
 
     def _target(self, tool: str, caller: SessionRecord, agent_id: str) -> SessionRecord:

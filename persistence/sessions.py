@@ -160,6 +160,18 @@ class SessionStore:
             q = q.limit(limit)
         return [_session(r) for r in q]
 
+    def family(self, session: SessionRecord) -> list[SessionRecord]:
+        """Everyone a family roster can name: parent, parent's children, own children,
+        grandchildren, and the roots of the session's project (for shared workers)."""
+        s = self.t.session
+        near = [session.id] + ([session.parent_id] if session.parent_id else [])
+        roots = s.parent_id.is_null() & (s.project_id == session.project_id)
+        first = list(s.select().where(s.id.in_(near) | s.parent_id.in_(near) | roots))
+        children = [r.id for r in first if r.parent_id == session.id]
+        grand = list(s.select().where(s.parent_id.in_(children))) if children else []
+        seen: dict[str, Session] = {r.id: r for r in [*first, *grand]}
+        return [_session(r) for r in seen.values()]
+
     def update_session(self, session_id: str, now: float, **changes: Any) -> None:
         """Change columns of a session (``config`` is a dict)."""
         s = self.t.session

@@ -26,3 +26,15 @@ def test_every_scenario_tells_its_story_in_a_docstring() -> None:
 
     for path in SCENARIOS:
         assert ast.get_docstring(ast.parse(path.read_text())), path.name
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_the_same_seed_gives_the_same_report(path: Path, tmp_path: Path) -> None:
+    reports = []
+    for run in range(2):
+        report, _ = run_scenario(str(path), f"sqlite:///{tmp_path / f'sc{run}.db'}", seed=5,
+                                 stream=io.StringIO())
+        reports.append(report)
+    assert reports[0]["timeline"] == reports[1]["timeline"]
+    assert reports[0]["messages"] == reports[1]["messages"]

@@ -1,0 +1,158 @@
+"""Family messaging (F1-F7): list the roster, send by role, broadcast to all.
+
+The rules live in :mod:`.roster` (who is family, how a name resolves) and
+:mod:`.rate_limit` (the token bucket); this module applies them and sends
+through the durable inbox like ``agent_send`` (F7), so a restart between
+send and delivery loses nothing. The sender is always the calling session:
+there is no ``from`` argument (F5).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..persistence import OPEN_TASK_STATES, NewMessage, SessionRecord
+from . import access, rate_limit, roster
+from .context import RuntimeContext
+from .errors import ToolError
+from .validation import require_message
+
+FAMILY_LIMIT = 16_384
+"""Longest family message, in characters."""
+PENDING_LIMIT = 20
+"""Most open messages a target may have before family sends are refused."""
+FAMILY_KIND = "family_message"
+
+
+class Buckets:
+    """The token buckets of one runtime, per sender -> target pair."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buckets: dict[tuple[str, str], rate_limit.Bucket] = {}
+
+    def take(self, pair: tuple[str, str], now: float) -> float:
+        """Take a token; return 0 if allowed, else the seconds until one is back."""
+        with self._lock:
+            bucket, wait = rate_limit.take(self._buckets.get(pair), now)
+            self._buckets[pair] = bucket
+            return wait
+
+    def refund(self, pair: tuple[str, str]) -> None:
+        """Give back the token of a send that failed after taking it."""
+        with self._lock:
+            if pair in self._buckets:
+                self._buckets[pair] = rate_limit.refund(self._buckets[pair])
+
+
+def iso(ts: float) -> str:
+    """An epoch time as an ISO 8601 UTC string."""
+    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def member(s: SessionRecord) -> roster.Member:
+    """The roster rules' view of a session."""
+    worker = s.config.get("worker")
+    return roster.Member(s.id, s.title, s.parent_id, str(worker) if worker else None, s.status,
+                         access.is_hidden(access.Subject(s.id, s.project_id, s.kind, s.platform)))
+
+
+class FamilyTools:
+    """``list_agents``, ``send`` and ``broadcast`` for the calling session."""
+
+    # Provided by the tool class this mixes into (TaskTools).
+    _ctx: RuntimeContext
+    _caller: Callable[[], SessionRecord]
+
+    def _family(self) -> tuple[SessionRecord, list[roster.Entry], list[SessionRecord]]:
+        caller = self._caller()
+        related = self._ctx.store.family(caller)
+        return caller, roster.roster(member(caller), [member(s) for s in related]), related
+
+    def list_agents(self) -> dict[str, Any]:
+        """The roster: parent, siblings by name, children by name; active or not."""
+        _, entries, _ = self._family()
+        return {"agents": [e.to_dict() for e in entries]}
+
+    def send(self, message: Any, receiver_role: Any = None,
+             receiver_name: Any = None) -> dict[str, Any]:
+        """Send to one family member, or ``send("all", message)`` to the whole roster."""
+        if message == "all" and isinstance(receiver_role, str) \
+                and receiver_role not in roster.ROLES and receiver_name is None:
+            return self.broadcast(receiver_role)
+        if not isinstance(receiver_role, str):
+            raise ToolError("invalid_argument",
+                            "receiver_role must be 'parent', 'sibling' or 'child'.")
+        if receiver_name is not None and not isinstance(receiver_name, str):
+            raise ToolError("invalid_argument", "receiver_name must be a string.")
+        text = require_message(message, FAMILY_LIMIT)
+        caller, entries, related = self._family()
+        try:
+            entry = roster.resolve(entries, receiver_role, receiver_name)
+        except roster.ResolveError as exc:
+            if receiver_name and str(exc).startswith("no ") and self._beyond_reach(
+                    caller, related, receiver_name.strip()):
+                raise ToolError("not_found", roster.REACH_ERROR) from exc
+            code = "not_found" if str(exc).startswith("no ") else "invalid_argument"
+            raise ToolError(code, f"{exc}.") from exc
+        return self._deliver(caller, entry, text)
+
+    def _beyond_reach(self, caller: SessionRecord, related: list[SessionRecord],
+                      name: str) -> bool:
+        """Does ``name`` designate a relative farther than the roster (a grandchild, cousin)?"""
+        pool = (self._ctx.store.sessions(project_id=caller.project_id)
+                if caller.project_id is not None else related)
+        return any(name in (s.id, s.title) for s in pool if s.id != caller.id)
+
+    def broadcast(self, message: Any) -> dict[str, Any]:
+        """Send to everyone on the roster; a failed target does not cancel the others."""
+        text = require_message(message, FAMILY_LIMIT)
+        caller, entries, _ = self._family()
+        receipts: list[dict[str, Any]] = []
+        for entry in entries:
+            try:
+                receipts.append(self._deliver(caller, entry, text))
+            except ToolError as exc:
+                receipts.append({"target": entry.id, "error": exc.message})
+        return {"receipts": receipts}
+
+    def _parent_closed(self, caller: SessionRecord) -> bool:
+        tasks = self._ctx.tasks.for_session(caller.id)
+        return bool(tasks) and not any(t.status in OPEN_TASK_STATES for t in tasks)
+
+    def _deliver(self, caller: SessionRecord, entry: roster.Entry, text: str) -> dict[str, Any]:
+        ctx = self._ctx
+        if entry.relationship == "child" and self._parent_closed(caller):
+            raise ToolError("execution_failed",
+                            f"Child '{entry.id}' is no longer reachable: children are reachable "
+                            "only until their parent session closes, and this one has.")
+        if ctx.journal.pending_count(entry.id) >= PENDING_LIMIT:
+            raise ToolError("execution_failed",
+                            f"Pending limit: '{entry.id}' already has {PENDING_LIMIT} messages "
+                            "waiting; wait until it catches up.")
+        pair = (caller.id, entry.id)
+        wait = ctx.buckets.take(pair, ctx.now())
+        if wait > 0:
+            raise ToolError("execution_failed",
+                            f"Rate limit: at most 3 messages in a burst to '{entry.id}', one more "
+                            f"each second; retry in {wait:.1f}s.")
+        busy = ctx.turns.is_running(entry.id) or entry.status == "active"
+        now = ctx.now()
+        try:
+            result = ctx.journal.enqueue(NewMessage(
+                f"fam-{ctx.new_id()}", entry.id, text, kind=FAMILY_KIND, sender=caller.id,
+                payload={"relationship": entry.relationship, "sender_name": caller.title}), now)
+        except Exception:
+            ctx.buckets.refund(pair)
+            raise
+        ctx.emit("sent", message_id=result.message_id, sender=caller.id, target=entry.id,
+                 kind=FAMILY_KIND)
+        ctx.wake_dispatcher()
+        if busy:
+            return {"id": result.message_id, "target": entry.id, "deliveryStatus": "queued",
+                    "queuedAt": iso(now)}
+        return {"id": result.message_id, "target": entry.id, "deliveryStatus": "delivered",
+                "deliveredAt": iso(now)}

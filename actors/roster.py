@@ -1,0 +1,89 @@
+"""The nuclear family of a session (F1, F2): who it may message, and how a name resolves.
+
+Pure. The roster of a session is its parent, its siblings (sessions with
+the same parent; roots are siblings only when they share a parent worker)
+and its direct children, active or not, in roster order: parent, siblings
+by name, children by name. Everyone else (grandchildren, cousins, strangers)
+is out of reach.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+ROLES = ("parent", "sibling", "child")
+REACH_ERROR = "Agent reach is limited to parent, siblings, and children"
+
+
+@dataclass(frozen=True)
+class Member:
+    """What the roster rules know of a session."""
+
+    id: str
+    name: str
+    parent_id: str | None
+    worker: str | None
+    status: str
+    hidden: bool = False
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One roster line."""
+
+    relationship: str
+    name: str
+    id: str
+    status: str
+
+    def to_dict(self) -> dict[str, str]:
+        """The line as ``list_agents`` returns it."""
+        return {"relationship": self.relationship, "name": self.name, "id": self.id,
+                "status": self.status}
+
+
+def _siblings(me: Member, other: Member) -> bool:
+    if other.id == me.id:
+        return False
+    if me.parent_id is not None:
+        return other.parent_id == me.parent_id
+    return other.parent_id is None and me.worker is not None and other.worker == me.worker
+
+
+def roster(me: Member, family: Sequence[Member]) -> list[Entry]:
+    """The sessions ``me`` may message, in roster order."""
+    visible = [m for m in family if not m.hidden]
+    by_name = sorted(visible, key=lambda m: (m.name, m.id))
+    parent = [Entry("parent", m.name, m.id, m.status) for m in visible if m.id == me.parent_id]
+    siblings = [Entry("sibling", m.name, m.id, m.status) for m in by_name if _siblings(me, m)]
+    children = [Entry("child", m.name, m.id, m.status) for m in by_name if m.parent_id == me.id]
+    return parent[:1] + siblings + children
+
+
+class ResolveError(ValueError):
+    """A role and name that do not name exactly one roster member."""
+
+
+def resolve(entries: Sequence[Entry], role: str, name: str | None) -> Entry:
+    """The one roster entry ``role``/``name`` designates; :class:`ResolveError` otherwise."""
+    if role not in ROLES:
+        raise ResolveError(f"receiver_role must be 'parent', 'sibling' or 'child', got {role!r}")
+    if role == "parent":
+        if name is not None:
+            raise ResolveError("receiver_name must be omitted for the parent")
+        parents = [e for e in entries if e.relationship == "parent"]
+        if not parents:
+            raise ResolveError("this agent has no parent to message (it is a root)")
+        return parents[0]
+    if name is None or not name.strip():
+        raise ResolveError(f"receiver_name is required for a {role}")
+    key = name.strip()
+    matches = [e for e in entries if e.relationship == role and key in (e.name, e.id)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise ResolveError(f"no {role} matches receiver_name {key!r}")
+    ids = ", ".join(e.id for e in matches)
+    raise ResolveError(f"{len(matches)} {role}s match receiver_name {key!r} ({ids}); "
+                       "use the id to pick one")

@@ -1,0 +1,201 @@
+"""Family messaging through a real runtime: roster, send by role, broadcast, steering, limits."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kinbox.actors import ManualClock, Runtime, ToolError, Turn
+
+from .helpers import wait_for
+
+MakeRuntime = Callable[..., Runtime]
+
+
+@pytest.fixture
+def family(make_runtime: MakeRuntime) -> dict[str, Any]:
+    """root -> (bob, alice, carl); bob -> gus. Turns run concurrently."""
+    inbox: dict[str, list[str]] = {}
+    lock = threading.Lock()
+
+    def brain(turn: Turn) -> None:
+        with lock:
+            inbox.setdefault(turn.session_id, []).extend(m.content for m in turn.messages)
+
+    rt = make_runtime(brain=brain, max_active_sessions=8)
+    p = rt.create_project("fam")
+    f: dict[str, Any] = {"rt": rt, "inbox": inbox}
+    f["root"] = rt.create_session(p.id, "root").id
+    for name in ("bob", "alice", "carl"):
+        f[name] = rt.create_session(p.id, name, kind="subagent", parent_id=f["root"]).id
+    f["gus"] = rt.create_session(p.id, "gus", kind="subagent", parent_id=f["bob"]).id
+    return f
+
+
+def test_list_agents_is_the_roster_in_order(family: dict[str, Any]) -> None:
+    roster = family["rt"].tools_for(family["bob"]).list_agents()["agents"]
+    assert [(a["relationship"], a["name"]) for a in roster] == [
+        ("parent", "root"), ("sibling", "alice"), ("sibling", "carl"), ("child", "gus")]
+    assert set(roster[0]) == {"relationship", "name", "id", "status"}
+
+
+def test_send_by_role_reaches_parent_sibling_and_child(family: dict[str, Any]) -> None:
+    rt, tools = family["rt"], family["rt"].tools_for(family["bob"])
+    tools.send("hi dad", receiver_role="parent")
+    tools.send("hi alice", receiver_role="sibling", receiver_name="alice")
+    tools.send("hi gus", receiver_role="child", receiver_name=family["gus"])
+    rt.run_until_idle()
+    inbox = family["inbox"]
+    assert (inbox[family["root"]], inbox[family["alice"]], inbox[family["gus"]]) == (
+        ["hi dad"], ["hi alice"], ["hi gus"])
+    senders = {r["sender_chat_id"] for r in rt.inbox()}
+    assert senders == {family["bob"]}
+    assert {r["kind"] for r in rt.inbox()} == {"family_message"}
+
+
+def test_grandchildren_and_cousins_are_out_of_reach(family: dict[str, Any]) -> None:
+    rt = family["rt"]
+    for caller, role, name in (("root", "child", "gus"), ("gus", "sibling", "alice")):
+        with pytest.raises(ToolError) as info:
+            rt.tools_for(family[caller]).send("psst", receiver_role=role, receiver_name=name)
+        assert info.value.message == "Agent reach is limited to parent, siblings, and children"
+    assert rt.inbox() == []
+
+
+@pytest.mark.parametrize(("kwargs", "code", "fragment"), [
+    ({"receiver_role": "parent", "receiver_name": "root"}, "invalid_argument", "omitted"),
+    ({"receiver_role": "sibling"}, "invalid_argument", "required for a sibling"),
+    ({"receiver_role": "child", "receiver_name": "nobody"}, "not_found", "no child matches"),
+    ({"receiver_role": "uncle", "receiver_name": "x"}, "invalid_argument", "receiver_role"),
+    ({"receiver_role": None}, "invalid_argument", "receiver_role"),
+])
+def test_bad_roles_and_names_get_clear_errors(family: dict[str, Any], kwargs: dict[str, Any],
+                                              code: str, fragment: str) -> None:
+    with pytest.raises(ToolError) as info:
+        family["rt"].tools_for(family["bob"]).send("hello", **kwargs)
+    assert info.value.code == code and fragment in info.value.message
+    assert family["rt"].inbox() == []
+
+
+def test_there_is_no_from_argument(family: dict[str, Any]) -> None:
+    with pytest.raises(TypeError):
+        family["rt"].tools_for(family["bob"]).send(  # type: ignore[call-arg]
+            "x", receiver_role="parent", sender="root")
+
+
+def test_broadcast_returns_receipts_in_roster_order_and_survives_a_failure(
+        family: dict[str, Any]) -> None:
+    rt = family["rt"]
+    tools = rt.tools_for(family["bob"])
+    for _ in range(3):  # use up bob -> alice's burst so alice's entry fails
+        tools.send("ping", receiver_role="sibling", receiver_name="alice")
+    result = tools.send("all", "team meeting at 3")
+    receipts = result["receipts"]
+    assert [r.get("target") for r in receipts] == [family[n] for n in
+                                                   ("root", "alice", "carl", "gus")]
+    assert "Rate limit" in receipts[1]["error"]
+    assert all(r["deliveryStatus"] in ("delivered", "queued") for i, r in enumerate(receipts)
+               if i != 1)
+    rt.run_until_idle()
+    assert family["inbox"][family["carl"]] == ["team meeting at 3"]
+
+
+def test_a_running_target_sees_the_message_during_its_turn(make_runtime: MakeRuntime) -> None:
+    started = threading.Event()
+    steered: list[str] = []
+    turns: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        turns.append(turn.session_id)
+        if turn.messages[0].content == "long job":
+            started.set()
+            wait_for(lambda: bool(steered.extend(m.content for m in turn.steering())
+                                  or steered), what="the steering message")
+
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    p = rt.create_project("p")
+    parent = rt.create_session(p.id, "parent").id
+    child = rt.create_session(p.id, "kid", kind="subagent", parent_id=parent).id
+    rt.post(child, "long job")
+    assert started.wait(10)
+    receipt = rt.tools_for(parent).send("change of plan", receiver_role="child",
+                                        receiver_name="kid")
+    assert receipt["deliveryStatus"] == "queued" and "queuedAt" in receipt
+    rt.run_until_idle()
+    assert steered == ["change of plan"]
+    assert turns == [child]  # seen inside the running turn, not as a second turn
+
+
+def test_an_idle_completed_child_is_woken_for_a_follow_up_turn(family: dict[str, Any]) -> None:
+    rt = family["rt"]
+    receipt = rt.tools_for(family["root"]).send("one more thing", receiver_role="child",
+                                                receiver_name="carl")
+    assert receipt["deliveryStatus"] == "delivered" and receipt["deliveredAt"].endswith("Z")
+    rt.run_until_idle()
+    assert family["inbox"][family["carl"]] == ["one more thing"]
+    assert rt.transcript(family["carl"])[0].text == "one more thing"
+
+
+def test_the_rate_limit_refills_on_the_injected_clock(family: dict[str, Any],
+                                                      clock: ManualClock) -> None:
+    tools = family["rt"].tools_for(family["bob"])
+    for _ in range(3):
+        tools.send("x", receiver_role="parent")
+    with pytest.raises(ToolError, match=r"retry in 1\.0s"):
+        tools.send("x", receiver_role="parent")
+    clock.advance(1.0)
+    tools.send("x", receiver_role="parent")
+    assert len(family["rt"].inbox()) == 4
+
+
+def test_message_size_and_pending_limits(make_runtime: MakeRuntime,
+                                         clock: ManualClock) -> None:
+    release = threading.Event()
+    rt = make_runtime(brain=lambda turn: release.wait(10), max_active_sessions=2)
+    p = rt.create_project("p")
+    parent = rt.create_session(p.id, "parent").id
+    rt.create_session(p.id, "kid", kind="subagent", parent_id=parent)
+    tools = rt.tools_for(parent)
+    with pytest.raises(ToolError, match="16,385 characters; the limit is 16,384"):
+        tools.send("x" * 16_385, receiver_role="child", receiver_name="kid")
+    tools.send("x" * 16_384, receiver_role="child", receiver_name="kid")
+    for _ in range(19):
+        clock.advance(1)
+        tools.send("more", receiver_role="child", receiver_name="kid")
+    clock.advance(1)
+    with pytest.raises(ToolError, match=r"Pending limit: .* already has 20 messages"):
+        tools.send("one too many", receiver_role="child", receiver_name="kid")
+    release.set()
+    rt.run_until_idle(30)
+
+
+def test_a_child_is_reachable_only_until_its_parent_session_closes(
+        family: dict[str, Any]) -> None:
+    tools = family["rt"].tools_for(family["root"])
+    task = tools.task_create("coordinate", status="in_progress")["task_id"]
+    tools.send("still here", receiver_role="child", receiver_name="bob")
+    tools.task_update(task, status="completed")
+    with pytest.raises(ToolError, match="only until their parent session closes"):
+        tools.send("too late", receiver_role="child", receiver_name="bob")
+
+
+def test_family_messages_survive_a_restart(db_url: str, clock: ManualClock) -> None:
+    seen: list[str] = []
+    rt = Runtime(db=db_url, clock=clock, brain=lambda turn: seen.append(
+        turn.messages[0].content)).start()
+    p = rt.create_project("p")
+    parent = rt.create_session(p.id, "parent").id
+    rt.create_session(p.id, "kid", kind="subagent", parent_id=parent)
+    rt.crash()  # nothing delivered yet... and the runtime is gone
+    hold = threading.Event()
+    rt2 = Runtime(db=db_url, clock=clock, brain=lambda turn: hold.wait(10)).start()
+    rt2.tools_for(parent).send("durable hello", receiver_role="child", receiver_name="kid")
+    rt2.crash()  # committed, maybe claimed, never acknowledged
+    hold.set()
+    with Runtime(db=db_url, clock=clock,
+                 brain=lambda turn: seen.append(turn.messages[0].content)) as rt3:
+        rt3.run_until_idle()
+    assert seen == ["durable hello"]
