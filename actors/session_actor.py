@@ -23,6 +23,9 @@ from .turn import Message, Turn, TurnOutcome
 
 log = logging.getLogger("kinbox.session")
 
+CHAIN_LIMIT = 16
+"""Turns a session actor runs back to back before it hands its slot back (fairness)."""
+
 
 class SessionActor(pykka.ThreadingActor):
     """Delivers inbox rows to one session by running its brain."""
@@ -35,7 +38,17 @@ class SessionActor(pykka.ThreadingActor):
     def on_receive(self, message: Any) -> None:
         if isinstance(message, Deliver):
             try:
-                self._deliver(message.row)
+                row: ClaimedRow | None = message.row
+                chained = 0
+                # Keep delivering the session's next rows while they are due, up to a
+                # fair share, before handing the slot back to the dispatcher.
+                while row is not None and chained < CHAIN_LIMIT:
+                    row = self._deliver(row)
+                    chained += 1
+                if row is not None:
+                    self.ctx.journal.release(self.ctx.owner, [row.message_id], self.ctx.now())
+            except WriterClosed:
+                pass  # the runtime stopped or crashed under us: the journal keeps the row
             finally:
                 if not self.ctx.crashed.is_set() and self.ctx.dispatcher is not None:
                     try:
@@ -44,25 +57,31 @@ class SessionActor(pykka.ThreadingActor):
                         pass  # the runtime is stopping
 
     def on_stop(self) -> None:
-        self.ctx.journal.t.db.close()  # this thread's connection
+        db = self.ctx.journal.t.db
+        if not db.is_closed():  # a brain's tool calls opened this thread's connection
+            db.close()
 
-    def _deliver(self, row: ClaimedRow) -> None:
+    def _deliver(self, row: ClaimedRow) -> ClaimedRow | None:
+        """Run the row's turn; return the session's next row if it was leased with the ack."""
         ctx = self.ctx
-        if ctx.crashed.is_set():
-            return
+        if ctx.crashed.is_set() or ctx.closed.is_set():
+            if not ctx.crashed.is_set():
+                ctx.journal.release(ctx.owner, [row.message_id], ctx.now())
+            return None
         sid = self.session_id
         try:
             if "ack_before_turn" in ctx.faults:
                 ctx.journal.ack(ctx.owner, [row.message_id], ctx.now())
-            self._run_turn(row)
+            return self._run_turn(row)
         except LeaseLost as exc:
             ctx.emit("lease_lost", session_id=sid, message_id=row.message_id, error=str(exc))
-        except WriterClosed:
-            pass  # the runtime stopped or crashed under us: the journal keeps the row
         except PersistenceError as exc:
+            if isinstance(exc, WriterClosed):
+                raise
             log.error("delivery of %s to %s failed in the journal: %s", row.message_id, sid, exc)
+        return None
 
-    def _run_turn(self, row: ClaimedRow) -> None:
+    def _run_turn(self, row: ClaimedRow) -> ClaimedRow | None:
         ctx = self.ctx
         sid = self.session_id
         last_seq = [row.seq]
@@ -77,7 +96,8 @@ class SessionActor(pykka.ThreadingActor):
             return [Message.from_row(r) for r in more]
 
         stop_flag = ctx.turns.begin(sid)
-        turn = Turn(sid, [Message.from_row(row)], ctx.tools_for(sid), stop_flag, fetch_steering)
+        turn = Turn(sid, [Message.from_row(row)], lambda: ctx.tools_for(sid), stop_flag,
+                    fetch_steering)
         ctx.emit("turn_started", session_id=sid, message_id=row.message_id,
                  attempt=row.attempts + 1)
         try:
@@ -96,15 +116,16 @@ class SessionActor(pykka.ThreadingActor):
                      available_at=result.available_at)
             if result.state.value == "failed":
                 self._run_after(effects)
-            return
+            return None
         done = TurnOutcome(True, None, ctx.turns.end(sid))
         ids = [row.message_id, *steered]
         effects = ctx.effects(turn, done)
-        self._commit(ids, turn, effects)
+        following = self._commit(ids, turn, effects)
         ctx.activity.bump("turns")
         ctx.emit("turn_committed", session_id=sid, message_ids=ids, replies=list(turn.replies),
                  stopped_by=done.stopped_by)
         self._run_after(effects)
+        return following
 
     def _run_after(self, effects: TurnEffects) -> None:
         for notify in effects.after:
@@ -113,16 +134,17 @@ class SessionActor(pykka.ThreadingActor):
             except Exception:
                 log.exception("post-commit notification failed for %s", self.session_id)
 
-    def _commit(self, ids: list[str], turn: Turn, effects: TurnEffects) -> None:
+    def _commit(self, ids: list[str], turn: Turn, effects: TurnEffects) -> ClaimedRow | None:
         ctx = self.ctx
         commit = functools.partial(ctx.journal.complete_turn, ctx.owner, self.session_id, ids,
                                    turn.entries(), ctx.now(), enqueue=effects.messages,
                                    also=effects.ops)
         if "ack_before_turn" in ctx.faults:
             commit(ack=False, fenced=False)
-        elif "skip_marker_check" in ctx.faults:
+            return None
+        if "skip_marker_check" in ctx.faults:
             # The seed's original two-step commit, without the marker check on claim.
             commit(ack=False)
             ctx.journal.ack(ctx.owner, ids, ctx.now())
-        else:
-            commit()
+            return None
+        return commit(next_lease=ctx.lease_seconds)

@@ -63,12 +63,13 @@ class Brain(Protocol):
 class Turn:
     """One run of a session's brain, started by one or more inbox messages."""
 
-    def __init__(self, session_id: str, messages: list[Message], tools: Any,
+    def __init__(self, session_id: str, messages: list[Message], tools: Callable[[], Any],
                  stop_event: threading.Event,
                  fetch_steering: Callable[[], list[Message]]) -> None:
         self.session_id = session_id
         self.messages = messages
-        self.tools = tools
+        self._make_tools = tools
+        self._tools: Any = None
         self._stop = stop_event
         self._fetch_steering = fetch_steering
         self._steered: list[Message] = []
@@ -76,6 +77,13 @@ class Turn:
         # Transcript order is the order things happened: steering lands between replies.
         self._log: list[TurnEntry] = [TurnEntry("user", m.content, True, m.message_id)
                                       for m in messages]
+
+    @property
+    def tools(self) -> Any:
+        """The tools bound to this session (built on first use: many turns never call one)."""
+        if self._tools is None:
+            self._tools = self._make_tools()
+        return self._tools
 
     @property
     def stop_requested(self) -> bool:

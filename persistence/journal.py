@@ -25,6 +25,7 @@ import peewee as pw
 from . import inbox_core as core
 from .database import is_postgres
 from .errors import RowNotFound
+from .hot_path import HotPath
 from .models import InboxMessage, Tables
 from .schema import INBOX_SEQUENCE
 from .writer import GroupCommitWriter
@@ -92,6 +93,18 @@ class TurnEntry:
     message_id: str | None = None
 
 
+@dataclass(frozen=True)
+class FenceRow:
+    """What fencing and retries read of a row."""
+
+    message_id: str
+    status: str
+    lease_owner: str | None
+    attempts: int
+    max_attempts: int
+    transport: str
+
+
 def _claimed(row: InboxMessage) -> ClaimedRow:
     return ClaimedRow(row.message_id, row.seq, row.target_chat_id, row.sender_chat_id, row.kind,
                       row.content, json.loads(row.payload or "{}"), row.attempts, row.created_at)
@@ -110,6 +123,7 @@ class Journal:
     def __init__(self, tables: Tables, writer: GroupCommitWriter) -> None:
         self.t = tables
         self.writer = writer
+        self.hot = HotPath(tables.db)
 
     # -- enqueue ---------------------------------------------------------------------------
 
@@ -122,24 +136,16 @@ class Journal:
 
     def enqueue_now(self, msg: NewMessage, now: float) -> EnqueueResult:
         """Enqueue inside the caller's transaction (on the writer thread)."""
-        m = self.t.inbox
-        existing = (m.select(m.target_chat_id, m.kind, m.content, m.status, m.created_at)
-                    .where(m.message_id == msg.message_id).first())
+        existing = self.hot.existing(msg.message_id)
         fingerprint = core.Fingerprint(msg.target, msg.kind, msg.content)
-        before = (core.Fingerprint(existing.target_chat_id, existing.kind, existing.content)
-                  if existing else None)
+        before = core.Fingerprint(*existing[:3]) if existing else None
         if not core.enqueue_decision(msg.message_id, before, fingerprint):
-            return EnqueueResult(msg.message_id, msg.target, existing.status, False,
-                                 existing.created_at)
+            assert existing is not None
+            return EnqueueResult(msg.message_id, msg.target, existing[3], False, existing[4])
         policy = core.TRANSPORT_POLICIES.get(msg.transport, core.LOCAL)
-        m.insert(
-            message_id=msg.message_id, seq=self._next_seq(), transport=msg.transport,
-            destination_peer_id=msg.destination_peer_id, sender_chat_id=msg.sender,
-            target_chat_id=msg.target, kind=msg.kind, content=msg.content,
-            payload=json.dumps(msg.payload, sort_keys=True), status=core.State.PENDING.value,
-            attempts=0, max_attempts=msg.max_attempts or policy.max_attempts,
-            available_at=now, created_at=now, updated_at=now,
-        ).execute()
+        self.hot.insert(msg.message_id, msg.transport, msg.destination_peer_id, msg.sender,
+                        msg.target, msg.kind, msg.content, msg.payload,
+                        msg.max_attempts or policy.max_attempts, now)
         return EnqueueResult(msg.message_id, msg.target, core.State.PENDING.value, True, now)
 
     def enqueue(self, msg: NewMessage, now: float) -> EnqueueResult:
@@ -233,60 +239,74 @@ class Journal:
 
     # -- outcomes --------------------------------------------------------------------------
 
-    def _fence(self, owner: str, ids: Sequence[str]) -> list[InboxMessage]:
-        m = self.t.inbox
-        rows = {r.message_id: r for r in m.select(m.message_id, m.status, m.lease_owner,
-                                                  m.attempts, m.max_attempts, m.transport)
-                .where(m.message_id.in_(list(ids)))}
+    def _fence(self, owner: str, ids: Sequence[str]) -> list[FenceRow]:
+        rows = self.hot.fence_rows(ids)
         for mid in ids:
             row = rows.get(mid)
             if row is None:
                 raise RowNotFound(f"no inbox row with id {mid!r}")
-            core.check_lease(mid, row.status, row.lease_owner, owner)
-        return [rows[i] for i in ids]
+            core.check_lease(mid, row[0], row[1], owner)
+        return [FenceRow(i, *rows[i]) for i in ids]
 
     def _mark_delivered(self, ids: list[str], now: float) -> None:
-        m = self.t.inbox
-        m.update(status=core.State.DELIVERED.value, delivered_at=now, updated_at=now,
-                 lease_owner=None, lease_until=None).where(m.message_id.in_(ids)).execute()
+        self.hot.mark_delivered(ids, now)
+
+    def _claim_next_op(self, owner: str, target: str, now: float,
+                       lease: float) -> ClaimedRow | None:
+        """Lease the target's new head if it is due (inside the ack's transaction)."""
+        while True:
+            head = self.hot.head(target)
+            if head is None or not core.is_claimable(head[9], head[10], head[11], now):
+                return None
+            self.hot.lease(head[0], owner, now + lease, now)
+            if not self.hot.has_marker(head[0]):
+                return ClaimedRow(head[0], head[1], head[2], head[3], head[4], head[5],
+                                  json.loads(head[6] or "{}"), head[7], head[8])
+            self.hot.mark_delivered([head[0]], now)  # its turn had committed
 
     def _complete_op(self, owner: str, session_id: str, ids: list[str],
                      entries: Sequence[TurnEntry], now: float, ack: bool, fenced: bool,
-                     enqueue: Sequence[NewMessage], also: Sequence[Callable[[], object]]) -> None:
+                     enqueue: Sequence[NewMessage], also: Sequence[Callable[[], object]],
+                     next_lease: float | None = None) -> ClaimedRow | None:
         if fenced:
             self._fence(owner, ids)
         for msg in enqueue:
             self.enqueue_now(msg, now)
         for op in also:
             op()
-        if entries:
-            self.t.transcript.insert_many([
-                {"session_id": session_id, "role": e.role, "text": e.text, "visible": e.visible,
-                 "message_id": e.message_id, "created_at": now} for e in entries]).execute()
-        self.t.marker.insert_many([
-            {"session_id": session_id, "message_id": i, "created_at": now} for i in ids]).execute()
+        self.hot.insert_entries([(session_id, e.role, e.text, e.visible, e.message_id, now)
+                                 for e in entries])
+        self.hot.insert_markers(session_id, ids, now)
         if ack:
-            self._mark_delivered(ids, now)
-        s = self.t.session
-        s.update(status="idle", updated_at=now).where(s.id == session_id).execute()
+            self.hot.mark_delivered(ids, now)
+        following = None
+        if next_lease is not None:
+            following = self._claim_next_op(owner, session_id, now, next_lease)
+        self.hot.set_status(session_id, "active" if following else "idle", now)
+        return following
 
     def complete_turn(self, owner: str, session_id: str, message_ids: Sequence[str],
                       entries: Sequence[TurnEntry], now: float, *, ack: bool = True,
                       fenced: bool = True, enqueue: Sequence[NewMessage] = (),
-                      also: Sequence[Callable[[], object]] = ()) -> None:
+                      also: Sequence[Callable[[], object]] = (),
+                      next_lease: float | None = None) -> ClaimedRow | None:
         """Commit a turn's transcript entries, its delivery markers and the acks together.
 
         Refused with :class:`LeaseLost` (nothing written) if ``owner`` lost any lease.
         ``enqueue`` messages (a parent's wake-up, a reply) and ``also``
         operations (a task update; run on the writer thread) commit in the same
         transaction, so a crash cannot keep the turn and lose what it caused.
+        With ``next_lease``, the target's next due row is leased in the same
+        transaction and returned, so a busy session keeps going without a
+        round trip through the dispatcher (still one row in flight: the next
+        is leased only as this one is acknowledged).
         ``ack=False`` / ``fenced=False`` exist only for the deliberately broken
         variants the crash tests must catch; the runtime never uses them otherwise.
         """
         ids = list(message_ids)
-        self.writer.call(
+        return self.writer.call(
             lambda: self._complete_op(owner, session_id, ids, entries, now, ack, fenced,
-                                      list(enqueue), list(also)))
+                                      list(enqueue), list(also), next_lease))
 
     def _ack_op(self, owner: str, ids: list[str], now: float) -> None:
         for row in self._fence(owner, ids):

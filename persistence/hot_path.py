@@ -1,0 +1,109 @@
+"""Hand-written SQL for the statements every message runs through.
+
+Peewee builds each query anew, which costs tens of microseconds a
+statement; on the per-message path (enqueue, fence, commit a turn, lease
+the next row) that was most of the writer thread's time. These statements
+are fixed strings with the backend's placeholder, so they cost only the
+database's own work. Everything else keeps using the models.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import peewee as pw
+
+from .database import is_postgres
+
+INBOX = "agent_inbox_messages"
+CLAIM_COLUMNS = ("message_id", "seq", "target_chat_id", "sender_chat_id", "kind", "content",
+                 "payload", "attempts", "created_at", "status", "available_at", "lease_until")
+
+
+class HotPath:
+    """The per-message statements for one database."""
+
+    def __init__(self, db: pw.Database) -> None:
+        self.db = db
+        p = "%s" if is_postgres(db) else "?"
+        self.p = p
+        cols = ", ".join(CLAIM_COLUMNS)
+        self.sql_head = (f"SELECT {cols} FROM {INBOX} WHERE target_chat_id = {p} "
+                         "AND status IN ('pending', 'processing') ORDER BY seq LIMIT 1")
+        self.sql_lease = (f"UPDATE {INBOX} SET status = 'processing', lease_owner = {p}, "
+                          f"lease_until = {p}, updated_at = {p} WHERE message_id = {p}")
+        self.sql_marker_exists = f"SELECT 1 FROM delivery_markers WHERE message_id = {p} LIMIT 1"
+        self.sql_entry = ("INSERT INTO transcript_entries (session_id, role, text, visible, "
+                          f"message_id, created_at) VALUES ({p}, {p}, {p}, {p}, {p}, {p})")
+        self.sql_marker = ("INSERT INTO delivery_markers (session_id, message_id, created_at) "
+                           f"VALUES ({p}, {p}, {p})")
+        self.sql_status = f"UPDATE sessions SET status = {p}, updated_at = {p} WHERE id = {p}"
+        self.sql_existing = (f"SELECT target_chat_id, kind, content, status, created_at "
+                             f"FROM {INBOX} WHERE message_id = {p}")
+        seq = ("nextval('agent_inbox_seq')" if is_postgres(db)
+               else f"(SELECT COALESCE(MAX(seq), 0) + 1 FROM {INBOX})")
+        self.sql_insert = (
+            f"INSERT INTO {INBOX} (message_id, seq, transport, destination_peer_id, "
+            "sender_chat_id, target_chat_id, kind, content, payload, status, attempts, "
+            "max_attempts, available_at, created_at, updated_at) VALUES "
+            f"({p}, {seq}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, 'pending', 0, {p}, {p}, {p}, {p})")
+
+    def _in(self, n: int) -> str:
+        return ", ".join([self.p] * n)
+
+    def fetch_one(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+        """The first row of a query, or None."""
+        row = self.db.execute_sql(sql, params).fetchone()
+        return tuple(row) if row is not None else None
+
+    def fence_rows(self, ids: Sequence[str]) -> dict[str, tuple[str, str | None, int, int, str]]:
+        """message_id -> (status, lease_owner, attempts, max_attempts, transport)."""
+        sql = (f"SELECT message_id, status, lease_owner, attempts, max_attempts, transport "
+               f"FROM {INBOX} WHERE message_id IN ({self._in(len(ids))})")
+        return {r[0]: tuple(r[1:]) for r in self.db.execute_sql(sql, list(ids))}  # type: ignore[misc]
+
+    def mark_delivered(self, ids: Sequence[str], now: float) -> None:
+        """Acknowledge rows."""
+        self.db.execute_sql(
+            f"UPDATE {INBOX} SET status = 'delivered', delivered_at = {self.p}, "
+            f"updated_at = {self.p}, lease_owner = NULL, lease_until = NULL "
+            f"WHERE message_id IN ({self._in(len(ids))})", [now, now, *ids])
+
+    def insert_entries(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Transcript entries: (session_id, role, text, visible, message_id, created_at)."""
+        if rows:
+            self.db.cursor().executemany(self.sql_entry, rows)
+
+    def insert_markers(self, session_id: str, ids: Sequence[str], now: float) -> None:
+        """One delivery marker per message."""
+        self.db.cursor().executemany(self.sql_marker, [(session_id, i, now) for i in ids])
+
+    def set_status(self, session_id: str, status: str, now: float) -> None:
+        """A session's active/idle status."""
+        self.db.execute_sql(self.sql_status, (status, now, session_id))
+
+    def head(self, target: str) -> tuple[Any, ...] | None:
+        """The oldest open row of a target, as CLAIM_COLUMNS."""
+        return self.fetch_one(self.sql_head, (target,))
+
+    def lease(self, message_id: str, owner: str, until: float, now: float) -> None:
+        """Lease one row."""
+        self.db.execute_sql(self.sql_lease, (owner, until, now, message_id))
+
+    def has_marker(self, message_id: str) -> bool:
+        """A committed turn exists for this message."""
+        return self.fetch_one(self.sql_marker_exists, (message_id,)) is not None
+
+    def existing(self, message_id: str) -> tuple[Any, ...] | None:
+        """(target, kind, content, status, created_at) of an existing row."""
+        return self.fetch_one(self.sql_existing, (message_id,))
+
+    def insert(self, message_id: str, transport: str, peer: str | None, sender: str | None,
+               target: str, kind: str, content: str, payload: dict[str, Any],
+               max_attempts: int, now: float) -> None:
+        """A new pending row."""
+        self.db.execute_sql(self.sql_insert, (
+            message_id, transport, peer, sender, target, kind, content,
+            json.dumps(payload, sort_keys=True), max_attempts, now, now, now))
