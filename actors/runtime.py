@@ -323,7 +323,7 @@ class Runtime:
              payload: dict[str, Any] | None = None) -> EnqueueResult:
         """Enqueue a message from outside any session (a user, a test, an operator)."""
         ctx = self._running()
-        if ctx.store.session(target) is None:
+        if not ctx.journal.hot.session_exists(target):
             raise ConfigError(f"no session with id {target!r}")
         if not isinstance(content, str) or not content.strip():
             raise ConfigError("a message needs non-empty text")

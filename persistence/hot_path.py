@@ -50,6 +50,11 @@ class HotPath:
             "max_attempts, available_at, created_at, updated_at) VALUES "
             f"({p}, {seq}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, 'pending', 0, {p}, {p}, {p}, {p})")
 
+    def session_exists(self, session_id: str) -> bool:
+        """Cheap existence check for a session id."""
+        return self.fetch_one(f"SELECT 1 FROM sessions WHERE id = {self.p}",
+                              (session_id,)) is not None
+
     def _in(self, n: int) -> str:
         return ", ".join([self.p] * n)
 

@@ -141,6 +141,19 @@ class SessionStore:
                                  now, now, dict(config or {}))
         return self.writer.call(op)
 
+    def create_many(self, sessions: list[tuple[str, str | None, str, str]], now: float) -> int:
+        """Bulk-insert (id, project_id, title, kind) sessions (benchmarks, imports)."""
+        s = self.t.session
+
+        def op() -> int:
+            for first in range(0, len(sessions), 500):
+                s.insert_many([{"id": i, "project_id": p, "title": t, "kind": k,
+                                "status": "idle", "config": "{}", "created_at": now,
+                                "updated_at": now}
+                               for i, p, t, k in sessions[first:first + 500]]).execute()
+            return len(sessions)
+        return self.writer.call(op, timeout=600)
+
     def session(self, session_id: str) -> SessionRecord | None:
         """The session with this id, or None."""
         s = self.t.session

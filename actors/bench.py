@@ -1,0 +1,139 @@
+"""``kinbox bench NAME``: measure kinbox beside the systems users would compare it with.
+
+Prints a human table, or with ``--json`` one object::
+
+    {"benchmark": NAME, "settings": {...}, "results": {SYSTEM: {...}}, "ratios": {...}}
+
+Absolute numbers drift on shared machines; ratios measured in the same run
+hold, which is why every system runs interleaved in one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sqlite3
+import sys
+from importlib import metadata
+from typing import Any, TextIO
+
+from . import bench_runs
+from .bench_systems import SYSTEMS
+
+BENCHMARKS = ("throughput", "recovery", "scale")
+
+
+def versions() -> dict[str, str]:
+    """Versions of everything that shapes the numbers."""
+    found = {"python": platform.python_version(), "sqlite": sqlite3.sqlite_version}
+    for dist in ("kinbox", "pykka", "peewee", "huey", "persist-queue"):
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            found[dist] = "not installed"
+    return found
+
+
+def run(name: str, quick: bool, repeat: int, systems: list[str]) -> dict[str, Any]:
+    """Run one benchmark and return its JSON object."""
+    if name == "throughput":
+        body = bench_runs.throughput(quick, repeat, systems)
+    elif name == "recovery":
+        body = bench_runs.recovery(quick)
+    else:
+        body = bench_runs.scale(quick)
+    body["settings"].update({
+        "quick": quick, "versions": versions(), "cpus": os.cpu_count(),
+        "machine": platform.machine(), "date": dt.datetime.now(dt.UTC).isoformat(),
+        "sqlite_pragmas": {"journal_mode": "wal", "synchronous": "FULL (kinbox_normal: NORMAL)",
+                           "busy_timeout_ms": 10_000},
+    })
+    return {"benchmark": name, **body}
+
+
+def table(report: dict[str, Any]) -> str:
+    """The report as a human table."""
+    rows = report["results"]
+    columns = sorted({k for r in rows.values() for k in r if not k.startswith("_")
+                      and not isinstance(r[k], list)})
+    width = max(len(s) for s in rows) + 2
+    out = [f"{report['benchmark']} ({'quick' if report['settings']['quick'] else 'full'}, "
+           f"{report['settings']['cpus']} cpus)", ""]
+    out.append("system".ljust(width) + "".join(c.rjust(22) for c in columns))
+    for system, r in rows.items():
+        out.append(system.ljust(width) + "".join(
+            ("-" if r.get(c) is None else f"{r[c]:,}" if isinstance(r[c], int | float)
+             else str(r[c])).rjust(22) for c in columns))
+    if report["ratios"]:
+        out.append("")
+        out += [f"{k}: {v}" for k, v in report["ratios"].items()]
+    return "\n".join(out)
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    """Bars per system and the latency distribution, with matplotlib (bench extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = {k: v for k, v in report["results"].items() if "msgs_per_s" in v}
+    fig, (bars, dist) = plt.subplots(1, 2, figsize=(12, 4.5))
+    bars.bar(list(rows), [r["msgs_per_s"] for r in rows.values()], color="#4c72b0")
+    bars.set_yscale("log")
+    bars.set_ylabel("messages per second (log)")
+    bars.set_title("throughput by system")
+    bars.tick_params(axis="x", rotation=30)
+    for name, r in rows.items():
+        lat = sorted(r.get("_latencies") or [])
+        if lat:
+            dist.plot([x * 1000 for x in lat], [i / len(lat) for i in range(len(lat))],
+                      label=name)
+    dist.set_xscale("log")
+    dist.set_xlabel("send -> turn latency (ms, log)")
+    dist.set_ylabel("fraction of messages")
+    dist.set_title("latency distribution")
+    if dist.lines:
+        dist.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``bench``."""
+    p = sub.add_parser("bench", help="benchmarks against the comparison systems")
+    p.add_argument("name", choices=BENCHMARKS)
+    p.add_argument("--quick", action="store_true", help="a small run (about a minute)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the results (needs matplotlib)")
+    p.add_argument("--repeat", type=int, default=3, help="runs per system (median reported)")
+    p.add_argument("--systems", default=",".join(SYSTEMS),
+                   help=f"comma-separated subset of {', '.join(SYSTEMS)}")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace, out: TextIO) -> int:
+    """Run the benchmark and print it."""
+    systems = [s for s in args.systems.split(",") if s]
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown or args.repeat < 1:
+        print(f"kinbox: unknown systems {unknown} or --repeat < 1", file=sys.stderr)
+        return 2
+    if args.name == "throughput" and "kinbox" not in systems:
+        systems.insert(0, "kinbox")
+    try:
+        report = run(args.name, args.quick, args.repeat, systems)
+    except ImportError as exc:
+        print(f"kinbox: {exc.name} is missing; install the bench extra: "
+              "pip install -e '.[bench]'", file=sys.stderr)
+        return 1
+    if args.plot:
+        plot(report, args.plot)
+    for r in report["results"].values():
+        r.pop("_latencies", None)
+    out.write((json.dumps(report, indent=2) if args.json else table(report)) + "\n")
+    return 0

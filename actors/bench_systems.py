@@ -1,0 +1,231 @@
+"""The systems ``kinbox bench throughput`` compares, each running the same workload.
+
+Workload: ``sessions`` targets, ``messages`` messages of ``payload`` bytes,
+sent by ``producers`` threads (each send durable before the next, as an
+agent's tool call would be), and a trivial brain that records when its
+turn ran. Every system returns wall time and per-message latency (send ->
+turn). The comparison systems come from the ``bench`` extra.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pykka
+
+from .runtime import Runtime
+from .turn import Turn
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every system runs."""
+
+    sessions: int
+    messages: int
+    payload: int = 100
+    producers: int = 8
+
+
+@dataclass
+class Measured:
+    """One system's run: elapsed seconds and latencies (seconds) per message."""
+
+    elapsed: float
+    latencies: list[float] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Recorder:
+    """Counts handled messages, keeps latencies, and signals when all arrived."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.latencies: list[float] = []
+        self._lock = threading.Lock()
+        self.done = threading.Event()
+
+    def handled(self, content: str) -> None:
+        sent = float(content.split("|", 1)[0])
+        now = time.perf_counter()
+        with self._lock:
+            self.latencies.append(now - sent)
+            if len(self.latencies) >= self.expected:
+                self.done.set()
+
+
+def stamp(payload: int) -> str:
+    """A message body: the send time, then padding to ``payload`` bytes."""
+    head = f"{time.perf_counter():.9f}|"
+    return head + "x" * max(0, payload - len(head))
+
+
+def produce(w: Workload, send: Callable[[int, str], None]) -> None:
+    """Send every message from ``w.producers`` threads; message k goes to session k % S."""
+    def worker(offset: int) -> None:
+        for k in range(offset, w.messages, w.producers):
+            send(k % w.sessions, stamp(w.payload))
+    with ThreadPoolExecutor(w.producers) as pool:
+        list(pool.map(worker, range(w.producers)))
+
+
+def run_kinbox(w: Workload, workdir: Path, synchronous: str = "FULL") -> Measured:
+    """kinbox: agent_send-equivalent posts, group-committed, delivered by session actors."""
+    rec = Recorder(w.messages)
+
+    def brain(turn: Turn) -> None:
+        rec.handled(turn.messages[0].content)
+
+    rt = Runtime(db=f"sqlite:///{workdir / f'kinbox-{synchronous}.db'}", brain=brain,
+                 synchronous=synchronous).start()
+    try:
+        project = rt.create_project("bench")
+        store = rt.context.store
+        now = rt.clock.now()
+        ids = [f"s{i:06d}" for i in range(w.sessions)]
+        store.create_many([(sid, project.id, sid, "interactive") for sid in ids], now)
+        start = time.perf_counter()
+        produce(w, lambda i, body: rt.post(ids[i], body))
+        if not rec.done.wait(3600):
+            raise TimeoutError("kinbox did not deliver every message")
+        elapsed = time.perf_counter() - start
+        stats = rt.statistics()
+        return Measured(elapsed, rec.latencies, {"writer": stats.get("writer"),
+                                                 "peak_live": stats["peak_live"]})
+    finally:
+        rt.stop()
+
+
+class _Handler(pykka.ThreadingActor):
+    def __init__(self, on_message: Callable[[Any], None]) -> None:
+        super().__init__()
+        self.on_message = on_message
+
+    def on_receive(self, message: Any) -> None:
+        self.on_message(message)
+
+
+def _actors(n: int, on_message: Callable[[Any], None]) -> list[pykka.ActorRef[Any]]:
+    return [_Handler.start(on_message) for _ in range(n)]
+
+
+def run_memory(w: Workload, workdir: Path) -> Measured:
+    """Plain pykka actors, no durability: the upper bound of the actor layer."""
+    rec = Recorder(w.messages)
+    refs = _actors(min(w.sessions, 64), lambda m: rec.handled(m))
+    try:
+        start = time.perf_counter()
+        produce(w, lambda i, body: refs[i % len(refs)].tell(body))
+        if not rec.done.wait(3600):
+            raise TimeoutError("memory did not deliver every message")
+        return Measured(time.perf_counter() - start, rec.latencies)
+    finally:
+        for ref in refs:
+            ref.stop()
+
+
+def run_naive(w: Workload, workdir: Path) -> Measured:
+    """persist-queue SQLiteAckQueue feeding pykka actors, acked after each handler."""
+    import persistqueue  # the bench extra
+
+    queue = persistqueue.SQLiteAckQueue(str(workdir / "naive"), multithreading=True,
+                                        auto_commit=True)
+    for conn in [v for v in vars(queue).values() if isinstance(v, sqlite3.Connection)]:
+        conn.execute("PRAGMA synchronous=FULL")
+    rec = Recorder(w.messages)
+
+    def handle(item: dict[str, Any]) -> None:
+        rec.handled(item["body"])
+        queue.ack(item)
+
+    refs = _actors(min(w.sessions, 64), handle)
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set():
+            try:
+                item = queue.get(block=True, timeout=0.05)
+            except persistqueue.Empty:
+                continue
+            refs[item["target"] % len(refs)].tell(item)
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    try:
+        start = time.perf_counter()
+        produce(w, lambda i, body: queue.put({"target": i, "body": body}))
+        if not rec.done.wait(3600):
+            raise TimeoutError("naive did not deliver every message")
+        return Measured(time.perf_counter() - start, rec.latencies)
+    finally:
+        stop.set()
+        consumer.join(5)
+        for ref in refs:
+            ref.stop()
+
+
+def run_huey(w: Workload, workdir: Path) -> Measured:
+    """huey's SqliteHuey (fsync on, WAL) with a thread consumer."""
+    from huey import SqliteHuey  # the bench extra
+    from huey.consumer import Consumer
+
+    huey = SqliteHuey("bench", filename=str(workdir / "huey.db"), fsync=True, results=False)
+    rec = Recorder(w.messages)
+
+    @huey.task()
+    def handle(target: int, body: str) -> None:
+        rec.handled(body)
+
+    consumer = Consumer(huey, workers=8, periodic=False, initial_delay=0.001, backoff=1.0,
+                        max_delay=0.001, worker_type="thread", check_worker_health=False)
+    consumer.start()
+    try:
+        start = time.perf_counter()
+        produce(w, lambda i, body: handle(i, body))
+        if not rec.done.wait(3600):
+            raise TimeoutError("huey did not deliver every message")
+        return Measured(time.perf_counter() - start, rec.latencies)
+    finally:
+        consumer.stop(graceful=True)
+
+
+def run_sqlite_ceiling(w: Workload, workdir: Path) -> Measured:
+    """Raw SQLite inserts of one row per message, committed in batches of 1,000 (WAL, FULL)."""
+    conn = sqlite3.connect(str(workdir / "ceiling.db"), isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("CREATE TABLE IF NOT EXISTS m (id INTEGER PRIMARY KEY, target INT, body TEXT)")
+    body = "x" * w.payload
+    start = time.perf_counter()
+    for first in range(0, w.messages, 1000):
+        conn.execute("BEGIN")
+        conn.executemany("INSERT INTO m (target, body) VALUES (?, ?)",
+                         [(k % w.sessions, body) for k in range(first,
+                                                                min(first + 1000, w.messages))])
+        conn.execute("COMMIT")
+    elapsed = time.perf_counter() - start
+    conn.close()
+    return Measured(elapsed)
+
+
+SYSTEMS: dict[str, Callable[[Workload, Path], Measured]] = {
+    "kinbox": run_kinbox,
+    "kinbox_normal": lambda w, d: run_kinbox(w, d, "NORMAL"),
+    "naive": run_naive,
+    "huey": run_huey,
+    "memory": run_memory,
+    "sqlite_ceiling": run_sqlite_ceiling,
+}
+
+
+def fresh_dir() -> Path:
+    """A scratch directory for one system's run."""
+    return Path(tempfile.mkdtemp(prefix="kinbox-bench-"))
