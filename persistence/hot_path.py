@@ -50,6 +50,39 @@ class HotPath:
             "max_attempts, available_at, created_at, updated_at) VALUES "
             f"({p}, {seq}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, 'pending', 0, {p}, {p}, {p}, {p})")
 
+    def due_heads(self, transport: str, now: float, limit: int,
+                  for_update: bool) -> list[tuple[Any, ...]]:
+        """The oldest open row of each target, when due, oldest first (CLAIM_COLUMNS)."""
+        p = self.p
+        cols = ", ".join(f"m.{c}" for c in CLAIM_COLUMNS)
+        sql = (f"SELECT {cols} FROM {INBOX} m WHERE m.status IN ('pending', 'processing') "
+               f"AND m.transport = {p} AND ((m.status = 'pending' AND m.available_at <= {p}) "
+               f"OR (m.status = 'processing' AND m.lease_until <= {p})) "
+               f"AND m.seq = (SELECT MIN(h.seq) FROM {INBOX} h "
+               "WHERE h.target_chat_id = m.target_chat_id "
+               "AND h.status IN ('pending', 'processing')) "
+               f"ORDER BY m.seq LIMIT {p}" + (" FOR UPDATE SKIP LOCKED" if for_update else ""))
+        return [tuple(r) for r in self.db.execute_sql(sql, (transport, now, now, limit))]
+
+    def lease_many(self, ids: Sequence[str], owner: str, until: float, now: float) -> None:
+        """Lease several rows."""
+        self.db.execute_sql(
+            f"UPDATE {INBOX} SET status = 'processing', lease_owner = {self.p}, "
+            f"lease_until = {self.p}, updated_at = {self.p} "
+            f"WHERE message_id IN ({self._in(len(ids))})", [owner, until, now, *ids])
+
+    def set_status_many(self, session_ids: Sequence[str], status: str, now: float) -> None:
+        """Several sessions' active/idle status."""
+        self.db.execute_sql(
+            f"UPDATE sessions SET status = {self.p}, updated_at = {self.p} "
+            f"WHERE id IN ({self._in(len(session_ids))})", [status, now, *session_ids])
+
+    def with_markers(self, ids: Sequence[str]) -> set[str]:
+        """Which of ``ids`` already have a committed turn."""
+        return {r[0] for r in self.db.execute_sql(
+            f"SELECT DISTINCT message_id FROM delivery_markers "
+            f"WHERE message_id IN ({self._in(len(ids))})", list(ids))}
+
     def session_exists(self, session_id: str) -> bool:
         """Cheap existence check for a session id."""
         return self.fetch_one(f"SELECT 1 FROM sessions WHERE id = {self.p}",

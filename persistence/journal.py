@@ -161,36 +161,19 @@ class Journal:
     def _claim_op(self, owner: str, now: float, lease: float, limit: int,
                   exclude: frozenset[str], check_markers: bool,
                   transport: str) -> ClaimResult:
-        m = self.t.inbox
-        head = m.alias("head")
-        head_seq = (head.select(pw.fn.MIN(head.seq))
-                    .where((head.target_chat_id == m.target_chat_id)
-                           & head.status.in_(core.OPEN_STATES)))
-        due = (((m.status == core.State.PENDING.value) & (m.available_at <= now))
-               | ((m.status == core.State.PROCESSING.value) & (m.lease_until <= now)))
-        query = (m.select().where(m.status.in_(core.OPEN_STATES), m.transport == transport,
-                                  m.seq == head_seq, due)
-                 .order_by(m.seq).limit(limit + len(exclude)))
-        if is_postgres(self.t.db):
-            query = query.for_update("FOR UPDATE SKIP LOCKED")
-        rows = [r for r in query if r.target_chat_id not in exclude][:limit]
+        heads = self.hot.due_heads(transport, now, limit + len(exclude),
+                                   for_update=is_postgres(self.t.db))
+        rows = [ClaimedRow(h[0], h[1], h[2], h[3], h[4], h[5], json.loads(h[6] or "{}"), h[7],
+                           h[8]) for h in heads if h[2] not in exclude][:limit]
         if not rows:
             return ClaimResult([], [])
         ids = [r.message_id for r in rows]
-        for r in rows:
-            core.transition(r.message_id, r.status, core.Event.CLAIM)
-        m.update(status=core.State.PROCESSING.value, lease_owner=owner, lease_until=now + lease,
-                 updated_at=now).where(m.message_id.in_(ids)).execute()
-        s = self.t.session
-        s.update(status="active", updated_at=now).where(
-            s.id.in_([r.target_chat_id for r in rows])).execute()
-        done: set[str] = set()
-        if check_markers:
-            mk = self.t.marker
-            done = {x.message_id for x in mk.select(mk.message_id).where(mk.message_id.in_(ids))}
-            if done:
-                self._mark_delivered(list(done), now)
-        return ClaimResult([_claimed(r) for r in rows if r.message_id not in done], sorted(done))
+        self.hot.lease_many(ids, owner, now + lease, now)
+        self.hot.set_status_many([r.target for r in rows], "active", now)
+        done = self.hot.with_markers(ids) if check_markers else set()
+        if done:
+            self.hot.mark_delivered(sorted(done), now)
+        return ClaimResult([r for r in rows if r.message_id not in done], sorted(done))
 
     def claim(self, owner: str, now: float, *, limit: int = 64,
               lease: float = DEFAULT_LEASE_SECONDS, exclude: Iterable[str] = (),
