@@ -35,13 +35,16 @@ def can_reach(caller: Subject, target: Subject | None, *, allow_self: bool) -> b
     """May ``caller`` read, message or stop ``target``?
 
     Same project only; a session without a project reaches only itself, and
-    only where the tool allows self (``allow_self``). ``None`` is a target
+    only where the tool allows self (``allow_self``). The Focal agent
+    reaches every visible session of every project. ``None`` is a target
     that does not exist.
     """
     if target is None or is_hidden(target):
         return False
     if target.id == caller.id:
         return allow_self
+    if caller.kind == "focal":
+        return True  # the Focal agent sees every project (FO3, FO4)
     return caller.project_id is not None and caller.project_id == target.project_id
 
 

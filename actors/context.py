@@ -109,10 +109,13 @@ class RuntimeContext:
     closed: threading.Event = field(default_factory=threading.Event)
     observers: list[Observer] = field(default_factory=list)
     outbox_hooks: list[OutboxHook] = field(default_factory=list)
+    turn_hooks: list[Callable[[RuntimeContext, Turn], None]] = field(default_factory=list)
     task_hooks: list[TaskHook] = field(default_factory=list)
     dispatcher: pykka.ActorRef[Any] | None = None
     buckets: Any = None
     """Family rate-limit buckets (``family.Buckets``), set by the runtime."""
+    focal: Any = None
+    """The Focal service (``focal.Focal``), set by the runtime."""
 
     def effects(self, turn: Turn, outcome: TurnOutcome) -> TurnEffects:
         """Collect what every outbox hook wants committed with this outcome."""

@@ -25,6 +25,7 @@ from ..persistence import (
     EntryRecord,
     ExclusiveLock,
     GroupCommitWriter,
+    JobStore,
     Journal,
     NewMessage,
     ProjectRecord,
@@ -32,6 +33,7 @@ from ..persistence import (
     SessionStore,
     TaskStore,
     bind_tables,
+    default_data_dir,
     default_url,
     is_sqlite,
     open_database,
@@ -43,6 +45,8 @@ from .context import FAULTS, Observer, RuntimeContext
 from .dispatcher import Dispatcher
 from .errors import ConfigError, IdleTimeout, RuntimeStateError
 from .family import Buckets
+from .focal import Focal
+from .focal_schedule import FocalSchedule
 from .messages import Tick
 from .subagents import report_back
 from .tools import TaskTools, tools_for
@@ -97,6 +101,7 @@ class Runtime:
         self._unsubscribe: Callable[[], None] | None = None
         self._lock: ExclusiveLock | None = None
         self._writer: GroupCommitWriter | None = None
+        self._schedule: FocalSchedule | None = None
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -127,6 +132,15 @@ class Runtime:
                                  observers=self._observers)
             ctx.outbox_hooks.append(report_back)
             ctx.buckets = Buckets()
+            focal = Focal(ctx, self._resolve_data_dir())
+            ctx.focal = focal
+            ctx.turn_hooks.append(focal.prepare_turn)
+            ctx.outbox_hooks.append(focal.outbox)
+            ctx.task_hooks.append(focal.task_hook)
+            self._schedule = FocalSchedule(ctx, focal, JobStore(tables, self._writer),
+                                           use_apscheduler=not isinstance(self.clock,
+                                                                          ManualClock))
+            focal.schedule = self._schedule
             self._ctx = ctx
             now = self.clock.now()
             for slug, name in SYSTEM_PROJECTS:
@@ -134,12 +148,13 @@ class Runtime:
             if self._lock is not None:
                 journal.expire_leases(now)  # the lock proves their holder is gone
             ctx.dispatcher = Dispatcher.start(ctx, self.max_active_sessions, self.idle_ttl)
+            self._schedule.start()
         except BaseException:
             self._teardown()
             raise
         self._state = "running"
         if isinstance(self.clock, ManualClock):
-            self._unsubscribe = self.clock.subscribe(lambda _now: self._tick())
+            self._unsubscribe = self.clock.subscribe(lambda _now: self._on_clock())
         self._ticker = threading.Thread(target=self._tick_loop, name="kinbox-ticker",
                                         daemon=True)
         self._ticker.start()
@@ -154,6 +169,8 @@ class Runtime:
         ctx = self._require()
         self._state = "stopped"
         ctx.closed.set()
+        if self._schedule is not None:
+            self._schedule.stop()
         self._stop_ticker()
         for session_id in ctx.turns.running():
             ctx.turns.request_stop(session_id, "runtime")
@@ -170,6 +187,8 @@ class Runtime:
         self._state = "crashed"
         ctx.crashed.set()
         ctx.closed.set()
+        if self._schedule is not None:
+            self._schedule.stop()
         self._stop_ticker()
         if self._writer is not None:
             self._writer.abort()
@@ -179,6 +198,13 @@ class Runtime:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+    def _resolve_data_dir(self) -> Path:
+        if self.data_dir is not None:
+            return self.data_dir
+        if self.url.startswith("sqlite:///"):
+            return Path(self.url[len("sqlite:///"):]).expanduser().parent / "kinbox-data"
+        return default_data_dir()
 
     def _teardown(self) -> None:
         if self._writer is not None:
@@ -191,8 +217,15 @@ class Runtime:
         self._ticker_stop.set()
         if self._unsubscribe is not None:
             self._unsubscribe()
+            self._unsubscribe = None
         if self._ticker is not None and self._ticker is not threading.current_thread():
             self._ticker.join(5)
+
+    def _on_clock(self) -> None:
+        # An injected clock moved: due schedules fire, due rows get claimed.
+        if self._schedule is not None and self._state == "running":
+            self._schedule.fire_due()
+        self._tick()
 
     def _tick_loop(self) -> None:
         while not self._ticker_stop.wait(self.tick_interval):
@@ -350,6 +383,15 @@ class Runtime:
     def transcript(self, session_id: str) -> list[EntryRecord]:
         """Every transcript entry of a session (``role``, ``text``, ``visible``...)."""
         return self._require().store.transcript(session_id)
+
+    @property
+    def focal(self) -> Focal:
+        """The Focal service (``get_or_create_focal_chat``, ``status``, ``register_tool``...)."""
+        return self._require().focal  # type: ignore[no-any-return]
+
+    def get_or_create_focal_chat(self) -> SessionRecord:
+        """The Focal chat ``focal-suzent``, created on first use (FO1)."""
+        return self.focal.get_or_create_focal_chat()
 
     def marker_counts(self) -> dict[str, int]:
         """Committed delivery markers per message id (exactly-once evidence)."""

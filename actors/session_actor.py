@@ -101,6 +101,8 @@ class SessionActor(pykka.ThreadingActor):
         ctx.emit("turn_started", session_id=sid, message_id=row.message_id,
                  attempt=row.attempts + 1)
         try:
+            for prepare in ctx.turn_hooks:
+                prepare(ctx, turn)
             result = ctx.brain(turn)
             if isinstance(result, str) and result:
                 turn.reply(result)

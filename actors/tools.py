@@ -16,6 +16,7 @@ from . import access, transcript_view
 from .context import RuntimeContext
 from .errors import ToolError
 from .family import FamilyTools
+from .focal import is_focal_chat
 from .subagents import TASK_KIND, task_message_id
 from .tasks import TaskService
 from .validation import require_choice, require_id, require_int, require_message
@@ -131,19 +132,48 @@ class AgentTools(FamilyTools, TaskTools):
         return {"agent_id": target.id, "title": target.title, "status": target.status,
                 "transcript": transcript_view.render(lines)}
 
-    def agent_send(self, agent_id: Any, message: Any) -> dict[str, Any]:
-        """Queue ``message`` for ``agent_id``; returns once the inbox row is committed."""
+    def agent_send(self, agent_id: Any, message: Any, **focal_args: Any) -> dict[str, Any]:
+        """Queue ``message`` for ``agent_id``; returns once the inbox row is committed.
+
+        The Focal agent may also send to ``agent_id="new"`` with ``project_id``,
+        ``title`` and ``task_title`` to start a session (FO4).
+        """
         target_id = require_id("agent_id", agent_id)
         text = require_message(message, SEND_LIMIT)
         caller = self._caller()
-        self._target("agent_send", caller, target_id)
         ctx = self._ctx
+        focal = ctx.focal
+        caller_is_focal = focal is not None and is_focal_chat(caller)
+        unknown = set(focal_args) - {"project_id", "title", "task_title"}
+        if unknown or (focal_args and not (caller_is_focal and target_id == "new")):
+            raise ToolError("invalid_argument",
+                            "agent_send takes exactly agent_id and message"
+                            + (f" (unexpected: {', '.join(sorted(focal_args))})."
+                               if focal_args else "."))
+        if target_id == "new":
+            if not caller_is_focal:
+                raise unavailable(target_id)
+            return focal.dispatch_new(focal_args.get("project_id"), focal_args.get("title"),
+                                      focal_args.get("task_title"), text)
+        self._target("agent_send", caller, target_id)
+        if caller_is_focal:
+            focal.watch(target_id)
         result = ctx.journal.enqueue(
             NewMessage(f"msg-{ctx.new_id()}", target_id, text, sender=caller.id), ctx.now())
         ctx.emit("sent", message_id=result.message_id, sender=caller.id, target=target_id,
                  kind="agent_message")
         ctx.wake_dispatcher()
         return {"message_id": result.message_id, "agent_id": target_id, "status": result.status}
+
+    def schedule_wakeup(self, kind: Any, at: Any = None, cron: Any = None,
+                        note: Any = "") -> dict[str, Any]:
+        """Focal only: a durable wake-up (``reminder`` always notifies, ``check`` when needed)."""
+        caller = self._caller()
+        focal = self._ctx.focal
+        if focal is None or focal.schedule is None:
+            raise ToolError("execution_failed", "wake-ups are not available in this runtime.")
+        return focal.schedule.schedule_wakeup(caller.id, kind, at=at, cron=cron,  # type: ignore[no-any-return]
+                                              note=note)
 
     def agent_stop(self, agent_id: Any) -> dict[str, Any]:
         """Ask the target's running turn to stop (cooperative)."""

@@ -74,6 +74,10 @@ class Turn:
         self._fetch_steering = fetch_steering
         self._steered: list[Message] = []
         self.replies: list[str] = []
+        self.request: Any = None
+        """The resolved tool request of this turn (the Focal policy sets it for Focal turns)."""
+        self.context: str | None = None
+        """Extra context for the model (the Focal global context on Focal turns)."""
         # Transcript order is the order things happened: steering lands between replies.
         self._log: list[TurnEntry] = [TurnEntry("user", m.content, True, m.message_id)
                                       for m in messages]

@@ -22,6 +22,7 @@ from .errors import (
     WriterClosed,
 )
 from .exclusive import ExclusiveLock
+from .jobs import JobRecord, JobStore
 from .journal import (
     DEFAULT_LEASE_SECONDS,
     ClaimedRow,
@@ -51,6 +52,8 @@ __all__ = [
     "GroupCommitWriter",
     "IdempotencyConflict",
     "IllegalTransition",
+    "JobRecord",
+    "JobStore",
     "Journal",
     "LeaseLost",
     "NewMessage",

@@ -153,6 +153,25 @@ class InboxEvent(_Base):
         table_name = "agent_inbox_events"
 
 
+class ScheduledJob(_Base):
+    """A durable schedule (Focal wake-ups, the heartbeat): the truth APScheduler reloads."""
+
+    id = pw.CharField(primary_key=True, max_length=64)
+    chat_id = pw.CharField(index=True, max_length=128)
+    kind = pw.CharField(max_length=32)
+    note = pw.TextField(default="")
+    cron = pw.CharField(null=True, max_length=128)
+    interval_seconds = pw.DoubleField(null=True)
+    run_at = pw.DoubleField(null=True)
+    next_run_at = pw.DoubleField(null=True, index=True)
+    last_run_at = pw.DoubleField(null=True)
+    active = pw.BooleanField(default=True)
+    created_at = pw.DoubleField()
+
+    class Meta:
+        table_name = "scheduled_jobs"
+
+
 MODELS: tuple[type[_Base], ...] = (
     Project,
     Session,
@@ -161,6 +180,7 @@ MODELS: tuple[type[_Base], ...] = (
     Task,
     InboxMessage,
     InboxEvent,
+    ScheduledJob,
 )
 
 
@@ -176,11 +196,12 @@ class Tables:
     task: type[Task]
     inbox: type[InboxMessage]
     event: type[InboxEvent]
+    job: type[ScheduledJob]
 
     def all(self) -> list[type[pw.Model]]:
         """Every bound model, in creation order."""
         return [self.project, self.session, self.transcript, self.marker, self.task,
-                self.inbox, self.event]
+                self.inbox, self.event, self.job]
 
 
 def _bound(model: type[_Base], db: pw.Database) -> type:

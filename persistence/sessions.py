@@ -196,6 +196,20 @@ class SessionStore:
                 raise RowNotFound(f"no session with id {session_id!r}")
         self.writer.call(op)
 
+    def patch_config_now(self, session_id: str, patch: dict[str, Any], now: float) -> None:
+        """Merge ``patch`` into a session's config inside the caller's transaction."""
+        s = self.t.session
+        row = s.get_or_none(s.id == session_id)
+        if row is None:
+            raise RowNotFound(f"no session with id {session_id!r}")
+        config = {**json.loads(row.config or "{}"), **patch}
+        s.update(config=json.dumps(config, sort_keys=True), updated_at=now).where(
+            s.id == session_id).execute()
+
+    def patch_config(self, session_id: str, patch: dict[str, Any], now: float) -> None:
+        """Merge ``patch`` into a session's config."""
+        self.writer.call(lambda: self.patch_config_now(session_id, patch, now))
+
     def session_count(self) -> int:
         """How many sessions exist."""
         return self.t.session.select().count()

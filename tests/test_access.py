@@ -20,12 +20,14 @@ def test_matrix_of_kinds_projects_and_tools(caller_kind: str, target_kind: str,
                                             same_project: bool, tool: str) -> None:
     caller = Subject("caller", "p1", caller_kind)
     target = Subject("target", "p1" if same_project else "p2", target_kind)
-    expected = "allow" if same_project and target_kind not in HIDDEN_KINDS else "unavailable"
+    reach = same_project or caller_kind == "focal"
+    expected = "allow" if reach and target_kind not in HIDDEN_KINDS else "unavailable"
     assert decide(tool, caller, target) == expected
 
 
 @pytest.mark.parametrize("tool", TOOLS)
 def test_hidden_missing_and_other_project_targets_get_the_same_answer(tool: str) -> None:
+    assert decide(tool, Subject("f", "hidden", "focal"), Subject("x", "p9", "cron")) == "allow"
     caller = Subject("me", "p1", "interactive")
     answers = {decide(tool, caller, t) for t in (
         None,
@@ -68,6 +70,8 @@ def oracle(tool: str, caller: dict[str, object], target: dict[str, object] | Non
             "dream", "subagent_wakeup"):
         return "unavailable"
     if target["id"] == caller["id"]:
+        return "allow"
+    if caller["kind"] == "focal":
         return "allow"
     if caller["project"] is None:
         return "unavailable"

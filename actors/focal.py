@@ -1,0 +1,334 @@
+"""The Focal agent (SUZENT): the singleton that sees every project and hears back (FO1-FO5).
+
+Focal never does project work: it dispatches to sessions through the inbox
+and is woken, through the inbox, when they answer, block or finish. This
+module is the shell around the pure rules in ``focal_policy``,
+``focal_context`` and ``focal_heartbeat``; everything it causes is a
+journal row committed with the change that caused it.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from pathlib import Path
+from typing import Any
+
+from ..persistence import OPEN_TASK_STATES, NewMessage, SessionRecord, TaskChange
+from . import focal_context as fc
+from . import focal_heartbeat as hb
+from . import focal_policy as policy
+from . import task_rules
+from .context import RuntimeContext, TurnEffects
+from .errors import ToolError
+from .tasks import TaskService, view
+from .turn import Turn, TurnOutcome
+
+FOCAL_ID = "focal-suzent"
+FOCAL_PROJECT = "suzent-focal"
+FOCAL_TITLE = "SUZENT"
+REPLY_LIMIT = 4_000
+NOTIFICATION_LIMIT = 100
+
+
+def is_focal_chat(session: SessionRecord | None) -> bool:
+    """The Focal chat: its fixed id, or a config marking it as Focal."""
+    if session is None:
+        return False
+    return (session.id == FOCAL_ID or bool(session.config.get("is_focal_agent"))
+            or session.config.get("platform") == "focal" or session.platform == "focal")
+
+
+class Focal:
+    """The Focal service of one runtime."""
+
+    def __init__(self, ctx: RuntimeContext, data_dir: Path) -> None:
+        self.ctx = ctx
+        self.data_dir = data_dir
+        self.registry: dict[str, policy.ToolSpec] = {t.name: t for t in policy.BUILTIN_TOOLS}
+        self.notifications: collections.deque[dict[str, Any]] = collections.deque(
+            maxlen=NOTIFICATION_LIMIT)
+        self.unread = 0
+        self._lock = threading.Lock()
+        self.schedule: Any = None  # the FocalSchedule, set by the runtime
+
+    # -- identity (FO1) --------------------------------------------------------------------
+
+    @property
+    def folder(self) -> Path:
+        """The hidden project's folder, which holds ``heartbeat.md``."""
+        return self.data_dir / "projects" / FOCAL_PROJECT
+
+    def exists(self) -> bool:
+        """Has the Focal chat been created?"""
+        return self.ctx.journal.hot.session_exists(FOCAL_ID)
+
+    def get_or_create_focal_chat(self) -> SessionRecord:
+        """The Focal chat, created on first use; its title is restored if it changed."""
+        ctx = self.ctx
+        now = ctx.now()
+        with self._lock:
+            chat = ctx.store.session(FOCAL_ID)
+            if chat is None:
+                project = ctx.store.ensure_project(FOCAL_PROJECT, FOCAL_PROJECT, "SUZENT",
+                                                   now, hidden=True)
+                chat = ctx.store.create_session(
+                    FOCAL_ID, project.id, FOCAL_TITLE, "focal", now, platform="focal",
+                    config={"is_focal_agent": True, "heartbeat_enabled": True,
+                            "heartbeat_interval_minutes": 30})
+            if not chat.config.get("focal_heartbeat_initialized"):
+                self.folder.mkdir(parents=True, exist_ok=True)
+                path = self.folder / "heartbeat.md"
+                if not path.exists():
+                    path.write_text(hb.DEFAULT_FOCAL_HEARTBEAT)
+                ctx.store.patch_config(FOCAL_ID, {"focal_heartbeat_initialized": True}, now)
+                if self.schedule is not None:
+                    self.schedule.ensure_heartbeat()
+            if chat.title != FOCAL_TITLE:
+                ctx.store.update_session(FOCAL_ID, now, title=FOCAL_TITLE)
+            return ctx.store.session(FOCAL_ID)  # type: ignore[return-value]
+
+    def rename(self, session_id: str, title: str, *, auto: bool = False) -> bool:
+        """Change a session's title; auto-titling skips Focal, whose title stays pinned."""
+        session = self.ctx.store.session(session_id)
+        if session is None:
+            raise ToolError("not_found", f"Session '{session_id}' does not exist.")
+        if is_focal_chat(session):
+            return False
+        self.ctx.store.update_session(session_id, self.ctx.now(), title=title)
+        return True
+
+    # -- tools (FO2) -----------------------------------------------------------------------
+
+    def register_tool(self, name: str, group: str = "", discoverable: bool = True) -> None:
+        """A product's tool, so the policy can deny it and search can find it."""
+        if name == policy.SCHEDULE_WAKEUP:
+            raise ToolError("invalid_argument", "schedule_wakeup is reserved for Focal.")
+        self.registry[name] = policy.ToolSpec(name, group, discoverable)
+
+    def tool_request(self, session: SessionRecord) -> policy.ToolRequest:
+        """The tool request a session's turn runs with."""
+        cfg = session.config
+        asked = policy.ToolRequest(tools=tuple(cfg.get("tools", ())),
+                                   mcp_enabled=bool(cfg.get("mcp_enabled", True)),
+                                   cwd=cfg.get("cwd"),
+                                   sandbox_volumes=tuple(cfg.get("sandbox_volumes", ())),
+                                   permission_mode=str(cfg.get("permission_mode", "ask")))
+        if is_focal_chat(session):
+            return policy.apply_focal_tool_policy(asked, self.registry.values())
+        return policy.ordinary_request(asked)
+
+    def search_tools(self, session_id: str, query: str) -> list[str]:
+        """Tool search as a session sees it (never ``schedule_wakeup``)."""
+        session = self.ctx.store.session(session_id)
+        denied = self.tool_request(session).denied_tools if session else ()
+        return policy.search_tools(self.registry.values(), query, denied)
+
+    def prepare_turn(self, ctx: RuntimeContext, turn: Turn) -> None:
+        """Turn hook: resolve the tool request; Focal turns get the policy and the context."""
+        session = ctx.store.session(turn.session_id)
+        if session is None:
+            return
+        turn.request = self.tool_request(session)
+        if is_focal_chat(session):
+            if session.title != FOCAL_TITLE:
+                ctx.store.update_session(session.id, ctx.now(), title=FOCAL_TITLE)
+            turn.context = self.global_context()
+
+    def global_context(self) -> str:
+        """The FO3 text for a Focal turn."""
+        store = self.ctx.store
+        running = set(self.ctx.turns.running())
+        projects = [fc.ProjectInfo(p.id, p.slug, p.archived, p.hidden) for p in store.projects()]
+        infos = []
+        for p in projects:
+            if p.archived or p.hidden:
+                continue
+            tasks_by_chat: dict[str, list[fc.TaskInfo]] = {}
+            for t in self.ctx.tasks.for_project(p.id):
+                tasks_by_chat.setdefault(t.chat_id, []).append(
+                    fc.TaskInfo(t.title, t.status, t.blocked_on, t.reason))
+            for s in store.sessions(project_id=p.id):
+                infos.append(fc.SessionInfo(s.id, s.project_id, s.title,
+                                            s.id in running or s.status == "active",
+                                            s.updated_at, tuple(tasks_by_chat.get(s.id, ()))))
+        return fc.build_focal_global_context(projects, infos)
+
+    # -- dispatch (FO4) --------------------------------------------------------------------
+
+    def watch(self, session_id: str) -> None:
+        """Focal sent work to this session: it is followed from now on."""
+        self.ctx.store.patch_config(session_id, {"focal_watching": True}, self.ctx.now())
+
+    def dispatch_new(self, project_id: Any, title: Any, task_title: Any,
+                     message: str) -> dict[str, Any]:
+        """``agent_send(agent_id="new", ...)``: a new session in a project, with the message."""
+        ctx = self.ctx
+        if not isinstance(project_id, str) or ctx.store.project(project_id) is None:
+            raise ToolError("not_found", f"Project '{project_id}' does not exist.")
+        project = ctx.store.project(project_id)
+        assert project is not None
+        if project.hidden or project.archived:
+            raise ToolError("invalid_argument",
+                            f"Project '{project_id}' is hidden or archived; pick an active one.")
+        if not isinstance(title, str) or not title.strip():
+            raise ToolError("invalid_argument", "title must be a non-empty string for a new "
+                                                "session.")
+        if task_title is not None and (not isinstance(task_title, str) or not task_title.strip()):
+            raise ToolError("invalid_argument", "task_title must be a non-empty string.")
+        now = ctx.now()
+        sid = f"chat-{ctx.new_id()[:12]}"
+        ctx.store.create_session(sid, project_id, title.strip(), "interactive", now,
+                                 parent_id=FOCAL_ID,
+                                 config={"permission_mode": "auto", "spawned_by_focal": True,
+                                         "parent_chat_id": FOCAL_ID})
+        task = None
+        if task_title is not None:
+            task = TaskService(ctx).create(sid, project_id, task_title.strip(), "in_progress")
+        result = ctx.journal.enqueue(NewMessage(
+            f"msg-{ctx.new_id()}", sid, message, sender=FOCAL_ID,
+            payload={"focal_request": True}), now)
+        ctx.emit("sent", message_id=result.message_id, sender=FOCAL_ID, target=sid,
+                 kind="agent_message")
+        ctx.wake_dispatcher()
+        return {"message_id": result.message_id, "agent_id": sid, "status": result.status,
+                "task_id": task.id if task else None}
+
+    # -- hearing back (FO5) ----------------------------------------------------------------
+
+    def _followed(self, session: SessionRecord) -> bool:
+        return bool(session.config.get("spawned_by_focal") or session.config.get(
+            "focal_watching"))
+
+    def _request_in_flight(self, session_id: str) -> bool:
+        m = self.ctx.journal.t.inbox
+        return m.select().where(m.sender_chat_id == FOCAL_ID, m.target_chat_id == session_id,
+                                m.status.in_(("pending", "processing"))).exists()
+
+    def task_hook(self, ctx: RuntimeContext, change: TaskChange) -> list[NewMessage]:
+        """Inside a task change's transaction: notices for Focal."""
+        session = ctx.store.session(change.after.chat_id)
+        if session is None or is_focal_chat(session):
+            return []
+        before = view(change.before) if change.before else None
+        after = view(change.after)
+        out: list[NewMessage] = []
+        task = change.after
+        spawned = bool(session.config.get("spawned_by_focal"))
+        if task_rules.became_blocked(before, after) and (spawned or self.exists()):
+            out.append(NewMessage(
+                f"focal-blocked-{task.id}-{int(task.updated_at * 1000)}", FOCAL_ID,
+                f"Session '{session.title}' ({session.id}) is blocked on {task.blocked_on}: "
+                f"{task.title}" + (f" ({task.reason})" if task.reason else ""),
+                kind="task_blocked_notification", sender=session.id,
+                payload={"task_id": task.id, "blocked_on": task.blocked_on,
+                         "reason": task.reason}))
+        if (task_rules.closes_session(before, after, change.open_left) and self._followed(session)
+                and self.exists() and not self._request_in_flight(session.id)):
+            out.append(NewMessage(
+                f"focal-finished-{session.id}-{task.id}", FOCAL_ID,
+                f"Session '{session.title}' ({session.id}) finished its last open task: "
+                f"{task.title}", kind="session_finished_notification", sender=session.id,
+                payload={"task_id": task.id}))
+        return out
+
+    def outbox(self, ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEffects:
+        """Outbox hook: replies to Focal, heartbeat signatures, user notifications."""
+        effects = TurnEffects()
+        if not outcome.ok:
+            return effects
+        if turn.session_id == FOCAL_ID:
+            self._focal_turn_effects(turn, effects)
+            return effects
+        asked = [m for m in turn.all_messages if m.sender_id == FOCAL_ID]
+        if asked and turn.replies:
+            effects.messages.append(NewMessage(
+                f"focal-reply-{asked[-1].message_id}", FOCAL_ID,
+                turn.replies[-1][:REPLY_LIMIT], kind="agent_message", sender=turn.session_id,
+                payload={"in_reply_to": asked[-1].message_id}))
+        return effects
+
+    def _focal_turn_effects(self, turn: Turn, effects: TurnEffects) -> None:
+        ctx = self.ctx
+        now = ctx.now()
+        for m in turn.all_messages:
+            if m.kind == "focal_heartbeat" and m.payload.get("signature"):
+                sig = m.payload["signature"]
+                effects.ops.append(lambda sig=sig: ctx.store.patch_config_now(
+                    FOCAL_ID, {"focal_heartbeat_signature": sig}, now))
+        woken = [m for m in turn.all_messages if m.sender_id != "user"]
+        reply = turn.replies[-1] if turn.replies else ""
+        for m in woken:
+            if m.kind == "focal_wakeup" and m.payload.get("kind") == "reminder":
+                text = reply or str(m.payload.get("note") or m.content)
+            elif reply:
+                text = reply
+            else:
+                continue
+            effects.after.append(lambda text=text, kind=m.kind: self.notify(text, kind))
+            break
+
+    def notify(self, text: str, source: str) -> None:
+        """Queue a user notification (in memory, bounded)."""
+        with self._lock:
+            self.notifications.append({"text": text, "source": source, "at": self.ctx.now()})
+            self.unread = min(self.unread + 1, NOTIFICATION_LIMIT)
+
+    # -- status (FO8) ----------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """``GET /focal``: waiting, stalled and auto-running counts, unread, last message."""
+        chat = self.get_or_create_focal_chat()
+        ctx = self.ctx
+        per_project: dict[str, int] = {}
+        per_chat: dict[str, int] = {}
+        for p in ctx.store.projects():
+            if p.hidden or p.archived:
+                continue
+            for t in ctx.tasks.for_project(p.id):
+                if t.status == "blocked" and t.blocked_on == "user":
+                    per_project[p.slug] = per_project.get(p.slug, 0) + 1
+                    per_chat[t.chat_id] = per_chat.get(t.chat_id, 0) + 1
+        watched = self.watched_sessions()
+        stalled = sum(1 for f in hb.findings(watched, ctx.now()) if f.startswith("stalled"))
+        auto_running = sum(1 for w in watched if w.running and (
+            (s := ctx.store.session(w.id)) is not None and s.config.get("spawned_by_focal")))
+        last = next((e for e in reversed(ctx.store.transcript(chat.id)) if e.visible), None)
+        with self._lock:
+            unread = self.unread
+        return {"chat_id": chat.id, "title": chat.title,
+                "waiting": sum(per_chat.values()), "stalled": stalled,
+                "auto_running": auto_running, "waiting_by_project": per_project,
+                "waiting_by_chat": per_chat, "unread": unread,
+                "last_message": ({"role": last.role, "text": last.text, "at": last.created_at}
+                                 if last else None)}
+
+    def watched_sessions(self) -> list[hb.WatchedSession]:
+        """What the heartbeat and the status look at: every visible project's sessions."""
+        ctx = self.ctx
+        running = set(ctx.turns.running())
+        out = []
+        for p in ctx.store.projects():
+            if p.hidden or p.archived:
+                continue
+            tasks = ctx.tasks.for_project(p.id)
+            for s in ctx.store.sessions(project_id=p.id):
+                mine = [t for t in tasks if t.chat_id == s.id]
+                out.append(hb.WatchedSession(
+                    s.id, s.title, max([s.updated_at, *(t.updated_at for t in mine)]),
+                    s.id in running or s.status == "active",
+                    sum(1 for t in mine if t.status in OPEN_TASK_STATES),
+                    tuple(t.updated_at for t in mine
+                          if t.status == "blocked" and t.blocked_on == "user")))
+        return out
+
+    def mark_read(self) -> None:
+        """The user saw the notifications."""
+        with self._lock:
+            self.unread = 0
+
+    def panel(self) -> dict[str, Any]:
+        """``GET /focal/panel``: the fixed tool list and the scheduled wake-ups."""
+        self.get_or_create_focal_chat()
+        wakeups = self.schedule.wakeups() if self.schedule is not None else []
+        return {"tools": list(policy.FOCAL_TOOL_NAMES), "wakeups": wakeups}

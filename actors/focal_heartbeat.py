@@ -1,0 +1,76 @@
+"""Whether the Focal heartbeat should run (FO6). Pure: time comes in as ``now``.
+
+A user-edited checklist always runs. The default checklist runs only when
+there are findings (sessions idle for 30 minutes with open tasks and nothing
+waiting on the user; blockers unanswered for 2 hours) whose SHA-256
+signature differs from the last successful check-in's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+STALL_AFTER = 30 * 60.0
+REMIND_BLOCKED_AFTER = 2 * 60 * 60.0
+HEARTBEAT_INTERVAL = 30 * 60.0
+
+DEFAULT_FOCAL_HEARTBEAT = """# SUZENT heartbeat checklist
+
+- Look for sessions that stalled with open tasks and nudge or ask the user.
+- Remind the user of questions that have waited for an answer for hours.
+- Stay quiet when nothing changed.
+"""
+
+
+@dataclass(frozen=True)
+class WatchedSession:
+    """What the heartbeat knows of a session."""
+
+    id: str
+    title: str
+    last_activity: float
+    running: bool
+    open_tasks: int
+    blocked_on_user_since: tuple[float, ...] = ()
+
+
+def findings(sessions: Sequence[WatchedSession], now: float) -> list[str]:
+    """What deserves a check-in, sorted (the signature depends only on content)."""
+    found = []
+    for s in sessions:
+        if (s.open_tasks and not s.running and not s.blocked_on_user_since
+                and now - s.last_activity >= STALL_AFTER):
+            found.append(f"stalled: {s.title} ({s.id}) idle with {s.open_tasks} open tasks")
+        for since in s.blocked_on_user_since:
+            if now - since >= REMIND_BLOCKED_AFTER:
+                found.append(f"unanswered: {s.title} ({s.id}) waits on the user")
+    return sorted(set(found))
+
+
+def signature(found: Sequence[str]) -> str:
+    """SHA-256 of the findings."""
+    return hashlib.sha256("\n".join(sorted(found)).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class HeartbeatDecision:
+    """Run or skip, why, and the signature to store after a successful check-in."""
+
+    run: bool
+    reason: str
+    signature: str | None
+
+
+def should_run_focal_heartbeat(checklist: str, found: Sequence[str],
+                               last_signature: str | None) -> HeartbeatDecision:
+    """The decision made in code before any model call."""
+    sig = signature(found) if found else None
+    if checklist.strip() != DEFAULT_FOCAL_HEARTBEAT.strip():
+        return HeartbeatDecision(True, "the checklist was edited by the user", sig)
+    if not found:
+        return HeartbeatDecision(False, "no findings", None)
+    if sig == last_signature:
+        return HeartbeatDecision(False, "nothing changed since the last check-in", sig)
+    return HeartbeatDecision(True, "new findings", sig)

@@ -1,0 +1,197 @@
+"""Focal wake-ups and the heartbeat on durable schedules (FO6, FO7, C2).
+
+The ``scheduled_jobs`` table is the truth: APScheduler's triggers compute
+when a job is next due, and a ``BackgroundScheduler`` (with the system
+clock) or the runtime's tick (with an injected clock) calls ``fire_due``,
+which advances each due job by compare-and-set and enqueues its wake-up in
+the same transaction, under an id unique to that occurrence, so a job fires
+once however many runtimes share the database.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.cron import CronTrigger
+
+from ..persistence import JobRecord, JobStore, NewMessage
+from . import focal_heartbeat as hb
+from .context import RuntimeContext
+from .errors import ToolError
+from .focal import FOCAL_ID, Focal, is_focal_chat
+
+log = logging.getLogger("kinbox.schedule")
+
+MAX_WAKEUPS = 20
+WAKEUP_KINDS = ("reminder", "check")
+HEARTBEAT_JOB = "focal-heartbeat"
+
+
+def _utc(ts: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ts, dt.UTC)
+
+
+def cron_trigger(expr: str) -> CronTrigger:
+    """A crontab expression as an APScheduler trigger (UTC); ToolError if malformed."""
+    try:
+        return CronTrigger.from_crontab(expr, timezone="UTC")
+    except ValueError as exc:
+        raise ToolError("invalid_argument", f"cron {expr!r} is not a crontab expression "
+                                            f"(minute hour day month weekday): {exc}") from exc
+
+
+def next_after(job: JobRecord, now: float) -> float | None:
+    """When ``job`` is due next after firing at ``now`` (None: it is done)."""
+    if job.cron:
+        nxt = cron_trigger(job.cron).get_next_fire_time(None, _utc(now + 1))
+        return nxt.timestamp() if nxt else None
+    if job.interval_seconds:
+        due = job.next_run_at or now
+        while due <= now:  # a skipped or late run still advances a full interval
+            due += job.interval_seconds
+        return due
+    return None
+
+
+class FocalSchedule:
+    """Schedules of the Focal chat: wake-ups it asks for and the heartbeat."""
+
+    def __init__(self, ctx: RuntimeContext, focal: Focal, jobs: JobStore,
+                 use_apscheduler: bool) -> None:
+        self.ctx = ctx
+        self.focal = focal
+        self.jobs = jobs
+        self._scheduler = BackgroundScheduler(timezone="UTC") if use_apscheduler else None
+
+    def start(self) -> None:
+        """Reload every active job from the table into APScheduler."""
+        if self._scheduler is None:
+            return
+        self._scheduler.start()
+        for job in self.jobs.active():
+            self._register(job)
+
+    def stop(self) -> None:
+        """Stop APScheduler (the table keeps the schedules)."""
+        if self._scheduler is not None and self._scheduler.running:
+            self._scheduler.shutdown(wait=False)
+
+    def _register(self, job: JobRecord) -> None:
+        if self._scheduler is None or job.next_run_at is None:
+            return
+        self._scheduler.add_job(self.fire_due, "date", run_date=_utc(job.next_run_at),
+                                id=f"{job.id}@{job.next_run_at}", replace_existing=True,
+                                misfire_grace_time=None)
+
+    # -- wake-ups (FO7) --------------------------------------------------------------------
+
+    def schedule_wakeup(self, caller_id: str, kind: Any, at: Any = None, cron: Any = None,
+                        note: Any = "") -> dict[str, Any]:
+        """Create a Focal wake-up: ``at`` (epoch seconds or ISO time) or ``cron``."""
+        session = self.ctx.store.session(caller_id)
+        if not is_focal_chat(session):
+            raise ToolError("execution_failed",
+                            "schedule_wakeup is only available to the Focal agent.")
+        if kind not in WAKEUP_KINDS:
+            raise ToolError("invalid_argument", "kind must be 'reminder' or 'check'.")
+        if (at is None) == (cron is None):
+            raise ToolError("invalid_argument", "give exactly one of at or cron.")
+        if not isinstance(note, str):
+            raise ToolError("invalid_argument", "note must be a string.")
+        now = self.ctx.now()
+        if cron is not None:
+            if not isinstance(cron, str):
+                raise ToolError("invalid_argument", "cron must be a crontab string.")
+            first = cron_trigger(cron).get_next_fire_time(None, _utc(now))
+            run_at, next_run = None, first.timestamp() if first else None
+        else:
+            run_at = self._parse_at(at)
+            if run_at <= now:
+                raise ToolError("invalid_argument", "at must be in the future.")
+            next_run = run_at
+        job = JobRecord(f"wake-{self.ctx.new_id()[:12]}", FOCAL_ID, kind, note.strip(),
+                        cron, None, run_at, next_run, None, True, now)
+        created = self.jobs.create(job, limit_kinds=WAKEUP_KINDS, limit=MAX_WAKEUPS)
+        if created is None:
+            raise ToolError("execution_failed",
+                            f"Focal already has {MAX_WAKEUPS} wake-ups; cancel one first.")
+        self._register(created)
+        self.ctx.emit("wakeup_scheduled", job_id=job.id, kind=kind)
+        return created.to_dict()
+
+    @staticmethod
+    def _parse_at(at: Any) -> float:
+        if isinstance(at, int | float) and not isinstance(at, bool):
+            return float(at)
+        if isinstance(at, str):
+            try:
+                parsed = dt.datetime.fromisoformat(at.replace("Z", "+00:00"))
+            except ValueError:
+                pass
+            else:
+                return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
+        raise ToolError("invalid_argument", "at must be epoch seconds or an ISO 8601 time.")
+
+    def wakeups(self) -> list[dict[str, Any]]:
+        """Focal's active wake-ups."""
+        return [j.to_dict() for j in self.jobs.active(FOCAL_ID) if j.kind in WAKEUP_KINDS]
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel one of Focal's own wake-ups; False for any other job id."""
+        job = self.jobs.get(job_id)
+        if job is None or job.chat_id != FOCAL_ID or job.kind not in WAKEUP_KINDS:
+            return False
+        return self.jobs.deactivate(job_id)
+
+    # -- the heartbeat (FO6) ---------------------------------------------------------------
+
+    def ensure_heartbeat(self) -> None:
+        """Create the 30-minute heartbeat job once."""
+        if self.jobs.get(HEARTBEAT_JOB) is not None:
+            return
+        now = self.ctx.now()
+        job = JobRecord(HEARTBEAT_JOB, FOCAL_ID, "heartbeat", "", None, hb.HEARTBEAT_INTERVAL,
+                        None, now + hb.HEARTBEAT_INTERVAL, None, True, now)
+        self._register(self.jobs.create(job) or job)
+
+    def _on_fire(self, job: JobRecord, now: float) -> None:
+        """Inside fire_due's transaction: the wake-up message, or the heartbeat decision."""
+        occurrence = int((job.next_run_at or now) * 1000)
+        if job.kind == "heartbeat":
+            focal = self.ctx.store.session(FOCAL_ID)
+            path = self.focal.folder / "heartbeat.md"
+            checklist = path.read_text() if path.exists() else hb.DEFAULT_FOCAL_HEARTBEAT
+            found = hb.findings(self.focal.watched_sessions(), now)
+            decision = hb.should_run_focal_heartbeat(
+                checklist, found, (focal.config if focal else {}).get("focal_heartbeat_signature"))
+            self.ctx.emit("heartbeat", run=decision.run, reason=decision.reason,
+                          findings=len(found))
+            if not decision.run:
+                return  # recorded as run: fire_due already advanced the schedule
+            body = checklist + ("\n\nFindings:\n" + "\n".join(f"- {f}" for f in found)
+                                if found else "")
+            self.ctx.journal.enqueue_now(NewMessage(
+                f"heartbeat-{occurrence}", FOCAL_ID, body, kind="focal_heartbeat",
+                sender="scheduler", payload={"signature": decision.signature,
+                                             "findings": found}), now)
+            return
+        self.ctx.journal.enqueue_now(NewMessage(
+            f"wakeup-{job.id}-{occurrence}", FOCAL_ID, job.note or f"{job.kind} wake-up",
+            kind="focal_wakeup", sender="scheduler",
+            payload={"job_id": job.id, "kind": job.kind, "note": job.note}), now)
+
+    def fire_due(self) -> list[str]:
+        """Fire every job due now (any clock); returns the ids fired."""
+        if self.ctx.closed.is_set():
+            return []
+        fired = self.jobs.fire_due(self.ctx.now(), next_after, self._on_fire)
+        for job in fired:
+            refreshed = self.jobs.get(job.id)
+            if refreshed is not None and refreshed.active:
+                self._register(refreshed)
+        if fired:
+            self.ctx.wake_dispatcher()
+        return [j.id for j in fired]

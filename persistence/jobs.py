@@ -1,0 +1,111 @@
+"""Durable schedules: Focal wake-ups and the heartbeat (C2, FO6, FO7).
+
+The table is the truth; APScheduler only decides *when* to look. Firing is
+a compare-and-set on ``next_run_at`` inside a transaction, so a due job
+fires once even when several runtime processes share the database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .models import ScheduledJob, Tables
+from .writer import GroupCommitWriter
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A scheduled job."""
+
+    id: str
+    chat_id: str
+    kind: str
+    note: str
+    cron: str | None
+    interval_seconds: float | None
+    run_at: float | None
+    next_run_at: float | None
+    last_run_at: float | None
+    active: bool
+    created_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job as the API shows it."""
+        return {"job_id": self.id, "chat_id": self.chat_id, "kind": self.kind,
+                "note": self.note, "cron": self.cron, "interval_seconds": self.interval_seconds,
+                "run_at": self.run_at, "next_run_at": self.next_run_at,
+                "last_run_at": self.last_run_at, "active": self.active}
+
+
+def _record(j: ScheduledJob) -> JobRecord:
+    return JobRecord(j.id, j.chat_id, j.kind, j.note, j.cron, j.interval_seconds, j.run_at,
+                     j.next_run_at, j.last_run_at, bool(j.active), j.created_at)
+
+
+class JobStore:
+    """Scheduled jobs on one database."""
+
+    def __init__(self, tables: Tables, writer: GroupCommitWriter) -> None:
+        self.t = tables
+        self.writer = writer
+
+    def create(self, job: JobRecord, *, limit_kinds: tuple[str, ...] = (),
+               limit: int | None = None) -> JobRecord | None:
+        """Insert a job; None when ``limit`` active jobs of ``limit_kinds`` already exist."""
+        j = self.t.job
+
+        def op() -> JobRecord | None:
+            if limit is not None:
+                count = j.select().where(j.chat_id == job.chat_id, j.active == True,  # noqa: E712
+                                         j.kind.in_(limit_kinds)).count()
+                if count >= limit:
+                    return None
+            j.insert(id=job.id, chat_id=job.chat_id, kind=job.kind, note=job.note,
+                     cron=job.cron, interval_seconds=job.interval_seconds, run_at=job.run_at,
+                     next_run_at=job.next_run_at, last_run_at=job.last_run_at,
+                     active=job.active, created_at=job.created_at).execute()
+            return job
+        return self.writer.call(op)
+
+    def get(self, job_id: str) -> JobRecord | None:
+        """The job with this id, or None."""
+        j = self.t.job
+        row = j.get_or_none(j.id == job_id)
+        return _record(row) if row else None
+
+    def active(self, chat_id: str | None = None) -> list[JobRecord]:
+        """Active jobs, soonest first."""
+        j = self.t.job
+        q = j.select().where(j.active == True).order_by(j.next_run_at, j.id)  # noqa: E712
+        if chat_id is not None:
+            q = q.where(j.chat_id == chat_id)
+        return [_record(r) for r in q]
+
+    def deactivate(self, job_id: str) -> bool:
+        """Stop a job; False if there was no active job with that id."""
+        j = self.t.job
+        return bool(self.writer.call(lambda: j.update(active=False).where(
+            j.id == job_id, j.active == True).execute()))  # noqa: E712
+
+    def fire_due(self, now: float, next_after: Callable[[JobRecord, float], float | None],
+                 on_fire: Callable[[JobRecord, float], None]) -> list[JobRecord]:
+        """Advance every due job once (compare-and-set) and run ``on_fire`` in the same
+        transaction; a job fired by another process in between is skipped."""
+        j = self.t.job
+
+        def op() -> list[JobRecord]:
+            due = [_record(r) for r in j.select().where(
+                j.active == True, j.next_run_at <= now).order_by(j.next_run_at)]  # noqa: E712
+            fired = []
+            for job in due:
+                upcoming = next_after(job, now)
+                changed = j.update(next_run_at=upcoming, last_run_at=now,
+                                   active=upcoming is not None).where(
+                    j.id == job.id, j.next_run_at == job.next_run_at).execute()
+                if changed:
+                    on_fire(job, now)
+                    fired.append(job)
+            return fired
+        return self.writer.call(op)
