@@ -10,7 +10,7 @@ import sys
 from typing import TextIO
 
 from ..persistence import PersistenceError
-from . import bench, cli_ops, cli_scenario
+from . import bench, cli_ops, cli_scenario, serve
 from .errors import KinboxError
 
 
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_scenario.add_parser(sub)
     cli_ops.add_parsers(sub)
     bench.add_parser(sub)
+    serve.add_parser(sub)
     return parser
 
 

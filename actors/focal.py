@@ -10,6 +10,7 @@ journal row committed with the change that caused it.
 from __future__ import annotations
 
 import collections
+import hashlib
 import threading
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,11 @@ FOCAL_PROJECT = "suzent-focal"
 FOCAL_TITLE = "SUZENT"
 REPLY_LIMIT = 4_000
 NOTIFICATION_LIMIT = 100
+
+
+def block_digest(blocked_on: str | None, reason: str | None) -> str:
+    """Names one blocked state: the same state twice is one notice, a new reason a new one."""
+    return hashlib.sha256(f"{blocked_on}\n{reason}".encode()).hexdigest()[:16]
 
 
 def is_focal_chat(session: SessionRecord | None) -> bool:
@@ -217,7 +223,7 @@ class Focal:
         spawned = bool(session.config.get("spawned_by_focal"))
         if task_rules.became_blocked(before, after) and (spawned or self.exists()):
             out.append(NewMessage(
-                f"focal-blocked-{task.id}-{int(task.updated_at * 1000)}", FOCAL_ID,
+                f"focal-blocked-{task.id}-{block_digest(task.blocked_on, task.reason)}", FOCAL_ID,
                 f"Session '{session.title}' ({session.id}) is blocked on {task.blocked_on}: "
                 f"{task.title}" + (f" ({task.reason})" if task.reason else ""),
                 kind="task_blocked_notification", sender=session.id,

@@ -5,12 +5,11 @@ writes through one thread that drains whatever has queued up and commits it
 as one transaction turns N waits into one, so durability stays cheap under
 load and SQLite never sees two writers from this process.
 
-Contract for an operation (a zero-argument callable run on the writer
-thread): it may raise a :class:`PersistenceError` only *before* it writes
-anything; such an error goes to its caller and the rest of the batch
-commits. Any other exception rolls the batch back, and every operation of
-the batch is then retried alone, so one bad operation never takes others
-down with it. Results are handed out only after the commit returned.
+Each operation (a zero-argument callable run on the writer thread) runs
+inside its own savepoint: if it raises, its writes are undone, its caller
+gets the exception, and the rest of the batch commits. Results are handed
+out only after the commit returned; if the commit itself fails, every
+caller of the batch gets that error and nothing of it is durable.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from typing import Any, TypeVar
 import peewee as pw
 
 from .database import is_sqlite
-from .errors import PersistenceError, WriterClosed
+from .errors import WriterClosed
 
 T = TypeVar("T")
 
@@ -134,13 +133,14 @@ class GroupCommitWriter:
             with self._transaction():
                 for op, _ in batch:
                     try:
-                        outcomes.append((True, op()))
-                    except PersistenceError as exc:
+                        with self._db.atomic():  # a savepoint: a failing op undoes only itself
+                            outcomes.append((True, op()))
+                    except Exception as exc:
                         outcomes.append((False, exc))
-        except Exception:
+        except Exception as exc:  # the commit itself failed: nothing of the batch is durable
             self._stats.rollbacks += 1
-            for op, future in batch:
-                self._commit_alone(op, future)
+            for _, future in batch:
+                future.set_exception(exc)
             return
         self._count(len(batch))
         for (ok, value), (_, future) in zip(outcomes, batch, strict=True):
@@ -148,16 +148,6 @@ class GroupCommitWriter:
                 future.set_result(value)
             else:
                 future.set_exception(value)
-
-    def _commit_alone(self, op: Callable[[], Any], future: Future[Any]) -> None:
-        try:
-            with self._transaction():
-                value = op()
-        except BaseException as exc:  # handed to the caller, who decides
-            future.set_exception(exc)
-        else:
-            future.set_result(value)
-        self._count(1)
 
     def _count(self, n: int) -> None:
         self._stats.batches += 1

@@ -16,6 +16,13 @@ PURE_MODULES = [
     "actors/access.py",
     "actors/passivation.py",
     "actors/validation.py",
+    "actors/roster.py",
+    "actors/rate_limit.py",
+    "actors/task_rules.py",
+    "actors/transcript_view.py",
+    "actors/focal_policy.py",
+    "actors/focal_context.py",
+    "actors/focal_heartbeat.py",
 ]
 """Modules that hold rules only: time and randomness come in as arguments."""
 

@@ -1,8 +1,10 @@
-"""kinbox.transport: what crosses a process boundary (peer links, the HTTP app).
+"""kinbox.transport: what crosses a process boundary.
 
-Nothing lives here yet: the peer protocol and the HTTP API arrive with their
-issues. The package exists so the layering rule (transport never imports
-actors or persistence) is checked from the first commit.
+The HTTP API (:func:`create_app`) lives here; it talks to the runtime only
+through the :class:`FocalBackend` protocol, so this package never imports
+``kinbox.actors`` or ``kinbox.persistence``. Peer links arrive with their issue.
 """
 
-__all__: list[str] = []
+from .http_app import LOOPBACK_HOSTS, FocalBackend, create_app
+
+__all__ = ["LOOPBACK_HOSTS", "FocalBackend", "create_app"]

@@ -1,0 +1,365 @@
+"""The Focal agent through a real runtime on the injected clock (FO1-FO7)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kinbox.actors import ManualClock, Runtime, ToolError, Turn
+from kinbox.actors.focal import FOCAL_ID, is_focal_chat
+from kinbox.actors.focal_heartbeat import DEFAULT_FOCAL_HEARTBEAT
+from kinbox.actors.focal_schedule import next_after
+from kinbox.persistence import JobRecord, JobStore, SessionRecord
+
+from .conftest import Stores
+
+MakeRuntime = Callable[..., Runtime]
+
+
+class FocalBrain:
+    """Records Focal turns; other sessions run scripts keyed by title."""
+
+    def __init__(self) -> None:
+        self.focal_turns: list[Turn] = []
+        self.focal_reply: str | None = "noted"
+        self.focal_fails = False
+        self.scripts: dict[str, Callable[[Turn], None]] = {}
+        self.rt: Runtime | None = None
+
+    def __call__(self, turn: Turn) -> None:
+        if turn.session_id == FOCAL_ID:
+            self.focal_turns.append(turn)
+            if self.focal_fails:
+                raise RuntimeError("model unavailable")
+            if self.focal_reply:
+                turn.reply(self.focal_reply)
+            return
+        assert self.rt is not None
+        session = self.rt.session(turn.session_id)
+        script = self.scripts.get(session.title if session else "")
+        if script:
+            script(turn)
+
+
+@pytest.fixture
+def focal_rt(make_runtime: MakeRuntime, tmp_path: Path) -> tuple[Runtime, FocalBrain]:
+    brain = FocalBrain()
+    rt = make_runtime(brain=brain, data_dir=tmp_path / "data", max_active_sessions=8)
+    brain.rt = rt
+    return rt, brain
+
+
+def kinds_to_focal(rt: Runtime) -> list[str]:
+    return [r["kind"] for r in rt.inbox(target=FOCAL_ID)]
+
+
+# -- FO1 ---------------------------------------------------------------------------------------
+
+def test_the_focal_chat_is_created_once_in_a_hidden_project(focal_rt: tuple[Runtime, Any],
+                                                            tmp_path: Path) -> None:
+    rt, _ = focal_rt
+    assert rt.focal.exists() is False
+    chat = rt.get_or_create_focal_chat()
+    assert (chat.id, chat.kind, chat.title) == (FOCAL_ID, "focal", "SUZENT")
+    project = rt.context.store.project(chat.project_id or "")
+    assert project is not None and (project.slug, project.hidden) == ("suzent-focal", True)
+    heartbeat = tmp_path / "data" / "projects" / "suzent-focal" / "heartbeat.md"
+    assert heartbeat.read_text() == DEFAULT_FOCAL_HEARTBEAT
+    heartbeat.write_text("- my checklist")
+    assert rt.get_or_create_focal_chat().id == FOCAL_ID
+    assert heartbeat.read_text() == "- my checklist"  # seeded once
+    assert [j.kind for j in rt.context.focal.schedule.jobs.active()] == ["heartbeat"]
+
+
+def test_the_title_is_pinned(focal_rt: tuple[Runtime, Any]) -> None:
+    rt, _ = focal_rt
+    rt.get_or_create_focal_chat()
+    assert rt.focal.rename(FOCAL_ID, "My assistant", auto=True) is False
+    rt.context.store.update_session(FOCAL_ID, 0, title="Renamed")
+    assert rt.get_or_create_focal_chat().title == "SUZENT"
+
+
+def test_is_focal_chat_accepts_the_config_markers() -> None:
+    def rec(sid: str, config: dict[str, Any]) -> SessionRecord:
+        return SessionRecord(sid, None, "t", "interactive", None, None, "idle", 0, 0, config)
+    assert is_focal_chat(rec("x", {"is_focal_agent": True}))
+    assert is_focal_chat(rec("x", {"platform": "focal"}))
+    assert not is_focal_chat(rec("x", {}))
+    assert not is_focal_chat(None)
+
+
+# -- FO2, FO3 ----------------------------------------------------------------------------------
+
+def test_every_focal_turn_runs_under_the_policy_with_the_global_context(
+        focal_rt: tuple[Runtime, FocalBrain]) -> None:
+    rt, brain = focal_rt
+    rt.focal.register_tool("bash", group="shell")
+    rt.get_or_create_focal_chat()
+    rt.context.store.patch_config(FOCAL_ID, {"tools": ["bash"], "cwd": "/repo",
+                                             "mcp_enabled": True}, 0)
+    web = rt.create_project("web")
+    rt.create_session(web.id, "Frontend")
+    rt.tools_for(rt.create_session(web.id, "Docs").id).task_create("write docs")
+    rt.post(FOCAL_ID, "what is going on?", sender="user")
+    rt.run_until_idle()
+    turn = brain.focal_turns[0]
+    assert "schedule_wakeup" in turn.request.tools and "bash" in turn.request.denied_tools
+    assert (turn.request.mcp_enabled, turn.request.cwd, turn.request.permission_mode) == (
+        False, None, "full_access")
+    assert "project web" in turn.context and "session Docs" in turn.context
+    assert "Frontend" not in turn.context  # no tasks, not running
+
+
+def test_no_other_session_can_use_or_find_schedule_wakeup(focal_rt: tuple[Runtime, Any]) -> None:
+    rt, _ = focal_rt
+    other = rt.create_session(rt.create_project("p").id, "worker")
+    with pytest.raises(ToolError, match="only available to the Focal agent"):
+        rt.tools_for(other.id).schedule_wakeup("reminder", at=rt.clock.now() + 60)
+    assert rt.focal.search_tools(other.id, "wake") == []
+    with pytest.raises(ToolError, match="reserved"):
+        rt.focal.register_tool("schedule_wakeup")
+
+
+# -- FO4 ---------------------------------------------------------------------------------------
+
+def test_focal_dispatches_to_a_new_session_with_a_task(focal_rt: tuple[Runtime, Any]) -> None:
+    rt, _ = focal_rt
+    rt.get_or_create_focal_chat()
+    web = rt.create_project("web")
+    out = rt.tools_for(FOCAL_ID).agent_send(agent_id="new", project_id=web.id,
+                                            title="Fix login", task_title="fix the login bug",
+                                            message="Users cannot log in; please fix it.")
+    rt.run_until_idle()
+    session = rt.session(out["agent_id"])
+    assert session is not None and session.project_id == web.id
+    assert session.parent_id == FOCAL_ID
+    assert session.config["permission_mode"] == "auto" and session.config["spawned_by_focal"]
+    tasks = rt.tools_for(session.id).task_list()["tasks"]
+    assert [(t["title"], t["status"]) for t in tasks] == [("fix the login bug", "in_progress")]
+    assert (rt.transcript(session.id)[0].role, rt.transcript(session.id)[0].text) == (
+        "user", "Users cannot log in; please fix it.")
+
+
+def test_sending_to_an_existing_session_marks_it_watched(focal_rt: tuple[Runtime, Any]) -> None:
+    rt, _ = focal_rt
+    rt.get_or_create_focal_chat()
+    s = rt.create_session(rt.create_project("p").id, "worker")
+    rt.tools_for(FOCAL_ID).agent_send(s.id, "status?")
+    assert rt.session(s.id).config["focal_watching"] is True  # type: ignore[union-attr]
+
+
+def test_only_focal_may_dispatch_new_sessions(focal_rt: tuple[Runtime, Any]) -> None:
+    rt, _ = focal_rt
+    p = rt.create_project("p")
+    me = rt.create_session(p.id, "me")
+    with pytest.raises(ToolError, match="not available"):
+        rt.tools_for(me.id).agent_send("new", "hi")
+    with pytest.raises(ToolError, match="exactly agent_id and message"):
+        rt.tools_for(me.id).agent_send("new", "hi", project_id=p.id, title="x")
+    assert len(rt.sessions(p.id)) == 1
+
+
+# -- FO5 ---------------------------------------------------------------------------------------
+
+def test_answers_blocks_and_finishes_reach_focal(focal_rt: tuple[Runtime, FocalBrain]) -> None:
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    web = rt.create_project("web")
+    brain.scripts["Fix"] = lambda turn: turn.reply("x" * 5000)
+    out = rt.tools_for(FOCAL_ID).agent_send(agent_id="new", project_id=web.id, title="Fix",
+                                            task_title="fix it", message="go")
+    rt.run_until_idle()
+    replies = [r for r in rt.inbox(target=FOCAL_ID) if r["kind"] == "agent_message"]
+    assert len(replies) == 1 and len(replies[0]["content"]) == 4000
+    tools = rt.tools_for(out["agent_id"])
+    task_id = out["task_id"]
+    tools.task_update(task_id, status="blocked", blocked_on="user", reason="which browser?")
+    tools.task_update(task_id, reason="which browser and OS?")
+    tools.task_update(task_id, status="completed")
+    rt.run_until_idle()
+    assert kinds_to_focal(rt) == ["agent_message", "task_blocked_notification",
+                                  "task_blocked_notification", "session_finished_notification"]
+    assert rt.focal.unread >= 1  # Focal's woken replies queued user notifications
+
+
+def test_blocked_notices_never_create_the_focal_chat(focal_rt: tuple[Runtime, Any]) -> None:
+    rt, _ = focal_rt
+    s = rt.create_session(rt.create_project("p").id, "worker")
+    tools = rt.tools_for(s.id)
+    t = tools.task_create("x", status="in_progress")["task_id"]
+    tools.task_update(t, status="blocked", blocked_on="user")
+    assert rt.focal.exists() is False and rt.inbox() == []
+
+
+def test_finished_notice_waits_while_a_focal_request_is_in_flight(
+        focal_rt: tuple[Runtime, FocalBrain]) -> None:
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    release = threading.Event()
+    brain.scripts["Slow"] = lambda turn: release.wait(10)
+    s = rt.create_session(rt.create_project("p").id, "Slow")
+    tools = rt.tools_for(s.id)
+    t = tools.task_create("x", status="in_progress")["task_id"]
+    rt.tools_for(FOCAL_ID).agent_send(s.id, "please also check y")
+    tools.task_update(t, status="completed")
+    release.set()
+    rt.run_until_idle()
+    assert "session_finished_notification" not in kinds_to_focal(rt)
+
+
+# -- FO6 ---------------------------------------------------------------------------------------
+
+def stall_a_session(rt: Runtime) -> str:
+    s = rt.create_session(rt.create_project("p").id, "Stuck")
+    rt.tools_for(s.id).task_create("long job", status="in_progress")
+    return s.id
+
+
+def heartbeats(rt: Runtime) -> list[dict[str, Any]]:
+    return [r for r in rt.inbox(target=FOCAL_ID) if r["kind"] == "focal_heartbeat"]
+
+
+def test_the_default_heartbeat_runs_on_new_findings_only(
+        focal_rt: tuple[Runtime, FocalBrain], clock: ManualClock) -> None:
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    clock.advance(30 * 60)
+    rt.run_until_idle()
+    assert heartbeats(rt) == []  # nothing to say: skipped, schedule advanced
+    job = rt.context.focal.schedule.jobs.get("focal-heartbeat")
+    assert job.next_run_at == clock.now() + 30 * 60
+    stall_a_session(rt)
+    clock.advance(30 * 60)
+    rt.run_until_idle()
+    assert len(heartbeats(rt)) == 1 and "stalled: Stuck" in heartbeats(rt)[0]["content"]
+    signature = heartbeats(rt)[0]["payload"]["signature"]
+    assert rt.session(FOCAL_ID).config["focal_heartbeat_signature"] == signature  # type: ignore[union-attr]
+    clock.advance(30 * 60)
+    rt.run_until_idle()
+    assert len(heartbeats(rt)) == 1  # same findings: skipped
+
+
+def test_a_failed_check_in_raises_the_same_findings_again(
+        focal_rt: tuple[Runtime, FocalBrain], clock: ManualClock) -> None:
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    stall_a_session(rt)
+    brain.focal_fails = True
+    clock.advance(30 * 60)
+    for delay in (0, 2, 4, 8, 16):  # the check-in turn fails until the row is failed
+        clock.advance(delay)
+        rt.run_until_idle()
+    assert "focal_heartbeat_signature" not in rt.session(FOCAL_ID).config  # type: ignore[union-attr]
+    brain.focal_fails = False
+    clock.advance(30 * 60)
+    rt.run_until_idle()
+    assert len(heartbeats(rt)) == 2
+    assert "focal_heartbeat_signature" in rt.session(FOCAL_ID).config  # type: ignore[union-attr]
+
+
+def test_an_edited_checklist_always_runs(focal_rt: tuple[Runtime, Any], clock: ManualClock,
+                                         tmp_path: Path) -> None:
+    rt, _ = focal_rt
+    rt.get_or_create_focal_chat()
+    (tmp_path / "data" / "projects" / "suzent-focal" / "heartbeat.md").write_text("- mine")
+    clock.advance(30 * 60)
+    rt.run_until_idle()
+    assert [h["content"] for h in heartbeats(rt)] == ["- mine"]
+
+
+# -- FO7 ---------------------------------------------------------------------------------------
+
+def test_a_reminder_fires_at_its_time_and_always_notifies(
+        focal_rt: tuple[Runtime, FocalBrain], clock: ManualClock) -> None:
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    brain.focal_reply = None
+    tools = rt.tools_for(FOCAL_ID)
+    job = tools.schedule_wakeup("reminder", at=clock.now() + 3600, note="stand-up at 10")
+    clock.advance(3599)
+    rt.run_until_idle()
+    assert brain.focal_turns == []
+    clock.advance(1)
+    rt.run_until_idle()
+    assert [t.messages[0].payload["job_id"] for t in brain.focal_turns] == [job["job_id"]]
+    assert [n["text"] for n in rt.focal.notifications] == ["stand-up at 10"]
+    assert rt.focal.panel()["wakeups"] == []  # a one-shot reminder is done
+
+
+def test_a_check_notifies_only_when_the_turn_has_something_to_say(
+        focal_rt: tuple[Runtime, FocalBrain], clock: ManualClock) -> None:
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    brain.focal_reply = None
+    rt.tools_for(FOCAL_ID).schedule_wakeup("check", cron="*/10 * * * *", note="look around")
+    clock.advance(600)
+    rt.run_until_idle()
+    assert len(brain.focal_turns) == 1 and list(rt.focal.notifications) == []
+    brain.focal_reply = "the deploy failed"
+    clock.advance(600)
+    rt.run_until_idle()
+    assert [n["text"] for n in rt.focal.notifications] == ["the deploy failed"]
+
+
+def test_wakeups_are_limited_validated_and_cancelled(focal_rt: tuple[Runtime, Any],
+                                                     clock: ManualClock) -> None:
+    rt, _ = focal_rt
+    rt.get_or_create_focal_chat()
+    tools = rt.tools_for(FOCAL_ID)
+    for bad, fragment in (({"kind": "alarm", "at": clock.now() + 5}, "reminder"),
+                          ({"kind": "check"}, "exactly one of at or cron"),
+                          ({"kind": "check", "cron": "every day"}, "crontab"),
+                          ({"kind": "check", "at": clock.now() - 5}, "future")):
+        with pytest.raises(ToolError, match=fragment):
+            tools.schedule_wakeup(**bad)
+    ids = [tools.schedule_wakeup("reminder", at=clock.now() + 60 + i)["job_id"]
+           for i in range(20)]
+    with pytest.raises(ToolError, match="already has 20 wake-ups"):
+        tools.schedule_wakeup("reminder", at=clock.now() + 999)
+    assert rt.focal.schedule.cancel(ids[0]) is True
+    assert rt.focal.schedule.cancel("focal-heartbeat") is False  # not a wake-up
+    assert rt.focal.schedule.cancel("nope") is False
+    assert len(rt.focal.panel()["wakeups"]) == 19
+
+
+def test_wakeups_survive_a_restart(db_url: str, clock: ManualClock, tmp_path: Path) -> None:
+    brain = FocalBrain()
+    with Runtime(db=db_url, brain=brain, clock=clock, data_dir=tmp_path) as rt:
+        brain.rt = rt
+        rt.get_or_create_focal_chat()
+        rt.tools_for(FOCAL_ID).schedule_wakeup("reminder", at=clock.now() + 120, note="later")
+    brain2 = FocalBrain()
+    with Runtime(db=db_url, brain=brain2, clock=clock, data_dir=tmp_path) as rt2:
+        brain2.rt = rt2
+        clock.advance(120)
+        rt2.run_until_idle()
+        assert [t.messages[0].content for t in brain2.focal_turns] == ["later"]
+
+
+def test_a_due_job_fires_once_when_two_stores_race(db_url: str) -> None:
+    a, b = Stores(db_url), Stores(db_url)
+    try:
+        jobs_a, jobs_b = JobStore(a.tables, a.writer), JobStore(b.tables, b.writer)
+        jobs_a.create(JobRecord("j", FOCAL_ID, "reminder", "", None, None, 10, 10, None, True, 0))
+        fired: list[str] = []
+        results = []
+        barrier = threading.Barrier(2)
+
+        def race(store: JobStore, name: str) -> None:
+            barrier.wait()
+            results.append(store.fire_due(11, next_after, lambda job, now: fired.append(name)))
+
+        threads = [threading.Thread(target=race, args=(s, n))
+                   for s, n in ((jobs_a, "a"), (jobs_b, "b"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert len(fired) == 1
+    finally:
+        a.close()
+        b.close()
