@@ -225,7 +225,7 @@ def heartbeats(rt: Runtime) -> list[dict[str, Any]]:
 
 def test_the_default_heartbeat_runs_on_new_findings_only(
         focal_rt: tuple[Runtime, FocalBrain], clock: ManualClock) -> None:
-    rt, brain = focal_rt
+    rt, _ = focal_rt
     rt.get_or_create_focal_chat()
     clock.advance(30 * 60)
     rt.run_until_idle()
