@@ -111,6 +111,11 @@ def _event_line(names: dict[str, str], e: dict[str, Any]) -> str | None:
         return f"clock advanced {e['advance']}s"
     if ev == "requeued":
         return f"operator requeued {short(e['message_id'])}"
+    if ev == "heartbeat":
+        verdict = "ran" if e["run"] else "skipped"
+        return f"heartbeat {verdict}: {e['reason']} ({e['findings']} findings)"
+    if ev == "wakeup_scheduled":
+        return f"wake-up {e['job_id']} scheduled ({e['kind']})"
     if ev == "acked_by_marker":
         return f"{short(e['message_id'])} acknowledged from its delivery marker (no second turn)"
     return None

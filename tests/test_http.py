@@ -1,0 +1,172 @@
+"""The HTTP API on a real uvicorn server on 127.0.0.1 with an ephemeral port (FO8)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+from kinbox.actors import ManualClock, Runtime
+from kinbox.actors.focal import FOCAL_ID
+from kinbox.actors.serve import app_for
+
+from .helpers import wait_for
+
+MakeRuntime = Callable[..., Runtime]
+
+
+class Served:
+    """A uvicorn server running an ASGI app in a thread."""
+
+    def __init__(self, app: Any) -> None:
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
+                                                    log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        wait_for(lambda: self.server.started, what="uvicorn to start")
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+
+    def request(self, method: str, path: str, headers: dict[str, str] | None = None
+                ) -> tuple[int, Any]:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
+                                     headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            body = exc.read()
+            try:
+                return exc.code, json.loads(body)
+            except ValueError:
+                return exc.code, body.decode()
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def served(make_runtime: MakeRuntime, tmp_path: Path) -> Iterator[tuple[Served, Runtime]]:
+    rt = make_runtime(data_dir=tmp_path / "data")
+    srv = Served(app_for(rt))
+    yield srv, rt
+    srv.close()
+
+
+def test_get_focal_creates_the_chat_and_reports_counts(served: tuple[Served, Runtime],
+                                                       clock: ManualClock) -> None:
+    srv, rt = served
+    web = rt.create_project("web")
+    s = rt.create_session(web.id, "Docs")
+    tools = rt.tools_for(s.id)
+    task = tools.task_create("write docs", status="in_progress")["task_id"]
+    tools.task_update(task, status="blocked", blocked_on="user", reason="tone?")
+    rt.create_session(web.id, "Idle worker")
+    status, body = srv.request("GET", "/focal")
+    assert status == 200
+    assert rt.focal.exists()
+    assert body["chat_id"] == FOCAL_ID and body["title"] == "SUZENT"
+    assert (body["waiting"], body["waiting_by_project"], body["waiting_by_chat"]) == (
+        1, {"web": 1}, {s.id: 1})
+    assert {"stalled", "auto_running", "unread", "last_message"} <= set(body)
+
+
+def test_panel_lists_the_fixed_tools_and_wakeups(served: tuple[Served, Runtime],
+                                                 clock: ManualClock) -> None:
+    srv, rt = served
+    rt.get_or_create_focal_chat()
+    rt.tools_for(FOCAL_ID).schedule_wakeup("reminder", at=clock.now() + 600, note="tea")
+    status, body = srv.request("GET", "/focal/panel")
+    assert status == 200
+    assert "schedule_wakeup" in body["tools"] and "agent_send" in body["tools"]
+    assert [w["note"] for w in body["wakeups"]] == ["tea"]
+
+
+def test_delete_cancels_only_focals_own_wakeups(served: tuple[Served, Runtime],
+                                                clock: ManualClock) -> None:
+    srv, rt = served
+    rt.get_or_create_focal_chat()
+    job = rt.tools_for(FOCAL_ID).schedule_wakeup("check", at=clock.now() + 60)["job_id"]
+    status, body = srv.request("DELETE", f"/focal/wakeups/{job}")
+    assert status == 403 and body["error"] == "forbidden"
+    ok = {"X-Kinbox": "1"}
+    assert srv.request("DELETE", "/focal/wakeups/focal-heartbeat", ok)[0] == 404
+    status, body = srv.request("DELETE", "/focal/wakeups/nope", ok)
+    assert status == 404 and body["error"] == "not_found"
+    assert srv.request("DELETE", f"/focal/wakeups/{job}", ok) == (200, {"cancelled": job})
+    assert srv.request("GET", "/focal/panel")[1]["wakeups"] == []
+
+
+def test_requests_for_another_host_are_refused(served: tuple[Served, Runtime]) -> None:
+    srv, _ = served
+    status, _ = srv.request("GET", "/focal", {"Host": "evil.example"})
+    assert status == 400
+    assert srv.request("GET", "/focal", {"Host": f"localhost:{srv.port}"})[0] == 200
+
+
+def test_unknown_routes_and_methods_answer_json(served: tuple[Served, Runtime]) -> None:
+    srv, _ = served
+    assert srv.request("GET", "/nope")[1]["error"] == "not_found"
+    assert srv.request("POST", "/focal")[1]["error"] == "method_not_allowed"
+
+
+def test_notifications_feed_and_mark_read(served: tuple[Served, Runtime]) -> None:
+    srv, rt = served
+    rt.focal.notify("deploy finished", "focal_wakeup")
+    status, body = srv.request("GET", "/focal/notifications")
+    assert status == 200 and body["unread"] == 1
+    assert [n["text"] for n in body["notifications"]] == ["deploy finished"]
+    assert srv.request("POST", "/focal/notifications/read")[0] == 403
+    assert srv.request("POST", "/focal/notifications/read", {"X-Kinbox": "1"})[1]["unread"] == 0
+
+
+def test_the_app_mounts_into_a_hosts_own_asgi_app(make_runtime: MakeRuntime,
+                                                  tmp_path: Path) -> None:
+    rt = make_runtime(data_dir=tmp_path / "data")
+    host = Starlette(routes=[Mount("/kinbox", app=app_for(rt))])
+    srv = Served(host)
+    try:
+        status, body = srv.request("GET", "/kinbox/focal")
+        assert status == 200 and body["chat_id"] == FOCAL_ID
+    finally:
+        srv.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.timeout(60)
+def test_kinbox_serve_binds_loopback_and_answers(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "KINBOX_HOME": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "kinbox.actors", "serve", "--port", str(port),
+                             "--db", f"sqlite:///{tmp_path / 'serve.db'}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        def answers() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/focal", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                return False
+        wait_for(answers, timeout=30, what="kinbox serve to answer")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert "127.0.0.1" in proc.stdout.read()  # type: ignore[union-attr]
