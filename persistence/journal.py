@@ -20,14 +20,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import peewee as pw
-
 from . import inbox_core as core
 from .database import is_postgres
 from .errors import RowNotFound
 from .hot_path import HotPath
+from .inbox_reads import InboxReads, row_to_dict
 from .models import InboxMessage, Tables
-from .schema import INBOX_SEQUENCE
 from .writer import GroupCommitWriter
 
 DEFAULT_LEASE_SECONDS = 30.0
@@ -110,15 +108,8 @@ def _claimed(row: InboxMessage) -> ClaimedRow:
                       row.content, json.loads(row.payload or "{}"), row.attempts, row.created_at)
 
 
-def row_to_dict(row: InboxMessage) -> dict[str, Any]:
-    """An inbox row as a plain dict (payload decoded)."""
-    data = {f.name: getattr(row, f.name) for f in row._meta.sorted_fields}
-    data["payload"] = json.loads(row.payload or "{}")
-    return data
-
-
-class Journal:
-    """Inbox operations on one database; writes are group-committed."""
+class Journal(InboxReads):
+    """Inbox operations on one database; writes are group-committed, reads are direct."""
 
     def __init__(self, tables: Tables, writer: GroupCommitWriter) -> None:
         self.t = tables
@@ -126,13 +117,6 @@ class Journal:
         self.hot = HotPath(tables.db)
 
     # -- enqueue ---------------------------------------------------------------------------
-
-    def _next_seq(self) -> Any:
-        m = self.t.inbox
-        if is_postgres(self.t.db):
-            return pw.fn.nextval(INBOX_SEQUENCE)
-        # The writer holds SQLite's write lock (BEGIN IMMEDIATE): MAX+1 cannot race.
-        return m.select(pw.fn.COALESCE(pw.fn.MAX(m.seq), 0) + 1)
 
     def enqueue_now(self, msg: NewMessage, now: float) -> EnqueueResult:
         """Enqueue inside the caller's transaction (on the writer thread)."""
@@ -374,59 +358,3 @@ class Journal:
     def requeue(self, message_id: str, now: float) -> dict[str, Any]:
         """Operator: put a ``failed`` row back to ``pending`` (attempts reset, history kept)."""
         return self.writer.call(lambda: self._requeue_op(message_id, now))
-
-    # -- reads -----------------------------------------------------------------------------
-
-    def get(self, message_id: str) -> dict[str, Any]:
-        """One row as a dict; :class:`RowNotFound` if absent."""
-        m = self.t.inbox
-        row = m.get_or_none(m.message_id == message_id)
-        if row is None:
-            raise RowNotFound(f"no inbox row with id {message_id!r}")
-        return row_to_dict(row)
-
-    def history(self, message_id: str) -> list[dict[str, Any]]:
-        """The failures and operator actions recorded for a row, oldest first."""
-        e = self.t.event
-        return [{"at": x.at, "event": x.event, "attempts": x.attempts, "detail": x.detail}
-                for x in e.select().where(e.message_id == message_id).order_by(e.id)]
-
-    def rows(self, *, state: str | None = None, target: str | None = None,
-             limit: int | None = None) -> list[dict[str, Any]]:
-        """Rows in journal order, filtered by state and target."""
-        m = self.t.inbox
-        q = m.select().order_by(m.seq)
-        if state:
-            q = q.where(m.status == state)
-        if target:
-            q = q.where(m.target_chat_id == target)
-        if limit:
-            q = q.limit(limit)
-        return [row_to_dict(r) for r in q]
-
-    def counts(self) -> dict[str, int]:
-        """Rows per state."""
-        m = self.t.inbox
-        q = m.select(m.status, pw.fn.COUNT(m.message_id).alias("n")).group_by(m.status)
-        return {r.status: r.n for r in q}
-
-    def has_due(self, now: float, transport: str = "local") -> bool:
-        """True when a row waits for delivery now (pending and due, or processing)."""
-        m = self.t.inbox
-        return (m.select(m.message_id).where(
-            m.transport == transport,
-            (m.status == core.State.PROCESSING.value)
-            | ((m.status == core.State.PENDING.value) & (m.available_at <= now)))
-            .limit(1).exists())
-
-    def next_due_at(self, transport: str = "local") -> float | None:
-        """The earliest ``available_at`` of a pending row, or None."""
-        m = self.t.inbox
-        return (m.select(pw.fn.MIN(m.available_at)).where(
-            m.transport == transport, m.status == core.State.PENDING.value).scalar())
-
-    def pending_count(self, target: str) -> int:
-        """Open rows addressed to ``target``."""
-        m = self.t.inbox
-        return m.select().where(m.target_chat_id == target,
-                                m.status.in_(core.OPEN_STATES)).count()

@@ -13,6 +13,7 @@ from kinbox.persistence.inbox_core import (
     TRANSITIONS,
     Event,
     Fingerprint,
+    RetryPolicy,
     State,
     after_failure,
     backoff_delay,
@@ -62,26 +63,23 @@ def test_delivered_is_terminal_for_every_event(terminal: State) -> None:
             transition("m", terminal, event)
 
 
-def test_local_backoff_is_2_4_8_16_then_failed_at_attempt_5() -> None:
+def delays_until_failed(policy: RetryPolicy) -> tuple[list[float], int]:
+    """Fail a row again and again from t=1000: the delays seen and the final attempt count."""
     now, attempts, delays = 1000.0, 0, []
     while True:
-        out = after_failure(attempts, LOCAL.max_attempts, LOCAL.cap, now)
+        out = after_failure(attempts, policy.max_attempts, policy.cap, now)
         attempts = out.attempts
         if out.state is State.FAILED:
-            break
+            return delays, attempts
         delays.append(out.available_at - now)
-    assert delays == [2, 4, 8, 16]
-    assert attempts == 5
+
+
+def test_local_backoff_is_2_4_8_16_then_failed_at_attempt_5() -> None:
+    assert delays_until_failed(LOCAL) == ([2, 4, 8, 16], 5)
 
 
 def test_peer_backoff_doubles_to_2048_then_caps_at_3600_and_fails_at_48() -> None:
-    now, attempts, delays = 0.0, 0, []
-    while True:
-        out = after_failure(attempts, PEER.max_attempts, PEER.cap, now)
-        attempts = out.attempts
-        if out.state is State.FAILED:
-            break
-        delays.append(out.available_at - now)
+    delays, attempts = delays_until_failed(PEER)
     assert delays[:11] == [2 ** n for n in range(1, 12)]
     assert delays[10] == 2048
     assert set(delays[11:]) == {3600}

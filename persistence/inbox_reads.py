@@ -1,0 +1,78 @@
+"""The read side of the inbox: rows, history, counts and the idle check.
+
+Reads run on the caller's thread with its own connection; they never wait
+for the writer, so an operator's listing does not slow deliveries down.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import peewee as pw
+
+from . import inbox_core as core
+from .errors import RowNotFound
+from .models import InboxMessage, Tables
+
+
+def row_to_dict(row: InboxMessage) -> dict[str, Any]:
+    """An inbox row as a plain dict (payload decoded)."""
+    data = {f.name: getattr(row, f.name) for f in row._meta.sorted_fields}
+    data["payload"] = json.loads(row.payload or "{}")
+    return data
+
+
+class InboxReads:
+    """Queries over ``agent_inbox_messages`` and its history."""
+
+    t: Tables
+
+
+    def get(self, message_id: str) -> dict[str, Any]:
+        """One row as a dict; :class:`RowNotFound` if absent."""
+        m = self.t.inbox
+        row = m.get_or_none(m.message_id == message_id)
+        if row is None:
+            raise RowNotFound(f"no inbox row with id {message_id!r}")
+        return row_to_dict(row)
+
+    def history(self, message_id: str) -> list[dict[str, Any]]:
+        """The failures and operator actions recorded for a row, oldest first."""
+        e = self.t.event
+        return [{"at": x.at, "event": x.event, "attempts": x.attempts, "detail": x.detail}
+                for x in e.select().where(e.message_id == message_id).order_by(e.id)]
+
+    def rows(self, *, state: str | None = None, target: str | None = None,
+             limit: int | None = None) -> list[dict[str, Any]]:
+        """Rows in journal order, filtered by state and target."""
+        m = self.t.inbox
+        q = m.select().order_by(m.seq)
+        if state:
+            q = q.where(m.status == state)
+        if target:
+            q = q.where(m.target_chat_id == target)
+        if limit:
+            q = q.limit(limit)
+        return [row_to_dict(r) for r in q]
+
+    def counts(self) -> dict[str, int]:
+        """Rows per state."""
+        m = self.t.inbox
+        q = m.select(m.status, pw.fn.COUNT(m.message_id).alias("n")).group_by(m.status)
+        return {r.status: r.n for r in q}
+
+    def has_due(self, now: float, transport: str = "local") -> bool:
+        """True when a row waits for delivery now (pending and due, or processing)."""
+        m = self.t.inbox
+        return (m.select(m.message_id).where(
+            m.transport == transport,
+            (m.status == core.State.PROCESSING.value)
+            | ((m.status == core.State.PENDING.value) & (m.available_at <= now)))
+            .limit(1).exists())
+
+    def pending_count(self, target: str) -> int:
+        """Open rows addressed to ``target``."""
+        m = self.t.inbox
+        return m.select().where(m.target_chat_id == target,
+                                m.status.in_(core.OPEN_STATES)).count()
