@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,7 +35,11 @@ def throughput(quick: bool, repeat: int, systems: list[str]) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
     for _ in range(repeat):
         for name in systems:
-            m = SYSTEMS[name](w, fresh_dir())
+            workdir = fresh_dir()
+            try:
+                m = SYSTEMS[name](w, workdir)
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
             runs[name].append({"msgs_per_s": w.messages / m.elapsed, "elapsed_s": m.elapsed,
                                "p50_ms": _ms(percentile(m.latencies, 0.5)),
                                "p99_ms": _ms(percentile(m.latencies, 0.99)),
@@ -88,12 +93,14 @@ def open_loop(rate: int, seconds: float) -> dict[str, Any]:
                 "p50_ms": _ms(percentile(starts, 0.5)), "p99_ms": _ms(percentile(starts, 0.99))}
     finally:
         rt.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def recovery(quick: bool) -> dict[str, Any]:
     """K unacknowledged messages, a SIGKILL, and a fresh runtime: how fast, how correct."""
     k, sessions = (10_000, 1_000) if quick else (100_000, 1_000)
-    url = f"sqlite:///{fresh_dir() / 'recovery.db'}"
+    workdir = fresh_dir()
+    url = f"sqlite:///{workdir / 'recovery.db'}"
     child = subprocess.Popen([sys.executable, "-m", "kinbox.actors.bench_child", url, str(k),
                               str(sessions)], stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
@@ -120,6 +127,7 @@ def recovery(quick: bool) -> dict[str, Any]:
         counts = rt.context.journal.counts()
     finally:
         rt.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
     return {"settings": {"messages": k, "sessions": sessions},
             "results": {"kinbox": {
                 "first_redelivery_s": round(first[0] - begin, 3) if first else None,
@@ -176,6 +184,7 @@ def scale(quick: bool) -> dict[str, Any]:
     finally:
         rt.stop()
         sampling.set()
+        shutil.rmtree(workdir, ignore_errors=True)
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"settings": {"sessions": n, "wakeups": 1000},
             "results": {"kinbox": {

@@ -9,6 +9,7 @@ turn). The comparison systems come from the ``bench`` extra.
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 import tempfile
 import threading
@@ -186,7 +187,12 @@ def run_huey(w: Workload, workdir: Path) -> Measured:
 
     consumer = Consumer(huey, workers=8, periodic=False, initial_delay=0.001, backoff=1.0,
                         max_delay=0.001, worker_type="thread", check_worker_health=False)
+    # Consumer.start() installs its own signal handlers; put ours back afterwards so a
+    # benchmark process still dies on SIGTERM.
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     consumer.start()
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
     try:
         start = time.perf_counter()
         produce(w, lambda i, body: handle(i, body))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import shutil
 import sys
 import tempfile
 import traceback
@@ -55,7 +56,9 @@ def run_scenario(path: str, db_url: str | None = None, seed: int = 0,
         progress.close()
     report = build_report(sc)
     sc.stop()
-    report["db"] = db_url
+    report["db"] = db_url if tmp is None else "(a temporary SQLite file, removed)"
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
     return report, sc
 
 

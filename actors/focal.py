@@ -131,15 +131,25 @@ class Focal:
         return policy.search_tools(self.registry.values(), query, denied)
 
     def prepare_turn(self, ctx: RuntimeContext, turn: Turn) -> None:
-        """Turn hook: resolve the tool request; Focal turns get the policy and the context."""
-        session = ctx.store.session(turn.session_id)
-        if session is None:
-            return
-        turn.request = self.tool_request(session)
-        if is_focal_chat(session):
+        """Turn hook: the tool request (and, for Focal, the global context) of this turn.
+
+        Resolved on first use, so the many turns that never look cost no
+        database read; the canonical Focal chat is resolved at once, which also
+        restores its pinned title before the turn runs.
+        """
+        def resolve() -> tuple[policy.ToolRequest | None, str | None]:
+            session = ctx.store.session(turn.session_id)
+            if session is None:
+                return None, None
+            if not is_focal_chat(session):
+                return self.tool_request(session), None
             if session.title != FOCAL_TITLE:
                 ctx.store.update_session(session.id, ctx.now(), title=FOCAL_TITLE)
-            turn.context = self.global_context()
+            return self.tool_request(session), self.global_context()
+
+        turn.resolve_with(resolve)
+        if turn.session_id == FOCAL_ID:
+            turn.request  # noqa: B018 - resolve now: the policy applies before the turn
 
     def global_context(self) -> str:
         """The FO3 text for a Focal turn."""

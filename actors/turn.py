@@ -74,10 +74,9 @@ class Turn:
         self._fetch_steering = fetch_steering
         self._steered: list[Message] = []
         self.replies: list[str] = []
-        self.request: Any = None
-        """The resolved tool request of this turn (the Focal policy sets it for Focal turns)."""
-        self.context: str | None = None
-        """Extra context for the model (the Focal global context on Focal turns)."""
+        self._request: Any = None
+        self._context: str | None = None
+        self._resolve: Callable[[], tuple[Any, str | None]] | None = None
         # Transcript order is the order things happened: steering lands between replies.
         self._log: list[TurnEntry] = [TurnEntry("user", m.content, True, m.message_id)
                                       for m in messages]
@@ -88,6 +87,27 @@ class Turn:
         if self._tools is None:
             self._tools = self._make_tools()
         return self._tools
+
+    def resolve_with(self, resolve: Callable[[], tuple[Any, str | None]]) -> None:
+        """Set how the tool request and context are computed (on first use)."""
+        self._resolve = resolve
+        self._request = self._context = None
+
+    def _resolved(self) -> tuple[Any, str | None]:
+        if self._resolve is not None:
+            self._request, self._context = self._resolve()
+            self._resolve = None
+        return self._request, self._context
+
+    @property
+    def request(self) -> Any:
+        """The tool request this turn runs with (the Focal policy applied on Focal turns)."""
+        return self._resolved()[0]
+
+    @property
+    def context(self) -> str | None:
+        """Extra context for the model: the Focal global context on Focal turns."""
+        return self._resolved()[1]
 
     @property
     def stop_requested(self) -> bool:

@@ -6,6 +6,7 @@ No test here asserts a speed: speed is what ``kinbox bench`` reports.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,9 @@ from kinbox.actors.bench_systems import SYSTEMS, Workload, fresh_dir
 @pytest.mark.parametrize("name", sorted(SYSTEMS))
 def test_every_system_runs_the_workload_to_the_last_message(name: str) -> None:
     w = Workload(sessions=5, messages=60, producers=3)
-    measured = SYSTEMS[name](w, fresh_dir())
+    workdir = fresh_dir()
+    measured = SYSTEMS[name](w, workdir)
+    shutil.rmtree(workdir)
     assert measured.elapsed > 0
     if name != "sqlite_ceiling":
         assert len(measured.latencies) == 60
