@@ -2,8 +2,8 @@
 
 Workload: ``sessions`` targets, ``messages`` messages of ``payload`` bytes,
 sent by ``producers`` threads (each send durable before the next, as an
-agent's tool call would be), and a trivial brain that records when its
-turn ran. Every system returns wall time and per-message latency (send ->
+agent's tool call would be; 32 by default, as many agents sending at once),
+and a trivial brain that records when its turn ran. Every system returns wall time and per-message latency (send ->
 turn). The comparison systems come from the ``bench`` extra.
 """
 
@@ -33,7 +33,7 @@ class Workload:
     sessions: int
     messages: int
     payload: int = 100
-    producers: int = 8
+    producers: int = 32
 
 
 @dataclass
