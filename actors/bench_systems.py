@@ -3,8 +3,9 @@
 Workload: ``sessions`` targets, ``messages`` messages of ``payload`` bytes,
 sent by ``producers`` threads (each send durable before the next, as an
 agent's tool call would be; 32 by default, as many agents sending at once),
-and a trivial brain that records when its turn ran. Every system returns wall time and per-message latency (send ->
-turn). The comparison systems come from the ``bench`` extra.
+and a trivial brain that records when its turn ran. Every system returns
+wall time and per-message latency (send -> turn). The comparison systems
+come from the ``bench`` extra.
 """
 
 from __future__ import annotations

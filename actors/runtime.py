@@ -130,17 +130,7 @@ class Runtime:
                                  faults=self.faults, tools_for=self._tools_for_ctx,
                                  new_id=self.new_id,
                                  observers=self._observers)
-            ctx.outbox_hooks.append(report_back)
-            ctx.buckets = Buckets()
-            focal = Focal(ctx, self._resolve_data_dir())
-            ctx.focal = focal
-            ctx.turn_hooks.append(focal.prepare_turn)
-            ctx.outbox_hooks.append(focal.outbox)
-            ctx.task_hooks.append(focal.task_hook)
-            self._schedule = FocalSchedule(ctx, focal, JobStore(tables, self._writer),
-                                           use_apscheduler=not isinstance(self.clock,
-                                                                          ManualClock))
-            focal.schedule = self._schedule
+            self._wire_services(ctx, JobStore(tables, self._writer))
             self._ctx = ctx
             now = self.clock.now()
             for slug, name in SYSTEM_PROJECTS:
@@ -148,7 +138,8 @@ class Runtime:
             if self._lock is not None:
                 journal.expire_leases(now)  # the lock proves their holder is gone
             ctx.dispatcher = Dispatcher.start(ctx, self.max_active_sessions, self.idle_ttl)
-            self._schedule.start()
+            if self._schedule is not None:
+                self._schedule.start()
         except BaseException:
             self._teardown()
             raise
@@ -198,6 +189,19 @@ class Runtime:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+    def _wire_services(self, ctx: RuntimeContext, jobs: JobStore) -> None:
+        """Sub-agents, family limits and Focal hook into the turn and task paths."""
+        ctx.outbox_hooks.append(report_back)
+        ctx.buckets = Buckets()
+        focal = Focal(ctx, self._resolve_data_dir())
+        ctx.focal = focal
+        ctx.turn_hooks.append(focal.prepare_turn)
+        ctx.outbox_hooks.append(focal.outbox)
+        ctx.task_hooks.append(focal.task_hook)
+        self._schedule = FocalSchedule(ctx, focal, jobs,
+                                       use_apscheduler=not isinstance(self.clock, ManualClock))
+        focal.schedule = self._schedule
 
     def _resolve_data_dir(self) -> Path:
         if self.data_dir is not None:
