@@ -1,0 +1,59 @@
+"""The runtime end to end on each backend, and two runtimes sharing one PostgreSQL database."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+
+from kinbox.actors import Runtime, Turn
+
+from .conftest import PG_URL, reset_postgres
+
+
+def test_delivery_works_the_same_on_every_backend(any_db_url: str, tmp_path: object) -> None:
+    seen: list[str] = []
+    with Runtime(db=any_db_url, brain=lambda turn: seen.append(turn.messages[0].content),
+                 data_dir=str(tmp_path)) as rt:
+        p = rt.create_project("p")
+        a, b = rt.create_session(p.id, "A").id, rt.create_session(p.id, "B").id
+        for i in range(20):
+            rt.tools_for(a).agent_send(b, f"m{i}")
+        rt.run_until_idle(30)
+        assert seen == [f"m{i}" for i in range(20)]
+        assert set(rt.marker_counts().values()) == {1}
+
+
+@pytest.mark.timeout(120)
+def test_two_runtimes_on_one_postgres_share_the_work_and_run_nothing_twice(
+        tmp_path: object) -> None:
+    if not PG_URL:
+        pytest.skip("needs KINBOX_TEST_PG_URL (set by .ci/run)")
+    reset_postgres(PG_URL)
+    runs: Counter[str] = Counter()
+    by_runtime: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def brain_for(name: str):  # noqa: ANN202 - a brain
+        def brain(turn: Turn) -> None:
+            with lock:
+                runs[turn.messages[0].message_id] += 1
+                by_runtime[name] += 1
+        return brain
+
+    first = Runtime(db=PG_URL, brain=brain_for("first"), data_dir=str(tmp_path)).start()
+    second = Runtime(db=PG_URL, brain=brain_for("second"), data_dir=str(tmp_path)).start()
+    try:
+        p = first.create_project("shared")
+        targets = [first.create_session(p.id, f"S{i}").id for i in range(20)]
+        ids = [first.post(targets[k % 20], f"work {k}").message_id for k in range(300)]
+        first.run_until_idle(60)
+        second.run_until_idle(60)
+        assert sorted(runs) == sorted(ids)
+        assert set(runs.values()) == {1}
+        assert set(first.marker_counts().values()) == {1}
+        assert by_runtime["first"] > 0 and by_runtime["second"] > 0
+    finally:
+        first.stop()
+        second.stop()
