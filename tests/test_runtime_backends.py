@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 
@@ -35,7 +36,7 @@ def test_two_runtimes_on_one_postgres_share_the_work_and_run_nothing_twice(
     by_runtime: Counter[str] = Counter()
     lock = threading.Lock()
 
-    def brain_for(name: str):  # noqa: ANN202 - a brain
+    def brain_for(name: str) -> Callable[[Turn], None]:
         def brain(turn: Turn) -> None:
             with lock:
                 runs[turn.messages[0].message_id] += 1
