@@ -32,8 +32,12 @@ class HotPath:
         cols = ", ".join(CLAIM_COLUMNS)
         self.sql_head = (f"SELECT {cols} FROM {INBOX} WHERE target_chat_id = {p} "
                          "AND status IN ('pending', 'processing') ORDER BY seq LIMIT 1")
+        # Compare-and-set: only a row that is still claimable is taken, so two
+        # workers racing for the same row (another process's claim) cannot both win.
         self.sql_lease = (f"UPDATE {INBOX} SET status = 'processing', lease_owner = {p}, "
-                          f"lease_until = {p}, updated_at = {p} WHERE message_id = {p}")
+                          f"lease_until = {p}, updated_at = {p} WHERE message_id = {p} "
+                          f"AND ((status = 'pending' AND available_at <= {p}) "
+                          f"OR (status = 'processing' AND lease_until <= {p}))")
         self.sql_marker_exists = f"SELECT 1 FROM delivery_markers WHERE message_id = {p} LIMIT 1"
         self.sql_entry = ("INSERT INTO transcript_entries (session_id, role, text, visible, "
                           f"message_id, created_at) VALUES ({p}, {p}, {p}, {p}, {p}, {p})")
@@ -126,9 +130,10 @@ class HotPath:
         """The oldest open row of a target, as CLAIM_COLUMNS."""
         return self.fetch_one(self.sql_head, (target,))
 
-    def lease(self, message_id: str, owner: str, until: float, now: float) -> None:
-        """Lease one row."""
-        self.db.execute_sql(self.sql_lease, (owner, until, now, message_id))
+    def lease(self, message_id: str, owner: str, until: float, now: float) -> bool:
+        """Lease one row if it is still claimable; False when someone else has it."""
+        cursor = self.db.execute_sql(self.sql_lease, (owner, until, now, message_id, now, now))
+        return cursor.rowcount == 1
 
     def has_marker(self, message_id: str) -> bool:
         """A committed turn exists for this message."""

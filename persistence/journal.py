@@ -225,7 +225,8 @@ class Journal(InboxReads):
             head = self.hot.head(target)
             if head is None or not core.is_claimable(head[9], head[10], head[11], now):
                 return None
-            self.hot.lease(head[0], owner, now + lease, now)
+            if not self.hot.lease(head[0], owner, now + lease, now):
+                return None  # another worker took it first
             if not self.hot.has_marker(head[0]):
                 return ClaimedRow(head[0], head[1], head[2], head[3], head[4], head[5],
                                   json.loads(head[6] or "{}"), head[7], head[8])
