@@ -77,7 +77,7 @@ def run_with_kills(url: str, log: Path, kills: int, seed: int,
     while run.kills < kills:
         proc = _spawn(run, faults)
         try:
-            proc.wait(timeout=rng.uniform(0.005, 0.08))  # the kill moment
+            proc.wait(timeout=rng.uniform(0.0, 0.04))  # the kill moment
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

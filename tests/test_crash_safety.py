@@ -18,7 +18,7 @@ from .crash_harness import check, prepare, run_with_kills
 @pytest.mark.timeout(120)
 def test_random_kills_lose_nothing_and_never_run_a_turn_twice(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'crash.db'}"
-    ids = prepare(url, sessions=50, messages=2000)
+    ids = prepare(url, sessions=50, messages=4000)
     run = run_with_kills(url, tmp_path / "turns.log", kills=20, seed=7)
     assert run.kills >= 20, f"only {run.kills} kills landed before the work ran out"
     assert check(run, ids) == []
