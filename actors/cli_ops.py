@@ -122,13 +122,9 @@ def sessions_list(args: argparse.Namespace, out: TextIO) -> int:
 
 def db_status(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox db status``: schema changes pending and rows per state."""
-    db = open_database(args.db or default_url())
-    tables = bind_tables(db)
-    changes = pending_changes(tables)
-    counts: dict[str, int] = {}
-    if not changes:
-        with stores(args.db) as (journal, _):
-            counts = journal.counts()
+    with stores(args.db, check_schema=False) as (journal, _):
+        changes = pending_changes(journal.t)
+        counts = {} if changes else journal.counts()
     data = {"url": args.db or default_url(), "up_to_date": not changes, "pending": changes,
             "rows": counts}
     lines = [f"schema: {'up to date' if not changes else 'needs upgrade'}"]

@@ -64,7 +64,7 @@ class SessionActor(pykka.ThreadingActor):
     def _deliver(self, row: ClaimedRow) -> ClaimedRow | None:
         """Run the row's turn; return the session's next row if it was leased with the ack."""
         ctx = self.ctx
-        if ctx.crashed.is_set() or ctx.closed.is_set():
+        if ctx.closed.is_set():  # stopping: hand the row back; crashed: touch nothing
             if not ctx.crashed.is_set():
                 ctx.journal.release(ctx.owner, [row.message_id], ctx.now())
             return None
@@ -75,9 +75,9 @@ class SessionActor(pykka.ThreadingActor):
             return self._run_turn(row)
         except LeaseLost as exc:
             ctx.emit("lease_lost", session_id=sid, message_id=row.message_id, error=str(exc))
+        except WriterClosed:
+            raise
         except PersistenceError as exc:
-            if isinstance(exc, WriterClosed):
-                raise
             log.error("delivery of %s to %s failed in the journal: %s", row.message_id, sid, exc)
         return None
 

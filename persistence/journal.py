@@ -215,9 +215,6 @@ class Journal(InboxReads):
             core.check_lease(mid, row[0], row[1], owner)
         return [FenceRow(i, *rows[i]) for i in ids]
 
-    def _mark_delivered(self, ids: list[str], now: float) -> None:
-        self.hot.mark_delivered(ids, now)
-
     def _claim_next_op(self, owner: str, target: str, now: float,
                        lease: float) -> ClaimedRow | None:
         """Lease the target's new head if it is due (inside the ack's transaction)."""
@@ -279,7 +276,7 @@ class Journal(InboxReads):
     def _ack_op(self, owner: str, ids: list[str], now: float) -> None:
         for row in self._fence(owner, ids):
             core.transition(row.message_id, row.status, core.Event.ACK)
-        self._mark_delivered(ids, now)
+        self.hot.mark_delivered(ids, now)
 
     def ack(self, owner: str, message_ids: Sequence[str], now: float) -> None:
         """Mark rows delivered without a turn (fenced)."""
