@@ -9,7 +9,6 @@ database's own work. Everything else keeps using the models.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +21,28 @@ CLAIM_COLUMNS = ("message_id", "seq", "target_chat_id", "sender_chat_id", "kind"
                  "payload", "attempts", "created_at", "status", "available_at", "lease_until")
 
 
+IN_LIST_LIMIT = 500
+"""Values per ``IN (...)`` list: well under every backend's bound on parameters."""
+
+
+def chunks(values: Sequence[Any]) -> list[Sequence[Any]]:
+    """``values`` in slices of at most :data:`IN_LIST_LIMIT`."""
+    return [values[i:i + IN_LIST_LIMIT] for i in range(0, len(values), IN_LIST_LIMIT)]
+
+
+def head_seq(target: str) -> str:
+    """SQL for the ``seq`` of a target's head (its oldest open row), NULL if it has none.
+
+    One MIN per open state: each is a single probe of the (target, status,
+    seq) index, where ``status IN (...)`` with ORDER BY or a correlated MIN
+    walks every open row of the target.
+    """
+    return (f"(SELECT MIN(u.s) FROM (SELECT MIN(seq) AS s FROM {INBOX} "
+            f"WHERE target_chat_id = {target} AND status = 'pending' "
+            f"UNION ALL SELECT MIN(seq) FROM {INBOX} "
+            f"WHERE target_chat_id = {target} AND status = 'processing') u)")
+
+
 class HotPath:
     """The per-message statements for one database."""
 
@@ -30,8 +51,8 @@ class HotPath:
         p = "%s" if is_postgres(db) else "?"
         self.p = p
         cols = ", ".join(CLAIM_COLUMNS)
-        self.sql_head = (f"SELECT {cols} FROM {INBOX} WHERE target_chat_id = {p} "
-                         "AND status IN ('pending', 'processing') ORDER BY seq LIMIT 1")
+        self.sql_head = (f"SELECT {cols} FROM {INBOX} "
+                         f"WHERE seq = {head_seq(p)}")
         # Compare-and-set: only a row that is still claimable is taken, so two
         # workers racing for the same row (another process's claim) cannot both win.
         self.sql_lease = (f"UPDATE {INBOX} SET status = 'processing', lease_owner = {p}, "
@@ -59,40 +80,43 @@ class HotPath:
         """The oldest open row of each target, when due, oldest first (CLAIM_COLUMNS)."""
         p = self.p
         cols = ", ".join(f"m.{c}" for c in CLAIM_COLUMNS)
-        sql = (f"SELECT {cols} FROM {INBOX} m WHERE m.status IN ('pending', 'processing') "
-               f"AND m.transport = {p} AND ((m.status = 'pending' AND m.available_at <= {p}) "
+        sql = (f"WITH t(target) AS (SELECT DISTINCT target_chat_id FROM {INBOX} "
+               "WHERE status IN ('pending', 'processing')) "
+               f"SELECT {cols} FROM {INBOX} m WHERE m.seq IN "
+               f"(SELECT {head_seq('t.target')} FROM t) AND m.transport = {p} "
+               f"AND ((m.status = 'pending' AND m.available_at <= {p}) "
                f"OR (m.status = 'processing' AND m.lease_until <= {p})) "
-               f"AND m.seq = (SELECT MIN(h.seq) FROM {INBOX} h "
-               "WHERE h.target_chat_id = m.target_chat_id "
-               "AND h.status IN ('pending', 'processing')) "
-               f"ORDER BY m.seq LIMIT {p}" + (" FOR UPDATE SKIP LOCKED" if for_update else ""))
+               f"ORDER BY m.seq LIMIT {p}" + (" FOR UPDATE OF m SKIP LOCKED" if for_update else ""))
         return [tuple(r) for r in self.db.execute_sql(sql, (transport, now, now, limit))]
 
     def lease_many(self, ids: Sequence[str], owner: str, until: float, now: float) -> None:
         """Lease several rows."""
-        self.db.execute_sql(
-            f"UPDATE {INBOX} SET status = 'processing', lease_owner = {self.p}, "
-            f"lease_until = {self.p}, updated_at = {self.p} "
-            f"WHERE message_id IN ({self._in(len(ids))})", [owner, until, now, *ids])
+        for part in chunks(ids):
+            self.db.execute_sql(
+                f"UPDATE {INBOX} SET status = 'processing', lease_owner = {self.p}, "
+                f"lease_until = {self.p}, updated_at = {self.p} "
+                f"WHERE message_id IN ({self.in_list(len(part))})", [owner, until, now, *part])
 
     def set_status_many(self, session_ids: Sequence[str], status: str, now: float) -> None:
         """Several sessions' active/idle status."""
-        self.db.execute_sql(
-            f"UPDATE sessions SET status = {self.p}, updated_at = {self.p} "
-            f"WHERE id IN ({self._in(len(session_ids))})", [status, now, *session_ids])
+        for part in chunks(session_ids):
+            self.db.execute_sql(
+                f"UPDATE sessions SET status = {self.p}, updated_at = {self.p} "
+                f"WHERE id IN ({self.in_list(len(part))})", [status, now, *part])
 
     def with_markers(self, ids: Sequence[str]) -> set[str]:
         """Which of ``ids`` already have a committed turn."""
-        return {r[0] for r in self.db.execute_sql(
+        return {r[0] for part in chunks(ids) for r in self.db.execute_sql(
             f"SELECT DISTINCT message_id FROM delivery_markers "
-            f"WHERE message_id IN ({self._in(len(ids))})", list(ids))}
+            f"WHERE message_id IN ({self.in_list(len(part))})", list(part))}
 
     def session_exists(self, session_id: str) -> bool:
         """Cheap existence check for a session id."""
         return self.fetch_one(f"SELECT 1 FROM sessions WHERE id = {self.p}",
                               (session_id,)) is not None
 
-    def _in(self, n: int) -> str:
+    def in_list(self, n: int) -> str:
+        """``n`` placeholders for an ``IN (...)`` list."""
         return ", ".join([self.p] * n)
 
     def fetch_one(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
@@ -102,25 +126,29 @@ class HotPath:
 
     def fence_rows(self, ids: Sequence[str]) -> dict[str, tuple[str, str | None, int, int, str]]:
         """message_id -> (status, lease_owner, attempts, max_attempts, transport)."""
-        sql = (f"SELECT message_id, status, lease_owner, attempts, max_attempts, transport "
-               f"FROM {INBOX} WHERE message_id IN ({self._in(len(ids))})")
-        return {r[0]: tuple(r[1:]) for r in self.db.execute_sql(sql, list(ids))}  # type: ignore[misc]
+        found = {}
+        for part in chunks(ids):
+            sql = (f"SELECT message_id, status, lease_owner, attempts, max_attempts, transport "
+                   f"FROM {INBOX} WHERE message_id IN ({self.in_list(len(part))})")
+            found.update((r[0], tuple(r[1:])) for r in self.db.execute_sql(sql, list(part)))
+        return found  # type: ignore[return-value]
 
     def mark_delivered(self, ids: Sequence[str], now: float) -> None:
         """Acknowledge rows."""
-        self.db.execute_sql(
-            f"UPDATE {INBOX} SET status = 'delivered', delivered_at = {self.p}, "
-            f"updated_at = {self.p}, lease_owner = NULL, lease_until = NULL "
-            f"WHERE message_id IN ({self._in(len(ids))})", [now, now, *ids])
+        for part in chunks(ids):
+            self.db.execute_sql(
+                f"UPDATE {INBOX} SET status = 'delivered', delivered_at = {self.p}, "
+                f"updated_at = {self.p}, lease_owner = NULL, lease_until = NULL "
+                f"WHERE message_id IN ({self.in_list(len(part))})", [now, now, *part])
 
     def insert_entries(self, rows: Sequence[tuple[Any, ...]]) -> None:
         """Transcript entries: (session_id, role, text, visible, message_id, created_at)."""
         if rows:
             self.db.cursor().executemany(self.sql_entry, rows)
 
-    def insert_markers(self, session_id: str, ids: Sequence[str], now: float) -> None:
-        """One delivery marker per message."""
-        self.db.cursor().executemany(self.sql_marker, [(session_id, i, now) for i in ids])
+    def insert_markers(self, rows: Sequence[tuple[str, str, float]]) -> None:
+        """Delivery markers: (session_id, message_id, created_at)."""
+        self.db.cursor().executemany(self.sql_marker, rows)
 
     def set_status(self, session_id: str, status: str, now: float) -> None:
         """A session's active/idle status."""
@@ -128,7 +156,7 @@ class HotPath:
 
     def head(self, target: str) -> tuple[Any, ...] | None:
         """The oldest open row of a target, as CLAIM_COLUMNS."""
-        return self.fetch_one(self.sql_head, (target,))
+        return self.fetch_one(self.sql_head, (target, target))
 
     def lease(self, message_id: str, owner: str, until: float, now: float) -> bool:
         """Lease one row if it is still claimable; False when someone else has it."""
@@ -143,10 +171,6 @@ class HotPath:
         """(target, kind, content, status, created_at) of an existing row."""
         return self.fetch_one(self.sql_existing, (message_id,))
 
-    def insert(self, message_id: str, transport: str, peer: str | None, sender: str | None,
-               target: str, kind: str, content: str, payload: dict[str, Any],
-               max_attempts: int, now: float) -> None:
-        """A new pending row."""
-        self.db.execute_sql(self.sql_insert, (
-            message_id, transport, peer, sender, target, kind, content,
-            json.dumps(payload, sort_keys=True), max_attempts, now, now, now))
+    def insert(self, params: Sequence[Any]) -> None:
+        """A new pending row (``inbox_records.insert_params``)."""
+        self.db.execute_sql(self.sql_insert, params)

@@ -15,97 +15,38 @@ target across processes.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from . import inbox_core as core
+from . import set_wise
+from .bulk_sql import BulkSql
 from .database import is_postgres
 from .errors import RowNotFound
-from .hot_path import HotPath
+from .hot_path import CLAIM_COLUMNS, HotPath
 from .inbox_reads import InboxReads, row_to_dict
+from .inbox_records import (
+    ClaimedRow,
+    ClaimResult,
+    EnqueueResult,
+    FenceRow,
+    NewMessage,
+    TurnCommit,
+    TurnEntry,
+    insert_params,
+)
 from .models import InboxMessage, Tables
-from .writer import GroupCommitWriter
+from .writer import Bulk, GroupCommitWriter
+
+__all__ = ["DEFAULT_LEASE_SECONDS", "ClaimResult", "ClaimedRow", "EnqueueResult", "Journal",
+           "NewMessage", "TurnEntry"]
 
 DEFAULT_LEASE_SECONDS = 30.0
 """How long a claim holds a row before another worker may take it over."""
 
 
-@dataclass(frozen=True)
-class NewMessage:
-    """A message to enqueue. ``message_id`` is the idempotency key."""
-
-    message_id: str
-    target: str
-    content: str
-    kind: str = "agent_message"
-    sender: str | None = None
-    transport: str = "local"
-    destination_peer_id: str | None = None
-    payload: dict[str, Any] = field(default_factory=dict)
-    max_attempts: int | None = None
-
-
-@dataclass(frozen=True)
-class EnqueueResult:
-    """What ``enqueue`` did: ``created`` is False for an idempotent repeat."""
-
-    message_id: str
-    target: str
-    status: str
-    created: bool
-    created_at: float
-
-
-@dataclass(frozen=True)
-class ClaimedRow:
-    """A row handed to a worker for delivery."""
-
-    message_id: str
-    seq: int
-    target: str
-    sender: str | None
-    kind: str
-    content: str
-    payload: dict[str, Any]
-    attempts: int
-    created_at: float
-
-
-@dataclass(frozen=True)
-class ClaimResult:
-    """Rows to deliver, and rows found already delivered by their marker (I6)."""
-
-    rows: list[ClaimedRow]
-    acked_by_marker: list[str]
-
-
-@dataclass(frozen=True)
-class TurnEntry:
-    """A transcript entry a turn commits."""
-
-    role: str
-    text: str
-    visible: bool = True
-    message_id: str | None = None
-
-
-@dataclass(frozen=True)
-class FenceRow:
-    """What fencing and retries read of a row."""
-
-    message_id: str
-    status: str
-    lease_owner: str | None
-    attempts: int
-    max_attempts: int
-    transport: str
-
-
 def _claimed(row: InboxMessage) -> ClaimedRow:
-    return ClaimedRow(row.message_id, row.seq, row.target_chat_id, row.sender_chat_id, row.kind,
-                      row.content, json.loads(row.payload or "{}"), row.attempts, row.created_at)
+    return ClaimedRow.from_columns([getattr(row, c) for c in CLAIM_COLUMNS])
 
 
 class Journal(InboxReads):
@@ -115,6 +56,13 @@ class Journal(InboxReads):
         self.t = tables
         self.writer = writer
         self.hot = HotPath(tables.db)
+        bulk = BulkSql(self.hot)
+        self._enqueues: Bulk[tuple[NewMessage, float], EnqueueResult] = Bulk(
+            "enqueue", lambda item: self.enqueue_now(*item),
+            lambda items: set_wise.enqueue_all(bulk, items))
+        self._commits: Bulk[TurnCommit, ClaimedRow | None] = Bulk(
+            "turn commit", self._commit_one,
+            lambda items: set_wise.commit_all(bulk, items))
 
     # -- enqueue ---------------------------------------------------------------------------
 
@@ -126,15 +74,12 @@ class Journal(InboxReads):
         if not core.enqueue_decision(msg.message_id, before, fingerprint):
             assert existing is not None
             return EnqueueResult(msg.message_id, msg.target, existing[3], False, existing[4])
-        policy = core.TRANSPORT_POLICIES.get(msg.transport, core.LOCAL)
-        self.hot.insert(msg.message_id, msg.transport, msg.destination_peer_id, msg.sender,
-                        msg.target, msg.kind, msg.content, msg.payload,
-                        msg.max_attempts or policy.max_attempts, now)
+        self.hot.insert(insert_params(msg, now))
         return EnqueueResult(msg.message_id, msg.target, core.State.PENDING.value, True, now)
 
     def enqueue(self, msg: NewMessage, now: float) -> EnqueueResult:
         """Write ``msg`` and commit; return once it is durable."""
-        return self.writer.call(lambda: self.enqueue_now(msg, now))
+        return self.writer.call_bulk(self._enqueues, (msg, now))
 
     def enqueue_many(self, msgs: Sequence[NewMessage], now: float) -> list[EnqueueResult]:
         """Enqueue several messages in one transaction (all or, on conflict, an error)."""
@@ -147,8 +92,7 @@ class Journal(InboxReads):
                   transport: str) -> ClaimResult:
         heads = self.hot.due_heads(transport, now, limit + len(exclude),
                                    for_update=is_postgres(self.t.db))
-        rows = [ClaimedRow(h[0], h[1], h[2], h[3], h[4], h[5], json.loads(h[6] or "{}"), h[7],
-                           h[8]) for h in heads if h[2] not in exclude][:limit]
+        rows = [ClaimedRow.from_columns(h) for h in heads if h[2] not in exclude][:limit]
         if not rows:
             return ClaimResult([], [])
         ids = [r.message_id for r in rows]
@@ -225,8 +169,7 @@ class Journal(InboxReads):
             if not self.hot.lease(head[0], owner, now + lease, now):
                 return None  # another worker took it first
             if not self.hot.has_marker(head[0]):
-                return ClaimedRow(head[0], head[1], head[2], head[3], head[4], head[5],
-                                  json.loads(head[6] or "{}"), head[7], head[8])
+                return ClaimedRow.from_columns(head)
             self.hot.mark_delivered([head[0]], now)  # its turn had committed
 
     def _complete_op(self, owner: str, session_id: str, ids: list[str],
@@ -241,7 +184,7 @@ class Journal(InboxReads):
             op()
         self.hot.insert_entries([(session_id, e.role, e.text, e.visible, e.message_id, now)
                                  for e in entries])
-        self.hot.insert_markers(session_id, ids, now)
+        self.hot.insert_markers([(session_id, mid, now) for mid in ids])
         if ack:
             self.hot.mark_delivered(ids, now)
         following = None
@@ -269,9 +212,16 @@ class Journal(InboxReads):
         variants the crash tests must catch; the runtime never uses them otherwise.
         """
         ids = list(message_ids)
+        if ack and fenced and not enqueue and not also:  # a plain turn: may commit set-wise
+            return self.writer.call_bulk(
+                self._commits, TurnCommit(owner, session_id, ids, entries, now, next_lease))
         return self.writer.call(
             lambda: self._complete_op(owner, session_id, ids, entries, now, ack, fenced,
                                       list(enqueue), list(also), next_lease))
+
+    def _commit_one(self, c: TurnCommit) -> ClaimedRow | None:
+        return self._complete_op(c.owner, c.session_id, c.message_ids, c.entries, c.now,
+                                 True, True, (), (), c.next_lease)
 
     def _ack_op(self, owner: str, ids: list[str], now: float) -> None:
         for row in self._fence(owner, ids):

@@ -1,0 +1,90 @@
+"""Set-wise statements: one statement for many rows.
+
+The writer shares the interpreter with every actor and producer thread, and
+the database driver lets go of the interpreter lock on every statement (and
+on every row of an ``executemany``). Under load, getting the lock back costs
+far more than the statement: it is the writer's main cost. These statements
+touch many rows at once (multi-row ``VALUES``, ``IN`` lists), so a batch of
+turn commits costs a handful of lock hand-offs instead of several per message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .database import is_postgres
+from .hot_path import CLAIM_COLUMNS, INBOX, HotPath, chunks, head_seq
+
+ROWS_PER_INSERT = 200
+"""Rows per multi-row ``INSERT``: 200 x 15 parameters stays under every backend's bound."""
+
+_INBOX_COLUMNS = ("message_id, seq, transport, destination_peer_id, sender_chat_id, "
+                  "target_chat_id, kind, content, payload, status, attempts, max_attempts, "
+                  "available_at, created_at, updated_at")
+
+
+class BulkSql:
+    """Set-wise statements on the hot path's database."""
+
+    def __init__(self, hot: HotPath) -> None:
+        self.hot = hot
+        self.db = hot.db
+        self.postgres = is_postgres(hot.db)
+        p = hot.p
+        seq = "nextval('agent_inbox_seq')" if self.postgres else p
+        self._inbox_row = (f"({p}, {seq}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, 'pending', 0, "
+                           f"{p}, {p}, {p}, {p})")
+        self._entry_row = f"({p}, {p}, {p}, {p}, {p}, {p})"
+        self._marker_row = f"({p}, {p}, {p})"
+
+    def _insert(self, head: str, row_sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        for start in range(0, len(rows), ROWS_PER_INSERT):
+            part = rows[start:start + ROWS_PER_INSERT]
+            self.db.execute_sql(f"{head} VALUES " + ", ".join([row_sql] * len(part)),
+                                [value for row in part for value in row])
+
+    def insert_inbox(self, rows: Sequence[Sequence[Any]]) -> None:
+        """New pending rows, in order (``inbox_records.insert_params`` each).
+
+        SQLite numbers them here (the writer holds the database's write lock
+        for the whole transaction); PostgreSQL takes them from its sequence.
+        """
+        if not self.postgres:
+            base = self.hot.fetch_one(f"SELECT COALESCE(MAX(seq), 0) FROM {INBOX}", ())
+            first = int(base[0]) + 1 if base else 1
+            rows = [(r[0], first + i, *r[1:]) for i, r in enumerate(rows)]
+        self._insert(f"INSERT INTO {INBOX} ({_INBOX_COLUMNS})", self._inbox_row, rows)
+
+    def insert_entries(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Transcript entries: (session_id, role, text, visible, message_id, created_at)."""
+        self._insert("INSERT INTO transcript_entries (session_id, role, text, visible, "
+                     "message_id, created_at)", self._entry_row, rows)
+
+    def insert_markers(self, rows: Sequence[tuple[str, str, float]]) -> None:
+        """Delivery markers: (session_id, message_id, created_at)."""
+        self._insert("INSERT INTO delivery_markers (session_id, message_id, created_at)",
+                     self._marker_row, rows)
+
+    def any_existing(self, ids: Sequence[str]) -> bool:
+        """Whether any of ``ids`` already has a row."""
+        return any(self.hot.fetch_one(f"SELECT 1 FROM {INBOX} WHERE message_id IN "
+                                      f"({self.hot.in_list(len(part))}) LIMIT 1",
+                                      list(part)) is not None
+                   for part in chunks(ids))
+
+    def heads_of(self, targets: Sequence[str]) -> dict[str, tuple[Any, ...]]:
+        """target -> its oldest open row (CLAIM_COLUMNS), for the targets that have one.
+
+        On PostgreSQL the rows found are locked and rows another transaction
+        holds are skipped, so what is read stays true until the commit.
+        """
+        cols = ", ".join(CLAIM_COLUMNS)
+        found: dict[str, tuple[Any, ...]] = {}
+        for part in chunks(targets):
+            values = ", ".join([f"({self.hot.p})"] * len(part))
+            sql = (f"WITH t(target) AS (VALUES {values}) SELECT {cols} FROM {INBOX} "
+                   f"WHERE seq IN (SELECT {head_seq('t.target')} FROM t)"
+                   + (" FOR UPDATE SKIP LOCKED" if self.postgres else ""))
+            found.update((r[2], tuple(r)) for r in self.db.execute_sql(sql, list(part)))
+        return found

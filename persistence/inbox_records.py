@@ -1,0 +1,110 @@
+"""The values the inbox hands in and out: messages to enqueue, claimed rows, outcomes.
+
+Plain frozen dataclasses, shared by the journal and its set-wise writes, so
+neither has to import the other.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import inbox_core as core
+
+
+@dataclass(frozen=True)
+class NewMessage:
+    """A message to enqueue. ``message_id`` is the idempotency key."""
+
+    message_id: str
+    target: str
+    content: str
+    kind: str = "agent_message"
+    sender: str | None = None
+    transport: str = "local"
+    destination_peer_id: str | None = None
+    payload: dict[str, Any] = field(default_factory=dict)
+    max_attempts: int | None = None
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    """What ``enqueue`` did: ``created`` is False for an idempotent repeat."""
+
+    message_id: str
+    target: str
+    status: str
+    created: bool
+    created_at: float
+
+
+@dataclass(frozen=True)
+class ClaimedRow:
+    """A row handed to a worker for delivery."""
+
+    message_id: str
+    seq: int
+    target: str
+    sender: str | None
+    kind: str
+    content: str
+    payload: dict[str, Any]
+    attempts: int
+    created_at: float
+
+    @classmethod
+    def from_columns(cls, c: Sequence[Any]) -> ClaimedRow:
+        """From a row read as ``hot_path.CLAIM_COLUMNS``."""
+        return cls(c[0], c[1], c[2], c[3], c[4], c[5], json.loads(c[6] or "{}"), c[7], c[8])
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    """Rows to deliver, and rows found already delivered by their marker (I6)."""
+
+    rows: list[ClaimedRow]
+    acked_by_marker: list[str]
+
+
+@dataclass(frozen=True)
+class TurnEntry:
+    """A transcript entry a turn commits."""
+
+    role: str
+    text: str
+    visible: bool = True
+    message_id: str | None = None
+
+
+@dataclass(frozen=True)
+class FenceRow:
+    """What fencing and retries read of a row."""
+
+    message_id: str
+    status: str
+    lease_owner: str | None
+    attempts: int
+    max_attempts: int
+    transport: str
+
+
+@dataclass(frozen=True)
+class TurnCommit:
+    """A plain successful turn to commit: entries, markers, acks, maybe the next lease."""
+
+    owner: str
+    session_id: str
+    message_ids: list[str]
+    entries: Sequence[TurnEntry]
+    now: float
+    next_lease: float | None
+
+
+def insert_params(msg: NewMessage, now: float) -> tuple[Any, ...]:
+    """The parameters of ``HotPath.sql_insert`` for a new pending row."""
+    policy = core.TRANSPORT_POLICIES.get(msg.transport, core.LOCAL)
+    return (msg.message_id, msg.transport, msg.destination_peer_id, msg.sender, msg.target,
+            msg.kind, msg.content, json.dumps(msg.payload, sort_keys=True),
+            msg.max_attempts or policy.max_attempts, now, now, now)

@@ -1,0 +1,101 @@
+"""Set-wise enqueues and turn commits: the two writes every message makes, done in bulk.
+
+Under load the writer drains tens of enqueues and turn commits per batch.
+Run one by one, each costs a handful of statements (and the savepoint
+around it); run as a set, a batch of them costs about as many statements
+as one (see :mod:`.bulk_sql`). Updates of many rows carry the batch's
+latest time (``delivered_at``, ``updated_at``, lease expiry): the batch
+commits after all of its members asked, so no stamp is early.
+
+These functions are the ``many`` side of the writer's :class:`~.writer.Bulk`
+kinds: they handle the common case and raise :class:`OneByOne` for anything
+unusual (an idempotent repeat, a lost lease, a head whose turn already
+committed), so the writer undoes their savepoint and runs the items through
+the ordinary one-at-a-time path, which applies every rule and gives each
+caller its own answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from . import inbox_core as core
+from .bulk_sql import BulkSql
+from .inbox_records import ClaimedRow, EnqueueResult, NewMessage, TurnCommit, insert_params
+
+
+class OneByOne(Exception):
+    """The set-wise path does not handle this batch; run its items one at a time."""
+
+
+def enqueue_all(sql: BulkSql, items: Sequence[tuple[NewMessage, float]]) -> list[EnqueueResult]:
+    """Insert new messages in one statement; any repeated id sends the batch one by one."""
+    ids = [msg.message_id for msg, _ in items]
+    if len(set(ids)) < len(ids) or sql.any_existing(ids):
+        raise OneByOne("an idempotent repeat in the batch")
+    sql.insert_inbox([insert_params(msg, now) for msg, now in items])
+    pending = core.State.PENDING.value
+    return [EnqueueResult(msg.message_id, msg.target, pending, True, now) for msg, now in items]
+
+
+def _fence_all(sql: BulkSql, commits: Sequence[TurnCommit]) -> None:
+    rows = sql.hot.fence_rows([mid for c in commits for mid in c.message_ids])
+    for c in commits:
+        for mid in c.message_ids:
+            row = rows.get(mid)
+            if row is None:
+                raise OneByOne(f"no inbox row with id {mid!r}")
+            core.check_lease(mid, row[0], row[1], c.owner)
+
+
+def _next_heads(sql: BulkSql, commits: Sequence[TurnCommit], now: float) -> dict[str, ClaimedRow]:
+    """Lease each chaining session's new head when it is due; session -> leased row."""
+    chaining = [c for c in commits if c.next_lease is not None]
+    if not chaining:
+        return {}
+    heads = sql.heads_of([c.session_id for c in chaining])
+    taken = {c.session_id: (heads[c.session_id], c) for c in chaining
+             if c.session_id in heads
+             and core.is_claimable(*heads[c.session_id][9:12], c.now)}
+    if not taken:
+        return {}
+    if sql.hot.with_markers([head[0] for head, _ in taken.values()]):
+        raise OneByOne("a head's turn has already committed")
+    for (owner, lease), group in _grouped(taken.values()).items():
+        sql.hot.lease_many(group, owner, now + lease, now)
+    return {sid: ClaimedRow.from_columns(head) for sid, (head, _) in taken.items()}
+
+
+def _grouped(taken: Iterable[tuple[tuple[Any, ...], TurnCommit]]) -> dict[tuple[str, float],
+                                                                           list[str]]:
+    groups: dict[tuple[str, float], list[str]] = {}
+    for head, c in taken:
+        groups.setdefault((c.owner, c.next_lease or 0.0), []).append(head[0])
+    return groups
+
+
+def commit_all(sql: BulkSql, commits: Sequence[TurnCommit]) -> list[ClaimedRow | None]:
+    """Commit plain turns together: fence, entries, markers, acks, next leases, status.
+
+    Same writes and answers as committing each on its own (times aside, see
+    above); a session appearing twice, or a fence that fails, sends the
+    batch one by one.
+    """
+    ids = [mid for c in commits for mid in c.message_ids]
+    sessions = {c.session_id for c in commits}
+    if len(set(ids)) < len(ids) or len(sessions) < len(commits):
+        raise OneByOne("a message or a session appears twice in the batch")
+    _fence_all(sql, commits)  # LeaseLost here also sends the batch one by one
+    now = max(c.now for c in commits)
+    sql.insert_entries([(c.session_id, e.role, e.text, e.visible, e.message_id, c.now)
+                        for c in commits for e in c.entries])
+    sql.insert_markers([(c.session_id, mid, c.now) for c in commits for mid in c.message_ids])
+    sql.hot.mark_delivered(ids, now)
+    following = _next_heads(sql, commits, now)
+    active = [c.session_id for c in commits if c.session_id in following]
+    idle = [c.session_id for c in commits if c.session_id not in following]
+    for status, group in (("active", active), ("idle", idle)):
+        if group:
+            sql.hot.set_status_many(group, status, now)
+    return [following.get(c.session_id) for c in commits]

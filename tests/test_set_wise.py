@@ -1,0 +1,188 @@
+"""Set-wise writes: a batch of enqueues or turn commits gives what one-by-one gives.
+
+Each test holds the writer on a gate so that the calls under test queue up
+and land in one batch, then checks both that the set-wise path ran (the
+writer's counters) and that every caller got the answer, and the database
+the rows, that running the calls one at a time would give.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kinbox.persistence import (
+    IdempotencyConflict,
+    LeaseLost,
+    NewMessage,
+    TurnEntry,
+)
+from kinbox.persistence.writer import Bulk
+
+from .conftest import Stores
+from .helpers import wait_for
+
+T0 = 1000.0
+
+
+def in_one_batch(stores: Stores, calls: list[Callable[[], Any]]) -> list[Any]:
+    """Run ``calls`` from their own threads so that they share one writer batch.
+
+    Returns each call's result, or the exception it raised.
+    """
+    gate, inside = threading.Event(), threading.Event()
+    blocker = stores.writer.submit(lambda: (inside.set(), gate.wait(10)))
+    assert inside.wait(10)
+    before = stores.writer.queued()
+    results: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except Exception as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    wait_for(lambda: stores.writer.queued() == before + len(calls), what="the calls to queue up")
+    gate.set()
+    blocker.result(10)
+    for t in threads:
+        t.join(10)
+    return results
+
+
+def test_a_bulk_kind_runs_its_batch_at_once_and_answers_each_caller(stores: Stores) -> None:
+    seen: list[list[int]] = []
+    kind: Bulk[int, int] = Bulk("square", lambda x: x * x,
+                                lambda xs: (seen.append(list(xs)), [x * x for x in xs])[1])
+    results = in_one_batch(stores, [lambda i=i: stores.writer.call_bulk(kind, i)
+                                    for i in range(5)])
+    assert sorted(results) == [0, 1, 4, 9, 16]
+    assert all(results[i] == i * i for i in range(5))
+    assert [sorted(s) for s in seen] == [[0, 1, 2, 3, 4]]
+    assert stores.writer.statistics().bulk_runs == 1
+
+
+def insert_project(stores: Stores, pid: str) -> str:
+    stores.tables.project.insert(id=pid, slug=pid, name=pid, created_at=0).execute()
+    return pid
+
+
+def test_a_failing_bulk_run_is_undone_and_its_items_run_one_by_one(stores: Stores) -> None:
+    def one(pid: str) -> str:
+        if pid == "bad":
+            insert_project(stores, "bad-half")
+            raise ValueError("bad item")
+        return insert_project(stores, pid)
+
+    def many(pids: list[str]) -> list[str]:
+        for pid in pids:
+            insert_project(stores, f"bulk-{pid}")  # written, then undone with the savepoint
+        raise RuntimeError("the set-wise path gives up")
+
+    kind: Bulk[str, str] = Bulk("projects", one, many)
+    results = in_one_batch(stores, [lambda p=p: stores.writer.call_bulk(kind, p)
+                                    for p in ("a", "bad", "b")])
+    assert results[0] == "a" and results[2] == "b"
+    assert isinstance(results[1], ValueError)
+    assert {p.slug for p in stores.store.projects()} == {"a", "b"}
+    assert stores.writer.statistics().bulk_fallbacks == 1
+
+
+def test_a_bulk_run_with_the_wrong_number_of_results_is_undone(stores: Stores) -> None:
+    kind: Bulk[str, str] = Bulk("projects", lambda p: insert_project(stores, p),
+                                lambda ps: [insert_project(stores, f"x-{p}") for p in ps][:1])
+    results = in_one_batch(stores, [lambda p=p: stores.writer.call_bulk(kind, p)
+                                    for p in ("a", "b")])
+    assert sorted(results) == ["a", "b"]
+    assert {p.slug for p in stores.store.projects()} == {"a", "b"}
+
+
+def enqueue(stores: Stores, mid: str, target: str, content: str = "hi") -> Callable[[], Any]:
+    return lambda: stores.journal.enqueue(NewMessage(mid, target, content, sender="s0"), T0)
+
+
+def test_enqueues_in_one_batch_get_distinct_ordered_seqs(stores: Stores) -> None:
+    results = in_one_batch(stores, [enqueue(stores, f"m{i}", f"s{i % 3}") for i in range(9)])
+    assert all(r.created and r.status == "pending" for r in results)
+    rows = stores.journal.rows()
+    assert sorted(r["message_id"] for r in rows) == [f"m{i}" for i in range(9)]
+    seqs = [r["seq"] for r in rows]
+    assert len(set(seqs)) == 9 and seqs == sorted(seqs)
+    assert stores.writer.statistics().bulk_runs >= 1
+
+
+def test_a_repeat_and_a_conflict_in_a_batch_get_their_own_answers(stores: Stores) -> None:
+    stores.journal.enqueue(NewMessage("old", "s1", "hi", sender="s0"), T0)
+    results = in_one_batch(stores, [enqueue(stores, "new1", "s1"),
+                                    enqueue(stores, "old", "s1"),
+                                    enqueue(stores, "old", "s1", "other text"),
+                                    enqueue(stores, "new2", "s2")])
+    assert results[0].created and results[3].created
+    assert results[1].created is False
+    assert isinstance(results[2], IdempotencyConflict)
+    assert sorted(r["message_id"] for r in stores.journal.rows()) == ["new1", "new2", "old"]
+    assert stores.writer.statistics().bulk_fallbacks >= 1
+
+
+def commit(stores: Stores, owner: str, session: str, mid: str) -> Callable[[], Any]:
+    return lambda: stores.journal.complete_turn(
+        owner, session, [mid], [TurnEntry("user", mid, True, mid), TurnEntry("assistant", "ok")],
+        T0 + 1, next_lease=30.0)
+
+
+def test_turn_commits_in_one_batch_ack_record_and_lease_each_next_row(stores: Stores) -> None:
+    j = stores.journal
+    stores.store.create_project("p", "p", "p", T0)
+    stores.store.create_many([(s, "p", s, "interactive") for s in ("s1", "s2", "s3")], T0)
+    for n in (1, 2):
+        for s in ("s1", "s2", "s3"):
+            j.enqueue(NewMessage(f"{s}-{n}", s, "hi", sender="s0"), T0)
+    heads = j.claim("w1", T0).rows
+    assert sorted(r.message_id for r in heads) == ["s1-1", "s2-1", "s3-1"]
+    following = in_one_batch(stores, [commit(stores, "w1", r.target, r.message_id)
+                                      for r in heads])
+    assert [f.message_id for f in following] == [f"{r.target}-2" for r in heads]
+    assert {r["message_id"]: r["status"] for r in j.rows()} == {
+        "s1-1": "delivered", "s2-1": "delivered", "s3-1": "delivered",
+        "s1-2": "processing", "s2-2": "processing", "s3-2": "processing"}
+    assert all(r["lease_owner"] == "w1" for r in j.rows(state="processing"))
+    assert {stores.store.session(s).status for s in ("s1", "s2", "s3")} == {"active"}
+    last = in_one_batch(stores, [commit(stores, "w1", f.target, f.message_id)
+                                 for f in following])
+    assert last == [None, None, None]
+    assert {stores.store.session(s).status for s in ("s1", "s2", "s3")} == {"idle"}
+    assert stores.store.marker_counts() == {f"{s}-{n}": 1 for s in ("s1", "s2", "s3")
+                                            for n in (1, 2)}
+    assert [(e.role, e.text) for e in stores.store.transcript("s2")] == [
+        ("user", "s2-1"), ("assistant", "ok"), ("user", "s2-2"), ("assistant", "ok")]
+    assert stores.writer.statistics().bulk_runs >= 2
+
+
+def test_a_lost_lease_in_a_batch_fails_only_its_own_commit(stores: Stores) -> None:
+    j = stores.journal
+    for s in ("s1", "s2", "s3"):
+        j.enqueue(NewMessage(f"{s}-1", s, "hi", sender="s0"), T0)
+    heads = j.claim("w1", T0, lease=5).rows
+    j.claim("w2", T0 + 10, lease=5, exclude={"s1", "s3"})  # w2 takes s2 over after expiry
+    results = in_one_batch(stores, [commit(stores, "w1", r.target, r.message_id)
+                                    for r in heads])
+    by_target = dict(zip([r.target for r in heads], results, strict=True))
+    assert isinstance(by_target["s2"], LeaseLost)
+    assert by_target["s1"] is None and by_target["s3"] is None
+    assert stores.store.marker_counts() == {"s1-1": 1, "s3-1": 1}
+    assert j.get("s2-1")["lease_owner"] == "w2"
+    assert stores.store.transcript("s2") == []
+
+
+@pytest.mark.parametrize("size", [1, 450])
+def test_large_batches_split_their_statements(stores: Stores, size: int) -> None:
+    results = in_one_batch(stores, [enqueue(stores, f"m{i:04d}", f"s{i % 7}")
+                                    for i in range(size)])
+    assert all(r.created for r in results)
+    assert stores.journal.counts() == {"pending": size}
