@@ -145,8 +145,8 @@ def run_naive(w: Workload, workdir: Path) -> Measured:
     rec = Recorder(w.messages)
 
     def handle(item: dict[str, Any]) -> None:
-        rec.handled(item["body"])
-        queue.ack(item)
+        rec.handled(item["data"]["body"])
+        queue.ack(id=item["pqid"])  # by id: ack(item) searches every unacked item
 
     refs = _actors(min(w.sessions, 64), handle)
     stop = threading.Event()
@@ -154,10 +154,10 @@ def run_naive(w: Workload, workdir: Path) -> Measured:
     def consume() -> None:
         while not stop.is_set():
             try:
-                item = queue.get(block=True, timeout=0.05)
+                item = queue.get(block=True, timeout=0.05, raw=True)
             except persistqueue.Empty:
                 continue
-            refs[item["target"] % len(refs)].tell(item)
+            refs[item["data"]["target"] % len(refs)].tell(item)
 
     consumer = threading.Thread(target=consume, daemon=True)
     consumer.start()

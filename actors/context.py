@@ -116,6 +116,8 @@ class RuntimeContext:
     """Family rate-limit buckets (``family.Buckets``), set by the runtime."""
     focal: Any = None
     """The Focal service (``focal.Focal``), set by the runtime."""
+    wake_pending: bool = False
+    """A ``Wake`` is on its way to the dispatcher, so senders need not send another."""
 
     def effects(self, turn: Turn, outcome: TurnOutcome) -> TurnEffects:
         """Collect what every outbox hook wants committed with this outcome."""
@@ -143,8 +145,14 @@ class RuntimeContext:
                 log.exception("observer failed on %s", event)
 
     def wake_dispatcher(self) -> None:
-        """Nudge the dispatcher (after a send committed)."""
-        if self.dispatcher is not None and not self.crashed.is_set():
+        """Nudge the dispatcher (after a send committed).
+
+        One nudge serves every send committed before the dispatcher reads it
+        (it clears ``wake_pending`` before it claims), so under load senders
+        skip the actor message. Setting and reading a bool is atomic here.
+        """
+        if self.dispatcher is not None and not self.crashed.is_set() and not self.wake_pending:
+            self.wake_pending = True
             try:
                 self.dispatcher.tell(Wake())
             except pykka.ActorDeadError:

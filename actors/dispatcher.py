@@ -48,6 +48,7 @@ class Dispatcher(pykka.ThreadingActor):
             self._publish()
             self._schedule_claim()
         elif isinstance(message, Wake):
+            self.ctx.wake_pending = False  # before the claim: later sends nudge again
             self._schedule_claim()
         elif isinstance(message, ClaimNow):
             self.claim_scheduled = False
