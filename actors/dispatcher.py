@@ -3,9 +3,11 @@
 Its mailbox mirror is the set of due rows in the journal; its own messages
 (``Wake``, ``Tick``, ``TurnDone``) are ephemeral nudges. It keeps one row in
 flight per target (the journal enforces that across processes, the ``busy``
-set within this one), delivers to different targets concurrently, renews
-the leases of running turns, and keeps the number of live session actors
-within ``max_active`` by passivating idle ones (rules in ``passivation``).
+set within this one), delivers to different targets concurrently (at most
+``max_active`` turns at once: the size of the session actors' thread pool),
+renews the leases of running turns, and keeps the number of live session
+actors within ``max_live`` by passivating idle ones (rules in
+``passivation``). It owns the pool its session actors run on.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..persistence import PersistenceError, WriterClosed
 from . import passivation
 from .context import RuntimeContext
 from .messages import ClaimNow, Deliver, Tick, TurnDone, Wake
+from .pooled import ActorPool
 from .session_actor import SessionActor
 
 log = logging.getLogger("kinbox.dispatcher")
@@ -28,10 +31,15 @@ log = logging.getLogger("kinbox.dispatcher")
 class Dispatcher(pykka.ThreadingActor):
     """Claims due inbox rows and routes each to its session actor."""
 
-    def __init__(self, ctx: RuntimeContext, max_active: int, idle_ttl: float) -> None:
+    def __init__(self, ctx: RuntimeContext, max_active: int, idle_ttl: float,
+                 max_live: int) -> None:
         super().__init__()
         self.ctx = ctx
         self.max_active = max_active
+        self.max_live = max_live
+        db = ctx.journal.t.db
+        self.pool = ActorPool(max_active, name="kinbox-session",
+                              on_exit=lambda: None if db.is_closed() else db.close())
         self.idle_ttl = idle_ttl
         self.live: OrderedDict[str, pykka.ActorRef[Any]] = OrderedDict()
         self.last_used: dict[str, float] = {}
@@ -67,6 +75,7 @@ class Dispatcher(pykka.ThreadingActor):
             except Exception:
                 log.warning("a session actor did not stop in time")
         self.live.clear()
+        self.pool.stop()
         self.ctx.journal.t.db.close()
 
     def _schedule_claim(self) -> None:
@@ -109,9 +118,9 @@ class Dispatcher(pykka.ThreadingActor):
         ref = self.live.get(session_id)
         if ref is None:
             for victim in passivation.evictions_for(list(self.live), self.busy, session_id,
-                                                    self.max_active):
+                                                    self.max_live):
                 self._passivate(victim)
-            ref = SessionActor.start(self.ctx, session_id)
+            ref = SessionActor.start(self.ctx, session_id, self.pool)
             self.live[session_id] = ref
             self.ctx.activity.bump("activations")
         self.live.move_to_end(session_id)

@@ -65,6 +65,7 @@ class Runtime:
 
     def __init__(self, db: str | None = None, brain: Brain | None = None,
                  clock: Clock | None = None, max_active_sessions: int = 64, *,
+                 max_live_sessions: int = 1024,
                  lease_seconds: float = DEFAULT_LEASE_SECONDS, idle_ttl: float = 300.0,
                  tick_interval: float = 0.2, synchronous: str = "FULL",
                  data_dir: str | os.PathLike[str] | None = None,
@@ -73,6 +74,9 @@ class Runtime:
         if not isinstance(max_active_sessions, int) or max_active_sessions < 1:
             raise ConfigError(f"max_active_sessions must be an integer >= 1, "
                               f"got {max_active_sessions!r}")
+        if not isinstance(max_live_sessions, int) or max_live_sessions < 1:
+            raise ConfigError(f"max_live_sessions must be an integer >= 1, "
+                              f"got {max_live_sessions!r}")
         if lease_seconds <= 0 or tick_interval <= 0 or idle_ttl <= 0:
             raise ConfigError("lease_seconds, tick_interval and idle_ttl must be > 0")
         unknown = set(faults) - FAULTS
@@ -84,6 +88,7 @@ class Runtime:
         self.brain: Brain = brain or silent_brain
         self.clock: Clock = clock or SystemClock()
         self.max_active_sessions = max_active_sessions
+        self.max_live_sessions = max_live_sessions
         self.lease_seconds = lease_seconds
         self.idle_ttl = idle_ttl
         self.tick_interval = tick_interval
@@ -137,7 +142,8 @@ class Runtime:
                 store.ensure_project(slug, slug, name, now)
             if self._lock is not None:
                 journal.expire_leases(now)  # the lock proves their holder is gone
-            ctx.dispatcher = Dispatcher.start(ctx, self.max_active_sessions, self.idle_ttl)
+            ctx.dispatcher = Dispatcher.start(ctx, self.max_active_sessions, self.idle_ttl,
+                                              self.max_live_sessions)
             if self._schedule is not None:
                 self._schedule.start()
         except BaseException:
@@ -296,12 +302,16 @@ class Runtime:
         ctx = self._running()
         deadline = time.monotonic() + timeout
         while True:
-            if self.is_idle():
-                return
+            snap = ctx.activity.snapshot()
+            if not snap["busy"] and not snap["claim_pending"]:
+                if not ctx.journal.has_due(ctx.now()):
+                    return
+                # Due rows and nothing on the way (a backoff ran out, say): nudge. Only
+                # then: a nudge while a claim is pending would keep the dispatcher busy.
+                ctx.wake_dispatcher()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise IdleTimeout(timeout, self.statistics())
-            ctx.wake_dispatcher()
             with ctx.activity.cond:
                 ctx.activity.cond.wait(min(remaining, 0.05))
 

@@ -1,7 +1,8 @@
 """The session actor: runs a session's turns, one claimed row at a time.
 
-A thin shell: it builds the :class:`Turn`, calls the brain, and commits the
-outcome through the journal, which applies the rules. The commit of a
+A pykka actor on a pool thread (:mod:`.pooled`), and a thin shell: it
+builds the :class:`Turn`, calls the brain, and commits the outcome through
+the journal, which applies the rules. The commit of a
 successful turn writes the transcript entries, a delivery marker per
 message and the acks in one transaction, fenced by the lease; a failed turn
 is retried with backoff. Whatever happens, the dispatcher hears ``TurnDone``
@@ -19,6 +20,7 @@ import pykka
 from ..persistence import ClaimedRow, LeaseLost, PersistenceError, WriterClosed
 from .context import RuntimeContext, TurnEffects
 from .messages import Deliver, TurnDone
+from .pooled import ActorPool, PooledActor
 from .turn import Message, Turn, TurnOutcome
 
 log = logging.getLogger("kinbox.session")
@@ -27,11 +29,11 @@ CHAIN_LIMIT = 16
 """Turns a session actor runs back to back before it hands its slot back (fairness)."""
 
 
-class SessionActor(pykka.ThreadingActor):
-    """Delivers inbox rows to one session by running its brain."""
+class SessionActor(PooledActor):
+    """Delivers inbox rows to one session by running its brain (on the dispatcher's pool)."""
 
-    def __init__(self, ctx: RuntimeContext, session_id: str) -> None:
-        super().__init__()
+    def __init__(self, ctx: RuntimeContext, session_id: str, pool: ActorPool) -> None:
+        super().__init__(pool)
         self.ctx = ctx
         self.session_id = session_id
 
@@ -56,10 +58,6 @@ class SessionActor(pykka.ThreadingActor):
                     except pykka.ActorDeadError:
                         pass  # the runtime is stopping
 
-    def on_stop(self) -> None:
-        db = self.ctx.journal.t.db
-        if not db.is_closed():  # a brain's tool calls opened this thread's connection
-            db.close()
 
     def _deliver(self, row: ClaimedRow) -> ClaimedRow | None:
         """Run the row's turn; return the session's next row if it was leased with the ack."""

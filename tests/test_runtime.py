@@ -141,7 +141,7 @@ def test_five_failures_make_a_row_failed_and_requeue_delivers_it(
 def test_idle_session_actors_are_passivated_so_live_actors_stay_bounded(
         make_runtime: MakeRuntime) -> None:
     seen, brain = recorder()
-    rt = make_runtime(brain=brain, max_active_sessions=3)
+    rt = make_runtime(brain=brain, max_active_sessions=2, max_live_sessions=3)
     project = rt.create_project("p")
     ids = [rt.create_session(project.id, f"S{i}").id for i in range(12)]
     for sid in ids:
@@ -157,6 +157,22 @@ def test_idle_session_actors_are_passivated_so_live_actors_stay_bounded(
     rt.post(ids[0], "again")
     rt.run_until_idle()
     assert seen[-1] == (ids[0], "again")
+
+
+def test_threads_stay_at_the_pool_size_however_many_sessions_run(
+        make_runtime: MakeRuntime) -> None:
+    counts: list[int] = []
+    rt = make_runtime(brain=lambda turn: counts.append(threading.active_count()),
+                      max_active_sessions=3)
+    started_with = threading.active_count()  # the pool's threads start with the runtime
+    project = rt.create_project("p")
+    ids = [rt.create_session(project.id, f"S{i}").id for i in range(40)]
+    for sid in ids:
+        rt.post(sid, "hello")
+    rt.run_until_idle(30)
+    assert len(counts) == 40
+    assert rt.statistics()["peak_live"] == 40  # every session's actor is alive...
+    assert max(counts) <= started_with  # ...and none of them added a thread
 
 
 def test_start_replays_exactly_the_unacknowledged_rows_in_order(db_url: str,

@@ -1,0 +1,147 @@
+"""Pooled pykka actors: the actor contract on a fixed set of shared threads."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pykka
+import pytest
+
+from kinbox.actors.pooled import ActorPool, PooledActor
+
+from .helpers import wait_for
+
+
+class Recorder(PooledActor):
+    """Records what it handles and checks that it never runs twice at once."""
+
+    def __init__(self, pool: ActorPool) -> None:
+        super().__init__(pool)
+        self.seen: list[Any] = []
+        self.running = False
+        self.overlaps = 0
+        self.threads: set[str] = set()
+        self.events: list[str] = []
+
+    def on_start(self) -> None:
+        self.events.append("start")
+
+    def on_stop(self) -> None:
+        self.events.append("stop")
+
+    def on_failure(self, *exc_info: Any) -> None:
+        self.events.append("failure")
+
+    def on_receive(self, message: Any) -> Any:
+        if self.running:
+            self.overlaps += 1
+        self.running = True
+        try:
+            self.threads.add(threading.current_thread().name)
+            if message == "boom":
+                raise ValueError("boom")
+            self.seen.append(message)
+            return ("got", message)
+        finally:
+            self.running = False
+
+    def snapshot(self) -> tuple[list[Any], int, set[str], list[str]]:
+        return list(self.seen), self.overlaps, set(self.threads), list(self.events)
+
+
+@pytest.fixture
+def pool() -> Iterator[ActorPool]:
+    p = ActorPool(2, name="test-pool")
+    yield p
+    p.stop()
+
+
+def test_one_actors_messages_run_in_order_and_never_at_once(pool: ActorPool) -> None:
+    ref = Recorder.start(pool)
+    senders = [threading.Thread(target=lambda k=k: [ref.tell((k, i)) for i in range(300)])
+               for k in range(3)]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join(10)
+    seen, overlaps, threads, events = ref.proxy().snapshot().get(timeout=10)
+    assert overlaps == 0
+    assert events == ["start"]
+    for k in range(3):
+        assert [i for s, i in seen if s == k] == list(range(300))
+    assert threads <= {"test-pool-0", "test-pool-1"}
+    ref.stop()
+
+
+def test_many_actors_share_the_pool_without_new_threads(pool: ActorPool) -> None:
+    before = threading.active_count()
+    refs = [Recorder.start(pool) for _ in range(200)]
+    for n, ref in enumerate(refs):
+        ref.tell(n)
+    assert [ref.ask("ping", timeout=10) for ref in refs] == [("got", "ping")] * 200
+    assert [ref.proxy().seen.get(timeout=10) for ref in refs] == [[n, "ping"] for n in
+                                                                   range(200)]
+    assert threading.active_count() == before
+    for ref in refs:
+        ref.stop()
+
+
+def test_ask_carries_errors_back_and_a_failed_tell_stops_the_actor(pool: ActorPool) -> None:
+    ref = Recorder.start(pool)
+    with pytest.raises(ValueError, match="boom"):
+        ref.ask("boom", timeout=10)
+    assert ref.is_alive()  # an error answered to the asker is not the actor's failure
+    actor = ref.proxy().snapshot().get(timeout=10)
+    assert actor[3] == ["start"]
+    ref.tell("boom")  # nobody to answer: the actor fails and stops
+    wait_for(lambda: not ref.is_alive(), what="the failed actor to stop")
+    with pytest.raises(pykka.ActorDeadError):
+        ref.tell("late")
+
+
+def test_stop_runs_on_stop_and_answers_queued_asks_with_actor_dead(pool: ActorPool) -> None:
+    gate = threading.Event()
+    events: list[str] = []
+
+    class Slow(Recorder):
+        def on_stop(self) -> None:
+            events.append("stop")
+
+        def on_receive(self, message: Any) -> Any:
+            if message == "wait":
+                gate.wait(10)
+            return super().on_receive(message)
+
+    ref = Slow.start(pool)
+    first = ref.ask("wait", block=False)
+    stopped = ref.stop(block=False)  # queued behind "wait"
+    queued = ref.ask("after", block=False)  # queued behind the stop
+    gate.set()
+    assert first.get(timeout=10) == ("got", "wait")
+    stopped.get(timeout=10)
+    with pytest.raises(pykka.ActorDeadError):
+        queued.get(timeout=10)
+    assert events == ["stop"]
+
+
+def test_stopping_the_pool_runs_each_threads_exit_hook() -> None:
+    exits: list[str] = []
+    lock = threading.Lock()
+
+    def on_exit() -> None:
+        with lock:
+            exits.append(threading.current_thread().name)
+
+    pool = ActorPool(3, name="exit", on_exit=on_exit)
+    ref = Recorder.start(pool)
+    assert ref.ask("hi", timeout=10) == ("got", "hi")
+    ref.stop()
+    pool.stop()
+    assert sorted(exits) == ["exit-0", "exit-1", "exit-2"]
+
+
+def test_a_pool_needs_a_thread() -> None:
+    with pytest.raises(ValueError, match="at least one thread"):
+        ActorPool(0)
