@@ -57,7 +57,8 @@ class ClaimedRow:
     @classmethod
     def from_columns(cls, c: Sequence[Any]) -> ClaimedRow:
         """From a row read as ``hot_path.CLAIM_COLUMNS``."""
-        return cls(c[0], c[1], c[2], c[3], c[4], c[5], json.loads(c[6] or "{}"), c[7], c[8])
+        payload = {} if c[6] in (None, "", "{}") else json.loads(c[6])  # most carry none
+        return cls(c[0], c[1], c[2], c[3], c[4], c[5], payload, c[7], c[8])
 
 
 @dataclass(frozen=True)
@@ -106,5 +107,6 @@ def insert_params(msg: NewMessage, now: float) -> tuple[Any, ...]:
     """The parameters of ``HotPath.sql_insert`` for a new pending row."""
     policy = core.TRANSPORT_POLICIES.get(msg.transport, core.LOCAL)
     return (msg.message_id, msg.transport, msg.destination_peer_id, msg.sender, msg.target,
-            msg.kind, msg.content, json.dumps(msg.payload, sort_keys=True),
+            msg.kind, msg.content,
+            json.dumps(msg.payload, sort_keys=True) if msg.payload else "{}",
             msg.max_attempts or policy.max_attempts, now, now, now)
