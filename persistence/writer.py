@@ -118,12 +118,7 @@ class GroupCommitWriter:
 
     def submit(self, op: Callable[[], T]) -> Reply[T]:
         """Queue ``op``; the reply resolves once its batch has committed."""
-        future: Reply[T] = Reply()
-        with self._lock:
-            if self._closed:
-                raise WriterClosed("the writer is stopped; no more writes are accepted")
-            self._queue.put((op, future))
-        return future
+        return self._put(op)
 
     def call(self, op: Callable[[], T], timeout: float | None = 30.0) -> T:
         """Run ``op`` in the next batch and return its result after the commit."""
@@ -131,12 +126,16 @@ class GroupCommitWriter:
 
     def call_bulk(self, kind: Bulk[A, T], item: A, timeout: float | None = 30.0) -> T:
         """Run ``item`` with the other items of ``kind`` in the next batch; result after commit."""
-        future: Reply[T] = Reply()
+        return self._put(kind, item).result(timeout)
+
+    def _put(self, *entry: Any) -> Reply[Any]:
+        # Queue entries: (op, reply) or (bulk kind, item, reply).
+        reply: Reply[Any] = Reply()
         with self._lock:
             if self._closed:
                 raise WriterClosed("the writer is stopped; no more writes are accepted")
-            self._queue.put((kind, item, future))
-        return future.result(timeout)
+            self._queue.put((*entry, reply))
+        return reply
 
     def stop(self, timeout: float = 10.0) -> None:
         """Commit what is queued, then stop the thread."""
@@ -209,7 +208,7 @@ class GroupCommitWriter:
                     if isinstance(unit, list):
                         self._run_bulk(cursor, batch, unit, outcomes)
                     else:
-                        outcomes[unit] = self._run_one(cursor, lambda op=batch[unit][0]: op())
+                        outcomes[unit] = self._run_one(cursor, batch[unit][0])
         except Exception as exc:  # the commit itself failed: nothing of the batch is durable
             self._stats.rollbacks += 1
             for item in batch:
