@@ -77,17 +77,22 @@ class HotPath:
 
     def due_heads(self, transport: str, now: float, limit: int,
                   for_update: bool) -> list[tuple[Any, ...]]:
-        """The oldest open row of each target, when due, oldest first (CLAIM_COLUMNS)."""
+        """The oldest open row of each target, when due, oldest first (CLAIM_COLUMNS).
+
+        One query per open state, each walking that state's rows in ``seq``
+        order on the (status, seq) index and stopping at ``limit`` heads, so
+        a claim costs about ``limit`` index probes however long the backlog.
+        """
         p = self.p
         cols = ", ".join(f"m.{c}" for c in CLAIM_COLUMNS)
-        sql = (f"WITH t(target) AS (SELECT DISTINCT target_chat_id FROM {INBOX} "
-               "WHERE status IN ('pending', 'processing')) "
-               f"SELECT {cols} FROM {INBOX} m WHERE m.seq IN "
-               f"(SELECT {head_seq('t.target')} FROM t) AND m.transport = {p} "
-               f"AND ((m.status = 'pending' AND m.available_at <= {p}) "
-               f"OR (m.status = 'processing' AND m.lease_until <= {p})) "
-               f"ORDER BY m.seq LIMIT {p}" + (" FOR UPDATE OF m SKIP LOCKED" if for_update else ""))
-        return [tuple(r) for r in self.db.execute_sql(sql, (transport, now, now, limit))]
+        found: list[tuple[Any, ...]] = []
+        for status, due in (("pending", "available_at"), ("processing", "lease_until")):
+            sql = (f"SELECT {cols} FROM {INBOX} m WHERE m.status = '{status}' "
+                   f"AND m.{due} <= {p} AND m.transport = {p} "
+                   f"AND m.seq = {head_seq('m.target_chat_id')} "
+                   f"ORDER BY m.seq LIMIT {p}" + (" FOR UPDATE SKIP LOCKED" if for_update else ""))
+            found.extend(tuple(r) for r in self.db.execute_sql(sql, (now, transport, limit)))
+        return sorted(found, key=lambda r: r[1])[:limit]
 
     def lease_many(self, ids: Sequence[str], owner: str, until: float, now: float) -> None:
         """Lease several rows."""
