@@ -13,6 +13,9 @@ are alive, and activating an actor costs an object, not a thread.
 
 A message handler that blocks holds a pool thread; the dispatcher bounds
 running turns by the pool's size, so a blocked turn never starves another.
+For the same reason a handler must not wait on another pooled actor of its
+pool (``ask(...).get()``): with every thread waiting, nobody would answer.
+Session actors never do; they talk to the dispatcher with ``tell``.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 A pykka actor on a pool thread (:mod:`.pooled`), and a thin shell: it
 builds the :class:`Turn`, calls the brain, and commits the outcome through
-the journal, which applies the rules. The commit of a
-successful turn writes the transcript entries, a delivery marker per
-message and the acks in one transaction, fenced by the lease; a failed turn
-is retried with backoff. Whatever happens, the dispatcher hears ``TurnDone``
+the journal, which applies the rules. The commit of a successful turn
+writes the transcript entries, a delivery marker per message and the acks
+in one transaction, fenced by the lease; a failed turn is retried with
+backoff. Whatever happens, the dispatcher hears ``TurnDone``
 so the session's slot frees up.
 """
 
@@ -57,7 +57,6 @@ class SessionActor(PooledActor):
                         self.ctx.dispatcher.tell(TurnDone(self.session_id))
                     except pykka.ActorDeadError:
                         pass  # the runtime is stopping
-
 
     def _deliver(self, row: ClaimedRow) -> ClaimedRow | None:
         """Run the row's turn; return the session's next row if it was leased with the ack."""
