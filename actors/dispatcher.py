@@ -50,6 +50,16 @@ class Dispatcher(pykka.ThreadingActor):
     def on_receive(self, message: Any) -> None:
         if self.ctx.crashed.is_set():
             return
+        try:
+            self._handle(message)
+        except Exception:
+            # A bug or an unexpected driver error must not stop the runtime's only
+            # dispatcher: the journal still holds every row, the next nudge or tick
+            # claims again, and rows leased just before the error come back when
+            # their lease runs out.
+            log.exception("the dispatcher failed on %s; carrying on", type(message).__name__)
+
+    def _handle(self, message: Any) -> None:
         if isinstance(message, TurnDone):
             self.busy.discard(message.session_id)
             self.last_used[message.session_id] = self.ctx.now()
@@ -116,6 +126,9 @@ class Dispatcher(pykka.ThreadingActor):
 
     def _actor_for(self, session_id: str) -> pykka.ActorRef[Any]:
         ref = self.live.get(session_id)
+        if ref is not None and not ref.is_alive():  # it failed outside a turn: start anew
+            self.live.pop(session_id)
+            ref = None
         if ref is None:
             for victim in passivation.evictions_for(list(self.live), self.busy, session_id,
                                                     self.max_live):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,7 @@ from kinbox.actors import (
     RuntimeStateError,
     Turn,
 )
+from kinbox.actors.context import TurnEffects
 from kinbox.persistence import DatabaseInUse, NewMessage
 
 from .conftest import Stores
@@ -326,3 +328,47 @@ def test_bad_runtime_options_are_refused_before_anything_starts(
     with pytest.raises(ConfigError) as caught:
         Runtime(db=db_url, **options)  # type: ignore[arg-type]
     assert message in str(caught.value)
+
+
+def test_an_unexpected_error_in_the_dispatcher_does_not_stop_delivery(
+        make_runtime: MakeRuntime) -> None:
+    seen, brain = recorder()
+    rt = make_runtime(brain=brain)
+    journal = rt.context.journal
+    real_claim = journal.claim
+    failures: list[str] = []
+
+    def claim_failing_once(*args: Any, **kwargs: Any) -> Any:
+        if not failures:
+            failures.append("claim")
+            raise RuntimeError("a bug in a claim")
+        return real_claim(*args, **kwargs)
+
+    journal.claim = claim_failing_once  # type: ignore[method-assign]
+    _, b = two_sessions(rt)
+    rt.post(b, "still delivered")
+    rt.run_until_idle(10)
+    assert failures == ["claim"]
+    assert seen == [(b, "still delivered")]
+
+
+def test_a_session_actor_that_died_outside_a_turn_is_started_again(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    seen, brain = recorder()
+    rt = make_runtime(brain=brain, lease_seconds=5)
+    broken: list[str] = []
+
+    def outbox_failing_once(ctx: Any, turn: Turn, outcome: Any) -> Any:
+        if not broken:
+            broken.append(turn.session_id)
+            raise RuntimeError("a bug after the turn, before its commit")
+        return TurnEffects()
+
+    rt.context.outbox_hooks.append(outbox_failing_once)
+    _, b = two_sessions(rt)
+    rt.post(b, "hello")
+    wait_for(lambda: bool(broken), what="the failing hook to run")
+    clock.advance(6)  # the dead actor's lease runs out; the row is claimed again
+    rt.run_until_idle(10)
+    assert seen == [(b, "hello"), (b, "hello")]  # the first run never committed
+    assert rt.marker_counts() == {rt.inbox()[0]["message_id"]: 1}
