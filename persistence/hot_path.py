@@ -60,10 +60,6 @@ class HotPath:
                           f"AND ((status = 'pending' AND available_at <= {p}) "
                           f"OR (status = 'processing' AND lease_until <= {p}))")
         self.sql_marker_exists = f"SELECT 1 FROM delivery_markers WHERE message_id = {p} LIMIT 1"
-        self.sql_entry = ("INSERT INTO transcript_entries (session_id, role, text, visible, "
-                          f"message_id, created_at) VALUES ({p}, {p}, {p}, {p}, {p}, {p})")
-        self.sql_marker = ("INSERT INTO delivery_markers (session_id, message_id, created_at) "
-                           f"VALUES ({p}, {p}, {p})")
         self.sql_status = f"UPDATE sessions SET status = {p}, updated_at = {p} WHERE id = {p}"
         self.sql_existing = (f"SELECT target_chat_id, kind, content, status, created_at "
                              f"FROM {INBOX} WHERE message_id = {p}")
@@ -145,15 +141,6 @@ class HotPath:
                 f"UPDATE {INBOX} SET status = 'delivered', delivered_at = {self.p}, "
                 f"updated_at = {self.p}, lease_owner = NULL, lease_until = NULL "
                 f"WHERE message_id IN ({self.in_list(len(part))})", [now, now, *part])
-
-    def insert_entries(self, rows: Sequence[tuple[Any, ...]]) -> None:
-        """Transcript entries: (session_id, role, text, visible, message_id, created_at)."""
-        if rows:
-            self.db.cursor().executemany(self.sql_entry, rows)
-
-    def insert_markers(self, rows: Sequence[tuple[str, str, float]]) -> None:
-        """Delivery markers: (session_id, message_id, created_at)."""
-        self.db.cursor().executemany(self.sql_marker, rows)
 
     def set_status(self, session_id: str, status: str, now: float) -> None:
         """A session's active/idle status."""

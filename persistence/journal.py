@@ -56,7 +56,7 @@ class Journal(InboxReads):
         self.t = tables
         self.writer = writer
         self.hot = HotPath(tables.db)
-        bulk = BulkSql(self.hot)
+        self.bulk = bulk = BulkSql(self.hot)
         self._enqueues: Bulk[tuple[NewMessage, float], EnqueueResult] = Bulk(
             "enqueue", lambda item: self.enqueue_now(*item),
             lambda items: set_wise.enqueue_all(bulk, items))
@@ -182,9 +182,9 @@ class Journal(InboxReads):
             self.enqueue_now(msg, now)
         for op in also:
             op()
-        self.hot.insert_entries([(session_id, e.role, e.text, e.visible, e.message_id, now)
-                                 for e in entries])
-        self.hot.insert_markers([(session_id, mid, now) for mid in ids])
+        self.bulk.insert_entries([(session_id, e.role, e.text, e.visible, e.message_id, now)
+                                  for e in entries])
+        self.bulk.insert_markers([(session_id, mid, now) for mid in ids])
         if ack:
             self.hot.mark_delivered(ids, now)
         following = None
