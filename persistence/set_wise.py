@@ -67,8 +67,11 @@ def _next_heads(sql: BulkSql, commits: Sequence[TurnCommit], now: float) -> dict
     return {sid: ClaimedRow.from_columns(head) for sid, (head, _) in taken.items()}
 
 
-def _grouped(taken: Iterable[tuple[tuple[Any, ...], TurnCommit]]) -> dict[tuple[str, float],
-                                                                           list[str]]:
+Head = tuple[Any, ...]
+
+
+def _grouped(taken: Iterable[tuple[Head, TurnCommit]]) -> dict[tuple[str, float], list[str]]:
+    """Head ids by (owner, lease length): one lease statement per group."""
     groups: dict[tuple[str, float], list[str]] = {}
     for head, c in taken:
         groups.setdefault((c.owner, c.next_lease or 0.0), []).append(head[0])
