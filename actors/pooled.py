@@ -53,11 +53,6 @@ class ActorPool:
         for thread in self._threads:
             thread.start()
 
-    @property
-    def size(self) -> int:
-        """Number of threads."""
-        return len(self._threads)
-
     def schedule(self, actor: PooledActor) -> None:
         """Queue ``actor`` to run its mail on the next free thread."""
         self._ready.put(actor)

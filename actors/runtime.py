@@ -301,11 +301,9 @@ class Runtime:
         """Wait until no row is due and no turn runs; :class:`IdleTimeout` after ``timeout``."""
         ctx = self._running()
         deadline = time.monotonic() + timeout
-        while True:
+        while not self.is_idle():
             snap = ctx.activity.snapshot()
             if not snap["busy"] and not snap["claim_pending"]:
-                if not ctx.journal.has_due(ctx.now()):
-                    return
                 # Due rows and nothing on the way (a backoff ran out, say): nudge. Only
                 # then: a nudge while a claim is pending would keep the dispatcher busy.
                 ctx.wake_dispatcher()

@@ -63,13 +63,6 @@ class HotPath:
         self.sql_status = f"UPDATE sessions SET status = {p}, updated_at = {p} WHERE id = {p}"
         self.sql_existing = (f"SELECT target_chat_id, kind, content, status, created_at "
                              f"FROM {INBOX} WHERE message_id = {p}")
-        seq = ("nextval('agent_inbox_seq')" if is_postgres(db)
-               else f"(SELECT COALESCE(MAX(seq), 0) + 1 FROM {INBOX})")
-        self.sql_insert = (
-            f"INSERT INTO {INBOX} (message_id, seq, transport, destination_peer_id, "
-            "sender_chat_id, target_chat_id, kind, content, payload, status, attempts, "
-            "max_attempts, available_at, created_at, updated_at) VALUES "
-            f"({p}, {seq}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, 'pending', 0, {p}, {p}, {p}, {p})")
 
     def due_heads(self, transport: str, now: float, limit: int,
                   for_update: bool) -> list[tuple[Any, ...]]:
@@ -162,7 +155,3 @@ class HotPath:
     def existing(self, message_id: str) -> tuple[Any, ...] | None:
         """(target, kind, content, status, created_at) of an existing row."""
         return self.fetch_one(self.sql_existing, (message_id,))
-
-    def insert(self, params: Sequence[Any]) -> None:
-        """A new pending row (``inbox_records.insert_params``)."""
-        self.db.execute_sql(self.sql_insert, params)

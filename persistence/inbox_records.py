@@ -104,7 +104,7 @@ class TurnCommit:
 
 
 def insert_params(msg: NewMessage, now: float) -> tuple[Any, ...]:
-    """The parameters of ``HotPath.sql_insert`` for a new pending row."""
+    """A new pending row's values for ``BulkSql.insert_inbox`` (all but ``seq``)."""
     policy = core.TRANSPORT_POLICIES.get(msg.transport, core.LOCAL)
     return (msg.message_id, msg.transport, msg.destination_peer_id, msg.sender, msg.target,
             msg.kind, msg.content,

@@ -74,7 +74,7 @@ class Journal(InboxReads):
         if not core.enqueue_decision(msg.message_id, before, fingerprint):
             assert existing is not None
             return EnqueueResult(msg.message_id, msg.target, existing[3], False, existing[4])
-        self.hot.insert(insert_params(msg, now))
+        self.bulk.insert_inbox([insert_params(msg, now)])
         return EnqueueResult(msg.message_id, msg.target, core.State.PENDING.value, True, now)
 
     def enqueue(self, msg: NewMessage, now: float) -> EnqueueResult:
