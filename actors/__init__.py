@@ -9,9 +9,30 @@
         ...
 """
 
+from ..persistence.errors import (
+    DatabaseInUse,
+    DatabaseMissing,
+    DatabaseOpenError,
+    DuplicateError,
+    IdempotencyConflict,
+    IllegalTransition,
+    LeaseLost,
+    PersistenceError,
+    RowNotFound,
+    SchemaError,
+    WriterClosed,
+)
 from .access import HIDDEN_KINDS, SESSION_KINDS
 from .clock import Clock, ManualClock, SystemClock
-from .errors import ConfigError, IdleTimeout, KinboxError, RuntimeStateError, ToolError
+from .errors import (
+    BrainRefError,
+    ConfigError,
+    IdleTimeout,
+    KinboxError,
+    RuntimeStateError,
+    ScenarioError,
+    ToolError,
+)
 from .runtime import Runtime
 from .tools import AgentTools, SubagentTools, TaskTools
 from .turn import Brain, Message, Turn, TurnOutcome
@@ -21,18 +42,31 @@ __all__ = [
     "SESSION_KINDS",
     "AgentTools",
     "Brain",
+    "BrainRefError",
     "Clock",
     "ConfigError",
+    "DatabaseInUse",
+    "DatabaseMissing",
+    "DatabaseOpenError",
+    "DuplicateError",
+    "IdempotencyConflict",
     "IdleTimeout",
+    "IllegalTransition",
     "KinboxError",
+    "LeaseLost",
     "ManualClock",
     "Message",
+    "PersistenceError",
+    "RowNotFound",
     "Runtime",
     "RuntimeStateError",
+    "ScenarioError",
+    "SchemaError",
     "SubagentTools",
     "SystemClock",
     "TaskTools",
     "ToolError",
     "Turn",
     "TurnOutcome",
+    "WriterClosed",
 ]

@@ -31,6 +31,10 @@ log = logging.getLogger("kinbox.dispatcher")
 class Dispatcher(pykka.ThreadingActor):
     """Claims due inbox rows and routes each to its session actor."""
 
+    # A daemon, like every kinbox thread: a program that never calls stop() still
+    # reaches atexit, where the runtime stops cleanly.
+    use_daemon_thread = True
+
     def __init__(self, ctx: RuntimeContext, max_active: int, idle_ttl: float,
                  max_live: int) -> None:
         super().__init__()

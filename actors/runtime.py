@@ -9,11 +9,15 @@ public API tests, scenarios and products use.
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
+import re
 import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
@@ -37,6 +41,8 @@ from ..persistence import (
     default_url,
     is_sqlite,
     open_database,
+    redact_url,
+    sqlite_path,
     upgrade,
 )
 from . import access
@@ -55,13 +61,16 @@ from .turn import Brain, Turn
 SYSTEM_PROJECTS = (("default", "Default"), ("social", "Social"))
 """Projects that always exist (S4)."""
 
-
-def silent_brain(turn: Turn) -> None:
-    """A brain that reads its messages and says nothing."""
+log = logging.getLogger("kinbox.runtime")
 
 
 class Runtime:
-    """A kinbox runtime on one database. Use as a context manager, or ``start``/``stop``."""
+    """A kinbox runtime on one database. Use as a context manager, or ``start``/``stop``.
+
+    With a ``brain`` it runs turns: it claims due rows and delivers them. Without
+    one it is *send-only*: it writes, reads and serves, and never claims a row,
+    so a process that holds no brain can never consume a message.
+    """
 
     def __init__(self, db: str | None = None, brain: Brain | None = None,
                  clock: Clock | None = None, max_active_sessions: int = 64, *,
@@ -83,9 +92,11 @@ class Runtime:
         if unknown:
             raise ConfigError(f"unknown faults {sorted(unknown)}; known: {sorted(FAULTS)}")
         if brain is not None and not callable(brain):
-            raise ConfigError("brain must be callable: brain(turn)")
+            raise ConfigError("brain must be callable: brain(turn)", field="brain")
         self.url = db or default_url()
-        self.brain: Brain = brain or silent_brain
+        self.send_only = brain is None
+        """True when the runtime holds no brain: it never claims or delivers a row."""
+        self.brain: Brain = brain or _no_brain
         self.clock: Clock = clock or SystemClock()
         self.max_active_sessions = max_active_sessions
         self.max_live_sessions = max_live_sessions
@@ -113,13 +124,15 @@ class Runtime:
     def start(self) -> Runtime:
         """Open the database, start the actors and replay what was not acknowledged."""
         if self._state != "new":
-            raise RuntimeStateError(f"a runtime starts once; this one is {self._state}")
-        if self.url.startswith("sqlite:///"):
-            Path(self.url[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True,
-                                                                         exist_ok=True)
+            raise RuntimeStateError(f"a runtime starts once; this one is {self._state}",
+                                    state=self._state)
+        path = sqlite_path(self.url)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
         db = open_database(self.url, synchronous=self.synchronous)  # type: ignore[arg-type]
         tables = bind_tables(db)
-        if is_sqlite(db):
+        # Only a delivering runtime owns the file: a send-only one may run beside it.
+        if is_sqlite(db) and not self.send_only:
             self._lock = ExclusiveLock(db)
             self._lock.acquire()
         try:
@@ -141,15 +154,24 @@ class Runtime:
             for slug, name in SYSTEM_PROJECTS:
                 store.ensure_project(slug, slug, name, now)
             if self._lock is not None:
-                journal.expire_leases(now)  # the lock proves their holder is gone
-            ctx.dispatcher = Dispatcher.start(ctx, self.max_active_sessions, self.idle_ttl,
-                                              self.max_live_sessions)
-            if self._schedule is not None:
-                self._schedule.start()
+                expired = journal.expire_leases(now)  # the lock proves their holder is gone
+                if expired:
+                    log.info("took over %d rows leased by a runtime that is gone", expired)
+            if not self.send_only:
+                ctx.dispatcher = Dispatcher.start(ctx, self.max_active_sessions,
+                                                  self.idle_ttl, self.max_live_sessions)
+                if self._schedule is not None:
+                    self._schedule.start()
         except BaseException:
             self._teardown()
             raise
         self._state = "running"
+        _at_exit(self)
+        counts = journal.counts()
+        log.info("runtime %s started on %s (%s); open rows: %d pending, %d processing",
+                 self.owner, redact_url(self.url),
+                 "send-only: no brain, claims nothing" if self.send_only else "delivering",
+                 counts.get("pending", 0), counts.get("processing", 0))
         if isinstance(self.clock, ManualClock):
             self._unsubscribe = self.clock.subscribe(lambda _now: self._on_clock())
         self._ticker = threading.Thread(target=self._tick_loop, name="kinbox-ticker",
@@ -158,6 +180,11 @@ class Runtime:
         ctx.emit("started", owner=self.owner)
         ctx.wake_dispatcher()
         return self
+
+    @property
+    def state(self) -> str:
+        """``new``, ``running``, ``stopped`` or ``crashed``."""
+        return self._state
 
     def stop(self, timeout: float = 10.0) -> None:
         """Graceful stop: ask running turns to stop, let them commit, close the database."""
@@ -175,11 +202,13 @@ class Runtime:
             ctx.dispatcher.stop(timeout=timeout)  # stops its session actors first
         ctx.emit("stopped", owner=self.owner)
         self._teardown()
+        log.info("runtime %s stopped", self.owner)
 
     def crash(self) -> None:
         """Stop abruptly, as a kill would: nothing queued is committed, no goodbyes."""
         if self._state != "running":
-            raise RuntimeStateError(f"cannot crash a runtime that is {self._state}")
+            raise RuntimeStateError(f"cannot crash a runtime that is {self._state}",
+                                    state=self._state)
         ctx = self._require()
         self._state = "crashed"
         ctx.crashed.set()
@@ -210,11 +239,7 @@ class Runtime:
         focal.schedule = self._schedule
 
     def _resolve_data_dir(self) -> Path:
-        if self.data_dir is not None:
-            return self.data_dir
-        if self.url.startswith("sqlite:///"):
-            return Path(self.url[len("sqlite:///"):]).expanduser().parent / "kinbox-data"
-        return default_data_dir()
+        return self.data_dir or data_dir_for(self.url)
 
     def _teardown(self) -> None:
         if self._writer is not None:
@@ -258,12 +283,14 @@ class Runtime:
 
     def _require(self) -> RuntimeContext:
         if self._ctx is None or self._state not in ("running", "stopped", "crashed"):
-            raise RuntimeStateError("the runtime is not started; call start() or use `with`")
+            raise RuntimeStateError("the runtime is not started; call start() or use `with`",
+                                    state=self._state)
         return self._ctx
 
     def _running(self) -> RuntimeContext:
         if self._state != "running":
-            raise RuntimeStateError(f"the runtime is {self._state}; it accepts no more work")
+            raise RuntimeStateError(f"the runtime is {self._state}; it accepts no more work",
+                                    state=self._state)
         return self._require()
 
     # -- observing -------------------------------------------------------------------------
@@ -298,8 +325,14 @@ class Runtime:
         return not ctx.journal.has_due(ctx.now())
 
     def run_until_idle(self, timeout: float = 10.0) -> None:
-        """Wait until no row is due and no turn runs; :class:`IdleTimeout` after ``timeout``."""
+        """Wait until nothing can run before the next due time; :class:`IdleTimeout` after
+        ``timeout``. A row in backoff, and the rows queued behind it, do not keep the
+        runtime busy: move an injected clock (or wait) for them to come due."""
         ctx = self._running()
+        if self.send_only:
+            raise RuntimeStateError("a send-only runtime (no brain) runs no turns, so it is "
+                                    "never busy delivering; give Runtime a brain to deliver",
+                                    state="send-only")
         deadline = time.monotonic() + timeout
         while not self.is_idle():
             snap = ctx.activity.snapshot()
@@ -408,3 +441,43 @@ class Runtime:
     def marker_counts(self) -> dict[str, int]:
         """Committed delivery markers per message id (exactly-once evidence)."""
         return self._require().store.marker_counts()
+
+
+def _no_brain(turn: Turn) -> None:
+    """Never called: a runtime without a brain does not deliver (``send_only``)."""
+    raise RuntimeStateError("this runtime has no brain; it never runs turns", state="send-only")
+
+
+def data_dir_for(url: str) -> Path:
+    """Where a runtime on ``url`` keeps files (Focal's ``heartbeat.md``), one per database.
+
+    Beside a SQLite file (``<dir>/kinbox-data``); for a server database, a
+    folder of the data directory named for host, port and database, so two
+    PostgreSQL databases never share one.
+    """
+    path = sqlite_path(url)
+    if path is not None:
+        return path.parent / "kinbox-data"
+    rest = url.partition("://")[2]
+    where = rest.rpartition("@")[2].split("?")[0]
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", where).strip("_") or "default"
+    return default_data_dir() / "databases" / name
+
+
+_live: weakref.WeakSet[Runtime] = weakref.WeakSet()
+
+
+def _at_exit(rt: Runtime) -> None:
+    """Stop ``rt`` at interpreter exit if its program never did (every kinbox thread is a
+    daemon, so the interpreter reaches atexit; running turns finish or hand back their rows)."""
+    _live.add(rt)
+
+
+@atexit.register
+def _stop_live_runtimes() -> None:
+    for rt in list(_live):
+        if rt.state == "running":
+            try:
+                rt.stop()
+            except Exception:
+                log.exception("stopping runtime %s at exit failed", rt.owner)

@@ -8,18 +8,28 @@ This package never imports ``kinbox.actors`` or ``kinbox.transport``.
 """
 
 from . import inbox_core
-from .database import default_data_dir, default_url, is_postgres, is_sqlite, open_database
+from .database import (
+    default_data_dir,
+    default_url,
+    is_postgres,
+    is_sqlite,
+    open_database,
+    sqlite_path,
+)
 from .errors import (
     DatabaseInUse,
+    DatabaseMissing,
     DatabaseOpenError,
     DuplicateError,
     IdempotencyConflict,
     IllegalTransition,
+    KinboxError,
     LeaseLost,
     PersistenceError,
     RowNotFound,
     SchemaError,
     WriterClosed,
+    redact_url,
 )
 from .exclusive import ExclusiveLock
 from .jobs import JobRecord, JobStore
@@ -44,6 +54,7 @@ __all__ = [
     "ClaimResult",
     "ClaimedRow",
     "DatabaseInUse",
+    "DatabaseMissing",
     "DatabaseOpenError",
     "DuplicateError",
     "EnqueueResult",
@@ -55,6 +66,7 @@ __all__ = [
     "JobRecord",
     "JobStore",
     "Journal",
+    "KinboxError",
     "LeaseLost",
     "NewMessage",
     "PersistenceError",
@@ -78,6 +90,8 @@ __all__ = [
     "is_sqlite",
     "open_database",
     "pending_changes",
+    "redact_url",
     "require_current",
+    "sqlite_path",
     "upgrade",
 ]

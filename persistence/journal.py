@@ -155,7 +155,7 @@ class Journal(InboxReads):
         for mid in ids:
             row = rows.get(mid)
             if row is None:
-                raise RowNotFound(f"no inbox row with id {mid!r}")
+                raise RowNotFound("inbox row", mid)
             core.check_lease(mid, row[0], row[1], owner)
         return [FenceRow(i, *rows[i]) for i in ids]
 
@@ -295,7 +295,7 @@ class Journal(InboxReads):
         m = self.t.inbox
         row = m.get_or_none(m.message_id == message_id)
         if row is None:
-            raise RowNotFound(f"no inbox row with id {message_id!r}")
+            raise RowNotFound("inbox row", message_id)
         core.transition(message_id, row.status, core.Event.REQUEUE)
         self.t.event.insert(message_id=message_id, at=now, attempts=row.attempts,
                             event="requeued", detail=row.last_error).execute()

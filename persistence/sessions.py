@@ -84,8 +84,10 @@ class SessionStore:
         p = self.t.project
 
         def op() -> ProjectRecord:
-            if p.select().where((p.slug == slug) | (p.id == project_id)).exists():
-                raise DuplicateError(f"a project with slug {slug!r} already exists")
+            if p.select().where(p.slug == slug).exists():
+                raise DuplicateError("project", "slug", slug)
+            if p.select().where(p.id == project_id).exists():
+                raise DuplicateError("project", "id", project_id)
             p.insert(id=project_id, slug=slug, name=name, hidden=hidden, archived=archived,
                      created_at=now).execute()
             return ProjectRecord(project_id, slug, name, archived, hidden, now)
@@ -133,7 +135,7 @@ class SessionStore:
 
         def op() -> SessionRecord:
             if s.select().where(s.id == session_id).exists():
-                raise DuplicateError(f"a session with id {session_id!r} already exists")
+                raise DuplicateError("session", "id", session_id)
             s.insert(id=session_id, project_id=project_id, title=title, kind=kind,
                      platform=platform, parent_id=parent_id, status="idle", config=cfg,
                      created_at=now, updated_at=now).execute()
@@ -193,7 +195,7 @@ class SessionStore:
 
         def op() -> None:
             if not s.update(updated_at=now, **changes).where(s.id == session_id).execute():
-                raise RowNotFound(f"no session with id {session_id!r}")
+                raise RowNotFound("session", session_id)
         self.writer.call(op)
 
     def patch_config_now(self, session_id: str, patch: dict[str, Any], now: float) -> None:
@@ -201,7 +203,7 @@ class SessionStore:
         s = self.t.session
         row = s.get_or_none(s.id == session_id)
         if row is None:
-            raise RowNotFound(f"no session with id {session_id!r}")
+            raise RowNotFound("session", session_id)
         config = {**json.loads(row.config or "{}"), **patch}
         s.update(config=json.dumps(config, sort_keys=True), updated_at=now).where(
             s.id == session_id).execute()

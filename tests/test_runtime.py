@@ -12,6 +12,7 @@ import pytest
 from kinbox.actors import (
     ConfigError,
     IdleTimeout,
+    KinboxError,
     ManualClock,
     Runtime,
     RuntimeStateError,
@@ -21,7 +22,7 @@ from kinbox.actors.context import TurnEffects
 from kinbox.persistence import DatabaseInUse, NewMessage
 
 from .conftest import Stores
-from .helpers import wait_for
+from .helpers import quiet_brain, wait_for
 
 MakeRuntime = Callable[..., Runtime]
 
@@ -286,7 +287,7 @@ def test_run_until_idle_times_out_while_a_turn_is_stuck(make_runtime: MakeRuntim
 
 
 def test_concurrent_sends_are_committed_in_shared_batches(make_runtime: MakeRuntime) -> None:
-    rt = make_runtime()
+    rt = make_runtime(brain=quiet_brain)
     a, b = two_sessions(rt)
     tools = rt.tools_for(a)
     with ThreadPoolExecutor(8) as pool:
@@ -311,9 +312,11 @@ def test_a_stopped_runtime_refuses_work_with_a_clear_error(make_runtime: MakeRun
 
 def test_a_second_runtime_on_the_same_sqlite_file_is_refused(make_runtime: MakeRuntime,
                                                               db_url: str) -> None:
-    make_runtime()
-    with pytest.raises(DatabaseInUse, match="in use by another kinbox runtime"):
-        Runtime(db=db_url).start()
+    make_runtime(brain=quiet_brain)
+    with pytest.raises(DatabaseInUse) as refused:
+        Runtime(db=db_url, brain=quiet_brain).start()
+    assert refused.value.path == db_url.removeprefix("sqlite:///")
+    assert isinstance(refused.value, KinboxError)
 
 
 @pytest.mark.parametrize(("options", "message"), [
