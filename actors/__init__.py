@@ -9,6 +9,8 @@
         ...
 """
 
+from importlib import metadata as _metadata
+
 from ..persistence.errors import (
     DatabaseInUse,
     DatabaseMissing,
@@ -36,6 +38,11 @@ from .errors import (
 from .runtime import Runtime
 from .tools import AgentTools, SubagentTools, TaskTools
 from .turn import Brain, Message, Turn, TurnOutcome
+
+try:
+    __version__ = _metadata.version("kinbox")
+except _metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "HIDDEN_KINDS",

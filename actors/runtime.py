@@ -10,6 +10,7 @@ public API tests, scenarios and products use.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import re
@@ -45,11 +46,12 @@ from ..persistence import (
     sqlite_path,
     upgrade,
 )
-from . import access
+from ..persistence.inbox_core import State
+from . import access, validation
 from .clock import Clock, ManualClock, SystemClock
 from .context import FAULTS, Observer, RuntimeContext
 from .dispatcher import Dispatcher
-from .errors import ConfigError, IdleTimeout, RuntimeStateError
+from .errors import ConfigError, IdleTimeout, RuntimeStateError, ToolError
 from .family import Buckets
 from .focal import Focal
 from .focal_schedule import FocalSchedule
@@ -62,6 +64,9 @@ SYSTEM_PROJECTS = (("default", "Default"), ("social", "Social"))
 """Projects that always exist (S4)."""
 
 log = logging.getLogger("kinbox.runtime")
+
+INBOX_STATES = tuple(state.value for state in State)
+"""The states an inbox row can be in."""
 
 
 class Runtime:
@@ -79,7 +84,8 @@ class Runtime:
                  tick_interval: float = 0.2, synchronous: str = "FULL",
                  data_dir: str | os.PathLike[str] | None = None,
                  faults: Iterable[str] = (),
-                 ids: Callable[[], str] | None = None) -> None:
+                 ids: Callable[[], str] | None = None,
+                 turn_timeout: float | None = None) -> None:
         if not isinstance(max_active_sessions, int) or max_active_sessions < 1:
             raise ConfigError(f"max_active_sessions must be an integer >= 1, "
                               f"got {max_active_sessions!r}")
@@ -88,6 +94,11 @@ class Runtime:
                               f"got {max_live_sessions!r}")
         if lease_seconds <= 0 or tick_interval <= 0 or idle_ttl <= 0:
             raise ConfigError("lease_seconds, tick_interval and idle_ttl must be > 0")
+        if turn_timeout is not None and (isinstance(turn_timeout, bool)
+                                         or not isinstance(turn_timeout, int | float)
+                                         or turn_timeout <= 0):
+            raise ConfigError(f"turn_timeout must be a number of seconds > 0 or None, "
+                              f"got {turn_timeout!r}", field="turn_timeout")
         unknown = set(faults) - FAULTS
         if unknown:
             raise ConfigError(f"unknown faults {sorted(unknown)}; known: {sorted(FAULTS)}")
@@ -101,6 +112,7 @@ class Runtime:
         self.max_active_sessions = max_active_sessions
         self.max_live_sessions = max_live_sessions
         self.lease_seconds = lease_seconds
+        self.turn_timeout = turn_timeout
         self.idle_ttl = idle_ttl
         self.tick_interval = tick_interval
         self.synchronous = synchronous
@@ -147,7 +159,9 @@ class Runtime:
                                  owner=self.owner, lease_seconds=self.lease_seconds,
                                  faults=self.faults, tools_for=self._tools_for_ctx,
                                  new_id=self.new_id,
-                                 observers=self._observers)
+                                 observers=self._observers,
+                                 max_active=self.max_active_sessions,
+                                 turn_timeout=self.turn_timeout)
             self._wire_services(ctx, JobStore(tables, self._writer))
             self._ctx = ctx
             now = self.clock.now()
@@ -350,12 +364,15 @@ class Runtime:
 
     def create_project(self, slug: str, name: str | None = None, *,
                        hidden: bool = False) -> ProjectRecord:
-        """Create a project with a unique ``slug``."""
+        """Create a project with a unique ``slug`` (``DuplicateError`` if it is taken).
+
+        To reuse an existing one: ``rt.project(slug) or rt.create_project(slug)``.
+        """
         ctx = self._running()
-        if not isinstance(slug, str) or not slug.strip():
-            raise ConfigError("a project needs a non-empty slug")
-        slug = slug.strip()
-        return ctx.store.create_project(f"p_{self.new_id()[:10]}", slug, name or slug,
+        slug = _checked("slug", validation.require_slug, slug)
+        name = slug if name is None else _checked("name", validation.require_message, name,
+                                                   validation.TITLE_LIMIT, "name")
+        return ctx.store.create_project(f"p_{self.new_id()[:10]}", slug, name,
                                         ctx.now(), hidden=hidden)
 
     def project(self, slug: str) -> ProjectRecord | None:
@@ -368,6 +385,8 @@ class Runtime:
                        config: dict[str, Any] | None = None) -> SessionRecord:
         """Create a session in a project (or none); returns its record (``.id``)."""
         ctx = self._running()
+        title = _checked("title", validation.require_message, title, validation.TITLE_LIMIT,
+                         "title")
         if kind not in access.SESSION_KINDS | access.HIDDEN_KINDS:
             raise ConfigError(f"unknown session kind {kind!r}; one of "
                               f"{sorted(access.SESSION_KINDS | access.HIDDEN_KINDS)}")
@@ -399,12 +418,24 @@ class Runtime:
     def post(self, target: str, content: str, *, sender: str | None = None,
              message_id: str | None = None, kind: str = "agent_message",
              payload: dict[str, Any] | None = None) -> EnqueueResult:
-        """Enqueue a message from outside any session (a user, a test, an operator)."""
+        """Enqueue a message from outside any session (a user, a test, an operator).
+
+        ``content`` follows the ``agent_send`` rules (stripped, 1..20,000
+        characters of valid Unicode); ``payload`` must be a JSON object.
+        """
         ctx = self._running()
+        target = _checked("target", validation.require_id, "target", target)
         if not ctx.journal.hot.session_exists(target):
-            raise ConfigError(f"no session with id {target!r}")
-        if not isinstance(content, str) or not content.strip():
-            raise ConfigError("a message needs non-empty text")
+            raise ConfigError(f"no session with id {target!r}", field="target")
+        content = _checked("content", validation.require_message, content,
+                           validation.SEND_LIMIT, "content")
+        kind = _checked("kind", validation.require_id, "kind", kind)
+        if sender is not None:
+            sender = _checked("sender", validation.require_id, "sender", sender)
+        if message_id is not None:
+            message_id = _checked("message_id", validation.require_id, "message_id", message_id)
+        if payload is not None:
+            _check_payload(payload)
         result = ctx.journal.enqueue(
             NewMessage(message_id or f"msg-{self.new_id()}", target, content, kind=kind,
                        sender=sender, payload=payload or {}), ctx.now())
@@ -414,7 +445,10 @@ class Runtime:
         return result
 
     def inbox(self, state: str | None = None, target: str | None = None) -> list[dict[str, Any]]:
-        """Inbox rows as dicts, in journal order."""
+        """Inbox rows as dicts, in journal order; ``state`` one of :data:`INBOX_STATES`."""
+        if state is not None and state not in INBOX_STATES:
+            raise ConfigError(f"state must be one of {', '.join(INBOX_STATES)}; got {state!r}",
+                              field="state")
         return self._require().journal.rows(state=state, target=target)
 
     def requeue(self, message_id: str) -> dict[str, Any]:
@@ -422,6 +456,32 @@ class Runtime:
         ctx = self._running()
         row = ctx.journal.requeue(message_id, ctx.now())
         ctx.emit("requeued", message_id=message_id)
+        log.info("requeued %s", message_id)
+        ctx.wake_dispatcher()
+        return row
+
+    def requeue_failed(self, *, target: str | None = None,
+                       kind: str | None = None) -> list[str]:
+        """Operator: requeue every ``failed`` row (of ``target``, of ``kind``); their ids."""
+        ctx = self._running()
+        ids = ctx.journal.requeue_where(ctx.now(), target=target, kind=kind)
+        for message_id in ids:
+            ctx.emit("requeued", message_id=message_id)
+        log.info("requeued %d failed rows", len(ids))
+        ctx.wake_dispatcher()
+        return ids
+
+    def cancel(self, message_id: str, reason: str, *, by: str = "operator") -> dict[str, Any]:
+        """Operator: give up on a ``pending`` or ``failed`` row (terminal ``cancelled``).
+
+        Who and why stay in its history; the rows behind it for the same
+        session move up at once instead of waiting out its backoff.
+        """
+        ctx = self._running()
+        reason = _checked("reason", validation.require_message, reason, 2000, "reason")
+        row = ctx.journal.cancel(message_id, ctx.now(), by=by, reason=reason)
+        ctx.emit("cancelled", message_id=message_id, by=by)
+        log.info("cancelled %s (by %s)", message_id, by)
         ctx.wake_dispatcher()
         return row
 
@@ -441,6 +501,24 @@ class Runtime:
     def marker_counts(self) -> dict[str, int]:
         """Committed delivery markers per message id (exactly-once evidence)."""
         return self._require().store.marker_counts()
+
+
+def _checked(field: str, check: Callable[..., Any], *args: Any) -> Any:
+    """Run one of the tools' argument rules on a public entry point: a ConfigError here."""
+    try:
+        return check(*args)
+    except ToolError as exc:
+        raise ConfigError(exc.message, field=field) from None
+
+
+def _check_payload(payload: object) -> None:
+    if not isinstance(payload, dict):
+        raise ConfigError(f"payload must be a dict (a JSON object), not "
+                          f"{type(payload).__name__}", field="payload")
+    try:
+        json.dumps(payload)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"payload must be JSON-serialisable: {exc}", field="payload") from None
 
 
 def _no_brain(turn: Turn) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import traceback
 from typing import Any
 
 import pykka
@@ -21,6 +22,7 @@ from ..persistence import ClaimedRow, LeaseLost, PersistenceError, WriterClosed
 from .context import RuntimeContext, TurnEffects
 from .messages import Deliver, TurnDone
 from .pooled import ActorPool, PooledActor
+from .running import TIMEOUT, overdue
 from .turn import Message, Turn, TurnOutcome
 
 log = logging.getLogger("kinbox.session")
@@ -71,6 +73,8 @@ class SessionActor(PooledActor):
                 ctx.journal.ack(ctx.owner, [row.message_id], ctx.now())
             return self._run_turn(row)
         except LeaseLost as exc:
+            log.warning("lost the lease of %s for %s: another worker took it over; this "
+                        "turn's commit wrote nothing", row.message_id, sid)
             ctx.emit("lease_lost", session_id=sid, message_id=row.message_id, error=str(exc))
         except WriterClosed:
             raise
@@ -92,7 +96,8 @@ class SessionActor(PooledActor):
                 steered.extend(r.message_id for r in more)
             return [Message.from_row(r) for r in more]
 
-        stop_flag = ctx.turns.begin(sid)
+        started = ctx.now()
+        stop_flag = ctx.turns.begin(sid, started)
         turn = Turn(sid, [Message.from_row(row)], lambda: ctx.tools_for(sid), stop_flag,
                     fetch_steering)
         ctx.emit("turn_started", session_id=sid, message_id=row.message_id,
@@ -104,18 +109,13 @@ class SessionActor(PooledActor):
             if isinstance(result, str) and result:
                 turn.reply(result)
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            failed = TurnOutcome(False, error, ctx.turns.end(sid))
-            effects = ctx.effects(turn, failed)
-            result = ctx.journal.retry(ctx.owner, row.message_id, error, ctx.now(),
-                                       release=steered, on_failed=effects.messages,
-                                       on_failed_also=effects.ops)
-            ctx.emit("turn_failed", session_id=sid, message_id=row.message_id, error=error,
-                     state=result.state.value, attempts=result.attempts,
-                     available_at=result.available_at)
-            if result.state.value == "failed":
-                self._run_after(effects)
-            return None
+            summary = f"{type(exc).__name__}: {exc}"
+            return self._fail(row, turn, steered, summary,
+                              "".join(traceback.format_exception(exc)))
+        if overdue(started, ctx.now(), ctx.turn_timeout):
+            summary = (f"TurnTimeout: the turn ran {ctx.now() - started:.1f} s, past "
+                       f"turn_timeout={ctx.turn_timeout} s")
+            return self._fail(row, turn, steered, summary, summary)
         done = TurnOutcome(True, None, ctx.turns.end(sid))
         ids = [row.message_id, *steered]
         effects = ctx.effects(turn, done)
@@ -125,6 +125,32 @@ class SessionActor(PooledActor):
                  stopped_by=done.stopped_by)
         self._run_after(effects)
         return following
+
+    def _fail(self, row: ClaimedRow, turn: Turn, steered: list[str], summary: str,
+              detail: str) -> None:
+        """A failed attempt: nothing of the turn is committed; retry later, or ``failed``.
+
+        ``detail`` (the traceback) is what the row keeps as ``last_error``;
+        observers and logs get the one-line ``summary``, never a message body.
+        """
+        ctx = self.ctx
+        sid = self.session_id
+        stopped_by = ctx.turns.end(sid)
+        failed = TurnOutcome(False, summary, None if stopped_by == TIMEOUT else stopped_by)
+        effects = ctx.effects(turn, failed)
+        result = ctx.journal.retry(ctx.owner, row.message_id, detail, ctx.now(),
+                                   release=steered, on_failed=effects.messages,
+                                   on_failed_also=effects.ops)
+        final = result.state.value == "failed"
+        log.log(logging.ERROR if final else logging.WARNING,
+                "turn of %s for %s failed (attempt %d%s): %s", sid, row.message_id,
+                result.attempts, ", giving up: row failed" if final else
+                f", retry at {result.available_at:.3f}", summary)
+        ctx.emit("turn_failed", session_id=sid, message_id=row.message_id, error=summary,
+                 state=result.state.value, attempts=result.attempts,
+                 available_at=result.available_at)
+        if final:
+            self._run_after(effects)
 
     def _run_after(self, effects: TurnEffects) -> None:
         for notify in effects.after:

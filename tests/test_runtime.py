@@ -105,8 +105,11 @@ def test_a_failing_brain_is_retried_with_backoff_on_the_injected_clock(
     rt.post(b, "work", sender=a)
     rt.run_until_idle()
     row = rt.inbox()[0]
-    assert (row["status"], row["attempts"], row["last_error"]) == (
-        "pending", 1, "RuntimeError: model timeout")
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    # The attempt keeps its whole traceback, down to the brain's own frame.
+    assert row["last_error"].startswith("Traceback (most recent call last):")
+    assert 'test_runtime.py", line' in row["last_error"]
+    assert row["last_error"].rstrip().endswith("RuntimeError: model timeout")
     clock.advance(1.9)
     rt.run_until_idle()
     assert len(calls) == 1
