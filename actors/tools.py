@@ -132,7 +132,7 @@ class AgentTools(FamilyTools, TaskTools):
         target_id = require_id("agent_id", agent_id)
         caller = self._caller()
         target = self._target("agent_read", caller, target_id)
-        lines = [transcript_view.Line(e.role, e.text, e.visible)
+        lines = [transcript_view.Line(e.role, e.text, e.visible, e.sender_id, e.kind)
                  for e in self._ctx.store.transcript(target.id)]
         return {"agent_id": target.id, "title": target.title, "status": target.status,
                 "transcript": transcript_view.render(lines)}

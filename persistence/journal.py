@@ -33,6 +33,7 @@ from .inbox_records import (
     NewMessage,
     TurnCommit,
     TurnEntry,
+    entry_row,
     insert_params,
 )
 from .models import InboxMessage, Tables
@@ -182,8 +183,7 @@ class Journal(InboxReads):
             self.enqueue_now(msg, now)
         for op in also:
             op()
-        self.bulk.insert_entries([(session_id, e.role, e.text, e.visible, e.message_id, now)
-                                  for e in entries])
+        self.bulk.insert_entries([entry_row(session_id, e, now) for e in entries])
         self.bulk.insert_markers([(session_id, mid, now) for mid in ids])
         if ack:
             self.hot.mark_delivered(ids, now)

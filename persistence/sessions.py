@@ -58,6 +58,10 @@ class EntryRecord:
     visible: bool
     message_id: str | None
     created_at: float
+    sender_id: str | None = None
+    """Who sent the message this entry records; None for the user and for replies."""
+    kind: str | None = None
+    """That message's kind (``agent_message``, ``subagent_result``...)."""
 
 
 def _project(p: Project) -> ProjectRecord:
@@ -223,13 +227,14 @@ class SessionStore:
         tr = self.t.transcript
         self.writer.call(lambda: tr.insert_many([
             {"session_id": session_id, "role": e.role, "text": e.text, "visible": e.visible,
-             "message_id": e.message_id, "created_at": now} for e in entries]).execute())
+             "message_id": e.message_id, "sender_id": e.sender_id, "kind": e.kind,
+             "created_at": now} for e in entries]).execute())
 
     def transcript(self, session_id: str) -> list[EntryRecord]:
         """Every entry of a session's transcript, oldest first."""
         tr = self.t.transcript
         return [EntryRecord(e.id, e.session_id, e.role, e.text, bool(e.visible), e.message_id,
-                            e.created_at)
+                            e.created_at, e.sender_id, e.kind)
                 for e in tr.select().where(tr.session_id == session_id).order_by(tr.id)]
 
     def marker_counts(self) -> dict[str, int]:
