@@ -33,6 +33,7 @@ from ..persistence import (
     JobStore,
     Journal,
     NewMessage,
+    OwnerLiveness,
     ProjectRecord,
     SessionRecord,
     SessionStore,
@@ -40,6 +41,7 @@ from ..persistence import (
     bind_tables,
     default_data_dir,
     default_url,
+    is_postgres,
     is_sqlite,
     open_database,
     redact_url,
@@ -64,6 +66,9 @@ SYSTEM_PROJECTS = (("default", "Default"), ("social", "Social"))
 """Projects that always exist (S4)."""
 
 log = logging.getLogger("kinbox.runtime")
+
+TAKEOVER_INTERVAL = 0.5
+"""Seconds between checks for runtimes that died holding leases (PostgreSQL)."""
 
 INBOX_STATES = tuple(state.value for state in State)
 """The states an inbox row can be in."""
@@ -128,6 +133,8 @@ class Runtime:
         self._ticker: threading.Thread | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._lock: ExclusiveLock | None = None
+        self._liveness: OwnerLiveness | None = None
+        self._last_takeover = 0.0
         self._writer: GroupCommitWriter | None = None
         self._schedule: FocalSchedule | None = None
 
@@ -148,6 +155,9 @@ class Runtime:
             self._lock = ExclusiveLock(db)
             self._lock.acquire()
         try:
+            if is_postgres(db) and not self.send_only:
+                self._liveness = OwnerLiveness(db, self.owner)  # type: ignore[arg-type]
+                self._liveness.hold()
             upgrade(tables)
             self._writer = GroupCommitWriter(db)
             self._writer.start()
@@ -170,7 +180,8 @@ class Runtime:
             if self._lock is not None:
                 expired = journal.expire_leases(now)  # the lock proves their holder is gone
                 if expired:
-                    log.info("took over %d rows leased by a runtime that is gone", expired)
+                    log.warning("took over %d rows leased by a runtime that is gone", expired)
+            self._take_over_from_the_gone()
             if not self.send_only:
                 ctx.dispatcher = Dispatcher.start(ctx, self.max_active_sessions,
                                                   self.idle_ttl, self.max_live_sessions)
@@ -235,9 +246,7 @@ class Runtime:
         if ctx.dispatcher is not None:
             ctx.dispatcher.stop(block=False)
         ctx.emit("crashed", owner=self.owner)
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+        self._release_ownership()
 
     def _wire_services(self, ctx: RuntimeContext, jobs: JobStore) -> None:
         """Sub-agents, family limits and Focal hook into the turn and task paths."""
@@ -258,9 +267,33 @@ class Runtime:
     def _teardown(self) -> None:
         if self._writer is not None:
             self._writer.stop()
+        self._release_ownership()
+
+    def _release_ownership(self) -> None:
+        # What proves this runtime alive goes last, as with a killed process.
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+        if self._liveness is not None:
+            self._liveness.release()
+            self._liveness = None
+
+    def _take_over_from_the_gone(self) -> None:
+        """PostgreSQL: make the rows of runtimes whose life lock is free claimable now."""
+        ctx, liveness = self._ctx, self._liveness
+        if ctx is None or liveness is None:
+            return
+        self._last_takeover = time.monotonic()
+        try:
+            gone = liveness.gone(ctx.journal.lease_owners())
+            if gone:
+                taken = ctx.journal.expire_leases(ctx.now(), owners=gone)
+                log.warning("took over %d rows leased by %d runtime(s) that are gone: %s",
+                            taken, len(gone), ", ".join(sorted(gone)))
+                ctx.wake_dispatcher()
+        except Exception:
+            log.exception("checking for runtimes that are gone failed; their leases expire "
+                          "as usual")
 
     def _stop_ticker(self) -> None:
         self._ticker_stop.set()
@@ -282,6 +315,9 @@ class Runtime:
 
     def _tick(self) -> None:
         ctx = self._ctx
+        if (self._liveness is not None and self._state == "running"
+                and time.monotonic() - self._last_takeover >= TAKEOVER_INTERVAL):
+            self._take_over_from_the_gone()
         if ctx is not None and ctx.dispatcher is not None and self._state == "running":
             try:
                 ctx.dispatcher.tell(Tick())
