@@ -93,10 +93,10 @@ class Runtime:
                  turn_timeout: float | None = None) -> None:
         if not isinstance(max_active_sessions, int) or max_active_sessions < 1:
             raise ConfigError(f"max_active_sessions must be an integer >= 1, "
-                              f"got {max_active_sessions!r}")
+                              f"got {max_active_sessions!r}", field="max_active_sessions")
         if not isinstance(max_live_sessions, int) or max_live_sessions < 1:
             raise ConfigError(f"max_live_sessions must be an integer >= 1, "
-                              f"got {max_live_sessions!r}")
+                              f"got {max_live_sessions!r}", field="max_live_sessions")
         if lease_seconds <= 0 or tick_interval <= 0 or idle_ttl <= 0:
             raise ConfigError("lease_seconds, tick_interval and idle_ttl must be > 0")
         if turn_timeout is not None and (isinstance(turn_timeout, bool)
@@ -106,7 +106,8 @@ class Runtime:
                               f"got {turn_timeout!r}", field="turn_timeout")
         unknown = set(faults) - FAULTS
         if unknown:
-            raise ConfigError(f"unknown faults {sorted(unknown)}; known: {sorted(FAULTS)}")
+            raise ConfigError(f"unknown faults {sorted(unknown)}; known: {sorted(FAULTS)}",
+                              field="faults")
         if brain is not None and not callable(brain):
             raise ConfigError("brain must be callable: brain(turn)", field="brain")
         self.url = db or default_url()
@@ -424,12 +425,12 @@ class Runtime:
         title = _checked("title", validation.require_message, title, validation.TITLE_LIMIT,
                          "title")
         if kind not in access.SESSION_KINDS | access.HIDDEN_KINDS:
-            raise ConfigError(f"unknown session kind {kind!r}; one of "
+            raise ConfigError(field="kind", message=f"unknown session kind {kind!r}; one of "
                               f"{sorted(access.SESSION_KINDS | access.HIDDEN_KINDS)}")
         if project_id is not None and ctx.store.project(project_id) is None:
-            raise ConfigError(f"no project with id {project_id!r}")
+            raise ConfigError(f"no project with id {project_id!r}", field="project_id")
         if parent_id is not None and ctx.store.session(parent_id) is None:
-            raise ConfigError(f"no parent session with id {parent_id!r}")
+            raise ConfigError(f"no parent session with id {parent_id!r}", field="parent_id")
         sid = session_id or f"chat-{self.new_id()[:12]}"
         return ctx.store.create_session(sid, project_id, title, kind, ctx.now(),
                                         parent_id=parent_id, platform=platform, config=config)
