@@ -12,6 +12,7 @@ so the session's slot frees up.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import traceback
 from typing import Any
@@ -31,6 +32,19 @@ CHAIN_LIMIT = 16
 """Turns a session actor runs back to back before it hands its slot back (fairness)."""
 
 
+class SyncBrainAwaitable(TypeError):
+    """A brain called as a plain function returned an awaitable: it was never run."""
+
+    def __init__(self, result: object) -> None:
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()  # no "coroutine was never awaited" warning: the error says it all
+        super().__init__(
+            f"the brain returned an awaitable ({type(result).__name__}) instead of running "
+            "the turn; make the brain itself `async def` (or an object whose __call__ is) so "
+            "kinbox awaits it on its event loop. Nothing of this attempt was committed.")
+
+
 class SessionActor(PooledActor):
     """Delivers inbox rows to one session by running its brain (on the dispatcher's pool)."""
 
@@ -41,52 +55,76 @@ class SessionActor(PooledActor):
 
     def on_receive(self, message: Any) -> None:
         if isinstance(message, Deliver):
+            host = self.ctx.async_host
+            if host is not None:
+                # An async brain: the turn runs on the event loop and this pool thread
+                # is free at once; the loop tells the dispatcher TurnDone at the end.
+                host.start_turns(self, message.row)
+                return
+            row: ClaimedRow | None = message.row
             try:
-                row: ClaimedRow | None = message.row
                 chained = 0
                 # Keep delivering the session's next rows while they are due, up to a
                 # fair share, before handing the slot back to the dispatcher.
                 while row is not None and chained < CHAIN_LIMIT:
                     row = self._deliver(row)
                     chained += 1
-                if row is not None:
-                    self.ctx.journal.release(self.ctx.owner, [row.message_id], self.ctx.now())
+                self.hand_back(row)
             except WriterClosed:
                 pass  # the runtime stopped or crashed under us: the journal keeps the row
             finally:
-                if not self.ctx.crashed.is_set() and self.ctx.dispatcher is not None:
-                    try:
-                        self.ctx.dispatcher.tell(TurnDone(self.session_id))
-                    except pykka.ActorDeadError:
-                        pass  # the runtime is stopping
+                self.done()
+
+    def hand_back(self, row: ClaimedRow | None) -> None:
+        """Release a row leased for a turn this actor will not run now (fairness)."""
+        if row is not None:
+            self.ctx.journal.release(self.ctx.owner, [row.message_id], self.ctx.now())
+
+    def done(self) -> None:
+        """Tell the dispatcher the session's slot is free (unless the runtime crashed)."""
+        if not self.ctx.crashed.is_set() and self.ctx.dispatcher is not None:
+            try:
+                self.ctx.dispatcher.tell(TurnDone(self.session_id))
+            except pykka.ActorDeadError:
+                pass  # the runtime is stopping
 
     def _deliver(self, row: ClaimedRow) -> ClaimedRow | None:
         """Run the row's turn; return the session's next row if it was leased with the ack."""
-        ctx = self.ctx
-        if ctx.closed.is_set():  # stopping: hand the row back; crashed: touch nothing
-            if not ctx.crashed.is_set():
-                ctx.journal.release(ctx.owner, [row.message_id], ctx.now())
+        turn = self.begin(row)
+        if turn is None:
             return None
-        sid = self.session_id
         try:
+            self.prepare(turn)
+            result = self.ctx.brain(turn)
+            if inspect.isawaitable(result):
+                raise SyncBrainAwaitable(result)
+            if isinstance(result, str) and result:
+                turn.reply(result)
+        except Exception as exc:
+            return self.end(turn, exc)
+        return self.end(turn, None)
+
+    def begin(self, row: ClaimedRow) -> Turn | None:
+        """Start the turn of ``row``: None when the runtime is closing (row handed back)."""
+        ctx = self.ctx
+        try:
+            if ctx.closed.is_set():  # stopping: hand the row back; crashed: touch nothing
+                if not ctx.crashed.is_set():
+                    ctx.journal.release(ctx.owner, [row.message_id], ctx.now())
+                return None
             if "ack_before_turn" in ctx.faults:
                 ctx.journal.ack(ctx.owner, [row.message_id], ctx.now())
-            return self._run_turn(row)
-        except LeaseLost as exc:
-            log.warning("lost the lease of %s for %s: another worker took it over; this "
-                        "turn's commit wrote nothing", row.message_id, sid)
-            ctx.emit("lease_lost", session_id=sid, message_id=row.message_id, error=str(exc))
         except WriterClosed:
             raise
         except PersistenceError as exc:
-            log.error("delivery of %s to %s failed in the journal: %s", row.message_id, sid, exc)
-        return None
-
-    def _run_turn(self, row: ClaimedRow) -> ClaimedRow | None:
-        ctx = self.ctx
+            log.error("starting %s for %s failed in the journal: %s", row.message_id,
+                      self.session_id, exc)
+            return None
         sid = self.session_id
-        last_seq = [row.seq]
+        started = ctx.now()
+        stop_flag = ctx.turns.begin(sid, started)
         steered: list[str] = []
+        last_seq = [row.seq]
 
         def fetch_steering() -> list[Message]:
             more = ctx.journal.claim_more(ctx.owner, sid, last_seq[0], ctx.now(),
@@ -96,38 +134,60 @@ class SessionActor(PooledActor):
                 steered.extend(r.message_id for r in more)
             return [Message.from_row(r) for r in more]
 
-        started = ctx.now()
-        stop_flag = ctx.turns.begin(sid, started)
-        turn = Turn(sid, [Message.from_row(row)], lambda: ctx.tools_for(sid), stop_flag,
-                    fetch_steering)
+        host = ctx.async_host
+        tools = ((lambda: host.tools(ctx.tools_for(sid))) if host is not None
+                 else (lambda: ctx.tools_for(sid)))
+        turn = Turn(sid, [Message.from_row(row)], tools, stop_flag, fetch_steering,
+                    row=row, started=started, steered=steered)
         ctx.emit("turn_started", session_id=sid, message_id=row.message_id,
                  attempt=row.attempts + 1)
-        try:
-            for prepare in ctx.turn_hooks:
-                prepare(ctx, turn)
-            result = ctx.brain(turn)
-            if isinstance(result, str) and result:
-                turn.reply(result)
-        except Exception as exc:
-            summary = f"{type(exc).__name__}: {exc}"
-            return self._fail(row, turn, steered, summary,
-                              "".join(traceback.format_exception(exc)))
-        if overdue(started, ctx.now(), ctx.turn_timeout):
-            summary = (f"TurnTimeout: the turn ran {ctx.now() - started:.1f} s, past "
-                       f"turn_timeout={ctx.turn_timeout} s")
-            return self._fail(row, turn, steered, summary, summary)
-        done = TurnOutcome(True, None, ctx.turns.end(sid))
-        ids = [row.message_id, *steered]
-        effects = ctx.effects(turn, done)
-        following = self._commit(ids, turn, effects)
-        ctx.activity.bump("turns")
-        ctx.emit("turn_committed", session_id=sid, message_ids=ids, replies=list(turn.replies),
-                 stopped_by=done.stopped_by)
-        self._run_after(effects)
-        return following
+        return turn
 
-    def _fail(self, row: ClaimedRow, turn: Turn, steered: list[str], summary: str,
-              detail: str) -> None:
+    def prepare(self, turn: Turn) -> None:
+        """Run the turn hooks (the Focal policy); an error here fails the attempt."""
+        for hook in self.ctx.turn_hooks:
+            hook(self.ctx, turn)
+
+    def end(self, turn: Turn, error: BaseException | None) -> ClaimedRow | None:
+        """Commit the turn, or record the failed attempt; the session's next row, if leased.
+
+        Journal refusals end here too: a lost lease (another worker took the
+        row over; nothing of this turn is written) and a database error are
+        logged, and the row comes back through its lease.
+        """
+        ctx = self.ctx
+        row = turn.row
+        sid = self.session_id
+        try:
+            if error is not None:
+                summary = f"{type(error).__name__}: {error}"
+                return self._fail(turn, summary, "".join(traceback.format_exception(error)))
+            if overdue(turn.started, ctx.now(), ctx.turn_timeout):
+                summary = (f"TurnTimeout: the turn ran {ctx.now() - turn.started:.1f} s, past "
+                           f"turn_timeout={ctx.turn_timeout} s")
+                return self._fail(turn, summary, summary)
+            done = TurnOutcome(True, None, ctx.turns.end(sid))
+            ids = [row.message_id, *turn.steered_ids]
+            effects = ctx.effects(turn, done)
+            following = self._commit(ids, turn, effects)
+            ctx.activity.bump("turns")
+            ctx.emit("turn_committed", session_id=sid, message_ids=ids,
+                     replies=list(turn.replies), stopped_by=done.stopped_by)
+            self._run_after(effects)
+            return following
+        except LeaseLost as exc:
+            log.warning("lost the lease of %s for %s: another worker took it over; this "
+                        "turn's commit wrote nothing", row.message_id, sid)
+            ctx.emit("lease_lost", session_id=sid, message_id=row.message_id, error=str(exc))
+        except WriterClosed:
+            raise
+        except PersistenceError as exc:
+            log.error("delivery of %s to %s failed in the journal: %s", row.message_id, sid, exc)
+        finally:
+            ctx.turns.end(sid)
+        return None
+
+    def _fail(self, turn: Turn, summary: str, detail: str) -> None:
         """A failed attempt: nothing of the turn is committed; retry later, or ``failed``.
 
         ``detail`` (the traceback) is what the row keeps as ``last_error``;
@@ -135,11 +195,12 @@ class SessionActor(PooledActor):
         """
         ctx = self.ctx
         sid = self.session_id
+        row = turn.row
         stopped_by = ctx.turns.end(sid)
         failed = TurnOutcome(False, summary, None if stopped_by == TIMEOUT else stopped_by)
         effects = ctx.effects(turn, failed)
         result = ctx.journal.retry(ctx.owner, row.message_id, detail, ctx.now(),
-                                   release=steered, on_failed=effects.messages,
+                                   release=turn.steered_ids, on_failed=effects.messages,
                                    on_failed_also=effects.ops)
         final = result.state.value == "failed"
         # A retried attempt is routine (INFO); giving up on a message is an ERROR.
