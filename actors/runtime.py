@@ -336,7 +336,11 @@ class Runtime:
         snap = ctx.activity.snapshot()
         if snap["busy"] or snap["claim_pending"]:
             return False
-        return not ctx.journal.has_due(ctx.now())
+        if ctx.journal.has_due(ctx.now()):
+            return False
+        # A claim (a tick's) and even its whole turn can land during the reads above;
+        # the dispatcher publishes after each, so an unchanged board proves none did.
+        return ctx.activity.snapshot() == snap
 
     def run_until_idle(self, timeout: float = 10.0) -> None:
         """Wait until nothing can run before the next due time; :class:`IdleTimeout` after

@@ -69,11 +69,13 @@ class InboxReads:
         Only heads count: a row waiting behind its target's head (in backoff,
         say) cannot run before the head, so it does not make the runtime busy.
         """
-        m = self.t.inbox
-        if m.select(m.message_id).where(m.transport == transport,
-                                        m.status == core.State.PROCESSING.value).exists():
+        # Heads first: a claim landing between the two reads turns a due head into a
+        # processing row, which the second read then sees (the other order misses it).
+        if self.hot.due_heads(transport, now, 1, for_update=False):
             return True
-        return bool(self.hot.due_heads(transport, now, 1, for_update=False))
+        m = self.t.inbox
+        return bool(m.select(m.message_id).where(m.transport == transport,
+                                                 m.status == core.State.PROCESSING.value).exists())
 
     def next_due(self, transport: str = "local") -> float | None:
         """The earliest time a pending row becomes due (a backoff running out), or None."""
