@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -190,12 +189,6 @@ class Scenario:
         """
         with self.gate.opened():
             return bool(waitable.wait(timeout))
-
-    @contextmanager
-    def running(self) -> Iterator[None]:
-        """Let turns run for the duration of a ``with`` block (a script's own waiting)."""
-        with self.gate.opened():
-            yield
 
     def note(self, text: str) -> None:
         """Put a note on the timeline (shown in the report and the diagram)."""

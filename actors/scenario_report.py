@@ -115,6 +115,10 @@ def render_text(report: dict[str, Any]) -> str:
 
 def _event_line(names: dict[str, str], e: dict[str, Any]) -> str | None:
     ev = e["event"]
+    if ev == "sent":
+        again = "" if e.get("created", True) else " (already journaled: not sent again)"
+        return (f"sent {short(e['message_id'])} {_label(names, e.get('sender'))} -> "
+                f"{_label(names, e.get('target'))} ({e.get('kind', 'message')}){again}")
     if ev == "turn_committed":
         replies = "; ".join(repr(r[:60]) for r in e.get("replies", []))
         return (f"turn of {_label(names, e['session_id'])} committed "

@@ -83,6 +83,18 @@ def test_scenario_list_names_the_bundled_scenarios() -> None:
                for line in result.stdout.splitlines())
 
 
+def test_without_a_source_tree_bundled_names_are_refused_clearly(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from kinbox.actors import cli, scenario_files
+
+    monkeypatch.setattr(scenario_files, "BUNDLED", tmp_path / "site-packages" / "scenarios")
+    assert cli.main(["scenario", "list"]) == 2
+    assert "no bundled scenarios" in capsys.readouterr().err
+    assert cli.main(["scenario", "run", "hello"]) == 2
+    assert "give a scenario file's path" in capsys.readouterr().err
+
+
 def test_a_bundled_scenario_runs_by_name_from_any_directory(tmp_path: Path) -> None:
     result = kinbox("scenario", "run", "hello", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -172,16 +184,17 @@ def child_db(tmp_path: Path) -> str:
 
 
 @pytest.mark.timeout(60)
-def test_the_first_ctrl_c_stops_gracefully_and_prints_the_report_marked_interrupted(
-        tmp_path: Path, child_db: str) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_the_first_signal_stops_gracefully_and_prints_the_report_marked_interrupted(
+        tmp_path: Path, child_db: str, signum: signal.Signals) -> None:
     path = script(tmp_path, "MODE = 'wait'\n" + UNDER_WAY)
     child = Child(["scenario", "run", str(path), "--db", child_db])
     child.wait_for_line("UNDER WAY")
-    child.proc.send_signal(signal.SIGINT)
+    child.proc.send_signal(signum)
     rc, out, err = child.finish()
     assert rc == 130, err
     assert "Traceback" not in err
-    assert "scenario story (seed 0): INTERRUPTED by SIGINT" in out
+    assert f"scenario story (seed 0): INTERRUPTED by {signum.name}" in out
     assert "3 messages {'delivered': 3}" in out
     assert "result: interrupted" in out
 
