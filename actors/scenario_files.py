@@ -97,6 +97,14 @@ def script_error(exc: BaseException, path: Path) -> ScenarioError:
     return error
 
 
+def script_frames(exc: BaseException, path: Path) -> list[dict[str, object]]:
+    """The script's own frames of the traceback, outermost first (where, in what, which line)."""
+    target = path.resolve()
+    return [{"where": f"{path}:{f.lineno}", "function": f.name, "line": f.line or ""}
+            for f in traceback.extract_tb(exc.__traceback__)
+            if Path(f.filename).resolve() == target]
+
+
 def script_traceback(exc: BaseException, path: Path) -> str:
     """The traceback from the script's first frame on (the harness's frames left out)."""
     tb = _in_script(exc.__traceback__, path) or exc.__traceback__

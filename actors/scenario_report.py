@@ -82,7 +82,10 @@ def render_text(report: dict[str, Any]) -> str:
         head += f": INTERRUPTED by {report['interrupted']}"
     out = [head, ""]
     if report.get("error"):
-        out += [f"error: {report['error']['message']}", ""]
+        out.append(f"error: {report['error']['message']}")
+        out += [f"  {f['where']} in {f['function']}: {f['line']}"
+                for f in report["error"].get("frames", [])]
+        out.append("")
     out.append("messages (journal order):")
     for m in report["messages"]:
         out.append(f"  #{m['seq']:<4} {_label(names, m['sender'])} -> {_label(names, m['target'])}"

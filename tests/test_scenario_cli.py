@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -43,16 +44,18 @@ def test_an_error_deep_in_the_script_names_the_scripts_line(tmp_path: Path) -> N
                             "def run(sc):\n    rt = sc.start()\n    helper(rt)\n")
     result = kinbox("scenario", "run", str(path), "--json")
     assert result.returncode == 1, result.stderr
-    import json
     error = json.loads(result.stdout)["error"]
     assert (error["type"], error["path"], error["lineno"]) == ("AttributeError", str(path), 2)
+    assert [f["where"] for f in error["frames"]] == [f"{path}:6", f"{path}:2"]
+    text = kinbox("scenario", "run", str(path)).stdout
+    assert f"  {path}:6 in run: helper(rt)\n  {path}:2 in helper: return rt.session" in text
 
 
 @pytest.mark.parametrize(("text", "lineno", "kind"), [
     ("def run(sc):\n    sc.start(\n\n", 2, "SyntaxError"),
     ("import os\nimport no_such_module_here\n\ndef run(sc):\n    pass\n", 2,
      "ModuleNotFoundError"),
-])
+], ids=["syntax-error", "import-error"])
 def test_a_script_that_cannot_load_is_a_usage_error(tmp_path: Path, text: str, lineno: int,
                                                     kind: str) -> None:
     path = script(tmp_path, text)
