@@ -13,6 +13,10 @@ order they happened. Many runs can share one database: ids also mix in the
 scenario's name and the database's state at the start, ``sc.project``
 picks a free slug, and ``sc.inbox`` / ``sc.marker_counts`` (and the report)
 cover this run's rows only.
+
+Wait for the runtime through ``sc.settle()`` or ``sc.wait(event)``: turns
+run only then, so a script that waits on its own (``event.wait()``,
+``rt.run_until_idle()``) waits for turns that never start.
 """
 
 from __future__ import annotations

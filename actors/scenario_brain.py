@@ -12,13 +12,19 @@ mid-turn); it is only held at its end until the script waits again.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from .turn import Turn
 
+log = logging.getLogger("kinbox.scenario")
+
 TurnScript = Callable[[Turn], object]
+
+HELD_WARNING_SECONDS = 5.0
+"""After this long held at the gate, a turn says why it does not run."""
 
 
 class TurnGate:
@@ -32,7 +38,16 @@ class TurnGate:
     def pass_through(self) -> None:
         """Block until the script waits for the runtime (or the gate is open for good)."""
         with self._cond:
-            self._cond.wait_for(lambda: self._waiting > 0 or self._for_good)
+            if self._cond.wait_for(self._is_open, HELD_WARNING_SECONDS):
+                return
+            # A script waiting on its own (event.wait(), time.sleep) holds every turn back.
+            log.warning("a turn has waited %.0f s for the scenario script to let it run: wait "
+                        "with sc.settle() or sc.wait(event), not on your own",
+                        HELD_WARNING_SECONDS)
+            self._cond.wait_for(self._is_open)
+
+    def _is_open(self) -> bool:
+        return self._waiting > 0 or self._for_good
 
     @contextmanager
     def opened(self) -> Iterator[None]:

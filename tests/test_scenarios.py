@@ -185,3 +185,22 @@ def test_the_progress_counters_add_up(name: str, db_url: str) -> None:
     assert counts["delivered"] == s["states"].get("delivered", 0), done
     assert counts["failed attempts"] == s["failed_attempts"], done
     assert counts["delivered"] <= counts["messages"]
+
+
+def test_a_script_waiting_on_its_own_is_told_why_no_turn_runs(
+        tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from kinbox.actors import scenario_brain
+
+    monkeypatch.setattr(scenario_brain, "HELD_WARNING_SECONDS", 0.05)
+    script = tmp_path / "bare_wait.py"
+    script.write_text(
+        "import threading\n\ndef run(sc):\n    rt = sc.start()\n"
+        "    bob = rt.create_session(None, 'Bob')\n    ran = threading.Event()\n"
+        "    sc.on(bob.id, lambda turn: ran.set())\n    rt.post(bob.id, 'hi')\n"
+        "    sc.expect(not ran.wait(1), 'no turn runs while the script waits on its own')\n"
+        "    sc.expect(sc.wait(ran), 'the turn runs once the script waits through sc.wait')\n")
+    with caplog.at_level("WARNING", logger="kinbox.scenario"):
+        report, _ = run_scenario(str(script), db_url, stream=io.StringIO())
+    assert not failures(report), failures(report)
+    assert "sc.settle() or sc.wait(event)" in caplog.text
