@@ -9,12 +9,16 @@ themselves) and exits 1.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 from importlib import metadata
 from typing import TextIO
 
 from . import bench, cli_ops, cli_scenario, serve
 from .errors import KinboxError
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def version() -> str:
@@ -41,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = _Parser(prog="kinbox", description="kinbox: a durable actor runtime for agents")
     parser.add_argument("--version", action="version", version=f"kinbox {version()}")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, type=str.lower,
+                        help="what kinbox logs to stderr (default: $KINBOX_LOG_LEVEL, then "
+                             "warning); message bodies appear only at debug")
     sub = parser.add_subparsers(dest="command", required=True)
     cli_scenario.add_parser(sub)
     cli_ops.add_parsers(sub)
@@ -62,7 +69,13 @@ def _remember_parsers(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command line; return the exit status."""
     out = out or sys.stdout
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = args.log_level or os.environ.get("KINBOX_LOG_LEVEL", "warning").lower()
+    if level not in LOG_LEVELS:
+        parser.error(f"KINBOX_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(args.handler(args, out))
     except KinboxError as exc:

@@ -33,6 +33,7 @@ from ..persistence import (
     JobStore,
     Journal,
     NewMessage,
+    OwnerLiveness,
     ProjectRecord,
     SessionRecord,
     SessionStore,
@@ -40,6 +41,7 @@ from ..persistence import (
     bind_tables,
     default_data_dir,
     default_url,
+    is_postgres,
     is_sqlite,
     open_database,
     redact_url,
@@ -65,6 +67,9 @@ SYSTEM_PROJECTS = (("default", "Default"), ("social", "Social"))
 
 log = logging.getLogger("kinbox.runtime")
 
+TAKEOVER_INTERVAL = 0.5
+"""Seconds between checks for runtimes that died holding leases (PostgreSQL)."""
+
 INBOX_STATES = tuple(state.value for state in State)
 """The states an inbox row can be in."""
 
@@ -88,10 +93,10 @@ class Runtime:
                  turn_timeout: float | None = None) -> None:
         if not isinstance(max_active_sessions, int) or max_active_sessions < 1:
             raise ConfigError(f"max_active_sessions must be an integer >= 1, "
-                              f"got {max_active_sessions!r}")
+                              f"got {max_active_sessions!r}", field="max_active_sessions")
         if not isinstance(max_live_sessions, int) or max_live_sessions < 1:
             raise ConfigError(f"max_live_sessions must be an integer >= 1, "
-                              f"got {max_live_sessions!r}")
+                              f"got {max_live_sessions!r}", field="max_live_sessions")
         if lease_seconds <= 0 or tick_interval <= 0 or idle_ttl <= 0:
             raise ConfigError("lease_seconds, tick_interval and idle_ttl must be > 0")
         if turn_timeout is not None and (isinstance(turn_timeout, bool)
@@ -101,7 +106,8 @@ class Runtime:
                               f"got {turn_timeout!r}", field="turn_timeout")
         unknown = set(faults) - FAULTS
         if unknown:
-            raise ConfigError(f"unknown faults {sorted(unknown)}; known: {sorted(FAULTS)}")
+            raise ConfigError(f"unknown faults {sorted(unknown)}; known: {sorted(FAULTS)}",
+                              field="faults")
         if brain is not None and not callable(brain):
             raise ConfigError("brain must be callable: brain(turn)", field="brain")
         self.url = db or default_url()
@@ -128,6 +134,8 @@ class Runtime:
         self._ticker: threading.Thread | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._lock: ExclusiveLock | None = None
+        self._liveness: OwnerLiveness | None = None
+        self._last_takeover = 0.0
         self._writer: GroupCommitWriter | None = None
         self._schedule: FocalSchedule | None = None
 
@@ -148,6 +156,9 @@ class Runtime:
             self._lock = ExclusiveLock(db)
             self._lock.acquire()
         try:
+            if is_postgres(db) and not self.send_only:
+                self._liveness = OwnerLiveness(db, self.owner)  # type: ignore[arg-type]
+                self._liveness.hold()
             upgrade(tables)
             self._writer = GroupCommitWriter(db)
             self._writer.start()
@@ -170,7 +181,8 @@ class Runtime:
             if self._lock is not None:
                 expired = journal.expire_leases(now)  # the lock proves their holder is gone
                 if expired:
-                    log.info("took over %d rows leased by a runtime that is gone", expired)
+                    log.warning("took over %d rows leased by a runtime that is gone", expired)
+            self._take_over_from_the_gone()
             if not self.send_only:
                 ctx.dispatcher = Dispatcher.start(ctx, self.max_active_sessions,
                                                   self.idle_ttl, self.max_live_sessions)
@@ -235,9 +247,7 @@ class Runtime:
         if ctx.dispatcher is not None:
             ctx.dispatcher.stop(block=False)
         ctx.emit("crashed", owner=self.owner)
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+        self._release_ownership()
 
     def _wire_services(self, ctx: RuntimeContext, jobs: JobStore) -> None:
         """Sub-agents, family limits and Focal hook into the turn and task paths."""
@@ -258,9 +268,33 @@ class Runtime:
     def _teardown(self) -> None:
         if self._writer is not None:
             self._writer.stop()
+        self._release_ownership()
+
+    def _release_ownership(self) -> None:
+        # What proves this runtime alive goes last, as with a killed process.
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+        if self._liveness is not None:
+            self._liveness.release()
+            self._liveness = None
+
+    def _take_over_from_the_gone(self) -> None:
+        """PostgreSQL: make the rows of runtimes whose life lock is free claimable now."""
+        ctx, liveness = self._ctx, self._liveness
+        if ctx is None or liveness is None:
+            return
+        self._last_takeover = time.monotonic()
+        try:
+            gone = liveness.gone(ctx.journal.lease_owners())
+            if gone:
+                taken = ctx.journal.expire_leases(ctx.now(), owners=gone)
+                log.warning("took over %d rows leased by %d runtime(s) that are gone: %s",
+                            taken, len(gone), ", ".join(sorted(gone)))
+                ctx.wake_dispatcher()
+        except Exception:
+            log.exception("checking for runtimes that are gone failed; their leases expire "
+                          "as usual")
 
     def _stop_ticker(self) -> None:
         self._ticker_stop.set()
@@ -282,6 +316,9 @@ class Runtime:
 
     def _tick(self) -> None:
         ctx = self._ctx
+        if (self._liveness is not None and self._state == "running"
+                and time.monotonic() - self._last_takeover >= TAKEOVER_INTERVAL):
+            self._take_over_from_the_gone()
         if ctx is not None and ctx.dispatcher is not None and self._state == "running":
             try:
                 ctx.dispatcher.tell(Tick())
@@ -336,11 +373,7 @@ class Runtime:
         snap = ctx.activity.snapshot()
         if snap["busy"] or snap["claim_pending"]:
             return False
-        if ctx.journal.has_due(ctx.now()):
-            return False
-        # A claim (a tick's) and even its whole turn can land during the reads above;
-        # the dispatcher publishes after each, so an unchanged board proves none did.
-        return ctx.activity.snapshot() == snap
+        return not ctx.journal.has_due(ctx.now())
 
     def run_until_idle(self, timeout: float = 10.0) -> None:
         """Wait until nothing can run before the next due time; :class:`IdleTimeout` after
@@ -392,12 +425,12 @@ class Runtime:
         title = _checked("title", validation.require_message, title, validation.TITLE_LIMIT,
                          "title")
         if kind not in access.SESSION_KINDS | access.HIDDEN_KINDS:
-            raise ConfigError(f"unknown session kind {kind!r}; one of "
+            raise ConfigError(field="kind", message=f"unknown session kind {kind!r}; one of "
                               f"{sorted(access.SESSION_KINDS | access.HIDDEN_KINDS)}")
         if project_id is not None and ctx.store.project(project_id) is None:
-            raise ConfigError(f"no project with id {project_id!r}")
+            raise ConfigError(f"no project with id {project_id!r}", field="project_id")
         if parent_id is not None and ctx.store.session(parent_id) is None:
-            raise ConfigError(f"no parent session with id {parent_id!r}")
+            raise ConfigError(f"no parent session with id {parent_id!r}", field="parent_id")
         sid = session_id or f"chat-{self.new_id()[:12]}"
         return ctx.store.create_session(sid, project_id, title, kind, ctx.now(),
                                         parent_id=parent_id, platform=platform, config=config)

@@ -142,7 +142,8 @@ class SessionActor(PooledActor):
                                    release=steered, on_failed=effects.messages,
                                    on_failed_also=effects.ops)
         final = result.state.value == "failed"
-        log.log(logging.ERROR if final else logging.WARNING,
+        # A retried attempt is routine (INFO); giving up on a message is an ERROR.
+        log.log(logging.ERROR if final else logging.INFO,
                 "turn of %s for %s failed (attempt %d%s): %s", sid, row.message_id,
                 result.attempts, ", giving up: row failed" if final else
                 f", retry at {result.available_at:.3f}", summary)

@@ -1,4 +1,4 @@
-"""The agent tools a Brain calls, bound to the calling session (SPEC §2).
+"""The agent tools a Brain calls, bound to the calling session.
 
 The caller's identity comes from the runtime (``rt.tools_for(session_id)``
 or ``turn.tools``), never from an argument. Each tool validates its

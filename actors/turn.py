@@ -27,7 +27,7 @@ class Message:
     message_id: str
     """The journal id (idempotency key) of the message."""
     kind: str
-    """``agent_message``, ``subagent_result``, ... (SPEC I1)."""
+    """``agent_message``, ``subagent_result``, ..."""
     content: str
     """The text of the message."""
     sender_id: str | None

@@ -42,6 +42,7 @@ from .journal import (
     NewMessage,
     TurnEntry,
 )
+from .liveness import OwnerLiveness
 from .models import Tables, bind_tables
 from .schema import pending_changes, require_current, upgrade
 from .sessions import EntryRecord, ProjectRecord, SessionRecord, SessionStore
@@ -69,6 +70,7 @@ __all__ = [
     "KinboxError",
     "LeaseLost",
     "NewMessage",
+    "OwnerLiveness",
     "PersistenceError",
     "ProjectRecord",
     "RowNotFound",

@@ -69,13 +69,7 @@ class InboxReads:
         Only heads count: a row waiting behind its target's head (in backoff,
         say) cannot run before the head, so it does not make the runtime busy.
         """
-        # Heads first: a claim landing between the two reads turns a due head into a
-        # processing row, which the second read then sees (the other order misses it).
-        if self.hot.due_heads(transport, now, 1, for_update=False):
-            return True
-        m = self.t.inbox
-        return bool(m.select(m.message_id).where(m.transport == transport,
-                                                 m.status == core.State.PROCESSING.value).exists())
+        return self.hot.has_runnable(transport, now)
 
     def next_due(self, transport: str = "local") -> float | None:
         """The earliest time a pending row becomes due (a backoff running out), or None."""

@@ -143,11 +143,20 @@ class Journal(InboxReads):
             m.target_chat_id.in_(tg), m.lease_owner == owner,
             m.status == core.State.PROCESSING.value).execute())
 
-    def expire_leases(self, now: float) -> int:
-        """Make every processing row claimable now (start-up of an exclusive runtime)."""
+    def expire_leases(self, now: float, owners: Iterable[str] | None = None) -> int:
+        """Make processing rows claimable now: every one (start-up of an exclusive
+        runtime), or those of ``owners`` (runtimes known to be gone)."""
         m = self.t.inbox
-        return self.writer.call(lambda: m.update(lease_until=now).where(
-            m.status == core.State.PROCESSING.value).execute())
+        cond = m.status == core.State.PROCESSING.value
+        if owners is not None:
+            cond &= m.lease_owner.in_(sorted(owners))
+        return self.writer.call(lambda: m.update(lease_until=now).where(cond).execute())
+
+    def lease_owners(self) -> set[str]:
+        """The owners holding leases on processing rows now."""
+        m = self.t.inbox
+        return {r.lease_owner for r in m.select(m.lease_owner).distinct().where(
+            m.status == core.State.PROCESSING.value, m.lease_owner.is_null(False))}
 
     # -- outcomes --------------------------------------------------------------------------
 
