@@ -29,20 +29,10 @@ def failures(report: dict[str, Any]) -> list[dict[str, Any]]:
     return [e for e in report["expectations"] if not e["ok"]]
 
 
-def known_failure(request: pytest.FixtureRequest, *names: str) -> None:
-    """Mark the PostgreSQL run of crash_restart as an expected failure, strictly."""
-    if "crash_restart" in names and request.node.callspec.params.get("any_db_url") == "postgres":
-        request.node.add_marker(pytest.mark.xfail(strict=True, reason=(
-            "crash_restart on PostgreSQL: a restarted runtime retakes the dead runtime's "
-            "lease only when it runs out (IdleTimeout ... 'processing': 1); the runtime's "
-            "owner-liveness fix removes this mark")))
-
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("name", NAMES)
-def test_scenario_meets_its_expectations(name: str, any_db_url: str,
-                                         request: pytest.FixtureRequest) -> None:
-    known_failure(request, name)
+def test_scenario_meets_its_expectations(name: str, any_db_url: str) -> None:
     report = run(name, any_db_url)
     assert report["expectations"], "a scenario must check something"
     assert not failures(report), failures(report)
@@ -133,9 +123,7 @@ a second run on the same database continues the first one's day (run it on a fre
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("name", sorted(set(NAMES) - ONE_PER_DATABASE))
-def test_a_scenario_runs_twice_on_one_database(name: str, any_db_url: str,
-                                               request: pytest.FixtureRequest) -> None:
-    known_failure(request, name)
+def test_a_scenario_runs_twice_on_one_database(name: str, any_db_url: str) -> None:
     first, second = run(name, any_db_url), run(name, any_db_url)
     assert not failures(second), failures(second)
     assert second["summary"]["messages"] == first["summary"]["messages"]
@@ -143,11 +131,8 @@ def test_a_scenario_runs_twice_on_one_database(name: str, any_db_url: str,
 
 
 @pytest.mark.timeout(90)
-def test_seeded_ids_do_not_collide_across_scenarios_on_one_database(
-        any_db_url: str, request: pytest.FixtureRequest) -> None:
-    names = ("hello", "subagents", "crash_restart")  # each draws the same first seeded ids
-    known_failure(request, *names)
-    for name in names:
+def test_seeded_ids_do_not_collide_across_scenarios_on_one_database(any_db_url: str) -> None:
+    for name in ("crash_restart", "hello", "subagents"):  # each draws the same first ids
         report = run(name, any_db_url)
         assert not failures(report), (name, failures(report))
 
