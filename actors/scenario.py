@@ -34,7 +34,7 @@ from .runtime import Runtime
 from .scenario_brain import ScriptedBrain, TurnGate, TurnScript, failing
 
 __all__ = ["NOISE", "SCENARIO_EPOCH", "Expectation", "Scenario", "ScriptedBrain", "TurnScript",
-           "failing"]
+           "Waitable", "failing"]
 
 SCENARIO_EPOCH = 1_767_225_600.0
 """2026-01-01T00:00:00Z: where a scenario's clock starts."""

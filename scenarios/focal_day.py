@@ -11,6 +11,9 @@ nothing changes. The reminder fires at the hour.
 Expected: two Focal-started sessions; a blocked notice and a finished
 notice to Focal; the heartbeat run once with findings and skipped once
 without change; the reminder turn and its user notification.
+Focal is one agent per database, and its heartbeat schedule and notes
+persist: a second run on the same ``--db`` continues the first one's day,
+so run this one on a fresh database (the default).
 """
 
 from typing import Any
