@@ -179,6 +179,9 @@ class AsyncHost:
             self.peak_running = max(self.peak_running, self.running)
         try:
             await asyncio.wait({task})  # cancelling the brain must not cancel this driver
+        except asyncio.CancelledError:
+            task.cancel()  # the driver is cancelled (stop, crash): the brain goes with it
+            raise
         finally:
             self._brains.pop(sid, None)
             with self._lock:

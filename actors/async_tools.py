@@ -15,6 +15,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from .errors import ToolError
+
 if TYPE_CHECKING:
     from .async_host import AsyncHost
 
@@ -43,6 +45,16 @@ class AsyncTools:
     def schemas(self, shape: str = "openai") -> list[dict[str, Any]]:
         """The JSON Schemas of the tools this session holds (no I/O, so not awaitable)."""
         return self.sync.schemas(shape)  # type: ignore[no-any-return]
+
+    async def call(self, name: Any, arguments: Any = None) -> dict[str, Any]:
+        """Run a model's tool call by name (awaitable): the result, or the error as a dict."""
+        if name == "agent" and isinstance(arguments, dict):
+            try:
+                args = await self._host.blocking(self.sync.call_arguments, name, arguments)
+                return await self.agent(**args)
+            except ToolError as exc:
+                return exc.to_dict()
+        return await self._host.blocking(self.sync.call, name, arguments)  # type: ignore[no-any-return]
 
     async def agent(self, description: Any, run_in_background: Any = True, title: Any = None,
                     timeout: Any = 300) -> dict[str, Any]:

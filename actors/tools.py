@@ -13,7 +13,7 @@ from typing import Any
 
 from ..persistence import NewMessage, SessionRecord
 from ..persistence.inbox_core import TERMINAL_STATES
-from . import access, transcript_view
+from . import access, tool_schemas, transcript_view
 from .context import RuntimeContext
 from .errors import ToolError
 from .family import FamilyTools
@@ -55,9 +55,34 @@ def listing(s: SessionRecord) -> dict[str, Any]:
 class TaskTools:
     """Task tools of a session: every session may keep tasks."""
 
+    HELD: tuple[str, ...] = ("task_create", "task_update", "task_list")
+    """The tools this kind of session holds, in the order a model sees them."""
+
     def __init__(self, ctx: RuntimeContext, caller_id: str) -> None:
         self._ctx = ctx
         self.caller_id = caller_id
+
+    def held(self) -> list[str]:
+        """The names of the tools this caller holds."""
+        return list(self.HELD)
+
+    def _focal(self) -> bool:
+        return False
+
+    def schemas(self, shape: str = "openai") -> list[dict[str, Any]]:
+        """JSON Schemas of exactly the tools this caller holds (``openai`` or ``mcp`` shape)."""
+        return tool_schemas.schemas(self.held(), shape, focal=self._focal())
+
+    def call(self, name: Any, arguments: Any = None) -> dict[str, Any]:
+        """Run a model's tool call by name: the tool's result, or its error as a dict."""
+        try:
+            return getattr(self, name)(**self.call_arguments(name, arguments))  # type: ignore[no-any-return]
+        except ToolError as exc:
+            return exc.to_dict()
+
+    def call_arguments(self, name: Any, arguments: Any) -> dict[str, Any]:
+        """The arguments of a call to ``name`` if its schema allows them (else ToolError)."""
+        return tool_schemas.check_call(self.held(), name, arguments, focal=self._focal())
 
     def _caller(self) -> SessionRecord:
         self._ctx.require_running()
@@ -94,6 +119,8 @@ class TaskTools:
 class SubagentTools(FamilyTools, TaskTools):
     """What a sub-agent holds: task tools; every agent tool is refused."""
 
+    HELD = ("list_agents", "send", *TaskTools.HELD)
+
     def __getattr__(self, name: str) -> Any:
         if name == "agent" or name.startswith("agent_"):
             def refused(*_args: Any, **_kwargs: Any) -> Any:
@@ -104,6 +131,17 @@ class SubagentTools(FamilyTools, TaskTools):
 
 class AgentTools(FamilyTools, TaskTools):
     """The agent tools as seen by one calling session."""
+
+    HELD = ("agent_list", "agent_read", "agent_send", "agent_stop", "agent", "list_agents",
+            "send", *TaskTools.HELD)
+
+    def _focal(self) -> bool:
+        return self._ctx.focal is not None and is_focal_chat(self._ctx.store.session(
+            self.caller_id))
+
+    def held(self) -> list[str]:
+        """The agent tools; the Focal agent also holds ``schedule_wakeup``."""
+        return [*self.HELD, "schedule_wakeup"] if self._focal() else list(self.HELD)
 
     def _target(self, tool: str, caller: SessionRecord, agent_id: str) -> SessionRecord:
         """The target of ``tool``, or the ToolError the access rules call for."""
