@@ -76,7 +76,8 @@ class TaskTools:
     def call(self, name: Any, arguments: Any = None) -> dict[str, Any]:
         """Run a model's tool call by name: the tool's result, or its error as a dict."""
         try:
-            return getattr(self, name)(**self.call_arguments(name, arguments))  # type: ignore[no-any-return]
+            args = self.call_arguments(name, arguments)
+            return getattr(self, name)(**args)  # type: ignore[no-any-return]
         except ToolError as exc:
             return exc.to_dict()
 

@@ -23,6 +23,7 @@ PURE_MODULES = [
     "actors/focal_policy.py",
     "actors/focal_context.py",
     "actors/focal_heartbeat.py",
+    "actors/tool_schemas.py",
 ]
 """Modules that hold rules only: time and randomness come in as arguments."""
 
