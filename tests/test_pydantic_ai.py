@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("pydantic_ai", reason="the pydantic-ai extra is not installed")
 
-from pydantic_ai import Agent  # noqa: E402
-from pydantic_ai.messages import (  # noqa: E402
+from pydantic_ai import Agent
+from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
     ModelResponse,
@@ -19,10 +19,10 @@ from pydantic_ai.messages import (  # noqa: E402
     ToolCallPart,
     ToolReturnPart,
 )
-from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from kinbox.actors import Runtime, Turn  # noqa: E402
-from kinbox.actors.pydantic_ai_brain import pydantic_ai_brain  # noqa: E402
+from kinbox.actors import Runtime, Turn
+from kinbox.actors.pydantic_ai_brain import pydantic_ai_brain
 
 MakeRuntime = Callable[..., Runtime]
 
