@@ -157,16 +157,25 @@ class AsyncHost:
             actor.done()
 
     async def _one(self, actor: SessionActor, row: ClaimedRow) -> ClaimedRow | None:
-        turn = await self.blocking(actor.begin, row)
+        def start() -> tuple[Turn | None, BaseException | None]:
+            turn = actor.begin(row)
+            if turn is None:
+                return None, None
+            try:
+                actor.prepare(turn)  # the Focal policy may read the database
+            except Exception as exc:
+                return turn, exc
+            return turn, None
+
+        turn, error = await self.blocking(start)  # one hop for the start, one for the end
         if turn is None:
             return None
         turn._run_blocking = self.blocking
-        error: BaseException | None = None
-        try:
-            await self.blocking(actor.prepare, turn)
-            error = await self._run_brain(turn)
-        except Exception as exc:
-            error = exc
+        if error is None:
+            try:
+                error = await self._run_brain(turn)
+            except Exception as exc:
+                error = exc
         return await self.blocking(actor.end, turn, error)
 
     async def _run_brain(self, turn: Turn) -> BaseException | None:
