@@ -49,6 +49,9 @@ class Dispatcher(pykka.ThreadingActor):
         self.live: OrderedDict[str, pykka.ActorRef[Any]] = OrderedDict()
         self.last_used: dict[str, float] = {}
         self.busy: set[str] = set()
+        self.suspect: str | None = None
+        """The session running a suspect row (its last worker died mid-turn), if any: one
+        at a time, so a death during it is that row's."""
         self.claim_scheduled = False
         self.last_renewal = 0.0
 
@@ -67,6 +70,8 @@ class Dispatcher(pykka.ThreadingActor):
     def _handle(self, message: Any) -> None:
         if isinstance(message, TurnDone):
             self.busy.discard(message.session_id)
+            if self.suspect == message.session_id:
+                self.suspect = None
             self.last_used[message.session_id] = self.ctx.now()
             self._publish()
             self._schedule_claim()
@@ -120,7 +125,8 @@ class Dispatcher(pykka.ThreadingActor):
         try:
             result = ctx.journal.claim(ctx.owner, ctx.now(), limit=capacity,
                                        lease=ctx.lease_seconds, exclude=self.busy,
-                                       check_markers="skip_marker_check" not in ctx.faults)
+                                       check_markers="skip_marker_check" not in ctx.faults,
+                                       suspects=0 if self.suspect else 1)
         except WriterClosed:
             return
         except PersistenceError as exc:
@@ -132,6 +138,8 @@ class Dispatcher(pykka.ThreadingActor):
         for row in result.rows:
             log.debug("claimed %s for %s (attempt %d)", row.message_id, row.target,
                       row.attempts + 1)
+            if row.taken_over:
+                self.suspect = row.target
             self.busy.add(row.target)
             self._actor_for(row.target).tell(Deliver(row))
             ctx.emit("claimed", message_id=row.message_id, session_id=row.target,

@@ -114,8 +114,14 @@ class SessionActor(PooledActor):
                 return None
             if "ack_before_turn" in ctx.faults:
                 ctx.journal.ack(ctx.owner, [row.message_id], ctx.now())
+            if row.taken_over:  # its last worker died mid-turn: is this message the cause?
+                ctx.journal.mark_turn_started(ctx.owner, row.message_id, ctx.now())
         except WriterClosed:
             raise
+        except LeaseLost:
+            log.warning("lost the lease of %s for %s before its turn started",
+                        row.message_id, self.session_id)
+            return None
         except PersistenceError as exc:
             log.error("starting %s for %s failed in the journal: %s", row.message_id,
                       self.session_id, exc)

@@ -18,7 +18,8 @@ from .database import is_postgres
 
 INBOX = "agent_inbox_messages"
 CLAIM_COLUMNS = ("message_id", "seq", "target_chat_id", "sender_chat_id", "kind", "content",
-                 "payload", "attempts", "created_at", "status", "available_at", "lease_until")
+                 "payload", "attempts", "created_at", "status", "available_at", "lease_until",
+                 "suspect")
 
 
 IN_LIST_LIMIT = 500

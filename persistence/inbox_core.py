@@ -139,6 +139,27 @@ def clip_error(text: str, limit: int = ERROR_LIMIT) -> str:
     return text[:head] + marker + text[-(limit - head - len(marker)):]
 
 
+def after_interrupted_turn(attempts_before: int, max_attempts: int) -> FailureOutcome:
+    """A claim takes over a row whose lease ran out with no commit after its turn had
+    started (the process died, or was paused past its lease, inside the turn). That counts
+    as an attempt, so a message whose turn kills its process ends ``failed`` after
+    ``max_attempts`` such crashes instead of being claimed again on every restart for ever.
+    A takeover of a row whose turn never started (killed between claim and brain) counts
+    nothing. ``PROCESSING`` means: claim it for this attempt."""
+    attempts = attempts_before + 1
+    if attempts >= max_attempts:
+        return FailureOutcome(State.FAILED, attempts, 0.0)
+    return FailureOutcome(State.PROCESSING, attempts, 0.0)
+
+
+def interrupted_error(attempts: int, max_attempts: int, owner: str | None) -> str:
+    """``last_error`` of a row whose turns never finished ``attempts`` times."""
+    return (f"Interrupted: the turn of this message never finished {attempts} time(s) "
+            f"(last held by {owner or 'an unknown worker'}: the process died or lost its "
+            f"lease mid-turn); attempt {attempts} of {max_attempts}. A message whose turn "
+            "kills its process is a poison message: fix the brain, then requeue it.")
+
+
 def check_lease(message_id: str, state: str, lease_owner: str | None, worker: str) -> None:
     """Fencing: raise :class:`LeaseLost` unless ``worker`` holds the row's lease.
 
@@ -156,6 +177,21 @@ def is_claimable(state: str, available_at: float, lease_until: float | None, now
     if state == State.PROCESSING.value:
         return lease_until is None or lease_until <= now
     return False
+
+
+def chains(state: str, available_at: float, lease_until: float | None, now: float,
+           suspect: bool = False) -> bool:
+    """A session's next head may be leased in its turn's commit (chained delivery): only a
+    due pending row that is not suspect; a dead worker's row (expired lease) and a suspect
+    one go through the dispatcher's claim, which counts attempts and runs suspects alone."""
+    return (state == State.PENDING.value and not suspect
+            and is_claimable(state, available_at, lease_until, now))
+
+
+def is_suspect(state: str, suspect: bool) -> bool:
+    """A head that may be the message that kills its process: one taken over now (its
+    lease ran out mid-turn) or earlier (and not delivered since)."""
+    return suspect or state == State.PROCESSING.value
 
 
 @dataclass(frozen=True)

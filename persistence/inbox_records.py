@@ -53,12 +53,16 @@ class ClaimedRow:
     payload: dict[str, Any]
     attempts: int
     created_at: float
+    taken_over: bool = False
+    """A suspect row (taken over from a worker that died mid-turn): record the turn's start
+    before the brain runs (``Journal.mark_turn_started``), so a turn that kills its process
+    is counted, and run it alone (one suspect in flight per runtime)."""
 
     @classmethod
     def from_columns(cls, c: Sequence[Any]) -> ClaimedRow:
         """From a row read as ``hot_path.CLAIM_COLUMNS``."""
         payload = {} if c[6] in (None, "", "{}") else json.loads(c[6])  # most carry none
-        return cls(c[0], c[1], c[2], c[3], c[4], c[5], payload, c[7], c[8])
+        return cls(c[0], c[1], c[2], c[3], c[4], c[5], payload, c[7], c[8], bool(c[12]))
 
 
 @dataclass(frozen=True)

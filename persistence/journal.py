@@ -16,6 +16,7 @@ target across processes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from . import inbox_core as core
@@ -90,27 +91,88 @@ class Journal(InboxReads):
 
     def _claim_op(self, owner: str, now: float, lease: float, limit: int,
                   exclude: frozenset[str], check_markers: bool,
-                  transport: str) -> ClaimResult:
+                  transport: str, suspects: int) -> ClaimResult:
         heads = self.hot.due_heads(transport, now, limit + len(exclude),
                                    for_update=is_postgres(self.t.db))
-        rows = [ClaimedRow.from_columns(h) for h in heads if h[2] not in exclude][:limit]
-        if not rows:
+        picked = []
+        for h in heads:  # at most ``suspects`` suspect rows: they run alone
+            if h[2] in exclude or len(picked) == limit:
+                continue
+            if core.is_suspect(h[9], bool(h[12])):
+                if suspects <= 0:
+                    continue
+                suspects -= 1
+            picked.append(h)
+        if not picked:
             return ClaimResult([], [])
+        rows = [ClaimedRow.from_columns(h) for h in picked]
         ids = [r.message_id for r in rows]
-        self.hot.lease_many(ids, owner, now + lease, now)
-        self.hot.set_status_many([r.target for r in rows], "active", now)
         done = self.hot.with_markers(ids) if check_markers else set()
         if done:
             self.hot.mark_delivered(sorted(done), now)
-        return ClaimResult([r for r in rows if r.message_id not in done], sorted(done))
+        taken_over = [h[0] for h in picked
+                      if h[9] == core.State.PROCESSING.value and h[0] not in done]
+        attempts = self._count_interrupted(taken_over, now) if taken_over else {}
+        rows = [replace(r, attempts=attempts[r.message_id], taken_over=True)
+                if r.message_id in attempts else r
+                for r in rows if r.message_id not in done and attempts.get(r.message_id, 0) >= 0]
+        # ``attempts`` < 0: failed by this claim, not leased
+        if rows:
+            self.hot.lease_many([r.message_id for r in rows], owner, now + lease, now)
+            self.hot.set_status_many([r.target for r in rows], "active", now)
+        return ClaimResult(rows, sorted(done))
+
+    def _count_interrupted(self, ids: list[str], now: float) -> dict[str, int]:
+        """Takeovers: message id -> attempts now, or -1 for a row that thereby reached its
+        limit and is ``failed`` (not claimed). Only a turn that had started counts."""
+        found: dict[str, int] = {}
+        m = self.t.inbox
+        started = {r.message_id for r in m.select(m.message_id).where(
+            m.message_id.in_(ids), m.turn_started_at.is_null(False))}
+        for row in self._rows_for_fencing(ids):
+            if row.message_id not in started:
+                found[row.message_id] = row.attempts  # killed before its brain ran
+                m.update(suspect=True).where(m.message_id == row.message_id).execute()
+                continue
+            out = core.after_interrupted_turn(row.attempts, row.max_attempts)
+            error = core.interrupted_error(out.attempts, row.max_attempts, row.lease_owner)
+            failed = out.state is core.State.FAILED
+            self.t.event.insert(message_id=row.message_id, at=now, attempts=out.attempts,
+                                event="failed" if failed else "interrupted",
+                                detail=error).execute()
+            changes: dict[str, Any] = {"attempts": out.attempts, "last_error": error,
+                                       "updated_at": now, "turn_started_at": None,
+                                       "suspect": True}
+            if failed:
+                changes.update(status=core.State.FAILED.value, lease_owner=None,
+                               lease_until=None)
+            m.update(**changes).where(m.message_id == row.message_id).execute()
+            found[row.message_id] = -1 if failed else out.attempts
+        return found
+
+    def mark_turn_started(self, owner: str, message_id: str, now: float) -> None:
+        """Durably note that a taken-over row's turn is starting (fenced by the lease)."""
+        m = self.t.inbox
+
+        def op() -> None:
+            self._fence(owner, [message_id])
+            m.update(turn_started_at=now).where(m.message_id == message_id).execute()
+        self.writer.call(op)
+
+    def _rows_for_fencing(self, ids: Sequence[str]) -> list[FenceRow]:
+        rows = self.hot.fence_rows(ids)
+        return [FenceRow(i, *rows[i]) for i in ids if i in rows]
 
     def claim(self, owner: str, now: float, *, limit: int = 64,
               lease: float = DEFAULT_LEASE_SECONDS, exclude: Iterable[str] = (),
-              check_markers: bool = True, transport: str = "local") -> ClaimResult:
-        """Lease up to ``limit`` due head rows (one per target), oldest first."""
+              check_markers: bool = True, transport: str = "local",
+              suspects: int = 1) -> ClaimResult:
+        """Lease up to ``limit`` due head rows (one per target), oldest first, of which at
+        most ``suspects`` are suspect (rows whose last worker died mid-turn)."""
         ex = frozenset(exclude)
         return self.writer.call(
-            lambda: self._claim_op(owner, now, lease, limit, ex, check_markers, transport))
+            lambda: self._claim_op(owner, now, lease, limit, ex, check_markers, transport,
+                                   suspects))
 
     def _claim_more_op(self, owner: str, target: str, after_seq: int, now: float,
                        lease: float, limit: int) -> list[ClaimedRow]:
@@ -174,7 +236,7 @@ class Journal(InboxReads):
         """Lease the target's new head if it is due (inside the ack's transaction)."""
         while True:
             head = self.hot.head(target)
-            if head is None or not core.is_claimable(head[9], head[10], head[11], now):
+            if head is None or not core.chains(head[9], head[10], head[11], now, bool(head[12])):
                 return None
             if not self.hot.lease(head[0], owner, now + lease, now):
                 return None  # another worker took it first
@@ -254,6 +316,7 @@ class Journal(InboxReads):
         m = self.t.inbox
         m.update(status=out.state.value, attempts=out.attempts, available_at=out.available_at,
                  last_error=core.clip_error(error), lease_owner=None, lease_until=None,
+                 turn_started_at=None, suspect=False,
                  updated_at=now).where(m.message_id == message_id).execute()
         self.t.event.insert(message_id=message_id, at=now, attempts=out.attempts,
                             event="failed" if out.state is core.State.FAILED else "retry",
@@ -288,7 +351,7 @@ class Journal(InboxReads):
     def _release_rows(self, ids: list[str], now: float) -> None:
         m = self.t.inbox
         m.update(status=core.State.PENDING.value, lease_owner=None, lease_until=None,
-                 updated_at=now).where(m.message_id.in_(ids)).execute()
+                 turn_started_at=None, updated_at=now).where(m.message_id.in_(ids)).execute()
 
     def release(self, owner: str, message_ids: Sequence[str], now: float) -> None:
         """Hand leased rows back unrun (no attempt counted)."""

@@ -132,6 +132,12 @@ class InboxMessage(_Base):
     updated_at = pw.DoubleField()
     delivered_at = pw.DoubleField(null=True)
     last_error = pw.TextField(null=True)
+    suspect = pw.BooleanField(null=True)  # NULL (the hand-written INSERT) means False
+    """Taken over from a worker that died mid-turn: its turns run one at a time per runtime
+    (so a death during one is attributable to it) and record their start."""
+    turn_started_at = pw.DoubleField(null=True)
+    """Set once a suspect row's turn has started: if that worker dies too, the next
+    takeover counts an attempt, so a poison message ends ``failed``."""
 
     class Meta:
         table_name = "agent_inbox_messages"

@@ -64,7 +64,7 @@ def _next_heads(sql: BulkSql, commits: Sequence[TurnCommit], now: float) -> dict
     heads = sql.heads_of([c.session_id for c in chaining])
     taken = {c.session_id: (heads[c.session_id], c) for c in chaining
              if c.session_id in heads
-             and core.is_claimable(*heads[c.session_id][9:12], c.now)}
+             and core.chains(*heads[c.session_id][9:12], c.now, bool(heads[c.session_id][12]))}
     if not taken:
         return {}
     if sql.hot.with_markers([head[0] for head, _ in taken.values()]):

@@ -33,7 +33,7 @@ def test_enqueue_commits_a_pending_row_with_every_inbox_column(stores: Stores) -
     expected = {"message_id", "seq", "transport", "destination_peer_id", "sender_chat_id",
                 "target_chat_id", "kind", "content", "payload", "status", "attempts",
                 "max_attempts", "available_at", "lease_owner", "lease_until", "created_at",
-                "updated_at", "delivered_at", "last_error"}
+                "updated_at", "delivered_at", "last_error", "suspect", "turn_started_at"}
     assert set(row) == expected
     assert (row["status"], row["attempts"], row["max_attempts"], row["payload"]) == (
         "pending", 0, 5, {"k": 1})

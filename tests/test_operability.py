@@ -371,3 +371,68 @@ def test_entries_record_sender_and_kind_and_show_them_to_brain_and_reader(
     assert rt.tools_for(alice).agent_read(bob)["transcript"] == (
         f"agent_message from {alice}: Hello Bob!\n\nassistant: noted\n\n"
         "user: and from the human\n\nassistant: noted")
+
+
+# -- a message whose turn kills its process ends failed (hardening) ------------------------
+
+
+def test_a_takeover_counts_an_attempt_only_when_the_interrupted_turn_had_started(
+        db_url: str) -> None:
+    from kinbox.persistence import NewMessage
+
+    from .conftest import Stores
+
+    stores = Stores(db_url)
+    try:
+        stores.store.create_session("victim", None, "Victim", "interactive", 0)
+        stores.journal.enqueue(NewMessage("poison", "victim", "kills the process"), 0)
+        first = stores.journal.claim("dead-0", 0.0, lease=30).rows[0]
+        assert (first.attempts, first.taken_over) == (0, False)
+        # Killed between claim and brain, twice: nothing counts, but the row is suspect.
+        for life in (1, 2):
+            row = stores.journal.claim(f"dead-{life}", life * 100.0, lease=30).rows[0]
+            assert (row.attempts, row.taken_over) == (0, True)
+        # From now on each life records the turn's start, then dies inside the turn.
+        for life in range(3, 8):
+            row = stores.journal.claim(f"dead-{life}", life * 100.0, lease=30).rows[0]
+            assert (row.attempts, row.taken_over) == (life - 3, True)
+            stores.journal.mark_turn_started(f"dead-{life}", "poison", life * 100.0 + 1)
+        assert stores.journal.claim("dead-8", 800.0, lease=30).rows == []
+        row_dict = stores.journal.get("poison")
+        assert (row_dict["status"], row_dict["attempts"]) == ("failed", 5)
+        assert row_dict["last_error"].startswith("Interrupted: the turn of this message never "
+                                                 "finished 5 time(s) (last held by dead-7")
+        events = [h["event"] for h in stores.journal.history("poison")]
+        assert events == ["interrupted"] * 4 + ["failed"]
+    finally:
+        stores.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_poison_message_that_kills_its_process_ends_failed_and_the_rest_is_delivered(
+        tmp_path: Path, db_url: str) -> None:
+    setup = Runtime(db=db_url).start()  # send-only: it only writes
+    project = setup.create_project("poison")
+    victim = setup.create_session(project.id, "Victim").id
+    others = [setup.create_session(project.id, f"Other {i}").id for i in range(10)]
+    poison = setup.post(victim, "poison").message_id
+    for i in range(100):
+        setup.post(others[i % 10], f"fine {i}")
+    setup.stop()
+    child = str(Path(__file__).with_name("poison_child.py"))
+    codes = []
+    for _ in range(9):  # each life dies in the poison turn, until the row is failed
+        done = subprocess.run([sys.executable, child, db_url], capture_output=True, text=True,
+                              timeout=90)
+        codes.append(done.returncode)
+        if done.returncode == 0:
+            break
+    assert codes == [9] * 6 + [0]  # the first death makes it suspect, five more count
+    rt = Runtime(db=db_url, brain=quiet_brain).start()
+    try:
+        rows = {r["message_id"]: r for r in rt.inbox()}
+        assert (rows[poison]["status"], rows[poison]["attempts"]) == ("failed", 5)
+        assert "Interrupted" in rows[poison]["last_error"]
+        assert sorted(r["status"] for m, r in rows.items() if m != poison) == ["delivered"] * 100
+    finally:
+        rt.stop()
