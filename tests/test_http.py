@@ -24,7 +24,8 @@ from kinbox.actors import ManualClock, Runtime
 from kinbox.actors.focal import FOCAL_ID
 from kinbox.actors.serve import app_for
 from kinbox.persistence import TurnEntry
-from kinbox.transport import OperatorToken
+from kinbox.transport import HostGuard, OperatorToken, allowed_name, create_app
+from kinbox.transport.host_guard import host_of
 
 from .helpers import quiet_brain, wait_for
 
@@ -147,8 +148,9 @@ def test_the_root_lists_the_routes(served: tuple[Served, Runtime]) -> None:
     assert routes["/focal/notifications/read"] == ["POST"]
 
 
-def test_healthz_reports_each_check(make_runtime: MakeRuntime, tmp_path: Path) -> None:
-    delivering = make_runtime(data_dir=tmp_path / "data", brain=quiet_brain)
+def test_healthz_reports_each_check(make_runtime: MakeRuntime, tmp_path: Path,
+                                    any_db_url: str) -> None:
+    delivering = make_runtime(db=any_db_url, data_dir=tmp_path / "data", brain=quiet_brain)
     srv = Served(app_for(delivering))
     try:
         status, body = srv.request("GET", "/healthz")
@@ -284,3 +286,41 @@ def test_kinbox_serve_binds_loopback_and_answers(tmp_path: Path) -> None:
         proc.terminate()
         proc.wait(10)
     assert "127.0.0.1" in proc.stdout.read()  # type: ignore[union-attr]
+
+
+class BrokenBackend:
+    """A backend whose every call fails, as a runtime whose database went away would."""
+
+    def __getattr__(self, name: str) -> Any:
+        def fail(*args: object) -> Any:
+            raise RuntimeError("database is gone")
+        return fail
+
+
+def test_a_failing_backend_answers_json_500_and_the_server_keeps_serving() -> None:
+    srv = Served(create_app(BrokenBackend()))  # type: ignore[arg-type]
+    try:
+        status, body = srv.request("GET", "/focal")
+        assert (status, body["error"]) == (500, "execution_failed")
+        assert "database is gone" not in body["message"]  # internals stay in the log
+        assert srv.request("GET", "/")[0] == 200
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize(("header", "host"), [
+    ("127.0.0.1:8765", "127.0.0.1"), ("Kinbox.Test", "kinbox.test"), ("[::1]:80", "[::1]"),
+    ("[::1]", "[::1]"), ("kinbox.test:", "kinbox.test:"), ("", "")])
+def test_host_of_strips_the_port_only(header: str, host: str) -> None:
+    assert host_of(header) == host
+
+
+def test_the_host_guard_matches_exact_names_and_subdomain_patterns() -> None:
+    guard = HostGuard(Starlette(), ["Kinbox.Test", "*.example.com", "::1"])
+    assert guard.allows("kinbox.test") and guard.allows("[::1]")
+    assert guard.allows("api.example.com") and guard.allows("a.b.example.com")
+    assert not guard.allows("example.com") and not guard.allows("evilexample.com")
+    assert not guard.allows("kinbox.test.evil") and not guard.allows("")
+    for bad in ("bad host/x", "", "a_b c", "http://x"):
+        with pytest.raises(ValueError):
+            allowed_name(bad)

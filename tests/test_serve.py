@@ -167,6 +167,32 @@ def test_serve_without_a_brain_is_send_only_and_leaves_pending_rows_alone(
     assert (row["status"], row["attempts"], transcript) == ("pending", 0, [])
 
 
+def product_brain(turn: Any) -> None:
+    for message in turn.messages:
+        turn.reply(f"product answers {message.content}")
+
+
+@pytest.mark.timeout(120)
+def test_a_send_only_serve_beside_a_products_runtime_answers_none_of_its_messages(
+        run_kinbox: Any, any_db_url: str) -> None:
+    with Runtime(db=any_db_url, brain=product_brain) as product:
+        project = product.create_project("web")
+        sessions = [product.create_session(project.id, f"chat {i}").id for i in range(5)]
+        cmd = run_kinbox("serve", "--port", "0", "--db", any_db_url)
+        port = served_port(cmd)
+        assert get(port, "/healthz")[0] == 200
+        for i in range(10):
+            product.post(sessions[i % 5], f"q{i}", message_id=f"live-{i}")
+        product.run_until_idle(timeout=60)
+        answers = [e.text for s in sessions for e in product.transcript(s)
+                   if e.role == "assistant"]
+        assert sorted(answers) == sorted(f"product answers q{i}" for i in range(10))
+        assert {r["status"] for r in product.inbox()} == {"delivered"}
+        assert set(product.marker_counts().values()) == {1}
+        cmd.proc.send_signal(signal.SIGTERM)
+        assert cmd.finish() == 0
+
+
 @pytest.mark.timeout(90)
 def test_serve_with_a_brain_delivers_with_that_brain(run_kinbox: Any, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'k.db'}"

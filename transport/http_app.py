@@ -22,7 +22,7 @@ waiting on the database.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import anyio.to_thread
 from anyio import CapacityLimiter
@@ -42,7 +42,6 @@ STATE_HEADER = "x-kinbox"
 HEALTH_THREADS = 2
 """Threads reserved for ``/healthz``, apart from the pool the other routes share."""
 
-T = TypeVar("T")
 Handler = Callable[[Request], Awaitable[JSONResponse]]
 
 
@@ -108,9 +107,6 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
             return None
         return error(403, "forbidden", "state-changing calls need the header X-Kinbox: 1")
 
-    async def off_loop(fn: Callable[..., T], *args: Any) -> T:
-        return await run_in_threadpool(fn, *args)
-
     async def index(request: Request) -> JSONResponse:
         return JSONResponse({"service": "kinbox", "routes": [
             {"path": path, "methods": methods, "about": about}
@@ -123,29 +119,29 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
         return JSONResponse(report, status_code=200 if report.get("healthy") else 503)
 
     async def focal(request: Request) -> JSONResponse:
-        return JSONResponse(await off_loop(backend.focal_status))
+        return JSONResponse(await run_in_threadpool(backend.focal_status))
 
     async def panel(request: Request) -> JSONResponse:
-        return JSONResponse(await off_loop(backend.focal_panel))
+        return JSONResponse(await run_in_threadpool(backend.focal_panel))
 
     async def cancel(request: Request) -> JSONResponse:
         refused = refusal(request)
         if refused is not None:
             return refused
         job_id = request.path_params["job_id"]
-        if not await off_loop(backend.cancel_wakeup, job_id):
+        if not await run_in_threadpool(backend.cancel_wakeup, job_id):
             return error(404, "not_found", f"no Focal wake-up with id {job_id!r}")
         return JSONResponse({"cancelled": job_id})
 
     async def feed(request: Request) -> JSONResponse:
-        return JSONResponse(await off_loop(backend.notifications))
+        return JSONResponse(await run_in_threadpool(backend.notifications))
 
     async def read(request: Request) -> JSONResponse:
         refused = refusal(request)
         if refused is not None:
             return refused
-        await off_loop(backend.mark_read)
-        return JSONResponse(await off_loop(backend.notifications))
+        await run_in_threadpool(backend.mark_read)
+        return JSONResponse(await run_in_threadpool(backend.notifications))
 
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
