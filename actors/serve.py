@@ -23,6 +23,7 @@ import argparse
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -39,6 +40,8 @@ from .worker import summary
 
 STARTUP_TIMEOUT = 30.0
 """Seconds uvicorn may take to start serving on the bound socket."""
+GRACE_SECONDS = 10
+"""Seconds requests in flight get to finish after the first stop signal."""
 
 
 class RuntimeHttpBackend:
@@ -172,13 +175,16 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
         try:
             rt.start()
             server = _Server(uvicorn.Config(app_for(rt, args.host, args.allow_host, operator),
-                                            log_level="warning", lifespan="off"))
+                                            log_level="warning", lifespan="off",
+                                            timeout_graceful_shutdown=GRACE_SECONDS))
             thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                                       name="kinbox-http", daemon=True)
             thread.start()
-            if not server.ready.wait(STARTUP_TIMEOUT):
-                print("kinbox: the HTTP server did not start", file=sys.stderr)
-                return 1
+            deadline = time.monotonic() + STARTUP_TIMEOUT
+            while not server.ready.wait(0.05):
+                if not thread.is_alive() or time.monotonic() > deadline:
+                    print("kinbox: the HTTP server did not start", file=sys.stderr)
+                    return 1
             _announce(args, sock, brain is not None, operator is not None, out)
             while thread.is_alive():
                 thread.join(1.0)  # a signal interrupts this wait
