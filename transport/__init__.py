@@ -8,8 +8,8 @@ its two gates. Peer links arrive with their issue.
 """
 
 from .host_guard import HostGuard, allowed_name
-from .http_app import LOOPBACK_HOSTS, FocalBackend, HttpBackend, create_app
+from .http_app import LOOPBACK_HOSTS, HttpBackend, create_app
 from .operator_token import OperatorToken
 
-__all__ = ["LOOPBACK_HOSTS", "FocalBackend", "HostGuard", "HttpBackend", "OperatorToken",
-           "allowed_name", "create_app"]
+__all__ = ["LOOPBACK_HOSTS", "HostGuard", "HttpBackend", "OperatorToken", "allowed_name",
+           "create_app"]

@@ -73,9 +73,6 @@ class HttpBackend(Protocol):
         ...
 
 
-FocalBackend = HttpBackend
-"""The earlier name of :class:`HttpBackend`."""
-
 ERROR_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
                405: "method_not_allowed", 500: "execution_failed", 503: "unavailable"}
 
@@ -110,7 +107,7 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
     async def index(request: Request) -> JSONResponse:
         return JSONResponse({"service": "kinbox", "routes": [
             {"path": path, "methods": methods, "about": about}
-            for path, methods, _, about in TABLE]})
+            for path, methods, _, about in table]})
 
     async def healthz(request: Request) -> JSONResponse:
         if not health_limiter:
@@ -157,7 +154,7 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
     async def failed(request: Request, exc: Exception) -> JSONResponse:
         return error(500, "execution_failed", "the runtime could not answer this request")
 
-    TABLE: list[tuple[str, list[str], Handler, str]] = [
+    table: list[tuple[str, list[str], Handler, str]] = [
         ("/", ["GET"], index, "this list"),
         ("/healthz", ["GET"], healthz, "200 when database, writer and dispatcher are fit, "
                                        "else 503; one entry per check"),
@@ -168,6 +165,6 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
         ("/focal/notifications/read", ["POST"], read, "mark the notifications read"),
     ]
     return Starlette(routes=[Route(path, handler, methods=methods)
-                             for path, methods, handler, _ in TABLE],
+                             for path, methods, handler, _ in table],
                      middleware=[Middleware(HostGuard, allowed_hosts=list(allowed_hosts))],
                      exception_handlers={HTTPException: http_error, 500: failed})
