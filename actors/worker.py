@@ -37,7 +37,7 @@ def summary(rt: Runtime) -> str:
     """One line: what this run delivered and what the journal still holds."""
     stats = rt.statistics()
     rows = stats["rows"]
-    ran = "send-only, no turns run" if rt.send_only else f"{stats['turns']} turns run"
+    ran = "send-only, no turns run" if rt.send_only else f"turns run: {stats['turns']}"
     return (f"{ran}; journal: {rows.get('pending', 0)} pending, "
             f"{rows.get('processing', 0)} processing, {rows.get('failed', 0)} failed")
 

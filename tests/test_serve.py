@@ -36,6 +36,12 @@ def brain(turn):
     turn.reply("pong")
 
 
+def polite(turn):
+    # A long turn that ends when the runtime asks it to stop.
+    pathlib.Path("turn-started").write_text(turn.session_id)
+    turn.wait_stop_requested(60)
+
+
 def slow(turn):
     # Announce the turn, then hold it far past the runtime's stop timeout.
     pathlib.Path("turn-started").write_text(turn.session_id)
@@ -234,6 +240,22 @@ def test_worker_and_serve_refuse_a_missing_or_wrong_brain_as_usage_errors(
 
 
 # -- item 4: the first signal stops gracefully, a second at once ------------------------------
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_the_first_signal_stops_the_running_turn_and_says_what_was_done(
+        run_kinbox: Any, tmp_path: Path, command: str) -> None:
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    seed_pending(url)
+    extra = ["--port", "0"] if command == "serve" else []
+    cmd = run_kinbox(command, *extra, "--db", url, "--brain", "product_brain:polite")
+    cmd.wait_line("delivering")
+    wait_for((tmp_path / "turn-started").exists, timeout=30, what="the turn to start")
+    cmd.proc.send_signal(signal.SIGINT)
+    assert cmd.finish(timeout=20) == 0
+    assert "turns run: 1" in cmd.wait_line("stopped:")
+    assert "Traceback" not in cmd.output
+
 
 @pytest.mark.timeout(90)
 def test_a_second_signal_stops_serve_at_once_and_the_journal_keeps_the_row(
