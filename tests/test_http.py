@@ -203,6 +203,37 @@ def test_a_held_up_writer_does_not_freeze_the_server(served: tuple[Served, Runti
     assert srv.request("GET", "/healthz")[0] == 200
 
 
+@pytest.mark.timeout(90)
+def test_healthz_answers_when_every_worker_thread_waits_on_the_writer(
+        served: tuple[Served, Runtime]) -> None:
+    srv, rt = served
+    writer = rt._writer
+    assert writer is not None
+    gate = threading.Event()
+    held = writer.submit(lambda: gate.wait(60))
+    pool = 40  # anyio's default thread limit, which every other route shares
+    waiting = [threading.Thread(target=srv.request, args=("GET", "/focal"),
+                                kwargs={"timeout": 60}) for _ in range(pool + 5)]
+    for t in waiting:
+        t.start()
+    try:
+        # The first waits on the writer, the others on Focal's lock behind it; anyio
+        # starts a thread per concurrent call, and none of these can return.
+        wait_for(lambda: sum(t.name == "AnyIO worker thread"
+                             for t in threading.enumerate()) >= pool, timeout=30,
+                 what="every worker thread to be taken")
+        began = time.monotonic()
+        status, body = srv.request("GET", "/healthz", timeout=15)
+        assert time.monotonic() - began < 10
+        assert (status, body["checks"]["writer"]["ok"]) == (503, False)
+    finally:
+        gate.set()
+    held.result(10)
+    for t in waiting:
+        t.join(60)
+    assert srv.request("GET", "/healthz")[0] == 200
+
+
 def test_focal_status_reads_only_the_last_visible_entry(served: tuple[Served, Runtime]) -> None:
     srv, rt = served
     chat = rt.get_or_create_focal_chat()
