@@ -9,7 +9,8 @@ send-only (it serves and writes, and never claims a row) and says so.
 Binding anything but loopback is an explicit choice: it needs the Host
 names to answer (``--allow-host``) and an operator token
 (``--token-file`` or ``$KINBOX_OPERATOR_TOKEN``) that state-changing calls
-must present, and it prints a warning.
+must present, and it prints a warning. Answering a name that is not
+loopback (behind a proxy on this machine) needs the token too.
 
 uvicorn runs on its own thread so that the main thread keeps kinbox's
 :class:`~kinbox.actors.interrupts.StopSignals`: the first SIGINT/SIGTERM
@@ -121,18 +122,29 @@ def _checked(args: argparse.Namespace) -> tuple[Any, OperatorToken | None]:
         operator = read_token(args.token_file)
     except ValueError as exc:
         parser.error(str(exc))
-    if not is_loopback(args.host):
-        if not args.allow_host:
-            parser.error(f"--host {args.host} is reachable from other machines: name the Host "
-                         "names to answer with --allow-host NAME (repeatable)")
-        if operator is None:
-            parser.error(f"--host {args.host} is reachable from other machines: give an "
-                         "operator token (--token-file PATH or $KINBOX_OPERATOR_TOKEN)")
+    if not is_loopback(args.host) and not args.allow_host:
+        parser.error(f"--host {args.host} is reachable from other machines: name the Host "
+                     "names to answer with --allow-host NAME (repeatable)")
+    why = _exposure(args)
+    if why and operator is None:
+        parser.error(f"{why}: give an operator token (--token-file PATH or "
+                     "$KINBOX_OPERATOR_TOKEN)")
     try:
         brain = load_brain(args.brain) if args.brain else None
     except BrainRefError as exc:
         parser.error(str(exc))
     return brain, operator
+
+
+def _exposure(args: argparse.Namespace) -> str | None:
+    """Why other machines can reach this server, or None when only this one can."""
+    if not is_loopback(args.host):
+        return f"--host {args.host} is reachable from other machines"
+    names = [h for h in args.allow_host if not is_loopback(h)]
+    if names:  # a proxy on this machine forwards requests from elsewhere
+        return (f"--allow-host {', '.join(names)} answers requests that come from other "
+                "machines through a proxy")
+    return None
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -213,9 +225,10 @@ def _announce(args: argparse.Namespace, sock: socket.socket, delivering: bool,
         out.write("kinbox serve: send-only (no --brain): serves and writes, delivers nothing; "
                   "run a delivering process beside it (kinbox worker --brain MODULE:ATTR)\n")
     out.flush()
-    if not is_loopback(args.host):
-        print(f"kinbox serve: WARNING: listening on {args.host}, reachable from other "
-              f"machines; answering Host {', '.join(args.allow_host)} and loopback names; "
-              "state-changing calls need the operator token", file=sys.stderr)
+    why = _exposure(args)
+    if why:
+        print(f"kinbox serve: WARNING: {why}; answering Host {', '.join(args.allow_host)} "
+              "and loopback names; state-changing calls need the operator token",
+              file=sys.stderr)
     elif has_token:
         print("kinbox serve: state-changing calls need the operator token", file=sys.stderr)

@@ -282,6 +282,7 @@ def test_a_second_signal_stops_serve_at_once_and_the_journal_keeps_the_row(
                                   ["--host", "0.0.0.0"],
                                   ["--host", "0.0.0.0", "--allow-host", "kinbox.test"],
                                   ["--allow-host", "bad host/x"],
+                                  ["--allow-host", "kinbox.test"],
                                   ["--allow-host", "*"],
                                   ["--token-file", "/nonexistent/kinbox-token"]])
 def test_serve_rejects_bad_flags_with_a_usage_error(run_kinbox: Any, tmp_path: Path,
