@@ -86,7 +86,13 @@ class Command:
 
     def finish(self, timeout: float = 30.0) -> int:
         """Wait for the exit status and collect the rest of the output."""
-        rc = self.proc.wait(timeout)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with pytest.raises(AssertionError):
+                self.wait_line("\0never", timeout=0.5)
+            raise AssertionError(f"still running after {timeout}s; output: {self.lines}"
+                                 ) from None
         with pytest.raises(AssertionError):
             self.wait_line("\0never", timeout=0.5)  # drain what the reader still holds
         return rc
@@ -267,10 +273,11 @@ def test_a_second_signal_stops_serve_at_once_and_the_journal_keeps_the_row(
     wait_for((tmp_path / "turn-started").exists, timeout=30, what="the slow turn to start")
     cmd.proc.send_signal(signal.SIGINT)
     cmd.wait_line("stopping gracefully")
-    began = time.monotonic()
     cmd.proc.send_signal(signal.SIGINT)
-    assert cmd.finish(timeout=10) == 130
-    assert time.monotonic() - began < 5  # the runtime's own stop would wait 10 s for the turn
+    # 130 is the status of os._exit on the second signal; the graceful path, which waits
+    # out the turn for the runtime's 10 s stop timeout, returns 0. (No wall-clock bound:
+    # an exiting process waits for a commit's fsync in flight, slow on a busy disk.)
+    assert cmd.finish(timeout=30) == 130
     assert "Traceback" not in cmd.output
     with Runtime(db=url) as rt:
         assert rt.inbox()[0]["status"] in ("pending", "processing")  # not lost, not delivered
