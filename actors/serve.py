@@ -21,6 +21,7 @@ runtime, and prints what was done; a second exits at once (130).
 from __future__ import annotations
 
 import argparse
+import logging
 import socket
 import sys
 import threading
@@ -38,6 +39,8 @@ from .interrupts import Interrupted, StopSignals
 from .runtime import Runtime
 from .serve_flags import WILDCARD_ADDRESSES, host_name, is_loopback, port_number, read_token
 from .worker import summary
+
+log = logging.getLogger("kinbox.serve")
 
 STARTUP_TIMEOUT = 30.0
 """Seconds uvicorn may take to start serving on the bound socket."""
@@ -210,6 +213,7 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
                 out.write("kinbox serve stopped before it started\n")
                 return 0
             rt.stop()
+            log.info("stopped serving")
             out.write(f"kinbox serve stopped: HTTP closed, runtime stopped; {summary(rt)}\n")
             return 0
         finally:
@@ -218,6 +222,8 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
 
 def _announce(args: argparse.Namespace, sock: socket.socket, delivering: bool,
               has_token: bool, out: TextIO) -> None:
+    log.info("serving %s (%s)", _url(args.host, sock),
+             "delivering" if delivering else "send-only")
     out.write(f"kinbox serving {_url(args.host, sock)} (GET / lists the routes)\n")
     if delivering:
         out.write(f"kinbox serve: delivering with brain {args.brain}\n")
