@@ -18,6 +18,7 @@ import platform
 import sqlite3
 import sys
 from importlib import metadata
+from pathlib import Path
 from typing import Any, TextIO
 
 from . import bench_concurrency, bench_runs
@@ -105,6 +106,18 @@ def plot(report: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
+def plot_problem(path: str) -> str | None:
+    """Why ``--plot path`` cannot work (matplotlib missing, no such folder), or None."""
+    try:
+        import matplotlib  # noqa: F401 (only whether it imports)
+    except ImportError:
+        return "matplotlib is not installed; install the bench extra: pip install -e '.[bench]'"
+    folder = Path(path).resolve().parent
+    if not folder.is_dir():
+        return f"no folder {folder} to write the plot into"
+    return None
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``bench``."""
     p = sub.add_parser("bench", help="benchmarks against the comparison systems")
@@ -125,6 +138,11 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
     if unknown or args.repeat < 1:
         print(f"kinbox: unknown systems {unknown} or --repeat < 1", file=sys.stderr)
         return 2
+    if args.plot:
+        problem = plot_problem(args.plot)
+        if problem:  # before the run, which can take minutes, not after it
+            print(f"kinbox: --plot {args.plot}: {problem}", file=sys.stderr)
+            return 2
     if args.name == "throughput" and "kinbox" not in systems:
         systems.insert(0, "kinbox")
     try:

@@ -15,7 +15,7 @@ import sys
 from importlib import metadata
 from typing import TextIO
 
-from . import bench, cli_ops, cli_scenario, serve
+from . import bench, cli_ops, cli_scenario, serve, worker
 from .errors import KinboxError
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_ops.add_parsers(sub)
     bench.add_parser(sub)
     serve.add_parser(sub)
+    worker.add_parser(sub)
     _remember_parsers(parser)
     return parser
 

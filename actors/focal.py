@@ -309,7 +309,8 @@ class Focal:
         stalled = sum(1 for f in hb.findings(watched, ctx.now()) if f.startswith("stalled"))
         auto_running = sum(1 for w in watched if w.running and (
             (s := ctx.store.session(w.id)) is not None and s.config.get("spawned_by_focal")))
-        last = next((e for e in reversed(ctx.store.transcript(chat.id)) if e.visible), None)
+        # One row, not the whole chat: a long-lived Focal transcript grows without bound.
+        last = next(iter(ctx.store.transcript(chat.id, last=1, visible_only=True)), None)
         with self._lock:
             unread = self.unread
         return {"chat_id": chat.id, "title": chat.title,

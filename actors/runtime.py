@@ -397,6 +397,43 @@ class Runtime:
                                "largest_batch": w.largest_batch}
         return stats
 
+    def health(self, timeout: float = 2.0) -> dict[str, Any]:
+        """Is this runtime fit to serve? ``{"healthy": bool, "checks": {name: {"ok": ...}}}``.
+
+        ``runtime``: started and not stopped; ``database``: a read answers;
+        ``writer``: an empty operation commits within ``timeout`` seconds (a
+        writer that is alive but stuck is not healthy); ``dispatcher``: its
+        actor is alive, or ``send-only`` when there is no brain. Never raises:
+        a failing check says why in its ``error``.
+        """
+        checks: dict[str, dict[str, Any]] = {
+            "runtime": {"ok": self._state == "running", "state": self._state}}
+        ctx = self._ctx
+        try:
+            if ctx is None:
+                raise RuntimeStateError("the runtime is not started", state=self._state)
+            ctx.store.session("kinbox-health-probe")  # a primary-key read: cheap, real
+            checks["database"] = {"ok": True}
+        except Exception as exc:
+            checks["database"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        writer = self._writer
+        try:
+            if writer is None:
+                raise RuntimeStateError("the runtime has no writer", state=self._state)
+            began = time.monotonic()
+            writer.call(lambda: None, timeout=timeout)
+            checks["writer"] = {"ok": True, "commit_ms": round((time.monotonic() - began)
+                                                               * 1000, 1)}
+        except Exception as exc:
+            checks["writer"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+                                "queued": writer.queued() if writer is not None else 0}
+        if self.send_only:
+            checks["dispatcher"] = {"ok": True, "state": "send-only"}
+        else:
+            alive = ctx is not None and ctx.dispatcher is not None and ctx.dispatcher.is_alive()
+            checks["dispatcher"] = {"ok": alive, "state": "running" if alive else "stopped"}
+        return {"healthy": all(c["ok"] for c in checks.values()), "checks": checks}
+
     def is_idle(self) -> bool:
         """True when no turn runs, no claim is scheduled and no row is due."""
         ctx = self._require()

@@ -1,20 +1,62 @@
-"""``kinbox serve``: the runtime and its HTTP API on uvicorn, bound to loopback by default."""
+"""``kinbox serve``: the runtime and its HTTP API on uvicorn, bound to loopback by default.
+
+The order is the promise: flags are checked (usage errors, status 2), the
+brain is imported, the socket is bound (a port in use is one line, status
+1, and nothing opened), the runtime starts, and only then does a line say
+``serving http://HOST:PORT/``. Without ``--brain`` the process is
+send-only (it serves and writes, and never claims a row) and says so.
+
+Binding anything but loopback is an explicit choice: it needs the Host
+names to answer (``--allow-host``) and an operator token
+(``--token-file`` or ``$KINBOX_OPERATOR_TOKEN``) that state-changing calls
+must present, and it prints a warning. Answering a name that is not
+loopback (behind a proxy on this machine) needs the token too.
+
+uvicorn runs on its own thread so that the main thread keeps kinbox's
+:class:`~kinbox.actors.interrupts.StopSignals`: the first SIGINT/SIGTERM
+stops the server (no new connections, requests in flight finish), then the
+runtime, and prints what was done; a second exits at once (130).
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
 from typing import Any, TextIO
 
-from ..transport import LOOPBACK_HOSTS, create_app
+import uvicorn
+
+from ..transport import LOOPBACK_HOSTS, OperatorToken, create_app
+from .brain_ref import load_brain
+from .errors import BrainRefError
 from .focal import Focal
+from .interrupts import Interrupted, StopSignals
 from .runtime import Runtime
+from .serve_flags import WILDCARD_ADDRESSES, host_name, is_loopback, port_number, read_token
+from .worker import summary
+
+log = logging.getLogger("kinbox.serve")
+
+STARTUP_TIMEOUT = 30.0
+"""Seconds uvicorn may take to start serving on the bound socket."""
+GRACE_SECONDS = 10
+"""Seconds requests in flight get to finish after the first stop signal."""
 
 
-class FocalHttpBackend:
-    """The :class:`~kinbox.transport.FocalBackend` of a running runtime."""
+class RuntimeHttpBackend:
+    """The :class:`~kinbox.transport.HttpBackend` of a running runtime."""
 
-    def __init__(self, focal: Focal) -> None:
-        self.focal = focal
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    @property
+    def focal(self) -> Focal:
+        return self.rt.focal
 
     def focal_status(self) -> dict[str, Any]:
         """``GET /focal``."""
@@ -36,28 +78,163 @@ class FocalHttpBackend:
         """Clear the unread count."""
         self.focal.mark_read()
 
+    def health(self) -> dict[str, Any]:
+        """``GET /healthz``."""
+        return self.rt.health()
 
-def app_for(rt: Runtime, host: str = "127.0.0.1") -> Any:
-    """The HTTP application of a started runtime, answering ``host`` and loopback names."""
-    hosts = list(LOOPBACK_HOSTS) if host in LOOPBACK_HOSTS else [host]
-    return create_app(FocalHttpBackend(rt.focal), hosts)
+
+def app_for(rt: Runtime, host: str = "127.0.0.1", allowed_hosts: Sequence[str] = (),
+            operator: OperatorToken | None = None) -> Any:
+    """The HTTP application of a started runtime.
+
+    It answers loopback names, ``allowed_hosts``, and the bind address
+    ``host`` itself when that is one address (not ``0.0.0.0``);
+    ``operator`` is the token state-changing calls must present.
+    """
+    hosts = [*LOOPBACK_HOSTS, *allowed_hosts]
+    if host not in WILDCARD_ADDRESSES and host not in hosts:
+        hosts.append(host)
+    return create_app(RuntimeHttpBackend(rt), hosts, operator)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``serve``."""
-    p = sub.add_parser("serve", help="run the runtime and its HTTP API")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8765)
+    p = sub.add_parser("serve", help="run the HTTP API (and, with --brain, deliver)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="bind address (default 127.0.0.1; anything else needs --allow-host "
+                        "and an operator token)")
+    p.add_argument("--port", type=port_number, default=8765,
+                   help="TCP port (default 8765; 0 picks a free one)")
     p.add_argument("--db", help="database URL (default: $KINBOX_DB, then the data dir file)")
-    p.set_defaults(handler=handle)
+    p.add_argument("--brain", metavar="MODULE:ATTR",
+                   help="deliver with this brain (e.g. myapp.agents:brain); "
+                        "without it the process is send-only")
+    p.add_argument("--allow-host", action="append", type=host_name, default=[], metavar="NAME",
+                   help="a Host name to answer besides loopback (repeatable)")
+    p.add_argument("--token-file", metavar="PATH",
+                   help="file whose first line is the operator token (else "
+                        "$KINBOX_OPERATOR_TOKEN); state changes then need "
+                        "'Authorization: Bearer <token>'")
+    p.set_defaults(handler=handle, parser=p)
+
+
+def _checked(args: argparse.Namespace) -> tuple[Any, OperatorToken | None]:
+    """The brain and the token, or a usage error (exits 2)."""
+    parser: argparse.ArgumentParser = args.parser
+    try:
+        operator = read_token(args.token_file)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not is_loopback(args.host) and not args.allow_host:
+        parser.error(f"--host {args.host} is reachable from other machines: name the Host "
+                     "names to answer with --allow-host NAME (repeatable)")
+    why = _exposure(args)
+    if why and operator is None:
+        parser.error(f"{why}: give an operator token (--token-file PATH or "
+                     "$KINBOX_OPERATOR_TOKEN)")
+    try:
+        brain = load_brain(args.brain) if args.brain else None
+    except BrainRefError as exc:
+        parser.error(str(exc))
+    return brain, operator
+
+
+def _exposure(args: argparse.Namespace) -> str | None:
+    """Why other machines can reach this server, or None when only this one can."""
+    if not is_loopback(args.host):
+        return f"--host {args.host} is reachable from other machines"
+    names = [h for h in args.allow_host if not is_loopback(h)]
+    if names:  # a proxy on this machine forwards requests from elsewhere
+        return (f"--allow-host {', '.join(names)} answers requests that come from other "
+                "machines through a proxy")
+    return None
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (OSError when the address is taken or wrong)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host.strip("[]"), port), family=family)
+
+
+def _url(host: str, sock: socket.socket) -> str:
+    shown = f"[{host.strip('[]')}]" if ":" in host else host
+    return f"http://{shown}:{sock.getsockname()[1]}/"
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, telling a waiting thread when it has started serving."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if not self.should_exit:
+            self.ready.set()
 
 
 def handle(args: argparse.Namespace, out: TextIO) -> int:
-    """Serve until interrupted."""
-    import uvicorn
+    """Serve until the first stop signal."""
+    brain, operator = _checked(args)
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as exc:
+        print(f"kinbox: cannot bind {args.host}:{args.port}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 1
+    rt = Runtime(db=args.db, brain=brain)
+    server: _Server | None = None
+    thread: threading.Thread | None = None
+    with sock, StopSignals():
+        try:
+            rt.start()
+            server = _Server(uvicorn.Config(app_for(rt, args.host, args.allow_host, operator),
+                                            log_level="warning", lifespan="off",
+                                            timeout_graceful_shutdown=GRACE_SECONDS))
+            thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                                      name="kinbox-http", daemon=True)
+            thread.start()
+            deadline = time.monotonic() + STARTUP_TIMEOUT
+            while not server.ready.wait(0.05):
+                if not thread.is_alive() or time.monotonic() > deadline:
+                    print("kinbox: the HTTP server did not start", file=sys.stderr)
+                    return 1
+            _announce(args, sock, brain is not None, operator is not None, out)
+            while thread.is_alive():
+                thread.join(1.0)  # a signal interrupts this wait
+            print("kinbox: the HTTP server stopped by itself", file=sys.stderr)
+            return 1
+        except Interrupted:
+            if server is not None and thread is not None:
+                server.should_exit = True  # stop accepting; requests in flight finish
+                thread.join()
+            if rt.state == "new":
+                out.write("kinbox serve stopped before it started\n")
+                return 0
+            rt.stop()
+            log.info("stopped serving")
+            out.write(f"kinbox serve stopped: HTTP closed, runtime stopped; {summary(rt)}\n")
+            return 0
+        finally:
+            rt.stop()
 
-    with Runtime(db=args.db) as rt:
-        out.write(f"kinbox serving http://{args.host}:{args.port}/focal\n")
-        out.flush()
-        uvicorn.run(app_for(rt, args.host), host=args.host, port=args.port, log_level="warning")
-    return 0
+
+def _announce(args: argparse.Namespace, sock: socket.socket, delivering: bool,
+              has_token: bool, out: TextIO) -> None:
+    log.info("serving %s (%s)", _url(args.host, sock),
+             "delivering" if delivering else "send-only")
+    out.write(f"kinbox serving {_url(args.host, sock)} (GET / lists the routes)\n")
+    if delivering:
+        out.write(f"kinbox serve: delivering with brain {args.brain}\n")
+    else:
+        out.write("kinbox serve: send-only (no --brain): serves and writes, delivers nothing; "
+                  "run a delivering process beside it (kinbox worker --brain MODULE:ATTR)\n")
+    out.flush()
+    why = _exposure(args)
+    if why:
+        print(f"kinbox serve: WARNING: {why}; answering Host {', '.join(args.allow_host)} "
+              "and loopback names; state-changing calls need the operator token",
+              file=sys.stderr)
+    elif has_token:
+        print("kinbox serve: state-changing calls need the operator token", file=sys.stderr)

@@ -230,12 +230,19 @@ class SessionStore:
              "message_id": e.message_id, "sender_id": e.sender_id, "kind": e.kind,
              "created_at": now} for e in entries]).execute())
 
-    def transcript(self, session_id: str) -> list[EntryRecord]:
-        """Every entry of a session's transcript, oldest first."""
+    def transcript(self, session_id: str, *, last: int | None = None,
+                   visible_only: bool = False) -> list[EntryRecord]:
+        """A session's transcript, oldest first: every entry, or only the ``last`` N
+        (of the visible ones with ``visible_only``), read with a LIMIT."""
         tr = self.t.transcript
+        q = tr.select().where(tr.session_id == session_id)
+        if visible_only:
+            q = q.where(tr.visible == True)  # noqa: E712 (a SQL expression)
+        rows = (list(q.order_by(tr.id)) if last is None else
+                list(reversed(q.order_by(tr.id.desc()).limit(last))))
         return [EntryRecord(e.id, e.session_id, e.role, e.text, bool(e.visible), e.message_id,
                             e.created_at, e.sender_id, e.kind)
-                for e in tr.select().where(tr.session_id == session_id).order_by(tr.id)]
+                for e in rows]
 
     def marker_counts(self) -> dict[str, int]:
         """Committed delivery markers per message id (the crash checker's evidence)."""

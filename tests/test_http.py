@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -22,8 +23,11 @@ from starlette.routing import Mount
 from kinbox.actors import ManualClock, Runtime
 from kinbox.actors.focal import FOCAL_ID
 from kinbox.actors.serve import app_for
+from kinbox.persistence import TurnEntry
+from kinbox.transport import HostGuard, OperatorToken, allowed_name, create_app
+from kinbox.transport.host_guard import host_of
 
-from .helpers import wait_for
+from .helpers import quiet_brain, wait_for
 
 MakeRuntime = Callable[..., Runtime]
 
@@ -39,19 +43,25 @@ class Served:
         wait_for(lambda: self.server.started, what="uvicorn to start")
         self.port = self.server.servers[0].sockets[0].getsockname()[1]
 
-    def request(self, method: str, path: str, headers: dict[str, str] | None = None
-                ) -> tuple[int, Any]:
+    def request(self, method: str, path: str, headers: dict[str, str] | None = None,
+                timeout: float = 10) -> tuple[int, Any]:
+        status, _, body = self.exchange(method, path, headers, timeout)
+        return status, body
+
+    def exchange(self, method: str, path: str, headers: dict[str, str] | None = None,
+                 timeout: float = 10) -> tuple[int, Any, Any]:
+        """Status, response headers and the decoded body (text when it is not JSON)."""
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
                                      headers=headers or {})
         try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                return resp.status, json.loads(resp.read())
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, resp.headers, json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             body = exc.read()
             try:
-                return exc.code, json.loads(body)
+                return exc.code, exc.headers, json.loads(body)
             except ValueError:
-                return exc.code, body.decode()
+                return exc.code, exc.headers, body.decode()
 
     def close(self) -> None:
         self.server.should_exit = True
@@ -110,17 +120,154 @@ def test_delete_cancels_only_focals_own_wakeups(served: tuple[Served, Runtime],
     assert srv.request("GET", "/focal/panel")[1]["wakeups"] == []
 
 
-def test_requests_for_another_host_are_refused(served: tuple[Served, Runtime]) -> None:
+def test_requests_for_another_host_are_refused_in_json(served: tuple[Served, Runtime]) -> None:
     srv, _ = served
-    status, _ = srv.request("GET", "/focal", {"Host": "evil.example"})
-    assert status == 400
+    status, headers, body = srv.exchange("GET", "/focal", {"Host": "evil.example"})
+    assert (status, headers["content-type"]) == (400, "application/json")
+    assert body["error"] == "invalid_host" and "evil.example" in body["message"]
     assert srv.request("GET", "/focal", {"Host": f"localhost:{srv.port}"})[0] == 200
 
 
 def test_unknown_routes_and_methods_answer_json(served: tuple[Served, Runtime]) -> None:
     srv, _ = served
     assert srv.request("GET", "/nope")[1]["error"] == "not_found"
-    assert srv.request("POST", "/focal")[1]["error"] == "method_not_allowed"
+    status, headers, body = srv.exchange("POST", "/focal")
+    assert (status, body["error"]) == (405, "method_not_allowed")
+    assert headers["Allow"] == "GET, HEAD"
+    status, headers, _ = srv.exchange("GET", "/focal/wakeups/x")
+    assert (status, headers["Allow"]) == (405, "DELETE")
+
+
+def test_the_root_lists_the_routes(served: tuple[Served, Runtime]) -> None:
+    srv, _ = served
+    status, body = srv.request("GET", "/")
+    assert status == 200 and body["service"] == "kinbox"
+    routes = {r["path"]: r["methods"] for r in body["routes"]}
+    assert routes["/healthz"] == ["GET"]
+    assert routes["/focal/wakeups/{job_id}"] == ["DELETE"]
+    assert routes["/focal/notifications/read"] == ["POST"]
+
+
+def test_healthz_reports_each_check(make_runtime: MakeRuntime, tmp_path: Path,
+                                    any_db_url: str) -> None:
+    delivering = make_runtime(db=any_db_url, data_dir=tmp_path / "data", brain=quiet_brain)
+    srv = Served(app_for(delivering))
+    try:
+        status, body = srv.request("GET", "/healthz")
+    finally:
+        srv.close()
+    assert (status, body["healthy"]) == (200, True)
+    assert {name: check["ok"] for name, check in body["checks"].items()} == {
+        "runtime": True, "database": True, "writer": True, "dispatcher": True}
+    assert body["checks"]["dispatcher"]["state"] == "running"
+
+
+def test_healthz_says_send_only_and_503_once_the_runtime_stopped(
+        served: tuple[Served, Runtime]) -> None:
+    srv, rt = served
+    status, body = srv.request("GET", "/healthz")
+    assert status == 200 and body["checks"]["dispatcher"] == {"ok": True, "state": "send-only"}
+    rt.stop()
+    status, body = srv.request("GET", "/healthz")
+    assert (status, body["healthy"]) == (503, False)
+    assert body["checks"]["runtime"] == {"ok": False, "state": "stopped"}
+    assert body["checks"]["writer"]["ok"] is False
+
+
+@pytest.mark.timeout(60)
+def test_a_held_up_writer_does_not_freeze_the_server(served: tuple[Served, Runtime]) -> None:
+    srv, rt = served
+    gate = threading.Event()
+    assert rt._writer is not None
+    held = rt._writer.submit(lambda: gate.wait(30))  # the writer thread sits in this op
+    answers: list[tuple[int, Any]] = []
+    # GET /focal creates the Focal chat: a write, queued behind the held one.
+    slow = threading.Thread(target=lambda: answers.append(srv.request("GET", "/focal",
+                                                                      timeout=40)))
+    slow.start()
+    try:
+        wait_for(lambda: rt._writer is not None and rt._writer.queued() >= 1,
+                 what="GET /focal to wait on the writer")
+        began = time.monotonic()
+        status, body = srv.request("GET", "/healthz", timeout=15)
+        assert time.monotonic() - began < 10
+        assert (status, body["checks"]["writer"]["ok"]) == (503, False)
+        assert body["checks"]["database"]["ok"] is True  # reads go on meanwhile
+        assert srv.request("GET", "/", timeout=5)[0] == 200
+        assert not answers
+    finally:
+        gate.set()
+    held.result(10)
+    slow.join(30)
+    assert answers and answers[0][0] == 200
+    assert srv.request("GET", "/healthz")[0] == 200
+
+
+@pytest.mark.timeout(90)
+def test_healthz_answers_when_every_worker_thread_waits_on_the_writer(
+        served: tuple[Served, Runtime]) -> None:
+    srv, rt = served
+    writer = rt._writer
+    assert writer is not None
+    gate = threading.Event()
+    held = writer.submit(lambda: gate.wait(60))
+    pool = 40  # anyio's default thread limit, which every other route shares
+    waiting = [threading.Thread(target=srv.request, args=("GET", "/focal"),
+                                kwargs={"timeout": 60}) for _ in range(pool + 5)]
+    for t in waiting:
+        t.start()
+    try:
+        # The first waits on the writer, the others on Focal's lock behind it; anyio
+        # starts a thread per concurrent call, and none of these can return.
+        wait_for(lambda: sum(t.name == "AnyIO worker thread"
+                             for t in threading.enumerate()) >= pool, timeout=30,
+                 what="every worker thread to be taken")
+        began = time.monotonic()
+        status, body = srv.request("GET", "/healthz", timeout=15)
+        assert time.monotonic() - began < 10
+        assert (status, body["checks"]["writer"]["ok"]) == (503, False)
+    finally:
+        gate.set()
+    held.result(10)
+    for t in waiting:
+        t.join(60)
+    assert srv.request("GET", "/healthz")[0] == 200
+
+
+def test_focal_status_reads_only_the_last_visible_entry(served: tuple[Served, Runtime]) -> None:
+    srv, rt = served
+    chat = rt.get_or_create_focal_chat()
+    store = rt.context.store
+    store.append(chat.id, [TurnEntry("user", f"note {i}") for i in range(300)], 1.0)
+    store.append(chat.id, [TurnEntry("assistant", "hidden thought", visible=False)], 2.0)
+    assert [e.text for e in store.transcript(chat.id, last=2)] == ["note 299", "hidden thought"]
+    assert [e.text for e in store.transcript(chat.id, last=1, visible_only=True)] == ["note 299"]
+    assert srv.request("GET", "/focal")[1]["last_message"]["text"] == "note 299"
+
+
+def test_state_changes_need_the_operator_token_when_one_is_set(make_runtime: MakeRuntime,
+                                                               tmp_path: Path) -> None:
+    rt = make_runtime(data_dir=tmp_path / "data")
+    srv = Served(app_for(rt, operator=OperatorToken.from_secret("s3cret")))
+    try:
+        read = "/focal/notifications/read"
+        status, headers, body = srv.exchange("POST", read, {"X-Kinbox": "1"})
+        assert (status, body["error"], headers["WWW-Authenticate"]) == (
+            401, "unauthorized", "Bearer")
+        assert srv.request("POST", read, {"Authorization": "Bearer s3cre"})[0] == 401
+        assert srv.request("POST", read, {"Authorization": "Basic s3cret"})[0] == 401
+        assert srv.request("POST", read, {"Authorization": "Bearer s3cret"})[0] == 200
+        assert srv.request("GET", "/focal")[0] == 200  # reads need no token
+    finally:
+        srv.close()
+
+
+def test_the_operator_token_keeps_only_a_hash() -> None:
+    token = OperatorToken.from_secret("s3cret")
+    assert "s3cret" not in repr(token) and not hasattr(token, "__dict__")
+    assert token.matches("s3cret") and not token.matches("s3cret ") and not token.matches("")
+    with pytest.raises(ValueError):
+        OperatorToken.from_secret("  ")
 
 
 def test_notifications_feed_and_mark_read(served: tuple[Served, Runtime]) -> None:
@@ -170,3 +317,41 @@ def test_kinbox_serve_binds_loopback_and_answers(tmp_path: Path) -> None:
         proc.terminate()
         proc.wait(10)
     assert "127.0.0.1" in proc.stdout.read()  # type: ignore[union-attr]
+
+
+class BrokenBackend:
+    """A backend whose every call fails, as a runtime whose database went away would."""
+
+    def __getattr__(self, name: str) -> Any:
+        def fail(*args: object) -> Any:
+            raise RuntimeError("database is gone")
+        return fail
+
+
+def test_a_failing_backend_answers_json_500_and_the_server_keeps_serving() -> None:
+    srv = Served(create_app(BrokenBackend()))  # type: ignore[arg-type]
+    try:
+        status, body = srv.request("GET", "/focal")
+        assert (status, body["error"]) == (500, "execution_failed")
+        assert "database is gone" not in body["message"]  # internals stay in the log
+        assert srv.request("GET", "/")[0] == 200
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize(("header", "host"), [
+    ("127.0.0.1:8765", "127.0.0.1"), ("Kinbox.Test", "kinbox.test"), ("[::1]:80", "[::1]"),
+    ("[::1]", "[::1]"), ("kinbox.test:", "kinbox.test:"), ("", "")])
+def test_host_of_strips_the_port_only(header: str, host: str) -> None:
+    assert host_of(header) == host
+
+
+def test_the_host_guard_matches_exact_names_and_subdomain_patterns() -> None:
+    guard = HostGuard(Starlette(), ["Kinbox.Test", "*.example.com", "::1"])
+    assert guard.allows("kinbox.test") and guard.allows("[::1]")
+    assert guard.allows("api.example.com") and guard.allows("a.b.example.com")
+    assert not guard.allows("example.com") and not guard.allows("evilexample.com")
+    assert not guard.allows("kinbox.test.evil") and not guard.allows("")
+    for bad in ("bad host/x", "", "a_b c", "http://x"):
+        with pytest.raises(ValueError):
+            allowed_name(bad)

@@ -1,29 +1,52 @@
 """The HTTP API: a Starlette application a host can serve or mount (FO8).
 
-Transport knows nothing of the runtime: it talks to a :class:`FocalBackend`
-that the actors layer implements. Every answer is JSON. Requests whose Host
-is not an allowed (loopback) name are refused, and state-changing calls
-must carry the ``X-Kinbox: 1`` header, which a cross-site form cannot send.
+Transport knows nothing of the runtime: it talks to an :class:`HttpBackend`
+that the actors layer implements. Every answer is JSON, errors included: an
+unknown route is a 404, a wrong method a 405 with ``Allow``, a Host the
+operator did not allow a 400 (:mod:`.host_guard`). ``GET /`` lists the
+routes and ``GET /healthz`` says whether the runtime can serve (200) or not
+(503), one entry per check.
+
+State-changing calls (``DELETE``, ``POST``) must carry ``X-Kinbox: 1``, which
+a cross-site form cannot send; when the operator set a token
+(:class:`.OperatorToken`, required off loopback) they must carry
+``Authorization: Bearer <token>`` instead.
+
+The backend's methods block (they read and write the database), so every
+handler runs them on a worker thread, never on the event loop: a slow
+database slows the requests that need it, not the server. ``/healthz`` has
+its own small thread budget, so it answers even when every worker thread is
+waiting on the database.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
+import anyio.to_thread
+from anyio import CapacityLimiter
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from .host_guard import HostGuard
+from .operator_token import OperatorToken
+
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 STATE_HEADER = "x-kinbox"
+HEALTH_THREADS = 2
+"""Threads reserved for ``/healthz``, apart from the pool the other routes share."""
+
+Handler = Callable[[Request], Awaitable[JSONResponse]]
 
 
-class FocalBackend(Protocol):
-    """What the HTTP API needs from a runtime."""
+class HttpBackend(Protocol):
+    """What the HTTP API needs from a runtime. Every method may block."""
 
     def focal_status(self) -> dict[str, Any]:
         """``GET /focal``: creates the Focal chat if needed."""
@@ -45,59 +68,103 @@ class FocalBackend(Protocol):
         """The user has seen the notifications."""
         ...
 
+    def health(self) -> dict[str, Any]:
+        """``{"healthy": bool, "checks": {name: {"ok": bool, ...}}}``; never raises."""
+        ...
 
-def error(status: int, code: str, message: str) -> JSONResponse:
+
+ERROR_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+               405: "method_not_allowed", 500: "execution_failed", 503: "unavailable"}
+
+
+def error(status: int, code: str, message: str,
+          headers: dict[str, str] | None = None) -> JSONResponse:
     """A JSON error body."""
-    return JSONResponse({"error": code, "message": message}, status_code=status)
+    return JSONResponse({"error": code, "message": message}, status_code=status,
+                        headers=headers)
 
 
-def _state_change_allowed(request: Request) -> bool:
-    return request.headers.get(STATE_HEADER) == "1"
+def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
+               operator: OperatorToken | None = None) -> Starlette:
+    """The Starlette application.
 
+    ``allowed_hosts`` are the Host names it answers; ``operator``, when given,
+    is the token every state-changing call must present.
+    """
+    health_limiter: list[CapacityLimiter] = []  # made on first use, inside the event loop
 
-def create_app(backend: FocalBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS) -> Starlette:
-    """The Starlette application; ``allowed_hosts`` are the Host names it answers."""
+    def refusal(request: Request) -> JSONResponse | None:
+        """Why a state-changing request may not go on, or None when it may."""
+        if operator is not None:
+            if operator.allows(request.headers.get("authorization")):
+                return None
+            return error(401, "unauthorized", "state-changing calls need the operator token: "
+                         "Authorization: Bearer <token>", {"WWW-Authenticate": "Bearer"})
+        if request.headers.get(STATE_HEADER) == "1":
+            return None
+        return error(403, "forbidden", "state-changing calls need the header X-Kinbox: 1")
+
+    async def index(request: Request) -> JSONResponse:
+        return JSONResponse({"service": "kinbox", "routes": [
+            {"path": path, "methods": methods, "about": about}
+            for path, methods, _, about in table]})
+
+    async def healthz(request: Request) -> JSONResponse:
+        if not health_limiter:
+            health_limiter.append(CapacityLimiter(HEALTH_THREADS))
+        report = await anyio.to_thread.run_sync(backend.health, limiter=health_limiter[0])
+        return JSONResponse(report, status_code=200 if report.get("healthy") else 503)
 
     async def focal(request: Request) -> JSONResponse:
-        return JSONResponse(backend.focal_status())
+        return JSONResponse(await run_in_threadpool(backend.focal_status))
 
     async def panel(request: Request) -> JSONResponse:
-        return JSONResponse(backend.focal_panel())
+        return JSONResponse(await run_in_threadpool(backend.focal_panel))
 
     async def cancel(request: Request) -> JSONResponse:
-        if not _state_change_allowed(request):
-            return error(403, "forbidden", "state-changing calls need the header X-Kinbox: 1")
+        refused = refusal(request)
+        if refused is not None:
+            return refused
         job_id = request.path_params["job_id"]
-        if not backend.cancel_wakeup(job_id):
+        if not await run_in_threadpool(backend.cancel_wakeup, job_id):
             return error(404, "not_found", f"no Focal wake-up with id {job_id!r}")
         return JSONResponse({"cancelled": job_id})
 
     async def feed(request: Request) -> JSONResponse:
-        return JSONResponse(backend.notifications())
+        return JSONResponse(await run_in_threadpool(backend.notifications))
 
     async def read(request: Request) -> JSONResponse:
-        if not _state_change_allowed(request):
-            return error(403, "forbidden", "state-changing calls need the header X-Kinbox: 1")
-        backend.mark_read()
-        return JSONResponse(backend.notifications())
+        refused = refusal(request)
+        if refused is not None:
+            return refused
+        await run_in_threadpool(backend.mark_read)
+        return JSONResponse(await run_in_threadpool(backend.notifications))
 
-    async def not_found(request: Request, exc: Exception) -> JSONResponse:
-        return error(404, "not_found", f"no route {request.url.path}")
-
-    async def not_allowed(request: Request, exc: Exception) -> JSONResponse:
-        return error(405, "method_not_allowed", f"{request.method} is not allowed here")
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, HTTPException)
+        headers = dict(exc.headers or {})
+        if "Allow" in headers:  # Starlette joins a set: give a stable order
+            headers["Allow"] = ", ".join(sorted(m.strip() for m in headers["Allow"].split(",")))
+        message = (f"no route {request.url.path}" if exc.status_code == 404 else
+                   f"{request.method} is not allowed here; allowed: {headers['Allow']}"
+                   if exc.status_code == 405 and "Allow" in headers else str(exc.detail))
+        return error(exc.status_code, ERROR_CODES.get(exc.status_code, "http_error"), message,
+                     headers)
 
     async def failed(request: Request, exc: Exception) -> JSONResponse:
         return error(500, "execution_failed", "the runtime could not answer this request")
 
-    routes = [
-        Route("/focal", focal, methods=["GET"]),
-        Route("/focal/panel", panel, methods=["GET"]),
-        Route("/focal/wakeups/{job_id}", cancel, methods=["DELETE"]),
-        Route("/focal/notifications", feed, methods=["GET"]),
-        Route("/focal/notifications/read", read, methods=["POST"]),
+    table: list[tuple[str, list[str], Handler, str]] = [
+        ("/", ["GET"], index, "this list"),
+        ("/healthz", ["GET"], healthz, "200 when database, writer and dispatcher are fit, "
+                                       "else 503; one entry per check"),
+        ("/focal", ["GET"], focal, "Focal's status: waiting, stalled, unread, last message"),
+        ("/focal/panel", ["GET"], panel, "Focal's fixed tools and scheduled wake-ups"),
+        ("/focal/wakeups/{job_id}", ["DELETE"], cancel, "cancel one of Focal's wake-ups"),
+        ("/focal/notifications", ["GET"], feed, "the user notification feed"),
+        ("/focal/notifications/read", ["POST"], read, "mark the notifications read"),
     ]
-    return Starlette(routes=routes,
-                     middleware=[Middleware(TrustedHostMiddleware,
-                                            allowed_hosts=list(allowed_hosts))],
-                     exception_handlers={404: not_found, 405: not_allowed, 500: failed})
+    return Starlette(routes=[Route(path, handler, methods=methods)
+                             for path, methods, handler, _ in table],
+                     middleware=[Middleware(HostGuard, allowed_hosts=list(allowed_hosts))],
+                     exception_handlers={HTTPException: http_error, 500: failed})

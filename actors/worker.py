@@ -1,0 +1,71 @@
+"""``kinbox worker --brain module:attribute``: a process that delivers, with no HTTP.
+
+The product's brain is imported by name (as uvicorn takes ``module:app``);
+without one there is nothing to deliver with, so ``--brain`` is required.
+Any number of workers and send-only processes (``kinbox serve`` without a
+brain, the CLI) may share one PostgreSQL database; on SQLite one delivering
+runtime owns the file at a time.
+
+The first SIGINT or SIGTERM stops gracefully (running turns finish or hand
+their rows back) and prints what this run did; a second exits at once
+(status 130), and the journal keeps every unacknowledged row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from typing import TextIO
+
+from ..persistence import redact_url
+from .brain_ref import load_brain
+from .errors import BrainRefError
+from .interrupts import Interrupted, StopSignals
+from .runtime import Runtime
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``worker``."""
+    p = sub.add_parser("worker", help="deliver messages with a brain (no HTTP)")
+    p.add_argument("--brain", required=True, metavar="MODULE:ATTR",
+                   help="the product's brain, e.g. myapp.agents:brain")
+    p.add_argument("--db", help="database URL (default: $KINBOX_DB, then the data dir file)")
+    p.set_defaults(handler=handle, parser=p)
+
+
+def summary(rt: Runtime) -> str:
+    """One line: what this run delivered and what the journal still holds."""
+    stats = rt.statistics()
+    rows = stats["rows"]
+    ran = "send-only, no turns run" if rt.send_only else f"turns run: {stats['turns']}"
+    return (f"{ran}; journal: {rows.get('pending', 0)} pending, "
+            f"{rows.get('processing', 0)} processing, {rows.get('failed', 0)} failed")
+
+
+def handle(args: argparse.Namespace, out: TextIO) -> int:
+    """Deliver until the first stop signal."""
+    try:
+        brain = load_brain(args.brain)
+    except BrainRefError as exc:
+        args.parser.error(str(exc))
+    rt = Runtime(db=args.db, brain=brain)
+    with StopSignals():
+        try:
+            rt.start()
+            out.write(f"kinbox worker delivering on {redact_url(rt.url)} with brain "
+                      f"{args.brain} (Ctrl-C to stop)\n")
+            out.flush()
+            idle = threading.Event()
+            while rt.state == "running":
+                idle.wait(1.0)  # the signal handler interrupts this wait
+            out.write(f"kinbox worker: the runtime is {rt.state}; {summary(rt)}\n")
+            return 1
+        except Interrupted:
+            if rt.state == "new":  # the signal came while it was starting
+                out.write("kinbox worker stopped before it started delivering\n")
+                return 0
+            rt.stop()
+            out.write(f"kinbox worker stopped: {summary(rt)}\n")
+            return 0
+        finally:
+            rt.stop()

@@ -1,0 +1,351 @@
+"""``kinbox serve`` and ``kinbox worker`` as real subprocesses on real ports (issue 11: 1, 4, 8).
+
+Each test starts the command the way an operator would, talks to it over
+HTTP on 127.0.0.1 and reads the journal it left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kinbox.actors import Runtime
+
+from .helpers import wait_for
+
+PRODUCT_BRAIN = '''
+import pathlib
+import threading
+
+
+def brain(turn):
+    turn.reply("pong")
+
+
+def polite(turn):
+    # A long turn that ends when the runtime asks it to stop.
+    pathlib.Path("turn-started").write_text(turn.session_id)
+    turn.wait_stop_requested(60)
+
+
+def slow(turn):
+    # Announce the turn, then hold it far past the runtime's stop timeout.
+    pathlib.Path("turn-started").write_text(turn.session_id)
+    threading.Event().wait(60)
+'''
+
+
+class Command:
+    """A ``kinbox`` subprocess whose output lines are collected as they come."""
+
+    def __init__(self, cwd: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kinbox.actors", *args], cwd=cwd,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "KINBOX_HOME": str(cwd), **(env or {})})
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._queue.put(line.rstrip("\n"))
+
+    def wait_line(self, needle: str, timeout: float = 30.0) -> str:
+        """The first output line containing ``needle`` (fails after ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        for line in self.lines:
+            if needle in line:
+                return line
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no line with {needle!r} within {timeout}s: {self.lines}")
+            try:
+                line = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            self.lines.append(line)
+            if needle in line:
+                return line
+
+    def finish(self, timeout: float = 30.0) -> int:
+        """Wait for the exit status and collect the rest of the output."""
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with pytest.raises(AssertionError):
+                self.wait_line("\0never", timeout=0.5)
+            raise AssertionError(f"still running after {timeout}s; output: {self.lines}"
+                                 ) from None
+        with pytest.raises(AssertionError):
+            self.wait_line("\0never", timeout=0.5)  # drain what the reader still holds
+        return rc
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def run_kinbox(tmp_path: Path) -> Iterator[Any]:
+    (tmp_path / "product_brain.py").write_text(PRODUCT_BRAIN)
+    started: list[Command] = []
+
+    def run(*args: str, env: dict[str, str] | None = None) -> Command:
+        cmd = Command(tmp_path, *args, env=env)
+        started.append(cmd)
+        return cmd
+
+    yield run
+    for cmd in started:
+        cmd.kill()
+
+
+def served_port(cmd: Command) -> int:
+    line = cmd.wait_line("serving http://")
+    return int(line.split("serving http://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+
+
+def get(port: int, path: str, method: str = "GET", headers: dict[str, str] | None = None
+        ) -> tuple[int, Any]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                 headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def seed_pending(url: str) -> str:
+    """One pending row for a fresh session; returns the session id."""
+    with Runtime(db=url) as rt:
+        project = rt.project("web") or rt.create_project("web")
+        session = rt.create_session(project.id, "chat")
+        rt.post(session.id, "ping", message_id="msg-ping")
+        return session.id
+
+
+def journal(url: str, session_id: str) -> tuple[dict[str, Any], list[str]]:
+    """The seeded row and the session's transcript texts, read by a send-only runtime."""
+    with Runtime(db=url) as rt:
+        return rt.inbox()[0], [e.text for e in rt.transcript(session_id)]
+
+
+def delivered(url: str) -> bool:
+    with Runtime(db=url) as rt:
+        return bool(rt.inbox(state="delivered"))
+
+
+# -- item 1: a process without a brain consumes nothing --------------------------------------
+
+@pytest.mark.timeout(90)
+def test_serve_without_a_brain_is_send_only_and_leaves_pending_rows_alone(
+        run_kinbox: Any, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    session_id = seed_pending(url)
+    cmd = run_kinbox("serve", "--port", "0", "--db", url)
+    port = served_port(cmd)
+    assert "send-only" in cmd.wait_line("send-only")
+    status, health = get(port, "/healthz")
+    assert status == 200 and health["checks"]["dispatcher"]["state"] == "send-only"
+    # A delivering runtime beside it sees the row still pending: serve claimed nothing.
+    row, _ = journal(url, session_id)
+    assert (row["status"], row["attempts"]) == ("pending", 0)
+    cmd.proc.send_signal(signal.SIGINT)
+    assert cmd.finish() == 0
+    row, transcript = journal(url, session_id)
+    assert (row["status"], row["attempts"], transcript) == ("pending", 0, [])
+
+
+def product_brain(turn: Any) -> None:
+    for message in turn.messages:
+        turn.reply(f"product answers {message.content}")
+
+
+@pytest.mark.timeout(120)
+def test_a_send_only_serve_beside_a_products_runtime_answers_none_of_its_messages(
+        run_kinbox: Any, any_db_url: str) -> None:
+    with Runtime(db=any_db_url, brain=product_brain) as product:
+        project = product.create_project("web")
+        sessions = [product.create_session(project.id, f"chat {i}").id for i in range(5)]
+        cmd = run_kinbox("serve", "--port", "0", "--db", any_db_url)
+        port = served_port(cmd)
+        assert get(port, "/healthz")[0] == 200
+        for i in range(10):
+            product.post(sessions[i % 5], f"q{i}", message_id=f"live-{i}")
+        product.run_until_idle(timeout=60)
+        answers = [e.text for s in sessions for e in product.transcript(s)
+                   if e.role == "assistant"]
+        assert sorted(answers) == sorted(f"product answers q{i}" for i in range(10))
+        assert {r["status"] for r in product.inbox()} == {"delivered"}
+        assert set(product.marker_counts().values()) == {1}
+        cmd.proc.send_signal(signal.SIGTERM)
+        assert cmd.finish() == 0
+
+
+@pytest.mark.timeout(90)
+def test_serve_with_a_brain_delivers_with_that_brain(run_kinbox: Any, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    session_id = seed_pending(url)
+    cmd = run_kinbox("serve", "--port", "0", "--db", url, "--brain", "product_brain:brain")
+    port = served_port(cmd)
+    assert "product_brain:brain" in cmd.wait_line("delivering")
+    wait_for(lambda: delivered(url), timeout=30, what="serve to deliver the pending row")
+    assert journal(url, session_id)[1] == ["ping", "pong"]
+    status, health = get(port, "/healthz")
+    assert status == 200 and health["checks"]["dispatcher"]["ok"] is True
+    cmd.proc.send_signal(signal.SIGTERM)
+    assert cmd.finish() == 0
+
+
+@pytest.mark.timeout(90)
+def test_worker_delivers_with_its_brain_and_stops_gracefully_on_sigint(
+        run_kinbox: Any, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    session_id = seed_pending(url)
+    cmd = run_kinbox("worker", "--db", url, "--brain", "product_brain:brain")
+    cmd.wait_line("delivering")
+    wait_for(lambda: delivered(url), timeout=30, what="the worker to deliver")
+    assert journal(url, session_id)[1] == ["ping", "pong"]
+    cmd.proc.send_signal(signal.SIGINT)
+    assert cmd.finish() == 0
+    assert "stopped" in cmd.output and "Traceback" not in cmd.output
+
+
+@pytest.mark.parametrize("args", [["worker"], ["worker", "--brain", "nope_module:brain"],
+                                  ["worker", "--brain", "no-colon"],
+                                  ["serve", "--brain", "product_brain:missing"]])
+def test_worker_and_serve_refuse_a_missing_or_wrong_brain_as_usage_errors(
+        run_kinbox: Any, tmp_path: Path, args: list[str]) -> None:
+    cmd = run_kinbox(*args, "--db", f"sqlite:///{tmp_path / 'k.db'}")
+    assert cmd.finish() == 2
+    assert "--brain" in cmd.output and "Traceback" not in cmd.output
+    assert not (tmp_path / "k.db").exists()
+
+
+# -- item 4: the first signal stops gracefully, a second at once ------------------------------
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_the_first_signal_stops_the_running_turn_and_says_what_was_done(
+        run_kinbox: Any, tmp_path: Path, command: str) -> None:
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    seed_pending(url)
+    extra = ["--port", "0"] if command == "serve" else []
+    cmd = run_kinbox(command, *extra, "--db", url, "--brain", "product_brain:polite")
+    cmd.wait_line("delivering")
+    wait_for((tmp_path / "turn-started").exists, timeout=30, what="the turn to start")
+    cmd.proc.send_signal(signal.SIGINT)
+    assert cmd.finish(timeout=20) == 0
+    assert "turns run: 1" in cmd.wait_line("stopped:")
+    assert "Traceback" not in cmd.output
+
+
+@pytest.mark.timeout(90)
+def test_a_second_signal_stops_serve_at_once_and_the_journal_keeps_the_row(
+        run_kinbox: Any, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    seed_pending(url)
+    cmd = run_kinbox("serve", "--port", "0", "--db", url, "--brain", "product_brain:slow")
+    served_port(cmd)
+    wait_for((tmp_path / "turn-started").exists, timeout=30, what="the slow turn to start")
+    cmd.proc.send_signal(signal.SIGINT)
+    cmd.wait_line("stopping gracefully")
+    cmd.proc.send_signal(signal.SIGINT)
+    # 130 is the status of os._exit on the second signal; the graceful path, which waits
+    # out the turn for the runtime's 10 s stop timeout, returns 0. (No wall-clock bound:
+    # an exiting process waits for a commit's fsync in flight, slow on a busy disk.)
+    assert cmd.finish(timeout=30) == 130
+    assert "Traceback" not in cmd.output
+    with Runtime(db=url) as rt:
+        assert rt.inbox()[0]["status"] in ("pending", "processing")  # not lost, not delivered
+
+
+# -- item 8: bind first, validate flags, non-loopback only by choice ---------------------------
+
+@pytest.mark.parametrize("args", [["--port", "99999"], ["--port", "-1"], ["--port", "http"],
+                                  ["--host", "0.0.0.0"],
+                                  ["--host", "0.0.0.0", "--allow-host", "kinbox.test"],
+                                  ["--allow-host", "bad host/x"],
+                                  ["--allow-host", "kinbox.test"],
+                                  ["--allow-host", "*"],
+                                  ["--token-file", "/nonexistent/kinbox-token"]])
+def test_serve_rejects_bad_flags_with_a_usage_error(run_kinbox: Any, tmp_path: Path,
+                                                    args: list[str]) -> None:
+    cmd = run_kinbox("serve", *args, "--db", f"sqlite:///{tmp_path / 'k.db'}",
+                     env={"KINBOX_OPERATOR_TOKEN": ""})
+    assert cmd.finish() == 2
+    assert "usage:" in cmd.output and "Traceback" not in cmd.output
+    assert "serving" not in cmd.output
+
+
+def test_serve_binds_before_it_says_serving(run_kinbox: Any, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cmd = run_kinbox("serve", "--port", str(port), "--db", f"sqlite:///{tmp_path / 'k.db'}")
+        assert cmd.finish() == 1
+    assert f"127.0.0.1:{port}" in cmd.output and "Traceback" not in cmd.output
+    assert "serving" not in cmd.output
+    assert not (tmp_path / "k.db").exists()  # nothing opened before the bind
+
+
+@pytest.mark.timeout(90)
+def test_a_non_loopback_bind_names_its_hosts_and_needs_the_operator_token(
+        run_kinbox: Any, tmp_path: Path) -> None:
+    secret = "op-" + os.urandom(8).hex()
+    (tmp_path / "token").write_text(secret + "\n")
+    cmd = run_kinbox("serve", "--host", "0.0.0.0", "--port", "0", "--allow-host", "kinbox.test",
+                     "--token-file", str(tmp_path / "token"),
+                     "--db", f"sqlite:///{tmp_path / 'k.db'}")
+    port = served_port(cmd)
+    warning = cmd.wait_line("WARNING")
+    assert "0.0.0.0" in warning and "kinbox.test" in warning
+    named = {"Host": "kinbox.test"}
+    assert get(port, "/focal", headers=named)[0] == 200
+    status, body = get(port, "/focal", headers={"Host": "evil.example"})
+    assert (status, body["error"]) == (400, "invalid_host")
+    read = "/focal/notifications/read"
+    assert get(port, read, "POST", {**named, "X-Kinbox": "1"})[0] == 401
+    assert get(port, read, "POST", {**named, "Authorization": "Bearer wrong"})[0] == 401
+    assert get(port, read, "POST", {**named, "Authorization": f"Bearer {secret}"})[0] == 200
+    cmd.proc.send_signal(signal.SIGINT)
+    assert cmd.finish() == 0
+    assert secret not in cmd.output
+
+
+@pytest.mark.timeout(60)
+def test_the_operator_token_may_come_from_the_environment(run_kinbox: Any,
+                                                          tmp_path: Path) -> None:
+    cmd = run_kinbox("serve", "--port", "0", "--db", f"sqlite:///{tmp_path / 'k.db'}",
+                     env={"KINBOX_OPERATOR_TOKEN": "env-secret"})
+    port = served_port(cmd)
+    read = "/focal/notifications/read"
+    assert get(port, read, "POST", {"X-Kinbox": "1"})[0] == 401
+    assert get(port, read, "POST", {"Authorization": "Bearer env-secret"})[0] == 200
+    cmd.proc.send_signal(signal.SIGTERM)
+    assert cmd.finish() == 0
+    assert "env-secret" not in cmd.output

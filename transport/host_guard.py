@@ -1,0 +1,68 @@
+"""The Host check: requests must name a host the operator allowed, or get a JSON 400.
+
+A browser tricked into calling a loopback server from a hostile page (DNS
+rebinding) sends that page's name in ``Host``; answering only the names the
+operator chose closes that door. Starlette's ``TrustedHostMiddleware`` does
+the same but answers in plain text; every answer of this API is JSON.
+
+Allowed names are exact (``kinbox.example``) or a subdomain pattern
+(``*.example.com``); ``[::1]`` style IPv6 literals keep their brackets.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+_NAME = re.compile(r"^(\*\.)?[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?$|^\[[0-9a-f:.]+\]$")
+
+
+def allowed_name(name: str) -> str:
+    """``name`` as the guard compares it (lower case, IPv6 in brackets); ValueError if it
+    cannot be a Host (a name, ``*.domain``, an IPv4 or IPv6 literal)."""
+    norm = name.strip().lower()
+    if ":" in norm and not norm.startswith("["):
+        norm = f"[{norm}]"
+    if not _NAME.match(norm):
+        raise ValueError(f"not a host name: {name!r}")
+    return norm
+
+
+def host_of(header: str) -> str:
+    """The host part of a ``Host`` header: ``[::1]:80`` -> ``[::1]``, ``a:80`` -> ``a``."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header.partition("]")[0] + "]"
+    name, sep, port = header.rpartition(":")
+    return name if sep and port.isdigit() else header
+
+
+class HostGuard:
+    """ASGI middleware: HTTP requests whose Host is not allowed get a JSON 400."""
+
+    def __init__(self, app: ASGIApp, allowed_hosts: Iterable[str]) -> None:
+        self.app = app
+        names = [allowed_name(h) for h in allowed_hosts]
+        self.exact = frozenset(n for n in names if not n.startswith("*."))
+        self.suffixes = tuple(n[1:] for n in names if n.startswith("*."))
+
+    def allows(self, host: str) -> bool:
+        """True when ``host`` (already without its port) is one of the allowed names."""
+        return host in self.exact or any(host.endswith(s) for s in self.suffixes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            host = host_of(Headers(scope=scope).get("host", ""))
+            if not self.allows(host):
+                response = JSONResponse(
+                    {"error": "invalid_host",
+                     "message": f"this server does not answer for Host {host!r}; "
+                                "its operator names the allowed hosts (--allow-host)"},
+                    status_code=400)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -1,0 +1,48 @@
+"""The operator token: the secret that state-changing HTTP calls must present.
+
+Only a SHA-256 digest of the secret is kept, and a presented token is
+compared digest to digest with :func:`hmac.compare_digest`, so neither the
+token nor how much of it matched leaks through memory dumps, logs, reprs or
+timing. Where the secret comes from (a file, the environment) is the
+caller's business; this module never reads either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+BEARER = "bearer"
+
+
+class OperatorToken:
+    """A token, known only by its digest; :meth:`matches` checks a presented one."""
+
+    __slots__ = ("_digest",)
+
+    def __init__(self, digest: bytes) -> None:
+        self._digest = digest
+
+    @classmethod
+    def from_secret(cls, secret: str) -> OperatorToken:
+        """Keep the digest of ``secret`` (surrounding whitespace dropped; empty refused)."""
+        secret = secret.strip()
+        if not secret:
+            raise ValueError("an operator token cannot be empty")
+        return cls(_digest(secret))
+
+    def matches(self, presented: str) -> bool:
+        """True when ``presented`` is the token (constant-time in its content)."""
+        return hmac.compare_digest(self._digest, _digest(presented))
+
+    def allows(self, authorization: str | None) -> bool:
+        """True when an ``Authorization`` header value is ``Bearer <the token>``."""
+        scheme, _, credentials = (authorization or "").partition(" ")
+        return scheme.lower() == BEARER and bool(credentials) and self.matches(credentials)
+
+    def __repr__(self) -> str:
+        return "OperatorToken(<sha256 digest>)"
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
