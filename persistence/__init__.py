@@ -8,6 +8,7 @@ This package never imports ``kinbox.actors`` or ``kinbox.transport``.
 """
 
 from . import inbox_core
+from .cron_store import CronJobRecord, CronRunLost, CronRunRecord, CronStore, Occurrence
 from .database import default_data_dir, default_url, is_postgres, is_sqlite, open_database
 from .errors import (
     DatabaseInUse,
@@ -43,6 +44,10 @@ __all__ = [
     "OPEN_TASK_STATES",
     "ClaimResult",
     "ClaimedRow",
+    "CronJobRecord",
+    "CronRunLost",
+    "CronRunRecord",
+    "CronStore",
     "DatabaseInUse",
     "DatabaseOpenError",
     "DuplicateError",
@@ -57,6 +62,7 @@ __all__ = [
     "Journal",
     "LeaseLost",
     "NewMessage",
+    "Occurrence",
     "PersistenceError",
     "ProjectRecord",
     "RowNotFound",
