@@ -21,6 +21,7 @@ from typing import Any
 
 from ..persistence import (
     DEFAULT_LEASE_SECONDS,
+    CronStore,
     EnqueueResult,
     EntryRecord,
     ExclusiveLock,
@@ -42,12 +43,15 @@ from ..persistence import (
 from . import access
 from .clock import Clock, ManualClock, SystemClock
 from .context import FAULTS, Observer, RuntimeContext
+from .cron import CronService
+from .direct_turn import DirectTurns
 from .dispatcher import Dispatcher
 from .errors import ConfigError, IdleTimeout, RuntimeStateError
 from .family import Buckets
 from .focal import Focal
 from .focal_schedule import FocalSchedule
 from .messages import Tick
+from .social import SocialService
 from .subagents import report_back
 from .tools import TaskTools, tools_for
 from .turn import Brain, Turn
@@ -107,6 +111,9 @@ class Runtime:
         self._lock: ExclusiveLock | None = None
         self._writer: GroupCommitWriter | None = None
         self._schedule: FocalSchedule | None = None
+        self._direct: DirectTurns | None = None
+        self._cron: CronService | None = None
+        self._social: SocialService | None = None
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -146,6 +153,10 @@ class Runtime:
                                               self.max_live_sessions)
             if self._schedule is not None:
                 self._schedule.start()
+            if self._cron is not None:
+                self._cron.start(exclusive=self._lock is not None)
+            if self._social is not None:
+                self._social.start()
         except BaseException:
             self._teardown()
             raise
@@ -171,6 +182,7 @@ class Runtime:
         self._stop_ticker()
         for session_id in ctx.turns.running():
             ctx.turns.request_stop(session_id, "runtime")
+        self._stop_direct(wait=True)
         if ctx.dispatcher is not None:
             ctx.dispatcher.stop(timeout=timeout)  # stops its session actors first
         ctx.emit("stopped", owner=self.owner)
@@ -189,6 +201,7 @@ class Runtime:
         self._stop_ticker()
         if self._writer is not None:
             self._writer.abort()
+        self._stop_direct(wait=False)
         if ctx.dispatcher is not None:
             ctx.dispatcher.stop(block=False)
         ctx.emit("crashed", owner=self.owner)
@@ -208,6 +221,19 @@ class Runtime:
         self._schedule = FocalSchedule(ctx, focal, jobs,
                                        use_apscheduler=not isinstance(self.clock, ManualClock))
         focal.schedule = self._schedule
+        # Cron runs and social events run direct turns, only where there is a brain.
+        turns = DirectTurns(ctx) if self.brain is not silent_brain else None
+        self._direct = turns
+        self._cron = CronService(ctx, CronStore(jobs.t, jobs.writer), turns,
+                                 use_apscheduler=not isinstance(self.clock, ManualClock))
+        self._social = SocialService(ctx, turns)
+
+    def _stop_direct(self, *, wait: bool) -> None:
+        for service in (self._cron, self._social):
+            if service is not None:
+                service.stop()
+        if self._direct is not None:
+            self._direct.stop(wait=wait)
 
     def _resolve_data_dir(self) -> Path:
         if self.data_dir is not None:
@@ -235,6 +261,8 @@ class Runtime:
         # An injected clock moved: due schedules fire, due rows get claimed.
         if self._schedule is not None and self._state == "running":
             self._schedule.fire_due()
+        if self._cron is not None and self._state == "running":
+            self._cron.tick()
         self._tick()
 
     def _tick_loop(self) -> None:
@@ -294,6 +322,8 @@ class Runtime:
         ctx = self._require()
         snap = ctx.activity.snapshot()
         if snap["busy"] or snap["claim_pending"]:
+            return False
+        if self._direct is not None and not self._direct.is_idle():
             return False
         return not ctx.journal.has_due(ctx.now())
 
@@ -400,6 +430,20 @@ class Runtime:
     def focal(self) -> Focal:
         """The Focal service (``get_or_create_focal_chat``, ``status``, ``register_tool``...)."""
         return self._require().focal  # type: ignore[no-any-return]
+
+    @property
+    def cron(self) -> CronService:
+        """User cron jobs (``add``, ``jobs``, ``trigger``, ``pause``, ``resume``, ``runs``...)."""
+        self._require()
+        assert self._cron is not None
+        return self._cron
+
+    @property
+    def social(self) -> SocialService:
+        """Social ingress (``ingest``, ``register_channel``, ``allow``...)."""
+        self._require()
+        assert self._social is not None
+        return self._social
 
     def get_or_create_focal_chat(self) -> SessionRecord:
         """The Focal chat ``focal-suzent``, created on first use (FO1)."""

@@ -21,7 +21,8 @@ from ..persistence import ClaimedRow, LeaseLost, PersistenceError, WriterClosed
 from .context import RuntimeContext, TurnEffects
 from .messages import Deliver, TurnDone
 from .pooled import ActorPool, PooledActor
-from .turn import Message, Turn, TurnOutcome
+from .turn import Message, Turn
+from .turn_run import run_brain, start_turn
 
 log = logging.getLogger("kinbox.session")
 
@@ -92,21 +93,13 @@ class SessionActor(PooledActor):
                 steered.extend(r.message_id for r in more)
             return [Message.from_row(r) for r in more]
 
-        stop_flag = ctx.turns.begin(sid)
-        turn = Turn(sid, [Message.from_row(row)], lambda: ctx.tools_for(sid), stop_flag,
-                    fetch_steering)
+        turn = start_turn(ctx, sid, [Message.from_row(row)], fetch_steering)
         ctx.emit("turn_started", session_id=sid, message_id=row.message_id,
                  attempt=row.attempts + 1)
-        try:
-            for prepare in ctx.turn_hooks:
-                prepare(ctx, turn)
-            result = ctx.brain(turn)
-            if isinstance(result, str) and result:
-                turn.reply(result)
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            failed = TurnOutcome(False, error, ctx.turns.end(sid))
-            effects = ctx.effects(turn, failed)
+        done = run_brain(ctx, turn)
+        if not done.ok:
+            error = done.error or "the turn failed"
+            effects = ctx.effects(turn, done)
             result = ctx.journal.retry(ctx.owner, row.message_id, error, ctx.now(),
                                        release=steered, on_failed=effects.messages,
                                        on_failed_also=effects.ops)
@@ -116,7 +109,6 @@ class SessionActor(PooledActor):
             if result.state.value == "failed":
                 self._run_after(effects)
             return None
-        done = TurnOutcome(True, None, ctx.turns.end(sid))
         ids = [row.message_id, *steered]
         effects = ctx.effects(turn, done)
         following = self._commit(ids, turn, effects)

@@ -220,6 +220,12 @@ class CronStore:
             return taken
         return self.writer.call(op)
 
+    def expire_leases(self, now: float) -> int:
+        """Make every running run claimable now (start-up of an exclusive runtime)."""
+        r = self.t.cron_run
+        return self.writer.call(lambda: r.update(lease_until=now - 1).where(
+            r.status == "running").execute())
+
     def renew(self, owner: str, run_ids: list[str], until: float) -> int:
         """Extend the leases ``owner`` holds on these running runs; return how many."""
         r = self.t.cron_run

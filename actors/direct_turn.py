@@ -1,0 +1,144 @@
+"""Turns that no inbox row started: cron runs and social events (C1, SO1).
+
+Cron jobs and social events run their turns directly, not through the
+generic inbox, but through the same turn machinery: :mod:`.turn_run` starts
+the turn and calls the brain exactly as an inbox turn does, the outbox hooks
+add their effects, and the journal commits the transcript entries, those
+effects and the caller's own writes (the cron run record, the social reply
+route) in one transaction: :meth:`Journal.complete_turn` with no inbox rows
+to acknowledge. A caller's write that refuses (a run taken over by another
+runtime) undoes the whole commit.
+
+The turns run on a small, bounded pool of threads owned here; a session
+runs one direct turn at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ..persistence import LeaseLost, PersistenceError, WriterClosed
+from .context import RuntimeContext
+from .turn import Message, Turn, TurnOutcome
+from .turn_run import run_brain, start_turn
+
+log = logging.getLogger("kinbox.direct")
+
+CommitOps = Callable[[Turn], list[Callable[[], object]]]
+"""The caller's writes for a successful turn, run inside the turn's commit."""
+
+
+@dataclass(frozen=True)
+class DirectOutcome:
+    """How a direct turn ended."""
+
+    turn: Turn
+    outcome: TurnOutcome
+    committed: bool
+    """True once the transcript entries (and the caller's writes) are durable."""
+    error: str | None
+    """Why it did not commit: the brain's error, or the refusal of the commit."""
+
+
+class DirectTurns:
+    """Runs direct turns on a bounded pool; ``wait_idle`` waits for all of them."""
+
+    def __init__(self, ctx: RuntimeContext, workers: int = 4) -> None:
+        self.ctx = ctx
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kinbox-direct")
+        self._cond = threading.Condition()
+        self._in_flight = 0
+        self._session_locks: dict[str, threading.Lock] = {}
+        self._closed = False
+
+    def submit(self, work: Callable[[], object]) -> Future[object] | None:
+        """Run ``work`` on the pool; None once the runtime is stopping."""
+        with self._cond:
+            if self._closed:
+                return None
+            self._in_flight += 1
+        try:
+            return self._pool.submit(self._tracked, work)
+        except RuntimeError:  # the pool shut down under us
+            self._done()
+            return None
+
+    def _tracked(self, work: Callable[[], object]) -> object:
+        try:
+            return work()
+        except WriterClosed:
+            return None  # the runtime stopped or crashed: the tables keep the state
+        except Exception:
+            log.exception("a direct turn's work failed")
+            return None
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        with self._cond:
+            self._in_flight -= 1
+            self._cond.notify_all()
+
+    def is_idle(self) -> bool:
+        """True when no direct turn is queued or running."""
+        with self._cond:
+            return self._in_flight == 0
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no direct turn is queued or running; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._in_flight == 0, timeout)
+
+    def stop(self, *, wait: bool = True) -> None:
+        """Accept no more work; with ``wait``, let running turns finish."""
+        with self._cond:
+            self._closed = True
+        self._pool.shutdown(wait=wait, cancel_futures=True)
+
+    def _lock_for(self, session_id: str) -> threading.Lock:
+        with self._cond:
+            return self._session_locks.setdefault(session_id, threading.Lock())
+
+    def run(self, session_id: str, messages: list[Message], *,
+            fetch_steering: Callable[[], list[Message]] = list,
+            commit_ops: CommitOps = lambda _turn: []) -> DirectOutcome:
+        """Run one turn of ``session_id`` now, on the calling thread, and commit it."""
+        ctx = self.ctx
+        with self._lock_for(session_id):
+            ctx.store.update_session(session_id, ctx.now(), status="active")
+            turn = start_turn(ctx, session_id, messages, fetch_steering)
+            first = messages[0].message_id if messages else None
+            ctx.emit("turn_started", session_id=session_id, message_id=first, attempt=1)
+            outcome = run_brain(ctx, turn)
+            if not outcome.ok:
+                ctx.store.update_session(session_id, ctx.now(), status="idle")
+                ctx.emit("turn_failed", session_id=session_id, message_id=first,
+                         error=outcome.error, state="direct", attempts=1, available_at=None)
+                return DirectOutcome(turn, outcome, False, outcome.error)
+            effects = ctx.effects(turn, outcome)
+            try:
+                ctx.journal.complete_turn(ctx.owner, session_id, [], turn.entries(), ctx.now(),
+                                          enqueue=effects.messages,
+                                          also=[*effects.ops, *commit_ops(turn)])
+            except WriterClosed:
+                raise
+            except (LeaseLost, PersistenceError) as exc:
+                ctx.store.update_session(session_id, ctx.now(), status="idle")
+                ctx.emit("lease_lost", session_id=session_id, message_id=first, error=str(exc))
+                return DirectOutcome(turn, outcome, False, str(exc))
+            ctx.activity.bump("turns")
+            ctx.emit("turn_committed", session_id=session_id,
+                     message_ids=[m.message_id for m in turn.all_messages],
+                     replies=list(turn.replies), stopped_by=outcome.stopped_by)
+        for notify in effects.after:
+            try:
+                notify()
+            except Exception:
+                log.exception("post-commit notification failed for %s", session_id)
+        if effects.messages:
+            ctx.wake_dispatcher()
+        return DirectOutcome(turn, outcome, True, None)

@@ -1,0 +1,313 @@
+"""Social ingress (SO1): chat-platform events in, turns run, replies out through channels.
+
+``ingest`` validates a raw event and puts it on a bounded, in-memory queue:
+a full queue refuses the event at once (counted and logged), so a burst
+cannot grow memory or stall the webhook. One consumer thread takes events
+in order, authorizes the sender by id against the platform's allowlist,
+creates the thread's session (``social-<platform>-<thread>``, kind
+``social``, project ``social``; listed and addressable like any other once
+created) and routes the event by :func:`.social_rules.route`: an idle chat
+starts a direct turn, the running turn's own sender steers it, anyone else
+waits in the chat's queue. Social events never enter the generic inbox.
+
+After a turn commits, its replies go to the platform's channel adapter
+(:mod:`.channels`) with the event's reply route; the outcome is recorded in
+the transcript as a hidden ``delivery`` entry and kept in ``outcomes``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..persistence import DuplicateError, TurnEntry, WriterClosed
+from . import channels
+from . import social_rules as rules
+from .context import RuntimeContext
+from .direct_turn import DirectTurns
+from .turn import Message, Turn
+
+log = logging.getLogger("kinbox.social")
+
+DEFAULT_QUEUE_BOUND = 256
+OUTCOMES_KEPT = 200
+
+
+@dataclass
+class _Chat:
+    """The routing state of one thread (touched under the service lock only)."""
+
+    running_sender: str | None = None
+    steering: deque[rules.SocialEvent] = field(default_factory=deque)
+    pending: deque[rules.SocialEvent] = field(default_factory=deque)
+
+
+@dataclass(frozen=True)
+class _Channel:
+    send: channels.Send
+    secret: bytes | None
+
+
+class SocialService:
+    """Social ingress of one runtime (``rt.social``)."""
+
+    def __init__(self, ctx: RuntimeContext, turns: DirectTurns | None, *,
+                 bound: int = DEFAULT_QUEUE_BOUND,
+                 retry_delays: tuple[float, ...] = channels.DEFAULT_RETRY_DELAYS) -> None:
+        if bound < 1:
+            raise ValueError(f"the social queue bound must be >= 1, got {bound}")
+        self.ctx = ctx
+        self.turns = turns
+        self.bound = bound
+        self.retry_delays = retry_delays
+        self._queue: queue.Queue[rules.SocialEvent | None] = queue.Queue(maxsize=bound)
+        self._lock = threading.Lock()
+        self._chats: dict[str, _Chat] = {}
+        self._allow: dict[str, frozenset[str]] = {}
+        self._channels: dict[str, _Channel] = {}
+        self._stop = threading.Event()
+        self._consumer: threading.Thread | None = None
+        self._handling = 0
+        self.counts = {"accepted": 0, "refused": 0, "denied": 0, "steered": 0, "queued": 0,
+                       "turns": 0}
+        self.outcomes: deque[dict[str, Any]] = deque(maxlen=OUTCOMES_KEPT)
+
+    # -- configuration ---------------------------------------------------------------------
+
+    def allow(self, platform: str, sender_ids: Iterable[str]) -> None:
+        """Set the platform's allowlist of sender ids (display names never count)."""
+        ids = frozenset(sender_ids)
+        if not all(isinstance(i, str) and i for i in ids):
+            raise rules.InvalidSocialEvent("sender_id", "allowlist entries are non-empty ids")
+        with self._lock:
+            self._allow[platform] = ids
+
+    def register_channel(self, platform: str, send: channels.Send, *,
+                         secret: str | bytes | None = None) -> None:
+        """Register how replies leave for ``platform`` and, for webhooks, its signing secret."""
+        if not isinstance(platform, str) or not rules.PLATFORM_RE.fullmatch(platform):
+            raise rules.InvalidSocialEvent("platform", "1-32 characters of a-z, 0-9 and _")
+        if not callable(send):
+            raise rules.InvalidSocialEvent("send", "give a callable send(reply_route, text)")
+        key = secret.encode() if isinstance(secret, str) else secret
+        with self._lock:
+            self._channels[platform] = _Channel(send, key)
+
+    def webhook_secret(self, platform: str) -> bytes | None:
+        """The platform's webhook signing secret (None: its webhook is closed)."""
+        with self._lock:
+            channel = self._channels.get(platform)
+        return channel.secret if channel else None
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the consumer (only in a runtime that runs turns)."""
+        if self.turns is None or self._consumer is not None:
+            return
+        self._consumer = threading.Thread(target=self._consume, name="kinbox-social",
+                                          daemon=True)
+        self._consumer.start()
+
+    def stop(self) -> None:
+        """Stop taking events; what is still queued in memory is dropped (and logged)."""
+        self._stop.set()
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            pass
+        if self._consumer is not None and self._consumer is not threading.current_thread():
+            self._consumer.join(5)
+        left = self._queue.qsize()
+        if left:
+            log.warning("social ingress stopped with %d events still queued", left)
+
+    # -- ingress ---------------------------------------------------------------------------
+
+    def ingest(self, event: Mapping[str, Any], *, platform: str | None = None) -> dict[str, Any]:
+        """Validate a raw channel event and queue it; a receipt, or a :class:`SocialError`."""
+        if self.turns is None:
+            raise rules.SocialUnavailable()
+        self.ctx.require_running()
+        normalized = rules.normalize(event, f"social-{self.ctx.new_id()}", platform)
+        try:
+            self._queue.put_nowait(normalized)
+        except queue.Full:
+            with self._lock:
+                self.counts["refused"] += 1
+                refused = self.counts["refused"]
+            log.warning("social ingress queue full (%d): refused an event from %s (%d refused)",
+                        self.bound, normalized.platform, refused)
+            self.ctx.emit("social_refused", platform=normalized.platform, refused=refused)
+            raise rules.SocialQueueFull(self.bound, refused) from None
+        with self._lock:
+            self.counts["accepted"] += 1
+            self._handling += 1
+        sid = rules.session_id_for(normalized.platform, normalized.thread_id)
+        return {"accepted": True, "event_id": normalized.event_id, "session_id": sid}
+
+    def statistics(self) -> dict[str, Any]:
+        """Counters, the queue's depth and bound."""
+        with self._lock:
+            return {**self.counts, "queued_now": self._queue.qsize(), "bound": self.bound}
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Wait until every accepted event was handled and no social turn runs."""
+        if self.turns is None:
+            return True
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                busy = self._handling > 0
+            if not busy and self.turns.is_idle():
+                return True
+            # Between two turns of a chat the pool is briefly idle: wait on it, then look again.
+            self.turns.wait_idle(0.02)
+            self._stop.wait(0.005)
+        return False
+
+    def _consume(self) -> None:
+        while not self._stop.is_set():
+            event = self._queue.get()
+            if event is None:
+                break
+            try:
+                self._route(event)
+            except WriterClosed:
+                break
+            except Exception:
+                log.exception("social event %s could not be handled", event.event_id)
+                self._handled()
+
+    def _handled(self) -> None:
+        with self._lock:
+            self._handling -= 1
+
+    def _route(self, event: rules.SocialEvent) -> None:
+        with self._lock:
+            allowed = rules.authorized(self._allow, event.platform, event.sender_id)
+            if not allowed:
+                self.counts["denied"] += 1
+        if not allowed:
+            log.info("social event from unlisted sender on %s denied", event.platform)
+            self.ctx.emit("social_denied", platform=event.platform, sender_id=event.sender_id)
+            self._handled()
+            return
+        sid = self._ensure_session(event)
+        with self._lock:
+            chat = self._chats.setdefault(sid, _Chat())
+            decision = rules.route(chat.running_sender, event.sender_id)
+            if decision is rules.Route.STEER:
+                chat.steering.append(event)
+                self.counts["steered"] += 1
+            elif decision is rules.Route.QUEUE:
+                chat.pending.append(event)
+                self.counts["queued"] += 1
+            else:
+                chat.running_sender = event.sender_id
+        self.ctx.emit("social_routed", session_id=sid, route=decision.value,
+                      event_id=event.event_id)
+        if decision is rules.Route.START:
+            assert self.turns is not None
+            if self.turns.submit(lambda: self._run_chat(sid, event)) is None:
+                self._handled()
+
+    def _ensure_session(self, event: rules.SocialEvent) -> str:
+        sid = rules.session_id_for(event.platform, event.thread_id)
+        if self.ctx.store.session(sid) is None:
+            try:
+                self.ctx.store.create_session(
+                    sid, rules.SOCIAL_PROJECT, f"{event.platform}: {event.sender_name}",
+                    "social", self.ctx.now(), platform=event.platform,
+                    config={"social_thread_id": event.thread_id})
+            except DuplicateError:
+                pass
+        return sid
+
+    # -- turns -----------------------------------------------------------------------------
+
+    def _run_chat(self, sid: str, event: rules.SocialEvent | None) -> None:
+        """Run the chat's turns until its queue is empty (one turn at a time per chat)."""
+        assert self.turns is not None
+        while event is not None:
+            self._run_one(sid, event)
+            with self._lock:
+                chat = self._chats[sid]
+                # Steering that came after the turn's last look waits for the next turn.
+                chat.pending.extendleft(reversed(chat.steering))
+                chat.steering.clear()
+                event = chat.pending.popleft() if chat.pending else None
+                chat.running_sender = event.sender_id if event else None
+
+    def _run_one(self, sid: str, event: rules.SocialEvent) -> None:
+        assert self.turns is not None
+        taken: list[rules.SocialEvent] = [event]
+
+        def fetch_steering() -> list[Message]:
+            with self._lock:
+                chat = self._chats[sid]
+                fresh = list(chat.steering)
+                chat.steering.clear()
+            taken.extend(fresh)
+            return [_message(e) for e in fresh]
+
+        def commit_ops(turn: Turn) -> list[Any]:
+            last = taken[-1]
+            patch = {"social_reply_route": dict(last.reply_route),
+                     "social_last_sender": last.sender_id}
+            return [lambda: self.ctx.store.patch_config_now(sid, patch, self.ctx.now())]
+
+        try:
+            done = self.turns.run(sid, [_message(event)], fetch_steering=fetch_steering,
+                                  commit_ops=commit_ops)
+            with self._lock:
+                self.counts["turns"] += 1
+            if done.committed:
+                self._send_replies(sid, taken[-1], done.turn)
+            else:
+                self._record(sid, taken[-1], channels.DeliveryOutcome(
+                    "turn_failed", 0, done.error), durable=False)
+        finally:
+            for _ in taken:
+                self._handled()
+
+    def _send_replies(self, sid: str, event: rules.SocialEvent, turn: Turn) -> None:
+        with self._lock:
+            channel = self._channels.get(event.platform)
+        outcome = channels.deliver(channel.send if channel else None, event.reply_route,
+                                   "\n\n".join(turn.replies), retry_delays=self.retry_delays,
+                                   wait=self._stop.wait)
+        self._record(sid, event, outcome, durable=outcome.status != "no_reply")
+
+    def _record(self, sid: str, event: rules.SocialEvent, outcome: channels.DeliveryOutcome,
+                *, durable: bool) -> None:
+        entry = {"session_id": sid, "event_id": event.event_id, "platform": event.platform,
+                 **outcome.to_dict()}
+        self.outcomes.append(entry)
+        self.ctx.emit("social_delivery", **entry)
+        if outcome.status == "failed":
+            log.warning("reply to %s on %s not sent after %d attempts: %s", sid, event.platform,
+                        outcome.attempts, outcome.error)
+        if durable:
+            # The outcome is durable next to the reply it is about (hidden from agent_read).
+            note = (f"delivery {outcome.status} via {event.platform} after {outcome.attempts} "
+                    f"attempt(s)" + (f": {outcome.error}" if outcome.error else ""))
+            try:
+                self.ctx.store.append(sid, [TurnEntry("delivery", note, False, event.event_id)],
+                                      self.ctx.now())
+            except WriterClosed:
+                pass
+
+
+def _message(event: rules.SocialEvent) -> Message:
+    return Message(event.event_id, "social_message", rules.envelope(event), None,
+                   {"platform": event.platform, "sender_id": event.sender_id,
+                    "sender_name": event.sender_name, "thread_id": event.thread_id,
+                    "attachments": [asdict(a) for a in event.attachments],
+                    "reply_route": dict(event.reply_route)})
