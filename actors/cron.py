@@ -25,20 +25,19 @@ from ..persistence import (
     CronRunLost,
     CronRunRecord,
     CronStore,
-    DuplicateError,
     Occurrence,
 )
 from . import cron_rules as rules
 from .announcements import Announcements
 from .context import RuntimeContext
+from .cron_jobs import CronJobs
 from .direct_turn import DirectTurns
 from .schedule_driver import ScheduleDriver
-from .triggers import cron_trigger, local_time, next_fire
+from .triggers import local_time, next_fire
 from .turn import Message, Turn
 
 log = logging.getLogger("kinbox.cron")
 
-DEFAULT_PROJECT = "default"
 RESULT_CHARS = 4000
 """How much of a run's replies its record and announcement keep."""
 
@@ -56,6 +55,9 @@ class CronService:
         self.announcements = announcements or Announcements()
         self._driver = ScheduleDriver(self.tick, enabled=use_apscheduler and turns is not None,
                                       poll_seconds=poll_seconds)
+        self.definitions = CronJobs(store, ctx.store, ctx.now, ctx.new_id,
+                                    on_change=lambda job: self._driver.wake_at(job.next_run_at,
+                                                                               job.id))
         self._mine: set[str] = set()  # runs this runtime is running (their leases to renew)
         self._lock = threading.Lock()
         self._tick_lock = threading.Lock()
@@ -81,77 +83,45 @@ class CronService:
         """Stop APScheduler; the tables keep every schedule and run."""
         self._driver.stop()
 
-    # -- definitions -----------------------------------------------------------------------
+    # -- definitions (see :mod:`.cron_jobs`) -------------------------------------------------
 
     def add(self, name: Any, cron: Any, prompt: Any, *, delivery: Any = "announce",
             timezone: Any = "UTC", active: bool = True) -> dict[str, Any]:
-        """Create a job; nothing is written if any field is invalid."""
-        name, prompt, delivery = rules.check_fields(name, prompt, delivery)
-        if not isinstance(timezone, str):
-            raise rules.InvalidCronJob("timezone", "give an IANA time zone name")
-        cron_trigger(cron, timezone)  # InvalidCronExpression if malformed
-        now = self.ctx.now()
-        job_id = f"cj_{self.ctx.new_id()[:10]}"
-        job = CronJobRecord(job_id, name, cron.strip(), timezone, prompt, bool(active), delivery,
-                            0, next_fire(cron, now, timezone) if active else None, None, None,
-                            None, now, now)
-        self._ensure_session(job)
-        self.store.create(job)
-        self._driver.wake_at(job.next_run_at, job.id)
-        self.ctx.emit("cron_added", job_id=job_id, cron=job.cron)
-        return job.to_dict()
-
-    def _get(self, job_id: str) -> CronJobRecord:
-        job = self.store.get(job_id) if isinstance(job_id, str) else None
-        if job is None:
-            raise rules.CronJobNotFound(str(job_id))
+        """Create a job (``cron`` a crontab expression); nothing is written if invalid."""
+        job = self.definitions.add(name, cron, prompt, delivery=delivery, timezone=timezone,
+                                   active=active)
+        self.ctx.emit("cron_added", job_id=job["job_id"], cron=job["cron"])
         return job
 
     def job(self, job_id: str) -> dict[str, Any]:
         """One job."""
-        return self._get(job_id).to_dict()
+        return self.definitions.job(job_id)
 
     def jobs(self) -> list[dict[str, Any]]:
         """Every job, soonest due first, paused ones last."""
-        return [j.to_dict() for j in self.store.jobs()]
+        return self.definitions.jobs()
 
     def pause(self, job_id: str) -> dict[str, Any]:
         """Stop a job's schedule (its runs and session stay)."""
-        self._get(job_id)
-        job = self.store.update(job_id, self.ctx.now(), active=False, next_run_at=None)
-        return self._updated(job_id, job)
+        return self.definitions.pause(job_id)
 
     def resume(self, job_id: str) -> dict[str, Any]:
         """Restart a paused or deactivated job from its next regular time, retries reset."""
-        current = self._get(job_id)
-        now = self.ctx.now()
-        cron_trigger(current.cron, current.timezone)
-        job = self.store.update(job_id, now, active=True, retry_count=0, last_error=None,
-                                next_run_at=next_fire(current.cron, now, current.timezone))
-        if job is not None:
-            self._driver.wake_at(job.next_run_at, job.id)
-        return self._updated(job_id, job)
+        return self.definitions.resume(job_id)
 
     def trigger(self, job_id: str) -> dict[str, Any]:
-        """Make a job due now; the run starts at once here, or at the next poll elsewhere."""
-        current = self._get(job_id)
-        if not current.active:
-            raise rules.CronJobPaused(job_id)
-        job = self.store.update(job_id, self.ctx.now(), next_run_at=self.ctx.now())
+        """Run a job now (its regular schedule is unchanged)."""
+        job = self.definitions.trigger(job_id)
         self.tick()
-        return self._updated(job_id, job)
+        return job
 
     def remove(self, job_id: str) -> dict[str, Any]:
         """Delete a job and its run records (its session and transcript stay)."""
-        if not isinstance(job_id, str) or not self.store.delete(job_id):
-            raise rules.CronJobNotFound(str(job_id))
-        return {"job_id": job_id, "removed": True}
+        return self.definitions.remove(job_id)
 
     def runs(self, job_id: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         """Run records, newest first (of one job, or of all)."""
-        if job_id is not None:
-            self._get(job_id)
-        return [r.to_dict() for r in self.store.runs(job_id, limit=limit)]
+        return self.definitions.runs(job_id, limit)
 
     def drain_announcements(self) -> list[dict[str, Any]]:
         """Take the queued announcements of finished runs (the UI's feed)."""
@@ -160,21 +130,6 @@ class CronService:
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Wait until no cron (or other direct) turn runs; False on timeout."""
         return self.turns is None or self.turns.wait_idle(timeout)
-
-    def _updated(self, job_id: str, job: CronJobRecord | None) -> dict[str, Any]:
-        if job is None:
-            raise rules.CronJobNotFound(job_id)
-        return job.to_dict()
-
-    def _ensure_session(self, job: CronJobRecord) -> str:
-        sid = rules.session_id_for(job.id)
-        if self.ctx.store.session(sid) is None:
-            try:
-                self.ctx.store.create_session(sid, DEFAULT_PROJECT, f"Cron: {job.name}", "cron",
-                                              self.ctx.now(), config={"cron_job_id": job.id})
-            except DuplicateError:
-                pass  # another runtime created it first
-        return sid
 
     # -- firing ----------------------------------------------------------------------------
 
@@ -238,7 +193,7 @@ class CronService:
             job = self.store.get(run.job_id)
             if job is None:
                 return
-            sid = self._ensure_session(job)
+            sid = self.definitions.ensure_session(job)
             now = self.ctx.now()
             earlier = [r for r in self.store.runs(job.id, limit=5) if r.id != run.id
                        and r.started_at <= run.started_at]
