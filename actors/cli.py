@@ -10,7 +10,7 @@ import sys
 from typing import TextIO
 
 from ..persistence import PersistenceError
-from . import bench, cli_ops, cli_scenario, serve
+from . import bench, cli_cron, cli_ops, cli_scenario, serve
 from .errors import KinboxError
 
 
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     cli_scenario.add_parser(sub)
     cli_ops.add_parsers(sub)
+    cli_cron.add_parser(sub)
     bench.add_parser(sub)
     serve.add_parser(sub)
     return parser
