@@ -1,8 +1,9 @@
 """Social ingress (SO1): chat-platform events in, turns run, replies out through channels.
 
-``ingest`` validates a raw event and puts it on a bounded, in-memory queue:
-a full queue refuses the event at once (counted and logged), so a burst
-cannot grow memory or stall the webhook. One consumer thread takes events
+``ingest`` validates a raw event and puts it on an in-memory queue bounded
+by ``bound`` events accepted and not yet through their turn: beyond it an
+event is refused at once (counted and logged), so a burst cannot grow
+memory or stall the webhook. One consumer thread takes events
 in order, authorizes the sender by id against the platform's allowlist,
 creates the thread's session (``social-<platform>-<thread>``, kind
 ``social``, project ``social``; listed and addressable like any other once
@@ -66,7 +67,7 @@ class SocialService:
         self.turns = turns
         self.bound = bound
         self.retry_delays = retry_delays
-        self._queue: queue.Queue[rules.SocialEvent | None] = queue.Queue(maxsize=bound)
+        self._queue: queue.Queue[rules.SocialEvent | None] = queue.Queue()
         self._lock = threading.Lock()
         self._chats: dict[str, _Chat] = {}
         self._allow: dict[str, frozenset[str]] = {}
@@ -118,10 +119,7 @@ class SocialService:
     def stop(self) -> None:
         """Stop taking events; what is still queued in memory is dropped (and logged)."""
         self._stop.set()
-        try:
-            self._queue.put_nowait(None)
-        except queue.Full:
-            pass
+        self._queue.put(None)
         if self._consumer is not None and self._consumer is not threading.current_thread():
             self._consumer.join(5)
         left = self._queue.qsize()
@@ -136,19 +134,22 @@ class SocialService:
             raise rules.SocialUnavailable()
         self.ctx.require_running()
         normalized = rules.normalize(event, f"social-{self.ctx.new_id()}", platform)
-        try:
-            self._queue.put_nowait(normalized)
-        except queue.Full:
-            with self._lock:
+        with self._lock:
+            # The bound covers every accepted event not yet through its turn (queued,
+            # waiting for its chat, steering, running), so memory stays bounded.
+            full = self._handling >= self.bound
+            if full:
                 self.counts["refused"] += 1
-                refused = self.counts["refused"]
+            else:
+                self.counts["accepted"] += 1
+                self._handling += 1
+            refused = self.counts["refused"]
+        if full:
             log.warning("social ingress queue full (%d): refused an event from %s (%d refused)",
                         self.bound, normalized.platform, refused)
             self.ctx.emit("social_refused", platform=normalized.platform, refused=refused)
-            raise rules.SocialQueueFull(self.bound, refused) from None
-        with self._lock:
-            self.counts["accepted"] += 1
-            self._handling += 1
+            raise rules.SocialQueueFull(self.bound, refused)
+        self._queue.put(normalized)
         sid = rules.session_id_for(normalized.platform, normalized.thread_id)
         return {"accepted": True, "event_id": normalized.event_id, "session_id": sid}
 
