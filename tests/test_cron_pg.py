@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import queue
+import signal
+import subprocess
+import sys
 import threading
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, Turn
 
-from .conftest import PG_URL, reset_postgres
+from .conftest import PG_URL, Stores, reset_postgres
+
+CHILD = Path(__file__).with_name("cron_child.py")
 
 MINUTE = 60.0
 START = 1_700_000_040.0
@@ -99,3 +106,86 @@ def test_sixty_minutes_two_runtimes_one_crash_sixty_runs_none_doubled(pg_url: st
         for rt in runtimes:
             if rt._state == "running":
                 rt.stop()
+
+
+class Child:
+    """A cron_child.py process and the lines it prints."""
+
+    def __init__(self, url: str, name: str, hold: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(CHILD), url, str(START), name,
+                                      str(hold)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        assert self.expect() == "ready"
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.strip())
+
+    def expect(self, timeout: float = 30.0) -> str:
+        try:
+            return self.lines.get(timeout=timeout)
+        except queue.Empty:
+            self.proc.kill()
+            raise AssertionError(f"child silent: {self.proc.stderr.read()[-3000:]}") from None
+
+    def send(self, command: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("victim", [0, 1])
+def test_two_processes_an_hour_of_minutes_a_sigkill_mid_turn_sixty_runs(
+        pg_url: str, tmp_path: Path, victim: int) -> None:
+    holds = [tmp_path / "hold-a", tmp_path / "hold-b"]
+    children = [Child(pg_url, "a", holds[0]), Child(pg_url, "b", holds[1])]
+    try:
+        children[0].send("add")
+        job_id = children[0].expect()
+        survivor = children[1 - victim]
+        for minute in range(1, 61):
+            order = (0, 1) if minute % 2 else (1, 0)
+            if minute == 30:
+                holds[victim].touch()
+                order = (victim, 1 - victim)  # the victim sees this occurrence first
+            for i in order:
+                if children[i].proc.poll() is not None:
+                    continue
+                children[i].send("advance 60")
+                reply = children[i].expect()
+                if reply == "holding":
+                    children[i].kill()  # SIGKILL in the middle of the run's turn
+                    continue
+                assert reply == "ok"
+        survivor.send("advance 1")  # one more look, for anything left to take over
+        assert survivor.expect() == "ok"
+        survivor.send("quit")
+        survivor.proc.wait(30)
+        assert survivor.proc.returncode == 0
+        s = Stores(pg_url)
+        try:
+            r = s.tables.cron_run
+            runs = list(r.select().where(r.job_id == job_id))
+            entries = [e for e in s.store.transcript(f"cron-{job_id}") if e.role == "user"]
+        finally:
+            s.close()
+        done = Counter(x.scheduled_for for x in runs if x.status == "success")
+        assert sorted(done) == [START + MINUTE * m for m in range(1, 61)], sorted(
+            (x.scheduled_for, x.status) for x in runs)
+        assert set(done.values()) == {1} and len(runs) == 60
+        assert len(entries) == 60 and len({e.message_id for e in entries}) == 60
+        died_in = [x for x in runs if x.attempts == 2]
+        assert [x.scheduled_for for x in died_in] == [START + 30 * MINUTE]
+    finally:
+        for child in children:
+            if child.proc.poll() is None:
+                child.proc.kill()
+                child.proc.wait(10)
