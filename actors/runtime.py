@@ -227,6 +227,7 @@ class Runtime:
         self._cron = CronService(ctx, CronStore(jobs.t, jobs.writer), turns,
                                  use_apscheduler=not isinstance(self.clock, ManualClock))
         self._social = SocialService(ctx, turns)
+        ctx.outbox_hooks.append(self._social.outbox)
 
     def _stop_direct(self, *, wait: bool) -> None:
         for service in (self._cron, self._social):

@@ -13,7 +13,9 @@ waits in the chat's queue. Social events never enter the generic inbox.
 
 After a turn commits, its replies go to the platform's channel adapter
 (:mod:`.channels`) with the event's reply route; the outcome is recorded in
-the transcript as a hidden ``delivery`` entry and kept in ``outcomes``.
+the transcript as a hidden ``delivery`` entry and kept in ``outcomes``. The
+thread's last reply route is kept in the session's config, so the replies
+of a turn another session started there (``agent_send``) leave the same way.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from typing import Any
 from ..persistence import DuplicateError, TurnEntry, WriterClosed
 from . import channels
 from . import social_rules as rules
-from .context import RuntimeContext
+from .context import RuntimeContext, TurnEffects
 from .direct_turn import DirectTurns
-from .turn import Message, Turn
+from .turn import Message, Turn, TurnOutcome
 
 log = logging.getLogger("kinbox.social")
 
+SOCIAL_KIND = "social_message"
+"""The kind of the message a social event's turn starts with."""
 DEFAULT_QUEUE_BOUND = 256
 OUTCOMES_KEPT = 200
 
@@ -272,42 +276,64 @@ class SocialService:
             if done.committed:
                 self._send_replies(sid, taken[-1], done.turn)
             else:
-                self._record(sid, taken[-1], channels.DeliveryOutcome(
+                self._record(sid, event.platform, taken[-1].event_id, channels.DeliveryOutcome(
                     "turn_failed", 0, done.error), durable=False)
         finally:
             for _ in taken:
                 self._handled()
 
     def _send_replies(self, sid: str, event: rules.SocialEvent, turn: Turn) -> None:
-        with self._lock:
-            channel = self._channels.get(event.platform)
-        outcome = channels.deliver(channel.send if channel else None, event.reply_route,
-                                   "\n\n".join(turn.replies), retry_delays=self.retry_delays,
-                                   wait=self._stop.wait)
-        self._record(sid, event, outcome, durable=outcome.status != "no_reply")
+        self._send(sid, event.platform, event.reply_route, "\n\n".join(turn.replies),
+                   event.event_id)
 
-    def _record(self, sid: str, event: rules.SocialEvent, outcome: channels.DeliveryOutcome,
-                *, durable: bool) -> None:
-        entry = {"session_id": sid, "event_id": event.event_id, "platform": event.platform,
+    def _send(self, sid: str, platform: str, route: Mapping[str, Any], text: str,
+              cause_id: str) -> None:
+        with self._lock:
+            channel = self._channels.get(platform)
+        outcome = channels.deliver(channel.send if channel else None, route, text,
+                                   retry_delays=self.retry_delays, wait=self._stop.wait)
+        self._record(sid, platform, cause_id, outcome, durable=outcome.status != "no_reply")
+
+    def outbox(self, ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEffects:
+        """Outbox hook: replies of an inbox turn in a social session (an ``agent_send`` to
+        it) leave through the channel too, by the thread's last reply route."""
+        effects = TurnEffects()
+        if (not outcome.ok or not turn.replies or not turn.session_id.startswith("social-")
+                or any(m.kind == SOCIAL_KIND for m in turn.messages) or self.turns is None):
+            return effects  # a social event's own turn sends its replies itself
+        session = ctx.store.session(turn.session_id)
+        route = session.config.get("social_reply_route") if session else None
+        if session is None or session.kind != "social" or session.platform is None \
+                or not isinstance(route, dict):
+            return effects
+        text, cause = "\n\n".join(turn.replies), turn.messages[0].message_id
+        turns, platform = self.turns, session.platform
+        effects.after.append(lambda: turns.submit(
+            lambda: self._send(session.id, platform, route, text, cause)))
+        return effects
+
+    def _record(self, sid: str, platform: str, cause_id: str,
+                outcome: channels.DeliveryOutcome, *, durable: bool) -> None:
+        entry = {"session_id": sid, "event_id": cause_id, "platform": platform,
                  **outcome.to_dict()}
         self.outcomes.append(entry)
         self.ctx.emit("social_delivery", **entry)
         if outcome.status == "failed":
-            log.warning("reply to %s on %s not sent after %d attempts: %s", sid, event.platform,
+            log.warning("reply to %s on %s not sent after %d attempts: %s", sid, platform,
                         outcome.attempts, outcome.error)
         if durable:
             # The outcome is durable next to the reply it is about (hidden from agent_read).
-            note = (f"delivery {outcome.status} via {event.platform} after {outcome.attempts} "
+            note = (f"delivery {outcome.status} via {platform} after {outcome.attempts} "
                     f"attempt(s)" + (f": {outcome.error}" if outcome.error else ""))
             try:
-                self.ctx.store.append(sid, [TurnEntry("delivery", note, False, event.event_id)],
+                self.ctx.store.append(sid, [TurnEntry("delivery", note, False, cause_id)],
                                       self.ctx.now())
             except WriterClosed:
                 pass
 
 
 def _message(event: rules.SocialEvent) -> Message:
-    return Message(event.event_id, "social_message", rules.envelope(event), None,
+    return Message(event.event_id, SOCIAL_KIND, rules.envelope(event), None,
                    {"platform": event.platform, "sender_id": event.sender_id,
                     "sender_name": event.sender_name, "thread_id": event.thread_id,
                     "attachments": [asdict(a) for a in event.attachments],

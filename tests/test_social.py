@@ -117,7 +117,7 @@ def test_an_event_runs_a_turn_in_its_social_session_and_the_reply_leaves_by_its_
 
 def test_the_social_session_is_listed_and_addressable_like_any_other(
         social_rt: tuple[Runtime, SocialBrain, list[tuple[Any, str]]]) -> None:
-    rt, brain, _ = social_rt
+    rt, brain, sent = social_rt
     rt.social.ingest(event("hi"))
     assert rt.social.wait_idle(10)
     peer = rt.create_session("social", "Helper")
@@ -127,6 +127,8 @@ def test_the_social_session_is_listed_and_addressable_like_any_other(
     tools.agent_send("social-slack-T1", "a note from a colleague")
     rt.run_until_idle()
     assert brain.turns[-1] == ["a note from a colleague"]
+    # Its reply leaves through the channel by the thread's last reply route.
+    assert sent[-1] == ({"channel": "C9", "ts": "T1"}, "echo: a note from a colleague")
 
 
 def test_unlisted_senders_are_denied_whatever_their_display_name(
