@@ -2,7 +2,12 @@
 
 Stop requests are ephemeral control (not journaled): ``agent_stop`` sets the
 running turn's flag and the brain sees ``turn.stop_requested``. Shared by the
-session actors (which register their turn) and the tools (which ask).
+session actors and the direct turns of cron and social (which register
+their turn) and the tools (which ask).
+
+A session runs one turn at a time whoever started it: ``begin`` waits while
+another turn of the same session runs (an inbox turn and a cron run, say),
+so their transcript entries never interleave.
 """
 
 from __future__ import annotations
@@ -14,14 +19,15 @@ class RunningTurns:
     """Thread-safe map of session id -> stop flag of its running turn."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Condition(threading.Lock())
         self._flags: dict[str, threading.Event] = {}
         self._stopped_by: dict[str, str | None] = {}
 
     def begin(self, session_id: str) -> threading.Event:
-        """Register a turn of ``session_id``; return its stop flag."""
+        """Register a turn of ``session_id`` (once its running turn ended); its stop flag."""
         flag = threading.Event()
         with self._lock:
+            self._lock.wait_for(lambda: session_id not in self._flags)
             self._flags[session_id] = flag
             self._stopped_by.pop(session_id, None)
         return flag
@@ -30,6 +36,7 @@ class RunningTurns:
         """Unregister the turn; return who stopped it (None if nobody did)."""
         with self._lock:
             self._flags.pop(session_id, None)
+            self._lock.notify_all()
             return self._stopped_by.pop(session_id, None)
 
     def is_running(self, session_id: str) -> bool:

@@ -13,6 +13,8 @@ from kinbox.actors import cron_rules as rules
 from kinbox.actors.announcements import Announcements
 from kinbox.actors.triggers import next_fire
 
+from .helpers import wait_for
+
 MakeRuntime = Callable[..., Runtime]
 MINUTE = 60.0
 START = 1_700_000_040.0
@@ -287,3 +289,23 @@ def test_jobs_survive_a_restart_with_their_next_run(db_url: str, clock: ManualCl
         clock.advance(MINUTE)
         rt.run_until_idle()
         assert len(rt.cron.runs(job_id)) == 1 and rt.cron.runs(paused) == []
+
+
+def test_an_inbox_message_to_a_cron_session_waits_for_the_running_cron_turn(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    brain = CronBrain()
+    brain.hold.set()
+    rt = make_runtime(brain=brain)
+    job_id = every_minute(rt)
+    clock.advance(MINUTE)
+    assert brain.holding.wait(5)
+    rt.post(f"cron-{job_id}", "a note while the run is busy")
+    wait_for(lambda: rt.statistics()["busy"] == 1, 5, "the inbox turn to be claimed")
+    assert len(brain.turns) == 1  # the inbox turn waits for the cron turn to end
+    brain.release.set()
+    rt.run_until_idle()
+    roles = [(e.role, e.message_id) for e in rt.transcript(f"cron-{job_id}")]
+    [run] = rt.cron.runs(job_id)
+    assert roles[0] == ("user", run["run_id"]) and roles[1][0] == "assistant"
+    assert roles[2][0] == "user" and roles[2][1].startswith("msg-")  # one turn after the other
+    assert [t.messages[0].kind for t in brain.turns] == ["cron", "agent_message"]
