@@ -15,11 +15,18 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import threading
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..persistence import TurnEntry, WriterClosed
+from .context import RuntimeContext
+
 log = logging.getLogger("kinbox.social")
+
+OUTCOMES_KEPT = 200
 
 Send = Callable[[Mapping[str, Any], str], Any]
 """``send(reply_route, text)``: deliver a reply; raise to have it retried."""
@@ -75,3 +82,66 @@ def deliver(send: Send | None, route: Mapping[str, Any], text: str, *,
             continue
         return DeliveryOutcome("sent", attempt)
     return DeliveryOutcome("failed", 1 + len(retry_delays), error)
+
+
+@dataclass(frozen=True)
+class Channel:
+    """A registered adapter."""
+
+    send: Send
+    secret: bytes | None
+    """The platform's webhook signing secret (None: no webhook)."""
+
+
+class Channels:
+    """The channel adapters of one runtime, and what happened to each reply sent."""
+
+    def __init__(self, ctx: RuntimeContext, stop: threading.Event,
+                 retry_delays: tuple[float, ...] = DEFAULT_RETRY_DELAYS) -> None:
+        self.ctx = ctx
+        self.retry_delays = retry_delays
+        self.outcomes: deque[dict[str, Any]] = deque(maxlen=OUTCOMES_KEPT)
+        self._stop = stop
+        self._lock = threading.Lock()
+        self._channels: dict[str, Channel] = {}
+
+    def register(self, platform: str, send: Send, secret: bytes | None) -> None:
+        """Set the platform's adapter (replacing an earlier one)."""
+        with self._lock:
+            self._channels[platform] = Channel(send, secret)
+
+    def get(self, platform: str) -> Channel | None:
+        """The platform's adapter, if one is registered."""
+        with self._lock:
+            return self._channels.get(platform)
+
+    def send(self, session_id: str, platform: str, route: Mapping[str, Any], text: str,
+             cause_id: str) -> DeliveryOutcome:
+        """Deliver a committed reply and record the outcome (never raises)."""
+        channel = self.get(platform)
+        outcome = deliver(channel.send if channel else None, route, text,
+                          retry_delays=self.retry_delays, wait=self._stop.wait)
+        self.record(session_id, platform, cause_id, outcome,
+                    durable=outcome.status != "no_reply")
+        return outcome
+
+    def record(self, session_id: str, platform: str, cause_id: str, outcome: DeliveryOutcome,
+               *, durable: bool) -> None:
+        """Keep an outcome in ``outcomes`` and, if ``durable``, in the transcript."""
+        entry = {"session_id": session_id, "event_id": cause_id, "platform": platform,
+                 **outcome.to_dict()}
+        self.outcomes.append(entry)
+        self.ctx.emit("social_delivery", **entry)
+        if outcome.status == "failed":
+            log.warning("reply to %s on %s not sent after %d attempts: %s", session_id,
+                        platform, outcome.attempts, outcome.error)
+        if not durable:
+            return
+        # Durable next to the reply it is about, hidden from agent_read.
+        note = (f"delivery {outcome.status} via {platform} after {outcome.attempts} "
+                f"attempt(s)" + (f": {outcome.error}" if outcome.error else ""))
+        try:
+            self.ctx.store.append(session_id, [TurnEntry("delivery", note, False, cause_id)],
+                                  self.ctx.now())
+        except WriterClosed:
+            pass

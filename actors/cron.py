@@ -160,8 +160,9 @@ class CronService:
                     self._mine.discard(run.id)
             else:
                 started.append(run.id)
-        for job in self.store.jobs(active_only=True):
-            self._driver.wake_at(job.next_run_at, job.id)
+        if self._driver.enabled:  # re-arm APScheduler for what is due next
+            for job in self.store.jobs(active_only=True):
+                self._driver.wake_at(job.next_run_at, job.id)
         return started
 
     def _decide(self, job: CronJobRecord, running: CronRunRecord | None,
@@ -196,7 +197,7 @@ class CronService:
             sid = self.definitions.ensure_session(job)
             now = self.ctx.now()
             earlier = [r for r in self.store.runs(job.id, limit=5) if r.id != run.id
-                       and r.started_at <= run.started_at]
+                       and r.started_at <= run.started_at and r.error != rules.PREVIOUS_ACTIVE]
             last = local_time(earlier[0].started_at, job.timezone) if earlier else None
             text = (rules.reminder(job.name, local_time(now, job.timezone), last)
                     + "\n\n" + job.prompt)

@@ -62,10 +62,12 @@ class DirectTurns:
                 return None
             self._in_flight += 1
         try:
-            return self._pool.submit(self._tracked, work)
+            future = self._pool.submit(self._tracked, work)
         except RuntimeError:  # the pool shut down under us
             self._done()
             return None
+        future.add_done_callback(lambda _f: self._done())  # run, failed or cancelled
+        return future
 
     def _tracked(self, work: Callable[[], object]) -> object:
         try:
@@ -75,8 +77,6 @@ class DirectTurns:
         except Exception:
             log.exception("a direct turn's work failed")
             return None
-        finally:
-            self._done()
 
     def _done(self) -> None:
         with self._cond:
@@ -93,11 +93,13 @@ class DirectTurns:
         with self._cond:
             return self._cond.wait_for(lambda: self._in_flight == 0, timeout)
 
-    def stop(self, *, wait: bool = True) -> None:
-        """Accept no more work; with ``wait``, let running turns finish."""
+    def stop(self, *, wait: bool = True, timeout: float = 10.0) -> None:
+        """Accept no more work; with ``wait``, give running turns ``timeout`` to finish."""
         with self._cond:
             self._closed = True
-        self._pool.shutdown(wait=wait, cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if wait and not self.wait_idle(timeout):
+            log.warning("direct turns still running after %.1fs at stop", timeout)
 
     def _lock_for(self, session_id: str) -> threading.Lock:
         with self._cond:

@@ -30,6 +30,11 @@ class ScheduleDriver:
         self._poll = poll_seconds
         self._scheduler = BackgroundScheduler(timezone="UTC") if enabled else None
 
+    @property
+    def enabled(self) -> bool:
+        """True when APScheduler drives this schedule (the system clock)."""
+        return self._scheduler is not None
+
     def start(self) -> None:
         """Start APScheduler (and the poll, if any)."""
         if self._scheduler is None:

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..persistence import DuplicateError, TurnEntry, WriterClosed
+from ..persistence import DuplicateError, WriterClosed
 from . import channels
 from . import social_rules as rules
 from .context import RuntimeContext, TurnEffects
@@ -41,7 +41,6 @@ log = logging.getLogger("kinbox.social")
 SOCIAL_KIND = "social_message"
 """The kind of the message a social event's turn starts with."""
 DEFAULT_QUEUE_BOUND = 256
-OUTCOMES_KEPT = 200
 
 
 @dataclass
@@ -51,12 +50,6 @@ class _Chat:
     running_sender: str | None = None
     steering: deque[rules.SocialEvent] = field(default_factory=deque)
     pending: deque[rules.SocialEvent] = field(default_factory=deque)
-
-
-@dataclass(frozen=True)
-class _Channel:
-    send: channels.Send
-    secret: bytes | None
 
 
 class SocialService:
@@ -70,18 +63,16 @@ class SocialService:
         self.ctx = ctx
         self.turns = turns
         self.bound = bound
-        self.retry_delays = retry_delays
         self._queue: queue.Queue[rules.SocialEvent | None] = queue.Queue()
         self._lock = threading.Lock()
         self._chats: dict[str, _Chat] = {}
         self._allow: dict[str, frozenset[str]] = {}
-        self._channels: dict[str, _Channel] = {}
         self._stop = threading.Event()
+        self.channels = channels.Channels(ctx, self._stop, retry_delays)
         self._consumer: threading.Thread | None = None
         self._handling = 0
         self.counts = {"accepted": 0, "refused": 0, "denied": 0, "steered": 0, "queued": 0,
                        "turns": 0}
-        self.outcomes: deque[dict[str, Any]] = deque(maxlen=OUTCOMES_KEPT)
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -100,15 +91,27 @@ class SocialService:
             raise rules.InvalidSocialEvent("platform", "1-32 characters of a-z, 0-9 and _")
         if not callable(send):
             raise rules.InvalidSocialEvent("send", "give a callable send(reply_route, text)")
-        key = secret.encode() if isinstance(secret, str) else secret
-        with self._lock:
-            self._channels[platform] = _Channel(send, key)
+        self.channels.register(platform, send,
+                               secret.encode() if isinstance(secret, str) else secret)
 
     def webhook_secret(self, platform: str) -> bytes | None:
         """The platform's webhook signing secret (None: its webhook is closed)."""
-        with self._lock:
-            channel = self._channels.get(platform)
+        channel = self.channels.get(platform)
         return channel.secret if channel else None
+
+    @property
+    def retry_delays(self) -> tuple[float, ...]:
+        """Seconds before each retry of a failed channel send."""
+        return self.channels.retry_delays
+
+    @retry_delays.setter
+    def retry_delays(self, delays: tuple[float, ...]) -> None:
+        self.channels.retry_delays = tuple(delays)
+
+    @property
+    def outcomes(self) -> deque[dict[str, Any]]:
+        """The latest reply outcomes (``sent``, ``failed``, ``no_channel``...), oldest first."""
+        return self.channels.outcomes
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -276,23 +279,16 @@ class SocialService:
             if done.committed:
                 self._send_replies(sid, taken[-1], done.turn)
             else:
-                self._record(sid, event.platform, taken[-1].event_id, channels.DeliveryOutcome(
-                    "turn_failed", 0, done.error), durable=False)
+                self.channels.record(sid, event.platform, taken[-1].event_id,
+                                     channels.DeliveryOutcome("turn_failed", 0, done.error),
+                                     durable=False)
         finally:
             for _ in taken:
                 self._handled()
 
     def _send_replies(self, sid: str, event: rules.SocialEvent, turn: Turn) -> None:
-        self._send(sid, event.platform, event.reply_route, "\n\n".join(turn.replies),
-                   event.event_id)
-
-    def _send(self, sid: str, platform: str, route: Mapping[str, Any], text: str,
-              cause_id: str) -> None:
-        with self._lock:
-            channel = self._channels.get(platform)
-        outcome = channels.deliver(channel.send if channel else None, route, text,
-                                   retry_delays=self.retry_delays, wait=self._stop.wait)
-        self._record(sid, platform, cause_id, outcome, durable=outcome.status != "no_reply")
+        self.channels.send(sid, event.platform, event.reply_route, "\n\n".join(turn.replies),
+                           event.event_id)
 
     def outbox(self, ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEffects:
         """Outbox hook: replies of an inbox turn in a social session (an ``agent_send`` to
@@ -309,27 +305,8 @@ class SocialService:
         text, cause = "\n\n".join(turn.replies), turn.messages[0].message_id
         turns, platform = self.turns, session.platform
         effects.after.append(lambda: turns.submit(
-            lambda: self._send(session.id, platform, route, text, cause)))
+            lambda: self.channels.send(session.id, platform, route, text, cause)))
         return effects
-
-    def _record(self, sid: str, platform: str, cause_id: str,
-                outcome: channels.DeliveryOutcome, *, durable: bool) -> None:
-        entry = {"session_id": sid, "event_id": cause_id, "platform": platform,
-                 **outcome.to_dict()}
-        self.outcomes.append(entry)
-        self.ctx.emit("social_delivery", **entry)
-        if outcome.status == "failed":
-            log.warning("reply to %s on %s not sent after %d attempts: %s", sid, platform,
-                        outcome.attempts, outcome.error)
-        if durable:
-            # The outcome is durable next to the reply it is about (hidden from agent_read).
-            note = (f"delivery {outcome.status} via {platform} after {outcome.attempts} "
-                    f"attempt(s)" + (f": {outcome.error}" if outcome.error else ""))
-            try:
-                self.ctx.store.append(sid, [TurnEntry("delivery", note, False, cause_id)],
-                                      self.ctx.now())
-            except WriterClosed:
-                pass
 
 
 def _message(event: rules.SocialEvent) -> Message:

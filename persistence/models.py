@@ -199,7 +199,8 @@ class CronRun(_Base):
 
     ``owner`` and ``lease_until`` fence the run like an inbox lease: only the
     owner may finish it, and a run whose owner died is taken over once the
-    lease runs out.
+    lease runs out. ``attempts`` is which attempt of its job the run is (1,
+    then 2 to 6 for the retries), plus one for each takeover.
     """
 
     id = pw.CharField(primary_key=True, max_length=128)
