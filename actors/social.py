@@ -72,7 +72,7 @@ class SocialService:
         self._consumer: threading.Thread | None = None
         self._handling = 0
         self.counts = {"accepted": 0, "refused": 0, "denied": 0, "steered": 0, "queued": 0,
-                       "turns": 0}
+                       "turns": 0, "failed_turns": 0}
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -275,10 +275,11 @@ class SocialService:
             done = self.turns.run(sid, [_message(event)], fetch_steering=fetch_steering,
                                   commit_ops=commit_ops)
             with self._lock:
-                self.counts["turns"] += 1
+                self.counts["turns" if done.committed else "failed_turns"] += 1
             if done.committed:
                 self._send_replies(sid, taken[-1], done.turn)
-            else:
+            else:  # nothing was committed, so nothing is sent; the outcome says why
+                log.warning("social turn in %s failed: %s", sid, done.error)
                 self.channels.record(sid, event.platform, taken[-1].event_id,
                                      channels.DeliveryOutcome("turn_failed", 0, done.error),
                                      durable=False)

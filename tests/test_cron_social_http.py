@@ -168,3 +168,28 @@ def test_the_cron_routes_add_list_act_and_drain(
     assert srv.request("DELETE", f"/cron/jobs/{job_id}", STATE)[0] == 200
     status, got = srv.request("GET", f"/cron/jobs/{job_id}")
     assert (status, got["error"]) == (404, "not_found")
+
+
+def test_a_full_queue_is_503_and_a_chunked_body_over_the_cap_is_413(
+        served: tuple[Served, Runtime, list[tuple[Any, str]]], clock: ManualClock) -> None:
+    import http.client
+
+    srv, rt, _ = served
+    rt.social.bound = 0  # nothing more may be accepted
+    status, got = post(srv, "/social/slack/events", EVENT, signed(EVENT, clock.now()))
+    assert (status, got["error"]) == (503, "queue_full")
+    assert post(srv, "/social/slack/events", EVENT, signed(EVENT, clock.now()))[0] == 503
+    big = b"x" * (300 * 1024)
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+    conn.putrequest("POST", "/social/slack/events")
+    for name, value in signed(big, clock.now()).items():
+        conn.putheader(name, value)
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.endheaders()
+    for start in range(0, len(big), 64 * 1024):
+        part = big[start:start + 64 * 1024]
+        conn.send(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+    conn.send(b"0\r\n\r\n")
+    response = conn.getresponse()
+    assert response.status == 413 and json.loads(response.read())["error"] == "too_large"
+    conn.close()

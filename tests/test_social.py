@@ -32,8 +32,11 @@ class SocialBrain:
         self.hold = threading.Event()
         self.holding = threading.Event()
         self.release = threading.Event()
+        self.failing: str | None = None
 
     def __call__(self, turn: Turn) -> str:
+        if self.failing:
+            raise RuntimeError(self.failing)
         if self.hold.is_set():
             self.hold.clear()
             self.holding.set()
@@ -243,3 +246,15 @@ def test_a_runtime_without_a_brain_refuses_social_events(make_runtime: MakeRunti
     rt = make_runtime()
     with pytest.raises(rules.SocialUnavailable):
         rt.social.ingest(event())
+
+
+def test_a_failed_social_turn_commits_and_sends_nothing_and_says_so(
+        social_rt: tuple[Runtime, SocialBrain, list[tuple[Any, str]]]) -> None:
+    rt, brain, sent = social_rt
+    brain.failing = "model unavailable"
+    rt.social.ingest(event("are you there?"))
+    assert rt.social.wait_idle(10)
+    assert sent == [] and rt.transcript("social-slack-T1") == []
+    outcome = rt.social.outcomes[-1]
+    assert outcome["status"] == "turn_failed" and "model unavailable" in outcome["error"]
+    assert rt.social.statistics()["failed_turns"] == 1
