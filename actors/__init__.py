@@ -9,30 +9,71 @@
         ...
 """
 
+from importlib import metadata as _metadata
+
+from ..persistence.errors import (
+    DatabaseInUse,
+    DatabaseMissing,
+    DatabaseOpenError,
+    DuplicateError,
+    IdempotencyConflict,
+    IllegalTransition,
+    LeaseLost,
+    PersistenceError,
+    RowNotFound,
+    SchemaError,
+    WriterClosed,
+)
 from .access import HIDDEN_KINDS, SESSION_KINDS
 from .clock import Clock, ManualClock, SystemClock
-from .errors import ConfigError, IdleTimeout, KinboxError, RuntimeStateError, ToolError
+from .errors import (
+    BrainRefError,
+    ConfigError,
+    IdleTimeout,
+    KinboxError,
+    RuntimeStateError,
+    ScenarioError,
+    ToolError,
+)
 from .runtime import Runtime
 from .tools import AgentTools, SubagentTools, TaskTools
 from .turn import Brain, Message, Turn, TurnOutcome
+
+try:
+    __version__ = _metadata.version("kinbox")
+except _metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "HIDDEN_KINDS",
     "SESSION_KINDS",
     "AgentTools",
     "Brain",
+    "BrainRefError",
     "Clock",
     "ConfigError",
+    "DatabaseInUse",
+    "DatabaseMissing",
+    "DatabaseOpenError",
+    "DuplicateError",
+    "IdempotencyConflict",
     "IdleTimeout",
+    "IllegalTransition",
     "KinboxError",
+    "LeaseLost",
     "ManualClock",
     "Message",
+    "PersistenceError",
+    "RowNotFound",
     "Runtime",
     "RuntimeStateError",
+    "ScenarioError",
+    "SchemaError",
     "SubagentTools",
     "SystemClock",
     "TaskTools",
     "ToolError",
     "Turn",
     "TurnOutcome",
+    "WriterClosed",
 ]

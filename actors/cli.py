@@ -1,39 +1,85 @@
-"""The ``kinbox`` command line: scenarios and operator commands.
+"""The ``kinbox`` command line: scenarios, serving, benchmarks and operator commands.
 
-Exit status: 0 ok, 1 error (or a scenario expectation failed), 2 usage.
+Exit status: 0 ok, 1 error (or a scenario expectation failed), 2 usage,
+130 interrupted. Every error kinbox raises is a :class:`KinboxError`; the
+command line prints it on one line (passwords masked by the errors
+themselves) and exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
+from importlib import metadata
 from typing import TextIO
 
-from ..persistence import PersistenceError
 from . import bench, cli_cron, cli_ops, cli_scenario, serve
 from .errors import KinboxError
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def version() -> str:
+    """The installed kinbox version."""
+    try:
+        return metadata.version("kinbox")
+    except metadata.PackageNotFoundError:  # running from a source tree without install
+        return "0+unknown"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Unknown arguments are reported by the subcommand that got them, with its usage."""
+
+    def parse_args(self, args: list[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            owner = getattr(parsed, "_parser", self)
+            owner.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(prog="kinbox",
-                                     description="kinbox: a durable actor runtime for agents")
+    parser = _Parser(prog="kinbox", description="kinbox: a durable actor runtime for agents")
+    parser.add_argument("--version", action="version", version=f"kinbox {version()}")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, type=str.lower,
+                        help="what kinbox logs to stderr (default: $KINBOX_LOG_LEVEL, then "
+                             "warning); message bodies appear only at debug")
     sub = parser.add_subparsers(dest="command", required=True)
     cli_scenario.add_parser(sub)
     cli_ops.add_parsers(sub)
     cli_cron.add_parser(sub)
     bench.add_parser(sub)
     serve.add_parser(sub)
+    _remember_parsers(parser)
     return parser
+
+
+def _remember_parsers(parser: argparse.ArgumentParser) -> None:
+    # Each leaf parser records itself in the namespace so errors name the right usage.
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                child.set_defaults(_parser=child)
+                _remember_parsers(child)
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command line; return the exit status."""
     out = out or sys.stdout
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = args.log_level or os.environ.get("KINBOX_LOG_LEVEL", "warning").lower()
+    if level not in LOG_LEVELS:
+        parser.error(f"KINBOX_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(args.handler(args, out))
-    except (PersistenceError, KinboxError, LookupError) as exc:
+    except KinboxError as exc:
         print(f"kinbox: {exc}", file=sys.stderr)
         return 1
 

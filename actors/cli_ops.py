@@ -18,23 +18,30 @@ from typing import Any, TextIO
 from ..persistence import (
     GroupCommitWriter,
     Journal,
+    RowNotFound,
     SessionStore,
     bind_tables,
     default_url,
     open_database,
     pending_changes,
+    redact_url,
     require_current,
     upgrade,
 )
 from ..persistence.inbox_core import State
+from .errors import ConfigError
 
 STATES = tuple(s.value for s in State)
 
 
 @contextmanager
 def stores(url: str | None, *, check_schema: bool = True) -> Iterator[tuple[Journal, SessionStore]]:
-    """Open the journal and session store of ``url`` for one command."""
-    db = open_database(url or default_url())
+    """Open the journal and session store of an existing database for one command.
+
+    A missing SQLite file is an error (``DatabaseMissing``), never created: only
+    a runtime and ``kinbox db upgrade`` create databases.
+    """
+    db = open_database(url or default_url(), must_exist=True)
     tables = bind_tables(db)
     if check_schema:
         require_current(tables)
@@ -60,13 +67,33 @@ def _emit(out: TextIO, as_json: bool, data: Any, lines: list[str]) -> None:
         out.write("\n".join(lines) + ("\n" if lines else ""))
 
 
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{max(seconds, 0):.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f}h"
+    return f"{seconds / 86400:.0f}d"
+
+
+def last_line(error: str | None) -> str:
+    """The last line of a stored error (a traceback ends with the exception itself)."""
+    lines = [x for x in (error or "").strip().splitlines() if x.strip()]
+    return lines[-1].strip() if lines else ""
+
+
 def inbox_list(args: argparse.Namespace, out: TextIO) -> int:
-    """``kinbox inbox list``."""
+    """``kinbox inbox list``: rows with their age and last error, never their bodies."""
     with stores(args.db) as (journal, _):
         rows = journal.rows(state=args.state, target=args.target, limit=args.limit)
-    lines = [f"{'seq':>6}  {'state':<10} {'att':>3}  {'target':<28} {'kind':<22} message_id"]
-    lines += [f"{r['seq']:>6}  {r['status']:<10} {r['attempts']:>3}  {r['target_chat_id']:<28} "
-              f"{r['kind']:<22} {r['message_id']}" for r in rows]
+    now = time.time()
+    lines = [f"{'seq':>6}  {'state':<10} {'att':>3} {'age':>5}  {'target':<28} {'kind':<22} "
+             f"{'message_id':<40} last error"]
+    lines += [f"{r['seq']:>6}  {r['status']:<10} {r['attempts']:>3} "
+              f"{_age(now - r['created_at']):>5}  {r['target_chat_id']:<28} "
+              f"{r['kind']:<22} {r['message_id']:<40} {last_line(r['last_error'])[:80]}"
+              for r in rows]
     if not rows:
         lines = ["no rows" + (f" in state {args.state}" if args.state else "")]
     # Message bodies stay out of listings; `inbox show` prints one on request.
@@ -91,11 +118,37 @@ def inbox_show(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def inbox_requeue(args: argparse.Namespace, out: TextIO) -> int:
-    """``kinbox inbox requeue ID``: only a ``failed`` row may go back to ``pending``."""
+    """``kinbox inbox requeue ID`` or ``--all-failed [--target T] [--kind K]``.
+
+    Only ``failed`` rows go back to ``pending``; the bulk form requeues every
+    failed row matching the filter in one transaction.
+    """
+    if (args.message_id is None) == (not args.all_failed):
+        raise ConfigError("give a message id, or --all-failed (with --target/--kind to "
+                          "narrow it), not both", field="message_id")
+    if args.message_id is None and (args.target or args.kind) and not args.all_failed:
+        raise ConfigError("--target and --kind filter --all-failed", field="target")
     with stores(args.db) as (journal, _):
-        row = journal.requeue(args.message_id, time.time())
-    _emit(out, args.json, row,
-          [f"requeued {row['message_id']}: pending again, attempts reset (history kept)"])
+        if args.message_id is not None:
+            row = journal.requeue(args.message_id, time.time())
+            _emit(out, args.json, row, [f"requeued {row['message_id']}: pending again, "
+                                        "attempts reset (history kept)"])
+            return 0
+        ids = journal.requeue_where(time.time(), target=args.target, kind=args.kind)
+    _emit(out, args.json, {"requeued": ids},
+          [f"requeued {len(ids)} failed row(s)", *(f"  {i}" for i in ids)])
+    return 0
+
+
+def inbox_cancel(args: argparse.Namespace, out: TextIO) -> int:
+    """``kinbox inbox cancel ID --reason TEXT``: give up on a pending or failed row."""
+    reason = (args.reason or "").strip()
+    if not reason:
+        raise ConfigError("say why: --reason TEXT (kept in the row's history)", field="reason")
+    with stores(args.db) as (journal, _):
+        row = journal.cancel(args.message_id, time.time(), by=args.by, reason=reason)
+    _emit(out, args.json, row, [f"cancelled {row['message_id']} (by {args.by}: {reason}); "
+                                "the rows behind it for its session move up"])
     return 0
 
 
@@ -106,7 +159,7 @@ def sessions_list(args: argparse.Namespace, out: TextIO) -> int:
         if args.project:
             project = store.project_by_slug(args.project)
             if project is None:
-                raise LookupError(f"no project with slug {args.project!r}")
+                raise RowNotFound("project", args.project, " (looked up by slug)")
             project_id = project.id
         sessions = store.sessions(project_id=project_id)
         slugs = {p.id: p.slug for p in store.projects()}
@@ -125,9 +178,11 @@ def db_status(args: argparse.Namespace, out: TextIO) -> int:
     with stores(args.db, check_schema=False) as (journal, _):
         changes = pending_changes(journal.t)
         counts = {} if changes else journal.counts()
-    data = {"url": args.db or default_url(), "up_to_date": not changes, "pending": changes,
+    data = {"url": redact_url(args.db or default_url()), "up_to_date": not changes,
+            "pending": changes,
             "rows": counts}
-    lines = [f"schema: {'up to date' if not changes else 'needs upgrade'}"]
+    lines = [f"database: {data['url']}",
+             f"schema: {'up to date' if not changes else 'needs upgrade'}"]
     lines += [f"  pending: {c}" for c in changes]
     lines += [f"rows {s}: {counts.get(s, 0)}" for s in STATES] if not changes else []
     _emit(out, args.json, data, lines)
@@ -160,9 +215,18 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = common(isub.add_parser("show", help="one row in full, with its history"))
     p.add_argument("message_id")
     p.set_defaults(handler=inbox_show)
-    p = common(isub.add_parser("requeue", help="send a failed row back to pending"))
-    p.add_argument("message_id")
+    p = common(isub.add_parser("requeue", help="send failed rows back to pending"))
+    p.add_argument("message_id", nargs="?", help="one failed row (or use --all-failed)")
+    p.add_argument("--all-failed", action="store_true",
+                   help="every failed row matching --target / --kind")
+    p.add_argument("--target", help="with --all-failed: only rows addressed to this session")
+    p.add_argument("--kind", help="with --all-failed: only rows of this kind")
     p.set_defaults(handler=inbox_requeue)
+    p = common(isub.add_parser("cancel", help="give up on a pending or failed row"))
+    p.add_argument("message_id")
+    p.add_argument("--reason", required=True, help="why (kept in the row's history)")
+    p.add_argument("--by", default="operator", help="who cancels (default: operator)")
+    p.set_defaults(handler=inbox_cancel)
 
     sessions = sub.add_parser("sessions", help="list sessions")
     ssub = sessions.add_subparsers(dest="action", required=True)

@@ -118,6 +118,12 @@ class RuntimeContext:
     """The Focal service (``focal.Focal``), set by the runtime."""
     wake_pending: bool = False
     """A ``Wake`` is on its way to the dispatcher, so senders need not send another."""
+    max_active: int = 64
+    """Turns that can run at once (the session threads)."""
+    turn_timeout: float | None = None
+    """Seconds a turn may run before it is stopped and counted a failed attempt."""
+    foreground_waits: int = 0
+    """Turns blocked in a foreground ``agent(...)`` call, each holding a session thread."""
 
     def effects(self, turn: Turn, outcome: TurnOutcome) -> TurnEffects:
         """Collect what every outbox hook wants committed with this outcome."""

@@ -112,11 +112,12 @@ class DirectTurns:
         ctx = self.ctx
         with self._lock_for(session_id):
             ctx.store.update_session(session_id, ctx.now(), status="active")
-            turn = start_turn(ctx, session_id, messages, fetch_steering)
+            turn, started = start_turn(ctx, session_id, messages, fetch_steering)
             first = messages[0].message_id if messages else None
             ctx.emit("turn_started", session_id=session_id, message_id=first, attempt=1)
-            outcome = run_brain(ctx, turn)
+            outcome = run_brain(ctx, turn, started).outcome
             if not outcome.ok:
+                log.info("direct turn of %s failed: %s", session_id, outcome.error)
                 ctx.store.update_session(session_id, ctx.now(), status="idle")
                 ctx.emit("turn_failed", session_id=session_id, message_id=first,
                          error=outcome.error, state="direct", attempts=1, available_at=None)

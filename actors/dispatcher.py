@@ -31,6 +31,10 @@ log = logging.getLogger("kinbox.dispatcher")
 class Dispatcher(pykka.ThreadingActor):
     """Claims due inbox rows and routes each to its session actor."""
 
+    # A daemon, like every kinbox thread: a program that never calls stop() still
+    # reaches atexit, where the runtime stops cleanly.
+    use_daemon_thread = True
+
     def __init__(self, ctx: RuntimeContext, max_active: int, idle_ttl: float,
                  max_live: int) -> None:
         super().__init__()
@@ -72,6 +76,9 @@ class Dispatcher(pykka.ThreadingActor):
             self.claim_scheduled = False
             self._claim()
         elif isinstance(message, Tick):
+            for session_id in self.ctx.turns.stop_overdue(self.ctx.now(), self.ctx.turn_timeout):
+                log.warning("the turn of %s ran past turn_timeout=%ss; asked it to stop",
+                            session_id, self.ctx.turn_timeout)
             self._renew_leases()
             self._passivate_expired()
             self._claim()
@@ -114,8 +121,11 @@ class Dispatcher(pykka.ThreadingActor):
             log.error("claim failed: %s", exc)
             return
         for message_id in result.acked_by_marker:
+            log.debug("acknowledged %s by its committed marker (no second turn)", message_id)
             ctx.emit("acked_by_marker", message_id=message_id)
         for row in result.rows:
+            log.debug("claimed %s for %s (attempt %d)", row.message_id, row.target,
+                      row.attempts + 1)
             self.busy.add(row.target)
             self._actor_for(row.target).tell(Deliver(row))
             ctx.emit("claimed", message_id=row.message_id, session_id=row.target,
@@ -163,3 +173,5 @@ class Dispatcher(pykka.ThreadingActor):
                                    now + self.ctx.lease_seconds, now)
         except PersistenceError as exc:
             log.error("lease renewal failed: %s", exc)
+            return
+        log.debug("renewed the leases of %d running turns", len(self.busy))

@@ -1,27 +1,40 @@
-"""Errors raised by the actors layer (the runtime and the agent tools).
+"""The exception tree of kinbox, drawn whole, and the errors of the actors layer.
 
-::
+One root, :class:`KinboxError` (defined in the bottom layer so that
+``kinbox.persistence`` shares it). Catch ``KinboxError`` for anything kinbox
+refuses; decide on the types and their attributes, never on message text::
 
     KinboxError
-    ├── ToolError          a tool call was refused; .code is not_found,
-    │                      invalid_argument or execution_failed (SPEC §2)
-    ├── RuntimeStateError  the runtime is not started, or already stopped
-    ├── IdleTimeout        run_until_idle ran out of time; .statistics says why
-    └── ConfigError        a Runtime argument is invalid
-
-Errors from the layers below (``kinbox.persistence``) pass through unchanged
-so a caller can tell "the database refused" from "the runtime refused".
+    ├── ToolError              .code: not_found, invalid_argument or
+    │                          execution_failed; .to_dict() is the tool result
+    ├── RuntimeStateError      .state: the runtime is not started, or stopped
+    ├── IdleTimeout            .timeout, .statistics: run_until_idle ran out of time
+    ├── ConfigError            .field: an argument given to kinbox is invalid
+    │   └── BrainRefError      .spec: ``module:attribute`` names no callable brain
+    ├── ScenarioError          .path, .lineno: a scenario script could not run
+    └── PersistenceError       the database refused (``kinbox.persistence``)
+        ├── DatabaseOpenError  .url (password masked), .reason
+        │   └── DatabaseMissing  a read found no database and created none
+        ├── SchemaError        the schema is older than this code
+        ├── IdempotencyConflict  .message_id reused with other content
+        ├── IllegalTransition  .message_id, .current, .event
+        ├── LeaseLost          .message_id, .owner (fencing)
+        ├── RowNotFound        .kind, .key
+        ├── DuplicateError     .kind, .field, .value
+        ├── DatabaseInUse      .path: another runtime owns the SQLite file
+        └── WriterClosed       the group-commit writer stopped
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
+from ..persistence.errors import KinboxError
+
 ToolErrorCode = Literal["not_found", "invalid_argument", "execution_failed"]
 
-
-class KinboxError(Exception):
-    """Base class of every error raised by ``kinbox.actors``."""
+__all__ = ["BrainRefError", "ConfigError", "IdleTimeout", "KinboxError", "RuntimeStateError",
+           "ScenarioError", "ToolError", "ToolErrorCode"]
 
 
 class ToolError(KinboxError):
@@ -38,7 +51,11 @@ class ToolError(KinboxError):
 
 
 class RuntimeStateError(KinboxError):
-    """The runtime is not running (never started, stopped, or crashed)."""
+    """The runtime is not running (never started, stopped, or crashed); ``state`` says which."""
+
+    def __init__(self, message: str, state: str = "") -> None:
+        super().__init__(message)
+        self.state = state
 
 
 class IdleTimeout(KinboxError):
@@ -46,8 +63,31 @@ class IdleTimeout(KinboxError):
 
     def __init__(self, timeout: float, statistics: dict[str, Any]) -> None:
         super().__init__(f"runtime still busy after {timeout:.1f}s: {statistics}")
+        self.timeout = timeout
         self.statistics = statistics
 
 
 class ConfigError(KinboxError):
-    """An argument given to the runtime is invalid."""
+    """An argument given to kinbox is invalid; ``field`` names it when there is one."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class BrainRefError(ConfigError):
+    """``--brain module:attribute`` does not name a callable brain; ``spec`` is what was given."""
+
+    def __init__(self, spec: str, reason: str) -> None:
+        super().__init__(f"--brain {spec!r}: {reason}", field="brain")
+        self.spec = spec
+        self.reason = reason
+
+
+class ScenarioError(KinboxError):
+    """A scenario script failed to load or raised; ``path`` and ``lineno`` point at the cause."""
+
+    def __init__(self, message: str, path: str = "", lineno: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.lineno = lineno

@@ -93,10 +93,11 @@ class FamilyTools:
         try:
             entry = roster.resolve(entries, receiver_role, receiver_name)
         except roster.ResolveError as exc:
-            if receiver_name and str(exc).startswith("no ") and self._beyond_reach(
+            missing = exc.reason in (roster.Unresolved.NO_MATCH, roster.Unresolved.NO_PARENT)
+            if receiver_name and missing and self._beyond_reach(
                     caller, related, receiver_name.strip()):
                 raise ToolError("not_found", roster.REACH_ERROR) from exc
-            code = "not_found" if str(exc).startswith("no ") else "invalid_argument"
+            code = "not_found" if missing else "invalid_argument"
             raise ToolError(code, f"{exc}.") from exc
         return self._deliver(caller, entry, text)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 ROLES = ("parent", "sibling", "child")
 REACH_ERROR = "Agent reach is limited to parent, siblings, and children"
@@ -61,29 +62,47 @@ def roster(me: Member, family: Sequence[Member]) -> list[Entry]:
     return parent[:1] + siblings + children
 
 
+class Unresolved(Enum):
+    """Why a role and name designate no single roster member."""
+
+    BAD_ROLE = "bad_role"
+    NAME_FOR_PARENT = "name_for_parent"
+    NO_PARENT = "no_parent"
+    NAME_REQUIRED = "name_required"
+    NO_MATCH = "no_match"
+    AMBIGUOUS = "ambiguous"
+
+
 class ResolveError(ValueError):
-    """A role and name that do not name exactly one roster member."""
+    """A role and name that do not name exactly one roster member; ``reason`` says why."""
+
+    def __init__(self, reason: Unresolved, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def resolve(entries: Sequence[Entry], role: str, name: str | None) -> Entry:
     """The one roster entry ``role``/``name`` designates; :class:`ResolveError` otherwise."""
     if role not in ROLES:
-        raise ResolveError(f"receiver_role must be 'parent', 'sibling' or 'child', got {role!r}")
+        raise ResolveError(Unresolved.BAD_ROLE, "receiver_role must be 'parent', 'sibling' "
+                           f"or 'child', got {role!r}")
     if role == "parent":
         if name is not None:
-            raise ResolveError("receiver_name must be omitted for the parent")
+            raise ResolveError(Unresolved.NAME_FOR_PARENT,
+                               "receiver_name must be omitted for the parent")
         parents = [e for e in entries if e.relationship == "parent"]
         if not parents:
-            raise ResolveError("this agent has no parent to message (it is a root)")
+            raise ResolveError(Unresolved.NO_PARENT,
+                               "this agent has no parent to message (it is a root)")
         return parents[0]
     if name is None or not name.strip():
-        raise ResolveError(f"receiver_name is required for a {role}")
+        raise ResolveError(Unresolved.NAME_REQUIRED, f"receiver_name is required for a {role}")
     key = name.strip()
     matches = [e for e in entries if e.relationship == role and key in (e.name, e.id)]
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise ResolveError(f"no {role} matches receiver_name {key!r}")
+        raise ResolveError(Unresolved.NO_MATCH, f"no {role} matches receiver_name {key!r}")
     ids = ", ".join(e.id for e in matches)
-    raise ResolveError(f"{len(matches)} {role}s match receiver_name {key!r} ({ids}); "
-                       "use the id to pick one")
+    raise ResolveError(Unresolved.AMBIGUOUS, f"{len(matches)} {role}s match receiver_name "
+                       f"{key!r} ({ids}); use the id to pick one")

@@ -9,11 +9,16 @@ public API tests, scenarios and products use.
 
 from __future__ import annotations
 
+import atexit
+import json
+import logging
 import os
+import re
 import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
@@ -29,6 +34,7 @@ from ..persistence import (
     JobStore,
     Journal,
     NewMessage,
+    OwnerLiveness,
     ProjectRecord,
     SessionRecord,
     SessionStore,
@@ -36,17 +42,21 @@ from ..persistence import (
     bind_tables,
     default_data_dir,
     default_url,
+    is_postgres,
     is_sqlite,
     open_database,
+    redact_url,
+    sqlite_path,
     upgrade,
 )
-from . import access
+from ..persistence.inbox_core import State
+from . import access, validation
 from .clock import Clock, ManualClock, SystemClock
 from .context import FAULTS, Observer, RuntimeContext
 from .cron import CronService
 from .direct_turn import DirectTurns
 from .dispatcher import Dispatcher
-from .errors import ConfigError, IdleTimeout, RuntimeStateError
+from .errors import ConfigError, IdleTimeout, RuntimeStateError, ToolError
 from .family import Buckets
 from .focal import Focal
 from .focal_schedule import FocalSchedule
@@ -59,13 +69,22 @@ from .turn import Brain, Turn
 SYSTEM_PROJECTS = (("default", "Default"), ("social", "Social"))
 """Projects that always exist (S4)."""
 
+log = logging.getLogger("kinbox.runtime")
 
-def silent_brain(turn: Turn) -> None:
-    """A brain that reads its messages and says nothing."""
+TAKEOVER_INTERVAL = 0.5
+"""Seconds between checks for runtimes that died holding leases (PostgreSQL)."""
+
+INBOX_STATES = tuple(state.value for state in State)
+"""The states an inbox row can be in."""
 
 
 class Runtime:
-    """A kinbox runtime on one database. Use as a context manager, or ``start``/``stop``."""
+    """A kinbox runtime on one database. Use as a context manager, or ``start``/``stop``.
+
+    With a ``brain`` it runs turns: it claims due rows and delivers them. Without
+    one it is *send-only*: it writes, reads and serves, and never claims a row,
+    so a process that holds no brain can never consume a message.
+    """
 
     def __init__(self, db: str | None = None, brain: Brain | None = None,
                  clock: Clock | None = None, max_active_sessions: int = 64, *,
@@ -74,26 +93,36 @@ class Runtime:
                  tick_interval: float = 0.2, synchronous: str = "FULL",
                  data_dir: str | os.PathLike[str] | None = None,
                  faults: Iterable[str] = (),
-                 ids: Callable[[], str] | None = None) -> None:
+                 ids: Callable[[], str] | None = None,
+                 turn_timeout: float | None = None) -> None:
         if not isinstance(max_active_sessions, int) or max_active_sessions < 1:
             raise ConfigError(f"max_active_sessions must be an integer >= 1, "
-                              f"got {max_active_sessions!r}")
+                              f"got {max_active_sessions!r}", field="max_active_sessions")
         if not isinstance(max_live_sessions, int) or max_live_sessions < 1:
             raise ConfigError(f"max_live_sessions must be an integer >= 1, "
-                              f"got {max_live_sessions!r}")
+                              f"got {max_live_sessions!r}", field="max_live_sessions")
         if lease_seconds <= 0 or tick_interval <= 0 or idle_ttl <= 0:
             raise ConfigError("lease_seconds, tick_interval and idle_ttl must be > 0")
+        if turn_timeout is not None and (isinstance(turn_timeout, bool)
+                                         or not isinstance(turn_timeout, int | float)
+                                         or turn_timeout <= 0):
+            raise ConfigError(f"turn_timeout must be a number of seconds > 0 or None, "
+                              f"got {turn_timeout!r}", field="turn_timeout")
         unknown = set(faults) - FAULTS
         if unknown:
-            raise ConfigError(f"unknown faults {sorted(unknown)}; known: {sorted(FAULTS)}")
+            raise ConfigError(f"unknown faults {sorted(unknown)}; known: {sorted(FAULTS)}",
+                              field="faults")
         if brain is not None and not callable(brain):
-            raise ConfigError("brain must be callable: brain(turn)")
+            raise ConfigError("brain must be callable: brain(turn)", field="brain")
         self.url = db or default_url()
-        self.brain: Brain = brain or silent_brain
+        self.send_only = brain is None
+        """True when the runtime holds no brain: it never claims or delivers a row."""
+        self.brain: Brain = brain or _no_brain
         self.clock: Clock = clock or SystemClock()
         self.max_active_sessions = max_active_sessions
         self.max_live_sessions = max_live_sessions
         self.lease_seconds = lease_seconds
+        self.turn_timeout = turn_timeout
         self.idle_ttl = idle_ttl
         self.tick_interval = tick_interval
         self.synchronous = synchronous
@@ -109,6 +138,8 @@ class Runtime:
         self._ticker: threading.Thread | None = None
         self._unsubscribe: Callable[[], None] | None = None
         self._lock: ExclusiveLock | None = None
+        self._liveness: OwnerLiveness | None = None
+        self._last_takeover = 0.0
         self._writer: GroupCommitWriter | None = None
         self._schedule: FocalSchedule | None = None
         self._direct: DirectTurns | None = None
@@ -120,16 +151,21 @@ class Runtime:
     def start(self) -> Runtime:
         """Open the database, start the actors and replay what was not acknowledged."""
         if self._state != "new":
-            raise RuntimeStateError(f"a runtime starts once; this one is {self._state}")
-        if self.url.startswith("sqlite:///"):
-            Path(self.url[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True,
-                                                                         exist_ok=True)
+            raise RuntimeStateError(f"a runtime starts once; this one is {self._state}",
+                                    state=self._state)
+        path = sqlite_path(self.url)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
         db = open_database(self.url, synchronous=self.synchronous)  # type: ignore[arg-type]
         tables = bind_tables(db)
-        if is_sqlite(db):
+        # Only a delivering runtime owns the file: a send-only one may run beside it.
+        if is_sqlite(db) and not self.send_only:
             self._lock = ExclusiveLock(db)
             self._lock.acquire()
         try:
+            if is_postgres(db) and not self.send_only:
+                self._liveness = OwnerLiveness(db, self.owner)  # type: ignore[arg-type]
+                self._liveness.hold()
             upgrade(tables)
             self._writer = GroupCommitWriter(db)
             self._writer.start()
@@ -141,19 +177,25 @@ class Runtime:
                                  owner=self.owner, lease_seconds=self.lease_seconds,
                                  faults=self.faults, tools_for=self._tools_for_ctx,
                                  new_id=self.new_id,
-                                 observers=self._observers)
+                                 observers=self._observers,
+                                 max_active=self.max_active_sessions,
+                                 turn_timeout=self.turn_timeout)
             self._wire_services(ctx, JobStore(tables, self._writer))
             self._ctx = ctx
             now = self.clock.now()
             for slug, name in SYSTEM_PROJECTS:
                 store.ensure_project(slug, slug, name, now)
             if self._lock is not None:
-                journal.expire_leases(now)  # the lock proves their holder is gone
-            ctx.dispatcher = Dispatcher.start(ctx, self.max_active_sessions, self.idle_ttl,
-                                              self.max_live_sessions)
-            if self._schedule is not None:
-                self._schedule.start()
-            if self._cron is not None:
+                expired = journal.expire_leases(now)  # the lock proves their holder is gone
+                if expired:
+                    log.warning("took over %d rows leased by a runtime that is gone", expired)
+            self._take_over_from_the_gone()
+            if not self.send_only:
+                ctx.dispatcher = Dispatcher.start(ctx, self.max_active_sessions,
+                                                  self.idle_ttl, self.max_live_sessions)
+                if self._schedule is not None:
+                    self._schedule.start()
+            if self._cron is not None:  # definitions work everywhere; firing needs a brain
                 self._cron.start(exclusive=self._lock is not None)
             if self._social is not None:
                 self._social.start()
@@ -161,6 +203,12 @@ class Runtime:
             self._teardown()
             raise
         self._state = "running"
+        _at_exit(self)
+        counts = journal.counts()
+        log.info("runtime %s started on %s (%s); open rows: %d pending, %d processing",
+                 self.owner, redact_url(self.url),
+                 "send-only: no brain, claims nothing" if self.send_only else "delivering",
+                 counts.get("pending", 0), counts.get("processing", 0))
         if isinstance(self.clock, ManualClock):
             self._unsubscribe = self.clock.subscribe(lambda _now: self._on_clock())
         self._ticker = threading.Thread(target=self._tick_loop, name="kinbox-ticker",
@@ -169,6 +217,11 @@ class Runtime:
         ctx.emit("started", owner=self.owner)
         ctx.wake_dispatcher()
         return self
+
+    @property
+    def state(self) -> str:
+        """``new``, ``running``, ``stopped`` or ``crashed``."""
+        return self._state
 
     def stop(self, timeout: float = 10.0) -> None:
         """Graceful stop: ask running turns to stop, let them commit, close the database."""
@@ -187,11 +240,13 @@ class Runtime:
             ctx.dispatcher.stop(timeout=timeout)  # stops its session actors first
         ctx.emit("stopped", owner=self.owner)
         self._teardown()
+        log.info("runtime %s stopped", self.owner)
 
     def crash(self) -> None:
         """Stop abruptly, as a kill would: nothing queued is committed, no goodbyes."""
         if self._state != "running":
-            raise RuntimeStateError(f"cannot crash a runtime that is {self._state}")
+            raise RuntimeStateError(f"cannot crash a runtime that is {self._state}",
+                                    state=self._state)
         ctx = self._require()
         self._state = "crashed"
         ctx.crashed.set()
@@ -205,9 +260,7 @@ class Runtime:
         if ctx.dispatcher is not None:
             ctx.dispatcher.stop(block=False)
         ctx.emit("crashed", owner=self.owner)
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+        self._release_ownership()
 
     def _wire_services(self, ctx: RuntimeContext, jobs: JobStore) -> None:
         """Sub-agents, family limits and Focal hook into the turn and task paths."""
@@ -222,7 +275,7 @@ class Runtime:
                                        use_apscheduler=not isinstance(self.clock, ManualClock))
         focal.schedule = self._schedule
         # Cron runs and social events run direct turns, only where there is a brain.
-        turns = DirectTurns(ctx) if self.brain is not silent_brain else None
+        turns = None if self.send_only else DirectTurns(ctx)
         self._direct = turns
         self._cron = CronService(ctx, CronStore(jobs.t, jobs.writer), turns,
                                  use_apscheduler=not isinstance(self.clock, ManualClock))
@@ -237,18 +290,38 @@ class Runtime:
             self._direct.stop(wait=wait)
 
     def _resolve_data_dir(self) -> Path:
-        if self.data_dir is not None:
-            return self.data_dir
-        if self.url.startswith("sqlite:///"):
-            return Path(self.url[len("sqlite:///"):]).expanduser().parent / "kinbox-data"
-        return default_data_dir()
+        return self.data_dir or data_dir_for(self.url)
 
     def _teardown(self) -> None:
         if self._writer is not None:
             self._writer.stop()
+        self._release_ownership()
+
+    def _release_ownership(self) -> None:
+        # What proves this runtime alive goes last, as with a killed process.
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+        if self._liveness is not None:
+            self._liveness.release()
+            self._liveness = None
+
+    def _take_over_from_the_gone(self) -> None:
+        """PostgreSQL: make the rows of runtimes whose life lock is free claimable now."""
+        ctx, liveness = self._ctx, self._liveness
+        if ctx is None or liveness is None:
+            return
+        self._last_takeover = time.monotonic()
+        try:
+            gone = liveness.gone(ctx.journal.lease_owners())
+            if gone:
+                taken = ctx.journal.expire_leases(ctx.now(), owners=gone)
+                log.warning("took over %d rows leased by %d runtime(s) that are gone: %s",
+                            taken, len(gone), ", ".join(sorted(gone)))
+                ctx.wake_dispatcher()
+        except Exception:
+            log.exception("checking for runtimes that are gone failed; their leases expire "
+                          "as usual")
 
     def _stop_ticker(self) -> None:
         self._ticker_stop.set()
@@ -272,6 +345,9 @@ class Runtime:
 
     def _tick(self) -> None:
         ctx = self._ctx
+        if (self._liveness is not None and self._state == "running"
+                and time.monotonic() - self._last_takeover >= TAKEOVER_INTERVAL):
+            self._take_over_from_the_gone()
         if ctx is not None and ctx.dispatcher is not None and self._state == "running":
             try:
                 ctx.dispatcher.tell(Tick())
@@ -287,12 +363,14 @@ class Runtime:
 
     def _require(self) -> RuntimeContext:
         if self._ctx is None or self._state not in ("running", "stopped", "crashed"):
-            raise RuntimeStateError("the runtime is not started; call start() or use `with`")
+            raise RuntimeStateError("the runtime is not started; call start() or use `with`",
+                                    state=self._state)
         return self._ctx
 
     def _running(self) -> RuntimeContext:
         if self._state != "running":
-            raise RuntimeStateError(f"the runtime is {self._state}; it accepts no more work")
+            raise RuntimeStateError(f"the runtime is {self._state}; it accepts no more work",
+                                    state=self._state)
         return self._require()
 
     # -- observing -------------------------------------------------------------------------
@@ -329,8 +407,14 @@ class Runtime:
         return not ctx.journal.has_due(ctx.now())
 
     def run_until_idle(self, timeout: float = 10.0) -> None:
-        """Wait until no row is due and no turn runs; :class:`IdleTimeout` after ``timeout``."""
+        """Wait until nothing can run before the next due time; :class:`IdleTimeout` after
+        ``timeout``. A row in backoff, and the rows queued behind it, do not keep the
+        runtime busy: move an injected clock (or wait) for them to come due."""
         ctx = self._running()
+        if self.send_only:
+            raise RuntimeStateError("a send-only runtime (no brain) runs no turns, so it is "
+                                    "never busy delivering; give Runtime a brain to deliver",
+                                    state="send-only")
         deadline = time.monotonic() + timeout
         while not self.is_idle():
             snap = ctx.activity.snapshot()
@@ -348,12 +432,15 @@ class Runtime:
 
     def create_project(self, slug: str, name: str | None = None, *,
                        hidden: bool = False) -> ProjectRecord:
-        """Create a project with a unique ``slug``."""
+        """Create a project with a unique ``slug`` (``DuplicateError`` if it is taken).
+
+        To reuse an existing one: ``rt.project(slug) or rt.create_project(slug)``.
+        """
         ctx = self._running()
-        if not isinstance(slug, str) or not slug.strip():
-            raise ConfigError("a project needs a non-empty slug")
-        slug = slug.strip()
-        return ctx.store.create_project(f"p_{self.new_id()[:10]}", slug, name or slug,
+        slug = _checked("slug", validation.require_slug, slug)
+        name = slug if name is None else _checked("name", validation.require_message, name,
+                                                   validation.TITLE_LIMIT, "name")
+        return ctx.store.create_project(f"p_{self.new_id()[:10]}", slug, name,
                                         ctx.now(), hidden=hidden)
 
     def project(self, slug: str) -> ProjectRecord | None:
@@ -366,13 +453,15 @@ class Runtime:
                        config: dict[str, Any] | None = None) -> SessionRecord:
         """Create a session in a project (or none); returns its record (``.id``)."""
         ctx = self._running()
+        title = _checked("title", validation.require_message, title, validation.TITLE_LIMIT,
+                         "title")
         if kind not in access.SESSION_KINDS | access.HIDDEN_KINDS:
-            raise ConfigError(f"unknown session kind {kind!r}; one of "
+            raise ConfigError(field="kind", message=f"unknown session kind {kind!r}; one of "
                               f"{sorted(access.SESSION_KINDS | access.HIDDEN_KINDS)}")
         if project_id is not None and ctx.store.project(project_id) is None:
-            raise ConfigError(f"no project with id {project_id!r}")
+            raise ConfigError(f"no project with id {project_id!r}", field="project_id")
         if parent_id is not None and ctx.store.session(parent_id) is None:
-            raise ConfigError(f"no parent session with id {parent_id!r}")
+            raise ConfigError(f"no parent session with id {parent_id!r}", field="parent_id")
         sid = session_id or f"chat-{self.new_id()[:12]}"
         return ctx.store.create_session(sid, project_id, title, kind, ctx.now(),
                                         parent_id=parent_id, platform=platform, config=config)
@@ -397,12 +486,24 @@ class Runtime:
     def post(self, target: str, content: str, *, sender: str | None = None,
              message_id: str | None = None, kind: str = "agent_message",
              payload: dict[str, Any] | None = None) -> EnqueueResult:
-        """Enqueue a message from outside any session (a user, a test, an operator)."""
+        """Enqueue a message from outside any session (a user, a test, an operator).
+
+        ``content`` follows the ``agent_send`` rules (stripped, 1..20,000
+        characters of valid Unicode); ``payload`` must be a JSON object.
+        """
         ctx = self._running()
+        target = _checked("target", validation.require_id, "target", target)
         if not ctx.journal.hot.session_exists(target):
-            raise ConfigError(f"no session with id {target!r}")
-        if not isinstance(content, str) or not content.strip():
-            raise ConfigError("a message needs non-empty text")
+            raise ConfigError(f"no session with id {target!r}", field="target")
+        content = _checked("content", validation.require_message, content,
+                           validation.SEND_LIMIT, "content")
+        kind = _checked("kind", validation.require_id, "kind", kind)
+        if sender is not None:
+            sender = _checked("sender", validation.require_id, "sender", sender)
+        if message_id is not None:
+            message_id = _checked("message_id", validation.require_id, "message_id", message_id)
+        if payload is not None:
+            _check_payload(payload)
         result = ctx.journal.enqueue(
             NewMessage(message_id or f"msg-{self.new_id()}", target, content, kind=kind,
                        sender=sender, payload=payload or {}), ctx.now())
@@ -412,7 +513,10 @@ class Runtime:
         return result
 
     def inbox(self, state: str | None = None, target: str | None = None) -> list[dict[str, Any]]:
-        """Inbox rows as dicts, in journal order."""
+        """Inbox rows as dicts, in journal order; ``state`` one of :data:`INBOX_STATES`."""
+        if state is not None and state not in INBOX_STATES:
+            raise ConfigError(f"state must be one of {', '.join(INBOX_STATES)}; got {state!r}",
+                              field="state")
         return self._require().journal.rows(state=state, target=target)
 
     def requeue(self, message_id: str) -> dict[str, Any]:
@@ -420,6 +524,32 @@ class Runtime:
         ctx = self._running()
         row = ctx.journal.requeue(message_id, ctx.now())
         ctx.emit("requeued", message_id=message_id)
+        log.info("requeued %s", message_id)
+        ctx.wake_dispatcher()
+        return row
+
+    def requeue_failed(self, *, target: str | None = None,
+                       kind: str | None = None) -> list[str]:
+        """Operator: requeue every ``failed`` row (of ``target``, of ``kind``); their ids."""
+        ctx = self._running()
+        ids = ctx.journal.requeue_where(ctx.now(), target=target, kind=kind)
+        for message_id in ids:
+            ctx.emit("requeued", message_id=message_id)
+        log.info("requeued %d failed rows", len(ids))
+        ctx.wake_dispatcher()
+        return ids
+
+    def cancel(self, message_id: str, reason: str, *, by: str = "operator") -> dict[str, Any]:
+        """Operator: give up on a ``pending`` or ``failed`` row (terminal ``cancelled``).
+
+        Who and why stay in its history; the rows behind it for the same
+        session move up at once instead of waiting out its backoff.
+        """
+        ctx = self._running()
+        reason = _checked("reason", validation.require_message, reason, 2000, "reason")
+        row = ctx.journal.cancel(message_id, ctx.now(), by=by, reason=reason)
+        ctx.emit("cancelled", message_id=message_id, by=by)
+        log.info("cancelled %s (by %s)", message_id, by)
         ctx.wake_dispatcher()
         return row
 
@@ -453,3 +583,61 @@ class Runtime:
     def marker_counts(self) -> dict[str, int]:
         """Committed delivery markers per message id (exactly-once evidence)."""
         return self._require().store.marker_counts()
+
+
+def _checked(field: str, check: Callable[..., Any], *args: Any) -> Any:
+    """Run one of the tools' argument rules on a public entry point: a ConfigError here."""
+    try:
+        return check(*args)
+    except ToolError as exc:
+        raise ConfigError(exc.message, field=field) from None
+
+
+def _check_payload(payload: object) -> None:
+    if not isinstance(payload, dict):
+        raise ConfigError(f"payload must be a dict (a JSON object), not "
+                          f"{type(payload).__name__}", field="payload")
+    try:
+        json.dumps(payload)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"payload must be JSON-serialisable: {exc}", field="payload") from None
+
+
+def _no_brain(turn: Turn) -> None:
+    """Never called: a runtime without a brain does not deliver (``send_only``)."""
+    raise RuntimeStateError("this runtime has no brain; it never runs turns", state="send-only")
+
+
+def data_dir_for(url: str) -> Path:
+    """Where a runtime on ``url`` keeps files (Focal's ``heartbeat.md``), one per database.
+
+    Beside a SQLite file (``<dir>/kinbox-data``); for a server database, a
+    folder of the data directory named for host, port and database, so two
+    PostgreSQL databases never share one.
+    """
+    path = sqlite_path(url)
+    if path is not None:
+        return path.parent / "kinbox-data"
+    rest = url.partition("://")[2]
+    where = rest.rpartition("@")[2].split("?")[0]
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", where).strip("_") or "default"
+    return default_data_dir() / "databases" / name
+
+
+_live: weakref.WeakSet[Runtime] = weakref.WeakSet()
+
+
+def _at_exit(rt: Runtime) -> None:
+    """Stop ``rt`` at interpreter exit if its program never did (every kinbox thread is a
+    daemon, so the interpreter reaches atexit; running turns finish or hand back their rows)."""
+    _live.add(rt)
+
+
+@atexit.register
+def _stop_live_runtimes() -> None:
+    for rt in list(_live):
+        if rt.state == "running":
+            try:
+                rt.stop()
+            except Exception:
+                log.exception("stopping runtime %s at exit failed", rt.owner)

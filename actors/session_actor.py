@@ -21,7 +21,7 @@ from ..persistence import ClaimedRow, LeaseLost, PersistenceError, WriterClosed
 from .context import RuntimeContext, TurnEffects
 from .messages import Deliver, TurnDone
 from .pooled import ActorPool, PooledActor
-from .turn import Message, Turn
+from .turn import Message, Turn, TurnOutcome
 from .turn_run import run_brain, start_turn
 
 log = logging.getLogger("kinbox.session")
@@ -72,6 +72,8 @@ class SessionActor(PooledActor):
                 ctx.journal.ack(ctx.owner, [row.message_id], ctx.now())
             return self._run_turn(row)
         except LeaseLost as exc:
+            log.warning("lost the lease of %s for %s: another worker took it over; this "
+                        "turn's commit wrote nothing", row.message_id, sid)
             ctx.emit("lease_lost", session_id=sid, message_id=row.message_id, error=str(exc))
         except WriterClosed:
             raise
@@ -93,22 +95,13 @@ class SessionActor(PooledActor):
                 steered.extend(r.message_id for r in more)
             return [Message.from_row(r) for r in more]
 
-        turn = start_turn(ctx, sid, [Message.from_row(row)], fetch_steering)
+        turn, started = start_turn(ctx, sid, [Message.from_row(row)], fetch_steering)
         ctx.emit("turn_started", session_id=sid, message_id=row.message_id,
                  attempt=row.attempts + 1)
-        done = run_brain(ctx, turn)
-        if not done.ok:
-            error = done.error or "the turn failed"
-            effects = ctx.effects(turn, done)
-            result = ctx.journal.retry(ctx.owner, row.message_id, error, ctx.now(),
-                                       release=steered, on_failed=effects.messages,
-                                       on_failed_also=effects.ops)
-            ctx.emit("turn_failed", session_id=sid, message_id=row.message_id, error=error,
-                     state=result.state.value, attempts=result.attempts,
-                     available_at=result.available_at)
-            if result.state.value == "failed":
-                self._run_after(effects)
-            return None
+        ran = run_brain(ctx, turn, started)
+        if not ran.outcome.ok:
+            return self._fail(row, turn, steered, ran.outcome, ran.detail or "")
+        done = ran.outcome
         ids = [row.message_id, *steered]
         effects = ctx.effects(turn, done)
         following = self._commit(ids, turn, effects)
@@ -117,6 +110,32 @@ class SessionActor(PooledActor):
                  stopped_by=done.stopped_by)
         self._run_after(effects)
         return following
+
+    def _fail(self, row: ClaimedRow, turn: Turn, steered: list[str], failed: TurnOutcome,
+              detail: str) -> None:
+        """A failed attempt: nothing of the turn is committed; retry later, or ``failed``.
+
+        ``detail`` (the traceback) is what the row keeps as ``last_error``;
+        observers and logs get the one-line ``summary``, never a message body.
+        """
+        ctx = self.ctx
+        sid = self.session_id
+        summary = failed.error or "the turn failed"
+        effects = ctx.effects(turn, failed)
+        result = ctx.journal.retry(ctx.owner, row.message_id, detail, ctx.now(),
+                                   release=steered, on_failed=effects.messages,
+                                   on_failed_also=effects.ops)
+        final = result.state.value == "failed"
+        # A retried attempt is routine (INFO); giving up on a message is an ERROR.
+        log.log(logging.ERROR if final else logging.INFO,
+                "turn of %s for %s failed (attempt %d%s): %s", sid, row.message_id,
+                result.attempts, ", giving up: row failed" if final else
+                f", retry at {result.available_at:.3f}", summary)
+        ctx.emit("turn_failed", session_id=sid, message_id=row.message_id, error=summary,
+                 state=result.state.value, attempts=result.attempts,
+                 available_at=result.available_at)
+        if final:
+            self._run_after(effects)
 
     def _run_after(self, effects: TurnEffects) -> None:
         for notify in effects.after:

@@ -126,8 +126,10 @@ class SocialService:
     def stop(self) -> None:
         """Stop taking events; what is still queued in memory is dropped (and logged)."""
         self._stop.set()
+        if self._consumer is None:
+            return  # a send-only runtime never queued anything
         self._queue.put(None)
-        if self._consumer is not None and self._consumer is not threading.current_thread():
+        if self._consumer is not threading.current_thread():
             self._consumer.join(5)
         left = self._queue.qsize()
         if left:

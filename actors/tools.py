@@ -1,4 +1,4 @@
-"""The agent tools a Brain calls, bound to the calling session (SPEC §2).
+"""The agent tools a Brain calls, bound to the calling session.
 
 The caller's identity comes from the runtime (``rt.tools_for(session_id)``
 or ``turn.tools``), never from an argument. Each tool validates its
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..persistence import NewMessage, SessionRecord
+from ..persistence.inbox_core import TERMINAL_STATES
 from . import access, transcript_view
 from .context import RuntimeContext
 from .errors import ToolError
@@ -19,10 +20,14 @@ from .family import FamilyTools
 from .focal import is_focal_chat
 from .subagents import TASK_KIND, task_message_id
 from .tasks import TaskService
-from .validation import require_choice, require_id, require_int, require_message
-
-SEND_LIMIT = 20_000
-"""Longest ``agent_send`` message, in characters (after stripping)."""
+from .validation import (
+    SEND_LIMIT,
+    TITLE_LIMIT,
+    require_choice,
+    require_id,
+    require_int,
+    require_message,
+)
 
 SELF_SEND = "Use a normal follow-up turn instead of sending to the current agent."
 SELF_STOP = "The current agent cannot stop itself with agent_stop."
@@ -65,7 +70,7 @@ class TaskTools:
 
     def task_create(self, title: Any, status: Any = "pending") -> dict[str, Any]:
         """Create a task of the calling session (``pending`` or ``in_progress``)."""
-        text = require_message(title, 512, name="title")
+        text = require_message(title, TITLE_LIMIT, name="title")
         caller = self._caller()
         return TaskService(self._ctx).create(caller.id, caller.project_id, text,
                                              require_choice("status", status,
@@ -127,7 +132,7 @@ class AgentTools(FamilyTools, TaskTools):
         target_id = require_id("agent_id", agent_id)
         caller = self._caller()
         target = self._target("agent_read", caller, target_id)
-        lines = [transcript_view.Line(e.role, e.text, e.visible)
+        lines = [transcript_view.Line(e.role, e.text, e.visible, e.sender_id, e.kind)
                  for e in self._ctx.store.transcript(target.id)]
         return {"agent_id": target.id, "title": target.title, "status": target.status,
                 "transcript": transcript_view.render(lines)}
@@ -191,10 +196,12 @@ class AgentTools(FamilyTools, TaskTools):
         text = require_message(description, SEND_LIMIT, name="description")
         if not isinstance(run_in_background, bool):
             raise ToolError("invalid_argument", "run_in_background must be true or false.")
-        name = require_message(title, 512, name="title") if title is not None else text[:60]
+        name = require_message(title, TITLE_LIMIT, name="title") if title is not None else text[:60]
         wait = require_int("timeout", timeout, 1, 3600)
         caller = self._caller()
         ctx = self._ctx
+        if not run_in_background:
+            self._require_a_free_thread(caller.id)
         child_id = f"subagent-sub_{ctx.new_id()[:8]}"
         ctx.store.create_session(child_id, caller.project_id, name, "subagent", ctx.now(),
                                  parent_id=caller.id)
@@ -210,16 +217,34 @@ class AgentTools(FamilyTools, TaskTools):
             return result
         return self._wait_for_child(result, float(wait))
 
+    def _require_a_free_thread(self, caller_id: str) -> None:
+        """Refuse a foreground wait that could never end: the child needs a session
+        thread of its own, and every other one would be blocked waiting too."""
+        ctx = self._ctx
+        held = ctx.foreground_waits + (1 if caller_id in ctx.turns.running() else 0)
+        if held >= ctx.max_active:
+            raise ToolError("execution_failed",
+                            f"A foreground sub-agent needs a free session thread, and none can "
+                            f"free up: this runtime runs at most {ctx.max_active} turn(s) at "
+                            f"once and {held} would be waiting. Use run_in_background=true "
+                            "(the child reports back), or run kinbox with a larger "
+                            "max_active_sessions.")
+
     def _wait_for_child(self, result: dict[str, Any], timeout: float) -> dict[str, Any]:
         ctx = self._ctx
         task_id = result["task_id"]
 
         def finished() -> bool:
             row = ctx.journal.get(task_message_id(task_id))
-            return row["status"] in ("delivered", "failed")
+            return row["status"] in TERMINAL_STATES
 
         with ctx.activity.cond:
-            if not ctx.activity.cond.wait_for(finished, timeout):
+            ctx.foreground_waits += 1
+            try:
+                done = ctx.activity.cond.wait_for(finished, timeout)
+            finally:
+                ctx.foreground_waits -= 1
+            if not done:
                 raise ToolError("execution_failed",
                                 f"Sub-agent '{result['agent_id']}' is still running after "
                                 f"{timeout:.0f}s; it reports back when done.")

@@ -16,6 +16,10 @@ SHOWN_ROLES = frozenset({"user", "assistant"})
 TRUNCATED = "[... message truncated ...]"
 
 
+USER_KINDS = frozenset({None, "agent_message"})
+"""Kinds of a message without a sender that come from the user."""
+
+
 @dataclass(frozen=True)
 class Line:
     """A transcript entry as the view sees it."""
@@ -23,6 +27,17 @@ class Line:
     role: str
     text: str
     visible: bool
+    sender_id: str | None = None
+    kind: str | None = None
+
+
+def speaker(role: str, sender_id: str | None, kind: str | None) -> str:
+    """Who said it, in a form a model can use: ``user``, ``assistant``, or the kind of an
+    agent's message and its sender (``agent_message from chat-1f2e``,
+    ``subagent_result from subagent-sub_0a1b``)."""
+    if role != "user" or (sender_id is None and kind in USER_KINDS):
+        return role
+    return f"{kind or 'message'} from {sender_id}" if sender_id else f"{kind}"
 
 
 def omitted_line(n: int) -> str:
@@ -32,7 +47,8 @@ def omitted_line(n: int) -> str:
 
 def render(entries: Sequence[Line], limit: int = READ_LIMIT) -> str:
     """The readable transcript, newest messages kept within ``limit`` characters."""
-    shown = [f"{e.role}: {e.text}" for e in entries if e.visible and e.role in SHOWN_ROLES]
+    shown = [f"{speaker(e.role, e.sender_id, e.kind)}: {e.text}" for e in entries
+             if e.visible and e.role in SHOWN_ROLES]
     kept: list[str] = []
     used = 0
     for block in reversed(shown):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..persistence import ClaimedRow, TurnEntry
+from .transcript_view import speaker
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class Message:
     message_id: str
     """The journal id (idempotency key) of the message."""
     kind: str
-    """``agent_message``, ``subagent_result``, ... (SPEC I1)."""
+    """``agent_message``, ``subagent_result``, ..."""
     content: str
     """The text of the message."""
     sender_id: str | None
@@ -38,6 +39,20 @@ class Message:
     def from_row(cls, row: ClaimedRow) -> Message:
         """Build the brain's view of a claimed inbox row."""
         return cls(row.message_id, row.kind, row.content, row.sender, dict(row.payload))
+
+    @property
+    def speaker(self) -> str:
+        """Who sent it, as ``agent_read`` shows it: ``user``, or e.g.
+        ``agent_message from chat-1f2e`` / ``subagent_result from subagent-sub_0a1b``."""
+        return speaker("user", self.sender_id, self.kind)
+
+    def as_prompt(self) -> str:
+        """The message as a line for a model's prompt: ``<speaker>: <content>``."""
+        return f"{self.speaker}: {self.content}"
+
+    def entry(self) -> TurnEntry:
+        """The transcript entry that records this message (sender and kind kept)."""
+        return TurnEntry("user", self.content, True, self.message_id, self.sender_id, self.kind)
 
 
 @dataclass(frozen=True)
@@ -78,8 +93,7 @@ class Turn:
         self._context: str | None = None
         self._resolve: Callable[[], tuple[Any, str | None]] | None = None
         # Transcript order is the order things happened: steering lands between replies.
-        self._log: list[TurnEntry] = [TurnEntry("user", m.content, True, m.message_id)
-                                      for m in messages]
+        self._log: list[TurnEntry] = [m.entry() for m in messages]
 
     @property
     def tools(self) -> Any:
@@ -132,7 +146,7 @@ class Turn:
         """
         fresh = self._fetch_steering()
         self._steered.extend(fresh)
-        self._log.extend(TurnEntry("user", m.content, True, m.message_id) for m in fresh)
+        self._log.extend(m.entry() for m in fresh)
         return fresh
 
     @property

@@ -6,16 +6,32 @@ mistake the same way and writes nothing before its arguments are good.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .errors import ToolError
 
+SEND_LIMIT = 20_000
+"""Characters in one message (``agent_send``, ``rt.post``, a sub-agent's description)."""
+
+TITLE_LIMIT = 512
+"""Characters in a session title."""
+
+SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""A project slug: a letter or digit, then up to 63 letters, digits, ``.``, ``_`` or ``-``."""
+
 
 def require_str(name: str, value: Any) -> str:
-    """``value`` must be a string."""
+    """``value`` must be a string of valid Unicode (no lone surrogates: they cannot be stored)."""
     if not isinstance(value, str):
         raise ToolError("invalid_argument",
                         f"{name} must be a string, not {type(value).__name__}.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ToolError("invalid_argument",
+                        f"{name} is not valid Unicode: a lone surrogate "
+                        f"{value[exc.start]!r} at position {exc.start}.") from None
     return value
 
 
@@ -56,3 +72,13 @@ def require_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
         options = ", ".join(repr(c) for c in choices)
         raise ToolError("invalid_argument", f"{name} must be one of {options}, got {value!r}.")
     return value
+
+
+def require_slug(value: Any, name: str = "slug") -> str:
+    """A project slug (:data:`SLUG`), stripped."""
+    text = require_str(name, value).strip()
+    if not SLUG.fullmatch(text):
+        raise ToolError("invalid_argument",
+                        f"{name} must be 1 to 64 letters, digits, '.', '_' or '-', starting "
+                        f"with a letter or digit; got {text!r}.")
+    return text

@@ -9,18 +9,28 @@ This package never imports ``kinbox.actors`` or ``kinbox.transport``.
 
 from . import inbox_core
 from .cron_store import CronJobRecord, CronRunLost, CronRunRecord, CronStore, Occurrence
-from .database import default_data_dir, default_url, is_postgres, is_sqlite, open_database
+from .database import (
+    default_data_dir,
+    default_url,
+    is_postgres,
+    is_sqlite,
+    open_database,
+    sqlite_path,
+)
 from .errors import (
     DatabaseInUse,
+    DatabaseMissing,
     DatabaseOpenError,
     DuplicateError,
     IdempotencyConflict,
     IllegalTransition,
+    KinboxError,
     LeaseLost,
     PersistenceError,
     RowNotFound,
     SchemaError,
     WriterClosed,
+    redact_url,
 )
 from .exclusive import ExclusiveLock
 from .jobs import JobRecord, JobStore
@@ -33,6 +43,7 @@ from .journal import (
     NewMessage,
     TurnEntry,
 )
+from .liveness import OwnerLiveness
 from .models import Tables, bind_tables
 from .schema import pending_changes, require_current, upgrade
 from .sessions import EntryRecord, ProjectRecord, SessionRecord, SessionStore
@@ -49,6 +60,7 @@ __all__ = [
     "CronRunRecord",
     "CronStore",
     "DatabaseInUse",
+    "DatabaseMissing",
     "DatabaseOpenError",
     "DuplicateError",
     "EnqueueResult",
@@ -60,9 +72,11 @@ __all__ = [
     "JobRecord",
     "JobStore",
     "Journal",
+    "KinboxError",
     "LeaseLost",
     "NewMessage",
     "Occurrence",
+    "OwnerLiveness",
     "PersistenceError",
     "ProjectRecord",
     "RowNotFound",
@@ -84,6 +98,8 @@ __all__ = [
     "is_sqlite",
     "open_database",
     "pending_changes",
+    "redact_url",
     "require_current",
+    "sqlite_path",
     "upgrade",
 ]

@@ -35,7 +35,7 @@ class BulkSql:
         seq = "nextval('agent_inbox_seq')" if self.postgres else p
         self._inbox_row = (f"({p}, {seq}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, 'pending', 0, "
                            f"{p}, {p}, {p}, {p})")
-        self._entry_row = f"({p}, {p}, {p}, {p}, {p}, {p})"
+        self._entry_row = f"({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})"
         self._marker_row = f"({p}, {p}, {p})"
 
     def _insert(self, head: str, row_sql: str, rows: Sequence[Sequence[Any]]) -> None:
@@ -57,9 +57,10 @@ class BulkSql:
         self._insert(f"INSERT INTO {INBOX} ({_INBOX_COLUMNS})", self._inbox_row, rows)
 
     def insert_entries(self, rows: Sequence[tuple[Any, ...]]) -> None:
-        """Transcript entries: (session_id, role, text, visible, message_id, created_at)."""
+        """Transcript entries: (session_id, role, text, visible, message_id, sender_id, kind,
+        created_at)."""
         self._insert("INSERT INTO transcript_entries (session_id, role, text, visible, "
-                     "message_id, created_at)", self._entry_row, rows)
+                     "message_id, sender_id, kind, created_at)", self._entry_row, rows)
 
     def insert_markers(self, rows: Sequence[tuple[str, str, float]]) -> None:
         """Delivery markers: (session_id, message_id, created_at)."""

@@ -17,7 +17,7 @@ from typing import Literal
 import peewee
 from playhouse import db_url
 
-from .errors import DatabaseOpenError
+from .errors import DatabaseMissing, DatabaseOpenError
 
 Synchronous = Literal["FULL", "NORMAL"]
 
@@ -46,11 +46,21 @@ def sqlite_pragmas(synchronous: Synchronous = "FULL") -> dict[str, object]:
     }
 
 
-def open_database(url: str, *, synchronous: Synchronous = "FULL") -> peewee.Database:
+def sqlite_path(url: str) -> Path | None:
+    """The file of a ``sqlite:///`` URL, or None for any other URL."""
+    if url.startswith("sqlite:///") and url[len("sqlite:///"):] not in ("", ":memory:"):
+        return Path(url[len("sqlite:///"):]).expanduser()
+    return None
+
+
+def open_database(url: str, *, synchronous: Synchronous = "FULL",
+                  must_exist: bool = False) -> peewee.Database:
     """Open and check the database at ``url``; raise :class:`DatabaseOpenError` if it fails.
 
     ``synchronous`` only applies to SQLite; ``NORMAL`` trades the last
     transactions before a power loss for speed (benchmarks compare both).
+    ``must_exist`` is for commands that only read: a missing SQLite file is
+    :class:`DatabaseMissing` and no file is created.
     """
     if synchronous not in ("FULL", "NORMAL"):
         raise DatabaseOpenError(url, f"synchronous must be FULL or NORMAL, not {synchronous!r}")
@@ -62,11 +72,19 @@ def open_database(url: str, *, synchronous: Synchronous = "FULL") -> peewee.Data
                 url, "give a file path (sqlite:///path/to/file.db); in-memory databases "
                 "are private to one thread and cannot hold a journal"
             )
+        if must_exist and not Path(path).expanduser().is_file():
+            raise DatabaseMissing(url, f"there is no database file at {path!r}; a runtime "
+                                  "creates it on start, or run `kinbox db upgrade`")
         parent = Path(path).expanduser().parent
         if not parent.is_dir():
             raise DatabaseOpenError(url, f"directory {str(parent)!r} does not exist")
         options: dict[str, object] = {"pragmas": sqlite_pragmas(synchronous)}
     elif scheme in ("postgresql", "postgres"):
+        try:
+            import psycopg2  # noqa: F401  (playhouse's message does not say how to get it)
+        except ImportError:
+            raise DatabaseOpenError(url, "the PostgreSQL driver is not installed; install "
+                                    "the extra: pip install 'kinbox[postgres]'") from None
         options = {}
     else:
         raise DatabaseOpenError(

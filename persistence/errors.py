@@ -1,25 +1,35 @@
-"""Errors raised by the persistence layer.
+"""The root of kinbox's exception tree, and the errors of the persistence layer.
 
-Every error the layer raises derives from :class:`PersistenceError`, so a
-caller can catch the layer as a whole. Driver errors are wrapped
-(``raise ... from exc``) and never leak as ``sqlite3``/``psycopg2`` types::
+:class:`KinboxError` is defined here, in the bottom layer, so that every
+error kinbox raises (``kinbox.persistence`` and ``kinbox.actors`` alike)
+shares one root; ``kinbox.actors`` re-exports it and draws the whole tree.
+Every error of this layer derives from :class:`PersistenceError`, so a
+caller can also catch the layer as a whole. Driver errors are wrapped
+(``raise ... from exc``) and never leak as ``sqlite3``/``psycopg2`` types.
+Decide on the types and their attributes, never on the message text::
 
-    PersistenceError
-    ├── DatabaseOpenError      the URL is malformed or the database cannot be opened
-    ├── SchemaError            the schema is missing or older than this code
-    ├── IdempotencyConflict    a message id was reused with different content
-    ├── IllegalTransition      an inbox state change the state machine forbids
-    ├── LeaseLost              a worker acted on a row it no longer leases (fencing)
-    ├── RowNotFound            an inbox row, session or project does not exist
-    ├── DuplicateError         a project slug or session id is already taken
-    ├── DatabaseInUse          another runtime process owns this SQLite file
-    └── WriterClosed           the group-commit writer was stopped
+    KinboxError
+    └── PersistenceError
+        ├── DatabaseOpenError      .url (password masked), .reason: cannot be opened
+        │   └── DatabaseMissing    a read-only command found no database there
+        ├── SchemaError            the schema is missing or older than this code
+        ├── IdempotencyConflict    .message_id was reused with different content
+        ├── IllegalTransition      .message_id, .current, .event: the state machine forbids it
+        ├── LeaseLost              .message_id, .owner: acted on a row it no longer leases
+        ├── RowNotFound            .kind, .key: an inbox row, session, task... does not exist
+        ├── DuplicateError         .kind, .field, .value: a unique value is already taken
+        ├── DatabaseInUse          .path: another runtime process owns this SQLite file
+        └── WriterClosed           the group-commit writer was stopped
 """
 
 from __future__ import annotations
 
 
-class PersistenceError(Exception):
+class KinboxError(Exception):
+    """The root of every error kinbox raises (re-exported by ``kinbox.actors``)."""
+
+
+class PersistenceError(KinboxError):
     """Base class of every error raised by ``kinbox.persistence``."""
 
 
@@ -30,6 +40,10 @@ class DatabaseOpenError(PersistenceError):
         super().__init__(f"cannot open database {redact_url(url)!r}: {reason}")
         self.url = redact_url(url)
         self.reason = reason
+
+
+class DatabaseMissing(DatabaseOpenError):
+    """A command that only reads found no database at the URL (and created none)."""
 
 
 class SchemaError(PersistenceError):
@@ -67,15 +81,32 @@ class LeaseLost(PersistenceError):
 
 
 class RowNotFound(PersistenceError):
-    """The requested row does not exist."""
+    """The requested row does not exist; ``kind`` names what was looked for, ``key`` how."""
+
+    def __init__(self, kind: str, key: str, detail: str = "") -> None:
+        super().__init__(f"no {kind} with id {key!r}{detail}")
+        self.kind = kind
+        self.key = key
 
 
 class DuplicateError(PersistenceError):
-    """A project slug or session id that must be unique is already taken."""
+    """A value that must be unique is taken: ``field`` of a ``kind`` (project slug, session id)."""
+
+    def __init__(self, kind: str, field: str, value: str) -> None:
+        super().__init__(f"a {kind} with {field} {value!r} already exists")
+        self.kind = kind
+        self.field = field
+        self.value = value
 
 
 class DatabaseInUse(PersistenceError):
-    """Another runtime already owns this embedded database file."""
+    """Another runtime already owns this embedded database file (``path``)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"database {path!r} is in use by another kinbox runtime; stop it first, "
+            "or use PostgreSQL to share one database between processes")
+        self.path = path
 
 
 class WriterClosed(PersistenceError):

@@ -32,10 +32,7 @@ class ExclusiveLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise DatabaseInUse(
-                f"database {str(self.path)[:-5]!r} is in use by another kinbox runtime; "
-                "stop it first, or use PostgreSQL to share one database between processes"
-            ) from None
+            raise DatabaseInUse(str(self.path)[:-5]) from None
         self._fd = fd
 
     def release(self) -> None:

@@ -83,6 +83,19 @@ class HotPath:
             found.extend(tuple(r) for r in self.db.execute_sql(sql, (now, transport, limit)))
         return sorted(found, key=lambda r: r[1])[:limit]
 
+    def has_runnable(self, transport: str, now: float) -> bool:
+        """A turn is in flight (a row is processing) or a target's head is due now.
+
+        One statement, so both halves see the same snapshot: as two queries, a
+        row claimed between them was seen by neither (pending no more, and not
+        yet processing for the first).
+        """
+        p = self.p
+        sql = (f"SELECT 1 FROM {INBOX} m WHERE m.transport = {p} AND (m.status = 'processing' "
+               f"OR (m.status = 'pending' AND m.available_at <= {p} "
+               f"AND m.seq = {head_seq('m.target_chat_id')})) LIMIT 1")
+        return self.fetch_one(sql, (transport, now)) is not None
+
     def lease_many(self, ids: Sequence[str], owner: str, until: float, now: float) -> None:
         """Lease several rows."""
         for part in chunks(ids):

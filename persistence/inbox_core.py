@@ -12,6 +12,8 @@ States and legal transitions (anything else raises ``IllegalTransition``)::
     processing --fail-->    failed       (terminal until an operator requeues)
     processing --release--> pending      (handed back unrun, no attempt counted)
     failed     --requeue--> pending      (attempts reset, history kept)
+    pending    --cancel-->  cancelled    (an operator gives up on it; terminal)
+    failed     --cancel-->  cancelled
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class State(StrEnum):
     PROCESSING = "processing"
     DELIVERED = "delivered"
     FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
 class Event(StrEnum):
@@ -40,6 +43,7 @@ class Event(StrEnum):
     FAIL = "fail"
     RELEASE = "release"
     REQUEUE = "requeue"
+    CANCEL = "cancel"
 
 
 TRANSITIONS: dict[tuple[State, Event], State] = {
@@ -50,12 +54,14 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (State.PROCESSING, Event.FAIL): State.FAILED,
     (State.PROCESSING, Event.RELEASE): State.PENDING,
     (State.FAILED, Event.REQUEUE): State.PENDING,
+    (State.PENDING, Event.CANCEL): State.CANCELLED,
+    (State.FAILED, Event.CANCEL): State.CANCELLED,
 }
 
 OPEN_STATES = (State.PENDING.value, State.PROCESSING.value)
 """States of rows that still wait for delivery."""
 
-TERMINAL_STATES = (State.DELIVERED.value, State.FAILED.value)
+TERMINAL_STATES = (State.DELIVERED.value, State.FAILED.value, State.CANCELLED.value)
 
 
 def transition(message_id: str, state: State | str, event: Event) -> State:
@@ -117,6 +123,20 @@ def after_failure(
     if permanent or attempts >= max_attempts:
         return FailureOutcome(State.FAILED, attempts, now)
     return FailureOutcome(State.PENDING, attempts, now + backoff_delay(attempts, cap))
+
+
+ERROR_LIMIT = 8000
+"""Characters of an attempt's error (a traceback) a row keeps."""
+
+
+def clip_error(text: str, limit: int = ERROR_LIMIT) -> str:
+    """``text`` within ``limit`` characters, keeping its start and, above all, its end
+    (a traceback ends with the exception and the frame that raised it)."""
+    if len(text) <= limit:
+        return text
+    marker = "\n[... traceback clipped ...]\n"
+    head = limit // 8
+    return text[:head] + marker + text[-(limit - head - len(marker)):]
 
 
 def check_lease(message_id: str, state: str, lease_owner: str | None, worker: str) -> None:

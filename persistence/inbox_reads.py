@@ -13,6 +13,7 @@ import peewee as pw
 
 from . import inbox_core as core
 from .errors import RowNotFound
+from .hot_path import HotPath
 from .models import InboxMessage, Tables
 
 
@@ -27,14 +28,14 @@ class InboxReads:
     """Queries over ``agent_inbox_messages`` and its history."""
 
     t: Tables
-
+    hot: HotPath
 
     def get(self, message_id: str) -> dict[str, Any]:
         """One row as a dict; :class:`RowNotFound` if absent."""
         m = self.t.inbox
         row = m.get_or_none(m.message_id == message_id)
         if row is None:
-            raise RowNotFound(f"no inbox row with id {message_id!r}")
+            raise RowNotFound("inbox row", message_id)
         return row_to_dict(row)
 
     def history(self, message_id: str) -> list[dict[str, Any]]:
@@ -63,13 +64,18 @@ class InboxReads:
         return {r.status: r.n for r in q}
 
     def has_due(self, now: float, transport: str = "local") -> bool:
-        """True when a row waits for delivery now (pending and due, or processing)."""
+        """True when something can run now: a turn is in flight, or a target's head is due.
+
+        Only heads count: a row waiting behind its target's head (in backoff,
+        say) cannot run before the head, so it does not make the runtime busy.
+        """
+        return self.hot.has_runnable(transport, now)
+
+    def next_due(self, transport: str = "local") -> float | None:
+        """The earliest time a pending row becomes due (a backoff running out), or None."""
         m = self.t.inbox
-        return (m.select(m.message_id).where(
-            m.transport == transport,
-            (m.status == core.State.PROCESSING.value)
-            | ((m.status == core.State.PENDING.value) & (m.available_at <= now)))
-            .limit(1).exists())
+        return m.select(pw.fn.MIN(m.available_at)).where(
+            m.transport == transport, m.status == core.State.PENDING.value).scalar()
 
     def pending_count(self, target: str) -> int:
         """Open rows addressed to ``target``."""

@@ -77,6 +77,10 @@ class TurnEntry:
     text: str
     visible: bool = True
     message_id: str | None = None
+    sender_id: str | None = None
+    """Who sent the message this entry records (None: the user, the runtime, a reply)."""
+    kind: str | None = None
+    """The kind of that message (``agent_message``, ``subagent_result``...)."""
 
 
 @dataclass(frozen=True)
@@ -110,3 +114,9 @@ def insert_params(msg: NewMessage, now: float) -> tuple[Any, ...]:
             msg.kind, msg.content,
             json.dumps(msg.payload, sort_keys=True) if msg.payload else "{}",
             msg.max_attempts or policy.max_attempts, now, now, now)
+
+
+def entry_row(session_id: str, entry: TurnEntry, now: float) -> tuple[Any, ...]:
+    """A transcript entry's values for ``BulkSql.insert_entries``."""
+    return (session_id, entry.role, entry.text, entry.visible, entry.message_id,
+            entry.sender_id, entry.kind, now)

@@ -33,6 +33,7 @@ from .inbox_records import (
     NewMessage,
     TurnCommit,
     TurnEntry,
+    entry_row,
     insert_params,
 )
 from .models import InboxMessage, Tables
@@ -142,11 +143,20 @@ class Journal(InboxReads):
             m.target_chat_id.in_(tg), m.lease_owner == owner,
             m.status == core.State.PROCESSING.value).execute())
 
-    def expire_leases(self, now: float) -> int:
-        """Make every processing row claimable now (start-up of an exclusive runtime)."""
+    def expire_leases(self, now: float, owners: Iterable[str] | None = None) -> int:
+        """Make processing rows claimable now: every one (start-up of an exclusive
+        runtime), or those of ``owners`` (runtimes known to be gone)."""
         m = self.t.inbox
-        return self.writer.call(lambda: m.update(lease_until=now).where(
-            m.status == core.State.PROCESSING.value).execute())
+        cond = m.status == core.State.PROCESSING.value
+        if owners is not None:
+            cond &= m.lease_owner.in_(sorted(owners))
+        return self.writer.call(lambda: m.update(lease_until=now).where(cond).execute())
+
+    def lease_owners(self) -> set[str]:
+        """The owners holding leases on processing rows now."""
+        m = self.t.inbox
+        return {r.lease_owner for r in m.select(m.lease_owner).distinct().where(
+            m.status == core.State.PROCESSING.value, m.lease_owner.is_null(False))}
 
     # -- outcomes --------------------------------------------------------------------------
 
@@ -155,7 +165,7 @@ class Journal(InboxReads):
         for mid in ids:
             row = rows.get(mid)
             if row is None:
-                raise RowNotFound(f"no inbox row with id {mid!r}")
+                raise RowNotFound("inbox row", mid)
             core.check_lease(mid, row[0], row[1], owner)
         return [FenceRow(i, *rows[i]) for i in ids]
 
@@ -182,8 +192,7 @@ class Journal(InboxReads):
             self.enqueue_now(msg, now)
         for op in also:
             op()
-        self.bulk.insert_entries([(session_id, e.role, e.text, e.visible, e.message_id, now)
-                                  for e in entries])
+        self.bulk.insert_entries([entry_row(session_id, e, now) for e in entries])
         self.bulk.insert_markers([(session_id, mid, now) for mid in ids])
         if ack:
             self.hot.mark_delivered(ids, now)
@@ -244,11 +253,11 @@ class Journal(InboxReads):
                         core.Event.FAIL if out.state is core.State.FAILED else core.Event.RETRY)
         m = self.t.inbox
         m.update(status=out.state.value, attempts=out.attempts, available_at=out.available_at,
-                 last_error=error[:2000], lease_owner=None, lease_until=None,
+                 last_error=core.clip_error(error), lease_owner=None, lease_until=None,
                  updated_at=now).where(m.message_id == message_id).execute()
         self.t.event.insert(message_id=message_id, at=now, attempts=out.attempts,
                             event="failed" if out.state is core.State.FAILED else "retry",
-                            detail=error[:2000]).execute()
+                            detail=core.clip_error(error)).execute()
         if release:
             self._release_rows(release, now)
         if out.state is core.State.FAILED:
@@ -295,7 +304,7 @@ class Journal(InboxReads):
         m = self.t.inbox
         row = m.get_or_none(m.message_id == message_id)
         if row is None:
-            raise RowNotFound(f"no inbox row with id {message_id!r}")
+            raise RowNotFound("inbox row", message_id)
         core.transition(message_id, row.status, core.Event.REQUEUE)
         self.t.event.insert(message_id=message_id, at=now, attempts=row.attempts,
                             event="requeued", detail=row.last_error).execute()
@@ -306,3 +315,41 @@ class Journal(InboxReads):
     def requeue(self, message_id: str, now: float) -> dict[str, Any]:
         """Operator: put a ``failed`` row back to ``pending`` (attempts reset, history kept)."""
         return self.writer.call(lambda: self._requeue_op(message_id, now))
+
+    def requeue_where(self, now: float, *, target: str | None = None,
+                      kind: str | None = None) -> list[str]:
+        """Operator: requeue every ``failed`` row matching the filter, in one transaction."""
+        m = self.t.inbox
+
+        def op() -> list[str]:
+            q = m.select(m.message_id).where(m.status == core.State.FAILED.value)
+            if target is not None:
+                q = q.where(m.target_chat_id == target)
+            if kind is not None:
+                q = q.where(m.kind == kind)
+            ids = [r.message_id for r in q.order_by(m.seq)]
+            for mid in ids:
+                self._requeue_op(mid, now)
+            return ids
+        return self.writer.call(op)
+
+    def _cancel_op(self, message_id: str, now: float, by: str, reason: str) -> dict[str, Any]:
+        m = self.t.inbox
+        row = m.get_or_none(m.message_id == message_id)
+        if row is None:
+            raise RowNotFound("inbox row", message_id)
+        core.transition(message_id, row.status, core.Event.CANCEL)
+        self.t.event.insert(message_id=message_id, at=now, attempts=row.attempts,
+                            event="cancelled", detail=f"by {by}: {reason}"[:2000]).execute()
+        m.update(status=core.State.CANCELLED.value, lease_owner=None, lease_until=None,
+                 updated_at=now).where(m.message_id == message_id).execute()
+        return row_to_dict(m.get(m.message_id == message_id))
+
+    def cancel(self, message_id: str, now: float, *, by: str, reason: str) -> dict[str, Any]:
+        """Operator: give up on a ``pending`` or ``failed`` row (terminal ``cancelled``).
+
+        Who and why are kept in the row's history. The rows queued behind it
+        for the same target move up, so one bad message stops holding its
+        session back.
+        """
+        return self.writer.call(lambda: self._cancel_op(message_id, now, by, reason))

@@ -66,6 +66,8 @@ class TranscriptEntry(_Base):
     visible = pw.BooleanField(default=True)
     message_id = pw.CharField(null=True, max_length=256)
     created_at = pw.DoubleField()
+    sender_id = pw.CharField(null=True, max_length=256)
+    kind = pw.CharField(null=True, max_length=64)
 
     class Meta:
         table_name = "transcript_entries"

@@ -58,6 +58,10 @@ class EntryRecord:
     visible: bool
     message_id: str | None
     created_at: float
+    sender_id: str | None = None
+    """Who sent the message this entry records; None for the user and for replies."""
+    kind: str | None = None
+    """That message's kind (``agent_message``, ``subagent_result``...)."""
 
 
 def _project(p: Project) -> ProjectRecord:
@@ -84,8 +88,10 @@ class SessionStore:
         p = self.t.project
 
         def op() -> ProjectRecord:
-            if p.select().where((p.slug == slug) | (p.id == project_id)).exists():
-                raise DuplicateError(f"a project with slug {slug!r} already exists")
+            if p.select().where(p.slug == slug).exists():
+                raise DuplicateError("project", "slug", slug)
+            if p.select().where(p.id == project_id).exists():
+                raise DuplicateError("project", "id", project_id)
             p.insert(id=project_id, slug=slug, name=name, hidden=hidden, archived=archived,
                      created_at=now).execute()
             return ProjectRecord(project_id, slug, name, archived, hidden, now)
@@ -133,7 +139,7 @@ class SessionStore:
 
         def op() -> SessionRecord:
             if s.select().where(s.id == session_id).exists():
-                raise DuplicateError(f"a session with id {session_id!r} already exists")
+                raise DuplicateError("session", "id", session_id)
             s.insert(id=session_id, project_id=project_id, title=title, kind=kind,
                      platform=platform, parent_id=parent_id, status="idle", config=cfg,
                      created_at=now, updated_at=now).execute()
@@ -193,7 +199,7 @@ class SessionStore:
 
         def op() -> None:
             if not s.update(updated_at=now, **changes).where(s.id == session_id).execute():
-                raise RowNotFound(f"no session with id {session_id!r}")
+                raise RowNotFound("session", session_id)
         self.writer.call(op)
 
     def patch_config_now(self, session_id: str, patch: dict[str, Any], now: float) -> None:
@@ -201,7 +207,7 @@ class SessionStore:
         s = self.t.session
         row = s.get_or_none(s.id == session_id)
         if row is None:
-            raise RowNotFound(f"no session with id {session_id!r}")
+            raise RowNotFound("session", session_id)
         config = {**json.loads(row.config or "{}"), **patch}
         s.update(config=json.dumps(config, sort_keys=True), updated_at=now).where(
             s.id == session_id).execute()
@@ -221,13 +227,14 @@ class SessionStore:
         tr = self.t.transcript
         self.writer.call(lambda: tr.insert_many([
             {"session_id": session_id, "role": e.role, "text": e.text, "visible": e.visible,
-             "message_id": e.message_id, "created_at": now} for e in entries]).execute())
+             "message_id": e.message_id, "sender_id": e.sender_id, "kind": e.kind,
+             "created_at": now} for e in entries]).execute())
 
     def transcript(self, session_id: str) -> list[EntryRecord]:
         """Every entry of a session's transcript, oldest first."""
         tr = self.t.transcript
         return [EntryRecord(e.id, e.session_id, e.role, e.text, bool(e.visible), e.message_id,
-                            e.created_at)
+                            e.created_at, e.sender_id, e.kind)
                 for e in tr.select().where(tr.session_id == session_id).order_by(tr.id)]
 
     def marker_counts(self) -> dict[str, int]:

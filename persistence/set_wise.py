@@ -22,7 +22,14 @@ from typing import Any
 
 from . import inbox_core as core
 from .bulk_sql import BulkSql
-from .inbox_records import ClaimedRow, EnqueueResult, NewMessage, TurnCommit, insert_params
+from .inbox_records import (
+    ClaimedRow,
+    EnqueueResult,
+    NewMessage,
+    TurnCommit,
+    entry_row,
+    insert_params,
+)
 
 
 class OneByOne(Exception):
@@ -91,8 +98,7 @@ def commit_all(sql: BulkSql, commits: Sequence[TurnCommit]) -> list[ClaimedRow |
         raise OneByOne("a message or a session appears twice in the batch")
     _fence_all(sql, commits)  # LeaseLost here also sends the batch one by one
     now = max(c.now for c in commits)
-    sql.insert_entries([(c.session_id, e.role, e.text, e.visible, e.message_id, c.now)
-                        for c in commits for e in c.entries])
+    sql.insert_entries([entry_row(c.session_id, e, c.now) for c in commits for e in c.entries])
     sql.insert_markers([(c.session_id, mid, c.now) for c in commits for mid in c.message_ids])
     sql.hot.mark_delivered(ids, now)
     following = _next_heads(sql, commits, now)

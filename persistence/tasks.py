@@ -81,7 +81,7 @@ class TaskStore:
         t = self.t.task
         row = t.get_or_none((t.id == task_id) & (t.chat_id == chat_id))
         if row is None:
-            raise RowNotFound(f"no task {task_id!r} in session {chat_id!r}")
+            raise RowNotFound("task", task_id, f" in session {chat_id!r}")
         before = _record(row)
         t.update(updated_at=now, **changes).where(t.id == task_id).execute()
         return TaskChange(before, _record(t.get(t.id == task_id)), self._open_count(chat_id))

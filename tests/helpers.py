@@ -15,3 +15,7 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         pause.wait(0.005)  # re-check soon; the timeout above bounds the wait
+
+
+def quiet_brain(turn: object) -> None:
+    """A brain that reads its messages and says nothing (a runtime without one is send-only)."""

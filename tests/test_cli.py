@@ -131,4 +131,4 @@ def test_db_upgrade_creates_a_schema_and_commands_refuse_an_old_one(tmp_path: Pa
 def test_an_unopenable_database_is_a_clear_error() -> None:
     result = kinbox("inbox", "list", "--db", "sqlite:////no/such/dir/x.db")
     assert result.returncode == 1
-    assert "does not exist" in result.stderr
+    assert "no database file at" in result.stderr

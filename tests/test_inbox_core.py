@@ -31,6 +31,8 @@ LEGAL = [
     (State.PROCESSING, Event.FAIL, State.FAILED),
     (State.PROCESSING, Event.RELEASE, State.PENDING),
     (State.FAILED, Event.REQUEUE, State.PENDING),
+    (State.PENDING, Event.CANCEL, State.CANCELLED),
+    (State.FAILED, Event.CANCEL, State.CANCELLED),
 ]
 
 
@@ -56,8 +58,8 @@ def test_illegal_transitions_raise_with_the_state_and_event(state: State, event:
     assert "m-1" in str(info.value)
 
 
-@pytest.mark.parametrize("terminal", [State.DELIVERED])
-def test_delivered_is_terminal_for_every_event(terminal: State) -> None:
+@pytest.mark.parametrize("terminal", [State.DELIVERED, State.CANCELLED])
+def test_delivered_and_cancelled_are_terminal_for_every_event(terminal: State) -> None:
     for event in Event:
         with pytest.raises(IllegalTransition):
             transition("m", terminal, event)

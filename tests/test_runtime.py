@@ -12,6 +12,7 @@ import pytest
 from kinbox.actors import (
     ConfigError,
     IdleTimeout,
+    KinboxError,
     ManualClock,
     Runtime,
     RuntimeStateError,
@@ -21,7 +22,7 @@ from kinbox.actors.context import TurnEffects
 from kinbox.persistence import DatabaseInUse, NewMessage
 
 from .conftest import Stores
-from .helpers import wait_for
+from .helpers import quiet_brain, wait_for
 
 MakeRuntime = Callable[..., Runtime]
 
@@ -104,8 +105,11 @@ def test_a_failing_brain_is_retried_with_backoff_on_the_injected_clock(
     rt.post(b, "work", sender=a)
     rt.run_until_idle()
     row = rt.inbox()[0]
-    assert (row["status"], row["attempts"], row["last_error"]) == (
-        "pending", 1, "RuntimeError: model timeout")
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    # The attempt keeps its whole traceback, down to the brain's own frame.
+    assert row["last_error"].startswith("Traceback (most recent call last):")
+    assert 'test_runtime.py", line' in row["last_error"]
+    assert row["last_error"].rstrip().endswith("RuntimeError: model timeout")
     clock.advance(1.9)
     rt.run_until_idle()
     assert len(calls) == 1
@@ -286,7 +290,7 @@ def test_run_until_idle_times_out_while_a_turn_is_stuck(make_runtime: MakeRuntim
 
 
 def test_concurrent_sends_are_committed_in_shared_batches(make_runtime: MakeRuntime) -> None:
-    rt = make_runtime()
+    rt = make_runtime(brain=quiet_brain)
     a, b = two_sessions(rt)
     tools = rt.tools_for(a)
     with ThreadPoolExecutor(8) as pool:
@@ -311,9 +315,11 @@ def test_a_stopped_runtime_refuses_work_with_a_clear_error(make_runtime: MakeRun
 
 def test_a_second_runtime_on_the_same_sqlite_file_is_refused(make_runtime: MakeRuntime,
                                                               db_url: str) -> None:
-    make_runtime()
-    with pytest.raises(DatabaseInUse, match="in use by another kinbox runtime"):
-        Runtime(db=db_url).start()
+    make_runtime(brain=quiet_brain)
+    with pytest.raises(DatabaseInUse) as refused:
+        Runtime(db=db_url, brain=quiet_brain).start()
+    assert refused.value.path == db_url.removeprefix("sqlite:///")
+    assert isinstance(refused.value, KinboxError)
 
 
 @pytest.mark.parametrize(("options", "message"), [

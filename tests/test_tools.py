@@ -13,7 +13,7 @@ from kinbox.actors import ManualClock, Runtime, ToolError, Turn
 from kinbox.actors.transcript_view import TRUNCATED
 from kinbox.persistence import TurnEntry
 
-from .helpers import wait_for
+from .helpers import quiet_brain, wait_for
 
 MakeRuntime = Callable[..., Runtime]
 
@@ -21,7 +21,7 @@ MakeRuntime = Callable[..., Runtime]
 @pytest.fixture
 def world(make_runtime: MakeRuntime) -> dict[str, Any]:
     """Two projects, sessions of several kinds, a hidden one and a loner without a project."""
-    rt = make_runtime()
+    rt = make_runtime(brain=quiet_brain)
     p1, p2 = rt.create_project("one"), rt.create_project("two")
     w: dict[str, Any] = {"rt": rt, "p1": p1, "p2": p2}
     w["me"] = rt.create_session(p1.id, "Me").id

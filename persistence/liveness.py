@@ -1,0 +1,77 @@
+"""Which runtimes are still alive, on PostgreSQL: a lock each holds for its whole life.
+
+Leases alone cannot tell a dead owner from a slow one, so a restart after a
+kill used to wait until the dead runtime's leases ran out (30 s). Here each
+delivering runtime takes a session-level advisory lock named for its owner
+id, on a connection of its own that it keeps open until it stops. The lock
+lives exactly as long as that connection: when the process dies (SIGKILL
+included) the kernel closes its socket, the server ends the session and
+the lock is free. So "can I take owner X's lock?" answers "is X gone?",
+and the rows X leased can be taken over at once, while a live owner, however
+slow, keeps its lock and its rows.
+
+The lock key is (``LOCK_CLASS``, ``hashtext(owner)``); a hash collision can
+only make a dead owner look alive (its rows then wait for their leases, as
+before), never the reverse.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import peewee as pw
+
+from .errors import PersistenceError
+
+LOCK_CLASS = 0x6B62
+"""The first key of kinbox's advisory locks ("kb"), apart from other applications' locks."""
+
+
+class OwnerLiveness:
+    """One runtime's life lock on a PostgreSQL database, and the check on other owners."""
+
+    def __init__(self, db: pw.PostgresqlDatabase, owner: str) -> None:
+        self.db = db
+        self.owner = owner
+        self._conn: Any = None
+        self._lock = threading.Lock()
+
+    def hold(self) -> None:
+        """Take this runtime's life lock on a connection of its own (kept until release)."""
+        try:
+            conn = self.db._connect()
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (LOCK_CLASS, self.owner))
+        except Exception as exc:
+            raise PersistenceError(f"cannot take the runtime's life lock: {exc}") from exc
+        self._conn = conn
+
+    def gone(self, owners: Iterable[str]) -> set[str]:
+        """The owners among ``owners`` whose runtime no longer holds its life lock."""
+        found: set[str] = set()
+        with self._lock:
+            if self._conn is None:
+                return found
+            with self._conn.cursor() as cur:
+                for owner in owners:
+                    if owner == self.owner:
+                        continue
+                    cur.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))",
+                                (LOCK_CLASS, owner))
+                    if cur.fetchone()[0]:
+                        cur.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))",
+                                    (LOCK_CLASS, owner))
+                        found.add(owner)
+        return found
+
+    def release(self) -> None:
+        """Give the lock up by closing its connection (as the process's death would)."""
+        with self._lock:
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                finally:
+                    self._conn = None

@@ -1,0 +1,102 @@
+"""On PostgreSQL a restart replays at once: a dead runtime's leases are taken over as soon
+as its life lock is free, while a live, slow runtime keeps its rows."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kinbox.actors import Runtime, Turn
+
+from .conftest import PG_URL, reset_postgres
+from .helpers import wait_for
+
+pytestmark = pytest.mark.postgres
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def pg_url() -> str:
+    if not PG_URL:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run the PostgreSQL tests: .ci/run sets KINBOX_TEST_PG_URL")
+        pytest.skip("needs KINBOX_TEST_PG_URL (set by .ci/run)")
+    reset_postgres(PG_URL)
+    return PG_URL
+
+
+@pytest.mark.timeout(60)
+def test_a_restart_after_sigkill_replays_within_a_second_not_after_the_lease(
+        pg_url: str, tmp_path: Path) -> None:
+    seen: list[str] = []
+    setup = Runtime(db=pg_url, data_dir=str(tmp_path)).start()  # send-only: writes only
+    project = setup.create_project("live")
+    sid = setup.create_session(project.id, "Worker").id
+    mid = setup.post(sid, "hang on this one").message_id
+    setup.stop()
+    child = subprocess.Popen([sys.executable, str(HERE / "liveness_child.py"), pg_url],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "turn started"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    # The dead process's lease has its full 30 s to run; the restart must not wait for it.
+    started = time.monotonic()
+    rt = Runtime(db=pg_url, data_dir=str(tmp_path),
+                 brain=lambda turn: seen.append(turn.messages[0].message_id)).start()
+    try:
+        wait_for(lambda: seen == [mid], timeout=10, what="the replayed turn")
+        assert time.monotonic() - started < 3
+        wait_for(lambda: rt.inbox()[0]["status"] == "delivered", what="the replay's commit")
+        assert rt.marker_counts() == {mid: 1}
+    finally:
+        rt.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_live_slow_runtime_is_never_robbed_of_its_rows(pg_url: str, tmp_path: Path) -> None:
+    release = threading.Event()
+    holding = threading.Event()
+    turns: list[str] = []
+
+    def slow(turn: Turn) -> None:
+        turns.append("slow")
+        holding.set()
+        release.wait(30)
+
+    def other(turn: Turn) -> None:
+        turns.append("other")
+
+    # A lease shorter than the turn: only renewal and the life lock keep the row with A.
+    a = Runtime(db=pg_url, brain=slow, data_dir=str(tmp_path), lease_seconds=1.0,
+                tick_interval=0.05).start()
+    b = None
+    try:
+        project = a.create_project("slow")
+        sid = a.create_session(project.id, "Slow").id
+        mid = a.post(sid, "take your time").message_id
+        assert holding.wait(10)
+        b = Runtime(db=pg_url, brain=other, data_dir=str(tmp_path), lease_seconds=1.0,
+                    tick_interval=0.05).start()
+        deadline = time.monotonic() + 3  # several takeover checks and lease lengths
+        while time.monotonic() < deadline:
+            row = b.inbox()[0]
+            assert (row["status"], row["lease_owner"]) == ("processing", a.owner)
+            threading.Event().wait(0.1)  # sampling the row over time, not waiting for it
+        release.set()
+        wait_for(lambda: a.inbox()[0]["status"] == "delivered", what="A's commit")
+        assert turns == ["slow"] and a.marker_counts() == {mid: 1}
+    finally:
+        release.set()
+        a.stop()
+        if b is not None:
+            b.stop()

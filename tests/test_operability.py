@@ -1,0 +1,373 @@
+"""What an operator and a new user trip over first: send-only runtimes, idleness behind a
+backoff, exit without stop(), one error tree, validation at every entry point, operator
+cancel and bulk requeue, turn timeouts, logs."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import kinbox.actors
+from kinbox.actors import (
+    ConfigError,
+    KinboxError,
+    ManualClock,
+    PersistenceError,
+    RowNotFound,
+    Runtime,
+    RuntimeStateError,
+    ToolError,
+    Turn,
+)
+from kinbox.actors.runtime import data_dir_for
+from kinbox.persistence import IllegalTransition, default_data_dir
+
+from .helpers import quiet_brain, wait_for
+
+MakeRuntime = Callable[..., Runtime]
+
+
+def two_sessions(rt: Runtime) -> tuple[str, str]:
+    project = rt.project("p") or rt.create_project("p")
+    return (rt.create_session(project.id, "A").id, rt.create_session(project.id, "B").id)
+
+
+# -- 1. a runtime without a brain never consumes a message ------------------------------
+
+
+def test_a_runtime_without_a_brain_is_send_only_and_never_claims(
+        make_runtime: MakeRuntime, db_url: str, clock: ManualClock) -> None:
+    sender = make_runtime()
+    assert sender.send_only and sender.context.dispatcher is None
+    claims: list[str] = []
+    sender.subscribe(lambda event, data: claims.append(event) if event == "claimed" else None)
+    a, b = two_sessions(sender)
+    sender.post(b, "for whoever holds a brain", sender=a)
+    clock.advance(60)  # ticks, due times: a delivering runtime would have claimed by now
+    assert [r["status"] for r in sender.inbox()] == ["pending"]
+    with pytest.raises(RuntimeStateError) as refused:
+        sender.run_until_idle()
+    assert refused.value.state == "send-only"
+
+    # A delivering runtime beside it on the same SQLite file runs the turn, once.
+    seen: list[str] = []
+    worker = make_runtime(brain=lambda turn: seen.extend(m.content for m in turn.messages))
+    worker.run_until_idle()
+    assert seen == ["for whoever holds a brain"]
+    assert claims == []
+    assert worker.marker_counts() == {sender.inbox()[0]["message_id"]: 1}
+
+
+# -- 2. idle means nothing can run before the next due time ------------------------------
+
+
+def test_run_until_idle_returns_while_a_head_row_waits_out_its_backoff(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    ran: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        ran.append(turn.messages[0].content)
+        if turn.messages[0].content == "bad" and ran.count("bad") == 1:
+            raise RuntimeError("first attempt fails")
+
+    rt = make_runtime(brain=brain)
+    a, b = two_sessions(rt)
+    rt.post(b, "bad", sender=a)
+    rt.post(b, "good", sender=a)
+    rt.run_until_idle(timeout=5)  # "good" waits behind "bad", which is in backoff
+    batches = rt.statistics()["writer"]["batches"]
+    rt.run_until_idle(timeout=5)
+    assert rt.statistics()["writer"]["batches"] - batches < 5  # no spinning claims
+    assert ran == ["bad"]
+    assert sorted(r["status"] for r in rt.inbox()) == ["pending", "pending"]
+    clock.advance(2)
+    rt.run_until_idle(timeout=5)
+    assert ran == ["bad", "bad", "good"]
+
+
+# -- 3. a program that never calls stop() still exits cleanly ----------------------------
+
+
+PROGRAM = """
+import sys
+from kinbox.actors import Runtime
+
+def brain(turn):
+    turn.reply("seen " + turn.messages[0].content)
+
+rt = Runtime(db=sys.argv[1], brain=brain).start()
+p = rt.project("p") or rt.create_project("p")
+a, b = rt.create_session(p.id, "A").id, rt.create_session(p.id, "B").id
+rt.post(b, "hello", sender=a)
+rt.run_until_idle()
+rt.post(b, "left for the next start", sender=a)
+if sys.argv[2] == "raise":
+    raise SystemExit("the program ends with an error, never calling stop()")
+"""
+
+
+@pytest.mark.parametrize("ending", ["return", "raise"])
+@pytest.mark.timeout(60)
+def test_a_program_that_never_calls_stop_exits_and_leaves_nothing_half_done(
+        tmp_path: Path, db_url: str, ending: str) -> None:
+    script = tmp_path / "app.py"
+    script.write_text(textwrap.dedent(PROGRAM))
+    done = subprocess.run([sys.executable, str(script), db_url, ending], capture_output=True,
+                          text=True, timeout=45)
+    assert done.returncode == (0 if ending == "return" else 1), done.stderr
+    assert "Traceback" not in done.stderr
+    rt = Runtime(db=db_url, brain=quiet_brain).start()
+    try:
+        states = sorted(r["status"] for r in rt.inbox())
+        assert "processing" not in states
+        assert states.count("delivered") >= 1 and len(states) == 2
+        rt.run_until_idle()
+        assert sorted(r["status"] for r in rt.inbox()) == ["delivered", "delivered"]
+        assert set(rt.marker_counts().values()) == {1}
+    finally:
+        rt.stop()
+
+
+# -- 11. one exception tree -----------------------------------------------------------
+
+
+def test_every_exported_error_is_a_kinbox_error() -> None:
+    errors = [getattr(kinbox.actors, n) for n in kinbox.actors.__all__
+              if isinstance(getattr(kinbox.actors, n), type)
+              and issubclass(getattr(kinbox.actors, n), BaseException)]
+    assert len(errors) >= 15
+    assert all(issubclass(e, KinboxError) for e in errors)
+    assert issubclass(PersistenceError, KinboxError)
+
+
+def test_requeue_of_an_unknown_id_is_a_kinbox_error_with_attributes(
+        make_runtime: MakeRuntime) -> None:
+    rt = make_runtime(brain=quiet_brain)
+    with pytest.raises(KinboxError) as info:
+        rt.requeue("msg-nope")
+    assert isinstance(info.value, RowNotFound)
+    assert (info.value.kind, info.value.key) == ("inbox row", "msg-nope")
+
+
+def test_a_duplicate_names_the_field_that_is_taken(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime(brain=quiet_brain)
+    rt.create_project("acme")
+    with pytest.raises(KinboxError) as info:
+        rt.create_project("acme")
+    assert (info.value.kind, info.value.field, info.value.value) == (  # type: ignore[attr-defined]
+        "project", "slug", "acme")
+
+
+# -- 12. every public entry point validates like the tools do ----------------------------
+
+
+@pytest.mark.parametrize(("call", "field"), [
+    (lambda rt, b: rt.inbox(state="bogus"), "state"),
+    (lambda rt, b: rt.post(b, "x" * 20_001), "content"),
+    (lambda rt, b: rt.post(b, "a\ud800b"), "content"),
+    (lambda rt, b: rt.post(b, "   "), "content"),
+    (lambda rt, b: rt.post(b, "ok", payload=["not", "a", "dict"]), "payload"),
+    (lambda rt, b: rt.post(b, "ok", payload={"x": object()}), "payload"),
+    (lambda rt, b: rt.post("no-such-session", "ok"), "target"),
+    (lambda rt, b: rt.create_project("a b/c"), "slug"),
+    (lambda rt, b: rt.create_project(""), "slug"),
+    (lambda rt, b: rt.create_session(None, ""), "title"),
+    (lambda rt, b: rt.create_session(None, "x" * 513), "title"),
+])
+def test_bad_arguments_are_refused_precisely_and_write_nothing(
+        make_runtime: MakeRuntime, call: Callable[[Runtime, str], object], field: str) -> None:
+    rt = make_runtime(brain=quiet_brain)
+    _, b = two_sessions(rt)
+    sessions, projects = len(rt.sessions()), len(rt.context.store.projects())
+    with pytest.raises(ConfigError) as info:
+        call(rt, b)
+    assert info.value.field == field
+    assert rt.inbox() == []
+    assert (len(rt.sessions()), len(rt.context.store.projects())) == (sessions, projects)
+
+
+def test_a_lone_surrogate_in_agent_send_is_an_invalid_argument(
+        make_runtime: MakeRuntime) -> None:
+    rt = make_runtime(brain=quiet_brain)
+    a, b = two_sessions(rt)
+    with pytest.raises(ToolError) as info:
+        rt.tools_for(a).agent_send(b, "a\ud800b")
+    assert info.value.code == "invalid_argument"
+    assert "position 1" in info.value.message
+    assert rt.inbox() == []
+
+
+# -- 13. a foreground sub-agent that can never run is refused at once ---------------------
+
+
+@pytest.mark.timeout(30)
+def test_a_foreground_subagent_without_a_free_thread_is_refused_at_once(
+        make_runtime: MakeRuntime) -> None:
+    answers: list[object] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            return
+        try:
+            answers.append(turn.tools.agent("check it", run_in_background=False))
+        except ToolError as exc:
+            answers.append(exc)
+
+    rt = make_runtime(brain=brain, max_active_sessions=1)
+    a, b = two_sessions(rt)
+    rt.post(b, "delegate", sender=a)
+    rt.run_until_idle()
+    [refusal] = answers
+    assert isinstance(refusal, ToolError) and refusal.code == "execution_failed"
+    assert "max_active_sessions" in refusal.message
+    assert not [s for s in rt.sessions() if s.kind == "subagent"]
+
+
+# -- 18. smaller ------------------------------------------------------------------------
+
+
+def test_each_server_database_has_its_own_data_directory(tmp_path: Path) -> None:
+    one = data_dir_for("postgresql://u:secret@db.example:5432/one")
+    two = data_dir_for("postgresql://u@db.example:5432/two")
+    assert one != two and one.parent == two.parent == default_data_dir() / "databases"
+    assert "secret" not in str(one)
+    assert data_dir_for(f"sqlite:///{tmp_path}/x.db") == tmp_path / "kinbox-data"
+
+
+def test_the_version_is_exported() -> None:
+    assert kinbox.actors.__version__.count(".") >= 2
+
+
+# -- 19. logs: failures with ids, never bodies above DEBUG ----------------------------
+
+
+def test_a_failed_turn_is_logged_with_its_ids_and_without_its_body(
+        make_runtime: MakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    def brain(turn: Turn) -> None:
+        raise ValueError("the model returned garbage")
+
+    rt = make_runtime(brain=brain)
+    a, b = two_sessions(rt)
+    with caplog.at_level(logging.DEBUG, logger="kinbox"):
+        mid = rt.post(b, "TOP-SECRET body", sender=a).message_id
+        rt.run_until_idle()
+    failures = [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert any(mid in r.getMessage() and b in r.getMessage()
+               and "ValueError: the model returned garbage" in r.getMessage() for r in failures)
+    assert any(r.levelno == logging.DEBUG and "claimed" in r.getMessage()
+               for r in caplog.records)
+    above_debug = [r.getMessage() for r in caplog.records if r.levelno > logging.DEBUG]
+    assert not any("TOP-SECRET" in m for m in above_debug)
+
+
+# -- 20. turn timeout, cancel, bulk requeue -----------------------------------------------
+
+
+def test_a_turn_past_the_turn_timeout_is_stopped_and_counted_a_failed_attempt(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    started = threading.Event()
+    commits: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        started.set()
+        if turn.wait_stop_requested(30):
+            turn.reply("too late")
+            return
+        commits.append("ran to the end")
+
+    rt = make_runtime(brain=brain, turn_timeout=10.0)
+    a, b = two_sessions(rt)
+    rt.post(b, "think hard", sender=a)
+    assert started.wait(10)
+    clock.advance(11)  # the next tick asks the turn to stop; its end is a failed attempt
+    wait_for(lambda: rt.inbox()[0]["attempts"] == 1, what="the timed-out attempt")
+    row = rt.inbox()[0]
+    assert row["status"] == "pending"
+    assert row["last_error"].startswith("TurnTimeout: the turn ran 11.0 s")
+    assert rt.transcript(b) == [] and commits == []
+
+
+def test_cancelling_a_row_in_backoff_lets_the_rows_behind_it_run_now(
+        make_runtime: MakeRuntime) -> None:
+    ran: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        ran.append(turn.messages[0].content)
+        if turn.messages[0].content == "poison":
+            raise RuntimeError("cannot handle this one")
+
+    rt = make_runtime(brain=brain)
+    a, b = two_sessions(rt)
+    poison = rt.post(b, "poison", sender=a).message_id
+    rt.post(b, "next", sender=a)
+    rt.run_until_idle()
+    assert ran == ["poison"]
+    row = rt.cancel(poison, "it crashes the model", by="alice")
+    assert row["status"] == "cancelled"
+    rt.run_until_idle()
+    assert ran == ["poison", "next"]
+    history = rt.context.journal.history(poison)
+    assert history[-1]["event"] == "cancelled"
+    assert history[-1]["detail"] == "by alice: it crashes the model"
+    with pytest.raises(IllegalTransition):  # terminal: it stays cancelled
+        rt.requeue(poison)
+
+
+def test_requeue_failed_sends_back_every_failed_row_of_a_filter(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    broken = threading.Event()
+    broken.set()
+
+    def brain(turn: Turn) -> None:
+        if broken.is_set():
+            raise RuntimeError("down")
+
+    rt = make_runtime(brain=brain)
+    a, b = two_sessions(rt)
+    for text in ("one", "two"):
+        rt.post(b, text, sender=a)
+    rt.post(a, "three", sender=b)
+    for _ in range(12):
+        rt.run_until_idle()
+        clock.advance(60)
+    assert [r["status"] for r in rt.inbox()] == ["failed"] * 3
+    broken.clear()
+    assert len(rt.requeue_failed(target=b)) == 2
+    rt.run_until_idle()
+    assert [(r["target_chat_id"], r["status"]) for r in rt.inbox()] == [
+        (b, "delivered"), (b, "delivered"), (a, "failed")]
+    assert len(rt.requeue_failed()) == 1
+    rt.run_until_idle()
+    assert {r["status"] for r in rt.inbox()} == {"delivered"}
+
+
+# -- 14. transcript entries say who spoke -------------------------------------------------
+
+
+def test_entries_record_sender_and_kind_and_show_them_to_brain_and_reader(
+        make_runtime: MakeRuntime) -> None:
+    prompts: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        prompts.extend(m.as_prompt() for m in turn.messages)
+        turn.reply("noted")
+
+    rt = make_runtime(brain=brain)
+    alice, bob = two_sessions(rt)
+    rt.tools_for(alice).agent_send(bob, "Hello Bob!")
+    rt.run_until_idle()
+    rt.post(bob, "and from the human")
+    rt.run_until_idle()
+    first = rt.transcript(bob)[0]
+    assert (first.role, first.sender_id, first.kind) == ("user", alice, "agent_message")
+    assert prompts == [f"agent_message from {alice}: Hello Bob!", "user: and from the human"]
+    assert rt.tools_for(alice).agent_read(bob)["transcript"] == (
+        f"agent_message from {alice}: Hello Bob!\n\nassistant: noted\n\n"
+        "user: and from the human\n\nassistant: noted")
