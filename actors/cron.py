@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..persistence import (
@@ -47,12 +48,15 @@ class CronService:
 
     def __init__(self, ctx: RuntimeContext, store: CronStore, turns: DirectTurns | None, *,
                  use_apscheduler: bool, grace: float = rules.DEFAULT_GRACE_SECONDS,
-                 poll_seconds: float = 15.0, announcements: Announcements | None = None) -> None:
+                 poll_seconds: float = 15.0, announcements: Announcements | None = None,
+                 gone: Callable[[Iterable[str]], set[str]] | None = None) -> None:
         self.ctx = ctx
         self.store = store
         self.turns = turns
         self.grace = grace
         self.announcements = announcements or Announcements()
+        self.gone = gone
+        """Which of some owners are dead runtimes (PostgreSQL life locks), if known."""
         self._driver = ScheduleDriver(self.tick, enabled=use_apscheduler and turns is not None,
                                       poll_seconds=poll_seconds)
         self.definitions = CronJobs(store, ctx.store, ctx.now, ctx.new_id,
@@ -143,6 +147,7 @@ class CronService:
             with self._lock:
                 mine = sorted(self._mine)
             self.store.renew(self.ctx.owner, mine, now + lease)
+            self._expire_the_gone(now)
             recorded = self.store.fire_due(now, self.ctx.owner, lease,
                                            lambda job, running: self._decide(job, running, now))
             taken = self.store.take_over(now, self.ctx.owner, lease)
@@ -164,6 +169,17 @@ class CronService:
             for job in self.store.jobs(active_only=True):
                 self._driver.wake_at(job.next_run_at, job.id)
         return started
+
+    def _expire_the_gone(self, now: float) -> None:
+        """Runs of a runtime known dead are taken over now, not when their lease ends."""
+        if self.gone is None:
+            return
+        owners = self.store.running_owners() - {self.ctx.owner}
+        dead = self.gone(owners) if owners else set()
+        if dead:
+            taken = self.store.expire_owners(dead, now)
+            log.warning("taking over %d cron runs of %d runtime(s) that are gone", taken,
+                        len(dead))
 
     def _decide(self, job: CronJobRecord, running: CronRunRecord | None,
                 now: float) -> Occurrence:

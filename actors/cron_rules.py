@@ -17,8 +17,9 @@ Errors::
 
     KinboxError
     └── CronError
-        ├── InvalidCronExpression   .expression, .reason
-        ├── InvalidCronJob          .field, .reason (a bad name, prompt, delivery...)
+        ├── InvalidCronExpression   .expression, .reason (also a ConfigError, field "cron")
+        ├── InvalidCronJob          .field, .reason (also a ConfigError: a bad name,
+        │                           prompt, delivery mode or time zone)
         ├── CronJobNotFound         .job_id
         └── CronJobPaused           .job_id (a paused job cannot be triggered)
 """
@@ -28,7 +29,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from .errors import KinboxError
+from .errors import ConfigError, KinboxError
 
 RETRY_DELAYS: tuple[float, ...] = (60.0, 120.0, 240.0, 480.0, 960.0)
 """Seconds after a failed run before the next attempt; one entry per retry."""
@@ -45,22 +46,21 @@ class CronError(KinboxError):
     """Base class of the cron errors."""
 
 
-class InvalidCronExpression(CronError):
+class InvalidCronExpression(CronError, ConfigError):
     """A cron expression (or its time zone) cannot be parsed."""
 
     def __init__(self, expression: str, reason: str) -> None:
         super().__init__(f"cron {expression!r} is not a crontab expression (minute hour day "
-                         f"month weekday): {reason}")
+                         f"month weekday): {reason}", "cron")
         self.expression = expression
         self.reason = reason
 
 
-class InvalidCronJob(CronError):
+class InvalidCronJob(CronError, ConfigError):
     """A field of a new cron job is invalid."""
 
     def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"invalid cron job {field}: {reason}")
-        self.field = field
+        super().__init__(f"invalid cron job {field}: {reason}", field)
         self.reason = reason
 
 

@@ -278,7 +278,8 @@ class Runtime:
         turns = None if self.send_only else DirectTurns(ctx)
         self._direct = turns
         self._cron = CronService(ctx, CronStore(jobs.t, jobs.writer), turns,
-                                 use_apscheduler=not isinstance(self.clock, ManualClock))
+                                 use_apscheduler=not isinstance(self.clock, ManualClock),
+                                 gone=self._liveness.gone if self._liveness else None)
         self._social = SocialService(ctx, turns)
         ctx.outbox_hooks.append(self._social.outbox)
 

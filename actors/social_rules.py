@@ -12,7 +12,8 @@ Errors::
 
     KinboxError
     └── SocialError
-        ├── InvalidSocialEvent   .field, .reason: the event is malformed (nothing queued)
+        ├── InvalidSocialEvent   .field, .reason: the event is malformed, nothing queued
+        │                        (also a ConfigError)
         ├── SocialQueueFull      .bound, .refused: the ingress queue is full
         ├── UnknownPlatform      .platform: no channel registered for it
         └── SocialUnavailable    this runtime runs no turns (send-only)
@@ -27,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import KinboxError
+from .errors import ConfigError, KinboxError
 
 PLATFORM_RE = re.compile(r"[a-z0-9_]{1,32}")
 """Platform names: lower-case, no dash (the dash separates platform and thread in ids)."""
@@ -42,12 +43,11 @@ class SocialError(KinboxError):
     """Base class of the social ingress errors."""
 
 
-class InvalidSocialEvent(SocialError):
+class InvalidSocialEvent(SocialError, ConfigError):
     """A raw event is malformed; ``field`` names what is wrong."""
 
     def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"invalid social event {field}: {reason}")
-        self.field = field
+        super().__init__(f"invalid social event {field}: {reason}", field)
         self.reason = reason
 
 

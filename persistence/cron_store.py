@@ -220,6 +220,18 @@ class CronStore:
             return taken
         return self.writer.call(op)
 
+    def running_owners(self) -> set[str]:
+        """The owners of runs still ``running``."""
+        r = self.t.cron_run
+        return {row.owner for row in r.select(r.owner).where(r.status == "running").distinct()
+                if row.owner}
+
+    def expire_owners(self, owners: set[str], now: float) -> int:
+        """Make the running runs of ``owners`` (runtimes known dead) claimable now."""
+        r = self.t.cron_run
+        return self.writer.call(lambda: r.update(lease_until=now - 1).where(
+            r.status == "running", r.owner.in_(sorted(owners))).execute())
+
     def expire_leases(self, now: float) -> int:
         """Make every running run claimable now (start-up of an exclusive runtime)."""
         r = self.t.cron_run

@@ -189,3 +189,31 @@ def test_two_processes_an_hour_of_minutes_a_sigkill_mid_turn_sixty_runs(
             if child.proc.poll() is None:
                 child.proc.kill()
                 child.proc.wait(10)
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_runtimes_run_is_taken_over_at_once_not_when_its_lease_ends(
+        pg_url: str) -> None:
+    clocks = [ManualClock(START), ManualClock(START)]
+    ran: Counter[str] = Counter()
+    lock = threading.Lock()
+    brains = [Recorder("a", ran, lock), Recorder("b", ran, lock)]
+    first = Runtime(db=pg_url, brain=brains[0], clock=clocks[0], lease_seconds=600).start()
+    second = Runtime(db=pg_url, brain=brains[1], clock=clocks[1], lease_seconds=600).start()
+    try:
+        job_id = first.cron.add("tick", "0 0 1 1 *", "tick")["job_id"]
+        brains[0].hold.set()
+        first.cron.trigger(job_id)
+        assert brains[0].holding.wait(5)
+        first.crash()  # its life lock goes with it; its run's lease has ten minutes left
+        brains[0].release.set()
+        clocks[1].advance(1)
+        second.run_until_idle(timeout=20)
+        [run] = second.cron.runs(job_id)
+        assert run["status"] == "success" and run["attempts"] == 2
+    finally:
+        for b in brains:
+            b.release.set()
+        for rt in (first, second):
+            if rt.state == "running":
+                rt.stop()
