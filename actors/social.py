@@ -24,7 +24,7 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -41,6 +41,8 @@ log = logging.getLogger("kinbox.social")
 SOCIAL_KIND = "social_message"
 """The kind of the message a social event's turn starts with."""
 DEFAULT_QUEUE_BOUND = 256
+RECENT_IDS = 10_000
+"""How many accepted event ids are remembered, so a platform's retry is not run twice."""
 
 
 @dataclass
@@ -72,7 +74,8 @@ class SocialService:
         self._consumer: threading.Thread | None = None
         self._handling = 0
         self.counts = {"accepted": 0, "refused": 0, "denied": 0, "steered": 0, "queued": 0,
-                       "turns": 0, "failed_turns": 0}
+                       "turns": 0, "failed_turns": 0, "duplicates": 0}
+        self._recent: OrderedDict[str, None] = OrderedDict()  # event ids lately accepted
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -143,7 +146,12 @@ class SocialService:
             raise rules.SocialUnavailable()
         self.ctx.require_running()
         normalized = rules.normalize(event, f"social-{self.ctx.new_id()}", platform)
+        sid = rules.session_id_for(normalized.platform, normalized.thread_id)
         with self._lock:
+            if normalized.event_id in self._recent:  # a platform's retry of a delivery
+                self.counts["duplicates"] += 1
+                return {"accepted": True, "duplicate": True, "event_id": normalized.event_id,
+                        "session_id": sid}
             # The bound covers every accepted event not yet through its turn (queued,
             # waiting for its chat, steering, running), so memory stays bounded.
             full = self._handling >= self.bound
@@ -152,6 +160,9 @@ class SocialService:
             else:
                 self.counts["accepted"] += 1
                 self._handling += 1
+                self._recent[normalized.event_id] = None
+                while len(self._recent) > RECENT_IDS:
+                    self._recent.popitem(last=False)
             refused = self.counts["refused"]
         if full:
             log.warning("social ingress queue full (%d): refused an event from %s (%d refused)",
@@ -159,8 +170,8 @@ class SocialService:
             self.ctx.emit("social_refused", platform=normalized.platform, refused=refused)
             raise rules.SocialQueueFull(self.bound, refused)
         self._queue.put(normalized)
-        sid = rules.session_id_for(normalized.platform, normalized.thread_id)
-        return {"accepted": True, "event_id": normalized.event_id, "session_id": sid}
+        return {"accepted": True, "duplicate": False, "event_id": normalized.event_id,
+                "session_id": sid}
 
     def statistics(self) -> dict[str, Any]:
         """Counters, the queue's depth and bound."""

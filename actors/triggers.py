@@ -26,8 +26,10 @@ def cron_trigger(expr: str, timezone: str = "UTC") -> CronTrigger:
 
     :class:`InvalidCronExpression` when the expression or the time zone is malformed.
     """
-    if not isinstance(expr, str) or not expr.strip():
-        raise InvalidCronExpression(str(expr), "the expression is empty")
+    if not isinstance(expr, str):
+        raise InvalidCronExpression(repr(expr), "give the expression as a string")
+    if not expr.strip():
+        raise InvalidCronExpression(expr, "the expression is empty")
     try:
         zone = zoneinfo.ZoneInfo(timezone)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError) as exc:

@@ -309,3 +309,37 @@ def test_an_inbox_message_to_a_cron_session_waits_for_the_running_cron_turn(
     assert roles[0] == ("user", run["run_id"]) and roles[1][0] == "assistant"
     assert roles[2][0] == "user" and roles[2][1].startswith("msg-")  # one turn after the other
     assert [t.messages[0].kind for t in brain.turns] == ["cron", "agent_message"]
+
+
+def test_the_apscheduler_driver_fires_at_the_time_it_was_told_and_on_its_poll() -> None:
+    import time
+
+    from kinbox.actors.schedule_driver import ScheduleDriver
+
+    fired: list[float] = []
+    woken = threading.Event()
+
+    def fire() -> None:
+        fired.append(time.time())
+        woken.set()
+
+    at = ScheduleDriver(fire, enabled=True)
+    at.start()
+    try:
+        due = time.time() + 0.2
+        at.wake_at(due, "job")
+        assert woken.wait(5) and fired[0] >= due - 0.05
+    finally:
+        at.stop()
+    woken.clear()
+    polling = ScheduleDriver(fire, enabled=True, poll_seconds=0.1)
+    polling.start()
+    try:
+        assert woken.wait(5)
+    finally:
+        polling.stop()
+    off = ScheduleDriver(fire, enabled=False)  # an injected clock: the runtime ticks instead
+    off.start()
+    off.wake_at(time.time(), "job")
+    assert not off.enabled
+    off.stop()

@@ -258,3 +258,15 @@ def test_a_failed_social_turn_commits_and_sends_nothing_and_says_so(
     outcome = rt.social.outcomes[-1]
     assert outcome["status"] == "turn_failed" and "model unavailable" in outcome["error"]
     assert rt.social.statistics()["failed_turns"] == 1
+
+
+def test_a_platform_retrying_a_delivery_with_its_event_id_runs_it_once(
+        social_rt: tuple[Runtime, SocialBrain, list[tuple[Any, str]]]) -> None:
+    rt, brain, sent = social_rt
+    first = rt.social.ingest(event("once please", event_id="Ev-7"))
+    again = rt.social.ingest(event("once please", event_id="Ev-7"))
+    assert (first["duplicate"], again["duplicate"]) == (False, True)
+    assert first["event_id"] == again["event_id"] == "social-slack-Ev-7"
+    assert rt.social.wait_idle(10)
+    assert brain.turns == [["once please"]] and len(sent) == 1
+    assert rt.social.statistics()["duplicates"] == 1
