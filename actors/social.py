@@ -265,6 +265,8 @@ class SocialService:
                 chat.steering.clear()
                 event = chat.pending.popleft() if chat.pending else None
                 chat.running_sender = event.sender_id if event else None
+                if event is None:
+                    del self._chats[sid]  # idle chats keep no state: memory stays bounded
 
     def _run_one(self, sid: str, event: rules.SocialEvent) -> None:
         assert self.turns is not None
