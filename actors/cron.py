@@ -154,7 +154,7 @@ class CronService:
         started = []
         for run in recorded:
             if run.status == "error":
-                self._announce_id(run.job_id, run, run.error)
+                self._refused(run)
                 self.ctx.emit("cron_run_refused", job_id=run.job_id, run_id=run.id,
                               error=run.error)
         for run in [*(r for r in recorded if r.status == "running"), *taken]:
@@ -270,10 +270,11 @@ class CronService:
                                     "session_id": rules.session_id_for(job.id),
                                     "at": self.ctx.now()})
 
-    def _announce_id(self, job_id: str, run: CronRunRecord, error: str | None) -> None:
-        job = self.store.get(job_id)
+    def _refused(self, run: CronRunRecord) -> None:
+        """A run recorded failed at once (the previous one still active) is announced too."""
+        job = self.store.get(run.job_id)
         if job is not None:
-            self._finished(job, run, "error", None, error)
+            self._finished(job, run, "error", None, run.error)
 
 
 def _summary(turn: Turn) -> str:
