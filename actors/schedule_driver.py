@@ -48,6 +48,12 @@ class ScheduleDriver:
     def stop(self) -> None:
         """Stop APScheduler; the tables keep the schedules."""
         if self._scheduler is not None and self._scheduler.running:
+            # shutdown() marks the scheduler stopped before it takes the job store lock,
+            # and a round of due jobs still running then fails to remove its fired date
+            # job (JobLookupError, and a traceback). Pausing, then clearing the jobs
+            # (which waits for that lock), leaves the round nothing to remove.
+            self._scheduler.pause()
+            self._scheduler.remove_all_jobs()
             self._scheduler.shutdown(wait=False)
 
     def wake_at(self, ts: float | None, key: str) -> None:
