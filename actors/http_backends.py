@@ -9,11 +9,12 @@ when the social queue is full or this runtime runs no turns.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from starlette.routing import BaseRoute
 
-from ..transport import BackendRefused, cron_routes, social_routes
+from ..transport import BackendRefused, Refusal, cron_routes, social_routes
 from . import cron_rules, social_rules
 from .cron import CronService
 from .runtime import Runtime
@@ -105,7 +106,7 @@ class SocialHttpBackend:
             raise _refusal(exc) from exc
 
 
-def extra_routes(rt: Runtime) -> list[BaseRoute]:
-    """The cron and social routes of a started runtime, for ``create_app``."""
-    return [*cron_routes(CronHttpBackend(rt.cron)),
-            *social_routes(SocialHttpBackend(rt.social))]
+def extra_routes(rt: Runtime) -> Callable[[Refusal], list[BaseRoute]]:
+    """The cron and social routes of a started runtime, for ``create_app(extra_routes=...)``."""
+    cron, social = CronHttpBackend(rt.cron), SocialHttpBackend(rt.social)
+    return lambda refusal: [*cron_routes(cron, refusal), *social_routes(social)]

@@ -7,9 +7,9 @@ through the :class:`FocalBackend` protocol, so this package never imports
 
 from .cron_http import CronBackend, cron_routes
 from .errors import BackendRefused, SignatureProblem, SignatureRejected, TransportError
-from .http_app import LOOPBACK_HOSTS, FocalBackend, create_app
+from .http_app import LOOPBACK_HOSTS, FocalBackend, Refusal, create_app
 from .social_http import SocialBackend, social_routes
 
-__all__ = ["LOOPBACK_HOSTS", "BackendRefused", "CronBackend", "FocalBackend", "SignatureProblem",
-           "SignatureRejected", "SocialBackend", "TransportError", "create_app", "cron_routes",
-           "social_routes"]
+__all__ = ["LOOPBACK_HOSTS", "BackendRefused", "CronBackend", "FocalBackend", "Refusal",
+           "SignatureProblem", "SignatureRejected", "SocialBackend", "TransportError",
+           "create_app", "cron_routes", "social_routes"]

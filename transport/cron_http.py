@@ -13,9 +13,10 @@
     GET    /cron/runs                      every job's runs (?limit=)
     POST   /cron/announcements/drain       take the UI's announcements of finished runs
 
-State-changing calls need the ``X-Kinbox: 1`` header, like every other.
-The backend's calls touch the database, so they run on a worker thread,
-never on the event loop.
+State-changing calls follow the app's rule (the ``refusal`` it hands over:
+the ``X-Kinbox: 1`` header, or its operator token), like every other. The
+backend's calls touch the database, so they run on a worker thread, never
+on the event loop.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from typing import Any, Protocol
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .errors import BackendRefused
-from .http_app import STATE_HEADER, error
+from .http_app import Refusal, error
 
 ADD_FIELDS = ("name", "cron", "prompt", "delivery", "timezone")
 
@@ -75,20 +76,15 @@ def _limit(request: Request) -> int | None:
     return int(text) if text.isdigit() and 1 <= int(text) <= 500 else None
 
 
-def cron_routes(backend: CronBackend) -> list[Route]:
-    """The cron routes, for ``create_app(..., extra_routes=...)`` or any Starlette app."""
-
-    def refused_without_header(request: Request) -> JSONResponse | None:
-        if request.headers.get(STATE_HEADER) != "1":
-            return error(403, "forbidden", "state-changing calls need the header X-Kinbox: 1")
-        return None
+def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
+    """The cron routes; ``refusal`` is the app's rule for state-changing calls."""
 
     async def jobs(request: Request) -> JSONResponse:
         return await _call(backend.jobs)
 
-    async def add(request: Request) -> JSONResponse:
-        if (refusal := refused_without_header(request)) is not None:
-            return refusal
+    async def add(request: Request) -> Response:
+        if (refused := refusal(request)) is not None:
+            return refused
         try:
             body = await request.json()
         except ValueError:
@@ -105,9 +101,9 @@ def cron_routes(backend: CronBackend) -> list[Route]:
         return await _call(lambda: backend.job(request.path_params["job_id"]))
 
     def action(verb: str) -> Callable[[Request], Any]:
-        async def handler(request: Request) -> JSONResponse:
-            if (refusal := refused_without_header(request)) is not None:
-                return refusal
+        async def handler(request: Request) -> Response:
+            if (refused := refusal(request)) is not None:
+                return refused
             return await _call(lambda: backend.act(verb, request.path_params["job_id"]))
         return handler
 
@@ -118,9 +114,9 @@ def cron_routes(backend: CronBackend) -> list[Route]:
         job_id = request.path_params.get("job_id")
         return await _call(lambda: backend.runs(job_id, limit))
 
-    async def drain(request: Request) -> JSONResponse:
-        if (refusal := refused_without_header(request)) is not None:
-            return refusal
+    async def drain(request: Request) -> Response:
+        if (refused := refusal(request)) is not None:
+            return refused
         return await _call(lambda: {"announcements": backend.drain_announcements()})
 
     return [

@@ -8,14 +8,14 @@ must carry the ``X-Kinbox: 1`` header, which a cross-site form cannot send.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -55,12 +55,24 @@ def _state_change_allowed(request: Request) -> bool:
     return request.headers.get(STATE_HEADER) == "1"
 
 
+Refusal = Callable[[Request], Response | None]
+"""The app's rule for state-changing calls: why ``request`` may not go on, or None."""
+
+
 def create_app(backend: FocalBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS, *,
-               extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
+               extra_routes: Callable[[Refusal], Sequence[BaseRoute]] | None = None
+               ) -> Starlette:
     """The Starlette application; ``allowed_hosts`` are the Host names it answers.
 
-    ``extra_routes`` are mounted beside the Focal ones (the cron and social routes).
+    ``extra_routes(refusal)`` gives routes mounted beside the Focal ones (the
+    cron and social routes), built with the app's own rule for state-changing
+    calls, so that rule lives here only.
     """
+
+    def refusal(request: Request) -> Response | None:
+        if _state_change_allowed(request):
+            return None
+        return error(403, "forbidden", "state-changing calls need the header X-Kinbox: 1")
 
     async def focal(request: Request) -> JSONResponse:
         return JSONResponse(backend.focal_status())
@@ -100,7 +112,7 @@ def create_app(backend: FocalBackend, allowed_hosts: Sequence[str] = LOOPBACK_HO
         Route("/focal/wakeups/{job_id}", cancel, methods=["DELETE"]),
         Route("/focal/notifications", feed, methods=["GET"]),
         Route("/focal/notifications/read", read, methods=["POST"]),
-        *extra_routes,
+        *(extra_routes(refusal) if extra_routes is not None else ()),
     ]
     return Starlette(routes=routes,
                      middleware=[Middleware(TrustedHostMiddleware,

@@ -32,7 +32,8 @@ MAX_BODY = 256 * 1024
 
 
 class SocialBackend(Protocol):
-    """What the webhook route needs from a runtime."""
+    """What the webhook route needs from a runtime; no method blocks (all in memory),
+    so the route calls them on the event loop, between its checks, with no await."""
 
     def now(self) -> float:
         """The runtime's time (the replay window is measured on it)."""
@@ -64,7 +65,7 @@ async def _read_capped(request: Request, cap: int) -> bytes | None:
 
 def social_routes(backend: SocialBackend, *, max_body: int = MAX_BODY,
                   window: float = sig.REPLAY_WINDOW) -> list[Route]:
-    """The webhook route, for ``create_app(..., extra_routes=...)`` or any Starlette app."""
+    """The webhook route (its signature stands in for the app's state-changing rule)."""
     guard = sig.ReplayGuard(window)
 
     async def events(request: Request) -> JSONResponse:
