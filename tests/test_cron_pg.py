@@ -15,6 +15,7 @@ import pytest
 from kinbox.actors import ManualClock, Runtime, Turn
 
 from .conftest import PG_URL, Stores, reset_postgres
+from .helpers import wait_for
 
 CHILD = Path(__file__).with_name("cron_child.py")
 
@@ -207,10 +208,17 @@ def test_a_dead_runtimes_run_is_taken_over_at_once_not_when_its_lease_ends(
         assert brains[0].holding.wait(5)
         first.crash()  # its life lock goes with it; its run's lease has ten minutes left
         brains[0].release.set()
-        clocks[1].advance(1)
-        second.run_until_idle(timeout=20)
+
+        def taken_over() -> bool:
+            # The server frees a closed connection's lock a moment later: look again, a
+            # second of injected time each, far inside the run's ten-minute lease.
+            clocks[1].advance(1)
+            second.run_until_idle(timeout=20)
+            return bool(second.cron.runs(job_id)[0]["status"] == "success")
+
+        wait_for(taken_over, 20, "the dead runtime's run to be taken over")
         [run] = second.cron.runs(job_id)
-        assert run["status"] == "success" and run["attempts"] == 2
+        assert run["attempts"] == 2 and clocks[1].now() - START < 600
     finally:
         for b in brains:
             b.release.set()
