@@ -1,91 +1,139 @@
-"""``kinbox scenario run``: load a scenario file, run it, report what happened."""
+"""``kinbox scenario run`` and ``kinbox scenario list``: run a scenario, report what happened.
+
+Exit status of ``run``: 0 when every expectation held; 1 when one failed or
+the script raised (the report shows the script's own error, file and line);
+2 for usage errors (no such scenario, a script that does not load, an
+output path that cannot be written, all checked before anything runs); 130
+when Ctrl-C or SIGTERM stopped the run: the runtime stops gracefully and
+the report, marked interrupted, shows what was done (a second signal stops
+at once; the journal keeps every unacknowledged row).
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
+import os
 import shutil
+import signal
 import sys
 import tempfile
-import traceback
 from pathlib import Path
-from types import ModuleType
 from typing import Any, TextIO
 
+from . import scenario_files
+from .errors import ConfigError, ScenarioError
+from .interrupts import EXIT_INTERRUPTED, Interrupted, StopSignals
 from .progress import Progress
 from .scenario import Scenario
 from .scenario_report import build_report, render_mermaid, render_text
 
 
-class UsageError(Exception):
-    """The command line is wrong (exit status 2)."""
-
-
-def load_scenario(path: str) -> ModuleType:
-    """Import a scenario file; it must define ``run(sc)``."""
-    file = Path(path)
-    if not file.is_file():
-        raise UsageError(f"scenario file {path!r} does not exist")
-    spec = importlib.util.spec_from_file_location(f"kinbox_scenario_{file.stem}", file)
-    if spec is None or spec.loader is None:
-        raise UsageError(f"cannot load {path!r} as a Python file")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not callable(getattr(module, "run", None)):
-        raise UsageError(f"{path!r} defines no run(sc) function")
-    return module
-
-
 def run_scenario(path: str, db_url: str | None = None, seed: int = 0,
                  stream: TextIO | None = None) -> tuple[dict[str, Any], Scenario]:
-    """Run one scenario file; return its report and the scenario object."""
-    module = load_scenario(path)
+    """Run one scenario (a file, or a bundled scenario's name); return its report and the
+    scenario. :class:`ConfigError` / :class:`ScenarioError` when it cannot start."""
+    file = scenario_files.resolve(path)
+    module = scenario_files.load(file)
     stream = stream or sys.stderr
     tmp = None
     if db_url is None:
         tmp = tempfile.mkdtemp(prefix="kinbox-scenario-")
         db_url = f"sqlite:///{tmp}/scenario.db"
     progress = Progress(stream)
-    sc = Scenario(db_url, seed=seed, name=Path(path).stem, on_event=progress.event)
+    sc = Scenario(db_url, seed=seed, name=file.stem, on_event=progress.event)
+    error: dict[str, Any] | None = None
+    interrupted: str | None = None
     try:
-        module.run(sc)
-    except Exception:
-        sc.expect(False, "the scenario script ran to the end", traceback.format_exc(limit=3))
+        try:
+            module.run(sc)
+        except Interrupted as exc:
+            interrupted = signal.Signals(exc.signum).name
+        except Exception as exc:
+            failure = scenario_files.script_error(exc, file)
+            error = {"type": type(exc).__name__, "message": str(failure),
+                     "path": failure.path, "lineno": failure.lineno,
+                     "frames": scenario_files.script_frames(exc, file),
+                     "traceback": scenario_files.script_traceback(exc, file)}
+            sc.expect(False, "the scenario script ran to the end", str(failure))
+        sc.finish()  # graceful: running turns finish and commit before the report reads
+        report = build_report(sc, error=error, interrupted=interrupted)
+        progress.close(report["summary"])
     finally:
-        progress.close()
-    report = build_report(sc)
-    sc.stop()
+        if sc.started:
+            sc.runtime.context.journal.t.db.close()  # the report's reads reopened it
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
     report["db"] = db_url if tmp is None else "(a temporary SQLite file, removed)"
-    if tmp is not None:
-        shutil.rmtree(tmp, ignore_errors=True)
     return report, sc
 
 
+def check_output_path(path: str, flag: str) -> None:
+    """Refuse an output file that could not be written, before anything runs."""
+    file = Path(path)
+    folder = file.parent
+    if file.is_dir():
+        raise ConfigError(f"{flag} {path}: is a directory", field=flag.lstrip("-"))
+    if not folder.is_dir():
+        raise ConfigError(f"{flag} {path}: the folder {str(folder)!r} does not exist",
+                          field=flag.lstrip("-"))
+    if not os.access(folder, os.W_OK) or (file.exists() and not os.access(file, os.W_OK)):
+        raise ConfigError(f"{flag} {path}: not writable", field=flag.lstrip("-"))
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``scenario run``."""
+    """Register ``scenario run`` and ``scenario list``."""
     p = sub.add_parser("scenario", help="run scenario scripts")
     ssub = p.add_subparsers(dest="action", required=True)
-    r = ssub.add_parser("run", help="run a scenario file and print its report")
-    r.add_argument("path", help="the scenario file (scenarios/hello.py)")
+    r = ssub.add_parser("run", help="run a scenario and print its report")
+    r.add_argument("path", metavar="SCENARIO",
+                   help="a scenario file (scenarios/hello.py) or a bundled name (hello)")
     r.add_argument("--db", help="database URL (default: a fresh SQLite file in a temp dir)")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
     r.add_argument("--diagram", metavar="FILE.md", help="write a Mermaid sequence diagram")
     r.add_argument("--seed", type=int, default=0, help="seed for ids (same seed, same report)")
     r.set_defaults(handler=handle)
+    ls = ssub.add_parser("list", help="list the bundled scenarios")
+    ls.set_defaults(handler=handle_list)
+
+
+def handle_list(args: argparse.Namespace, out: TextIO) -> int:
+    """Print each bundled scenario's name and what it shows."""
+    try:
+        known = scenario_files.bundled()
+    except ConfigError as exc:
+        print(f"kinbox: {exc}", file=sys.stderr)
+        return 2
+    width = max((len(n) for n in known), default=0)
+    for name, path in known.items():
+        out.write(f"{name:<{width}}  {scenario_files.summary(path)}\n")
+    return 0
 
 
 def handle(args: argparse.Namespace, out: TextIO) -> int:
-    """Run the scenario; exit 0 when every expectation held, 1 otherwise."""
+    """Run the scenario; exit 0 when every expectation held (see the module docstring)."""
     try:
-        report, _ = run_scenario(args.path, args.db, args.seed)
-    except UsageError as exc:
+        if args.diagram:
+            check_output_path(args.diagram, "--diagram")
+        with StopSignals():
+            try:
+                report, _ = run_scenario(args.path, args.db, args.seed)
+            except Interrupted:  # while loading or stopping: there is no report to print
+                return EXIT_INTERRUPTED
+    except (ConfigError, ScenarioError) as exc:
         print(f"kinbox: {exc}", file=sys.stderr)
         return 2
-    if args.diagram:
-        Path(args.diagram).write_text(f"# {report['scenario']}\n\n{render_mermaid(report)}\n")
     if args.json:
         out.write(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
     else:
         out.write(render_text(report) + "\n")
+    out.flush()
+    if args.diagram:
+        try:
+            Path(args.diagram).write_text(f"# {report['scenario']}\n\n{render_mermaid(report)}\n")
+        except OSError as exc:
+            print(f"kinbox: --diagram {args.diagram}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+    if report["interrupted"]:
+        return EXIT_INTERRUPTED
     return 0 if report["ok"] else 1

@@ -124,6 +124,10 @@ class RuntimeContext:
     """Seconds a turn may run before it is stopped and counted a failed attempt."""
     foreground_waits: int = 0
     """Turns blocked in a foreground ``agent(...)`` call, each holding a session thread."""
+    stop_grace: float = 10.0
+    """Seconds an async turn may ignore a stop request before it is cancelled."""
+    async_host: Any = None
+    """The event loop of async brains (``async_host.AsyncHost``), when the brain is async."""
 
     def effects(self, turn: Turn, outcome: TurnOutcome) -> TurnEffects:
         """Collect what every outbox hook wants committed with this outcome."""

@@ -1,8 +1,9 @@
 """Turns that no inbox row started: cron runs and social events (C1, SO1).
 
 Cron jobs and social events run their turns directly, not through the
-generic inbox, but through the same turn machinery: :mod:`.turn_run` starts
-the turn and calls the brain exactly as an inbox turn does, the outbox hooks
+generic inbox, but through the same turn machinery: the rules of
+:mod:`.turn_run` (hooks, the brain's result, the timeout, the outcome) and
+the async host's brain runner, as an inbox turn does; the outbox hooks
 add their effects, and the journal commits the transcript entries, those
 effects and the caller's own writes (the cron run record, the social reply
 route) in one transaction: :meth:`Journal.complete_turn` with no inbox rows
@@ -10,7 +11,9 @@ to acknowledge. A caller's write that refuses (a run taken over by another
 runtime) undoes the whole commit.
 
 The turns run on a small, bounded pool of threads owned here; a session
-runs one direct turn at a time.
+runs one turn at a time (:meth:`RunningTurns.begin` waits). An async brain
+runs on the runtime's event loop (:mod:`.async_host`), this pool's thread
+waiting for it.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 from ..persistence import LeaseLost, PersistenceError, WriterClosed
 from .context import RuntimeContext
 from .turn import Message, Turn, TurnOutcome
-from .turn_run import run_brain, start_turn
+from .turn_run import judge, prepare, take_result
 
 log = logging.getLogger("kinbox.direct")
 
@@ -105,6 +108,17 @@ class DirectTurns:
         with self._cond:
             return self._session_locks.setdefault(session_id, threading.Lock())
 
+    def _start(self, session_id: str, messages: list[Message],
+               fetch_steering: Callable[[], list[Message]]) -> Turn:
+        """Register the running turn (waiting for the session's current one) and build it."""
+        ctx = self.ctx
+        host = ctx.async_host
+        started = ctx.now()
+        flag = ctx.turns.begin(session_id, started)
+        tools = ((lambda: host.tools(ctx.tools_for(session_id))) if host is not None
+                 else (lambda: ctx.tools_for(session_id)))
+        return Turn(session_id, messages, tools, flag, fetch_steering, started=started)
+
     def run(self, session_id: str, messages: list[Message], *,
             fetch_steering: Callable[[], list[Message]] = list,
             commit_ops: CommitOps = lambda _turn: []) -> DirectOutcome:
@@ -112,10 +126,19 @@ class DirectTurns:
         ctx = self.ctx
         with self._lock_for(session_id):
             ctx.store.update_session(session_id, ctx.now(), status="active")
-            turn, started = start_turn(ctx, session_id, messages, fetch_steering)
+            turn = self._start(session_id, messages, fetch_steering)
             first = messages[0].message_id if messages else None
             ctx.emit("turn_started", session_id=session_id, message_id=first, attempt=1)
-            outcome = run_brain(ctx, turn, started).outcome
+            error: BaseException | None = None
+            try:
+                prepare(ctx, turn)
+                if ctx.async_host is not None:  # an async brain runs on the runtime's loop
+                    error = ctx.async_host.run_brain_blocking(turn)
+                else:
+                    take_result(turn, ctx.brain(turn))
+            except Exception as exc:
+                error = exc
+            outcome = judge(ctx, turn, error).outcome
             if not outcome.ok:
                 log.info("direct turn of %s failed: %s", session_id, outcome.error)
                 ctx.store.update_session(session_id, ctx.now(), status="idle")

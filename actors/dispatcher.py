@@ -36,13 +36,14 @@ class Dispatcher(pykka.ThreadingActor):
     use_daemon_thread = True
 
     def __init__(self, ctx: RuntimeContext, max_active: int, idle_ttl: float,
-                 max_live: int) -> None:
+                 max_live: int, threads: int | None = None) -> None:
         super().__init__()
         self.ctx = ctx
         self.max_active = max_active
         self.max_live = max_live
         db = ctx.journal.t.db
-        self.pool = ActorPool(max_active, name="kinbox-session",
+        # Sync turns each hold a pool thread; async ones only pass through it.
+        self.pool = ActorPool(threads or max_active, name="kinbox-session",
                               on_exit=lambda: None if db.is_closed() else db.close())
         self.idle_ttl = idle_ttl
         self.live: OrderedDict[str, pykka.ActorRef[Any]] = OrderedDict()
@@ -76,9 +77,14 @@ class Dispatcher(pykka.ThreadingActor):
             self.claim_scheduled = False
             self._claim()
         elif isinstance(message, Tick):
-            for session_id in self.ctx.turns.stop_overdue(self.ctx.now(), self.ctx.turn_timeout):
+            now = self.ctx.now()
+            for session_id in self.ctx.turns.stop_overdue(now, self.ctx.turn_timeout):
                 log.warning("the turn of %s ran past turn_timeout=%ss; asked it to stop",
                             session_id, self.ctx.turn_timeout)
+            if self.ctx.async_host is not None:
+                lingering = self.ctx.turns.ignoring_stop(now, self.ctx.stop_grace)
+                if lingering:
+                    self.ctx.async_host.cancel(lingering)
             self._renew_leases()
             self._passivate_expired()
             self._claim()

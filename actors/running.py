@@ -13,6 +13,7 @@ so their transcript entries never interleave.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 TIMEOUT = "kinbox:turn_timeout"
@@ -24,19 +25,52 @@ def overdue(started: float, now: float, timeout: float | None) -> bool:
     return timeout is not None and now - started > timeout
 
 
+class StopFlag(threading.Event):
+    """A turn's stop flag: a ``threading.Event`` that async turns can also await."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+        self._lock = threading.Lock()
+
+    def set(self) -> None:
+        """Raise the flag and wake every waiter, threads and event loops alike."""
+        super().set()
+        with self._lock:
+            waiters, self._waiters = self._waiters, []
+        for loop, event in waiters:
+            loop.call_soon_threadsafe(event.set)
+
+    async def wait_async(self, timeout: float | None = None) -> bool:
+        """Await the flag (or ``timeout``) on the running loop; return whether it is set."""
+        if self.is_set():
+            return True
+        event = asyncio.Event()
+        with self._lock:
+            self._waiters.append((asyncio.get_running_loop(), event))
+        if self.is_set():  # set between the check and the registration
+            return True
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            pass
+        return self.is_set()
+
+
 class RunningTurns:
     """Thread-safe map of session id -> stop flag of its running turn."""
 
     def __init__(self) -> None:
         self._lock = threading.Condition(threading.Lock())
-        self._flags: dict[str, threading.Event] = {}
+        self._flags: dict[str, StopFlag] = {}
+        self._stop_asked_at: dict[str, float] = {}
         self._stopped_by: dict[str, str | None] = {}
         self._started: dict[str, float] = {}
 
-    def begin(self, session_id: str, now: float = 0.0) -> threading.Event:
+    def begin(self, session_id: str, now: float = 0.0) -> StopFlag:
         """Register a turn of ``session_id`` started at ``now`` (once the session's running
         turn ended); return its stop flag."""
-        flag = threading.Event()
+        flag = StopFlag()
         with self._lock:
             self._lock.wait_for(lambda: session_id not in self._flags)
             self._flags[session_id] = flag
@@ -49,6 +83,7 @@ class RunningTurns:
         with self._lock:
             self._flags.pop(session_id, None)
             self._started.pop(session_id, None)
+            self._stop_asked_at.pop(session_id, None)
             self._lock.notify_all()
             return self._stopped_by.pop(session_id, None)
 
@@ -57,20 +92,33 @@ class RunningTurns:
         with self._lock:
             late = [sid for sid, t in self._started.items()
                     if overdue(t, now, timeout) and sid not in self._stopped_by]
-        return [sid for sid in late if self.request_stop(sid, TIMEOUT)]
+        return [sid for sid in late if self.request_stop(sid, TIMEOUT, now)]
+
+    def ignoring_stop(self, now: float, grace: float) -> list[str]:
+        """Sessions whose turn was asked to stop more than ``grace`` seconds ago, still running."""
+        with self._lock:
+            return sorted(sid for sid, at in self._stop_asked_at.items()
+                          if sid in self._flags and now - at > grace)
+
+    def stopped_by(self, session_id: str) -> str | None:
+        """Who asked the running turn of ``session_id`` to stop, if anyone."""
+        with self._lock:
+            return self._stopped_by.get(session_id)
 
     def is_running(self, session_id: str) -> bool:
         """True while a turn of ``session_id`` runs in this runtime."""
         with self._lock:
             return session_id in self._flags
 
-    def request_stop(self, session_id: str, by: str | None) -> bool:
+    def request_stop(self, session_id: str, by: str | None, now: float | None = None) -> bool:
         """Set the stop flag of the running turn; False when none runs."""
         with self._lock:
             flag = self._flags.get(session_id)
             if flag is None:
                 return False
             self._stopped_by[session_id] = by
+            if now is not None:
+                self._stop_asked_at.setdefault(session_id, now)
         flag.set()
         return True
 

@@ -51,6 +51,7 @@ from ..persistence import (
 )
 from ..persistence.inbox_core import State
 from . import access, validation
+from .async_host import AsyncHost
 from .clock import Clock, ManualClock, SystemClock
 from .context import FAULTS, Observer, RuntimeContext
 from .cron import CronService
@@ -64,7 +65,7 @@ from .messages import Tick
 from .social import SocialService
 from .subagents import report_back
 from .tools import TaskTools, tools_for
-from .turn import Brain, Turn
+from .turn import Brain, Turn, is_async_brain
 
 SYSTEM_PROJECTS = (("default", "Default"), ("social", "Social"))
 """Projects that always exist (S4)."""
@@ -94,7 +95,8 @@ class Runtime:
                  data_dir: str | os.PathLike[str] | None = None,
                  faults: Iterable[str] = (),
                  ids: Callable[[], str] | None = None,
-                 turn_timeout: float | None = None) -> None:
+                 turn_timeout: float | None = None,
+                 max_async_turns: int = 10_000, stop_grace: float = 10.0) -> None:
         if not isinstance(max_active_sessions, int) or max_active_sessions < 1:
             raise ConfigError(f"max_active_sessions must be an integer >= 1, "
                               f"got {max_active_sessions!r}", field="max_active_sessions")
@@ -114,9 +116,21 @@ class Runtime:
                               field="faults")
         if brain is not None and not callable(brain):
             raise ConfigError("brain must be callable: brain(turn)", field="brain")
+        if isinstance(max_async_turns, bool) or not isinstance(max_async_turns, int) \
+                or max_async_turns < 1:
+            raise ConfigError(f"max_async_turns must be an integer >= 1, got {max_async_turns!r}",
+                              field="max_async_turns")
+        if isinstance(stop_grace, bool) or not isinstance(stop_grace, int | float) \
+                or stop_grace <= 0:
+            raise ConfigError(f"stop_grace must be a number of seconds > 0, got {stop_grace!r}",
+                              field="stop_grace")
         self.url = db or default_url()
         self.send_only = brain is None
         """True when the runtime holds no brain: it never claims or delivers a row."""
+        self.async_brain = brain is not None and is_async_brain(brain)
+        """True when the brain is ``async def``: its turns run on the runtime's event loop."""
+        self.max_async_turns = max_async_turns
+        self.stop_grace = stop_grace
         self.brain: Brain = brain or _no_brain
         self.clock: Clock = clock or SystemClock()
         self.max_active_sessions = max_active_sessions
@@ -178,8 +192,9 @@ class Runtime:
                                  faults=self.faults, tools_for=self._tools_for_ctx,
                                  new_id=self.new_id,
                                  observers=self._observers,
-                                 max_active=self.max_active_sessions,
-                                 turn_timeout=self.turn_timeout)
+                                 max_active=self._turn_limit(),
+                                 turn_timeout=self.turn_timeout,
+                                 stop_grace=self.stop_grace)
             self._wire_services(ctx, JobStore(tables, self._writer))
             self._ctx = ctx
             now = self.clock.now()
@@ -190,9 +205,14 @@ class Runtime:
                 if expired:
                     log.warning("took over %d rows leased by a runtime that is gone", expired)
             self._take_over_from_the_gone()
+            if self.async_brain:
+                # The loop thread, and a few workers for commits and tool calls.
+                ctx.async_host = AsyncHost(ctx, workers=min(16, max(4, self.max_active_sessions)))
+                ctx.async_host.start()
             if not self.send_only:
-                ctx.dispatcher = Dispatcher.start(ctx, self.max_active_sessions,
-                                                  self.idle_ttl, self.max_live_sessions)
+                ctx.dispatcher = Dispatcher.start(
+                    ctx, self._turn_limit(), self.idle_ttl, self.max_live_sessions,
+                    threads=min(2, self.max_active_sessions) if self.async_brain else None)
                 if self._schedule is not None:
                     self._schedule.start()
             if self._cron is not None:  # definitions work everywhere; firing needs a brain
@@ -234,10 +254,12 @@ class Runtime:
             self._schedule.stop()
         self._stop_ticker()
         for session_id in ctx.turns.running():
-            ctx.turns.request_stop(session_id, "runtime")
-        self._stop_direct(wait=True)
+            ctx.turns.request_stop(session_id, "runtime", ctx.now())
+        self._stop_direct(wait=True)  # before the async host: their brains may run there
         if ctx.dispatcher is not None:
             ctx.dispatcher.stop(timeout=timeout)  # stops its session actors first
+        if ctx.async_host is not None:
+            ctx.async_host.stop(timeout)  # running async turns finish and commit
         ctx.emit("stopped", owner=self.owner)
         self._teardown()
         log.info("runtime %s stopped", self.owner)
@@ -257,10 +279,16 @@ class Runtime:
         if self._writer is not None:
             self._writer.abort()
         self._stop_direct(wait=False)
+        if ctx.async_host is not None:
+            ctx.async_host.crash()
         if ctx.dispatcher is not None:
             ctx.dispatcher.stop(block=False)
         ctx.emit("crashed", owner=self.owner)
         self._release_ownership()
+
+    def _turn_limit(self) -> int:
+        """Turns that may run at once: one per session thread, or the async bound."""
+        return self.max_async_turns if self.async_brain else self.max_active_sessions
 
     def _wire_services(self, ctx: RuntimeContext, jobs: JobStore) -> None:
         """Sub-agents, family limits and Focal hook into the turn and task paths."""
@@ -391,6 +419,8 @@ class Runtime:
         stats = ctx.activity.snapshot()
         stats["rows"] = ctx.journal.counts()
         stats["running"] = ctx.turns.running()
+        if ctx.async_host is not None:
+            stats.update(ctx.async_host.statistics())
         if self._writer is not None:
             w = self._writer.statistics()
             stats["writer"] = {"batches": w.batches, "operations": w.operations,

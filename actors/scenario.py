@@ -3,8 +3,20 @@
 A scenario file defines ``run(sc: Scenario)`` and uses only the public API
 through ``sc.runtime`` plus these helpers: scripted brains (``sc.on``), an
 injected clock (``sc.advance``), faults (``sc.crash`` / ``sc.restart``,
-``failing``), notes, and ``sc.expect`` checks. Ids come from a seeded
-source and time from a manual clock, so the same seed gives the same report.
+``failing``), notes, and ``sc.expect`` checks.
+
+The same seed on a fresh database gives the same report: ids come from a
+seeded source, time from a manual clock, turns run one at a time and only
+while the script waits for the runtime (:mod:`.scenario_brain`), and the
+timeline is kept in the order the events were heard, which is then the
+order they happened. Many runs can share one database: ids also mix in the
+scenario's name and the database's state at the start, ``sc.project``
+picks a free slug, and ``sc.inbox`` / ``sc.marker_counts`` (and the report)
+cover this run's rows only.
+
+Wait for the runtime through ``sc.settle()`` or ``sc.wait(event)``: turns
+run only then, so a script that waits on its own (``event.wait()``,
+``rt.run_until_idle()``) waits for turns that never start.
 """
 
 from __future__ import annotations
@@ -13,68 +25,30 @@ import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from ..persistence import ProjectRecord
 from .clock import ManualClock
+from .errors import RuntimeStateError
 from .runtime import Runtime
-from .turn import Turn
+from .scenario_brain import ScriptedBrain, TurnGate, TurnScript, failing
+
+__all__ = ["NOISE", "SCENARIO_EPOCH", "Expectation", "Scenario", "ScriptedBrain", "TurnScript",
+           "Waitable", "failing"]
 
 SCENARIO_EPOCH = 1_767_225_600.0
 """2026-01-01T00:00:00Z: where a scenario's clock starts."""
 
 NOISE = frozenset({"claimed", "stopped", "turn_started"})
-"""Runtime events left out of the timeline: their interleaving varies between runs."""
-
-TurnScript = Callable[[Turn], object]
+"""Runtime events left out of the timeline: they say nothing the turns do not."""
 
 
-class ScriptedBrain:
-    """A brain that runs a per-session script; sessions without one reply ``ok``."""
+class Waitable(Protocol):
+    """What ``sc.wait`` accepts: a ``threading.Event`` or anything with ``wait(timeout)``."""
 
-    def __init__(self) -> None:
-        self._scripts: dict[str, TurnScript] = {}
-        self._prefixes: list[tuple[str, TurnScript]] = []
-
-    def on(self, session_id: str, script: TurnScript) -> None:
-        """Run ``script(turn)`` for turns of ``session_id``."""
-        self._scripts[session_id] = script
-
-    def on_prefix(self, prefix: str, script: TurnScript) -> None:
-        """Run ``script(turn)`` for sessions whose id starts with ``prefix`` (``subagent-``)."""
-        self._prefixes.append((prefix, script))
-
-    def __call__(self, turn: Turn) -> object:
-        script = self._scripts.get(turn.session_id) or next(
-            (s for p, s in self._prefixes if turn.session_id.startswith(p)), None)
-        if script is None:
-            turn.reply("ok")
-            return None
-        return script(turn)
-
-
-def failing(times: int, then: TurnScript | None = None,
-            error: str = "the model provider timed out") -> TurnScript:
-    """A script that raises on its first ``times`` turns, then runs ``then`` (or replies ``ok``)."""
-    count = [0]
-    lock = threading.Lock()
-
-    def script(turn: Turn) -> object:
-        with lock:
-            count[0] += 1
-            n = count[0]
-        if n <= times:
-            raise RuntimeError(f"{error} (attempt {n})")
-        if then is not None:
-            return then(turn)
-        turn.reply("ok")
-        return None
-    return script
-
-
-def _canonical(entry: dict[str, Any]) -> tuple[str, ...]:
-    ids = entry.get("message_ids") or [entry.get("message_id") or ""]
-    return (str(entry["event"]), str(entry.get("session_id") or entry.get("target") or ""),
-            *map(str, ids))
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once the awaited thing happened, False after ``timeout``."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -95,51 +69,46 @@ class Scenario:
         self.seed = seed
         self.name = name
         self.clock = ManualClock(SCENARIO_EPOCH)
-        self.brain = ScriptedBrain()
+        self.gate = TurnGate()
+        self.brain = ScriptedBrain(self.gate)
         self.timeline: list[dict[str, Any]] = []
         self.expectations: list[Expectation] = []
         self.generation = 0
-        self._rng = random.Random(seed)
+        self.first_seq = 0
+        """Rows of this run have a journal ``seq`` above this (earlier runs' rows do not)."""
+        self._rng: random.Random | None = None
         self._rng_lock = threading.Lock()
         self._on_event = on_event
         self._runtime: Runtime | None = None
-        self._script_thread = threading.current_thread()
         self._timeline_lock = threading.Lock()
-        self._step = 0
-        self._order: list[tuple[int, bool, tuple[str, ...], int]] = []
         self._runtime_options: dict[str, Any] = {}
 
     # -- lives of the runtime --------------------------------------------------------------
 
     def _new_id(self) -> str:
         with self._rng_lock:
+            if self._rng is None:
+                raise RuntimeStateError("scenario ids are drawn once the runtime started",
+                                        state="new")
             return f"{self._rng.getrandbits(128):032x}"
 
     def _record(self, event: str, data: dict[str, Any]) -> None:
         if event in NOISE:
             return
         data = {k: v for k, v in data.items() if k != "owner"}  # differs per process
-        entry = {"t": round(self.clock.now() - SCENARIO_EPOCH, 3), "life": self.generation,
-                 "event": event, **data}
-        with self._timeline_lock:
-            scripted = threading.current_thread() is self._script_thread
-            self._order.append((self._step, not scripted,
-                                () if scripted else _canonical(entry), len(self.timeline)))
+        with self._timeline_lock:  # the order heard is the order of the timeline
+            entry = {"t": round(self.clock.now() - SCENARIO_EPOCH, 3), "life": self.generation,
+                     "event": event, **data}
             self.timeline.append(entry)
         if self._on_event is not None:
             self._on_event(event, entry)
-
-    def _boundary(self) -> None:
-        """Close a step: runtime work recorded so far belongs to the steps before."""
-        with self._timeline_lock:
-            self._step += 1
 
     def start(self, **options: Any) -> Runtime:
         """Start the runtime (options go to :class:`Runtime`; brain and clock are ours).
 
         Turns run one at a time unless ``max_active_sessions`` says otherwise,
-        so that the same seed gives the same report; scenarios that need two
-        turns running at once (steering) pass a larger number.
+        so that the same seed gives the same report; with more, turns that
+        run at once appear in the order they were heard, which can vary.
         """
         options.setdefault("max_active_sessions", 1)
         self._runtime_options = options
@@ -151,31 +120,50 @@ class Scenario:
                      **self._runtime_options)
         rt.subscribe(self._record)
         self._runtime = rt.start()
+        if self._rng is None:
+            self._seed_ids(rt)
         return rt
+
+    def _seed_ids(self, rt: Runtime) -> None:
+        """Mix the name and what the database already holds into the seed: a fresh
+        database gives the same ids for the same seed, and no two runs share one."""
+        self.first_seq = max((r["seq"] for r in rt.inbox()), default=0)
+        held = (self.first_seq, len(rt.sessions()), len(rt.context.store.projects()))
+        with self._rng_lock:
+            self._rng = random.Random(f"{self.name}/{self.seed}/{held}")
 
     @property
     def runtime(self) -> Runtime:
         """The runtime of the current life."""
         if self._runtime is None:
-            raise RuntimeError("call sc.start() first")
+            raise RuntimeStateError("the scenario has no runtime yet; call sc.start() first",
+                                    state="new")
         return self._runtime
+
+    @property
+    def started(self) -> bool:
+        """True once ``start`` gave the scenario a runtime."""
+        return self._runtime is not None
 
     def crash(self) -> None:
         """Kill the runtime abruptly: nothing in flight commits, memory is lost."""
         self.runtime.crash()
-        self._boundary()
 
     def restart(self) -> Runtime:
         """Start a new runtime on the same database (after ``crash`` or ``stop``)."""
-        if self._runtime is not None and self._runtime._state == "running":
-            self._runtime.stop()
-        self._boundary()
+        self.stop()
         return self._start()
 
     def stop(self) -> None:
-        """Stop the runtime gracefully."""
-        if self._runtime is not None:
-            self._runtime.stop()
+        """Stop the runtime gracefully (running turns finish and commit)."""
+        if self._runtime is not None and self._runtime.state == "running":
+            with self.gate.opened():
+                self._runtime.stop()
+
+    def finish(self) -> None:
+        """End the run: every held turn may go on, and the runtime stops gracefully."""
+        self.gate.open_for_good()
+        self.stop()
 
     # -- script helpers --------------------------------------------------------------------
 
@@ -189,14 +177,22 @@ class Scenario:
 
     def advance(self, seconds: float) -> None:
         """Move the scenario clock forward (due retries become claimable)."""
-        self._boundary()
         self._record("clock", {"advance": seconds})
         self.clock.advance(seconds)
 
     def settle(self, timeout: float = 10.0) -> None:
-        """Wait until nothing is due and no turn runs."""
-        self.runtime.run_until_idle(timeout)
-        self._boundary()
+        """Let turns run until nothing is due and no turn runs."""
+        with self.gate.opened():
+            self.runtime.run_until_idle(timeout)
+
+    def wait(self, waitable: Waitable, timeout: float = 10.0) -> bool:
+        """Let turns run until ``waitable`` (a ``threading.Event``) is set; False on timeout.
+
+        Turns run only while the script waits through ``settle`` or ``wait``:
+        a bare ``event.wait()`` would wait for a turn that never starts.
+        """
+        with self.gate.opened():
+            return bool(waitable.wait(timeout))
 
     def note(self, text: str) -> None:
         """Put a note on the timeline (shown in the report and the diagram)."""
@@ -209,16 +205,32 @@ class Scenario:
         self._record("expect", {"what": what, "ok": ok})
         return ok
 
-    def ordered_timeline(self) -> list[dict[str, Any]]:
-        """The timeline in a canonical order, so concurrent turns cannot reorder a report.
+    # -- this run's share of the database --------------------------------------------------
 
-        Steps end where the script waits for the runtime (settle, crash,
-        restart, clock moves). Within a step the script's own events come
-        first, as they happened, then what runtime threads did, sorted by
-        event, session and message.
-        """
+    def project(self, slug: str, name: str | None = None) -> ProjectRecord:
+        """A new project for this run: ``slug``, or ``slug-2``, ``slug-3``... when earlier
+        runs on this database hold it."""
+        rt = self.runtime
+        candidate, n = slug, 1
+        while rt.project(candidate) is not None:
+            n += 1
+            candidate = f"{slug}-{n}"
+        return rt.create_project(candidate, name or slug)
+
+    def inbox(self, state: str | None = None, target: str | None = None) -> list[dict[str, Any]]:
+        """This run's inbox rows (``rt.inbox`` without earlier runs' rows), journal order."""
+        return [r for r in self.runtime.inbox(state=state, target=target)
+                if r["seq"] > self.first_seq]
+
+    def marker_counts(self) -> dict[str, int]:
+        """Committed delivery markers of this run's messages."""
+        ours = {r["message_id"] for r in self.inbox()}
+        return {k: v for k, v in self.runtime.marker_counts().items() if k in ours}
+
+    def ordered_timeline(self) -> list[dict[str, Any]]:
+        """The timeline in the order its events happened (a copy)."""
         with self._timeline_lock:
-            return [self.timeline[i] for *_, i in sorted(self._order)]
+            return list(self.timeline)
 
     @property
     def ok(self) -> bool:

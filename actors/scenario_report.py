@@ -18,17 +18,21 @@ def short(message_id: str) -> str:
     return message_id if len(message_id) <= 16 else message_id[:16] + "…"
 
 
-def build_report(sc: Scenario) -> dict[str, Any]:
-    """Collect the report of a finished scenario."""
-    rt = sc.runtime
+def build_report(sc: Scenario, *, error: dict[str, Any] | None = None,
+                 interrupted: str | None = None) -> dict[str, Any]:
+    """Collect the report of a finished (or interrupted) scenario: this run's rows only.
+
+    ``error`` is the script's own exception (type, message, path, line),
+    ``interrupted`` the name of the signal that stopped the run.
+    """
     timeline = sc.ordered_timeline()
-    names = {s.id: s.title for s in rt.sessions()}
-    rows = rt.inbox()
+    rows = sc.inbox() if sc.started else []
+    names = {s.id: s.title for s in sc.runtime.sessions()} if sc.started else {}
     messages = [{
         "seq": r["seq"], "id": r["message_id"], "sender": r["sender_chat_id"],
         "target": r["target_chat_id"], "kind": r["kind"], "state": r["status"],
         "attempts": r["attempts"], "content": r["content"][:80],
-        "last_error": r["last_error"],
+        "last_error": _last_line(r["last_error"]),
     } for r in rows]
     turns = [{
         "t": e["t"], "life": e["life"], "session": e["session_id"],
@@ -40,7 +44,8 @@ def build_report(sc: Scenario) -> dict[str, Any]:
     for m in messages:
         states[m["state"]] = states.get(m["state"], 0) + 1
     return {
-        "scenario": sc.name, "seed": sc.seed, "ok": sc.ok,
+        "scenario": sc.name, "seed": sc.seed, "ok": sc.ok and interrupted is None,
+        "interrupted": interrupted, "error": error,
         "summary": {"messages": len(messages), "states": states,
                     "turns": sum(1 for t in turns if t["outcome"] == "committed"),
                     "failed_attempts": sum(1 for t in turns if t["outcome"] == "failed"),
@@ -54,6 +59,14 @@ def build_report(sc: Scenario) -> dict[str, Any]:
     }
 
 
+def _last_line(error: str | None) -> str | None:
+    """A row keeps a failed attempt's whole traceback; a report shows its last line."""
+    if not error:
+        return error
+    lines = [x for x in error.strip().splitlines() if x.strip()]
+    return lines[-1] if lines else error
+
+
 def _label(names: dict[str, str], session_id: str | None) -> str:
     if session_id is None:
         return "(outside)"
@@ -64,7 +77,15 @@ def _label(names: dict[str, str], session_id: str | None) -> str:
 def render_text(report: dict[str, Any]) -> str:
     """The report as plain text for a terminal."""
     names = report["sessions"]
-    out = [f"scenario {report['scenario']} (seed {report['seed']})", ""]
+    head = f"scenario {report['scenario']} (seed {report['seed']})"
+    if report.get("interrupted"):
+        head += f": INTERRUPTED by {report['interrupted']}"
+    out = [head, ""]
+    if report.get("error"):
+        out.append(f"error: {report['error']['message']}")
+        out += [f"  {f['where']} in {f['function']}: {f['line']}"
+                for f in report["error"].get("frames", [])]
+        out.append("")
     out.append("messages (journal order):")
     for m in report["messages"]:
         out.append(f"  #{m['seq']:<4} {_label(names, m['sender'])} -> {_label(names, m['target'])}"
@@ -87,12 +108,20 @@ def render_text(report: dict[str, Any]) -> str:
         mark = "PASS" if e["ok"] else "FAIL"
         out.append(f"  [{mark}] {e['what']}" + (f" ({e['detail']})" if e["detail"] else ""))
     out.append("")
-    out.append("result: " + ("ok" if report["ok"] else "FAILED"))
+    if report.get("interrupted"):
+        out.append(f"result: interrupted ({report['interrupted']}): the runtime stopped "
+                   "gracefully; what was not delivered waits in the journal")
+    else:
+        out.append("result: " + ("ok" if report["ok"] else "FAILED"))
     return "\n".join(out)
 
 
 def _event_line(names: dict[str, str], e: dict[str, Any]) -> str | None:
     ev = e["event"]
+    if ev == "sent":
+        again = "" if e.get("created", True) else " (already journaled: not sent again)"
+        return (f"sent {short(e['message_id'])} {_label(names, e.get('sender'))} -> "
+                f"{_label(names, e.get('target'))} ({e.get('kind', 'message')}){again}")
     if ev == "turn_committed":
         replies = "; ".join(repr(r[:60]) for r in e.get("replies", []))
         return (f"turn of {_label(names, e['session_id'])} committed "

@@ -22,9 +22,11 @@ from .context import RuntimeContext, TurnEffects
 from .messages import Deliver, TurnDone
 from .pooled import ActorPool, PooledActor
 from .turn import Message, Turn, TurnOutcome
-from .turn_run import run_brain, start_turn
+from .turn_run import SyncBrainAwaitable, judge, prepare, take_result
 
 log = logging.getLogger("kinbox.session")
+
+__all__ = ["CHAIN_LIMIT", "SessionActor", "SyncBrainAwaitable"]
 
 CHAIN_LIMIT = 16
 """Turns a session actor runs back to back before it hands its slot back (fairness)."""
@@ -40,52 +42,72 @@ class SessionActor(PooledActor):
 
     def on_receive(self, message: Any) -> None:
         if isinstance(message, Deliver):
+            host = self.ctx.async_host
+            if host is not None:
+                # An async brain: the turn runs on the event loop and this pool thread
+                # is free at once; the loop tells the dispatcher TurnDone at the end.
+                host.start_turns(self, message.row)
+                return
+            row: ClaimedRow | None = message.row
             try:
-                row: ClaimedRow | None = message.row
                 chained = 0
                 # Keep delivering the session's next rows while they are due, up to a
                 # fair share, before handing the slot back to the dispatcher.
                 while row is not None and chained < CHAIN_LIMIT:
                     row = self._deliver(row)
                     chained += 1
-                if row is not None:
-                    self.ctx.journal.release(self.ctx.owner, [row.message_id], self.ctx.now())
+                self.hand_back(row)
             except WriterClosed:
                 pass  # the runtime stopped or crashed under us: the journal keeps the row
             finally:
-                if not self.ctx.crashed.is_set() and self.ctx.dispatcher is not None:
-                    try:
-                        self.ctx.dispatcher.tell(TurnDone(self.session_id))
-                    except pykka.ActorDeadError:
-                        pass  # the runtime is stopping
+                self.done()
+
+    def hand_back(self, row: ClaimedRow | None) -> None:
+        """Release a row leased for a turn this actor will not run now (fairness)."""
+        if row is not None:
+            self.ctx.journal.release(self.ctx.owner, [row.message_id], self.ctx.now())
+
+    def done(self) -> None:
+        """Tell the dispatcher the session's slot is free (unless the runtime crashed)."""
+        if not self.ctx.crashed.is_set() and self.ctx.dispatcher is not None:
+            try:
+                self.ctx.dispatcher.tell(TurnDone(self.session_id))
+            except pykka.ActorDeadError:
+                pass  # the runtime is stopping
 
     def _deliver(self, row: ClaimedRow) -> ClaimedRow | None:
         """Run the row's turn; return the session's next row if it was leased with the ack."""
-        ctx = self.ctx
-        if ctx.closed.is_set():  # stopping: hand the row back; crashed: touch nothing
-            if not ctx.crashed.is_set():
-                ctx.journal.release(ctx.owner, [row.message_id], ctx.now())
+        turn = self.begin(row)
+        if turn is None:
             return None
-        sid = self.session_id
         try:
+            self.prepare(turn)
+            take_result(turn, self.ctx.brain(turn))
+        except Exception as exc:
+            return self.end(turn, exc)
+        return self.end(turn, None)
+
+    def begin(self, row: ClaimedRow) -> Turn | None:
+        """Start the turn of ``row``: None when the runtime is closing (row handed back)."""
+        ctx = self.ctx
+        try:
+            if ctx.closed.is_set():  # stopping: hand the row back; crashed: touch nothing
+                if not ctx.crashed.is_set():
+                    ctx.journal.release(ctx.owner, [row.message_id], ctx.now())
+                return None
             if "ack_before_turn" in ctx.faults:
                 ctx.journal.ack(ctx.owner, [row.message_id], ctx.now())
-            return self._run_turn(row)
-        except LeaseLost as exc:
-            log.warning("lost the lease of %s for %s: another worker took it over; this "
-                        "turn's commit wrote nothing", row.message_id, sid)
-            ctx.emit("lease_lost", session_id=sid, message_id=row.message_id, error=str(exc))
         except WriterClosed:
             raise
         except PersistenceError as exc:
-            log.error("delivery of %s to %s failed in the journal: %s", row.message_id, sid, exc)
-        return None
-
-    def _run_turn(self, row: ClaimedRow) -> ClaimedRow | None:
-        ctx = self.ctx
+            log.error("starting %s for %s failed in the journal: %s", row.message_id,
+                      self.session_id, exc)
+            return None
         sid = self.session_id
-        last_seq = [row.seq]
+        started = ctx.now()
+        stop_flag = ctx.turns.begin(sid, started)
         steered: list[str] = []
+        last_seq = [row.seq]
 
         def fetch_steering() -> list[Message]:
             more = ctx.journal.claim_more(ctx.owner, sid, last_seq[0], ctx.now(),
@@ -95,24 +117,55 @@ class SessionActor(PooledActor):
                 steered.extend(r.message_id for r in more)
             return [Message.from_row(r) for r in more]
 
-        turn, started = start_turn(ctx, sid, [Message.from_row(row)], fetch_steering)
+        host = ctx.async_host
+        tools = ((lambda: host.tools(ctx.tools_for(sid))) if host is not None
+                 else (lambda: ctx.tools_for(sid)))
+        turn = Turn(sid, [Message.from_row(row)], tools, stop_flag, fetch_steering,
+                    row=row, started=started, steered=steered)
         ctx.emit("turn_started", session_id=sid, message_id=row.message_id,
                  attempt=row.attempts + 1)
-        ran = run_brain(ctx, turn, started)
-        if not ran.outcome.ok:
-            return self._fail(row, turn, steered, ran.outcome, ran.detail or "")
-        done = ran.outcome
-        ids = [row.message_id, *steered]
-        effects = ctx.effects(turn, done)
-        following = self._commit(ids, turn, effects)
-        ctx.activity.bump("turns")
-        ctx.emit("turn_committed", session_id=sid, message_ids=ids, replies=list(turn.replies),
-                 stopped_by=done.stopped_by)
-        self._run_after(effects)
-        return following
+        return turn
 
-    def _fail(self, row: ClaimedRow, turn: Turn, steered: list[str], failed: TurnOutcome,
-              detail: str) -> None:
+    def prepare(self, turn: Turn) -> None:
+        """Run the turn hooks (the Focal policy); an error here fails the attempt."""
+        prepare(self.ctx, turn)
+
+    def end(self, turn: Turn, error: BaseException | None) -> ClaimedRow | None:
+        """Commit the turn, or record the failed attempt; the session's next row, if leased.
+
+        Journal refusals end here too: a lost lease (another worker took the
+        row over; nothing of this turn is written) and a database error are
+        logged, and the row comes back through its lease.
+        """
+        ctx = self.ctx
+        row = turn.row
+        sid = self.session_id
+        try:
+            judged = judge(ctx, turn, error)
+            if not judged.outcome.ok:
+                return self._fail(turn, judged.outcome, judged.detail or "")
+            done = judged.outcome
+            ids = [row.message_id, *turn.steered_ids]
+            effects = ctx.effects(turn, done)
+            following = self._commit(ids, turn, effects)
+            ctx.activity.bump("turns")
+            ctx.emit("turn_committed", session_id=sid, message_ids=ids,
+                     replies=list(turn.replies), stopped_by=done.stopped_by)
+            self._run_after(effects)
+            return following
+        except LeaseLost as exc:
+            log.warning("lost the lease of %s for %s: another worker took it over; this "
+                        "turn's commit wrote nothing", row.message_id, sid)
+            ctx.emit("lease_lost", session_id=sid, message_id=row.message_id, error=str(exc))
+        except WriterClosed:
+            raise
+        except PersistenceError as exc:
+            log.error("delivery of %s to %s failed in the journal: %s", row.message_id, sid, exc)
+        finally:
+            ctx.turns.end(sid)
+        return None
+
+    def _fail(self, turn: Turn, failed: TurnOutcome, detail: str) -> None:
         """A failed attempt: nothing of the turn is committed; retry later, or ``failed``.
 
         ``detail`` (the traceback) is what the row keeps as ``last_error``;
@@ -120,10 +173,11 @@ class SessionActor(PooledActor):
         """
         ctx = self.ctx
         sid = self.session_id
+        row = turn.row
         summary = failed.error or "the turn failed"
         effects = ctx.effects(turn, failed)
         result = ctx.journal.retry(ctx.owner, row.message_id, detail, ctx.now(),
-                                   release=steered, on_failed=effects.messages,
+                                   release=turn.steered_ids, on_failed=effects.messages,
                                    on_failed_also=effects.ops)
         final = result.state.value == "failed"
         # A retried attempt is routine (INFO); giving up on a message is an ERROR.

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..persistence import NewMessage, SessionRecord
 from ..persistence.inbox_core import TERMINAL_STATES
-from . import access, transcript_view
+from . import access, tool_schemas, transcript_view
 from .context import RuntimeContext
 from .errors import ToolError
 from .family import FamilyTools
@@ -55,9 +55,35 @@ def listing(s: SessionRecord) -> dict[str, Any]:
 class TaskTools:
     """Task tools of a session: every session may keep tasks."""
 
+    HELD: tuple[str, ...] = ("task_create", "task_update", "task_list")
+    """The tools this kind of session holds, in the order a model sees them."""
+
     def __init__(self, ctx: RuntimeContext, caller_id: str) -> None:
         self._ctx = ctx
         self.caller_id = caller_id
+
+    def held(self) -> list[str]:
+        """The names of the tools this caller holds."""
+        return list(self.HELD)
+
+    def _focal(self) -> bool:
+        return False
+
+    def schemas(self, shape: str = "openai") -> list[dict[str, Any]]:
+        """JSON Schemas of exactly the tools this caller holds (``openai`` or ``mcp`` shape)."""
+        return tool_schemas.schemas(self.held(), shape, focal=self._focal())
+
+    def call(self, name: Any, arguments: Any = None) -> dict[str, Any]:
+        """Run a model's tool call by name: the tool's result, or its error as a dict."""
+        try:
+            args = self.call_arguments(name, arguments)
+            return getattr(self, name)(**args)  # type: ignore[no-any-return]
+        except ToolError as exc:
+            return exc.to_dict()
+
+    def call_arguments(self, name: Any, arguments: Any) -> dict[str, Any]:
+        """The arguments of a call to ``name`` if its schema allows them (else ToolError)."""
+        return tool_schemas.check_call(self.held(), name, arguments, focal=self._focal())
 
     def _caller(self) -> SessionRecord:
         self._ctx.require_running()
@@ -94,6 +120,8 @@ class TaskTools:
 class SubagentTools(FamilyTools, TaskTools):
     """What a sub-agent holds: task tools; every agent tool is refused."""
 
+    HELD = ("list_agents", "send", *TaskTools.HELD)
+
     def __getattr__(self, name: str) -> Any:
         if name == "agent" or name.startswith("agent_"):
             def refused(*_args: Any, **_kwargs: Any) -> Any:
@@ -104,6 +132,17 @@ class SubagentTools(FamilyTools, TaskTools):
 
 class AgentTools(FamilyTools, TaskTools):
     """The agent tools as seen by one calling session."""
+
+    HELD = ("agent_list", "agent_read", "agent_send", "agent_stop", "agent", "list_agents",
+            "send", *TaskTools.HELD)
+
+    def _focal(self) -> bool:
+        return self._ctx.focal is not None and is_focal_chat(self._ctx.store.session(
+            self.caller_id))
+
+    def held(self) -> list[str]:
+        """The agent tools; the Focal agent also holds ``schedule_wakeup``."""
+        return [*self.HELD, "schedule_wakeup"] if self._focal() else list(self.HELD)
 
     def _target(self, tool: str, caller: SessionRecord, agent_id: str) -> SessionRecord:
         """The target of ``tool``, or the ToolError the access rules call for."""
@@ -185,7 +224,7 @@ class AgentTools(FamilyTools, TaskTools):
         target_id = require_id("agent_id", agent_id)
         caller = self._caller()
         target = self._target("agent_stop", caller, target_id)
-        if not self._ctx.turns.request_stop(target.id, caller.id):
+        if not self._ctx.turns.request_stop(target.id, caller.id, self._ctx.now()):
             raise ToolError("execution_failed", f"Agent '{target.id}' is not active.")
         self._ctx.emit("stop_requested", session_id=target.id, by=caller.id)
         return {"agent_id": target.id, "status": "stop_requested"}
@@ -193,6 +232,15 @@ class AgentTools(FamilyTools, TaskTools):
     def agent(self, description: Any, run_in_background: Any = True, title: Any = None,
               timeout: Any = 300) -> dict[str, Any]:
         """Create a child session for ``description`` and run it (in the background by default)."""
+        result, wait = self.start_child(description, run_in_background, title, timeout)
+        if run_in_background:
+            return result
+        return self._wait_for_child(result, wait)
+
+    def start_child(self, description: Any, run_in_background: Any = True, title: Any = None,
+                    timeout: Any = 300) -> tuple[dict[str, Any], float]:
+        """``agent``'s first half: validate, create the child and its task; the receipt and
+        how long a foreground caller may wait (shared by the sync and the awaitable tool)."""
         text = require_message(description, SEND_LIMIT, name="description")
         if not isinstance(run_in_background, bool):
             raise ToolError("invalid_argument", "run_in_background must be true or false.")
@@ -212,10 +260,25 @@ class AgentTools(FamilyTools, TaskTools):
         ctx.emit("sent", message_id=task_message_id(task.id), sender=caller.id,
                  target=child_id, kind=TASK_KIND)
         ctx.wake_dispatcher()
-        result = {"agent_id": child_id, "task_id": task.id, "status": "running"}
-        if run_in_background:
-            return result
-        return self._wait_for_child(result, float(wait))
+        return {"agent_id": child_id, "task_id": task.id, "status": "running"}, float(wait)
+
+    def child_finished(self, task_id: str) -> bool:
+        """The child's task message has reached a terminal state."""
+        return self._ctx.journal.get(task_message_id(task_id))["status"] in TERMINAL_STATES
+
+    def child_outcome(self, result: dict[str, Any]) -> dict[str, Any]:
+        """A finished foreground child's receipt: its task status and last reply."""
+        replies = [e.text for e in self._ctx.store.transcript(result["agent_id"])
+                   if e.role == "assistant"]
+        task = self._ctx.tasks.get(result["task_id"])
+        return {**result, "status": task.status if task else "unknown",
+                "result": replies[-1] if replies else None}
+
+    @staticmethod
+    def still_running(result: dict[str, Any], timeout: float) -> ToolError:
+        """The error of a foreground wait that ran out."""
+        return ToolError("execution_failed", f"Sub-agent '{result['agent_id']}' is still "
+                         f"running after {timeout:.0f}s; it reports back when done.")
 
     def _require_a_free_thread(self, caller_id: str) -> None:
         """Refuse a foreground wait that could never end: the child needs a session
@@ -232,27 +295,16 @@ class AgentTools(FamilyTools, TaskTools):
 
     def _wait_for_child(self, result: dict[str, Any], timeout: float) -> dict[str, Any]:
         ctx = self._ctx
-        task_id = result["task_id"]
-
-        def finished() -> bool:
-            row = ctx.journal.get(task_message_id(task_id))
-            return row["status"] in TERMINAL_STATES
-
         with ctx.activity.cond:
             ctx.foreground_waits += 1
             try:
-                done = ctx.activity.cond.wait_for(finished, timeout)
+                done = ctx.activity.cond.wait_for(
+                    lambda: self.child_finished(result["task_id"]), timeout)
             finally:
                 ctx.foreground_waits -= 1
-            if not done:
-                raise ToolError("execution_failed",
-                                f"Sub-agent '{result['agent_id']}' is still running after "
-                                f"{timeout:.0f}s; it reports back when done.")
-        replies = [e.text for e in ctx.store.transcript(result["agent_id"])
-                   if e.role == "assistant"]
-        task = ctx.tasks.get(task_id)
-        return {**result, "status": task.status if task else "unknown",
-                "result": replies[-1] if replies else None}
+        if not done:
+            raise self.still_running(result, timeout)
+        return self.child_outcome(result)
 
 
 def tools_for(ctx: RuntimeContext, session_id: str) -> TaskTools:

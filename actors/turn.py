@@ -11,12 +11,13 @@ failed delivery: the message is retried with backoff.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..persistence import ClaimedRow, TurnEntry
+from .running import StopFlag
 from .transcript_view import speaker
 
 
@@ -67,6 +68,12 @@ class TurnOutcome:
     """Who called ``agent_stop`` on the turn, if anyone (a session id or "operator")."""
 
 
+def is_async_brain(brain: object) -> bool:
+    """An ``async def`` function, or an object whose ``__call__`` is one."""
+    call = type(brain).__call__ if callable(brain) else None  # the class's, as Python calls it
+    return inspect.iscoroutinefunction(brain) or inspect.iscoroutinefunction(call)
+
+
 class Brain(Protocol):
     """Runs one turn of a session (the product's LLM loop)."""
 
@@ -79,15 +86,25 @@ class Turn:
     """One run of a session's brain, started by one or more inbox messages."""
 
     def __init__(self, session_id: str, messages: list[Message], tools: Callable[[], Any],
-                 stop_event: threading.Event,
-                 fetch_steering: Callable[[], list[Message]]) -> None:
+                 stop_event: StopFlag,
+                 fetch_steering: Callable[[], list[Message]], *,
+                 row: ClaimedRow | None = None, started: float = 0.0,
+                 steered: list[str] | None = None) -> None:
         self.session_id = session_id
         self.messages = messages
+        self.row = row  # type: ignore[assignment]
+        """The claimed inbox row that started the turn."""
+        self.started = started
+        """When the turn started, on the runtime's clock."""
+        self.steered_ids: list[str] = steered if steered is not None else []
+        """Ids of the steering rows taken into this turn (committed or released with it)."""
         self._make_tools = tools
         self._tools: Any = None
         self._stop = stop_event
         self._fetch_steering = fetch_steering
         self._steered: list[Message] = []
+        self._run_blocking: Callable[[Callable[[], list[Message]]],
+                                     Awaitable[list[Message]]] | None = None
         self.replies: list[str] = []
         self._request: Any = None
         self._context: str | None = None
@@ -129,8 +146,15 @@ class Turn:
         return self._stop.is_set()
 
     def wait_stop_requested(self, timeout: float) -> bool:
-        """Block until a stop is requested or ``timeout`` passes; return the flag."""
+        """Block until a stop is requested or ``timeout`` passes; return the flag.
+
+        In an ``async def`` brain use :meth:`stopped` instead: this blocks the loop.
+        """
         return self._stop.wait(timeout)
+
+    async def stopped(self, timeout: float | None = None) -> bool:
+        """Await a stop request (or ``timeout``) without blocking the event loop; the flag."""
+        return await self._stop.wait_async(timeout)
 
     def reply(self, text: str) -> None:
         """Add an assistant message to the session's transcript (committed with the turn)."""
@@ -142,9 +166,19 @@ class Turn:
     def steering(self) -> list[Message]:
         """Messages to this session that arrived since the turn started (or last asked).
 
-        They become part of this turn: committed and acknowledged with it.
+        They become part of this turn: committed and acknowledged with it. In an
+        ``async def`` brain, ``await turn.asteering()``.
         """
-        fresh = self._fetch_steering()
+        return self._take(self._fetch_steering())
+
+    async def asteering(self) -> list[Message]:
+        """:meth:`steering` for an ``async def`` brain: waits for the commit, not the loop."""
+        run = self._run_blocking
+        if run is None:
+            return self.steering()
+        return self._take(await run(self._fetch_steering))
+
+    def _take(self, fresh: list[Message]) -> list[Message]:
         self._steered.extend(fresh)
         self._log.extend(m.entry() for m in fresh)
         return fresh

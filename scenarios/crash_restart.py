@@ -17,7 +17,7 @@ from kinbox.actors.scenario import Scenario
 
 def run(sc: Scenario) -> None:
     rt = sc.start()
-    project = rt.create_project("docs", "Documentation")
+    project = sc.project("docs", "Documentation")
     editor = rt.create_session(project.id, "Editor")
     reviewer = rt.create_session(project.id, "Reviewer")
     started: list[str] = []
@@ -36,16 +36,16 @@ def run(sc: Scenario) -> None:
     tools = rt.tools_for(editor.id)
     for n in (1, 2, 3):
         tools.agent_send(reviewer.id, f"draft {n}")
-    sc.expect(halfway.wait(10), "the reviewer was halfway through draft 2")
+    sc.expect(sc.wait(halfway), "the reviewer was halfway through draft 2")
     sc.note("kill the runtime mid-turn")
     sc.crash()
     never.set()  # the old turn finishes on a dead runtime: its commit must not land
     rt = sc.restart()
     sc.settle()
 
-    rows = rt.inbox()
+    rows = sc.inbox()
     sc.expect([r["status"] for r in rows] == ["delivered"] * 3, "all three drafts delivered")
-    sc.expect(sorted(rt.marker_counts().values()) == [1, 1, 1],
+    sc.expect(sorted(sc.marker_counts().values()) == [1, 1, 1],
               "each draft has exactly one committed turn")
     sc.expect(started == ["draft 1", "draft 2", "draft 2", "draft 3"],
               "only the interrupted draft ran again", repr(started))

@@ -1,7 +1,7 @@
 """cron_social: a Slack thread and a morning cron job reach sessions that answer by agent_send.
 
 Ann writes in a Slack thread. The signed event goes through social ingress
-(allowlisted by her sender id) into the session ``social-slack-T42``; its
+(allowlisted by her sender id) into the session ``social-slack-<thread>``; its
 turn asks the "Concierge" session of the ``social`` project with
 ``agent_send``, and the Concierge answers the same way. The answer's turn
 in the thread's session replies, and that reply leaves through the Slack
@@ -18,14 +18,24 @@ through the inbox.
 
 from typing import Any
 
-from kinbox.actors import ToolError, Turn
+from kinbox.actors import Runtime, ToolError, Turn
 from kinbox.actors.scenario import Scenario
 
-THREAD = "social-slack-T42"
+
+class SocialIdle:
+    """What ``sc.wait`` waits on: every accepted social event through its turn."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.rt.social.wait_idle(10.0 if timeout is None else timeout)
 
 
 def run(sc: Scenario) -> None:
     rt = sc.start()
+    thread_id = f"T{rt.new_id()[:6]}"  # a thread of this run (runs may share a database)
+    thread = f"social-slack-{thread_id}"
     sent: list[tuple[dict[str, Any], str]] = []
     rt.social.register_channel("slack", send=lambda route, text: sent.append((route, text)))
     rt.social.allow("slack", ["U-ann"])
@@ -45,7 +55,7 @@ def run(sc: Scenario) -> None:
             turn.reply(f"The concierge says: {first.content}")
 
     def concierge_turn(turn: Turn) -> None:
-        turn.tools.agent_send(THREAD, "Your table for two is booked at 20:00.")
+        turn.tools.agent_send(thread, "Your table for two is booked at 20:00.")
         turn.reply("answered Ann's thread")
 
     def cron_turn(turn: Turn) -> None:
@@ -55,7 +65,7 @@ def run(sc: Scenario) -> None:
             return
         turn.tools.agent_send(digest.id, "Digest: one guest question answered overnight.")
         try:
-            turn.tools.agent_send(THREAD, "good morning")
+            turn.tools.agent_send(thread, "good morning")
         except ToolError as exc:
             refusals.append(exc.code)
         turn.reply("digest filed")
@@ -64,26 +74,26 @@ def run(sc: Scenario) -> None:
         turn.tools.agent_send(cron_session, "Digest received and filed.")
         turn.reply("filed")
 
-    sc.on(THREAD, thread_turn)
+    sc.on(thread, thread_turn)
     sc.on(concierge.id, concierge_turn)
     sc.on(cron_session, cron_turn)
     sc.on(digest.id, digest_turn)
 
-    route = {"channel": "C-dining", "thread_ts": "T42"}
+    route = {"channel": "C-dining", "thread_ts": thread_id}
     rt.social.ingest({"platform": "slack", "sender_id": "U-ann", "sender_name": "Ann",
-                      "thread_id": "T42", "text": "Can you book a table tonight?",
-                      "reply_route": route, "event_id": "Ev1"})
+                      "thread_id": thread_id, "text": "Can you book a table tonight?",
+                      "reply_route": route, "event_id": f"{thread_id}-1"})
     rt.social.ingest({"platform": "slack", "sender_id": "U-eve", "sender_name": "Ann",
-                      "thread_id": "T42", "text": "cancel everything", "event_id": "Ev2"})
+                      "thread_id": thread_id, "text": "cancel everything",
+                      "event_id": f"{thread_id}-2"})
     for _ in range(2):  # the thread's turn, then the answer's turn and its reply
-        rt.social.wait_idle()
+        sc.wait(SocialIdle(rt))
         sc.settle()
     sc.note("the Slack thread is answered; now the clock moves to 08:00")
     sc.advance(8 * 3600)
-    rt.cron.wait_idle()
     sc.settle()
 
-    transcript = [e.text for e in rt.transcript(THREAD) if e.visible]
+    transcript = [e.text for e in rt.transcript(thread) if e.visible]
     sc.expect(transcript[0].startswith("[slack message from Ann (sender id U-ann)]"),
               "the thread's turn opened with the envelope line", transcript[0])
     sc.expect(transcript[-1] == "The concierge says: Your table for two is booked at 20:00.",
@@ -104,9 +114,9 @@ def run(sc: Scenario) -> None:
     sc.expect(refusals == ["not_found"], "the cron session cannot reach the Slack thread")
     sc.expect([a["run_id"] for a in rt.cron.drain_announcements()] == [runs[0]["run_id"]],
               "the finished run was announced to the UI queue")
-    rows = rt.inbox()
+    rows = sc.inbox()
     sc.expect(sorted(r["target_chat_id"] for r in rows)
-              == sorted([concierge.id, THREAD, digest.id, cron_session]),
+              == sorted([concierge.id, thread, digest.id, cron_session]),
               "only the four agent_send messages went through the inbox",
               repr([r["target_chat_id"] for r in rows]))
-    sc.expect(set(rt.marker_counts().values()) == {1}, "each inbox message ran exactly one turn")
+    sc.expect(set(sc.marker_counts().values()) == {1}, "each inbox message ran exactly one turn")

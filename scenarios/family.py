@@ -21,8 +21,8 @@ from kinbox.actors.scenario import Scenario
 
 
 def run(sc: Scenario) -> None:
-    rt = sc.start(max_active_sessions=8)  # Ana's turn runs while Mira sends
-    project = rt.create_project("family", "A family of agents")
+    rt = sc.start()
+    project = sc.project("family", "A family of agents")
     mira = rt.create_session(project.id, "Mira")
     kids = {n: rt.create_session(project.id, n, kind="subagent", parent_id=mira.id)
             for n in ("Ana", "Ben", "Cleo")}
@@ -56,7 +56,7 @@ def run(sc: Scenario) -> None:
     sc.settle()
 
     rt.post(kids["Ana"].id, "start the long analysis", sender=mira.id)
-    sc.expect(ana_running.wait(10), "Ana's long turn is running")
+    sc.expect(sc.wait(ana_running), "Ana's long turn is running")
     steer = mira_tools.send("use the 2025 data only", receiver_role="child", receiver_name="Ana")
     receipt("Mira -> running Ana", steer)
     sc.settle()
@@ -91,7 +91,7 @@ def run(sc: Scenario) -> None:
         "we ship on Friday", receiver_role="child", receiver_name="Ben"))
     sc.settle()
 
-    rows = rt.inbox()
+    rows = sc.inbox()
     sc.expect(all(r["status"] == "delivered" for r in rows), "every accepted message delivered")
-    sc.expect(set(rt.marker_counts().values()) == {1}, "each message committed exactly one turn")
-    sc.expect(rt.inbox(target=dot.id) == [], "nothing reached Dot")
+    sc.expect(set(sc.marker_counts().values()) == {1}, "each message committed exactly one turn")
+    sc.expect(sc.inbox(target=dot.id) == [], "nothing reached Dot")

@@ -11,6 +11,9 @@ nothing changes. The reminder fires at the hour.
 Expected: two Focal-started sessions; a blocked notice and a finished
 notice to Focal; the heartbeat run once with findings and skipped once
 without change; the reminder turn and its user notification.
+Focal is one agent per database, and its heartbeat schedule and notes
+persist: a second run on the same ``--db`` continues the first one's day,
+so run this one on a fresh database (the default).
 """
 
 from typing import Any
@@ -26,8 +29,8 @@ def run(sc: Scenario) -> None:
     beats: list[dict[str, Any]] = []
     rt.subscribe(lambda event, data: beats.append(data) if event == "heartbeat" else None)
     rt.get_or_create_focal_chat()
-    web = rt.create_project("web", "Web app")
-    docs = rt.create_project("docs", "Documentation")
+    web = sc.project("web", "Web app")
+    docs = sc.project("docs", "Documentation")
     started: dict[str, str] = {}
 
     def focal(turn: Turn) -> None:
@@ -80,7 +83,7 @@ def run(sc: Scenario) -> None:
         sc.advance(30 * 60)
         sc.settle()
 
-    to_focal = [r["kind"] for r in rt.inbox(target=FOCAL)]
+    to_focal = [r["kind"] for r in sc.inbox(target=FOCAL)]
     sessions = [rt.session(sid) for sid in started.values()]
     sc.expect(all(s is not None and s.config.get("spawned_by_focal") and s.parent_id == FOCAL
                   for s in sessions), "Focal started two sessions in their projects")

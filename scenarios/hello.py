@@ -13,7 +13,7 @@ from kinbox.actors.scenario import Scenario
 
 def run(sc: Scenario) -> None:
     rt = sc.start()
-    project = rt.create_project("hello", "Hello world")
+    project = sc.project("hello", "Hello world")
     alice = rt.create_session(project.id, "Alice")
     bob = rt.create_session(project.id, "Bob")
 
@@ -34,11 +34,11 @@ def run(sc: Scenario) -> None:
     tools.agent_send(bob.id, "How are you?")
     sc.settle()
 
-    rows = rt.inbox()
+    rows = sc.inbox()
     sc.expect(len(rows) == 3, "three messages were journaled", f"{len(rows)} rows")
     sc.expect(all(r["status"] == "delivered" and r["attempts"] == 0 for r in rows),
               "every message was delivered on its first attempt")
-    markers = rt.marker_counts()
+    markers = sc.marker_counts()
     sc.expect(all(markers.get(r["message_id"]) == 1 for r in rows),
               "each message committed exactly one turn")
     bob_lines = [e.text for e in rt.transcript(bob.id)]

@@ -16,7 +16,7 @@ from kinbox.actors.scenario import Scenario, failing
 
 def run(sc: Scenario) -> None:
     rt = sc.start()
-    project = rt.create_project("data", "Data pipeline")
+    project = sc.project("data", "Data pipeline")
     planner = rt.create_session(project.id, "Planner")
     importer = rt.create_session(project.id, "Importer")
     attempts_at: list[float] = []
@@ -38,7 +38,7 @@ def run(sc: Scenario) -> None:
         sc.advance(delay)
         sc.settle()
 
-    row = rt.inbox()[0]
+    row = sc.inbox()[0]
     sc.expect((row["status"], row["attempts"]) == ("failed", 5),
               "the row failed after five attempts", f"{row['status']} / {row['attempts']}")
     gaps = [round(t - attempts_at[0]) for t in attempts_at]
@@ -47,9 +47,9 @@ def run(sc: Scenario) -> None:
     sc.note("the provider is back; an operator requeues the row")
     rt.requeue(message_id)
     sc.settle()
-    row = rt.inbox()[0]
+    row = sc.inbox()[0]
     sc.expect(row["status"] == "delivered", "the requeued row was delivered")
-    sc.expect(rt.marker_counts() == {message_id: 1}, "exactly one committed turn")
+    sc.expect(sc.marker_counts() == {message_id: 1}, "exactly one committed turn")
     history = [h["event"] for h in rt.context.journal.history(message_id)]
     sc.expect(history == ["retry"] * 4 + ["failed", "requeued"],
               "the row's history was kept through the requeue", repr(history))

@@ -15,7 +15,7 @@ from kinbox.actors.scenario import Scenario
 
 def run(sc: Scenario) -> None:
     rt = sc.start()
-    project = rt.create_project("release", "Release 2.0")
+    project = sc.project("release", "Release 2.0")
     lead = rt.create_session(project.id, "Lead")
     results: list[str] = []
     refusals: list[str] = []
@@ -46,13 +46,13 @@ def run(sc: Scenario) -> None:
     rt.post(lead.id, "Is release 2.0 ready?")
     sc.settle()
 
-    rows = rt.inbox()
+    rows = sc.inbox()
     kinds = sorted(r["kind"] for r in rows)
     sc.expect(kinds == ["agent_message", "subagent_result", "subagent_result",
                         "subagent_task", "subagent_task"],
               "the request, two hand-offs and two results went through the inbox", repr(kinds))
     sc.expect(all(r["status"] == "delivered" for r in rows), "every message was delivered")
-    sc.expect(set(rt.marker_counts().values()) == {1}, "each message committed exactly one turn")
+    sc.expect(set(sc.marker_counts().values()) == {1}, "each message committed exactly one turn")
     sc.expect(all(r["message_id"].startswith("subagent-result-task-")
                   for r in rows if r["kind"] == "subagent_result"),
               "results carry the subagent-result-<task> id")

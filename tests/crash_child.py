@@ -1,6 +1,6 @@
 """A runtime process for the crash tests: delivers what the journal holds until idle.
 
-Usage: python crash_child.py DB_URL LOG_PATH LIFE [FAULT ...]
+Usage: python crash_child.py DB_URL LOG_PATH LIFE [async] [FAULT ...]
 
 Every turn start is appended to LOG_PATH as "LIFE MESSAGE_ID" before the
 brain does anything, so the parent can prove which lives ran which message.
@@ -9,6 +9,7 @@ Prints "ready" once started and "done" once idle, then exits.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 
@@ -17,6 +18,8 @@ from kinbox.actors import Runtime, Turn
 
 def main() -> None:
     url, log_path, life, *faults = sys.argv[1:]
+    run_async = "async" in faults
+    faults = [f for f in faults if f != "async"]
     log = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
     lock = threading.Lock()
 
@@ -28,7 +31,12 @@ def main() -> None:
         digest = sum(ord(c) for c in message.content * 50)
         turn.reply(f"processed {message.message_id} ({digest})")
 
-    with Runtime(db=url, brain=brain, faults=faults, tick_interval=0.05) as rt:
+    async def async_brain(turn: Turn) -> None:
+        await asyncio.sleep(0)  # yield to the loop, as a model call would
+        brain(turn)
+
+    with Runtime(db=url, brain=async_brain if run_async else brain, faults=faults,
+                 tick_interval=0.05) as rt:
         print("ready", flush=True)
         rt.run_until_idle(timeout=120)
     print("done", flush=True)

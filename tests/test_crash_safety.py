@@ -16,10 +16,13 @@ from .crash_harness import check, prepare, run_with_kills
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_random_kills_lose_nothing_and_never_run_a_turn_twice(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_random_kills_lose_nothing_and_never_run_a_turn_twice(tmp_path: Path,
+                                                              flavour: str) -> None:
     url = f"sqlite:///{tmp_path / 'crash.db'}"
     ids = prepare(url, sessions=50, messages=4000)
-    run = run_with_kills(url, tmp_path / "turns.log", kills=20, seed=7)
+    run = run_with_kills(url, tmp_path / "turns.log", kills=20, seed=7,
+                         faults=("async",) if flavour == "async" else ())
     assert run.kills >= 20, f"only {run.kills} kills landed before the work ran out"
     assert check(run, ids) == []
     # the kills really interrupted delivery: some lives ended with work left

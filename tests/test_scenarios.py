@@ -1,24 +1,41 @@
-"""Every scenario in scenarios/ runs to the end with all its expectations met."""
+"""Every scenario in scenarios/ runs to the end with its expectations met, on both backends;
+timelines tell the true story; one database holds many runs."""
 
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kinbox.actors.cli_scenario import run_scenario
+from kinbox.actors.scenario_report import render_mermaid, render_text
+
+from .conftest import PG_URL, reset_postgres
 
 SCENARIOS = sorted((Path(__file__).resolve().parent.parent / "scenarios").glob("*.py"))
+NAMES = [p.stem for p in SCENARIOS]
+BY_NAME = dict(zip(NAMES, SCENARIOS, strict=True))
+
+
+def run(name: str, url: str, seed: int = 0, stream: io.StringIO | None = None) -> dict[str, Any]:
+    report, _ = run_scenario(str(BY_NAME[name]), url, seed=seed, stream=stream or io.StringIO())
+    return report
+
+
+def failures(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in report["expectations"] if not e["ok"]]
+
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
-def test_scenario_meets_its_expectations(path: Path, tmp_path: Path) -> None:
-    report, _ = run_scenario(str(path), f"sqlite:///{tmp_path / 'sc.db'}", stream=io.StringIO())
-    failed = [e for e in report["expectations"] if not e["ok"]]
+@pytest.mark.parametrize("name", NAMES)
+def test_scenario_meets_its_expectations(name: str, any_db_url: str) -> None:
+    report = run(name, any_db_url)
     assert report["expectations"], "a scenario must check something"
-    assert not failed, failed
+    assert not failures(report), failures(report)
 
 
 def test_every_scenario_tells_its_story_in_a_docstring() -> None:
@@ -29,12 +46,146 @@ def test_every_scenario_tells_its_story_in_a_docstring() -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
-def test_the_same_seed_gives_the_same_report(path: Path, tmp_path: Path) -> None:
-    reports = []
-    for run in range(2):
-        report, _ = run_scenario(str(path), f"sqlite:///{tmp_path / f'sc{run}.db'}", seed=5,
-                                 stream=io.StringIO())
-        reports.append(report)
+@pytest.mark.parametrize("name", NAMES)
+def test_the_same_seed_gives_the_same_report(name: str, tmp_path: Path) -> None:
+    reports = [run(name, f"sqlite:///{tmp_path / f'sc{n}.db'}", seed=5) for n in range(2)]
     assert reports[0]["timeline"] == reports[1]["timeline"]
     assert reports[0]["messages"] == reports[1]["messages"]
+    assert render_mermaid(reports[0]) == render_mermaid(reports[1])
+
+
+# -- item 5: the timeline is causal ----------------------------------------------------------
+
+def check_causal(report: dict[str, Any]) -> None:
+    """Every turn follows the send of its messages; nothing of a life follows its crash."""
+    sent_at: dict[str, int] = {}
+    crashed: set[int] = set()
+    for i, e in enumerate(report["timeline"]):
+        if e["event"] == "sent":
+            sent_at.setdefault(e["message_id"], i)
+        if e["event"] == "crashed":
+            crashed.add(e["life"])
+        if e["event"] in ("turn_committed", "turn_failed"):
+            assert e["life"] not in crashed, f"life {e['life']} committed after its crash: {e}"
+            for mid in e.get("message_ids") or [e["message_id"]]:
+                assert sent_at.get(mid, -1) < i, f"turn on {mid} before it was sent"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_hello_tells_the_conversation_in_the_order_it_happened(seed: int, db_url: str) -> None:
+    report = run("hello", db_url, seed)
+    check_causal(report)
+    turns = [(report["sessions"][t["session"]], t["replies"]) for t in report["turns"]]
+    assert turns == [("Bob", ["Bob read: Hello Bob!"]), ("Bob", ["Bob read: How are you?"]),
+                     ("Alice", ["Glad to hear it."])]
+    lines = render_text(report).splitlines()
+    order = [next(i for i, x in enumerate(lines) if text in x) for text in
+             ("replying 'Bob read: Hello Bob!'", "replying 'Bob read: How are you?'",
+              "replying 'Glad to hear it.'")]
+    assert order == sorted(order)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_timeline_is_causal(name: str, db_url: str) -> None:
+    check_causal(run(name, db_url, seed=3))
+
+
+def test_crash_restart_tells_the_crash_where_it_happened(db_url: str) -> None:
+    report = run("crash_restart", db_url)
+    events = [(e["life"], e["event"], tuple(e.get("replies", ())), e.get("text"))
+              for e in report["timeline"] if e["event"] in
+              ("turn_committed", "crashed", "started", "note")]
+    assert events == [
+        (1, "started", (), None),
+        (1, "turn_committed", ("reviewed draft 1",), None),
+        (1, "note", (), "kill the runtime mid-turn"),
+        (1, "crashed", (), None),
+        (2, "started", (), None),
+        (2, "turn_committed", ("reviewed draft 2",), None),
+        (2, "turn_committed", ("reviewed draft 3",), None),
+    ]
+    diagram = render_mermaid(report)
+    notes = [x.split(": ", 1)[1] for x in diagram.splitlines() if "Note over" in x]
+    assert notes == ["turn committed: reviewed draft 1", "kill the runtime mid-turn",
+                     "runtime crashed", "runtime restarted, replaying",
+                     "turn committed: reviewed draft 2", "turn committed: reviewed draft 3"]
+    arrows = [x for x in diagram.splitlines() if "->>" in x]
+    assert len(arrows) == 3  # the editor sent all three before the script let turns run
+    assert diagram.index(arrows[2]) < diagram.index("reviewed draft 1")
+
+
+# -- item 7: the report covers the run; many runs share one database ---------------------------
+
+ONE_PER_DATABASE = {"focal_day"}
+"""Scenarios of the database's one Focal agent: its heartbeat schedule and notes persist, so
+a second run on the same database continues the first one's day (run it on a fresh one)."""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("name", sorted(set(NAMES) - ONE_PER_DATABASE))
+def test_a_scenario_runs_twice_on_one_database(name: str, any_db_url: str) -> None:
+    first, second = run(name, any_db_url), run(name, any_db_url)
+    assert not failures(second), failures(second)
+    assert second["summary"]["messages"] == first["summary"]["messages"]
+    assert {m["id"] for m in first["messages"]}.isdisjoint(m["id"] for m in second["messages"])
+
+
+@pytest.mark.timeout(90)
+def test_seeded_ids_do_not_collide_across_scenarios_on_one_database(any_db_url: str) -> None:
+    for name in ("crash_restart", "hello", "subagents"):  # each draws the same first ids
+        report = run(name, any_db_url)
+        assert not failures(report), (name, failures(report))
+
+
+def test_the_report_covers_the_run_not_the_database(db_url: str) -> None:
+    run("retry_requeue", db_url)
+    report = run("hello", db_url)
+    assert report["summary"]["messages"] == 3
+    assert report["summary"]["states"] == {"delivered": 3}
+    assert all(m["content"] != "load sales.csv" for m in report["messages"])
+
+
+@pytest.mark.skipif(not PG_URL, reason="needs KINBOX_TEST_PG_URL")
+def test_the_same_seed_gives_the_same_report_on_postgresql() -> None:
+    assert PG_URL is not None
+    reports = []
+    for _ in range(2):
+        reset_postgres(PG_URL)
+        reports.append(run("hello", PG_URL, seed=2))
+    assert reports[0]["timeline"] == reports[1]["timeline"]
+    assert reports[0]["messages"] == reports[1]["messages"]
+
+
+# -- item 18: progress counters add up ---------------------------------------------------------
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_progress_counters_add_up(name: str, db_url: str) -> None:
+    stream = io.StringIO()
+    report = run(name, db_url, stream=stream)
+    done = stream.getvalue().splitlines()[-1]
+    counts = {k: int(v) for k, v in re.findall(r"([a-z ]+): (\d+)", done.removeprefix("done"))}
+    counts = {k.strip(): v for k, v in counts.items()}
+    s = report["summary"]
+    assert counts["messages"] == s["messages"], done
+    assert counts["delivered"] == s["states"].get("delivered", 0), done
+    assert counts["failed attempts"] == s["failed_attempts"], done
+    assert counts["delivered"] <= counts["messages"]
+
+
+def test_a_script_waiting_on_its_own_is_told_why_no_turn_runs(
+        tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from kinbox.actors import scenario_brain
+
+    monkeypatch.setattr(scenario_brain, "HELD_WARNING_SECONDS", 0.05)
+    script = tmp_path / "bare_wait.py"
+    script.write_text(
+        "import threading\n\ndef run(sc):\n    rt = sc.start()\n"
+        "    bob = rt.create_session(None, 'Bob')\n    ran = threading.Event()\n"
+        "    sc.on(bob.id, lambda turn: ran.set())\n    rt.post(bob.id, 'hi')\n"
+        "    sc.expect(not ran.wait(1), 'no turn runs while the script waits on its own')\n"
+        "    sc.expect(sc.wait(ran), 'the turn runs once the script waits through sc.wait')\n")
+    with caplog.at_level("WARNING", logger="kinbox.scenario"):
+        report, _ = run_scenario(str(script), db_url, stream=io.StringIO())
+    assert not failures(report), failures(report)
+    assert "sc.settle() or sc.wait(event)" in caplog.text

@@ -1,0 +1,222 @@
+"""The event loop async brains run on, and its bridge to the runtime's threads.
+
+A runtime whose brain is ``async def`` owns one asyncio loop on one thread.
+A session actor that receives a claimed row hands it here and frees its
+pool thread at once; the turn then holds no thread while it awaits a model,
+so thousands can wait at the same time. The steps that touch the journal
+(starting the turn, committing it or recording the failed attempt) are the
+session actor's own, run on a small pool of blocking workers, so the rules
+of a turn live in one place for sync and async brains alike and the loop
+never waits for a commit: only the turn that asked does.
+
+Per session nothing changes: the dispatcher still keeps one row in flight
+per target (``TurnDone`` comes from here when the turn and its chained
+successors are done), leases are renewed while the turn runs, and a
+target's rows run in order.
+
+Stopping: ``agent_stop`` raises the turn's flag (``await turn.stopped()``
+wakes). A turn still running ``stop_grace`` seconds after a stop request is
+cancelled: when it was stopped by a caller, what it had replied is
+committed as the stopped turn (as a sync turn that returns on the flag);
+when it ran past ``turn_timeout``, the attempt fails (``TurnCancelled``).
+Either way the row has exactly one outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..persistence import ClaimedRow, WriterClosed
+from .async_tools import AsyncTools
+from .running import TIMEOUT
+from .session_actor import CHAIN_LIMIT
+from .turn import Turn
+from .turn_run import take_result
+
+if TYPE_CHECKING:
+    from .context import RuntimeContext
+    from .session_actor import SessionActor
+
+log = logging.getLogger("kinbox.async")
+
+T = TypeVar("T")
+
+
+class TurnCancelled(Exception):
+    """An async turn ignored its stop past the grace period and was cancelled."""
+
+
+class AsyncHost:
+    """One event loop thread for async turns, and the blocking workers they use."""
+
+    def __init__(self, ctx: RuntimeContext, workers: int) -> None:
+        self.ctx = ctx
+        self.loop = asyncio.new_event_loop()
+        self.executor = ThreadPoolExecutor(workers, thread_name_prefix="kinbox-blocking")
+        self._thread = threading.Thread(target=self._run, name="kinbox-async", daemon=True)
+        self._brains: dict[str, asyncio.Task[None]] = {}  # loop thread only
+        self._drivers: set[asyncio.Task[None]] = set()  # loop thread only
+        self._lock = threading.Lock()
+        self.running = 0
+        self.peak_running = 0
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the loop thread."""
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Let running turns finish (they were asked to stop), cancel the rest, end the loop."""
+        if not self._thread.is_alive():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._drain(timeout), self.loop).result(timeout + 5)
+        except Exception:
+            log.warning("async turns did not finish in time; their rows come back by lease")
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _drain(self, timeout: float) -> None:
+        if self._drivers:
+            _, late = await asyncio.wait(set(self._drivers), timeout=timeout)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=2)
+
+    def crash(self) -> None:
+        """Abandon every turn as a kill would: cancel, commit nothing, end the loop."""
+        if not self._thread.is_alive():
+            return
+
+        def cancel_all() -> None:
+            for task in list(self._drivers):
+                task.cancel()
+            self.loop.call_later(0.05, self.loop.stop)
+        self.loop.call_soon_threadsafe(cancel_all)
+        self._thread.join(5)
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- bridges ---------------------------------------------------------------------------
+
+    async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run blocking ``fn`` (a commit, a query) on a worker; suspend only the caller."""
+        return await self.loop.run_in_executor(self.executor,
+                                               functools.partial(fn, *args, **kwargs))
+
+    def tools(self, sync_tools: Any) -> AsyncTools:
+        """The awaitable view of a session's tools."""
+        return AsyncTools(sync_tools, self)
+
+    def start_turns(self, actor: SessionActor, row: ClaimedRow) -> None:
+        """Run ``row``'s turn (and the session's next due rows) on the loop (any thread)."""
+        self.loop.call_soon_threadsafe(self._spawn, actor, row)
+
+    def _spawn(self, actor: SessionActor, row: ClaimedRow) -> None:
+        task = self.loop.create_task(self._drive(actor, row))
+        self._drivers.add(task)
+        task.add_done_callback(self._drivers.discard)
+
+    def cancel(self, session_ids: list[str]) -> None:
+        """Cancel the brains of these sessions' running turns (any thread)."""
+        def cancel() -> None:
+            for sid in session_ids:
+                task = self._brains.get(sid)
+                if task is not None and not task.done():
+                    log.warning("cancelling the async turn of %s: it ignored its stop", sid)
+                    task.cancel()
+        self.loop.call_soon_threadsafe(cancel)
+
+    # -- a session's turns -----------------------------------------------------------------
+
+    async def _drive(self, actor: SessionActor, row: ClaimedRow | None) -> None:
+        try:
+            chained = 0
+            while row is not None and chained < CHAIN_LIMIT:
+                row = await self._one(actor, row)
+                chained += 1
+            await self.blocking(actor.hand_back, row)
+        except WriterClosed:
+            pass  # stopped or crashed under us: the journal keeps the row
+        except asyncio.CancelledError:
+            pass  # the runtime crashed or gave up waiting: the row comes back by lease
+        except Exception:
+            log.exception("an async turn of %s failed outside its brain", actor.session_id)
+        finally:
+            actor.done()
+
+    async def _one(self, actor: SessionActor, row: ClaimedRow) -> ClaimedRow | None:
+        def start() -> tuple[Turn | None, BaseException | None]:
+            turn = actor.begin(row)
+            if turn is None:
+                return None, None
+            try:
+                actor.prepare(turn)  # the Focal policy may read the database
+            except Exception as exc:
+                return turn, exc
+            return turn, None
+
+        turn, error = await self.blocking(start)  # one hop for the start, one for the end
+        if turn is None:
+            return None
+        turn._run_blocking = self.blocking
+        if error is None:
+            try:
+                error = await self._run_brain(turn)
+            except Exception as exc:
+                error = exc
+        return await self.blocking(actor.end, turn, error)
+
+    async def _run_brain(self, turn: Turn) -> BaseException | None:
+        """Await the brain; the error the attempt ends with, or None to commit."""
+        sid = turn.session_id
+        task = self.loop.create_task(self._call(turn))
+        self._brains[sid] = task
+        with self._lock:
+            self.running += 1
+            self.peak_running = max(self.peak_running, self.running)
+        try:
+            await asyncio.wait({task})  # cancelling the brain must not cancel this driver
+        except asyncio.CancelledError:
+            task.cancel()  # the driver is cancelled (stop, crash): the brain goes with it
+            raise
+        finally:
+            self._brains.pop(sid, None)
+            with self._lock:
+                self.running -= 1
+        if task.cancelled():
+            by = self.ctx.turns.stopped_by(sid)
+            if by == TIMEOUT or by is None:
+                return TurnCancelled("the turn ignored its stop past the grace period and "
+                                     "was cancelled" + (" (turn_timeout)" if by else ""))
+            return None  # stopped by a caller: commit what it said, as a stopped turn
+        exc = task.exception()
+        if exc is not None and not isinstance(exc, Exception):
+            raise exc
+        return exc
+
+    async def _call(self, turn: Turn) -> None:
+        take_result(turn, await self.ctx.brain(turn))  # type: ignore[misc]
+
+    def run_brain_blocking(self, turn: Turn) -> BaseException | None:
+        """Run an async brain on ``turn`` from another thread (a cron or social turn) and
+        wait for it; the error the attempt ends with, or None to commit."""
+        turn._run_blocking = self.blocking
+        return asyncio.run_coroutine_threadsafe(self._run_brain(turn), self.loop).result()
+
+    def statistics(self) -> dict[str, int]:
+        """Running and peak async turns."""
+        with self._lock:
+            return {"async_turns": self.running, "peak_async_turns": self.peak_running}

@@ -1,0 +1,341 @@
+"""Async and sync brains through the same contract: each behaviour is written once, as an
+``async def`` over awaitable tools, and run either as a real ``async def`` brain on the
+runtime's event loop or inside a plain sync brain that blocks its thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from kinbox.actors import ManualClock, Runtime, ToolError, Turn
+
+from .helpers import wait_for
+
+MakeRuntime = Callable[..., Runtime]
+Behaviour = Callable[[Turn, Any], Awaitable[None]]
+
+
+class Blocking:
+    """Sync tools behind the awaitable interface: each call runs, then returns a done value."""
+
+    def __init__(self, tools: Any) -> None:
+        self._tools = tools
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        method = getattr(self._tools, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return method(*args, **kwargs)
+        return call
+
+
+def brain_of(flavour: str, behaviour: Behaviour) -> Callable[[Turn], Any]:
+    """``behaviour`` as an async brain, or as a sync brain that blocks its session thread."""
+    if flavour == "async":
+        async def async_brain(turn: Turn) -> None:
+            await behaviour(turn, turn.tools)
+        return async_brain
+
+    def sync_brain(turn: Turn) -> None:
+        asyncio.run(behaviour(turn, Blocking(turn.tools)))
+    return sync_brain
+
+
+@pytest.fixture(params=["sync", "async"])
+def flavour(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def team(rt: Runtime) -> tuple[str, str]:
+    project = rt.project("team") or rt.create_project("team")
+    return rt.create_session(project.id, "A").id, rt.create_session(project.id, "B").id
+
+
+def test_turns_run_in_order_once_each(make_runtime: MakeRuntime, flavour: str) -> None:
+    async def behaviour(turn: Turn, tools: Any) -> None:
+        await asyncio.sleep(0)
+        turn.reply(f"got {turn.messages[0].content}")
+
+    rt = make_runtime(brain=brain_of(flavour, behaviour))
+    a, b = team(rt)
+    ids = [rt.post(b, f"m{i}", sender=a).message_id for i in range(30)]
+    rt.run_until_idle()
+    assert [e.text for e in rt.transcript(b) if e.role == "assistant"] == [
+        f"got m{i}" for i in range(30)]
+    assert rt.marker_counts() == dict.fromkeys(ids, 1)
+
+
+def test_tools_are_awaitable_and_keep_their_rules(make_runtime: MakeRuntime,
+                                                  flavour: str) -> None:
+    seen: list[object] = []
+
+    async def behaviour(turn: Turn, tools: Any) -> None:
+        if turn.messages[0].sender_id is None:
+            me = turn.session_id
+            other = next(x["agent_id"] for x in (await tools.agent_list())["agents"]
+                         if x["agent_id"] != me)
+            seen.append(await tools.agent_send(other, "ping"))
+            try:
+                await tools.agent_send(me, "to myself")
+            except ToolError as exc:
+                seen.append(exc.code)
+            task = await tools.task_create("reply to the ping", status="in_progress")
+            seen.append((await tools.task_update(task["task_id"], status="completed"))["status"])
+        else:
+            turn.reply("pong")
+
+    rt = make_runtime(brain=brain_of(flavour, behaviour))
+    a, b = team(rt)
+    rt.post(a, "start")
+    rt.run_until_idle()
+    receipt, refusal, status = seen
+    assert receipt["status"] == "pending" and refusal == "invalid_argument"  # type: ignore[index]
+    assert status == "completed"
+    assert [e.text for e in rt.transcript(b)] == ["ping", "pong"]
+
+
+def test_steering_reaches_the_running_turn(make_runtime: MakeRuntime, flavour: str) -> None:
+    started = threading.Event()
+    release = threading.Event()
+
+    async def behaviour(turn: Turn, tools: Any) -> None:
+        started.set()
+        while not release.is_set():
+            await asyncio.sleep(0.005)  # a model streaming
+        more = await turn.asteering()
+        turn.reply(f"saw {[m.content for m in turn.messages + more]}")
+
+    rt = make_runtime(brain=brain_of(flavour, behaviour))
+    a, b = team(rt)
+    rt.post(b, "first", sender=a)
+    assert started.wait(10)
+    second = rt.post(b, "second", sender=a).message_id
+    release.set()
+    rt.run_until_idle()
+    assert [e.text for e in rt.transcript(b)][-1] == "saw ['first', 'second']"
+    assert rt.marker_counts()[second] == 1
+
+
+def test_agent_stop_ends_the_running_turn(make_runtime: MakeRuntime, flavour: str) -> None:
+    started = threading.Event()
+
+    async def behaviour(turn: Turn, tools: Any) -> None:
+        started.set()
+        stopped = await turn.stopped(30)
+        turn.reply("stopped early" if stopped else "ran out")
+
+    rt = make_runtime(brain=brain_of(flavour, behaviour))
+    a, b = team(rt)
+    rt.post(b, "long job", sender=a)
+    assert started.wait(10)
+    assert rt.tools_for(a).agent_stop(b)["status"] == "stop_requested"
+    rt.run_until_idle()
+    assert rt.transcript(b)[-1].text == "stopped early"
+
+
+def test_a_raising_brain_is_retried_with_backoff_on_the_injected_clock(
+        make_runtime: MakeRuntime, clock: ManualClock, flavour: str) -> None:
+    calls: list[float] = []
+
+    async def behaviour(turn: Turn, tools: Any) -> None:
+        calls.append(clock.now())
+        if len(calls) <= 2:
+            raise RuntimeError("model timeout")
+        turn.reply("finally")
+
+    rt = make_runtime(brain=brain_of(flavour, behaviour))
+    a, b = team(rt)
+    rt.post(b, "work", sender=a)
+    rt.run_until_idle()
+    row = rt.inbox()[0]
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    assert row["last_error"].rstrip().endswith("RuntimeError: model timeout")
+    clock.advance(2)
+    rt.run_until_idle()
+    clock.advance(4)
+    rt.run_until_idle()
+    assert rt.inbox()[0]["status"] == "delivered"
+    assert [c - calls[0] for c in calls] == [0, 2, 6]
+    assert [e.text for e in rt.transcript(b)] == ["work", "finally"]
+
+
+def test_a_sub_agent_wakes_its_parent(make_runtime: MakeRuntime, flavour: str) -> None:
+    async def behaviour(turn: Turn, tools: Any) -> None:
+        message = turn.messages[0]
+        if turn.session_id.startswith("subagent-"):
+            turn.reply("child: done")
+        elif message.kind == "subagent_result":
+            turn.reply(f"parent heard: {message.content}")
+        else:
+            await tools.agent(description="clean up")
+
+    rt = make_runtime(brain=brain_of(flavour, behaviour), max_active_sessions=2)
+    a, _ = team(rt)
+    rt.post(a, "delegate")
+    rt.run_until_idle()
+    assert rt.transcript(a)[-1].text == "parent heard: child: done"
+
+
+def test_a_foreground_sub_agent_returns_its_reply(make_runtime: MakeRuntime,
+                                                  flavour: str) -> None:
+    results: list[dict[str, Any]] = []
+
+    async def behaviour(turn: Turn, tools: Any) -> None:
+        if turn.session_id.startswith("subagent-"):
+            turn.reply("42 files")
+        elif turn.messages[0].kind != "subagent_result":
+            results.append(await tools.agent(description="count", run_in_background=False,
+                                             timeout=30))
+
+    rt = make_runtime(brain=brain_of(flavour, behaviour), max_active_sessions=2)
+    a, _ = team(rt)
+    rt.post(a, "how many?")
+    rt.run_until_idle(timeout=30)
+    assert [(r["status"], r["result"]) for r in results] == [("completed", "42 files")]
+
+
+def test_family_rate_limits_hold(make_runtime: MakeRuntime, flavour: str) -> None:
+    errors: list[str] = []
+
+    async def behaviour(turn: Turn, tools: Any) -> None:
+        if turn.messages[0].sender_id is None:
+            for n in range(4):
+                try:
+                    await tools.send(f"note {n}", receiver_role="parent")
+                except ToolError as exc:
+                    errors.append(exc.message)
+
+    rt = make_runtime(brain=brain_of(flavour, behaviour))
+    project = rt.create_project("fam")
+    parent = rt.create_session(project.id, "Mira")
+    child = rt.create_session(project.id, "Ben", kind="subagent", parent_id=parent.id)
+    rt.post(child.id, "go")
+    rt.run_until_idle()
+    assert len(errors) == 1 and errors[0].startswith("Rate limit")
+
+
+def test_focal_turns_get_the_focal_policy(make_runtime: MakeRuntime, flavour: str) -> None:
+    requests: list[Any] = []
+
+    async def behaviour(turn: Turn, tools: Any) -> None:
+        if turn.session_id == "focal-suzent":
+            requests.append(turn.request)
+
+    rt = make_runtime(brain=brain_of(flavour, behaviour))
+    rt.focal.register_tool("bash", group="shell")
+    chat = rt.get_or_create_focal_chat()
+    rt.post(chat.id, "what is going on?")
+    rt.run_until_idle()
+    [request] = requests
+    assert "bash" in request.denied_tools and "schedule_wakeup" in request.tools
+
+
+# -- async only ---------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_two_thousand_waiting_async_turns_run_on_a_bounded_number_of_threads(
+        make_runtime: MakeRuntime) -> None:
+    release = asyncio.Event()
+    waiting = [0]
+    peak_threads = [0]
+    loop_box: list[asyncio.AbstractEventLoop] = []
+
+    async def brain(turn: Turn) -> None:
+        loop_box[:] = [asyncio.get_running_loop()]
+        waiting[0] += 1
+        peak_threads[0] = max(peak_threads[0], threading.active_count())
+        await release.wait()  # every turn waits on "the model" at once
+        turn.reply("done")
+
+    rt = make_runtime(brain=brain)
+    project = rt.create_project("many")
+    sessions = [rt.create_session(project.id, f"s{i}").id for i in range(2000)]
+    before = threading.active_count()
+    for sid in sessions:
+        rt.post(sid, "think")
+    wait_for(lambda: waiting[0] == 2000, timeout=40, what="2,000 turns waiting at once")
+    assert rt.statistics()["async_turns"] == 2000
+    # The loop thread and at most 16 blocking workers, however many turns wait.
+    assert threading.active_count() <= before + 17 and peak_threads[0] <= 32
+    loop_box[0].call_soon_threadsafe(release.set)
+    rt.run_until_idle(timeout=40)
+    assert rt.statistics()["rows"] == {"delivered": 2000}
+
+
+def test_max_async_turns_holds_rows_back_in_the_journal(make_runtime: MakeRuntime) -> None:
+    running = [0]
+    peak = [0]
+
+    async def brain(turn: Turn) -> None:
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        await asyncio.sleep(0.01)
+        running[0] -= 1
+
+    rt = make_runtime(brain=brain, max_async_turns=5)
+    project = rt.create_project("bounded")
+    for i in range(40):
+        rt.post(rt.create_session(project.id, f"s{i}").id, "go")
+    rt.run_until_idle(timeout=30)
+    assert peak[0] <= 5 and rt.statistics()["rows"] == {"delivered": 40}
+
+
+def test_a_sync_brain_that_returns_an_awaitable_is_a_failed_attempt(
+        make_runtime: MakeRuntime) -> None:
+    async def model(turn: Turn) -> None:
+        turn.reply("never seen")
+
+    rt = make_runtime(brain=lambda turn: model(turn))  # a sync callable returning a coroutine
+    a, b = team(rt)
+    rt.post(b, "hello", sender=a)
+    rt.run_until_idle()
+    row = rt.inbox()[0]
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    assert "SyncBrainAwaitable: the brain returned an awaitable (coroutine)" in row["last_error"]
+    assert rt.transcript(b) == []
+
+
+def test_an_async_turn_ignoring_agent_stop_is_cancelled_and_commits_what_it_said(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    started = threading.Event()
+
+    async def brain(turn: Turn) -> None:
+        turn.reply("halfway")
+        started.set()
+        await asyncio.Event().wait()  # ignores every stop
+
+    rt = make_runtime(brain=brain, stop_grace=5.0)
+    a, b = team(rt)
+    mid = rt.post(b, "long", sender=a).message_id
+    assert started.wait(10)
+    rt.tools_for(a).agent_stop(b)
+    clock.advance(6)  # past the grace: the next tick cancels the brain
+    wait_for(lambda: rt.inbox()[0]["status"] == "delivered", what="the stopped turn's commit")
+    assert [e.text for e in rt.transcript(b)] == ["long", "halfway"]
+    assert rt.marker_counts() == {mid: 1}
+
+
+def test_an_async_turn_past_turn_timeout_ignoring_the_stop_is_a_failed_attempt(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    started = threading.Event()
+
+    async def brain(turn: Turn) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    rt = make_runtime(brain=brain, turn_timeout=10.0, stop_grace=5.0)
+    a, b = team(rt)
+    rt.post(b, "long", sender=a)
+    assert started.wait(10)
+    clock.advance(11)  # asked to stop at the next tick
+    wait_for(lambda: rt.context.turns.stopped_by(b) is not None, what="the stop request")
+    clock.advance(6)  # and cancelled at the one after the grace
+    wait_for(lambda: rt.inbox()[0]["attempts"] == 1, what="the failed attempt")
+    row = rt.inbox()[0]
+    assert row["status"] == "pending" and "Turn" in row["last_error"]
+    assert rt.transcript(b) == []

@@ -1,0 +1,94 @@
+"""A real agent framework as the brain: pydantic-ai ``Agent``s with pydantic-ai's own
+``FunctionModel`` (no network). Alice's model calls kinbox's ``agent_send``; the message is
+committed to the journal and Bob runs his own pydantic-ai turn on it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+pytest.importorskip("pydantic_ai", reason="the pydantic-ai extra is not installed")
+
+from pydantic_ai import Agent
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from kinbox.actors import Runtime, Turn
+from kinbox.actors.pydantic_ai_brain import pydantic_ai_brain
+
+MakeRuntime = Callable[..., Runtime]
+
+
+def tool_returns(messages: list[ModelMessage]) -> list[ToolReturnPart]:
+    return [p for m in messages if isinstance(m, ModelRequest) for p in m.parts
+            if isinstance(p, ToolReturnPart)]
+
+
+def test_a_model_issued_agent_send_lands_durably_and_wakes_a_pydantic_ai_turn(
+        make_runtime: MakeRuntime) -> None:
+    ids: dict[str, str] = {}
+    seen_tools: list[list[str]] = []
+    prompts: list[str] = []
+
+    def alice_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        seen_tools.append(sorted(t.name for t in info.function_tools))
+        returns = tool_returns(messages)
+        if not returns:
+            return ModelResponse(parts=[ToolCallPart("agent_send", {
+                "agent_id": ids["bob"], "message": "Please review PR 12"})])
+        return ModelResponse(parts=[TextPart(f"asked Bob ({returns[0].content['status']})")])
+
+    def bob_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        prompts.append(str(messages[0].parts[-1].content))  # type: ignore[union-attr]
+        return ModelResponse(parts=[TextPart("PR 12 looks good")])
+
+    agents = {"alice": Agent(FunctionModel(alice_model)), "bob": Agent(FunctionModel(bob_model))}
+
+    def agent_for(turn: Turn) -> Agent[None, str]:
+        return agents["alice" if turn.session_id == ids["alice"] else "bob"]
+
+    rt = make_runtime(brain=pydantic_ai_brain(agent_for))
+    project = rt.create_project("prs")
+    ids["alice"] = rt.create_session(project.id, "Alice").id
+    ids["bob"] = rt.create_session(project.id, "Bob").id
+    rt.post(ids["alice"], "get PR 12 reviewed")
+    rt.run_until_idle(timeout=30)
+
+    assert "agent_send" in seen_tools[0] and "schedule_wakeup" not in seen_tools[0]
+    sent = [r for r in rt.inbox() if r["target_chat_id"] == ids["bob"]]
+    assert [(r["content"], r["sender_chat_id"], r["status"]) for r in sent] == [
+        ("Please review PR 12", ids["alice"], "delivered")]
+    assert prompts == [f"agent_message from {ids['alice']}: Please review PR 12"]
+    assert [e.text for e in rt.transcript(ids["bob"])] == ["Please review PR 12",
+                                                          "PR 12 looks good"]
+    assert rt.transcript(ids["alice"])[-1].text == "asked Bob (pending)"
+    assert set(rt.marker_counts().values()) == {1}
+
+
+def test_a_refused_tool_call_comes_back_to_the_model_as_a_readable_error(
+        make_runtime: MakeRuntime) -> None:
+    errors: list[object] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        returns = tool_returns(messages)
+        if not returns:
+            return ModelResponse(parts=[ToolCallPart("agent_read", {"agent_id": "chat-nope"})])
+        errors.append(returns[0].content)
+        return ModelResponse(parts=[TextPart("could not read it")])
+
+    rt = make_runtime(brain=pydantic_ai_brain(Agent(FunctionModel(model))))
+    project = rt.create_project("solo")
+    me = rt.create_session(project.id, "Me").id
+    rt.post(me, "read chat-nope")
+    rt.run_until_idle(timeout=30)
+    assert errors == [{"error": "not_found",
+                       "message": "Agent 'chat-nope' is not available in the current project."}]
+    assert rt.transcript(me)[-1].text == "could not read it"

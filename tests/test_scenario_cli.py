@@ -1,0 +1,222 @@
+"""``kinbox scenario`` as a user runs it: real subprocesses, real signals, real files."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from kinbox.persistence import bind_tables, open_database
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def kinbox(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kinbox.actors", *args], capture_output=True,
+                          text=True, timeout=60, cwd=cwd)
+
+
+def script(tmp_path: Path, text: str, name: str = "story.py") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# -- item 6: the script's own errors, exit codes, output paths, bundled scenarios -----------
+
+def test_an_error_before_start_shows_the_scripts_own_error(tmp_path: Path) -> None:
+    path = script(tmp_path, "def run(sc):\n    x = 1\n    raise ValueError('no such fixture')\n")
+    result = kinbox("scenario", "run", str(path))
+    assert result.returncode == 1, result.stderr
+    assert "call sc.start() first" not in result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"{path}:3: ValueError: no such fixture" in result.stdout
+    assert "[FAIL] the scenario script ran to the end" in result.stdout
+
+
+def test_an_error_deep_in_the_script_names_the_scripts_line(tmp_path: Path) -> None:
+    path = script(tmp_path, "def helper(rt):\n    return rt.session('nope').title\n\n"
+                            "def run(sc):\n    rt = sc.start()\n    helper(rt)\n")
+    result = kinbox("scenario", "run", str(path), "--json")
+    assert result.returncode == 1, result.stderr
+    error = json.loads(result.stdout)["error"]
+    assert (error["type"], error["path"], error["lineno"]) == ("AttributeError", str(path), 2)
+    assert [f["where"] for f in error["frames"]] == [f"{path}:6", f"{path}:2"]
+    text = kinbox("scenario", "run", str(path)).stdout
+    assert f"  {path}:6 in run: helper(rt)\n  {path}:2 in helper: return rt.session" in text
+
+
+@pytest.mark.parametrize(("text", "lineno", "kind"), [
+    ("def run(sc):\n    sc.start(\n\n", 2, "SyntaxError"),
+    ("import os\nimport no_such_module_here\n\ndef run(sc):\n    pass\n", 2,
+     "ModuleNotFoundError"),
+], ids=["syntax-error", "import-error"])
+def test_a_script_that_cannot_load_is_a_usage_error(tmp_path: Path, text: str, lineno: int,
+                                                    kind: str) -> None:
+    path = script(tmp_path, text)
+    result = kinbox("scenario", "run", str(path))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert f"{path}:{lineno}" in result.stderr and kind in result.stderr
+    assert result.stdout == ""
+
+
+def test_a_diagram_path_that_cannot_be_written_is_refused_before_running(tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    path = script(tmp_path, f"def run(sc):\n    open({str(ran)!r}, 'w').close()\n"
+                            "    sc.start()\n    sc.expect(True, 'fine')\n")
+    result = kinbox("scenario", "run", str(path), "--diagram", "/nonexistent/x.md")
+    assert result.returncode == 2
+    assert "/nonexistent" in result.stderr and "Traceback" not in result.stderr
+    assert not ran.exists()
+    assert result.stdout == ""
+
+
+def test_scenario_list_names_the_bundled_scenarios() -> None:
+    result = kinbox("scenario", "list")
+    assert result.returncode == 0, result.stderr
+    names = [line.split()[0] for line in result.stdout.splitlines() if line.strip()]
+    assert names == sorted(p.stem for p in (ROOT / "scenarios").glob("*.py"))
+    assert any(line.startswith("hello ") and "two sessions" in line
+               for line in result.stdout.splitlines())
+
+
+def test_without_a_source_tree_bundled_names_are_refused_clearly(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from kinbox.actors import cli, scenario_files
+
+    monkeypatch.setattr(scenario_files, "BUNDLED", tmp_path / "site-packages" / "scenarios")
+    assert cli.main(["scenario", "list"]) == 2
+    assert "no bundled scenarios" in capsys.readouterr().err
+    assert cli.main(["scenario", "run", "hello"]) == 2
+    assert "give a scenario file's path" in capsys.readouterr().err
+
+
+def test_a_bundled_scenario_runs_by_name_from_any_directory(tmp_path: Path) -> None:
+    result = kinbox("scenario", "run", "hello", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "scenario hello (seed 0)" in result.stdout and "result: ok" in result.stdout
+
+
+def test_an_unknown_scenario_name_lists_the_known_ones() -> None:
+    result = kinbox("scenario", "run", "helo")
+    assert result.returncode == 2
+    assert "helo" in result.stderr and "hello" in result.stderr
+
+
+# -- item 18: a wrong flag is reported by the subcommand ------------------------------------
+
+def test_an_unknown_flag_prints_the_subcommands_usage(tmp_path: Path) -> None:
+    result = kinbox("scenario", "run", "hello", "--bogus")
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: kinbox scenario run")
+    assert "--bogus" in result.stderr
+
+
+# -- item 4: Ctrl-C ----------------------------------------------------------------------------
+
+UNDER_WAY = '''
+import sys
+import threading
+
+def run(sc):
+    rt = sc.start()
+    project = sc.project("slow", "Slow")
+    bob = rt.create_session(project.id, "Bob")
+    gate = threading.Event()
+
+    def bob_turn(turn):
+        if turn.messages[0].content == "block":
+            print("TURN RUNNING", file=sys.stderr, flush=True)
+            gate.wait(50)  # ignores the stop request: only a second signal ends this
+        turn.reply("done")
+
+    sc.on(bob.id, bob_turn)
+    for n in range(3):
+        rt.post(bob.id, f"warm-up {n}")
+    sc.settle()
+    print("UNDER WAY", file=sys.stderr, flush=True)
+    if MODE == "block":
+        rt.post(bob.id, "block")
+        sc.settle(timeout=50)
+    threading.Event().wait(50)  # the first SIGINT arrives here
+'''
+
+
+class Child:
+    """A ``kinbox scenario run`` subprocess whose stderr is read line by line."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "kinbox.actors", *args], cwd=ROOT,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.err: list[str] = []
+        self._seen = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            with self._seen:
+                self.err.append(line)
+                self._seen.notify_all()
+
+    def wait_for_line(self, text: str, timeout: float = 30) -> None:
+        with self._seen:
+            if not self._seen.wait_for(lambda: any(text in x for x in self.err), timeout):
+                self.proc.kill()
+                raise AssertionError(f"no {text!r} on stderr: {''.join(self.err)}")
+
+    def finish(self, timeout: float = 30) -> tuple[int, str, str]:
+        assert self.proc.stdout is not None
+        out = self.proc.stdout.read()  # stderr is the reader thread's alone
+        self.proc.wait(timeout)
+        self._reader.join(5)
+        return self.proc.returncode, out, "".join(self.err)
+
+
+@pytest.fixture
+def child_db(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'sc.db'}"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_the_first_signal_stops_gracefully_and_prints_the_report_marked_interrupted(
+        tmp_path: Path, child_db: str, signum: signal.Signals) -> None:
+    path = script(tmp_path, "MODE = 'wait'\n" + UNDER_WAY)
+    child = Child(["scenario", "run", str(path), "--db", child_db])
+    child.wait_for_line("UNDER WAY")
+    child.proc.send_signal(signum)
+    rc, out, err = child.finish()
+    assert rc == 130, err
+    assert "Traceback" not in err
+    assert f"scenario story (seed 0): INTERRUPTED by {signum.name}" in out
+    assert "3 messages {'delivered': 3}" in out
+    assert "result: interrupted" in out
+
+
+@pytest.mark.timeout(60)
+def test_a_second_ctrl_c_stops_at_once_and_the_journal_keeps_the_row(
+        tmp_path: Path, child_db: str) -> None:
+    path = script(tmp_path, "MODE = 'block'\n" + UNDER_WAY)
+    child = Child(["scenario", "run", str(path), "--db", child_db])
+    child.wait_for_line("TURN RUNNING")
+    child.proc.send_signal(signal.SIGINT)
+    child.wait_for_line("stopping gracefully")
+    child.proc.send_signal(signal.SIGINT)
+    rc, _out, err = child.finish()
+    assert rc == 130, err
+    assert "second SIGINT: stopping now" in err
+    db = open_database(child_db)
+    rows = {r.content: r.status for r in bind_tables(db).inbox.select()}
+    db.close()
+    assert rows == {"warm-up 0": "delivered", "warm-up 1": "delivered",
+                    "warm-up 2": "delivered", "block": "processing"}
+

@@ -1,0 +1,131 @@
+"""The tool schemas a model sees tell the truth: valid JSON Schema, the real parameters of
+each tool, only the tools the caller holds, and ``call`` runs them with the same rules."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import jsonschema
+import pytest
+
+from kinbox.actors import Runtime
+from kinbox.actors.tool_schemas import TOOLS, parameters
+
+from .helpers import quiet_brain
+
+MakeRuntime = Callable[..., Runtime]
+
+
+@pytest.fixture
+def rt(make_runtime: MakeRuntime) -> Runtime:
+    return make_runtime(brain=quiet_brain)
+
+
+def sessions(rt: Runtime) -> dict[str, str]:
+    project = rt.create_project("s")
+    lead = rt.create_session(project.id, "Lead").id
+    return {"lead": lead, "peer": rt.create_session(project.id, "Peer").id,
+            "child": rt.create_session(project.id, "Kid", kind="subagent", parent_id=lead).id,
+            "focal": rt.get_or_create_focal_chat().id}
+
+
+def test_each_caller_sees_exactly_the_tools_it_holds(rt: Runtime) -> None:
+    s = sessions(rt)
+
+    def names(sid: str) -> list[str]:
+        return [x["function"]["name"] for x in rt.tools_for(sid).schemas()]
+
+    assert names(s["lead"]) == ["agent_list", "agent_read", "agent_send", "agent_stop", "agent",
+                                "list_agents", "send", "task_create", "task_update",
+                                "task_list"]
+    assert names(s["focal"]) == [*names(s["lead"]), "schedule_wakeup"]
+    assert names(s["child"]) == ["list_agents", "send", "task_create", "task_update",
+                                 "task_list"]
+    focal_send = next(x for x in rt.tools_for(s["focal"]).schemas()
+                      if x["function"]["name"] == "agent_send")
+    assert {"project_id", "title", "task_title"} <= set(
+        focal_send["function"]["parameters"]["properties"])
+
+
+@pytest.mark.parametrize("shape", ["openai", "mcp"])
+def test_every_schema_is_valid_json_schema_and_matches_the_real_signature(
+        rt: Runtime, shape: str) -> None:
+    s = sessions(rt)
+    tools = rt.tools_for(s["focal"])
+    for schema in tools.schemas(shape):
+        name = schema["function"]["name"] if shape == "openai" else schema["name"]
+        params = (schema["function"]["parameters"] if shape == "openai"
+                  else schema["inputSchema"])
+        jsonschema.Draft202012Validator.check_schema(params)
+        signature = inspect.signature(getattr(tools, name))
+        real = {p.name: p for p in signature.parameters.values()
+                if p.kind is not inspect.Parameter.VAR_KEYWORD}
+        documented = set(params["properties"])
+        if name == "agent_send":  # Focal's extras arrive through **focal_args
+            documented -= {"project_id", "title", "task_title"}
+        assert documented == set(real), name
+        required = {n for n, p in real.items() if p.default is inspect.Parameter.empty}
+        assert set(params["required"]) == required, name
+
+
+# Arguments the schema allows, and ones it forbids: the tool must agree with it.
+ALLOWED: dict[str, dict[str, Any]] = {
+    "agent_list": {"status": "active", "limit": 50},
+    "agent_read": {"agent_id": "<peer>"},
+    "task_create": {"title": "write it", "status": "in_progress"},
+    "list_agents": {},
+    "task_list": {},
+}
+FORBIDDEN: dict[str, dict[str, Any]] = {
+    "agent_list": {"limit": 51},
+    "agent_send": {"agent_id": "<peer>", "message": "x" * 20_001},
+    "task_create": {"title": "t", "status": "blocked"},
+    "agent": {"description": "d", "timeout": 0},
+}
+
+
+def _fill(args: dict[str, Any], s: dict[str, str]) -> dict[str, Any]:
+    return {k: s["peer"] if v == "<peer>" else v for k, v in args.items()}
+
+
+@pytest.mark.parametrize("name", sorted(ALLOWED))
+def test_arguments_the_schema_allows_are_accepted_by_the_tool(rt: Runtime, name: str) -> None:
+    s = sessions(rt)
+    args = _fill(ALLOWED[name], s)
+    jsonschema.validate(args, parameters(name))
+    result = rt.tools_for(s["lead"]).call(name, args)
+    assert "error" not in result, result
+
+
+@pytest.mark.parametrize("name", sorted(FORBIDDEN))
+def test_arguments_the_schema_forbids_are_refused_by_the_tool(rt: Runtime, name: str) -> None:
+    s = sessions(rt)
+    args = _fill(FORBIDDEN[name], s)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(args, parameters(name))
+    assert rt.tools_for(s["lead"]).call(name, args)["error"] == "invalid_argument"
+    assert rt.inbox() == []
+
+
+def test_call_runs_a_model_tool_call_and_reports_refusals_as_dicts(rt: Runtime) -> None:
+    s = sessions(rt)
+    lead = rt.tools_for(s["lead"])
+    sent = lead.call("agent_send", {"agent_id": s["peer"], "message": "hello"})
+    assert sent["status"] == "pending" and rt.inbox()[0]["content"] == "hello"
+    assert lead.call("agent_send", {"agent_id": s["lead"], "message": "me"})["error"] == \
+        "invalid_argument"
+    assert lead.call("rm_rf", {})["error"] == "not_found"
+    assert lead.call("agent_read", {"agent_id": s["peer"], "extra": 1})["error"] == \
+        "invalid_argument"
+    assert lead.call("agent_read", ["not", "a", "dict"])["error"] == "invalid_argument"
+    assert lead.call("agent_read", {})["error"] == "invalid_argument"
+    assert rt.tools_for(s["child"]).call("agent_send", {"agent_id": s["peer"],
+                                                        "message": "x"})["error"] == "not_found"
+    assert len(rt.inbox()) == 1
+
+
+def test_the_table_documents_every_tool_once() -> None:
+    assert len(TOOLS) == 11
+    assert all(description.endswith(".") for description, _, _ in TOOLS.values())
