@@ -343,3 +343,40 @@ def test_the_apscheduler_driver_fires_at_the_time_it_was_told_and_on_its_poll() 
     off.wake_at(time.time(), "job")
     assert not off.enabled
     off.stop()
+
+
+def test_an_async_brain_runs_cron_turns_on_the_runtimes_loop(make_runtime: MakeRuntime,
+                                                             clock: ManualClock) -> None:
+    import asyncio
+
+    seen: list[tuple[str, bool]] = []
+
+    async def brain(turn: Turn) -> str:
+        await asyncio.sleep(0)  # really awaited, on the runtime's event loop
+        listed = await turn.tools.agent_list()
+        seen.append((turn.messages[0].kind, isinstance(listed, dict)))
+        return "async done"
+
+    rt = make_runtime(brain=brain)
+    job_id = every_minute(rt)
+    clock.advance(MINUTE)
+    rt.run_until_idle()
+    [run] = rt.cron.runs(job_id)
+    assert (run["status"], run["result"]) == ("success", "async done")
+    assert seen == [("cron", True)]
+
+
+def test_an_async_brain_that_returns_without_being_async_fails_the_run(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    async def helper(turn: Turn) -> str:
+        return "never run"
+
+    def brain(turn: Turn) -> object:
+        return helper(turn)  # a sync brain handing back a coroutine: an error, not a reply
+
+    rt = make_runtime(brain=brain)
+    job_id = every_minute(rt)
+    clock.advance(MINUTE)
+    rt.run_until_idle()
+    [run] = rt.cron.runs(job_id)
+    assert run["status"] == "error" and "SyncBrainAwaitable" in run["error"]

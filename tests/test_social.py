@@ -270,3 +270,30 @@ def test_a_platform_retrying_a_delivery_with_its_event_id_runs_it_once(
     assert rt.social.wait_idle(10)
     assert brain.turns == [["once please"]] and len(sent) == 1
     assert rt.social.statistics()["duplicates"] == 1
+
+
+def test_an_async_brain_answers_social_events_and_takes_steering(
+        make_runtime: MakeRuntime) -> None:
+    import asyncio
+
+    started = threading.Event()
+    go_on = threading.Event()
+
+    async def brain(turn: Turn) -> str:
+        started.set()
+        # Wait for the test without holding the loop (a worker thread waits instead).
+        assert await asyncio.get_running_loop().run_in_executor(None, go_on.wait, 5)
+        more = await turn.asteering()
+        return "got " + ", ".join(m.content.splitlines()[-1] for m in [*turn.messages, *more])
+
+    rt = make_runtime(brain=brain)
+    sent: list[str] = []
+    rt.social.allow("slack", ["U1"])
+    rt.social.register_channel("slack", send=lambda route, text: sent.append(text))
+    rt.social.ingest(event("one"))
+    assert started.wait(5)
+    rt.social.ingest(event("two"))
+    wait_for(lambda: rt.social.statistics()["steered"] == 1, 5, "the steering event")
+    go_on.set()
+    assert rt.social.wait_idle(10)
+    assert sent == ["got one, two"]
