@@ -106,7 +106,7 @@ class SocialHttpBackend:
             raise _refusal(exc) from exc
 
 
-def extra_routes(rt: Runtime) -> Callable[[Refusal], list[BaseRoute]]:
-    """The cron and social routes of a started runtime, for ``create_app(extra_routes=...)``."""
+def cron_social_routes(rt: Runtime) -> Callable[[Refusal], list[BaseRoute]]:
+    """The cron and social routes of a started runtime, for ``create_app(guarded_routes=...)``."""
     cron, social = CronHttpBackend(rt.cron), SocialHttpBackend(rt.social)
     return lambda refusal: [*cron_routes(cron, refusal), *social_routes(social)]

@@ -7,7 +7,7 @@ from typing import Any, TextIO
 
 from ..transport import LOOPBACK_HOSTS, create_app
 from .focal import Focal
-from .http_backends import extra_routes
+from .http_backends import cron_social_routes
 from .runtime import Runtime
 
 
@@ -41,7 +41,7 @@ class FocalHttpBackend:
 def app_for(rt: Runtime, host: str = "127.0.0.1") -> Any:
     """The HTTP application of a started runtime, answering ``host`` and loopback names."""
     hosts = list(LOOPBACK_HOSTS) if host in LOOPBACK_HOSTS else [host]
-    return create_app(FocalHttpBackend(rt.focal), hosts, extra_routes=extra_routes(rt))
+    return create_app(FocalHttpBackend(rt.focal), hosts, guarded_routes=cron_social_routes(rt))
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -59,14 +59,15 @@ Refusal = Callable[[Request], Response | None]
 """The app's rule for state-changing calls: why ``request`` may not go on, or None."""
 
 
-def create_app(backend: FocalBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS, *,
-               extra_routes: Callable[[Refusal], Sequence[BaseRoute]] | None = None
+def create_app(backend: FocalBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
+               extra_routes: Sequence[BaseRoute] = (), *,
+               guarded_routes: Callable[[Refusal], Sequence[BaseRoute]] | None = None
                ) -> Starlette:
     """The Starlette application; ``allowed_hosts`` are the Host names it answers.
 
-    ``extra_routes(refusal)`` gives routes mounted beside the Focal ones (the
-    cron and social routes), built with the app's own rule for state-changing
-    calls, so that rule lives here only.
+    ``extra_routes`` are mounted beside the API as they are;
+    ``guarded_routes(refusal)`` gives routes built with the app's own rule for
+    state-changing calls (the cron and social routes), so that rule lives here only.
     """
 
     def refusal(request: Request) -> Response | None:
@@ -112,7 +113,8 @@ def create_app(backend: FocalBackend, allowed_hosts: Sequence[str] = LOOPBACK_HO
         Route("/focal/wakeups/{job_id}", cancel, methods=["DELETE"]),
         Route("/focal/notifications", feed, methods=["GET"]),
         Route("/focal/notifications/read", read, methods=["POST"]),
-        *(extra_routes(refusal) if extra_routes is not None else ()),
+        *extra_routes,
+        *(guarded_routes(refusal) if guarded_routes is not None else ()),
     ]
     return Starlette(routes=routes,
                      middleware=[Middleware(TrustedHostMiddleware,
