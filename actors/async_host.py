@@ -37,6 +37,7 @@ from .async_tools import AsyncTools
 from .running import TIMEOUT
 from .session_actor import CHAIN_LIMIT
 from .turn import Turn
+from .turn_run import take_result
 
 if TYPE_CHECKING:
     from .context import RuntimeContext
@@ -207,9 +208,13 @@ class AsyncHost:
         return exc
 
     async def _call(self, turn: Turn) -> None:
-        result = await self.ctx.brain(turn)  # type: ignore[misc]
-        if isinstance(result, str) and result:
-            turn.reply(result)
+        take_result(turn, await self.ctx.brain(turn))  # type: ignore[misc]
+
+    def run_brain_blocking(self, turn: Turn) -> BaseException | None:
+        """Run an async brain on ``turn`` from another thread (a cron or social turn) and
+        wait for it; the error the attempt ends with, or None to commit."""
+        turn._run_blocking = self.blocking
+        return asyncio.run_coroutine_threadsafe(self._run_brain(turn), self.loop).result()
 
     def statistics(self) -> dict[str, int]:
         """Running and peak async turns."""

@@ -15,7 +15,7 @@ import sys
 from importlib import metadata
 from typing import TextIO
 
-from . import bench, cli_ops, cli_scenario, serve, worker
+from . import bench, cli_cron, cli_ops, cli_scenario, serve, worker
 from .errors import KinboxError
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     cli_scenario.add_parser(sub)
     cli_ops.add_parsers(sub)
+    cli_cron.add_parser(sub)
     bench.add_parser(sub)
     serve.add_parser(sub)
     worker.add_parser(sub)

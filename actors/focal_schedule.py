@@ -14,14 +14,14 @@ import datetime as dt
 import logging
 from typing import Any
 
-from apscheduler.schedulers.background import BackgroundScheduler
-from apscheduler.triggers.cron import CronTrigger
-
 from ..persistence import JobRecord, JobStore, NewMessage
 from . import focal_heartbeat as hb
 from .context import RuntimeContext
+from .cron_rules import InvalidCronExpression
 from .errors import ToolError
 from .focal import FOCAL_ID, Focal, is_focal_chat
+from .schedule_driver import ScheduleDriver
+from .triggers import cron_trigger, next_fire
 
 log = logging.getLogger("kinbox.schedule")
 
@@ -30,24 +30,10 @@ WAKEUP_KINDS = ("reminder", "check")
 HEARTBEAT_JOB = "focal-heartbeat"
 
 
-def _utc(ts: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(ts, dt.UTC)
-
-
-def cron_trigger(expr: str) -> CronTrigger:
-    """A crontab expression as an APScheduler trigger (UTC); ToolError if malformed."""
-    try:
-        return CronTrigger.from_crontab(expr, timezone="UTC")
-    except ValueError as exc:
-        raise ToolError("invalid_argument", f"cron {expr!r} is not a crontab expression "
-                                            f"(minute hour day month weekday): {exc}") from exc
-
-
 def next_after(job: JobRecord, now: float) -> float | None:
     """When ``job`` is due next after firing at ``now`` (None: it is done)."""
     if job.cron:
-        nxt = cron_trigger(job.cron).get_next_fire_time(None, _utc(now + 1))
-        return nxt.timestamp() if nxt else None
+        return next_fire(job.cron, now)
     if job.interval_seconds:
         due = job.next_run_at or now
         while due <= now:  # a skipped or late run still advances a full interval
@@ -64,27 +50,23 @@ class FocalSchedule:
         self.ctx = ctx
         self.focal = focal
         self.jobs = jobs
-        self._scheduler = BackgroundScheduler(timezone="UTC") if use_apscheduler else None
+        self._driver = ScheduleDriver(self.fire_due, enabled=use_apscheduler)
+        self._use_apscheduler = use_apscheduler
 
     def start(self) -> None:
         """Reload every active job from the table into APScheduler."""
-        if self._scheduler is None:
+        if not self._use_apscheduler:
             return
-        self._scheduler.start()
+        self._driver.start()
         for job in self.jobs.active():
             self._register(job)
 
     def stop(self) -> None:
         """Stop APScheduler (the table keeps the schedules)."""
-        if self._scheduler is not None and self._scheduler.running:
-            self._scheduler.shutdown(wait=False)
+        self._driver.stop()
 
     def _register(self, job: JobRecord) -> None:
-        if self._scheduler is None or job.next_run_at is None:
-            return
-        self._scheduler.add_job(self.fire_due, "date", run_date=_utc(job.next_run_at),
-                                id=f"{job.id}@{job.next_run_at}", replace_existing=True,
-                                misfire_grace_time=None)
+        self._driver.wake_at(job.next_run_at, job.id)
 
     # -- wake-ups (FO7) --------------------------------------------------------------------
 
@@ -105,8 +87,11 @@ class FocalSchedule:
         if cron is not None:
             if not isinstance(cron, str):
                 raise ToolError("invalid_argument", "cron must be a crontab string.")
-            first = cron_trigger(cron).get_next_fire_time(None, _utc(now))
-            run_at, next_run = None, first.timestamp() if first else None
+            try:
+                cron_trigger(cron)
+            except InvalidCronExpression as exc:
+                raise ToolError("invalid_argument", str(exc)) from exc
+            run_at, next_run = None, next_fire(cron, now, inclusive=True)
         else:
             run_at = self._parse_at(at)
             if run_at <= now:

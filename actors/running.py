@@ -2,8 +2,13 @@
 
 Stop requests are ephemeral control (not journaled): ``agent_stop`` sets the
 running turn's flag and the brain sees ``turn.stop_requested``. Shared by the
-session actors (which register their turn), the tools (which ask) and the
-dispatcher (which stops turns past the runtime's ``turn_timeout``).
+session actors and the direct turns of cron and social (which register
+their turn), the tools (which ask) and the dispatcher (which stops turns
+past the runtime's ``turn_timeout``).
+
+A session runs one turn at a time whoever started it: ``begin`` waits while
+another turn of the same session runs (an inbox turn and a cron run, say),
+so their transcript entries never interleave.
 """
 
 from __future__ import annotations
@@ -56,16 +61,18 @@ class RunningTurns:
     """Thread-safe map of session id -> stop flag of its running turn."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Condition(threading.Lock())
         self._flags: dict[str, StopFlag] = {}
         self._stop_asked_at: dict[str, float] = {}
         self._stopped_by: dict[str, str | None] = {}
         self._started: dict[str, float] = {}
 
     def begin(self, session_id: str, now: float = 0.0) -> StopFlag:
-        """Register a turn of ``session_id`` started at ``now``; return its stop flag."""
+        """Register a turn of ``session_id`` started at ``now`` (once the session's running
+        turn ended); return its stop flag."""
         flag = StopFlag()
         with self._lock:
+            self._lock.wait_for(lambda: session_id not in self._flags)
             self._flags[session_id] = flag
             self._started[session_id] = now
             self._stopped_by.pop(session_id, None)
@@ -77,6 +84,7 @@ class RunningTurns:
             self._flags.pop(session_id, None)
             self._started.pop(session_id, None)
             self._stop_asked_at.pop(session_id, None)
+            self._lock.notify_all()
             return self._stopped_by.pop(session_id, None)
 
     def stop_overdue(self, now: float, timeout: float | None) -> list[str]:

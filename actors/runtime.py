@@ -26,6 +26,7 @@ from typing import Any
 
 from ..persistence import (
     DEFAULT_LEASE_SECONDS,
+    CronStore,
     EnqueueResult,
     EntryRecord,
     ExclusiveLock,
@@ -53,12 +54,15 @@ from . import access, validation
 from .async_host import AsyncHost
 from .clock import Clock, ManualClock, SystemClock
 from .context import FAULTS, Observer, RuntimeContext
+from .cron import CronService
+from .direct_turn import DirectTurns
 from .dispatcher import Dispatcher
 from .errors import ConfigError, IdleTimeout, RuntimeStateError, ToolError
 from .family import Buckets
 from .focal import Focal
 from .focal_schedule import FocalSchedule
 from .messages import Tick
+from .social import SocialService
 from .subagents import report_back
 from .tools import TaskTools, tools_for
 from .turn import Brain, Turn, is_async_brain
@@ -152,6 +156,9 @@ class Runtime:
         self._last_takeover = 0.0
         self._writer: GroupCommitWriter | None = None
         self._schedule: FocalSchedule | None = None
+        self._direct: DirectTurns | None = None
+        self._cron: CronService | None = None
+        self._social: SocialService | None = None
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -208,6 +215,10 @@ class Runtime:
                     threads=min(2, self.max_active_sessions) if self.async_brain else None)
                 if self._schedule is not None:
                     self._schedule.start()
+            if self._cron is not None:  # definitions work everywhere; firing needs a brain
+                self._cron.start(exclusive=self._lock is not None)
+            if self._social is not None:
+                self._social.start()
         except BaseException:
             self._teardown()
             raise
@@ -244,6 +255,7 @@ class Runtime:
         self._stop_ticker()
         for session_id in ctx.turns.running():
             ctx.turns.request_stop(session_id, "runtime", ctx.now())
+        self._stop_direct(wait=True)  # before the async host: their brains may run there
         if ctx.dispatcher is not None:
             ctx.dispatcher.stop(timeout=timeout)  # stops its session actors first
         if ctx.async_host is not None:
@@ -266,6 +278,7 @@ class Runtime:
         self._stop_ticker()
         if self._writer is not None:
             self._writer.abort()
+        self._stop_direct(wait=False)
         if ctx.async_host is not None:
             ctx.async_host.crash()
         if ctx.dispatcher is not None:
@@ -289,6 +302,21 @@ class Runtime:
         self._schedule = FocalSchedule(ctx, focal, jobs,
                                        use_apscheduler=not isinstance(self.clock, ManualClock))
         focal.schedule = self._schedule
+        # Cron runs and social events run direct turns, only where there is a brain.
+        turns = None if self.send_only else DirectTurns(ctx)
+        self._direct = turns
+        self._cron = CronService(ctx, CronStore(jobs.t, jobs.writer), turns,
+                                 use_apscheduler=not isinstance(self.clock, ManualClock),
+                                 gone=self._liveness.gone if self._liveness else None)
+        self._social = SocialService(ctx, turns)
+        ctx.outbox_hooks.append(self._social.outbox)
+
+    def _stop_direct(self, *, wait: bool) -> None:
+        for service in (self._cron, self._social):
+            if service is not None:
+                service.stop()
+        if self._direct is not None:
+            self._direct.stop(wait=wait)
 
     def _resolve_data_dir(self) -> Path:
         return self.data_dir or data_dir_for(self.url)
@@ -336,6 +364,8 @@ class Runtime:
         # An injected clock moved: due schedules fire, due rows get claimed.
         if self._schedule is not None and self._state == "running":
             self._schedule.fire_due()
+        if self._cron is not None and self._state == "running":
+            self._cron.tick()
         self._tick()
 
     def _tick_loop(self) -> None:
@@ -439,6 +469,8 @@ class Runtime:
         ctx = self._require()
         snap = ctx.activity.snapshot()
         if snap["busy"] or snap["claim_pending"]:
+            return False
+        if self._direct is not None and not self._direct.is_idle():
             return False
         return not ctx.journal.has_due(ctx.now())
 
@@ -597,6 +629,20 @@ class Runtime:
     def focal(self) -> Focal:
         """The Focal service (``get_or_create_focal_chat``, ``status``, ``register_tool``...)."""
         return self._require().focal  # type: ignore[no-any-return]
+
+    @property
+    def cron(self) -> CronService:
+        """User cron jobs (``add``, ``jobs``, ``trigger``, ``pause``, ``resume``, ``runs``...)."""
+        self._require()
+        assert self._cron is not None
+        return self._cron
+
+    @property
+    def social(self) -> SocialService:
+        """Social ingress (``ingest``, ``register_channel``, ``allow``...)."""
+        self._require()
+        assert self._social is not None
+        return self._social
 
     def get_or_create_focal_chat(self) -> SessionRecord:
         """The Focal chat ``focal-suzent``, created on first use (FO1)."""

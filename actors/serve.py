@@ -35,6 +35,7 @@ from ..transport import LOOPBACK_HOSTS, OperatorToken, create_app
 from .brain_ref import load_brain
 from .errors import BrainRefError
 from .focal import Focal
+from .http_backends import cron_social_routes
 from .interrupts import Interrupted, StopSignals
 from .runtime import Runtime
 from .serve_flags import WILDCARD_ADDRESSES, host_name, is_loopback, port_number, read_token
@@ -94,7 +95,8 @@ def app_for(rt: Runtime, host: str = "127.0.0.1", allowed_hosts: Sequence[str] =
     hosts = [*LOOPBACK_HOSTS, *allowed_hosts]
     if host not in WILDCARD_ADDRESSES and host not in hosts:
         hosts.append(host)
-    return create_app(RuntimeHttpBackend(rt), hosts, operator)
+    return create_app(RuntimeHttpBackend(rt), hosts, operator,
+                      guarded_routes=cron_social_routes(rt))
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

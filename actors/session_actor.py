@@ -12,9 +12,7 @@ so the session's slot frees up.
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
-import traceback
 from typing import Any
 
 import pykka
@@ -23,26 +21,15 @@ from ..persistence import ClaimedRow, LeaseLost, PersistenceError, WriterClosed
 from .context import RuntimeContext, TurnEffects
 from .messages import Deliver, TurnDone
 from .pooled import ActorPool, PooledActor
-from .running import TIMEOUT, overdue
 from .turn import Message, Turn, TurnOutcome
+from .turn_run import SyncBrainAwaitable, judge, prepare, take_result
 
 log = logging.getLogger("kinbox.session")
 
+__all__ = ["CHAIN_LIMIT", "SessionActor", "SyncBrainAwaitable"]
+
 CHAIN_LIMIT = 16
 """Turns a session actor runs back to back before it hands its slot back (fairness)."""
-
-
-class SyncBrainAwaitable(TypeError):
-    """A brain called as a plain function returned an awaitable: it was never run."""
-
-    def __init__(self, result: object) -> None:
-        close = getattr(result, "close", None)
-        if callable(close):
-            close()  # no "coroutine was never awaited" warning: the error says it all
-        super().__init__(
-            f"the brain returned an awaitable ({type(result).__name__}) instead of running "
-            "the turn; make the brain itself `async def` (or an object whose __call__ is) so "
-            "kinbox awaits it on its event loop. Nothing of this attempt was committed.")
 
 
 class SessionActor(PooledActor):
@@ -95,11 +82,7 @@ class SessionActor(PooledActor):
             return None
         try:
             self.prepare(turn)
-            result = self.ctx.brain(turn)
-            if inspect.isawaitable(result):
-                raise SyncBrainAwaitable(result)
-            if isinstance(result, str) and result:
-                turn.reply(result)
+            take_result(turn, self.ctx.brain(turn))
         except Exception as exc:
             return self.end(turn, exc)
         return self.end(turn, None)
@@ -151,8 +134,7 @@ class SessionActor(PooledActor):
 
     def prepare(self, turn: Turn) -> None:
         """Run the turn hooks (the Focal policy); an error here fails the attempt."""
-        for hook in self.ctx.turn_hooks:
-            hook(self.ctx, turn)
+        prepare(self.ctx, turn)
 
     def end(self, turn: Turn, error: BaseException | None) -> ClaimedRow | None:
         """Commit the turn, or record the failed attempt; the session's next row, if leased.
@@ -165,14 +147,10 @@ class SessionActor(PooledActor):
         row = turn.row
         sid = self.session_id
         try:
-            if error is not None:
-                summary = f"{type(error).__name__}: {error}"
-                return self._fail(turn, summary, "".join(traceback.format_exception(error)))
-            if overdue(turn.started, ctx.now(), ctx.turn_timeout):
-                summary = (f"TurnTimeout: the turn ran {ctx.now() - turn.started:.1f} s, past "
-                           f"turn_timeout={ctx.turn_timeout} s")
-                return self._fail(turn, summary, summary)
-            done = TurnOutcome(True, None, ctx.turns.end(sid))
+            judged = judge(ctx, turn, error)
+            if not judged.outcome.ok:
+                return self._fail(turn, judged.outcome, judged.detail or "")
+            done = judged.outcome
             ids = [row.message_id, *turn.steered_ids]
             effects = ctx.effects(turn, done)
             following = self._commit(ids, turn, effects)
@@ -193,7 +171,7 @@ class SessionActor(PooledActor):
             ctx.turns.end(sid)
         return None
 
-    def _fail(self, turn: Turn, summary: str, detail: str) -> None:
+    def _fail(self, turn: Turn, failed: TurnOutcome, detail: str) -> None:
         """A failed attempt: nothing of the turn is committed; retry later, or ``failed``.
 
         ``detail`` (the traceback) is what the row keeps as ``last_error``;
@@ -202,8 +180,7 @@ class SessionActor(PooledActor):
         ctx = self.ctx
         sid = self.session_id
         row = turn.row
-        stopped_by = ctx.turns.end(sid)
-        failed = TurnOutcome(False, summary, None if stopped_by == TIMEOUT else stopped_by)
+        summary = failed.error or "the turn failed"
         effects = ctx.effects(turn, failed)
         result = ctx.journal.retry(ctx.owner, row.message_id, detail, ctx.now(),
                                    release=turn.steered_ids, on_failed=effects.messages,

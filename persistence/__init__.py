@@ -8,6 +8,7 @@ This package never imports ``kinbox.actors`` or ``kinbox.transport``.
 """
 
 from . import inbox_core
+from .cron_store import CronJobRecord, CronRunLost, CronRunRecord, CronStore, Occurrence
 from .database import (
     default_data_dir,
     default_url,
@@ -54,6 +55,10 @@ __all__ = [
     "OPEN_TASK_STATES",
     "ClaimResult",
     "ClaimedRow",
+    "CronJobRecord",
+    "CronRunLost",
+    "CronRunRecord",
+    "CronStore",
     "DatabaseInUse",
     "DatabaseMissing",
     "DatabaseOpenError",
@@ -70,6 +75,7 @@ __all__ = [
     "KinboxError",
     "LeaseLost",
     "NewMessage",
+    "Occurrence",
     "OwnerLiveness",
     "PersistenceError",
     "ProjectRecord",

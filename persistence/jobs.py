@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import firing
 from .models import ScheduledJob, Tables
 from .writer import GroupCommitWriter
 
@@ -93,19 +94,9 @@ class JobStore:
                  on_fire: Callable[[JobRecord, float], None]) -> list[JobRecord]:
         """Advance every due job once (compare-and-set) and run ``on_fire`` in the same
         transaction; a job fired by another process in between is skipped."""
-        j = self.t.job
+        def advance(job: JobRecord) -> dict[str, Any]:
+            upcoming = next_after(job, now)
+            return {"next_run_at": upcoming, "last_run_at": now, "active": upcoming is not None}
 
-        def op() -> list[JobRecord]:
-            due = [_record(r) for r in j.select().where(
-                j.active == True, j.next_run_at <= now).order_by(j.next_run_at)]  # noqa: E712
-            fired = []
-            for job in due:
-                upcoming = next_after(job, now)
-                changed = j.update(next_run_at=upcoming, last_run_at=now,
-                                   active=upcoming is not None).where(
-                    j.id == job.id, j.next_run_at == job.next_run_at).execute()
-                if changed:
-                    on_fire(job, now)
-                    fired.append(job)
-            return fired
-        return self.writer.call(op)
+        return self.writer.call(lambda: firing.fire_due(
+            self.t.job, now, _record, advance, lambda job: on_fire(job, now)))

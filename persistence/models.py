@@ -1,4 +1,4 @@
-"""The peewee models: projects, sessions, transcripts, markers, tasks and the inbox.
+"""The peewee models: projects, sessions, transcripts, markers, tasks, the inbox, schedules.
 
 Models are declared once, unbound, and bound to a database by
 :func:`bind_tables`, which returns a :class:`Tables` of subclasses bound to
@@ -180,6 +180,53 @@ class ScheduledJob(_Base):
         table_name = "scheduled_jobs"
 
 
+class CronJob(_Base):
+    """A user cron job (C1): a prompt run in session ``cron-<id>`` on a crontab schedule."""
+
+    id = pw.CharField(primary_key=True, max_length=64)
+    name = pw.CharField(max_length=256)
+    cron = pw.CharField(max_length=128)
+    timezone = pw.CharField(default="UTC", max_length=64)
+    prompt = pw.TextField()
+    active = pw.BooleanField(default=True)
+    delivery = pw.CharField(default="announce", max_length=16)
+    retry_count = pw.IntegerField(default=0)
+    next_run_at = pw.DoubleField(null=True, index=True)
+    last_run_at = pw.DoubleField(null=True)
+    last_result = pw.TextField(null=True)
+    last_error = pw.TextField(null=True)
+    created_at = pw.DoubleField()
+    updated_at = pw.DoubleField()
+
+    class Meta:
+        table_name = "cron_jobs"
+
+
+class CronRun(_Base):
+    """One run of a cron job; ``id`` names the occurrence, so a run is recorded once.
+
+    ``owner`` and ``lease_until`` fence the run like an inbox lease: only the
+    owner may finish it, and a run whose owner died is taken over once the
+    lease runs out. ``attempts`` is which attempt of its job the run is (1,
+    then 2 to 6 for the retries), plus one for each takeover.
+    """
+
+    id = pw.CharField(primary_key=True, max_length=128)
+    job_id = pw.CharField(index=True, max_length=64)
+    scheduled_for = pw.DoubleField()
+    started_at = pw.DoubleField()
+    finished_at = pw.DoubleField(null=True)
+    status = pw.CharField(max_length=16, index=True)
+    result = pw.TextField(null=True)
+    error = pw.TextField(null=True)
+    owner = pw.CharField(null=True, max_length=128)
+    lease_until = pw.DoubleField(null=True)
+    attempts = pw.IntegerField(default=1)
+
+    class Meta:
+        table_name = "cron_runs"
+
+
 MODELS: tuple[type[_Base], ...] = (
     Project,
     Session,
@@ -189,6 +236,8 @@ MODELS: tuple[type[_Base], ...] = (
     InboxMessage,
     InboxEvent,
     ScheduledJob,
+    CronJob,
+    CronRun,
 )
 
 
@@ -205,11 +254,13 @@ class Tables:
     inbox: type[InboxMessage]
     event: type[InboxEvent]
     job: type[ScheduledJob]
+    cron_job: type[CronJob]
+    cron_run: type[CronRun]
 
     def all(self) -> list[type[pw.Model]]:
         """Every bound model, in creation order."""
         return [self.project, self.session, self.transcript, self.marker, self.task,
-                self.inbox, self.event, self.job]
+                self.inbox, self.event, self.job, self.cron_job, self.cron_run]
 
 
 def _bound(model: type[_Base], db: pw.Database) -> type:

@@ -24,6 +24,9 @@ PURE_MODULES = [
     "actors/focal_context.py",
     "actors/focal_heartbeat.py",
     "actors/tool_schemas.py",
+    "actors/cron_rules.py",
+    "actors/social_rules.py",
+    "transport/webhook_signature.py",
 ]
 """Modules that hold rules only: time and randomness come in as arguments."""
 

@@ -31,8 +31,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
 
 from .host_guard import HostGuard
 from .operator_token import OperatorToken
@@ -43,6 +43,9 @@ HEALTH_THREADS = 2
 """Threads reserved for ``/healthz``, apart from the pool the other routes share."""
 
 Handler = Callable[[Request], Awaitable[JSONResponse]]
+
+Refusal = Callable[[Request], Response | None]
+"""The app's rule for state-changing calls: why ``request`` may not go on, or None."""
 
 
 class HttpBackend(Protocol):
@@ -85,15 +88,20 @@ def error(status: int, code: str, message: str,
 
 
 def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
-               operator: OperatorToken | None = None) -> Starlette:
+               operator: OperatorToken | None = None, extra_routes: Sequence[BaseRoute] = (),
+               *, guarded_routes: Callable[[Refusal], Sequence[BaseRoute]] | None = None
+               ) -> Starlette:
     """The Starlette application.
 
     ``allowed_hosts`` are the Host names it answers; ``operator``, when given,
-    is the token every state-changing call must present.
+    is the token every state-changing call must present. ``extra_routes`` are
+    mounted beside the API as they are; ``guarded_routes(refusal)`` gives routes
+    built with the app's own rule for state-changing calls (the cron and social
+    routes), so that rule lives here only.
     """
     health_limiter: list[CapacityLimiter] = []  # made on first use, inside the event loop
 
-    def refusal(request: Request) -> JSONResponse | None:
+    def refusal(request: Request) -> Response | None:
         """Why a state-changing request may not go on, or None when it may."""
         if operator is not None:
             if operator.allows(request.headers.get("authorization")):
@@ -107,7 +115,9 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
     async def index(request: Request) -> JSONResponse:
         return JSONResponse({"service": "kinbox", "routes": [
             {"path": path, "methods": methods, "about": about}
-            for path, methods, _, about in table]})
+            for path, methods, _, about in table] + [
+            {"path": r.path, "methods": sorted(r.methods or ()), "about": ""}
+            for r in routes[len(table):] if isinstance(r, Route)]})
 
     async def healthz(request: Request) -> JSONResponse:
         if not health_limiter:
@@ -164,7 +174,9 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
         ("/focal/notifications", ["GET"], feed, "the user notification feed"),
         ("/focal/notifications/read", ["POST"], read, "mark the notifications read"),
     ]
-    return Starlette(routes=[Route(path, handler, methods=methods)
-                             for path, methods, handler, _ in table],
+    routes: list[BaseRoute] = [Route(path, handler, methods=methods)
+                               for path, methods, handler, _ in table]
+    routes += [*extra_routes, *(guarded_routes(refusal) if guarded_routes is not None else ())]
+    return Starlette(routes=routes,
                      middleware=[Middleware(HostGuard, allowed_hosts=list(allowed_hosts))],
                      exception_handlers={HTTPException: http_error, 500: failed})

@@ -1,0 +1,147 @@
+"""Channel adapters: how a social reply leaves for its platform, with retries.
+
+The product registers one adapter per platform
+(``rt.social.register_channel("slack", send=post_to_slack)``); kinbox calls
+``send(reply_route, text)`` once the turn that produced the reply has
+committed, so a reply is sent only if it is in the transcript. ``send`` may
+be a plain function or a coroutine function. A failing send is tried again
+after each of ``retry_delays``; whatever happens, the outcome (sent, or why
+not) is recorded, and a channel that stays down loses nothing: the reply is
+in the transcript.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..persistence import TurnEntry, WriterClosed
+from .context import RuntimeContext
+
+log = logging.getLogger("kinbox.social")
+
+OUTCOMES_KEPT = 200
+
+Send = Callable[[Mapping[str, Any], str], Any]
+"""``send(reply_route, text)``: deliver a reply; raise to have it retried."""
+
+DEFAULT_RETRY_DELAYS: tuple[float, ...] = (1.0, 2.0, 4.0)
+"""Seconds to wait before each retry of a failed send (so four attempts in all)."""
+
+
+@dataclass(frozen=True)
+class DeliveryOutcome:
+    """What happened to one reply."""
+
+    status: str
+    """``sent``, ``failed`` (every attempt raised), ``no_channel`` or ``no_reply``."""
+    attempts: int
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The outcome as JSON."""
+        return {"status": self.status, "attempts": self.attempts, "error": self.error}
+
+
+def call_send(send: Send, route: Mapping[str, Any], text: str) -> None:
+    """Call a sync or async ``send`` to completion on the calling (worker) thread."""
+    result = send(route, text)
+    if inspect.isawaitable(result):
+        async def wait() -> Any:
+            return await result
+        asyncio.run(wait())
+
+
+def deliver(send: Send | None, route: Mapping[str, Any], text: str, *,
+            retry_delays: tuple[float, ...] = DEFAULT_RETRY_DELAYS,
+            wait: Callable[[float], object]) -> DeliveryOutcome:
+    """Send ``text`` through ``send``, retrying after each delay; never raises.
+
+    ``wait(seconds)`` is how the caller pauses between attempts (it returns
+    early when the runtime stops).
+    """
+    if not text:
+        return DeliveryOutcome("no_reply", 0)
+    if send is None:
+        return DeliveryOutcome("no_channel", 0, "no channel adapter is registered")
+    error = None
+    for attempt, delay in enumerate((0.0, *retry_delays), start=1):
+        if delay and wait(delay):
+            return DeliveryOutcome("failed", attempt - 1, f"stopped before retrying: {error}")
+        try:
+            call_send(send, route, text)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning("channel send attempt %d failed: %s", attempt, error)
+            continue
+        return DeliveryOutcome("sent", attempt)
+    return DeliveryOutcome("failed", 1 + len(retry_delays), error)
+
+
+@dataclass(frozen=True)
+class Channel:
+    """A registered adapter."""
+
+    send: Send
+    secret: bytes | None
+    """The platform's webhook signing secret (None: no webhook)."""
+
+
+class Channels:
+    """The channel adapters of one runtime, and what happened to each reply sent."""
+
+    def __init__(self, ctx: RuntimeContext, stop: threading.Event,
+                 retry_delays: tuple[float, ...] = DEFAULT_RETRY_DELAYS) -> None:
+        self.ctx = ctx
+        self.retry_delays = retry_delays
+        self.outcomes: deque[dict[str, Any]] = deque(maxlen=OUTCOMES_KEPT)
+        self._stop = stop
+        self._lock = threading.Lock()
+        self._channels: dict[str, Channel] = {}
+
+    def register(self, platform: str, send: Send, secret: bytes | None) -> None:
+        """Set the platform's adapter (replacing an earlier one)."""
+        with self._lock:
+            self._channels[platform] = Channel(send, secret)
+
+    def get(self, platform: str) -> Channel | None:
+        """The platform's adapter, if one is registered."""
+        with self._lock:
+            return self._channels.get(platform)
+
+    def send(self, session_id: str, platform: str, route: Mapping[str, Any], text: str,
+             cause_id: str) -> DeliveryOutcome:
+        """Deliver a committed reply and record the outcome (never raises)."""
+        channel = self.get(platform)
+        outcome = deliver(channel.send if channel else None, route, text,
+                          retry_delays=self.retry_delays, wait=self._stop.wait)
+        self.record(session_id, platform, cause_id, outcome,
+                    durable=outcome.status != "no_reply")
+        return outcome
+
+    def record(self, session_id: str, platform: str, cause_id: str, outcome: DeliveryOutcome,
+               *, durable: bool) -> None:
+        """Keep an outcome in ``outcomes`` and, if ``durable``, in the transcript."""
+        entry = {"session_id": session_id, "event_id": cause_id, "platform": platform,
+                 **outcome.to_dict()}
+        self.outcomes.append(entry)
+        self.ctx.emit("social_delivery", **entry)
+        if outcome.status == "failed":
+            log.warning("reply to %s on %s not sent after %d attempts: %s", session_id,
+                        platform, outcome.attempts, outcome.error)
+        if not durable:
+            return
+        # Durable next to the reply it is about, hidden from agent_read.
+        note = (f"delivery {outcome.status} via {platform} after {outcome.attempts} "
+                f"attempt(s)" + (f": {outcome.error}" if outcome.error else ""))
+        try:
+            self.ctx.store.append(session_id, [TurnEntry("delivery", note, False, cause_id)],
+                                  self.ctx.now())
+        except WriterClosed:
+            pass

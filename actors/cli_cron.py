@@ -1,0 +1,105 @@
+"""``kinbox cron``: list, add, trigger, pause, resume and remove cron jobs; show their runs.
+
+The commands work on the database directly (like the other operator
+commands), so they work while a runtime runs elsewhere; a runtime with a
+brain notices a new or triggered job at its next poll (APScheduler, every
+15 seconds) and runs it there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+from typing import Any, TextIO
+
+from ..persistence import CronStore
+from . import cron_rules as rules
+from .cli_ops import _emit, _positive, _when, stores
+from .cron_jobs import CronJobs
+
+
+def _jobs(args: argparse.Namespace, work: Any) -> Any:
+    with stores(args.db) as (journal, sessions):
+        jobs = CronJobs(CronStore(journal.t, journal.writer), sessions, time.time,
+                        lambda: uuid.uuid4().hex)
+        return work(jobs)
+
+
+def _line(job: dict[str, Any]) -> str:
+    state = "active" if job["active"] else "paused"
+    return (f"{job['job_id']:<14} {state:<7} {job['cron']:<16} next {_when(job['next_run_at'])}"
+            f"  retries {job['retry_count']}  {job['name']}"
+            + (f"  (last error: {job['last_error']})" if job["last_error"] else ""))
+
+
+def cron_list(args: argparse.Namespace, out: TextIO) -> int:
+    """``kinbox cron list``."""
+    jobs = _jobs(args, lambda j: j.jobs())
+    _emit(out, args.json, jobs, [_line(j) for j in jobs] or ["no cron jobs"])
+    return 0
+
+
+def cron_add(args: argparse.Namespace, out: TextIO) -> int:
+    """``kinbox cron add NAME --cron EXPR --prompt TEXT``."""
+    job = _jobs(args, lambda j: j.add(args.name, args.cron, args.prompt, delivery=args.delivery,
+                                      timezone=args.timezone, active=not args.paused))
+    _emit(out, args.json, job, [f"added {_line(job)}",
+                                f"runs in session {rules.session_id_for(job['job_id'])}"])
+    return 0
+
+
+def _action(verb: str, past: str) -> Any:
+    def command(args: argparse.Namespace, out: TextIO) -> int:
+        result = _jobs(args, lambda j: getattr(j, verb)(args.job_id))
+        if verb == "remove":
+            lines = [f"removed {args.job_id} and its run records"]
+        else:
+            lines = [f"{past} {_line(result)}"]
+        _emit(out, args.json, result, lines)
+        return 0
+    command.__doc__ = f"``kinbox cron {verb} JOB_ID``."
+    return command
+
+
+def cron_runs(args: argparse.Namespace, out: TextIO) -> int:
+    """``kinbox cron runs [JOB_ID]``: newest first."""
+    runs = _jobs(args, lambda j: j.runs(args.job_id, args.limit))
+    lines = [f"{r['run_id']:<32} {r['status']:<8} attempt {r['attempts']}  "
+             f"started {_when(r['started_at'])}  "
+             + (f"error: {r['error']}" if r["error"] else (r["result"] or "")[:60])
+             for r in runs]
+    _emit(out, args.json, runs, lines or ["no runs"])
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``kinbox cron``."""
+    def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--db", help="database URL (default: $KINBOX_DB, then the data dir file)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+        return p
+
+    cron = sub.add_parser("cron", help="user cron jobs: prompts run on a schedule")
+    csub = cron.add_subparsers(dest="action", required=True)
+    common(csub.add_parser("list", help="every job, soonest due first")).set_defaults(
+        handler=cron_list)
+    p = common(csub.add_parser("add", help="add a job"))
+    p.add_argument("name")
+    p.add_argument("--cron", required=True, help='crontab expression, e.g. "0 9 * * 1-5"')
+    p.add_argument("--prompt", required=True, help="what the job's turn is asked")
+    p.add_argument("--delivery", choices=rules.DELIVERY_MODES, default="announce")
+    p.add_argument("--timezone", default="UTC", help="IANA time zone of the expression")
+    p.add_argument("--paused", action="store_true", help="add it paused")
+    p.set_defaults(handler=cron_add)
+    for verb, past, text in (("trigger", "triggered", "run a job now"),
+                             ("pause", "paused", "stop a job's schedule"),
+                             ("resume", "resumed", "restart a job, retries reset"),
+                             ("remove", "removed", "delete a job and its runs")):
+        p = common(csub.add_parser(verb, help=text))
+        p.add_argument("job_id")
+        p.set_defaults(handler=_action(verb, past))
+    p = common(csub.add_parser("runs", help="run records, newest first"))
+    p.add_argument("job_id", nargs="?")
+    p.add_argument("--limit", type=_positive, default=20)
+    p.set_defaults(handler=cron_runs)

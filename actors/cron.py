@@ -1,0 +1,281 @@
+"""User cron jobs (C1-C3): durable definitions, firing once, runs as turns, announcements.
+
+The thin shell around :mod:`.cron_rules` (what a due job and a run's end do)
+and :class:`~kinbox.persistence.CronStore` (the tables, which are the truth).
+``tick`` is the whole cycle: renew the leases of the runs this runtime is
+running, fire every due job (compare-and-set: once across processes), take
+over runs whose runtime died, and start each run as a direct turn in session
+``cron-<job_id>`` (kind ``cron``, ``default`` project), opened by a system
+reminder naming the job, the local time and the last run. APScheduler calls
+``tick`` at each job's next time (system clock); with an injected clock the
+runtime calls it whenever the clock moves.
+
+A runtime without a brain (send-only) manages the definitions but never
+fires or runs a job: another process with a brain does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..persistence import (
+    CronJobRecord,
+    CronRunLost,
+    CronRunRecord,
+    CronStore,
+    Occurrence,
+)
+from . import cron_rules as rules
+from .announcements import Announcements
+from .context import RuntimeContext
+from .cron_jobs import CronJobs
+from .direct_turn import DirectTurns
+from .schedule_driver import ScheduleDriver
+from .triggers import local_time, next_fire
+from .turn import Message, Turn
+
+log = logging.getLogger("kinbox.cron")
+
+RESULT_CHARS = 4000
+"""How much of a run's replies its record and announcement keep."""
+
+
+class CronService:
+    """Cron jobs of one runtime (``rt.cron``)."""
+
+    def __init__(self, ctx: RuntimeContext, store: CronStore, turns: DirectTurns | None, *,
+                 use_apscheduler: bool, grace: float = rules.DEFAULT_GRACE_SECONDS,
+                 poll_seconds: float = 15.0, announcements: Announcements | None = None,
+                 gone: Callable[[Iterable[str]], set[str]] | None = None) -> None:
+        self.ctx = ctx
+        self.store = store
+        self.turns = turns
+        self.grace = grace
+        self.announcements = announcements or Announcements()
+        self.gone = gone
+        """Which of some owners are dead runtimes (PostgreSQL life locks), if known."""
+        self._driver = ScheduleDriver(self.tick, enabled=use_apscheduler and turns is not None,
+                                      poll_seconds=poll_seconds)
+        self.definitions = CronJobs(store, ctx.store, ctx.now, ctx.new_id,
+                                    on_change=lambda job: self._driver.wake_at(job.next_run_at,
+                                                                               job.id))
+        self._mine: set[str] = set()  # runs this runtime is running (their leases to renew)
+        self._lock = threading.Lock()
+        self._tick_lock = threading.Lock()
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self, *, exclusive: bool = False) -> None:
+        """Reload every active job into APScheduler and fire what is due (coalesced).
+
+        ``exclusive``: this runtime owns the database alone (SQLite), so a run
+        left ``running`` belongs to a process that is gone and is taken over now.
+        """
+        if self.turns is None:
+            return
+        if exclusive:
+            self.store.expire_leases(self.ctx.now())
+        self._driver.start()
+        for job in self.store.jobs(active_only=True):
+            self._driver.wake_at(job.next_run_at, job.id)
+        self.tick()
+
+    def stop(self) -> None:
+        """Stop APScheduler; the tables keep every schedule and run."""
+        self._driver.stop()
+
+    # -- definitions (see :mod:`.cron_jobs`) -------------------------------------------------
+
+    def add(self, name: Any, cron: Any, prompt: Any, *, delivery: Any = "announce",
+            timezone: Any = "UTC", active: bool = True) -> dict[str, Any]:
+        """Create a job (``cron`` a crontab expression); nothing is written if invalid."""
+        job = self.definitions.add(name, cron, prompt, delivery=delivery, timezone=timezone,
+                                   active=active)
+        self.ctx.emit("cron_added", job_id=job["job_id"], cron=job["cron"])
+        return job
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """One job."""
+        return self.definitions.job(job_id)
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every job, soonest due first, paused ones last."""
+        return self.definitions.jobs()
+
+    def pause(self, job_id: str) -> dict[str, Any]:
+        """Stop a job's schedule (its runs and session stay)."""
+        return self.definitions.pause(job_id)
+
+    def resume(self, job_id: str) -> dict[str, Any]:
+        """Restart a paused or deactivated job from its next regular time, retries reset."""
+        return self.definitions.resume(job_id)
+
+    def trigger(self, job_id: str) -> dict[str, Any]:
+        """Run a job now (its regular schedule is unchanged)."""
+        job = self.definitions.trigger(job_id)
+        self.tick()
+        return job
+
+    def remove(self, job_id: str) -> dict[str, Any]:
+        """Delete a job and its run records (its session and transcript stay)."""
+        return self.definitions.remove(job_id)
+
+    def runs(self, job_id: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        """Run records, newest first (of one job, or of all)."""
+        return self.definitions.runs(job_id, limit)
+
+    def drain_announcements(self) -> list[dict[str, Any]]:
+        """Take the queued announcements of finished runs (the UI's feed)."""
+        return self.announcements.drain()
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Wait until no cron (or other direct) turn runs; False on timeout."""
+        return self.turns is None or self.turns.wait_idle(timeout)
+
+    # -- firing ----------------------------------------------------------------------------
+
+    def tick(self) -> list[str]:
+        """Renew, fire, take over and start runs; returns the ids of the runs started."""
+        if self.turns is None or self.ctx.closed.is_set():
+            return []
+        with self._tick_lock:
+            now = self.ctx.now()
+            lease = self.ctx.lease_seconds
+            with self._lock:
+                mine = sorted(self._mine)
+            self.store.renew(self.ctx.owner, mine, now + lease)
+            self._expire_the_gone(now)
+            recorded = self.store.fire_due(now, self.ctx.owner, lease,
+                                           lambda job, running: self._decide(job, running, now))
+            taken = self.store.take_over(now, self.ctx.owner, lease)
+        started = []
+        for run in recorded:
+            if run.status == "error":
+                self._refused(run)
+                self.ctx.emit("cron_run_refused", job_id=run.job_id, run_id=run.id,
+                              error=run.error)
+        for run in [*(r for r in recorded if r.status == "running"), *taken]:
+            with self._lock:
+                self._mine.add(run.id)
+            if self.turns.submit(lambda run=run: self._execute(run)) is None:
+                with self._lock:
+                    self._mine.discard(run.id)
+            else:
+                started.append(run.id)
+        if self._driver.enabled:  # re-arm APScheduler for what is due next
+            for job in self.store.jobs(active_only=True):
+                self._driver.wake_at(job.next_run_at, job.id)
+        return started
+
+    def _expire_the_gone(self, now: float) -> None:
+        """Runs of a runtime known dead are taken over now, not when their lease ends."""
+        if self.gone is None:
+            return
+        owners = self.store.running_owners() - {self.ctx.owner}
+        dead = self.gone(owners) if owners else set()
+        if dead:
+            taken = self.store.expire_owners(dead, now)
+            log.warning("taking over %d cron runs of %d runtime(s) that are gone", taken,
+                        len(dead))
+
+    def _decide(self, job: CronJobRecord, running: CronRunRecord | None,
+                now: float) -> Occurrence:
+        """Inside the firing transaction: what this occurrence of ``job`` does."""
+        try:
+            upcoming = next_fire(job.cron, now, job.timezone)
+        except rules.InvalidCronExpression as exc:
+            log.warning("cron job %s deactivated: %s", job.id, exc)
+            return Occurrence({"active": False, "next_run_at": None,
+                               "last_error": rules.invalid_expression_error(exc.reason)}, None)
+        alive = running is not None and (running.lease_until or 0) >= now
+        decision = rules.on_due(job.next_run_at or now, now, next_regular=upcoming,
+                                previous_active=alive, grace=self.grace)
+        changes: dict[str, Any] = {"next_run_at": upcoming, "active": upcoming is not None}
+        if decision.due is rules.Due.MISSED:
+            log.info("cron job %s missed its run at %s (beyond the grace time)", job.id,
+                     job.next_run_at)
+            return Occurrence(changes, None)
+        if decision.due is rules.Due.PREVIOUS_ACTIVE:
+            return Occurrence({**changes, "last_error": decision.error}, "error", decision.error)
+        return Occurrence({**changes, "last_run_at": now}, "running")
+
+    # -- running ---------------------------------------------------------------------------
+
+    def _execute(self, run: CronRunRecord) -> None:
+        assert self.turns is not None
+        try:
+            job = self.store.get(run.job_id)
+            if job is None:
+                return
+            sid = self.definitions.ensure_session(job)
+            now = self.ctx.now()
+            earlier = [r for r in self.store.runs(job.id, limit=5) if r.id != run.id
+                       and r.started_at <= run.started_at and r.error != rules.PREVIOUS_ACTIVE]
+            last = local_time(earlier[0].started_at, job.timezone) if earlier else None
+            text = (rules.reminder(job.name, local_time(now, job.timezone), last)
+                    + "\n\n" + job.prompt)
+            message = Message(run.id, "cron", text, None,
+                              {"job_id": job.id, "run_id": run.id, "cron": job.cron})
+            self.ctx.emit("cron_run_started", job_id=job.id, run_id=run.id, session_id=sid)
+
+            def commit_ops(turn: Turn) -> list[Any]:
+                result = _summary(turn)
+                return [self.store.finish_op(
+                    run.id, self.ctx.owner, self.ctx.now(), "success", result=result,
+                    job_changes=lambda _j: {"retry_count": 0, "last_result": result,
+                                            "last_error": None})]
+
+            done = self.turns.run(sid, [message], commit_ops=commit_ops)
+            if done.committed:
+                self._finished(job, run, "success", _summary(done.turn), None)
+            elif not done.outcome.ok:
+                self._fail(job, run, done.error or "the turn failed")
+            else:
+                log.warning("cron run %s was not committed: %s", run.id, done.error)
+        finally:
+            with self._lock:
+                self._mine.discard(run.id)
+
+    def _fail(self, job: CronJobRecord, run: CronRunRecord, error: str) -> None:
+        now = self.ctx.now()
+
+        def changes(current: CronJobRecord) -> dict[str, Any]:
+            plan = rules.after_failure(current.retry_count, error, now)
+            if not current.active:  # paused meanwhile: record, do not resume it
+                return {"retry_count": plan.retry_count, "last_error": plan.last_error}
+            return {"retry_count": plan.retry_count, "active": plan.active,
+                    "next_run_at": plan.next_run_at, "last_error": plan.last_error}
+        try:
+            updated = self.store.finish(run.id, self.ctx.owner, now, "error", error=error,
+                                        job_changes=changes)
+        except CronRunLost as exc:
+            log.warning("cron run %s failed but is no longer ours: %s", run.id, exc)
+            return
+        if updated is not None:
+            self._driver.wake_at(updated.next_run_at, updated.id)
+            if not updated.active:
+                log.warning("cron job %s deactivated: %s", job.id, updated.last_error)
+        self._finished(job, run, "error", None, error)
+
+    def _finished(self, job: CronJobRecord, run: CronRunRecord, status: str,
+                  result: str | None, error: str | None) -> None:
+        self.ctx.emit("cron_run_finished", job_id=job.id, run_id=run.id, status=status,
+                      error=error)
+        if job.delivery == "announce":
+            self.announcements.add({"job_id": job.id, "name": job.name, "run_id": run.id,
+                                    "status": status, "result": result, "error": error,
+                                    "session_id": rules.session_id_for(job.id),
+                                    "at": self.ctx.now()})
+
+    def _refused(self, run: CronRunRecord) -> None:
+        """A run recorded failed at once (the previous one still active) is announced too."""
+        job = self.store.get(run.job_id)
+        if job is not None:
+            self._finished(job, run, "error", None, run.error)
+
+
+def _summary(turn: Turn) -> str:
+    return "\n".join(turn.replies)[:RESULT_CHARS]

@@ -1,0 +1,122 @@
+"""Managing cron job definitions: add, list, pause, resume, trigger, remove, runs.
+
+Used by the runtime (``rt.cron``) and by the ``kinbox cron`` commands, which
+work on the database directly while a runtime runs elsewhere: everything a
+definition change needs is the tables, a clock and an id source. A new job
+is validated completely (expression with APScheduler's ``CronTrigger``, time
+zone, name, prompt, delivery mode) before anything is written, and gets its
+session ``cron-<job_id>`` (kind ``cron``, ``default`` project) at once, so it
+is listed like any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..persistence import CronJobRecord, CronStore, DuplicateError, SessionStore
+from . import cron_rules as rules
+from .triggers import cron_trigger, next_fire
+
+DEFAULT_PROJECT = "default"
+
+
+def _no_wake(_job: CronJobRecord) -> None:
+    pass
+
+
+class CronJobs:
+    """Cron job definitions on one database."""
+
+    def __init__(self, store: CronStore, sessions: SessionStore, now: Callable[[], float],
+                 new_id: Callable[[], str],
+                 on_change: Callable[[CronJobRecord], None] = _no_wake) -> None:
+        self.store = store
+        self.sessions = sessions
+        self.now = now
+        self.new_id = new_id
+        self.on_change = on_change
+        """Told of a job whose next run changed (the runtime re-arms APScheduler)."""
+
+    def add(self, name: Any, cron: Any, prompt: Any, *, delivery: Any = "announce",
+            timezone: Any = "UTC", active: bool = True) -> dict[str, Any]:
+        """Create a job; nothing is written if any field is invalid."""
+        name, prompt, delivery = rules.check_fields(name, prompt, delivery)
+        if not isinstance(timezone, str):
+            raise rules.InvalidCronJob("timezone", "give an IANA time zone name")
+        cron_trigger(cron, timezone)  # InvalidCronExpression if malformed
+        now = self.now()
+        job = CronJobRecord(f"cj_{self.new_id()[:10]}", name, cron.strip(), timezone, prompt,
+                            bool(active), delivery, 0,
+                            next_fire(cron, now, timezone) if active else None,
+                            None, None, None, now, now)
+        self.ensure_session(job)
+        self.store.create(job)
+        self.on_change(job)
+        return job.to_dict()
+
+    def ensure_session(self, job: CronJobRecord) -> str:
+        """The job's session, created if it does not exist yet."""
+        sid = rules.session_id_for(job.id)
+        if self.sessions.session(sid) is None:
+            try:
+                self.sessions.create_session(sid, DEFAULT_PROJECT, f"Cron: {job.name}", "cron",
+                                             self.now(), config={"cron_job_id": job.id})
+            except DuplicateError:
+                pass  # another runtime created it first
+        return sid
+
+    def get(self, job_id: object) -> CronJobRecord:
+        """The job; :class:`CronJobNotFound` if there is none."""
+        job = self.store.get(job_id) if isinstance(job_id, str) else None
+        if job is None:
+            raise rules.CronJobNotFound(str(job_id))
+        return job
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """One job as a dict."""
+        return self.get(job_id).to_dict()
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every job, soonest due first, paused ones last."""
+        return [j.to_dict() for j in self.store.jobs()]
+
+    def pause(self, job_id: str) -> dict[str, Any]:
+        """Stop a job's schedule (its runs and session stay)."""
+        self.get(job_id)
+        return self._changed(job_id, self.store.update(job_id, self.now(), active=False,
+                                                       next_run_at=None))
+
+    def resume(self, job_id: str) -> dict[str, Any]:
+        """Restart a paused or deactivated job from its next regular time, retries reset."""
+        current = self.get(job_id)
+        cron_trigger(current.cron, current.timezone)
+        now = self.now()
+        return self._changed(job_id, self.store.update(
+            job_id, now, active=True, retry_count=0, last_error=None,
+            next_run_at=next_fire(current.cron, now, current.timezone)))
+
+    def trigger(self, job_id: str) -> dict[str, Any]:
+        """Make an active job due now (a runtime with a brain runs it at its next look)."""
+        if not self.get(job_id).active:
+            raise rules.CronJobPaused(job_id)
+        return self._changed(job_id, self.store.update(job_id, self.now(),
+                                                       next_run_at=self.now()))
+
+    def remove(self, job_id: str) -> dict[str, Any]:
+        """Delete a job and its run records (its session and transcript stay)."""
+        if not isinstance(job_id, str) or not self.store.delete(job_id):
+            raise rules.CronJobNotFound(str(job_id))
+        return {"job_id": job_id, "removed": True}
+
+    def runs(self, job_id: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        """Run records, newest first (of one job, or of all)."""
+        if job_id is not None:
+            self.get(job_id)
+        return [r.to_dict() for r in self.store.runs(job_id, limit=limit)]
+
+    def _changed(self, job_id: str, job: CronJobRecord | None) -> dict[str, Any]:
+        if job is None:
+            raise rules.CronJobNotFound(job_id)
+        self.on_change(job)
+        return job.to_dict()

@@ -1,0 +1,168 @@
+"""The rules of user cron jobs (C1): what a due job does, and what a run's end does.
+
+Pure: times come in as arguments (the next regular fire time is computed by
+:mod:`.triggers` and passed in), nothing here reads a clock or a database.
+
+- A due job runs once, however many occurrences were missed while no runtime
+  was up (coalesced), if its occurrence is within the grace time; older
+  occurrences are skipped and the schedule moves on.
+- A run still active when the next is due is recorded as an error,
+  ``Previous cron run is still active``, and the schedule moves on (the
+  running one is not disturbed, and this is not counted as a failure).
+- A failed run is retried after 1, 2, 4, 8 and 16 minutes; when the fifth
+  retry fails too, the job is deactivated with ``Max retries exceeded:
+  <error>``. A success resets the count.
+
+Errors::
+
+    KinboxError
+    └── CronError
+        ├── InvalidCronExpression   .expression, .reason (also a ConfigError, field "cron")
+        ├── InvalidCronJob          .field, .reason (also a ConfigError: a bad name,
+        │                           prompt, delivery mode or time zone)
+        ├── CronJobNotFound         .job_id
+        └── CronJobPaused           .job_id (a paused job cannot be triggered)
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from .errors import ConfigError, KinboxError
+
+RETRY_DELAYS: tuple[float, ...] = (60.0, 120.0, 240.0, 480.0, 960.0)
+"""Seconds after a failed run before the next attempt; one entry per retry."""
+DEFAULT_GRACE_SECONDS = 3600.0
+"""How late an occurrence may still run (after downtime); later ones are skipped."""
+DELIVERY_MODES = ("announce", "none")
+"""``announce``: a finished run is announced to the UI queue; ``none``: only recorded."""
+PREVIOUS_ACTIVE = "Previous cron run is still active"
+MAX_PROMPT = 20_000
+MAX_NAME = 256
+
+
+class CronError(KinboxError):
+    """Base class of the cron errors."""
+
+
+class InvalidCronExpression(CronError, ConfigError):
+    """A cron expression (or its time zone) cannot be parsed."""
+
+    def __init__(self, expression: str, reason: str) -> None:
+        super().__init__(f"cron {expression!r} is not a crontab expression (minute hour day "
+                         f"month weekday): {reason}", "cron")
+        self.expression = expression
+        self.reason = reason
+
+
+class InvalidCronJob(CronError, ConfigError):
+    """A field of a new cron job is invalid."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"invalid cron job {field}: {reason}", field)
+        self.reason = reason
+
+
+class CronJobNotFound(CronError):
+    """No cron job has this id."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"no cron job with id {job_id!r}")
+        self.job_id = job_id
+
+
+class CronJobPaused(CronError):
+    """The job is paused; resume it before triggering it."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"cron job {job_id!r} is paused; resume it first")
+        self.job_id = job_id
+
+
+def session_id_for(job_id: str) -> str:
+    """The session a job's runs happen in."""
+    return f"cron-{job_id}"
+
+
+def check_fields(name: object, prompt: object, delivery: object) -> tuple[str, str, str]:
+    """The stripped name and prompt and the delivery mode; :class:`InvalidCronJob` if bad."""
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidCronJob("name", "give a non-empty name")
+    if len(name.strip()) > MAX_NAME:
+        raise InvalidCronJob("name", f"at most {MAX_NAME} characters")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InvalidCronJob("prompt", "give a non-empty prompt")
+    if len(prompt.strip()) > MAX_PROMPT:
+        raise InvalidCronJob("prompt", f"at most {MAX_PROMPT} characters")
+    if delivery not in DELIVERY_MODES:
+        raise InvalidCronJob("delivery", f"one of {', '.join(DELIVERY_MODES)}")
+    return name.strip(), prompt.strip(), str(delivery)
+
+
+class Due(enum.Enum):
+    """What a due occurrence does."""
+
+    RUN = "run"
+    PREVIOUS_ACTIVE = "previous_active"
+    MISSED = "missed"
+
+
+@dataclass(frozen=True)
+class DueDecision:
+    """The decision for one due occurrence."""
+
+    due: Due
+    next_run_at: float | None
+    """When the job is due next (None: the expression has no future time)."""
+    error: str | None = None
+    """The run's error when it is recorded failed at once."""
+
+
+def on_due(scheduled_for: float, now: float, *, next_regular: float | None,
+           previous_active: bool, grace: float = DEFAULT_GRACE_SECONDS) -> DueDecision:
+    """Decide a due occurrence; ``next_regular`` is the first fire time after ``now``.
+
+    Whatever the decision, the job moves on to ``next_regular``: missed
+    occurrences coalesce into (at most) this one run.
+    """
+    if now - scheduled_for > grace:
+        return DueDecision(Due.MISSED, next_regular)
+    if previous_active:
+        return DueDecision(Due.PREVIOUS_ACTIVE, next_regular, PREVIOUS_ACTIVE)
+    return DueDecision(Due.RUN, next_regular)
+
+
+@dataclass(frozen=True)
+class AfterFailure:
+    """The job's state after a failed run."""
+
+    retry_count: int
+    active: bool
+    next_run_at: float | None
+    """The retry time; None when the job is deactivated."""
+    last_error: str
+
+
+def after_failure(retry_count: int, error: str, now: float,
+                  delays: tuple[float, ...] = RETRY_DELAYS) -> AfterFailure:
+    """Retry after the next delay, or deactivate once every retry was used."""
+    if retry_count < len(delays):
+        return AfterFailure(retry_count + 1, True, now + delays[retry_count], error)
+    return AfterFailure(retry_count, False, None, max_retries_error(error))
+
+
+def max_retries_error(error: str) -> str:
+    """The last error of a job deactivated after its retries."""
+    return f"Max retries exceeded: {error}"
+
+
+def invalid_expression_error(reason: str) -> str:
+    """The last error of a job deactivated because its stored expression is invalid."""
+    return f"Invalid cron expression: {reason}"
+
+
+def reminder(name: str, local_time: str, last_run: str | None) -> str:
+    """The system reminder line that opens every cron turn."""
+    return (f"<system-reminder>Scheduled cron job \"{name}\" is running. Local time: "
+            f"{local_time}. Last run: {last_run or 'never'}.</system-reminder>")

@@ -1,0 +1,170 @@
+"""Turns that no inbox row started: cron runs and social events (C1, SO1).
+
+Cron jobs and social events run their turns directly, not through the
+generic inbox, but through the same turn machinery: the rules of
+:mod:`.turn_run` (hooks, the brain's result, the timeout, the outcome) and
+the async host's brain runner, as an inbox turn does; the outbox hooks
+add their effects, and the journal commits the transcript entries, those
+effects and the caller's own writes (the cron run record, the social reply
+route) in one transaction: :meth:`Journal.complete_turn` with no inbox rows
+to acknowledge. A caller's write that refuses (a run taken over by another
+runtime) undoes the whole commit.
+
+The turns run on a small, bounded pool of threads owned here; a session
+runs one turn at a time (:meth:`RunningTurns.begin` waits). An async brain
+runs on the runtime's event loop (:mod:`.async_host`), this pool's thread
+waiting for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ..persistence import LeaseLost, PersistenceError, WriterClosed
+from .context import RuntimeContext
+from .turn import Message, Turn, TurnOutcome
+from .turn_run import judge, prepare, take_result
+
+log = logging.getLogger("kinbox.direct")
+
+CommitOps = Callable[[Turn], list[Callable[[], object]]]
+"""The caller's writes for a successful turn, run inside the turn's commit."""
+
+
+@dataclass(frozen=True)
+class DirectOutcome:
+    """How a direct turn ended."""
+
+    turn: Turn
+    outcome: TurnOutcome
+    committed: bool
+    """True once the transcript entries (and the caller's writes) are durable."""
+    error: str | None
+    """Why it did not commit: the brain's error, or the refusal of the commit."""
+
+
+class DirectTurns:
+    """Runs direct turns on a bounded pool; ``wait_idle`` waits for all of them."""
+
+    def __init__(self, ctx: RuntimeContext, workers: int = 4) -> None:
+        self.ctx = ctx
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kinbox-direct")
+        self._cond = threading.Condition()
+        self._in_flight = 0
+        self._session_locks: dict[str, threading.Lock] = {}
+        self._closed = False
+
+    def submit(self, work: Callable[[], object]) -> Future[object] | None:
+        """Run ``work`` on the pool; None once the runtime is stopping."""
+        with self._cond:
+            if self._closed:
+                return None
+            self._in_flight += 1
+        try:
+            future = self._pool.submit(self._tracked, work)
+        except RuntimeError:  # the pool shut down under us
+            self._done()
+            return None
+        future.add_done_callback(lambda _f: self._done())  # run, failed or cancelled
+        return future
+
+    def _tracked(self, work: Callable[[], object]) -> object:
+        try:
+            return work()
+        except WriterClosed:
+            return None  # the runtime stopped or crashed: the tables keep the state
+        except Exception:
+            log.exception("a direct turn's work failed")
+            return None
+
+    def _done(self) -> None:
+        with self._cond:
+            self._in_flight -= 1
+            self._cond.notify_all()
+
+    def is_idle(self) -> bool:
+        """True when no direct turn is queued or running."""
+        with self._cond:
+            return self._in_flight == 0
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no direct turn is queued or running; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._in_flight == 0, timeout)
+
+    def stop(self, *, wait: bool = True, timeout: float = 10.0) -> None:
+        """Accept no more work; with ``wait``, give running turns ``timeout`` to finish."""
+        with self._cond:
+            self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if wait and not self.wait_idle(timeout):
+            log.warning("direct turns still running after %.1fs at stop", timeout)
+
+    def _lock_for(self, session_id: str) -> threading.Lock:
+        with self._cond:
+            return self._session_locks.setdefault(session_id, threading.Lock())
+
+    def _start(self, session_id: str, messages: list[Message],
+               fetch_steering: Callable[[], list[Message]]) -> Turn:
+        """Register the running turn (waiting for the session's current one) and build it."""
+        ctx = self.ctx
+        host = ctx.async_host
+        started = ctx.now()
+        flag = ctx.turns.begin(session_id, started)
+        tools = ((lambda: host.tools(ctx.tools_for(session_id))) if host is not None
+                 else (lambda: ctx.tools_for(session_id)))
+        return Turn(session_id, messages, tools, flag, fetch_steering, started=started)
+
+    def run(self, session_id: str, messages: list[Message], *,
+            fetch_steering: Callable[[], list[Message]] = list,
+            commit_ops: CommitOps = lambda _turn: []) -> DirectOutcome:
+        """Run one turn of ``session_id`` now, on the calling thread, and commit it."""
+        ctx = self.ctx
+        with self._lock_for(session_id):
+            ctx.store.update_session(session_id, ctx.now(), status="active")
+            turn = self._start(session_id, messages, fetch_steering)
+            first = messages[0].message_id if messages else None
+            ctx.emit("turn_started", session_id=session_id, message_id=first, attempt=1)
+            error: BaseException | None = None
+            try:
+                prepare(ctx, turn)
+                if ctx.async_host is not None:  # an async brain runs on the runtime's loop
+                    error = ctx.async_host.run_brain_blocking(turn)
+                else:
+                    take_result(turn, ctx.brain(turn))
+            except Exception as exc:
+                error = exc
+            outcome = judge(ctx, turn, error).outcome
+            if not outcome.ok:
+                log.info("direct turn of %s failed: %s", session_id, outcome.error)
+                ctx.store.update_session(session_id, ctx.now(), status="idle")
+                ctx.emit("turn_failed", session_id=session_id, message_id=first,
+                         error=outcome.error, state="direct", attempts=1, available_at=None)
+                return DirectOutcome(turn, outcome, False, outcome.error)
+            effects = ctx.effects(turn, outcome)
+            try:
+                ctx.journal.complete_turn(ctx.owner, session_id, [], turn.entries(), ctx.now(),
+                                          enqueue=effects.messages,
+                                          also=[*effects.ops, *commit_ops(turn)])
+            except WriterClosed:
+                raise
+            except (LeaseLost, PersistenceError) as exc:
+                ctx.store.update_session(session_id, ctx.now(), status="idle")
+                ctx.emit("lease_lost", session_id=session_id, message_id=first, error=str(exc))
+                return DirectOutcome(turn, outcome, False, str(exc))
+            ctx.activity.bump("turns")
+            ctx.emit("turn_committed", session_id=session_id,
+                     message_ids=[m.message_id for m in turn.all_messages],
+                     replies=list(turn.replies), stopped_by=outcome.stopped_by)
+        for notify in effects.after:
+            try:
+                notify()
+            except Exception:
+                log.exception("post-commit notification failed for %s", session_id)
+        if effects.messages:
+            ctx.wake_dispatcher()
+        return DirectOutcome(turn, outcome, True, None)

@@ -1,0 +1,112 @@
+"""The cron and social backends of the HTTP API, and the routes they serve.
+
+Transport knows nothing of the runtime; these adapters give it what its
+Protocols ask for and translate the runtime's errors into
+:class:`~kinbox.transport.BackendRefused` with a precise status: 404 for an
+unknown job, 422 for invalid input, 409 for a paused job triggered, 503
+when the social queue is full or this runtime runs no turns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from starlette.routing import BaseRoute
+
+from ..transport import BackendRefused, Refusal, cron_routes, social_routes
+from . import cron_rules, social_rules
+from .cron import CronService
+from .runtime import Runtime
+from .social import SocialService
+
+ACTIONS = ("trigger", "pause", "resume", "remove")
+
+
+def _refusal(exc: Exception) -> BackendRefused:
+    if isinstance(exc, cron_rules.CronJobNotFound):
+        return BackendRefused(404, "not_found", str(exc))
+    if isinstance(exc, cron_rules.CronJobPaused):
+        return BackendRefused(409, "conflict", str(exc))
+    if isinstance(exc, cron_rules.InvalidCronExpression | cron_rules.InvalidCronJob
+                  | social_rules.InvalidSocialEvent):
+        return BackendRefused(422, "invalid_argument", str(exc))
+    if isinstance(exc, social_rules.SocialQueueFull):
+        return BackendRefused(503, "queue_full", str(exc))
+    return BackendRefused(503, "unavailable", str(exc))
+
+
+class CronHttpBackend:
+    """The :class:`~kinbox.transport.CronBackend` of a running runtime."""
+
+    def __init__(self, cron: CronService) -> None:
+        self.cron = cron
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """``GET /cron/jobs``."""
+        return self.cron.jobs()
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """``GET /cron/jobs/{job_id}``."""
+        try:
+            return self.cron.job(job_id)
+        except cron_rules.CronError as exc:
+            raise _refusal(exc) from exc
+
+    def add(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """``POST /cron/jobs``."""
+        try:
+            return self.cron.add(fields.get("name"), fields.get("cron"), fields.get("prompt"),
+                                 delivery=fields.get("delivery", "announce"),
+                                 timezone=fields.get("timezone", "UTC"))
+        except cron_rules.CronError as exc:
+            raise _refusal(exc) from exc
+
+    def act(self, action: str, job_id: str) -> dict[str, Any]:
+        """``POST /cron/jobs/{job_id}/<action>`` and ``DELETE /cron/jobs/{job_id}``."""
+        if action not in ACTIONS:
+            raise BackendRefused(404, "not_found", f"no cron action {action!r}")
+        try:
+            result: dict[str, Any] = getattr(self.cron, action)(job_id)
+        except cron_rules.CronError as exc:
+            raise _refusal(exc) from exc
+        return result
+
+    def runs(self, job_id: str | None, limit: int) -> list[dict[str, Any]]:
+        """``GET /cron/jobs/{job_id}/runs`` and ``GET /cron/runs``."""
+        try:
+            return self.cron.runs(job_id, limit)
+        except cron_rules.CronError as exc:
+            raise _refusal(exc) from exc
+
+    def drain_announcements(self) -> list[dict[str, Any]]:
+        """``POST /cron/announcements/drain``."""
+        return self.cron.drain_announcements()
+
+
+class SocialHttpBackend:
+    """The :class:`~kinbox.transport.SocialBackend` of a running runtime."""
+
+    def __init__(self, social: SocialService) -> None:
+        self.social = social
+
+    def now(self) -> float:
+        """The runtime's clock."""
+        return self.social.ctx.now()
+
+    def webhook_secret(self, platform: str) -> bytes | None:
+        """The platform's signing secret."""
+        return self.social.webhook_secret(platform)
+
+    def ingest_event(self, platform: str, event: dict[str, Any]) -> dict[str, Any]:
+        """Validate and queue a webhook event (its platform is the route's)."""
+        try:
+            return self.social.ingest(event, platform=platform)
+        except social_rules.SocialError as exc:
+            raise _refusal(exc) from exc
+
+
+def cron_social_routes(rt: Runtime) -> Callable[[Refusal], list[BaseRoute]]:
+    """The cron and social routes of a started runtime, for ``create_app(guarded_routes=...)``."""
+    cron, social = CronHttpBackend(rt.cron), SocialHttpBackend(rt.social)
+    return lambda refusal: [*cron_routes(cron, refusal), *social_routes(social)]

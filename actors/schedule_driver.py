@@ -1,0 +1,70 @@
+"""When to look at the schedule tables: APScheduler on the system clock.
+
+The tables (``scheduled_jobs``, ``cron_jobs``) are the truth; a driver only
+calls its ``fire`` function when something may be due: at the times it was
+told about (``wake_at``) and, optionally, every ``poll_seconds`` (to notice
+jobs other processes added or runs whose owner died). With an injected
+clock the driver stays off and the runtime calls ``fire`` on every clock
+move instead, so a test of a day of schedules takes milliseconds.
+APScheduler's thread only calls ``fire``; it never holds a transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from .triggers import utc
+
+log = logging.getLogger("kinbox.schedule")
+
+
+class ScheduleDriver:
+    """Calls ``fire`` when a durable schedule may be due (system clock only)."""
+
+    def __init__(self, fire: Callable[[], object], *, enabled: bool,
+                 poll_seconds: float | None = None) -> None:
+        self._fire = fire
+        self._poll = poll_seconds
+        self._scheduler = BackgroundScheduler(timezone="UTC") if enabled else None
+
+    @property
+    def enabled(self) -> bool:
+        """True when APScheduler drives this schedule (the system clock)."""
+        return self._scheduler is not None
+
+    def start(self) -> None:
+        """Start APScheduler (and the poll, if any)."""
+        if self._scheduler is None:
+            return
+        self._scheduler.start()
+        if self._poll:
+            self._scheduler.add_job(self._safe_fire, "interval", seconds=self._poll,
+                                    id="poll", coalesce=True, max_instances=1,
+                                    replace_existing=True)
+
+    def stop(self) -> None:
+        """Stop APScheduler; the tables keep the schedules."""
+        if self._scheduler is not None and self._scheduler.running:
+            # shutdown() marks the scheduler stopped before it takes the job store lock,
+            # and a round of due jobs still running then fails to remove its fired date
+            # job (JobLookupError, and a traceback). Pausing, then clearing the jobs
+            # (which waits for that lock), leaves the round nothing to remove.
+            self._scheduler.pause()
+            self._scheduler.remove_all_jobs()
+            self._scheduler.shutdown(wait=False)
+
+    def wake_at(self, ts: float | None, key: str) -> None:
+        """Call ``fire`` at ``ts`` (epoch seconds); one wake-up per key and time."""
+        if self._scheduler is None or ts is None:
+            return
+        self._scheduler.add_job(self._safe_fire, "date", run_date=utc(ts), id=f"{key}@{ts}",
+                                replace_existing=True, misfire_grace_time=None)
+
+    def _safe_fire(self) -> None:
+        try:
+            self._fire()
+        except Exception:
+            log.exception("firing due schedules failed; the next wake-up tries again")

@@ -1,0 +1,333 @@
+"""Social ingress (SO1): chat-platform events in, turns run, replies out through channels.
+
+``ingest`` validates a raw event and puts it on an in-memory queue bounded
+by ``bound`` events accepted and not yet through their turn: beyond it an
+event is refused at once (counted and logged), so a burst cannot grow
+memory or stall the webhook. One consumer thread takes events
+in order, authorizes the sender by id against the platform's allowlist,
+creates the thread's session (``social-<platform>-<thread>``, kind
+``social``, project ``social``; listed and addressable like any other once
+created) and routes the event by :func:`.social_rules.route`: an idle chat
+starts a direct turn, the running turn's own sender steers it, anyone else
+waits in the chat's queue. Social events never enter the generic inbox.
+
+After a turn commits, its replies go to the platform's channel adapter
+(:mod:`.channels`) with the event's reply route; the outcome is recorded in
+the transcript as a hidden ``delivery`` entry and kept in ``outcomes``. The
+thread's last reply route is kept in the session's config, so the replies
+of a turn another session started there (``agent_send``) leave the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..persistence import DuplicateError, WriterClosed
+from . import channels
+from . import social_rules as rules
+from .context import RuntimeContext, TurnEffects
+from .direct_turn import DirectTurns
+from .turn import Message, Turn, TurnOutcome
+
+log = logging.getLogger("kinbox.social")
+
+SOCIAL_KIND = "social_message"
+"""The kind of the message a social event's turn starts with."""
+DEFAULT_QUEUE_BOUND = 256
+RECENT_IDS = 10_000
+"""How many accepted event ids are remembered, so a platform's retry is not run twice."""
+
+
+@dataclass
+class _Chat:
+    """The routing state of one thread (touched under the service lock only)."""
+
+    running_sender: str | None = None
+    steering: deque[rules.SocialEvent] = field(default_factory=deque)
+    pending: deque[rules.SocialEvent] = field(default_factory=deque)
+
+
+class SocialService:
+    """Social ingress of one runtime (``rt.social``)."""
+
+    def __init__(self, ctx: RuntimeContext, turns: DirectTurns | None, *,
+                 bound: int = DEFAULT_QUEUE_BOUND,
+                 retry_delays: tuple[float, ...] = channels.DEFAULT_RETRY_DELAYS) -> None:
+        if bound < 1:
+            raise ValueError(f"the social queue bound must be >= 1, got {bound}")
+        self.ctx = ctx
+        self.turns = turns
+        self.bound = bound
+        self._queue: queue.Queue[rules.SocialEvent | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._chats: dict[str, _Chat] = {}
+        self._allow: dict[str, frozenset[str]] = {}
+        self._stop = threading.Event()
+        self.channels = channels.Channels(ctx, self._stop, retry_delays)
+        self._consumer: threading.Thread | None = None
+        self._handling = 0
+        self.counts = {"accepted": 0, "refused": 0, "denied": 0, "steered": 0, "queued": 0,
+                       "turns": 0, "failed_turns": 0, "duplicates": 0}
+        self._recent: OrderedDict[str, None] = OrderedDict()  # event ids lately accepted
+
+    # -- configuration ---------------------------------------------------------------------
+
+    def allow(self, platform: str, sender_ids: Iterable[str]) -> None:
+        """Set the platform's allowlist of sender ids (display names never count)."""
+        ids = frozenset(sender_ids)
+        if not all(isinstance(i, str) and i for i in ids):
+            raise rules.InvalidSocialEvent("sender_id", "allowlist entries are non-empty ids")
+        with self._lock:
+            self._allow[platform] = ids
+
+    def register_channel(self, platform: str, send: channels.Send, *,
+                         secret: str | bytes | None = None) -> None:
+        """Register how replies leave for ``platform`` and, for webhooks, its signing secret."""
+        if not isinstance(platform, str) or not rules.PLATFORM_RE.fullmatch(platform):
+            raise rules.InvalidSocialEvent("platform", "1-32 characters of a-z, 0-9 and _")
+        if not callable(send):
+            raise rules.InvalidSocialEvent("send", "give a callable send(reply_route, text)")
+        self.channels.register(platform, send,
+                               secret.encode() if isinstance(secret, str) else secret)
+
+    def webhook_secret(self, platform: str) -> bytes | None:
+        """The platform's webhook signing secret (None: its webhook is closed)."""
+        channel = self.channels.get(platform)
+        return channel.secret if channel else None
+
+    @property
+    def retry_delays(self) -> tuple[float, ...]:
+        """Seconds before each retry of a failed channel send."""
+        return self.channels.retry_delays
+
+    @retry_delays.setter
+    def retry_delays(self, delays: tuple[float, ...]) -> None:
+        self.channels.retry_delays = tuple(delays)
+
+    @property
+    def outcomes(self) -> deque[dict[str, Any]]:
+        """The latest reply outcomes (``sent``, ``failed``, ``no_channel``...), oldest first."""
+        return self.channels.outcomes
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the consumer (only in a runtime that runs turns)."""
+        if self.turns is None or self._consumer is not None:
+            return
+        self._consumer = threading.Thread(target=self._consume, name="kinbox-social",
+                                          daemon=True)
+        self._consumer.start()
+
+    def stop(self) -> None:
+        """Stop taking events; what is still queued in memory is dropped (and logged)."""
+        self._stop.set()
+        if self._consumer is None:
+            return  # a send-only runtime never queued anything
+        self._queue.put(None)
+        if self._consumer is not threading.current_thread():
+            self._consumer.join(5)
+        left = self._queue.qsize()
+        if left:
+            log.warning("social ingress stopped with %d events still queued", left)
+
+    # -- ingress ---------------------------------------------------------------------------
+
+    def ingest(self, event: Mapping[str, Any], *, platform: str | None = None) -> dict[str, Any]:
+        """Validate a raw channel event and queue it; a receipt, or a :class:`SocialError`."""
+        if self.turns is None:
+            raise rules.SocialUnavailable()
+        self.ctx.require_running()
+        normalized = rules.normalize(event, f"social-{self.ctx.new_id()}", platform)
+        sid = rules.session_id_for(normalized.platform, normalized.thread_id)
+        with self._lock:
+            if normalized.event_id in self._recent:  # a platform's retry of a delivery
+                self.counts["duplicates"] += 1
+                return {"accepted": True, "duplicate": True, "event_id": normalized.event_id,
+                        "session_id": sid}
+            # The bound covers every accepted event not yet through its turn (queued,
+            # waiting for its chat, steering, running), so memory stays bounded.
+            full = self._handling >= self.bound
+            if full:
+                self.counts["refused"] += 1
+            else:
+                self.counts["accepted"] += 1
+                self._handling += 1
+                self._recent[normalized.event_id] = None
+                while len(self._recent) > RECENT_IDS:
+                    self._recent.popitem(last=False)
+            refused = self.counts["refused"]
+        if full:
+            log.warning("social ingress queue full (%d): refused an event from %s (%d refused)",
+                        self.bound, normalized.platform, refused)
+            self.ctx.emit("social_refused", platform=normalized.platform, refused=refused)
+            raise rules.SocialQueueFull(self.bound, refused)
+        self._queue.put(normalized)
+        return {"accepted": True, "duplicate": False, "event_id": normalized.event_id,
+                "session_id": sid}
+
+    def statistics(self) -> dict[str, Any]:
+        """Counters, the queue's depth and bound."""
+        with self._lock:
+            return {**self.counts, "queued_now": self._queue.qsize(), "bound": self.bound}
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Wait until every accepted event was handled and no social turn runs."""
+        if self.turns is None:
+            return True
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                busy = self._handling > 0
+            if not busy and self.turns.is_idle():
+                return True
+            # Between two turns of a chat the pool is briefly idle: wait on it, then look again.
+            self.turns.wait_idle(0.02)
+            self._stop.wait(0.005)
+        return False
+
+    def _consume(self) -> None:
+        while not self._stop.is_set():
+            event = self._queue.get()
+            if event is None:
+                break
+            try:
+                self._route(event)
+            except WriterClosed:
+                break
+            except Exception:
+                log.exception("social event %s could not be handled", event.event_id)
+                self._handled()
+
+    def _handled(self) -> None:
+        with self._lock:
+            self._handling -= 1
+
+    def _route(self, event: rules.SocialEvent) -> None:
+        with self._lock:
+            allowed = rules.authorized(self._allow, event.platform, event.sender_id)
+            if not allowed:
+                self.counts["denied"] += 1
+        if not allowed:
+            log.info("social event from unlisted sender on %s denied", event.platform)
+            self.ctx.emit("social_denied", platform=event.platform, sender_id=event.sender_id)
+            self._handled()
+            return
+        sid = self._ensure_session(event)
+        with self._lock:
+            chat = self._chats.setdefault(sid, _Chat())
+            decision = rules.route(chat.running_sender, event.sender_id)
+            if decision is rules.Route.STEER:
+                chat.steering.append(event)
+                self.counts["steered"] += 1
+            elif decision is rules.Route.QUEUE:
+                chat.pending.append(event)
+                self.counts["queued"] += 1
+            else:
+                chat.running_sender = event.sender_id
+        self.ctx.emit("social_routed", session_id=sid, route=decision.value,
+                      event_id=event.event_id)
+        if decision is rules.Route.START:
+            assert self.turns is not None
+            if self.turns.submit(lambda: self._run_chat(sid, event)) is None:
+                self._handled()
+
+    def _ensure_session(self, event: rules.SocialEvent) -> str:
+        sid = rules.session_id_for(event.platform, event.thread_id)
+        if self.ctx.store.session(sid) is None:
+            try:
+                self.ctx.store.create_session(
+                    sid, rules.SOCIAL_PROJECT, f"{event.platform}: {event.sender_name}",
+                    "social", self.ctx.now(), platform=event.platform,
+                    config={"social_thread_id": event.thread_id})
+            except DuplicateError:
+                pass
+        return sid
+
+    # -- turns -----------------------------------------------------------------------------
+
+    def _run_chat(self, sid: str, event: rules.SocialEvent | None) -> None:
+        """Run the chat's turns until its queue is empty (one turn at a time per chat)."""
+        assert self.turns is not None
+        while event is not None:
+            self._run_one(sid, event)
+            with self._lock:
+                chat = self._chats[sid]
+                # Steering that came after the turn's last look waits for the next turn.
+                chat.pending.extendleft(reversed(chat.steering))
+                chat.steering.clear()
+                event = chat.pending.popleft() if chat.pending else None
+                chat.running_sender = event.sender_id if event else None
+                if event is None:
+                    del self._chats[sid]  # idle chats keep no state: memory stays bounded
+
+    def _run_one(self, sid: str, event: rules.SocialEvent) -> None:
+        assert self.turns is not None
+        taken: list[rules.SocialEvent] = [event]
+
+        def fetch_steering() -> list[Message]:
+            with self._lock:
+                chat = self._chats[sid]
+                fresh = list(chat.steering)
+                chat.steering.clear()
+            taken.extend(fresh)
+            return [_message(e) for e in fresh]
+
+        def commit_ops(turn: Turn) -> list[Any]:
+            last = taken[-1]
+            patch = {"social_reply_route": dict(last.reply_route),
+                     "social_last_sender": last.sender_id}
+            return [lambda: self.ctx.store.patch_config_now(sid, patch, self.ctx.now())]
+
+        try:
+            done = self.turns.run(sid, [_message(event)], fetch_steering=fetch_steering,
+                                  commit_ops=commit_ops)
+            with self._lock:
+                self.counts["turns" if done.committed else "failed_turns"] += 1
+            if done.committed:
+                self._send_replies(sid, taken[-1], done.turn)
+            else:  # nothing was committed, so nothing is sent; the outcome says why
+                log.warning("social turn in %s failed: %s", sid, done.error)
+                self.channels.record(sid, event.platform, taken[-1].event_id,
+                                     channels.DeliveryOutcome("turn_failed", 0, done.error),
+                                     durable=False)
+        finally:
+            for _ in taken:
+                self._handled()
+
+    def _send_replies(self, sid: str, event: rules.SocialEvent, turn: Turn) -> None:
+        self.channels.send(sid, event.platform, event.reply_route, "\n\n".join(turn.replies),
+                           event.event_id)
+
+    def outbox(self, ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEffects:
+        """Outbox hook: replies of an inbox turn in a social session (an ``agent_send`` to
+        it) leave through the channel too, by the thread's last reply route."""
+        effects = TurnEffects()
+        if (not outcome.ok or not turn.replies or not turn.session_id.startswith("social-")
+                or any(m.kind == SOCIAL_KIND for m in turn.messages) or self.turns is None):
+            return effects  # a social event's own turn sends its replies itself
+        session = ctx.store.session(turn.session_id)
+        route = session.config.get("social_reply_route") if session else None
+        if session is None or session.kind != "social" or session.platform is None \
+                or not isinstance(route, dict):
+            return effects
+        text, cause = "\n\n".join(turn.replies), turn.messages[0].message_id
+        turns, platform = self.turns, session.platform
+        effects.after.append(lambda: turns.submit(
+            lambda: self.channels.send(session.id, platform, route, text, cause)))
+        return effects
+
+
+def _message(event: rules.SocialEvent) -> Message:
+    return Message(event.event_id, SOCIAL_KIND, rules.envelope(event), None,
+                   {"platform": event.platform, "sender_id": event.sender_id,
+                    "sender_name": event.sender_name, "thread_id": event.thread_id,
+                    "attachments": [asdict(a) for a in event.attachments],
+                    "reply_route": dict(event.reply_route)})

@@ -1,0 +1,204 @@
+"""The rules of social ingress (SO1): validating, authorizing and routing channel events.
+
+Pure: no threads, queues or clocks. A raw event from a chat platform is
+normalized into a :class:`SocialEvent` (or refused with a precise
+:class:`InvalidSocialEvent`); its sender is authorized by id against the
+platform's allowlist (display names are ignored, an empty list denies);
+its thread becomes the session ``social-<platform>-<thread>``; and
+:func:`route` decides whether it starts a turn, steers the running one (same
+sender) or waits for the chat's running turn to end (anyone else).
+
+Errors::
+
+    KinboxError
+    └── SocialError
+        ├── InvalidSocialEvent   .field, .reason: the event is malformed, nothing queued
+        │                        (also a ConfigError)
+        ├── SocialQueueFull      .bound, .refused: the ingress queue is full
+        ├── UnknownPlatform      .platform: no channel registered for it
+        └── SocialUnavailable    this runtime runs no turns (send-only)
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError, KinboxError
+
+PLATFORM_RE = re.compile(r"[a-z0-9_]{1,32}")
+"""Platform names: lower-case, no dash (the dash separates platform and thread in ids)."""
+SAFE_THREAD_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,79}")
+MAX_TEXT = 20_000
+MAX_ATTACHMENTS = 10
+MAX_ID = 256
+SOCIAL_PROJECT = "social"
+
+
+class SocialError(KinboxError):
+    """Base class of the social ingress errors."""
+
+
+class InvalidSocialEvent(SocialError, ConfigError):
+    """A raw event is malformed; ``field`` names what is wrong."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"invalid social event {field}: {reason}", field)
+        self.reason = reason
+
+
+class SocialQueueFull(SocialError):
+    """The ingress queue holds ``bound`` events already; this one was refused."""
+
+    def __init__(self, bound: int, refused: int) -> None:
+        super().__init__(f"the social ingress queue is full ({bound} events); "
+                         f"try again later ({refused} refused so far)")
+        self.bound = bound
+        self.refused = refused
+
+
+class UnknownPlatform(SocialError):
+    """No channel is registered for this platform."""
+
+    def __init__(self, platform: str) -> None:
+        super().__init__(f"no social channel is registered for platform {platform!r}")
+        self.platform = platform
+
+
+class SocialUnavailable(SocialError):
+    """This runtime has no brain, so it cannot take social events."""
+
+    def __init__(self) -> None:
+        super().__init__("this runtime runs no turns (no brain); send social events to one "
+                         "that does")
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """A file that came with an event (referenced, not downloaded)."""
+
+    url: str
+    name: str = ""
+    mime_type: str = ""
+
+
+@dataclass(frozen=True)
+class SocialEvent:
+    """A validated, normalized channel event."""
+
+    event_id: str
+    platform: str
+    sender_id: str
+    sender_name: str
+    thread_id: str
+    text: str
+    attachments: tuple[Attachment, ...] = ()
+    reply_route: Mapping[str, Any] = field(default_factory=dict)
+    """Where a reply goes (channel id, thread ts...): handed to the channel adapter as is."""
+
+
+def _text_field(raw: Mapping[str, Any], name: str, *, required: bool,
+                limit: int = MAX_ID) -> str:
+    value = raw.get(name)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or (required and not value.strip()):
+        raise InvalidSocialEvent(name, "give a non-empty string")
+    if len(value) > limit:
+        raise InvalidSocialEvent(name, f"at most {limit} characters")
+    return value.strip()
+
+
+def _attachments(raw: object) -> tuple[Attachment, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise InvalidSocialEvent("attachments", "give a list of objects with a url")
+    if len(raw) > MAX_ATTACHMENTS:
+        raise InvalidSocialEvent("attachments", f"at most {MAX_ATTACHMENTS}")
+    found = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, Mapping) or not isinstance(item.get("url"), str) \
+                or not item["url"].startswith(("https://", "http://")):
+            raise InvalidSocialEvent(f"attachments[{i}]", "give an object with an http(s) url")
+        name, mime = item.get("name", ""), item.get("mime_type", "")
+        if not isinstance(name, str) or not isinstance(mime, str):
+            raise InvalidSocialEvent(f"attachments[{i}]", "name and mime_type are strings")
+        found.append(Attachment(item["url"][:2048], name[:256], mime[:128]))
+    return tuple(found)
+
+
+def normalize(raw: object, event_id: str, platform: str | None = None) -> SocialEvent:
+    """Validate a raw event (a JSON object); ``platform`` overrides the event's own."""
+    if not isinstance(raw, Mapping):
+        raise InvalidSocialEvent("event", "give a JSON object")
+    plat = platform if platform is not None else raw.get("platform")
+    if not isinstance(plat, str) or not PLATFORM_RE.fullmatch(plat):
+        raise InvalidSocialEvent("platform", "1-32 characters of a-z, 0-9 and _")
+    sender_id = _text_field(raw, "sender_id", required=True)
+    sender_name = _text_field(raw, "sender_name", required=False) or sender_id
+    thread_id = _text_field(raw, "thread_id", required=True)
+    text = _text_field(raw, "text", required=False, limit=MAX_TEXT)
+    attachments = _attachments(raw.get("attachments"))
+    if not text and not attachments:
+        raise InvalidSocialEvent("text", "give text or at least one attachment")
+    route = raw.get("reply_route", {})
+    if not isinstance(route, Mapping):
+        raise InvalidSocialEvent("reply_route", "give a JSON object")
+    given_id = raw.get("event_id")
+    if given_id is not None:
+        if not isinstance(given_id, str) or not given_id.strip() or len(given_id) > 128:
+            raise InvalidSocialEvent("event_id", "a non-empty string of at most 128 characters")
+        event_id = f"social-{plat}-{given_id.strip()}"
+    return SocialEvent(event_id, plat, sender_id, sender_name, thread_id, text, attachments,
+                       dict(route))
+
+
+def session_id_for(platform: str, thread_id: str) -> str:
+    """The session of a thread: ``social-<platform>-<thread>``, the thread kept when safe.
+
+    A thread id with other characters (or one that could pass for a hashed
+    one) becomes ``h_`` and 24 hex digits of its SHA-256, so two threads never share a
+    session.
+    """
+    if SAFE_THREAD_RE.fullmatch(thread_id) and not thread_id.startswith("h_"):
+        return f"social-{platform}-{thread_id}"
+    digest = hashlib.sha256(thread_id.encode()).hexdigest()[:24]
+    return f"social-{platform}-h_{digest}"
+
+
+def authorized(allowlist: Mapping[str, frozenset[str]], platform: str, sender_id: str) -> bool:
+    """True when ``sender_id`` is on the platform's allowlist (an empty list denies)."""
+    return sender_id in allowlist.get(platform, frozenset())
+
+
+def envelope(event: SocialEvent) -> str:
+    """The turn's text: an envelope line naming platform and sender, then the message."""
+    lines = [f"[{event.platform} message from {event.sender_name} "
+             f"(sender id {event.sender_id})]"]
+    if event.text:
+        lines.append(event.text)
+    lines += [f"[attachment: {a.name or 'file'} {a.url}]" for a in event.attachments]
+    return "\n".join(lines)
+
+
+class Route(enum.Enum):
+    """What an authorized event does to its chat."""
+
+    START = "start"
+    """The chat is idle: the event starts a turn."""
+    STEER = "steer"
+    """The same sender's turn is running: the event joins it."""
+    QUEUE = "queue"
+    """Someone else's turn is running: the event waits for it to end."""
+
+
+def route(running_sender: str | None, sender_id: str) -> Route:
+    """Route an event given who started the chat's running turn (None: none runs)."""
+    if running_sender is None:
+        return Route.START
+    return Route.STEER if running_sender == sender_id else Route.QUEUE

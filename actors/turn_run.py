@@ -1,0 +1,76 @@
+"""The rules every turn follows, whatever started it: one implementation.
+
+An inbox row (:mod:`.session_actor`, on a pool thread or the async host), a
+cron run (:mod:`.cron`) and a social event (:mod:`.social`) run a turn the
+same way: the turn hooks run first (the Focal policy, :func:`prepare`), the
+brain's result is taken as a reply and an awaitable from a sync call is an
+error (:func:`take_result`), and the end is judged the same
+(:func:`judge`): an exception is a failure with its traceback, a turn past
+``turn_timeout`` is a failure, and whoever stopped it is named (never the
+timeout itself). What a success commits and what a failure does stay with
+the caller: an inbox turn acknowledges rows and retries with the inbox
+backoff, a cron run finishes its run record, a social turn hands its
+replies to the channel adapter.
+"""
+
+from __future__ import annotations
+
+import inspect
+import traceback
+from dataclasses import dataclass
+
+from .context import RuntimeContext
+from .running import TIMEOUT, overdue
+from .turn import Turn, TurnOutcome
+
+
+class SyncBrainAwaitable(TypeError):
+    """A brain called as a plain function returned an awaitable: it was never run."""
+
+    def __init__(self, result: object) -> None:
+        close = getattr(result, "close", None)
+        if callable(close):
+            close()  # no "coroutine was never awaited" warning: the error says it all
+        super().__init__(
+            f"the brain returned an awaitable ({type(result).__name__}) instead of running "
+            "the turn; make the brain itself `async def` (or an object whose __call__ is) so "
+            "kinbox awaits it on its event loop. Nothing of this attempt was committed.")
+
+
+@dataclass(frozen=True)
+class Judged:
+    """How a turn ended."""
+
+    outcome: TurnOutcome
+    detail: str | None = None
+    """On failure, what to keep as the error: the traceback, or the timeout summary
+    (``outcome.error`` is the one-line summary for observers and logs)."""
+
+
+def prepare(ctx: RuntimeContext, turn: Turn) -> None:
+    """Run the turn hooks (the Focal policy); an error here fails the attempt."""
+    for hook in ctx.turn_hooks:
+        hook(ctx, turn)
+
+
+def take_result(turn: Turn, result: object) -> None:
+    """Take what a sync brain returned: a string is a reply; an awaitable is an error."""
+    if inspect.isawaitable(result):
+        raise SyncBrainAwaitable(result)
+    if isinstance(result, str) and result:
+        turn.reply(result)
+
+
+def judge(ctx: RuntimeContext, turn: Turn, error: BaseException | None) -> Judged:
+    """The turn's outcome; unregisters it from the running-turn board."""
+    if error is not None:
+        summary = f"{type(error).__name__}: {error}"
+        detail = "".join(traceback.format_exception(error))
+    elif overdue(turn.started, ctx.now(), ctx.turn_timeout):
+        summary = detail = (f"TurnTimeout: the turn ran {ctx.now() - turn.started:.1f} s, "
+                            f"past turn_timeout={ctx.turn_timeout} s")
+    else:
+        return Judged(TurnOutcome(True, None, ctx.turns.end(turn.session_id)))
+    stopped_by = ctx.turns.end(turn.session_id)
+    return Judged(TurnOutcome(False, summary, None if stopped_by == TIMEOUT else stopped_by),
+                  detail)

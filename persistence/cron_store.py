@@ -1,0 +1,283 @@
+"""Durable cron jobs and their run records (C1, C2).
+
+The tables are the truth; this module only applies decisions made by the
+actors' cron rules. Firing a due job is the shared compare-and-set of
+:mod:`.firing`, and the occurrence's run record is inserted in the same
+transaction under an id naming the occurrence, so a job fires once however
+many runtimes share the database. A run is leased to the runtime that
+fired it: only that owner may finish it, and a run whose owner died is
+taken over once its lease runs out, so no run is lost to a crash and none
+finishes twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from . import firing
+from .errors import LeaseLost
+from .models import CronJob, CronRun, Tables
+from .writer import GroupCommitWriter
+
+RUN_STATES = ("running", "success", "error")
+"""A run is ``running`` until its owner records ``success`` or ``error``."""
+
+
+class CronRunLost(LeaseLost):
+    """A runtime tried to finish a run it no longer owns (taken over, or removed)."""
+
+    def __init__(self, run_id: str, owner: str) -> None:
+        super().__init__(run_id, owner)
+        self.run_id = run_id
+
+
+@dataclass(frozen=True)
+class CronJobRecord:
+    """A cron job as stored."""
+
+    id: str
+    name: str
+    cron: str
+    timezone: str
+    prompt: str
+    active: bool
+    delivery: str
+    retry_count: int
+    next_run_at: float | None
+    last_run_at: float | None
+    last_result: str | None
+    last_error: str | None
+    created_at: float
+    updated_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job as the CLI and HTTP API show it."""
+        data = asdict(self)
+        data["job_id"] = data.pop("id")
+        return data
+
+
+@dataclass(frozen=True)
+class CronRunRecord:
+    """One run of a job."""
+
+    id: str
+    job_id: str
+    scheduled_for: float
+    started_at: float
+    finished_at: float | None
+    status: str
+    result: str | None
+    error: str | None
+    owner: str | None
+    lease_until: float | None
+    attempts: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The run as the CLI and HTTP API show it (the owner's lease left out)."""
+        data = asdict(self)
+        data["run_id"] = data.pop("id")
+        del data["owner"], data["lease_until"]
+        return data
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    """What firing one due job does, as the cron rules decided it."""
+
+    job_changes: dict[str, Any]
+    """Columns of the job to set (``next_run_at`` at least)."""
+    run_status: str | None
+    """``running`` (the firing runtime runs it now), ``error`` (recorded failed at once),
+    or None (no run: a missed occurrence skipped)."""
+    run_error: str | None = None
+    """The error of a run recorded as failed at once."""
+
+
+def _job(r: CronJob) -> CronJobRecord:
+    return CronJobRecord(r.id, r.name, r.cron, r.timezone, r.prompt, bool(r.active), r.delivery,
+                         r.retry_count, r.next_run_at, r.last_run_at, r.last_result,
+                         r.last_error, r.created_at, r.updated_at)
+
+
+def _run(r: CronRun) -> CronRunRecord:
+    return CronRunRecord(r.id, r.job_id, r.scheduled_for, r.started_at, r.finished_at, r.status,
+                         r.result, r.error, r.owner, r.lease_until, r.attempts)
+
+
+class CronStore:
+    """Cron jobs and runs on one database; writes go through the group-commit writer."""
+
+    def __init__(self, tables: Tables, writer: GroupCommitWriter) -> None:
+        self.t = tables
+        self.writer = writer
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    def create(self, job: CronJobRecord) -> CronJobRecord:
+        """Insert a job (the caller validated it)."""
+        values = asdict(job)
+        self.writer.call(lambda: self.t.cron_job.insert(**values).execute())
+        return job
+
+    def get(self, job_id: str) -> CronJobRecord | None:
+        """The job with this id, or None."""
+        j = self.t.cron_job
+        row = j.get_or_none(j.id == job_id)
+        return _job(row) if row else None
+
+    def jobs(self, *, active_only: bool = False) -> list[CronJobRecord]:
+        """Jobs, soonest due first (paused ones last)."""
+        j = self.t.cron_job
+        q = j.select().order_by(j.active.desc(), j.next_run_at, j.id)
+        if active_only:
+            q = q.where(j.active == True)  # noqa: E712
+        return [_job(r) for r in q]
+
+    def update(self, job_id: str, now: float, **changes: Any) -> CronJobRecord | None:
+        """Set columns of a job; the updated job, or None when there is no such job."""
+        j = self.t.cron_job
+
+        def op() -> CronJobRecord | None:
+            if not j.update(updated_at=now, **changes).where(j.id == job_id).execute():
+                return None
+            return _job(j.get(j.id == job_id))
+        return self.writer.call(op)
+
+    def delete(self, job_id: str) -> bool:
+        """Remove a job and its runs; False when there was no such job."""
+        j, r = self.t.cron_job, self.t.cron_run
+
+        def op() -> bool:
+            r.delete().where(r.job_id == job_id).execute()
+            return bool(j.delete().where(j.id == job_id).execute())
+        return self.writer.call(op)
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def runs(self, job_id: str | None = None, *, limit: int = 50) -> list[CronRunRecord]:
+        """Runs, newest first."""
+        r = self.t.cron_run
+        q = r.select().order_by(r.started_at.desc(), r.id.desc()).limit(limit)
+        if job_id is not None:
+            q = q.where(r.job_id == job_id)
+        return [_run(x) for x in q]
+
+    def running(self, job_id: str) -> CronRunRecord | None:
+        """The job's run still ``running``, if any (its lease may have run out)."""
+        r = self.t.cron_run
+        row = r.select().where(r.job_id == job_id, r.status == "running").first()
+        return _run(row) if row else None
+
+    def fire_due(self, now: float, owner: str, lease: float,
+                 decide: Callable[[CronJobRecord, CronRunRecord | None], Occurrence]
+                 ) -> list[CronRunRecord]:
+        """Fire every due job once; return the runs this caller recorded (to run or failed).
+
+        ``decide(job, running_run)`` runs inside the transaction, with the
+        job's run still marked running (if any), and says what the
+        occurrence does.
+        """
+        r = self.t.cron_run
+        plans: dict[str, Occurrence] = {}
+        recorded: list[CronRunRecord] = []
+
+        def advance(job: CronJobRecord) -> dict[str, Any]:
+            plans[job.id] = plan = decide(job, self.running(job.id))
+            return {"updated_at": now, **plan.job_changes}
+
+        def on_fire(job: CronJobRecord) -> None:
+            plan = plans[job.id]
+            if plan.run_status is None:
+                return
+            due = job.next_run_at if job.next_run_at is not None else now
+            live = plan.run_status == "running"
+            run = CronRunRecord(f"{job.id}@{int(due * 1000)}", job.id, due, now,
+                                None if live else now, plan.run_status, None, plan.run_error,
+                                owner if live else None, now + lease if live else None,
+                                job.retry_count + 1)
+            if r.insert(**asdict(run)).on_conflict_ignore().execute():
+                recorded.append(run)
+
+        def op() -> list[CronRunRecord]:
+            firing.fire_due(self.t.cron_job, now, _job, advance, on_fire)
+            return recorded
+        return self.writer.call(op)
+
+    def take_over(self, now: float, owner: str, lease: float) -> list[CronRunRecord]:
+        """Lease every running run whose owner's lease ran out (its runtime died)."""
+        r = self.t.cron_run
+
+        def op() -> list[CronRunRecord]:
+            taken = []
+            for row in r.select().where(r.status == "running", r.lease_until < now):
+                if r.update(owner=owner, lease_until=now + lease, attempts=row.attempts + 1).where(
+                        r.id == row.id, r.owner == row.owner,
+                        r.lease_until == row.lease_until).execute():
+                    taken.append(_run(r.get(r.id == row.id)))
+            return taken
+        return self.writer.call(op)
+
+    def running_owners(self) -> set[str]:
+        """The owners of runs still ``running``."""
+        r = self.t.cron_run
+        return {row.owner for row in r.select(r.owner).where(r.status == "running").distinct()
+                if row.owner}
+
+    def expire_owners(self, owners: set[str], now: float) -> int:
+        """Make the running runs of ``owners`` (runtimes known dead) claimable now."""
+        r = self.t.cron_run
+        return self.writer.call(lambda: r.update(lease_until=now - 1).where(
+            r.status == "running", r.owner.in_(sorted(owners))).execute())
+
+    def expire_leases(self, now: float) -> int:
+        """Make every running run claimable now (start-up of an exclusive runtime)."""
+        r = self.t.cron_run
+        return self.writer.call(lambda: r.update(lease_until=now - 1).where(
+            r.status == "running").execute())
+
+    def renew(self, owner: str, run_ids: list[str], until: float) -> int:
+        """Extend the leases ``owner`` holds on these running runs; return how many."""
+        r = self.t.cron_run
+        if not run_ids:
+            return 0
+        return self.writer.call(lambda: r.update(lease_until=until).where(
+            r.id.in_(run_ids), r.owner == owner, r.status == "running").execute())
+
+    def finish_op(self, run_id: str, owner: str, now: float, status: str, *,
+                  result: str | None = None, error: str | None = None,
+                  job_changes: Callable[[CronJobRecord], dict[str, Any]] = lambda _job: {}
+                  ) -> Callable[[], CronJobRecord | None]:
+        """An operation (for the writer, or a turn's commit) that finishes a run.
+
+        Fenced: raises :class:`CronRunLost` (and so undoes the transaction it
+        runs in) unless ``owner`` still holds the run. Returns the job as
+        updated with ``job_changes(job)``, or None if the job is gone.
+        """
+        if status not in RUN_STATES[1:]:
+            raise ValueError(f"a run finishes as success or error, not {status!r}")
+        r, j = self.t.cron_run, self.t.cron_job
+
+        def op() -> CronJobRecord | None:
+            run = r.get_or_none(r.id == run_id)
+            if not r.update(status=status, result=result, error=error, finished_at=now,
+                            lease_until=None).where(
+                    r.id == run_id, r.owner == owner, r.status == "running").execute():
+                raise CronRunLost(run_id, owner)
+            row = j.get_or_none(j.id == run.job_id)
+            if row is None:
+                return None
+            job = _job(row)
+            j.update(updated_at=now, **job_changes(job)).where(j.id == job.id).execute()
+            return _job(j.get(j.id == job.id))
+        return op
+
+    def finish(self, run_id: str, owner: str, now: float, status: str, *,
+               result: str | None = None, error: str | None = None,
+               job_changes: Callable[[CronJobRecord], dict[str, Any]] = lambda _job: {}
+               ) -> CronJobRecord | None:
+        """Finish a run on its own (a failed run: no transcript to commit with it)."""
+        return self.writer.call(self.finish_op(run_id, owner, now, status, result=result,
+                                               error=error, job_changes=job_changes))

@@ -1,0 +1,42 @@
+"""Firing due schedules once across processes: the compare-and-set both schedule tables use.
+
+A schedule row (a Focal wake-up in ``scheduled_jobs``, a user job in
+``cron_jobs``) is due when it is active and its ``next_run_at`` has come.
+Whoever moves ``next_run_at`` on, with an UPDATE that matches the value it
+read, owns that occurrence: a second process that read the same row matches
+nothing and skips it. The caller's ``on_fire`` runs in the same transaction
+(on the writer thread), so the occurrence and what it causes commit
+together or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import peewee as pw
+
+R = TypeVar("R")
+
+
+def fire_due(model: type[pw.Model], now: float, to_record: Callable[[Any], R],
+             advance: Callable[[R], dict[str, Any]],
+             on_fire: Callable[[R], None]) -> list[R]:
+    """Fire every due row of ``model`` once; call inside a writer operation.
+
+    ``advance(record)`` gives the columns an occurrence sets (at least the new
+    ``next_run_at``); ``on_fire(record)`` runs only for the rows this caller
+    won, in the same transaction. Returns the records fired, soonest first.
+    """
+    m: Any = model
+    due = [to_record(r) for r in m.select().where(
+        m.active == True, m.next_run_at <= now).order_by(m.next_run_at, m.id)]  # noqa: E712
+    fired: list[R] = []
+    for record in due:
+        changes = advance(record)
+        won = m.update(**changes).where(
+            m.id == record.id, m.next_run_at == record.next_run_at).execute()  # type: ignore[attr-defined]
+        if won:
+            on_fire(record)
+            fired.append(record)
+    return fired

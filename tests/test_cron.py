@@ -1,0 +1,382 @@
+"""Cron jobs through a real runtime on the injected clock (C1-C3)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kinbox.actors import ManualClock, Runtime, Turn
+from kinbox.actors import cron_rules as rules
+from kinbox.actors.announcements import Announcements
+from kinbox.actors.triggers import next_fire
+
+from .helpers import wait_for
+
+MakeRuntime = Callable[..., Runtime]
+MINUTE = 60.0
+START = 1_700_000_040.0
+"""2023-11-14 22:14:00 UTC: a whole minute, so an every-minute job is due 60 s later."""
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(START)
+
+
+class CronBrain:
+    """Replies with the run id; fails while ``failing`` is set; blocks while ``hold`` is set."""
+
+    def __init__(self) -> None:
+        self.turns: list[Turn] = []
+        self.failing: str | None = None
+        self.hold = threading.Event()
+        self.holding = threading.Event()
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+
+    def __call__(self, turn: Turn) -> str:
+        with self.lock:
+            self.turns.append(turn)
+        if self.hold.is_set():
+            self.hold.clear()
+            self.holding.set()
+            self.release.wait(10)
+        if self.failing:
+            raise RuntimeError(self.failing)
+        return f"done {turn.messages[0].payload.get('run_id')}"
+
+
+def every_minute(rt: Runtime, **options: object) -> str:
+    return str(rt.cron.add("tick", "* * * * *", "Say what time it is.", **options)["job_id"])
+
+
+# -- the pure rules ----------------------------------------------------------------------------
+
+def test_a_failed_run_is_retried_after_1_2_4_8_16_minutes_then_the_job_stops() -> None:
+    count, now, delays = 0, 1000.0, []
+    while True:
+        plan = rules.after_failure(count, "boom", now)
+        if not plan.active:
+            break
+        delays.append(plan.next_run_at - now)
+        count, now = plan.retry_count, plan.next_run_at
+    assert delays == [60, 120, 240, 480, 960]
+    assert plan.last_error == "Max retries exceeded: boom" and plan.next_run_at is None
+
+
+def test_a_due_occurrence_runs_is_refused_or_is_skipped_beyond_the_grace_time() -> None:
+    run = rules.on_due(100, 130, next_regular=160, previous_active=False, grace=60)
+    busy = rules.on_due(100, 130, next_regular=160, previous_active=True, grace=60)
+    late = rules.on_due(100, 400, next_regular=420, previous_active=False, grace=60)
+    assert (run.due, run.next_run_at) == (rules.Due.RUN, 160)
+    assert (busy.due, busy.error) == (rules.Due.PREVIOUS_ACTIVE,
+                                      "Previous cron run is still active")
+    assert (late.due, late.next_run_at) == (rules.Due.MISSED, 420)
+
+
+def test_next_fire_is_strictly_after_unless_inclusive() -> None:
+    assert next_fire("* * * * *", START) == START + MINUTE
+    assert next_fire("* * * * *", START, inclusive=True) == START
+    assert next_fire("0 9 * * *", START, "Europe/Paris") == 1_700_035_200.0  # 09:00 CET
+
+
+def test_the_announcement_queue_is_bounded_and_drained() -> None:
+    queue = Announcements(bound=3)
+    for i in range(5):
+        queue.add({"n": i})
+    assert [a["n"] for a in queue.drain()] == [2, 3, 4] and queue.dropped == 2
+    assert queue.drain() == []
+
+
+# -- definitions -------------------------------------------------------------------------------
+
+def test_an_invalid_job_is_refused_and_nothing_is_written(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime(brain=CronBrain())
+    for args, error, fragment in (
+            (("j", "every day", "p"), rules.InvalidCronExpression, "crontab"),
+            (("j", "61 * * * *", "p"), rules.InvalidCronExpression, "crontab"),
+            (("", "* * * * *", "p"), rules.InvalidCronJob, "name"),
+            (("j", "* * * * *", "  "), rules.InvalidCronJob, "prompt")):
+        with pytest.raises(error, match=fragment):
+            rt.cron.add(*args)
+    with pytest.raises(rules.InvalidCronJob, match="delivery"):
+        rt.cron.add("j", "* * * * *", "p", delivery="email")
+    with pytest.raises(rules.InvalidCronExpression, match="time zone"):
+        rt.cron.add("j", "* * * * *", "p", timezone="Mars/Olympus")
+    assert rt.cron.jobs() == [] and [s for s in rt.sessions() if s.kind == "cron"] == []
+
+
+def test_a_due_job_runs_a_turn_in_its_cron_session_with_the_reminder(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    brain = CronBrain()
+    rt = make_runtime(brain=brain)
+    job_id = every_minute(rt)
+    session = rt.session(f"cron-{job_id}")
+    assert session is not None and (session.kind, session.project_id) == ("cron", "default")
+    clock.advance(MINUTE)
+    rt.run_until_idle()
+    [run] = rt.cron.runs(job_id)
+    assert run["status"] == "success" and run["result"] == f"done {run['run_id']}"
+    first = rt.transcript(f"cron-{job_id}")[0].text
+    assert first.startswith('<system-reminder>Scheduled cron job "tick" is running. '
+                            'Local time: 2023-11-14 22:15 UTC. Last run: never.')
+    assert first.endswith("Say what time it is.")
+    clock.advance(MINUTE)
+    rt.run_until_idle()
+    assert "Last run: 2023-11-14 22:15 UTC" in rt.transcript(f"cron-{job_id}")[2].text
+    job = rt.cron.job(job_id)
+    assert job["next_run_at"] == clock.now() + MINUTE and job["last_error"] is None
+    assert [a["status"] for a in rt.cron.drain_announcements()] == ["success", "success"]
+    assert rt.cron.drain_announcements() == []
+    assert all(m.kind == "cron" for t in brain.turns for m in t.messages)
+    assert rt.inbox() == []  # cron runs never touch the inbox
+
+
+def test_a_job_with_delivery_none_is_not_announced(make_runtime: MakeRuntime,
+                                                   clock: ManualClock) -> None:
+    rt = make_runtime(brain=CronBrain())
+    every_minute(rt, delivery="none")
+    clock.advance(MINUTE)
+    rt.run_until_idle()
+    assert rt.cron.drain_announcements() == []
+
+
+def test_failures_back_off_1_2_4_8_16_minutes_then_deactivate(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    brain = CronBrain()
+    brain.failing = "model unavailable"
+    rt = make_runtime(brain=brain)
+    job_id = str(rt.cron.add("yearly", "0 0 1 1 *", "Happy new year")["job_id"])
+    rt.cron.trigger(job_id)
+    rt.run_until_idle()
+    for delay in (1, 2, 4, 8, 16):
+        job = rt.cron.job(job_id)
+        assert job["active"] and job["next_run_at"] == clock.now() + delay * MINUTE
+        clock.advance(delay * MINUTE - 1)
+        rt.run_until_idle()
+        assert len(rt.cron.runs(job_id)) == 1 + [1, 2, 4, 8, 16].index(delay)  # not yet
+        clock.advance(1)
+        rt.run_until_idle()
+    job = rt.cron.job(job_id)
+    assert not job["active"] and job["next_run_at"] is None
+    assert job["last_error"] == "Max retries exceeded: RuntimeError: model unavailable"
+    runs = rt.cron.runs(job_id)
+    assert len(runs) == 6 and {r["status"] for r in runs} == {"error"}
+    assert [r["attempts"] for r in reversed(runs)] == [1, 2, 3, 4, 5, 6]
+    assert rt.transcript(f"cron-{job_id}") == []  # a failed turn commits nothing
+    clock.advance(3600)
+    rt.run_until_idle()
+    assert len(rt.cron.runs(job_id)) == 6
+    brain.failing = None
+    rt.cron.resume(job_id)
+    assert rt.cron.job(job_id)["retry_count"] == 0
+
+
+def test_a_success_resets_the_retry_count(make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    brain = CronBrain()
+    brain.failing = "flaky"
+    rt = make_runtime(brain=brain)
+    job_id = str(rt.cron.add("yearly", "0 0 1 1 *", "p")["job_id"])
+    rt.cron.trigger(job_id)
+    rt.run_until_idle()
+    assert rt.cron.job(job_id)["retry_count"] == 1
+    brain.failing = None
+    clock.advance(MINUTE)
+    rt.run_until_idle()
+    job = rt.cron.job(job_id)
+    assert job["retry_count"] == 0 and job["last_error"] is None
+    assert job["next_run_at"] == next_fire("0 0 1 1 *", clock.now())
+
+
+def test_a_run_still_active_when_the_next_is_due_is_recorded_as_an_error(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    brain = CronBrain()
+    brain.hold.set()
+    rt = make_runtime(brain=brain)
+    job_id = every_minute(rt)
+    clock.advance(MINUTE)
+    assert brain.holding.wait(5)
+    clock.advance(MINUTE)  # the first run still holds the brain
+    refused = [r for r in rt.cron.runs(job_id) if r["status"] == "error"]
+    assert [r["error"] for r in refused] == ["Previous cron run is still active"]
+    brain.release.set()
+    rt.run_until_idle()
+    statuses = sorted(r["status"] for r in rt.cron.runs(job_id))
+    assert statuses == ["error", "success"]
+    assert rt.cron.job(job_id)["retry_count"] == 0  # a refusal is not a failure
+
+
+def test_pause_resume_trigger_and_remove(make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    rt = make_runtime(brain=CronBrain())
+    job_id = every_minute(rt)
+    assert rt.cron.pause(job_id)["active"] is False
+    clock.advance(5 * MINUTE)
+    rt.run_until_idle()
+    assert rt.cron.runs(job_id) == []
+    with pytest.raises(rules.CronJobPaused):
+        rt.cron.trigger(job_id)
+    assert rt.cron.resume(job_id)["next_run_at"] == clock.now() + MINUTE
+    rt.cron.trigger(job_id)
+    rt.run_until_idle()
+    assert [r["status"] for r in rt.cron.runs(job_id)] == ["success"]
+    assert rt.cron.remove(job_id) == {"job_id": job_id, "removed": True}
+    for action in (rt.cron.job, rt.cron.pause, rt.cron.resume, rt.cron.trigger, rt.cron.remove,
+                   rt.cron.runs):
+        with pytest.raises(rules.CronJobNotFound):
+            action(job_id)
+
+
+def test_a_runtime_without_a_brain_keeps_definitions_but_runs_nothing(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    rt = make_runtime()
+    job_id = every_minute(rt)
+    clock.advance(10 * MINUTE)
+    assert rt.cron.tick() == []
+    assert rt.cron.runs(job_id) == [] and rt.cron.job(job_id)["active"]
+
+
+# -- restarts ----------------------------------------------------------------------------------
+
+def test_a_job_due_during_downtime_runs_once_within_its_grace_time(
+        db_url: str, clock: ManualClock) -> None:
+    with Runtime(db=db_url, brain=CronBrain(), clock=clock) as rt:
+        job_id = every_minute(rt)
+    clock.advance(10 * MINUTE)  # ten occurrences missed while down
+    with Runtime(db=db_url, brain=CronBrain(), clock=clock) as rt:
+        rt.run_until_idle()
+        assert [r["status"] for r in rt.cron.runs(job_id)] == ["success"]
+        assert rt.cron.job(job_id)["next_run_at"] == clock.now() + MINUTE
+    clock.advance(2 * 3600)  # beyond the grace time (an hour): skipped, schedule moves on
+    with Runtime(db=db_url, brain=CronBrain(), clock=clock) as rt:
+        rt.run_until_idle()
+        assert len(rt.cron.runs(job_id)) == 1
+        assert rt.cron.job(job_id)["next_run_at"] == clock.now() + MINUTE
+
+
+def test_no_run_is_lost_or_doubled_across_a_crash_mid_turn(db_url: str,
+                                                         clock: ManualClock) -> None:
+    brain = CronBrain()
+    brain.hold.set()
+    rt = Runtime(db=db_url, brain=brain, clock=clock).start()
+    job_id = every_minute(rt)
+    clock.advance(MINUTE)
+    assert brain.holding.wait(5)
+    rt.crash()  # the run is "running", owned by a dead runtime
+    brain.release.set()
+    with Runtime(db=db_url, brain=CronBrain(), clock=clock) as rt2:
+        rt2.run_until_idle()
+        [run] = rt2.cron.runs(job_id)
+        assert run["status"] == "success" and run["attempts"] == 2
+        entries = [e for e in rt2.transcript(f"cron-{job_id}") if e.role == "user"]
+        assert [e.message_id for e in entries] == [run["run_id"]]  # committed once
+        clock.advance(MINUTE)
+        rt2.run_until_idle()
+        assert sorted(r["status"] for r in rt2.cron.runs(job_id)) == ["success", "success"]
+
+
+def test_jobs_survive_a_restart_with_their_next_run(db_url: str, clock: ManualClock,
+                                                   tmp_path: Path) -> None:
+    with Runtime(db=db_url, brain=CronBrain(), clock=clock) as rt:
+        job_id = every_minute(rt)
+        paused = str(rt.cron.add("off", "0 * * * *", "p")["job_id"])
+        rt.cron.pause(paused)
+        before = rt.cron.jobs()
+    with Runtime(db=db_url, brain=CronBrain(), clock=clock) as rt:
+        assert rt.cron.jobs() == before
+        clock.advance(MINUTE)
+        rt.run_until_idle()
+        assert len(rt.cron.runs(job_id)) == 1 and rt.cron.runs(paused) == []
+
+
+def test_an_inbox_message_to_a_cron_session_waits_for_the_running_cron_turn(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    brain = CronBrain()
+    brain.hold.set()
+    rt = make_runtime(brain=brain)
+    job_id = every_minute(rt)
+    clock.advance(MINUTE)
+    assert brain.holding.wait(5)
+    rt.post(f"cron-{job_id}", "a note while the run is busy")
+    wait_for(lambda: rt.statistics()["busy"] == 1, 5, "the inbox turn to be claimed")
+    assert len(brain.turns) == 1  # the inbox turn waits for the cron turn to end
+    brain.release.set()
+    rt.run_until_idle()
+    roles = [(e.role, e.message_id) for e in rt.transcript(f"cron-{job_id}")]
+    [run] = rt.cron.runs(job_id)
+    assert roles[0] == ("user", run["run_id"]) and roles[1][0] == "assistant"
+    assert roles[2][0] == "user" and roles[2][1].startswith("msg-")  # one turn after the other
+    assert [t.messages[0].kind for t in brain.turns] == ["cron", "agent_message"]
+
+
+def test_the_apscheduler_driver_fires_at_the_time_it_was_told_and_on_its_poll() -> None:
+    import time
+
+    from kinbox.actors.schedule_driver import ScheduleDriver
+
+    fired: list[float] = []
+    woken = threading.Event()
+
+    def fire() -> None:
+        fired.append(time.time())
+        woken.set()
+
+    at = ScheduleDriver(fire, enabled=True)
+    at.start()
+    try:
+        due = time.time() + 0.2
+        at.wake_at(due, "job")
+        assert woken.wait(5) and fired[0] >= due - 0.05
+    finally:
+        at.stop()
+    woken.clear()
+    polling = ScheduleDriver(fire, enabled=True, poll_seconds=0.1)
+    polling.start()
+    try:
+        assert woken.wait(5)
+    finally:
+        polling.stop()
+    off = ScheduleDriver(fire, enabled=False)  # an injected clock: the runtime ticks instead
+    off.start()
+    off.wake_at(time.time(), "job")
+    assert not off.enabled
+    off.stop()
+
+
+def test_an_async_brain_runs_cron_turns_on_the_runtimes_loop(make_runtime: MakeRuntime,
+                                                             clock: ManualClock) -> None:
+    import asyncio
+
+    seen: list[tuple[str, bool]] = []
+
+    async def brain(turn: Turn) -> str:
+        await asyncio.sleep(0)  # really awaited, on the runtime's event loop
+        listed = await turn.tools.agent_list()
+        seen.append((turn.messages[0].kind, isinstance(listed, dict)))
+        return "async done"
+
+    rt = make_runtime(brain=brain)
+    job_id = every_minute(rt)
+    clock.advance(MINUTE)
+    rt.run_until_idle()
+    [run] = rt.cron.runs(job_id)
+    assert (run["status"], run["result"]) == ("success", "async done")
+    assert seen == [("cron", True)]
+
+
+def test_an_async_brain_that_returns_without_being_async_fails_the_run(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    async def helper(turn: Turn) -> str:
+        return "never run"
+
+    def brain(turn: Turn) -> object:
+        return helper(turn)  # a sync brain handing back a coroutine: an error, not a reply
+
+    rt = make_runtime(brain=brain)
+    job_id = every_minute(rt)
+    clock.advance(MINUTE)
+    rt.run_until_idle()
+    [run] = rt.cron.runs(job_id)
+    assert run["status"] == "error" and "SyncBrainAwaitable" in run["error"]

@@ -1,0 +1,227 @@
+"""Cron fires once across processes: two runtimes on one PostgreSQL database (C2)."""
+
+from __future__ import annotations
+
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kinbox.actors import ManualClock, Runtime, Turn
+
+from .conftest import PG_URL, Stores, reset_postgres
+from .helpers import wait_for
+
+CHILD = Path(__file__).with_name("cron_child.py")
+
+MINUTE = 60.0
+START = 1_700_000_040.0
+
+
+@pytest.fixture
+def pg_url() -> str:
+    if not PG_URL:
+        pytest.skip("needs KINBOX_TEST_PG_URL")
+    reset_postgres(PG_URL)
+    return PG_URL
+
+
+class Recorder:
+    """Counts the turns each run id got; can hold one turn to crash its runtime mid-turn."""
+
+    def __init__(self, name: str, ran: Counter[str], lock: threading.Lock) -> None:
+        self.name = name
+        self.ran = ran
+        self.lock = lock
+        self.hold = threading.Event()
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, turn: Turn) -> str:
+        with self.lock:
+            self.ran[turn.messages[0].message_id] += 1
+        if self.hold.is_set():
+            self.hold.clear()
+            self.holding.set()
+            self.release.wait(10)
+        return f"{self.name} ran {turn.messages[0].message_id}"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("victim", [0, 1])
+def test_sixty_minutes_two_runtimes_one_crash_sixty_runs_none_doubled(pg_url: str,
+                                                                      victim: int) -> None:
+    # One clock per runtime, as two processes each have their own: the test moves them in
+    # turn, so which runtime sees an occurrence first alternates every minute.
+    clocks = [ManualClock(START), ManualClock(START)]
+    ran: Counter[str] = Counter()
+    lock = threading.Lock()
+    brains = [Recorder("a", ran, lock), Recorder("b", ran, lock)]
+    runtimes = [Runtime(db=pg_url, brain=b, clock=c).start()
+                for b, c in zip(brains, clocks, strict=True)]
+    survivor = runtimes[1 - victim]
+    try:
+        job_id = runtimes[0].cron.add("tick", "* * * * *", "tick")["job_id"]
+        for minute in range(1, 61):
+            if minute == 30:
+                # The victim sees this occurrence first, fires it and dies in its turn.
+                brains[victim].hold.set()
+                clocks[victim].advance(MINUTE)
+                assert brains[victim].holding.wait(5)
+                runtimes[victim].crash()
+                brains[victim].release.set()
+                clocks[1 - victim].advance(MINUTE)
+                survivor.run_until_idle(timeout=20)
+                continue
+            order = (0, 1) if minute % 2 else (1, 0)
+            for i in order:
+                clocks[i].advance(MINUTE)
+            for rt in runtimes:
+                if rt._state == "running":
+                    rt.run_until_idle(timeout=20)
+        clocks[1 - victim].advance(1)  # a last look for anything left to take over
+        survivor.run_until_idle(timeout=20)
+        runs = survivor.cron.runs(job_id, limit=200)
+        done = [r for r in runs if r["status"] == "success"]
+        occurrences = Counter(r["scheduled_for"] for r in done)
+        assert sorted(occurrences) == [START + MINUTE * m for m in range(1, 61)], (
+            sorted((r["scheduled_for"], r["status"]) for r in runs))
+        assert set(occurrences.values()) == {1} and len(runs) == 60
+        entries = [e.message_id for e in survivor.transcript(f"cron-{job_id}")
+                   if e.role == "user"]
+        assert len(entries) == 60 and len(set(entries)) == 60  # each run committed once
+        # Only the run the victim died in ran twice (once lost with the victim).
+        died_in = f"{job_id}@{int((START + 30 * MINUTE) * 1000)}"
+        assert [k for k, n in ran.items() if n > 1] == [died_in]
+        owners = Counter(e.text.split()[0] for e in survivor.transcript(f"cron-{job_id}")
+                         if e.role == "assistant")
+        assert owners["a"] > 10 and owners["b"] > 10  # both runtimes did the work
+    finally:
+        for b in brains:
+            b.release.set()
+        for rt in runtimes:
+            if rt._state == "running":
+                rt.stop()
+
+
+class Child:
+    """A cron_child.py process and the lines it prints."""
+
+    def __init__(self, url: str, name: str, hold: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(CHILD), url, str(START), name,
+                                      str(hold)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        assert self.expect() == "ready"
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.strip())
+
+    def expect(self, timeout: float = 30.0) -> str:
+        try:
+            return self.lines.get(timeout=timeout)
+        except queue.Empty:
+            self.proc.kill()
+            raise AssertionError(f"child silent: {self.proc.stderr.read()[-3000:]}") from None
+
+    def send(self, command: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("victim", [0, 1])
+def test_two_processes_an_hour_of_minutes_a_sigkill_mid_turn_sixty_runs(
+        pg_url: str, tmp_path: Path, victim: int) -> None:
+    holds = [tmp_path / "hold-a", tmp_path / "hold-b"]
+    children = [Child(pg_url, "a", holds[0]), Child(pg_url, "b", holds[1])]
+    try:
+        children[0].send("add")
+        job_id = children[0].expect()
+        survivor = children[1 - victim]
+        for minute in range(1, 61):
+            order = (0, 1) if minute % 2 else (1, 0)
+            if minute == 30:
+                holds[victim].touch()
+                order = (victim, 1 - victim)  # the victim sees this occurrence first
+            for i in order:
+                if children[i].proc.poll() is not None:
+                    continue
+                children[i].send("advance 60")
+                reply = children[i].expect()
+                if reply == "holding":
+                    children[i].kill()  # SIGKILL in the middle of the run's turn
+                    continue
+                assert reply == "ok"
+        survivor.send("advance 1")  # one more look, for anything left to take over
+        assert survivor.expect() == "ok"
+        survivor.send("quit")
+        survivor.proc.wait(30)
+        assert survivor.proc.returncode == 0
+        s = Stores(pg_url)
+        try:
+            r = s.tables.cron_run
+            runs = list(r.select().where(r.job_id == job_id))
+            entries = [e for e in s.store.transcript(f"cron-{job_id}") if e.role == "user"]
+        finally:
+            s.close()
+        done = Counter(x.scheduled_for for x in runs if x.status == "success")
+        assert sorted(done) == [START + MINUTE * m for m in range(1, 61)], sorted(
+            (x.scheduled_for, x.status) for x in runs)
+        assert set(done.values()) == {1} and len(runs) == 60
+        assert len(entries) == 60 and len({e.message_id for e in entries}) == 60
+        died_in = [x for x in runs if x.attempts == 2]
+        assert [x.scheduled_for for x in died_in] == [START + 30 * MINUTE]
+    finally:
+        for child in children:
+            if child.proc.poll() is None:
+                child.proc.kill()
+                child.proc.wait(10)
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_runtimes_run_is_taken_over_at_once_not_when_its_lease_ends(
+        pg_url: str) -> None:
+    clocks = [ManualClock(START), ManualClock(START)]
+    ran: Counter[str] = Counter()
+    lock = threading.Lock()
+    brains = [Recorder("a", ran, lock), Recorder("b", ran, lock)]
+    first = Runtime(db=pg_url, brain=brains[0], clock=clocks[0], lease_seconds=600).start()
+    second = Runtime(db=pg_url, brain=brains[1], clock=clocks[1], lease_seconds=600).start()
+    try:
+        job_id = first.cron.add("tick", "0 0 1 1 *", "tick")["job_id"]
+        brains[0].hold.set()
+        first.cron.trigger(job_id)
+        assert brains[0].holding.wait(5)
+        first.crash()  # its life lock goes with it; its run's lease has ten minutes left
+        brains[0].release.set()
+
+        def taken_over() -> bool:
+            # The server frees a closed connection's lock a moment later: look again, a
+            # second of injected time each, far inside the run's ten-minute lease.
+            clocks[1].advance(1)
+            second.run_until_idle(timeout=20)
+            return bool(second.cron.runs(job_id)[0]["status"] == "success")
+
+        wait_for(taken_over, 20, "the dead runtime's run to be taken over")
+        [run] = second.cron.runs(job_id)
+        assert run["attempts"] == 2 and clocks[1].now() - START < 600
+    finally:
+        for b in brains:
+            b.release.set()
+        for rt in (first, second):
+            if rt.state == "running":
+                rt.stop()

@@ -1,0 +1,195 @@
+"""The cron routes and the signed social webhook on a real uvicorn server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kinbox.actors import ManualClock, Runtime, Turn
+from kinbox.actors.serve import app_for
+from kinbox.transport import SignatureProblem, SignatureRejected
+from kinbox.transport import webhook_signature as sig
+
+from .test_http import Served
+
+MakeRuntime = Callable[..., Runtime]
+SECRET = b"s3cret-for-slack"
+STATE = {"X-Kinbox": "1", "Content-Type": "application/json"}
+
+
+def brain(turn: Turn) -> str:
+    return "ok: " + turn.messages[0].content.splitlines()[-1]
+
+
+@pytest.fixture
+def served(make_runtime: MakeRuntime, tmp_path: Path
+           ) -> Iterator[tuple[Served, Runtime, list[tuple[Any, str]]]]:
+    rt = make_runtime(brain=brain, data_dir=tmp_path / "data")
+    sent: list[tuple[Any, str]] = []
+    rt.social.register_channel("slack", send=lambda route, text: sent.append((route, text)),
+                               secret=SECRET)
+    rt.social.allow("slack", ["U1"])
+    srv = Served(app_for(rt))
+    yield srv, rt, sent
+    srv.close()
+
+
+def post(srv: Served, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, Any]:
+    req = urllib.request.Request(f"http://127.0.0.1:{srv.port}{path}", data=body,
+                                 method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def signed(body: bytes, ts: float, secret: bytes = SECRET) -> dict[str, str]:
+    stamp = str(int(ts))
+    return {sig.TIMESTAMP_HEADER: stamp, sig.SIGNATURE_HEADER: sig.sign(secret, stamp, body),
+            "Content-Type": "application/json"}
+
+
+EVENT = json.dumps({"sender_id": "U1", "sender_name": "Ann", "thread_id": "T1",
+                    "text": "hello from slack", "reply_route": {"channel": "C1"}}).encode()
+
+
+# -- the signature, pure ---------------------------------------------------------------------
+
+def test_signatures_are_checked_for_presence_form_age_and_value() -> None:
+    body = b'{"a": 1}'
+    good = sig.sign(SECRET, "1000", body)
+    assert sig.verify(SECRET, "1000", good, body, now=1100) == 1000
+    for ts, signature, data, now, problem in (
+            (None, good, body, 1000, SignatureProblem.MISSING),
+            ("1000", "sha1=abc", body, 1000, SignatureProblem.MALFORMED),
+            ("1000", good, body, 1301, SignatureProblem.STALE),
+            ("1000", good, body, 699, SignatureProblem.STALE),
+            ("1000", good, b'{"a": 2}', 1000, SignatureProblem.MISMATCH),
+            ("1000", sig.sign(b"other", "1000", body), body, 1000, SignatureProblem.MISMATCH)):
+        with pytest.raises(SignatureRejected) as info:
+            sig.verify(SECRET, ts, signature, data, now)
+        assert info.value.reason is problem
+    guard = sig.ReplayGuard()
+    guard.check(good, 1000)
+    guard.remember(good, 1000, 1000)
+    with pytest.raises(SignatureRejected):
+        guard.check(good, 1200)
+    guard.check(good, 1400)  # forgotten once its window passed (and stale by then anyway)
+
+
+# -- the webhook ------------------------------------------------------------------------------
+
+def test_a_signed_delivery_is_queued_and_answered_through_the_channel(
+        served: tuple[Served, Runtime, list[tuple[Any, str]]], clock: ManualClock) -> None:
+    srv, rt, sent = served
+    status, body = post(srv, "/social/slack/events", EVENT, signed(EVENT, clock.now()))
+    assert status == 202 and body["session_id"] == "social-slack-T1"
+    assert rt.social.wait_idle(10)
+    assert sent == [({"channel": "C1"}, "ok: hello from slack")]
+
+
+def test_unsigned_stale_forged_replayed_and_oversized_deliveries_queue_nothing(
+        served: tuple[Served, Runtime, list[tuple[Any, str]]], clock: ManualClock) -> None:
+    srv, rt, sent = served
+    now = clock.now()
+    cases = [
+        ({"Content-Type": "application/json"}, EVENT, 401, "unsigned"),
+        (signed(EVENT, now - 301), EVENT, 401, "stale"),
+        (signed(EVENT, now, b"wrong secret"), EVENT, 401, "bad_signature"),
+        ({**signed(EVENT, now), sig.SIGNATURE_HEADER: "v1=zz"}, EVENT, 401,
+         "malformed_signature"),
+    ]
+    for headers, body, status, code in cases:
+        got_status, got = post(srv, "/social/slack/events", body, headers)
+        assert (got_status, got["error"]) == (status, code)
+    big = b"{" + b" " * (300 * 1024) + b"}"
+    assert post(srv, "/social/slack/events", big, signed(big, now))[0] == 413
+    headers = signed(EVENT, now)
+    assert post(srv, "/social/slack/events", EVENT, headers)[0] == 202
+    status, body = post(srv, "/social/slack/events", EVENT, headers)
+    assert (status, body["error"]) == (409, "replayed")
+    assert rt.social.wait_idle(10)
+    assert rt.social.statistics()["accepted"] == 1 and len(sent) == 1
+
+
+def test_bad_payloads_get_a_precise_4xx(served: tuple[Served, Runtime, list[tuple[Any, str]]],
+                                        clock: ManualClock) -> None:
+    srv, rt, _ = served
+    now = clock.now()
+    for body, status, code, fragment in (
+            (b"not json", 400, "bad_json", "not JSON"),
+            (b"[1, 2]", 422, "invalid_argument", "JSON object"),
+            (b'{"sender_id": "U1", "text": "x"}', 422, "invalid_argument", "thread_id"),
+            (b'{"sender_id": "U1", "thread_id": "T", "text": "x", "attachments": 3}', 422,
+             "invalid_argument", "attachments")):
+        got_status, got = post(srv, "/social/slack/events", body, signed(body, now))
+        assert (got_status, got["error"]) == (status, code) and fragment in got["message"]
+    status, got = post(srv, "/social/discord/events", EVENT, signed(EVENT, now))
+    assert (status, got["error"]) == (404, "not_found")
+    assert rt.social.statistics()["accepted"] == 0
+
+
+# -- cron routes -----------------------------------------------------------------------------
+
+def test_the_cron_routes_add_list_act_and_drain(
+        served: tuple[Served, Runtime, list[tuple[Any, str]]], clock: ManualClock) -> None:
+    srv, rt, _ = served
+    job = json.dumps({"name": "digest", "cron": "*/5 * * * *", "prompt": "sum up"}).encode()
+    assert post(srv, "/cron/jobs", job, {"Content-Type": "application/json"})[0] == 403
+    status, created = post(srv, "/cron/jobs", job, STATE)
+    assert status == 201 and created["cron"] == "*/5 * * * *"
+    job_id = created["job_id"]
+    status, listed = srv.request("GET", "/cron/jobs")
+    assert status == 200 and [j["job_id"] for j in listed] == [job_id]
+    status, bad = post(srv, "/cron/jobs", json.dumps({"name": "x", "cron": "nope",
+                                                      "prompt": "p"}).encode(), STATE)
+    assert status == 422 and "crontab" in bad["message"]
+    status, bad = post(srv, "/cron/jobs", json.dumps({"name": "x", "cron": "* * * * *",
+                                                      "prompt": "p", "when": 1}).encode(), STATE)
+    assert status == 422 and "unknown fields ['when']" in bad["message"]
+    assert post(srv, f"/cron/jobs/{job_id}/trigger", b"", STATE)[0] == 200
+    rt.run_until_idle()
+    status, runs = srv.request("GET", f"/cron/jobs/{job_id}/runs")
+    assert status == 200 and [r["status"] for r in runs] == ["success"]
+    assert srv.request("GET", "/cron/runs?limit=0")[0] == 422
+    assert post(srv, f"/cron/jobs/{job_id}/pause", b"", STATE)[1]["active"] is False
+    status, got = post(srv, f"/cron/jobs/{job_id}/trigger", b"", STATE)
+    assert (status, got["error"]) == (409, "conflict")
+    assert post(srv, f"/cron/jobs/{job_id}/resume", b"", STATE)[1]["active"] is True
+    status, drained = post(srv, "/cron/announcements/drain", b"", STATE)
+    assert status == 200 and [a["job_id"] for a in drained["announcements"]] == [job_id]
+    assert srv.request("DELETE", f"/cron/jobs/{job_id}", STATE)[0] == 200
+    status, got = srv.request("GET", f"/cron/jobs/{job_id}")
+    assert (status, got["error"]) == (404, "not_found")
+
+
+def test_a_full_queue_is_503_and_a_chunked_body_over_the_cap_is_413(
+        served: tuple[Served, Runtime, list[tuple[Any, str]]], clock: ManualClock) -> None:
+    import http.client
+
+    srv, rt, _ = served
+    rt.social.bound = 0  # nothing more may be accepted
+    status, got = post(srv, "/social/slack/events", EVENT, signed(EVENT, clock.now()))
+    assert (status, got["error"]) == (503, "queue_full")
+    assert post(srv, "/social/slack/events", EVENT, signed(EVENT, clock.now()))[0] == 503
+    big = b"x" * (300 * 1024)
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+    conn.putrequest("POST", "/social/slack/events")
+    for name, value in signed(big, clock.now()).items():
+        conn.putheader(name, value)
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.endheaders()
+    for start in range(0, len(big), 64 * 1024):
+        part = big[start:start + 64 * 1024]
+        conn.send(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+    conn.send(b"0\r\n\r\n")
+    response = conn.getresponse()
+    assert response.status == 413 and json.loads(response.read())["error"] == "too_large"
+    conn.close()

@@ -1,0 +1,299 @@
+"""Social ingress through a real runtime (SO1): validation, allowlist, routing, channels."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+
+from kinbox.actors import Runtime, Turn
+from kinbox.actors import social_rules as rules
+
+from .helpers import wait_for
+
+MakeRuntime = Callable[..., Runtime]
+
+
+def event(text: str = "hello", sender: str = "U1", thread: str = "T1", **extra: Any
+          ) -> dict[str, Any]:
+    return {"platform": "slack", "sender_id": sender, "sender_name": f"name-{sender}",
+            "thread_id": thread, "text": text, "reply_route": {"channel": "C9", "ts": thread},
+            **extra}
+
+
+class SocialBrain:
+    """Echoes what it got; can hold its first turn open and take steering when released."""
+
+    def __init__(self) -> None:
+        self.turns: list[list[str]] = []
+        self.hold = threading.Event()
+        self.holding = threading.Event()
+        self.release = threading.Event()
+        self.failing: str | None = None
+
+    def __call__(self, turn: Turn) -> str:
+        if self.failing:
+            raise RuntimeError(self.failing)
+        if self.hold.is_set():
+            self.hold.clear()
+            self.holding.set()
+            assert self.release.wait(10)
+            turn.steering()
+        texts = [m.content.splitlines()[-1] for m in turn.all_messages]
+        self.turns.append(texts)
+        return "echo: " + " | ".join(texts)
+
+
+@pytest.fixture
+def social_rt(make_runtime: MakeRuntime) -> tuple[Runtime, SocialBrain, list[tuple[Any, str]]]:
+    brain = SocialBrain()
+    rt = make_runtime(brain=brain)
+    sent: list[tuple[Any, str]] = []
+    rt.social.allow("slack", ["U1", "U2"])
+    rt.social.register_channel("slack", send=lambda route, text: sent.append((route, text)))
+    rt.social.retry_delays = (0.0, 0.0, 0.0)
+    return rt, brain, sent
+
+
+# -- the pure rules ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw, field", [
+    ("text", "event"),
+    ({**event(), "platform": "Sl-ack"}, "platform"),
+    ({**event(), "sender_id": ""}, "sender_id"),
+    ({**event(), "thread_id": 7}, "thread_id"),
+    ({**event(), "text": ""}, "text"),
+    ({**event(), "attachments": [{"url": "file:///etc/passwd"}]}, "attachments[0]"),
+    ({**event(), "attachments": "x"}, "attachments"),
+    ({**event(), "reply_route": []}, "reply_route"),
+])
+def test_malformed_events_are_refused_with_the_field_named(raw: Any, field: str) -> None:
+    with pytest.raises(rules.InvalidSocialEvent) as info:
+        rules.normalize(raw, "e1")
+    assert info.value.field == field
+
+
+def test_thread_ids_become_session_ids_that_never_collide() -> None:
+    assert rules.session_id_for("slack", "T1.5") == "social-slack-T1.5"
+    odd = rules.session_id_for("slack", "C1/thread 9")
+    assert odd.startswith("social-slack-h_") and odd != rules.session_id_for("slack", "C1/thread")
+    assert rules.session_id_for("slack", odd[len("social-slack-"):]) != odd
+
+
+def test_the_allowlist_is_by_sender_id_and_empty_denies() -> None:
+    allow = {"slack": frozenset({"U1"})}
+    assert rules.authorized(allow, "slack", "U1")
+    assert not rules.authorized(allow, "slack", "name-U1")
+    assert not rules.authorized(allow, "discord", "U1")
+    assert not rules.authorized({"slack": frozenset()}, "slack", "U1")
+
+
+def test_routing_steers_the_same_sender_and_queues_others() -> None:
+    assert rules.route(None, "U1") is rules.Route.START
+    assert rules.route("U1", "U1") is rules.Route.STEER
+    assert rules.route("U1", "U2") is rules.Route.QUEUE
+
+
+# -- through the runtime -----------------------------------------------------------------------
+
+def test_an_event_runs_a_turn_in_its_social_session_and_the_reply_leaves_by_its_route(
+        social_rt: tuple[Runtime, SocialBrain, list[tuple[Any, str]]]) -> None:
+    rt, _brain, sent = social_rt
+    receipt = rt.social.ingest(event("what's up?"))
+    assert receipt["accepted"] and receipt["session_id"] == "social-slack-T1"
+    assert rt.social.wait_idle(10)
+    session = rt.session("social-slack-T1")
+    assert session is not None
+    assert (session.kind, session.project_id, session.platform) == ("social", "social", "slack")
+    entries = rt.transcript("social-slack-T1")
+    assert entries[0].text == "[slack message from name-U1 (sender id U1)]\nwhat's up?"
+    assert entries[1].text == "echo: what's up?"
+    assert sent == [({"channel": "C9", "ts": "T1"}, "echo: what's up?")]
+    delivery = [e for e in entries if e.role == "delivery"]
+    assert len(delivery) == 1 and not delivery[0].visible and "sent" in delivery[0].text
+    assert rt.inbox() == []  # social events never enter the generic inbox
+    assert rt.social.statistics()["accepted"] == 1
+
+
+def test_the_social_session_is_listed_and_addressable_like_any_other(
+        social_rt: tuple[Runtime, SocialBrain, list[tuple[Any, str]]]) -> None:
+    rt, brain, sent = social_rt
+    rt.social.ingest(event("hi"))
+    assert rt.social.wait_idle(10)
+    peer = rt.create_session("social", "Helper")
+    tools = rt.tools_for(peer.id)
+    listed = [a["agent_id"] for a in tools.agent_list()["agents"]]
+    assert "social-slack-T1" in listed
+    tools.agent_send("social-slack-T1", "a note from a colleague")
+    rt.run_until_idle()
+    assert brain.turns[-1] == ["a note from a colleague"]
+    # Its reply leaves through the channel by the thread's last reply route.
+    assert sent[-1] == ({"channel": "C9", "ts": "T1"}, "echo: a note from a colleague")
+
+
+def test_unlisted_senders_are_denied_whatever_their_display_name(
+        social_rt: tuple[Runtime, SocialBrain, list[tuple[Any, str]]]) -> None:
+    rt, brain, sent = social_rt
+    rt.social.ingest({**event(sender="U666"), "sender_name": "name-U1"})
+    rt.social.ingest({**event(sender="U1"), "platform": "discord"})  # no allowlist: denied
+    assert rt.social.wait_idle(10)
+    assert rt.social.statistics()["denied"] == 2
+    assert brain.turns == [] and sent == [] and rt.session("social-slack-T1") is None
+
+
+def test_the_same_sender_steers_the_running_turn_and_others_queue_per_chat(
+        social_rt: tuple[Runtime, SocialBrain, list[tuple[Any, str]]]) -> None:
+    rt, brain, sent = social_rt
+    brain.hold.set()
+    rt.social.ingest(event("first"))
+    assert brain.holding.wait(5)
+    rt.social.ingest(event("second", sender="U2"))
+    rt.social.ingest(event("more from me"))
+    rt.social.ingest(event("elsewhere", thread="T2"))  # another chat is not held up
+    wait_for(lambda: ["elsewhere"] in brain.turns, 10, "the other chat's turn")
+    brain.release.set()
+    assert rt.social.wait_idle(10)
+    assert ["first", "more from me"] in brain.turns
+    assert brain.turns.index(["first", "more from me"]) < brain.turns.index(["second"])
+    assert rt.social.statistics()["steered"] == 1 and rt.social.statistics()["queued"] == 1
+    assert [t for _, t in sent if "second" in t] == ["echo: second"]
+
+
+def test_a_burst_of_ten_times_the_bound_refuses_the_excess_and_loses_none_accepted(
+        make_runtime: MakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    brain = SocialBrain()
+    rt = make_runtime(brain=brain)
+    rt.social.bound = 10
+    rt.social.allow("slack", ["U1"])
+    brain.hold.set()
+    accepted, refused = [], 0
+    with caplog.at_level(logging.WARNING, logger="kinbox.social"):
+        for i in range(100):
+            try:
+                accepted.append(rt.social.ingest(event(f"m{i}", thread=f"T{i % 3}")))
+            except rules.SocialQueueFull as exc:
+                refused += 1
+                assert exc.bound == 10 and exc.refused == refused
+    assert len(accepted) == 10 and refused == 90
+    assert rt.social.statistics()["refused"] == 90
+    assert sum("social ingress queue full" in r.message for r in caplog.records) == 90
+    assert brain.holding.wait(5)
+    brain.release.set()
+    assert rt.social.wait_idle(10)
+    texts = [e.text.splitlines()[-1] for t in ("T0", "T1", "T2")
+             for e in rt.transcript(f"social-slack-{t}") if e.role == "user"]
+    assert sorted(texts) == sorted(f"m{i}" for i in range(10))  # each accepted once
+
+
+def test_replies_retry_a_failing_channel_and_record_why_when_it_stays_down(
+        social_rt: tuple[Runtime, SocialBrain, list[tuple[Any, str]]]) -> None:
+    rt, _brain, _ = social_rt
+    calls: list[str] = []
+
+    def flaky(route: Mapping[str, Any], text: str) -> None:
+        calls.append(text)
+        if len(calls) < 3:
+            raise ConnectionError("502 from the platform")
+
+    rt.social.register_channel("slack", send=flaky)
+    rt.social.ingest(event("one"))
+    assert rt.social.wait_idle(10)
+    assert len(calls) == 3 and rt.social.outcomes[-1]["status"] == "sent"
+    assert rt.social.outcomes[-1]["attempts"] == 3
+
+    def down(route: Mapping[str, Any], text: str) -> None:
+        raise ConnectionError("platform down")
+
+    rt.social.register_channel("slack", send=down)
+    rt.social.ingest(event("two"))
+    assert rt.social.wait_idle(10)
+    outcome = rt.social.outcomes[-1]
+    assert outcome["status"] == "failed" and outcome["attempts"] == 4
+    assert "platform down" in outcome["error"]
+    entries = rt.transcript("social-slack-T1")
+    assert "echo: two" in [e.text for e in entries]  # the reply is kept
+    assert "delivery failed" in [e for e in entries if e.role == "delivery"][-1].text
+
+
+def test_async_channel_adapters_are_awaited(
+        social_rt: tuple[Runtime, SocialBrain, list[tuple[Any, str]]]) -> None:
+    rt, _, _ = social_rt
+    got: list[str] = []
+
+    async def send(route: Mapping[str, Any], text: str) -> None:
+        got.append(text)
+
+    rt.social.register_channel("slack", send=send)
+    rt.social.ingest(event("async?"))
+    assert rt.social.wait_idle(10)
+    assert got == ["echo: async?"] and rt.social.outcomes[-1]["status"] == "sent"
+
+
+def test_a_platform_without_a_channel_keeps_the_reply_and_says_so(
+        social_rt: tuple[Runtime, SocialBrain, list[tuple[Any, str]]]) -> None:
+    rt, _, _ = social_rt
+    rt.social.allow("discord", ["D1"])
+    rt.social.ingest({**event(sender="D1"), "platform": "discord"})
+    assert rt.social.wait_idle(10)
+    assert rt.social.outcomes[-1]["status"] == "no_channel"
+    assert rt.transcript("social-discord-T1")[1].text.startswith("echo:")
+
+
+def test_a_runtime_without_a_brain_refuses_social_events(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    with pytest.raises(rules.SocialUnavailable):
+        rt.social.ingest(event())
+
+
+def test_a_failed_social_turn_commits_and_sends_nothing_and_says_so(
+        social_rt: tuple[Runtime, SocialBrain, list[tuple[Any, str]]]) -> None:
+    rt, brain, sent = social_rt
+    brain.failing = "model unavailable"
+    rt.social.ingest(event("are you there?"))
+    assert rt.social.wait_idle(10)
+    assert sent == [] and rt.transcript("social-slack-T1") == []
+    outcome = rt.social.outcomes[-1]
+    assert outcome["status"] == "turn_failed" and "model unavailable" in outcome["error"]
+    assert rt.social.statistics()["failed_turns"] == 1
+
+
+def test_a_platform_retrying_a_delivery_with_its_event_id_runs_it_once(
+        social_rt: tuple[Runtime, SocialBrain, list[tuple[Any, str]]]) -> None:
+    rt, brain, sent = social_rt
+    first = rt.social.ingest(event("once please", event_id="Ev-7"))
+    again = rt.social.ingest(event("once please", event_id="Ev-7"))
+    assert (first["duplicate"], again["duplicate"]) == (False, True)
+    assert first["event_id"] == again["event_id"] == "social-slack-Ev-7"
+    assert rt.social.wait_idle(10)
+    assert brain.turns == [["once please"]] and len(sent) == 1
+    assert rt.social.statistics()["duplicates"] == 1
+
+
+def test_an_async_brain_answers_social_events_and_takes_steering(
+        make_runtime: MakeRuntime) -> None:
+    import asyncio
+
+    started = threading.Event()
+    go_on = threading.Event()
+
+    async def brain(turn: Turn) -> str:
+        started.set()
+        # Wait for the test without holding the loop (a worker thread waits instead).
+        assert await asyncio.get_running_loop().run_in_executor(None, go_on.wait, 5)
+        more = await turn.asteering()
+        return "got " + ", ".join(m.content.splitlines()[-1] for m in [*turn.messages, *more])
+
+    rt = make_runtime(brain=brain)
+    sent: list[str] = []
+    rt.social.allow("slack", ["U1"])
+    rt.social.register_channel("slack", send=lambda route, text: sent.append(text))
+    rt.social.ingest(event("one"))
+    assert started.wait(5)
+    rt.social.ingest(event("two"))
+    wait_for(lambda: rt.social.statistics()["steered"] == 1, 5, "the steering event")
+    go_on.set()
+    assert rt.social.wait_idle(10)
+    assert sent == ["got one, two"]

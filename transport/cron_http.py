@@ -1,0 +1,132 @@
+"""The cron routes of the HTTP API: the same operations as ``kinbox cron`` (C1, C3).
+
+::
+
+    GET    /cron/jobs                      every job
+    POST   /cron/jobs                      add: {name, cron, prompt, delivery?, timezone?}
+    GET    /cron/jobs/{job_id}             one job
+    POST   /cron/jobs/{job_id}/trigger     run it now
+    POST   /cron/jobs/{job_id}/pause       stop its schedule
+    POST   /cron/jobs/{job_id}/resume      restart it, retries reset
+    DELETE /cron/jobs/{job_id}             remove it and its runs
+    GET    /cron/jobs/{job_id}/runs        its runs, newest first (?limit=)
+    GET    /cron/runs                      every job's runs (?limit=)
+    POST   /cron/announcements/drain       take the UI's announcements of finished runs
+
+State-changing calls follow the app's rule (the ``refusal`` it hands over:
+the ``X-Kinbox: 1`` header, or its operator token), like every other. The
+backend's calls touch the database, so they run on a worker thread, never
+on the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .errors import BackendRefused
+from .http_app import Refusal, error
+
+ADD_FIELDS = ("name", "cron", "prompt", "delivery", "timezone")
+
+
+class CronBackend(Protocol):
+    """What the cron routes need from a runtime; refusals are :class:`BackendRefused`."""
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every job."""
+        ...
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """One job."""
+        ...
+
+    def add(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """Create a job from the request's fields."""
+        ...
+
+    def act(self, action: str, job_id: str) -> dict[str, Any]:
+        """``trigger``, ``pause``, ``resume`` or ``remove`` a job."""
+        ...
+
+    def runs(self, job_id: str | None, limit: int) -> list[dict[str, Any]]:
+        """Run records, newest first."""
+        ...
+
+    def drain_announcements(self) -> list[dict[str, Any]]:
+        """Take the queued announcements."""
+        ...
+
+
+async def _call(work: Callable[[], Any], status: int = 200) -> JSONResponse:
+    try:
+        result = await run_in_threadpool(work)
+    except BackendRefused as exc:
+        return error(exc.status, exc.code, exc.message)
+    return JSONResponse(result, status_code=status)
+
+
+def _limit(request: Request) -> int | None:
+    text = request.query_params.get("limit", "50")
+    return int(text) if text.isdigit() and 1 <= int(text) <= 500 else None
+
+
+def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
+    """The cron routes; ``refusal`` is the app's rule for state-changing calls."""
+
+    async def jobs(request: Request) -> JSONResponse:
+        return await _call(backend.jobs)
+
+    async def add(request: Request) -> Response:
+        if (refused := refusal(request)) is not None:
+            return refused
+        try:
+            body = await request.json()
+        except ValueError:
+            return error(400, "bad_json", "the body is not JSON")
+        if not isinstance(body, dict):
+            return error(422, "invalid_argument", "the body must be a JSON object")
+        unknown = sorted(set(body) - set(ADD_FIELDS))
+        if unknown:
+            return error(422, "invalid_argument", f"unknown fields {unknown}; "
+                                                  f"known: {list(ADD_FIELDS)}")
+        return await _call(lambda: backend.add(body), 201)
+
+    async def one(request: Request) -> JSONResponse:
+        return await _call(lambda: backend.job(request.path_params["job_id"]))
+
+    def action(verb: str) -> Callable[[Request], Any]:
+        async def handler(request: Request) -> Response:
+            if (refused := refusal(request)) is not None:
+                return refused
+            return await _call(lambda: backend.act(verb, request.path_params["job_id"]))
+        return handler
+
+    async def runs(request: Request) -> JSONResponse:
+        limit = _limit(request)
+        if limit is None:
+            return error(422, "invalid_argument", "limit must be a whole number 1..500")
+        job_id = request.path_params.get("job_id")
+        return await _call(lambda: backend.runs(job_id, limit))
+
+    async def drain(request: Request) -> Response:
+        if (refused := refusal(request)) is not None:
+            return refused
+        return await _call(lambda: {"announcements": backend.drain_announcements()})
+
+    return [
+        Route("/cron/jobs", jobs, methods=["GET"]),
+        Route("/cron/jobs", add, methods=["POST"]),
+        Route("/cron/jobs/{job_id}", one, methods=["GET"]),
+        Route("/cron/jobs/{job_id}", action("remove"), methods=["DELETE"]),
+        *(Route(f"/cron/jobs/{{job_id}}/{verb}", action(verb), methods=["POST"])
+          for verb in ("trigger", "pause", "resume")),
+        Route("/cron/jobs/{job_id}/runs", runs, methods=["GET"]),
+        Route("/cron/runs", runs, methods=["GET"]),
+        Route("/cron/announcements/drain", drain, methods=["POST"]),
+    ]

@@ -1,0 +1,106 @@
+"""``POST /social/{platform}/events``: chat-platform webhook deliveries into social ingress.
+
+The route checks, in this order and before anything is queued: that the
+platform has a webhook (its secret is registered; else 404), the body size
+(``Content-Length`` and the bytes actually read; 413 beyond the cap), the
+signature (:mod:`.webhook_signature`; 401 unsigned, malformed, stale or
+forged, 409 replayed), the JSON (400 not JSON, 422 not an object), and
+then hands the event to the backend, which validates and queues it (422 a
+bad field, 503 the queue is full). Accepted: 202 with the event id and the
+session it goes to. The signature replaces the ``X-Kinbox`` header the
+other state-changing routes need: a platform cannot send that header, and
+a forged cross-site request cannot sign.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Protocol
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from . import webhook_signature as sig
+from .errors import BackendRefused, SignatureProblem, SignatureRejected
+
+log = logging.getLogger("kinbox.http")
+
+MAX_BODY = 256 * 1024
+"""Largest webhook body accepted, in bytes."""
+
+
+class SocialBackend(Protocol):
+    """What the webhook route needs from a runtime; no method blocks (all in memory),
+    so the route calls them on the event loop, between its checks, with no await."""
+
+    def now(self) -> float:
+        """The runtime's time (the replay window is measured on it)."""
+        ...
+
+    def webhook_secret(self, platform: str) -> bytes | None:
+        """The platform's signing secret; None when it has no webhook."""
+        ...
+
+    def ingest_event(self, platform: str, event: dict[str, Any]) -> dict[str, Any]:
+        """Validate and queue an event; a receipt, or :class:`BackendRefused`."""
+        ...
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": code, "message": message}, status_code=status)
+
+
+async def _read_capped(request: Request, cap: int) -> bytes | None:
+    """The body, or None as soon as it grows beyond ``cap`` bytes."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def social_routes(backend: SocialBackend, *, max_body: int = MAX_BODY,
+                  window: float = sig.REPLAY_WINDOW) -> list[Route]:
+    """The webhook route (its signature stands in for the app's state-changing rule)."""
+    guard = sig.ReplayGuard(window)
+
+    async def events(request: Request) -> JSONResponse:
+        platform = request.path_params["platform"]
+        secret = backend.webhook_secret(platform)
+        if secret is None:
+            return _error(404, "not_found", f"no webhook for platform {platform!r}")
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > max_body):
+            return _error(413, "too_large", f"the body is limited to {max_body} bytes")
+        body = await _read_capped(request, max_body)
+        if body is None:
+            return _error(413, "too_large", f"the body is limited to {max_body} bytes")
+        signature = request.headers.get(sig.SIGNATURE_HEADER)
+        try:
+            ts = sig.verify(secret, request.headers.get(sig.TIMESTAMP_HEADER), signature, body,
+                            backend.now(), window)
+            assert signature is not None
+            guard.check(signature, backend.now())
+        except SignatureRejected as exc:
+            log.info("webhook delivery for %s refused: %s", platform, exc.reason.value)
+            status = 409 if exc.reason is SignatureProblem.REPLAYED else 401
+            return _error(status, exc.reason.value, exc.detail)
+        try:
+            event = json.loads(body)
+        except (UnicodeDecodeError, ValueError):
+            return _error(400, "bad_json", "the body is not JSON")
+        if not isinstance(event, dict):
+            return _error(422, "invalid_argument", "the body must be a JSON object")
+        try:
+            receipt = backend.ingest_event(platform, event)
+        except BackendRefused as exc:
+            return _error(exc.status, exc.code, exc.message)
+        # No await since the check: a twin delivery cannot slip in between.
+        guard.remember(signature, ts, backend.now())
+        return JSONResponse(receipt, status_code=202)
+
+    return [Route("/social/{platform}/events", events, methods=["POST"])]

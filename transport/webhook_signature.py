@@ -1,0 +1,84 @@
+"""Webhook signatures, as the big chat platforms sign their deliveries (pure).
+
+A delivery carries two headers: ``X-Kinbox-Timestamp`` (Unix seconds) and
+``X-Kinbox-Signature: v1=<hex>``, the HMAC-SHA256, under the platform's
+secret, of ``v1:<timestamp>:`` followed by the raw body (the scheme Slack
+uses; GitHub's and Stripe's differ only in naming). A delivery is refused
+when a header is missing or malformed, when its timestamp is more than the
+replay window (5 minutes) away from now, when the signature does not match
+(compared in constant time), or when the same signature was already
+accepted within the window (a replay). ``now`` is an argument: no clock here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections import OrderedDict
+
+from .errors import SignatureProblem, SignatureRejected
+
+TIMESTAMP_HEADER = "x-kinbox-timestamp"
+SIGNATURE_HEADER = "x-kinbox-signature"
+VERSION = "v1"
+REPLAY_WINDOW = 300.0
+"""Seconds a delivery's timestamp may differ from now (and how long a signature is remembered)."""
+
+
+def sign(secret: bytes, timestamp: int | str, body: bytes) -> str:
+    """The signature header value of ``body`` sent at ``timestamp``."""
+    base = f"{VERSION}:{timestamp}:".encode() + body
+    return f"{VERSION}=" + hmac.new(secret, base, hashlib.sha256).hexdigest()
+
+
+def verify(secret: bytes, timestamp: str | None, signature: str | None, body: bytes,
+           now: float, window: float = REPLAY_WINDOW) -> int:
+    """Check a delivery's headers; the timestamp if good, else :class:`SignatureRejected`."""
+    if not timestamp or not signature:
+        raise SignatureRejected(SignatureProblem.MISSING,
+                                f"the delivery needs the {TIMESTAMP_HEADER} and "
+                                f"{SIGNATURE_HEADER} headers")
+    if not timestamp.isdigit() or len(timestamp) > 12:
+        raise SignatureRejected(SignatureProblem.MALFORMED,
+                                f"{TIMESTAMP_HEADER} must be Unix seconds")
+    if not signature.startswith(f"{VERSION}=") or len(signature) != len(VERSION) + 65:
+        raise SignatureRejected(SignatureProblem.MALFORMED,
+                                f"{SIGNATURE_HEADER} must be {VERSION}=<64 hex digits>")
+    ts = int(timestamp)
+    if abs(now - ts) > window:
+        raise SignatureRejected(SignatureProblem.STALE,
+                                f"the delivery's timestamp is more than {int(window)} s from now")
+    if not hmac.compare_digest(sign(secret, timestamp, body).encode(), signature.encode()):
+        raise SignatureRejected(SignatureProblem.MISMATCH, "the signature does not match")
+    return ts
+
+
+class ReplayGuard:
+    """Signatures accepted within the replay window; a second delivery of one is refused."""
+
+    def __init__(self, window: float = REPLAY_WINDOW, capacity: int = 100_000) -> None:
+        self.window = window
+        self.capacity = capacity
+        self._seen: OrderedDict[str, float] = OrderedDict()
+
+    def check(self, signature: str, now: float) -> None:
+        """Refuse a signature accepted before within the window."""
+        self._forget(now)
+        if signature in self._seen:
+            raise SignatureRejected(SignatureProblem.REPLAYED,
+                                    "this delivery was already accepted")
+
+    def remember(self, signature: str, timestamp: int, now: float) -> None:
+        """Remember an accepted delivery's signature until its window ends.
+
+        Only accepted ones: a delivery refused for a full queue may come again.
+        """
+        self._forget(now)
+        self._seen[signature] = float(timestamp)
+
+    def _forget(self, now: float) -> None:
+        while self._seen:  # oldest first; also bounded by capacity
+            oldest, ts = next(iter(self._seen.items()))
+            if now - ts <= self.window and len(self._seen) < self.capacity:
+                return
+            del self._seen[oldest]
