@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from ..persistence import OPEN_TASK_STATES, NewMessage, SessionRecord, TaskChange
+from . import access, task_rules
 from . import focal_context as fc
 from . import focal_heartbeat as hb
 from . import focal_policy as policy
-from . import task_rules
 from .context import RuntimeContext, TurnEffects
 from .errors import ToolError
 from .tasks import TaskService, view
 from .turn import Turn, TurnOutcome
 
-FOCAL_ID = "focal-suzent"
+FOCAL_ID = access.FOCAL_ID
 FOCAL_PROJECT = "suzent-focal"
 FOCAL_TITLE = "SUZENT"
 REPLY_LIMIT = 4_000
@@ -38,11 +38,8 @@ def block_digest(blocked_on: str | None, reason: str | None) -> str:
 
 
 def is_focal_chat(session: SessionRecord | None) -> bool:
-    """The Focal chat: its fixed id, or a config marking it as Focal."""
-    if session is None:
-        return False
-    return (session.id == FOCAL_ID or bool(session.config.get("is_focal_agent"))
-            or session.config.get("platform") == "focal" or session.platform == "focal")
+    """The Focal chat, by the one rule of :func:`access.is_focal` (config flags do not count)."""
+    return session is not None and access.is_focal(session)
 
 
 class Focal:
@@ -79,7 +76,7 @@ class Focal:
                 project = ctx.store.ensure_project(FOCAL_PROJECT, FOCAL_PROJECT, "SUZENT",
                                                    now, hidden=True)
                 chat = ctx.store.create_session(
-                    FOCAL_ID, project.id, FOCAL_TITLE, "focal", now, platform="focal",
+                    FOCAL_ID, project.id, FOCAL_TITLE, access.FOCAL_KIND, now, platform="focal",
                     config={"is_focal_agent": True, "heartbeat_enabled": True,
                             "heartbeat_interval_minutes": 30})
             if not chat.config.get("focal_heartbeat_initialized"):

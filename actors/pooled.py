@@ -32,6 +32,8 @@ import pykka
 from pykka import ActorRegistry, ThreadingFuture
 
 log = logging.getLogger("kinbox.pool")
+pykka_log = logging.getLogger("pykka")
+"""The records pykka writes for a ``ThreadingActor``, written where and as pykka writes them."""
 
 SLICE = 32
 """Messages an actor handles before it yields its pool thread to other actors."""
@@ -47,6 +49,7 @@ class ActorPool:
         if workers < 1:
             raise ValueError(f"an actor pool needs at least one thread, got {workers}")
         self._on_exit = on_exit
+        self.name = name
         self._ready: queue.SimpleQueue[PooledActor | None] = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
                          for i in range(workers)]
@@ -154,13 +157,16 @@ class PooledActor(pykka.Actor):
         self._pool.schedule(self)  # more mail may wait: let other actors have a turn first
 
     def _handle(self, envelope: Any) -> None:
-        # The body of pykka's own actor loop, for one message.
+        # The body of pykka's own actor loop (``Actor._actor_loop_running``) for one
+        # message, log records included, so a pooled actor behaves as a threading one.
         try:
             response = self._handle_receive(envelope.message)
             if envelope.reply_to is not None:
                 envelope.reply_to.set(response)
         except Exception:
             if envelope.reply_to is not None:
+                pykka_log.info("Exception returned from %s to caller:", self,
+                               exc_info=sys.exc_info())
                 envelope.reply_to.set_exception()
             else:
                 self._handle_failure(*sys.exc_info())
@@ -169,6 +175,18 @@ class PooledActor(pykka.Actor):
                 except Exception:
                     self._handle_failure(*sys.exc_info())
         except BaseException:
-            log.debug("%r in %s; stopping all actors", sys.exc_info()[1], self)
+            pykka_log.debug("%r in %s. Stopping all actors.", sys.exc_info()[1], self)
             self._stop()
-            ActorRegistry.stop_all()
+            self._stop_all_elsewhere()
+
+    def _stop_all_elsewhere(self) -> None:
+        """``ActorRegistry.stop_all()``, which pykka calls on a ``BaseException``, off the pool.
+
+        ``stop_all`` waits for each actor to handle its stop message; on a
+        pool thread, the actors that only this thread could run (all of
+        them, with a one-thread pool) would never stop. A short-lived thread
+        waits instead, in pykka's order (last started, first stopped), while
+        this thread goes back to the pool and runs those stops.
+        """
+        threading.Thread(target=ActorRegistry.stop_all, name=f"{self._pool.name}-stop-all",
+                         daemon=True).start()

@@ -526,6 +526,11 @@ class Runtime:
         if kind not in access.SESSION_KINDS | access.HIDDEN_KINDS:
             raise ConfigError(field="kind", message=f"unknown session kind {kind!r}; one of "
                               f"{sorted(access.SESSION_KINDS | access.HIDDEN_KINDS)}")
+        claim = access.focal_claim(session_id, kind, platform, config)
+        if claim is not None:  # only get_or_create_focal_chat makes the Focal session (FO1)
+            raise ConfigError(f"{claim}: only the runtime creates the Focal session "
+                              f"({access.FOCAL_ID}); use rt.get_or_create_focal_chat()",
+                              field=claim)
         if project_id is not None and ctx.store.project(project_id) is None:
             raise ConfigError(f"no project with id {project_id!r}", field="project_id")
         if parent_id is not None and ctx.store.session(parent_id) is None:

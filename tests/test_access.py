@@ -8,26 +8,31 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kinbox.actors.access import HIDDEN_KINDS, SESSION_KINDS, Subject, decide
+from kinbox.actors.access import FOCAL_ID, HIDDEN_KINDS, SESSION_KINDS, Subject, decide
 
 TOOLS = ("agent_list", "agent_read", "agent_send", "agent_stop")
 KINDS = sorted(SESSION_KINDS | HIDDEN_KINDS)
 
 
-@pytest.mark.parametrize(("caller_kind", "target_kind", "same_project", "tool"),
-                         list(itertools.product(KINDS, KINDS, (True, False), TOOLS)))
-def test_matrix_of_kinds_projects_and_tools(caller_kind: str, target_kind: str,
+@pytest.mark.parametrize(("caller_id", "caller_kind", "target_kind", "same_project", "tool"),
+                         list(itertools.product(("caller", FOCAL_ID), KINDS, KINDS,
+                                                (True, False), TOOLS)))
+def test_matrix_of_kinds_projects_and_tools(caller_id: str, caller_kind: str, target_kind: str,
                                             same_project: bool, tool: str) -> None:
-    caller = Subject("caller", "p1", caller_kind)
+    caller = Subject(caller_id, "p1", caller_kind)
     target = Subject("target", "p1" if same_project else "p2", target_kind)
-    reach = same_project or caller_kind == "focal"
+    # Only the Focal session (its fixed id and kind) crosses projects; the kind alone does not.
+    reach = same_project or (caller_id == FOCAL_ID and caller_kind == "focal")
     expected = "allow" if reach and target_kind not in HIDDEN_KINDS else "unavailable"
     assert decide(tool, caller, target) == expected
 
 
 @pytest.mark.parametrize("tool", TOOLS)
 def test_hidden_missing_and_other_project_targets_get_the_same_answer(tool: str) -> None:
-    assert decide(tool, Subject("f", "hidden", "focal"), Subject("x", "p9", "cron")) == "allow"
+    assert decide(tool, Subject(FOCAL_ID, "hidden", "focal"),
+                  Subject("x", "p9", "cron")) == "allow"
+    assert decide(tool, Subject("f", "hidden", "focal"),
+                  Subject("x", "p9", "cron")) == "unavailable"
     caller = Subject("me", "p1", "interactive")
     answers = {decide(tool, caller, t) for t in (
         None,
@@ -71,8 +76,9 @@ def oracle(tool: str, caller: dict[str, object], target: dict[str, object] | Non
         return "unavailable"
     if target["id"] == caller["id"]:
         return "allow"
-    if caller["kind"] == "focal":
-        return "allow"
+    if caller["id"] == "focal-suzent" and caller["kind"] == "focal":
+        return "allow"  # FO1: one session, focal-suzent, of kind focal
+
     if caller["project"] is None:
         return "unavailable"
     return "allow" if caller["project"] == target["project"] else "unavailable"
@@ -89,7 +95,8 @@ session = st.fixed_dictionaries({
 @given(st.lists(session, min_size=1, max_size=12), st.data())
 def test_every_decision_matches_the_oracle_on_random_trees(sessions: list[dict[str, object]],
                                                            data: st.DataObject) -> None:
-    tree = [{**s, "id": f"s{i}"} for i, s in enumerate(sessions)]
+    focal_at = data.draw(st.integers(-1, len(sessions) - 1))  # which one has Focal's id, if any
+    tree = [{**s, "id": FOCAL_ID if i == focal_at else f"s{i}"} for i, s in enumerate(sessions)]
     subjects = {s["id"]: Subject(str(s["id"]), s["project"], str(s["kind"]),  # type: ignore[arg-type]
                                  s["platform"]) for s in tree}  # type: ignore[arg-type]
     ghost = data.draw(st.booleans())

@@ -83,11 +83,14 @@ def test_the_title_is_pinned(focal_rt: tuple[Runtime, Any]) -> None:
     assert rt.get_or_create_focal_chat().title == "SUZENT"
 
 
-def test_is_focal_chat_accepts_the_config_markers() -> None:
-    def rec(sid: str, config: dict[str, Any]) -> SessionRecord:
-        return SessionRecord(sid, None, "t", "interactive", None, None, "idle", 0, 0, config)
-    assert is_focal_chat(rec("x", {"is_focal_agent": True}))
-    assert is_focal_chat(rec("x", {"platform": "focal"}))
+def test_is_focal_chat_is_the_fixed_id_and_kind_not_a_config_marker() -> None:
+    def rec(sid: str, config: dict[str, Any], kind: str = "interactive",
+            platform: str | None = None) -> SessionRecord:
+        return SessionRecord(sid, None, "t", kind, platform, None, "idle", 0, 0, config)
+    assert is_focal_chat(rec(FOCAL_ID, {}, kind="focal"))
+    assert not is_focal_chat(rec("x", {"is_focal_agent": True}))
+    assert not is_focal_chat(rec("x", {"platform": "focal"}))
+    assert not is_focal_chat(rec("x", {}, kind="focal", platform="focal"))
     assert not is_focal_chat(rec("x", {}))
     assert not is_focal_chat(None)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -145,3 +146,53 @@ def test_stopping_the_pool_runs_each_threads_exit_hook() -> None:
 def test_a_pool_needs_a_thread() -> None:
     with pytest.raises(ValueError, match="at least one thread"):
         ActorPool(0)
+
+
+class Crasher(Recorder):
+    """Raises a ``BaseException`` (neither ``Exception`` nor caught by one) on request."""
+
+    def on_receive(self, message: Any) -> Any:
+        if message == "exit":
+            raise SystemExit("handler asked the process to exit")
+        return super().on_receive(message)
+
+
+@pytest.mark.timeout(30)
+def test_a_base_exception_on_a_one_thread_pool_stops_every_actor_without_deadlock() -> None:
+    """pykka stops all actors when a handler raises a BaseException; with a single pool
+    thread, ``stop_all()`` run on that thread would wait for actors only it can stop."""
+    pool = ActorPool(1, name="solo")
+    try:
+        others = [Recorder.start(pool) for _ in range(3)]
+        crasher = Crasher.start(pool)
+        assert [r.ask("hi", timeout=10) for r in others] == [("got", "hi")] * 3
+        crasher.tell("exit")
+        wait_for(lambda: not any(r.is_alive() for r in [*others, crasher]), timeout=10,
+                 what="every actor to stop after the BaseException")
+        later = Recorder.start(pool)  # the one thread is free again
+        assert later.ask("after", timeout=10) == ("got", "after")
+        later.stop()
+    finally:
+        pool.stop()
+
+
+def test_pykka_log_records_for_handler_errors(pool: ActorPool,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    """The records pykka's ThreadingActor writes, on pykka's logger, word for word."""
+    caplog.set_level(logging.DEBUG, logger="pykka")
+    ref = Crasher.start(pool)
+    with pytest.raises(ValueError, match="boom"):
+        ref.ask("boom", timeout=10)
+    returned = [r for r in caplog.records if r.levelno == logging.INFO]
+    assert [(r.name, r.getMessage()) for r in returned] == [
+        ("pykka", f"Exception returned from {ref} to caller:")]
+    assert returned[0].exc_info is not None and returned[0].exc_info[0] is ValueError
+    caplog.clear()
+    ref.tell("exit")
+    wait_for(lambda: not ref.is_alive(), what="the actor to stop")
+    wait_for(lambda: any("Stopping all actors" in r.getMessage() for r in caplog.records),
+             what="the BaseException record")
+    record = next(r for r in caplog.records if "Stopping all actors" in r.getMessage())
+    assert (record.name, record.levelno, record.getMessage()) == (
+        "pykka", logging.DEBUG,
+        f"SystemExit('handler asked the process to exit') in {ref}. Stopping all actors.")
