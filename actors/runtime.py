@@ -48,12 +48,22 @@ from .family import Buckets
 from .focal import Focal
 from .focal_schedule import FocalSchedule
 from .messages import Tick
+from .peers import PeerService
 from .subagents import report_back
 from .tools import TaskTools, tools_for
 from .turn import Brain, Turn
 
 SYSTEM_PROJECTS = (("default", "Default"), ("social", "Social"))
 """Projects that always exist (S4)."""
+
+
+def resolve_data_dir(url: str, data_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The runtime's data folder (Focal files, the device key): beside a SQLite file."""
+    if data_dir is not None:
+        return Path(data_dir)
+    if url.startswith("sqlite:///"):
+        return Path(url[len("sqlite:///"):]).expanduser().parent / "kinbox-data"
+    return default_data_dir()
 
 
 def silent_brain(turn: Turn) -> None:
@@ -107,6 +117,7 @@ class Runtime:
         self._lock: ExclusiveLock | None = None
         self._writer: GroupCommitWriter | None = None
         self._schedule: FocalSchedule | None = None
+        self._peers: PeerService | None = None
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -146,6 +157,8 @@ class Runtime:
                                               self.max_live_sessions)
             if self._schedule is not None:
                 self._schedule.start()
+            self._peers = ctx.peers = PeerService(ctx, self._resolve_data_dir())
+            self._peers.start()
         except BaseException:
             self._teardown()
             raise
@@ -169,6 +182,8 @@ class Runtime:
         if self._schedule is not None:
             self._schedule.stop()
         self._stop_ticker()
+        if self._peers is not None:
+            self._peers.stop()
         for session_id in ctx.turns.running():
             ctx.turns.request_stop(session_id, "runtime")
         if ctx.dispatcher is not None:
@@ -189,6 +204,8 @@ class Runtime:
         self._stop_ticker()
         if self._writer is not None:
             self._writer.abort()
+        if self._peers is not None:
+            self._peers.stop()
         if ctx.dispatcher is not None:
             ctx.dispatcher.stop(block=False)
         ctx.emit("crashed", owner=self.owner)
@@ -210,11 +227,7 @@ class Runtime:
         focal.schedule = self._schedule
 
     def _resolve_data_dir(self) -> Path:
-        if self.data_dir is not None:
-            return self.data_dir
-        if self.url.startswith("sqlite:///"):
-            return Path(self.url[len("sqlite:///"):]).expanduser().parent / "kinbox-data"
-        return default_data_dir()
+        return resolve_data_dir(self.url, self.data_dir)
 
     def _teardown(self) -> None:
         if self._writer is not None:
@@ -395,6 +408,13 @@ class Runtime:
     def transcript(self, session_id: str) -> list[EntryRecord]:
         """Every transcript entry of a session (``role``, ``text``, ``visible``...)."""
         return self._require().store.transcript(session_id)
+
+    @property
+    def peers(self) -> PeerService:
+        """The peer service (device identity, pairing, links to paired devices)."""
+        peers = self._require().peers
+        assert isinstance(peers, PeerService)
+        return peers
 
     @property
     def focal(self) -> Focal:

@@ -6,7 +6,9 @@ import argparse
 from typing import Any, TextIO
 
 from ..transport import LOOPBACK_HOSTS, create_app
+from ..transport.peer_ws import PeerEndpoint
 from .focal import Focal
+from .peers import PeerHttpBackend
 from .runtime import Runtime
 
 
@@ -40,7 +42,8 @@ class FocalHttpBackend:
 def app_for(rt: Runtime, host: str = "127.0.0.1") -> Any:
     """The HTTP application of a started runtime, answering ``host`` and loopback names."""
     hosts = list(LOOPBACK_HOSTS) if host in LOOPBACK_HOSTS else [host]
-    return create_app(FocalHttpBackend(rt.focal), hosts)
+    peers = PeerEndpoint(PeerHttpBackend(rt.peers), hosts)
+    return create_app(FocalHttpBackend(rt.focal), hosts, peers.routes())
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -59,5 +62,6 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
     with Runtime(db=args.db) as rt:
         out.write(f"kinbox serving http://{args.host}:{args.port}/focal\n")
         out.flush()
-        uvicorn.run(app_for(rt, args.host), host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(app_for(rt, args.host), host=args.host, port=args.port, log_level="warning",
+                    ws_max_size=1 << 20)
     return 0

@@ -20,8 +20,8 @@ from kinbox.persistence import (
 )
 
 PG_URL = os.environ.get("KINBOX_TEST_PG_URL")
-KINBOX_TABLES = ("scheduled_jobs", "agent_inbox_events", "agent_inbox_messages", "tasks",
-                 "delivery_markers",
+KINBOX_TABLES = ("peer_invites", "peer_devices", "scheduled_jobs", "agent_inbox_events",
+                 "agent_inbox_messages", "tasks", "delivery_markers",
                  "transcript_entries", "sessions", "projects")
 
 

@@ -16,7 +16,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 STATE_HEADER = "x-kinbox"
@@ -55,8 +55,12 @@ def _state_change_allowed(request: Request) -> bool:
     return request.headers.get(STATE_HEADER) == "1"
 
 
-def create_app(backend: FocalBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS) -> Starlette:
-    """The Starlette application; ``allowed_hosts`` are the Host names it answers."""
+def create_app(backend: FocalBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
+               extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
+    """The Starlette application; ``allowed_hosts`` are the Host names it answers.
+
+    ``extra_routes`` (the peer websocket endpoint, say) are mounted beside the API.
+    """
 
     async def focal(request: Request) -> JSONResponse:
         return JSONResponse(backend.focal_status())
@@ -96,6 +100,7 @@ def create_app(backend: FocalBackend, allowed_hosts: Sequence[str] = LOOPBACK_HO
         Route("/focal/wakeups/{job_id}", cancel, methods=["DELETE"]),
         Route("/focal/notifications", feed, methods=["GET"]),
         Route("/focal/notifications/read", read, methods=["POST"]),
+        *extra_routes,
     ]
     return Starlette(routes=routes,
                      middleware=[Middleware(TrustedHostMiddleware,
