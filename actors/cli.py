@@ -10,7 +10,7 @@ import sys
 from typing import TextIO
 
 from ..persistence import PersistenceError
-from . import bench, cli_ops, cli_scenario, serve
+from . import bench, cli_ops, cli_peers, cli_scenario, serve
 from .errors import KinboxError
 
 
@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_ops.add_parsers(sub)
     bench.add_parser(sub)
     serve.add_parser(sub)
+    cli_peers.add_parser(sub)
     return parser
 
 

@@ -29,9 +29,9 @@ from ..persistence.peers import INBOUND, OUTBOUND, DeviceRecord, PeerStore
 from ..transport import frames as wire
 from ..transport import key_file, receiver
 from ..transport.errors import PeerUnavailable
-from ..transport.grants import GrantView, InviteView, secret_hash
+from ..transport.grants import GrantView, InviteView, new_code, secret_hash
 from ..transport.handshake import NONCE_BYTES, PairingProof, new_nonce
-from ..transport.identity import SEAL_NONCE_BYTES
+from ..transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
 from ..transport.link import Answer, LinkState, SenderLink
 from ..transport.peer_client import connect_link, pair_with
 from . import transcript_view
@@ -106,12 +106,7 @@ class PeerService:
 
     def pair(self, url: str, code: str, name: str = "") -> DeviceRecord:
         """Redeem a pairing code printed by ``kinbox peers invite`` on the other device."""
-        paired = pair_with(url, self.identity, code, name or self.identity.device_id,
-                           new_nonce(self.random(NONCE_BYTES)))
-        sealed = self.identity.seal(paired.token, self.random(SEAL_NONCE_BYTES))
-        rec = self.peers.save_outbound(paired.device_id, name or paired.device_id,
-                                       paired.public_key, url, sealed, frozenset({"agent"}),
-                                       self.ctx.now())
+        rec = complete_pairing(self.identity, self.peers, url, code, name, self.ctx.now())
         self.link_for(rec.device_id)
         return rec
 
@@ -276,10 +271,18 @@ class PeerHttpBackend:
         return self.ctx.now()
 
 
+def complete_pairing(identity: DeviceIdentity, peers: PeerStore, url: str, code: str,
+                     name: str, now: float) -> DeviceRecord:
+    """Pair with the device at ``url``: prove our key, pin theirs, keep the token sealed."""
+    paired = pair_with(url, identity, code, identity.device_id,
+                       new_nonce(os.urandom(NONCE_BYTES)))
+    sealed = identity.seal(paired.token, os.urandom(SEAL_NONCE_BYTES))
+    return peers.save_outbound(paired.device_id, name or paired.device_id, paired.public_key,
+                               url, sealed, frozenset({"agent"}), now)
+
+
 def new_invite(peers: PeerStore, scopes: frozenset[str], ttl: float, now: float) -> str:
     """Store a one-time pairing code (its hash only) and return the code."""
-    from ..transport.grants import new_code
-
     code = new_code(os.urandom(32))
     peers.add_invite(secret_hash(code), scopes, now, now + ttl)
     return code
