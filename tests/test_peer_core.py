@@ -24,8 +24,7 @@ from kinbox.transport.grants import (
     secret_hash,
 )
 from kinbox.transport.identity import DeviceIdentity, device_id_for, public_key_bytes
-from kinbox.transport.link import Acked, LinkState, Outgoing, Rejected, Retry, SenderLink, \
-    Terminal
+from kinbox.transport.link import Acked, LinkState, Outgoing, Rejected, Retry, SenderLink, Terminal
 
 SERVER = DeviceIdentity.generate()
 CLIENT = DeviceIdentity.generate()
