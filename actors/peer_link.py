@@ -135,52 +135,55 @@ class PeerLink:
             return
         link = SenderLink(svc.identity, rec.device_id, rec.public_key, token, self.window)
         link.offer([_outgoing(r) for r in rows])
-        last_seq = rows[-1].seq
         try:
-            self.ws = ws = connect_link(rec.url or "", token)
+            with connect_link(rec.url or "", token) as ws:
+                self.ws = ws
+                self._carry(ws, link, rec, rows[-1].seq)
         except PeerUnavailable as exc:
             if exc.status is not None:
                 link.refused(exc.reason)
             else:
                 link.connection_lost(str(exc))
             self._apply(link.effects(), rec)
-            return
-        renewed = time.monotonic()
-        idle_since: float | None = None
-        try:
-            link.connected(new_nonce(svc.random(NONCE_BYTES)))
-            while not self._stop.is_set():
-                for text in link.frames_to_send():
-                    ws.send(text)
-                self._apply(link.effects(), rec)
-                if link.state in (LinkState.IDLE, LinkState.CLOSED):
-                    return
-                if link.state is LinkState.OPEN and link.capacity() > 0:
-                    more = self._claim(last_seq, link.capacity())
-                    if more:
-                        last_seq = more[-1].seq
-                        link.offer([_outgoing(r) for r in more])
-                        continue
-                if not link.held():
-                    idle_since = idle_since or time.monotonic()
-                    if time.monotonic() - idle_since > LINGER_SECONDS:
-                        return
-                else:
-                    idle_since = None
-                if time.monotonic() - renewed > svc.ctx.lease_seconds / 3:
-                    renewed = time.monotonic()
-                    svc.ctx.journal.renew(svc.ctx.owner, [self.target],
-                                          svc.ctx.now() + svc.ctx.lease_seconds, svc.ctx.now())
-                self._receive(ws, link, 0.05 if link.held() else 0.2)
         except ConnectionClosed as exc:
             link.connection_lost(f"the link closed ({exc.rcvd.code if exc.rcvd else 'no'} "
                                  "close frame)")
             self._apply(link.effects(), rec)
         finally:
             self.ws = None
-            ws.close()
             if link.held():  # stopping with rows in flight: hand them back unrun
                 self._release(link.held())
+
+    def _carry(self, ws: ClientConnection, link: SenderLink, rec: DeviceRecord,
+               last_seq: int) -> None:
+        """Move frames until the link ends, idles out, or the actor stops."""
+        svc = self.svc
+        renewed = time.monotonic()
+        idle_since: float | None = None
+        link.connected(new_nonce(svc.random(NONCE_BYTES)))
+        while not self._stop.is_set():
+            for text in link.frames_to_send():
+                ws.send(text)
+            self._apply(link.effects(), rec)
+            if link.state in (LinkState.IDLE, LinkState.CLOSED):
+                return
+            if link.state is LinkState.OPEN and link.capacity() > 0:
+                more = self._claim(last_seq, link.capacity())
+                if more:
+                    last_seq = more[-1].seq
+                    link.offer([_outgoing(r) for r in more])
+                    continue
+            if not link.held():
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since > LINGER_SECONDS:
+                    return
+            else:
+                idle_since = None
+            if time.monotonic() - renewed > svc.ctx.lease_seconds / 3:
+                renewed = time.monotonic()
+                svc.ctx.journal.renew(svc.ctx.owner, [self.target],
+                                      svc.ctx.now() + svc.ctx.lease_seconds, svc.ctx.now())
+            self._receive(ws, link, 0.05 if link.held() else 0.2)
 
     def _receive(self, ws: ClientConnection, link: SenderLink, timeout: float) -> None:
         try:

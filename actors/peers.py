@@ -23,6 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection
+
 from ..persistence import IdempotencyConflict, NewMessage
 from ..persistence.peer_outbox import PeerOutbox
 from ..persistence.peers import INBOUND, OUTBOUND, DeviceRecord, PeerStore
@@ -119,19 +122,33 @@ class PeerService:
                             f"Agent '{agent_id}' is not available in the current project.")
         return rec
 
+    def _message(self, caller_id: str, rec: DeviceRecord, text: str,
+                 session: str | None) -> NewMessage:
+        return NewMessage(f"msg-{self.ctx.new_id()}", peer_target(rec.device_id), text,
+                          sender=caller_id, transport="suzent_peer",
+                          destination_peer_id=rec.device_id,
+                          payload={"session": session} if session else {})
+
     def send(self, caller_id: str, agent_id: str, text: str,
              session: str | None = None) -> dict[str, Any]:
         """Queue ``text`` for a paired device; the link carries it."""
+        return self.send_many(caller_id, agent_id, [text], session)[0]
+
+    def send_many(self, caller_id: str, agent_id: str, texts: Sequence[str],
+                  session: str | None = None) -> list[dict[str, Any]]:
+        """Queue several messages for a paired device in one commit, in order."""
         rec = self._outbound(agent_id)
         ctx = self.ctx
-        result = ctx.journal.enqueue(NewMessage(
-            f"msg-{ctx.new_id()}", peer_target(rec.device_id), text, sender=caller_id,
-            transport="suzent_peer", destination_peer_id=rec.device_id,
-            payload={"session": session} if session else {}), ctx.now())
-        ctx.emit("sent", message_id=result.message_id, sender=caller_id, target=agent_id,
-                 kind="agent_message", created=result.created)
+        results = []
+        msgs = [self._message(caller_id, rec, t, session) for t in texts]
+        for first in range(0, len(msgs), 500):
+            results += ctx.journal.enqueue_many(msgs[first:first + 500], ctx.now())
+        for r in results:
+            ctx.emit("sent", message_id=r.message_id, sender=caller_id, target=agent_id,
+                     kind="agent_message", created=r.created)
         self.link_for(rec.device_id).wake()
-        return {"message_id": result.message_id, "agent_id": agent_id, "status": result.status}
+        return [{"message_id": r.message_id, "agent_id": agent_id, "status": r.status}
+                for r in results]
 
     def request(self, agent_id: str, action: str) -> wire.Result:
         """Run a ``read`` or ``stop`` of the peer's dedicated session over a one-shot link."""
@@ -141,31 +158,32 @@ class PeerService:
         token = self.identity.unseal(rec.token_sealed or "")
         link = SenderLink(self.identity, rec.device_id, rec.public_key, token, 1)
         try:
-            ws = connect_link(rec.url or "", token)
+            with connect_link(rec.url or "", token) as ws:
+                return self._exchange(ws, link, agent_id, action)
         except PeerUnavailable as exc:
             raise ToolError("execution_failed",
                             f"Peer '{agent_id}' cannot be reached ({exc.reason}).") from None
-        try:
-            link.connected(new_nonce(self.random(NONCE_BYTES)))
-            req = self.ctx.new_id()[:16]
-            sent = False
-            while True:
-                for text in link.frames_to_send():
-                    ws.send(text)
-                for e in link.effects():
-                    if isinstance(e, Answer) and e.frame.req == req:
-                        return e.frame
-                if link.state in (LinkState.IDLE, LinkState.CLOSED):
-                    raise ToolError("execution_failed", f"Peer '{agent_id}' refused the request.")
-                if link.state is LinkState.OPEN and not sent:
-                    link.request(wire.Read(req) if action == "read" else wire.Stop(req))
-                    sent = True
-                    continue
-                link.receive(ws.recv(REQUEST_TIMEOUT))
-        except TimeoutError:
+        except (TimeoutError, ConnectionClosed):
             raise ToolError("execution_failed", f"Peer '{agent_id}' did not answer.") from None
-        finally:
-            ws.close()
+
+    def _exchange(self, ws: ClientConnection, link: SenderLink, agent_id: str,
+                  action: str) -> wire.Result:
+        link.connected(new_nonce(self.random(NONCE_BYTES)))
+        req = self.ctx.new_id()[:16]
+        sent = False
+        while True:
+            for text in link.frames_to_send():
+                ws.send(text)
+            for e in link.effects():
+                if isinstance(e, Answer) and e.frame.req == req:
+                    return e.frame
+            if link.state in (LinkState.IDLE, LinkState.CLOSED):
+                raise ToolError("execution_failed", f"Peer '{agent_id}' refused the request.")
+            if link.state is LinkState.OPEN and not sent:
+                link.request(wire.Read(req) if action == "read" else wire.Stop(req))
+                sent = True
+                continue
+            link.receive(ws.recv(REQUEST_TIMEOUT))
 
     def listing(self, active_only: bool) -> list[dict[str, Any]]:
         """``agent_list`` records of paired devices: ``ready`` or ``paused`` (T1)."""

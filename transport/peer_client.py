@@ -10,6 +10,8 @@ the ``Authorization`` header and turns every way the peer can refuse into
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from urllib.parse import urlsplit, urlunsplit
 
 from websockets.exceptions import InvalidStatus, WebSocketException
@@ -54,15 +56,23 @@ def _open(uri: str, headers: dict[str, str] | None, timeout: float) -> ClientCon
         raise PeerUnavailable(f"cannot connect: {type(exc).__name__}", terminal=False) from None
 
 
-def connect_link(url: str, token: str, timeout: float = OPEN_TIMEOUT) -> ClientConnection:
-    """Open the link websocket; the handshake frames follow on it."""
-    return _open(endpoint(url, "/peers/link"), {"Authorization": f"Bearer {token}"}, timeout)
+@contextmanager
+def connect_link(url: str, token: str, timeout: float = OPEN_TIMEOUT) -> Iterator[ClientConnection]:
+    """Open the link websocket (closed on exit); the handshake frames follow on it."""
+    with _open(endpoint(url, "/peers/link"), {"Authorization": f"Bearer {token}"},
+               timeout) as ws:
+        yield ws
 
 
 def pair_with(url: str, identity: DeviceIdentity, code: str, name: str, nonce: str,
               timeout: float = OPEN_TIMEOUT) -> f.Paired:
     """Redeem ``code`` at the peer; the checked ``paired`` frame (its key and our token)."""
-    ws = _open(endpoint(url, "/peers/pair"), None, timeout)
+    with _open(endpoint(url, "/peers/pair"), None, timeout) as ws:
+        return _pair(ws, identity, code, name, nonce, timeout)
+
+
+def _pair(ws: ClientConnection, identity: DeviceIdentity, code: str, name: str, nonce: str,
+          timeout: float) -> f.Paired:
     try:
         ch = f.parse(ws.recv(timeout))
         if not isinstance(ch, f.Challenge):
@@ -78,5 +88,3 @@ def pair_with(url: str, identity: DeviceIdentity, code: str, name: str, nonce: s
         return answer
     except (TimeoutError, WebSocketException, FrameError) as exc:
         raise PeerUnavailable(f"pairing failed: {type(exc).__name__}", terminal=False) from None
-    finally:
-        ws.close()
