@@ -20,10 +20,10 @@ import sys
 from importlib import metadata
 from typing import Any, TextIO
 
-from . import bench_runs
+from . import bench_peers, bench_runs
 from .bench_systems import SYSTEMS
 
-BENCHMARKS = ("throughput", "recovery", "scale")
+BENCHMARKS = ("throughput", "recovery", "scale", "peers")
 
 
 def versions() -> dict[str, str]:
@@ -43,6 +43,8 @@ def run(name: str, quick: bool, repeat: int, systems: list[str]) -> dict[str, An
         body = bench_runs.throughput(quick, repeat, systems)
     elif name == "recovery":
         body = bench_runs.recovery(quick)
+    elif name == "peers":
+        body = bench_peers.peers(quick)
     else:
         body = bench_runs.scale(quick)
     body["settings"].update({

@@ -16,13 +16,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
 from ..persistence import ClaimedRow, LeaseLost, PersistenceError, WriterClosed
 from ..persistence.peers import OUTBOUND, DeviceRecord
+from ..persistence.writer import Reply
 from ..transport import frames as wire
 from ..transport.errors import IdentityError, PeerUnavailable
 from ..transport.handshake import NONCE_BYTES, new_nonce
@@ -69,6 +70,7 @@ class PeerLink:
         self._thread = threading.Thread(target=self._run, name=f"kinbox-peer-{device_id}",
                                         daemon=True)
         self.ws: ClientConnection | None = None
+        self._touched = 0.0
 
     def start(self) -> None:
         """Start the link thread."""
@@ -133,7 +135,8 @@ class PeerLink:
             for row in rows:
                 self._retry(row.message_id, str(exc), permanent=True)
             return
-        link = SenderLink(svc.identity, rec.device_id, rec.public_key, token, self.window)
+        link = SenderLink(svc.identity, rec.device_id, rec.public_key, token, self.window,
+                          prefetch=self.window)
         link.offer([_outgoing(r) for r in rows])
         try:
             with connect_link(rec.url or "", token) as ws:
@@ -144,11 +147,11 @@ class PeerLink:
                 link.refused(exc.reason)
             else:
                 link.connection_lost(str(exc))
-            self._apply(link.effects(), rec)
+            self._settle_now(self._apply(link.effects(), rec))
         except ConnectionClosed as exc:
             link.connection_lost(f"the link closed ({exc.rcvd.code if exc.rcvd else 'no'} "
                                  "close frame)")
-            self._apply(link.effects(), rec)
+            self._settle_now(self._apply(link.effects(), rec))
         finally:
             self.ws = None
             if link.held():  # stopping with rows in flight: hand them back unrun
@@ -156,34 +159,86 @@ class PeerLink:
 
     def _carry(self, ws: ClientConnection, link: SenderLink, rec: DeviceRecord,
                last_seq: int) -> None:
-        """Move frames until the link ends, idles out, or the actor stops."""
-        svc = self.svc
+        """Move frames until the link ends, idles out, or the actor stops.
+
+        Acks and claims are submitted to the writer without waiting: the loop
+        keeps reading acks and sending frames while the last round commits
+        (one claim outstanding at a time, so journal order holds).
+        """
+        ctx = self.svc.ctx
         renewed = time.monotonic()
         idle_since: float | None = None
-        link.connected(new_nonce(svc.random(NONCE_BYTES)))
-        while not self._stop.is_set():
-            for text in link.frames_to_send():
-                ws.send(text)
-            self._apply(link.effects(), rec)
-            if link.state in (LinkState.IDLE, LinkState.CLOSED):
-                return
-            if link.state is LinkState.OPEN and link.capacity() > 0:
-                more = self._claim(last_seq, link.capacity())
-                if more:
-                    last_seq = more[-1].seq
-                    link.offer([_outgoing(r) for r in more])
-                    continue
-            if not link.held():
-                idle_since = idle_since or time.monotonic()
-                if time.monotonic() - idle_since > LINGER_SECONDS:
+        claim: Reply[list[ClaimedRow]] | None = None
+        acks: list[tuple[Reply[None], list[str]]] = []
+        link.connected(new_nonce(self.svc.random(NONCE_BYTES)))
+        try:
+            while not self._stop.is_set():
+                for text in link.frames_to_send():
+                    ws.send(text)
+                acked = self._apply(link.effects(), rec)
+                if acked:
+                    acks.append((self.svc.outbox.submit_ack(ctx.owner, acked, ctx.now()), acked))
+                acks = self._settled(acks, wait=False)
+                if link.state in (LinkState.IDLE, LinkState.CLOSED):
                     return
-            else:
-                idle_since = None
-            if time.monotonic() - renewed > svc.ctx.lease_seconds / 3:
-                renewed = time.monotonic()
-                svc.ctx.journal.renew(svc.ctx.owner, [self.target],
-                                      svc.ctx.now() + svc.ctx.lease_seconds, svc.ctx.now())
-            self._receive(ws, link, 0.05 if link.held() else 0.2)
+                if claim is not None and _ready(claim):
+                    more, claim = claim.result(), None
+                    if more:
+                        last_seq = more[-1].seq
+                        link.offer([_outgoing(r) for r in more])
+                        continue
+                room = link.capacity() if link.state is LinkState.OPEN else 0
+                if claim is None and (room >= self.window // 2 or (room and not link.held())):
+                    claim = self.svc.outbox.submit_claim(ctx.owner, self.target, last_seq,
+                                                         ctx.now(), lease=ctx.lease_seconds,
+                                                         limit=room)
+                if not link.held() and claim is None and not acks:
+                    idle_since = idle_since or time.monotonic()
+                    if time.monotonic() - idle_since > LINGER_SECONDS:
+                        return
+                else:
+                    idle_since = None
+                if time.monotonic() - renewed > ctx.lease_seconds / 3:
+                    renewed = time.monotonic()
+                    ctx.journal.renew(ctx.owner, [self.target], ctx.now() + ctx.lease_seconds,
+                                      ctx.now())
+                busy = claim is not None or bool(acks)
+                self._receive(ws, link, 0.002 if busy else 0.05 if link.held() else 0.2)
+        finally:
+            self._settled(acks, wait=True)
+            if claim is not None:  # leased, never offered: hand back unrun
+                try:
+                    rows = claim.result(30)
+                except PersistenceError:
+                    rows = []
+                if rows:
+                    self._release([r.message_id for r in rows])
+
+    def _settled(self, acks: list[tuple[Reply[None], list[str]]],
+                 wait: bool) -> list[tuple[Reply[None], list[str]]]:
+        """Report the committed acks; return those still on their way."""
+        ctx = self.svc.ctx
+        waiting = []
+        for reply, ids in acks:
+            if not wait and not _ready(reply):
+                waiting.append((reply, ids))
+                continue
+            try:
+                reply.result(30)
+            except LeaseLost as exc:
+                log.warning("ack of peer rows refused: %s", exc)
+                continue
+            for mid in ids:
+                ctx.emit("peer_acked", message_id=mid, device_id=self.device_id)
+            if time.monotonic() - self._touched > 1.0:  # "last seen", not per message
+                self._touched = time.monotonic()
+                self.svc.peers.touch(self.device_id, OUTBOUND, ctx.now())
+        return waiting
+
+    def _settle_now(self, acked: list[str]) -> None:
+        if acked:
+            self._settled([(self.svc.outbox.submit_ack(self.svc.ctx.owner, acked,
+                                                       self.svc.ctx.now()), acked)], wait=True)
 
     def _receive(self, ws: ClientConnection, link: SenderLink, timeout: float) -> None:
         try:
@@ -200,7 +255,8 @@ class PeerLink:
 
     # -- effects ---------------------------------------------------------------------------
 
-    def _apply(self, effects: list[Effect], rec: DeviceRecord) -> None:
+    def _apply(self, effects: list[Effect], rec: DeviceRecord) -> list[str]:
+        """Carry out failures at once; return the acked ids for the caller to commit."""
         ctx = self.svc.ctx
         acked: list[str] = []
         for e in effects:
@@ -220,14 +276,7 @@ class PeerLink:
                 log.warning("peer %s refused this device: %s", self.device_id, e.reason)
             elif isinstance(e, Answer):
                 pass  # read/stop answers travel on their own one-shot links (peers.request)
-        if acked:
-            try:
-                ctx.journal.ack(ctx.owner, acked, ctx.now())
-            except LeaseLost as exc:
-                log.warning("ack of peer rows refused: %s", exc)
-            for mid in acked:
-                ctx.emit("peer_acked", message_id=mid, device_id=self.device_id)
-            self.svc.peers.touch(rec.device_id, OUTBOUND, ctx.now())
+        return acked
 
     def _retry(self, message_id: str, error: str, *, permanent: bool) -> None:
         ctx = self.svc.ctx
@@ -248,6 +297,17 @@ class PeerLink:
             ctx.journal.release(ctx.owner, ids, ctx.now())
         except PersistenceError:
             pass  # leases expire on their own
+
+
+def _ready(reply: Reply[Any]) -> bool:
+    """Has the writer answered (committed or failed)?"""
+    try:
+        reply.result(0)
+    except TimeoutError:
+        return False
+    except Exception:
+        return True
+    return True
 
 
 def _outgoing(row: ClaimedRow) -> Outgoing:

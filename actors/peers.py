@@ -26,7 +26,7 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
-from ..persistence import IdempotencyConflict, NewMessage
+from ..persistence import IdempotencyConflict, NewMessage, set_wise
 from ..persistence.peer_outbox import PeerOutbox
 from ..persistence.peers import INBOUND, OUTBOUND, DeviceRecord, PeerStore
 from ..transport import frames as wire
@@ -229,16 +229,24 @@ class PeerHttpBackend:
         now = ctx.now()
         peers = self.svc.peers
 
+        msgs = [NewMessage(c.inbox_id, c.session, c.text, kind="remote_agent_message",
+                           sender=peer_target(device_id),
+                           payload={"peer": device_id, "peer_message_id": c.message_id})
+                for c in commits]
+
         def op() -> list[str | None]:
-            out: list[str | None] = []
-            for c in commits:
-                peers.ensure_session_now(c.session, social.id if social else None,
+            for session in dict.fromkeys(c.session for c in commits):
+                peers.ensure_session_now(session, social.id if social else None,
                                          f"Device {device_id}", now)
+            try:  # the common case: all new, one INSERT for the batch
+                set_wise.enqueue_all(ctx.journal.bulk, [(m, now) for m in msgs])
+                return [None] * len(msgs)
+            except set_wise.OneByOne:
+                pass
+            out: list[str | None] = []
+            for msg in msgs:  # repeats (an ack that was lost) and conflicts, one by one
                 try:
-                    ctx.journal.enqueue_now(NewMessage(
-                        c.inbox_id, c.session, c.text, kind="remote_agent_message",
-                        sender=peer_target(device_id),
-                        payload={"peer": device_id, "peer_message_id": c.message_id}), now)
+                    ctx.journal.enqueue_now(msg, now)
                     out.append(None)
                 except IdempotencyConflict:
                     out.append("the message id was already used for other content")

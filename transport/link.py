@@ -99,9 +99,10 @@ class SenderLink:
     """One outbound link to a paired device."""
 
     def __init__(self, identity: DeviceIdentity, server_id: str, pinned_key: str, token: str,
-                 window: int = 64) -> None:
-        if window < 1:
-            raise ValueError("window must be >= 1")
+                 window: int = 64, prefetch: int = 0) -> None:
+        if window < 1 or prefetch < 0:
+            raise ValueError("window must be >= 1 and prefetch >= 0")
+        self.prefetch = prefetch
         self.identity = identity
         self.server_id = server_id
         self.pinned_key = pinned_key
@@ -187,8 +188,12 @@ class SenderLink:
         return out
 
     def capacity(self) -> int:
-        """How many more rows the adapter may claim and offer now."""
-        return max(0, self.window - len(self._inflight) - len(self._queued))
+        """How many more rows the adapter may claim and offer now.
+
+        Up to ``window`` rows in flight plus ``prefetch`` queued behind them, so
+        the next frames are at hand the moment acks free the window.
+        """
+        return max(0, self.window + self.prefetch - len(self._inflight) - len(self._queued))
 
     def held(self) -> list[str]:
         """Ids of every row offered and not yet settled."""
