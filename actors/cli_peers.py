@@ -15,6 +15,7 @@ import argparse
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TextIO
 
 from ..persistence import GroupCommitWriter, bind_tables, default_url, open_database, upgrade
@@ -32,6 +33,8 @@ from .runtime import resolve_data_dir
 @contextmanager
 def _peers(args: argparse.Namespace) -> Iterator[tuple[PeerStore, DeviceIdentity]]:
     url = args.db or default_url()
+    if url.startswith("sqlite:///"):  # like the runtime: a new device starts with no folder
+        Path(url[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True, exist_ok=True)
     db = open_database(url)
     tables = bind_tables(db)
     upgrade(tables)  # the peer tables may be newer than the runtime that made the file

@@ -93,6 +93,13 @@ class DeviceIdentity:
         return cls(Ed25519PrivateKey.generate())
 
     @classmethod
+    def from_seed(cls, seed: bytes) -> DeviceIdentity:
+        """The identity of a 32-byte Ed25519 private key (a restored or scripted device)."""
+        if len(seed) != 32:
+            raise IdentityError("device key", f"a seed is 32 bytes, got {len(seed)}")
+        return cls(Ed25519PrivateKey.from_private_bytes(seed))
+
+    @classmethod
     def from_pem(cls, pem: bytes) -> DeviceIdentity:
         """Load a PKCS#8 PEM private key; :class:`IdentityError` if it is not Ed25519."""
         try:

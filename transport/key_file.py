@@ -20,14 +20,20 @@ KEY_FILE_NAME = "device_key.pem"
 
 def load_or_create(directory: str | os.PathLike[str]) -> DeviceIdentity:
     """This device's identity from ``directory/device_key.pem``, created on first use."""
+    path = Path(directory) / KEY_FILE_NAME
+    if path.exists():
+        return _load(path)
+    try:
+        return install(directory, DeviceIdentity.generate())
+    except FileExistsError:  # another process created it first: use theirs
+        return _load(path)
+
+
+def install(directory: str | os.PathLike[str], identity: DeviceIdentity) -> DeviceIdentity:
+    """Write ``identity`` as the device key of ``directory``; FileExistsError if it has one."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / KEY_FILE_NAME
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return _load(path)
-    identity = DeviceIdentity.generate()
+    fd = os.open(folder / KEY_FILE_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(identity.to_pem())
     return identity
