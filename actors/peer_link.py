@@ -268,9 +268,8 @@ class PeerLink:
                 for mid in e.ids:
                     self._retry(mid, e.reason, permanent=False)
             elif isinstance(e, Terminal):
-                status = "paused" if "paused" in e.reason else "revoked"
-                self.svc.peers.set_status(self.device_id, status, ctx.now(), direction=OUTBOUND,
-                                          last_error=e.reason)
+                self.svc.peers.set_status(self.device_id, e.status, ctx.now(),
+                                          direction=OUTBOUND, last_error=e.reason)
                 for mid in e.ids:
                     self._retry(mid, e.reason, permanent=True)
                 log.warning("peer %s refused this device: %s", self.device_id, e.reason)

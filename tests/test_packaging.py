@@ -100,8 +100,9 @@ def test_pure_modules_import_no_threads_sockets_clocks_or_database(module: str) 
 def test_public_names_exist() -> None:
     import kinbox.actors as actors
     import kinbox.persistence as persistence
+    import kinbox.transport as transport
 
-    for module in (actors, persistence):
+    for module in (actors, persistence, transport):
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name} is exported but missing"
     from kinbox.actors import Runtime, ToolError  # the names the issues fix

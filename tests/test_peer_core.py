@@ -230,6 +230,8 @@ def test_refusal_at_upgrade_is_terminal_only_when_retrying_cannot_help() -> None
         link.refused(reason)
         [effect] = link.effects()
         assert isinstance(effect, Terminal if terminal else Retry), reason
+        if terminal:
+            assert effect.status == ("paused" if reason == "paused" else "revoked")
 
 
 def test_illegal_inputs_raise_and_leave_the_state_alone() -> None:

@@ -92,6 +92,7 @@ def test_encode_refuses_a_frame_that_would_break_the_format() -> None:
     assert info.value.reason == "too_large"
 
 
+scalars = st.none() | st.booleans() | st.integers() | st.sampled_from(["", "m1", "a b", "x" * 43])
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
@@ -100,10 +101,25 @@ json_values = st.recursive(
 near_frames = st.fixed_dictionaries(
     {"v": st.sampled_from([1, 1, 1, 2, 0, True, "1"]),
      "type": st.sampled_from([*f.FRAME_TYPES, "nope", ""])},
-    optional={k: json_values | st.text(max_size=90) for k in
+    optional={k: scalars | st.text(max_size=90) for k in
               ("id", "text", "session", "req", "status", "code", "message", "nonce",
                "device_id", "signature", "public_key", "token", "name")})
+def _mutate(frame: f.Frame, key: str, value: object) -> str:
+    body = json.loads(f.encode(frame))
+    if key in body and value == "<drop>":
+        del body[key]
+    else:
+        body[key] = value
+    return json.dumps(body)
+
+
+mutated = st.builds(_mutate, st.sampled_from(VALID),
+                    st.sampled_from(["v", "type", "id", "text", "session", "req", "code",
+                                     "signature", "extra"]),
+                    scalars | st.text(max_size=50) | st.just("<drop>"))
 fuzz_inputs = st.one_of(
+    mutated,
+    st.sampled_from(VALID).map(f.encode),
     st.binary(max_size=120),
     st.text(max_size=120),
     json_values.map(json.dumps),

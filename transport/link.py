@@ -79,10 +79,15 @@ class Retry:
 
 @dataclass(frozen=True)
 class Terminal:
-    """The peer refused us for good (revoked, paused, unknown): rows fail, the link closes."""
+    """The peer refused us for good (revoked, paused, unknown): rows fail, the link closes.
+
+    ``status`` is what the sender records for the device: ``paused`` when the
+    receiver paused our grant (an operator may resume it), else ``revoked``.
+    """
 
     ids: tuple[str, ...]
     reason: str
+    status: str = "revoked"
 
 
 @dataclass(frozen=True)
@@ -150,7 +155,7 @@ class SenderLink:
             self._lost(f"the peer sent a bad frame ({exc.reason})")
             return
         if isinstance(frame, f.Revoked):
-            self._terminal(f"the peer {frame.status} this device's grant")
+            self._terminal(f"the peer {frame.status} this device's grant", frame.status)
         elif self.state is LinkState.HANDSHAKE:
             self._handshake(frame)
         elif isinstance(frame, f.Ack):
@@ -166,7 +171,8 @@ class SenderLink:
     def refused(self, reason: str) -> None:
         """The upgrade request was refused with ``reason`` (a Refusal code, or other text)."""
         if reason in {r.value for r in TERMINAL_REFUSALS}:
-            self._terminal(f"the peer refused this device ({reason})")
+            self._terminal(f"the peer refused this device ({reason})",
+                           "paused" if reason == Refusal.PAUSED else "revoked")
         else:
             self._lost(f"the peer refused the connection ({reason})")
 
@@ -266,8 +272,8 @@ class SenderLink:
             self._effects.append(Retry(ids, reason))
         self.state = LinkState.IDLE
 
-    def _terminal(self, reason: str) -> None:
-        self._effects.append(Terminal(self._settle_all(), reason))
+    def _terminal(self, reason: str, status: str = "revoked") -> None:
+        self._effects.append(Terminal(self._settle_all(), reason, status))
         self.state = LinkState.CLOSED
 
 
