@@ -37,12 +37,8 @@ class PeerOutbox:
     def _claim_op(self, owner: str, target: str, after_seq: int, now: float, lease: float,
                   limit: int) -> list[ClaimedRow]:
         m = self.t.inbox
-        columns = [getattr(m, c) for c in CLAIM_COLUMNS]
-        rows = (m.select(*columns).where(m.target_chat_id == target, m.seq > after_seq,
-                                         m.status.in_(OPEN_STATES))
-                .order_by(m.seq).limit(limit).tuples())
         taken: list[ClaimedRow] = []
-        for r in rows:
+        for r in self._open_rows(target, after_seq, limit):
             if not is_claimable(r[9], r[10], r[11], now):
                 break
             taken.append(ClaimedRow.from_columns(r))
@@ -51,6 +47,18 @@ class PeerOutbox:
                      updated_at=now).where(
                 m.message_id.in_([t.message_id for t in taken])).execute()
         return taken
+
+    def _open_rows(self, target: str, after_seq: int, limit: int) -> list[tuple[object, ...]]:
+        # One ordered range scan per open state of the (target, status, seq) index, merged:
+        # ``status IN (...) ORDER BY seq`` would sort every open row of a long backlog.
+        m = self.t.inbox
+        columns = [getattr(m, c) for c in CLAIM_COLUMNS]
+        found: list[tuple[object, ...]] = []
+        for state in OPEN_STATES:
+            found.extend(tuple(r) for r in (
+                m.select(*columns).where(m.target_chat_id == target, m.status == state,
+                                         m.seq > after_seq).order_by(m.seq).limit(limit).tuples()))
+        return sorted(found, key=lambda r: r[1])[:limit]  # type: ignore[arg-type,return-value]
 
     def submit_claim(self, owner: str, target: str, after_seq: int, now: float, *,
                      lease: float, limit: int) -> Reply[list[ClaimedRow]]:
@@ -81,10 +89,9 @@ class PeerOutbox:
 
     def next_due(self, target: str) -> float | None:
         """When the target's head row becomes claimable (None when it has no open row)."""
-        m = self.t.inbox
-        row = (m.select(m.status, m.available_at, m.lease_until)
-               .where(m.target_chat_id == target, m.status.in_(OPEN_STATES))
-               .order_by(m.seq).limit(1).tuples().first())
-        if row is None:
+        rows = self._open_rows(target, 0, 1)
+        if not rows:
             return None
-        return float(row[1] if row[0] == "pending" else (row[2] or 0.0))
+        head = rows[0]  # CLAIM_COLUMNS: status, available_at, lease_until are 9, 10, 11
+        due = head[10] if head[9] == State.PENDING.value else head[11]
+        return float(due or 0.0)  # type: ignore[arg-type]
