@@ -271,12 +271,12 @@ def test_a_repeat_gets_the_same_ack_and_other_content_is_rejected(receiver: Rece
                                               (f"peer-{me}-m2", f"suzent:{me}:side_1")]
 
 
-def test_a_delivery_cut_before_the_commit_is_retried_into_one_row(receiver: Receiver) -> None:
+def test_a_receiver_killed_around_its_commit_ends_with_one_row_after_the_retry(receiver: Receiver) -> None:
     good = Peer(receiver)
     me = good.identity.device_id
     ws = good.open()
     ws.send(f.encode(f.Deliver("early", "x", None)))
-    receiver.kill()  # races the commit: before or after, the outcome must be one row
+    receiver.kill()  # races the commit: before it or after it, the retry must leave one row
     receiver.start()
     ws = good.open()
     ws.send(f.encode(f.Deliver("early", "x", None)))
@@ -299,18 +299,25 @@ def test_revoke_or_pause_closes_the_live_link_within_a_second_and_fails_at_once(
     wait_for(delivered(sender, 1), 20, "the first ack")
     assert sender.peers.links[rec.device_id].ws is not None  # the link is live (lingering)
     me = sender.peers.identity.device_id
-    started = time.monotonic()
     receiver.peers(action, me)
+    started = time.monotonic()
     status = "revoked" if action == "revoke" else "paused"
     wait_for(lambda: sender.peers.peers.device(rec.device_id, OUTBOUND).status == status,  # type: ignore[union-attr]
              5, "the sender to hear of it")
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 1.0  # the live link heard of it within a second
     after = tools.agent_send(f"peer:{rec.device_id}", "after")  # type: ignore[attr-defined]
     wait_for(lambda: sender.inbox(state="failed") != [], 5, "the row to fail")
     row = sender.context.journal.get(after["message_id"])
     assert (row["status"], row["attempts"]) == ("failed", 1)
     assert status in row["last_error"]
     assert receiver.peer_rows(me) == [f"peer-{me}-{sender.inbox()[0]['message_id']}"]
+    listed = {a["agent_id"]: a for a in tools.agent_list()["agents"]}  # type: ignore[attr-defined]
+    active = {a["agent_id"] for a in tools.agent_list("active")["agents"]}  # type: ignore[attr-defined]
+    if action == "pause":
+        assert listed[f"peer:{rec.device_id}"]["status"] == "paused"
+    else:
+        assert f"peer:{rec.device_id}" not in listed
+    assert f"peer:{rec.device_id}" not in active
 
 
 # -- secrets -------------------------------------------------------------------------------
