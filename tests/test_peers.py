@@ -271,7 +271,8 @@ def test_a_repeat_gets_the_same_ack_and_other_content_is_rejected(receiver: Rece
                                               (f"peer-{me}-m2", f"suzent:{me}:side_1")]
 
 
-def test_a_receiver_killed_around_its_commit_ends_with_one_row_after_the_retry(receiver: Receiver) -> None:
+def test_a_receiver_killed_around_its_commit_ends_with_one_row_after_the_retry(
+        receiver: Receiver) -> None:
     good = Peer(receiver)
     me = good.identity.device_id
     ws = good.open()
