@@ -277,3 +277,15 @@ def test_receiver_rate_limit_closes_a_flooding_connection() -> None:
     assert all(isinstance(a, receiver.Send) for t in range(3) for a in core.receive(ping, 0.0))
     actions = core.receive(ping, 0.0)
     assert isinstance(actions[-1], receiver.Close) and core.closed
+
+
+def test_a_handshake_refused_for_a_reason_that_cannot_heal_is_terminal() -> None:
+    for reason, terminal in (("wrong_device", True), ("bad_signature", True),
+                             ("malformed", False)):
+        link = SenderLink(CLIENT, SERVER.device_id, SERVER.public_key, TOKEN)
+        link.offer([Outgoing("m0", "x")])
+        link.connected(NC)
+        link.receive(f.encode(hs.challenge(SERVER, NS)))
+        link.receive(f.encode(f.Error(None, "forbidden", reason)))
+        [effect] = link.effects()
+        assert isinstance(effect, Terminal if terminal else Retry), reason

@@ -30,7 +30,8 @@ TEXT_LIMIT = 20_000
 """Longest message text in a ``deliver`` frame (the ``agent_send`` limit)."""
 
 ERROR_CODES = ("bad_frame", "rate_limited", "rejected", "forbidden", "unavailable", "internal")
-"""``error`` codes; ``rejected`` is terminal for the message it names."""
+"""``error`` codes; ``rejected`` is terminal for the message it names. A ``forbidden``
+error that ends a handshake carries the :class:`~.grants.Refusal` code as its message."""
 
 Check = Callable[[Any], bool]
 

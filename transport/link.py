@@ -223,6 +223,8 @@ class SenderLink:
                                         frame, self.pinned_key)
                 self.state = LinkState.OPEN
                 self._flush()
+            elif isinstance(frame, f.Error) and frame.code == "forbidden":
+                self.refused(frame.message)  # a handshake refusal names its Refusal code
             elif isinstance(frame, f.Error):
                 self._lost(f"the peer refused the handshake ({frame.code}: {frame.message})")
             else:
