@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .database import is_postgres
 from .errors import RowNotFound
 from .hot_path import CLAIM_COLUMNS, HotPath
 from .inbox_core import OPEN_STATES, Event, State, check_lease, is_claimable, transition
@@ -37,6 +38,10 @@ class PeerOutbox:
     def _claim_op(self, owner: str, target: str, after_seq: int, now: float, lease: float,
                   limit: int) -> list[ClaimedRow]:
         m = self.t.inbox
+        if is_postgres(self.t.db):
+            # Claims of one device's rows from several processes take turns, so a second
+            # link sees the first one's live leases and stays idle (one link per device).
+            self.t.db.execute_sql("SELECT pg_advisory_xact_lock(hashtext(%s))", (target,))
         taken: list[ClaimedRow] = []
         for r in self._open_rows(target, after_seq, limit):
             if not is_claimable(r[9], r[10], r[11], now):

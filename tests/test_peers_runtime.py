@@ -141,3 +141,14 @@ def test_window_claims_stop_at_a_row_waiting_for_its_backoff(stores: Stores) -> 
     again = outbox.claim_window("w", "peer:0123456789ab", 0, 4.0, lease=30, limit=9)
     assert [r.message_id for r in again] == ["m0", "m1", "m2", "m3", "m4"]
     assert stores.journal.claim("d", 5.0).rows == []  # the dispatcher never takes peer rows
+
+
+def test_a_second_worker_finds_nothing_while_the_first_holds_the_window(stores: Stores) -> None:
+    outbox = PeerOutbox(stores.tables, stores.writer)
+    stores.journal.enqueue_many(
+        [NewMessage(f"m{i}", "peer:0123456789ab", f"t{i}", transport="suzent_peer",
+                    destination_peer_id="0123456789ab") for i in range(3)], 0.0)
+    assert len(outbox.claim_window("w1", "peer:0123456789ab", 0, 1.0, lease=30, limit=2)) == 2
+    assert outbox.claim_window("w2", "peer:0123456789ab", 0, 2.0, lease=30, limit=9) == []
+    taken = outbox.claim_window("w2", "peer:0123456789ab", 0, 40.0, lease=30, limit=9)
+    assert [r.message_id for r in taken] == ["m0", "m1", "m2"]  # w1's leases ran out
