@@ -21,10 +21,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import bench_concurrency, bench_runs
+from . import bench_concurrency, bench_peers, bench_runs
 from .bench_systems import SYSTEMS
 
-BENCHMARKS = ("throughput", "recovery", "scale", "concurrency")
+BENCHMARKS = ("throughput", "recovery", "scale", "concurrency", "peers")
 
 
 def versions() -> dict[str, str]:
@@ -46,6 +46,8 @@ def run(name: str, quick: bool, repeat: int, systems: list[str]) -> dict[str, An
         body = bench_runs.recovery(quick)
     elif name == "concurrency":
         body = bench_concurrency.concurrency(quick)
+    elif name == "peers":
+        body = bench_peers.peers(quick)
     else:
         body = bench_runs.scale(quick)
     body["settings"].update({

@@ -15,7 +15,7 @@ import sys
 from importlib import metadata
 from typing import TextIO
 
-from . import bench, cli_cron, cli_ops, cli_scenario, serve, worker
+from . import bench, cli_cron, cli_ops, cli_peers, cli_scenario, serve, worker
 from .errors import KinboxError
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(sub)
     serve.add_parser(sub)
     worker.add_parser(sub)
+    cli_peers.add_parser(sub)
     _remember_parsers(parser)
     return parser
 

@@ -116,6 +116,8 @@ class RuntimeContext:
     """Family rate-limit buckets (``family.Buckets``), set by the runtime."""
     focal: Any = None
     """The Focal service (``focal.Focal``), set by the runtime."""
+    peers: Any = None
+    """The peer service (``peers.PeerService``), set by the runtime."""
     wake_pending: bool = False
     """A ``Wake`` is on its way to the dispatcher, so senders need not send another."""
     max_active: int = 64

@@ -62,6 +62,7 @@ from .family import Buckets
 from .focal import Focal
 from .focal_schedule import FocalSchedule
 from .messages import Tick
+from .peers import PeerService
 from .social import SocialService
 from .subagents import report_back
 from .tools import TaskTools, tools_for
@@ -77,6 +78,12 @@ TAKEOVER_INTERVAL = 0.5
 
 INBOX_STATES = tuple(state.value for state in State)
 """The states an inbox row can be in."""
+
+
+def resolve_data_dir(url: str, data_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The runtime's data folder (Focal files, the device key): ``data_dir``, else
+    :func:`data_dir_for` the database."""
+    return Path(data_dir) if data_dir is not None else data_dir_for(url)
 
 
 class Runtime:
@@ -159,6 +166,7 @@ class Runtime:
         self._direct: DirectTurns | None = None
         self._cron: CronService | None = None
         self._social: SocialService | None = None
+        self._peers: PeerService | None = None
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -219,6 +227,11 @@ class Runtime:
                 self._cron.start(exclusive=self._lock is not None)
             if self._social is not None:
                 self._social.start()
+            # Receiving works everywhere; outbound links only where rows are delivered.
+            self._peers = ctx.peers = PeerService(ctx, self._resolve_data_dir(),
+                                                  delivering=not self.send_only)
+            if not self.send_only:
+                self._peers.start()
         except BaseException:
             self._teardown()
             raise
@@ -253,6 +266,8 @@ class Runtime:
         if self._schedule is not None:
             self._schedule.stop()
         self._stop_ticker()
+        if self._peers is not None:
+            self._peers.stop()
         for session_id in ctx.turns.running():
             ctx.turns.request_stop(session_id, "runtime", ctx.now())
         self._stop_direct(wait=True)  # before the async host: their brains may run there
@@ -281,6 +296,8 @@ class Runtime:
         self._stop_direct(wait=False)
         if ctx.async_host is not None:
             ctx.async_host.crash()
+        if self._peers is not None:
+            self._peers.stop()
         if ctx.dispatcher is not None:
             ctx.dispatcher.stop(block=False)
         ctx.emit("crashed", owner=self.owner)
@@ -319,7 +336,7 @@ class Runtime:
             self._direct.stop(wait=wait)
 
     def _resolve_data_dir(self) -> Path:
-        return self.data_dir or data_dir_for(self.url)
+        return resolve_data_dir(self.url, self.data_dir)
 
     def _teardown(self) -> None:
         if self._writer is not None:
@@ -629,6 +646,13 @@ class Runtime:
     def transcript(self, session_id: str) -> list[EntryRecord]:
         """Every transcript entry of a session (``role``, ``text``, ``visible``...)."""
         return self._require().store.transcript(session_id)
+
+    @property
+    def peers(self) -> PeerService:
+        """The peer service (device identity, pairing, links to paired devices)."""
+        peers = self._require().peers
+        assert isinstance(peers, PeerService)
+        return peers
 
     @property
     def focal(self) -> Focal:

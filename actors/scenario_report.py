@@ -145,6 +145,12 @@ def _event_line(names: dict[str, str], e: dict[str, Any]) -> str | None:
         return f"heartbeat {verdict}: {e['reason']} ({e['findings']} findings)"
     if ev == "wakeup_scheduled":
         return f"wake-up {e['job_id']} scheduled ({e['kind']})"
+    if ev == "peer_acked":
+        return f"{short(e['message_id'])} acknowledged by device {e['device_id']}"
+    if ev in ("peer_retry", "peer_failed"):
+        outcome = "FAILED for good" if ev == "peer_failed" else "will retry"
+        return (f"{short(e['message_id'])} to device {e['device_id']}: {e['error']} "
+                f"(attempt {e['attempts']}, {outcome})")
     if ev == "acked_by_marker":
         return f"{short(e['message_id'])} acknowledged from its delivery marker (no second turn)"
     return None

@@ -31,12 +31,13 @@ from typing import Any, TextIO
 
 import uvicorn
 
-from ..transport import LOOPBACK_HOSTS, OperatorToken, create_app
+from ..transport import LOOPBACK_HOSTS, OperatorToken, PeerEndpoint, create_app
 from .brain_ref import load_brain
 from .errors import BrainRefError
 from .focal import Focal
 from .http_backends import cron_social_routes
 from .interrupts import Interrupted, StopSignals
+from .peers import PeerHttpBackend
 from .runtime import Runtime
 from .serve_flags import WILDCARD_ADDRESSES, host_name, is_loopback, port_number, read_token
 from .worker import summary
@@ -45,6 +46,8 @@ log = logging.getLogger("kinbox.serve")
 
 STARTUP_TIMEOUT = 30.0
 """Seconds uvicorn may take to start serving on the bound socket."""
+WS_MAX_SIZE = 1 << 20
+"""Bytes a websocket message may have at the server (peer frames are refused far below)."""
 GRACE_SECONDS = 10
 """Seconds requests in flight get to finish after the first stop signal."""
 
@@ -95,7 +98,8 @@ def app_for(rt: Runtime, host: str = "127.0.0.1", allowed_hosts: Sequence[str] =
     hosts = [*LOOPBACK_HOSTS, *allowed_hosts]
     if host not in WILDCARD_ADDRESSES and host not in hosts:
         hosts.append(host)
-    return create_app(RuntimeHttpBackend(rt), hosts, operator,
+    peers = PeerEndpoint(PeerHttpBackend(rt.peers), hosts)
+    return create_app(RuntimeHttpBackend(rt), hosts, operator, peers.routes(),
                       guarded_routes=cron_social_routes(rt))
 
 
@@ -193,7 +197,8 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
             rt.start()
             server = _Server(uvicorn.Config(app_for(rt, args.host, args.allow_host, operator),
                                             log_level="warning", lifespan="off",
-                                            timeout_graceful_shutdown=GRACE_SECONDS))
+                                            timeout_graceful_shutdown=GRACE_SECONDS,
+                                            ws_max_size=WS_MAX_SIZE))
             thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                                       name="kinbox-http", daemon=True)
             thread.start()

@@ -18,6 +18,7 @@ from .context import RuntimeContext
 from .errors import ToolError
 from .family import FamilyTools
 from .focal import is_focal_chat
+from .peers import is_peer_target
 from .subagents import TASK_KIND, task_message_id
 from .tasks import TaskService
 from .validation import (
@@ -162,14 +163,21 @@ class AgentTools(FamilyTools, TaskTools):
         me = subject(caller)
         pool = (self._ctx.store.sessions(project_id=caller.project_id)
                 if caller.project_id is not None else [caller])
-        visible = [s for s in pool if access.decide("agent_list", me, subject(s)) == "allow"
+        visible = [listing(s) for s in pool
+                   if access.decide("agent_list", me, subject(s)) == "allow"
                    and (mode == "recent" or s.status == "active")]
-        return {"agents": [listing(s) for s in visible[:n]], "has_more": len(visible) > n}
+        if self._ctx.peers is not None:  # paired devices come after local sessions (T1)
+            visible += self._ctx.peers.listing(active_only=mode == "active")
+        return {"agents": visible[:n], "has_more": len(visible) > n}
 
     def agent_read(self, agent_id: Any) -> dict[str, Any]:
         """The target's visible transcript (user and assistant text), newest kept."""
         target_id = require_id("agent_id", agent_id)
         caller = self._caller()
+        if is_peer_target(target_id) and self._ctx.peers is not None:
+            answer = self._ctx.peers.request(target_id, "read")
+            return {"agent_id": target_id, "title": target_id, "status": answer.status,
+                    "transcript": answer.text}
         target = self._target("agent_read", caller, target_id)
         lines = [transcript_view.Line(e.role, e.text, e.visible, e.sender_id, e.kind)
                  for e in self._ctx.store.transcript(target.id)]
@@ -199,6 +207,8 @@ class AgentTools(FamilyTools, TaskTools):
                 raise unavailable(target_id)
             return focal.dispatch_new(focal_args.get("project_id"), focal_args.get("title"),
                                       focal_args.get("task_title"), text)
+        if is_peer_target(target_id) and ctx.peers is not None:
+            return dict(ctx.peers.send(caller.id, target_id, text))
         self._target("agent_send", caller, target_id)
         if caller_is_focal:
             focal.watch(target_id)
@@ -223,6 +233,11 @@ class AgentTools(FamilyTools, TaskTools):
         """Ask the target's running turn to stop (cooperative)."""
         target_id = require_id("agent_id", agent_id)
         caller = self._caller()
+        if is_peer_target(target_id) and self._ctx.peers is not None:
+            answer = self._ctx.peers.request(target_id, "stop")
+            if answer.status != "stop_requested":
+                raise ToolError("execution_failed", f"Agent '{target_id}' is not active.")
+            return {"agent_id": target_id, "status": "stop_requested"}
         target = self._target("agent_stop", caller, target_id)
         if not self._ctx.turns.request_stop(target.id, caller.id, self._ctx.now()):
             raise ToolError("execution_failed", f"Agent '{target.id}' is not active.")

@@ -227,6 +227,48 @@ class CronRun(_Base):
         table_name = "cron_runs"
 
 
+class PeerDevice(_Base):
+    """A paired device, one row per direction (P2).
+
+    ``inbound``: the device may connect to us; we keep the SHA-256 of the
+    bearer token we issued (never the token), bound to its pinned public key.
+    ``outbound``: we connect to it at ``url``; the token it issued is kept
+    sealed with our device key (``token_sealed``), never in plain text.
+    """
+
+    id = pw.CharField(primary_key=True, max_length=64)
+    device_id = pw.CharField(index=True, max_length=32)
+    direction = pw.CharField(max_length=16)
+    name = pw.CharField(default="", max_length=128)
+    public_key = pw.CharField(max_length=64)
+    url = pw.CharField(null=True, max_length=1024)
+    token_hash = pw.CharField(null=True, unique=True, max_length=64)
+    token_sealed = pw.CharField(null=True, max_length=256)
+    scopes = pw.CharField(default="agent", max_length=128)
+    status = pw.CharField(default="active", max_length=16)
+    last_error = pw.TextField(null=True)
+    created_at = pw.DoubleField()
+    updated_at = pw.DoubleField()
+    last_seen_at = pw.DoubleField(null=True)
+
+    class Meta:
+        table_name = "peer_devices"
+
+
+class PeerInvite(_Base):
+    """A one-time pairing code, kept as its SHA-256 only."""
+
+    code_hash = pw.CharField(primary_key=True, max_length=64)
+    scopes = pw.CharField(max_length=128)
+    created_at = pw.DoubleField()
+    expires_at = pw.DoubleField()
+    used_at = pw.DoubleField(null=True)
+    used_by = pw.CharField(null=True, max_length=32)
+
+    class Meta:
+        table_name = "peer_invites"
+
+
 MODELS: tuple[type[_Base], ...] = (
     Project,
     Session,
@@ -238,6 +280,8 @@ MODELS: tuple[type[_Base], ...] = (
     ScheduledJob,
     CronJob,
     CronRun,
+    PeerDevice,
+    PeerInvite,
 )
 
 
@@ -256,11 +300,14 @@ class Tables:
     job: type[ScheduledJob]
     cron_job: type[CronJob]
     cron_run: type[CronRun]
+    device: type[PeerDevice]
+    invite: type[PeerInvite]
 
     def all(self) -> list[type[pw.Model]]:
         """Every bound model, in creation order."""
         return [self.project, self.session, self.transcript, self.marker, self.task,
-                self.inbox, self.event, self.job, self.cron_job, self.cron_run]
+                self.inbox, self.event, self.job, self.cron_job, self.cron_run, self.device,
+                self.invite]
 
 
 def _bound(model: type[_Base], db: pw.Database) -> type:

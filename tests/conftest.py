@@ -20,7 +20,7 @@ from kinbox.persistence import (
 )
 
 PG_URL = os.environ.get("KINBOX_TEST_PG_URL")
-KINBOX_TABLES = ("cron_runs", "cron_jobs",
+KINBOX_TABLES = ("cron_runs", "cron_jobs", "peer_invites", "peer_devices",
                  "scheduled_jobs", "agent_inbox_events", "agent_inbox_messages", "tasks",
                  "delivery_markers",
                  "transcript_entries", "sessions", "projects")

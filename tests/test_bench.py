@@ -75,3 +75,16 @@ def test_unknown_systems_are_a_usage_error() -> None:
     from kinbox.actors.cli import main
 
     assert main(["bench", "throughput", "--systems", "kinbox,redis"]) == 2
+
+
+@pytest.mark.timeout(120)
+def test_peers_benchmark_reports_kinbox_beside_raw_websockets() -> None:
+    from kinbox.actors import bench_peers
+
+    report = bench_peers.peers(quick=True, window=16, messages=150)
+    assert set(report["results"]) == {"raw_ws_one_way", "raw_ws_windowed_ack", "kinbox_peers"}
+    for r in report["results"].values():
+        assert r["messages"] == 150 and r["msgs_per_s"] > 0
+    assert report["results"]["kinbox_peers"]["p99_ms"] is not None
+    assert set(report["ratios"]) == {"kinbox_vs_raw_windowed_ack", "kinbox_vs_raw_one_way",
+                                     "target_vs_raw_windowed_ack"}

@@ -116,9 +116,10 @@ def test_crash_restart_tells_the_crash_where_it_happened(db_url: str) -> None:
 
 # -- item 7: the report covers the run; many runs share one database ---------------------------
 
-ONE_PER_DATABASE = {"focal_day"}
-"""Scenarios of the database's one Focal agent: its heartbeat schedule and notes persist, so
-a second run on the same database continues the first one's day (run it on a fresh one)."""
+ONE_PER_DATABASE = {"focal_day", "two_devices"}
+"""Scenarios of what a database holds once: the one Focal agent (its heartbeat schedule and
+notes persist, so a second run continues the first one's day) and a device pairing (the
+second run would find the devices already paired). Run them on a fresh database."""
 
 
 @pytest.mark.timeout(90)

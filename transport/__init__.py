@@ -1,20 +1,64 @@
 """kinbox.transport: what crosses a process boundary.
 
-The HTTP API (:func:`create_app`) lives here; it talks to the runtime only
-through the :class:`HttpBackend` protocol, so this package never imports
-``kinbox.actors`` or ``kinbox.persistence``. The Host check
-(:class:`HostGuard`) and the operator token (:class:`OperatorToken`) are
-its two gates. Peer links arrive with their issue.
+The HTTP API (:func:`create_app`) and the peer links between devices. The
+HTTP app talks to the runtime only through backend protocols
+(:class:`HttpBackend`, :class:`CronBackend`, :class:`SocialBackend`,
+:class:`PeerBackend`), so this package never imports ``kinbox.actors`` or
+``kinbox.persistence``; the Host check (:class:`HostGuard`) and the operator
+token (:class:`OperatorToken`) are its gates. Peers: the device identity
+(:class:`DeviceIdentity`, :mod:`.key_file`), grants and tokens
+(:mod:`.grants`), the wire frames (:mod:`.frames`), the handshake
+(:mod:`.handshake`), the sans-I/O link cores (:class:`SenderLink`,
+:class:`ReceiverLink`) and their websockets adapters (:class:`PeerEndpoint`
+for the server, :mod:`.peer_client` for the client). Its errors derive from
+:class:`TransportError`.
 """
 
 from .cron_http import CronBackend, cron_routes
-from .errors import BackendRefused, SignatureProblem, SignatureRejected, TransportError
+from .errors import (
+    BackendRefused,
+    FrameError,
+    HandshakeRefused,
+    IdentityError,
+    LinkStateError,
+    PeerUnavailable,
+    SignatureProblem,
+    SignatureRejected,
+    TransportError,
+)
 from .host_guard import HostGuard, allowed_name
 from .http_app import LOOPBACK_HOSTS, HttpBackend, Refusal, create_app
+from .identity import DeviceIdentity
+from .link import SenderLink
 from .operator_token import OperatorToken
+from .peer_ws import PeerBackend, PeerEndpoint
+from .receiver import ReceiverLink
 from .social_http import SocialBackend, social_routes
 
-__all__ = ["LOOPBACK_HOSTS", "BackendRefused", "CronBackend", "HostGuard", "HttpBackend",
-           "OperatorToken", "Refusal", "SignatureProblem", "SignatureRejected",
-           "SocialBackend", "TransportError", "allowed_name", "create_app", "cron_routes",
-           "social_routes"]
+__all__ = [
+    "LOOPBACK_HOSTS",
+    "BackendRefused",
+    "CronBackend",
+    "DeviceIdentity",
+    "FrameError",
+    "HandshakeRefused",
+    "HostGuard",
+    "HttpBackend",
+    "IdentityError",
+    "LinkStateError",
+    "OperatorToken",
+    "PeerBackend",
+    "PeerEndpoint",
+    "PeerUnavailable",
+    "ReceiverLink",
+    "Refusal",
+    "SenderLink",
+    "SignatureProblem",
+    "SignatureRejected",
+    "SocialBackend",
+    "TransportError",
+    "allowed_name",
+    "create_app",
+    "cron_routes",
+    "social_routes",
+]

@@ -1,11 +1,19 @@
 """Errors of the transport layer (it cannot import the actors' or persistence's trees).
 
-::
+Transport cannot import ``kinbox.persistence`` (where ``KinboxError`` lives),
+so it has its own root; the actors layer wraps what reaches users. "The peer
+sent garbage" (:class:`FrameError`, :class:`HandshakeRefused`) is kept apart
+from "you misused it" (:class:`LinkStateError`)::
 
     TransportError
-    ├── SignatureRejected   a webhook delivery is unsigned, stale, forged or replayed;
-    │                       .reason is a SignatureProblem
-    └── BackendRefused      a backend refuses a request; .status (4xx/5xx), .code, .message
+    ├── SignatureRejected  a webhook delivery is unsigned, stale, forged or replayed;
+    │                      .reason is a SignatureProblem
+    ├── BackendRefused     a backend refuses a request; .status (4xx/5xx), .code, .message
+    ├── IdentityError      a device key file or public key is unusable
+    ├── FrameError         a frame broke the wire format; .reason says how
+    ├── HandshakeRefused   a handshake or pairing step failed; .reason says which
+    ├── LinkStateError     a link core was driven out of order (a caller's bug)
+    └── PeerUnavailable    the peer could not be reached or refused the link
 
 The actors layer raises :class:`BackendRefused` from the backends it hands
 to the HTTP routes, translating its own errors, so the routes answer with a
@@ -48,3 +56,49 @@ class BackendRefused(TransportError):
         self.status = status
         self.code = code
         self.message = message
+
+
+class IdentityError(TransportError):
+    """A device key file or a public key cannot be used."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        super().__init__(f"{what}: {reason}")
+        self.what = what
+        self.reason = reason
+
+
+class FrameError(TransportError):
+    """A frame broke the wire format. ``reason`` is a stable code (``too_large``...)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"bad frame ({reason})" + (f": {detail}" if detail else ""))
+        self.reason = reason
+        self.detail = detail
+
+
+class HandshakeRefused(TransportError):
+    """A handshake or pairing step failed. ``reason`` is a :class:`~.grants.Refusal` value."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"handshake refused ({reason})" + (f": {detail}" if detail else ""))
+        self.reason = reason
+        self.detail = detail
+
+
+class LinkStateError(TransportError):
+    """A link core got an input its state does not allow."""
+
+    def __init__(self, state: str, event: str) -> None:
+        super().__init__(f"link in state {state!r} cannot handle {event!r}")
+        self.state = state
+        self.event = event
+
+
+class PeerUnavailable(TransportError):
+    """The peer could not be reached, or it refused us. ``terminal``: retrying cannot help."""
+
+    def __init__(self, reason: str, *, terminal: bool, status: int | None = None) -> None:
+        super().__init__(f"peer unavailable ({reason})")
+        self.reason = reason
+        self.terminal = terminal
+        self.status = status

@@ -1,0 +1,162 @@
+"""``kinbox peers``: this device's identity, pairing, and the grants of paired devices.
+
+``whoami`` shows the device id; ``invite`` (on the receiving device) prints a
+one-time pairing code and stores only its hash; ``pair URL CODE`` (on the
+sending device) redeems it over the peer's websocket; ``list`` shows every
+paired device with its scopes, status, last contact and row counts;
+``pause``, ``resume`` and ``revoke`` change a device's grant (a live link
+closes within a second). Like the other operator commands they work on the
+database while a runtime runs on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TextIO
+
+from ..persistence import (
+    GroupCommitWriter,
+    RowNotFound,
+    bind_tables,
+    default_url,
+    open_database,
+    upgrade,
+)
+from ..persistence.peers import PeerStore
+from ..transport import key_file
+from ..transport.errors import TransportError
+from ..transport.grants import change_status, parse_scopes, parse_ttl
+from ..transport.identity import DeviceIdentity
+from .cli_ops import _emit, _when
+from .errors import ConfigError
+from .peers import complete_pairing, new_invite
+from .runtime import resolve_data_dir
+
+
+@contextmanager
+def _peers(args: argparse.Namespace) -> Iterator[tuple[PeerStore, DeviceIdentity]]:
+    url = args.db or default_url()
+    if url.startswith("sqlite:///"):  # like the runtime: a new device starts with no folder
+        Path(url[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    db = open_database(url)
+    tables = bind_tables(db)
+    upgrade(tables)  # the peer tables may be newer than the runtime that made the file
+    writer = GroupCommitWriter(db, name="kinbox-cli-writer")
+    writer.start()
+    try:
+        yield PeerStore(tables, writer), key_file.load_or_create(
+            resolve_data_dir(url, args.data_dir))
+    except (TransportError, ValueError) as exc:
+        raise ConfigError(str(exc)) from exc
+    finally:
+        writer.stop()
+        db.close()
+
+
+def whoami(args: argparse.Namespace, out: TextIO) -> int:
+    """``kinbox peers whoami``."""
+    with _peers(args) as (_, identity):
+        data = {"device_id": identity.device_id, "public_key": identity.public_key}
+    _emit(out, args.json, data, [f"device_id: {identity.device_id}",
+                                 f"public_key: {identity.public_key}"])
+    return 0
+
+
+def invite(args: argparse.Namespace, out: TextIO) -> int:
+    """``kinbox peers invite``: a one-time pairing code for another device."""
+    try:
+        scopes, ttl = parse_scopes(args.scope or ["agent"]), parse_ttl(args.ttl)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    now = time.time()
+    with _peers(args) as (peers, identity):
+        code = new_invite(peers, scopes, ttl, now)
+    data = {"code": code, "device_id": identity.device_id, "scopes": sorted(scopes),
+            "expires_at": now + ttl}
+    _emit(out, args.json, data, [code, f"(one-time pairing code for device "
+                                       f"{identity.device_id}, expires {_when(now + ttl)} UTC)"])
+    return 0
+
+
+def pair(args: argparse.Namespace, out: TextIO) -> int:
+    """``kinbox peers pair URL CODE``."""
+    with _peers(args) as (peers, identity):
+        rec = complete_pairing(identity, peers, args.url, args.code, args.name or "",
+                               time.time())
+    _emit(out, args.json, rec.to_dict(),
+          [f"paired with device {rec.device_id}: address it as peer:{rec.device_id}"])
+    return 0
+
+
+def listing(args: argparse.Namespace, out: TextIO) -> int:
+    """``kinbox peers list``."""
+    with _peers(args) as (peers, _):
+        counts = peers.row_counts()
+        data = []
+        for rec in peers.devices():
+            row = rec.to_dict()
+            c = counts.get(rec.device_id, {}) if rec.direction == "outbound" else {}
+            row["queued"] = c.get("pending", 0) + c.get("processing", 0)
+            row["failed"] = c.get("failed", 0)
+            row["delivered"] = c.get("delivered", 0)
+            data.append(row)
+    lines = [f"{'device':<13} {'direction':<9} {'status':<8} {'scopes':<8} {'queued':>6} "
+             f"{'failed':>6}  {'last seen':<19} name"]
+    lines += [f"{d['device_id']:<13} {d['direction']:<9} {d['status']:<8} "
+              f"{','.join(d['scopes']):<8} {d['queued']:>6} {d['failed']:>6}  "
+              f"{_when(d['last_seen_at']):<19} {d['name']}" for d in data]
+    _emit(out, args.json, data, lines if data else ["no paired devices"])
+    return 0
+
+
+def change(args: argparse.Namespace, out: TextIO) -> int:
+    """``kinbox peers pause|resume|revoke DEVICE``."""
+    with _peers(args) as (peers, _):
+        recs = [r for r in peers.devices() if r.device_id == args.device_id]
+        if not recs:
+            raise RowNotFound("paired device", args.device_id)
+        try:
+            changes = [(r, change_status(r.status, args.action)) for r in recs]
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        for r, status in changes:
+            peers.set_status(r.device_id, status.value, time.time(), direction=r.direction,
+                             last_error=f"{args.action}d by the operator"
+                             if status.value != "active" else None)
+    data = [{"device_id": r.device_id, "direction": r.direction, "status": s.value}
+            for r, s in changes]
+    _emit(out, args.json, data, [f"{d['device_id']} ({d['direction']}): {d['status']}"
+                                 for d in data])
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``peers``."""
+    def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--db", help="database URL (default: $KINBOX_DB, then the data dir file)")
+        p.add_argument("--data-dir", help="where the device key lives (default: beside the db)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+        return p
+
+    peers = sub.add_parser("peers", help="device identity, pairing and grants")
+    psub = peers.add_subparsers(dest="action", required=True)
+    common(psub.add_parser("whoami", help="this device's id")).set_defaults(handler=whoami)
+    p = common(psub.add_parser("invite", help="print a one-time pairing code"))
+    p.add_argument("--scope", action="append", choices=["agent"])
+    p.add_argument("--ttl", default="10m", help="how long the code is valid (default 10m)")
+    p.set_defaults(handler=invite)
+    p = common(psub.add_parser("pair", help="pair with a device using its code"))
+    p.add_argument("url", help="the other device's kinbox serve URL, http://host:port")
+    p.add_argument("code")
+    p.add_argument("--name", help="what to call that device here")
+    p.set_defaults(handler=pair)
+    common(psub.add_parser("list", help="paired devices and their grants")).set_defaults(
+        handler=listing)
+    for action in ("pause", "resume", "revoke"):
+        p = common(psub.add_parser(action, help=f"{action} a device's grant"))
+        p.add_argument("device_id")
+        p.set_defaults(handler=change)

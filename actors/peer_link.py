@@ -1,0 +1,317 @@
+"""The peer-link actor: one thread per paired device, whose mailbox is its outbound rows.
+
+The rows addressed to ``peer:<device_id>`` (transport ``suzent_peer``) are
+the mailbox (SPEC I7): the dispatcher never claims them; this actor leases a
+window of them (:class:`~kinbox.persistence.PeerOutbox`), opens the link,
+and feeds the socket and the :class:`~kinbox.transport.SenderLink` core
+into each other. It carries out the core's effects on the journal: ``ack``
+after the receiver's ack (which it sends only after its own commit), a
+retry with the peer backoff when the link drops or cannot open, ``failed``
+at once for a rejected payload or a refusing device. After a restart it
+simply finds its rows again. No rule lives here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection
+
+from ..persistence import ClaimedRow, LeaseLost, PersistenceError, WriterClosed
+from ..persistence.peers import OUTBOUND, DeviceRecord
+from ..persistence.writer import Reply
+from ..transport import frames as wire
+from ..transport.errors import IdentityError, PeerUnavailable
+from ..transport.handshake import NONCE_BYTES, new_nonce
+from ..transport.link import (
+    Acked,
+    Answer,
+    Effect,
+    LinkState,
+    Outgoing,
+    Rejected,
+    Retry,
+    SenderLink,
+    Terminal,
+)
+from ..transport.peer_client import connect_link
+
+if TYPE_CHECKING:
+    from .peers import PeerService
+
+log = logging.getLogger("kinbox.peers")
+
+WINDOW = 64
+"""Unacknowledged ``deliver`` frames per link."""
+
+LINGER_SECONDS = 5.0
+"""How long an open link with nothing to carry stays open for the next message."""
+
+
+def peer_target(device_id: str) -> str:
+    """The inbox address of a paired device."""
+    return f"peer:{device_id}"
+
+
+class PeerLink:
+    """Carries one device's outbound rows over a websocket link."""
+
+    def __init__(self, svc: PeerService, device_id: str, window: int = WINDOW) -> None:
+        self.svc = svc
+        self.device_id = device_id
+        self.target = peer_target(device_id)
+        self.window = window
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"kinbox-peer-{device_id}",
+                                        daemon=True)
+        self.ws: ClientConnection | None = None
+        self._touched = 0.0
+
+    def start(self) -> None:
+        """Start the link thread."""
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Rows may be due (a send committed, the clock moved)."""
+        self._wake.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop; rows in flight stay leased and come back when the lease expires."""
+        self._stop.set()
+        self._wake.set()
+        ws = self.ws
+        if ws is not None:
+            ws.close()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._step()
+            except WriterClosed:
+                return
+            except Exception:
+                log.exception("peer link to %s failed; carrying on", self.device_id)
+                self._stop.wait(1.0)
+
+    def _idle_wait(self) -> None:
+        due = self.svc.outbox.next_due(self.target)
+        delay = 1.0 if due is None else min(1.0, max(0.02, due - self.svc.ctx.now()))
+        self._wake.wait(delay)
+        self._wake.clear()
+
+    def _claim(self, after_seq: int, limit: int) -> list[ClaimedRow]:
+        ctx = self.svc.ctx
+        return self.svc.outbox.claim_window(ctx.owner, self.target, after_seq, ctx.now(),
+                                            lease=ctx.lease_seconds, limit=limit)
+
+    def _step(self) -> None:
+        rec = self.svc.peers.device(self.device_id, OUTBOUND)
+        rows = self._claim(0, self.window) if rec is not None else []
+        if not rows:
+            self._idle_wait()
+            return
+        assert rec is not None
+        if rec.status != "active":
+            reason = rec.last_error or f"peer device {self.device_id} is {rec.status}"
+            for row in rows:
+                self._retry(row.message_id, reason, permanent=True)
+            return
+        self._session(rec, rows)
+
+    def _session(self, rec: DeviceRecord, rows: list[ClaimedRow]) -> None:
+        svc = self.svc
+        try:
+            token = svc.identity.unseal(rec.token_sealed or "")
+        except IdentityError as exc:
+            for row in rows:
+                self._retry(row.message_id, str(exc), permanent=True)
+            return
+        link = SenderLink(svc.identity, rec.device_id, rec.public_key, token, self.window,
+                          prefetch=self.window)
+        link.offer([_outgoing(r) for r in rows])
+        try:
+            with connect_link(rec.url or "", token) as ws:
+                self.ws = ws
+                self._carry(ws, link, rec, rows[-1].seq)
+        except PeerUnavailable as exc:
+            if exc.status is not None:
+                link.refused(exc.reason)
+            else:
+                link.connection_lost(str(exc))
+            self._settle_now(self._apply(link.effects(), rec))
+        except ConnectionClosed as exc:
+            link.connection_lost(f"the link closed ({exc.rcvd.code if exc.rcvd else 'no'} "
+                                 "close frame)")
+            self._settle_now(self._apply(link.effects(), rec))
+        finally:
+            self.ws = None
+            if link.held():  # stopping with rows in flight: hand them back unrun
+                self._release(link.held())
+
+    def _carry(self, ws: ClientConnection, link: SenderLink, rec: DeviceRecord,
+               last_seq: int) -> None:
+        """Move frames until the link ends, idles out, or the actor stops.
+
+        Acks and claims are submitted to the writer without waiting: the loop
+        keeps reading acks and sending frames while the last round commits
+        (one claim outstanding at a time, so journal order holds).
+        """
+        ctx = self.svc.ctx
+        renewed = time.monotonic()
+        idle_since: float | None = None
+        claim: Reply[list[ClaimedRow]] | None = None
+        acks: list[tuple[Reply[None], list[str]]] = []
+        link.connected(new_nonce(self.svc.random(NONCE_BYTES)))
+        try:
+            while not self._stop.is_set():
+                for text in link.frames_to_send():
+                    ws.send(text)
+                acked = self._apply(link.effects(), rec)
+                if acked:
+                    acks.append((self.svc.outbox.submit_ack(ctx.owner, acked, ctx.now()), acked))
+                acks = self._settled(acks, wait=False)
+                if link.state in (LinkState.IDLE, LinkState.CLOSED):
+                    return
+                if claim is not None and _ready(claim):
+                    more, claim = claim.result(), None
+                    if more:
+                        last_seq = more[-1].seq
+                        link.offer([_outgoing(r) for r in more])
+                        continue
+                room = link.capacity() if link.state is LinkState.OPEN else 0
+                if claim is None and (room >= self.window // 2 or (room and not link.held())):
+                    claim = self.svc.outbox.submit_claim(ctx.owner, self.target, last_seq,
+                                                         ctx.now(), lease=ctx.lease_seconds,
+                                                         limit=room)
+                if not link.held() and claim is None and not acks:
+                    idle_since = idle_since or time.monotonic()
+                    if time.monotonic() - idle_since > LINGER_SECONDS:
+                        return
+                else:
+                    idle_since = None
+                if time.monotonic() - renewed > ctx.lease_seconds / 3:
+                    renewed = time.monotonic()
+                    ctx.journal.renew(ctx.owner, [self.target], ctx.now() + ctx.lease_seconds,
+                                      ctx.now())
+                busy = claim is not None or bool(acks)
+                self._receive(ws, link, 0.002 if busy else 0.05 if link.held() else 0.2)
+        finally:
+            self._settled(acks, wait=True)
+            if claim is not None:  # leased, never offered: hand back unrun
+                try:
+                    rows = claim.result(30)
+                except PersistenceError:
+                    rows = []
+                if rows:
+                    self._release([r.message_id for r in rows])
+
+    def _settled(self, acks: list[tuple[Reply[None], list[str]]],
+                 wait: bool) -> list[tuple[Reply[None], list[str]]]:
+        """Report the committed acks; return those still on their way."""
+        ctx = self.svc.ctx
+        waiting = []
+        for reply, ids in acks:
+            if not wait and not _ready(reply):
+                waiting.append((reply, ids))
+                continue
+            try:
+                reply.result(30)
+            except LeaseLost as exc:
+                log.warning("ack of peer rows refused: %s", exc)
+                continue
+            for mid in ids:
+                ctx.emit("peer_acked", message_id=mid, device_id=self.device_id)
+            if time.monotonic() - self._touched > 1.0:  # "last seen", not per message
+                self._touched = time.monotonic()
+                self.svc.peers.touch(self.device_id, OUTBOUND, ctx.now())
+        return waiting
+
+    def _settle_now(self, acked: list[str]) -> None:
+        if acked:
+            self._settled([(self.svc.outbox.submit_ack(self.svc.ctx.owner, acked,
+                                                       self.svc.ctx.now()), acked)], wait=True)
+
+    def _receive(self, ws: ClientConnection, link: SenderLink, timeout: float) -> None:
+        try:
+            link.receive(ws.recv(timeout))
+        except TimeoutError:
+            return
+        while link.state is LinkState.OPEN:  # drain whatever else already arrived
+            try:
+                link.receive(ws.recv(0))
+            except TimeoutError:
+                return
+        if self._wake.is_set():
+            self._wake.clear()
+
+    # -- effects ---------------------------------------------------------------------------
+
+    def _apply(self, effects: list[Effect], rec: DeviceRecord) -> list[str]:
+        """Carry out failures at once; return the acked ids for the caller to commit."""
+        ctx = self.svc.ctx
+        acked: list[str] = []
+        for e in effects:
+            if isinstance(e, Acked):
+                acked.extend(e.ids)
+            elif isinstance(e, Rejected):
+                self._retry(e.id, e.reason, permanent=True)
+            elif isinstance(e, Retry):
+                for mid in e.ids:
+                    self._retry(mid, e.reason, permanent=False)
+            elif isinstance(e, Terminal):
+                self.svc.peers.set_status(self.device_id, e.status, ctx.now(),
+                                          direction=OUTBOUND, last_error=e.reason)
+                for mid in e.ids:
+                    self._retry(mid, e.reason, permanent=True)
+                log.warning("peer %s refused this device: %s", self.device_id, e.reason)
+            elif isinstance(e, Answer):
+                pass  # read/stop answers travel on their own one-shot links (peers.request)
+        return acked
+
+    def _retry(self, message_id: str, error: str, *, permanent: bool) -> None:
+        ctx = self.svc.ctx
+        try:
+            out = ctx.journal.retry(ctx.owner, message_id, error, ctx.now(), permanent=permanent)
+        except (LeaseLost, PersistenceError) as exc:
+            if isinstance(exc, WriterClosed):
+                raise
+            log.warning("retry of peer row %s refused: %s", message_id, exc)
+            return
+        ctx.emit("peer_failed" if out.state.value == "failed" else "peer_retry",
+                 message_id=message_id, device_id=self.device_id, attempts=out.attempts,
+                 error=error)
+
+    def _release(self, ids: list[str]) -> None:
+        ctx = self.svc.ctx
+        try:
+            ctx.journal.release(ctx.owner, ids, ctx.now())
+        except PersistenceError:
+            pass  # leases expire on their own
+
+
+def _ready(reply: Reply[Any]) -> bool:
+    """Has the writer answered (committed or failed)?"""
+    try:
+        reply.result(0)
+    except TimeoutError:
+        return False
+    except Exception:
+        return True
+    return True
+
+
+def _outgoing(row: ClaimedRow) -> Outgoing:
+    session = row.payload.get("session") if row.payload else None
+    return Outgoing(row.message_id, row.content, session if isinstance(session, str) else None)
+
+
+__all__ = ["PeerLink", "peer_target", "wire"]

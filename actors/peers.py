@@ -1,0 +1,321 @@
+"""The peer service: this runtime's device identity, its links, and its peer endpoint.
+
+The composition of the peers feature (SPEC §8) inside one runtime:
+
+- sending: ``agent_send("peer:<id>")`` queues a ``suzent_peer`` row and wakes
+  that device's :class:`~.peer_link.PeerLink` (one per outbound device,
+  started for every paired device at start, so a restart rehydrates);
+- receiving: :class:`PeerHttpBackend` is the :class:`~kinbox.transport.PeerBackend`
+  the websocket endpoint calls: it commits a delivery as an inbox row whose id
+  is derived from the sender's device and message id, in the sender's
+  dedicated session ``suzent:<device_id>`` (social project, kind ``remote``),
+  and wakes the dispatcher, which runs the turn wherever a brain is;
+- pairing, ``agent_read``/``agent_stop`` on ``peer:<id>`` (one-shot links)
+  and the ``agent_list`` entries of paired devices.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection
+
+from ..persistence import IdempotencyConflict, NewMessage, set_wise
+from ..persistence.peer_outbox import PeerOutbox
+from ..persistence.peers import INBOUND, OUTBOUND, DeviceRecord, PeerStore
+from ..transport import frames as wire
+from ..transport import key_file, receiver
+from ..transport.errors import PeerUnavailable
+from ..transport.grants import GrantView, InviteView, new_code, secret_hash
+from ..transport.handshake import NONCE_BYTES, PairingProof, new_nonce
+from ..transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
+from ..transport.link import Answer, LinkState, SenderLink
+from ..transport.peer_client import connect_link, pair_with
+from . import transcript_view
+from .context import RuntimeContext
+from .errors import ToolError
+from .peer_link import PeerLink, peer_target
+
+log = logging.getLogger("kinbox.peers")
+
+PEER_PREFIX = "peer:"
+REQUEST_TIMEOUT = 10.0
+
+
+def is_peer_target(agent_id: str) -> bool:
+    """Is this an address of a paired device?"""
+    return agent_id.startswith(PEER_PREFIX)
+
+
+class PeerService:
+    """Peers of one started runtime."""
+
+    def __init__(self, ctx: RuntimeContext, data_dir: Path, *, delivering: bool = True) -> None:
+        self.ctx = ctx
+        self.delivering = delivering
+        """False in a send-only runtime: it receives and queues, but runs no outbound link
+        (the delivering process's link sends the rows)."""
+        self.identity = key_file.load_or_create(data_dir)
+        t, w = ctx.journal.t, ctx.journal.writer
+        self.peers = PeerStore(t, w)
+        self.outbox = PeerOutbox(t, w)
+        self.links: dict[str, PeerLink] = {}
+        self._lock = threading.Lock()
+        self._unsubscribe: Any = None
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start a link for every outbound device (their rows are their mailboxes)."""
+        subscribe = getattr(self.ctx.clock, "subscribe", None)
+        if subscribe is not None:  # an injected clock moved: backoffs may have run out
+            self._unsubscribe = subscribe(lambda _now: self.wake_all())
+        for rec in self.peers.devices(OUTBOUND):
+            self.link_for(rec.device_id)
+
+    def stop(self) -> None:
+        """Stop every link (before the dispatcher and the writer stop)."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        with self._lock:
+            links, self.links = list(self.links.values()), {}
+        for link in links:
+            link.stop()
+
+    def link_for(self, device_id: str) -> PeerLink | None:
+        """The device's link, started on first use (None in a send-only runtime)."""
+        if not self.delivering:
+            return None
+        with self._lock:
+            link = self.links.get(device_id)
+            if link is None:
+                link = self.links[device_id] = PeerLink(self, device_id)
+                link.start()
+        return link
+
+    def wake_all(self) -> None:
+        """Every link looks at its rows again."""
+        with self._lock:
+            links = list(self.links.values())
+        for link in links:
+            link.wake()
+
+    def random(self, n: int) -> bytes:
+        """Randomness for nonces, tokens and seals."""
+        return os.urandom(n)
+
+    # -- pairing (the sending side) --------------------------------------------------------
+
+    def pair(self, url: str, code: str, name: str = "") -> DeviceRecord:
+        """Redeem a pairing code printed by ``kinbox peers invite`` on the other device."""
+        rec = complete_pairing(self.identity, self.peers, url, code, name, self.ctx.now())
+        self.link_for(rec.device_id)
+        return rec
+
+    # -- the agent tools on peer:<id> ------------------------------------------------------
+
+    def _outbound(self, agent_id: str) -> DeviceRecord:
+        rec = self.peers.device(agent_id[len(PEER_PREFIX):], OUTBOUND)
+        if rec is None:
+            raise ToolError("not_found",
+                            f"Agent '{agent_id}' is not available in the current project.")
+        return rec
+
+    def _message(self, caller_id: str, rec: DeviceRecord, text: str,
+                 session: str | None) -> NewMessage:
+        return NewMessage(f"msg-{self.ctx.new_id()}", peer_target(rec.device_id), text,
+                          sender=caller_id, transport="suzent_peer",
+                          destination_peer_id=rec.device_id,
+                          payload={"session": session} if session else {})
+
+    def send(self, caller_id: str, agent_id: str, text: str,
+             session: str | None = None) -> dict[str, Any]:
+        """Queue ``text`` for a paired device; the link carries it."""
+        return self.send_many(caller_id, agent_id, [text], session)[0]
+
+    def send_many(self, caller_id: str, agent_id: str, texts: Sequence[str],
+                  session: str | None = None) -> list[dict[str, Any]]:
+        """Queue several messages for a paired device in one commit, in order."""
+        rec = self._outbound(agent_id)
+        ctx = self.ctx
+        results = []
+        msgs = [self._message(caller_id, rec, t, session) for t in texts]
+        for first in range(0, len(msgs), 500):
+            results += ctx.journal.enqueue_many(msgs[first:first + 500], ctx.now())
+        for r in results:
+            ctx.emit("sent", message_id=r.message_id, sender=caller_id, target=agent_id,
+                     kind="agent_message", created=r.created)
+        link = self.link_for(rec.device_id)
+        if link is not None:
+            link.wake()
+        return [{"message_id": r.message_id, "agent_id": agent_id, "status": r.status}
+                for r in results]
+
+    def request(self, agent_id: str, action: str) -> wire.Result:
+        """Run a ``read`` or ``stop`` of the peer's dedicated session over a one-shot link."""
+        rec = self._outbound(agent_id)
+        if rec.status != "active":
+            raise ToolError("execution_failed", f"Peer '{agent_id}' is {rec.status}.")
+        token = self.identity.unseal(rec.token_sealed or "")
+        link = SenderLink(self.identity, rec.device_id, rec.public_key, token, 1)
+        try:
+            with connect_link(rec.url or "", token) as ws:
+                return self._exchange(ws, link, agent_id, action)
+        except PeerUnavailable as exc:
+            raise ToolError("execution_failed",
+                            f"Peer '{agent_id}' cannot be reached ({exc.reason}).") from None
+        except (TimeoutError, ConnectionClosed):
+            raise ToolError("execution_failed", f"Peer '{agent_id}' did not answer.") from None
+
+    def _exchange(self, ws: ClientConnection, link: SenderLink, agent_id: str,
+                  action: str) -> wire.Result:
+        link.connected(new_nonce(self.random(NONCE_BYTES)))
+        req = self.ctx.new_id()[:16]
+        sent = False
+        while True:
+            for text in link.frames_to_send():
+                ws.send(text)
+            for e in link.effects():
+                if isinstance(e, Answer) and e.frame.req == req:
+                    return e.frame
+            if link.state in (LinkState.IDLE, LinkState.CLOSED):
+                raise ToolError("execution_failed", f"Peer '{agent_id}' refused the request.")
+            if link.state is LinkState.OPEN and not sent:
+                link.request(wire.Read(req) if action == "read" else wire.Stop(req))
+                sent = True
+                continue
+            link.receive(ws.recv(REQUEST_TIMEOUT))
+
+    def listing(self, active_only: bool) -> list[dict[str, Any]]:
+        """``agent_list`` records of paired devices: ``ready`` or ``paused`` (T1)."""
+        out = []
+        for rec in self.peers.devices(OUTBOUND):
+            if rec.status == "revoked" or (active_only and rec.status != "active"):
+                continue
+            out.append({"agent_id": peer_target(rec.device_id), "title": rec.name,
+                        "kind": "remote", "status": "ready" if rec.status == "active"
+                        else "paused", "project_id": None, "parent_agent_id": None,
+                        "updated_at": rec.last_seen_at or rec.updated_at})
+        return out
+
+
+class PeerHttpBackend:
+    """The :class:`~kinbox.transport.PeerBackend` of a running runtime (the receiving side)."""
+
+    def __init__(self, svc: PeerService) -> None:
+        self.svc = svc
+        self.ctx = svc.ctx
+        self.identity = svc.identity
+
+    def grant_for(self, token_hash: str) -> GrantView | None:
+        """The inbound grant issued with this token hash."""
+        rec = self.svc.peers.by_token_hash(token_hash)
+        if rec is None or rec.token_hash is None:
+            return None
+        return GrantView(rec.device_id, rec.public_key, rec.token_hash, rec.scopes, rec.status)
+
+    def grant_status(self, device_id: str) -> str | None:
+        """The inbound grant's status now."""
+        rec = self.svc.peers.device(device_id, INBOUND)
+        return rec.status if rec else None
+
+    def seen(self, device_id: str) -> None:
+        """A device completed a handshake."""
+        self.svc.peers.touch(device_id, INBOUND, self.ctx.now())
+
+    def commit(self, device_id: str, commits: Sequence[receiver.Commit]) -> list[str | None]:
+        """Commit deliveries (and their sessions) in one transaction, then wake the dispatcher."""
+        ctx = self.ctx
+        social = ctx.store.project_by_slug("social")
+        now = ctx.now()
+        peers = self.svc.peers
+
+        msgs = [NewMessage(c.inbox_id, c.session, c.text, kind="remote_agent_message",
+                           sender=peer_target(device_id),
+                           payload={"peer": device_id, "peer_message_id": c.message_id})
+                for c in commits]
+
+        def op() -> list[str | None]:
+            for session in dict.fromkeys(c.session for c in commits):
+                peers.ensure_session_now(session, social.id if social else None,
+                                         f"Device {device_id}", now)
+            try:  # the common case: all new, one INSERT for the batch
+                set_wise.enqueue_all(ctx.journal.bulk, [(m, now) for m in msgs])
+                return [None] * len(msgs)
+            except set_wise.OneByOne:
+                pass
+            out: list[str | None] = []
+            for msg in msgs:  # repeats (an ack that was lost) and conflicts, one by one
+                try:
+                    ctx.journal.enqueue_now(msg, now)
+                    out.append(None)
+                except IdempotencyConflict:
+                    out.append("the message id was already used for other content")
+            return out
+        outcomes: list[str | None] = ctx.journal.writer.call(op)
+        for c, problem in zip(commits, outcomes, strict=True):
+            if problem is None:
+                ctx.emit("peer_received", message_id=c.inbox_id, device_id=device_id,
+                         target=c.session)
+        ctx.wake_dispatcher()
+        return outcomes
+
+    def answer(self, device_id: str, action: str) -> tuple[str, str]:
+        """``read``: the dedicated session's visible transcript; ``stop``: request a stop."""
+        session_id = receiver.dedicated_session(device_id)
+        ctx = self.ctx
+        if action == "stop":
+            ok = ctx.turns.request_stop(session_id, peer_target(device_id))
+            return ("stop_requested" if ok else "not_active"), ""
+        session = ctx.store.session(session_id)
+        lines = [transcript_view.Line(e.role, e.text, e.visible)
+                 for e in ctx.store.transcript(session_id)]
+        return (session.status if session else "idle"), transcript_view.render(lines)
+
+    def invite(self, code_hash: str) -> InviteView | None:
+        """The pairing invite with this code hash."""
+        rec = self.svc.peers.invite(code_hash)
+        return InviteView(rec.code_hash, rec.scopes, rec.expires_at, rec.used) if rec else None
+
+    def redeem(self, code_hash: str, proof: PairingProof, token_hash: str) -> bool:
+        """Use the invite, store the grant and create the device's dedicated session."""
+        ok = self.svc.peers.redeem(code_hash, self.ctx.now(), proof.device_id, proof.name,
+                                   proof.public_key, token_hash)
+        if ok:
+            social = self.ctx.store.project_by_slug("social")
+            now = self.ctx.now()
+            self.ctx.journal.writer.call(lambda: self.svc.peers.ensure_session_now(
+                receiver.dedicated_session(proof.device_id), social.id if social else None,
+                f"Device {proof.name or proof.device_id}", now))
+        return ok
+
+    def random(self, n: int) -> bytes:
+        """Randomness."""
+        return self.svc.random(n)
+
+    def now(self) -> float:
+        """The runtime clock."""
+        return self.ctx.now()
+
+
+def complete_pairing(identity: DeviceIdentity, peers: PeerStore, url: str, code: str,
+                     name: str, now: float) -> DeviceRecord:
+    """Pair with the device at ``url``: prove our key, pin theirs, keep the token sealed."""
+    paired = pair_with(url, identity, code, identity.device_id,
+                       new_nonce(os.urandom(NONCE_BYTES)))
+    sealed = identity.seal(paired.token, os.urandom(SEAL_NONCE_BYTES))
+    return peers.save_outbound(paired.device_id, name or paired.device_id, paired.public_key,
+                               url, sealed, frozenset({"agent"}), now)
+
+
+def new_invite(peers: PeerStore, scopes: frozenset[str], ttl: float, now: float) -> str:
+    """Store a one-time pairing code (its hash only) and return the code."""
+    code = new_code(os.urandom(32))
+    peers.add_invite(secret_hash(code), scopes, now, now + ttl)
+    return code

@@ -1,0 +1,102 @@
+"""Claiming and acknowledging a peer link's window of outbound rows (its mailbox, I7).
+
+The dispatcher claims only ``local`` rows, one in flight per target; a peer
+link needs up to a window of its device's rows in flight at once, in
+journal order. :meth:`PeerOutbox.claim_window` leases the target's next open
+rows after ``after_seq`` while they are contiguous and claimable, so a row
+that waits for its backoff holds back every row behind it (per-target
+order). Acks are fenced exactly as ``Journal.ack`` fences them (the same
+``inbox_core`` rules); retries and failures go through the
+:class:`~.journal.Journal`, so the ``suzent_peer`` retry policy applies.
+
+The ``submit_*`` forms return the writer's reply without waiting for the
+commit, so a link at full speed keeps reading acks and sending frames while
+its last round of acks is being made durable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .database import is_postgres
+from .errors import RowNotFound
+from .hot_path import CLAIM_COLUMNS, HotPath
+from .inbox_core import OPEN_STATES, Event, State, check_lease, is_claimable, transition
+from .inbox_records import ClaimedRow
+from .models import Tables
+from .writer import GroupCommitWriter, Reply
+
+
+class PeerOutbox:
+    """Window claims and acks over one database's outbound peer rows."""
+
+    def __init__(self, tables: Tables, writer: GroupCommitWriter) -> None:
+        self.t = tables
+        self.writer = writer
+        self.hot = HotPath(tables.db)
+
+    def _claim_op(self, owner: str, target: str, after_seq: int, now: float, lease: float,
+                  limit: int) -> list[ClaimedRow]:
+        m = self.t.inbox
+        if is_postgres(self.t.db):
+            # Claims of one device's rows from several processes take turns, so a second
+            # link sees the first one's live leases and stays idle (one link per device).
+            self.t.db.execute_sql("SELECT pg_advisory_xact_lock(hashtext(%s))", (target,))
+        taken: list[ClaimedRow] = []
+        for r in self._open_rows(target, after_seq, limit):
+            if not is_claimable(r[9], r[10], r[11], now):
+                break
+            taken.append(ClaimedRow.from_columns(r))
+        if taken:
+            m.update(status=State.PROCESSING.value, lease_owner=owner, lease_until=now + lease,
+                     updated_at=now).where(
+                m.message_id.in_([t.message_id for t in taken])).execute()
+        return taken
+
+    def _open_rows(self, target: str, after_seq: int, limit: int) -> list[tuple[object, ...]]:
+        # One ordered range scan per open state of the (target, status, seq) index, merged:
+        # ``status IN (...) ORDER BY seq`` would sort every open row of a long backlog.
+        m = self.t.inbox
+        columns = [getattr(m, c) for c in CLAIM_COLUMNS]
+        found: list[tuple[object, ...]] = []
+        for state in OPEN_STATES:
+            found.extend(tuple(r) for r in (
+                m.select(*columns).where(m.target_chat_id == target, m.status == state,
+                                         m.seq > after_seq).order_by(m.seq).limit(limit).tuples()))
+        return sorted(found, key=lambda r: r[1])[:limit]  # type: ignore[arg-type,return-value]
+
+    def submit_claim(self, owner: str, target: str, after_seq: int, now: float, *,
+                     lease: float, limit: int) -> Reply[list[ClaimedRow]]:
+        """Queue a window claim; the reply holds the leased rows once committed."""
+        return self.writer.submit(
+            lambda: self._claim_op(owner, target, after_seq, now, lease, limit))
+
+    def claim_window(self, owner: str, target: str, after_seq: int, now: float, *,
+                     lease: float, limit: int) -> list[ClaimedRow]:
+        """Lease up to ``limit`` of ``target``'s open rows after ``after_seq``, in order."""
+        return self.submit_claim(owner, target, after_seq, now, lease=lease,
+                                 limit=limit).result(30)
+
+    def _ack_op(self, owner: str, ids: list[str], now: float) -> None:
+        rows = self.hot.fence_rows(ids)
+        for mid in ids:
+            row = rows.get(mid)
+            if row is None:
+                raise RowNotFound(f"no inbox row with id {mid!r}")
+            check_lease(mid, row[0], row[1], owner)
+            transition(mid, row[0], Event.ACK)
+        self.hot.mark_delivered(ids, now)
+
+    def submit_ack(self, owner: str, message_ids: Sequence[str], now: float) -> Reply[None]:
+        """Queue the acks of rows the receiver committed (fenced: ``LeaseLost`` in the reply)."""
+        ids = list(message_ids)
+        return self.writer.submit(lambda: self._ack_op(owner, ids, now))
+
+    def next_due(self, target: str) -> float | None:
+        """When the target's head row becomes claimable (None when it has no open row)."""
+        rows = self._open_rows(target, 0, 1)
+        if not rows:
+            return None
+        head = rows[0]  # CLAIM_COLUMNS: status, available_at, lease_until are 9, 10, 11
+        due = head[10] if head[9] == State.PENDING.value else head[11]
+        return float(due or 0.0)  # type: ignore[arg-type]

@@ -1,0 +1,193 @@
+"""Paired devices, their grants and pairing invites: the rows behind ``kinbox peers``.
+
+The rules (token format, statuses, what a scope allows) live in
+``kinbox.transport.grants``; this store only keeps rows, and never sees a
+token or a pairing code in plain text: callers pass their SHA-256.
+Redeeming an invite is a compare-and-set inside one transaction, so a code
+pairs one device even when two try at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import peewee as pw
+
+from .errors import RowNotFound
+from .models import PeerDevice, Tables
+from .writer import GroupCommitWriter
+
+INBOUND = "inbound"
+OUTBOUND = "outbound"
+PEER_TRANSPORT = "suzent_peer"
+
+
+@dataclass(frozen=True)
+class DeviceRecord:
+    """One direction of a paired device."""
+
+    device_id: str
+    direction: str
+    name: str
+    public_key: str
+    url: str | None
+    token_hash: str | None
+    token_sealed: str | None
+    scopes: frozenset[str]
+    status: str
+    last_error: str | None
+    created_at: float
+    updated_at: float
+    last_seen_at: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as listings show it (no token material)."""
+        return {"device_id": self.device_id, "direction": self.direction, "name": self.name,
+                "public_key": self.public_key, "url": self.url, "scopes": sorted(self.scopes),
+                "status": self.status, "last_error": self.last_error,
+                "created_at": self.created_at, "last_seen_at": self.last_seen_at}
+
+
+@dataclass(frozen=True)
+class InviteRecord:
+    """A pairing invite (its code is known only by its hash)."""
+
+    code_hash: str
+    scopes: frozenset[str]
+    expires_at: float
+    used: bool
+
+
+def _record(r: PeerDevice) -> DeviceRecord:
+    return DeviceRecord(r.device_id, r.direction, r.name, r.public_key, r.url, r.token_hash,
+                        r.token_sealed, frozenset(filter(None, r.scopes.split(","))), r.status,
+                        r.last_error, r.created_at, r.updated_at, r.last_seen_at)
+
+
+def _key(device_id: str, direction: str) -> str:
+    return f"{direction}:{device_id}"
+
+
+class PeerStore:
+    """Devices, grants and invites on one database."""
+
+    def __init__(self, tables: Tables, writer: GroupCommitWriter) -> None:
+        self.t = tables
+        self.writer = writer
+
+    # -- invites ---------------------------------------------------------------------------
+
+    def add_invite(self, code_hash: str, scopes: frozenset[str], now: float,
+                   expires_at: float) -> None:
+        """Store a new invite by the hash of its code."""
+        i = self.t.invite
+        self.writer.call(lambda: i.insert(code_hash=code_hash, scopes=",".join(sorted(scopes)),
+                                          created_at=now, expires_at=expires_at).execute())
+
+    def invite(self, code_hash: str) -> InviteRecord | None:
+        """The invite with this code hash, or None."""
+        i = self.t.invite
+        r = i.get_or_none(i.code_hash == code_hash)
+        if r is None:
+            return None
+        return InviteRecord(r.code_hash, frozenset(r.scopes.split(",")), r.expires_at,
+                            r.used_at is not None)
+
+    def redeem(self, code_hash: str, now: float, device_id: str, name: str, public_key: str,
+               token_hash: str) -> bool:
+        """Use the invite once and store the inbound grant; False if it was used or expired."""
+        i, d = self.t.invite, self.t.device
+
+        def op() -> bool:
+            row = i.get_or_none(i.code_hash == code_hash)
+            if row is None:
+                return False
+            taken = i.update(used_at=now, used_by=device_id).where(
+                i.code_hash == code_hash, i.used_at.is_null(), i.expires_at > now).execute()
+            if not taken:
+                return False
+            d.delete().where(d.id == _key(device_id, INBOUND)).execute()
+            d.insert(id=_key(device_id, INBOUND), device_id=device_id, direction=INBOUND,
+                     name=name, public_key=public_key, token_hash=token_hash,
+                     scopes=row.scopes, status="active", created_at=now,
+                     updated_at=now).execute()
+            return True
+        return bool(self.writer.call(op))
+
+    # -- devices ---------------------------------------------------------------------------
+
+    def save_outbound(self, device_id: str, name: str, public_key: str, url: str,
+                      token_sealed: str, scopes: frozenset[str], now: float) -> DeviceRecord:
+        """Store (or replace) what we need to reach a device that granted us access."""
+        d = self.t.device
+
+        def op() -> None:
+            d.delete().where(d.id == _key(device_id, OUTBOUND)).execute()
+            d.insert(id=_key(device_id, OUTBOUND), device_id=device_id, direction=OUTBOUND,
+                     name=name, public_key=public_key, url=url, token_sealed=token_sealed,
+                     scopes=",".join(sorted(scopes)), status="active", created_at=now,
+                     updated_at=now).execute()
+        self.writer.call(op)
+        found = self.device(device_id, OUTBOUND)
+        assert found is not None
+        return found
+
+    def device(self, device_id: str, direction: str) -> DeviceRecord | None:
+        """One direction of a device, or None."""
+        d = self.t.device
+        r = d.get_or_none(d.id == _key(device_id, direction))
+        return _record(r) if r else None
+
+    def by_token_hash(self, token_hash: str) -> DeviceRecord | None:
+        """The inbound grant issued with this token hash, or None."""
+        d = self.t.device
+        r = d.get_or_none(d.token_hash == token_hash, d.direction == INBOUND)
+        return _record(r) if r else None
+
+    def devices(self, direction: str | None = None) -> list[DeviceRecord]:
+        """Every paired device row, oldest first."""
+        d = self.t.device
+        q = d.select().order_by(d.created_at, d.id)
+        if direction is not None:
+            q = q.where(d.direction == direction)
+        return [_record(r) for r in q]
+
+    def set_status(self, device_id: str, status: str, now: float, *,
+                   direction: str | None = None, last_error: str | None = None) -> int:
+        """Set a device's status (both directions unless one is named); rows changed."""
+        d = self.t.device
+        cond = d.device_id == device_id
+        if direction is not None:
+            cond = cond & (d.direction == direction)
+        n = self.writer.call(lambda: d.update(status=status, last_error=last_error,
+                                              updated_at=now).where(cond).execute())
+        if not n:
+            raise RowNotFound(f"no paired device {device_id!r}")
+        return int(n)
+
+    def touch(self, device_id: str, direction: str, now: float) -> None:
+        """Record that the device was just seen on a link."""
+        d = self.t.device
+        self.writer.call(lambda: d.update(last_seen_at=now).where(
+            d.id == _key(device_id, direction)).execute())
+
+    def row_counts(self) -> dict[str, dict[str, int]]:
+        """Outbound inbox rows per device and state (queued, delivered, failed...)."""
+        m = self.t.inbox
+        q = (m.select(m.destination_peer_id, m.status, pw.fn.COUNT(m.message_id).alias("n"))
+             .where(m.transport == PEER_TRANSPORT)
+             .group_by(m.destination_peer_id, m.status))
+        out: dict[str, dict[str, int]] = {}
+        for r in q:
+            out.setdefault(r.destination_peer_id or "", {})[r.status] = r.n
+        return out
+
+    def ensure_session_now(self, session_id: str, project_id: str | None, title: str,
+                           now: float) -> None:
+        """Create a ``remote`` session if missing (on the writer thread, in the caller's
+        transaction)."""
+        s = self.t.session
+        if not s.select().where(s.id == session_id).exists():
+            s.insert(id=session_id, project_id=project_id, title=title, kind="remote",
+                     status="idle", config="{}", created_at=now, updated_at=now).execute()

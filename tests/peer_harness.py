@@ -1,0 +1,166 @@
+"""Two real runtimes on 127.0.0.1: a receiving ``kinbox serve`` process, a cutting proxy.
+
+``Receiver`` runs ``python -m kinbox.actors serve`` on its own SQLite file
+and port, can be killed (SIGKILL) and started again on the same port, and
+answers questions about its database by reading the file. ``CuttingProxy``
+forwards TCP between a sender and the receiver and drops every connection
+on request, as a flaky network would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from kinbox.actors.cli import main
+
+from .helpers import wait_for
+
+
+def free_port() -> int:
+    """A port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(port: int) -> bool:
+    """True when something accepts connections on 127.0.0.1:port."""
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def cli(*argv: str) -> Any:
+    """Run a ``kinbox`` command with ``--json`` in this process; its parsed output."""
+    out = io.StringIO()
+    assert main([*argv, "--json"], out=out) == 0
+    return json.loads(out.getvalue())
+
+
+class Receiver:
+    """A ``kinbox serve`` child process on its own database and port."""
+
+    def __init__(self, folder: Path, port: int | None = None) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / "receiver.db"
+        self.url = f"sqlite:///{self.path}"
+        self.port = port or free_port()
+        self.http = f"http://127.0.0.1:{self.port}"
+        self.log = folder / "receiver.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Receiver:
+        """Start serving and wait until the port accepts connections."""
+        log = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kinbox.actors", "serve", "--db", self.url,
+             "--port", str(self.port)], stdout=log, stderr=log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        wait_for(lambda: port_open(self.port) or self.proc.poll() is not None, 30,
+                 "the receiver to listen")
+        assert self.proc.poll() is None, self.log.read_text()[-2000:]
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbyes, nothing flushed."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        wait_for(lambda: not port_open(self.port), 10, "the port to close")
+
+    def stop(self) -> None:
+        """SIGTERM and wait."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def invite(self, ttl: str = "10m") -> str:
+        """A pairing code from ``kinbox peers invite`` on the receiver's database."""
+        return str(cli("peers", "invite", "--db", self.url, "--ttl", ttl)["code"])
+
+    def peers(self, *action: str) -> Any:
+        """``kinbox peers <action...>`` on the receiver's database."""
+        return cli("peers", *action, "--db", self.url)
+
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Read the receiver's database directly (it may be running)."""
+        with contextlib.closing(sqlite3.connect(self.path, timeout=10)) as con:
+            return con.execute(sql, params).fetchall()
+
+    def peer_rows(self, device_id: str) -> list[str]:
+        """Ids of the inbox rows received from ``device_id``, in journal order."""
+        return [r[0] for r in self.query(
+            "SELECT message_id FROM agent_inbox_messages WHERE sender_chat_id = ? "
+            "ORDER BY seq", (f"peer:{device_id}",))]
+
+
+class CuttingProxy:
+    """A TCP forwarder whose live connections can be cut at once."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.server.getsockname()[1])
+        self.http = f"http://127.0.0.1:{self.port}"
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self.cuts = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), 5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        """Drop every live connection (both directions, mid-frame if need be)."""
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for s in conns:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        self.cuts += 1
+
+    def close(self) -> None:
+        """Stop accepting and cut everything."""
+        self.server.close()
+        self.cut()

@@ -1,0 +1,291 @@
+"""The pure peer cores: device identity, grants, the handshake matrix and the sender link."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from kinbox.transport import frames as f
+from kinbox.transport import handshake as hs
+from kinbox.transport import key_file, receiver
+from kinbox.transport.errors import HandshakeRefused, IdentityError, LinkStateError
+from kinbox.transport.grants import (
+    GrantView,
+    InviteView,
+    Refusal,
+    bearer_token,
+    change_status,
+    check_invite,
+    new_token,
+    parse_ttl,
+    secret_hash,
+)
+from kinbox.transport.identity import DeviceIdentity, device_id_for, public_key_bytes
+from kinbox.transport.link import Acked, LinkState, Outgoing, Rejected, Retry, SenderLink, Terminal
+
+SERVER = DeviceIdentity.generate()
+CLIENT = DeviceIdentity.generate()
+OTHER = DeviceIdentity.generate()
+TOKEN = new_token(b"\x01" * 32)
+NS, NC = hs.new_nonce(b"\x02" * 32), hs.new_nonce(b"\x03" * 32)
+
+
+def grant(identity: DeviceIdentity = CLIENT, status: str = "active",
+          token: str = TOKEN) -> GrantView:
+    return GrantView(identity.device_id, identity.public_key, secret_hash(token),
+                     frozenset({"agent"}), status)
+
+
+# -- identity ------------------------------------------------------------------------------
+
+
+def test_device_id_is_12_hex_of_the_public_key_hash() -> None:
+    raw = public_key_bytes(CLIENT.public_key)
+    assert CLIENT.device_id == device_id_for(raw)
+    assert len(CLIENT.device_id) == 12 and int(CLIENT.device_id, 16) >= 0
+    assert CLIENT.device_id != SERVER.device_id
+
+
+def test_key_file_is_created_owner_only_and_loaded_again(tmp_path: Path) -> None:
+    first = key_file.load_or_create(tmp_path / "d")
+    mode = stat.S_IMODE(os.stat(tmp_path / "d" / key_file.KEY_FILE_NAME).st_mode)
+    assert mode == 0o600
+    assert key_file.load_or_create(tmp_path / "d").device_id == first.device_id
+
+
+def test_a_key_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    key_file.load_or_create(tmp_path)
+    os.chmod(tmp_path / key_file.KEY_FILE_NAME, 0o644)
+    with pytest.raises(IdentityError):
+        key_file.load_or_create(tmp_path)
+
+
+def test_sealed_tokens_open_only_with_the_same_device_key() -> None:
+    sealed = CLIENT.seal(TOKEN, b"\x00" * 12)
+    assert TOKEN not in sealed
+    assert CLIENT.unseal(sealed) == TOKEN
+    with pytest.raises(IdentityError):
+        OTHER.unseal(sealed)
+
+
+# -- grants --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("header", "query", "refusal"), [
+    (None, "", Refusal.NO_TOKEN),
+    ("Basic abc", "", Refusal.MALFORMED),
+    ("Bearer short", "", Refusal.MALFORMED),
+    (f"Bearer {TOKEN}", f"token={TOKEN}", Refusal.TOKEN_IN_QUERY),
+    (None, f"t={TOKEN}", Refusal.TOKEN_IN_QUERY),
+    (f"Bearer {TOKEN}", "", None),
+])
+def test_bearer_token_comes_only_from_the_authorization_header(
+        header: str | None, query: str, refusal: Refusal | None) -> None:
+    token, why = bearer_token(header, query)
+    assert why == refusal
+    assert token == (TOKEN if refusal is None else None)
+
+
+def test_status_changes_follow_the_table() -> None:
+    assert change_status("active", "pause") == "paused"
+    assert change_status("paused", "resume") == "active"
+    assert change_status("paused", "revoke") == "revoked"
+    with pytest.raises(ValueError):
+        change_status("revoked", "resume")
+
+
+def test_invites_expire_and_are_used_once() -> None:
+    inv = InviteView("h", frozenset({"agent"}), expires_at=100.0, used=False)
+    assert check_invite(inv, 99.0) is None
+    assert check_invite(inv, 100.0) == Refusal.EXPIRED_INVITE
+    assert check_invite(InviteView("h", inv.scopes, 100.0, True), 1.0) == Refusal.EXPIRED_INVITE
+    assert check_invite(None, 1.0) == Refusal.EXPIRED_INVITE
+    assert parse_ttl("10m") == 600.0
+    with pytest.raises(ValueError):
+        parse_ttl("8d")
+
+
+# -- handshake matrix (pure) ---------------------------------------------------------------
+
+
+def run_handshake(client: DeviceIdentity, token: str, g: GrantView | None,
+                  pinned: str = SERVER.public_key, server: DeviceIdentity = SERVER) -> None:
+    ch = hs.challenge(server, NS)
+    hello = hs.hello(client, ch, token, NC, server.device_id)
+    welcome = hs.accept_hello(server, NS, hello, g, token)
+    hs.check_welcome(client, ch, hello, token, welcome, pinned)
+
+
+@pytest.mark.parametrize(("case", "refusal"), [
+    ("unknown token", Refusal.UNKNOWN),
+    ("revoked", Refusal.REVOKED),
+    ("paused", Refusal.PAUSED),
+    ("another device's token", Refusal.WRONG_DEVICE),
+    ("token with the wrong key signature", Refusal.BAD_SIGNATURE),
+    ("server not the pinned key", Refusal.BAD_SIGNATURE),
+    ("valid", None),
+])
+def test_handshake_matrix_accepts_only_the_valid_case(case: str, refusal: Refusal | None) -> None:
+    args: dict[str, object] = {"client": CLIENT, "token": TOKEN, "g": grant()}
+    if case == "unknown token":
+        args["g"] = None
+    elif case in ("revoked", "paused"):
+        args["g"] = grant(status=case)
+    elif case == "another device's token":
+        args["client"] = OTHER  # OTHER presents CLIENT's token
+    elif case == "token with the wrong key signature":
+        args["g"] = GrantView(CLIENT.device_id, OTHER.public_key, secret_hash(TOKEN),
+                              frozenset({"agent"}), "active")
+    elif case == "server not the pinned key":
+        args["pinned"] = OTHER.public_key
+    if refusal is None:
+        run_handshake(**args)  # type: ignore[arg-type]
+        return
+    with pytest.raises(HandshakeRefused) as info:
+        run_handshake(**args)  # type: ignore[arg-type]
+    assert info.value.reason == refusal
+
+
+def test_client_refuses_a_challenge_from_another_device() -> None:
+    with pytest.raises(HandshakeRefused) as info:
+        hs.hello(CLIENT, hs.challenge(OTHER, NS), TOKEN, NC, SERVER.device_id)
+    assert info.value.reason == Refusal.WRONG_DEVICE
+
+
+def test_pairing_proves_both_keys() -> None:
+    code = "kbp_" + "z" * 43
+    ch = hs.challenge(SERVER, NS)
+    req = hs.pair(CLIENT, ch, code, NC, "laptop")
+    proof = hs.accept_pair(SERVER, NS, req)
+    assert proof.device_id == CLIENT.device_id and proof.public_key == CLIENT.public_key
+    answer = hs.paired(SERVER, NS, proof, req, TOKEN)
+    hs.check_paired(CLIENT, ch, req, answer)
+    forged = f.Pair(code, CLIENT.device_id, OTHER.public_key, "x", NC, req.signature)
+    with pytest.raises(HandshakeRefused):
+        hs.accept_pair(SERVER, NS, forged)
+
+
+# -- the sender link -----------------------------------------------------------------------
+
+
+def open_link(window: int = 2) -> SenderLink:
+    link = SenderLink(CLIENT, SERVER.device_id, SERVER.public_key, TOKEN, window)
+    link.offer([Outgoing(f"m{i}", f"text {i}") for i in range(3)])
+    assert link.frames_to_send() == []  # nothing goes out before the handshake
+    link.connected(NC)
+    link.receive(f.encode(hs.challenge(SERVER, NS)))
+    hello = f.parse(link.frames_to_send()[0])
+    assert isinstance(hello, f.Hello)
+    link.receive(f.encode(hs.accept_hello(SERVER, NS, hello, grant(), TOKEN)))
+    assert link.state is LinkState.OPEN
+    return link
+
+
+def test_window_bounds_unacknowledged_frames_and_acks_refill_it() -> None:
+    link = open_link(window=2)
+    sent = [f.parse(x) for x in link.frames_to_send()]
+    assert [s.id for s in sent] == ["m0", "m1"]  # type: ignore[attr-defined]
+    link.receive(f.encode(f.Ack("m0")))
+    assert link.effects() == [Acked(("m0",))]
+    assert [f.parse(x).id for x in link.frames_to_send()] == ["m2"]  # type: ignore[attr-defined]
+    link.receive(f.encode(f.Ack("nope")))  # an ack for nothing we sent changes nothing
+    assert link.effects() == [] and link.held() == ["m1", "m2"]
+
+
+def test_a_dropped_link_hands_every_unacknowledged_row_back_for_retry() -> None:
+    link = open_link(window=2)
+    link.frames_to_send()
+    link.receive(f.encode(f.Ack("m0")))
+    link.connection_lost("reset")
+    assert link.effects() == [Acked(("m0",)), Retry(("m1", "m2"), "reset")]
+    assert link.state is LinkState.IDLE and link.held() == []
+
+
+def test_rejected_payload_is_terminal_for_that_row_only() -> None:
+    link = open_link(window=3)
+    link.frames_to_send()
+    link.receive(f.encode(f.Error("m1", "rejected", "bad session")))
+    assert link.effects() == [Rejected("m1", "bad session")]
+    assert link.held() == ["m0", "m2"]
+
+
+def test_revoked_frame_closes_the_link_and_fails_everything_held() -> None:
+    link = open_link(window=3)
+    link.receive(f.encode(f.Revoked("revoked")))
+    [effect] = link.effects()
+    assert isinstance(effect, Terminal) and effect.ids == ("m0", "m1", "m2")
+    assert link.state is LinkState.CLOSED
+    with pytest.raises(LinkStateError):
+        link.offer([Outgoing("m9", "x")])
+
+
+def test_refusal_at_upgrade_is_terminal_only_when_retrying_cannot_help() -> None:
+    for reason, terminal in (("revoked", True), ("unknown", True), ("paused", True),
+                             ("503", False), ("token_in_query", False)):
+        link = SenderLink(CLIENT, SERVER.device_id, SERVER.public_key, TOKEN)
+        link.offer([Outgoing("m0", "x")])
+        link.refused(reason)
+        [effect] = link.effects()
+        assert isinstance(effect, Terminal if terminal else Retry), reason
+        if terminal:
+            assert effect.status == ("paused" if reason == "paused" else "revoked")
+
+
+def test_illegal_inputs_raise_and_leave_the_state_alone() -> None:
+    link = SenderLink(CLIENT, SERVER.device_id, SERVER.public_key, TOKEN)
+    with pytest.raises(LinkStateError):
+        link.receive(f.encode(f.Ack("m0")))
+    with pytest.raises(LinkStateError):
+        link.request(f.Ping("p"))
+    assert link.state is LinkState.IDLE
+
+
+def test_a_server_failing_its_signature_is_terminal() -> None:
+    link = SenderLink(CLIENT, SERVER.device_id, SERVER.public_key, TOKEN)
+    link.offer([Outgoing("m0", "x")])
+    link.connected(NC)
+    link.receive(f.encode(hs.challenge(SERVER, NS)))
+    link.frames_to_send()
+    link.receive(f.encode(f.Welcome("A" * 86)))
+    assert isinstance(link.effects()[0], Terminal) and link.state is LinkState.CLOSED
+
+
+# -- the receiver core ---------------------------------------------------------------------
+
+
+def test_receiver_maps_sessions_and_refuses_bad_names() -> None:
+    core = receiver.ReceiverLink("0123456789ab", frozenset({"agent"}))
+    [commit] = core.receive(f.encode(f.Deliver("m1", "hi", None)), 0.0)
+    assert isinstance(commit, receiver.Commit)
+    assert commit.session == "suzent:0123456789ab"
+    assert commit.inbox_id == "peer-0123456789ab-m1"
+    [named] = core.receive(f.encode(f.Deliver("m2", "hi", "side_1")), 0.0)
+    assert isinstance(named, receiver.Commit) and named.session == "suzent:0123456789ab:side_1"
+    [refused] = core.receive(f.encode(f.Deliver("m3", "hi", "../etc")), 0.0)
+    assert isinstance(refused, receiver.Send)
+    assert f.parse(refused.text) == f.Error("m3", "rejected",
+                                            "session names are [A-Za-z0-9_-]{1,64}")
+
+
+def test_receiver_rate_limit_closes_a_flooding_connection() -> None:
+    core = receiver.ReceiverLink("0123456789ab", frozenset({"agent"}),
+                                 receiver.RateLimit(rate=1.0, burst=3.0))
+    ping = f.encode(f.Ping("p"))
+    assert all(isinstance(a, receiver.Send) for t in range(3) for a in core.receive(ping, 0.0))
+    actions = core.receive(ping, 0.0)
+    assert isinstance(actions[-1], receiver.Close) and core.closed
+
+
+def test_a_handshake_refused_for_a_reason_that_cannot_heal_is_terminal() -> None:
+    for reason, terminal in (("wrong_device", True), ("bad_signature", True),
+                             ("malformed", False)):
+        link = SenderLink(CLIENT, SERVER.device_id, SERVER.public_key, TOKEN)
+        link.offer([Outgoing("m0", "x")])
+        link.connected(NC)
+        link.receive(f.encode(hs.challenge(SERVER, NS)))
+        link.receive(f.encode(f.Error(None, "forbidden", reason)))
+        [effect] = link.effects()
+        assert isinstance(effect, Terminal if terminal else Retry), reason

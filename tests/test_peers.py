@@ -1,0 +1,446 @@
+"""Peers between devices, end to end: two runtimes in two processes over 127.0.0.1.
+
+The receiver is a real ``kinbox serve`` child process (it can be SIGKILLed);
+the sender is a runtime in the test process; raw websockets clients play
+misbehaving peers. Every check reads the databases the runtimes wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from kinbox.actors import ManualClock, Runtime, SystemClock
+from kinbox.persistence.inbox_core import PEER, backoff_delay
+from kinbox.persistence.peers import OUTBOUND
+from kinbox.transport import frames as f
+from kinbox.transport import handshake as hs
+from kinbox.transport.identity import DeviceIdentity
+from kinbox.transport.peer_client import pair_with
+
+from .helpers import quiet_brain, wait_for
+from .peer_harness import CuttingProxy, Receiver
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def receiver(tmp_path: Path) -> Iterator[Receiver]:
+    r = Receiver(tmp_path / "b").start()
+    yield r
+    r.stop()
+
+
+@pytest.fixture
+def sender(tmp_path: Path) -> Iterator[Runtime]:
+    rt = Runtime(db=f"sqlite:///{tmp_path / 'a' / 'sender.db'}",
+                 brain=quiet_brain, clock=SystemClock())
+    rt.start()
+    yield rt
+    rt.stop()
+
+
+def caller(rt: Runtime) -> object:
+    project = rt.project("default")
+    assert project is not None
+    return rt.tools_for(rt.create_session(project.id, "me").id)
+
+
+def delivered(rt: Runtime, n: int) -> Callable[[], bool]:
+    return lambda: len(rt.inbox(state="delivered")) >= n
+
+
+# -- pairing, sending, reading -------------------------------------------------------------
+
+
+def test_pair_send_read_and_list_across_two_processes(receiver: Receiver,
+                                                      sender: Runtime) -> None:
+    rec = sender.peers.pair(receiver.http, receiver.invite(), name="bee")
+    me = sender.peers.identity.device_id
+    assert rec.device_id == receiver.peers("whoami")["device_id"]
+    [grant] = receiver.peers("list")
+    assert (grant["device_id"], grant["direction"], grant["status"], grant["scopes"]) == (
+        me, "inbound", "active", ["agent"])
+    assert receiver.query("SELECT kind, project_id FROM sessions WHERE id = ?",
+                          (f"suzent:{me}",)) == [("remote", "social")]
+
+    tools = caller(sender)
+    sent = [tools.agent_send(f"peer:{rec.device_id}", f"hello {i}")  # type: ignore[attr-defined]
+            for i in range(3)]
+    assert all(s["status"] == "pending" for s in sent)
+    wait_for(delivered(sender, 3), 20, "three acks")
+    assert receiver.peer_rows(me) == [f"peer-{me}-{s['message_id']}" for s in sent]
+    assert receiver.query("SELECT DISTINCT target_chat_id, kind FROM agent_inbox_messages") == [
+        (f"suzent:{me}", "remote_agent_message")]
+
+    listed = tools.agent_list()  # type: ignore[attr-defined]
+    assert listed["agents"][-1] == {**listed["agents"][-1], "agent_id": f"peer:{rec.device_id}",
+                                    "kind": "remote", "status": "ready", "title": "bee"}
+    assert listed["agents"][0]["kind"] == "interactive"  # local sessions first
+    read = tools.agent_read(f"peer:{rec.device_id}")  # type: ignore[attr-defined]
+    assert read["agent_id"] == f"peer:{rec.device_id}" and isinstance(read["transcript"], str)
+    with pytest.raises(Exception, match="is not active"):
+        tools.agent_stop(f"peer:{rec.device_id}")  # type: ignore[attr-defined]
+
+    out = sender.peers.peers.row_counts()[rec.device_id]
+    assert out == {"delivered": 3}
+
+
+def test_a_device_that_is_not_paired_is_not_available(sender: Runtime) -> None:
+    tools = caller(sender)
+    with pytest.raises(Exception, match="not available"):
+        tools.agent_send("peer:0123456789ab", "hi")  # type: ignore[attr-defined]
+    assert sender.inbox() == []
+
+
+# -- handshake matrix over a real socket ---------------------------------------------------
+
+
+class Peer:
+    """A test-side device: pairs for real, then speaks raw frames."""
+
+    def __init__(self, receiver: Receiver) -> None:
+        self.r = receiver
+        self.identity = DeviceIdentity.generate()
+        paired = pair_with(receiver.http, self.identity, receiver.invite(), "raw",
+                           hs.new_nonce(random.randbytes(32)))
+        self.token = paired.token
+        self.server_id = paired.device_id
+        self.server_key = paired.public_key
+
+    def open(self, *, token: str | None = None, header: str | None = None, query: str = "",
+             identity: DeviceIdentity | None = None) -> ClientConnection:
+        """Connect and run the handshake; raises on refusal."""
+        token = token or self.token
+        headers = {"Authorization": header if header is not None else f"Bearer {token}"}
+        if header == "":
+            headers = {}
+        ws = connect(f"ws://127.0.0.1:{self.r.port}/peers/link{query}",
+                     additional_headers=headers, proxy=None, open_timeout=5, legacy=True)
+        me = identity or self.identity
+        ch = f.parse(ws.recv(5))
+        assert isinstance(ch, f.Challenge)
+        hello = hs.hello(me, ch, token, hs.new_nonce(random.randbytes(32)), self.server_id)
+        ws.send(f.encode(hello))
+        welcome = f.parse(ws.recv(5))
+        if not isinstance(welcome, f.Welcome):
+            ws.close()
+            raise PermissionError(getattr(welcome, "message", welcome.TYPE))
+        hs.check_welcome(me, ch, hello, token, welcome, self.server_key)
+        return ws
+
+
+def refusal(fn: Callable[[], object]) -> str:
+    try:
+        ws = fn()
+    except InvalidStatus as exc:
+        return str(json.loads(exc.response.body)["error"])
+    except PermissionError as exc:
+        return str(exc)
+    assert isinstance(ws, ClientConnection)
+    ws.close()
+    return "accepted"
+
+
+def test_handshake_matrix_only_valid_is_accepted_before_any_state(receiver: Receiver) -> None:
+    good, other, paused, revoked = (Peer(receiver) for _ in range(4))
+    receiver.peers("pause", paused.identity.device_id)
+    receiver.peers("revoke", revoked.identity.device_id)
+    impostor = DeviceIdentity.generate()  # claims good's device id with the wrong key
+
+    class Impostor(DeviceIdentity):
+        def __init__(self) -> None:
+            self.__dict__.update(impostor.__dict__)
+            self.device_id = good.identity.device_id
+
+    expired = receiver.invite(ttl="1s")
+    cases = {
+        "no token": lambda: good.open(header=""),
+        "malformed": lambda: good.open(header="Bearer not-a-token"),
+        "token in the query string": lambda: good.open(query=f"?token={good.token}"),
+        "unknown token": lambda: good.open(token="kbt_" + "A" * 43),
+        "paused": lambda: paused.open(),
+        "revoked": lambda: revoked.open(),
+        "another device's token": lambda: other.open(token=good.token),
+        "wrong key signature": lambda: good.open(identity=Impostor()),
+    }
+    got = {name: refusal(fn) for name, fn in cases.items()}
+    assert got == {
+        "no token": "no_token", "malformed": "malformed",
+        "token in the query string": "token_in_query", "unknown token": "unknown",
+        "paused": "paused", "revoked": "revoked",
+        "another device's token": "wrong_device", "wrong key signature": "bad_signature"}
+    # Nothing was created by any refused attempt: no rows, no device seen.
+    assert receiver.query("SELECT COUNT(*) FROM agent_inbox_messages") == [(0,)]
+    assert receiver.query("SELECT COUNT(*) FROM peer_devices WHERE last_seen_at IS NOT NULL"
+                          ) == [(0,)]
+    wait_for(lambda: receiver.query("SELECT expires_at FROM peer_invites ORDER BY created_at "
+                                    "DESC LIMIT 1")[0][0] < __import__("time").time(), 5,
+             "the short invite to expire")
+    with pytest.raises(Exception, match="expired_invite"):
+        pair_with(receiver.http, DeviceIdentity.generate(), expired, "late",
+                  hs.new_nonce(random.randbytes(32)))
+    ws = good.open()  # valid
+    ws.send(f.encode(f.Ping("p1")))
+    assert f.parse(ws.recv(5)) == f.Pong("p1")
+    ws.close()
+    assert receiver.query("SELECT COUNT(*) FROM peer_devices WHERE last_seen_at IS NOT NULL"
+                          ) == [(1,)]
+
+
+def test_browser_origins_and_foreign_hosts_are_refused(receiver: Receiver) -> None:
+    good = Peer(receiver)
+    url = f"ws://127.0.0.1:{receiver.port}/peers/link"
+    auth = {"Authorization": f"Bearer {good.token}"}
+    with pytest.raises(InvalidStatus) as info:
+        connect(url, additional_headers=auth, origin="http://evil.example", proxy=None)  # type: ignore[arg-type]
+    assert info.value.response.status_code in (400, 403)
+    with pytest.raises(InvalidStatus):
+        connect(url, additional_headers={**auth, "Host": "evil.example"}, proxy=None)
+
+
+def fuzz_frames(rng: random.Random, n: int) -> list[str | bytes]:
+    samples: list[str | bytes] = []
+    for i in range(n):
+        kind = i % 5
+        if kind == 0:
+            samples.append(rng.randbytes(rng.randint(0, 200)))
+        elif kind == 1:
+            samples.append("".join(chr(rng.randint(32, 0x2FFF)) for _ in range(rng.randint(0, 80))))
+        elif kind == 2:
+            t = rng.choice([*f.FRAME_TYPES, "x"])
+            body = {"v": rng.choice([1, 2, "1"]), "type": t,
+                    rng.choice(["id", "text", "req", "extra"]): rng.choice([None, 1, "a b", ""])}
+            samples.append(json.dumps(body))
+        elif kind == 3:
+            samples.append(json.dumps({"v": 1, "type": "deliver", "id": "m", "text": "x",
+                                       "session": None, "more": 1}))
+        else:
+            samples.append(json.dumps({"v": 1, "type": "deliver", "id": "m" * 300, "text": "x",
+                                       "session": None}) if i % 2 else "x" * (70 * 1024))
+    return samples
+
+
+def test_a_thousand_fuzzed_frames_over_a_socket_write_nothing(receiver: Receiver) -> None:
+    good = Peer(receiver)
+    ws = good.open()
+    refused = 0
+    for sample in fuzz_frames(random.Random(15), 1000):
+        try:
+            ws.send(sample)
+            answer = f.parse(ws.recv(5))
+            assert isinstance(answer, f.Error) and answer.code == "bad_frame"
+            refused += 1
+        except ConnectionClosed:  # too many bad frames: the server hangs up; dial again
+            ws = good.open()
+    ws.close()
+    assert refused >= 900
+    ws = good.open()
+    ws.send(f.encode(f.Ping("alive")))
+    assert f.parse(ws.recv(5)) == f.Pong("alive")
+    ws.close()
+    assert receiver.query("SELECT COUNT(*) FROM agent_inbox_messages") == [(0,)]
+
+
+def test_a_repeat_gets_the_same_ack_and_other_content_is_rejected(receiver: Receiver) -> None:
+    good = Peer(receiver)
+    me = good.identity.device_id
+    ws = good.open()
+    ws.send(f.encode(f.Deliver("m1", "first", None)))
+    assert f.parse(ws.recv(5)) == f.Ack("m1")
+    receiver.kill()  # the receiver dies after its commit: the sender never heard more
+    receiver.start()
+    ws = good.open()
+    ws.send(f.encode(f.Deliver("m1", "first", None)))  # the sender retries with the same id
+    assert f.parse(ws.recv(5)) == f.Ack("m1")
+    ws.send(f.encode(f.Deliver("m1", "changed", None)))
+    answer = f.parse(ws.recv(5))
+    assert isinstance(answer, f.Error) and (answer.id, answer.code) == ("m1", "rejected")
+    ws.send(f.encode(f.Deliver("m2", "named", "side_1")))
+    assert f.parse(ws.recv(5)) == f.Ack("m2")
+    ws.send(f.encode(f.Deliver("m3", "bad name", "no/slash")))
+    assert f.parse(ws.recv(5)).code == "rejected"  # type: ignore[attr-defined]
+    ws.close()
+    assert receiver.query("SELECT message_id, target_chat_id FROM agent_inbox_messages "
+                          "ORDER BY seq") == [(f"peer-{me}-m1", f"suzent:{me}"),
+                                              (f"peer-{me}-m2", f"suzent:{me}:side_1")]
+
+
+def test_a_receiver_killed_around_its_commit_ends_with_one_row_after_the_retry(
+        receiver: Receiver) -> None:
+    good = Peer(receiver)
+    me = good.identity.device_id
+    ws = good.open()
+    ws.send(f.encode(f.Deliver("early", "x", None)))
+    receiver.kill()  # races the commit: before it or after it, the retry must leave one row
+    receiver.start()
+    ws = good.open()
+    ws.send(f.encode(f.Deliver("early", "x", None)))
+    assert f.parse(ws.recv(5)) == f.Ack("early")
+    ws.close()
+    assert receiver.peer_rows(me) == [f"peer-{me}-early"]
+
+
+# -- revocation ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("action", ["revoke", "pause"])
+def test_revoke_or_pause_closes_the_live_link_within_a_second_and_fails_at_once(
+        receiver: Receiver, sender: Runtime, action: str) -> None:
+    import time
+
+    rec = sender.peers.pair(receiver.http, receiver.invite())
+    tools = caller(sender)
+    tools.agent_send(f"peer:{rec.device_id}", "before")  # type: ignore[attr-defined]
+    wait_for(delivered(sender, 1), 20, "the first ack")
+    assert sender.peers.links[rec.device_id].ws is not None  # the link is live (lingering)
+    me = sender.peers.identity.device_id
+    receiver.peers(action, me)
+    started = time.monotonic()
+    status = "revoked" if action == "revoke" else "paused"
+    wait_for(lambda: sender.peers.peers.device(rec.device_id, OUTBOUND).status == status,  # type: ignore[union-attr]
+             5, "the sender to hear of it")
+    assert time.monotonic() - started < 1.0  # the live link heard of it within a second
+    after = tools.agent_send(f"peer:{rec.device_id}", "after")  # type: ignore[attr-defined]
+    wait_for(lambda: sender.inbox(state="failed") != [], 5, "the row to fail")
+    row = sender.context.journal.get(after["message_id"])
+    assert (row["status"], row["attempts"]) == ("failed", 1)
+    assert status in row["last_error"]
+    assert receiver.peer_rows(me) == [f"peer-{me}-{sender.inbox()[0]['message_id']}"]
+    listed = {a["agent_id"]: a for a in tools.agent_list()["agents"]}  # type: ignore[attr-defined]
+    active = {a["agent_id"] for a in tools.agent_list("active")["agents"]}  # type: ignore[attr-defined]
+    if action == "pause":
+        assert listed[f"peer:{rec.device_id}"]["status"] == "paused"
+    else:
+        assert f"peer:{rec.device_id}" not in listed
+    assert f"peer:{rec.device_id}" not in active
+
+
+# -- secrets -------------------------------------------------------------------------------
+
+
+def test_no_plaintext_token_in_either_database_or_the_logs(
+        receiver: Receiver, sender: Runtime, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("DEBUG", logger="kinbox")
+    rec = sender.peers.pair(receiver.http, receiver.invite())
+    caller(sender).agent_send(f"peer:{rec.device_id}", "secret?")  # type: ignore[attr-defined]
+    wait_for(delivered(sender, 1), 20, "the ack")
+    token = sender.peers.identity.unseal(rec.token_sealed or "")
+    assert token.startswith("kbt_")
+    found = [p for p in tmp_path.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
+    assert found == []
+    assert token not in caplog.text
+    assert receiver.query("SELECT COUNT(*) FROM peer_devices WHERE token_hash IS NOT NULL"
+                          ) == [(1,)]
+
+
+# -- cuts mid-stream -----------------------------------------------------------------------
+
+
+def send_many(rt: Runtime, device_id: str, n: int) -> list[str]:
+    me = rt.create_session(None, "bulk sender").id
+    sent = rt.peers.send_many(me, f"peer:{device_id}", [f"m {i}" for i in range(n)])
+    return [s["message_id"] for s in sent]
+
+
+def assert_exactly_once_in_order(receiver: Receiver, rt: Runtime, ids: list[str]) -> None:
+    me = rt.peers.identity.device_id
+    assert receiver.peer_rows(me) == [f"peer-{me}-{mid}" for mid in ids]
+    assert {r["status"] for r in rt.inbox()} == {"delivered"}
+
+
+def test_sigkill_of_the_receiver_mid_stream_loses_and_doubles_nothing(
+        receiver: Receiver, sender: Runtime) -> None:
+    rec = sender.peers.pair(receiver.http, receiver.invite())
+    ids = send_many(sender, rec.device_id, 2000)
+    for _ in range(2):
+        before = len(sender.inbox(state="delivered"))
+        wait_for(lambda b=before: len(sender.inbox(state="delivered")) > b + 300, 60,
+                 "progress before the kill")
+        receiver.kill()
+        receiver.start()
+    wait_for(delivered(sender, 2000), 120, "every ack")
+    assert_exactly_once_in_order(receiver, sender, ids)
+    assert any(sender.context.journal.history(mid) for mid in ids), "the kills cost attempts"
+
+
+def test_a_proxy_dropping_the_link_mid_stream_loses_and_doubles_nothing(
+        receiver: Receiver, tmp_path: Path) -> None:
+    proxy = CuttingProxy(receiver.port)
+    rt = Runtime(db=f"sqlite:///{tmp_path / 'p' / 'sender.db'}",
+                 brain=quiet_brain, clock=SystemClock())
+    rt.start()
+    try:
+        rec = rt.peers.pair(proxy.http, receiver.invite())
+        ids = send_many(rt, rec.device_id, 2000)
+        for _ in range(3):
+            before = len(rt.inbox(state="delivered"))
+            wait_for(lambda b=before: len(rt.inbox(state="delivered")) > b + 200, 60,
+                     "progress before the cut")
+            proxy.cut()
+        wait_for(delivered(rt, 2000), 120, "every ack")
+        assert_exactly_once_in_order(receiver, rt, ids)
+        retried = [h for mid in ids for h in rt.context.journal.history(mid)]
+        assert retried, "the cuts must have cost attempts"
+    finally:
+        rt.stop()
+        proxy.close()
+
+
+# -- an offline peer on the injected clock -------------------------------------------------
+
+
+def retry_window() -> float:
+    """Seconds from the first failed attempt to the 48th: 2 + 4 + ... + 2048 + 36 * 3600."""
+    return sum(backoff_delay(k, PEER.cap) for k in range(1, PEER.max_attempts))
+
+
+@pytest.mark.parametrize(("down_for", "outcome"), [(0.5, "delivered"), (1.5, "failed")])
+def test_an_offline_peer_is_retried_on_the_peer_schedule(
+        receiver: Receiver, tmp_path: Path, down_for: float, outcome: str) -> None:
+    clock = ManualClock()
+    rt = Runtime(db=f"sqlite:///{tmp_path / 'o' / 'sender.db'}",
+                 brain=quiet_brain, clock=clock)
+    rt.start()
+    try:
+        rec = rt.peers.pair(receiver.http, receiver.invite())
+        receiver.kill()  # offline from now on
+        [mid] = send_many(rt, rec.device_id, 1)
+        journal = rt.context.journal
+        waited, attempts, back = 0.0, 0, False
+        while True:
+            wait_for(lambda a=attempts: journal.get(mid)["attempts"] > a
+                     or journal.get(mid)["status"] == "delivered", 20, "the next attempt")
+            row = journal.get(mid)
+            if row["status"] != "pending":
+                break
+            attempts = row["attempts"]
+            if not back and waited >= down_for * retry_window():
+                receiver.start()
+                back = True
+            delay = backoff_delay(attempts, PEER.cap)
+            assert row["available_at"] == pytest.approx(clock.now() + delay)
+            waited += delay
+            clock.advance(delay)
+        row = journal.get(mid)
+        assert row["status"] == outcome
+        if outcome == "failed":
+            assert row["attempts"] == PEER.max_attempts == 48
+            assert waited == pytest.approx(retry_window())
+            assert [h["event"] for h in journal.history(mid)] == ["retry"] * 47 + ["failed"]
+            clock.advance(7200)
+            assert journal.get(mid)["attempts"] == 48
+            receiver.start()
+        else:
+            assert row["attempts"] < 48 and back
+            me = rt.peers.identity.device_id
+            assert receiver.peer_rows(me) == [f"peer-{me}-{mid}"]
+    finally:
+        rt.stop()

@@ -1,0 +1,155 @@
+"""Peers inside runtimes this test drives: brains on the receiver, a sender that crashes,
+and the peer store on both database backends."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from kinbox.actors import Runtime, SystemClock, Turn
+from kinbox.actors.peers import new_invite
+from kinbox.actors.serve import app_for
+from kinbox.persistence import NewMessage
+from kinbox.persistence.peer_outbox import PeerOutbox
+from kinbox.persistence.peers import INBOUND, PeerStore
+
+from .conftest import Stores
+from .helpers import quiet_brain, wait_for
+from .peer_harness import Receiver, free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Served:
+    """A runtime whose HTTP app (with the peer endpoint) is served by uvicorn in a thread."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.port = free_port()
+        self.http = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app_for(rt), host="127.0.0.1",
+                                                    port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        wait_for(lambda: self.server.started, 10, "uvicorn to start")
+
+    def invite(self) -> str:
+        return new_invite(self.rt.peers.peers, frozenset({"agent"}), 600, self.rt.clock.now())
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def pair_of(tmp_path: Path) -> Iterator[tuple[Runtime, Runtime, Served, threading.Event]]:
+    release = threading.Event()
+
+    def brain(turn: Turn) -> str:
+        if any(m.content == "work long" for m in turn.messages):
+            turn.wait_stop_requested(30)
+            return "stopped" if turn.stop_requested else "timed out"
+        return "got: " + " | ".join(m.content for m in turn.messages)
+
+    b = Runtime(db=f"sqlite:///{tmp_path / 'b' / 'b.db'}", brain=brain,
+                clock=SystemClock()).start()
+    a = Runtime(db=f"sqlite:///{tmp_path / 'a' / 'a.db'}",
+                brain=quiet_brain, clock=SystemClock()).start()
+    served = Served(b)
+    yield a, b, served, release
+    served.close()
+    a.stop()
+    b.stop()
+
+
+def test_the_peer_turn_runs_where_the_brain_is_and_read_and_stop_reach_it(
+        pair_of: tuple[Runtime, Runtime, Served, threading.Event]) -> None:
+    a, b, served, _ = pair_of
+    rec = a.peers.pair(served.http, served.invite(), name="b")
+    project = a.project("default")
+    assert project is not None
+    tools = a.tools_for(a.create_session(project.id, "me").id)
+    peer = f"peer:{rec.device_id}"
+    tools.agent_send(peer, "hello there")
+    session = f"suzent:{a.peers.identity.device_id}"
+    wait_for(lambda: any(e.text == "got: hello there" for e in b.transcript(session)), 20,
+             "the receiver's turn")
+    assert "assistant: got: hello there" in tools.agent_read(peer)["transcript"]
+    tools.agent_send(peer, "work long")
+    wait_for(lambda: b.context.turns.is_running(session), 20, "the long turn to start")
+    assert tools.agent_stop(peer) == {"agent_id": peer, "status": "stop_requested"}
+    wait_for(lambda: any(e.text == "stopped" for e in b.transcript(session)), 20,
+             "the turn to stop")
+    with pytest.raises(Exception, match="is not active"):
+        tools.agent_stop(peer)
+    assert b.marker_counts() and set(b.marker_counts().values()) == {1}
+
+
+def test_a_sender_crash_mid_stream_rehydrates_the_link_from_its_rows(tmp_path: Path) -> None:
+    receiver = Receiver(tmp_path / "r").start()
+    url = f"sqlite:///{tmp_path / 'a' / 'a.db'}"
+    try:
+        rt = Runtime(db=url, brain=quiet_brain, clock=SystemClock()).start()
+        rec = rt.peers.pair(receiver.http, receiver.invite())
+        me = rt.peers.identity.device_id
+        sender = rt.create_session(None, "s").id
+        ids = [r["message_id"] for r in rt.peers.send_many(sender, f"peer:{rec.device_id}",
+                                                           [f"m{i}" for i in range(1500)])]
+        wait_for(lambda: len(receiver.peer_rows(me)) > 100, 30, "some deliveries")
+        rt.crash()  # rows in flight stay leased to a dead owner
+        assert len(rt.inbox(state="delivered")) < 1500, "the crash must come mid-stream"
+        rt2 = Runtime(db=url, brain=quiet_brain, clock=SystemClock()).start()
+        try:
+            wait_for(lambda: len(rt2.inbox(state="delivered")) == 1500, 60, "every ack")
+            assert receiver.peer_rows(me) == [f"peer-{me}-{mid}" for mid in ids]
+        finally:
+            rt2.stop()
+    finally:
+        receiver.stop()
+
+
+def test_peer_store_redeems_an_invite_once_and_finds_grants_by_hash(stores: Stores) -> None:
+    peers = PeerStore(stores.tables, stores.writer)
+    peers.add_invite("h" * 64, frozenset({"agent"}), 10.0, 100.0)
+    assert peers.invite("h" * 64) is not None
+    assert not peers.redeem("h" * 64, 100.0, "0123456789ab", "x", "K" * 43, "t" * 64)  # expired
+    assert peers.redeem("h" * 64, 50.0, "0123456789ab", "x", "K" * 43, "t" * 64)
+    assert not peers.redeem("h" * 64, 51.0, "ba9876543210", "y", "L" * 43, "u" * 64)  # used
+    grant = peers.by_token_hash("t" * 64)
+    assert grant is not None and (grant.device_id, grant.status) == ("0123456789ab", "active")
+    assert peers.by_token_hash("u" * 64) is None
+    peers.set_status("0123456789ab", "paused", 60.0, direction=INBOUND)
+    assert peers.device("0123456789ab", INBOUND).status == "paused"  # type: ignore[union-attr]
+
+
+def test_window_claims_stop_at_a_row_waiting_for_its_backoff(stores: Stores) -> None:
+    outbox = PeerOutbox(stores.tables, stores.writer)
+    msgs = [NewMessage(f"m{i}", "peer:0123456789ab", f"t{i}", transport="suzent_peer",
+                       destination_peer_id="0123456789ab") for i in range(5)]
+    stores.journal.enqueue_many(msgs, 0.0)
+    first = outbox.claim_window("w", "peer:0123456789ab", 0, 1.0, lease=30, limit=2)
+    assert [r.message_id for r in first] == ["m0", "m1"]
+    more = outbox.claim_window("w", "peer:0123456789ab", first[-1].seq, 1.0, lease=30, limit=9)
+    assert [r.message_id for r in more] == ["m2", "m3", "m4"]
+    stores.journal.retry("w", "m0", "down", 2.0)  # m0 waits 2 s; everything behind it waits
+    stores.journal.release("w", ["m1", "m2", "m3", "m4"], 2.0)
+    assert outbox.claim_window("w", "peer:0123456789ab", 0, 3.0, lease=30, limit=9) == []
+    assert outbox.next_due("peer:0123456789ab") == 4.0
+    again = outbox.claim_window("w", "peer:0123456789ab", 0, 4.0, lease=30, limit=9)
+    assert [r.message_id for r in again] == ["m0", "m1", "m2", "m3", "m4"]
+    assert stores.journal.claim("d", 5.0).rows == []  # the dispatcher never takes peer rows
+
+
+def test_a_second_worker_finds_nothing_while_the_first_holds_the_window(stores: Stores) -> None:
+    outbox = PeerOutbox(stores.tables, stores.writer)
+    stores.journal.enqueue_many(
+        [NewMessage(f"m{i}", "peer:0123456789ab", f"t{i}", transport="suzent_peer",
+                    destination_peer_id="0123456789ab") for i in range(3)], 0.0)
+    assert len(outbox.claim_window("w1", "peer:0123456789ab", 0, 1.0, lease=30, limit=2)) == 2
+    assert outbox.claim_window("w2", "peer:0123456789ab", 0, 2.0, lease=30, limit=9) == []
+    taken = outbox.claim_window("w2", "peer:0123456789ab", 0, 40.0, lease=30, limit=9)
+    assert [r.message_id for r in taken] == ["m0", "m1", "m2"]  # w1's leases ran out

@@ -1,0 +1,297 @@
+"""The peer wire format: versioned JSON frames, validated strictly at the boundary.
+
+Every frame is one JSON object ``{"v": 1, "type": ..., <fields>}`` in a
+websocket text message. :func:`parse` accepts exactly the fields its type
+declares (all of them, nothing more), each checked for type and bounds; a
+frame over :data:`MAX_FRAME_BYTES`, bad UTF-8, duplicate keys, ``NaN``, an
+unknown type or version all raise :class:`FrameError` before anything
+reads the frame's meaning. Pure: no sockets.
+
+Data frames: ``deliver``, ``ack``, ``read``, ``stop``, ``result``, ``error``.
+Control frames: ``challenge``, ``hello``, ``welcome`` (the handshake),
+``pair``, ``paired`` (pairing), ``ping``, ``pong``, ``revoked``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+from .errors import FrameError
+
+VERSION = 1
+MAX_FRAME_BYTES = 64 * 1024
+"""Largest frame accepted or sent, in UTF-8 bytes."""
+
+TEXT_LIMIT = 20_000
+"""Longest message text in a ``deliver`` frame (the ``agent_send`` limit)."""
+
+ERROR_CODES = ("bad_frame", "rate_limited", "rejected", "forbidden", "unavailable", "internal")
+"""``error`` codes; ``rejected`` is terminal for the message it names. A ``forbidden``
+error that ends a handshake carries the :class:`~.grants.Refusal` code as its message."""
+
+Check = Callable[[Any], bool]
+
+
+def _pattern(regex: str) -> Check:
+    compiled = re.compile(regex)
+    return lambda v: isinstance(v, str) and compiled.fullmatch(v) is not None
+
+
+def _storable(v: str) -> bool:
+    # Lone surrogates cannot be stored as UTF-8 and PostgreSQL text refuses NUL.
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in v
+
+
+def _text(lo: int, hi: int) -> Check:
+    return lambda v: isinstance(v, str) and lo <= len(v) <= hi and _storable(v)
+
+
+def _nullable(check: Check) -> Check:
+    return lambda v: v is None or check(v)
+
+
+def _one_of(*values: str) -> Check:
+    return lambda v: isinstance(v, str) and v in values
+
+
+MESSAGE_ID = _pattern(r"[A-Za-z0-9_.:-]{1,200}")
+REQ = _pattern(r"[A-Za-z0-9_-]{1,64}")
+DEVICE_ID = _pattern(r"[0-9a-f]{12}")
+NONCE = _pattern(r"[A-Za-z0-9_-]{22,86}")
+PUBLIC_KEY = _pattern(r"[A-Za-z0-9_-]{43}")
+SIGNATURE = _pattern(r"[A-Za-z0-9_-]{86}")
+SECRET = _pattern(r"kb[tp]_[A-Za-z0-9_-]{43}")
+
+
+@dataclass(frozen=True)
+class Frame:
+    """Base of every frame; ``TYPE`` is its wire name, ``CHECKS`` its fields' rules."""
+
+    TYPE: ClassVar[str] = ""
+    CHECKS: ClassVar[dict[str, Check]] = {}
+
+
+@dataclass(frozen=True)
+class Deliver(Frame):
+    """A message for the receiver's ``suzent:<device>`` session (or a named one)."""
+
+    TYPE = "deliver"
+    CHECKS = {"id": MESSAGE_ID, "text": _text(1, TEXT_LIMIT),
+              "session": _nullable(_text(1, 200))}
+    id: str
+    text: str
+    session: str | None = None
+
+
+@dataclass(frozen=True)
+class Ack(Frame):
+    """The receiver committed message ``id`` (a repeat gets the same ack)."""
+
+    TYPE = "ack"
+    CHECKS = {"id": MESSAGE_ID}
+    id: str
+
+
+@dataclass(frozen=True)
+class Read(Frame):
+    """Ask for the dedicated session's visible transcript."""
+
+    TYPE = "read"
+    CHECKS = {"req": REQ}
+    req: str
+
+
+@dataclass(frozen=True)
+class Stop(Frame):
+    """Ask the dedicated session's running turn to stop."""
+
+    TYPE = "stop"
+    CHECKS = {"req": REQ}
+    req: str
+
+
+@dataclass(frozen=True)
+class Result(Frame):
+    """The answer to ``read`` or ``stop`` number ``req``."""
+
+    TYPE = "result"
+    CHECKS = {"req": REQ, "status": _text(1, 32), "text": _text(0, 40_000)}
+    req: str
+    status: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Error(Frame):
+    """Something was refused; ``id`` names the message when there is one."""
+
+    TYPE = "error"
+    CHECKS = {"id": _nullable(MESSAGE_ID), "code": _one_of(*ERROR_CODES),
+              "message": _text(0, 1000)}
+    id: str | None
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Challenge(Frame):
+    """Server's first frame: who it is and a fresh nonce to sign."""
+
+    TYPE = "challenge"
+    CHECKS = {"device_id": DEVICE_ID, "nonce": NONCE}
+    device_id: str
+    nonce: str
+
+
+@dataclass(frozen=True)
+class Hello(Frame):
+    """Client's proof: its device id, its own nonce and its signature over both nonces."""
+
+    TYPE = "hello"
+    CHECKS = {"device_id": DEVICE_ID, "nonce": NONCE, "signature": SIGNATURE}
+    device_id: str
+    nonce: str
+    signature: str
+
+
+@dataclass(frozen=True)
+class Welcome(Frame):
+    """Server's proof, checked against the key the client pinned at pairing."""
+
+    TYPE = "welcome"
+    CHECKS = {"signature": SIGNATURE}
+    signature: str
+
+
+@dataclass(frozen=True)
+class Pair(Frame):
+    """Client redeems a pairing code and presents its public key."""
+
+    TYPE = "pair"
+    CHECKS = {"code": SECRET, "device_id": DEVICE_ID, "public_key": PUBLIC_KEY,
+              "name": _text(0, 128), "nonce": NONCE, "signature": SIGNATURE}
+    code: str
+    device_id: str
+    public_key: str
+    name: str
+    nonce: str
+    signature: str
+
+
+@dataclass(frozen=True)
+class Paired(Frame):
+    """Server's grant: its public key and the bearer token, signed."""
+
+    TYPE = "paired"
+    CHECKS = {"device_id": DEVICE_ID, "public_key": PUBLIC_KEY, "token": SECRET,
+              "signature": SIGNATURE}
+    device_id: str
+    public_key: str
+    token: str
+    signature: str
+
+
+@dataclass(frozen=True)
+class Ping(Frame):
+    """Are you there? Answered by ``pong`` with the same ``req``."""
+
+    TYPE = "ping"
+    CHECKS = {"req": REQ}
+    req: str
+
+
+@dataclass(frozen=True)
+class Pong(Frame):
+    """The answer to ``ping``."""
+
+    TYPE = "pong"
+    CHECKS = {"req": REQ}
+    req: str
+
+
+@dataclass(frozen=True)
+class Revoked(Frame):
+    """The receiver paused or revoked this link's grant; the link closes next."""
+
+    TYPE = "revoked"
+    CHECKS = {"status": _one_of("paused", "revoked")}
+    status: str
+
+
+FRAME_TYPES: dict[str, type[Frame]] = {c.TYPE: c for c in (
+    Deliver, Ack, Read, Stop, Result, Error, Challenge, Hello, Welcome, Pair, Paired, Ping,
+    Pong, Revoked)}
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise FrameError("duplicate_key", key)
+        out[key] = value
+    return out
+
+
+def _no_constants(name: str) -> Any:
+    raise FrameError("bad_json", f"{name} is not JSON")
+
+
+def parse(data: bytes | str) -> Frame:
+    """The frame in ``data``; :class:`FrameError` for anything off the format."""
+    if isinstance(data, str):
+        try:
+            raw = data.encode("utf-8")
+        except UnicodeEncodeError:
+            raise FrameError("bad_utf8") from None
+    elif isinstance(data, bytes | bytearray | memoryview):
+        raw = bytes(data)
+    else:
+        raise FrameError("bad_type", type(data).__name__)
+    if len(raw) > MAX_FRAME_BYTES:
+        raise FrameError("too_large", f"{len(raw)} bytes > {MAX_FRAME_BYTES}")
+    try:
+        text = raw.decode("utf-8", errors="strict")
+    except UnicodeDecodeError:
+        raise FrameError("bad_utf8") from None
+    try:
+        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+    except (ValueError, RecursionError):
+        raise FrameError("bad_json") from None
+    if not isinstance(obj, dict):
+        raise FrameError("not_object")
+    version = obj.get("v")
+    if type(version) is not int or version != VERSION:
+        raise FrameError("bad_version", repr(version)[:20])
+    kind = obj.get("type")
+    cls = FRAME_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise FrameError("unknown_type", repr(kind)[:40])
+    expected = set(cls.CHECKS) | {"v", "type"}
+    if set(obj) != expected:
+        extra, missing = sorted(set(obj) - expected), sorted(expected - set(obj))
+        raise FrameError("bad_keys", f"extra {extra[:5]}, missing {missing}")
+    for name, check in cls.CHECKS.items():
+        if not check(obj[name]):
+            raise FrameError("bad_field", f"{cls.TYPE}.{name}")
+    return cls(**{name: obj[name] for name in cls.CHECKS})
+
+
+def encode(frame: Frame) -> str:
+    """The wire text of ``frame``; :class:`FrameError` if it breaks the format itself."""
+    body = {"v": VERSION, "type": frame.TYPE, **{f.name: getattr(frame, f.name)
+                                                 for f in fields(frame)}}
+    for name, check in frame.CHECKS.items():
+        if not check(body[name]):
+            raise FrameError("bad_field", f"{frame.TYPE}.{name}")
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    if len(text.encode("utf-8")) > MAX_FRAME_BYTES:
+        raise FrameError("too_large", f"{frame.TYPE} frame over {MAX_FRAME_BYTES} bytes")
+    return text

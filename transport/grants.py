@@ -1,0 +1,202 @@
+"""Grants, bearer tokens and pairing codes: the rules, with no storage.
+
+A *grant* is what a receiving device keeps about a paired sender: the
+sender's pinned public key, the SHA-256 of the bearer token it issued (never
+the token), scopes and a status. Pure: randomness and time come in as
+arguments; the stores keep the rows.
+
+Who may do what::
+
+    scope "agent"  ->  deliver, read, stop, whoami
+
+Status: ``active`` accepts links; ``paused`` and ``revoked`` refuse them and
+close a live one (a paused grant can be resumed, a revoked one cannot).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+TOKEN_PREFIX = "kbt_"
+CODE_PREFIX = "kbp_"
+TOKEN_BYTES = 32
+"""Random bytes in a bearer token (and a pairing code)."""
+
+_TOKEN_RE = re.compile(r"kbt_[A-Za-z0-9_-]{43}")
+_CODE_RE = re.compile(r"kbp_[A-Za-z0-9_-]{43}")
+
+SCOPES: dict[str, frozenset[str]] = {"agent": frozenset({"deliver", "read", "stop", "whoami"})}
+"""What each scope allows."""
+
+
+class GrantStatus(StrEnum):
+    """Whether a grant accepts links."""
+
+    ACTIVE = "active"
+    PAUSED = "paused"
+    REVOKED = "revoked"
+
+
+STATUS_CHANGES: dict[tuple[GrantStatus, str], GrantStatus] = {
+    (GrantStatus.ACTIVE, "pause"): GrantStatus.PAUSED,
+    (GrantStatus.PAUSED, "pause"): GrantStatus.PAUSED,
+    (GrantStatus.PAUSED, "resume"): GrantStatus.ACTIVE,
+    (GrantStatus.ACTIVE, "resume"): GrantStatus.ACTIVE,
+    (GrantStatus.ACTIVE, "revoke"): GrantStatus.REVOKED,
+    (GrantStatus.PAUSED, "revoke"): GrantStatus.REVOKED,
+    (GrantStatus.REVOKED, "revoke"): GrantStatus.REVOKED,
+}
+"""Operator actions; a revoked grant stays revoked (pair again for a new one)."""
+
+
+class Refusal(StrEnum):
+    """Why a connection or a pairing was refused; the peer is told this code."""
+
+    NO_TOKEN = "no_token"
+    MALFORMED = "malformed"
+    TOKEN_IN_QUERY = "token_in_query"
+    UNKNOWN = "unknown"
+    PAUSED = "paused"
+    REVOKED = "revoked"
+    WRONG_DEVICE = "wrong_device"
+    BAD_SIGNATURE = "bad_signature"
+    EXPIRED_INVITE = "expired_invite"
+    BAD_ORIGIN = "bad_origin"
+    SCOPE = "scope"
+
+
+TERMINAL_REFUSALS = frozenset({Refusal.UNKNOWN, Refusal.PAUSED, Refusal.REVOKED,
+                               Refusal.WRONG_DEVICE, Refusal.BAD_SIGNATURE})
+"""Refusals a sender cannot heal by retrying: its rows fail at once (I5)."""
+
+HTTP_STATUS: dict[Refusal, int] = {
+    Refusal.NO_TOKEN: 401, Refusal.MALFORMED: 401, Refusal.TOKEN_IN_QUERY: 400,
+    Refusal.UNKNOWN: 401, Refusal.PAUSED: 403, Refusal.REVOKED: 403,
+    Refusal.WRONG_DEVICE: 403, Refusal.BAD_SIGNATURE: 403, Refusal.EXPIRED_INVITE: 403,
+    Refusal.BAD_ORIGIN: 403, Refusal.SCOPE: 403,
+}
+
+
+def new_token(random_bytes: bytes) -> str:
+    """A bearer token made of ``TOKEN_BYTES`` random bytes."""
+    return TOKEN_PREFIX + _b64(random_bytes)
+
+
+def new_code(random_bytes: bytes) -> str:
+    """A one-time pairing code made of ``TOKEN_BYTES`` random bytes."""
+    return CODE_PREFIX + _b64(random_bytes)
+
+
+def _b64(random_bytes: bytes) -> str:
+    if len(random_bytes) != TOKEN_BYTES:
+        raise ValueError(f"need {TOKEN_BYTES} random bytes, got {len(random_bytes)}")
+    return base64.urlsafe_b64encode(random_bytes).rstrip(b"=").decode("ascii")
+
+
+def secret_hash(secret: str) -> str:
+    """The SHA-256 (hex) stored in place of a token or a pairing code."""
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def is_token(text: str) -> bool:
+    """Does ``text`` look like a bearer token?"""
+    return isinstance(text, str) and _TOKEN_RE.fullmatch(text) is not None
+
+
+def is_code(text: str) -> bool:
+    """Does ``text`` look like a pairing code?"""
+    return isinstance(text, str) and _CODE_RE.fullmatch(text) is not None
+
+
+def parse_scopes(names: Iterable[str]) -> frozenset[str]:
+    """Validated scope names; :class:`ValueError` for an unknown one."""
+    chosen = frozenset(names)
+    unknown = chosen - SCOPES.keys()
+    if unknown or not chosen:
+        raise ValueError(f"unknown scopes {sorted(unknown)}; known: {sorted(SCOPES)}")
+    return chosen
+
+
+def allows(scopes: Iterable[str], action: str) -> bool:
+    """May a grant with ``scopes`` do ``action`` (deliver, read, stop, whoami)?"""
+    return any(action in SCOPES.get(s, frozenset()) for s in scopes)
+
+
+def change_status(current: str, action: str) -> GrantStatus:
+    """The status after an operator ``action``; :class:`ValueError` if not allowed."""
+    try:
+        return STATUS_CHANGES[(GrantStatus(current), action)]
+    except (KeyError, ValueError):
+        raise ValueError(f"cannot {action} a grant that is {current}") from None
+
+
+@dataclass(frozen=True)
+class GrantView:
+    """What the checks read of a stored inbound grant."""
+
+    device_id: str
+    public_key: str
+    token_hash: str
+    scopes: frozenset[str]
+    status: str
+
+
+def bearer_token(authorization: str | None, query: str) -> tuple[str | None, Refusal | None]:
+    """The token of an upgrade request's ``Authorization`` header, or why it is refused.
+
+    A token in the query string is refused even next to a valid header:
+    query strings end up in access logs and browser history.
+    """
+    if query and ("token" in query.lower() or TOKEN_PREFIX in query):
+        return None, Refusal.TOKEN_IN_QUERY
+    if not authorization:
+        return None, Refusal.NO_TOKEN
+    scheme, _, value = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not is_token(value.strip()):
+        return None, Refusal.MALFORMED
+    return value.strip(), None
+
+
+def check_grant(grant: GrantView | None, token: str) -> Refusal | None:
+    """Refusal for a presented token against the grant found by its hash, else None."""
+    if grant is None or not hmac.compare_digest(grant.token_hash, secret_hash(token)):
+        return Refusal.UNKNOWN
+    if grant.status == GrantStatus.REVOKED:
+        return Refusal.REVOKED
+    if grant.status != GrantStatus.ACTIVE:
+        return Refusal.PAUSED
+    return None
+
+
+@dataclass(frozen=True)
+class InviteView:
+    """What pairing reads of a stored invite."""
+
+    code_hash: str
+    scopes: frozenset[str]
+    expires_at: float
+    used: bool
+
+
+def check_invite(invite: InviteView | None, now: float) -> Refusal | None:
+    """Refusal for a pairing code, else None: unknown, used and expired look alike."""
+    if invite is None or invite.used or invite.expires_at <= now:
+        return Refusal.EXPIRED_INVITE
+    return None
+
+
+def parse_ttl(text: str) -> float:
+    """Seconds of a ``--ttl`` like ``90s``, ``10m``, ``2h``, ``1d`` (at most a week)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([smhd]?)\s*", text or "")
+    if not m:
+        raise ValueError(f"expected a duration like 10m or 2h, got {text!r}")
+    seconds = int(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    if not 1 <= seconds <= 7 * 86400:
+        raise ValueError(f"a pairing code lives 1 s to 7 days, got {text!r}")
+    return float(seconds)

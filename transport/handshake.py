@@ -1,0 +1,145 @@
+"""The handshake and pairing steps, as pure functions of frames, keys and nonces.
+
+Link handshake (after the upgrade request's bearer token matched a grant)::
+
+    server -> challenge {device_id: S, nonce: Ns}
+    client -> hello     {device_id: C, nonce: Nc, signature: sign_C(hello_transcript)}
+    server -> welcome   {signature: sign_S(welcome_transcript)}
+
+The client's signature covers both nonces, both device ids and the hash of
+the token it presented, so it proves the token's holder owns the device key
+the grant was bound to at pairing; the server's covers the same and is
+checked against the key the client pinned, so a stranger at the peer's URL
+is found out. Pairing runs the same way with ``pair`` / ``paired`` and the
+one-time code in place of the token. Nonces come in as arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import frames as f
+from .errors import HandshakeRefused, IdentityError
+from .grants import GrantView, Refusal, check_grant, secret_hash
+from .identity import DeviceIdentity, b64e, device_id_for, public_key_bytes, verify
+
+NONCE_BYTES = 32
+
+
+def _transcript(step: str, server_id: str, client_id: str, server_nonce: str,
+                client_nonce: str, secret_hash_hex: str) -> bytes:
+    return "\n".join(("kinbox-peer/1", step, server_id, client_id, server_nonce, client_nonce,
+                      secret_hash_hex)).encode("ascii")
+
+
+def new_nonce(random_bytes: bytes) -> str:
+    """A nonce for the wire from ``NONCE_BYTES`` random bytes."""
+    if len(random_bytes) != NONCE_BYTES:
+        raise ValueError(f"need {NONCE_BYTES} random bytes")
+    return b64e(random_bytes)
+
+
+# -- link --------------------------------------------------------------------------------
+
+
+def challenge(identity: DeviceIdentity, server_nonce: str) -> f.Challenge:
+    """The server's first frame."""
+    return f.Challenge(identity.device_id, server_nonce)
+
+
+def hello(identity: DeviceIdentity, ch: f.Challenge, token: str, client_nonce: str,
+          expected_server: str) -> f.Hello:
+    """The client's answer; refuses a challenge from another device than the pinned one."""
+    if ch.device_id != expected_server:
+        raise HandshakeRefused(Refusal.WRONG_DEVICE, "the server is not the paired device")
+    data = _transcript("hello", ch.device_id, identity.device_id, ch.nonce, client_nonce,
+                       secret_hash(token))
+    return f.Hello(identity.device_id, client_nonce, identity.sign(data))
+
+
+def accept_hello(identity: DeviceIdentity, server_nonce: str, frame: f.Hello,
+                 grant: GrantView | None, token: str) -> f.Welcome:
+    """Server: check the client's proof against the grant; the welcome, or HandshakeRefused."""
+    refusal = check_grant(grant, token)
+    if refusal is not None:
+        raise HandshakeRefused(refusal)
+    assert grant is not None
+    if frame.device_id != grant.device_id:
+        raise HandshakeRefused(Refusal.WRONG_DEVICE, "the token belongs to another device")
+    data = _transcript("hello", identity.device_id, frame.device_id, server_nonce, frame.nonce,
+                       grant.token_hash)
+    if not verify(grant.public_key, frame.signature, data):
+        raise HandshakeRefused(Refusal.BAD_SIGNATURE)
+    welcome_data = _transcript("welcome", identity.device_id, frame.device_id, server_nonce,
+                               frame.nonce, grant.token_hash)
+    return f.Welcome(identity.sign(welcome_data))
+
+
+def check_welcome(identity: DeviceIdentity, ch: f.Challenge, sent: f.Hello, token: str,
+                  frame: f.Welcome, pinned_key: str) -> None:
+    """Client: raise HandshakeRefused unless the welcome is signed by the pinned key."""
+    data = _transcript("welcome", ch.device_id, identity.device_id, ch.nonce, sent.nonce,
+                       secret_hash(token))
+    if not verify(pinned_key, frame.signature, data):
+        raise HandshakeRefused(Refusal.BAD_SIGNATURE, "the server's signature does not match "
+                               "the key pinned at pairing")
+
+
+# -- pairing -----------------------------------------------------------------------------
+
+
+def pair(identity: DeviceIdentity, ch: f.Challenge, code: str, client_nonce: str,
+         name: str) -> f.Pair:
+    """The client's pairing request for a one-time ``code``."""
+    data = _transcript("pair", ch.device_id, identity.device_id, ch.nonce, client_nonce,
+                       secret_hash(code))
+    return f.Pair(code, identity.device_id, identity.public_key, name, client_nonce,
+                  identity.sign(data))
+
+
+@dataclass(frozen=True)
+class PairingProof:
+    """A pairing request whose signature checked out: the new peer's identity."""
+
+    device_id: str
+    public_key: str
+    name: str
+
+
+def accept_pair(identity: DeviceIdentity, server_nonce: str, frame: f.Pair) -> PairingProof:
+    """Server: check that the pairing device owns the key it presents (the code is checked
+    against the invite store by the caller)."""
+    try:
+        raw = public_key_bytes(frame.public_key)
+    except IdentityError:
+        raise HandshakeRefused(Refusal.MALFORMED, "bad public key") from None
+    if device_id_for(raw) != frame.device_id:
+        raise HandshakeRefused(Refusal.WRONG_DEVICE, "device id does not match the key")
+    data = _transcript("pair", identity.device_id, frame.device_id, server_nonce, frame.nonce,
+                       secret_hash(frame.code))
+    if not verify(frame.public_key, frame.signature, data):
+        raise HandshakeRefused(Refusal.BAD_SIGNATURE)
+    return PairingProof(frame.device_id, frame.public_key, frame.name)
+
+
+def paired(identity: DeviceIdentity, server_nonce: str, proof: PairingProof, sent: f.Pair,
+           token: str) -> f.Paired:
+    """Server: the grant for the new peer, signed over both nonces and the token hash."""
+    data = _transcript("paired", identity.device_id, proof.device_id, server_nonce,
+                       sent.nonce, secret_hash(token))
+    return f.Paired(identity.device_id, identity.public_key, token, identity.sign(data))
+
+
+def check_paired(identity: DeviceIdentity, ch: f.Challenge, sent: f.Pair,
+                 frame: f.Paired) -> None:
+    """Client: the paired frame comes from the device that challenged us, with its own key."""
+    try:
+        raw = public_key_bytes(frame.public_key)
+    except IdentityError:
+        raise HandshakeRefused(Refusal.MALFORMED, "bad public key") from None
+    if device_id_for(raw) != frame.device_id or frame.device_id != ch.device_id:
+        raise HandshakeRefused(Refusal.WRONG_DEVICE, "the key does not match the device id")
+    data = _transcript("paired", ch.device_id, identity.device_id, ch.nonce, sent.nonce,
+                       secret_hash(frame.token))
+    if not verify(frame.public_key, frame.signature, data):
+        raise HandshakeRefused(Refusal.BAD_SIGNATURE)

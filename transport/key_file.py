@@ -1,0 +1,47 @@
+"""The device key file: created once with owner-only permissions, then loaded.
+
+The only place that touches the private key on disk. The file is created
+with ``O_EXCL`` and mode 0600 in one call, so there is no moment where
+another user could read it; an existing file readable by group or others is
+refused rather than used.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from .errors import IdentityError
+from .identity import DeviceIdentity
+
+KEY_FILE_NAME = "device_key.pem"
+
+
+def load_or_create(directory: str | os.PathLike[str]) -> DeviceIdentity:
+    """This device's identity from ``directory/device_key.pem``, created on first use."""
+    path = Path(directory) / KEY_FILE_NAME
+    if path.exists():
+        return _load(path)
+    try:
+        return install(directory, DeviceIdentity.generate())
+    except FileExistsError:  # another process created it first: use theirs
+        return _load(path)
+
+
+def install(directory: str | os.PathLike[str], identity: DeviceIdentity) -> DeviceIdentity:
+    """Write ``identity`` as the device key of ``directory``; FileExistsError if it has one."""
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / KEY_FILE_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(identity.to_pem())
+    return identity
+
+
+def _load(path: Path) -> DeviceIdentity:
+    mode = path.stat().st_mode
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise IdentityError(str(path), f"permissions {oct(mode & 0o777)} let others read "
+                            "the private key; chmod 600 it")
+    return DeviceIdentity.from_pem(path.read_bytes())

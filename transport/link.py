@@ -1,0 +1,283 @@
+"""The sending side of a peer link as a sans-I/O state machine.
+
+Bytes and events in, frames and effect records out; no sockets, threads or
+clocks (the shape of websockets' ``protocol.py``). The adapter feeds it
+``connected()``, every received text (``receive``) and ``connection_lost``,
+offers it claimed outbound rows (``offer``), and then drains
+``frames_to_send()`` onto the socket and ``effects()`` into the journal.
+
+States and legal inputs (anything else raises :class:`LinkStateError` and
+leaves the state as it was)::
+
+    IDLE       --connected-->        HANDSHAKE  (waiting for the challenge)
+    HANDSHAKE  --challenge-->        HANDSHAKE  (hello sent, waiting for welcome)
+    HANDSHAKE  --welcome-->          OPEN       (window flushed)
+    OPEN       --ack/error/result--> OPEN
+    any        --revoked-->          CLOSED     (terminal: every leased row fails)
+    any        --connection_lost-->  IDLE       (leased rows retried by the journal)
+
+The window: at most ``window`` ``deliver`` frames are unacknowledged at
+once. Resume: a row that was sent but not acknowledged when the link
+dropped is handed back for a retry; the journal's backoff (2 ... 2048 s,
+then 3600 s, 48 attempts: ``inbox_core.PEER``) decides when it comes back,
+and the receiver's idempotent ids make the resend harmless.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from enum import StrEnum
+
+from . import frames as f
+from . import handshake
+from .errors import FrameError, HandshakeRefused, LinkStateError
+from .grants import TERMINAL_REFUSALS, Refusal
+from .identity import DeviceIdentity
+
+
+class LinkState(StrEnum):
+    """Where the link is."""
+
+    IDLE = "idle"
+    HANDSHAKE = "handshake"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A claimed outbound row to carry."""
+
+    id: str
+    text: str
+    session: str | None = None
+
+
+@dataclass(frozen=True)
+class Acked:
+    """The receiver committed these rows: acknowledge them in the journal."""
+
+    ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """The receiver refused this row's payload: it fails at once."""
+
+    id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Retry:
+    """The link dropped or could not open: these rows count a failed attempt."""
+
+    ids: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Terminal:
+    """The peer refused us for good (revoked, paused, unknown): rows fail, the link closes.
+
+    ``status`` is what the sender records for the device: ``paused`` when the
+    receiver paused our grant (an operator may resume it), else ``revoked``.
+    """
+
+    ids: tuple[str, ...]
+    reason: str
+    status: str = "revoked"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The result of a ``read`` or ``stop`` request."""
+
+    frame: f.Result
+
+
+Effect = Acked | Rejected | Retry | Terminal | Answer
+
+
+class SenderLink:
+    """One outbound link to a paired device."""
+
+    def __init__(self, identity: DeviceIdentity, server_id: str, pinned_key: str, token: str,
+                 window: int = 64, prefetch: int = 0) -> None:
+        if window < 1 or prefetch < 0:
+            raise ValueError("window must be >= 1 and prefetch >= 0")
+        self.prefetch = prefetch
+        self.identity = identity
+        self.server_id = server_id
+        self.pinned_key = pinned_key
+        self.token = token
+        self.window = window
+        self.state = LinkState.IDLE
+        self._queued: OrderedDict[str, Outgoing] = OrderedDict()
+        self._inflight: OrderedDict[str, Outgoing] = OrderedDict()
+        self._out: list[str] = []
+        self._effects: list[Effect] = []
+        self._challenge: f.Challenge | None = None
+        self._hello: f.Hello | None = None
+        self._nonce = ""
+
+    # -- inputs ----------------------------------------------------------------------------
+
+    def connected(self, client_nonce: str) -> None:
+        """The socket is open; wait for the server's challenge."""
+        self._require(LinkState.IDLE, "connected")
+        self.state = LinkState.HANDSHAKE
+        self._nonce = client_nonce
+        self._challenge = self._hello = None
+
+    def offer(self, rows: list[Outgoing]) -> None:
+        """Rows to carry, in journal order; rows already held are ignored."""
+        if self.state is LinkState.CLOSED:
+            raise LinkStateError(self.state.value, "offer")
+        for row in rows:
+            if row.id not in self._queued and row.id not in self._inflight:
+                self._queued[row.id] = row
+        self._flush()
+
+    def request(self, frame: f.Read | f.Stop | f.Ping) -> None:
+        """Send a ``read``, ``stop`` or ``ping`` on an open link."""
+        self._require(LinkState.OPEN, "request")
+        self._out.append(f.encode(frame))
+
+    def receive(self, data: bytes | str) -> None:
+        """A message arrived from the peer."""
+        if self.state not in (LinkState.HANDSHAKE, LinkState.OPEN):
+            raise LinkStateError(self.state.value, "receive")
+        try:
+            frame = f.parse(data)
+        except FrameError as exc:
+            self._lost(f"the peer sent a bad frame ({exc.reason})")
+            return
+        if isinstance(frame, f.Revoked):
+            self._terminal(f"the peer {frame.status} this device's grant", frame.status)
+        elif self.state is LinkState.HANDSHAKE:
+            self._handshake(frame)
+        elif isinstance(frame, f.Ack):
+            self._ack(frame.id)
+        elif isinstance(frame, f.Error):
+            self._error(frame)
+        elif isinstance(frame, f.Result):
+            self._effects.append(Answer(frame))
+        elif isinstance(frame, f.Ping):
+            self._out.append(f.encode(f.Pong(frame.req)))
+        # pong and anything else a sender need not act on are ignored
+
+    def refused(self, reason: str) -> None:
+        """The upgrade request was refused with ``reason`` (a Refusal code, or other text)."""
+        if reason in {r.value for r in TERMINAL_REFUSALS}:
+            self._terminal(f"the peer refused this device ({reason})",
+                           "paused" if reason == Refusal.PAUSED else "revoked")
+        else:
+            self._lost(f"the peer refused the connection ({reason})")
+
+    def connection_lost(self, reason: str) -> None:
+        """The socket closed or could not be opened."""
+        if self.state is not LinkState.CLOSED:
+            self._lost(reason)
+
+    # -- outputs ---------------------------------------------------------------------------
+
+    def frames_to_send(self) -> list[str]:
+        """Encoded frames to write, in order; draining empties the list."""
+        out, self._out = self._out, []
+        return out
+
+    def effects(self) -> list[Effect]:
+        """What the adapter must do to the journal; draining empties the list."""
+        out, self._effects = self._effects, []
+        return out
+
+    def capacity(self) -> int:
+        """How many more rows the adapter may claim and offer now.
+
+        Up to ``window`` rows in flight plus ``prefetch`` queued behind them, so
+        the next frames are at hand the moment acks free the window.
+        """
+        return max(0, self.window + self.prefetch - len(self._inflight) - len(self._queued))
+
+    def held(self) -> list[str]:
+        """Ids of every row offered and not yet settled."""
+        return [*self._inflight, *self._queued]
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _require(self, state: LinkState, event: str) -> None:
+        if self.state is not state:
+            raise LinkStateError(self.state.value, event)
+
+    def _handshake(self, frame: f.Frame) -> None:
+        try:
+            if isinstance(frame, f.Challenge) and self._challenge is None:
+                self._challenge = frame
+                self._hello = handshake.hello(self.identity, frame, self.token, self._nonce,
+                                              self.server_id)
+                self._out.append(f.encode(self._hello))
+            elif isinstance(frame, f.Welcome) and self._challenge and self._hello:
+                handshake.check_welcome(self.identity, self._challenge, self._hello, self.token,
+                                        frame, self.pinned_key)
+                self.state = LinkState.OPEN
+                self._flush()
+            elif isinstance(frame, f.Error) and frame.code == "forbidden":
+                self.refused(frame.message)  # a handshake refusal names its Refusal code
+            elif isinstance(frame, f.Error):
+                self._lost(f"the peer refused the handshake ({frame.code}: {frame.message})")
+            else:
+                self._lost(f"unexpected {frame.TYPE} frame during the handshake")
+        except HandshakeRefused as exc:
+            # The server is not who we paired with: retrying cannot make it so.
+            self._terminal(f"the peer failed its handshake ({exc.reason})")
+
+    def _flush(self) -> None:
+        if self.state is not LinkState.OPEN:
+            return
+        while self._queued and len(self._inflight) < self.window:
+            mid, row = self._queued.popitem(last=False)
+            try:
+                frame = f.encode(f.Deliver(row.id, row.text, row.session))
+            except FrameError as exc:
+                self._effects.append(Rejected(mid, f"the message cannot be sent ({exc.reason})"))
+                continue
+            self._inflight[mid] = row
+            self._out.append(frame)
+
+    def _ack(self, mid: str) -> None:
+        if self._inflight.pop(mid, None) is not None:
+            self._effects.append(Acked((mid,)))
+            self._flush()
+
+    def _error(self, frame: f.Error) -> None:
+        if frame.id is not None and frame.id in self._inflight:
+            self._inflight.pop(frame.id)
+            if frame.code == "rejected":
+                self._effects.append(Rejected(frame.id, frame.message or "rejected by the peer"))
+            else:
+                self._effects.append(Retry((frame.id,), f"{frame.code}: {frame.message}"))
+            self._flush()
+        elif frame.code in ("forbidden", "unavailable"):
+            self._lost(f"{frame.code}: {frame.message}")
+
+    def _settle_all(self) -> tuple[str, ...]:
+        ids = (*self._inflight, *self._queued)
+        self._inflight.clear()
+        self._queued.clear()
+        return ids
+
+    def _lost(self, reason: str) -> None:
+        ids = self._settle_all()
+        if ids:
+            self._effects.append(Retry(ids, reason))
+        self.state = LinkState.IDLE
+
+    def _terminal(self, reason: str, status: str = "revoked") -> None:
+        self._effects.append(Terminal(self._settle_all(), reason, status))
+        self.state = LinkState.CLOSED
+
+
+__all__ = ["Acked", "Answer", "LinkState", "Outgoing", "Refusal", "Rejected", "Retry",
+           "SenderLink", "Terminal"]

@@ -1,0 +1,90 @@
+"""The client side of peer links: blocking websockets connections for the link actor.
+
+Thin: :func:`connect_link` opens ``/peers/link`` with the bearer token in
+the ``Authorization`` header and turns every way the peer can refuse into
+:class:`PeerUnavailable` (``terminal`` when retrying cannot help);
+:func:`pair_with` runs the pairing steps of :mod:`.handshake` over
+``/peers/pair``. The link protocol itself is :class:`~.link.SenderLink`'s.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from urllib.parse import urlsplit, urlunsplit
+
+from websockets.exceptions import InvalidStatus, WebSocketException
+from websockets.sync.client import ClientConnection, connect
+
+from . import frames as f
+from . import handshake
+from .errors import FrameError, HandshakeRefused, PeerUnavailable
+from .grants import TERMINAL_REFUSALS
+from .identity import DeviceIdentity
+
+OPEN_TIMEOUT = 5.0
+
+
+def endpoint(url: str, path: str) -> str:
+    """The websocket URL of ``path`` on a peer given as ``http(s)://`` or ``ws(s)://``."""
+    parts = urlsplit(url.strip())
+    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme)
+    if scheme is None or not parts.netloc:
+        raise ValueError(f"a peer URL looks like http://host:port, got {url!r}")
+    return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + path, "", ""))
+
+
+def _refusal(exc: InvalidStatus) -> PeerUnavailable:
+    status = exc.response.status_code
+    try:
+        reason = str(json.loads(exc.response.body or b"{}").get("error", status))
+    except (ValueError, AttributeError):
+        reason = str(status)
+    return PeerUnavailable(reason, terminal=reason in {r.value for r in TERMINAL_REFUSALS},
+                           status=status)
+
+
+def _open(uri: str, headers: dict[str, str] | None, timeout: float) -> ClientConnection:
+    try:
+        return connect(uri, additional_headers=headers, open_timeout=timeout, proxy=None,
+                       compression=None, max_size=f.MAX_FRAME_BYTES, ping_interval=None,
+                       close_timeout=2)
+    except InvalidStatus as exc:
+        raise _refusal(exc) from None
+    except (OSError, TimeoutError, WebSocketException) as exc:
+        raise PeerUnavailable(f"cannot connect: {type(exc).__name__}", terminal=False) from None
+
+
+@contextmanager
+def connect_link(url: str, token: str, timeout: float = OPEN_TIMEOUT) -> Iterator[ClientConnection]:
+    """Open the link websocket (closed on exit); the handshake frames follow on it."""
+    with _open(endpoint(url, "/peers/link"), {"Authorization": f"Bearer {token}"},
+               timeout) as ws:
+        yield ws
+
+
+def pair_with(url: str, identity: DeviceIdentity, code: str, name: str, nonce: str,
+              timeout: float = OPEN_TIMEOUT) -> f.Paired:
+    """Redeem ``code`` at the peer; the checked ``paired`` frame (its key and our token)."""
+    with _open(endpoint(url, "/peers/pair"), None, timeout) as ws:
+        return _pair(ws, identity, code, name, nonce, timeout)
+
+
+def _pair(ws: ClientConnection, identity: DeviceIdentity, code: str, name: str, nonce: str,
+          timeout: float) -> f.Paired:
+    try:
+        ch = f.parse(ws.recv(timeout))
+        if not isinstance(ch, f.Challenge):
+            raise HandshakeRefused("malformed", f"expected challenge, got {ch.TYPE}")
+        request = handshake.pair(identity, ch, code, nonce, name)
+        ws.send(f.encode(request))
+        answer = f.parse(ws.recv(timeout))
+        if isinstance(answer, f.Error):
+            raise HandshakeRefused(answer.message or answer.code)
+        if not isinstance(answer, f.Paired):
+            raise HandshakeRefused("malformed", f"expected paired, got {answer.TYPE}")
+        handshake.check_paired(identity, ch, request, answer)
+        return answer
+    except (TimeoutError, WebSocketException, FrameError) as exc:
+        raise PeerUnavailable(f"pairing failed: {type(exc).__name__}", terminal=False) from None

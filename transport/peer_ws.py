@@ -1,0 +1,283 @@
+"""The peer websocket endpoint: ASGI routes a Starlette app mounts (``/peers/link``,
+``/peers/pair``).
+
+A thin adapter: the rules are in :mod:`.grants`, :mod:`.handshake` and
+:mod:`.receiver`; this module moves frames between the socket and them, and
+reaches the runtime only through the :class:`PeerBackend` protocol (every
+backend call may block on the database, so it runs in a worker thread,
+never on the event loop).
+
+Before the upgrade is accepted the Host and Origin headers and the bearer
+token are checked; a refusal is an HTTP answer with ``{"error": <reason>}``
+and creates no state. Consecutive deliveries are committed in one batch
+and acknowledged in order after the commit. A watcher re-reads the grant's
+status a few times a second and closes the link (after a ``revoked``
+frame) once it is paused or revoked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from starlette.responses import JSONResponse
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from . import frames as f
+from . import handshake, receiver
+from .errors import FrameError, HandshakeRefused
+from .grants import (
+    HTTP_STATUS,
+    GrantView,
+    InviteView,
+    Refusal,
+    bearer_token,
+    check_grant,
+    check_invite,
+    new_token,
+    secret_hash,
+)
+from .identity import DeviceIdentity
+
+log = logging.getLogger("kinbox.peers")
+
+HANDSHAKE_TIMEOUT = 10.0
+STATUS_POLL_SECONDS = 0.25
+"""How often a live link re-reads its grant (a revoke closes it within a second)."""
+
+
+class PeerBackend(Protocol):
+    """What the endpoint needs from a runtime. Methods may block (run in threads)."""
+
+    identity: DeviceIdentity
+
+    def grant_for(self, token_hash: str) -> GrantView | None:
+        """The inbound grant issued with this token hash."""
+        ...
+
+    def grant_status(self, device_id: str) -> str | None:
+        """The inbound grant's current status (None once it is gone)."""
+        ...
+
+    def seen(self, device_id: str) -> None:
+        """A device completed a handshake."""
+        ...
+
+    def commit(self, device_id: str, commits: Sequence[receiver.Commit]) -> list[str | None]:
+        """Commit deliveries in one transaction; per item None, or why it was rejected."""
+        ...
+
+    def answer(self, device_id: str, action: str) -> tuple[str, str]:
+        """(status, text) of a ``read`` or ``stop`` of the device's dedicated session."""
+        ...
+
+    def invite(self, code_hash: str) -> InviteView | None:
+        """The pairing invite with this code hash."""
+        ...
+
+    def redeem(self, code_hash: str, proof: handshake.PairingProof, token_hash: str) -> bool:
+        """Use the invite and store the grant; False if someone used it first."""
+        ...
+
+    def random(self, n: int) -> bytes:
+        """``n`` random bytes."""
+        ...
+
+    def now(self) -> float:
+        """The runtime clock (rate limits run on it)."""
+        ...
+
+
+def _host_ok(ws: WebSocket, allowed: Sequence[str]) -> bool:
+    host = ws.headers.get("host", "")
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    return "*" in allowed or name in allowed
+
+
+async def _deny(ws: WebSocket, reason: str) -> None:
+    status = HTTP_STATUS.get(Refusal(reason), 403) if reason in set(Refusal) else 403
+    log.info("peer connection refused: %s", reason)
+    try:
+        await ws.send_denial_response(JSONResponse({"error": reason}, status_code=status))
+    except RuntimeError:  # the server lacks the denial-response extension
+        await ws.close(code=1008, reason=reason)
+
+
+def _precheck(ws: WebSocket, allowed: Sequence[str]) -> str | None:
+    if not _host_ok(ws, allowed):
+        return Refusal.BAD_ORIGIN.value
+    if ws.headers.get("origin"):
+        return Refusal.BAD_ORIGIN.value  # peers are not browsers; a page may not dial in
+    return None
+
+
+async def _receive_text(ws: WebSocket, timeout: float | None = None) -> str | bytes:
+    message = await asyncio.wait_for(ws.receive(), timeout)
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    return message.get("text") if message.get("text") is not None else message.get("bytes", b"")
+
+
+class PeerEndpoint:
+    """The two websocket routes of one runtime."""
+
+    def __init__(self, backend: PeerBackend, allowed_hosts: Sequence[str]) -> None:
+        self.backend = backend
+        self.allowed_hosts = list(allowed_hosts)
+
+    def routes(self) -> list[WebSocketRoute]:
+        """Routes to mount in the HTTP app."""
+        return [WebSocketRoute("/peers/link", self.link), WebSocketRoute("/peers/pair", self.pair)]
+
+    async def link(self, ws: WebSocket) -> None:
+        """An inbound peer link: check, handshake, then carry frames."""
+        b = self.backend
+        refusal = _precheck(ws, self.allowed_hosts)
+        token, why = bearer_token(ws.headers.get("authorization"),
+                                  ws.scope.get("query_string", b"").decode("latin-1"))
+        refusal = refusal or (why.value if why else None)
+        grant = None
+        if refusal is None:
+            assert token is not None
+            grant = await asyncio.to_thread(b.grant_for, secret_hash(token))
+            bad = check_grant(grant, token)
+            refusal = bad.value if bad else None
+        if refusal is not None:
+            await _deny(ws, refusal)
+            return
+        assert grant is not None and token is not None
+        await ws.accept()
+        nonce = handshake.new_nonce(b.random(handshake.NONCE_BYTES))
+        try:
+            await ws.send_text(f.encode(handshake.challenge(b.identity, nonce)))
+            hello = f.parse(await _receive_text(ws, HANDSHAKE_TIMEOUT))
+            if not isinstance(hello, f.Hello):
+                raise HandshakeRefused(Refusal.MALFORMED, f"expected hello, got {hello.TYPE}")
+            welcome = handshake.accept_hello(b.identity, nonce, hello, grant, token)
+        except (FrameError, HandshakeRefused, TimeoutError) as exc:
+            reason = getattr(exc, "reason", "timeout")
+            log.info("peer handshake refused: %s", reason)
+            with contextlib.suppress(Exception):
+                await ws.send_text(f.encode(f.Error(None, "forbidden", str(reason))))
+                await ws.close(code=1008)
+            return
+        except WebSocketDisconnect:
+            return
+        await ws.send_text(f.encode(welcome))
+        await asyncio.to_thread(b.seen, grant.device_id)
+        await _Session(ws, b, grant).run()
+
+    async def pair(self, ws: WebSocket) -> None:
+        """Redeem a pairing code: the new peer proves its key, gets a token."""
+        b = self.backend
+        refusal = _precheck(ws, self.allowed_hosts)
+        if refusal is not None:
+            await _deny(ws, refusal)
+            return
+        await ws.accept()
+        nonce = handshake.new_nonce(b.random(handshake.NONCE_BYTES))
+        try:
+            await ws.send_text(f.encode(handshake.challenge(b.identity, nonce)))
+            request = f.parse(await _receive_text(ws, HANDSHAKE_TIMEOUT))
+            if not isinstance(request, f.Pair):
+                raise HandshakeRefused(Refusal.MALFORMED, f"expected pair, got {request.TYPE}")
+            proof = handshake.accept_pair(b.identity, nonce, request)
+            code_hash = secret_hash(request.code)
+            invite = await asyncio.to_thread(b.invite, code_hash)
+            bad = check_invite(invite, b.now())
+            token = new_token(b.random(32))
+            if bad is not None or not await asyncio.to_thread(b.redeem, code_hash, proof,
+                                                               secret_hash(token)):
+                raise HandshakeRefused(Refusal.EXPIRED_INVITE)
+            await ws.send_text(f.encode(handshake.paired(b.identity, nonce, proof, request,
+                                                         token)))
+            log.info("paired device %s", proof.device_id)
+            await ws.close()
+        except (FrameError, HandshakeRefused, TimeoutError) as exc:
+            reason = getattr(exc, "reason", "timeout")
+            log.info("pairing refused: %s", reason)
+            with contextlib.suppress(Exception):
+                await ws.send_text(f.encode(f.Error(None, "forbidden", str(reason))))
+                await ws.close(code=1008)
+        except WebSocketDisconnect:
+            return
+
+
+class _Session:
+    """One authenticated link: a reader, a committer and a grant watcher."""
+
+    def __init__(self, ws: WebSocket, backend: PeerBackend, grant: GrantView) -> None:
+        self.ws = ws
+        self.b = backend
+        self.device_id = grant.device_id
+        self.core = receiver.ReceiverLink(grant.device_id, grant.scopes)
+        self.commits: asyncio.Queue[receiver.Commit] = asyncio.Queue()
+        self.send_lock = asyncio.Lock()
+        self.done = asyncio.Event()
+
+    async def send(self, text: str) -> None:
+        async with self.send_lock:
+            await self.ws.send_text(text)
+
+    async def run(self) -> None:
+        tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._commit()),
+                 asyncio.create_task(self._watch())]
+        try:
+            await self.done.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                data = await _receive_text(self.ws)
+                for action in self.core.receive(data, self.b.now()):
+                    if isinstance(action, receiver.Commit):
+                        self.commits.put_nowait(action)
+                    elif isinstance(action, receiver.Send):
+                        await self.send(action.text)
+                    elif isinstance(action, receiver.Answer):
+                        status, text = await asyncio.to_thread(self.b.answer, self.device_id,
+                                                               action.action)
+                        await self.send(f.encode(f.Result(action.req, status, text)))
+                    elif isinstance(action, receiver.Close):
+                        await self.ws.close(code=action.code, reason=action.reason)
+                        return
+        except (WebSocketDisconnect, RuntimeError):
+            return
+        finally:
+            self.done.set()
+
+    async def _commit(self) -> None:
+        try:
+            while True:
+                batch = [await self.commits.get()]
+                while not self.commits.empty() and len(batch) < 512:
+                    batch.append(self.commits.get_nowait())
+                outcomes = await asyncio.to_thread(self.b.commit, self.device_id, batch)
+                for item, problem in zip(batch, outcomes, strict=True):
+                    await self.send(item.ack if problem is None else
+                                    f.encode(f.Error(item.message_id, "rejected", problem)))
+        except (WebSocketDisconnect, RuntimeError):
+            self.done.set()
+        except Exception:
+            log.exception("committing peer deliveries from %s failed", self.device_id)
+            self.done.set()
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(STATUS_POLL_SECONDS)
+            status = await asyncio.to_thread(self.b.grant_status, self.device_id)
+            if status != "active":
+                with contextlib.suppress(Exception):
+                    await self.send(f.encode(f.Revoked("paused" if status == "paused"
+                                                       else "revoked")))
+                    await self.ws.close(code=1008, reason="grant " + str(status))
+                self.done.set()
+                return
