@@ -49,7 +49,11 @@ def upgrade(tables: Tables) -> list[str]:
     """Bring the schema up to the models; return the changes made."""
     db = tables.db
     changes = pending_changes(tables)
-    with db.atomic():
+    if not changes:
+        return changes  # nothing to write: no transaction beside a running runtime
+    # IMMEDIATE: take the write lock first; a deferred transaction that reads and then
+    # writes fails at once (SQLITE_BUSY) when another process wrote in between.
+    with db.atomic("IMMEDIATE") if is_sqlite(db) else db.atomic():
         existing = set(db.get_tables())
         missing_columns: list[tuple[str, str, pw.Field]] = []
         for model in tables.all():
