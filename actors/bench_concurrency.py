@@ -2,7 +2,8 @@
 
 N sessions get one message each; the brain waits W seconds (a model call:
 ``asyncio.sleep`` for the async brain, ``time.sleep`` for the sync ones).
-Systems, in one run: kinbox with an async brain; kinbox with a sync brain
+Systems, in one run: kinbox with an async brain (and the same with a brain
+that does not wait, to tell waiting apart from delivering); kinbox with a sync brain
 on the default pool (64 threads); kinbox with a sync brain and one thread
 per session where the machine allows (capped); ``gather``: N bare
 ``asyncio.sleep(W)`` tasks with no durability (the lower bound). Beside
@@ -137,6 +138,9 @@ def concurrency(quick: bool, wait: float = 1.0) -> dict[str, Any]:
     wide = min(n, WIDE_THREAD_CAP)
     results: dict[str, Any] = {
         "kinbox_async": run_kinbox_waiting(n, wait, "async"),
+        # The same N cold sessions with a brain that does not wait: what the turns cost
+        # without the model, so waiting can be told apart from delivering.
+        "kinbox_async_no_wait": run_kinbox_waiting(n, 0.0, "async"),
         "kinbox_sync_default_pool": run_kinbox_waiting(n, wait, "sync", threads=64),
         f"kinbox_sync_{wide}_threads": run_kinbox_waiting(n, wait, "sync", threads=wide),
         "gather": run_gather(n, wait),
@@ -154,6 +158,7 @@ def concurrency(quick: bool, wait: float = 1.0) -> dict[str, Any]:
         "async_vs_sync_default_pool": round(
             a / results["kinbox_sync_default_pool"]["turns_per_s"], 2),
         "async_vs_gather": round(a / results["gather"]["turns_per_s"], 4),
+        "async_vs_async_no_wait": round(a / results["kinbox_async_no_wait"]["turns_per_s"], 3),
     }
     return {"settings": {"sessions": n, "wait_s": wait, "wide_threads": wide,
                          "trivial_workload": {"sessions": 100, "messages": 10_000}},
