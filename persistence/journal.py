@@ -363,17 +363,25 @@ class Journal(InboxReads):
             self._release_rows(ids, now)
         self.writer.call(op)
 
-    def _requeue_op(self, message_id: str, now: float) -> dict[str, Any]:
+    def _operator_op(self, message_id: str, now: float, event: core.Event, recorded: str,
+                     detail: Callable[[InboxMessage], str | None],
+                     changes: dict[str, Any]) -> dict[str, Any]:
+        """An operator's change to one row: checked by the state machine, kept in history."""
         m = self.t.inbox
         row = m.get_or_none(m.message_id == message_id)
         if row is None:
             raise RowNotFound("inbox row", message_id)
-        core.transition(message_id, row.status, core.Event.REQUEUE)
+        core.transition(message_id, row.status, event)
         self.t.event.insert(message_id=message_id, at=now, attempts=row.attempts,
-                            event="requeued", detail=row.last_error).execute()
-        m.update(status=core.State.PENDING.value, attempts=0, available_at=now,
-                 updated_at=now).where(m.message_id == message_id).execute()
+                            event=recorded, detail=detail(row)).execute()
+        m.update(updated_at=now, **changes).where(m.message_id == message_id).execute()
         return row_to_dict(m.get(m.message_id == message_id))
+
+    def _requeue_op(self, message_id: str, now: float) -> dict[str, Any]:
+        return self._operator_op(message_id, now, core.Event.REQUEUE, "requeued",
+                                 lambda row: row.last_error,
+                                 {"status": core.State.PENDING.value, "attempts": 0,
+                                  "available_at": now})
 
     def requeue(self, message_id: str, now: float) -> dict[str, Any]:
         """Operator: put a ``failed`` row back to ``pending`` (attempts reset, history kept)."""
@@ -397,16 +405,10 @@ class Journal(InboxReads):
         return self.writer.call(op)
 
     def _cancel_op(self, message_id: str, now: float, by: str, reason: str) -> dict[str, Any]:
-        m = self.t.inbox
-        row = m.get_or_none(m.message_id == message_id)
-        if row is None:
-            raise RowNotFound("inbox row", message_id)
-        core.transition(message_id, row.status, core.Event.CANCEL)
-        self.t.event.insert(message_id=message_id, at=now, attempts=row.attempts,
-                            event="cancelled", detail=f"by {by}: {reason}"[:2000]).execute()
-        m.update(status=core.State.CANCELLED.value, lease_owner=None, lease_until=None,
-                 updated_at=now).where(m.message_id == message_id).execute()
-        return row_to_dict(m.get(m.message_id == message_id))
+        return self._operator_op(message_id, now, core.Event.CANCEL, "cancelled",
+                                 lambda row: f"by {by}: {reason}"[:2000],
+                                 {"status": core.State.CANCELLED.value, "lease_owner": None,
+                                  "lease_until": None})
 
     def cancel(self, message_id: str, now: float, *, by: str, reason: str) -> dict[str, Any]:
         """Operator: give up on a ``pending`` or ``failed`` row (terminal ``cancelled``).

@@ -41,11 +41,21 @@ def reset_postgres(url: str) -> None:
     db.close()
 
 
+@pytest.fixture
+def pg_url() -> str:
+    """A fresh PostgreSQL database (skips without KINBOX_TEST_PG_URL; fails in CI)."""
+    return _fresh_postgres()
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def any_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh database of each backend (PostgreSQL skips without KINBOX_TEST_PG_URL)."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'kinbox.db'}"
+    return _fresh_postgres()
+
+
+def _fresh_postgres() -> str:
     if not PG_URL:
         if os.environ.get("CI"):
             pytest.fail("CI must run the PostgreSQL tests: .ci/run sets KINBOX_TEST_PG_URL")

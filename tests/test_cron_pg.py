@@ -14,21 +14,13 @@ import pytest
 
 from kinbox.actors import ManualClock, Runtime, Turn
 
-from .conftest import PG_URL, Stores, reset_postgres
+from .conftest import Stores
 from .helpers import wait_for
 
 CHILD = Path(__file__).with_name("cron_child.py")
 
 MINUTE = 60.0
 START = 1_700_000_040.0
-
-
-@pytest.fixture
-def pg_url() -> str:
-    if not PG_URL:
-        pytest.skip("needs KINBOX_TEST_PG_URL")
-    reset_postgres(PG_URL)
-    return PG_URL
 
 
 class Recorder:

@@ -3,7 +3,6 @@ as its life lock is free, while a live, slow runtime keeps its rows."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -15,21 +14,10 @@ import pytest
 
 from kinbox.actors import Runtime, Turn
 
-from .conftest import PG_URL, reset_postgres
 from .helpers import wait_for
 
 pytestmark = pytest.mark.postgres
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture
-def pg_url() -> str:
-    if not PG_URL:
-        if os.environ.get("CI"):
-            pytest.fail("CI must run the PostgreSQL tests: .ci/run sets KINBOX_TEST_PG_URL")
-        pytest.skip("needs KINBOX_TEST_PG_URL (set by .ci/run)")
-    reset_postgres(PG_URL)
-    return PG_URL
 
 
 @pytest.mark.timeout(60)
