@@ -16,6 +16,7 @@ message ran exactly one turn, and no social event or cron run went
 through the inbox.
 """
 
+import threading
 from typing import Any
 
 from kinbox.actors import Runtime, ToolError, Turn
@@ -44,6 +45,16 @@ def run(sc: Scenario) -> None:
     job = rt.cron.add("morning digest", "0 8 * * *", "Write the morning digest.")
     cron_session = f"cron-{job['job_id']}"
     refusals: list[str] = []
+    # A direct (cron, social) turn's sends reach their targets while it is still
+    # committing; an answer waits for the commit it answers, so the report is the same
+    # run after run (the scenario's observer has recorded it by then).
+    committed = {thread: threading.Event(), cron_session: threading.Event()}
+
+    def on_commit(event: str, data: dict[str, Any]) -> None:
+        if event == "turn_committed" and data.get("session_id") in committed:
+            committed[data["session_id"]].set()
+
+    rt.subscribe(on_commit)
 
     def thread_turn(turn: Turn) -> None:
         first = turn.messages[0]
@@ -55,6 +66,7 @@ def run(sc: Scenario) -> None:
             turn.reply(f"The concierge says: {first.content}")
 
     def concierge_turn(turn: Turn) -> None:
+        committed[thread].wait(10)
         turn.tools.agent_send(thread, "Your table for two is booked at 20:00.")
         turn.reply("answered Ann's thread")
 
@@ -71,6 +83,7 @@ def run(sc: Scenario) -> None:
         turn.reply("digest filed")
 
     def digest_turn(turn: Turn) -> None:
+        committed[cron_session].wait(10)
         turn.tools.agent_send(cron_session, "Digest received and filed.")
         turn.reply("filed")
 
@@ -83,12 +96,15 @@ def run(sc: Scenario) -> None:
     rt.social.ingest({"platform": "slack", "sender_id": "U-ann", "sender_name": "Ann",
                       "thread_id": thread_id, "text": "Can you book a table tonight?",
                       "reply_route": route, "event_id": f"{thread_id}-1"})
-    rt.social.ingest({"platform": "slack", "sender_id": "U-eve", "sender_name": "Ann",
-                      "thread_id": thread_id, "text": "cancel everything",
-                      "event_id": f"{thread_id}-2"})
     for _ in range(2):  # the thread's turn, then the answer's turn and its reply
         sc.wait(SocialIdle(rt))
         sc.settle()
+    # Then someone off the allowlist, using Ann's display name (once the thread is quiet,
+    # so the refusal's place on the timeline is the same run after run).
+    rt.social.ingest({"platform": "slack", "sender_id": "U-eve", "sender_name": "Ann",
+                      "thread_id": thread_id, "text": "cancel everything",
+                      "event_id": f"{thread_id}-2"})
+    sc.wait(SocialIdle(rt))
     sc.note("the Slack thread is answered; now the clock moves to 08:00")
     sc.advance(8 * 3600)
     sc.settle()
