@@ -9,16 +9,12 @@ public API tests, scenarios and products use.
 
 from __future__ import annotations
 
-import atexit
-import json
 import logging
 import os
-import re
 import socket
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
@@ -27,20 +23,15 @@ from typing import Any
 from ..persistence import (
     DEFAULT_LEASE_SECONDS,
     CronStore,
-    EnqueueResult,
-    EntryRecord,
     ExclusiveLock,
     GroupCommitWriter,
     JobStore,
     Journal,
-    NewMessage,
     OwnerLiveness,
-    ProjectRecord,
     SessionRecord,
     SessionStore,
     TaskStore,
     bind_tables,
-    default_data_dir,
     default_url,
     is_postgres,
     is_sqlite,
@@ -49,23 +40,23 @@ from ..persistence import (
     sqlite_path,
     upgrade,
 )
-from ..persistence.inbox_core import State
-from . import access, validation
 from .async_host import AsyncHost
 from .clock import Clock, ManualClock, SystemClock
 from .context import FAULTS, Observer, RuntimeContext
 from .cron import CronService
+from .data_dirs import data_dir_for, resolve_data_dir
 from .direct_turn import DirectTurns
 from .dispatcher import Dispatcher
-from .errors import ConfigError, IdleTimeout, RuntimeStateError, ToolError
+from .errors import ConfigError, IdleTimeout, RuntimeStateError
+from .exit_stop import stop_at_exit
 from .family import Buckets
 from .focal import Focal
 from .focal_schedule import FocalSchedule
 from .messages import Tick
 from .peers import PeerService
+from .runtime_records import INBOX_STATES, RecordsApi
 from .social import SocialService
 from .subagents import report_back
-from .tools import TaskTools, tools_for
 from .turn import Brain, Turn, is_async_brain
 
 SYSTEM_PROJECTS = (("default", "Default"), ("social", "Social"))
@@ -73,20 +64,14 @@ SYSTEM_PROJECTS = (("default", "Default"), ("social", "Social"))
 
 log = logging.getLogger("kinbox.runtime")
 
+__all__ = ["INBOX_STATES", "SYSTEM_PROJECTS", "Runtime", "data_dir_for", "resolve_data_dir"]
+
 TAKEOVER_INTERVAL = 0.5
 """Seconds between checks for runtimes that died holding leases (PostgreSQL)."""
 
-INBOX_STATES = tuple(state.value for state in State)
-"""The states an inbox row can be in."""
 
 
-def resolve_data_dir(url: str, data_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The runtime's data folder (Focal files, the device key): ``data_dir``, else
-    :func:`data_dir_for` the database."""
-    return Path(data_dir) if data_dir is not None else data_dir_for(url)
-
-
-class Runtime:
+class Runtime(RecordsApi):
     """A kinbox runtime on one database. Use as a context manager, or ``start``/``stop``.
 
     With a ``brain`` it runs turns: it claims due rows and delivers them. Without
@@ -236,7 +221,7 @@ class Runtime:
             self._teardown()
             raise
         self._state = "running"
-        _at_exit(self)
+        stop_at_exit(self)
         counts = journal.counts()
         log.info("runtime %s started on %s (%s); open rows: %d pending, %d processing",
                  self.owner, redact_url(self.url),
@@ -513,139 +498,7 @@ class Runtime:
             with ctx.activity.cond:
                 ctx.activity.cond.wait(min(remaining, 0.05))
 
-    # -- projects and sessions -------------------------------------------------------------
-
-    def create_project(self, slug: str, name: str | None = None, *,
-                       hidden: bool = False) -> ProjectRecord:
-        """Create a project with a unique ``slug`` (``DuplicateError`` if it is taken).
-
-        To reuse an existing one: ``rt.project(slug) or rt.create_project(slug)``.
-        """
-        ctx = self._running()
-        slug = _checked("slug", validation.require_slug, slug)
-        name = slug if name is None else _checked("name", validation.require_message, name,
-                                                   validation.TITLE_LIMIT, "name")
-        return ctx.store.create_project(f"p_{self.new_id()[:10]}", slug, name,
-                                        ctx.now(), hidden=hidden)
-
-    def project(self, slug: str) -> ProjectRecord | None:
-        """The project with ``slug``, or None."""
-        return self._require().store.project_by_slug(slug)
-
-    def create_session(self, project_id: str | None, title: str, kind: str = "interactive",
-                       parent_id: str | None = None, *, session_id: str | None = None,
-                       platform: str | None = None,
-                       config: dict[str, Any] | None = None) -> SessionRecord:
-        """Create a session in a project (or none); returns its record (``.id``)."""
-        ctx = self._running()
-        title = _checked("title", validation.require_message, title, validation.TITLE_LIMIT,
-                         "title")
-        if kind not in access.SESSION_KINDS | access.HIDDEN_KINDS:
-            raise ConfigError(field="kind", message=f"unknown session kind {kind!r}; one of "
-                              f"{sorted(access.SESSION_KINDS | access.HIDDEN_KINDS)}")
-        claim = access.focal_claim(session_id, kind, platform, config)
-        if claim is not None:  # only get_or_create_focal_chat makes the Focal session (FO1)
-            raise ConfigError(f"{claim}: only the runtime creates the Focal session "
-                              f"({access.FOCAL_ID}); use rt.get_or_create_focal_chat()",
-                              field=claim)
-        if project_id is not None and ctx.store.project(project_id) is None:
-            raise ConfigError(f"no project with id {project_id!r}", field="project_id")
-        if parent_id is not None and ctx.store.session(parent_id) is None:
-            raise ConfigError(f"no parent session with id {parent_id!r}", field="parent_id")
-        sid = session_id or f"chat-{self.new_id()[:12]}"
-        return ctx.store.create_session(sid, project_id, title, kind, ctx.now(),
-                                        parent_id=parent_id, platform=platform, config=config)
-
-    def session(self, session_id: str) -> SessionRecord | None:
-        """The session with this id, or None."""
-        return self._require().store.session(session_id)
-
-    def sessions(self, project_id: str | None = None) -> list[SessionRecord]:
-        """Sessions, most recently updated first."""
-        return self._require().store.sessions(project_id=project_id)
-
-    def tools_for(self, session_id: str) -> TaskTools:
-        """The tools bound to ``session_id`` as the caller (agent tools unless a sub-agent)."""
-        return self._tools_for_ctx(session_id)
-
-    def _tools_for_ctx(self, session_id: str) -> TaskTools:
-        return tools_for(self._running(), session_id)
-
-    # -- messages --------------------------------------------------------------------------
-
-    def post(self, target: str, content: str, *, sender: str | None = None,
-             message_id: str | None = None, kind: str = "agent_message",
-             payload: dict[str, Any] | None = None) -> EnqueueResult:
-        """Enqueue a message from outside any session (a user, a test, an operator).
-
-        ``content`` follows the ``agent_send`` rules (stripped, 1..20,000
-        characters of valid Unicode); ``payload`` must be a JSON object.
-        """
-        ctx = self._running()
-        target = _checked("target", validation.require_id, "target", target)
-        if not ctx.journal.hot.session_exists(target):
-            raise ConfigError(f"no session with id {target!r}", field="target")
-        content = _checked("content", validation.require_message, content,
-                           validation.SEND_LIMIT, "content")
-        kind = _checked("kind", validation.require_id, "kind", kind)
-        if sender is not None:
-            sender = _checked("sender", validation.require_id, "sender", sender)
-        if message_id is not None:
-            message_id = _checked("message_id", validation.require_id, "message_id", message_id)
-        if payload is not None:
-            _check_payload(payload)
-        result = ctx.journal.enqueue(
-            NewMessage(message_id or f"msg-{self.new_id()}", target, content, kind=kind,
-                       sender=sender, payload=payload or {}), ctx.now())
-        ctx.emit("sent", message_id=result.message_id, sender=sender, target=target, kind=kind,
-                 created=result.created)
-        ctx.wake_dispatcher()
-        return result
-
-    def inbox(self, state: str | None = None, target: str | None = None) -> list[dict[str, Any]]:
-        """Inbox rows as dicts, in journal order; ``state`` one of :data:`INBOX_STATES`."""
-        if state is not None and state not in INBOX_STATES:
-            raise ConfigError(f"state must be one of {', '.join(INBOX_STATES)}; got {state!r}",
-                              field="state")
-        return self._require().journal.rows(state=state, target=target)
-
-    def requeue(self, message_id: str) -> dict[str, Any]:
-        """Operator: send a ``failed`` row back to ``pending`` (history kept)."""
-        ctx = self._running()
-        row = ctx.journal.requeue(message_id, ctx.now())
-        ctx.emit("requeued", message_id=message_id)
-        log.info("requeued %s", message_id)
-        ctx.wake_dispatcher()
-        return row
-
-    def requeue_failed(self, *, target: str | None = None,
-                       kind: str | None = None) -> list[str]:
-        """Operator: requeue every ``failed`` row (of ``target``, of ``kind``); their ids."""
-        ctx = self._running()
-        ids = ctx.journal.requeue_where(ctx.now(), target=target, kind=kind)
-        for message_id in ids:
-            ctx.emit("requeued", message_id=message_id)
-        log.info("requeued %d failed rows", len(ids))
-        ctx.wake_dispatcher()
-        return ids
-
-    def cancel(self, message_id: str, reason: str, *, by: str = "operator") -> dict[str, Any]:
-        """Operator: give up on a ``pending`` or ``failed`` row (terminal ``cancelled``).
-
-        Who and why stay in its history; the rows behind it for the same
-        session move up at once instead of waiting out its backoff.
-        """
-        ctx = self._running()
-        reason = _checked("reason", validation.require_message, reason, 2000, "reason")
-        row = ctx.journal.cancel(message_id, ctx.now(), by=by, reason=reason)
-        ctx.emit("cancelled", message_id=message_id, by=by)
-        log.info("cancelled %s (by %s)", message_id, by)
-        ctx.wake_dispatcher()
-        return row
-
-    def transcript(self, session_id: str) -> list[EntryRecord]:
-        """Every transcript entry of a session (``role``, ``text``, ``visible``...)."""
-        return self._require().store.transcript(session_id)
+    # -- services --------------------------------------------------------------------------
 
     @property
     def peers(self) -> PeerService:
@@ -677,64 +530,7 @@ class Runtime:
         """The Focal chat ``focal-suzent``, created on first use (FO1)."""
         return self.focal.get_or_create_focal_chat()
 
-    def marker_counts(self) -> dict[str, int]:
-        """Committed delivery markers per message id (exactly-once evidence)."""
-        return self._require().store.marker_counts()
-
-
-def _checked(field: str, check: Callable[..., Any], *args: Any) -> Any:
-    """Run one of the tools' argument rules on a public entry point: a ConfigError here."""
-    try:
-        return check(*args)
-    except ToolError as exc:
-        raise ConfigError(exc.message, field=field) from None
-
-
-def _check_payload(payload: object) -> None:
-    if not isinstance(payload, dict):
-        raise ConfigError(f"payload must be a dict (a JSON object), not "
-                          f"{type(payload).__name__}", field="payload")
-    try:
-        json.dumps(payload)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"payload must be JSON-serialisable: {exc}", field="payload") from None
-
 
 def _no_brain(turn: Turn) -> None:
     """Never called: a runtime without a brain does not deliver (``send_only``)."""
     raise RuntimeStateError("this runtime has no brain; it never runs turns", state="send-only")
-
-
-def data_dir_for(url: str) -> Path:
-    """Where a runtime on ``url`` keeps files (Focal's ``heartbeat.md``), one per database.
-
-    Beside a SQLite file (``<dir>/kinbox-data``); for a server database, a
-    folder of the data directory named for host, port and database, so two
-    PostgreSQL databases never share one.
-    """
-    path = sqlite_path(url)
-    if path is not None:
-        return path.parent / "kinbox-data"
-    rest = url.partition("://")[2]
-    where = rest.rpartition("@")[2].split("?")[0]
-    name = re.sub(r"[^A-Za-z0-9._-]+", "_", where).strip("_") or "default"
-    return default_data_dir() / "databases" / name
-
-
-_live: weakref.WeakSet[Runtime] = weakref.WeakSet()
-
-
-def _at_exit(rt: Runtime) -> None:
-    """Stop ``rt`` at interpreter exit if its program never did (every kinbox thread is a
-    daemon, so the interpreter reaches atexit; running turns finish or hand back their rows)."""
-    _live.add(rt)
-
-
-@atexit.register
-def _stop_live_runtimes() -> None:
-    for rt in list(_live):
-        if rt.state == "running":
-            try:
-                rt.stop()
-            except Exception:
-                log.exception("stopping runtime %s at exit failed", rt.owner)

@@ -104,8 +104,8 @@ def test_steering_reaches_the_running_turn(make_runtime: MakeRuntime, flavour: s
 
     async def behaviour(turn: Turn, tools: Any) -> None:
         started.set()
-        while not release.is_set():
-            await asyncio.sleep(0.005)  # a model streaming
+        # A model call that ends when the test says so (waiting on the event, off the loop).
+        assert await asyncio.to_thread(release.wait, 10)
         more = await turn.asteering()
         turn.reply(f"saw {[m.content for m in turn.messages + more]}")
 
@@ -274,7 +274,8 @@ def test_max_async_turns_holds_rows_back_in_the_journal(make_runtime: MakeRuntim
     async def brain(turn: Turn) -> None:
         running[0] += 1
         peak[0] = max(peak[0], running[0])
-        await asyncio.sleep(0.01)
+        for _ in range(20):  # yield to the loop, so other turns run meanwhile
+            await asyncio.sleep(0)
         running[0] -= 1
 
     rt = make_runtime(brain=brain, max_async_turns=5)

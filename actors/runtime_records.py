@@ -1,0 +1,196 @@
+"""The records half of the Runtime's API: projects, sessions, messages, operator actions.
+
+A mixin of :class:`~.runtime.Runtime`, which supplies the running context
+(``_running`` / ``_require``) and the id source. Every entry point validates
+its arguments with the tools' own rules (``validation``) and answers a
+:class:`ConfigError` naming the field; nothing is written before they pass.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..persistence import EnqueueResult, EntryRecord, NewMessage, ProjectRecord, SessionRecord
+from ..persistence.inbox_core import State
+from . import access, validation
+from .errors import ConfigError, ToolError
+from .tools import TaskTools, tools_for
+
+if TYPE_CHECKING:
+    from .context import RuntimeContext
+
+log = logging.getLogger("kinbox.runtime")
+
+INBOX_STATES = tuple(state.value for state in State)
+"""The states an inbox row can be in."""
+
+
+class RecordsApi:
+    """Projects, sessions, messages and operator actions of a started runtime."""
+
+    new_id: Callable[[], str]
+
+    def _running(self) -> RuntimeContext:
+        raise NotImplementedError  # Runtime's
+
+    def _require(self) -> RuntimeContext:
+        raise NotImplementedError  # Runtime's
+
+    # -- projects and sessions -------------------------------------------------------------
+
+    def create_project(self, slug: str, name: str | None = None, *,
+                       hidden: bool = False) -> ProjectRecord:
+        """Create a project with a unique ``slug`` (``DuplicateError`` if it is taken).
+
+        To reuse an existing one: ``rt.project(slug) or rt.create_project(slug)``.
+        """
+        ctx = self._running()
+        slug = _checked("slug", validation.require_slug, slug)
+        name = slug if name is None else _checked("name", validation.require_message, name,
+                                                   validation.TITLE_LIMIT, "name")
+        return ctx.store.create_project(f"p_{self.new_id()[:10]}", slug, name,
+                                        ctx.now(), hidden=hidden)
+
+    def project(self, slug: str) -> ProjectRecord | None:
+        """The project with ``slug``, or None."""
+        return self._require().store.project_by_slug(slug)
+
+    def create_session(self, project_id: str | None, title: str, kind: str = "interactive",
+                       parent_id: str | None = None, *, session_id: str | None = None,
+                       platform: str | None = None,
+                       config: dict[str, Any] | None = None) -> SessionRecord:
+        """Create a session in a project (or none); returns its record (``.id``)."""
+        ctx = self._running()
+        title = _checked("title", validation.require_message, title, validation.TITLE_LIMIT,
+                         "title")
+        if kind not in access.SESSION_KINDS | access.HIDDEN_KINDS:
+            raise ConfigError(field="kind", message=f"unknown session kind {kind!r}; one of "
+                              f"{sorted(access.SESSION_KINDS | access.HIDDEN_KINDS)}")
+        claim = access.focal_claim(session_id, kind, platform, config)
+        if claim is not None:  # only get_or_create_focal_chat makes the Focal session (FO1)
+            raise ConfigError(f"{claim}: only the runtime creates the Focal session "
+                              f"({access.FOCAL_ID}); use rt.get_or_create_focal_chat()",
+                              field=claim)
+        if project_id is not None and ctx.store.project(project_id) is None:
+            raise ConfigError(f"no project with id {project_id!r}", field="project_id")
+        if parent_id is not None and ctx.store.session(parent_id) is None:
+            raise ConfigError(f"no parent session with id {parent_id!r}", field="parent_id")
+        sid = session_id or f"chat-{self.new_id()[:12]}"
+        return ctx.store.create_session(sid, project_id, title, kind, ctx.now(),
+                                        parent_id=parent_id, platform=platform, config=config)
+
+    def session(self, session_id: str) -> SessionRecord | None:
+        """The session with this id, or None."""
+        return self._require().store.session(session_id)
+
+    def sessions(self, project_id: str | None = None) -> list[SessionRecord]:
+        """Sessions, most recently updated first."""
+        return self._require().store.sessions(project_id=project_id)
+
+    def tools_for(self, session_id: str) -> TaskTools:
+        """The tools bound to ``session_id`` as the caller (agent tools unless a sub-agent)."""
+        return self._tools_for_ctx(session_id)
+
+    def _tools_for_ctx(self, session_id: str) -> TaskTools:
+        return tools_for(self._running(), session_id)
+
+    # -- messages --------------------------------------------------------------------------
+
+    def post(self, target: str, content: str, *, sender: str | None = None,
+             message_id: str | None = None, kind: str = "agent_message",
+             payload: dict[str, Any] | None = None) -> EnqueueResult:
+        """Enqueue a message from outside any session (a user, a test, an operator).
+
+        ``content`` follows the ``agent_send`` rules (stripped, 1..20,000
+        characters of valid Unicode); ``payload`` must be a JSON object.
+        """
+        ctx = self._running()
+        target = _checked("target", validation.require_id, "target", target)
+        if not ctx.journal.hot.session_exists(target):
+            raise ConfigError(f"no session with id {target!r}", field="target")
+        content = _checked("content", validation.require_message, content,
+                           validation.SEND_LIMIT, "content")
+        kind = _checked("kind", validation.require_id, "kind", kind)
+        if sender is not None:
+            sender = _checked("sender", validation.require_id, "sender", sender)
+        if message_id is not None:
+            message_id = _checked("message_id", validation.require_id, "message_id", message_id)
+        if payload is not None:
+            _check_payload(payload)
+        result = ctx.journal.enqueue(
+            NewMessage(message_id or f"msg-{self.new_id()}", target, content, kind=kind,
+                       sender=sender, payload=payload or {}), ctx.now())
+        ctx.emit("sent", message_id=result.message_id, sender=sender, target=target, kind=kind,
+                 created=result.created)
+        ctx.wake_dispatcher()
+        return result
+
+    def inbox(self, state: str | None = None, target: str | None = None) -> list[dict[str, Any]]:
+        """Inbox rows as dicts, in journal order; ``state`` one of :data:`INBOX_STATES`."""
+        if state is not None and state not in INBOX_STATES:
+            raise ConfigError(f"state must be one of {', '.join(INBOX_STATES)}; got {state!r}",
+                              field="state")
+        return self._require().journal.rows(state=state, target=target)
+
+    def requeue(self, message_id: str) -> dict[str, Any]:
+        """Operator: send a ``failed`` row back to ``pending`` (history kept)."""
+        ctx = self._running()
+        row = ctx.journal.requeue(message_id, ctx.now())
+        ctx.emit("requeued", message_id=message_id)
+        log.info("requeued %s", message_id)
+        ctx.wake_dispatcher()
+        return row
+
+    def requeue_failed(self, *, target: str | None = None,
+                       kind: str | None = None) -> list[str]:
+        """Operator: requeue every ``failed`` row (of ``target``, of ``kind``); their ids."""
+        ctx = self._running()
+        ids = ctx.journal.requeue_where(ctx.now(), target=target, kind=kind)
+        for message_id in ids:
+            ctx.emit("requeued", message_id=message_id)
+        log.info("requeued %d failed rows", len(ids))
+        ctx.wake_dispatcher()
+        return ids
+
+    def cancel(self, message_id: str, reason: str, *, by: str = "operator") -> dict[str, Any]:
+        """Operator: give up on a ``pending`` or ``failed`` row (terminal ``cancelled``).
+
+        Who and why stay in its history; the rows behind it for the same
+        session move up at once instead of waiting out its backoff.
+        """
+        ctx = self._running()
+        reason = _checked("reason", validation.require_message, reason, 2000, "reason")
+        row = ctx.journal.cancel(message_id, ctx.now(), by=by, reason=reason)
+        ctx.emit("cancelled", message_id=message_id, by=by)
+        log.info("cancelled %s (by %s)", message_id, by)
+        ctx.wake_dispatcher()
+        return row
+
+    def transcript(self, session_id: str) -> list[EntryRecord]:
+        """Every transcript entry of a session (``role``, ``text``, ``visible``...)."""
+        return self._require().store.transcript(session_id)
+
+    def marker_counts(self) -> dict[str, int]:
+        """Committed delivery markers per message id (exactly-once evidence)."""
+        return self._require().store.marker_counts()
+
+
+def _checked(field: str, check: Callable[..., Any], *args: Any) -> Any:
+    """Run one of the tools' argument rules on a public entry point: a ConfigError here."""
+    try:
+        return check(*args)
+    except ToolError as exc:
+        raise ConfigError(exc.message, field=field) from None
+
+
+def _check_payload(payload: object) -> None:
+    if not isinstance(payload, dict):
+        raise ConfigError(f"payload must be a dict (a JSON object), not "
+                          f"{type(payload).__name__}", field="payload")
+    try:
+        json.dumps(payload)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"payload must be JSON-serialisable: {exc}", field="payload") from None
