@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 from ..persistence import CronStore
 from . import cron_rules as rules
-from .cli_ops import _emit, _positive, _when, stores
+from .cli_ops import _emit, _positive, _when, common, stores
 from .cron_jobs import CronJobs
 
 
@@ -75,10 +75,6 @@ def cron_runs(args: argparse.Namespace, out: TextIO) -> int:
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``kinbox cron``."""
-    def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--db", help="database URL (default: $KINBOX_DB, then the data dir file)")
-        p.add_argument("--json", action="store_true", help="print JSON")
-        return p
 
     cron = sub.add_parser("cron", help="user cron jobs: prompts run on a schedule")
     csub = cron.add_subparsers(dest="action", required=True)

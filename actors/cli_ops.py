@@ -198,12 +198,15 @@ def db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options every operator command takes: ``--db`` and ``--json``."""
+    p.add_argument("--db", help="database URL (default: $KINBOX_DB, then the data dir file)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    return p
+
+
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``inbox``, ``sessions`` and ``db``."""
-    def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--db", help="database URL (default: $KINBOX_DB, then the data dir file)")
-        p.add_argument("--json", action="store_true", help="print JSON")
-        return p
 
     inbox = sub.add_parser("inbox", help="inspect and repair the durable inbox")
     isub = inbox.add_subparsers(dest="action", required=True)

@@ -31,7 +31,7 @@ from ..transport import key_file
 from ..transport.errors import TransportError
 from ..transport.grants import change_status, parse_scopes, parse_ttl
 from ..transport.identity import DeviceIdentity
-from .cli_ops import _emit, _when
+from .cli_ops import _emit, _when, common
 from .errors import ConfigError
 from .peers import complete_pairing, new_invite
 from .runtime import resolve_data_dir
@@ -136,27 +136,25 @@ def change(args: argparse.Namespace, out: TextIO) -> int:
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``peers``."""
-    def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--db", help="database URL (default: $KINBOX_DB, then the data dir file)")
+    def with_key(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument("--data-dir", help="where the device key lives (default: beside the db)")
-        p.add_argument("--json", action="store_true", help="print JSON")
-        return p
+        return common(p)
 
     peers = sub.add_parser("peers", help="device identity, pairing and grants")
     psub = peers.add_subparsers(dest="action", required=True)
-    common(psub.add_parser("whoami", help="this device's id")).set_defaults(handler=whoami)
-    p = common(psub.add_parser("invite", help="print a one-time pairing code"))
+    with_key(psub.add_parser("whoami", help="this device's id")).set_defaults(handler=whoami)
+    p = with_key(psub.add_parser("invite", help="print a one-time pairing code"))
     p.add_argument("--scope", action="append", choices=["agent"])
     p.add_argument("--ttl", default="10m", help="how long the code is valid (default 10m)")
     p.set_defaults(handler=invite)
-    p = common(psub.add_parser("pair", help="pair with a device using its code"))
+    p = with_key(psub.add_parser("pair", help="pair with a device using its code"))
     p.add_argument("url", help="the other device's kinbox serve URL, http://host:port")
     p.add_argument("code")
     p.add_argument("--name", help="what to call that device here")
     p.set_defaults(handler=pair)
-    common(psub.add_parser("list", help="paired devices and their grants")).set_defaults(
+    with_key(psub.add_parser("list", help="paired devices and their grants")).set_defaults(
         handler=listing)
     for action in ("pause", "resume", "revoke"):
-        p = common(psub.add_parser(action, help=f"{action} a device's grant"))
+        p = with_key(psub.add_parser(action, help=f"{action} a device's grant"))
         p.add_argument("device_id")
         p.set_defaults(handler=change)

@@ -89,33 +89,20 @@ class Runtime(RecordsApi):
                  ids: Callable[[], str] | None = None,
                  turn_timeout: float | None = None,
                  max_async_turns: int = 10_000, stop_grace: float = 10.0) -> None:
-        if not isinstance(max_active_sessions, int) or max_active_sessions < 1:
-            raise ConfigError(f"max_active_sessions must be an integer >= 1, "
-                              f"got {max_active_sessions!r}", field="max_active_sessions")
-        if not isinstance(max_live_sessions, int) or max_live_sessions < 1:
-            raise ConfigError(f"max_live_sessions must be an integer >= 1, "
-                              f"got {max_live_sessions!r}", field="max_live_sessions")
+        _count("max_active_sessions", max_active_sessions)
+        _count("max_live_sessions", max_live_sessions)
+        _count("max_async_turns", max_async_turns)
         if lease_seconds <= 0 or tick_interval <= 0 or idle_ttl <= 0:
             raise ConfigError("lease_seconds, tick_interval and idle_ttl must be > 0")
-        if turn_timeout is not None and (isinstance(turn_timeout, bool)
-                                         or not isinstance(turn_timeout, int | float)
-                                         or turn_timeout <= 0):
-            raise ConfigError(f"turn_timeout must be a number of seconds > 0 or None, "
-                              f"got {turn_timeout!r}", field="turn_timeout")
+        if turn_timeout is not None:
+            _seconds("turn_timeout", turn_timeout, " or None")
+        _seconds("stop_grace", stop_grace)
         unknown = set(faults) - FAULTS
         if unknown:
             raise ConfigError(f"unknown faults {sorted(unknown)}; known: {sorted(FAULTS)}",
                               field="faults")
         if brain is not None and not callable(brain):
             raise ConfigError("brain must be callable: brain(turn)", field="brain")
-        if isinstance(max_async_turns, bool) or not isinstance(max_async_turns, int) \
-                or max_async_turns < 1:
-            raise ConfigError(f"max_async_turns must be an integer >= 1, got {max_async_turns!r}",
-                              field="max_async_turns")
-        if isinstance(stop_grace, bool) or not isinstance(stop_grace, int | float) \
-                or stop_grace <= 0:
-            raise ConfigError(f"stop_grace must be a number of seconds > 0, got {stop_grace!r}",
-                              field="stop_grace")
         self.url = db or default_url()
         self.send_only = brain is None
         """True when the runtime holds no brain: it never claims or delivers a row."""
@@ -529,6 +516,19 @@ class Runtime(RecordsApi):
     def get_or_create_focal_chat(self) -> SessionRecord:
         """The Focal chat ``focal-suzent``, created on first use (FO1)."""
         return self.focal.get_or_create_focal_chat()
+
+
+def _count(field: str, value: object) -> None:
+    """A runtime option that counts something: an integer >= 1 (booleans are not)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{field} must be an integer >= 1, got {value!r}", field=field)
+
+
+def _seconds(field: str, value: object, alternative: str = "") -> None:
+    """A runtime option that is a duration: a number of seconds > 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"{field} must be a number of seconds > 0{alternative}, "
+                          f"got {value!r}", field=field)
 
 
 def _no_brain(turn: Turn) -> None:
