@@ -1,9 +1,11 @@
 """The device key file: created once with owner-only permissions, then loaded.
 
-The only place that touches the private key on disk. The file is created
-with ``O_EXCL`` and mode 0600 in one call, so there is no moment where
-another user could read it; an existing file readable by group or others is
-refused rather than used.
+The only place that touches the private key on disk. The key is written to
+a private temporary file (``O_EXCL``, mode 0600, so no other user can ever
+read it) and then linked into place, which fails if the name exists: another
+process starting at the same moment sees either no key file or a complete
+one, never a half-written one. An existing file readable by group or others
+is refused rather than used.
 """
 
 from __future__ import annotations
@@ -33,9 +35,16 @@ def install(directory: str | os.PathLike[str], identity: DeviceIdentity) -> Devi
     """Write ``identity`` as the device key of ``directory``; FileExistsError if it has one."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / KEY_FILE_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(identity.to_pem())
+    partial = folder / f".{KEY_FILE_NAME}.{os.getpid()}.{id(identity):x}"
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(identity.to_pem())
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(partial, folder / KEY_FILE_NAME)  # atomic; FileExistsError if taken
+    finally:
+        partial.unlink(missing_ok=True)
     return identity
 
 
