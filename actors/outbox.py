@@ -96,15 +96,15 @@ class Writes:
 
         def announce(results: list[EnqueueResult]) -> None:
             for m, r in zip(items, results, strict=True):
-                ctx.emit("sent", message_id=r.message_id, sender=m.sender, target=m.target,
-                         kind=m.kind, created=r.created)
+                ctx.emit_sent(m, r)
             ctx.wake_dispatcher()
             if after is not None:
                 after()
 
-        if self.outbox is None and len(items) == 1:  # the group-committed, set-wise path
-            results = [ctx.journal.enqueue(items[0], now)]
-            announce(results)
+        if self.outbox is None and len(items) == 1:  # set-wise, and maybe the fast path
+            results = [ctx.enqueue(items[0])]
+            if after is not None:
+                after()
             return results
         return self.write(lambda: [ctx.journal.enqueue_now(m, now) for m in items],
                           [EnqueueResult(m.message_id, m.target, QUEUED, True, now)

@@ -248,7 +248,7 @@ class PeerHttpBackend:
                 peers.ensure_session_now(session, social.id if social else None,
                                          f"Device {device_id}", now)
             try:  # the common case: all new, one INSERT for the batch
-                set_wise.enqueue_all(ctx.journal.bulk, [(m, now) for m in msgs])
+                set_wise.enqueue_all(ctx.journal.bulk, [(m, now, None) for m in msgs])
                 return [None] * len(msgs)
             except set_wise.OneByOne:
                 pass

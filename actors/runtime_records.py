@@ -121,13 +121,9 @@ class RecordsApi:
             message_id = _checked("message_id", validation.require_id, "message_id", message_id)
         if payload is not None:
             _check_payload(payload)
-        result = ctx.journal.enqueue(
+        return ctx.enqueue(
             NewMessage(message_id or f"msg-{self.new_id()}", target, content, kind=kind,
-                       sender=sender, payload=payload or {}), ctx.now())
-        ctx.emit("sent", message_id=result.message_id, sender=sender, target=target, kind=kind,
-                 created=result.created)
-        ctx.wake_dispatcher()
-        return result
+                       sender=sender, payload=payload or {}))
 
     def inbox(self, state: str | None = None, target: str | None = None) -> list[dict[str, Any]]:
         """Inbox rows as dicts, in journal order; ``state`` one of :data:`INBOX_STATES`."""

@@ -1,6 +1,9 @@
 """A runtime process for the crash tests: delivers what the journal holds until idle.
 
-Usage: python crash_child.py DB_URL LOG_PATH LIFE [async] [FAULT ...]
+Usage: python crash_child.py DB_URL LOG_PATH LIFE [async] [FAULT]
+
+FAULT names a deliberately broken journal of ``broken_journals.py``, put in
+place of the runtime's own (the crash checker must catch it).
 
 Every turn start is appended to LOG_PATH as "LIFE MESSAGE_ID" before the
 brain does anything, so the parent can prove which lives ran which message.
@@ -12,14 +15,21 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+from pathlib import Path
 
+import kinbox.actors.runtime as runtime_module
 from kinbox.actors import Runtime, Turn
+
+sys.path.insert(0, str(Path(__file__).parent))
+from broken_journals import BROKEN
 
 
 def main() -> None:
     url, log_path, life, *faults = sys.argv[1:]
     run_async = "async" in faults
-    faults = [f for f in faults if f != "async"]
+    for fault in faults:
+        if fault != "async":
+            runtime_module.Journal = BROKEN[fault]  # type: ignore[misc]
     log = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
     lock = threading.Lock()
 
@@ -35,7 +45,7 @@ def main() -> None:
         await asyncio.sleep(0)  # yield to the loop, as a model call would
         brain(turn)
 
-    with Runtime(db=url, brain=async_brain if run_async else brain, faults=faults,
+    with Runtime(db=url, brain=async_brain if run_async else brain,
                  tick_interval=0.05) as rt:
         print("ready", flush=True)
         rt.run_until_idle(timeout=120)
