@@ -1,6 +1,6 @@
-"""A runtime process for the crash tests: delivers what the journal holds until idle.
+"""A runtime process for the crash harness: delivers what the journal holds until idle.
 
-Usage: python crash_child.py DB_URL LOG_PATH LIFE [async] [FAULT ...]
+Usage: python -m kinbox.actors.crash_child DB_URL LOG_PATH LIFE [async] [FAULT ...]
 
 Every turn start is appended to LOG_PATH as "LIFE MESSAGE_ID" before the
 brain does anything, so the parent can prove which lives ran which message.
@@ -13,7 +13,8 @@ import asyncio
 import sys
 import threading
 
-from kinbox.actors import Runtime, Turn
+from .runtime import Runtime
+from .turn import Turn
 
 
 def main() -> None:
