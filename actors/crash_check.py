@@ -42,6 +42,7 @@ class Verdict:
     lost: int = 0
     duplicate_turns: int = 0
     reexecuted_turns: int = 0
+    most_reexecuted_by_one_kill: int = 0
     stuck: int = 0
     ran_after_ack: int = 0
     out_of_order_targets: int = 0
@@ -50,7 +51,9 @@ class Verdict:
     def as_dict(self) -> dict[str, int]:
         """The counts (no problem text), for JSON reports."""
         return {"lost": self.lost, "duplicate_turns": self.duplicate_turns,
-                "reexecuted_turns": self.reexecuted_turns, "stuck": self.stuck,
+                "reexecuted_turns": self.reexecuted_turns,
+                "most_reexecuted_by_one_kill": self.most_reexecuted_by_one_kill,
+                "stuck": self.stuck,
                 "ran_after_ack": self.ran_after_ack,
                 "out_of_order_targets": self.out_of_order_targets}
 
@@ -84,11 +87,17 @@ def judge(ev: Evidence, ids: Iterable[str]) -> Verdict:
             v.duplicate_turns += turns - 1
             v.problems.append(f"{mid} has {turns} committed turns")
     per_life: dict[int, set[str]] = {}
-    runs: dict[str, int] = {}
+    lives_of: dict[str, list[int]] = {}
     for life, mid in ev.starts:
         per_life.setdefault(life, set()).add(mid)
-        runs[mid] = runs.get(mid, 0) + 1
-    v.reexecuted_turns = sum(n - 1 for n in runs.values())
+        lives_of.setdefault(mid, []).append(life)
+    v.reexecuted_turns = sum(len(x) - 1 for x in lives_of.values())
+    # a turn started again is charged to the life its earlier start died in
+    charged: dict[int, int] = {}
+    for started_in in lives_of.values():
+        for life in started_in[:-1]:
+            charged[life] = charged.get(life, 0) + 1
+    v.most_reexecuted_by_one_kill = max(charged.values(), default=0)
     lives = max(per_life, default=0)
     for k, acked in enumerate(ev.delivered_before_kill):
         # kill number k ended life k + 1; later lives must not run what it had acked
