@@ -20,6 +20,8 @@ import pytest
 from kinbox.actors.crash_check import judge
 from kinbox.actors.crash_run import CrashRun, delivered, evidence, finish, prepare, spawn
 
+from .helpers import skip_slow_unless_asked
+
 CHILD = (sys.executable, str(Path(__file__).with_name("crash_point_child.py")))
 POINTS = ("claim", "turn_started", "turn_committed", "retry", "renew")
 WHENS = ("first", "middle", "last")
@@ -55,6 +57,12 @@ SQLITE_DEFAULT = ("claim:last", "turn_started:middle", "turn_committed:last", "r
 """One hit of each point in the default suite (about 3 s each: two runtime starts); every
 point on its first, middle and last hit runs behind ``slow``."""
 EVERY = tuple(f"{p}:{w}" for p in POINTS for w in WHENS)
+
+
+
+@pytest.fixture(autouse=True)
+def _slow_only_when_asked(request: pytest.FixtureRequest) -> None:
+    skip_slow_unless_asked(request)
 
 
 @pytest.mark.timeout(60)

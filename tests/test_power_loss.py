@@ -35,7 +35,15 @@ import pytest
 
 from kinbox.actors.crash_run import prepare
 
+from .helpers import skip_slow_unless_asked
+
 HERE = Path(__file__).parent
+
+
+
+@pytest.fixture(autouse=True)
+def _slow_only_when_asked(request: pytest.FixtureRequest) -> None:
+    skip_slow_unless_asked(request)
 
 
 @pytest.fixture(scope="module")
