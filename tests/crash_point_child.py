@@ -21,6 +21,9 @@ only by the deliberately broken variant):
 ``turn_committed`` turn, markers and ack committed (``complete_turn``)
 ``retry``          a failed attempt's retry scheduled (``retry``)
 ``renew``          leases renewed (``renew`` that extended at least one lease)
+``peer_acked``     an outbound peer frame was sent and the receiver committed it: its
+                   ack arrived, and the process dies *before* the sender commits the ack
+                   (``PeerOutbox.submit_ack``)
 
 The workload (:func:`kinbox.actors.crash_run.prepare` with 4 sessions and
 24 messages) is known here: :data:`FLAKY` messages fail their first
@@ -43,6 +46,7 @@ from typing import Any
 
 from kinbox.actors import Runtime, Turn
 from kinbox.persistence import Journal
+from kinbox.persistence.peer_outbox import PeerOutbox
 
 SESSIONS, MESSAGES = 4, 24
 FLAKY = frozenset({"m00002", "m00009", "m00015"})
@@ -60,11 +64,14 @@ HOOKS: dict[str, tuple[type, str]] = {
     "turn_committed": (Journal, "complete_turn"),
     "retry": (Journal, "retry"),
     "renew": (Journal, "renew"),
+    "peer_acked": (PeerOutbox, "submit_ack"),
 }
 """Crash point -> the public method it follows. The only place that names them."""
+BEFORE = frozenset({"peer_acked"})
+"""Points hit as the method is called (before its write), not after it returned."""
 
 MIDDLE = {"claim": 3, "turn_started": 12, "turn_committed": 12, "retry": 2, "renew": 2,
-          "turn_marked": 1}
+          "turn_marked": 1, "peer_acked": 2}
 """Half the hits the workload certainly makes (claims: one per target and per retry)."""
 
 
@@ -105,11 +112,14 @@ class CrashPoint:
         self.renewed = threading.Event()
         self.last_slow_running = False
         self.journal: Journal | None = None
+        self.rt: Runtime | None = None
 
     def rows(self) -> list[dict[str, Any]]:
-        """Every inbox row now (read through the journal the hooks saw)."""
-        assert self.journal is not None
-        return self.journal.rows()
+        """Every inbox row now (read through the journal the hooks saw, or the runtime)."""
+        if self.journal is not None:
+            return self.journal.rows()
+        assert self.rt is not None
+        return self.rt.inbox()
 
     def is_last(self, point: str, args: tuple[Any, ...], result: Any) -> bool:
         """No further hit of ``point`` can follow this one (read from the journal)."""
@@ -126,6 +136,8 @@ class CrashPoint:
                     and not any(_will_fail(r) for r in left) and len(left) <= CHAIN_LIMIT)
         if point == "renew":
             return self.last_slow_running
+        if point == "peer_acked":
+            return len(left) == len(args[1])  # these acks settle every open row
         return True  # turn_marked: one taken-over row per kill
 
     def hit(self, point: str, args: tuple[Any, ...] = (), result: Any = None) -> None:
@@ -146,7 +158,10 @@ class CrashPoint:
 
     def _wrap(self, point: str, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
-        def wrapped(journal: Journal, *args: Any, **kwargs: Any) -> Any:
+        def wrapped(journal: Any, *args: Any, **kwargs: Any) -> Any:
+            if point in BEFORE:
+                self.hit(point, args)
+                return original(journal, *args, **kwargs)
             self.journal = journal
             result = original(journal, *args, **kwargs)
             if _is_hit(point, result):
@@ -184,13 +199,19 @@ def main() -> None:
     clock = OffsetClock()
     with Runtime(db=url, brain=brain, clock=clock, max_active_sessions=1,
                  lease_seconds=LEASE_SECONDS, tick_interval=0.05) as rt:
+        crash.rt = rt
         print("ready", flush=True)
-        for _ in range(40):
-            rt.run_until_idle(timeout=60)
-            counts = rt.statistics()["rows"]
-            if not counts.get("pending") and not counts.get("processing"):
+        deadline = time.monotonic() + 60
+        pause = threading.Event()
+        while time.monotonic() < deadline:
+            rt.run_until_idle(timeout=60)  # the local rows
+            left = _open(rt.inbox())
+            if not left:
                 break
-            clock.offset += BACKOFF_JUMP  # only rows in backoff (or dead leases) are left
+            if any(r["transport"] == "local" for r in left):
+                clock.offset += BACKOFF_JUMP  # only rows in backoff (or dead leases) are left
+            else:
+                pause.wait(0.01)  # peer rows: the link delivers them on its own thread
     print("done " + " ".join(f"{k}={v}" for k, v in sorted(crash.hits.items())), flush=True)
 
 

@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from kinbox.actors import Runtime
 from kinbox.actors.crash_check import judge
 from kinbox.actors.crash_run import CrashRun, delivered, evidence, finish, prepare, spawn
 
 from .helpers import skip_slow_unless_asked
+from .peer_harness import Receiver
 
 CHILD = (sys.executable, str(Path(__file__).with_name("crash_point_child.py")))
 POINTS = ("claim", "turn_started", "turn_committed", "retry", "renew")
@@ -92,3 +94,38 @@ PG_DEFAULT = ("claim:middle", "turn_committed:last")
     s if s in PG_DEFAULT else pytest.param(s, marks=pytest.mark.slow) for s in EVERY])
 def test_a_kill_at_a_named_point_on_postgres(pg_url: str, tmp_path: Path, spec: str) -> None:
     kill_at(pg_url, tmp_path, spec)
+
+
+PEER_MESSAGES = 6
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("when", [
+    "first", pytest.param("middle", marks=pytest.mark.slow),
+    pytest.param("last", marks=pytest.mark.slow)])
+def test_a_sender_killed_after_the_receiver_committed_but_before_the_ack_sends_once(
+        tmp_path: Path, when: str) -> None:
+    receiver = Receiver(tmp_path / "b").start()
+    try:
+        url = f"sqlite:///{tmp_path / 'a' / 'sender.db'}"
+        with Runtime(db=url) as rt:  # send-only: pairs and queues, runs no link
+            device = rt.peers.pair(receiver.http, receiver.invite()).device_id
+            me = rt.peers.identity.device_id
+            sent = rt.peers.send_many(rt.create_session(None, "sender").id, f"peer:{device}",
+                                      [f"p {i}" for i in range(PEER_MESSAGES)])
+        ids = [s["message_id"] for s in sent]
+        run = CrashRun(url, tmp_path / "turns.log")
+        proc = spawn(run, [f"peer_acked:{when}"], CHILD)
+        _out, err = proc.communicate(timeout=60)
+        assert proc.returncode == -9 and f"killed at peer_acked:{when}" in err, err[-2000:]
+        on_receiver = set(receiver.peer_rows(me))
+        unsettled = [m for m in ids if f"peer-{me}-{m}" in on_receiver and m not in
+                     delivered(url)]
+        assert unsettled, "the kill fell between the receiver's commit and the sender's ack"
+        finish(run, [], CHILD, timeout=60)
+        assert receiver.peer_rows(me) == [f"peer-{me}-{mid}" for mid in ids]  # once, in order
+        with Runtime(db=url) as rt:
+            assert {r["status"] for r in rt.inbox()} == {"delivered"}
+        assert integrity(url) == "ok"
+    finally:
+        receiver.stop()
