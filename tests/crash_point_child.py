@@ -72,7 +72,8 @@ BEFORE = frozenset({"peer_acked"})
 
 MIDDLE = {"claim": 3, "turn_started": 12, "turn_committed": 12, "retry": 2, "renew": 2,
           "turn_marked": 1, "peer_acked": 2}
-"""Half the hits the workload certainly makes (claims: one per target and per retry)."""
+"""Half the hits the workload certainly makes (claims: one per target and per retry; peer
+acks: the peer test sends more than two windows of frames, so three ack commits at least)."""
 
 
 class OffsetClock:
