@@ -101,7 +101,8 @@ class RuntimeContext:
     owner: str
     lease_seconds: float
     faults: frozenset[str]
-    tools_for: Callable[[str], Any]
+    tools_for: Callable[..., Any]
+    """``tools_for(session_id, outbox=None)``: a session's tools (``tools.tools_for``)."""
     new_id: Callable[[], str]
     turns: RunningTurns = field(default_factory=RunningTurns)
     activity: Activity = field(default_factory=Activity)
@@ -132,8 +133,11 @@ class RuntimeContext:
     """The event loop of async brains (``async_host.AsyncHost``), when the brain is async."""
 
     def effects(self, turn: Turn, outcome: TurnOutcome) -> TurnEffects:
-        """Collect what every outbox hook wants committed with this outcome."""
+        """What commits with this outcome: the turn's own tool writes when it succeeded
+        (never when it failed), then what every outbox hook adds."""
         effects = TurnEffects()
+        if outcome.ok and turn.outbox is not None:  # the tool calls' writes, in call order
+            effects.extend(turn.outbox.effects())
         for hook in self.outbox_hooks:
             effects.extend(hook(self, turn, outcome))
         return effects

@@ -17,6 +17,7 @@ from ..persistence import EnqueueResult, EntryRecord, NewMessage, ProjectRecord,
 from ..persistence.inbox_core import State
 from . import access, validation
 from .errors import ConfigError, ToolError
+from .outbox import Outbox
 from .tools import TaskTools, tools_for
 
 if TYPE_CHECKING:
@@ -94,8 +95,8 @@ class RecordsApi:
         """The tools bound to ``session_id`` as the caller (agent tools unless a sub-agent)."""
         return self._tools_for_ctx(session_id)
 
-    def _tools_for_ctx(self, session_id: str) -> TaskTools:
-        return tools_for(self._running(), session_id)
+    def _tools_for_ctx(self, session_id: str, outbox: Outbox | None = None) -> TaskTools:
+        return tools_for(self._running(), session_id, outbox)
 
     # -- messages --------------------------------------------------------------------------
 

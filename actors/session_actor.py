@@ -20,9 +20,10 @@ import pykka
 from ..persistence import ClaimedRow, LeaseLost, PersistenceError, WriterClosed
 from .context import RuntimeContext, TurnEffects
 from .messages import Deliver, TurnDone
+from .outbox import Outbox
 from .pooled import ActorPool, PooledActor
 from .turn import Message, Turn, TurnOutcome
-from .turn_run import SyncBrainAwaitable, judge, prepare, take_result
+from .turn_run import SyncBrainAwaitable, judge, prepare, take_result, turn_tools
 
 log = logging.getLogger("kinbox.session")
 
@@ -123,11 +124,9 @@ class SessionActor(PooledActor):
                 steered.extend(r.message_id for r in more)
             return [Message.from_row(r) for r in more]
 
-        host = ctx.async_host
-        tools = ((lambda: host.tools(ctx.tools_for(sid))) if host is not None
-                 else (lambda: ctx.tools_for(sid)))
-        turn = Turn(sid, [Message.from_row(row)], tools, stop_flag, fetch_steering,
-                    row=row, started=started, steered=steered)
+        outbox = Outbox(row.message_id)
+        turn = Turn(sid, [Message.from_row(row)], turn_tools(ctx, sid, outbox), stop_flag,
+                    fetch_steering, row=row, started=started, steered=steered, outbox=outbox)
         ctx.emit("turn_started", session_id=sid, message_id=row.message_id,
                  attempt=row.attempts + 1)
         return turn
