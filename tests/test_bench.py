@@ -88,3 +88,24 @@ def test_peers_benchmark_reports_kinbox_beside_raw_websockets() -> None:
     assert report["results"]["kinbox_peers"]["p99_ms"] is not None
     assert set(report["ratios"]) == {"kinbox_vs_raw_windowed_ack", "kinbox_vs_raw_one_way",
                                      "target_vs_raw_windowed_ack"}
+
+
+@pytest.mark.timeout(120)
+def test_bench_crash_quick_kills_the_child_and_finds_every_guarantee_held() -> None:
+    result = subprocess.run([sys.executable, "-m", "kinbox.actors", "bench", "crash", "--quick",
+                             "--kills", "3", "--messages", "300", "--json"],
+                            capture_output=True, text=True, timeout=110)
+    assert result.returncode == 0, result.stderr[-2000:]
+    data = json.loads(result.stdout)
+    r = data["results"]["kinbox"]
+    assert data["benchmark"] == "crash" and data["settings"]["messages"] == 300
+    assert r["kills"] == 3 and r["lives"] == 4
+    assert (r["lost"], r["duplicate_turns"], r["stuck"], r["ran_after_ack"]) == (0, 0, 0, 0)
+    assert r["ok"] is True and r["wall_s"] > 0
+
+
+def test_bench_crash_sizes_are_checked_and_only_for_crash() -> None:
+    from kinbox.actors.cli import main
+
+    assert main(["bench", "crash", "--kills", "-1"]) == 2
+    assert main(["bench", "throughput", "--kills", "5"]) == 2

@@ -1,9 +1,9 @@
-"""A runtime process for the crash tests: delivers what the journal holds until idle.
+"""A runtime process for the crash harness: delivers what the journal holds until idle.
 
-Usage: python crash_child.py DB_URL LOG_PATH LIFE [async] [FAULT]
+Usage: python -m kinbox.actors.crash_child DB_URL LOG_PATH LIFE [async]
 
-FAULT names a deliberately broken journal of ``broken_journals.py``, put in
-place of the runtime's own (the crash checker must catch it).
+(The crash tests run the same child on deliberately broken journals through
+``tests/broken_child.py``: production code has no switch for them.)
 
 Every turn start is appended to LOG_PATH as "LIFE MESSAGE_ID" before the
 brain does anything, so the parent can prove which lives ran which message.
@@ -15,21 +15,14 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
-from pathlib import Path
 
-import kinbox.actors.runtime as runtime_module
-from kinbox.actors import Runtime, Turn
-
-sys.path.insert(0, str(Path(__file__).parent))
-from broken_journals import BROKEN
+from .runtime import Runtime
+from .turn import Turn
 
 
 def main() -> None:
-    url, log_path, life, *faults = sys.argv[1:]
-    run_async = "async" in faults
-    for fault in faults:
-        if fault != "async":
-            runtime_module.Journal = BROKEN[fault]  # type: ignore[misc]
+    url, log_path, life, *flavour = sys.argv[1:]
+    run_async = flavour == ["async"]
     log = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
     lock = threading.Lock()
 
