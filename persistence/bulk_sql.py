@@ -38,14 +38,22 @@ class BulkSql:
         self._entry_row = f"({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})"
         self._marker_row = f"({p}, {p}, {p})"
 
-    def _insert(self, head: str, row_sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    def _insert(self, head: str, row_sql: str, rows: Sequence[Sequence[Any]],
+                tail: str = "") -> int:
+        """Insert ``rows``; how many were written."""
+        written = 0
         for start in range(0, len(rows), ROWS_PER_INSERT):
             part = rows[start:start + ROWS_PER_INSERT]
-            self.db.execute_sql(f"{head} VALUES " + ", ".join([row_sql] * len(part)),
-                                [value for row in part for value in row])
+            cursor = self.db.execute_sql(
+                f"{head} VALUES " + ", ".join([row_sql] * len(part)) + tail,
+                [value for row in part for value in row])
+            written += cursor.rowcount
+        return written
 
-    def insert_inbox(self, rows: Sequence[Sequence[Any]]) -> None:
-        """New pending rows, in order (``inbox_records.insert_params`` each).
+    def insert_inbox(self, rows: Sequence[Sequence[Any]]) -> int:
+        """New pending rows, in order (``inbox_records.insert_params`` each); an id that
+        already has a row is skipped. How many were written: fewer than ``rows`` means a
+        repeat, which the caller must handle (the set-wise path undoes its savepoint).
 
         SQLite numbers them here (the writer holds the database's write lock
         for the whole transaction); PostgreSQL takes them from its sequence.
@@ -54,7 +62,8 @@ class BulkSql:
             base = self.hot.fetch_one(f"SELECT COALESCE(MAX(seq), 0) FROM {INBOX}", ())
             first = int(base[0]) + 1 if base else 1
             rows = [(r[0], first + i, *r[1:]) for i, r in enumerate(rows)]
-        self._insert(f"INSERT INTO {INBOX} ({_INBOX_COLUMNS})", self._inbox_row, rows)
+        return self._insert(f"INSERT INTO {INBOX} ({_INBOX_COLUMNS})", self._inbox_row, rows,
+                            " ON CONFLICT (message_id) DO NOTHING")
 
     def insert_entries(self, rows: Sequence[tuple[Any, ...]]) -> None:
         """Transcript entries: (session_id, role, text, visible, message_id, sender_id, kind,
@@ -66,13 +75,6 @@ class BulkSql:
         """Delivery markers: (session_id, message_id, created_at)."""
         self._insert("INSERT INTO delivery_markers (session_id, message_id, created_at)",
                      self._marker_row, rows)
-
-    def any_existing(self, ids: Sequence[str]) -> bool:
-        """Whether any of ``ids`` already has a row."""
-        return any(self.hot.fetch_one(f"SELECT 1 FROM {INBOX} WHERE message_id IN "
-                                      f"({self.hot.in_list(len(part))}) LIMIT 1",
-                                      list(part)) is not None
-                   for part in chunks(ids))
 
     def heads_of(self, targets: Sequence[str]) -> dict[str, tuple[Any, ...]]:
         """target -> its oldest open row (CLAIM_COLUMNS), for the targets that have one.

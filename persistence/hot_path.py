@@ -149,6 +149,19 @@ class HotPath:
                 f"updated_at = {self.p}, lease_owner = NULL, lease_until = NULL "
                 f"WHERE message_id IN ({self.in_list(len(part))})", [now, now, *part])
 
+    def deliver_fenced(self, ids: Sequence[str], owner: str, now: float) -> int:
+        """Acknowledge the rows of ``ids`` that ``owner`` holds the lease of (the fence and
+        the ack in one statement); how many it acknowledged."""
+        done = 0
+        for part in chunks(ids):
+            done += self.db.execute_sql(
+                f"UPDATE {INBOX} SET status = 'delivered', delivered_at = {self.p}, "
+                f"updated_at = {self.p}, lease_owner = NULL, lease_until = NULL "
+                f"WHERE message_id IN ({self.in_list(len(part))}) "
+                f"AND status = 'processing' AND lease_owner = {self.p}",
+                [now, now, *part, owner]).rowcount
+        return done
+
     def set_status(self, session_id: str, status: str, now: float) -> None:
         """A session's active/idle status."""
         self.db.execute_sql(self.sql_status, (status, now, session_id))

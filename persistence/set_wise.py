@@ -44,9 +44,10 @@ Enqueue = tuple[NewMessage, float, Lease | None]
 def enqueue_all(sql: BulkSql, items: Sequence[Enqueue]) -> list[EnqueueResult]:
     """Insert new messages in one statement; any repeated id sends the batch one by one."""
     ids = [msg.message_id for msg, _, _ in items]
-    if len(set(ids)) < len(ids) or sql.any_existing(ids):
-        raise OneByOne("an idempotent repeat in the batch")
-    sql.insert_inbox([insert_params(msg, now) for msg, now, _ in items])
+    if len(set(ids)) < len(ids):
+        raise OneByOne("an id repeated in the batch")
+    if sql.insert_inbox([insert_params(msg, now) for msg, now, _ in items]) < len(items):
+        raise OneByOne("an idempotent repeat of an earlier message")
     claimed = lease_new_heads(sql, items)
     pending = core.State.PENDING.value
     return [EnqueueResult(msg.message_id, msg.target, pending, True, now,
@@ -84,14 +85,16 @@ def lease_new_heads(sql: BulkSql, items: Sequence[Enqueue]) -> dict[str, Claimed
     return taken
 
 
-def _fence_all(sql: BulkSql, commits: Sequence[TurnCommit]) -> None:
-    rows = sql.hot.fence_rows([mid for c in commits for mid in c.message_ids])
+def _ack_fenced(sql: BulkSql, commits: Sequence[TurnCommit], now: float) -> None:
+    """Acknowledge every commit's rows where its owner holds their lease (the fence of
+    ``inbox_core.check_lease`` as the update's condition); any row short sends the batch
+    one by one, where its commit gets ``LeaseLost`` and the others commit."""
+    by_owner: dict[str, list[str]] = {}
     for c in commits:
-        for mid in c.message_ids:
-            row = rows.get(mid)
-            if row is None:
-                raise OneByOne(f"no inbox row with id {mid!r}")
-            core.check_lease(mid, row[0], row[1], c.owner)
+        by_owner.setdefault(c.owner, []).extend(c.message_ids)
+    for owner, ids in by_owner.items():
+        if sql.hot.deliver_fenced(ids, owner, now) < len(ids):
+            raise OneByOne("a commit lost a lease")
 
 
 def _next_heads(sql: BulkSql, commits: Sequence[TurnCommit], now: float) -> dict[str, ClaimedRow]:
@@ -134,11 +137,10 @@ def commit_all(sql: BulkSql, commits: Sequence[TurnCommit]) -> list[ClaimedRow |
     sessions = {c.session_id for c in commits}
     if len(set(ids)) < len(ids) or len(sessions) < len(commits):
         raise OneByOne("a message or a session appears twice in the batch")
-    _fence_all(sql, commits)  # LeaseLost here also sends the batch one by one
     now = max(c.now for c in commits)
+    _ack_fenced(sql, commits, now)
     sql.insert_entries([entry_row(c.session_id, e, c.now) for c in commits for e in c.entries])
     sql.insert_markers([(c.session_id, mid, c.now) for c in commits for mid in c.message_ids])
-    sql.hot.mark_delivered(ids, now)
     following = _next_heads(sql, commits, now)
     active = [c.session_id for c in commits if c.session_id in following]
     idle = [c.session_id for c in commits if c.session_id not in following]
