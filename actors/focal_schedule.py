@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from ..persistence import JobRecord, JobStore, NewMessage
@@ -28,6 +29,15 @@ log = logging.getLogger("kinbox.schedule")
 MAX_WAKEUPS = 20
 WAKEUP_KINDS = ("reminder", "check")
 HEARTBEAT_JOB = "focal-heartbeat"
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """A due heartbeat's decision and, when it runs, the message Focal gets."""
+
+    decision: hb.HeartbeatDecision
+    body: str
+    findings: list[str]
 
 
 def next_after(job: JobRecord, now: float) -> float | None:
@@ -142,26 +152,34 @@ class FocalSchedule:
                         None, now + hb.HEARTBEAT_INTERVAL, None, True, now)
         self._register(self.jobs.create(job) or job)
 
-    def _on_fire(self, job: JobRecord, now: float) -> None:
-        """Inside fire_due's transaction: the wake-up message, or the heartbeat decision."""
+    def _heartbeat(self, now: float) -> Heartbeat | None:
+        """The heartbeat's decision, made before the firing transaction when it is due: it
+        reads ``heartbeat.md`` and every watched session, which must not hold up the writer
+        (every send in the process waits for it)."""
+        job = self.jobs.get(HEARTBEAT_JOB)
+        if job is None or not job.active or job.next_run_at is None or job.next_run_at > now:
+            return None
+        focal = self.ctx.store.session(FOCAL_ID)
+        path = self.focal.folder / "heartbeat.md"
+        checklist = path.read_text() if path.exists() else hb.DEFAULT_FOCAL_HEARTBEAT
+        found = hb.findings(self.focal.watched_sessions(), now)
+        decision = hb.should_run_focal_heartbeat(
+            checklist, found, (focal.config if focal else {}).get("focal_heartbeat_signature"))
+        body = checklist + ("\n\nFindings:\n" + "\n".join(f"- {f}" for f in found)
+                            if found else "")
+        return Heartbeat(decision, body, found)
+
+    def _on_fire(self, job: JobRecord, now: float, heartbeat: Heartbeat | None) -> None:
+        """Inside fire_due's transaction: the wake-up message, or the heartbeat's (decided
+        before the transaction, see ``_heartbeat``)."""
         occurrence = int((job.next_run_at or now) * 1000)
         if job.kind == "heartbeat":
-            focal = self.ctx.store.session(FOCAL_ID)
-            path = self.focal.folder / "heartbeat.md"
-            checklist = path.read_text() if path.exists() else hb.DEFAULT_FOCAL_HEARTBEAT
-            found = hb.findings(self.focal.watched_sessions(), now)
-            decision = hb.should_run_focal_heartbeat(
-                checklist, found, (focal.config if focal else {}).get("focal_heartbeat_signature"))
-            self.ctx.emit("heartbeat", run=decision.run, reason=decision.reason,
-                          findings=len(found))
-            if not decision.run:
+            if heartbeat is None or not heartbeat.decision.run:
                 return  # recorded as run: fire_due already advanced the schedule
-            body = checklist + ("\n\nFindings:\n" + "\n".join(f"- {f}" for f in found)
-                                if found else "")
             self.ctx.journal.enqueue_now(NewMessage(
-                f"heartbeat-{occurrence}", FOCAL_ID, body, kind="focal_heartbeat",
-                sender="scheduler", payload={"signature": decision.signature,
-                                             "findings": found}), now)
+                f"heartbeat-{occurrence}", FOCAL_ID, heartbeat.body, kind="focal_heartbeat",
+                sender="scheduler", payload={"signature": heartbeat.decision.signature,
+                                             "findings": heartbeat.findings}), now)
             return
         self.ctx.journal.enqueue_now(NewMessage(
             f"wakeup-{job.id}-{occurrence}", FOCAL_ID, job.note or f"{job.kind} wake-up",
@@ -172,7 +190,13 @@ class FocalSchedule:
         """Fire every job due now (any clock); returns the ids fired."""
         if self.ctx.closed.is_set():
             return []
-        fired = self.jobs.fire_due(self.ctx.now(), next_after, self._on_fire)
+        now = self.ctx.now()
+        heartbeat = self._heartbeat(now)
+        fired = self.jobs.fire_due(now, next_after,
+                                   lambda job, at: self._on_fire(job, at, heartbeat))
+        if heartbeat is not None and any(j.kind == "heartbeat" for j in fired):
+            self.ctx.emit("heartbeat", run=heartbeat.decision.run,
+                          reason=heartbeat.decision.reason, findings=len(heartbeat.findings))
         for job in fired:
             refreshed = self.jobs.get(job.id)
             if refreshed is not None and refreshed.active:

@@ -274,6 +274,28 @@ def test_an_edited_checklist_always_runs(focal_rt: tuple[Runtime, Any], clock: M
     assert [h["content"] for h in heartbeats(rt)] == ["- mine"]
 
 
+def test_the_heartbeat_reads_its_checklist_and_sessions_off_the_writer(
+        focal_rt: tuple[Runtime, Any], clock: ManualClock,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer commits every send of the process: the heartbeat's file read and its
+    queries over every watched session must not run inside its transaction (#12.5)."""
+    rt, _ = focal_rt
+    rt.get_or_create_focal_chat()
+    stall_a_session(rt)
+    focal = rt.context.focal
+    threads: list[str] = []
+    watched = focal.watched_sessions
+
+    def recording() -> Any:
+        threads.append(threading.current_thread().name)
+        return watched()
+    monkeypatch.setattr(focal, "watched_sessions", recording)
+    clock.advance(30 * 60)
+    rt.run_until_idle()
+    assert len(heartbeats(rt)) == 1  # it ran, and found the stalled session
+    assert threads and "kinbox-writer" not in threads
+
+
 # -- FO7 ---------------------------------------------------------------------------------------
 
 def test_a_reminder_fires_at_its_time_and_always_notifies(
