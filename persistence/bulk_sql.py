@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .database import is_postgres
-from .hot_path import CLAIM_COLUMNS, INBOX, HotPath, chunks, head_seq
+from .hot_path import CLAIM_COLUMNS, INBOX, PENDING, Head, HotPath, chunks, head_seq
 
 ROWS_PER_INSERT = 200
 """Rows per multi-row ``INSERT``: 200 x 15 parameters stays under every backend's bound."""
@@ -33,7 +33,7 @@ class BulkSql:
         self.postgres = is_postgres(hot.db)
         p = hot.p
         seq = "nextval('agent_inbox_seq')" if self.postgres else p
-        self._inbox_row = (f"({p}, {seq}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, 'pending', 0, "
+        self._inbox_row = (f"({p}, {seq}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, '{PENDING}', 0, "
                            f"{p}, {p}, {p}, {p})")
         self._entry_row = f"({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})"
         self._marker_row = f"({p}, {p}, {p})"
@@ -76,7 +76,7 @@ class BulkSql:
         self._insert("INSERT INTO delivery_markers (session_id, message_id, created_at)",
                      self._marker_row, rows)
 
-    def heads_of(self, targets: Sequence[str]) -> dict[str, tuple[Any, ...]]:
+    def heads_of(self, targets: Sequence[str]) -> dict[str, Head]:
         """target -> its oldest open row (CLAIM_COLUMNS), for the targets that have one.
 
         On PostgreSQL the rows found are locked and rows another transaction
@@ -89,5 +89,5 @@ class BulkSql:
             sql = (f"WITH t(target) AS (VALUES {values}) SELECT {cols} FROM {INBOX} "
                    f"WHERE seq IN (SELECT {head_seq('t.target')} FROM t)"
                    + (" FOR UPDATE SKIP LOCKED" if self.postgres else ""))
-            found.update((r[2], tuple(r)) for r in self.db.execute_sql(sql, list(part)))
+            found.update((r[2], Head._make(r)) for r in self.db.execute_sql(sql, list(part)))
         return found

@@ -10,16 +10,38 @@ database's own work. Everything else keeps using the models.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import peewee as pw
 
 from .database import is_postgres
+from .inbox_core import State
+from .models import InboxMessage
 
-INBOX = "agent_inbox_messages"
-CLAIM_COLUMNS = ("message_id", "seq", "target_chat_id", "sender_chat_id", "kind", "content",
-                 "payload", "attempts", "created_at", "status", "available_at", "lease_until",
-                 "suspect")
+INBOX = InboxMessage._meta.table_name  # type: ignore[attr-defined]
+PENDING, PROCESSING, DELIVERED = State.PENDING.value, State.PROCESSING.value, State.DELIVERED.value
+"""The states the statements name, from the state machine's enum (one source)."""
+
+
+class Head(NamedTuple):
+    """An open row as the claim statements read it (the columns of :data:`CLAIM_COLUMNS`)."""
+
+    message_id: str
+    seq: int
+    target_chat_id: str
+    sender_chat_id: str | None
+    kind: str
+    content: str
+    payload: str | None
+    attempts: int
+    created_at: float
+    status: str
+    available_at: float
+    lease_until: float | None
+    suspect: bool
+
+
+CLAIM_COLUMNS = Head._fields
 
 
 IN_LIST_LIMIT = 500
@@ -39,9 +61,9 @@ def head_seq(target: str) -> str:
     walks every open row of the target.
     """
     return (f"(SELECT MIN(u.s) FROM (SELECT MIN(seq) AS s FROM {INBOX} "
-            f"WHERE target_chat_id = {target} AND status = 'pending' "
+            f"WHERE target_chat_id = {target} AND status = '{PENDING}' "
             f"UNION ALL SELECT MIN(seq) FROM {INBOX} "
-            f"WHERE target_chat_id = {target} AND status = 'processing') u)")
+            f"WHERE target_chat_id = {target} AND status = '{PROCESSING}') u)")
 
 
 class HotPath:
@@ -56,17 +78,17 @@ class HotPath:
                          f"WHERE seq = {head_seq(p)}")
         # Compare-and-set: only a row that is still claimable is taken, so two
         # workers racing for the same row (another process's claim) cannot both win.
-        self.sql_lease = (f"UPDATE {INBOX} SET status = 'processing', lease_owner = {p}, "
+        self.sql_lease = (f"UPDATE {INBOX} SET status = '{PROCESSING}', lease_owner = {p}, "
                           f"lease_until = {p}, updated_at = {p} WHERE message_id = {p} "
-                          f"AND ((status = 'pending' AND available_at <= {p}) "
-                          f"OR (status = 'processing' AND lease_until <= {p}))")
+                          f"AND ((status = '{PENDING}' AND available_at <= {p}) "
+                          f"OR (status = '{PROCESSING}' AND lease_until <= {p}))")
         self.sql_marker_exists = f"SELECT 1 FROM delivery_markers WHERE message_id = {p} LIMIT 1"
         self.sql_status = f"UPDATE sessions SET status = {p}, updated_at = {p} WHERE id = {p}"
         self.sql_existing = (f"SELECT target_chat_id, kind, content, status, created_at "
                              f"FROM {INBOX} WHERE message_id = {p}")
 
     def due_heads(self, transport: str, now: float, limit: int,
-                  for_update: bool) -> list[tuple[Any, ...]]:
+                  for_update: bool) -> list[Head]:
         """The oldest open row of each target, when due, oldest first (CLAIM_COLUMNS).
 
         One query per open state, each walking that state's rows in ``seq``
@@ -76,13 +98,13 @@ class HotPath:
         p = self.p
         cols = ", ".join(f"m.{c}" for c in CLAIM_COLUMNS)
         found: list[tuple[Any, ...]] = []
-        for status, due in (("pending", "available_at"), ("processing", "lease_until")):
+        for status, due in ((PENDING, "available_at"), (PROCESSING, "lease_until")):
             sql = (f"SELECT {cols} FROM {INBOX} m WHERE m.status = '{status}' "
                    f"AND m.{due} <= {p} AND m.transport = {p} "
                    f"AND m.seq = {head_seq('m.target_chat_id')} "
                    f"ORDER BY m.seq LIMIT {p}" + (" FOR UPDATE SKIP LOCKED" if for_update else ""))
-            found.extend(tuple(r) for r in self.db.execute_sql(sql, (now, transport, limit)))
-        return sorted(found, key=lambda r: r[1])[:limit]
+            found.extend(Head._make(r) for r in self.db.execute_sql(sql, (now, transport, limit)))
+        return sorted(found, key=lambda r: r.seq)[:limit]
 
     def has_runnable(self, transport: str, now: float) -> bool:
         """A turn is in flight (a row is processing) or a target's head is due now.
@@ -92,8 +114,8 @@ class HotPath:
         yet processing for the first).
         """
         p = self.p
-        sql = (f"SELECT 1 FROM {INBOX} m WHERE m.transport = {p} AND (m.status = 'processing' "
-               f"OR (m.status = 'pending' AND m.available_at <= {p} "
+        sql = (f"SELECT 1 FROM {INBOX} m WHERE m.transport = {p} AND (m.status = '{PROCESSING}' "
+               f"OR (m.status = '{PENDING}' AND m.available_at <= {p} "
                f"AND m.seq = {head_seq('m.target_chat_id')})) LIMIT 1")
         return self.fetch_one(sql, (transport, now)) is not None
 
@@ -101,7 +123,7 @@ class HotPath:
         """Lease several rows."""
         for part in chunks(ids):
             self.db.execute_sql(
-                f"UPDATE {INBOX} SET status = 'processing', lease_owner = {self.p}, "
+                f"UPDATE {INBOX} SET status = '{PROCESSING}', lease_owner = {self.p}, "
                 f"lease_until = {self.p}, updated_at = {self.p} "
                 f"WHERE message_id IN ({self.in_list(len(part))})", [owner, until, now, *part])
 
@@ -145,7 +167,7 @@ class HotPath:
         """Acknowledge rows."""
         for part in chunks(ids):
             self.db.execute_sql(
-                f"UPDATE {INBOX} SET status = 'delivered', delivered_at = {self.p}, "
+                f"UPDATE {INBOX} SET status = '{DELIVERED}', delivered_at = {self.p}, "
                 f"updated_at = {self.p}, lease_owner = NULL, lease_until = NULL "
                 f"WHERE message_id IN ({self.in_list(len(part))})", [now, now, *part])
 
@@ -155,10 +177,10 @@ class HotPath:
         done = 0
         for part in chunks(ids):
             done += self.db.execute_sql(
-                f"UPDATE {INBOX} SET status = 'delivered', delivered_at = {self.p}, "
+                f"UPDATE {INBOX} SET status = '{DELIVERED}', delivered_at = {self.p}, "
                 f"updated_at = {self.p}, lease_owner = NULL, lease_until = NULL "
                 f"WHERE message_id IN ({self.in_list(len(part))}) "
-                f"AND status = 'processing' AND lease_owner = {self.p}",
+                f"AND status = '{PROCESSING}' AND lease_owner = {self.p}",
                 [now, now, *part, owner]).rowcount
         return done
 
@@ -166,9 +188,10 @@ class HotPath:
         """A session's active/idle status."""
         self.db.execute_sql(self.sql_status, (status, now, session_id))
 
-    def head(self, target: str) -> tuple[Any, ...] | None:
-        """The oldest open row of a target, as CLAIM_COLUMNS."""
-        return self.fetch_one(self.sql_head, (target, target))
+    def head(self, target: str) -> Head | None:
+        """The oldest open row of a target."""
+        row = self.fetch_one(self.sql_head, (target, target))
+        return Head._make(row) if row is not None else None
 
     def lease(self, message_id: str, owner: str, until: float, now: float) -> bool:
         """Lease one row if it is still claimable; False when someone else has it."""

@@ -109,9 +109,9 @@ class Journal(InboxReads):
                                    for_update=is_postgres(self.t.db))
         picked = []
         for h in heads:  # at most ``suspects`` suspect rows: they run alone
-            if h[2] in exclude or len(picked) == limit:
+            if h.target_chat_id in exclude or len(picked) == limit:
                 continue
-            if core.is_suspect(h[9], bool(h[12])):
+            if core.is_suspect(h.status, bool(h.suspect)):
                 if suspects <= 0:
                     continue
                 suspects -= 1
@@ -123,8 +123,8 @@ class Journal(InboxReads):
         done = self.committed_of(ids)
         if done:
             self.hot.mark_delivered(sorted(done), now)
-        taken_over = [h[0] for h in picked
-                      if h[9] == core.State.PROCESSING.value and h[0] not in done]
+        taken_over = [h.message_id for h in picked
+                      if h.status == core.State.PROCESSING.value and h.message_id not in done]
         attempts = self._count_interrupted(taken_over, now) if taken_over else {}
         rows = [replace(r, attempts=attempts[r.message_id], taken_over=True)
                 if r.message_id in attempts else r
@@ -247,13 +247,14 @@ class Journal(InboxReads):
         """Lease the target's new head if it is due (inside the ack's transaction)."""
         while True:
             head = self.hot.head(target)
-            if head is None or not core.chains(head[9], head[10], head[11], now, bool(head[12])):
+            if head is None or not core.chains(head.status, head.available_at, head.lease_until,
+                                               now, bool(head.suspect)):
                 return None
-            if not self.hot.lease(head[0], owner, now + lease, now):
+            if not self.hot.lease(head.message_id, owner, now + lease, now):
                 return None  # another worker took it first
-            if not self.hot.has_marker(head[0]):
+            if not self.hot.has_marker(head.message_id):
                 return ClaimedRow.from_columns(head)
-            self.hot.mark_delivered([head[0]], now)  # its turn had committed
+            self.hot.mark_delivered([head.message_id], now)  # its turn had committed
 
     def write_turn(self, session_id: str, ids: Sequence[str], entries: Sequence[TurnEntry],
                    now: float) -> None:

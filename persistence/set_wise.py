@@ -18,10 +18,10 @@ caller its own answer.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from . import inbox_core as core
 from .bulk_sql import BulkSql
+from .hot_path import Head
 from .inbox_records import (
     ClaimedRow,
     EnqueueResult,
@@ -72,12 +72,11 @@ def lease_new_heads(sql: BulkSql, items: Sequence[Enqueue]) -> dict[str, Claimed
     taken: dict[str, ClaimedRow] = {}
     by_lease: dict[Lease, list[str]] = {}
     for head in heads.values():
-        item = asking.get(head[0])
-        if item is None or item[2] is None or not core.chains(*head[9:12], now,
-                                                              bool(head[12])):
+        item = asking.get(head.message_id)
+        if item is None or item[2] is None or not _due(head, now):
             continue
-        by_lease.setdefault(item[2], []).append(head[0])
-        taken[head[0]] = ClaimedRow.from_columns(head)
+        by_lease.setdefault(item[2], []).append(head.message_id)
+        taken[head.message_id] = ClaimedRow.from_columns(head)
     for lease, ids in by_lease.items():
         sql.hot.lease_many(ids, lease.owner, now + lease.seconds, now)
     if taken:
@@ -104,25 +103,26 @@ def _next_heads(sql: BulkSql, commits: Sequence[TurnCommit], now: float) -> dict
         return {}
     heads = sql.heads_of([c.session_id for c in chaining])
     taken = {c.session_id: (heads[c.session_id], c) for c in chaining
-             if c.session_id in heads
-             and core.chains(*heads[c.session_id][9:12], c.now, bool(heads[c.session_id][12]))}
+             if c.session_id in heads and _due(heads[c.session_id], c.now)}
     if not taken:
         return {}
-    if sql.hot.with_markers([head[0] for head, _ in taken.values()]):
+    if sql.hot.with_markers([head.message_id for head, _ in taken.values()]):
         raise OneByOne("a head's turn has already committed")
     for (owner, lease), group in _grouped(taken.values()).items():
         sql.hot.lease_many(group, owner, now + lease, now)
     return {sid: ClaimedRow.from_columns(head) for sid, (head, _) in taken.items()}
 
 
-Head = tuple[Any, ...]
+def _due(head: Head, now: float) -> bool:
+    """The head may be leased in a write's transaction (``inbox_core.chains``)."""
+    return core.chains(head.status, head.available_at, head.lease_until, now, bool(head.suspect))
 
 
 def _grouped(taken: Iterable[tuple[Head, TurnCommit]]) -> dict[tuple[str, float], list[str]]:
     """Head ids by (owner, lease length): one lease statement per group."""
     groups: dict[tuple[str, float], list[str]] = {}
     for head, c in taken:
-        groups.setdefault((c.owner, c.next_lease or 0.0), []).append(head[0])
+        groups.setdefault((c.owner, c.next_lease or 0.0), []).append(head.message_id)
     return groups
 
 
