@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..persistence import ClaimedRow, WriterClosed
 from .async_tools import AsyncTools
+from .delivery import Delivery, Done, Effect, RunBrain
 from .running import TIMEOUT
-from .session_actor import CHAIN_LIMIT
 from .turn import Turn
-from .turn_run import take_result
+from .turn_run import prepare, take_result
 
 if TYPE_CHECKING:
     from .context import RuntimeContext
@@ -141,13 +141,20 @@ class AsyncHost:
 
     # -- a session's turns -----------------------------------------------------------------
 
-    async def _drive(self, actor: SessionActor, row: ClaimedRow | None) -> None:
+    async def _drive(self, actor: SessionActor, row: ClaimedRow) -> None:
+        """The session's delivery run (:mod:`.delivery`): the brain awaited here, every other
+        effect carried out by the actor on a blocking worker."""
+        run = actor.new_run()
+        effects = run.claimed(row)
+        done = False
         try:
-            chained = 0
-            while row is not None and chained < CHAIN_LIMIT:
-                row = await self._one(actor, row)
-                chained += 1
-            await self.blocking(actor.hand_back, row)
+            while effects:
+                effect = effects.pop(0)
+                if isinstance(effect, RunBrain):
+                    effects[:0] = await self._brain_effects(actor, run)
+                else:
+                    done = done or isinstance(effect, Done)
+                    effects[:0] = await self.blocking(actor.apply, run, effect)
         except WriterClosed:
             pass  # stopped or crashed under us: the journal keeps the row
         except asyncio.CancelledError:
@@ -155,29 +162,19 @@ class AsyncHost:
         except Exception:
             log.exception("an async turn of %s failed outside its brain", actor.session_id)
         finally:
-            actor.done()
+            if not done:
+                actor.done(True)
 
-    async def _one(self, actor: SessionActor, row: ClaimedRow) -> ClaimedRow | None:
-        def start() -> tuple[Turn | None, BaseException | None]:
-            turn = actor.begin(row)
-            if turn is None:
-                return None, None
-            try:
-                actor.prepare(turn)  # the Focal policy may read the database
-            except Exception as exc:
-                return turn, exc
-            return turn, None
-
-        turn, error = await self.blocking(start)  # one hop for the start, one for the end
-        if turn is None:
-            return None
+    async def _brain_effects(self, actor: SessionActor, run: Delivery) -> list[Effect]:
+        turn = actor.turn
+        assert turn is not None
         turn._run_blocking = self.blocking
-        if error is None:
-            try:
-                error = await self._run_brain(turn)
-            except Exception as exc:
-                error = exc
-        return await self.blocking(actor.end, turn, error)
+        try:
+            await self.blocking(prepare, self.ctx, turn)  # the Focal policy may read the db
+            error = await self._run_brain(turn)
+        except Exception as exc:
+            error = exc
+        return await self.blocking(actor.brain_ended, run, error)
 
     async def _run_brain(self, turn: Turn) -> BaseException | None:
         """Await the brain; the error the attempt ends with, or None to commit."""

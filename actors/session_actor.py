@@ -1,12 +1,15 @@
 """The session actor: runs a session's turns, one claimed row at a time.
 
-A pykka actor on a pool thread (:mod:`.pooled`), and a thin shell: it
-builds the :class:`Turn`, calls the brain, and commits the outcome through
-the journal, which applies the rules. The commit of a successful turn
-writes the transcript entries, a delivery marker per message and the acks
-in one transaction, fenced by the lease; a failed turn is retried with
-backoff. Whatever happens, the dispatcher hears ``TurnDone``
-so the session's slot frees up.
+A pykka actor on a pool thread (:mod:`.pooled`), and a thin shell around the
+delivery protocol (:mod:`.delivery`): it feeds the protocol what happened and
+carries out the effects it answers with. It builds the :class:`Turn`, calls
+the brain, and commits the outcome through the journal, which applies the
+storage rules. The commit of a successful turn writes the transcript
+entries, a delivery marker per message and the acks in one transaction,
+fenced by the lease; a failed turn is retried with backoff. Whatever
+happens, the dispatcher hears ``TurnDone`` so the session's slot frees up.
+An async brain's turns run the same protocol on the event loop
+(:mod:`.async_host`), which hands every effect but the brain back here.
 """
 
 from __future__ import annotations
@@ -17,20 +20,18 @@ from typing import Any
 import pykka
 
 from ..persistence import ClaimedRow, LeaseLost, PersistenceError, WriterClosed
+from . import delivery as dp
 from .context import RuntimeContext, TurnEffects
+from .delivery import CHAIN_LIMIT
 from .messages import Deliver, TurnDone
 from .outbox import Outbox
 from .pooled import ActorPool, PooledActor
-from .turn import Message, Turn, TurnOutcome
-from .turn_run import SyncBrainAwaitable, judge, prepare, take_result, turn_tools
+from .turn import Message, Turn
+from .turn_run import Judged, SyncBrainAwaitable, judge, prepare, take_result, turn_tools
 
 log = logging.getLogger("kinbox.session")
 
 __all__ = ["CHAIN_LIMIT", "SessionActor", "SyncBrainAwaitable"]
-
-CHAIN_LIMIT = 16
-"""Turns a session actor runs back to back before it hands its slot back (fairness)."""
-
 
 class SessionActor(PooledActor):
     """Delivers inbox rows to one session by running its brain (on the dispatcher's pool)."""
@@ -39,9 +40,9 @@ class SessionActor(PooledActor):
         super().__init__(pool)
         self.ctx = ctx
         self.session_id = session_id
-        self.claim_after = False
-        """Rows may be due that no commit of this actor leased (a row handed back, a failed
-        attempt, messages a commit enqueued): the dispatcher claims when told so."""
+        self.turn: Turn | None = None
+        """The turn of the current effect (one at a time: the protocol is sequential)."""
+        self.judged: Judged | None = None
 
     def on_receive(self, message: Any) -> None:
         if isinstance(message, Deliver):
@@ -51,68 +52,89 @@ class SessionActor(PooledActor):
                 # is free at once; the loop tells the dispatcher TurnDone at the end.
                 host.start_turns(self, message.row)
                 return
-            row: ClaimedRow | None = message.row
+            run = self.new_run()
+            effects = run.claimed(message.row)
+            done = False
             try:
-                chained = 0
-                # Keep delivering the session's next rows while they are due, up to a
-                # fair share, before handing the slot back to the dispatcher.
-                while row is not None and chained < CHAIN_LIMIT:
-                    row = self._deliver(row)
-                    chained += 1
-                self.hand_back(row)
+                while effects:
+                    effect = effects.pop(0)
+                    if isinstance(effect, dp.RunBrain):
+                        effects[:0] = self.brain_ended(run, self.run_brain())
+                    else:
+                        done = done or isinstance(effect, dp.Done)
+                        effects[:0] = self.apply(run, effect)
             except WriterClosed:
                 pass  # the runtime stopped or crashed under us: the journal keeps the row
             finally:
-                self.done()
+                if not done:
+                    self.done(True)
 
-    def hand_back(self, row: ClaimedRow | None) -> None:
-        """Release a row leased for a turn this actor will not run now (fairness)."""
-        if row is not None:
-            self.claim_after = True
-            self.ctx.journal.release(self.ctx.owner, [row.message_id], self.ctx.now())
+    def new_run(self) -> dp.Delivery:
+        """A delivery run of this session, as the protocol tracks it."""
+        return dp.Delivery(closing=self.ctx.closed.is_set())
 
-    def done(self) -> None:
+    def run_brain(self) -> BaseException | None:
+        """Call a sync brain on the started turn; the error the attempt ends with."""
+        assert self.turn is not None
+        try:
+            prepare(self.ctx, self.turn)
+            take_result(self.turn, self.ctx.brain(self.turn))
+        except Exception as exc:
+            return exc
+        return None
+
+    def brain_ended(self, run: dp.Delivery, error: BaseException | None) -> list[dp.Effect]:
+        """Judge the attempt (errors, the timeout, a stop) and tell the protocol."""
+        assert self.turn is not None
+        run.steered_in(self.turn.steered_ids[len(run.steered):])
+        self.judged = judge(self.ctx, self.turn, error)
+        if self.judged.outcome.ok:
+            return run.brain_returned()
+        return run.brain_raised(self.judged.outcome.error or "the turn failed")
+
+    def apply(self, run: dp.Delivery, effect: dp.Effect) -> list[dp.Effect]:
+        """Carry out one effect (not RunBrain); the protocol's answer to its outcome."""
+        ctx = self.ctx
+        if isinstance(effect, dp.StartTurn):
+            self.turn = self.begin(effect.row, effect.record_start)
+            return run.started() if self.turn is not None else run.refused()
+        if isinstance(effect, dp.Commit):
+            return self.commit(run, list(effect.message_ids))
+        if isinstance(effect, dp.RecordFailure):
+            return self.record_failure(run)
+        if isinstance(effect, dp.Release):
+            if not ctx.crashed.is_set():
+                ctx.journal.release(ctx.owner, [effect.message_id], ctx.now())
+            return []
+        if isinstance(effect, dp.Done):
+            self.done(effect.claim)
+            return []
+        raise TypeError(f"not an effect this actor carries out: {effect!r}")
+
+    def done(self, claim: bool) -> None:
         """Tell the dispatcher the session's slot is free (unless the runtime crashed)."""
-        claim, self.claim_after = self.claim_after, False
+        self.turn = self.judged = None
         if not self.ctx.crashed.is_set() and self.ctx.dispatcher is not None:
             try:
                 self.ctx.dispatcher.tell(TurnDone(self.session_id, claim))
             except pykka.ActorDeadError:
                 pass  # the runtime is stopping
 
-    def _deliver(self, row: ClaimedRow) -> ClaimedRow | None:
-        """Run the row's turn; return the session's next row if it was leased with the ack."""
-        turn = self.begin(row)
-        if turn is None:
-            return None
-        try:
-            self.prepare(turn)
-            take_result(turn, self.ctx.brain(turn))
-        except Exception as exc:
-            return self.end(turn, exc)
-        return self.end(turn, None)
-
-    def begin(self, row: ClaimedRow) -> Turn | None:
-        """Start the turn of ``row``: None when the runtime is closing (row handed back)."""
+    def begin(self, row: ClaimedRow, record_start: bool) -> Turn | None:
+        """Start the turn of ``row``: None when the journal refuses (the lease is gone)."""
         ctx = self.ctx
         try:
-            if ctx.closed.is_set():  # stopping: hand the row back; crashed: touch nothing
-                if not ctx.crashed.is_set():
-                    ctx.journal.release(ctx.owner, [row.message_id], ctx.now())
-                return None
-            if row.taken_over:  # its last worker died mid-turn: is this message the cause?
+            if record_start:  # its last worker died mid-turn: is this message the cause?
                 ctx.journal.mark_turn_started(ctx.owner, row.message_id, ctx.now())
         except WriterClosed:
             raise
         except LeaseLost:
             log.warning("lost the lease of %s for %s before its turn started",
                         row.message_id, self.session_id)
-            self.claim_after = True
             return None
         except PersistenceError as exc:
             log.error("starting %s for %s failed in the journal: %s", row.message_id,
                       self.session_id, exc)
-            self.claim_after = True
             return None
         sid = self.session_id
         started = ctx.now()
@@ -135,63 +157,68 @@ class SessionActor(PooledActor):
                  attempt=row.attempts + 1)
         return turn
 
-    def prepare(self, turn: Turn) -> None:
-        """Run the turn hooks (the Focal policy); an error here fails the attempt."""
-        prepare(self.ctx, turn)
-
-    def end(self, turn: Turn, error: BaseException | None) -> ClaimedRow | None:
-        """Commit the turn, or record the failed attempt; the session's next row, if leased.
+    def commit(self, run: dp.Delivery, ids: list[str]) -> list[dp.Effect]:
+        """Commit the judged turn: entries, markers, acks, its effects, the next lease.
 
         Journal refusals end here too: a lost lease (another worker took the
         row over; nothing of this turn is written) and a database error are
         logged, and the row comes back through its lease.
         """
-        ctx = self.ctx
-        row = turn.row
+        ctx, turn, judged = self.ctx, self.turn, self.judged
+        assert turn is not None and judged is not None
         sid = self.session_id
-        plain = False
+        done = judged.outcome
         try:
-            judged = judge(ctx, turn, error)
-            if not judged.outcome.ok:
-                return self._fail(turn, judged.outcome, judged.detail or "")
-            done = judged.outcome
-            ids = [row.message_id, *turn.steered_ids]
             effects = ctx.effects(turn, done)
-            following = self._commit(ids, turn, effects)
-            plain = not (effects.messages or effects.ops)
-            ctx.activity.bump("turns")
-            ctx.emit("turn_committed", session_id=sid, message_ids=ids,
-                     replies=list(turn.replies), stopped_by=done.stopped_by)
-            self._run_after(effects)
-            return following
+            following = ctx.journal.complete_turn(
+                ctx.owner, sid, ids, turn.entries(), ctx.now(), enqueue=effects.messages,
+                also=effects.ops, next_lease=ctx.lease_seconds)
         except LeaseLost as exc:
             log.warning("lost the lease of %s for %s: another worker took it over; this "
-                        "turn's commit wrote nothing", row.message_id, sid)
-            ctx.emit("lease_lost", session_id=sid, message_id=row.message_id, error=str(exc))
+                        "turn's commit wrote nothing", turn.row.message_id, sid)
+            ctx.emit("lease_lost", session_id=sid, message_id=turn.row.message_id,
+                     error=str(exc))
+            return run.lease_lost()
         except WriterClosed:
             raise
         except PersistenceError as exc:
-            log.error("delivery of %s to %s failed in the journal: %s", row.message_id, sid, exc)
-        finally:
-            ctx.turns.end(sid)
-            if not plain:
-                self.claim_after = True
-        return None
+            log.error("delivery of %s to %s failed in the journal: %s", turn.row.message_id,
+                      sid, exc)
+            return run.journal_failed()
+        ctx.activity.bump("turns")
+        ctx.emit("turn_committed", session_id=sid, message_ids=ids,
+                 replies=list(turn.replies), stopped_by=done.stopped_by)
+        self._run_after(effects)
+        run.closing = ctx.closed.is_set()  # stopping: the next row is handed back, not run
+        return run.committed(following, plain=not (effects.messages or effects.ops))
 
-    def _fail(self, turn: Turn, failed: TurnOutcome, detail: str) -> None:
+    def record_failure(self, run: dp.Delivery) -> list[dp.Effect]:
         """A failed attempt: nothing of the turn is committed; retry later, or ``failed``.
 
-        ``detail`` (the traceback) is what the row keeps as ``last_error``;
-        observers and logs get the one-line ``summary``, never a message body.
+        The row keeps the traceback as ``last_error``; observers and logs get
+        the one-line summary, never a message body.
         """
-        ctx = self.ctx
+        ctx, turn, judged = self.ctx, self.turn, self.judged
+        assert turn is not None and judged is not None
         sid = self.session_id
         row = turn.row
+        failed = judged.outcome
         summary = failed.error or "the turn failed"
         effects = ctx.effects(turn, failed)
-        result = ctx.journal.retry(ctx.owner, row.message_id, detail, ctx.now(),
-                                   release=turn.steered_ids, on_failed=effects.messages,
-                                   on_failed_also=effects.ops)
+        try:
+            result = ctx.journal.retry(ctx.owner, row.message_id, judged.detail or "",
+                                       ctx.now(), release=turn.steered_ids,
+                                       on_failed=effects.messages, on_failed_also=effects.ops)
+        except LeaseLost:
+            log.warning("lost the lease of %s for %s: its failed attempt is not recorded "
+                        "here", row.message_id, sid)
+            return run.journal_failed()
+        except WriterClosed:
+            raise
+        except PersistenceError as exc:
+            log.error("recording the failed attempt of %s for %s failed in the journal: %s",
+                      row.message_id, sid, exc)
+            return run.journal_failed()
         final = result.state.value == "failed"
         # A retried attempt is routine (INFO); giving up on a message is an ERROR.
         log.log(logging.ERROR if final else logging.INFO,
@@ -203,6 +230,7 @@ class SessionActor(PooledActor):
                  available_at=result.available_at)
         if final:
             self._run_after(effects)
+        return run.failure_recorded()
 
     def _run_after(self, effects: TurnEffects) -> None:
         for notify in effects.after:
@@ -210,9 +238,3 @@ class SessionActor(PooledActor):
                 notify()
             except Exception:
                 log.exception("post-commit notification failed for %s", self.session_id)
-
-    def _commit(self, ids: list[str], turn: Turn, effects: TurnEffects) -> ClaimedRow | None:
-        ctx = self.ctx
-        return ctx.journal.complete_turn(ctx.owner, self.session_id, ids, turn.entries(),
-                                         ctx.now(), enqueue=effects.messages,
-                                         also=effects.ops, next_lease=ctx.lease_seconds)

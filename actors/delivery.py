@@ -1,0 +1,206 @@
+"""The delivery protocol of one session: events in, effects out (sans-I/O).
+
+Like websockets' ``protocol.py``: no threads, no database, no clock. A session actor
+(sync turns on its pool thread, async turns on the event loop) feeds it what happened
+and carries out the effects it answers with, in order. The exactly-once rules of a
+delivery run live here, once, for both kinds of turns:
+
+========================  ===========  ===================================================
+event                     in phase     effects, next phase
+========================  ===========  ===================================================
+``claimed(row)``          IDLE         closing: Release(row), Done(claim) -> DONE;
+                                       else StartTurn(row) -> STARTING
+``started()``             STARTING     RunBrain() -> RUNNING
+``refused()``             STARTING     Done(claim) -> DONE  (lease lost, journal error)
+``steered(ids)``          RUNNING      (the rows join the turn: committed or released
+                                       with it) -> RUNNING
+``brain_returned()``      RUNNING      Commit(ids) -> COMMITTING
+``brain_raised(e)``       RUNNING      RecordFailure(row id, release=steered, e) -> FAILING
+``committed(next, p)``    COMMITTING   a next row within CHAIN_LIMIT turns: StartTurn(next)
+                                       -> STARTING; past it or closing: Release(next),
+                                       Done(claim) -> DONE; none: Done(claim unless every turn was
+                                       plain) -> DONE
+``lease_lost()``          COMMITTING   Done(claim) -> DONE  (nothing of the turn written)
+``journal_failed()``      COMMITTING,  Done(claim) -> DONE  (the row comes back by lease)
+                          FAILING
+``failure_recorded()``    FAILING      Done(claim) -> DONE
+========================  ===========  ===================================================
+
+Any other (phase, event) pair is a bug in the shell and raises :class:`ProtocolError`.
+``Done(claim=True)`` asks the dispatcher to claim: rows may be due that no commit of this
+run leased (a row handed back, a failed attempt, messages a commit enqueued). A commit
+leases the session's next row in its own transaction (``Commit.next_lease``), so one row
+is in flight per session and a busy session keeps going without the dispatcher.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from ..persistence import ClaimedRow
+from .errors import KinboxError
+
+CHAIN_LIMIT = 16
+"""Turns a session runs back to back before it hands its slot back (fairness)."""
+
+
+class Phase(StrEnum):
+    """Where a session's delivery run is."""
+
+    IDLE = "idle"
+    STARTING = "starting"
+    RUNNING = "running"
+    COMMITTING = "committing"
+    FAILING = "failing"
+    DONE = "done"
+
+
+class ProtocolError(KinboxError):
+    """An event the delivery protocol does not allow in its current phase (a bug)."""
+
+    def __init__(self, event: str, phase: Phase) -> None:
+        super().__init__(f"delivery protocol: {event!r} is not allowed in phase {phase}")
+        self.event = event
+        self.phase = phase
+
+
+@dataclass(frozen=True)
+class StartTurn:
+    """Start the turn of ``row``; record its start first when it was taken over."""
+
+    row: ClaimedRow
+    record_start: bool
+
+
+@dataclass(frozen=True)
+class RunBrain:
+    """Call the brain on the started turn."""
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Commit the turn: entries, markers and acks of ``message_ids``, leasing the next row."""
+
+    message_ids: tuple[str, ...]
+    next_lease: bool = True
+
+
+@dataclass(frozen=True)
+class RecordFailure:
+    """Record a failed attempt of ``message_id`` (backoff or ``failed``) and hand the
+    steered rows back unrun, in one transaction; nothing of the turn is written."""
+
+    message_id: str
+    release: tuple[str, ...]
+    error: str
+
+
+@dataclass(frozen=True)
+class Release:
+    """Hand a leased row back unrun (no attempt counted)."""
+
+    message_id: str
+
+
+@dataclass(frozen=True)
+class Done:
+    """The run is over: the session's slot is free; ``claim`` asks for a claim."""
+
+    claim: bool
+
+
+Effect = StartTurn | RunBrain | Commit | RecordFailure | Release | Done
+
+
+@dataclass
+class Delivery:
+    """One delivery run of one session: from a claimed row to ``Done``."""
+
+    closing: bool = False
+    """The runtime is stopping: rows are handed back, no turn starts."""
+    phase: Phase = Phase.IDLE
+    turns: int = 0
+    row: ClaimedRow | None = None
+    steered: list[str] = field(default_factory=list)
+    claim: bool = False
+
+    def _expect(self, event: str, *phases: Phase) -> None:
+        if self.phase not in phases:
+            raise ProtocolError(event, self.phase)
+
+    def _start(self, row: ClaimedRow) -> list[Effect]:
+        self.row, self.steered, self.phase = row, [], Phase.STARTING
+        return [StartTurn(row, record_start=row.taken_over)]
+
+    def _done(self, claim: bool) -> list[Effect]:
+        self.phase = Phase.DONE
+        return [Done(claim or self.claim)]
+
+    def claimed(self, row: ClaimedRow) -> list[Effect]:
+        """A row leased for this session (by a claim, or by its send)."""
+        self._expect("claimed", Phase.IDLE)
+        if self.closing:
+            self.phase = Phase.DONE
+            return [Release(row.message_id), Done(True)]
+        return self._start(row)
+
+    def started(self) -> list[Effect]:
+        """The turn started (its start recorded where asked)."""
+        self._expect("started", Phase.STARTING)
+        self.phase = Phase.RUNNING
+        return [RunBrain()]
+
+    def refused(self) -> list[Effect]:
+        """The turn could not start: the lease was lost, or the journal failed."""
+        self._expect("refused", Phase.STARTING)
+        return self._done(True)
+
+    def steered_in(self, message_ids: list[str]) -> list[Effect]:
+        """Rows taken into the running turn by ``steering()``."""
+        self._expect("steered", Phase.RUNNING)
+        self.steered.extend(message_ids)
+        return []
+
+    def brain_returned(self) -> list[Effect]:
+        """The brain returned and its outcome is to be committed."""
+        self._expect("brain_returned", Phase.RUNNING)
+        assert self.row is not None
+        self.phase = Phase.COMMITTING
+        return [Commit((self.row.message_id, *self.steered))]
+
+    def brain_raised(self, error: str) -> list[Effect]:
+        """The attempt failed (the brain raised, timed out, or returned what it may not)."""
+        self._expect("brain_raised", Phase.RUNNING)
+        assert self.row is not None
+        self.phase = Phase.FAILING
+        return [RecordFailure(self.row.message_id, tuple(self.steered), error)]
+
+    def committed(self, following: ClaimedRow | None, plain: bool) -> list[Effect]:
+        """The commit is durable; ``following`` is the next row it leased, ``plain`` says
+        it enqueued nothing besides."""
+        self._expect("committed", Phase.COMMITTING)
+        self.turns += 1
+        self.claim = self.claim or not plain
+        if following is None:
+            return self._done(False)
+        if self.turns >= CHAIN_LIMIT or self.closing:
+            self.phase = Phase.DONE
+            return [Release(following.message_id), Done(True)]
+        return self._start(following)
+
+    def lease_lost(self) -> list[Effect]:
+        """The commit was refused: another worker holds the row now; nothing was written."""
+        self._expect("lease_lost", Phase.COMMITTING)
+        return self._done(True)
+
+    def journal_failed(self) -> list[Effect]:
+        """The commit or the failure record did not happen (a database error)."""
+        self._expect("journal_failed", Phase.COMMITTING, Phase.FAILING)
+        return self._done(True)
+
+    def failure_recorded(self) -> list[Effect]:
+        """The failed attempt is recorded (a retry scheduled, or the row ``failed``)."""
+        self._expect("failure_recorded", Phase.FAILING)
+        self.turns += 1
+        return self._done(True)
