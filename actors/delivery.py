@@ -37,12 +37,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol
 
-from ..persistence import ClaimedRow
 from .errors import KinboxError
 
 CHAIN_LIMIT = 16
 """Turns a session runs back to back before it hands its slot back (fairness)."""
+
+
+class Row(Protocol):
+    """What the protocol reads of a leased row (``persistence.Row``)."""
+
+    @property
+    def message_id(self) -> str: ...
+
+    @property
+    def taken_over(self) -> bool: ...
 
 
 class Phase(StrEnum):
@@ -69,7 +79,7 @@ class ProtocolError(KinboxError):
 class StartTurn:
     """Start the turn of ``row``; record its start first when it was taken over."""
 
-    row: ClaimedRow
+    row: Row
     record_start: bool
 
 
@@ -121,7 +131,7 @@ class Delivery:
     """The runtime is stopping: rows are handed back, no turn starts."""
     phase: Phase = Phase.IDLE
     turns: int = 0
-    row: ClaimedRow | None = None
+    row: Row | None = None
     steered: list[str] = field(default_factory=list)
     claim: bool = False
 
@@ -129,7 +139,7 @@ class Delivery:
         if self.phase not in phases:
             raise ProtocolError(event, self.phase)
 
-    def _start(self, row: ClaimedRow) -> list[Effect]:
+    def _start(self, row: Row) -> list[Effect]:
         self.row, self.steered, self.phase = row, [], Phase.STARTING
         return [StartTurn(row, record_start=row.taken_over)]
 
@@ -137,7 +147,7 @@ class Delivery:
         self.phase = Phase.DONE
         return [Done(claim or self.claim)]
 
-    def claimed(self, row: ClaimedRow) -> list[Effect]:
+    def claimed(self, row: Row) -> list[Effect]:
         """A row leased for this session (by a claim, or by its send)."""
         self._expect("claimed", Phase.IDLE)
         if self.closing:
@@ -176,7 +186,7 @@ class Delivery:
         self.phase = Phase.FAILING
         return [RecordFailure(self.row.message_id, tuple(self.steered), error)]
 
-    def committed(self, following: ClaimedRow | None, plain: bool) -> list[Effect]:
+    def committed(self, following: Row | None, plain: bool) -> list[Effect]:
         """The commit is durable; ``following`` is the next row it leased, ``plain`` says
         it enqueued nothing besides."""
         self._expect("committed", Phase.COMMITTING)

@@ -27,6 +27,7 @@ PURE_MODULES = [
     "actors/cron_rules.py",
     "actors/social_rules.py",
     "actors/crash_check.py",
+    "actors/delivery.py",
     "transport/webhook_signature.py",
     "transport/identity.py",
     "transport/grants.py",
