@@ -30,7 +30,7 @@ BENCHMARKS = ("throughput", "recovery", "scale", "concurrency", "peers")
 def versions() -> dict[str, str]:
     """Versions of everything that shapes the numbers."""
     found = {"python": platform.python_version(), "sqlite": sqlite3.sqlite_version}
-    for dist in ("kinbox", "pykka", "peewee", "huey", "persist-queue"):
+    for dist in ("kinbox", "pykka", "peewee", "huey", "persist-queue", "dbos"):
         try:
             found[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -75,6 +75,17 @@ def table(report: dict[str, Any]) -> str:
     if report["ratios"]:
         out.append("")
         out += [f"{k}: {v}" for k, v in report["ratios"].items()]
+    if report.get("targets"):
+        out.append("")
+        out += [f"target {k} {'>=' if k.startswith('kinbox_vs') else '=='} {t['target']}: "
+                f"{t['measured']} ({'met' if t['met'] else 'NOT met'})"
+                for k, t in report["targets"].items()]
+    bounded = report["settings"].get("bounded_by_message_count")
+    if bounded:
+        out.append("")
+        out += [f"{name} ran {n:,} messages per run, not {report['settings']['messages']:,} "
+                "(too slow for the full count; its rate is still a rate)"
+                for name, n in bounded.items()]
     return "\n".join(out)
 
 
