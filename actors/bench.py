@@ -24,6 +24,9 @@ from typing import Any, TextIO
 from . import bench_concurrency, bench_peers, bench_runs
 from .bench_systems import SYSTEMS
 
+QUICK_SKIPS = ("kinbox_normal",)
+"""Left out of ``--quick`` unless ``--systems`` names them: the quick run must stay within 90 s."""
+
 BENCHMARKS = ("throughput", "recovery", "scale", "concurrency", "peers")
 
 
@@ -139,14 +142,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="draw the results (needs matplotlib)")
     p.add_argument("--repeat", type=int, default=3, help="runs per system (median reported)")
-    p.add_argument("--systems", default=",".join(SYSTEMS),
-                   help=f"comma-separated subset of {', '.join(SYSTEMS)}")
+    p.add_argument("--systems", default=None,
+                   help=f"comma-separated subset of {', '.join(SYSTEMS)} (default: all;"
+                        f" --quick leaves out {', '.join(QUICK_SKIPS)})")
     p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace, out: TextIO) -> int:
     """Run the benchmark and print it."""
-    systems = [s for s in args.systems.split(",") if s]
+    if args.systems is None:
+        systems = [s for s in SYSTEMS if not (args.quick and s in QUICK_SKIPS)]
+    else:
+        systems = [s for s in args.systems.split(",") if s]
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown or args.repeat < 1:
         print(f"kinbox: unknown systems {unknown} or --repeat < 1", file=sys.stderr)

@@ -38,13 +38,16 @@ def throughput(quick: bool, repeat: int, systems: list[str]) -> dict[str, Any]:
     """Every system on the same workload, interleaved, ``repeat`` times; medians."""
     w = Workload(sessions=100, messages=10_000) if quick else Workload(1_000, 100_000)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+    wall = dict.fromkeys(systems, 0.0)
     for _ in range(repeat):
         for name in systems:
             workdir = fresh_dir()
+            began = time.perf_counter()
             try:
                 m = SYSTEMS[name](w, workdir)
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
+                wall[name] += time.perf_counter() - began
             count = m.messages or w.messages
             runs[name].append({"msgs_per_s": count / m.elapsed, "elapsed_s": m.elapsed,
                                "messages": count, "order_violations": m.order_violations,
@@ -73,11 +76,12 @@ def throughput(quick: bool, repeat: int, systems: list[str]) -> dict[str, Any]:
         violations = results["kinbox"]["order_violations"]
         targets["kinbox_order_violations"] = {"target": 0, "measured": violations,
                                               "met": violations == 0}
-    bounded = {name: r["messages"] for name, r in results.items()
-               if r.get("messages") not in (None, w.messages)}
+    bounded = {name: results[name]["messages"] for name in runs
+               if results[name]["messages"] != w.messages}
     return {"settings": {"sessions": w.sessions, "messages": w.messages,
                          "payload_bytes": w.payload, "producers": w.producers,
                          "repeat": repeat, "systems": systems,
+                         "wall_s_per_system": {k: round(v, 1) for k, v in wall.items()},
                          "bounded_by_message_count": bounded},
             "results": results, "ratios": ratios, "targets": targets}
 
