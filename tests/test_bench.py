@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -71,9 +73,6 @@ def test_dbos_is_bounded_by_message_count_only_beyond_its_limits() -> None:
 @pytest.mark.timeout(60)
 def test_the_bare_pipeline_commits_each_turn_with_its_marker_and_ack_and_rehydrates(
         tmp_path: Path) -> None:
-    import sqlite3
-    import threading
-
     handled: list[tuple[int, str]] = []
     lock = threading.Lock()
     hold = threading.Event()
@@ -182,9 +181,27 @@ def test_peers_benchmark_reports_kinbox_beside_raw_websockets() -> None:
     from kinbox.actors import bench_peers
 
     report = bench_peers.peers(quick=True, window=16, messages=150)
-    assert set(report["results"]) == {"raw_ws_one_way", "raw_ws_windowed_ack", "kinbox_peers"}
+    assert set(report["results"]) == {"raw_ws_one_way", "raw_ws_windowed_ack", "bare_durable",
+                                      "kinbox_peers"}
     for r in report["results"].values():
         assert r["messages"] == 150 and r["msgs_per_s"] > 0
     assert report["results"]["kinbox_peers"]["p99_ms"] is not None
+    assert report["results"]["bare_durable"]["p99_ms"] is not None
     assert set(report["ratios"]) == {"kinbox_vs_raw_windowed_ack", "kinbox_vs_raw_one_way",
+                                     "kinbox_vs_bare_durable",
+                                     "bare_durable_vs_raw_windowed_ack",
                                      "target_vs_raw_windowed_ack"}
+
+
+@pytest.mark.timeout(60)
+def test_the_bare_durable_link_stores_every_message_once_on_both_sides(tmp_path: Path) -> None:
+    from kinbox.actors import bench_peers
+    from kinbox.actors.bench_peer_bare import bare_durable
+
+    result = bare_durable(300, 8, tmp_path, bench_peers._free_port(), bench_peers._wait_port)
+    assert result["messages"] == 300 and len(result["latencies"]) == 300
+    sender = sqlite3.connect(tmp_path / "bare-sender.db")
+    receiver = sqlite3.connect(tmp_path / "bare-receiver.db")
+    assert sender.execute("SELECT COUNT(*), SUM(acked) FROM outbox").fetchone() == (300, 300)
+    ids = [r[0] for r in receiver.execute("SELECT id FROM inbox ORDER BY rowid")]
+    assert ids == [f"msg-{i:08d}" for i in range(300)]  # once each, in send order
