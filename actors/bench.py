@@ -21,13 +21,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import bench_concurrency, bench_peers, bench_runs
+from . import bench_concurrency, bench_crash, bench_peers, bench_runs
 from .bench_systems import SYSTEMS
 
 QUICK_SKIPS = ("kinbox_normal",)
 """Left out of ``--quick`` unless ``--systems`` names them: the quick run must stay within 90 s."""
 
-BENCHMARKS = ("throughput", "recovery", "scale", "concurrency", "peers")
+BENCHMARKS = ("throughput", "recovery", "scale", "concurrency", "peers", "crash")
 
 
 def versions() -> dict[str, str]:
@@ -41,9 +41,12 @@ def versions() -> dict[str, str]:
     return found
 
 
-def run(name: str, quick: bool, repeat: int, systems: list[str]) -> dict[str, Any]:
-    """Run one benchmark and return its JSON object."""
-    if name == "throughput":
+def run(name: str, quick: bool, repeat: int, systems: list[str],
+        options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run one benchmark and return its JSON object (``options``: crash's sizes)."""
+    if name == "crash":
+        body = bench_crash.crash(quick, **(options or {}))
+    elif name == "throughput":
         body = bench_runs.throughput(quick, repeat, systems)
     elif name == "recovery":
         body = bench_runs.recovery(quick)
@@ -145,6 +148,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--systems", default=None,
                    help=f"comma-separated subset of {', '.join(SYSTEMS)} (default: all;"
                         f" --quick leaves out {', '.join(QUICK_SKIPS)})")
+    p.add_argument("--kills", type=int, help="crash: SIGKILLs (default 200; quick 10)")
+    p.add_argument("--messages", type=int, help="crash: messages (default 10000; quick 500)")
     p.set_defaults(handler=handle)
 
 
@@ -163,10 +168,18 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
         if problem:  # before the run, which can take minutes, not after it
             print(f"kinbox: --plot {args.plot}: {problem}", file=sys.stderr)
             return 2
+    if (args.kills is not None or args.messages is not None) and args.name != "crash":
+        print("kinbox: --kills and --messages apply to bench crash only", file=sys.stderr)
+        return 2
+    if (args.kills is not None and args.kills < 0) or (args.messages is not None
+                                                       and args.messages < 1):
+        print("kinbox: --kills must be >= 0 and --messages >= 1", file=sys.stderr)
+        return 2
     if args.name == "throughput" and "kinbox" not in systems:
         systems.insert(0, "kinbox")
     try:
-        report = run(args.name, args.quick, args.repeat, systems)
+        report = run(args.name, args.quick, args.repeat, systems,
+                     {"kills": args.kills, "messages": args.messages})
     except ImportError as exc:
         print(f"kinbox: {exc.name} is missing; install the bench extra: "
               "pip install -e '.[bench]'", file=sys.stderr)
@@ -176,4 +189,5 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
     for r in report["results"].values():
         r.pop("_latencies", None)
     out.write((json.dumps(report, indent=2) if args.json else table(report)) + "\n")
-    return 0
+    failed = [r for r in report["results"].values() if r.get("ok") is False]
+    return 1 if failed else 0

@@ -15,10 +15,19 @@ from typing import Any
 
 import pykka
 
-from ..persistence import Journal, NewMessage, SessionStore, TaskChange, TaskStore
+from ..persistence import (
+    ClaimedRow,
+    EnqueueResult,
+    Journal,
+    Lease,
+    NewMessage,
+    SessionStore,
+    TaskChange,
+    TaskStore,
+)
 from .clock import Clock
 from .errors import RuntimeStateError
-from .messages import Wake
+from .messages import Claimed, Wake
 from .running import RunningTurns
 from .turn import Brain, Turn, TurnOutcome
 
@@ -50,10 +59,6 @@ TaskHook = Callable[["RuntimeContext", TaskChange], list[NewMessage]]
 
 Observer = Callable[[str, dict[str, Any]], None]
 """``observer(event, data)``: told of sends, turns, retries, crashes (scenario reports)."""
-
-FAULTS = frozenset({"ack_before_turn", "skip_marker_check"})
-"""Deliberately broken delivery variants, for tests that prove the checkers work."""
-
 
 class Activity:
     """The dispatcher's published state, and a condition to wait for changes on."""
@@ -100,8 +105,8 @@ class RuntimeContext:
     brain: Brain
     owner: str
     lease_seconds: float
-    faults: frozenset[str]
-    tools_for: Callable[[str], Any]
+    tools_for: Callable[..., Any]
+    """``tools_for(session_id, outbox=None)``: a session's tools (``tools.tools_for``)."""
     new_id: Callable[[], str]
     turns: RunningTurns = field(default_factory=RunningTurns)
     activity: Activity = field(default_factory=Activity)
@@ -130,10 +135,48 @@ class RuntimeContext:
     """Seconds an async turn may ignore a stop request before it is cancelled."""
     async_host: Any = None
     """The event loop of async brains (``async_host.AsyncHost``), when the brain is async."""
+    fast_lease: Lease | None = None
+    """Set where this runtime provably owns every target (it holds the SQLite file's
+    exclusive lock, and write transactions there are serial across processes): a send
+    whose row is its target's head leases it in the enqueue's transaction and hands it
+    straight to the dispatcher, with no claim query. None on PostgreSQL, where several
+    processes deliver, and in a send-only runtime."""
+
+    def enqueue(self, msg: NewMessage) -> EnqueueResult:
+        """Commit ``msg``, tell observers it was ``sent``, then hand its row to the
+        dispatcher (the fast path) or nudge it.
+
+        A fast-path send that leased nothing needs no nudge: its target's older row is in
+        flight here (its commit leases the next one), or waits out a backoff (the tick
+        claims it when due)."""
+        lease = None if self.closed.is_set() else self.fast_lease
+        result = self.journal.enqueue(msg, self.now(), lease=lease)
+        self.emit_sent(msg, result)
+        if result.claimed is not None:
+            self.hand_over(result.claimed)
+        elif lease is None:
+            self.wake_dispatcher()
+        return result
+
+    def emit_sent(self, msg: NewMessage, result: EnqueueResult) -> None:
+        """Observers hear of a committed send."""
+        self.emit("sent", message_id=result.message_id, sender=msg.sender, target=msg.target,
+                  kind=msg.kind, created=result.created)
+
+    def hand_over(self, row: ClaimedRow) -> None:
+        """Give the dispatcher a row leased for this runtime outside its claims."""
+        if self.dispatcher is not None and not self.crashed.is_set():
+            try:
+                self.dispatcher.tell(Claimed(row))
+            except pykka.ActorDeadError:
+                pass  # stopping: the row's lease runs out, the next start replays it
 
     def effects(self, turn: Turn, outcome: TurnOutcome) -> TurnEffects:
-        """Collect what every outbox hook wants committed with this outcome."""
+        """What commits with this outcome: the turn's own tool writes when it succeeded
+        (never when it failed), then what every outbox hook adds."""
         effects = TurnEffects()
+        if outcome.ok and turn.outbox is not None:  # the tool calls' writes, in call order
+            effects.extend(turn.outbox.effects())
         for hook in self.outbox_hooks:
             effects.extend(hook(self, turn, outcome))
         return effects

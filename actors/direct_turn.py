@@ -26,8 +26,9 @@ from dataclasses import dataclass
 
 from ..persistence import LeaseLost, PersistenceError, WriterClosed
 from .context import RuntimeContext
+from .outbox import Outbox
 from .turn import Message, Turn, TurnOutcome
-from .turn_run import judge, prepare, take_result
+from .turn_run import judge, prepare, take_result, turn_tools
 
 log = logging.getLogger("kinbox.direct")
 
@@ -112,12 +113,11 @@ class DirectTurns:
                fetch_steering: Callable[[], list[Message]]) -> Turn:
         """Register the running turn (waiting for the session's current one) and build it."""
         ctx = self.ctx
-        host = ctx.async_host
         started = ctx.now()
         flag = ctx.turns.begin(session_id, started)
-        tools = ((lambda: host.tools(ctx.tools_for(session_id))) if host is not None
-                 else (lambda: ctx.tools_for(session_id)))
-        return Turn(session_id, messages, tools, flag, fetch_steering, started=started)
+        outbox = Outbox(messages[0].message_id if messages else f"direct-{ctx.new_id()}")
+        return Turn(session_id, messages, turn_tools(ctx, session_id, outbox), flag,
+                    fetch_steering, started=started, outbox=outbox)
 
     def run(self, session_id: str, messages: list[Message], *,
             fetch_steering: Callable[[], list[Message]] = list,

@@ -1,7 +1,11 @@
 """The dispatcher actor: claims due rows by lease and hands them to session actors.
 
 Its mailbox mirror is the set of due rows in the journal; its own messages
-(``Wake``, ``Tick``, ``TurnDone``) are ephemeral nudges. It keeps one row in
+(``Wake``, ``Tick``, ``TurnDone``) are ephemeral nudges. Rows come to it two
+ways: its own claims (recovery, retries that came due, rows other processes
+wrote, every row on PostgreSQL), and ``Claimed`` rows a send leased in its own
+transaction (the fast path, see ``RuntimeContext.fast_lease``), which need no
+claim; a plain committed turn needs no claim after it either. It keeps one row in
 flight per target (the journal enforces that across processes, the ``busy``
 set within this one), delivers to different targets concurrently (at most
 ``max_active`` turns at once: the size of the session actors' thread pool),
@@ -18,10 +22,10 @@ from typing import Any
 
 import pykka
 
-from ..persistence import PersistenceError, WriterClosed
+from ..persistence import ClaimedRow, PersistenceError, WriterClosed
 from . import passivation
 from .context import RuntimeContext
-from .messages import ClaimNow, Deliver, Tick, TurnDone, Wake
+from .messages import Claimed, ClaimNow, Deliver, Tick, TurnDone, Wake
 from .pooled import ActorPool
 from .session_actor import SessionActor
 
@@ -49,6 +53,12 @@ class Dispatcher(pykka.ThreadingActor):
         self.live: OrderedDict[str, pykka.ActorRef[Any]] = OrderedDict()
         self.last_used: dict[str, float] = {}
         self.busy: set[str] = set()
+        self.waiting: OrderedDict[str, ClaimedRow] = OrderedDict()
+        """Rows leased for this runtime outside a claim that wait for a free slot, or for
+        their session's last turn to be done: at most one per session."""
+        self.backlog = True
+        """Due rows may be left in the journal: claim after the next turn (until a claim
+        comes back with room to spare)."""
         self.suspect: str | None = None
         """The session running a suspect row (its last worker died mid-turn), if any: one
         at a time, so a death during it is that row's."""
@@ -68,15 +78,25 @@ class Dispatcher(pykka.ThreadingActor):
             log.exception("the dispatcher failed on %s; carrying on", type(message).__name__)
 
     def _handle(self, message: Any) -> None:
-        if isinstance(message, TurnDone):
+        if isinstance(message, Claimed):
+            row = message.row
+            if row.target in self.busy or len(self.busy) >= self.max_active:
+                self.waiting[row.target] = row
+            else:
+                self._start(row, "leased with its send")
+            self._publish()
+        elif isinstance(message, TurnDone):
             self.busy.discard(message.session_id)
             if self.suspect == message.session_id:
                 self.suspect = None
             self.last_used[message.session_id] = self.ctx.now()
+            self._fill()
             self._publish()
-            self._schedule_claim()
+            if message.claim or self.backlog:
+                self._schedule_claim()
         elif isinstance(message, Wake):
             self.ctx.wake_pending = False  # before the claim: later sends nudge again
+            self.backlog = True
             self._schedule_claim()
         elif isinstance(message, ClaimNow):
             self.claim_scheduled = False
@@ -114,8 +134,27 @@ class Dispatcher(pykka.ThreadingActor):
             self.actor_ref.tell(ClaimNow())
 
     def _publish(self) -> None:
-        self.ctx.activity.publish(busy=len(self.busy), claim_pending=self.claim_scheduled,
-                                  live=len(self.live))
+        self.ctx.activity.publish(busy=len(self.busy) + len(self.waiting),
+                                  claim_pending=self.claim_scheduled, live=len(self.live))
+
+    def _start(self, row: ClaimedRow, how: str) -> None:
+        """Run ``row``'s turn on its session actor (its session is not busy here)."""
+        log.debug("%s %s for %s (attempt %d)", how, row.message_id, row.target,
+                  row.attempts + 1)
+        if row.taken_over:
+            self.suspect = row.target
+        self.busy.add(row.target)
+        self._actor_for(row.target).tell(Deliver(row))
+        self.ctx.emit("claimed", message_id=row.message_id, session_id=row.target,
+                      attempt=row.attempts + 1)
+
+    def _fill(self) -> None:
+        """Start waiting rows while there are free slots, oldest first."""
+        for target in list(self.waiting):
+            if len(self.busy) >= self.max_active:
+                return
+            if target not in self.busy:
+                self._start(self.waiting.pop(target), "leased with its send")
 
     def _claim(self) -> None:
         capacity = self.max_active - len(self.busy)
@@ -124,8 +163,8 @@ class Dispatcher(pykka.ThreadingActor):
         ctx = self.ctx
         try:
             result = ctx.journal.claim(ctx.owner, ctx.now(), limit=capacity,
-                                       lease=ctx.lease_seconds, exclude=self.busy,
-                                       check_markers="skip_marker_check" not in ctx.faults,
+                                       lease=ctx.lease_seconds,
+                                       exclude=self.busy | self.waiting.keys(),
                                        suspects=0 if self.suspect else 1)
         except WriterClosed:
             return
@@ -136,15 +175,9 @@ class Dispatcher(pykka.ThreadingActor):
             log.debug("acknowledged %s by its committed marker (no second turn)", message_id)
             ctx.emit("acked_by_marker", message_id=message_id)
         for row in result.rows:
-            log.debug("claimed %s for %s (attempt %d)", row.message_id, row.target,
-                      row.attempts + 1)
-            if row.taken_over:
-                self.suspect = row.target
-            self.busy.add(row.target)
-            self._actor_for(row.target).tell(Deliver(row))
-            ctx.emit("claimed", message_id=row.message_id, session_id=row.target,
-                     attempt=row.attempts + 1)
-        if result.acked_by_marker or len(result.rows) == capacity:
+            self._start(row, "claimed")
+        self.backlog = len(result.rows) == capacity
+        if result.acked_by_marker or self.backlog:
             self._schedule_claim()
         self._publish()
 
@@ -179,13 +212,14 @@ class Dispatcher(pykka.ThreadingActor):
 
     def _renew_leases(self) -> None:
         now = self.ctx.now()
-        if not self.busy or now - self.last_renewal < self.ctx.lease_seconds / 3:
+        held = self.busy | self.waiting.keys()
+        if not held or now - self.last_renewal < self.ctx.lease_seconds / 3:
             return
         self.last_renewal = now
         try:
-            self.ctx.journal.renew(self.ctx.owner, sorted(self.busy),
+            self.ctx.journal.renew(self.ctx.owner, sorted(held),
                                    now + self.ctx.lease_seconds, now)
         except PersistenceError as exc:
             log.error("lease renewal failed: %s", exc)
             return
-        log.debug("renewed the leases of %d running turns", len(self.busy))
+        log.debug("renewed the leases of %d running or waiting turns", len(held))

@@ -18,6 +18,7 @@ from ..persistence import OPEN_TASK_STATES, NewMessage, SessionRecord
 from . import access, rate_limit, roster
 from .context import RuntimeContext
 from .errors import ToolError
+from .outbox import Writes
 from .validation import require_message
 
 FAMILY_LIMIT = 16_384
@@ -66,6 +67,7 @@ class FamilyTools:
     # Provided by the tool class this mixes into (TaskTools).
     _ctx: RuntimeContext
     _caller: Callable[[], SessionRecord]
+    _writes: Writes
 
     def _family(self) -> tuple[SessionRecord, list[roster.Entry], list[SessionRecord]]:
         caller = self._caller()
@@ -143,15 +145,12 @@ class FamilyTools:
         busy = ctx.turns.is_running(entry.id) or entry.status == "active"
         now = ctx.now()
         try:
-            result = ctx.journal.enqueue(NewMessage(
+            [result] = self._writes.send([NewMessage(
                 f"fam-{ctx.new_id()}", entry.id, text, kind=FAMILY_KIND, sender=caller.id,
-                payload={"relationship": entry.relationship, "sender_name": caller.title}), now)
+                payload={"relationship": entry.relationship, "sender_name": caller.title})])
         except Exception:
             ctx.buckets.refund(pair)
             raise
-        ctx.emit("sent", message_id=result.message_id, sender=caller.id, target=entry.id,
-                 kind=FAMILY_KIND)
-        ctx.wake_dispatcher()
         if busy:
             return {"id": result.message_id, "target": entry.id, "deliveryStatus": "queued",
                     "queuedAt": iso(now)}

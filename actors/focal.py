@@ -22,6 +22,7 @@ from . import focal_heartbeat as hb
 from . import focal_policy as policy
 from .context import RuntimeContext, TurnEffects
 from .errors import ToolError
+from .outbox import Writes
 from .tasks import TaskService, view
 from .turn import Turn, TurnOutcome
 
@@ -169,13 +170,16 @@ class Focal:
 
     # -- dispatch (FO4) --------------------------------------------------------------------
 
-    def watch(self, session_id: str) -> None:
+    def watch(self, session_id: str, writes: Writes) -> None:
         """Focal sent work to this session: it is followed from now on."""
-        self.ctx.store.patch_config(session_id, {"focal_watching": True}, self.ctx.now())
+        now = self.ctx.now()
+        writes.write(lambda: self.ctx.store.patch_config_now(
+            session_id, {"focal_watching": True}, now), None, lambda _r: None)
 
     def dispatch_new(self, project_id: Any, title: Any, task_title: Any,
-                     message: str) -> dict[str, Any]:
-        """``agent_send(agent_id="new", ...)``: a new session in a project, with the message."""
+                     message: str, writes: Writes) -> dict[str, Any]:
+        """``agent_send(agent_id="new", ...)``: a new session in a project, with the message
+        (committed with the Focal turn that asks for it)."""
         ctx = self.ctx
         if not isinstance(project_id, str) or ctx.store.project(project_id) is None:
             raise ToolError("not_found", f"Project '{project_id}' does not exist.")
@@ -191,19 +195,15 @@ class Focal:
             raise ToolError("invalid_argument", "task_title must be a non-empty string.")
         now = ctx.now()
         sid = f"chat-{ctx.new_id()[:12]}"
-        ctx.store.create_session(sid, project_id, title.strip(), "interactive", now,
-                                 parent_id=FOCAL_ID,
-                                 config={"permission_mode": "auto", "spawned_by_focal": True,
-                                         "parent_chat_id": FOCAL_ID})
+        writes.create_session(SessionRecord(
+            sid, project_id, title.strip(), "interactive", None, FOCAL_ID, "idle", now, now,
+            {"permission_mode": "auto", "spawned_by_focal": True, "parent_chat_id": FOCAL_ID}))
         task = None
         if task_title is not None:
-            task = TaskService(ctx).create(sid, project_id, task_title.strip(), "in_progress")
-        result = ctx.journal.enqueue(NewMessage(
-            f"msg-{ctx.new_id()}", sid, message, sender=FOCAL_ID,
-            payload={"focal_request": True}), now)
-        ctx.emit("sent", message_id=result.message_id, sender=FOCAL_ID, target=sid,
-                 kind="agent_message")
-        ctx.wake_dispatcher()
+            task = TaskService(ctx, writes).create(sid, project_id, task_title.strip(),
+                                                   "in_progress")
+        [result] = writes.send([NewMessage(f"msg-{ctx.new_id()}", sid, message, sender=FOCAL_ID,
+                                           payload={"focal_request": True})])
         return {"message_id": result.message_id, "agent_id": sid, "status": result.status,
                 "task_id": task.id if task else None}
 

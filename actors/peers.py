@@ -40,6 +40,7 @@ from ..transport.peer_client import connect_link, pair_with
 from . import transcript_view
 from .context import RuntimeContext
 from .errors import ToolError
+from .outbox import Writes
 from .peer_link import PeerLink, peer_target
 
 log = logging.getLogger("kinbox.peers")
@@ -134,26 +135,27 @@ class PeerService:
                           destination_peer_id=rec.device_id,
                           payload={"session": session} if session else {})
 
-    def send(self, caller_id: str, agent_id: str, text: str,
-             session: str | None = None) -> dict[str, Any]:
+    def send(self, caller_id: str, agent_id: str, text: str, session: str | None = None, *,
+             writes: Writes | None = None) -> dict[str, Any]:
         """Queue ``text`` for a paired device; the link carries it."""
-        return self.send_many(caller_id, agent_id, [text], session)[0]
+        return self.send_many(caller_id, agent_id, [text], session, writes=writes)[0]
 
     def send_many(self, caller_id: str, agent_id: str, texts: Sequence[str],
-                  session: str | None = None) -> list[dict[str, Any]]:
-        """Queue several messages for a paired device in one commit, in order."""
+                  session: str | None = None, *,
+                  writes: Writes | None = None) -> list[dict[str, Any]]:
+        """Queue several messages for a paired device in one commit per 500, in order
+        (with the calling turn's commit when ``writes`` holds its outbox)."""
         rec = self._outbound(agent_id)
-        ctx = self.ctx
-        results = []
+        out = writes if writes is not None else Writes(self.ctx, None)
         msgs = [self._message(caller_id, rec, t, session) for t in texts]
+
+        def wake_link() -> None:
+            link = self.link_for(rec.device_id)
+            if link is not None:
+                link.wake()
+        results = []
         for first in range(0, len(msgs), 500):
-            results += ctx.journal.enqueue_many(msgs[first:first + 500], ctx.now())
-        for r in results:
-            ctx.emit("sent", message_id=r.message_id, sender=caller_id, target=agent_id,
-                     kind="agent_message", created=r.created)
-        link = self.link_for(rec.device_id)
-        if link is not None:
-            link.wake()
+            results += out.send(msgs[first:first + 500], after=wake_link)
         return [{"message_id": r.message_id, "agent_id": agent_id, "status": r.status}
                 for r in results]
 
@@ -246,7 +248,7 @@ class PeerHttpBackend:
                 peers.ensure_session_now(session, social.id if social else None,
                                          f"Device {device_id}", now)
             try:  # the common case: all new, one INSERT for the batch
-                set_wise.enqueue_all(ctx.journal.bulk, [(m, now) for m in msgs])
+                set_wise.enqueue_all(ctx.journal.bulk, [(m, now, None) for m in msgs])
                 return [None] * len(msgs)
             except set_wise.OneByOne:
                 pass

@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -27,6 +27,7 @@ from ..persistence import (
     GroupCommitWriter,
     JobStore,
     Journal,
+    Lease,
     OwnerLiveness,
     SessionRecord,
     SessionStore,
@@ -42,7 +43,7 @@ from ..persistence import (
 )
 from .async_host import AsyncHost
 from .clock import Clock, ManualClock, SystemClock
-from .context import FAULTS, Observer, RuntimeContext
+from .context import Observer, RuntimeContext
 from .cron import CronService
 from .data_dirs import data_dir_for, resolve_data_dir
 from .direct_turn import DirectTurns
@@ -85,7 +86,6 @@ class Runtime(RecordsApi):
                  lease_seconds: float = DEFAULT_LEASE_SECONDS, idle_ttl: float = 300.0,
                  tick_interval: float = 0.2, synchronous: str = "FULL",
                  data_dir: str | os.PathLike[str] | None = None,
-                 faults: Iterable[str] = (),
                  ids: Callable[[], str] | None = None,
                  turn_timeout: float | None = None,
                  max_async_turns: int = 10_000, stop_grace: float = 10.0) -> None:
@@ -97,10 +97,6 @@ class Runtime(RecordsApi):
         if turn_timeout is not None:
             _seconds("turn_timeout", turn_timeout, " or None")
         _seconds("stop_grace", stop_grace)
-        unknown = set(faults) - FAULTS
-        if unknown:
-            raise ConfigError(f"unknown faults {sorted(unknown)}; known: {sorted(FAULTS)}",
-                              field="faults")
         if brain is not None and not callable(brain):
             raise ConfigError("brain must be callable: brain(turn)", field="brain")
         self.url = db or default_url()
@@ -119,7 +115,6 @@ class Runtime(RecordsApi):
         self.idle_ttl = idle_ttl
         self.tick_interval = tick_interval
         self.synchronous = synchronous
-        self.faults = frozenset(faults)
         self.data_dir = Path(data_dir) if data_dir else None
         # Ids of new messages, sessions and projects; scenarios pass a seeded source.
         self.new_id: Callable[[], str] = ids or (lambda: uuid.uuid4().hex)
@@ -169,7 +164,7 @@ class Runtime(RecordsApi):
                                  tasks=TaskStore(tables, self._writer),
                                  clock=self.clock, brain=self.brain,
                                  owner=self.owner, lease_seconds=self.lease_seconds,
-                                 faults=self.faults, tools_for=self._tools_for_ctx,
+                                 tools_for=self._tools_for_ctx,
                                  new_id=self.new_id,
                                  observers=self._observers,
                                  max_active=self._turn_limit(),
@@ -184,6 +179,8 @@ class Runtime(RecordsApi):
                 expired = journal.expire_leases(now)  # the lock proves their holder is gone
                 if expired:
                     log.warning("took over %d rows leased by a runtime that is gone", expired)
+                # The lock also proves this runtime alone delivers here: the fast path.
+                ctx.fast_lease = Lease(self.owner, self.lease_seconds)
             self._take_over_from_the_gone()
             if self.async_brain:
                 # The loop thread, and a few workers for commits and tool calls.

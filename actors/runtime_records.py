@@ -17,6 +17,7 @@ from ..persistence import EnqueueResult, EntryRecord, NewMessage, ProjectRecord,
 from ..persistence.inbox_core import State
 from . import access, validation
 from .errors import ConfigError, ToolError
+from .outbox import Outbox
 from .tools import TaskTools, tools_for
 
 if TYPE_CHECKING:
@@ -94,8 +95,8 @@ class RecordsApi:
         """The tools bound to ``session_id`` as the caller (agent tools unless a sub-agent)."""
         return self._tools_for_ctx(session_id)
 
-    def _tools_for_ctx(self, session_id: str) -> TaskTools:
-        return tools_for(self._running(), session_id)
+    def _tools_for_ctx(self, session_id: str, outbox: Outbox | None = None) -> TaskTools:
+        return tools_for(self._running(), session_id, outbox)
 
     # -- messages --------------------------------------------------------------------------
 
@@ -120,13 +121,9 @@ class RecordsApi:
             message_id = _checked("message_id", validation.require_id, "message_id", message_id)
         if payload is not None:
             _check_payload(payload)
-        result = ctx.journal.enqueue(
+        return ctx.enqueue(
             NewMessage(message_id or f"msg-{self.new_id()}", target, content, kind=kind,
-                       sender=sender, payload=payload or {}), ctx.now())
-        ctx.emit("sent", message_id=result.message_id, sender=sender, target=target, kind=kind,
-                 created=result.created)
-        ctx.wake_dispatcher()
-        return result
+                       sender=sender, payload=payload or {}))
 
     def inbox(self, state: str | None = None, target: str | None = None) -> list[dict[str, Any]]:
         """Inbox rows as dicts, in journal order; ``state`` one of :data:`INBOX_STATES`."""

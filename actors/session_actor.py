@@ -11,7 +11,6 @@ so the session's slot frees up.
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
@@ -20,9 +19,10 @@ import pykka
 from ..persistence import ClaimedRow, LeaseLost, PersistenceError, WriterClosed
 from .context import RuntimeContext, TurnEffects
 from .messages import Deliver, TurnDone
+from .outbox import Outbox
 from .pooled import ActorPool, PooledActor
 from .turn import Message, Turn, TurnOutcome
-from .turn_run import SyncBrainAwaitable, judge, prepare, take_result
+from .turn_run import SyncBrainAwaitable, judge, prepare, take_result, turn_tools
 
 log = logging.getLogger("kinbox.session")
 
@@ -39,6 +39,9 @@ class SessionActor(PooledActor):
         super().__init__(pool)
         self.ctx = ctx
         self.session_id = session_id
+        self.claim_after = False
+        """Rows may be due that no commit of this actor leased (a row handed back, a failed
+        attempt, messages a commit enqueued): the dispatcher claims when told so."""
 
     def on_receive(self, message: Any) -> None:
         if isinstance(message, Deliver):
@@ -65,13 +68,15 @@ class SessionActor(PooledActor):
     def hand_back(self, row: ClaimedRow | None) -> None:
         """Release a row leased for a turn this actor will not run now (fairness)."""
         if row is not None:
+            self.claim_after = True
             self.ctx.journal.release(self.ctx.owner, [row.message_id], self.ctx.now())
 
     def done(self) -> None:
         """Tell the dispatcher the session's slot is free (unless the runtime crashed)."""
+        claim, self.claim_after = self.claim_after, False
         if not self.ctx.crashed.is_set() and self.ctx.dispatcher is not None:
             try:
-                self.ctx.dispatcher.tell(TurnDone(self.session_id))
+                self.ctx.dispatcher.tell(TurnDone(self.session_id, claim))
             except pykka.ActorDeadError:
                 pass  # the runtime is stopping
 
@@ -95,8 +100,6 @@ class SessionActor(PooledActor):
                 if not ctx.crashed.is_set():
                     ctx.journal.release(ctx.owner, [row.message_id], ctx.now())
                 return None
-            if "ack_before_turn" in ctx.faults:
-                ctx.journal.ack(ctx.owner, [row.message_id], ctx.now())
             if row.taken_over:  # its last worker died mid-turn: is this message the cause?
                 ctx.journal.mark_turn_started(ctx.owner, row.message_id, ctx.now())
         except WriterClosed:
@@ -104,10 +107,12 @@ class SessionActor(PooledActor):
         except LeaseLost:
             log.warning("lost the lease of %s for %s before its turn started",
                         row.message_id, self.session_id)
+            self.claim_after = True
             return None
         except PersistenceError as exc:
             log.error("starting %s for %s failed in the journal: %s", row.message_id,
                       self.session_id, exc)
+            self.claim_after = True
             return None
         sid = self.session_id
         started = ctx.now()
@@ -123,11 +128,9 @@ class SessionActor(PooledActor):
                 steered.extend(r.message_id for r in more)
             return [Message.from_row(r) for r in more]
 
-        host = ctx.async_host
-        tools = ((lambda: host.tools(ctx.tools_for(sid))) if host is not None
-                 else (lambda: ctx.tools_for(sid)))
-        turn = Turn(sid, [Message.from_row(row)], tools, stop_flag, fetch_steering,
-                    row=row, started=started, steered=steered)
+        outbox = Outbox(row.message_id)
+        turn = Turn(sid, [Message.from_row(row)], turn_tools(ctx, sid, outbox), stop_flag,
+                    fetch_steering, row=row, started=started, steered=steered, outbox=outbox)
         ctx.emit("turn_started", session_id=sid, message_id=row.message_id,
                  attempt=row.attempts + 1)
         return turn
@@ -146,6 +149,7 @@ class SessionActor(PooledActor):
         ctx = self.ctx
         row = turn.row
         sid = self.session_id
+        plain = False
         try:
             judged = judge(ctx, turn, error)
             if not judged.outcome.ok:
@@ -154,6 +158,7 @@ class SessionActor(PooledActor):
             ids = [row.message_id, *turn.steered_ids]
             effects = ctx.effects(turn, done)
             following = self._commit(ids, turn, effects)
+            plain = not (effects.messages or effects.ops)
             ctx.activity.bump("turns")
             ctx.emit("turn_committed", session_id=sid, message_ids=ids,
                      replies=list(turn.replies), stopped_by=done.stopped_by)
@@ -169,6 +174,8 @@ class SessionActor(PooledActor):
             log.error("delivery of %s to %s failed in the journal: %s", row.message_id, sid, exc)
         finally:
             ctx.turns.end(sid)
+            if not plain:
+                self.claim_after = True
         return None
 
     def _fail(self, turn: Turn, failed: TurnOutcome, detail: str) -> None:
@@ -206,15 +213,6 @@ class SessionActor(PooledActor):
 
     def _commit(self, ids: list[str], turn: Turn, effects: TurnEffects) -> ClaimedRow | None:
         ctx = self.ctx
-        commit = functools.partial(ctx.journal.complete_turn, ctx.owner, self.session_id, ids,
-                                   turn.entries(), ctx.now(), enqueue=effects.messages,
-                                   also=effects.ops)
-        if "ack_before_turn" in ctx.faults:
-            commit(ack=False, fenced=False)
-            return None
-        if "skip_marker_check" in ctx.faults:
-            # The seed's original two-step commit, without the marker check on claim.
-            commit(ack=False)
-            ctx.journal.ack(ctx.owner, ids, ctx.now())
-            return None
-        return commit(next_lease=ctx.lease_seconds)
+        return ctx.journal.complete_turn(ctx.owner, self.session_id, ids, turn.entries(),
+                                         ctx.now(), enqueue=effects.messages,
+                                         also=effects.ops, next_lease=ctx.lease_seconds)

@@ -8,10 +8,13 @@ once it is durable.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..persistence import RowNotFound, TaskChange, TaskRecord
 from . import task_rules
 from .context import RuntimeContext
 from .errors import ToolError
+from .outbox import Writes
 
 
 def view(task: TaskRecord) -> task_rules.TaskView:
@@ -20,10 +23,12 @@ def view(task: TaskRecord) -> task_rules.TaskView:
 
 
 class TaskService:
-    """Task operations on behalf of sessions."""
+    """Task operations on behalf of sessions; ``writes`` says when they commit (at once,
+    or with the calling turn: :mod:`.outbox`)."""
 
-    def __init__(self, ctx: RuntimeContext) -> None:
+    def __init__(self, ctx: RuntimeContext, writes: Writes | None = None) -> None:
         self.ctx = ctx
+        self.writes = writes if writes is not None else Writes(ctx, None)
 
     def create(self, chat_id: str, project_id: str | None, title: str,
                status: str = "pending") -> TaskRecord:
@@ -32,9 +37,12 @@ class TaskService:
             raise ToolError("invalid_argument",
                             f"a new task starts as pending or in_progress, not {status!r}.")
         task_id = f"task-{self.ctx.new_id()[:12]}"
-        change = self.ctx.tasks.create(task_id, project_id, chat_id, title, status,
-                                       self.ctx.now())
-        self.notify(change)
+        now = self.ctx.now()
+        record = TaskRecord(task_id, project_id, chat_id, title, status, None, None, now, now)
+        self.writes.note_task(record)
+        change = self.writes.write(
+            lambda: self.ctx.tasks.create_now(task_id, project_id, chat_id, title, status, now),
+            TaskChange(None, record, 0), self.notify)
         return change.after
 
     def apply_in_txn(self, chat_id: str, task_id: str, changes: dict[str, object],
@@ -49,18 +57,23 @@ class TaskService:
     def update(self, chat_id: str, task_id: str, status: object = None,
                blocked_on: object = None, reason: object = None) -> TaskRecord:
         """Validate and apply an update to one of ``chat_id``'s tasks."""
-        task = self.ctx.tasks.get(task_id) if isinstance(task_id, str) else None
+        task = self.writes.task(task_id) if isinstance(task_id, str) else None
         if task is None or task.chat_id != chat_id:
             raise ToolError("not_found", f"Task '{task_id}' does not exist in this session.")
         changes = task_rules.check_update(view(task), status, blocked_on, reason)
         now = self.ctx.now()
+        after = replace(task, updated_at=now, **changes)  # type: ignore[arg-type]
+        self.writes.note_task(after)
+
+        def announce(change: TaskChange) -> None:
+            self.ctx.wake_dispatcher()  # a hook may have queued a notice
+            self.notify(change)
         try:
-            change = self.ctx.tasks.writer.call(
-                lambda: self.apply_in_txn(chat_id, task_id, changes, now))
+            change = self.writes.write(
+                lambda: self.apply_in_txn(chat_id, task_id, changes, now),
+                TaskChange(task, after, 0), announce)
         except RowNotFound as exc:
             raise ToolError("not_found", str(exc)) from exc
-        self.ctx.wake_dispatcher()
-        self.notify(change)
         return change.after
 
     def notify(self, change: TaskChange) -> None:

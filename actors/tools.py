@@ -18,6 +18,7 @@ from .context import RuntimeContext
 from .errors import ToolError
 from .family import FamilyTools
 from .focal import is_focal_chat
+from .outbox import Outbox, Writes
 from .peers import is_peer_target
 from .subagents import TASK_KIND, task_message_id
 from .tasks import TaskService
@@ -59,9 +60,12 @@ class TaskTools:
     HELD: tuple[str, ...] = ("task_create", "task_update", "task_list")
     """The tools this kind of session holds, in the order a model sees them."""
 
-    def __init__(self, ctx: RuntimeContext, caller_id: str) -> None:
+    def __init__(self, ctx: RuntimeContext, caller_id: str,
+                 outbox: Outbox | None = None) -> None:
         self._ctx = ctx
         self.caller_id = caller_id
+        self._writes = Writes(ctx, outbox)
+        """Where this caller's writes go: with its running turn's commit, or at once."""
 
     def held(self) -> list[str]:
         """The names of the tools this caller holds."""
@@ -99,7 +103,7 @@ class TaskTools:
         """Create a task of the calling session (``pending`` or ``in_progress``)."""
         text = require_message(title, TITLE_LIMIT, name="title")
         caller = self._caller()
-        return TaskService(self._ctx).create(caller.id, caller.project_id, text,
+        return TaskService(self._ctx, self._writes).create(caller.id, caller.project_id, text,
                                              require_choice("status", status,
                                                             ("pending", "in_progress"))
                                              ).to_dict()
@@ -109,13 +113,13 @@ class TaskTools:
         """Change a task's status, what it is blocked on, or the reason."""
         tid = require_id("task_id", task_id)
         caller = self._caller()
-        return TaskService(self._ctx).update(caller.id, tid, status, blocked_on,
-                                             reason).to_dict()
+        return TaskService(self._ctx, self._writes).update(caller.id, tid, status, blocked_on,
+                                                           reason).to_dict()
 
     def task_list(self) -> dict[str, Any]:
         """The calling session's tasks, oldest first."""
         caller = self._caller()
-        return {"tasks": [t.to_dict() for t in self._ctx.tasks.for_session(caller.id)]}
+        return {"tasks": [t.to_dict() for t in self._writes.tasks_of(caller.id)]}
 
 
 class SubagentTools(FamilyTools, TaskTools):
@@ -147,7 +151,7 @@ class AgentTools(FamilyTools, TaskTools):
 
     def _target(self, tool: str, caller: SessionRecord, agent_id: str) -> SessionRecord:
         """The target of ``tool``, or the ToolError the access rules call for."""
-        target = self._ctx.store.session(agent_id)
+        target = self._writes.session(agent_id)
         decision = access.decide(tool, subject(caller), subject(target) if target else None)
         if decision == "self_refused":
             raise ToolError("invalid_argument", SELF_SEND if tool == "agent_send" else SELF_STOP)
@@ -206,17 +210,14 @@ class AgentTools(FamilyTools, TaskTools):
             if not caller_is_focal:
                 raise unavailable(target_id)
             return focal.dispatch_new(focal_args.get("project_id"), focal_args.get("title"),
-                                      focal_args.get("task_title"), text)
+                                      focal_args.get("task_title"), text, self._writes)
         if is_peer_target(target_id) and ctx.peers is not None:
-            return dict(ctx.peers.send(caller.id, target_id, text))
+            return dict(ctx.peers.send(caller.id, target_id, text, writes=self._writes))
         self._target("agent_send", caller, target_id)
         if caller_is_focal:
-            focal.watch(target_id)
-        result = ctx.journal.enqueue(
-            NewMessage(f"msg-{ctx.new_id()}", target_id, text, sender=caller.id), ctx.now())
-        ctx.emit("sent", message_id=result.message_id, sender=caller.id, target=target_id,
-                 kind="agent_message")
-        ctx.wake_dispatcher()
+            focal.watch(target_id, self._writes)
+        [result] = self._writes.send(
+            [NewMessage(f"msg-{ctx.new_id()}", target_id, text, sender=caller.id)])
         return {"message_id": result.message_id, "agent_id": target_id, "status": result.status}
 
     def schedule_wakeup(self, kind: Any, at: Any = None, cron: Any = None,
@@ -263,19 +264,33 @@ class AgentTools(FamilyTools, TaskTools):
         wait = require_int("timeout", timeout, 1, 3600)
         caller = self._caller()
         ctx = self._ctx
-        if not run_in_background:
+        box = self._writes.outbox
+        if run_in_background:
+            child_id, writes = f"subagent-sub_{ctx.new_id()[:8]}", self._writes
+        else:
             self._require_a_free_thread(caller.id)
-        child_id = f"subagent-sub_{ctx.new_id()[:8]}"
-        ctx.store.create_session(child_id, caller.project_id, name, "subagent", ctx.now(),
-                                 parent_id=caller.id)
-        task = TaskService(ctx).create(child_id, caller.project_id, name, "in_progress")
-        ctx.journal.enqueue(NewMessage(task_message_id(task.id), child_id, text, kind=TASK_KIND,
-                                       sender=caller.id, payload={"task_id": task.id}),
-                            ctx.now())
-        ctx.emit("sent", message_id=task_message_id(task.id), sender=caller.id,
-                 target=child_id, kind=TASK_KIND)
-        ctx.wake_dispatcher()
+            # The turn waits for this child, so it commits now, not with the turn; an id
+            # repeatable across attempts lets a retried turn find the child it started.
+            child_id = box.child_id(text) if box is not None else f"subagent-sub_{ctx.new_id()[:8]}"
+            writes = Writes(ctx, None)
+            earlier = self._started_child(child_id)
+            if earlier is not None:
+                return earlier, float(wait)
+        now = ctx.now()
+        writes.create_session(SessionRecord(child_id, caller.project_id, name, "subagent",
+                                            None, caller.id, "idle", now, now, {}))
+        task = TaskService(ctx, writes).create(child_id, caller.project_id, name, "in_progress")
+        writes.send([NewMessage(task_message_id(task.id), child_id, text, kind=TASK_KIND,
+                                sender=caller.id, payload={"task_id": task.id})])
         return {"agent_id": child_id, "task_id": task.id, "status": "running"}, float(wait)
+
+    def _started_child(self, child_id: str) -> dict[str, Any] | None:
+        """The receipt of a foreground child an earlier attempt of this turn started."""
+        if self._ctx.store.session(child_id) is None:
+            return None
+        tasks = self._ctx.tasks.for_session(child_id)
+        return {"agent_id": child_id, "task_id": tasks[0].id if tasks else "",
+                "status": "running"}
 
     def child_finished(self, task_id: str) -> bool:
         """The child's task message has reached a terminal state."""
@@ -322,9 +337,10 @@ class AgentTools(FamilyTools, TaskTools):
         return self.child_outcome(result)
 
 
-def tools_for(ctx: RuntimeContext, session_id: str) -> TaskTools:
-    """The tools a session holds: sub-agents get task tools only."""
+def tools_for(ctx: RuntimeContext, session_id: str, outbox: Outbox | None = None) -> TaskTools:
+    """The tools a session holds: sub-agents get task tools only. With ``outbox`` (the
+    session's running turn's), their writes commit with that turn."""
     session = ctx.store.session(session_id)
     if session is not None and session.kind == "subagent":
-        return SubagentTools(ctx, session_id)
-    return AgentTools(ctx, session_id)
+        return SubagentTools(ctx, session_id, outbox)
+    return AgentTools(ctx, session_id, outbox)

@@ -14,11 +14,14 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..persistence import ClaimedRow, TurnEntry
 from .running import StopFlag
 from .transcript_view import speaker
+
+if TYPE_CHECKING:
+    from .outbox import Outbox
 
 
 @dataclass(frozen=True)
@@ -89,13 +92,15 @@ class Turn:
                  stop_event: StopFlag,
                  fetch_steering: Callable[[], list[Message]], *,
                  row: ClaimedRow | None = None, started: float = 0.0,
-                 steered: list[str] | None = None) -> None:
+                 steered: list[str] | None = None, outbox: Outbox | None = None) -> None:
         self.session_id = session_id
         self.messages = messages
         self.row = row  # type: ignore[assignment]
         """The claimed inbox row that started the turn."""
         self.started = started
         """When the turn started, on the runtime's clock."""
+        self.outbox = outbox
+        """What the turn's tool calls wrote: committed with the turn, dropped if it fails."""
         self.steered_ids: list[str] = steered if steered is not None else []
         """Ids of the steering rows taken into this turn (committed or released with it)."""
         self._make_tools = tools

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import inspect
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .context import RuntimeContext
+from .outbox import Outbox
 from .running import TIMEOUT, overdue
 from .turn import Turn, TurnOutcome
 
@@ -45,6 +48,15 @@ class Judged:
     detail: str | None = None
     """On failure, what to keep as the error: the traceback, or the timeout summary
     (``outcome.error`` is the one-line summary for observers and logs)."""
+
+
+def turn_tools(ctx: RuntimeContext, session_id: str, outbox: Outbox) -> Callable[[], Any]:
+    """How a turn builds its tools on first use: bound to the session, writing into the
+    turn's outbox, awaitable when the brain is async."""
+    host = ctx.async_host
+    if host is not None:
+        return lambda: host.tools(ctx.tools_for(session_id, outbox))
+    return lambda: ctx.tools_for(session_id, outbox)
 
 
 def prepare(ctx: RuntimeContext, turn: Turn) -> None:

@@ -33,6 +33,7 @@ from .errors import (
     redact_url,
 )
 from .exclusive import ExclusiveLock
+from .inbox_records import Lease
 from .jobs import JobRecord, JobStore
 from .journal import (
     DEFAULT_LEASE_SECONDS,
@@ -73,6 +74,7 @@ __all__ = [
     "JobStore",
     "Journal",
     "KinboxError",
+    "Lease",
     "LeaseLost",
     "NewMessage",
     "Occurrence",

@@ -30,6 +30,14 @@ class NewMessage:
 
 
 @dataclass(frozen=True)
+class Lease:
+    """Who leases a row, for how long: ``owner`` for ``seconds`` from the write's time."""
+
+    owner: str
+    seconds: float
+
+
+@dataclass(frozen=True)
 class EnqueueResult:
     """What ``enqueue`` did: ``created`` is False for an idempotent repeat."""
 
@@ -38,6 +46,9 @@ class EnqueueResult:
     status: str
     created: bool
     created_at: float
+    claimed: ClaimedRow | None = None
+    """The new row, leased in the same transaction (the fast path), when it was its
+    target's head and the enqueue asked for a lease."""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from .inbox_records import (
     ClaimResult,
     EnqueueResult,
     FenceRow,
+    Lease,
     NewMessage,
     TurnCommit,
     TurnEntry,
@@ -59,7 +60,7 @@ class Journal(InboxReads):
         self.writer = writer
         self.hot = HotPath(tables.db)
         self.bulk = bulk = BulkSql(self.hot)
-        self._enqueues: Bulk[tuple[NewMessage, float], EnqueueResult] = Bulk(
+        self._enqueues: Bulk[set_wise.Enqueue, EnqueueResult] = Bulk(
             "enqueue", lambda item: self.enqueue_now(*item),
             lambda items: set_wise.enqueue_all(bulk, items))
         self._commits: Bulk[TurnCommit, ClaimedRow | None] = Bulk(
@@ -68,7 +69,8 @@ class Journal(InboxReads):
 
     # -- enqueue ---------------------------------------------------------------------------
 
-    def enqueue_now(self, msg: NewMessage, now: float) -> EnqueueResult:
+    def enqueue_now(self, msg: NewMessage, now: float, lease: Lease | None = None
+                    ) -> EnqueueResult:
         """Enqueue inside the caller's transaction (on the writer thread)."""
         existing = self.hot.existing(msg.message_id)
         fingerprint = core.Fingerprint(msg.target, msg.kind, msg.content)
@@ -77,11 +79,19 @@ class Journal(InboxReads):
             assert existing is not None
             return EnqueueResult(msg.message_id, msg.target, existing[3], False, existing[4])
         self.bulk.insert_inbox([insert_params(msg, now)])
-        return EnqueueResult(msg.message_id, msg.target, core.State.PENDING.value, True, now)
+        claimed = set_wise.lease_new_heads(self.bulk, [(msg, now, lease)]) if lease else {}
+        return EnqueueResult(msg.message_id, msg.target, core.State.PENDING.value, True, now,
+                             claimed.get(msg.message_id))
 
-    def enqueue(self, msg: NewMessage, now: float) -> EnqueueResult:
-        """Write ``msg`` and commit; return once it is durable."""
-        return self.writer.call_bulk(self._enqueues, (msg, now))
+    def enqueue(self, msg: NewMessage, now: float, *, lease: Lease | None = None
+                ) -> EnqueueResult:
+        """Write ``msg`` and commit; return once it is durable.
+
+        With ``lease`` (the fast path), a new row that is its target's head is leased in
+        the same transaction and comes back as ``claimed``, for the caller to hand straight
+        to its session: only for an owner that provably owns its targets (see
+        :func:`.set_wise.lease_new_heads`)."""
+        return self.writer.call_bulk(self._enqueues, (msg, now, lease))
 
     def enqueue_many(self, msgs: Sequence[NewMessage], now: float) -> list[EnqueueResult]:
         """Enqueue several messages in one transaction (all or, on conflict, an error)."""
@@ -89,9 +99,12 @@ class Journal(InboxReads):
 
     # -- claims ----------------------------------------------------------------------------
 
+    def committed_of(self, ids: Sequence[str]) -> set[str]:
+        """Which of ``ids`` already have a committed turn (their delivery marker, I6)."""
+        return self.hot.with_markers(ids)
+
     def _claim_op(self, owner: str, now: float, lease: float, limit: int,
-                  exclude: frozenset[str], check_markers: bool,
-                  transport: str, suspects: int) -> ClaimResult:
+                  exclude: frozenset[str], transport: str, suspects: int) -> ClaimResult:
         heads = self.hot.due_heads(transport, now, limit + len(exclude),
                                    for_update=is_postgres(self.t.db))
         picked = []
@@ -107,7 +120,7 @@ class Journal(InboxReads):
             return ClaimResult([], [])
         rows = [ClaimedRow.from_columns(h) for h in picked]
         ids = [r.message_id for r in rows]
-        done = self.hot.with_markers(ids) if check_markers else set()
+        done = self.committed_of(ids)
         if done:
             self.hot.mark_delivered(sorted(done), now)
         taken_over = [h[0] for h in picked
@@ -165,14 +178,12 @@ class Journal(InboxReads):
 
     def claim(self, owner: str, now: float, *, limit: int = 64,
               lease: float = DEFAULT_LEASE_SECONDS, exclude: Iterable[str] = (),
-              check_markers: bool = True, transport: str = "local",
-              suspects: int = 1) -> ClaimResult:
+              transport: str = "local", suspects: int = 1) -> ClaimResult:
         """Lease up to ``limit`` due head rows (one per target), oldest first, of which at
         most ``suspects`` are suspect (rows whose last worker died mid-turn)."""
         ex = frozenset(exclude)
         return self.writer.call(
-            lambda: self._claim_op(owner, now, lease, limit, ex, check_markers, transport,
-                                   suspects))
+            lambda: self._claim_op(owner, now, lease, limit, ex, transport, suspects))
 
     def _claim_more_op(self, owner: str, target: str, after_seq: int, now: float,
                        lease: float, limit: int) -> list[ClaimedRow]:
@@ -244,20 +255,24 @@ class Journal(InboxReads):
                 return ClaimedRow.from_columns(head)
             self.hot.mark_delivered([head[0]], now)  # its turn had committed
 
+    def write_turn(self, session_id: str, ids: Sequence[str], entries: Sequence[TurnEntry],
+                   now: float) -> None:
+        """A turn's transcript entries and its delivery markers, inside the caller's
+        transaction (no fence, no ack: those are the commit's, see ``complete_turn``)."""
+        self.bulk.insert_entries([entry_row(session_id, e, now) for e in entries])
+        self.bulk.insert_markers([(session_id, mid, now) for mid in ids])
+
     def _complete_op(self, owner: str, session_id: str, ids: list[str],
-                     entries: Sequence[TurnEntry], now: float, ack: bool, fenced: bool,
+                     entries: Sequence[TurnEntry], now: float,
                      enqueue: Sequence[NewMessage], also: Sequence[Callable[[], object]],
                      next_lease: float | None = None) -> ClaimedRow | None:
-        if fenced:
-            self._fence(owner, ids)
+        self._fence(owner, ids)
         for msg in enqueue:
             self.enqueue_now(msg, now)
         for op in also:
             op()
-        self.bulk.insert_entries([entry_row(session_id, e, now) for e in entries])
-        self.bulk.insert_markers([(session_id, mid, now) for mid in ids])
-        if ack:
-            self.hot.mark_delivered(ids, now)
+        self.write_turn(session_id, ids, entries, now)
+        self.hot.mark_delivered(ids, now)
         following = None
         if next_lease is not None:
             following = self._claim_next_op(owner, session_id, now, next_lease)
@@ -265,8 +280,8 @@ class Journal(InboxReads):
         return following
 
     def complete_turn(self, owner: str, session_id: str, message_ids: Sequence[str],
-                      entries: Sequence[TurnEntry], now: float, *, ack: bool = True,
-                      fenced: bool = True, enqueue: Sequence[NewMessage] = (),
+                      entries: Sequence[TurnEntry], now: float, *,
+                      enqueue: Sequence[NewMessage] = (),
                       also: Sequence[Callable[[], object]] = (),
                       next_lease: float | None = None) -> ClaimedRow | None:
         """Commit a turn's transcript entries, its delivery markers and the acks together.
@@ -279,20 +294,18 @@ class Journal(InboxReads):
         transaction and returned, so a busy session keeps going without a
         round trip through the dispatcher (still one row in flight: the next
         is leased only as this one is acknowledged).
-        ``ack=False`` / ``fenced=False`` exist only for the deliberately broken
-        variants the crash tests must catch; the runtime never uses them otherwise.
         """
         ids = list(message_ids)
-        if ack and fenced and not enqueue and not also:  # a plain turn: may commit set-wise
+        if not enqueue and not also:  # a plain turn: may commit set-wise
             return self.writer.call_bulk(
                 self._commits, TurnCommit(owner, session_id, ids, entries, now, next_lease))
         return self.writer.call(
-            lambda: self._complete_op(owner, session_id, ids, entries, now, ack, fenced,
+            lambda: self._complete_op(owner, session_id, ids, entries, now,
                                       list(enqueue), list(also), next_lease))
 
     def _commit_one(self, c: TurnCommit) -> ClaimedRow | None:
         return self._complete_op(c.owner, c.session_id, c.message_ids, c.entries, c.now,
-                                 True, True, (), (), c.next_lease)
+                                 (), (), c.next_lease)
 
     def _ack_op(self, owner: str, ids: list[str], now: float) -> None:
         for row in self._fence(owner, ids):

@@ -130,22 +130,29 @@ class SessionStore:
 
     # -- sessions --------------------------------------------------------------------------
 
+    def create_session_now(self, session_id: str, project_id: str | None, title: str,
+                           kind: str, now: float, *, parent_id: str | None = None,
+                           platform: str | None = None,
+                           config: dict[str, Any] | None = None) -> SessionRecord:
+        """Insert a session inside the caller's transaction (on the writer thread);
+        :class:`DuplicateError` if the id is taken."""
+        s = self.t.session
+        if s.select().where(s.id == session_id).exists():
+            raise DuplicateError("session", "id", session_id)
+        s.insert(id=session_id, project_id=project_id, title=title, kind=kind,
+                 platform=platform, parent_id=parent_id, status="idle",
+                 config=json.dumps(config or {}, sort_keys=True),
+                 created_at=now, updated_at=now).execute()
+        return SessionRecord(session_id, project_id, title, kind, platform, parent_id, "idle",
+                             now, now, dict(config or {}))
+
     def create_session(self, session_id: str, project_id: str | None, title: str, kind: str,
                        now: float, *, parent_id: str | None = None, platform: str | None = None,
                        config: dict[str, Any] | None = None) -> SessionRecord:
         """Insert a session; :class:`DuplicateError` if the id is taken."""
-        s = self.t.session
-        cfg = json.dumps(config or {}, sort_keys=True)
-
-        def op() -> SessionRecord:
-            if s.select().where(s.id == session_id).exists():
-                raise DuplicateError("session", "id", session_id)
-            s.insert(id=session_id, project_id=project_id, title=title, kind=kind,
-                     platform=platform, parent_id=parent_id, status="idle", config=cfg,
-                     created_at=now, updated_at=now).execute()
-            return SessionRecord(session_id, project_id, title, kind, platform, parent_id, "idle",
-                                 now, now, dict(config or {}))
-        return self.writer.call(op)
+        return self.writer.call(lambda: self.create_session_now(
+            session_id, project_id, title, kind, now, parent_id=parent_id, platform=platform,
+            config=config))
 
     def create_many(self, sessions: list[tuple[str, str | None, str, str]], now: float) -> int:
         """Bulk-insert (id, project_id, title, kind) sessions (benchmarks, imports)."""

@@ -25,6 +25,7 @@ from .bulk_sql import BulkSql
 from .inbox_records import (
     ClaimedRow,
     EnqueueResult,
+    Lease,
     NewMessage,
     TurnCommit,
     entry_row,
@@ -36,14 +37,51 @@ class OneByOne(Exception):
     """The set-wise path does not handle this batch; run its items one at a time."""
 
 
-def enqueue_all(sql: BulkSql, items: Sequence[tuple[NewMessage, float]]) -> list[EnqueueResult]:
+Enqueue = tuple[NewMessage, float, Lease | None]
+"""An enqueue: the message, the time, and the lease to take if it is its target's head."""
+
+
+def enqueue_all(sql: BulkSql, items: Sequence[Enqueue]) -> list[EnqueueResult]:
     """Insert new messages in one statement; any repeated id sends the batch one by one."""
-    ids = [msg.message_id for msg, _ in items]
+    ids = [msg.message_id for msg, _, _ in items]
     if len(set(ids)) < len(ids) or sql.any_existing(ids):
         raise OneByOne("an idempotent repeat in the batch")
-    sql.insert_inbox([insert_params(msg, now) for msg, now in items])
+    sql.insert_inbox([insert_params(msg, now) for msg, now, _ in items])
+    claimed = lease_new_heads(sql, items)
     pending = core.State.PENDING.value
-    return [EnqueueResult(msg.message_id, msg.target, pending, True, now) for msg, now in items]
+    return [EnqueueResult(msg.message_id, msg.target, pending, True, now,
+                          claimed.get(msg.message_id)) for msg, now, _ in items]
+
+
+def lease_new_heads(sql: BulkSql, items: Sequence[Enqueue]) -> dict[str, ClaimedRow]:
+    """The fast path: lease each just-inserted row that asked for a lease and is its target's
+    head (the target had no open row before it), in the insert's transaction, so it goes
+    straight to its session without a claim. message id -> the leased row.
+
+    Only for a process that provably owns every target it leases: the caller's business
+    (an exclusive SQLite runtime; write transactions there are serial across processes, so
+    the head read here stays true until the commit)."""
+    # Only rows a session's turn delivers: a peer row's link sends it.
+    asking = {msg.message_id: (msg, now, lease) for msg, now, lease in items
+              if lease and msg.transport == "local"}
+    if not asking:
+        return {}
+    heads = sql.heads_of(sorted({msg.target for msg, _, _ in asking.values()}))
+    now = max(t for _, t, _ in asking.values())  # the batch's latest time, as commit_all
+    taken: dict[str, ClaimedRow] = {}
+    by_lease: dict[Lease, list[str]] = {}
+    for head in heads.values():
+        item = asking.get(head[0])
+        if item is None or item[2] is None or not core.chains(*head[9:12], now,
+                                                              bool(head[12])):
+            continue
+        by_lease.setdefault(item[2], []).append(head[0])
+        taken[head[0]] = ClaimedRow.from_columns(head)
+    for lease, ids in by_lease.items():
+        sql.hot.lease_many(ids, lease.owner, now + lease.seconds, now)
+    if taken:
+        sql.hot.set_status_many(sorted(r.target for r in taken.values()), "active", now)
+    return taken
 
 
 def _fence_all(sql: BulkSql, commits: Sequence[TurnCommit]) -> None:

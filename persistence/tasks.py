@@ -64,16 +64,19 @@ class TaskStore:
         t = self.t.task
         return t.select().where(t.chat_id == chat_id, t.status.in_(OPEN_TASK_STATES)).count()
 
+    def create_now(self, task_id: str, project_id: str | None, chat_id: str, title: str,
+                   status: str, now: float) -> TaskChange:
+        """Insert a task inside the caller's transaction (on the writer thread)."""
+        t = self.t.task
+        t.insert(id=task_id, project_id=project_id, chat_id=chat_id, title=title,
+                 status=status, created_at=now, updated_at=now).execute()
+        return TaskChange(None, _record(t.get(t.id == task_id)), self._open_count(chat_id))
+
     def create(self, task_id: str, project_id: str | None, chat_id: str, title: str,
                status: str, now: float) -> TaskChange:
         """Insert a task."""
-        t = self.t.task
-
-        def op() -> TaskChange:
-            t.insert(id=task_id, project_id=project_id, chat_id=chat_id, title=title,
-                     status=status, created_at=now, updated_at=now).execute()
-            return TaskChange(None, _record(t.get(t.id == task_id)), self._open_count(chat_id))
-        return self.writer.call(op)
+        return self.writer.call(
+            lambda: self.create_now(task_id, project_id, chat_id, title, status, now))
 
     def apply(self, task_id: str, chat_id: str, changes: dict[str, Any],
               now: float) -> TaskChange:

@@ -6,6 +6,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import pytest
+
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
     """Return once ``condition()`` is true; fail the test after ``timeout`` seconds."""
@@ -19,3 +21,11 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "
 
 def quiet_brain(turn: object) -> None:
     """A brain that reads its messages and says nothing (a runtime without one is send-only)."""
+
+
+def skip_slow_unless_asked(request: pytest.FixtureRequest) -> None:
+    """Skip a ``slow``-marked test unless the run asked for it (``-m slow``): the plain
+    ``pytest`` of CI runs every other test, and these would push it past its budget."""
+    asked = "slow" in (request.config.getoption("markexpr") or "")
+    if request.node.get_closest_marker("slow") is not None and not asked:
+        pytest.skip("a slow variant: runs with -m slow")

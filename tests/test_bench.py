@@ -205,3 +205,24 @@ def test_the_bare_durable_link_stores_every_message_once_on_both_sides(tmp_path:
     assert sender.execute("SELECT COUNT(*), SUM(acked) FROM outbox").fetchone() == (300, 300)
     ids = [r[0] for r in receiver.execute("SELECT id FROM inbox ORDER BY rowid")]
     assert ids == [f"msg-{i:08d}" for i in range(300)]  # once each, in send order
+
+
+@pytest.mark.timeout(120)
+def test_bench_crash_quick_kills_the_child_and_finds_every_guarantee_held() -> None:
+    result = subprocess.run([sys.executable, "-m", "kinbox.actors", "bench", "crash", "--quick",
+                             "--kills", "3", "--messages", "300", "--json"],
+                            capture_output=True, text=True, timeout=110)
+    assert result.returncode == 0, result.stderr[-2000:]
+    data = json.loads(result.stdout)
+    r = data["results"]["kinbox"]
+    assert data["benchmark"] == "crash" and data["settings"]["messages"] == 300
+    assert r["kills"] == 3 and r["lives"] == 4
+    assert (r["lost"], r["duplicate_turns"], r["stuck"], r["ran_after_ack"]) == (0, 0, 0, 0)
+    assert r["ok"] is True and r["wall_s"] > 0
+
+
+def test_bench_crash_sizes_are_checked_and_only_for_crash() -> None:
+    from kinbox.actors.cli import main
+
+    assert main(["bench", "crash", "--kills", "-1"]) == 2
+    assert main(["bench", "throughput", "--kills", "5"]) == 2

@@ -7,11 +7,18 @@ shows the checker can fail.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
-from .crash_harness import check, prepare, run_with_kills
+from kinbox.actors.crash_check import judge
+from kinbox.actors.crash_run import CrashRun, evidence, prepare, run_with_kills
+
+
+def check(run: CrashRun, ids: list[str]) -> list[str]:
+    """Every guarantee violation the run's evidence proves."""
+    return judge(evidence(run), ids).problems
 
 
 @pytest.mark.slow
@@ -22,7 +29,7 @@ def test_random_kills_lose_nothing_and_never_run_a_turn_twice(tmp_path: Path,
     url = f"sqlite:///{tmp_path / 'crash.db'}"
     ids = prepare(url, sessions=50, messages=4000)
     run = run_with_kills(url, tmp_path / "turns.log", kills=20, seed=7,
-                         faults=("async",) if flavour == "async" else ())
+                         args=("async",) if flavour == "async" else ())
     assert run.kills >= 20, f"only {run.kills} kills landed before the work ran out"
     assert check(run, ids) == []
     # the kills really interrupted delivery: some lives ended with work left
@@ -39,6 +46,7 @@ def test_the_checker_catches_a_broken_delivery_variant(tmp_path: Path, fault: st
                                                        symptom: str) -> None:
     url = f"sqlite:///{tmp_path / 'broken.db'}"
     ids = prepare(url, sessions=50, messages=1500)
-    run = run_with_kills(url, tmp_path / "turns.log", kills=15, seed=11, faults=(fault,))
+    child = (sys.executable, str(Path(__file__).parent / "broken_child.py"), fault)
+    run = run_with_kills(url, tmp_path / "turns.log", kills=15, seed=11, child=child)
     problems = check(run, ids)
     assert any(symptom in p for p in problems), problems[:5]

@@ -26,6 +26,7 @@ PURE_MODULES = [
     "actors/tool_schemas.py",
     "actors/cron_rules.py",
     "actors/social_rules.py",
+    "actors/crash_check.py",
     "transport/webhook_signature.py",
     "transport/identity.py",
     "transport/grants.py",

@@ -326,7 +326,6 @@ def test_a_second_runtime_on_the_same_sqlite_file_is_refused(make_runtime: MakeR
     ({"max_active_sessions": 0}, "max_active_sessions must be an integer >= 1, got 0"),
     ({"max_live_sessions": "many"}, "max_live_sessions must be an integer >= 1, got 'many'"),
     ({"lease_seconds": 0}, "lease_seconds, tick_interval and idle_ttl must be > 0"),
-    ({"faults": ["typo"]}, "unknown faults ['typo']"),
     ({"brain": "not callable"}, "brain must be callable"),
 ])
 def test_bad_runtime_options_are_refused_before_anything_starts(

@@ -1,6 +1,9 @@
-"""A runtime process for the crash tests: delivers what the journal holds until idle.
+"""A runtime process for the crash harness: delivers what the journal holds until idle.
 
-Usage: python crash_child.py DB_URL LOG_PATH LIFE [async] [FAULT ...]
+Usage: python -m kinbox.actors.crash_child DB_URL LOG_PATH LIFE [async]
+
+(The crash tests run the same child on deliberately broken journals through
+``tests/broken_child.py``: production code has no switch for them.)
 
 Every turn start is appended to LOG_PATH as "LIFE MESSAGE_ID" before the
 brain does anything, so the parent can prove which lives ran which message.
@@ -13,13 +16,13 @@ import asyncio
 import sys
 import threading
 
-from kinbox.actors import Runtime, Turn
+from .runtime import Runtime
+from .turn import Turn
 
 
 def main() -> None:
-    url, log_path, life, *faults = sys.argv[1:]
-    run_async = "async" in faults
-    faults = [f for f in faults if f != "async"]
+    url, log_path, life, *flavour = sys.argv[1:]
+    run_async = flavour == ["async"]
     log = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
     lock = threading.Lock()
 
@@ -35,7 +38,7 @@ def main() -> None:
         await asyncio.sleep(0)  # yield to the loop, as a model call would
         brain(turn)
 
-    with Runtime(db=url, brain=async_brain if run_async else brain, faults=faults,
+    with Runtime(db=url, brain=async_brain if run_async else brain,
                  tick_interval=0.05) as rt:
         print("ready", flush=True)
         rt.run_until_idle(timeout=120)

@@ -1,0 +1,142 @@
+"""Run a runtime child process under SIGKILL, restart it, and gather the evidence.
+
+The reusable half of the crash harness (``kinbox bench crash`` and the
+crash tests share it): :func:`prepare` commits the workload before any
+runtime starts, :func:`run_with_kills` kills the child at random moments
+and finally lets it drain, :func:`evidence` reads what the journal and the
+turn log show, for :func:`.crash_check.judge`. The child is any command
+that takes ``DB_URL LOG_PATH LIFE [ARGS...]``, prints ``ready`` once up and
+exits 0 when idle; :mod:`.crash_child` is the standard one.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..persistence import (
+    GroupCommitWriter,
+    Journal,
+    NewMessage,
+    SessionStore,
+    bind_tables,
+    open_database,
+    upgrade,
+)
+from .crash_check import Evidence, parse_turn_log
+
+CHILD = (sys.executable, "-m", "kinbox.actors.crash_child")
+"""The standard child: a runtime that delivers what the journal holds until idle."""
+
+READY_TIMEOUT = 60.0
+"""Seconds a child may take to print ``ready``."""
+
+
+@dataclass
+class CrashRun:
+    """What happened during a run with kills."""
+
+    url: str
+    log: Path
+    delivered_before_kill: list[frozenset[str]] = field(default_factory=list)
+    kills: int = 0
+    lives: int = 0
+
+
+@contextmanager
+def stores(url: str) -> Iterator[tuple[Journal, SessionStore]]:
+    """A journal and session store on ``url`` (schema upgraded), closed afterwards."""
+    db = open_database(url)
+    tables = bind_tables(db)
+    upgrade(tables)
+    writer = GroupCommitWriter(db)
+    writer.start()
+    try:
+        yield Journal(tables, writer), SessionStore(tables, writer)
+    finally:
+        writer.stop()
+        db.close()
+
+
+def prepare(url: str, sessions: int, messages: int) -> list[str]:
+    """Create the sessions and commit every message before any runtime starts."""
+    with stores(url) as (journal, store):
+        for i in range(sessions):
+            store.create_session(f"s{i:02d}", None, f"S{i}", "interactive", 0)
+        ids = [f"m{k:05d}" for k in range(messages)]
+        batch = [NewMessage(mid, f"s{k % sessions:02d}", f"payload {k}")
+                 for k, mid in enumerate(ids)]
+        for start in range(0, len(batch), 500):
+            journal.enqueue_many(batch[start:start + 500], 0)
+        return ids
+
+
+def delivered(url: str) -> frozenset[str]:
+    """Ids of the rows in state ``delivered`` now."""
+    with stores(url) as (journal, _store):
+        return frozenset(r["message_id"] for r in journal.rows(state="delivered"))
+
+
+def evidence(run: CrashRun) -> Evidence:
+    """Read the journal and the turn log of ``run``."""
+    with stores(run.url) as (journal, store):
+        rows = journal.rows()
+        markers = store.marker_counts()
+        mk = journal.t.marker
+        order = [(m.session_id, m.message_id) for m in mk.select().order_by(mk.id)]
+    text = run.log.read_text() if run.log.exists() else ""
+    return Evidence(status={r["message_id"]: r["status"] for r in rows},
+                    seq={r["message_id"]: r["seq"] for r in rows}, markers=markers,
+                    marker_order=order, starts=parse_turn_log(text.splitlines()),
+                    delivered_before_kill=list(run.delivered_before_kill))
+
+
+def spawn(run: CrashRun, args: Sequence[str] = (),
+          child: Sequence[str] = CHILD) -> subprocess.Popen[str]:
+    """Start the next life of the child and wait until it says ``ready``."""
+    run.lives += 1
+    proc = subprocess.Popen([*child, run.url, str(run.log), str(run.lives), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # blocks until the child is up (or dies)
+    if line.strip() != "ready":
+        proc.kill()
+        _out, err = proc.communicate(timeout=READY_TIMEOUT)
+        raise RuntimeError(f"crash child did not start: {line!r} {err[-2000:]}")
+    return proc
+
+
+def finish(run: CrashRun, args: Sequence[str] = (), child: Sequence[str] = CHILD,
+           timeout: float = 120.0) -> str:
+    """Run one more life to the end (it must exit 0); return its stderr."""
+    proc = spawn(run, args, child)
+    _out, err = proc.communicate(timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the last life exited {proc.returncode}: {err[-3000:]}")
+    return err
+
+
+def run_with_kills(url: str, log: Path, kills: int, seed: int, args: Sequence[str] = (),
+                   child: Sequence[str] = CHILD, max_gap: float = 0.04) -> CrashRun:
+    """Start the child, SIGKILL it ``kills`` times at random moments (up to ``max_gap``
+    seconds after it is ready), then let one last life drain everything."""
+    rng = random.Random(seed)
+    run = CrashRun(url, log)
+    while run.kills < kills:
+        proc = spawn(run, args, child)
+        try:
+            proc.wait(timeout=rng.uniform(0.0, max_gap))  # the kill moment
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            run.kills += 1
+            run.delivered_before_kill.append(delivered(url))
+        else:
+            break  # it finished everything before this kill
+    finish(run, args, child)
+    return run

@@ -1,0 +1,148 @@
+"""How a tool's writes commit: at once, or with the turn that made them (a turn's outbox).
+
+A brain's tool calls inside a turn (``agent_send``, family ``send``, task changes, a
+background ``agent(...)``, Focal's ``agent_send("new", ...)`` and ``watch``) do not commit
+on their own. Each becomes an operation in the turn's :class:`Outbox`, run on the writer
+thread inside the one transaction that commits the turn (its transcript entries,
+delivery markers and acks). A failed attempt's outbox is dropped, so the effects of a
+retried turn happen exactly once: with the attempt that commits, never with one that
+fails. Called outside a turn (``rt.tools_for(sid)`` from the product), the same tool
+code commits at once.
+
+The tool answers at once with the receipt the write will have: ids are chosen before
+the write, and a queued message's status is ``pending`` (the row exists from the
+turn's commit on). Later calls in the same turn see its own writes (a task created and
+then updated, a child started and then messaged) through the outbox's overlay.
+
+Two effects cannot wait for the commit, and are not in the outbox:
+
+- a foreground ``agent(..., run_in_background=False)``: the turn waits for the child,
+  so the child is committed at once. Its id is derived from the turn's message, the
+  call's place in the turn and its description, so a retried attempt that asks for the
+  same child gets the one that already ran (its result, if it finished) instead of a
+  second one;
+- steering: rows a turn takes with ``steering()`` are leased into it at once, and a
+  failed attempt hands them back unrun with its own row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from ..persistence import EnqueueResult, NewMessage, SessionRecord, TaskRecord
+from .context import RuntimeContext, TurnEffects
+
+T = TypeVar("T")
+
+QUEUED = "pending"
+"""The status a queued message's receipt reports (the row's state from its commit on)."""
+
+
+class Outbox:
+    """The writes of one turn's tool calls, waiting for the turn's commit."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        """The turn's first message id: what makes a foreground child's id repeatable."""
+        self.ops: list[Callable[[], object]] = []
+        self.after: list[Callable[[], None]] = []
+        self.sessions: dict[str, SessionRecord] = {}
+        self.tasks: dict[str, TaskRecord] = {}
+        self.foreground_calls = 0
+
+    def effects(self) -> TurnEffects:
+        """What the turn's commit runs (``ops``) and what follows once it is durable."""
+        return TurnEffects(ops=list(self.ops), after=list(self.after))
+
+    def child_id(self, description: str) -> str:
+        """The id of this turn's next foreground child: the same on every attempt that asks
+        for the same child at the same point of the turn."""
+        self.foreground_calls += 1
+        digest = hashlib.sha256(
+            f"{self.key}\0{self.foreground_calls}\0{description}".encode()).hexdigest()
+        return f"subagent-sub_{digest[:8]}"
+
+
+class Writes:
+    """Where a tool's writes go: ``outbox`` None means commit each at once."""
+
+    def __init__(self, ctx: RuntimeContext, outbox: Outbox | None) -> None:
+        self.ctx = ctx
+        self.outbox = outbox
+
+    def write(self, op: Callable[[], T], receipt: T, after: Callable[[T], None]) -> T:
+        """Run ``op`` in a transaction (now, or in the turn's commit), then ``after`` with
+        its result once durable. In a turn the caller gets ``receipt`` (what ``op`` will
+        produce) at once."""
+        box = self.outbox
+        if box is None:
+            result = self.ctx.journal.writer.call(op)
+            after(result)
+            return result
+        done: list[T] = []
+        box.ops.append(lambda: done.append(op()))
+        box.after.append(lambda: after(done[0]))
+        return receipt
+
+    def send(self, msgs: Sequence[NewMessage],
+             after: Callable[[], None] | None = None) -> list[EnqueueResult]:
+        """Queue messages in order; observers hear ``sent`` and the dispatcher wakes once
+        they are durable."""
+        ctx = self.ctx
+        now = ctx.now()
+        items = list(msgs)
+
+        def announce(results: list[EnqueueResult]) -> None:
+            for m, r in zip(items, results, strict=True):
+                ctx.emit_sent(m, r)
+            ctx.wake_dispatcher()
+            if after is not None:
+                after()
+
+        if self.outbox is None and len(items) == 1:  # set-wise, and maybe the fast path
+            results = [ctx.enqueue(items[0])]
+            if after is not None:
+                after()
+            return results
+        return self.write(lambda: [ctx.journal.enqueue_now(m, now) for m in items],
+                          [EnqueueResult(m.message_id, m.target, QUEUED, True, now)
+                           for m in items], announce)
+
+    def session(self, session_id: str) -> SessionRecord | None:
+        """A session as this turn sees it (its own new sessions included)."""
+        if self.outbox is not None and session_id in self.outbox.sessions:
+            return self.outbox.sessions[session_id]
+        return self.ctx.store.session(session_id)
+
+    def create_session(self, record: SessionRecord) -> SessionRecord:
+        """Create a session (``DuplicateError`` if its id is taken)."""
+        r = record
+        if self.outbox is not None:
+            self.outbox.sessions[r.id] = r
+        return self.write(
+            lambda: self.ctx.store.create_session_now(
+                r.id, r.project_id, r.title, r.kind, r.created_at, parent_id=r.parent_id,
+                platform=r.platform, config=r.config),
+            r, lambda _r: None)
+
+    def task(self, task_id: str) -> TaskRecord | None:
+        """A task as this turn sees it (its own changes included)."""
+        if self.outbox is not None and task_id in self.outbox.tasks:
+            return self.outbox.tasks[task_id]
+        return self.ctx.tasks.get(task_id)
+
+    def tasks_of(self, chat_id: str) -> list[TaskRecord]:
+        """A session's tasks as this turn sees them, oldest first."""
+        stored = self.ctx.tasks.for_session(chat_id)
+        if self.outbox is None:
+            return stored
+        mine = {t.id: t for t in self.outbox.tasks.values() if t.chat_id == chat_id}
+        merged = [mine.pop(t.id, t) for t in stored]
+        return merged + sorted(mine.values(), key=lambda t: (t.created_at, t.id))
+
+    def note_task(self, record: TaskRecord) -> None:
+        """Remember a task's state after a change queued in this turn."""
+        if self.outbox is not None:
+            self.outbox.tasks[record.id] = record
