@@ -6,6 +6,8 @@ Three systems, each a sender in this process and a receiver in a child:
 - ``raw_ws_windowed_ack``: plain websockets, each message acked by the
   receiver with at most ``window`` unacknowledged (the protocol kinbox runs,
   with no durability);
+- ``bare_durable``: the smallest link with kinbox's guarantee (raw sqlite3
+  and websockets, bench_peer_bare.py): the yardstick for what kinbox adds;
 - ``kinbox_peers``: a kinbox runtime sending to ``kinbox serve``: every
   message committed on the sender before the link sees it, committed on the
   receiver before its ack, and the ack committed on the sender (SQLite,
@@ -36,6 +38,7 @@ from websockets.sync.client import connect
 from ..persistence import GroupCommitWriter, bind_tables, open_database, upgrade
 from ..persistence.peers import PeerStore
 from ..transport import frames
+from .bench_peer_bare import bare_durable
 from .bench_runs import _ms, percentile
 from .peers import new_invite
 from .runtime import Runtime
@@ -176,19 +179,25 @@ def _invite(url: str) -> str:
 
 
 def peers(quick: bool, window: int = 64, messages: int | None = None) -> dict[str, Any]:
-    """The three systems on the same message count, in one run."""
+    """The four systems on the same message count, in one run."""
     n = messages or (2_000 if quick else 20_000)
     workdir = Path(tempfile.mkdtemp(prefix="kinbox-bench-peers-"))
     try:
+        bare = bare_durable(n, window, workdir, _free_port(), _wait_port)
+        lat = bare.pop("latencies")
+        bare.update(p50_ms=_ms(percentile(lat, 0.5)), p99_ms=_ms(percentile(lat, 0.99)))
         results = {"raw_ws_one_way": raw(n, None), "raw_ws_windowed_ack": raw(n, window),
-                   "kinbox_peers": kinbox(n, window, workdir)}
+                   "bare_durable": bare, "kinbox_peers": kinbox(n, window, workdir)}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     k, w = results["kinbox_peers"]["msgs_per_s"], results["raw_ws_windowed_ack"]["msgs_per_s"]
+    b = results["bare_durable"]["msgs_per_s"]
     return {"settings": {"messages": n, "window": window, "receiver": "kinbox serve (SQLite)",
                          "durability": "synchronous=FULL on both sides"},
             "results": results,
             "ratios": {"kinbox_vs_raw_windowed_ack": round(k / w, 3),
+                       "kinbox_vs_bare_durable": round(k / b, 3),
+                       "bare_durable_vs_raw_windowed_ack": round(b / w, 3),
                        "kinbox_vs_raw_one_way": round(
                            k / results["raw_ws_one_way"]["msgs_per_s"], 3),
                        "target_vs_raw_windowed_ack": 0.5}}

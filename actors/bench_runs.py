@@ -29,37 +29,61 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000, 3)
 
 
+TARGETS = {"kinbox_vs_huey": 3.0, "kinbox_vs_naive": 4.0, "kinbox_vs_dbos": 10.0,
+           "kinbox_vs_bare": 0.75}
+"""The throughput targets of issue #12 (kinbox's rate over each system's, same run)."""
+
+
 def throughput(quick: bool, repeat: int, systems: list[str]) -> dict[str, Any]:
     """Every system on the same workload, interleaved, ``repeat`` times; medians."""
     w = Workload(sessions=100, messages=10_000) if quick else Workload(1_000, 100_000)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+    wall = dict.fromkeys(systems, 0.0)
     for _ in range(repeat):
         for name in systems:
             workdir = fresh_dir()
+            began = time.perf_counter()
             try:
                 m = SYSTEMS[name](w, workdir)
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
-            runs[name].append({"msgs_per_s": w.messages / m.elapsed, "elapsed_s": m.elapsed,
+                wall[name] += time.perf_counter() - began
+            count = m.messages or w.messages
+            runs[name].append({"msgs_per_s": count / m.elapsed, "elapsed_s": m.elapsed,
+                               "messages": count, "order_violations": m.order_violations,
                                "p50_ms": _ms(percentile(m.latencies, 0.5)),
                                "p99_ms": _ms(percentile(m.latencies, 0.99)),
                                "latencies": m.latencies})
     results: dict[str, Any] = {}
     for name, rs in runs.items():
         median = sorted(rs, key=lambda r: r["msgs_per_s"])[len(rs) // 2]
+        violations = [r["order_violations"] for r in rs]
         results[name] = {"msgs_per_s": round(statistics.median(r["msgs_per_s"] for r in rs), 1),
+                         "messages": median["messages"],
+                         "order_violations": None if None in violations else max(violations),
                          "p50_ms": median["p50_ms"], "p99_ms": median["p99_ms"],
                          "runs_msgs_per_s": [round(r["msgs_per_s"], 1) for r in rs],
+                         "runs_order_violations": violations,
                          "_latencies": median["latencies"]}
     results["kinbox_open_loop"] = open_loop(rate=1000, seconds=3 if quick else 10)
     ratios = {f"kinbox_vs_{other.removeprefix('sqlite_')}":
               round(results["kinbox"]["msgs_per_s"] / results[other]["msgs_per_s"], 4)
-              for other in ("sqlite_ceiling", "naive", "huey", "memory")
+              for other in ("sqlite_ceiling", "naive", "huey", "memory", "bare", "dbos")
               if other in results and "kinbox" in results}
+    targets = {k: {"target": t, "measured": ratios[k], "met": ratios[k] >= t}
+               for k, t in TARGETS.items() if k in ratios}
+    if "kinbox" in results:
+        violations = results["kinbox"]["order_violations"]
+        targets["kinbox_order_violations"] = {"target": 0, "measured": violations,
+                                              "met": violations == 0}
+    bounded = {name: results[name]["messages"] for name in runs
+               if results[name]["messages"] != w.messages}
     return {"settings": {"sessions": w.sessions, "messages": w.messages,
                          "payload_bytes": w.payload, "producers": w.producers,
-                         "repeat": repeat, "systems": systems},
-            "results": results, "ratios": ratios}
+                         "repeat": repeat, "systems": systems,
+                         "wall_s_per_system": {k: round(v, 1) for k, v in wall.items()},
+                         "bounded_by_message_count": bounded},
+            "results": results, "ratios": ratios, "targets": targets}
 
 
 def open_loop(rate: int, seconds: float) -> dict[str, Any]:

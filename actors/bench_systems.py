@@ -12,71 +12,21 @@ from __future__ import annotations
 
 import signal
 import sqlite3
-import tempfile
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pykka
 
+from .bench_bare import run_bare
+from .bench_dbos import run_dbos
+from .bench_workload import Measured, Recorder, Workload, fresh_dir, produce, stamp
 from .runtime import Runtime
 from .turn import Turn
 
-
-@dataclass(frozen=True)
-class Workload:
-    """What every system runs."""
-
-    sessions: int
-    messages: int
-    payload: int = 100
-    producers: int = 32
-
-
-@dataclass
-class Measured:
-    """One system's run: elapsed seconds and latencies (seconds) per message."""
-
-    elapsed: float
-    latencies: list[float] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-class Recorder:
-    """Counts handled messages, keeps latencies, and signals when all arrived."""
-
-    def __init__(self, expected: int) -> None:
-        self.expected = expected
-        self.latencies: list[float] = []
-        self._lock = threading.Lock()
-        self.done = threading.Event()
-
-    def handled(self, content: str) -> None:
-        sent = float(content.split("|", 1)[0])
-        now = time.perf_counter()
-        with self._lock:
-            self.latencies.append(now - sent)
-            if len(self.latencies) >= self.expected:
-                self.done.set()
-
-
-def stamp(payload: int) -> str:
-    """A message body: the send time, then padding to ``payload`` bytes."""
-    head = f"{time.perf_counter():.9f}|"
-    return head + "x" * max(0, payload - len(head))
-
-
-def produce(w: Workload, send: Callable[[int, str], None]) -> None:
-    """Send every message from ``w.producers`` threads; message k goes to session k % S."""
-    def worker(offset: int) -> None:
-        for k in range(offset, w.messages, w.producers):
-            send(k % w.sessions, stamp(w.payload))
-    with ThreadPoolExecutor(w.producers) as pool:
-        list(pool.map(worker, range(w.producers)))
+__all__ = ["SYSTEMS", "Measured", "Recorder", "Workload", "fresh_dir", "produce", "stamp"]
 
 
 def run_kinbox(w: Workload, workdir: Path, synchronous: str = "FULL") -> Measured:
@@ -100,8 +50,7 @@ def run_kinbox(w: Workload, workdir: Path, synchronous: str = "FULL") -> Measure
             raise TimeoutError("kinbox did not deliver every message")
         elapsed = time.perf_counter() - start
         stats = rt.statistics()
-        return Measured(elapsed, rec.latencies, {"writer": stats.get("writer"),
-                                                 "peak_live": stats["peak_live"]})
+        return rec.measured(elapsed, writer=stats.get("writer"), peak_live=stats["peak_live"])
     finally:
         rt.stop()
 
@@ -128,7 +77,7 @@ def run_memory(w: Workload, workdir: Path) -> Measured:
         produce(w, lambda i, body: refs[i % len(refs)].tell(body))
         if not rec.done.wait(3600):
             raise TimeoutError("memory did not deliver every message")
-        return Measured(time.perf_counter() - start, rec.latencies)
+        return rec.measured(time.perf_counter() - start)
     finally:
         for ref in refs:
             ref.stop()
@@ -172,7 +121,7 @@ def run_naive(w: Workload, workdir: Path) -> Measured:
         produce(w, lambda i, body: queue.put({"target": i, "body": body}))
         if not rec.done.wait(3600):
             raise TimeoutError("naive did not deliver every message")
-        return Measured(time.perf_counter() - start, rec.latencies)
+        return rec.measured(time.perf_counter() - start)
     finally:
         stop.set()
         consumer.join(5)
@@ -205,7 +154,7 @@ def run_huey(w: Workload, workdir: Path) -> Measured:
         produce(w, lambda i, body: handle(i, body))
         if not rec.done.wait(3600):
             raise TimeoutError("huey did not deliver every message")
-        return Measured(time.perf_counter() - start, rec.latencies)
+        return rec.measured(time.perf_counter() - start)
     finally:
         consumer.stop(graceful=True)
 
@@ -236,9 +185,7 @@ SYSTEMS: dict[str, Callable[[Workload, Path], Measured]] = {
     "huey": run_huey,
     "memory": run_memory,
     "sqlite_ceiling": run_sqlite_ceiling,
+    "bare": run_bare,
+    "dbos": run_dbos,
 }
 
-
-def fresh_dir() -> Path:
-    """A scratch directory for one system's run."""
-    return Path(tempfile.mkdtemp(prefix="kinbox-bench-"))

@@ -7,15 +7,24 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from kinbox.actors import bench_runs
 from kinbox.actors.bench import plot, table
+from kinbox.actors.bench_bare import BarePipeline
+from kinbox.actors.bench_dbos import bounded
 from kinbox.actors.bench_systems import SYSTEMS, Workload, fresh_dir
+from kinbox.actors.bench_workload import Measured, Recorder, order_violations, stamp
+
+from .helpers import wait_for
+
+ORDERED = {"kinbox", "kinbox_normal", "memory", "bare"}  # one turn per session at a time
 
 
 @pytest.mark.timeout(120)
@@ -28,6 +37,79 @@ def test_every_system_runs_the_workload_to_the_last_message(name: str) -> None:
     assert measured.elapsed > 0
     if name != "sqlite_ceiling":
         assert len(measured.latencies) == 60
+        assert isinstance(measured.order_violations, int)
+        assert 0 <= measured.order_violations < 60
+        assert min(measured.latencies) > 0
+    if name in ORDERED:
+        assert measured.order_violations == 0
+
+
+def test_order_violations_counts_each_message_handled_after_a_later_one_of_its_stream() -> None:
+    assert order_violations([]) == 0
+    assert order_violations([("a", 1), ("a", 2), ("b", 1), ("a", 3)]) == 0
+    assert order_violations([("a", 2), ("a", 1)]) == 1
+    # 3 handled first: 1 and 2 are both late; streams do not interfere
+    assert order_violations([("a", 3), ("b", 9), ("a", 1), ("a", 2), ("b", 10)]) == 2
+    assert order_violations([("a", 1), ("a", 3), ("a", 2), ("a", 4)]) == 1
+    assert order_violations([(("t0", "p1"), 5), (("t0", "p2"), 1), (("t0", "p1"), 4)]) == 1
+
+
+def test_the_recorder_reads_target_producer_and_seq_from_the_body_and_counts_reordering() -> None:
+    rec = Recorder(4)
+    for seq in (33, 1, 65, 97):  # producer 1 to target 1, 33 handled before 1
+        rec.handled(stamp(100, target=1, producer=1, seq=seq))
+    assert rec.done.is_set()
+    measured = rec.measured(1.0)
+    assert measured.order_violations == 1 and len(measured.latencies) == 4
+    assert len(stamp(100, 7, 3, 12345)) == 100
+
+
+def test_dbos_is_bounded_by_message_count_only_beyond_its_limits() -> None:
+    assert bounded(Workload(5, 60)).messages == 60
+    assert bounded(Workload(100, 10_000)) == Workload(100, 1_000)
+    assert bounded(Workload(1_000, 100_000)) == Workload(1_000, 5_000)
+
+
+@pytest.mark.timeout(60)
+def test_the_bare_pipeline_commits_each_turn_with_its_marker_and_ack_and_rehydrates(
+        tmp_path: Path) -> None:
+    handled: list[tuple[int, str]] = []
+    lock = threading.Lock()
+    hold = threading.Event()
+
+    def brain(target: int, body: str) -> str:
+        if body.startswith("held"):
+            hold.wait(30)
+        with lock:
+            handled.append((target, body))
+        return "ok"
+
+    pipe = BarePipeline(tmp_path / "bare.db", 2, brain, workers=4, chain=2).start()
+    ids = [pipe.send(k % 2, f"m{k}") for k in range(10)]
+    assert ids == list(range(1, 11))
+    pipe.send(0, "held")
+    db = sqlite3.connect(tmp_path / "bare.db")
+
+    def acked() -> int:
+        return db.execute("SELECT COUNT(*) FROM inbox WHERE acked = 1").fetchone()[0]
+
+    wait_for(lambda: acked() == 10, what="ten acked turns")
+    assert db.execute("SELECT COUNT(*) FROM markers").fetchone()[0] == 10
+    assert db.execute("SELECT COUNT(*) FROM transcript").fetchone()[0] == 20
+    assert [b for t, b in handled if t == 0] == [f"m{k}" for k in range(0, 10, 2)]
+    hold.set()
+    pipe.stop()
+    db.execute("UPDATE inbox SET acked = 0 WHERE id = 11")  # the held turn: as if it crashed
+    db.execute("DELETE FROM markers WHERE message_id = 11")
+    db.commit()
+    handled.clear()
+    again = BarePipeline(tmp_path / "bare.db", 2, brain, workers=2).start()
+    try:
+        wait_for(lambda: acked() == 11, what="the rehydrated row acked")
+        assert handled == [(0, "held")]
+        assert again.send(1, "next") == 12
+    finally:
+        again.stop()
 
 
 @pytest.mark.timeout(120)
@@ -36,17 +118,34 @@ def test_throughput_report_has_results_for_every_system_and_the_ratios(
     monkeypatch.setattr(bench_runs, "Workload", lambda *a, **k: Workload(4, 40, producers=2))
     monkeypatch.setattr(bench_runs, "open_loop", lambda rate, seconds: {"p50_ms": 1.0,
                                                                          "p99_ms": 2.0})
+    # dbos runs for real above (a child process each, seconds apiece); here a stand-in that
+    # ran fewer messages than the workload, as the real one does at quick and full sizes.
+    monkeypatch.setitem(bench_runs.SYSTEMS, "dbos", lambda w, d: Measured(
+        0.1, [0.001] * 20, {}, order_violations=3, messages=20))
     report = bench_runs.throughput(True, 3, list(SYSTEMS))
     assert set(report["results"]) == {*SYSTEMS, "kinbox_open_loop"}
     for name in SYSTEMS:
         r = report["results"][name]
         assert {"msgs_per_s", "p50_ms", "p99_ms", "runs_msgs_per_s"} <= set(r)
         assert len(r["runs_msgs_per_s"]) == 3
+        assert isinstance(r["order_violations"], int) or name == "sqlite_ceiling"
+        assert r["messages"] == (20 if name == "dbos" else 40)
+    assert report["results"]["kinbox"]["order_violations"] == 0
     assert set(report["ratios"]) == {"kinbox_vs_ceiling", "kinbox_vs_naive", "kinbox_vs_huey",
-                                     "kinbox_vs_memory"}
+                                     "kinbox_vs_memory", "kinbox_vs_bare", "kinbox_vs_dbos"}
+    assert set(report["targets"]) == {"kinbox_vs_huey", "kinbox_vs_naive", "kinbox_vs_dbos",
+                                      "kinbox_vs_bare", "kinbox_order_violations"}
+    assert report["targets"]["kinbox_vs_dbos"]["target"] == 10.0
+    assert report["targets"]["kinbox_order_violations"]["met"] is True
     full = {"benchmark": "throughput", **report}
     full["settings"].update({"quick": True, "cpus": 2})
-    assert "kinbox_vs_huey" in table(full)
+    text = table(full)
+    assert "kinbox_vs_huey" in text and "kinbox_vs_bare" in text and "order_violations" in text
+    assert "target kinbox_vs_dbos >= 10.0" in text
+    assert report["results"]["dbos"]["msgs_per_s"] == 200.0
+    assert report["results"]["dbos"]["order_violations"] == 3
+    assert report["settings"]["bounded_by_message_count"] == {"dbos": 20}
+    assert "dbos ran 20 messages per run, not 40" in text
     plot(full, str(tmp_path / "plot.png"))
     assert (tmp_path / "plot.png").stat().st_size > 1000
 
@@ -82,12 +181,30 @@ def test_peers_benchmark_reports_kinbox_beside_raw_websockets() -> None:
     from kinbox.actors import bench_peers
 
     report = bench_peers.peers(quick=True, window=16, messages=150)
-    assert set(report["results"]) == {"raw_ws_one_way", "raw_ws_windowed_ack", "kinbox_peers"}
+    assert set(report["results"]) == {"raw_ws_one_way", "raw_ws_windowed_ack", "bare_durable",
+                                      "kinbox_peers"}
     for r in report["results"].values():
         assert r["messages"] == 150 and r["msgs_per_s"] > 0
     assert report["results"]["kinbox_peers"]["p99_ms"] is not None
+    assert report["results"]["bare_durable"]["p99_ms"] is not None
     assert set(report["ratios"]) == {"kinbox_vs_raw_windowed_ack", "kinbox_vs_raw_one_way",
+                                     "kinbox_vs_bare_durable",
+                                     "bare_durable_vs_raw_windowed_ack",
                                      "target_vs_raw_windowed_ack"}
+
+
+@pytest.mark.timeout(60)
+def test_the_bare_durable_link_stores_every_message_once_on_both_sides(tmp_path: Path) -> None:
+    from kinbox.actors import bench_peers
+    from kinbox.actors.bench_peer_bare import bare_durable
+
+    result = bare_durable(300, 8, tmp_path, bench_peers._free_port(), bench_peers._wait_port)
+    assert result["messages"] == 300 and len(result["latencies"]) == 300
+    sender = sqlite3.connect(tmp_path / "bare-sender.db")
+    receiver = sqlite3.connect(tmp_path / "bare-receiver.db")
+    assert sender.execute("SELECT COUNT(*), SUM(acked) FROM outbox").fetchone() == (300, 300)
+    ids = [r[0] for r in receiver.execute("SELECT id FROM inbox ORDER BY rowid")]
+    assert ids == [f"msg-{i:08d}" for i in range(300)]  # once each, in send order
 
 
 @pytest.mark.timeout(120)
