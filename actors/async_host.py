@@ -34,10 +34,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..persistence import ClaimedRow, WriterClosed
 from .async_tools import AsyncTools
-from .delivery import Delivery, Done, Effect, RunBrain
 from .running import TIMEOUT
 from .turn import Turn
-from .turn_run import prepare, take_result
+from .turn_run import take_result
 
 if TYPE_CHECKING:
     from .context import RuntimeContext
@@ -146,15 +145,20 @@ class AsyncHost:
         effect carried out by the actor on a blocking worker."""
         run = actor.new_run()
         effects = run.claimed(row)
-        done = False
         try:
-            while effects:
-                effect = effects.pop(0)
-                if isinstance(effect, RunBrain):
-                    effects[:0] = await self._brain_effects(actor, run)
-                else:
-                    done = done or isinstance(effect, Done)
-                    effects[:0] = await self.blocking(actor.apply, run, effect)
+            while True:
+                effects, brain_due, error = await self.blocking(actor.carry_out, run, effects)
+                if not brain_due:
+                    break
+                turn = actor.turn
+                assert turn is not None
+                turn._run_blocking = self.blocking
+                if error is None:
+                    try:
+                        error = await self._run_brain(turn)
+                    except Exception as exc:
+                        error = exc
+                effects[:0] = actor.brain_ended(run, error)  # no I/O: judged on the loop
         except WriterClosed:
             pass  # stopped or crashed under us: the journal keeps the row
         except asyncio.CancelledError:
@@ -162,19 +166,8 @@ class AsyncHost:
         except Exception:
             log.exception("an async turn of %s failed outside its brain", actor.session_id)
         finally:
-            if not done:
+            if not actor.told_done:
                 actor.done(True)
-
-    async def _brain_effects(self, actor: SessionActor, run: Delivery) -> list[Effect]:
-        turn = actor.turn
-        assert turn is not None
-        turn._run_blocking = self.blocking
-        try:
-            await self.blocking(prepare, self.ctx, turn)  # the Focal policy may read the db
-            error = await self._run_brain(turn)
-        except Exception as exc:
-            error = exc
-        return await self.blocking(actor.brain_ended, run, error)
 
     async def _run_brain(self, turn: Turn) -> BaseException | None:
         """Await the brain; the error the attempt ends with, or None to commit."""

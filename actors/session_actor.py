@@ -43,6 +43,8 @@ class SessionActor(PooledActor):
         self.turn: Turn | None = None
         """The turn of the current effect (one at a time: the protocol is sequential)."""
         self.judged: Judged | None = None
+        self.told_done = False
+        """The dispatcher heard this run's ``TurnDone`` (it must, exactly once)."""
 
     def on_receive(self, message: Any) -> None:
         if isinstance(message, Deliver):
@@ -54,30 +56,44 @@ class SessionActor(PooledActor):
                 return
             run = self.new_run()
             effects = run.claimed(message.row)
-            done = False
             try:
-                while effects:
-                    effect = effects.pop(0)
-                    if isinstance(effect, dp.RunBrain):
-                        effects[:0] = self.brain_ended(run, self.run_brain())
-                    else:
-                        done = done or isinstance(effect, dp.Done)
-                        effects[:0] = self.apply(run, effect)
+                while True:
+                    effects, brain_due, error = self.carry_out(run, effects)
+                    if not brain_due:
+                        break
+                    effects[:0] = self.brain_ended(run, error or self.run_brain())
             except WriterClosed:
                 pass  # the runtime stopped or crashed under us: the journal keeps the row
             finally:
-                if not done:
+                if not self.told_done:
                     self.done(True)
 
     def new_run(self) -> dp.Delivery:
         """A delivery run of this session, as the protocol tracks it."""
+        self.told_done = False
         return dp.Delivery(closing=self.ctx.closed.is_set())
+
+    def carry_out(self, run: dp.Delivery, effects: list[dp.Effect]
+                  ) -> tuple[list[dp.Effect], bool, BaseException | None]:
+        """Carry out effects until the brain is due (then run the turn hooks, the Focal
+        policy, which may read the database): (effects left, brain due, hook error).
+        One call per turn end and start, so an async turn costs one worker hop each."""
+        while effects:
+            effect = effects.pop(0)
+            if isinstance(effect, dp.RunBrain):
+                assert self.turn is not None
+                try:
+                    prepare(self.ctx, self.turn)
+                except Exception as exc:
+                    return effects, True, exc
+                return effects, True, None
+            effects[:0] = self.apply(run, effect)
+        return [], False, None
 
     def run_brain(self) -> BaseException | None:
         """Call a sync brain on the started turn; the error the attempt ends with."""
         assert self.turn is not None
         try:
-            prepare(self.ctx, self.turn)
             take_result(self.turn, self.ctx.brain(self.turn))
         except Exception as exc:
             return exc
@@ -114,6 +130,7 @@ class SessionActor(PooledActor):
     def done(self, claim: bool) -> None:
         """Tell the dispatcher the session's slot is free (unless the runtime crashed)."""
         self.turn = self.judged = None
+        self.told_done = True
         if not self.ctx.crashed.is_set() and self.ctx.dispatcher is not None:
             try:
                 self.ctx.dispatcher.tell(TurnDone(self.session_id, claim))
