@@ -40,6 +40,10 @@ from typing import Any
 from .bench_runs import percentile
 from .bench_scaleout_systems import SYSTEM_NAMES, Producer, fresh_database
 
+OTHERS = (("pgqueuer", " (target >= 1)"), ("dbos", " (target >= 3)"), ("procrastinate", ""),
+          ("raw", ""))
+"""The systems kinbox is compared with, and the issue's target for each."""
+
 SESSIONS = 200
 PAYLOAD = 100
 PRODUCERS = 32
@@ -238,9 +242,10 @@ def ratios(r: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for w in ("drain", "closed"):
         key = f"{w}_msgs_per_s"
         out[f"{w}: 2 workers / 1 (target >= 1.3)"] = round(two[key] / one[key], 2)
-        for other in ("pgqueuer", "raw"):
+        for other, target in OTHERS:
             if other in r:
-                out[f"{w}: kinbox 1 worker / {other}"] = round(one[key] / r[other][key], 2)
+                out[f"{w}: kinbox 1 worker / {other}{target}"] = round(
+                    one[key] / r[other][key], 2)
     out["recovery to first redelivery, s (target <= 1)"] = (
         r["kinbox_recovery"]["first_redelivery_s"])
     out["p99 send -> turn start at 500/s, ms (target <= 20)"] = r["kinbox_latency"]["p99_ms"]

@@ -3,9 +3,11 @@
 Usage: python -m kinbox.actors.bench_scaleout_child SYSTEM DB_URL OUT_JSON [--slow]
 
 SYSTEM is ``kinbox`` (a delivering :class:`Runtime`, as ``kinbox worker``
-runs), ``raw`` (a bare ``FOR UPDATE SKIP LOCKED`` claim loop) or
-``pgqueuer``. Every one runs the same trivial brain: note the time from
-the send (stamped in the body) to the turn's start. ``--slow`` makes each
+runs), ``raw`` (a bare ``FOR UPDATE SKIP LOCKED`` claim loop), ``pgqueuer``,
+``procrastinate`` or ``dbos`` (DBOS Transact: a workflow per message on a
+queue partitioned by session, one at a time per partition). Every one
+runs the same trivial brain: note the time from the send (stamped in the
+body) to the turn's start. ``--slow`` makes each
 turn take half a second (the recovery run kills a worker mid-turn). Prints
 "ready" once consuming; on SIGTERM stops, then writes ``{"starts": [[id,
 t], ...], "latencies": [...], "first": t, "last": t}`` to OUT_JSON.
@@ -130,7 +132,42 @@ def run_pgqueuer(url: str, brain: Brain, stop: threading.Event) -> None:
     asyncio.run(main())
 
 
-SYSTEMS = {"kinbox": run_kinbox, "raw": run_raw, "pgqueuer": run_pgqueuer}
+def run_procrastinate(url: str, brain: Brain, stop: threading.Event) -> None:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+
+    @app.task(name="turn", queue="turns", pass_context=True)
+    def turn(context: procrastinate.JobContext, body: str) -> None:
+        assert context.job is not None
+        brain.handle(str(context.job.id), body)
+
+    print("ready", flush=True)
+    # Sync tasks run in threads; its own SIGTERM handler stops it gracefully.
+    app.run_worker(queues=["turns"], concurrency=BATCH, fetch_job_polling_interval=0.1,
+                   delete_jobs="always")
+
+
+def run_dbos(url: str, brain: Brain, stop: threading.Event) -> None:
+    from dbos import DBOS
+
+    DBOS(config={"name": "kinbox-bench", "system_database_url": url,
+                 "log_level": "WARNING"})
+
+    @DBOS.workflow(name="turn")
+    def turn(body: str) -> None:
+        brain.handle(DBOS.workflow_id or "", body)
+
+    DBOS.launch()
+    DBOS.register_queue("turns", partition_concurrency=1, worker_concurrency=BATCH,
+                        polling_interval_sec=0.05)
+    print("ready", flush=True)
+    stop.wait()
+    DBOS.destroy()
+
+
+SYSTEMS = {"kinbox": run_kinbox, "raw": run_raw, "pgqueuer": run_pgqueuer,
+           "procrastinate": run_procrastinate, "dbos": run_dbos}
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 from .bench_systems import stamp
 from .runtime import Runtime
 
-SYSTEM_NAMES = ("kinbox", "raw", "pgqueuer")
+SYSTEM_NAMES = ("kinbox", "raw", "pgqueuer", "procrastinate", "dbos")
 CHUNK = 2000
 
 
@@ -75,6 +75,22 @@ class Producer:
     def _setup_pgqueuer(self) -> None:
         self._pgq(lambda q: q.install())
 
+    def _setup_procrastinate(self) -> None:
+        import procrastinate
+        self.app = procrastinate.App(
+            connector=procrastinate.SyncPsycopgConnector(conninfo=self.url))
+        self.app.open()
+        self.app.schema_manager.apply_schema()
+
+    def _setup_dbos(self) -> None:
+        from dbos import DBOS, DBOSClient
+        DBOS.migrate(self.url)  # the system tables, before the first enqueue
+        self.client = DBOSClient(system_database_url=self.url)
+
+    def _dbos_send(self, k: int, body: str) -> None:
+        self.client.enqueue({"workflow_name": "turn", "queue_name": "turns",
+                             "queue_partition_key": self.ids[k % self.sessions]}, body)
+
     def _sql(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
         conn = self._conn()
         with conn.cursor() as cur:
@@ -118,6 +134,12 @@ class Producer:
                 values = ", ".join(["(%s, %s)"] * len(rows))
                 self._sql(f"INSERT INTO raw_jobs (session, body) VALUES {values}",
                           [v for r in rows for v in r])
+            elif self.system == "procrastinate":
+                deferrer = self.app.configure_task("turn", queue="turns")
+                deferrer.batch_defer(*[{"body": stamp(self.payload)} for _ in ks])
+            elif self.system == "dbos":
+                for k in ks:
+                    self._dbos_send(k, stamp(self.payload))
             else:
                 n = len(ks)
                 self._pgq(lambda q, n=n: q.enqueue(
@@ -132,6 +154,10 @@ class Producer:
         elif self.system == "raw":
             self._sql("INSERT INTO raw_jobs (session, body) VALUES (%s, %s); "
                       "NOTIFY raw_jobs", (self.ids[k % self.sessions], body))
+        elif self.system == "procrastinate":
+            self.app.configure_task("turn", queue="turns").defer(body=body)
+        elif self.system == "dbos":
+            self._dbos_send(k, body)
         else:
             self._pgq(lambda q: q.enqueue("turn", body.encode()))
 
@@ -141,11 +167,20 @@ class Producer:
             sql = "SELECT COUNT(*) FROM agent_inbox_messages WHERE status <> 'delivered'"
         elif self.system == "raw":
             sql = "SELECT COUNT(*) FROM raw_jobs WHERE status <> 'done'"
+        elif self.system == "procrastinate":
+            sql = "SELECT COUNT(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"
+        elif self.system == "dbos":
+            sql = ("SELECT COUNT(*) FROM dbos.workflow_status "
+                   "WHERE status IN ('ENQUEUED', 'PENDING')")
         else:
             sql = "SELECT COUNT(*) FROM pgqueuer"
         return int(self._sql(sql)[0][0])
 
     def close(self) -> None:
-        """Stop the send-only runtime; connections close with the process."""
+        """Stop the send-only runtime and clients; connections close with the process."""
         if self.rt is not None:
             self.rt.stop()
+        if self.system == "procrastinate":
+            self.app.close()
+        if self.system == "dbos":
+            self.client.destroy()
