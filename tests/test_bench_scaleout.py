@@ -38,7 +38,13 @@ def test_the_ratios_name_each_target_with_its_measure() -> None:
 @pytest.mark.postgres
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_a_tiny_scaleout_run_reports_every_system_and_workload(pg_url: str) -> None:
+def test_a_tiny_scaleout_run_reports_every_system_and_workload(
+        pg_url: str, request: pytest.FixtureRequest) -> None:
+    # About a minute (a dozen runs of worker processes): only with ``-m slow``.
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("the scaleout benchmark runs only with -m slow")
+    for module in ("asyncpg", "pgqueuer", "procrastinate", "dbos"):
+        pytest.importorskip(module, reason="the bench extra: pip install -e '.[bench]'")
     report = bench_scaleout.scaleout(True, pg_url, tiny=True)
     results = report["results"]
     others = [s for s in SYSTEM_NAMES if s != "kinbox"]
