@@ -197,7 +197,7 @@ def recovery(base: str) -> dict[str, Any]:
 
 def producer_held(producer: Producer, pid: int) -> set[str]:
     """Rows a worker process holds in ``processing`` (its owner id names its pid)."""
-    rows = producer._sql("SELECT message_id FROM agent_inbox_messages WHERE status = "
+    rows = producer.query("SELECT message_id FROM agent_inbox_messages WHERE status = "
                          "'processing' AND lease_owner LIKE %s", (f"%:{pid}:%",))
     return {r[0] for r in rows}
 

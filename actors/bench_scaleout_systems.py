@@ -68,9 +68,9 @@ class Producer:
             [(sid, project.id, sid, "interactive") for sid in self.ids], self.rt.clock.now())
 
     def _setup_raw(self) -> None:
-        self._sql("CREATE TABLE raw_jobs (id BIGSERIAL PRIMARY KEY, session TEXT NOT NULL, "
+        self.query("CREATE TABLE raw_jobs (id BIGSERIAL PRIMARY KEY, session TEXT NOT NULL, "
                   "body TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending')")
-        self._sql("CREATE INDEX raw_jobs_pending ON raw_jobs (id) WHERE status = 'pending'")
+        self.query("CREATE INDEX raw_jobs_pending ON raw_jobs (id) WHERE status = 'pending'")
 
     def _setup_pgqueuer(self) -> None:
         self._pgq(lambda q: q.install())
@@ -91,7 +91,8 @@ class Producer:
         self.client.enqueue({"workflow_name": "turn", "queue_name": "turns",
                              "queue_partition_key": self.ids[k % self.sessions]}, body)
 
-    def _sql(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+    def query(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        """Run ``sql`` on this thread's own connection (autocommit); the rows, if any."""
         conn = self._conn()
         with conn.cursor() as cur:
             cur.execute(sql, params)
@@ -132,7 +133,7 @@ class Producer:
             elif self.system == "raw":
                 rows = [(self.ids[k % self.sessions], stamp(self.payload)) for k in ks]
                 values = ", ".join(["(%s, %s)"] * len(rows))
-                self._sql(f"INSERT INTO raw_jobs (session, body) VALUES {values}",
+                self.query(f"INSERT INTO raw_jobs (session, body) VALUES {values}",
                           [v for r in rows for v in r])
             elif self.system == "procrastinate":
                 deferrer = self.app.configure_task("turn", queue="turns")
@@ -152,7 +153,7 @@ class Producer:
             assert self.rt is not None
             self.rt.post(self.ids[k % self.sessions], body)
         elif self.system == "raw":
-            self._sql("INSERT INTO raw_jobs (session, body) VALUES (%s, %s); "
+            self.query("INSERT INTO raw_jobs (session, body) VALUES (%s, %s); "
                       "NOTIFY raw_jobs", (self.ids[k % self.sessions], body))
         elif self.system == "procrastinate":
             self.app.configure_task("turn", queue="turns").defer(body=body)
@@ -174,7 +175,7 @@ class Producer:
                    "WHERE status IN ('ENQUEUED', 'PENDING')")
         else:
             sql = "SELECT COUNT(*) FROM pgqueuer"
-        return int(self._sql(sql)[0][0])
+        return int(self.query(sql)[0][0])
 
     def close(self) -> None:
         """Stop the send-only runtime and clients; connections close with the process."""

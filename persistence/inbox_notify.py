@@ -76,6 +76,8 @@ class InboxListener:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread and close its connection."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         os.write(self._wake_w, b"x")
         if self._thread is not None:
@@ -121,10 +123,14 @@ class InboxListener:
 
     def _connect(self) -> Any:
         conn = self.db._connect()
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute("SET application_name = %s", (APPLICATION_NAME,))
-            cur.execute(f'LISTEN "{self.channel}"')
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute("SET application_name = %s", (APPLICATION_NAME,))
+                cur.execute(f'LISTEN "{self.channel}"')
+        except Exception:
+            conn.close()
+            raise
         self._bump("connects")
         self.listening.set()
         self._call()  # anything sent while we were not listening

@@ -13,6 +13,7 @@ import pytest
 
 from kinbox.actors import Runtime, Turn
 from kinbox.persistence import open_database
+from kinbox.persistence.inbox_notify import reconnect_delays
 
 from .helpers import wait_for
 
@@ -78,3 +79,8 @@ def test_the_listener_reconnects_after_its_connection_is_killed(
         admin.close()
         sender.stop()
         rt.stop()
+
+
+def test_reconnect_delays_double_up_to_their_maximum() -> None:
+    delays = reconnect_delays(initial=0.05, maximum=1.0)
+    assert [next(delays) for _ in range(7)] == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
