@@ -141,3 +141,31 @@ def test_the_database_clock_tells_the_servers_time_and_reads_it_only_every_resyn
     finally:
         clock.close()
         db.close()
+
+
+@pytest.mark.timeout(60)
+def test_workers_starting_at_once_on_an_empty_database_all_start(pg_url: str) -> None:
+    # reset_postgres left no tables: every runtime finds the schema missing at once.
+    from kinbox.actors import Runtime
+
+    from .helpers import quiet_brain
+
+    barrier = threading.Barrier(4)
+    started: list[Runtime] = []
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        barrier.wait()
+        try:
+            started.append(Runtime(db=pg_url, brain=quiet_brain).start())
+        except BaseException as exc:
+            failed.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(50)
+    for rt in started:
+        rt.stop()
+    assert failed == [] and len(started) == 4
