@@ -230,9 +230,26 @@ def scaleout(quick: bool, base: str, tiny: bool = False,
     results["kinbox_recovery"] = recovery(base)
     return {"settings": {"sessions": SESSIONS, "payload": PAYLOAD, "producers": PRODUCERS,
                          "drain_messages": sizes.drain, "closed_messages": sizes.closed,
-                         "database": "postgresql", "server": "same machine",
-                         "pid": os.getpid()},
+                         "database": "postgresql", "server": server_settings(base),
+                         "analyze_after_backlog": True},
             "results": results, "ratios": ratios(results)}
+
+
+def server_settings(base: str) -> dict[str, str]:
+    """The server's version and the settings that shape these numbers."""
+    import psycopg2
+
+    conn = psycopg2.connect(base)
+    try:
+        with conn.cursor() as cur:
+            found = {}
+            for name in ("server_version", "autovacuum", "synchronous_commit", "fsync",
+                         "max_connections"):
+                cur.execute(f"SHOW {name}")
+                found[name] = cur.fetchone()[0]
+            return found
+    finally:
+        conn.close()
 
 
 def ratios(r: dict[str, dict[str, Any]]) -> dict[str, Any]:
