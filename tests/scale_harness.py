@@ -64,7 +64,7 @@ class Workers:
     slots: dict[int, int] = field(default_factory=dict)
     """pid -> which worker (0..count-1) that process was."""
     killed: dict[int, float] = field(default_factory=dict)
-    """pid -> the server's time just after that process was reaped."""
+    """pid -> the server's time just before that process was sent SIGKILL."""
 
     def start(self) -> None:
         for i in range(self.count):
@@ -85,9 +85,13 @@ class Workers:
 
     def kill_and_restart(self, i: int, server_now: Any) -> None:
         proc = self.procs[i]
+        # Before the signal: a turn cut short ran until then (a doomed process's last
+        # microseconds do not count), and no other process may start its row before.
+        # Read after the reaping instead, a takeover landing in between would look like
+        # an overlap.
+        self.killed[proc.pid] = server_now()
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-        self.killed[proc.pid] = server_now()
         self.last_kill = time.monotonic()
         self.spawn(i)
 
@@ -187,9 +191,9 @@ def check_outcome(db: Db, workers: Workers, total: int) -> dict[str, int]:
     cut_short = 0
     for t in turns.values():
         if "end" not in t:
-            cut_short += 1  # cut short: its process must have been killed, and was dead by
+            cut_short += 1  # cut short: its process must have been killed
             assert t["pid"] in workers.killed, f"turn of {t['mid']} never ended in a live process"
-            t["end"] = workers.killed[t["pid"]]
+            t["end"] = max(t["start"], workers.killed[t["pid"]])
         per_session[t["sid"]].append(t)
     for sid, ts in per_session.items():
         ts.sort(key=lambda t: t["start"])
