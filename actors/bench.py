@@ -21,13 +21,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import bench_concurrency, bench_crash, bench_peers, bench_runs
+from . import bench_concurrency, bench_crash, bench_peers, bench_runs, bench_scaleout
 from .bench_systems import SYSTEMS
 
 QUICK_SKIPS = ("kinbox_normal",)
 """Left out of ``--quick`` unless ``--systems`` names them: the quick run must stay within 90 s."""
 
-BENCHMARKS = ("throughput", "recovery", "scale", "concurrency", "peers", "crash")
+BENCHMARKS = ("throughput", "recovery", "scale", "concurrency", "peers", "crash", "scaleout")
 
 
 def versions() -> dict[str, str]:
@@ -43,8 +43,11 @@ def versions() -> dict[str, str]:
 
 def run(name: str, quick: bool, repeat: int, systems: list[str],
         options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run one benchmark and return its JSON object (``options``: crash's sizes)."""
-    if name == "crash":
+    """Run one benchmark and return its JSON object (``options``: crash's sizes, or
+    scaleout's ``db``)."""
+    if name == "scaleout":
+        body = bench_scaleout.scaleout(quick, bench_scaleout.base_url((options or {}).get("db")))
+    elif name == "crash":
         body = bench_crash.crash(quick, **(options or {}))
     elif name == "throughput":
         body = bench_runs.throughput(quick, repeat, systems)
@@ -150,6 +153,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         f" --quick leaves out {', '.join(QUICK_SKIPS)})")
     p.add_argument("--kills", type=int, help="crash: SIGKILLs (default 200; quick 10)")
     p.add_argument("--messages", type=int, help="crash: messages (default 10000; quick 500)")
+    p.add_argument("--db", help="scaleout: a PostgreSQL URL whose server gets one database "
+                   "per system (default: $KINBOX_DB)")
     p.set_defaults(handler=handle)
 
 
@@ -175,11 +180,17 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
                                                        and args.messages < 1):
         print("kinbox: --kills must be >= 0 and --messages >= 1", file=sys.stderr)
         return 2
+    if args.name == "scaleout":
+        problem = bench_scaleout.url_problem(args.db)
+        if problem:
+            print(f"kinbox: bench scaleout: {problem}", file=sys.stderr)
+            return 2
     if args.name == "throughput" and "kinbox" not in systems:
         systems.insert(0, "kinbox")
     try:
         report = run(args.name, args.quick, args.repeat, systems,
-                     {"kills": args.kills, "messages": args.messages})
+                     {"db": args.db} if args.name == "scaleout"
+                     else {"kills": args.kills, "messages": args.messages})
     except ImportError as exc:
         print(f"kinbox: {exc.name} is missing; install the bench extra: "
               "pip install -e '.[bench]'", file=sys.stderr)

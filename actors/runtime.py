@@ -56,6 +56,7 @@ from .focal_schedule import FocalSchedule
 from .messages import Tick
 from .peers import PeerService
 from .runtime_records import INBOX_STATES, RecordsApi
+from .shared_database import SharedDatabase
 from .social import SocialService
 from .subagents import report_back
 from .turn import Brain, Turn, is_async_brain
@@ -107,6 +108,7 @@ class Runtime(RecordsApi):
         self.max_async_turns = max_async_turns
         self.stop_grace = stop_grace
         self.brain: Brain = brain or _no_brain
+        self._given_clock = clock
         self.clock: Clock = clock or SystemClock()
         self.max_active_sessions = max_active_sessions
         self.max_live_sessions = max_live_sessions
@@ -127,6 +129,7 @@ class Runtime(RecordsApi):
         self._unsubscribe: Callable[[], None] | None = None
         self._lock: ExclusiveLock | None = None
         self._liveness: OwnerLiveness | None = None
+        self._shared = SharedDatabase()
         self._last_takeover = 0.0
         self._writer: GroupCommitWriter | None = None
         self._schedule: FocalSchedule | None = None
@@ -147,6 +150,8 @@ class Runtime(RecordsApi):
             path.parent.mkdir(parents=True, exist_ok=True)
         db = open_database(self.url, synchronous=self.synchronous)  # type: ignore[arg-type]
         tables = bind_tables(db)
+        # On PostgreSQL every process tells the time by the server's clock.
+        self.clock = self._shared.clock_for(db, self._given_clock, self.clock)
         # Only a delivering runtime owns the file: a send-only one may run beside it.
         if is_sqlite(db) and not self.send_only:
             self._lock = ExclusiveLock(db)
@@ -192,6 +197,7 @@ class Runtime(RecordsApi):
                     threads=min(2, self.max_active_sessions) if self.async_brain else None)
                 if self._schedule is not None:
                     self._schedule.start()
+                self._shared.listen(db, ctx.wake_dispatcher)  # other processes' sends
             if self._cron is not None:  # definitions work everywhere; firing needs a brain
                 self._cron.start(exclusive=self._lock is not None)
             if self._social is not None:
@@ -313,6 +319,7 @@ class Runtime(RecordsApi):
         self._release_ownership()
 
     def _release_ownership(self) -> None:
+        self._shared.close()
         # What proves this runtime alive goes last, as with a killed process.
         if self._lock is not None:
             self._lock.release()
@@ -340,6 +347,7 @@ class Runtime(RecordsApi):
 
     def _stop_ticker(self) -> None:
         self._ticker_stop.set()
+        self._shared.stop_listening()
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
@@ -411,6 +419,8 @@ class Runtime(RecordsApi):
             w = self._writer.statistics()
             stats["writer"] = {"batches": w.batches, "operations": w.operations,
                                "largest_batch": w.largest_batch}
+        if self._shared.listener is not None:
+            stats["listener"] = self._shared.statistics()
         return stats
 
     def health(self, timeout: float = 2.0) -> dict[str, Any]:

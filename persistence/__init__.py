@@ -17,6 +17,7 @@ from .database import (
     open_database,
     sqlite_path,
 )
+from .db_clock import DatabaseClock
 from .errors import (
     DatabaseInUse,
     DatabaseMissing,
@@ -33,6 +34,7 @@ from .errors import (
     redact_url,
 )
 from .exclusive import ExclusiveLock
+from .inbox_notify import InboxListener
 from .inbox_records import Lease
 from .jobs import JobRecord, JobStore
 from .journal import (
@@ -60,6 +62,7 @@ __all__ = [
     "CronRunLost",
     "CronRunRecord",
     "CronStore",
+    "DatabaseClock",
     "DatabaseInUse",
     "DatabaseMissing",
     "DatabaseOpenError",
@@ -70,6 +73,7 @@ __all__ = [
     "GroupCommitWriter",
     "IdempotencyConflict",
     "IllegalTransition",
+    "InboxListener",
     "JobRecord",
     "JobStore",
     "Journal",

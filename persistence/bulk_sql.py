@@ -15,6 +15,7 @@ from typing import Any
 
 from .database import is_postgres
 from .hot_path import CLAIM_COLUMNS, INBOX, PENDING, Head, HotPath, chunks, head_seq
+from .inbox_notify import NOTIFY_SQL
 
 ROWS_PER_INSERT = 200
 """Rows per multi-row ``INSERT``: 200 x 15 parameters stays under every backend's bound."""
@@ -56,14 +57,18 @@ class BulkSql:
         repeat, which the caller must handle (the set-wise path undoes its savepoint).
 
         SQLite numbers them here (the writer holds the database's write lock
-        for the whole transaction); PostgreSQL takes them from its sequence.
+        for the whole transaction); PostgreSQL takes them from its sequence, and
+        the transaction notifies :data:`~.inbox_notify.CHANNEL` (see there).
         """
         if not self.postgres:
             base = self.hot.fetch_one(f"SELECT COALESCE(MAX(seq), 0) FROM {INBOX}", ())
             first = int(base[0]) + 1 if base else 1
             rows = [(r[0], first + i, *r[1:]) for i, r in enumerate(rows)]
-        return self._insert(f"INSERT INTO {INBOX} ({_INBOX_COLUMNS})", self._inbox_row, rows,
-                            " ON CONFLICT (message_id) DO NOTHING")
+        written = self._insert(f"INSERT INTO {INBOX} ({_INBOX_COLUMNS})", self._inbox_row,
+                               rows, " ON CONFLICT (message_id) DO NOTHING")
+        if self.postgres and written:  # other processes' listeners hear of it at the commit
+            self.db.execute_sql(NOTIFY_SQL)
+        return written
 
     def insert_entries(self, rows: Sequence[tuple[Any, ...]]) -> None:
         """Transcript entries: (session_id, role, text, visible, message_id, sender_id, kind,

@@ -14,10 +14,15 @@ from playhouse import migrate
 
 from .database import is_postgres, is_sqlite
 from .errors import SchemaError
+from .liveness import LOCK_CLASS
 from .models import Tables
 
 INBOX_SEQUENCE = "agent_inbox_seq"
 """PostgreSQL sequence that orders inbox rows across processes."""
+
+SCHEMA_LOCK_SQL = f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, hashtext('kinbox-schema'))"
+"""PostgreSQL: one upgrade at a time (two processes creating one table at once collide on
+the catalog); held until the upgrade's transaction ends."""
 
 
 def _migrator(db: pw.Database) -> migrate.SchemaMigrator:
@@ -54,6 +59,8 @@ def upgrade(tables: Tables) -> list[str]:
     # IMMEDIATE: take the write lock first; a deferred transaction that reads and then
     # writes fails at once (SQLITE_BUSY) when another process wrote in between.
     with db.atomic("IMMEDIATE") if is_sqlite(db) else db.atomic():
+        if is_postgres(db):
+            db.execute_sql(SCHEMA_LOCK_SQL)  # then look again: another may have just done it
         existing = set(db.get_tables())
         missing_columns: list[tuple[str, str, pw.Field]] = []
         for model in tables.all():

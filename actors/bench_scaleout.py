@@ -1,0 +1,269 @@
+"""``kinbox bench scaleout``: worker processes sharing one PostgreSQL, beside other PG queues.
+
+Every system runs as worker processes (``bench_scaleout_child``) with the
+same trivial brain, the same payload and the same claim batch, each on a
+fresh database of its own, in one run (absolute numbers drift on a shared
+machine; ratios measured together hold). Sends are durable everywhere
+(committed before the call returns). Workloads:
+
+* ``drain``: a backlog enqueued before any worker starts; messages per
+  second from the first turn's start to the last turn's end, so process
+  start-up is not counted;
+* ``closed``: 32 producer threads, each sending its next message once the
+  last is committed (as ``bench throughput``), workers already running;
+  messages per second from the first send to the last turn's end;
+* ``latency``: kinbox only, 2 workers, sends at a steady 500 per second
+  from this process: send -> turn start across processes (p50, p99);
+* ``recovery``: kinbox only, 2 workers with half-second turns; one is
+  SIGKILLed mid-turn; seconds from the kill to the other's first start of
+  a row the dead one held.
+
+Targets (issue 16): 2 kinbox workers >= 1.3x one; kinbox >= pgqueuer on both
+workloads; recovery <= 1 s; p99 <= 20 ms at 500 msgs/s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .bench_runs import percentile
+from .bench_scaleout_systems import SYSTEM_NAMES, Producer, fresh_database
+
+OTHERS = (("pgqueuer", " (target >= 1)"), ("dbos", " (target >= 3)"), ("procrastinate", ""),
+          ("raw", ""))
+"""The systems kinbox is compared with, and the issue's target for each."""
+
+SESSIONS = 200
+PAYLOAD = 100
+PRODUCERS = 32
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How many messages each workload sends."""
+
+    drain: int
+    closed: int
+    latency_seconds: float
+
+    @classmethod
+    def of(cls, quick: bool, tiny: bool = False) -> Sizes:
+        if tiny:
+            return cls(drain=200, closed=100, latency_seconds=1.0)
+        return cls(5_000, 2_000, 4.0) if quick else cls(50_000, 10_000, 10.0)
+
+
+class Workers:
+    """``n`` consumer processes of one system; their reports once stopped."""
+
+    def __init__(self, system: str, url: str, n: int, slow: bool = False) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="kinbox-scaleout-"))
+        self.procs: list[subprocess.Popen[str]] = []
+        for i in range(n):
+            cmd = [sys.executable, "-m", "kinbox.actors.bench_scaleout_child", system, url,
+                   str(self.dir / f"w{i}.json")] + (["--slow"] if slow else [])
+            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
+        for p in self.procs:
+            assert p.stdout is not None
+            if p.stdout.readline().strip() != "ready":
+                self.stop()
+                raise RuntimeError(f"a {system} worker did not start")
+
+    def stop(self) -> list[dict[str, Any]]:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        reports = []
+        for i, p in enumerate(self.procs):
+            p.wait(60)
+            path = self.dir / f"w{i}.json"
+            if path.exists():
+                reports.append(json.loads(path.read_text()))
+        return reports
+
+
+def wait_done(producer: Producer, timeout: float) -> None:
+    pause = threading.Event()
+    deadline = time.monotonic() + timeout
+    while producer.remaining() > 0:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{producer.system}: not done in {timeout}s")
+        pause.wait(0.02)
+
+
+def _rate(n: int, start: float, reports: list[dict[str, Any]]) -> float:
+    last = max(r["last"] for r in reports)
+    return round(n / max(1e-9, last - start))
+
+
+def drain(system: str, base: str, workers: int, n: int) -> float:
+    """Messages per second draining a backlog of ``n``."""
+    producer = Producer(system, fresh_database(base, system), SESSIONS, PAYLOAD)
+    try:
+        producer.backlog(n)
+        pool = Workers(system, producer.url, workers)
+        try:
+            wait_done(producer, 600)
+        finally:
+            reports = pool.stop()
+        return _rate(n, min(r["first"] for r in reports if r["starts"]), reports)
+    finally:
+        producer.close()
+
+
+def closed(system: str, base: str, workers: int, n: int) -> float:
+    """Messages per second with closed-loop durable sends from 32 threads."""
+    producer = Producer(system, fresh_database(base, system), SESSIONS, PAYLOAD)
+    try:
+        pool = Workers(system, producer.url, workers)
+        try:
+            start = time.time()
+            with ThreadPoolExecutor(PRODUCERS) as senders:
+                list(senders.map(producer.send, range(n)))
+            wait_done(producer, 600)
+        finally:
+            reports = pool.stop()
+        return _rate(n, start, reports)
+    finally:
+        producer.close()
+
+
+def latency(base: str, seconds: float, rate: float = 500.0) -> dict[str, Any]:
+    """kinbox, 2 workers: send -> turn start at a steady ``rate`` per second."""
+    producer = Producer("kinbox", fresh_database(base, "kinbox"), SESSIONS, PAYLOAD)
+    try:
+        pool = Workers("kinbox", producer.url, 2)
+        n = int(seconds * rate)
+        try:
+            start = time.monotonic()
+            beat = threading.Event()  # never set: waiting on it paces the sends
+            for k in range(n):
+                ahead = start + k / rate - time.monotonic()
+                if ahead > 0:
+                    beat.wait(ahead)
+                producer.send(k)
+            wait_done(producer, 120)
+        finally:
+            reports = pool.stop()
+        lat = [x for r in reports for x in r["latencies"]]
+        return {"messages": n, "rate": rate, "p50_ms": _ms(percentile(lat, 0.5)),
+                "p99_ms": _ms(percentile(lat, 0.99)),
+                "per_worker": [len(r["latencies"]) for r in reports]}
+    finally:
+        producer.close()
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000, 2)
+
+
+def recovery(base: str) -> dict[str, Any]:
+    """kinbox, 2 workers with slow turns: SIGKILL one mid-turn; seconds to redelivery."""
+    producer = Producer("kinbox", fresh_database(base, "kinbox"), SESSIONS, PAYLOAD)
+    try:
+        pool = Workers("kinbox", producer.url, 2, slow=True)
+        try:
+            for k in range(40):
+                producer.send(k)
+            victim = pool.procs[0]
+            held = producer_held(producer, victim.pid)
+            pause = threading.Event()
+            while not held:
+                pause.wait(0.01)
+                held = producer_held(producer, victim.pid)
+            victim.send_signal(signal.SIGKILL)
+            killed_at = time.time()
+            victim.wait(10)
+            wait_done(producer, 120)
+        finally:
+            reports = pool.stop()
+        again = [t for r in reports for mid, t in r["starts"] if mid in held]
+        return {"rows_held": len(held),
+                "first_redelivery_s": round(min(again) - killed_at, 3) if again else None}
+    finally:
+        producer.close()
+
+
+def producer_held(producer: Producer, pid: int) -> set[str]:
+    """Rows a worker process holds in ``processing`` (its owner id names its pid)."""
+    rows = producer.query("SELECT message_id FROM agent_inbox_messages WHERE status = "
+                         "'processing' AND lease_owner LIKE %s", (f"%:{pid}:%",))
+    return {r[0] for r in rows}
+
+
+def base_url(db: str | None) -> str:
+    """The PostgreSQL URL to derive the systems' databases from: ``db`` or ``$KINBOX_DB``."""
+    return db or os.environ.get("KINBOX_DB", "")
+
+
+def url_problem(db: str | None) -> str | None:
+    """Why scaleout cannot run on ``db`` (not PostgreSQL), or None."""
+    url = base_url(db)
+    if not url.startswith(("postgresql://", "postgres://")):
+        return ("needs a PostgreSQL server: --db postgresql://user@host/db "
+                "(or $KINBOX_DB); each system gets a database of its own on it")
+    return None
+
+
+def scaleout(quick: bool, base: str, tiny: bool = False,
+             systems: tuple[str, ...] = SYSTEM_NAMES) -> dict[str, Any]:
+    """Run every workload and return the report body (results, ratios, settings)."""
+    sizes = Sizes.of(quick, tiny)
+    results: dict[str, dict[str, Any]] = {}
+    runs = [("kinbox_1_worker", "kinbox", 1), ("kinbox_2_workers", "kinbox", 2)]
+    runs += [(s, s, 1) for s in systems if s != "kinbox"]
+    for name, system, n in runs:
+        results[name] = {"drain_msgs_per_s": drain(system, base, n, sizes.drain),
+                         "closed_msgs_per_s": closed(system, base, n, sizes.closed)}
+    results["kinbox_latency"] = latency(base, sizes.latency_seconds)
+    results["kinbox_recovery"] = recovery(base)
+    return {"settings": {"sessions": SESSIONS, "payload": PAYLOAD, "producers": PRODUCERS,
+                         "drain_messages": sizes.drain, "closed_messages": sizes.closed,
+                         "database": "postgresql", "server": server_settings(base),
+                         "analyze_after_backlog": True},
+            "results": results, "ratios": ratios(results)}
+
+
+def server_settings(base: str) -> dict[str, str]:
+    """The server's version and the settings that shape these numbers."""
+    import psycopg2
+
+    conn = psycopg2.connect(base)
+    try:
+        with conn.cursor() as cur:
+            found = {}
+            for name in ("server_version", "autovacuum", "synchronous_commit", "fsync",
+                         "max_connections"):
+                cur.execute(f"SHOW {name}")
+                found[name] = cur.fetchone()[0]
+            return found
+    finally:
+        conn.close()
+
+
+def ratios(r: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The issue's targets, each with its measured ratio."""
+    one, two = r["kinbox_1_worker"], r["kinbox_2_workers"]
+    out: dict[str, Any] = {}
+    for w in ("drain", "closed"):
+        key = f"{w}_msgs_per_s"
+        out[f"{w}: 2 workers / 1 (target >= 1.3)"] = round(two[key] / one[key], 2)
+        for other, target in OTHERS:
+            if other in r:
+                out[f"{w}: kinbox 1 worker / {other}{target}"] = round(
+                    one[key] / r[other][key], 2)
+    out["recovery to first redelivery, s (target <= 1)"] = (
+        r["kinbox_recovery"]["first_redelivery_s"])
+    out["p99 send -> turn start at 500/s, ms (target <= 20)"] = r["kinbox_latency"]["p99_ms"]
+    return out

@@ -1,0 +1,57 @@
+"""``kinbox bench scaleout`` at a tiny size: every system runs on its own PostgreSQL database
+and the report has its keys and the issue's targets. No test asserts a speed."""
+
+from __future__ import annotations
+
+import pytest
+
+from kinbox.actors import bench_scaleout
+from kinbox.actors.bench_scaleout_systems import SYSTEM_NAMES, database_url
+from kinbox.actors.cli import main
+
+
+def test_scaleout_refuses_a_database_that_is_not_postgresql(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "scaleout", "--quick", "--db", "sqlite:///x.db"]) == 2
+    assert "needs a PostgreSQL server" in capsys.readouterr().err
+
+
+def test_each_system_gets_a_database_of_its_own_on_the_same_server() -> None:
+    urls = {database_url("postgresql://u@h:5432/base", s) for s in SYSTEM_NAMES}
+    assert len(urls) == len(SYSTEM_NAMES)
+    assert "postgresql://u@h:5432/base_bench_dbos" in urls
+
+
+def test_the_ratios_name_each_target_with_its_measure() -> None:
+    r = {"kinbox_1_worker": {"drain_msgs_per_s": 100, "closed_msgs_per_s": 50},
+         "kinbox_2_workers": {"drain_msgs_per_s": 150, "closed_msgs_per_s": 80},
+         "pgqueuer": {"drain_msgs_per_s": 50, "closed_msgs_per_s": 100},
+         "dbos": {"drain_msgs_per_s": 25, "closed_msgs_per_s": 10},
+         "kinbox_latency": {"p99_ms": 12.5}, "kinbox_recovery": {"first_redelivery_s": 0.6}}
+    ratios = bench_scaleout.ratios(r)
+    assert ratios["drain: 2 workers / 1 (target >= 1.3)"] == 1.5
+    assert ratios["closed: kinbox 1 worker / pgqueuer (target >= 1)"] == 0.5
+    assert ratios["drain: kinbox 1 worker / dbos (target >= 3)"] == 4.0
+    assert ratios["recovery to first redelivery, s (target <= 1)"] == 0.6
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_tiny_scaleout_run_reports_every_system_and_workload(
+        pg_url: str, request: pytest.FixtureRequest) -> None:
+    # About a minute (a dozen runs of worker processes): only with ``-m slow``.
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("the scaleout benchmark runs only with -m slow")
+    for module in ("asyncpg", "pgqueuer", "procrastinate", "dbos"):
+        pytest.importorskip(module, reason="the bench extra: pip install -e '.[bench]'")
+    report = bench_scaleout.scaleout(True, pg_url, tiny=True)
+    results = report["results"]
+    others = [s for s in SYSTEM_NAMES if s != "kinbox"]
+    assert set(results) == {"kinbox_1_worker", "kinbox_2_workers", *others,
+                            "kinbox_latency", "kinbox_recovery"}
+    for name in ["kinbox_1_worker", "kinbox_2_workers", *others]:
+        assert results[name]["drain_msgs_per_s"] > 0 and results[name]["closed_msgs_per_s"] > 0
+    assert results["kinbox_latency"]["p99_ms"] is not None
+    assert results["kinbox_recovery"]["first_redelivery_s"] is not None
+    assert len(results["kinbox_latency"]["per_worker"]) == 2

@@ -1,0 +1,171 @@
+"""Claims on PostgreSQL from several connections at once, and the server's clock.
+
+Every claimer here has its own connection and writer, as separate processes
+would: PostgreSQL's row locks (``FOR UPDATE SKIP LOCKED``) and the head rule
+are what keep them apart, not anything shared in this interpreter.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, defaultdict
+
+import pytest
+
+from kinbox.persistence import DatabaseClock, LeaseLost, NewMessage, TurnEntry, open_database
+
+from .conftest import Stores
+
+pytestmark = pytest.mark.postgres
+
+CLAIMERS = 4
+TARGETS = 30
+MESSAGES = 600
+
+
+@pytest.mark.timeout(90)
+def test_concurrent_claimers_never_lease_one_row_twice_and_skip_no_head(pg_url: str) -> None:
+    stores = [Stores(pg_url) for _ in range(CLAIMERS)]
+    try:
+        sender = stores[0].journal
+        now = time.time()
+        msgs = [NewMessage(f"m{i:04d}", f"t{i % TARGETS:02d}", f"hello {i}", sender="u")
+                for i in range(MESSAGES)]
+        sender.enqueue_many(msgs, now)
+        held: dict[str, str] = {}  # message id -> the claimer holding it now
+        in_flight: dict[str, str] = {}  # target -> the claimer running it now
+        lock = threading.Lock()
+        done: list[str] = []
+        errors: list[str] = []
+        leases: Counter[str] = Counter()
+        by_owner: Counter[str] = Counter()
+
+        def claimer(k: int) -> None:
+            owner, journal = f"w{k}", stores[k].journal
+            while True:
+                with lock:
+                    if len(done) + len(errors) >= MESSAGES or errors:
+                        return
+                result = journal.claim(owner, time.time(), limit=8)
+                for row in result.rows:
+                    with lock:
+                        leases[row.message_id] += 1
+                        if row.message_id in held:
+                            errors.append(f"{row.message_id} leased by {held[row.message_id]} "
+                                          f"and {owner}")
+                        if row.target in in_flight:
+                            errors.append(f"{row.target} in flight at {in_flight[row.target]} "
+                                          f"and {owner}")
+                        held[row.message_id] = owner
+                        by_owner[owner] += 1
+                        in_flight[row.target] = owner
+                for row in result.rows:
+                    with lock:
+                        held.pop(row.message_id)
+                        in_flight.pop(row.target)
+                        done.append(row.message_id)
+                    # Released from our books first: the commit makes the next row claimable.
+                    journal.complete_turn(owner, row.target, [row.message_id],
+                                          [TurnEntry("assistant", "ok")], time.time())
+
+        threads = [threading.Thread(target=claimer, args=(k,)) for k in range(CLAIMERS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(80)
+        assert errors == []
+        assert sorted(done) == sorted(m.message_id for m in msgs)  # no head skipped
+        assert set(leases.values()) == {1}
+        assert sender.counts() == {"delivered": MESSAGES}
+        # Per-target order: each target's rows were committed in seq order.
+        order: dict[str, list[str]] = defaultdict(list)
+        for mid in done:
+            order[f"t{int(mid[1:]) % TARGETS:02d}"].append(mid)
+        assert all(mids == sorted(mids) for mids in order.values())
+        assert len(by_owner) == CLAIMERS  # the rows were really shared
+    finally:
+        for s in stores:
+            s.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_commit_after_another_claimer_took_over_is_refused(pg_url: str) -> None:
+    a, b = Stores(pg_url), Stores(pg_url)
+    try:
+        now = time.time()
+        a.journal.enqueue(NewMessage("m1", "s1", "hi", sender="u"), now)
+        assert [r.message_id for r in a.journal.claim("A", now, lease=1.0).rows] == ["m1"]
+        assert b.journal.claim("B", now + 0.5).rows == []  # A's lease still holds
+        assert [r.message_id for r in b.journal.claim("B", now + 1.5).rows] == ["m1"]
+        with pytest.raises(LeaseLost):
+            a.journal.complete_turn("A", "s1", ["m1"], [TurnEntry("assistant", "late")],
+                                    now + 2)
+        b.journal.complete_turn("B", "s1", ["m1"], [TurnEntry("assistant", "ok")], now + 2)
+        assert a.db.execute_sql("SELECT message_id, COUNT(*) FROM delivery_markers "
+                                "GROUP BY message_id").fetchall() == [("m1", 1)]
+    finally:
+        a.close()
+        b.close()
+
+
+class SteppedClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.mark.timeout(30)
+def test_the_database_clock_tells_the_servers_time_and_reads_it_only_every_resync(
+        pg_url: str) -> None:
+    db = open_database(pg_url)
+    mono = SteppedClock()
+    clock = DatabaseClock(db, resync=2.0, monotonic=mono)  # type: ignore[arg-type]
+    try:
+        server = float(db.execute_sql("SELECT EXTRACT(EPOCH FROM clock_timestamp())")
+                       .fetchone()[0])
+        assert abs(clock.now() - server) < 0.5
+        reads = clock.reads
+        first = clock.now()
+        mono.t += 1.5  # within resync: carried forward by the monotonic clock, no read
+        assert clock.now() == pytest.approx(first + 1.5)
+        assert clock.reads == reads
+        mono.t += 1.0  # past resync: read again; never earlier than what it said before
+        later = clock.now()
+        assert clock.reads == reads + 1
+        assert later >= first + 1.5
+    finally:
+        clock.close()
+        db.close()
+
+
+@pytest.mark.timeout(60)
+def test_workers_starting_at_once_on_an_empty_database_all_start(pg_url: str) -> None:
+    # reset_postgres left no tables: every runtime finds the schema missing at once.
+    from kinbox.actors import Runtime
+
+    from .helpers import quiet_brain
+
+    barrier = threading.Barrier(4)
+    started: list[Runtime] = []
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        barrier.wait()
+        try:
+            started.append(Runtime(db=pg_url, brain=quiet_brain).start())
+        except BaseException as exc:
+            failed.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(50)
+    for rt in started:
+        rt.stop()
+    assert failed == [] and len(started) == 4

@@ -1,0 +1,86 @@
+"""On PostgreSQL a send committed in one process wakes the dispatchers of the others at once
+(NOTIFY in the enqueue's transaction, a LISTEN thread per delivering runtime); polling is
+only the fallback, and the listener reconnects when its connection drops."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kinbox.actors import Runtime, Turn
+from kinbox.persistence import open_database
+from kinbox.persistence.inbox_notify import reconnect_delays
+
+from .helpers import wait_for
+
+pytestmark = pytest.mark.postgres
+CHILD = Path(__file__).with_name("post_child.py")
+NO_POLL = 60.0
+"""A tick interval longer than the tests: only a notification can wake the dispatcher."""
+
+
+class Seen:
+    """A brain that notes when each message's turn started."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, float] = {}
+
+    def __call__(self, turn: Turn) -> None:
+        self.at[turn.messages[0].message_id] = time.monotonic()
+
+
+def listener_stats(rt: Runtime) -> dict[str, int]:
+    return rt.statistics().get("listener", {})
+
+
+@pytest.mark.timeout(60)
+def test_a_send_from_another_process_is_claimed_at_once_without_polling(
+        pg_url: str, tmp_path: Path) -> None:
+    seen = Seen()
+    rt = Runtime(db=pg_url, brain=seen, tick_interval=NO_POLL, data_dir=str(tmp_path)).start()
+    try:
+        sid = rt.create_session(rt.create_project("n").id, "N").id
+        wait_for(lambda: listener_stats(rt).get("connects") == 1, what="the listener")
+        out = subprocess.run([sys.executable, str(CHILD), pg_url, sid, "wake up"],
+                             capture_output=True, text=True, timeout=30, check=True)
+        sent_at = time.monotonic()
+        mid = out.stdout.strip()
+        wait_for(lambda: mid in seen.at, timeout=5, what="the turn of the other process's send")
+        assert seen.at[mid] - sent_at < 1.0  # far below the tick interval
+        assert listener_stats(rt)["notifications"] >= 1
+    finally:
+        rt.stop()
+
+
+@pytest.mark.timeout(60)
+def test_the_listener_reconnects_after_its_connection_is_killed(
+        pg_url: str, tmp_path: Path) -> None:
+    seen = Seen()
+    rt = Runtime(db=pg_url, brain=seen, tick_interval=NO_POLL, data_dir=str(tmp_path)).start()
+    sender = Runtime(db=pg_url, data_dir=str(tmp_path)).start()  # another connection, no brain
+    admin = open_database(pg_url)
+    try:
+        sid = rt.create_session(rt.create_project("r").id, "R").id
+        wait_for(lambda: listener_stats(rt).get("connects") == 1, what="the listener")
+        killed = admin.execute_sql(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'kinbox-listener' AND datname = current_database()"
+        ).fetchall()
+        assert killed == [(True,)]
+        wait_for(lambda: listener_stats(rt).get("connects") == 2, what="the reconnect")
+        assert listener_stats(rt)["drops"] == 1
+        mid = sender.post(sid, "still there?").message_id
+        wait_for(lambda: mid in seen.at, timeout=5, what="the turn after the reconnect")
+    finally:
+        admin.close()
+        sender.stop()
+        rt.stop()
+
+
+def test_reconnect_delays_double_up_to_their_maximum() -> None:
+    delays = reconnect_delays(initial=0.05, maximum=1.0)
+    assert [next(delays) for _ in range(7)] == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
