@@ -29,8 +29,11 @@ SESSION = "s00"
 
 def paused(url: str, lease: float) -> None:
     go = threading.Event()
+    announced = threading.Event()  # "ready" comes first on stdout, however fast the claim
 
     def brain(turn: Turn) -> None:
+        if not announced.wait(60):
+            raise RuntimeError("the runtime never started")
         print(f"turn started {turn.row.message_id}", flush=True)
         if not go.wait(60):
             raise RuntimeError("never told to go on")
@@ -38,6 +41,7 @@ def paused(url: str, lease: float) -> None:
 
     with Runtime(db=url, brain=brain, lease_seconds=lease, tick_interval=0.05):
         print("ready", flush=True)
+        announced.set()
         for line in sys.stdin:
             if line.strip() == "go":
                 go.set()
