@@ -208,8 +208,11 @@ def check_outcome(db: Db, workers: Workers, total: int) -> dict[str, int]:
             if a["mid"] == b["mid"]:
                 assert a["pid"] in workers.killed, (
                     f"{a['mid']} ran twice though pid {a['pid']} was alive")
+    # The work really was shared across processes. Not necessarily by all three: a worker
+    # that claims a session's head keeps leasing its next rows in its commits (up to the
+    # chain limit), so with few sessions two workers can hold them all for a whole run.
     slots = {workers.slots[t["pid"]] for t in turns.values()}
-    assert slots == set(range(workers.count)), f"only workers {slots} ran turns"
+    assert len(slots) >= 2, f"only workers {slots} ran turns"
     return {"turns": len(turns), "cut_short": cut_short}
 
 
