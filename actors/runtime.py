@@ -120,6 +120,9 @@ class Runtime(RecordsApi):
         self.data_dir = Path(data_dir) if data_dir else None
         # Ids of new messages, sessions and projects; scenarios pass a seeded source.
         self.new_id: Callable[[], str] = ids or (lambda: uuid.uuid4().hex)
+        self._known_sessions: set[str] = set()
+        """Session ids seen to exist (sessions are never deleted): a post to one of them
+        needs no existence query."""
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._ctx: RuntimeContext | None = None
         self._observers: list[Observer] = []

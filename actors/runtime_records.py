@@ -28,11 +28,15 @@ log = logging.getLogger("kinbox.runtime")
 INBOX_STATES = tuple(state.value for state in State)
 """The states an inbox row can be in."""
 
+KNOWN_SESSIONS_LIMIT = 100_000
+"""Session ids a runtime remembers as existing before it starts over (memory bound)."""
+
 
 class RecordsApi:
     """Projects, sessions, messages and operator actions of a started runtime."""
 
     new_id: Callable[[], str]
+    _known_sessions: set[str]
 
     def _running(self) -> RuntimeContext:
         raise NotImplementedError  # Runtime's
@@ -110,8 +114,12 @@ class RecordsApi:
         """
         ctx = self._running()
         target = _checked("target", validation.require_id, "target", target)
-        if not ctx.journal.hot.session_exists(target):
-            raise ConfigError(f"no session with id {target!r}", field="target")
+        if target not in self._known_sessions:
+            if not ctx.journal.hot.session_exists(target):
+                raise ConfigError(f"no session with id {target!r}", field="target")
+            if len(self._known_sessions) >= KNOWN_SESSIONS_LIMIT:
+                self._known_sessions.clear()
+            self._known_sessions.add(target)
         content = _checked("content", validation.require_message, content,
                            validation.SEND_LIMIT, "content")
         kind = _checked("kind", validation.require_id, "kind", kind)
