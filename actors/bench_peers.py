@@ -35,7 +35,7 @@ from typing import Any
 
 from websockets.sync.client import connect
 
-from ..persistence import GroupCommitWriter, bind_tables, open_database, upgrade
+from ..persistence.opened import opened
 from ..persistence.peers import PeerStore
 from ..transport import frames
 from .bench_peer_bare import bare_durable
@@ -166,16 +166,8 @@ def _closed_loop(rt: Runtime, sender: str, target: str, n: int, window: int,
 
 
 def _invite(url: str) -> str:
-    db = open_database(url)
-    tables = bind_tables(db)
-    upgrade(tables)
-    writer = GroupCommitWriter(db)
-    writer.start()
-    try:
+    with opened(url) as (tables, writer):
         return new_invite(PeerStore(tables, writer), frozenset({"agent"}), 600, time.time())
-    finally:
-        writer.stop()
-        db.close()
 
 
 def peers(quick: bool, window: int = 64, messages: int | None = None) -> dict[str, Any]:

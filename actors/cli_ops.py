@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 from ..persistence import (
-    GroupCommitWriter,
     Journal,
     RowNotFound,
     SessionStore,
@@ -29,6 +28,7 @@ from ..persistence import (
     upgrade,
 )
 from ..persistence.inbox_core import State
+from ..persistence.opened import opened
 from .errors import ConfigError
 
 STATES = tuple(s.value for s in State)
@@ -41,17 +41,10 @@ def stores(url: str | None, *, check_schema: bool = True) -> Iterator[tuple[Jour
     A missing SQLite file is an error (``DatabaseMissing``), never created: only
     a runtime and ``kinbox db upgrade`` create databases.
     """
-    db = open_database(url or default_url(), must_exist=True)
-    tables = bind_tables(db)
-    if check_schema:
-        require_current(tables)
-    writer = GroupCommitWriter(db, name="kinbox-cli-writer")
-    writer.start()
-    try:
+    with opened(url or default_url(), must_exist=True,
+                schema=require_current if check_schema else lambda _tables: None,
+                writer_name="kinbox-cli-writer") as (tables, writer):
         yield Journal(tables, writer), SessionStore(tables, writer)
-    finally:
-        writer.stop()
-        db.close()
 
 
 def _when(ts: float | None) -> str:

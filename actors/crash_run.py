@@ -20,14 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..persistence import (
-    GroupCommitWriter,
     Journal,
     NewMessage,
     SessionStore,
-    bind_tables,
-    open_database,
-    upgrade,
 )
+from ..persistence.opened import opened
 from .crash_check import Evidence, parse_turn_log
 
 CHILD = (sys.executable, "-m", "kinbox.actors.crash_child")
@@ -51,16 +48,8 @@ class CrashRun:
 @contextmanager
 def stores(url: str) -> Iterator[tuple[Journal, SessionStore]]:
     """A journal and session store on ``url`` (schema upgraded), closed afterwards."""
-    db = open_database(url)
-    tables = bind_tables(db)
-    upgrade(tables)
-    writer = GroupCommitWriter(db)
-    writer.start()
-    try:
+    with opened(url) as (tables, writer):
         yield Journal(tables, writer), SessionStore(tables, writer)
-    finally:
-        writer.stop()
-        db.close()
 
 
 def prepare(url: str, sessions: int, messages: int) -> list[str]:
