@@ -117,7 +117,7 @@ class SessionActor(PooledActor):
         if isinstance(effect, dp.Commit):
             return self.commit(run, list(effect.message_ids))
         if isinstance(effect, dp.RecordFailure):
-            return self.record_failure(run)
+            return self.record_failure(run, effect)
         if isinstance(effect, dp.Release):
             if not ctx.crashed.is_set():
                 ctx.journal.release(ctx.owner, [effect.message_id], ctx.now())
@@ -209,7 +209,7 @@ class SessionActor(PooledActor):
         run.closing = ctx.closed.is_set()  # stopping: the next row is handed back, not run
         return run.committed(following, plain=not (effects.messages or effects.ops))
 
-    def record_failure(self, run: dp.Delivery) -> list[dp.Effect]:
+    def record_failure(self, run: dp.Delivery, effect: dp.RecordFailure) -> list[dp.Effect]:
         """A failed attempt: nothing of the turn is committed; retry later, or ``failed``.
 
         The row keeps the traceback as ``last_error``; observers and logs get
@@ -223,8 +223,8 @@ class SessionActor(PooledActor):
         summary = failed.error or "the turn failed"
         effects = ctx.effects(turn, failed)
         try:
-            result = ctx.journal.retry(ctx.owner, row.message_id, judged.detail or "",
-                                       ctx.now(), release=turn.steered_ids,
+            result = ctx.journal.retry(ctx.owner, effect.message_id, judged.detail or "",
+                                       ctx.now(), release=list(effect.release),
                                        on_failed=effects.messages, on_failed_also=effects.ops)
         except LeaseLost:
             log.warning("lost the lease of %s for %s: its failed attempt is not recorded "
