@@ -187,7 +187,7 @@ class Dispatcher(pykka.ThreadingActor):
             self.live.pop(session_id)
             ref = None
         if ref is None:
-            for victim in passivation.evictions_for(list(self.live), self.busy, session_id,
+            for victim in passivation.evictions_for(self.live.keys(), self.busy, session_id,
                                                     self.max_live):
                 self._passivate(victim)
             ref = SessionActor.start(self.ctx, session_id, self.pool)

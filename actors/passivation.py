@@ -7,21 +7,21 @@ recently used idle ones go first.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Collection, Mapping, Set
 
 
-def evictions_for(live_lru: Sequence[str], busy: Set[str], incoming: str, cap: int) -> list[str]:
+def evictions_for(live_lru: Collection[str], busy: Set[str], incoming: str,
+                  cap: int) -> list[str]:
     """Idle actors to stop so that ``incoming`` can be activated within ``cap``.
 
-    ``live_lru`` lists the live actors, least recently used first. Returns
-    an empty list when ``incoming`` is already live or there is room.
+    ``live_lru`` holds the live actors, least recently used first (an ordered
+    dict's keys: ``len`` and ``in`` cost nothing). Returns an empty list when
+    there is room or ``incoming`` is already live; only a full runtime walks it.
     """
     if cap < 1:
         raise ValueError(f"cap must be >= 1, got {cap}")
-    if incoming in live_lru:
-        return []
     excess = len(live_lru) + 1 - cap
-    if excess <= 0:
+    if excess <= 0 or incoming in live_lru:
         return []
     idle = [s for s in live_lru if s not in busy]
     return idle[:excess]
