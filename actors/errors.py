@@ -12,6 +12,8 @@ refuses; decide on the types and their attributes, never on message text::
     ├── ConfigError            .field: an argument given to kinbox is invalid
     │   └── BrainRefError      .spec: ``module:attribute`` names no callable brain
     ├── ScenarioError          .path, .lineno: a scenario script could not run
+    ├── ProtocolError          .event, .phase: the delivery protocol refused an
+    │                          event in its phase (a bug in a shell; ``delivery``)
     └── PersistenceError       the database refused (``kinbox.persistence``)
         ├── DatabaseOpenError  .url (password masked), .reason
         │   └── DatabaseMissing  a read found no database and created none
