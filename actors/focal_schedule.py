@@ -21,6 +21,7 @@ from .context import RuntimeContext
 from .cron_rules import InvalidCronExpression
 from .errors import ToolError
 from .focal import FOCAL_ID, Focal, is_focal_chat
+from .outbox import Writes
 from .schedule_driver import ScheduleDriver
 from .triggers import cron_trigger, next_fire
 
@@ -81,8 +82,9 @@ class FocalSchedule:
     # -- wake-ups (FO7) --------------------------------------------------------------------
 
     def schedule_wakeup(self, caller_id: str, kind: Any, at: Any = None, cron: Any = None,
-                        note: Any = "") -> dict[str, Any]:
-        """Create a Focal wake-up: ``at`` (epoch seconds or ISO time) or ``cron``."""
+                        note: Any = "", writes: Writes | None = None) -> dict[str, Any]:
+        """Create a Focal wake-up: ``at`` (epoch seconds or ISO time) or ``cron``; inside a
+        turn (``writes`` holds its outbox) it commits with the turn, or never."""
         session = self.ctx.store.session(caller_id)
         if not is_focal_chat(session):
             raise ToolError("execution_failed",
@@ -109,12 +111,27 @@ class FocalSchedule:
             next_run = run_at
         job = JobRecord(f"wake-{self.ctx.new_id()[:12]}", FOCAL_ID, kind, note.strip(),
                         cron, None, run_at, next_run, None, True, now)
-        created = self.jobs.create(job, limit_kinds=WAKEUP_KINDS, limit=MAX_WAKEUPS)
+        out = writes if writes is not None else Writes(self.ctx, None)
+        queued = out.outbox.wakeups if out.outbox is not None else 0
+        if len(self.wakeups()) + queued >= MAX_WAKEUPS:
+            raise ToolError("execution_failed",
+                            f"Focal already has {MAX_WAKEUPS} wake-ups; cancel one first.")
+
+        def registered(created: JobRecord | None) -> None:
+            if created is None:  # the limit filled up meanwhile (an operator's call)
+                log.warning("wake-up %s not created: Focal has %d already", job.id,
+                            MAX_WAKEUPS)
+                return
+            self._register(created)
+            self.ctx.emit("wakeup_scheduled", job_id=job.id, kind=kind)
+
+        created = out.write(lambda: self.jobs.create_now(job, limit_kinds=WAKEUP_KINDS,
+                                                         limit=MAX_WAKEUPS), job, registered)
         if created is None:
             raise ToolError("execution_failed",
                             f"Focal already has {MAX_WAKEUPS} wake-ups; cancel one first.")
-        self._register(created)
-        self.ctx.emit("wakeup_scheduled", job_id=job.id, kind=kind)
+        if out.outbox is not None:
+            out.outbox.wakeups += 1
         return created.to_dict()
 
     @staticmethod

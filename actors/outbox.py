@@ -51,6 +51,8 @@ class Outbox:
         self.sessions: dict[str, SessionRecord] = {}
         self.tasks: dict[str, TaskRecord] = {}
         self.foreground_calls = 0
+        self.wakeups = 0
+        """Focal wake-ups queued in this turn (they count toward Focal's limit)."""
 
     def effects(self) -> TurnEffects:
         """What the turn's commit runs (``ops``) and what follows once it is durable."""

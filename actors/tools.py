@@ -228,7 +228,7 @@ class AgentTools(FamilyTools, TaskTools):
         if focal is None or focal.schedule is None:
             raise ToolError("execution_failed", "wake-ups are not available in this runtime.")
         return focal.schedule.schedule_wakeup(caller.id, kind, at=at, cron=cron,  # type: ignore[no-any-return]
-                                              note=note)
+                                              note=note, writes=self._writes)
 
     def agent_stop(self, agent_id: Any) -> dict[str, Any]:
         """Ask the target's running turn to stop (cooperative)."""

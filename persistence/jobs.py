@@ -52,23 +52,27 @@ class JobStore:
         self.t = tables
         self.writer = writer
 
+    def create_now(self, job: JobRecord, *, limit_kinds: tuple[str, ...] = (),
+                   limit: int | None = None) -> JobRecord | None:
+        """Insert a job inside the caller's transaction; None when ``limit`` active jobs of
+        ``limit_kinds`` already exist."""
+        j = self.t.job
+        if limit is not None:
+            count = j.select().where(j.chat_id == job.chat_id, j.active == True,  # noqa: E712
+                                     j.kind.in_(limit_kinds)).count()
+            if count >= limit:
+                return None
+        j.insert(id=job.id, chat_id=job.chat_id, kind=job.kind, note=job.note,
+                 cron=job.cron, interval_seconds=job.interval_seconds, run_at=job.run_at,
+                 next_run_at=job.next_run_at, last_run_at=job.last_run_at,
+                 active=job.active, created_at=job.created_at).execute()
+        return job
+
     def create(self, job: JobRecord, *, limit_kinds: tuple[str, ...] = (),
                limit: int | None = None) -> JobRecord | None:
         """Insert a job; None when ``limit`` active jobs of ``limit_kinds`` already exist."""
-        j = self.t.job
-
-        def op() -> JobRecord | None:
-            if limit is not None:
-                count = j.select().where(j.chat_id == job.chat_id, j.active == True,  # noqa: E712
-                                         j.kind.in_(limit_kinds)).count()
-                if count >= limit:
-                    return None
-            j.insert(id=job.id, chat_id=job.chat_id, kind=job.kind, note=job.note,
-                     cron=job.cron, interval_seconds=job.interval_seconds, run_at=job.run_at,
-                     next_run_at=job.next_run_at, last_run_at=job.last_run_at,
-                     active=job.active, created_at=job.created_at).execute()
-            return job
-        return self.writer.call(op)
+        return self.writer.call(lambda: self.create_now(job, limit_kinds=limit_kinds,
+                                                        limit=limit))
 
     def get(self, job_id: str) -> JobRecord | None:
         """The job with this id, or None."""

@@ -231,3 +231,24 @@ def test_an_async_brain_s_awaited_sends_also_commit_only_with_its_turn(
     drain_with_retries(rt, clock, 3)
     assert attempts == [1, 2, 3]
     assert [r["content"] for r in rt.inbox(target="b")] == ["async side effect 3"]
+
+
+def test_a_failed_focal_turn_schedules_no_wake_up(make_runtime: MakeRuntime,
+                                                  clock: ManualClock, tmp_path: Any) -> None:
+    attempts: list[dict[str, Any]] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id != focal_id or turn.messages[0].content != "remind me":
+            return
+        attempts.append(turn.tools.schedule_wakeup("reminder", at=clock.now() + 3600,
+                                                   note="stand-up"))
+        if len(attempts) < 3:
+            raise RuntimeError("the model failed after scheduling")
+
+    rt = make_runtime(brain=brain, data_dir=tmp_path / "data")
+    focal_id = rt.get_or_create_focal_chat().id
+    rt.post(focal_id, "remind me")
+    drain_with_retries(rt, clock, 3)
+    wakeups = rt.context.focal.schedule.wakeups()
+    assert len(attempts) == 3
+    assert [w["job_id"] for w in wakeups] == [attempts[-1]["job_id"]]
