@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from . import inbox_core as core
 
@@ -51,6 +51,21 @@ class EnqueueResult:
     target's head and the enqueue asked for a lease."""
 
 
+class OpenRow(Protocol):
+    """What a claimed row is built from: the columns of an open inbox row, by name."""
+
+    message_id: str
+    seq: int
+    target_chat_id: str
+    sender_chat_id: str | None
+    kind: str
+    content: str
+    payload: str | None
+    attempts: int
+    created_at: float
+    suspect: bool
+
+
 @dataclass(frozen=True)
 class ClaimedRow:
     """A row handed to a worker for delivery."""
@@ -70,10 +85,11 @@ class ClaimedRow:
     is counted, and run it alone (one suspect in flight per runtime)."""
 
     @classmethod
-    def from_columns(cls, c: Sequence[Any]) -> ClaimedRow:
-        """From a row read as ``hot_path.CLAIM_COLUMNS``."""
-        payload = {} if c[6] in (None, "", "{}") else json.loads(c[6])  # most carry none
-        return cls(c[0], c[1], c[2], c[3], c[4], c[5], payload, c[7], c[8], bool(c[12]))
+    def from_head(cls, h: OpenRow) -> ClaimedRow:
+        """From an open row as the claims read it (``hot_path.Head``, or a model row)."""
+        payload = {} if h.payload in (None, "", "{}") else json.loads(h.payload)  # most: none
+        return cls(h.message_id, h.seq, h.target_chat_id, h.sender_chat_id, h.kind, h.content,
+                   payload, h.attempts, h.created_at, bool(h.suspect))
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from . import set_wise
 from .bulk_sql import BulkSql
 from .database import is_postgres
 from .errors import RowNotFound
-from .hot_path import CLAIM_COLUMNS, HotPath
+from .hot_path import HotPath
 from .inbox_reads import InboxReads, row_to_dict
 from .inbox_records import (
     ClaimedRow,
@@ -49,7 +49,7 @@ DEFAULT_LEASE_SECONDS = 30.0
 
 
 def _claimed(row: InboxMessage) -> ClaimedRow:
-    return ClaimedRow.from_columns([getattr(row, c) for c in CLAIM_COLUMNS])
+    return ClaimedRow.from_head(row)  # type: ignore[arg-type]
 
 
 class Journal(InboxReads):
@@ -118,7 +118,7 @@ class Journal(InboxReads):
             picked.append(h)
         if not picked:
             return ClaimResult([], [])
-        rows = [ClaimedRow.from_columns(h) for h in picked]
+        rows = [ClaimedRow.from_head(h) for h in picked]
         ids = [r.message_id for r in rows]
         done = self.committed_of(ids)
         if done:
@@ -253,7 +253,7 @@ class Journal(InboxReads):
             if not self.hot.lease(head.message_id, owner, now + lease, now):
                 return None  # another worker took it first
             if not self.hot.has_marker(head.message_id):
-                return ClaimedRow.from_columns(head)
+                return ClaimedRow.from_head(head)
             self.hot.mark_delivered([head.message_id], now)  # its turn had committed
 
     def write_turn(self, session_id: str, ids: Sequence[str], entries: Sequence[TurnEntry],

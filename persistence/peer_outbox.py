@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from .database import is_postgres
 from .errors import RowNotFound
-from .hot_path import CLAIM_COLUMNS, INBOX, HotPath, chunks
+from .hot_path import CLAIM_COLUMNS, INBOX, Head, HotPath, chunks
 from .inbox_core import OPEN_STATES, Event, State, check_lease, is_claimable, transition
 from .inbox_records import ClaimedRow
 from .models import Tables
@@ -55,23 +55,23 @@ class PeerOutbox:
             self.t.db.execute_sql("SELECT pg_advisory_xact_lock(hashtext(%s))", (target,))
         taken: list[ClaimedRow] = []
         for r in self._open_rows(target, after_seq, limit):
-            if not is_claimable(r[9], r[10], r[11], now):
+            if not is_claimable(r.status, r.available_at, r.lease_until, now):
                 break
-            taken.append(ClaimedRow.from_columns(r))
+            taken.append(ClaimedRow.from_head(r))
         p = self.hot.p
         for ids in chunks([t.message_id for t in taken]):
             self.t.db.execute_sql(self._sql_lease + f"({', '.join([p] * len(ids))})",
                                   (State.PROCESSING.value, owner, now + lease, now, *ids))
         return taken
 
-    def _open_rows(self, target: str, after_seq: int, limit: int) -> list[tuple[object, ...]]:
+    def _open_rows(self, target: str, after_seq: int, limit: int) -> list[Head]:
         # One ordered range scan per open state of the (target, status, seq) index, merged:
         # ``status IN (...) ORDER BY seq`` would sort every open row of a long backlog.
-        found: list[tuple[object, ...]] = []
+        found: list[Head] = []
         for state in OPEN_STATES:
-            found.extend(self.t.db.execute_sql(self._sql_window,
-                                               (target, state, after_seq, limit)).fetchall())
-        return sorted(found, key=lambda r: r[1])[:limit]  # type: ignore[arg-type,return-value]
+            found.extend(Head._make(r) for r in self.t.db.execute_sql(
+                self._sql_window, (target, state, after_seq, limit)).fetchall())
+        return sorted(found, key=lambda r: r.seq)[:limit]
 
     def submit_claim(self, owner: str, target: str, after_seq: int, now: float, *,
                      lease: float, limit: int) -> Reply[list[ClaimedRow]]:

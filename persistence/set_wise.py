@@ -76,7 +76,7 @@ def lease_new_heads(sql: BulkSql, items: Sequence[Enqueue]) -> dict[str, Claimed
         if item is None or item[2] is None or not _due(head, now):
             continue
         by_lease.setdefault(item[2], []).append(head.message_id)
-        taken[head.message_id] = ClaimedRow.from_columns(head)
+        taken[head.message_id] = ClaimedRow.from_head(head)
     for lease, ids in by_lease.items():
         sql.hot.lease_many(ids, lease.owner, now + lease.seconds, now)
     if taken:
@@ -110,7 +110,7 @@ def _next_heads(sql: BulkSql, commits: Sequence[TurnCommit], now: float) -> dict
         raise OneByOne("a head's turn has already committed")
     for (owner, lease), group in _grouped(taken.values()).items():
         sql.hot.lease_many(group, owner, now + lease, now)
-    return {sid: ClaimedRow.from_columns(head) for sid, (head, _) in taken.items()}
+    return {sid: ClaimedRow.from_head(head) for sid, (head, _) in taken.items()}
 
 
 def _due(head: Head, now: float) -> bool:
