@@ -112,10 +112,11 @@ class FocalSchedule:
         job = JobRecord(f"wake-{self.ctx.new_id()[:12]}", FOCAL_ID, kind, note.strip(),
                         cron, None, run_at, next_run, None, True, now)
         out = writes if writes is not None else Writes(self.ctx, None)
+        full = ToolError("execution_failed",
+                         f"Focal already has {MAX_WAKEUPS} wake-ups; cancel one first.")
         queued = out.outbox.wakeups if out.outbox is not None else 0
         if len(self.wakeups()) + queued >= MAX_WAKEUPS:
-            raise ToolError("execution_failed",
-                            f"Focal already has {MAX_WAKEUPS} wake-ups; cancel one first.")
+            raise full
 
         def registered(created: JobRecord | None) -> None:
             if created is None:  # the limit filled up meanwhile (an operator's call)
@@ -128,8 +129,7 @@ class FocalSchedule:
         created = out.write(lambda: self.jobs.create_now(job, limit_kinds=WAKEUP_KINDS,
                                                          limit=MAX_WAKEUPS), job, registered)
         if created is None:
-            raise ToolError("execution_failed",
-                            f"Focal already has {MAX_WAKEUPS} wake-ups; cancel one first.")
+            raise full
         if out.outbox is not None:
             out.outbox.wakeups += 1
         return created.to_dict()

@@ -22,7 +22,6 @@ import pykka
 from ..persistence import ClaimedRow, LeaseLost, PersistenceError, WriterClosed
 from . import delivery as dp
 from .context import RuntimeContext, TurnEffects
-from .delivery import CHAIN_LIMIT
 from .messages import Deliver, TurnDone
 from .outbox import Outbox
 from .pooled import ActorPool, PooledActor
@@ -31,7 +30,7 @@ from .turn_run import Judged, SyncBrainAwaitable, judge, prepare, take_result, t
 
 log = logging.getLogger("kinbox.session")
 
-__all__ = ["CHAIN_LIMIT", "SessionActor", "SyncBrainAwaitable"]
+__all__ = ["SessionActor", "SyncBrainAwaitable"]
 
 class SessionActor(PooledActor):
     """Delivers inbox rows to one session by running its brain (on the dispatcher's pool)."""

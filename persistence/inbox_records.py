@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from . import inbox_core as core
+from .hot_path import Head
 
 
 @dataclass(frozen=True)
@@ -51,21 +52,6 @@ class EnqueueResult:
     target's head and the enqueue asked for a lease."""
 
 
-class OpenRow(Protocol):
-    """What a claimed row is built from: the columns of an open inbox row, by name."""
-
-    message_id: str
-    seq: int
-    target_chat_id: str
-    sender_chat_id: str | None
-    kind: str
-    content: str
-    payload: str | None
-    attempts: int
-    created_at: float
-    suspect: bool
-
-
 @dataclass(frozen=True)
 class ClaimedRow:
     """A row handed to a worker for delivery."""
@@ -85,8 +71,8 @@ class ClaimedRow:
     is counted, and run it alone (one suspect in flight per runtime)."""
 
     @classmethod
-    def from_head(cls, h: OpenRow) -> ClaimedRow:
-        """From an open row as the claims read it (``hot_path.Head``, or a model row)."""
+    def from_head(cls, h: Head) -> ClaimedRow:
+        """From an open row as the claims read it."""
         payload = {} if h.payload in (None, "", "{}") else json.loads(h.payload)  # most: none
         return cls(h.message_id, h.seq, h.target_chat_id, h.sender_chat_id, h.kind, h.content,
                    payload, h.attempts, h.created_at, bool(h.suspect))

@@ -24,7 +24,7 @@ from . import set_wise
 from .bulk_sql import BulkSql
 from .database import is_postgres
 from .errors import RowNotFound
-from .hot_path import HotPath
+from .hot_path import CLAIM_COLUMNS, Head, HotPath
 from .inbox_reads import InboxReads, row_to_dict
 from .inbox_records import (
     ClaimedRow,
@@ -49,7 +49,7 @@ DEFAULT_LEASE_SECONDS = 30.0
 
 
 def _claimed(row: InboxMessage) -> ClaimedRow:
-    return ClaimedRow.from_head(row)  # type: ignore[arg-type]
+    return ClaimedRow.from_head(Head._make(getattr(row, c) for c in CLAIM_COLUMNS))
 
 
 class Journal(InboxReads):

@@ -73,9 +73,9 @@ def lease_new_heads(sql: BulkSql, items: Sequence[Enqueue]) -> dict[str, Claimed
     by_lease: dict[Lease, list[str]] = {}
     for head in heads.values():
         item = asking.get(head.message_id)
-        if item is None or item[2] is None or not _due(head, now):
+        if item is None or not _due(head, now):
             continue
-        by_lease.setdefault(item[2], []).append(head.message_id)
+        by_lease.setdefault(item[2], []).append(head.message_id)  # type: ignore[arg-type]
         taken[head.message_id] = ClaimedRow.from_head(head)
     for lease, ids in by_lease.items():
         sql.hot.lease_many(ids, lease.owner, now + lease.seconds, now)
