@@ -32,7 +32,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..persistence import ClaimedRow, WriterClosed
+from ..persistence import ClaimedRow, Reply, WriterClosed
+from . import delivery as dp
 from .async_tools import AsyncTools
 from .running import TIMEOUT
 from .turn import Turn
@@ -40,7 +41,7 @@ from .turn_run import take_result
 
 if TYPE_CHECKING:
     from .context import RuntimeContext
-    from .session_actor import SessionActor
+    from .session_actor import SessionActor, Step
 
 log = logging.getLogger("kinbox.async")
 
@@ -141,15 +142,25 @@ class AsyncHost:
     # -- a session's turns -----------------------------------------------------------------
 
     async def _drive(self, actor: SessionActor, row: ClaimedRow) -> None:
-        """The session's delivery run (:mod:`.delivery`): the brain awaited here, every other
-        effect carried out by the actor on a blocking worker."""
+        """The session's delivery run (:mod:`.delivery`): the brain awaited here, a commit
+        awaited here too (submitted on the loop, answered by the writer: no thread waits),
+        every other effect carried out by the actor on a blocking worker."""
         run = actor.new_run()
         effects = run.claimed(row)
         try:
-            while True:
+            while effects:
+                effect = effects[0]
+                if isinstance(effect, dp.Commit):
+                    del effects[0]
+                    effects[:0] = await self.settle(actor.commit(run, list(effect.message_ids)))
+                    continue
+                if isinstance(effect, dp.Done):
+                    del effects[0]
+                    actor.apply(run, effect)
+                    continue
                 effects, brain_due, error = await self.blocking(actor.carry_out, run, effects)
                 if not brain_due:
-                    break
+                    continue
                 turn = actor.turn
                 assert turn is not None
                 turn._run_blocking = self.blocking
@@ -168,6 +179,29 @@ class AsyncHost:
         finally:
             if not actor.told_done:
                 actor.done(True)
+
+    async def settle(self, step: Step) -> list[dp.Effect]:
+        """Carry out a writing effect (:data:`.session_actor.Step`) on the loop: each write
+        is submitted here and awaited, the writer thread answering through a callback."""
+        try:
+            reply = next(step)
+            while True:
+                try:
+                    value = await self._answer(reply)
+                except Exception as exc:
+                    reply = step.throw(exc)
+                else:
+                    reply = step.send(value)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    def _answer(self, reply: Reply[T]) -> asyncio.Future[T]:
+        future: asyncio.Future[T] = self.loop.create_future()
+
+        def answered() -> None:  # on the writer thread
+            self.loop.call_soon_threadsafe(_settle_future, future, reply)
+        reply.add_done_callback(answered)
+        return future
 
     async def _run_brain(self, turn: Turn) -> BaseException | None:
         """Await the brain; the error the attempt ends with, or None to commit."""
@@ -210,3 +244,12 @@ class AsyncHost:
         """Running and peak async turns."""
         with self._lock:
             return {"async_turns": self.running, "peak_async_turns": self.peak_running}
+
+
+def _settle_future(future: asyncio.Future[T], reply: Reply[T]) -> None:
+    if future.cancelled():  # the turn was cancelled while its commit was in flight
+        return
+    try:
+        future.set_result(reply.outcome())
+    except Exception as exc:
+        future.set_exception(exc)

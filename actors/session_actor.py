@@ -15,11 +15,19 @@ An async brain's turns run the same protocol on the event loop
 from __future__ import annotations
 
 import logging
+from collections.abc import Generator
 from typing import Any
 
 import pykka
 
-from ..persistence import ClaimedRow, LeaseLost, PersistenceError, WriterClosed
+from ..persistence import (
+    WRITE_TIMEOUT,
+    ClaimedRow,
+    LeaseLost,
+    PersistenceError,
+    Reply,
+    WriterClosed,
+)
 from . import delivery as dp
 from .context import RuntimeContext, TurnEffects
 from .messages import Deliver, TurnDone
@@ -30,7 +38,26 @@ from .turn_run import Judged, SyncBrainAwaitable, judge, prepare, take_result, t
 
 log = logging.getLogger("kinbox.session")
 
-__all__ = ["SessionActor", "SyncBrainAwaitable"]
+__all__ = ["SessionActor", "Step", "SyncBrainAwaitable", "settle"]
+
+Step = Generator[Reply[Any], Any, list[dp.Effect]]
+"""An effect that writes: it yields the writer's reply, is resumed with the answer (or
+has the operation's error thrown in), and returns the protocol's answer."""
+
+
+def settle(step: Step) -> list[dp.Effect]:
+    """Carry out a writing effect on this thread, waiting for each commit."""
+    try:
+        reply = next(step)
+        while True:
+            try:
+                value = reply.result(WRITE_TIMEOUT)
+            except Exception as exc:
+                reply = step.throw(exc)
+            else:
+                reply = step.send(value)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
 
 class SessionActor(PooledActor):
     """Delivers inbox rows to one session by running its brain (on the dispatcher's pool)."""
@@ -114,7 +141,7 @@ class SessionActor(PooledActor):
             self.turn = self.begin(effect.row, effect.record_start)
             return run.started() if self.turn is not None else run.refused()
         if isinstance(effect, dp.Commit):
-            return self.commit(run, list(effect.message_ids))
+            return settle(self.commit(run, list(effect.message_ids)))
         if isinstance(effect, dp.RecordFailure):
             return self.record_failure(run, effect)
         if isinstance(effect, dp.Release):
@@ -173,9 +200,12 @@ class SessionActor(PooledActor):
                  attempt=row.attempts + 1)
         return turn
 
-    def commit(self, run: dp.Delivery, ids: list[str]) -> list[dp.Effect]:
+    def commit(self, run: dp.Delivery, ids: list[str]) -> Step:
         """Commit the judged turn: entries, markers, acks, its effects, the next lease.
 
+        A generator (see :data:`Step`): it yields the commit's writer reply and
+        is resumed with its answer, so a pool thread waits for the commit with
+        :func:`settle` and the event loop awaits it without holding a thread.
         Journal refusals end here too: a lost lease (another worker took the
         row over; nothing of this turn is written) and a database error are
         logged, and the row comes back through its lease.
@@ -186,7 +216,7 @@ class SessionActor(PooledActor):
         done = judged.outcome
         try:
             effects = ctx.effects(turn, done)
-            following = ctx.journal.complete_turn(
+            following = yield ctx.journal.submit_turn(
                 ctx.owner, sid, ids, turn.entries(), ctx.now(), enqueue=effects.messages,
                 also=effects.ops, next_lease=ctx.lease_seconds)
         except LeaseLost as exc:

@@ -51,11 +51,12 @@ from .models import Tables, bind_tables
 from .schema import pending_changes, require_current, upgrade
 from .sessions import EntryRecord, ProjectRecord, SessionRecord, SessionStore
 from .tasks import OPEN_TASK_STATES, TaskChange, TaskRecord, TaskStore
-from .writer import GroupCommitWriter, WriterStatistics
+from .writer import WRITE_TIMEOUT, GroupCommitWriter, Reply, WriterStatistics
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "OPEN_TASK_STATES",
+    "WRITE_TIMEOUT",
     "ClaimResult",
     "ClaimedRow",
     "CronJobRecord",
@@ -85,6 +86,7 @@ __all__ = [
     "OwnerLiveness",
     "PersistenceError",
     "ProjectRecord",
+    "Reply",
     "RowNotFound",
     "SchemaError",
     "SessionRecord",

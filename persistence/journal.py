@@ -39,7 +39,7 @@ from .inbox_records import (
     insert_params,
 )
 from .models import InboxMessage, Tables
-from .writer import Bulk, GroupCommitWriter
+from .writer import WRITE_TIMEOUT, Bulk, GroupCommitWriter, Reply
 
 __all__ = ["DEFAULT_LEASE_SECONDS", "ClaimResult", "ClaimedRow", "EnqueueResult", "Journal",
            "NewMessage", "TurnEntry"]
@@ -95,7 +95,15 @@ class Journal(InboxReads):
 
     def enqueue_many(self, msgs: Sequence[NewMessage], now: float) -> list[EnqueueResult]:
         """Enqueue several messages in one transaction (all or, on conflict, an error)."""
-        return self.writer.call(lambda: [self.enqueue_now(x, now) for x in msgs])
+        return self.writer.call(lambda: self._enqueue_many_op(list(msgs), now))
+
+    def _enqueue_many_op(self, msgs: list[NewMessage], now: float) -> list[EnqueueResult]:
+        items: list[set_wise.Enqueue] = [(msg, now, None) for msg in msgs]
+        try:
+            with self.t.db.atomic():  # undone alone if it must go one by one
+                return set_wise.enqueue_all(self.bulk, items)
+        except set_wise.OneByOne:  # a repeated id: each message by the idempotence rule
+            return [self.enqueue_now(msg, now) for msg in msgs]
 
     # -- claims ----------------------------------------------------------------------------
 
@@ -296,13 +304,24 @@ class Journal(InboxReads):
         round trip through the dispatcher (still one row in flight: the next
         is leased only as this one is acknowledged).
         """
+        return self.submit_turn(owner, session_id, message_ids, entries, now, enqueue=enqueue,
+                                also=also, next_lease=next_lease).result(WRITE_TIMEOUT)
+
+    def submit_turn(self, owner: str, session_id: str, message_ids: Sequence[str],
+                    entries: Sequence[TurnEntry], now: float, *,
+                    enqueue: Sequence[NewMessage] = (),
+                    also: Sequence[Callable[[], object]] = (),
+                    next_lease: float | None = None) -> Reply[ClaimedRow | None]:
+        """:meth:`complete_turn` without waiting: the reply answers once it committed (for
+        event-loop callers, which must not block on the commit)."""
         ids = list(message_ids)
         if not enqueue and not also:  # a plain turn: may commit set-wise
-            return self.writer.call_bulk(
+            return self.writer.submit_bulk(
                 self._commits, TurnCommit(owner, session_id, ids, entries, now, next_lease))
-        return self.writer.call(
-            lambda: self._complete_op(owner, session_id, ids, entries, now,
-                                      list(enqueue), list(also), next_lease))
+        msgs, ops = list(enqueue), list(also)
+        return self.writer.submit(
+            lambda: self._complete_op(owner, session_id, ids, entries, now, msgs, ops,
+                                      next_lease))
 
     def _commit_one(self, c: TurnCommit) -> ClaimedRow | None:
         return self._complete_op(c.owner, c.session_id, c.message_ids, c.entries, c.now,

@@ -22,6 +22,7 @@ concurrent and may commit in any order within it.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -37,6 +38,11 @@ T = TypeVar("T")
 A = TypeVar("A")
 
 _STOP = object()
+
+log = logging.getLogger("kinbox.writer")
+
+WRITE_TIMEOUT = 30.0
+"""How long a blocking write waits for its commit by default."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -58,34 +64,71 @@ class Reply(Generic[T]):
 
     A lock held until the answer is set: under load every message waits for
     two of these, and a lock costs a fraction of a ``Future``'s condition.
+    Event-loop code does not wait on the lock: it registers a callback
+    (:meth:`add_done_callback`), run on the writer thread once the answer is in.
     """
 
-    __slots__ = ("_done", "_error", "_value")
+    __slots__ = ("_callback", "_done", "_error", "_set", "_value")
 
     def __init__(self) -> None:
         self._done = threading.Lock()
         self._done.acquire()
         self._value: Any = None
         self._error: BaseException | None = None
+        self._set = False
+        self._callback: Callable[[], None] | None = None
 
     def set_result(self, value: T) -> None:
         """Hand over the result (once)."""
         self._value = value
-        self._done.release()
+        self._settle()
 
     def set_exception(self, error: BaseException) -> None:
         """Hand over the error (once)."""
         self._error = error
+        self._settle()
+
+    def _settle(self) -> None:
+        with _CALLBACKS:
+            self._set = True
+            callback, self._callback = self._callback, None
         self._done.release()
+        if callback is not None:
+            _run_callback(callback)
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the answer is in: at once if it is, else on the writer
+        thread right after the commit (so it must be quick and must not block)."""
+        with _CALLBACKS:
+            if not self._set:
+                self._callback = callback
+                return
+        _run_callback(callback)
+
+    def outcome(self) -> T:
+        """The answer of a settled reply (raise the operation's error)."""
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[no-any-return]
 
     def result(self, timeout: float | None = None) -> T:
         """Wait for the answer; raise the operation's error, or TimeoutError."""
         if not self._done.acquire(timeout=-1 if timeout is None else timeout):
             raise TimeoutError(f"no answer from the writer within {timeout} s")
         self._done.release()  # so that a later result() sees the answer too
-        if self._error is not None:
-            raise self._error
-        return self._value  # type: ignore[no-any-return]
+        return self.outcome()
+
+
+_CALLBACKS = threading.Lock()
+"""Orders a callback's registration against its reply's answer: one lock for all replies,
+held for two attribute writes (a lock per reply would cost every send)."""
+
+
+def _run_callback(callback: Callable[[], None]) -> None:
+    try:
+        callback()
+    except Exception:  # a waiter's bug must not stop the writer or lose the batch's answers
+        log.exception("a writer reply's callback failed")
 
 
 @dataclass
@@ -120,13 +163,17 @@ class GroupCommitWriter:
         """Queue ``op``; the reply resolves once its batch has committed."""
         return self._put(op)
 
-    def call(self, op: Callable[[], T], timeout: float | None = 30.0) -> T:
+    def submit_bulk(self, kind: Bulk[A, T], item: A) -> Reply[T]:
+        """Queue ``item`` with the other items of ``kind`` in the next batch."""
+        return self._put(kind, item)
+
+    def call(self, op: Callable[[], T], timeout: float | None = WRITE_TIMEOUT) -> T:
         """Run ``op`` in the next batch and return its result after the commit."""
         return self.submit(op).result(timeout)
 
-    def call_bulk(self, kind: Bulk[A, T], item: A, timeout: float | None = 30.0) -> T:
+    def call_bulk(self, kind: Bulk[A, T], item: A, timeout: float | None = WRITE_TIMEOUT) -> T:
         """Run ``item`` with the other items of ``kind`` in the next batch; result after commit."""
-        return self._put(kind, item).result(timeout)
+        return self.submit_bulk(kind, item).result(timeout)
 
     def _put(self, *entry: Any) -> Reply[Any]:
         # Queue entries: (op, reply) or (bulk kind, item, reply).

@@ -17,6 +17,7 @@ from kinbox.persistence import (
     Journal,
     Lease,
     NewMessage,
+    Reply,
     TurnEntry,
 )
 
@@ -39,11 +40,12 @@ class AckBeforeTurn(Journal):
             self.ack(lease.owner, [result.message_id], now)
         return result
 
-    def complete_turn(self, owner: str, session_id: str, message_ids: Sequence[str],
-                      entries: Sequence[TurnEntry], now: float,
-                      **options: Any) -> ClaimedRow | None:
-        self.writer.call(lambda: self.write_turn(session_id, message_ids, entries, now))
-        return None
+    def submit_turn(self, owner: str, session_id: str, message_ids: Sequence[str],
+                    entries: Sequence[TurnEntry], now: float,
+                    **options: Any) -> Reply[ClaimedRow | None]:
+        def write() -> None:
+            self.write_turn(session_id, message_ids, entries, now)
+        return self.writer.submit(write)
 
 
 class SkipMarkerCheck(Journal):
@@ -53,12 +55,11 @@ class SkipMarkerCheck(Journal):
     def committed_of(self, ids: Sequence[str]) -> set[str]:
         return set()
 
-    def complete_turn(self, owner: str, session_id: str, message_ids: Sequence[str],
-                      entries: Sequence[TurnEntry], now: float,
-                      **options: Any) -> ClaimedRow | None:
+    def submit_turn(self, owner: str, session_id: str, message_ids: Sequence[str],
+                    entries: Sequence[TurnEntry], now: float,
+                    **options: Any) -> Reply[ClaimedRow | None]:
         self.writer.call(lambda: self.write_turn(session_id, message_ids, entries, now))
-        self.ack(owner, message_ids, now)
-        return None
+        return self.writer.submit(lambda: self._ack_op(owner, list(message_ids), now))
 
 
 BROKEN = {"ack_before_turn": AckBeforeTurn, "skip_marker_check": SkipMarkerCheck}
