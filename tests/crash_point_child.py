@@ -18,7 +18,8 @@ only by the deliberately broken variant):
 ``claim``          claim committed (a call that leased at least one row)
 ``turn_started``   inside the brain, after the turn's start was logged
 ``turn_marked``    a taken-over row's start recorded (``mark_turn_started``)
-``turn_committed`` turn, markers and ack committed (``complete_turn``)
+``turn_committed`` turn, markers and ack committed (``submit_turn``, once its writer
+                   reply is answered: on the writer thread, right after the commit)
 ``retry``          a failed attempt's retry scheduled (``retry``)
 ``renew``          leases renewed (``renew`` that extended at least one lease)
 ``peer_acked``     an outbound peer frame was sent and the receiver committed it: its
@@ -61,7 +62,7 @@ CHAIN_LIMIT = 16
 HOOKS: dict[str, tuple[type, str]] = {
     "claim": (Journal, "claim"),
     "turn_marked": (Journal, "mark_turn_started"),
-    "turn_committed": (Journal, "complete_turn"),
+    "turn_committed": (Journal, "submit_turn"),
     "retry": (Journal, "retry"),
     "renew": (Journal, "renew"),
     "peer_acked": (PeerOutbox, "submit_ack"),
@@ -69,6 +70,8 @@ HOOKS: dict[str, tuple[type, str]] = {
 """Crash point -> the public method it follows. The only place that names them."""
 BEFORE = frozenset({"peer_acked"})
 """Points hit as the method is called (before its write), not after it returned."""
+ANSWERED = frozenset({"turn_committed"})
+"""Points whose method returns a writer reply: hit once the reply is answered (committed)."""
 
 MIDDLE = {"claim": 3, "turn_started": 12, "turn_committed": 12, "retry": 2, "renew": 2,
           "turn_marked": 1, "peer_acked": 2}
@@ -165,12 +168,21 @@ class CrashPoint:
                 return original(journal, *args, **kwargs)
             self.journal = journal
             result = original(journal, *args, **kwargs)
-            if _is_hit(point, result):
+            if point in ANSWERED:
+                result.add_done_callback(lambda: self._answered(point, args, result))
+            elif _is_hit(point, result):
                 self.hit(point, args, result)
                 if point == "renew":  # after the hit, so a slow turn's flags still hold
                     self.renewed.set()
             return result
         return wrapped
+
+    def _answered(self, point: str, args: tuple[Any, ...], reply: Any) -> None:
+        try:
+            value = reply.outcome()
+        except Exception:
+            return  # refused (a lost lease): nothing committed, no hit
+        self.hit(point, args, value)
 
 
 def main() -> None:
