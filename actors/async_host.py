@@ -4,10 +4,14 @@ A runtime whose brain is ``async def`` owns one asyncio loop on one thread.
 A session actor that receives a claimed row hands it here and frees its
 pool thread at once; the turn then holds no thread while it awaits a model,
 so thousands can wait at the same time. The steps that touch the journal
-(starting the turn, committing it or recording the failed attempt) are the
-session actor's own, run on a small pool of blocking workers, so the rules
-of a turn live in one place for sync and async brains alike and the loop
-never waits for a commit: only the turn that asked does.
+(starting the turn, committing it, recording a failed attempt) are the
+session actor's own, so the rules of a turn live in one place for sync and
+async brains alike. The writing ones are generators
+(:data:`.session_actor.Step`): a pool thread waits for each write, the loop
+submits it and awaits the writer's answer, so the loop never waits for a
+commit (only the turn that asked does) and no thread is held meanwhile. What
+may block otherwise (a turn hook's work, recording a failed attempt) runs on
+a small pool of blocking workers.
 
 Per session nothing changes: the dispatcher still keeps one row in flight
 per target (``TurnDone`` comes from here when the turn and its chained
@@ -37,7 +41,7 @@ from . import delivery as dp
 from .async_tools import AsyncTools
 from .running import TIMEOUT
 from .turn import Turn
-from .turn_run import take_result
+from .turn_run import hook_work, take_result
 
 if TYPE_CHECKING:
     from .context import RuntimeContext
@@ -142,34 +146,26 @@ class AsyncHost:
     # -- a session's turns -----------------------------------------------------------------
 
     async def _drive(self, actor: SessionActor, row: ClaimedRow) -> None:
-        """The session's delivery run (:mod:`.delivery`): the brain awaited here, a commit
-        awaited here too (submitted on the loop, answered by the writer: no thread waits),
-        every other effect carried out by the actor on a blocking worker."""
+        """The session's delivery run (:mod:`.delivery`) on the loop. The turn's start and
+        commit are submitted here and awaited (the writer answers through a callback: no
+        thread waits), the brain is awaited; only what may block runs on a blocking
+        worker: a turn hook's work, recording a failed attempt, a release."""
         run = actor.new_run()
         effects = run.claimed(row)
         try:
             while effects:
-                effect = effects[0]
-                if isinstance(effect, dp.Commit):
-                    del effects[0]
+                effect = effects.pop(0)
+                if isinstance(effect, dp.StartTurn):
+                    effects[:0] = await self.settle(
+                        actor.start_turn(run, effect.row, effect.record_start))
+                elif isinstance(effect, dp.RunBrain):
+                    effects[:0] = actor.brain_ended(run, await self._turn(actor))
+                elif isinstance(effect, dp.Commit):
                     effects[:0] = await self.settle(actor.commit(run, list(effect.message_ids)))
-                    continue
-                if isinstance(effect, dp.Done):
-                    del effects[0]
+                elif isinstance(effect, dp.Done):
                     actor.apply(run, effect)
-                    continue
-                effects, brain_due, error = await self.blocking(actor.carry_out, run, effects)
-                if not brain_due:
-                    continue
-                turn = actor.turn
-                assert turn is not None
-                turn._run_blocking = self.blocking
-                if error is None:
-                    try:
-                        error = await self._run_brain(turn)
-                    except Exception as exc:
-                        error = exc
-                effects[:0] = actor.brain_ended(run, error)  # no I/O: judged on the loop
+                else:
+                    effects[:0] = await self.blocking(actor.apply, run, effect)
         except WriterClosed:
             pass  # stopped or crashed under us: the journal keeps the row
         except asyncio.CancelledError:
@@ -179,6 +175,18 @@ class AsyncHost:
         finally:
             if not actor.told_done:
                 actor.done(True)
+
+    async def _turn(self, actor: SessionActor) -> BaseException | None:
+        """The hooks' work, then the brain: the error the attempt ends with, or None."""
+        turn = actor.turn
+        assert turn is not None
+        turn._run_blocking = self.blocking
+        try:
+            for work in hook_work(self.ctx, turn):
+                await self.blocking(work)
+            return await self._run_brain(turn)
+        except Exception as exc:
+            return exc
 
     async def settle(self, step: Step) -> list[dp.Effect]:
         """Carry out a writing effect (:data:`.session_actor.Step`) on the loop: each write

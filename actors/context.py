@@ -54,6 +54,11 @@ class TurnEffects:
 OutboxHook = Callable[["RuntimeContext", Turn, TurnOutcome], TurnEffects]
 """Effects of a turn's end (a parent's wake-up), committed with the turn's outcome."""
 
+TurnHook = Callable[["RuntimeContext", Turn], "Callable[[], object] | None"]
+"""Runs before a turn's brain, without blocking (the event loop of async brains runs it):
+what must happen before the brain that may read or write the database, it returns as
+work, which the caller runs where blocking is allowed (or None: nothing to do now)."""
+
 TaskHook = Callable[["RuntimeContext", TaskChange], list[NewMessage]]
 """Messages a task change causes (a Focal notice); run inside the change's transaction."""
 
@@ -114,7 +119,7 @@ class RuntimeContext:
     closed: threading.Event = field(default_factory=threading.Event)
     observers: list[Observer] = field(default_factory=list)
     outbox_hooks: list[OutboxHook] = field(default_factory=list)
-    turn_hooks: list[Callable[[RuntimeContext, Turn], None]] = field(default_factory=list)
+    turn_hooks: list[TurnHook] = field(default_factory=list)
     task_hooks: list[TaskHook] = field(default_factory=list)
     dispatcher: pykka.ActorRef[Any] | None = None
     buckets: Any = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,12 +129,12 @@ class Focal:
         denied = self.tool_request(session).denied_tools if session else ()
         return policy.search_tools(self.registry.values(), query, denied)
 
-    def prepare_turn(self, ctx: RuntimeContext, turn: Turn) -> None:
+    def prepare_turn(self, ctx: RuntimeContext, turn: Turn) -> Callable[[], object] | None:
         """Turn hook: the tool request (and, for Focal, the global context) of this turn.
 
         Resolved on first use, so the many turns that never look cost no
-        database read; the canonical Focal chat is resolved at once, which also
-        restores its pinned title before the turn runs.
+        database read; the canonical Focal chat is resolved before its brain
+        runs (the work this hook returns), which also restores its pinned title.
         """
         def resolve() -> tuple[policy.ToolRequest | None, str | None]:
             session = ctx.store.session(turn.session_id)
@@ -146,8 +147,9 @@ class Focal:
             return self.tool_request(session), self.global_context()
 
         turn.resolve_with(resolve)
-        if turn.session_id == FOCAL_ID:
-            turn.request  # noqa: B018 - resolve now: the policy applies before the turn
+        if turn.session_id == FOCAL_ID:  # the policy applies before the turn
+            return lambda: turn.request
+        return None
 
     def global_context(self) -> str:
         """The FO3 text for a Focal turn."""

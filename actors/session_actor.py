@@ -9,7 +9,9 @@ entries, a delivery marker per message and the acks in one transaction,
 fenced by the lease; a failed turn is retried with backoff. Whatever
 happens, the dispatcher hears ``TurnDone`` so the session's slot frees up.
 An async brain's turns run the same protocol on the event loop
-(:mod:`.async_host`), which hands every effect but the brain back here.
+(:mod:`.async_host`), which carries out the same effects of this class: the
+ones that write are generators (:data:`Step`) that yield the writer's reply,
+waited for here and awaited there.
 """
 
 from __future__ import annotations
@@ -83,11 +85,12 @@ class SessionActor(PooledActor):
             run = self.new_run()
             effects = run.claimed(message.row)
             try:
-                while True:
-                    effects, brain_due, error = self.carry_out(run, effects)
-                    if not brain_due:
-                        break
-                    effects[:0] = self.brain_ended(run, error or self.run_brain())
+                while effects:
+                    effect = effects.pop(0)
+                    if isinstance(effect, dp.RunBrain):
+                        effects[:0] = self.brain_ended(run, self.run_turn())
+                    else:
+                        effects[:0] = self.apply(run, effect)
             except WriterClosed:
                 pass  # the runtime stopped or crashed under us: the journal keeps the row
             finally:
@@ -99,27 +102,12 @@ class SessionActor(PooledActor):
         self.told_done = False
         return dp.Delivery(closing=self.ctx.closed.is_set())
 
-    def carry_out(self, run: dp.Delivery, effects: list[dp.Effect]
-                  ) -> tuple[list[dp.Effect], bool, BaseException | None]:
-        """Carry out effects until the brain is due (then run the turn hooks, the Focal
-        policy, which may read the database): (effects left, brain due, hook error).
-        One call per turn end and start, so an async turn costs one worker hop each."""
-        while effects:
-            effect = effects.pop(0)
-            if isinstance(effect, dp.RunBrain):
-                assert self.turn is not None
-                try:
-                    prepare(self.ctx, self.turn)
-                except Exception as exc:
-                    return effects, True, exc
-                return effects, True, None
-            effects[:0] = self.apply(run, effect)
-        return [], False, None
-
-    def run_brain(self) -> BaseException | None:
-        """Call a sync brain on the started turn; the error the attempt ends with."""
+    def run_turn(self) -> BaseException | None:
+        """Run the turn hooks (the Focal policy), then a sync brain, on the started turn;
+        the error the attempt ends with."""
         assert self.turn is not None
         try:
+            prepare(self.ctx, self.turn)
             take_result(self.turn, self.ctx.brain(self.turn))
         except Exception as exc:
             return exc
@@ -135,11 +123,11 @@ class SessionActor(PooledActor):
         return run.brain_raised(self.judged.outcome.error or "the turn failed")
 
     def apply(self, run: dp.Delivery, effect: dp.Effect) -> list[dp.Effect]:
-        """Carry out one effect (not RunBrain); the protocol's answer to its outcome."""
+        """Carry out one effect (not RunBrain) on this thread, waiting for its writes; the
+        protocol's answer to its outcome."""
         ctx = self.ctx
         if isinstance(effect, dp.StartTurn):
-            self.turn = self.begin(effect.row, effect.record_start)
-            return run.started() if self.turn is not None else run.refused()
+            return settle(self.start_turn(run, effect.row, effect.record_start))
         if isinstance(effect, dp.Commit):
             return settle(self.commit(run, list(effect.message_ids)))
         if isinstance(effect, dp.RecordFailure):
@@ -163,22 +151,28 @@ class SessionActor(PooledActor):
             except pykka.ActorDeadError:
                 pass  # the runtime is stopping
 
-    def begin(self, row: ClaimedRow, record_start: bool) -> Turn | None:
-        """Start the turn of ``row``: None when the journal refuses (the lease is gone)."""
+    def start_turn(self, run: dp.Delivery, row: ClaimedRow, record_start: bool) -> Step:
+        """Start the turn of ``row`` (a :data:`Step`: it writes when the row was taken over);
+        refused when the journal refuses (the lease is gone)."""
         ctx = self.ctx
-        try:
-            if record_start:  # its last worker died mid-turn: is this message the cause?
-                ctx.journal.mark_turn_started(ctx.owner, row.message_id, ctx.now())
-        except WriterClosed:
-            raise
-        except LeaseLost:
-            log.warning("lost the lease of %s for %s before its turn started",
-                        row.message_id, self.session_id)
-            return None
-        except PersistenceError as exc:
-            log.error("starting %s for %s failed in the journal: %s", row.message_id,
-                      self.session_id, exc)
-            return None
+        if record_start:  # its last worker died mid-turn: is this message the cause?
+            try:
+                yield ctx.journal.submit_turn_started(ctx.owner, row.message_id, ctx.now())
+            except WriterClosed:
+                raise
+            except LeaseLost:
+                log.warning("lost the lease of %s for %s before its turn started",
+                            row.message_id, self.session_id)
+                return run.refused()
+            except PersistenceError as exc:
+                log.error("starting %s for %s failed in the journal: %s", row.message_id,
+                          self.session_id, exc)
+                return run.refused()
+        self.turn = self._new_turn(row)
+        return run.started()
+
+    def _new_turn(self, row: ClaimedRow) -> Turn:
+        ctx = self.ctx
         sid = self.session_id
         started = ctx.now()
         stop_flag = ctx.turns.begin(sid, started)

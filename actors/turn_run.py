@@ -60,9 +60,16 @@ def turn_tools(ctx: RuntimeContext, session_id: str, outbox: Outbox) -> Callable
 
 
 def prepare(ctx: RuntimeContext, turn: Turn) -> None:
-    """Run the turn hooks (the Focal policy); an error here fails the attempt."""
-    for hook in ctx.turn_hooks:
-        hook(ctx, turn)
+    """Run the turn hooks (the Focal policy) and their work here; an error here fails the
+    attempt."""
+    for work in hook_work(ctx, turn):
+        work()
+
+
+def hook_work(ctx: RuntimeContext, turn: Turn) -> list[Callable[[], object]]:
+    """Run the turn hooks, which never block; what they leave to do before the brain, which
+    may (an async host runs it on a blocking worker)."""
+    return [work for hook in ctx.turn_hooks if (work := hook(ctx, turn)) is not None]
 
 
 def take_result(turn: Turn, result: object) -> None:

@@ -173,12 +173,16 @@ class Journal(InboxReads):
 
     def mark_turn_started(self, owner: str, message_id: str, now: float) -> None:
         """Durably note that a taken-over row's turn is starting (fenced by the lease)."""
+        self.submit_turn_started(owner, message_id, now).result(WRITE_TIMEOUT)
+
+    def submit_turn_started(self, owner: str, message_id: str, now: float) -> Reply[None]:
+        """:meth:`mark_turn_started` without waiting (for event-loop callers)."""
         m = self.t.inbox
 
         def op() -> None:
             self._fence(owner, [message_id])
             m.update(turn_started_at=now).where(m.message_id == message_id).execute()
-        self.writer.call(op)
+        return self.writer.submit(op)
 
     def _rows_for_fencing(self, ids: Sequence[str]) -> list[FenceRow]:
         rows = self.hot.fence_rows(ids)

@@ -17,7 +17,7 @@ only by the deliberately broken variant):
 
 ``claim``          claim committed (a call that leased at least one row)
 ``turn_started``   inside the brain, after the turn's start was logged
-``turn_marked``    a taken-over row's start recorded (``mark_turn_started``)
+``turn_marked``    a taken-over row's start recorded (``submit_turn_started``, answered)
 ``turn_committed`` turn, markers and ack committed (``submit_turn``, once its writer
                    reply is answered: on the writer thread, right after the commit)
 ``retry``          a failed attempt's retry scheduled (``retry``)
@@ -61,7 +61,7 @@ CHAIN_LIMIT = 16
 
 HOOKS: dict[str, tuple[type, str]] = {
     "claim": (Journal, "claim"),
-    "turn_marked": (Journal, "mark_turn_started"),
+    "turn_marked": (Journal, "submit_turn_started"),
     "turn_committed": (Journal, "submit_turn"),
     "retry": (Journal, "retry"),
     "renew": (Journal, "renew"),
@@ -70,7 +70,7 @@ HOOKS: dict[str, tuple[type, str]] = {
 """Crash point -> the public method it follows. The only place that names them."""
 BEFORE = frozenset({"peer_acked"})
 """Points hit as the method is called (before its write), not after it returned."""
-ANSWERED = frozenset({"turn_committed"})
+ANSWERED = frozenset({"turn_committed", "turn_marked"})
 """Points whose method returns a writer reply: hit once the reply is answered (committed)."""
 
 MIDDLE = {"claim": 3, "turn_started": 12, "turn_committed": 12, "retry": 2, "renew": 2,
