@@ -86,7 +86,8 @@ def table(report: dict[str, Any]) -> str:
         out += [f"{k}: {v}" for k, v in report["ratios"].items()]
     if report.get("targets"):
         out.append("")
-        out += [f"target {k} {'>=' if k.startswith('kinbox_vs') else '=='} {t['target']}: "
+        out += [f"target {k} {t.get('op', '>=' if k.startswith('kinbox_vs') else '==')} "
+                f"{t['target']}: "
                 f"{t['measured']} ({'met' if t['met'] else 'NOT met'})"
                 for k, t in report["targets"].items()]
     bounded = report["settings"].get("bounded_by_message_count")

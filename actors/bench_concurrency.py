@@ -29,6 +29,16 @@ from .runtime import Runtime
 from .turn import Turn
 
 WIDE_THREAD_CAP = 2_000
+
+TARGETS = (("async_vs_trivial_closed_loop", ">=", 0.8), ("async_vs_sync_default_pool", ">=", 10),
+           ("async_peak_threads", "<=", 32), ("async_peak_rss_mib", "<=", 1024),
+           ("lost", "==", 0), ("duplicate_turns", "==", 0))
+"""The targets of issue #13: (measured value, how it compares, target)."""
+FULL_SIZE_ONLY = frozenset({"async_vs_trivial_closed_loop"})
+"""Judged at N = 10,000 only: with N = 1,000 sessions waiting W = 1 s, no system finishes
+faster than N / W = 1,000 turns/s, below 0.8 of the closed loop."""
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    ">=": lambda m, t: m >= t, "<=": lambda m, t: m <= t, "==": lambda m, t: m == t}
 """The most threads the one-thread-per-session sync variant starts here."""
 
 
@@ -132,9 +142,10 @@ def run_gather(n: int, wait: float) -> dict[str, Any]:
             "lost": 0, "duplicate_turns": 0}
 
 
-def concurrency(quick: bool, wait: float = 1.0) -> dict[str, Any]:
-    """The benchmark's JSON body."""
-    n = 1_000 if quick else 10_000
+def concurrency(quick: bool, wait: float = 1.0, *, sessions: int | None = None,
+                trivial_messages: int = 10_000) -> dict[str, Any]:
+    """The benchmark's JSON body (``sessions`` and ``trivial_messages`` shrink it)."""
+    n = sessions or (1_000 if quick else 10_000)
     wide = min(n, WIDE_THREAD_CAP)
     results: dict[str, Any] = {
         "kinbox_async": run_kinbox_waiting(n, wait, "async"),
@@ -147,10 +158,10 @@ def concurrency(quick: bool, wait: float = 1.0) -> dict[str, Any]:
     }
     workdir = fresh_dir()
     try:
-        trivial = run_kinbox(Workload(sessions=100, messages=10_000), workdir)
+        trivial = run_kinbox(Workload(sessions=100, messages=trivial_messages), workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    closed_loop = round(10_000 / trivial.elapsed, 1)
+    closed_loop = round(trivial_messages / trivial.elapsed, 1)
     results["kinbox_trivial_closed_loop"] = {"turns_per_s": closed_loop}
     a = results["kinbox_async"]["turns_per_s"]
     ratios = {
@@ -160,6 +171,16 @@ def concurrency(quick: bool, wait: float = 1.0) -> dict[str, Any]:
         "async_vs_gather": round(a / results["gather"]["turns_per_s"], 4),
         "async_vs_async_no_wait": round(a / results["kinbox_async_no_wait"]["turns_per_s"], 3),
     }
+    a_run = results["kinbox_async"]
+    measured = {**ratios, "async_peak_threads": a_run["peak_threads"],
+                "async_peak_rss_mib": a_run["peak_rss_mib"],
+                "lost": sum(r["lost"] for r in results.values() if "lost" in r),
+                "duplicate_turns": sum(r["duplicate_turns"] for r in results.values()
+                                       if "duplicate_turns" in r)}
+    targets = {k: {"target": t, "op": op, "measured": measured[k],
+                   "met": _OPS[op](measured[k], t)}
+               for k, op, t in TARGETS if not (quick and k in FULL_SIZE_ONLY)}
     return {"settings": {"sessions": n, "wait_s": wait, "wide_threads": wide,
-                         "trivial_workload": {"sessions": 100, "messages": 10_000}},
-            "results": results, "ratios": ratios}
+                         "trivial_workload": {"sessions": 100, "messages": trivial_messages},
+                         "full_size_only": sorted(FULL_SIZE_ONLY)},
+            "results": results, "ratios": ratios, "targets": targets}

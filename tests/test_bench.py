@@ -226,3 +226,25 @@ def test_bench_crash_sizes_are_checked_and_only_for_crash() -> None:
 
     assert main(["bench", "crash", "--kills", "-1"]) == 2
     assert main(["bench", "throughput", "--kills", "5"]) == 2
+
+
+@pytest.mark.timeout(120)
+def test_concurrency_report_counts_every_turn_and_judges_the_targets() -> None:
+    """A tiny run: every system delivers each message once, and the targets are judged from
+    the measured values (the closed-loop ratio only at full size)."""
+    from kinbox.actors.bench_concurrency import concurrency
+
+    report = concurrency(True, wait=0.05, sessions=40, trivial_messages=200)
+    results = report["results"]
+    for name in ("kinbox_async", "kinbox_async_no_wait", "kinbox_sync_default_pool",
+                 "kinbox_sync_40_threads", "gather"):
+        assert results[name]["turns"] == 40 and results[name]["lost"] == 0, name
+        assert results[name]["duplicate_turns"] == 0, name
+    targets = report["targets"]
+    assert "async_vs_trivial_closed_loop" not in targets  # quick: judged at full size only
+    threads = targets["async_peak_threads"]
+    assert threads["measured"] == results["kinbox_async"]["peak_threads"]
+    assert threads["met"] == (threads["measured"] <= 32)
+    assert targets["lost"] == {"target": 0, "op": "==", "measured": 0, "met": True}
+    report["settings"].update(quick=True, cpus=2)  # as ``bench.run`` adds them
+    assert "target async_peak_threads <= 32" in table({"benchmark": "concurrency", **report})
