@@ -11,7 +11,9 @@ async brains alike. The writing ones are generators
 submits it and awaits the writer's answer, so the loop never waits for a
 commit (only the turn that asked does) and no thread is held meanwhile. What
 may block otherwise (a turn hook's work, recording a failed attempt) runs on
-a small pool of blocking workers.
+a small pool of blocking workers. The outbox hooks run on the loop with the
+commit: two of them read one row by key (a sub-agent's task turn its session,
+a social session's reply its route), none writes or waits for a commit.
 
 Per session nothing changes: the dispatcher still keeps one row in flight
 per target (``TurnDone`` comes from here when the turn and its chained

@@ -61,6 +61,7 @@ def settle(step: Step) -> list[dp.Effect]:
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
 
+
 class SessionActor(PooledActor):
     """Delivers inbox rows to one session by running its brain (on the dispatcher's pool)."""
 
