@@ -140,8 +140,7 @@ def kinbox(n: int, window: int, workdir: Path) -> dict[str, Any]:
         # Latency: a closed loop keeping ``window`` messages in flight, like the raw run.
         latencies = _closed_loop(rt, sender, target, min(n, 2_000), window, acked_at, done)
     finally:
-        if rt._state == "running":
-            rt.stop()
+        rt.stop()  # a no-op unless it is running
         proc.terminate()
         proc.wait(15)
     return {"messages": n, "elapsed_s": round(elapsed, 3), "msgs_per_s": round(n / elapsed),
