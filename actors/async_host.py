@@ -38,10 +38,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..persistence import ClaimedRow, Reply, WriterClosed
+from ..persistence import WRITE_TIMEOUT, ClaimedRow, Reply, WriterClosed
 from . import delivery as dp
 from .async_tools import AsyncTools
 from .running import TIMEOUT
+from .session_actor import Blocking, settle_from
 from .turn import Turn
 from .turn_run import hook_work, take_result
 
@@ -191,27 +192,50 @@ class AsyncHost:
             return exc
 
     async def settle(self, step: Step) -> list[dp.Effect]:
-        """Carry out a writing effect (:data:`.session_actor.Step`) on the loop: each write
-        is submitted here and awaited, the writer thread answering through a callback."""
+        """Carry out a step (:data:`.session_actor.Step`) on the loop: each write is
+        submitted here and awaited, the writer thread answering through a callback; a
+        :class:`Blocking` request runs on a blocking worker.
+
+        Cancelled while a write is in flight (the runtime stops and gave up waiting), the
+        write still commits: the rest of the step (its observers, its after-commit
+        notifications, such as a social reply's send) then runs on a blocking worker."""
         try:
-            reply = next(step)
+            pending = next(step)
             while True:
                 try:
-                    value = await self._answer(reply)
+                    if isinstance(pending, Blocking):
+                        value = await self.blocking(pending.work)
+                    else:
+                        value = await self._answer(pending)
+                except asyncio.CancelledError:
+                    self._detach(step, pending)
+                    raise
                 except Exception as exc:
-                    reply = step.throw(exc)
+                    pending = step.throw(exc)
                 else:
-                    reply = step.send(value)
+                    pending = step.send(value)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
 
     def _answer(self, reply: Reply[T]) -> asyncio.Future[T]:
+        """A future the writer settles (from its thread) once ``reply`` is answered, or that
+        fails with TimeoutError after :data:`WRITE_TIMEOUT`, as a blocking wait would."""
         future: asyncio.Future[T] = self.loop.create_future()
+        timer = self.loop.call_later(WRITE_TIMEOUT, _time_out, future)
 
         def answered() -> None:  # on the writer thread
-            self.loop.call_soon_threadsafe(_settle_future, future, reply)
+            self.loop.call_soon_threadsafe(_settle_future, future, reply, timer)
         reply.add_done_callback(answered)
         return future
+
+    def _detach(self, step: Step, pending: Reply[Any] | Blocking) -> None:
+        if isinstance(pending, Blocking):
+            step.close()  # nothing was written; the row comes back by lease
+            return
+        try:
+            self.executor.submit(_finish, step, pending)
+        except RuntimeError:  # the workers are gone: the commit is durable all the same
+            step.close()
 
     async def _run_brain(self, turn: Turn) -> BaseException | None:
         """Await the brain; the error the attempt ends with, or None to commit."""
@@ -256,10 +280,28 @@ class AsyncHost:
             return {"async_turns": self.running, "peak_async_turns": self.peak_running}
 
 
-def _settle_future(future: asyncio.Future[T], reply: Reply[T]) -> None:
-    if future.cancelled():  # the turn was cancelled while its commit was in flight
+def _settle_future(future: asyncio.Future[T], reply: Reply[T],
+                   timer: asyncio.TimerHandle) -> None:
+    timer.cancel()
+    if future.done():  # cancelled with its turn, or timed out
         return
     try:
         future.set_result(reply.outcome())
     except Exception as exc:
         future.set_exception(exc)
+
+
+def _time_out(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError(f"no answer from the writer within {WRITE_TIMEOUT} s"))
+
+
+def _finish(step: Step, pending: Reply[Any]) -> None:
+    """The rest of a step whose turn was cancelled during its write (a blocking worker)."""
+    try:
+        settle_from(step, pending)
+    except WriterClosed:
+        pass  # the runtime crashed before the commit: nothing of it is durable
+    except Exception:
+        log.exception("finishing a cancelled turn's commit failed; its row is durable as "
+                      "committed or comes back by lease")

@@ -70,12 +70,21 @@ class RunningTurns:
     def begin(self, session_id: str, now: float = 0.0) -> StopFlag:
         """Register a turn of ``session_id`` started at ``now`` (once the session's running
         turn ended); return its stop flag."""
-        flag = StopFlag()
         with self._lock:
             self._lock.wait_for(lambda: session_id not in self._flags)
-            self._flags[session_id] = flag
-            self._started[session_id] = now
-            self._stopped_by.pop(session_id, None)
+            return self._register(session_id, now)
+
+    def try_begin(self, session_id: str, now: float = 0.0) -> StopFlag | None:
+        """:meth:`begin` if no turn of ``session_id`` runs now, else None (never waits: for
+        the event loop, which must not block on another turn)."""
+        with self._lock:
+            return None if session_id in self._flags else self._register(session_id, now)
+
+    def _register(self, session_id: str, now: float) -> StopFlag:
+        flag = StopFlag()
+        self._flags[session_id] = flag
+        self._started[session_id] = now
+        self._stopped_by.pop(session_id, None)
         return flag
 
     def end(self, session_id: str) -> str | None:

@@ -17,7 +17,8 @@ waited for here and awaited there.
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import Any
 
 import pykka
@@ -35,29 +36,47 @@ from .context import RuntimeContext, TurnEffects
 from .messages import Deliver, TurnDone
 from .outbox import Outbox
 from .pooled import ActorPool, PooledActor
+from .running import StopFlag
 from .turn import Message, Turn
 from .turn_run import Judged, SyncBrainAwaitable, judge, prepare, take_result, turn_tools
 
 log = logging.getLogger("kinbox.session")
 
-__all__ = ["SessionActor", "Step", "SyncBrainAwaitable", "settle"]
+__all__ = ["Blocking", "SessionActor", "Step", "SyncBrainAwaitable", "settle", "settle_from"]
 
-Step = Generator[Reply[Any], Any, list[dp.Effect]]
-"""An effect that writes: it yields the writer's reply, is resumed with the answer (or
-has the operation's error thrown in), and returns the protocol's answer."""
+@dataclass(frozen=True, slots=True)
+class Blocking:
+    """A step's request to run ``work`` where blocking is allowed (this pool thread; a
+    blocking worker for the event loop), resuming it with the result."""
+
+    work: Callable[[], Any]
+
+
+Step = Generator[Reply[Any] | Blocking, Any, list[dp.Effect]]
+"""An effect that writes or may wait: it yields the writer's reply of each write (or a
+:class:`Blocking` request), is resumed with the answer (or has the error thrown in), and
+returns the protocol's answer."""
 
 
 def settle(step: Step) -> list[dp.Effect]:
-    """Carry out a writing effect on this thread, waiting for each commit."""
+    """Carry out a step on this thread, waiting for each commit."""
     try:
-        reply = next(step)
+        return settle_from(step, next(step))
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+def settle_from(step: Step, pending: Reply[Any] | Blocking) -> list[dp.Effect]:
+    """Go on with ``step`` from its ``pending`` request on this thread."""
+    try:
         while True:
             try:
-                value = reply.result(WRITE_TIMEOUT)
+                value = (pending.work() if isinstance(pending, Blocking)
+                         else pending.result(WRITE_TIMEOUT))
             except Exception as exc:
-                reply = step.throw(exc)
+                pending = step.throw(exc)
             else:
-                reply = step.send(value)
+                pending = step.send(value)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
 
@@ -169,14 +188,16 @@ class SessionActor(PooledActor):
                 log.error("starting %s for %s failed in the journal: %s", row.message_id,
                           self.session_id, exc)
                 return run.refused()
-        self.turn = self._new_turn(row)
+        started = ctx.now()
+        stop_flag = ctx.turns.try_begin(self.session_id, started)
+        if stop_flag is None:  # a cron or social turn of this session runs: wait it out
+            stop_flag = yield Blocking(lambda: ctx.turns.begin(self.session_id, started))
+        self.turn = self._new_turn(row, started, stop_flag)
         return run.started()
 
-    def _new_turn(self, row: ClaimedRow) -> Turn:
+    def _new_turn(self, row: ClaimedRow, started: float, stop_flag: StopFlag) -> Turn:
         ctx = self.ctx
         sid = self.session_id
-        started = ctx.now()
-        stop_flag = ctx.turns.begin(sid, started)
         steered: list[str] = []
         last_seq = [row.seq]
 

@@ -68,7 +68,7 @@ class Reply(Generic[T]):
     (:meth:`add_done_callback`), run on the writer thread once the answer is in.
     """
 
-    __slots__ = ("_callback", "_done", "_error", "_set", "_value")
+    __slots__ = ("_callbacks", "_done", "_error", "_set", "_value")
 
     def __init__(self) -> None:
         self._done = threading.Lock()
@@ -76,7 +76,7 @@ class Reply(Generic[T]):
         self._value: Any = None
         self._error: BaseException | None = None
         self._set = False
-        self._callback: Callable[[], None] | None = None
+        self._callbacks: list[Callable[[], None]] | None = None
 
     def set_result(self, value: T) -> None:
         """Hand over the result (once)."""
@@ -91,17 +91,20 @@ class Reply(Generic[T]):
     def _settle(self) -> None:
         with _CALLBACKS:
             self._set = True
-            callback, self._callback = self._callback, None
+            callbacks, self._callbacks = self._callbacks, None
         self._done.release()
-        if callback is not None:
+        for callback in callbacks or ():
             _run_callback(callback)
 
     def add_done_callback(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` once the answer is in: at once if it is, else on the writer
-        thread right after the commit (so it must be quick and must not block)."""
+        thread right after the commit, in the order of registration. It must be quick and
+        must neither block nor write (the writer waits for it)."""
         with _CALLBACKS:
             if not self._set:
-                self._callback = callback
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(callback)
                 return
         _run_callback(callback)
 

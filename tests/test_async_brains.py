@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, ToolError, Turn
+from kinbox.actors.focal import FOCAL_TITLE
+from kinbox.persistence import NewMessage
 
 from .helpers import wait_for
 
@@ -340,3 +342,88 @@ def test_an_async_turn_past_turn_timeout_ignoring_the_stop_is_a_failed_attempt(
     row = rt.inbox()[0]
     assert row["status"] == "pending" and "Turn" in row["last_error"]
     assert rt.transcript(b) == []
+
+
+@pytest.mark.timeout(60)
+def test_an_inbox_turn_waits_for_a_cron_turn_of_its_session_without_blocking_the_loop(
+        make_runtime: MakeRuntime) -> None:
+    """A session runs one turn at a time whoever started it: an inbox row for a session whose
+    cron run is inside its async brain waits for that run, on a blocking worker, while the
+    loop goes on running every other session's turns."""
+    holding, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    async def brain(turn: Turn) -> None:
+        first = turn.messages[0]
+        if "run_id" in first.payload:  # the cron run: hold until told
+            holding.set()
+            await asyncio.get_running_loop().run_in_executor(None, release.wait, 20)
+        order.append(f"{turn.session_id}:{'cron' if 'run_id' in first.payload else first.content}")
+        turn.reply("ok")
+
+    rt = make_runtime(brain=brain)
+    job = rt.cron.add("tick", "* * * * *", "cron prompt")["job_id"]
+    cron_session = f"cron-{job}"
+    rt.cron.trigger(job)
+    assert holding.wait(20)
+    rt.post(cron_session, "inbox message")
+    other = rt.create_session(None, "other").id
+    rt.post(other, "elsewhere")
+    wait_for(lambda: f"{other}:elsewhere" in order, timeout=20,
+             what="another session's turn while the cron turn holds its session")
+    assert not any(o.startswith(cron_session) for o in order)
+    release.set()
+    rt.run_until_idle(timeout=20)
+    assert rt.cron.wait_idle(20)
+    assert [o for o in order if o.startswith(cron_session)] == [
+        f"{cron_session}:cron", f"{cron_session}:inbox message"]
+    assert set(rt.marker_counts().values()) == {1}
+
+
+def test_focal_resolves_its_chat_before_the_brain_runs(make_runtime: MakeRuntime,
+                                                       flavour: str) -> None:
+    """The Focal hook's work (restoring the chat's pinned title, resolving its policy) runs
+    before the brain, off the event loop, even when the brain never looks at the request."""
+    titles: list[str] = []
+
+    async def behaviour(turn: Turn, tools: Any) -> None:
+        session = rt.context.store.session(turn.session_id)
+        assert session is not None
+        titles.append(session.title)
+
+    rt = make_runtime(brain=brain_of(flavour, behaviour))
+    chat = rt.get_or_create_focal_chat()
+    rt.context.store.update_session(chat.id, rt.clock.now(), title="renamed by hand")
+    rt.post(chat.id, "anything new?")
+    rt.run_until_idle()
+    assert titles == [FOCAL_TITLE]
+
+
+def test_a_row_whose_worker_died_mid_turn_is_taken_over_and_runs_once(
+        make_runtime: MakeRuntime, db_url: str, clock: ManualClock, flavour: str) -> None:
+    """A row leased by a worker that died inside its turn: the new runtime records the turn's
+    start (fenced, before the brain) and runs it once, the interrupted attempt counted."""
+    from .conftest import Stores
+
+    ran: list[int] = []
+
+    async def behaviour(turn: Turn, tools: Any) -> None:
+        ran.append(turn.row.attempts)
+        turn.reply("recovered")
+
+    stores = Stores(db_url)
+    try:
+        stores.store.create_session("s1", None, "S1", "interactive", clock.now())
+        stores.journal.enqueue(NewMessage("m1", "s1", "hello"), clock.now())
+        stores.journal.claim("dead-worker", clock.now(), lease=30)
+        stores.journal.mark_turn_started("dead-worker", "m1", clock.now() + 1)
+    finally:
+        stores.close()
+    clock.advance(31)  # the dead worker's lease ran out
+    rt = make_runtime(brain=brain_of(flavour, behaviour))
+    rt.run_until_idle()
+    assert ran == [1]
+    row = rt.context.journal.get("m1")
+    assert (row["status"], row["attempts"]) == ("delivered", 1)
+    assert [h["event"] for h in rt.context.journal.history("m1")][:1] == ["interrupted"]
+    assert rt.marker_counts() == {"m1": 1}

@@ -9,6 +9,7 @@ import pytest
 from kinbox.persistence import WriterClosed
 
 from .conftest import Stores
+from .helpers import wait_for
 
 
 def insert_project(s: Stores, pid: str) -> None:
@@ -69,3 +70,52 @@ def test_abort_refuses_what_was_queued(stores: Stores) -> None:
     with pytest.raises(WriterClosed):
         queued.result(10)
     assert stores.store.projects() == []
+
+
+def test_reply_callbacks_run_once_each_in_order_after_the_commit(stores: Stores) -> None:
+    """Callbacks registered before the answer run on the writer thread after the commit, in
+    order, each once; one registered after the answer runs at once; one that raises is
+    logged and neither stops the others nor the writer."""
+    gate = threading.Event()
+    reply = stores.writer.submit(lambda: (gate.wait(10), insert_project(stores, "p1"))[1])
+    calls: list[tuple[str, str, bool]] = []
+
+    def note(name: str) -> None:
+        visible = stores.tables.project.select().where(
+            stores.tables.project.slug == "p1").exists()
+        calls.append((name, threading.current_thread().name, visible))
+
+    def broken() -> None:
+        raise RuntimeError("a waiter's bug")
+
+    reply.add_done_callback(lambda: note("first"))
+    reply.add_done_callback(broken)
+    reply.add_done_callback(lambda: note("second"))
+    gate.set()
+    reply.result(10)
+    wait_for(lambda: len(calls) == 2, timeout=10, what="both callbacks")  # after the answer
+    assert [c[0] for c in calls] == ["first", "second"]
+    assert all(thread == "kinbox-writer" and visible for _, thread, visible in calls)
+    reply.add_done_callback(lambda: note("late"))
+    assert calls[-1] == ("late", threading.current_thread().name, True)
+    assert stores.writer.call(lambda: "still writing") == "still writing"
+
+
+def test_a_reply_refused_by_abort_runs_its_callbacks_with_the_error(stores: Stores) -> None:
+    gate, inside = threading.Event(), threading.Event()
+    running = stores.writer.submit(lambda: (inside.set(), gate.wait(10)))
+    assert inside.wait(10)
+    queued = stores.writer.submit(lambda: insert_project(stores, "never"))
+    errors: list[type[BaseException]] = []
+
+    def outcome() -> None:
+        try:
+            queued.outcome()
+        except WriterClosed as exc:
+            errors.append(type(exc))
+
+    queued.add_done_callback(outcome)
+    stores.writer.abort()
+    gate.set()
+    running.result(10)
+    assert errors == [WriterClosed]
