@@ -119,7 +119,8 @@ class AsyncHost:
     # -- bridges ---------------------------------------------------------------------------
 
     async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run blocking ``fn`` (a commit, a query) on a worker; suspend only the caller."""
+        """Run blocking ``fn`` (a tool call, a hook's work) on a worker; suspend only the
+        caller."""
         return await self.loop.run_in_executor(self.executor,
                                                functools.partial(fn, *args, **kwargs))
 

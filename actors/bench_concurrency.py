@@ -29,6 +29,7 @@ from .runtime import Runtime
 from .turn import Turn
 
 WIDE_THREAD_CAP = 2_000
+"""The most threads the one-thread-per-session sync variant starts here."""
 
 TARGETS = (("async_vs_trivial_closed_loop", ">=", 0.8), ("async_vs_sync_default_pool", ">=", 10),
            ("async_peak_threads", "<=", 32), ("async_peak_rss_mib", "<=", 1024),
@@ -39,7 +40,6 @@ FULL_SIZE_ONLY = frozenset({"async_vs_trivial_closed_loop"})
 faster than N / W = 1,000 turns/s, below 0.8 of the closed loop."""
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": lambda m, t: m >= t, "<=": lambda m, t: m <= t, "==": lambda m, t: m == t}
-"""The most threads the one-thread-per-session sync variant starts here."""
 
 
 def _rss_mib() -> float:
@@ -145,7 +145,7 @@ def run_gather(n: int, wait: float) -> dict[str, Any]:
 def concurrency(quick: bool, wait: float = 1.0, *, sessions: int | None = None,
                 trivial_messages: int = 10_000) -> dict[str, Any]:
     """The benchmark's JSON body (``sessions`` and ``trivial_messages`` shrink it)."""
-    n = sessions or (1_000 if quick else 10_000)
+    n = sessions if sessions is not None else (1_000 if quick else 10_000)
     wide = min(n, WIDE_THREAD_CAP)
     results: dict[str, Any] = {
         "kinbox_async": run_kinbox_waiting(n, wait, "async"),

@@ -191,7 +191,7 @@ class Runtime(RecordsApi):
                 ctx.fast_lease = Lease(self.owner, self.lease_seconds)
             self._take_over_from_the_gone()
             if self.async_brain:
-                # The loop thread, and a few workers for commits and tool calls.
+                # The loop thread, and a few workers for tool calls and hooks' work.
                 ctx.async_host = AsyncHost(ctx, workers=min(16, max(4, self.max_active_sessions)))
                 ctx.async_host.start()
             if not self.send_only:
@@ -402,7 +402,11 @@ class Runtime(RecordsApi):
     # -- observing -------------------------------------------------------------------------
 
     def subscribe(self, observer: Observer) -> None:
-        """Call ``observer(event, data)`` for sends, claims, turns, retries, crashes."""
+        """Call ``observer(event, data)`` for sends, claims, turns, retries, crashes.
+
+        Observers run on the thread where the event happens (a sender's, a session's, the
+        dispatcher's, and the event loop for an async brain's turns): keep them quick and
+        non-blocking; one that raises is logged and skipped."""
         self._observers.append(observer)
 
     @property

@@ -8,7 +8,9 @@ methods of a real :class:`Runtime` *by name*, in :data:`HOOKS` (one table,
 so a rename on main is a one-line fix), and the brain is the Runtime's own
 public surface. On the chosen hit the process kills itself with SIGKILL
 right after the wrapped call returned, i.e. after its writer transaction
-committed and before the caller heard of it.
+committed and before the caller heard of it (for a method that returns a
+writer reply, in the reply's callback on the writer thread, right after
+the commit).
 
 The points (the turn's commit and its ack are one transaction in the
 runtime, so "turn committed before the ack would have been" and "ack" are

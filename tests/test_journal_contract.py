@@ -53,6 +53,26 @@ def test_same_id_other_content_is_rejected_and_writes_nothing(stores: Stores) ->
     assert [r["content"] for r in stores.journal.rows()] == ["hi"]
 
 
+def test_enqueue_many_writes_a_batch_in_order_with_the_idempotence_rule(stores: Stores) -> None:
+    """Set-wise for new ids; a batch holding an earlier id (or one id twice) follows the
+    one-by-one rule: a repeat is no new row, other content under an old id writes nothing."""
+    j = stores.journal
+    first = j.enqueue_many([NewMessage(f"m{i}", "s1", f"body {i}") for i in range(3)], T0)
+    assert [(r.message_id, r.created) for r in first] == [("m0", True), ("m1", True),
+                                                          ("m2", True)]
+    again = j.enqueue_many([NewMessage("m1", "s1", "body 1"), NewMessage("m3", "s1", "body 3"),
+                            NewMessage("m3", "s1", "body 3")], T0 + 1)
+    assert [(r.message_id, r.created) for r in again] == [("m1", False), ("m3", True),
+                                                          ("m3", False)]
+    with pytest.raises(IdempotencyConflict):
+        j.enqueue_many([NewMessage("m4", "s1", "body 4"), NewMessage("m0", "s1", "changed")],
+                       T0 + 2)
+    rows = j.rows()
+    assert [r["message_id"] for r in rows] == ["m0", "m1", "m2", "m3"]  # m4 went with it
+    assert [r["seq"] for r in rows] == sorted(r["seq"] for r in rows)
+    assert j.enqueue_many([NewMessage("m5", "s1", "body 5")], T0 + 3)[0].created
+
+
 def test_claim_takes_only_the_head_of_each_target_oldest_first(stores: Stores) -> None:
     j = stores.journal
     for mid, target in [("a1", "A"), ("b1", "B"), ("a2", "A"), ("c1", "C")]:
