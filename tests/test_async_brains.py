@@ -427,3 +427,43 @@ def test_a_row_whose_worker_died_mid_turn_is_taken_over_and_runs_once(
     assert (row["status"], row["attempts"]) == ("delivered", 1)
     assert [h["event"] for h in rt.context.journal.history("m1")][:1] == ["interrupted"]
     assert rt.marker_counts() == {"m1": 1}
+
+
+@pytest.mark.timeout(60)
+def test_a_turn_cancelled_while_its_commit_is_in_flight_still_finishes_it(
+        make_runtime: MakeRuntime, db_url: str) -> None:
+    """Stopping gives up on an async turn whose commit waits behind a busy writer: the commit
+    still lands once, and what follows it (observers, after-commit notifications) runs."""
+    from .conftest import Stores
+
+    holding, release, inside, gate = (threading.Event() for _ in range(4))
+    events: list[str] = []
+
+    async def brain(turn: Turn) -> None:
+        holding.set()
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 20)
+        turn.reply("done")
+
+    def observe(event: str, data: dict[str, Any]) -> None:
+        events.append(event)
+        if event == "stopped":  # the host gave up on the turn: let the writer go on
+            gate.set()
+
+    rt = make_runtime(brain=brain)
+    rt.subscribe(observe)
+    sid = rt.create_session(None, "S").id
+    rt.post(sid, "hello", message_id="m1")
+    assert holding.wait(20)
+    writer = rt.context.journal.writer
+    writer.submit(lambda: (inside.set(), gate.wait(20)))  # hold the writer
+    assert inside.wait(20)
+    release.set()
+    wait_for(lambda: writer.queued() >= 1, timeout=20, what="the turn's commit queued")
+    rt.stop(timeout=0.2)  # too short for the commit: the driver is cancelled
+    wait_for(lambda: "turn_committed" in events, timeout=20, what="the turn's after-commit work")
+    stores = Stores(db_url)
+    try:
+        assert stores.journal.get("m1")["status"] == "delivered"
+        assert stores.store.marker_counts() == {"m1": 1}
+    finally:
+        stores.close()
