@@ -22,7 +22,6 @@ from typing import Any
 from . import inbox_core as core
 from . import set_wise
 from .bulk_sql import BulkSql
-from .database import is_postgres
 from .errors import RowNotFound
 from .hot_path import CLAIM_COLUMNS, Head, HotPath
 from .inbox_reads import InboxReads, row_to_dict
@@ -105,8 +104,10 @@ class Journal(InboxReads):
 
     def _claim_op(self, owner: str, now: float, lease: float, limit: int,
                   exclude: frozenset[str], transport: str, suspects: int) -> ClaimResult:
-        heads = self.hot.due_heads(transport, now, limit + len(exclude),
-                                   for_update=is_postgres(self.t.db))
+        if self.bulk.pg is not None:  # excluded targets are left out by the walk itself
+            heads = self.bulk.pg.due_heads(transport, now, limit, sorted(exclude))
+        else:
+            heads = self.hot.due_heads(transport, now, limit + len(exclude))
         picked = []
         for h in heads:  # at most ``suspects`` suspect rows: they run alone
             if h.target_chat_id in exclude or len(picked) == limit:
