@@ -100,6 +100,8 @@ def wait_done(producer: Producer, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{producer.system}: not done in {timeout}s")
         pause.wait(0.02)
+    if producer.failed():
+        raise RuntimeError(f"{producer.system}: {producer.failed()} messages failed")
 
 
 def _rate(n: int, start: float, reports: list[dict[str, Any]]) -> float:

@@ -17,6 +17,7 @@ from .database import is_postgres
 from .hot_path import CLAIM_COLUMNS, INBOX, PENDING, Head, HotPath, chunks, head_seq
 from .inbox_notify import NOTIFY_SQL
 from .pg_claims import PgClaims
+from .pg_commits import PgTurnSql
 
 ROWS_PER_INSERT = 200
 """Rows per multi-row ``INSERT``: 200 x 15 parameters stays under every backend's bound."""
@@ -35,6 +36,8 @@ class BulkSql:
         self.postgres = is_postgres(hot.db)
         self.pg = PgClaims(hot.db) if self.postgres else None
         """PostgreSQL's head reads (None on SQLite)."""
+        self.pg_turns = PgTurnSql(hot.db) if self.postgres else None
+        """PostgreSQL's fused turn-commit statements (None on SQLite)."""
         p = hot.p
         seq = "nextval('agent_inbox_seq')" if self.postgres else p
         self._inbox_row = (f"({p}, {seq}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, '{PENDING}', 0, "

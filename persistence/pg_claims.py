@@ -30,8 +30,10 @@ import peewee as pw
 
 from .hot_path import CLAIM_COLUMNS, INBOX, PENDING, PROCESSING, Head, chunks, head_probe
 
-WINDOW = 512
-"""Rows per window of the claim's walk (ids and a flag each: a few tens of kilobytes)."""
+FIRST_WINDOW, LAST_WINDOW = 32, 4096
+"""Rows in the walk's first window, and the most in one: each next window is eight times
+the last (a claim of a few rows, the usual case, reads a few dozen; a walk past a deep
+backlog of busy sessions takes a few round trips)."""
 
 
 _DUE = {PENDING: "available_at", PROCESSING: "lease_until"}
@@ -79,13 +81,15 @@ class PgClaims:
         """Ids of up to ``limit`` claimable heads in ``state``, in ``seq`` order."""
         ids: list[str] = []
         after = 0
+        window = max(FIRST_WINDOW, 4 * limit)
         while len(ids) < limit:
             rows: list[Any] = self.db.execute_sql(
-                self.sql_window[state], (now, transport, skip, after, WINDOW)).fetchall()
+                self.sql_window[state], (now, transport, skip, after, window)).fetchall()
             ids.extend(r[0] for r in rows if r[2])
-            if len(rows) < WINDOW:
+            if len(rows) < window:
                 break
             after = rows[-1][1]
+            window = min(LAST_WINDOW, window * 8)
         return ids[:limit]
 
     def heads_of(self, targets: Sequence[str]) -> dict[str, Head]:
