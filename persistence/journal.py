@@ -104,8 +104,9 @@ class Journal(InboxReads):
 
     def _claim_op(self, owner: str, now: float, lease: float, limit: int,
                   exclude: frozenset[str], transport: str, suspects: int) -> ClaimResult:
+        known: set[str] | None = None  # PostgreSQL's lock reads the markers too
         if self.bulk.pg is not None:  # excluded targets are left out by the walk itself
-            heads = self.bulk.pg.due_heads(transport, now, limit, sorted(exclude))
+            heads, known = self.bulk.pg.due_heads(transport, now, limit, sorted(exclude))
         else:
             heads = self.hot.due_heads(transport, now, limit + len(exclude))
         picked = []
@@ -121,7 +122,7 @@ class Journal(InboxReads):
             return ClaimResult([], [])
         rows = [ClaimedRow.from_head(h) for h in picked]
         ids = [r.message_id for r in rows]
-        done = self.committed_of(ids)
+        done = self.committed_of(ids) if known is None else known & set(ids)
         if done:
             self.hot.mark_delivered(sorted(done), now)
         taken_over = [h.message_id for h in picked
@@ -131,7 +132,10 @@ class Journal(InboxReads):
                 if r.message_id in attempts else r
                 for r in rows if r.message_id not in done and attempts.get(r.message_id, 0) >= 0]
         # ``attempts`` < 0: failed by this claim, not leased
-        if rows:
+        if rows and self.bulk.pg_turns is not None:
+            self.bulk.pg_turns.lease_and_status(owner, now + lease, [r.message_id for r in rows],
+                                                [r.target for r in rows], (), now)
+        elif rows:
             self.hot.lease_many([r.message_id for r in rows], owner, now + lease, now)
             self.hot.set_status_many([r.target for r in rows], "active", now)
         return ClaimResult(rows, sorted(done))

@@ -54,42 +54,57 @@ class PgClaims:
                     f"FROM {INBOX} WHERE status = '{state}' AND seq > %s "
                     f"ORDER BY seq LIMIT %s) w ORDER BY w.seq")
             for state, due in _DUE.items()}
-        self.sql_lock = {
-            state: (f"SELECT {cols} FROM {INBOX} m WHERE m.message_id = ANY(%s) "
-                    f"AND m.status = '{state}' AND m.{due} <= %s "
-                    f"AND m.seq = {head_probe('m.target_chat_id')} "
-                    f"ORDER BY m.seq FOR UPDATE OF m SKIP LOCKED")
-            for state, due in _DUE.items()}
+        # Both states' first windows in one round trip (the processing one is nearly
+        # always empty: only rows whose owner died or overran their lease).
+        self.sql_first = " UNION ALL ".join(
+            f"(SELECT '{state}', q.* FROM ({self.sql_window[state]}) q)" for state in _DUE)
+        self.sql_lock = (f"SELECT {cols}, EXISTS (SELECT 1 FROM delivery_markers d "
+                         f"WHERE d.message_id = m.message_id) FROM {INBOX} m "
+                         f"WHERE m.message_id = ANY(%s) "
+                         f"AND ((m.status = '{PENDING}' AND m.available_at <= %s) "
+                         f"OR (m.status = '{PROCESSING}' AND m.lease_until <= %s)) "
+                         f"AND m.seq = {head_probe('m.target_chat_id')} "
+                         f"ORDER BY m.seq FOR UPDATE OF m SKIP LOCKED")
         self.sql_heads_of = (f"SELECT {cols} FROM {INBOX} m WHERE m.seq = ANY(ARRAY("
                              f"SELECT {head_probe('t.target')} FROM unnest(%s::text[]) "
                              f"AS t(target))) FOR UPDATE OF m SKIP LOCKED")
 
     def due_heads(self, transport: str, now: float, limit: int,
-                  exclude: Sequence[str] = ()) -> list[Head]:
-        """Up to ``limit`` due heads of targets not in ``exclude``, oldest first, locked."""
+                  exclude: Sequence[str] = ()) -> tuple[list[Head], set[str]]:
+        """Up to ``limit`` due heads of targets not in ``exclude``, oldest first, locked;
+        and the ids among them that already have a committed turn (their marker)."""
         skip = list(exclude)
-        found: list[Head] = []
-        for state in (PENDING, PROCESSING):
-            ids = self._walk(state, transport, now, limit, skip)
-            if ids:
-                rows = self.db.execute_sql(self.sql_lock[state], (ids, now))
-                found.extend(Head._make(r) for r in rows)
-        return sorted(found, key=lambda r: r.seq)[:limit]
-
-    def _walk(self, state: str, transport: str, now: float, limit: int,
-              skip: list[str]) -> list[str]:
-        """Ids of up to ``limit`` claimable heads in ``state``, in ``seq`` order."""
-        ids: list[str] = []
-        after = 0
         window = max(FIRST_WINDOW, 4 * limit)
+        params = (now, transport, skip, 0, window)
+        rows: list[Any] = self.db.execute_sql(self.sql_first, params * 2).fetchall()
+        ids: list[str] = []
+        for state in _DUE:
+            mine = [r[1:] for r in rows if r[0] == state]
+            ids += [r[0] for r in mine if r[2]][:limit]
+            if len(mine) == window and len(ids) < limit:  # more rows of this state: walk on
+                ids += self._walk(state, transport, now, limit, skip, mine[-1][1], window)
+        if not ids:
+            return [], set()
+        heads: list[Head] = []
+        committed: set[str] = set()
+        for r in self.db.execute_sql(self.sql_lock, (ids, now, now)):
+            heads.append(Head._make(r[:-1]))
+            if r[-1]:
+                committed.add(r[0])
+        return heads[:limit], committed
+
+    def _walk(self, state: str, transport: str, now: float, limit: int, skip: list[str],
+              after: int, window: int) -> list[str]:
+        """Ids of up to ``limit`` claimable heads in ``state`` after ``after``, in order."""
+        ids: list[str] = []
         while len(ids) < limit:
+            window = min(LAST_WINDOW, window * 8)
             rows: list[Any] = self.db.execute_sql(
                 self.sql_window[state], (now, transport, skip, after, window)).fetchall()
             ids.extend(r[0] for r in rows if r[2])
             if len(rows) < window:
                 break
             after = rows[-1][1]
-            window = min(LAST_WINDOW, window * 8)
         return ids[:limit]
 
     def heads_of(self, targets: Sequence[str]) -> dict[str, Head]:
