@@ -193,6 +193,19 @@ class HotPath:
                 [now, now, *part, owner]).rowcount
         return done
 
+    def release_fenced(self, ids: Sequence[str], owner: str, now: float) -> int:
+        """Hand back to pending the rows of ``ids`` that ``owner`` holds the lease of (the
+        fence and the release in one statement); how many it released."""
+        done = 0
+        for part in chunks(ids):
+            done += self.db.execute_sql(
+                f"UPDATE {INBOX} SET status = '{PENDING}', lease_owner = NULL, "
+                f"lease_until = NULL, turn_started_at = NULL, updated_at = {self.p} "
+                f"WHERE message_id IN ({self.in_list(len(part))}) "
+                f"AND status = '{PROCESSING}' AND lease_owner = {self.p}",
+                [now, *part, owner]).rowcount
+        return done
+
     def set_status(self, session_id: str, status: str, now: float) -> None:
         """A session's active/idle status."""
         self.db.execute_sql(self.sql_status, (status, now, session_id))

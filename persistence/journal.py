@@ -62,6 +62,8 @@ class Journal(InboxReads):
         self._enqueues: Bulk[set_wise.Enqueue, EnqueueResult] = Bulk(
             "enqueue", lambda item: self.enqueue_now(*item),
             lambda items: set_wise.enqueue_all(bulk, items))
+        self._releases: Bulk[set_wise.Release, None] = Bulk(
+            "release", self._release_one, lambda items: set_wise.release_all(bulk, items))
         self._commits: Bulk[TurnCommit, ClaimedRow | None] = Bulk(
             "turn commit", self._commit_one,
             lambda items: set_wise.commit_all(bulk, items))
@@ -372,15 +374,19 @@ class Journal(InboxReads):
         m.update(status=core.State.PENDING.value, lease_owner=None, lease_until=None,
                  turn_started_at=None, updated_at=now).where(m.message_id.in_(ids)).execute()
 
-    def release(self, owner: str, message_ids: Sequence[str], now: float) -> None:
-        """Hand leased rows back unrun (no attempt counted)."""
-        ids = list(message_ids)
+    def _release_one(self, item: set_wise.Release) -> None:
+        owner, ids, now = item
+        for row in self._fence(owner, ids):
+            core.transition(row.message_id, row.status, core.Event.RELEASE)
+        self._release_rows(ids, now)
 
-        def op() -> None:
-            for row in self._fence(owner, ids):
-                core.transition(row.message_id, row.status, core.Event.RELEASE)
-            self._release_rows(ids, now)
-        self.writer.call(op)
+    def release(self, owner: str, message_ids: Sequence[str], now: float) -> None:
+        """Hand leased rows back unrun (no attempt counted).
+
+        Set-wise with the other releases of its batch (a session hands back the row its
+        last chained commit leased, every ``CHAIN_LIMIT`` turns, so under load there are
+        many); refused with :class:`LeaseLost` if ``owner`` lost a lease."""
+        self.writer.call_bulk(self._releases, (owner, list(message_ids), now))
 
     def _operator_op(self, message_id: str, now: float, event: core.Event, recorded: str,
                      detail: Callable[[InboxMessage], str | None],

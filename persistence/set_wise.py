@@ -85,6 +85,27 @@ def lease_new_heads(sql: BulkSql, items: Sequence[Enqueue]) -> dict[str, Claimed
     return taken
 
 
+Release = tuple[str, list[str], float]
+"""A release: the owner, the rows it hands back unrun, the time."""
+
+
+def release_all(sql: BulkSql, items: Sequence[Release]) -> list[None]:
+    """Hand back every item's rows in one statement per owner, fenced by the update's
+    condition (processing, leased by that owner); any row short sends the batch one by
+    one, where its release gets ``LeaseLost`` and the others go through."""
+    ids = [mid for _, group, _ in items for mid in group]
+    if len(set(ids)) < len(ids):
+        raise OneByOne("a row appears twice in the batch")
+    now = max(t for _, _, t in items)
+    by_owner: dict[str, list[str]] = {}
+    for owner, group, _ in items:
+        by_owner.setdefault(owner, []).extend(group)
+    for owner, group in by_owner.items():
+        if sql.hot.release_fenced(group, owner, now) < len(group):
+            raise OneByOne("a release lost a lease")
+    return [None] * len(items)
+
+
 def _ack_fenced(sql: BulkSql, commits: Sequence[TurnCommit], now: float) -> None:
     """Acknowledge every commit's rows where its owner holds their lease (the fence of
     ``inbox_core.check_lease`` as the update's condition); any row short sends the batch
