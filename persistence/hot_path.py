@@ -84,6 +84,7 @@ class HotPath:
         cols = ", ".join(CLAIM_COLUMNS)
         probe = head_probe if is_postgres(db) else head_seq
         self.sql_head = f"SELECT {cols} FROM {INBOX} WHERE seq = {probe(p)}"
+        self._head_params = self.sql_head.count(p)  # the target, once per placeholder
         # Compare-and-set: only a row that is still claimable is taken, so two
         # workers racing for the same row (another process's claim) cannot both win.
         self.sql_lease = (f"UPDATE {INBOX} SET status = '{PROCESSING}', lease_owner = {p}, "
@@ -212,7 +213,7 @@ class HotPath:
 
     def head(self, target: str) -> Head | None:
         """The oldest open row of a target."""
-        row = self.fetch_one(self.sql_head, (target,) * self.sql_head.count(self.p))
+        row = self.fetch_one(self.sql_head, (target,) * self._head_params)
         return Head._make(row) if row is not None else None
 
     def lease(self, message_id: str, owner: str, until: float, now: float) -> bool:
