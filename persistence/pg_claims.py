@@ -7,18 +7,24 @@ subquery, under a ``LIMIT``) leaves PostgreSQL's planner a choice, and on a
 large backlog it chose badly: a walk of the whole table, or a scan and sort
 of every pending row with the subquery run for each (seconds per claim).
 
-Here every statement has one obvious plan over the partial indexes of
-:mod:`.open_indexes`:
+Here the statements run over the partial indexes of :mod:`.open_indexes`,
+and the head probe sits outside the ``LIMIT``, so whatever plan the
+planner picks it runs only on the rows of one window (with statistics the
+window is an ordered index walk and the lock goes by primary key; on a
+table never analyzed the planner reads the partial indexes whole, linear
+in the backlog, see ``tests/test_scaleout_open_indexes.py``):
 
 * a *window*: the next pending (or processing) rows after a ``seq`` cursor,
   ``ORDER BY seq LIMIT n`` on the index of that state alone, each marked
-  claimable or not by a one-row probe of its target's head. The walk goes
-  on window after window until it has enough heads or no rows are left,
-  so no due head is ever out of reach, and only ids come back;
+  claimable or not by a one-row probe of its target's head. Both states'
+  first windows go in one round trip; the walk goes on, a larger window
+  each time, until it has enough heads or no rows are left, so no due head
+  is ever out of reach, and only ids come back;
 * a *lock*: the chosen rows by primary key, ``FOR UPDATE SKIP LOCKED``,
   with their state, due time and headship checked again in the lock's own
   (newer) snapshot, so a row another process took or finished meanwhile is
-  dropped, and rows others hold are skipped, never waited for.
+  dropped, and rows others hold are skipped, never waited for; it also
+  reads whether a turn of each row has already committed (its marker).
 """
 
 from __future__ import annotations
