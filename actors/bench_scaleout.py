@@ -12,6 +12,8 @@ machine; ratios measured together hold). Sends are durable everywhere
 * ``closed``: 32 producer threads, each sending its next message once the
   last is committed (as ``bench throughput``), workers already running;
   messages per second from the first send to the last turn's end;
+* ``sends only``: kinbox only, the closed workload's sends with no worker running:
+  the producer's own ceiling (a worker that keeps up cannot beat it);
 * ``latency``: kinbox only, 2 workers, sends at a steady 500 per second
   from this process: send -> turn start across processes (p50, p99);
 * ``recovery``: kinbox only, 2 workers with half-second turns; one is
@@ -100,6 +102,8 @@ def wait_done(producer: Producer, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{producer.system}: not done in {timeout}s")
         pause.wait(0.02)
+    if producer.failed():
+        raise RuntimeError(f"{producer.system}: {producer.failed()} messages failed")
 
 
 def _rate(n: int, start: float, reports: list[dict[str, Any]]) -> float:
@@ -135,6 +139,19 @@ def closed(system: str, base: str, workers: int, n: int) -> float:
         finally:
             reports = pool.stop()
         return _rate(n, start, reports)
+    finally:
+        producer.close()
+
+
+def sends_only(base: str, n: int) -> float:
+    """kinbox: closed-loop sends per second with no worker running (the producer's own
+    ceiling, which bounds the closed workload whatever the number of workers)."""
+    producer = Producer("kinbox", fresh_database(base, "kinbox"), SESSIONS, PAYLOAD)
+    try:
+        start = time.time()
+        with ThreadPoolExecutor(PRODUCERS) as senders:
+            list(senders.map(producer.send, range(n)))
+        return round(n / max(1e-9, time.time() - start))
     finally:
         producer.close()
 
@@ -226,6 +243,7 @@ def scaleout(quick: bool, base: str, tiny: bool = False,
     for name, system, n in runs:
         results[name] = {"drain_msgs_per_s": drain(system, base, n, sizes.drain),
                          "closed_msgs_per_s": closed(system, base, n, sizes.closed)}
+    results["kinbox_sends_only"] = {"closed_msgs_per_s": sends_only(base, sizes.closed)}
     results["kinbox_latency"] = latency(base, sizes.latency_seconds)
     results["kinbox_recovery"] = recovery(base)
     return {"settings": {"sessions": SESSIONS, "payload": PAYLOAD, "producers": PRODUCERS,

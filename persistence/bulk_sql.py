@@ -16,6 +16,8 @@ from typing import Any
 from .database import is_postgres
 from .hot_path import CLAIM_COLUMNS, INBOX, PENDING, Head, HotPath, chunks, head_seq
 from .inbox_notify import NOTIFY_SQL
+from .pg_claims import PgClaims
+from .pg_commits import PgTurnSql
 
 ROWS_PER_INSERT = 200
 """Rows per multi-row ``INSERT``: 200 x 15 parameters stays under every backend's bound."""
@@ -32,6 +34,10 @@ class BulkSql:
         self.hot = hot
         self.db = hot.db
         self.postgres = is_postgres(hot.db)
+        self.pg = PgClaims(hot.db) if self.postgres else None
+        """PostgreSQL's head reads (None on SQLite)."""
+        self.pg_turns = PgTurnSql(hot.db) if self.postgres else None
+        """PostgreSQL's fused turn-commit statements (None on SQLite)."""
         p = hot.p
         seq = "nextval('agent_inbox_seq')" if self.postgres else p
         self._inbox_row = (f"({p}, {seq}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, '{PENDING}', 0, "
@@ -84,15 +90,17 @@ class BulkSql:
     def heads_of(self, targets: Sequence[str]) -> dict[str, Head]:
         """target -> its oldest open row (CLAIM_COLUMNS), for the targets that have one.
 
-        On PostgreSQL the rows found are locked and rows another transaction
-        holds are skipped, so what is read stays true until the commit.
+        On PostgreSQL (:meth:`.pg_claims.PgClaims.heads_of`) the rows found are
+        locked and rows another transaction holds are skipped, so what is read
+        stays true until the commit.
         """
+        if self.pg is not None:
+            return self.pg.heads_of(targets)
         cols = ", ".join(CLAIM_COLUMNS)
         found: dict[str, tuple[Any, ...]] = {}
         for part in chunks(targets):
             values = ", ".join([f"({self.hot.p})"] * len(part))
             sql = (f"WITH t(target) AS (VALUES {values}) SELECT {cols} FROM {INBOX} "
-                   f"WHERE seq IN (SELECT {head_seq('t.target')} FROM t)"
-                   + (" FOR UPDATE SKIP LOCKED" if self.postgres else ""))
+                   f"WHERE seq IN (SELECT {head_seq('t.target')} FROM t)")
             found.update((r[2], Head._make(r)) for r in self.db.execute_sql(sql, list(part)))
         return found

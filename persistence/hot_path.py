@@ -66,6 +66,14 @@ def head_seq(target: str) -> str:
             f"WHERE target_chat_id = {target} AND status = '{PROCESSING}') u)")
 
 
+def head_probe(target: str) -> str:
+    """PostgreSQL's SQL for the ``seq`` of a target's head: one probe of the partial index
+    over open rows (:mod:`.open_indexes`), which holds no delivered row and no other
+    state's."""
+    return (f"(SELECT o.seq FROM {INBOX} o WHERE o.target_chat_id = {target} "
+            f"AND o.status IN ('{PENDING}', '{PROCESSING}') ORDER BY o.seq LIMIT 1)")
+
+
 class HotPath:
     """The per-message statements for one database."""
 
@@ -74,8 +82,9 @@ class HotPath:
         p = "%s" if is_postgres(db) else "?"
         self.p = p
         cols = ", ".join(CLAIM_COLUMNS)
-        self.sql_head = (f"SELECT {cols} FROM {INBOX} "
-                         f"WHERE seq = {head_seq(p)}")
+        probe = head_probe if is_postgres(db) else head_seq
+        self.sql_head = f"SELECT {cols} FROM {INBOX} WHERE seq = {probe(p)}"
+        self._head_params = self.sql_head.count(p)  # the target, once per placeholder
         # Compare-and-set: only a row that is still claimable is taken, so two
         # workers racing for the same row (another process's claim) cannot both win.
         self.sql_lease = (f"UPDATE {INBOX} SET status = '{PROCESSING}', lease_owner = {p}, "
@@ -87,9 +96,10 @@ class HotPath:
         self.sql_existing = (f"SELECT target_chat_id, kind, content, status, created_at "
                              f"FROM {INBOX} WHERE message_id = {p}")
 
-    def due_heads(self, transport: str, now: float, limit: int,
-                  for_update: bool) -> list[Head]:
+    def due_heads(self, transport: str, now: float, limit: int) -> list[Head]:
         """The oldest open row of each target, when due, oldest first (CLAIM_COLUMNS).
+
+        SQLite's; PostgreSQL's claim walks and locks in :mod:`.pg_claims`.
 
         One query per open state, each walking that state's rows in ``seq``
         order on the (status, seq) index and stopping at ``limit`` heads, so
@@ -102,7 +112,7 @@ class HotPath:
             sql = (f"SELECT {cols} FROM {INBOX} m WHERE m.status = '{status}' "
                    f"AND m.{due} <= {p} AND m.transport = {p} "
                    f"AND m.seq = {head_seq('m.target_chat_id')} "
-                   f"ORDER BY m.seq LIMIT {p}" + (" FOR UPDATE SKIP LOCKED" if for_update else ""))
+                   f"ORDER BY m.seq LIMIT {p}")
             found.extend(Head._make(r) for r in self.db.execute_sql(sql, (now, transport, limit)))
         return sorted(found, key=lambda r: r.seq)[:limit]
 
@@ -184,13 +194,26 @@ class HotPath:
                 [now, now, *part, owner]).rowcount
         return done
 
+    def release_fenced(self, ids: Sequence[str], owner: str, now: float) -> int:
+        """Hand back to pending the rows of ``ids`` that ``owner`` holds the lease of (the
+        fence and the release in one statement); how many it released."""
+        done = 0
+        for part in chunks(ids):
+            done += self.db.execute_sql(
+                f"UPDATE {INBOX} SET status = '{PENDING}', lease_owner = NULL, "
+                f"lease_until = NULL, turn_started_at = NULL, updated_at = {self.p} "
+                f"WHERE message_id IN ({self.in_list(len(part))}) "
+                f"AND status = '{PROCESSING}' AND lease_owner = {self.p}",
+                [now, *part, owner]).rowcount
+        return done
+
     def set_status(self, session_id: str, status: str, now: float) -> None:
         """A session's active/idle status."""
         self.db.execute_sql(self.sql_status, (status, now, session_id))
 
     def head(self, target: str) -> Head | None:
         """The oldest open row of a target."""
-        row = self.fetch_one(self.sql_head, (target, target))
+        row = self.fetch_one(self.sql_head, (target,) * self._head_params)
         return Head._make(row) if row is not None else None
 
     def lease(self, message_id: str, owner: str, until: float, now: float) -> bool:

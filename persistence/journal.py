@@ -22,7 +22,6 @@ from typing import Any
 from . import inbox_core as core
 from . import set_wise
 from .bulk_sql import BulkSql
-from .database import is_postgres
 from .errors import RowNotFound
 from .hot_path import CLAIM_COLUMNS, Head, HotPath
 from .inbox_reads import InboxReads, row_to_dict
@@ -63,6 +62,8 @@ class Journal(InboxReads):
         self._enqueues: Bulk[set_wise.Enqueue, EnqueueResult] = Bulk(
             "enqueue", lambda item: self.enqueue_now(*item),
             lambda items: set_wise.enqueue_all(bulk, items))
+        self._releases: Bulk[set_wise.Release, None] = Bulk(
+            "release", self._release_one, lambda items: set_wise.release_all(bulk, items))
         self._commits: Bulk[TurnCommit, ClaimedRow | None] = Bulk(
             "turn commit", self._commit_one,
             lambda items: set_wise.commit_all(bulk, items))
@@ -113,8 +114,11 @@ class Journal(InboxReads):
 
     def _claim_op(self, owner: str, now: float, lease: float, limit: int,
                   exclude: frozenset[str], transport: str, suspects: int) -> ClaimResult:
-        heads = self.hot.due_heads(transport, now, limit + len(exclude),
-                                   for_update=is_postgres(self.t.db))
+        known: set[str] | None = None  # PostgreSQL's lock reads the markers too
+        if self.bulk.pg is not None:  # excluded targets are left out by the walk itself
+            heads, known = self.bulk.pg.due_heads(transport, now, limit, sorted(exclude))
+        else:
+            heads = self.hot.due_heads(transport, now, limit + len(exclude))
         picked = []
         for h in heads:  # at most ``suspects`` suspect rows: they run alone
             if h.target_chat_id in exclude or len(picked) == limit:
@@ -128,7 +132,7 @@ class Journal(InboxReads):
             return ClaimResult([], [])
         rows = [ClaimedRow.from_head(h) for h in picked]
         ids = [r.message_id for r in rows]
-        done = self.committed_of(ids)
+        done = self.committed_of(ids) if known is None else known & set(ids)
         if done:
             self.hot.mark_delivered(sorted(done), now)
         taken_over = [h.message_id for h in picked
@@ -138,7 +142,10 @@ class Journal(InboxReads):
                 if r.message_id in attempts else r
                 for r in rows if r.message_id not in done and attempts.get(r.message_id, 0) >= 0]
         # ``attempts`` < 0: failed by this claim, not leased
-        if rows:
+        if rows and self.bulk.pg_turns is not None:
+            self.bulk.pg_turns.lease_and_status(owner, now + lease, [r.message_id for r in rows],
+                                                [r.target for r in rows], (), now)
+        elif rows:
             self.hot.lease_many([r.message_id for r in rows], owner, now + lease, now)
             self.hot.set_status_many([r.target for r in rows], "active", now)
         return ClaimResult(rows, sorted(done))
@@ -390,15 +397,19 @@ class Journal(InboxReads):
         m.update(status=core.State.PENDING.value, lease_owner=None, lease_until=None,
                  turn_started_at=None, updated_at=now).where(m.message_id.in_(ids)).execute()
 
-    def release(self, owner: str, message_ids: Sequence[str], now: float) -> None:
-        """Hand leased rows back unrun (no attempt counted)."""
-        ids = list(message_ids)
+    def _release_one(self, item: set_wise.Release) -> None:
+        owner, ids, now = item
+        for row in self._fence(owner, ids):
+            core.transition(row.message_id, row.status, core.Event.RELEASE)
+        self._release_rows(ids, now)
 
-        def op() -> None:
-            for row in self._fence(owner, ids):
-                core.transition(row.message_id, row.status, core.Event.RELEASE)
-            self._release_rows(ids, now)
-        self.writer.call(op)
+    def release(self, owner: str, message_ids: Sequence[str], now: float) -> None:
+        """Hand leased rows back unrun (no attempt counted).
+
+        Set-wise with the other releases of its batch (a session hands back the row its
+        last chained commit leased, every ``CHAIN_LIMIT`` turns, so under load there are
+        many); refused with :class:`LeaseLost` if ``owner`` lost a lease."""
+        self.writer.call_bulk(self._releases, (owner, list(message_ids), now))
 
     def _operator_op(self, message_id: str, now: float, event: core.Event, recorded: str,
                      detail: Callable[[InboxMessage], str | None],

@@ -14,8 +14,10 @@ from playhouse import migrate
 
 from .database import is_postgres, is_sqlite
 from .errors import SchemaError
+from .hot_path import INBOX
 from .liveness import LOCK_CLASS
 from .models import Tables
+from .open_indexes import create_open_indexes, missing_open_indexes
 
 INBOX_SEQUENCE = "agent_inbox_seq"
 """PostgreSQL sequence that orders inbox rows across processes."""
@@ -47,6 +49,8 @@ def pending_changes(tables: Tables) -> list[str]:
         for field in model._meta.sorted_fields:
             if field.column_name not in have:
                 changes.append(f"add column {name}.{field.column_name}")
+    if is_postgres(db) and INBOX in existing:
+        changes.extend(f"create index {name}" for name in missing_open_indexes(db))
     return changes
 
 
@@ -80,6 +84,7 @@ def upgrade(tables: Tables) -> list[str]:
             model._schema.create_indexes(safe=True)
         if is_postgres(db):
             db.execute_sql(f"CREATE SEQUENCE IF NOT EXISTS {INBOX_SEQUENCE}")
+            create_open_indexes(db)
     return changes
 
 

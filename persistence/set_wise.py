@@ -31,6 +31,7 @@ from .inbox_records import (
     entry_row,
     insert_params,
 )
+from .pg_commits import PgTurnSql
 
 
 class OneByOne(Exception):
@@ -82,6 +83,27 @@ def lease_new_heads(sql: BulkSql, items: Sequence[Enqueue]) -> dict[str, Claimed
     if taken:
         sql.hot.set_status_many(sorted(r.target for r in taken.values()), "active", now)
     return taken
+
+
+Release = tuple[str, list[str], float]
+"""A release: the owner, the rows it hands back unrun, the time."""
+
+
+def release_all(sql: BulkSql, items: Sequence[Release]) -> list[None]:
+    """Hand back every item's rows in one statement per owner, fenced by the update's
+    condition (processing, leased by that owner); any row short sends the batch one by
+    one, where its release gets ``LeaseLost`` and the others go through."""
+    ids = [mid for _, group, _ in items for mid in group]
+    if len(set(ids)) < len(ids):
+        raise OneByOne("a row appears twice in the batch")
+    now = max(t for _, _, t in items)
+    by_owner: dict[str, list[str]] = {}
+    for owner, group, _ in items:
+        by_owner.setdefault(owner, []).extend(group)
+    for owner, group in by_owner.items():
+        if sql.hot.release_fenced(group, owner, now) < len(group):
+            raise OneByOne("a release lost a lease")
+    return [None] * len(items)
 
 
 def _ack_fenced(sql: BulkSql, commits: Sequence[TurnCommit], now: float) -> None:
@@ -138,6 +160,8 @@ def commit_all(sql: BulkSql, commits: Sequence[TurnCommit]) -> list[ClaimedRow |
     if len(set(ids)) < len(ids) or len(sessions) < len(commits):
         raise OneByOne("a message or a session appears twice in the batch")
     now = max(c.now for c in commits)
+    if sql.pg_turns is not None and len({c.owner for c in commits}) == 1:
+        return _commit_all_pg(sql.pg_turns, commits, now)
     _ack_fenced(sql, commits, now)
     sql.insert_entries([entry_row(c.session_id, e, c.now) for c in commits for e in c.entries])
     sql.insert_markers([(c.session_id, mid, c.now) for c in commits for mid in c.message_ids])
@@ -148,3 +172,30 @@ def commit_all(sql: BulkSql, commits: Sequence[TurnCommit]) -> list[ClaimedRow |
         if group:
             sql.hot.set_status_many(group, status, now)
     return [following.get(c.session_id) for c in commits]
+
+
+def _commit_all_pg(pg: PgTurnSql, commits: Sequence[TurnCommit],
+                   now: float) -> list[ClaimedRow | None]:
+    """``commit_all`` on PostgreSQL for one owner's commits: the same writes and answers in
+    three statements (see :mod:`.pg_commits`)."""
+    owner = commits[0].owner
+    ids = [mid for c in commits for mid in c.message_ids]
+    entries = [entry_row(c.session_id, e, c.now) for c in commits for e in c.entries]
+    markers = [(c.session_id, mid, c.now) for c in commits for mid in c.message_ids]
+    if pg.ack_and_write(owner, ids, entries, markers, now) < len(ids):
+        raise OneByOne("a commit lost a lease")
+    chaining = [c for c in commits if c.next_lease is not None]
+    heads, committed = pg.heads_of([c.session_id for c in chaining]) if chaining else ({}, set())
+    taken = {c.session_id: heads[c.session_id] for c in chaining
+             if c.session_id in heads and _due(heads[c.session_id], c.now)}
+    if committed & {h.message_id for h in taken.values()}:
+        raise OneByOne("a head's turn has already committed")
+    lengths = {c.next_lease for c in chaining if c.session_id in taken}
+    if len(lengths) > 1:
+        raise OneByOne("chaining commits with different lease lengths")
+    until = now + (lengths.pop() if lengths else 0.0)
+    pg.lease_and_status(owner, until, [h.message_id for h in taken.values()],
+                        [c.session_id for c in commits if c.session_id in taken],
+                        [c.session_id for c in commits if c.session_id not in taken], now)
+    return [ClaimedRow.from_head(taken[c.session_id]) if c.session_id in taken else None
+            for c in commits]

@@ -49,9 +49,10 @@ def test_a_tiny_scaleout_run_reports_every_system_and_workload(
     results = report["results"]
     others = [s for s in SYSTEM_NAMES if s != "kinbox"]
     assert set(results) == {"kinbox_1_worker", "kinbox_2_workers", *others,
-                            "kinbox_latency", "kinbox_recovery"}
+                            "kinbox_sends_only", "kinbox_latency", "kinbox_recovery"}
     for name in ["kinbox_1_worker", "kinbox_2_workers", *others]:
         assert results[name]["drain_msgs_per_s"] > 0 and results[name]["closed_msgs_per_s"] > 0
+    assert results["kinbox_sends_only"]["closed_msgs_per_s"] > 0
     assert results["kinbox_latency"]["p99_ms"] is not None
     assert results["kinbox_recovery"]["first_redelivery_s"] is not None
     assert len(results["kinbox_latency"]["per_worker"]) == 2

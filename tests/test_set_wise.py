@@ -180,6 +180,34 @@ def test_a_lost_lease_in_a_batch_fails_only_its_own_commit(stores: Stores) -> No
     assert stores.store.transcript("s2") == []
 
 
+def test_releases_in_one_batch_hand_back_each_row_and_a_lost_lease_fails_only_its_own(
+        stores: Stores) -> None:
+    j = stores.journal
+    for s in ("s1", "s2", "s3"):
+        j.enqueue(NewMessage(f"{s}-1", s, "hi", sender="s0"), T0)
+    heads = j.claim("w1", T0, lease=5).rows
+    j.claim("w2", T0 + 10, lease=5, exclude={"s1", "s3"})  # w2 takes s2 over after expiry
+    bulk_runs = stores.writer.statistics().bulk_runs
+    results = in_one_batch(stores, [
+        lambda r=r: j.release("w1", [r.message_id], T0 + 11) for r in heads])
+    by_target = dict(zip([r.target for r in heads], results, strict=True))
+    assert isinstance(by_target["s2"], LeaseLost)
+    assert by_target["s1"] is None and by_target["s3"] is None
+    assert stores.writer.statistics().bulk_fallbacks >= 1  # tried set-wise, then one by one
+    rows = {r["message_id"]: (r["status"], r["lease_owner"]) for r in j.rows()}
+    assert rows == {"s1-1": ("pending", None), "s3-1": ("pending", None),
+                    "s2-1": ("processing", "w2")}
+    again = j.claim("w3", T0 + 12, lease=5, exclude={"s2"}).rows  # released: claimable now
+    assert sorted(r.message_id for r in again) == ["s1-1", "s3-1"]
+    for r in again:
+        assert r.attempts == 0 and not r.taken_over  # a release counts no attempt
+    fine = in_one_batch(stores, [lambda r=r: j.release("w3", [r.message_id], T0 + 13)
+                                 for r in again])
+    assert fine == [None, None]
+    assert stores.writer.statistics().bulk_runs > bulk_runs
+    assert j.counts() == {"pending": 2, "processing": 1}
+
+
 @pytest.mark.parametrize("size", [1, 450])
 def test_large_batches_split_their_statements(stores: Stores, size: int) -> None:
     results = in_one_batch(stores, [enqueue(stores, f"m{i:04d}", f"s{i % 7}")

@@ -1,0 +1,124 @@
+"""PostgreSQL's head reads: the claim's walk and the commit's next-head lookup.
+
+Only the oldest open row of a target (its *head*) may be claimed. The
+statement SQLite runs for that (:meth:`.hot_path.HotPath.due_heads`: the due
+rows in ``seq`` order, filtered by a correlated "is it its target's head"
+subquery, under a ``LIMIT``) leaves PostgreSQL's planner a choice, and on a
+large backlog it chose badly: a walk of the whole table, or a scan and sort
+of every pending row with the subquery run for each (seconds per claim).
+
+Here the statements run over the partial indexes of :mod:`.open_indexes`,
+and the head probe sits outside the ``LIMIT``, so whatever plan the
+planner picks it runs only on the rows of one window (with statistics the
+window is an ordered index walk and the lock goes by primary key; on a
+table never analyzed the planner reads the partial indexes whole, linear
+in the backlog, see ``tests/test_scaleout_open_indexes.py``):
+
+* a *window*: the next pending (or processing) rows after a ``seq`` cursor,
+  ``ORDER BY seq LIMIT n`` on the index of that state alone, each marked
+  claimable or not by a one-row probe of its target's head. Both states'
+  first windows go in one round trip; the walk goes on, a larger window
+  each time, until it has enough heads or no rows are left, so no due head
+  is ever out of reach, and only ids come back;
+* a *lock*: the chosen rows by primary key, ``FOR UPDATE SKIP LOCKED``,
+  with their state, due time and headship checked again in the lock's own
+  (newer) snapshot, so a row another process took or finished meanwhile is
+  dropped, and rows others hold are skipped, never waited for; it also
+  reads whether a turn of each row has already committed (its marker).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import peewee as pw
+
+from .hot_path import CLAIM_COLUMNS, INBOX, PENDING, PROCESSING, Head, chunks, head_probe
+
+FIRST_WINDOW, LAST_WINDOW = 32, 4096
+"""Rows in the walk's first window, and the most in one: each next window is eight times
+the last (a claim of a few rows, the usual case, reads a few dozen; a walk past a deep
+backlog of busy sessions takes a few round trips)."""
+
+
+_DUE = {PENDING: "available_at", PROCESSING: "lease_until"}
+"""The column that says when a row of each open state may be claimed."""
+
+
+class PgClaims:
+    """The head reads of one PostgreSQL database (run on the writer's connection)."""
+
+    def __init__(self, db: pw.Database) -> None:
+        self.db = db
+        cols = ", ".join(CLAIM_COLUMNS)
+        self.sql_window = {
+            state: (f"SELECT w.message_id, w.seq, w.{due} <= %s AND w.transport = %s "
+                    f"AND NOT (w.target_chat_id = ANY(%s)) "
+                    f"AND w.seq = {head_probe('w.target_chat_id')} "
+                    f"FROM (SELECT message_id, seq, target_chat_id, transport, {due} "
+                    f"FROM {INBOX} WHERE status = '{state}' AND seq > %s "
+                    f"ORDER BY seq LIMIT %s) w ORDER BY w.seq")
+            for state, due in _DUE.items()}
+        # Both states' first windows in one round trip (the processing one is nearly
+        # always empty: only rows whose owner died or overran their lease).
+        self.sql_first = " UNION ALL ".join(
+            f"(SELECT '{state}', q.* FROM ({self.sql_window[state]}) q)" for state in _DUE)
+        self.sql_lock = (f"SELECT {cols}, EXISTS (SELECT 1 FROM delivery_markers d "
+                         f"WHERE d.message_id = m.message_id) FROM {INBOX} m "
+                         f"WHERE m.message_id = ANY(%s) "
+                         f"AND ((m.status = '{PENDING}' AND m.available_at <= %s) "
+                         f"OR (m.status = '{PROCESSING}' AND m.lease_until <= %s)) "
+                         f"AND m.seq = {head_probe('m.target_chat_id')} "
+                         f"ORDER BY m.seq FOR UPDATE OF m SKIP LOCKED")
+        self.sql_heads_of = (f"SELECT {cols} FROM {INBOX} m WHERE m.seq = ANY(ARRAY("
+                             f"SELECT {head_probe('t.target')} FROM unnest(%s::text[]) "
+                             f"AS t(target))) FOR UPDATE OF m SKIP LOCKED")
+
+    def due_heads(self, transport: str, now: float, limit: int,
+                  exclude: Sequence[str] = ()) -> tuple[list[Head], set[str]]:
+        """Up to ``limit`` due heads of targets not in ``exclude``, oldest first, locked;
+        and the ids among them that already have a committed turn (their marker)."""
+        skip = list(exclude)
+        window = max(FIRST_WINDOW, 4 * limit)
+        params = (now, transport, skip, 0, window)
+        rows: list[Any] = self.db.execute_sql(self.sql_first, params * 2).fetchall()
+        ids: list[str] = []
+        for state in _DUE:
+            mine = [r[1:] for r in rows if r[0] == state]
+            ids += [r[0] for r in mine if r[2]][:limit]
+            if len(mine) == window and len(ids) < limit:  # more rows of this state: walk on
+                ids += self._walk(state, transport, now, limit, skip, mine[-1][1], window)
+        if not ids:
+            return [], set()
+        heads: list[Head] = []
+        committed: set[str] = set()
+        for r in self.db.execute_sql(self.sql_lock, (ids, now, now)):
+            heads.append(Head._make(r[:-1]))
+            if r[-1]:
+                committed.add(r[0])
+        return heads[:limit], committed
+
+    def _walk(self, state: str, transport: str, now: float, limit: int, skip: list[str],
+              after: int, window: int) -> list[str]:
+        """Ids of up to ``limit`` claimable heads in ``state`` after ``after``, in order."""
+        ids: list[str] = []
+        while len(ids) < limit:
+            window = min(LAST_WINDOW, window * 8)
+            rows: list[Any] = self.db.execute_sql(
+                self.sql_window[state], (now, transport, skip, after, window)).fetchall()
+            ids.extend(r[0] for r in rows if r[2])
+            if len(rows) < window:
+                break
+            after = rows[-1][1]
+        return ids[:limit]
+
+    def heads_of(self, targets: Sequence[str]) -> dict[str, Head]:
+        """target -> its head, for the targets that have one; locked, rows others hold
+        skipped (what is read stays true until the commit)."""
+        found: dict[str, Head] = {}
+        for part in chunks(targets):
+            for r in self.db.execute_sql(self.sql_heads_of, (list(part),)):
+                head = Head._make(r)
+                found[head.target_chat_id] = head
+        return found
