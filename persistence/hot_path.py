@@ -184,27 +184,25 @@ class HotPath:
     def deliver_fenced(self, ids: Sequence[str], owner: str, now: float) -> int:
         """Acknowledge the rows of ``ids`` that ``owner`` holds the lease of (the fence and
         the ack in one statement); how many it acknowledged."""
-        done = 0
-        for part in chunks(ids):
-            done += self.db.execute_sql(
-                f"UPDATE {INBOX} SET status = '{DELIVERED}', delivered_at = {self.p}, "
-                f"updated_at = {self.p}, lease_owner = NULL, lease_until = NULL "
-                f"WHERE message_id IN ({self.in_list(len(part))}) "
-                f"AND status = '{PROCESSING}' AND lease_owner = {self.p}",
-                [now, now, *part, owner]).rowcount
-        return done
+        return self._fenced(f"status = '{DELIVERED}', delivered_at = {self.p}, "
+                            f"updated_at = {self.p}, lease_owner = NULL, lease_until = NULL",
+                            [now, now], ids, owner)
 
     def release_fenced(self, ids: Sequence[str], owner: str, now: float) -> int:
         """Hand back to pending the rows of ``ids`` that ``owner`` holds the lease of (the
         fence and the release in one statement); how many it released."""
+        return self._fenced(f"status = '{PENDING}', lease_owner = NULL, lease_until = NULL, "
+                            f"turn_started_at = NULL, updated_at = {self.p}", [now], ids, owner)
+
+    def _fenced(self, changes: str, params: list[Any], ids: Sequence[str], owner: str) -> int:
+        """``UPDATE ... SET changes`` on the rows of ``ids`` that ``owner`` holds the lease
+        of; how many it changed."""
         done = 0
         for part in chunks(ids):
             done += self.db.execute_sql(
-                f"UPDATE {INBOX} SET status = '{PENDING}', lease_owner = NULL, "
-                f"lease_until = NULL, turn_started_at = NULL, updated_at = {self.p} "
-                f"WHERE message_id IN ({self.in_list(len(part))}) "
-                f"AND status = '{PROCESSING}' AND lease_owner = {self.p}",
-                [now, *part, owner]).rowcount
+                f"UPDATE {INBOX} SET {changes} WHERE message_id IN "
+                f"({self.in_list(len(part))}) AND status = '{PROCESSING}' "
+                f"AND lease_owner = {self.p}", [*params, *part, owner]).rowcount
         return done
 
     def set_status(self, session_id: str, status: str, now: float) -> None:
