@@ -231,7 +231,10 @@ class AsyncHost:
 
     def _detach(self, step: Step, pending: Reply[Any] | Blocking) -> None:
         if isinstance(pending, Blocking):
-            step.close()  # nothing was written; the row comes back by lease
+            # Nothing was written; the row comes back by lease. (A start still waiting on
+            # a worker for another turn of its session registers a turn that never runs:
+            # only while the runtime stops, when no further turn of it starts.)
+            step.close()
             return
         try:
             self.executor.submit(_finish, step, pending)
