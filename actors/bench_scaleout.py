@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .bench_runs import percentile
+from .bench_scaleout_bare_cpu import CpuSample, backends
 from .bench_scaleout_systems import SYSTEM_NAMES, Producer, fresh_database
 
 OTHERS = (("pgqueuer", " (target >= 1)"), ("dbos", " (target >= 3)"), ("procrastinate", ""),
@@ -111,23 +112,35 @@ def _rate(n: int, start: float, reports: list[dict[str, Any]]) -> float:
     return round(n / max(1e-9, last - start))
 
 
-def drain(system: str, base: str, workers: int, n: int) -> float:
-    """Messages per second draining a backlog of ``n``."""
+def drain(system: str, base: str, workers: int, n: int) -> dict[str, Any]:
+    """Messages per second draining a backlog of ``n``, the CPU per message of the workers
+    and of the server, and (bare_pg) its lost/duplicate counts and stage times."""
     producer = Producer(system, fresh_database(base, system), SESSIONS, PAYLOAD)
     try:
         producer.backlog(n)
+        exclude = backends(producer)
         pool = Workers(system, producer.url, workers)
         try:
+            pids = [p.pid for p in pool.procs]
+            start = CpuSample(producer, pids, exclude)
             wait_done(producer, 600)
+            cpu = CpuSample(producer, pids, exclude).per_message_us(start, n)
         finally:
             reports = pool.stop()
-        return _rate(n, min(r["first"] for r in reports if r["starts"]), reports)
+        out = {"drain_msgs_per_s": _rate(n, min(r["first"] for r in reports if r["starts"]),
+                                         reports),
+               **{f"drain_{k}": v for k, v in cpu.items()},
+               **{f"drain_{k}": v for k, v in producer.audit().items()}}
+        if "stages_us_per_msg" in reports[0]:
+            out["_drain_stages"] = [r["stages_us_per_msg"] for r in reports]
+        return out
     finally:
         producer.close()
 
 
-def closed(system: str, base: str, workers: int, n: int) -> float:
-    """Messages per second with closed-loop durable sends from 32 threads."""
+def closed(system: str, base: str, workers: int, n: int) -> dict[str, Any]:
+    """Messages per second with closed-loop durable sends from 32 threads (and bare_pg's
+    lost/duplicate counts)."""
     producer = Producer(system, fresh_database(base, system), SESSIONS, PAYLOAD)
     try:
         pool = Workers(system, producer.url, workers)
@@ -138,7 +151,8 @@ def closed(system: str, base: str, workers: int, n: int) -> float:
             wait_done(producer, 600)
         finally:
             reports = pool.stop()
-        return _rate(n, start, reports)
+        return {"closed_msgs_per_s": _rate(n, start, reports),
+                **{f"closed_{k}": v for k, v in producer.audit().items()}}
     finally:
         producer.close()
 
@@ -239,10 +253,12 @@ def scaleout(quick: bool, base: str, tiny: bool = False,
     sizes = Sizes.of(quick, tiny)
     results: dict[str, dict[str, Any]] = {}
     runs = [("kinbox_1_worker", "kinbox", 1), ("kinbox_2_workers", "kinbox", 2)]
+    if "bare_pg" in systems:
+        runs.append(("bare_pg_2_workers", "bare_pg", 2))
     runs += [(s, s, 1) for s in systems if s != "kinbox"]
     for name, system, n in runs:
-        results[name] = {"drain_msgs_per_s": drain(system, base, n, sizes.drain),
-                         "closed_msgs_per_s": closed(system, base, n, sizes.closed)}
+        results[name] = {**drain(system, base, n, sizes.drain),
+                         **closed(system, base, n, sizes.closed)}
     results["kinbox_sends_only"] = {"closed_msgs_per_s": sends_only(base, sizes.closed)}
     results["kinbox_latency"] = latency(base, sizes.latency_seconds)
     results["kinbox_recovery"] = recovery(base)
@@ -281,6 +297,10 @@ def ratios(r: dict[str, dict[str, Any]]) -> dict[str, Any]:
             if other in r:
                 out[f"{w}: kinbox 1 worker / {other}{target}"] = round(
                     one[key] / r[other][key], 2)
+        if "bare_pg" in r:  # the same guarantees with no runtime: kinbox's own overhead
+            out[f"{w}: kinbox_vs_bare_pg"] = round(one[key] / r["bare_pg"][key], 2)
+            if "pgqueuer" in r:
+                out[f"{w}: bare_pg_vs_pgqueuer"] = round(r["bare_pg"][key] / r["pgqueuer"][key], 2)
     out["recovery to first redelivery, s (target <= 1)"] = (
         r["kinbox_recovery"]["first_redelivery_s"])
     out["p99 send -> turn start at 500/s, ms (target <= 20)"] = r["kinbox_latency"]["p99_ms"]

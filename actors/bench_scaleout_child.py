@@ -3,7 +3,8 @@
 Usage: python -m kinbox.actors.bench_scaleout_child SYSTEM DB_URL OUT_JSON [--slow]
 
 SYSTEM is ``kinbox`` (a delivering :class:`Runtime`, as ``kinbox worker``
-runs), ``raw`` (a bare ``FOR UPDATE SKIP LOCKED`` claim loop), ``pgqueuer``,
+runs), ``bare_pg`` (its guarantees in raw psycopg2: ``bench_scaleout_bare``),
+``raw`` (a bare ``FOR UPDATE SKIP LOCKED`` claim loop), ``pgqueuer``,
 ``procrastinate`` or ``dbos`` (DBOS Transact: a workflow per message on a
 queue partitioned by session, one at a time per partition). Every one
 runs the same trivial brain: note the time from the send (stamped in the
@@ -22,6 +23,8 @@ import sys
 import threading
 import time
 from typing import Any
+
+from .bench_scaleout_bare import run_bare_pg
 
 BATCH = 64
 """Rows claimed per round trip, for every system (kinbox's claim limit is its capacity)."""
@@ -166,7 +169,7 @@ def run_dbos(url: str, brain: Brain, stop: threading.Event) -> None:
     DBOS.destroy()
 
 
-SYSTEMS = {"kinbox": run_kinbox, "raw": run_raw, "pgqueuer": run_pgqueuer,
+SYSTEMS = {"kinbox": run_kinbox, "bare_pg": run_bare_pg, "raw": run_raw, "pgqueuer": run_pgqueuer,
            "procrastinate": run_procrastinate, "dbos": run_dbos}
 
 
@@ -175,9 +178,9 @@ def main() -> None:
     brain = Brain(slow="--slow" in sys.argv[4:])
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    SYSTEMS[system](url, brain, stop)
+    extra = SYSTEMS[system](url, brain, stop)  # bare_pg: its stage times
     with open(out, "w") as f:
-        json.dump(brain.report(), f)
+        json.dump({**brain.report(), **(extra or {})}, f)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,11 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from . import bench_scaleout_bare
 from .bench_systems import stamp
 from .runtime import Runtime
 
-SYSTEM_NAMES = ("kinbox", "raw", "pgqueuer", "procrastinate", "dbos")
+SYSTEM_NAMES = ("kinbox", "bare_pg", "raw", "pgqueuer", "procrastinate", "dbos")
 CHUNK = 2000
 
 
@@ -71,6 +72,9 @@ class Producer:
         self.query("CREATE TABLE raw_jobs (id BIGSERIAL PRIMARY KEY, session TEXT NOT NULL, "
                   "body TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending')")
         self.query("CREATE INDEX raw_jobs_pending ON raw_jobs (id) WHERE status = 'pending'")
+
+    def _setup_bare_pg(self) -> None:
+        bench_scaleout_bare.install(self._conn().cursor())
 
     def _setup_pgqueuer(self) -> None:
         self._pgq(lambda q: q.install())
@@ -137,10 +141,11 @@ class Producer:
                 self.rt.context.journal.enqueue_many(
                     [NewMessage(f"m{k:07d}", self.ids[k % self.sessions], stamp(self.payload))
                      for k in ks], self.rt.clock.now())
-            elif self.system == "raw":
+            elif self.system in ("raw", "bare_pg"):
+                table = "raw_jobs" if self.system == "raw" else "bare_inbox"
                 rows = [(self.ids[k % self.sessions], stamp(self.payload)) for k in ks]
                 values = ", ".join(["(%s, %s)"] * len(rows))
-                self.query(f"INSERT INTO raw_jobs (session, body) VALUES {values}",
+                self.query(f"INSERT INTO {table} (session, body) VALUES {values}",
                           [v for r in rows for v in r])
             elif self.system == "procrastinate":
                 deferrer = self.app.configure_task("turn", queue="turns")
@@ -163,6 +168,8 @@ class Producer:
         elif self.system == "raw":
             self.query("INSERT INTO raw_jobs (session, body) VALUES (%s, %s); "
                       "NOTIFY raw_jobs", (self.ids[k % self.sessions], body))
+        elif self.system == "bare_pg":
+            self.query(bench_scaleout_bare.SEND, (self.ids[k % self.sessions], body))
         elif self.system == "procrastinate":
             self.app.configure_task("turn", queue="turns").defer(body=body)
         elif self.system == "dbos":
@@ -179,6 +186,8 @@ class Producer:
                    "WHERE status IN ('pending', 'processing')")
         elif self.system == "raw":
             sql = "SELECT COUNT(*) FROM raw_jobs WHERE status <> 'done'"
+        elif self.system == "bare_pg":
+            sql = "SELECT COUNT(*) FROM bare_inbox WHERE status <> 'done'"
         elif self.system == "procrastinate":
             sql = "SELECT COUNT(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"
         elif self.system == "dbos":
@@ -194,6 +203,12 @@ class Producer:
             return 0
         return int(self.query("SELECT COUNT(*) FROM agent_inbox_messages "
                               "WHERE status = 'failed'")[0][0])
+
+    def audit(self) -> dict[str, int]:
+        """bare_pg: its lost and duplicate counts from the committed rows; others none."""
+        if self.system != "bare_pg":
+            return {}
+        return bench_scaleout_bare.audit(self._conn().cursor())
 
     def close(self) -> None:
         """Stop the send-only runtime and clients; connections close with the process."""

@@ -27,12 +27,15 @@ def test_the_ratios_name_each_target_with_its_measure() -> None:
          "kinbox_2_workers": {"drain_msgs_per_s": 150, "closed_msgs_per_s": 80},
          "pgqueuer": {"drain_msgs_per_s": 50, "closed_msgs_per_s": 100},
          "dbos": {"drain_msgs_per_s": 25, "closed_msgs_per_s": 10},
+         "bare_pg": {"drain_msgs_per_s": 400, "closed_msgs_per_s": 100},
          "kinbox_latency": {"p99_ms": 12.5}, "kinbox_recovery": {"first_redelivery_s": 0.6}}
     ratios = bench_scaleout.ratios(r)
     assert ratios["drain: 2 workers / 1 (target >= 1.3)"] == 1.5
     assert ratios["closed: kinbox 1 worker / pgqueuer (target >= 1)"] == 0.5
     assert ratios["drain: kinbox 1 worker / dbos (target >= 3)"] == 4.0
     assert ratios["recovery to first redelivery, s (target <= 1)"] == 0.6
+    assert ratios["drain: kinbox_vs_bare_pg"] == 0.25
+    assert ratios["drain: bare_pg_vs_pgqueuer"] == 8.0
 
 
 @pytest.mark.postgres
@@ -48,11 +51,13 @@ def test_a_tiny_scaleout_run_reports_every_system_and_workload(
     report = bench_scaleout.scaleout(True, pg_url, tiny=True)
     results = report["results"]
     others = [s for s in SYSTEM_NAMES if s != "kinbox"]
-    assert set(results) == {"kinbox_1_worker", "kinbox_2_workers", *others,
-                            "kinbox_sends_only", "kinbox_latency", "kinbox_recovery"}
-    for name in ["kinbox_1_worker", "kinbox_2_workers", *others]:
+    assert set(results) == {"kinbox_1_worker", "kinbox_2_workers", "bare_pg_2_workers",
+                            *others, "kinbox_sends_only", "kinbox_latency", "kinbox_recovery"}
+    for name in ["kinbox_1_worker", "kinbox_2_workers", "bare_pg_2_workers", *others]:
         assert results[name]["drain_msgs_per_s"] > 0 and results[name]["closed_msgs_per_s"] > 0
     assert results["kinbox_sends_only"]["closed_msgs_per_s"] > 0
+    for w in ("drain", "closed"):
+        assert (results["bare_pg"][f"{w}_lost"], results["bare_pg"][f"{w}_duplicate"]) == (0, 0)
     assert results["kinbox_latency"]["p99_ms"] is not None
     assert results["kinbox_recovery"]["first_redelivery_s"] is not None
     assert len(results["kinbox_latency"]["per_worker"]) == 2

@@ -1,0 +1,95 @@
+"""``bare_pg``, the scaleout bench's same-guarantee yardstick, on a real PostgreSQL: two worker
+processes deliver every message once and in per-session order, and a worker that lost its lease
+commits nothing. No test asserts a speed."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import psycopg2
+import pytest
+
+from kinbox.actors.bench_scaleout import Workers, wait_done
+from kinbox.actors.bench_scaleout_bare import ack, claim
+from kinbox.actors.bench_scaleout_systems import Producer, fresh_database
+
+pytestmark = pytest.mark.postgres
+
+
+def _producer(pg_url: str, sessions: int) -> Producer:
+    return Producer("bare_pg", fresh_database(pg_url, "bare_pg"), sessions, 100)
+
+
+def _rows(producer: Producer, sql: str) -> list[tuple[Any, ...]]:
+    return producer.query(sql)
+
+
+@pytest.mark.timeout(120)
+def test_two_bare_workers_deliver_every_message_once_in_session_order(pg_url: str) -> None:
+    producer = _producer(pg_url, sessions=200)
+    try:
+        pool = Workers("bare_pg", producer.url, 2)
+        try:
+            # Sent once both poll: a claim leases 64 of the 200 heads, so both workers find
+            # heads free and each session's turns pass between them, in turn.
+            producer.backlog(3000)
+            wait_done(producer, 90)
+        finally:
+            reports = pool.stop()
+        assert producer.audit() == {"lost": 0, "duplicate": 0}
+        started = [(t, int(mid)) for r in reports for mid, t in r["starts"]]
+        assert sorted(m for _, m in started) == [r[0] for r in _rows(
+            producer, "SELECT id FROM bare_inbox ORDER BY id")]  # each started once
+        assert all(r["starts"] for r in reports)  # both workers took a share
+        session_of = dict(_rows(producer, "SELECT id, session FROM bare_inbox"))
+        by_session: dict[str, list[int]] = defaultdict(list)
+        for _, mid in sorted(started):
+            by_session[session_of[mid]].append(mid)
+        assert all(ids == sorted(ids) for ids in by_session.values())
+        # The committed transcript: per session, user then assistant for each message in
+        # id order (a later turn's entries cannot be written before the earlier one's ack).
+        entries: dict[str, list[tuple[int, str]]] = defaultdict(list)
+        for session, mid, role in _rows(producer, "SELECT session, message_id, role "
+                                        "FROM bare_transcript ORDER BY id"):
+            entries[session].append((mid, role))
+        for session, ids in by_session.items():
+            assert entries[session] == [(m, r) for m in ids for r in ("user", "assistant")]
+    finally:
+        producer.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_ack_after_the_lease_was_lost_writes_nothing(pg_url: str) -> None:
+    producer = _producer(pg_url, sessions=2)
+    a = psycopg2.connect(producer.url)
+    b = psycopg2.connect(producer.url)
+    a.autocommit = b.autocommit = True
+    try:
+        producer.backlog(4)  # sessions s0, s1: two rows each
+        held = claim(a.cursor(), "A")
+        assert [r[2] for r in held] == [r[2] for r in _rows(
+            producer, "SELECT id, session, body FROM bare_inbox ORDER BY id LIMIT 2")]
+        assert claim(b.cursor(), "B") == []  # both heads leased; the second rows are no heads
+        # A's leases run out (the server's clock moved past them): B takes them over.
+        producer.query("UPDATE bare_inbox SET lease_until = now() - interval '1 second' "
+                       "WHERE lease_owner = 'A'")
+        taken = claim(b.cursor(), "B")
+        assert [r[0] for r in taken] == [r[0] for r in held]
+        assert ack(a.cursor(), "A", [(r[0], "late") for r in held]) == set()
+        assert _rows(producer, "SELECT COUNT(*) FROM bare_transcript")[0][0] == 0
+        assert _rows(producer, "SELECT COUNT(*) FROM bare_markers")[0][0] == 0
+        assert ack(b.cursor(), "B", [(r[0], "ok") for r in taken]) == {r[0] for r in taken}
+        assert _rows(producer, "SELECT role, text FROM bare_transcript ORDER BY id")[1] == (
+            "assistant", "ok")
+        # An expired lease nobody took over is refused too, and its row stays claimable.
+        second = claim(a.cursor(), "A")
+        producer.query("UPDATE bare_inbox SET lease_until = now() - interval '1 second' "
+                       "WHERE lease_owner = 'A'")
+        assert ack(a.cursor(), "A", [(r[0], "late") for r in second]) == set()
+        assert [r[0] for r in claim(b.cursor(), "B")] == [r[0] for r in second]
+        assert producer.audit() == {"lost": 2, "duplicate": 0}
+    finally:
+        a.close()
+        b.close()
+        producer.close()
