@@ -2,8 +2,9 @@
 
 The journal is the mailbox mirror of DESIGN.md: a session's mailbox is its
 open rows, the dispatcher's mailbox is the set of due rows. Every write goes
-through the :class:`~.writer.GroupCommitWriter`, so a caller that gets a
-result back knows its change is committed. The rules (states, backoff,
+through the :class:`~.writer.GroupCommitWriter` (but a claim on PostgreSQL,
+a short transaction of its own: see :meth:`Journal.claim`), so a caller
+that gets a result back knows its change is committed. The rules (states, backoff,
 fencing, idempotency) live in :mod:`.inbox_core`; this module applies them
 to rows.
 
