@@ -20,6 +20,7 @@ from .models import InboxMessage
 
 INBOX = InboxMessage._meta.table_name  # type: ignore[attr-defined]
 PENDING, PROCESSING, DELIVERED = State.PENDING.value, State.PROCESSING.value, State.DELIVERED.value
+FAILED = State.FAILED.value
 """The states the statements name, from the state machine's enum (one source)."""
 
 
@@ -124,9 +125,10 @@ class HotPath:
         yet processing for the first).
         """
         p = self.p
+        probe = head_probe if is_postgres(self.db) else head_seq
         sql = (f"SELECT 1 FROM {INBOX} m WHERE m.transport = {p} AND (m.status = '{PROCESSING}' "
                f"OR (m.status = '{PENDING}' AND m.available_at <= {p} "
-               f"AND m.seq = {head_seq('m.target_chat_id')})) LIMIT 1")
+               f"AND m.seq = {probe('m.target_chat_id')})) LIMIT 1")
         return self.fetch_one(sql, (transport, now)) is not None
 
     def lease_many(self, ids: Sequence[str], owner: str, until: float, now: float) -> None:

@@ -2,8 +2,9 @@
 
 The journal is the mailbox mirror of DESIGN.md: a session's mailbox is its
 open rows, the dispatcher's mailbox is the set of due rows. Every write goes
-through the :class:`~.writer.GroupCommitWriter`, so a caller that gets a
-result back knows its change is committed. The rules (states, backoff,
+through the :class:`~.writer.GroupCommitWriter` (but a claim on PostgreSQL,
+a short transaction of its own: see :meth:`Journal.claim`), so a caller
+that gets a result back knows its change is committed. The rules (states, backoff,
 fencing, idempotency) live in :mod:`.inbox_core`; this module applies them
 to rows.
 
@@ -22,7 +23,7 @@ from typing import Any
 from . import inbox_core as core
 from . import set_wise
 from .bulk_sql import BulkSql
-from .errors import RowNotFound
+from .errors import RowNotFound, WriterClosed
 from .hot_path import CLAIM_COLUMNS, Head, HotPath
 from .inbox_reads import InboxReads, row_to_dict
 from .inbox_records import (
@@ -199,10 +200,26 @@ class Journal(InboxReads):
               lease: float = DEFAULT_LEASE_SECONDS, exclude: Iterable[str] = (),
               transport: str = "local", suspects: int = 1) -> ClaimResult:
         """Lease up to ``limit`` due head rows (one per target), oldest first, of which at
-        most ``suspects`` are suspect (rows whose last worker died mid-turn)."""
+        most ``suspects`` are suspect (rows whose last worker died mid-turn).
+
+        On PostgreSQL the claim is a short transaction of its own on the caller's
+        connection, not a writer operation: queued behind the turn commits on the writer
+        it waited longer than it ran (a p99 of 19 ms a claim against 9 ms of SQL). It is
+        safe beside the writer as beside another process's: it locks the rows it leases
+        (``FOR UPDATE SKIP LOCKED``) and checks their state and headship again under the
+        lock, and the rows it reads cannot be ones the writer is acknowledging or
+        chaining, which are the excluded targets'. SQLite has one writer per process.
+        """
         ex = frozenset(exclude)
-        return self.writer.call(
-            lambda: self._claim_op(owner, now, lease, limit, ex, transport, suspects))
+
+        def op() -> ClaimResult:
+            return self._claim_op(owner, now, lease, limit, ex, transport, suspects)
+        if self.bulk.pg is None:
+            return self.writer.call(op)
+        if self.writer.closed:  # a stopped runtime leases nothing more
+            raise WriterClosed("the writer is stopped; no more claims")
+        with self.t.db.atomic():
+            return op()
 
     def _claim_more_op(self, owner: str, target: str, after_seq: int, now: float,
                        lease: float, limit: int) -> list[ClaimedRow]:

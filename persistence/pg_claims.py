@@ -47,7 +47,8 @@ _DUE = {PENDING: "available_at", PROCESSING: "lease_until"}
 
 
 class PgClaims:
-    """The head reads of one PostgreSQL database (run on the writer's connection)."""
+    """The head reads of one PostgreSQL database: a claim's run in a transaction of its
+    own on its caller's connection, a commit's next heads on the writer's."""
 
     def __init__(self, db: pw.Database) -> None:
         self.db = db

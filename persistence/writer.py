@@ -214,6 +214,11 @@ class GroupCommitWriter:
                     item[-1].set_exception(WriterClosed("the runtime crashed before this commit"))
             self._queue.put(_STOP)
 
+    @property
+    def closed(self) -> bool:
+        """Stopped or aborted: no more writes are accepted."""
+        return self._closed
+
     def queued(self) -> int:
         """Operations waiting for the next batch (approximate, for monitoring and tests)."""
         return self._queue.qsize()

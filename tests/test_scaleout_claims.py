@@ -13,7 +13,14 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from kinbox.persistence import DatabaseClock, LeaseLost, NewMessage, TurnEntry, open_database
+from kinbox.persistence import (
+    DatabaseClock,
+    LeaseLost,
+    NewMessage,
+    TurnEntry,
+    WriterClosed,
+    open_database,
+)
 
 from .conftest import Stores
 
@@ -169,3 +176,39 @@ def test_workers_starting_at_once_on_an_empty_database_all_start(pg_url: str) ->
     for rt in started:
         rt.stop()
     assert failed == [] and len(started) == 4
+
+
+@pytest.mark.timeout(60)
+def test_a_claim_runs_beside_a_busy_writer_and_not_once_the_writer_stopped(
+        pg_url: str) -> None:
+    stores = Stores(pg_url)
+    release = threading.Event()
+    try:
+        journal, now = stores.journal, time.time()
+        journal.enqueue_many([NewMessage(f"m{i}", f"t{i}", "x", sender="u") for i in range(3)],
+                             now)
+        # The writer is stuck in an operation (a long turn commit, say) ...
+        stuck = stores.writer.submit(lambda: release.wait(30))
+        claimed: list[str] = []
+        claimer = threading.Thread(target=lambda: claimed.extend(
+            r.message_id for r in journal.claim("w", now, limit=2).rows))
+        claimer.start()
+        claimer.join(10)
+        # ... and a claim, a transaction of its own on its caller's connection, commits.
+        assert not claimer.is_alive() and claimed == ["m0", "m1"]
+        assert stores.writer.queued() == 0 and not release.is_set()
+        other = Stores(pg_url)  # another process sees the leases committed
+        try:
+            assert {r["message_id"] for r in other.journal.rows(state="processing")} == {
+                "m0", "m1"}
+        finally:
+            other.close()
+        release.set()
+        assert stuck.result(10) is True
+        stores.writer.stop()
+        with pytest.raises(WriterClosed):
+            journal.claim("w", now, limit=2)
+        assert [r["message_id"] for r in journal.rows(state="pending")] == ["m2"]
+    finally:
+        release.set()
+        stores.close()
