@@ -53,6 +53,27 @@ def sqlite_writer_free(url: str) -> bool:
         con.close()
 
 
+def postgres_writer_free(url: str) -> bool:
+    """True when no other backend of the test's database is inside a transaction (A was not
+    stopped holding row locks, which B's ``SKIP LOCKED`` claim would skip for good)."""
+    import psycopg2
+
+    con = psycopg2.connect(url)
+    try:
+        with con.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                        "current_database() AND pid <> pg_backend_pid() "
+                        "AND xact_start IS NOT NULL")
+            return cur.fetchone()[0] == 0
+    finally:
+        con.close()
+
+
+def writer_free(url: str) -> bool:
+    """A holds no write lock or transaction that would keep B from the row."""
+    return sqlite_writer_free(url) if url.startswith("sqlite") else postgres_writer_free(url)
+
+
 def pause_and_take_over(url: str, b_role: str) -> None:
     prepare(url, sessions=1, messages=1)
     a = start("paused", url)
@@ -67,9 +88,9 @@ def pause_and_take_over(url: str, b_role: str) -> None:
         assert a.stdout is not None
         assert a.stdout.readline().strip() == "turn started m00000"
         os.kill(a.pid, signal.SIGSTOP)  # A's renewals stop with it: its lease runs out
-        if url.startswith("sqlite") and not sqlite_writer_free(url):
-            os.kill(a.pid, signal.SIGCONT)  # stopped inside a renewal: once more
-            wait_for(lambda: sqlite_writer_free(url), 10, "A's write to end")
+        if not writer_free(url):
+            os.kill(a.pid, signal.SIGCONT)  # stopped inside a renewal or claim: once more
+            wait_for(lambda: writer_free(url), 10, "A's transaction to end")
             os.kill(a.pid, signal.SIGSTOP)
         b = start(b_role, url)
         out, err = b.communicate(timeout=60)
