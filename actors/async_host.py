@@ -42,13 +42,12 @@ from ..persistence import WRITE_TIMEOUT, ClaimedRow, Reply, WriterClosed
 from . import delivery as dp
 from .async_tools import AsyncTools
 from .running import TIMEOUT
-from .session_actor import Blocking, settle_from
+from .session_actor import Blocking, SessionActor, Step, settle_from
 from .turn import Turn
 from .turn_run import hook_work, take_result
 
 if TYPE_CHECKING:
     from .context import RuntimeContext
-    from .session_actor import SessionActor, Step
 
 log = logging.getLogger("kinbox.async")
 

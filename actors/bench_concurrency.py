@@ -16,6 +16,7 @@ the lost and duplicate committed turns it counted.
 from __future__ import annotations
 
 import asyncio
+import operator
 import shutil
 import threading
 import time
@@ -39,7 +40,7 @@ FULL_SIZE_ONLY = frozenset({"async_vs_trivial_closed_loop"})
 """Judged at N = 10,000 only: with N = 1,000 sessions waiting W = 1 s, no system finishes
 faster than N / W = 1,000 turns/s, below 0.8 of the closed loop."""
 _OPS: dict[str, Callable[[float, float], bool]] = {
-    ">=": lambda m, t: m >= t, "<=": lambda m, t: m <= t, "==": lambda m, t: m == t}
+    ">=": operator.ge, "<=": operator.le, "==": operator.eq}
 
 
 def _rss_mib() -> float:

@@ -35,7 +35,7 @@ class BulkSql:
         self.db = hot.db
         self.postgres = is_postgres(hot.db)
         self.pg = PgClaims(hot.db) if self.postgres else None
-        """PostgreSQL's head reads (None on SQLite)."""
+        """PostgreSQL's claim reads (None on SQLite)."""
         self.pg_turns = PgTurnSql(hot.db) if self.postgres else None
         """PostgreSQL's fused turn-commit statements (None on SQLite)."""
         p = hot.p
@@ -90,12 +90,12 @@ class BulkSql:
     def heads_of(self, targets: Sequence[str]) -> dict[str, Head]:
         """target -> its oldest open row (CLAIM_COLUMNS), for the targets that have one.
 
-        On PostgreSQL (:meth:`.pg_claims.PgClaims.heads_of`) the rows found are
+        On PostgreSQL (:meth:`.pg_commits.PgTurnSql.heads_of`) the rows found are
         locked and rows another transaction holds are skipped, so what is read
         stays true until the commit.
         """
-        if self.pg is not None:
-            return self.pg.heads_of(targets)
+        if self.pg_turns is not None:
+            return self.pg_turns.heads_of(targets)[0]
         cols = ", ".join(CLAIM_COLUMNS)
         found: dict[str, tuple[Any, ...]] = {}
         for part in chunks(targets):

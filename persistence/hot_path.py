@@ -85,6 +85,10 @@ class HotPath:
         cols = ", ".join(CLAIM_COLUMNS)
         probe = head_probe if is_postgres(db) else head_seq
         self.sql_head = f"SELECT {cols} FROM {INBOX} WHERE seq = {probe(p)}"
+        self.sql_runnable = (
+            f"SELECT 1 FROM {INBOX} m WHERE m.transport = {p} AND (m.status = '{PROCESSING}' "
+            f"OR (m.status = '{PENDING}' AND m.available_at <= {p} "
+            f"AND m.seq = {probe('m.target_chat_id')})) LIMIT 1")
         self._head_params = self.sql_head.count(p)  # the target, once per placeholder
         # Compare-and-set: only a row that is still claimable is taken, so two
         # workers racing for the same row (another process's claim) cannot both win.
@@ -124,12 +128,7 @@ class HotPath:
         row claimed between them was seen by neither (pending no more, and not
         yet processing for the first).
         """
-        p = self.p
-        probe = head_probe if is_postgres(self.db) else head_seq
-        sql = (f"SELECT 1 FROM {INBOX} m WHERE m.transport = {p} AND (m.status = '{PROCESSING}' "
-               f"OR (m.status = '{PENDING}' AND m.available_at <= {p} "
-               f"AND m.seq = {probe('m.target_chat_id')})) LIMIT 1")
-        return self.fetch_one(sql, (transport, now)) is not None
+        return self.fetch_one(self.sql_runnable, (transport, now)) is not None
 
     def lease_many(self, ids: Sequence[str], owner: str, until: float, now: float) -> None:
         """Lease several rows."""

@@ -34,7 +34,7 @@ from typing import Any
 
 import peewee as pw
 
-from .hot_path import CLAIM_COLUMNS, INBOX, PENDING, PROCESSING, Head, chunks, head_probe
+from .hot_path import CLAIM_COLUMNS, INBOX, PENDING, PROCESSING, Head, head_probe
 
 FIRST_WINDOW, LAST_WINDOW = 32, 4096
 """Rows in the walk's first window, and the most in one: each next window is eight times
@@ -47,8 +47,8 @@ _DUE = {PENDING: "available_at", PROCESSING: "lease_until"}
 
 
 class PgClaims:
-    """The head reads of one PostgreSQL database: a claim's run in a transaction of its
-    own on its caller's connection, a commit's next heads on the writer's."""
+    """A claim's head reads on one PostgreSQL database, in a transaction of its own on its
+    caller's connection (a commit's next heads are :class:`.pg_commits.PgTurnSql`'s)."""
 
     def __init__(self, db: pw.Database) -> None:
         self.db = db
@@ -72,9 +72,6 @@ class PgClaims:
                          f"OR (m.status = '{PROCESSING}' AND m.lease_until <= %s)) "
                          f"AND m.seq = {head_probe('m.target_chat_id')} "
                          f"ORDER BY m.seq FOR UPDATE OF m SKIP LOCKED")
-        self.sql_heads_of = (f"SELECT {cols} FROM {INBOX} m WHERE m.seq = ANY(ARRAY("
-                             f"SELECT {head_probe('t.target')} FROM unnest(%s::text[]) "
-                             f"AS t(target))) FOR UPDATE OF m SKIP LOCKED")
 
     def due_heads(self, transport: str, now: float, limit: int,
                   exclude: Sequence[str] = ()) -> tuple[list[Head], set[str]]:
@@ -113,13 +110,3 @@ class PgClaims:
                 break
             after = rows[-1][1]
         return ids[:limit]
-
-    def heads_of(self, targets: Sequence[str]) -> dict[str, Head]:
-        """target -> its head, for the targets that have one; locked, rows others hold
-        skipped (what is read stays true until the commit)."""
-        found: dict[str, Head] = {}
-        for part in chunks(targets):
-            for r in self.db.execute_sql(self.sql_heads_of, (list(part),)):
-                head = Head._make(r)
-                found[head.target_chat_id] = head
-        return found

@@ -17,7 +17,7 @@ caller its own answer.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from . import inbox_core as core
 from .bulk_sql import BulkSql
@@ -97,12 +97,9 @@ def release_all(sql: BulkSql, items: Sequence[Release]) -> list[None]:
     if len(set(ids)) < len(ids):
         raise OneByOne("a row appears twice in the batch")
     now = max(t for _, _, t in items)
-    by_owner: dict[str, list[str]] = {}
-    for owner, group, _ in items:
-        by_owner.setdefault(owner, []).extend(group)
-    for owner, group in by_owner.items():
-        if sql.hot.release_fenced(group, owner, now) < len(group):
-            raise OneByOne("a release lost a lease")
+    _fenced_by_owner([(owner, group) for owner, group, _ in items],
+                     lambda group, owner: sql.hot.release_fenced(group, owner, now),
+                     "a release lost a lease")
     return [None] * len(items)
 
 
@@ -110,12 +107,21 @@ def _ack_fenced(sql: BulkSql, commits: Sequence[TurnCommit], now: float) -> None
     """Acknowledge every commit's rows where its owner holds their lease (the fence of
     ``inbox_core.check_lease`` as the update's condition); any row short sends the batch
     one by one, where its commit gets ``LeaseLost`` and the others commit."""
+    _fenced_by_owner([(c.owner, c.message_ids) for c in commits],
+                     lambda ids, owner: sql.hot.deliver_fenced(ids, owner, now),
+                     "a commit lost a lease")
+
+
+def _fenced_by_owner(groups: Sequence[tuple[str, Sequence[str]]],
+                     update: Callable[[list[str], str], int], lost: str) -> None:
+    """Run a fenced ``update(ids, owner)`` once per owner over its rows; a row it did not
+    change (a lease that owner lost) sends the batch one by one (``OneByOne(lost)``)."""
     by_owner: dict[str, list[str]] = {}
-    for c in commits:
-        by_owner.setdefault(c.owner, []).extend(c.message_ids)
+    for owner, ids in groups:
+        by_owner.setdefault(owner, []).extend(ids)
     for owner, ids in by_owner.items():
-        if sql.hot.deliver_fenced(ids, owner, now) < len(ids):
-            raise OneByOne("a commit lost a lease")
+        if update(ids, owner) < len(ids):
+            raise OneByOne(lost)
 
 
 def _next_heads(sql: BulkSql, commits: Sequence[TurnCommit], now: float) -> dict[str, ClaimedRow]:
