@@ -46,7 +46,7 @@ class CronJobs:
             raise rules.InvalidCronJob("timezone", "give an IANA time zone name")
         cron_trigger(cron, timezone)  # InvalidCronExpression if malformed
         now = self.now()
-        job = CronJobRecord(f"cj_{self.new_id()[:10]}", name, cron.strip(), timezone, prompt,
+        job = CronJobRecord(f"cj_{self.new_id()[-10:]}", name, cron.strip(), timezone, prompt,
                             bool(active), delivery, 0,
                             next_fire(cron, now, timezone) if active else None,
                             None, None, None, now, now)

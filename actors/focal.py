@@ -196,7 +196,7 @@ class Focal:
         if task_title is not None and (not isinstance(task_title, str) or not task_title.strip()):
             raise ToolError("invalid_argument", "task_title must be a non-empty string.")
         now = ctx.now()
-        sid = f"chat-{ctx.new_id()[:12]}"
+        sid = f"chat-{ctx.new_id()[-12:]}"
         writes.create_session(SessionRecord(
             sid, project_id, title.strip(), "interactive", None, FOCAL_ID, "idle", now, now,
             {"permission_mode": "auto", "spawned_by_focal": True, "parent_chat_id": FOCAL_ID}))

@@ -109,7 +109,7 @@ class FocalSchedule:
             if run_at <= now:
                 raise ToolError("invalid_argument", "at must be in the future.")
             next_run = run_at
-        job = JobRecord(f"wake-{self.ctx.new_id()[:12]}", FOCAL_ID, kind, note.strip(),
+        job = JobRecord(f"wake-{self.ctx.new_id()[-12:]}", FOCAL_ID, kind, note.strip(),
                         cron, None, run_at, next_run, None, True, now)
         out = writes if writes is not None else Writes(self.ctx, None)
         full = ToolError("execution_failed",

@@ -178,7 +178,7 @@ class PeerService:
     def _exchange(self, ws: ClientConnection, link: SenderLink, agent_id: str,
                   action: str) -> wire.Result:
         link.connected(new_nonce(self.random(NONCE_BYTES)))
-        req = self.ctx.new_id()[:16]
+        req = self.ctx.new_id()[-16:]
         sent = False
         while True:
             for text in link.frames_to_send():

@@ -53,6 +53,7 @@ from .exit_stop import stop_at_exit
 from .family import Buckets
 from .focal import Focal
 from .focal_schedule import FocalSchedule
+from .ids import new_id
 from .messages import Tick
 from .peers import PeerService
 from .runtime_records import INBOX_STATES, RecordsApi
@@ -119,7 +120,7 @@ class Runtime(RecordsApi):
         self.synchronous = synchronous
         self.data_dir = Path(data_dir) if data_dir else None
         # Ids of new messages, sessions and projects; scenarios pass a seeded source.
-        self.new_id: Callable[[], str] = ids or (lambda: uuid.uuid4().hex)
+        self.new_id: Callable[[], str] = ids or new_id
         self._known_sessions: set[str] = set()
         """Session ids seen to exist (sessions are never deleted): a post to one of them
         needs no existence query."""

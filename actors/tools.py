@@ -266,12 +266,13 @@ class AgentTools(FamilyTools, TaskTools):
         ctx = self._ctx
         box = self._writes.outbox
         if run_in_background:
-            child_id, writes = f"subagent-sub_{ctx.new_id()[:8]}", self._writes
+            child_id, writes = f"subagent-sub_{ctx.new_id()[-8:]}", self._writes
         else:
             self._require_a_free_thread(caller.id)
             # The turn waits for this child, so it commits now, not with the turn; an id
             # repeatable across attempts lets a retried turn find the child it started.
-            child_id = box.child_id(text) if box is not None else f"subagent-sub_{ctx.new_id()[:8]}"
+            child_id = (box.child_id(text) if box is not None
+                        else f"subagent-sub_{ctx.new_id()[-8:]}")
             writes = Writes(ctx, None)
             earlier = self._started_child(child_id)
             if earlier is not None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .database import is_postgres
-from .hot_path import CLAIM_COLUMNS, INBOX, PENDING, Head, HotPath, chunks, head_seq
+from .hot_path import CLAIM_COLUMNS, INBOX, Head, HotPath, chunks, head_probe
 from .inbox_notify import NOTIFY_SQL
 from .pg_claims import PgClaims
 from .pg_commits import PgTurnSql
@@ -23,8 +23,8 @@ ROWS_PER_INSERT = 200
 """Rows per multi-row ``INSERT``: 200 x 15 parameters stays under every backend's bound."""
 
 _INBOX_COLUMNS = ("message_id, seq, transport, destination_peer_id, sender_chat_id, "
-                  "target_chat_id, kind, content, payload, status, attempts, max_attempts, "
-                  "available_at, created_at, updated_at")
+                  "target_chat_id, kind, content, payload, attempts, max_attempts, "
+                  "available_at, created_at, updated_at, status, lease_owner, lease_until")
 
 
 class BulkSql:
@@ -40,8 +40,8 @@ class BulkSql:
         """PostgreSQL's fused turn-commit statements (None on SQLite)."""
         p = hot.p
         seq = "nextval('agent_inbox_seq')" if self.postgres else p
-        self._inbox_row = (f"({p}, {seq}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, '{PENDING}', 0, "
-                           f"{p}, {p}, {p}, {p})")
+        self._inbox_row = (f"({p}, {seq}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, 0, "
+                           f"{p}, {p}, {p}, {p}, {p}, {p}, {p})")
         self._entry_row = f"({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})"
         self._marker_row = f"({p}, {p}, {p})"
 
@@ -57,15 +57,17 @@ class BulkSql:
             written += cursor.rowcount
         return written
 
-    def insert_inbox(self, rows: Sequence[Sequence[Any]]) -> int:
-        """New pending rows, in order (``inbox_records.insert_params`` each); an id that
-        already has a row is skipped. How many were written: fewer than ``rows`` means a
-        repeat, which the caller must handle (the set-wise path undoes its savepoint).
+    def insert_inbox(self, rows: Sequence[Sequence[Any]]) -> tuple[int, int | None]:
+        """New rows, in order (``inbox_records.insert_params`` each); an id that already
+        has a row is skipped. How many were written, and on SQLite the first row's ``seq``
+        (the others follow it by one): fewer written than ``rows`` means a repeat, which
+        the caller must handle (the set-wise path undoes its savepoint).
 
         SQLite numbers them here (the writer holds the database's write lock
         for the whole transaction); PostgreSQL takes them from its sequence, and
         the transaction notifies :data:`~.inbox_notify.CHANNEL` (see there).
         """
+        first = None
         if not self.postgres:
             base = self.hot.fetch_one(f"SELECT COALESCE(MAX(seq), 0) FROM {INBOX}", ())
             first = int(base[0]) + 1 if base else 1
@@ -74,7 +76,7 @@ class BulkSql:
                                rows, " ON CONFLICT (message_id) DO NOTHING")
         if self.postgres and written:  # other processes' listeners hear of it at the commit
             self.db.execute_sql(NOTIFY_SQL)
-        return written
+        return written, first
 
     def insert_entries(self, rows: Sequence[tuple[Any, ...]]) -> None:
         """Transcript entries: (session_id, role, text, visible, message_id, sender_id, kind,
@@ -87,20 +89,27 @@ class BulkSql:
         self._insert("INSERT INTO delivery_markers (session_id, message_id, created_at)",
                      self._marker_row, rows)
 
-    def heads_of(self, targets: Sequence[str]) -> dict[str, Head]:
-        """target -> its oldest open row (CLAIM_COLUMNS), for the targets that have one.
+    def heads_of(self, targets: Sequence[str]) -> tuple[dict[str, Head], set[str]]:
+        """target -> its oldest open row (CLAIM_COLUMNS), for the targets that have one,
+        and which of those rows already have a committed turn (a delivery marker).
 
         On PostgreSQL (:meth:`.pg_commits.PgTurnSql.heads_of`) the rows found are
         locked and rows another transaction holds are skipped, so what is read
         stays true until the commit.
         """
         if self.pg_turns is not None:
-            return self.pg_turns.heads_of(targets)[0]
+            return self.pg_turns.heads_of(targets)
         cols = ", ".join(CLAIM_COLUMNS)
-        found: dict[str, tuple[Any, ...]] = {}
+        found: dict[str, Head] = {}
+        committed: set[str] = set()
         for part in chunks(targets):
             values = ", ".join([f"({self.hot.p})"] * len(part))
-            sql = (f"WITH t(target) AS (VALUES {values}) SELECT {cols} FROM {INBOX} "
-                   f"WHERE seq IN (SELECT {head_seq('t.target')} FROM t)")
-            found.update((r[2], Head._make(r)) for r in self.db.execute_sql(sql, list(part)))
-        return found
+            sql = (f"WITH t(target) AS (VALUES {values}) SELECT {cols}, EXISTS (SELECT 1 "
+                   f"FROM delivery_markers d WHERE d.message_id = {INBOX}.message_id) "
+                   f"FROM {INBOX} WHERE seq IN (SELECT {head_probe('t.target')} FROM t)")
+            for r in self.db.execute_sql(sql, list(part)):
+                head = Head._make(r[:-1])
+                found[head.target_chat_id] = head
+                if r[-1]:
+                    committed.add(head.message_id)
+        return found, committed

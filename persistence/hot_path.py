@@ -54,23 +54,11 @@ def chunks(values: Sequence[Any]) -> list[Sequence[Any]]:
     return [values[i:i + IN_LIST_LIMIT] for i in range(0, len(values), IN_LIST_LIMIT)]
 
 
-def head_seq(target: str) -> str:
-    """SQL for the ``seq`` of a target's head (its oldest open row), NULL if it has none.
-
-    One MIN per open state: each is a single probe of the (target, status,
-    seq) index, where ``status IN (...)`` with ORDER BY or a correlated MIN
-    walks every open row of the target.
-    """
-    return (f"(SELECT MIN(u.s) FROM (SELECT MIN(seq) AS s FROM {INBOX} "
-            f"WHERE target_chat_id = {target} AND status = '{PENDING}' "
-            f"UNION ALL SELECT MIN(seq) FROM {INBOX} "
-            f"WHERE target_chat_id = {target} AND status = '{PROCESSING}') u)")
-
-
 def head_probe(target: str) -> str:
-    """PostgreSQL's SQL for the ``seq`` of a target's head: one probe of the partial index
-    over open rows (:mod:`.open_indexes`), which holds no delivered row and no other
-    state's."""
+    """SQL for the ``seq`` of a target's head (its oldest open row), NULL if it has none:
+    one probe of the partial index over open rows (:mod:`.open_indexes`), which holds no
+    delivered row and no other state's. The condition repeats the index's word for word
+    (SQLite uses a partial index only then)."""
     return (f"(SELECT o.seq FROM {INBOX} o WHERE o.target_chat_id = {target} "
             f"AND o.status IN ('{PENDING}', '{PROCESSING}') ORDER BY o.seq LIMIT 1)")
 
@@ -83,12 +71,14 @@ class HotPath:
         p = "%s" if is_postgres(db) else "?"
         self.p = p
         cols = ", ".join(CLAIM_COLUMNS)
-        probe = head_probe if is_postgres(db) else head_seq
-        self.sql_head = f"SELECT {cols} FROM {INBOX} WHERE seq = {probe(p)}"
+        self.sql_head = f"SELECT {cols} FROM {INBOX} WHERE seq = {head_probe(p)}"
+        # Two EXISTS, each a walk of one state's partial index (an OR of the two
+        # states in one WHERE reads the whole table).
         self.sql_runnable = (
-            f"SELECT 1 FROM {INBOX} m WHERE m.transport = {p} AND (m.status = '{PROCESSING}' "
-            f"OR (m.status = '{PENDING}' AND m.available_at <= {p} "
-            f"AND m.seq = {probe('m.target_chat_id')})) LIMIT 1")
+            f"SELECT 1 WHERE EXISTS (SELECT 1 FROM {INBOX} r WHERE r.status = '{PROCESSING}' "
+            f"AND r.transport = {p}) OR EXISTS (SELECT 1 FROM {INBOX} m "
+            f"WHERE m.status = '{PENDING}' AND m.available_at <= {p} AND m.transport = {p} "
+            f"AND m.seq = {head_probe('m.target_chat_id')})")
         self._head_params = self.sql_head.count(p)  # the target, once per placeholder
         # Compare-and-set: only a row that is still claimable is taken, so two
         # workers racing for the same row (another process's claim) cannot both win.
@@ -97,7 +87,11 @@ class HotPath:
                           f"AND ((status = '{PENDING}' AND available_at <= {p}) "
                           f"OR (status = '{PROCESSING}' AND lease_until <= {p}))")
         self.sql_marker_exists = f"SELECT 1 FROM delivery_markers WHERE message_id = {p} LIMIT 1"
-        self.sql_status = f"UPDATE sessions SET status = {p}, updated_at = {p} WHERE id = {p}"
+        # A session already in the status is not written: a turn that chains into the
+        # next leaves its session active, and an update that changes nothing would
+        # still dirty its page and log it.
+        self.sql_status = (f"UPDATE sessions SET status = {p}, updated_at = {p} "
+                           f"WHERE id = {p} AND status <> {p}")
         self.sql_existing = (f"SELECT target_chat_id, kind, content, status, created_at "
                              f"FROM {INBOX} WHERE message_id = {p}")
 
@@ -107,7 +101,7 @@ class HotPath:
         SQLite's; PostgreSQL's claim walks and locks in :mod:`.pg_claims`.
 
         One query per open state, each walking that state's rows in ``seq``
-        order on the (status, seq) index and stopping at ``limit`` heads, so
+        order on its partial index and stopping at ``limit`` heads, so
         a claim costs about ``limit`` index probes however long the backlog.
         """
         p = self.p
@@ -116,7 +110,7 @@ class HotPath:
         for status, due in ((PENDING, "available_at"), (PROCESSING, "lease_until")):
             sql = (f"SELECT {cols} FROM {INBOX} m WHERE m.status = '{status}' "
                    f"AND m.{due} <= {p} AND m.transport = {p} "
-                   f"AND m.seq = {head_seq('m.target_chat_id')} "
+                   f"AND m.seq = {head_probe('m.target_chat_id')} "
                    f"ORDER BY m.seq LIMIT {p}")
             found.extend(Head._make(r) for r in self.db.execute_sql(sql, (now, transport, limit)))
         return sorted(found, key=lambda r: r.seq)[:limit]
@@ -128,7 +122,7 @@ class HotPath:
         row claimed between them was seen by neither (pending no more, and not
         yet processing for the first).
         """
-        return self.fetch_one(self.sql_runnable, (transport, now)) is not None
+        return self.fetch_one(self.sql_runnable, (transport, now, transport)) is not None
 
     def lease_many(self, ids: Sequence[str], owner: str, until: float, now: float) -> None:
         """Lease several rows."""
@@ -138,12 +132,32 @@ class HotPath:
                 f"lease_until = {self.p}, updated_at = {self.p} "
                 f"WHERE message_id IN ({self.in_list(len(part))})", [owner, until, now, *part])
 
+    def with_open_rows(self, targets: Sequence[str]) -> set[str]:
+        """Which of ``targets`` have an open (pending or processing) row: a probe each of
+        the open rows' partial index, whose condition the statement repeats word for word
+        (SQLite uses a partial index only then)."""
+        return {r[0] for part in chunks(targets) for r in self.db.execute_sql(
+            f"SELECT DISTINCT target_chat_id FROM {INBOX} WHERE target_chat_id IN "
+            f"({self.in_list(len(part))}) AND status IN ('{PENDING}', '{PROCESSING}')",
+            list(part))}
+
     def set_status_many(self, session_ids: Sequence[str], status: str, now: float) -> None:
-        """Several sessions' active/idle status."""
+        """Several sessions' active/idle status (those not in it already)."""
         for part in chunks(session_ids):
             self.db.execute_sql(
                 f"UPDATE sessions SET status = {self.p}, updated_at = {self.p} "
-                f"WHERE id IN ({self.in_list(len(part))})", [status, now, *part])
+                f"WHERE id IN ({self.in_list(len(part))}) AND status <> {self.p}",
+                [status, now, *part, status])
+
+    def set_statuses(self, statuses: Sequence[tuple[str, str]], now: float) -> None:
+        """Sessions' statuses, ``(session id, status)`` each, in one statement (those not
+        in theirs already)."""
+        for part in chunks(statuses):
+            values = ", ".join([f"({self.p}, {self.p})"] * len(part))
+            self.db.execute_sql(
+                f"UPDATE sessions SET status = v.column2, updated_at = {self.p} "
+                f"FROM (VALUES {values}) AS v WHERE sessions.id = v.column1 "
+                f"AND sessions.status <> v.column2", [now, *(x for pair in part for x in pair)])
 
     def with_markers(self, ids: Sequence[str]) -> set[str]:
         """Which of ``ids`` already have a committed turn."""
@@ -208,7 +222,7 @@ class HotPath:
 
     def set_status(self, session_id: str, status: str, now: float) -> None:
         """A session's active/idle status."""
-        self.db.execute_sql(self.sql_status, (status, now, session_id))
+        self.db.execute_sql(self.sql_status, (status, now, session_id, status))
 
     def head(self, target: str) -> Head | None:
         """The oldest open row of a target."""

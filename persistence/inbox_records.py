@@ -124,13 +124,27 @@ class TurnCommit:
     next_lease: float | None
 
 
-def insert_params(msg: NewMessage, now: float) -> tuple[Any, ...]:
-    """A new pending row's values for ``BulkSql.insert_inbox`` (all but ``seq``)."""
+def insert_params(msg: NewMessage, now: float, lease: Lease | None = None) -> tuple[Any, ...]:
+    """A new row's values for ``BulkSql.insert_inbox`` (all but ``seq``): pending, or
+    with ``lease`` already processing, leased to its owner from ``now``."""
     policy = core.TRANSPORT_POLICIES.get(msg.transport, core.LOCAL)
+    status, owner, until = ((core.State.PENDING.value, None, None) if lease is None else
+                            (core.State.PROCESSING.value, lease.owner, now + lease.seconds))
     return (msg.message_id, msg.transport, msg.destination_peer_id, msg.sender, msg.target,
-            msg.kind, msg.content,
-            json.dumps(msg.payload, sort_keys=True) if msg.payload else "{}",
-            msg.max_attempts or policy.max_attempts, now, now, now)
+            msg.kind, msg.content, stored_payload(msg.payload),
+            msg.max_attempts or policy.max_attempts, now, now, now, status, owner, until)
+
+
+def stored_payload(payload: dict[str, Any]) -> str:
+    """A payload as the inbox stores it (and ``ClaimedRow.from_head`` reads it back)."""
+    return json.dumps(payload, sort_keys=True) if payload else "{}"
+
+
+def leased_new_row(msg: NewMessage, seq: int, now: float) -> ClaimedRow:
+    """The row an enqueue inserted already leased, as a claim would have read it."""
+    payload = json.loads(stored_payload(msg.payload)) if msg.payload else {}
+    return ClaimedRow(msg.message_id, seq, msg.target, msg.sender, msg.kind, msg.content,
+                      payload, 0, now)
 
 
 def entry_row(session_id: str, entry: TurnEntry, now: float) -> tuple[Any, ...]:

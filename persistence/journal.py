@@ -36,7 +36,6 @@ from .inbox_records import (
     TurnCommit,
     TurnEntry,
     entry_row,
-    insert_params,
 )
 from .models import InboxMessage, Tables
 from .writer import WRITE_TIMEOUT, Bulk, GroupCommitWriter, Reply
@@ -80,10 +79,7 @@ class Journal(InboxReads):
         if not core.enqueue_decision(msg.message_id, before, fingerprint):
             assert existing is not None
             return EnqueueResult(msg.message_id, msg.target, existing[3], False, existing[4])
-        self.bulk.insert_inbox([insert_params(msg, now)])
-        claimed = set_wise.lease_new_heads(self.bulk, [(msg, now, lease)]) if lease else {}
-        return EnqueueResult(msg.message_id, msg.target, core.State.PENDING.value, True, now,
-                             claimed.get(msg.message_id))
+        return set_wise.insert_new(self.bulk, [(msg, now, lease)])[0]
 
     def enqueue(self, msg: NewMessage, now: float, *, lease: Lease | None = None
                 ) -> EnqueueResult:
@@ -92,7 +88,7 @@ class Journal(InboxReads):
         With ``lease`` (the fast path), a new row that is its target's head is leased in
         the same transaction and comes back as ``claimed``, for the caller to hand straight
         to its session: only for an owner that provably owns its targets (see
-        :func:`.set_wise.lease_new_heads`)."""
+        :func:`.set_wise.heads_to_lease`)."""
         return self.writer.call_bulk(self._enqueues, (msg, now, lease))
 
     def enqueue_many(self, msgs: Sequence[NewMessage], now: float) -> list[EnqueueResult]:

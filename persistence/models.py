@@ -50,7 +50,7 @@ class Session(_Base):
     status = pw.CharField(default="idle", max_length=16)
     config = pw.TextField(default="{}")
     created_at = pw.DoubleField()
-    updated_at = pw.DoubleField(index=True)
+    updated_at = pw.DoubleField()
 
     class Meta:
         table_name = "sessions"
@@ -141,10 +141,7 @@ class InboxMessage(_Base):
 
     class Meta:
         table_name = "agent_inbox_messages"
-        indexes = (
-            (("target_chat_id", "status", "seq"), False),
-            (("status", "seq"), False),
-        )
+        # Its state indexes are partial, over the open rows only (``open_indexes``).
 
 
 class InboxEvent(_Base):

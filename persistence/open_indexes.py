@@ -1,30 +1,30 @@
-"""PostgreSQL's partial indexes over the open rows: what its claim and head probes walk.
+"""The inbox's partial indexes over the open rows: what claims and head probes walk.
 
-On PostgreSQL every status change writes a new row version and a new entry
-in every index naming ``status``; the old entries stay until vacuum. The
-full indexes (``(status, seq)``, ``(target_chat_id, status, seq)``) hold
-every delivered row as well, so their statistics and their size grow with
-the table's history, and on a large backlog the planner stopped using them
-(a claim walked the whole table by ``seq``: 8.7 s at 50,000 rows). These
-indexes hold only rows that are open (pending or processing): they stay as
-small as the backlog, and the statements of :mod:`.pg_claims` are shaped so
-that each has one obvious plan over them (an ordered walk with a ``LIMIT``,
-or a one-row probe).
+On both backends, the models' full indexes (``(status, seq)``,
+``(target_chat_id, status, seq)``) hold every delivered row as well, and
+every status change moves a row's entries in each: a message's two changes
+(leased, delivered) were four index moves each. These indexes hold only rows
+that are open (pending or processing): they stay as small as the backlog,
+a delivered row leaves them and goes nowhere, and the statements of
+:mod:`.hot_path` and :mod:`.pg_claims` are shaped so that each has one
+obvious plan over them (an ordered walk with a ``LIMIT``, or a one-row
+probe), on SQLite as on PostgreSQL.
 
-SQLite does not get them: its claim path is one process's and its planner
-keeps to the full indexes; extra indexes there would only slow its writes.
+- PostgreSQL: every status change writes a new row version and an entry in
+  every index naming ``status``, and the old entries stay until vacuum; on
+  a large backlog the planner stopped using the full indexes (a claim walked
+  the whole table by ``seq``: 8.7 s at 50,000 rows).
+- SQLite: the full ``(target, status, seq)`` index put each delivered row on
+  its target's page, so a group commit of a thousand messages dirtied (and
+  wrote to the log) pages all over it. SQLite uses a partial index only for
+  a statement that repeats its condition word for word, which the
+  statements here do.
+
 They are created by :func:`~.schema.upgrade` (``kinbox db upgrade``), which
-also reports them missing on an older PostgreSQL database.
-
-In their place PostgreSQL drops the models' full indexes that only SQLite's
-statements read (:data:`SQLITE_ONLY_INDEXES`). No status change of an inbox
-row is a HOT update (``status`` is in the partial indexes' predicates), so
-each writes an entry into every full index of the table: a message changes
-its row twice, and the two full inbox indexes were four of its index writes
-for nothing. A partial index gets an entry only from a row version that
-matches it: a delivery writes just the primary key and ``seq``. Operator
-reads of failed rows walk a partial index of their own; a listing of one
-target's delivered rows, or of the sessions by ``updated_at``, reads the
+also drops the replaced full indexes (:data:`FULL_INDEXES`) and the index on
+``sessions.updated_at`` from an older database. Operator reads of failed
+rows walk a partial index of their own; a listing of one target's delivered
+rows, the counts per state, or the sessions by ``updated_at``, read the
 table (an operator's query, not the message path's).
 """
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import peewee as pw
 
+from .database import is_postgres
 from .hot_path import FAILED, INBOX, PENDING, PROCESSING
 
 OPEN_INDEXES = {
@@ -49,39 +50,43 @@ OPERATOR_INDEXES = {
 """name -> definition: the failed rows an operator lists and requeues (rare, so the index
 stays small and is written only when a row fails)."""
 
-PG_INDEXES = {**OPEN_INDEXES, **OPERATOR_INDEXES}
+INBOX_INDEXES = {**OPEN_INDEXES, **OPERATOR_INDEXES}
 
-SQLITE_ONLY_INDEXES = (
-    "agent_inbox_messages_target_chat_id_status_seq",
-    "agent_inbox_messages_status_seq",
-    "sessions_updated_at",
-)
-"""The models' indexes no PostgreSQL statement reads (peewee's names): the inbox's full
-(target, status, seq) and (status, seq), and ``sessions.updated_at``, whose index made
-every session status change (two a turn) a non-HOT update."""
+FULL_INDEXES = {
+    "agent_inbox_messages_target_chat_id_status_seq":
+        f"ON {INBOX} (target_chat_id, status, seq)",
+    "agent_inbox_messages_status_seq": f"ON {INBOX} (status, seq)",
+    "sessions_updated_at": "ON sessions (updated_at)",
+}
+"""name -> definition of the indexes these replace, as older versions created them
+(peewee's names), dropped by the upgrade: the inbox's full (target, status, seq) and
+(status, seq), and ``sessions.updated_at``'s, which made every session status change a
+write to it (and on PostgreSQL a non-HOT update)."""
 
 
 def _index_names(db: pw.Database) -> set[str]:
-    rows = db.execute_sql("SELECT indexname FROM pg_indexes WHERE schemaname = "
-                          "current_schema()").fetchall()
-    return {r[0] for r in rows}
+    if is_postgres(db):
+        sql = "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
+    else:
+        sql = "SELECT name FROM sqlite_master WHERE type = 'index'"
+    return {r[0] for r in db.execute_sql(sql).fetchall()}
 
 
 def missing_open_indexes(db: pw.Database) -> list[str]:
-    """The names of :data:`PG_INDEXES` the database lacks (PostgreSQL only)."""
+    """The names of :data:`INBOX_INDEXES` the database lacks."""
     have = _index_names(db)
-    return [name for name in PG_INDEXES if name not in have]
+    return [name for name in INBOX_INDEXES if name not in have]
 
 
 def surplus_indexes(db: pw.Database) -> list[str]:
-    """The names of :data:`SQLITE_ONLY_INDEXES` the database has (PostgreSQL only)."""
+    """The names of :data:`FULL_INDEXES` the database has."""
     have = _index_names(db)
-    return [name for name in SQLITE_ONLY_INDEXES if name in have]
+    return [name for name in FULL_INDEXES if name in have]
 
 
 def create_open_indexes(db: pw.Database) -> None:
     """Create the missing ones and drop the surplus (inside the upgrade's transaction)."""
     for name in missing_open_indexes(db):
-        db.execute_sql(f"CREATE INDEX IF NOT EXISTS {name} {PG_INDEXES[name]}")
+        db.execute_sql(f"CREATE INDEX IF NOT EXISTS {name} {INBOX_INDEXES[name]}")
     for name in surplus_indexes(db):
         db.execute_sql(f"DROP INDEX IF EXISTS {name}")

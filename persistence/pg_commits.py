@@ -54,8 +54,9 @@ class PgTurnSql:
             f"WITH leased AS (UPDATE {INBOX} SET status = '{PROCESSING}', lease_owner = %s, "
             f"lease_until = %s, updated_at = %s WHERE message_id = ANY(%s)), "
             f"active AS (UPDATE sessions SET status = 'active', updated_at = %s "
-            f"WHERE id = ANY(%s)) "
-            f"UPDATE sessions SET status = 'idle', updated_at = %s WHERE id = ANY(%s)")
+            f"WHERE id = ANY(%s) AND status <> 'active') "
+            f"UPDATE sessions SET status = 'idle', updated_at = %s WHERE id = ANY(%s) "
+            f"AND status <> 'idle'")
 
     def ack_and_write(self, owner: str, ids: Sequence[str], entries: Sequence[tuple[Any, ...]],
                       markers: Sequence[tuple[str, str, float]], now: float) -> int:

@@ -18,7 +18,6 @@ from .hot_path import INBOX
 from .liveness import LOCK_CLASS
 from .models import Tables
 from .open_indexes import (
-    SQLITE_ONLY_INDEXES,
     create_open_indexes,
     missing_open_indexes,
     surplus_indexes,
@@ -40,16 +39,6 @@ def _migrator(db: pw.Database) -> migrate.SchemaMigrator:
     return migrate.SchemaMigrator.from_database(db)
 
 
-def _create_indexes(db: pw.Database, model: type[pw.Model]) -> None:
-    """The model's indexes, but on PostgreSQL not those only SQLite's statements read (a
-    table just created has them: :func:`~.open_indexes.create_open_indexes` drops them)."""
-    schema = model._schema  # type: ignore[attr-defined]
-    for index in model._meta.fields_to_index():  # type: ignore[attr-defined]
-        if is_postgres(db) and index._name in SQLITE_ONLY_INDEXES:
-            continue
-        db.execute(schema._create_index(index, safe=True))
-
-
 def pending_changes(tables: Tables) -> list[str]:
     """What ``upgrade`` would change, one line each; empty when up to date."""
     db = tables.db
@@ -64,9 +53,9 @@ def pending_changes(tables: Tables) -> list[str]:
         for field in model._meta.sorted_fields:
             if field.column_name not in have:
                 changes.append(f"add column {name}.{field.column_name}")
-    if is_postgres(db) and INBOX in existing:
+    if INBOX in existing:
         changes.extend(f"create index {name}" for name in missing_open_indexes(db))
-        changes.extend(f"drop index {name} (SQLite's only)" for name in surplus_indexes(db))
+        changes.extend(f"drop index {name} (replaced)" for name in surplus_indexes(db))
     return changes
 
 
@@ -97,10 +86,10 @@ def upgrade(tables: Tables) -> list[str]:
             migrator = _migrator(db)
             migrate.migrate(*(migrator.add_column(t, c, f) for t, c, f in missing_columns))
         for model in tables.all():
-            _create_indexes(db, model)
+            model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]
         if is_postgres(db):
             db.execute_sql(f"CREATE SEQUENCE IF NOT EXISTS {INBOX_SEQUENCE}")
-            create_open_indexes(db)
+        create_open_indexes(db)
     return changes
 
 

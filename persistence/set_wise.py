@@ -30,6 +30,7 @@ from .inbox_records import (
     TurnCommit,
     entry_row,
     insert_params,
+    leased_new_row,
 )
 from .pg_commits import PgTurnSql
 
@@ -47,42 +48,54 @@ def enqueue_all(sql: BulkSql, items: Sequence[Enqueue]) -> list[EnqueueResult]:
     ids = [msg.message_id for msg, _, _ in items]
     if len(set(ids)) < len(ids):
         raise OneByOne("an id repeated in the batch")
-    if sql.insert_inbox([insert_params(msg, now) for msg, now, _ in items]) < len(items):
+    return insert_new(sql, items)
+
+
+def insert_new(sql: BulkSql, items: Sequence[Enqueue]) -> list[EnqueueResult]:
+    """Insert new messages, each new head that asked for a lease already leased (the fast
+    path: :func:`heads_to_lease`). A row not written (its id has one already) raises
+    :class:`OneByOne`: the caller runs the idempotence rule."""
+    leases = heads_to_lease(sql, items)
+    written, first = sql.insert_inbox([insert_params(msg, now, leases.get(msg.message_id))
+                                       for msg, now, _ in items])
+    if written < len(items):
         raise OneByOne("an idempotent repeat of an earlier message")
-    claimed = lease_new_heads(sql, items)
+    claimed: dict[str, ClaimedRow] = {}
+    if leases:
+        assert first is not None  # SQLite's numbering (the fast path is SQLite's)
+        claimed = {msg.message_id: leased_new_row(msg, first + i, now)
+                   for i, (msg, now, _) in enumerate(items) if msg.message_id in leases}
+        sql.hot.set_status_many(sorted({r.target for r in claimed.values()}), "active",
+                                max(t for _, t, _ in items))
     pending = core.State.PENDING.value
     return [EnqueueResult(msg.message_id, msg.target, pending, True, now,
                           claimed.get(msg.message_id)) for msg, now, _ in items]
 
 
-def lease_new_heads(sql: BulkSql, items: Sequence[Enqueue]) -> dict[str, ClaimedRow]:
-    """The fast path: lease each just-inserted row that asked for a lease and is its target's
-    head (the target had no open row before it), in the insert's transaction, so it goes
-    straight to its session without a claim. message id -> the leased row.
+def heads_to_lease(sql: BulkSql, items: Sequence[Enqueue]) -> dict[str, Lease]:
+    """The fast path: which new rows to insert already leased (message id -> its lease):
+    each that asked for a lease and will be its target's head (the target has no open
+    row, and it comes first of the batch's rows for it), so it goes straight to its
+    session without a claim or a second write.
 
-    Only for a process that provably owns every target it leases: the caller's business
-    (an exclusive SQLite runtime; write transactions there are serial across processes, so
-    the head read here stays true until the commit)."""
+    SQLite only, and only for a process that provably owns every target it leases: the
+    caller's business (an exclusive SQLite runtime; write transactions there are serial
+    across processes, so the read here stays true until the commit). PostgreSQL rows
+    always go through a claim."""
+    if sql.postgres:
+        return {}
     # Only rows a session's turn delivers: a peer row's link sends it.
-    asking = {msg.message_id: (msg, now, lease) for msg, now, lease in items
-              if lease and msg.transport == "local"}
+    asking = [(msg, lease) for msg, _, lease in items if lease and msg.transport == "local"]
     if not asking:
         return {}
-    heads = sql.heads_of(sorted({msg.target for msg, _, _ in asking.values()}))
-    now = max(t for _, t, _ in asking.values())  # the batch's latest time, as commit_all
-    taken: dict[str, ClaimedRow] = {}
-    by_lease: dict[Lease, list[str]] = {}
-    for head in heads.values():
-        item = asking.get(head.message_id)
-        if item is None or not _due(head, now):
-            continue
-        by_lease.setdefault(item[2], []).append(head.message_id)  # type: ignore[arg-type]
-        taken[head.message_id] = ClaimedRow.from_head(head)
-    for lease, ids in by_lease.items():
-        sql.hot.lease_many(ids, lease.owner, now + lease.seconds, now)
-    if taken:
-        sql.hot.set_status_many(sorted(r.target for r in taken.values()), "active", now)
-    return taken
+    busy = sql.hot.with_open_rows(sorted({msg.target for msg, _ in asking}))
+    leases: dict[str, Lease] = {}
+    for msg, _, lease in items:  # in order: a target's first new row is its head
+        if msg.target not in busy:
+            busy.add(msg.target)
+            if lease is not None and msg.transport == "local":
+                leases[msg.message_id] = lease
+    return leases
 
 
 Release = tuple[str, list[str], float]
@@ -129,12 +142,12 @@ def _next_heads(sql: BulkSql, commits: Sequence[TurnCommit], now: float) -> dict
     chaining = [c for c in commits if c.next_lease is not None]
     if not chaining:
         return {}
-    heads = sql.heads_of([c.session_id for c in chaining])
+    heads, committed = sql.heads_of([c.session_id for c in chaining])
     taken = {c.session_id: (heads[c.session_id], c) for c in chaining
              if c.session_id in heads and _due(heads[c.session_id], c.now)}
     if not taken:
         return {}
-    if sql.hot.with_markers([head.message_id for head, _ in taken.values()]):
+    if committed & {head.message_id for head, _ in taken.values()}:
         raise OneByOne("a head's turn has already committed")
     for (owner, lease), group in _grouped(taken.values()).items():
         sql.hot.lease_many(group, owner, now + lease, now)
@@ -172,11 +185,8 @@ def commit_all(sql: BulkSql, commits: Sequence[TurnCommit]) -> list[ClaimedRow |
     sql.insert_entries([entry_row(c.session_id, e, c.now) for c in commits for e in c.entries])
     sql.insert_markers([(c.session_id, mid, c.now) for c in commits for mid in c.message_ids])
     following = _next_heads(sql, commits, now)
-    active = [c.session_id for c in commits if c.session_id in following]
-    idle = [c.session_id for c in commits if c.session_id not in following]
-    for status, group in (("active", active), ("idle", idle)):
-        if group:
-            sql.hot.set_status_many(group, status, now)
+    sql.hot.set_statuses([(c.session_id, "active" if c.session_id in following else "idle")
+                          for c in commits], now)
     return [following.get(c.session_id) for c in commits]
 
 
