@@ -79,12 +79,17 @@ class Activity:
         self.turns = 0
 
     def publish(self, **values: Any) -> None:
-        """Update fields and wake every waiter."""
+        """Update fields and wake every waiter, if any of them changed (the dispatcher
+        publishes after every message it handles; most change nothing)."""
         with self.cond:
+            changed = False
             for key, value in values.items():
-                setattr(self, key, value)
-            self.peak_live = max(self.peak_live, self.live)
-            self.cond.notify_all()
+                if getattr(self, key) != value:
+                    setattr(self, key, value)
+                    changed = True
+            if changed:
+                self.peak_live = max(self.peak_live, self.live)
+                self.cond.notify_all()
 
     def bump(self, name: str, by: int = 1) -> None:
         """Add to a counter and wake every waiter."""
@@ -183,7 +188,9 @@ class RuntimeContext:
         if outcome.ok and turn.outbox is not None:  # the tool calls' writes, in call order
             effects.extend(turn.outbox.effects())
         for hook in self.outbox_hooks:
-            effects.extend(hook(self, turn, outcome))
+            more = hook(self, turn, outcome)
+            if more.messages or more.ops or more.after:  # most turns: none from any hook
+                effects.extend(more)
         return effects
 
     def require_running(self) -> None:
@@ -198,6 +205,8 @@ class RuntimeContext:
 
     def emit(self, event: str, **data: Any) -> None:
         """Tell observers; an observer that raises is logged, never fatal."""
+        if not self.observers:
+            return
         for observer in list(self.observers):
             try:
                 observer(event, data)

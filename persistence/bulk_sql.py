@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .database import is_postgres
-from .hot_path import CLAIM_COLUMNS, INBOX, Head, HotPath, chunks, head_probe
+from .hot_path import CLAIM_COLUMNS, INBOX, PENDING, PROCESSING, Head, HotPath, chunks, head_probe
 from .inbox_notify import NOTIFY_SQL
 from .pg_claims import PgClaims
 from .pg_commits import PgTurnSql
@@ -57,20 +57,43 @@ class BulkSql:
             written += cursor.rowcount
         return written
 
-    def insert_inbox(self, rows: Sequence[Sequence[Any]]) -> tuple[int, int | None]:
+    def next_seq(self, targets: Sequence[str] = ()) -> tuple[int, set[str]]:
+        """SQLite: the ``seq`` the next new row gets, and which of ``targets`` have an open
+        row, in one read (for up to :data:`~.hot_path.IN_LIST_LIMIT` targets).
+
+        SQLite numbers rows here: the writer holds the database's write lock for
+        the whole transaction, so the number stays free until the commit.
+        """
+        parts = chunks(targets)
+        sql, params = f"SELECT NULL, COALESCE(MAX(seq), 0) FROM {INBOX}", []
+        if parts:
+            sql, params = f"{sql} UNION ALL {self.hot.open_rows_sql(len(parts[0]))}", parts[0]
+        first, busy = 1, set()
+        for target, top in self.db.execute_sql(sql, list(params)):
+            if target is None:  # the MAX row (a target is never NULL)
+                first = int(top) + 1
+            else:
+                busy.add(target)
+        for part in parts[1:]:
+            busy |= self.hot.with_open_rows(part)
+        return first, busy
+
+    def insert_inbox(self, rows: Sequence[Sequence[Any]], first: int | None = None
+                     ) -> tuple[int, int | None]:
         """New rows, in order (``inbox_records.insert_params`` each); an id that already
         has a row is skipped. How many were written, and on SQLite the first row's ``seq``
-        (the others follow it by one): fewer written than ``rows`` means a repeat, which
-        the caller must handle (the set-wise path undoes its savepoint).
+        (``first`` if given, from :meth:`next_seq` in this transaction; the others follow
+        it by one): fewer written than ``rows`` means a repeat, which the caller must
+        handle (the set-wise path undoes its savepoint).
 
-        SQLite numbers them here (the writer holds the database's write lock
-        for the whole transaction); PostgreSQL takes them from its sequence, and
-        the transaction notifies :data:`~.inbox_notify.CHANNEL` (see there).
+        PostgreSQL takes the numbers from its sequence, and the transaction notifies
+        :data:`~.inbox_notify.CHANNEL` (see there).
         """
-        first = None
-        if not self.postgres:
-            base = self.hot.fetch_one(f"SELECT COALESCE(MAX(seq), 0) FROM {INBOX}", ())
-            first = int(base[0]) + 1 if base else 1
+        if self.postgres:
+            first = None
+        else:
+            if first is None:
+                first = self.next_seq()[0]
             rows = [(r[0], first + i, *r[1:]) for i, r in enumerate(rows)]
         written = self._insert(f"INSERT INTO {INBOX} ({_INBOX_COLUMNS})", self._inbox_row,
                                rows, " ON CONFLICT (message_id) DO NOTHING")
@@ -88,6 +111,35 @@ class BulkSql:
         """Delivery markers: (session_id, message_id, created_at)."""
         self._insert("INSERT INTO delivery_markers (session_id, message_id, created_at)",
                      self._marker_row, rows)
+
+    def lease_heads(self, targets: Sequence[str], owner: str, until: float, now: float
+                    ) -> tuple[dict[str, Head], set[str]]:
+        """SQLite: lease to ``owner`` until ``until`` the head of each of ``targets`` that
+        is pending and due at ``now`` and not suspect, in one statement; target -> the
+        leased row (CLAIM_COLUMNS, as it is now), and which of those rows already have a
+        committed turn (a delivery marker).
+
+        The condition only narrows what is leased: the caller checks each row by the rule
+        (``inbox_core.chains``) and undoes the lot when one breaks it, or has a marker.
+        """
+        cols = ", ".join(CLAIM_COLUMNS)
+        found: dict[str, Head] = {}
+        committed: set[str] = set()
+        p = self.hot.p
+        for part in chunks(targets):
+            values = ", ".join([f"({p})"] * len(part))
+            sql = (f"UPDATE {INBOX} SET status = '{PROCESSING}', lease_owner = {p}, "
+                   f"lease_until = {p}, updated_at = {p} WHERE seq IN (WITH t(target) AS "
+                   f"(VALUES {values}) SELECT {head_probe('t.target')} FROM t) "
+                   f"AND status = '{PENDING}' AND available_at <= {p} AND suspect IS NOT 1 "
+                   f"RETURNING {cols}, EXISTS (SELECT 1 FROM delivery_markers d "
+                   f"WHERE d.message_id = {INBOX}.message_id)")
+            for r in self.db.execute_sql(sql, [owner, until, now, *part, now]):
+                head = Head._make(r[:-1])
+                found[head.target_chat_id] = head
+                if r[-1]:
+                    committed.add(head.message_id)
+        return found, committed
 
     def heads_of(self, targets: Sequence[str]) -> tuple[dict[str, Head], set[str]]:
         """target -> its oldest open row (CLAIM_COLUMNS), for the targets that have one,

@@ -133,13 +133,16 @@ class HotPath:
                 f"WHERE message_id IN ({self.in_list(len(part))})", [owner, until, now, *part])
 
     def with_open_rows(self, targets: Sequence[str]) -> set[str]:
-        """Which of ``targets`` have an open (pending or processing) row: a probe each of
-        the open rows' partial index, whose condition the statement repeats word for word
-        (SQLite uses a partial index only then)."""
-        return {r[0] for part in chunks(targets) for r in self.db.execute_sql(
-            f"SELECT DISTINCT target_chat_id FROM {INBOX} WHERE target_chat_id IN "
-            f"({self.in_list(len(part))}) AND status IN ('{PENDING}', '{PROCESSING}')",
-            list(part))}
+        """Which of ``targets`` have an open (pending or processing) row."""
+        return {r[0] for part in chunks(targets)
+                for r in self.db.execute_sql(self.open_rows_sql(len(part)), list(part))}
+
+    def open_rows_sql(self, n: int) -> str:
+        """SQL for which of ``n`` targets have an open row: a probe each of the open rows'
+        partial index, whose condition it repeats word for word (SQLite uses a partial
+        index only then)."""
+        return (f"SELECT DISTINCT target_chat_id, NULL FROM {INBOX} WHERE target_chat_id IN "
+                f"({self.in_list(n)}) AND status IN ('{PENDING}', '{PROCESSING}')")
 
     def set_status_many(self, session_ids: Sequence[str], status: str, now: float) -> None:
         """Several sessions' active/idle status (those not in it already)."""

@@ -17,7 +17,7 @@ caller its own answer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 from . import inbox_core as core
 from .bulk_sql import BulkSql
@@ -55,14 +55,21 @@ def insert_new(sql: BulkSql, items: Sequence[Enqueue]) -> list[EnqueueResult]:
     """Insert new messages, each new head that asked for a lease already leased (the fast
     path: :func:`heads_to_lease`). A row not written (its id has one already) raises
     :class:`OneByOne`: the caller runs the idempotence rule."""
-    leases = heads_to_lease(sql, items)
+    # The fast path is SQLite's; only rows a session's turn delivers (a peer row's link
+    # sends it).
+    asking = sorted({msg.target for msg, _, lease in items
+                     if lease and msg.transport == "local"}) if not sql.postgres else []
+    first, leases = None, {}
+    if asking:
+        first, busy = sql.next_seq(asking)
+        leases = heads_to_lease(items, busy)
     written, first = sql.insert_inbox([insert_params(msg, now, leases.get(msg.message_id))
-                                       for msg, now, _ in items])
+                                       for msg, now, _ in items], first)
     if written < len(items):
         raise OneByOne("an idempotent repeat of an earlier message")
     claimed: dict[str, ClaimedRow] = {}
     if leases:
-        assert first is not None  # SQLite's numbering (the fast path is SQLite's)
+        assert first is not None  # SQLite's numbering
         claimed = {msg.message_id: leased_new_row(msg, first + i, now)
                    for i, (msg, now, _) in enumerate(items) if msg.message_id in leases}
         sql.hot.set_status_many(sorted({r.target for r in claimed.values()}), "active",
@@ -72,23 +79,17 @@ def insert_new(sql: BulkSql, items: Sequence[Enqueue]) -> list[EnqueueResult]:
                           claimed.get(msg.message_id)) for msg, now, _ in items]
 
 
-def heads_to_lease(sql: BulkSql, items: Sequence[Enqueue]) -> dict[str, Lease]:
+def heads_to_lease(items: Sequence[Enqueue], busy: set[str]) -> dict[str, Lease]:
     """The fast path: which new rows to insert already leased (message id -> its lease):
-    each that asked for a lease and will be its target's head (the target has no open
-    row, and it comes first of the batch's rows for it), so it goes straight to its
-    session without a claim or a second write.
+    each that asked for a lease and will be its target's head (its target is not in
+    ``busy``, those with an open row, and it comes first of the batch's rows for it), so it
+    goes straight to its session without a claim or a second write.
 
     SQLite only, and only for a process that provably owns every target it leases: the
     caller's business (an exclusive SQLite runtime; write transactions there are serial
-    across processes, so the read here stays true until the commit). PostgreSQL rows
-    always go through a claim."""
-    if sql.postgres:
-        return {}
-    # Only rows a session's turn delivers: a peer row's link sends it.
-    asking = [(msg, lease) for msg, _, lease in items if lease and msg.transport == "local"]
-    if not asking:
-        return {}
-    busy = sql.hot.with_open_rows(sorted({msg.target for msg, _ in asking}))
+    across processes, so ``busy``, read in this transaction, stays true until the commit).
+    PostgreSQL rows always go through a claim."""
+    busy = set(busy)
     leases: dict[str, Lease] = {}
     for msg, _, lease in items:  # in order: a target's first new row is its head
         if msg.target not in busy:
@@ -138,33 +139,37 @@ def _fenced_by_owner(groups: Sequence[tuple[str, Sequence[str]]],
 
 
 def _next_heads(sql: BulkSql, commits: Sequence[TurnCommit], now: float) -> dict[str, ClaimedRow]:
-    """Lease each chaining session's new head when it is due; session -> leased row."""
+    """Lease each chaining session's new head when it is due; session -> leased row.
+
+    SQLite leases and reads in one statement per (owner, lease length) and checks after,
+    undoing it all (:class:`OneByOne`) if a row breaks the chaining rule or has a committed
+    turn; PostgreSQL's commits read first (:func:`_commit_all_pg`)."""
     chaining = [c for c in commits if c.next_lease is not None]
     if not chaining:
         return {}
-    heads, committed = sql.heads_of([c.session_id for c in chaining])
-    taken = {c.session_id: (heads[c.session_id], c) for c in chaining
-             if c.session_id in heads and _due(heads[c.session_id], c.now)}
-    if not taken:
-        return {}
-    if committed & {head.message_id for head, _ in taken.values()}:
-        raise OneByOne("a head's turn has already committed")
-    for (owner, lease), group in _grouped(taken.values()).items():
-        sql.hot.lease_many(group, owner, now + lease, now)
-    return {sid: ClaimedRow.from_head(head) for sid, (head, _) in taken.items()}
+    by_lease: dict[tuple[str, float], list[TurnCommit]] = {}
+    for c in chaining:
+        by_lease.setdefault((c.owner, c.next_lease or 0.0), []).append(c)
+    taken: dict[str, ClaimedRow] = {}
+    for (owner, lease), group in by_lease.items():
+        heads, committed = sql.lease_heads([c.session_id for c in group], owner, now + lease,
+                                           now)
+        if committed:
+            raise OneByOne("a head's turn has already committed")
+        for c in group:
+            head = heads.get(c.session_id)
+            if head is not None:
+                # As it was before this lease, at the batch's time (the statement's).
+                was = head._replace(status=core.State.PENDING.value, lease_until=None)
+                if not _due(was, now):
+                    raise OneByOne("a head leased that its commit may not chain into")
+                taken[c.session_id] = ClaimedRow.from_head(head)
+    return taken
 
 
 def _due(head: Head, now: float) -> bool:
     """The head may be leased in a write's transaction (``inbox_core.chains``)."""
     return core.chains(head.status, head.available_at, head.lease_until, now, bool(head.suspect))
-
-
-def _grouped(taken: Iterable[tuple[Head, TurnCommit]]) -> dict[tuple[str, float], list[str]]:
-    """Head ids by (owner, lease length): one lease statement per group."""
-    groups: dict[tuple[str, float], list[str]] = {}
-    for head, c in taken:
-        groups.setdefault((c.owner, c.next_lease or 0.0), []).append(head.message_id)
-    return groups
 
 
 def commit_all(sql: BulkSql, commits: Sequence[TurnCommit]) -> list[ClaimedRow | None]:

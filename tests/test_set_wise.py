@@ -94,6 +94,32 @@ def test_a_failing_bulk_run_is_undone_and_its_items_run_one_by_one(stores: Store
     assert stores.writer.statistics().bulk_fallbacks == 1
 
 
+def test_kinds_share_a_savepoint_and_one_kind_failing_reruns_the_others_once_each(
+        stores: Stores) -> None:
+    good_runs: list[list[str]] = []
+
+    def good_many(pids: list[str]) -> list[str]:
+        good_runs.append(list(pids))
+        return [insert_project(stores, p) for p in pids]
+
+    def bad_many(pids: list[str]) -> list[str]:
+        for pid in pids:
+            insert_project(stores, f"half-{pid}")  # written, then undone
+        raise RuntimeError("the set-wise path gives up")
+
+    good: Bulk[str, str] = Bulk("good", lambda p: insert_project(stores, p), good_many)
+    bad: Bulk[str, str] = Bulk("bad", lambda p: insert_project(stores, f"one-{p}"), bad_many)
+    calls = [lambda k=k, p=p: stores.writer.call_bulk(k, p)
+             for k, p in ((good, "g1"), (bad, "b1"), (good, "g2"), (bad, "b2"))]
+    results = in_one_batch(stores, calls)
+    assert results == ["g1", "one-b1", "g2", "one-b2"]
+    # The good kind ran twice set-wise (with the others, undone; then on its own), its
+    # rows are there once; the bad kind's half-written rows are gone.
+    assert [sorted(r) for r in good_runs] == [["g1", "g2"], ["g1", "g2"]]
+    assert {p.slug for p in stores.store.projects()} == {"g1", "g2", "one-b1", "one-b2"}
+    assert stores.writer.statistics().bulk_fallbacks == 1
+
+
 def test_a_bulk_run_with_the_wrong_number_of_results_is_undone(stores: Stores) -> None:
     kind: Bulk[str, str] = Bulk("projects", lambda p: insert_project(stores, p),
                                 lambda ps: [insert_project(stores, f"x-{p}") for p in ps][:1])
@@ -162,6 +188,26 @@ def test_turn_commits_in_one_batch_ack_record_and_lease_each_next_row(stores: St
     assert [(e.role, e.text) for e in stores.store.transcript("s2")] == [
         ("user", "s2-1"), ("assistant", "ok"), ("user", "s2-2"), ("assistant", "ok")]
     assert stores.writer.statistics().bulk_runs >= 2
+
+
+def test_commits_in_one_batch_chain_only_into_due_heads_that_are_not_suspect(
+        stores: Stores) -> None:
+    j = stores.journal
+    for n in (1, 2):
+        for s in ("s1", "s2", "s3"):
+            j.enqueue(NewMessage(f"{s}-{n}", s, "hi", sender="s0"), T0)
+    heads = j.claim("w1", T0).rows
+    inbox = stores.tables.inbox  # s1's next row waits out a backoff, s2's was taken over
+    inbox.update(available_at=T0 + 100).where(inbox.message_id == "s1-2").execute()
+    inbox.update(suspect=True).where(inbox.message_id == "s2-2").execute()
+    fallbacks = stores.writer.statistics().bulk_fallbacks
+    following = in_one_batch(stores, [commit(stores, "w1", r.target, r.message_id)
+                                      for r in heads])
+    assert {r.target: f and f.message_id for r, f in zip(heads, following, strict=True)} == {
+        "s1": None, "s2": None, "s3": "s3-2"}
+    assert {r["message_id"]: r["status"] for r in j.rows() if r["message_id"].endswith("-2")
+            } == {"s1-2": "pending", "s2-2": "pending", "s3-2": "processing"}
+    assert stores.writer.statistics().bulk_fallbacks == fallbacks  # all of it set-wise
 
 
 def test_a_lost_lease_in_a_batch_fails_only_its_own_commit(stores: Stores) -> None:
