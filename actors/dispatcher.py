@@ -62,6 +62,9 @@ class Dispatcher(pykka.ThreadingActor):
         self.suspect: str | None = None
         """The session running a suspect row (its last worker died mid-turn), if any: one
         at a time, so a death during it is that row's."""
+        self.suspects_held = False
+        """A claim left due suspect rows behind the running one: the next claims once it is
+        done (a restart after a crash replays them back to back, not one per tick)."""
         self.claim_scheduled = False
         self.last_renewal = 0.0
 
@@ -87,12 +90,14 @@ class Dispatcher(pykka.ThreadingActor):
             self._publish()
         elif isinstance(message, TurnDone):
             self.busy.discard(message.session_id)
+            next_suspect = False
             if self.suspect == message.session_id:
                 self.suspect = None
+                next_suspect, self.suspects_held = self.suspects_held, False
             self.last_used[message.session_id] = self.ctx.now()
             self._fill()
             self._publish()
-            if message.claim or self.backlog:
+            if message.claim or self.backlog or next_suspect:
                 self._schedule_claim()
         elif isinstance(message, Wake):
             self.ctx.wake_pending = False  # before the claim: later sends nudge again
@@ -176,6 +181,7 @@ class Dispatcher(pykka.ThreadingActor):
             ctx.emit("acked_by_marker", message_id=message_id)
         for row in result.rows:
             self._start(row, "claimed")
+        self.suspects_held = self.suspects_held or result.held_back
         self.backlog = len(result.rows) == capacity
         if result.acked_by_marker or self.backlog:
             self._schedule_claim()

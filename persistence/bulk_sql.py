@@ -140,28 +140,3 @@ class BulkSql:
                 if r[-1]:
                     committed.add(head.message_id)
         return found, committed
-
-    def heads_of(self, targets: Sequence[str]) -> tuple[dict[str, Head], set[str]]:
-        """target -> its oldest open row (CLAIM_COLUMNS), for the targets that have one,
-        and which of those rows already have a committed turn (a delivery marker).
-
-        On PostgreSQL (:meth:`.pg_commits.PgTurnSql.heads_of`) the rows found are
-        locked and rows another transaction holds are skipped, so what is read
-        stays true until the commit.
-        """
-        if self.pg_turns is not None:
-            return self.pg_turns.heads_of(targets)
-        cols = ", ".join(CLAIM_COLUMNS)
-        found: dict[str, Head] = {}
-        committed: set[str] = set()
-        for part in chunks(targets):
-            values = ", ".join([f"({self.hot.p})"] * len(part))
-            sql = (f"WITH t(target) AS (VALUES {values}) SELECT {cols}, EXISTS (SELECT 1 "
-                   f"FROM delivery_markers d WHERE d.message_id = {INBOX}.message_id) "
-                   f"FROM {INBOX} WHERE seq IN (SELECT {head_probe('t.target')} FROM t)")
-            for r in self.db.execute_sql(sql, list(part)):
-                head = Head._make(r[:-1])
-                found[head.target_chat_id] = head
-                if r[-1]:
-                    committed.add(head.message_id)
-        return found, committed

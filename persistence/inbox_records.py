@@ -84,6 +84,9 @@ class ClaimResult:
 
     rows: list[ClaimedRow]
     acked_by_marker: list[str]
+    held_back: bool = False
+    """Due suspect rows were left unclaimed because the claim's share of suspects was
+    spent (they run one at a time): claim again when the running one is done."""
 
 
 @dataclass(frozen=True)

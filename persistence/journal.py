@@ -116,17 +116,18 @@ class Journal(InboxReads):
             heads, known = self.bulk.pg.due_heads(transport, now, limit, sorted(exclude))
         else:
             heads = self.hot.due_heads(transport, now, limit + len(exclude))
-        picked = []
+        picked, held_back = [], False
         for h in heads:  # at most ``suspects`` suspect rows: they run alone
             if h.target_chat_id in exclude or len(picked) == limit:
                 continue
             if core.is_suspect(h.status, bool(h.suspect)):
                 if suspects <= 0:
+                    held_back = True
                     continue
                 suspects -= 1
             picked.append(h)
         if not picked:
-            return ClaimResult([], [])
+            return ClaimResult([], [], held_back)
         rows = [ClaimedRow.from_head(h) for h in picked]
         ids = [r.message_id for r in rows]
         done = self.committed_of(ids) if known is None else known & set(ids)
@@ -145,7 +146,7 @@ class Journal(InboxReads):
         elif rows:
             self.hot.lease_many([r.message_id for r in rows], owner, now + lease, now)
             self.hot.set_status_many([r.target for r in rows], "active", now)
-        return ClaimResult(rows, sorted(done))
+        return ClaimResult(rows, sorted(done), held_back)
 
     def _count_interrupted(self, ids: list[str], now: float) -> dict[str, int]:
         """Takeovers: message id -> attempts now, or -1 for a row that thereby reached its

@@ -206,6 +206,25 @@ def test_start_replays_exactly_the_unacknowledged_rows_in_order(db_url: str,
         assert set(rt.marker_counts().values()) == {1}
 
 
+def test_rows_taken_over_after_a_crash_run_back_to_back_not_one_per_tick(
+        db_url: str, clock: ManualClock) -> None:
+    prepared = Stores(db_url)
+    for i in range(4):
+        prepared.store.create_session(f"s{i}", None, f"S{i}", "interactive", 0)
+        prepared.journal.enqueue(NewMessage(f"m{i}", f"s{i}", f"#{i}"), 1)
+    assert len(prepared.journal.claim("dead-worker", 1, lease=10_000).rows) == 4
+    prepared.close()
+    # Taken-over rows run one at a time; with no tick in the test's time (and no
+    # run_until_idle, which nudges), each must start the next when it is done.
+    seen, brain = recorder()
+    rt = Runtime(db=db_url, brain=brain, clock=clock, tick_interval=3600).start()
+    try:
+        wait_for(lambda: len(seen) == 4, timeout=20, what="the four taken-over rows to run")
+        assert sorted(c for _, c in seen) == ["#0", "#1", "#2", "#3"]
+    finally:
+        rt.stop()
+
+
 def test_a_crash_mid_turn_reruns_that_message_once_after_restart(db_url: str,
                                                                  clock: ManualClock) -> None:
     in_turn = threading.Event()
