@@ -1,9 +1,13 @@
-"""PostgreSQL's fused commit statement: its plan and its edge cases.
+"""PostgreSQL's fused claim and commit statements: their plans and their edge cases.
 
-A batch of turn commits is one statement (``pg_commits.PgTurnSql.sql_commit``).
-These tests pin what the fusing must not change: a next head another
-transaction holds is skipped, never waited for; and the markers are probed by
-index whatever the markers table's statistics say.
+A claim is two statements (``pg_claims.PgClaims.claim_plain``: the candidates,
+then one statement that locks them and leases the plain ones); a batch of
+turn commits is one (``pg_commits.PgTurnSql.sql_commit``). These tests pin
+what the fusing must not change: a next head another transaction holds is
+skipped, never waited for; a head that needs more than its lease (a takeover)
+goes through the full rules in the same claim, and a suspect one waits for a
+runtime with room for it; and the markers are probed by index whatever the
+markers table's statistics say.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from kinbox.persistence import NewMessage, open_database
+from kinbox.persistence import NewMessage, TurnEntry, open_database
 
 from .conftest import Stores
 from .test_set_wise import commit, in_one_batch
@@ -59,6 +63,8 @@ def test_markers_are_probed_by_index_when_their_statistics_say_the_table_is_empt
     assert claims is not None and turns is not None
     statements = [
         (claims.sql_lock, (ids, T0, T0)),
+        (claims.sql_lease_plain, {"ids": ids, "now": T0, "owner": "w", "until": T0 + 30,
+                                  "limit": 5}),
         (turns.sql_commit, {"now": T0, "ids": ids, "owner": "w", "until": T0 + 30,
                             "chaining": targets, "sessions": targets,
                             **{k: [] for k in ("e_session", "e_role", "e_text", "e_visible",
@@ -97,3 +103,33 @@ def test_a_batch_commit_skips_a_next_head_another_transaction_holds(pg: Stores,
         assert [r.message_id for r in j.claim("w2", T0 + 1).rows] == ["s1-2"]
     finally:
         other.close()
+
+
+@pytest.mark.timeout(30)
+def test_one_claim_leases_plain_heads_and_takes_over_an_expired_one_by_the_full_rules(
+        pg: Stores) -> None:
+    j = pg.journal
+    for s in ("s1", "s2", "s3"):
+        j.enqueue(NewMessage(f"{s}-1", s, "hi", sender="u"), T0)
+    [dead] = j.claim("dead", T0, lease=5, exclude={"s2", "s3"}).rows
+    j.mark_turn_started("dead", dead.message_id, T0 + 1)  # it died mid-turn
+    got = {r.message_id: r for r in j.claim("w", T0 + 10, lease=30).rows}
+    assert sorted(got) == ["s1-1", "s2-1", "s3-1"]
+    assert got["s1-1"].taken_over and got["s1-1"].attempts == 1
+    assert not got["s2-1"].taken_over and got["s2-1"].attempts == 0
+    assert {r["message_id"]: (r["status"], r["lease_owner"]) for r in j.rows()} == {
+        m: ("processing", "w") for m in got}
+    assert [e["event"] for e in j.history("s1-1")] == ["interrupted"]
+    j.complete_turn("w", "s1", ["s1-1"], [TurnEntry("assistant", "ok")], T0 + 11)
+    assert pg.store.marker_counts() == {"s1-1": 1}
+
+
+@pytest.mark.timeout(30)
+def test_a_claim_with_no_room_for_a_suspect_leases_only_the_plain_heads(pg: Stores) -> None:
+    j = pg.journal
+    for s in ("s1", "s2"):
+        j.enqueue(NewMessage(f"{s}-1", s, "hi", sender="u"), T0)
+    j.claim("dead", T0, lease=5, exclude={"s2"})
+    rows = j.claim("w", T0 + 10, suspects=0).rows
+    assert [r.message_id for r in rows] == ["s2-1"]
+    assert j.get("s1-1")["lease_owner"] == "dead"  # untouched: claimable by a runtime with room
