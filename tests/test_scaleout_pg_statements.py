@@ -133,3 +133,22 @@ def test_a_claim_with_no_room_for_a_suspect_leases_only_the_plain_heads(pg: Stor
     rows = j.claim("w", T0 + 10, suspects=0).rows
     assert [r.message_id for r in rows] == ["s2-1"]
     assert j.get("s1-1")["lease_owner"] == "dead"  # untouched: claimable by a runtime with room
+
+
+@pytest.mark.timeout(30)
+def test_a_lone_commit_whose_next_head_has_a_turn_goes_by_the_rules_one_by_one(
+        pg: Stores) -> None:
+    # A commit alone in its batch runs the set-wise statement too; what that declines (here
+    # a next head whose turn already committed) is undone and done by the one-by-one rules.
+    j = pg.journal
+    for n in (1, 2, 3):
+        j.enqueue(NewMessage(f"m{n}", "s1", "hi", sender="u"), T0)
+    [head] = j.claim("w", T0).rows
+    j.writer.call(lambda: j.write_turn("s1", ["m2"], [], T0))  # m2's turn, ack lost
+    following = j.complete_turn("w", "s1", [head.message_id], [TurnEntry("assistant", "ok")],
+                                T0 + 1, next_lease=30.0)
+    assert following is not None and following.message_id == "m3"
+    assert {r["message_id"]: r["status"] for r in j.rows()} == {
+        "m1": "delivered", "m2": "delivered", "m3": "processing"}
+    assert pg.store.marker_counts() == {"m1": 1, "m2": 1}
+    assert [(e.role, e.text) for e in pg.store.transcript("s1")] == [("assistant", "ok")]
