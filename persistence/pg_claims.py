@@ -65,6 +65,9 @@ def marker_probe(message_id: str) -> str:
             f"LIMIT 1) IS NOT NULL)")
 
 
+_STATUS, _SUSPECT = CLAIM_COLUMNS.index("status"), CLAIM_COLUMNS.index("suspect")
+"""Where a claimed row's state and suspect flag are in :data:`CLAIM_COLUMNS`."""
+
 _DUE = {PENDING: "available_at", PROCESSING: "lease_until"}
 """The column that says when a row of each open state may be claimed."""
 
@@ -138,8 +141,7 @@ class PgClaims:
         rows: list[Any] = self.db.execute_sql(self.sql_lease_plain, {
             "ids": ids, "now": now, "owner": owner, "until": until, "limit": limit}).fetchall()
         leased = [Head._make(r[:-2]) for r in rows if r[-1]]
-        special = any(not r[-1] and (r[CLAIM_COLUMNS.index("status")] != PENDING
-                                     or r[CLAIM_COLUMNS.index("suspect")] or r[-2])
+        special = any(not r[-1] and (r[_STATUS] != PENDING or r[_SUSPECT] or r[-2])
                       for r in rows)
         return PlainClaim(leased, special)
 
