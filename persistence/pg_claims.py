@@ -25,12 +25,22 @@ in the backlog, see ``tests/test_scaleout_open_indexes.py``):
   (newer) snapshot, so a row another process took or finished meanwhile is
   dropped, and rows others hold are skipped, never waited for; it also
   reads whether a turn of each row has already committed (its marker).
+
+The usual claim (:meth:`PgClaims.claim_plain`) is two statements and no
+transaction block: the window read (all an empty claim costs: with several
+workers, every send wakes each of them and all but one find nothing), then
+one statement that locks the candidates and leases, in the same statement,
+those that need nothing but a lease (pending, not suspect, no marker), with
+their sessions' status. It was five round trips (``BEGIN``, window, lock,
+lease, ``COMMIT``), each a wait for the interpreter lock on a busy worker. A
+locked head that needs more (a takeover, a suspect, a committed turn) is
+reported, and the journal claims it by the full rules in a transaction.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import peewee as pw
 
@@ -42,13 +52,37 @@ the last (a claim of a few rows, the usual case, reads a few dozen; a walk past 
 backlog of busy sessions takes a few round trips)."""
 
 
+def marker_probe(message_id: str) -> str:
+    """SQL for "the row ``message_id`` names already has a committed turn" (its delivery
+    marker), as one probe of the markers' index per row.
+
+    Not ``EXISTS``: the planner may make that a hashed subplan that reads the whole
+    markers table once per statement, and does while it believes the table small, as one
+    analyzed empty looks while a drain fills it (seen in the fused commit of
+    :mod:`.pg_commits`: every marker read for a batch's few next heads). A scalar subquery
+    is never hashed, so each row costs one probe of the markers' index."""
+    return (f"((SELECT 1 FROM delivery_markers d WHERE d.message_id = {message_id} "
+            f"LIMIT 1) IS NOT NULL)")
+
+
+_STATUS, _SUSPECT = CLAIM_COLUMNS.index("status"), CLAIM_COLUMNS.index("suspect")
+"""Where a claimed row's state and suspect flag are in :data:`CLAIM_COLUMNS`."""
+
 _DUE = {PENDING: "available_at", PROCESSING: "lease_until"}
 """The column that says when a row of each open state may be claimed."""
 
 
+class PlainClaim(NamedTuple):
+    """What :meth:`PgClaims.claim_plain` leased, and whether it left heads that need more."""
+
+    rows: list[Head]
+    special: bool
+    """A due head it locked needs the full claim (a takeover, a suspect, a committed turn)."""
+
+
 class PgClaims:
-    """A claim's head reads on one PostgreSQL database, in a transaction of its own on its
-    caller's connection (a commit's next heads are :class:`.pg_commits.PgTurnSql`'s)."""
+    """A claim's head reads on one PostgreSQL database, on its caller's connection (a
+    commit's next heads are :class:`.pg_commits.PgTurnSql`'s)."""
 
     def __init__(self, db: pw.Database) -> None:
         self.db = db
@@ -65,18 +99,70 @@ class PgClaims:
         # always empty: only rows whose owner died or overran their lease).
         self.sql_first = " UNION ALL ".join(
             f"(SELECT '{state}', q.* FROM ({self.sql_window[state]}) q)" for state in _DUE)
-        self.sql_lock = (f"SELECT {cols}, EXISTS (SELECT 1 FROM delivery_markers d "
-                         f"WHERE d.message_id = m.message_id) FROM {INBOX} m "
+        self.sql_lock = (f"SELECT {cols}, {marker_probe('m.message_id')} FROM {INBOX} m "
                          f"WHERE m.message_id = ANY(%s) "
                          f"AND ((m.status = '{PENDING}' AND m.available_at <= %s) "
                          f"OR (m.status = '{PROCESSING}' AND m.lease_until <= %s)) "
                          f"AND m.seq = {head_probe('m.target_chat_id')} "
                          f"ORDER BY m.seq FOR UPDATE OF m SKIP LOCKED")
+        # The lock above, then the lease of its plain rows, in one statement.
+        self.sql_lease_plain = (
+            f"WITH c AS (SELECT {cols}, {marker_probe('m.message_id')} AS done "
+            f"FROM {INBOX} m WHERE m.message_id = ANY(%(ids)s) "
+            f"AND ((m.status = '{PENDING}' AND m.available_at <= %(now)s) "
+            f"OR (m.status = '{PROCESSING}' AND m.lease_until <= %(now)s)) "
+            f"AND m.seq = {head_probe('m.target_chat_id')} "
+            f"ORDER BY m.seq FOR UPDATE OF m SKIP LOCKED), "
+            f"p AS (SELECT message_id, target_chat_id FROM c WHERE status = '{PENDING}' "
+            f"AND suspect IS NOT TRUE AND NOT done ORDER BY seq LIMIT %(limit)s), "
+            f"leased AS (UPDATE {INBOX} u SET status = '{PROCESSING}', "
+            f"lease_owner = %(owner)s, lease_until = %(until)s, updated_at = %(now)s "
+            f"FROM p WHERE u.message_id = p.message_id RETURNING u.message_id), "
+            f"st AS (UPDATE sessions SET status = 'active', updated_at = %(now)s "
+            f"WHERE id IN (SELECT target_chat_id FROM p)) "
+            f"SELECT c.*, c.message_id IN (SELECT message_id FROM leased) FROM c "
+            f"ORDER BY c.seq")
+
+    def claim_plain(self, owner: str, transport: str, now: float, until: float, limit: int,
+                    exclude: Sequence[str] = ()) -> PlainClaim:
+        """Lease to ``owner`` until ``until`` up to ``limit`` due heads of targets not in
+        ``exclude`` that need nothing but their lease (pending, not suspect, no committed
+        turn), oldest first, with their sessions' status: the common claim, in two
+        statements and no transaction block (each statement is its own transaction).
+
+        One read finds the candidates (no write, nothing locked: an empty claim is that
+        read alone); one statement locks them (``FOR UPDATE SKIP LOCKED``, every check
+        made again on each row's newest version) and leases the plain ones. Whether a
+        locked head needs more (a takeover, a suspect row, a committed turn) comes back
+        as ``special``: the caller claims those by the full rules."""
+        ids = self._candidates(transport, now, limit, exclude)
+        if not ids:
+            return PlainClaim([], False)
+        rows: list[Any] = self.db.execute_sql(self.sql_lease_plain, {
+            "ids": ids, "now": now, "owner": owner, "until": until, "limit": limit}).fetchall()
+        leased = [Head._make(r[:-2]) for r in rows if r[-1]]
+        special = any(not r[-1] and (r[_STATUS] != PENDING or r[_SUSPECT] or r[-2])
+                      for r in rows)
+        return PlainClaim(leased, special)
 
     def due_heads(self, transport: str, now: float, limit: int,
                   exclude: Sequence[str] = ()) -> tuple[list[Head], set[str]]:
         """Up to ``limit`` due heads of targets not in ``exclude``, oldest first, locked;
         and the ids among them that already have a committed turn (their marker)."""
+        ids = self._candidates(transport, now, limit, exclude)
+        if not ids:
+            return [], set()
+        heads: list[Head] = []
+        committed: set[str] = set()
+        for r in self.db.execute_sql(self.sql_lock, (ids, now, now)):
+            heads.append(Head._make(r[:-1]))
+            if r[-1]:
+                committed.add(r[0])
+        return heads[:limit], committed
+
+    def _candidates(self, transport: str, now: float, limit: int,
+                    exclude: Sequence[str]) -> list[str]:
+        """The ids of up to ``limit`` due heads per open state, oldest first (unlocked)."""
         skip = list(exclude)
         window = max(FIRST_WINDOW, 4 * limit)
         params = (now, transport, skip, 0, window)
@@ -87,15 +173,7 @@ class PgClaims:
             ids += [r[0] for r in mine if r[2]][:limit]
             if len(mine) == window and len(ids) < limit:  # more rows of this state: walk on
                 ids += self._walk(state, transport, now, limit, skip, mine[-1][1], window)
-        if not ids:
-            return [], set()
-        heads: list[Head] = []
-        committed: set[str] = set()
-        for r in self.db.execute_sql(self.sql_lock, (ids, now, now)):
-            heads.append(Head._make(r[:-1]))
-            if r[-1]:
-                committed.add(r[0])
-        return heads[:limit], committed
+        return ids
 
     def _walk(self, state: str, transport: str, now: float, limit: int, skip: list[str],
               after: int, window: int) -> list[str]:

@@ -1,18 +1,30 @@
-"""PostgreSQL's set-wise turn commit in three statements instead of eight.
+"""PostgreSQL's set-wise turn commit: one statement for a whole batch of turns.
 
 On PostgreSQL each statement of the writer is a round trip, a plan and a
-release of the interpreter lock; a batch of turn commits ran eight of them
-(the fenced ack, the entries, the markers, the next heads, their markers, the
-leases, two status updates). Data-modifying ``WITH`` clauses let one
-statement write several tables, and arrays (``unnest``, ``= ANY``) carry any
-number of rows in a fixed statement text, so the batch costs three:
+release of the interpreter lock; getting the lock back, with the session
+threads the last commit woke all wanting it, costs the writer more than the
+server's work (measured in the drain: a ``BEGIN`` of 20 us of server time
+took the writer 1.8 ms). A batch of turn commits ran eight statements, then
+three; data-modifying ``WITH`` clauses let one statement write several
+tables, and arrays (``unnest``, ``= ANY``) carry any number of rows in a fixed
+statement text, so the batch is now one (:attr:`PgTurnSql.sql_commit`):
 
-1. the fenced ack, the transcript entries and the delivery markers;
-2. each chaining session's new head, locked (others' rows skipped), with
-   whether a turn of it has already committed;
-3. the new heads' leases and every session's active/idle status.
+* the fenced ack (only rows still processing under the owner's lease), the
+  transcript entries and the delivery markers;
+* each chaining session's next head, locked (rows others hold skipped, never
+  waited for), and leased when it is due, plain (not suspect) and has no
+  committed turn yet; whether any due head has one (it sends the batch one
+  by one, as the eight statements did);
+* every session's status: active when its next head was leased, else idle.
 
-The rules stay in :mod:`.set_wise` (which rows, which answers); this module
+All of it reads one snapshot, the statement's: the next head of a target is
+its oldest open row *other than the rows this batch acknowledges* (they are
+still open in that snapshot), which is the head the ack leaves behind. A row
+another process committed after the snapshot is seen by the lock (which
+takes its newest version and checks it again) or not at all (no chaining:
+the dispatcher's claim gets it), never leased twice.
+
+The rules stay in :mod:`.set_wise` (which commits, which answers); this module
 only says them to PostgreSQL. SQLite keeps its separate statements, whose
 cost there is not the round trip.
 """
@@ -20,11 +32,31 @@ cost there is not the round trip.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import peewee as pw
 
-from .hot_path import CLAIM_COLUMNS, DELIVERED, INBOX, PROCESSING, Head, head_probe
+from .hot_path import (
+    CLAIM_COLUMNS,
+    DELIVERED,
+    INBOX,
+    PENDING,
+    PROCESSING,
+    Head,
+    head_probe,
+)
+from .pg_claims import marker_probe
+
+
+class BatchOutcome(NamedTuple):
+    """What one fused commit statement did."""
+
+    acked: int
+    """Rows acknowledged (fewer than asked: a lease was lost; the batch goes one by one)."""
+    committed_heads: int
+    """Due next heads that already have a committed turn (the batch goes one by one)."""
+    leased: dict[str, Head]
+    """target -> its next head, leased in this statement."""
 
 
 class PgTurnSql:
@@ -33,22 +65,48 @@ class PgTurnSql:
     def __init__(self, db: pw.Database) -> None:
         self.db = db
         cols = ", ".join(f"m.{c}" for c in CLAIM_COLUMNS)
-        self.sql_write = (
-            f"WITH acked AS (UPDATE {INBOX} SET status = '{DELIVERED}', delivered_at = %s, "
-            f"updated_at = %s, lease_owner = NULL, lease_until = NULL "
-            f"WHERE message_id = ANY(%s) AND status = '{PROCESSING}' AND lease_owner = %s "
-            f"RETURNING 1), "
+        ucols = ", ".join(f"u.{c}" for c in CLAIM_COLUMNS)
+        due = (f"n.status = '{PENDING}' AND n.available_at <= %(now)s "
+               f"AND n.suspect IS NOT TRUE")
+        # Each session's status after the batch; a session already in it is not written.
+        status = ("(CASE WHEN id IN (SELECT target_chat_id FROM leased) "
+                  "THEN 'active' ELSE 'idle' END)")
+        # The next head: the oldest open row that this batch does not acknowledge.
+        next_head = (f"(SELECT o.seq FROM {INBOX} o WHERE o.target_chat_id = t.target "
+                     f"AND o.status IN ('{PENDING}', '{PROCESSING}') "
+                     f"AND o.message_id <> ALL(%(ids)s) ORDER BY o.seq LIMIT 1)")
+        self.sql_commit = (
+            f"WITH acked AS (UPDATE {INBOX} SET status = '{DELIVERED}', "
+            f"delivered_at = %(now)s, updated_at = %(now)s, lease_owner = NULL, "
+            f"lease_until = NULL WHERE message_id = ANY(%(ids)s) "
+            f"AND status = '{PROCESSING}' AND lease_owner = %(owner)s RETURNING 1), "
             f"entries AS (INSERT INTO transcript_entries (session_id, role, text, visible, "
-            f"message_id, sender_id, kind, created_at) SELECT * FROM unnest(%s::text[], "
-            f"%s::text[], %s::text[], %s::boolean[], %s::text[], %s::text[], %s::text[], "
-            f"%s::float8[])), "
+            f"message_id, sender_id, kind, created_at) SELECT * FROM unnest("
+            f"%(e_session)s::text[], %(e_role)s::text[], %(e_text)s::text[], "
+            f"%(e_visible)s::boolean[], %(e_message)s::text[], %(e_sender)s::text[], "
+            f"%(e_kind)s::text[], %(e_at)s::float8[])), "
             f"markers AS (INSERT INTO delivery_markers (session_id, message_id, created_at) "
-            f"SELECT * FROM unnest(%s::text[], %s::text[], %s::float8[])) "
-            f"SELECT COUNT(*) FROM acked")
+            f"SELECT * FROM unnest(%(k_session)s::text[], %(k_message)s::text[], "
+            f"%(k_at)s::float8[])), "
+            f"n AS (SELECT m.message_id, m.status, m.available_at, m.suspect, "
+            f"{marker_probe('m.message_id')} AS done FROM {INBOX} m "
+            f"WHERE m.seq = ANY(ARRAY(SELECT {next_head} "
+            f"FROM unnest(%(chaining)s::text[]) AS t(target))) FOR UPDATE OF m SKIP LOCKED), "
+            # The state is checked again on the row being updated (its newest version).
+            f"leased AS (UPDATE {INBOX} u SET status = '{PROCESSING}', "
+            f"lease_owner = %(owner)s, lease_until = %(until)s, updated_at = %(now)s "
+            f"FROM n WHERE u.message_id = n.message_id AND {due} AND NOT n.done "
+            f"AND u.status = '{PENDING}' AND u.available_at <= %(now)s "
+            f"AND u.suspect IS NOT TRUE RETURNING {ucols}), "
+            f"st AS (UPDATE sessions SET status = {status}, updated_at = %(now)s "
+            f"WHERE id = ANY(%(sessions)s) AND status <> {status}) "
+            f"SELECT (SELECT COUNT(*) FROM acked), "
+            f"(SELECT COUNT(*) FROM n WHERE {due} AND n.done), l.* "
+            f"FROM (SELECT 1) AS one LEFT JOIN leased l ON TRUE")
         self.sql_heads = (
-            f"SELECT {cols}, EXISTS (SELECT 1 FROM delivery_markers d "
-            f"WHERE d.message_id = m.message_id) FROM {INBOX} m WHERE m.seq = ANY(ARRAY("
-            f"SELECT {head_probe('t.target')} FROM unnest(%s::text[]) AS t(target))) "
+            f"SELECT {cols}, {marker_probe('m.message_id')} FROM {INBOX} m "
+            f"WHERE m.seq = ANY(ARRAY(SELECT {head_probe('t.target')} "
+            f"FROM unnest(%s::text[]) AS t(target))) "
             f"FOR UPDATE OF m SKIP LOCKED")
         self.sql_lease_and_status = (
             f"WITH leased AS (UPDATE {INBOX} SET status = '{PROCESSING}', lease_owner = %s, "
@@ -58,15 +116,28 @@ class PgTurnSql:
             f"UPDATE sessions SET status = 'idle', updated_at = %s WHERE id = ANY(%s) "
             f"AND status <> 'idle'")
 
-    def ack_and_write(self, owner: str, ids: Sequence[str], entries: Sequence[tuple[Any, ...]],
-                      markers: Sequence[tuple[str, str, float]], now: float) -> int:
-        """Acknowledge the rows of ``ids`` ``owner`` leases and insert ``entries`` (rows of
-        ``entry_row``) and ``markers`` (session, message, time); how many it acknowledged."""
-        columns = [list(c) for c in zip(*entries, strict=True)] if entries else [[]] * 8
-        marks = [list(c) for c in zip(*markers, strict=True)] if markers else [[]] * 3
-        row = self.db.execute_sql(self.sql_write,
-                                  [now, now, list(ids), owner, *columns, *marks]).fetchone()
-        return int(row[0])
+    def commit_batch(self, owner: str, ids: Sequence[str],
+                     entries: Sequence[tuple[Any, ...]],
+                     markers: Sequence[tuple[str, str, float]], chaining: Sequence[str],
+                     until: float, sessions: Sequence[str], now: float) -> BatchOutcome:
+        """In one statement: acknowledge the rows of ``ids`` ``owner`` leases, insert
+        ``entries`` (rows of ``entry_row``) and ``markers`` (session, message, time), lease
+        each of ``chaining``'s next head until ``until`` where it is due, and set every one
+        of ``sessions`` active (its next head leased) or idle."""
+        e = [list(c) for c in zip(*entries, strict=True)] if entries else [[]] * 8
+        k = [list(c) for c in zip(*markers, strict=True)] if markers else [[]] * 3
+        params = {"now": now, "ids": list(ids), "owner": owner, "until": until,
+                  "chaining": list(chaining), "sessions": list(sessions),
+                  "e_session": e[0], "e_role": e[1], "e_text": e[2], "e_visible": e[3],
+                  "e_message": e[4], "e_sender": e[5], "e_kind": e[6], "e_at": e[7],
+                  "k_session": k[0], "k_message": k[1], "k_at": k[2]}
+        rows: list[Any] = self.db.execute_sql(self.sql_commit, params).fetchall()
+        leased = {}
+        for r in rows:
+            if r[2] is not None:
+                head = Head._make(r[2:])
+                leased[head.target_chat_id] = head
+        return BatchOutcome(int(rows[0][0]), int(rows[0][1]), leased)
 
     def heads_of(self, targets: Sequence[str]) -> tuple[dict[str, Head], set[str]]:
         """target -> its head (locked; rows others hold skipped), and the ids among those

@@ -198,25 +198,20 @@ def commit_all(sql: BulkSql, commits: Sequence[TurnCommit]) -> list[ClaimedRow |
 def _commit_all_pg(pg: PgTurnSql, commits: Sequence[TurnCommit],
                    now: float) -> list[ClaimedRow | None]:
     """``commit_all`` on PostgreSQL for one owner's commits: the same writes and answers in
-    three statements (see :mod:`.pg_commits`)."""
-    owner = commits[0].owner
-    ids = [mid for c in commits for mid in c.message_ids]
-    entries = [entry_row(c.session_id, e, c.now) for c in commits for e in c.entries]
-    markers = [(c.session_id, mid, c.now) for c in commits for mid in c.message_ids]
-    if pg.ack_and_write(owner, ids, entries, markers, now) < len(ids):
-        raise OneByOne("a commit lost a lease")
+    one statement (see :mod:`.pg_commits`)."""
     chaining = [c for c in commits if c.next_lease is not None]
-    heads, committed = pg.heads_of([c.session_id for c in chaining]) if chaining else ({}, set())
-    taken = {c.session_id: heads[c.session_id] for c in chaining
-             if c.session_id in heads and _due(heads[c.session_id], c.now)}
-    if committed & {h.message_id for h in taken.values()}:
-        raise OneByOne("a head's turn has already committed")
-    lengths = {c.next_lease for c in chaining if c.session_id in taken}
+    lengths = {c.next_lease for c in chaining}
     if len(lengths) > 1:
         raise OneByOne("chaining commits with different lease lengths")
-    until = now + (lengths.pop() if lengths else 0.0)
-    pg.lease_and_status(owner, until, [h.message_id for h in taken.values()],
-                        [c.session_id for c in commits if c.session_id in taken],
-                        [c.session_id for c in commits if c.session_id not in taken], now)
-    return [ClaimedRow.from_head(taken[c.session_id]) if c.session_id in taken else None
-            for c in commits]
+    out = pg.commit_batch(
+        commits[0].owner, [mid for c in commits for mid in c.message_ids],
+        [entry_row(c.session_id, e, c.now) for c in commits for e in c.entries],
+        [(c.session_id, mid, c.now) for c in commits for mid in c.message_ids],
+        [c.session_id for c in chaining], now + (lengths.pop() if lengths else 0.0),
+        [c.session_id for c in commits], now)
+    if out.acked < sum(len(c.message_ids) for c in commits):
+        raise OneByOne("a commit lost a lease")
+    if out.committed_heads:
+        raise OneByOne("a head's turn has already committed")
+    return [ClaimedRow.from_head(out.leased[c.session_id]) if c.session_id in out.leased
+            else None for c in commits]

@@ -78,14 +78,15 @@ class Recorder:
     def __init__(self, db: Any) -> None:
         self.db = db
         self.real = db.execute_sql
-        self.seen: list[tuple[str, tuple[Any, ...]]] = []
+        self.seen: list[tuple[str, Any]] = []
 
     def __call__(self, sql: str, params: Any = None, *args: Any, **kw: Any) -> Any:
         if INBOX in sql and not sql.lstrip().upper().startswith(("INSERT", "EXPLAIN")):
-            self.seen.append((sql, tuple(params or ())))
+            # Named parameters stay a mapping; positional ones a tuple.
+            self.seen.append((sql, params if isinstance(params, dict) else tuple(params or ())))
         return self.real(sql, params, *args, **kw)
 
-    def during(self, action: Callable[[], object]) -> list[tuple[str, tuple[Any, ...]]]:
+    def during(self, action: Callable[[], object]) -> list[tuple[str, Any]]:
         start = len(self.seen)
         action()
         return self.seen[start:]
@@ -103,7 +104,7 @@ def recorded(any_db_url: str) -> Iterator[tuple[Stores, Recorder]]:
         stores.close()
 
 
-def _table_reads(db: Any, sql: str, params: tuple[Any, ...]) -> list[str]:
+def _table_reads(db: Any, sql: str, params: Any) -> list[str]:
     """The plan's steps that read the whole inbox table (EXPLAIN, never executed)."""
     if not is_postgres(db):
         # SQLite names a full read "SCAN <table or alias>", an index walk "SCAN x USING

@@ -1,0 +1,154 @@
+"""PostgreSQL's fused claim and commit statements: their plans and their edge cases.
+
+A claim is two statements (``pg_claims.PgClaims.claim_plain``: the candidates,
+then one statement that locks them and leases the plain ones); a batch of
+turn commits is one (``pg_commits.PgTurnSql.sql_commit``). These tests pin
+what the fusing must not change: a next head another transaction holds is
+skipped, never waited for; a head that needs more than its lease (a takeover)
+goes through the full rules in the same claim, and a suspect one waits for a
+runtime with room for it; and the markers are probed by index whatever the
+markers table's statistics say.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kinbox.persistence import NewMessage, TurnEntry, open_database
+
+from .conftest import Stores
+from .test_set_wise import commit, in_one_batch
+
+pytestmark = pytest.mark.postgres
+
+T0 = 1000.0
+
+
+@pytest.fixture
+def pg(pg_url: str) -> Iterator[Stores]:
+    s = Stores(pg_url)
+    yield s
+    s.close()
+
+
+def _seq_scans(db: Any, sql: str, params: Any, table: str) -> list[str]:
+    """The plan's sequential scans of ``table`` (EXPLAIN only, never executed)."""
+    plan = db.execute_sql("EXPLAIN (FORMAT JSON) " + sql, params).fetchone()[0][0]["Plan"]
+
+    def nodes(n: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        yield n
+        for child in n.get("Plans", []):
+            yield from nodes(child)
+    return [n["Node Type"] for n in nodes(plan)
+            if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == table]
+
+
+@pytest.mark.timeout(120)
+def test_markers_are_probed_by_index_when_their_statistics_say_the_table_is_empty(
+        pg: Stores) -> None:
+    # As in a drain: the markers table analyzed empty, then filled by the turns. An EXISTS
+    # probe became a hashed subplan reading every marker in each claim and each commit.
+    db, j = pg.tables.db, pg.journal
+    db.execute_sql("ANALYZE delivery_markers")
+    j.enqueue_many([NewMessage(f"m{i:05d}", f"t{i % 100:02d}", "x", sender="u")
+                    for i in range(200)], T0)
+    db.execute_sql("INSERT INTO delivery_markers (session_id, message_id, created_at) "
+                   "SELECT 'old', 'done' || g, 0 FROM generate_series(1, 2000) g")
+    ids = [f"m{i:05d}" for i in range(5)]  # a few heads, as a commit batch's next heads
+    targets = [f"t{i:02d}" for i in range(5)]
+    claims, turns = j.bulk.pg, j.bulk.pg_turns
+    assert claims is not None and turns is not None
+    statements = [
+        (claims.sql_lock, (ids, T0, T0)),
+        (claims.sql_lease_plain, {"ids": ids, "now": T0, "owner": "w", "until": T0 + 30,
+                                  "limit": 5}),
+        (turns.sql_commit, {"now": T0, "ids": ids, "owner": "w", "until": T0 + 30,
+                            "chaining": targets, "sessions": targets,
+                            **{k: [] for k in ("e_session", "e_role", "e_text", "e_visible",
+                                               "e_message", "e_sender", "e_kind", "e_at",
+                                               "k_session", "k_message", "k_at")}}),
+    ]
+    for sql, params in statements:
+        assert _seq_scans(db, sql, params, "delivery_markers") == [], sql[:60]
+
+
+@pytest.mark.timeout(30)
+def test_a_batch_commit_skips_a_next_head_another_transaction_holds(pg: Stores,
+                                                                    pg_url: str) -> None:
+    j = pg.journal
+    pg.store.create_project("p", "p", "p", T0)
+    pg.store.create_many([(s, "p", s, "interactive") for s in ("s1", "s2")], T0)
+    for n in (1, 2):
+        for s in ("s1", "s2"):
+            j.enqueue(NewMessage(f"{s}-{n}", s, "hi", sender="u"), T0)
+    heads = sorted(j.claim("w1", T0).rows, key=lambda r: r.target)
+    other = open_database(pg_url)
+    try:
+        with other.atomic():  # another process's claim, mid-transaction, holds s1's next head
+            other.execute_sql("SELECT 1 FROM agent_inbox_messages WHERE message_id = 's1-2' "
+                              "FOR UPDATE")
+            following = in_one_batch(pg, [commit(pg, "w1", r.target, r.message_id)
+                                          for r in heads])
+        assert following[0] is None  # skipped, not waited for (the timeout would fail it)
+        assert following[1] is not None and following[1].message_id == "s2-2"
+        assert pg.writer.statistics().bulk_runs >= 1
+        rows = {r["message_id"]: r["status"] for r in j.rows()}
+        assert rows == {"s1-1": "delivered", "s2-1": "delivered", "s1-2": "pending",
+                        "s2-2": "processing"}
+        assert (pg.store.session("s1").status, pg.store.session("s2").status) == (
+            "idle", "active")
+        assert [r.message_id for r in j.claim("w2", T0 + 1).rows] == ["s1-2"]
+    finally:
+        other.close()
+
+
+@pytest.mark.timeout(30)
+def test_one_claim_leases_plain_heads_and_takes_over_an_expired_one_by_the_full_rules(
+        pg: Stores) -> None:
+    j = pg.journal
+    for s in ("s1", "s2", "s3"):
+        j.enqueue(NewMessage(f"{s}-1", s, "hi", sender="u"), T0)
+    [dead] = j.claim("dead", T0, lease=5, exclude={"s2", "s3"}).rows
+    j.mark_turn_started("dead", dead.message_id, T0 + 1)  # it died mid-turn
+    got = {r.message_id: r for r in j.claim("w", T0 + 10, lease=30).rows}
+    assert sorted(got) == ["s1-1", "s2-1", "s3-1"]
+    assert got["s1-1"].taken_over and got["s1-1"].attempts == 1
+    assert not got["s2-1"].taken_over and got["s2-1"].attempts == 0
+    assert {r["message_id"]: (r["status"], r["lease_owner"]) for r in j.rows()} == {
+        m: ("processing", "w") for m in got}
+    assert [e["event"] for e in j.history("s1-1")] == ["interrupted"]
+    j.complete_turn("w", "s1", ["s1-1"], [TurnEntry("assistant", "ok")], T0 + 11)
+    assert pg.store.marker_counts() == {"s1-1": 1}
+
+
+@pytest.mark.timeout(30)
+def test_a_claim_with_no_room_for_a_suspect_leases_only_the_plain_heads(pg: Stores) -> None:
+    j = pg.journal
+    for s in ("s1", "s2"):
+        j.enqueue(NewMessage(f"{s}-1", s, "hi", sender="u"), T0)
+    j.claim("dead", T0, lease=5, exclude={"s2"})
+    rows = j.claim("w", T0 + 10, suspects=0).rows
+    assert [r.message_id for r in rows] == ["s2-1"]
+    assert j.get("s1-1")["lease_owner"] == "dead"  # untouched: claimable by a runtime with room
+
+
+@pytest.mark.timeout(30)
+def test_a_lone_commit_whose_next_head_has_a_turn_goes_by_the_rules_one_by_one(
+        pg: Stores) -> None:
+    # A commit alone in its batch runs the set-wise statement too; what that declines (here
+    # a next head whose turn already committed) is undone and done by the one-by-one rules.
+    j = pg.journal
+    for n in (1, 2, 3):
+        j.enqueue(NewMessage(f"m{n}", "s1", "hi", sender="u"), T0)
+    [head] = j.claim("w", T0).rows
+    j.writer.call(lambda: j.write_turn("s1", ["m2"], [], T0))  # m2's turn, ack lost
+    following = j.complete_turn("w", "s1", [head.message_id], [TurnEntry("assistant", "ok")],
+                                T0 + 1, next_lease=30.0)
+    assert following is not None and following.message_id == "m3"
+    assert {r["message_id"]: r["status"] for r in j.rows()} == {
+        "m1": "delivered", "m2": "delivered", "m3": "processing"}
+    assert pg.store.marker_counts() == {"m1": 1, "m2": 1}
+    assert [(e.role, e.text) for e in pg.store.transcript("s1")] == [("assistant", "ok")]
