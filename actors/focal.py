@@ -216,9 +216,7 @@ class Focal:
             "focal_watching"))
 
     def _request_in_flight(self, session_id: str) -> bool:
-        m = self.ctx.journal.t.inbox
-        return m.select().where(m.sender_chat_id == FOCAL_ID, m.target_chat_id == session_id,
-                                m.status.in_(("pending", "processing"))).exists()
+        return self.ctx.journal.has_open_from(FOCAL_ID, session_id)
 
     def task_hook(self, ctx: RuntimeContext, change: TaskChange) -> list[NewMessage]:
         """Inside a task change's transaction: notices for Focal."""

@@ -45,6 +45,16 @@ class Head(NamedTuple):
 CLAIM_COLUMNS = Head._fields
 
 
+def is_open(alias: str = "") -> str:
+    """SQL for "the row is open" (pending or processing), of the row named ``alias``: the
+    condition of the open rows' partial indexes (:mod:`.open_indexes`), word for word. A
+    statement meaning to walk those indexes must say it so, with the states written out:
+    SQLite uses a partial index only for a statement whose condition implies the index's
+    as written (``status IN (?, ?)`` with bound values does not, and reads the table)."""
+    return f"{alias + '.' if alias else ''}status IN ('{PENDING}', '{PROCESSING}')"
+
+
+
 IN_LIST_LIMIT = 500
 """Values per ``IN (...)`` list: well under every backend's bound on parameters."""
 
@@ -60,7 +70,7 @@ def head_probe(target: str) -> str:
     delivered row and no other state's. The condition repeats the index's word for word
     (SQLite uses a partial index only then)."""
     return (f"(SELECT o.seq FROM {INBOX} o WHERE o.target_chat_id = {target} "
-            f"AND o.status IN ('{PENDING}', '{PROCESSING}') ORDER BY o.seq LIMIT 1)")
+            f"AND {is_open('o')} ORDER BY o.seq LIMIT 1)")
 
 
 class HotPath:
@@ -142,7 +152,7 @@ class HotPath:
         partial index, whose condition it repeats word for word (SQLite uses a partial
         index only then)."""
         return (f"SELECT DISTINCT target_chat_id, NULL FROM {INBOX} WHERE target_chat_id IN "
-                f"({self.in_list(n)}) AND status IN ('{PENDING}', '{PROCESSING}')")
+                f"({self.in_list(n)}) AND {is_open()}")
 
     def set_status_many(self, session_ids: Sequence[str], status: str, now: float) -> None:
         """Several sessions' active/idle status (those not in it already)."""

@@ -13,7 +13,7 @@ import peewee as pw
 
 from . import inbox_core as core
 from .errors import RowNotFound
-from .hot_path import HotPath
+from .hot_path import HotPath, is_open
 from .models import InboxMessage, Tables
 
 
@@ -80,5 +80,10 @@ class InboxReads:
     def pending_count(self, target: str) -> int:
         """Open rows addressed to ``target``."""
         m = self.t.inbox
-        return m.select().where(m.target_chat_id == target,
-                                m.status.in_(core.OPEN_STATES)).count()
+        return m.select().where(m.target_chat_id == target, pw.SQL(is_open())).count()
+
+    def has_open_from(self, sender: str, target: str) -> bool:
+        """``target`` has an open row from ``sender``."""
+        m = self.t.inbox
+        return m.select().where(m.target_chat_id == target, pw.SQL(is_open()),
+                                m.sender_chat_id == sender).exists()

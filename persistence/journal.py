@@ -20,11 +20,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
+import peewee as pw
+
 from . import inbox_core as core
 from . import set_wise
 from .bulk_sql import BulkSql
 from .errors import RowNotFound, WriterClosed
-from .hot_path import CLAIM_COLUMNS, Head, HotPath
+from .hot_path import CLAIM_COLUMNS, Head, HotPath, is_open
 from .inbox_reads import InboxReads, row_to_dict
 from .inbox_records import (
     ClaimedRow,
@@ -230,8 +232,8 @@ class Journal(InboxReads):
     def _claim_more_op(self, owner: str, target: str, after_seq: int, now: float,
                        lease: float, limit: int) -> list[ClaimedRow]:
         m = self.t.inbox
-        candidates = (m.select().where(m.target_chat_id == target, m.seq > after_seq,
-                                       m.status.in_(core.OPEN_STATES))
+        candidates = (m.select().where(m.target_chat_id == target, pw.SQL(is_open()),
+                                       m.seq > after_seq)
                       .order_by(m.seq).limit(limit))
         taken: list[InboxMessage] = []
         for r in candidates:  # contiguous due rows only, so per-target order holds

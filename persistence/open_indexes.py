@@ -33,13 +33,12 @@ from __future__ import annotations
 import peewee as pw
 
 from .database import is_postgres
-from .hot_path import FAILED, INBOX, PENDING, PROCESSING
+from .hot_path import FAILED, INBOX, PENDING, PROCESSING, is_open
 
 OPEN_INDEXES = {
     "agent_inbox_pending_seq": f"ON {INBOX} (seq) WHERE status = '{PENDING}'",
     "agent_inbox_processing_seq": f"ON {INBOX} (seq) WHERE status = '{PROCESSING}'",
-    "agent_inbox_open_target_seq": (f"ON {INBOX} (target_chat_id, seq) "
-                                    f"WHERE status IN ('{PENDING}', '{PROCESSING}')"),
+    "agent_inbox_open_target_seq": f"ON {INBOX} (target_chat_id, seq) WHERE {is_open()}",
 }
 """name -> definition: the pending walk in ``seq`` order, the processing (lease expiry)
 walk, and each target's head (its oldest open row)."""

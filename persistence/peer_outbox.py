@@ -25,8 +25,8 @@ from collections.abc import Sequence
 
 from .database import is_postgres
 from .errors import RowNotFound
-from .hot_path import CLAIM_COLUMNS, INBOX, Head, HotPath, chunks
-from .inbox_core import OPEN_STATES, Event, State, check_lease, is_claimable, transition
+from .hot_path import CLAIM_COLUMNS, INBOX, Head, HotPath, chunks, is_open
+from .inbox_core import Event, State, check_lease, is_claimable, transition
 from .inbox_records import ClaimedRow
 from .models import Tables
 from .writer import GroupCommitWriter, Reply
@@ -40,9 +40,9 @@ class PeerOutbox:
         self.writer = writer
         self.hot = HotPath(tables.db)
         p = self.hot.p
-        # One ordered range scan of the (target, status, seq) index per open state.
+        # One ordered walk of the open rows' (target, seq) partial index from ``seq``.
         self._sql_window = (f"SELECT {', '.join(CLAIM_COLUMNS)} FROM {INBOX} "
-                            f"WHERE target_chat_id = {p} AND status = {p} AND seq > {p} "
+                            f"WHERE target_chat_id = {p} AND {is_open()} AND seq > {p} "
                             f"ORDER BY seq LIMIT {p}")
         self._sql_lease = (f"UPDATE {INBOX} SET status = {p}, lease_owner = {p}, "
                            f"lease_until = {p}, updated_at = {p} WHERE message_id IN ")
@@ -65,13 +65,8 @@ class PeerOutbox:
         return taken
 
     def _open_rows(self, target: str, after_seq: int, limit: int) -> list[Head]:
-        # One ordered range scan per open state of the (target, status, seq) index, merged:
-        # ``status IN (...) ORDER BY seq`` would sort every open row of a long backlog.
-        found: list[Head] = []
-        for state in OPEN_STATES:
-            found.extend(Head._make(r) for r in self.t.db.execute_sql(
-                self._sql_window, (target, state, after_seq, limit)).fetchall())
-        return sorted(found, key=lambda r: r.seq)[:limit]
+        return [Head._make(r) for r in self.t.db.execute_sql(
+            self._sql_window, (target, after_seq, limit)).fetchall()]
 
     def submit_claim(self, owner: str, target: str, after_seq: int, now: float, *,
                      lease: float, limit: int) -> Reply[list[ClaimedRow]]:

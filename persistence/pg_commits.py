@@ -44,6 +44,7 @@ from .hot_path import (
     PROCESSING,
     Head,
     head_probe,
+    is_open,
 )
 from .pg_claims import marker_probe
 
@@ -73,7 +74,7 @@ class PgTurnSql:
                   "THEN 'active' ELSE 'idle' END)")
         # The next head: the oldest open row that this batch does not acknowledge.
         next_head = (f"(SELECT o.seq FROM {INBOX} o WHERE o.target_chat_id = t.target "
-                     f"AND o.status IN ('{PENDING}', '{PROCESSING}') "
+                     f"AND {is_open('o')} "
                      f"AND o.message_id <> ALL(%(ids)s) ORDER BY o.seq LIMIT 1)")
         self.sql_commit = (
             f"WITH acked AS (UPDATE {INBOX} SET status = '{DELIVERED}', "
