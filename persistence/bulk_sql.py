@@ -112,29 +112,32 @@ class BulkSql:
         self._insert("INSERT INTO delivery_markers (session_id, message_id, created_at)",
                      self._marker_row, rows)
 
-    def lease_heads(self, targets: Sequence[str], owner: str, until: float, now: float
-                    ) -> tuple[dict[str, Head], set[str]]:
-        """SQLite: lease to ``owner`` until ``until`` the head of each of ``targets`` that
-        is pending and due at ``now`` and not suspect, in one statement; target -> the
+    def lease_heads(self, targets: Sequence[tuple[str, float]], owner: str, until: float,
+                    now: float) -> tuple[dict[str, Head], set[str]]:
+        """SQLite: lease to ``owner`` until ``until`` (stamped ``now``) the head of each
+        ``(target, time)`` of ``targets`` that may chain at that time (pending, due, not
+        suspect: ``inbox_core.chains`` as a condition), in one statement; target -> the
         leased row (CLAIM_COLUMNS, as it is now), and which of those rows already have a
-        committed turn (a delivery marker).
-
-        The condition only narrows what is leased: the caller checks each row by the rule
-        (``inbox_core.chains``) and undoes the lot when one breaks it, or has a marker.
+        committed turn (a delivery marker), for the caller to undo the lot.
         """
+        if self.postgres:
+            raise TypeError("lease_heads is SQLite's: PostgreSQL's commits lock their heads "
+                            "(pg_commits)")
         cols = ", ".join(CLAIM_COLUMNS)
         found: dict[str, Head] = {}
         committed: set[str] = set()
         p = self.hot.p
         for part in chunks(targets):
-            values = ", ".join([f"({p})"] * len(part))
+            values = ", ".join([f"({p}, {p})"] * len(part))
             sql = (f"UPDATE {INBOX} SET status = '{PROCESSING}', lease_owner = {p}, "
-                   f"lease_until = {p}, updated_at = {p} WHERE seq IN (WITH t(target) AS "
-                   f"(VALUES {values}) SELECT {head_probe('t.target')} FROM t) "
-                   f"AND status = '{PENDING}' AND available_at <= {p} AND suspect IS NOT 1 "
+                   f"lease_until = {p}, updated_at = {p} WHERE seq IN (WITH t(target, at) AS "
+                   f"(VALUES {values}) SELECT h.seq FROM t JOIN {INBOX} h "
+                   f"ON h.seq = {head_probe('t.target')} WHERE h.status = '{PENDING}' "
+                   f"AND h.available_at <= t.at AND h.suspect IS NOT 1) "
                    f"RETURNING {cols}, EXISTS (SELECT 1 FROM delivery_markers d "
                    f"WHERE d.message_id = {INBOX}.message_id)")
-            for r in self.db.execute_sql(sql, [owner, until, now, *part, now]):
+            params = [owner, until, now, *(x for pair in part for x in pair)]
+            for r in self.db.execute_sql(sql, params):
                 head = Head._make(r[:-1])
                 found[head.target_chat_id] = head
                 if r[-1]:

@@ -67,7 +67,9 @@ class PgTurnSql:
         self.db = db
         cols = ", ".join(f"m.{c}" for c in CLAIM_COLUMNS)
         ucols = ", ".join(f"u.{c}" for c in CLAIM_COLUMNS)
-        due = (f"n.status = '{PENDING}' AND n.available_at <= %(now)s "
+        # ``inbox_core.chains`` at each chaining commit's own time (``n.at``), as committing
+        # it alone would judge it.
+        due = (f"n.status = '{PENDING}' AND n.available_at <= n.at "
                f"AND n.suspect IS NOT TRUE")
         # Each session's status after the batch; a session already in it is not written.
         status = ("(CASE WHEN id IN (SELECT target_chat_id FROM leased) "
@@ -89,15 +91,15 @@ class PgTurnSql:
             f"markers AS (INSERT INTO delivery_markers (session_id, message_id, created_at) "
             f"SELECT * FROM unnest(%(k_session)s::text[], %(k_message)s::text[], "
             f"%(k_at)s::float8[])), "
-            f"n AS (SELECT m.message_id, m.status, m.available_at, m.suspect, "
-            f"{marker_probe('m.message_id')} AS done FROM {INBOX} m "
-            f"WHERE m.seq = ANY(ARRAY(SELECT {next_head} "
-            f"FROM unnest(%(chaining)s::text[]) AS t(target))) FOR UPDATE OF m SKIP LOCKED), "
+            f"n AS (SELECT m.message_id, m.status, m.available_at, m.suspect, t.at, "
+            f"{marker_probe('m.message_id')} AS done "
+            f"FROM unnest(%(chaining)s::text[], %(chain_at)s::float8[]) AS t(target, at) "
+            f"JOIN {INBOX} m ON m.seq = {next_head} FOR UPDATE OF m SKIP LOCKED), "
             # The state is checked again on the row being updated (its newest version).
             f"leased AS (UPDATE {INBOX} u SET status = '{PROCESSING}', "
             f"lease_owner = %(owner)s, lease_until = %(until)s, updated_at = %(now)s "
             f"FROM n WHERE u.message_id = n.message_id AND {due} AND NOT n.done "
-            f"AND u.status = '{PENDING}' AND u.available_at <= %(now)s "
+            f"AND u.status = '{PENDING}' AND u.available_at <= n.at "
             f"AND u.suspect IS NOT TRUE RETURNING {ucols}), "
             f"st AS (UPDATE sessions SET status = {status}, updated_at = %(now)s "
             f"WHERE id = ANY(%(sessions)s) AND status <> {status}) "
@@ -119,16 +121,19 @@ class PgTurnSql:
 
     def commit_batch(self, owner: str, ids: Sequence[str],
                      entries: Sequence[tuple[Any, ...]],
-                     markers: Sequence[tuple[str, str, float]], chaining: Sequence[str],
-                     until: float, sessions: Sequence[str], now: float) -> BatchOutcome:
+                     markers: Sequence[tuple[str, str, float]],
+                     chaining: Sequence[tuple[str, float]], until: float,
+                     sessions: Sequence[str], now: float) -> BatchOutcome:
         """In one statement: acknowledge the rows of ``ids`` ``owner`` leases, insert
         ``entries`` (rows of ``entry_row``) and ``markers`` (session, message, time), lease
-        each of ``chaining``'s next head until ``until`` where it is due, and set every one
-        of ``sessions`` active (its next head leased) or idle."""
+        each ``(session, time)`` of ``chaining``'s next head until ``until`` where it is due
+        at that time, and set every one of ``sessions`` active (its next head leased) or
+        idle."""
         e = [list(c) for c in zip(*entries, strict=True)] if entries else [[]] * 8
         k = [list(c) for c in zip(*markers, strict=True)] if markers else [[]] * 3
         params = {"now": now, "ids": list(ids), "owner": owner, "until": until,
-                  "chaining": list(chaining), "sessions": list(sessions),
+                  "chaining": [t for t, _ in chaining], "chain_at": [a for _, a in chaining],
+                  "sessions": list(sessions),
                   "e_session": e[0], "e_role": e[1], "e_text": e[2], "e_visible": e[3],
                   "e_message": e[4], "e_sender": e[5], "e_kind": e[6], "e_at": e[7],
                   "k_session": k[0], "k_message": k[1], "k_at": k[2]}

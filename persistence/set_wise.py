@@ -139,11 +139,11 @@ def _fenced_by_owner(groups: Sequence[tuple[str, Sequence[str]]],
 
 
 def _next_heads(sql: BulkSql, commits: Sequence[TurnCommit], now: float) -> dict[str, ClaimedRow]:
-    """Lease each chaining session's new head when it is due; session -> leased row.
-
-    SQLite leases and reads in one statement per (owner, lease length) and checks after,
-    undoing it all (:class:`OneByOne`) if a row breaks the chaining rule or has a committed
-    turn; PostgreSQL's commits read first (:func:`_commit_all_pg`)."""
+    """SQLite: lease each chaining session's next head when it may chain (due at its own
+    commit's time, pending, not suspect: ``inbox_core.chains``), in one statement per
+    (owner, lease length); session -> leased row. A leased head that already has a
+    committed turn undoes the lot (:class:`OneByOne`). PostgreSQL's are in
+    :func:`_commit_all_pg`."""
     chaining = [c for c in commits if c.next_lease is not None]
     if not chaining:
         return {}
@@ -152,18 +152,20 @@ def _next_heads(sql: BulkSql, commits: Sequence[TurnCommit], now: float) -> dict
         by_lease.setdefault((c.owner, c.next_lease or 0.0), []).append(c)
     taken: dict[str, ClaimedRow] = {}
     for (owner, lease), group in by_lease.items():
-        heads, committed = sql.lease_heads([c.session_id for c in group], owner, now + lease,
-                                           now)
+        heads, committed = sql.lease_heads([(c.session_id, c.now) for c in group], owner,
+                                           now + lease, now)
         if committed:
             raise OneByOne("a head's turn has already committed")
         for c in group:
             head = heads.get(c.session_id)
-            if head is not None:
-                # As it was before this lease, at the batch's time (the statement's).
-                was = head._replace(status=core.State.PENDING.value, lease_until=None)
-                if not _due(was, now):
-                    raise OneByOne("a head leased that its commit may not chain into")
-                taken[c.session_id] = ClaimedRow.from_head(head)
+            if head is None:
+                continue
+            # The statement leased only what the rule allows; should the two ever drift
+            # apart, go one by one rather than chain into a row the rule refuses. (The
+            # row was pending: the statement's condition; its lease is the new one.)
+            if not _due(head._replace(status=core.State.PENDING.value), c.now):
+                raise OneByOne("a head leased that its commit may not chain into")
+            taken[c.session_id] = ClaimedRow.from_head(head)
     return taken
 
 
@@ -184,7 +186,9 @@ def commit_all(sql: BulkSql, commits: Sequence[TurnCommit]) -> list[ClaimedRow |
     if len(set(ids)) < len(ids) or len(sessions) < len(commits):
         raise OneByOne("a message or a session appears twice in the batch")
     now = max(c.now for c in commits)
-    if sql.pg_turns is not None and len({c.owner for c in commits}) == 1:
+    if sql.pg_turns is not None:
+        if len({c.owner for c in commits}) > 1:  # one runtime's writer: one owner, always
+            raise OneByOne("commits of several owners in one PostgreSQL batch")
         return _commit_all_pg(sql.pg_turns, commits, now)
     _ack_fenced(sql, commits, now)
     sql.insert_entries([entry_row(c.session_id, e, c.now) for c in commits for e in c.entries])
@@ -207,7 +211,7 @@ def _commit_all_pg(pg: PgTurnSql, commits: Sequence[TurnCommit],
         commits[0].owner, [mid for c in commits for mid in c.message_ids],
         [entry_row(c.session_id, e, c.now) for c in commits for e in c.entries],
         [(c.session_id, mid, c.now) for c in commits for mid in c.message_ids],
-        [c.session_id for c in chaining], now + (lengths.pop() if lengths else 0.0),
+        [(c.session_id, c.now) for c in chaining], now + (lengths.pop() if lengths else 0.0),
         [c.session_id for c in commits], now)
     if out.acked < sum(len(c.message_ids) for c in commits):
         raise OneByOne("a commit lost a lease")

@@ -210,6 +210,23 @@ def test_commits_in_one_batch_chain_only_into_due_heads_that_are_not_suspect(
     assert stores.writer.statistics().bulk_fallbacks == fallbacks  # all of it set-wise
 
 
+def test_a_commit_chains_only_into_a_head_due_at_its_own_time_as_one_by_one_does(
+        stores: Stores) -> None:
+    j = stores.journal
+    for n in (1, 2):
+        for s in ("s1", "s2"):
+            j.enqueue(NewMessage(f"{s}-{n}", s, "hi", sender="s0"), T0)
+    heads = {r.target: r for r in j.claim("w1", T0).rows}
+    inbox = stores.tables.inbox  # due after s1's commit but before s2's
+    inbox.update(available_at=T0 + 1.5).where(inbox.message_id == "s1-2").execute()
+
+    def commit_at(session: str, at: float) -> Callable[[], Any]:
+        return lambda: j.complete_turn("w1", session, [heads[session].message_id],
+                                       [TurnEntry("assistant", "ok")], at, next_lease=30.0)
+    following = in_one_batch(stores, [commit_at("s1", T0 + 1), commit_at("s2", T0 + 2)])
+    assert [f and f.message_id for f in following] == [None, "s2-2"]
+
+
 def test_a_lost_lease_in_a_batch_fails_only_its_own_commit(stores: Stores) -> None:
     j = stores.journal
     for s in ("s1", "s2", "s3"):
