@@ -183,7 +183,12 @@ class Dispatcher(pykka.ThreadingActor):
             self._start(row, "claimed")
         self.suspects_held = self.suspects_held or result.held_back
         self.backlog = len(result.rows) == capacity
-        if result.acked_by_marker or self.backlog:
+        if self.suspects_held and not self.suspect:
+            # Held back with none running (the one claimed failed at its takeover): no
+            # turn's end would claim them, so claim again now.
+            self.suspects_held = False
+            self._schedule_claim()
+        elif result.acked_by_marker or self.backlog:
             self._schedule_claim()
         self._publish()
 

@@ -1,4 +1,4 @@
-"""New ids for messages, sessions and projects: time-ordered, so B-trees append.
+"""New message ids: time-ordered, so B-trees append.
 
 A message id is the inbox's primary key and is indexed again by the delivery
 markers and the transcript. Random ids (uuid4) land each new row on a random
@@ -10,9 +10,14 @@ time land on the rightmost leaf, so a batch of a thousand dirties a handful
 The id is 32 lowercase hex digits like ``uuid4().hex``: 12 of milliseconds
 since the epoch, 20 of randomness (80 bits, so two ids of one millisecond
 collide with odds of 2**-80). Nothing relies on the order: it only makes
-writes cheap. A shorter id cut from one takes its tail (``new_id()[-12:]``),
-the random part: its head is the clock. A pure function of its inputs; the runtime passes the clock
-and the random bytes.
+writes cheap. The shorter ids of sessions, projects, tasks and jobs are cut
+from its tail (``new_id()[-12:]``), the random part, so those are not
+ordered (their head would be the clock, the same for all of a millisecond).
+
+:func:`time_ordered_id` is a pure function of its inputs; :func:`new_id`
+feeds it the wall clock and the operating system's randomness, not the
+runtime's injected clock: an id's order only serves the indexes, and tests
+that need repeatable ids pass their own source (``Runtime(ids=...)``).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ keys on *every* connection, since peewee opens one connection per thread.
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 from typing import Literal
 
@@ -53,6 +54,11 @@ def sqlite_path(url: str) -> Path | None:
     return None
 
 
+MIN_SQLITE = (3, 35)
+"""The oldest SQLite the journal runs on: its statements use ``UPDATE ... RETURNING``
+(3.35) and ``UPDATE ... FROM`` (3.33)."""
+
+
 def open_database(url: str, *, synchronous: Synchronous = "FULL",
                   must_exist: bool = False) -> peewee.Database:
     """Open and check the database at ``url``; raise :class:`DatabaseOpenError` if it fails.
@@ -66,6 +72,11 @@ def open_database(url: str, *, synchronous: Synchronous = "FULL",
         raise DatabaseOpenError(url, f"synchronous must be FULL or NORMAL, not {synchronous!r}")
     scheme = url.partition("://")[0].lower() if "://" in url else ""
     if scheme == "sqlite":
+        if sqlite3.sqlite_version_info < MIN_SQLITE:
+            raise DatabaseOpenError(
+                url, f"SQLite {sqlite3.sqlite_version} is too old: the journal's statements "
+                f"need {'.'.join(map(str, MIN_SQLITE))} or newer (UPDATE ... RETURNING); "
+                "use a Python built with a newer SQLite, or PostgreSQL")
         path = url[len("sqlite:///") :] if url.startswith("sqlite:///") else ""
         if not path or path == ":memory:":
             raise DatabaseOpenError(

@@ -17,7 +17,8 @@ every kind of the batch under one savepoint: that is what keeps the
 per-message cost flat under load. If a set-wise run raises, that savepoint
 is rolled back and each kind runs under its own, its operations one by one
 if it raises again, so the outcome is exactly what one-by-one execution
-gives. Bulk kinds run before the plain operations of their batch. Callers
+gives. Bulk kinds run where the batch's first bulk item stands, plain
+operations in the order they arrived. Callers
 wait for each result before depending on it, so operations in one batch are
 concurrent and may commit in any order within it.
 """
@@ -53,7 +54,11 @@ class Bulk(Generic[A, T]):
 
     ``one`` runs a single item; ``many`` runs several and returns their
     results in order, or raises to have them run one by one (a rare case it
-    does not handle, such as an idempotent repeat or a lost lease).
+    does not handle, such as an idempotent repeat or a lost lease). Every kind
+    of a batch shares one savepoint, so when one kind raises the others' work
+    is undone too and their ``many`` runs again on the same items: ``many``
+    must do nothing but its database writes (no effect outside the
+    transaction, nothing it would be wrong to do twice).
     """
 
     name: str
@@ -146,6 +151,8 @@ class WriterStatistics:
     rollbacks: int = 0
     bulk_runs: int = 0
     bulk_fallbacks: int = 0
+    shared_fallbacks: int = 0
+    """Batches whose bulk kinds, run together, raised and ran again one kind at a time."""
 
 
 class GroupCommitWriter:
@@ -229,7 +236,7 @@ class GroupCommitWriter:
         """A snapshot of the counters."""
         s = self._stats
         return WriterStatistics(s.batches, s.operations, s.largest_batch, s.rollbacks,
-                                s.bulk_runs, s.bulk_fallbacks)
+                                s.bulk_runs, s.bulk_fallbacks, s.shared_fallbacks)
 
     def _transaction(self) -> Any:
         return self._db.atomic("IMMEDIATE") if is_sqlite(self._db) else self._db.atomic()
@@ -261,12 +268,12 @@ class GroupCommitWriter:
         try:
             with self._transaction():
                 cursor = self._db.cursor()
-                plain, groups = _plan(batch)
-                if groups and not self._run_groups(cursor, batch, groups, outcomes):
-                    for group in groups:
-                        self._run_bulk(cursor, batch, group, outcomes)
-                for i in plain:
-                    outcomes[i] = self._run_one(cursor, batch[i][0])
+                for unit in _plan(batch):
+                    if isinstance(unit, int):
+                        outcomes[unit] = self._run_one(cursor, batch[unit][0])
+                    elif not self._run_groups(cursor, batch, unit, outcomes):
+                        for group in unit:
+                            self._run_bulk(cursor, batch, group, outcomes)
         except Exception as exc:  # the commit itself failed: nothing of the batch is durable
             self._stats.rollbacks += 1
             for item in batch:
@@ -309,9 +316,11 @@ class GroupCommitWriter:
             for group in groups:
                 kind: Bulk[Any, Any] = batch[group[0]][0]
                 answers.append((group, _all_of(kind, [batch[i][1] for i in group])))
-        except Exception:
+        except Exception as exc:
             cursor.execute("ROLLBACK TO SAVEPOINT kinbox_bulk")
             cursor.execute("RELEASE SAVEPOINT kinbox_bulk")
+            self._stats.shared_fallbacks += 1
+            log.debug("a batch's bulk kinds run one kind at a time: %s", type(exc).__name__)
             return False
         for group, results in answers:
             if len(group) > 1:
@@ -349,14 +358,17 @@ def _all_of(kind: Bulk[Any, Any], items: list[Any]) -> list[Any]:
     return results
 
 
-def _plan(batch: list[tuple[Any, ...]]) -> tuple[list[int], list[list[int]]]:
-    """The indexes of the plain operations, and of each bulk kind's items (a group per kind,
-    in the order the kinds first appear)."""
-    plain: list[int] = []
+def _plan(batch: list[tuple[Any, ...]]) -> list[int | list[list[int]]]:
+    """Execution units in arrival order: a plain operation's index, or, where the batch's
+    first bulk item stands, every bulk kind's items (a group per kind, in the order the
+    kinds first appear), which run together."""
+    units: list[int | list[list[int]]] = []
     groups: dict[int, list[int]] = {}
     for i, item in enumerate(batch):
         if len(item) == 2:
-            plain.append(i)
-        else:
-            groups.setdefault(id(item[0]), []).append(i)
-    return plain, list(groups.values())
+            units.append(i)
+            continue
+        if not groups:
+            units.append([])  # the bulk unit's place; filled in below
+        groups.setdefault(id(item[0]), []).append(i)
+    return [list(groups.values()) if isinstance(u, list) else u for u in units]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -94,3 +95,14 @@ def test_upgrade_adds_a_column_an_older_schema_lacks(tmp_path: Path) -> None:
     assert upgrade(tables) == ["add column agent_inbox_messages.last_error"]
     row = tables.inbox.get(tables.inbox.message_id == "old")
     assert (row.content, row.last_error) == ("kept", None)
+
+
+@pytest.mark.timeout(10)
+def test_a_sqlite_too_old_for_the_journal_is_refused_with_the_version_it_needs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 34, 1))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.34.1")
+    with pytest.raises(DatabaseOpenError) as refused:
+        open_database(f"sqlite:///{tmp_path / 'k.db'}")
+    assert "3.34.1" in refused.value.reason and "3.35" in refused.value.reason
+    assert not (tmp_path / "k.db").exists()

@@ -225,6 +225,27 @@ def test_rows_taken_over_after_a_crash_run_back_to_back_not_one_per_tick(
         rt.stop()
 
 
+def test_suspects_held_back_behind_one_that_fails_at_its_takeover_still_run(
+        db_url: str, clock: ManualClock) -> None:
+    prepared = Stores(db_url)
+    j = prepared.journal
+    # The oldest row had started its last allowed attempt: its takeover fails it.
+    j.enqueue(NewMessage("poison", "s0", "boom", max_attempts=1), 1)
+    for i in range(1, 4):
+        j.enqueue(NewMessage(f"m{i}", f"s{i}", f"#{i}"), 1)
+    assert len(j.claim("dead-worker", 1, lease=10_000).rows) == 4
+    j.mark_turn_started("dead-worker", "poison", 1)
+    prepared.close()
+    seen, brain = recorder()
+    rt = Runtime(db=db_url, brain=brain, clock=clock, tick_interval=3600).start()
+    try:
+        wait_for(lambda: len(seen) == 3, timeout=20, what="the three other rows to run")
+        assert sorted(c for _, c in seen) == ["#1", "#2", "#3"]
+        assert rt.inbox(state="failed")[0]["message_id"] == "poison"
+    finally:
+        rt.stop()
+
+
 def test_a_crash_mid_turn_reruns_that_message_once_after_restart(db_url: str,
                                                                  clock: ManualClock) -> None:
     in_turn = threading.Event()
