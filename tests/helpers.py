@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -29,3 +30,15 @@ def skip_slow_unless_asked(request: pytest.FixtureRequest) -> None:
     asked = "slow" in (request.config.getoption("markexpr") or "")
     if request.node.get_closest_marker("slow") is not None and not asked:
         pytest.skip("a slow variant: runs with -m slow")
+
+
+def pg_seq_scans(db: Any, sql: str, params: Any, table: str) -> list[str]:
+    """PostgreSQL: the plan's sequential scans of ``table`` (EXPLAIN only, never executed)."""
+    plan = db.execute_sql("EXPLAIN (FORMAT JSON) " + sql, params).fetchone()[0][0]["Plan"]
+
+    def nodes(n: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        yield n
+        for child in n.get("Plans", []):
+            yield from nodes(child)
+    return [n["Node Type"] for n in nodes(plan)
+            if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == table]

@@ -33,6 +33,7 @@ from kinbox.persistence.open_indexes import FULL_INDEXES, INBOX_INDEXES
 from kinbox.persistence.peer_outbox import PeerOutbox
 
 from .conftest import Stores
+from .helpers import pg_seq_scans
 
 INBOX = "agent_inbox_messages"
 
@@ -118,14 +119,7 @@ def _table_reads(db: Any, sql: str, params: Any) -> list[str]:
         return [s for s in steps if ((m := re.fullmatch(r"SCAN (\w+)", s)) and m[1] in aliases)
                 or re.fullmatch(r"SEARCH \w+ USING (COVERING )?INDEX agent_inbox_messages_seq"
                                 r" \(seq[<>]=?\?\)", s)]
-    plan = db.execute_sql("EXPLAIN (FORMAT JSON) " + sql, params).fetchone()[0][0]["Plan"]
-
-    def nodes(n: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        yield n
-        for child in n.get("Plans", []):
-            yield from nodes(child)
-    return [n["Node Type"] for n in nodes(plan)
-            if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == INBOX]
+    return pg_seq_scans(db, sql, params, INBOX)
 
 
 @pytest.mark.timeout(180)

@@ -13,13 +13,13 @@ markers table's statistics say.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from kinbox.persistence import NewMessage, TurnEntry, open_database
 
 from .conftest import Stores
+from .helpers import pg_seq_scans
 from .test_set_wise import commit, in_one_batch
 
 pytestmark = pytest.mark.postgres
@@ -32,18 +32,6 @@ def pg(pg_url: str) -> Iterator[Stores]:
     s = Stores(pg_url)
     yield s
     s.close()
-
-
-def _seq_scans(db: Any, sql: str, params: Any, table: str) -> list[str]:
-    """The plan's sequential scans of ``table`` (EXPLAIN only, never executed)."""
-    plan = db.execute_sql("EXPLAIN (FORMAT JSON) " + sql, params).fetchone()[0][0]["Plan"]
-
-    def nodes(n: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        yield n
-        for child in n.get("Plans", []):
-            yield from nodes(child)
-    return [n["Node Type"] for n in nodes(plan)
-            if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == table]
 
 
 @pytest.mark.timeout(120)
@@ -73,7 +61,7 @@ def test_markers_are_probed_by_index_when_their_statistics_say_the_table_is_empt
                                                "k_session", "k_message", "k_at")}}),
     ]
     for sql, params in statements:
-        assert _seq_scans(db, sql, params, "delivery_markers") == [], sql[:60]
+        assert pg_seq_scans(db, sql, params, "delivery_markers") == [], sql[:60]
 
 
 @pytest.mark.timeout(30)
