@@ -97,11 +97,6 @@ class HotPath:
                           f"AND ((status = '{PENDING}' AND available_at <= {p}) "
                           f"OR (status = '{PROCESSING}' AND lease_until <= {p}))")
         self.sql_marker_exists = f"SELECT 1 FROM delivery_markers WHERE message_id = {p} LIMIT 1"
-        # A session already in the status is not written: a turn that chains into the
-        # next leaves its session active, and an update that changes nothing would
-        # still dirty its page and log it.
-        self.sql_status = (f"UPDATE sessions SET status = {p}, updated_at = {p} "
-                           f"WHERE id = {p} AND status <> {p}")
         self.sql_existing = (f"SELECT target_chat_id, kind, content, status, created_at "
                              f"FROM {INBOX} WHERE message_id = {p}")
 
@@ -154,17 +149,12 @@ class HotPath:
         return (f"SELECT DISTINCT target_chat_id, NULL FROM {INBOX} WHERE target_chat_id IN "
                 f"({self.in_list(n)}) AND {is_open()}")
 
-    def set_status_many(self, session_ids: Sequence[str], status: str, now: float) -> None:
-        """Several sessions' active/idle status (those not in it already)."""
-        for part in chunks(session_ids):
-            self.db.execute_sql(
-                f"UPDATE sessions SET status = {self.p}, updated_at = {self.p} "
-                f"WHERE id IN ({self.in_list(len(part))}) AND status <> {self.p}",
-                [status, now, *part, status])
-
     def set_statuses(self, statuses: Sequence[tuple[str, str]], now: float) -> None:
-        """Sessions' statuses, ``(session id, status)`` each, in one statement (those not
-        in theirs already)."""
+        """Sessions' active/idle statuses, ``(session id, status)`` each, in one statement.
+
+        A session already in its status is not written: a turn that chains into the next
+        leaves its session active, and an update that changes nothing would still dirty
+        its page and log it."""
         for part in chunks(statuses):
             values = ", ".join([f"({self.p}, {self.p})"] * len(part))
             self.db.execute_sql(
@@ -232,10 +222,6 @@ class HotPath:
                 f"({self.in_list(len(part))}) AND status = '{PROCESSING}' "
                 f"AND lease_owner = {self.p}", [*params, *part, owner]).rowcount
         return done
-
-    def set_status(self, session_id: str, status: str, now: float) -> None:
-        """A session's active/idle status."""
-        self.db.execute_sql(self.sql_status, (status, now, session_id, status))
 
     def head(self, target: str) -> Head | None:
         """The oldest open row of a target."""

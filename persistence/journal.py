@@ -67,7 +67,7 @@ class Journal(InboxReads):
         self._releases: Bulk[set_wise.Release, None] = Bulk(
             "release", self._release_one, lambda items: set_wise.release_all(bulk, items))
         self._commits: Bulk[TurnCommit, ClaimedRow | None] = Bulk(
-            "turn commit", self._commit_one if bulk.pg_turns is None else self._commit_alone,
+            "turn commit", self._commit_one,
             lambda items: set_wise.commit_all(bulk, items))
 
     # -- enqueue ---------------------------------------------------------------------------
@@ -144,10 +144,10 @@ class Journal(InboxReads):
         # ``attempts`` < 0: failed by this claim, not leased
         if rows and self.bulk.pg_turns is not None:
             self.bulk.pg_turns.lease_and_status(owner, now + lease, [r.message_id for r in rows],
-                                                [r.target for r in rows], (), now)
+                                                [r.target for r in rows], now)
         elif rows:
             self.hot.lease_many([r.message_id for r in rows], owner, now + lease, now)
-            self.hot.set_status_many([r.target for r in rows], "active", now)
+            self.hot.set_statuses([(r.target, "active") for r in rows], now)
         return ClaimResult(rows, sorted(done), held_back)
 
     def _count_interrupted(self, ids: list[str], now: float) -> dict[str, int]:
@@ -321,7 +321,7 @@ class Journal(InboxReads):
         following = None
         if next_lease is not None:
             following = self._claim_next_op(owner, session_id, now, next_lease)
-        self.hot.set_status(session_id, "active" if following else "idle", now)
+        self.hot.set_statuses([(session_id, "active" if following else "idle")], now)
         return following
 
     def complete_turn(self, owner: str, session_id: str, message_ids: Sequence[str],
@@ -362,17 +362,6 @@ class Journal(InboxReads):
     def _commit_one(self, c: TurnCommit) -> ClaimedRow | None:
         return self._complete_op(c.owner, c.session_id, c.message_ids, c.entries, c.now,
                                  (), (), c.next_lease)
-
-    def _commit_alone(self, c: TurnCommit) -> ClaimedRow | None:
-        """PostgreSQL: a plain turn commit alone in its batch by the set-wise statement (one
-        round trip where the rules one by one take seven), or by those rules where the
-        set-wise path declines it (a lost lease, a head already committed), its writes
-        undone first."""
-        try:
-            with self.t.db.atomic():
-                return set_wise.commit_all(self.bulk, [c])[0]
-        except set_wise.OneByOne:
-            return self._commit_one(c)
 
     def _ack_op(self, owner: str, ids: list[str], now: float) -> None:
         for row in self._fence(owner, ids):

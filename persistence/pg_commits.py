@@ -43,7 +43,6 @@ from .hot_path import (
     PENDING,
     PROCESSING,
     Head,
-    head_probe,
     is_open,
 )
 from .pg_claims import marker_probe
@@ -65,7 +64,6 @@ class PgTurnSql:
 
     def __init__(self, db: pw.Database) -> None:
         self.db = db
-        cols = ", ".join(f"m.{c}" for c in CLAIM_COLUMNS)
         ucols = ", ".join(f"u.{c}" for c in CLAIM_COLUMNS)
         # ``inbox_core.chains`` at each chaining commit's own time (``n.at``), as committing
         # it alone would judge it.
@@ -106,18 +104,11 @@ class PgTurnSql:
             f"SELECT (SELECT COUNT(*) FROM acked), "
             f"(SELECT COUNT(*) FROM n WHERE {due} AND n.done), l.* "
             f"FROM (SELECT 1) AS one LEFT JOIN leased l ON TRUE")
-        self.sql_heads = (
-            f"SELECT {cols}, {marker_probe('m.message_id')} FROM {INBOX} m "
-            f"WHERE m.seq = ANY(ARRAY(SELECT {head_probe('t.target')} "
-            f"FROM unnest(%s::text[]) AS t(target))) "
-            f"FOR UPDATE OF m SKIP LOCKED")
         self.sql_lease_and_status = (
             f"WITH leased AS (UPDATE {INBOX} SET status = '{PROCESSING}', lease_owner = %s, "
-            f"lease_until = %s, updated_at = %s WHERE message_id = ANY(%s)), "
-            f"active AS (UPDATE sessions SET status = 'active', updated_at = %s "
-            f"WHERE id = ANY(%s) AND status <> 'active') "
-            f"UPDATE sessions SET status = 'idle', updated_at = %s WHERE id = ANY(%s) "
-            f"AND status <> 'idle'")
+            f"lease_until = %s, updated_at = %s WHERE message_id = ANY(%s)) "
+            f"UPDATE sessions SET status = 'active', updated_at = %s "
+            f"WHERE id = ANY(%s) AND status <> 'active'")
 
     def commit_batch(self, owner: str, ids: Sequence[str],
                      entries: Sequence[tuple[Any, ...]],
@@ -145,20 +136,9 @@ class PgTurnSql:
                 leased[head.target_chat_id] = head
         return BatchOutcome(int(rows[0][0]), int(rows[0][1]), leased)
 
-    def heads_of(self, targets: Sequence[str]) -> tuple[dict[str, Head], set[str]]:
-        """target -> its head (locked; rows others hold skipped), and the ids among those
-        heads that already have a committed turn."""
-        heads: dict[str, Head] = {}
-        committed: set[str] = set()
-        for r in self.db.execute_sql(self.sql_heads, (list(targets),)):
-            head = Head._make(r[:-1])
-            heads[head.target_chat_id] = head
-            if r[-1]:
-                committed.add(head.message_id)
-        return heads, committed
-
     def lease_and_status(self, owner: str, until: float, lease: Sequence[str],
-                         active: Sequence[str], idle: Sequence[str], now: float) -> None:
-        """Lease ``lease`` to ``owner`` until ``until``; mark sessions active and idle."""
+                         active: Sequence[str], now: float) -> None:
+        """Lease ``lease`` to ``owner`` until ``until`` and mark ``active`` sessions active,
+        in one statement (a claim's writes)."""
         self.db.execute_sql(self.sql_lease_and_status,
-                            [owner, until, now, list(lease), now, list(active), now, list(idle)])
+                            [owner, until, now, list(lease), now, list(active)])

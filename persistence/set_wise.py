@@ -55,10 +55,9 @@ def insert_new(sql: BulkSql, items: Sequence[Enqueue]) -> list[EnqueueResult]:
     """Insert new messages, each new head that asked for a lease already leased (the fast
     path: :func:`heads_to_lease`). A row not written (its id has one already) raises
     :class:`OneByOne`: the caller runs the idempotence rule."""
-    # The fast path is SQLite's; only rows a session's turn delivers (a peer row's link
-    # sends it).
+    # The fast path is SQLite's.
     asking = sorted({msg.target for msg, _, lease in items
-                     if lease and msg.transport == "local"}) if not sql.postgres else []
+                     if _asks_fast_path(msg, lease)}) if not sql.postgres else []
     first, leases = None, {}
     if asking:
         first, busy = sql.next_seq(asking)
@@ -72,8 +71,8 @@ def insert_new(sql: BulkSql, items: Sequence[Enqueue]) -> list[EnqueueResult]:
         assert first is not None  # SQLite's numbering
         claimed = {msg.message_id: leased_new_row(msg, first + i, now)
                    for i, (msg, now, _) in enumerate(items) if msg.message_id in leases}
-        sql.hot.set_status_many(sorted({r.target for r in claimed.values()}), "active",
-                                max(t for _, t, _ in items))
+        sql.hot.set_statuses([(t, "active") for t in sorted({r.target for r in claimed.values()})],
+                             max(t for _, t, _ in items))
     pending = core.State.PENDING.value
     return [EnqueueResult(msg.message_id, msg.target, pending, True, now,
                           claimed.get(msg.message_id)) for msg, now, _ in items]
@@ -94,9 +93,15 @@ def heads_to_lease(items: Sequence[Enqueue], busy: set[str]) -> dict[str, Lease]
     for msg, _, lease in items:  # in order: a target's first new row is its head
         if msg.target not in busy:
             busy.add(msg.target)
-            if lease is not None and msg.transport == "local":
+            if lease is not None and _asks_fast_path(msg, lease):
                 leases[msg.message_id] = lease
     return leases
+
+
+def _asks_fast_path(msg: NewMessage, lease: Lease | None) -> bool:
+    """The enqueue asked for a lease, and its row is one a session's turn delivers (a peer
+    row's link sends it)."""
+    return lease is not None and msg.transport == "local"
 
 
 Release = tuple[str, list[str], float]

@@ -15,9 +15,9 @@ Operations of the same :class:`Bulk` kind that land in one batch run
 together (a few set-wise statements instead of a few per operation), and
 every kind of the batch under one savepoint: that is what keeps the
 per-message cost flat under load. If a set-wise run raises, that savepoint
-is rolled back and each kind runs under its own, its operations one by one
-if it raises again, so the outcome is exactly what one-by-one execution
-gives. Bulk kinds run where the batch's first bulk item stands, plain
+is rolled back and each kind runs under its own: the others set-wise again,
+the one that raised one operation at a time, so the outcome is exactly what
+one-by-one execution gives. Bulk kinds run where the batch's first bulk item stands, plain
 operations in the order they arrived. Callers
 wait for each result before depending on it, so operations in one batch are
 concurrent and may commit in any order within it.
@@ -271,9 +271,10 @@ class GroupCommitWriter:
                 for unit in _plan(batch):
                     if isinstance(unit, int):
                         outcomes[unit] = self._run_one(cursor, batch[unit][0])
-                    elif not self._run_groups(cursor, batch, unit, outcomes):
-                        for group in unit:
-                            self._run_bulk(cursor, batch, group, outcomes)
+                    elif (failed := self._run_groups(cursor, batch, unit, outcomes)) is not None:
+                        for group in unit:  # the one that raised goes straight one by one
+                            self._run_bulk(cursor, batch, group, outcomes,
+                                           set_wise=group is not failed)
         except Exception as exc:  # the commit itself failed: nothing of the batch is durable
             self._stats.rollbacks += 1
             for item in batch:
@@ -301,9 +302,10 @@ class GroupCommitWriter:
         return outcome
 
     def _run_groups(self, cursor: Any, batch: list[tuple[Any, ...]], groups: list[list[int]],
-                    outcomes: dict[int, tuple[bool, Any]]) -> bool:
-        """Run every bulk kind's items set-wise under one savepoint; False (all of it undone)
-        if any of them raised, for the caller to run each kind on its own.
+                    outcomes: dict[int, tuple[bool, Any]]) -> list[int] | None:
+        """Run every bulk kind's items set-wise under one savepoint; the group of the kind
+        that raised (all of it undone), for the caller to run each kind on its own, or
+        None.
 
         Every statement hands the interpreter lock over and waits to get it back, and
         under load that wait, not the statement, is most of the writer's time: one
@@ -312,29 +314,33 @@ class GroupCommitWriter:
         """
         cursor.execute("SAVEPOINT kinbox_bulk")
         answers: list[tuple[list[int], list[Any]]] = []
-        try:
-            for group in groups:
-                kind: Bulk[Any, Any] = batch[group[0]][0]
+        for group in groups:
+            kind: Bulk[Any, Any] = batch[group[0]][0]
+            try:
                 answers.append((group, _all_of(kind, [batch[i][1] for i in group])))
-        except Exception as exc:
-            cursor.execute("ROLLBACK TO SAVEPOINT kinbox_bulk")
-            cursor.execute("RELEASE SAVEPOINT kinbox_bulk")
-            self._stats.shared_fallbacks += 1
-            log.debug("a batch's bulk kinds run one kind at a time: %s", type(exc).__name__)
-            return False
+            except Exception as exc:
+                cursor.execute("ROLLBACK TO SAVEPOINT kinbox_bulk")
+                cursor.execute("RELEASE SAVEPOINT kinbox_bulk")
+                self._stats.shared_fallbacks += 1
+                log.debug("a batch's bulk kinds run one kind at a time: %s",
+                          type(exc).__name__)
+                return group
         for group, results in answers:
             if len(group) > 1:
                 self._stats.bulk_runs += 1
             for i, result in zip(group, results, strict=True):
                 outcomes[i] = (True, result)
-        return True
+        return None
 
     def _run_bulk(self, cursor: Any, batch: list[tuple[Any, ...]], indexes: list[int],
-                  outcomes: dict[int, tuple[bool, Any]]) -> None:
+                  outcomes: dict[int, tuple[bool, Any]], *, set_wise: bool = True) -> None:
+        """One kind's items under their own savepoint: set-wise (unless ``set_wise`` is
+        False: it just failed that way), else one by one."""
         kind: Bulk[Any, Any] = batch[indexes[0]][0]
         items = [batch[i][1] for i in indexes]
         if len(items) > 1:
-            ok, results = self._run_one(cursor, lambda: _all_of(kind, items))
+            ok, results = (self._run_one(cursor, lambda: _all_of(kind, items)) if set_wise
+                           else (False, None))
             if ok:
                 self._stats.bulk_runs += 1
                 for i, result in zip(indexes, results, strict=True):
