@@ -15,8 +15,8 @@ a small pool of blocking workers. The outbox hooks run on the loop with the
 commit: two of them read one row by key (a sub-agent's task turn its session,
 a social session's reply its route), none writes or waits for a commit.
 
-Per session nothing changes: the dispatcher still keeps one row in flight
-per target (``TurnDone`` comes from here when the turn and its chained
+Per session nothing changes: the slot table still keeps one row in flight
+per target (the slot frees from here when the turn and its chained
 successors are done), leases are renewed while the turn runs, and a
 target's rows run in order.
 

@@ -11,7 +11,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
 
@@ -27,9 +27,12 @@ from ..persistence import (
 )
 from .clock import Clock
 from .errors import RuntimeStateError
-from .messages import Claimed, Wake
+from .messages import Wake
 from .running import RunningTurns
 from .turn import Brain, Turn, TurnOutcome
+
+if TYPE_CHECKING:
+    from .slots import Slots
 
 log = logging.getLogger("kinbox.runtime")
 
@@ -70,6 +73,8 @@ class Activity:
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
+        self._waiters = 0
+        """Threads in :meth:`wait`: a change notifies only when someone waits."""
         self.busy = 0
         self.claim_pending = False
         self.live = 0
@@ -89,13 +94,28 @@ class Activity:
                     changed = True
             if changed:
                 self.peak_live = max(self.peak_live, self.live)
-                self.cond.notify_all()
+                if self._waiters:
+                    self.cond.notify_all()
 
     def bump(self, name: str, by: int = 1) -> None:
         """Add to a counter and wake every waiter."""
         with self.cond:
             setattr(self, name, getattr(self, name) + by)
-            self.cond.notify_all()
+            if self._waiters:
+                self.cond.notify_all()
+
+    def wait(self, timeout: float, until: Callable[[], bool] | None = None) -> bool:
+        """Wait for the next change, or ``timeout``; with ``until``, for ``until()`` to
+        hold (its last value). A caller may hold ``cond`` already, to change something
+        atomically with the wait (``foreground_waits``): the condition is re-entrant."""
+        with self.cond:
+            self._waiters += 1
+            try:
+                if until is None:
+                    return self.cond.wait(timeout)
+                return self.cond.wait_for(until, timeout)
+            finally:
+                self._waiters -= 1
 
     def snapshot(self) -> dict[str, Any]:
         """The current values."""
@@ -127,6 +147,8 @@ class RuntimeContext:
     turn_hooks: list[TurnHook] = field(default_factory=list)
     task_hooks: list[TaskHook] = field(default_factory=list)
     dispatcher: pykka.ActorRef[Any] | None = None
+    slots: Slots | None = None
+    """The delivery slots (:mod:`.slots`): where turns start and end, from any thread."""
     buckets: Any = None
     """Family rate-limit buckets (``family.Buckets``), set by the runtime."""
     focal: Any = None
@@ -153,8 +175,8 @@ class RuntimeContext:
     processes deliver, and in a send-only runtime."""
 
     def enqueue(self, msg: NewMessage) -> EnqueueResult:
-        """Commit ``msg``, tell observers it was ``sent``, then hand its row to the
-        dispatcher (the fast path) or nudge it.
+        """Commit ``msg``, tell observers it was ``sent``, then start its turn (the fast
+        path) or nudge the dispatcher.
 
         A fast-path send that leased nothing needs no nudge: its target's older row is in
         flight here (its commit leases the next one), or waits out a backoff (the tick
@@ -174,12 +196,10 @@ class RuntimeContext:
                   kind=msg.kind, created=result.created)
 
     def hand_over(self, row: ClaimedRow) -> None:
-        """Give the dispatcher a row leased for this runtime outside its claims."""
-        if self.dispatcher is not None and not self.crashed.is_set():
-            try:
-                self.dispatcher.tell(Claimed(row))
-            except pykka.ActorDeadError:
-                pass  # stopping: the row's lease runs out, the next start replays it
+        """Start the turn of a row leased for this runtime outside a claim (or keep it
+        until a slot frees), on this thread."""
+        if self.slots is not None:
+            self.slots.offer(row)
 
     def effects(self, turn: Turn, outcome: TurnOutcome) -> TurnEffects:
         """What commits with this outcome: the turn's own tool writes when it succeeded

@@ -29,26 +29,7 @@ class ClaimNow:
 
 @dataclass(frozen=True)
 class Deliver:
-    """Run a turn for this claimed row (dispatcher -> session actor)."""
+    """Run a turn for this leased row (the slot table -> a session actor)."""
 
     row: ClaimedRow
     """The leased head row of the session's queue."""
-
-
-@dataclass(frozen=True)
-class Claimed:
-    """A row its send leased in the enqueue's transaction (the fast path): deliver it, no
-    claim query (a sender -> the dispatcher)."""
-
-    row: ClaimedRow
-
-
-@dataclass(frozen=True)
-class TurnDone:
-    """A session actor finished with its row, whatever the outcome."""
-
-    session_id: str
-    """The session whose slot is free again."""
-    claim: bool = True
-    """Rows may be due that nothing else will hand over (a row handed back, a failed
-    attempt, messages its commit enqueued): claim. False after plain committed turns."""

@@ -25,36 +25,64 @@ def overdue(started: float, now: float, timeout: float | None) -> bool:
     return timeout is not None and now - started > timeout
 
 
-class StopFlag(threading.Event):
-    """A turn's stop flag: a ``threading.Event`` that async turns can also await."""
+class StopFlag:
+    """A turn's stop flag, which threads can wait for and async turns can await.
+
+    Every turn has one and almost none is ever waited for, so it is a bool until
+    someone waits: the ``threading.Event`` (or the loop's ``asyncio.Event``) a
+    waiter needs is made by that waiter, under one lock shared by all flags.
+    """
+
+    __slots__ = ("_event", "_set", "_waiters")
 
     def __init__(self) -> None:
-        super().__init__()
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
-        self._lock = threading.Lock()
+        self._set = False
+        self._event: threading.Event | None = None
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] | None = None
+
+    def is_set(self) -> bool:
+        """True once the flag is raised."""
+        return self._set
 
     def set(self) -> None:
         """Raise the flag and wake every waiter, threads and event loops alike."""
-        super().set()
-        with self._lock:
-            waiters, self._waiters = self._waiters, []
-        for loop, event in waiters:
-            loop.call_soon_threadsafe(event.set)
+        with _WAITERS:
+            self._set = True
+            event, waiters, self._waiters = self._event, self._waiters, None
+        if event is not None:
+            event.set()
+        for loop, async_event in waiters or ():
+            loop.call_soon_threadsafe(async_event.set)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the flag is raised or ``timeout`` passes; return the flag."""
+        with _WAITERS:
+            if self._set:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
 
     async def wait_async(self, timeout: float | None = None) -> bool:
         """Await the flag (or ``timeout``) on the running loop; return whether it is set."""
-        if self.is_set():
-            return True
         event = asyncio.Event()
-        with self._lock:
+        with _WAITERS:
+            if self._set:
+                return True
+            if self._waiters is None:
+                self._waiters = []
             self._waiters.append((asyncio.get_running_loop(), event))
-        if self.is_set():  # set between the check and the registration
-            return True
         try:
             await asyncio.wait_for(event.wait(), timeout)
         except TimeoutError:
             pass
-        return self.is_set()
+        return self._set
+
+
+_WAITERS = threading.Lock()
+"""Orders a waiter's registration against its flag's raising: one lock for every flag
+(held for a few attribute writes; a lock per flag would cost every turn)."""
 
 
 class RunningTurns:
@@ -62,6 +90,9 @@ class RunningTurns:
 
     def __init__(self) -> None:
         self._lock = threading.Condition(threading.Lock())
+        self._beginning = 0
+        """Threads in :meth:`begin` waiting for a session's turn to end (rare: a cron or
+        social turn meeting an inbox turn), so ending a turn notifies only when needed."""
         self._flags: dict[str, StopFlag] = {}
         self._stop_asked_at: dict[str, float] = {}
         self._stopped_by: dict[str, str | None] = {}
@@ -71,7 +102,11 @@ class RunningTurns:
         """Register a turn of ``session_id`` started at ``now`` (once the session's running
         turn ended); return its stop flag."""
         with self._lock:
-            self._lock.wait_for(lambda: session_id not in self._flags)
+            self._beginning += 1
+            try:
+                self._lock.wait_for(lambda: session_id not in self._flags)
+            finally:
+                self._beginning -= 1
             return self._register(session_id, now)
 
     def try_begin(self, session_id: str, now: float = 0.0) -> StopFlag | None:
@@ -93,7 +128,8 @@ class RunningTurns:
             self._flags.pop(session_id, None)
             self._started.pop(session_id, None)
             self._stop_asked_at.pop(session_id, None)
-            self._lock.notify_all()
+            if self._beginning:
+                self._lock.notify_all()
             return self._stopped_by.pop(session_id, None)
 
     def stop_overdue(self, now: float, timeout: float | None) -> list[str]:

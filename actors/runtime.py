@@ -58,6 +58,7 @@ from .messages import Tick
 from .peers import PeerService
 from .runtime_records import INBOX_STATES, RecordsApi
 from .shared_database import SharedDatabase
+from .slots import Slots
 from .social import SocialService
 from .subagents import report_back
 from .turn import Brain, Turn, is_async_brain
@@ -196,9 +197,11 @@ class Runtime(RecordsApi):
                 ctx.async_host = AsyncHost(ctx, workers=min(16, max(4, self.max_active_sessions)))
                 ctx.async_host.start()
             if not self.send_only:
-                ctx.dispatcher = Dispatcher.start(
-                    ctx, self._turn_limit(), self.idle_ttl, self.max_live_sessions,
-                    threads=min(2, self.max_active_sessions) if self.async_brain else None)
+                slots = Slots(ctx, self._turn_limit(), self.max_live_sessions,
+                              threads=min(2, self.max_active_sessions) if self.async_brain
+                              else None)
+                ctx.dispatcher = Dispatcher.start(ctx, slots, self.idle_ttl)
+                ctx.slots = slots  # once the dispatcher takes claim requests
                 if self._schedule is not None:
                     self._schedule.start()
                 self._shared.listen(db, ctx.wake_dispatcher)  # other processes' sends
@@ -497,8 +500,7 @@ class Runtime(RecordsApi):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise IdleTimeout(timeout, self.statistics())
-            with ctx.activity.cond:
-                ctx.activity.cond.wait(min(remaining, 0.05))
+            ctx.activity.wait(min(remaining, 0.05))
 
     # -- services --------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ the brain, and commits the outcome through the journal, which applies the
 storage rules. The commit of a successful turn writes the transcript
 entries, a delivery marker per message and the acks in one transaction,
 fenced by the lease; a failed turn is retried with backoff. Whatever
-happens, the dispatcher hears ``TurnDone`` so the session's slot frees up.
+happens, the session's slot frees up at the end (:mod:`.slots`).
 An async brain's turns run the same protocol on the event loop
 (:mod:`.async_host`), which carries out the same effects of this class: the
 ones that write are generators (:data:`Step`) that yield the writer's reply,
@@ -21,8 +21,6 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
-import pykka
-
 from ..persistence import (
     WRITE_TIMEOUT,
     ClaimedRow,
@@ -33,7 +31,7 @@ from ..persistence import (
 )
 from . import delivery as dp
 from .context import RuntimeContext, TurnEffects
-from .messages import Deliver, TurnDone
+from .messages import Deliver
 from .outbox import Outbox
 from .pooled import ActorPool, PooledActor
 from .running import StopFlag
@@ -92,14 +90,14 @@ class SessionActor(PooledActor):
         """The turn of the current effect (one at a time: the protocol is sequential)."""
         self.judged: Judged | None = None
         self.told_done = False
-        """The dispatcher heard this run's ``TurnDone`` (it must, exactly once)."""
+        """This run freed its slot (it must, exactly once)."""
 
     def on_receive(self, message: Any) -> None:
         if isinstance(message, Deliver):
             host = self.ctx.async_host
             if host is not None:
                 # An async brain: the turn runs on the event loop and this pool thread
-                # is free at once; the loop tells the dispatcher TurnDone at the end.
+                # is free at once; the loop frees the slot at the end.
                 host.start_turns(self, message.row)
                 return
             run = self.new_run()
@@ -162,14 +160,13 @@ class SessionActor(PooledActor):
         raise TypeError(f"not an effect this actor carries out: {effect!r}")
 
     def done(self, claim: bool) -> None:
-        """Tell the dispatcher the session's slot is free (unless the runtime crashed)."""
+        """Free the session's slot (unless the runtime crashed); ``claim``: rows may be due
+        that nothing else hands over (a row handed back, a failed attempt, messages its
+        commit enqueued), so the dispatcher claims."""
         self.turn = self.judged = None
         self.told_done = True
-        if not self.ctx.crashed.is_set() and self.ctx.dispatcher is not None:
-            try:
-                self.ctx.dispatcher.tell(TurnDone(self.session_id, claim))
-            except pykka.ActorDeadError:
-                pass  # the runtime is stopping
+        if self.ctx.slots is not None:
+            self.ctx.slots.turn_done(self.session_id, claim)
 
     def start_turn(self, run: dp.Delivery, row: ClaimedRow, record_start: bool) -> Step:
         """Start the turn of ``row`` (a :data:`Step`: it writes when the row was taken over);

@@ -329,8 +329,8 @@ class AgentTools(FamilyTools, TaskTools):
         with ctx.activity.cond:
             ctx.foreground_waits += 1
             try:
-                done = ctx.activity.cond.wait_for(
-                    lambda: self.child_finished(result["task_id"]), timeout)
+                done = ctx.activity.wait(
+                    timeout, until=lambda: self.child_finished(result["task_id"]))
             finally:
                 ctx.foreground_waits -= 1
         if not done:

@@ -1,0 +1,261 @@
+"""The delivery slots of a runtime: which sessions have a row in flight here, and the rest.
+
+One :class:`Slots` per delivering runtime, shared by every thread that
+starts or ends a turn: a send that leased its row in the enqueue's
+transaction (the fast path) starts the turn from the sender's thread, and a
+session actor ending its run frees its slot and starts what waited for one
+from its own thread. Neither goes through the dispatcher actor: each would
+cost two thread hand-offs per message (measured: about a tenth of the
+runtime's throughput). The dispatcher actor runs what must be serial and
+may wait for the database: claims, lease renewals, passivation by age.
+
+The state lives under one lock, held for a few dictionary operations and
+never across a database call or an observer:
+
+- ``busy``: sessions with a row in flight here (at most one each), at most
+  ``max_active`` at once (the session threads);
+- ``waiting``: leased rows that wait for a free slot or for their session's
+  turn to end, oldest first, at most one per session (the journal leases one
+  row per target);
+- ``live``: the session actors, least recently used first, at most
+  ``max_live`` (idle ones are passivated, :mod:`.passivation`);
+- what the next claim must do: claim again (``backlog``, a row handed back),
+  hold back suspect rows while one runs (a death during it is that row's).
+
+It owns the pool the session actors run on (:mod:`.pooled`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pykka
+
+from ..persistence import ClaimedRow, ClaimResult
+from . import passivation
+from .context import RuntimeContext
+from .messages import Deliver
+from .pooled import ActorPool
+from .session_actor import SessionActor
+
+log = logging.getLogger("kinbox.dispatcher")
+
+Started = list[tuple[pykka.ActorRef[Any], ClaimedRow, str]]
+"""Turns a locked section started: told and announced once the lock is released."""
+
+
+class Slots:
+    """The slot table and the session actors of one runtime (thread-safe)."""
+
+    def __init__(self, ctx: RuntimeContext, max_active: int, max_live: int,
+                 threads: int | None = None) -> None:
+        self.ctx = ctx
+        self.max_active = max_active
+        self.max_live = max_live
+        db = ctx.journal.t.db
+        # Sync turns each hold a pool thread; async ones only pass through it.
+        self.pool = ActorPool(threads or max_active, name="kinbox-session",
+                              on_exit=lambda: None if db.is_closed() else db.close())
+        self.request_claim: Callable[[], None] = lambda: None
+        """Asks the dispatcher to claim (it tells itself ``ClaimNow``); set once it runs."""
+        self._lock = threading.Lock()
+        self.live: OrderedDict[str, pykka.ActorRef[Any]] = OrderedDict()
+        self.last_used: dict[str, float] = {}
+        self.busy: set[str] = set()
+        self.waiting: OrderedDict[str, ClaimedRow] = OrderedDict()
+        self.backlog = True
+        """Due rows may be left in the journal: claim after the next turn (until a claim
+        comes back with room to spare)."""
+        self.suspect: str | None = None
+        """The session running a suspect row (its last worker died mid-turn), if any."""
+        self.suspects_held = False
+        """A claim left due suspect rows behind the running one: claim once it is done."""
+        self.claim_scheduled = False
+        self.stopped = False
+
+    # -- from any thread -------------------------------------------------------------------
+
+    def offer(self, row: ClaimedRow, how: str = "leased with its send") -> None:
+        """Start the turn of a row leased for this runtime, or keep it until a slot frees."""
+        started: Started = []
+        try:
+            with self._lock:
+                if self._closed():
+                    return
+                self._offer(row, how, started)
+                self._publish()
+        except Exception:
+            # The row stays leased in the journal: its lease runs out and a claim takes it.
+            log.exception("could not start the turn of %s", row.message_id)
+        self._tell(started)
+
+    def turn_done(self, session_id: str, claim: bool) -> None:
+        """``session_id``'s run ended: free its slot, start what waited; ``claim`` asks for
+        a claim (rows may be due that nothing else hands over)."""
+        started: Started = []
+        ask = False
+        try:
+            with self._lock:
+                if self._closed():
+                    return
+                self.busy.discard(session_id)
+                next_suspect = False
+                if self.suspect == session_id:
+                    self.suspect = None
+                    next_suspect, self.suspects_held = self.suspects_held, False
+                self.last_used[session_id] = self.ctx.now()
+                self._fill(started)
+                ask = (claim or self.backlog or next_suspect) and self._schedule_claim()
+                self._publish()
+        except Exception:
+            log.exception("could not end the run of %s; claiming again", session_id)
+            ask = True
+        self._tell(started)
+        if ask:
+            self.request_claim()
+
+    def wake(self) -> bool:
+        """Rows may be due (a send committed, a nudge): True when a claim must be asked."""
+        with self._lock:
+            self.backlog = True
+            ask = self._schedule_claim()
+            self._publish()
+        return ask
+
+    # -- from the dispatcher ---------------------------------------------------------------
+
+    def claim_window(self, requested: bool) -> tuple[int, set[str], int]:
+        """What the next claim may take: free slots, sessions to leave out, suspect rows;
+        ``requested``: it is the claim asked for (later requests ask for another)."""
+        with self._lock:
+            if requested:
+                self.claim_scheduled = False
+                self._publish()
+            return (self.max_active - len(self.busy), self.busy | self.waiting.keys(),
+                    0 if self.suspect else 1)
+
+    def claimed(self, result: ClaimResult, capacity: int) -> bool:
+        """Start the claimed rows; True when another claim must follow at once."""
+        started: Started = []
+        with self._lock:
+            for row in result.rows:
+                self._offer(row, "claimed", started)
+            self.suspects_held = self.suspects_held or result.held_back
+            self.backlog = len(result.rows) == capacity
+            again = False
+            if self.suspects_held and not self.suspect:
+                # Held back with none running (the one claimed failed at its takeover): no
+                # turn's end would claim them, so claim again now.
+                self.suspects_held = False
+                again = True
+            elif result.acked_by_marker or self.backlog:
+                again = True
+            again = again and self._schedule_claim()
+            self._publish()
+        self._tell(started)
+        return again
+
+    def held(self) -> list[str]:
+        """Sessions whose rows are leased here (running or waiting): their leases renew."""
+        with self._lock:
+            return sorted(self.busy | self.waiting.keys())
+
+    def passivate_expired(self, now: float, idle_ttl: float) -> None:
+        """Stop the session actors idle for ``idle_ttl`` seconds."""
+        with self._lock:
+            for session_id in passivation.expired_idle(self.last_used, self.busy, now,
+                                                       idle_ttl):
+                self._passivate(session_id)
+            self._publish()
+
+    def stop(self) -> None:
+        """Stop every session actor at once, then wait: running turns finish and commit."""
+        with self._lock:
+            self.stopped = True
+            refs = list(self.live.values())
+            self.live.clear()
+        futures = [ref.stop(block=False) for ref in refs]
+        for future in futures:
+            try:
+                future.get(timeout=30)
+            except Exception:
+                log.warning("a session actor did not stop in time")
+        self.pool.stop()
+
+    # -- under the lock --------------------------------------------------------------------
+
+    def _closed(self) -> bool:
+        return self.stopped or self.ctx.crashed.is_set()
+
+    def _schedule_claim(self) -> bool:
+        # Many requests before the dispatcher reads one cost one claim query.
+        if self.claim_scheduled:
+            return False
+        self.claim_scheduled = True
+        return True
+
+    def _offer(self, row: ClaimedRow, how: str, started: Started) -> None:
+        if row.target in self.busy or len(self.busy) >= self.max_active:
+            self.waiting[row.target] = row
+        else:
+            self._start(row, how, started)
+
+    def _fill(self, started: Started) -> None:
+        """Start waiting rows while there are free slots, oldest first."""
+        for target in list(self.waiting):
+            if len(self.busy) >= self.max_active:
+                return
+            if target not in self.busy:
+                self._start(self.waiting.pop(target), "leased with its send", started)
+
+    def _start(self, row: ClaimedRow, how: str, started: Started) -> None:
+        if row.taken_over:
+            self.suspect = row.target
+        self.busy.add(row.target)
+        started.append((self._actor_for(row.target), row, how))
+
+    def _actor_for(self, session_id: str) -> pykka.ActorRef[Any]:
+        ref = self.live.get(session_id)
+        if ref is not None and not ref.is_alive():  # it failed outside a turn: start anew
+            self.live.pop(session_id)
+            ref = None
+        if ref is None:
+            for victim in passivation.evictions_for(self.live.keys(), self.busy, session_id,
+                                                    self.max_live):
+                self._passivate(victim)
+            ref = SessionActor.start(self.ctx, session_id, self.pool)
+            self.live[session_id] = ref
+            self.ctx.activity.bump("activations")
+        self.live.move_to_end(session_id)
+        self.last_used[session_id] = self.ctx.now()
+        return ref
+
+    def _passivate(self, session_id: str) -> None:
+        ref = self.live.pop(session_id, None)
+        self.last_used.pop(session_id, None)
+        if ref is not None:
+            ref.stop(block=False)
+            self.ctx.activity.bump("passivations")
+
+    def _publish(self) -> None:
+        # Under the lock, so the board never goes back to an older count.
+        self.ctx.activity.publish(busy=len(self.busy) + len(self.waiting),
+                                  claim_pending=self.claim_scheduled, live=len(self.live))
+
+    # -- after the lock --------------------------------------------------------------------
+
+    def _tell(self, started: Iterable[tuple[pykka.ActorRef[Any], ClaimedRow, str]]) -> None:
+        # Outside the lock: a busy session's actor is never passivated, so its ref holds.
+        for ref, row, how in started:
+            log.debug("%s %s for %s (attempt %d)", how, row.message_id, row.target,
+                      row.attempts + 1)
+            self.ctx.emit("claimed", message_id=row.message_id, session_id=row.target,
+                          attempt=row.attempts + 1)
+            try:
+                ref.tell(Deliver(row))
+            except pykka.ActorDeadError:
+                pass  # stopping: the row's lease runs out, the next start replays it
