@@ -54,8 +54,12 @@ class TurnEffects:
         self.after.extend(other.after)
 
 
-OutboxHook = Callable[["RuntimeContext", Turn, TurnOutcome], TurnEffects]
-"""Effects of a turn's end (a parent's wake-up), committed with the turn's outcome."""
+NO_EFFECTS = TurnEffects()
+"""What most turns cause besides their commit: nothing (shared: never add to it)."""
+
+OutboxHook = Callable[["RuntimeContext", Turn, TurnOutcome], "TurnEffects | None"]
+"""Effects of a turn's end (a parent's wake-up), committed with the turn's outcome (None:
+none)."""
 
 TurnHook = Callable[["RuntimeContext", Turn], "Callable[[], object] | None"]
 """Runs before a turn's brain, without blocking (the event loop of async brains runs it):
@@ -203,13 +207,17 @@ class RuntimeContext:
 
     def effects(self, turn: Turn, outcome: TurnOutcome) -> TurnEffects:
         """What commits with this outcome: the turn's own tool writes when it succeeded
-        (never when it failed), then what every outbox hook adds."""
-        effects = TurnEffects()
-        if outcome.ok and turn.outbox is not None:  # the tool calls' writes, in call order
-            effects.extend(turn.outbox.effects())
+        (never when it failed), then what every outbox hook adds (read it, never add to
+        it: most turns share :data:`NO_EFFECTS`)."""
+        effects = NO_EFFECTS  # most turns: no tool writes, nothing from any hook
+        box = turn.outbox
+        if outcome.ok and box is not None and (box.ops or box.after):
+            effects = box.effects()  # the tool calls' writes, in call order
         for hook in self.outbox_hooks:
             more = hook(self, turn, outcome)
-            if more.messages or more.ops or more.after:  # most turns: none from any hook
+            if more is not None and (more.messages or more.ops or more.after):
+                if effects is NO_EFFECTS:
+                    effects = TurnEffects()
                 effects.extend(more)
         return effects
 

@@ -245,16 +245,19 @@ class Focal:
                 payload={"task_id": task.id}))
         return out
 
-    def outbox(self, ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEffects:
+    def outbox(self, ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome
+               ) -> TurnEffects | None:
         """Outbox hook: replies to Focal, heartbeat signatures, user notifications."""
-        effects = TurnEffects()
         if not outcome.ok:
-            return effects
+            return None
+        effects = TurnEffects()
         if turn.session_id == FOCAL_ID:
             self._focal_turn_effects(turn, effects)
             return effects
+        if not turn.replies:
+            return None
         asked = [m for m in turn.all_messages if m.sender_id == FOCAL_ID]
-        if asked and turn.replies:
+        if asked:
             effects.messages.append(NewMessage(
                 f"focal-reply-{asked[-1].message_id}", FOCAL_ID,
                 turn.replies[-1][:REPLY_LIMIT], kind="agent_message", sender=turn.session_id,

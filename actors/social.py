@@ -306,13 +306,14 @@ class SocialService:
         self.channels.send(sid, event.platform, event.reply_route, "\n\n".join(turn.replies),
                            event.event_id)
 
-    def outbox(self, ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEffects:
+    def outbox(self, ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome
+               ) -> TurnEffects | None:
         """Outbox hook: replies of an inbox turn in a social session (an ``agent_send`` to
         it) leave through the channel too, by the thread's last reply route."""
-        effects = TurnEffects()
         if (not outcome.ok or not turn.replies or not turn.session_id.startswith("social-")
                 or any(m.kind == SOCIAL_KIND for m in turn.messages) or self.turns is None):
-            return effects  # a social event's own turn sends its replies itself
+            return None  # a social event's own turn sends its replies itself
+        effects = TurnEffects()
         session = ctx.store.session(turn.session_id)
         route = session.config.get("social_reply_route") if session else None
         if session is None or session.kind != "social" or session.platform is None \

@@ -31,15 +31,15 @@ def task_message_id(task_id: str) -> str:
     return f"subagent-task-{task_id}"
 
 
-def report_back(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEffects:
+def report_back(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEffects | None:
     """Outbox hook: the parent's wake-up and the task's end, for a child's task turn."""
-    effects = TurnEffects()
     task_messages = [m for m in turn.all_messages if m.kind == TASK_KIND]
     if not task_messages:
-        return effects
+        return None
     child = ctx.store.session(turn.session_id)
     if child is None or child.parent_id is None:
-        return effects
+        return None
+    effects = TurnEffects()
     task_id = str(task_messages[0].payload.get("task_id", ""))
     if not outcome.ok:
         state, changes = "failed", {"status": "blocked", "blocked_on": "error",
