@@ -87,19 +87,14 @@ class Activity:
         self.passivations = 0
         self.turns = 0
 
-    def publish(self, **values: Any) -> None:
-        """Update fields and wake every waiter, if any of them changed (the dispatcher
-        publishes after every message it handles; most change nothing)."""
+    def publish(self, busy: int, claim_pending: bool, live: int) -> None:
+        """The slot table's state (after each change); wakes the waiters."""
         with self.cond:
-            changed = False
-            for key, value in values.items():
-                if getattr(self, key) != value:
-                    setattr(self, key, value)
-                    changed = True
-            if changed:
-                self.peak_live = max(self.peak_live, self.live)
-                if self._waiters:
-                    self.cond.notify_all()
+            self.busy, self.claim_pending, self.live = busy, claim_pending, live
+            if live > self.peak_live:
+                self.peak_live = live
+            if self._waiters:
+                self.cond.notify_all()
 
     def bump(self, name: str, by: int = 1) -> None:
         """Add to a counter and wake every waiter."""
@@ -196,8 +191,9 @@ class RuntimeContext:
 
     def emit_sent(self, msg: NewMessage, result: EnqueueResult) -> None:
         """Observers hear of a committed send."""
-        self.emit("sent", message_id=result.message_id, sender=msg.sender, target=msg.target,
-                  kind=msg.kind, created=result.created)
+        if self.observers:
+            self.emit("sent", message_id=result.message_id, sender=msg.sender,
+                      target=msg.target, kind=msg.kind, created=result.created)
 
     def hand_over(self, row: ClaimedRow) -> None:
         """Start the turn of a row leased for this runtime outside a claim (or keep it

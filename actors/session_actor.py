@@ -209,8 +209,9 @@ class SessionActor(PooledActor):
         outbox = Outbox(row.message_id)
         turn = Turn(sid, [Message.from_row(row)], turn_tools(ctx, sid, outbox), stop_flag,
                     fetch_steering, row=row, started=started, steered=steered, outbox=outbox)
-        ctx.emit("turn_started", session_id=sid, message_id=row.message_id,
-                 attempt=row.attempts + 1)
+        if ctx.observers:
+            ctx.emit("turn_started", session_id=sid, message_id=row.message_id,
+                     attempt=row.attempts + 1)
         return turn
 
     def commit(self, run: dp.Delivery, ids: list[str]) -> Step:
@@ -245,8 +246,9 @@ class SessionActor(PooledActor):
                       sid, exc)
             return run.journal_failed()
         ctx.activity.bump("turns")
-        ctx.emit("turn_committed", session_id=sid, message_ids=ids,
-                 replies=list(turn.replies), stopped_by=done.stopped_by)
+        if ctx.observers:
+            ctx.emit("turn_committed", session_id=sid, message_ids=ids,
+                     replies=list(turn.replies), stopped_by=done.stopped_by)
         self._run_after(effects)
         run.closing = ctx.closed.is_set()  # stopping: the next row is handed back, not run
         return run.committed(following, plain=not (effects.messages or effects.ops))

@@ -243,8 +243,8 @@ class Slots:
 
     def _publish(self) -> None:
         # Under the lock, so the board never goes back to an older count.
-        self.ctx.activity.publish(busy=len(self.busy) + len(self.waiting),
-                                  claim_pending=self.claim_scheduled, live=len(self.live))
+        self.ctx.activity.publish(len(self.busy) + len(self.waiting), self.claim_scheduled,
+                                  len(self.live))
 
     # -- after the lock --------------------------------------------------------------------
 
@@ -253,8 +253,9 @@ class Slots:
         for ref, row, how in started:
             log.debug("%s %s for %s (attempt %d)", how, row.message_id, row.target,
                       row.attempts + 1)
-            self.ctx.emit("claimed", message_id=row.message_id, session_id=row.target,
-                          attempt=row.attempts + 1)
+            if self.ctx.observers:
+                self.ctx.emit("claimed", message_id=row.message_id, session_id=row.target,
+                              attempt=row.attempts + 1)
             try:
                 ref.tell(Deliver(row))
             except pykka.ActorDeadError:
