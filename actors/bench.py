@@ -24,10 +24,12 @@ from typing import Any, TextIO
 from . import bench_concurrency, bench_crash, bench_peers, bench_runs, bench_scaleout
 from .bench_systems import SYSTEMS
 
-OPTIONAL = ("kinbox_normal",)
+OPTIONAL = ("kinbox_normal", "bare_py100", "bare_py200")
 """Run only when ``--systems`` names them: kinbox at ``synchronous=NORMAL`` is a variant of
 kinbox, not a comparison system, and without it the quick run stays within 90 s and the
-full one within 15 minutes."""
+full one within 15 minutes; ``bare_py100``/``bare_py200`` are the bare pipeline with a brain
+that runs 100/200 us of pure Python per turn (what a microsecond of Python per message
+costs the rate)."""
 
 BENCHMARKS = ("throughput", "recovery", "scale", "concurrency", "peers", "crash", "scaleout")
 

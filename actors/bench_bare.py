@@ -178,11 +178,17 @@ class BarePipeline:
                     self._scheduled[target] = False
 
 
-def run_bare(w: Workload, workdir: Path) -> Measured:
-    """The bare pipeline on the benchmark workload, a trivial brain recording each turn."""
+def run_bare(w: Workload, workdir: Path, python_us: int = 0) -> Measured:
+    """The bare pipeline on the benchmark workload, a trivial brain recording each turn;
+    with ``python_us``, the brain also runs that many microseconds of pure Python (holding
+    the interpreter lock, as the runtime's own code per message does)."""
     rec = Recorder(w.messages)
 
     def brain(target: int, body: str) -> str:
+        if python_us:
+            until = time.thread_time() + python_us / 1e6
+            while time.thread_time() < until:
+                pass
         rec.handled(body)
         return "ok"
 

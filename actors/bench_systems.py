@@ -186,6 +186,8 @@ SYSTEMS: dict[str, Callable[[Workload, Path], Measured]] = {
     "memory": run_memory,
     "sqlite_ceiling": run_sqlite_ceiling,
     "bare": run_bare,
+    "bare_py100": lambda w, d: run_bare(w, d, python_us=100),
+    "bare_py200": lambda w, d: run_bare(w, d, python_us=200),
     "dbos": run_dbos,
 }
 

@@ -127,39 +127,44 @@ class DirectTurns:
         with self._lock_for(session_id):
             ctx.store.update_session(session_id, ctx.now(), status="active")
             turn = self._start(session_id, messages, fetch_steering)
-            first = messages[0].message_id if messages else None
-            ctx.emit("turn_started", session_id=session_id, message_id=first, attempt=1)
-            error: BaseException | None = None
             try:
-                prepare(ctx, turn)
-                if ctx.async_host is not None:  # an async brain runs on the runtime's loop
-                    error = ctx.async_host.run_brain_blocking(turn)
-                else:
-                    take_result(turn, ctx.brain(turn))
-            except Exception as exc:
-                error = exc
-            outcome = judge(ctx, turn, error).outcome
-            if not outcome.ok:
-                log.info("direct turn of %s failed: %s", session_id, outcome.error)
-                ctx.store.update_session(session_id, ctx.now(), status="idle")
-                ctx.emit("turn_failed", session_id=session_id, message_id=first,
-                         error=outcome.error, state="direct", attempts=1, available_at=None)
-                return DirectOutcome(turn, outcome, False, outcome.error)
-            effects = ctx.effects(turn, outcome)
-            try:
-                ctx.journal.complete_turn(ctx.owner, session_id, [], turn.entries(), ctx.now(),
-                                          enqueue=effects.messages,
-                                          also=[*effects.ops, *commit_ops(turn)])
-            except WriterClosed:
-                raise
-            except (LeaseLost, PersistenceError) as exc:
-                ctx.store.update_session(session_id, ctx.now(), status="idle")
-                ctx.emit("lease_lost", session_id=session_id, message_id=first, error=str(exc))
-                return DirectOutcome(turn, outcome, False, str(exc))
-            ctx.activity.bump("turns")
-            ctx.emit("turn_committed", session_id=session_id,
-                     message_ids=[m.message_id for m in turn.all_messages],
-                     replies=list(turn.replies), stopped_by=outcome.stopped_by)
+                first = messages[0].message_id if messages else None
+                ctx.emit("turn_started", session_id=session_id, message_id=first, attempt=1)
+                error: BaseException | None = None
+                try:
+                    prepare(ctx, turn)
+                    if ctx.async_host is not None:  # an async brain runs on the runtime's loop
+                        error = ctx.async_host.run_brain_blocking(turn)
+                    else:
+                        take_result(turn, ctx.brain(turn))
+                except Exception as exc:
+                    error = exc
+                outcome = judge(ctx, turn, error).outcome
+                if not outcome.ok:
+                    log.info("direct turn of %s failed: %s", session_id, outcome.error)
+                    ctx.store.update_session(session_id, ctx.now(), status="idle")
+                    ctx.emit("turn_failed", session_id=session_id, message_id=first,
+                             error=outcome.error, state="direct", attempts=1, available_at=None)
+                    return DirectOutcome(turn, outcome, False, outcome.error)
+                effects = ctx.effects(turn, outcome)
+                try:
+                    ctx.journal.complete_turn(ctx.owner, session_id, [], turn.entries(), ctx.now(),
+                                              enqueue=effects.messages,
+                                              also=[*effects.ops, *commit_ops(turn)])
+                except WriterClosed:
+                    raise
+                except (LeaseLost, PersistenceError) as exc:
+                    ctx.store.update_session(session_id, ctx.now(), status="idle")
+                    ctx.emit("lease_lost", session_id=session_id, message_id=first, error=str(exc))
+                    return DirectOutcome(turn, outcome, False, str(exc))
+                ctx.activity.bump("turns")
+                ctx.emit("turn_committed", session_id=session_id,
+                         message_ids=[m.message_id for m in turn.all_messages],
+                         replies=list(turn.replies), stopped_by=outcome.stopped_by)
+            finally:
+                # Off the board once the commit is durable (or will never be): the
+                # session's next turn reads what this one wrote.
+                ctx.turns.end(session_id)
         for notify in effects.after:
             try:
                 notify()

@@ -91,6 +91,9 @@ class SessionActor(PooledActor):
         self.judged: Judged | None = None
         self.told_done = False
         """This run freed its slot (it must, exactly once)."""
+        self.registered = False
+        """The current turn is on the running-turn board (from its start until its commit
+        or failure record is durable)."""
 
     def on_receive(self, message: Any) -> None:
         if isinstance(message, Deliver):
@@ -163,6 +166,7 @@ class SessionActor(PooledActor):
         """Free the session's slot (unless the runtime crashed); ``claim``: rows may be due
         that nothing else hands over (a row handed back, a failed attempt, messages its
         commit enqueued), so the dispatcher claims."""
+        self.end_turn()  # a run cut short (the writer closed, a bug) still ends its turn
         self.turn = self.judged = None
         self.told_done = True
         if self.ctx.slots is not None:
@@ -189,8 +193,16 @@ class SessionActor(PooledActor):
         stop_flag = ctx.turns.try_begin(self.session_id, started)
         if stop_flag is None:  # a cron or social turn of this session runs: wait it out
             stop_flag = yield Blocking(lambda: ctx.turns.begin(self.session_id, started))
+        self.registered = True
         self.turn = self._new_turn(row, started, stop_flag)
         return run.started()
+
+    def end_turn(self) -> None:
+        """Take the turn off the running-turn board: its commit (or failure record) is
+        durable, or it never will be. The session's next turn may start from here."""
+        if self.registered:
+            self.registered = False
+            self.ctx.turns.end(self.session_id)
 
     def _new_turn(self, row: ClaimedRow, started: float, stop_flag: StopFlag) -> Turn:
         ctx = self.ctx
@@ -234,6 +246,7 @@ class SessionActor(PooledActor):
                 ctx.owner, sid, ids, turn.entries(), ctx.now(), enqueue=effects.messages,
                 also=effects.ops, next_lease=ctx.lease_seconds)
         except LeaseLost as exc:
+            self.end_turn()
             log.warning("lost the lease of %s for %s: another worker took it over; this "
                         "turn's commit wrote nothing", turn.row.message_id, sid)
             ctx.emit("lease_lost", session_id=sid, message_id=turn.row.message_id,
@@ -242,9 +255,11 @@ class SessionActor(PooledActor):
         except WriterClosed:
             raise
         except PersistenceError as exc:
+            self.end_turn()
             log.error("delivery of %s to %s failed in the journal: %s", turn.row.message_id,
                       sid, exc)
             return run.journal_failed()
+        self.end_turn()
         ctx.activity.bump("turns")
         if ctx.observers:
             ctx.emit("turn_committed", session_id=sid, message_ids=ids,
@@ -280,6 +295,8 @@ class SessionActor(PooledActor):
             log.error("recording the failed attempt of %s for %s failed in the journal: %s",
                       row.message_id, sid, exc)
             return run.journal_failed()
+        finally:
+            self.end_turn()
         final = result.state.value == "failed"
         # A retried attempt is routine (INFO); giving up on a message is an ERROR.
         log.log(logging.ERROR if final else logging.INFO,

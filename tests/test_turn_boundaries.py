@@ -1,0 +1,88 @@
+"""A session's turn ends when its commit is durable, whoever started it.
+
+A session runs one turn at a time (``RunningTurns``): an inbox turn, a cron
+run and a social event of one session wait for each other. The next turn
+may start only once the last one's transcript is in the journal, or it
+would not read what the last one said. Each test records, at the moment a
+turn leaves the running-turn board, what the session's transcript holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kinbox.actors import ManualClock, Runtime, Turn
+
+MakeRuntime = Callable[..., Runtime]
+MINUTE = 60.0
+
+
+def transcript_at_each_end(rt: Runtime) -> list[list[str]]:
+    """Wrap the runtime's running-turn board: each end records the transcript's roles."""
+    turns = rt.context.turns
+    real_end = turns.end
+    seen: list[list[str]] = []
+
+    def end(session_id: str) -> str | None:
+        seen.append([e.role for e in rt.transcript(session_id)])
+        return real_end(session_id)
+
+    turns.end = end  # type: ignore[method-assign]
+    return seen
+
+
+def sync_brain(turn: Turn) -> str:
+    return "said"
+
+
+async def async_brain(turn: Turn) -> str:
+    return "said"
+
+
+@pytest.mark.parametrize("brain", [sync_brain, async_brain], ids=["sync", "async"])
+def test_an_inbox_turn_ends_after_its_commit(make_runtime: MakeRuntime, brain: Any) -> None:
+    rt = make_runtime(brain=brain)
+    project = rt.create_project("team")
+    sid = rt.create_session(project.id, "A").id
+    seen = transcript_at_each_end(rt)
+    rt.post(sid, "first")
+    rt.post(sid, "second")  # chained behind the first: it starts only after that end
+    rt.run_until_idle(10)
+    assert seen == [["user", "assistant"], ["user", "assistant", "user", "assistant"]]
+
+
+def test_a_failed_inbox_attempt_ends_after_its_failure_is_recorded(
+        make_runtime: MakeRuntime) -> None:
+    def failing(turn: Turn) -> None:
+        raise RuntimeError("no model today")
+
+    rt = make_runtime(brain=failing)
+    project = rt.create_project("team")
+    sid = rt.create_session(project.id, "A").id
+    turns = rt.context.turns
+    real_end = turns.end
+    attempts_at_end: list[int] = []
+
+    def end(session_id: str) -> str | None:
+        attempts_at_end.extend(r["attempts"] for r in rt.inbox(target=session_id))
+        return real_end(session_id)
+
+    turns.end = end  # type: ignore[method-assign]
+    rt.post(sid, "hello")
+    rt.run_until_idle(10)
+    assert attempts_at_end == [1]  # the attempt was recorded before the turn ended
+    assert rt.transcript(sid) == []  # and nothing of it was written
+
+
+def test_a_cron_turn_ends_after_its_commit(make_runtime: MakeRuntime,
+                                           clock: ManualClock) -> None:
+    rt = make_runtime(brain=sync_brain)
+    job_id = str(rt.cron.add("tick", "* * * * *", "Say what time it is.")["job_id"])
+    seen = transcript_at_each_end(rt)
+    clock.advance(MINUTE)
+    rt.run_until_idle(10)
+    assert seen == [["user", "assistant"]]
+    assert [r["status"] for r in rt.cron.runs(job_id)] == ["success"]
