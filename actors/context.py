@@ -79,6 +79,9 @@ class Activity:
         self.cond = threading.Condition()
         self._waiters = 0
         """Threads in :meth:`wait`: a change notifies only when someone waits."""
+        self.changes = 0
+        """Counts every publish and bump: a waiter that checks something outside the lock
+        waits for this to move (nothing is missed between its check and its wait)."""
         self.busy = 0
         self.claim_pending = False
         self.live = 0
@@ -91,6 +94,7 @@ class Activity:
         """The slot table's state (after each change); wakes the waiters."""
         with self.cond:
             self.busy, self.claim_pending, self.live = busy, claim_pending, live
+            self.changes += 1
             if live > self.peak_live:
                 self.peak_live = live
             if self._waiters:
@@ -100,13 +104,14 @@ class Activity:
         """Add to a counter and wake every waiter."""
         with self.cond:
             setattr(self, name, getattr(self, name) + by)
+            self.changes += 1
             if self._waiters:
                 self.cond.notify_all()
 
     def wait(self, timeout: float, until: Callable[[], bool] | None = None) -> bool:
         """Wait for the next change, or ``timeout``; with ``until``, for ``until()`` to
-        hold (its last value). A caller may hold ``cond`` already, to change something
-        atomically with the wait (``foreground_waits``): the condition is re-entrant."""
+        hold (its last value). ``until`` runs under the board's lock, which the slot table
+        takes on every turn's start and end: it must be quick (no database read)."""
         with self.cond:
             self._waiters += 1
             try:

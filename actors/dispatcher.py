@@ -21,7 +21,7 @@ from typing import Any
 
 import pykka
 
-from ..persistence import PersistenceError, WriterClosed
+from ..persistence import ClaimResult, PersistenceError, WriterClosed
 from .context import RuntimeContext
 from .messages import ClaimNow, Tick, Wake
 from .slots import Slots
@@ -90,23 +90,33 @@ class Dispatcher(pykka.ThreadingActor):
 
     def _claim(self, requested: bool) -> None:
         capacity, exclude, suspects = self.slots.claim_window(requested)
-        if capacity <= 0:
-            return
-        ctx = self.ctx
+        result = None
         try:
-            result = ctx.journal.claim(ctx.owner, ctx.now(), limit=capacity,
-                                       lease=ctx.lease_seconds, exclude=exclude,
-                                       suspects=suspects)
-        except WriterClosed:
-            return
-        except PersistenceError as exc:
-            log.error("claim failed: %s", exc)
+            if capacity > 0:
+                result = self._claim_rows(capacity, exclude, suspects)
+        finally:
+            if result is None:  # nothing to start: the board shows the claim over
+                self.slots.claim_ended()
+        if result is None:
             return
         for message_id in result.acked_by_marker:
             log.debug("acknowledged %s by its committed marker (no second turn)", message_id)
-            ctx.emit("acked_by_marker", message_id=message_id)
+            self.ctx.emit("acked_by_marker", message_id=message_id)
         if self.slots.claimed(result, capacity):
             self.actor_ref.tell(ClaimNow())
+
+    def _claim_rows(self, capacity: int, exclude: set[str], suspects: int
+                    ) -> ClaimResult | None:
+        ctx = self.ctx
+        try:
+            return ctx.journal.claim(ctx.owner, ctx.now(), limit=capacity,
+                                     lease=ctx.lease_seconds, exclude=exclude,
+                                     suspects=suspects)
+        except WriterClosed:
+            return None
+        except PersistenceError as exc:
+            log.error("claim failed: %s", exc)
+            return None
 
     def _renew_leases(self) -> None:
         now = self.ctx.now()

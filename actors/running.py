@@ -94,6 +94,9 @@ class RunningTurns:
         """Threads in :meth:`begin` waiting for a session's turn to end (rare: a cron or
         social turn meeting an inbox turn), so ending a turn notifies only when needed."""
         self._flags: dict[str, StopFlag] = {}
+        self._settling: set[str] = set()
+        """Judged turns whose commit is on its way: still the session's turn (the next one
+        waits), but past stopping (a stop request, the timeout, a cancel miss them)."""
         self._stop_asked_at: dict[str, float] = {}
         self._stopped_by: dict[str, str | None] = {}
         self._started: dict[str, float] = {}
@@ -122,10 +125,25 @@ class RunningTurns:
         self._stopped_by.pop(session_id, None)
         return flag
 
-    def end(self, session_id: str) -> str | None:
-        """Unregister the turn; return who stopped it (None if nobody did)."""
+    def settle(self, session_id: str) -> str | None:
+        """The turn is judged and its commit on its way: it stays the session's turn until
+        :meth:`end`, but is past stopping. Who stopped it (None if nobody did)."""
         with self._lock:
+            if session_id in self._flags:
+                self._settling.add(session_id)
+                self._started.pop(session_id, None)
+                self._stop_asked_at.pop(session_id, None)
+            return self._stopped_by.get(session_id)
+
+    def end(self, session_id: str, flag: StopFlag | None = None) -> str | None:
+        """Unregister the turn (with ``flag``: only if it is still the turn of that flag, so
+        a late second end never ends a later turn); return who stopped it (None if nobody
+        did)."""
+        with self._lock:
+            if flag is not None and self._flags.get(session_id) is not flag:
+                return None
             self._flags.pop(session_id, None)
+            self._settling.discard(session_id)
             self._started.pop(session_id, None)
             self._stop_asked_at.pop(session_id, None)
             if self._beginning:
@@ -159,7 +177,7 @@ class RunningTurns:
         """Set the stop flag of the running turn; False when none runs."""
         with self._lock:
             flag = self._flags.get(session_id)
-            if flag is None:
+            if flag is None or session_id in self._settling:
                 return False
             self._stopped_by[session_id] = by
             if now is not None:
@@ -168,6 +186,7 @@ class RunningTurns:
         return True
 
     def running(self) -> list[str]:
-        """Ids of the sessions whose turn runs now."""
+        """Ids of the sessions whose turn runs now (judged ones waiting for their commit
+        included)."""
         with self._lock:
             return sorted(self._flags)

@@ -91,9 +91,9 @@ class SessionActor(PooledActor):
         self.judged: Judged | None = None
         self.told_done = False
         """This run freed its slot (it must, exactly once)."""
-        self.registered = False
-        """The current turn is on the running-turn board (from its start until its commit
-        or failure record is durable)."""
+        self.flag: StopFlag | None = None
+        """The stop flag of the current turn while it is on the running-turn board (from its
+        start until its commit or failure record is durable)."""
 
     def on_receive(self, message: Any) -> None:
         if isinstance(message, Deliver):
@@ -114,6 +114,12 @@ class SessionActor(PooledActor):
                         effects[:0] = self.apply(run, effect)
             except WriterClosed:
                 pass  # the runtime stopped or crashed under us: the journal keeps the row
+            except Exception:
+                # A bug outside the brain (an outbox hook, a driver): this actor lives on,
+                # so the rows the slot table hands it are not lost with it; the row keeps
+                # its lease and comes back when that runs out.
+                log.exception("the delivery of %s to %s failed outside its brain",
+                              message.row.message_id, self.session_id)
             finally:
                 if not self.told_done:
                     self.done(True)
@@ -193,16 +199,17 @@ class SessionActor(PooledActor):
         stop_flag = ctx.turns.try_begin(self.session_id, started)
         if stop_flag is None:  # a cron or social turn of this session runs: wait it out
             stop_flag = yield Blocking(lambda: ctx.turns.begin(self.session_id, started))
-        self.registered = True
+        self.flag = stop_flag
         self.turn = self._new_turn(row, started, stop_flag)
         return run.started()
 
     def end_turn(self) -> None:
         """Take the turn off the running-turn board: its commit (or failure record) is
-        durable, or it never will be. The session's next turn may start from here."""
-        if self.registered:
-            self.registered = False
-            self.ctx.turns.end(self.session_id)
+        durable, or it never will be. The session's next turn may start from here. Once:
+        a second call (a cancelled async commit finishing elsewhere) ends nothing."""
+        flag, self.flag = self.flag, None
+        if flag is not None:
+            self.ctx.turns.end(self.session_id, flag)
 
     def _new_turn(self, row: ClaimedRow, started: float, stop_flag: StopFlag) -> Turn:
         ctx = self.ctx

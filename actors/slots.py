@@ -75,6 +75,9 @@ class Slots:
         self.suspects_held = False
         """A claim left due suspect rows behind the running one: claim once it is done."""
         self.claim_scheduled = False
+        """A ``ClaimNow`` is on its way to the dispatcher (requests before it coalesce)."""
+        self.claiming = False
+        """The dispatcher is inside a claim (the board shows a claim pending until it ends)."""
         self.stopped = False
 
     # -- from any thread -------------------------------------------------------------------
@@ -129,21 +132,34 @@ class Slots:
     # -- from the dispatcher ---------------------------------------------------------------
 
     def claim_window(self, requested: bool) -> tuple[int, set[str], int]:
-        """What the next claim may take: free slots, sessions to leave out, suspect rows;
-        ``requested``: it is the claim asked for (later requests ask for another)."""
+        """A claim starts: what it may take (free slots, sessions to leave out, suspect
+        rows). ``requested``: it is the claim asked for, so a request from here on asks
+        for another (rows due after this claim's read). End it with :meth:`claimed` or
+        :meth:`claim_ended`."""
         with self._lock:
             if requested:
                 self.claim_scheduled = False
-                self._publish()
+            self.claiming = True
             return (self.max_active - len(self.busy), self.busy | self.waiting.keys(),
                     0 if self.suspect else 1)
+
+    def claim_ended(self) -> None:
+        """A claim ended with nothing to start (no room, or the journal failed)."""
+        with self._lock:
+            self.claiming = False
+            self._publish()
 
     def claimed(self, result: ClaimResult, capacity: int) -> bool:
         """Start the claimed rows; True when another claim must follow at once."""
         started: Started = []
         with self._lock:
-            for row in result.rows:
-                self._offer(row, "claimed", started)
+            self.claiming = False
+            try:
+                for row in result.rows:
+                    self._offer(row, "claimed", started)
+            except Exception:
+                # The rows not started stay leased, not held here: their leases run out.
+                log.exception("could not start every claimed row")
             self.suspects_held = self.suspects_held or result.held_back
             self.backlog = len(result.rows) == capacity
             again = False
@@ -199,6 +215,8 @@ class Slots:
         return True
 
     def _offer(self, row: ClaimedRow, how: str, started: Started) -> None:
+        if row.taken_over:  # running or waiting, it is the one suspect of this runtime
+            self.suspect = row.target
         if row.target in self.busy or len(self.busy) >= self.max_active:
             self.waiting[row.target] = row
         else:
@@ -213,10 +231,9 @@ class Slots:
                 self._start(self.waiting.pop(target), "leased with its send", started)
 
     def _start(self, row: ClaimedRow, how: str, started: Started) -> None:
-        if row.taken_over:
-            self.suspect = row.target
+        ref = self._actor_for(row.target)  # first: if it raises, no slot is held for nothing
         self.busy.add(row.target)
-        started.append((self._actor_for(row.target), row, how))
+        started.append((ref, row, how))
 
     def _actor_for(self, session_id: str) -> pykka.ActorRef[Any]:
         ref = self.live.get(session_id)
@@ -243,8 +260,8 @@ class Slots:
 
     def _publish(self) -> None:
         # Under the lock, so the board never goes back to an older count.
-        self.ctx.activity.publish(len(self.busy) + len(self.waiting), self.claim_scheduled,
-                                  len(self.live))
+        self.ctx.activity.publish(len(self.busy) + len(self.waiting),
+                                  self.claim_scheduled or self.claiming, len(self.live))
 
     # -- after the lock --------------------------------------------------------------------
 
@@ -259,4 +276,26 @@ class Slots:
             try:
                 ref.tell(Deliver(row))
             except pykka.ActorDeadError:
-                pass  # stopping: the row's lease runs out, the next start replays it
+                self._undeliverable(ref, row)
+
+    def _undeliverable(self, ref: pykka.ActorRef[Any], row: ClaimedRow) -> None:
+        """The session's actor stopped between the start and the tell: free the slot and
+        hand the row back (stopping: the row keeps its lease; the next start replays it)."""
+        with self._lock:
+            if self.live.get(row.target) is ref:
+                self.live.pop(row.target)
+                self.last_used.pop(row.target, None)
+            self.busy.discard(row.target)
+            if self.suspect == row.target:
+                self.suspect = None
+            closed = self._closed()
+            ask = not closed and self._schedule_claim()
+            self._publish()
+        if closed:
+            return
+        try:
+            self.ctx.journal.release(self.ctx.owner, [row.message_id], self.ctx.now())
+        except Exception:
+            log.exception("could not hand %s back; its lease runs out instead", row.message_id)
+        if ask:
+            self.request_claim()

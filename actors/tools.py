@@ -9,6 +9,7 @@ is a :class:`ToolError` and leaves nothing behind. Sub-agents get
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ..persistence import NewMessage, SessionRecord
@@ -326,16 +327,24 @@ class AgentTools(FamilyTools, TaskTools):
 
     def _wait_for_child(self, result: dict[str, Any], timeout: float) -> dict[str, Any]:
         ctx = self._ctx
-        with ctx.activity.cond:
+        activity = ctx.activity
+        deadline = time.monotonic() + timeout
+        with activity.cond:
             ctx.foreground_waits += 1
-            try:
-                done = ctx.activity.wait(
-                    timeout, until=lambda: self.child_finished(result["task_id"]))
-            finally:
+        try:
+            while True:
+                seen = activity.changes
+                # A read of the journal: never under the board's lock, which every turn's
+                # start and end takes.
+                if self.child_finished(result["task_id"]):
+                    return self.child_outcome(result)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self.still_running(result, timeout)
+                activity.wait(remaining, until=lambda seen=seen: activity.changes != seen)
+        finally:
+            with activity.cond:
                 ctx.foreground_waits -= 1
-        if not done:
-            raise self.still_running(result, timeout)
-        return self.child_outcome(result)
 
 
 def tools_for(ctx: RuntimeContext, session_id: str, outbox: Outbox | None = None) -> TaskTools:

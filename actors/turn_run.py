@@ -81,9 +81,10 @@ def take_result(turn: Turn, result: object) -> None:
 
 
 def judge(ctx: RuntimeContext, turn: Turn, error: BaseException | None) -> Judged:
-    """The turn's outcome. The turn stays on the running-turn board: its caller ends it
-    (``ctx.turns.end``) once the commit (or the failure record) is durable, so the
-    session's next turn, whoever starts it, reads what this one wrote."""
+    """The turn's outcome. The turn stays on the running-turn board, past stopping
+    (``ctx.turns.settle``): its caller ends it (``ctx.turns.end``) once the commit (or
+    the failure record) is durable, so the session's next turn, whoever starts it,
+    reads what this one wrote."""
     if error is not None:
         summary = f"{type(error).__name__}: {error}"
         detail = "".join(traceback.format_exception(error))
@@ -91,7 +92,7 @@ def judge(ctx: RuntimeContext, turn: Turn, error: BaseException | None) -> Judge
         summary = detail = (f"TurnTimeout: the turn ran {ctx.now() - turn.started:.1f} s, "
                             f"past turn_timeout={ctx.turn_timeout} s")
     else:
-        return Judged(TurnOutcome(True, None, ctx.turns.stopped_by(turn.session_id)))
-    stopped_by = ctx.turns.stopped_by(turn.session_id)
+        return Judged(TurnOutcome(True, None, ctx.turns.settle(turn.session_id)))
+    stopped_by = ctx.turns.settle(turn.session_id)
     return Judged(TurnOutcome(False, summary, None if stopped_by == TIMEOUT else stopped_by),
                   detail)

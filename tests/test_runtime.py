@@ -7,6 +7,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pykka
 import pytest
 
 from kinbox.actors import (
@@ -397,7 +398,7 @@ def test_an_unexpected_error_in_the_dispatcher_does_not_stop_delivery(
     assert seen == [(b, "still delivered")]
 
 
-def test_a_session_actor_that_died_outside_a_turn_is_started_again(
+def test_a_delivery_that_fails_outside_its_brain_comes_back_by_lease(
         make_runtime: MakeRuntime, clock: ManualClock) -> None:
     seen, brain = recorder()
     rt = make_runtime(brain=brain, lease_seconds=5)
@@ -413,7 +414,38 @@ def test_a_session_actor_that_died_outside_a_turn_is_started_again(
     _, b = two_sessions(rt)
     rt.post(b, "hello")
     wait_for(lambda: bool(broken), what="the failing hook to run")
-    clock.advance(6)  # the dead actor's lease runs out; the row is claimed again
+    clock.advance(6)  # the failed run's lease runs out; the row is claimed again
     rt.run_until_idle(10)
     assert seen == [(b, "hello"), (b, "hello")]  # the first run never committed
     assert rt.marker_counts() == {rt.inbox()[0]["message_id"]: 1}
+    slots = rt.context.slots
+    assert slots is not None and slots.live[b].is_alive()  # the actor lived on
+
+
+class _StoppedActorRef:
+    """A session actor's ref that stopped just after the slot table picked it."""
+
+    def is_alive(self) -> bool:
+        return True  # it was alive when the table looked
+
+    def tell(self, message: object) -> None:
+        raise pykka.ActorDeadError("stopped")
+
+    def stop(self, block: bool = True) -> None:
+        pass
+
+
+def test_a_row_for_an_actor_that_stopped_under_the_table_is_handed_back(
+        make_runtime: MakeRuntime) -> None:
+    seen, brain = recorder()
+    rt = make_runtime(brain=brain)
+    _, b = two_sessions(rt)
+    rt.post(b, "first")
+    rt.run_until_idle(10)
+    slots = rt.context.slots
+    assert slots is not None
+    slots.live[b] = _StoppedActorRef()  # type: ignore[assignment]
+    rt.post(b, "second")  # its turn is started on the stopped actor: the tell fails
+    rt.run_until_idle(10)  # the slot is freed and the row claimed again, on a new actor
+    assert seen == [(b, "first"), (b, "second")]
+    assert rt.statistics()["busy"] == 0 and len(rt.inbox(state="done")) == 2

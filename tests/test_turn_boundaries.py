@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, Turn
+from kinbox.actors.running import RunningTurns
 
 MakeRuntime = Callable[..., Runtime]
 MINUTE = 60.0
@@ -86,3 +87,27 @@ def test_a_cron_turn_ends_after_its_commit(make_runtime: MakeRuntime,
     rt.run_until_idle(10)
     assert seen == [["user", "assistant"]]
     assert [r["status"] for r in rt.cron.runs(job_id)] == ["success"]
+
+
+def test_a_late_second_end_never_ends_the_next_turn() -> None:
+    board = RunningTurns()
+    first = board.begin("s", 1.0)
+    assert board.end("s", first) is None
+    second = board.begin("s", 2.0)
+    assert board.end("s", first) is None  # the first turn's end, again: nothing happens
+    assert board.is_running("s")
+    board.end("s", second)
+    assert not board.is_running("s")
+
+
+def test_a_judged_turn_is_past_stopping_until_it_ends() -> None:
+    board = RunningTurns()
+    board.begin("s", 0.0)
+    assert board.request_stop("s", "operator", 1.0)
+    assert board.settle("s") == "operator"  # judged: who stopped it is kept
+    assert not board.request_stop("s", "someone else", 2.0)  # its commit is on its way
+    assert board.stop_overdue(1_000.0, timeout=5.0) == []  # nor is it overdue any more
+    assert board.ignoring_stop(1_000.0, grace=1.0) == []  # nor cancelled
+    assert board.is_running("s")  # but the session's next turn still waits for it
+    assert board.end("s") == "operator"
+    assert not board.is_running("s")
