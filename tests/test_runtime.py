@@ -414,12 +414,14 @@ def test_a_delivery_that_fails_outside_its_brain_comes_back_by_lease(
     _, b = two_sessions(rt)
     rt.post(b, "hello")
     wait_for(lambda: bool(broken), what="the failing hook to run")
+    slots = rt.context.slots
+    assert slots is not None
+    actor = slots.live[b]
     clock.advance(6)  # the failed run's lease runs out; the row is claimed again
     rt.run_until_idle(10)
     assert seen == [(b, "hello"), (b, "hello")]  # the first run never committed
     assert rt.marker_counts() == {rt.inbox()[0]["message_id"]: 1}
-    slots = rt.context.slots
-    assert slots is not None and slots.live[b].is_alive()  # the actor lived on
+    assert slots.live[b] is actor and actor.is_alive()  # the same actor lived on
 
 
 class _StoppedActorRef:
@@ -448,4 +450,4 @@ def test_a_row_for_an_actor_that_stopped_under_the_table_is_handed_back(
     rt.post(b, "second")  # its turn is started on the stopped actor: the tell fails
     rt.run_until_idle(10)  # the slot is freed and the row claimed again, on a new actor
     assert seen == [(b, "first"), (b, "second")]
-    assert rt.statistics()["busy"] == 0 and len(rt.inbox(state="done")) == 2
+    assert rt.statistics()["busy"] == 0 and len(rt.inbox(state="delivered")) == 2

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, Turn
-from kinbox.actors.running import RunningTurns
+from kinbox.actors.running import RunningTurns, StopFlag
 
 MakeRuntime = Callable[..., Runtime]
 MINUTE = 60.0
@@ -27,9 +27,9 @@ def transcript_at_each_end(rt: Runtime) -> list[list[str]]:
     real_end = turns.end
     seen: list[list[str]] = []
 
-    def end(session_id: str) -> str | None:
+    def end(session_id: str, flag: StopFlag | None = None) -> str | None:
         seen.append([e.role for e in rt.transcript(session_id)])
-        return real_end(session_id)
+        return real_end(session_id, flag)
 
     turns.end = end  # type: ignore[method-assign]
     return seen
@@ -67,9 +67,9 @@ def test_a_failed_inbox_attempt_ends_after_its_failure_is_recorded(
     real_end = turns.end
     attempts_at_end: list[int] = []
 
-    def end(session_id: str) -> str | None:
+    def end(session_id: str, flag: StopFlag | None = None) -> str | None:
         attempts_at_end.extend(r["attempts"] for r in rt.inbox(target=session_id))
-        return real_end(session_id)
+        return real_end(session_id, flag)
 
     turns.end = end  # type: ignore[method-assign]
     rt.post(sid, "hello")
