@@ -73,10 +73,13 @@ Observer = Callable[[str, dict[str, Any]], None]
 """``observer(event, data)``: told of sends, turns, retries, crashes (scenario reports)."""
 
 class Activity:
-    """The dispatcher's published state, and a condition to wait for changes on."""
+    """The slot table's published state and the turn counters, and a condition to wait
+    for changes on."""
 
     def __init__(self) -> None:
-        self.cond = threading.Condition()
+        self._mutex = threading.RLock()
+        """Guards the fields; entered directly (in C) on the hot path."""
+        self.cond = threading.Condition(self._mutex)
         self._waiters = 0
         """Threads in :meth:`wait`: a change notifies only when someone waits."""
         self.changes = 0
@@ -92,7 +95,7 @@ class Activity:
 
     def publish(self, busy: int, claim_pending: bool, live: int) -> None:
         """The slot table's state (after each change); wakes the waiters."""
-        with self.cond:
+        with self._mutex:
             self.busy, self.claim_pending, self.live = busy, claim_pending, live
             self.changes += 1
             if live > self.peak_live:
@@ -102,7 +105,7 @@ class Activity:
 
     def bump(self, name: str, by: int = 1) -> None:
         """Add to a counter and wake every waiter."""
-        with self.cond:
+        with self._mutex:
             setattr(self, name, getattr(self, name) + by)
             self.changes += 1
             if self._waiters:
@@ -123,7 +126,7 @@ class Activity:
 
     def snapshot(self) -> dict[str, Any]:
         """The current values."""
-        with self.cond:
+        with self._mutex:
             return {k: getattr(self, k) for k in ("busy", "claim_pending", "live", "peak_live",
                                                   "activations", "passivations", "turns")}
 
@@ -171,12 +174,17 @@ class RuntimeContext:
     """Seconds an async turn may ignore a stop request before it is cancelled."""
     async_host: Any = None
     """The event loop of async brains (``async_host.AsyncHost``), when the brain is async."""
+    now: Callable[[], float] = field(init=False, repr=False)
+    """The runtime clock's time: ``clock.now`` itself (one call, not two)."""
     fast_lease: Lease | None = None
     """Set where this runtime provably owns every target (it holds the SQLite file's
     exclusive lock, and write transactions there are serial across processes): a send
-    whose row is its target's head leases it in the enqueue's transaction and hands it
-    straight to the dispatcher, with no claim query. None on PostgreSQL, where several
+    whose row is its target's head leases it in the enqueue's transaction and starts its
+    turn at once (the slot table), with no claim query. None on PostgreSQL, where several
     processes deliver, and in a send-only runtime."""
+
+    def __post_init__(self) -> None:
+        self.now = self.clock.now
 
     def enqueue(self, msg: NewMessage) -> EnqueueResult:
         """Commit ``msg``, tell observers it was ``sent``, then start its turn (the fast
@@ -228,9 +236,6 @@ class RuntimeContext:
             state = "crashed" if self.crashed.is_set() else "stopped"
             raise RuntimeStateError(f"the runtime is {state}; it accepts no more work")
 
-    def now(self) -> float:
-        """The runtime clock's time."""
-        return self.clock.now()
 
     def emit(self, event: str, **data: Any) -> None:
         """Tell observers; an observer that raises is logged, never fatal."""

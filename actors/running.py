@@ -89,7 +89,10 @@ class RunningTurns:
     """Thread-safe map of session id -> stop flag of its running turn."""
 
     def __init__(self) -> None:
-        self._lock = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        """Guards the maps; a plain lock (entered in C: every turn takes it three times)."""
+        self._ended = threading.Condition(self._lock)
+        """Waited on by :meth:`begin` for a session's turn to end."""
         self._beginning = 0
         """Threads in :meth:`begin` waiting for a session's turn to end (rare: a cron or
         social turn meeting an inbox turn), so ending a turn notifies only when needed."""
@@ -107,7 +110,7 @@ class RunningTurns:
         with self._lock:
             self._beginning += 1
             try:
-                self._lock.wait_for(lambda: session_id not in self._flags)
+                self._ended.wait_for(lambda: session_id not in self._flags)
             finally:
                 self._beginning -= 1
             return self._register(session_id, now)
@@ -147,7 +150,7 @@ class RunningTurns:
             self._started.pop(session_id, None)
             self._stop_asked_at.pop(session_id, None)
             if self._beginning:
-                self._lock.notify_all()
+                self._ended.notify_all()
             return self._stopped_by.pop(session_id, None)
 
     def stop_overdue(self, now: float, timeout: float | None) -> list[str]:
