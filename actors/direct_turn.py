@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..persistence import LeaseLost, PersistenceError, WriterClosed
-from .context import RuntimeContext
+from .context import RuntimeContext, TurnEffects
 from .outbox import Outbox
 from .turn import Message, Turn, TurnOutcome
 from .turn_run import judge, prepare, take_result, turn_tools
@@ -128,43 +128,13 @@ class DirectTurns:
             ctx.store.update_session(session_id, ctx.now(), status="active")
             turn = self._start(session_id, messages, fetch_steering)
             try:
-                first = messages[0].message_id if messages else None
-                ctx.emit("turn_started", session_id=session_id, message_id=first, attempt=1)
-                error: BaseException | None = None
-                try:
-                    prepare(ctx, turn)
-                    if ctx.async_host is not None:  # an async brain runs on the runtime's loop
-                        error = ctx.async_host.run_brain_blocking(turn)
-                    else:
-                        take_result(turn, ctx.brain(turn))
-                except Exception as exc:
-                    error = exc
-                outcome = judge(ctx, turn, error).outcome
-                if not outcome.ok:
-                    log.info("direct turn of %s failed: %s", session_id, outcome.error)
-                    ctx.store.update_session(session_id, ctx.now(), status="idle")
-                    ctx.emit("turn_failed", session_id=session_id, message_id=first,
-                             error=outcome.error, state="direct", attempts=1, available_at=None)
-                    return DirectOutcome(turn, outcome, False, outcome.error)
-                effects = ctx.effects(turn, outcome)
-                try:
-                    ctx.journal.complete_turn(ctx.owner, session_id, [], turn.entries(), ctx.now(),
-                                              enqueue=effects.messages,
-                                              also=[*effects.ops, *commit_ops(turn)])
-                except WriterClosed:
-                    raise
-                except (LeaseLost, PersistenceError) as exc:
-                    ctx.store.update_session(session_id, ctx.now(), status="idle")
-                    ctx.emit("lease_lost", session_id=session_id, message_id=first, error=str(exc))
-                    return DirectOutcome(turn, outcome, False, str(exc))
-                ctx.activity.bump("turns")
-                ctx.emit("turn_committed", session_id=session_id,
-                         message_ids=[m.message_id for m in turn.all_messages],
-                         replies=list(turn.replies), stopped_by=outcome.stopped_by)
+                done, effects = self._attempt(session_id, turn, commit_ops)
             finally:
                 # Off the board once the commit is durable (or will never be): the
                 # session's next turn reads what this one wrote.
                 ctx.turns.end(session_id)
+        if effects is None:
+            return done
         for notify in effects.after:
             try:
                 notify()
@@ -172,4 +142,43 @@ class DirectTurns:
                 log.exception("post-commit notification failed for %s", session_id)
         if effects.messages:
             ctx.wake_dispatcher()
-        return DirectOutcome(turn, outcome, True, None)
+        return done
+
+    def _attempt(self, session_id: str, turn: Turn, commit_ops: CommitOps
+                 ) -> tuple[DirectOutcome, TurnEffects | None]:
+        """The brain, then the commit; the outcome and, once committed, its effects."""
+        ctx = self.ctx
+        first = turn.messages[0].message_id if turn.messages else None
+        ctx.emit("turn_started", session_id=session_id, message_id=first, attempt=1)
+        error: BaseException | None = None
+        try:
+            prepare(ctx, turn)
+            if ctx.async_host is not None:  # an async brain runs on the runtime's loop
+                error = ctx.async_host.run_brain_blocking(turn)
+            else:
+                take_result(turn, ctx.brain(turn))
+        except Exception as exc:
+            error = exc
+        outcome = judge(ctx, turn, error).outcome
+        if not outcome.ok:
+            log.info("direct turn of %s failed: %s", session_id, outcome.error)
+            ctx.store.update_session(session_id, ctx.now(), status="idle")
+            ctx.emit("turn_failed", session_id=session_id, message_id=first,
+                     error=outcome.error, state="direct", attempts=1, available_at=None)
+            return DirectOutcome(turn, outcome, False, outcome.error), None
+        effects = ctx.effects(turn, outcome)
+        try:
+            ctx.journal.complete_turn(ctx.owner, session_id, [], turn.entries(), ctx.now(),
+                                      enqueue=effects.messages,
+                                      also=[*effects.ops, *commit_ops(turn)])
+        except WriterClosed:
+            raise
+        except (LeaseLost, PersistenceError) as exc:
+            ctx.store.update_session(session_id, ctx.now(), status="idle")
+            ctx.emit("lease_lost", session_id=session_id, message_id=first, error=str(exc))
+            return DirectOutcome(turn, outcome, False, str(exc)), None
+        ctx.activity.bump("turns")
+        ctx.emit("turn_committed", session_id=session_id,
+                 message_ids=[m.message_id for m in turn.all_messages],
+                 replies=list(turn.replies), stopped_by=outcome.stopped_by)
+        return DirectOutcome(turn, outcome, True, None), effects
