@@ -115,9 +115,13 @@ class DirectTurns:
         ctx = self.ctx
         started = ctx.now()
         flag = ctx.turns.begin(session_id, started)
-        outbox = Outbox(messages[0].message_id if messages else f"direct-{ctx.new_id()}")
-        return Turn(session_id, messages, turn_tools(ctx, session_id, outbox), flag,
-                    fetch_steering, started=started, outbox=outbox)
+        try:
+            outbox = Outbox(messages[0].message_id if messages else f"direct-{ctx.new_id()}")
+            return Turn(session_id, messages, turn_tools(ctx, session_id, outbox), flag,
+                        fetch_steering, started=started, outbox=outbox)
+        except BaseException:
+            ctx.turns.end(session_id, flag)  # never left on the board by a failed start
+            raise
 
     def run(self, session_id: str, messages: list[Message], *,
             fetch_steering: Callable[[], list[Message]] = list,

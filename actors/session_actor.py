@@ -203,11 +203,15 @@ class SessionActor(PooledActor):
         self.turn = self._new_turn(row, started, stop_flag)
         return run.started()
 
-    def end_turn(self) -> None:
+    def end_turn(self, flag: StopFlag | None = None) -> None:
         """Take the turn off the running-turn board: its commit (or failure record) is
-        durable, or it never will be. The session's next turn may start from here. Once:
-        a second call (a cancelled async commit finishing elsewhere) ends nothing."""
-        flag, self.flag = self.flag, None
+        durable, or it never will be. The session's next turn may start from here.
+        ``flag``: the turn a step belongs to (default: the current one), so a step that
+        finishes late (a cancelled async commit, on a worker) never ends a later turn."""
+        if flag is None:
+            flag, self.flag = self.flag, None
+        elif self.flag is flag:
+            self.flag = None
         if flag is not None:
             self.ctx.turns.end(self.session_id, flag)
 
@@ -243,7 +247,7 @@ class SessionActor(PooledActor):
         row over; nothing of this turn is written) and a database error are
         logged, and the row comes back through its lease.
         """
-        ctx, turn, judged = self.ctx, self.turn, self.judged
+        ctx, turn, judged, flag = self.ctx, self.turn, self.judged, self.flag
         assert turn is not None and judged is not None
         sid = self.session_id
         done = judged.outcome
@@ -253,7 +257,7 @@ class SessionActor(PooledActor):
                 ctx.owner, sid, ids, turn.entries(), ctx.now(), enqueue=effects.messages,
                 also=effects.ops, next_lease=ctx.lease_seconds)
         except LeaseLost as exc:
-            self.end_turn()
+            self.end_turn(flag)
             log.warning("lost the lease of %s for %s: another worker took it over; this "
                         "turn's commit wrote nothing", turn.row.message_id, sid)
             ctx.emit("lease_lost", session_id=sid, message_id=turn.row.message_id,
@@ -262,11 +266,11 @@ class SessionActor(PooledActor):
         except WriterClosed:
             raise
         except PersistenceError as exc:
-            self.end_turn()
+            self.end_turn(flag)
             log.error("delivery of %s to %s failed in the journal: %s", turn.row.message_id,
                       sid, exc)
             return run.journal_failed()
-        self.end_turn()
+        self.end_turn(flag)
         ctx.activity.bump("turns")
         if ctx.observers:
             ctx.emit("turn_committed", session_id=sid, message_ids=ids,
@@ -281,7 +285,7 @@ class SessionActor(PooledActor):
         The row keeps the traceback as ``last_error``; observers and logs get
         the one-line summary, never a message body.
         """
-        ctx, turn, judged = self.ctx, self.turn, self.judged
+        ctx, turn, judged, flag = self.ctx, self.turn, self.judged, self.flag
         assert turn is not None and judged is not None
         sid = self.session_id
         row = turn.row
@@ -303,7 +307,7 @@ class SessionActor(PooledActor):
                       row.message_id, sid, exc)
             return run.journal_failed()
         finally:
-            self.end_turn()
+            self.end_turn(flag)
         final = result.state.value == "failed"
         # A retried attempt is routine (INFO); giving up on a message is an ERROR.
         log.log(logging.ERROR if final else logging.INFO,

@@ -140,6 +140,7 @@ class Slots:
             if requested:
                 self.claim_scheduled = False
             self.claiming = True
+            self._publish()
             return (self.max_active - len(self.busy), self.busy | self.waiting.keys(),
                     0 if self.suspect else 1)
 
@@ -215,12 +216,12 @@ class Slots:
         return True
 
     def _offer(self, row: ClaimedRow, how: str, started: Started) -> None:
-        if row.taken_over:  # running or waiting, it is the one suspect of this runtime
-            self.suspect = row.target
         if row.target in self.busy or len(self.busy) >= self.max_active:
             self.waiting[row.target] = row
         else:
             self._start(row, how, started)
+        if row.taken_over:  # running or waiting, it is the one suspect of this runtime
+            self.suspect = row.target
 
     def _fill(self, started: Started) -> None:
         """Start waiting rows while there are free slots, oldest first."""
@@ -231,7 +232,12 @@ class Slots:
                 self._start(self.waiting.pop(target), "leased with its send", started)
 
     def _start(self, row: ClaimedRow, how: str, started: Started) -> None:
-        ref = self._actor_for(row.target)  # first: if it raises, no slot is held for nothing
+        try:
+            ref = self._actor_for(row.target)  # first: if it raises, no slot is held
+        except Exception:
+            if self.suspect == row.target:  # a waiting suspect that could not start
+                self.suspect = None  # its lease runs out and a claim takes it again
+            raise
         self.busy.add(row.target)
         started.append((ref, row, how))
 
@@ -281,6 +287,7 @@ class Slots:
     def _undeliverable(self, ref: pykka.ActorRef[Any], row: ClaimedRow) -> None:
         """The session's actor stopped between the start and the tell: free the slot and
         hand the row back (stopping: the row keeps its lease; the next start replays it)."""
+        started: Started = []
         with self._lock:
             if self.live.get(row.target) is ref:
                 self.live.pop(row.target)
@@ -289,6 +296,8 @@ class Slots:
             if self.suspect == row.target:
                 self.suspect = None
             closed = self._closed()
+            if not closed:
+                self._fill(started)
             ask = not closed and self._schedule_claim()
             self._publish()
         if closed:
@@ -297,5 +306,6 @@ class Slots:
             self.ctx.journal.release(self.ctx.owner, [row.message_id], self.ctx.now())
         except Exception:
             log.exception("could not hand %s back; its lease runs out instead", row.message_id)
+        self._tell(started)
         if ask:
             self.request_claim()

@@ -19,6 +19,7 @@ from kinbox.actors import (
     RuntimeStateError,
     Turn,
 )
+from kinbox.actors import slots as slots_module
 from kinbox.actors.context import TurnEffects
 from kinbox.persistence import DatabaseInUse, NewMessage
 
@@ -243,6 +244,34 @@ def test_suspects_held_back_behind_one_that_fails_at_its_takeover_still_run(
         wait_for(lambda: len(seen) == 3, timeout=20, what="the three other rows to run")
         assert sorted(c for _, c in seen) == ["#1", "#2", "#3"]
         assert rt.inbox(state="failed")[0]["message_id"] == "poison"
+    finally:
+        rt.stop()
+
+
+def test_a_suspect_whose_actor_fails_to_start_runs_once_its_lease_runs_out(
+        db_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    prepared = Stores(db_url)
+    prepared.store.create_session("s0", None, "S0", "interactive", 0)
+    prepared.journal.enqueue(NewMessage("m0", "s0", "#0"), 1)
+    assert len(prepared.journal.claim("dead-worker", 1, lease=10_000).rows) == 1
+    prepared.close()
+    real_start = slots_module.SessionActor.start
+    failures: list[str] = []
+
+    def start_failing_once(*args: Any, **kwargs: Any) -> Any:
+        if not failures:
+            failures.append("start")
+            raise RuntimeError("no actor today")
+        return real_start(*args, **kwargs)
+
+    monkeypatch.setattr(slots_module.SessionActor, "start", start_failing_once)
+    seen, brain = recorder()
+    rt = Runtime(db=db_url, brain=brain, clock=clock, lease_seconds=5).start()
+    try:
+        wait_for(lambda: bool(failures), what="the taken-over row's actor to fail to start")
+        clock.advance(6)  # the lease of the row that never started runs out
+        rt.run_until_idle(10)  # it is the suspect no more: the next claim takes it
+        assert seen == [("s0", "#0")]
     finally:
         rt.stop()
 
