@@ -236,7 +236,6 @@ class RuntimeContext:
             state = "crashed" if self.crashed.is_set() else "stopped"
             raise RuntimeStateError(f"the runtime is {state}; it accepts no more work")
 
-
     def emit(self, event: str, **data: Any) -> None:
         """Tell observers; an observer that raises is logged, never fatal."""
         if not self.observers:

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..persistence import CronJobRecord, CronStore, DuplicateError, SessionStore
 from . import cron_rules as rules
+from .ids import short
 from .triggers import cron_trigger, next_fire
 
 DEFAULT_PROJECT = "default"
@@ -46,7 +47,7 @@ class CronJobs:
             raise rules.InvalidCronJob("timezone", "give an IANA time zone name")
         cron_trigger(cron, timezone)  # InvalidCronExpression if malformed
         now = self.now()
-        job = CronJobRecord(f"cj_{self.new_id()[-10:]}", name, cron.strip(), timezone, prompt,
+        job = CronJobRecord(f"cj_{short(self.new_id(), 10)}", name, cron.strip(), timezone, prompt,
                             bool(active), delivery, 0,
                             next_fire(cron, now, timezone) if active else None,
                             None, None, None, now, now)

@@ -23,6 +23,7 @@ from . import focal_heartbeat as hb
 from . import focal_policy as policy
 from .context import RuntimeContext, TurnEffects
 from .errors import ToolError
+from .ids import short
 from .outbox import Writes
 from .tasks import TaskService, view
 from .turn import Turn, TurnOutcome
@@ -196,7 +197,7 @@ class Focal:
         if task_title is not None and (not isinstance(task_title, str) or not task_title.strip()):
             raise ToolError("invalid_argument", "task_title must be a non-empty string.")
         now = ctx.now()
-        sid = f"chat-{ctx.new_id()[-12:]}"
+        sid = f"chat-{short(ctx.new_id(), 12)}"
         writes.create_session(SessionRecord(
             sid, project_id, title.strip(), "interactive", None, FOCAL_ID, "idle", now, now,
             {"permission_mode": "auto", "spawned_by_focal": True, "parent_chat_id": FOCAL_ID}))

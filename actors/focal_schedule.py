@@ -21,6 +21,7 @@ from .context import RuntimeContext
 from .cron_rules import InvalidCronExpression
 from .errors import ToolError
 from .focal import FOCAL_ID, Focal, is_focal_chat
+from .ids import short
 from .outbox import Writes
 from .schedule_driver import ScheduleDriver
 from .triggers import cron_trigger, next_fire
@@ -109,7 +110,7 @@ class FocalSchedule:
             if run_at <= now:
                 raise ToolError("invalid_argument", "at must be in the future.")
             next_run = run_at
-        job = JobRecord(f"wake-{self.ctx.new_id()[-12:]}", FOCAL_ID, kind, note.strip(),
+        job = JobRecord(f"wake-{short(self.ctx.new_id(), 12)}", FOCAL_ID, kind, note.strip(),
                         cron, None, run_at, next_run, None, True, now)
         out = writes if writes is not None else Writes(self.ctx, None)
         full = ToolError("execution_failed",

@@ -11,7 +11,7 @@ The id is 32 lowercase hex digits like ``uuid4().hex``: 12 of milliseconds
 since the epoch, 20 of randomness (80 bits, so two ids of one millisecond
 collide with odds of 2**-80). Nothing relies on the order: it only makes
 writes cheap. The shorter ids of sessions, projects, tasks and jobs are cut
-from its tail (``new_id()[-12:]``), the random part, so those are not
+from its tail (:func:`short`), the random part, so those are not
 ordered (their head would be the clock, the same for all of a millisecond).
 
 :func:`time_ordered_id` is a pure function of its inputs; :func:`new_id`
@@ -41,3 +41,9 @@ def time_ordered_id(millis: int, random: bytes) -> str:
 def new_id() -> str:
     """A fresh time-ordered id (wall clock, operating system randomness)."""
     return time_ordered_id(time.time_ns() // 1_000_000, os.urandom(RANDOM_BYTES))
+
+
+def short(full: str, length: int) -> str:
+    """The last ``length`` characters of an id from :func:`new_id` (or a runtime's own id
+    source): its random part, for the short ids of sessions, projects, tasks and jobs."""
+    return full[-length:]

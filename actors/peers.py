@@ -40,6 +40,7 @@ from ..transport.peer_client import connect_link, pair_with
 from . import transcript_view
 from .context import RuntimeContext
 from .errors import ToolError
+from .ids import short
 from .outbox import Writes
 from .peer_link import PeerLink, peer_target
 
@@ -178,7 +179,7 @@ class PeerService:
     def _exchange(self, ws: ClientConnection, link: SenderLink, agent_id: str,
                   action: str) -> wire.Result:
         link.connected(new_nonce(self.random(NONCE_BYTES)))
-        req = self.ctx.new_id()[-16:]
+        req = short(self.ctx.new_id(), 16)
         sent = False
         while True:
             for text in link.frames_to_send():

@@ -17,6 +17,7 @@ from ..persistence import EnqueueResult, EntryRecord, NewMessage, ProjectRecord,
 from ..persistence.inbox_core import State
 from . import access, validation
 from .errors import ConfigError, ToolError
+from .ids import short
 from .outbox import Outbox
 from .tools import TaskTools, tools_for
 
@@ -56,7 +57,7 @@ class RecordsApi:
         slug = _checked("slug", validation.require_slug, slug)
         name = slug if name is None else _checked("name", validation.require_message, name,
                                                    validation.TITLE_LIMIT, "name")
-        return ctx.store.create_project(f"p_{self.new_id()[-10:]}", slug, name,
+        return ctx.store.create_project(f"p_{short(self.new_id(), 10)}", slug, name,
                                         ctx.now(), hidden=hidden)
 
     def project(self, slug: str) -> ProjectRecord | None:
@@ -83,7 +84,7 @@ class RecordsApi:
             raise ConfigError(f"no project with id {project_id!r}", field="project_id")
         if parent_id is not None and ctx.store.session(parent_id) is None:
             raise ConfigError(f"no parent session with id {parent_id!r}", field="parent_id")
-        sid = session_id or f"chat-{self.new_id()[-12:]}"
+        sid = session_id or f"chat-{short(self.new_id(), 12)}"
         return ctx.store.create_session(sid, project_id, title, kind, ctx.now(),
                                         parent_id=parent_id, platform=platform, config=config)
 

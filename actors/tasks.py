@@ -14,6 +14,7 @@ from ..persistence import RowNotFound, TaskChange, TaskRecord
 from . import task_rules
 from .context import RuntimeContext
 from .errors import ToolError
+from .ids import short
 from .outbox import Writes
 
 
@@ -36,7 +37,7 @@ class TaskService:
         if status not in task_rules.OPEN_STATUSES:
             raise ToolError("invalid_argument",
                             f"a new task starts as pending or in_progress, not {status!r}.")
-        task_id = f"task-{self.ctx.new_id()[-12:]}"
+        task_id = f"task-{short(self.ctx.new_id(), 12)}"
         now = self.ctx.now()
         record = TaskRecord(task_id, project_id, chat_id, title, status, None, None, now, now)
         self.writes.note_task(record)

@@ -19,6 +19,7 @@ from .context import RuntimeContext
 from .errors import ToolError
 from .family import FamilyTools
 from .focal import is_focal_chat
+from .ids import short
 from .outbox import Outbox, Writes
 from .peers import is_peer_target
 from .subagents import TASK_KIND, task_message_id
@@ -267,13 +268,13 @@ class AgentTools(FamilyTools, TaskTools):
         ctx = self._ctx
         box = self._writes.outbox
         if run_in_background:
-            child_id, writes = f"subagent-sub_{ctx.new_id()[-8:]}", self._writes
+            child_id, writes = f"subagent-sub_{short(ctx.new_id(), 8)}", self._writes
         else:
             self._require_a_free_thread(caller.id)
             # The turn waits for this child, so it commits now, not with the turn; an id
             # repeatable across attempts lets a retried turn find the child it started.
             child_id = (box.child_id(text) if box is not None
-                        else f"subagent-sub_{ctx.new_id()[-8:]}")
+                        else f"subagent-sub_{short(ctx.new_id(), 8)}")
             writes = Writes(ctx, None)
             earlier = self._started_child(child_id)
             if earlier is not None:

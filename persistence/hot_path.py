@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import peewee as pw
 
 from .database import is_postgres
-from .inbox_core import State
+from .inbox_core import OPEN_STATES, State
 from .models import InboxMessage
 
 INBOX = InboxMessage._meta.table_name  # type: ignore[attr-defined]
@@ -46,13 +46,13 @@ CLAIM_COLUMNS = Head._fields
 
 
 def is_open(alias: str = "") -> str:
-    """SQL for "the row is open" (pending or processing), of the row named ``alias``: the
-    condition of the open rows' partial indexes (:mod:`.open_indexes`), word for word. A
-    statement meaning to walk those indexes must say it so, with the states written out:
+    """SQL for "the row is open" (``inbox_core.OPEN_STATES``), of the row named ``alias``:
+    the condition of the open rows' partial indexes (:mod:`.open_indexes`), word for word.
+    A statement meaning to walk those indexes must say it so, with the states written out:
     SQLite uses a partial index only for a statement whose condition implies the index's
     as written (``status IN (?, ?)`` with bound values does not, and reads the table)."""
-    return f"{alias + '.' if alias else ''}status IN ('{PENDING}', '{PROCESSING}')"
-
+    states = ", ".join(f"'{state}'" for state in OPEN_STATES)
+    return f"{alias + '.' if alias else ''}status IN ({states})"
 
 
 IN_LIST_LIMIT = 500

@@ -17,10 +17,10 @@ every kind of the batch under one savepoint: that is what keeps the
 per-message cost flat under load. If a set-wise run raises, that savepoint
 is rolled back and each kind runs under its own: the others set-wise again,
 the one that raised one operation at a time, so the outcome is exactly what
-one-by-one execution gives. Bulk kinds run where the batch's first bulk item stands, plain
-operations in the order they arrived. Callers
-wait for each result before depending on it, so operations in one batch are
-concurrent and may commit in any order within it.
+one-by-one execution gives. Bulk kinds run where the batch's first bulk item
+stands, plain operations in the order they arrived. Callers wait for each
+result before depending on it, so operations in one batch are concurrent and
+may commit in any order within it.
 """
 
 from __future__ import annotations
@@ -339,13 +339,13 @@ class GroupCommitWriter:
         kind: Bulk[Any, Any] = batch[indexes[0]][0]
         items = [batch[i][1] for i in indexes]
         if len(items) > 1:
-            ok, results = (self._run_one(cursor, lambda: _all_of(kind, items)) if set_wise
-                           else (False, None))
-            if ok:
-                self._stats.bulk_runs += 1
-                for i, result in zip(indexes, results, strict=True):
-                    outcomes[i] = (True, result)
-                return
+            if set_wise:
+                ok, results = self._run_one(cursor, lambda: _all_of(kind, items))
+                if ok:
+                    self._stats.bulk_runs += 1
+                    for i, result in zip(indexes, results, strict=True):
+                        outcomes[i] = (True, result)
+                    return
             self._stats.bulk_fallbacks += 1
         for i, item in zip(indexes, items, strict=True):
             outcomes[i] = self._run_one(cursor, lambda item=item: kind.one(item))

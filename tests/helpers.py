@@ -20,6 +20,20 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "
         pause.wait(0.005)  # re-check soon; the timeout above bounds the wait
 
 
+def failing_once(real: Callable[..., Any], error: Exception,
+                 failures: list[str], name: str) -> Callable[..., Any]:
+    """``real``, but its first call raises ``error`` (and appends ``name`` to
+    ``failures``, for the test to wait on and check)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not failures:
+            failures.append(name)
+            raise error
+        return real(*args, **kwargs)
+
+    return call
+
+
 def quiet_brain(turn: object) -> None:
     """A brain that reads its messages and says nothing (a runtime without one is send-only)."""
 

@@ -24,7 +24,7 @@ from kinbox.actors.context import TurnEffects
 from kinbox.persistence import DatabaseInUse, NewMessage
 
 from .conftest import Stores
-from .helpers import quiet_brain, wait_for
+from .helpers import failing_once, quiet_brain, wait_for
 
 MakeRuntime = Callable[..., Runtime]
 
@@ -255,16 +255,9 @@ def test_a_suspect_whose_actor_fails_to_start_runs_once_its_lease_runs_out(
     prepared.journal.enqueue(NewMessage("m0", "s0", "#0"), 1)
     assert len(prepared.journal.claim("dead-worker", 1, lease=10_000).rows) == 1
     prepared.close()
-    real_start = slots_module.SessionActor.start
     failures: list[str] = []
-
-    def start_failing_once(*args: Any, **kwargs: Any) -> Any:
-        if not failures:
-            failures.append("start")
-            raise RuntimeError("no actor today")
-        return real_start(*args, **kwargs)
-
-    monkeypatch.setattr(slots_module.SessionActor, "start", start_failing_once)
+    monkeypatch.setattr(slots_module.SessionActor, "start", failing_once(
+        slots_module.SessionActor.start, RuntimeError("no actor today"), failures, "start"))
     seen, brain = recorder()
     rt = Runtime(db=db_url, brain=brain, clock=clock, lease_seconds=5).start()
     try:
@@ -410,16 +403,9 @@ def test_an_unexpected_error_in_the_dispatcher_does_not_stop_delivery(
     seen, brain = recorder()
     rt = make_runtime(brain=brain)
     journal = rt.context.journal
-    real_claim = journal.claim
     failures: list[str] = []
-
-    def claim_failing_once(*args: Any, **kwargs: Any) -> Any:
-        if not failures:
-            failures.append("claim")
-            raise RuntimeError("a bug in a claim")
-        return real_claim(*args, **kwargs)
-
-    journal.claim = claim_failing_once  # type: ignore[method-assign]
+    journal.claim = failing_once(  # type: ignore[method-assign]
+        journal.claim, RuntimeError("a bug in a claim"), failures, "claim")
     _, b = two_sessions(rt)
     rt.post(b, "still delivered")
     rt.run_until_idle(10)
