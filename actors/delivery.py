@@ -122,6 +122,11 @@ class Done:
 
 Effect = StartTurn | RunBrain | Commit | RecordFailure | Release | Done
 
+_RUN_BRAIN = RunBrain()
+_DONE = {True: Done(True), False: Done(False)}
+"""The effects without a row: immutable, so every run shares one of each (a turn's start
+and end allocate nothing for them)."""
+
 
 @dataclass
 class Delivery:
@@ -145,21 +150,21 @@ class Delivery:
 
     def _done(self, claim: bool) -> list[Effect]:
         self.phase = Phase.DONE
-        return [Done(claim or self.claim)]
+        return [_DONE[claim or self.claim]]
 
     def claimed(self, row: Row) -> list[Effect]:
         """A row leased for this session (by a claim, or by its send)."""
         self._expect("claimed", Phase.IDLE)
         if self.closing:
             self.phase = Phase.DONE
-            return [Release(row.message_id), Done(True)]
+            return [Release(row.message_id), _DONE[True]]
         return self._start(row)
 
     def started(self) -> list[Effect]:
         """The turn started (its start recorded where asked)."""
         self._expect("started", Phase.STARTING)
         self.phase = Phase.RUNNING
-        return [RunBrain()]
+        return [_RUN_BRAIN]
 
     def refused(self) -> list[Effect]:
         """The turn could not start: the lease was lost, or the journal failed."""
@@ -196,7 +201,7 @@ class Delivery:
             return self._done(False)
         if self.turns >= CHAIN_LIMIT or self.closing:
             self.phase = Phase.DONE
-            return [Release(following.message_id), Done(True)]
+            return [Release(following.message_id), _DONE[True]]
         return self._start(following)
 
     def lease_lost(self) -> list[Effect]:

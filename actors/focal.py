@@ -137,8 +137,10 @@ class Focal:
         database read; the canonical Focal chat is resolved before its brain
         runs (the work this hook returns), which also restores its pinned title.
         """
+        session_id = turn.session_id  # not the turn: it holds this closure (no cycle)
+
         def resolve() -> tuple[policy.ToolRequest | None, str | None]:
-            session = ctx.store.session(turn.session_id)
+            session = ctx.store.session(session_id)
             if session is None:
                 return None, None
             if not is_focal_chat(session):
@@ -249,14 +251,12 @@ class Focal:
     def outbox(self, ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome
                ) -> TurnEffects | None:
         """Outbox hook: replies to Focal, heartbeat signatures, user notifications."""
-        if not outcome.ok:
+        if not outcome.ok or (not turn.replies and turn.session_id != FOCAL_ID):
             return None
         effects = TurnEffects()
         if turn.session_id == FOCAL_ID:
             self._focal_turn_effects(turn, effects)
             return effects
-        if not turn.replies:
-            return None
         asked = [m for m in turn.all_messages if m.sender_id == FOCAL_ID]
         if asked:
             effects.messages.append(NewMessage(

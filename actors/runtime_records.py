@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..persistence import EnqueueResult, EntryRecord, NewMessage, ProjectRecord, SessionRecord
 from ..persistence.inbox_core import State
+from ..persistence.inbox_records import DEFAULT_KIND
 from . import access, validation
 from .errors import ConfigError, ToolError
 from .ids import short
@@ -106,7 +107,7 @@ class RecordsApi:
     # -- messages --------------------------------------------------------------------------
 
     def post(self, target: str, content: str, *, sender: str | None = None,
-             message_id: str | None = None, kind: str = "agent_message",
+             message_id: str | None = None, kind: str = DEFAULT_KIND,
              payload: dict[str, Any] | None = None) -> EnqueueResult:
         """Enqueue a message from outside any session (a user, a test, an operator).
 
@@ -123,7 +124,8 @@ class RecordsApi:
             self._known_sessions.add(target)
         content = _checked("content", validation.require_message, content,
                            validation.SEND_LIMIT, "content")
-        kind = _checked("kind", validation.require_id, "kind", kind)
+        if kind != DEFAULT_KIND:  # the default is valid: most posts skip its check
+            kind = _checked("kind", validation.require_id, "kind", kind)
         if sender is not None:
             sender = _checked("sender", validation.require_id, "sender", sender)
         if message_id is not None:

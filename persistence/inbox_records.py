@@ -14,6 +14,9 @@ from typing import Any
 from . import inbox_core as core
 from .hot_path import Head
 
+DEFAULT_KIND = "agent_message"
+"""A message's kind unless its sender says otherwise."""
+
 
 @dataclass(frozen=True)
 class NewMessage:
@@ -22,7 +25,7 @@ class NewMessage:
     message_id: str
     target: str
     content: str
-    kind: str = "agent_message"
+    kind: str = DEFAULT_KIND
     sender: str | None = None
     transport: str = "local"
     destination_peer_id: str | None = None
