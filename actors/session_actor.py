@@ -165,14 +165,14 @@ class SessionActor(PooledActor):
             return settle(self.start_turn(run, effect.row, effect.record_start))
         if isinstance(effect, dp.Commit):
             return settle(self.commit(run, list(effect.message_ids)))
+        if isinstance(effect, dp.Done):
+            self.done(effect.claim)
+            return []
         if isinstance(effect, dp.RecordFailure):
             return self.record_failure(run, effect)
         if isinstance(effect, dp.Release):
             if not ctx.crashed.is_set():
                 ctx.journal.release(ctx.owner, [effect.message_id], ctx.now())
-            return []
-        if isinstance(effect, dp.Done):
-            self.done(effect.claim)
             return []
         raise TypeError(f"not an effect this actor carries out: {effect!r}")
 

@@ -74,6 +74,8 @@ def hook_work(ctx: RuntimeContext, turn: Turn) -> list[Callable[[], object]]:
 
 def take_result(turn: Turn, result: object) -> None:
     """Take what a sync brain returned: a string is a reply; an awaitable is an error."""
+    if result is None:  # most brains reply with turn.reply: no awaitable check to pay
+        return
     if inspect.isawaitable(result):
         raise SyncBrainAwaitable(result)
     if isinstance(result, str) and result:
