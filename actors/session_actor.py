@@ -160,8 +160,6 @@ class SessionActor(PooledActor):
         protocol's answer to its outcome."""
         ctx = self.ctx
         if isinstance(effect, dp.StartTurn):
-            if not effect.record_start:  # most turns: nothing to write first
-                return self.open_turn(run, effect.row)
             return settle(self.start_turn(run, effect.row, effect.record_start))
         if isinstance(effect, dp.Commit):
             return settle(self.commit(run, list(effect.message_ids)))
@@ -207,19 +205,6 @@ class SessionActor(PooledActor):
         stop_flag = ctx.turns.try_begin(self.session_id, started)
         if stop_flag is None:  # a cron or social turn of this session runs: wait it out
             stop_flag = yield Blocking(lambda: ctx.turns.begin(self.session_id, started))
-        return self._opened(run, row, started, stop_flag)
-
-    def open_turn(self, run: dp.Delivery, row: ClaimedRow) -> list[dp.Effect]:
-        """:meth:`start_turn` of a row whose start needs no record, on this pool thread
-        (which may wait out a cron or social turn of the session): no step to drive."""
-        started = self.ctx.now()
-        stop_flag = self.ctx.turns.try_begin(self.session_id, started)
-        if stop_flag is None:
-            stop_flag = self.ctx.turns.begin(self.session_id, started)
-        return self._opened(run, row, started, stop_flag)
-
-    def _opened(self, run: dp.Delivery, row: ClaimedRow, started: float,
-                stop_flag: StopFlag) -> list[dp.Effect]:
         self.flag = stop_flag
         self.turn = self._new_turn(row, started, stop_flag)
         return run.started()
