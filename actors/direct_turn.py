@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 from ..persistence import LeaseLost, PersistenceError, WriterClosed
 from .context import RuntimeContext, TurnEffects
@@ -129,7 +130,7 @@ class DirectTurns:
         """Run one turn of ``session_id`` now, on the calling thread, and commit it."""
         ctx = self.ctx
         with self._lock_for(session_id):
-            ctx.store.update_session(session_id, ctx.now(), status="active")
+            ctx.store.mark_direct_turn(session_id, True, ctx.now())
             turn = self._start(session_id, messages, fetch_steering)
             try:
                 done, effects = self._attempt(session_id, turn, commit_ops)
@@ -166,19 +167,21 @@ class DirectTurns:
         outcome = judge(ctx, turn, error).outcome
         if not outcome.ok:
             log.info("direct turn of %s failed: %s", session_id, outcome.error)
-            ctx.store.update_session(session_id, ctx.now(), status="idle")
+            ctx.store.mark_direct_turn(session_id, False, ctx.now())
             ctx.emit("turn_failed", session_id=session_id, message_id=first,
                      error=outcome.error, state="direct", attempts=1, available_at=None)
             return DirectOutcome(turn, outcome, False, outcome.error), None
         effects = ctx.effects(turn, outcome)
+        now = ctx.now()
+        ended = partial(ctx.store.mark_direct_turn_now, session_id, False, now)
         try:
-            ctx.journal.complete_turn(ctx.owner, session_id, [], turn.entries(), ctx.now(),
+            ctx.journal.complete_turn(ctx.owner, session_id, [], turn.entries(), now,
                                       enqueue=effects.messages,
-                                      also=[*effects.ops, *commit_ops(turn)])
+                                      also=[*effects.ops, *commit_ops(turn), ended])
         except WriterClosed:
             raise
         except (LeaseLost, PersistenceError) as exc:
-            ctx.store.update_session(session_id, ctx.now(), status="idle")
+            ctx.store.mark_direct_turn(session_id, False, ctx.now())
             ctx.emit("lease_lost", session_id=session_id, message_id=first, error=str(exc))
             return DirectOutcome(turn, outcome, False, str(exc)), None
         ctx.activity.bump("turns")

@@ -149,19 +149,6 @@ class HotPath:
         return (f"SELECT DISTINCT target_chat_id, NULL FROM {INBOX} WHERE target_chat_id IN "
                 f"({self.in_list(n)}) AND {is_open()}")
 
-    def set_statuses(self, statuses: Sequence[tuple[str, str]], now: float) -> None:
-        """Sessions' active/idle statuses, ``(session id, status)`` each, in one statement.
-
-        A session already in its status is not written: a turn that chains into the next
-        leaves its session active, and an update that changes nothing would still dirty
-        its page and log it."""
-        for part in chunks(statuses):
-            values = ", ".join([f"({self.p}, {self.p})"] * len(part))
-            self.db.execute_sql(
-                f"UPDATE sessions SET status = v.column2, updated_at = {self.p} "
-                f"FROM (VALUES {values}) AS v WHERE sessions.id = v.column1 "
-                f"AND sessions.status <> v.column2", [now, *(x for pair in part for x in pair)])
-
     def with_markers(self, ids: Sequence[str]) -> set[str]:
         """Which of ``ids`` already have a committed turn."""
         return {r[0] for part in chunks(ids) for r in self.db.execute_sql(

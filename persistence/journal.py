@@ -142,12 +142,8 @@ class Journal(InboxReads):
                 if r.message_id in attempts else r
                 for r in rows if r.message_id not in done and attempts.get(r.message_id, 0) >= 0]
         # ``attempts`` < 0: failed by this claim, not leased
-        if rows and self.bulk.pg_turns is not None:
-            self.bulk.pg_turns.lease_and_status(owner, now + lease, [r.message_id for r in rows],
-                                                [r.target for r in rows], now)
-        elif rows:
+        if rows:
             self.hot.lease_many([r.message_id for r in rows], owner, now + lease, now)
-            self.hot.set_statuses([(r.target, "active") for r in rows], now)
         return ClaimResult(rows, sorted(done), held_back)
 
     def _count_interrupted(self, ids: list[str], now: float) -> dict[str, int]:
@@ -318,11 +314,9 @@ class Journal(InboxReads):
             op()
         self.write_turn(session_id, ids, entries, now)
         self.hot.mark_delivered(ids, now)
-        following = None
-        if next_lease is not None:
-            following = self._claim_next_op(owner, session_id, now, next_lease)
-        self.hot.set_statuses([(session_id, "active" if following else "idle")], now)
-        return following
+        if next_lease is None:
+            return None
+        return self._claim_next_op(owner, session_id, now, next_lease)
 
     def complete_turn(self, owner: str, session_id: str, message_ids: Sequence[str],
                       entries: Sequence[TurnEntry], now: float, *,
@@ -397,9 +391,6 @@ class Journal(InboxReads):
                 self.enqueue_now(msg, now)
             for op in on_failed_also:
                 op()
-        s = self.t.session
-        s.update(status="idle", updated_at=now).where(
-            s.id == m.select(m.target_chat_id).where(m.message_id == message_id)).execute()
         return out
 
     def retry(self, owner: str, message_id: str, error: str, now: float, *,

@@ -48,6 +48,8 @@ class Session(_Base):
     platform = pw.CharField(null=True, max_length=64)
     parent_id = pw.CharField(null=True, index=True, max_length=128)
     status = pw.CharField(default="idle", max_length=16)
+    """``running`` while a direct turn runs; a session's status as read is derived
+    (``session_view``), as is its recency from ``updated_at`` and the transcript."""
     config = pw.TextField(default="{}")
     created_at = pw.DoubleField()
     updated_at = pw.DoubleField()
@@ -60,7 +62,7 @@ class TranscriptEntry(_Base):
     """One entry of a session's transcript (role, text, visibility, time)."""
 
     id = pw.BigAutoField()
-    session_id = pw.CharField(index=True, max_length=128)
+    session_id = pw.CharField(max_length=128)
     role = pw.CharField(max_length=32)
     text = pw.TextField()
     visible = pw.BooleanField(default=True)
@@ -71,6 +73,9 @@ class TranscriptEntry(_Base):
 
     class Meta:
         table_name = "transcript_entries"
+        # A session's entries in order: its transcript, and its newest entry in one probe
+        # from the end (the session's recency, ``session_view``), on PostgreSQL too.
+        indexes = ((("session_id", "id"), False),)
 
 
 class DeliveryMarker(_Base):

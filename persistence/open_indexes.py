@@ -21,10 +21,10 @@ probe), on SQLite as on PostgreSQL.
   statements here do.
 
 They are created by :func:`~.schema.upgrade` (``kinbox db upgrade``), which
-also drops the replaced full indexes (:data:`FULL_INDEXES`) and the index on
-``sessions.updated_at`` from an older database. Operator reads of failed
-rows walk a partial index of their own; a listing of one target's delivered
-rows, the counts per state, or the sessions by ``updated_at``, read the
+also drops the replaced full indexes (:data:`FULL_INDEXES`) and the indexes on
+``sessions.updated_at`` and ``transcript_entries.session_id`` from an older
+database. Operator reads of failed rows walk a partial index of their own; a
+listing of one target's delivered rows, or the counts per state, read the
 table (an operator's query, not the message path's).
 """
 
@@ -56,11 +56,13 @@ FULL_INDEXES = {
         f"ON {INBOX} (target_chat_id, status, seq)",
     "agent_inbox_messages_status_seq": f"ON {INBOX} (status, seq)",
     "sessions_updated_at": "ON sessions (updated_at)",
+    "transcript_entries_session_id": "ON transcript_entries (session_id)",
 }
 """name -> definition of the indexes these replace, as older versions created them
 (peewee's names), dropped by the upgrade: the inbox's full (target, status, seq) and
-(status, seq), and ``sessions.updated_at``'s, which made every session status change a
-write to it (and on PostgreSQL a non-HOT update)."""
+(status, seq), ``sessions.updated_at``'s, which made every session status change a
+write to it (and on PostgreSQL a non-HOT update), and the transcript's by session alone
+(now by ``(session_id, id)``, the model's)."""
 
 
 def _index_names(db: pw.Database) -> set[str]:

@@ -30,9 +30,9 @@ The usual claim (:meth:`PgClaims.claim_plain`) is two statements and no
 transaction block: the window read (all an empty claim costs: with several
 workers, every send wakes each of them and all but one find nothing), then
 one statement that locks the candidates and leases, in the same statement,
-those that need nothing but a lease (pending, not suspect, no marker), with
-their sessions' status. It was five round trips (``BEGIN``, window, lock,
-lease, ``COMMIT``), each a wait for the interpreter lock on a busy worker. A
+those that need nothing but a lease (pending, not suspect, no marker). It
+was five round trips (``BEGIN``, window, lock, lease, ``COMMIT``), each a
+wait for the interpreter lock on a busy worker. A
 locked head that needs more (a takeover, a suspect, a committed turn) is
 reported, and the journal claims it by the full rules in a transaction.
 """
@@ -117,9 +117,7 @@ class PgClaims:
             f"AND suspect IS NOT TRUE AND NOT done ORDER BY seq LIMIT %(limit)s), "
             f"leased AS (UPDATE {INBOX} u SET status = '{PROCESSING}', "
             f"lease_owner = %(owner)s, lease_until = %(until)s, updated_at = %(now)s "
-            f"FROM p WHERE u.message_id = p.message_id RETURNING u.message_id), "
-            f"st AS (UPDATE sessions SET status = 'active', updated_at = %(now)s "
-            f"WHERE id IN (SELECT target_chat_id FROM p)) "
+            f"FROM p WHERE u.message_id = p.message_id RETURNING u.message_id) "
             f"SELECT c.*, c.message_id IN (SELECT message_id FROM leased) FROM c "
             f"ORDER BY c.seq")
 
@@ -127,7 +125,7 @@ class PgClaims:
                     exclude: Sequence[str] = ()) -> PlainClaim:
         """Lease to ``owner`` until ``until`` up to ``limit`` due heads of targets not in
         ``exclude`` that need nothing but their lease (pending, not suspect, no committed
-        turn), oldest first, with their sessions' status: the common claim, in two
+        turn), oldest first: the common claim, in two
         statements and no transaction block (each statement is its own transaction).
 
         One read finds the candidates (no write, nothing locked: an empty claim is that

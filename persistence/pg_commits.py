@@ -14,8 +14,10 @@ statement text, so the batch is now one (:attr:`PgTurnSql.sql_commit`):
 * each chaining session's next head, locked (rows others hold skipped, never
   waited for), and leased when it is due, plain (not suspect) and has no
   committed turn yet; whether any due head has one (it sends the batch one
-  by one, as the eight statements did);
-* every session's status: active when its next head was leased, else idle.
+  by one, as the eight statements did).
+
+A session's status is not written: it is read off its processing rows (see
+:mod:`.session_view`).
 
 All of it reads one snapshot, the statement's: the next head of a target is
 its oldest open row *other than the rows this batch acknowledges* (they are
@@ -69,9 +71,6 @@ class PgTurnSql:
         # it alone would judge it.
         due = (f"n.status = '{PENDING}' AND n.available_at <= n.at "
                f"AND n.suspect IS NOT TRUE")
-        # Each session's status after the batch; a session already in it is not written.
-        status = ("(CASE WHEN id IN (SELECT target_chat_id FROM leased) "
-                  "THEN 'active' ELSE 'idle' END)")
         # The next head: the oldest open row that this batch does not acknowledge.
         next_head = (f"(SELECT o.seq FROM {INBOX} o WHERE o.target_chat_id = t.target "
                      f"AND {is_open('o')} "
@@ -98,33 +97,24 @@ class PgTurnSql:
             f"lease_owner = %(owner)s, lease_until = %(until)s, updated_at = %(now)s "
             f"FROM n WHERE u.message_id = n.message_id AND {due} AND NOT n.done "
             f"AND u.status = '{PENDING}' AND u.available_at <= n.at "
-            f"AND u.suspect IS NOT TRUE RETURNING {ucols}), "
-            f"st AS (UPDATE sessions SET status = {status}, updated_at = %(now)s "
-            f"WHERE id = ANY(%(sessions)s) AND status <> {status}) "
+            f"AND u.suspect IS NOT TRUE RETURNING {ucols}) "
             f"SELECT (SELECT COUNT(*) FROM acked), "
             f"(SELECT COUNT(*) FROM n WHERE {due} AND n.done), l.* "
             f"FROM (SELECT 1) AS one LEFT JOIN leased l ON TRUE")
-        self.sql_lease_and_status = (
-            f"WITH leased AS (UPDATE {INBOX} SET status = '{PROCESSING}', lease_owner = %s, "
-            f"lease_until = %s, updated_at = %s WHERE message_id = ANY(%s)) "
-            f"UPDATE sessions SET status = 'active', updated_at = %s "
-            f"WHERE id = ANY(%s) AND status <> 'active'")
 
     def commit_batch(self, owner: str, ids: Sequence[str],
                      entries: Sequence[tuple[Any, ...]],
                      markers: Sequence[tuple[str, str, float]],
                      chaining: Sequence[tuple[str, float]], until: float,
-                     sessions: Sequence[str], now: float) -> BatchOutcome:
+                     now: float) -> BatchOutcome:
         """In one statement: acknowledge the rows of ``ids`` ``owner`` leases, insert
         ``entries`` (rows of ``entry_row``) and ``markers`` (session, message, time), lease
         each ``(session, time)`` of ``chaining``'s next head until ``until`` where it is due
-        at that time, and set every one of ``sessions`` active (its next head leased) or
-        idle."""
+        at that time."""
         e = [list(c) for c in zip(*entries, strict=True)] if entries else [[]] * 8
         k = [list(c) for c in zip(*markers, strict=True)] if markers else [[]] * 3
         params = {"now": now, "ids": list(ids), "owner": owner, "until": until,
                   "chaining": [t for t, _ in chaining], "chain_at": [a for _, a in chaining],
-                  "sessions": list(sessions),
                   "e_session": e[0], "e_role": e[1], "e_text": e[2], "e_visible": e[3],
                   "e_message": e[4], "e_sender": e[5], "e_kind": e[6], "e_at": e[7],
                   "k_session": k[0], "k_message": k[1], "k_at": k[2]}
@@ -135,10 +125,3 @@ class PgTurnSql:
                 head = Head._make(r[2:])
                 leased[head.target_chat_id] = head
         return BatchOutcome(int(rows[0][0]), int(rows[0][1]), leased)
-
-    def lease_and_status(self, owner: str, until: float, lease: Sequence[str],
-                         active: Sequence[str], now: float) -> None:
-        """Lease ``lease`` to ``owner`` until ``until`` and mark ``active`` sessions active,
-        in one statement (a claim's writes)."""
-        self.db.execute_sql(self.sql_lease_and_status,
-                            [owner, until, now, list(lease), now, list(active)])

@@ -16,6 +16,7 @@ import peewee as pw
 from .errors import DuplicateError, RowNotFound
 from .journal import TurnEntry
 from .models import Project, Session, Tables
+from .session_view import DIRECT_TURN, IDLE, live_columns
 from .writer import GroupCommitWriter
 
 
@@ -42,8 +43,10 @@ class SessionRecord:
     platform: str | None
     parent_id: str | None
     status: str
+    """``active`` while a turn of it runs (here or in another process), else ``idle``."""
     created_at: float
     updated_at: float
+    """Its latest activity: creation, a change, or its newest transcript entry."""
     config: dict[str, Any] = field(default_factory=dict)
 
 
@@ -69,8 +72,10 @@ def _project(p: Project) -> ProjectRecord:
 
 
 def _session(s: Session) -> SessionRecord:
-    return SessionRecord(s.id, s.project_id, s.title, s.kind, s.platform, s.parent_id, s.status,
-                         s.created_at, s.updated_at, json.loads(s.config or "{}"))
+    """The record of a row read by :meth:`SessionStore._select` (with its derived columns)."""
+    return SessionRecord(s.id, s.project_id, s.title, s.kind, s.platform, s.parent_id,
+                         s.live_status, s.created_at, s.recent,  # type: ignore[attr-defined]
+                         json.loads(s.config or "{}"))
 
 
 class SessionStore:
@@ -140,10 +145,10 @@ class SessionStore:
         if s.select().where(s.id == session_id).exists():
             raise DuplicateError("session", "id", session_id)
         s.insert(id=session_id, project_id=project_id, title=title, kind=kind,
-                 platform=platform, parent_id=parent_id, status="idle",
+                 platform=platform, parent_id=parent_id, status=IDLE,
                  config=json.dumps(config or {}, sort_keys=True),
                  created_at=now, updated_at=now).execute()
-        return SessionRecord(session_id, project_id, title, kind, platform, parent_id, "idle",
+        return SessionRecord(session_id, project_id, title, kind, platform, parent_id, IDLE,
                              now, now, dict(config or {}))
 
     def create_session(self, session_id: str, project_id: str | None, title: str, kind: str,
@@ -161,23 +166,27 @@ class SessionStore:
         def op() -> int:
             for first in range(0, len(sessions), 500):
                 s.insert_many([{"id": i, "project_id": p, "title": t, "kind": k,
-                                "status": "idle", "config": "{}", "created_at": now,
+                                "status": IDLE, "config": "{}", "created_at": now,
                                 "updated_at": now}
                                for i, p, t, k in sessions[first:first + 500]]).execute()
             return len(sessions)
         return self.writer.call(op, timeout=600)
 
+    def _select(self) -> pw.ModelSelect:
+        """Session rows with their derived status and recency (:mod:`.session_view`)."""
+        return self.t.session.select(self.t.session, *live_columns(self.t))
+
     def session(self, session_id: str) -> SessionRecord | None:
         """The session with this id, or None."""
         s = self.t.session
-        row = s.get_or_none(s.id == session_id)
+        row = self._select().where(s.id == session_id).first()
         return _session(row) if row else None
 
     def sessions(self, *, project_id: str | None = None, kinds: tuple[str, ...] = (),
                  limit: int | None = None) -> list[SessionRecord]:
-        """Sessions, most recently updated first."""
+        """Sessions, most recently active first."""
         s = self.t.session
-        q = s.select().order_by(s.updated_at.desc(), s.id)
+        q = self._select().order_by(pw.SQL("recent").desc(), s.id)
         if project_id is not None:
             q = q.where(s.project_id == project_id)
         if kinds:
@@ -192,9 +201,9 @@ class SessionStore:
         s = self.t.session
         near = [session.id] + ([session.parent_id] if session.parent_id else [])
         roots = s.parent_id.is_null() & (s.project_id == session.project_id)
-        first = list(s.select().where(s.id.in_(near) | s.parent_id.in_(near) | roots))
+        first = list(self._select().where(s.id.in_(near) | s.parent_id.in_(near) | roots))
         children = [r.id for r in first if r.parent_id == session.id]
-        grand = list(s.select().where(s.parent_id.in_(children))) if children else []
+        grand = list(self._select().where(s.parent_id.in_(children))) if children else []
         seen: dict[str, Session] = {r.id: r for r in [*first, *grand]}
         return [_session(r) for r in seen.values()]
 
@@ -208,6 +217,18 @@ class SessionStore:
             if not s.update(updated_at=now, **changes).where(s.id == session_id).execute():
                 raise RowNotFound("session", session_id)
         self.writer.call(op)
+
+    def mark_direct_turn_now(self, session_id: str, running: bool, now: float) -> None:
+        """A direct turn of the session started (``running``) or ended, inside the caller's
+        transaction: the one kind of turn no processing inbox row shows."""
+        s = self.t.session
+        if not s.update(status=DIRECT_TURN if running else IDLE, updated_at=now).where(
+                s.id == session_id).execute():
+            raise RowNotFound("session", session_id)
+
+    def mark_direct_turn(self, session_id: str, running: bool, now: float) -> None:
+        """:meth:`mark_direct_turn_now` in a transaction of its own."""
+        self.writer.call(lambda: self.mark_direct_turn_now(session_id, running, now))
 
     def patch_config_now(self, session_id: str, patch: dict[str, Any], now: float) -> None:
         """Merge ``patch`` into a session's config inside the caller's transaction."""

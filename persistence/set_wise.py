@@ -71,8 +71,6 @@ def insert_new(sql: BulkSql, items: Sequence[Enqueue]) -> list[EnqueueResult]:
         assert first is not None  # SQLite's numbering
         claimed = {msg.message_id: leased_new_row(msg, first + i, now)
                    for i, (msg, now, _) in enumerate(items) if msg.message_id in leases}
-        sql.hot.set_statuses([(t, "active") for t in sorted({r.target for r in claimed.values()})],
-                             max(t for _, t, _ in items))
     pending = core.State.PENDING.value
     return [EnqueueResult(msg.message_id, msg.target, pending, True, now,
                           claimed.get(msg.message_id)) for msg, now, _ in items]
@@ -180,7 +178,7 @@ def _due(head: Head, now: float) -> bool:
 
 
 def commit_all(sql: BulkSql, commits: Sequence[TurnCommit]) -> list[ClaimedRow | None]:
-    """Commit plain turns together: fence, entries, markers, acks, next leases, status.
+    """Commit plain turns together: fence, entries, markers, acks, next leases.
 
     Same writes and answers as committing each on its own (times aside, see
     above); a session appearing twice, or a fence that fails, sends the
@@ -199,8 +197,6 @@ def commit_all(sql: BulkSql, commits: Sequence[TurnCommit]) -> list[ClaimedRow |
     sql.insert_entries([entry_row(c.session_id, e, c.now) for c in commits for e in c.entries])
     sql.insert_markers([(c.session_id, mid, c.now) for c in commits for mid in c.message_ids])
     following = _next_heads(sql, commits, now)
-    sql.hot.set_statuses([(c.session_id, "active" if c.session_id in following else "idle")
-                          for c in commits], now)
     return [following.get(c.session_id) for c in commits]
 
 
@@ -217,7 +213,7 @@ def _commit_all_pg(pg: PgTurnSql, commits: Sequence[TurnCommit],
         [entry_row(c.session_id, e, c.now) for c in commits for e in c.entries],
         [(c.session_id, mid, c.now) for c in commits for mid in c.message_ids],
         [(c.session_id, c.now) for c in chaining], now + (lengths.pop() if lengths else 0.0),
-        [c.session_id for c in commits], now)
+        now)
     if out.acked < sum(len(c.message_ids) for c in commits):
         raise OneByOne("a commit lost a lease")
     if out.committed_heads:

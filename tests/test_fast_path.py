@@ -4,8 +4,7 @@ An exclusive SQLite runtime enqueues with a lease: a new row that will be its
 target's head is inserted already ``processing``, leased to the runtime, and
 comes back as ``claimed`` for the session at once (no claim, no second write
 of the row); any other row is inserted pending. PostgreSQL rows always go
-through a claim. A session's status is written only when it changes, so a
-turn that chains into the next leaves its session row alone.
+through a claim.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from kinbox.persistence import ClaimedRow, Lease, NewMessage, TurnEntry, is_postgres
+from kinbox.persistence import ClaimedRow, Lease, NewMessage, is_postgres
 
 from .conftest import Stores
 from .test_set_wise import in_one_batch
@@ -98,23 +97,3 @@ def test_postgres_rows_go_through_a_claim_even_when_a_lease_is_asked(stores: Sto
     result = stores.journal.enqueue(NewMessage("m1", "s1", "x"), T0, lease=LEASE)
     assert result.claimed is None and _row(stores, "m1")["status"] == "pending"
     assert [r.message_id for r in stores.journal.claim("w", T0).rows] == ["m1"]
-
-
-@pytest.mark.timeout(60)
-def test_a_session_row_is_written_only_when_its_status_changes(stores: Stores) -> None:
-    journal, store = stores.journal, stores.store
-    store.create_session("s1", None, "S1", "interactive", 0.0)
-    journal.enqueue(NewMessage("m1", "s1", "x"), T0)
-    journal.enqueue(NewMessage("m2", "s1", "y"), T0)
-    [row] = journal.claim("w", T0 + 1).rows
-    session = store.session("s1")
-    assert session is not None and (session.status, session.updated_at) == ("active", T0 + 1)
-    following = journal.complete_turn("w", "s1", [row.message_id],
-                                      [TurnEntry("assistant", "ok")], T0 + 2, next_lease=30.0)
-    assert following is not None and following.message_id == "m2"
-    session = store.session("s1")  # still active: the chained commit did not touch it
-    assert session is not None and (session.status, session.updated_at) == ("active", T0 + 1)
-    assert journal.complete_turn("w", "s1", ["m2"], [TurnEntry("assistant", "ok")], T0 + 3,
-                                 next_lease=30.0) is None
-    session = store.session("s1")
-    assert session is not None and (session.status, session.updated_at) == ("idle", T0 + 3)

@@ -1,0 +1,49 @@
+"""A session's status and recency as readers see them: read off the journal, not stored.
+
+Every turn used to write its session's row twice, ``active`` when its message
+was leased and ``idle`` with a new ``updated_at`` when its turn committed: two
+statements per group commit, a dozen scattered page writes on SQLite, a row
+version per turn on PostgreSQL, for facts the journal already holds:
+
+- a session is **active** while one of its inbox rows is processing (leased
+  to a turn, here or in another process), or while a direct turn runs (it has
+  no inbox row, so it marks the session's own row with :data:`DIRECT_TURN`);
+- its **recency** (``updated_at``: listings' order, the Focal heartbeat's last
+  activity) is the later of the row's own ``updated_at`` (creation, a rename,
+  a config change, a direct turn) and its newest transcript entry's time.
+
+Each is one index probe per session read: the open rows' partial index by
+target (its condition repeated word for word, as SQLite requires) and the
+transcript's ``(session_id, id)`` index from its end. Reads are rare beside
+turns; listings and the heartbeat pay for them, the message path does not.
+What older versions stored in ``sessions.status`` (an ``active`` a crash could
+leave behind) no longer means anything.
+"""
+
+from __future__ import annotations
+
+import peewee as pw
+
+from .database import is_postgres
+from .hot_path import PROCESSING, is_open
+from .models import Tables
+
+DIRECT_TURN = "running"
+"""``sessions.status`` while a direct turn of the session runs; ``idle`` otherwise."""
+
+ACTIVE, IDLE = "active", "idle"
+"""A session's status as read."""
+
+
+def live_columns(t: Tables) -> tuple[pw.Node, pw.Node]:
+    """The derived ``status`` and ``updated_at`` of the selected session row, as the
+    columns ``live_status`` and ``recent`` (for ``t.session.select(...)``)."""
+    s, entry, row = t.session, t.transcript.alias("e"), t.inbox.alias("i")
+    turning = row.select(pw.SQL("1")).where(
+        (row.target_chat_id == s.id) & pw.SQL(f"{is_open('i')} AND i.status = '{PROCESSING}'"))
+    status = pw.Case(None, [((s.status == DIRECT_TURN) | pw.fn.EXISTS(turning), ACTIVE)], IDLE)
+    newest = (entry.select(entry.created_at).where(entry.session_id == s.id)
+              .order_by(entry.id.desc()).limit(1))
+    later = pw.fn.GREATEST if is_postgres(t.db) else pw.fn.MAX  # SQLite's MAX of two is scalar
+    return (status.alias("live_status"),
+            later(s.updated_at, pw.fn.COALESCE(newest, s.updated_at)).alias("recent"))
