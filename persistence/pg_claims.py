@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 import peewee as pw
 
 from .hot_path import CLAIM_COLUMNS, INBOX, PENDING, PROCESSING, Head, head_probe
+from .pg_prepared import PreparedStatement
 
 FIRST_WINDOW, LAST_WINDOW = 32, 4096
 """Rows in the walk's first window, and the most in one: each next window is eight times
@@ -88,17 +89,21 @@ class PgClaims:
         self.db = db
         cols = ", ".join(CLAIM_COLUMNS)
         self.sql_window = {
-            state: (f"SELECT w.message_id, w.seq, w.{due} <= %s AND w.transport = %s "
-                    f"AND NOT (w.target_chat_id = ANY(%s)) "
+            state: (f"SELECT w.message_id, w.seq, w.{due} <= %(now)s "
+                    f"AND w.transport = %(transport)s "
+                    f"AND NOT (w.target_chat_id = ANY(%(skip)s)) "
                     f"AND w.seq = {head_probe('w.target_chat_id')} "
                     f"FROM (SELECT message_id, seq, target_chat_id, transport, {due} "
-                    f"FROM {INBOX} WHERE status = '{state}' AND seq > %s "
-                    f"ORDER BY seq LIMIT %s) w ORDER BY w.seq")
+                    f"FROM {INBOX} WHERE status = '{state}' AND seq > %(after)s "
+                    f"ORDER BY seq LIMIT %(window)s) w ORDER BY w.seq")
             for state, due in _DUE.items()}
         # Both states' first windows in one round trip (the processing one is nearly
         # always empty: only rows whose owner died or overran their lease).
         self.sql_first = " UNION ALL ".join(
             f"(SELECT '{state}', q.* FROM ({self.sql_window[state]}) q)" for state in _DUE)
+        self.first = PreparedStatement(db, "kinbox_claim_window", self.sql_first, [
+            ("now", "float8"), ("transport", "text"), ("skip", "text[]"), ("after", "bigint"),
+            ("window", "integer")])
         self.sql_lock = (f"SELECT {cols}, {marker_probe('m.message_id')} FROM {INBOX} m "
                          f"WHERE m.message_id = ANY(%s) "
                          f"AND ((m.status = '{PENDING}' AND m.available_at <= %s) "
@@ -120,6 +125,9 @@ class PgClaims:
             f"FROM p WHERE u.message_id = p.message_id RETURNING u.message_id) "
             f"SELECT c.*, c.message_id IN (SELECT message_id FROM leased) FROM c "
             f"ORDER BY c.seq")
+        self.lease_plain = PreparedStatement(db, "kinbox_claim_lease", self.sql_lease_plain, [
+            ("ids", "text[]"), ("now", "float8"), ("owner", "text"), ("until", "float8"),
+            ("limit", "integer")])
 
     def claim_plain(self, owner: str, transport: str, now: float, until: float, limit: int,
                     exclude: Sequence[str] = ()) -> PlainClaim:
@@ -136,8 +144,8 @@ class PgClaims:
         ids = self._candidates(transport, now, limit, exclude)
         if not ids:
             return PlainClaim([], False)
-        rows: list[Any] = self.db.execute_sql(self.sql_lease_plain, {
-            "ids": ids, "now": now, "owner": owner, "until": until, "limit": limit}).fetchall()
+        rows = self.lease_plain.run(
+            {"ids": ids, "now": now, "owner": owner, "until": until, "limit": limit})
         leased = [Head._make(r[:-2]) for r in rows if r[-1]]
         special = any(not r[-1] and (r[_STATUS] != PENDING or r[_SUSPECT] or r[-2])
                       for r in rows)
@@ -163,8 +171,8 @@ class PgClaims:
         """The ids of up to ``limit`` due heads per open state, oldest first (unlocked)."""
         skip = list(exclude)
         window = max(FIRST_WINDOW, 4 * limit)
-        params = (now, transport, skip, 0, window)
-        rows: list[Any] = self.db.execute_sql(self.sql_first, params * 2).fetchall()
+        rows = self.first.run(
+            {"now": now, "transport": transport, "skip": skip, "after": 0, "window": window})
         ids: list[str] = []
         for state in _DUE:
             mine = [r[1:] for r in rows if r[0] == state]
@@ -179,8 +187,9 @@ class PgClaims:
         ids: list[str] = []
         while len(ids) < limit:
             window = min(LAST_WINDOW, window * 8)
-            rows: list[Any] = self.db.execute_sql(
-                self.sql_window[state], (now, transport, skip, after, window)).fetchall()
+            rows: list[Any] = self.db.execute_sql(self.sql_window[state], {
+                "now": now, "transport": transport, "skip": skip, "after": after,
+                "window": window}).fetchall()
             ids.extend(r[0] for r in rows if r[2])
             if len(rows) < window:
                 break

@@ -41,10 +41,13 @@ def test_a_head_behind_thousands_of_a_busy_targets_rows_is_claimed(pg_url: str) 
         stores.close()
 
 
-def _plan(stores: Stores, sql: str, params: tuple[object, ...]) -> dict[str, Any]:
-    """The executed plan (EXPLAIN ANALYZE, as JSON) of ``sql``, rolled back."""
+def _plan(stores: Stores, sql: str, params: Any, generic: bool = False) -> dict[str, Any]:
+    """The executed plan (EXPLAIN ANALYZE, as JSON) of ``sql``, rolled back; ``generic``:
+    of a prepared statement's generic plan (the one its plan cache may settle on)."""
     db = stores.tables.db
     with db.atomic() as tx:
+        if generic:
+            db.execute_sql("SET LOCAL plan_cache_mode = force_generic_plan")
         plan = db.execute_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchone()[0]
         tx.rollback()
     return plan[0]["Plan"]  # type: ignore[no-any-return]
@@ -68,24 +71,36 @@ def test_the_claims_plans_stay_on_the_open_rows_indexes_on_a_large_table(
                        "WHERE seq <= (SELECT MIN(seq) + 10000 FROM agent_inbox_messages)")
         pg = stores.journal.bulk.pg
         assert pg is not None
-        window = (now, "local", [], 0, 32)
+        window = {"now": now, "transport": "local", "skip": [], "after": 0, "window": 32}
         for analyzed in (False, True):  # never analyzed (autovacuum off, a fresh bulk load)
             if analyzed:
                 db.execute_sql("ANALYZE agent_inbox_messages")
-            nodes = _nodes(_plan(stores, pg.sql_first, window * 2))
-            indexes = {n.get("Index Name") for n in nodes}
-            assert {"agent_inbox_pending_seq", "agent_inbox_processing_seq",
-                    "agent_inbox_open_target_seq"} <= indexes
-            assert not any(n["Node Type"] == "Seq Scan" for n in nodes)
-            # The head probe runs on the window's rows only, never once per pending row
-            # (the plan that took seconds a claim on a large backlog).
-            probes = [n for n in nodes if n.get("Index Name") == "agent_inbox_open_target_seq"]
-            assert all(n["Actual Loops"] <= 32 for n in probes)
+            for _ in range(8):  # past the plan cache's first custom plans
+                pg.first.run(window)
+            # As text, as prepared (whatever plan the cache chose), and its generic plan.
+            for nodes in (_nodes(_plan(stores, pg.sql_first, window)),
+                          _nodes(_plan(stores, pg.first.execute_sql, window)),
+                          _nodes(_plan(stores, pg.first.execute_sql, window, generic=True))):
+                indexes = {n.get("Index Name") for n in nodes}
+                assert {"agent_inbox_pending_seq", "agent_inbox_processing_seq",
+                        "agent_inbox_open_target_seq"} <= indexes
+                assert not any(n["Node Type"] == "Seq Scan" for n in nodes)
+                # The head probe runs on the window's rows only, never once per pending
+                # row (the plan that took seconds a claim on a large backlog).
+                probes = [n for n in nodes
+                          if n.get("Index Name") == "agent_inbox_open_target_seq"]
+                assert all(n["Actual Loops"] <= 32 for n in probes)
             lock = _nodes(_plan(stores, pg.sql_lock, (["m010001", "m010002"], now, now)))
             assert not any(n["Node Type"] == "Seq Scan" for n in lock)
             probes = [n for n in lock if n.get("Index Name") == "agent_inbox_open_target_seq"
                       and n["Node Type"] != "Bitmap Index Scan"]
             assert probes and all(n["Actual Loops"] <= 2 for n in probes)
+            lease = {"ids": ["m010001", "m010002"], "now": now, "owner": "w",
+                     "until": now + 30, "limit": 2}
+            pg.lease_plain.run({**lease, "ids": ["none"]})  # prepared on this connection
+            for generic in (False, True):  # as a claim leases them (rolled back)
+                leasing = _nodes(_plan(stores, pg.lease_plain.execute_sql, lease, generic))
+                assert not any(n["Node Type"] == "Seq Scan" for n in leasing)
             if analyzed:
                 # With statistics the window is an ordered walk (no sort of the pending
                 # rows) and the lock goes by primary key. Never analyzed, the planner

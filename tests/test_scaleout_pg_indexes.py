@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -31,6 +31,7 @@ from kinbox.persistence import (
 )
 from kinbox.persistence.open_indexes import FULL_INDEXES, INBOX_INDEXES
 from kinbox.persistence.peer_outbox import PeerOutbox
+from kinbox.persistence.pg_prepared import PreparedStatement
 
 from .conftest import Stores
 from .helpers import pg_seq_scans
@@ -77,15 +78,18 @@ def test_upgrade_drops_the_full_indexes_and_creates_the_open_rows_ones(
 class Recorder:
     """The inbox statements run through ``db.execute_sql`` (the real call, recorded)."""
 
-    def __init__(self, db: Any) -> None:
+    def __init__(self, db: Any, prepared: Sequence[PreparedStatement] = ()) -> None:
         self.db = db
         self.real = db.execute_sql
         self.seen: list[tuple[str, Any]] = []
+        self.texts = {p.execute_sql: p.sql for p in prepared}
+        """A prepared statement's EXECUTE -> its text (what is EXPLAINed)."""
 
     def __call__(self, sql: str, params: Any = None, *args: Any, **kw: Any) -> Any:
-        if INBOX in sql and not sql.lstrip().upper().startswith(("INSERT", "EXPLAIN")):
+        text = self.texts.get(sql, sql)
+        if INBOX in text and not text.lstrip().upper().startswith(("INSERT", "EXPLAIN")):
             # Named parameters stay a mapping; positional ones a tuple.
-            self.seen.append((sql, params if isinstance(params, dict) else tuple(params or ())))
+            self.seen.append((text, params if isinstance(params, dict) else tuple(params or ())))
         return self.real(sql, params, *args, **kw)
 
     def during(self, action: Callable[[], object]) -> list[tuple[str, Any]]:
@@ -97,7 +101,8 @@ class Recorder:
 @pytest.fixture
 def recorded(any_db_url: str) -> Iterator[tuple[Stores, Recorder]]:
     stores = Stores(any_db_url)
-    recorder = Recorder(stores.tables.db)
+    pg = stores.journal.bulk.pg
+    recorder = Recorder(stores.tables.db, [pg.first, pg.lease_plain] if pg else [])
     stores.tables.db.execute_sql = recorder  # type: ignore[method-assign]
     try:
         yield stores, recorder

@@ -1,0 +1,106 @@
+"""Server-side prepared statements (``persistence/pg_prepared``) on a real PostgreSQL.
+
+A statement is prepared once per connection and answers as its text does; one
+that vanished from its server session (a pooler, a ``DISCARD``) is prepared
+again; one that never stays prepared goes back to text with a warning; inside
+a transaction block the text runs; any other error is the caller's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import peewee as pw
+import pytest
+
+from kinbox.persistence import open_database
+from kinbox.persistence.pg_prepared import PreparedStatement
+
+pytestmark = pytest.mark.postgres
+
+SQL = "SELECT %(a)s::integer + %(b)s::integer, %(label)s::text"
+PARAMS = [("a", "integer"), ("b", "integer"), ("label", "text")]
+
+
+@pytest.fixture
+def db(pg_url: str) -> Iterator[pw.Database]:
+    database = open_database(pg_url)
+    yield database
+    database.close()
+
+
+def _prepared(db: pw.Database) -> list[str]:
+    return [r[0] for r in db.execute_sql("SELECT name FROM pg_prepared_statements")]
+
+
+class Forgetful(PreparedStatement):
+    """What a transaction-mode pooler does: the next statement finds no prepared one."""
+
+    def _prepare(self) -> None:
+        super()._prepare()
+        self.db.execute_sql("DEALLOCATE ALL")
+
+
+@pytest.mark.timeout(60)
+def test_a_statement_is_prepared_once_per_connection_and_answers_as_its_text(
+        db: pw.Database) -> None:
+    stmt = PreparedStatement(db, "t_sum", SQL, PARAMS)
+    assert stmt.run({"a": 2, "b": 3, "label": "x"}) == [(5, "x")]
+    assert stmt.run({"a": 4, "b": -1, "label": "y"}) == [(3, "y")]
+    assert _prepared(db) == ["t_sum"] and not stmt.plain
+    assert stmt.run({"a": 1, "b": 1, "label": "z"}) == list(
+        db.execute_sql(SQL, {"a": 1, "b": 1, "label": "z"}).fetchall())
+    db.close()  # a new connection: prepared again there
+    assert _prepared(db) == []
+    assert stmt.run({"a": 1, "b": 2, "label": "w"}) == [(3, "w")] and _prepared(db) == ["t_sum"]
+
+
+@pytest.mark.timeout(60)
+def test_a_statement_gone_from_its_session_is_prepared_again(db: pw.Database) -> None:
+    stmt = PreparedStatement(db, "t_sum", SQL, PARAMS)
+    assert stmt.run({"a": 1, "b": 1, "label": "a"}) == [(2, "a")]
+    db.execute_sql("DEALLOCATE ALL")  # behind its back
+    assert stmt.run({"a": 2, "b": 2, "label": "b"}) == [(4, "b")]
+    assert _prepared(db) == ["t_sum"] and not stmt.plain
+
+
+@pytest.mark.timeout(60)
+def test_one_already_prepared_on_the_connection_is_used(db: pw.Database) -> None:
+    first = PreparedStatement(db, "t_sum", SQL, PARAMS)
+    db.execute_sql(first.prepare_sql)  # another instance prepared it on this connection
+    second = PreparedStatement(db, "t_sum", SQL, PARAMS)
+    assert second.run({"a": 5, "b": 5, "label": "c"}) == [(10, "c")] and not second.plain
+
+
+@pytest.mark.timeout(60)
+def test_a_statement_that_never_stays_prepared_goes_back_to_text_with_a_warning(
+        db: pw.Database, caplog: pytest.LogCaptureFixture) -> None:
+    stmt = Forgetful(db, "t_sum", SQL, PARAMS)
+    with caplog.at_level(logging.WARNING, logger="kinbox.pg_prepared"):
+        assert stmt.run({"a": 3, "b": 4, "label": "d"}) == [(7, "d")]
+    assert stmt.plain and [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "t_sum" in caplog.records[0].getMessage()
+    caplog.clear()
+    assert stmt.run({"a": 1, "b": 0, "label": "e"}) == [(1, "e")] and caplog.records == []
+
+
+@pytest.mark.timeout(60)
+def test_inside_a_transaction_block_the_text_runs(db: pw.Database) -> None:
+    stmt = PreparedStatement(db, "t_sum", SQL, PARAMS)
+    with db.atomic():
+        assert stmt.run({"a": 1, "b": 2, "label": "f"}) == [(3, "f")]
+        assert _prepared(db) == []
+    assert stmt.run({"a": 1, "b": 2, "label": "g"}) == [(3, "g")] and _prepared(db) == ["t_sum"]
+
+
+@pytest.mark.timeout(60)
+def test_any_other_error_is_the_callers(db: pw.Database) -> None:
+    stmt = PreparedStatement(db, "t_sum", SQL, PARAMS)
+    with pytest.raises(pw.DataError):
+        stmt.run({"a": "not a number", "b": 1, "label": "h"})
+    broken = PreparedStatement(db, "t_broken", "SELECT %(a)s::integer FROM no_such_table",
+                               [("a", "integer")])
+    with pytest.raises(pw.ProgrammingError):
+        broken.run({"a": 1})
+    assert not stmt.plain and not broken.plain
