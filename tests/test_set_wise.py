@@ -277,3 +277,19 @@ def test_large_batches_split_their_statements(stores: Stores, size: int) -> None
                                     for i in range(size)])
     assert all(r.created for r in results)
     assert stores.journal.counts() == {"pending": size}
+
+
+def test_a_failing_bulk_run_after_a_plain_operation_keeps_the_operations_writes(
+        stores: Stores) -> None:
+    def many(pids: list[str]) -> list[str]:
+        for pid in pids:
+            insert_project(stores, f"bulk-{pid}")  # written, then undone
+        raise RuntimeError("the set-wise path gives up")
+
+    kind: Bulk[str, str] = Bulk("projects", lambda p: insert_project(stores, p), many)
+    calls = [lambda: stores.writer.call(lambda: insert_project(stores, "plain")),
+             *(lambda p=p: stores.writer.call_bulk(kind, p) for p in ("a", "b"))]
+    assert in_one_batch(stores, calls) == ["plain", "a", "b"]
+    # The bulk run had a savepoint of its own: undoing it left the plain write.
+    assert {p.slug for p in stores.store.projects()} == {"plain", "a", "b"}
+    assert stores.writer.statistics().bulk_fallbacks == 1
