@@ -129,15 +129,20 @@ class DirectTurns:
             commit_ops: CommitOps = lambda _turn: []) -> DirectOutcome:
         """Run one turn of ``session_id`` now, on the calling thread, and commit it."""
         ctx = self.ctx
+        effects: TurnEffects | None = None
         with self._lock_for(session_id):
             ctx.store.mark_direct_turn(session_id, True, ctx.now())
-            turn = self._start(session_id, messages, fetch_steering)
             try:
-                done, effects = self._attempt(session_id, turn, commit_ops)
+                turn = self._start(session_id, messages, fetch_steering)
+                try:
+                    done, effects = self._attempt(session_id, turn, commit_ops)
+                finally:
+                    # Off the board once the commit is durable (or will never be): the
+                    # session's next turn reads what this one wrote.
+                    ctx.turns.end(session_id)
             finally:
-                # Off the board once the commit is durable (or will never be): the
-                # session's next turn reads what this one wrote.
-                ctx.turns.end(session_id)
+                if effects is None:  # no commit (which ends the mark with it): end it here
+                    self._unmark(session_id)
         if effects is None:
             return done
         for notify in effects.after:
@@ -148,6 +153,14 @@ class DirectTurns:
         if effects.messages:
             ctx.wake_dispatcher()
         return done
+
+    def _unmark(self, session_id: str) -> None:
+        """End the session's direct-turn mark after a turn that did not commit, however it
+        ended (a brain's error, a refused commit, a bug, the runtime stopping)."""
+        try:
+            self.ctx.store.mark_direct_turn(session_id, False, self.ctx.now())
+        except PersistenceError as exc:  # the writer stopped: the next start clears it
+            log.warning("could not end the direct-turn mark of %s: %s", session_id, exc)
 
     def _attempt(self, session_id: str, turn: Turn, commit_ops: CommitOps
                  ) -> tuple[DirectOutcome, TurnEffects | None]:
@@ -167,7 +180,6 @@ class DirectTurns:
         outcome = judge(ctx, turn, error).outcome
         if not outcome.ok:
             log.info("direct turn of %s failed: %s", session_id, outcome.error)
-            ctx.store.mark_direct_turn(session_id, False, ctx.now())
             ctx.emit("turn_failed", session_id=session_id, message_id=first,
                      error=outcome.error, state="direct", attempts=1, available_at=None)
             return DirectOutcome(turn, outcome, False, outcome.error), None
@@ -181,7 +193,6 @@ class DirectTurns:
         except WriterClosed:
             raise
         except (LeaseLost, PersistenceError) as exc:
-            ctx.store.mark_direct_turn(session_id, False, ctx.now())
             ctx.emit("lease_lost", session_id=session_id, message_id=first, error=str(exc))
             return DirectOutcome(turn, outcome, False, str(exc)), None
         ctx.activity.bump("turns")

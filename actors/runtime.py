@@ -189,6 +189,8 @@ class Runtime(RecordsApi):
                 expired = journal.expire_leases(now)  # the lock proves their holder is gone
                 if expired:
                     log.warning("took over %d rows leased by a runtime that is gone", expired)
+                if store.end_direct_turn_marks(now):
+                    log.warning("ended the direct-turn marks a runtime that is gone left")
                 # The lock also proves this runtime alone delivers here: the fast path.
                 ctx.fast_lease = Lease(self.owner, self.lease_seconds)
             self._take_over_from_the_gone()

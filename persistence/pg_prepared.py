@@ -19,6 +19,7 @@ plain text on every connection for good, with one warning saying why.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import threading
@@ -47,13 +48,16 @@ class PreparedStatement:
 
     def __init__(self, db: pw.Database, name: str, sql: str,
                  params: Sequence[tuple[str, str]]) -> None:
-        self.db, self.name, self.sql = db, name, sql
-        self.names = [n for n, _ in params]
-        numbers = {n: f"${i}" for i, n in enumerate(self.names, 1)}
+        numbers = {n: f"${i}" for i, (n, _) in enumerate(params, 1)}
         body = re.sub(r"%\((\w+)\)s", lambda m: numbers[m.group(1)], sql)
-        self.prepare_sql = f"PREPARE {name} ({', '.join(t for _, t in params)}) AS {body}"
-        self.execute_sql = (f"EXECUTE {name} ("
-                            + ", ".join(f"%({n})s::{t}" for n, t in params) + ")")
+        types = ", ".join(t for _, t in params)
+        # The name carries a hash of the text: a backend shared through a pooler may hold
+        # a statement of this name from another version or program, never this text's.
+        digest = hashlib.sha256(f"{types}|{body}".encode()).hexdigest()[:12]
+        self.db, self.name, self.sql = db, f"{name}_{digest}", sql
+        self.prepare_sql = f"PREPARE {self.name} ({types}) AS {body}"
+        self.execute_text = (f"EXECUTE {self.name} ("
+                             + ", ".join(f"%({n})s::{t}" for n, t in params) + ")")
         self._ready: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self.plain = False
@@ -67,7 +71,7 @@ class PreparedStatement:
         for attempt in (1, 2):
             self._prepare()
             try:
-                return list(self.db.execute_sql(self.execute_sql, params).fetchall())
+                return list(self.db.execute_sql(self.execute_text, params).fetchall())
             except pw.DatabaseError as exc:
                 if _sqlstate(exc) != UNDEFINED:
                     raise

@@ -39,9 +39,13 @@ def live_columns(t: Tables) -> tuple[pw.Node, pw.Node]:
     """The derived ``status`` and ``updated_at`` of the selected session row, as the
     columns ``live_status`` and ``recent`` (for ``t.session.select(...)``)."""
     s, entry, row = t.session, t.transcript.alias("e"), t.inbox.alias("i")
+    # A scalar subquery, not EXISTS: one probe per session, never a hashed read of the
+    # inbox (see ``pg_claims.marker_probe``).
     turning = row.select(pw.SQL("1")).where(
-        (row.target_chat_id == s.id) & pw.SQL(f"{is_open('i')} AND i.status = '{PROCESSING}'"))
-    status = pw.Case(None, [((s.status == DIRECT_TURN) | pw.fn.EXISTS(turning), ACTIVE)], IDLE)
+        (row.target_chat_id == s.id) & pw.SQL(f"{is_open('i')} AND i.status = '{PROCESSING}'")
+    ).limit(1)
+    leased = pw.NodeList((turning, pw.SQL("IS NOT NULL")))
+    status = pw.Case(None, [((s.status == DIRECT_TURN) | leased, ACTIVE)], IDLE)
     newest = (entry.select(entry.created_at).where(entry.session_id == s.id)
               .order_by(entry.id.desc()).limit(1))
     later = pw.fn.GREATEST if is_postgres(t.db) else pw.fn.MAX  # SQLite's MAX of two is scalar

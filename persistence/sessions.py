@@ -210,6 +210,8 @@ class SessionStore:
     def update_session(self, session_id: str, now: float, **changes: Any) -> None:
         """Change columns of a session (``config`` is a dict)."""
         s = self.t.session
+        if "status" in changes:  # derived (session_view); a direct turn marks its own
+            raise ValueError("a session's status is not set by update_session")
         if "config" in changes:
             changes["config"] = json.dumps(changes["config"], sort_keys=True)
 
@@ -229,6 +231,13 @@ class SessionStore:
     def mark_direct_turn(self, session_id: str, running: bool, now: float) -> None:
         """:meth:`mark_direct_turn_now` in a transaction of its own."""
         self.writer.call(lambda: self.mark_direct_turn_now(session_id, running, now))
+
+    def end_direct_turn_marks(self, now: float) -> int:
+        """End every session's direct-turn mark (the start of a runtime that holds the
+        database alone: no direct turn runs, so a mark is a dead process's); how many."""
+        s = self.t.session
+        return self.writer.call(lambda: s.update(status=IDLE, updated_at=now).where(
+            s.status == DIRECT_TURN).execute())
 
     def patch_config_now(self, session_id: str, patch: dict[str, Any], now: float) -> None:
         """Merge ``patch`` into a session's config inside the caller's transaction."""

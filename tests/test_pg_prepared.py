@@ -48,12 +48,12 @@ def test_a_statement_is_prepared_once_per_connection_and_answers_as_its_text(
     stmt = PreparedStatement(db, "t_sum", SQL, PARAMS)
     assert stmt.run({"a": 2, "b": 3, "label": "x"}) == [(5, "x")]
     assert stmt.run({"a": 4, "b": -1, "label": "y"}) == [(3, "y")]
-    assert _prepared(db) == ["t_sum"] and not stmt.plain
+    assert _prepared(db) == [stmt.name] and not stmt.plain
     assert stmt.run({"a": 1, "b": 1, "label": "z"}) == list(
         db.execute_sql(SQL, {"a": 1, "b": 1, "label": "z"}).fetchall())
     db.close()  # a new connection: prepared again there
     assert _prepared(db) == []
-    assert stmt.run({"a": 1, "b": 2, "label": "w"}) == [(3, "w")] and _prepared(db) == ["t_sum"]
+    assert stmt.run({"a": 1, "b": 2, "label": "w"}) == [(3, "w")] and _prepared(db) == [stmt.name]
 
 
 @pytest.mark.timeout(60)
@@ -62,15 +62,20 @@ def test_a_statement_gone_from_its_session_is_prepared_again(db: pw.Database) ->
     assert stmt.run({"a": 1, "b": 1, "label": "a"}) == [(2, "a")]
     db.execute_sql("DEALLOCATE ALL")  # behind its back
     assert stmt.run({"a": 2, "b": 2, "label": "b"}) == [(4, "b")]
-    assert _prepared(db) == ["t_sum"] and not stmt.plain
+    assert _prepared(db) == [stmt.name] and not stmt.plain
 
 
 @pytest.mark.timeout(60)
-def test_one_already_prepared_on_the_connection_is_used(db: pw.Database) -> None:
+def test_one_already_prepared_on_the_connection_is_used_and_no_other_text(
+        db: pw.Database) -> None:
     first = PreparedStatement(db, "t_sum", SQL, PARAMS)
     db.execute_sql(first.prepare_sql)  # another instance prepared it on this connection
+    # Another program (or version) on a pooled backend: the same name, another text.
+    db.execute_sql("PREPARE t_sum (integer, integer, text) AS SELECT 0, 'not this'")
     second = PreparedStatement(db, "t_sum", SQL, PARAMS)
     assert second.run({"a": 5, "b": 5, "label": "c"}) == [(10, "c")] and not second.plain
+    other = PreparedStatement(db, "t_sum", SQL.replace("+", "-"), PARAMS)
+    assert other.name != second.name and other.run({"a": 5, "b": 5, "label": "d"}) == [(0, "d")]
 
 
 @pytest.mark.timeout(60)
@@ -80,7 +85,7 @@ def test_a_statement_that_never_stays_prepared_goes_back_to_text_with_a_warning(
     with caplog.at_level(logging.WARNING, logger="kinbox.pg_prepared"):
         assert stmt.run({"a": 3, "b": 4, "label": "d"}) == [(7, "d")]
     assert stmt.plain and [r.levelname for r in caplog.records] == ["WARNING"]
-    assert "t_sum" in caplog.records[0].getMessage()
+    assert stmt.name in caplog.records[0].getMessage()
     caplog.clear()
     assert stmt.run({"a": 1, "b": 0, "label": "e"}) == [(1, "e")] and caplog.records == []
 
@@ -91,7 +96,7 @@ def test_inside_a_transaction_block_the_text_runs(db: pw.Database) -> None:
     with db.atomic():
         assert stmt.run({"a": 1, "b": 2, "label": "f"}) == [(3, "f")]
         assert _prepared(db) == []
-    assert stmt.run({"a": 1, "b": 2, "label": "g"}) == [(3, "g")] and _prepared(db) == ["t_sum"]
+    assert stmt.run({"a": 1, "b": 2, "label": "g"}) == [(3, "g")] and _prepared(db) == [stmt.name]
 
 
 @pytest.mark.timeout(60)

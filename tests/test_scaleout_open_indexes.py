@@ -79,8 +79,8 @@ def test_the_claims_plans_stay_on_the_open_rows_indexes_on_a_large_table(
                 pg.first.run(window)
             # As text, as prepared (whatever plan the cache chose), and its generic plan.
             for nodes in (_nodes(_plan(stores, pg.sql_first, window)),
-                          _nodes(_plan(stores, pg.first.execute_sql, window)),
-                          _nodes(_plan(stores, pg.first.execute_sql, window, generic=True))):
+                          _nodes(_plan(stores, pg.first.execute_text, window)),
+                          _nodes(_plan(stores, pg.first.execute_text, window, generic=True))):
                 indexes = {n.get("Index Name") for n in nodes}
                 assert {"agent_inbox_pending_seq", "agent_inbox_processing_seq",
                         "agent_inbox_open_target_seq"} <= indexes
@@ -99,7 +99,7 @@ def test_the_claims_plans_stay_on_the_open_rows_indexes_on_a_large_table(
                      "until": now + 30, "limit": 2}
             pg.lease_plain.run({**lease, "ids": ["none"]})  # prepared on this connection
             for generic in (False, True):  # as a claim leases them (rolled back)
-                leasing = _nodes(_plan(stores, pg.lease_plain.execute_sql, lease, generic))
+                leasing = _nodes(_plan(stores, pg.lease_plain.execute_text, lease, generic))
                 assert not any(n["Node Type"] == "Seq Scan" for n in leasing)
             if analyzed:
                 # With statistics the window is an ordered walk (no sort of the pending

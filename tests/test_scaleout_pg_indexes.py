@@ -82,7 +82,7 @@ class Recorder:
         self.db = db
         self.real = db.execute_sql
         self.seen: list[tuple[str, Any]] = []
-        self.texts = {p.execute_sql: p.sql for p in prepared}
+        self.texts = {p.execute_text: p.sql for p in prepared}
         """A prepared statement's EXECUTE -> its text (what is EXPLAINed)."""
 
     def __call__(self, sql: str, params: Any = None, *args: Any, **kw: Any) -> Any:

@@ -55,7 +55,6 @@ def test_markers_are_probed_by_index_when_their_statistics_say_the_table_is_empt
                                   "limit": 5}),
         (turns.sql_commit, {"now": T0, "ids": ids, "owner": "w", "until": T0 + 30,
                             "chaining": targets, "chain_at": [T0] * len(targets),
-                            "sessions": targets,
                             **{k: [] for k in ("e_session", "e_role", "e_text", "e_visible",
                                                "e_message", "e_sender", "e_kind", "e_at",
                                                "k_session", "k_message", "k_at")}}),

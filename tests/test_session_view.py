@@ -10,17 +10,19 @@ are index probes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import peewee as pw
 import pytest
 
-from kinbox.actors import ManualClock
+from kinbox.actors import ManualClock, Message, Turn
 from kinbox.persistence import NewMessage, TurnEntry, is_postgres, pending_changes, upgrade
 from kinbox.persistence.open_indexes import FULL_INDEXES
 
 from .conftest import Stores
-from .helpers import wait_for
+from .helpers import pg_seq_scans, wait_for
 from .test_cron import MINUTE, START, CronBrain, MakeRuntime, every_minute
 
 T0 = 1000.0
@@ -154,3 +156,64 @@ def test_a_direct_turn_shows_active_while_it_runs_and_idle_after(
     session = rt.session(session_id)
     assert session is not None and session.status == "idle"
     assert session.updated_at == rt.transcript(session_id)[-1].created_at
+    row = rt.context.store.t.db.execute_sql(
+        "SELECT status FROM sessions WHERE id = ?", [session_id]).fetchone()
+    assert row[0] == "idle"  # the commit ended the mark with it
+
+
+@pytest.mark.timeout(60)
+def test_a_direct_turn_whose_commit_fails_outside_the_journal_ends_its_mark(
+        make_runtime: MakeRuntime) -> None:
+    rt = make_runtime(brain=lambda turn: "ok")
+    sid = rt.create_session(rt.create_project("p").id, "s").id
+
+    def refusing(_turn: Turn) -> list[Callable[[], object]]:
+        raise RuntimeError("the caller's write could not be built")
+
+    direct = rt._direct  # the runtime's direct turns (cron runs, social events use them)
+    assert direct is not None
+    with pytest.raises(RuntimeError):
+        direct.run(sid, [Message("d1", "cron", "tick", None, {})], commit_ops=refusing)
+    assert rt.session(sid).status == "idle"  # type: ignore[union-attr]
+    assert rt.transcript(sid) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_runtime_that_holds_the_database_alone_ends_a_dead_ones_direct_turn_marks(
+        db_url: str, clock: ManualClock) -> None:
+    from kinbox.actors import Runtime
+
+    first = Runtime(db=db_url, clock=clock, brain=lambda turn: None).start()
+    sid = first.create_session(first.create_project("p").id, "s").id
+    first.context.store.mark_direct_turn(sid, True, clock.now())  # then the process died
+    assert first.session(sid).status == "active"  # type: ignore[union-attr]
+    first.stop()
+    second = Runtime(db=db_url, clock=clock, brain=lambda turn: None).start()
+    try:
+        assert second.session(sid).status == "idle"  # type: ignore[union-attr]
+    finally:
+        second.stop()
+
+
+@pytest.mark.timeout(120)
+def test_the_derived_columns_are_index_probes_on_postgres(pg_url: str) -> None:
+    stores = Stores(pg_url)
+    try:
+        db, journal, store = stores.tables.db, stores.journal, stores.store
+        store.create_many([(f"s{i:03d}", "p", f"s{i}", "interactive") for i in range(200)], T0)
+        for start in range(0, 10_000, 2000):
+            journal.enqueue_many([NewMessage(f"m{i:05d}", f"s{i % 200:03d}", "x", sender="u")
+                                  for i in range(start, start + 2000)], T0)
+            store.append("s000", [TurnEntry("user", f"e{i}") for i in range(start, start + 50)],
+                         T0)
+        db.execute_sql("UPDATE agent_inbox_messages SET status = 'delivered' "
+                       "WHERE seq <= (SELECT MIN(seq) + 8000 FROM agent_inbox_messages)")
+        db.execute_sql("ANALYZE")
+        for query in (store._select().where(stores.tables.session.id == "s001"),
+                      store._select().order_by(pw.SQL("recent").desc()).limit(20)):
+            sql, params = query.sql()
+            for table in ("agent_inbox_messages", "transcript_entries"):
+                assert pg_seq_scans(db, sql, params, table) == [], (table, sql)
+        assert [s.id for s in store.sessions(project_id="p", limit=1)] == ["s000"]
+    finally:
+        stores.close()

@@ -29,7 +29,8 @@ T0 = 1000.0
 
 
 def in_one_batch(stores: Stores, calls: list[Callable[[], Any]]) -> list[Any]:
-    """Run ``calls`` from their own threads so that they share one writer batch.
+    """Run ``calls`` from their own threads so that they share one writer batch, queued
+    in the order given.
 
     Returns each call's result, or the exception it raised.
     """
@@ -46,9 +47,9 @@ def in_one_batch(stores: Stores, calls: list[Callable[[], Any]]) -> list[Any]:
             results[i] = exc
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for t in threads:
+    for n, t in enumerate(threads, 1):
         t.start()
-    wait_for(lambda: stores.writer.queued() == before + len(calls), what="the calls to queue up")
+        wait_for(lambda n=n: stores.writer.queued() == before + n, what="the call to queue up")
     gate.set()
     blocker.result(10)
     for t in threads:
