@@ -65,7 +65,7 @@ write to it (and on PostgreSQL a non-HOT update), and the transcript's by sessio
 (now by ``(session_id, id)``, the model's)."""
 
 
-def _index_names(db: pw.Database) -> set[str]:
+def index_names(db: pw.Database) -> set[str]:
     if is_postgres(db):
         sql = "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
     else:
@@ -75,13 +75,13 @@ def _index_names(db: pw.Database) -> set[str]:
 
 def missing_open_indexes(db: pw.Database) -> list[str]:
     """The names of :data:`INBOX_INDEXES` the database lacks."""
-    have = _index_names(db)
+    have = index_names(db)
     return [name for name in INBOX_INDEXES if name not in have]
 
 
 def surplus_indexes(db: pw.Database) -> list[str]:
     """The names of :data:`FULL_INDEXES` the database has."""
-    have = _index_names(db)
+    have = index_names(db)
     return [name for name in FULL_INDEXES if name in have]
 
 

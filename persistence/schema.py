@@ -19,6 +19,7 @@ from .liveness import LOCK_CLASS
 from .models import Tables
 from .open_indexes import (
     create_open_indexes,
+    index_names,
     missing_open_indexes,
     surplus_indexes,
 )
@@ -43,6 +44,7 @@ def pending_changes(tables: Tables) -> list[str]:
     """What ``upgrade`` would change, one line each; empty when up to date."""
     db = tables.db
     existing = set(db.get_tables())
+    indexes = index_names(db)
     changes: list[str] = []
     for model in tables.all():
         name = model._meta.table_name
@@ -53,6 +55,9 @@ def pending_changes(tables: Tables) -> list[str]:
         for field in model._meta.sorted_fields:
             if field.column_name not in have:
                 changes.append(f"add column {name}.{field.column_name}")
+        changes.extend(f"create index {index._name}"  # the models' own indexes
+                       for index in model._meta.fields_to_index()
+                       if index._name not in indexes)
     if INBOX in existing:
         changes.extend(f"create index {name}" for name in missing_open_indexes(db))
         changes.extend(f"drop index {name} (replaced)" for name in surplus_indexes(db))

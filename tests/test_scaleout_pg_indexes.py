@@ -29,7 +29,7 @@ from kinbox.persistence import (
     pending_changes,
     upgrade,
 )
-from kinbox.persistence.open_indexes import FULL_INDEXES, INBOX_INDEXES
+from kinbox.persistence.open_indexes import FULL_INDEXES, INBOX_INDEXES, index_names
 from kinbox.persistence.peer_outbox import PeerOutbox
 from kinbox.persistence.pg_prepared import PreparedStatement
 
@@ -37,12 +37,6 @@ from .conftest import Stores
 from .helpers import pg_seq_scans
 
 INBOX = "agent_inbox_messages"
-
-
-def _index_names(db: Any) -> set[str]:
-    query = ("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
-             if is_postgres(db) else "SELECT name FROM sqlite_master WHERE type = 'index'")
-    return {r[0] for r in db.execute_sql(query)}
 
 
 def _create_full_indexes(db: Any) -> None:
@@ -58,7 +52,7 @@ def test_upgrade_drops_the_full_indexes_and_creates_the_open_rows_ones(
     try:
         tables = bind_tables(db)
         upgrade(tables)
-        have = _index_names(db)
+        have = index_names(db)
         assert not have & set(FULL_INDEXES) and set(INBOX_INDEXES) <= have
         # An older database: the full indexes, and none of the partial ones.
         _create_full_indexes(db)
@@ -68,7 +62,7 @@ def test_upgrade_drops_the_full_indexes_and_creates_the_open_rows_ones(
                    + [f"drop index {n} (replaced)" for n in FULL_INDEXES])
         assert pending_changes(tables) == changes
         assert upgrade(tables) == changes
-        have = _index_names(db)
+        have = index_names(db)
         assert not have & set(FULL_INDEXES) and set(INBOX_INDEXES) <= have
         assert pending_changes(tables) == []
     finally:
