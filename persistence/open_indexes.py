@@ -66,6 +66,7 @@ write to it (and on PostgreSQL a non-HOT update), and the transcript's by sessio
 
 
 def index_names(db: pw.Database) -> set[str]:
+    """The names of every index the database has (of this schema on PostgreSQL)."""
     if is_postgres(db):
         sql = "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
     else:

@@ -17,7 +17,10 @@ target (its condition repeated word for word, as SQLite requires) and the
 transcript's ``(session_id, id)`` index from its end. Reads are rare beside
 turns; listings and the heartbeat pay for them, the message path does not.
 What older versions stored in ``sessions.status`` (an ``active`` a crash could
-leave behind) no longer means anything.
+leave behind) no longer means anything. A direct turn's mark is ended by the
+turn however it ends; one a killed process left is ended by the next start of
+a runtime that holds the SQLite file alone, and on PostgreSQL stays until the
+session's next direct turn ends (the mark does not say which runtime made it).
 """
 
 from __future__ import annotations

@@ -43,7 +43,8 @@ class SessionRecord:
     platform: str | None
     parent_id: str | None
     status: str
-    """``active`` while a turn of it runs (here or in another process), else ``idle``."""
+    """``active`` while one of its messages is leased to a turn (here or in another
+    process) or a direct turn of it runs, else ``idle`` (:mod:`.session_view`)."""
     created_at: float
     updated_at: float
     """Its latest activity: creation, a change, or its newest transcript entry."""
