@@ -131,7 +131,7 @@ class DirectTurns:
         ctx = self.ctx
         effects: TurnEffects | None = None
         with self._lock_for(session_id):
-            ctx.store.mark_direct_turn(session_id, True, ctx.now())
+            ctx.store.mark_direct_turn(session_id, ctx.owner, ctx.now())
             try:
                 turn = self._start(session_id, messages, fetch_steering)
                 try:
@@ -158,7 +158,7 @@ class DirectTurns:
         """End the session's direct-turn mark after a turn that did not commit, however it
         ended (a brain's error, a refused commit, a bug, the runtime stopping)."""
         try:
-            self.ctx.store.mark_direct_turn(session_id, False, self.ctx.now())
+            self.ctx.store.mark_direct_turn(session_id, None, self.ctx.now())
         except PersistenceError as exc:  # the writer stopped: the next start clears it
             log.warning("could not end the direct-turn mark of %s: %s", session_id, exc)
 
@@ -185,7 +185,7 @@ class DirectTurns:
             return DirectOutcome(turn, outcome, False, outcome.error), None
         effects = ctx.effects(turn, outcome)
         now = ctx.now()
-        ended = partial(ctx.store.mark_direct_turn_now, session_id, False, now)
+        ended = partial(ctx.store.mark_direct_turn_now, session_id, None, now)
         try:
             ctx.journal.complete_turn(ctx.owner, session_id, [], turn.entries(), now,
                                       enqueue=effects.messages,

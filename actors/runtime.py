@@ -338,18 +338,24 @@ class Runtime(RecordsApi):
             self._liveness = None
 
     def _take_over_from_the_gone(self) -> None:
-        """PostgreSQL: make the rows of runtimes whose life lock is free claimable now."""
+        """PostgreSQL: make the rows of runtimes whose life lock is free claimable now, and
+        end their direct turns' marks."""
         ctx, liveness = self._ctx, self._liveness
         if ctx is None or liveness is None:
             return
         self._last_takeover = time.monotonic()
         try:
-            gone = liveness.gone(ctx.journal.lease_owners())
-            if gone:
-                taken = ctx.journal.expire_leases(ctx.now(), owners=gone)
+            leasing, marking = ctx.journal.lease_owners(), ctx.store.direct_turn_owners()
+            gone = liveness.gone(leasing | marking)
+            if gone & leasing:
+                taken = ctx.journal.expire_leases(ctx.now(), owners=gone & leasing)
                 log.warning("took over %d rows leased by %d runtime(s) that are gone: %s",
-                            taken, len(gone), ", ".join(sorted(gone)))
+                            taken, len(gone & leasing), ", ".join(sorted(gone & leasing)))
                 ctx.wake_dispatcher()
+            if gone & marking:
+                ended = ctx.store.end_direct_turn_marks(ctx.now(), owners=gone & marking)
+                log.warning("ended %d direct-turn marks of runtime(s) that are gone: %s",
+                            ended, ", ".join(sorted(gone & marking)))
         except Exception:
             log.exception("checking for runtimes that are gone failed; their leases expire "
                           "as usual")

@@ -50,6 +50,9 @@ class Session(_Base):
     status = pw.CharField(default="idle", max_length=16)
     """``running`` while a direct turn runs; a session's status as read is derived
     (``session_view``), as is its recency from ``updated_at`` and the transcript."""
+    turn_owner = pw.CharField(null=True, index=True, max_length=128)
+    """The runtime whose direct turn marks the session ``running`` (so the mark of one
+    that died can be ended); NULL otherwise."""
     config = pw.TextField(default="{}")
     created_at = pw.DoubleField()
     updated_at = pw.DoubleField()

@@ -19,8 +19,9 @@ turns; listings and the heartbeat pay for them, the message path does not.
 What older versions stored in ``sessions.status`` (an ``active`` a crash could
 leave behind) no longer means anything. A direct turn's mark is ended by the
 turn however it ends; one a killed process left is ended by the next start of
-a runtime that holds the SQLite file alone, and on PostgreSQL stays until the
-session's next direct turn ends (the mark does not say which runtime made it).
+a runtime that holds the SQLite file alone, and on PostgreSQL by any runtime
+that finds the mark's owner gone (``sessions.turn_owner``, the same check that
+takes over a dead runtime's leases).
 """
 
 from __future__ import annotations

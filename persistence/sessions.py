@@ -221,24 +221,35 @@ class SessionStore:
                 raise RowNotFound("session", session_id)
         self.writer.call(op)
 
-    def mark_direct_turn_now(self, session_id: str, running: bool, now: float) -> None:
-        """A direct turn of the session started (``running``) or ended, inside the caller's
-        transaction: the one kind of turn no processing inbox row shows."""
+    def mark_direct_turn_now(self, session_id: str, owner: str | None, now: float) -> None:
+        """A direct turn of the session started in runtime ``owner``, or ended (None),
+        inside the caller's transaction: the one kind of turn no processing inbox row
+        shows."""
         s = self.t.session
-        if not s.update(status=DIRECT_TURN if running else IDLE, updated_at=now).where(
-                s.id == session_id).execute():
+        if not s.update(status=DIRECT_TURN if owner else IDLE, turn_owner=owner,
+                        updated_at=now).where(s.id == session_id).execute():
             raise RowNotFound("session", session_id)
 
-    def mark_direct_turn(self, session_id: str, running: bool, now: float) -> None:
+    def mark_direct_turn(self, session_id: str, owner: str | None, now: float) -> None:
         """:meth:`mark_direct_turn_now` in a transaction of its own."""
-        self.writer.call(lambda: self.mark_direct_turn_now(session_id, running, now))
+        self.writer.call(lambda: self.mark_direct_turn_now(session_id, owner, now))
 
-    def end_direct_turn_marks(self, now: float) -> int:
-        """End every session's direct-turn mark (the start of a runtime that holds the
-        database alone: no direct turn runs, so a mark is a dead process's); how many."""
+    def direct_turn_owners(self) -> set[str]:
+        """The runtimes whose direct turns mark sessions now."""
         s = self.t.session
-        return self.writer.call(lambda: s.update(status=IDLE, updated_at=now).where(
-            s.status == DIRECT_TURN).execute())
+        return {r.turn_owner for r in s.select(s.turn_owner).distinct().where(
+            s.turn_owner.is_null(False))}
+
+    def end_direct_turn_marks(self, now: float, owners: set[str] | None = None) -> int:
+        """End the direct-turn marks of ``owners`` (runtimes known to be gone), or every
+        one (the start of a runtime that holds the database alone: no direct turn runs,
+        so a mark is a dead process's); how many."""
+        s = self.t.session
+        cond = s.status == DIRECT_TURN
+        if owners is not None:
+            cond &= s.turn_owner.in_(sorted(owners))
+        return self.writer.call(lambda: s.update(
+            status=IDLE, turn_owner=None, updated_at=now).where(cond).execute())
 
     def patch_config_now(self, session_id: str, patch: dict[str, Any], now: float) -> None:
         """Merge ``patch`` into a session's config inside the caller's transaction."""

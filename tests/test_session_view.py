@@ -22,7 +22,7 @@ from kinbox.persistence import NewMessage, TurnEntry, is_postgres, pending_chang
 from kinbox.persistence.open_indexes import FULL_INDEXES, index_names
 
 from .conftest import Stores
-from .helpers import pg_seq_scans, wait_for
+from .helpers import pg_seq_scans, quiet_brain, wait_for
 from .test_cron import MINUTE, START, CronBrain, MakeRuntime, every_minute
 
 T0 = 1000.0
@@ -183,7 +183,7 @@ def test_a_runtime_that_holds_the_database_alone_ends_a_dead_ones_direct_turn_ma
 
     first = Runtime(db=db_url, clock=clock, brain=lambda turn: None).start()
     sid = first.create_session(first.create_project("p").id, "s").id
-    first.context.store.mark_direct_turn(sid, True, clock.now())  # then the process died
+    first.context.store.mark_direct_turn(sid, "gone-1", clock.now())  # then it died
     assert first.session(sid).status == "active"  # type: ignore[union-attr]
     first.stop()
     second = Runtime(db=db_url, clock=clock, brain=lambda turn: None).start()
@@ -215,3 +215,28 @@ def test_the_derived_columns_are_index_probes_on_postgres(pg_url: str) -> None:
         assert [s.id for s in store.sessions(project_id="p", limit=1)] == ["s000"]
     finally:
         stores.close()
+
+
+@pytest.mark.timeout(60)
+def test_on_postgres_a_gone_runtimes_direct_turn_mark_ends_and_a_live_ones_stays(
+        pg_url: str, tmp_path: Path) -> None:
+    from kinbox.actors import Runtime
+
+    a = Runtime(db=pg_url, brain=quiet_brain, data_dir=str(tmp_path), tick_interval=0.05).start()
+    b = Runtime(db=pg_url, brain=quiet_brain, data_dir=str(tmp_path), tick_interval=0.05).start()
+    try:
+        project = a.create_project("p")
+        live, dead = (a.create_session(project.id, name).id for name in ("live", "dead"))
+        now = a.clock.now()
+        a.context.store.mark_direct_turn(live, b.owner, now)  # b runs it and is alive
+        a.context.store.mark_direct_turn(dead, "vm:1:gone", now)  # nobody holds that life lock
+        assert {a.session(s).status for s in (live, dead)} == {"active"}  # type: ignore[union-attr]
+        wait_for(lambda: a.session(dead).status == "idle", 10,  # type: ignore[union-attr]
+                 "the gone runtime's mark to end")
+        assert a.session(live).status == "active"  # type: ignore[union-attr]  # same check
+        b.stop()  # its life lock is free now: its marks are a gone runtime's
+        wait_for(lambda: a.session(live).status == "idle", 10,  # type: ignore[union-attr]
+                 "the stopped runtime's mark to end")
+    finally:
+        b.stop()
+        a.stop()
