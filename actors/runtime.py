@@ -347,15 +347,16 @@ class Runtime(RecordsApi):
         try:
             leasing, marking = ctx.journal.lease_owners(), ctx.store.direct_turn_owners()
             gone = liveness.gone(leasing | marking)
-            if gone & leasing:
-                taken = ctx.journal.expire_leases(ctx.now(), owners=gone & leasing)
+            leased, marked = gone & leasing, gone & marking
+            if leased:
+                taken = ctx.journal.expire_leases(ctx.now(), owners=leased)
                 log.warning("took over %d rows leased by %d runtime(s) that are gone: %s",
-                            taken, len(gone & leasing), ", ".join(sorted(gone & leasing)))
+                            taken, len(leased), ", ".join(sorted(leased)))
                 ctx.wake_dispatcher()
-            if gone & marking:
-                ended = ctx.store.end_direct_turn_marks(ctx.now(), owners=gone & marking)
+            if marked:
+                ended = ctx.store.end_direct_turn_marks(ctx.now(), owners=marked)
                 log.warning("ended %d direct-turn marks of runtime(s) that are gone: %s",
-                            ended, ", ".join(sorted(gone & marking)))
+                            ended, ", ".join(sorted(marked)))
         except Exception:
             log.exception("checking for runtimes that are gone failed; their leases expire "
                           "as usual")

@@ -48,11 +48,11 @@ class Session(_Base):
     platform = pw.CharField(null=True, max_length=64)
     parent_id = pw.CharField(null=True, index=True, max_length=128)
     status = pw.CharField(default="idle", max_length=16)
-    """``running`` while a direct turn runs; a session's status as read is derived
+    """Written ``idle`` at creation only: a session's status as read is derived
     (``session_view``), as is its recency from ``updated_at`` and the transcript."""
     turn_owner = pw.CharField(null=True, index=True, max_length=128)
-    """The runtime whose direct turn marks the session ``running`` (so the mark of one
-    that died can be ended); NULL otherwise."""
+    """The runtime running a direct turn of the session (the mark ``session_view`` reads,
+    and whose owner's death ends it); NULL otherwise."""
     config = pw.TextField(default="{}")
     created_at = pw.DoubleField()
     updated_at = pw.DoubleField()

@@ -7,7 +7,8 @@ version per turn on PostgreSQL, for facts the journal already holds:
 
 - a session is **active** while one of its inbox rows is processing (leased
   to a turn, here or in another process), or while a direct turn runs (it has
-  no inbox row, so it marks the session's own row with :data:`DIRECT_TURN`);
+  no inbox row, so it marks the session's own row with its runtime's id,
+  ``sessions.turn_owner``);
 - its **recency** (``updated_at``: listings' order, the Focal heartbeat's last
   activity) is the later of the row's own ``updated_at`` (creation, a rename,
   a config change, a direct turn) and its newest transcript entry's time.
@@ -32,9 +33,6 @@ from .database import is_postgres
 from .hot_path import PROCESSING, is_open
 from .models import Tables
 
-DIRECT_TURN = "running"
-"""``sessions.status`` while a direct turn of the session runs; ``idle`` otherwise."""
-
 ACTIVE, IDLE = "active", "idle"
 """A session's status as read."""
 
@@ -49,7 +47,7 @@ def live_columns(t: Tables) -> tuple[pw.Node, pw.Node]:
         (row.target_chat_id == s.id) & pw.SQL(f"{is_open('i')} AND i.status = '{PROCESSING}'")
     ).limit(1)
     leased = pw.NodeList((turning, pw.SQL("IS NOT NULL")))
-    status = pw.Case(None, [((s.status == DIRECT_TURN) | leased, ACTIVE)], IDLE)
+    status = pw.Case(None, [(s.turn_owner.is_null(False) | leased, ACTIVE)], IDLE)
     newest = (entry.select(entry.created_at).where(entry.session_id == s.id)
               .order_by(entry.id.desc()).limit(1))
     later = pw.fn.GREATEST if is_postgres(t.db) else pw.fn.MAX  # SQLite's MAX of two is scalar

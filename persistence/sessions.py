@@ -16,7 +16,7 @@ import peewee as pw
 from .errors import DuplicateError, RowNotFound
 from .journal import TurnEntry
 from .models import Project, Session, Tables
-from .session_view import DIRECT_TURN, IDLE, live_columns
+from .session_view import IDLE, live_columns
 from .writer import GroupCommitWriter
 
 
@@ -226,8 +226,8 @@ class SessionStore:
         inside the caller's transaction: the one kind of turn no processing inbox row
         shows."""
         s = self.t.session
-        if not s.update(status=DIRECT_TURN if owner else IDLE, turn_owner=owner,
-                        updated_at=now).where(s.id == session_id).execute():
+        if not s.update(turn_owner=owner, updated_at=now).where(
+                s.id == session_id).execute():
             raise RowNotFound("session", session_id)
 
     def mark_direct_turn(self, session_id: str, owner: str | None, now: float) -> None:
@@ -245,11 +245,10 @@ class SessionStore:
         one (the start of a runtime that holds the database alone: no direct turn runs,
         so a mark is a dead process's); how many."""
         s = self.t.session
-        cond = s.status == DIRECT_TURN
-        if owners is not None:
-            cond &= s.turn_owner.in_(sorted(owners))
-        return self.writer.call(lambda: s.update(
-            status=IDLE, turn_owner=None, updated_at=now).where(cond).execute())
+        cond = (s.turn_owner.is_null(False) if owners is None
+                else s.turn_owner.in_(sorted(owners)))
+        return self.writer.call(lambda: s.update(turn_owner=None, updated_at=now).where(
+            cond).execute())
 
     def patch_config_now(self, session_id: str, patch: dict[str, Any], now: float) -> None:
         """Merge ``patch`` into a session's config inside the caller's transaction."""

@@ -156,7 +156,7 @@ def test_a_direct_turn_shows_active_while_it_runs_and_idle_after(
     assert session.updated_at == rt.transcript(session_id)[-1].created_at
     row = rt.context.store.t.db.execute_sql(
         "SELECT status FROM sessions WHERE id = ?", [session_id]).fetchone()
-    assert row[0] == "idle"  # the commit ended the mark with it
+    assert row[0] == "idle"  # the stored status is never the mark
 
 
 @pytest.mark.timeout(60)
