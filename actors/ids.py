@@ -15,17 +15,28 @@ from its tail (:func:`short`), the random part, so those are not
 ordered (their head would be the clock, the same for all of a millisecond).
 
 :func:`time_ordered_id` is a pure function of its inputs; :func:`new_id`
-feeds it the wall clock and the operating system's randomness, not the
-runtime's injected clock: an id's order only serves the indexes, and tests
-that need repeatable ids pass their own source (``Runtime(ids=...)``).
+feeds it the wall clock, not the runtime's injected clock (an id's order only
+serves the indexes; tests that need repeatable ids pass their own source,
+``Runtime(ids=...)``), and bits of a generator seeded from the operating
+system's randomness, not the operating system's randomness itself. An id is
+an address, never a secret (tokens, nonces and pairing codes take
+``os.urandom`` directly), so it needs uniqueness, not unpredictability; and
+``os.urandom`` is a system call that lets go of the interpreter lock, so
+every send paid one more hand-off of the lock (a thread switch, under load)
+for its id. The generator is seeded again in a forked child, so a parent
+and its child never draw the same bits.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import time
 
 RANDOM_BYTES = 10
+
+_bits = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _bits.seed(os.urandom(32)))
 
 
 def time_ordered_id(millis: int, random: bytes) -> str:
@@ -39,8 +50,9 @@ def time_ordered_id(millis: int, random: bytes) -> str:
 
 
 def new_id() -> str:
-    """A fresh time-ordered id (wall clock, operating system randomness)."""
-    return time_ordered_id(time.time_ns() // 1_000_000, os.urandom(RANDOM_BYTES))
+    """A fresh time-ordered id (wall clock, seeded random bits: see the module)."""
+    return time_ordered_id(time.time_ns() // 1_000_000,
+                           _bits.getrandbits(8 * RANDOM_BYTES).to_bytes(RANDOM_BYTES, "big"))
 
 
 def short(full: str, length: int) -> str:

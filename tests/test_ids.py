@@ -47,3 +47,24 @@ def test_a_runtime_names_its_messages_in_time_order_and_cuts_short_ids_from_the_
     ids = [rt.post(sessions[0], f"m{i}").message_id for i in range(5)]
     stamps = [int(i.removeprefix("msg-")[:12], 16) for i in ids]
     assert stamps == sorted(stamps)
+
+
+@pytest.mark.timeout(30)
+def test_a_forked_child_draws_other_random_bits_than_its_parent() -> None:
+    # The bits come from a seeded generator (no system call per id): a child that kept the
+    # parent's state would repeat the parent's next ids.
+    import os
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, then out without pytest's teardown
+        os.close(read)
+        os.write(write, "".join(new_id()[12:] for _ in range(8)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = pipe.read()
+    os.waitpid(pid, 0)
+    parent = "".join(new_id()[12:] for _ in range(8))
+    assert len(child) == len(parent) == 8 * 2 * RANDOM_BYTES
+    assert child != parent
