@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import bench_concurrency, bench_crash, bench_peers, bench_runs, bench_scaleout
+from . import bench_concurrency, bench_crash, bench_peers, bench_runs, bench_scaleout, bench_stages
 from .bench_systems import SYSTEMS
 
 OPTIONAL = ("kinbox_normal", "bare_py100", "bare_py200")
@@ -94,6 +94,13 @@ def table(report: dict[str, Any]) -> str:
                 f"{t['target']}: "
                 f"{t['measured']} ({'met' if t['met'] else 'NOT met'})"
                 for k, t in report["targets"].items()]
+    stages = report.get("stages_us_per_msg")
+    if stages:
+        out += ["", "CPU per message by stage (us; switches: voluntary context switches per "
+                "message), the median run:",
+                "stage".ljust(12) + "".join(name.rjust(14) for name in stages)]
+        out += [stage.ljust(12) + "".join(f"{by[stage]:,}".rjust(14) for by in stages.values())
+                for stage in (*bench_stages.STAGES, "switches")]
     bounded = report["settings"].get("bounded_by_message_count")
     if bounded:
         out.append("")

@@ -32,6 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from . import bench_stages
 from .bench_workload import Measured, Recorder, Workload, produce
 
 SCHEMA = (
@@ -194,10 +195,13 @@ def run_bare(w: Workload, workdir: Path, python_us: int = 0) -> Measured:
 
     pipe = BarePipeline(workdir / "bare.db", w.sessions, brain).start()
     try:
+        before = bench_stages.sample()
         start = time.perf_counter()
-        produce(w, pipe.send)
+        producers = produce(w, pipe.send)
         if not rec.done.wait(3600):
             raise TimeoutError("bare did not deliver every message")
-        return rec.measured(time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        return rec.measured(elapsed, stages=bench_stages.per_message(
+            before, bench_stages.sample(), producers, w.messages))
     finally:
         pipe.stop()

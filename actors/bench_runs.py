@@ -53,8 +53,9 @@ def throughput(quick: bool, repeat: int, systems: list[str]) -> dict[str, Any]:
                                "messages": count, "order_violations": m.order_violations,
                                "p50_ms": _ms(percentile(m.latencies, 0.5)),
                                "p99_ms": _ms(percentile(m.latencies, 0.99)),
-                               "latencies": m.latencies})
+                               "latencies": m.latencies, "stages": m.extra.get("stages")})
     results: dict[str, Any] = {}
+    stages: dict[str, Any] = {}
     for name, rs in runs.items():
         median = sorted(rs, key=lambda r: r["msgs_per_s"])[len(rs) // 2]
         violations = [r["order_violations"] for r in rs]
@@ -65,6 +66,8 @@ def throughput(quick: bool, repeat: int, systems: list[str]) -> dict[str, Any]:
                          "runs_msgs_per_s": [round(r["msgs_per_s"], 1) for r in rs],
                          "runs_order_violations": violations,
                          "_latencies": median["latencies"]}
+        if median["stages"] is not None:
+            stages[name] = median["stages"]
     results["kinbox_open_loop"] = open_loop(rate=1000, seconds=3 if quick else 10)
     ratios = {f"kinbox_vs_{other.removeprefix('sqlite_')}":
               round(results["kinbox"]["msgs_per_s"] / results[other]["msgs_per_s"], 4)
@@ -83,7 +86,8 @@ def throughput(quick: bool, repeat: int, systems: list[str]) -> dict[str, Any]:
                          "repeat": repeat, "systems": systems,
                          "wall_s_per_system": {k: round(v, 1) for k, v in wall.items()},
                          "bounded_by_message_count": bounded},
-            "results": results, "ratios": ratios, "targets": targets}
+            "results": results, "ratios": ratios, "targets": targets,
+            "stages_us_per_msg": stages}
 
 
 def open_loop(rate: int, seconds: float) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pykka
 
+from . import bench_stages
 from .bench_bare import run_bare
 from .bench_dbos import run_dbos
 from .bench_workload import Measured, Recorder, Workload, fresh_dir, produce, stamp
@@ -44,13 +45,16 @@ def run_kinbox(w: Workload, workdir: Path, synchronous: str = "FULL") -> Measure
         now = rt.clock.now()
         ids = [f"s{i:06d}" for i in range(w.sessions)]
         store.create_many([(sid, project.id, sid, "interactive") for sid in ids], now)
+        before = bench_stages.sample()
         start = time.perf_counter()
-        produce(w, lambda i, body: rt.post(ids[i], body))
+        producers = produce(w, lambda i, body: rt.post(ids[i], body))
         if not rec.done.wait(3600):
             raise TimeoutError("kinbox did not deliver every message")
         elapsed = time.perf_counter() - start
+        stages = bench_stages.per_message(before, bench_stages.sample(), producers, w.messages)
         stats = rt.statistics()
-        return rec.measured(elapsed, writer=stats.get("writer"), peak_live=stats["peak_live"])
+        return rec.measured(elapsed, writer=stats.get("writer"), peak_live=stats["peak_live"],
+                            stages=stages)
     finally:
         rt.stop()
 

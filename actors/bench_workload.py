@@ -93,18 +93,22 @@ def stamp(payload: int, target: int = 0, producer: int = 0, seq: int = 0) -> str
     return head + "x" * max(0, payload - len(head))
 
 
-def produce(w: Workload, send: Callable[[int, str], None]) -> None:
+def produce(w: Workload, send: Callable[[int, str], None]) -> float:
     """Send every message from ``w.producers`` threads; message k goes to session k % S.
+    The producer threads' CPU seconds, summed (each reads its own clock: they are gone
+    once this returns).
 
     Producer p sends messages p, p + P, p + 2P, ... in that order, each send
     returning (durable, for the durable systems) before the next.
     """
-    def worker(offset: int) -> None:
+    def worker(offset: int) -> float:
+        began = time.thread_time()
         for k in range(offset, w.messages, w.producers):
             target = k % w.sessions
             send(target, stamp(w.payload, target, offset, k))
+        return time.thread_time() - began
     with ThreadPoolExecutor(w.producers) as pool:
-        list(pool.map(worker, range(w.producers)))
+        return sum(pool.map(worker, range(w.producers)))
 
 
 def fresh_dir() -> Path:

@@ -19,6 +19,7 @@ from kinbox.actors import bench_runs
 from kinbox.actors.bench import plot, table
 from kinbox.actors.bench_bare import BarePipeline
 from kinbox.actors.bench_dbos import bounded
+from kinbox.actors.bench_stages import STAGES
 from kinbox.actors.bench_systems import SYSTEMS, Workload, fresh_dir
 from kinbox.actors.bench_workload import Measured, Recorder, order_violations, stamp
 
@@ -146,6 +147,15 @@ def test_throughput_report_has_results_for_every_system_and_the_ratios(
     assert report["results"]["dbos"]["order_violations"] == 3
     assert report["settings"]["bounded_by_message_count"] == {"dbos": 20}
     assert "dbos ran 20 messages per run, not 40" in text
+    # Where the microseconds go: kinbox and bare (each variant) measure their stages, the
+    # comparison systems do not.
+    assert set(report["stages_us_per_msg"]) == {"kinbox", "kinbox_normal", "bare",
+                                                "bare_py100", "bare_py200"}
+    for by in report["stages_us_per_msg"].values():
+        assert set(by) == {*STAGES, "switches"}
+        assert by["turns"] > 0 and by["writer"] > 0 and by["producers"] > 0
+        assert by["process"] >= by["system"] >= 0
+    assert "CPU per message by stage" in text and "\nwriter " in text
     plot(full, str(tmp_path / "plot.png"))
     assert (tmp_path / "plot.png").stat().st_size > 1000
 

@@ -1,0 +1,93 @@
+"""CPU per message by stage: where a system's microseconds go, next to the bare pipeline's.
+
+Issue #12 asks that a throughput target still out of reach be explained per
+stage. Both kinbox and ``bare`` name their threads for what they do (the
+writer; the session or worker threads that run turns), and the benchmark's
+producer threads measure themselves (:func:`.bench_workload.produce`), so one
+run of ``kinbox bench throughput`` can say, for each of the two, how many
+microseconds of CPU a message costs in each stage:
+
+- ``producers``: the send call (validation, the enqueue, the wait for its
+  group commit, and for kinbox the hand-off of a fast-path row to its session);
+- ``writer``: the one writer thread (the sends' inserts and leases, the turns'
+  commits: SQL, the commit itself, the answers handed back);
+- ``turns``: the threads that run turns (building the turn, the brain, its
+  outbox and its commit request, the wait for it, the slot's end);
+- ``other``: every other thread of the process (kinbox's dispatcher, ticker);
+- ``process``: the whole process (``getrusage``), which also counts threads
+  that ended during the run; ``system`` is its kernel share.
+
+A thread's CPU is read from its own clock (``time.pthread_getcpuclockid``),
+before and after the measured part of a run, so threads that outlive the run
+count only what they spent in it. :func:`per_message` is the pure part.
+"""
+
+from __future__ import annotations
+
+import resource
+import threading
+import time
+from dataclasses import dataclass, field
+
+ROLES: tuple[tuple[str, str], ...] = (
+    ("kinbox-writer", "writer"), ("bare-writer", "writer"),
+    ("kinbox-session-", "turns"), ("bare-worker-", "turns"),
+)
+"""Thread-name prefixes and the stage each names; any other thread is ``other``."""
+
+STAGES = ("producers", "writer", "turns", "other", "process", "system")
+"""The stages a report gives, in the order a table shows them."""
+
+
+def role_of(thread_name: str) -> str:
+    """The stage a thread's CPU counts in, from its name."""
+    for prefix, role in ROLES:
+        if thread_name.startswith(prefix):
+            return role
+    return "other"
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """Each live thread's CPU seconds by thread id, and the process's counters."""
+
+    threads: dict[int, tuple[str, float]] = field(default_factory=dict)
+    process: float = 0.0
+    system: float = 0.0
+    switches: int = 0
+    """Voluntary context switches of the whole process (a thread waiting for another)."""
+
+
+def sample(skip: set[int] | None = None) -> CpuSample:
+    """Read every live thread's CPU clock (not those in ``skip``) and the process's."""
+    threads: dict[int, tuple[str, float]] = {}
+    for thread in threading.enumerate():
+        ident = thread.ident
+        if ident is None or (skip and ident in skip):
+            continue
+        try:
+            seconds = time.clock_gettime(time.pthread_getcpuclockid(ident))
+        except (OSError, ProcessLookupError):  # it ended between the listing and the read
+            continue
+        threads[ident] = (thread.name, seconds)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return CpuSample(threads, usage.ru_utime + usage.ru_stime, usage.ru_stime, usage.ru_nvcsw)
+
+
+def per_message(before: CpuSample, after: CpuSample, producers: float,
+                messages: int) -> dict[str, float]:
+    """Microseconds of CPU per message in each stage between two samples; ``producers`` is
+    the producer threads' own CPU seconds (they end before ``after`` is taken). A thread
+    that started between the samples counts from zero."""
+    if messages <= 0:
+        raise ValueError(f"stages need at least one message, got {messages}")
+    seconds = dict.fromkeys(STAGES, 0.0)
+    seconds["producers"] = producers
+    for ident, (name, spent) in after.threads.items():
+        start = before.threads.get(ident, (name, 0.0))[1]
+        seconds[role_of(name)] += max(0.0, spent - start)
+    seconds["process"] = after.process - before.process
+    seconds["system"] = after.system - before.system
+    out = {stage: round(s * 1e6 / messages, 1) for stage, s in seconds.items()}
+    out["switches"] = round((after.switches - before.switches) / messages, 2)
+    return out
