@@ -50,7 +50,8 @@ def run(name: str, quick: bool, repeat: int, systems: list[str],
     """Run one benchmark and return its JSON object (``options``: crash's sizes, or
     scaleout's ``db``)."""
     if name == "scaleout":
-        body = bench_scaleout.scaleout(quick, bench_scaleout.base_url((options or {}).get("db")))
+        body = bench_scaleout.scaleout(quick, bench_scaleout.base_url((options or {}).get("db")),
+                                       pin=bool((options or {}).get("pin")))
     elif name == "crash":
         body = bench_crash.crash(quick, **(options or {}))
     elif name == "throughput":
@@ -167,6 +168,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--messages", type=int, help="crash: messages (default 10000; quick 500)")
     p.add_argument("--db", help="scaleout: a PostgreSQL URL whose server gets one database "
                    "per system (default: $KINBOX_DB)")
+    p.add_argument("--pin-workers", action="store_true",
+                   help="scaleout: run each worker process of every system on a CPU of its "
+                        "own, as kinbox --cpus N worker does")
     p.set_defaults(handler=handle)
 
 
@@ -192,6 +196,9 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
                                                        and args.messages < 1):
         print("kinbox: --kills must be >= 0 and --messages >= 1", file=sys.stderr)
         return 2
+    if args.pin_workers and args.name != "scaleout":
+        print("kinbox: --pin-workers applies to bench scaleout only", file=sys.stderr)
+        return 2
     if args.name == "scaleout":
         problem = bench_scaleout.url_problem(args.db)
         if problem:
@@ -201,7 +208,7 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
         systems.insert(0, "kinbox")
     try:
         report = run(args.name, args.quick, args.repeat, systems,
-                     {"db": args.db} if args.name == "scaleout"
+                     {"db": args.db, "pin": args.pin_workers} if args.name == "scaleout"
                      else {"kills": args.kills, "messages": args.messages})
     except ImportError as exc:
         print(f"kinbox: {exc.name} is missing; install the bench extra: "

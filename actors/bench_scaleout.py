@@ -70,12 +70,18 @@ class Sizes:
 class Workers:
     """``n`` consumer processes of one system; their reports once stopped."""
 
-    def __init__(self, system: str, url: str, n: int, slow: bool = False) -> None:
+    def __init__(self, system: str, url: str, n: int, slow: bool = False,
+                 pin: bool = False) -> None:
+        """``pin``: worker i runs on the i-th CPU this process may use (round robin), as
+        ``kinbox --cpus N worker`` would, whatever the system."""
         self.dir = Path(tempfile.mkdtemp(prefix="kinbox-scaleout-"))
         self.procs: list[subprocess.Popen[str]] = []
+        cpus = sorted(os.sched_getaffinity(0)) if pin else []
         for i in range(n):
             cmd = [sys.executable, "-m", "kinbox.actors.bench_scaleout_child", system, url,
                    str(self.dir / f"w{i}.json")] + (["--slow"] if slow else [])
+            if cpus:
+                cmd += ["--cpu", str(cpus[i % len(cpus)])]
             self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
         for p in self.procs:
             assert p.stdout is not None
@@ -112,14 +118,14 @@ def _rate(n: int, start: float, reports: list[dict[str, Any]]) -> float:
     return round(n / max(1e-9, last - start))
 
 
-def drain(system: str, base: str, workers: int, n: int) -> dict[str, Any]:
+def drain(system: str, base: str, workers: int, n: int, pin: bool = False) -> dict[str, Any]:
     """Messages per second draining a backlog of ``n``, the CPU per message of the workers
     and of the server, and (bare_pg) its lost/duplicate counts and stage times."""
     producer = Producer(system, fresh_database(base, system), SESSIONS, PAYLOAD)
     try:
         producer.backlog(n)
         exclude = backends(producer)
-        pool = Workers(system, producer.url, workers)
+        pool = Workers(system, producer.url, workers, pin=pin)
         try:
             pids = [p.pid for p in pool.procs]
             start = CpuSample(producer, pids, exclude)
@@ -138,12 +144,12 @@ def drain(system: str, base: str, workers: int, n: int) -> dict[str, Any]:
         producer.close()
 
 
-def closed(system: str, base: str, workers: int, n: int) -> dict[str, Any]:
+def closed(system: str, base: str, workers: int, n: int, pin: bool = False) -> dict[str, Any]:
     """Messages per second with closed-loop durable sends from 32 threads (and bare_pg's
     lost/duplicate counts)."""
     producer = Producer(system, fresh_database(base, system), SESSIONS, PAYLOAD)
     try:
-        pool = Workers(system, producer.url, workers)
+        pool = Workers(system, producer.url, workers, pin=pin)
         try:
             start = time.time()
             with ThreadPoolExecutor(PRODUCERS) as senders:
@@ -170,11 +176,12 @@ def sends_only(base: str, n: int) -> float:
         producer.close()
 
 
-def latency(base: str, seconds: float, rate: float = 500.0) -> dict[str, Any]:
+def latency(base: str, seconds: float, rate: float = 500.0, pin: bool = False
+            ) -> dict[str, Any]:
     """kinbox, 2 workers: send -> turn start at a steady ``rate`` per second."""
     producer = Producer("kinbox", fresh_database(base, "kinbox"), SESSIONS, PAYLOAD)
     try:
-        pool = Workers("kinbox", producer.url, 2)
+        pool = Workers("kinbox", producer.url, 2, pin=pin)
         n = int(seconds * rate)
         try:
             start = time.monotonic()
@@ -199,11 +206,11 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000, 2)
 
 
-def recovery(base: str) -> dict[str, Any]:
+def recovery(base: str, pin: bool = False) -> dict[str, Any]:
     """kinbox, 2 workers with slow turns: SIGKILL one mid-turn; seconds to redelivery."""
     producer = Producer("kinbox", fresh_database(base, "kinbox"), SESSIONS, PAYLOAD)
     try:
-        pool = Workers("kinbox", producer.url, 2, slow=True)
+        pool = Workers("kinbox", producer.url, 2, slow=True, pin=pin)
         try:
             for k in range(40):
                 producer.send(k)
@@ -248,8 +255,9 @@ def url_problem(db: str | None) -> str | None:
 
 
 def scaleout(quick: bool, base: str, tiny: bool = False,
-             systems: tuple[str, ...] = SYSTEM_NAMES) -> dict[str, Any]:
-    """Run every workload and return the report body (results, ratios, settings)."""
+             systems: tuple[str, ...] = SYSTEM_NAMES, pin: bool = False) -> dict[str, Any]:
+    """Run every workload and return the report body (results, ratios, settings); ``pin``:
+    every system's worker processes each on a CPU of its own (see :class:`Workers`)."""
     sizes = Sizes.of(quick, tiny)
     results: dict[str, dict[str, Any]] = {}
     runs = [("kinbox_1_worker", "kinbox", 1), ("kinbox_2_workers", "kinbox", 2)]
@@ -257,15 +265,15 @@ def scaleout(quick: bool, base: str, tiny: bool = False,
         runs.append(("bare_pg_2_workers", "bare_pg", 2))
     runs += [(s, s, 1) for s in systems if s != "kinbox"]
     for name, system, n in runs:
-        results[name] = {**drain(system, base, n, sizes.drain),
-                         **closed(system, base, n, sizes.closed)}
+        results[name] = {**drain(system, base, n, sizes.drain, pin),
+                         **closed(system, base, n, sizes.closed, pin)}
     results["kinbox_sends_only"] = {"closed_msgs_per_s": sends_only(base, sizes.closed)}
-    results["kinbox_latency"] = latency(base, sizes.latency_seconds)
-    results["kinbox_recovery"] = recovery(base)
+    results["kinbox_latency"] = latency(base, sizes.latency_seconds, pin=pin)
+    results["kinbox_recovery"] = recovery(base, pin)
     return {"settings": {"sessions": SESSIONS, "payload": PAYLOAD, "producers": PRODUCERS,
                          "drain_messages": sizes.drain, "closed_messages": sizes.closed,
                          "database": "postgresql", "server": server_settings(base),
-                         "analyze_after_backlog": True},
+                         "analyze_after_backlog": True, "pinned_workers": pin},
             "results": results, "ratios": ratios(results)}
 
 

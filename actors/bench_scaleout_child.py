@@ -1,6 +1,6 @@
 """A worker process of ``kinbox bench scaleout``: one system's consumer with the shared brain.
 
-Usage: python -m kinbox.actors.bench_scaleout_child SYSTEM DB_URL OUT_JSON [--slow]
+Usage: python -m kinbox.actors.bench_scaleout_child SYSTEM DB_URL OUT_JSON [--slow] [--cpu N]
 
 SYSTEM is ``kinbox`` (a delivering :class:`Runtime`, as ``kinbox worker``
 runs), ``bare_pg`` (its guarantees in raw psycopg2: ``bench_scaleout_bare``),
@@ -9,7 +9,8 @@ runs), ``bare_pg`` (its guarantees in raw psycopg2: ``bench_scaleout_bare``),
 queue partitioned by session, one at a time per partition). Every one
 runs the same trivial brain: note the time from the send (stamped in the
 body) to the turn's start. ``--slow`` makes each
-turn take half a second (the recovery run kills a worker mid-turn). Prints
+turn take half a second (the recovery run kills a worker mid-turn); ``--cpu``
+runs the process on that CPU alone (``kinbox --cpus N``). Prints
 "ready" once consuming; on SIGTERM stops, then writes ``{"starts": [[id,
 t], ...], "latencies": [...], "first": t, "last": t}`` to OUT_JSON.
 """
@@ -25,6 +26,7 @@ import time
 from typing import Any
 
 from .bench_scaleout_bare import run_bare_pg
+from .cpu_pinning import pin_process
 
 BATCH = 64
 """Rows claimed per round trip, for every system (kinbox's claim limit is its capacity)."""
@@ -175,7 +177,10 @@ SYSTEMS = {"kinbox": run_kinbox, "bare_pg": run_bare_pg, "raw": run_raw, "pgqueu
 
 def main() -> None:
     system, url, out = sys.argv[1:4]
-    brain = Brain(slow="--slow" in sys.argv[4:])
+    options = sys.argv[4:]
+    if "--cpu" in options:
+        pin_process(frozenset({int(options[options.index("--cpu") + 1])}))
+    brain = Brain(slow="--slow" in options)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     extra = SYSTEMS[system](url, brain, stop)  # bare_pg: its stage times

@@ -61,3 +61,33 @@ def test_a_tiny_scaleout_run_reports_every_system_and_workload(
     assert results["kinbox_latency"]["p99_ms"] is not None
     assert results["kinbox_recovery"]["first_redelivery_s"] is not None
     assert len(results["kinbox_latency"]["per_worker"]) == 2
+
+
+def test_pinning_workers_is_scaleouts_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "recovery", "--quick", "--pin-workers"]) == 2
+    assert "--pin-workers applies to bench scaleout only" in capsys.readouterr().err
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(120)
+def test_pinned_workers_each_run_on_a_cpu_of_their_own(pg_url: str) -> None:
+    import os
+
+    from kinbox.actors.bench_scaleout_systems import Producer, fresh_database
+
+    cpus = sorted(os.sched_getaffinity(0))
+    producer = Producer("raw", fresh_database(pg_url, "raw"), 4, 100)
+    try:
+        pool = bench_scaleout.Workers("raw", producer.url, 2, pin=True)
+        try:
+            assert [os.sched_getaffinity(p.pid) for p in pool.procs] == [
+                {cpus[0]}, {cpus[1 % len(cpus)]}]
+        finally:
+            pool.stop()
+        free = bench_scaleout.Workers("raw", producer.url, 1)
+        try:
+            assert os.sched_getaffinity(free.procs[0].pid) == set(cpus)
+        finally:
+            free.stop()
+    finally:
+        producer.close()
