@@ -5,9 +5,9 @@ lock), and under load that lock changes hands several times per message
 (a send, the writer, the turn's thread). When the kernel spreads those
 threads over several cores, every hand-off wakes a thread on another core,
 whose caches hold none of what the last thread touched: measured on two
-cores (2026-12-02), the quick throughput workload cost 350-390 us of CPU
+cores (2026-12-02), the quick throughput workload cost 345-380 us of CPU
 per message with the process free to use both cores and 210-260 us pinned
-to one, and ran 1.5-2x faster; two PostgreSQL workers pinned to one core
+to one, and ran 1.3-2x faster; two PostgreSQL workers pinned to one core
 each drained 30% faster than two unpinned. Other Python systems gain too
 (the README has the numbers), so it is a deployment choice, not a default:
 one process per core, each pinned to its own.
