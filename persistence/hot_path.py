@@ -15,13 +15,10 @@ from typing import Any, NamedTuple
 import peewee as pw
 
 from .database import is_postgres
-from .inbox_core import OPEN_STATES, State
+from .inbox_core import DELIVERED, OPEN_STATES, PENDING, PROCESSING
 from .models import InboxMessage
 
 INBOX = InboxMessage._meta.table_name  # type: ignore[attr-defined]
-PENDING, PROCESSING, DELIVERED = State.PENDING.value, State.PROCESSING.value, State.DELIVERED.value
-FAILED = State.FAILED.value
-"""The states the statements name, from the state machine's enum (one source)."""
 
 
 class Head(NamedTuple):

@@ -58,10 +58,16 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (State.FAILED, Event.CANCEL): State.CANCELLED,
 }
 
-OPEN_STATES = (State.PENDING.value, State.PROCESSING.value)
+PENDING, PROCESSING, DELIVERED, FAILED, CANCELLED = (
+    State.PENDING.value, State.PROCESSING.value, State.DELIVERED.value, State.FAILED.value,
+    State.CANCELLED.value)
+"""The states as the rows store them (plain strings): what the hot path compares and
+writes, without the enum's ``value`` property (a Python call) per use."""
+
+OPEN_STATES = (PENDING, PROCESSING)
 """States of rows that still wait for delivery."""
 
-TERMINAL_STATES = (State.DELIVERED.value, State.FAILED.value, State.CANCELLED.value)
+TERMINAL_STATES = (DELIVERED, FAILED, CANCELLED)
 
 
 def transition(message_id: str, state: State | str, event: Event) -> State:
@@ -166,15 +172,15 @@ def check_lease(message_id: str, state: str, lease_owner: str | None, worker: st
     A lease that expired but that nobody re-claimed still belongs to its
     worker: no one else can have run the message in between.
     """
-    if state != State.PROCESSING.value or lease_owner != worker:
+    if state != PROCESSING or lease_owner != worker:
         raise LeaseLost(message_id, worker)
 
 
 def is_claimable(state: str, available_at: float, lease_until: float | None, now: float) -> bool:
     """A head-of-queue row can be claimed when pending and due, or when its lease expired."""
-    if state == State.PENDING.value:
+    if state == PENDING:
         return available_at <= now
-    if state == State.PROCESSING.value:
+    if state == PROCESSING:
         return lease_until is None or lease_until <= now
     return False
 
@@ -184,14 +190,14 @@ def chains(state: str, available_at: float, lease_until: float | None, now: floa
     """A session's next head may be leased in its turn's commit (chained delivery): only a
     due pending row that is not suspect; a dead worker's row (expired lease) and a suspect
     one go through the dispatcher's claim, which counts attempts and runs suspects alone."""
-    return (state == State.PENDING.value and not suspect
+    return (state == PENDING and not suspect
             and is_claimable(state, available_at, lease_until, now))
 
 
 def is_suspect(state: str, suspect: bool) -> bool:
     """A head that may be the message that kills its process: one taken over now (its
     lease ran out mid-turn) or earlier (and not delivered since)."""
-    return suspect or state == State.PROCESSING.value
+    return suspect or state == PROCESSING
 
 
 @dataclass(frozen=True)

@@ -134,8 +134,8 @@ def insert_params(msg: NewMessage, now: float, lease: Lease | None = None) -> tu
     """A new row's values for ``BulkSql.insert_inbox`` (all but ``seq``): pending, or
     with ``lease`` already processing, leased to its owner from ``now``."""
     policy = core.TRANSPORT_POLICIES.get(msg.transport, core.LOCAL)
-    status, owner, until = ((core.State.PENDING.value, None, None) if lease is None else
-                            (core.State.PROCESSING.value, lease.owner, now + lease.seconds))
+    status, owner, until = ((core.PENDING, None, None) if lease is None else
+                            (core.PROCESSING, lease.owner, now + lease.seconds))
     return (msg.message_id, msg.transport, msg.destination_peer_id, msg.sender, msg.target,
             msg.kind, msg.content, stored_payload(msg.payload),
             msg.max_attempts or policy.max_attempts, now, now, now, status, owner, until)

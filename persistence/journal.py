@@ -136,7 +136,7 @@ class Journal(InboxReads):
         if done:
             self.hot.mark_delivered(sorted(done), now)
         taken_over = [h.message_id for h in picked
-                      if h.status == core.State.PROCESSING.value and h.message_id not in done]
+                      if h.status == core.PROCESSING and h.message_id not in done]
         attempts = self._count_interrupted(taken_over, now) if taken_over else {}
         rows = [replace(r, attempts=attempts[r.message_id], taken_over=True)
                 if r.message_id in attempts else r
@@ -168,7 +168,7 @@ class Journal(InboxReads):
                                        "updated_at": now, "turn_started_at": None,
                                        "suspect": True}
             if failed:
-                changes.update(status=core.State.FAILED.value, lease_owner=None,
+                changes.update(status=core.FAILED, lease_owner=None,
                                lease_until=None)
             m.update(**changes).where(m.message_id == row.message_id).execute()
             found[row.message_id] = -1 if failed else out.attempts
@@ -233,11 +233,11 @@ class Journal(InboxReads):
                       .order_by(m.seq).limit(limit))
         taken: list[InboxMessage] = []
         for r in candidates:  # contiguous due rows only, so per-target order holds
-            if r.status != core.State.PENDING.value or r.available_at > now:
+            if r.status != core.PENDING or r.available_at > now:
                 break
             taken.append(r)
         if taken:
-            m.update(status=core.State.PROCESSING.value, lease_owner=owner,
+            m.update(status=core.PROCESSING, lease_owner=owner,
                      lease_until=now + lease, updated_at=now).where(
                 m.message_id.in_([r.message_id for r in taken])).execute()
         return [_claimed(r) for r in taken]
@@ -254,13 +254,13 @@ class Journal(InboxReads):
         tg = list(targets)
         return self.writer.call(lambda: m.update(lease_until=until, updated_at=now).where(
             m.target_chat_id.in_(tg), m.lease_owner == owner,
-            m.status == core.State.PROCESSING.value).execute())
+            m.status == core.PROCESSING).execute())
 
     def expire_leases(self, now: float, owners: Iterable[str] | None = None) -> int:
         """Make processing rows claimable now: every one (start-up of an exclusive
         runtime), or those of ``owners`` (runtimes known to be gone)."""
         m = self.t.inbox
-        cond = m.status == core.State.PROCESSING.value
+        cond = m.status == core.PROCESSING
         if owners is not None:
             cond &= m.lease_owner.in_(sorted(owners))
         return self.writer.call(lambda: m.update(lease_until=now).where(cond).execute())
@@ -269,7 +269,7 @@ class Journal(InboxReads):
         """The owners holding leases on processing rows now."""
         m = self.t.inbox
         return {r.lease_owner for r in m.select(m.lease_owner).distinct().where(
-            m.status == core.State.PROCESSING.value, m.lease_owner.is_null(False))}
+            m.status == core.PROCESSING, m.lease_owner.is_null(False))}
 
     # -- outcomes --------------------------------------------------------------------------
 
@@ -410,7 +410,7 @@ class Journal(InboxReads):
 
     def _release_rows(self, ids: list[str], now: float) -> None:
         m = self.t.inbox
-        m.update(status=core.State.PENDING.value, lease_owner=None, lease_until=None,
+        m.update(status=core.PENDING, lease_owner=None, lease_until=None,
                  turn_started_at=None, updated_at=now).where(m.message_id.in_(ids)).execute()
 
     def _release_one(self, item: set_wise.Release) -> None:
@@ -444,7 +444,7 @@ class Journal(InboxReads):
     def _requeue_op(self, message_id: str, now: float) -> dict[str, Any]:
         return self._operator_op(message_id, now, core.Event.REQUEUE, "requeued",
                                  lambda row: row.last_error,
-                                 {"status": core.State.PENDING.value, "attempts": 0,
+                                 {"status": core.PENDING, "attempts": 0,
                                   "available_at": now})
 
     def requeue(self, message_id: str, now: float) -> dict[str, Any]:
@@ -457,7 +457,7 @@ class Journal(InboxReads):
         m = self.t.inbox
 
         def op() -> list[str]:
-            q = m.select(m.message_id).where(m.status == core.State.FAILED.value)
+            q = m.select(m.message_id).where(m.status == core.FAILED)
             if target is not None:
                 q = q.where(m.target_chat_id == target)
             if kind is not None:
@@ -471,7 +471,7 @@ class Journal(InboxReads):
     def _cancel_op(self, message_id: str, now: float, by: str, reason: str) -> dict[str, Any]:
         return self._operator_op(message_id, now, core.Event.CANCEL, "cancelled",
                                  lambda row: f"by {by}: {reason}"[:2000],
-                                 {"status": core.State.CANCELLED.value, "lease_owner": None,
+                                 {"status": core.CANCELLED, "lease_owner": None,
                                   "lease_until": None})
 
     def cancel(self, message_id: str, now: float, *, by: str, reason: str) -> dict[str, Any]:

@@ -33,7 +33,8 @@ from __future__ import annotations
 import peewee as pw
 
 from .database import is_postgres
-from .hot_path import FAILED, INBOX, PENDING, PROCESSING, is_open
+from .hot_path import INBOX, PENDING, PROCESSING, is_open
+from .inbox_core import FAILED
 
 OPEN_INDEXES = {
     "agent_inbox_pending_seq": f"ON {INBOX} (seq) WHERE status = '{PENDING}'",

@@ -71,7 +71,7 @@ def insert_new(sql: BulkSql, items: Sequence[Enqueue]) -> list[EnqueueResult]:
         assert first is not None  # SQLite's numbering
         claimed = {msg.message_id: leased_new_row(msg, first + i, now)
                    for i, (msg, now, _) in enumerate(items) if msg.message_id in leases}
-    pending = core.State.PENDING.value
+    pending = core.PENDING
     return [EnqueueResult(msg.message_id, msg.target, pending, True, now,
                           claimed.get(msg.message_id)) for msg, now, _ in items]
 
@@ -166,7 +166,7 @@ def _next_heads(sql: BulkSql, commits: Sequence[TurnCommit], now: float) -> dict
             # The statement leased only what the rule allows; should the two ever drift
             # apart, go one by one rather than chain into a row the rule refuses. (The
             # row was pending: the statement's condition; its lease is the new one.)
-            if not _due(head._replace(status=core.State.PENDING.value), c.now):
+            if not _due(head._replace(status=core.PENDING), c.now):
                 raise OneByOne("a head leased that its commit may not chain into")
             taken[c.session_id] = ClaimedRow.from_head(head)
     return taken
