@@ -21,8 +21,17 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import bench_concurrency, bench_crash, bench_peers, bench_runs, bench_scaleout, bench_stages
+from . import (
+    bench_concurrency,
+    bench_crash,
+    bench_peers,
+    bench_runs,
+    bench_scaleout,
+    bench_stages,
+    cpu_pinning,
+)
 from .bench_systems import SYSTEMS
+from .errors import ConfigError
 
 OPTIONAL = ("kinbox_normal", "bare_py100", "bare_py200")
 """Run only when ``--systems`` names them: kinbox at ``synchronous=NORMAL`` is a variant of
@@ -199,6 +208,12 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
     if args.pin_workers and args.name != "scaleout":
         print("kinbox: --pin-workers applies to bench scaleout only", file=sys.stderr)
         return 2
+    if args.pin_workers:
+        try:
+            cpu_pinning.allowed_cpus()
+        except ConfigError as exc:
+            print(f"kinbox: --pin-workers: {exc}", file=sys.stderr)
+            return 2
     if args.name == "scaleout":
         problem = bench_scaleout.url_problem(args.db)
         if problem:

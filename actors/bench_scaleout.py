@@ -42,6 +42,7 @@ from typing import Any
 from .bench_runs import percentile
 from .bench_scaleout_bare_cpu import CpuSample, backends
 from .bench_scaleout_systems import SYSTEM_NAMES, Producer, fresh_database
+from .cpu_pinning import allowed_cpus
 
 OTHERS = (("pgqueuer", " (target >= 1)"), ("dbos", " (target >= 3)"), ("procrastinate", ""),
           ("raw", ""))
@@ -76,7 +77,7 @@ class Workers:
         ``kinbox --cpus N worker`` would, whatever the system."""
         self.dir = Path(tempfile.mkdtemp(prefix="kinbox-scaleout-"))
         self.procs: list[subprocess.Popen[str]] = []
-        cpus = sorted(os.sched_getaffinity(0)) if pin else []
+        cpus = sorted(allowed_cpus()) if pin else []
         for i in range(n):
             cmd = [sys.executable, "-m", "kinbox.actors.bench_scaleout_child", system, url,
                    str(self.dir / f"w{i}.json")] + (["--slow"] if slow else [])

@@ -17,17 +17,22 @@ microseconds of CPU a message costs in each stage:
 - ``process``: the whole process (``getrusage``), which also counts threads
   that ended during the run; ``system`` is its kernel share.
 
-A thread's CPU is read from its own clock (``time.pthread_getcpuclockid``),
-before and after the measured part of a run, so threads that outlive the run
-count only what they spent in it. :func:`per_message` is the pure part.
+A thread's CPU is read from the kernel's account of it
+(``/proc/self/task/<tid>/schedstat``, nanoseconds), before and after the
+measured part of a run, so threads that outlive the run count only what they
+spent in it; a thread that ended between the two samples counts in
+``process`` only. (Not ``time.pthread_getcpuclockid``: on a thread that has
+just ended it may read another thread's clock, or crash.) Where there is no
+``/proc`` the threads are not sampled and only ``process`` is filled in.
+:func:`per_message` is the pure part.
 """
 
 from __future__ import annotations
 
 import resource
 import threading
-import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 ROLES: tuple[tuple[str, str], ...] = (
     ("kinbox-writer", "writer"), ("bare-writer", "writer"),
@@ -52,24 +57,28 @@ class CpuSample:
     """Each live thread's CPU seconds by thread id, and the process's counters."""
 
     threads: dict[int, tuple[str, float]] = field(default_factory=dict)
+    """Kernel thread id -> (thread name, CPU seconds)."""
     process: float = 0.0
     system: float = 0.0
     switches: int = 0
     """Voluntary context switches of the whole process (a thread waiting for another)."""
 
 
-def sample(skip: set[int] | None = None) -> CpuSample:
-    """Read every live thread's CPU clock (not those in ``skip``) and the process's."""
+TASKS = Path("/proc/self/task")
+
+
+def sample() -> CpuSample:
+    """Read every live thread's CPU seconds and the process's counters."""
     threads: dict[int, tuple[str, float]] = {}
     for thread in threading.enumerate():
-        ident = thread.ident
-        if ident is None or (skip and ident in skip):
+        tid = thread.native_id
+        if tid is None:  # not started yet
             continue
         try:
-            seconds = time.clock_gettime(time.pthread_getcpuclockid(ident))
-        except (OSError, ProcessLookupError):  # it ended between the listing and the read
+            nanoseconds = int((TASKS / str(tid) / "schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):  # it ended, or there is no /proc
             continue
-        threads[ident] = (thread.name, seconds)
+        threads[tid] = (thread.name, nanoseconds / 1e9)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return CpuSample(threads, usage.ru_utime + usage.ru_stime, usage.ru_stime, usage.ru_nvcsw)
 
@@ -78,7 +87,8 @@ def per_message(before: CpuSample, after: CpuSample, producers: float,
                 messages: int) -> dict[str, float]:
     """Microseconds of CPU per message in each stage between two samples; ``producers`` is
     the producer threads' own CPU seconds (they end before ``after`` is taken). A thread
-    that started between the samples counts from zero."""
+    that started between the samples counts from zero; one that ended counts in
+    ``process`` only."""
     if messages <= 0:
         raise ValueError(f"stages need at least one message, got {messages}")
     seconds = dict.fromkeys(STAGES, 0.0)

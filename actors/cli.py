@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cpus", metavar="LIST",
                         help="run this process on these CPUs only, e.g. 1 or 0,2 or 0-3 "
                              "(Linux); one kinbox process per core, each pinned to its own, "
-                             "measured 1.3-2x faster than unpinned (see the README)")
+                             "measured 1.25-2x faster than unpinned (see the README)")
     sub = parser.add_subparsers(dest="command", required=True)
     cli_scenario.add_parser(sub)
     cli_ops.add_parsers(sub)

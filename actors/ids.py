@@ -20,7 +20,8 @@ serves the indexes; tests that need repeatable ids pass their own source,
 ``Runtime(ids=...)``), and bits of a generator seeded from the operating
 system's randomness, not the operating system's randomness itself. An id is
 an address, never a secret (tokens, nonces and pairing codes take
-``os.urandom`` directly), so it needs uniqueness, not unpredictability; and
+``os.urandom`` directly), so it needs uniqueness, not unpredictability (ids
+are predictable from earlier ones: never let one grant access); and
 ``os.urandom`` is a system call that lets go of the interpreter lock, so
 every send paid one more hand-off of the lock (a thread switch, under load)
 for its id. The generator is seeded again in a forked child, so a parent

@@ -75,7 +75,7 @@ class InboxReads:
         """The earliest time a pending row becomes due (a backoff running out), or None."""
         m = self.t.inbox
         return m.select(pw.fn.MIN(m.available_at)).where(
-            m.transport == transport, m.status == core.State.PENDING.value).scalar()
+            m.transport == transport, m.status == core.PENDING).scalar()
 
     def pending_count(self, target: str) -> int:
         """Open rows addressed to ``target``."""

@@ -33,8 +33,8 @@ from __future__ import annotations
 import peewee as pw
 
 from .database import is_postgres
-from .hot_path import INBOX, PENDING, PROCESSING, is_open
-from .inbox_core import FAILED
+from .hot_path import INBOX, is_open
+from .inbox_core import FAILED, PENDING, PROCESSING
 
 OPEN_INDEXES = {
     "agent_inbox_pending_seq": f"ON {INBOX} (seq) WHERE status = '{PENDING}'",

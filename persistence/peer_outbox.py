@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from .database import is_postgres
 from .errors import RowNotFound
 from .hot_path import CLAIM_COLUMNS, INBOX, Head, HotPath, chunks, is_open
-from .inbox_core import Event, State, check_lease, is_claimable, transition
+from .inbox_core import PENDING, PROCESSING, Event, check_lease, is_claimable, transition
 from .inbox_records import ClaimedRow
 from .models import Tables
 from .writer import GroupCommitWriter, Reply
@@ -61,7 +61,7 @@ class PeerOutbox:
         p = self.hot.p
         for ids in chunks([t.message_id for t in taken]):
             self.t.db.execute_sql(self._sql_lease + f"({', '.join([p] * len(ids))})",
-                                  (State.PROCESSING.value, owner, now + lease, now, *ids))
+                                  (PROCESSING, owner, now + lease, now, *ids))
         return taken
 
     def _open_rows(self, target: str, after_seq: int, limit: int) -> list[Head]:
@@ -101,5 +101,5 @@ class PeerOutbox:
         if not rows:
             return None
         head = rows[0]  # CLAIM_COLUMNS: status, available_at, lease_until are 9, 10, 11
-        due = head[10] if head[9] == State.PENDING.value else head[11]
+        due = head[10] if head[9] == PENDING else head[11]
         return float(due or 0.0)  # type: ignore[arg-type]

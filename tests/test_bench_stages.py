@@ -57,8 +57,8 @@ def test_sample_reads_each_live_threads_own_clock() -> None:
     try:
         assert spin.wait(10)
         got = sample()
-        assert worker.ident is not None
-        name, seconds = got.threads[worker.ident]
+        assert worker.native_id is not None
+        name, seconds = got.threads[worker.native_id]
         assert name == "kinbox-writer" and seconds >= 0.05
         assert got.process >= seconds and got.switches >= 0
     finally:
