@@ -270,13 +270,16 @@ class Runtime(RecordsApi):
                                     state=self._state)
         ctx = self._require()
         self._state = "crashed"
+        # The writer first: after a kill nothing is written, and a turn that notices the
+        # crash (its tools refuse once the runtime is closed) must not get its failed
+        # attempt, and the backoff with it, committed while the rest shuts down.
+        if self._writer is not None:
+            self._writer.abort()
         ctx.crashed.set()
         ctx.closed.set()
         if self._schedule is not None:
             self._schedule.stop()
         self._stop_ticker()
-        if self._writer is not None:
-            self._writer.abort()
         self._stop_direct(wait=False)
         if ctx.async_host is not None:
             ctx.async_host.crash()

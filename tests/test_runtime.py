@@ -295,6 +295,61 @@ def test_a_crash_mid_turn_reruns_that_message_once_after_restart(db_url: str,
         assert [e.text for e in rt2.transcript(b)] == ["important", "done"]
 
 
+class _WitnessFlag(threading.Event):
+    """A runtime's crash flag that notes, as it is raised, whether its writer still
+    accepted writes (a test seam: the runtime reads ``ctx.crashed`` and ``ctx.closed``)."""
+
+    def __init__(self, writer_closed: Callable[[], bool]) -> None:
+        super().__init__()
+        self.writer_closed = writer_closed
+        self.saw: list[bool] = []
+
+    def set(self) -> None:
+        self.saw.append(self.writer_closed())
+        super().set()
+
+
+@pytest.mark.timeout(60)
+def test_a_turn_that_notices_the_crash_writes_no_failed_attempt_after_it(
+        any_db_url: str, clock: ManualClock) -> None:
+    # Found by tests/test_marker_forging.py on PostgreSQL (1 run in ~35): a turn whose
+    # tool call met the crashed runtime failed, and its failed attempt (with a backoff
+    # the injected clock never ends) was committed while crash() was still shutting
+    # down, so the restarted runtime found the session's head in backoff and went idle.
+    in_turn = threading.Event()
+    first: list[Runtime] = []
+    failed: list[BaseException] = []
+
+    def brain(turn: Turn) -> None:
+        if first and first[0].state == "running":  # the first runtime: crash, then a tool
+            in_turn.set()
+            assert first[0].context.crashed.wait(10)
+            try:
+                turn.tools.agent_send(turn.session_id, "after the crash")
+            except Exception as exc:  # the tools refuse: the runtime is crashed
+                failed.append(exc)
+                raise
+        turn.reply("done")
+
+    rt = Runtime(db=any_db_url, brain=brain, clock=clock).start()
+    first.append(rt)
+    writer = rt.context.journal.writer
+    flags = [_WitnessFlag(lambda: writer.closed) for _ in range(2)]
+    rt.context.crashed, rt.context.closed = flags
+    a, b = two_sessions(rt)
+    rt.post(b, "important", sender=a)
+    assert in_turn.wait(10)
+    rt.crash()
+    # Nothing can notice the crash while the writer still takes writes.
+    assert [f.saw for f in flags] == [[True], [True]]
+    wait_for(lambda: bool(failed), 10, "the old turn to fail after the crash")
+    with Runtime(db=any_db_url, brain=brain, clock=clock) as rt2:
+        rt2.run_until_idle(timeout=30)  # the clock never moves: no backoff may be pending
+        [row] = rt2.inbox(target=b)
+        assert (row["status"], row["attempts"]) == ("delivered", 0)
+        assert [e.text for e in rt2.transcript(b)] == ["important", "done"]
+
+
 def test_a_turn_sees_messages_that_arrive_while_it_runs(make_runtime: MakeRuntime) -> None:
     started = threading.Event()
     steered: list[str] = []
