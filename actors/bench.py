@@ -205,10 +205,10 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
                                                        and args.messages < 1):
         print("kinbox: --kills must be >= 0 and --messages >= 1", file=sys.stderr)
         return 2
-    if args.pin_workers and args.name != "scaleout":
-        print("kinbox: --pin-workers applies to bench scaleout only", file=sys.stderr)
-        return 2
     if args.pin_workers:
+        if args.name != "scaleout":
+            print("kinbox: --pin-workers applies to bench scaleout only", file=sys.stderr)
+            return 2
         try:
             cpu_pinning.allowed_cpus()
         except ConfigError as exc:

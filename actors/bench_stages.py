@@ -93,8 +93,8 @@ def per_message(before: CpuSample, after: CpuSample, producers: float,
         raise ValueError(f"stages need at least one message, got {messages}")
     seconds = dict.fromkeys(STAGES, 0.0)
     seconds["producers"] = producers
-    for ident, (name, spent) in after.threads.items():
-        start = before.threads.get(ident, (name, 0.0))[1]
+    for tid, (name, spent) in after.threads.items():
+        start = before.threads.get(tid, (name, 0.0))[1]
         seconds[role_of(name)] += max(0.0, spent - start)
     seconds["process"] = after.process - before.process
     seconds["system"] = after.system - before.system
