@@ -18,6 +18,7 @@ from .hot_path import CLAIM_COLUMNS, INBOX, PENDING, PROCESSING, Head, HotPath, 
 from .inbox_notify import NOTIFY_SQL
 from .pg_claims import PgClaims
 from .pg_commits import PgTurnSql
+from .pg_database import defer
 
 ROWS_PER_INSERT = 200
 """Rows per multi-row ``INSERT``: 200 x 15 parameters stays under every backend's bound."""
@@ -98,7 +99,7 @@ class BulkSql:
         written = self._insert(f"INSERT INTO {INBOX} ({_INBOX_COLUMNS})", self._inbox_row,
                                rows, " ON CONFLICT (message_id) DO NOTHING")
         if self.postgres and written:  # other processes' listeners hear of it at the commit
-            self.db.execute_sql(NOTIFY_SQL)
+            defer(self.db, NOTIFY_SQL)  # with the next statement (or the COMMIT)
         return written, first
 
     def insert_entries(self, rows: Sequence[tuple[Any, ...]]) -> None:

@@ -19,6 +19,7 @@ import peewee
 from playhouse import db_url
 
 from .errors import DatabaseMissing, DatabaseOpenError
+from .pg_database import PostgresDatabase
 
 Synchronous = Literal["FULL", "NORMAL"]
 
@@ -102,13 +103,22 @@ def open_database(url: str, *, synchronous: Synchronous = "FULL",
             url, "unsupported scheme; use sqlite:///path/to/file.db or postgresql://user@host/db"
         )
     try:
-        db = db_url.connect(url, **options)
+        # PostgreSQL: kinbox's own class (see pg_database), from the URL as db_url reads it.
+        db = (db_url.connect(url, **options) if scheme == "sqlite"
+              else PostgresDatabase(**_pg_settings(url)))
         db.connect(reuse_if_open=True)
         db.execute_sql("SELECT 1")
         db.close()
     except Exception as exc:  # driver errors vary by backend; all mean "cannot open"
         raise DatabaseOpenError(url, str(exc).strip() or type(exc).__name__) from exc
     return db
+
+
+def _pg_settings(url: str) -> dict[str, object]:
+    settings: dict[str, object] = db_url.parse(url)
+    if not settings.get("database"):
+        raise ValueError("the URL names no database (postgresql://user@host/dbname)")
+    return settings
 
 
 def is_sqlite(db: peewee.Database) -> bool:

@@ -36,6 +36,7 @@ import peewee as pw
 
 from .database import is_sqlite
 from .errors import WriterClosed
+from .pg_database import PostgresDatabase
 
 T = TypeVar("T")
 A = TypeVar("A")
@@ -267,13 +268,13 @@ class GroupCommitWriter:
         outcomes: dict[int, tuple[bool, Any]] = {}
         try:
             with self._transaction():
-                cursor = self._db.cursor()
+                control = _Control(self._db)
                 for unit in _plan(batch):
                     if isinstance(unit, int):
-                        outcomes[unit] = self._run_one(cursor, batch[unit][0])
-                    elif (failed := self._run_groups(cursor, batch, unit, outcomes)) is not None:
+                        outcomes[unit] = self._run_one(control, batch[unit][0])
+                    elif (failed := self._run_groups(control, batch, unit, outcomes)) is not None:
                         for group in unit:  # the one that raised goes straight one by one
-                            self._run_bulk(cursor, batch, group, outcomes,
+                            self._run_bulk(control, batch, group, outcomes,
                                            set_wise=group is not failed)
         except Exception as exc:  # the commit itself failed: nothing of the batch is durable
             self._stats.rollbacks += 1
@@ -289,19 +290,19 @@ class GroupCommitWriter:
                 item[-1].set_exception(value)
 
     @staticmethod
-    def _run_one(cursor: Any, op: Callable[[], Any]) -> tuple[bool, Any]:
+    def _run_one(control: _Control, op: Callable[[], Any]) -> tuple[bool, Any]:
         # A savepoint per operation: a failing op undoes only itself. Plain
         # statements: peewee's nested atomic() costs more than the op itself.
-        cursor.execute("SAVEPOINT kinbox_op")
+        control.later("SAVEPOINT kinbox_op")
         try:
             outcome: tuple[bool, Any] = (True, op())
         except Exception as exc:
-            cursor.execute("ROLLBACK TO SAVEPOINT kinbox_op")
+            control.now("ROLLBACK TO SAVEPOINT kinbox_op")
             outcome = (False, exc)
-        cursor.execute("RELEASE SAVEPOINT kinbox_op")
+        control.later("RELEASE SAVEPOINT kinbox_op")
         return outcome
 
-    def _run_groups(self, cursor: Any, batch: list[tuple[Any, ...]], groups: list[list[int]],
+    def _run_groups(self, control: _Control, batch: list[tuple[Any, ...]], groups: list[list[int]],
                     outcomes: dict[int, tuple[bool, Any]]) -> list[int] | None:
         """Run every bulk kind's items set-wise under one savepoint; the group of the kind
         that raised (all of it undone), for the caller to run each kind on its own, or
@@ -312,15 +313,15 @@ class GroupCommitWriter:
         savepoint for all kinds instead of one each saves three of the dozen or so
         statements of a typical batch. There is no release: the commit releases it.
         """
-        cursor.execute("SAVEPOINT kinbox_bulk")
+        control.later("SAVEPOINT kinbox_bulk")
         answers: list[tuple[list[int], list[Any]]] = []
         for group in groups:
             kind: Bulk[Any, Any] = batch[group[0]][0]
             try:
                 answers.append((group, _all_of(kind, [batch[i][1] for i in group])))
             except Exception as exc:
-                cursor.execute("ROLLBACK TO SAVEPOINT kinbox_bulk")
-                cursor.execute("RELEASE SAVEPOINT kinbox_bulk")
+                control.now("ROLLBACK TO SAVEPOINT kinbox_bulk")
+                control.later("RELEASE SAVEPOINT kinbox_bulk")
                 self._stats.shared_fallbacks += 1
                 log.debug("a batch's bulk kinds run one kind at a time: %s",
                           type(exc).__name__)
@@ -332,7 +333,7 @@ class GroupCommitWriter:
                 outcomes[i] = (True, result)
         return None
 
-    def _run_bulk(self, cursor: Any, batch: list[tuple[Any, ...]], indexes: list[int],
+    def _run_bulk(self, control: _Control, batch: list[tuple[Any, ...]], indexes: list[int],
                   outcomes: dict[int, tuple[bool, Any]], *, set_wise: bool = True) -> None:
         """One kind's items under their own savepoint: set-wise (unless ``set_wise`` is
         False: it just failed that way), else one by one."""
@@ -340,7 +341,7 @@ class GroupCommitWriter:
         items = [batch[i][1] for i in indexes]
         if len(items) > 1:
             if set_wise:
-                ok, results = self._run_one(cursor, lambda: _all_of(kind, items))
+                ok, results = self._run_one(control, lambda: _all_of(kind, items))
                 if ok:
                     self._stats.bulk_runs += 1
                     for i, result in zip(indexes, results, strict=True):
@@ -348,12 +349,30 @@ class GroupCommitWriter:
                     return
             self._stats.bulk_fallbacks += 1
         for i, item in zip(indexes, items, strict=True):
-            outcomes[i] = self._run_one(cursor, lambda item=item: kind.one(item))
+            outcomes[i] = self._run_one(control, lambda item=item: kind.one(item))
 
     def _count(self, n: int) -> None:
         self._stats.batches += 1
         self._stats.operations += n
         self._stats.largest_batch = max(self._stats.largest_batch, n)
+
+
+class _Control:
+    """How the writer sends its savepoint statements: ``later`` for those that answer
+    nothing (deferred on PostgreSQL, where they ride with the next statement instead of
+    costing a round trip each: :mod:`.pg_database`), ``now`` for a rollback to a savepoint;
+    on SQLite both run at once on the batch's cursor (no peewee layer: they are part of
+    every batch)."""
+
+    __slots__ = ("later", "now")
+
+    def __init__(self, db: pw.Database) -> None:
+        self.now: Callable[[str], object]
+        self.later: Callable[[str], object]
+        if isinstance(db, PostgresDatabase):
+            self.now, self.later = db.execute_sql, db.defer
+        else:
+            self.now = self.later = db.cursor().execute
 
 
 def _all_of(kind: Bulk[Any, Any], items: list[Any]) -> list[Any]:

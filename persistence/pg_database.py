@@ -1,0 +1,111 @@
+"""PostgreSQL's database class: a transaction's control statements travel with its next statement.
+
+On PostgreSQL every statement is a round trip, and every round trip lets
+go of the interpreter lock, which the writer then waits to get back behind
+the session threads its last commit woke. A transaction's ``BEGIN``, its
+savepoints and its notifications carry no data the caller reads, so they
+need not travel alone. :class:`PostgresDatabase` keeps them, per thread and
+in order, and sends them in front of the next statement as one
+simple-query message (``BEGIN; SAVEPOINT kinbox_bulk; WITH acked AS ...``),
+or in front of ``COMMIT``. A batch of turn commits was four round trips
+(``BEGIN``, ``SAVEPOINT``, the fused commit, ``COMMIT``) and is two; a
+batch of sends also lost its ``NOTIFY`` round trip. Measured on the
+backlog drain: three statements more per batch cost 13% of its rate.
+
+What the server does is unchanged: the statements run in the same order,
+in the same transaction (an explicit ``BEGIN`` at the head of a message
+opens a transaction block that outlives the message), and the caller reads
+the result of its own statement, which comes last. A transaction that ran
+no statement sends nothing at all, not even its ``COMMIT``.
+
+Only statements that answer nothing may be deferred: :meth:`defer` is for
+``SAVEPOINT``, ``RELEASE SAVEPOINT`` and notifications; a statement whose
+failure the caller must see at once (``ROLLBACK TO SAVEPOINT``) is run,
+with whatever is deferred in front of it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import peewee as pw
+
+
+class PostgresDatabase(pw.PostgresqlDatabase):  # type: ignore[misc]
+    """peewee's PostgreSQL database, with control statements deferred (see the module)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._waiting = threading.local()
+
+    def _pending(self) -> list[str]:
+        pending: list[str] | None = getattr(self._waiting, "statements", None)
+        if pending is None:
+            pending = self._waiting.statements = []
+        return pending
+
+    def defer(self, sql: str) -> None:
+        """Send ``sql`` (a statement that answers nothing) in front of this thread's next
+        statement on this database, at the latest with its ``COMMIT``; outside a
+        transaction at once (nothing might follow it)."""
+        if self.in_transaction():
+            self._pending().append(sql)
+        else:
+            self.execute_sql(sql)
+
+    def waiting(self) -> tuple[str, ...]:
+        """The statements waiting for this thread's next one (for tests and monitoring)."""
+        return tuple(self._pending())
+
+    def begin(self, isolation_level: Any = None) -> None:
+        if self.is_closed():  # opening later would reset peewee's transaction stack
+            self.connect()
+        if isolation_level is None:
+            isolation_level = self._isolation_level
+        if isolation_level:
+            level = self._adapter.isolation_level_str(isolation_level)
+            self._pending().append(f"BEGIN TRANSACTION ISOLATION LEVEL {level}")
+        else:
+            self._pending().append("BEGIN")
+
+    def execute_sql(self, sql: str, params: Any = None) -> Any:
+        pending = self._pending()
+        if pending:
+            sql = "; ".join([*pending, sql])
+            pending.clear()  # sent, whatever the server answers
+        return self._execute_cursor(sql, params)
+
+    def commit(self) -> None:
+        self._end("COMMIT")
+
+    def rollback(self) -> None:
+        self._end("ROLLBACK")
+
+    def _end(self, statement: str) -> None:
+        pending = self._pending()
+        if pending and pending[0].startswith("BEGIN"):
+            pending.clear()  # the transaction ran no statement: there is nothing to end
+            return
+        if statement == "ROLLBACK":
+            pending.clear()  # what is deferred would be undone with the rest
+        if self.is_closed():
+            raise pw.InterfaceError(f"cannot {statement.lower()}: the connection is not open")
+        self.execute_sql(statement)
+
+    def _initialize_connection(self, conn: Any) -> None:
+        self._pending().clear()  # nothing deferred on a connection outlives it
+        super()._initialize_connection(conn)
+
+    def _close(self, conn: Any) -> None:
+        self._pending().clear()
+        super()._close(conn)
+
+
+def defer(db: pw.Database, sql: str) -> None:
+    """Send ``sql`` (a statement that answers nothing) in front of this thread's next statement
+    on ``db``: deferred on a :class:`PostgresDatabase`, at once on any other database."""
+    if isinstance(db, PostgresDatabase):
+        db.defer(sql)
+    else:
+        db.execute_sql(sql)
