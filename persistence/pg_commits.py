@@ -6,7 +6,8 @@ threads the last commit woke all wanting it, costs the writer more than the
 server's work (measured in the drain: a ``BEGIN`` of 20 us of server time
 took the writer 1.8 ms). A batch of turn commits ran eight statements, then
 three; data-modifying ``WITH`` clauses let one statement write several
-tables, and arrays (``unnest``, ``= ANY``) carry any number of rows in a fixed
+tables, and arrays (``unnest``, ``= ANY``) and JSON texts (the entries and
+markers, ``json_array_elements``) carry any number of rows in a fixed
 statement text, so the batch is now one (:attr:`PgTurnSql.sql_commit`):
 
 * the fenced ack (only rows still processing under the owner's lease), the
@@ -33,6 +34,7 @@ cost there is not the round trip.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -48,6 +50,12 @@ from .hot_path import (
     is_open,
 )
 from .pg_claims import marker_probe
+
+
+def _json(rows: Sequence[Sequence[Any]]) -> str:
+    """Rows as a JSON array of arrays. Floats keep every bit (``repr``: shortest
+    round-trip); text that is not valid Unicode fails in the driver as it did in an array."""
+    return json.dumps(rows, ensure_ascii=False, allow_nan=False)
 
 
 class BatchOutcome(NamedTuple):
@@ -81,13 +89,13 @@ class PgTurnSql:
             f"lease_until = NULL WHERE message_id = ANY(%(ids)s) "
             f"AND status = '{PROCESSING}' AND lease_owner = %(owner)s RETURNING 1), "
             f"entries AS (INSERT INTO transcript_entries (session_id, role, text, visible, "
-            f"message_id, sender_id, kind, created_at) SELECT * FROM unnest("
-            f"%(e_session)s::text[], %(e_role)s::text[], %(e_text)s::text[], "
-            f"%(e_visible)s::boolean[], %(e_message)s::text[], %(e_sender)s::text[], "
-            f"%(e_kind)s::text[], %(e_at)s::float8[])), "
+            f"message_id, sender_id, kind, created_at) SELECT e->>0, e->>1, e->>2, "
+            f"(e->>3)::boolean, e->>4, e->>5, e->>6, (e->>7)::float8 "
+            f"FROM json_array_elements(%(entries)s::json) WITH ORDINALITY AS x(e, n) "
+            f"ORDER BY n), "
             f"markers AS (INSERT INTO delivery_markers (session_id, message_id, created_at) "
-            f"SELECT * FROM unnest(%(k_session)s::text[], %(k_message)s::text[], "
-            f"%(k_at)s::float8[])), "
+            f"SELECT k->>0, k->>1, (k->>2)::float8 "
+            f"FROM json_array_elements(%(markers)s::json) AS y(k)), "
             f"n AS (SELECT m.message_id, m.status, m.available_at, m.suspect, t.at, "
             f"{marker_probe('m.message_id')} AS done "
             f"FROM unnest(%(chaining)s::text[], %(chain_at)s::float8[]) AS t(target, at) "
@@ -111,13 +119,13 @@ class PgTurnSql:
         ``entries`` (rows of ``entry_row``) and ``markers`` (session, message, time), lease
         each ``(session, time)`` of ``chaining``'s next head until ``until`` where it is due
         at that time."""
-        e = [list(c) for c in zip(*entries, strict=True)] if entries else [[]] * 8
-        k = [list(c) for c in zip(*markers, strict=True)] if markers else [[]] * 3
+        # Entries and markers travel as one JSON text each: the driver quotes a value of an
+        # array parameter at a time, under the interpreter lock (12 us a message in the
+        # writer for a batch's 28 turns); one string is quoted at once, and the server reads
+        # JSON faster than array literals (measured: 89 against 611 us a batch, round trip).
         params = {"now": now, "ids": list(ids), "owner": owner, "until": until,
                   "chaining": [t for t, _ in chaining], "chain_at": [a for _, a in chaining],
-                  "e_session": e[0], "e_role": e[1], "e_text": e[2], "e_visible": e[3],
-                  "e_message": e[4], "e_sender": e[5], "e_kind": e[6], "e_at": e[7],
-                  "k_session": k[0], "k_message": k[1], "k_at": k[2]}
+                  "entries": _json(entries), "markers": _json(markers)}
         rows: list[Any] = self.db.execute_sql(self.sql_commit, params).fetchall()
         leased = {}
         for r in rows:

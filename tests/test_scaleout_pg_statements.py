@@ -13,6 +13,7 @@ markers table's statistics say.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -55,9 +56,7 @@ def test_markers_are_probed_by_index_when_their_statistics_say_the_table_is_empt
                                   "limit": 5}),
         (turns.sql_commit, {"now": T0, "ids": ids, "owner": "w", "until": T0 + 30,
                             "chaining": targets, "chain_at": [T0] * len(targets),
-                            **{k: [] for k in ("e_session", "e_role", "e_text", "e_visible",
-                                               "e_message", "e_sender", "e_kind", "e_at",
-                                               "k_session", "k_message", "k_at")}}),
+                            "entries": "[]", "markers": "[]"}),
     ]
     for sql, params in statements:
         assert pg_seq_scans(db, sql, params, "delivery_markers") == [], sql[:60]
@@ -140,3 +139,34 @@ def test_a_lone_commit_whose_next_head_has_a_turn_goes_by_the_rules_one_by_one(
         "m1": "delivered", "m2": "delivered", "m3": "processing"}
     assert pg.store.marker_counts() == {"m1": 1, "m2": 1}
     assert [(e.role, e.text) for e in pg.store.transcript("s1")] == [("assistant", "ok")]
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_commit_keeps_every_entry_value_and_its_order(pg: Stores) -> None:
+    # The fused commit carries entries and markers as JSON texts: what it writes must be
+    # what the turns gave, bit for bit and in order, whatever the text holds.
+    j = pg.journal
+    pg.store.create_project("p", "p", "p", T0)
+    pg.store.create_many([(s, "p", s, "interactive") for s in ("s1", "s2")], T0)
+    for s in ("s1", "s2"):
+        j.enqueue(NewMessage(f"{s}-1", s, "hi", sender="u"), T0)
+    heads = sorted(j.claim("w1", T0).rows, key=lambda r: r.target)
+    texts = {"s1": ['say "hi" \\ back', "line one\nline two\ttab", "{\"json\": [1, 2]}"],
+             "s2": ["emoji \U0001f600 and accents éà", "%s %(x)s %% ?", "'; DROP TABLE x; --"]}
+    at = {"s1": T0 + 0.1 + 1e-9, "s2": 1764663123.456789}
+
+    def turn(session: str, mid: str) -> Any:
+        entries = [TurnEntry("user", mid, True, mid, "agent-7", "agent_message"),
+                   *(TurnEntry("assistant", t, False) for t in texts[session])]
+        return lambda: j.complete_turn("w1", session, [mid], entries, at[session],
+                                       next_lease=30.0)
+
+    assert in_one_batch(pg, [turn(r.target, r.message_id) for r in heads]) == [None, None]
+    for r in heads:
+        got = [(e.role, e.text, e.visible, e.message_id, e.sender_id, e.kind, e.created_at)
+               for e in pg.store.transcript(r.target)]
+        assert got == [("user", r.message_id, True, r.message_id, "agent-7", "agent_message",
+                        at[r.target]),
+                       *(("assistant", t, False, None, None, None, at[r.target])
+                         for t in texts[r.target])]
+    assert pg.store.marker_counts() == {"s1-1": 1, "s2-1": 1}
