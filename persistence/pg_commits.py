@@ -52,9 +52,13 @@ from .hot_path import (
 from .pg_claims import marker_probe
 
 
-def _json(rows: Sequence[Sequence[Any]]) -> str:
-    """Rows as a JSON array of arrays. Floats keep every bit (``repr``: shortest
-    round-trip); text that is not valid Unicode fails in the driver as it did in an array."""
+def _json(rows: Sequence[Sequence[Any]], width: int) -> str:
+    """Rows of ``width`` values as a JSON array of arrays. Floats keep every bit
+    (``repr``: shortest round-trip); text that is not valid Unicode fails in the driver
+    before anything is sent (the batch then commits one turn at a time, as it did when
+    these were arrays)."""
+    if any(len(row) != width for row in rows):
+        raise ValueError(f"every row must have {width} values")
     return json.dumps(rows, ensure_ascii=False, allow_nan=False)
 
 
@@ -125,7 +129,7 @@ class PgTurnSql:
         # JSON faster than array literals (measured: 89 against 611 us a batch, round trip).
         params = {"now": now, "ids": list(ids), "owner": owner, "until": until,
                   "chaining": [t for t, _ in chaining], "chain_at": [a for _, a in chaining],
-                  "entries": _json(entries), "markers": _json(markers)}
+                  "entries": _json(entries, 8), "markers": _json(markers, 3)}
         rows: list[Any] = self.db.execute_sql(self.sql_commit, params).fetchall()
         leased = {}
         for r in rows:

@@ -6,22 +6,35 @@ the session threads its last commit woke. A transaction's ``BEGIN``, its
 savepoints and its notifications carry no data the caller reads, so they
 need not travel alone. :class:`PostgresDatabase` keeps them, per thread and
 in order, and sends them in front of the next statement as one
-simple-query message (``BEGIN; SAVEPOINT kinbox_bulk; WITH acked AS ...``),
+simple-query message (``BEGIN; SAVEPOINT kinbox_bulk_1; WITH acked AS ...``),
 or in front of ``COMMIT``. A batch of turn commits was four round trips
 (``BEGIN``, ``SAVEPOINT``, the fused commit, ``COMMIT``) and is two; a
 batch of sends also lost its ``NOTIFY`` round trip. Measured on the
 backlog drain: three statements more per batch cost 13% of its rate.
 
-What the server does is unchanged: the statements run in the same order,
-in the same transaction (an explicit ``BEGIN`` at the head of a message
-opens a transaction block that outlives the message), and the caller reads
-the result of its own statement, which comes last. A transaction that ran
-no statement sends nothing at all, not even its ``COMMIT``.
+The statements run in the same order in the same transaction (an explicit
+``BEGIN`` at the head of a message opens a transaction block that outlives
+the message), and the caller reads the result of its own statement, which
+comes last. A transaction that ran no statement sends nothing at all, not
+even its ``COMMIT``. What differs is where an error lands:
+
+- a statement the driver cannot format (a value it cannot adapt or encode)
+  fails before anything is sent, and what waits keeps waiting;
+- a message the server cannot parse runs none of its statements: at the
+  head of a transaction its ``BEGIN`` keeps waiting; inside one, the
+  deferred savepoint was never made, so the writer's ``ROLLBACK TO`` it
+  fails and its whole batch fails with it (loudly: every caller gets the
+  error, nothing of the batch is durable). Each of the writer's savepoints
+  has a name of its own for that reason: a rollback to a name reused from an
+  earlier operation would undo that one's writes instead;
+- a deferred statement that fails (none should: they answer nothing) fails
+  the statement it travelled with.
 
 Only statements that answer nothing may be deferred: :meth:`defer` is for
 ``SAVEPOINT``, ``RELEASE SAVEPOINT`` and notifications; a statement whose
 failure the caller must see at once (``ROLLBACK TO SAVEPOINT``) is run,
-with whatever is deferred in front of it.
+with whatever is deferred in front of it. Not for ``manual_commit`` blocks
+(kinbox has none): there a deferred statement waits for the next one.
 """
 
 from __future__ import annotations
@@ -30,6 +43,14 @@ import threading
 from typing import Any
 
 import peewee as pw
+
+_CONTROL = ("SAVEPOINT ", "RELEASE SAVEPOINT ")
+"""The deferred statements that only structure a transaction: a transaction whose pending
+statements are its ``BEGIN`` and these ran nothing, and its end sends nothing."""
+
+_ERRORS = pw.__exception_wrapper__
+"""peewee's mapping of driver errors to its own (``IntegrityError``...), as every statement
+that goes through peewee gets it."""
 
 
 class PostgresDatabase(pw.PostgresqlDatabase):  # type: ignore[misc]
@@ -60,6 +81,8 @@ class PostgresDatabase(pw.PostgresqlDatabase):  # type: ignore[misc]
 
     def begin(self, isolation_level: Any = None) -> None:
         if self.is_closed():  # opening later would reset peewee's transaction stack
+            if not self.autoconnect:
+                raise pw.InterfaceError("Error, database connection not opened.")
             self.connect()
         if isolation_level is None:
             isolation_level = self._isolation_level
@@ -71,10 +94,31 @@ class PostgresDatabase(pw.PostgresqlDatabase):  # type: ignore[misc]
 
     def execute_sql(self, sql: str, params: Any = None) -> Any:
         pending = self._pending()
-        if pending:
-            sql = "; ".join([*pending, sql])
-            pending.clear()  # sent, whatever the server answers
-        return self._execute_cursor(sql, params)
+        if not pending:
+            return self._execute_cursor(sql, params)
+        cursor = self.cursor()
+        with _ERRORS:  # formatted first: a value the driver refuses loses nothing deferred
+            body = cursor.mogrify(sql, params or ())
+        # Each statement ends with a line break before its semicolon: a trailing comment
+        # ends with its line, and cannot swallow the statement after it.
+        message = "".join(f"{statement}\n;" for statement in pending).encode() + body
+        sent = pending[:]
+        pending.clear()
+        self._log_query(message, None)
+        try:
+            with _ERRORS:
+                cursor.execute(message)  # formatted already: no parameters, no second pass
+        except Exception:
+            # Nothing of the message ran (a syntax error is found before any of it runs):
+            # the transaction has not begun, its BEGIN (and the rest) still waits.
+            from psycopg2.extensions import TRANSACTION_STATUS_IDLE  # the extra's driver
+
+            conn = self._state.conn
+            if sent[0].startswith("BEGIN") and conn is not None and not conn.closed and (
+                    conn.get_transaction_status() == TRANSACTION_STATUS_IDLE):
+                pending[:0] = sent
+            raise
+        return cursor
 
     def commit(self) -> None:
         self._end("COMMIT")
@@ -84,7 +128,8 @@ class PostgresDatabase(pw.PostgresqlDatabase):  # type: ignore[misc]
 
     def _end(self, statement: str) -> None:
         pending = self._pending()
-        if pending and pending[0].startswith("BEGIN"):
+        if pending and pending[0].startswith("BEGIN") and (
+                statement == "ROLLBACK" or all(s.startswith(_CONTROL) for s in pending[1:])):
             pending.clear()  # the transaction ran no statement: there is nothing to end
             return
         if statement == "ROLLBACK":

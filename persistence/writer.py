@@ -293,13 +293,13 @@ class GroupCommitWriter:
     def _run_one(control: _Control, op: Callable[[], Any]) -> tuple[bool, Any]:
         # A savepoint per operation: a failing op undoes only itself. Plain
         # statements: peewee's nested atomic() costs more than the op itself.
-        control.later("SAVEPOINT kinbox_op")
+        name = control.savepoint("kinbox_op")
         try:
             outcome: tuple[bool, Any] = (True, op())
         except Exception as exc:
-            control.now("ROLLBACK TO SAVEPOINT kinbox_op")
+            control.now(f"ROLLBACK TO SAVEPOINT {name}")
             outcome = (False, exc)
-        control.later("RELEASE SAVEPOINT kinbox_op")
+        control.later(f"RELEASE SAVEPOINT {name}")
         return outcome
 
     def _run_groups(self, control: _Control, batch: list[tuple[Any, ...]], groups: list[list[int]],
@@ -313,15 +313,15 @@ class GroupCommitWriter:
         savepoint for all kinds instead of one each saves three of the dozen or so
         statements of a typical batch. There is no release: the commit releases it.
         """
-        control.later("SAVEPOINT kinbox_bulk")
+        name = control.savepoint("kinbox_bulk")
         answers: list[tuple[list[int], list[Any]]] = []
         for group in groups:
             kind: Bulk[Any, Any] = batch[group[0]][0]
             try:
                 answers.append((group, _all_of(kind, [batch[i][1] for i in group])))
             except Exception as exc:
-                control.now("ROLLBACK TO SAVEPOINT kinbox_bulk")
-                control.later("RELEASE SAVEPOINT kinbox_bulk")
+                control.now(f"ROLLBACK TO SAVEPOINT {name}")
+                control.later(f"RELEASE SAVEPOINT {name}")
                 self._stats.shared_fallbacks += 1
                 log.debug("a batch's bulk kinds run one kind at a time: %s",
                           type(exc).__name__)
@@ -358,21 +358,34 @@ class GroupCommitWriter:
 
 
 class _Control:
-    """How the writer sends its savepoint statements: ``later`` for those that answer
-    nothing (deferred on PostgreSQL, where they ride with the next statement instead of
-    costing a round trip each: :mod:`.pg_database`), ``now`` for a rollback to a savepoint;
-    on SQLite both run at once on the batch's cursor (no peewee layer: they are part of
-    every batch)."""
+    """How the writer sends its savepoint statements in one batch: ``later`` for those that
+    answer nothing (deferred on PostgreSQL, where they ride with the next statement instead
+    of costing a round trip each: :mod:`.pg_database`), ``now`` for a rollback to a
+    savepoint; on SQLite both run at once on the batch's cursor (no peewee layer: they are
+    part of every batch).
 
-    __slots__ = ("later", "now")
+    Every savepoint of a batch has a name of its own: a deferred one that never ran (its
+    statement's message failed to parse) makes the rollback to it fail, and the batch with
+    it, where a name reused from an earlier operation would roll that one's writes back
+    while its caller is told they committed."""
+
+    __slots__ = ("count", "later", "now")
 
     def __init__(self, db: pw.Database) -> None:
         self.now: Callable[[str], object]
         self.later: Callable[[str], object]
+        self.count = 0
         if isinstance(db, PostgresDatabase):
             self.now, self.later = db.execute_sql, db.defer
         else:
             self.now = self.later = db.cursor().execute
+
+    def savepoint(self, prefix: str) -> str:
+        """Open a savepoint with a name new in this batch (``later``); its name."""
+        self.count += 1
+        name = f"{prefix}_{self.count}"
+        self.later(f"SAVEPOINT {name}")
+        return name
 
 
 def _all_of(kind: Bulk[Any, Any], items: list[Any]) -> list[Any]:

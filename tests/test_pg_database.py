@@ -32,9 +32,14 @@ class Counting(PostgresDatabase):
         super().__init__(*args, **kwargs)
         self.sent: list[str] = []
 
-    def _execute_cursor(self, sql: str, params: Any, **options: Any) -> Any:
-        self.sent.append(sql)
-        return super()._execute_cursor(sql, params, **options)
+    def _log_query(self, sql: str | bytes, params: Any) -> None:
+        self.sent.append(sql.decode() if isinstance(sql, bytes) else sql)
+        super()._log_query(sql, params)
+
+
+def msg(*statements: str) -> str:
+    """One message to the server: statements deferred in front of the last, one a line."""
+    return "\n;".join(statements)
 
 
 @pytest.fixture
@@ -70,7 +75,7 @@ def test_begin_rides_with_the_first_statement_and_commits(db: Counting, pg_url: 
     with db.atomic():
         db.execute_sql("INSERT INTO deferral_t VALUES (1)")
         assert _ids(pg_url) == []  # inside a transaction: not visible yet
-    assert db.sent == ["BEGIN; INSERT INTO deferral_t VALUES (1)", "COMMIT"]
+    assert db.sent == [msg("BEGIN", "INSERT INTO deferral_t VALUES (1)"), "COMMIT"]
     assert _ids(pg_url) == [1]
 
 
@@ -88,7 +93,7 @@ def test_a_rollback_undoes_what_ran_and_drops_what_waits(db: Counting, pg_url: s
         db.execute_sql("INSERT INTO deferral_t VALUES (1)")
         db.defer("SAVEPOINT s")
         raise ZeroDivisionError
-    assert db.sent == ["BEGIN; INSERT INTO deferral_t VALUES (1)", "ROLLBACK"]
+    assert db.sent == [msg("BEGIN", "INSERT INTO deferral_t VALUES (1)"), "ROLLBACK"]
     assert _ids(pg_url) == []
 
 
@@ -102,9 +107,10 @@ def test_an_error_surfaces_on_its_statement_and_a_deferred_savepoint_undoes_it(
         db.execute_sql("ROLLBACK TO SAVEPOINT s")
         db.defer("RELEASE SAVEPOINT s")
         db.execute_sql("INSERT INTO deferral_t VALUES (2)")
-    assert db.sent[1:] == ["SAVEPOINT s; INSERT INTO deferral_t VALUES (1)",
+    assert db.sent[1:] == [msg("SAVEPOINT s", "INSERT INTO deferral_t VALUES (1)"),
                            "ROLLBACK TO SAVEPOINT s",
-                           "RELEASE SAVEPOINT s; INSERT INTO deferral_t VALUES (2)", "COMMIT"]
+                           msg("RELEASE SAVEPOINT s", "INSERT INTO deferral_t VALUES (2)"),
+                           "COMMIT"]
     assert _ids(pg_url) == [1, 2]
 
 
@@ -132,7 +138,7 @@ def test_a_deferred_notification_arrives_with_the_commit_and_never_after_a_rollb
             db.execute_sql("INSERT INTO deferral_t VALUES (1)")
             defer(db, "NOTIFY kinbox_test_channel")
             assert _heard(listener, 0.05) == []
-        assert db.sent[-1] == "NOTIFY kinbox_test_channel; COMMIT"
+        assert db.sent[-1] == msg("NOTIFY kinbox_test_channel", "COMMIT")
         assert _heard(listener, 5.0) == ["kinbox_test_channel"]
         with pytest.raises(ZeroDivisionError), db.atomic():
             db.execute_sql("INSERT INTO deferral_t VALUES (2)")
@@ -165,8 +171,8 @@ def test_a_writer_batch_is_two_round_trips_and_a_failing_item_still_fails_alone(
     writer.start()
     try:
         assert [r.result(10) for r in replies] == [1, 2, 3]
-        assert db.sent == ["BEGIN; SAVEPOINT kinbox_bulk; INSERT INTO deferral_t SELECT "
-                           "unnest(%s::integer[])", "COMMIT"]
+        assert db.sent == [msg("BEGIN", "SAVEPOINT kinbox_bulk_1", "INSERT INTO deferral_t "
+                               "SELECT unnest(ARRAY[1,2,3]::integer[])"), "COMMIT"]
         # A repeated id: the set-wise run fails, is undone, and each item runs alone.
         replies = [writer.submit_bulk(kind, i) for i in (4, 1, 5)]
         assert replies[0].result(10) == 4 and replies[2].result(10) == 5
@@ -175,3 +181,97 @@ def test_a_writer_batch_is_two_round_trips_and_a_failing_item_still_fails_alone(
     finally:
         writer.stop()
     assert _ids(pg_url) == [1, 2, 3, 4, 5]
+
+
+REFUSED = ("INSERT INTO deferral_t VALUES (%s)", (object(),))
+"""A statement the driver cannot format (it cannot adapt the value): nothing is sent."""
+
+UNPARSABLE = "INSERT INTO deferral_t VALUE (1)"
+"""A statement the server cannot parse: no statement of its message runs."""
+
+
+def test_a_statement_the_driver_refuses_loses_nothing_deferred(db: Counting,
+                                                               pg_url: str) -> None:
+    with db.atomic():
+        db.defer("SAVEPOINT s")
+        with pytest.raises(pw.ProgrammingError):
+            db.execute_sql(*REFUSED)
+        assert db.waiting() == ("BEGIN", "SAVEPOINT s")
+        db.execute_sql("INSERT INTO deferral_t VALUES (1)")
+        assert _ids(pg_url) == []  # still inside the transaction
+    assert _ids(pg_url) == [1]
+    with pytest.raises(ZeroDivisionError), db.atomic():  # and a rollback still undoes all
+        with pytest.raises(pw.ProgrammingError):
+            db.execute_sql(*REFUSED)
+        db.execute_sql("INSERT INTO deferral_t VALUES (2)")
+        raise ZeroDivisionError
+    assert _ids(pg_url) == [1]
+
+
+def test_an_unparsable_first_statement_leaves_the_transaction_to_begin(db: Counting,
+                                                                       pg_url: str) -> None:
+    with db.atomic():
+        with pytest.raises(pw.ProgrammingError):
+            db.execute_sql(UNPARSABLE)
+        assert db.waiting() == ("BEGIN",)
+        db.execute_sql("INSERT INTO deferral_t VALUES (2)")
+        assert _ids(pg_url) == []
+    assert _ids(pg_url) == [2]
+
+
+def test_a_deferred_statement_s_comment_ends_with_its_line(db: Counting, pg_url: str) -> None:
+    with db.atomic():
+        db.defer("SAVEPOINT s -- the writer's")
+        db.execute_sql("INSERT INTO deferral_t VALUES (4)")
+    assert _ids(pg_url) == [4]
+
+
+def test_a_transaction_of_only_a_notification_still_sends_it(db: Counting,
+                                                             pg_url: str) -> None:
+    listener = _listener(pg_url)
+    try:
+        with db.atomic():
+            defer(db, "NOTIFY kinbox_test_channel")
+        assert db.sent == [msg("BEGIN", "NOTIFY kinbox_test_channel", "COMMIT")]
+        assert _heard(listener, 5.0) == ["kinbox_test_channel"]
+    finally:
+        listener.close()
+
+
+def _insert(db: pw.Database, value: int) -> int:
+    db.execute_sql("INSERT INTO deferral_t VALUES (%s)", (value,))
+    return value
+
+
+def test_a_writer_op_the_driver_refuses_fails_alone(db: Counting, pg_url: str) -> None:
+    writer = GroupCommitWriter(db, name="kinbox-test-writer")
+    replies = [writer.submit(lambda: _insert(db, 1)), writer.submit(lambda: db.execute_sql(
+        *REFUSED)), writer.submit(lambda: _insert(db, 3))]
+    writer.start()
+    try:
+        assert replies[0].result(10) == 1 and replies[2].result(10) == 3
+        with pytest.raises(pw.ProgrammingError):
+            replies[1].result(10)
+    finally:
+        writer.stop()
+    assert _ids(pg_url) == [1, 3]
+
+
+def test_an_unparsable_writer_op_fails_its_whole_batch_and_no_other_op_is_lost(
+        db: Counting, pg_url: str) -> None:
+    # Its message ran nothing, its savepoint included: the rollback to that savepoint
+    # fails, and so does the batch. Never: an earlier op told it committed while a
+    # rollback to a reused savepoint name undid it.
+    writer = GroupCommitWriter(db, name="kinbox-test-writer")
+    replies = [writer.submit(lambda: _insert(db, 1)),
+               writer.submit(lambda: db.execute_sql(UNPARSABLE)),
+               writer.submit(lambda: _insert(db, 3))]
+    writer.start()
+    try:
+        for reply in replies:
+            with pytest.raises(pw.DatabaseError):
+                reply.result(10)
+        assert writer.submit(lambda: _insert(db, 5)).result(10) == 5  # it carries on
+    finally:
+        writer.stop()
+    assert _ids(pg_url) == [5]
