@@ -239,8 +239,7 @@ def test_a_transaction_of_only_a_notification_still_sends_it(db: Counting,
 
 
 def _insert(db: pw.Database, value: int) -> int:
-    db.execute_sql("INSERT INTO deferral_t VALUES (%s)", (value,))
-    return value
+    return _insert_all(db, [value])[0]
 
 
 def test_a_writer_op_the_driver_refuses_fails_alone(db: Counting, pg_url: str) -> None:
