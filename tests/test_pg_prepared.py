@@ -3,7 +3,11 @@
 A statement is prepared once per connection and answers as its text does; one
 that vanished from its server session (a pooler, a ``DISCARD``) is prepared
 again; one that never stays prepared goes back to text with a warning; inside
-a transaction block the text runs; any other error is the caller's.
+a transaction block the text runs, unless the caller guards it with a
+savepoint (``run_guarded``), where a failure raises and the next call finds
+the statement right; a statement is prepared again as its executions double,
+so its generic plan follows the tables as they grow; any other error is the
+caller's.
 """
 
 from __future__ import annotations
@@ -97,6 +101,85 @@ def test_inside_a_transaction_block_the_text_runs(db: pw.Database) -> None:
         assert stmt.run({"a": 1, "b": 2, "label": "f"}) == [(3, "f")]
         assert _prepared(db) == []
     assert stmt.run({"a": 1, "b": 2, "label": "g"}) == [(3, "g")] and _prepared(db) == [stmt.name]
+
+
+def _prepare_time(db: pw.Database, stmt: PreparedStatement) -> object:
+    rows = db.execute_sql("SELECT prepare_time FROM pg_prepared_statements WHERE name = %s",
+                          (stmt.name,)).fetchall()
+    return rows[0][0] if rows else None
+
+
+@pytest.mark.timeout(60)
+def test_guarded_inside_a_transaction_block_the_prepared_statement_runs(
+        db: pw.Database) -> None:
+    stmt = PreparedStatement(db, "t_sum", SQL, PARAMS)
+    with db.atomic():
+        assert stmt.run_guarded({"a": 1, "b": 2, "label": "f"}) == [(3, "f")]
+        assert _prepared(db) == [stmt.name]
+        assert stmt.run_guarded({"a": 2, "b": 2, "label": "g"}) == [(4, "g")]
+    assert _prepared(db) == [stmt.name] and not stmt.plain
+
+
+@pytest.mark.timeout(60)
+def test_guarded_a_statement_gone_raises_and_the_next_call_prepares_it_again(
+        db: pw.Database) -> None:
+    stmt = PreparedStatement(db, "t_sum", SQL, PARAMS)
+    assert stmt.run_guarded({"a": 1, "b": 1, "label": "a"}) == [(2, "a")]
+    db.execute_sql("DEALLOCATE ALL")  # behind its back
+    with db.atomic():
+        with pytest.raises(pw.DatabaseError), db.atomic():  # the caller's savepoint
+            stmt.run_guarded({"a": 2, "b": 2, "label": "b"})
+        assert stmt.run_guarded({"a": 3, "b": 3, "label": "c"}) == [(6, "c")]
+    assert _prepared(db) == [stmt.name] and not stmt.plain
+
+
+@pytest.mark.timeout(60)
+def test_guarded_a_name_this_text_already_took_raises_once_then_is_used(
+        db: pw.Database) -> None:
+    first = PreparedStatement(db, "t_sum", SQL, PARAMS)
+    db.execute_sql(first.prepare_sql)  # another instance prepared it on this connection
+    second = PreparedStatement(db, "t_sum", SQL, PARAMS)
+    with db.atomic():
+        with pytest.raises(pw.DatabaseError), db.atomic():
+            second.run_guarded({"a": 1, "b": 2, "label": "d"})
+        assert second.run_guarded({"a": 1, "b": 3, "label": "e"}) == [(4, "e")]
+    assert not second.plain
+
+
+@pytest.mark.timeout(60)
+def test_guarded_a_statement_that_never_stays_prepared_goes_back_to_text(
+        db: pw.Database, caplog: pytest.LogCaptureFixture) -> None:
+    stmt = Forgetful(db, "t_sum", SQL, PARAMS)
+    with caplog.at_level(logging.WARNING, logger="kinbox.pg_prepared"), db.atomic():
+        for label in ("f", "g"):  # lost twice in a row: the text from now on
+            with pytest.raises(pw.DatabaseError), db.atomic():
+                stmt.run_guarded({"a": 1, "b": 1, "label": label})
+        assert stmt.plain and stmt.run_guarded({"a": 2, "b": 5, "label": "h"}) == [(7, "h")]
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+
+
+class QuickReplan(PreparedStatement):
+    REPLAN_FIRST, REPLAN_MOST = 2, 4
+
+
+@pytest.mark.timeout(60)
+def test_a_statement_is_prepared_again_as_its_executions_double_up_to_a_limit(
+        db: pw.Database) -> None:
+    stmt = QuickReplan(db, "t_sum", SQL, PARAMS)
+    prepared_at: list[int] = []
+    last = None
+    for run in range(1, 19):
+        assert stmt.run({"a": run, "b": 1, "label": "r"}) == [(run + 1, "r")]
+        if _prepare_time(db, stmt) != last:
+            prepared_at.append(run)
+            last = _prepare_time(db, stmt)
+    # Prepared at the first run, then after 2, 4 and (the most) every 4 executions.
+    assert prepared_at == [1, 3, 7, 11, 15]
+    assert _prepared(db) == [stmt.name]  # the old one deallocated each time
+    with db.atomic():  # the same inside a caller's transaction block
+        for run in range(4):
+            assert stmt.run_guarded({"a": run, "b": 0, "label": "t"}) == [(run, "t")]
+    assert _prepare_time(db, stmt) != last
 
 
 @pytest.mark.timeout(60)

@@ -81,7 +81,9 @@ class Recorder:
 
     def __call__(self, sql: str, params: Any = None, *args: Any, **kw: Any) -> Any:
         text = self.texts.get(sql, sql)
-        if INBOX in text and not text.lstrip().upper().startswith(("INSERT", "EXPLAIN")):
+        # A PREPARE is its statement's text, EXPLAINed where its EXECUTE runs.
+        if INBOX in text and not text.lstrip().upper().startswith(
+                ("INSERT", "EXPLAIN", "PREPARE")):
             # Named parameters stay a mapping; positional ones a tuple.
             self.seen.append((text, params if isinstance(params, dict) else tuple(params or ())))
         return self.real(sql, params, *args, **kw)
@@ -96,7 +98,9 @@ class Recorder:
 def recorded(any_db_url: str) -> Iterator[tuple[Stores, Recorder]]:
     stores = Stores(any_db_url)
     pg = stores.journal.bulk.pg
-    recorder = Recorder(stores.tables.db, [pg.first, pg.lease_plain] if pg else [])
+    turns = stores.journal.bulk.pg_turns
+    recorder = Recorder(stores.tables.db,
+                        [pg.first, pg.lease_plain, turns.commit] if pg and turns else [])
     stores.tables.db.execute_sql = recorder  # type: ignore[method-assign]
     try:
         yield stores, recorder

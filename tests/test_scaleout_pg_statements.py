@@ -56,10 +56,34 @@ def test_markers_are_probed_by_index_when_their_statistics_say_the_table_is_empt
                                   "limit": 5}),
         (turns.sql_commit, {"now": T0, "ids": ids, "owner": "w", "until": T0 + 30,
                             "chaining": targets, "chain_at": [T0] * len(targets),
-                            "entries": "[]", "markers": "[]"}),
+                            "entries": "[]", "markers": "[]", "processing": "processing"}),
     ]
     for sql, params in statements:
         assert pg_seq_scans(db, sql, params, "delivery_markers") == [], sql[:60]
+
+
+@pytest.mark.timeout(60)
+def test_the_prepared_commit_plans_again_as_the_markers_table_grows(pg: Stores) -> None:
+    # A drain on a fresh database: the commit's generic plan is made in its first batches,
+    # when a sequential read of the markers is the cheapest probe; kept, it read every
+    # marker for each next head (three times the server's CPU per message by 10,000).
+    db, turns = pg.tables.db, pg.journal.bulk.pg_turns
+    assert turns is not None
+    db.execute_sql("ANALYZE delivery_markers")
+    args = ("w", [], [], [], [("t00", T0)], T0 + 30, T0)
+    params = {"now": T0, "ids": [], "owner": "w", "until": T0 + 30, "chaining": ["t00"],
+              "chain_at": [T0], "entries": "[]", "markers": "[]", "processing": "processing"}
+
+    def commits(n: int) -> list[str]:
+        with db.atomic():
+            for _ in range(n):
+                assert turns.commit_batch(*args).acked == 0
+            return pg_seq_scans(db, turns.commit.execute_text, params, "delivery_markers")
+
+    assert commits(turns.commit.REPLAN_FIRST) == ["Seq Scan"]  # right for an empty table
+    db.execute_sql("INSERT INTO delivery_markers (session_id, message_id, created_at) "
+                   "SELECT 'old', 'done' || g, 0 FROM generate_series(1, 2000) g")
+    assert commits(turns.commit.REPLAN_FIRST) == []
 
 
 @pytest.mark.timeout(30)
