@@ -4,11 +4,11 @@ psycopg2 sends every statement as text, so the server plans it each time. For
 a claim that is most of its cost: the window read planned in 0.5 ms and ran in
 0.07 ms, the lock-and-lease statement the same (measured on a small backlog,
 where the latency of a send across processes is decided). ``PREPARE``d once
-per connection, a statement is planned by the server's plan cache the way
-asyncpg's or JDBC's are: custom plans for its first executions, then a
-generic plan kept only if it costs no more (``plan_cache_mode`` is left to
-the server; ``tests/test_scaleout_open_indexes.py`` checks the plans a
-prepared claim settles on, on a large table as on a small one).
+per connection, a statement is planned once: kinbox's connections use the
+generic plan from the first execution (``plan_cache_mode``, set by
+:data:`.pg_database.GENERIC_PLANS`; left to the server, the claim's window read
+was planned anew every time), and ``tests/test_scaleout_open_indexes.py``
+checks those plans on a large table as on a small one.
 
 A prepared statement lives as long as its server session. A pooler in
 transaction mode (PgBouncer) gives each transaction any backend, where the

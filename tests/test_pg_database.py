@@ -71,6 +71,14 @@ def test_open_database_gives_the_deferring_class(pg_url: str) -> None:
         open_database(pg_url.rsplit("/", 1)[0] + "/")
 
 
+@pytest.mark.timeout(30)
+def test_every_connection_uses_generic_plans_for_its_prepared_statements(db: Counting) -> None:
+    assert db.execute_sql("SHOW plan_cache_mode").fetchone() == ("force_generic_plan",)
+    db.close()
+    db.connect()  # a new server session gets it too
+    assert db.execute_sql("SHOW plan_cache_mode").fetchone() == ("force_generic_plan",)
+
+
 def test_begin_rides_with_the_first_statement_and_commits(db: Counting, pg_url: str) -> None:
     with db.atomic():
         db.execute_sql("INSERT INTO deferral_t VALUES (1)")
