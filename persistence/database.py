@@ -60,6 +60,10 @@ MIN_SQLITE = (3, 35)
 (3.35) and ``UPDATE ... FROM`` (3.33)."""
 
 
+SQLITE_CACHED_STATEMENTS = 1024
+"""Prepared statements the SQLite driver keeps per connection (its default is 128)."""
+
+
 def open_database(url: str, *, synchronous: Synchronous = "FULL",
                   must_exist: bool = False) -> peewee.Database:
     """Open and check the database at ``url``; raise :class:`DatabaseOpenError` if it fails.
@@ -90,7 +94,12 @@ def open_database(url: str, *, synchronous: Synchronous = "FULL",
         parent = Path(path).expanduser().parent
         if not parent.is_dir():
             raise DatabaseOpenError(url, f"directory {str(parent)!r} does not exist")
-        options: dict[str, object] = {"pragmas": sqlite_pragmas(synchronous)}
+        # The writer's set-wise statements have a text per batch size (a VALUES row per
+        # item): 166 texts in a 10,000-message run, past the driver's 128 cached prepared
+        # statements, so some were prepared again each batch. Measured interleaved:
+        # 3,795 against 3,551 msgs/s (medians of 5).
+        options: dict[str, object] = {"pragmas": sqlite_pragmas(synchronous),
+                                      "cached_statements": SQLITE_CACHED_STATEMENTS}
     elif scheme in ("postgresql", "postgres"):
         try:
             import psycopg2  # noqa: F401  (playhouse's message does not say how to get it)
