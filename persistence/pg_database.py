@@ -147,8 +147,9 @@ class PostgresDatabase(pw.PostgresqlDatabase):  # type: ignore[misc]
 
     def _initialize_connection(self, conn: Any) -> None:
         self._pending().clear()  # nothing deferred on a connection outlives it
-        with conn.cursor() as cursor:  # autocommit here: for the server session
-            cursor.execute(GENERIC_PLANS)
+        if conn.server_version >= 120000:  # the setting is PostgreSQL 12's
+            with conn.cursor() as cursor:  # autocommit here: for the server session
+                cursor.execute(GENERIC_PLANS)
         super()._initialize_connection(conn)
 
     def _close(self, conn: Any) -> None:

@@ -52,8 +52,10 @@ import peewee as pw
 
 log = logging.getLogger("kinbox.pg_prepared")
 
-UNDEFINED, DUPLICATE = "26000", "42P05"
-"""SQLSTATEs: no prepared statement of that name here; one exists already."""
+UNDEFINED, DUPLICATE, STALE = "26000", "42P05", "0A000"
+"""SQLSTATEs: no prepared statement of that name here; one exists already; its cached plan
+no longer fits its tables ("cached plan must not change result type", after a schema
+change)."""
 
 
 def _sqlstate(exc: BaseException) -> str | None:
@@ -135,6 +137,11 @@ class PreparedStatement:
         except pw.DatabaseError as exc:
             if _sqlstate(exc) == UNDEFINED:
                 self._lost()
+            elif _sqlstate(exc) == STALE:
+                with self._lock:  # deallocated and prepared again next time
+                    use = self._uses.get(self.db.connection())
+                    if use is not None:
+                        use.runs = use.limit
             raise
 
     def _text(self, params: Mapping[str, Any]) -> list[Any]:

@@ -192,3 +192,18 @@ def test_any_other_error_is_the_callers(db: pw.Database) -> None:
     with pytest.raises(pw.ProgrammingError):
         broken.run({"a": 1})
     assert not stmt.plain and not broken.plain
+
+
+@pytest.mark.timeout(60)
+def test_guarded_a_plan_a_schema_change_made_stale_is_prepared_again_next_time(
+        db: pw.Database) -> None:
+    db.execute_sql("CREATE TEMP TABLE t_stale (x integer)")
+    db.execute_sql("INSERT INTO t_stale VALUES (1)")
+    stmt = PreparedStatement(db, "t_stale", "SELECT * FROM t_stale WHERE x = %(x)s",
+                             [("x", "integer")])
+    with db.atomic():
+        assert stmt.run_guarded({"x": 1}) == [(1,)]
+        db.execute_sql("ALTER TABLE t_stale ADD COLUMN y integer")  # SELECT * changed
+        with pytest.raises(pw.DatabaseError), db.atomic():
+            stmt.run_guarded({"x": 1})
+        assert stmt.run_guarded({"x": 1}) == [(1, None)]
