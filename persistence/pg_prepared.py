@@ -20,10 +20,9 @@ Inside a transaction block a failed ``EXECUTE`` aborts the transaction, so
 :meth:`PreparedStatement.run` sends the text there. The writer's batch turn
 commit runs inside one, under a savepoint that undoes a failure and sends the
 batch through the one-by-one path; it uses :meth:`PreparedStatement.run_guarded`,
-which lets such a failure raise after putting its bookkeeping right. Its
-statement was planned anew for every batch: 0.4 of 2.5 ms of the server's
-time for a batch of 43 turns (``EXPLAIN ANALYZE``), on the path every drained
-message waits on. ``PREPARE`` itself is not transactional: a rollback keeps it.
+which lets such a failure raise after putting its bookkeeping right (what
+preparing it saves is in :mod:`.pg_commits`). ``PREPARE`` itself is not
+transactional: a rollback keeps it.
 
 A generic plan is made once, from the table sizes of that moment, and
 PostgreSQL makes it again only when a table's statistics change (``ANALYZE``,
@@ -130,7 +129,7 @@ class PreparedStatement:
             self._prepare()
         except pw.DatabaseError as exc:
             if _sqlstate(exc) == DUPLICATE:
-                self._mark_ready()
+                self._mark_ready(self.REPLAN_FIRST)
             raise
         try:
             return self._execute(params)
@@ -138,10 +137,7 @@ class PreparedStatement:
             if _sqlstate(exc) == UNDEFINED:
                 self._lost()
             elif _sqlstate(exc) == STALE:
-                with self._lock:  # deallocated and prepared again next time
-                    use = self._uses.get(self.db.connection())
-                    if use is not None:
-                        use.runs = use.limit
+                self._replan_next()
             raise
 
     def _text(self, params: Mapping[str, Any]) -> list[Any]:
@@ -165,6 +161,13 @@ class PreparedStatement:
         log.warning("prepared statement %s does not stay on its connection "
                     "(a transaction-mode pooler?); it is planned each time "
                     "from now on", self.name)
+
+    def _replan_next(self) -> None:
+        """Deallocate and prepare the statement again at this connection's next call."""
+        with self._lock:
+            use = self._uses.get(self.db.connection())
+            if use is not None:
+                use.runs = use.limit
 
     def _prepare(self) -> None:
         """``PREPARE`` on this connection unless it is there and not due to be planned
@@ -190,6 +193,7 @@ class PreparedStatement:
                 raise
         self._mark_ready(min(self.REPLAN_MOST, 2 * use.limit) if use else self.REPLAN_FIRST)
 
-    def _mark_ready(self, limit: int | None = None) -> None:
+    def _mark_ready(self, limit: int) -> None:
+        """Prepared on this connection, to be prepared again after ``limit`` executions."""
         with self._lock:
-            self._uses[self.db.connection()] = _Use(1, limit or self.REPLAN_FIRST)
+            self._uses[self.db.connection()] = _Use(1, limit)
