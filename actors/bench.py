@@ -21,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..persistence import SQLITE_PAGE_SIZE
 from . import (
     bench_concurrency,
     bench_crash,
@@ -76,7 +77,9 @@ def run(name: str, quick: bool, repeat: int, systems: list[str],
     body["settings"].update({
         "quick": quick, "versions": versions(), "cpus": os.cpu_count(),
         "machine": platform.machine(), "date": dt.datetime.now(dt.UTC).isoformat(),
-        "sqlite_pragmas": {"journal_mode": "wal", "synchronous": "FULL (kinbox_normal: NORMAL)",
+        "sqlite_pragmas": {"journal_mode": "wal",
+                           "page_size": f"{SQLITE_PAGE_SIZE} (kinbox; the others 4096)",
+                           "synchronous": "FULL (kinbox_normal: NORMAL)",
                            "busy_timeout_ms": 10_000},
     })
     return {"benchmark": name, **body}

@@ -10,6 +10,7 @@ This package never imports ``kinbox.actors`` or ``kinbox.transport``.
 from . import inbox_core
 from .cron_store import CronJobRecord, CronRunLost, CronRunRecord, CronStore, Occurrence
 from .database import (
+    SQLITE_PAGE_SIZE,
     default_data_dir,
     default_url,
     is_postgres,
@@ -56,6 +57,7 @@ from .writer import WRITE_TIMEOUT, GroupCommitWriter, Reply, WriterStatistics
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "OPEN_TASK_STATES",
+    "SQLITE_PAGE_SIZE",
     "WRITE_TIMEOUT",
     "ClaimResult",
     "ClaimedRow",

@@ -38,9 +38,28 @@ def default_url() -> str:
     return os.environ.get("KINBOX_DB") or f"sqlite:///{default_data_dir() / 'kinbox.db'}"
 
 
+SQLITE_PAGE_SIZE = 1024
+"""The page size of a SQLite file kinbox creates (SQLite's default is 4,096).
+
+Each commit writes every page it changed, whole, to the WAL. A group commit
+of the throughput workload changes about one page per session it touches:
+a session's place in the transcript's ``(session_id, id)`` index and a
+target's in the open rows' ``(target_chat_id, seq)`` index are spread over
+the file, while the rows themselves go to the right edge. Smaller pages
+make those scattered writes four times smaller, and the rows are small
+(a larger one spills into overflow pages, which hold the same bytes either
+way). Measured interleaved on this 2-core machine (``bench throughput``
+workload, 6 runs each): 3,699 against 3,389 msgs/s at 100 sessions and
+2,889 against 2,646 at 1,000, the writer's CPU per message 15% lower.
+It only applies to a new file: an existing one keeps the page size it was
+made with (SQLite cannot change it in WAL mode)."""
+
+
 def sqlite_pragmas(synchronous: Synchronous = "FULL") -> dict[str, object]:
-    """The pragmas applied to every SQLite connection."""
+    """The pragmas applied to every SQLite connection, in order: the page size comes
+    first, before WAL mode, since it can only take effect on a file that has none yet."""
     return {
+        "page_size": SQLITE_PAGE_SIZE,
         "journal_mode": "wal",
         "synchronous": synchronous,
         "busy_timeout": BUSY_TIMEOUT_MS,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kinbox.persistence import (
+    SQLITE_PAGE_SIZE,
     DatabaseOpenError,
     bind_tables,
     open_database,
@@ -45,6 +46,28 @@ def test_a_sqlite_connection_keeps_more_statements_prepared_than_the_driver_defa
     db = open_database(db_url)
     assert db.connect_params["cached_statements"] >= 512
     db.execute_sql("SELECT 1")
+
+
+def test_a_new_sqlite_file_gets_small_pages_and_an_old_one_keeps_its_own(
+        tmp_path: Path) -> None:
+    # Small pages shrink what each group commit writes to the WAL (SQLITE_PAGE_SIZE).
+    fresh = open_database(f"sqlite:///{tmp_path / 'new.db'}")
+    upgrade(bind_tables(fresh))
+    assert fresh.execute_sql("PRAGMA page_size").fetchone()[0] == SQLITE_PAGE_SIZE == 1024
+    fresh.close()
+    # A file made with SQLite's default before: the pragma cannot change it (WAL), and
+    # the journal runs on it as before.
+    old_path = tmp_path / "old.db"
+    conn = sqlite3.connect(old_path)
+    conn.execute("PRAGMA page_size = 4096")
+    conn.execute("PRAGMA journal_mode = wal")
+    conn.execute("CREATE TABLE made_before (x)")
+    conn.close()
+    old = open_database(f"sqlite:///{old_path}")
+    upgrade(bind_tables(old))
+    assert old.execute_sql("PRAGMA page_size").fetchone()[0] == 4096
+    assert old.execute_sql("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert old.execute_sql("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
 def test_synchronous_normal_is_available_for_benchmarks(db_url: str) -> None:
