@@ -164,7 +164,7 @@ class AsyncHost:
                 elif isinstance(effect, dp.RunBrain):
                     effects[:0] = actor.brain_ended(run, await self._turn(actor))
                 elif isinstance(effect, dp.Commit):
-                    effects[:0] = await self.settle(actor.commit(run, list(effect.message_ids)))
+                    effects[:0] = await self.settle(actor.commit(run, effect))
                 elif isinstance(effect, dp.Done):
                     actor.apply(run, effect)
                 else:

@@ -14,12 +14,13 @@ event                     in phase     effects, next phase
 ``refused()``             STARTING     Done(claim) -> DONE  (lease lost, journal error)
 ``steered(ids)``          RUNNING      (the rows join the turn: committed or released
                                        with it) -> RUNNING
-``brain_returned()``      RUNNING      Commit(ids) -> COMMITTING
+``brain_returned()``      RUNNING      Commit(ids, next_lease unless this is the run's
+                                       CHAIN_LIMIT-th turn or closing) -> COMMITTING
 ``brain_raised(e)``       RUNNING      RecordFailure(row id, release=steered, e) -> FAILING
 ``committed(next, p)``    COMMITTING   a next row within CHAIN_LIMIT turns: StartTurn(next)
                                        -> STARTING; past it or closing: Release(next),
-                                       Done(claim) -> DONE; none: Done(claim unless every turn was
-                                       plain) -> DONE
+                                       Done(claim) -> DONE; none: Done(claim if the commit
+                                       leased nothing or some turn was not plain) -> DONE
 ``lease_lost()``          COMMITTING   Done(claim) -> DONE  (nothing of the turn written)
 ``journal_failed()``      COMMITTING,  Done(claim) -> DONE  (the row comes back by lease)
                           FAILING
@@ -30,7 +31,10 @@ Any other (phase, event) pair is a bug in the shell and raises :class:`ProtocolE
 ``Done(claim=True)`` asks the dispatcher to claim: rows may be due that no commit of this
 run leased (a row handed back, a failed attempt, messages a commit enqueued). A commit
 leases the session's next row in its own transaction (``Commit.next_lease``), so one row
-is in flight per session and a busy session keeps going without the dispatcher.
+is in flight per session and a busy session keeps going without the dispatcher. The
+run's last turn (the ``CHAIN_LIMIT``-th, or one that ends while the runtime stops) leases
+nothing: the row would only be handed back (a write for the lease, another for the
+release), and the claim its ``Done`` asks for finds it where it is.
 """
 
 from __future__ import annotations
@@ -94,6 +98,8 @@ class Commit:
 
     message_ids: tuple[str, ...]
     next_lease: bool = True
+    """Lease the session's next due row in the same transaction (False on a run's last
+    turn: it could not run here)."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,8 @@ class Delivery:
     row: Row | None = None
     steered: list[str] = field(default_factory=list)
     claim: bool = False
+    leasing: bool = True
+    """The current commit leases the session's next row."""
 
     def _expect(self, event: str, *phases: Phase) -> None:
         if self.phase not in phases:
@@ -182,7 +190,8 @@ class Delivery:
         self._expect("brain_returned", Phase.RUNNING)
         assert self.row is not None
         self.phase = Phase.COMMITTING
-        return [Commit((self.row.message_id, *self.steered))]
+        self.leasing = self.turns + 1 < CHAIN_LIMIT and not self.closing
+        return [Commit((self.row.message_id, *self.steered), self.leasing)]
 
     def brain_raised(self, error: str) -> list[Effect]:
         """The attempt failed (the brain raised, timed out, or returned what it may not)."""
@@ -197,8 +206,8 @@ class Delivery:
         self._expect("committed", Phase.COMMITTING)
         self.turns += 1
         self.claim = self.claim or not plain
-        if following is None:
-            return self._done(False)
+        if following is None:  # a commit that leased nothing may leave a row due
+            return self._done(not self.leasing)
         if self.turns >= CHAIN_LIMIT or self.closing:
             self.phase = Phase.DONE
             return [Release(following.message_id), _DONE[True]]

@@ -162,7 +162,7 @@ class SessionActor(PooledActor):
         if isinstance(effect, dp.StartTurn):
             return settle(self.start_turn(run, effect.row, effect.record_start))
         if isinstance(effect, dp.Commit):
-            return settle(self.commit(run, list(effect.message_ids)))
+            return settle(self.commit(run, effect))
         if isinstance(effect, dp.Done):
             self.done(effect.claim)
             return []
@@ -243,8 +243,9 @@ class SessionActor(PooledActor):
                      attempt=row.attempts + 1)
         return turn
 
-    def commit(self, run: dp.Delivery, ids: list[str]) -> Step:
-        """Commit the judged turn: entries, markers, acks, its effects, the next lease.
+    def commit(self, run: dp.Delivery, effect: dp.Commit) -> Step:
+        """Commit the judged turn: entries, markers, acks, its effects, the next lease
+        (where ``effect`` asks for it).
 
         A generator (see :data:`Step`): it yields the commit's writer reply and
         is resumed with its answer, so a pool thread waits for the commit with
@@ -257,11 +258,12 @@ class SessionActor(PooledActor):
         assert turn is not None and judged is not None
         sid = self.session_id
         done = judged.outcome
+        ids = list(effect.message_ids)
         try:
             effects = ctx.effects(turn, done)
             following = yield ctx.journal.submit_turn(
                 ctx.owner, sid, ids, turn.entries(), ctx.now(), enqueue=effects.messages,
-                also=effects.ops, next_lease=ctx.lease_seconds)
+                also=effects.ops, next_lease=ctx.lease_seconds if effect.next_lease else None)
         except LeaseLost as exc:
             self.end_turn(flag)
             log.warning("lost the lease of %s for %s: another worker took it over; this "

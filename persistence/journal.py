@@ -422,9 +422,8 @@ class Journal(InboxReads):
     def release(self, owner: str, message_ids: Sequence[str], now: float) -> None:
         """Hand leased rows back unrun (no attempt counted).
 
-        Set-wise with the other releases of its batch (a session hands back the row its
-        last chained commit leased, every ``CHAIN_LIMIT`` turns, so under load there are
-        many); refused with :class:`LeaseLost` if ``owner`` lost a lease."""
+        Set-wise with the other releases of its batch; refused with :class:`LeaseLost`
+        if ``owner`` lost a lease."""
         self.writer.call_bulk(self._releases, (owner, list(message_ids), now))
 
     def _operator_op(self, message_id: str, now: float, event: core.Event, recorded: str,

@@ -120,18 +120,41 @@ def test_a_failed_attempt_hands_its_steering_back_and_asks_for_a_claim() -> None
     assert d.failure_recorded() == [dp.Done(claim=True)]
 
 
-def test_a_busy_session_chains_up_to_the_limit_then_hands_the_next_row_back() -> None:
+def test_a_busy_session_chains_up_to_the_limit_and_its_last_commit_leases_nothing() -> None:
     d = dp.Delivery()
     effects = d.claimed(row(0))
     for n in range(1, dp.CHAIN_LIMIT):
         d.started()
-        d.brain_returned()
+        assert d.brain_returned() == [dp.Commit((f"m{n - 1}",), next_lease=True)]
         effects = d.committed(row(n), plain=True)
         assert effects == [dp.StartTurn(row(n), record_start=False)]
     d.started()
+    # The last turn the run may chain: a next row leased here would only be handed back.
+    assert d.brain_returned() == [dp.Commit((f"m{dp.CHAIN_LIMIT - 1}",), next_lease=False)]
+    # Its session may still have rows due: the claim the run asks for finds them.
+    assert d.committed(None, plain=True) == [dp.Done(claim=True)]
+    assert d.turns == dp.CHAIN_LIMIT
+
+
+def test_a_row_leased_past_the_limit_anyway_is_handed_back() -> None:
+    d = dp.Delivery()
+    d.claimed(row(0))
+    for n in range(1, dp.CHAIN_LIMIT):
+        d.started()
+        d.brain_returned()
+        d.committed(row(n), plain=True)
+    d.started()
     d.brain_returned()
     assert d.committed(row(99), plain=True) == [dp.Release("m99"), dp.Done(claim=True)]
-    assert d.turns == dp.CHAIN_LIMIT
+
+
+def test_a_commit_while_stopping_leases_nothing_and_asks_for_a_claim() -> None:
+    d = dp.Delivery()
+    d.claimed(row(1))
+    d.started()
+    d.closing = True
+    assert d.brain_returned() == [dp.Commit(("m1",), next_lease=False)]
+    assert d.committed(None, plain=True) == [dp.Done(claim=True)]
 
 
 def test_a_commit_that_enqueued_messages_asks_for_a_claim_at_the_end() -> None:
@@ -207,7 +230,7 @@ def drive(journal: Journal, crash_at: int | None, fail_first: bool) -> int:
             else:
                 effects[:0] = d.brain_returned()
         elif isinstance(effect, dp.Commit):
-            nxt = journal.open[0] if journal.open else None
+            nxt = journal.open[0] if journal.open and effect.next_lease else None
             following = None
             if nxt is not None:
                 journal.leased.add(nxt)
