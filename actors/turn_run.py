@@ -50,6 +50,11 @@ class Judged:
     (``outcome.error`` is the one-line summary for observers and logs)."""
 
 
+SUCCEEDED = Judged(TurnOutcome(True, None, None))
+"""Nearly every turn's judgement (the brain returned, nobody stopped it): one immutable
+instance for all of them."""
+
+
 def turn_tools(ctx: RuntimeContext, session_id: str, outbox: Outbox) -> Callable[[], Any]:
     """How a turn builds its tools on first use: bound to the session, writing into the
     turn's outbox, awaitable when the brain is async."""
@@ -94,7 +99,8 @@ def judge(ctx: RuntimeContext, turn: Turn, error: BaseException | None) -> Judge
         summary = detail = (f"TurnTimeout: the turn ran {ctx.now() - turn.started:.1f} s, "
                             f"past turn_timeout={ctx.turn_timeout} s")
     else:
-        return Judged(TurnOutcome(True, None, ctx.turns.settle(turn.session_id)))
+        stopped = ctx.turns.settle(turn.session_id)
+        return SUCCEEDED if stopped is None else Judged(TurnOutcome(True, None, stopped))
     stopped_by = ctx.turns.settle(turn.session_id)
     return Judged(TurnOutcome(False, summary, None if stopped_by == TIMEOUT else stopped_by),
                   detail)

@@ -11,6 +11,7 @@ turn commits costs a handful of lock hand-offs instead of several per message.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 from .database import is_postgres
@@ -54,7 +55,7 @@ class BulkSql:
             part = rows[start:start + ROWS_PER_INSERT]
             cursor = self.db.execute_sql(
                 f"{head} VALUES " + ", ".join([row_sql] * len(part)) + tail,
-                [value for row in part for value in row])
+                list(chain.from_iterable(part)))  # flattened in C: ~28 values a message
             written += cursor.rowcount
         return written
 
