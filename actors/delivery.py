@@ -79,7 +79,10 @@ class ProtocolError(KinboxError):
         self.phase = phase
 
 
-@dataclass(frozen=True)
+# Every turn makes a StartTurn and a Commit: slotted, not frozen (a frozen dataclass sets
+# each field through a call; see persistence.inbox_records). Values all the same: nothing
+# assigns to them. The effects shared by every run (_RUN_BRAIN, _DONE) stay frozen.
+@dataclass(slots=True)
 class StartTurn:
     """Start the turn of ``row``; record its start first when it was taken over."""
 
@@ -92,7 +95,7 @@ class RunBrain:
     """Call the brain on the started turn."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Commit:
     """Commit the turn: entries, markers and acks of ``message_ids``, leasing the next row."""
 

@@ -1,4 +1,4 @@
-"""The messages actors tell each other: small immutable records.
+"""The messages actors tell each other: small records, never changed once sent.
 
 These are control messages between threads, not journal rows: a lost
 ``Wake`` costs nothing because the journal still holds the work and the
@@ -27,7 +27,7 @@ class ClaimNow:
     """The dispatcher's own coalesced request to claim (many wakes, one query)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # one a message: not frozen (see persistence.inbox_records)
 class Deliver:
     """Run a turn for this leased row (the slot table -> a session actor)."""
 
