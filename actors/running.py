@@ -85,24 +85,34 @@ _WAITERS = threading.Lock()
 (held for a few attribute writes; a lock per flag would cost every turn)."""
 
 
+class _Running:
+    """One session's registered turn: its flag, and where it is in its life."""
+
+    __slots__ = ("flag", "started", "stop_asked", "stop_asked_at", "stopped_by")
+
+    def __init__(self, flag: StopFlag, started: float) -> None:
+        self.flag = flag
+        self.started: float | None = started
+        """When it started; None once judged (settling: past stopping and the timeout)."""
+        self.stop_asked = False
+        self.stop_asked_at: float | None = None
+        self.stopped_by: str | None = None
+
+
 class RunningTurns:
-    """Thread-safe map of session id -> stop flag of its running turn."""
+    """Thread-safe map of session id -> its running turn (stop flag, start, stop request).
+
+    One record per turn (a turn begins, settles and ends with one dictionary operation
+    each, under a plain lock entered in C: every turn takes it three times)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        """Guards the maps; a plain lock (entered in C: every turn takes it three times)."""
         self._ended = threading.Condition(self._lock)
         """Waited on by :meth:`begin` for a session's turn to end."""
         self._beginning = 0
         """Threads in :meth:`begin` waiting for a session's turn to end (rare: a cron or
         social turn meeting an inbox turn), so ending a turn notifies only when needed."""
-        self._flags: dict[str, StopFlag] = {}
-        self._settling: set[str] = set()
-        """Judged turns whose commit is on its way: still the session's turn (the next one
-        waits), but past stopping (a stop request, the timeout, a cancel miss them)."""
-        self._stop_asked_at: dict[str, float] = {}
-        self._stopped_by: dict[str, str | None] = {}
-        self._started: dict[str, float] = {}
+        self._turns: dict[str, _Running] = {}
 
     def begin(self, session_id: str, now: float = 0.0) -> StopFlag:
         """Register a turn of ``session_id`` started at ``now`` (once the session's running
@@ -110,7 +120,7 @@ class RunningTurns:
         with self._lock:
             self._beginning += 1
             try:
-                self._ended.wait_for(lambda: session_id not in self._flags)
+                self._ended.wait_for(lambda: session_id not in self._turns)
             finally:
                 self._beginning -= 1
             return self._register(session_id, now)
@@ -119,72 +129,71 @@ class RunningTurns:
         """:meth:`begin` if no turn of ``session_id`` runs now, else None (never waits: for
         the event loop, which must not block on another turn)."""
         with self._lock:
-            return None if session_id in self._flags else self._register(session_id, now)
+            return None if session_id in self._turns else self._register(session_id, now)
 
     def _register(self, session_id: str, now: float) -> StopFlag:
         flag = StopFlag()
-        self._flags[session_id] = flag
-        self._started[session_id] = now
-        self._stopped_by.pop(session_id, None)
+        self._turns[session_id] = _Running(flag, now)
         return flag
 
     def settle(self, session_id: str) -> str | None:
         """The turn is judged and its commit on its way: it stays the session's turn until
         :meth:`end`, but is past stopping. Who stopped it (None if nobody did)."""
         with self._lock:
-            if session_id in self._flags:
-                self._settling.add(session_id)
-                self._started.pop(session_id, None)
-                self._stop_asked_at.pop(session_id, None)
-            return self._stopped_by.get(session_id)
+            turn = self._turns.get(session_id)
+            if turn is None:
+                return None
+            turn.started = None
+            return turn.stopped_by
 
     def end(self, session_id: str, flag: StopFlag | None = None) -> str | None:
         """Unregister the turn (with ``flag``: only if it is still the turn of that flag, so
         a late second end never ends a later turn); return who stopped it (None if nobody
         did)."""
         with self._lock:
-            if flag is not None and self._flags.get(session_id) is not flag:
+            turn = self._turns.get(session_id)
+            if turn is None or (flag is not None and turn.flag is not flag):
                 return None
-            self._flags.pop(session_id, None)
-            self._settling.discard(session_id)
-            self._started.pop(session_id, None)
-            self._stop_asked_at.pop(session_id, None)
+            del self._turns[session_id]
             if self._beginning:
                 self._ended.notify_all()
-            return self._stopped_by.pop(session_id, None)
+            return turn.stopped_by
 
     def stop_overdue(self, now: float, timeout: float | None) -> list[str]:
         """Ask every turn running past ``timeout`` to stop; the sessions asked."""
         with self._lock:
-            late = [sid for sid, t in self._started.items()
-                    if overdue(t, now, timeout) and sid not in self._stopped_by]
+            late = [sid for sid, turn in self._turns.items() if turn.started is not None
+                    and not turn.stop_asked and overdue(turn.started, now, timeout)]
         return [sid for sid in late if self.request_stop(sid, TIMEOUT, now)]
 
     def ignoring_stop(self, now: float, grace: float) -> list[str]:
         """Sessions whose turn was asked to stop more than ``grace`` seconds ago, still running."""
         with self._lock:
-            return sorted(sid for sid, at in self._stop_asked_at.items()
-                          if sid in self._flags and now - at > grace)
+            return sorted(sid for sid, turn in self._turns.items()
+                          if turn.started is not None and turn.stop_asked_at is not None
+                          and now - turn.stop_asked_at > grace)
 
     def stopped_by(self, session_id: str) -> str | None:
         """Who asked the running turn of ``session_id`` to stop, if anyone."""
         with self._lock:
-            return self._stopped_by.get(session_id)
+            turn = self._turns.get(session_id)
+            return None if turn is None else turn.stopped_by
 
     def is_running(self, session_id: str) -> bool:
         """True while a turn of ``session_id`` runs in this runtime."""
         with self._lock:
-            return session_id in self._flags
+            return session_id in self._turns
 
     def request_stop(self, session_id: str, by: str | None, now: float | None = None) -> bool:
         """Set the stop flag of the running turn; False when none runs."""
         with self._lock:
-            flag = self._flags.get(session_id)
-            if flag is None or session_id in self._settling:
+            turn = self._turns.get(session_id)
+            if turn is None or turn.started is None:  # none, or judged: past stopping
                 return False
-            self._stopped_by[session_id] = by
-            if now is not None:
-                self._stop_asked_at.setdefault(session_id, now)
+            turn.stop_asked, turn.stopped_by = True, by
+            if now is not None and turn.stop_asked_at is None:
+                turn.stop_asked_at = now
+            flag = turn.flag
         flag.set()
         return True
 
@@ -192,4 +201,4 @@ class RunningTurns:
         """Ids of the sessions whose turn runs now (judged ones waiting for their commit
         included)."""
         with self._lock:
-            return sorted(self._flags)
+            return sorted(self._turns)

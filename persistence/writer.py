@@ -124,10 +124,13 @@ class Reply(Generic[T]):
 
     def result(self, timeout: float | None = None) -> T:
         """Wait for the answer; raise the operation's error, or TimeoutError."""
-        if not self._done.acquire(timeout=-1 if timeout is None else timeout):
+        # Positional: a keyword makes the lock parse its arguments (twice a message).
+        if not self._done.acquire(True, -1 if timeout is None else timeout):
             raise TimeoutError(f"no answer from the writer within {timeout} s")
         self._done.release()  # so that a later result() sees the answer too
-        return self.outcome()
+        if self._error is not None:  # outcome(), inline: every send and turn waits here
+            raise self._error
+        return self._value  # type: ignore[no-any-return]
 
 
 _CALLBACKS = threading.Lock()
