@@ -150,6 +150,7 @@ class SessionActor(PooledActor):
         """Judge the attempt (errors, the timeout, a stop) and tell the protocol."""
         assert self.turn is not None
         run.steered_in(self.turn.steered_ids[len(run.steered):])
+        run.closing = self.ctx.closed.is_set()  # stopping: the commit leases no next row
         self.judged = judge(self.ctx, self.turn, error)
         if self.judged.outcome.ok:
             return run.brain_returned()

@@ -21,7 +21,7 @@ from kinbox.actors import (
 )
 from kinbox.actors import slots as slots_module
 from kinbox.actors.context import TurnEffects
-from kinbox.persistence import DatabaseInUse, NewMessage
+from kinbox.persistence import DatabaseInUse, Journal, NewMessage
 
 from .conftest import Stores
 from .helpers import failing_once, quiet_brain, wait_for
@@ -521,3 +521,42 @@ def test_a_row_for_an_actor_that_stopped_under_the_table_is_handed_back(
     rt.run_until_idle(10)  # the slot is freed and the row claimed again, on a new actor
     assert seen == [(b, "first"), (b, "second")]
     assert rt.statistics()["busy"] == 0 and len(rt.inbox(state="delivered")) == 2
+
+
+def test_a_turn_ending_while_the_runtime_stops_leases_no_next_row(
+        make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its next row could not run here: leased by the commit, it would only be handed back.
+    asked: list[tuple[str, object]] = []
+    submit_turn, release = Journal.submit_turn, Journal.release
+
+    def seen_submit(self: Journal, *args: Any, **kwargs: Any) -> Any:
+        asked.append(("commit", kwargs.get("next_lease")))
+        return submit_turn(self, *args, **kwargs)
+
+    def seen_release(self: Journal, owner: str, ids: Any, now: float) -> None:
+        asked.append(("release", list(ids)))
+        release(self, owner, ids, now)
+
+    monkeypatch.setattr(Journal, "submit_turn", seen_submit)
+    monkeypatch.setattr(Journal, "release", seen_release)
+    running, finish = threading.Event(), threading.Event()
+
+    def brain(turn: Turn) -> None:
+        running.set()
+        assert finish.wait(10)
+        turn.reply("done")
+
+    rt = make_runtime(brain=brain)
+    a, b = two_sessions(rt)
+    rt.post(b, "one", sender=a)
+    assert running.wait(10)
+    second = rt.post(b, "two", sender=a).message_id
+    stopping = threading.Thread(target=rt.stop)
+    stopping.start()
+    wait_for(rt.context.closed.is_set, what="the runtime to start stopping")
+    finish.set()
+    stopping.join(20)
+    assert asked == [("commit", None)]  # the turn committed; nothing leased, nothing released
+    again = make_runtime(brain=quiet_brain)  # the second message waits for the next start
+    again.run_until_idle()
+    assert [r["message_id"] for r in again.inbox(state="delivered")][-1] == second
