@@ -116,6 +116,8 @@ class CrashPoint:
             raise SystemExit(f"unknown crash point {self.point!r}")
         self.hits: dict[str, int] = {}
         self.renewed = threading.Event()
+        self.acks_asked: set[str] = set()
+        """Every row a peer ack was asked for so far (``peer_acked`` hits)."""
         self.last_slow_running = False
         self.journal: Journal | None = None
         self.rt: Runtime | None = None
@@ -143,11 +145,15 @@ class CrashPoint:
         if point == "renew":
             return self.last_slow_running
         if point == "peer_acked":
-            return len(left) == len(args[1])  # these acks settle every open row
+            # These acks settle every open row, with the earlier acks that may still wait
+            # for their commit (submit_ack answers later: their rows can still read open).
+            return {r["message_id"] for r in left} <= self.acks_asked
         return True  # turn_marked: one taken-over row per kill
 
     def hit(self, point: str, args: tuple[Any, ...] = (), result: Any = None) -> None:
         n = self.hits[point] = self.hits.get(point, 0) + 1
+        if point == "peer_acked":
+            self.acks_asked.update(args[1])
         if point != self.point:
             return
         w = self.when
