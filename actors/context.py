@@ -73,34 +73,33 @@ Observer = Callable[[str, dict[str, Any]], None]
 """``observer(event, data)``: told of sends, turns, retries, crashes (scenario reports)."""
 
 class Activity:
-    """The slot table's published state and the turn counters, and a condition to wait
-    for changes on."""
+    """What waiters wait on (a turn ended, a slot freed, a claim ran) and the turn
+    counters, with a condition to wait for changes on. The slot table's state is read
+    from it on demand (:attr:`board`), not copied here on every change."""
 
     def __init__(self) -> None:
         self._mutex = threading.RLock()
-        """Guards the fields; entered directly (in C) on the hot path."""
         self.cond = threading.Condition(self._mutex)
         self._waiters = 0
         """Threads in :meth:`wait`: a change notifies only when someone waits."""
         self.changes = 0
-        """Counts every publish and bump: a waiter that checks something outside the lock
-        waits for this to move (nothing is missed between its check and its wait)."""
-        self.busy = 0
-        self.claim_pending = False
-        self.live = 0
-        self.peak_live = 0
+        """Moves on every change: a waiter that checks something outside the lock waits
+        for this to move (nothing is missed between its check and its wait)."""
+        self.board: Callable[[], tuple[int, bool, int, int]] = _NO_BOARD
+        """The slot table's (busy, claim pending, live, peak live): set by the slot table."""
         self.activations = 0
         self.passivations = 0
         self.turns = 0
 
-    def publish(self, busy: int, claim_pending: bool, live: int) -> None:
-        """The slot table's state (after each change); wakes the waiters."""
-        with self._mutex:
-            self.busy, self.claim_pending, self.live = busy, claim_pending, live
-            self.changes += 1
-            if live > self.peak_live:
-                self.peak_live = live
-            if self._waiters:
+    def changed(self) -> None:
+        """Something changed (the slot table, after each change): wake the waiters.
+
+        Without the lock unless someone waits: a waiter counts itself in under the lock
+        before it checks, so either this sees it and notifies (once it waits), or its
+        check comes after this change and sees it."""
+        self.changes += 1
+        if self._waiters:
+            with self._mutex:
                 self.cond.notify_all()
 
     def bump(self, name: str, by: int = 1) -> None:
@@ -126,9 +125,15 @@ class Activity:
 
     def snapshot(self) -> dict[str, Any]:
         """The current values."""
+        busy, claim_pending, live, peak_live = self.board()
         with self._mutex:
-            return {k: getattr(self, k) for k in ("busy", "claim_pending", "live", "peak_live",
-                                                  "activations", "passivations", "turns")}
+            return {"busy": busy, "claim_pending": claim_pending, "live": live,
+                    "peak_live": peak_live, "activations": self.activations,
+                    "passivations": self.passivations, "turns": self.turns}
+
+
+def _NO_BOARD() -> tuple[int, bool, int, int]:
+    return 0, False, 0, 0
 
 
 @dataclass

@@ -70,6 +70,11 @@ class Phase(StrEnum):
     DONE = "done"
 
 
+# Module constants: every event checks its phase, and a global is read faster than a member.
+_IDLE, _STARTING, _RUNNING = Phase.IDLE, Phase.STARTING, Phase.RUNNING
+_COMMITTING, _FAILING, _DONE_PHASE = Phase.COMMITTING, Phase.FAILING, Phase.DONE
+
+
 class ProtocolError(KinboxError):
     """An event the delivery protocol does not allow in its current phase (a bug)."""
 
@@ -137,7 +142,7 @@ _DONE = {True: Done(True), False: Done(False)}
 and end allocate nothing for them)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Delivery:
     """One delivery run of one session: from a claimed row to ``Done``."""
 
@@ -151,83 +156,89 @@ class Delivery:
     leasing: bool = True
     """The current commit leases the session's next row."""
 
-    def _expect(self, event: str, *phases: Phase) -> None:
-        if self.phase not in phases:
-            raise ProtocolError(event, self.phase)
-
     def _start(self, row: Row) -> list[Effect]:
-        self.row, self.steered, self.phase = row, [], Phase.STARTING
-        return [StartTurn(row, record_start=row.taken_over)]
+        self.row, self.steered, self.phase = row, [], _STARTING
+        return [StartTurn(row, row.taken_over)]
 
     def _done(self, claim: bool) -> list[Effect]:
-        self.phase = Phase.DONE
+        self.phase = _DONE_PHASE
         return [_DONE[claim or self.claim]]
 
     def claimed(self, row: Row) -> list[Effect]:
         """A row leased for this session (by a claim, or by its send)."""
-        self._expect("claimed", Phase.IDLE)
+        if self.phase is not _IDLE:
+            raise ProtocolError("claimed", self.phase)
         if self.closing:
-            self.phase = Phase.DONE
+            self.phase = _DONE_PHASE
             return [Release(row.message_id), _DONE[True]]
         return self._start(row)
 
     def started(self) -> list[Effect]:
         """The turn started (its start recorded where asked)."""
-        self._expect("started", Phase.STARTING)
-        self.phase = Phase.RUNNING
+        if self.phase is not _STARTING:
+            raise ProtocolError("started", self.phase)
+        self.phase = _RUNNING
         return [_RUN_BRAIN]
 
     def refused(self) -> list[Effect]:
         """The turn could not start: the lease was lost, or the journal failed."""
-        self._expect("refused", Phase.STARTING)
+        if self.phase is not _STARTING:
+            raise ProtocolError("refused", self.phase)
         return self._done(True)
 
     def steered_in(self, message_ids: list[str]) -> list[Effect]:
         """Rows taken into the running turn by ``steering()``."""
-        self._expect("steered", Phase.RUNNING)
+        if self.phase is not _RUNNING:
+            raise ProtocolError("steered", self.phase)
         self.steered.extend(message_ids)
         return []
 
     def brain_returned(self) -> list[Effect]:
         """The brain returned and its outcome is to be committed."""
-        self._expect("brain_returned", Phase.RUNNING)
+        if self.phase is not _RUNNING:
+            raise ProtocolError("brain_returned", self.phase)
         assert self.row is not None
-        self.phase = Phase.COMMITTING
+        self.phase = _COMMITTING
         self.leasing = self.turns + 1 < CHAIN_LIMIT and not self.closing
         return [Commit((self.row.message_id, *self.steered), self.leasing)]
 
     def brain_raised(self, error: str) -> list[Effect]:
         """The attempt failed (the brain raised, timed out, or returned what it may not)."""
-        self._expect("brain_raised", Phase.RUNNING)
+        if self.phase is not _RUNNING:
+            raise ProtocolError("brain_raised", self.phase)
         assert self.row is not None
-        self.phase = Phase.FAILING
+        self.phase = _FAILING
         return [RecordFailure(self.row.message_id, tuple(self.steered), error)]
 
     def committed(self, following: Row | None, plain: bool) -> list[Effect]:
         """The commit is durable; ``following`` is the next row it leased, ``plain`` says
         it enqueued nothing besides."""
-        self._expect("committed", Phase.COMMITTING)
+        if self.phase is not _COMMITTING:
+            raise ProtocolError("committed", self.phase)
         self.turns += 1
         self.claim = self.claim or not plain
         if following is None:  # a commit that leased nothing may leave a row due
             return self._done(not self.leasing)
         if self.turns >= CHAIN_LIMIT or self.closing:
-            self.phase = Phase.DONE
+            self.phase = _DONE_PHASE
             return [Release(following.message_id), _DONE[True]]
         return self._start(following)
 
     def lease_lost(self) -> list[Effect]:
         """The commit was refused: another worker holds the row now; nothing was written."""
-        self._expect("lease_lost", Phase.COMMITTING)
+        if self.phase is not _COMMITTING:
+            raise ProtocolError("lease_lost", self.phase)
         return self._done(True)
 
     def journal_failed(self) -> list[Effect]:
         """The commit or the failure record did not happen (a database error)."""
-        self._expect("journal_failed", Phase.COMMITTING, Phase.FAILING)
+        if self.phase is not _COMMITTING and self.phase is not _FAILING:
+            raise ProtocolError("journal_failed", self.phase)
         return self._done(True)
 
     def failure_recorded(self) -> list[Effect]:
         """The failed attempt is recorded (a retry scheduled, or the row ``failed``)."""
-        self._expect("failure_recorded", Phase.FAILING)
+        if self.phase is not _FAILING:
+            raise ProtocolError("failure_recorded", self.phase)
         self.turns += 1
         return self._done(True)

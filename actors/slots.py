@@ -79,6 +79,8 @@ class Slots:
         self.claiming = False
         """The dispatcher is inside a claim (the board shows a claim pending until it ends)."""
         self.stopped = False
+        self.peak_live = 0
+        ctx.activity.board = self.board
 
     # -- from any thread -------------------------------------------------------------------
 
@@ -90,7 +92,7 @@ class Slots:
                 if self._closed():
                     return
                 self._offer(row, how, started)
-                self._publish()
+                self._changed()
         except Exception:
             # The row stays leased in the journal: its lease runs out and a claim takes it.
             log.exception("could not start the turn of %s", row.message_id)
@@ -111,13 +113,15 @@ class Slots:
                     self.suspect = None
                     next_suspect, self.suspects_held = self.suspects_held, False
                 self.last_used[session_id] = self.ctx.now()
-                self._fill(started)
+                if self.waiting:
+                    self._fill(started)
                 ask = (claim or self.backlog or next_suspect) and self._schedule_claim()
-                self._publish()
+                self._changed()
         except Exception:
             log.exception("could not end the run of %s; claiming again", session_id)
             ask = True
-        self._tell(started)
+        if started:
+            self._tell(started)
         if ask:
             self.request_claim()
 
@@ -126,7 +130,7 @@ class Slots:
         with self._lock:
             self.backlog = True
             ask = self._schedule_claim()
-            self._publish()
+            self._changed()
         return ask
 
     # -- from the dispatcher ---------------------------------------------------------------
@@ -140,7 +144,7 @@ class Slots:
             if requested:
                 self.claim_scheduled = False
             self.claiming = True
-            self._publish()
+            self._changed()
             return (self.max_active - len(self.busy), self.busy | self.waiting.keys(),
                     0 if self.suspect else 1)
 
@@ -148,7 +152,7 @@ class Slots:
         """A claim ended with nothing to start (no room, or the journal failed)."""
         with self._lock:
             self.claiming = False
-            self._publish()
+            self._changed()
 
     def claimed(self, result: ClaimResult, capacity: int) -> bool:
         """Start the claimed rows; True when another claim must follow at once."""
@@ -172,9 +176,16 @@ class Slots:
             elif result.acked_by_marker or self.backlog:
                 again = True
             again = again and self._schedule_claim()
-            self._publish()
+            self._changed()
         self._tell(started)
         return again
+
+    def board(self) -> tuple[int, bool, int, int]:
+        """Rows in flight or waiting here, whether a claim is pending, live actors, and
+        the most that were live at once."""
+        with self._lock:
+            return (len(self.busy) + len(self.waiting), self.claim_scheduled or self.claiming,
+                    len(self.live), self.peak_live)
 
     def held(self) -> list[str]:
         """Sessions whose rows are leased here (running or waiting): their leases renew."""
@@ -187,7 +198,7 @@ class Slots:
             for session_id in passivation.expired_idle(self.last_used, self.busy, now,
                                                        idle_ttl):
                 self._passivate(session_id)
-            self._publish()
+            self._changed()
 
     def stop(self) -> None:
         """Stop every session actor at once, then wait: running turns finish and commit."""
@@ -252,6 +263,7 @@ class Slots:
                 self._passivate(victim)
             ref = SessionActor.start(self.ctx, session_id, self.pool)
             self.live[session_id] = ref
+            self.peak_live = max(self.peak_live, len(self.live))
             self.ctx.activity.bump("activations")
         self.live.move_to_end(session_id)
         self.last_used[session_id] = self.ctx.now()
@@ -264,10 +276,8 @@ class Slots:
             ref.stop(block=False)
             self.ctx.activity.bump("passivations")
 
-    def _publish(self) -> None:
-        # Under the lock, so the board never goes back to an older count.
-        self.ctx.activity.publish(len(self.busy) + len(self.waiting),
-                                  self.claim_scheduled or self.claiming, len(self.live))
+    def _changed(self) -> None:
+        self.ctx.activity.changed()  # the waiters read the board (:meth:`board`)
 
     # -- after the lock --------------------------------------------------------------------
 
@@ -299,7 +309,7 @@ class Slots:
             if not closed:
                 self._fill(started)
             ask = not closed and self._schedule_claim()
-            self._publish()
+            self._changed()
         if closed:
             return
         try:
