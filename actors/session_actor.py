@@ -161,9 +161,13 @@ class SessionActor(PooledActor):
         protocol's answer to its outcome."""
         ctx = self.ctx
         if isinstance(effect, dp.StartTurn):
+            if not effect.record_start:  # nothing to write first: most turns start here
+                effects = self.try_start(run, effect.row)
+                if effects is not None:
+                    return effects
             return settle(self.start_turn(run, effect.row, effect.record_start))
         if isinstance(effect, dp.Commit):
-            return settle(self.commit(run, effect))
+            return self.commit_now(run, effect)
         if isinstance(effect, dp.Done):
             self.done(effect.claim)
             return []
@@ -202,10 +206,22 @@ class SessionActor(PooledActor):
                 log.error("starting %s for %s failed in the journal: %s", row.message_id,
                           self.session_id, exc)
                 return run.refused()
-        started = ctx.now()
-        stop_flag = ctx.turns.try_begin(self.session_id, started)
-        if stop_flag is None:  # a cron or social turn of this session runs: wait it out
+        effects = self.try_start(run, row)
+        if effects is None:  # a cron or social turn of this session runs: wait it out
+            started = ctx.now()
             stop_flag = yield Blocking(lambda: ctx.turns.begin(self.session_id, started))
+            effects = self._started(run, row, started, stop_flag)
+        return effects
+
+    def try_start(self, run: dp.Delivery, row: ClaimedRow) -> list[dp.Effect] | None:
+        """Start the turn of ``row`` at once; None when another turn of the session (a cron
+        or social one) runs, which :meth:`start_turn` waits out."""
+        started = self.ctx.now()
+        stop_flag = self.ctx.turns.try_begin(self.session_id, started)
+        return None if stop_flag is None else self._started(run, row, started, stop_flag)
+
+    def _started(self, run: dp.Delivery, row: ClaimedRow, started: float,
+                 stop_flag: StopFlag) -> list[dp.Effect]:
         self.flag = stop_flag
         self.turn = self._new_turn(row, started, stop_flag)
         return run.started()
@@ -248,42 +264,72 @@ class SessionActor(PooledActor):
         """Commit the judged turn: entries, markers, acks, its effects, the next lease
         (where ``effect`` asks for it).
 
-        A generator (see :data:`Step`): it yields the commit's writer reply and
-        is resumed with its answer, so a pool thread waits for the commit with
-        :func:`settle` and the event loop awaits it without holding a thread.
-        Journal refusals end here too: a lost lease (another worker took the
-        row over; nothing of this turn is written) and a database error are
-        logged, and the row comes back through its lease.
+        A generator (see :data:`Step`) for the event loop, which awaits the
+        commit's writer reply without holding a thread; a pool thread runs the
+        same through :meth:`commit_now`. Journal refusals end here too: a lost
+        lease (another worker took the row over; nothing of this turn is
+        written) and a database error are logged, and the row comes back
+        through its lease.
         """
-        ctx, turn, judged, flag = self.ctx, self.turn, self.judged, self.flag
+        turn, judged, flag = self.turn, self.judged, self.flag
         assert turn is not None and judged is not None
-        sid = self.session_id
-        done = judged.outcome
-        ids = list(effect.message_ids)
         try:
-            effects = ctx.effects(turn, done)
-            following = yield ctx.journal.submit_turn(
-                ctx.owner, sid, ids, turn.entries(), ctx.now(), enqueue=effects.messages,
-                also=effects.ops, next_lease=ctx.lease_seconds if effect.next_lease else None)
-        except LeaseLost as exc:
+            effects = self.ctx.effects(turn, judged.outcome)
+            following = yield self._submit(turn, effect, effects)
+        except Exception as exc:
+            return self._refused(run, turn, flag, exc)
+        return self._committed(run, turn, judged, flag, effect, effects, following)
+
+    def commit_now(self, run: dp.Delivery, effect: dp.Commit) -> list[dp.Effect]:
+        """:meth:`commit` on this thread, waiting for the commit (no generator to drive:
+        its end would raise a StopIteration, on every turn)."""
+        turn, judged, flag = self.turn, self.judged, self.flag
+        assert turn is not None and judged is not None
+        try:
+            effects = self.ctx.effects(turn, judged.outcome)
+            following = self._submit(turn, effect, effects).result(WRITE_TIMEOUT)
+        except Exception as exc:
+            return self._refused(run, turn, flag, exc)
+        return self._committed(run, turn, judged, flag, effect, effects, following)
+
+    def _submit(self, turn: Turn, effect: dp.Commit,
+                effects: TurnEffects) -> Reply[ClaimedRow | None]:
+        ctx = self.ctx
+        return ctx.journal.submit_turn(
+            ctx.owner, self.session_id, list(effect.message_ids), turn.entries(), ctx.now(),
+            enqueue=effects.messages, also=effects.ops,
+            next_lease=ctx.lease_seconds if effect.next_lease else None)
+
+    def _refused(self, run: dp.Delivery, turn: Turn, flag: StopFlag | None,
+                 exc: Exception) -> list[dp.Effect]:
+        """The journal refused the commit of ``turn``: the protocol's answer (or ``exc``
+        again when it is no refusal: the writer closed, a bug)."""
+        sid = self.session_id
+        if isinstance(exc, LeaseLost):
             self.end_turn(flag)
             log.warning("lost the lease of %s for %s: another worker took it over; this "
                         "turn's commit wrote nothing", turn.row.message_id, sid)
-            ctx.emit("lease_lost", session_id=sid, message_id=turn.row.message_id,
-                     error=str(exc))
+            self.ctx.emit("lease_lost", session_id=sid, message_id=turn.row.message_id,
+                          error=str(exc))
             return run.lease_lost()
-        except WriterClosed:
-            raise
-        except PersistenceError as exc:
-            self.end_turn(flag)
-            log.error("delivery of %s to %s failed in the journal: %s", turn.row.message_id,
-                      sid, exc)
-            return run.journal_failed()
+        if isinstance(exc, WriterClosed) or not isinstance(exc, PersistenceError):
+            raise exc
+        self.end_turn(flag)
+        log.error("delivery of %s to %s failed in the journal: %s", turn.row.message_id,
+                  sid, exc)
+        return run.journal_failed()
+
+    def _committed(self, run: dp.Delivery, turn: Turn, judged: Judged, flag: StopFlag | None,
+                   effect: dp.Commit, effects: TurnEffects,
+                   following: ClaimedRow | None) -> list[dp.Effect]:
+        """The commit of ``turn`` is durable: end it, tell, run what waits for it."""
+        ctx = self.ctx
         self.end_turn(flag)
         ctx.activity.bump("turns")
         if ctx.observers:
-            ctx.emit("turn_committed", session_id=sid, message_ids=ids,
-                     replies=list(turn.replies), stopped_by=done.stopped_by)
+            ctx.emit("turn_committed", session_id=self.session_id,
+                     message_ids=list(effect.message_ids), replies=list(turn.replies),
+                     stopped_by=judged.outcome.stopped_by)
         self._run_after(effects)
         run.closing = ctx.closed.is_set()  # stopping: the next row is handed back, not run
         return run.committed(following, plain=not (effects.messages or effects.ops))
