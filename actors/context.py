@@ -85,7 +85,7 @@ class Activity:
         self.changes = 0
         """Moves on every change: a waiter that checks something outside the lock waits
         for this to move (nothing is missed between its check and its wait)."""
-        self.board: Callable[[], tuple[int, bool, int, int]] = _NO_BOARD
+        self.board: Callable[[], tuple[int, bool, int, int]] = _no_board
         """The slot table's (busy, claim pending, live, peak live): set by the slot table."""
         self.activations = 0
         self.passivations = 0
@@ -132,7 +132,7 @@ class Activity:
                     "passivations": self.passivations, "turns": self.turns}
 
 
-def _NO_BOARD() -> tuple[int, bool, int, int]:
+def _no_board() -> tuple[int, bool, int, int]:
     return 0, False, 0, 0
 
 
