@@ -82,22 +82,30 @@ class Activity:
         self.cond = threading.Condition(self._mutex)
         self._waiters = 0
         """Threads in :meth:`wait`: a change notifies only when someone waits."""
-        self.changes = 0
-        """Moves on every change: a waiter that checks something outside the lock waits
-        for this to move (nothing is missed between its check and its wait)."""
+        self._slot_changes = 0
+        """Written by :meth:`changed` only, which the slot table calls under its lock."""
+        self._bumps = 0
+        """Written by :meth:`bump` only, under this board's lock: each counter has one lock
+        of its own, so no increment is lost on any interpreter."""
         self.board: Callable[[], tuple[int, bool, int, int]] = _no_board
         """The slot table's (busy, claim pending, live, peak live): set by the slot table."""
         self.activations = 0
         self.passivations = 0
         self.turns = 0
 
-    def changed(self) -> None:
-        """Something changed (the slot table, after each change): wake the waiters.
+    @property
+    def changes(self) -> int:
+        """Moves on every change: a waiter that checks something outside the lock waits
+        for this to move (nothing is missed between its check and its wait)."""
+        return self._slot_changes + self._bumps
 
-        Without the lock unless someone waits: a waiter counts itself in under the lock
-        before it checks, so either this sees it and notifies (once it waits), or its
-        check comes after this change and sees it."""
-        self.changes += 1
+    def changed(self) -> None:
+        """The slot table changed (called under the slot table's lock): wake the waiters.
+
+        Without this board's lock unless someone waits: a waiter counts itself in under
+        the lock before it checks, so either this sees it and notifies (once it waits),
+        or its check comes after this change and sees it."""
+        self._slot_changes += 1
         if self._waiters:
             with self._mutex:
                 self.cond.notify_all()
@@ -106,14 +114,14 @@ class Activity:
         """Add to a counter and wake every waiter."""
         with self._mutex:
             setattr(self, name, getattr(self, name) + by)
-            self.changes += 1
+            self._bumps += 1
             if self._waiters:
                 self.cond.notify_all()
 
     def wait(self, timeout: float, until: Callable[[], bool] | None = None) -> bool:
         """Wait for the next change, or ``timeout``; with ``until``, for ``until()`` to
-        hold (its last value). ``until`` runs under the board's lock, which the slot table
-        takes on every turn's start and end: it must be quick (no database read)."""
+        hold (its last value). ``until`` runs under the board's lock, which every turn's
+        start and end takes while someone waits: it must be quick (no database read)."""
         with self.cond:
             self._waiters += 1
             try:

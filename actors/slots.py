@@ -277,7 +277,7 @@ class Slots:
             self.ctx.activity.bump("passivations")
 
     def _changed(self) -> None:
-        self.ctx.activity.changed()  # the waiters read the board (:meth:`board`)
+        self.ctx.activity.changed()  # under the lock: the waiters read the board (:meth:`board`)
 
     # -- after the lock --------------------------------------------------------------------
 
