@@ -70,7 +70,7 @@ class Phase(StrEnum):
     DONE = "done"
 
 
-# Module constants: every event checks its phase, and a global is read faster than a member.
+# Module constants: every event checks and sets phases, and a global reads faster than a member.
 _IDLE, _STARTING, _RUNNING = Phase.IDLE, Phase.STARTING, Phase.RUNNING
 _COMMITTING, _FAILING, _DONE_PHASE = Phase.COMMITTING, Phase.FAILING, Phase.DONE
 
@@ -156,6 +156,10 @@ class Delivery:
     leasing: bool = True
     """The current commit leases the session's next row."""
 
+    def _expect(self, event: str, *phases: Phase) -> None:
+        if self.phase not in phases:
+            raise ProtocolError(event, self.phase)
+
     def _start(self, row: Row) -> list[Effect]:
         self.row, self.steered, self.phase = row, [], _STARTING
         return [StartTurn(row, row.taken_over)]
@@ -166,8 +170,7 @@ class Delivery:
 
     def claimed(self, row: Row) -> list[Effect]:
         """A row leased for this session (by a claim, or by its send)."""
-        if self.phase is not _IDLE:
-            raise ProtocolError("claimed", self.phase)
+        self._expect("claimed", _IDLE)
         if self.closing:
             self.phase = _DONE_PHASE
             return [Release(row.message_id), _DONE[True]]
@@ -175,28 +178,24 @@ class Delivery:
 
     def started(self) -> list[Effect]:
         """The turn started (its start recorded where asked)."""
-        if self.phase is not _STARTING:
-            raise ProtocolError("started", self.phase)
+        self._expect("started", _STARTING)
         self.phase = _RUNNING
         return [_RUN_BRAIN]
 
     def refused(self) -> list[Effect]:
         """The turn could not start: the lease was lost, or the journal failed."""
-        if self.phase is not _STARTING:
-            raise ProtocolError("refused", self.phase)
+        self._expect("refused", _STARTING)
         return self._done(True)
 
     def steered_in(self, message_ids: list[str]) -> list[Effect]:
         """Rows taken into the running turn by ``steering()``."""
-        if self.phase is not _RUNNING:
-            raise ProtocolError("steered", self.phase)
+        self._expect("steered", _RUNNING)
         self.steered.extend(message_ids)
         return []
 
     def brain_returned(self) -> list[Effect]:
         """The brain returned and its outcome is to be committed."""
-        if self.phase is not _RUNNING:
-            raise ProtocolError("brain_returned", self.phase)
+        self._expect("brain_returned", _RUNNING)
         assert self.row is not None
         self.phase = _COMMITTING
         self.leasing = self.turns + 1 < CHAIN_LIMIT and not self.closing
@@ -204,8 +203,7 @@ class Delivery:
 
     def brain_raised(self, error: str) -> list[Effect]:
         """The attempt failed (the brain raised, timed out, or returned what it may not)."""
-        if self.phase is not _RUNNING:
-            raise ProtocolError("brain_raised", self.phase)
+        self._expect("brain_raised", _RUNNING)
         assert self.row is not None
         self.phase = _FAILING
         return [RecordFailure(self.row.message_id, tuple(self.steered), error)]
@@ -213,8 +211,7 @@ class Delivery:
     def committed(self, following: Row | None, plain: bool) -> list[Effect]:
         """The commit is durable; ``following`` is the next row it leased, ``plain`` says
         it enqueued nothing besides."""
-        if self.phase is not _COMMITTING:
-            raise ProtocolError("committed", self.phase)
+        self._expect("committed", _COMMITTING)
         self.turns += 1
         self.claim = self.claim or not plain
         if following is None:  # a commit that leased nothing may leave a row due
@@ -226,19 +223,16 @@ class Delivery:
 
     def lease_lost(self) -> list[Effect]:
         """The commit was refused: another worker holds the row now; nothing was written."""
-        if self.phase is not _COMMITTING:
-            raise ProtocolError("lease_lost", self.phase)
+        self._expect("lease_lost", _COMMITTING)
         return self._done(True)
 
     def journal_failed(self) -> list[Effect]:
         """The commit or the failure record did not happen (a database error)."""
-        if self.phase is not _COMMITTING and self.phase is not _FAILING:
-            raise ProtocolError("journal_failed", self.phase)
+        self._expect("journal_failed", _COMMITTING, _FAILING)
         return self._done(True)
 
     def failure_recorded(self) -> list[Effect]:
         """The failed attempt is recorded (a retry scheduled, or the row ``failed``)."""
-        if self.phase is not _FAILING:
-            raise ProtocolError("failure_recorded", self.phase)
+        self._expect("failure_recorded", _FAILING)
         self.turns += 1
         return self._done(True)

@@ -161,11 +161,13 @@ class SessionActor(PooledActor):
         protocol's answer to its outcome."""
         ctx = self.ctx
         if isinstance(effect, dp.StartTurn):
-            if not effect.record_start:  # nothing to write first: most turns start here
-                effects = self.try_start(run, effect.row)
-                if effects is not None:
-                    return effects
-            return settle(self.start_turn(run, effect.row, effect.record_start))
+            if effect.record_start:
+                return settle(self.start_turn(run, effect.row, True))
+            # Nothing to write first (most turns): no step, unless another turn runs.
+            effects = self.try_start(run, effect.row)
+            if effects is None:
+                effects = settle(self._wait_to_start(run, effect.row))
+            return effects
         if isinstance(effect, dp.Commit):
             return self.commit_now(run, effect)
         if isinstance(effect, dp.Done):
@@ -207,15 +209,20 @@ class SessionActor(PooledActor):
                           self.session_id, exc)
                 return run.refused()
         effects = self.try_start(run, row)
-        if effects is None:  # a cron or social turn of this session runs: wait it out
-            started = ctx.now()
-            stop_flag = yield Blocking(lambda: ctx.turns.begin(self.session_id, started))
-            effects = self._started(run, row, started, stop_flag)
+        if effects is None:
+            effects = yield from self._wait_to_start(run, row)
         return effects
+
+    def _wait_to_start(self, run: dp.Delivery, row: ClaimedRow) -> Step:
+        """A cron or social turn of this session runs: wait it out, then start."""
+        ctx = self.ctx
+        started = ctx.now()
+        stop_flag = yield Blocking(lambda: ctx.turns.begin(self.session_id, started))
+        return self._started(run, row, started, stop_flag)
 
     def try_start(self, run: dp.Delivery, row: ClaimedRow) -> list[dp.Effect] | None:
         """Start the turn of ``row`` at once; None when another turn of the session (a cron
-        or social one) runs, which :meth:`start_turn` waits out."""
+        or social one) runs, which :meth:`_wait_to_start` waits out."""
         started = self.ctx.now()
         stop_flag = self.ctx.turns.try_begin(self.session_id, started)
         return None if stop_flag is None else self._started(run, row, started, stop_flag)
