@@ -279,6 +279,7 @@ class GroupCommitWriter:
                         for group in unit:  # the one that raised goes straight one by one
                             self._run_bulk(control, batch, group, outcomes,
                                            set_wise=group is not failed)
+                    control.fresh = False
         except Exception as exc:  # the commit itself failed: nothing of the batch is durable
             self._stats.rollbacks += 1
             for item in batch:
@@ -315,16 +316,18 @@ class GroupCommitWriter:
         under load that wait, not the statement, is most of the writer's time: one
         savepoint for all kinds instead of one each saves three of the dozen or so
         statements of a typical batch. There is no release: the commit releases it.
+        On SQLite, when nothing ran before them in the transaction (the usual batch: all
+        sends and turn commits), they take no savepoint at all: undoing them is rolling
+        the transaction back and beginning it again (:meth:`_Control.undo`).
         """
-        name = control.savepoint("kinbox_bulk")
+        name = control.savepoint("kinbox_bulk") if not control.restartable else None
         answers: list[tuple[list[int], list[Any]]] = []
         for group in groups:
             kind: Bulk[Any, Any] = batch[group[0]][0]
             try:
                 answers.append((group, _all_of(kind, [batch[i][1] for i in group])))
             except Exception as exc:
-                control.now(f"ROLLBACK TO SAVEPOINT {name}")
-                control.later(f"RELEASE SAVEPOINT {name}")
+                control.undo(name)
                 self._stats.shared_fallbacks += 1
                 log.debug("a batch's bulk kinds run one kind at a time: %s",
                           type(exc).__name__)
@@ -372,16 +375,38 @@ class _Control:
     it, where a name reused from an earlier operation would roll that one's writes back
     while its caller is told they committed."""
 
-    __slots__ = ("count", "later", "now")
+    __slots__ = ("count", "fresh", "later", "now", "sqlite")
 
     def __init__(self, db: pw.Database) -> None:
         self.now: Callable[[str], object]
         self.later: Callable[[str], object]
         self.count = 0
-        if isinstance(db, PostgresDatabase):
-            self.now, self.later = db.execute_sql, db.defer
-        else:
+        self.fresh = True
+        """Nothing has run in the batch's transaction yet."""
+        self.sqlite = not isinstance(db, PostgresDatabase)
+        if self.sqlite:
             self.now = self.later = db.cursor().execute
+        else:
+            self.now, self.later = db.execute_sql, db.defer
+
+    @property
+    def restartable(self) -> bool:
+        """Work may run without a savepoint, undone by beginning the transaction again:
+        on SQLite, where a savepoint costs a statement (a hand-over of the interpreter
+        lock, most of a statement's time in the writer under load), while nothing has
+        run in the transaction. PostgreSQL's savepoints ride with the next statement."""
+        return self.sqlite and self.fresh
+
+    def undo(self, name: str | None) -> None:
+        """Undo what ran since the savepoint ``name`` was opened; None: since the
+        transaction began, with nothing before it (see :attr:`restartable`), by rolling
+        it back and beginning it again, which leaves it as it was when it began."""
+        if name is None:
+            self.now("ROLLBACK")
+            self.now("BEGIN IMMEDIATE")
+        else:
+            self.now(f"ROLLBACK TO SAVEPOINT {name}")
+            self.later(f"RELEASE SAVEPOINT {name}")
 
     def savepoint(self, prefix: str) -> str:
         """Open a savepoint with a name new in this batch (``later``); its name."""
