@@ -250,28 +250,38 @@ class GroupCommitWriter:
         stopping = False
         try:
             while not stopping:
-                batch = []
-                item = self._queue.get()
-                while True:
-                    if item is _STOP:
-                        stopping = True
-                        break
-                    batch.append(item)
-                    if len(batch) >= self._max_batch:
-                        break
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                if batch:
-                    self._commit(batch)
+                first = self._queue.get()
+                if first is _STOP:
+                    break
+                stopping = self._commit([first])
         finally:
             self._db.close()
 
-    def _commit(self, batch: list[tuple[Any, ...]]) -> None:
+    def _gather(self, batch: list[tuple[Any, ...]]) -> bool:
+        """Add what is queued to ``batch`` (up to the batch limit); True when the stop
+        request came with it."""
+        while len(batch) < self._max_batch:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return False
+            if item is _STOP:
+                return True
+            batch.append(item)
+        return False
+
+    def _commit(self, batch: list[tuple[Any, ...]]) -> bool:
+        """Commit ``batch`` (its first operation) and what queued behind it; True when the
+        stop request came with them."""
         outcomes: dict[int, tuple[bool, Any]] = {}
+        stopping = False
         try:
             with self._transaction():
+                # The batch is taken once the transaction has begun: on SQLite beginning
+                # is a statement, which hands the interpreter lock to the threads the last
+                # commit woke, and they submit their next writes while the writer waits to
+                # get it back. Taken before, those writes would wait a whole batch more.
+                stopping = self._gather(batch)
                 control = _Control(self._db)
                 for unit in _plan(batch):
                     if isinstance(unit, int):
@@ -285,7 +295,7 @@ class GroupCommitWriter:
             self._stats.rollbacks += 1
             for item in batch:
                 item[-1].set_exception(exc)
-            return
+            return stopping
         self._count(len(batch))
         for i, item in enumerate(batch):
             ok, value = outcomes[i]
@@ -293,6 +303,7 @@ class GroupCommitWriter:
                 item[-1].set_result(value)
             else:
                 item[-1].set_exception(value)
+        return stopping
 
     @staticmethod
     def _run_one(control: _Control, op: Callable[[], Any]) -> tuple[bool, Any]:

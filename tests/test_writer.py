@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 
 import pytest
@@ -119,3 +120,25 @@ def test_a_reply_refused_by_abort_runs_its_callbacks_with_the_error(stores: Stor
     gate.set()
     running.result(10)
     assert errors == [WriterClosed]
+
+
+def test_writes_queued_while_a_batch_begins_commit_with_it(db_url: str) -> None:
+    # The batch is taken once its transaction has begun: on SQLite beginning waits (here
+    # for another connection's write lock, under load for the interpreter lock), and what
+    # queues meanwhile commits in that batch, not one more batch later.
+    s = Stores(db_url)
+    other = sqlite3.connect(db_url[len("sqlite:///"):], isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # the writer's BEGIN IMMEDIATE waits for this
+        first = s.writer.submit(lambda: insert_project(s, "first"))
+        wait_for(lambda: s.writer.queued() == 0, what="the writer to take the first write")
+        second = s.writer.submit(lambda: insert_project(s, "second"))
+        other.execute("ROLLBACK")
+        first.result(10)
+        second.result(10)
+        stats = s.writer.statistics()
+        assert (stats.batches, stats.largest_batch) == (1, 2)
+        assert {p.slug for p in s.store.projects()} == {"first", "second"}
+    finally:
+        other.close()
+        s.close()
