@@ -415,7 +415,15 @@ class _Control:
         it back and beginning it again, which leaves it as it was when it began."""
         if name is None:
             self.now("ROLLBACK")
-            self.now("BEGIN IMMEDIATE")
+            try:
+                self.now("BEGIN IMMEDIATE")
+            except Exception:
+                # Busy past the timeout: the batch fails with this error. A deferred BEGIN
+                # takes no lock (it cannot be busy) and leaves the writer's own rollback a
+                # transaction to end, which would fail ("no transaction is active") and
+                # hide this error; nothing of the batch was kept either way.
+                self.now("BEGIN")
+                raise
         else:
             self.now(f"ROLLBACK TO SAVEPOINT {name}")
             self.later(f"RELEASE SAVEPOINT {name}")
