@@ -14,9 +14,10 @@ caller of the batch gets that error and nothing of it is durable.
 Operations of the same :class:`Bulk` kind that land in one batch run
 together (a few set-wise statements instead of a few per operation), and
 every kind of the batch under one savepoint (on SQLite, none when they come
-first in the transaction: the transaction begun again undoes them): that is
-what keeps the per-message cost flat under load. If a set-wise run raises, that savepoint
-is rolled back and each kind runs under its own: the others set-wise again,
+first in the transaction: the transaction begun again undoes them): that
+is what keeps the per-message cost flat under load. If a set-wise run
+raises, that savepoint is rolled back (or the transaction begun again) and
+each kind runs under its own: the others set-wise again,
 the one that raised one operation at a time, so the outcome is exactly what
 one-by-one execution gives. Bulk kinds run where the batch's first bulk item
 stands, plain operations in the order they arrived. Callers wait for each

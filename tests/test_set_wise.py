@@ -280,34 +280,21 @@ def test_large_batches_split_their_statements(stores: Stores, size: int) -> None
     assert stores.journal.counts() == {"pending": size}
 
 
-def test_a_failing_bulk_run_after_a_plain_operation_keeps_the_operations_writes(
-        stores: Stores) -> None:
+@pytest.mark.parametrize("plain_first", [True, False])
+def test_a_failing_bulk_run_is_undone_and_the_plain_operation_of_its_batch_kept(
+        stores: Stores, plain_first: bool) -> None:
+    # After a plain operation the bulk run has a savepoint of its own; first in its
+    # transaction it has none on SQLite, and undoing it begins the transaction again.
     def many(pids: list[str]) -> list[str]:
         for pid in pids:
             insert_project(stores, f"bulk-{pid}")  # written, then undone
         raise RuntimeError("the set-wise path gives up")
 
     kind: Bulk[str, str] = Bulk("projects", lambda p: insert_project(stores, p), many)
-    calls = [lambda: stores.writer.call(lambda: insert_project(stores, "plain")),
-             *(lambda p=p: stores.writer.call_bulk(kind, p) for p in ("a", "b"))]
-    assert in_one_batch(stores, calls) == ["plain", "a", "b"]
-    # The bulk run had a savepoint of its own: undoing it left the plain write.
+    plain = [lambda: stores.writer.call(lambda: insert_project(stores, "plain"))]
+    bulk = [lambda p=p: stores.writer.call_bulk(kind, p) for p in ("a", "b")]
+    calls = plain + bulk if plain_first else bulk + plain
+    expected = ["plain", "a", "b"] if plain_first else ["a", "b", "plain"]
+    assert in_one_batch(stores, calls) == expected
     assert {p.slug for p in stores.store.projects()} == {"plain", "a", "b"}
-    assert stores.writer.statistics().bulk_fallbacks == 1
-
-
-def test_a_failing_bulk_run_first_in_its_batch_is_undone_and_the_batch_goes_on(
-        stores: Stores) -> None:
-    # First in its transaction, the bulk run takes no savepoint on SQLite: undoing it
-    # begins the transaction again, and what follows it in the batch commits.
-    def many(pids: list[str]) -> list[str]:
-        for pid in pids:
-            insert_project(stores, f"bulk-{pid}")  # written, then undone
-        raise RuntimeError("the set-wise path gives up")
-
-    kind: Bulk[str, str] = Bulk("projects", lambda p: insert_project(stores, p), many)
-    calls = [*(lambda p=p: stores.writer.call_bulk(kind, p) for p in ("a", "b")),
-             lambda: stores.writer.call(lambda: insert_project(stores, "plain"))]
-    assert in_one_batch(stores, calls) == ["a", "b", "plain"]
-    assert {p.slug for p in stores.store.projects()} == {"a", "b", "plain"}
     assert stores.writer.statistics().bulk_fallbacks == 1
