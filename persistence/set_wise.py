@@ -10,9 +10,10 @@ commits after all of its members asked, so no stamp is early.
 These functions are the ``many`` side of the writer's :class:`~.writer.Bulk`
 kinds: they handle the common case and raise :class:`OneByOne` for anything
 unusual (an idempotent repeat, a lost lease, a head whose turn already
-committed), so the writer undoes their savepoint and runs the items through
-the ordinary one-at-a-time path, which applies every rule and gives each
-caller its own answer.
+committed), so the writer undoes their work (back to their savepoint, or by
+beginning the transaction again) and runs the items through the ordinary
+one-at-a-time path, which applies every rule and gives each caller its own
+answer.
 """
 
 from __future__ import annotations

@@ -58,7 +58,8 @@ class Bulk(Generic[A, T]):
     ``one`` runs a single item; ``many`` runs several and returns their
     results in order, or raises to have them run one by one (a rare case it
     does not handle, such as an idempotent repeat or a lost lease). Every kind
-    of a batch shares one savepoint, so when one kind raises the others' work
+    of a batch shares one savepoint (or, first in a SQLite transaction, none: the
+    transaction begins again), so when one kind raises the others' work
     is undone too and their ``many`` runs again on the same items: ``many``
     must do nothing but its database writes (no effect outside the
     transaction, nothing it would be wrong to do twice).
@@ -275,14 +276,14 @@ class GroupCommitWriter:
         """Commit ``batch`` (its first operation) and what queued behind it; True when the
         stop request came with them."""
         outcomes: dict[int, tuple[bool, Any]] = {}
-        stopping = False
+        stopping, gathered = False, False
         try:
             with self._transaction():
                 # The batch is taken once the transaction has begun: on SQLite beginning
                 # is a statement, which hands the interpreter lock to the threads the last
                 # commit woke, and they submit their next writes while the writer waits to
                 # get it back. Taken before, those writes would wait a whole batch more.
-                stopping = self._gather(batch)
+                stopping, gathered = self._gather(batch), True
                 control = _Control(self._db)
                 for unit in _plan(batch):
                     if isinstance(unit, int):
@@ -294,6 +295,10 @@ class GroupCommitWriter:
                     control.fresh = False
         except Exception as exc:  # the commit itself failed: nothing of the batch is durable
             self._stats.rollbacks += 1
+            if not gathered:
+                # Beginning failed (busy past the timeout): what queued gets this answer
+                # now, not one busy timeout after another, a batch each.
+                stopping = self._gather(batch)
             for item in batch:
                 item[-1].set_exception(exc)
             return stopping
@@ -396,11 +401,11 @@ class _Control:
         self.count = 0
         self.fresh = True
         """Nothing has run in the batch's transaction yet."""
-        self.sqlite = not isinstance(db, PostgresDatabase)
-        if self.sqlite:
-            self.now = self.later = db.cursor().execute
-        else:
+        self.sqlite = is_sqlite(db)
+        if isinstance(db, PostgresDatabase):
             self.now, self.later = db.execute_sql, db.defer
+        else:
+            self.now = self.later = db.cursor().execute
 
     @property
     def restartable(self) -> bool:

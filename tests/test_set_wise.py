@@ -8,6 +8,7 @@ the rows, that running the calls one at a time would give.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,7 @@ from kinbox.persistence import (
     LeaseLost,
     NewMessage,
     TurnEntry,
+    is_sqlite,
 )
 from kinbox.persistence.writer import Bulk
 
@@ -295,6 +297,59 @@ def test_a_failing_bulk_run_is_undone_and_the_plain_operation_of_its_batch_kept(
     bulk = [lambda p=p: stores.writer.call_bulk(kind, p) for p in ("a", "b")]
     calls = plain + bulk if plain_first else bulk + plain
     expected = ["plain", "a", "b"] if plain_first else ["a", "b", "plain"]
+    statements: list[str] = []
+    if is_sqlite(stores.db):  # what the writer's own connection runs
+        stores.writer.call(lambda: stores.db.connection().set_trace_callback(statements.append))
     assert in_one_batch(stores, calls) == expected
     assert {p.slug for p in stores.store.projects()} == {"plain", "a", "b"}
     assert stores.writer.statistics().bulk_fallbacks == 1
+    if is_sqlite(stores.db):
+        bulk_savepoints = [s for s in statements if s.startswith("SAVEPOINT kinbox_bulk")]
+        assert bool(bulk_savepoints) == plain_first
+        assert ("ROLLBACK" in statements) == (not plain_first)
+
+
+class FailingBegin:
+    """A cursor whose ``BEGIN IMMEDIATE`` fails as a busy database's does, once armed."""
+
+    def __init__(self, cursor: Any, armed: list[bool]) -> None:
+        self._cursor = cursor
+        self._armed = armed
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        if self._armed[0] and sql == "BEGIN IMMEDIATE":
+            self._armed[0] = False
+            raise sqlite3.OperationalError("database is locked")
+        return self._cursor.execute(sql, params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+    def __iter__(self) -> Any:
+        return iter(self._cursor)
+
+
+def test_a_busy_restart_fails_the_batch_with_the_busy_error_and_keeps_nothing(
+        stores: Stores, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not is_sqlite(stores.db):
+        pytest.skip("the restart is SQLite's (PostgreSQL keeps the savepoint)")
+    armed = [False]
+    cursor = stores.db.cursor
+    monkeypatch.setattr(stores.db, "cursor", lambda *a, **k: FailingBegin(cursor(*a, **k), armed))
+
+    def many(pids: list[str]) -> list[str]:
+        for pid in pids:
+            insert_project(stores, f"bulk-{pid}")
+        armed[0] = True  # the transaction begun again after the rollback is busy
+        raise RuntimeError("the set-wise path gives up")
+
+    kind: Bulk[str, str] = Bulk("projects", lambda p: insert_project(stores, p), many)
+    results = in_one_batch(stores, [lambda p=p: stores.writer.call_bulk(kind, p)
+                                    for p in ("a", "b")])
+    # Every caller gets the busy error (not "no transaction is active"), nothing is kept,
+    # and the writer goes on.
+    assert [type(r) for r in results] == [sqlite3.OperationalError] * 2
+    assert all("locked" in str(r) for r in results)
+    assert stores.store.projects() == []
+    stores.writer.call(lambda: insert_project(stores, "after"))
+    assert [p.slug for p in stores.store.projects()] == ["after"]

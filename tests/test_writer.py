@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 
+import peewee as pw
 import pytest
 
 from kinbox.persistence import WriterClosed
@@ -139,6 +140,29 @@ def test_writes_queued_while_a_batch_begins_commit_with_it(db_url: str) -> None:
         stats = s.writer.statistics()
         assert (stats.batches, stats.largest_batch) == (1, 2)
         assert {p.slug for p in s.store.projects()} == {"first", "second"}
+    finally:
+        other.close()
+        s.close()
+
+
+def test_a_batch_that_cannot_begin_answers_what_queued_behind_it_at_once(db_url: str) -> None:
+    # Beginning is busy past the timeout: the write it began for and those queued while it
+    # waited all get that error from the one failed batch (not one timeout after another).
+    s = Stores(db_url)
+    other = sqlite3.connect(db_url[len("sqlite:///"):], isolation_level=None)
+    try:
+        s.writer.call(lambda: s.db.execute_sql("PRAGMA busy_timeout = 1000"))
+        other.execute("BEGIN IMMEDIATE")
+        writes = [s.writer.submit(lambda: insert_project(s, "first"))]
+        wait_for(lambda: s.writer.queued() == 0, what="the writer to take the first write")
+        writes += [s.writer.submit(lambda p=p: insert_project(s, p)) for p in ("b", "c")]
+        for write in writes:
+            with pytest.raises(pw.OperationalError, match="locked"):  # peewee's BEGIN
+                write.result(10)
+        assert s.writer.statistics().rollbacks == 1
+        other.execute("ROLLBACK")
+        s.writer.call(lambda: insert_project(s, "after"))
+        assert [p.slug for p in s.store.projects()] == ["after"]
     finally:
         other.close()
         s.close()
