@@ -186,7 +186,15 @@ class PooledActor(pykka.Actor):
         pool thread, the actors that only this thread could run (all of
         them, with a one-thread pool) would never stop. A short-lived thread
         waits instead, in pykka's order (last started, first stopped), while
-        this thread goes back to the pool and runs those stops.
+        this thread goes back to the pool and runs those stops. The actors to stop are
+        the ones registered now, as ``stop_all`` here would have read them: read later on
+        that thread, the registry could already hold actors started after the exception.
         """
-        threading.Thread(target=ActorRegistry.stop_all, name=f"{self._pool.name}-stop-all",
+        running = list(reversed(ActorRegistry.get_all()))
+
+        def stop_them() -> None:
+            for ref in running:
+                ref.stop(block=True)
+
+        threading.Thread(target=stop_them, name=f"{self._pool.name}-stop-all",
                          daemon=True).start()

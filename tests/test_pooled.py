@@ -176,6 +176,37 @@ def test_a_base_exception_on_a_one_thread_pool_stops_every_actor_without_deadloc
         pool.stop()
 
 
+@pytest.mark.timeout(30)
+def test_a_base_exception_stops_the_actors_running_then_not_those_started_after(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stops run on a thread of their own, which may start late: the actors it stops
+    are the ones registered when the handler raised, not what the registry holds then."""
+    started: list[Any] = []
+
+    class Held:  # the stop thread, held until the test runs it
+        def __init__(self, target: Any, **_: Any) -> None:
+            self.target = target
+
+        def start(self) -> None:
+            started.append(self.target)
+
+    pool = ActorPool(2, name="held")
+    monkeypatch.setattr(threading, "Thread", Held)  # the pool's own threads run already
+    try:
+        before = Recorder.start(pool)
+        crasher = Crasher.start(pool)
+        assert before.ask("hi", timeout=10) == ("got", "hi")
+        crasher.tell("exit")
+        wait_for(lambda: len(started) == 1, what="the stops to be handed to their thread")
+        after = Recorder.start(pool)  # started once the handler had raised
+        started[0]()
+        assert not before.is_alive() and not crasher.is_alive()
+        assert after.ask("still here", timeout=10) == ("got", "still here")
+        after.stop()
+    finally:
+        pool.stop()
+
+
 def test_pykka_log_records_for_handler_errors(pool: ActorPool,
                                               caplog: pytest.LogCaptureFixture) -> None:
     """The records pykka's ThreadingActor writes, on pykka's logger, word for word."""
