@@ -50,6 +50,10 @@ log = logging.getLogger("kinbox.writer")
 WRITE_TIMEOUT = 30.0
 """How long a blocking write waits for its commit by default."""
 
+_SQLITE_LOCK = "IMMEDIATE"
+"""How the writer begins a SQLite transaction: with the write lock at once (a batch that
+began again after a rollback, :meth:`_Control.undo`, too)."""
+
 
 @dataclass(frozen=True, eq=False)
 class Bulk(Generic[A, T]):
@@ -246,7 +250,7 @@ class GroupCommitWriter:
                                 s.bulk_runs, s.bulk_fallbacks, s.shared_fallbacks)
 
     def _transaction(self) -> Any:
-        return self._db.atomic("IMMEDIATE") if is_sqlite(self._db) else self._db.atomic()
+        return self._db.atomic(_SQLITE_LOCK) if is_sqlite(self._db) else self._db.atomic()
 
     def _run(self) -> None:
         stopping = False
@@ -422,7 +426,7 @@ class _Control:
         if name is None:
             self.now("ROLLBACK")
             try:
-                self.now("BEGIN IMMEDIATE")
+                self.now(f"BEGIN {_SQLITE_LOCK}")
             except Exception:
                 # Busy past the timeout: the batch fails with this error. A deferred BEGIN
                 # takes no lock (it cannot be busy) and leaves the writer's own rollback a

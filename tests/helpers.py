@@ -56,3 +56,27 @@ def pg_seq_scans(db: Any, sql: str, params: Any, table: str) -> list[str]:
             yield from nodes(child)
     return [n["Node Type"] for n in nodes(plan)
             if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == table]
+
+
+class FaultyCursor:
+    """A database cursor whose statements first pass ``check(sql)``, which may raise (what
+    a busy database raises, say): install with ``db.cursor = lambda *a, **k:
+    FaultyCursor(real_cursor(*a, **k), check)``."""
+
+    def __init__(self, cursor: Any, check: Callable[[str], None]) -> None:
+        self._cursor = cursor
+        self._check = check
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        self._check(sql)
+        return self._cursor.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Any) -> Any:
+        self._check(sql)
+        return self._cursor.executemany(sql, rows)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._cursor)

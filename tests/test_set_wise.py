@@ -25,7 +25,7 @@ from kinbox.persistence import (
 from kinbox.persistence.writer import Bulk
 
 from .conftest import Stores
-from .helpers import wait_for
+from .helpers import FaultyCursor, wait_for
 
 T0 = 1000.0
 
@@ -309,33 +309,20 @@ def test_a_failing_bulk_run_is_undone_and_the_plain_operation_of_its_batch_kept(
         assert ("ROLLBACK" in statements) == (not plain_first)
 
 
-class FailingBegin:
-    """A cursor whose ``BEGIN IMMEDIATE`` fails as a busy database's does, once armed."""
-
-    def __init__(self, cursor: Any, armed: list[bool]) -> None:
-        self._cursor = cursor
-        self._armed = armed
-
-    def execute(self, sql: str, params: Any = ()) -> Any:
-        if self._armed[0] and sql == "BEGIN IMMEDIATE":
-            self._armed[0] = False
-            raise sqlite3.OperationalError("database is locked")
-        return self._cursor.execute(sql, params)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cursor, name)
-
-    def __iter__(self) -> Any:
-        return iter(self._cursor)
-
-
 def test_a_busy_restart_fails_the_batch_with_the_busy_error_and_keeps_nothing(
         stores: Stores, monkeypatch: pytest.MonkeyPatch) -> None:
     if not is_sqlite(stores.db):
         pytest.skip("the restart is SQLite's (PostgreSQL keeps the savepoint)")
     armed = [False]
+
+    def busy_begin(sql: str) -> None:  # once armed, the next BEGIN IMMEDIATE is busy
+        if armed[0] and sql == "BEGIN IMMEDIATE":
+            armed[0] = False
+            raise sqlite3.OperationalError("database is locked")
+
     cursor = stores.db.cursor
-    monkeypatch.setattr(stores.db, "cursor", lambda *a, **k: FailingBegin(cursor(*a, **k), armed))
+    monkeypatch.setattr(stores.db, "cursor",
+                        lambda *a, **k: FaultyCursor(cursor(*a, **k), busy_begin))
 
     def many(pids: list[str]) -> list[str]:
         for pid in pids:

@@ -53,6 +53,8 @@ from kinbox.persistence import (
 )
 from kinbox.persistence.inbox_core import LOCAL, TERMINAL_STATES, TRANSITIONS, State
 
+from .helpers import FaultyCursor
+
 TARGETS = ("t0", "t1", "t2")
 WORKERS = ("w0", "w1")
 LEASE = 30.0
@@ -103,28 +105,6 @@ class Faults:
             raise sqlite3.OperationalError("database is locked")
 
 
-class FaultyCursor:
-    """A sqlite3 cursor whose ``execute`` may raise what a busy database raises."""
-
-    def __init__(self, cursor: sqlite3.Cursor, faults: Faults) -> None:
-        self._cursor = cursor
-        self._faults = faults
-
-    def execute(self, sql: str, params: Any = ()) -> Any:
-        self._faults.check(sql)
-        return self._cursor.execute(sql, params)
-
-    def executemany(self, sql: str, rows: Any) -> Any:
-        self._faults.check(sql)
-        return self._cursor.executemany(sql, rows)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._cursor, name)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._cursor)
-
-
 class World:
     """One database, writer and journal for every example of a test (reset in between)."""
 
@@ -132,7 +112,7 @@ class World:
         self.faults = Faults()
         self.db = open_database(f"sqlite:///{path}", synchronous="NORMAL")
         real_cursor = self.db.cursor
-        self.db.cursor = lambda *a, **k: FaultyCursor(real_cursor(*a, **k), self.faults)
+        self.db.cursor = lambda *a, **k: FaultyCursor(real_cursor(*a, **k), self.faults.check)
         self.tables = bind_tables(self.db)
         upgrade(self.tables)
         self.writer = GroupCommitWriter(self.db, name=WRITER)
