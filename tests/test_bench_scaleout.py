@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from kinbox.actors import bench_scaleout
-from kinbox.actors.bench_scaleout_systems import SYSTEM_NAMES, database_url
+from kinbox.actors.bench_scaleout_systems import (
+    REMAINING,
+    SYSTEM_NAMES,
+    Producer,
+    database_url,
+    fresh_database,
+)
 from kinbox.actors.cli import main
 
 
@@ -90,5 +96,21 @@ def test_pinned_workers_each_run_on_a_cpu_of_their_own(pg_url: str) -> None:
             assert os.sched_getaffinity(free.procs[0].pid) == set(cpus)
         finally:
             free.stop()
+    finally:
+        producer.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(120)
+def test_kinbox_progress_poll_reads_the_open_rows_index_after_the_backlog(pg_url: str) -> None:
+    # The backlog's ANALYZE says every row is pending, which made the planner scan the whole
+    # table (every row version) for each poll while the workers drained it.
+    producer = Producer("kinbox", fresh_database(pg_url, "kinbox"), 200, 100)
+    try:
+        producer.backlog(3000)
+        plan = "\n".join(r[0] for r in producer.query(f"EXPLAIN {REMAINING['kinbox']}"))
+        assert "Seq Scan" not in plan
+        assert "agent_inbox_open_target_seq" in plan
+        assert producer.remaining() == 3000
     finally:
         producer.close()
