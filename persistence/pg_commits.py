@@ -74,6 +74,23 @@ def _json(rows: Sequence[Sequence[Any]], width: int) -> str:
     return json.dumps(rows, ensure_ascii=False, allow_nan=False)
 
 
+_BACKSLASH, _QUOTE = "\\", '"'
+"""What an array literal escapes inside a double-quoted element (with a backslash)."""
+
+
+def array_literal(values: Sequence[str] | Sequence[float]) -> str:
+    """``values`` (all text, or all floats) as one PostgreSQL array literal, for a ``text[]``
+    or ``float8[]`` parameter: the driver then quotes one string instead of adapting each
+    value under the interpreter lock (a batch's ids, targets and times, 30 turns: 135 us of
+    the writer's time as lists, 45 as literals, in one run). Every text is double-quoted with its
+    backslashes and double quotes escaped, so any text round-trips (``NULL`` too: quoted,
+    it is text, not the null); floats as ``repr``, which keeps every bit."""
+    # Two replaces: a fifth of the time of one str.translate on ids like these.
+    return "{" + ",".join(
+        [f'"{v.replace(_BACKSLASH, _BACKSLASH * 2).replace(_QUOTE, _BACKSLASH + _QUOTE)}"'
+         if isinstance(v, str) else repr(float(v)) for v in values]) + "}"
+
+
 class BatchOutcome(NamedTuple):
     """What one fused commit statement did."""
 
@@ -147,8 +164,9 @@ class PgTurnSql:
         # parsed it again, eight times for an entry (the statement took 85.6 against 94.2
         # us a turn, 40 turns a batch, interleaved on one connection). Numbers keep every
         # bit either way: ``jsonb`` holds the decimal text ``repr`` wrote, exactly.
-        params = {"now": now, "ids": list(ids), "owner": owner, "until": until,
-                  "chaining": [t for t, _ in chaining], "chain_at": [a for _, a in chaining],
+        params = {"now": now, "ids": array_literal(ids), "owner": owner, "until": until,
+                  "chaining": array_literal([t for t, _ in chaining]),
+                  "chain_at": array_literal([a for _, a in chaining]),
                   "entries": _json(entries, 8), "markers": _json(markers, 3),
                   "processing": PROCESSING}
         rows = self.commit.run_guarded(params)

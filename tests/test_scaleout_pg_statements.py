@@ -15,9 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg2
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kinbox.persistence import NewMessage, TurnEntry, open_database
+from kinbox.persistence.pg_commits import array_literal
 
 from .conftest import Stores
 from .helpers import pg_seq_scans
@@ -194,3 +198,23 @@ def test_a_batch_commit_keeps_every_entry_value_and_its_order(pg: Stores) -> Non
                        *(("assistant", t, False, None, None, None, at[r.target])
                          for t in texts[r.target])]
     assert pg.store.marker_counts() == {"s1-1": 1, "s2-1": 1}
+
+
+@pytest.mark.timeout(60)
+def test_array_literals_round_trip_any_text_and_every_float_bit(pg_url: str) -> None:
+    # The turn commit's ids, targets and times travel as literals (pg_commits.array_literal).
+    conn = psycopg2.connect(pg_url)
+    try:
+        cur = conn.cursor()
+
+        @settings(max_examples=300, deadline=None)
+        @given(texts=st.lists(st.text().filter(lambda t: "\x00" not in t), max_size=8),
+               floats=st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=8))
+        def round_trip(texts: list[str], floats: list[float]) -> None:
+            cur.execute("SELECT %s::text[], %s::float8[]",  # PostgreSQL text has no NUL
+                        (array_literal(texts), array_literal(floats)))
+            assert cur.fetchone() == (texts, floats)
+
+        round_trip()
+    finally:
+        conn.close()
