@@ -64,11 +64,11 @@ from .pg_claims import marker_probe
 from .pg_prepared import PreparedStatement
 
 
-def _json(rows: Sequence[Sequence[Any]], width: int) -> str:
-    """Rows of ``width`` values as a JSON array of arrays. Floats keep every bit
-    (``repr``: shortest round-trip); text that is not valid Unicode fails in the driver
-    before anything is sent (the batch then commits one turn at a time, as it did when
-    these were arrays)."""
+def json_rows(rows: Sequence[Sequence[Any]], width: int) -> str:
+    """Rows of ``width`` values as a JSON array of arrays, for a statement that reads them
+    with ``jsonb_array_elements``. Floats keep every bit (``repr``: shortest round-trip);
+    text that is not valid Unicode fails in the driver before anything is sent (a batch
+    then goes one operation at a time, as it did when these were arrays)."""
     if any(len(row) != width for row in rows):
         raise ValueError(f"every row must have {width} values")
     return json.dumps(rows, ensure_ascii=False, allow_nan=False)
@@ -167,7 +167,7 @@ class PgTurnSql:
         params = {"now": now, "ids": array_literal(ids), "owner": owner, "until": until,
                   "chaining": array_literal([t for t, _ in chaining]),
                   "chain_at": array_literal([a for _, a in chaining]),
-                  "entries": _json(entries, 8), "markers": _json(markers, 3),
+                  "entries": json_rows(entries, 8), "markers": json_rows(markers, 3),
                   "processing": PROCESSING}
         rows = self.commit.run_guarded(params)
         leased = {}

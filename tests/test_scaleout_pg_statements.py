@@ -218,3 +218,25 @@ def test_array_literals_round_trip_any_text_and_every_float_bit(pg_url: str) -> 
         round_trip()
     finally:
         conn.close()
+
+
+@pytest.mark.timeout(60)
+def test_new_rows_read_back_on_postgresql_as_on_sqlite(pg: Stores, db_url: str) -> None:
+    # PostgreSQL's new rows travel as one JSON text (bulk_sql._PG_NEW_ROWS): every value
+    # must land in its column as SQLite's multi-row VALUES puts it, nulls and numbers too.
+    msgs = [NewMessage("m0", "s1", "plain"),
+            NewMessage("m1", "s2", "ünï \\ \"quoted\" 'q' ${x} %s 😀", kind="subagent_result",
+                       sender="s0", payload={"k": [1, 2.5, None], "ü": "ß"}),
+            NewMessage("m2", "s1", "to a peer", transport="peer", destination_peer_id="dev-1",
+                       max_attempts=9),
+            NewMessage("m3", "s3", "x" * 20_000)]
+    sqlite = Stores(db_url)
+    try:
+        expected = sqlite.journal.enqueue_many(msgs, T0 + 0.123456789)
+        want = [{k: v for k, v in r.items() if k != "seq"} for r in sqlite.journal.rows()]
+    finally:
+        sqlite.close()
+    assert pg.journal.enqueue_many(msgs, T0 + 0.123456789) == expected
+    rows = pg.journal.rows()
+    assert [{k: v for k, v in r.items() if k != "seq"} for r in rows] == want
+    assert [r["seq"] for r in rows] == sorted(r["seq"] for r in rows)
