@@ -106,7 +106,9 @@ class Workers:
 POLL_SECONDS = 0.1
 """How often :func:`wait_done` counts what is left. The rates come from the workers' own
 times (first turn start, last turn end), so the poll only notices the end; it runs on the
-server the workers share, and every 20 ms it took a tenth of a core at 20,000 messages."""
+server the workers share, and every 20 ms it took a tenth of a core at 20,000 messages.
+The drain's CPU sample, taken once the poll has seen the end, counts up to one interval
+of idle workers and server as well (a few ms of CPU: their timers and listeners)."""
 
 
 def wait_done(producer: Producer, timeout: float) -> None:

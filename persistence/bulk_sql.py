@@ -31,6 +31,8 @@ _INBOX_COLUMNS = ("message_id, seq, transport, destination_peer_id, sender_chat_
 _INBOX_VALUES = 15
 """Values a new row's ``inbox_records.insert_params`` gives: every column above but ``seq``
 and ``attempts``, in that order."""
+_BODY, _PAYLOAD = 6, 7
+"""Where a new row's body (``content``) and stored payload are among those values."""
 
 _PG_NEW_ROWS = (
     # PostgreSQL: the rows as one JSON text (``json_rows``), numbered in their order.
@@ -46,6 +48,28 @@ the driver quoted each of the 15 values of each row on the writer thread, under 
 interpreter lock, and the server parsed them all as one long text: a batch of 16 sends
 took 1,649 us against 1,169 this way, interleaved on one connection (925 prepared, which
 a transaction-mode pooler would not keep; see :mod:`.pg_prepared`)."""
+
+PG_ROWS_CHARS = 32 * 1024 * 1024
+"""Characters of message text (body and payload) in one new-rows statement on PostgreSQL,
+at most: a ``jsonb`` array holds at most 256 MiB, a character takes at most four bytes,
+and the rest of a row is a few short fields. A batch with more goes in several statements
+(a thousand sends of a 256 KiB body would not fit in one)."""
+
+
+def pg_row_parts(rows: Sequence[Sequence[Any]]) -> list[Sequence[Sequence[Any]]]:
+    """``rows`` (``insert_params`` each) in consecutive parts of at most
+    :data:`PG_ROWS_CHARS` of body and payload (a row larger alone is a part of its own)."""
+    parts: list[Sequence[Sequence[Any]]] = []
+    start, size = 0, 0
+    for i, row in enumerate(rows):
+        n = len(row[_BODY]) + len(row[_PAYLOAD])
+        if i > start and size + n > PG_ROWS_CHARS:
+            parts.append(rows[start:i])
+            start, size = i, 0
+        size += n
+    if start < len(rows):
+        parts.append(rows[start:])
+    return parts
 
 
 class BulkSql:
@@ -110,8 +134,9 @@ class BulkSql:
         :data:`~.inbox_notify.CHANNEL` (see there).
         """
         if self.postgres:
-            written = int(self.db.execute_sql(
-                _PG_NEW_ROWS, (json_rows(rows, _INBOX_VALUES),)).fetchone()[0])
+            written = sum(int(self.db.execute_sql(
+                _PG_NEW_ROWS, (json_rows(part, _INBOX_VALUES),)).fetchone()[0])
+                for part in pg_row_parts(rows))
             if written:  # other processes' listeners hear of it at the commit
                 defer(self.db, NOTIFY_SQL)  # with the next statement (or the COMMIT)
             return written, None

@@ -66,9 +66,12 @@ from .pg_prepared import PreparedStatement
 
 def json_rows(rows: Sequence[Sequence[Any]], width: int) -> str:
     """Rows of ``width`` values as a JSON array of arrays, for a statement that reads them
-    with ``jsonb_array_elements``. Floats keep every bit (``repr``: shortest round-trip);
-    text that is not valid Unicode fails in the driver before anything is sent (a batch
-    then goes one operation at a time, as it did when these were arrays)."""
+    with ``jsonb_array_elements``. A float keeps its value (``repr`` writes the shortest
+    text that reads back to it, and ``jsonb`` keeps that as an exact ``numeric``; only a
+    zero's sign is lost). Text that is not valid Unicode fails in the driver before
+    anything is sent, text with a NUL on the server (PostgreSQL's text has none); either
+    way a batch then goes one operation at a time. A ``jsonb`` array holds at most 256
+    MiB: callers that may pass more split their rows (``bulk_sql``)."""
     if any(len(row) != width for row in rows):
         raise ValueError(f"every row must have {width} values")
     return json.dumps(rows, ensure_ascii=False, allow_nan=False)
@@ -78,17 +81,25 @@ _BACKSLASH, _QUOTE = "\\", '"'
 """What an array literal escapes inside a double-quoted element (with a backslash)."""
 
 
-def array_literal(values: Sequence[str] | Sequence[float]) -> str:
-    """``values`` (all text, or all floats) as one PostgreSQL array literal, for a ``text[]``
-    or ``float8[]`` parameter: the driver then quotes one string instead of adapting each
-    value under the interpreter lock (a batch's ids, targets and times, 30 turns: 135 us of
-    the writer's time as lists, 45 as literals, in one run). Every text is double-quoted with its
-    backslashes and double quotes escaped, so any text round-trips (``NULL`` too: quoted,
-    it is text, not the null); floats as ``repr``, which keeps every bit."""
+def text_array(values: Sequence[str]) -> str:
+    """``values`` as one PostgreSQL array literal for a ``text[]`` parameter: the driver
+    then quotes one string instead of adapting each value under the interpreter lock (a
+    batch's ids, targets and times, 30 turns: 135 us of the writer's time as lists, 45 as
+    literals, in one run). Every element is double-quoted with its backslashes and double
+    quotes escaped, so any text round-trips (``NULL`` too: quoted, it is text, not the
+    null). Anything but a ``str`` is refused: written as text it would change."""
+    if not all(type(v) is str for v in values):
+        raise TypeError("text_array takes str values only")
     # Two replaces: a fifth of the time of one str.translate on ids like these.
-    return "{" + ",".join(
-        [f'"{v.replace(_BACKSLASH, _BACKSLASH * 2).replace(_QUOTE, _BACKSLASH + _QUOTE)}"'
-         if isinstance(v, str) else repr(float(v)) for v in values]) + "}"
+    escaped = [v.replace(_BACKSLASH, _BACKSLASH * 2).replace(_QUOTE, _BACKSLASH + _QUOTE)
+               for v in values]
+    return "{" + ",".join([f'"{v}"' for v in escaped]) + "}"
+
+
+def float8_array(values: Sequence[float]) -> str:
+    """``values`` as one PostgreSQL array literal for a ``float8[]`` parameter (see
+    :func:`text_array`): each as ``repr``, which keeps every bit, the sign of a zero too."""
+    return "{" + ",".join([repr(float(v)) for v in values]) + "}"
 
 
 class BatchOutcome(NamedTuple):
@@ -162,11 +173,12 @@ class PgTurnSql:
         # JSON faster than array literals (measured: 89 against 611 us a batch, round trip).
         # As ``jsonb``, each text is parsed once; as ``json`` every ``->>`` of an element
         # parsed it again, eight times for an entry (the statement took 85.6 against 94.2
-        # us a turn, 40 turns a batch, interleaved on one connection). Numbers keep every
-        # bit either way: ``jsonb`` holds the decimal text ``repr`` wrote, exactly.
-        params = {"now": now, "ids": array_literal(ids), "owner": owner, "until": until,
-                  "chaining": array_literal([t for t, _ in chaining]),
-                  "chain_at": array_literal([a for _, a in chaining]),
+        # us a turn, 40 turns a batch, interleaved on one connection). Times keep every
+        # bit: ``jsonb`` holds the decimal text ``repr`` wrote as a ``numeric``, exactly
+        # (it drops only the sign of a zero, which no time has).
+        params = {"now": now, "ids": text_array(ids), "owner": owner, "until": until,
+                  "chaining": text_array([t for t, _ in chaining]),
+                  "chain_at": float8_array([a for _, a in chaining]),
                   "entries": json_rows(entries, 8), "markers": json_rows(markers, 3),
                   "processing": PROCESSING}
         rows = self.commit.run_guarded(params)

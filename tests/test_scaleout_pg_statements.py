@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kinbox.persistence import NewMessage, TurnEntry, open_database
-from kinbox.persistence.pg_commits import array_literal
+from kinbox.persistence import NewMessage, TurnEntry, bulk_sql, open_database
+from kinbox.persistence.pg_commits import float8_array, text_array
 
 from .conftest import Stores
 from .helpers import pg_seq_scans
@@ -202,7 +202,8 @@ def test_a_batch_commit_keeps_every_entry_value_and_its_order(pg: Stores) -> Non
 
 @pytest.mark.timeout(60)
 def test_array_literals_round_trip_any_text_and_every_float_bit(pg_url: str) -> None:
-    # The turn commit's ids, targets and times travel as literals (pg_commits.array_literal).
+    # The turn commit's ids, targets and times travel as literals (pg_commits.text_array,
+    # float8_array).
     conn = psycopg2.connect(pg_url)
     try:
         cur = conn.cursor()
@@ -212,12 +213,19 @@ def test_array_literals_round_trip_any_text_and_every_float_bit(pg_url: str) -> 
                floats=st.lists(st.floats(allow_nan=False, allow_infinity=False), max_size=8))
         def round_trip(texts: list[str], floats: list[float]) -> None:
             cur.execute("SELECT %s::text[], %s::float8[]",  # PostgreSQL text has no NUL
-                        (array_literal(texts), array_literal(floats)))
-            assert cur.fetchone() == (texts, floats)
+                        (text_array(texts), float8_array(floats)))
+            got_texts, got_floats = cur.fetchone()
+            assert got_texts == texts
+            assert [repr(f) for f in got_floats] == [repr(f) for f in floats]  # -0.0 too
 
         round_trip()
     finally:
         conn.close()
+
+
+def test_a_text_array_takes_text_only() -> None:
+    with pytest.raises(TypeError):
+        text_array(["a", 1])  # type: ignore[list-item]  # would become the text "1.0"
 
 
 @pytest.mark.timeout(60)
@@ -237,6 +245,28 @@ def test_new_rows_read_back_on_postgresql_as_on_sqlite(pg: Stores, db_url: str) 
     finally:
         sqlite.close()
     assert pg.journal.enqueue_many(msgs, T0 + 0.123456789) == expected
-    rows = pg.journal.rows()
+    rows = pg.journal.rows()  # in seq order
     assert [{k: v for k, v in r.items() if k != "seq"} for r in rows] == want
-    assert [r["seq"] for r in rows] == sorted(r["seq"] for r in rows)
+
+
+@pytest.mark.timeout(60)
+def test_new_rows_past_one_statements_size_go_in_several_in_order(
+        pg: Stores, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A jsonb array holds at most 256 MiB: a batch with more text than PG_ROWS_CHARS goes in
+    # several statements, numbered in order, a repeat in a later one found as in one.
+    monkeypatch.setattr(bulk_sql, "PG_ROWS_CHARS", 1000)
+    statements: list[str] = []
+    execute = pg.db.execute_sql
+
+    def counted(sql: str, params: Any = None) -> Any:
+        statements.append(sql)
+        return execute(sql, params)
+
+    monkeypatch.setattr(pg.db, "execute_sql", counted)
+    msgs = [NewMessage(f"m{i}", f"s{i % 3}", f"{i}" * 300) for i in range(10)]
+    assert all(r.created for r in pg.journal.enqueue_many(msgs, T0))
+    assert statements.count(bulk_sql._PG_NEW_ROWS) == 4  # 3 + 3 + 3 + 1 bodies of 300
+    assert [r["message_id"] for r in pg.journal.rows()] == [f"m{i}" for i in range(10)]
+    again = pg.journal.enqueue_many([NewMessage("n0", "s1", "x" * 600), msgs[9]], T0 + 1)
+    assert [(r.message_id, r.created) for r in again] == [("n0", True), ("m9", False)]
+    assert len(pg.journal.rows()) == 11
