@@ -18,8 +18,9 @@ from .database import is_postgres
 from .hot_path import CLAIM_COLUMNS, INBOX, PENDING, PROCESSING, Head, HotPath, chunks, head_probe
 from .inbox_notify import NOTIFY_SQL
 from .pg_claims import PgClaims
-from .pg_commits import PgTurnSql, json_rows
+from .pg_commits import PgTurnSql
 from .pg_database import defer
+from .pg_params import json_rows
 
 ROWS_PER_INSERT = 200
 """Rows per multi-row ``INSERT``: 200 x 15 parameters stays under every backend's bound."""

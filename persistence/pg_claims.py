@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 import peewee as pw
 
 from .hot_path import CLAIM_COLUMNS, INBOX, PENDING, PROCESSING, Head, head_probe
+from .pg_params import text_array
 from .pg_prepared import PreparedStatement
 
 FIRST_WINDOW, LAST_WINDOW = 32, 4096
@@ -145,7 +146,8 @@ class PgClaims:
         if not ids:
             return PlainClaim([], False)
         rows = self.lease_plain.run(
-            {"ids": ids, "now": now, "owner": owner, "until": until, "limit": limit})
+            {"ids": text_array(ids), "now": now, "owner": owner, "until": until,
+             "limit": limit})
         leased = [Head._make(r[:-2]) for r in rows if r[-1]]
         special = any(not r[-1] and (r[_STATUS] != PENDING or r[_SUSPECT] or r[-2])
                       for r in rows)
@@ -160,7 +162,7 @@ class PgClaims:
             return [], set()
         heads: list[Head] = []
         committed: set[str] = set()
-        for r in self.db.execute_sql(self.sql_lock, (ids, now, now)):
+        for r in self.db.execute_sql(self.sql_lock, (text_array(ids), now, now)):
             heads.append(Head._make(r[:-1]))
             if r[-1]:
                 committed.add(r[0])
@@ -169,7 +171,7 @@ class PgClaims:
     def _candidates(self, transport: str, now: float, limit: int,
                     exclude: Sequence[str]) -> list[str]:
         """The ids of up to ``limit`` due heads per open state, oldest first (unlocked)."""
-        skip = list(exclude)
+        skip = text_array(exclude)  # a literal: see .pg_params
         window = max(FIRST_WINDOW, 4 * limit)
         rows = self.first.run(
             {"now": now, "transport": transport, "skip": skip, "after": 0, "window": window})
@@ -181,7 +183,7 @@ class PgClaims:
                 ids += self._walk(state, transport, now, limit, skip, mine[-1][1], window)
         return ids
 
-    def _walk(self, state: str, transport: str, now: float, limit: int, skip: list[str],
+    def _walk(self, state: str, transport: str, now: float, limit: int, skip: str,
               after: int, window: int) -> list[str]:
         """Ids of up to ``limit`` claimable heads in ``state`` after ``after``, in order."""
         ids: list[str] = []

@@ -37,6 +37,12 @@ def test_a_head_behind_thousands_of_a_busy_targets_rows_is_claimed(pg_url: str) 
         assert [r.message_id for r in second.rows] == ["b0"]
         # w0's own busy target, excluded by the caller, is left out the same way.
         assert journal.claim("w0", now, limit=4, exclude=["busy"]).rows == []
+        # A pending head found past the first window: left out when its target is
+        # excluded (the targets travel as one array literal, quotes and all), else leased.
+        journal.enqueue_many([NewMessage("c0", 'th"ird\\', "c", sender="u")], now)
+        assert journal.claim("w2", now, limit=4, exclude=['th"ird\\', "x,y"]).rows == []
+        assert [r.message_id for r in journal.claim("w2", now, limit=4, exclude=["x,y"]).rows
+                ] == ["c0"]
     finally:
         stores.close()
 

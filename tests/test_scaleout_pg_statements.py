@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kinbox.persistence import NewMessage, TurnEntry, bulk_sql, open_database
-from kinbox.persistence.pg_commits import float8_array, text_array
+from kinbox.persistence.pg_params import float8_array, text_array
 
 from .conftest import Stores
 from .helpers import pg_seq_scans
@@ -202,8 +202,8 @@ def test_a_batch_commit_keeps_every_entry_value_and_its_order(pg: Stores) -> Non
 
 @pytest.mark.timeout(60)
 def test_array_literals_round_trip_any_text_and_every_float_bit(pg_url: str) -> None:
-    # The turn commit's ids, targets and times travel as literals (pg_commits.text_array,
-    # float8_array).
+    # The turn commit's ids, targets and times travel as literals (pg_params.text_array,
+    # float8_array), and a claim's ids and busy targets.
     conn = psycopg2.connect(pg_url)
     try:
         cur = conn.cursor()
