@@ -14,9 +14,12 @@ from collections.abc import Sequence
 from itertools import chain
 from typing import Any
 
+import peewee as pw
+
 from .database import is_postgres
 from .hot_path import CLAIM_COLUMNS, INBOX, PENDING, PROCESSING, Head, HotPath, chunks, head_probe
 from .inbox_notify import NOTIFY_SQL
+from .models import InboxMessage
 from .pg_claims import PgClaims
 from .pg_commits import PgTurnSql
 from .pg_database import defer
@@ -29,18 +32,31 @@ _INBOX_COLUMNS = ("message_id, seq, transport, destination_peer_id, sender_chat_
                   "target_chat_id, kind, content, payload, attempts, max_attempts, "
                   "available_at, created_at, updated_at, status, lease_owner, lease_until")
 
-_INBOX_VALUES = 15
-"""Values a new row's ``inbox_records.insert_params`` gives: every column above but ``seq``
-and ``attempts``, in that order."""
-_BODY, _PAYLOAD = 6, 7
-"""Where a new row's body (``content``) and stored payload are among those values."""
+_NEW_ROW = tuple(c for c in _INBOX_COLUMNS.split(", ") if c not in ("seq", "attempts"))
+"""The values ``inbox_records.insert_params`` gives a new row, in order: every column above
+but ``seq`` (numbered by the writer on SQLite, by the sequence on PostgreSQL) and
+``attempts`` (0)."""
+_BODY, _PAYLOAD = _NEW_ROW.index("content"), _NEW_ROW.index("payload")
+
+
+def _pg_new_value(column: str) -> str:
+    """What PostgreSQL's new-rows statement puts in ``column``: from the row's JSON (``r``),
+    cast to the model's type where it is a number."""
+    if column == "seq":
+        return "nextval('agent_inbox_seq')"
+    if column == "attempts":
+        return "0"
+    field = InboxMessage._meta.fields[column]  # type: ignore[attr-defined]
+    cast = ("::integer" if isinstance(field, pw.IntegerField) else
+            "::float8" if isinstance(field, pw.DoubleField) else "")
+    value = f"r->>{_NEW_ROW.index(column)}"
+    return f"({value}){cast}" if cast else value
+
 
 _PG_NEW_ROWS = (
     # PostgreSQL: the rows as one JSON text (``json_rows``), numbered in their order.
     f"WITH written AS (INSERT INTO {INBOX} ({_INBOX_COLUMNS}) "
-    f"SELECT r->>0, nextval('agent_inbox_seq'), r->>1, r->>2, r->>3, r->>4, r->>5, r->>6, "
-    f"r->>7, 0, (r->>8)::integer, (r->>9)::float8, (r->>10)::float8, (r->>11)::float8, "
-    f"r->>12, r->>13, (r->>14)::float8 "
+    f"SELECT {', '.join(_pg_new_value(c) for c in _INBOX_COLUMNS.split(', '))} "
     f"FROM (SELECT r FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS x(r, n) "
     f"ORDER BY n) o ON CONFLICT (message_id) DO NOTHING RETURNING 1) "
     f"SELECT COUNT(*) FROM written")
@@ -85,8 +101,8 @@ class BulkSql:
         self.pg_turns = PgTurnSql(hot.db) if self.postgres else None
         """PostgreSQL's fused turn-commit statements (None on SQLite)."""
         p = hot.p
-        self._inbox_row = (f"({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, 0, "  # SQLite's
-                           f"{p}, {p}, {p}, {p}, {p}, {p}, {p})")
+        self._inbox_row = "(" + ", ".join(  # SQLite's: seq numbered by the writer
+            "0" if c == "attempts" else p for c in _INBOX_COLUMNS.split(", ")) + ")"
         self._entry_row = f"({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})"
         self._marker_row = f"({p}, {p}, {p})"
 
@@ -136,7 +152,7 @@ class BulkSql:
         """
         if self.postgres:
             written = sum(int(self.db.execute_sql(
-                _PG_NEW_ROWS, (json_rows(part, _INBOX_VALUES),)).fetchone()[0])
+                _PG_NEW_ROWS, (json_rows(part, len(_NEW_ROW)),)).fetchone()[0])
                 for part in pg_row_parts(rows))
             if written:  # other processes' listeners hear of it at the commit
                 defer(self.db, NOTIFY_SQL)  # with the next statement (or the COMMIT)
