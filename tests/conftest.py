@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -19,7 +20,30 @@ from kinbox.persistence import (
     upgrade,
 )
 
-PG_URL = os.environ.get("KINBOX_TEST_PG_URL")
+
+def _worker_database(url: str | None) -> str | None:
+    """The PostgreSQL database of this pytest-xdist worker: ``<name>_<worker>``, created
+    when missing, so two workers never drop each other's tables (None without a URL)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not url or not worker:
+        return url
+    import psycopg2
+
+    parts = urlsplit(url)
+    name = f"{parts.path.lstrip('/') or 'postgres'}_{worker}"
+    conn = psycopg2.connect(url)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+            if cur.fetchone() is None:
+                cur.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        conn.close()
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+PG_URL = _worker_database(os.environ.get("KINBOX_TEST_PG_URL"))
 KINBOX_TABLES = ("cron_runs", "cron_jobs", "peer_invites", "peer_devices",
                  "scheduled_jobs", "agent_inbox_events", "agent_inbox_messages", "tasks",
                  "delivery_markers",
