@@ -2,7 +2,7 @@
 
 Every system runs as worker processes (``bench_scaleout_child``) with the
 same trivial brain, the same payload and the same claim batch, each on a
-fresh database of its own, in one run (absolute numbers drift on a shared
+fresh database of its own (dropped after the measurement), in one run (absolute numbers drift on a shared
 machine; ratios measured together hold). Sends are durable everywhere
 (committed before the call returns). Workloads:
 
@@ -41,7 +41,7 @@ from typing import Any
 
 from .bench_runs import percentile
 from .bench_scaleout_bare_cpu import CpuSample, backends
-from .bench_scaleout_systems import SYSTEM_NAMES, Producer, fresh_database
+from .bench_scaleout_systems import SYSTEM_NAMES, Producer, scratch_producer
 from .cpu_pinning import allowed_cpus
 
 OTHERS = (("pgqueuer", " (target >= 1)"), ("dbos", " (target >= 3)"), ("procrastinate", ""),
@@ -130,8 +130,7 @@ def _rate(n: int, start: float, reports: list[dict[str, Any]]) -> float:
 def drain(system: str, base: str, workers: int, n: int, pin: bool = False) -> dict[str, Any]:
     """Messages per second draining a backlog of ``n``, the CPU per message of the workers
     and of the server, and (bare_pg) its lost/duplicate counts and stage times."""
-    producer = Producer(system, fresh_database(base, system), SESSIONS, PAYLOAD)
-    try:
+    with scratch_producer(system, base, SESSIONS, PAYLOAD) as producer:
         producer.backlog(n)
         exclude = backends(producer)
         pool = Workers(system, producer.url, workers, pin=pin)
@@ -149,15 +148,12 @@ def drain(system: str, base: str, workers: int, n: int, pin: bool = False) -> di
         if "stages_us_per_msg" in reports[0]:
             out["_drain_stages"] = [r["stages_us_per_msg"] for r in reports]
         return out
-    finally:
-        producer.close()
 
 
 def closed(system: str, base: str, workers: int, n: int, pin: bool = False) -> dict[str, Any]:
     """Messages per second with closed-loop durable sends from 32 threads (and bare_pg's
     lost/duplicate counts)."""
-    producer = Producer(system, fresh_database(base, system), SESSIONS, PAYLOAD)
-    try:
+    with scratch_producer(system, base, SESSIONS, PAYLOAD) as producer:
         pool = Workers(system, producer.url, workers, pin=pin)
         try:
             start = time.time()
@@ -168,28 +164,22 @@ def closed(system: str, base: str, workers: int, n: int, pin: bool = False) -> d
             reports = pool.stop()
         return {"closed_msgs_per_s": _rate(n, start, reports),
                 **{f"closed_{k}": v for k, v in producer.audit().items()}}
-    finally:
-        producer.close()
 
 
 def sends_only(base: str, n: int) -> float:
     """kinbox: closed-loop sends per second with no worker running (the producer's own
     ceiling, which bounds the closed workload whatever the number of workers)."""
-    producer = Producer("kinbox", fresh_database(base, "kinbox"), SESSIONS, PAYLOAD)
-    try:
+    with scratch_producer("kinbox", base, SESSIONS, PAYLOAD) as producer:
         start = time.time()
         with ThreadPoolExecutor(PRODUCERS) as senders:
             list(senders.map(producer.send, range(n)))
         return round(n / max(1e-9, time.time() - start))
-    finally:
-        producer.close()
 
 
 def latency(base: str, seconds: float, rate: float = 500.0, pin: bool = False
             ) -> dict[str, Any]:
     """kinbox, 2 workers: send -> turn start at a steady ``rate`` per second."""
-    producer = Producer("kinbox", fresh_database(base, "kinbox"), SESSIONS, PAYLOAD)
-    try:
+    with scratch_producer("kinbox", base, SESSIONS, PAYLOAD) as producer:
         pool = Workers("kinbox", producer.url, 2, pin=pin)
         n = int(seconds * rate)
         try:
@@ -207,8 +197,6 @@ def latency(base: str, seconds: float, rate: float = 500.0, pin: bool = False
         return {"messages": n, "rate": rate, "p50_ms": _ms(percentile(lat, 0.5)),
                 "p99_ms": _ms(percentile(lat, 0.99)),
                 "per_worker": [len(r["latencies"]) for r in reports]}
-    finally:
-        producer.close()
 
 
 def _ms(value: float | None) -> float | None:
@@ -217,8 +205,7 @@ def _ms(value: float | None) -> float | None:
 
 def recovery(base: str, pin: bool = False) -> dict[str, Any]:
     """kinbox, 2 workers with slow turns: SIGKILL one mid-turn; seconds to redelivery."""
-    producer = Producer("kinbox", fresh_database(base, "kinbox"), SESSIONS, PAYLOAD)
-    try:
+    with scratch_producer("kinbox", base, SESSIONS, PAYLOAD) as producer:
         pool = Workers("kinbox", producer.url, 2, slow=True, pin=pin)
         try:
             for k in range(40):
@@ -238,8 +225,6 @@ def recovery(base: str, pin: bool = False) -> dict[str, Any]:
         again = [t for r in reports for mid, t in r["starts"] if mid in held]
         return {"rows_held": len(held),
                 "first_redelivery_s": round(min(again) - killed_at, 3) if again else None}
-    finally:
-        producer.close()
 
 
 def producer_held(producer: Producer, pid: int) -> set[str]:

@@ -1,7 +1,7 @@
 """The producer side of each system ``kinbox bench scaleout`` runs on PostgreSQL.
 
-Each system gets a database of its own, made fresh for every run
-(``fresh_database``), and three operations: enqueue a backlog, send one
+Each system gets a database of its own, made fresh for every run and dropped
+after it (``scratch_producer``), and three operations: enqueue a backlog, send one
 message durably (the closed-loop workload: the call returns once the send
 is committed), and count what is not yet done. The consumers are worker
 processes (``bench_scaleout_child``); message ``k`` goes to session
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -46,17 +47,49 @@ def database_url(base: str, system: str) -> str:
 
 def fresh_database(base: str, system: str) -> str:
     """Drop and create the system's database; return its URL."""
+    url = database_url(base, system)
+    _on_server(base, f'DROP DATABASE IF EXISTS "{_name(url)}" WITH (FORCE)',
+               f'CREATE DATABASE "{_name(url)}"')
+    return url
+
+
+def drop_database(base: str, system: str) -> None:
+    """Drop the system's database (ending any connection still open to it)."""
+    _on_server(base, f'DROP DATABASE IF EXISTS "{_name(database_url(base, system))}" WITH (FORCE)')
+
+
+@contextmanager
+def scratch_producer(system: str, base: str, sessions: int, payload: int
+                     ) -> Iterator[Producer]:
+    """A producer on a fresh database of the system's own, closed and its database dropped
+    when the block ends, however it ends: a run leaves nothing behind on the server (a full
+    drain's database holds 50,000 messages and their transcript)."""
+    try:
+        producer = Producer(system, fresh_database(base, system), sessions, payload)
+        try:
+            yield producer
+        finally:
+            producer.close()
+    finally:
+        drop_database(base, system)
+
+
+def _name(url: str) -> str:
+    return urlsplit(url).path.lstrip("/")
+
+
+def _on_server(base: str, *statements: str) -> None:
+    """Run ``statements`` outside a transaction on ``base``'s server (database DDL)."""
     import psycopg2
 
-    url = database_url(base, system)
-    name = urlsplit(url).path.lstrip("/")
     conn = psycopg2.connect(base)
     conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        cur.execute(f'CREATE DATABASE "{name}"')
-    conn.close()
-    return url
+    try:
+        with conn.cursor() as cur:
+            for sql in statements:
+                cur.execute(sql)
+    finally:
+        conn.close()
 
 
 class Producer:

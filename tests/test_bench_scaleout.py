@@ -9,9 +9,8 @@ from kinbox.actors import bench_scaleout
 from kinbox.actors.bench_scaleout_systems import (
     REMAINING,
     SYSTEM_NAMES,
-    Producer,
     database_url,
-    fresh_database,
+    scratch_producer,
 )
 from kinbox.actors.cli import main
 
@@ -79,13 +78,10 @@ def test_pinning_workers_is_scaleouts_alone(capsys: pytest.CaptureFixture[str]) 
 def test_pinned_workers_each_run_on_a_cpu_of_their_own(pg_url: str) -> None:
     import os
 
-    from kinbox.actors.bench_scaleout_systems import Producer, fresh_database
-
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("needs two CPUs to tell pinned workers from free ones")
-    producer = Producer("raw", fresh_database(pg_url, "raw"), 4, 100)
-    try:
+    with scratch_producer("raw", pg_url, 4, 100) as producer:
         pool = bench_scaleout.Workers("raw", producer.url, 2, pin=True)
         try:
             assert [os.sched_getaffinity(p.pid) for p in pool.procs] == [{cpus[0]}, {cpus[1]}]
@@ -96,8 +92,6 @@ def test_pinned_workers_each_run_on_a_cpu_of_their_own(pg_url: str) -> None:
             assert os.sched_getaffinity(free.procs[0].pid) == set(cpus)
         finally:
             free.stop()
-    finally:
-        producer.close()
 
 
 @pytest.mark.postgres
@@ -105,12 +99,39 @@ def test_pinned_workers_each_run_on_a_cpu_of_their_own(pg_url: str) -> None:
 def test_kinbox_progress_poll_reads_the_open_rows_index_after_the_backlog(pg_url: str) -> None:
     # The backlog's ANALYZE says every row is pending, which made the planner scan the whole
     # table (every row version) for each poll while the workers drained it.
-    producer = Producer("kinbox", fresh_database(pg_url, "kinbox"), 200, 100)
-    try:
+    with scratch_producer("kinbox", pg_url, 200, 100) as producer:
         producer.backlog(3000)
         plan = "\n".join(r[0] for r in producer.query(f"EXPLAIN {REMAINING['kinbox']}"))
         assert "Seq Scan" not in plan
         assert "agent_inbox_open_target_seq" in plan
         assert producer.remaining() == 3000
+
+
+def _bench_databases(pg_url: str) -> set[str]:
+    import psycopg2
+
+    conn = psycopg2.connect(pg_url)
+    try:
+        with conn.cursor() as cur:
+            prefix = database_url(pg_url, "").rsplit("/", 1)[1]
+            cur.execute("SELECT datname FROM pg_database WHERE starts_with(datname, %s)",
+                        (prefix,))
+            return {r[0] for r in cur.fetchall()}
     finally:
-        producer.close()
+        conn.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(120)
+def test_a_measurement_drops_its_database_however_it_ends(pg_url: str) -> None:
+    name = database_url(pg_url, "kinbox").rsplit("/", 1)[1]
+    with scratch_producer("kinbox", pg_url, 4, 100) as producer:
+        producer.backlog(8)  # a connection of its own stays open to it
+        assert name in _bench_databases(pg_url)
+    assert name not in _bench_databases(pg_url)
+    with pytest.raises(ZeroDivisionError), scratch_producer("raw", pg_url, 4, 100):
+        assert 1 / 0
+    assert _bench_databases(pg_url) == set()
+    # A whole workload the same way: nothing of it is left on the server.
+    assert bench_scaleout.sends_only(pg_url, 20) > 0
+    assert _bench_databases(pg_url) == set()

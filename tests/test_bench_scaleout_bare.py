@@ -12,13 +12,9 @@ import pytest
 
 from kinbox.actors.bench_scaleout import Workers, wait_done
 from kinbox.actors.bench_scaleout_bare import ack, claim
-from kinbox.actors.bench_scaleout_systems import Producer, fresh_database
+from kinbox.actors.bench_scaleout_systems import Producer, scratch_producer
 
 pytestmark = pytest.mark.postgres
-
-
-def _producer(pg_url: str, sessions: int) -> Producer:
-    return Producer("bare_pg", fresh_database(pg_url, "bare_pg"), sessions, 100)
 
 
 def _rows(producer: Producer, sql: str) -> list[tuple[Any, ...]]:
@@ -27,8 +23,7 @@ def _rows(producer: Producer, sql: str) -> list[tuple[Any, ...]]:
 
 @pytest.mark.timeout(120)
 def test_two_bare_workers_deliver_every_message_once_in_session_order(pg_url: str) -> None:
-    producer = _producer(pg_url, sessions=200)
-    try:
+    with scratch_producer("bare_pg", pg_url, 200, 100) as producer:
         pool = Workers("bare_pg", producer.url, 2)
         try:
             # Sent once both poll: a claim leases 64 of the 200 heads, so both workers find
@@ -55,41 +50,38 @@ def test_two_bare_workers_deliver_every_message_once_in_session_order(pg_url: st
             entries[session].append((mid, role))
         for session, ids in by_session.items():
             assert entries[session] == [(m, r) for m in ids for r in ("user", "assistant")]
-    finally:
-        producer.close()
 
 
 @pytest.mark.timeout(60)
 def test_an_ack_after_the_lease_was_lost_writes_nothing(pg_url: str) -> None:
-    producer = _producer(pg_url, sessions=2)
-    a = psycopg2.connect(producer.url)
-    b = psycopg2.connect(producer.url)
-    a.autocommit = b.autocommit = True
-    try:
-        producer.backlog(4)  # sessions s0, s1: two rows each
-        held = claim(a.cursor(), "A")
-        assert [r[2] for r in held] == [r[2] for r in _rows(
-            producer, "SELECT id, session, body FROM bare_inbox ORDER BY id LIMIT 2")]
-        assert claim(b.cursor(), "B") == []  # both heads leased; the second rows are no heads
-        # A's leases run out (the server's clock moved past them): B takes them over.
-        producer.query("UPDATE bare_inbox SET lease_until = now() - interval '1 second' "
-                       "WHERE lease_owner = 'A'")
-        taken = claim(b.cursor(), "B")
-        assert [r[0] for r in taken] == [r[0] for r in held]
-        assert ack(a.cursor(), "A", [(r[0], "late") for r in held]) == set()
-        assert _rows(producer, "SELECT COUNT(*) FROM bare_transcript")[0][0] == 0
-        assert _rows(producer, "SELECT COUNT(*) FROM bare_markers")[0][0] == 0
-        assert ack(b.cursor(), "B", [(r[0], "ok") for r in taken]) == {r[0] for r in taken}
-        assert _rows(producer, "SELECT role, text FROM bare_transcript ORDER BY id")[1] == (
-            "assistant", "ok")
-        # An expired lease nobody took over is refused too, and its row stays claimable.
-        second = claim(a.cursor(), "A")
-        producer.query("UPDATE bare_inbox SET lease_until = now() - interval '1 second' "
-                       "WHERE lease_owner = 'A'")
-        assert ack(a.cursor(), "A", [(r[0], "late") for r in second]) == set()
-        assert [r[0] for r in claim(b.cursor(), "B")] == [r[0] for r in second]
-        assert producer.audit() == {"lost": 2, "duplicate": 0}
-    finally:
-        a.close()
-        b.close()
-        producer.close()
+    with scratch_producer("bare_pg", pg_url, 2, 100) as producer:
+        a = psycopg2.connect(producer.url)
+        b = psycopg2.connect(producer.url)
+        a.autocommit = b.autocommit = True
+        try:
+            producer.backlog(4)  # sessions s0, s1: two rows each
+            held = claim(a.cursor(), "A")
+            assert [r[2] for r in held] == [r[2] for r in _rows(
+                producer, "SELECT id, session, body FROM bare_inbox ORDER BY id LIMIT 2")]
+            assert claim(b.cursor(), "B") == []  # both heads leased; the second rows are no heads
+            # A's leases run out (the server's clock moved past them): B takes them over.
+            producer.query("UPDATE bare_inbox SET lease_until = now() - interval '1 second' "
+                           "WHERE lease_owner = 'A'")
+            taken = claim(b.cursor(), "B")
+            assert [r[0] for r in taken] == [r[0] for r in held]
+            assert ack(a.cursor(), "A", [(r[0], "late") for r in held]) == set()
+            assert _rows(producer, "SELECT COUNT(*) FROM bare_transcript")[0][0] == 0
+            assert _rows(producer, "SELECT COUNT(*) FROM bare_markers")[0][0] == 0
+            assert ack(b.cursor(), "B", [(r[0], "ok") for r in taken]) == {r[0] for r in taken}
+            assert _rows(producer, "SELECT role, text FROM bare_transcript ORDER BY id")[1] == (
+                "assistant", "ok")
+            # An expired lease nobody took over is refused too, and its row stays claimable.
+            second = claim(a.cursor(), "A")
+            producer.query("UPDATE bare_inbox SET lease_until = now() - interval '1 second' "
+                           "WHERE lease_owner = 'A'")
+            assert ack(a.cursor(), "A", [(r[0], "late") for r in second]) == set()
+            assert [r[0] for r in claim(b.cursor(), "B")] == [r[0] for r in second]
+            assert producer.audit() == {"lost": 2, "duplicate": 0}
+        finally:
+            a.close()
+            b.close()
