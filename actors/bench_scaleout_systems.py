@@ -1,9 +1,9 @@
 """The producer side of each system ``kinbox bench scaleout`` runs on PostgreSQL.
 
-Each system gets a database of its own, made fresh for every run and dropped
-after it (``scratch_producer``), and three operations: enqueue a backlog, send one
-message durably (the closed-loop workload: the call returns once the send
-is committed), and count what is not yet done. The consumers are worker
+Each system gets a database of its own, made fresh for every measurement and
+dropped after it (``scratch_producer``), and three operations: enqueue a
+backlog, send one message durably (the closed-loop workload: the call
+returns once the send is committed), and count what is not yet done. The consumers are worker
 processes (``bench_scaleout_child``); message ``k`` goes to session
 ``k % sessions`` everywhere, so kinbox's per-session order has the same
 shape of work as the others' unordered queues.
@@ -47,9 +47,9 @@ def database_url(base: str, system: str) -> str:
 
 def fresh_database(base: str, system: str) -> str:
     """Drop and create the system's database; return its URL."""
+    drop_database(base, system)
     url = database_url(base, system)
-    _on_server(base, f'DROP DATABASE IF EXISTS "{_name(url)}" WITH (FORCE)',
-               f'CREATE DATABASE "{_name(url)}"')
+    _on_server(base, f'CREATE DATABASE "{_name(url)}"')
     return url
 
 
@@ -78,16 +78,15 @@ def _name(url: str) -> str:
     return urlsplit(url).path.lstrip("/")
 
 
-def _on_server(base: str, *statements: str) -> None:
-    """Run ``statements`` outside a transaction on ``base``'s server (database DDL)."""
+def _on_server(base: str, sql: str) -> None:
+    """Run ``sql`` outside a transaction on ``base``'s server (database DDL)."""
     import psycopg2
 
     conn = psycopg2.connect(base)
     conn.autocommit = True
     try:
         with conn.cursor() as cur:
-            for sql in statements:
-                cur.execute(sql)
+            cur.execute(sql)
     finally:
         conn.close()
 
