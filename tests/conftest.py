@@ -20,30 +20,23 @@ from kinbox.persistence import (
     upgrade,
 )
 
+SERVER_PG_URL = os.environ.get("KINBOX_TEST_PG_URL")
+
 
 def _worker_database(url: str | None) -> str | None:
-    """The PostgreSQL database of this pytest-xdist worker: ``<name>_<worker>``, created
-    when missing, so two workers never drop each other's tables (None without a URL)."""
+    """The PostgreSQL database of this pytest-xdist worker, ``<name>_<worker>`` on the same
+    server, so two workers never drop each other's tables (``url`` itself outside xdist;
+    None without a URL). Made by :func:`reset_postgres` when missing."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if not url or not worker:
         return url
-    import psycopg2
-
     parts = urlsplit(url)
-    name = f"{parts.path.lstrip('/') or 'postgres'}_{worker}"
-    conn = psycopg2.connect(url)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
-            if cur.fetchone() is None:
-                cur.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        conn.close()
-    return urlunsplit(parts._replace(path=f"/{name}"))
+    return urlunsplit(parts._replace(path=f"/{parts.path.lstrip('/') or 'postgres'}_{worker}"))
 
 
-PG_URL = _worker_database(os.environ.get("KINBOX_TEST_PG_URL"))
+PG_URL = _worker_database(SERVER_PG_URL)
+_made: set[str] = set()
+"""Worker databases this process made sure exist."""
 KINBOX_TABLES = ("cron_runs", "cron_jobs", "peer_invites", "peer_devices",
                  "scheduled_jobs", "agent_inbox_events", "agent_inbox_messages", "tasks",
                  "delivery_markers",
@@ -57,12 +50,33 @@ def db_url(tmp_path: Path) -> str:
 
 
 def reset_postgres(url: str) -> None:
-    """Drop every kinbox table so a test starts from an empty database."""
+    """Drop every kinbox table so a test starts from an empty database (created first, once
+    per process, when it is this worker's and does not exist yet)."""
+    if url == PG_URL and url != SERVER_PG_URL and url not in _made:
+        _create_database(url)
+        _made.add(url)
     db = open_database(url)
     for table in KINBOX_TABLES:
         db.execute_sql(f"DROP TABLE IF EXISTS {table} CASCADE")
     db.execute_sql("DROP SEQUENCE IF EXISTS agent_inbox_seq")
     db.close()
+
+
+def _create_database(url: str) -> None:
+    """Create ``url``'s database on the server ``KINBOX_TEST_PG_URL`` names, when missing."""
+    import psycopg2
+
+    assert SERVER_PG_URL is not None
+    name = urlsplit(url).path.lstrip("/")
+    conn = psycopg2.connect(SERVER_PG_URL)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+            if cur.fetchone() is None:
+                cur.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        conn.close()
 
 
 @pytest.fixture
