@@ -4,8 +4,8 @@ Every system runs as worker processes (``bench_scaleout_child``) with the
 same trivial brain, the same payload and the same claim batch, each on a
 fresh database of its own (dropped after the measurement), in one run
 (absolute numbers drift on a shared machine; ratios measured together
-hold). Sends are durable everywhere
-(committed before the call returns). Workloads:
+hold). Sends are durable everywhere (committed before the call returns).
+Workloads:
 
 * ``drain``: a backlog enqueued before any worker starts; messages per
   second from the first turn's start to the last turn's end, so process

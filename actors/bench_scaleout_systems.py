@@ -12,6 +12,7 @@ shape of work as the others' unordered queues.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,6 +25,8 @@ from .runtime import Runtime
 
 SYSTEM_NAMES = ("kinbox", "bare_pg", "raw", "pgqueuer", "procrastinate", "dbos")
 CHUNK = 2000
+
+log = logging.getLogger("kinbox.bench")
 
 REMAINING = {
     # The open rows, which the partial indexes hold (see ``Producer._conn``); failed rows
@@ -64,17 +67,26 @@ def scratch_producer(system: str, base: str, sessions: int, payload: int
     """A producer on a fresh database of the system's own, closed and its database dropped
     when the block ends, however it ends: a run leaves nothing behind on the server (a full
     drain's database holds 50,000 messages and their transcript)."""
+    ended = False
     try:
         producer = Producer(system, fresh_database(base, system), sessions, payload)
         try:
             yield producer
         finally:
             producer.close()
+        ended = True
     finally:
-        drop_database(base, system)
+        try:
+            drop_database(base, system)
+        except Exception:
+            if ended:
+                raise
+            # The block's own error is the one to see: this one only follows from it.
+            log.warning("could not drop the %s bench database", system, exc_info=True)
 
 
 def _name(url: str) -> str:
+    """The database name in a PostgreSQL URL."""
     return urlsplit(url).path.lstrip("/")
 
 
@@ -102,7 +114,13 @@ class Producer:
         self.local = threading.local()
         self.rt: Runtime | None = None
         self.ids = [f"s{i:06d}" for i in range(sessions)]
-        getattr(self, f"_setup_{system}")()
+        self.app: Any = None
+        self.client: Any = None
+        try:
+            getattr(self, f"_setup_{system}")()
+        except BaseException:
+            self.close()  # what the set-up started before it failed
+            raise
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -250,7 +268,7 @@ class Producer:
         """Stop the send-only runtime and clients; connections close with the process."""
         if self.rt is not None:
             self.rt.stop()
-        if self.system == "procrastinate":
+        if self.app is not None:  # procrastinate's
             self.app.close()
-        if self.system == "dbos":
+        if self.client is not None:  # DBOS's
             self.client.destroy()

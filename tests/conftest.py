@@ -74,7 +74,10 @@ def _create_database(url: str) -> None:
         with conn.cursor() as cur:
             cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
             if cur.fetchone() is None:
-                cur.execute(f'CREATE DATABASE "{name}"')
+                try:
+                    cur.execute(f'CREATE DATABASE "{name}"')
+                except psycopg2.errors.DuplicateDatabase:
+                    pass  # another pytest run on this server made it first
     finally:
         conn.close()
 

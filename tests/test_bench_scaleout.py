@@ -108,6 +108,7 @@ def test_kinbox_progress_poll_reads_the_open_rows_index_after_the_backlog(pg_url
 
 
 def _bench_databases(pg_url: str) -> set[str]:
+    """The databases the scale-out bench names after ``pg_url``'s, on its server."""
     import psycopg2
 
     conn = psycopg2.connect(pg_url)
@@ -124,14 +125,37 @@ def _bench_databases(pg_url: str) -> set[str]:
 @pytest.mark.postgres
 @pytest.mark.timeout(120)
 def test_a_measurement_drops_its_database_however_it_ends(pg_url: str) -> None:
-    name = database_url(pg_url, "kinbox").rsplit("/", 1)[1]
+    kinbox, raw = (database_url(pg_url, s).rsplit("/", 1)[1] for s in ("kinbox", "raw"))
     with scratch_producer("kinbox", pg_url, 4, 100) as producer:
         producer.backlog(8)  # a connection of its own stays open to it
-        assert name in _bench_databases(pg_url)
-    assert name not in _bench_databases(pg_url)
-    with pytest.raises(ZeroDivisionError), scratch_producer("raw", pg_url, 4, 100):
-        assert 1 / 0
-    assert _bench_databases(pg_url) == set()
+        assert kinbox in _bench_databases(pg_url)
+    assert kinbox not in _bench_databases(pg_url)
+    with pytest.raises(RuntimeError, match="mid-measurement"), \
+            scratch_producer("raw", pg_url, 4, 100):
+        assert raw in _bench_databases(pg_url)
+        raise RuntimeError("mid-measurement")
+    assert raw not in _bench_databases(pg_url)
     # A whole workload the same way: nothing of it is left on the server.
     assert bench_scaleout.sends_only(pg_url, 20) > 0
-    assert _bench_databases(pg_url) == set()
+    assert kinbox not in _bench_databases(pg_url)
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(120)
+def test_a_set_up_that_fails_stops_what_it_started_and_drops_the_database(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from kinbox.actors import Runtime
+
+    def refuse(self: Runtime, name: str) -> None:
+        raise RuntimeError("no project today")
+
+    monkeypatch.setattr(Runtime, "create_project", refuse)
+    before = {t.ident for t in threading.enumerate()}
+    with pytest.raises(RuntimeError, match="no project today"), \
+            scratch_producer("kinbox", pg_url, 4, 100):
+        pass
+    # The send-only runtime had started its writer and other threads: all ended.
+    assert [t.name for t in threading.enumerate() if t.ident not in before] == []
+    assert database_url(pg_url, "kinbox").rsplit("/", 1)[1] not in _bench_databases(pg_url)
