@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -77,6 +78,9 @@ class Workers:
         """``pin``: worker i runs on the i-th CPU this process may use (round robin), as
         ``kinbox --cpus N worker`` would, whatever the system."""
         self.dir = Path(tempfile.mkdtemp(prefix="kinbox-scaleout-"))
+        """The workers' reports and their runtimes' data folders (``KINBOX_HOME``), removed
+        by :meth:`stop`: a run leaves no device key or heartbeat file for a database it
+        drops."""
         self.procs: list[subprocess.Popen[str]] = []
         cpus = sorted(allowed_cpus()) if pin else []
         for i in range(n):
@@ -84,7 +88,8 @@ class Workers:
                    str(self.dir / f"w{i}.json")] + (["--slow"] if slow else [])
             if cpus:
                 cmd += ["--cpu", str(cpus[i % len(cpus)])]
-            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
+            env = {**os.environ, "KINBOX_HOME": str(self.dir / f"w{i}-home")}
+            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env))
         for p in self.procs:
             assert p.stdout is not None
             if p.stdout.readline().strip() != "ready":
@@ -96,11 +101,14 @@ class Workers:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         reports = []
-        for i, p in enumerate(self.procs):
-            p.wait(60)
-            path = self.dir / f"w{i}.json"
-            if path.exists():
-                reports.append(json.loads(path.read_text()))
+        try:
+            for i, p in enumerate(self.procs):
+                p.wait(60)
+                path = self.dir / f"w{i}.json"
+                if path.exists():
+                    reports.append(json.loads(path.read_text()))
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
         return reports
 
 

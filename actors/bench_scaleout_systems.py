@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -116,6 +118,7 @@ class Producer:
         self.ids = [f"s{i:06d}" for i in range(sessions)]
         self.app: Any = None
         self.client: Any = None
+        self.home: str | None = None
         try:
             getattr(self, f"_setup_{system}")()
         except BaseException:
@@ -125,7 +128,9 @@ class Producer:
     # -- set-up ----------------------------------------------------------------------------
 
     def _setup_kinbox(self) -> None:
-        self.rt = Runtime(db=self.url).start()  # send-only: it never claims
+        # Its files (the device key) go in a folder of the run's, removed by ``close``.
+        self.home = tempfile.mkdtemp(prefix="kinbox-scaleout-producer-")
+        self.rt = Runtime(db=self.url, data_dir=self.home).start()  # send-only: never claims
         project = self.rt.create_project("bench")
         self.rt.context.store.create_many(
             [(sid, project.id, sid, "interactive") for sid in self.ids], self.rt.clock.now())
@@ -265,10 +270,13 @@ class Producer:
         return bench_scaleout_bare.audit(self._conn().cursor())
 
     def close(self) -> None:
-        """Stop the send-only runtime and clients; connections close with the process."""
+        """Stop the send-only runtime and clients and remove the runtime's files; connections
+        close with the process."""
         if self.rt is not None:
             self.rt.stop()
         if self.app is not None:  # procrastinate's
             self.app.close()
         if self.client is not None:  # DBOS's
             self.client.destroy()
+        if self.home is not None:
+            shutil.rmtree(self.home, ignore_errors=True)

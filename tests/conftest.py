@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -152,6 +154,22 @@ def make_runtime(db_url: str, clock: ManualClock) -> Iterator[Callable[..., Runt
     yield make
     for rt in started:
         rt.stop()  # a no-op unless it is running
+
+
+_TEST_HOME = tempfile.mkdtemp(prefix="kinbox-test-home-")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each test process (and every child it starts) keeps kinbox's files (device keys,
+    heartbeat files of server databases) in a folder of its own, removed at the end, never
+    in the user's data directory; and a ``KINBOX_DB`` of the user's is never the default
+    database of a test."""
+    os.environ["KINBOX_HOME"] = _TEST_HOME
+    os.environ.pop("KINBOX_DB", None)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_TEST_HOME, ignore_errors=True)
 
 
 def pytest_report_header() -> str:

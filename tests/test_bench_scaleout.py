@@ -3,6 +3,8 @@ and the report has its keys and the issue's targets. No test asserts a speed."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kinbox.actors import bench_scaleout
@@ -159,3 +161,23 @@ def test_a_set_up_that_fails_stops_what_it_started_and_drops_the_database(
     # The send-only runtime had started its writer and other threads: all ended.
     assert [t.name for t in threading.enumerate() if t.ident not in before] == []
     assert database_url(pg_url, "kinbox").rsplit("/", 1)[1] not in _bench_databases(pg_url)
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(120)
+def test_a_kinbox_measurement_leaves_no_files_behind(
+        pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where a runtime with no data folder of its own would write (and the children inherit).
+    monkeypatch.setenv("KINBOX_HOME", str(tmp_path / "home"))
+    with scratch_producer("kinbox", pg_url, 4, 100) as producer:
+        pool = bench_scaleout.Workers("kinbox", producer.url, 1)
+        try:
+            producer.backlog(8)
+            bench_scaleout.wait_done(producer, 60)
+            assert (pool.dir / "w0-home").is_dir()  # the worker's runtime wrote its files there
+        finally:
+            pool.stop()
+        assert not pool.dir.exists()
+        assert producer.home is not None and Path(producer.home).is_dir()
+    assert not Path(producer.home).exists()
+    assert not (tmp_path / "home").exists()
