@@ -3,10 +3,10 @@
 Each system gets a database of its own, made fresh for every measurement and
 dropped after it (``scratch_producer``), and three operations: enqueue a
 backlog, send one message durably (the closed-loop workload: the call
-returns once the send is committed), and count what is not yet done. The consumers are worker
-processes (``bench_scaleout_child``); message ``k`` goes to session
-``k % sessions`` everywhere, so kinbox's per-session order has the same
-shape of work as the others' unordered queues.
+returns once the send is committed), and count what is not yet done. The
+consumers are worker processes (``bench_scaleout_child``); message ``k``
+goes to session ``k % sessions`` everywhere, so kinbox's per-session order
+has the same shape of work as the others' unordered queues.
 """
 
 from __future__ import annotations
