@@ -14,6 +14,7 @@ fresh database (as ``focal_day``).
 """
 
 import hashlib
+import shutil
 import tempfile
 import threading
 import time
@@ -76,16 +77,26 @@ def seeded_key(sc: Scenario, url: str, name: str) -> None:
         key_file.install(directory, DeviceIdentity.from_seed(seed))
 
 
-def laptop_url_for(phone_url: str) -> str:
+def laptop_url_for(phone_url: str) -> tuple[str, str | None]:
     """The laptop is another device: an embedded database of its own, beside the phone's
-    file, or in a fresh folder when the phone is on a server database."""
+    file, or in a fresh folder when the phone is on a server database (the folder is
+    returned too, for the run to remove at its end; None beside a file)."""
     if phone_url.startswith("sqlite:///") and phone_url.endswith(".db"):
-        return phone_url[:-3] + "-laptop.db"
-    return f"sqlite:///{tempfile.mkdtemp(prefix='kinbox-laptop-')}/laptop.db"
+        return phone_url[:-3] + "-laptop.db", None
+    folder = tempfile.mkdtemp(prefix="kinbox-laptop-")
+    return f"sqlite:///{folder}/laptop.db", folder
 
 
 def run(sc: Scenario) -> None:
-    laptop_url = laptop_url_for(sc.db_url)
+    laptop_url, folder = laptop_url_for(sc.db_url)
+    try:
+        _run(sc, laptop_url)
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run(sc: Scenario, laptop_url: str) -> None:
     seeded_key(sc, sc.db_url, "phone")
     seeded_key(sc, laptop_url, "laptop")
     phone = sc.start()

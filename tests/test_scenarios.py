@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,28 @@ def test_scenario_meets_its_expectations(name: str, any_db_url: str) -> None:
     report = run(name, any_db_url)
     assert report["expectations"], "a scenario must check something"
     assert not failures(report), failures(report)
+
+
+@pytest.mark.timeout(60)
+def test_two_devices_on_postgresql_removes_the_laptops_folder(
+        pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The phone on a server database: the laptop's file goes in a folder of the run's own.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    made: list[str] = []
+    mkdtemp = tempfile.mkdtemp
+
+    def recorded(*args: Any, **kwargs: Any) -> str:
+        made.append(mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recorded)
+    report = run("two_devices", pg_url)
+    assert not failures(report), failures(report)
+    laptops = [m for m in made if Path(m).name.startswith("kinbox-laptop-")]
+    assert len(laptops) == 1
+    assert not Path(laptops[0]).exists()
 
 
 def test_every_scenario_tells_its_story_in_a_docstring() -> None:
