@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,9 @@ def test_every_python_block_runs_twice_on_one_database_and_prints_what_it_says(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KINBOX_HOME", str(tmp_path / "home"))
+    # The blocks' own tempfile.mkdtemp() folders go here too, removed with tmp_path.
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     for run in (1, 2):
         namespace: dict[str, object] = {"__name__": "__readme__"}
         try:
