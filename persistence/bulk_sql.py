@@ -28,11 +28,14 @@ from .pg_params import json_rows
 ROWS_PER_INSERT = 200
 """Rows per multi-row ``INSERT``: 200 x 15 parameters stays under every backend's bound."""
 
-_INBOX_COLUMNS = ("message_id, seq, transport, destination_peer_id, sender_chat_id, "
-                  "target_chat_id, kind, content, payload, attempts, max_attempts, "
-                  "available_at, created_at, updated_at, status, lease_owner, lease_until")
+_INBOX_COLUMN_NAMES = ("message_id", "seq", "transport", "destination_peer_id",
+                       "sender_chat_id", "target_chat_id", "kind", "content", "payload",
+                       "attempts", "max_attempts", "available_at", "created_at", "updated_at",
+                       "status", "lease_owner", "lease_until")
+"""The columns a new inbox row is written with, in the order of every statement below."""
+_INBOX_COLUMNS = ", ".join(_INBOX_COLUMN_NAMES)
 
-_NEW_ROW = tuple(c for c in _INBOX_COLUMNS.split(", ") if c not in ("seq", "attempts"))
+_NEW_ROW = tuple(c for c in _INBOX_COLUMN_NAMES if c not in ("seq", "attempts"))
 """The values ``inbox_records.insert_params`` gives a new row, in order: every column above
 but ``seq`` (numbered by the writer on SQLite, by the sequence on PostgreSQL) and
 ``attempts`` (0)."""
@@ -56,7 +59,7 @@ def _pg_new_value(column: str) -> str:
 _PG_NEW_ROWS = (
     # PostgreSQL: the rows as one JSON text (``json_rows``), numbered in their order.
     f"WITH written AS (INSERT INTO {INBOX} ({_INBOX_COLUMNS}) "
-    f"SELECT {', '.join(_pg_new_value(c) for c in _INBOX_COLUMNS.split(', '))} "
+    f"SELECT {', '.join(_pg_new_value(c) for c in _INBOX_COLUMN_NAMES)} "
     f"FROM (SELECT r FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS x(r, n) "
     f"ORDER BY n) o ON CONFLICT (message_id) DO NOTHING RETURNING 1) "
     f"SELECT COUNT(*) FROM written")
@@ -102,7 +105,7 @@ class BulkSql:
         """PostgreSQL's fused turn-commit statements (None on SQLite)."""
         p = hot.p
         self._inbox_row = "(" + ", ".join(  # SQLite's: seq numbered by the writer
-            "0" if c == "attempts" else p for c in _INBOX_COLUMNS.split(", ")) + ")"
+            "0" if c == "attempts" else p for c in _INBOX_COLUMN_NAMES) + ")"
         self._entry_row = f"({p}, {p}, {p}, {p}, {p}, {p}, {p}, {p})"
         self._marker_row = f"({p}, {p}, {p})"
 

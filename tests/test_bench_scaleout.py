@@ -109,6 +109,11 @@ def test_kinbox_progress_poll_reads_the_open_rows_index_after_the_backlog(pg_url
         assert producer.remaining() == 3000
 
 
+def _bench_name(pg_url: str, system: str) -> str:
+    """The name of the database the scale-out bench gives ``system`` beside ``pg_url``'s."""
+    return database_url(pg_url, system).rsplit("/", 1)[1]
+
+
 def _bench_databases(pg_url: str) -> set[str]:
     """The databases the scale-out bench names after ``pg_url``'s, on its server."""
     import psycopg2
@@ -116,7 +121,7 @@ def _bench_databases(pg_url: str) -> set[str]:
     conn = psycopg2.connect(pg_url)
     try:
         with conn.cursor() as cur:
-            prefix = database_url(pg_url, "").rsplit("/", 1)[1]
+            prefix = _bench_name(pg_url, "")
             cur.execute("SELECT datname FROM pg_database WHERE starts_with(datname, %s)",
                         (prefix,))
             return {r[0] for r in cur.fetchall()}
@@ -127,7 +132,7 @@ def _bench_databases(pg_url: str) -> set[str]:
 @pytest.mark.postgres
 @pytest.mark.timeout(120)
 def test_a_measurement_drops_its_database_however_it_ends(pg_url: str) -> None:
-    kinbox, raw = (database_url(pg_url, s).rsplit("/", 1)[1] for s in ("kinbox", "raw"))
+    kinbox, raw = _bench_name(pg_url, "kinbox"), _bench_name(pg_url, "raw")
     with scratch_producer("kinbox", pg_url, 4, 100) as producer:
         producer.backlog(8)  # a connection of its own stays open to it
         assert kinbox in _bench_databases(pg_url)
@@ -160,7 +165,7 @@ def test_a_set_up_that_fails_stops_what_it_started_and_drops_the_database(
         pass
     # The send-only runtime had started its writer and other threads: all ended.
     assert [t.name for t in threading.enumerate() if t.ident not in before] == []
-    assert database_url(pg_url, "kinbox").rsplit("/", 1)[1] not in _bench_databases(pg_url)
+    assert _bench_name(pg_url, "kinbox") not in _bench_databases(pg_url)
 
 
 @pytest.mark.postgres
