@@ -13,9 +13,19 @@ hottest paths (every send, claim and commit reads the time), so
 :class:`DatabaseClock` reads the server's clock once per ``resync``
 seconds on a connection of its own and carries it forward with this
 process's monotonic clock in between: the monotonic clock cannot be set
-or stepped, and drifts by microseconds over a few seconds. The error is
-half the round trip of the read (well under a millisecond on a LAN), and
-the clock never goes back.
+or stepped, and drifts by microseconds over a few seconds. The clock never
+goes back.
+
+A reading is only as good as its round trip: the server read its clock
+somewhere between the query's start and the moment this thread had its
+answer, and on a busy process that moment includes the wait for the
+interpreter lock (measured here: readings off by -12 to +38 ms with four
+threads running Python). A process whose clock lags takes another's fresh
+send for one not yet due. So each read takes a few readings and keeps the
+one with the shortest round trip, and a new reading replaces the one kept
+only when its error bound (half its round trip) is no larger than the kept
+one's, aged by the drift allowed between the two clocks
+(:func:`better_reading`).
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import peewee as pw
@@ -38,6 +49,38 @@ RESYNC_SECONDS = 2.0
 EPOCH_SQL = "SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8"
 """The server's time now (not the transaction's start, as ``now()`` would be)."""
 
+READINGS = 3
+"""Readings per read; the one with the shortest round trip is the candidate."""
+
+DRIFT = 500e-6
+"""How fast a kept reading's error bound grows, in seconds per second: the most a
+server's clock is slewed against a monotonic clock (NTP slews up to 500 ppm)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """The server's clock read once: its time, this process's monotonic time at the middle
+    of the round trip, and the round trip."""
+
+    server: float
+    mono: float
+    round_trip: float
+
+    def error_at(self, mono: float) -> float:
+        """The most this reading can be off at monotonic time ``mono``."""
+        return self.round_trip / 2 + DRIFT * abs(mono - self.mono)
+
+
+NO_READING = Reading(0.0, 0.0, float("inf"))
+"""Before the first read: any reading is better."""
+
+
+def better_reading(kept: Reading, new: Reading) -> Reading:
+    """The reading to carry forward: ``new`` unless ``kept`` is still the tighter one."""
+    if new.error_at(new.mono) <= kept.error_at(new.mono):
+        return new
+    return kept
+
 
 class DatabaseClock:
     """A PostgreSQL server's clock, read from this process (``now()`` in epoch seconds)."""
@@ -51,8 +94,8 @@ class DatabaseClock:
         self._monotonic = monotonic
         self._lock = threading.Lock()
         self._conn: Any = None
-        self._server_at = 0.0  # the server's time at the last read ...
-        self._mono_at = 0.0  # ... and this process's monotonic time then
+        self._reading = NO_READING
+        self._read_at = 0.0  # this process's monotonic time at the last read
         self._last = 0.0
         self.reads = 0
         """How many times the server's clock was read (for tests and statistics)."""
@@ -68,38 +111,38 @@ class DatabaseClock:
             if self._conn is None or self._conn.closed:
                 self._conn = self.db._connect()
                 self._conn.autocommit = True
-            before = self._monotonic()
-            with self._conn.cursor() as cur:
-                cur.execute(EPOCH_SQL)
-                server = float(cur.fetchone()[0])
-            after = self._monotonic()
+            readings = [self._read_once() for _ in range(READINGS)]
         except Exception as exc:
             self._close()
             raise PersistenceError(f"cannot read the database's clock: {exc}") from exc
-        # The server read its clock somewhere in [before, after]: take the middle.
-        self._server_at, self._mono_at = server, (before + after) / 2
+        best = min(readings, key=lambda r: r.round_trip)
+        self._reading = better_reading(self._reading, best)
+        self._read_at = best.mono
         self.reads += 1
+
+    def _read_once(self) -> Reading:
+        before = self._monotonic()
+        with self._conn.cursor() as cur:
+            cur.execute(EPOCH_SQL)
+            server = float(cur.fetchone()[0])
+        after = self._monotonic()
+        # The server read its clock somewhere in [before, after]: take the middle.
+        return Reading(server, (before + after) / 2, after - before)
 
     def now(self) -> float:
         """The server's time now, in seconds since the epoch (never less than before)."""
         with self._lock:
-            if self._monotonic() - self._mono_at >= self.resync:
+            if self._monotonic() - self._read_at >= self.resync:
                 try:
                     self._read()
                 except PersistenceError as exc:
                     # Carry the last reading forward: it stays right to the monotonic
                     # clock's drift, and the next call tries again.
-                    self._mono_at_retry()
+                    self._read_at = self._monotonic()  # the next attempt waits ``resync``
                     log.warning("%s; carrying the last reading forward", exc)
-            t = self._server_at + (self._monotonic() - self._mono_at)
+            t = self._reading.server + (self._monotonic() - self._reading.mono)
             self._last = max(self._last, t)
             return self._last
-
-    def _mono_at_retry(self) -> None:
-        # Re-anchor the last reading to now so the next attempt waits ``resync``.
-        mono = self._monotonic()
-        self._server_at += mono - self._mono_at
-        self._mono_at = mono
 
     def _close(self) -> None:
         if self._conn is not None:
