@@ -11,12 +11,14 @@ per target (the journal enforces that across processes) and at most
 ``max_active`` turns at once. What must be serial and may wait for the
 database runs here: the claim (one at a time, many requests coalesced into
 one query), the renewal of the leases of running turns, and passivation of
-actors idle past ``idle_ttl``.
+actors idle past ``idle_ttl``. A claim that saw a target's next row not yet due
+asks the ticker for an alarm at its due time (:mod:`.ticker`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pykka
@@ -36,11 +38,14 @@ class Dispatcher(pykka.ThreadingActor):
     # reaches atexit, where the runtime stops cleanly.
     use_daemon_thread = True
 
-    def __init__(self, ctx: RuntimeContext, slots: Slots, idle_ttl: float) -> None:
+    def __init__(self, ctx: RuntimeContext, slots: Slots, idle_ttl: float,
+                 alarm_in: Callable[[float], None]) -> None:
         super().__init__()
         self.ctx = ctx
         self.slots = slots
         self.idle_ttl = idle_ttl
+        self.alarm_in = alarm_in
+        """Asks for a wake-up in so many seconds (the runtime's ticker)."""
         self.last_renewal = 0.0
         ref = self.actor_ref  # its mailbox takes messages before the actor runs
 
@@ -99,6 +104,8 @@ class Dispatcher(pykka.ThreadingActor):
                 self.slots.claim_ended()
         if result is None:
             return
+        if result.next_due is not None:
+            self.alarm_in(result.next_due - self.ctx.now())
         for message_id in result.acked_by_marker:
             log.debug("acknowledged %s by its committed marker (no second turn)", message_id)
             self.ctx.emit("acked_by_marker", message_id=message_id)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -61,6 +60,7 @@ from .shared_database import SharedDatabase
 from .slots import Slots
 from .social import SocialService
 from .subagents import report_back
+from .ticker import Ticker
 from .turn import Brain, Turn, is_async_brain
 
 SYSTEM_PROJECTS = (("default", "Default"), ("social", "Social"))
@@ -129,8 +129,7 @@ class Runtime(RecordsApi):
         self._ctx: RuntimeContext | None = None
         self._observers: list[Observer] = []
         self._state = "new"
-        self._ticker_stop = threading.Event()
-        self._ticker: threading.Thread | None = None
+        self._ticker = Ticker(tick_interval, self._tick, self._wake)
         self._unsubscribe: Callable[[], None] | None = None
         self._lock: ExclusiveLock | None = None
         self._liveness: OwnerLiveness | None = None
@@ -202,7 +201,8 @@ class Runtime(RecordsApi):
                 slots = Slots(ctx, self._turn_limit(), self.max_live_sessions,
                               threads=min(2, self.max_active_sessions) if self.async_brain
                               else None)
-                ctx.dispatcher = Dispatcher.start(ctx, slots, self.idle_ttl)
+                ctx.dispatcher = Dispatcher.start(ctx, slots, self.idle_ttl,
+                                                  self._ticker.alarm_in)
                 ctx.slots = slots  # once the dispatcher takes claim requests
                 if self._schedule is not None:
                     self._schedule.start()
@@ -228,8 +228,6 @@ class Runtime(RecordsApi):
                  counts.get("pending", 0), counts.get("processing", 0))
         if isinstance(self.clock, ManualClock):
             self._unsubscribe = self.clock.subscribe(lambda _now: self._on_clock())
-        self._ticker = threading.Thread(target=self._tick_loop, name="kinbox-ticker",
-                                        daemon=True)
         self._ticker.start()
         ctx.emit("started", owner=self.owner)
         ctx.wake_dispatcher()
@@ -365,13 +363,11 @@ class Runtime(RecordsApi):
                           "as usual")
 
     def _stop_ticker(self) -> None:
-        self._ticker_stop.set()
+        self._ticker.stop()
         self._shared.stop_listening()
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
-        if self._ticker is not None and self._ticker is not threading.current_thread():
-            self._ticker.join(5)
 
     def _on_clock(self) -> None:
         # An injected clock moved: due schedules fire, due rows get claimed.
@@ -381,9 +377,10 @@ class Runtime(RecordsApi):
             self._cron.tick()
         self._tick()
 
-    def _tick_loop(self) -> None:
-        while not self._ticker_stop.wait(self.tick_interval):
-            self._tick()
+    def _wake(self) -> None:
+        # An alarm rang: a row a claim saw not yet due is due now.
+        if self._ctx is not None and self._state == "running":
+            self._ctx.wake_dispatcher()
 
     def _tick(self) -> None:
         ctx = self._ctx

@@ -219,11 +219,12 @@ class Journal(InboxReads):
         plain = self.bulk.pg.claim_plain(owner, transport, now, now + lease, limit, sorted(ex))
         rows = [ClaimedRow.from_head(h) for h in plain.rows]
         if not plain.special or len(rows) >= limit:
-            return ClaimResult(rows, [])
+            return ClaimResult(rows, [], next_due=plain.next_due)
         with self.t.db.atomic():
             rest = self._claim_op(owner, now, lease, limit - len(rows),
                                   ex | {r.target for r in rows}, transport, suspects)
-        return ClaimResult(rows + rest.rows, rest.acked_by_marker, rest.held_back)
+        return ClaimResult(rows + rest.rows, rest.acked_by_marker, rest.held_back,
+                           plain.next_due)
 
     def _claim_more_op(self, owner: str, target: str, after_seq: int, now: float,
                        lease: float, limit: int) -> list[ClaimedRow]:

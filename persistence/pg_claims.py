@@ -80,6 +80,8 @@ class PlainClaim(NamedTuple):
     rows: list[Head]
     special: bool
     """A due head it locked needs the full claim (a takeover, a suspect, a committed turn)."""
+    next_due: float | None
+    """The earliest due time of a pending head it saw not yet due (None: none)."""
 
 
 class PgClaims:
@@ -89,9 +91,11 @@ class PgClaims:
     def __init__(self, db: pw.Database) -> None:
         self.db = db
         cols = ", ".join(CLAIM_COLUMNS)
+        # Each row: its id, seq, due time, and whether it is a head this claim may take
+        # (its due time is compared here, so a head not yet due reports when it will be).
         self.sql_window = {
-            state: (f"SELECT w.message_id, w.seq, w.{due} <= %(now)s "
-                    f"AND w.transport = %(transport)s "
+            state: (f"SELECT w.message_id, w.seq, w.{due}, "
+                    f"w.transport = %(transport)s "
                     f"AND NOT (w.target_chat_id = ANY(%(skip)s)) "
                     f"AND w.seq = {head_probe('w.target_chat_id')} "
                     f"FROM (SELECT message_id, seq, target_chat_id, transport, {due} "
@@ -103,7 +107,7 @@ class PgClaims:
         self.sql_first = " UNION ALL ".join(
             f"(SELECT '{state}', q.* FROM ({self.sql_window[state]}) q)" for state in _DUE)
         self.first = PreparedStatement(db, "kinbox_claim_window", self.sql_first, [
-            ("now", "float8"), ("transport", "text"), ("skip", "text[]"), ("after", "bigint"),
+            ("transport", "text"), ("skip", "text[]"), ("after", "bigint"),
             ("window", "integer")])
         self.sql_lock = (f"SELECT {cols}, {marker_probe('m.message_id')} FROM {INBOX} m "
                          f"WHERE m.message_id = ANY(%s) "
@@ -142,22 +146,22 @@ class PgClaims:
         made again on each row's newest version) and leases the plain ones. Whether a
         locked head needs more (a takeover, a suspect row, a committed turn) comes back
         as ``special``: the caller claims those by the full rules."""
-        ids = self._candidates(transport, now, limit, exclude)
+        ids, next_due = self._candidates(transport, now, limit, exclude)
         if not ids:
-            return PlainClaim([], False)
+            return PlainClaim([], False, next_due)
         rows = self.lease_plain.run(
             {"ids": text_array(ids), "now": now, "owner": owner, "until": until,
              "limit": limit})
         leased = [Head._make(r[:-2]) for r in rows if r[-1]]
         special = any(not r[-1] and (r[_STATUS] != PENDING or r[_SUSPECT] or r[-2])
                       for r in rows)
-        return PlainClaim(leased, special)
+        return PlainClaim(leased, special, next_due)
 
     def due_heads(self, transport: str, now: float, limit: int,
                   exclude: Sequence[str] = ()) -> tuple[list[Head], set[str]]:
         """Up to ``limit`` due heads of targets not in ``exclude``, oldest first, locked;
         and the ids among them that already have a committed turn (their marker)."""
-        ids = self._candidates(transport, now, limit, exclude)
+        ids, _ = self._candidates(transport, now, limit, exclude)
         if not ids:
             return [], set()
         heads: list[Head] = []
@@ -169,31 +173,64 @@ class PgClaims:
         return heads[:limit], committed
 
     def _candidates(self, transport: str, now: float, limit: int,
-                    exclude: Sequence[str]) -> list[str]:
-        """The ids of up to ``limit`` due heads per open state, oldest first (unlocked)."""
+                    exclude: Sequence[str]) -> tuple[list[str], float | None]:
+        """The ids of up to ``limit`` due heads per open state, oldest first (unlocked), and
+        the earliest due time of a pending head it saw not yet due (None: none)."""
         skip = text_array(exclude)  # a literal: see .pg_params
         window = max(FIRST_WINDOW, 4 * limit)
         rows = self.first.run(
-            {"now": now, "transport": transport, "skip": skip, "after": 0, "window": window})
-        ids: list[str] = []
+            {"transport": transport, "skip": skip, "after": 0, "window": window})
+        found = _Found(now, limit)
         for state in _DUE:
             mine = [r[1:] for r in rows if r[0] == state]
-            ids += [r[0] for r in mine if r[2]][:limit]
-            if len(mine) == window and len(ids) < limit:  # more rows of this state: walk on
-                ids += self._walk(state, transport, now, limit, skip, mine[-1][1], window)
-        return ids
+            found.add(state, mine)
+            if len(mine) == window and len(found.ids) < limit:  # more rows: walk on
+                self._walk(state, transport, skip, mine[-1][1], window, found)
+        return found.ids, found.next_due
 
-    def _walk(self, state: str, transport: str, now: float, limit: int, skip: str,
-              after: int, window: int) -> list[str]:
-        """Ids of up to ``limit`` claimable heads in ``state`` after ``after``, in order."""
-        ids: list[str] = []
-        while len(ids) < limit:
+    def _walk(self, state: str, transport: str, skip: str, after: int, window: int,
+              found: _Found) -> None:
+        """Add the claimable heads in ``state`` after ``after`` to ``found``, in order,
+        until it holds ``limit`` of them or no rows are left."""
+        while not found.full(state):
             window = min(LAST_WINDOW, window * 8)
             rows: list[Any] = self.db.execute_sql(self.sql_window[state], {
-                "now": now, "transport": transport, "skip": skip, "after": after,
+                "transport": transport, "skip": skip, "after": after,
                 "window": window}).fetchall()
-            ids.extend(r[0] for r in rows if r[2])
+            found.add(state, rows)
             if len(rows) < window:
                 break
             after = rows[-1][1]
-        return ids[:limit]
+
+
+class _Found:
+    """What a claim's window reads found: the claimable heads of each state (at most
+    ``limit`` a state), and the earliest due time of a pending head not yet due."""
+
+    __slots__ = ("by_state", "limit", "next_due", "now")
+
+    def __init__(self, now: float, limit: int) -> None:
+        self.now = now
+        self.limit = limit
+        self.by_state: dict[str, list[str]] = {state: [] for state in _DUE}
+        self.next_due: float | None = None
+
+    def add(self, state: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Take window rows ``(message_id, seq, due, is a head this claim may take)``."""
+        ids = self.by_state[state]
+        for message_id, _seq, due, head in rows:
+            if not head or due is None:
+                continue
+            if due <= self.now:
+                if len(ids) < self.limit:
+                    ids.append(message_id)
+            elif state == PENDING and (self.next_due is None or due < self.next_due):
+                # A processing row's due time is its lease's end: its owner renews it.
+                self.next_due = due
+
+    def full(self, state: str) -> bool:
+        return len(self.by_state[state]) >= self.limit
+
+    @property
+    def ids(self) -> list[str]:
+        return [i for state in _DUE for i in self.by_state[state]]

@@ -84,3 +84,36 @@ def test_the_listener_reconnects_after_its_connection_is_killed(
 def test_reconnect_delays_double_up_to_their_maximum() -> None:
     delays = reconnect_delays(initial=0.05, maximum=1.0)
     assert [next(delays) for _ in range(7)] == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+
+
+class LaggingClock:
+    """The system clock, read ``lag`` seconds behind (a process whose reading of the
+    server's clock came back late)."""
+
+    def __init__(self, lag: float) -> None:
+        self.lag = lag
+
+    def now(self) -> float:
+        return time.time() - self.lag
+
+
+@pytest.mark.timeout(60)
+def test_a_send_stamped_ahead_of_this_clock_is_claimed_when_due_not_at_the_next_tick(
+        pg_url: str, tmp_path: Path) -> None:
+    # The sender's clock reads 0.3 s ahead of the receiver's: the claim the notification
+    # wakes finds the row not yet due. It must come back for it then, not a tick later.
+    lag = 0.3
+    seen = Seen()
+    rt = Runtime(db=pg_url, brain=seen, tick_interval=NO_POLL, clock=LaggingClock(lag),
+                 data_dir=str(tmp_path)).start()
+    sender = Runtime(db=pg_url, clock=LaggingClock(0.0), data_dir=str(tmp_path)).start()
+    try:
+        sid = rt.create_session(rt.create_project("s").id, "S").id
+        wait_for(lambda: listener_stats(rt).get("connects") == 1, what="the listener")
+        sent_at = time.monotonic()
+        mid = sender.post(sid, "from a clock ahead").message_id
+        wait_for(lambda: mid in seen.at, timeout=10, what="the turn of the early-stamped send")
+        assert lag * 0.9 <= seen.at[mid] - sent_at < lag + 1.0  # due, then at once
+    finally:
+        sender.stop()
+        rt.stop()

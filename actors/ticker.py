@@ -1,0 +1,93 @@
+"""The runtime's clock thread: a tick every interval, and an alarm for a row coming due.
+
+The tick is the fallback that finds everything (retries come due, leases
+run out, idle actors to passivate, rows no notification announced). Between
+ticks, a claim that saw a target's next row not yet due asks for an alarm
+at its due time, so the row is claimed then and not up to a tick later:
+a retry's backoff ends on time, and on PostgreSQL a send from another
+process is claimed at once even when that process's clock reads a few
+milliseconds ahead of this one's (the claim finds it "not yet due").
+
+An alarm later than the next tick is left to the tick; only the earliest
+alarm is kept. The thread waits on a condition, so neither costs a thread
+or a timer of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+
+class Ticker:
+    """Calls ``on_tick`` every ``interval`` seconds and ``on_alarm`` when an alarm rings."""
+
+    def __init__(self, interval: float, on_tick: Callable[[], None],
+                 on_alarm: Callable[[], None]) -> None:
+        self.interval = interval
+        self._on_tick = on_tick
+        self._on_alarm = on_alarm
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._next_tick = 0.0
+        self._alarm_at: float | None = None
+        self._thread: threading.Thread | None = None
+        self.alarms = 0
+        """How many alarms rang (for tests and statistics)."""
+
+    def start(self) -> None:
+        """Start the thread; the first tick comes one interval from now."""
+        self._next_tick = time.monotonic() + self.interval
+        self._thread = threading.Thread(target=self._run, name="kinbox-ticker", daemon=True)
+        self._thread.start()
+
+    def alarm_in(self, delay: float) -> None:
+        """Ring ``on_alarm`` in ``delay`` seconds (at once when it is not positive), unless
+        the next tick or an earlier alarm comes first."""
+        with self._cond:
+            at = time.monotonic() + max(0.0, delay)
+            if at >= self._next_tick or (self._alarm_at is not None and self._alarm_at <= at):
+                return
+            self._alarm_at = at
+            self._cond.notify()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread (waits for a tick or alarm in progress, unless called from one)."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                rang, ticked = self._wait()
+            if rang is None:
+                return
+            if rang:
+                self.alarms += 1
+                self._on_alarm()
+            if ticked:
+                self._on_tick()
+
+    def _wait(self) -> tuple[bool | None, bool]:
+        """Under the condition: wait for the next alarm or tick; (alarm rang, tick due),
+        or (None, False) once stopped."""
+        while not self._stopped:
+            now = time.monotonic()
+            due = self._next_tick if self._alarm_at is None else min(self._next_tick,
+                                                                     self._alarm_at)
+            if now < due:
+                self._cond.wait(due - now)
+                continue
+            rang = self._alarm_at is not None and self._alarm_at <= now
+            if rang:
+                self._alarm_at = None
+            ticked = self._next_tick <= now
+            if ticked:
+                self._next_tick = now + self.interval
+            return rang, ticked
+        return None, False
