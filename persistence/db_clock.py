@@ -117,7 +117,7 @@ class DatabaseClock:
             raise PersistenceError(f"cannot read the database's clock: {exc}") from exc
         best = min(readings, key=lambda r: r.round_trip)
         self._reading = better_reading(self._reading, best)
-        self._read_at = best.mono
+        self._read_at = self._monotonic()
         self.reads += 1
 
     def _read_once(self) -> Reading:

@@ -1,10 +1,21 @@
-"""Which reading of the server's clock a process carries forward (no server needed)."""
+"""Which reading of the server's clock a process carries forward, and that the time it tells
+never goes back, whatever threads ask while readings switch (no server needed)."""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
+
 import pytest
 
-from kinbox.persistence.db_clock import DRIFT, NO_READING, Reading, better_reading
+from kinbox.persistence.db_clock import (
+    DRIFT,
+    NO_READING,
+    DatabaseClock,
+    Reading,
+    better_reading,
+)
 
 
 @pytest.mark.timeout(10)
@@ -32,3 +43,89 @@ def test_an_equal_or_tighter_reading_replaces_the_kept_one_and_any_beats_none() 
     same = Reading(server=1001.0, mono=11.0, round_trip=0.001 - 2 * DRIFT)
     assert better_reading(kept, same) is same
     assert better_reading(NO_READING, kept) is kept
+
+
+class _NoServer:
+    """Stands in for the database: the scripted clock below never sends a query."""
+
+    class _Conn:
+        closed = False
+        autocommit = False
+
+    def _connect(self) -> _Conn:
+        return self._Conn()
+
+
+class ScriptedClock(DatabaseClock):
+    """A DatabaseClock whose readings come from the test, on a monotonic clock it moves."""
+
+    def __init__(self, readings: list[Reading], monotonic: Callable[[], float]) -> None:
+        self.script = readings
+        super().__init__(_NoServer(), resync=1.0, monotonic=monotonic)  # type: ignore[arg-type]
+
+    def _read_once(self) -> Reading:
+        return self.script[0] if len(self.script) == 1 else self.script.pop(0)
+
+
+class Mono:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.mark.timeout(10)
+def test_a_tighter_reading_behind_the_time_told_holds_it_until_it_catches_up() -> None:
+    mono = Mono(10.0)
+    loose = Reading(server=1000.0, mono=10.0, round_trip=0.020)
+    clock = ScriptedClock([loose], mono)
+    mono.t = 10.999
+    assert clock.now() == pytest.approx(1000.999)
+    # At the next read a reading good to 0.1 ms says the first ran 10 ms ahead.
+    clock.script = [Reading(server=1000.99, mono=11.0, round_trip=0.0002)]
+    mono.t = 11.0
+    assert clock.now() == pytest.approx(1000.999)  # not 1000.99: it never goes back
+    assert clock.reads == 2
+    mono.t = 11.005
+    assert clock.now() == pytest.approx(1000.999)  # held while the new reading catches up
+    mono.t = 11.02
+    assert clock.now() == pytest.approx(1001.01)  # then the new reading's time
+
+
+@pytest.mark.timeout(30)
+def test_threads_asking_the_time_while_readings_switch_never_see_it_go_back() -> None:
+    # Readings alternate 5 ms ahead and 5 ms behind, each tighter than the last, and one
+    # switch happens at every read; every thread's answers must never decrease.
+    step = [0]
+
+    def next_reading() -> Reading:
+        step[0] += 1
+        now = time.monotonic()
+        offset = 0.005 if step[0] % 2 else -0.005
+        return Reading(server=1000.0 + now + offset, mono=now, round_trip=1.0 / step[0])
+
+    class Switching(ScriptedClock):
+        def _read_once(self) -> Reading:
+            return next_reading()
+
+    clock = Switching([], time.monotonic)
+    clock.resync = 0.0005
+    backwards: list[tuple[float, float]] = []
+    stop = time.monotonic() + 1.0
+
+    def ask() -> None:
+        last = 0.0
+        while time.monotonic() < stop:
+            t = clock.now()
+            if t < last:
+                backwards.append((last, t))
+            last = t
+
+    threads = [threading.Thread(target=ask) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert clock.reads > 100  # readings switched many times under the threads
+    assert backwards == []
