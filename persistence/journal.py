@@ -317,7 +317,7 @@ class Journal(InboxReads):
         self.hot.mark_delivered(ids, now)
         if next_lease is None:
             return None
-        return self._claim_next_op(owner, session_id, now, next_lease)
+        return self._claim_next_op(owner, session_id, self.bulk.chain_time(now), next_lease)
 
     def complete_turn(self, owner: str, session_id: str, message_ids: Sequence[str],
                       entries: Sequence[TurnEntry], now: float, *,

@@ -81,8 +81,8 @@ class PgTurnSql:
     def __init__(self, db: pw.Database) -> None:
         self.db = db
         ucols = ", ".join(f"u.{c}" for c in CLAIM_COLUMNS)
-        # ``inbox_core.chains`` at each chaining commit's own time (``n.at``), as committing
-        # it alone would judge it.
+        # ``inbox_core.chains`` at each chaining commit's time (``n.at``: its
+        # ``BulkSql.chain_time``), as committing it alone would judge it.
         due = (f"n.status = '{PENDING}' AND n.available_at <= n.at "
                f"AND n.suspect IS NOT TRUE")
         # The next head: the oldest open row that this batch does not acknowledge.

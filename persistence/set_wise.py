@@ -65,6 +65,7 @@ def insert_new(sql: BulkSql, items: Sequence[Enqueue]) -> list[EnqueueResult]:
         leases = heads_to_lease(items, busy)
     written, first = sql.insert_inbox([insert_params(msg, now, leases.get(msg.message_id))
                                        for msg, now, _ in items], first)
+    sql.sent_until = max(sql.sent_until, max(now for _, now, _ in items))
     if written < len(items):
         raise OneByOne("an idempotent repeat of an earlier message")
     claimed: dict[str, ClaimedRow] = {}
@@ -143,10 +144,10 @@ def _fenced_by_owner(groups: Sequence[tuple[str, Sequence[str]]],
 
 
 def _next_heads(sql: BulkSql, commits: Sequence[TurnCommit], now: float) -> dict[str, ClaimedRow]:
-    """SQLite: lease each chaining session's next head when it may chain (due at its own
-    commit's time, pending, not suspect: ``inbox_core.chains``), in one statement per
-    (owner, lease length); session -> leased row. A leased head that already has a
-    committed turn undoes the lot (:class:`OneByOne`). PostgreSQL's are in
+    """SQLite: lease each chaining session's next head when it may chain (due at its
+    commit's ``BulkSql.chain_time``, pending, not suspect: ``inbox_core.chains``), in one
+    statement per (owner, lease length); session -> leased row. A leased head that
+    already has a committed turn undoes the lot (:class:`OneByOne`). PostgreSQL's are in
     :func:`_commit_all_pg`."""
     chaining = [c for c in commits if c.next_lease is not None]
     if not chaining:
@@ -156,8 +157,8 @@ def _next_heads(sql: BulkSql, commits: Sequence[TurnCommit], now: float) -> dict
         by_lease.setdefault((c.owner, c.next_lease or 0.0), []).append(c)
     taken: dict[str, ClaimedRow] = {}
     for (owner, lease), group in by_lease.items():
-        heads, committed = sql.lease_heads([(c.session_id, c.now) for c in group], owner,
-                                           now + lease, now)
+        heads, committed = sql.lease_heads(
+            [(c.session_id, sql.chain_time(c.now)) for c in group], owner, now + lease, now)
         if committed:
             raise OneByOne("a head's turn has already committed")
         for c in group:
@@ -167,7 +168,7 @@ def _next_heads(sql: BulkSql, commits: Sequence[TurnCommit], now: float) -> dict
             # The statement leased only what the rule allows; should the two ever drift
             # apart, go one by one rather than chain into a row the rule refuses. (The
             # row was pending: the statement's condition; its lease is the new one.)
-            if not _due(head._replace(status=core.PENDING), c.now):
+            if not _due(head._replace(status=core.PENDING), sql.chain_time(c.now)):
                 raise OneByOne("a head leased that its commit may not chain into")
             taken[c.session_id] = ClaimedRow.from_head(head)
     return taken
@@ -193,7 +194,7 @@ def commit_all(sql: BulkSql, commits: Sequence[TurnCommit]) -> list[ClaimedRow |
     if sql.pg_turns is not None:
         if len({c.owner for c in commits}) > 1:  # one runtime's writer: one owner, always
             raise OneByOne("commits of several owners in one PostgreSQL batch")
-        return _commit_all_pg(sql.pg_turns, commits, now)
+        return _commit_all_pg(sql.pg_turns, commits, now, sql.chain_time)
     _ack_fenced(sql, commits, now)
     sql.insert_entries([entry_row(c.session_id, e, c.now) for c in commits for e in c.entries])
     sql.insert_markers([(c.session_id, mid, c.now) for c in commits for mid in c.message_ids])
@@ -201,8 +202,8 @@ def commit_all(sql: BulkSql, commits: Sequence[TurnCommit]) -> list[ClaimedRow |
     return [following.get(c.session_id) for c in commits]
 
 
-def _commit_all_pg(pg: PgTurnSql, commits: Sequence[TurnCommit],
-                   now: float) -> list[ClaimedRow | None]:
+def _commit_all_pg(pg: PgTurnSql, commits: Sequence[TurnCommit], now: float,
+                   chain_time: Callable[[float], float]) -> list[ClaimedRow | None]:
     """``commit_all`` on PostgreSQL for one owner's commits: the same writes and answers in
     one statement (see :mod:`.pg_commits`)."""
     chaining = [c for c in commits if c.next_lease is not None]
@@ -213,7 +214,8 @@ def _commit_all_pg(pg: PgTurnSql, commits: Sequence[TurnCommit],
         commits[0].owner, [mid for c in commits for mid in c.message_ids],
         [entry_row(c.session_id, e, c.now) for c in commits for e in c.entries],
         [(c.session_id, mid, c.now) for c in commits for mid in c.message_ids],
-        [(c.session_id, c.now) for c in chaining], now + (lengths.pop() if lengths else 0.0),
+        [(c.session_id, chain_time(c.now)) for c in chaining],
+        now + (lengths.pop() if lengths else 0.0),
         now)
     if out.acked < sum(len(c.message_ids) for c in commits):
         raise OneByOne("a commit lost a lease")

@@ -230,6 +230,37 @@ def test_a_commit_chains_only_into_a_head_due_at_its_own_time_as_one_by_one_does
     assert [f and f.message_id for f in following] == [None, "s2-2"]
 
 
+def test_a_commit_chains_into_a_row_sent_after_its_time_that_was_written_before_it(
+        stores: Stores) -> None:
+    # The commit's time is read on its session's thread before it queues; a send stamped
+    # later lands first (its kind runs first in the batch). Judged at the commit's own time
+    # that row is not due, and nothing else would hand it over before the next tick.
+    j = stores.journal
+    j.enqueue(NewMessage("s1-1", "s1", "hi", sender="s0"), T0)
+    (head,) = j.claim("w1", T0).rows
+    results = in_one_batch(stores, [
+        lambda: j.enqueue(NewMessage("s2-1", "s2", "hi", sender="s0"), T0 + 2),
+        lambda: j.enqueue(NewMessage("s1-2", "s1", "later", sender="s0"), T0 + 2),
+        lambda: j.complete_turn("w1", "s1", [head.message_id], [TurnEntry("assistant", "ok")],
+                                T0 + 1, next_lease=30.0)])
+    following = results[2]
+    assert following is not None and following.message_id == "s1-2"
+    assert j.get("s1-2")["status"] == "processing"
+
+
+def test_a_commit_one_by_one_chains_into_a_row_sent_after_its_time_too(
+        stores: Stores) -> None:
+    j = stores.journal
+    j.enqueue(NewMessage("s1-1", "s1", "hi", sender="s0"), T0)
+    (head,) = j.claim("w1", T0).rows
+    j.enqueue(NewMessage("s1-2", "s1", "later", sender="s0"), T0 + 2)
+    # A commit that enqueues (a reply to s0) goes one by one.
+    following = j.complete_turn("w1", "s1", [head.message_id], [TurnEntry("assistant", "ok")],
+                                T0 + 1, enqueue=[NewMessage("r-1", "s0", "done", sender="s1")],
+                                next_lease=30.0)
+    assert following is not None and following.message_id == "s1-2"
+
+
 def test_a_lost_lease_in_a_batch_fails_only_its_own_commit(stores: Stores) -> None:
     j = stores.journal
     for s in ("s1", "s2", "s3"):
