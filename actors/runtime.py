@@ -201,8 +201,11 @@ class Runtime(RecordsApi):
                 slots = Slots(ctx, self._turn_limit(), self.max_live_sessions,
                               threads=min(2, self.max_active_sessions) if self.async_brain
                               else None)
-                ctx.dispatcher = Dispatcher.start(ctx, slots, self.idle_ttl,
-                                                  self._ticker.alarm_in)
+                # An injected clock that moves by hand claims as it moves (_on_clock):
+                # real-time alarms for its due times would only claim too early.
+                alarm = (_no_alarm if isinstance(self.clock, ManualClock)
+                         else self._ticker.alarm_in)
+                ctx.dispatcher = Dispatcher.start(ctx, slots, self.idle_ttl, alarm)
                 ctx.slots = slots  # once the dispatcher takes claim requests
                 if self._schedule is not None:
                     self._schedule.start()
@@ -441,6 +444,7 @@ class Runtime(RecordsApi):
                                "largest_batch": w.largest_batch}
         if self._shared.listener is not None:
             stats["listener"] = self._shared.statistics()
+        stats["alarms"] = self._ticker.alarms
         return stats
 
     def health(self, timeout: float = 2.0) -> dict[str, Any]:
@@ -560,3 +564,7 @@ def _seconds(field: str, value: object, alternative: str = "") -> None:
 def _no_brain(turn: Turn) -> None:
     """Never called: a runtime without a brain does not deliver (``send_only``)."""
     raise RuntimeStateError("this runtime has no brain; it never runs turns", state="send-only")
+
+
+def _no_alarm(delay: float) -> None:
+    """The alarm of a runtime whose clock is moved by hand: none."""

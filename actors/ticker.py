@@ -8,13 +8,17 @@ a retry's backoff ends on time, and on PostgreSQL a send from another
 process is claimed at once even when that process's clock reads a few
 milliseconds ahead of this one's (the claim finds it "not yet due").
 
-An alarm later than the next tick is left to the tick; only the earliest
-alarm is kept. The thread waits on a condition, so neither costs a thread
-or a timer of its own.
+An alarm later than the next tick is left to the tick (which does what the
+alarm would), and only the earliest alarm is kept. The thread waits on a
+condition, so neither costs a thread or a timer of its own. Each tick comes
+an interval after the last one ended, as a loop of ``wait(interval)`` would.
+The runtime asks for alarms on PostgreSQL, whose claims report when a head
+they saw comes due (``ClaimResult.next_due``).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -30,11 +34,11 @@ class Ticker:
         self._on_alarm = on_alarm
         self._cond = threading.Condition()
         self._stopped = False
-        self._next_tick = 0.0
+        self._next_tick = math.inf  # none before start(), none while a tick runs
         self._alarm_at: float | None = None
         self._thread: threading.Thread | None = None
         self.alarms = 0
-        """How many alarms rang (for tests and statistics)."""
+        """How many alarms rang (the runtime's statistics)."""
 
     def start(self) -> None:
         """Start the thread; the first tick comes one interval from now."""
@@ -61,21 +65,28 @@ class Ticker:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
+    @property
+    def running(self) -> bool:
+        """The thread is alive (started and not stopped)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                rang, ticked = self._wait()
-            if rang is None:
+                what = self._wait()
+            if what is None:
                 return
-            if rang:
+            if what == "tick":
+                self._on_tick()
+                with self._cond:
+                    self._next_tick = time.monotonic() + self.interval
+            else:
                 self.alarms += 1
                 self._on_alarm()
-            if ticked:
-                self._on_tick()
 
-    def _wait(self) -> tuple[bool | None, bool]:
-        """Under the condition: wait for the next alarm or tick; (alarm rang, tick due),
-        or (None, False) once stopped."""
+    def _wait(self) -> str | None:
+        """Under the condition: wait for the next tick or alarm and say which ("tick"
+        when both are due: the tick does the alarm's work too); None once stopped."""
         while not self._stopped:
             now = time.monotonic()
             due = self._next_tick if self._alarm_at is None else min(self._next_tick,
@@ -83,11 +94,9 @@ class Ticker:
             if now < due:
                 self._cond.wait(due - now)
                 continue
-            rang = self._alarm_at is not None and self._alarm_at <= now
-            if rang:
-                self._alarm_at = None
-            ticked = self._next_tick <= now
-            if ticked:
-                self._next_tick = now + self.interval
-            return rang, ticked
-        return None, False
+            self._alarm_at = None  # due now, or due with the tick
+            if self._next_tick <= now:
+                self._next_tick = math.inf
+                return "tick"
+            return "alarm"
+        return None

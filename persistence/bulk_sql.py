@@ -104,8 +104,9 @@ class BulkSql:
         self.pg_turns = PgTurnSql(hot.db) if self.postgres else None
         """PostgreSQL's fused turn-commit statements (None on SQLite)."""
         self.sent_until = 0.0
-        """The latest time a new row written here was stamped with (its ``available_at``):
-        see :meth:`chain_time`. Only the writer thread writes it."""
+        """The latest time a send this writer wrote (or tried to: a batch undone leaves
+        it raised, still a time that has passed) was stamped with, its row's
+        ``available_at``: see :meth:`chain_time`. Only the writer thread uses it."""
         p = hot.p
         self._inbox_row = "(" + ", ".join(  # SQLite's: seq numbered by the writer
             "0" if c == "attempts" else p for c in _INBOX_COLUMN_NAMES) + ")"
@@ -120,7 +121,7 @@ class BulkSql:
         sends running before its commits), and judged at the commit's own time that row
         would not be due yet: nothing would chain it, its send leased nothing either (an
         older row was in flight), and it would wait for the dispatcher's next tick (3% of
-        a closed loop's messages did, its p99 send -> turn 200 ms against 48). Every row
+        a closed loop's messages did, its p99 send -> turn 200 ms against 36). Every row
         the commit can see was written before it runs, so the latest stamp written is a
         time the commit runs after."""
         return max(now, self.sent_until)

@@ -24,7 +24,8 @@ threads running Python). A process whose clock lags takes another's fresh
 send for one not yet due. So each read takes a few readings and keeps the
 one with the shortest round trip, and a new reading replaces the one kept
 only when its error bound (half its round trip) is no larger than the kept
-one's, aged by the drift allowed between the two clocks
+one's, aged by the drift allowed between the two clocks, or when the two
+disagree by more than both bounds, which means a clock stepped
 (:func:`better_reading`).
 """
 
@@ -76,8 +77,15 @@ NO_READING = Reading(0.0, 0.0, float("inf"))
 
 
 def better_reading(kept: Reading, new: Reading) -> Reading:
-    """The reading to carry forward: ``new`` unless ``kept`` is still the tighter one."""
-    if new.error_at(new.mono) <= kept.error_at(new.mono):
+    """The reading to carry forward: ``new`` unless ``kept`` is still the tighter one.
+
+    Also ``new`` when the two cannot both be right (they differ by more than both error
+    bounds together): one of the clocks stepped (the server's was set, the database
+    failed over to another host, this host was suspended and its monotonic clock
+    stopped), and only the newer reading has seen it."""
+    predicted = kept.server + (new.mono - kept.mono)
+    bound = new.error_at(new.mono) + kept.error_at(new.mono)
+    if new.error_at(new.mono) <= kept.error_at(new.mono) or abs(new.server - predicted) > bound:
         return new
     return kept
 

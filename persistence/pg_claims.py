@@ -16,10 +16,12 @@ in the backlog, see ``tests/test_scaleout_open_indexes.py``):
 
 * a *window*: the next pending (or processing) rows after a ``seq`` cursor,
   ``ORDER BY seq LIMIT n`` on the index of that state alone, each marked
-  claimable or not by a one-row probe of its target's head. Both states'
-  first windows go in one round trip; the walk goes on, a larger window
-  each time, until it has enough heads or no rows are left, so no due head
-  is ever out of reach, and only ids come back;
+  a head this claim may take or not by a one-row probe of its target's
+  head. Both states' first windows go in one round trip; the walk goes
+  on, a larger window each time, until it has enough heads or no rows are
+  left, so no due head is ever out of reach. Ids and due times come back:
+  a pending head not yet due (a backoff; a send stamped by a process whose
+  clock reads a little ahead) gives the claim's ``next_due``;
 * a *lock*: the chosen rows by primary key, ``FOR UPDATE SKIP LOCKED``,
   with their state, due time and headship checked again in the lock's own
   (newer) snapshot, so a row another process took or finished meanwhile is
@@ -45,6 +47,7 @@ from typing import Any, NamedTuple
 import peewee as pw
 
 from .hot_path import CLAIM_COLUMNS, INBOX, PENDING, PROCESSING, Head, head_probe
+from .inbox_core import is_claimable
 from .pg_params import text_array
 from .pg_prepared import PreparedStatement
 
@@ -91,11 +94,14 @@ class PgClaims:
     def __init__(self, db: pw.Database) -> None:
         self.db = db
         cols = ", ".join(CLAIM_COLUMNS)
-        # Each row: its id, seq, due time, and whether it is a head this claim may take
-        # (its due time is compared here, so a head not yet due reports when it will be).
+        # Each row: its id, seq, due time, and whether it is a head this claim may take.
+        # A pending row's due time is compared by the caller, so a head not yet due says
+        # when it will be (``next_due``); a processing row's lease is tested here first,
+        # and the head probe runs only for the rare one that ran out (most are live).
         self.sql_window = {
             state: (f"SELECT w.message_id, w.seq, w.{due}, "
-                    f"w.transport = %(transport)s "
+                    + ("" if state == PENDING else f"w.{due} <= %(now)s AND ")
+                    + f"w.transport = %(transport)s "
                     f"AND NOT (w.target_chat_id = ANY(%(skip)s)) "
                     f"AND w.seq = {head_probe('w.target_chat_id')} "
                     f"FROM (SELECT message_id, seq, target_chat_id, transport, {due} "
@@ -107,7 +113,7 @@ class PgClaims:
         self.sql_first = " UNION ALL ".join(
             f"(SELECT '{state}', q.* FROM ({self.sql_window[state]}) q)" for state in _DUE)
         self.first = PreparedStatement(db, "kinbox_claim_window", self.sql_first, [
-            ("transport", "text"), ("skip", "text[]"), ("after", "bigint"),
+            ("now", "float8"), ("transport", "text"), ("skip", "text[]"), ("after", "bigint"),
             ("window", "integer")])
         self.sql_lock = (f"SELECT {cols}, {marker_probe('m.message_id')} FROM {INBOX} m "
                          f"WHERE m.message_id = ANY(%s) "
@@ -179,7 +185,7 @@ class PgClaims:
         skip = text_array(exclude)  # a literal: see .pg_params
         window = max(FIRST_WINDOW, 4 * limit)
         rows = self.first.run(
-            {"transport": transport, "skip": skip, "after": 0, "window": window})
+            {"now": now, "transport": transport, "skip": skip, "after": 0, "window": window})
         found = _Found(now, limit)
         for state in _DUE:
             mine = [r[1:] for r in rows if r[0] == state]
@@ -195,7 +201,7 @@ class PgClaims:
         while not found.full(state):
             window = min(LAST_WINDOW, window * 8)
             rows: list[Any] = self.db.execute_sql(self.sql_window[state], {
-                "transport": transport, "skip": skip, "after": after,
+                "now": found.now, "transport": transport, "skip": skip, "after": after,
                 "window": window}).fetchall()
             found.add(state, rows)
             if len(rows) < window:
@@ -219,16 +225,16 @@ class _Found:
         """Take window rows ``(message_id, seq, due, is a head this claim may take)``."""
         ids = self.by_state[state]
         for message_id, _seq, due, head in rows:
-            if not head or due is None:
+            if not head:  # a processing row is a head here only once its lease ran out
                 continue
-            if due <= self.now:
+            if is_claimable(state, due, due, self.now):
                 if len(ids) < self.limit:
                     ids.append(message_id)
-            elif state == PENDING and (self.next_due is None or due < self.next_due):
-                # A processing row's due time is its lease's end: its owner renews it.
+            elif self.next_due is None or due < self.next_due:
                 self.next_due = due
 
     def full(self, state: str) -> bool:
+        """It holds ``limit`` heads of ``state``: no need to walk that state further."""
         return len(self.by_state[state]) >= self.limit
 
     @property

@@ -30,11 +30,23 @@ def test_a_kept_reading_ages_by_the_drift_allowance_until_a_new_one_wins() -> No
     kept = Reading(server=1000.0, mono=10.0, round_trip=0.0004)
     fair = Reading(server=1000.0 + 30, mono=40.0, round_trip=0.040)  # good to 20 ms
     # 30 s later the kept one may be off by 0.2 ms + 30 s x 500 ppm = 15.2 ms: still tighter.
-    assert kept.error_at(40.0) == pytest.approx(0.0002 + 30 * DRIFT)
+    assert kept.error_at(40.0) == pytest.approx(0.0002 + 30 * DRIFT, abs=1e-9)
     assert better_reading(kept, fair) is kept
     # 60 s later (30.2 ms) a reading good to 20 ms wins.
     newer = Reading(server=1000.0 + 60, mono=70.0, round_trip=0.040)
     assert better_reading(kept, newer) is newer
+
+
+@pytest.mark.timeout(10)
+def test_a_looser_reading_that_the_kept_one_cannot_explain_replaces_it() -> None:
+    # The server's clock was stepped 1 s forward (or this host slept): the kept reading
+    # predicts 1002.0 at mono 12, a reading good to 40 ms says 1003.0. Both cannot be right.
+    kept = Reading(server=1000.0, mono=10.0, round_trip=0.0004)
+    stepped = Reading(server=1003.0, mono=12.0, round_trip=0.080)
+    assert better_reading(kept, stepped) is stepped
+    # Within both bounds (41 ms at most apart), the tighter kept one stays.
+    late = Reading(server=1002.03, mono=12.0, round_trip=0.080)
+    assert better_reading(kept, late) is kept
 
 
 @pytest.mark.timeout(10)
@@ -81,16 +93,16 @@ def test_a_tighter_reading_behind_the_time_told_holds_it_until_it_catches_up() -
     loose = Reading(server=1000.0, mono=10.0, round_trip=0.020)
     clock = ScriptedClock([loose], mono)
     mono.t = 10.999
-    assert clock.now() == pytest.approx(1000.999)
+    assert clock.now() == pytest.approx(1000.999, abs=1e-6)
     # At the next read a reading good to 0.1 ms says the first ran 10 ms ahead.
     clock.script = [Reading(server=1000.99, mono=11.0, round_trip=0.0002)]
     mono.t = 11.0
-    assert clock.now() == pytest.approx(1000.999)  # not 1000.99: it never goes back
+    assert clock.now() == pytest.approx(1000.999, abs=1e-6)  # not 1000.99: it never goes back
     assert clock.reads == 2
     mono.t = 11.005
-    assert clock.now() == pytest.approx(1000.999)  # held while the new reading catches up
+    assert clock.now() == pytest.approx(1000.999, abs=1e-6)  # held while the new reading catches up
     mono.t = 11.02
-    assert clock.now() == pytest.approx(1001.01)  # then the new reading's time
+    assert clock.now() == pytest.approx(1001.01, abs=1e-6)  # then the new reading's time
 
 
 @pytest.mark.timeout(30)

@@ -114,6 +114,7 @@ def test_a_send_stamped_ahead_of_this_clock_is_claimed_when_due_not_at_the_next_
         mid = sender.post(sid, "from a clock ahead").message_id
         wait_for(lambda: mid in seen.at, timeout=10, what="the turn of the early-stamped send")
         assert lag * 0.9 <= seen.at[mid] - sent_at < lag + 1.0  # due, then at once
+        assert rt.statistics()["alarms"] >= 1
     finally:
         sender.stop()
         rt.stop()

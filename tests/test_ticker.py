@@ -62,13 +62,25 @@ def test_ticks_keep_their_interval_and_an_alarm_past_the_next_tick_is_left_to_it
 
 
 @pytest.mark.timeout(10)
+def test_an_alarm_asked_for_before_start_rings_once_it_runs() -> None:
+    calls = Calls()
+    ticker = Ticker(60.0, calls.tick, calls.alarm)
+    ticker.alarm_in(0.05)
+    ticker.start()
+    try:
+        wait_for(lambda: calls.alarms, timeout=5, what="the alarm asked for before start")
+        assert calls.ticks == []
+    finally:
+        ticker.stop()
+
+
+@pytest.mark.timeout(10)
 def test_stop_wakes_the_waiting_thread_and_ends_it() -> None:
     calls = Calls()
     ticker = Ticker(60.0, calls.tick, calls.alarm)
     ticker.start()
-    thread = ticker._thread
-    assert thread is not None and thread.is_alive()
+    assert ticker.running
     began = time.monotonic()
     ticker.stop()
-    assert not thread.is_alive() and time.monotonic() - began < 2.0  # not a 60 s wait
+    assert not ticker.running and time.monotonic() - began < 2.0  # not a 60 s wait
     assert calls.ticks == [] and calls.alarms == []
