@@ -99,9 +99,10 @@ class ClaimResult:
     """Due suspect rows were left unclaimed because the claim's share of suspects was
     spent (they run one at a time): claim again when the running one is done."""
     next_due: float | None = None
-    """The earliest due time of a target's head this claim saw pending but not yet due
-    (a retry's backoff; on PostgreSQL, a send stamped by a process whose clock reads a
-    little ahead): claim again then. None: it saw none (the tick finds the rest)."""
+    """PostgreSQL's claims: the earliest due time of a target's head this claim saw
+    pending but not yet due (a retry's backoff; a send stamped by a process whose clock
+    reads a little ahead): claim again then. None: it saw none, or SQLite's claim (the
+    tick finds the rest)."""
 
 
 @dataclass(slots=True)

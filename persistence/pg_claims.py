@@ -239,4 +239,5 @@ class _Found:
 
     @property
     def ids(self) -> list[str]:
+        """The heads found, pending ones first, each state's oldest first."""
         return [i for state in _DUE for i in self.by_state[state]]
