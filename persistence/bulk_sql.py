@@ -92,6 +92,11 @@ def pg_row_parts(rows: Sequence[Sequence[Any]]) -> list[Sequence[Sequence[Any]]]
     return parts
 
 
+CHAIN_SLACK = 1.0
+"""The most, in seconds, a turn commit's chain time runs past its own time: more than a
+commit waits between reading the time and running, on a loaded writer."""
+
+
 class BulkSql:
     """Set-wise statements on the hot path's database."""
 
@@ -123,8 +128,11 @@ class BulkSql:
         older row was in flight), and it would wait for the dispatcher's next tick (3% of
         a closed loop's messages did, its p99 send -> turn 200 ms against 36). Every row
         the commit can see was written before it runs, so the latest stamp written is a
-        time the commit runs after."""
-        return max(now, self.sent_until)
+        time the commit runs after; but at most :data:`CHAIN_SLACK` past the commit's own
+        time, so that a clock set back (a wall clock stepped, a scenario's clock started
+        again) cannot leave the mark ahead of it to cut backoffs short or stamp leases
+        long for more than that."""
+        return max(now, min(self.sent_until, now + CHAIN_SLACK))
 
     def _insert(self, head: str, row_sql: str, rows: Sequence[Sequence[Any]],
                 tail: str = "") -> int:

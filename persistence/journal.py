@@ -318,7 +318,7 @@ class Journal(InboxReads):
         if next_lease is None:
             return None
         # Judged, leased (its compare-and-set too) and stamped at the chain time: a time
-        # that has passed (a send's), so as good a stamp as the commit's own.
+        # that has passed (a send's), at most CHAIN_SLACK past the commit's own.
         return self._claim_next_op(owner, session_id, self.bulk.chain_time(now), next_lease)
 
     def complete_turn(self, owner: str, session_id: str, message_ids: Sequence[str],

@@ -261,6 +261,23 @@ def test_a_commit_one_by_one_chains_into_a_row_sent_after_its_time_too(
     assert following is not None and following.message_id == "s1-2"
 
 
+def test_a_clock_set_back_does_not_let_a_commit_chain_into_a_backoff_that_has_not_ended(
+        stores: Stores) -> None:
+    # A send stamped an hour ahead (the clock was set back since): the latest stamp written
+    # counts for at most CHAIN_SLACK past the commit's own time.
+    j = stores.journal
+    j.enqueue(NewMessage("s1-1", "s1", "hi", sender="s0"), T0)
+    j.enqueue(NewMessage("s1-2", "s1", "backing off", sender="s0"), T0)
+    j.enqueue(NewMessage("s2-1", "s2", "from before the step", sender="s0"), T0 + 3600)
+    (head,) = j.claim("w1", T0, exclude={"s2"}).rows
+    inbox = stores.tables.inbox
+    inbox.update(available_at=T0 + 5).where(inbox.message_id == "s1-2").execute()
+    following = j.complete_turn("w1", "s1", [head.message_id], [TurnEntry("assistant", "ok")],
+                                T0, next_lease=30.0)
+    assert following is None
+    assert j.get("s1-2")["status"] == "pending"
+
+
 def test_a_lost_lease_in_a_batch_fails_only_its_own_commit(stores: Stores) -> None:
     j = stores.journal
     for s in ("s1", "s2", "s3"):
