@@ -218,10 +218,13 @@ def main() -> None:
         turn.reply(f"processed {mid}")
 
     clock = OffsetClock()
-    with Runtime(db=url, brain=brain, clock=clock, max_active_sessions=1,
-                 lease_seconds=LEASE_SECONDS, tick_interval=0.05) as rt:
-        crash.rt = rt
-        print("ready", flush=True)
+    rt = Runtime(db=url, brain=brain, clock=clock, max_active_sessions=1,
+                 lease_seconds=LEASE_SECONDS, tick_interval=0.05)
+    crash.rt = rt
+    # Before the start: its first turn may begin (and hit ``turn_started:first``) before
+    # start() returns, and a child killed before it said "ready" fails the harness.
+    print("ready", flush=True)
+    with rt:
         deadline = time.monotonic() + 60
         pause = threading.Event()
         while time.monotonic() < deadline:
