@@ -54,13 +54,14 @@ def fresh_database(base: str, system: str) -> str:
     """Drop and create the system's database; return its URL."""
     drop_database(base, system)
     url = database_url(base, system)
-    _on_server(base, f'CREATE DATABASE "{_name(url)}"')
+    _on_server(base, f'CREATE DATABASE "{database_name(url)}"')
     return url
 
 
 def drop_database(base: str, system: str) -> None:
     """Drop the system's database (ending any connection still open to it)."""
-    _on_server(base, f'DROP DATABASE IF EXISTS "{_name(database_url(base, system))}" WITH (FORCE)')
+    name = database_name(database_url(base, system))
+    _on_server(base, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @contextmanager
@@ -87,7 +88,7 @@ def scratch_producer(system: str, base: str, sessions: int, payload: int
             log.warning("could not drop the %s bench database", system, exc_info=True)
 
 
-def _name(url: str) -> str:
+def database_name(url: str) -> str:
     """The database name in a PostgreSQL URL."""
     return urlsplit(url).path.lstrip("/")
 

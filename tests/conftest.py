@@ -74,12 +74,10 @@ def _create_database(url: str) -> None:
     conn.autocommit = True
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
-            if cur.fetchone() is None:
-                try:
-                    cur.execute(f'CREATE DATABASE "{name}"')
-                except psycopg2.errors.DuplicateDatabase:
-                    pass  # another pytest run on this server made it first
+            try:
+                cur.execute(f'CREATE DATABASE "{name}"')
+            except psycopg2.errors.DuplicateDatabase:
+                pass  # an earlier run, or another one on this server, made it
     finally:
         conn.close()
 

@@ -11,6 +11,7 @@ from kinbox.actors import bench_scaleout
 from kinbox.actors.bench_scaleout_systems import (
     REMAINING,
     SYSTEM_NAMES,
+    database_name,
     database_url,
     scratch_producer,
 )
@@ -111,7 +112,7 @@ def test_kinbox_progress_poll_reads_the_open_rows_index_after_the_backlog(pg_url
 
 def _bench_name(pg_url: str, system: str) -> str:
     """The name of the database the scale-out bench gives ``system`` beside ``pg_url``'s."""
-    return database_url(pg_url, system).rsplit("/", 1)[1]
+    return database_name(database_url(pg_url, system))
 
 
 def _bench_databases(pg_url: str) -> set[str]:
