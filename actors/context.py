@@ -29,6 +29,7 @@ from .clock import Clock
 from .errors import RuntimeStateError
 from .messages import Wake
 from .running import RunningTurns
+from .ticker import no_alarm
 from .turn import Brain, Turn, TurnOutcome
 
 if TYPE_CHECKING:
@@ -189,6 +190,10 @@ class RuntimeContext:
     """The event loop of async brains (``async_host.AsyncHost``), when the brain is async."""
     now: Callable[[], float] = field(init=False, repr=False)
     """The runtime clock's time: ``clock.now`` itself (one call, not two)."""
+    alarm_in: Callable[[float], None] = no_alarm
+    """Asks for a claim in so many seconds, when a row comes due that nothing will hand
+    over (a claim saw it not yet due; a failed attempt's backoff ends): the runtime's
+    ticker (:mod:`.ticker`); none where the clock is moved by hand."""
     fast_lease: Lease | None = None
     """Set where this runtime provably owns every target (it holds the SQLite file's
     exclusive lock, and write transactions there are serial across processes): a send

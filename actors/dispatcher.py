@@ -12,13 +12,12 @@ per target (the journal enforces that across processes) and at most
 database runs here: the claim (one at a time, many requests coalesced into
 one query), the renewal of the leases of running turns, and passivation of
 actors idle past ``idle_ttl``. A claim that saw a target's next row not yet due
-asks the ticker for an alarm at its due time (:mod:`.ticker`).
+asks the ticker for an alarm at its due time (``RuntimeContext.alarm_in``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import pykka
@@ -38,14 +37,11 @@ class Dispatcher(pykka.ThreadingActor):
     # reaches atexit, where the runtime stops cleanly.
     use_daemon_thread = True
 
-    def __init__(self, ctx: RuntimeContext, slots: Slots, idle_ttl: float,
-                 alarm_in: Callable[[float], None]) -> None:
+    def __init__(self, ctx: RuntimeContext, slots: Slots, idle_ttl: float) -> None:
         super().__init__()
         self.ctx = ctx
         self.slots = slots
         self.idle_ttl = idle_ttl
-        self.alarm_in = alarm_in
-        """Asks for a wake-up in so many seconds (the runtime's ticker)."""
         self.last_renewal = 0.0
         ref = self.actor_ref  # its mailbox takes messages before the actor runs
 
@@ -105,7 +101,7 @@ class Dispatcher(pykka.ThreadingActor):
         if result is None:
             return
         if result.next_due is not None:
-            self.alarm_in(result.next_due - self.ctx.now())
+            self.ctx.alarm_in(result.next_due - self.ctx.now())
         for message_id in result.acked_by_marker:
             log.debug("acknowledged %s by its committed marker (no second turn)", message_id)
             self.ctx.emit("acked_by_marker", message_id=message_id)

@@ -203,9 +203,9 @@ class Runtime(RecordsApi):
                               else None)
                 # An injected clock that moves by hand claims as it moves (_on_clock):
                 # real-time alarms for its due times would only claim too early.
-                alarm = (_no_alarm if isinstance(self.clock, ManualClock)
-                         else self._ticker.alarm_in)
-                ctx.dispatcher = Dispatcher.start(ctx, slots, self.idle_ttl, alarm)
+                if not isinstance(self.clock, ManualClock):
+                    ctx.alarm_in = self._ticker.alarm_in
+                ctx.dispatcher = Dispatcher.start(ctx, slots, self.idle_ttl)
                 ctx.slots = slots  # once the dispatcher takes claim requests
                 if self._schedule is not None:
                     self._schedule.start()
@@ -564,7 +564,3 @@ def _seconds(field: str, value: object, alternative: str = "") -> None:
 def _no_brain(turn: Turn) -> None:
     """Never called: a runtime without a brain does not deliver (``send_only``)."""
     raise RuntimeStateError("this runtime has no brain; it never runs turns", state="send-only")
-
-
-def _no_alarm(delay: float) -> None:
-    """The alarm of a runtime whose clock is moved by hand: none."""

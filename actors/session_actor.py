@@ -381,6 +381,8 @@ class SessionActor(PooledActor):
                  available_at=result.available_at)
         if final:
             self._run_after(effects)
+        else:  # claimed as its backoff ends, not at the tick after
+            ctx.alarm_in(result.available_at - ctx.now())
         return run.failure_recorded()
 
     def _run_after(self, effects: TurnEffects) -> None:

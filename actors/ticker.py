@@ -12,8 +12,10 @@ An alarm later than the next tick is left to the tick (which does what the
 alarm would), and only the earliest alarm is kept. The thread waits on a
 condition, so neither costs a thread or a timer of its own. Each tick comes
 an interval after the last one ended, as a loop of ``wait(interval)`` would.
-The runtime asks for alarms on PostgreSQL, whose claims report when a head
-they saw comes due (``ClaimResult.next_due``).
+Alarms are asked for through ``RuntimeContext.alarm_in``: by a claim on
+PostgreSQL, which reports when a head it saw comes due
+(``ClaimResult.next_due``), and by a failed attempt, at the end of its backoff
+(on SQLite nothing else would claim the retry before the tick).
 """
 
 from __future__ import annotations
@@ -100,3 +102,8 @@ class Ticker:
                 return "tick"
             return "alarm"
         return None
+
+
+def no_alarm(delay: float) -> None:
+    """The alarm of a runtime whose clock is moved by hand (it claims as the clock moves,
+    and a real-time alarm would only claim too early) or that has no ticker: none."""
