@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from .bench_systems import SYSTEMS, Recorder, Workload, fresh_dir, stamp
+from .bench_workload import bounded
 from .runtime import Runtime
 from .turn import Turn
 
@@ -43,12 +44,13 @@ def throughput(quick: bool, repeat: int, systems: list[str]) -> dict[str, Any]:
         for name in systems:
             workdir = fresh_dir()
             began = time.perf_counter()
+            run = bounded(name, w)
             try:
-                m = SYSTEMS[name](w, workdir)
+                m = SYSTEMS[name](run, workdir)
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
                 wall[name] += time.perf_counter() - began
-            count = m.messages or w.messages
+            count = m.messages or run.messages
             runs[name].append({"msgs_per_s": count / m.elapsed, "elapsed_s": m.elapsed,
                                "messages": count, "order_violations": m.order_violations,
                                "p50_ms": _ms(percentile(m.latencies, 0.5)),
@@ -79,13 +81,13 @@ def throughput(quick: bool, repeat: int, systems: list[str]) -> dict[str, Any]:
         violations = results["kinbox"]["order_violations"]
         targets["kinbox_order_violations"] = {"target": 0, "measured": violations,
                                               "met": violations == 0}
-    bounded = {name: results[name]["messages"] for name in runs
-               if results[name]["messages"] != w.messages}
+    cut = {name: results[name]["messages"] for name in runs
+           if results[name]["messages"] != w.messages}
     return {"settings": {"sessions": w.sessions, "messages": w.messages,
                          "payload_bytes": w.payload, "producers": w.producers,
                          "repeat": repeat, "systems": systems,
                          "wall_s_per_system": {k: round(v, 1) for k, v in wall.items()},
-                         "bounded_by_message_count": bounded},
+                         "bounded_by_message_count": cut},
             "results": results, "ratios": ratios, "targets": targets,
             "stages_us_per_msg": stages}
 

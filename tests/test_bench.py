@@ -18,10 +18,9 @@ import pytest
 from kinbox.actors import bench_runs
 from kinbox.actors.bench import plot, table
 from kinbox.actors.bench_bare import BarePipeline
-from kinbox.actors.bench_dbos import bounded
 from kinbox.actors.bench_stages import STAGES
 from kinbox.actors.bench_systems import SYSTEMS, Workload, fresh_dir
-from kinbox.actors.bench_workload import Measured, Recorder, order_violations, stamp
+from kinbox.actors.bench_workload import Measured, Recorder, bounded, order_violations, stamp
 
 from .helpers import wait_for
 
@@ -65,10 +64,15 @@ def test_the_recorder_reads_target_producer_and_seq_from_the_body_and_counts_reo
     assert len(stamp(100, 7, 3, 12345)) == 100
 
 
-def test_dbos_is_bounded_by_message_count_only_beyond_its_limits() -> None:
-    assert bounded(Workload(5, 60)).messages == 60
-    assert bounded(Workload(100, 10_000)) == Workload(100, 1_000)
-    assert bounded(Workload(1_000, 100_000)) == Workload(1_000, 5_000)
+def test_slow_systems_are_bounded_by_message_count_only_beyond_their_limits() -> None:
+    assert bounded("dbos", Workload(5, 60)).messages == 60
+    assert bounded("dbos", Workload(100, 10_000)) == Workload(100, 1_000)
+    assert bounded("dbos", Workload(1_000, 100_000)) == Workload(1_000, 5_000)
+    for system in ("naive", "huey"):  # the whole quick workload; 40,000 of the full one
+        assert bounded(system, Workload(100, 10_000)) == Workload(100, 10_000)
+        assert bounded(system, Workload(1_000, 100_000)) == Workload(1_000, 40_000)
+    for system in ("kinbox", "bare", "memory", "sqlite_ceiling"):
+        assert bounded(system, Workload(1_000, 100_000)) == Workload(1_000, 100_000)
 
 
 @pytest.mark.timeout(60)
