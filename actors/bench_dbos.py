@@ -9,7 +9,7 @@ on every connection DBOS opens. Each run is a child process
 process-wide instance and registry; the child prints one JSON line.
 
 DBOS delivers 120-300 messages/s here, so the runner gives it fewer messages
-than the other systems (``bench_workload.MESSAGE_BOUNDS``); a rate is a rate.
+than the other systems (``bench_systems.MESSAGE_BOUNDS``); a rate is a rate.
 """
 
 from __future__ import annotations

@@ -12,8 +12,7 @@ import threading
 import time
 from typing import Any
 
-from .bench_systems import SYSTEMS, Recorder, Workload, fresh_dir, stamp
-from .bench_workload import bounded
+from .bench_systems import SYSTEMS, Recorder, Workload, bounded, fresh_dir, stamp
 from .runtime import Runtime
 from .turn import Turn
 
@@ -44,15 +43,15 @@ def throughput(quick: bool, repeat: int, systems: list[str]) -> dict[str, Any]:
         for name in systems:
             workdir = fresh_dir()
             began = time.perf_counter()
-            run = bounded(name, w)
+            run = bounded(name, w, quick)
             try:
                 m = SYSTEMS[name](run, workdir)
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
                 wall[name] += time.perf_counter() - began
-            count = m.messages or run.messages
-            runs[name].append({"msgs_per_s": count / m.elapsed, "elapsed_s": m.elapsed,
-                               "messages": count, "order_violations": m.order_violations,
+            runs[name].append({"msgs_per_s": run.messages / m.elapsed,
+                               "elapsed_s": m.elapsed, "messages": run.messages,
+                               "order_violations": m.order_violations,
                                "p50_ms": _ms(percentile(m.latencies, 0.5)),
                                "p99_ms": _ms(percentile(m.latencies, 0.99)),
                                "latencies": m.latencies, "stages": m.extra.get("stages")})

@@ -2,8 +2,7 @@
 
 Owns what the systems share and nothing of any one system: the workload
 shape, the message body (send time, target, producer, sequence number), the
-producer threads, the recorder of handled messages and the order check, and
-which systems run fewer messages than the workload (:func:`bounded`). A
+producer threads, the recorder of handled messages and the order check. A
 message body starts ``"<perf_counter>|<target>|<producer>|<seq>|"`` so any
 handler, in any process, can report latency and per-producer order from the
 body alone.
@@ -16,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,29 +30,6 @@ class Workload:
     producers: int = 32
 
 
-QUICK_MESSAGES = 10_000
-"""The quick throughput workload's message count; a larger one is the full size."""
-
-MESSAGE_BOUNDS: dict[str, tuple[int | None, int | None]] = {
-    "dbos": (1_000, 5_000),
-    "naive": (None, 40_000),
-    "huey": (None, 40_000),
-}
-"""system -> the most messages one of its runs sends, at the quick size and at the full
-size (None: the whole workload). Same sessions, producers and payload; only the count is
-cut, and a rate is a rate. DBOS delivers a few hundred messages a second here. naive and
-huey at the full size took 928 s of a 1,318 s full run (2026-12-03 evening), past its 15
-minutes, and their rates do not follow the count: at 1,000 sessions, naive ran 679 and
-672 msgs/s at 40,000 and 100,000 messages, huey 788 and 857, in one run."""
-
-
-def bounded(system: str, w: Workload) -> Workload:
-    """The workload ``system`` runs: ``w``, its count cut to :data:`MESSAGE_BOUNDS`."""
-    quick, full = MESSAGE_BOUNDS.get(system, (None, None))
-    limit = quick if w.messages <= QUICK_MESSAGES else full
-    return w if limit is None else replace(w, messages=min(w.messages, limit))
-
-
 @dataclass
 class Measured:
     """One system's run: elapsed seconds, latencies (seconds) per message, order violations."""
@@ -62,7 +38,6 @@ class Measured:
     latencies: list[float] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     order_violations: int | None = None
-    messages: int | None = None  # set when a system ran fewer than the workload's messages
 
 
 def order_violations(handled: Iterable[tuple[Hashable, int]]) -> int:

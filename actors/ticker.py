@@ -1,25 +1,25 @@
 """The runtime's clock thread: a tick every interval, and an alarm for a row coming due.
 
 The tick is the fallback that finds everything (retries come due, leases
-run out, idle actors to passivate, rows no notification announced). Between
-ticks, a claim that saw a target's next row not yet due asks for an alarm
-at its due time, so the row is claimed then and not up to a tick later:
-a retry's backoff ends on time, and on PostgreSQL a send from another
-process is claimed at once even when that process's clock reads a few
-milliseconds ahead of this one's (the claim finds it "not yet due").
+run out, idle actors to passivate, rows no notification announced), at most
+an interval late. An alarm claims sooner: whatever learns that a row comes
+due before the next tick asks for one at its due time, through
+``RuntimeContext.alarm_in``. A claim on PostgreSQL reports when a head it
+saw comes due (``ClaimResult.next_due``): a send from another process whose
+clock reads a few milliseconds ahead of this one's is "not yet due" when its
+notification arrives. A failed attempt asks for one at its backoff's end (on
+SQLite nothing else would claim the retry before the tick).
 
-An alarm later than the next tick is left to the tick (which does what the
-alarm would), and only the earliest alarm is kept. The thread waits on a
-condition, so neither costs a thread or a timer of its own. Each tick comes
-an interval after the last one ended, as a loop of ``wait(interval)`` would.
-Alarms are asked for through ``RuntimeContext.alarm_in``: by a claim on
-PostgreSQL, which reports when a head it saw comes due
-(``ClaimResult.next_due``), and by a failed attempt, at the end of its backoff
-(on SQLite nothing else would claim the retry before the tick).
+An alarm later than the next tick is left to the tick; earlier ones wait in
+a small heap, each rung at its time (alarms due together ring once). The
+thread waits on a condition, so neither costs a thread or a timer of its
+own. Each tick comes an interval after the last one ended, as a loop of
+``wait(interval)`` would.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 import time
@@ -37,7 +37,7 @@ class Ticker:
         self._cond = threading.Condition()
         self._stopped = False
         self._next_tick = math.inf  # none before start(), none while a tick runs
-        self._alarm_at: float | None = None
+        self._alarms: list[float] = []  # a heap of monotonic times, each before _next_tick
         self._thread: threading.Thread | None = None
         self.alarms = 0
         """How many alarms rang (the runtime's statistics)."""
@@ -50,13 +50,14 @@ class Ticker:
 
     def alarm_in(self, delay: float) -> None:
         """Ring ``on_alarm`` in ``delay`` seconds (at once when it is not positive), unless
-        the next tick or an earlier alarm comes first."""
+        the next tick comes first."""
         with self._cond:
             at = time.monotonic() + max(0.0, delay)
-            if at >= self._next_tick or (self._alarm_at is not None and self._alarm_at <= at):
+            if at >= self._next_tick:
                 return
-            self._alarm_at = at
-            self._cond.notify()
+            heapq.heappush(self._alarms, at)
+            if self._alarms[0] == at:
+                self._cond.notify()  # the thread waits for a later time
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread (waits for a tick or alarm in progress, unless called from one)."""
@@ -91,12 +92,12 @@ class Ticker:
         when both are due: the tick does the alarm's work too); None once stopped."""
         while not self._stopped:
             now = time.monotonic()
-            due = self._next_tick if self._alarm_at is None else min(self._next_tick,
-                                                                     self._alarm_at)
+            due = min(self._next_tick, self._alarms[0]) if self._alarms else self._next_tick
             if now < due:
                 self._cond.wait(due - now)
                 continue
-            self._alarm_at = None  # due now, or due with the tick
+            while self._alarms and self._alarms[0] <= now:  # due now, or due with the tick
+                heapq.heappop(self._alarms)
             if self._next_tick <= now:
                 self._next_tick = math.inf
                 return "tick"
@@ -105,5 +106,5 @@ class Ticker:
 
 
 def no_alarm(delay: float) -> None:
-    """The alarm of a runtime whose clock is moved by hand (it claims as the clock moves,
-    and a real-time alarm would only claim too early) or that has no ticker: none."""
+    """The alarm of a runtime that does not deliver (send-only, or not started yet) or
+    whose clock is moved by hand (``Runtime.start`` says why): none."""

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from kinbox.actors import bench_runs
+from kinbox.actors import bench_runs, bench_systems
 from kinbox.actors.bench import plot, table
 from kinbox.actors.bench_bare import BarePipeline
 from kinbox.actors.bench_stages import STAGES
-from kinbox.actors.bench_systems import SYSTEMS, Workload, fresh_dir
-from kinbox.actors.bench_workload import Measured, Recorder, bounded, order_violations, stamp
+from kinbox.actors.bench_systems import SYSTEMS, Workload, bounded, fresh_dir
+from kinbox.actors.bench_workload import Measured, Recorder, order_violations, stamp
 
 from .helpers import wait_for
 
@@ -65,14 +65,15 @@ def test_the_recorder_reads_target_producer_and_seq_from_the_body_and_counts_reo
 
 
 def test_slow_systems_are_bounded_by_message_count_only_beyond_their_limits() -> None:
-    assert bounded("dbos", Workload(5, 60)).messages == 60
-    assert bounded("dbos", Workload(100, 10_000)) == Workload(100, 1_000)
-    assert bounded("dbos", Workload(1_000, 100_000)) == Workload(1_000, 5_000)
+    quick, full = Workload(100, 10_000), Workload(1_000, 100_000)
+    assert bounded("dbos", Workload(5, 60), quick=True).messages == 60
+    assert bounded("dbos", quick, quick=True) == Workload(100, 1_000)
+    assert bounded("dbos", full, quick=False) == Workload(1_000, 5_000)
     for system in ("naive", "huey"):  # the whole quick workload; 40,000 of the full one
-        assert bounded(system, Workload(100, 10_000)) == Workload(100, 10_000)
-        assert bounded(system, Workload(1_000, 100_000)) == Workload(1_000, 40_000)
+        assert bounded(system, quick, quick=True) == quick
+        assert bounded(system, full, quick=False) == Workload(1_000, 40_000)
     for system in ("kinbox", "bare", "memory", "sqlite_ceiling"):
-        assert bounded(system, Workload(1_000, 100_000)) == Workload(1_000, 100_000)
+        assert bounded(system, full, quick=False) == full
 
 
 @pytest.mark.timeout(60)
@@ -124,9 +125,10 @@ def test_throughput_report_has_results_for_every_system_and_the_ratios(
     monkeypatch.setattr(bench_runs, "open_loop", lambda rate, seconds: {"p50_ms": 1.0,
                                                                          "p99_ms": 2.0})
     # dbos runs for real above (a child process each, seconds apiece); here a stand-in that
-    # ran fewer messages than the workload, as the real one does at quick and full sizes.
+    # handles what it is given, and the runner must give it only its bound.
+    monkeypatch.setitem(bench_systems.MESSAGE_BOUNDS, "dbos", (20, 30))
     monkeypatch.setitem(bench_runs.SYSTEMS, "dbos", lambda w, d: Measured(
-        0.1, [0.001] * 20, {}, order_violations=3, messages=20))
+        0.1, [0.001] * w.messages, {}, order_violations=3))
     report = bench_runs.throughput(True, 3, list(SYSTEMS))
     assert set(report["results"]) == {*SYSTEMS, "kinbox_open_loop"}
     for name in SYSTEMS:

@@ -46,17 +46,30 @@ def running(interval: float, *, alarm_first: float | None = None
 
 
 @pytest.mark.timeout(10)
-def test_an_alarm_rings_between_ticks_and_only_the_earliest_is_kept() -> None:
+def test_every_alarm_rings_at_its_own_time_between_ticks() -> None:
     with running(60.0) as (ticker, calls):
         asked = time.monotonic()
-        ticker.alarm_in(0.5)
-        ticker.alarm_in(0.05)  # earlier: replaces it
-        ticker.alarm_in(0.3)  # later than the one set: dropped
-        wait_for(lambda: calls.alarms, timeout=5, what="the alarm")
-        assert 0.05 <= calls.alarms[0] - asked < 0.3
+        ticker.alarm_in(0.6)
+        ticker.alarm_in(0.05)  # earlier: rings first, and the later one is kept
+        ticker.alarm_in(0.3)
+        wait_for(lambda: len(calls.alarms) == 3, timeout=5, what="three alarms")
+        rang = [at - asked for at in calls.alarms]
+        assert 0.05 <= rang[0] < 0.3 <= rang[1] < 0.6 <= rang[2]
         ticker.alarm_in(0)  # due at once
-        wait_for(lambda: len(calls.alarms) == 2, timeout=5, what="the second alarm")
-        assert ticker.alarms == 2 and calls.ticks == []
+        wait_for(lambda: len(calls.alarms) == 4, timeout=5, what="the fourth alarm")
+        assert ticker.alarms == 4 and calls.ticks == []
+
+
+@pytest.mark.timeout(10)
+def test_alarms_due_together_ring_once() -> None:
+    with running(60.0) as (ticker, calls):
+        with ticker._cond:  # held, so both are in the heap before the thread looks
+            ticker.alarm_in(0)
+            ticker.alarm_in(0)
+        wait_for(lambda: calls.alarms, timeout=5, what="the alarm")
+        ticker.alarm_in(0.05)  # rings after the pair: the pair rang once
+        wait_for(lambda: len(calls.alarms) == 2, timeout=5, what="the later alarm")
+        assert ticker.alarms == 2
 
 
 @pytest.mark.timeout(10)
