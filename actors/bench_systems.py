@@ -192,8 +192,8 @@ MESSAGE_BOUNDS: dict[str, tuple[int | None, int | None]] = {
 """system -> the most messages one of its runs sends, at the quick size and at the full
 size (None: the whole workload). Same sessions, producers and payload; only the count is
 cut, and a rate is a rate. DBOS delivers a few hundred messages a second here. naive and
-huey at the full size took 928 s of a 1,338 s full run (2026-12-03 evening), past its 15
-minutes, and their rates do not follow the count (docs/benchmark-log.md, 2026-12-04)."""
+huey at the full size took 928 s of a 1,338 s full run, past its 15 minutes, and their
+rates do not follow the count (docs/benchmark-log.md, the run of 2026-12-03 21:10 UTC)."""
 
 
 def bounded(system: str, w: Workload, quick: bool) -> Workload:

@@ -193,7 +193,8 @@ class RuntimeContext:
     alarm_in: Callable[[float], None] = no_alarm
     """Asks for a claim in so many seconds, when a row comes due that nothing will hand
     over (a claim saw it not yet due; a failed attempt's backoff ends): the runtime's
-    ticker (:mod:`.ticker`); none where the clock is moved by hand."""
+    ticker (:mod:`.ticker`); none in a runtime that does not deliver (send-only, or not
+    started yet) or whose clock is moved by hand."""
     fast_lease: Lease | None = None
     """Set where this runtime provably owns every target (it holds the SQLite file's
     exclusive lock, and write transactions there are serial across processes): a send

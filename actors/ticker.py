@@ -44,16 +44,17 @@ class Ticker:
 
     def start(self) -> None:
         """Start the thread; the first tick comes one interval from now."""
-        self._next_tick = time.monotonic() + self.interval
+        with self._cond:
+            self._set_next_tick(time.monotonic() + self.interval)
         self._thread = threading.Thread(target=self._run, name="kinbox-ticker", daemon=True)
         self._thread.start()
 
     def alarm_in(self, delay: float) -> None:
         """Ring ``on_alarm`` in ``delay`` seconds (at once when it is not positive), unless
-        the next tick comes first."""
+        the next tick comes first or the ticker has stopped."""
         with self._cond:
             at = time.monotonic() + max(0.0, delay)
-            if at >= self._next_tick:
+            if self._stopped or at >= self._next_tick:
                 return
             heapq.heappush(self._alarms, at)
             if self._alarms[0] == at:
@@ -82,10 +83,20 @@ class Ticker:
             if what == "tick":
                 self._on_tick()
                 with self._cond:
-                    self._next_tick = time.monotonic() + self.interval
+                    self._set_next_tick(time.monotonic() + self.interval)
             else:
                 self.alarms += 1
                 self._on_alarm()
+
+    def _set_next_tick(self, at: float) -> None:
+        """Under the condition: the next tick comes at ``at``; the alarms asked for while
+        there was none (before the start, during a tick) that it comes before are its
+        work now."""
+        self._next_tick = at
+        kept = [a for a in self._alarms if a < at]
+        if len(kept) < len(self._alarms):
+            heapq.heapify(kept)
+            self._alarms = kept
 
     def _wait(self) -> str | None:
         """Under the condition: wait for the next tick or alarm and say which ("tick"

@@ -127,9 +127,14 @@ def test_throughput_report_has_results_for_every_system_and_the_ratios(
     # dbos runs for real above (a child process each, seconds apiece); here a stand-in that
     # handles what it is given, and the runner must give it only its bound.
     monkeypatch.setitem(bench_systems.MESSAGE_BOUNDS, "dbos", (20, 30))
-    monkeypatch.setitem(bench_runs.SYSTEMS, "dbos", lambda w, d: Measured(
-        0.1, [0.001] * w.messages, {}, order_violations=3))
+    given: list[int] = []
+
+    def dbos(w: Workload, workdir: Path) -> Measured:
+        given.append(w.messages)
+        return Measured(0.1, [0.001] * w.messages, {}, order_violations=3)
+    monkeypatch.setitem(bench_runs.SYSTEMS, "dbos", dbos)
     report = bench_runs.throughput(True, 3, list(SYSTEMS))
+    assert given == [20, 20, 20]
     assert set(report["results"]) == {*SYSTEMS, "kinbox_open_loop"}
     for name in SYSTEMS:
         r = report["results"][name]

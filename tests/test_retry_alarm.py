@@ -4,7 +4,7 @@ Nothing hands a retried row over: it waits in the journal until a claim finds it
 due. On PostgreSQL the claim that follows the failure sees it not yet due and
 asks for an alarm; on SQLite that claim reports no due times, so the retry
 waited for the tick (up to ``tick_interval`` late). The failure now asks for an
-alarm at the retry's time itself, on both. With the tick set past the test's
+alarm at the retry's time itself. With the tick set past the test's
 timeout, a retry that waited for it would never run here. Each failure's alarm
 rings, not only the earliest waiting one.
 """
@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 
 from kinbox.actors import Runtime, Turn
+from kinbox.persistence import inbox_core
 
 from .helpers import wait_for
 
 NO_TICK = 600.0
-FIRST_BACKOFF = 2.0
-"""``inbox_core.backoff_delay`` after a first failed attempt: 2**1 s."""
+FIRST_BACKOFF = inbox_core.backoff_delay(1, inbox_core.LOCAL.cap)
+"""The wait after a session's first failed attempt (2 s)."""
 
 
 class FailsFirst:

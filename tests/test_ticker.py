@@ -67,9 +67,47 @@ def test_alarms_due_together_ring_once() -> None:
             ticker.alarm_in(0)
             ticker.alarm_in(0)
         wait_for(lambda: calls.alarms, timeout=5, what="the alarm")
-        ticker.alarm_in(0.05)  # rings after the pair: the pair rang once
+        later = time.monotonic()
+        ticker.alarm_in(0.05)  # the next ring must be this one: the pair rang once
         wait_for(lambda: len(calls.alarms) == 2, timeout=5, what="the later alarm")
-        assert ticker.alarms == 2
+        assert calls.alarms[1] >= later + 0.05 and ticker.alarms == 2
+
+
+class SlowTick(Calls):
+    """Asks for alarms from inside its first tick, while the ticker has no next tick."""
+
+    def __init__(self, ticker_box: list[Ticker]) -> None:
+        super().__init__()
+        self.box = ticker_box
+
+    def tick(self) -> None:
+        if not self.ticks:
+            self.box[0].alarm_in(0.01)  # before the next tick: rings
+            self.box[0].alarm_in(30.0)  # past it: the tick's work, dropped
+        super().tick()
+
+
+@pytest.mark.timeout(10)
+def test_alarms_asked_for_during_a_tick_past_the_next_one_are_left_to_it() -> None:
+    box: list[Ticker] = []
+    calls = SlowTick(box)
+    ticker = Ticker(0.3, calls.tick, calls.alarm)
+    box.append(ticker)
+    ticker.start()
+    try:
+        wait_for(lambda: len(calls.ticks) >= 3, timeout=5, what="three ticks")
+        assert len(calls.alarms) == 1 and calls.alarms[0] < calls.ticks[1]
+        assert ticker._alarms == []  # the 30 s alarm is not waiting past the ticks
+    finally:
+        ticker.stop()
+
+
+@pytest.mark.timeout(10)
+def test_an_alarm_asked_for_after_stop_is_ignored() -> None:
+    with running(60.0) as (ticker, calls):
+        ticker.stop()
+        ticker.alarm_in(0)
+        assert ticker._alarms == [] and calls.alarms == []
 
 
 @pytest.mark.timeout(10)
