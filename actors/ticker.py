@@ -89,9 +89,9 @@ class Ticker:
                 self._on_alarm()
 
     def _set_next_tick(self, at: float) -> None:
-        """Under the condition: the next tick comes at ``at``; the alarms asked for while
-        there was none (before the start, during a tick) that it comes before are its
-        work now."""
+        """Under the condition: the next tick comes at ``at``. Alarms asked for while there
+        was no next tick (before the start, during a tick) that come at ``at`` or later are
+        dropped: the tick does their work."""
         self._next_tick = at
         kept = [a for a in self._alarms if a < at]
         if len(kept) < len(self._alarms):
