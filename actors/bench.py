@@ -31,6 +31,7 @@ from . import (
     bench_stages,
     cpu_pinning,
 )
+from .bench_scaleout_systems import server_problem
 from .bench_systems import SYSTEMS
 from .errors import ConfigError
 
@@ -186,6 +187,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(handler=handle)
 
 
+def _missing_extra(exc: ImportError) -> int:
+    print(f"kinbox: {exc.name} is missing; install the bench extra: "
+          "pip install -e '.[bench]'", file=sys.stderr)
+    return 1
+
+
 def handle(args: argparse.Namespace, out: TextIO) -> int:
     """Run the benchmark and print it."""
     if args.systems is None:
@@ -219,6 +226,11 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
             return 2
     if args.name == "scaleout":
         problem = bench_scaleout.url_problem(args.db)
+        if problem is None:
+            try:
+                problem = server_problem(bench_scaleout.base_url(args.db))
+            except ImportError as exc:
+                return _missing_extra(exc)
         if problem:
             print(f"kinbox: bench scaleout: {problem}", file=sys.stderr)
             return 2
@@ -229,9 +241,7 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
                      {"db": args.db, "pin": args.pin_workers} if args.name == "scaleout"
                      else {"kills": args.kills, "messages": args.messages})
     except ImportError as exc:
-        print(f"kinbox: {exc.name} is missing; install the bench extra: "
-              "pip install -e '.[bench]'", file=sys.stderr)
-        return 1
+        return _missing_extra(exc)
     if args.plot:
         plot(report, args.plot)
     for r in report["results"].values():

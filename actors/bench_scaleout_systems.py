@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from ..persistence import redact_url
 from . import bench_scaleout_bare
 from .bench_systems import stamp
 from .runtime import Runtime
@@ -93,11 +94,49 @@ def database_name(url: str) -> str:
     return urlsplit(url).path.lstrip("/")
 
 
-def _on_server(base: str, sql: str) -> None:
-    """Run ``sql`` outside a transaction on ``base``'s server (database DDL)."""
+MAINTENANCE_DATABASE = "postgres"
+"""The database a server-wide statement connects to where ``base``'s own does not exist."""
+
+
+def server_problem(base: str) -> str | None:
+    """Why the systems' databases cannot be made on ``base``'s server (it cannot be
+    reached, or the role may not create databases), or None: asked before a run starts."""
     import psycopg2
 
-    conn = psycopg2.connect(base)
+    try:
+        conn = _server_connection(base)
+    except psycopg2.Error as exc:
+        reason = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        return f"cannot reach the PostgreSQL server of {redact_url(base)}: {reason}"
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT current_user, rolcreatedb OR rolsuper FROM pg_roles "
+                        "WHERE rolname = current_user")
+            user, may_create = cur.fetchone()
+    finally:
+        conn.close()
+    if not may_create:
+        return (f"the role {user!r} may not create databases, and each system runs on one "
+                f'of its own: ALTER ROLE "{user}" CREATEDB, or --db with a role that may')
+    return None
+
+
+def _server_connection(base: str) -> Any:
+    """A connection to ``base``'s server for database DDL: to ``base``'s database, or,
+    where that does not exist (its name only prefixes the systems' databases), to the
+    server's maintenance database, as ``createdb`` connects."""
+    import psycopg2
+
+    try:
+        return psycopg2.connect(base)
+    except psycopg2.OperationalError:
+        return psycopg2.connect(urlunsplit(
+            urlsplit(base)._replace(path=f"/{MAINTENANCE_DATABASE}")))
+
+
+def _on_server(base: str, sql: str) -> None:
+    """Run ``sql`` outside a transaction on ``base``'s server (database DDL)."""
+    conn = _server_connection(base)
     conn.autocommit = True
     try:
         with conn.cursor() as cur:

@@ -4,6 +4,7 @@ and the report has its keys and the issue's targets. No test asserts a speed."""
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -14,6 +15,7 @@ from kinbox.actors.bench_scaleout_systems import (
     database_name,
     database_url,
     scratch_producer,
+    server_problem,
 )
 from kinbox.actors.cli import main
 
@@ -187,3 +189,54 @@ def test_a_kinbox_measurement_leaves_no_files_behind(
         assert producer.home is not None and Path(producer.home).is_dir()
     assert not Path(producer.home).exists()
     assert not (tmp_path / "home").exists()
+
+
+@pytest.mark.timeout(30)
+def test_a_server_that_cannot_be_reached_is_a_usage_error_before_any_run(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Port 1 on loopback: nothing listens there. The password never reaches the output.
+    assert main(["bench", "scaleout", "--quick", "--db",
+                 "postgresql://u:hunter2@127.0.0.1:1/kinbox"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach the PostgreSQL server of postgresql://u:***@127.0.0.1:1/kinbox" in err
+    assert "hunter2" not in err and "Traceback" not in err
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(120)
+def test_the_database_the_url_names_need_not_exist(pg_url: str) -> None:
+    # Its name only prefixes the systems' databases: the server's DDL goes through the
+    # maintenance database (the README's command names one a new server lacks).
+    base = database_url(pg_url, "absent")
+    assert database_name(base) not in _bench_databases(pg_url)
+    assert server_problem(base) is None
+    with scratch_producer("raw", base, 4, 100) as producer:
+        producer.backlog(8)
+        assert _bench_name(base, "raw") in _bench_databases(pg_url)
+    assert _bench_name(base, "raw") not in _bench_databases(pg_url)
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(60)
+def test_a_role_that_may_not_create_databases_is_told_what_to_do(pg_url: str) -> None:
+    import psycopg2
+
+    role = "kinbox_test_no_createdb"
+
+    def admin(sql: str) -> None:
+        conn = psycopg2.connect(pg_url)
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql)
+        finally:
+            conn.close()
+    admin(f"DROP ROLE IF EXISTS {role}")
+    admin(f"CREATE ROLE {role} LOGIN NOCREATEDB")
+    try:
+        url = urlunsplit(urlsplit(pg_url)._replace(netloc=f"{role}@{urlsplit(pg_url).hostname}"
+                                                   f":{urlsplit(pg_url).port or 5432}"))
+        problem = server_problem(url)
+        assert problem is not None and f'ALTER ROLE "{role}" CREATEDB' in problem
+    finally:
+        admin(f"DROP ROLE IF EXISTS {role}")
