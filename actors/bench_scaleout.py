@@ -43,7 +43,7 @@ from typing import Any
 
 from .bench_runs import percentile
 from .bench_scaleout_bare_cpu import CpuSample, backends
-from .bench_scaleout_systems import SYSTEM_NAMES, Producer, scratch_producer
+from .bench_scaleout_systems import SYSTEM_NAMES, Producer, scratch_producer, server_connection
 from .cpu_pinning import allowed_cpus
 
 OTHERS = (("pgqueuer", " (target >= 1)"), ("dbos", " (target >= 3)"), ("procrastinate", ""),
@@ -282,9 +282,7 @@ def scaleout(quick: bool, base: str, tiny: bool = False,
 
 def server_settings(base: str) -> dict[str, str]:
     """The server's version and the settings that shape these numbers."""
-    import psycopg2
-
-    conn = psycopg2.connect(base)
+    conn = server_connection(base)
     try:
         with conn.cursor() as cur:
             found = {}

@@ -104,7 +104,7 @@ def server_problem(base: str) -> str | None:
     import psycopg2
 
     try:
-        conn = _server_connection(base)
+        conn = server_connection(base)
     except psycopg2.Error as exc:
         reason = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         return f"cannot reach the PostgreSQL server of {redact_url(base)}: {reason}"
@@ -121,7 +121,7 @@ def server_problem(base: str) -> str | None:
     return None
 
 
-def _server_connection(base: str) -> Any:
+def server_connection(base: str) -> Any:
     """A connection to ``base``'s server for database DDL: to ``base``'s database, or,
     where that does not exist (its name only prefixes the systems' databases), to the
     server's maintenance database, as ``createdb`` connects."""
@@ -136,7 +136,7 @@ def _server_connection(base: str) -> Any:
 
 def _on_server(base: str, sql: str) -> None:
     """Run ``sql`` outside a transaction on ``base``'s server (database DDL)."""
-    conn = _server_connection(base)
+    conn = server_connection(base)
     conn.autocommit = True
     try:
         with conn.cursor() as cur:

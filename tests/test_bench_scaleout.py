@@ -210,6 +210,7 @@ def test_the_database_the_url_names_need_not_exist(pg_url: str) -> None:
     base = database_url(pg_url, "absent")
     assert database_name(base) not in _bench_databases(pg_url)
     assert server_problem(base) is None
+    assert bench_scaleout.server_settings(base)["fsync"] in ("on", "off")  # the report's
     with scratch_producer("raw", base, 4, 100) as producer:
         producer.backlog(8)
         assert _bench_name(base, "raw") in _bench_databases(pg_url)
