@@ -18,6 +18,7 @@ from kinbox.actors.bench_scaleout_systems import (
     server_problem,
 )
 from kinbox.actors.cli import main
+from kinbox.persistence import open_database
 
 
 def test_scaleout_refuses_a_database_that_is_not_postgresql(
@@ -220,24 +221,15 @@ def test_the_database_the_url_names_need_not_exist(pg_url: str) -> None:
 @pytest.mark.postgres
 @pytest.mark.timeout(60)
 def test_a_role_that_may_not_create_databases_is_told_what_to_do(pg_url: str) -> None:
-    import psycopg2
-
     role = "kinbox_test_no_createdb"
-
-    def admin(sql: str) -> None:
-        conn = psycopg2.connect(pg_url)
-        conn.autocommit = True
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql)
-        finally:
-            conn.close()
-    admin(f"DROP ROLE IF EXISTS {role}")
-    admin(f"CREATE ROLE {role} LOGIN NOCREATEDB")
+    admin = open_database(pg_url)
+    admin.execute_sql(f"DROP ROLE IF EXISTS {role}")
+    admin.execute_sql(f"CREATE ROLE {role} LOGIN NOCREATEDB")
     try:
-        url = urlunsplit(urlsplit(pg_url)._replace(netloc=f"{role}@{urlsplit(pg_url).hostname}"
-                                                   f":{urlsplit(pg_url).port or 5432}"))
+        parts = urlsplit(pg_url)
+        url = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port or 5432}"))
         problem = server_problem(url)
         assert problem is not None and f'ALTER ROLE "{role}" CREATEDB' in problem
     finally:
-        admin(f"DROP ROLE IF EXISTS {role}")
+        admin.execute_sql(f"DROP ROLE IF EXISTS {role}")
+        admin.close()
