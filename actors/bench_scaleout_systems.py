@@ -123,9 +123,9 @@ def server_problem(base: str) -> str | None:
 
 def server_connection(base: str) -> Any:
     """A connection to ``base``'s server for server-wide statements (database DDL, the
-    report's settings): to ``base``'s database, or,
-    where that does not exist (its name only prefixes the systems' databases), to the
-    server's maintenance database, as ``createdb`` connects."""
+    report's settings): to ``base``'s database, or, where that does not exist (its name
+    only prefixes the systems' databases), to the server's maintenance database, as
+    ``createdb`` connects."""
     import psycopg2
 
     try:
