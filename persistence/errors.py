@@ -24,6 +24,8 @@ Decide on the types and their attributes, never on the message text::
 
 from __future__ import annotations
 
+import re
+
 
 class KinboxError(Exception):
     """The root of every error kinbox raises (re-exported by ``kinbox.actors``)."""
@@ -113,8 +115,15 @@ class WriterClosed(PersistenceError):
     """The group-commit writer is stopped and accepts no more work."""
 
 
+_PASSWORD_PARAMETER = re.compile(r"((?:^|[?&\s])password=)[^&\s]*", re.IGNORECASE)
+"""A ``password=`` parameter of a URL's query (or of a libpq ``key=value`` string), which
+libpq reads as the password as well as the one before the ``@``."""
+
+
 def redact_url(url: str) -> str:
-    """Return ``url`` with any password replaced by ``***`` (for errors and logs)."""
+    """Return ``url`` with any password replaced by ``***`` (for errors and logs): the one
+    before the ``@`` and a ``password=`` parameter."""
+    url = _PASSWORD_PARAMETER.sub(r"\1***", url)
     scheme, sep, rest = url.partition("://")
     if not sep or "@" not in rest:
         return url

@@ -94,6 +94,13 @@ def test_an_unreachable_postgres_is_a_database_open_error() -> None:
 
 def test_passwords_are_redacted_from_errors() -> None:
     assert redact_url("postgresql://me:secret@h/db") == "postgresql://me:***@h/db"
+    assert (redact_url("postgresql://me@h/db?sslmode=require&Password=secret&x=1")
+            == "postgresql://me@h/db?sslmode=require&Password=***&x=1")
+    assert redact_url("postgresql:///db?password=secret") == "postgresql:///db?password=***"
+    assert redact_url("postgresql://me@h/db?passwordless=1") == "postgresql://me@h/db?passwordless=1"
+    with pytest.raises(DatabaseOpenError) as info:
+        open_database("postgresql://me@127.0.0.1:1/db?password=secret")
+    assert "secret" not in str(info.value)
     with pytest.raises(DatabaseOpenError) as info:
         open_database("postgresql://me:secret@127.0.0.1:1/db")
     assert "secret" not in str(info.value)
