@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from ..persistence import redact_url
 from . import bench_scaleout_bare
@@ -45,10 +45,17 @@ REMAINING = {
 
 
 def database_url(base: str, system: str) -> str:
-    """``base`` with its database name suffixed by ``_system``."""
-    parts = urlsplit(base)
-    name = parts.path.lstrip("/") or "postgres"
-    return urlunsplit(parts._replace(path=f"/{name}_bench_{system}"))
+    """``base`` with its database name suffixed by ``_bench_system``."""
+    return _with_database(base, f"{database_name(base) or MAINTENANCE_DATABASE}_bench_{system}")
+
+
+def _with_database(url: str, name: str) -> str:
+    """``url`` naming database ``name``: its authority kept as written, an empty one too
+    (``postgresql:///db?host=/run/postgresql``, a Unix socket, which ``urlunsplit``
+    would shorten to ``postgresql:/db``)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}/{name}" + (f"?{parts.query}" if parts.query
+                                                        else "")
 
 
 def fresh_database(base: str, system: str) -> str:
@@ -97,17 +104,20 @@ def database_name(url: str) -> str:
 MAINTENANCE_DATABASE = "postgres"
 """The database a server-wide statement connects to where ``base``'s own does not exist."""
 
+CONNECT_TIMEOUT = 10
+"""Seconds a connection to the server may take before the bench gives up on it."""
+
 
 def server_problem(base: str) -> str | None:
-    """Why the systems' databases cannot be made on ``base``'s server (it cannot be
-    reached, or the role may not create databases), or None: asked before a run starts."""
+    """Why the systems' databases cannot be made on ``base``'s server (no connection, or
+    the role may not create databases), or None: asked before a run starts."""
     import psycopg2
 
     try:
         conn = server_connection(base)
     except psycopg2.Error as exc:
         reason = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        return f"cannot reach the PostgreSQL server of {redact_url(base)}: {reason}"
+        return f"cannot connect to the PostgreSQL server of {redact_url(base)}: {reason}"
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT current_user, rolcreatedb OR rolsuper FROM pg_roles "
@@ -123,16 +133,20 @@ def server_problem(base: str) -> str | None:
 
 def server_connection(base: str) -> Any:
     """A connection to ``base``'s server for server-wide statements (database DDL, the
-    report's settings): to ``base``'s database, or, where that does not exist (its name
-    only prefixes the systems' databases), to the server's maintenance database, as
-    ``createdb`` connects."""
+    report's settings): to ``base``'s database, or, where that cannot be had (the name
+    only prefixes the systems' databases, and a new server lacks it), to the server's
+    maintenance database, where ``createdb`` always goes. When neither connects, the
+    error is the one about ``base`` itself, the database the user named."""
     import psycopg2
 
     try:
-        return psycopg2.connect(base)
-    except psycopg2.OperationalError:
-        return psycopg2.connect(urlunsplit(
-            urlsplit(base)._replace(path=f"/{MAINTENANCE_DATABASE}")))
+        return psycopg2.connect(base, connect_timeout=CONNECT_TIMEOUT)
+    except psycopg2.OperationalError as first:
+        try:
+            return psycopg2.connect(_with_database(base, MAINTENANCE_DATABASE),
+                                    connect_timeout=CONNECT_TIMEOUT)
+        except psycopg2.OperationalError:
+            raise first from None
 
 
 def _on_server(base: str, sql: str) -> None:

@@ -3,6 +3,7 @@ and the report has its keys and the issue's targets. No test asserts a speed."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -31,6 +32,11 @@ def test_each_system_gets_a_database_of_its_own_on_the_same_server() -> None:
     urls = {database_url("postgresql://u@h:5432/base", s) for s in SYSTEM_NAMES}
     assert len(urls) == len(SYSTEM_NAMES)
     assert "postgresql://u@h:5432/base_bench_dbos" in urls
+    # A Unix socket's URL has no host before the path: it keeps its three slashes.
+    assert (database_url("postgresql:///base?host=/run/postgresql", "raw")
+            == "postgresql:///base_bench_raw?host=/run/postgresql")
+    assert (database_url("postgresql://u@[::1]:5432", "raw")
+            == "postgresql://u@[::1]:5432/postgres_bench_raw")
 
 
 def test_the_ratios_name_each_target_with_its_measure() -> None:
@@ -199,8 +205,12 @@ def test_a_server_that_cannot_be_reached_is_a_usage_error_before_any_run(
     assert main(["bench", "scaleout", "--quick", "--db",
                  "postgresql://u:hunter2@127.0.0.1:1/kinbox"]) == 2
     err = capsys.readouterr().err
-    assert "cannot reach the PostgreSQL server of postgresql://u:***@127.0.0.1:1/kinbox" in err
+    assert "cannot connect to the PostgreSQL server of postgresql://u:***@127.0.0.1:1/kinbox" in err
     assert "hunter2" not in err and "Traceback" not in err
+    assert main(["bench", "scaleout", "--quick", "--db",
+                 "postgresql://u@127.0.0.1:1/kinbox?password=hunter2"]) == 2
+    err = capsys.readouterr().err
+    assert "?password=***" in err and "hunter2" not in err
 
 
 @pytest.mark.postgres
@@ -220,16 +230,19 @@ def test_the_database_the_url_names_need_not_exist(pg_url: str) -> None:
 
 @pytest.mark.postgres
 @pytest.mark.timeout(60)
-def test_a_role_that_may_not_create_databases_is_told_what_to_do(pg_url: str) -> None:
-    role = "kinbox_test_no_createdb"
+def test_a_role_that_may_not_create_databases_is_told_what_to_do(
+        pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    role = f"kinbox_test_no_createdb_{os.getpid()}"  # roles are the server's: one per run
     admin = open_database(pg_url)
     admin.execute_sql(f"DROP ROLE IF EXISTS {role}")
     admin.execute_sql(f"CREATE ROLE {role} LOGIN NOCREATEDB")
     try:
         parts = urlsplit(pg_url)
-        url = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port or 5432}"))
+        url = urlunsplit(parts._replace(netloc=f"{role}@{parts.netloc.rpartition('@')[2]}"))
         problem = server_problem(url)
-        assert problem is not None and f'ALTER ROLE "{role}" CREATEDB' in problem
+        assert problem is not None and f'ALTER ROLE "{role}" CREATEDB' in problem, problem
+        assert main(["bench", "scaleout", "--quick", "--db", url]) == 2
+        assert f'ALTER ROLE "{role}" CREATEDB' in capsys.readouterr().err
     finally:
         admin.execute_sql(f"DROP ROLE IF EXISTS {role}")
         admin.close()
