@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from .bench_runs import percentile
 from .bench_scaleout_bare_cpu import CpuSample, backends
@@ -254,6 +255,10 @@ def url_problem(db: str | None) -> str | None:
     if not url.startswith(("postgresql://", "postgres://")):
         return ("needs a PostgreSQL server: --db postgresql://user@host/db "
                 "(or $KINBOX_DB); each system gets a database of its own on it")
+    if "dbname" in parse_qs(urlsplit(url).query):
+        # libpq would put every system in that one database, whatever the path says.
+        return ("name the database in the URL's path, not a dbname parameter: each "
+                "system's database is named after it")
     return None
 
 

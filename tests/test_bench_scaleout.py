@@ -26,6 +26,9 @@ def test_scaleout_refuses_a_database_that_is_not_postgresql(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "scaleout", "--quick", "--db", "sqlite:///x.db"]) == 2
     assert "needs a PostgreSQL server" in capsys.readouterr().err
+    assert main(["bench", "scaleout", "--quick", "--db",
+                 "postgresql://u@127.0.0.1:1/kinbox?dbname=other"]) == 2
+    assert "not a dbname parameter" in capsys.readouterr().err
 
 
 def test_each_system_gets_a_database_of_its_own_on_the_same_server() -> None:
