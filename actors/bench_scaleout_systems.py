@@ -31,6 +31,12 @@ CHUNK = 2000
 
 log = logging.getLogger("kinbox.bench")
 
+MAINTENANCE_DATABASE = "postgres"
+"""The database a server-wide statement connects to where ``base``'s own does not exist."""
+
+CONNECT_TIMEOUT = 10
+"""Seconds a connection to the server may take before the bench gives up on it."""
+
 REMAINING = {
     # The open rows, which the partial indexes hold (see ``Producer._conn``); failed rows
     # are caught by the run.
@@ -99,13 +105,6 @@ def scratch_producer(system: str, base: str, sessions: int, payload: int
 def database_name(url: str) -> str:
     """The database name in a PostgreSQL URL."""
     return urlsplit(url).path.lstrip("/")
-
-
-MAINTENANCE_DATABASE = "postgres"
-"""The database a server-wide statement connects to where ``base``'s own does not exist."""
-
-CONNECT_TIMEOUT = 10
-"""Seconds a connection to the server may take before the bench gives up on it."""
 
 
 def server_problem(base: str) -> str | None:
