@@ -18,12 +18,22 @@ from ..persistence import CronJobRecord, CronStore, DuplicateError, SessionStore
 from . import cron_rules as rules
 from .ids import short
 from .triggers import cron_trigger, next_fire
+from .validation import unstorable
 
 DEFAULT_PROJECT = "default"
 
 
 def _no_wake(_job: CronJobRecord) -> None:
     pass
+
+
+def _next_or_never(cron: str, now: float, timezone: str) -> float:
+    """The expression's next fire time; :class:`InvalidCronExpression` if it is malformed
+    or names no date that exists (``0 9 30 2 *``: an active job that never runs)."""
+    upcoming = next_fire(cron, now, timezone)
+    if upcoming is None:
+        raise rules.InvalidCronExpression(cron, "no date matches it, so it would never fire")
+    return upcoming
 
 
 class CronJobs:
@@ -43,16 +53,18 @@ class CronJobs:
             timezone: Any = "UTC", active: bool = True) -> dict[str, Any]:
         """Create a job; nothing is written if any field is invalid."""
         name, prompt, delivery = rules.check_fields(name, prompt, delivery)
-        if not isinstance(timezone, str):
+        if not isinstance(timezone, str) or unstorable(timezone) is not None:
             raise rules.InvalidCronJob("timezone", "give an IANA time zone name")
         cron_trigger(cron, timezone)  # InvalidCronExpression if malformed
         now = self.now()
+        upcoming = _next_or_never(cron, now, timezone)
         job = CronJobRecord(f"cj_{short(self.new_id(), 10)}", name, cron.strip(), timezone, prompt,
-                            bool(active), delivery, 0,
-                            next_fire(cron, now, timezone) if active else None,
+                            bool(active), delivery, 0, upcoming if active else None,
                             None, None, None, now, now)
-        self.ensure_session(job)
+        # The job first: if its write fails, nothing is left behind. Its session is made
+        # next (and again by its first run, should this one fail).
         self.store.create(job)
+        self.ensure_session(job)
         self.on_change(job)
         return job.to_dict()
 
@@ -91,11 +103,10 @@ class CronJobs:
     def resume(self, job_id: str) -> dict[str, Any]:
         """Restart a paused or deactivated job from its next regular time, retries reset."""
         current = self.get(job_id)
-        cron_trigger(current.cron, current.timezone)
         now = self.now()
+        upcoming = _next_or_never(current.cron, now, current.timezone)
         return self._changed(job_id, self.store.update(
-            job_id, now, active=True, retry_count=0, last_error=None,
-            next_run_at=next_fire(current.cron, now, current.timezone)))
+            job_id, now, active=True, retry_count=0, last_error=None, next_run_at=upcoming))
 
     def trigger(self, job_id: str) -> dict[str, Any]:
         """Make an active job due now (a runtime with a brain runs it at its next look)."""

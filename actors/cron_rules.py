@@ -30,6 +30,7 @@ import enum
 from dataclasses import dataclass
 
 from .errors import ConfigError, KinboxError
+from .validation import unstorable
 
 RETRY_DELAYS: tuple[float, ...] = (60.0, 120.0, 240.0, 480.0, 960.0)
 """Seconds after a failed run before the next attempt; one entry per retry."""
@@ -97,6 +98,9 @@ def check_fields(name: object, prompt: object, delivery: object) -> tuple[str, s
         raise InvalidCronJob("prompt", f"at most {MAX_PROMPT} characters")
     if delivery not in DELIVERY_MODES:
         raise InvalidCronJob("delivery", f"one of {', '.join(DELIVERY_MODES)}")
+    for field, text in (("name", name), ("prompt", prompt)):
+        if (problem := unstorable(text)) is not None:
+            raise InvalidCronJob(field, problem)
     return name.strip(), prompt.strip(), str(delivery)
 
 

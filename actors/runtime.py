@@ -322,6 +322,8 @@ class Runtime(RecordsApi):
                 service.stop()
         if self._direct is not None:
             self._direct.stop(wait=wait)
+        if wait and self._social is not None:  # a graceful stop keeps what no turn took
+            self._social.hand_over()
 
     def _resolve_data_dir(self) -> Path:
         return resolve_data_dir(self.url, self.data_dir)

@@ -66,6 +66,8 @@ def read_token(token_file: str | None) -> OperatorToken | None:
             text = Path(token_file).read_text(encoding="utf-8").splitlines()
         except OSError as exc:
             raise ValueError(f"--token-file {token_file}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"--token-file {token_file}: not UTF-8 text") from None
         try:
             return OperatorToken.from_secret(text[0] if text else "")
         except ValueError:

@@ -11,6 +11,14 @@ created) and routes the event by :func:`.social_rules.route`: an idle chat
 starts a direct turn, the running turn's own sender steers it, anyone else
 waits in the chat's queue. Social events never enter the generic inbox.
 
+A graceful stop hands every accepted event that no turn has taken yet (still
+queued, waiting for its chat, or waiting for a thread of the pool) to the
+durable inbox, as a message of kind ``social_message`` to its thread's
+session, so the 202 its platform got still holds: the next start runs it as
+an inbox turn, and that turn's replies leave by the event's own reply route.
+Each event is either taken by a turn or handed over, never both (one lock
+decides). A crash loses what was only in memory (it never reached a turn).
+
 After a turn commits, its replies go to the platform's channel adapter
 (:mod:`.channels`) with the event's reply route; the outcome is recorded in
 the transcript as a hidden ``delivery`` entry and kept in ``outcomes``. The
@@ -29,7 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..persistence import DuplicateError, WriterClosed
+from ..persistence import DuplicateError, NewMessage, PersistenceError, WriterClosed
 from . import channels
 from . import social_rules as rules
 from .context import RuntimeContext, TurnEffects
@@ -76,6 +84,9 @@ class SocialService:
         self.counts = {"accepted": 0, "refused": 0, "denied": 0, "steered": 0, "queued": 0,
                        "turns": 0, "failed_turns": 0, "duplicates": 0}
         self._recent: OrderedDict[str, None] = OrderedDict()  # event ids lately accepted
+        self._unstarted: dict[str, rules.SocialEvent] = {}
+        """Accepted events no turn has taken yet, by id, in acceptance order: what a stop
+        hands to the inbox (each leaves it under the lock, to a turn or to the inbox)."""
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -127,16 +138,42 @@ class SocialService:
         self._consumer.start()
 
     def stop(self) -> None:
-        """Stop taking events; what is still queued in memory is dropped (and logged)."""
+        """Stop taking events and starting turns (running ones go on); then, once the turn
+        pool has stopped, :meth:`hand_over` what no turn took."""
         self._stop.set()
         if self._consumer is None:
             return  # a send-only runtime never queued anything
         self._queue.put(None)
         if self._consumer is not threading.current_thread():
             self._consumer.join(5)
-        left = self._queue.qsize()
-        if left:
-            log.warning("social ingress stopped with %d events still queued", left)
+
+    def hand_over(self) -> int:
+        """Write every accepted event no turn has taken to the inbox (after :meth:`stop`);
+        how many. Denied senders' events are dropped, as the consumer would."""
+        with self._lock:
+            events = list(self._unstarted.values())
+            self._unstarted.clear()
+        handed = 0
+        for event in events:
+            with self._lock:
+                allowed = rules.authorized(self._allow, event.platform, event.sender_id)
+            if not allowed:
+                continue
+            try:
+                sid = self._ensure_session(event)
+                message = _message(event)
+                self.ctx.journal.enqueue(
+                    NewMessage(event.event_id, sid, message.content, kind=SOCIAL_KIND,
+                               payload=message.payload), self.ctx.now())
+                handed += 1
+            except PersistenceError as exc:  # the database is gone: nothing more can be kept
+                log.error("social ingress stopped: %d accepted events could not be kept "
+                          "(%s)", len(events) - handed, exc)
+                return handed
+        if handed:
+            log.warning("social ingress stopped: %d accepted events not yet run were handed "
+                        "to the inbox; they run at the next start", handed)
+        return handed
 
     # -- ingress ---------------------------------------------------------------------------
 
@@ -161,6 +198,7 @@ class SocialService:
                 self.counts["accepted"] += 1
                 self._handling += 1
                 self._recent[normalized.event_id] = None
+                self._unstarted[normalized.event_id] = normalized
                 while len(self._recent) > RECENT_IDS:
                     self._recent.popitem(last=False)
             refused = self.counts["refused"]
@@ -204,6 +242,8 @@ class SocialService:
                 break
             except Exception:
                 log.exception("social event %s could not be handled", event.event_id)
+                with self._lock:
+                    self._unstarted.pop(event.event_id, None)
                 self._handled()
 
     def _handled(self) -> None:
@@ -215,6 +255,7 @@ class SocialService:
             allowed = rules.authorized(self._allow, event.platform, event.sender_id)
             if not allowed:
                 self.counts["denied"] += 1
+                self._unstarted.pop(event.event_id, None)
         if not allowed:
             log.info("social event from unlisted sender on %s denied", event.platform)
             self.ctx.emit("social_denied", platform=event.platform, sender_id=event.sender_id)
@@ -256,7 +297,7 @@ class SocialService:
     def _run_chat(self, sid: str, event: rules.SocialEvent | None) -> None:
         """Run the chat's turns until its queue is empty (one turn at a time per chat)."""
         assert self.turns is not None
-        while event is not None:
+        while event is not None and self._take(event):
             self._run_one(sid, event)
             with self._lock:
                 chat = self._chats[sid]
@@ -268,6 +309,11 @@ class SocialService:
                 if event is None:
                     del self._chats[sid]  # idle chats keep no state: memory stays bounded
 
+    def _take(self, event: rules.SocialEvent) -> bool:
+        """Take ``event`` for a turn; False once a stop hands it to the inbox instead."""
+        with self._lock:
+            return not self._stop.is_set() and self._unstarted.pop(event.event_id, None) is not None
+
     def _run_one(self, sid: str, event: rules.SocialEvent) -> None:
         assert self.turns is not None
         taken: list[rules.SocialEvent] = [event]
@@ -275,8 +321,12 @@ class SocialService:
         def fetch_steering() -> list[Message]:
             with self._lock:
                 chat = self._chats[sid]
+                if self._stop.is_set():  # the stop hands them to the inbox
+                    return []
                 fresh = list(chat.steering)
                 chat.steering.clear()
+                for e in fresh:
+                    self._unstarted.pop(e.event_id, None)
             taken.extend(fresh)
             return [_message(e) for e in fresh]
 
@@ -308,14 +358,17 @@ class SocialService:
 
     def outbox(self, ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome
                ) -> TurnEffects | None:
-        """Outbox hook: replies of an inbox turn in a social session (an ``agent_send`` to
-        it) leave through the channel too, by the thread's last reply route."""
+        """Outbox hook: replies of an inbox turn in a social session leave through the
+        channel too: an event a stop handed to the inbox by its own reply route, an
+        ``agent_send`` to the thread by the thread's last one."""
+        events = [m for m in turn.messages if m.kind == SOCIAL_KIND]
         if (not outcome.ok or not turn.replies or not turn.session_id.startswith("social-")
-                or any(m.kind == SOCIAL_KIND for m in turn.messages) or self.turns is None):
-            return None  # a social event's own turn sends its replies itself
+                or (events and turn.row is None) or self.turns is None):
+            return None  # a social event's own (direct) turn sends its replies itself
         effects = TurnEffects()
         session = ctx.store.session(turn.session_id)
-        route = session.config.get("social_reply_route") if session else None
+        route = (events[-1].payload.get("reply_route") if events
+                 else session.config.get("social_reply_route") if session else None)
         if session is None or session.kind != "social" or session.platform is None \
                 or not isinstance(route, dict):
             return effects

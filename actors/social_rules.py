@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError, KinboxError
+from .validation import unstorable
 
 PLATFORM_RE = re.compile(r"[a-z0-9_]{1,32}")
 """Platform names: lower-case, no dash (the dash separates platform and thread in ids)."""
@@ -110,7 +112,14 @@ def _text_field(raw: Mapping[str, Any], name: str, *, required: bool,
         raise InvalidSocialEvent(name, "give a non-empty string")
     if len(value) > limit:
         raise InvalidSocialEvent(name, f"at most {limit} characters")
-    return value.strip()
+    return _storable(name, value).strip()
+
+
+def _storable(name: str, text: str) -> str:
+    """``text``, if it can be stored (:func:`.validation.unstorable`)."""
+    if (problem := unstorable(text)) is not None:
+        raise InvalidSocialEvent(name, problem)
+    return text
 
 
 def _attachments(raw: object) -> tuple[Attachment, ...]:
@@ -128,7 +137,9 @@ def _attachments(raw: object) -> tuple[Attachment, ...]:
         name, mime = item.get("name", ""), item.get("mime_type", "")
         if not isinstance(name, str) or not isinstance(mime, str):
             raise InvalidSocialEvent(f"attachments[{i}]", "name and mime_type are strings")
-        found.append(Attachment(item["url"][:2048], name[:256], mime[:128]))
+        found.append(Attachment(_storable(f"attachments[{i}]", item["url"][:2048]),
+                                _storable(f"attachments[{i}]", name[:256]),
+                                _storable(f"attachments[{i}]", mime[:128])))
     return tuple(found)
 
 
@@ -149,10 +160,16 @@ def normalize(raw: object, event_id: str, platform: str | None = None) -> Social
     route = raw.get("reply_route", {})
     if not isinstance(route, Mapping):
         raise InvalidSocialEvent("reply_route", "give a JSON object")
+    try:  # it is kept with the session as JSON: every key and value must be storable
+        stored = json.dumps(route, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        raise InvalidSocialEvent("reply_route", "give a JSON object") from None
+    _storable("reply_route", stored)
     given_id = raw.get("event_id")
     if given_id is not None:
         if not isinstance(given_id, str) or not given_id.strip() or len(given_id) > 128:
             raise InvalidSocialEvent("event_id", "a non-empty string of at most 128 characters")
+        _storable("event_id", given_id)
         event_id = f"social-{plat}-{given_id.strip()}"
     return SocialEvent(event_id, plat, sender_id, sender_name, thread_id, text, attachments,
                        dict(route))

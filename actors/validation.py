@@ -21,17 +21,31 @@ SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """A project slug: a letter or digit, then up to 63 letters, digits, ``.``, ``_`` or ``-``."""
 
 
+def unstorable(text: str) -> str | None:
+    """Why ``text`` cannot be stored as text on every backend, or None when it can.
+
+    A lone surrogate is not Unicode a database can hold (UTF-8 cannot encode it), and a
+    NUL character is refused by PostgreSQL's ``text`` (SQLite keeps it), so a message
+    with one would be accepted on one backend and fail deep in a commit on the other.
+    The one rule for every boundary that takes text (tools, social events, cron jobs)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"is not valid Unicode: a lone surrogate {text[exc.start]!r} at position {exc.start}"
+    nul = text.find("\x00")
+    if nul >= 0:
+        return f"contains a NUL character (at position {nul}), which cannot be stored"
+    return None
+
+
 def require_str(name: str, value: Any) -> str:
-    """``value`` must be a string of valid Unicode (no lone surrogates: they cannot be stored)."""
+    """``value`` must be a string that can be stored (:func:`unstorable`)."""
     if not isinstance(value, str):
         raise ToolError("invalid_argument",
                         f"{name} must be a string, not {type(value).__name__}.")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ToolError("invalid_argument",
-                        f"{name} is not valid Unicode: a lone surrogate "
-                        f"{value[exc.start]!r} at position {exc.start}.") from None
+    problem = unstorable(value)
+    if problem is not None:
+        raise ToolError("invalid_argument", f"{name} {problem}.")
     return value
 
 

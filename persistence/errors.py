@@ -115,14 +115,15 @@ class WriterClosed(PersistenceError):
     """The group-commit writer is stopped and accepts no more work."""
 
 
-_PASSWORD_PARAMETER = re.compile(r"((?:^|[?&\s])password=)[^&\s]*", re.IGNORECASE)
-"""A ``password=`` parameter of a URL's query (or of a libpq ``key=value`` string), which
-libpq reads as the password as well as the one before the ``@``."""
+_PASSWORD_PARAMETER = re.compile(r"((?:^|[?&\s])\w*password=)[^&\s]*", re.IGNORECASE)
+"""A parameter of a URL's query (or of a libpq ``key=value`` string) whose name ends in
+``password``: libpq reads ``password=`` as the password as well as the one before the
+``@``, and ``sslpassword=`` as the passphrase of the client's key."""
 
 
 def redact_url(url: str) -> str:
     """Return ``url`` with any password replaced by ``***`` (for errors and logs): the one
-    before the ``@`` and a ``password=`` parameter."""
+    before the ``@`` and a ``password=`` or ``sslpassword=`` parameter."""
     url = _PASSWORD_PARAMETER.sub(r"\1***", url)
     scheme, sep, rest = url.partition("://")
     if not sep or "@" not in rest:

@@ -193,3 +193,49 @@ def test_a_full_queue_is_503_and_a_chunked_body_over_the_cap_is_413(
     response = conn.getresponse()
     assert response.status == 413 and json.loads(response.read())["error"] == "too_large"
     conn.close()
+
+
+def test_input_no_backend_can_store_is_a_4xx_that_writes_nothing(
+        served: tuple[Served, Runtime, list[tuple[Any, str]]], clock: ManualClock) -> None:
+    """Lone surrogates (valid JSON escapes, not Unicode a database holds), NUL (which
+    PostgreSQL's text refuses), JSON nested past the parser and digits that are not
+    ASCII were 500s; a cron job whose write failed left its session behind."""
+    srv, rt, _ = served
+    now = clock.now()
+    sessions_before = {s.id for s in rt.sessions()}
+    deep = b"[" * 100_000
+    for body, field in ((b'{"sender_id": "U1", "thread_id": "T\\ud800", "text": "x"}', "thread_id"),
+                        (b'{"sender_id": "U1", "thread_id": "T", "text": "a\\u0000b"}', "text"),
+                        (b'{"sender_id": "U1", "thread_id": "T", "text": "x", '
+                         b'"event_id": "E\\ud800"}', "event_id"),
+                        (b'{"sender_id": "U1", "thread_id": "T", "text": "x", '
+                         b'"reply_route": {"c": "\\udc00"}}', "reply_route")):
+        status, got = post(srv, "/social/slack/events", body, signed(body, now))
+        assert (status, got["error"]) == (422, "invalid_argument") and field in got["message"]
+    status, got = post(srv, "/social/slack/events", deep, signed(deep, now))
+    assert (status, got["error"]) == (400, "bad_json")
+    headers = {**signed(EVENT, now), sig.TIMESTAMP_HEADER: "\u00b2"}
+    status, got = post(srv, "/social/slack/events", EVENT,
+                       {k: v.encode().decode("latin-1") for k, v in headers.items()})
+    assert (status, got["error"]) == (401, "malformed_signature")
+    assert rt.social.statistics()["accepted"] == 0
+
+    for fields, field in (({"name": "x\ud800", "cron": "* * * * *", "prompt": "p"}, "name"),
+                          ({"name": "x", "cron": "* * * * *", "prompt": "p\x00"}, "prompt"),
+                          ({"name": "x", "cron": "* * * * *", "prompt": "p",
+                            "timezone": "UTC\x00"}, "timezone")):
+        body = json.dumps(fields).encode()
+        status, got = post(srv, "/cron/jobs", body, STATE)
+        assert status == 422 and field in got["message"], got
+    status, got = post(srv, "/cron/jobs", deep, STATE)
+    assert (status, got["error"]) == (400, "bad_json")
+    big = json.dumps({"name": "x", "cron": "* * * * *", "prompt": "p" * 300_000}).encode()
+    status, got = post(srv, "/cron/jobs", big, STATE)
+    assert (status, got["error"]) == (413, "too_large")
+    never = json.dumps({"name": "x", "cron": "0 9 30 2 *", "prompt": "p"}).encode()
+    status, got = post(srv, "/cron/jobs", never, STATE)
+    assert status == 422 and "never fire" in got["message"]
+    status, got = srv.request("GET", "/cron/runs?limit=%C2%B2")
+    assert (status, got["error"]) == (422, "invalid_argument")
+    assert rt.cron.jobs() == []
+    assert {s.id for s in rt.sessions()} == sessions_before

@@ -98,11 +98,18 @@ def test_passwords_are_redacted_from_errors() -> None:
             == "postgresql://me@h/db?sslmode=require&Password=***&x=1")
     assert redact_url("postgresql:///db?password=secret") == "postgresql:///db?password=***"
     assert redact_url("postgresql://me@h/db?passwordless=1") == "postgresql://me@h/db?passwordless=1"
+    # libpq's passphrase of the client key, as a URL parameter and in a key=value string
+    assert (redact_url("postgresql://me@h/db?sslmode=verify-full&sslpassword=hunter2")
+            == "postgresql://me@h/db?sslmode=verify-full&sslpassword=***")
+    assert redact_url("host=h sslpassword=hunter2 dbname=db") == "host=h sslpassword=*** dbname=db"
     with pytest.raises(DatabaseOpenError) as info:
         open_database("postgresql://me@127.0.0.1:1/db?password=secret")
     assert "secret" not in str(info.value)
     with pytest.raises(DatabaseOpenError) as info:
         open_database("postgresql://me:secret@127.0.0.1:1/db")
+    assert "secret" not in str(info.value)
+    with pytest.raises(DatabaseOpenError) as info:
+        open_database("postgresql://me@127.0.0.1:1/db?sslpassword=secret")
     assert "secret" not in str(info.value)
 
 

@@ -204,6 +204,23 @@ def test_a_lone_surrogate_in_agent_send_is_an_invalid_argument(
     assert rt.inbox() == []
 
 
+def test_a_nul_character_is_refused_alike_on_both_backends(
+        make_runtime: MakeRuntime, any_db_url: str) -> None:
+    """PostgreSQL's text cannot hold NUL: a message with one was a raw DataError out of
+    the commit there and delivered on SQLite. Both refuse it at the boundary now."""
+    rt = make_runtime(brain=quiet_brain, db=any_db_url)
+    a, b = two_sessions(rt)
+    with pytest.raises(ToolError) as info:
+        rt.tools_for(a).agent_send(b, "a\x00b")
+    assert info.value.code == "invalid_argument" and "NUL" in info.value.message
+    with pytest.raises(ConfigError) as refused:
+        rt.post(b, "a\x00b")
+    assert refused.value.field == "content"
+    assert rt.inbox() == []
+    rt.post(b, "fine")
+    assert [m["status"] for m in rt.inbox()] in (["pending"], ["processing"], ["delivered"])
+
+
 # -- 13. a foreground sub-agent that can never run is refused at once ---------------------
 
 

@@ -301,6 +301,16 @@ def test_serve_rejects_bad_flags_with_a_usage_error(run_kinbox: Any, tmp_path: P
     assert "serving" not in cmd.output
 
 
+def test_a_token_file_that_is_not_text_is_named_in_the_error(tmp_path: Path) -> None:
+    from kinbox.actors.serve_flags import read_token
+
+    path = tmp_path / "token"
+    path.write_bytes(b"abc\xff\xfe")
+    with pytest.raises(ValueError) as info:
+        read_token(str(path))
+    assert str(info.value) == f"--token-file {path}: not UTF-8 text"
+
+
 def test_serve_binds_before_it_says_serving(run_kinbox: Any, tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

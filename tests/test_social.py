@@ -297,3 +297,54 @@ def test_an_async_brain_answers_social_events_and_takes_steering(
     go_on.set()
     assert rt.social.wait_idle(10)
     assert sent == ["got one, two"]
+
+
+@pytest.mark.timeout(60)
+def test_a_graceful_stop_hands_events_no_turn_took_to_the_inbox_and_loses_none(
+        make_runtime: MakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    """Events accepted (a platform got its 202) but not yet in a turn when the runtime
+    stops (waiting for a pool thread, for their chat's turn, to steer it) used to be
+    dropped in silence; they run at the next start, once, and answer by their routes."""
+    running = threading.Semaphore(0)
+
+    def brain(turn: Turn) -> str:
+        text = turn.messages[0].content.splitlines()[-1]
+        if text.startswith("hold"):  # occupies a pool thread until the stop asks it to end
+            running.release()
+            assert turn.wait_stop_requested(20)
+        return f"echo: {text}"
+
+    def setup(rt: Runtime, sent: list[tuple[Any, str]]) -> None:
+        rt.social.allow("slack", ["U1", "U2"])
+        rt.social.register_channel("slack", send=lambda route, text: sent.append((route, text)))
+
+    first_sent: list[tuple[Any, str]] = []
+    rt = make_runtime(brain=brain)
+    setup(rt, first_sent)
+    for i in range(4):  # every thread of the direct-turn pool
+        rt.social.ingest(event(f"hold {i}", thread=f"T{i}"))
+    for _ in range(4):
+        assert running.acquire(timeout=10)
+    later = [event(f"queued {i}", thread=f"T{i}") for i in range(4, 7)]  # wait for a thread
+    later.append(event("after hold 0", sender="U2", thread="T0"))  # waits for T0's turn
+    later.append(event("steer hold 1", thread="T1"))  # joins nothing: the turn never looks
+    for e in later:
+        rt.social.ingest(e)
+    wait_for(lambda: rt.social.statistics()["queued_now"] == 0, 10, "the consumer routing")
+    with caplog.at_level(logging.WARNING, logger="kinbox.social"):
+        rt.stop()
+    assert any("5 accepted events not yet run were handed to the inbox" in r.message
+               for r in caplog.records)
+    assert sorted(t for _, t in first_sent) == [f"echo: hold {i}" for i in range(4)]
+
+    again_sent: list[tuple[Any, str]] = []
+    again = make_runtime(brain=brain)
+    setup(again, again_sent)
+    wait_for(lambda: len(again_sent) == 5, 20, "the handed-over events' replies")
+    assert sorted(again_sent, key=lambda s: s[1]) == sorted(
+        [(e["reply_route"], f"echo: {e['text']}") for e in later], key=lambda s: s[1])
+    users = [e.text.splitlines()[-1] for i in range(7)
+             for e in again.transcript(f"social-slack-T{i}") if e.role == "user"]
+    assert sorted(users) == sorted([f"hold {i}" for i in range(4)]
+                                   + [e["text"] for e in later])  # each exactly once
+    assert {r["status"] for r in again.inbox()} == {"delivered"}

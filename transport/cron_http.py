@@ -29,10 +29,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from . import json_body
 from .errors import BackendRefused
 from .http_app import Refusal, error
 
 ADD_FIELDS = ("name", "cron", "prompt", "delivery", "timezone")
+MAX_BODY = 256 * 1024
+"""Largest ``POST /cron/jobs`` body, in bytes: room for the longest prompt (20,000
+characters) even with every character escaped as a JSON surrogate pair (12 bytes)."""
 
 
 class CronBackend(Protocol):
@@ -73,7 +77,7 @@ async def _call(work: Callable[[], Any], status: int = 200) -> JSONResponse:
 
 def _limit(request: Request) -> int | None:
     text = request.query_params.get("limit", "50")
-    return int(text) if text.isdigit() and 1 <= int(text) <= 500 else None
+    return int(text) if text.isascii() and text.isdigit() and 1 <= int(text) <= 500 else None
 
 
 def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
@@ -86,11 +90,9 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
         if (refused := refusal(request)) is not None:
             return refused
         try:
-            body = await request.json()
-        except ValueError:
-            return error(400, "bad_json", "the body is not JSON")
-        if not isinstance(body, dict):
-            return error(422, "invalid_argument", "the body must be a JSON object")
+            body = await json_body.json_object(request, MAX_BODY)
+        except BackendRefused as exc:
+            return error(exc.status, exc.code, exc.message)
         unknown = sorted(set(body) - set(ADD_FIELDS))
         if unknown:
             return error(422, "invalid_argument", f"unknown fields {unknown}; "

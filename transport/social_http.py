@@ -14,7 +14,6 @@ a forged cross-site request cannot sign.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any, Protocol
 
@@ -22,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from . import json_body
 from . import webhook_signature as sig
 from .errors import BackendRefused, SignatureProblem, SignatureRejected
 
@@ -52,17 +52,6 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
     return JSONResponse({"error": code, "message": message}, status_code=status)
 
 
-async def _read_capped(request: Request, cap: int) -> bytes | None:
-    """The body, or None as soon as it grows beyond ``cap`` bytes."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def social_routes(backend: SocialBackend, *, max_body: int = MAX_BODY,
                   window: float = sig.REPLAY_WINDOW) -> list[Route]:
     """The webhook route (its signature stands in for the app's state-changing rule)."""
@@ -73,12 +62,10 @@ def social_routes(backend: SocialBackend, *, max_body: int = MAX_BODY,
         secret = backend.webhook_secret(platform)
         if secret is None:
             return _error(404, "not_found", f"no webhook for platform {platform!r}")
-        declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > max_body):
-            return _error(413, "too_large", f"the body is limited to {max_body} bytes")
-        body = await _read_capped(request, max_body)
-        if body is None:
-            return _error(413, "too_large", f"the body is limited to {max_body} bytes")
+        try:
+            body = await json_body.read_capped(request, max_body)
+        except BackendRefused as exc:
+            return _error(exc.status, exc.code, exc.message)
         signature = request.headers.get(sig.SIGNATURE_HEADER)
         try:
             ts = sig.verify(secret, request.headers.get(sig.TIMESTAMP_HEADER), signature, body,
@@ -90,12 +77,9 @@ def social_routes(backend: SocialBackend, *, max_body: int = MAX_BODY,
             status = 409 if exc.reason is SignatureProblem.REPLAYED else 401
             return _error(status, exc.reason.value, exc.detail)
         try:
-            event = json.loads(body)
-        except (UnicodeDecodeError, ValueError):
-            return _error(400, "bad_json", "the body is not JSON")
-        if not isinstance(event, dict):
-            return _error(422, "invalid_argument", "the body must be a JSON object")
-        try:
+            event = json_body.parse(body)
+            if not isinstance(event, dict):
+                raise BackendRefused(422, "invalid_argument", "the body must be a JSON object")
             receipt = backend.ingest_event(platform, event)
         except BackendRefused as exc:
             return _error(exc.status, exc.code, exc.message)

@@ -38,7 +38,7 @@ def verify(secret: bytes, timestamp: str | None, signature: str | None, body: by
         raise SignatureRejected(SignatureProblem.MISSING,
                                 f"the delivery needs the {TIMESTAMP_HEADER} and "
                                 f"{SIGNATURE_HEADER} headers")
-    if not timestamp.isdigit() or len(timestamp) > 12:
+    if not (timestamp.isascii() and timestamp.isdigit()) or len(timestamp) > 12:
         raise SignatureRejected(SignatureProblem.MALFORMED,
                                 f"{TIMESTAMP_HEADER} must be Unix seconds")
     if not signature.startswith(f"{VERSION}=") or len(signature) != len(VERSION) + 65:
