@@ -254,3 +254,18 @@ def test_a_crash_before_any_effect_loses_nothing_and_commits_nothing_twice(
     assert journal.open == []
     assert journal.committed == {"m1": 1, "m2": 1, "m3": 1}
     assert journal.leased == set()
+
+
+def test_a_taken_over_rows_run_ends_after_its_turn_so_the_next_suspect_may_start() -> None:
+    """A runtime runs one taken-over row at a time; chaining the session's next turns
+    kept the others waiting up to CHAIN_LIMIT turns each."""
+    d = dp.Delivery()
+    d.claimed(row(1, taken_over=True))
+    d.started()
+    assert d.brain_returned() == [dp.Commit(("m1",), next_lease=False)]
+    assert d.committed(None, plain=True) == [dp.Done(claim=True)]
+    leased_anyway = dp.Delivery()
+    leased_anyway.claimed(row(1, taken_over=True))
+    leased_anyway.started()
+    leased_anyway.brain_returned()
+    assert leased_anyway.committed(row(2), plain=True) == [dp.Release("m2"), dp.Done(True)]
