@@ -51,6 +51,12 @@ WINDOW = 64
 LINGER_SECONDS = 5.0
 """How long an open link with nothing to carry stays open for the next message."""
 
+HANDSHAKE_SECONDS = 10.0
+"""How long a peer may take from the upgrade to its welcome. A server that accepts the
+socket and then says nothing (or a link that goes silent mid-handshake while its pings
+are still answered) would otherwise hold the rows it carries, their leases renewed,
+forever; past this the link is lost and its rows go back with a retry."""
+
 
 def peer_target(device_id: str) -> str:
     """The inbox address of a paired device."""
@@ -171,6 +177,7 @@ class PeerLink:
         claim: Reply[list[ClaimedRow]] | None = None
         acks: list[tuple[Reply[None], list[str]]] = []
         link.connected(new_nonce(self.svc.random(NONCE_BYTES)))
+        handshake_ends = time.monotonic() + HANDSHAKE_SECONDS
         try:
             while not self._stop.is_set():
                 for text in link.frames_to_send():
@@ -181,6 +188,10 @@ class PeerLink:
                 acks = self._settled(acks, wait=False)
                 if link.state in (LinkState.IDLE, LinkState.CLOSED):
                     return
+                if link.state is LinkState.HANDSHAKE and time.monotonic() > handshake_ends:
+                    link.connection_lost(f"the peer did not finish the handshake within "
+                                         f"{HANDSHAKE_SECONDS:g} s")
+                    continue  # its effects (the rows back, with a retry) come first
                 if claim is not None and _ready(claim):
                     more, claim = claim.result(), None
                     if more:

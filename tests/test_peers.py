@@ -444,3 +444,43 @@ def test_an_offline_peer_is_retried_on_the_peer_schedule(
             assert receiver.peer_rows(me) == [f"peer-{me}-{mid}"]
     finally:
         rt.stop()
+
+
+def test_a_peer_that_never_finishes_the_handshake_gives_the_row_back_for_a_retry(
+        receiver: Receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that takes the upgrade and says nothing held the row, its lease renewed,
+    forever (no retry, 0 attempts); the handshake now has a deadline."""
+    import asyncio
+    import threading
+
+    import websockets
+
+    from kinbox.actors import peer_link
+
+    monkeypatch.setattr(peer_link, "HANDSHAKE_SECONDS", 0.5)
+    rt = Runtime(db=f"sqlite:///{tmp_path / 's' / 'sender.db'}", brain=quiet_brain,
+                 clock=SystemClock())
+    rt.start()
+    stop = threading.Event()
+    try:
+        rec = rt.peers.pair(receiver.http, receiver.invite())
+        receiver.kill()
+
+        async def silent(_ws: object) -> None:
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+
+        async def serve() -> None:
+            async with websockets.serve(silent, "127.0.0.1", receiver.port):
+                while not stop.is_set():
+                    await asyncio.sleep(0.05)
+
+        server = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+        server.start()
+        [mid] = send_many(rt, rec.device_id, 1)
+        wait_for(lambda: rt.context.journal.get(mid)["attempts"] == 1, 20, "the retry")
+        row = rt.context.journal.get(mid)
+        assert row["status"] == "pending" and "handshake" in row["last_error"]
+    finally:
+        stop.set()
+        rt.stop()

@@ -24,6 +24,8 @@ from .grants import TERMINAL_REFUSALS
 from .identity import DeviceIdentity
 
 OPEN_TIMEOUT = 5.0
+KEEPALIVE_SECONDS = 20.0
+"""Seconds between keepalive pings on a link, and how long a pong may take."""
 
 
 def endpoint(url: str, path: str) -> str:
@@ -47,8 +49,12 @@ def _refusal(exc: InvalidStatus) -> PeerUnavailable:
 
 def _open(uri: str, headers: dict[str, str] | None, timeout: float) -> ClientConnection:
     try:
+        # Keepalive pings: a link that goes silent without a close or a reset (a laptop
+        # asleep, a NAT that forgot the flow) is lost within ping_interval + ping_timeout,
+        # and its rows go back with a retry, instead of staying leased (renewed) forever.
         return connect(uri, additional_headers=headers, open_timeout=timeout, proxy=None,
-                       compression=None, max_size=f.MAX_FRAME_BYTES, ping_interval=None,
+                       compression=None, max_size=f.MAX_FRAME_BYTES,
+                       ping_interval=KEEPALIVE_SECONDS, ping_timeout=KEEPALIVE_SECONDS,
                        close_timeout=2)
     except InvalidStatus as exc:
         raise _refusal(exc) from None
