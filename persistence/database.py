@@ -129,7 +129,8 @@ def open_database(url: str, *, synchronous: Synchronous = "FULL",
             import psycopg2  # noqa: F401  (playhouse's message does not say how to get it)
         except ImportError:
             raise DatabaseOpenError(url, "the PostgreSQL driver is not installed; install "
-                                    "the extra: pip install 'kinbox[postgres]'") from None
+                                    "the postgres extra (in a clone: pip install -e "
+                                    "'.[postgres]')") from None
         options = {}
     else:
         raise DatabaseOpenError(
