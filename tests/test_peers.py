@@ -466,14 +466,12 @@ def test_a_peer_that_never_finishes_the_handshake_gives_the_row_back_for_a_retry
         rec = rt.peers.pair(receiver.http, receiver.invite())
         receiver.kill()
 
-        async def silent(_ws: object) -> None:
-            while not stop.is_set():
-                await asyncio.sleep(0.05)
+        async def silent(ws: websockets.ServerConnection) -> None:
+            await ws.wait_closed()  # takes the upgrade, never sends its challenge
 
         async def serve() -> None:
             async with websockets.serve(silent, "127.0.0.1", receiver.port):
-                while not stop.is_set():
-                    await asyncio.sleep(0.05)
+                await asyncio.to_thread(stop.wait)
 
         server = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
         server.start()
