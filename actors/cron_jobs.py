@@ -17,7 +17,7 @@ from typing import Any
 from ..persistence import CronJobRecord, CronStore, DuplicateError, SessionStore
 from . import cron_rules as rules
 from .ids import short
-from .triggers import cron_trigger, next_fire
+from .triggers import next_fire
 from .validation import unstorable
 
 DEFAULT_PROJECT = "default"
@@ -55,9 +55,8 @@ class CronJobs:
         name, prompt, delivery = rules.check_fields(name, prompt, delivery)
         if not isinstance(timezone, str) or unstorable(timezone) is not None:
             raise rules.InvalidCronJob("timezone", "give an IANA time zone name")
-        cron_trigger(cron, timezone)  # InvalidCronExpression if malformed
         now = self.now()
-        upcoming = _next_or_never(cron, now, timezone)
+        upcoming = _next_or_never(cron, now, timezone)  # parses it: malformed, never fires
         job = CronJobRecord(f"cj_{short(self.new_id(), 10)}", name, cron.strip(), timezone, prompt,
                             bool(active), delivery, 0, upcoming if active else None,
                             None, None, None, now, now)
