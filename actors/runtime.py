@@ -27,6 +27,7 @@ from ..persistence import (
     JobStore,
     Journal,
     Lease,
+    LifeLockLost,
     OwnerLiveness,
     SessionRecord,
     SessionStore,
@@ -363,6 +364,13 @@ class Runtime(RecordsApi):
                 ended = ctx.store.end_direct_turn_marks(ctx.now(), owners=marked)
                 log.warning("ended %d direct-turn marks of runtime(s) that are gone: %s",
                             ended, ", ".join(sorted(marked)))
+        except LifeLockLost as exc:
+            # To every other runtime this one is dead now, and they take its rows over:
+            # go on delivering and its commits would all be refused. End as a kill would;
+            # a supervisor (or the program) starts a new runtime, which replays at once.
+            log.error("%s; this runtime stops as if killed: start it again", exc)
+            if self._state == "running":
+                self.crash()
         except Exception:
             log.exception("checking for runtimes that are gone failed; their leases expire "
                           "as usual")

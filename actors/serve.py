@@ -208,8 +208,13 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
                     print("kinbox: the HTTP server did not start", file=sys.stderr)
                     return 1
             _announce(args, sock, brain is not None, operator is not None, out)
-            while thread.is_alive():
+            while thread.is_alive() and rt.state == "running":
                 thread.join(1.0)  # a signal interrupts this wait
+            if rt.state != "running":  # it lost its database (see Runtime's life lock)
+                server.should_exit = True
+                thread.join()
+                out.write(f"kinbox serve: the runtime is {rt.state}; {summary(rt)}\n")
+                return 1
             print("kinbox: the HTTP server stopped by itself", file=sys.stderr)
             return 1
         except Interrupted:

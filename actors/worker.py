@@ -35,7 +35,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def summary(rt: Runtime) -> str:
     """One line: what this run delivered and what the journal still holds."""
-    stats = rt.statistics()
+    try:
+        stats = rt.statistics()
+    except Exception as exc:  # the database is gone (why the runtime ended): say so, briefly
+        return f"the journal cannot be read now ({type(exc).__name__})"
     rows = stats["rows"]
     ran = "send-only, no turns run" if rt.send_only else f"turns run: {stats['turns']}"
     return (f"{ran}; journal: {rows.get('pending', 0)} pending, "

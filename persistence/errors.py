@@ -19,6 +19,7 @@ Decide on the types and their attributes, never on the message text::
         ├── RowNotFound            .kind, .key: an inbox row, session, task... does not exist
         ├── DuplicateError         .kind, .field, .value: a unique value is already taken
         ├── DatabaseInUse          .path: another runtime process owns this SQLite file
+        ├── LifeLockLost           .owner: the connection holding a runtime's life lock died
         └── WriterClosed           the group-commit writer was stopped
 """
 
@@ -109,6 +110,17 @@ class DatabaseInUse(PersistenceError):
             f"database {path!r} is in use by another kinbox runtime; stop it first, "
             "or use PostgreSQL to share one database between processes")
         self.path = path
+
+
+class LifeLockLost(PersistenceError):
+    """The connection that held runtime ``owner``'s life lock is gone (the server restarted,
+    failed over or ended the session): to every other runtime it is dead, and they take
+    its rows over."""
+
+    def __init__(self, owner: str, reason: str) -> None:
+        super().__init__(f"runtime {owner} lost the database connection that holds its life "
+                         f"lock ({reason}); other runtimes take its rows over")
+        self.owner = owner
 
 
 class WriterClosed(PersistenceError):

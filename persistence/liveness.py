@@ -23,7 +23,7 @@ from typing import Any
 
 import peewee as pw
 
-from .errors import PersistenceError
+from .errors import LifeLockLost, PersistenceError
 
 LOCK_CLASS = 0x6B62
 """The first key of kinbox's advisory locks ("kb"), apart from other applications' locks."""
@@ -50,11 +50,19 @@ class OwnerLiveness:
         self._conn = conn
 
     def gone(self, owners: Iterable[str]) -> set[str]:
-        """The owners among ``owners`` whose runtime no longer holds its life lock."""
+        """The owners among ``owners`` whose runtime no longer holds its life lock;
+        :class:`LifeLockLost` when this runtime's own lock went with its connection."""
         found: set[str] = set()
         with self._lock:
             if self._conn is None:
                 return found
+            try:
+                with self._conn.cursor() as cur:
+                    cur.execute("SELECT 1")  # the connection, and so the lock, still there
+            except Exception as exc:
+                if not self._conn.closed:
+                    raise
+                raise LifeLockLost(self.owner, type(exc).__name__) from exc
             with self._conn.cursor() as cur:
                 for owner in owners:
                     if owner == self.owner:

@@ -88,3 +88,46 @@ def test_a_live_slow_runtime_is_never_robbed_of_its_rows(pg_url: str, tmp_path: 
         a.stop()
         if b is not None:
             b.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_runtime_whose_connections_the_server_ended_stops_and_a_new_one_replays(
+        pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A server restart or failover ends every session, the life lock's with them: the
+    other runtimes take the rows over, so this one must not go on. It delivered nothing
+    again and logged a traceback five times a second; now it ends as a kill would."""
+    import logging
+
+    import psycopg2
+
+    holding, release = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    def hanging(turn: Turn) -> None:
+        holding.set()
+        release.wait(30)
+
+    a = Runtime(db=pg_url, brain=hanging, data_dir=str(tmp_path), tick_interval=0.05).start()
+    try:
+        project = a.create_project("drop")
+        mid = a.post(a.create_session(project.id, "S").id, "hello").message_id
+        assert holding.wait(10)
+        admin = psycopg2.connect(pg_url)
+        admin.autocommit = True
+        with caplog.at_level(logging.ERROR, logger="kinbox.runtime"), admin.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            wait_for(lambda: a.state == "crashed", timeout=10, what="the runtime to end")
+        admin.close()
+        assert any("lost the database connection that holds its life lock" in r.message
+                   for r in caplog.records)
+    finally:
+        release.set()
+    b = Runtime(db=pg_url, data_dir=str(tmp_path),
+                brain=lambda turn: seen.append(turn.messages[0].message_id)).start()
+    try:
+        wait_for(lambda: seen == [mid], timeout=10, what="the replayed turn")
+        wait_for(lambda: b.inbox()[0]["status"] == "delivered", what="the replay's commit")
+        assert b.marker_counts() == {mid: 1}
+    finally:
+        b.stop()

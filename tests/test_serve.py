@@ -234,6 +234,30 @@ def test_worker_delivers_with_its_brain_and_stops_gracefully_on_sigint(
     assert "stopped" in cmd.output and "Traceback" not in cmd.output
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("command", [["worker"], ["serve", "--port", "0"]])
+def test_a_delivering_process_whose_database_sessions_end_exits_with_one_line(
+        run_kinbox: Any, pg_url: str, command: list[str]) -> None:
+    """A PostgreSQL restart ends every session: a worker logged a traceback five times a
+    second and never delivered again. It exits 1 now, for its supervisor to restart it."""
+    import psycopg2
+
+    cmd = run_kinbox(*command, "--db", pg_url, "--brain", "product_brain:brain")
+    cmd.wait_line("delivering")
+    admin = psycopg2.connect(pg_url)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+    admin.close()
+    assert cmd.finish() == 1
+    assert "lost the database connection that holds its life lock" in cmd.output
+    # Its last word is one line (the dispatcher may log the failed claims before the
+    # tick's check of the life lock notices, as it logs any database error).
+    assert cmd.output.strip().splitlines()[-1].startswith(
+        f"kinbox {command[0]}: the runtime is crashed; the journal cannot be read now")
+
+
 @pytest.mark.parametrize("args", [["worker"], ["worker", "--brain", "nope_module:brain"],
                                   ["worker", "--brain", "no-colon"],
                                   ["serve", "--brain", "product_brain:missing"]])
