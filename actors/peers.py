@@ -31,7 +31,7 @@ from ..persistence.peer_outbox import PeerOutbox
 from ..persistence.peers import INBOUND, OUTBOUND, DeviceRecord, PeerStore
 from ..transport import frames as wire
 from ..transport import key_file, receiver
-from ..transport.errors import PeerUnavailable
+from ..transport.errors import FrameError, PeerUnavailable
 from ..transport.grants import GrantView, InviteView, new_code, secret_hash
 from ..transport.handshake import NONCE_BYTES, PairingProof, new_nonce
 from ..transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
@@ -131,7 +131,15 @@ class PeerService:
 
     def _message(self, caller_id: str, rec: DeviceRecord, text: str,
                  session: str | None) -> NewMessage:
-        return NewMessage(f"msg-{self.ctx.new_id()}", peer_target(rec.device_id), text,
+        message_id = f"msg-{self.ctx.new_id()}"
+        try:  # the frame the link will send: refused now, not failed after the commit
+            wire.encode(wire.Deliver(message_id, text, session))
+        except FrameError as exc:
+            raise ToolError("invalid_argument",
+                            f"The message cannot travel to a peer ({exc.reason}: {exc.detail}); "
+                            f"a frame holds at most {wire.MAX_FRAME_BYTES:,} bytes of JSON. "
+                            "Shorten it or split it into several messages.") from None
+        return NewMessage(message_id, peer_target(rec.device_id), text,
                           sender=caller_id, transport="suzent_peer",
                           destination_peer_id=rec.device_id,
                           payload={"session": session} if session else {})

@@ -11,12 +11,13 @@ import json
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from kinbox.actors import ManualClock, Runtime, SystemClock
+from kinbox.actors import ManualClock, Runtime, SystemClock, ToolError
 from kinbox.persistence.inbox_core import PEER, backoff_delay
 from kinbox.persistence.peers import OUTBOUND
 from kinbox.transport import frames as f
@@ -482,3 +483,18 @@ def test_a_peer_that_never_finishes_the_handshake_gives_the_row_back_for_a_retry
     finally:
         stop.set()
         rt.stop()
+
+
+def test_a_message_no_peer_frame_can_carry_is_refused_before_anything_is_written(
+        receiver: Receiver, sender: Runtime) -> None:
+    """17,000 emoji are within the 20,000-character limit and over the 64 KiB frame: the
+    send was committed and then failed on its first attempt."""
+    rec = sender.peers.pair(receiver.http, receiver.invite())
+    tools: Any = caller(sender)
+    for text in ("\U0001f600" * 17_000, "\x01" * 12_000):
+        with pytest.raises(ToolError) as info:
+            tools.agent_send(f"peer:{rec.device_id}", text)
+        assert info.value.code == "invalid_argument" and "too_large" in info.value.message
+    assert sender.inbox() == []
+    tools.agent_send(f"peer:{rec.device_id}", "\U0001f600" * 10_000)  # 40 KB: fits
+    wait_for(delivered(sender, 1), 30, "the message that fits")
