@@ -26,7 +26,7 @@ from kinbox.transport.identity import DeviceIdentity
 from kinbox.transport.peer_client import pair_with
 
 from .helpers import quiet_brain, wait_for
-from .peer_harness import CuttingProxy, Receiver
+from .peer_harness import CuttingProxy, Receiver, port_open
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -476,6 +476,7 @@ def test_a_peer_that_never_finishes_the_handshake_gives_the_row_back_for_a_retry
 
         server = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
         server.start()
+        wait_for(lambda: port_open(receiver.port), 10, "the silent server")
         [mid] = send_many(rt, rec.device_id, 1)
         wait_for(lambda: rt.context.journal.get(mid)["attempts"] == 1, 20, "the retry")
         row = rt.context.journal.get(mid)
