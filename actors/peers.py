@@ -287,7 +287,8 @@ class PeerHttpBackend:
         session = ctx.store.session(session_id)
         lines = [transcript_view.Line(e.role, e.text, e.visible)
                  for e in ctx.store.transcript(session_id)]
-        return (session.status if session else "idle"), transcript_view.render(lines)
+        status = session.status if session else "idle"
+        return status, _fitting_read(status, lines)
 
     def invite(self, code_hash: str) -> InviteView | None:
         """The pairing invite with this code hash."""
@@ -330,3 +331,21 @@ def new_invite(peers: PeerStore, scopes: frozenset[str], ttl: float, now: float)
     code = new_code(os.urandom(32))
     peers.add_invite(secret_hash(code), scopes, now, now + ttl)
     return code
+
+
+def _fitting_read(status: str, lines: list[transcript_view.Line]) -> str:
+    """The transcript as ``read`` shows it, newest messages kept, within what one result
+    frame carries: the view's limit counts characters, a frame 64 KiB of JSON (20,000
+    emoji or escaped control characters are more), and a result that did not fit ended
+    the link with no answer. Each try halves the characters kept."""
+    limit = transcript_view.READ_LIMIT
+    while True:
+        text = transcript_view.render(lines, limit)
+        try:
+            wire.encode(wire.Result("0" * 64, status, text))  # the longest request id
+            return text
+        except FrameError as exc:
+            if exc.reason != "too_large" or limit < 2:
+                raise
+            limit //= 2
+

@@ -89,6 +89,23 @@ def test_the_peer_turn_runs_where_the_brain_is_and_read_and_stop_reach_it(
     assert b.marker_counts() and set(b.marker_counts().values()) == {1}
 
 
+def test_a_transcript_over_one_frame_is_read_with_its_newest_messages(
+        pair_of: tuple[Runtime, Runtime, Served, threading.Event]) -> None:
+    """Emoji within the read view's 20,000 characters can pass the result frame's 64 KiB:
+    the reader's link died and the caller got "did not answer"."""
+    a, b, served, _ = pair_of
+    rec = a.peers.pair(served.http, served.invite(), name="b")
+    tools = a.tools_for(a.create_session(None, "me").id)
+    peer = f"peer:{rec.device_id}"
+    for mark in ("first", "second"):
+        tools.agent_send(peer, f"{mark} " + "\U0001f600" * 9_000)
+    session = f"suzent:{a.peers.identity.device_id}"
+    wait_for(lambda: sum(e.role == "assistant" for e in b.transcript(session)) == 2, 30,
+             "both turns on the receiver")
+    read = tools.agent_read(peer)["transcript"]
+    assert "got: second" in read and "first" not in read and "earlier messages omitted" in read
+
+
 def test_a_sender_crash_mid_stream_rehydrates_the_link_from_its_rows(tmp_path: Path) -> None:
     receiver = Receiver(tmp_path / "r").start()
     url = f"sqlite:///{tmp_path / 'a' / 'a.db'}"
