@@ -106,6 +106,37 @@ def test_a_transcript_over_one_frame_is_read_with_its_newest_messages(
     assert "got: second" in read and "first" not in read and "earlier messages omitted" in read
 
 
+def test_the_peer_endpoint_answers_the_hosts_the_http_api_answers(tmp_path: Path) -> None:
+    """``--allow-host '*.example.com'``: the API answered foo.example.com, the peer routes
+    refused it as a bad origin (retried by senders for 37 hours)."""
+    import http.client
+
+    b = Runtime(db=f"sqlite:///{tmp_path / 'h.db'}", brain=quiet_brain,
+                clock=SystemClock()).start()
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app_for(b, allowed_hosts=["*.example.com"]),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, 10, "uvicorn to start")
+        answers = {}
+        for host in ("foo.example.com", "evil.test"):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("GET", "/peers/link", headers={
+                "Host": host, "Connection": "Upgrade", "Upgrade": "websocket",
+                "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+            response = conn.getresponse()
+            answers[host] = (response.status, response.read())
+            conn.close()
+        assert b"bad_origin" not in answers["foo.example.com"][1]  # past the Host check
+        assert answers["evil.test"][0] in (400, 403)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        b.stop()
+
+
 def test_a_sender_crash_mid_stream_rehydrates_the_link_from_its_rows(tmp_path: Path) -> None:
     receiver = Receiver(tmp_path / "r").start()
     url = f"sqlite:///{tmp_path / 'a' / 'a.db'}"

@@ -41,11 +41,11 @@ def host_of(header: str) -> str:
     return name if sep and port.isdigit() else header
 
 
-class HostGuard:
-    """ASGI middleware: HTTP requests whose Host is not allowed get a JSON 400."""
+class AllowedHosts:
+    """The Host names a server answers: the one rule for its HTTP routes and its peer
+    websockets alike."""
 
-    def __init__(self, app: ASGIApp, allowed_hosts: Iterable[str]) -> None:
-        self.app = app
+    def __init__(self, allowed_hosts: Iterable[str]) -> None:
         names = [allowed_name(h) for h in allowed_hosts]
         self.exact = frozenset(n for n in names if not n.startswith("*."))
         self.suffixes = tuple(n[1:] for n in names if n.startswith("*."))
@@ -53,6 +53,14 @@ class HostGuard:
     def allows(self, host: str) -> bool:
         """True when ``host`` (already without its port) is one of the allowed names."""
         return host in self.exact or any(host.endswith(s) for s in self.suffixes)
+
+
+class HostGuard:
+    """ASGI middleware: HTTP requests whose Host is not allowed get a JSON 400."""
+
+    def __init__(self, app: ASGIApp, allowed_hosts: Iterable[str]) -> None:
+        self.app = app
+        self.allows = AllowedHosts(allowed_hosts).allows
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":

@@ -41,6 +41,7 @@ from .grants import (
     new_token,
     secret_hash,
 )
+from .host_guard import AllowedHosts, host_of
 from .identity import DeviceIdentity
 
 log = logging.getLogger("kinbox.peers")
@@ -92,10 +93,6 @@ class PeerBackend(Protocol):
         ...
 
 
-def _host_ok(ws: WebSocket, allowed: Sequence[str]) -> bool:
-    host = ws.headers.get("host", "")
-    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-    return "*" in allowed or name in allowed
 
 
 async def _deny(ws: WebSocket, reason: str) -> None:
@@ -107,8 +104,8 @@ async def _deny(ws: WebSocket, reason: str) -> None:
         await ws.close(code=1008, reason=reason)
 
 
-def _precheck(ws: WebSocket, allowed: Sequence[str]) -> str | None:
-    if not _host_ok(ws, allowed):
+def _precheck(ws: WebSocket, allowed: AllowedHosts) -> str | None:
+    if not allowed.allows(host_of(ws.headers.get("host", ""))):
         return Refusal.BAD_ORIGIN.value
     if ws.headers.get("origin"):
         return Refusal.BAD_ORIGIN.value  # peers are not browsers; a page may not dial in
@@ -127,7 +124,7 @@ class PeerEndpoint:
 
     def __init__(self, backend: PeerBackend, allowed_hosts: Sequence[str]) -> None:
         self.backend = backend
-        self.allowed_hosts = list(allowed_hosts)
+        self.allowed_hosts = AllowedHosts(allowed_hosts)
 
     def routes(self) -> list[WebSocketRoute]:
         """Routes to mount in the HTTP app."""
