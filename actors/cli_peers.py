@@ -114,22 +114,35 @@ def listing(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def change(args: argparse.Namespace, out: TextIO) -> int:
-    """``kinbox peers pause|resume|revoke DEVICE``."""
+    """``kinbox peers pause|resume|revoke DEVICE [--direction inbound|outbound]``.
+
+    Each of the device's grants (or the one ``--direction`` names) changes if the action
+    applies to it; one it does not apply to (pausing a revoked one) is left as it is and
+    said so, and only when it applies to none is it an error: one direction's state
+    must not keep the operator from acting on the other."""
     with _peers(args) as (peers, _):
-        recs = [r for r in peers.devices() if r.device_id == args.device_id]
+        recs = [r for r in peers.devices() if r.device_id == args.device_id
+                and args.direction in (None, r.direction)]
         if not recs:
             raise RowNotFound("paired device", args.device_id)
-        try:
-            changes = [(r, change_status(r.status, args.action)) for r in recs]
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
+        changes, left = [], []
+        for r in recs:
+            try:
+                changes.append((r, change_status(r.status, args.action).value))
+            except ValueError as exc:
+                left.append((r, str(exc)))
+        if not changes:
+            raise ConfigError(left[0][1])
         for r, status in changes:
-            peers.set_status(r.device_id, status.value, time.time(), direction=r.direction,
+            peers.set_status(r.device_id, status, time.time(), direction=r.direction,
                              last_error=f"{args.action}d by the operator"
-                             if status.value != "active" else None)
-    data = [{"device_id": r.device_id, "direction": r.direction, "status": s.value}
+                             if status != "active" else None)
+    data = [{"device_id": r.device_id, "direction": r.direction, "status": s, "changed": True}
             for r, s in changes]
+    data += [{"device_id": r.device_id, "direction": r.direction, "status": r.status,
+              "changed": False, "reason": why} for r, why in left]
     _emit(out, args.json, data, [f"{d['device_id']} ({d['direction']}): {d['status']}"
+                                 + ("" if d["changed"] else f", left as is: {d['reason']}")
                                  for d in data])
     return 0
 
@@ -157,4 +170,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     for action in ("pause", "resume", "revoke"):
         p = with_key(psub.add_parser(action, help=f"{action} a device's grant"))
         p.add_argument("device_id")
+        p.add_argument("--direction", choices=("inbound", "outbound"),
+                       help="only the grant the device holds here (inbound) or the one this "
+                            "runtime holds there (outbound); default: each it applies to")
         p.set_defaults(handler=change)

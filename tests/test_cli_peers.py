@@ -68,3 +68,44 @@ def test_pairing_with_nobody_listening_is_a_clear_error(tmp_path: Path) -> None:
     code, _ = run("peers", "pair", "http://127.0.0.1:9", "kbp_" + "x" * 43,
                   "--db", f"sqlite:///{tmp_path / 'a.db'}")
     assert code == 1
+
+
+def test_pause_and_resume_act_on_each_direction_they_apply_to_or_the_one_named(
+        tmp_path: Path) -> None:
+    """A device paired both ways: its outbound record revoked (its URL refused us) made
+    `pause` fail as a whole, leaving its inbound grant active; `resume` could only act on
+    both directions at once."""
+    import time
+
+    from kinbox.persistence import GroupCommitWriter, bind_tables, open_database, upgrade
+    from kinbox.persistence.peers import INBOUND, OUTBOUND, PeerStore
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    device = "0123456789ab"
+    db = open_database(url)
+    tables = bind_tables(db)
+    upgrade(tables)
+    writer = GroupCommitWriter(db)
+    writer.start()
+    store = PeerStore(tables, writer)
+    now = time.time()
+    store.add_invite("a" * 64, frozenset({"agent"}), now, now + 600)
+    assert store.redeem("a" * 64, now, device, "laptop", "K" * 43, "t" * 64)
+    store.save_outbound(device, "laptop", "K" * 43, "http://127.0.0.1:1", "sealed",
+                        frozenset({"agent"}), now)
+    store.set_status(device, "revoked", now, direction=OUTBOUND)
+
+    def statuses() -> dict[str, str]:
+        return {r.direction: r.status for r in store.devices()}
+
+    code, said = run("peers", "pause", device, "--db", url)
+    assert code == 0 and "left as is" in said
+    assert statuses() == {INBOUND: "paused", OUTBOUND: "revoked"}
+    store.set_status(device, "paused", now, direction=OUTBOUND)  # the laptop paused us
+    assert cli("peers", "resume", device, "--direction", "outbound", "--db", url) == [
+        {"device_id": device, "direction": OUTBOUND, "status": "active", "changed": True}]
+    assert statuses() == {INBOUND: "paused", OUTBOUND: "active"}
+    assert run("peers", "revoke", device, "--direction", "inbound", "--db", url)[0] == 0
+    assert run("peers", "resume", device, "--direction", "inbound", "--db", url)[0] == 1
+    writer.stop()
+    db.close()
