@@ -31,7 +31,7 @@ from ..persistence.peer_outbox import PeerOutbox
 from ..persistence.peers import INBOUND, OUTBOUND, DeviceRecord, PeerStore
 from ..transport import frames as wire
 from ..transport import key_file, receiver
-from ..transport.errors import FrameError, PeerUnavailable
+from ..transport.errors import FrameError, GrantClosed, PeerUnavailable
 from ..transport.grants import GrantView, InviteView, new_code, secret_hash
 from ..transport.handshake import NONCE_BYTES, PairingProof, new_nonce
 from ..transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
@@ -253,6 +253,11 @@ class PeerHttpBackend:
                 for c in commits]
 
         def op() -> list[str | None]:
+            # In the commit's transaction: a grant closed since the link opened (the
+            # watcher polls it) takes nothing more.
+            grant = peers.device(device_id, INBOUND)
+            if grant is None or grant.status != "active":
+                raise GrantClosed(grant.status if grant else None)
             for session in dict.fromkeys(c.session for c in commits):
                 peers.ensure_session_now(session, social.id if social else None,
                                          f"Device {device_id}", now)

@@ -201,3 +201,34 @@ def test_a_second_worker_finds_nothing_while_the_first_holds_the_window(stores: 
     assert outbox.claim_window("w2", "peer:0123456789ab", 0, 2.0, lease=30, limit=9) == []
     taken = outbox.claim_window("w2", "peer:0123456789ab", 0, 40.0, lease=30, limit=9)
     assert [r.message_id for r in taken] == ["m0", "m1", "m2"]  # w1's leases ran out
+
+
+@pytest.mark.timeout(120)
+def test_a_revoke_mid_stream_commits_nothing_after_it_and_acknowledges_what_it_committed(
+        pair_of: tuple[Runtime, Runtime, Served, threading.Event]) -> None:
+    """The watcher closed the link while a batch was in the writer: that batch committed
+    on the receiver (its turns ran) and its acks were never sent, so the sender failed
+    rows that were delivered (10-21 in two runs); batches kept committing until the next
+    status poll (84-382 rows after the revoke)."""
+    import time
+
+    from kinbox.persistence.peers import INBOUND
+
+    a, b, served, _ = pair_of
+    rec = a.peers.pair(served.http, served.invite(), name="b")
+    me = a.peers.identity.device_id
+    sender = a.create_session(None, "bulk").id
+    a.peers.send_many(sender, f"peer:{rec.device_id}", [f"m{i}" for i in range(4000)])
+    wait_for(lambda: len(a.inbox(state="delivered")) > 300, 60, "progress before the revoke")
+    b.peers.peers.set_status(me, "revoked", time.time(), direction=INBOUND)
+    revoked_at = b.clock.now()
+    wait_for(lambda: not a.inbox(state="pending") and not a.inbox(state="processing"), 60,
+             "every row settled on the sender")
+    rows = b.context.journal.t.db.execute_sql(
+        "SELECT message_id, created_at FROM agent_inbox_messages WHERE sender_chat_id = ?",
+        (f"peer:{me}",)).fetchall()
+    received = {mid for mid, _ in rows}
+    failed = {r["message_id"] for r in a.inbox(state="failed")}
+    assert failed and not {f"peer-{me}-{m}" for m in failed} & received
+    assert {f"peer-{me}-{r['message_id']}" for r in a.inbox(state="delivered")} == received
+    assert max(at for _, at in rows) <= revoked_at

@@ -18,6 +18,7 @@ from .cron_http import CronBackend, cron_routes
 from .errors import (
     BackendRefused,
     FrameError,
+    GrantClosed,
     HandshakeRefused,
     IdentityError,
     LinkStateError,
@@ -41,6 +42,7 @@ __all__ = [
     "CronBackend",
     "DeviceIdentity",
     "FrameError",
+    "GrantClosed",
     "HandshakeRefused",
     "HostGuard",
     "HttpBackend",

@@ -12,6 +12,7 @@ from "you misused it" (:class:`LinkStateError`)::
     ├── IdentityError      a device key file or public key is unusable
     ├── FrameError         a frame broke the wire format; .reason says how
     ├── HandshakeRefused   a handshake or pairing step failed; .reason says which
+    ├── GrantClosed        a live link's grant was paused or revoked; .status
     ├── LinkStateError     a link core was driven out of order (a caller's bug)
     └── PeerUnavailable    the peer could not be reached or refused the link
 
@@ -83,6 +84,15 @@ class HandshakeRefused(TransportError):
         super().__init__(f"handshake refused ({reason})" + (f": {detail}" if detail else ""))
         self.reason = reason
         self.detail = detail
+
+
+class GrantClosed(TransportError):
+    """The grant of a live link is no longer active (``status``: ``paused``, ``revoked``,
+    or None when it is gone): deliveries are no longer committed for it."""
+
+    def __init__(self, status: str | None) -> None:
+        super().__init__(f"the device's grant is {status or 'gone'}")
+        self.status = status
 
 
 class LinkStateError(TransportError):

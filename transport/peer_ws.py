@@ -29,7 +29,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from . import frames as f
 from . import handshake, receiver
-from .errors import FrameError, HandshakeRefused
+from .errors import FrameError, GrantClosed, HandshakeRefused
 from .grants import (
     HTTP_STATUS,
     GrantView,
@@ -69,7 +69,8 @@ class PeerBackend(Protocol):
         ...
 
     def commit(self, device_id: str, commits: Sequence[receiver.Commit]) -> list[str | None]:
-        """Commit deliveries in one transaction; per item None, or why it was rejected."""
+        """Commit deliveries in one transaction; per item None, or why it was rejected.
+        :class:`.errors.GrantClosed`, with nothing committed, once the grant is not active."""
         ...
 
     def answer(self, device_id: str, action: str) -> tuple[str, str]:
@@ -214,6 +215,9 @@ class _Session:
         self.core = receiver.ReceiverLink(grant.device_id, grant.scopes)
         self.commits: asyncio.Queue[receiver.Commit] = asyncio.Queue()
         self.send_lock = asyncio.Lock()
+        self.committing = asyncio.Lock()
+        """Held by the committer from a batch's commit until its acks are sent: a grant
+        closed meanwhile waits for it, so no committed delivery goes unacknowledged."""
         self.done = asyncio.Event()
 
     async def send(self, text: str) -> None:
@@ -257,10 +261,21 @@ class _Session:
                 batch = [await self.commits.get()]
                 while not self.commits.empty() and len(batch) < 512:
                     batch.append(self.commits.get_nowait())
-                outcomes = await asyncio.to_thread(self.b.commit, self.device_id, batch)
-                for item, problem in zip(batch, outcomes, strict=True):
-                    await self.send(item.ack if problem is None else
-                                    f.encode(f.Error(item.message_id, "rejected", problem)))
+                async with self.committing:
+                    try:
+                        outcomes = await asyncio.to_thread(self.b.commit, self.device_id,
+                                                           batch)
+                    except GrantClosed as exc:  # nothing of the batch was committed
+                        closed: GrantClosed | None = exc
+                    else:
+                        closed = None
+                        for item, problem in zip(batch, outcomes, strict=True):
+                            await self.send(item.ack if problem is None else
+                                            f.encode(f.Error(item.message_id, "rejected",
+                                                             problem)))
+                if closed is not None:
+                    await self._close(closed.status)
+                    return
         except (WebSocketDisconnect, RuntimeError):
             self.done.set()
         except Exception:
@@ -272,9 +287,13 @@ class _Session:
             await asyncio.sleep(STATUS_POLL_SECONDS)
             status = await asyncio.to_thread(self.b.grant_status, self.device_id)
             if status != "active":
-                with contextlib.suppress(Exception):
-                    await self.send(f.encode(f.Revoked("paused" if status == "paused"
-                                                       else "revoked")))
-                    await self.ws.close(code=1008, reason="grant " + str(status))
-                self.done.set()
+                async with self.committing:  # a batch committed by now is acknowledged first
+                    await self._close(status)
                 return
+
+    async def _close(self, status: str | None) -> None:
+        """Tell the device its grant closed, close the link, end the session."""
+        with contextlib.suppress(Exception):
+            await self.send(f.encode(f.Revoked("paused" if status == "paused" else "revoked")))
+            await self.ws.close(code=1008, reason="grant " + str(status))
+        self.done.set()
