@@ -67,6 +67,22 @@ class PostgresDatabase(pw.PostgresqlDatabase):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         self._waiting = threading.local()
 
+    def is_closed(self) -> bool:
+        """peewee's answer, and also True for a connection the server ended (a restart, a
+        failover, ``pg_terminate_backend``) outside a transaction: the driver knows once a
+        statement on it failed, and the thread's next statement connects again (peewee's
+        ``autoconnect``). Nothing is retried: the statement that found the connection gone
+        failed to its caller. Inside a transaction the connection stays, for the
+        transaction to fail and end as it must."""
+        if super().is_closed():
+            return True
+        conn = self._state.conn
+        if conn is not None and conn.closed and not self.in_transaction():
+            self._pending().clear()
+            self._state.reset()
+            return True
+        return False
+
     def _pending(self) -> list[str]:
         pending: list[str] | None = getattr(self._waiting, "statements", None)
         if pending is None:

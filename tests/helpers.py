@@ -20,6 +20,22 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "
         pause.wait(0.005)  # re-check soon; the timeout above bounds the wait
 
 
+def end_database_sessions(pg_url: str) -> int:
+    """End every other session on ``pg_url``'s database, as a server restart or a failover
+    does to its clients (``pg_terminate_backend``); how many."""
+    import psycopg2
+
+    admin = psycopg2.connect(pg_url)
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            return len(cur.fetchall())
+    finally:
+        admin.close()
+
+
 def failing_once(real: Callable[..., Any], error: Exception,
                  failures: list[str], name: str) -> Callable[..., Any]:
     """``real``, but its first call raises ``error`` (and appends ``name`` to

@@ -14,7 +14,7 @@ import pytest
 
 from kinbox.actors import Runtime, Turn
 
-from .helpers import wait_for
+from .helpers import end_database_sessions, wait_for
 
 pytestmark = pytest.mark.postgres
 HERE = Path(__file__).resolve().parent
@@ -98,8 +98,6 @@ def test_a_runtime_whose_connections_the_server_ended_stops_and_a_new_one_replay
     again and logged a traceback five times a second; now it ends as a kill would."""
     import logging
 
-    import psycopg2
-
     holding, release = threading.Event(), threading.Event()
     seen: list[str] = []
 
@@ -112,13 +110,9 @@ def test_a_runtime_whose_connections_the_server_ended_stops_and_a_new_one_replay
         project = a.create_project("drop")
         mid = a.post(a.create_session(project.id, "S").id, "hello").message_id
         assert holding.wait(10)
-        admin = psycopg2.connect(pg_url)
-        admin.autocommit = True
-        with caplog.at_level(logging.ERROR, logger="kinbox.runtime"), admin.cursor() as cur:
-            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        with caplog.at_level(logging.ERROR, logger="kinbox.runtime"):
+            end_database_sessions(pg_url)
             wait_for(lambda: a.state == "crashed", timeout=10, what="the runtime to end")
-        admin.close()
         assert any("lost the database connection that holds its life lock" in r.message
                    for r in caplog.records)
     finally:
@@ -131,3 +125,39 @@ def test_a_runtime_whose_connections_the_server_ended_stops_and_a_new_one_replay
         assert b.marker_counts() == {mid: 1}
     finally:
         b.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_send_only_runtime_connects_again_after_the_server_ended_its_sessions(
+        pg_url: str, tmp_path: Path) -> None:
+    """After a server restart every call failed for good ("connection already closed"):
+    peewee keeps a dead connection per thread. Each thread's next statement after the one
+    that found its connection gone now opens a new one; nothing is retried or doubled."""
+    rt = Runtime(db=pg_url, data_dir=str(tmp_path)).start()  # send-only: no life lock
+    try:
+        sid = rt.create_session(rt.create_project("again").id, "S").id
+        rt.post(sid, "before")
+        assert end_database_sessions(pg_url) > 0
+        outcomes = []
+        for i in range(3):
+            try:
+                rt.post(sid, f"after {i}")
+                outcomes.append("sent")
+            except Exception:  # the call that finds its connection gone
+                outcomes.append("failed")
+        assert outcomes[1:] == ["sent", "sent"]
+        wait_for(lambda: _readable(rt), what="a read on this thread")
+        texts = [r["content"] for r in rt.inbox()]
+        assert texts == ["before", *(f"after {i}" for i, o in enumerate(outcomes)
+                                     if o == "sent")]
+        assert rt.health()["healthy"]
+    finally:
+        rt.stop()
+
+
+def _readable(rt: Runtime) -> bool:
+    try:
+        rt.inbox()
+        return True
+    except Exception:  # the first read on this thread's old connection
+        return False

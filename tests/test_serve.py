@@ -25,7 +25,7 @@ import pytest
 
 from kinbox.actors import Runtime
 
-from .helpers import wait_for
+from .helpers import end_database_sessions, wait_for
 
 PRODUCT_BRAIN = '''
 import pathlib
@@ -240,16 +240,9 @@ def test_a_delivering_process_whose_database_sessions_end_exits_with_one_line(
         run_kinbox: Any, pg_url: str, command: list[str]) -> None:
     """A PostgreSQL restart ends every session: a worker logged a traceback five times a
     second and never delivered again. It exits 1 now, for its supervisor to restart it."""
-    import psycopg2
-
     cmd = run_kinbox(*command, "--db", pg_url, "--brain", "product_brain:brain")
     cmd.wait_line("delivering")
-    admin = psycopg2.connect(pg_url)
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid()")
-    admin.close()
+    end_database_sessions(pg_url)
     assert cmd.finish() == 1
     assert "lost the database connection that holds its life lock" in cmd.output
     # Its last word is one line (the dispatcher may log the failed claims before the
