@@ -255,9 +255,9 @@ class PeerHttpBackend:
         def op() -> list[str | None]:
             # In the commit's transaction: a grant closed since the link opened (the
             # watcher polls it) takes nothing more.
-            grant = peers.device(device_id, INBOUND)
-            if grant is None or grant.status != "active":
-                raise GrantClosed(grant.status if grant else None)
+            status = self.grant_status(device_id)
+            if status != "active":
+                raise GrantClosed(status)
             for session in dict.fromkeys(c.session for c in commits):
                 peers.ensure_session_now(session, social.id if social else None,
                                          f"Device {device_id}", now)
