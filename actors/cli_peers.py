@@ -108,7 +108,9 @@ def listing(args: argparse.Namespace, out: TextIO) -> int:
              f"{'failed':>6}  {'last seen':<19} name"]
     lines += [f"{d['device_id']:<13} {d['direction']:<9} {d['status']:<8} "
               f"{','.join(d['scopes']):<8} {d['queued']:>6} {d['failed']:>6}  "
-              f"{_when(d['last_seen_at']):<19} {d['name']}" for d in data]
+              f"{_when(d['last_seen_at']):<19} "
+              + (f"! {d['last_error']}" if d["status"] == "active" and d["last_error"]
+                 else d["name"]) for d in data]
     _emit(out, args.json, data, lines if data else ["no paired devices"])
     return 0
 

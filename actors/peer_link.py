@@ -276,6 +276,9 @@ class PeerLink:
             elif isinstance(e, Rejected):
                 self._retry(e.id, e.reason, permanent=True)
             elif isinstance(e, Retry):
+                if e.unproven:  # a stale URL or a stranger on it: the operator should know
+                    log.warning("peer %s: %s; retrying", self.device_id, e.reason)
+                    self.svc.peers.note_problem(self.device_id, OUTBOUND, e.reason, ctx.now())
                 for mid in e.ids:
                     self._retry(mid, e.reason, permanent=False)
             elif isinstance(e, Terminal):

@@ -35,7 +35,7 @@ from ..transport.errors import FrameError, GrantClosed, PeerUnavailable
 from ..transport.grants import GrantView, InviteView, new_code, secret_hash
 from ..transport.handshake import NONCE_BYTES, PairingProof, new_nonce
 from ..transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
-from ..transport.link import Answer, LinkState, SenderLink
+from ..transport.link import Answer, LinkState, Retry, SenderLink, Terminal
 from ..transport.peer_client import connect_link, pair_with
 from . import transcript_view
 from .context import RuntimeContext
@@ -189,14 +189,17 @@ class PeerService:
         link.connected(new_nonce(self.random(NONCE_BYTES)))
         req = short(self.ctx.new_id(), 16)
         sent = False
+        why = "it refused the request"
         while True:
             for text in link.frames_to_send():
                 ws.send(text)
             for e in link.effects():
                 if isinstance(e, Answer) and e.frame.req == req:
                     return e.frame
+                if isinstance(e, Retry | Terminal):
+                    why = e.reason
             if link.state in (LinkState.IDLE, LinkState.CLOSED):
-                raise ToolError("execution_failed", f"Peer '{agent_id}' refused the request.")
+                raise ToolError("execution_failed", f"Peer '{agent_id}': {why}.")
             if link.state is LinkState.OPEN and not sent:
                 link.request(wire.Read(req) if action == "read" else wire.Stop(req))
                 sent = True

@@ -167,9 +167,15 @@ class PeerStore:
         return int(n)
 
     def touch(self, device_id: str, direction: str, now: float) -> None:
-        """Record that the device was just seen on a link."""
+        """Record that the device was just seen on a link (which clears a noted problem)."""
         d = self.t.device
-        self.writer.call(lambda: d.update(last_seen_at=now).where(
+        self.writer.call(lambda: d.update(last_seen_at=now, last_error=None).where(
+            d.id == _key(device_id, direction)).execute())
+
+    def note_problem(self, device_id: str, direction: str, text: str, now: float) -> None:
+        """Record why the device's link is failing, leaving its status as it is."""
+        d = self.t.device
+        self.writer.call(lambda: d.update(last_error=text, updated_at=now).where(
             d.id == _key(device_id, direction)).execute())
 
     def row_counts(self) -> dict[str, dict[str, int]]:

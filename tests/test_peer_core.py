@@ -112,11 +112,17 @@ def test_invites_expire_and_are_used_once() -> None:
 
 
 def run_handshake(client: DeviceIdentity, token: str, g: GrantView | None,
-                  pinned: str = SERVER.public_key, server: DeviceIdentity = SERVER) -> None:
+                  pinned: str = SERVER.public_key,
+                  server: DeviceIdentity = SERVER) -> Refusal | None:
+    """None when the handshake opens; the refusal the client proved came from the server;
+    HandshakeRefused when the client cannot tell who answered."""
     ch = hs.challenge(server, NS)
     hello = hs.hello(client, ch, token, NC, server.device_id)
-    welcome = hs.accept_hello(server, NS, hello, g, token)
-    hs.check_welcome(client, ch, hello, token, welcome, pinned)
+    answer = hs.answer_hello(server, NS, hello, g, token)
+    if isinstance(answer, f.Refused):
+        return hs.check_refused(client, ch, hello, token, answer, pinned)
+    hs.check_welcome(client, ch, hello, token, answer, pinned)
+    return None
 
 
 @pytest.mark.parametrize(("case", "refusal"), [
@@ -125,7 +131,6 @@ def run_handshake(client: DeviceIdentity, token: str, g: GrantView | None,
     ("paused", Refusal.PAUSED),
     ("another device's token", Refusal.WRONG_DEVICE),
     ("token with the wrong key signature", Refusal.BAD_SIGNATURE),
-    ("server not the pinned key", Refusal.BAD_SIGNATURE),
     ("valid", None),
 ])
 def test_handshake_matrix_accepts_only_the_valid_case(case: str, refusal: Refusal | None) -> None:
@@ -139,14 +144,35 @@ def test_handshake_matrix_accepts_only_the_valid_case(case: str, refusal: Refusa
     elif case == "token with the wrong key signature":
         args["g"] = GrantView(CLIENT.device_id, OTHER.public_key, secret_hash(TOKEN),
                               frozenset({"agent"}), "active")
-    elif case == "server not the pinned key":
-        args["pinned"] = OTHER.public_key
-    if refusal is None:
-        run_handshake(**args)  # type: ignore[arg-type]
-        return
+    assert run_handshake(**args) == refusal  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("status", [None, "revoked", "active"])
+def test_an_answer_not_signed_by_the_pinned_key_proves_nothing(status: str | None) -> None:
+    """Welcome or refusal, from a server holding another key: the client cannot accept
+    either, and (in the link) gives nothing up for it."""
+    g = None if status is None else grant(status=status)
     with pytest.raises(HandshakeRefused) as info:
-        run_handshake(**args)  # type: ignore[arg-type]
-    assert info.value.reason == refusal
+        run_handshake(CLIENT, TOKEN, g, pinned=OTHER.public_key)
+    assert info.value.reason == Refusal.BAD_SIGNATURE
+
+
+def test_a_signed_refusal_is_bound_to_its_handshake_and_its_reason() -> None:
+    ch = hs.challenge(SERVER, NS)
+    hello = hs.hello(CLIENT, ch, TOKEN, NC, SERVER.device_id)
+    answer = hs.answer_hello(SERVER, NS, hello, grant(status="paused"), TOKEN)
+    assert isinstance(answer, f.Refused) and answer.reason == "paused"
+    assert hs.check_refused(CLIENT, ch, hello, TOKEN, answer, SERVER.public_key) is Refusal.PAUSED
+    replays = {
+        "another reason": (ch, hello, TOKEN, f.Refused("revoked", answer.signature)),
+        "another handshake": (hs.challenge(SERVER, hs.new_nonce(b"\x09" * 32)), hello, TOKEN,
+                              answer),
+        "another token": (ch, hello, new_token(b"\x07" * 32), answer),
+    }
+    for name, (c, h, token, frame) in replays.items():
+        with pytest.raises(HandshakeRefused):
+            hs.check_refused(CLIENT, c, h, token, frame, SERVER.public_key)
+            pytest.fail(name)
 
 
 def test_client_refuses_a_challenge_from_another_device() -> None:
@@ -179,7 +205,7 @@ def open_link(window: int = 2) -> SenderLink:
     link.receive(f.encode(hs.challenge(SERVER, NS)))
     hello = f.parse(link.frames_to_send()[0])
     assert isinstance(hello, f.Hello)
-    link.receive(f.encode(hs.accept_hello(SERVER, NS, hello, grant(), TOKEN)))
+    link.receive(f.encode(hs.answer_hello(SERVER, NS, hello, grant(), TOKEN)))
     assert link.state is LinkState.OPEN
     return link
 
@@ -222,16 +248,15 @@ def test_revoked_frame_closes_the_link_and_fails_everything_held() -> None:
         link.offer([Outgoing("m9", "x")])
 
 
-def test_refusal_at_upgrade_is_terminal_only_when_retrying_cannot_help() -> None:
-    for reason, terminal in (("revoked", True), ("unknown", True), ("paused", True),
-                             ("503", False), ("token_in_query", False)):
+def test_a_refusal_at_the_upgrade_is_retried_whatever_it_says() -> None:
+    """An HTTP answer can come from anyone at the peer's address: the pairing stands."""
+    for reason in ("revoked", "unknown", "paused", "503", "token_in_query"):
         link = SenderLink(CLIENT, SERVER.device_id, SERVER.public_key, TOKEN)
         link.offer([Outgoing("m0", "x")])
         link.refused(reason)
         [effect] = link.effects()
-        assert isinstance(effect, Terminal if terminal else Retry), reason
-        if terminal:
-            assert effect.status == ("paused" if reason == "paused" else "revoked")
+        assert isinstance(effect, Retry) and effect.ids == ("m0",) and effect.unproven, reason
+        assert link.state is LinkState.IDLE
 
 
 def test_illegal_inputs_raise_and_leave_the_state_alone() -> None:
@@ -243,14 +268,50 @@ def test_illegal_inputs_raise_and_leave_the_state_alone() -> None:
     assert link.state is LinkState.IDLE
 
 
-def test_a_server_failing_its_signature_is_terminal() -> None:
+def handshaking_link() -> tuple[SenderLink, f.Challenge, f.Hello]:
+    link = SenderLink(CLIENT, SERVER.device_id, SERVER.public_key, TOKEN)
+    link.offer([Outgoing("m0", "x"), Outgoing("m1", "y")])
+    link.connected(NC)
+    ch = hs.challenge(SERVER, NS)
+    link.receive(f.encode(ch))
+    hello = f.parse(link.frames_to_send()[0])
+    assert isinstance(hello, f.Hello)
+    return link, ch, hello
+
+
+def test_only_a_refusal_signed_by_the_pinned_key_ends_the_pairing() -> None:
+    unsigned = {
+        "a forged welcome": f.Welcome("A" * 86),
+        "a forbidden error": f.Error(None, "forbidden", "revoked"),
+        "a revoked frame before the welcome": f.Revoked("revoked"),
+        "a refusal signed by another key": hs.answer_hello(OTHER, NS, handshaking_link()[2],
+                                                           None, TOKEN),
+    }
+    for name, frame in unsigned.items():
+        link, _, _ = handshaking_link()
+        link.receive(f.encode(frame))
+        [effect] = link.effects()
+        assert isinstance(effect, Retry) and effect.ids == ("m0", "m1"), name
+        assert effect.unproven and link.state is LinkState.IDLE, name
+    for grant_status, status in (("revoked", "revoked"), ("paused", "paused"),
+                                 (None, "revoked")):
+        link, _, hello = handshaking_link()
+        g = None if grant_status is None else grant(status=grant_status)
+        link.receive(f.encode(hs.answer_hello(SERVER, NS, hello, g, TOKEN)))
+        [effect] = link.effects()
+        assert effect == Terminal(("m0", "m1"), effect.reason, status), grant_status
+        assert link.state is LinkState.CLOSED
+
+
+def test_a_challenge_from_another_device_is_retried_not_final() -> None:
+    """A stale URL now pointing at another kinbox device: its rows wait for the real one."""
     link = SenderLink(CLIENT, SERVER.device_id, SERVER.public_key, TOKEN)
     link.offer([Outgoing("m0", "x")])
     link.connected(NC)
-    link.receive(f.encode(hs.challenge(SERVER, NS)))
-    link.frames_to_send()
-    link.receive(f.encode(f.Welcome("A" * 86)))
-    assert isinstance(link.effects()[0], Terminal) and link.state is LinkState.CLOSED
+    link.receive(f.encode(hs.challenge(OTHER, NS)))
+    assert link.frames_to_send() == []  # nothing signed for a stranger
+    [effect] = link.effects()
+    assert isinstance(effect, Retry) and effect.unproven and "wrong_device" in effect.reason
 
 
 # -- the receiver core ---------------------------------------------------------------------
@@ -279,13 +340,9 @@ def test_receiver_rate_limit_closes_a_flooding_connection() -> None:
     assert isinstance(actions[-1], receiver.Close) and core.closed
 
 
-def test_a_handshake_refused_for_a_reason_that_cannot_heal_is_terminal() -> None:
-    for reason, terminal in (("wrong_device", True), ("bad_signature", True),
-                             ("malformed", False)):
-        link = SenderLink(CLIENT, SERVER.device_id, SERVER.public_key, TOKEN)
-        link.offer([Outgoing("m0", "x")])
-        link.connected(NC)
-        link.receive(f.encode(hs.challenge(SERVER, NS)))
-        link.receive(f.encode(f.Error(None, "forbidden", reason)))
+def test_a_handshake_error_is_retried_and_flagged_only_when_it_is_a_refusal() -> None:
+    for code, unproven in (("forbidden", True), ("unavailable", False)):
+        link, _, _ = handshaking_link()
+        link.receive(f.encode(f.Error(None, code, "malformed")))
         [effect] = link.effects()
-        assert isinstance(effect, Terminal if terminal else Retry), reason
+        assert isinstance(effect, Retry) and effect.unproven is unproven, code

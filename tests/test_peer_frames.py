@@ -37,6 +37,7 @@ VALID = [
     f.Ping("p"),
     f.Pong("p"),
     f.Revoked("paused"),
+    f.Refused("revoked", SIG),
 ]
 
 
@@ -73,6 +74,7 @@ REFUSED = [
     ("bad_field", wire(type="challenge", device_id="XYZ", nonce=NONCE)),
     ("bad_field", wire(type="error", id=None, code="whatever", message="")),
     ("bad_field", wire(type="revoked", status="active")),
+    ("bad_field", wire(type="refused", reason="malformed", signature="A" * 86)),
 ]
 
 

@@ -7,6 +7,7 @@ misbehaving peers. Every check reads the databases the runtimes wrote.
 
 from __future__ import annotations
 
+import io
 import json
 import random
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from kinbox.actors import ManualClock, Runtime, SystemClock, ToolError
+from kinbox.actors.cli import main
 from kinbox.persistence.inbox_core import PEER, backoff_delay
 from kinbox.persistence.peers import OUTBOUND
 from kinbox.transport import frames as f
@@ -130,9 +132,13 @@ class Peer:
         hello = hs.hello(me, ch, token, hs.new_nonce(random.randbytes(32)), self.server_id)
         ws.send(f.encode(hello))
         welcome = f.parse(ws.recv(5))
+        if isinstance(welcome, f.Refused):  # proved to be the paired device's refusal
+            ws.close()
+            raise PermissionError(hs.check_refused(me, ch, hello, token, welcome,
+                                                   self.server_key).value)
         if not isinstance(welcome, f.Welcome):
             ws.close()
-            raise PermissionError(getattr(welcome, "message", welcome.TYPE))
+            raise PermissionError(f"unsigned {getattr(welcome, 'message', welcome.TYPE)}")
         hs.check_welcome(me, ch, hello, token, welcome, self.server_key)
         return ws
 
@@ -499,3 +505,96 @@ def test_a_message_no_peer_frame_can_carry_is_refused_before_anything_is_written
     assert sender.inbox() == []
     tools.agent_send(f"peer:{rec.device_id}", "\U0001f600" * 10_000)  # 40 KB: fits
     wait_for(delivered(sender, 1), 30, "the message that fits")
+
+
+# -- who may end a pairing -----------------------------------------------------------------
+
+
+def test_a_revoke_is_heard_on_a_new_link_as_a_refusal_signed_by_the_peer(
+        receiver: Receiver, sender: Runtime) -> None:
+    """No live link to carry a ``revoked`` frame: the next link's handshake is refused, with
+    the receiver's signature, and only that makes the sender give the pairing up."""
+    rec = sender.peers.pair(receiver.http, receiver.invite())
+    receiver.peers("revoke", sender.peers.identity.device_id)
+    [mid] = send_many(sender, rec.device_id, 1)
+    wait_for(lambda: sender.context.journal.get(mid)["status"] == "failed", 20, "the failure")
+    row = sender.context.journal.get(mid)
+    assert row["attempts"] == 1 and "revoked" in row["last_error"]
+    assert sender.peers.peers.device(rec.device_id, OUTBOUND).status == "revoked"  # type: ignore[union-attr]
+
+
+STRANGERS = ["http 403 revoked", "another device's challenge", "an unsigned refusal",
+             "a refusal signed by another key"]
+
+
+@pytest.mark.parametrize("stranger", STRANGERS)
+def test_a_stranger_at_the_peers_address_cannot_end_the_pairing(
+        receiver: Receiver, tmp_path: Path, stranger: str) -> None:
+    """A stale URL or a stranger on it refused the link (an HTTP 403, a ``forbidden``
+    frame, a challenge from another device) and the sender marked the pairing revoked and
+    failed its rows for good. Now the rows wait for the real peer and the operator sees why."""
+    import asyncio
+    import threading
+
+    import websockets
+    from websockets.http11 import Request, Response
+
+    clock = ManualClock()
+    rt = Runtime(db=f"sqlite:///{tmp_path / 's' / 'sender.db'}", brain=quiet_brain,
+                 clock=clock)
+    rt.start()
+    stop = threading.Event()
+    try:
+        rec = rt.peers.pair(receiver.http, receiver.invite())
+        receiver.kill()
+        other = DeviceIdentity.generate()
+
+        def deny(conn: websockets.ServerConnection, _req: Request) -> Response | None:
+            if stranger == "http 403 revoked":
+                return conn.respond(403, '{"error": "revoked"}')
+            return None
+
+        async def answer(ws: websockets.ServerConnection) -> None:
+            me = other.device_id if stranger == "another device's challenge" else rec.device_id
+            nonce = hs.new_nonce(random.randbytes(32))
+            await ws.send(f.encode(f.Challenge(me, nonce)))
+            hello = f.parse(await ws.recv())
+            assert isinstance(hello, f.Hello)
+            if stranger == "an unsigned refusal":
+                await ws.send(f.encode(f.Error(None, "forbidden", "revoked")))
+            else:  # signs like a real server, with its own key
+                await ws.send(f.encode(hs.answer_hello(other, nonce, hello, None,
+                                                       "kbt_" + "A" * 43)))
+            await ws.wait_closed()
+
+        async def serve() -> None:
+            async with websockets.serve(answer, "127.0.0.1", receiver.port,
+                                        process_request=deny):
+                await asyncio.to_thread(stop.wait)
+
+        server = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+        server.start()
+        wait_for(lambda: port_open(receiver.port), 10, "the stranger")
+        [mid] = send_many(rt, rec.device_id, 1)
+        journal = rt.context.journal
+        wait_for(lambda: journal.get(mid)["attempts"] == 1, 20, "the retry")
+        row = journal.get(mid)
+        device = rt.peers.peers.device(rec.device_id, OUTBOUND)
+        assert device is not None and (row["status"], device.status) == ("pending", "active")
+        assert device.last_error == row["last_error"]
+        listed = io.StringIO()
+        assert main(["peers", "list", "--db", f"sqlite:///{tmp_path / 's' / 'sender.db'}"],
+                    out=listed) == 0
+        assert f"! {row['last_error']}" in listed.getvalue()  # the operator sees why
+        stop.set()
+        server.join(10)
+        receiver.start()  # the real peer is back at its address
+        clock.advance(backoff_delay(1, PEER.cap))
+        wait_for(lambda: journal.get(mid)["status"] == "delivered", 20, "the delivery")
+        me = rt.peers.identity.device_id
+        assert receiver.peer_rows(me) == [f"peer-{me}-{mid}"]
+        wait_for(lambda: rt.peers.peers.device(rec.device_id, OUTBOUND).last_error is None,  # type: ignore[union-attr]
+                 10, "the problem to clear")
+    finally:
+        stop.set()
+        rt.stop()

@@ -105,10 +105,10 @@ class LinkStateError(TransportError):
 
 
 class PeerUnavailable(TransportError):
-    """The peer could not be reached, or it refused us. ``terminal``: retrying cannot help."""
+    """The peer could not be reached, or its address refused the upgrade (``status``, the
+    HTTP status). Never final by itself: only a refusal the peer signs ends a pairing."""
 
-    def __init__(self, reason: str, *, terminal: bool, status: int | None = None) -> None:
+    def __init__(self, reason: str, *, status: int | None = None) -> None:
         super().__init__(f"peer unavailable ({reason})")
         self.reason = reason
-        self.terminal = terminal
         self.status = status

@@ -9,7 +9,8 @@ reads the frame's meaning. Pure: no sockets.
 
 Data frames: ``deliver``, ``ack``, ``read``, ``stop``, ``result``, ``error``.
 Control frames: ``challenge``, ``hello``, ``welcome`` (the handshake),
-``pair``, ``paired`` (pairing), ``ping``, ``pong``, ``revoked``.
+``pair``, ``paired`` (pairing), ``ping``, ``pong``, ``revoked``, and ``refused``,
+the server's signed refusal that ends a handshake.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from .errors import FrameError
+from .grants import TERMINAL_REFUSALS
 
 VERSION = 1
 MAX_FRAME_BYTES = 64 * 1024
@@ -31,7 +33,11 @@ TEXT_LIMIT = 20_000
 
 ERROR_CODES = ("bad_frame", "rate_limited", "rejected", "forbidden", "unavailable", "internal")
 """``error`` codes; ``rejected`` is terminal for the message it names. A ``forbidden``
-error that ends a handshake carries the :class:`~.grants.Refusal` code as its message."""
+error that ends a handshake carries the :class:`~.grants.Refusal` code as its message;
+a sender retries it, since nothing proves who sent it (``refused`` does)."""
+
+REFUSED_REASONS = tuple(sorted(r.value for r in TERMINAL_REFUSALS))
+"""The refusals a server signs: those a sender cannot heal by retrying."""
 
 Check = Callable[[Any], bool]
 
@@ -226,9 +232,20 @@ class Revoked(Frame):
     status: str
 
 
+@dataclass(frozen=True)
+class Refused(Frame):
+    """Server's signed refusal of a handshake, checked against the key the client pinned:
+    the only refusal a sender takes as final (a stranger at the peer's URL cannot sign)."""
+
+    TYPE = "refused"
+    CHECKS = {"reason": _one_of(*REFUSED_REASONS), "signature": SIGNATURE}
+    reason: str
+    signature: str
+
+
 FRAME_TYPES: dict[str, type[Frame]] = {c.TYPE: c for c in (
     Deliver, Ack, Read, Stop, Result, Error, Challenge, Hello, Welcome, Pair, Paired, Ping,
-    Pong, Revoked)}
+    Pong, Revoked, Refused)}
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -73,7 +73,9 @@ class Refusal(StrEnum):
 
 TERMINAL_REFUSALS = frozenset({Refusal.UNKNOWN, Refusal.PAUSED, Refusal.REVOKED,
                                Refusal.WRONG_DEVICE, Refusal.BAD_SIGNATURE})
-"""Refusals a sender cannot heal by retrying: its rows fail at once (I5)."""
+"""Refusals a sender cannot heal by retrying. The server signs them in the handshake, and
+a sender fails its rows at once only for one of these with a valid signature (a refusal
+anyone at the peer's address could send is retried with the backoff)."""
 
 HTTP_STATUS: dict[Refusal, int] = {
     Refusal.NO_TOKEN: 401, Refusal.MALFORMED: 401, Refusal.TOKEN_IN_QUERY: 400,

@@ -5,13 +5,18 @@ Link handshake (after the upgrade request's bearer token matched a grant)::
     server -> challenge {device_id: S, nonce: Ns}
     client -> hello     {device_id: C, nonce: Nc, signature: sign_C(hello_transcript)}
     server -> welcome   {signature: sign_S(welcome_transcript)}
+           | refused {reason: R, signature: sign_S(refused_transcript(R))}
 
 The client's signature covers both nonces, both device ids and the hash of
 the token it presented, so it proves the token's holder owns the device key
 the grant was bound to at pairing; the server's covers the same and is
 checked against the key the client pinned, so a stranger at the peer's URL
-is found out. Pairing runs the same way with ``pair`` / ``paired`` and the
-one-time code in place of the token. Nonces come in as arguments.
+is found out. A grant the server refuses (unknown token, paused, revoked,
+another device's token, a bad signature) is refused the same way, signed:
+the sender gives its rows up only on a refusal that proves the peer sent it,
+so whoever answers at the peer's address cannot end a pairing. Pairing runs
+the same way with ``pair`` / ``paired`` and the one-time code in place of the
+token. Nonces come in as arguments.
 """
 
 from __future__ import annotations
@@ -57,21 +62,25 @@ def hello(identity: DeviceIdentity, ch: f.Challenge, token: str, client_nonce: s
     return f.Hello(identity.device_id, client_nonce, identity.sign(data))
 
 
-def accept_hello(identity: DeviceIdentity, server_nonce: str, frame: f.Hello,
-                 grant: GrantView | None, token: str) -> f.Welcome:
-    """Server: check the client's proof against the grant; the welcome, or HandshakeRefused."""
+def answer_hello(identity: DeviceIdentity, server_nonce: str, frame: f.Hello,
+                 grant: GrantView | None, token: str) -> f.Welcome | f.Refused:
+    """Server: the welcome if the client's proof holds against the grant, else a refusal
+    signed over the same transcript, so the client can tell it from a stranger's."""
     refusal = check_grant(grant, token)
+    if refusal is None:
+        assert grant is not None
+        data = _transcript("hello", identity.device_id, frame.device_id, server_nonce,
+                           frame.nonce, grant.token_hash)
+        if frame.device_id != grant.device_id:
+            refusal = Refusal.WRONG_DEVICE  # the token belongs to another device
+        elif not verify(grant.public_key, frame.signature, data):
+            refusal = Refusal.BAD_SIGNATURE
     if refusal is not None:
-        raise HandshakeRefused(refusal)
-    assert grant is not None
-    if frame.device_id != grant.device_id:
-        raise HandshakeRefused(Refusal.WRONG_DEVICE, "the token belongs to another device")
-    data = _transcript("hello", identity.device_id, frame.device_id, server_nonce, frame.nonce,
-                       grant.token_hash)
-    if not verify(grant.public_key, frame.signature, data):
-        raise HandshakeRefused(Refusal.BAD_SIGNATURE)
+        data = _transcript(f"refused:{refusal.value}", identity.device_id, frame.device_id,
+                           server_nonce, frame.nonce, secret_hash(token))
+        return f.Refused(refusal.value, identity.sign(data))
     welcome_data = _transcript("welcome", identity.device_id, frame.device_id, server_nonce,
-                               frame.nonce, grant.token_hash)
+                               frame.nonce, secret_hash(token))
     return f.Welcome(identity.sign(welcome_data))
 
 
@@ -83,6 +92,18 @@ def check_welcome(identity: DeviceIdentity, ch: f.Challenge, sent: f.Hello, toke
     if not verify(pinned_key, frame.signature, data):
         raise HandshakeRefused(Refusal.BAD_SIGNATURE, "the server's signature does not match "
                                "the key pinned at pairing")
+
+
+def check_refused(identity: DeviceIdentity, ch: f.Challenge, sent: f.Hello, token: str,
+                  frame: f.Refused, pinned_key: str) -> Refusal:
+    """Client: the refusal's code if the pinned key signed it for this handshake, else
+    HandshakeRefused (anyone at the peer's URL can send a refusal; only the peer can sign)."""
+    data = _transcript(f"refused:{frame.reason}", ch.device_id, identity.device_id, ch.nonce,
+                       sent.nonce, secret_hash(token))
+    if not verify(pinned_key, frame.signature, data):
+        raise HandshakeRefused(Refusal.BAD_SIGNATURE, "a refusal not signed by the key "
+                               "pinned at pairing")
+    return Refusal(frame.reason)
 
 
 # -- pairing -----------------------------------------------------------------------------

@@ -12,9 +12,17 @@ leaves the state as it was)::
     IDLE       --connected-->        HANDSHAKE  (waiting for the challenge)
     HANDSHAKE  --challenge-->        HANDSHAKE  (hello sent, waiting for welcome)
     HANDSHAKE  --welcome-->          OPEN       (window flushed)
+    HANDSHAKE  --refused (signed)--> CLOSED     (terminal: every leased row fails)
+    HANDSHAKE  --anything else-->    IDLE       (retried: nothing proves who refused)
     OPEN       --ack/error/result--> OPEN
-    any        --revoked-->          CLOSED     (terminal: every leased row fails)
+    OPEN       --revoked-->          CLOSED     (terminal: every leased row fails)
     any        --connection_lost-->  IDLE       (leased rows retried by the journal)
+
+Only the pinned key ends a pairing: a refusal at the upgrade, an unsigned
+``forbidden`` error, a ``revoked`` frame before the welcome, a challenge from
+another device or a bad signature could come from whoever holds the peer's
+address now (a stale URL, a stranger on the LAN), so they are retried like a
+dropped link, flagged ``unproven`` for the operator.
 
 The window: at most ``window`` ``deliver`` frames are unacknowledged at
 once. Resume: a row that was sent but not acknowledged when the link
@@ -32,7 +40,7 @@ from enum import StrEnum
 from . import frames as f
 from . import handshake
 from .errors import FrameError, HandshakeRefused, LinkStateError
-from .grants import TERMINAL_REFUSALS, Refusal
+from .grants import Refusal
 from .identity import DeviceIdentity
 
 
@@ -71,10 +79,16 @@ class Rejected:
 
 @dataclass(frozen=True)
 class Retry:
-    """The link dropped or could not open: these rows count a failed attempt."""
+    """The link dropped or could not open: these rows count a failed attempt.
+
+    ``unproven``: something at the peer's address refused us or answered as another
+    device without the pinned key's signature; worth telling the operator, who may have
+    a stale URL or a stranger on it, but no reason to give the pairing up.
+    """
 
     ids: tuple[str, ...]
     reason: str
+    unproven: bool = False
 
 
 @dataclass(frozen=True)
@@ -154,10 +168,10 @@ class SenderLink:
         except FrameError as exc:
             self._lost(f"the peer sent a bad frame ({exc.reason})")
             return
-        if isinstance(frame, f.Revoked):
-            self._terminal(f"the peer {frame.status} this device's grant", frame.status)
-        elif self.state is LinkState.HANDSHAKE:
+        if self.state is LinkState.HANDSHAKE:
             self._handshake(frame)
+        elif isinstance(frame, f.Revoked):  # on a link the welcome proved is the peer's
+            self._terminal(f"the peer {frame.status} this device's grant", frame.status)
         elif isinstance(frame, f.Ack):
             self._ack(frame.id)
         elif isinstance(frame, f.Error):
@@ -169,12 +183,10 @@ class SenderLink:
         # pong and anything else a sender need not act on are ignored
 
     def refused(self, reason: str) -> None:
-        """The upgrade request was refused with ``reason`` (a Refusal code, or other text)."""
-        if reason in {r.value for r in TERMINAL_REFUSALS}:
-            self._terminal(f"the peer refused this device ({reason})",
-                           "paused" if reason == Refusal.PAUSED else "revoked")
-        else:
-            self._lost(f"the peer refused the connection ({reason})")
+        """The upgrade request was refused with ``reason``: retried like a lost link, since
+        an HTTP answer proves nothing about who sent it (a peer refuses for good by signing
+        a ``refused`` frame in the handshake)."""
+        self._lost(f"the peer's address refused the connection ({reason})", unproven=True)
 
     def connection_lost(self, reason: str) -> None:
         """The socket closed or could not be opened."""
@@ -223,15 +235,22 @@ class SenderLink:
                                         frame, self.pinned_key)
                 self.state = LinkState.OPEN
                 self._flush()
-            elif isinstance(frame, f.Error) and frame.code == "forbidden":
-                self.refused(frame.message)  # a handshake refusal names its Refusal code
+            elif isinstance(frame, f.Refused) and self._challenge and self._hello:
+                why = handshake.check_refused(self.identity, self._challenge, self._hello,
+                                              self.token, frame, self.pinned_key)
+                self._terminal(f"the peer refused this device ({why.value})",
+                               "paused" if why is Refusal.PAUSED else "revoked")
             elif isinstance(frame, f.Error):
-                self._lost(f"the peer refused the handshake ({frame.code}: {frame.message})")
+                self._lost(f"the peer refused the handshake ({frame.code}: {frame.message})",
+                           unproven=frame.code == "forbidden")
             else:
-                self._lost(f"unexpected {frame.TYPE} frame during the handshake")
+                self._lost(f"unexpected {frame.TYPE} frame during the handshake",
+                           unproven=isinstance(frame, f.Revoked))
         except HandshakeRefused as exc:
-            # The server is not who we paired with: retrying cannot make it so.
-            self._terminal(f"the peer failed its handshake ({exc.reason})")
+            # Whoever answers is not the device we paired with (or cannot prove it): the
+            # pairing stands, and the rows wait for the real peer with the backoff.
+            self._lost(f"the peer's address did not prove the paired key ({exc.reason}: "
+                       f"{exc})", unproven=True)
 
     def _flush(self) -> None:
         if self.state is not LinkState.OPEN:
@@ -268,10 +287,10 @@ class SenderLink:
         self._queued.clear()
         return ids
 
-    def _lost(self, reason: str) -> None:
+    def _lost(self, reason: str, *, unproven: bool = False) -> None:
         ids = self._settle_all()
-        if ids:
-            self._effects.append(Retry(ids, reason))
+        if ids or unproven:
+            self._effects.append(Retry(ids, reason, unproven))
         self.state = LinkState.IDLE
 
     def _terminal(self, reason: str, status: str = "revoked") -> None:

@@ -2,7 +2,7 @@
 
 Thin: :func:`connect_link` opens ``/peers/link`` with the bearer token in
 the ``Authorization`` header and turns every way the peer can refuse into
-:class:`PeerUnavailable` (``terminal`` when retrying cannot help);
+:class:`PeerUnavailable` (an address's refusal, never final: see :mod:`.link`);
 :func:`pair_with` runs the pairing steps of :mod:`.handshake` over
 ``/peers/pair``. The link protocol itself is :class:`~.link.SenderLink`'s.
 """
@@ -20,7 +20,6 @@ from websockets.sync.client import ClientConnection, connect
 from . import frames as f
 from . import handshake
 from .errors import FrameError, HandshakeRefused, PeerUnavailable
-from .grants import TERMINAL_REFUSALS
 from .identity import DeviceIdentity
 
 OPEN_TIMEOUT = 5.0
@@ -43,8 +42,7 @@ def _refusal(exc: InvalidStatus) -> PeerUnavailable:
         reason = str(json.loads(exc.response.body or b"{}").get("error", status))
     except (ValueError, AttributeError):
         reason = str(status)
-    return PeerUnavailable(reason, terminal=reason in {r.value for r in TERMINAL_REFUSALS},
-                           status=status)
+    return PeerUnavailable(reason, status=status)
 
 
 def _open(uri: str, headers: dict[str, str] | None, timeout: float) -> ClientConnection:
@@ -59,7 +57,7 @@ def _open(uri: str, headers: dict[str, str] | None, timeout: float) -> ClientCon
     except InvalidStatus as exc:
         raise _refusal(exc) from None
     except (OSError, TimeoutError, WebSocketException) as exc:
-        raise PeerUnavailable(f"cannot connect: {type(exc).__name__}", terminal=False) from None
+        raise PeerUnavailable(f"cannot connect: {type(exc).__name__}") from None
 
 
 @contextmanager
@@ -93,4 +91,4 @@ def _pair(ws: ClientConnection, identity: DeviceIdentity, code: str, name: str, 
         handshake.check_paired(identity, ch, request, answer)
         return answer
     except (TimeoutError, WebSocketException, FrameError) as exc:
-        raise PeerUnavailable(f"pairing failed: {type(exc).__name__}", terminal=False) from None
+        raise PeerUnavailable(f"pairing failed: {type(exc).__name__}") from None

@@ -7,9 +7,11 @@ reaches the runtime only through the :class:`PeerBackend` protocol (every
 backend call may block on the database, so it runs in a worker thread,
 never on the event loop).
 
-Before the upgrade is accepted the Host and Origin headers and the bearer
-token are checked; a refusal is an HTTP answer with ``{"error": <reason>}``
-and creates no state. Consecutive deliveries are committed in one batch
+Before the upgrade is accepted the Host and Origin headers and the form of
+the bearer token are checked; a refusal is an HTTP answer with
+``{"error": <reason>}``. The grant itself is checked in the handshake, where
+a refusal is signed (a sender gives a pairing up only on a signed refusal).
+No refusal creates state. Consecutive deliveries are committed in one batch
 and acknowledged in order after the commit. A watcher re-reads the grant's
 status a few times a second and closes the link (after a ``revoked``
 frame) once it is paused or revoked.
@@ -36,7 +38,6 @@ from .grants import (
     InviteView,
     Refusal,
     bearer_token,
-    check_grant,
     check_invite,
     new_token,
     secret_hash,
@@ -132,22 +133,22 @@ class PeerEndpoint:
         return [WebSocketRoute("/peers/link", self.link), WebSocketRoute("/peers/pair", self.pair)]
 
     async def link(self, ws: WebSocket) -> None:
-        """An inbound peer link: check, handshake, then carry frames."""
+        """An inbound peer link: check, handshake, then carry frames.
+
+        A request with no well-formed token (or from a browser or a foreign Host) is
+        refused at the upgrade; a token the grants refuse is refused in the handshake,
+        signed, so the sender can tell the refusal is this device's (see :mod:`.handshake`).
+        """
         b = self.backend
         refusal = _precheck(ws, self.allowed_hosts)
         token, why = bearer_token(ws.headers.get("authorization"),
                                   ws.scope.get("query_string", b"").decode("latin-1"))
         refusal = refusal or (why.value if why else None)
-        grant = None
-        if refusal is None:
-            assert token is not None
-            grant = await asyncio.to_thread(b.grant_for, secret_hash(token))
-            bad = check_grant(grant, token)
-            refusal = bad.value if bad else None
         if refusal is not None:
             await _deny(ws, refusal)
             return
-        assert grant is not None and token is not None
+        assert token is not None
+        grant = await asyncio.to_thread(b.grant_for, secret_hash(token))
         await ws.accept()
         nonce = handshake.new_nonce(b.random(handshake.NONCE_BYTES))
         try:
@@ -155,7 +156,7 @@ class PeerEndpoint:
             hello = f.parse(await _receive_text(ws, HANDSHAKE_TIMEOUT))
             if not isinstance(hello, f.Hello):
                 raise HandshakeRefused(Refusal.MALFORMED, f"expected hello, got {hello.TYPE}")
-            welcome = handshake.accept_hello(b.identity, nonce, hello, grant, token)
+            answer = handshake.answer_hello(b.identity, nonce, hello, grant, token)
         except (FrameError, HandshakeRefused, TimeoutError) as exc:
             reason = getattr(exc, "reason", "timeout")
             log.info("peer handshake refused: %s", reason)
@@ -165,7 +166,14 @@ class PeerEndpoint:
             return
         except WebSocketDisconnect:
             return
-        await ws.send_text(f.encode(welcome))
+        if isinstance(answer, f.Refused):
+            log.info("peer handshake refused: %s", answer.reason)
+            with contextlib.suppress(Exception):
+                await ws.send_text(f.encode(answer))
+                await ws.close(code=1008)
+            return
+        assert grant is not None
+        await ws.send_text(f.encode(answer))
         await asyncio.to_thread(b.seen, grant.device_id)
         await _Session(ws, b, grant).run()
 
