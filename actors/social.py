@@ -50,7 +50,8 @@ SOCIAL_KIND = "social_message"
 """The kind of the message a social event's turn starts with."""
 DEFAULT_QUEUE_BOUND = 256
 RECENT_IDS = 10_000
-"""How many accepted event ids are remembered, so a platform's retry is not run twice."""
+"""How many accepted event ids are remembered, so a platform's retry is not run twice (at
+a start, the newest ones the database holds: committed turns' and the inbox's)."""
 
 
 @dataclass
@@ -130,9 +131,16 @@ class SocialService:
     # -- life cycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the consumer (only in a runtime that runs turns)."""
+        """Start the consumer (only in a runtime that runs turns), remembering the event
+        ids the database already holds, so a platform's retry after a restart runs
+        nothing twice either."""
         if self.turns is None or self._consumer is not None:
             return
+        held = self.ctx.store.recent_message_ids(SOCIAL_KIND, RECENT_IDS)
+        with self._lock:
+            self._recent = OrderedDict.fromkeys([*held, *self._recent])
+            while len(self._recent) > RECENT_IDS:
+                self._recent.popitem(last=False)
         self._consumer = threading.Thread(target=self._consume, name="kinbox-social",
                                           daemon=True)
         self._consumer.start()
@@ -362,7 +370,8 @@ class SocialService:
         channel too: an event a stop handed to the inbox by its own reply route, an
         ``agent_send`` to the thread by the thread's last one."""
         events = [m for m in turn.messages if m.kind == SOCIAL_KIND]
-        if (not outcome.ok or not turn.replies or not turn.session_id.startswith("social-")
+        if (not outcome.ok or not turn.replies
+                or not turn.session_id.startswith(rules.SESSION_PREFIX)
                 or (events and turn.row is None) or self.turns is None):
             return None  # a social event's own (direct) turn sends its replies itself
         effects = TurnEffects()

@@ -175,6 +175,10 @@ def normalize(raw: object, event_id: str, platform: str | None = None) -> Social
                        dict(route))
 
 
+SESSION_PREFIX = "social-"
+"""What every social thread's session id starts with."""
+
+
 def session_id_for(platform: str, thread_id: str) -> str:
     """The session of a thread: ``social-<platform>-<thread>``, the thread kept when safe.
 
@@ -183,9 +187,9 @@ def session_id_for(platform: str, thread_id: str) -> str:
     session.
     """
     if SAFE_THREAD_RE.fullmatch(thread_id) and not thread_id.startswith("h_"):
-        return f"social-{platform}-{thread_id}"
+        return f"{SESSION_PREFIX}{platform}-{thread_id}"
     digest = hashlib.sha256(thread_id.encode()).hexdigest()[:24]
-    return f"social-{platform}-h_{digest}"
+    return f"{SESSION_PREFIX}{platform}-h_{digest}"
 
 
 def authorized(allowlist: Mapping[str, frozenset[str]], platform: str, sender_id: str) -> bool:

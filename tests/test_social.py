@@ -272,6 +272,56 @@ def test_a_platform_retrying_a_delivery_with_its_event_id_runs_it_once(
     assert rt.social.statistics()["duplicates"] == 1
 
 
+def test_a_platform_retrying_after_a_restart_runs_nothing_twice(
+        make_runtime: MakeRuntime) -> None:
+    """The ids of accepted events lived in memory only: a platform that retried a delivery
+    across a restart (a deploy, its retry timer longer than the restart) ran the turn again
+    and the user got the answer twice. A start remembers what the database holds."""
+    brain = SocialBrain()
+    sent: list[str] = []
+
+    def start() -> Runtime:
+        rt = make_runtime(brain=brain)
+        rt.social.allow("slack", ["U1"])
+        rt.social.register_channel("slack", send=lambda route, text: sent.append(text))
+        return rt
+
+    rt = start()
+    rt.social.ingest(event("once please", event_id="Ev-7"))
+    rt.social.ingest(event("other thread", thread="T2", event_id="Ev-8"))
+    assert rt.social.wait_idle(10)
+    rt.stop()
+    again = start()
+    assert again.social.ingest(event("once please", event_id="Ev-7"))["duplicate"] is True
+    assert again.social.ingest(event("other thread", thread="T2", event_id="Ev-8")
+                               )["duplicate"] is True
+    assert again.social.ingest(event("new one", event_id="Ev-9"))["duplicate"] is False
+    assert again.social.wait_idle(10)
+    assert sorted(brain.turns) == [["new one"], ["once please"], ["other thread"]]
+    assert len(sent) == 3 and again.social.statistics()["duplicates"] == 2
+
+
+def test_the_ids_a_start_remembers_are_committed_turns_and_waiting_inbox_rows(
+        make_runtime: MakeRuntime) -> None:
+    from kinbox.persistence import NewMessage, TurnEntry
+
+    rt = make_runtime()  # send-only: nothing runs, the rows wait
+    store, journal = rt.context.store, rt.context.journal
+    for sid in ("social-slack-T1", "social-irc-T2"):
+        store.create_session(sid, None, sid, "social", rt.clock.now())
+    for mid, sid, kind in (("social-slack-a", "social-slack-T1", "social_message"),
+                           ("social-irc-b", "social-irc-T2", "social_message"),
+                           ("a-chat", "social-slack-T1", "agent_message")):
+        journal.enqueue(NewMessage(mid, sid, "hi", kind=kind), rt.clock.now())
+    store.append("social-slack-T1", [
+        TurnEntry("user", "x", True, "social-slack-c", kind="social_message"),
+        TurnEntry("user", "y", True, "chat-d", kind="agent_message"),
+        TurnEntry("assistant", "z", True)], rt.clock.now())
+    assert store.recent_message_ids("social_message", 10) == [
+        "social-slack-c", "social-slack-a", "social-irc-b"]
+    assert store.recent_message_ids("social_message", 2) == ["social-slack-a", "social-irc-b"]
+
+
 def test_an_async_brain_answers_social_events_and_takes_steering(
         make_runtime: MakeRuntime) -> None:
     import asyncio
