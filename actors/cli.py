@@ -81,8 +81,11 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     level = args.log_level or os.environ.get("KINBOX_LOG_LEVEL", "warning").lower()
     if level not in LOG_LEVELS:
         parser.error(f"KINBOX_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+    # The level is kinbox's; libraries (the scheduler, websockets, the ASGI server) say only
+    # what goes wrong, so `--log-level info` shows kinbox's own story and no one else's.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kinbox").setLevel(level.upper())
     if args.cpus is not None:
         try:
             cpu_pinning.pin_process(cpu_pinning.parse_cpus(args.cpus,

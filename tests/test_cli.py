@@ -132,3 +132,20 @@ def test_an_unopenable_database_is_a_clear_error() -> None:
     result = kinbox("inbox", "list", "--db", "sqlite:////no/such/dir/x.db")
     assert result.returncode == 1
     assert "no database file at" in result.stderr
+
+
+def test_the_log_level_is_kinboxs_and_libraries_say_only_what_goes_wrong() -> None:
+    """`--log-level info` printed APScheduler's INFO lines (every job added, every run)
+    among kinbox's own."""
+    code = ("import logging\n"
+            "from kinbox.actors.cli import main\n"
+            "main(['--log-level', 'info', 'scenario', 'list'])\n"
+            "for name in ('apscheduler.scheduler', 'websockets.server', 'kinbox.runtime'):\n"
+            "    logging.getLogger(name).info('info from %s', name)\n"
+            "    logging.getLogger(name).warning('warning from %s', name)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    said = {line.split(": ", 1)[1] for line in done.stderr.splitlines() if ": " in line}
+    assert said == {"info from kinbox.runtime", "warning from kinbox.runtime",
+                    "warning from apscheduler.scheduler", "warning from websockets.server"}
