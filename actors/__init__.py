@@ -12,6 +12,7 @@
 from importlib import metadata as _metadata
 
 from ..persistence.errors import (
+    DatabaseFailed,
     DatabaseInUse,
     DatabaseMissing,
     DatabaseOpenError,
@@ -52,6 +53,7 @@ __all__ = [
     "BrainRefError",
     "Clock",
     "ConfigError",
+    "DatabaseFailed",
     "DatabaseInUse",
     "DatabaseMissing",
     "DatabaseOpenError",

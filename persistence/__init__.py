@@ -20,6 +20,7 @@ from .database import (
 )
 from .db_clock import DatabaseClock
 from .errors import (
+    DatabaseFailed,
     DatabaseInUse,
     DatabaseMissing,
     DatabaseOpenError,
@@ -67,6 +68,7 @@ __all__ = [
     "CronRunRecord",
     "CronStore",
     "DatabaseClock",
+    "DatabaseFailed",
     "DatabaseInUse",
     "DatabaseMissing",
     "DatabaseOpenError",

@@ -2,8 +2,9 @@
 
 ``open_database`` is the one way in: ``sqlite:///path`` for the embedded
 default and ``postgresql://...`` for several processes sharing one database.
-Both go through playhouse's ``db_url`` so there is one code path; only the
-connection options differ. SQLite connections get WAL, ``synchronous=FULL``
+Both are kinbox's subclasses of peewee's databases, whose statements fail as
+kinbox errors (:mod:`.driver_errors`); the PostgreSQL settings are read from
+the URL by playhouse's ``db_url``. SQLite connections get WAL, ``synchronous=FULL``
 (an acknowledged message survives power loss), a busy timeout and foreign
 keys on *every* connection, since peewee opens one connection per thread.
 """
@@ -18,6 +19,7 @@ from typing import Literal
 import peewee
 from playhouse import db_url
 
+from .driver_errors import SqliteDatabase
 from .errors import DatabaseMissing, DatabaseOpenError
 from .pg_database import PostgresDatabase
 
@@ -138,7 +140,7 @@ def open_database(url: str, *, synchronous: Synchronous = "FULL",
         )
     try:
         # PostgreSQL: kinbox's own class (see pg_database), from the URL as db_url reads it.
-        db = (db_url.connect(url, **options) if scheme == "sqlite"
+        db = (SqliteDatabase(path, **options) if scheme == "sqlite"
               else PostgresDatabase(**_pg_settings(url)))
         db.connect(reuse_if_open=True)
         db.execute_sql("SELECT 1")

@@ -20,6 +20,9 @@ Decide on the types and their attributes, never on the message text::
         ├── DuplicateError         .kind, .field, .value: a unique value is already taken
         ├── DatabaseInUse          .path: another runtime process owns this SQLite file
         ├── LifeLockLost           .owner: the connection holding a runtime's life lock died
+        ├── DatabaseFailed         .kind, .sqlstate: a statement failed in the database or
+        │                          its driver (a lost connection, a lock timeout, a full
+        │                          disk, a value refused); also the peewee error it stands for
         └── WriterClosed           the group-commit writer was stopped
 """
 
@@ -121,6 +124,19 @@ class LifeLockLost(PersistenceError):
         super().__init__(f"runtime {owner} lost the database connection that holds its life "
                          f"lock ({reason}); other runtimes take its rows over")
         self.owner = owner
+
+
+class DatabaseFailed(PersistenceError):
+    """A statement failed in the database or in its driver. ``kind`` is the DB-API class
+    of the failure: ``OperationalError`` (a lost connection, a lock wait that timed out,
+    a full disk), ``InterfaceError`` (the connection is closed), ``IntegrityError``,
+    ``DataError``, ``ProgrammingError``... Raised by the databases kinbox opens in place of
+    peewee's error, and a subclass of it too (see :mod:`.driver_errors`). ``sqlstate``
+    is the SQLSTATE code PostgreSQL gave (``40P01`` a deadlock, ``57P01`` the server
+    shutting down...), None on SQLite."""
+
+    kind = "DatabaseError"
+    sqlstate: str | None = None
 
 
 class WriterClosed(PersistenceError):

@@ -44,6 +44,8 @@ from typing import Any
 
 import peewee as pw
 
+from .driver_errors import kinbox_errors
+
 _CONTROL = ("SAVEPOINT ", "RELEASE SAVEPOINT ")
 """The deferred statements that only structure a transaction: a transaction whose pending
 statements are its ``BEGIN`` and these ran nothing, and its end sends nothing."""
@@ -60,8 +62,10 @@ _ERRORS = pw.__exception_wrapper__
 that goes through peewee gets it."""
 
 
+@kinbox_errors
 class PostgresDatabase(pw.PostgresqlDatabase):  # type: ignore[misc]
-    """peewee's PostgreSQL database, with control statements deferred (see the module)."""
+    """peewee's PostgreSQL database, with control statements deferred (see the module),
+    failing with kinbox errors (:mod:`.driver_errors`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

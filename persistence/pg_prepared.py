@@ -49,19 +49,14 @@ from typing import Any
 
 import peewee as pw
 
+from .driver_errors import sqlstate_of
+
 log = logging.getLogger("kinbox.pg_prepared")
 
 UNDEFINED, DUPLICATE, STALE = "26000", "42P05", "0A000"
 """SQLSTATEs: no prepared statement of that name here; one exists already; its cached plan
 no longer fits its tables ("cached plan must not change result type", after a schema
 change)."""
-
-
-def _sqlstate(exc: BaseException) -> str | None:
-    """The SQLSTATE of a driver error as peewee re-raises it (raised while handling the
-    driver's, whose ``pgcode`` it is), else None."""
-    driver = exc.__cause__ or exc.__context__
-    return getattr(driver, "pgcode", None)
 
 
 @dataclass
@@ -110,7 +105,7 @@ class PreparedStatement:
             try:
                 return self._execute(params)
             except pw.DatabaseError as exc:
-                if _sqlstate(exc) != UNDEFINED:
+                if sqlstate_of(exc) != UNDEFINED:
                     raise
                 self._lost()
                 if self.plain:
@@ -128,15 +123,15 @@ class PreparedStatement:
         try:
             self._prepare()
         except pw.DatabaseError as exc:
-            if _sqlstate(exc) == DUPLICATE:
+            if sqlstate_of(exc) == DUPLICATE:
                 self._mark_ready(self.REPLAN_FIRST)
             raise
         try:
             return self._execute(params)
         except pw.DatabaseError as exc:
-            if _sqlstate(exc) == UNDEFINED:
+            if sqlstate_of(exc) == UNDEFINED:
                 self._lost()
-            elif _sqlstate(exc) == STALE:
+            elif sqlstate_of(exc) == STALE:
                 self._replan_next()
             raise
 
@@ -184,12 +179,12 @@ class PreparedStatement:
             try:
                 self.db.execute_sql(self.deallocate_sql)
             except pw.DatabaseError as exc:
-                if _sqlstate(exc) != UNDEFINED or self.db.in_transaction():
+                if sqlstate_of(exc) != UNDEFINED or self.db.in_transaction():
                     raise
         try:
             self.db.execute_sql(self.prepare_sql)
         except pw.DatabaseError as exc:
-            if _sqlstate(exc) != DUPLICATE or self.db.in_transaction():
+            if sqlstate_of(exc) != DUPLICATE or self.db.in_transaction():
                 raise
         self._mark_ready(min(self.REPLAN_MOST, 2 * use.limit) if use else self.REPLAN_FIRST)
 

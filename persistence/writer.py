@@ -37,6 +37,7 @@ from typing import Any, Generic, TypeVar
 import peewee as pw
 
 from .database import is_sqlite
+from .driver_errors import sqlite_statement
 from .errors import WriterClosed
 from .pg_database import PostgresDatabase
 
@@ -409,7 +410,7 @@ class _Control:
         if isinstance(db, PostgresDatabase):
             self.now, self.later = db.execute_sql, db.defer
         else:
-            self.now = self.later = db.cursor().execute
+            self.now = self.later = sqlite_statement(db.cursor())
 
     @property
     def restartable(self) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from kinbox.persistence import (
+    DatabaseFailed,
     IdempotencyConflict,
     LeaseLost,
     NewMessage,
@@ -381,9 +382,11 @@ def test_a_busy_restart_fails_the_batch_with_the_busy_error_and_keeps_nothing(
     kind: Bulk[str, str] = Bulk("projects", lambda p: insert_project(stores, p), many)
     results = in_one_batch(stores, [lambda p=p: stores.writer.call_bulk(kind, p)
                                     for p in ("a", "b")])
-    # Every caller gets the busy error (not "no transaction is active"), nothing is kept,
-    # and the writer goes on.
-    assert [type(r) for r in results] == [sqlite3.OperationalError] * 2
+    # Every caller gets the busy error (not "no transaction is active"), as a kinbox
+    # error, nothing is kept, and the writer goes on.
+    assert all(isinstance(r, DatabaseFailed) and r.kind == "OperationalError"
+               for r in results), results
+    assert all(isinstance(r.__cause__, sqlite3.OperationalError) for r in results)
     assert all("locked" in str(r) for r in results)
     assert stores.store.projects() == []
     stores.writer.call(lambda: insert_project(stores, "after"))

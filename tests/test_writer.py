@@ -8,7 +8,7 @@ import threading
 import peewee as pw
 import pytest
 
-from kinbox.persistence import WriterClosed
+from kinbox.persistence import DatabaseFailed, WriterClosed
 
 from .conftest import Stores
 from .helpers import wait_for
@@ -157,8 +157,11 @@ def test_a_batch_that_cannot_begin_answers_what_queued_behind_it_at_once(db_url:
         wait_for(lambda: s.writer.queued() == 0, what="the writer to take the first write")
         writes += [s.writer.submit(lambda p=p: insert_project(s, p)) for p in ("b", "c")]
         for write in writes:
-            with pytest.raises(pw.OperationalError, match="locked"):  # peewee's BEGIN
+            # A kinbox error (no bare driver error reaches a caller), and peewee's BEGIN's.
+            with pytest.raises(DatabaseFailed, match="locked") as info:
                 write.result(10)
+            assert isinstance(info.value, pw.OperationalError)
+            assert info.value.kind == "OperationalError"
         assert s.writer.statistics().rollbacks == 1
         other.execute("ROLLBACK")
         s.writer.call(lambda: insert_project(s, "after"))

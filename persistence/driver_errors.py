@@ -1,0 +1,154 @@
+"""Driver errors as kinbox errors, where every statement passes: the database classes.
+
+peewee maps each driver's exceptions to its own DB-API classes
+(``OperationalError``, ``IntegrityError``...). A caller of
+``kinbox.persistence`` catches one tree, :class:`~.errors.KinboxError`, so the
+databases kinbox opens raise each of those as a :class:`~.errors.DatabaseFailed`
+that is also the peewee class it stands for: code inside this layer that tests
+for a peewee type (a prepared statement's way back to text) sees what it
+always saw, and a caller gets no bare driver error (the first statement
+after a server restart, a lock wait that timed out, a full disk), with one
+exception: SQLite reads a result's rows as they are fetched, after the
+statement ran, and an I/O error in between comes as ``sqlite3``'s.
+
+:func:`kinbox_errors` decorates a peewee ``Database`` class: it wraps the ways a
+statement reaches the driver (connecting, every query, ``BEGIN``, ``COMMIT``,
+``ROLLBACK``) in a ``try`` that costs one call until something fails;
+:func:`sqlite_statement` does the same for the writer's bare cursor.
+"""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import peewee as pw
+
+from .errors import DatabaseFailed
+
+
+class DataError(DatabaseFailed, pw.DataError):
+    """A value the database refused (out of range, bad text)."""
+
+    kind = "DataError"
+
+
+class IntegrityError(DatabaseFailed, pw.IntegrityError):
+    """A constraint the statement broke."""
+
+    kind = "IntegrityError"
+
+
+class InterfaceError(DatabaseFailed, pw.InterfaceError):
+    """The connection is closed or unusable."""
+
+    kind = "InterfaceError"
+
+
+class InternalError(DatabaseFailed, pw.InternalError):
+    """The database's own failure."""
+
+    kind = "InternalError"
+
+
+class NotSupportedError(DatabaseFailed, pw.NotSupportedError):
+    """A feature the database lacks."""
+
+    kind = "NotSupportedError"
+
+
+class OperationalError(DatabaseFailed, pw.OperationalError):
+    """A lost connection, a lock wait that timed out, a full disk, a server shutting down."""
+
+    kind = "OperationalError"
+
+
+class ProgrammingError(DatabaseFailed, pw.ProgrammingError):
+    """A statement the database cannot run (a missing table: run ``kinbox db upgrade``)."""
+
+    kind = "ProgrammingError"
+
+
+class OtherDatabaseError(DatabaseFailed, pw.DatabaseError):
+    """Any other database error."""
+
+
+_DRIVER = (pw.DatabaseError, pw.InterfaceError)
+_BY_NAME: dict[str, type[DatabaseFailed]] = {
+    cls.__bases__[1].__name__: cls for cls in (DataError, IntegrityError, InterfaceError,
+                                               InternalError, NotSupportedError,
+                                               OperationalError, ProgrammingError,
+                                               OtherDatabaseError)}
+"""By DB-API class name, which peewee's classes and every driver's share (psycopg2's
+``UniqueViolation`` is an ``IntegrityError``)."""
+
+
+def sqlstate_of(exc: BaseException) -> str | None:
+    """The SQLSTATE of the driver error behind ``exc`` (psycopg2's ``pgcode``), found along
+    its chain (peewee raises its error while handling the driver's; kinbox's, from
+    peewee's); None when there is none (SQLite's errors have no SQLSTATE)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a short chain: kinbox's, peewee's, the driver's
+        if seen is None:
+            return None
+        code = getattr(seen, "pgcode", None)
+        if code is not None:
+            return str(code)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def as_kinbox(exc: Exception) -> DatabaseFailed:
+    """The kinbox error standing for ``exc``, peewee's or a driver's (by its nearest
+    DB-API class)."""
+    cls: type[DatabaseFailed] = OtherDatabaseError
+    for base in type(exc).__mro__:
+        if base.__name__ in _BY_NAME:
+            cls = _BY_NAME[base.__name__]
+            break
+    failed = cls(*exc.args)
+    failed.sqlstate = sqlstate_of(exc)
+    return failed
+
+
+def sqlite_statement(cursor: sqlite3.Cursor) -> Callable[[str], object]:
+    """Run statements on a bare SQLite cursor (no peewee layer), failing as kinbox errors."""
+    def run(sql: str) -> object:
+        try:
+            return cursor.execute(sql)
+        except sqlite3.Error as exc:
+            raise as_kinbox(exc) from exc
+    return run
+
+
+_STATEMENT_METHODS = ("connect", "execute_sql", "begin", "commit", "rollback")
+"""Every way a statement reaches the driver through peewee (``BEGIN``, ``COMMIT`` and
+``ROLLBACK`` do not all go through ``execute_sql``; opening a connection is its own)."""
+
+D = TypeVar("D", bound=type[pw.Database])
+
+
+def _failing_as_kinbox(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(self: pw.Database, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except DatabaseFailed:
+            raise
+        except _DRIVER as exc:
+            raise as_kinbox(exc) from exc
+    return call
+
+
+def kinbox_errors(cls: D) -> D:
+    """Class decorator for a peewee ``Database``: its statements fail as kinbox errors."""
+    for name in _STATEMENT_METHODS:
+        setattr(cls, name, _failing_as_kinbox(getattr(cls, name)))
+    return cls
+
+
+@kinbox_errors
+class SqliteDatabase(pw.SqliteDatabase):
+    """peewee's SQLite database, failing with kinbox errors."""
