@@ -14,6 +14,7 @@ from typing import Any
 import peewee as pw
 
 from .errors import DuplicateError, RowNotFound
+from .inbox_core import OPEN_STATES
 from .journal import TurnEntry
 from .models import Project, Session, Tables
 from .session_view import IDLE, live_columns
@@ -293,20 +294,21 @@ class SessionStore:
                 for e in rows]
 
     def recent_message_ids(self, kind: str, limit: int) -> list[str]:
-        """Ids of messages of ``kind`` the database holds: the newest ``limit`` committed in
-        a transcript, then the newest ``limit`` in the inbox, oldest first within each, at
-        most ``limit`` in all (the inbox's kept). Each read walks its table backwards from
-        the newest row until it has ``limit`` (a start-up read: a kind that is rare in a
-        large database costs a scan, which no index on every transcript write would)."""
+        """Ids of the newest ``limit`` messages of ``kind`` the database holds, oldest
+        first: committed in a transcript, or waiting in the inbox (open rows; a delivered
+        one is in its transcript). Each read walks its table backwards from the newest
+        row until it has ``limit`` (a start-up read: a kind that is rare in a large
+        database costs a scan, which no index on every transcript write would)."""
         tr, m = self.t.transcript, self.t.inbox
-        entries = (tr.select(tr.id, tr.message_id)
+        entries = (tr.select(tr.created_at, tr.message_id)
                    .where(tr.kind == kind, tr.message_id.is_null(False))
                    .order_by(tr.id.desc()).limit(limit))
-        waiting = m.select(m.seq, m.message_id).where(m.kind == kind).order_by(
-            m.seq.desc()).limit(limit)
-        ids = [r.message_id for r in reversed(list(entries))]
-        ids += [r.message_id for r in reversed(list(waiting))]
-        return list(dict.fromkeys(ids))[-limit:]
+        waiting = (m.select(m.created_at, m.message_id)
+                   .where(m.kind == kind, m.status.in_(OPEN_STATES))
+                   .order_by(m.seq.desc()).limit(limit))
+        newest = sorted([*((r.created_at, r.message_id) for r in entries),
+                         *((r.created_at, r.message_id) for r in waiting)])
+        return list(dict.fromkeys(mid for _, mid in newest))[-limit:]
 
     def marker_counts(self) -> dict[str, int]:
         """Committed delivery markers per message id (the crash checker's evidence)."""

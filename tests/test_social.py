@@ -302,24 +302,32 @@ def test_a_platform_retrying_after_a_restart_runs_nothing_twice(
 
 
 def test_the_ids_a_start_remembers_are_committed_turns_and_waiting_inbox_rows(
-        make_runtime: MakeRuntime) -> None:
+        make_runtime: MakeRuntime, clock: Any) -> None:
     from kinbox.persistence import NewMessage, TurnEntry
 
     rt = make_runtime()  # send-only: nothing runs, the rows wait
     store, journal = rt.context.store, rt.context.journal
     for sid in ("social-slack-T1", "social-irc-T2"):
-        store.create_session(sid, None, sid, "social", rt.clock.now())
-    for mid, sid, kind in (("social-slack-a", "social-slack-T1", "social_message"),
-                           ("social-irc-b", "social-irc-T2", "social_message"),
-                           ("a-chat", "social-slack-T1", "agent_message")):
-        journal.enqueue(NewMessage(mid, sid, "hi", kind=kind), rt.clock.now())
+        store.create_session(sid, None, sid, "social", clock.now())
+
+    def post(mid: str, sid: str, kind: str = "social_message") -> None:
+        journal.enqueue(NewMessage(mid, sid, "hi", kind=kind), clock.now())
+        clock.advance(1)
+
+    post("social-slack-a", "social-slack-T1")
+    post("social-irc-b", "social-irc-T2")
+    post("a-chat", "social-slack-T1", kind="agent_message")
+    post("social-slack-given-up", "social-slack-T1")
+    rt.cancel("social-slack-given-up", "not wanted")  # no longer open, never run
     store.append("social-slack-T1", [
         TurnEntry("user", "x", True, "social-slack-c", kind="social_message"),
         TurnEntry("user", "y", True, "chat-d", kind="agent_message"),
-        TurnEntry("assistant", "z", True)], rt.clock.now())
+        TurnEntry("assistant", "z", True)], clock.now())
+    clock.advance(1)
+    post("social-irc-e", "social-irc-T2")
     assert store.recent_message_ids("social_message", 10) == [
-        "social-slack-c", "social-slack-a", "social-irc-b"]
-    assert store.recent_message_ids("social_message", 2) == ["social-slack-a", "social-irc-b"]
+        "social-slack-a", "social-irc-b", "social-slack-c", "social-irc-e"]
+    assert store.recent_message_ids("social_message", 2) == ["social-slack-c", "social-irc-e"]
 
 
 def test_an_async_brain_answers_social_events_and_takes_steering(
