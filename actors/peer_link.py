@@ -178,6 +178,7 @@ class PeerLink:
         acks: list[tuple[Reply[None], list[str]]] = []
         link.connected(new_nonce(self.svc.random(NONCE_BYTES)))
         handshake_ends = time.monotonic() + HANDSHAKE_SECONDS
+        opened = False
         try:
             while not self._stop.is_set():
                 for text in link.frames_to_send():
@@ -188,6 +189,9 @@ class PeerLink:
                 acks = self._settled(acks, wait=False)
                 if link.state in (LinkState.IDLE, LinkState.CLOSED):
                     return
+                if not opened and link.state is LinkState.OPEN:  # the peer proved its key
+                    opened, self._touched = True, time.monotonic()
+                    self.svc.peers.touch(self.device_id, OUTBOUND, ctx.now())
                 if link.state is LinkState.HANDSHAKE and time.monotonic() > handshake_ends:
                     link.connection_lost(f"the peer did not finish the handshake within "
                                          f"{HANDSHAKE_SECONDS:g} s")

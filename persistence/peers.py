@@ -167,9 +167,11 @@ class PeerStore:
         return int(n)
 
     def touch(self, device_id: str, direction: str, now: float) -> None:
-        """Record that the device was just seen on a link (which clears a noted problem)."""
+        """Record that the device was just seen on a link; an active device's noted problem
+        is over (a paused or revoked one keeps the reason it was given)."""
         d = self.t.device
-        self.writer.call(lambda: d.update(last_seen_at=now, last_error=None).where(
+        cleared = pw.Case(None, [(d.status == "active", None)], d.last_error)
+        self.writer.call(lambda: d.update(last_seen_at=now, last_error=cleared).where(
             d.id == _key(device_id, direction)).execute())
 
     def note_problem(self, device_id: str, direction: str, text: str, now: float) -> None:

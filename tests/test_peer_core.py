@@ -129,11 +129,14 @@ def run_handshake(client: DeviceIdentity, token: str, g: GrantView | None,
     ("unknown token", Refusal.UNKNOWN),
     ("revoked", Refusal.REVOKED),
     ("paused", Refusal.PAUSED),
-    ("another device's token", Refusal.WRONG_DEVICE),
-    ("token with the wrong key signature", Refusal.BAD_SIGNATURE),
+    ("another device's token", HandshakeRefused(Refusal.WRONG_DEVICE)),
+    ("token with the wrong key signature", HandshakeRefused(Refusal.BAD_SIGNATURE)),
     ("valid", None),
 ])
-def test_handshake_matrix_accepts_only_the_valid_case(case: str, refusal: Refusal | None) -> None:
+def test_handshake_matrix_accepts_only_the_valid_case(
+        case: str, refusal: Refusal | HandshakeRefused | None) -> None:
+    """The grant's refusals come signed; a failed proof is refused unsigned (the server
+    raises, and answers with a plain error)."""
     args: dict[str, object] = {"client": CLIENT, "token": TOKEN, "g": grant()}
     if case == "unknown token":
         args["g"] = None
@@ -144,7 +147,24 @@ def test_handshake_matrix_accepts_only_the_valid_case(case: str, refusal: Refusa
     elif case == "token with the wrong key signature":
         args["g"] = GrantView(CLIENT.device_id, OTHER.public_key, secret_hash(TOKEN),
                               frozenset({"agent"}), "active")
+    if isinstance(refusal, HandshakeRefused):
+        with pytest.raises(HandshakeRefused) as info:
+            run_handshake(**args)  # type: ignore[arg-type]
+        assert info.value.reason == refusal.reason
+        return
     assert run_handshake(**args) == refusal  # type: ignore[arg-type]
+
+
+def test_a_relay_that_tampers_with_the_hello_gets_nothing_signed() -> None:
+    """Whoever stands between the devices can pass the server's challenge through and
+    spoil the client's hello: a signed ``bad_signature`` would have ended the pairing."""
+    ch = hs.challenge(SERVER, NS)
+    hello = hs.hello(CLIENT, ch, TOKEN, NC, SERVER.device_id)
+    spoiled = f.Hello(hello.device_id, hello.nonce, "B" * 86)
+    with pytest.raises(HandshakeRefused):
+        hs.answer_hello(SERVER, NS, spoiled, grant(), TOKEN)
+    with pytest.raises(ValueError):
+        hs.refused(SERVER, NS, hello, TOKEN, Refusal.BAD_SIGNATURE)
 
 
 @pytest.mark.parametrize("status", [None, "revoked", "active"])
@@ -238,11 +258,28 @@ def test_rejected_payload_is_terminal_for_that_row_only() -> None:
     assert link.held() == ["m0", "m2"]
 
 
-def test_revoked_frame_closes_the_link_and_fails_everything_held() -> None:
-    link = open_link(window=3)
-    link.receive(f.encode(f.Revoked("revoked")))
+def test_a_signed_refusal_on_the_live_link_closes_it_and_fails_everything_held() -> None:
+    link = SenderLink(CLIENT, SERVER.device_id, SERVER.public_key, TOKEN, 3)
+    link.offer([Outgoing(f"m{i}", f"text {i}") for i in range(3)])
+    link.connected(NC)
+    link.receive(f.encode(hs.challenge(SERVER, NS)))
+    hello = f.parse(link.frames_to_send()[0])
+    assert isinstance(hello, f.Hello)
+    link.receive(f.encode(hs.answer_hello(SERVER, NS, hello, grant(), TOKEN)))
+    assert link.state is LinkState.OPEN
+    forged = hs.refused(OTHER, NS, hello, TOKEN, Refusal.REVOKED)  # a relay's own "revoked"
+    link.receive(f.encode(forged))
     [effect] = link.effects()
-    assert isinstance(effect, Terminal) and effect.ids == ("m0", "m1", "m2")
+    assert isinstance(effect, Retry) and effect.unproven and link.state is LinkState.IDLE
+    link.connected(NC)
+    link.offer([Outgoing(f"m{i}", f"text {i}") for i in range(3)])
+    link.receive(f.encode(hs.challenge(SERVER, NS)))
+    hello = f.parse(link.frames_to_send()[0])
+    assert isinstance(hello, f.Hello)
+    link.receive(f.encode(hs.answer_hello(SERVER, NS, hello, grant(), TOKEN)))
+    link.receive(f.encode(hs.refused(SERVER, NS, hello, TOKEN, Refusal.PAUSED)))
+    [effect] = link.effects()
+    assert effect == Terminal(("m0", "m1", "m2"), effect.reason, "paused")
     assert link.state is LinkState.CLOSED
     with pytest.raises(LinkStateError):
         link.offer([Outgoing("m9", "x")])
@@ -283,7 +320,6 @@ def test_only_a_refusal_signed_by_the_pinned_key_ends_the_pairing() -> None:
     unsigned = {
         "a forged welcome": f.Welcome("A" * 86),
         "a forbidden error": f.Error(None, "forbidden", "revoked"),
-        "a revoked frame before the welcome": f.Revoked("revoked"),
         "a refusal signed by another key": hs.answer_hello(OTHER, NS, handshaking_link()[2],
                                                            None, TOKEN),
     }

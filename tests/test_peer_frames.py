@@ -36,7 +36,6 @@ VALID = [
     f.Paired("0123456789ab", KEY, "kbt_" + "y" * 43, SIG),
     f.Ping("p"),
     f.Pong("p"),
-    f.Revoked("paused"),
     f.Refused("revoked", SIG),
 ]
 
@@ -73,8 +72,9 @@ REFUSED = [
     ("bad_field", '{"v":1,"type":"deliver","id":"m","text":"\\ud800","session":null}'),
     ("bad_field", wire(type="challenge", device_id="XYZ", nonce=NONCE)),
     ("bad_field", wire(type="error", id=None, code="whatever", message="")),
-    ("bad_field", wire(type="revoked", status="active")),
+    ("unknown_type", wire(type="revoked", status="revoked")),
     ("bad_field", wire(type="refused", reason="malformed", signature="A" * 86)),
+    ("bad_field", wire(type="refused", reason="bad_signature", signature="A" * 86)),
 ]
 
 

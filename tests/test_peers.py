@@ -182,7 +182,8 @@ def test_handshake_matrix_only_valid_is_accepted_before_any_state(receiver: Rece
         "no token": "no_token", "malformed": "malformed",
         "token in the query string": "token_in_query", "unknown token": "unknown",
         "paused": "paused", "revoked": "revoked",
-        "another device's token": "wrong_device", "wrong key signature": "bad_signature"}
+        "another device's token": "unsigned wrong_device",
+        "wrong key signature": "unsigned bad_signature"}
     # Nothing was created by any refused attempt: no rows, no device seen.
     assert receiver.query("SELECT COUNT(*) FROM agent_inbox_messages") == [(0,)]
     assert receiver.query("SELECT COUNT(*) FROM peer_devices WHERE last_seen_at IS NOT NULL"
@@ -319,6 +320,8 @@ def test_revoke_or_pause_closes_the_live_link_within_a_second_and_fails_at_once(
     row = sender.context.journal.get(after["message_id"])
     assert (row["status"], row["attempts"]) == ("failed", 1)
     assert status in row["last_error"]
+    device = sender.peers.peers.device(rec.device_id, OUTBOUND)
+    assert device is not None and status in (device.last_error or "")  # kept: acks touched it
     assert receiver.peer_rows(me) == [f"peer-{me}-{sender.inbox()[0]['message_id']}"]
     listed = {a["agent_id"]: a for a in tools.agent_list()["agents"]}  # type: ignore[attr-defined]
     active = {a["agent_id"] for a in tools.agent_list("active")["agents"]}  # type: ignore[attr-defined]
@@ -550,8 +553,8 @@ def test_a_stranger_at_the_peers_address_cannot_end_the_pairing(
         other = DeviceIdentity.generate()
 
         def deny(conn: websockets.ServerConnection, _req: Request) -> Response | None:
-            if stranger == "http 403 revoked":
-                return conn.respond(403, '{"error": "revoked"}')
+            if stranger == "http 403 revoked":  # with a terminal escape for the operator
+                return conn.respond(403, '{"error": "revoked\\u001b[2J"}')
             return None
 
         async def answer(ws: websockets.ServerConnection) -> None:
@@ -581,7 +584,9 @@ def test_a_stranger_at_the_peers_address_cannot_end_the_pairing(
         row = journal.get(mid)
         device = rt.peers.peers.device(rec.device_id, OUTBOUND)
         assert device is not None and (row["status"], device.status) == ("pending", "active")
-        assert device.last_error == row["last_error"]
+        assert device.last_error == row["last_error"] and "\x1b" not in device.last_error
+        if stranger == "http 403 revoked":
+            assert "revoked\\x1b[2J" in device.last_error  # shown, not obeyed
         listed = io.StringIO()
         assert main(["peers", "list", "--db", f"sqlite:///{tmp_path / 's' / 'sender.db'}"],
                     out=listed) == 0

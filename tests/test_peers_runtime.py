@@ -15,7 +15,7 @@ from kinbox.actors.peers import new_invite
 from kinbox.actors.serve import app_for
 from kinbox.persistence import NewMessage
 from kinbox.persistence.peer_outbox import PeerOutbox
-from kinbox.persistence.peers import INBOUND, PeerStore
+from kinbox.persistence.peers import INBOUND, OUTBOUND, PeerStore
 
 from .conftest import Stores
 from .helpers import quiet_brain, wait_for
@@ -172,6 +172,23 @@ def test_peer_store_redeems_an_invite_once_and_finds_grants_by_hash(stores: Stor
     assert peers.by_token_hash("u" * 64) is None
     peers.set_status("0123456789ab", "paused", 60.0, direction=INBOUND)
     assert peers.device("0123456789ab", INBOUND).status == "paused"  # type: ignore[union-attr]
+
+
+def test_a_link_that_opens_clears_a_noted_problem_but_not_why_a_device_closed(
+        stores: Stores) -> None:
+    peers = PeerStore(stores.tables, stores.writer)
+    peers.save_outbound("0123456789ab", "b", "K" * 43, "http://127.0.0.1:1", "sealed",
+                        frozenset({"agent"}), 1.0)
+    peers.note_problem("0123456789ab", OUTBOUND, "a stranger refused", 2.0)
+    assert peers.device("0123456789ab", OUTBOUND).last_error == "a stranger refused"  # type: ignore[union-attr]
+    peers.touch("0123456789ab", OUTBOUND, 3.0)
+    rec = peers.device("0123456789ab", OUTBOUND)
+    assert rec is not None and (rec.last_error, rec.last_seen_at) == (None, 3.0)
+    peers.set_status("0123456789ab", "revoked", 4.0, direction=OUTBOUND,
+                     last_error="the peer refused this device (revoked)")
+    peers.touch("0123456789ab", OUTBOUND, 5.0)  # the last acks of the link it closed
+    rec = peers.device("0123456789ab", OUTBOUND)
+    assert rec is not None and rec.last_error == "the peer refused this device (revoked)"
 
 
 def test_window_claims_stop_at_a_row_waiting_for_its_backoff(stores: Stores) -> None:

@@ -9,8 +9,8 @@ reads the frame's meaning. Pure: no sockets.
 
 Data frames: ``deliver``, ``ack``, ``read``, ``stop``, ``result``, ``error``.
 Control frames: ``challenge``, ``hello``, ``welcome`` (the handshake),
-``pair``, ``paired`` (pairing), ``ping``, ``pong``, ``revoked``, and ``refused``,
-the server's signed refusal that ends a handshake.
+``pair``, ``paired`` (pairing), ``ping``, ``pong``, and ``refused``, the server's
+signed refusal that ends a handshake or a live link.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from .errors import FrameError
-from .grants import TERMINAL_REFUSALS
+from .grants import SIGNED_REFUSALS
 
 VERSION = 1
 MAX_FRAME_BYTES = 64 * 1024
@@ -36,8 +36,8 @@ ERROR_CODES = ("bad_frame", "rate_limited", "rejected", "forbidden", "unavailabl
 error that ends a handshake carries the :class:`~.grants.Refusal` code as its message;
 a sender retries it, since nothing proves who sent it (``refused`` does)."""
 
-REFUSED_REASONS = tuple(sorted(r.value for r in TERMINAL_REFUSALS))
-"""The refusals a server signs: those a sender cannot heal by retrying."""
+REFUSED_REASONS = tuple(sorted(r.value for r in SIGNED_REFUSALS))
+"""The refusals a server signs: what the grant says of the token."""
 
 Check = Callable[[Any], bool]
 
@@ -224,18 +224,10 @@ class Pong(Frame):
 
 
 @dataclass(frozen=True)
-class Revoked(Frame):
-    """The receiver paused or revoked this link's grant; the link closes next."""
-
-    TYPE = "revoked"
-    CHECKS = {"status": _one_of("paused", "revoked")}
-    status: str
-
-
-@dataclass(frozen=True)
 class Refused(Frame):
-    """Server's signed refusal of a handshake, checked against the key the client pinned:
-    the only refusal a sender takes as final (a stranger at the peer's URL cannot sign)."""
+    """Server's signed refusal of a handshake, or of a live link whose grant closed,
+    checked against the key the client pinned: the only refusal a sender takes as final
+    (a stranger at the peer's URL, or a relay between the devices, cannot sign it)."""
 
     TYPE = "refused"
     CHECKS = {"reason": _one_of(*REFUSED_REASONS), "signature": SIGNATURE}
@@ -245,7 +237,7 @@ class Refused(Frame):
 
 FRAME_TYPES: dict[str, type[Frame]] = {c.TYPE: c for c in (
     Deliver, Ack, Read, Stop, Result, Error, Challenge, Hello, Welcome, Pair, Paired, Ping,
-    Pong, Revoked, Refused)}
+    Pong, Refused)}
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -299,6 +291,14 @@ def parse(data: bytes | str) -> Frame:
         if not check(obj[name]):
             raise FrameError("bad_field", f"{cls.TYPE}.{name}")
     return cls(**{name: obj[name] for name in cls.CHECKS})
+
+
+def shown(text: str, limit: int = 300) -> str:
+    """Text a peer (or whatever answers at its address) sent, fit for a log line, a
+    database column and a terminal: at most ``limit`` characters, anything unprintable
+    (escape sequences, bidirectional overrides, line breaks) as ``\\x..`` escapes."""
+    out = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text[:limit])
+    return out + ("..." if len(text) > limit else "")
 
 
 def encode(frame: Frame) -> str:

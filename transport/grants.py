@@ -71,11 +71,12 @@ class Refusal(StrEnum):
     SCOPE = "scope"
 
 
-TERMINAL_REFUSALS = frozenset({Refusal.UNKNOWN, Refusal.PAUSED, Refusal.REVOKED,
-                               Refusal.WRONG_DEVICE, Refusal.BAD_SIGNATURE})
-"""Refusals a sender cannot heal by retrying. The server signs them in the handshake, and
-a sender fails its rows at once only for one of these with a valid signature (a refusal
-anyone at the peer's address could send is retried with the backoff)."""
+SIGNED_REFUSALS = frozenset({Refusal.UNKNOWN, Refusal.PAUSED, Refusal.REVOKED})
+"""What the grant itself says of a token, which no one between the devices can change: the
+server signs these (in the handshake, and on a live link when the grant closes), and a
+sender fails its rows at once only for one of these with a valid signature. A refusal of
+the client's proof (another device's token, a bad signature) is not signed: a relay that
+tampered with the hello would get it signed for the client, so it is retried."""
 
 HTTP_STATUS: dict[Refusal, int] = {
     Refusal.NO_TOKEN: 401, Refusal.MALFORMED: 401, Refusal.TOKEN_IN_QUERY: 400,

@@ -11,10 +11,12 @@ The client's signature covers both nonces, both device ids and the hash of
 the token it presented, so it proves the token's holder owns the device key
 the grant was bound to at pairing; the server's covers the same and is
 checked against the key the client pinned, so a stranger at the peer's URL
-is found out. A grant the server refuses (unknown token, paused, revoked,
-another device's token, a bad signature) is refused the same way, signed:
-the sender gives its rows up only on a refusal that proves the peer sent it,
-so whoever answers at the peer's address cannot end a pairing. Pairing runs
+is found out. A token the grant refuses (unknown, paused, revoked) is
+refused the same way, signed (``refused``, also sent on a live link when its
+grant closes): the sender gives its rows up only on a refusal that proves
+the peer sent it, so whoever answers at the peer's address, or relays
+between the devices, cannot end a pairing. A hello that fails its proof is
+refused unsigned, and retried: a relay could have tampered with it. Pairing runs
 the same way with ``pair`` / ``paired`` and the one-time code in place of the
 token. Nonces come in as arguments.
 """
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 from . import frames as f
 from .errors import HandshakeRefused, IdentityError
-from .grants import GrantView, Refusal, check_grant, secret_hash
+from .grants import SIGNED_REFUSALS, GrantView, Refusal, check_grant, secret_hash
 from .identity import DeviceIdentity, b64e, device_id_for, public_key_bytes, verify
 
 NONCE_BYTES = 32
@@ -64,24 +66,36 @@ def hello(identity: DeviceIdentity, ch: f.Challenge, token: str, client_nonce: s
 
 def answer_hello(identity: DeviceIdentity, server_nonce: str, frame: f.Hello,
                  grant: GrantView | None, token: str) -> f.Welcome | f.Refused:
-    """Server: the welcome if the client's proof holds against the grant, else a refusal
-    signed over the same transcript, so the client can tell it from a stranger's."""
+    """Server: the welcome if the client's proof holds against the grant; a refusal signed
+    over the same transcript if the grant refuses the token (unknown, paused, revoked);
+    HandshakeRefused, which the server answers unsigned, if the proof does not hold
+    (another device's token, a bad signature): a relay that tampered with the hello would
+    otherwise get a final refusal signed for the client it stands before."""
     refusal = check_grant(grant, token)
-    if refusal is None:
-        assert grant is not None
-        data = _transcript("hello", identity.device_id, frame.device_id, server_nonce,
-                           frame.nonce, grant.token_hash)
-        if frame.device_id != grant.device_id:
-            refusal = Refusal.WRONG_DEVICE  # the token belongs to another device
-        elif not verify(grant.public_key, frame.signature, data):
-            refusal = Refusal.BAD_SIGNATURE
     if refusal is not None:
-        data = _transcript(f"refused:{refusal.value}", identity.device_id, frame.device_id,
-                           server_nonce, frame.nonce, secret_hash(token))
-        return f.Refused(refusal.value, identity.sign(data))
+        return refused(identity, server_nonce, frame, token, refusal)
+    assert grant is not None
+    if frame.device_id != grant.device_id:
+        raise HandshakeRefused(Refusal.WRONG_DEVICE, "the token belongs to another device")
+    data = _transcript("hello", identity.device_id, frame.device_id, server_nonce,
+                       frame.nonce, grant.token_hash)
+    if not verify(grant.public_key, frame.signature, data):
+        raise HandshakeRefused(Refusal.BAD_SIGNATURE)
     welcome_data = _transcript("welcome", identity.device_id, frame.device_id, server_nonce,
-                               frame.nonce, secret_hash(token))
+                               frame.nonce, grant.token_hash)
     return f.Welcome(identity.sign(welcome_data))
+
+
+def refused(identity: DeviceIdentity, server_nonce: str, frame: f.Hello, token: str,
+            reason: Refusal) -> f.Refused:
+    """Server: what the grant says of ``token`` (unknown, paused, revoked), signed for the
+    handshake of ``frame``; sent in place of the welcome, or on the live link it opened
+    when its grant closes."""
+    if reason not in SIGNED_REFUSALS:
+        raise ValueError(f"only the grant's refusals are signed, not {reason.value!r}")
+    data = _transcript(f"refused:{reason.value}", identity.device_id, frame.device_id,
+                       server_nonce, frame.nonce, secret_hash(token))
+    return f.Refused(reason.value, identity.sign(data))
 
 
 def check_welcome(identity: DeviceIdentity, ch: f.Challenge, sent: f.Hello, token: str,

@@ -15,14 +15,15 @@ leaves the state as it was)::
     HANDSHAKE  --refused (signed)--> CLOSED     (terminal: every leased row fails)
     HANDSHAKE  --anything else-->    IDLE       (retried: nothing proves who refused)
     OPEN       --ack/error/result--> OPEN
-    OPEN       --revoked-->          CLOSED     (terminal: every leased row fails)
+    OPEN       --refused (signed)--> CLOSED     (the grant closed: every leased row fails)
     any        --connection_lost-->  IDLE       (leased rows retried by the journal)
 
 Only the pinned key ends a pairing: a refusal at the upgrade, an unsigned
-``forbidden`` error, a ``revoked`` frame before the welcome, a challenge from
-another device or a bad signature could come from whoever holds the peer's
-address now (a stale URL, a stranger on the LAN), so they are retried like a
-dropped link, flagged ``unproven`` for the operator.
+``forbidden`` error, a challenge from another device, a bad signature or a
+``refused`` frame the key did not sign could come from whoever holds the
+peer's address now (a stale URL, a stranger on the LAN) or relays between
+the devices, so they are retried like a dropped link, flagged ``unproven``
+for the operator.
 
 The window: at most ``window`` ``deliver`` frames are unacknowledged at
 once. Resume: a row that was sent but not acknowledged when the link
@@ -170,8 +171,8 @@ class SenderLink:
             return
         if self.state is LinkState.HANDSHAKE:
             self._handshake(frame)
-        elif isinstance(frame, f.Revoked):  # on a link the welcome proved is the peer's
-            self._terminal(f"the peer {frame.status} this device's grant", frame.status)
+        elif isinstance(frame, f.Refused):  # the grant closed while the link was open
+            self._refused(frame)
         elif isinstance(frame, f.Ack):
             self._ack(frame.id)
         elif isinstance(frame, f.Error):
@@ -186,7 +187,8 @@ class SenderLink:
         """The upgrade request was refused with ``reason``: retried like a lost link, since
         an HTTP answer proves nothing about who sent it (a peer refuses for good by signing
         a ``refused`` frame in the handshake)."""
-        self._lost(f"the peer's address refused the connection ({reason})", unproven=True)
+        self._lost(f"the peer's address refused the connection ({f.shown(reason)})",
+                   unproven=True)
 
     def connection_lost(self, reason: str) -> None:
         """The socket closed or could not be opened."""
@@ -236,21 +238,29 @@ class SenderLink:
                 self.state = LinkState.OPEN
                 self._flush()
             elif isinstance(frame, f.Refused) and self._challenge and self._hello:
-                why = handshake.check_refused(self.identity, self._challenge, self._hello,
-                                              self.token, frame, self.pinned_key)
-                self._terminal(f"the peer refused this device ({why.value})",
-                               "paused" if why is Refusal.PAUSED else "revoked")
+                self._refused(frame)
             elif isinstance(frame, f.Error):
-                self._lost(f"the peer refused the handshake ({frame.code}: {frame.message})",
-                           unproven=frame.code == "forbidden")
+                self._lost(f"the peer refused the handshake ({frame.code}: "
+                           f"{f.shown(frame.message)})", unproven=frame.code == "forbidden")
             else:
-                self._lost(f"unexpected {frame.TYPE} frame during the handshake",
-                           unproven=isinstance(frame, f.Revoked))
+                self._lost(f"unexpected {frame.TYPE} frame during the handshake")
         except HandshakeRefused as exc:
             # Whoever answers is not the device we paired with (or cannot prove it): the
             # pairing stands, and the rows wait for the real peer with the backoff.
             self._lost(f"the peer's address did not prove the paired key ({exc.reason}: "
                        f"{exc})", unproven=True)
+
+    def _refused(self, frame: f.Refused) -> None:
+        """A refusal: final if the pinned key signed it for this link's handshake."""
+        assert self._challenge is not None and self._hello is not None
+        try:
+            why = handshake.check_refused(self.identity, self._challenge, self._hello,
+                                          self.token, frame, self.pinned_key)
+        except HandshakeRefused as exc:
+            self._lost(f"a refusal the paired key did not sign ({exc.reason})", unproven=True)
+            return
+        self._terminal(f"the peer refused this device ({why.value})",
+                       "paused" if why is Refusal.PAUSED else "revoked")
 
     def _flush(self) -> None:
         if self.state is not LinkState.OPEN:
@@ -288,12 +298,14 @@ class SenderLink:
         return ids
 
     def _lost(self, reason: str, *, unproven: bool = False) -> None:
+        self._out.clear()  # meant for the socket that is gone, not the next one
         ids = self._settle_all()
         if ids or unproven:
             self._effects.append(Retry(ids, reason, unproven))
         self.state = LinkState.IDLE
 
     def _terminal(self, reason: str, status: str = "revoked") -> None:
+        self._out.clear()
         self._effects.append(Terminal(self._settle_all(), reason, status))
         self.state = LinkState.CLOSED
 

@@ -42,7 +42,7 @@ def _refusal(exc: InvalidStatus) -> PeerUnavailable:
         reason = str(json.loads(exc.response.body or b"{}").get("error", status))
     except (ValueError, AttributeError):
         reason = str(status)
-    return PeerUnavailable(reason, status=status)
+    return PeerUnavailable(f.shown(reason), status=status)
 
 
 def _open(uri: str, headers: dict[str, str] | None, timeout: float) -> ClientConnection:

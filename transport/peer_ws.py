@@ -13,16 +13,17 @@ the bearer token are checked; a refusal is an HTTP answer with
 a refusal is signed (a sender gives a pairing up only on a signed refusal).
 No refusal creates state. Consecutive deliveries are committed in one batch
 and acknowledged in order after the commit. A watcher re-reads the grant's
-status a few times a second and closes the link (after a ``revoked``
-frame) once it is paused or revoked.
+status a few times a second and closes the link (after a signed
+``refused`` frame) once it is paused or revoked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from starlette.responses import JSONResponse
@@ -148,7 +149,6 @@ class PeerEndpoint:
             await _deny(ws, refusal)
             return
         assert token is not None
-        grant = await asyncio.to_thread(b.grant_for, secret_hash(token))
         await ws.accept()
         nonce = handshake.new_nonce(b.random(handshake.NONCE_BYTES))
         try:
@@ -156,6 +156,8 @@ class PeerEndpoint:
             hello = f.parse(await _receive_text(ws, HANDSHAKE_TIMEOUT))
             if not isinstance(hello, f.Hello):
                 raise HandshakeRefused(Refusal.MALFORMED, f"expected hello, got {hello.TYPE}")
+            # Read now, not at the upgrade: a grant resumed meanwhile is answered as it is.
+            grant = await asyncio.to_thread(b.grant_for, secret_hash(token))
             answer = handshake.answer_hello(b.identity, nonce, hello, grant, token)
         except (FrameError, HandshakeRefused, TimeoutError) as exc:
             reason = getattr(exc, "reason", "timeout")
@@ -175,7 +177,8 @@ class PeerEndpoint:
         assert grant is not None
         await ws.send_text(f.encode(answer))
         await asyncio.to_thread(b.seen, grant.device_id)
-        await _Session(ws, b, grant).run()
+        await _Session(ws, b, grant, functools.partial(handshake.refused, b.identity, nonce,
+                                                       hello, token)).run()
 
     async def pair(self, ws: WebSocket) -> None:
         """Redeem a pairing code: the new peer proves its key, gets a token."""
@@ -216,8 +219,11 @@ class PeerEndpoint:
 class _Session:
     """One authenticated link: a reader, a committer and a grant watcher."""
 
-    def __init__(self, ws: WebSocket, backend: PeerBackend, grant: GrantView) -> None:
+    def __init__(self, ws: WebSocket, backend: PeerBackend, grant: GrantView,
+                 refusal: Callable[[Refusal], f.Refused]) -> None:
         self.ws = ws
+        self.refusal = refusal
+        """Signs the grant's refusal for this link's handshake (sent when it closes)."""
         self.b = backend
         self.device_id = grant.device_id
         self.core = receiver.ReceiverLink(grant.device_id, grant.scopes)
@@ -300,8 +306,9 @@ class _Session:
                 return
 
     async def _close(self, status: str | None) -> None:
-        """Tell the device its grant closed, close the link, end the session."""
+        """Tell the device its grant closed (signed), close the link, end the session."""
+        reason = {"paused": Refusal.PAUSED, None: Refusal.UNKNOWN}.get(status, Refusal.REVOKED)
         with contextlib.suppress(Exception):
-            await self.send(f.encode(f.Revoked("paused" if status == "paused" else "revoked")))
+            await self.send(f.encode(self.refusal(reason)))
             await self.ws.close(code=1008, reason="grant " + str(status))
         self.done.set()
