@@ -32,6 +32,7 @@ from ..transport.errors import TransportError
 from ..transport.grants import change_status, parse_scopes, parse_ttl
 from ..transport.identity import DeviceIdentity
 from .cli_ops import _emit, _when, common
+from .data_dirs import add_data_dir_flag
 from .errors import ConfigError
 from .peers import complete_pairing, new_invite
 from .runtime import resolve_data_dir
@@ -152,7 +153,7 @@ def change(args: argparse.Namespace, out: TextIO) -> int:
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``peers``."""
     def with_key(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--data-dir", help="where the device key lives (default: beside the db)")
+        add_data_dir_flag(p)
         return common(p)
 
     peers = sub.add_parser("peers", help="device identity, pairing and grants")

@@ -6,6 +6,7 @@ for a server database, so two PostgreSQL databases never share one.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from pathlib import Path
@@ -26,6 +27,15 @@ def data_dir_for(url: str) -> Path:
     where = rest.rpartition("@")[2].split("?")[0]
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", where).strip("_") or "default"
     return default_data_dir() / "databases" / name
+
+
+def add_data_dir_flag(parser: argparse.ArgumentParser) -> None:
+    """``--data-dir`` for a command that opens a runtime or its device key."""
+    parser.add_argument("--data-dir", metavar="PATH",
+                        help="folder of the device key and Focal's files (default: beside a "
+                             "SQLite file; for a server database, one of the data directory "
+                             "named for it); processes sharing a database that carry peer "
+                             "messages need the same device key")
 
 
 def resolve_data_dir(url: str, data_dir: str | os.PathLike[str] | None = None) -> Path:

@@ -25,6 +25,7 @@ from ..persistence import ClaimedRow, LeaseLost, PersistenceError, WriterClosed
 from ..persistence.peers import OUTBOUND, DeviceRecord
 from ..persistence.writer import Reply
 from ..transport import frames as wire
+from ..transport import key_file
 from ..transport.errors import IdentityError, PeerUnavailable
 from ..transport.handshake import NONCE_BYTES, new_nonce
 from ..transport.link import (
@@ -77,6 +78,8 @@ class PeerLink:
                                         daemon=True)
         self.ws: ClientConnection | None = None
         self._touched = 0.0
+        self._unsealable: str | None = None
+        """The sealed token this process's key could not open (said once)."""
 
     def start(self) -> None:
         """Start the link thread."""
@@ -121,26 +124,44 @@ class PeerLink:
 
     def _step(self) -> None:
         rec = self.svc.peers.device(self.device_id, OUTBOUND)
+        token = self._token(rec) if rec is not None and rec.status == "active" else None
+        if rec is not None and rec.status == "active" and token is None:
+            self._wake.wait(5.0)  # not this process's rows: look again if it pairs anew
+            self._wake.clear()
+            return
         rows = self._claim(0, self.window) if rec is not None else []
         if not rows:
             self._idle_wait()
             return
         assert rec is not None
-        if rec.status != "active":
+        if token is None:
             reason = rec.last_error or f"peer device {self.device_id} is {rec.status}"
             for row in rows:
                 self._retry(row.message_id, reason, permanent=True)
             return
-        self._session(rec, rows)
+        self._session(rec, rows, token)
 
-    def _session(self, rec: DeviceRecord, rows: list[ClaimedRow]) -> None:
-        svc = self.svc
+    def _token(self, rec: DeviceRecord) -> str | None:
+        """The device's bearer token; None when this process's device key did not seal it.
+
+        Processes sharing a database each load the key of their own data folder. One
+        without the key that paired cannot speak for this device (the peer pinned that
+        key): it leaves the rows alone, for a process that has it, and says so once."""
         try:
-            token = svc.identity.unseal(rec.token_sealed or "")
-        except IdentityError as exc:
-            for row in rows:
-                self._retry(row.message_id, str(exc), permanent=True)
-            return
+            return self.svc.identity.unseal(rec.token_sealed or "")
+        except IdentityError:
+            if self._unsealable != rec.token_sealed:
+                self._unsealable = rec.token_sealed
+                log.error("peer %s was paired by another device key than this process's "
+                          "(device %s, key in %s): its messages wait for a process that "
+                          "has that key; give every process on this database the same "
+                          "data folder (--data-dir) or a copy of its %s", self.device_id,
+                          self.svc.identity.device_id, self.svc.data_dir,
+                          key_file.KEY_FILE_NAME)
+            return None
+
+    def _session(self, rec: DeviceRecord, rows: list[ClaimedRow], token: str) -> None:
+        svc = self.svc
         link = SenderLink(svc.identity, rec.device_id, rec.public_key, token, self.window,
                           prefetch=self.window)
         link.offer([_outgoing(r) for r in rows])

@@ -31,7 +31,7 @@ from ..persistence.peer_outbox import PeerOutbox
 from ..persistence.peers import INBOUND, OUTBOUND, DeviceRecord, PeerStore
 from ..transport import frames as wire
 from ..transport import key_file, receiver
-from ..transport.errors import FrameError, GrantClosed, PeerUnavailable
+from ..transport.errors import FrameError, GrantClosed, IdentityError, PeerUnavailable
 from ..transport.grants import GrantView, InviteView, new_code, secret_hash
 from ..transport.handshake import NONCE_BYTES, PairingProof, new_nonce
 from ..transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
@@ -63,6 +63,7 @@ class PeerService:
         self.delivering = delivering
         """False in a send-only runtime: it receives and queues, but runs no outbound link
         (the delivering process's link sends the rows)."""
+        self.data_dir = data_dir
         self.identity = key_file.load_or_create(data_dir)
         t, w = ctx.journal.t, ctx.journal.writer
         self.peers = PeerStore(t, w)
@@ -173,7 +174,12 @@ class PeerService:
         rec = self._outbound(agent_id)
         if rec.status != "active":
             raise ToolError("execution_failed", f"Peer '{agent_id}' is {rec.status}.")
-        token = self.identity.unseal(rec.token_sealed or "")
+        try:
+            token = self.identity.unseal(rec.token_sealed or "")
+        except IdentityError:
+            raise ToolError("execution_failed", f"Peer '{agent_id}' was paired by another "
+                            "device key than this process's; ask a process that has it."
+                            ) from None
         link = SenderLink(self.identity, rec.device_id, rec.public_key, token, 1)
         try:
             with connect_link(rec.url or "", token) as ws:

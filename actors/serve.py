@@ -33,6 +33,7 @@ import uvicorn
 
 from ..transport import LOOPBACK_HOSTS, OperatorToken, PeerEndpoint, create_app
 from .brain_ref import load_brain
+from .data_dirs import add_data_dir_flag
 from .errors import BrainRefError
 from .focal import Focal
 from .http_backends import cron_social_routes
@@ -112,6 +113,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--port", type=port_number, default=8765,
                    help="TCP port (default 8765; 0 picks a free one)")
     p.add_argument("--db", help="database URL (default: $KINBOX_DB, then the data dir file)")
+    add_data_dir_flag(p)
     p.add_argument("--brain", metavar="MODULE:ATTR",
                    help="deliver with this brain (e.g. myapp.agents:brain); "
                         "without it the process is send-only")
@@ -189,7 +191,7 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
         print(f"kinbox: cannot bind {args.host}:{args.port}: {exc.strerror or exc}",
               file=sys.stderr)
         return 1
-    rt = Runtime(db=args.db, brain=brain)
+    rt = Runtime(db=args.db, brain=brain, data_dir=args.data_dir)
     server: _Server | None = None
     thread: threading.Thread | None = None
     with sock, StopSignals():

@@ -19,6 +19,7 @@ from typing import TextIO
 
 from ..persistence import redact_url
 from .brain_ref import load_brain
+from .data_dirs import add_data_dir_flag
 from .errors import BrainRefError
 from .interrupts import Interrupted, StopSignals
 from .runtime import Runtime
@@ -30,6 +31,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--brain", required=True, metavar="MODULE:ATTR",
                    help="the product's brain, e.g. myapp.agents:brain")
     p.add_argument("--db", help="database URL (default: $KINBOX_DB, then the data dir file)")
+    add_data_dir_flag(p)
     p.set_defaults(handler=handle, parser=p)
 
 
@@ -51,7 +53,7 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
         brain = load_brain(args.brain)
     except BrainRefError as exc:
         args.parser.error(str(exc))
-    rt = Runtime(db=args.db, brain=brain)
+    rt = Runtime(db=args.db, brain=brain, data_dir=args.data_dir)
     with StopSignals():
         try:
             rt.start()

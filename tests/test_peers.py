@@ -603,3 +603,34 @@ def test_a_stranger_at_the_peers_address_cannot_end_the_pairing(
     finally:
         stop.set()
         rt.stop()
+
+
+def test_a_process_without_the_paired_key_leaves_the_rows_to_one_that_has_it(
+        receiver: Receiver, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Processes sharing a database each load the device key of their data folder (named
+    after the URL's spelling, or --data-dir, or on another machine another home): one
+    without the key that paired could not unseal the token and failed every row for good."""
+    db = f"sqlite:///{tmp_path / 's' / 'sender.db'}"
+    first = Runtime(db=db, brain=quiet_brain, clock=SystemClock(),
+                    data_dir=str(tmp_path / "key-a")).start()
+    rec = first.peers.pair(receiver.http, first_invite := receiver.invite())
+    assert first_invite
+    first.stop()
+    other = Runtime(db=db, brain=quiet_brain, clock=SystemClock(),
+                    data_dir=str(tmp_path / "key-b")).start()
+    try:
+        with caplog.at_level("ERROR", logger="kinbox.peers"):
+            [mid] = send_many(other, rec.device_id, 1)
+            wait_for(lambda: any("device key" in r.message for r in caplog.records), 10,
+                     "the process to say why it cannot carry the rows")
+        row = other.context.journal.get(mid)
+        assert (row["status"], row["attempts"]) == ("pending", 0)
+    finally:
+        other.stop()
+    again = Runtime(db=db, brain=quiet_brain, clock=SystemClock(),
+                    data_dir=str(tmp_path / "key-a")).start()
+    try:
+        wait_for(lambda: again.context.journal.get(mid)["status"] == "delivered", 20,
+                 "the process with the key to deliver it")
+    finally:
+        again.stop()

@@ -225,10 +225,13 @@ def test_worker_delivers_with_its_brain_and_stops_gracefully_on_sigint(
         run_kinbox: Any, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'k.db'}"
     session_id = seed_pending(url)
-    cmd = run_kinbox("worker", "--db", url, "--brain", "product_brain:brain")
+    keys = tmp_path / "shared-key"  # the device key every process on this database uses
+    cmd = run_kinbox("worker", "--db", url, "--brain", "product_brain:brain",
+                     "--data-dir", str(keys))
     cmd.wait_line("delivering")
     wait_for(lambda: delivered(url), timeout=30, what="the worker to deliver")
     assert journal(url, session_id)[1] == ["ping", "pong"]
+    assert (keys / "device_key.pem").is_file()  # made by the worker: no one else uses it
     cmd.proc.send_signal(signal.SIGINT)
     assert cmd.finish() == 0
     assert "stopped" in cmd.output and "Traceback" not in cmd.output
