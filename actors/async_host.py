@@ -66,7 +66,7 @@ class AsyncHost:
         self.loop = asyncio.new_event_loop()
         self.executor = ThreadPoolExecutor(workers, thread_name_prefix="kinbox-blocking")
         self._thread = threading.Thread(target=self._run, name="kinbox-async", daemon=True)
-        self._brains: dict[str, asyncio.Task[None]] = {}  # loop thread only
+        self._brains: dict[str, asyncio.Task[BaseException | None]] = {}  # loop thread only
         self._drivers: set[asyncio.Task[None]] = set()  # loop thread only
         self._lock = threading.Lock()
         self.running = 0
@@ -243,7 +243,7 @@ class AsyncHost:
     async def _run_brain(self, turn: Turn) -> BaseException | None:
         """Await the brain; the error the attempt ends with, or None to commit."""
         sid = turn.session_id
-        task = self.loop.create_task(self._call(turn))
+        task: asyncio.Task[BaseException | None] = self.loop.create_task(self._call(turn))
         self._brains[sid] = task
         with self._lock:
             self.running += 1
@@ -263,13 +263,19 @@ class AsyncHost:
                 return TurnCancelled("the turn ignored its stop past the grace period and "
                                      "was cancelled" + (" (turn_timeout)" if by else ""))
             return None  # stopped by a caller: commit what it said, as a stopped turn
-        exc = task.exception()
-        if exc is not None and not isinstance(exc, Exception):
-            raise exc
-        return exc
+        return task.result()
 
-    async def _call(self, turn: Turn) -> None:
-        take_result(turn, await self.ctx.brain(turn))  # type: ignore[misc]
+    async def _call(self, turn: Turn) -> BaseException | None:
+        """Await the brain; what it raised, the attempt's error. A KeyboardInterrupt or
+        SystemExit must not leave the task: asyncio re-raises those out of the loop, which
+        would end every async turn of the runtime with it."""
+        try:
+            take_result(turn, await self.ctx.brain(turn))  # type: ignore[misc]
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            return exc
+        return None
 
     def run_brain_blocking(self, turn: Turn) -> BaseException | None:
         """Run an async brain on ``turn`` from another thread (a cron or social turn) and

@@ -175,7 +175,7 @@ class DirectTurns:
                 error = ctx.async_host.run_brain_blocking(turn)
             else:
                 take_result(turn, ctx.brain(turn))
-        except Exception as exc:
+        except BaseException as exc:  # a brain's SystemExit too fails its attempt, no more
             error = exc
         outcome = judge(ctx, turn, error).outcome
         if not outcome.ok:

@@ -142,7 +142,7 @@ class SessionActor(PooledActor):
         try:
             prepare(self.ctx, self.turn)
             take_result(self.turn, self.ctx.brain(self.turn))
-        except Exception as exc:
+        except BaseException as exc:  # a brain's SystemExit too fails its attempt, no more
             return exc
         return None
 

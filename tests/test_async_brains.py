@@ -165,6 +165,41 @@ def test_a_raising_brain_is_retried_with_backoff_on_the_injected_clock(
     assert [e.text for e in rt.transcript(b)] == ["work", "finally"]
 
 
+class Custom(BaseException):
+    """A BaseException of a library's own."""
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit, Custom])
+def test_a_brain_raising_a_base_exception_fails_its_attempt_and_nothing_else(
+        make_runtime: MakeRuntime, clock: ManualClock, flavour: str,
+        raised: type[BaseException]) -> None:
+    """An async brain's KeyboardInterrupt or SystemExit left its task and ended the event
+    loop: every async turn of the runtime stopped, rows stayed ``processing``. A sync
+    brain's left its row ``processing`` for good."""
+    calls: list[str] = []
+
+    async def behaviour(turn: Turn, tools: Any) -> None:
+        calls.append(turn.messages[0].content)
+        if calls.count("boom") == 1 and turn.messages[0].content == "boom":
+            raise raised("the brain blew up")
+        turn.reply("ok " + turn.messages[0].content)
+
+    rt = make_runtime(brain=brain_of(flavour, behaviour))
+    a, b = team(rt)
+    rt.post(a, "boom")
+    rt.run_until_idle()
+    row = rt.inbox()[0]
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    assert raised.__name__ in row["last_error"]
+    rt.post(b, "hello")  # the runtime goes on delivering
+    rt.run_until_idle()
+    clock.advance(2)
+    rt.run_until_idle()
+    assert {r["content"]: r["status"] for r in rt.inbox()} == {"boom": "delivered",
+                                                               "hello": "delivered"}
+    assert [e.text for e in rt.transcript(a)] == ["boom", "ok boom"]
+
+
 def test_a_sub_agent_wakes_its_parent(make_runtime: MakeRuntime, flavour: str) -> None:
     async def behaviour(turn: Turn, tools: Any) -> None:
         message = turn.messages[0]
