@@ -187,9 +187,11 @@ class AsyncHost:
         try:
             for work in hook_work(self.ctx, turn):
                 await self.blocking(work)
-            return await self._run_brain(turn)
+            error = await self._run_brain(turn)
         except Exception as exc:
-            return exc
+            error = exc
+        await self.blocking(turn.close_steering)  # waits out a fetch in flight, off the loop
+        return error
 
     async def settle(self, step: Step) -> list[dp.Effect]:
         """Carry out a step (:data:`.session_actor.Step`) on the loop: each write is

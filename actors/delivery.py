@@ -14,6 +14,8 @@ event                     in phase     effects, next phase
 ``refused()``             STARTING     Done(claim) -> DONE  (lease lost, journal error)
 ``steered(ids)``          RUNNING      (the rows join the turn: committed or released
                                        with it) -> RUNNING
+``unseen(ids)``           RUNNING      Release(each): rows fetched for the turn that its
+                                       brain was never handed -> RUNNING
 ``brain_returned()``      RUNNING      Commit(ids, next_lease unless this is the run's
                                        CHAIN_LIMIT-th turn, its row was taken over, or
                                        closing) -> COMMITTING
@@ -200,6 +202,13 @@ class Delivery:
         self._expect("steered", _RUNNING)
         self.steered.extend(message_ids)
         return []
+
+    def unseen(self, message_ids: list[str]) -> list[Effect]:
+        """Rows ``steering()`` leased for the running turn that its brain never took (it
+        stopped waiting for them): not part of the turn, handed back for a turn of their
+        own, before the turn commits (its commit may lease them next)."""
+        self._expect("unseen", _RUNNING)
+        return [Release(mid) for mid in message_ids]
 
     def brain_returned(self) -> list[Effect]:
         """The brain returned and its outcome is to be committed."""

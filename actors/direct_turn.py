@@ -177,6 +177,7 @@ class DirectTurns:
                 take_result(turn, ctx.brain(turn))
         except BaseException as exc:  # a brain's SystemExit too fails its attempt, no more
             error = exc
+        turn.close_steering()  # what the brain was never handed stays out (the caller's)
         outcome = judge(ctx, turn, error).outcome
         if not outcome.ok:
             log.info("direct turn of %s failed: %s", session_id, outcome.error)

@@ -149,12 +149,14 @@ class SessionActor(PooledActor):
     def brain_ended(self, run: dp.Delivery, error: BaseException | None) -> list[dp.Effect]:
         """Judge the attempt (errors, the timeout, a stop) and tell the protocol."""
         assert self.turn is not None
+        unseen = [m.message_id for m in self.turn.close_steering()]
         run.steered_in(self.turn.steered_ids[len(run.steered):])
+        handed_back = run.unseen(unseen) if unseen else []
         run.closing = self.ctx.closed.is_set()  # stopping: the commit leases no next row
         self.judged = judge(self.ctx, self.turn, error)
         if self.judged.outcome.ok:
-            return run.brain_returned()
-        return run.brain_raised(self.judged.outcome.error or "the turn failed")
+            return handed_back + run.brain_returned()
+        return handed_back + run.brain_raised(self.judged.outcome.error or "the turn failed")
 
     def apply(self, run: dp.Delivery, effect: dp.Effect) -> list[dp.Effect]:
         """Carry out one effect (not RunBrain) on this thread, waiting for its writes; the
@@ -248,7 +250,6 @@ class SessionActor(PooledActor):
     def _new_turn(self, row: ClaimedRow, started: float, stop_flag: StopFlag) -> Turn:
         ctx = self.ctx
         sid = self.session_id
-        steered: list[str] = []
         last_seq = [row.seq]
 
         def fetch_steering() -> list[Message]:
@@ -256,12 +257,11 @@ class SessionActor(PooledActor):
                                           lease=ctx.lease_seconds)
             if more:
                 last_seq[0] = more[-1].seq
-                steered.extend(r.message_id for r in more)
             return [Message.from_row(r) for r in more]
 
         outbox = Outbox(row.message_id)
         turn = Turn(sid, [Message.from_row(row)], turn_tools(ctx, sid, outbox), stop_flag,
-                    fetch_steering, row=row, started=started, steered=steered, outbox=outbox)
+                    fetch_steering, row=row, started=started, outbox=outbox)
         if ctx.observers:
             ctx.emit("turn_started", session_id=sid, message_id=row.message_id,
                      attempt=row.attempts + 1)

@@ -339,7 +339,8 @@ class SocialService:
             return [_message(e) for e in fresh]
 
         def commit_ops(turn: Turn) -> list[Any]:
-            last = taken[-1]
+            unseen = {m.message_id for m in turn.close_steering()}
+            last = [e for e in taken if e.event_id not in unseen][-1]
             patch = {"social_reply_route": dict(last.reply_route),
                      "social_last_sender": last.sender_id}
             return [lambda: self.ctx.store.patch_config_now(sid, patch, self.ctx.now())]
@@ -347,8 +348,14 @@ class SocialService:
         try:
             done = self.turns.run(sid, [_message(event)], fetch_steering=fetch_steering,
                                   commit_ops=commit_ops)
+            unseen = {m.message_id for m in done.turn.close_steering()}
             with self._lock:
                 self.counts["turns" if done.committed else "failed_turns"] += 1
+                if unseen:  # fetched for the turn, never handed to its brain: next in line
+                    back = [e for e in taken if e.event_id in unseen]
+                    taken[:] = [e for e in taken if e.event_id not in unseen]
+                    self._chats[sid].pending.extendleft(reversed(back))
+                    self._unstarted.update((e.event_id, e) for e in back)
             if done.committed:
                 self._send_replies(sid, taken[-1], done.turn)
             else:  # nothing was committed, so nothing is sent; the outcome says why

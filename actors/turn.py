@@ -12,6 +12,7 @@ failed delivery: the message is retried with backoff.
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -92,7 +93,7 @@ class Turn:
                  stop_event: StopFlag,
                  fetch_steering: Callable[[], list[Message]], *,
                  row: ClaimedRow | None = None, started: float = 0.0,
-                 steered: list[str] | None = None, outbox: Outbox | None = None) -> None:
+                 outbox: Outbox | None = None) -> None:
         self.session_id = session_id
         self.messages = messages
         self.row = row  # type: ignore[assignment]
@@ -101,15 +102,21 @@ class Turn:
         """When the turn started, on the runtime's clock."""
         self.outbox = outbox
         """What the turn's tool calls wrote: committed with the turn, dropped if it fails."""
-        self.steered_ids: list[str] = steered if steered is not None else []
-        """Ids of the steering rows taken into this turn (committed or released with it)."""
+        self.steered_ids: list[str] = []
+        """Ids of the steering messages taken into this turn (committed or released with
+        it): those the brain was handed, not every one fetched for it."""
         self._make_tools = tools
         self._tools: Any = None
         self._stop = stop_event
         self._fetch_steering = fetch_steering
         self._steered: list[Message] = []
-        self._run_blocking: Callable[[Callable[[], list[Message]]],
-                                     Awaitable[list[Message]]] | None = None
+        self._steer_lock = threading.Lock()
+        """Held while steering is fetched and while it is closed: a turn ending waits for
+        a fetch in flight (an ``asteering`` whose caller was cancelled runs on)."""
+        self._unseen: list[Message] = []
+        """Fetched (leased to this turn) and not yet handed to the brain."""
+        self._closed: list[Message] | None = None
+        self._run_blocking: Callable[[Callable[[], None]], Awaitable[None]] | None = None
         self.replies: list[str] = []
         self._request: Any = None
         self._context: str | None = None
@@ -174,19 +181,42 @@ class Turn:
         They become part of this turn: committed and acknowledged with it. In an
         ``async def`` brain, ``await turn.asteering()``.
         """
-        return self._take(self._fetch_steering())
+        self._fetch()
+        return self._take()
 
     async def asteering(self) -> list[Message]:
-        """:meth:`steering` for an ``async def`` brain: waits for the commit, not the loop."""
+        """:meth:`steering` for an ``async def`` brain: waits for the commit, not the loop.
+
+        Cancelled while the messages are fetched (``asyncio.wait_for``, a stop), it leaves
+        them for the next call; those no call takes by the turn's end are not part of it
+        (they are handed back, for a turn of their own)."""
         run = self._run_blocking
         if run is None:
             return self.steering()
-        return self._take(await run(self._fetch_steering))
+        await run(self._fetch)
+        return self._take()
 
-    def _take(self, fresh: list[Message]) -> list[Message]:
+    def _fetch(self) -> None:
+        with self._steer_lock:
+            if self._closed is None:
+                self._unseen.extend(self._fetch_steering())
+
+    def _take(self) -> list[Message]:
+        with self._steer_lock:
+            fresh, self._unseen = self._unseen, []
         self._steered.extend(fresh)
+        self.steered_ids.extend(m.message_id for m in fresh)
         self._log.extend(m.entry() for m in fresh)
         return fresh
+
+    def close_steering(self) -> list[Message]:
+        """End the turn's steering (after its brain): the messages fetched for it that the
+        brain was never handed, to hand back. Waits for a fetch in flight; the same answer
+        however often it is asked."""
+        with self._steer_lock:
+            if self._closed is None:
+                self._closed, self._unseen = self._unseen, []
+            return self._closed
 
     @property
     def all_messages(self) -> list[Message]:

@@ -165,6 +165,34 @@ def test_a_raising_brain_is_retried_with_backoff_on_the_injected_clock(
     assert [e.text for e in rt.transcript(b)] == ["work", "finally"]
 
 
+def test_steering_a_brain_stopped_waiting_for_is_not_lost_but_runs_next(
+        make_runtime: MakeRuntime) -> None:
+    """``asyncio.wait_for(turn.asteering(), ...)`` timing out (or a stop cancelling it)
+    while the rows were fetched: they were acknowledged with the turn though its brain
+    never saw them, and were in no transcript: lost."""
+    rt: Runtime
+    seen: list[list[str]] = []
+
+    async def brain(turn: Turn) -> None:
+        if turn.messages[0].content == "first":
+            rt.post(turn.session_id, "steer-me")  # committed: the next fetch finds it
+            waiting = asyncio.ensure_future(turn.asteering())
+            await asyncio.sleep(0)  # the fetch is on its worker
+            waiting.cancel()  # the brain stops waiting for it
+            await asyncio.gather(waiting, return_exceptions=True)
+        seen.append([m.content for m in turn.all_messages])
+        turn.reply("ok")
+
+    rt = make_runtime(brain=brain)
+    a, _ = team(rt)
+    rt.post(a, "first")
+    rt.run_until_idle()
+    assert seen == [["first"], ["steer-me"]]
+    assert [e.text for e in rt.transcript(a)] == ["first", "ok", "steer-me", "ok"]
+    assert [(r["content"], r["status"], r["attempts"]) for r in rt.inbox()] == [
+        ("first", "delivered", 0), ("steer-me", "delivered", 0)]
+
+
 class Custom(BaseException):
     """A BaseException of a library's own."""
 

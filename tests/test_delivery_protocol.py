@@ -27,6 +27,7 @@ EVENTS: dict[str, Callable[[dp.Delivery], list[dp.Effect]]] = {
     "started": lambda d: d.started(),
     "refused": lambda d: d.refused(),
     "steered": lambda d: d.steered_in(["m2"]),
+    "unseen": lambda d: d.unseen(["m3"]),
     "brain_returned": lambda d: d.brain_returned(),
     "brain_raised": lambda d: d.brain_raised("boom"),
     "committed": lambda d: d.committed(None, plain=True),
@@ -38,7 +39,7 @@ EVENTS: dict[str, Callable[[dp.Delivery], list[dp.Effect]]] = {
 ALLOWED = {
     dp.Phase.IDLE: {"claimed"},
     dp.Phase.STARTING: {"started", "refused"},
-    dp.Phase.RUNNING: {"steered", "brain_returned", "brain_raised"},
+    dp.Phase.RUNNING: {"steered", "unseen", "brain_returned", "brain_raised"},
     dp.Phase.COMMITTING: {"committed", "lease_lost", "journal_failed"},
     dp.Phase.FAILING: {"failure_recorded", "journal_failed"},
     dp.Phase.DONE: set(),
@@ -50,6 +51,7 @@ EXPECTED: dict[tuple[dp.Phase, str], tuple[dp.Phase, list[type]]] = {
     (dp.Phase.STARTING, "started"): (dp.Phase.RUNNING, [dp.RunBrain]),
     (dp.Phase.STARTING, "refused"): (dp.Phase.DONE, [dp.Done]),
     (dp.Phase.RUNNING, "steered"): (dp.Phase.RUNNING, []),
+    (dp.Phase.RUNNING, "unseen"): (dp.Phase.RUNNING, [dp.Release]),
     (dp.Phase.RUNNING, "brain_returned"): (dp.Phase.COMMITTING, [dp.Commit]),
     (dp.Phase.RUNNING, "brain_raised"): (dp.Phase.FAILING, [dp.RecordFailure]),
     (dp.Phase.COMMITTING, "committed"): (dp.Phase.DONE, [dp.Done]),
@@ -269,3 +271,11 @@ def test_a_taken_over_rows_run_ends_after_its_turn_so_the_next_suspect_may_start
     leased_anyway.started()
     leased_anyway.brain_returned()
     assert leased_anyway.committed(row(2), plain=True) == [dp.Release("m2"), dp.Done(True)]
+
+
+def test_rows_fetched_for_the_turn_and_never_taken_are_handed_back_not_committed() -> None:
+    d = in_phase(dp.Phase.RUNNING)
+    d.steered_in(["m2"])
+    assert d.unseen(["m3", "m4"]) == [dp.Release("m3"), dp.Release("m4")]
+    [commit] = d.brain_returned()
+    assert isinstance(commit, dp.Commit) and commit.message_ids == ("m1", "m2")
