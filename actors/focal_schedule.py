@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,10 +26,15 @@ from .ids import short
 from .outbox import Writes
 from .schedule_driver import ScheduleDriver
 from .triggers import cron_trigger, next_fire
+from .validation import unstorable
 
 log = logging.getLogger("kinbox.schedule")
 
 MAX_WAKEUPS = 20
+NOTE_LIMIT = 2_000
+"""Longest wake-up note, in characters."""
+LATEST_WAKEUP = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC).timestamp()
+"""The last time a one-shot wake-up may be set for."""
 WAKEUP_KINDS = ("reminder", "check")
 HEARTBEAT_JOB = "focal-heartbeat"
 
@@ -96,6 +102,10 @@ class FocalSchedule:
             raise ToolError("invalid_argument", "give exactly one of at or cron.")
         if not isinstance(note, str):
             raise ToolError("invalid_argument", "note must be a string.")
+        problem = unstorable(note)
+        if problem is not None or len(note) > NOTE_LIMIT:
+            raise ToolError("invalid_argument", f"note {problem}." if problem else
+                            f"note is {len(note):,} characters; the limit is {NOTE_LIMIT:,}.")
         now = self.ctx.now()
         if cron is not None:
             if not isinstance(cron, str):
@@ -137,16 +147,25 @@ class FocalSchedule:
 
     @staticmethod
     def _parse_at(at: Any) -> float:
+        """Epoch seconds before year 10,000 (a time the scheduler can hold: one past it
+        was stored and then refused by every later start of the runtime)."""
+        when: float | None = None
         if isinstance(at, int | float) and not isinstance(at, bool):
-            return float(at)
-        if isinstance(at, str):
+            try:
+                when = float(at)
+            except OverflowError:
+                when = None
+        elif isinstance(at, str):
             try:
                 parsed = dt.datetime.fromisoformat(at.replace("Z", "+00:00"))
             except ValueError:
                 pass
             else:
-                return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
-        raise ToolError("invalid_argument", "at must be epoch seconds or an ISO 8601 time.")
+                when = (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
+        if when is None or not math.isfinite(when) or not 0 <= when < LATEST_WAKEUP:
+            raise ToolError("invalid_argument", "at must be epoch seconds or an ISO 8601 "
+                            "time, before the year 10000.")
+        return when
 
     def wakeups(self) -> list[dict[str, Any]]:
         """Focal's active wake-ups."""

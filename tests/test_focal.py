@@ -338,9 +338,20 @@ def test_wakeups_are_limited_validated_and_cancelled(focal_rt: tuple[Runtime, An
     for bad, fragment in (({"kind": "alarm", "at": clock.now() + 5}, "reminder"),
                           ({"kind": "check"}, "exactly one of at or cron"),
                           ({"kind": "check", "cron": "every day"}, "crontab"),
-                          ({"kind": "check", "at": clock.now() - 5}, "future")):
-        with pytest.raises(ToolError, match=fragment):
+                          ({"kind": "check", "at": clock.now() - 5}, "future"),
+                          # stored once, these made every later start of the runtime fail
+                          ({"kind": "check", "at": 1e20}, "year 10000"),
+                          ({"kind": "check", "at": float("inf")}, "year 10000"),
+                          ({"kind": "check", "at": float("nan")}, "year 10000"),
+                          ({"kind": "check", "at": 10**400}, "year 10000"),
+                          ({"kind": "check", "at": clock.now() + 5, "note": "a\ud800"},
+                           "surrogate"),
+                          ({"kind": "check", "at": clock.now() + 5, "note": "x" * 2001},
+                           "limit")):
+        with pytest.raises(ToolError, match=fragment) as info:
             tools.schedule_wakeup(**bad)
+        assert info.value.code == "invalid_argument"
+    assert rt.focal.panel()["wakeups"] == []  # nothing of them stored
     ids = [tools.schedule_wakeup("reminder", at=clock.now() + 60 + i)["job_id"]
            for i in range(20)]
     with pytest.raises(ToolError, match="already has 20 wake-ups"):
