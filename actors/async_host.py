@@ -190,7 +190,8 @@ class AsyncHost:
             error = await self._run_brain(turn)
         except Exception as exc:
             error = exc
-        await self.blocking(turn.close_steering)  # waits out a fetch in flight, off the loop
+        if turn.close_steering(wait=False) is None:  # a fetch in flight: wait, off the loop
+            await self.blocking(turn.close_steering)
         return error
 
     async def settle(self, step: Step) -> list[dp.Effect]:

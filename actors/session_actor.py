@@ -149,7 +149,7 @@ class SessionActor(PooledActor):
     def brain_ended(self, run: dp.Delivery, error: BaseException | None) -> list[dp.Effect]:
         """Judge the attempt (errors, the timeout, a stop) and tell the protocol."""
         assert self.turn is not None
-        unseen = [m.message_id for m in self.turn.close_steering()]
+        unseen = [m.message_id for m in self.turn.close_steering() or []]
         run.steered_in(self.turn.steered_ids[len(run.steered):])
         handed_back = run.unseen(unseen) if unseen else []
         run.closing = self.ctx.closed.is_set()  # stopping: the commit leases no next row

@@ -339,7 +339,7 @@ class SocialService:
             return [_message(e) for e in fresh]
 
         def commit_ops(turn: Turn) -> list[Any]:
-            unseen = {m.message_id for m in turn.close_steering()}
+            unseen = {m.message_id for m in turn.close_steering() or []}
             last = [e for e in taken if e.event_id not in unseen][-1]
             patch = {"social_reply_route": dict(last.reply_route),
                      "social_last_sender": last.sender_id}
@@ -348,7 +348,7 @@ class SocialService:
         try:
             done = self.turns.run(sid, [_message(event)], fetch_steering=fetch_steering,
                                   commit_ops=commit_ops)
-            unseen = {m.message_id for m in done.turn.close_steering()}
+            unseen = {m.message_id for m in done.turn.close_steering() or []}
             with self._lock:
                 self.counts["turns" if done.committed else "failed_turns"] += 1
                 if unseen:  # fetched for the turn, never handed to its brain: next in line

@@ -209,14 +209,18 @@ class Turn:
         self._log.extend(m.entry() for m in fresh)
         return fresh
 
-    def close_steering(self) -> list[Message]:
+    def close_steering(self, wait: bool = True) -> list[Message] | None:
         """End the turn's steering (after its brain): the messages fetched for it that the
-        brain was never handed, to hand back. Waits for a fetch in flight; the same answer
-        however often it is asked."""
-        with self._steer_lock:
+        brain was never handed, to hand back; the same answer however often it is asked.
+        Waits for a fetch in flight, or with ``wait=False`` answers None instead."""
+        if not self._steer_lock.acquire(blocking=wait):
+            return None
+        try:
             if self._closed is None:
                 self._closed, self._unseen = self._unseen, []
             return self._closed
+        finally:
+            self._steer_lock.release()
 
     @property
     def all_messages(self) -> list[Message]:

@@ -217,8 +217,9 @@ def test_pairing_proves_both_keys() -> None:
 # -- the sender link -----------------------------------------------------------------------
 
 
-def open_link(window: int = 2) -> SenderLink:
-    link = SenderLink(CLIENT, SERVER.device_id, SERVER.public_key, TOKEN, window)
+def open_link(window: int = 2, link: SenderLink | None = None) -> SenderLink:
+    """A link (new, or ``link`` again after it was lost) open with m0..m2 offered."""
+    link = link or SenderLink(CLIENT, SERVER.device_id, SERVER.public_key, TOKEN, window)
     link.offer([Outgoing(f"m{i}", f"text {i}") for i in range(3)])
     assert link.frames_to_send() == []  # nothing goes out before the handshake
     link.connected(NC)
@@ -227,6 +228,7 @@ def open_link(window: int = 2) -> SenderLink:
     assert isinstance(hello, f.Hello)
     link.receive(f.encode(hs.answer_hello(SERVER, NS, hello, grant(), TOKEN)))
     assert link.state is LinkState.OPEN
+    link.hello = hello  # type: ignore[attr-defined]  (for a test that signs for it)
     return link
 
 
@@ -259,25 +261,14 @@ def test_rejected_payload_is_terminal_for_that_row_only() -> None:
 
 
 def test_a_signed_refusal_on_the_live_link_closes_it_and_fails_everything_held() -> None:
-    link = SenderLink(CLIENT, SERVER.device_id, SERVER.public_key, TOKEN, 3)
-    link.offer([Outgoing(f"m{i}", f"text {i}") for i in range(3)])
-    link.connected(NC)
-    link.receive(f.encode(hs.challenge(SERVER, NS)))
-    hello = f.parse(link.frames_to_send()[0])
-    assert isinstance(hello, f.Hello)
-    link.receive(f.encode(hs.answer_hello(SERVER, NS, hello, grant(), TOKEN)))
-    assert link.state is LinkState.OPEN
-    forged = hs.refused(OTHER, NS, hello, TOKEN, Refusal.REVOKED)  # a relay's own "revoked"
-    link.receive(f.encode(forged))
+    link = open_link(window=3)
+    forged = hs.refused(OTHER, NS, link.hello, TOKEN, Refusal.REVOKED)  # type: ignore[attr-defined]
+    link.receive(f.encode(forged))  # a relay's own "revoked": not the pinned key's
     [effect] = link.effects()
     assert isinstance(effect, Retry) and effect.unproven and link.state is LinkState.IDLE
-    link.connected(NC)
-    link.offer([Outgoing(f"m{i}", f"text {i}") for i in range(3)])
-    link.receive(f.encode(hs.challenge(SERVER, NS)))
-    hello = f.parse(link.frames_to_send()[0])
-    assert isinstance(hello, f.Hello)
-    link.receive(f.encode(hs.answer_hello(SERVER, NS, hello, grant(), TOKEN)))
-    link.receive(f.encode(hs.refused(SERVER, NS, hello, TOKEN, Refusal.PAUSED)))
+    link = open_link(link=link)
+    link.receive(f.encode(hs.refused(SERVER, NS, link.hello, TOKEN,  # type: ignore[attr-defined]
+                                     Refusal.PAUSED)))
     [effect] = link.effects()
     assert effect == Terminal(("m0", "m1", "m2"), effect.reason, "paused")
     assert link.state is LinkState.CLOSED
