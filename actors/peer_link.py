@@ -124,17 +124,19 @@ class PeerLink:
 
     def _step(self) -> None:
         rec = self.svc.peers.device(self.device_id, OUTBOUND)
-        token = self._token(rec) if rec is not None and rec.status == "active" else None
-        if rec is not None and rec.status == "active" and token is None:
+        if rec is None:
+            self._idle_wait()
+            return
+        token = self._token(rec) if rec.status == "active" else None
+        if rec.status == "active" and token is None:
             self._wake.wait(5.0)  # not this process's rows: look again if it pairs anew
             self._wake.clear()
             return
-        rows = self._claim(0, self.window) if rec is not None else []
+        rows = self._claim(0, self.window)
         if not rows:
             self._idle_wait()
             return
-        assert rec is not None
-        if token is None:
+        if token is None:  # the device is paused or revoked: its rows fail at once
             reason = rec.last_error or f"peer device {self.device_id} is {rec.status}"
             for row in rows:
                 self._retry(row.message_id, reason, permanent=True)

@@ -29,58 +29,29 @@ import peewee as pw
 from .errors import DatabaseFailed
 
 
-class DataError(DatabaseFailed, pw.DataError):
-    """A value the database refused (out of range, bad text)."""
-
-    kind = "DataError"
-
-
-class IntegrityError(DatabaseFailed, pw.IntegrityError):
-    """A constraint the statement broke."""
-
-    kind = "IntegrityError"
+def _standing_for(base: type[pw.PeeweeException], doc: str) -> type[DatabaseFailed]:
+    """The kinbox error for peewee's ``base``: both at once, named and kinded after it."""
+    return type(base.__name__, (DatabaseFailed, base),
+                {"__doc__": doc, "__module__": __name__, "kind": base.__name__})
 
 
-class InterfaceError(DatabaseFailed, pw.InterfaceError):
-    """The connection is closed or unusable."""
-
-    kind = "InterfaceError"
-
-
-class InternalError(DatabaseFailed, pw.InternalError):
-    """The database's own failure."""
-
-    kind = "InternalError"
-
-
-class NotSupportedError(DatabaseFailed, pw.NotSupportedError):
-    """A feature the database lacks."""
-
-    kind = "NotSupportedError"
-
-
-class OperationalError(DatabaseFailed, pw.OperationalError):
-    """A lost connection, a lock wait that timed out, a full disk, a server shutting down."""
-
-    kind = "OperationalError"
-
-
-class ProgrammingError(DatabaseFailed, pw.ProgrammingError):
-    """A statement the database cannot run (a missing table: run ``kinbox db upgrade``)."""
-
-    kind = "ProgrammingError"
-
-
-class OtherDatabaseError(DatabaseFailed, pw.DatabaseError):
-    """Any other database error."""
-
+DataError = _standing_for(pw.DataError, "A value the database refused (out of range, bad "
+                          "text).")
+IntegrityError = _standing_for(pw.IntegrityError, "A constraint the statement broke.")
+InterfaceError = _standing_for(pw.InterfaceError, "The connection is closed or unusable.")
+InternalError = _standing_for(pw.InternalError, "The database's own failure.")
+NotSupportedError = _standing_for(pw.NotSupportedError, "A feature the database lacks.")
+OperationalError = _standing_for(pw.OperationalError, "A lost connection, a lock wait that "
+                                 "timed out, a full disk, a server shutting down.")
+ProgrammingError = _standing_for(pw.ProgrammingError, "A statement the database cannot run "
+                                 "(a missing table: run ``kinbox db upgrade``).")
+OtherDatabaseError = _standing_for(pw.DatabaseError, "Any other database error.")
 
 _DRIVER = (pw.DatabaseError, pw.InterfaceError)
 _BY_NAME: dict[str, type[DatabaseFailed]] = {
-    cls.__bases__[1].__name__: cls for cls in (DataError, IntegrityError, InterfaceError,
-                                               InternalError, NotSupportedError,
-                                               OperationalError, ProgrammingError,
-                                               OtherDatabaseError)}
+    cls.kind: cls for cls in (DataError, IntegrityError, InterfaceError, InternalError,
+                              NotSupportedError, OperationalError, ProgrammingError,
+                              OtherDatabaseError)}
 """By DB-API class name, which peewee's classes and every driver's share (psycopg2's
 ``UniqueViolation`` is an ``IntegrityError``)."""
 

@@ -170,9 +170,16 @@ def check_grant(grant: GrantView | None, token: str) -> Refusal | None:
     """Refusal for a presented token against the grant found by its hash, else None."""
     if grant is None or not hmac.compare_digest(grant.token_hash, secret_hash(token)):
         return Refusal.UNKNOWN
-    if grant.status == GrantStatus.REVOKED:
+    return status_refusal(grant.status)
+
+
+def status_refusal(status: str | None) -> Refusal | None:
+    """What a grant in ``status`` (None: gone) says to its device; None while active."""
+    if status is None:
+        return Refusal.UNKNOWN
+    if status == GrantStatus.REVOKED:
         return Refusal.REVOKED
-    if grant.status != GrantStatus.ACTIVE:
+    if status != GrantStatus.ACTIVE:
         return Refusal.PAUSED
     return None
 

@@ -187,8 +187,7 @@ class SenderLink:
         """The upgrade request was refused with ``reason``: retried like a lost link, since
         an HTTP answer proves nothing about who sent it (a peer refuses for good by signing
         a ``refused`` frame in the handshake)."""
-        self._lost(f"the peer's address refused the connection ({f.shown(reason)})",
-                   unproven=True)
+        self._lost(f"the peer's address refused the connection ({reason})", unproven=True)
 
     def connection_lost(self, reason: str) -> None:
         """The socket closed or could not be opened."""

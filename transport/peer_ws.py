@@ -42,6 +42,7 @@ from .grants import (
     check_invite,
     new_token,
     secret_hash,
+    status_refusal,
 )
 from .host_guard import AllowedHosts, host_of
 from .identity import DeviceIdentity
@@ -307,7 +308,7 @@ class _Session:
 
     async def _close(self, status: str | None) -> None:
         """Tell the device its grant closed (signed), close the link, end the session."""
-        reason = {"paused": Refusal.PAUSED, None: Refusal.UNKNOWN}.get(status, Refusal.REVOKED)
+        reason = status_refusal(status) or Refusal.REVOKED  # only a closed grant comes here
         with contextlib.suppress(Exception):
             await self.send(f.encode(self.refusal(reason)))
             await self.ws.close(code=1008, reason="grant " + str(status))
