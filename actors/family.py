@@ -54,11 +54,16 @@ def iso(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat().replace("+00:00", "Z")
 
 
+def subject(s: SessionRecord) -> access.Subject:
+    """The authorization rules' view of a session."""
+    return access.Subject(s.id, s.project_id, s.kind, s.platform)
+
+
 def member(s: SessionRecord) -> roster.Member:
     """The roster rules' view of a session."""
     worker = s.config.get("worker")
     return roster.Member(s.id, s.title, s.parent_id, str(worker) if worker else None, s.status,
-                         access.is_hidden(access.Subject(s.id, s.project_id, s.kind, s.platform)))
+                         access.is_hidden(subject(s)))
 
 
 class FamilyTools:
@@ -71,7 +76,11 @@ class FamilyTools:
 
     def _family(self) -> tuple[SessionRecord, list[roster.Entry], list[SessionRecord]]:
         caller = self._caller()
-        related = self._ctx.store.family(caller)
+        # Kinship never crosses the project boundary (S2): sessions Focal dispatched
+        # into different projects share a parent, yet must not reach each other.
+        me = subject(caller)
+        related = [s for s in self._ctx.store.family(caller)
+                   if access.can_reach(me, subject(s), allow_self=True)]
         return caller, roster.roster(member(caller), [member(s) for s in related]), related
 
     def list_agents(self) -> dict[str, Any]:

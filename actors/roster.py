@@ -4,7 +4,9 @@ Pure. The roster of a session is its parent, its siblings (sessions with
 the same parent; roots are siblings only when they share a parent worker)
 and its direct children, active or not, in roster order: parent, siblings
 by name, children by name. Everyone else (grandchildren, cousins, strangers)
-is out of reach.
+is out of reach; so is kin in another project, which the caller filters out
+with :func:`.access.can_reach` before asking (the project boundary is S2's
+rule, kept in one place).
 """
 
 from __future__ import annotations
@@ -93,7 +95,8 @@ def resolve(entries: Sequence[Entry], role: str, name: str | None) -> Entry:
         parents = [e for e in entries if e.relationship == "parent"]
         if not parents:
             raise ResolveError(Unresolved.NO_PARENT,
-                               "this agent has no parent to message (it is a root)")
+                               "this agent has no parent to message (it is a root, or its "
+                               "parent is outside its project)")
         return parents[0]
     if name is None or not name.strip():
         raise ResolveError(Unresolved.NAME_REQUIRED, f"receiver_name is required for a {role}")

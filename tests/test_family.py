@@ -199,3 +199,32 @@ def test_family_messages_survive_a_restart(db_url: str, clock: ManualClock) -> N
                  brain=lambda turn: seen.append(turn.messages[0].content)) as rt3:
         rt3.run_until_idle()
     assert seen == ["durable hello"]
+
+
+def test_kinship_never_crosses_the_project_boundary(make_runtime: MakeRuntime) -> None:
+    """Focal's dispatches to two projects share a parent, yet stay strangers (S2)."""
+    rt = make_runtime(brain=lambda turn: None)
+    rt.get_or_create_focal_chat()
+    focal = rt.tools_for("focal-suzent")
+    web, ops = rt.create_project("web"), rt.create_project("ops")
+    a = focal.agent_send(agent_id="new", project_id=web.id, title="alpha", message="go")
+    b = focal.agent_send(agent_id="new", project_id=ops.id, title="beta", message="go")
+    c = focal.agent_send(agent_id="new", project_id=web.id, title="gamma", message="go")
+    rt.run_until_idle()
+    tools = rt.tools_for(a["agent_id"])
+    assert [(e["relationship"], e["name"]) for e in tools.list_agents()["agents"]] == [
+        ("sibling", "gamma")]
+    for name in ("beta", b["agent_id"]):
+        with pytest.raises(ToolError) as info:
+            tools.send("psst", receiver_role="sibling", receiver_name=name)
+        assert info.value.code == "not_found"
+        assert info.value.message == f"no sibling matches receiver_name {name!r}."
+    with pytest.raises(ToolError) as info:
+        tools.send("hi", receiver_role="parent")
+    assert info.value.code == "not_found"
+    receipts = tools.send("all", "status?")["receipts"]
+    assert [r["target"] for r in receipts] == [c["agent_id"]]
+    rt.run_until_idle()
+    family_rows = [r for r in rt.inbox() if r["kind"] == "family_message"]
+    assert family_rows == rt.inbox(target=c["agent_id"])[-1:]
+    assert family_rows[0]["sender_chat_id"] == a["agent_id"]
