@@ -17,7 +17,8 @@ then updated, a child started and then messaged) through the outbox's overlay.
 Two effects cannot wait for the commit, and are not in the outbox:
 
 - a foreground ``agent(..., run_in_background=False)``: the turn waits for the child,
-  so the child is committed at once. Its id is derived from the turn's message, the
+  so the child (its session, task and first message, in one transaction:
+  :func:`commit_together`) is committed at once. Its id is derived from the turn's message, the
   call's place in the turn and its description, so a retried attempt that asks for the
   same child gets the one that already ran (its result, if it finished) instead of a
   second one;
@@ -148,3 +149,19 @@ class Writes:
         """Remember a task's state after a change queued in this turn."""
         if self.outbox is not None:
             self.outbox.tasks[record.id] = record
+
+
+def commit_together(ctx: RuntimeContext, build: Callable[[Writes], T]) -> T:
+    """Run ``build``'s writes now, in one transaction: all of them durable, or none.
+
+    For writes that cannot wait for a turn's commit yet must not be seen half-done
+    (a foreground child without its task message would leave the retried turn
+    waiting on a row that never comes).
+    """
+    staging = Outbox("")
+    result = build(Writes(ctx, staging))
+    effects = staging.effects()
+    ctx.journal.writer.call(lambda: [op() for op in effects.ops])
+    for after in effects.after:
+        after()
+    return result

@@ -20,7 +20,7 @@ from .errors import ToolError
 from .family import FamilyTools
 from .focal import is_focal_chat
 from .ids import short
-from .outbox import Outbox, Writes
+from .outbox import Outbox, Writes, commit_together
 from .peers import is_peer_target
 from .subagents import TASK_KIND, task_message_id
 from .tasks import TaskService
@@ -267,25 +267,29 @@ class AgentTools(FamilyTools, TaskTools):
         caller = self._caller()
         ctx = self._ctx
         box = self._writes.outbox
+
+        def start(writes: Writes) -> dict[str, Any]:
+            now = ctx.now()
+            writes.create_session(SessionRecord(child_id, caller.project_id, name, "subagent",
+                                                None, caller.id, "idle", now, now, {}))
+            task = TaskService(ctx, writes).create(child_id, caller.project_id, name,
+                                                   "in_progress")
+            writes.send([NewMessage(task_message_id(task.id), child_id, text, kind=TASK_KIND,
+                                    sender=caller.id, payload={"task_id": task.id})])
+            return {"agent_id": child_id, "task_id": task.id, "status": "running"}
+
         if run_in_background:
-            child_id, writes = f"subagent-sub_{short(ctx.new_id(), 8)}", self._writes
-        else:
-            self._require_a_free_thread(caller.id)
-            # The turn waits for this child, so it commits now, not with the turn; an id
-            # repeatable across attempts lets a retried turn find the child it started.
-            child_id = (box.child_id(text) if box is not None
-                        else f"subagent-sub_{short(ctx.new_id(), 8)}")
-            writes = Writes(ctx, None)
-            earlier = self._started_child(child_id)
-            if earlier is not None:
-                return earlier, float(wait)
-        now = ctx.now()
-        writes.create_session(SessionRecord(child_id, caller.project_id, name, "subagent",
-                                            None, caller.id, "idle", now, now, {}))
-        task = TaskService(ctx, writes).create(child_id, caller.project_id, name, "in_progress")
-        writes.send([NewMessage(task_message_id(task.id), child_id, text, kind=TASK_KIND,
-                                sender=caller.id, payload={"task_id": task.id})])
-        return {"agent_id": child_id, "task_id": task.id, "status": "running"}, float(wait)
+            child_id = f"subagent-sub_{short(ctx.new_id(), 8)}"
+            return start(self._writes), float(wait)
+        self._require_a_free_thread(caller.id)
+        # The turn waits for this child, so it commits now, not with the turn; an id
+        # repeatable across attempts lets a retried turn find the child it started.
+        child_id = (box.child_id(text) if box is not None
+                    else f"subagent-sub_{short(ctx.new_id(), 8)}")
+        earlier = self._started_child(child_id)
+        if earlier is not None:
+            return earlier, float(wait)
+        return commit_together(ctx, start), float(wait)
 
     def _started_child(self, child_id: str) -> dict[str, Any] | None:
         """The receipt of a foreground child an earlier attempt of this turn started."""

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, Turn
+from kinbox.persistence import DatabaseFailed, Journal, NewMessage
 
 MakeRuntime = Callable[..., Runtime]
 
@@ -185,6 +186,43 @@ def test_a_retried_foreground_child_is_the_same_child_not_a_second_one(
     assert len([s for s in rt.sessions() if s.kind == "subagent"]) == 1
     assert [e.text for e in rt.transcript("a") if e.role == "assistant"] == [
         "child said 42 files"]
+
+
+def test_a_foreground_child_commits_whole_or_not_at_all(
+        make_runtime: MakeRuntime, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write failing after the child's session and task leaves nothing behind, so the
+    retried turn starts the child afresh instead of waiting on a task message that
+    never existed."""
+    enqueue_now, failures = Journal.enqueue_now, []
+
+    def flaky(self: Journal, msg: NewMessage, now: float) -> Any:
+        if msg.target.startswith("subagent-") and not failures:
+            failures.append(msg.message_id)
+            raise DatabaseFailed("disk I/O error")
+        return enqueue_now(self, msg, now)
+
+    monkeypatch.setattr(Journal, "enqueue_now", flaky)
+    outcomes: list[dict[str, Any]] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id == "a" and turn.messages[0].content == "go":
+            outcomes.append(turn.tools.agent("count the files", run_in_background=False,
+                                             timeout=30))
+            turn.reply(f"child said {outcomes[-1]['result']}")
+        elif turn.session_id != "a":
+            turn.reply("42 files")
+
+    rt = make_runtime(brain=brain)
+    sessions(rt)
+    rt.post("a", "go")
+    drain_with_retries(rt, clock, 2)
+    assert len(failures) == 1 and len(outcomes) == 1
+    assert [e.text for e in rt.transcript("a") if e.role == "assistant"] == [
+        "child said 42 files"]
+    children = [s for s in rt.sessions() if s.kind == "subagent"]
+    assert [s.id for s in children] == [outcomes[0]["agent_id"]]
+    assert len(rt.tools_for(children[0].id).task_list()["tasks"]) == 1
+    assert {r["status"] for r in rt.inbox(target="a")} == {"delivered"}
 
 
 def test_steering_taken_by_a_failed_attempt_is_handed_back_and_delivered_once(
