@@ -235,11 +235,14 @@ class RuntimeContext:
 
     def effects(self, turn: Turn, outcome: TurnOutcome) -> TurnEffects:
         """What commits with this outcome: the turn's own tool writes when it succeeded
-        (never when it failed), then what every outbox hook adds (read it, never add to
-        it: most turns share :data:`NO_EFFECTS`)."""
+        (never when it failed: its outbox is discarded, giving back what it took), then
+        what every outbox hook adds (read it, never add to it: most turns share
+        :data:`NO_EFFECTS`)."""
         effects = NO_EFFECTS  # most turns: no tool writes, nothing from any hook
         box = turn.outbox
-        if outcome.ok and box is not None and (box.ops or box.after):
+        if box is not None and not outcome.ok:
+            box.discard()
+        elif box is not None and (box.ops or box.after):
             effects = box.effects()  # the tool calls' writes, in call order
         for hook in self.outbox_hooks:
             more = hook(self, turn, outcome)

@@ -180,6 +180,8 @@ class DirectTurns:
         turn.close_steering()  # what the brain was never handed stays out (the caller's)
         outcome = judge(ctx, turn, error).outcome
         if not outcome.ok:
+            if turn.outbox is not None:
+                turn.outbox.discard()
             log.info("direct turn of %s failed: %s", session_id, outcome.error)
             ctx.emit("turn_failed", session_id=session_id, message_id=first,
                      error=outcome.error, state="direct", attempts=1, available_at=None)
@@ -194,6 +196,8 @@ class DirectTurns:
         except WriterClosed:
             raise
         except (LeaseLost, PersistenceError) as exc:
+            if turn.outbox is not None:
+                turn.outbox.discard()
             ctx.emit("lease_lost", session_id=session_id, message_id=first, error=str(exc))
             return DirectOutcome(turn, outcome, False, str(exc)), None
         ctx.activity.bump("turns")

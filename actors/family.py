@@ -160,6 +160,8 @@ class FamilyTools:
         except Exception:
             ctx.buckets.refund(pair)
             raise
+        # In a turn the send commits with the attempt; one that fails sent nothing.
+        self._writes.on_discard(lambda: ctx.buckets.refund(pair))
         if busy:
             return {"id": result.message_id, "target": entry.id, "deliveryStatus": "queued",
                     "queuedAt": iso(now)}

@@ -6,7 +6,8 @@ on their own. Each becomes an operation in the turn's :class:`Outbox`, run on th
 thread inside the one transaction that commits the turn (its transcript entries,
 delivery markers and acks). A failed attempt's outbox is dropped, so the effects of a
 retried turn happen exactly once: with the attempt that commits, never with one that
-fails. Called outside a turn (``rt.tools_for(sid)`` from the product), the same tool
+fails (and what its sends took of a rate limit is given back: :meth:`Outbox.discard`).
+Called outside a turn (``rt.tools_for(sid)`` from the product), the same tool
 code commits at once.
 
 The tool answers at once with the receipt the write will have: ids are chosen before
@@ -49,6 +50,9 @@ class Outbox:
         """The turn's first message id: what makes a foreground child's id repeatable."""
         self.ops: list[Callable[[], object]] = []
         self.after: list[Callable[[], None]] = []
+        self.undo: list[Callable[[], None]] = []
+        """What gives back what the writes took in memory (rate-limit tokens), should
+        they never commit."""
         self.sessions: dict[str, SessionRecord] = {}
         self.tasks: dict[str, TaskRecord] = {}
         self.foreground_calls = 0
@@ -58,6 +62,13 @@ class Outbox:
     def effects(self) -> TurnEffects:
         """What the turn's commit runs (``ops``) and what follows once it is durable."""
         return TurnEffects(ops=list(self.ops), after=list(self.after))
+
+    def discard(self) -> None:
+        """These writes will never commit (the attempt failed, or the journal refused its
+        commit): give back what was taken for them. Runs each undo once."""
+        undo, self.undo = self.undo, []
+        for give_back in undo:
+            give_back()
 
     def child_id(self, description: str) -> str:
         """The id of this turn's next foreground child: the same on every attempt that asks
@@ -112,6 +123,12 @@ class Writes:
         return self.write(lambda: [ctx.journal.enqueue_now(m, now) for m in items],
                           [EnqueueResult(m.message_id, m.target, QUEUED, True, now)
                            for m in items], announce)
+
+    def on_discard(self, give_back: Callable[[], None]) -> None:
+        """Run ``give_back`` if the writes queued so far never commit (a write outside a
+        turn has committed already: nothing to give back)."""
+        if self.outbox is not None:
+            self.outbox.undo.append(give_back)
 
     def session(self, session_id: str) -> SessionRecord | None:
         """A session as this turn sees it (its own new sessions included)."""

@@ -1,7 +1,8 @@
 """A token bucket per sender -> target pair (F6). Pure: time comes in as ``now``.
 
 Capacity 3, one token back per second; a send that fails after taking a
-token gets it refunded, so only accepted messages count against the rate.
+token gets it refunded, so only accepted messages count against the rate (a
+send of a turn's attempt that fails, too).
 """
 
 from __future__ import annotations

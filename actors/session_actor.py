@@ -312,6 +312,8 @@ class SessionActor(PooledActor):
         """The journal refused the commit of ``turn``: the protocol's answer (or ``exc``
         again when it is no refusal: the writer closed, a bug)."""
         sid = self.session_id
+        if turn.outbox is not None and isinstance(exc, PersistenceError):
+            turn.outbox.discard()  # nothing of the turn was written
         if isinstance(exc, LeaseLost):
             self.end_turn(flag)
             log.warning("lost the lease of %s for %s: another worker took it over; this "

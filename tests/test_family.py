@@ -228,3 +228,35 @@ def test_kinship_never_crosses_the_project_boundary(make_runtime: MakeRuntime) -
     family_rows = [r for r in rt.inbox() if r["kind"] == "family_message"]
     assert family_rows == rt.inbox(target=c["agent_id"])[-1:]
     assert family_rows[0]["sender_chat_id"] == a["agent_id"]
+
+
+def test_a_failed_attempt_gives_its_rate_limit_tokens_back(make_runtime: MakeRuntime,
+                                                           clock: ManualClock) -> None:
+    """Its sends never happened, so they do not count against the rate (F6)."""
+    attempts: list[int] = []
+    refused: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id != "bob":
+            return
+        attempts.append(len(attempts) + 1)
+        for n in range(3):
+            try:
+                turn.tools.send(f"try {attempts[-1]} #{n}", receiver_role="sibling",
+                                receiver_name="alice")
+            except ToolError as exc:
+                refused.append(exc.message)
+        if len(attempts) == 1:
+            raise RuntimeError("the model failed after sending")
+
+    rt = make_runtime(brain=brain)
+    p = rt.create_project("p")
+    root = rt.create_session(p.id, "root").id
+    rt.create_session(p.id, "bob", kind="subagent", parent_id=root, session_id="bob")
+    alice = rt.create_session(p.id, "alice", kind="subagent", parent_id=root).id
+    rt.post("bob", "go")
+    rt.run_until_idle()
+    clock.advance(2.0)  # the retry's backoff; two tokens would have come back by now
+    rt.run_until_idle()
+    assert attempts == [1, 2] and refused == []
+    assert [r["content"] for r in rt.inbox(target=alice)] == [f"try 2 #{n}" for n in range(3)]
