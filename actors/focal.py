@@ -27,6 +27,7 @@ from .ids import short
 from .outbox import Writes
 from .tasks import TaskService, view
 from .turn import Turn, TurnOutcome
+from .validation import TITLE_LIMIT, require_message
 
 FOCAL_ID = access.FOCAL_ID
 FOCAL_PROJECT = "suzent-focal"
@@ -193,20 +194,19 @@ class Focal:
         if project.hidden or project.archived:
             raise ToolError("invalid_argument",
                             f"Project '{project_id}' is hidden or archived; pick an active one.")
-        if not isinstance(title, str) or not title.strip():
-            raise ToolError("invalid_argument", "title must be a non-empty string for a new "
-                                                "session.")
-        if task_title is not None and (not isinstance(task_title, str) or not task_title.strip()):
-            raise ToolError("invalid_argument", "task_title must be a non-empty string.")
+        # Every argument is checked before the first write, so a refusal leaves no session
+        # without its task or message behind.
+        name = require_message(title, TITLE_LIMIT, name="title")
+        task_name = (require_message(task_title, TITLE_LIMIT, name="task_title")
+                     if task_title is not None else None)
         now = ctx.now()
         sid = f"chat-{short(ctx.new_id(), 12)}"
         writes.create_session(SessionRecord(
-            sid, project_id, title.strip(), "interactive", None, FOCAL_ID, "idle", now, now,
+            sid, project_id, name, "interactive", None, FOCAL_ID, "idle", now, now,
             {"permission_mode": "auto", "spawned_by_focal": True, "parent_chat_id": FOCAL_ID}))
         task = None
-        if task_title is not None:
-            task = TaskService(ctx, writes).create(sid, project_id, task_title.strip(),
-                                                   "in_progress")
+        if task_name is not None:
+            task = TaskService(ctx, writes).create(sid, project_id, task_name, "in_progress")
         [result] = writes.send([NewMessage(f"msg-{ctx.new_id()}", sid, message, sender=FOCAL_ID,
                                            payload={"focal_request": True})])
         return {"message_id": result.message_id, "agent_id": sid, "status": result.status,

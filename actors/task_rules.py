@@ -12,10 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ToolError
+from .validation import require_str
 
 TASK_STATUSES = ("pending", "in_progress", "blocked", "completed", "cancelled")
 OPEN_STATUSES = frozenset({"pending", "in_progress", "blocked"})
 BLOCKED_ON = ("user", "error")
+REASON_LIMIT = 2_000
+"""Characters in a task's reason (it travels in Focal's notifications)."""
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,11 @@ def check_update(current: TaskView, status: Any, blocked_on: Any,
     if status is not None and status not in TASK_STATUSES:
         raise ToolError("invalid_argument",
                         f"status must be one of {', '.join(TASK_STATUSES)}, got {status!r}.")
-    if reason is not None and not isinstance(reason, str):
-        raise ToolError("invalid_argument",
-                        f"reason must be a string, not {type(reason).__name__}.")
+    if reason is not None:
+        require_str("reason", reason)
+        if len(reason.strip()) > REASON_LIMIT:
+            raise ToolError("invalid_argument", f"reason is {len(reason.strip()):,} characters; "
+                            f"the limit is {REASON_LIMIT:,}.")
     new_status = status or current.status
     changes: dict[str, Any] = {"status": new_status}
     if new_status == "blocked":

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..persistence import ClaimedRow, TurnEntry
+from .errors import ConfigError
 from .running import StopFlag
 from .transcript_view import speaker
+from .validation import unstorable
 
 if TYPE_CHECKING:
     from .outbox import Outbox
@@ -172,6 +174,9 @@ class Turn:
         """Add an assistant message to the session's transcript (committed with the turn)."""
         if not isinstance(text, str):
             raise TypeError(f"reply takes a str, not {type(text).__name__}")
+        problem = unstorable(text)
+        if problem is not None:  # refused here, not in the commit: that would retry forever
+            raise ConfigError(f"the reply {problem}", field="text")
         self.replies.append(text)
         self._log.append(TurnEntry("assistant", text, True))
 

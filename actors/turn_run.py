@@ -25,6 +25,7 @@ from .context import RuntimeContext
 from .outbox import Outbox
 from .running import TIMEOUT, overdue
 from .turn import Turn, TurnOutcome
+from .validation import escaped
 
 
 class SyncBrainAwaitable(TypeError):
@@ -93,8 +94,9 @@ def judge(ctx: RuntimeContext, turn: Turn, error: BaseException | None) -> Judge
     the failure record) is durable, so the session's next turn, whoever starts it,
     reads what this one wrote."""
     if error is not None:
-        summary = f"{type(error).__name__}: {error}"
-        detail = "".join(traceback.format_exception(error))
+        # The brain's text, recorded as the row's error: escaped, or its commit would fail.
+        summary = escaped(f"{type(error).__name__}: {error}")
+        detail = escaped("".join(traceback.format_exception(error)))
     elif overdue(turn.started, ctx.now(), ctx.turn_timeout):
         summary = detail = (f"TurnTimeout: the turn ran {ctx.now() - turn.started:.1f} s, "
                             f"past turn_timeout={ctx.turn_timeout} s")

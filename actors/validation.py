@@ -38,6 +38,14 @@ def unstorable(text: str) -> str | None:
     return None
 
 
+def escaped(text: str) -> str:
+    """``text`` made storable (:func:`unstorable`) by escaping what cannot be stored, for
+    text kinbox records but did not choose (a brain's exception, its traceback)."""
+    if unstorable(text) is None:
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+
+
 def require_str(name: str, value: Any) -> str:
     """``value`` must be a string that can be stored (:func:`unstorable`)."""
     if not isinstance(value, str):

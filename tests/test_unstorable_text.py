@@ -1,0 +1,99 @@
+"""Text no database can hold is refused where it enters, or escaped where kinbox records it.
+
+A lone surrogate cannot be encoded as UTF-8 and PostgreSQL's ``text`` refuses NUL.
+Accepted at a boundary, such text fails later, inside a commit, where nobody can act on
+it: the row's lease runs out, the turn runs again and fails the same way. So tool
+arguments and replies are refused at once with a clear error, and what kinbox records
+of a brain's failure (its exception text) is escaped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from kinbox.actors import ConfigError, ManualClock, Runtime, ToolError, Turn
+
+MakeRuntime = Callable[..., Runtime]
+SURROGATE = "\ud800"
+
+
+def test_a_reply_that_cannot_be_stored_fails_the_attempt_with_a_clear_error(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    refusals: list[ConfigError] = []
+
+    def brain(turn: Turn) -> None:
+        try:
+            turn.reply(f"half {SURROGATE} an emoji")
+        except ConfigError as exc:
+            refusals.append(exc)
+            raise
+
+    rt = make_runtime(brain=brain)
+    s = rt.create_session(rt.create_project("p").id, "A")
+    rt.post(s.id, "go")
+    rt.run_until_idle()
+    [row] = rt.inbox(target=s.id)
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    assert refusals[0].field == "text" and "lone surrogate" in str(refusals[0])
+    assert row["last_error"].rstrip().endswith(str(refusals[0]))
+    assert rt.transcript(s.id) == []  # nothing of the attempt was written
+
+
+def test_a_brain_exception_with_unstorable_text_is_recorded_escaped(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    attempts: list[int] = []
+
+    def brain(turn: Turn) -> None:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise RuntimeError(f"bad bytes {SURROGATE} and \x00 from the model")
+        turn.reply("recovered")
+
+    rt = make_runtime(brain=brain)
+    s = rt.create_session(rt.create_project("p").id, "A")
+    rt.post(s.id, "go")
+    rt.run_until_idle()
+    [row] = rt.inbox(target=s.id)
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    assert row["last_error"].rstrip().endswith(
+        "RuntimeError: bad bytes \\ud800 and \\x00 from the model")
+    clock.advance(2.0)
+    rt.run_until_idle()
+    assert len(attempts) == 2 and rt.inbox(target=s.id)[0]["status"] == "delivered"
+
+
+@pytest.mark.parametrize(("reason", "fragment"), [
+    (f"waiting {SURROGATE}", "reason is not valid Unicode"),
+    ("waiting \x00", "reason contains a NUL character"),
+    ("x" * 2_001, "reason is 2,001 characters; the limit is 2,000"),
+])
+def test_a_task_reason_that_cannot_be_stored_is_refused(
+        make_runtime: MakeRuntime, reason: str, fragment: str) -> None:
+    rt = make_runtime()
+    s = rt.create_session(rt.create_project("p").id, "A")
+    tools = rt.tools_for(s.id)
+    task = tools.task_create("ship it")
+    with pytest.raises(ToolError) as info:
+        tools.task_update(task["task_id"], status="blocked", blocked_on="user", reason=reason)
+    assert info.value.code == "invalid_argument" and fragment in info.value.message
+    [stored] = tools.task_list()["tasks"]
+    assert (stored["status"], stored["reason"]) == ("pending", None)
+
+
+@pytest.mark.parametrize("field", ["title", "task_title"])
+@pytest.mark.parametrize("bad", [f"fix {SURROGATE}", "x" * 513, "  "])
+def test_focal_dispatch_with_a_bad_title_writes_nothing(
+        make_runtime: MakeRuntime, field: str, bad: str) -> None:
+    rt = make_runtime()
+    rt.get_or_create_focal_chat()
+    web = rt.create_project("web")
+    before = {s.id for s in rt.sessions()}
+    args = {"title": "Fix login", "task_title": "fix the login bug", field: bad}
+    with pytest.raises(ToolError) as info:
+        rt.tools_for("focal-suzent").agent_send(agent_id="new", project_id=web.id,
+                                                message="please fix it", **args)
+    assert info.value.code == "invalid_argument" and info.value.message.startswith(field)
+    assert {s.id for s in rt.sessions()} == before
+    assert rt.inbox() == []
