@@ -138,6 +138,10 @@ def check_call(held: list[str], name: object, arguments: object, *,
         raise ToolError("invalid_argument",
                         f"{name} takes its arguments as a JSON object, not "
                         f"{type(arguments).__name__}.")
+    odd = [k for k in arguments if not isinstance(k, str)]
+    if odd:
+        raise ToolError("invalid_argument", f"{name}'s argument names must be strings, not "
+                                            f"{', '.join(repr(k) for k in odd)}.")
     params = parameters(name, focal=focal)
     unknown = sorted(set(arguments) - set(params["properties"]))
     if unknown:

@@ -121,6 +121,9 @@ def test_call_runs_a_model_tool_call_and_reports_refusals_as_dicts(rt: Runtime) 
         "invalid_argument"
     assert lead.call("agent_read", ["not", "a", "dict"])["error"] == "invalid_argument"
     assert lead.call("agent_read", {})["error"] == "invalid_argument"
+    odd = lead.call("agent_read", {1: 2, "agent_id": s["peer"]})
+    assert odd == {"error": "invalid_argument",
+                   "message": "agent_read's argument names must be strings, not 1."}
     assert rt.tools_for(s["child"]).call("agent_send", {"agent_id": s["peer"],
                                                         "message": "x"})["error"] == "not_found"
     assert len(rt.inbox()) == 1
