@@ -273,7 +273,9 @@ class Focal:
                 sig = m.payload["signature"]
                 effects.ops.append(lambda sig=sig: ctx.store.patch_config_now(
                     FOCAL_ID, {"focal_heartbeat_signature": sig}, now))
-        woken = [m for m in turn.all_messages if m.sender_id != "user"]
+        # The user reads Focal's answers to them in the chat; a notification is for what
+        # Focal says when something else woke it.
+        woken = [m for m in turn.all_messages if not m.from_user]
         reply = turn.replies[-1] if turn.replies else ""
         for m in woken:
             if m.kind == "focal_wakeup" and m.payload.get("kind") == "reminder":

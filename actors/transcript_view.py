@@ -31,11 +31,16 @@ class Line:
     kind: str | None = None
 
 
+def from_user(sender_id: str | None, kind: str | None) -> bool:
+    """Did the user write this message (no sender, a user's kind)?"""
+    return sender_id is None and kind in USER_KINDS
+
+
 def speaker(role: str, sender_id: str | None, kind: str | None) -> str:
     """Who said it, in a form a model can use: ``user``, ``assistant``, or the kind of an
     agent's message and its sender (``agent_message from chat-1f2e``,
     ``subagent_result from subagent-sub_0a1b``)."""
-    if role != "user" or (sender_id is None and kind in USER_KINDS):
+    if role != "user" or from_user(sender_id, kind):
         return role
     return f"{kind or 'message'} from {sender_id}" if sender_id else f"{kind}"
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..persistence import ClaimedRow, TurnEntry
 from .errors import ConfigError
 from .running import StopFlag
-from .transcript_view import speaker
+from .transcript_view import from_user, speaker
 from .validation import unstorable
 
 if TYPE_CHECKING:
@@ -46,6 +46,11 @@ class Message:
     def from_row(cls, row: ClaimedRow) -> Message:
         """Build the brain's view of a claimed inbox row."""
         return cls(row.message_id, row.kind, row.content, row.sender, dict(row.payload))
+
+    @property
+    def from_user(self) -> bool:
+        """Did the user write it (not an agent, a scheduler or a notification)?"""
+        return from_user(self.sender_id, self.kind)
 
     @property
     def speaker(self) -> str:

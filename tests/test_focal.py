@@ -330,6 +330,22 @@ def test_a_check_notifies_only_when_the_turn_has_something_to_say(
     assert [n["text"] for n in rt.focal.notifications] == ["the deploy failed"]
 
 
+def test_the_users_own_chat_with_focal_queues_no_notification(
+        focal_rt: tuple[Runtime, FocalBrain]) -> None:
+    """The user reads Focal's answer in the chat; only a woken reply notifies (FO5)."""
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    brain.focal_reply = "on it"
+    rt.post(FOCAL_ID, "what is running?")
+    rt.run_until_idle()
+    assert len(brain.focal_turns) == 1
+    assert list(rt.focal.notifications) == [] and rt.focal.unread == 0
+    assert brain.focal_turns[0].messages[0].from_user
+    rt.post(FOCAL_ID, "the build broke", sender="ci-bot")
+    rt.run_until_idle()
+    assert [n["text"] for n in rt.focal.notifications] == ["on it"]
+
+
 def test_wakeups_are_limited_validated_and_cancelled(focal_rt: tuple[Runtime, Any],
                                                      clock: ManualClock) -> None:
     rt, _ = focal_rt
