@@ -274,8 +274,11 @@ class AsyncHost:
         would end every async turn of the runtime with it."""
         try:
             take_result(turn, await self.ctx.brain(turn))  # type: ignore[misc]
-        except asyncio.CancelledError:
-            raise
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # cancelled from outside: a stop past its grace, a timeout, a crash
+            return exc  # the brain's own CancelledError: its attempt failed, nobody stopped it
         except BaseException as exc:
             return exc
         return None

@@ -197,13 +197,15 @@ class Custom(BaseException):
     """A BaseException of a library's own."""
 
 
-@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit, Custom])
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit, Custom,
+                                    asyncio.CancelledError])
 def test_a_brain_raising_a_base_exception_fails_its_attempt_and_nothing_else(
         make_runtime: MakeRuntime, clock: ManualClock, flavour: str,
         raised: type[BaseException]) -> None:
     """An async brain's KeyboardInterrupt or SystemExit left its task and ended the event
     loop: every async turn of the runtime stopped, rows stayed ``processing``. A sync
-    brain's left its row ``processing`` for good."""
+    brain's left its row ``processing`` for good. A CancelledError the brain raises on its
+    own (nobody cancelled it) is its error, not a stop it ignored."""
     calls: list[str] = []
 
     async def behaviour(turn: Turn, tools: Any) -> None:
@@ -218,7 +220,7 @@ def test_a_brain_raising_a_base_exception_fails_its_attempt_and_nothing_else(
     rt.run_until_idle()
     row = rt.inbox()[0]
     assert (row["status"], row["attempts"]) == ("pending", 1)
-    assert raised.__name__ in row["last_error"]
+    assert raised.__name__ in row["last_error"] and "ignored its stop" not in row["last_error"]
     rt.post(b, "hello")  # the runtime goes on delivering
     rt.run_until_idle()
     clock.advance(2)
