@@ -111,6 +111,10 @@ class Dispatcher(pykka.ThreadingActor):
     def _claim_rows(self, capacity: int, exclude: set[str], suspects: int
                     ) -> ClaimResult | None:
         ctx = self.ctx
+        if ctx.closed.is_set():
+            # Stopping: a row leased now could not run here, only be handed back (and
+            # claimed again, round and round until the stop reaches the slots).
+            return None
         try:
             return ctx.journal.claim(ctx.owner, ctx.now(), limit=capacity,
                                      lease=ctx.lease_seconds, exclude=exclude,
