@@ -18,6 +18,9 @@ session, so the 202 its platform got still holds: the next start runs it as
 an inbox turn, and that turn's replies leave by the event's own reply route.
 Each event is either taken by a turn or handed over, never both (one lock
 decides). A crash loses what was only in memory (it never reached a turn).
+A turn's commit writes its events' delivery markers and is refused when one
+has a marker already, so a platform's retry that reached another runtime on
+the same PostgreSQL commits once, and only once are its replies sent.
 
 After a turn commits, its replies go to the platform's channel adapter
 (:mod:`.channels`) with the event's reply route; the outcome is recorded in
@@ -190,10 +193,16 @@ class SocialService:
         if self.turns is None:
             raise rules.SocialUnavailable()
         self.ctx.require_running()
-        normalized = rules.normalize(event, f"social-{self.ctx.new_id()}", platform)
+        fresh_id = f"social-{self.ctx.new_id()}"
+        normalized = rules.normalize(event, fresh_id, platform)
         sid = rules.session_id_for(normalized.platform, normalized.thread_id)
         with self._lock:
-            if normalized.event_id in self._recent:  # a platform's retry of a delivery
+            known = normalized.event_id in self._recent
+        # A retry another runtime sharing the database ran already (its turn's marker).
+        ran_elsewhere = (not known and normalized.event_id != fresh_id
+                         and bool(self.ctx.journal.committed_of([normalized.event_id])))
+        with self._lock:
+            if ran_elsewhere or normalized.event_id in self._recent:  # a platform's retry
                 self.counts["duplicates"] += 1
                 return {"accepted": True, "duplicate": True, "event_id": normalized.event_id,
                         "session_id": sid}
@@ -340,14 +349,21 @@ class SocialService:
 
         def commit_ops(turn: Turn) -> list[Any]:
             unseen = {m.message_id for m in turn.close_steering() or []}
+            ran = [e.event_id for e in taken if e.event_id not in unseen]
             last = [e for e in taken if e.event_id not in unseen][-1]
             patch = {"social_reply_route": dict(last.reply_route),
                      "social_last_sender": last.sender_id}
-            return [lambda: self.ctx.store.patch_config_now(sid, patch, self.ctx.now())]
+            now = self.ctx.now()
+            # The patch first: on PostgreSQL its row lock makes the commits of a thread's
+            # turns one at a time across runtimes, so the marker check below is exact.
+            return [lambda: self.ctx.store.patch_config_now(sid, patch, now),
+                    lambda: self._record_events(sid, ran, now)]
 
         try:
             done = self.turns.run(sid, [_message(event)], fetch_steering=fetch_steering,
                                   commit_ops=commit_ops)
+            elsewhere = (set() if done.committed else
+                         self.ctx.journal.committed_of([e.event_id for e in taken]))
             unseen = {m.message_id for m in done.turn.close_steering() or []}
             with self._lock:
                 self.counts["turns" if done.committed else "failed_turns"] += 1
@@ -358,6 +374,11 @@ class SocialService:
                     self._unstarted.update((e.event_id, e) for e in back)
             if done.committed:
                 self._send_replies(sid, taken[-1], done.turn)
+            elif elsewhere:  # a platform's retry that another runtime ran and committed
+                log.info("social turn in %s not committed: %d of its events ran elsewhere",
+                         sid, len(elsewhere))
+                with self._lock:
+                    self.counts["duplicates"] += 1
             else:  # nothing was committed, so nothing is sent; the outcome says why
                 log.warning("social turn in %s failed: %s", sid, done.error)
                 self.channels.record(sid, event.platform, taken[-1].event_id,
@@ -366,6 +387,16 @@ class SocialService:
         finally:
             for _ in taken:
                 self._handled()
+
+    def _record_events(self, sid: str, event_ids: list[str], now: float) -> None:
+        """Inside the turn's commit: its events' delivery markers, or :class:`DuplicateError`
+        (undoing the commit) when one has a marker already. A platform's retry that reached
+        another runtime sharing the database ran there too; one of the two commits, and
+        only its replies are sent."""
+        done = self.ctx.journal.committed_of(event_ids)
+        if done:
+            raise DuplicateError("social event", "event_id", sorted(done)[0])
+        self.ctx.journal.write_turn(sid, event_ids, [], now)
 
     def _send_replies(self, sid: str, event: rules.SocialEvent, turn: Turn) -> None:
         self.channels.send(sid, event.platform, event.reply_route, "\n\n".join(turn.replies),

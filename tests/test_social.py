@@ -406,3 +406,44 @@ def test_a_graceful_stop_hands_events_no_turn_took_to_the_inbox_and_loses_none(
     assert sorted(users) == sorted([f"hold {i}" for i in range(4)]
                                    + [e["text"] for e in later])  # each exactly once
     assert {r["status"] for r in again.inbox()} == {"delivered"}
+
+
+@pytest.mark.timeout(60)
+def test_a_retry_reaching_another_runtime_on_postgres_runs_nothing_twice(
+        make_runtime: MakeRuntime, pg_url: str) -> None:
+    """Behind a load balancer, a platform's retry can reach another runtime sharing the
+    database. Its in-memory ids do not know the event: the database decides. A retry of a
+    committed event is a duplicate at once; one racing a running turn may run its brain
+    too, but only one of the two commits, and only that one's reply is sent."""
+    holding, release = threading.Event(), threading.Event()
+    sent: dict[str, list[str]] = {"a": [], "b": []}
+
+    def runtime(name: str) -> Runtime:
+        def brain(turn: Turn) -> str:
+            if name == "a" and turn.messages[0].content.endswith("slow"):
+                holding.set()
+                assert release.wait(20)
+            return f"{name} answers"
+        rt = make_runtime(db=pg_url, brain=brain)
+        rt.social.allow("slack", ["U1"])
+        rt.social.register_channel("slack", send=lambda route, text: sent[name].append(text))
+        rt.social.retry_delays = (0.0, 0.0, 0.0)
+        return rt
+
+    a, b = runtime("a"), runtime("b")
+    assert a.social.ingest(event("slow", event_id="Ev-1"))["duplicate"] is False
+    assert holding.wait(10)
+    assert b.social.ingest(event("slow", event_id="Ev-1"))["duplicate"] is False  # racing
+    assert b.social.wait_idle(10)
+    release.set()
+    assert a.social.wait_idle(10)
+    assert (sent["a"], sent["b"]) == ([], ["b answers"])
+    sid = rules.session_id_for("slack", "T1")
+    assert [e.text.splitlines()[-1] for e in a.transcript(sid) if e.role == "user"] == ["slow"]
+    assert a.social.statistics()["duplicates"] == 1
+
+    assert b.social.ingest(event("quick", event_id="Ev-2"))["duplicate"] is False
+    assert b.social.wait_idle(10)
+    assert a.social.ingest(event("quick", event_id="Ev-2"))["duplicate"] is True  # late retry
+    assert a.social.wait_idle(10)
+    assert (sent["a"], sent["b"]) == ([], ["b answers", "b answers"])
