@@ -186,7 +186,7 @@ class CronService:
         """Inside the firing transaction: what this occurrence of ``job`` does."""
         try:
             upcoming = next_fire(job.cron, now, job.timezone)
-        except rules.InvalidCronExpression as exc:
+        except (rules.InvalidCronExpression, rules.InvalidCronJob) as exc:  # a stored zone
             log.warning("cron job %s deactivated: %s", job.id, exc)
             return Occurrence({"active": False, "next_run_at": None,
                                "last_error": rules.invalid_expression_error(exc.reason)}, None)

@@ -4,16 +4,31 @@ Both the Focal wake-ups (:mod:`.focal_schedule`) and user cron jobs
 (:mod:`.cron`) parse expressions and ask for the next fire time here, so a
 crontab string means the same thing everywhere. Times cross this module as
 epoch seconds; ``datetime`` stays inside.
+
+APScheduler 3's ``CronTrigger.from_crontab`` is not crontab: it counts weekday
+0 as Monday (crontab: Sunday, and 7 too), ANDs a restricted day of month with
+a restricted weekday (crontab: either matches), and fires a fixed local time
+twice on the night clocks go back. So the fields are read here: weekdays are
+translated to names, the two day fields become two triggers taken together
+(:class:`OrTrigger`), and the repeat of a wall-clock time is skipped unless
+the hour field is ``*`` (as cron does: an hourly or finer job runs on).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import zoneinfo
 
+from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.combining import OrTrigger
 from apscheduler.triggers.cron import CronTrigger
 
-from .cron_rules import InvalidCronExpression
+from .cron_rules import InvalidCronExpression, InvalidCronJob
+
+WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+"""Crontab's weekday numbers (0 and 7 are Sunday) as the names APScheduler reads."""
+_WEEKDAY_ITEM = re.compile(r"(\*|\w+)(?:-(\w+))?(?:/(\d+))?")
 
 
 def utc(ts: float) -> dt.datetime:
@@ -21,10 +36,44 @@ def utc(ts: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(ts, dt.UTC)
 
 
-def cron_trigger(expr: str, timezone: str = "UTC") -> CronTrigger:
+def _weekday(token: str, expr: str) -> int:
+    name = token.lower()[:3]
+    if name in WEEKDAYS and token.isalpha():
+        return WEEKDAYS.index(name)
+    if token.isdigit() and int(token) <= 7:
+        return int(token)
+    raise InvalidCronExpression(expr, f"weekday {token!r} is not 0-7 or a day name")
+
+
+def crontab_weekdays(field: str, expr: str) -> str:
+    """A crontab weekday field as APScheduler's list of day names (``1-5`` -> mon..fri)."""
+    if field == "*":
+        return "*"
+    days: set[int] = set()
+    for item in field.split(","):
+        m = _WEEKDAY_ITEM.fullmatch(item)
+        if m is None:
+            raise InvalidCronExpression(expr, f"weekday field item {item!r} is malformed")
+        first, last, step = m.group(1), m.group(2), int(m.group(3) or 1)
+        if step < 1:
+            raise InvalidCronExpression(expr, "a weekday step must be at least 1")
+        low = 0 if first == "*" else _weekday(first, expr)
+        high = 7 if first == "*" else _weekday(last, expr) if last else low
+        if first == "*" and last:
+            raise InvalidCronExpression(expr, f"weekday field item {item!r} is malformed")
+        if m.group(3) and not last and first != "*":
+            high = 7  # "1/2": from Monday on, every other day
+        if high < low:
+            raise InvalidCronExpression(expr, f"weekday range {item!r} runs backwards")
+        days.update(d % 7 for d in range(low, high + 1, step))
+    return ",".join(WEEKDAYS[d] for d in sorted(days))
+
+
+def cron_trigger(expr: str, timezone: str = "UTC") -> BaseTrigger:
     """A crontab expression (minute hour day month weekday) in ``timezone`` as a trigger.
 
-    :class:`InvalidCronExpression` when the expression or the time zone is malformed.
+    :class:`InvalidCronExpression` when the expression is malformed,
+    :class:`InvalidCronJob` (field ``timezone``) when the time zone is.
     """
     if not isinstance(expr, str):
         raise InvalidCronExpression(repr(expr), "give the expression as a string")
@@ -33,21 +82,48 @@ def cron_trigger(expr: str, timezone: str = "UTC") -> CronTrigger:
     try:
         zone = zoneinfo.ZoneInfo(timezone)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError) as exc:
-        raise InvalidCronExpression(expr, f"unknown time zone {timezone!r}") from exc
+        raise InvalidCronJob("timezone", f"unknown time zone {timezone!r}; give an IANA "
+                                         "name such as 'Europe/Paris'") from exc
+    fields = expr.split()
+    if len(fields) != 5:
+        raise InvalidCronExpression(expr, f"it has {len(fields)} fields, not 5")
+    minute, hour, day, month, weekday = fields
+    days = crontab_weekdays(weekday, expr)
     try:
-        return CronTrigger.from_crontab(expr.strip(), timezone=zone)
+        if day != "*" and days != "*":  # crontab: either day field matching is enough
+            return OrTrigger([
+                CronTrigger(minute=minute, hour=hour, day=day, month=month, timezone=zone),
+                CronTrigger(minute=minute, hour=hour, month=month, day_of_week=days,
+                            timezone=zone)])
+        return CronTrigger(minute=minute, hour=hour, day=day, month=month, day_of_week=days,
+                           timezone=zone)
     except ValueError as exc:
         raise InvalidCronExpression(expr, str(exc)) from exc
+
+
+def _repeated(at: dt.datetime, zone: zoneinfo.ZoneInfo) -> bool:
+    """Is ``at`` the second occurrence of its wall-clock time (the hour clocks go back)?"""
+    local = at.astimezone(zone)
+    first = local.replace(tzinfo=None).replace(tzinfo=zone, fold=0)
+    return first.utcoffset() != local.utcoffset()
 
 
 def next_fire(expr: str, after: float, timezone: str = "UTC", *,
               inclusive: bool = False) -> float | None:
     """The first fire time after ``after`` (epoch seconds; at it too if ``inclusive``)."""
+    trigger = cron_trigger(expr, timezone)
+    fixed_hour = expr.split()[1] != "*"
+    zone = zoneinfo.ZoneInfo(timezone)
     # APScheduler returns a time that is itself a fire time as is: the epsilon makes
     # "after" strict. Fire times are whole seconds, so a millisecond cannot skip one.
     start = after if inclusive else after + 0.001
-    nxt = cron_trigger(expr, timezone).get_next_fire_time(None, utc(start))
-    return nxt.timestamp() if nxt else None
+    while True:
+        nxt = trigger.get_next_fire_time(None, utc(start))
+        if nxt is None:
+            return None
+        if not (fixed_hour and _repeated(nxt, zone)):
+            return nxt.timestamp()
+        start = nxt.timestamp() + 0.001  # that wall time fired already, an hour ago
 
 
 def local_time(ts: float, timezone: str = "UTC") -> str:

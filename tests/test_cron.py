@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
+import zoneinfo
 from collections.abc import Callable
 from pathlib import Path
 
@@ -83,6 +85,57 @@ def test_next_fire_is_strictly_after_unless_inclusive() -> None:
     assert next_fire("0 9 * * *", START, "Europe/Paris") == 1_700_035_200.0  # 09:00 CET
 
 
+def _fires(expr: str, start: str, timezone: str = "UTC", n: int = 3) -> list[str]:
+    """The next ``n`` fire times after ``start`` as local 'Day MM-DD HH:MM ZONE'."""
+    zone = zoneinfo.ZoneInfo(timezone)
+    at, out = dt.datetime.fromisoformat(start).timestamp(), []
+    for _ in range(n):
+        nxt = next_fire(expr, at, timezone)
+        assert nxt is not None
+        out.append(dt.datetime.fromtimestamp(nxt, zone).strftime("%a %m-%d %H:%M %Z"))
+        at = nxt
+    return out
+
+
+FRIDAY = "2026-01-02T10:00:00+00:00"
+
+
+@pytest.mark.parametrize(("expr", "fires"), [
+    ("0 9 * * 1-5", ["Mon 01-05 09:00 UTC", "Tue 01-06 09:00 UTC", "Wed 01-07 09:00 UTC"]),
+    ("0 9 * * 0", ["Sun 01-04 09:00 UTC", "Sun 01-11 09:00 UTC", "Sun 01-18 09:00 UTC"]),
+    ("0 9 * * 7", ["Sun 01-04 09:00 UTC", "Sun 01-11 09:00 UTC", "Sun 01-18 09:00 UTC"]),
+    ("0 9 * * 5-7", ["Sat 01-03 09:00 UTC", "Sun 01-04 09:00 UTC", "Fri 01-09 09:00 UTC"]),
+    ("0 9 * * */3", ["Sat 01-03 09:00 UTC", "Sun 01-04 09:00 UTC", "Wed 01-07 09:00 UTC"]),
+    ("0 9 * * mon,Fri", ["Mon 01-05 09:00 UTC", "Fri 01-09 09:00 UTC", "Mon 01-12 09:00 UTC"]),
+    # A restricted day of month and weekday: either one matching is enough (crontab).
+    ("0 9 3 * 1", ["Sat 01-03 09:00 UTC", "Mon 01-05 09:00 UTC", "Mon 01-12 09:00 UTC"]),
+])
+def test_weekdays_and_day_fields_mean_what_they_mean_in_crontab(expr: str,
+                                                                fires: list[str]) -> None:
+    assert _fires(expr, FRIDAY) == fires
+
+
+def test_a_fixed_time_runs_once_when_clocks_go_back_and_a_frequent_job_runs_on() -> None:
+    autumn = "2026-10-24T12:00:00+00:00"
+    assert _fires("30 2 * * *", autumn, "Europe/Paris") == [
+        "Sun 10-25 02:30 CEST", "Mon 10-26 02:30 CET", "Tue 10-27 02:30 CET"]
+    assert _fires("*/30 * * * *", "2026-10-25T00:10:00+00:00", "Europe/Paris", 4) == [
+        "Sun 10-25 02:30 CEST", "Sun 10-25 02:00 CET", "Sun 10-25 02:30 CET",
+        "Sun 10-25 03:00 CET"]
+    # Spring: 02:30 does not exist that night; the job runs as the clock jumps past it.
+    assert _fires("30 2 * * *", "2026-03-28T12:00:00+00:00", "Europe/Paris", 2) == [
+        "Sun 03-29 03:30 CEST", "Mon 03-30 02:30 CEST"]
+
+
+@pytest.mark.parametrize(("expr", "fragment"), [
+    ("0 9 * * 8", "weekday '8'"), ("0 9 * * 5-2", "runs backwards"),
+    ("0 9 * * mon-", "malformed"), ("0 9 * *", "4 fields"), ("0 9 * * * *", "6 fields"),
+])
+def test_a_malformed_weekday_or_field_count_is_named(expr: str, fragment: str) -> None:
+    with pytest.raises(rules.InvalidCronExpression, match=fragment):
+        next_fire(expr, START)
+
+
 def test_the_announcement_queue_is_bounded_and_drained() -> None:
     queue = Announcements(bound=3)
     for i in range(5):
@@ -104,8 +157,9 @@ def test_an_invalid_job_is_refused_and_nothing_is_written(make_runtime: MakeRunt
             rt.cron.add(*args)
     with pytest.raises(rules.InvalidCronJob, match="delivery"):
         rt.cron.add("j", "* * * * *", "p", delivery="email")
-    with pytest.raises(rules.InvalidCronExpression, match="time zone"):
+    with pytest.raises(rules.InvalidCronJob, match="time zone") as info:
         rt.cron.add("j", "* * * * *", "p", timezone="Mars/Olympus")
+    assert info.value.field == "timezone"
     assert rt.cron.jobs() == [] and [s for s in rt.sessions() if s.kind == "cron"] == []
 
 
