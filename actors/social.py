@@ -109,6 +109,11 @@ class SocialService:
             raise rules.InvalidSocialEvent("platform", "1-32 characters of a-z, 0-9 and _")
         if not callable(send):
             raise rules.InvalidSocialEvent("send", "give a callable send(reply_route, text)")
+        if secret is not None and (not isinstance(secret, str | bytes) or not secret):
+            # An empty key signs anything anyone can compute: the webhook would be open
+            # (a secret read from an unset environment variable, say).
+            raise rules.InvalidSocialEvent("secret", "give a non-empty signing secret, or None "
+                                                     "for a platform without a webhook")
         self.channels.register(platform, send,
                                secret.encode() if isinstance(secret, str) else secret)
 

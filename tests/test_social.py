@@ -447,3 +447,14 @@ def test_a_retry_reaching_another_runtime_on_postgres_runs_nothing_twice(
     assert a.social.ingest(event("quick", event_id="Ev-2"))["duplicate"] is True  # late retry
     assert a.social.wait_idle(10)
     assert (sent["a"], sent["b"]) == ([], ["b answers", "b answers"])
+
+
+@pytest.mark.parametrize("secret", ["", b"", 42])
+def test_an_empty_or_odd_webhook_secret_is_refused_at_registration(
+        make_runtime: MakeRuntime, secret: Any) -> None:
+    """An empty key signs whatever anyone computes with it: the webhook would be open."""
+    rt = make_runtime(brain=lambda turn: None)
+    with pytest.raises(rules.InvalidSocialEvent) as info:
+        rt.social.register_channel("slack", send=lambda route, text: None, secret=secret)
+    assert info.value.field == "secret"
+    assert rt.social.webhook_secret("slack") is None  # nothing registered: no webhook

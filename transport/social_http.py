@@ -60,7 +60,7 @@ def social_routes(backend: SocialBackend, *, max_body: int = MAX_BODY,
     async def events(request: Request) -> JSONResponse:
         platform = request.path_params["platform"]
         secret = backend.webhook_secret(platform)
-        if secret is None:
+        if not secret:  # None or empty: no webhook (an empty key would sign anything)
             return _error(404, "not_found", f"no webhook for platform {platform!r}")
         try:
             body = await json_body.read_capped(request, max_body)
