@@ -15,6 +15,7 @@ import sys
 from importlib import metadata
 from typing import TextIO
 
+from ..transport import TransportError
 from . import bench, cli_cron, cli_ops, cli_peers, cli_scenario, cpu_pinning, serve, worker
 from .errors import ConfigError, KinboxError
 
@@ -94,7 +95,10 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
             parser.error(str(exc))
     try:
         return int(args.handler(args, out))
-    except KinboxError as exc:
+    except (KinboxError, TransportError) as exc:
+        print(f"kinbox: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a data directory that is a file, a key file it cannot read
         print(f"kinbox: {exc}", file=sys.stderr)
         return 1
 

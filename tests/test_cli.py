@@ -149,3 +149,25 @@ def test_the_log_level_is_kinboxs_and_libraries_say_only_what_goes_wrong() -> No
     said = {line.split(": ", 1)[1] for line in done.stderr.splitlines() if ": " in line}
     assert said == {"info from kinbox.runtime", "warning from kinbox.runtime",
                     "warning from apscheduler.scheduler", "warning from websockets.server"}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("problem", ["readable_key", "junk_key", "file_not_folder"])
+def test_an_unusable_data_directory_is_one_line_not_a_traceback(tmp_path: Path,
+                                                                problem: str) -> None:
+    data = tmp_path / "data"
+    if problem == "file_not_folder":
+        data.write_text("not a folder")
+        expected = "Not a directory"
+    else:
+        data.mkdir()
+        key = data / "device_key.pem"
+        key.write_text("junk" if problem == "junk_key" else "")
+        key.chmod(0o600 if problem == "junk_key" else 0o644)
+        expected = "not a PEM private key" if problem == "junk_key" else "chmod 600 it"
+    done = kinbox("serve", "--port", "0", "--db", f"sqlite:///{tmp_path / 'k.db'}",
+                  "--data-dir", str(data))
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("kinbox: ") and expected in line
