@@ -113,6 +113,10 @@ def open_database(url: str, *, synchronous: Synchronous = "FULL",
                 f"need {'.'.join(map(str, MIN_SQLITE))} or newer (UPDATE ... RETURNING); "
                 "use a Python built with a newer SQLite, or PostgreSQL")
         path = url[len("sqlite:///") :] if url.startswith("sqlite:///") else ""
+        if "?" in path or "#" in path:
+            raise DatabaseOpenError(
+                url, "a SQLite URL takes no query parameters or fragment: the rest would "
+                "name another, empty file (kinbox sets its own pragmas)")
         if not path or path == ":memory:":
             raise DatabaseOpenError(
                 url, "give a file path (sqlite:///path/to/file.db); in-memory databases "

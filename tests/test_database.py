@@ -81,10 +81,14 @@ def test_synchronous_normal_is_available_for_benchmarks(db_url: str) -> None:
     ("sqlite:///:memory:", "give a file path"),
     ("sqlite://", "give a file path"),
     ("sqlite:////no/such/dir/x.db", "does not exist"),
+    ("sqlite:///{tmp}/app.db?timeout=30", "no query parameters"),
+    ("sqlite:///{tmp}/app.db#main", "no query parameters"),
 ])
-def test_urls_that_cannot_be_opened_give_a_precise_error(url: str, reason: str) -> None:
+def test_urls_that_cannot_be_opened_give_a_precise_error(url: str, reason: str,
+                                                        tmp_path: Path) -> None:
     with pytest.raises(DatabaseOpenError, match=reason):
-        open_database(url)
+        open_database(url.format(tmp=tmp_path))
+    assert list(tmp_path.iterdir()) == []  # no file made under another name
 
 
 def test_an_unreachable_postgres_is_a_database_open_error() -> None:
