@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -168,6 +169,23 @@ def test_the_cron_routes_add_list_act_and_drain(
     assert srv.request("DELETE", f"/cron/jobs/{job_id}", STATE)[0] == 200
     status, got = srv.request("GET", f"/cron/jobs/{job_id}")
     assert (status, got["error"]) == (404, "not_found")
+    head = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+    head.request("HEAD", "/cron/jobs")
+    assert head.getresponse().status == 200  # answered by the GET handler, as Starlette does
+    head.close()
+
+
+@pytest.mark.parametrize(("method", "path", "allowed"), [
+    ("PUT", "/cron/jobs", "GET, HEAD, POST"),
+    ("POST", "/cron/jobs/cj_1", "DELETE, GET, HEAD"),
+])
+def test_a_wrong_method_names_every_method_the_path_takes(
+        served: tuple[Served, Runtime, list[tuple[Any, str]]], method: str, path: str,
+        allowed: str) -> None:
+    srv, _, _ = served
+    status, headers, body = srv.exchange(method, path, STATE)
+    assert (status, headers["Allow"]) == (405, allowed)
+    assert body["message"] == f"{method} is not allowed here; allowed: {allowed}"
 
 
 def test_a_full_queue_is_503_and_a_chunked_body_over_the_cap_is_413(

@@ -122,13 +122,20 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
         return await _call(lambda: {"announcements": backend.drain_announcements()})
 
     return [
-        Route("/cron/jobs", jobs, methods=["GET"]),
-        Route("/cron/jobs", add, methods=["POST"]),
-        Route("/cron/jobs/{job_id}", one, methods=["GET"]),
-        Route("/cron/jobs/{job_id}", action("remove"), methods=["DELETE"]),
+        _by_method("/cron/jobs", {"GET": jobs, "POST": add}),
+        _by_method("/cron/jobs/{job_id}", {"GET": one, "DELETE": action("remove")}),
         *(Route(f"/cron/jobs/{{job_id}}/{verb}", action(verb), methods=["POST"])
           for verb in ("trigger", "pause", "resume")),
         Route("/cron/jobs/{job_id}/runs", runs, methods=["GET"]),
         Route("/cron/runs", runs, methods=["GET"]),
         Route("/cron/announcements/drain", drain, methods=["POST"]),
     ]
+
+
+def _by_method(path: str, handlers: dict[str, Callable[[Request], Any]]) -> Route:
+    """One route for a path that takes several methods: two routes for one path would
+    answer a wrong method with only the first one's methods in ``Allow``."""
+    async def dispatch(request: Request) -> Any:
+        method = "GET" if request.method == "HEAD" else request.method
+        return await handlers[method](request)
+    return Route(path, dispatch, methods=list(handlers))
