@@ -18,7 +18,7 @@ from ..persistence import CronJobRecord, CronStore, DuplicateError, SessionStore
 from . import cron_rules as rules
 from .ids import short
 from .triggers import next_fire
-from .validation import unstorable
+from .validation import lookup_key, unstorable
 
 DEFAULT_PROJECT = "default"
 
@@ -80,7 +80,8 @@ class CronJobs:
 
     def get(self, job_id: object) -> CronJobRecord:
         """The job; :class:`CronJobNotFound` if there is none."""
-        job = self.store.get(job_id) if isinstance(job_id, str) else None
+        key = lookup_key(job_id)
+        job = self.store.get(key) if key is not None else None
         if job is None:
             raise rules.CronJobNotFound(str(job_id))
         return job
@@ -116,7 +117,7 @@ class CronJobs:
 
     def remove(self, job_id: str) -> dict[str, Any]:
         """Delete a job and its run records (its session and transcript stay)."""
-        if not isinstance(job_id, str) or not self.store.delete(job_id):
+        if lookup_key(job_id) is None or not self.store.delete(job_id):
             raise rules.CronJobNotFound(str(job_id))
         return {"job_id": job_id, "removed": True}
 

@@ -26,7 +26,7 @@ from .ids import short
 from .outbox import Writes
 from .schedule_driver import ScheduleDriver
 from .triggers import cron_trigger, next_fire
-from .validation import unstorable
+from .validation import lookup_key, unstorable
 
 log = logging.getLogger("kinbox.schedule")
 
@@ -173,7 +173,8 @@ class FocalSchedule:
 
     def cancel(self, job_id: str) -> bool:
         """Cancel one of Focal's own wake-ups; False for any other job id."""
-        job = self.jobs.get(job_id)
+        key = lookup_key(job_id)
+        job = self.jobs.get(key) if key is not None else None
         if job is None or job.chat_id != FOCAL_ID or job.kind not in WAKEUP_KINDS:
             return False
         return self.jobs.deactivate(job_id)

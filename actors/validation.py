@@ -38,6 +38,12 @@ def unstorable(text: str) -> str | None:
     return None
 
 
+def lookup_key(value: object) -> str | None:
+    """``value`` as a key some row could have, or None when none can: not a string, or
+    one no database stores (PostgreSQL would fail the lookup instead of finding nothing)."""
+    return value if isinstance(value, str) and unstorable(value) is None else None
+
+
 def escaped(text: str) -> str:
     """``text`` made storable (:func:`unstorable`) by escaping what cannot be stored, for
     text kinbox records but did not choose (a brain's exception, its traceback)."""

@@ -257,3 +257,21 @@ def test_input_no_backend_can_store_is_a_4xx_that_writes_nothing(
     assert (status, got["error"]) == (422, "invalid_argument")
     assert rt.cron.jobs() == []
     assert {s.id for s in rt.sessions()} == sessions_before
+
+
+@pytest.mark.timeout(60)
+def test_an_id_no_database_can_hold_is_a_404_on_postgres(make_runtime: MakeRuntime,
+                                                         pg_url: str, tmp_path: Path) -> None:
+    """PostgreSQL refuses a NUL in a text parameter: the lookup failed with a 500 where
+    SQLite (and the answer's meaning) say there is no such job."""
+    rt = make_runtime(db=pg_url, brain=brain, data_dir=tmp_path / "data")
+    srv = Served(app_for(rt))
+    try:
+        for method, path in (("GET", "/cron/jobs/a%00b"), ("DELETE", "/cron/jobs/a%00b"),
+                             ("POST", "/cron/jobs/a%00b/trigger"),
+                             ("GET", "/cron/jobs/a%00b/runs"),
+                             ("DELETE", "/focal/wakeups/a%00b")):
+            status, got = srv.request(method, path, STATE)
+            assert (method, path, status, got["error"]) == (method, path, 404, "not_found")
+    finally:
+        srv.close()
