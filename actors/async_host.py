@@ -260,13 +260,18 @@ class AsyncHost:
             self._brains.pop(sid, None)
             with self._lock:
                 self.running -= 1
-        if task.cancelled():
+        own = None if task.cancelled() else task.result()
+        if task.cancelled() or isinstance(own, asyncio.CancelledError):
             by = self.ctx.turns.stopped_by(sid)
+            if by is None and own is not None:
+                return own  # the brain's own CancelledError, and nobody stopped it: its error
+            # A brain obeying a stop often cancels its model call and lets that propagate:
+            # a stop all the same.
             if by == TIMEOUT or by is None:
                 return TurnCancelled("the turn ignored its stop past the grace period and "
                                      "was cancelled" + (" (turn_timeout)" if by else ""))
             return None  # stopped by a caller: commit what it said, as a stopped turn
-        return task.result()
+        return own
 
     async def _call(self, turn: Turn) -> BaseException | None:
         """Await the brain; what it raised, the attempt's error. A KeyboardInterrupt or

@@ -388,6 +388,32 @@ def test_an_async_turn_ignoring_agent_stop_is_cancelled_and_commits_what_it_said
     assert rt.marker_counts() == {mid: 1}
 
 
+def test_an_async_turn_that_obeys_a_stop_by_cancelling_its_model_call_commits(
+        make_runtime: MakeRuntime) -> None:
+    """The usual idiom: cancel the model call and let its CancelledError propagate. That
+    is the stop obeyed, not the brain's own failure (nobody cancelled the brain's task)."""
+    started = threading.Event()
+
+    async def brain(turn: Turn) -> None:
+        turn.reply("halfway")
+        model = asyncio.ensure_future(asyncio.Event().wait())
+        stop = asyncio.ensure_future(turn.stopped())
+        started.set()
+        await asyncio.wait({model, stop}, return_when=asyncio.FIRST_COMPLETED)
+        model.cancel()
+        await model
+
+    rt = make_runtime(brain=brain, stop_grace=5.0)
+    a, b = team(rt)
+    mid = rt.post(b, "long", sender=a).message_id
+    assert started.wait(10)
+    rt.tools_for(a).agent_stop(b)
+    wait_for(lambda: rt.inbox()[0]["status"] != "processing", what="the stopped turn's end")
+    assert (rt.inbox()[0]["status"], rt.inbox()[0]["attempts"]) == ("delivered", 0)
+    assert [e.text for e in rt.transcript(b)] == ["long", "halfway"]
+    assert rt.marker_counts() == {mid: 1}
+
+
 def test_an_async_turn_past_turn_timeout_ignoring_the_stop_is_a_failed_attempt(
         make_runtime: MakeRuntime, clock: ManualClock) -> None:
     started = threading.Event()
