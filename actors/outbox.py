@@ -30,6 +30,7 @@ Two effects cannot wait for the commit, and are not in the outbox:
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -53,6 +54,10 @@ class Outbox:
         self.undo: list[Callable[[], None]] = []
         """What gives back what the writes took in memory (rate-limit tokens), should
         they never commit."""
+        self.discarded = False
+        """The attempt ended without its writes: a tool call still running in it (an
+        async brain's, on a worker, when the brain was cancelled) gives back at once."""
+        self._undo_lock = threading.Lock()
         self.sessions: dict[str, SessionRecord] = {}
         self.tasks: dict[str, TaskRecord] = {}
         self.foreground_calls = 0
@@ -66,8 +71,20 @@ class Outbox:
     def discard(self) -> None:
         """These writes will never commit (the attempt failed, or the journal refused its
         commit): give back what was taken for them. Runs each undo once."""
-        undo, self.undo = self.undo, []
+        with self._undo_lock:
+            self.discarded = True
+            undo, self.undo = self.undo, []
         for give_back in undo:
+            give_back()
+
+    def keep_undo(self, give_back: Callable[[], None]) -> None:
+        """Add an undo; run it at once if the attempt ended already (its writes never
+        commit: the call ran on past the brain's cancellation)."""
+        with self._undo_lock:
+            late = self.discarded
+            if not late:
+                self.undo.append(give_back)
+        if late:
             give_back()
 
     def child_id(self, description: str) -> str:
@@ -128,7 +145,7 @@ class Writes:
         """Run ``give_back`` if the writes queued so far never commit (a write outside a
         turn has committed already: nothing to give back)."""
         if self.outbox is not None:
-            self.outbox.undo.append(give_back)
+            self.outbox.keep_undo(give_back)
 
     def session(self, session_id: str) -> SessionRecord | None:
         """A session as this turn sees it (its own new sessions included)."""

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, ToolError, Turn
+from kinbox.actors.outbox import Outbox
+from kinbox.persistence import Journal
 
 from .helpers import wait_for
 
@@ -260,3 +262,51 @@ def test_a_failed_attempt_gives_its_rate_limit_tokens_back(make_runtime: MakeRun
     rt.run_until_idle()
     assert attempts == [1, 2] and refused == []
     assert [r["content"] for r in rt.inbox(target=alice)] == [f"try 2 #{n}" for n in range(3)]
+
+
+def test_an_undo_kept_after_the_attempt_ended_runs_at_once_and_once() -> None:
+    box, given = Outbox("m"), []
+    box.keep_undo(lambda: given.append("first"))
+    box.discard()
+    box.discard()
+    assert given == ["first"]
+    box.keep_undo(lambda: given.append("late"))  # a call still running when it ended
+    assert given == ["first", "late"]
+
+
+@pytest.mark.timeout(60)
+def test_a_send_still_running_when_its_async_brain_is_cancelled_gives_its_token_back(
+        make_runtime: MakeRuntime, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An async brain's tool call runs on a worker: the brain can be cancelled (past its
+    turn_timeout and grace) and its attempt discarded while the send goes on."""
+    in_send, release = threading.Event(), threading.Event()
+    pending_count = Journal.pending_count
+
+    def slow(self: Journal, target: str) -> int:
+        if target == "alice" and not release.is_set():
+            in_send.set()
+            release.wait(20)
+        return pending_count(self, target)
+
+    monkeypatch.setattr(Journal, "pending_count", slow)
+
+    async def brain(turn: Turn) -> None:
+        if turn.session_id == "bob":
+            await turn.tools.send("hi", receiver_role="sibling", receiver_name="alice")
+
+    rt = make_runtime(brain=brain, turn_timeout=10.0, stop_grace=5.0)
+    p = rt.create_project("p")
+    root = rt.create_session(p.id, "root").id
+    rt.create_session(p.id, "bob", kind="subagent", parent_id=root, session_id="bob")
+    rt.create_session(p.id, "alice", kind="subagent", parent_id=root, session_id="alice")
+    rt.post("bob", "go")
+    assert in_send.wait(10)
+    clock.advance(11)  # past turn_timeout: asked to stop
+    wait_for(lambda: rt.context.turns.stopped_by("bob") is not None, what="the stop")
+    clock.advance(6)  # past the grace: cancelled, its attempt recorded as failed
+    wait_for(lambda: rt.inbox(target="bob")[0]["attempts"] == 1, what="the failed attempt")
+    release.set()
+    buckets = rt.context.buckets._buckets
+    wait_for(lambda: getattr(buckets.get(("bob", "alice")), "tokens", 0) == 3.0, timeout=10,
+             what="the late send's token to come back")
+    assert rt.inbox(target="alice") == []
