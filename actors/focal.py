@@ -27,7 +27,7 @@ from .ids import short
 from .outbox import Writes
 from .tasks import TaskService, view
 from .turn import Turn, TurnOutcome
-from .validation import TITLE_LIMIT, require_message
+from .validation import TITLE_LIMIT, require_id, require_message
 
 FOCAL_ID = access.FOCAL_ID
 FOCAL_PROJECT = "suzent-focal"
@@ -187,7 +187,9 @@ class Focal:
         """``agent_send(agent_id="new", ...)``: a new session in a project, with the message
         (committed with the Focal turn that asks for it)."""
         ctx = self.ctx
-        if not isinstance(project_id, str) or ctx.store.project(project_id) is None:
+        if project_id is not None:
+            project_id = require_id("project_id", project_id)
+        if project_id is None or ctx.store.project(project_id) is None:
             raise ToolError("not_found", f"Project '{project_id}' does not exist.")
         project = ctx.store.project(project_id)
         assert project is not None

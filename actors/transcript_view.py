@@ -18,6 +18,9 @@ TRUNCATED = "[... message truncated ...]"
 
 USER_KINDS = frozenset({None, "agent_message"})
 """Kinds of a message without a sender that come from the user."""
+USER_SENDERS = frozenset({None, "user"})
+"""Senders that mean the user: none (``rt.post`` from a product), or ``"user"`` spelled
+out (``rt.post(..., sender="user")``)."""
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,8 @@ class Line:
 
 
 def from_user(sender_id: str | None, kind: str | None) -> bool:
-    """Did the user write this message (no sender, a user's kind)?"""
-    return sender_id is None and kind in USER_KINDS
+    """Did the user write this message (a user's sender and kind)?"""
+    return sender_id in USER_SENDERS and kind in USER_KINDS
 
 
 def speaker(role: str, sender_id: str | None, kind: str | None) -> str:

@@ -97,3 +97,13 @@ def test_focal_dispatch_with_a_bad_title_writes_nothing(
     assert info.value.code == "invalid_argument" and info.value.message.startswith(field)
     assert {s.id for s in rt.sessions()} == before
     assert rt.inbox() == []
+
+
+@pytest.mark.parametrize("project_id", [f"web{SURROGATE}", "web\x00"])
+def test_focal_dispatch_to_an_unstorable_project_id_is_refused(
+        make_runtime: MakeRuntime, project_id: str) -> None:
+    rt = make_runtime()
+    rt.get_or_create_focal_chat()
+    out = rt.tools_for("focal-suzent").call("agent_send", {
+        "agent_id": "new", "project_id": project_id, "title": "t", "message": "m"})
+    assert out["error"] == "invalid_argument" and out["message"].startswith("project_id")
