@@ -42,7 +42,8 @@ def test_a_reply_that_cannot_be_stored_fails_the_attempt_with_a_clear_error(
 
 
 def test_a_brain_exception_with_unstorable_text_is_recorded_escaped(
-        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+        make_runtime: MakeRuntime, clock: ManualClock, any_db_url: str) -> None:
+    """On PostgreSQL the NUL alone left the row ``processing`` until its lease ran out."""
     attempts: list[int] = []
 
     def brain(turn: Turn) -> None:
@@ -51,7 +52,7 @@ def test_a_brain_exception_with_unstorable_text_is_recorded_escaped(
             raise RuntimeError(f"bad bytes {SURROGATE} and \x00 from the model")
         turn.reply("recovered")
 
-    rt = make_runtime(brain=brain)
+    rt = make_runtime(brain=brain, db=any_db_url)
     s = rt.create_session(rt.create_project("p").id, "A")
     rt.post(s.id, "go")
     rt.run_until_idle()
