@@ -4,19 +4,22 @@ Transport knows nothing of the runtime; these adapters give it what its
 Protocols ask for and translate the runtime's errors into
 :class:`~kinbox.transport.BackendRefused` with a precise status: 404 for an
 unknown job, 422 for invalid input, 409 for a paused job triggered, 503
-when the social queue is full or this runtime runs no turns.
+when the social queue is full, this runtime runs no turns or it stopped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from starlette.routing import BaseRoute
 
+from ..persistence import WriterClosed
 from ..transport import BackendRefused, Refusal, cron_routes, social_routes
 from . import cron_rules, social_rules
 from .cron import CronService
+from .errors import RuntimeStateError
 from .runtime import Runtime
 from .social import SocialService
 
@@ -36,6 +39,17 @@ def _refusal(exc: Exception) -> BackendRefused:
     return BackendRefused(503, "unavailable", str(exc))
 
 
+@contextmanager
+def _answered() -> Iterator[None]:
+    """Turn what the runtime refuses into the status the route answers with; a runtime
+    that stopped (or whose writer did) is 503, never a 500."""
+    try:
+        yield
+    except (cron_rules.CronError, social_rules.SocialError, RuntimeStateError,
+            WriterClosed) as exc:
+        raise _refusal(exc) from exc
+
+
 class CronHttpBackend:
     """The :class:`~kinbox.transport.CronBackend` of a running runtime."""
 
@@ -44,44 +58,38 @@ class CronHttpBackend:
 
     def jobs(self) -> list[dict[str, Any]]:
         """``GET /cron/jobs``."""
-        return self.cron.jobs()
+        with _answered():
+            return self.cron.jobs()
 
     def job(self, job_id: str) -> dict[str, Any]:
         """``GET /cron/jobs/{job_id}``."""
-        try:
+        with _answered():
             return self.cron.job(job_id)
-        except cron_rules.CronError as exc:
-            raise _refusal(exc) from exc
 
     def add(self, fields: dict[str, Any]) -> dict[str, Any]:
         """``POST /cron/jobs``."""
-        try:
+        with _answered():
             return self.cron.add(fields.get("name"), fields.get("cron"), fields.get("prompt"),
                                  delivery=fields.get("delivery", "announce"),
                                  timezone=fields.get("timezone", "UTC"))
-        except cron_rules.CronError as exc:
-            raise _refusal(exc) from exc
 
     def act(self, action: str, job_id: str) -> dict[str, Any]:
         """``POST /cron/jobs/{job_id}/<action>`` and ``DELETE /cron/jobs/{job_id}``."""
         if action not in ACTIONS:
             raise BackendRefused(404, "not_found", f"no cron action {action!r}")
-        try:
+        with _answered():
             result: dict[str, Any] = getattr(self.cron, action)(job_id)
-        except cron_rules.CronError as exc:
-            raise _refusal(exc) from exc
         return result
 
     def runs(self, job_id: str | None, limit: int) -> list[dict[str, Any]]:
         """``GET /cron/jobs/{job_id}/runs`` and ``GET /cron/runs``."""
-        try:
+        with _answered():
             return self.cron.runs(job_id, limit)
-        except cron_rules.CronError as exc:
-            raise _refusal(exc) from exc
 
     def drain_announcements(self) -> list[dict[str, Any]]:
         """``POST /cron/announcements/drain``."""
-        return self.cron.drain_announcements()
+        with _answered():
+            return self.cron.drain_announcements()
 
 
 class SocialHttpBackend:
@@ -100,10 +108,8 @@ class SocialHttpBackend:
 
     def ingest_event(self, platform: str, event: dict[str, Any]) -> dict[str, Any]:
         """Validate and queue a webhook event (its platform is the route's)."""
-        try:
+        with _answered():
             return self.social.ingest(event, platform=platform)
-        except social_rules.SocialError as exc:
-            raise _refusal(exc) from exc
 
 
 def cron_social_routes(rt: Runtime) -> Callable[[Refusal], list[BaseRoute]]:

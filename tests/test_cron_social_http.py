@@ -275,3 +275,14 @@ def test_an_id_no_database_can_hold_is_a_404_on_postgres(make_runtime: MakeRunti
             assert (method, path, status, got["error"]) == (method, path, 404, "not_found")
     finally:
         srv.close()
+
+
+def test_a_stopped_runtime_answers_503_not_500(
+        served: tuple[Served, Runtime, list[tuple[Any, str]]], clock: ManualClock) -> None:
+    srv, rt, _ = served
+    rt.stop()
+    status, got = post(srv, "/social/slack/events", EVENT, signed(EVENT, clock.now()))
+    assert (status, got["error"]) == (503, "unavailable")
+    job = json.dumps({"name": "digest", "cron": "*/5 * * * *", "prompt": "sum up"}).encode()
+    status, got = post(srv, "/cron/jobs", job, STATE)
+    assert (status, got["error"]) == (503, "unavailable")
