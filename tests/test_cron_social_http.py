@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import urllib.error
@@ -11,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from starlette.requests import Request
 
 from kinbox.actors import ManualClock, Runtime, Turn
 from kinbox.actors.serve import app_for
-from kinbox.transport import SignatureProblem, SignatureRejected
+from kinbox.transport import BackendRefused, SignatureProblem, SignatureRejected, json_body
 from kinbox.transport import webhook_signature as sig
 
 from .test_http import Served
@@ -286,3 +288,16 @@ def test_a_stopped_runtime_answers_503_not_500(
     job = json.dumps({"name": "digest", "cron": "*/5 * * * *", "prompt": "sum up"}).encode()
     status, got = post(srv, "/cron/jobs", job, STATE)
     assert (status, got["error"]) == (503, "unavailable")
+
+
+@pytest.mark.parametrize(("declared", "status"), [("-1", 400), ("1e3", 400), ("999999", 413)])
+def test_a_declared_length_is_a_number_within_the_cap(declared: str, status: int) -> None:
+    """uvicorn refuses a malformed Content-Length itself; another ASGI server may not."""
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    request = Request({"type": "http", "method": "POST", "path": "/", "query_string": b"",
+                       "headers": [(b"content-length", declared.encode())]}, receive)
+    with pytest.raises(BackendRefused) as info:
+        asyncio.run(json_body.read_capped(request, 1024))
+    assert info.value.status == status

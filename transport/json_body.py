@@ -26,8 +26,10 @@ def _too_large(cap: int) -> BackendRefused:
 async def read_capped(request: Request, cap: int) -> bytes:
     """The body's bytes; :class:`BackendRefused` (413) as soon as it is over ``cap``."""
     declared = request.headers.get("content-length")
-    if declared is not None and not (declared.isascii() and declared.isdigit()
-                                     and int(declared) <= cap):
+    if declared is not None and not (declared.isascii() and declared.isdigit()):
+        raise BackendRefused(400, "bad_request",
+                             f"Content-Length must be a whole number of bytes, not {declared!r}")
+    if declared is not None and int(declared) > cap:
         raise _too_large(cap)
     chunks, size = [], 0
     async for chunk in request.stream():
