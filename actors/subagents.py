@@ -22,8 +22,21 @@ RESULT_LIMIT = 20_000
 
 
 def result_message_id(task_id: str) -> str:
-    """The idempotency key of a task's result wake-up."""
+    """The idempotency key of a task's (first) result wake-up."""
     return f"subagent-result-{task_id}"
+
+
+def next_result_id(ctx: RuntimeContext, base: str) -> str:
+    """The id of this outcome's wake-up: ``base``, or ``base-2``, ``base-3``... once a
+    requeued task reports again (its first outcome holds ``base``, with other text).
+
+    Read before the commit: only this child's turns, one at a time, write these rows,
+    and a commit that did not happen wrote none of them."""
+    mid, n = base, 1
+    while ctx.journal.hot.existing(mid) is not None:
+        n += 1
+        mid = f"{base}-{n}"
+    return mid
 
 
 def task_message_id(task_id: str) -> str:
@@ -41,6 +54,10 @@ def report_back(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEf
         return None
     effects = TurnEffects()
     task_id = str(task_messages[0].payload.get("task_id", ""))
+    # What the child itself made of its task in this turn (it asked the user, it gave up)
+    # stands: a turn that ends well does not make a blocked task completed.
+    own = turn.outbox.tasks.get(task_id) if turn.outbox is not None else None
+    changes: dict[str, object] | None
     if not outcome.ok:
         state, changes = "failed", {"status": "blocked", "blocked_on": "error",
                                     "reason": outcome.error}
@@ -50,6 +67,11 @@ def report_back(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEf
         text = f"Sub-agent {child.id} was stopped by {outcome.stopped_by}."
         if outcome.stopped_by == child.parent_id:
             text = ""  # the parent stopped it: no wake-up
+    elif own is not None and own.status in ("blocked", "cancelled"):
+        state, changes = own.status, None
+        text = turn.replies[-1] if turn.replies else (
+            f"(the sub-agent left its task {own.status}"
+            + (f": {own.reason})" if own.reason else ")"))
     else:
         state, changes = "completed", {"status": "completed", "blocked_on": None}
         text = turn.replies[-1] if turn.replies else "(the sub-agent finished without a reply)"
@@ -58,18 +80,20 @@ def report_back(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEf
     changed: list[TaskChange] = []
 
     def finish_task() -> None:
+        assert changes is not None
         changed.append(service.apply_in_txn(child.id, task_id, changes, now))
 
     def announce() -> None:
         for change in changed:
             service.notify(change)
 
-    if task_id:
+    if task_id and changes is not None:
         effects.ops.append(finish_task)
         effects.after.append(announce)
     if text:
+        base = result_message_id(task_id or turn.messages[0].message_id)
         effects.messages.append(NewMessage(
-            result_message_id(task_id or turn.messages[0].message_id), child.parent_id,
+            next_result_id(ctx, base), child.parent_id,
             text[:RESULT_LIMIT], kind=RESULT_KIND, sender=child.id,
             payload={"task_id": task_id, "child_id": child.id, "outcome": state}))
     return effects

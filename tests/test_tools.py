@@ -248,6 +248,64 @@ def test_agent_creates_a_child_that_runs_and_wakes_its_parent(make_runtime: Make
     assert rt.context.tasks.get(task_id).status == "completed"  # type: ignore[union-attr]
 
 
+def test_a_requeued_child_task_reports_its_new_outcome(make_runtime: MakeRuntime,
+                                                       clock: ManualClock) -> None:
+    """The first outcome's wake-up holds ``subagent-result-<task>``: the requeued task's
+    commit, with the same id and other text, was refused every time, and the child's
+    work was lost."""
+    broken = [True]
+    woken: list[tuple[str, str]] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            if broken[0]:
+                raise RuntimeError("the model is down")
+            turn.reply("done at last")
+        else:
+            woken.extend((m.message_id, m.payload.get("outcome", "")) for m in turn.messages
+                         if m.kind == "subagent_result")
+
+    rt = make_runtime(brain=brain)
+    parent = rt.create_session(rt.create_project("p").id, "parent").id
+    spawned = rt.tools_for(parent).agent(description="summarize the logs")
+    for backoff in (0, 2, 4, 8, 16):
+        clock.advance(backoff)
+        rt.run_until_idle()
+    task_id = spawned["task_id"]
+    assert woken == [(f"subagent-result-{task_id}", "failed")]
+    broken[0] = False
+    rt.requeue(f"subagent-task-{task_id}")
+    rt.run_until_idle()
+    assert woken[1:] == [(f"subagent-result-{task_id}-2", "completed")]
+    assert rt.context.tasks.get(task_id).status == "completed"  # type: ignore[union-attr]
+    assert [e.text for e in rt.transcript(spawned["agent_id"]) if e.role == "assistant"] == [
+        "done at last"]
+
+
+def test_a_child_that_leaves_its_task_blocked_on_the_user_is_not_completed(
+        make_runtime: MakeRuntime) -> None:
+    woken: list[tuple[str, str]] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            [task] = turn.tools.task_list()["tasks"]
+            turn.tools.task_update(task["task_id"], status="blocked", blocked_on="user",
+                                   reason="CSV or JSON?")
+            turn.reply("Which format do you want, CSV or JSON?")
+        else:
+            woken.extend((m.payload.get("outcome", ""), m.content) for m in turn.messages
+                         if m.kind == "subagent_result")
+
+    rt = make_runtime(brain=brain)
+    parent = rt.create_session(rt.create_project("p").id, "parent").id
+    spawned = rt.tools_for(parent).agent(description="export the data")
+    rt.run_until_idle()
+    task = rt.context.tasks.get(spawned["task_id"])
+    assert task is not None
+    assert (task.status, task.blocked_on, task.reason) == ("blocked", "user", "CSV or JSON?")
+    assert woken == [("blocked", "Which format do you want, CSV or JSON?")]
+
+
 def test_children_never_hold_the_agent_tools(make_runtime: MakeRuntime) -> None:
     errors: list[str] = []
 
