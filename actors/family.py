@@ -117,7 +117,9 @@ class FamilyTools:
         """Does ``name`` designate a relative farther than the roster (a grandchild, cousin)?"""
         pool = (self._ctx.store.sessions(project_id=caller.project_id)
                 if caller.project_id is not None else related)
-        return any(name in (s.id, s.title) for s in pool if s.id != caller.id)
+        # Hidden sessions are never named: "out of reach" would tell that one exists (S3).
+        return any(name in (s.id, s.title) for s in pool
+                   if s.id != caller.id and not access.is_hidden(subject(s)))
 
     def broadcast(self, message: Any) -> dict[str, Any]:
         """Send to everyone on the roster; a failed target does not cancel the others."""

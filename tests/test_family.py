@@ -310,3 +310,17 @@ def test_a_send_still_running_when_its_async_brain_is_cancelled_gives_its_token_
     wait_for(lambda: getattr(buckets.get(("bob", "alice")), "tokens", 0) == 3.0, timeout=10,
              what="the late send's token to come back")
     assert rt.inbox(target="alice") == []
+
+
+def test_a_hidden_session_gets_the_answer_a_missing_one_gets(family: dict[str, Any]) -> None:
+    """"Out of reach" for a hidden session's name would say that it exists (S3)."""
+    rt = family["rt"]
+    project = rt.session(family["root"]).project_id
+    dream = rt.create_session(project, "night dream", kind="dream").id
+    tools = rt.tools_for(family["bob"])
+    answers = []
+    for name in (dream, "night dream", "chat-doesnotexist"):
+        with pytest.raises(ToolError) as info:
+            tools.send("psst", receiver_role="sibling", receiver_name=name)
+        answers.append((info.value.code, info.value.message.replace(name, "<name>")))
+    assert answers == [("not_found", "no sibling matches receiver_name '<name>'.")] * 3
