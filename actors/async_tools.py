@@ -56,12 +56,23 @@ class AsyncTools:
                 return exc.to_dict()
         return await self._host.blocking(self.sync.call, name, arguments)  # type: ignore[no-any-return]
 
+    def _release_if_started(self, start: asyncio.Future[Any]) -> None:
+        """A foreground start whose caller was cancelled: give back the wait it counted."""
+        if not start.cancelled() and start.exception() is None:
+            self.sync.release_thread()
+
     async def agent(self, description: Any, run_in_background: Any = True, title: Any = None,
                     timeout: Any = 300) -> dict[str, Any]:
         """``agent`` without holding a thread while a foreground child runs."""
         host = self._host
-        result, wait = await host.blocking(self.sync.start_child, description,
-                                           run_in_background, title, timeout)
+        start = asyncio.ensure_future(host.blocking(self.sync.start_child, description,
+                                                    run_in_background, title, timeout))
+        try:
+            result, wait = await asyncio.shield(start)
+        except asyncio.CancelledError:  # the start goes on: its wait is never taken up
+            if run_in_background is False:
+                start.add_done_callback(self._release_if_started)
+            raise
         if run_in_background:
             return result  # type: ignore[no-any-return]
         ctx = host.ctx
@@ -69,25 +80,26 @@ class AsyncTools:
         loop = asyncio.get_running_loop()
 
         def observe(event: str, data: dict[str, Any]) -> None:
-            if event in TURN_ENDS and data.get("session_id") == result["agent_id"]:
+            if ((event in TURN_ENDS and data.get("session_id") == result["agent_id"])
+                    or (event == "stop_requested"
+                        and data.get("session_id") == self.sync.caller_id)):
                 loop.call_soon_threadsafe(changed.set)
 
         ctx.observers.append(observe)
-        with ctx.activity.cond:
-            ctx.foreground_waits += 1
         try:
             deadline = loop.time() + wait
             while not await host.blocking(self.sync.child_finished, result["task_id"]):
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise self.sync.still_running(result, wait)
+                if (stopped := self.sync.stopped_waiting(result)) is not None:
+                    raise stopped
                 changed.clear()
                 try:  # woken by the child's turn ending; re-checked at most each second
                     await asyncio.wait_for(changed.wait(), min(remaining, 1.0))
                 except TimeoutError:
                     pass
         finally:
-            with ctx.activity.cond:
-                ctx.foreground_waits -= 1
+            self.sync.release_thread()
             ctx.observers.remove(observe)
         return await host.blocking(self.sync.child_outcome, result)  # type: ignore[no-any-return]

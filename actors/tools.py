@@ -258,7 +258,9 @@ class AgentTools(FamilyTools, TaskTools):
     def start_child(self, description: Any, run_in_background: Any = True, title: Any = None,
                     timeout: Any = 300) -> tuple[dict[str, Any], float]:
         """``agent``'s first half: validate, create the child and its task; the receipt and
-        how long a foreground caller may wait (shared by the sync and the awaitable tool)."""
+        how long a foreground caller may wait (shared by the sync and the awaitable tool).
+        A foreground start counts the caller's wait; the caller gives it back when its
+        wait ends (:meth:`release_thread`)."""
         text = require_message(description, SEND_LIMIT, name="description")
         if not isinstance(run_in_background, bool):
             raise ToolError("invalid_argument", "run_in_background must be true or false.")
@@ -281,15 +283,19 @@ class AgentTools(FamilyTools, TaskTools):
         if run_in_background:
             child_id = f"subagent-sub_{short(ctx.new_id(), 8)}"
             return start(self._writes), float(wait)
-        self._require_a_free_thread(caller.id)
-        # The turn waits for this child, so it commits now, not with the turn; an id
-        # repeatable across attempts lets a retried turn find the child it started.
-        child_id = (box.child_id(text) if box is not None
-                    else f"subagent-sub_{short(ctx.new_id(), 8)}")
-        earlier = self._started_child(child_id)
-        if earlier is not None:
-            return earlier, float(wait)
-        return commit_together(ctx, start), float(wait)
+        self._reserve_a_thread(caller.id)  # the caller's wait gives it back
+        try:
+            # The turn waits for this child, so it commits now, not with the turn; an id
+            # repeatable across attempts lets a retried turn find the child it started.
+            child_id = (box.child_id(text) if box is not None
+                        else f"subagent-sub_{short(ctx.new_id(), 8)}")
+            earlier = self._started_child(child_id)
+            if earlier is not None:
+                return earlier, float(wait)
+            return commit_together(ctx, start), float(wait)
+        except BaseException:
+            self.release_thread()
+            raise
 
     def _started_child(self, child_id: str) -> dict[str, Any] | None:
         """The receipt of a foreground child an earlier attempt of this turn started."""
@@ -317,25 +323,42 @@ class AgentTools(FamilyTools, TaskTools):
         return ToolError("execution_failed", f"Sub-agent '{result['agent_id']}' is still "
                          f"running after {timeout:.0f}s; it reports back when done.")
 
-    def _require_a_free_thread(self, caller_id: str) -> None:
-        """Refuse a foreground wait that could never end: the child needs a session
-        thread of its own, and every other one would be blocked waiting too."""
+    def _reserve_a_thread(self, caller_id: str) -> None:
+        """Count a foreground wait, or refuse one that could never end: the child needs a
+        session thread of its own, and every other one would be blocked waiting too. The
+        check and the count are one step, so two parents asking at once cannot both pass
+        (the wait that follows gives it back: :meth:`release_thread`)."""
         ctx = self._ctx
-        held = ctx.foreground_waits + (1 if caller_id in ctx.turns.running() else 0)
-        if held >= ctx.max_active:
-            raise ToolError("execution_failed",
-                            f"A foreground sub-agent needs a free session thread, and none can "
-                            f"free up: this runtime runs at most {ctx.max_active} turn(s) at "
-                            f"once and {held} would be waiting. Use run_in_background=true "
-                            "(the child reports back), or run kinbox with a larger "
-                            "max_active_sessions.")
+        mine = 1 if caller_id in ctx.turns.running() else 0
+        with ctx.activity.cond:
+            held = ctx.foreground_waits + mine
+            if held < ctx.max_active:
+                ctx.foreground_waits += 1
+                return
+        raise ToolError("execution_failed",
+                        f"A foreground sub-agent needs a free session thread, and none can "
+                        f"free up: this runtime runs at most {ctx.max_active} turn(s) at "
+                        f"once and {held} would be waiting. Use run_in_background=true "
+                        "(the child reports back), or run kinbox with a larger "
+                        "max_active_sessions.")
+
+    def release_thread(self) -> None:
+        """A foreground wait counted by :meth:`_reserve_a_thread` is over."""
+        with self._ctx.activity.cond:
+            self._ctx.foreground_waits -= 1
+
+    def stopped_waiting(self, result: dict[str, Any]) -> ToolError | None:
+        """The error that ends a foreground wait whose own turn was asked to stop (by
+        ``agent_stop``, its turn_timeout, the runtime stopping), or None."""
+        if self._ctx.turns.stopped_by(self.caller_id) is None:
+            return None
+        return ToolError("execution_failed", f"Stopped while waiting for sub-agent "
+                         f"'{result['agent_id']}'; it goes on and reports back when done.")
 
     def _wait_for_child(self, result: dict[str, Any], timeout: float) -> dict[str, Any]:
         ctx = self._ctx
         activity = ctx.activity
         deadline = time.monotonic() + timeout
-        with activity.cond:
-            ctx.foreground_waits += 1
         try:
             while True:
                 seen = activity.changes
@@ -346,10 +369,13 @@ class AgentTools(FamilyTools, TaskTools):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise self.still_running(result, timeout)
-                activity.wait(remaining, until=lambda seen=seen: activity.changes != seen)
+                if (stopped := self.stopped_waiting(result)) is not None:
+                    raise stopped
+                # A stop changes no activity: look again at least each second.
+                activity.wait(min(remaining, 1.0),
+                              until=lambda seen=seen: activity.changes != seen)
         finally:
-            with activity.cond:
-                ctx.foreground_waits -= 1
+            self.release_thread()
 
 
 def tools_for(ctx: RuntimeContext, session_id: str, outbox: Outbox | None = None) -> TaskTools:

@@ -265,6 +265,35 @@ def test_a_foreground_sub_agent_returns_its_reply(make_runtime: MakeRuntime,
     assert [(r["status"], r["result"]) for r in results] == [("completed", "42 files")]
 
 
+@pytest.mark.timeout(60)
+def test_a_foreground_wait_ends_when_its_turn_is_asked_to_stop(make_runtime: MakeRuntime,
+                                                               flavour: str) -> None:
+    child_running, release = threading.Event(), threading.Event()
+    errors: list[str] = []
+
+    async def behaviour(turn: Turn, tools: Any) -> None:
+        if turn.session_id.startswith("subagent-"):
+            child_running.set()
+            await asyncio.to_thread(release.wait, 30)
+            turn.reply("late")
+        elif turn.messages[0].kind != "subagent_result":
+            try:
+                await tools.agent(description="slow", run_in_background=False, timeout=50)
+            except ToolError as exc:
+                errors.append(exc.message)
+
+    rt = make_runtime(brain=brain_of(flavour, behaviour), max_active_sessions=4)
+    a, b = team(rt)
+    rt.post(a, "delegate")
+    assert child_running.wait(10)
+    rt.tools_for(b).agent_stop(a)
+    wait_for(lambda: bool(errors), timeout=10, what="the wait to end")
+    assert errors[0].startswith("Stopped while waiting for sub-agent")
+    release.set()
+    rt.run_until_idle(timeout=30)
+    assert rt.context.foreground_waits == 0
+
+
 def test_family_rate_limits_hold(make_runtime: MakeRuntime, flavour: str) -> None:
     errors: list[str] = []
 

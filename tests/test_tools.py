@@ -388,6 +388,67 @@ def test_agent_in_the_foreground_returns_the_childs_result(make_runtime: MakeRun
     assert results[0]["result"] == "42" and results[0]["status"] == "completed"
 
 
+@pytest.mark.timeout(60)
+def test_a_parent_asked_to_stop_while_it_waits_for_a_child_stops_waiting(
+        make_runtime: MakeRuntime) -> None:
+    child_running, release = threading.Event(), threading.Event()
+    outcome: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            child_running.set()
+            assert release.wait(30)
+            turn.reply("late answer")
+        elif turn.session_id == "parent" and turn.messages[0].kind == "agent_message":
+            try:
+                turn.tools.agent(description="slow work", run_in_background=False,
+                                 timeout=50)
+            except ToolError as exc:
+                outcome.append(exc.message)
+
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    p = rt.create_project("p")
+    rt.create_session(p.id, "parent", session_id="parent")
+    boss = rt.create_session(p.id, "boss").id
+    rt.post("parent", "go")
+    assert child_running.wait(10)
+    rt.tools_for(boss).agent_stop("parent")
+    wait_for(lambda: bool(outcome), timeout=10, what="the parent to stop waiting")
+    assert outcome[0].startswith("Stopped while waiting for sub-agent 'subagent-sub_")
+    release.set()
+    rt.run_until_idle(30)
+
+
+@pytest.mark.timeout(60)
+def test_two_parents_asking_for_the_last_free_thread_at_once_get_one_refusal(
+        make_runtime: MakeRuntime) -> None:
+    """The check and the count were two steps: both parents passed the check and waited,
+    and neither child could run until both waits timed out."""
+    both_in = threading.Barrier(2, timeout=10)
+    outcomes: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            turn.reply("42")
+        elif turn.messages[0].kind == "agent_message":
+            both_in.wait()
+            try:
+                got = turn.tools.agent(description=f"work of {turn.session_id}",
+                                       run_in_background=False, timeout=30)
+                outcomes.append(got["status"])
+            except ToolError as exc:
+                outcomes.append(exc.message)
+
+    rt = make_runtime(brain=brain, max_active_sessions=2)
+    p = rt.create_project("p")
+    for name in ("a", "b"):
+        rt.create_session(p.id, name, session_id=name)
+        rt.post(name, "go")
+    wait_for(lambda: len(outcomes) == 2, timeout=20, what="both parents' answers")
+    assert sorted(o[:40] for o in outcomes) == [
+        "A foreground sub-agent needs a free sess", "completed"]
+
+
 @pytest.mark.parametrize(("kwargs", "fragment"), [
     ({"description": ""}, "description must not be empty"),
     ({"description": 5}, "description must be a string"),
