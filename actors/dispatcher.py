@@ -23,6 +23,7 @@ from typing import Any
 import pykka
 
 from ..persistence import ClaimResult, PersistenceError, WriterClosed
+from . import subagents
 from .context import RuntimeContext
 from .messages import ClaimNow, Tick, Wake
 from .slots import Slots
@@ -102,6 +103,8 @@ class Dispatcher(pykka.ThreadingActor):
             return
         if result.next_due is not None:
             self.ctx.alarm_in(result.next_due - self.ctx.now())
+        if result.failed:  # ended outside a turn: a sub-agent's parent must hear of it
+            subagents.report_ended(self.ctx, result.failed)
         for message_id in result.acked_by_marker:
             log.debug("acknowledged %s by its committed marker (no second turn)", message_id)
             self.ctx.emit("acked_by_marker", message_id=message_id)

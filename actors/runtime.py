@@ -41,6 +41,7 @@ from ..persistence import (
     sqlite_path,
     upgrade,
 )
+from . import subagents
 from .async_host import AsyncHost
 from .clock import Clock, ManualClock, SystemClock
 from .context import Observer, RuntimeContext
@@ -225,6 +226,8 @@ class Runtime(RecordsApi):
             raise
         self._state = "running"
         stop_at_exit(self)
+        if subagents.report_orphans(ctx):
+            log.warning("reported child tasks whose message had ended outside a turn")
         counts = journal.counts()
         log.info("runtime %s started on %s (%s); open rows: %d pending, %d processing",
                  self.owner, redact_url(self.url),

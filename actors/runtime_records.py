@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..persistence import EnqueueResult, EntryRecord, NewMessage, ProjectRecord, SessionRecord
 from ..persistence.inbox_core import State
 from ..persistence.inbox_records import DEFAULT_KIND
-from . import access, validation
+from . import access, subagents, validation
 from .errors import ConfigError, ToolError
 from .ids import short
 from .outbox import Outbox
@@ -172,6 +172,7 @@ class RecordsApi:
         ctx = self._running()
         reason = _checked("reason", validation.require_message, reason, 2000, "reason")
         row = ctx.journal.cancel(message_id, ctx.now(), by=by, reason=reason)
+        subagents.report_ended(ctx, [message_id])  # no turn reports a cancelled task
         ctx.emit("cancelled", message_id=message_id, by=by)
         log.info("cancelled %s (by %s)", message_id, by)
         ctx.wake_dispatcher()

@@ -7,14 +7,25 @@ and the task's new status commit in the same transaction as the child's
 turn, so a crash between the child's end and the parent's turn loses
 nothing. A child stopped by its own parent does not wake it (the parent
 knows); stopped by anyone else, it does.
+
+A task message can also end outside any turn: an operator cancels it, or a
+claim finds its turn died with its process once too often and makes it
+``failed``. No turn commits then, so :func:`report_ended` does the same work
+(the task's end, the parent's wake-up) in a transaction of its own, asked by
+whoever ended the row, and by every start for what a crash in between left.
 """
 
 from __future__ import annotations
 
-from ..persistence import NewMessage, TaskChange
+import logging
+from collections.abc import Iterable
+
+from ..persistence import NewMessage, PersistenceError, RowNotFound, TaskChange
 from .context import RuntimeContext, TurnEffects
 from .tasks import TaskService
 from .turn import Turn, TurnOutcome
+
+log = logging.getLogger("kinbox.subagents")
 
 TASK_KIND = "subagent_task"
 RESULT_KIND = "subagent_result"
@@ -39,9 +50,14 @@ def next_result_id(ctx: RuntimeContext, base: str) -> str:
     return mid
 
 
+TASK_MESSAGE_PREFIX = "subagent-task-"
+CHILD_PREFIX = "subagent-"
+"""How a child session's id begins (``subagent-sub_<8 hex>``, see ``tools``)."""
+
+
 def task_message_id(task_id: str) -> str:
     """The idempotency key of the message that hands a child its task."""
-    return f"subagent-task-{task_id}"
+    return f"{TASK_MESSAGE_PREFIX}{task_id}"
 
 
 def report_back(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEffects | None:
@@ -97,3 +113,74 @@ def report_back(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEf
             text[:RESULT_LIMIT], kind=RESULT_KIND, sender=child.id,
             payload={"task_id": task_id, "child_id": child.id, "outcome": state}))
     return effects
+
+
+def report_ended(ctx: RuntimeContext, message_ids: Iterable[str]) -> int:
+    """Report the child tasks whose message ended outside a turn (``failed`` by a claim,
+    ``cancelled`` by an operator) while the task is still open: the task ends and the
+    parent is woken, in one transaction; how many. Idempotent: a reported task is no
+    longer open."""
+    reported = 0
+    for mid in message_ids:
+        if not mid.startswith(TASK_MESSAGE_PREFIX):
+            continue
+        try:
+            reported += _report_one(ctx, mid)
+        except PersistenceError as exc:  # the next start looks again
+            log.error("could not report the end of %s to its parent: %s", mid, exc)
+    return reported
+
+
+def report_orphans(ctx: RuntimeContext) -> int:
+    """At a start: :func:`report_ended` for every open child task (what a crash between a
+    row's end and its report left)."""
+    open_tasks = ctx.tasks.open_of_chats(CHILD_PREFIX, ("pending", "in_progress"))
+    return report_ended(ctx, [task_message_id(t.id) for t in open_tasks])
+
+
+def _report_one(ctx: RuntimeContext, mid: str) -> int:
+    try:
+        row = ctx.journal.get(mid)
+    except RowNotFound:
+        return 0
+    status = row["status"]
+    task_id = str(row["payload"].get("task_id", ""))
+    task = ctx.tasks.get(task_id)
+    child = ctx.store.session(row["target_chat_id"])
+    if (status not in ("failed", "cancelled") or task is None or child is None
+            or child.parent_id is None or task.status not in ("pending", "in_progress")):
+        return 0
+    # A failure's last line (the error itself); a cancel's who and why, from its history.
+    detail = (row["last_error"] if status == "failed"
+              else next((h["detail"] for h in reversed(ctx.journal.history(mid))
+                         if h["event"] == "cancelled"), ""))
+    why = (detail or "").strip().splitlines()[-1:] or [status]
+    if status == "failed":
+        changes: dict[str, object] = {"status": "blocked", "blocked_on": "error",
+                                      "reason": why[0][:2000]}
+        text = f"Sub-agent {child.id} failed: {why[0]}"
+    else:
+        changes = {"status": "cancelled", "blocked_on": None}
+        text = f"Sub-agent {child.id}'s task was cancelled: {why[0]}"
+    service = TaskService(ctx)
+    wake = NewMessage(next_result_id(ctx, result_message_id(task_id)), child.parent_id,
+                      text[:RESULT_LIMIT], kind=RESULT_KIND, sender=child.id,
+                      payload={"task_id": task_id, "child_id": child.id, "outcome": status})
+
+    def op() -> TaskChange | None:
+        current = ctx.tasks.get(task_id)
+        if current is None or current.status not in ("pending", "in_progress"):
+            return None  # reported meanwhile
+        now = ctx.now()
+        change = service.apply_in_txn(child.id, task_id, changes, now)
+        ctx.journal.enqueue_now(wake, now)
+        return change
+
+    change = ctx.journal.writer.call(op)
+    if change is None:
+        return 0
+    service.notify(change)
+    ctx.wake_dispatcher()
+    log.info("reported the %s task %s of %s to its parent %s", status, task_id, child.id,
+             child.parent_id)
+    return 1

@@ -103,6 +103,10 @@ class ClaimResult:
     pending but not yet due (a retry's backoff; a send stamped by a process whose clock
     reads a little ahead): claim again then. None: it saw none, or SQLite's claim (the
     tick finds the rest)."""
+    failed: tuple[str, ...] = ()
+    """Rows this claim found ``processing`` under a dead owner one time too many and made
+    ``failed`` (not claimed): they ended outside any turn, which the actors above may
+    have to report (a sub-agent's parent)."""
 
 
 @dataclass(slots=True)

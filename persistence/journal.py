@@ -144,7 +144,8 @@ class Journal(InboxReads):
         # ``attempts`` < 0: failed by this claim, not leased
         if rows:
             self.hot.lease_many([r.message_id for r in rows], owner, now + lease, now)
-        return ClaimResult(rows, sorted(done), held_back)
+        failed = tuple(sorted(mid for mid, n in attempts.items() if n < 0))
+        return ClaimResult(rows, sorted(done), held_back, failed=failed)
 
     def _count_interrupted(self, ids: list[str], now: float) -> dict[str, int]:
         """Takeovers: message id -> attempts now, or -1 for a row that thereby reached its
@@ -224,7 +225,7 @@ class Journal(InboxReads):
             rest = self._claim_op(owner, now, lease, limit - len(rows),
                                   ex | {r.target for r in rows}, transport, suspects)
         return ClaimResult(rows + rest.rows, rest.acked_by_marker, rest.held_back,
-                           plain.next_due)
+                           plain.next_due, rest.failed)
 
     def _claim_more_op(self, owner: str, target: str, after_seq: int, now: float,
                        lease: float, limit: int) -> list[ClaimedRow]:

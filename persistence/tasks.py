@@ -106,6 +106,14 @@ class TaskStore:
         return [_record(r) for r in t.select().where(t.chat_id == chat_id)
                 .order_by(t.created_at, t.id)]
 
+    def open_of_chats(self, chat_prefix: str, statuses: tuple[str, ...]) -> list[TaskRecord]:
+        """The tasks in ``statuses`` of sessions whose id starts with ``chat_prefix``
+        (a start's look for sub-agent tasks whose message ended outside a turn)."""
+        t = self.t.task
+        return [_record(r) for r in t.select().where(
+            t.chat_id.startswith(chat_prefix), t.status.in_(list(statuses)))
+            .order_by(t.created_at, t.id)]
+
     def for_project(self, project_id: str) -> list[TaskRecord]:
         """Every task of a project, oldest first."""
         t = self.t.task

@@ -13,6 +13,7 @@ from kinbox.actors import ManualClock, Runtime, ToolError, Turn
 from kinbox.actors.transcript_view import TRUNCATED
 from kinbox.persistence import TurnEntry
 
+from .conftest import Stores
 from .helpers import quiet_brain, wait_for
 
 MakeRuntime = Callable[..., Runtime]
@@ -531,3 +532,68 @@ def test_session_status_is_visible_while_a_turn_runs(make_runtime: MakeRuntime) 
     release.set()
     rt.run_until_idle()
     assert rt.session(me).status == "idle"  # type: ignore[union-attr]
+
+
+# -- a child task that ends outside a turn (A1) ------------------------------------------------
+
+def _parent_with_a_child(rt: Runtime) -> tuple[str, str, str]:
+    parent = rt.create_session(rt.create_project("p").id, "parent", session_id="parent").id
+    spawned = rt.tools_for(parent).agent(description="clean up")
+    return parent, spawned["agent_id"], spawned["task_id"]
+
+
+def _wakeups(rt: Runtime, parent: str) -> list[tuple[str, str]]:
+    return [(r["payload"]["outcome"], r["content"]) for r in rt.inbox(target=parent)
+            if r["kind"] == "subagent_result"]
+
+
+def test_an_operator_cancelling_a_child_task_tells_its_parent(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()  # send-only: the child's task waits, nothing runs it
+    parent, child, task_id = _parent_with_a_child(rt)
+    rt.cancel(f"subagent-task-{task_id}", "not needed any more")
+    assert rt.context.tasks.get(task_id).status == "cancelled"  # type: ignore[union-attr]
+    [(outcome, text)] = _wakeups(rt, parent)
+    assert outcome == "cancelled" and child in text and "not needed any more" in text
+
+
+def test_a_child_task_failed_by_its_takeovers_tells_its_parent(
+        db_url: str, clock: ManualClock, make_runtime: MakeRuntime) -> None:
+    """Its turn died with its process five times: the sixth claim makes the row failed,
+    and no turn commits to report it."""
+    first = make_runtime()
+    parent, _, task_id = _parent_with_a_child(first)
+    first.stop()
+    prepared, mid, now = Stores(db_url), f"subagent-task-{task_id}", clock.now()
+    try:
+        for death in range(5):
+            assert [r.message_id for r in prepared.journal.claim(
+                f"dead-{death}", now, lease=1).rows] == [mid]
+            prepared.journal.mark_turn_started(f"dead-{death}", mid, now)
+            now += 10
+    finally:
+        prepared.close()
+    clock.advance(now - clock.now())
+    seen: list[str] = []
+    rt = make_runtime(brain=lambda turn: seen.extend(m.kind for m in turn.messages))
+    rt.run_until_idle()
+    assert rt.inbox(target=rt.session(parent).id)[0]["kind"] == "subagent_result"  # type: ignore[union-attr]
+    assert [o for o, _ in _wakeups(rt, parent)] == ["failed"]
+    assert seen == ["subagent_result"]  # the parent's turn ran; the child's never did
+    task = rt.context.tasks.get(task_id)
+    assert task is not None and (task.status, task.blocked_on) == ("blocked", "error")
+
+
+def test_a_start_reports_a_cancel_whose_report_a_crash_lost(
+        db_url: str, make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    first = make_runtime()
+    parent, _, task_id = _parent_with_a_child(first)
+    first.stop()
+    prepared = Stores(db_url)  # the cancel as it stood when the process died
+    try:
+        prepared.journal.cancel(f"subagent-task-{task_id}", clock.now(), by="operator",
+                                reason="wrong child")
+    finally:
+        prepared.close()
+    rt = make_runtime()
+    assert [o for o, _ in _wakeups(rt, parent)] == ["cancelled"]
+    assert rt.context.tasks.get(task_id).status == "cancelled"  # type: ignore[union-attr]
