@@ -51,6 +51,8 @@ WINDOW = 64
 
 LINGER_SECONDS = 5.0
 """How long an open link with nothing to carry stays open for the next message."""
+DRY_POLL_SECONDS = 1.0
+"""How often an open link whose claims found nothing looks again unwoken."""
 
 HANDSHAKE_SECONDS = 10.0
 """How long a peer may take from the upgrade to its welcome. A server that accepts the
@@ -196,7 +198,8 @@ class PeerLink:
         """
         ctx = self.svc.ctx
         renewed = time.monotonic()
-        idle_since: float | None = None
+        dry_since: float | None = None  # since when claims find nothing to send
+        claimed_at = 0.0
         claim: Reply[list[ClaimedRow]] | None = None
         acks: list[tuple[Reply[None], list[str]]] = []
         link.connected(new_nonce(self.svc.random(NONCE_BYTES)))
@@ -222,20 +225,26 @@ class PeerLink:
                 if claim is not None and _ready(claim):
                     more, claim = claim.result(), None
                     if more:
-                        last_seq = more[-1].seq
+                        dry_since, last_seq = None, more[-1].seq
                         link.offer([_outgoing(r) for r in more])
                         continue
+                    dry_since = dry_since or time.monotonic()
+                now = time.monotonic()
                 room = link.capacity() if link.state is LinkState.OPEN else 0
-                if claim is None and (room >= self.window // 2 or (room and not link.held())):
+                # Dry: claim again when a send wakes the link, or once a DRY_POLL_SECONDS
+                # (a retry coming due), not as fast as the writer answers.
+                may_claim = (dry_since is None or self._wake.is_set()
+                             or now - claimed_at >= DRY_POLL_SECONDS)
+                if claim is None and may_claim and (
+                        room >= self.window // 2 or (room and not link.held())):
+                    self._wake.clear()
+                    claimed_at = now
                     claim = self.svc.outbox.submit_claim(ctx.owner, self.target, last_seq,
                                                          ctx.now(), lease=ctx.lease_seconds,
                                                          limit=room)
-                if not link.held() and claim is None and not acks:
-                    idle_since = idle_since or time.monotonic()
-                    if time.monotonic() - idle_since > LINGER_SECONDS:
-                        return
-                else:
-                    idle_since = None
+                if (dry_since is not None and claim is None and not link.held() and not acks
+                        and now - dry_since > LINGER_SECONDS):
+                    return
                 if time.monotonic() - renewed > ctx.lease_seconds / 3:
                     renewed = time.monotonic()
                     ctx.journal.renew(ctx.owner, [self.target], ctx.now() + ctx.lease_seconds,
@@ -288,8 +297,6 @@ class PeerLink:
                 link.receive(ws.recv(0))
             except TimeoutError:
                 return
-        if self._wake.is_set():
-            self._wake.clear()
 
     # -- effects ---------------------------------------------------------------------------
 
