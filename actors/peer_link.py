@@ -53,6 +53,8 @@ LINGER_SECONDS = 5.0
 """How long an open link with nothing to carry stays open for the next message."""
 DRY_POLL_SECONDS = 1.0
 """How often an open link whose claims found nothing looks again unwoken."""
+GRANT_CHECK_SECONDS = 1.0
+"""How often a live link reads whether its grant here is still active."""
 
 HANDSHAKE_SECONDS = 10.0
 """How long a peer may take from the upgrade to its welcome. A server that accepts the
@@ -200,6 +202,7 @@ class PeerLink:
         renewed = time.monotonic()
         dry_since: float | None = None  # since when claims find nothing to send
         claimed_at = 0.0
+        checked = time.monotonic()
         claim: Reply[list[ClaimedRow]] | None = None
         acks: list[tuple[Reply[None], list[str]]] = []
         link.connected(new_nonce(self.svc.random(NONCE_BYTES)))
@@ -230,6 +233,10 @@ class PeerLink:
                         continue
                     dry_since = dry_since or time.monotonic()
                 now = time.monotonic()
+                if now - checked >= GRANT_CHECK_SECONDS:
+                    checked = now
+                    if not self._still_active():
+                        return  # what it holds goes back; _step fails it as paused/revoked
                 room = link.capacity() if link.state is LinkState.OPEN else 0
                 # Dry: claim again when a send wakes the link, or once a DRY_POLL_SECONDS
                 # (a retry coming due), not as fast as the writer answers.
@@ -260,6 +267,16 @@ class PeerLink:
                     rows = []
                 if rows:
                     self._release([r.message_id for r in rows])
+
+    def _still_active(self) -> bool:
+        """Is this device's grant here still active? Paused or revoked on this side (``kinbox
+        peers pause|revoke --direction outbound``), a live link carries nothing more."""
+        rec = self.svc.peers.device(self.device_id, OUTBOUND)
+        if rec is not None and rec.status == "active":
+            return True
+        log.info("closing the link to %s: its grant here is %s", self.device_id,
+                 rec.status if rec else "gone")
+        return False
 
     def _settled(self, acks: list[tuple[Reply[None], list[str]]],
                  wait: bool) -> list[tuple[Reply[None], list[str]]]:

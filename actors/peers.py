@@ -296,7 +296,7 @@ class PeerHttpBackend:
         session_id = receiver.dedicated_session(device_id)
         ctx = self.ctx
         if action == "stop":
-            ok = ctx.turns.request_stop(session_id, peer_target(device_id))
+            ok = ctx.turns.request_stop(session_id, peer_target(device_id), ctx.now())
             return ("stop_requested" if ok else "not_active"), ""
         session = ctx.store.session(session_id)
         lines = [transcript_view.Line(e.role, e.text, e.visible)

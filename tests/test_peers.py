@@ -326,6 +326,27 @@ def test_an_idle_link_neither_polls_hard_nor_stays_open(receiver: Receiver,
 # -- revocation ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("status", ["revoked", "paused"])
+def test_this_sides_own_revoke_or_pause_stops_a_live_link(
+        receiver: Receiver, sender: Runtime, status: str) -> None:
+    """The link read the grant only before it opened: sends after this side's own
+    ``kinbox peers revoke --direction outbound`` were still delivered."""
+    rec = sender.peers.pair(receiver.http, receiver.invite())
+    tools = caller(sender)
+    tools.agent_send(f"peer:{rec.device_id}", "before")  # type: ignore[attr-defined]
+    wait_for(delivered(sender, 1), 20, "the first ack")
+    link = sender.peers.links[rec.device_id]
+    assert link.ws is not None  # live (lingering)
+    sender.peers.peers.set_status(rec.device_id, status, sender.clock.now(),
+                                  direction=OUTBOUND)
+    wait_for(lambda: link.ws is None, 5, "the live link to close")
+    after = tools.agent_send(f"peer:{rec.device_id}", "after")  # type: ignore[attr-defined]
+    wait_for(lambda: sender.context.journal.get(after["message_id"])["status"] == "failed",
+             10, "the row to fail")
+    me = sender.peers.identity.device_id
+    assert receiver.peer_rows(me) == [f"peer-{me}-{sender.inbox()[0]['message_id']}"]
+
+
 @pytest.mark.parametrize("action", ["revoke", "pause"])
 def test_revoke_or_pause_closes_the_live_link_within_a_second_and_fails_at_once(
         receiver: Receiver, sender: Runtime, action: str) -> None:

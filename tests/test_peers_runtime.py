@@ -11,7 +11,7 @@ import pytest
 import uvicorn
 
 from kinbox.actors import Runtime, SystemClock, Turn
-from kinbox.actors.peers import new_invite
+from kinbox.actors.peers import PeerHttpBackend, new_invite
 from kinbox.actors.serve import app_for
 from kinbox.persistence import NewMessage
 from kinbox.persistence.peer_outbox import PeerOutbox
@@ -249,3 +249,23 @@ def test_a_revoke_mid_stream_commits_nothing_after_it_and_acknowledges_what_it_c
     assert failed and not {f"peer-{me}-{m}" for m in failed} & received
     assert {f"peer-{me}-{r['message_id']}" for r in a.inbox(state="delivered")} == received
     assert max(at for _, at in rows) <= revoked_at
+
+
+def test_a_peer_stop_starts_the_stop_grace_like_a_local_one(tmp_path: Path) -> None:
+    """Asked without a time, the stop never counted as ignored: past the grace (and past
+    turn_timeout) nothing cancelled the turn."""
+    release = threading.Event()
+    rt = Runtime(db=f"sqlite:///{tmp_path / 'b.db'}", brain=lambda turn: release.wait(30),
+                 clock=SystemClock()).start()
+    try:
+        project = rt.project("default")
+        assert project is not None
+        session = rt.create_session(project.id, "Device x", session_id="suzent:dev1").id
+        rt.post(session, "work long")
+        wait_for(lambda: rt.context.turns.is_running(session), 20, "the turn to start")
+        assert PeerHttpBackend(rt.peers).answer("dev1", "stop") == ("stop_requested", "")
+        later = rt.clock.now() + 10
+        assert rt.context.turns.ignoring_stop(later, 5.0) == [session]
+    finally:
+        release.set()
+        rt.stop()
