@@ -29,6 +29,7 @@ from ..persistence import (
 from ..persistence.peers import PeerStore
 from ..transport import key_file
 from ..transport.errors import TransportError
+from ..transport.frames import shown
 from ..transport.grants import change_status, parse_scopes, parse_ttl
 from ..transport.identity import DeviceIdentity
 from .cli_ops import _emit, _when, common
@@ -110,8 +111,9 @@ def listing(args: argparse.Namespace, out: TextIO) -> int:
     lines += [f"{d['device_id']:<13} {d['direction']:<9} {d['status']:<8} "
               f"{','.join(d['scopes']):<8} {d['queued']:>6} {d['failed']:>6}  "
               f"{_when(d['last_seen_at']):<19} "
+              # A name paired before names were checked may hold escape sequences.
               + (f"! {d['last_error']}" if d["status"] == "active" and d["last_error"]
-                 else d["name"]) for d in data]
+                 else shown(d["name"])) for d in data]
     _emit(out, args.json, data, lines if data else ["no paired devices"])
     return 0
 

@@ -39,7 +39,7 @@ from ..transport.link import Answer, LinkState, Retry, SenderLink, Terminal
 from ..transport.peer_client import connect_link, pair_with
 from . import transcript_view
 from .context import RuntimeContext
-from .errors import ToolError
+from .errors import ConfigError, ToolError
 from .ids import short
 from .outbox import Writes
 from .peer_link import PeerLink, peer_target
@@ -47,6 +47,10 @@ from .peer_link import PeerLink, peer_target
 log = logging.getLogger("kinbox.peers")
 
 PEER_PREFIX = "peer:"
+NAME_LIMIT = 128
+"""Characters in a paired device's name (its column, and the ``pair`` frame's rule)."""
+URL_LIMIT = 1024
+"""Characters in a paired device's address (its column)."""
 REQUEST_TIMEOUT = 10.0
 
 
@@ -332,7 +336,16 @@ class PeerHttpBackend:
 
 def complete_pairing(identity: DeviceIdentity, peers: PeerStore, url: str, code: str,
                      name: str, now: float) -> DeviceRecord:
-    """Pair with the device at ``url``: prove our key, pin theirs, keep the token sealed."""
+    """Pair with the device at ``url``: prove our key, pin theirs, keep the token sealed.
+
+    The name and the address are checked first: the other device spends the code (and
+    replaces an earlier grant of ours) as it answers, so nothing may fail after that."""
+    if not isinstance(name, str) or len(name) > NAME_LIMIT or not name.isprintable():
+        raise ConfigError(f"a device name is at most {NAME_LIMIT} printable characters",
+                          field="name")
+    if not isinstance(url, str) or not url or len(url) > URL_LIMIT or not url.isprintable():
+        raise ConfigError(f"the device's address is 1 to {URL_LIMIT} printable characters",
+                          field="url")
     paired = pair_with(url, identity, code, identity.device_id,
                        new_nonce(os.urandom(NONCE_BYTES)))
     sealed = identity.seal(paired.token, os.urandom(SEAL_NONCE_BYTES))

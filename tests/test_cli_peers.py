@@ -109,3 +109,28 @@ def test_pause_and_resume_act_on_each_direction_they_apply_to_or_the_one_named(
     assert run("peers", "resume", device, "--direction", "inbound", "--db", url)[0] == 1
     writer.stop()
     db.close()
+
+
+def test_a_stored_name_with_escape_sequences_is_listed_escaped(tmp_path: Path) -> None:
+    """Names paired before the pair frame refused them reach the operator's terminal."""
+    import time
+
+    from kinbox.persistence import GroupCommitWriter, bind_tables, open_database, upgrade
+    from kinbox.persistence.peers import PeerStore
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    db = open_database(url)
+    tables = bind_tables(db)
+    upgrade(tables)
+    writer = GroupCommitWriter(db)
+    writer.start()
+    now = time.time()
+    store = PeerStore(tables, writer)
+    store.add_invite("a" * 64, frozenset({"agent"}), now, now + 600)
+    assert store.redeem("a" * 64, now, "0123456789ab", "evil\x1b[2J\nFAKE", "K" * 43, "t" * 64)
+    writer.stop()
+    db.close()
+    out = io.StringIO()
+    assert main(["peers", "list", "--db", url], out=out) == 0
+    assert "\x1b" not in out.getvalue() and "evil\\x1b[2J\\nFAKE" in out.getvalue()
+    assert len(out.getvalue().splitlines()) == 2  # the header and one device: no forged line

@@ -75,6 +75,11 @@ REFUSED = [
     ("unknown_type", wire(type="revoked", status="revoked")),
     ("bad_field", wire(type="refused", reason="malformed", signature="A" * 86)),
     ("bad_field", wire(type="refused", reason="bad_signature", signature="A" * 86)),
+    # A device name is shown in operators' terminals: no escape sequences or line breaks.
+    ("bad_field", wire(type="pair", code="kbp_" + "x" * 43, device_id="0123456789ab",
+                       public_key=KEY, name="evil\x1b[2Jx", nonce=NONCE, signature=SIG)),
+    ("bad_field", wire(type="pair", code="kbp_" + "x" * 43, device_id="0123456789ab",
+                       public_key=KEY, name="a\nb", nonce=NONCE, signature=SIG)),
 ]
 
 

@@ -18,7 +18,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from kinbox.actors import ManualClock, Runtime, SystemClock, ToolError
+from kinbox.actors import ConfigError, ManualClock, Runtime, SystemClock, ToolError
 from kinbox.actors.cli import main
 from kinbox.persistence.inbox_core import PEER, backoff_delay
 from kinbox.persistence.peers import OUTBOUND
@@ -293,6 +293,23 @@ def test_a_receiver_killed_around_its_commit_ends_with_one_row_after_the_retry(
     assert f.parse(ws.recv(5)) == f.Ack("early")
     ws.close()
     assert receiver.peer_rows(me) == [f"peer-{me}-early"]
+
+
+@pytest.mark.parametrize(("name", "field"), [("L" * 129, "name"),
+                                              ("evil\x1b[2J", "name")])
+def test_a_bad_name_is_refused_before_the_code_is_spent(
+        receiver: Receiver, sender: Runtime, name: str, field: str) -> None:
+    """The other device spends the code, and replaces our earlier grant, as it answers:
+    a name the column cannot hold failed after that and ended a working pairing."""
+    rec = sender.peers.pair(receiver.http, receiver.invite())
+    code = receiver.invite()
+    with pytest.raises(ConfigError) as info:
+        sender.peers.pair(receiver.http, code, name=name)
+    assert info.value.field == field
+    tools = caller(sender)
+    tools.agent_send(f"peer:{rec.device_id}", "still paired")  # type: ignore[attr-defined]
+    wait_for(delivered(sender, 1), 20, "the ack over the first pairing")
+    assert sender.peers.pair(receiver.http, code, name="laptop").name == "laptop"  # unspent
 
 
 @pytest.mark.timeout(60)

@@ -60,6 +60,12 @@ def _text(lo: int, hi: int) -> Check:
     return lambda v: isinstance(v, str) and lo <= len(v) <= hi and _storable(v)
 
 
+def _label(hi: int) -> Check:
+    """A name shown to people (a device's): printable only, no escape sequences, line
+    breaks or direction overrides that would rewrite an operator's terminal."""
+    return lambda v: _text(0, hi)(v) and v.isprintable()
+
+
 def _nullable(check: Check) -> Check:
     return lambda v: v is None or check(v)
 
@@ -183,7 +189,7 @@ class Pair(Frame):
 
     TYPE = "pair"
     CHECKS = {"code": SECRET, "device_id": DEVICE_ID, "public_key": PUBLIC_KEY,
-              "name": _text(0, 128), "nonce": NONCE, "signature": SIGNATURE}
+              "name": _label(128), "nonce": NONCE, "signature": SIGNATURE}
     code: str
     device_id: str
     public_key: str
