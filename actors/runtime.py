@@ -511,6 +511,9 @@ class Runtime(RecordsApi):
         """Wait until nothing can run before the next due time; :class:`IdleTimeout` after
         ``timeout``. A row in backoff, and the rows queued behind it, do not keep the
         runtime busy: move an injected clock (or wait) for them to come due."""
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ConfigError(f"timeout must be a positive number of seconds, not {timeout!r}",
+                              field="timeout")
         ctx = self._running()
         if self.send_only:
             raise RuntimeStateError("a send-only runtime (no brain) runs no turns, so it is "

@@ -13,7 +13,14 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..persistence import EnqueueResult, EntryRecord, NewMessage, ProjectRecord, SessionRecord
+from ..persistence import (
+    EnqueueResult,
+    EntryRecord,
+    NewMessage,
+    ProjectRecord,
+    RowNotFound,
+    SessionRecord,
+)
 from ..persistence.inbox_core import State
 from ..persistence.inbox_records import DEFAULT_KIND
 from . import access, subagents, validation
@@ -73,7 +80,13 @@ class RecordsApi:
         ctx = self._running()
         title = _checked("title", validation.require_message, title, validation.TITLE_LIMIT,
                          "title")
-        if kind not in access.SESSION_KINDS | access.HIDDEN_KINDS:
+        if session_id is not None:
+            session_id = _checked("session_id", validation.require_id, "session_id", session_id)
+        if platform is not None:
+            platform = _checked("platform", validation.require_id, "platform", platform)
+        if config is not None:
+            _check_json_object("config", config)
+        if not isinstance(kind, str) or kind not in access.SESSION_KINDS | access.HIDDEN_KINDS:
             raise ConfigError(field="kind", message=f"unknown session kind {kind!r}; one of "
                               f"{sorted(access.SESSION_KINDS | access.HIDDEN_KINDS)}")
         claim = access.focal_claim(session_id, kind, platform, config)
@@ -81,9 +94,10 @@ class RecordsApi:
             raise ConfigError(f"{claim}: only the runtime creates the Focal session "
                               f"({access.FOCAL_ID}); use rt.get_or_create_focal_chat()",
                               field=claim)
-        if project_id is not None and ctx.store.project(project_id) is None:
+        if project_id is not None and (validation.lookup_key(project_id) is None
+                                       or ctx.store.project(project_id) is None):
             raise ConfigError(f"no project with id {project_id!r}", field="project_id")
-        if parent_id is not None and ctx.store.session(parent_id) is None:
+        if parent_id is not None and self.session(parent_id) is None:
             raise ConfigError(f"no parent session with id {parent_id!r}", field="parent_id")
         sid = session_id or f"chat-{short(self.new_id(), 12)}"
         return ctx.store.create_session(sid, project_id, title, kind, ctx.now(),
@@ -91,7 +105,9 @@ class RecordsApi:
 
     def session(self, session_id: str) -> SessionRecord | None:
         """The session with this id, or None."""
-        return self._require().store.session(session_id)
+        store = self._require().store
+        key = validation.lookup_key(session_id)
+        return store.session(key) if key is not None else None
 
     def sessions(self, project_id: str | None = None) -> list[SessionRecord]:
         """Sessions, most recently updated first."""
@@ -131,7 +147,7 @@ class RecordsApi:
         if message_id is not None:
             message_id = _checked("message_id", validation.require_id, "message_id", message_id)
         if payload is not None:
-            _check_payload(payload)
+            _check_json_object("payload", payload)
         return ctx.enqueue(
             NewMessage(message_id or f"msg-{self.new_id()}", target, content, kind=kind,
                        sender=sender, payload=payload or {}))
@@ -141,12 +157,15 @@ class RecordsApi:
         if state is not None and state not in INBOX_STATES:
             raise ConfigError(f"state must be one of {', '.join(INBOX_STATES)}; got {state!r}",
                               field="state")
-        return self._require().journal.rows(state=state, target=target)
+        journal = self._require().journal
+        if target is not None and validation.lookup_key(target) is None:
+            return []  # no row can have it (PostgreSQL would fail the query)
+        return journal.rows(state=state, target=target)
 
     def requeue(self, message_id: str) -> dict[str, Any]:
         """Operator: send a ``failed`` row back to ``pending`` (history kept)."""
         ctx = self._running()
-        row = ctx.journal.requeue(message_id, ctx.now())
+        row = ctx.journal.requeue(_row_key(message_id), ctx.now())
         ctx.emit("requeued", message_id=message_id)
         log.info("requeued %s", message_id)
         ctx.wake_dispatcher()
@@ -171,7 +190,7 @@ class RecordsApi:
         """
         ctx = self._running()
         reason = _checked("reason", validation.require_message, reason, 2000, "reason")
-        row = ctx.journal.cancel(message_id, ctx.now(), by=by, reason=reason)
+        row = ctx.journal.cancel(_row_key(message_id), ctx.now(), by=by, reason=reason)
         subagents.report_ended(ctx, [message_id])  # no turn reports a cancelled task
         ctx.emit("cancelled", message_id=message_id, by=by)
         log.info("cancelled %s (by %s)", message_id, by)
@@ -180,7 +199,9 @@ class RecordsApi:
 
     def transcript(self, session_id: str) -> list[EntryRecord]:
         """Every transcript entry of a session (``role``, ``text``, ``visible``...)."""
-        return self._require().store.transcript(session_id)
+        store = self._require().store
+        key = validation.lookup_key(session_id)
+        return store.transcript(key) if key is not None else []
 
     def marker_counts(self) -> dict[str, int]:
         """Committed delivery markers per message id (exactly-once evidence)."""
@@ -195,11 +216,21 @@ def _checked(field: str, check: Callable[..., Any], *args: Any) -> Any:
         raise ConfigError(exc.message, field=field) from None
 
 
-def _check_payload(payload: object) -> None:
-    if not isinstance(payload, dict):
-        raise ConfigError(f"payload must be a dict (a JSON object), not "
-                          f"{type(payload).__name__}", field="payload")
+def _row_key(message_id: object) -> str:
+    """``message_id`` for an operator's lookup; :class:`RowNotFound` when no row can have
+    it (PostgreSQL would fail the query instead)."""
+    key = validation.lookup_key(message_id)
+    if key is None:
+        raise RowNotFound("inbox row", str(message_id))
+    return key
+
+
+def _check_json_object(field: str, value: object) -> None:
+    """``value`` must be a dict that JSON can hold (a payload, a session's config)."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{field} must be a dict (a JSON object), not "
+                          f"{type(value).__name__}", field=field)
     try:
-        json.dumps(payload)
+        json.dumps(value)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"payload must be JSON-serialisable: {exc}", field="payload") from None
+        raise ConfigError(f"{field} must be JSON-serialisable: {exc}", field=field) from None

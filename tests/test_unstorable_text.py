@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kinbox.actors import ConfigError, ManualClock, Runtime, ToolError, Turn
+from kinbox.actors import ConfigError, ManualClock, RowNotFound, Runtime, ToolError, Turn
 
 MakeRuntime = Callable[..., Runtime]
 SURROGATE = "\ud800"
@@ -108,3 +108,45 @@ def test_focal_dispatch_to_an_unstorable_project_id_is_refused(
     out = rt.tools_for("focal-suzent").call("agent_send", {
         "agent_id": "new", "project_id": project_id, "title": "t", "message": "m"})
     assert out["error"] == "invalid_argument" and out["message"].startswith("project_id")
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"config": [1]}, "config"), ({"config": "str"}, "config"),
+    ({"config": {"a": object()}}, "config"), ({"kind": []}, "kind"),
+    ({"session_id": 5}, "session_id"), ({"session_id": "  "}, "session_id"),
+    ({"session_id": "a\x00b"}, "session_id"), ({"platform": 7}, "platform"),
+    ({"parent_id": "p\x00"}, "parent_id"),
+])
+def test_create_session_names_the_bad_argument_and_writes_nothing(
+        make_runtime: MakeRuntime, any_db_url: str, kwargs: dict[str, object],
+        field: str) -> None:
+    rt = make_runtime(db=any_db_url)
+    project = rt.create_project("p")
+    before = len(rt.sessions())
+    with pytest.raises(ConfigError) as info:
+        rt.create_session(project.id, "title", **kwargs)  # type: ignore[arg-type]
+    assert info.value.field == field
+    assert len(rt.sessions()) == before
+
+
+def test_lookups_of_an_id_no_database_can_hold_find_nothing(make_runtime: MakeRuntime,
+                                                            any_db_url: str) -> None:
+    """PostgreSQL fails a query with a NUL in a text parameter; SQLite finds nothing."""
+    rt = make_runtime(db=any_db_url)
+    bad = "a\x00b"
+    assert rt.session(bad) is None and rt.transcript(bad) == []
+    assert rt.inbox(target=bad) == []
+    with pytest.raises(ConfigError) as info:
+        rt.create_session(f"p{bad}", "title")
+    assert info.value.field == "project_id"
+    for operator in (lambda: rt.requeue(bad), lambda: rt.cancel(bad, "no")):
+        with pytest.raises(RowNotFound):
+            operator()
+
+
+def test_run_until_idle_wants_a_number_of_seconds(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime(brain=lambda turn: None)
+    for timeout in ("x", 0, True):
+        with pytest.raises(ConfigError) as info:
+            rt.run_until_idle(timeout)  # type: ignore[arg-type]
+        assert info.value.field == "timeout"
