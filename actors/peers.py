@@ -32,7 +32,7 @@ from ..persistence.peers import INBOUND, OUTBOUND, DeviceRecord, PeerStore
 from ..transport import frames as wire
 from ..transport import key_file, receiver
 from ..transport.errors import FrameError, GrantClosed, IdentityError, PeerUnavailable
-from ..transport.grants import GrantView, InviteView, new_code, secret_hash
+from ..transport.grants import GrantView, InviteView, is_code, new_code, secret_hash
 from ..transport.handshake import NONCE_BYTES, PairingProof, new_nonce
 from ..transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
 from ..transport.link import Answer, LinkState, Retry, SenderLink, Terminal
@@ -343,6 +343,10 @@ def complete_pairing(identity: DeviceIdentity, peers: PeerStore, url: str, code:
     if not isinstance(name, str) or len(name) > NAME_LIMIT or not name.isprintable():
         raise ConfigError(f"a device name is at most {NAME_LIMIT} printable characters",
                           field="name")
+    if not is_code(code):  # a typo, not a network problem
+        raise ConfigError("that is not a pairing code: codes are what `kinbox peers invite` "
+                          "printed on the other device (kbp_ and 43 more characters)",
+                          field="code")
     if not isinstance(url, str) or not url or len(url) > URL_LIMIT or not url.isprintable():
         raise ConfigError(f"the device's address is 1 to {URL_LIMIT} printable characters",
                           field="url")

@@ -296,15 +296,17 @@ def test_a_receiver_killed_around_its_commit_ends_with_one_row_after_the_retry(
 
 
 @pytest.mark.parametrize(("name", "field"), [("L" * 129, "name"),
-                                              ("evil\x1b[2J", "name")])
+                                              ("evil\x1b[2J", "name"),
+                                              (None, "code")])
 def test_a_bad_name_is_refused_before_the_code_is_spent(
-        receiver: Receiver, sender: Runtime, name: str, field: str) -> None:
+        receiver: Receiver, sender: Runtime, name: str | None, field: str) -> None:
     """The other device spends the code, and replaces our earlier grant, as it answers:
     a name the column cannot hold failed after that and ended a working pairing."""
     rec = sender.peers.pair(receiver.http, receiver.invite())
     code = receiver.invite()
-    with pytest.raises(ConfigError) as info:
-        sender.peers.pair(receiver.http, code, name=name)
+    with pytest.raises(ConfigError) as info:  # None: the code mistyped, short by one
+        sender.peers.pair(receiver.http, code[:-1] if name is None else code,
+                          name=name or "")
     assert info.value.field == field
     tools = caller(sender)
     tools.agent_send(f"peer:{rec.device_id}", "still paired")  # type: ignore[attr-defined]
