@@ -80,10 +80,8 @@ class RecordsApi:
         ctx = self._running()
         title = _checked("title", validation.require_message, title, validation.TITLE_LIMIT,
                          "title")
-        if session_id is not None:
-            session_id = _checked("session_id", validation.require_id, "session_id", session_id)
-        if platform is not None:
-            platform = _checked("platform", validation.require_id, "platform", platform)
+        session_id = _optional_id("session_id", session_id)
+        platform = _optional_id("platform", platform)
         if config is not None:
             _check_json_object("config", config)
         if not isinstance(kind, str) or kind not in access.SESSION_KINDS | access.HIDDEN_KINDS:
@@ -142,10 +140,8 @@ class RecordsApi:
                            validation.SEND_LIMIT, "content")
         if kind != DEFAULT_KIND:  # the default is valid: most posts skip its check
             kind = _checked("kind", validation.require_id, "kind", kind)
-        if sender is not None:
-            sender = _checked("sender", validation.require_id, "sender", sender)
-        if message_id is not None:
-            message_id = _checked("message_id", validation.require_id, "message_id", message_id)
+        sender = _optional_id("sender", sender)
+        message_id = _optional_id("message_id", message_id)
         if payload is not None:
             _check_json_object("payload", payload)
         return ctx.enqueue(
@@ -214,6 +210,13 @@ def _checked(field: str, check: Callable[..., Any], *args: Any) -> Any:
         return check(*args)
     except ToolError as exc:
         raise ConfigError(exc.message, field=field) from None
+
+
+def _optional_id(field: str, value: object) -> str | None:
+    """An optional id argument: None, or a non-empty storable string (stripped)."""
+    if value is None:
+        return None
+    return str(_checked(field, validation.require_id, field, value))
 
 
 def _row_key(message_id: object) -> str:
