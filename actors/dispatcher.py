@@ -23,7 +23,7 @@ from typing import Any
 import pykka
 
 from ..persistence import ClaimResult, PersistenceError, WriterClosed
-from . import subagents
+from . import stops, subagents
 from .context import RuntimeContext
 from .messages import ClaimNow, Tick, Wake
 from .slots import Slots
@@ -83,6 +83,7 @@ class Dispatcher(pykka.ThreadingActor):
                 if lingering:
                     self.ctx.async_host.cancel(lingering)
             self._renew_leases()
+            stops.carry_out(self.ctx)
             self.slots.passivate_expired(self.ctx.now(), self.idle_ttl)
             self._claim(requested=False)
 

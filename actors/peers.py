@@ -37,7 +37,7 @@ from ..transport.handshake import NONCE_BYTES, PairingProof, new_nonce
 from ..transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
 from ..transport.link import Answer, LinkState, Retry, SenderLink, Terminal
 from ..transport.peer_client import connect_link, pair_with
-from . import transcript_view
+from . import stops, transcript_view
 from .context import RuntimeContext
 from .errors import ConfigError, ToolError
 from .ids import short
@@ -300,7 +300,7 @@ class PeerHttpBackend:
         session_id = receiver.dedicated_session(device_id)
         ctx = self.ctx
         if action == "stop":
-            ok = ctx.turns.request_stop(session_id, peer_target(device_id), ctx.now())
+            ok = stops.request_stop(ctx, session_id, peer_target(device_id))
             return ("stop_requested" if ok else "not_active"), ""
         session = ctx.store.session(session_id)
         lines = [transcript_view.Line(e.role, e.text, e.visible)

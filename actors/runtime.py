@@ -31,6 +31,7 @@ from ..persistence import (
     OwnerLiveness,
     SessionRecord,
     SessionStore,
+    StopRequests,
     TaskStore,
     bind_tables,
     default_url,
@@ -173,6 +174,7 @@ class Runtime(RecordsApi):
             store = SessionStore(tables, self._writer)
             ctx = RuntimeContext(journal=journal, store=store,
                                  tasks=TaskStore(tables, self._writer),
+                                 stops=StopRequests(tables, self._writer),
                                  clock=self.clock, brain=self.brain,
                                  owner=self.owner, lease_seconds=self.lease_seconds,
                                  tools_for=self._tools_for_ctx,

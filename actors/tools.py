@@ -14,7 +14,7 @@ from typing import Any
 
 from ..persistence import NewMessage, SessionRecord
 from ..persistence.inbox_core import TERMINAL_STATES
-from . import access, tool_schemas, transcript_view
+from . import access, stops, tool_schemas, transcript_view
 from .context import RuntimeContext
 from .errors import ToolError
 from .family import FamilyTools
@@ -242,7 +242,7 @@ class AgentTools(FamilyTools, TaskTools):
                 raise ToolError("execution_failed", f"Agent '{target_id}' is not active.")
             return {"agent_id": target_id, "status": "stop_requested"}
         target = self._target("agent_stop", caller, target_id)
-        if not self._ctx.turns.request_stop(target.id, caller.id, self._ctx.now()):
+        if not stops.request_stop(self._ctx, target.id, caller.id):
             raise ToolError("execution_failed", f"Agent '{target.id}' is not active.")
         self._ctx.emit("stop_requested", session_id=target.id, by=caller.id)
         return {"agent_id": target.id, "status": "stop_requested"}

@@ -53,6 +53,7 @@ from .liveness import OwnerLiveness
 from .models import Tables, bind_tables
 from .schema import pending_changes, require_current, upgrade
 from .sessions import EntryRecord, ProjectRecord, SessionRecord, SessionStore
+from .stop_requests import StopAsk, StopRequests
 from .tasks import OPEN_TASK_STATES, TaskChange, TaskRecord, TaskStore
 from .writer import WRITE_TIMEOUT, GroupCommitWriter, Reply, WriterStatistics
 
@@ -97,6 +98,8 @@ __all__ = [
     "SchemaError",
     "SessionRecord",
     "SessionStore",
+    "StopAsk",
+    "StopRequests",
     "Tables",
     "TaskChange",
     "TaskRecord",

@@ -274,6 +274,20 @@ class PeerInvite(_Base):
         table_name = "peer_invites"
 
 
+class StopRequest(_Base):
+    """A stop asked for a turn that another process runs (T4 across processes): the
+    process holding the row's lease reads it at its next tick. Keyed by the running row,
+    so a request that comes late can never stop the session's next turn."""
+
+    message_id = pw.CharField(primary_key=True, max_length=256)
+    session_id = pw.CharField(max_length=128)
+    asked_by = pw.CharField(null=True, max_length=256)
+    asked_at = pw.DoubleField()
+
+    class Meta:
+        table_name = "stop_requests"
+
+
 MODELS: tuple[type[_Base], ...] = (
     Project,
     Session,
@@ -287,6 +301,7 @@ MODELS: tuple[type[_Base], ...] = (
     CronRun,
     PeerDevice,
     PeerInvite,
+    StopRequest,
 )
 
 
@@ -307,12 +322,13 @@ class Tables:
     cron_run: type[CronRun]
     device: type[PeerDevice]
     invite: type[PeerInvite]
+    stop: type[StopRequest]
 
     def all(self) -> list[type[pw.Model]]:
         """Every bound model, in creation order."""
         return [self.project, self.session, self.transcript, self.marker, self.task,
                 self.inbox, self.event, self.job, self.cron_job, self.cron_run, self.device,
-                self.invite]
+                self.invite, self.stop]
 
 
 def _bound(model: type[_Base], db: pw.Database) -> type:

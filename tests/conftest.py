@@ -39,7 +39,7 @@ def _worker_database(url: str | None) -> str | None:
 PG_URL = _worker_database(SERVER_PG_URL)
 _made: set[str] = set()
 """Worker databases this process made sure exist."""
-KINBOX_TABLES = ("cron_runs", "cron_jobs", "peer_invites", "peer_devices",
+KINBOX_TABLES = ("stop_requests", "cron_runs", "cron_jobs", "peer_invites", "peer_devices",
                  "scheduled_jobs", "agent_inbox_events", "agent_inbox_messages", "tasks",
                  "delivery_markers",
                  "transcript_entries", "sessions", "projects")

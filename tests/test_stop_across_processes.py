@@ -1,0 +1,72 @@
+"""``agent_stop`` reaches a turn another process runs (T4 across processes).
+
+The stop flag lives in the memory of the process running the turn: asked from a
+send-only process (``kinbox serve`` beside ``kinbox worker``) or another worker on
+the same PostgreSQL, ``agent_stop`` answered "not active" though ``agent_list`` showed
+the session active, and the turn ran to its end.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from kinbox.actors import Runtime, SystemClock, ToolError, Turn
+
+from .helpers import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_a_stop_asked_in_another_process_stops_the_turn(pg_url: str) -> None:
+    started, ended = threading.Event(), threading.Event()
+    outcome: list[bool] = []
+
+    def brain(turn: Turn) -> str:
+        started.set()
+        turn.wait_stop_requested(30)
+        outcome.append(turn.stop_requested)
+        ended.set()
+        return "stopped" if turn.stop_requested else "ran to its end"
+
+    worker = Runtime(db=pg_url, brain=brain, clock=SystemClock()).start()
+    front = Runtime(db=pg_url, clock=SystemClock()).start()  # send-only, as kinbox serve
+    try:
+        project = front.create_project("p")
+        bob = front.create_session(project.id, "Bob").id
+        boss = front.tools_for(front.create_session(project.id, "Boss").id)
+        front.post(bob, "work long")
+        assert started.wait(20)
+        assert boss.agent_stop(bob) == {"agent_id": bob, "status": "stop_requested"}
+        assert ended.wait(10) and outcome == [True]
+        wait_for(lambda: front.inbox(target=bob)[0]["status"] == "delivered", 10,
+                 what="the stopped turn's commit")
+        assert [e.text for e in front.transcript(bob)][-1] == "stopped"
+        wait_for(lambda: front.context.stops.pending() == [], 10,  # type: ignore[union-attr]
+                 what="the request to be forgotten")
+        with pytest.raises(ToolError, match="is not active"):
+            boss.agent_stop(bob)
+    finally:
+        front.stop()
+        worker.stop()
+
+
+def test_a_request_for_a_finished_turn_never_stops_the_next(
+        make_runtime: Callable[..., Runtime]) -> None:
+    turns: list[tuple[str, bool]] = []
+    rt = make_runtime(brain=lambda turn: turns.append(
+        (turn.messages[0].content, turn.stop_requested)))
+    project = rt.create_project("p")
+    bob = rt.create_session(project.id, "Bob").id
+    first = rt.post(bob, "one").message_id
+    rt.run_until_idle()
+    assert rt.context.stops is not None
+    rt.context.stops.ask(first, bob, "late", rt.clock.now())  # arrives after the turn
+    rt.post(bob, "two")
+    rt.run_until_idle()
+    assert turns == [("one", False), ("two", False)]
+    rt.clock.advance(1)  # type: ignore[attr-defined]
+    wait_for(lambda: rt.context.stops.pending() == [], 10,  # type: ignore[union-attr]
+             what="the stale request to be forgotten")
