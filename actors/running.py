@@ -18,6 +18,8 @@ import threading
 
 TIMEOUT = "kinbox:turn_timeout"
 """Who "stopped" a turn that ran past the runtime's turn timeout."""
+RUNTIME_STOP = "runtime"
+"""Who stopped the turns still running when the runtime stopped gracefully."""
 
 
 def overdue(started: float, now: float, timeout: float | None) -> bool:

@@ -58,6 +58,7 @@ from .focal_schedule import FocalSchedule
 from .ids import new_id
 from .messages import Tick
 from .peers import PeerService
+from .running import RUNTIME_STOP
 from .runtime_records import INBOX_STATES, RecordsApi
 from .shared_database import SharedDatabase
 from .slots import Slots
@@ -260,7 +261,7 @@ class Runtime(RecordsApi):
         if self._peers is not None:
             self._peers.stop()
         for session_id in ctx.turns.running():
-            ctx.turns.request_stop(session_id, "runtime", ctx.now())
+            ctx.turns.request_stop(session_id, RUNTIME_STOP, ctx.now())
         self._stop_direct(wait=True)  # before the async host: their brains may run there
         if ctx.dispatcher is not None:
             ctx.dispatcher.stop(timeout=timeout)  # stops its session actors first

@@ -6,7 +6,9 @@ the parent's wake-up (``subagent-result-<task>``, kind ``subagent_result``)
 and the task's new status commit in the same transaction as the child's
 turn, so a crash between the child's end and the parent's turn loses
 nothing. A child stopped by its own parent does not wake it (the parent
-knows); stopped by anyone else, it does.
+knows); stopped by anyone else, it does, except by the runtime's own graceful
+stop (a deploy): that turn commits a message handing the task back, which
+the next start runs, so the work goes on as after a crash.
 
 A task message can also end outside any turn: an operator cancels it, or a
 claim finds its turn died with its process once too often and makes it
@@ -22,6 +24,7 @@ from collections.abc import Iterable
 
 from ..persistence import NewMessage, PersistenceError, RowNotFound, TaskChange
 from .context import RuntimeContext, TurnEffects
+from .running import RUNTIME_STOP
 from .tasks import TaskService
 from .turn import Turn, TurnOutcome
 
@@ -37,9 +40,10 @@ def result_message_id(task_id: str) -> str:
     return f"subagent-result-{task_id}"
 
 
-def next_result_id(ctx: RuntimeContext, base: str) -> str:
-    """The id of this outcome's wake-up: ``base``, or ``base-2``, ``base-3``... once a
-    requeued task reports again (its first outcome holds ``base``, with other text).
+def next_free_id(ctx: RuntimeContext, base: str) -> str:
+    """``base``, or ``base-2``, ``base-3``... the first no inbox row holds: a requeued task
+    reports again (its first outcome holds ``base``, with other text), a task is handed
+    back after each restart that stopped it.
 
     Read before the commit: only this child's turns, one at a time, write these rows,
     and a commit that did not happen wrote none of them."""
@@ -78,6 +82,14 @@ def report_back(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEf
         state, changes = "failed", {"status": "blocked", "blocked_on": "error",
                                     "reason": outcome.error}
         text = f"Sub-agent {child.id} failed: {outcome.error}"
+    elif outcome.stopped_by == RUNTIME_STOP and task_id:
+        # The runtime is stopping (a deploy): nobody gave up on the child. Its task goes
+        # on after the next start, handed back by a message committed with this turn.
+        effects.messages.append(NewMessage(
+            next_free_id(ctx, f"{task_message_id(task_id)}-resumed"), child.id,
+            task_messages[0].content, kind=TASK_KIND, sender=task_messages[0].sender_id,
+            payload={"task_id": task_id, "resumed": True}))
+        return effects
     elif outcome.stopped_by is not None:
         state, changes = "stopped", {"status": "cancelled", "blocked_on": None}
         text = f"Sub-agent {child.id} was stopped by {outcome.stopped_by}."
@@ -109,7 +121,7 @@ def report_back(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEf
     if text:
         base = result_message_id(task_id or turn.messages[0].message_id)
         effects.messages.append(NewMessage(
-            next_result_id(ctx, base), child.parent_id,
+            next_free_id(ctx, base), child.parent_id,
             text[:RESULT_LIMIT], kind=RESULT_KIND, sender=child.id,
             payload={"task_id": task_id, "child_id": child.id, "outcome": state}))
     return effects
@@ -163,7 +175,7 @@ def _report_one(ctx: RuntimeContext, mid: str) -> int:
         changes = {"status": "cancelled", "blocked_on": None}
         text = f"Sub-agent {child.id}'s task was cancelled: {why[0]}"
     service = TaskService(ctx)
-    wake = NewMessage(next_result_id(ctx, result_message_id(task_id)), child.parent_id,
+    wake = NewMessage(next_free_id(ctx, result_message_id(task_id)), child.parent_id,
                       text[:RESULT_LIMIT], kind=RESULT_KIND, sender=child.id,
                       payload={"task_id": task_id, "child_id": child.id, "outcome": status})
 

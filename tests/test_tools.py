@@ -597,3 +597,37 @@ def test_a_start_reports_a_cancel_whose_report_a_crash_lost(
     rt = make_runtime()
     assert [o for o, _ in _wakeups(rt, parent)] == ["cancelled"]
     assert rt.context.tasks.get(task_id).status == "cancelled"  # type: ignore[union-attr]
+
+
+def test_a_child_running_when_the_runtime_stops_goes_on_after_the_restart(
+        make_runtime: MakeRuntime) -> None:
+    """A graceful stop (a deploy) asks running turns to stop; a child's task was then
+    cancelled and its parent told it was 'stopped by runtime': the work ended for good
+    where a crash would have replayed it."""
+    running = threading.Event()
+    heard: list[tuple[str, str]] = []
+
+    def first_life(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            running.set()
+            turn.wait_stop_requested(30)
+            turn.reply("half the files cleaned")
+
+    def second_life(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            turn.reply(f"all clean: {turn.messages[0].content}")
+        else:
+            heard.extend((m.payload.get("outcome", ""), m.content) for m in turn.messages
+                         if m.kind == "subagent_result")
+
+    rt = make_runtime(brain=first_life)
+    _, child, task_id = _parent_with_a_child(rt)
+    assert running.wait(10)
+    rt.stop()
+    assert rt.context.tasks.get(task_id).status == "in_progress"  # type: ignore[union-attr]
+    again = make_runtime(brain=second_life)
+    again.run_until_idle()
+    assert heard == [("completed", "all clean: clean up")]
+    assert again.context.tasks.get(task_id).status == "completed"  # type: ignore[union-attr]
+    assert [e.text for e in again.transcript(child) if e.role == "assistant"] == [
+        "half the files cleaned", "all clean: clean up"]
