@@ -160,6 +160,11 @@ class PeerService:
         """Queue several messages for a paired device in one commit per 500, in order
         (with the calling turn's commit when ``writes`` holds its outbox)."""
         rec = self._outbound(agent_id)
+        if session is not None and (not isinstance(session, str)
+                                    or receiver.SESSION_NAME.fullmatch(session) is None):
+            # The receiver's rule, checked here: refused after a round trip, the rows fail.
+            raise ToolError("invalid_argument", "session must be 1 to 64 letters, digits, "
+                            f"'_' or '-', got {session!r}.")
         out = writes if writes is not None else Writes(self.ctx, None)
         msgs = [self._message(caller_id, rec, t, session) for t in texts]
 

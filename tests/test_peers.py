@@ -702,3 +702,16 @@ def test_a_process_without_the_paired_key_leaves_the_rows_to_one_that_has_it(
                  "the process with the key to deliver it")
     finally:
         again.stop()
+
+
+@pytest.mark.parametrize("session", ["", "has space", "x" * 65, 5])
+def test_a_session_name_the_receiver_refuses_is_refused_at_the_send(
+        receiver: Receiver, sender: Runtime, session: Any) -> None:
+    """An empty name got 'a frame holds at most 65,536 bytes'; one with a space was
+    queued and failed after a round trip."""
+    rec = sender.peers.pair(receiver.http, receiver.invite())
+    me = caller(sender)._caller().id  # type: ignore[attr-defined]
+    with pytest.raises(ToolError) as info:
+        sender.peers.send(me, f"peer:{rec.device_id}", "hello", session=session)
+    assert info.value.code == "invalid_argument" and "session must be" in info.value.message
+    assert sender.inbox() == []
