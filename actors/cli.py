@@ -95,10 +95,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
             parser.error(str(exc))
     try:
         return int(args.handler(args, out))
-    except (KinboxError, TransportError) as exc:
-        print(f"kinbox: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # a data directory that is a file, a key file it cannot read
+    # OSError: a data directory that is a file, a key file it cannot read.
+    except (KinboxError, TransportError, OSError) as exc:
         print(f"kinbox: {exc}", file=sys.stderr)
         return 1
 

@@ -153,6 +153,8 @@ class RuntimeContext:
     journal: Journal
     store: SessionStore
     tasks: TaskStore
+    stops: StopRequests
+    """Stops asked for turns another process runs (:mod:`.stops`)."""
     clock: Clock
     brain: Brain
     owner: str
@@ -168,8 +170,6 @@ class RuntimeContext:
     outbox_hooks: list[OutboxHook] = field(default_factory=list)
     turn_hooks: list[TurnHook] = field(default_factory=list)
     task_hooks: list[TaskHook] = field(default_factory=list)
-    stops: StopRequests | None = None
-    """Stops asked for turns another process runs (:mod:`.stops`)."""
     dispatcher: pykka.ActorRef[Any] | None = None
     slots: Slots | None = None
     """The delivery slots (:mod:`.slots`): where turns start and end, from any thread."""

@@ -189,10 +189,9 @@ class Focal:
         ctx = self.ctx
         if project_id is not None:
             project_id = require_id("project_id", project_id)
-        if project_id is None or ctx.store.project(project_id) is None:
+        project = ctx.store.project(project_id) if project_id is not None else None
+        if project is None:
             raise ToolError("not_found", f"Project '{project_id}' does not exist.")
-        project = ctx.store.project(project_id)
-        assert project is not None
         if project.hidden or project.archived:
             raise ToolError("invalid_argument",
                             f"Project '{project_id}' is hidden or archived; pick an active one.")

@@ -47,8 +47,6 @@ from .peer_link import PeerLink, peer_target
 log = logging.getLogger("kinbox.peers")
 
 PEER_PREFIX = "peer:"
-NAME_LIMIT = 128
-"""Characters in a paired device's name (its column, and the ``pair`` frame's rule)."""
 URL_LIMIT = 1024
 """Characters in a paired device's address (its column)."""
 REQUEST_TIMEOUT = 10.0
@@ -345,9 +343,9 @@ def complete_pairing(identity: DeviceIdentity, peers: PeerStore, url: str, code:
 
     The name and the address are checked first: the other device spends the code (and
     replaces an earlier grant of ours) as it answers, so nothing may fail after that."""
-    if not isinstance(name, str) or len(name) > NAME_LIMIT or not name.isprintable():
-        raise ConfigError(f"a device name is at most {NAME_LIMIT} printable characters",
-                          field="name")
+    if not wire.is_device_name(name):  # the pair frame's own rule
+        raise ConfigError(f"a device name is at most {wire.DEVICE_NAME_LIMIT} printable "
+                          "characters", field="name")
     if not is_code(code):  # a typo, not a network problem
         raise ConfigError("that is not a pairing code: codes are what `kinbox peers invite` "
                           "printed on the other device (kbp_ and 43 more characters)",

@@ -21,8 +21,6 @@ def request_stop(ctx: RuntimeContext, session_id: str, by: str | None) -> bool:
     now = ctx.now()
     if ctx.turns.request_stop(session_id, by, now):
         return True
-    if ctx.stops is None:
-        return False
     processing = ctx.journal.rows(state="processing", target=session_id)
     if not processing:
         return False
@@ -30,14 +28,12 @@ def request_stop(ctx: RuntimeContext, session_id: str, by: str | None) -> bool:
     return True
 
 
-def carry_out(ctx: RuntimeContext) -> int:
+def carry_out(ctx: RuntimeContext) -> None:
     """At a tick: set the stop flags of this process's turns that others asked to stop,
-    and forget requests whose row is no longer processing; how many flags were set."""
-    if ctx.stops is None:
-        return 0
+    and forget requests whose row is no longer processing."""
     asks = ctx.stops.pending()
     if not asks:
-        return 0
+        return
     done: list[str] = []
     for ask in asks:
         try:
@@ -51,4 +47,3 @@ def carry_out(ctx: RuntimeContext) -> int:
             done.append(ask.message_id)
         # else: another process's turn (it reads this), or not started yet (next tick)
     ctx.stops.forget(done)
-    return sum(1 for a in asks if a.message_id in done and a.asked_by is not None)

@@ -22,7 +22,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from ..persistence import NewMessage, PersistenceError, RowNotFound, TaskChange
+from ..persistence import (
+    NewMessage,
+    PersistenceError,
+    RowNotFound,
+    SessionRecord,
+    TaskChange,
+)
+from . import task_rules
 from .context import RuntimeContext, TurnEffects
 from .running import RUNTIME_STOP
 from .tasks import TaskService
@@ -54,6 +61,9 @@ def next_free_id(ctx: RuntimeContext, base: str) -> str:
     return mid
 
 
+UNREPORTED = ("pending", "in_progress")
+"""A child task's states before its outcome was reported to the parent."""
+
 TASK_MESSAGE_PREFIX = "subagent-task-"
 CHILD_PREFIX = "subagent-"
 """How a child session's id begins (``subagent-sub_<8 hex>``, see ``tools``)."""
@@ -79,9 +89,7 @@ def report_back(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEf
     own = turn.outbox.tasks.get(task_id) if turn.outbox is not None else None
     changes: dict[str, object] | None
     if not outcome.ok:
-        state, changes = "failed", {"status": "blocked", "blocked_on": "error",
-                                    "reason": outcome.error}
-        text = f"Sub-agent {child.id} failed: {outcome.error}"
+        state, changes, text = _failed(child.id, outcome.error or "the turn failed")
     elif outcome.stopped_by == RUNTIME_STOP and task_id:
         # The runtime is stopping (a deploy): nobody gave up on the child. Its task goes
         # on after the next start, handed back by a message committed with this turn.
@@ -119,12 +127,26 @@ def report_back(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEf
         effects.ops.append(finish_task)
         effects.after.append(announce)
     if text:
-        base = result_message_id(task_id or turn.messages[0].message_id)
-        effects.messages.append(NewMessage(
-            next_free_id(ctx, base), child.parent_id,
-            text[:RESULT_LIMIT], kind=RESULT_KIND, sender=child.id,
-            payload={"task_id": task_id, "child_id": child.id, "outcome": state}))
+        effects.messages.append(_wake(ctx, child, task_id or turn.messages[0].message_id,
+                                      text, state))
     return effects
+
+
+def _failed(child_id: str, error: str) -> tuple[str, dict[str, object], str]:
+    """A failed child task: its outcome, the task's change (the reason within a task
+    reason's limit) and the parent's wake-up text."""
+    return ("failed", {"status": "blocked", "blocked_on": "error",
+                       "reason": error[:task_rules.REASON_LIMIT]},
+            f"Sub-agent {child_id} failed: {error}")
+
+
+def _wake(ctx: RuntimeContext, child: SessionRecord, task_id: str, text: str,
+          outcome: str) -> NewMessage:
+    """The parent's wake-up with a child task's outcome."""
+    assert child.parent_id is not None
+    return NewMessage(next_free_id(ctx, result_message_id(task_id)), child.parent_id,
+                      text[:RESULT_LIMIT], kind=RESULT_KIND, sender=child.id,
+                      payload={"task_id": task_id, "child_id": child.id, "outcome": outcome})
 
 
 def report_ended(ctx: RuntimeContext, message_ids: Iterable[str]) -> int:
@@ -146,7 +168,7 @@ def report_ended(ctx: RuntimeContext, message_ids: Iterable[str]) -> int:
 def report_orphans(ctx: RuntimeContext) -> int:
     """At a start: :func:`report_ended` for every open child task (what a crash between a
     row's end and its report left)."""
-    open_tasks = ctx.tasks.open_of_chats(CHILD_PREFIX, ("pending", "in_progress"))
+    open_tasks = ctx.tasks.open_of_chats(CHILD_PREFIX, UNREPORTED)
     return report_ended(ctx, [task_message_id(t.id) for t in open_tasks])
 
 
@@ -160,7 +182,7 @@ def _report_one(ctx: RuntimeContext, mid: str) -> int:
     task = ctx.tasks.get(task_id)
     child = ctx.store.session(row["target_chat_id"])
     if (status not in ("failed", "cancelled") or task is None or child is None
-            or child.parent_id is None or task.status not in ("pending", "in_progress")):
+            or child.parent_id is None or task.status not in UNREPORTED):
         return 0
     # A failure's last line (the error itself); a cancel's who and why, from its history.
     detail = (row["last_error"] if status == "failed"
@@ -168,20 +190,16 @@ def _report_one(ctx: RuntimeContext, mid: str) -> int:
                          if h["event"] == "cancelled"), ""))
     why = (detail or "").strip().splitlines()[-1:] or [status]
     if status == "failed":
-        changes: dict[str, object] = {"status": "blocked", "blocked_on": "error",
-                                      "reason": why[0][:2000]}
-        text = f"Sub-agent {child.id} failed: {why[0]}"
+        _, changes, text = _failed(child.id, why[0])
     else:
         changes = {"status": "cancelled", "blocked_on": None}
         text = f"Sub-agent {child.id}'s task was cancelled: {why[0]}"
     service = TaskService(ctx)
-    wake = NewMessage(next_free_id(ctx, result_message_id(task_id)), child.parent_id,
-                      text[:RESULT_LIMIT], kind=RESULT_KIND, sender=child.id,
-                      payload={"task_id": task_id, "child_id": child.id, "outcome": status})
+    wake = _wake(ctx, child, task_id, text, status)
 
     def op() -> TaskChange | None:
         current = ctx.tasks.get(task_id)
-        if current is None or current.status not in ("pending", "in_progress"):
+        if current is None or current.status not in UNREPORTED:
             return None  # reported meanwhile
         now = ctx.now()
         change = service.apply_in_txn(child.id, task_id, changes, now)

@@ -60,10 +60,14 @@ def _text(lo: int, hi: int) -> Check:
     return lambda v: isinstance(v, str) and lo <= len(v) <= hi and _storable(v)
 
 
-def _label(hi: int) -> Check:
-    """A name shown to people (a device's): printable only, no escape sequences, line
-    breaks or direction overrides that would rewrite an operator's terminal."""
-    return lambda v: _text(0, hi)(v) and v.isprintable()
+DEVICE_NAME_LIMIT = 128
+"""Characters in a device's name (the ``pair`` frame's, and its column)."""
+
+
+def is_device_name(value: object) -> bool:
+    """A name shown to people: at most :data:`DEVICE_NAME_LIMIT` printable characters, no
+    escape sequences, line breaks or direction overrides that would rewrite a terminal."""
+    return isinstance(value, str) and value.isprintable() and _text(0, DEVICE_NAME_LIMIT)(value)
 
 
 def _nullable(check: Check) -> Check:
@@ -189,7 +193,7 @@ class Pair(Frame):
 
     TYPE = "pair"
     CHECKS = {"code": SECRET, "device_id": DEVICE_ID, "public_key": PUBLIC_KEY,
-              "name": _label(128), "nonce": NONCE, "signature": SIGNATURE}
+              "name": is_device_name, "nonce": NONCE, "signature": SIGNATURE}
     code: str
     device_id: str
     public_key: str
