@@ -174,7 +174,8 @@ class RuntimeContext:
     slots: Slots | None = None
     """The delivery slots (:mod:`.slots`): where turns start and end, from any thread."""
     buckets: Any = None
-    """Family rate-limit buckets (``family.Buckets``), set by the runtime."""
+    """Family rate-limit buckets (``family.Buckets``, shared through the database), set by
+    the runtime."""
     focal: Any = None
     """The Focal service (``focal.Focal``), set by the runtime."""
     peers: Any = None

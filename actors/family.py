@@ -10,11 +10,17 @@ there is no ``from`` argument (F5).
 from __future__ import annotations
 
 import datetime as dt
-import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..persistence import OPEN_TASK_STATES, NewMessage, SessionRecord
+from ..persistence import (
+    OPEN_TASK_STATES,
+    BucketState,
+    NewMessage,
+    RateBuckets,
+    SessionRecord,
+    WriterClosed,
+)
 from . import access, rate_limit, roster
 from .context import RuntimeContext
 from .errors import ToolError
@@ -29,24 +35,41 @@ FAMILY_KIND = "family_message"
 
 
 class Buckets:
-    """The token buckets of one runtime, per sender -> target pair."""
+    """The family token buckets (F6) of every runtime on this database: the rule is
+    :mod:`.rate_limit`'s, the state is the journal's (``RateBuckets``), so a pair has one
+    bucket however many processes its sender's turns run in."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._buckets: dict[tuple[str, str], rate_limit.Bucket] = {}
+    def __init__(self, store: RateBuckets) -> None:
+        self._store = store
 
     def take(self, pair: tuple[str, str], now: float) -> float:
         """Take a token; return 0 if allowed, else the seconds until one is back."""
-        with self._lock:
-            bucket, wait = rate_limit.take(self._buckets.get(pair), now)
-            self._buckets[pair] = bucket
-            return wait
+        def rule(state: BucketState | None) -> tuple[BucketState, float]:
+            bucket, wait = rate_limit.take(_bucket(state), now)
+            return (bucket.tokens, bucket.updated_at), wait
+        return self._store.change(*pair, rule)
 
     def refund(self, pair: tuple[str, str]) -> None:
-        """Give back the token of a send that failed after taking it."""
-        with self._lock:
-            if pair in self._buckets:
-                self._buckets[pair] = rate_limit.refund(self._buckets[pair])
+        """Give back the token of a send that failed after taking it (without waiting:
+        an attempt may be discarded on the event loop)."""
+        def rule(state: BucketState | None) -> tuple[BucketState | None, None]:
+            if state is None:
+                return None, None
+            bucket = rate_limit.refund(rate_limit.Bucket(*state))
+            return (bucket.tokens, bucket.updated_at), None
+        try:
+            self._store.change_later(*pair, rule)
+        except WriterClosed:
+            pass  # the runtime stopped: the token comes back by itself within a second
+
+    def tokens(self, pair: tuple[str, str]) -> float | None:
+        """The pair's tokens as last counted (None: no send yet), for operators and tests."""
+        state = self._store.state(*pair)
+        return None if state is None else state[0]
+
+
+def _bucket(state: BucketState | None) -> rate_limit.Bucket | None:
+    return None if state is None else rate_limit.Bucket(*state)
 
 
 def iso(ts: float) -> str:

@@ -29,6 +29,7 @@ from ..persistence import (
     Lease,
     LifeLockLost,
     OwnerLiveness,
+    RateBuckets,
     SessionRecord,
     SessionStore,
     StopRequests,
@@ -184,7 +185,8 @@ class Runtime(RecordsApi):
                                  max_active=self._turn_limit(),
                                  turn_timeout=self.turn_timeout,
                                  stop_grace=self.stop_grace)
-            self._wire_services(ctx, JobStore(tables, self._writer))
+            self._wire_services(ctx, JobStore(tables, self._writer),
+                               RateBuckets(tables, self._writer))
             self._ctx = ctx
             now = self.clock.now()
             for slug, name in SYSTEM_PROJECTS:
@@ -302,10 +304,10 @@ class Runtime(RecordsApi):
         """Turns that may run at once: one per session thread, or the async bound."""
         return self.max_async_turns if self.async_brain else self.max_active_sessions
 
-    def _wire_services(self, ctx: RuntimeContext, jobs: JobStore) -> None:
+    def _wire_services(self, ctx: RuntimeContext, jobs: JobStore, buckets: RateBuckets) -> None:
         """Sub-agents, family limits and Focal hook into the turn and task paths."""
         ctx.outbox_hooks.append(report_back)
-        ctx.buckets = Buckets()
+        ctx.buckets = Buckets(buckets)
         focal = Focal(ctx, self._resolve_data_dir())
         ctx.focal = focal
         ctx.turn_hooks.append(focal.prepare_turn)

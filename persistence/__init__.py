@@ -51,6 +51,7 @@ from .journal import (
 )
 from .liveness import OwnerLiveness
 from .models import Tables, bind_tables
+from .rate_buckets import BucketState, RateBuckets
 from .schema import pending_changes, require_current, upgrade
 from .sessions import EntryRecord, ProjectRecord, SessionRecord, SessionStore
 from .stop_requests import StopAsk, StopRequests
@@ -62,6 +63,7 @@ __all__ = [
     "OPEN_TASK_STATES",
     "SQLITE_PAGE_SIZE",
     "WRITE_TIMEOUT",
+    "BucketState",
     "ClaimResult",
     "ClaimedRow",
     "CronJobRecord",
@@ -93,6 +95,7 @@ __all__ = [
     "OwnerLiveness",
     "PersistenceError",
     "ProjectRecord",
+    "RateBuckets",
     "Reply",
     "RowNotFound",
     "SchemaError",

@@ -288,6 +288,21 @@ class StopRequest(_Base):
         table_name = "stop_requests"
 
 
+class RateBucket(_Base):
+    """A family sender -> target pair's token bucket (F6). In the database so that every
+    process sharing it draws on the pair's one bucket; ``tokens`` is NULL until the
+    pair's first send (the rule's "no bucket yet")."""
+
+    sender_id = pw.CharField(max_length=128)
+    target_id = pw.CharField(max_length=128)
+    tokens = pw.DoubleField(null=True)
+    updated_at = pw.DoubleField(null=True)
+
+    class Meta:
+        table_name = "rate_buckets"
+        primary_key = pw.CompositeKey("sender_id", "target_id")
+
+
 MODELS: tuple[type[_Base], ...] = (
     Project,
     Session,
@@ -302,6 +317,7 @@ MODELS: tuple[type[_Base], ...] = (
     PeerDevice,
     PeerInvite,
     StopRequest,
+    RateBucket,
 )
 
 
@@ -323,12 +339,13 @@ class Tables:
     device: type[PeerDevice]
     invite: type[PeerInvite]
     stop: type[StopRequest]
+    bucket: type[RateBucket]
 
     def all(self) -> list[type[pw.Model]]:
         """Every bound model, in creation order."""
         return [self.project, self.session, self.transcript, self.marker, self.task,
                 self.inbox, self.event, self.job, self.cron_job, self.cron_run, self.device,
-                self.invite, self.stop]
+                self.invite, self.stop, self.bucket]
 
 
 def _bound(model: type[_Base], db: pw.Database) -> type:

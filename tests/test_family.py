@@ -306,8 +306,7 @@ def test_a_send_still_running_when_its_async_brain_is_cancelled_gives_its_token_
     clock.advance(6)  # past the grace: cancelled, its attempt recorded as failed
     wait_for(lambda: rt.inbox(target="bob")[0]["attempts"] == 1, what="the failed attempt")
     release.set()
-    buckets = rt.context.buckets._buckets
-    wait_for(lambda: getattr(buckets.get(("bob", "alice")), "tokens", 0) == 3.0, timeout=10,
+    wait_for(lambda: rt.context.buckets.tokens(("bob", "alice")) == 3.0, timeout=10,
              what="the late send's token to come back")
     assert rt.inbox(target="alice") == []
 
@@ -324,3 +323,24 @@ def test_a_hidden_session_gets_the_answer_a_missing_one_gets(family: dict[str, A
             tools.send("psst", receiver_role="sibling", receiver_name=name)
         answers.append((info.value.code, info.value.message.replace(name, "<name>")))
     assert answers == [("not_found", "no sibling matches receiver_name '<name>'.")] * 3
+
+
+@pytest.mark.timeout(60)
+def test_a_pair_has_one_bucket_however_many_runtimes_share_the_database(
+        any_db_url: str, clock: ManualClock) -> None:
+    """A sender whose turns land in another process gets no fresh burst there (F6 with
+    several processes on one database: a worker beside ``kinbox serve``, or several
+    workers on PostgreSQL)."""
+    with Runtime(db=any_db_url, brain=lambda turn: None, clock=clock) as here, \
+            Runtime(db=any_db_url, clock=clock) as there:
+        p = here.create_project("p")
+        root = here.create_session(p.id, "root").id
+        bob = here.create_session(p.id, "bob", kind="subagent", parent_id=root).id
+        for _ in range(3):
+            here.tools_for(bob).send("x", receiver_role="parent")
+        with pytest.raises(ToolError, match=r"Rate limit: .* retry in 1\.0s"):
+            there.tools_for(bob).send("one too many", receiver_role="parent")
+        clock.advance(1.0)
+        there.tools_for(bob).send("one more", receiver_role="parent")
+        assert here.context.buckets.tokens((bob, root)) == 0.0
+        assert [r["content"] for r in here.inbox(target=root)] == ["x"] * 3 + ["one more"]
