@@ -110,14 +110,14 @@ class DirectTurns:
         with self._cond:
             return self._session_locks.setdefault(session_id, threading.Lock())
 
-    def _start(self, session_id: str, messages: list[Message],
+    def _start(self, session_id: str, turn_id: str, messages: list[Message],
                fetch_steering: Callable[[], list[Message]]) -> Turn:
         """Register the running turn (waiting for the session's current one) and build it."""
         ctx = self.ctx
         started = ctx.now()
         flag = ctx.turns.begin(session_id, started)
         try:
-            outbox = Outbox(messages[0].message_id if messages else f"direct-{ctx.new_id()}")
+            outbox = Outbox(turn_id)
             return Turn(session_id, messages, turn_tools(ctx, session_id, outbox), flag,
                         fetch_steering, started=started, outbox=outbox)
         except BaseException:
@@ -130,10 +130,11 @@ class DirectTurns:
         """Run one turn of ``session_id`` now, on the calling thread, and commit it."""
         ctx = self.ctx
         effects: TurnEffects | None = None
+        turn_id = messages[0].message_id if messages else f"direct-{ctx.new_id()}"
         with self._lock_for(session_id):
-            ctx.store.mark_direct_turn(session_id, ctx.owner, ctx.now())
+            ctx.store.mark_direct_turn(session_id, ctx.owner, ctx.now(), turn_id)
             try:
-                turn = self._start(session_id, messages, fetch_steering)
+                turn = self._start(session_id, turn_id, messages, fetch_steering)
                 try:
                     done, effects = self._attempt(session_id, turn, commit_ops)
                 finally:

@@ -53,6 +53,9 @@ class Session(_Base):
     turn_owner = pw.CharField(null=True, index=True, max_length=128)
     """The runtime running a direct turn of the session (the mark ``session_view`` reads,
     and whose owner's death ends it); NULL otherwise."""
+    turn_id = pw.CharField(null=True, max_length=256)
+    """The running direct turn's own id (its first message's): what a stop asked from
+    another process names, so that it never stops the session's next turn."""
     config = pw.TextField(default="{}")
     created_at = pw.DoubleField()
     updated_at = pw.DoubleField()

@@ -222,18 +222,29 @@ class SessionStore:
                 raise RowNotFound("session", session_id)
         self.writer.call(op)
 
-    def mark_direct_turn_now(self, session_id: str, owner: str | None, now: float) -> None:
-        """A direct turn of the session started in runtime ``owner``, or ended (None),
-        inside the caller's transaction: the one kind of turn no processing inbox row
-        shows."""
+    def mark_direct_turn_now(self, session_id: str, owner: str | None, now: float,
+                             turn_id: str | None = None) -> None:
+        """A direct turn (``turn_id``) of the session started in runtime ``owner``, or
+        ended (None), inside the caller's transaction: the one kind of turn no processing
+        inbox row shows."""
         s = self.t.session
-        if not s.update(turn_owner=owner, updated_at=now).where(
-                s.id == session_id).execute():
+        if not s.update(turn_owner=owner, turn_id=turn_id if owner else None,
+                        updated_at=now).where(s.id == session_id).execute():
             raise RowNotFound("session", session_id)
 
-    def mark_direct_turn(self, session_id: str, owner: str | None, now: float) -> None:
+    def mark_direct_turn(self, session_id: str, owner: str | None, now: float,
+                         turn_id: str | None = None) -> None:
         """:meth:`mark_direct_turn_now` in a transaction of its own."""
-        self.writer.call(lambda: self.mark_direct_turn_now(session_id, owner, now))
+        self.writer.call(lambda: self.mark_direct_turn_now(session_id, owner, now, turn_id))
+
+    def direct_turn(self, session_id: str) -> tuple[str, str | None] | None:
+        """The runtime running a direct turn of the session and that turn's id; None when
+        none runs."""
+        s = self.t.session
+        row = s.select(s.turn_owner, s.turn_id).where(s.id == session_id).first()
+        if row is None or row.turn_owner is None:
+            return None
+        return row.turn_owner, row.turn_id
 
     def direct_turn_owners(self) -> set[str]:
         """The runtimes whose direct turns mark sessions now."""
@@ -248,8 +259,8 @@ class SessionStore:
         s = self.t.session
         cond = (s.turn_owner.is_null(False) if owners is None
                 else s.turn_owner.in_(sorted(owners)))
-        return self.writer.call(lambda: s.update(turn_owner=None, updated_at=now).where(
-            cond).execute())
+        return self.writer.call(lambda: s.update(turn_owner=None, turn_id=None,
+                                                 updated_at=now).where(cond).execute())
 
     def patch_config_now(self, session_id: str, patch: dict[str, Any], now: float) -> None:
         """Merge ``patch`` into a session's config inside the caller's transaction."""

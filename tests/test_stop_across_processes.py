@@ -14,6 +14,7 @@ from collections.abc import Callable
 import pytest
 
 from kinbox.actors import Runtime, SystemClock, ToolError, Turn
+from kinbox.actors.cron_rules import session_id_for
 
 from .helpers import wait_for
 
@@ -70,3 +71,38 @@ def test_a_request_for_a_finished_turn_never_stops_the_next(
     rt.clock.advance(1)  # type: ignore[attr-defined]
     wait_for(lambda: rt.context.stops.pending() == [], 10,  # type: ignore[union-attr]
              what="the stale request to be forgotten")
+
+
+def test_a_stop_asked_in_another_process_stops_a_cron_turn(any_db_url: str) -> None:
+    """A direct turn (a cron run, a social event) has no row being processed: its
+    session's mark names the turn, and the process running it carries the stop out."""
+    started, ended = threading.Event(), threading.Event()
+    outcome: list[bool] = []
+
+    def brain(turn: Turn) -> str:
+        started.set()
+        turn.wait_stop_requested(30)
+        outcome.append(turn.stop_requested)
+        ended.set()
+        return "stopped" if turn.stop_requested else "ran to its end"
+
+    worker = Runtime(db=any_db_url, brain=brain, clock=SystemClock()).start()
+    front = Runtime(db=any_db_url, clock=SystemClock()).start()  # send-only, as kinbox serve
+    try:
+        job = front.cron.add("digest", "0 0 1 1 *", "write the digest")
+        front.cron.trigger(job["job_id"])
+        assert started.wait(30)
+        session = session_id_for(job["job_id"])
+        project = front.session(session).project_id
+        boss = front.tools_for(front.create_session(project, "Boss").id)
+        assert boss.agent_stop(session) == {"agent_id": session, "status": "stop_requested"}
+        assert ended.wait(10) and outcome == [True]
+        wait_for(lambda: [r["status"] for r in front.cron.runs(job["job_id"])] == ["success"],
+                 10, what="the stopped run's commit")
+        wait_for(lambda: front.context.stops.pending() == [], 10,  # type: ignore[union-attr]
+                 what="the request to be forgotten")
+        with pytest.raises(ToolError, match="is not active"):
+            boss.agent_stop(session)
+    finally:
+        front.stop()
+        worker.stop()
