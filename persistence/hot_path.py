@@ -75,7 +75,8 @@ class HotPath:
 
     def __init__(self, db: pw.Database) -> None:
         self.db = db
-        p = "%s" if is_postgres(db) else "?"
+        self.postgres = is_postgres(db)
+        p = "%s" if self.postgres else "?"
         self.p = p
         cols = ", ".join(CLAIM_COLUMNS)
         self.sql_head = f"SELECT {cols} FROM {INBOX} WHERE seq = {head_probe(p)}"
@@ -167,11 +168,16 @@ class HotPath:
         return tuple(row) if row is not None else None
 
     def fence_rows(self, ids: Sequence[str]) -> dict[str, tuple[str, str | None, int, int, str]]:
-        """message_id -> (status, lease_owner, attempts, max_attempts, transport)."""
+        """message_id -> (status, lease_owner, attempts, max_attempts, transport), the rows
+        locked until the caller's transaction ends on PostgreSQL: what the caller then
+        writes on the strength of this read (an ack, a retry, a release, a turn's
+        entries) cannot meet a takeover committed in between. (SQLite's writer holds the
+        database's write lock for the whole transaction already.)"""
         found = {}
+        lock = " ORDER BY message_id FOR UPDATE" if self.postgres else ""
         for part in chunks(ids):
             sql = (f"SELECT message_id, status, lease_owner, attempts, max_attempts, transport "
-                   f"FROM {INBOX} WHERE message_id IN ({self.in_list(len(part))})")
+                   f"FROM {INBOX} WHERE message_id IN ({self.in_list(len(part))}){lock}")
             found.update((r[0], tuple(r[1:])) for r in self.db.execute_sql(sql, list(part)))
         return found  # type: ignore[return-value]
 

@@ -1,0 +1,92 @@
+"""One committed turn per message and one turn at a time per session, across processes
+sharing a PostgreSQL (#16), where a read and the write it licenses are not one statement.
+
+Each test drives the interleaving that broke it: a commit whose lease check was a plain
+read, a send that commits after a later-numbered one, a cron run beside an inbox turn.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg2
+import pytest
+
+from kinbox.actors import Runtime, Turn
+
+from .helpers import wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def runtimes(pg_url: str) -> Iterator[Callable[..., Runtime]]:
+    """Start runtimes on the test's PostgreSQL; all are stopped at the end."""
+    made: list[Runtime] = []
+
+    def make(**options: Any) -> Runtime:
+        rt = Runtime(db=pg_url, **options).start()
+        made.append(rt)
+        return rt
+
+    yield make
+    for rt in reversed(made):
+        rt.stop()
+
+
+def _row_is_locked(pg_url: str, message_id: str) -> bool:
+    """Does another transaction hold ``message_id``'s row lock (as a takeover would meet)?"""
+    probe = psycopg2.connect(pg_url)
+    try:
+        with probe.cursor() as cur:
+            cur.execute("SELECT 1 FROM agent_inbox_messages WHERE message_id = %s FOR UPDATE NOWAIT",
+                        (message_id,))
+        return False
+    except psycopg2.errors.LockNotAvailable:
+        return True
+    finally:
+        probe.close()
+
+
+def test_a_commit_holds_its_rows_from_its_lease_check_to_its_end(
+        pg_url: str, runtimes: Callable[..., Runtime]) -> None:
+    """A turn that sent something commits row by row: its lease check, then its writes.
+    The check was a plain read, so another worker could take the row over between the two
+    (A's writer stalled past its lease) and both turns committed, the send twice."""
+    sent: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id == sid:
+            turn.tools.agent_send(other, "effect")
+        else:
+            sent.append(turn.messages[0].content)
+
+    a = runtimes(brain=brain, lease_seconds=1.0)
+    sid = a.create_session("default", "T").id
+    other = a.create_session("default", "U").id
+    hot = a.context.journal.hot
+    real_fence = hot.fence_rows
+    checked, go = threading.Event(), threading.Event()
+
+    def check_then_stall(ids: Any) -> Any:
+        rows = real_fence(ids)
+        if "m1" in ids and not checked.is_set():
+            checked.set()  # the lease check passed; the writer stalls before the writes
+            assert go.wait(60)
+        return rows
+
+    hot.fence_rows = check_then_stall  # type: ignore[method-assign]
+    try:
+        a.post(sid, "hello", message_id="m1")
+        assert checked.wait(30)
+        assert _row_is_locked(pg_url, "m1"), "a takeover could commit a second turn now"
+        b = runtimes(brain=brain)  # a second worker, there to take the row over if it could
+        go.set()
+        a.run_until_idle(30)
+        b.run_until_idle(30)
+        wait_for(lambda: sent == ["effect"], 30, what="the one effect")
+        assert b.marker_counts().get("m1") == 1
+    finally:
+        go.set()
