@@ -70,6 +70,20 @@ def marker_probe(message_id: str) -> str:
             f"LIMIT 1) IS NOT NULL)")
 
 
+def no_turn_running(target: str) -> str:
+    """SQL for "no row of ``target`` is processing": what a pending head must also be to be
+    claimed here, as one probe of :data:`.open_indexes.PG_INDEXES`' index.
+
+    The head rule (the oldest open row) keeps one row of a target in flight only where
+    ``seq`` order is commit order. PostgreSQL numbers a row when it is written, not when
+    it commits: a send numbered 10 that commits after one numbered 11 (two processes
+    sending to one session; a batch that waits on its disk) became the head while 11's
+    turn ran, and another worker ran 10 beside it. A target with a turn running is
+    skipped; 10 is chained or claimed once 11's turn ends."""
+    return (f"((SELECT 1 FROM {INBOX} r WHERE r.target_chat_id = {target} "
+            f"AND r.status = '{PROCESSING}' LIMIT 1) IS NULL)")
+
+
 _STATUS, _SUSPECT = CLAIM_COLUMNS.index("status"), CLAIM_COLUMNS.index("suspect")
 """Where a claimed row's state and suspect flag are in :data:`CLAIM_COLUMNS`."""
 
@@ -104,7 +118,9 @@ class PgClaims:
                     + f"w.transport = %(transport)s "
                     f"AND NOT (w.target_chat_id = ANY(%(skip)s)) "
                     f"AND w.seq = {head_probe('w.target_chat_id')} "
-                    f"FROM (SELECT message_id, seq, target_chat_id, transport, {due} "
+                    + ("" if state != PENDING else
+                       f"AND {no_turn_running('w.target_chat_id')} ")
+                    + f"FROM (SELECT message_id, seq, target_chat_id, transport, {due} "
                     f"FROM {INBOX} WHERE status = '{state}' AND seq > %(after)s "
                     f"ORDER BY seq LIMIT %(window)s) w ORDER BY w.seq")
             for state, due in _DUE.items()}
@@ -117,7 +133,8 @@ class PgClaims:
             ("window", "integer")])
         self.sql_lock = (f"SELECT {cols}, {marker_probe('m.message_id')} FROM {INBOX} m "
                          f"WHERE m.message_id = ANY(%s) "
-                         f"AND ((m.status = '{PENDING}' AND m.available_at <= %s) "
+                         f"AND ((m.status = '{PENDING}' AND m.available_at <= %s "
+                         f"AND {no_turn_running('m.target_chat_id')}) "
                          f"OR (m.status = '{PROCESSING}' AND m.lease_until <= %s)) "
                          f"AND m.seq = {head_probe('m.target_chat_id')} "
                          f"ORDER BY m.seq FOR UPDATE OF m SKIP LOCKED")
@@ -125,7 +142,8 @@ class PgClaims:
         self.sql_lease_plain = (
             f"WITH c AS (SELECT {cols}, {marker_probe('m.message_id')} AS done "
             f"FROM {INBOX} m WHERE m.message_id = ANY(%(ids)s) "
-            f"AND ((m.status = '{PENDING}' AND m.available_at <= %(now)s) "
+            f"AND ((m.status = '{PENDING}' AND m.available_at <= %(now)s "
+            f"AND {no_turn_running('m.target_chat_id')}) "
             f"OR (m.status = '{PROCESSING}' AND m.lease_until <= %(now)s)) "
             f"AND m.seq = {head_probe('m.target_chat_id')} "
             f"ORDER BY m.seq FOR UPDATE OF m SKIP LOCKED), "

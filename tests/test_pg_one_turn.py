@@ -8,6 +8,7 @@ read, a send that commits after a later-numbered one, a cron run beside an inbox
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,7 +16,9 @@ import psycopg2
 import pytest
 
 from kinbox.actors import Runtime, Turn
+from kinbox.persistence import NewMessage
 
+from .conftest import Stores
 from .helpers import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -90,3 +93,38 @@ def test_a_commit_holds_its_rows_from_its_lease_check_to_its_end(
         assert b.marker_counts().get("m1") == 1
     finally:
         go.set()
+
+
+def test_a_send_that_commits_after_a_later_numbered_one_waits_for_its_turn(
+        pg_url: str) -> None:
+    """PostgreSQL numbers a row when it is written, not when it commits. A send numbered
+    first that commits second (two processes sending to one session; a batch waiting on
+    its disk) became the session's head while the other's turn ran, and another worker
+    claimed it: two turns of one session at once."""
+    first, second = Stores(pg_url), Stores(pg_url)  # two sending processes' journals
+    try:
+        written, commit = threading.Event(), threading.Event()
+
+        def slow_send() -> None:
+            first.journal.enqueue_now(NewMessage("m-early", "T", "numbered first"),
+                                      time.time())
+            written.set()
+            assert commit.wait(60)
+
+        sending = threading.Thread(target=lambda: first.writer.call(slow_send, timeout=90))
+        sending.start()
+        assert written.wait(30)
+        second.journal.enqueue(NewMessage("m-late", "T", "numbered second"), time.time())
+        assert [r.message_id for r in second.journal.claim("A", time.time()).rows] == [
+            "m-late"]
+        commit.set()
+        sending.join(30)
+        assert first.journal.get("m-early")["status"] == "pending"
+        assert second.journal.claim("B", time.time()).rows == [], \
+            "a second turn of T would start while A's runs"
+        second.journal.ack("A", ["m-late"], time.time())
+        assert [r.message_id for r in second.journal.claim("B", time.time()).rows] == [
+            "m-early"]
+    finally:
+        first.close()
+        second.close()
