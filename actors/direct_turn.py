@@ -33,6 +33,9 @@ from .turn_run import judge, prepare, take_result, turn_tools
 
 log = logging.getLogger("kinbox.direct")
 
+MARK_RETRY_SECONDS = 0.2
+"""How often a direct turn waiting for its session's inbox turn looks again."""
+
 CommitOps = Callable[[Turn], list[Callable[[], object]]]
 """The caller's writes for a successful turn, run inside the turn's commit."""
 
@@ -132,7 +135,7 @@ class DirectTurns:
         effects: TurnEffects | None = None
         turn_id = messages[0].message_id if messages else f"direct-{ctx.new_id()}"
         with self._lock_for(session_id):
-            ctx.store.mark_direct_turn(session_id, ctx.owner, ctx.now(), turn_id)
+            self._wait_to_mark(session_id, turn_id)
             try:
                 turn = self._start(session_id, turn_id, messages, fetch_steering)
                 try:
@@ -154,6 +157,17 @@ class DirectTurns:
         if effects.messages:
             ctx.wake_dispatcher()
         return done
+
+    def _wait_to_mark(self, session_id: str, turn_id: str) -> None:
+        """Mark the session's direct turn once no inbox turn of it runs, here or in another
+        process (:meth:`SessionStore.begin_direct_turn`); :class:`WriterClosed` if the
+        runtime stops first (the caller's record, a cron run, stays to be taken over)."""
+        ctx = self.ctx
+        while not ctx.store.begin_direct_turn(session_id, ctx.owner, turn_id, ctx.now()):
+            # Another turn of the session's (minutes, maybe) ends in its own time and no
+            # signal crosses processes: look again now and then.
+            if ctx.closed.wait(MARK_RETRY_SECONDS):
+                raise WriterClosed("the runtime stopped before the direct turn could start")
 
     def _unmark(self, session_id: str) -> None:
         """End the session's direct-turn mark after a turn that did not commit, however it

@@ -71,17 +71,22 @@ def marker_probe(message_id: str) -> str:
 
 
 def no_turn_running(target: str) -> str:
-    """SQL for "no row of ``target`` is processing": what a pending head must also be to be
-    claimed here, as one probe of :data:`.open_indexes.PG_INDEXES`' index.
+    """SQL for "no turn of ``target`` runs anywhere": none of its rows is processing and no
+    direct turn (a cron run, a social event) marks its session; what a pending head must
+    also be to be claimed here, as two one-row probes (:data:`.open_indexes.PG_INDEXES`'
+    index, the sessions' key).
 
     The head rule (the oldest open row) keeps one row of a target in flight only where
     ``seq`` order is commit order. PostgreSQL numbers a row when it is written, not when
     it commits: a send numbered 10 that commits after one numbered 11 (two processes
     sending to one session; a batch that waits on its disk) became the head while 11's
-    turn ran, and another worker ran 10 beside it. A target with a turn running is
-    skipped; 10 is chained or claimed once 11's turn ends."""
+    turn ran, and another worker ran 10 beside it. A direct turn's exclusion was the
+    memory of the process running it, so another process claimed its session's rows.
+    A target with a turn running is skipped; its row is chained or claimed once the turn
+    ends (:meth:`.sessions.SessionStore.begin_direct_turn` is the direct turns' side)."""
     return (f"((SELECT 1 FROM {INBOX} r WHERE r.target_chat_id = {target} "
-            f"AND r.status = '{PROCESSING}' LIMIT 1) IS NULL)")
+            f"AND r.status = '{PROCESSING}' LIMIT 1) IS NULL "
+            f"AND (SELECT s.turn_owner FROM sessions s WHERE s.id = {target}) IS NULL)")
 
 
 _STATUS, _SUSPECT = CLAIM_COLUMNS.index("status"), CLAIM_COLUMNS.index("suspect")

@@ -14,7 +14,7 @@ from typing import Any
 import peewee as pw
 
 from .errors import DuplicateError, RowNotFound
-from .inbox_core import OPEN_STATES
+from .inbox_core import OPEN_STATES, PROCESSING
 from .journal import TurnEntry
 from .models import Project, Session, Tables
 from .session_view import IDLE, live_columns
@@ -236,6 +236,26 @@ class SessionStore:
                          turn_id: str | None = None) -> None:
         """:meth:`mark_direct_turn_now` in a transaction of its own."""
         self.writer.call(lambda: self.mark_direct_turn_now(session_id, owner, now, turn_id))
+
+    def begin_direct_turn(self, session_id: str, owner: str, turn_id: str,
+                          now: float) -> bool:
+        """Mark a direct turn ``turn_id`` of the session started in runtime ``owner``,
+        unless a row of the session is processing (an inbox turn, here or in another
+        process): False then, and nothing is written. With the claims' side of the rule
+        (a session with a direct turn is not claimed on PostgreSQL), a session runs one
+        turn at a time across processes, whichever kind."""
+        s, m = self.t.session, self.t.inbox
+        processing = (m.select(m.message_id)
+                      .where((m.target_chat_id == session_id) & (m.status == PROCESSING)))
+
+        def op() -> bool:
+            if s.update(turn_owner=owner, turn_id=turn_id, updated_at=now).where(
+                    (s.id == session_id) & ~pw.fn.EXISTS(processing)).execute():
+                return True
+            if not s.select(s.id).where(s.id == session_id).exists():
+                raise RowNotFound("session", session_id)
+            return False
+        return self.writer.call(op)
 
     def direct_turn(self, session_id: str) -> tuple[str, str | None] | None:
         """The runtime running a direct turn of the session and that turn's id; None when

@@ -16,6 +16,7 @@ import psycopg2
 import pytest
 
 from kinbox.actors import Runtime, Turn
+from kinbox.actors.cron_rules import session_id_for
 from kinbox.persistence import NewMessage
 
 from .conftest import Stores
@@ -128,3 +129,52 @@ def test_a_send_that_commits_after_a_later_numbered_one_waits_for_its_turn(
     finally:
         first.close()
         second.close()
+
+
+def test_a_session_whose_cron_turn_runs_is_claimed_by_no_process(
+        pg_url: str, runtimes: Callable[..., Runtime]) -> None:
+    """A cron run is a direct turn: no inbox row is processing for it, and its exclusion
+    was the memory of the process running it, so another worker claimed a message to
+    the cron session and ran it beside the run."""
+    started, gate = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.messages[0].kind == "cron":
+            started.set()
+            assert gate.wait(60)
+        ran.append(turn.messages[0].message_id)
+
+    a = runtimes(brain=brain)
+    job = a.cron.add("digest", "0 9 * * *", "Summarize")
+    session = session_id_for(job["job_id"])
+    other = Stores(pg_url)  # another worker's journal
+    try:
+        a.cron.trigger(job["job_id"])
+        assert started.wait(30)
+        a.post(session, "a question", message_id="m-q")
+        assert other.journal.claim("B", time.time()).rows == []
+        assert other.journal.get("m-q")["status"] == "pending"  # nor did A claim it
+        gate.set()
+        wait_for(lambda: ran[-1:] == ["m-q"], 30, what="the question's turn after the run")
+    finally:
+        gate.set()
+        other.close()
+
+
+def test_a_direct_turn_waits_for_its_sessions_inbox_turn_in_any_process(
+        pg_url: str) -> None:
+    """The other side of the rule: a session with a row processing gets no direct turn."""
+    stores = Stores(pg_url)
+    try:
+        now = time.time()
+        stores.store.create_session("T", None, "T", "interactive", now)
+        stores.journal.enqueue(NewMessage("m1", "T", "hello"), now)
+        assert [r.message_id for r in stores.journal.claim("A", now).rows] == ["m1"]
+        assert not stores.store.begin_direct_turn("T", "B", "cron-run-1", now)
+        assert stores.store.direct_turn("T") is None
+        stores.journal.ack("A", ["m1"], now)
+        assert stores.store.begin_direct_turn("T", "B", "cron-run-1", now)
+        assert stores.store.direct_turn("T") == ("B", "cron-run-1")
+    finally:
+        stores.close()
