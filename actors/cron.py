@@ -33,7 +33,7 @@ from .announcements import Announcements
 from .context import RuntimeContext
 from .cron_jobs import CronJobs
 from .direct_turn import DirectTurns
-from .schedule_driver import ScheduleDriver
+from .schedule_driver import POLL_SECONDS, ScheduleDriver
 from .triggers import local_time, next_fire
 from .turn import Message, Turn
 
@@ -48,7 +48,7 @@ class CronService:
 
     def __init__(self, ctx: RuntimeContext, store: CronStore, turns: DirectTurns | None, *,
                  use_apscheduler: bool, grace: float = rules.DEFAULT_GRACE_SECONDS,
-                 poll_seconds: float = 15.0, announcements: Announcements | None = None,
+                 poll_seconds: float = POLL_SECONDS, announcements: Announcements | None = None,
                  gone: Callable[[Iterable[str]], set[str]] | None = None) -> None:
         self.ctx = ctx
         self.store = store

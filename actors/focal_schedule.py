@@ -24,7 +24,7 @@ from .errors import ToolError
 from .focal import FOCAL_ID, Focal, is_focal_chat
 from .ids import short
 from .outbox import Writes
-from .schedule_driver import ScheduleDriver
+from .schedule_driver import POLL_SECONDS, ScheduleDriver
 from .triggers import cron_trigger, next_fire
 from .validation import lookup_key, unstorable
 
@@ -68,7 +68,10 @@ class FocalSchedule:
         self.ctx = ctx
         self.focal = focal
         self.jobs = jobs
-        self._driver = ScheduleDriver(self.fire_due, enabled=use_apscheduler)
+        # The poll: a wake-up another process scheduled (and stopped or died before it
+        # came due) is known to this one only through the table.
+        self._driver = ScheduleDriver(self.fire_due, enabled=use_apscheduler,
+                                      poll_seconds=POLL_SECONDS)
         self._use_apscheduler = use_apscheduler
 
     def start(self) -> None:
@@ -235,10 +238,9 @@ class FocalSchedule:
         if heartbeat is not None and any(j.kind == "heartbeat" for j in fired):
             self.ctx.emit("heartbeat", run=heartbeat.decision.run,
                           reason=heartbeat.decision.reason, findings=len(heartbeat.findings))
-        for job in fired:
-            refreshed = self.jobs.get(job.id)
-            if refreshed is not None and refreshed.active:
-                self._register(refreshed)
+        if self._driver.enabled:  # re-arm: what fired, and what other processes added
+            for job in self.jobs.active():
+                self._register(job)
         if fired:
             self.ctx.wake_dispatcher()
         return [j.id for j in fired]

@@ -20,6 +20,10 @@ from .triggers import utc
 
 log = logging.getLogger("kinbox.schedule")
 
+POLL_SECONDS = 15.0
+"""How often a driver looks at its table for what it was not told about: jobs another
+process added, runs or wake-ups whose process stopped or died."""
+
 
 class ScheduleDriver:
     """Calls ``fire`` when a durable schedule may be due (system clock only)."""

@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 
+from kinbox.actors import Runtime, Turn, focal_schedule
 from kinbox.actors.focal import FOCAL_ID
 from kinbox.actors.focal_schedule import next_after
 from kinbox.persistence import JobRecord, JobStore
@@ -50,3 +51,24 @@ def test_every_due_wakeup_fires_once_when_three_stores_race_on_postgres(pg_url: 
     finally:
         for s in stores:
             s.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_wakeup_fires_after_the_process_that_scheduled_it_has_stopped(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wake-up armed only in its own process's APScheduler was never fired by the others:
+    they read the table at their start only. Each now polls it (every 15 s; 0.2 here)."""
+    monkeypatch.setattr(focal_schedule, "POLL_SECONDS", 0.2)
+    woken = threading.Event()
+
+    def brain(turn: Turn) -> None:
+        if any(m.kind == "focal_wakeup" for m in turn.messages):
+            woken.set()
+
+    with Runtime(db=pg_url, brain=brain) as survivor:
+        leaving = Runtime(db=pg_url, brain=brain).start()
+        leaving.get_or_create_focal_chat()
+        leaving.focal.schedule.schedule_wakeup(FOCAL_ID, "reminder",
+                                               at=leaving.context.now() + 1.0, note="deploy")
+        leaving.stop()
+        assert woken.wait(30), "no process fired the wake-up"
