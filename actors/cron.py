@@ -27,6 +27,8 @@ from ..persistence import (
     CronRunRecord,
     CronStore,
     Occurrence,
+    PersistenceError,
+    WriterClosed,
 )
 from . import cron_rules as rules
 from .announcements import Announcements
@@ -63,6 +65,7 @@ class CronService:
                                     on_change=lambda job: self._driver.wake_at(job.next_run_at,
                                                                                job.id))
         self._mine: set[str] = set()  # runs this runtime is running (their leases to renew)
+        self._renewed = 0.0  # when renew_leases last renewed them
         self._lock = threading.Lock()
         self._tick_lock = threading.Lock()
 
@@ -169,6 +172,26 @@ class CronService:
             for job in self.store.jobs(active_only=True):
                 self._driver.wake_at(job.next_run_at, job.id)
         return started
+
+    def renew_leases(self) -> None:
+        """Keep the leases of the runs this runtime runs a lease ahead, every third of a
+        lease (the runtime's tick calls this): :meth:`tick` alone renews them only at job
+        times and on its poll, and a long run outlived its lease and was taken over and
+        run again by another process while this one still ran it."""
+        now = self.ctx.now()
+        if now - self._renewed < self.ctx.lease_seconds / 3:
+            return
+        with self._lock:
+            mine = sorted(self._mine)
+        if not mine:
+            return
+        self._renewed = now
+        try:
+            self.store.renew(self.ctx.owner, mine, now + self.ctx.lease_seconds)
+        except WriterClosed:
+            pass  # stopping: the runs' records stay for whoever takes them over
+        except PersistenceError as exc:
+            log.error("cron lease renewal failed: %s", exc)
 
     def _expire_the_gone(self, now: float) -> None:
         """Runs of a runtime known dead are taken over now, not when their lease ends."""

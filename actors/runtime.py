@@ -408,6 +408,8 @@ class Runtime(RecordsApi):
         if (self._liveness is not None and self._state == "running"
                 and time.monotonic() - self._last_takeover >= TAKEOVER_INTERVAL):
             self._take_over_from_the_gone()
+        if self._cron is not None and self._state == "running":
+            self._cron.renew_leases()
         if ctx is not None and ctx.dispatcher is not None and self._state == "running":
             try:
                 ctx.dispatcher.tell(Tick())

@@ -217,3 +217,32 @@ def test_a_dead_runtimes_run_is_taken_over_at_once_not_when_its_lease_ends(
         for rt in (first, second):
             if rt.state == "running":
                 rt.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_live_run_longer_than_its_lease_is_not_taken_over(pg_url: str) -> None:
+    """A run's lease was renewed only when cron looked at its table (job times, the 15 s
+    poll): a run longer than its lease was taken over by another process and run again
+    while its own process still ran it. The runtime's tick now renews it."""
+    started, gate = threading.Event(), threading.Event()
+
+    def slow(turn: Turn) -> str:
+        started.set()
+        assert gate.wait(30)
+        return "done"
+
+    lease = 1.5
+    with Runtime(db=pg_url, brain=slow, lease_seconds=lease) as owner, \
+            Runtime(db=pg_url, brain=slow, lease_seconds=lease) as other:
+        job = owner.cron.add("digest", "0 9 * * *", "Summarize")
+        owner.cron.trigger(job["job_id"])
+        assert started.wait(20)
+        [run] = owner.cron.runs(job["job_id"])
+        begun = owner.context.now()
+        wait_for(lambda: owner.context.now() > begun + 2 * lease, 10,
+                 what="two leases' time to pass")
+        assert other.cron.tick() == [], "another process took over a live run"
+        gate.set()
+        wait_for(lambda: owner.cron.runs(job["job_id"])[0]["status"] == "success", 20,
+                 what="the run's own commit")
+        assert [r["run_id"] for r in owner.cron.runs(job["job_id"])] == [run["run_id"]]
