@@ -18,6 +18,7 @@ from typing import TextIO
 from ..transport import TransportError
 from . import bench, cli_cron, cli_ops, cli_peers, cli_scenario, cpu_pinning, serve, worker
 from .errors import ConfigError, KinboxError
+from .validation import unstorable
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -78,6 +79,11 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command line; return the exit status."""
     out = out or sys.stdout
     parser = build_parser()
+    for arg in sys.argv[1:] if argv is None else argv:
+        # Bytes that are not UTF-8 arrive as lone surrogates: no database can store them,
+        # and they would fail deep in a query instead of here.
+        if unstorable(arg) is not None:
+            parser.error(f"argument {arg!a} is not UTF-8 text; kinbox takes UTF-8 arguments")
     args = parser.parse_args(argv)
     level = args.log_level or os.environ.get("KINBOX_LOG_LEVEL", "warning").lower()
     if level not in LOG_LEVELS:

@@ -29,6 +29,7 @@ from ..persistence import (
 )
 from ..persistence.inbox_core import State
 from ..persistence.opened import opened
+from ..transport.frames import shown
 from .errors import ConfigError
 
 STATES = tuple(s.value for s in State)
@@ -57,7 +58,10 @@ def _emit(out: TextIO, as_json: bool, data: Any, lines: list[str]) -> None:
     if as_json:
         out.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
     else:
-        out.write("\n".join(lines) + ("\n" if lines else ""))
+        # Names, titles, texts and errors come from chat users, peers and HTTP clients:
+        # escape sequences and line breaks in them must not reach the operator's terminal.
+        out.write("\n".join(shown(line, len(line)) for line in lines)
+                  + ("\n" if lines else ""))
 
 
 def _age(seconds: float) -> str:
@@ -238,11 +242,16 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         handler=db_upgrade)
 
 
+LIST_LIMIT = 1_000_000
+"""Most rows a ``--limit`` may ask for (beyond it the databases' integers overflow)."""
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    if not 1 <= value <= LIST_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"expected a number from 1 to {LIST_LIMIT:,}, got {value}")
     return value

@@ -18,14 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from ..persistence import (
-    GroupCommitWriter,
-    RowNotFound,
-    bind_tables,
-    default_url,
-    open_database,
-    upgrade,
-)
+from ..persistence import RowNotFound, default_url
+from ..persistence.opened import opened
 from ..persistence.peers import PeerStore
 from ..transport import key_file
 from ..transport.errors import TransportError
@@ -40,28 +34,37 @@ from .runtime import resolve_data_dir
 
 
 @contextmanager
-def _peers(args: argparse.Namespace) -> Iterator[tuple[PeerStore, DeviceIdentity]]:
+def _peers(args: argparse.Namespace, *, create: bool = False
+           ) -> Iterator[tuple[PeerStore, DeviceIdentity | None]]:
+    """The peer tables and, with ``create``, this device's identity. Only the commands
+    that make this a device (``whoami``, ``invite``, ``pair``) create the database and the
+    device key, as a runtime would; the others, like ``inbox list``, refuse a database
+    that is not there (a mistyped ``--db`` leaves nothing behind)."""
     url = args.db or default_url()
-    if url.startswith("sqlite:///"):  # like the runtime: a new device starts with no folder
+    if create and url.startswith("sqlite:///"):  # like the runtime: a new device's folder
         Path(url[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    db = open_database(url)
-    tables = bind_tables(db)
-    upgrade(tables)  # the peer tables may be newer than the runtime that made the file
-    writer = GroupCommitWriter(db, name="kinbox-cli-writer")
-    writer.start()
-    try:
-        yield PeerStore(tables, writer), key_file.load_or_create(
-            resolve_data_dir(url, args.data_dir))
-    except (TransportError, ValueError) as exc:
-        raise ConfigError(str(exc)) from exc
-    finally:
-        writer.stop()
-        db.close()
+    # upgrade: the peer tables may be newer than the runtime that made the file
+    with opened(url, must_exist=not create, writer_name="kinbox-cli-writer") as (tables,
+                                                                                   writer):
+        try:
+            identity = (key_file.load_or_create(resolve_data_dir(url, args.data_dir))
+                        if create else None)
+            yield PeerStore(tables, writer), identity
+        except (TransportError, ValueError) as exc:
+            raise ConfigError(str(exc)) from exc
+
+
+@contextmanager
+def _device(args: argparse.Namespace) -> Iterator[tuple[PeerStore, DeviceIdentity]]:
+    """:func:`_peers` with this device's identity (created if new)."""
+    with _peers(args, create=True) as (peers, identity):
+        assert identity is not None
+        yield peers, identity
 
 
 def whoami(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox peers whoami``."""
-    with _peers(args) as (_, identity):
+    with _device(args) as (_, identity):
         data = {"device_id": identity.device_id, "public_key": identity.public_key}
     _emit(out, args.json, data, [f"device_id: {identity.device_id}",
                                  f"public_key: {identity.public_key}"])
@@ -75,7 +78,7 @@ def invite(args: argparse.Namespace, out: TextIO) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     now = time.time()
-    with _peers(args) as (peers, identity):
+    with _device(args) as (peers, identity):
         code = new_invite(peers, scopes, ttl, now)
     data = {"code": code, "device_id": identity.device_id, "scopes": sorted(scopes),
             "expires_at": now + ttl}
@@ -86,7 +89,7 @@ def invite(args: argparse.Namespace, out: TextIO) -> int:
 
 def pair(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox peers pair URL CODE``."""
-    with _peers(args) as (peers, identity):
+    with _device(args) as (peers, identity):
         rec = complete_pairing(identity, peers, args.url, args.code, args.name or "",
                                time.time())
     _emit(out, args.json, rec.to_dict(),

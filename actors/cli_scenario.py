@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..persistence import redact_url
 from . import scenario_files
 from .errors import ConfigError, ScenarioError
 from .interrupts import EXIT_INTERRUPTED, Interrupted, StopSignals
@@ -64,7 +65,7 @@ def run_scenario(path: str, db_url: str | None = None, seed: int = 0,
             sc.runtime.context.journal.t.db.close()  # the report's reads reopened it
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
-    report["db"] = db_url if tmp is None else "(a temporary SQLite file, removed)"
+    report["db"] = redact_url(db_url) if tmp is None else "(a temporary SQLite file, removed)"
     return report, sc
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..persistence import CronJobRecord, CronStore, DuplicateError, SessionStore
+from ..transport import RUNS_LIMIT
 from . import cron_rules as rules
 from .ids import short
 from .triggers import next_fire
@@ -122,7 +123,11 @@ class CronJobs:
         return {"job_id": job_id, "removed": True}
 
     def runs(self, job_id: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
-        """Run records, newest first (of one job, or of all)."""
+        """Run records, newest first (of one job, or of all); at most ``limit``, 1 to
+        :data:`~kinbox.transport.RUNS_LIMIT`."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= RUNS_LIMIT:
+            raise rules.InvalidCronJob("limit", f"give a whole number from 1 to {RUNS_LIMIT}, "
+                                                f"not {limit!r}")
         if job_id is not None:
             self.get(job_id)
         return [r.to_dict() for r in self.store.runs(job_id, limit=limit)]

@@ -40,7 +40,7 @@ def _refusal(exc: Exception) -> BackendRefused:
 
 
 @contextmanager
-def _answered() -> Iterator[None]:
+def answered() -> Iterator[None]:
     """Turn what the runtime refuses into the status the route answers with; a runtime
     that stopped (or whose writer did) is 503, never a 500."""
     try:
@@ -58,17 +58,17 @@ class CronHttpBackend:
 
     def jobs(self) -> list[dict[str, Any]]:
         """``GET /cron/jobs``."""
-        with _answered():
+        with answered():
             return self.cron.jobs()
 
     def job(self, job_id: str) -> dict[str, Any]:
         """``GET /cron/jobs/{job_id}``."""
-        with _answered():
+        with answered():
             return self.cron.job(job_id)
 
     def add(self, fields: dict[str, Any]) -> dict[str, Any]:
         """``POST /cron/jobs``."""
-        with _answered():
+        with answered():
             return self.cron.add(fields.get("name"), fields.get("cron"), fields.get("prompt"),
                                  delivery=fields.get("delivery", "announce"),
                                  timezone=fields.get("timezone", "UTC"))
@@ -77,18 +77,18 @@ class CronHttpBackend:
         """``POST /cron/jobs/{job_id}/<action>`` and ``DELETE /cron/jobs/{job_id}``."""
         if action not in ACTIONS:
             raise BackendRefused(404, "not_found", f"no cron action {action!r}")
-        with _answered():
+        with answered():
             result: dict[str, Any] = getattr(self.cron, action)(job_id)
         return result
 
     def runs(self, job_id: str | None, limit: int) -> list[dict[str, Any]]:
         """``GET /cron/jobs/{job_id}/runs`` and ``GET /cron/runs``."""
-        with _answered():
+        with answered():
             return self.cron.runs(job_id, limit)
 
     def drain_announcements(self) -> list[dict[str, Any]]:
         """``POST /cron/announcements/drain``."""
-        with _answered():
+        with answered():
             return self.cron.drain_announcements()
 
 
@@ -108,7 +108,7 @@ class SocialHttpBackend:
 
     def ingest_event(self, platform: str, event: dict[str, Any]) -> dict[str, Any]:
         """Validate and queue a webhook event (its platform is the route's)."""
-        with _answered():
+        with answered():
             return self.social.ingest(event, platform=platform)
 
 

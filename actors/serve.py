@@ -36,7 +36,7 @@ from .brain_ref import load_brain
 from .data_dirs import add_data_dir_flag
 from .errors import BrainRefError
 from .focal import Focal
-from .http_backends import cron_social_routes
+from .http_backends import answered, cron_social_routes
 from .interrupts import Interrupted, StopSignals
 from .peers import PeerHttpBackend
 from .runtime import Runtime
@@ -65,15 +65,18 @@ class RuntimeHttpBackend:
 
     def focal_status(self) -> dict[str, Any]:
         """``GET /focal``."""
-        return self.focal.status()
+        with answered():  # it creates the Focal chat: a stopped runtime's writer refuses
+            return self.focal.status()
 
     def focal_panel(self) -> dict[str, Any]:
         """``GET /focal/panel``."""
-        return self.focal.panel()
+        with answered():
+            return self.focal.panel()
 
     def cancel_wakeup(self, job_id: str) -> bool:
         """``DELETE /focal/wakeups/{job_id}``."""
-        return bool(self.focal.schedule and self.focal.schedule.cancel(job_id))
+        with answered():
+            return bool(self.focal.schedule and self.focal.schedule.cancel(job_id))
 
     def notifications(self) -> dict[str, Any]:
         """The notification feed."""
@@ -81,7 +84,8 @@ class RuntimeHttpBackend:
 
     def mark_read(self) -> None:
         """Clear the unread count."""
-        self.focal.mark_read()
+        with answered():
+            self.focal.mark_read()
 
     def health(self) -> dict[str, Any]:
         """``GET /healthz``."""

@@ -63,7 +63,8 @@ def read_token(token_file: str | None) -> OperatorToken | None:
     """
     if token_file:
         try:
-            text = Path(token_file).read_text(encoding="utf-8").splitlines()
+            # utf-8-sig: a byte-order mark (Notepad, PowerShell) is not part of the token.
+            text = Path(token_file).read_text(encoding="utf-8-sig").splitlines()
         except OSError as exc:
             raise ValueError(f"--token-file {token_file}: {exc.strerror or exc}") from None
         except UnicodeDecodeError:

@@ -25,6 +25,7 @@ from apscheduler.triggers.combining import OrTrigger
 from apscheduler.triggers.cron import CronTrigger
 
 from .cron_rules import InvalidCronExpression, InvalidCronJob
+from .validation import unstorable
 
 WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 """Crontab's weekday numbers (0 and 7 are Sunday) as the names APScheduler reads."""
@@ -79,9 +80,13 @@ def cron_trigger(expr: str, timezone: str = "UTC") -> BaseTrigger:
         raise InvalidCronExpression(repr(expr), "give the expression as a string")
     if not expr.strip():
         raise InvalidCronExpression(expr, "the expression is empty")
+    problem = unstorable(expr)
+    if problem is not None:  # APScheduler's error would quote the character raw
+        raise InvalidCronExpression(expr, f"it {problem}")
     try:
         zone = zoneinfo.ZoneInfo(timezone)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError) as exc:
+    # OSError: a name that is a folder of the zone database ("Europe") or too long a path.
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError, OSError) as exc:
         raise InvalidCronJob("timezone", f"unknown time zone {timezone!r}; give an IANA "
                                          "name such as 'Europe/Paris'") from exc
     fields = expr.split()

@@ -29,6 +29,7 @@ Decide on the types and their attributes, never on the message text::
 from __future__ import annotations
 
 import re
+from urllib.parse import unquote
 
 
 class KinboxError(Exception):
@@ -143,16 +144,24 @@ class WriterClosed(PersistenceError):
     """The group-commit writer is stopped and accepts no more work."""
 
 
-_PASSWORD_PARAMETER = re.compile(r"((?:^|[?&\s])\w*password=)[^&\s]*", re.IGNORECASE)
-"""A parameter of a URL's query (or of a libpq ``key=value`` string) whose name ends in
-``password``: libpq reads ``password=`` as the password as well as the one before the
-``@``, and ``sslpassword=`` as the passphrase of the client's key."""
+_PARAMETER = re.compile(r"(?P<name>(?:^|[?&\s])[^=&?\s]*=)(?P<value>[^&\s]*)")
+"""A ``name=value`` parameter of a URL's query (or of a libpq ``key=value`` string)."""
+
+
+def _masked(match: re.Match[str]) -> str:
+    # libpq reads ``password=`` as the password as well as the one before the ``@``, and
+    # ``sslpassword=`` as the passphrase of the client's key; it decodes a name's
+    # percent-escapes first, so ``passw%6Frd=`` is the password too.
+    name = match["name"]
+    if unquote(name).rstrip("=").lower().endswith("password"):
+        return f"{name}***"
+    return match[0]
 
 
 def redact_url(url: str) -> str:
     """Return ``url`` with any password replaced by ``***`` (for errors and logs): the one
     before the ``@`` and a ``password=`` or ``sslpassword=`` parameter."""
-    url = _PASSWORD_PARAMETER.sub(r"\1***", url)
+    url = _PARAMETER.sub(_masked, url)
     scheme, sep, rest = url.partition("://")
     if not sep or "@" not in rest:
         return url

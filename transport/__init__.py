@@ -14,7 +14,7 @@ for the server, :mod:`.peer_client` for the client). Its errors derive from
 :class:`TransportError`.
 """
 
-from .cron_http import CronBackend, cron_routes
+from .cron_http import RUNS_LIMIT, CronBackend, cron_routes
 from .errors import (
     BackendRefused,
     FrameError,
@@ -38,6 +38,7 @@ from .social_http import SocialBackend, social_routes
 
 __all__ = [
     "LOOPBACK_HOSTS",
+    "RUNS_LIMIT",
     "BackendRefused",
     "CronBackend",
     "DeviceIdentity",

@@ -75,9 +75,14 @@ async def _call(work: Callable[[], Any], status: int = 200) -> JSONResponse:
     return JSONResponse(result, status_code=status)
 
 
+RUNS_LIMIT = 500
+"""Most run records one listing returns (HTTP and ``rt.cron.runs``)."""
+
+
 def _limit(request: Request) -> int | None:
     text = request.query_params.get("limit", "50")
-    return int(text) if text.isascii() and text.isdigit() and 1 <= int(text) <= 500 else None
+    return (int(text) if text.isascii() and text.isdigit() and 1 <= int(text) <= RUNS_LIMIT
+            else None)
 
 
 def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
@@ -112,7 +117,7 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
     async def runs(request: Request) -> JSONResponse:
         limit = _limit(request)
         if limit is None:
-            return error(422, "invalid_argument", "limit must be a whole number 1..500")
+            return error(422, "invalid_argument", f"limit must be a whole number 1..{RUNS_LIMIT}")
         job_id = request.path_params.get("job_id")
         return await _call(lambda: backend.runs(job_id, limit))
 

@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from .errors import BackendRefused
 from .host_guard import HostGuard
 from .operator_token import OperatorToken
 
@@ -161,6 +162,10 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
         return error(exc.status_code, ERROR_CODES.get(exc.status_code, "http_error"), message,
                      headers)
 
+    async def refused(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, BackendRefused)
+        return error(exc.status, exc.code, exc.message)
+
     async def failed(request: Request, exc: Exception) -> JSONResponse:
         return error(500, "execution_failed", "the runtime could not answer this request")
 
@@ -179,4 +184,5 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
     routes += [*extra_routes, *(guarded_routes(refusal) if guarded_routes is not None else ())]
     return Starlette(routes=routes,
                      middleware=[Middleware(HostGuard, allowed_hosts=list(allowed_hosts))],
-                     exception_handlers={HTTPException: http_error, 500: failed})
+                     exception_handlers={HTTPException: http_error, BackendRefused: refused,
+                                         500: failed})

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -32,8 +33,9 @@ MAX_BODY = 256 * 1024
 
 
 class SocialBackend(Protocol):
-    """What the webhook route needs from a runtime; no method blocks (all in memory),
-    so the route calls them on the event loop, between its checks, with no await."""
+    """What the webhook route needs from a runtime. ``now`` and ``webhook_secret`` are in
+    memory and run on the event loop; ``ingest_event`` may read the database (has another
+    process run this event already?), so it runs on a worker thread."""
 
     def now(self) -> float:
         """The runtime's time (the replay window is measured on it)."""
@@ -44,7 +46,7 @@ class SocialBackend(Protocol):
         ...
 
     def ingest_event(self, platform: str, event: dict[str, Any]) -> dict[str, Any]:
-        """Validate and queue an event; a receipt, or :class:`BackendRefused`."""
+        """Validate and queue an event; a receipt, or :class:`BackendRefused` (may block)."""
         ...
 
 
@@ -80,11 +82,20 @@ def social_routes(backend: SocialBackend, *, max_body: int = MAX_BODY,
             event = json_body.parse(body)
             if not isinstance(event, dict):
                 raise BackendRefused(422, "invalid_argument", "the body must be a JSON object")
-            receipt = backend.ingest_event(platform, event)
         except BackendRefused as exc:
             return _error(exc.status, exc.code, exc.message)
-        # No await since the check: a twin delivery cannot slip in between.
+        # Remembered before the first await, so a twin delivery arriving while this one is
+        # handled is refused; withdrawn if the handling refuses it (it may come again).
         guard.remember(signature, ts, backend.now())
+        try:
+            # A thread: the ingest may read the database (a retry another process ran).
+            receipt = await run_in_threadpool(backend.ingest_event, platform, event)
+        except BackendRefused as exc:
+            guard.withdraw(signature)
+            return _error(exc.status, exc.code, exc.message)
+        except BaseException:
+            guard.withdraw(signature)
+            raise
         return JSONResponse(receipt, status_code=202)
 
     return [Route("/social/{platform}/events", events, methods=["POST"])]

@@ -76,6 +76,10 @@ class ReplayGuard:
         self._forget(now)
         self._seen[signature] = float(timestamp)
 
+    def withdraw(self, signature: str) -> None:
+        """Forget a delivery remembered before its handling refused it (it may come again)."""
+        self._seen.pop(signature, None)
+
     def _forget(self, now: float) -> None:
         while self._seen:  # oldest first; also bounded by capacity
             oldest, ts = next(iter(self._seen.items()))

@@ -1,0 +1,292 @@
+"""The operator's boundaries: the HTTP API on bad input or a stopped runtime, the CLI on
+arguments it cannot use, and secrets and untrusted text in what either prints. Each
+test failed on the code before its fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kinbox.actors import ManualClock, Runtime, Turn
+from kinbox.actors.serve import app_for
+
+from .conftest import Stores
+from .helpers import wait_for
+from .test_cli import ROOT
+from .test_cron_social_http import SECRET, post, signed
+from .test_http import Served
+
+MakeRuntime = Callable[..., Runtime]
+STATE = {"X-Kinbox": "1", "Content-Type": "application/json"}
+
+
+def kinbox_bytes(*args: str | bytes) -> subprocess.CompletedProcess[bytes]:
+    """The CLI as a shell runs it, with arguments that may be any bytes (as argv can)."""
+    return subprocess.run([sys.executable, "-m", "kinbox.actors", *args], capture_output=True,
+                          timeout=60, env=dict(os.environ), cwd=ROOT)
+
+
+def _lock_waits(pg_url: str) -> int:
+    import psycopg2
+
+    probe = psycopg2.connect(pg_url)
+    try:
+        with probe.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            return int(cur.fetchone()[0])
+    finally:
+        probe.close()
+
+
+def one_line_error(done: subprocess.CompletedProcess[bytes]) -> str:
+    err = done.stderr.decode("utf-8", "replace")
+    assert done.returncode == 1, err
+    assert "Traceback" not in err, err
+    [line] = err.strip().splitlines()
+    assert line.startswith("kinbox: ")
+    return line
+
+
+@pytest.fixture
+def served(make_runtime: MakeRuntime, tmp_path: Path) -> Iterator[tuple[Served, Runtime]]:
+    rt = make_runtime(brain=lambda turn: "ok", data_dir=tmp_path / "data")
+    srv = Served(app_for(rt))
+    yield srv, rt
+    srv.close()
+
+
+def add_job(srv: Served, **fields: Any) -> tuple[int, Any]:
+    body = {"name": "n", "cron": "0 9 * * *", "prompt": "p", **fields}
+    return post(srv, "/cron/jobs", json.dumps(body).encode(), STATE)
+
+
+# -- HTTP: 500s on bad input ----------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_a_cron_expression_with_a_lone_surrogate_is_a_422_not_a_500(
+        served: tuple[Served, Runtime]) -> None:
+    srv, _rt = served
+    status, body = add_job(srv, cron="\ud800 9 * * *")
+    assert (status, body["error"]) == (422, "invalid_argument")
+    assert srv.request("GET", "/cron/jobs") == (200, [])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("zone", ["Europe", "America", "x" * 300])
+def test_a_time_zone_that_is_a_folder_or_too_long_is_a_422_not_a_500(
+        served: tuple[Served, Runtime], zone: str) -> None:
+    srv, _rt = served
+    status, body = add_job(srv, timezone=zone)
+    assert (status, body["error"]) == (422, "invalid_argument")
+    assert "timezone" in body["message"]
+
+
+@pytest.mark.timeout(60)
+def test_cli_cron_add_with_a_folder_time_zone_names_the_time_zone(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    Stores(url).close()
+    line = one_line_error(kinbox_bytes("cron", "add", "n", "--cron", "0 9 * * *", "--prompt",
+                                       "p", "--timezone", "Europe", "--db", url))
+    assert "time zone" in line and "site-packages" not in line
+
+
+# -- HTTP: status codes that lie -------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path", ["/focal", "/focal/panel"])
+def test_focal_routes_of_a_stopped_runtime_answer_503_not_500(
+        make_runtime: MakeRuntime, tmp_path: Path, path: str) -> None:
+    rt = make_runtime(data_dir=tmp_path / "data")
+    srv = Served(app_for(rt))
+    try:
+        rt.stop()  # a host app that mounts kinbox keeps serving after the runtime stops
+        status, body = srv.request("GET", path)
+        assert (status, body["error"]) == (503, "unavailable")
+    finally:
+        srv.close()
+
+
+# -- secrets ----------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("query", ["passw%6Frd=Sup3rSecret", "%70assword=Sup3rSecret",
+                                   "sslpassw%6Frd=Sup3rSecret"])
+def test_a_percent_encoded_password_parameter_is_masked_too(query: str) -> None:
+    # libpq decodes the parameter's name: this is the password (see psycopg2's parse_dsn).
+    url = f"postgresql://kinbox@127.0.0.1:1/x?{query}"
+    done = kinbox_bytes("db", "status", "--db", url)
+    assert done.returncode == 1
+    assert b"Sup3rSecret" not in done.stderr + done.stdout
+
+
+# -- CLI: tracebacks instead of one-line errors ----------------------------------------------
+
+@pytest.fixture
+def cli_db(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    Stores(url).close()
+    return url
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", [("inbox", "list"), ("cron", "runs")])
+def test_a_huge_limit_is_a_usage_error_not_a_traceback(cli_db: str,
+                                                       command: tuple[str, str]) -> None:
+    done = kinbox_bytes(*command, "--db", cli_db, "--limit", "99999999999999999999")
+    err = done.stderr.decode()
+    assert "Traceback" not in err, err
+    assert done.returncode == 2
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args", [
+    ("inbox", "show", b"m\xff"),
+    ("inbox", "requeue", b"m\xff"),
+    ("inbox", "cancel", b"m\xff", "--reason", "x"),
+    ("inbox", "list", "--target", b"s\xff"),
+    ("sessions", "list", "--project", b"p\xff"),
+])
+def test_an_argument_that_is_not_utf8_is_a_usage_error_not_a_traceback(
+        cli_db: str, args: tuple[str | bytes, ...]) -> None:
+    done = kinbox_bytes(*args, "--db", cli_db)
+    err = done.stderr.decode("utf-8", "replace")
+    assert done.returncode == 2 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("kinbox: error: argument ")
+    assert "is not UTF-8 text" in err
+
+
+# -- CLI: untrusted text reaches the operator's terminal raw ---------------------------------
+
+@pytest.mark.timeout(60)
+def test_cron_list_does_not_print_escape_sequences_from_a_job_added_over_http(
+        served: tuple[Served, Runtime], db_url: str) -> None:
+    srv, _rt = served
+    status, _ = add_job(srv, name="digest\x1b]0;pwned\x07\x1b[2J\nfake-line")
+    assert status == 201
+    done = kinbox_bytes("cron", "list", "--db", db_url)
+    assert done.returncode == 0, done.stderr
+    assert b"\x1b" not in done.stdout and b"\x07" not in done.stdout
+    assert len(done.stdout.decode().strip().splitlines()) == 1  # one job, one line
+
+
+@pytest.mark.timeout(60)
+def test_sessions_list_does_not_print_a_chat_users_escape_sequences(
+        make_runtime: MakeRuntime, tmp_path: Path, db_url: str, clock: ManualClock) -> None:
+    def brain(turn: Turn) -> str:
+        return "ok"
+    rt = make_runtime(brain=brain, data_dir=tmp_path / "data")
+    rt.social.register_channel("slack", send=lambda route, text: None, secret=SECRET)
+    rt.social.allow("slack", ["U1"])
+    srv = Served(app_for(rt))
+    try:  # the display name is the chat user's to choose; only the id is authorized
+        event = json.dumps({"sender_id": "U1", "sender_name": "Ann\x1b[2J\x1b]0;pwned\x07",
+                            "thread_id": "T1", "text": "hi"}).encode()
+        status, _ = post(srv, "/social/slack/events", event, signed(event, clock.now()))
+        assert status == 202
+        assert rt.social.wait_idle(10)
+    finally:
+        srv.close()
+    done = kinbox_bytes("sessions", "list", "--db", db_url)
+    assert done.returncode == 0, done.stderr
+    assert b"social-slack-T1" in done.stdout
+    assert b"\x1b" not in done.stdout and b"\x07" not in done.stdout
+
+
+# -- the event loop -------------------------------------------------------------------------
+
+@pytest.mark.postgres
+@pytest.mark.timeout(60)
+def test_a_webhook_with_an_event_id_does_not_block_the_event_loop_on_the_database(
+        make_runtime: MakeRuntime, pg_url: str, tmp_path: Path, clock: ManualClock) -> None:
+    import psycopg2
+
+    rt = make_runtime(db=pg_url, brain=lambda turn: "ok", data_dir=tmp_path / "data")
+    rt.social.register_channel("slack", send=lambda route, text: None, secret=SECRET)
+    rt.social.allow("slack", ["U1"])
+    srv = Served(app_for(rt))
+    locker = psycopg2.connect(pg_url)
+    try:
+        with locker.cursor() as cur:  # a slow database: here, a table lock held a while
+            cur.execute("LOCK TABLE delivery_markers IN ACCESS EXCLUSIVE MODE")
+        event = json.dumps({"sender_id": "U1", "thread_id": "T1", "text": "hi",
+                            "event_id": "ev-1"}).encode()
+        hook = threading.Thread(target=post, args=(srv, "/social/slack/events", event,
+                                                   signed(event, clock.now())), daemon=True)
+        hook.start()
+        wait_for(lambda: _lock_waits(pg_url) > 0, 20, what="the webhook to wait on the lock")
+        began = time.monotonic()
+        try:
+            status, _ = srv.request("GET", "/", timeout=5)  # needs no database at all
+        except OSError as exc:  # TimeoutError: the whole server is frozen
+            pytest.fail(f"GET / did not answer while a webhook waited on the database: {exc!r}")
+        assert status == 200 and time.monotonic() - began < 5
+    finally:
+        locker.rollback()
+        locker.close()
+        hook.join(20)
+        srv.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(120)
+def test_scenario_json_report_masks_the_database_password(pg_url: str) -> None:
+    scheme, _, rest = pg_url.partition("://")
+    user, _, host = rest.partition("@")
+    url = f"{scheme}://{user.split(':')[0]}:Sup3rSecret@{host}"  # trust auth: any password
+    done = kinbox_bytes("scenario", "run", "hello", "--json", "--db", url)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert "Sup3rSecret" not in report["db"]
+    assert b"Sup3rSecret" not in done.stdout
+
+
+# -- CLI: a mistyped --db ---------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", [("peers", "revoke", "abcdef123456"), ("peers", "list")])
+def test_peers_commands_do_not_create_a_database_and_device_key_at_a_mistyped_path(
+        tmp_path: Path, command: tuple[str, ...]) -> None:
+    where = tmp_path / "tpyo"
+    done = kinbox_bytes(*command, "--db", f"sqlite:///{where / 'kinbox.db'}")
+    assert done.returncode == 1  # like `inbox list`: there is no database there
+    assert not where.exists(), sorted(str(p) for p in where.rglob("*"))
+
+
+# -- the Python API and HTTP disagree -----------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("limit", [10**20, -1, 0, True])
+def test_cron_runs_refuses_the_limits_http_refuses(make_runtime: MakeRuntime, tmp_path: Path,
+                                                   limit: Any) -> None:
+    from kinbox.actors import KinboxError
+
+    rt = make_runtime(brain=lambda turn: "ok", data_dir=tmp_path / "data")
+    with pytest.raises(KinboxError):  # HTTP: 422 "limit must be a whole number 1..500"
+        rt.cron.runs(limit=limit)
+
+
+@pytest.mark.timeout(60)
+def test_a_token_file_saved_with_a_utf8_bom_still_lets_the_operator_in(
+        make_runtime: MakeRuntime, tmp_path: Path) -> None:
+    from kinbox.actors.serve_flags import read_token
+
+    token_file = tmp_path / "token"
+    token_file.write_bytes(b"\xef\xbb\xbfs3cret-operator-token\r\n")  # Notepad / PowerShell
+    operator = read_token(str(token_file))
+    rt = make_runtime(data_dir=tmp_path / "data")
+    srv = Served(app_for(rt, operator=operator))
+    try:
+        status, _ = srv.request("POST", "/focal/notifications/read",
+                                {"Authorization": "Bearer s3cret-operator-token"})
+        assert status == 200
+    finally:
+        srv.close()
