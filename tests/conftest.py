@@ -21,6 +21,7 @@ from kinbox.persistence import (
     open_database,
     upgrade,
 )
+from kinbox.persistence.models import MODELS
 
 SERVER_PG_URL = os.environ.get("KINBOX_TEST_PG_URL")
 
@@ -39,10 +40,8 @@ def _worker_database(url: str | None) -> str | None:
 PG_URL = _worker_database(SERVER_PG_URL)
 _made: set[str] = set()
 """Worker databases this process made sure exist."""
-KINBOX_TABLES = ("stop_requests", "cron_runs", "cron_jobs", "peer_invites", "peer_devices",
-                 "scheduled_jobs", "agent_inbox_events", "agent_inbox_messages", "tasks",
-                 "delivery_markers",
-                 "transcript_entries", "sessions", "projects")
+KINBOX_TABLES = tuple(model._meta.table_name for model in reversed(MODELS))
+"""Every table kinbox makes, from its models (a new one is dropped too)."""
 
 
 @pytest.fixture

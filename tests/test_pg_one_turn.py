@@ -45,8 +45,8 @@ def _row_is_locked(pg_url: str, message_id: str) -> bool:
     probe = psycopg2.connect(pg_url)
     try:
         with probe.cursor() as cur:
-            cur.execute("SELECT 1 FROM agent_inbox_messages WHERE message_id = %s FOR UPDATE NOWAIT",
-                        (message_id,))
+            cur.execute("SELECT 1 FROM agent_inbox_messages WHERE message_id = %s "
+                        "FOR UPDATE NOWAIT", (message_id,))
         return False
     except psycopg2.errors.LockNotAvailable:
         return True

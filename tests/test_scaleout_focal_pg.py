@@ -65,7 +65,7 @@ def test_a_wakeup_fires_after_the_process_that_scheduled_it_has_stopped(
         if any(m.kind == "focal_wakeup" for m in turn.messages):
             woken.set()
 
-    with Runtime(db=pg_url, brain=brain) as survivor:
+    with Runtime(db=pg_url, brain=brain):  # the process that stays
         leaving = Runtime(db=pg_url, brain=brain).start()
         leaving.get_or_create_focal_chat()
         leaving.focal.schedule.schedule_wakeup(FOCAL_ID, "reminder",
