@@ -42,7 +42,8 @@ def _peers(args: argparse.Namespace, *, create: bool = False
     that is not there (a mistyped ``--db`` leaves nothing behind)."""
     url = args.db or default_url()
     if create and url.startswith("sqlite:///"):  # like the runtime: a new device's folder
-        Path(url[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        Path(url[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True, exist_ok=True,
+                                                                     mode=0o700)
     # upgrade: the peer tables may be newer than the runtime that made the file
     with opened(url, must_exist=not create, writer_name="kinbox-cli-writer") as (tables,
                                                                                    writer):

@@ -23,8 +23,8 @@ def data_dir_for(url: str) -> Path:
     path = sqlite_path(url)
     if path is not None:
         return path.parent / "kinbox-data"
-    rest = url.partition("://")[2]
-    where = rest.rpartition("@")[2].split("?")[0]
+    rest = url.partition("://")[2].split("?", 1)[0]  # the query may hold '@' (a password)
+    where = rest.rpartition("@")[2]
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", where).strip("_") or "default"
     return default_data_dir() / "databases" / name
 

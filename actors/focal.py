@@ -84,7 +84,7 @@ class Focal:
                     config={"is_focal_agent": True, "heartbeat_enabled": True,
                             "heartbeat_interval_minutes": 30})
             if not chat.config.get("focal_heartbeat_initialized"):
-                self.folder.mkdir(parents=True, exist_ok=True)
+                self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
                 path = self.folder / "heartbeat.md"
                 if not path.exists():
                     path.write_text(hb.DEFAULT_FOCAL_HEARTBEAT)

@@ -155,8 +155,8 @@ class Runtime(RecordsApi):
             raise RuntimeStateError(f"a runtime starts once; this one is {self._state}",
                                     state=self._state)
         path = sqlite_path(self.url)
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
+        if path is not None:  # a folder kinbox makes is its user's alone (messages are there)
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         db = open_database(self.url, synchronous=self.synchronous)  # type: ignore[arg-type]
         tables = bind_tables(db)
         # On PostgreSQL every process tells the time by the server's clock.

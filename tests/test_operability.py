@@ -255,6 +255,9 @@ def test_each_server_database_has_its_own_data_directory(tmp_path: Path) -> None
     two = data_dir_for("postgresql://u@db.example:5432/two")
     assert one != two and one.parent == two.parent == default_data_dir() / "databases"
     assert "secret" not in str(one)
+    # A password given as a parameter may hold '@': the folder is still the host's.
+    three = data_dir_for("postgresql://u@db.example:5432/one?password=se@cret")
+    assert three == one and "cret" not in str(three)
     assert data_dir_for(f"sqlite:///{tmp_path}/x.db") == tmp_path / "kinbox-data"
 
 
@@ -453,3 +456,15 @@ def test_a_poison_message_that_kills_its_process_ends_failed_and_the_rest_is_del
         assert sorted(r["status"] for m, r in rows.items() if m != poison) == ["delivered"] * 100
     finally:
         rt.stop()
+
+
+@pytest.mark.timeout(60)
+def test_the_folders_kinbox_makes_are_its_users_alone(tmp_path: Path) -> None:
+    """The database holds every message: a folder kinbox creates for it (and for the device
+    key and Focal's files) is not readable by other users of the machine."""
+    url = f"sqlite:///{tmp_path / 'new' / 'app.db'}"
+    with Runtime(db=url, brain=lambda turn: None) as rt:
+        rt.get_or_create_focal_chat()
+        assert rt.peers.identity.device_id  # the device key, made on first use
+    for folder in (tmp_path / "new", tmp_path / "new" / "kinbox-data"):
+        assert folder.stat().st_mode & 0o077 == 0, oct(folder.stat().st_mode)

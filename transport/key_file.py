@@ -34,7 +34,7 @@ def load_or_create(directory: str | os.PathLike[str]) -> DeviceIdentity:
 def install(directory: str | os.PathLike[str], identity: DeviceIdentity) -> DeviceIdentity:
     """Write ``identity`` as the device key of ``directory``; FileExistsError if it has one."""
     folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)  # the user's alone, like ~/.ssh
     partial = folder / f".{KEY_FILE_NAME}.{os.getpid()}.{id(identity):x}"
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
