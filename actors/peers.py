@@ -22,6 +22,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
@@ -353,6 +354,9 @@ def complete_pairing(identity: DeviceIdentity, peers: PeerStore, url: str, code:
     if not isinstance(url, str) or not url or len(url) > URL_LIMIT or not url.isprintable():
         raise ConfigError(f"the device's address is 1 to {URL_LIMIT} printable characters",
                           field="url")
+    if "@" in urlsplit(url).netloc:  # it would be stored, and listed, as it is
+        raise ConfigError("the device's address carries no user or password: the pairing "
+                          "code and then the device's token authenticate", field="url")
     paired = pair_with(url, identity, code, identity.device_id,
                        new_nonce(os.urandom(NONCE_BYTES)))
     sealed = identity.seal(paired.token, os.urandom(SEAL_NONCE_BYTES))

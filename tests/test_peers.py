@@ -314,6 +314,17 @@ def test_a_bad_name_is_refused_before_the_code_is_spent(
     assert sender.peers.pair(receiver.http, code, name="laptop").name == "laptop"  # unspent
 
 
+def test_an_address_with_a_password_is_refused_before_the_code_is_spent(
+        receiver: Receiver, sender: Runtime) -> None:
+    """It would be stored and listed as given (``peers list --json``), password and all."""
+    code = receiver.invite()
+    scheme, _, rest = receiver.http.partition("://")
+    with pytest.raises(ConfigError) as info:
+        sender.peers.pair(f"{scheme}://me:s3cret@{rest}", code)
+    assert info.value.field == "url"
+    assert sender.peers.pair(receiver.http, code).device_id  # the code is unspent
+
+
 @pytest.mark.timeout(60)
 def test_an_idle_link_neither_polls_hard_nor_stays_open(receiver: Receiver,
                                                         sender: Runtime) -> None:
