@@ -85,11 +85,11 @@ class Workers:
         self.procs: list[subprocess.Popen[str]] = []
         cpus = sorted(allowed_cpus()) if pin else []
         for i in range(n):
-            cmd = [sys.executable, "-m", "kinbox.actors.bench_scaleout_child", system, url,
+            cmd = [sys.executable, "-m", "kinbox.actors.bench_scaleout_child", system,
                    str(self.dir / f"w{i}.json")] + (["--slow"] if slow else [])
             if cpus:
                 cmd += ["--cpu", str(cpus[i % len(cpus)])]
-            env = {**os.environ, "KINBOX_HOME": str(self.dir / f"w{i}-home")}
+            env = {**os.environ, "KINBOX_HOME": str(self.dir / f"w{i}-home"), "KINBOX_DB": url}
             self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env))
         for p in self.procs:
             assert p.stdout is not None

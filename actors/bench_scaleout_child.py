@@ -1,6 +1,6 @@
 """A worker process of ``kinbox bench scaleout``: one system's consumer with the shared brain.
 
-Usage: python -m kinbox.actors.bench_scaleout_child SYSTEM DB_URL OUT_JSON [--slow] [--cpu N]
+Usage: KINBOX_DB=URL python -m kinbox.actors.bench_scaleout_child SYSTEM OUT_JSON [--slow] [--cpu N]
 
 SYSTEM is ``kinbox`` (a delivering :class:`Runtime`, as ``kinbox worker``
 runs), ``bare_pg`` (its guarantees in raw psycopg2: ``bench_scaleout_bare``),
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 import threading
@@ -176,8 +177,9 @@ SYSTEMS = {"kinbox": run_kinbox, "bare_pg": run_bare_pg, "raw": run_raw, "pgqueu
 
 
 def main() -> None:
-    system, url, out = sys.argv[1:4]
-    options = sys.argv[4:]
+    system, out = sys.argv[1:3]
+    url = os.environ["KINBOX_DB"]  # not an argument: ps shows arguments, password and all
+    options = sys.argv[3:]
     if "--cpu" in options:
         pin_process(frozenset({int(options[options.index("--cpu") + 1])}))
     brain = Brain(slow="--slow" in options)
