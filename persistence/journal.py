@@ -75,6 +75,16 @@ class Journal(InboxReads):
     def enqueue_now(self, msg: NewMessage, now: float, lease: Lease | None = None
                     ) -> EnqueueResult:
         """Enqueue inside the caller's transaction (on the writer thread)."""
+        try:
+            return self._enqueue_new(msg, now, lease)
+        except set_wise.OneByOne:
+            # Another process wrote the id between the read and the insert (two runtimes
+            # reporting one orphaned task at their start): judge it against that row.
+            return self._enqueue_new(msg, now, lease)
+
+    def _enqueue_new(self, msg: NewMessage, now: float, lease: Lease | None
+                     ) -> EnqueueResult:
+        """The idempotence rule against the row ``msg``'s id has, if any; else insert it."""
         existing = self.hot.existing(msg.message_id)
         fingerprint = core.Fingerprint(msg.target, msg.kind, msg.content)
         before = core.Fingerprint(*existing[:3]) if existing else None

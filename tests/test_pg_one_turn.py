@@ -178,3 +178,48 @@ def test_a_direct_turn_waits_for_its_sessions_inbox_turn_in_any_process(
         assert stores.store.direct_turn("T") == ("B", "cron-run-1")
     finally:
         stores.close()
+
+
+def _lock_waits(pg_url: str) -> int:
+    probe = psycopg2.connect(pg_url)
+    try:
+        with probe.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            return int(cur.fetchone()[0])
+    finally:
+        probe.close()
+
+
+def test_one_message_id_enqueued_by_two_processes_at_once_is_one_row(pg_url: str) -> None:
+    """An enqueue reads whether its id has a row, then inserts. Another process's insert of
+    the same id between the two (two runtimes reporting one orphaned sub-agent task at
+    their start) made the insert write nothing, and the enqueue raised an internal error
+    instead of applying the idempotence rule."""
+    first, second = Stores(pg_url), Stores(pg_url)
+    try:
+        written, commit = threading.Event(), threading.Event()
+        message = NewMessage("subagent-result-t1", "parent", "the child failed")
+
+        def slow() -> None:
+            first.journal.enqueue_now(message, time.time())
+            written.set()
+            assert commit.wait(60)
+
+        sending = threading.Thread(target=lambda: first.writer.call(slow, timeout=90))
+        sending.start()
+        assert written.wait(30)
+        answer: list[object] = []
+        racing = threading.Thread(target=lambda: answer.append(second.writer.call(
+            lambda: second.journal.enqueue_now(message, time.time()), timeout=90)))
+        racing.start()
+        wait_for(lambda: _lock_waits(pg_url) > 0, 30, what="the second insert to wait")
+        commit.set()
+        sending.join(30)
+        racing.join(30)
+        [result] = answer
+        assert getattr(result, "created", None) is False, result
+        assert [r["message_id"] for r in second.journal.rows()] == ["subagent-result-t1"]
+    finally:
+        commit.set()
+        first.close()
+        second.close()
