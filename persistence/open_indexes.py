@@ -51,10 +51,13 @@ OPERATOR_INDEXES = {
 stays small and is written only when a row fails)."""
 
 PG_INDEXES = {
-    "agent_inbox_processing_target": f"ON {INBOX} (target_chat_id) WHERE status = '{PROCESSING}'",
+    "agent_inbox_processing_target_seq":
+        f"ON {INBOX} (target_chat_id, seq) WHERE status = '{PROCESSING}'",
 }
-"""name -> definition, PostgreSQL only: "is a row of this target processing?" in one probe,
-which its claims ask of every pending head (:data:`.pg_claims.NO_TURN_RUNNING`). SQLite
+"""name -> definition, PostgreSQL only: a target's oldest processing row in one probe,
+which its claims ask of every pending head ("is a turn of it running?",
+:func:`.pg_claims.no_turn_running`) and of every expired lease (the one to take over,
+:func:`.pg_claims.processing_head`). SQLite
 numbers rows in commit order, so its head rule alone keeps one row in flight per target,
 and it spares the index's two writes per message."""
 

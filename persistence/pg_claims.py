@@ -89,6 +89,33 @@ def no_turn_running(target: str) -> str:
             f"AND (SELECT s.turn_owner FROM sessions s WHERE s.id = {target}) IS NULL)")
 
 
+def processing_head(target: str) -> str:
+    """SQL for the ``seq`` of ``target``'s oldest processing row: the one a claim takes
+    over when its lease ran out. Not the target's head (its oldest open row): a row
+    numbered first and committed after the turn of a later one began is pending below
+    it, and waits for that turn (:func:`no_turn_running`), so a takeover that waited for
+    it to go first would wait for ever once the owner died."""
+    return (f"(SELECT r.seq FROM {INBOX} r WHERE r.target_chat_id = {target} "
+            f"AND r.status = '{PROCESSING}' ORDER BY r.seq LIMIT 1)")
+
+
+def _takes(state: str, row: str) -> str:
+    """SQL for "the inbox row ``row`` (an alias) is the row of its target a claim takes in
+    ``state``, when due": a pending head of a target with no turn running, or the oldest
+    processing row of its target (a takeover)."""
+    target = f"{row}.target_chat_id"
+    if state == PENDING:
+        return f"{row}.seq = {head_probe(target)} AND {no_turn_running(target)}"
+    return f"{row}.seq = {processing_head(target)}"
+
+
+def _claimable(now: str) -> str:
+    """SQL for "the inbox row ``m`` may be claimed at ``now``" (a placeholder, once per
+    state), as the lock checks it again on the row's newest version."""
+    return " OR ".join(f"(m.status = '{state}' AND m.{due} <= {now} AND {_takes(state, 'm')})"
+                       for state, due in _DUE.items())
+
+
 _STATUS, _SUSPECT = CLAIM_COLUMNS.index("status"), CLAIM_COLUMNS.index("suspect")
 """Where a claimed row's state and suspect flag are in :data:`CLAIM_COLUMNS`."""
 
@@ -120,12 +147,10 @@ class PgClaims:
         self.sql_window = {
             state: (f"SELECT w.message_id, w.seq, w.{due}, "
                     + ("" if state == PENDING else f"w.{due} <= %(now)s AND ")
-                    + f"w.transport = %(transport)s "
-                    f"AND NOT (w.target_chat_id = ANY(%(skip)s)) "
-                    f"AND w.seq = {head_probe('w.target_chat_id')} "
-                    + ("" if state != PENDING else
-                       f"AND {no_turn_running('w.target_chat_id')} ")
-                    + f"FROM (SELECT message_id, seq, target_chat_id, transport, {due} "
+                    + "w.transport = %(transport)s "
+                    "AND NOT (w.target_chat_id = ANY(%(skip)s)) "
+                    + f"AND {_takes(state, 'w')} "
+                    f"FROM (SELECT message_id, seq, target_chat_id, transport, {due} "
                     f"FROM {INBOX} WHERE status = '{state}' AND seq > %(after)s "
                     f"ORDER BY seq LIMIT %(window)s) w ORDER BY w.seq")
             for state, due in _DUE.items()}
@@ -138,19 +163,13 @@ class PgClaims:
             ("window", "integer")])
         self.sql_lock = (f"SELECT {cols}, {marker_probe('m.message_id')} FROM {INBOX} m "
                          f"WHERE m.message_id = ANY(%s) "
-                         f"AND ((m.status = '{PENDING}' AND m.available_at <= %s "
-                         f"AND {no_turn_running('m.target_chat_id')}) "
-                         f"OR (m.status = '{PROCESSING}' AND m.lease_until <= %s)) "
-                         f"AND m.seq = {head_probe('m.target_chat_id')} "
+                         f"AND ({_claimable('%s')}) "
                          f"ORDER BY m.seq FOR UPDATE OF m SKIP LOCKED")
         # The lock above, then the lease of its plain rows, in one statement.
         self.sql_lease_plain = (
             f"WITH c AS (SELECT {cols}, {marker_probe('m.message_id')} AS done "
             f"FROM {INBOX} m WHERE m.message_id = ANY(%(ids)s) "
-            f"AND ((m.status = '{PENDING}' AND m.available_at <= %(now)s "
-            f"AND {no_turn_running('m.target_chat_id')}) "
-            f"OR (m.status = '{PROCESSING}' AND m.lease_until <= %(now)s)) "
-            f"AND m.seq = {head_probe('m.target_chat_id')} "
+            f"AND ({_claimable('%(now)s')}) "
             f"ORDER BY m.seq FOR UPDATE OF m SKIP LOCKED), "
             f"p AS (SELECT message_id, target_chat_id FROM c WHERE status = '{PENDING}' "
             f"AND suspect IS NOT TRUE AND NOT done ORDER BY seq LIMIT %(limit)s), "

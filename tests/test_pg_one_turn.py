@@ -223,3 +223,38 @@ def test_one_message_id_enqueued_by_two_processes_at_once_is_one_row(pg_url: str
         commit.set()
         first.close()
         second.close()
+
+
+def test_a_dead_owners_row_ahead_of_a_late_commit_is_taken_over(pg_url: str) -> None:
+    """A dies running m-late; m-early, numbered first, committed after A's claim. The
+    takeover waited for m-late to be its session's oldest open row (m-early is), and
+    m-early waits for no row of the session to be processing (m-late is): the session
+    was never claimed again."""
+    first, second = Stores(pg_url), Stores(pg_url)
+    try:
+        written, commit = threading.Event(), threading.Event()
+
+        def slow_send() -> None:
+            first.journal.enqueue_now(NewMessage("m-early", "T", "numbered first"),
+                                      time.time())
+            written.set()
+            assert commit.wait(60)
+
+        sending = threading.Thread(target=lambda: first.writer.call(slow_send, timeout=90))
+        sending.start()
+        assert written.wait(30)
+        second.journal.enqueue(NewMessage("m-late", "T", "numbered second"), time.time())
+        assert [r.message_id for r in second.journal.claim("A", time.time()).rows] == [
+            "m-late"]
+        commit.set()
+        sending.join(30)
+        assert second.journal.expire_leases(time.time(), owners={"A"}) == 1  # A is gone
+        taken = second.journal.claim("B", time.time()).rows
+        assert [r.message_id for r in taken] == ["m-late"]
+        second.journal.ack("B", ["m-late"], time.time())
+        assert [r.message_id for r in second.journal.claim("B", time.time()).rows] == [
+            "m-early"]
+    finally:
+        commit.set()
+        first.close()
+        second.close()
