@@ -160,14 +160,18 @@ class DirectTurns:
 
     def _wait_to_mark(self, session_id: str, turn_id: str) -> None:
         """Mark the session's direct turn once no inbox turn of it runs, here or in another
-        process (:meth:`SessionStore.begin_direct_turn`); :class:`WriterClosed` if the
-        runtime stops first (the caller's record, a cron run, stays to be taken over)."""
+        process (:meth:`SessionStore.begin_direct_turn`).
+
+        A graceful stop does not end the wait: it asks the inbox turn to stop, and this
+        turn then runs as it would have (a social event a platform was told was accepted
+        is not dropped). A crash ends it (:class:`WriterClosed`; the caller's record, a
+        cron run, stays to be taken over), as does the writer closing."""
         ctx = self.ctx
         while not ctx.store.begin_direct_turn(session_id, ctx.owner, turn_id, ctx.now()):
             # Another turn of the session's (minutes, maybe) ends in its own time and no
             # signal crosses processes: look again now and then.
-            if ctx.closed.wait(MARK_RETRY_SECONDS):
-                raise WriterClosed("the runtime stopped before the direct turn could start")
+            if ctx.crashed.wait(MARK_RETRY_SECONDS):
+                raise WriterClosed("the runtime crashed before the direct turn could start")
 
     def _unmark(self, session_id: str) -> None:
         """End the session's direct-turn mark after a turn that did not commit, however it

@@ -11,7 +11,9 @@ import pytest
 
 from kinbox.actors import Runtime, Turn
 from kinbox.actors import social_rules as rules
+from kinbox.persistence import RowNotFound
 
+from .conftest import Stores
 from .helpers import wait_for
 
 MakeRuntime = Callable[..., Runtime]
@@ -458,3 +460,62 @@ def test_an_empty_or_odd_webhook_secret_is_refused_at_registration(
         rt.social.register_channel("slack", send=lambda route, text: None, secret=secret)
     assert info.value.field == "secret"
     assert rt.social.webhook_secret("slack") is None  # nothing registered: no webhook
+
+
+def _thread_event(text: str, event_id: str) -> dict[str, Any]:
+    return {"platform": "slack", "sender_id": "U1", "sender_name": "name-U1",
+            "thread_id": "T1", "text": text, "reply_route": {"channel": "C9", "ts": "T1"},
+            "event_id": event_id}
+
+
+@pytest.mark.timeout(60)
+def test_a_graceful_stop_keeps_a_social_event_whose_turn_waits_for_an_inbox_turn(
+        make_runtime: Callable[..., Runtime], db_url: str) -> None:
+    """A social event (a platform got its 202) whose direct turn waits for an inbox turn of
+    its thread (an agent_send to the thread) is no longer among the events no turn took:
+    the graceful stop must let it run, not end its wait and drop it."""
+    holding = threading.Event()
+
+    def brain(turn: Turn) -> str:
+        text = turn.messages[0].content.splitlines()[-1]
+        if text == "hold":
+            holding.set()
+            assert turn.wait_stop_requested(20)
+        return f"echo: {text}"
+
+    sent: list[str] = []
+    rt = make_runtime(brain=brain)
+    rt.social.allow("slack", ["U1"])
+    rt.social.register_channel("slack", send=lambda _route, text: sent.append(text))
+    rt.social.ingest(_thread_event("hello", "Ev-1"))
+    wait_for(lambda: sent == ["echo: hello"], 10, "the first event's reply")
+    sid = "social-slack-T1"
+    refused: list[str] = []
+    store = rt.context.store
+    real_begin = store.begin_direct_turn
+
+    def watched(*args: Any) -> bool:
+        ok = real_begin(*args)
+        if not ok:
+            refused.append(args[2])
+        return ok
+
+    store.begin_direct_turn = watched  # type: ignore[method-assign]
+    rt.post(sid, "hold")
+    assert holding.wait(10)
+    rt.social.ingest(_thread_event("second", "Ev-2"))
+    wait_for(lambda: "social-slack-Ev-2" in refused, 10,
+             "the event's turn waiting for the inbox turn")
+    rt.stop()
+
+    after = Stores(db_url)
+    try:
+        try:
+            after.journal.get("social-slack-Ev-2")
+            kept = True  # handed over to the inbox
+        except RowNotFound:
+            kept = False
+        ran = bool(after.journal.committed_of(["social-slack-Ev-2"]))
+        assert kept or ran, "an accepted social event was dropped by a graceful stop"
+    finally:
+        after.close()
