@@ -175,11 +175,26 @@ class DirectTurns:
 
     def _unmark(self, session_id: str) -> None:
         """End the session's direct-turn mark after a turn that did not commit, however it
-        ended (a brain's error, a refused commit, a bug, the runtime stopping)."""
-        try:
-            self.ctx.store.mark_direct_turn(session_id, None, self.ctx.now())
-        except PersistenceError as exc:  # the writer stopped: the next start clears it
-            log.warning("could not end the direct-turn mark of %s: %s", session_id, exc)
+        ended (a brain's error, a refused commit, a bug, the runtime stopping).
+
+        A mark that stayed would keep the session's messages from being claimed while
+        this runtime lives (nobody clears a live runtime's marks), so a failed write is
+        tried again until it goes through; only a stopped writer ends that (the mark is
+        then a gone runtime's, which the next start or another runtime clears)."""
+        ctx = self.ctx
+        while True:
+            try:
+                ctx.store.mark_direct_turn(session_id, None, ctx.now())
+                return
+            except WriterClosed:
+                log.warning("could not end the direct-turn mark of %s: the runtime stopped",
+                            session_id)
+                return
+            except PersistenceError as exc:
+                log.warning("could not end the direct-turn mark of %s (%s); trying again",
+                            session_id, exc)
+                if ctx.crashed.wait(MARK_RETRY_SECONDS):
+                    return
 
     def _attempt(self, session_id: str, turn: Turn, commit_ops: CommitOps
                  ) -> tuple[DirectOutcome, TurnEffects | None]:

@@ -17,7 +17,7 @@ import pytest
 
 from kinbox.actors import Runtime, Turn
 from kinbox.actors.cron_rules import session_id_for
-from kinbox.persistence import NewMessage
+from kinbox.persistence import DatabaseFailed, NewMessage
 
 from .conftest import Stores
 from .helpers import wait_for
@@ -258,3 +258,38 @@ def test_a_dead_owners_row_ahead_of_a_late_commit_is_taken_over(pg_url: str) -> 
         commit.set()
         first.close()
         second.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_direct_turn_mark_left_by_a_failed_unmark_does_not_wedge_its_session(
+        pg_url: str) -> None:
+    """A direct turn that does not commit ends its mark in a write of its own; when that
+    write fails (the database away a moment: DatabaseFailed) the mark stays, owned by a
+    live runtime, so nothing clears it, and on PostgreSQL the session's messages are
+    never claimed again (before, the mark only coloured the session's view)."""
+    ran: list[str] = []
+
+    def brain(turn: Turn) -> str:
+        if turn.messages[0].kind == "cron":
+            raise RuntimeError("the model is down")
+        ran.append(turn.messages[0].message_id)
+        return "ok"
+
+    with Runtime(db=pg_url, brain=brain) as rt:
+        store = rt.context.store
+        real_mark = store.mark_direct_turn
+        failed: list[str] = []
+
+        def flaky(session_id: str, owner: str | None, now: float, *rest: Any) -> None:
+            if owner is None and not failed:
+                failed.append(session_id)
+                raise DatabaseFailed("the connection was lost")
+            real_mark(session_id, owner, now, *rest)
+
+        store.mark_direct_turn = flaky  # type: ignore[method-assign]
+        job = rt.cron.add("digest", "0 9 * * *", "Summarize")
+        rt.cron.trigger(job["job_id"])
+        wait_for(lambda: bool(failed), 20, what="the failed unmark")
+        session = session_id_for(job["job_id"])
+        rt.post(session, "a question", message_id="m-q")
+        wait_for(lambda: ran == ["m-q"], 20, what="the question's turn")
