@@ -23,11 +23,13 @@ class Bucket:
 
 def refill(bucket: Bucket | None, now: float, capacity: float = CAPACITY,
            rate: float = REFILL_PER_SECOND) -> Bucket:
-    """The bucket as of ``now``."""
+    """The bucket as of ``now``. A ``now`` before the bucket's time (the bucket is shared
+    by processes whose clocks differ by a little) refills nothing and keeps the later
+    time, so no interval is counted twice."""
     if bucket is None:
         return Bucket(capacity, now)
     elapsed = max(0.0, now - bucket.updated_at)
-    return Bucket(min(capacity, bucket.tokens + elapsed * rate), now)
+    return Bucket(min(capacity, bucket.tokens + elapsed * rate), max(now, bucket.updated_at))
 
 
 def take(bucket: Bucket | None, now: float, capacity: float = CAPACITY,
@@ -35,7 +37,7 @@ def take(bucket: Bucket | None, now: float, capacity: float = CAPACITY,
     """Take one token: (new bucket, 0) if allowed, (unchanged bucket, seconds to wait) if not."""
     current = refill(bucket, now, capacity, rate)
     if current.tokens >= 1.0:
-        return Bucket(current.tokens - 1.0, now), 0.0
+        return Bucket(current.tokens - 1.0, current.updated_at), 0.0
     return current, (1.0 - current.tokens) / rate
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kinbox.actors import ManualClock, Runtime, ToolError, Turn
+from kinbox.actors import ManualClock, Runtime, ToolError, Turn, rate_limit
 from kinbox.actors.outbox import Outbox
 from kinbox.persistence import Journal
 
@@ -344,3 +344,13 @@ def test_a_pair_has_one_bucket_however_many_runtimes_share_the_database(
         there.tools_for(bob).send("one more", receiver_role="parent")
         assert here.context.buckets.tokens((bob, root)) == 0.0
         assert [r["content"] for r in here.inbox(target=root)] == ["x"] * 3 + ["one more"]
+
+
+def test_a_bucket_read_by_a_clock_a_little_behind_counts_no_interval_twice() -> None:
+    """Processes sharing a bucket tell the time a few milliseconds apart: a take stamped
+    before the bucket's time must not move the bucket back, or the next take refills
+    the same interval again."""
+    bucket = rate_limit.Bucket(1.0, 10.0)
+    behind, wait = rate_limit.take(bucket, 9.5)  # the other process's clock, half a second
+    assert (behind, wait) == (rate_limit.Bucket(0.0, 10.0), 0.0)
+    assert rate_limit.take(behind, 10.5) == (rate_limit.Bucket(0.5, 10.5), 0.5)  # not 1
