@@ -118,7 +118,7 @@ class DirectTurns:
         """Register the running turn (waiting for the session's current one) and build it."""
         ctx = self.ctx
         started = ctx.now()
-        flag = ctx.turns.begin(session_id, started)
+        flag = ctx.turns.begin(session_id, started, turn_id)
         try:
             outbox = Outbox(turn_id)
             return Turn(session_id, messages, turn_tools(ctx, session_id, outbox), flag,

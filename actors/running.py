@@ -90,10 +90,13 @@ _WAITERS = threading.Lock()
 class _Running:
     """One session's registered turn: its flag, and where it is in its life."""
 
-    __slots__ = ("flag", "started", "stop_asked", "stop_asked_at", "stopped_by")
+    __slots__ = ("flag", "started", "stop_asked", "stop_asked_at", "stopped_by", "turn_id")
 
-    def __init__(self, flag: StopFlag, started: float) -> None:
+    def __init__(self, flag: StopFlag, started: float, turn_id: str | None) -> None:
         self.flag = flag
+        self.turn_id = turn_id
+        """The turn's own id (its first row's, a cron run's, a social event's): what a
+        stop asked from another process names."""
         self.started: float | None = started
         """When it started; None once judged (settling: past stopping and the timeout)."""
         self.stop_asked = False
@@ -116,26 +119,29 @@ class RunningTurns:
         social turn meeting an inbox turn), so ending a turn notifies only when needed."""
         self._turns: dict[str, _Running] = {}
 
-    def begin(self, session_id: str, now: float = 0.0) -> StopFlag:
-        """Register a turn of ``session_id`` started at ``now`` (once the session's running
-        turn ended); return its stop flag."""
+    def begin(self, session_id: str, now: float = 0.0, turn_id: str | None = None
+              ) -> StopFlag:
+        """Register the turn ``turn_id`` of ``session_id`` started at ``now`` (once the
+        session's running turn ended); return its stop flag."""
         with self._lock:
             self._beginning += 1
             try:
                 self._ended.wait_for(lambda: session_id not in self._turns)
             finally:
                 self._beginning -= 1
-            return self._register(session_id, now)
+            return self._register(session_id, now, turn_id)
 
-    def try_begin(self, session_id: str, now: float = 0.0) -> StopFlag | None:
+    def try_begin(self, session_id: str, now: float = 0.0, turn_id: str | None = None
+                  ) -> StopFlag | None:
         """:meth:`begin` if no turn of ``session_id`` runs now, else None (never waits: for
         the event loop, which must not block on another turn)."""
         with self._lock:
-            return None if session_id in self._turns else self._register(session_id, now)
+            return (None if session_id in self._turns
+                    else self._register(session_id, now, turn_id))
 
-    def _register(self, session_id: str, now: float) -> StopFlag:
+    def _register(self, session_id: str, now: float, turn_id: str | None) -> StopFlag:
         flag = StopFlag()
-        self._turns[session_id] = _Running(flag, now)
+        self._turns[session_id] = _Running(flag, now, turn_id)
         return flag
 
     def settle(self, session_id: str) -> str | None:
@@ -186,12 +192,16 @@ class RunningTurns:
         with self._lock:
             return session_id in self._turns
 
-    def request_stop(self, session_id: str, by: str | None, now: float | None = None) -> bool:
-        """Set the stop flag of the running turn; False when none runs."""
+    def request_stop(self, session_id: str, by: str | None, now: float | None = None,
+                     turn_id: str | None = None) -> bool:
+        """Set the stop flag of the running turn (only if it is ``turn_id``, when given);
+        False when none runs."""
         with self._lock:
             turn = self._turns.get(session_id)
             if turn is None or turn.started is None:  # none, or judged: past stopping
                 return False
+            if turn_id is not None and turn.turn_id != turn_id:
+                return False  # another turn of the session: the one asked for is not here
             turn.stop_asked, turn.stopped_by = True, by
             if now is not None and turn.stop_asked_at is None:
                 turn.stop_asked_at = now

@@ -219,14 +219,15 @@ class SessionActor(PooledActor):
         """A cron or social turn of this session runs: wait it out, then start."""
         ctx = self.ctx
         started = ctx.now()
-        stop_flag = yield Blocking(lambda: ctx.turns.begin(self.session_id, started))
+        stop_flag = yield Blocking(lambda: ctx.turns.begin(self.session_id, started,
+                                                           row.message_id))
         return self._started(run, row, started, stop_flag)
 
     def try_start(self, run: dp.Delivery, row: ClaimedRow) -> list[dp.Effect] | None:
         """Start the turn of ``row`` at once; None when another turn of the session (a cron
         or social one) runs, which :meth:`_wait_to_start` waits out."""
         started = self.ctx.now()
-        stop_flag = self.ctx.turns.try_begin(self.session_id, started)
+        stop_flag = self.ctx.turns.try_begin(self.session_id, started, row.message_id)
         return None if stop_flag is None else self._started(run, row, started, stop_flag)
 
     def _started(self, run: dp.Delivery, row: ClaimedRow, started: float,

@@ -58,5 +58,7 @@ def _settled(ctx: RuntimeContext, ask: StopAsk) -> bool:
         if row is None or row["status"] != "processing":
             return True  # that turn is over: nothing left to stop
         owner = row["lease_owner"]
+    # By the turn's id: the session may be running another turn here (one that began
+    # first, with this one waiting for it), which a late or early request must not stop.
     return owner == ctx.owner and ctx.turns.request_stop(ask.session_id, ask.asked_by,
-                                                         ctx.now())
+                                                         ctx.now(), ask.message_id)

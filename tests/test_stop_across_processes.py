@@ -15,6 +15,7 @@ import pytest
 
 from kinbox.actors import Runtime, SystemClock, ToolError, Turn
 from kinbox.actors.cron_rules import session_id_for
+from kinbox.actors.running import RunningTurns
 
 from .helpers import wait_for
 
@@ -106,3 +107,16 @@ def test_a_stop_asked_in_another_process_stops_a_cron_turn(any_db_url: str) -> N
     finally:
         front.stop()
         worker.stop()
+
+
+def test_a_request_names_its_turn_and_never_stops_another_of_the_session() -> None:
+    """A request from another process names a turn (a row, a cron run, a social event):
+    when the session runs another turn here first (the asked one waiting for it), that
+    one is not stopped; the asked one is, once it runs."""
+    turns = RunningTurns()
+    inbox = turns.begin("s", 0.0, "m1")
+    assert not turns.request_stop("s", "boss", 1.0, "cron-run-7")
+    assert not inbox.is_set()
+    turns.end("s")
+    cron = turns.begin("s", 2.0, "cron-run-7")
+    assert turns.request_stop("s", "boss", 3.0, "cron-run-7") and cron.is_set()
