@@ -230,12 +230,19 @@ class Journal(InboxReads):
         plain = self.bulk.pg.claim_plain(owner, transport, now, now + lease, limit, sorted(ex))
         rows = [ClaimedRow.from_head(h) for h in plain.rows]
         if not plain.special or len(rows) >= limit:
-            return ClaimResult(rows, [], next_due=plain.next_due)
+            return ClaimResult(self._stood(owner, rows, now), [], next_due=plain.next_due)
         with self.t.db.atomic():
             rest = self._claim_op(owner, now, lease, limit - len(rows),
                                   ex | {r.target for r in rows}, transport, suspects)
-        return ClaimResult(rows + rest.rows, rest.acked_by_marker, rest.held_back,
-                           plain.next_due, rest.failed)
+        return ClaimResult(self._stood(owner, rows + rest.rows, now), rest.acked_by_marker,
+                           rest.held_back, plain.next_due, rest.failed)
+
+    def _stood(self, owner: str, rows: list[ClaimedRow], now: float) -> list[ClaimedRow]:
+        """``rows`` but those handed back because their session has a turn running
+        elsewhere after all (:meth:`.pg_claims.PgClaims.stand_back`)."""
+        assert self.bulk.pg is not None
+        back = self.bulk.pg.stand_back(owner, [r.message_id for r in rows], now)
+        return [r for r in rows if r.message_id not in back] if back else rows
 
     def _claim_more_op(self, owner: str, target: str, after_seq: int, now: float,
                        lease: float, limit: int) -> list[ClaimedRow]:

@@ -86,7 +86,13 @@ def no_turn_running(target: str) -> str:
     ends (:meth:`.sessions.SessionStore.begin_direct_turn` is the direct turns' side)."""
     return (f"((SELECT 1 FROM {INBOX} r WHERE r.target_chat_id = {target} "
             f"AND r.status = '{PROCESSING}' LIMIT 1) IS NULL "
-            f"AND (SELECT s.turn_owner FROM sessions s WHERE s.id = {target}) IS NULL)")
+            f"AND NOT {direct_turn_marked(target)})")
+
+
+def direct_turn_marked(target: str) -> str:
+    """SQL for "a direct turn (a cron run, a social event) of ``target`` runs, in any
+    process": its session's mark."""
+    return f"((SELECT s.turn_owner FROM sessions s WHERE s.id = {target}) IS NOT NULL)"
 
 
 def processing_head(target: str) -> str:
@@ -178,9 +184,36 @@ class PgClaims:
             f"FROM p WHERE u.message_id = p.message_id RETURNING u.message_id) "
             f"SELECT c.*, c.message_id IN (SELECT message_id FROM leased) FROM c "
             f"ORDER BY c.seq")
+        self.sql_stand_back = (
+            f"WITH c AS (SELECT m.message_id FROM {INBOX} m "
+            f"WHERE m.message_id = ANY(%(ids)s) AND m.status = '{PROCESSING}' "
+            f"AND m.lease_owner = %(owner)s AND ("
+            f"(SELECT 1 FROM {INBOX} r WHERE r.target_chat_id = m.target_chat_id "
+            f"AND r.status = '{PROCESSING}' AND r.lease_owner <> %(owner)s "
+            f"AND r.lease_until > %(now)s LIMIT 1) IS NOT NULL "
+            f"OR {direct_turn_marked('m.target_chat_id')})) "
+            f"UPDATE {INBOX} u SET status = '{PENDING}', lease_owner = NULL, "
+            f"lease_until = NULL, turn_started_at = NULL, updated_at = %(now)s FROM c "
+            f"WHERE u.message_id = c.message_id RETURNING u.message_id")
         self.lease_plain = PreparedStatement(db, "kinbox_claim_lease", self.sql_lease_plain, [
             ("ids", "text[]"), ("now", "float8"), ("owner", "text"), ("until", "float8"),
             ("limit", "integer")])
+
+    def stand_back(self, owner: str, ids: Sequence[str], now: float) -> set[str]:
+        """Hand back, unrun, the rows of ``ids`` just leased to ``owner`` whose session turns
+        out to have a turn running elsewhere; their ids.
+
+        A claim checks "no turn of the session runs" in its statement's snapshot, and so
+        do the others (a claim of the session's other row, a direct turn marking it): two
+        that run at once each miss the other's write, not yet committed. Read again after
+        the claim committed, in a snapshot of its own, the later of the two sees the
+        other's, and stands back (both may: the rows are claimed again at the next try).
+        Another owner's processing row counts while its lease is live; a dead owner's
+        rows (their leases run out) are what a takeover takes."""
+        if not ids:
+            return set()
+        return {r[0] for r in self.db.execute_sql(self.sql_stand_back, {
+            "ids": text_array(ids), "owner": owner, "now": now})}
 
     def claim_plain(self, owner: str, transport: str, now: float, until: float, limit: int,
                     exclude: Sequence[str] = ()) -> PlainClaim:

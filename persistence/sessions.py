@@ -241,21 +241,34 @@ class SessionStore:
                           now: float) -> bool:
         """Mark a direct turn ``turn_id`` of the session started in runtime ``owner``,
         unless a row of the session is processing (an inbox turn, here or in another
-        process): False then, and nothing is written. With the claims' side of the rule
+        process): False then, and the mark is not left. With the claims' side of the rule
         (a session with a direct turn is not claimed on PostgreSQL), a session runs one
-        turn at a time across processes, whichever kind."""
+        turn at a time across processes, whichever kind.
+
+        The check is made twice: with the mark, and after it committed, in a snapshot of
+        its own. A claim of the session's row at the same moment checked for the mark in
+        a snapshot without it; it reads again after its commit too (``stand_back``), so
+        of the two at least the later sees the other and stands back."""
         s, m = self.t.session, self.t.inbox
         processing = (m.select(m.message_id)
                       .where((m.target_chat_id == session_id) & (m.status == PROCESSING)))
 
-        def op() -> bool:
+        def mark() -> bool:
             if s.update(turn_owner=owner, turn_id=turn_id, updated_at=now).where(
                     (s.id == session_id) & ~pw.fn.EXISTS(processing)).execute():
                 return True
             if not s.select(s.id).where(s.id == session_id).exists():
                 raise RowNotFound("session", session_id)
             return False
-        return self.writer.call(op)
+
+        def stood_back() -> bool:
+            if not processing.where(m.lease_until > now).exists():
+                return False
+            s.update(turn_owner=None, turn_id=None, updated_at=now).where(
+                (s.id == session_id) & (s.turn_id == turn_id)).execute()
+            return True
+
+        return self.writer.call(mark) and not self.writer.call(stood_back)
 
     def direct_turn(self, session_id: str) -> tuple[str, str | None] | None:
         """The runtime running a direct turn of the session and that turn's id; None when

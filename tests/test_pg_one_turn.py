@@ -293,3 +293,68 @@ def test_a_direct_turn_mark_left_by_a_failed_unmark_does_not_wedge_its_session(
         session = session_id_for(job["job_id"])
         rt.post(session, "a question", message_id="m-q")
         wait_for(lambda: ran == ["m-q"], 20, what="the question's turn")
+
+
+def test_a_claim_racing_a_direct_turns_mark_does_not_run_beside_it(pg_url: str) -> None:
+    """begin_direct_turn checks 'no row processing' in its snapshot and the claim checks
+    'no mark' in its own: neither waits for the other's uncommitted write, so both went
+    ahead and the session ran two turns at once. Each now reads again after its commit."""
+    direct, worker = Stores(pg_url), Stores(pg_url)
+    try:
+        now = time.time()
+        direct.store.create_session("T", None, "T", "interactive", now)
+        direct.journal.enqueue(NewMessage("m1", "T", "hello"), now)
+        real = direct.store.writer
+        marked, commit = threading.Event(), threading.Event()
+
+        class Stalling:
+            """The writer, its transaction held open after the op (a commit on its way)."""
+
+            def call(self, op: Callable[[], Any], timeout: float | None = 90) -> Any:
+                def held() -> Any:
+                    result = op()
+                    marked.set()
+                    assert commit.wait(60)
+                    return result
+                return real.call(held, timeout=timeout)
+
+        direct.store.writer = Stalling()  # type: ignore[assignment]
+        began: list[bool] = []
+        t = threading.Thread(target=lambda: began.append(
+            direct.store.begin_direct_turn("T", "D", "cron-run-1", now)))
+        t.start()
+        assert marked.wait(30)
+        claimed = [r.message_id for r in worker.journal.claim("B", time.time()).rows]
+        commit.set()
+        t.join(30)
+        direct.store.writer = real
+        assert not (began == [True] and claimed == ["m1"]), \
+            "a direct turn and an inbox turn of T both started"
+    finally:
+        commit.set()
+        direct.close()
+        worker.close()
+
+
+def test_a_claim_that_missed_anothers_lease_of_its_session_stands_back(pg_url: str) -> None:
+    """Two claims at once, of a session's late-committed row and of its other row, each
+    check "no row processing" in a snapshot without the other's lease; what the later one
+    reads after its commit shows the other's, and it hands its row back unrun."""
+    stores = Stores(pg_url)
+    try:
+        now = time.time()
+        j = stores.journal
+        j.enqueue(NewMessage("m-late", "T", "leased by A"), now)
+        j.enqueue(NewMessage("m-other", "U", "another session"), now)
+        assert {r.message_id for r in j.claim("A", now).rows} == {"m-late", "m-other"}
+        j.enqueue(NewMessage("m-early", "T", "leased by B as A leased m-late"), now)
+        stores.db.execute_sql(  # what B's claim did, its snapshot not showing A's lease
+            "UPDATE agent_inbox_messages SET status = 'processing', lease_owner = 'B', "
+            "lease_until = %s WHERE message_id = 'm-early'", (now + 30,))
+        pg = j.bulk.pg
+        assert pg is not None
+        assert pg.stand_back("B", ["m-early"], now) == {"m-early"}
+        assert j.get("m-early")["status"] == "pending"
+        assert pg.stand_back("A", ["m-late", "m-other"], now) == set()  # A's stand
+    finally:
+        stores.close()
