@@ -240,10 +240,13 @@ class SessionStore:
     def begin_direct_turn(self, session_id: str, owner: str, turn_id: str,
                           now: float) -> bool:
         """Mark a direct turn ``turn_id`` of the session started in runtime ``owner``,
-        unless a row of the session is processing (an inbox turn, here or in another
-        process): False then, and the mark is not left. With the claims' side of the rule
-        (a session with a direct turn is not claimed on PostgreSQL), a session runs one
-        turn at a time across processes, whichever kind.
+        unless a row of the session is processing in another runtime (an inbox turn of
+        another process): False then, and the mark is not left. With the claims' side of
+        the rule (a session with a direct turn is not claimed on PostgreSQL), a session
+        runs one turn at a time across processes, whichever kind. Rows ``owner`` itself
+        is processing are its own memory's to order (``RunningTurns``: the direct turn
+        waits for that inbox turn, and the session's next inbox turn for it), which also
+        keeps a session with a steady stream of messages from starving it.
 
         The check is made twice: with the mark, and after it committed, in a snapshot of
         its own. A claim of the session's row at the same moment checked for the mark in
@@ -251,7 +254,8 @@ class SessionStore:
         of the two at least the later sees the other and stands back."""
         s, m = self.t.session, self.t.inbox
         processing = (m.select(m.message_id)
-                      .where((m.target_chat_id == session_id) & (m.status == PROCESSING)))
+                      .where((m.target_chat_id == session_id) & (m.status == PROCESSING)
+                             & (m.lease_owner != owner)))
 
         def mark() -> bool:
             if s.update(turn_owner=owner, turn_id=turn_id, updated_at=now).where(
