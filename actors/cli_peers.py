@@ -130,10 +130,14 @@ def change(args: argparse.Namespace, out: TextIO) -> int:
     said so, and only when it applies to none is it an error: one direction's state
     must not keep the operator from acting on the other."""
     with _peers(args) as (peers, _):
-        recs = [r for r in peers.devices() if r.device_id == args.device_id
-                and args.direction in (None, r.direction)]
-        if not recs:
+        device = [r for r in peers.devices() if r.device_id == args.device_id]
+        if not device:
             raise RowNotFound("paired device", args.device_id)
+        recs = [r for r in device if args.direction in (None, r.direction)]
+        if not recs:
+            raise ConfigError(f"device {args.device_id} has no {args.direction} grant: it is "
+                              f"paired {' and '.join(r.direction for r in device)} only",
+                              field="direction")
         changes, left = [], []
         for r in recs:
             try:

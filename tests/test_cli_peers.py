@@ -111,6 +111,30 @@ def test_pause_and_resume_act_on_each_direction_they_apply_to_or_the_one_named(
     db.close()
 
 
+def test_a_direction_the_device_is_not_paired_in_is_named_as_such(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It said "no paired device", as for a device never paired."""
+    import time
+
+    from kinbox.persistence import GroupCommitWriter, bind_tables, open_database, upgrade
+    from kinbox.persistence.peers import PeerStore
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    db = open_database(url)
+    tables = bind_tables(db)
+    upgrade(tables)
+    writer = GroupCommitWriter(db)
+    writer.start()
+    now = time.time()
+    store = PeerStore(tables, writer)
+    store.add_invite("a" * 64, frozenset({"agent"}), now, now + 600)
+    assert store.redeem("a" * 64, now, "0123456789ab", "laptop", "K" * 43, "t" * 64)
+    writer.stop()
+    db.close()
+    assert run("peers", "pause", "0123456789ab", "--direction", "outbound", "--db", url)[0] == 1
+    assert "has no outbound grant: it is paired inbound only" in capsys.readouterr().err
+
+
 def test_a_stored_name_with_escape_sequences_is_listed_escaped(tmp_path: Path) -> None:
     """Names paired before the pair frame refused them reach the operator's terminal."""
     import time
