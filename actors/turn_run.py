@@ -78,14 +78,33 @@ def hook_work(ctx: RuntimeContext, turn: Turn) -> list[Callable[[], object]]:
     return [work for hook in ctx.turn_hooks if (work := hook(ctx, turn)) is not None]
 
 
+class BrainResultInvalid(TypeError):
+    """A brain returned something that is neither None nor a string (B1): a number, a
+    list, a generator whose body never ran. Delivering the message anyway would say it
+    was handled when it was not."""
+
+    def __init__(self, result: object) -> None:
+        close = getattr(result, "close", None)
+        if inspect.isgenerator(result) and callable(close):
+            close()
+        super().__init__(
+            f"the brain returned a {type(result).__name__}, not None or a string: reply with "
+            "turn.reply(text) or return the text (a generator function's body never runs "
+            "as a brain). Nothing of this attempt was committed.")
+
+
 def take_result(turn: Turn, result: object) -> None:
-    """Take what a sync brain returned: a string is a reply; an awaitable is an error."""
+    """Take what a brain returned: a string is a reply, None is none; an awaitable (from a
+    brain called as a plain function) or anything else is an error (B1)."""
     if result is None:  # most brains reply with turn.reply: no awaitable check to pay
+        return
+    if isinstance(result, str):
+        if result:
+            turn.reply(result)
         return
     if inspect.isawaitable(result):
         raise SyncBrainAwaitable(result)
-    if isinstance(result, str) and result:
-        turn.reply(result)
+    raise BrainResultInvalid(result)
 
 
 def judge(ctx: RuntimeContext, turn: Turn, error: BaseException | None) -> Judged:

@@ -111,3 +111,42 @@ def test_a_judged_turn_is_past_stopping_until_it_ends() -> None:
     assert board.is_running("s")  # but the session's next turn still waits for it
     assert board.end("s") == "operator"
     assert not board.is_running("s")
+
+
+def _generator_brain(turn: Turn) -> Any:
+    turn.reply("never")
+    yield None
+
+
+async def _async_generator_brain(turn: Turn) -> Any:
+    turn.reply("never")
+    yield None
+
+
+def _returning(value: object) -> Callable[[Turn], object]:
+    return lambda turn: value
+
+
+def _async_returning(value: object) -> Callable[[Turn], Any]:
+    async def brain(turn: Turn) -> object:
+        return value
+    return brain
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("brain", [
+    _returning(42), _returning(["a list"]), _returning(b"bytes"), _returning({"text": "hi"}),
+    _async_returning(42), _async_returning(["a list"]), _generator_brain,
+    _async_generator_brain], ids=["int", "list", "bytes", "dict", "async-int", "async-list",
+                                  "generator", "async-generator"])
+def test_a_result_neither_none_nor_a_string_fails_the_attempt(
+        make_runtime: MakeRuntime, brain: Callable[[Turn], object]) -> None:
+    """B1: it was acknowledged as handled (a generator brain's body never even ran)."""
+    rt = make_runtime(brain=brain)
+    session = rt.create_session(rt.create_project("p").id, "A").id
+    rt.post(session, "hello")
+    rt.run_until_idle()
+    [row] = rt.inbox(target=session)
+    assert row["status"] == "pending" and row["attempts"] == 1
+    assert "BrainResultInvalid: the brain returned a " in row["last_error"]
+    assert rt.transcript(session) == []  # nothing of the attempt committed
