@@ -246,8 +246,8 @@ class RuntimeContext:
         box = turn.outbox
         if box is not None and not outcome.ok:
             box.discard()
-        elif box is not None and (box.ops or box.after):
-            effects = box.effects()  # the tool calls' writes, in call order
+        elif box is not None:
+            effects = box.close() or NO_EFFECTS  # the tool calls' writes, in call order
         for hook in self.outbox_hooks:
             more = hook(self, turn, outcome)
             if more is not None and (more.messages or more.ops or more.after):

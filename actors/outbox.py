@@ -36,8 +36,14 @@ from typing import TypeVar
 
 from ..persistence import EnqueueResult, NewMessage, SessionRecord, TaskRecord
 from .context import RuntimeContext, TurnEffects
+from .errors import ToolError
 
 T = TypeVar("T")
+
+TURN_ENDED = ("This turn has ended: its writes were committed (or dropped with a failed "
+              "attempt) when its brain returned, so a tool call made after that (from a "
+              "task or thread the brain left running) is not done. Make every tool call "
+              "before the brain returns.")
 
 QUEUED = "pending"
 """The status a queued message's receipt reports (the row's state from its commit on)."""
@@ -57,6 +63,8 @@ class Outbox:
         self.discarded = False
         """The attempt ended without its writes: a tool call still running in it (an
         async brain's, on a worker, when the brain was cancelled) gives back at once."""
+        self.closed = False
+        """The turn's commit took its writes (:meth:`close`)."""
         self._undo_lock = threading.Lock()
         self.sessions: dict[str, SessionRecord] = {}
         self.tasks: dict[str, TaskRecord] = {}
@@ -64,9 +72,25 @@ class Outbox:
         self.wakeups = 0
         """Focal wake-ups queued in this turn (they count toward Focal's limit)."""
 
-    def effects(self) -> TurnEffects:
-        """What the turn's commit runs (``ops``) and what follows once it is durable."""
-        return TurnEffects(ops=list(self.ops), after=list(self.after))
+    def close(self) -> TurnEffects | None:
+        """The turn's commit takes its writes: what it runs (``ops``) and what follows once
+        it is durable, None when there are none. Later writes are refused (:meth:`add`):
+        a tool call the brain left running past its turn would otherwise be answered,
+        and never written."""
+        with self._undo_lock:
+            self.closed = True
+            if not (self.ops or self.after):
+                return None
+            return TurnEffects(ops=list(self.ops), after=list(self.after))
+
+    def add(self, op: Callable[[], object], after: Callable[[], None]) -> None:
+        """Queue a write for the turn's commit; :class:`ToolError` once the turn has ended
+        (its writes were taken by the commit, or dropped with the attempt)."""
+        with self._undo_lock:
+            if self.closed or self.discarded:
+                raise ToolError("execution_failed", TURN_ENDED)
+            self.ops.append(op)
+            self.after.append(after)
 
     def discard(self) -> None:
         """These writes will never commit (the attempt failed, or the journal refused its
@@ -113,8 +137,7 @@ class Writes:
             after(result)
             return result
         done: list[T] = []
-        box.ops.append(lambda: done.append(op()))
-        box.after.append(lambda: after(done[0]))
+        box.add(lambda: done.append(op()), lambda: after(done[0]))
         return receipt
 
     def send(self, msgs: Sequence[NewMessage],
@@ -194,7 +217,7 @@ def commit_together(ctx: RuntimeContext, build: Callable[[Writes], T]) -> T:
     """
     staging = Outbox("")
     result = build(Writes(ctx, staging))
-    effects = staging.effects()
+    effects = staging.close() or TurnEffects()
     ctx.journal.writer.call(lambda: [op() for op in effects.ops])
     for after in effects.after:
         after()

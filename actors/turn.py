@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..persistence import ClaimedRow, TurnEntry
-from .errors import ConfigError
+from .errors import ConfigError, RuntimeStateError
 from .running import StopFlag
 from .transcript_view import from_user, speaker
 from .validation import unstorable
@@ -179,6 +179,9 @@ class Turn:
         """Add an assistant message to the session's transcript (committed with the turn)."""
         if not isinstance(text, str):
             raise TypeError(f"reply takes a str, not {type(text).__name__}")
+        if self._closed is not None:  # past its brain: the entries are the commit's now
+            raise RuntimeStateError("this turn has ended: a reply after its brain returned "
+                                    "is not recorded", state="ended")
         problem = unstorable(text)
         if problem is not None:  # refused here, not in the commit: that would retry forever
             raise ConfigError(f"the reply {problem}", field="text")

@@ -9,6 +9,7 @@ turn leaves the running-turn board, what the session's transcript holds.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -150,3 +151,44 @@ def test_a_result_neither_none_nor_a_string_fails_the_attempt(
     assert row["status"] == "pending" and row["attempts"] == 1
     assert "BrainResultInvalid: the brain returned a " in row["last_error"]
     assert rt.transcript(session) == []  # nothing of the attempt committed
+
+
+@pytest.mark.timeout(60)
+def test_a_tool_call_or_reply_after_the_turn_ended_is_refused_not_lost(
+        make_runtime: MakeRuntime) -> None:
+    """A thread (or task) the brain left running called agent_send after the turn had
+    committed: it got a 'pending' receipt for a message never written, and a late reply
+    was dropped as silently."""
+    from kinbox.actors import RuntimeStateError, ToolError
+
+    go_on, done = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id != sender:
+            return
+        tools = turn.tools
+
+        def later() -> None:
+            try:
+                go_on.wait(10)
+                for late in (lambda: tools.agent_send(target, "after the turn"),
+                             lambda: turn.reply("after the turn")):
+                    try:
+                        late()
+                    except (ToolError, RuntimeStateError) as exc:
+                        errors.append(exc)
+            finally:
+                done.set()
+        threading.Thread(target=later, daemon=True).start()
+
+    rt = make_runtime(brain=brain)
+    project = rt.create_project("p").id
+    sender, target = (rt.create_session(project, name).id for name in ("A", "B"))
+    rt.post(sender, "go")
+    rt.run_until_idle()
+    go_on.set()
+    assert done.wait(10)
+    assert [type(e).__name__ for e in errors] == ["ToolError", "RuntimeStateError"]
+    assert "This turn has ended" in str(errors[0])
+    assert rt.inbox(target=target) == []
