@@ -80,7 +80,17 @@ class AsyncHost:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        while True:
+            try:
+                self.loop.run_forever()
+                return  # stopped: by stop() or crash()
+            except (SystemExit, KeyboardInterrupt) as exc:
+                # A task a brain spawned raised it: asyncio lets it out of the loop, which
+                # would end every async turn this runtime runs. The brain's own task
+                # turns it into that turn's failure; a stray task's is logged, and the
+                # loop goes on.
+                log.error("a task on the async brains' loop raised %s; the loop goes on",
+                          type(exc).__name__)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Let running turns finish (they were asked to stop), cancel the rest, end the loop."""

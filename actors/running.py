@@ -54,7 +54,10 @@ class StopFlag:
         if event is not None:
             event.set()
         for loop, async_event in waiters or ():
-            loop.call_soon_threadsafe(async_event.set)
+            try:
+                loop.call_soon_threadsafe(async_event.set)
+            except RuntimeError:  # its loop closed (a sync brain's asyncio.run): no waiter
+                pass
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the flag is raised or ``timeout`` passes; return the flag."""
@@ -74,11 +77,16 @@ class StopFlag:
                 return True
             if self._waiters is None:
                 self._waiters = []
-            self._waiters.append((asyncio.get_running_loop(), event))
+            loop = asyncio.get_running_loop()
+            self._waiters.append((loop, event))
         try:
             await asyncio.wait_for(event.wait(), timeout)
         except TimeoutError:
             pass
+        finally:  # a waiter that stopped waiting leaves no entry behind
+            with _WAITERS:
+                if self._waiters is not None and (waiter := (loop, event)) in self._waiters:
+                    self._waiters.remove(waiter)
         return self._set
 
 

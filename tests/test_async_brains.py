@@ -5,6 +5,8 @@ runtime's event loop or inside a plain sync brain that blocks its thread."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -587,3 +589,74 @@ def test_a_turn_cancelled_while_its_commit_is_in_flight_still_finishes_it(
         assert stores.store.marker_counts() == {"m1": 1}
     finally:
         stores.close()
+
+
+def _pair(rt: Runtime) -> tuple[str, str]:
+    project = rt.create_project("pair").id
+    return rt.create_session(project, "A").id, rt.create_session(project, "B").id
+
+
+_STRAY_TASK = """
+import asyncio, sys
+from kinbox.actors import Runtime
+
+spawned = []
+
+async def side_job():
+    raise {raised}("a library's background task gave up")
+
+async def brain(turn):
+    if turn.messages[0].content == "spawn":
+        spawned.append(asyncio.ensure_future(side_job()))
+        await asyncio.sleep(0)
+    turn.reply("ok " + turn.messages[0].content)
+
+with Runtime(db=sys.argv[1], brain=brain) as rt:
+    project = rt.create_project("p").id
+    a, b = rt.create_session(project, "A").id, rt.create_session(project, "B").id
+    rt.post(a, "spawn")
+    rt.run_until_idle(timeout=10)
+    rt.post(b, "hello")  # the runtime goes on delivering
+    rt.run_until_idle(timeout=10)
+    print([e.text for e in rt.transcript(b)])
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("raised", ["SystemExit", "KeyboardInterrupt"])
+def test_a_stray_task_raising_a_base_exception_does_not_end_the_event_loop(
+        db_url: str, raised: str) -> None:
+    """asyncio lets SystemExit and KeyboardInterrupt out of the loop: a fire-and-forget
+    task of a brain's (a library's background task) ended every async turn after it.
+    In a process of its own: after one, CPython 3.11 fails to parse source in the
+    process ('AST constructor recursion depth mismatch'), which pytest goes on to do."""
+    done = subprocess.run([sys.executable, "-c", _STRAY_TASK.format(raised=raised), db_url],
+                          capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['hello', 'ok hello']"
+
+
+@pytest.mark.timeout(60)
+def test_agent_stop_reaches_a_turn_that_polled_its_flag_on_a_loop_now_closed(
+        make_runtime: MakeRuntime) -> None:
+    """A sync brain that ran ``asyncio.run(turn.stopped(0))`` left a waiter on a loop that
+    closed; raising the flag then failed ('Event loop is closed') and agent_stop with it."""
+    polled, done = threading.Event(), threading.Event()
+
+    def brain(turn: Turn) -> None:
+        if turn.messages[0].content != "long job":
+            return
+        assert asyncio.run(turn.stopped(timeout=0)) is False
+        polled.set()
+        turn.wait_stop_requested(20)
+        turn.reply("stopped" if turn.stop_requested else "ran out")
+        done.set()
+
+    rt = make_runtime(brain=brain)
+    a, b = _pair(rt)
+    rt.post(b, "long job", sender=a)
+    assert polled.wait(10)
+    assert rt.tools_for(a).agent_stop(b)["status"] == "stop_requested"
+    assert done.wait(10)
+    rt.run_until_idle()
+    assert rt.transcript(b)[-1].text == "stopped"
