@@ -19,6 +19,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import pykka
+
 from ..persistence import (
     DEFAULT_LEASE_SECONDS,
     CronStore,
@@ -266,7 +268,11 @@ class Runtime(RecordsApi):
             ctx.turns.request_stop(session_id, RUNTIME_STOP, ctx.now())
         self._stop_direct(wait=True)  # before the async host: their brains may run there
         if ctx.dispatcher is not None:
-            ctx.dispatcher.stop(timeout=timeout)  # stops its session actors first
+            try:
+                ctx.dispatcher.stop(timeout=timeout)  # stops its session actors first
+            except pykka.Timeout:  # a sync brain that ignores its stop: it keeps its thread
+                log.warning("turns still running %.1f s into the stop; what they commit "
+                            "after it is refused, and their rows come back by lease", timeout)
         if ctx.async_host is not None:
             ctx.async_host.stop(timeout)  # running async turns finish and commit
         ctx.emit("stopped", owner=self.owner)

@@ -560,3 +560,25 @@ def test_a_turn_ending_while_the_runtime_stops_leases_no_next_row(
     again = make_runtime(brain=quiet_brain)  # the second message waits for the next start
     again.run_until_idle()
     assert [r["message_id"] for r in again.inbox(state="delivered")][-1] == second
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_past_its_timeout_still_ends_the_runtime_and_frees_the_database(
+        db_url: str, clock: ManualClock) -> None:
+    """A sync turn that ignores its stop outlived ``stop(timeout)``: pykka's Timeout came
+    out of stop, the runtime was left half-stopped, and the SQLite file stayed locked."""
+    started, release = threading.Event(), threading.Event()
+
+    def brain(turn: Turn) -> None:
+        started.set()
+        release.wait(20)  # a model call that does not look at the stop flag
+
+    rt = Runtime(db=db_url, brain=brain, clock=clock).start()
+    rt.post(rt.create_session(rt.create_project("p").id, "A").id, "go")
+    assert started.wait(10)
+    try:
+        rt.stop(timeout=1)
+        assert rt.state == "stopped"
+        Runtime(db=db_url, brain=lambda turn: None, clock=clock).start().stop()
+    finally:
+        release.set()
