@@ -98,7 +98,8 @@ _WAITERS = threading.Lock()
 class _Running:
     """One session's registered turn: its flag, and where it is in its life."""
 
-    __slots__ = ("flag", "started", "stop_asked", "stop_asked_at", "stopped_by", "turn_id")
+    __slots__ = ("cancelled", "flag", "started", "stop_asked", "stop_asked_at", "stopped_by",
+                 "turn_id")
 
     def __init__(self, flag: StopFlag, started: float, turn_id: str | None) -> None:
         self.flag = flag
@@ -107,6 +108,8 @@ class _Running:
         stop asked from another process names."""
         self.started: float | None = started
         """When it started; None once judged (settling: past stopping and the timeout)."""
+        self.cancelled = False
+        """Listed by :meth:`RunningTurns.ignoring_stop` (to be cancelled) already."""
         self.stop_asked = False
         self.stop_asked_at: float | None = None
         self.stopped_by: str | None = None
@@ -183,11 +186,16 @@ class RunningTurns:
         return [sid for sid in late if self.request_stop(sid, TIMEOUT, now)]
 
     def ignoring_stop(self, now: float, grace: float) -> list[str]:
-        """Sessions whose turn was asked to stop more than ``grace`` seconds ago, still running."""
+        """Sessions whose turn was asked to stop more than ``grace`` seconds ago, still
+        running, each listed once: it is cancelled once, so its own clean-up (an
+        ``except CancelledError`` that awaits) is not cancelled again at the next tick."""
         with self._lock:
-            return sorted(sid for sid, turn in self._turns.items()
+            late = sorted(sid for sid, turn in self._turns.items()
                           if turn.started is not None and turn.stop_asked_at is not None
-                          and now - turn.stop_asked_at > grace)
+                          and not turn.cancelled and now - turn.stop_asked_at > grace)
+            for sid in late:
+                self._turns[sid].cancelled = True
+            return late
 
     def stopped_by(self, session_id: str) -> str | None:
         """Who asked the running turn of ``session_id`` to stop, if anyone."""

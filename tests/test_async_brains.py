@@ -660,3 +660,38 @@ def test_agent_stop_reaches_a_turn_that_polled_its_flag_on_a_loop_now_closed(
     assert done.wait(10)
     rt.run_until_idle()
     assert rt.transcript(b)[-1].text == "stopped"
+
+
+@pytest.mark.timeout(60)
+def test_a_brain_cancelled_past_its_grace_is_cancelled_once(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    """Every tick listed the turn again and cancelled it again, so a brain's clean-up
+    (an ``except CancelledError`` that awaits: closing its model client) was cancelled
+    too, and its last words were lost."""
+    started = threading.Event()
+    cancels: list[str] = []
+
+    async def brain(turn: Turn) -> None:
+        turn.reply("halfway")
+        started.set()
+        try:
+            await asyncio.Event().wait()  # ignores the stop
+        except asyncio.CancelledError:
+            cancels.append("model call")
+            try:
+                await asyncio.sleep(1.0)  # its clean-up takes a while: several ticks
+                turn.reply("cleaned up")
+            except asyncio.CancelledError:
+                cancels.append("clean-up")
+            raise
+
+    rt = make_runtime(brain=brain, stop_grace=5.0)
+    a, b = _pair(rt)
+    rt.post(b, "long", sender=a)
+    assert started.wait(10)
+    rt.tools_for(a).agent_stop(b)
+    clock.advance(6)  # past the grace: the next tick cancels the brain
+    wait_for(lambda: rt.inbox(target=b)[0]["status"] != "processing",
+             what="the stopped turn's end")
+    assert cancels == ["model call"]
+    assert [e.text for e in rt.transcript(b)] == ["long", "halfway", "cleaned up"]
