@@ -53,6 +53,7 @@ def pydantic_ai_brain(agent_for: Agent[Any, Any] | AgentFor) -> Callable[[Turn],
         agent = agent_for if isinstance(agent_for, Agent) else agent_for(turn)
         result = await agent.run(prompt_of(turn), toolsets=[kinbox_toolset(turn)])
         output = result.output
-        if output:
+        # Only an empty answer is no reply: 0, False or [] are the agent's answer too.
+        if output is not None and output != "":
             turn.reply(output if isinstance(output, str) else str(output))
     return brain

@@ -92,3 +92,17 @@ def test_a_refused_tool_call_comes_back_to_the_model_as_a_readable_error(
     assert errors == [{"error": "not_found",
                        "message": "Agent 'chat-nope' is not available in the current project."}]
     assert rt.transcript(me)[-1].text == "could not read it"
+
+
+@pytest.mark.timeout(60)
+def test_an_answer_of_zero_is_the_reply(make_runtime: Callable[..., Runtime]) -> None:
+    """``if output:`` dropped a falsy answer: an int output of 0 left no reply at all."""
+    from pydantic_ai.models.test import TestModel
+
+    agent = Agent(TestModel(call_tools=[], custom_output_args=0), output_type=int)
+    rt = make_runtime(brain=pydantic_ai_brain(agent))
+    session = rt.create_session(rt.create_project("p").id, "A").id
+    rt.post(session, "how many PRs are open?")
+    rt.run_until_idle()
+    assert [(e.role, e.text) for e in rt.transcript(session)] == [
+        ("user", "how many PRs are open?"), ("assistant", "0")]
