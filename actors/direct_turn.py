@@ -33,6 +33,12 @@ from .turn_run import judge, prepare, take_result, turn_tools
 
 log = logging.getLogger("kinbox.direct")
 
+class TurnNotStarted(WriterClosed):
+    """The runtime stopped while a direct turn waited for another process's turn of its
+    session: nothing of it ran (a :class:`WriterClosed`: what ends a direct turn's work
+    when the runtime stops)."""
+
+
 MARK_RETRY_SECONDS = 0.2
 """How often a direct turn waiting for its session's inbox turn looks again."""
 
@@ -159,19 +165,20 @@ class DirectTurns:
         return done
 
     def _wait_to_mark(self, session_id: str, turn_id: str) -> None:
-        """Mark the session's direct turn once no inbox turn of it runs, here or in another
-        process (:meth:`SessionStore.begin_direct_turn`).
+        """Mark the session's direct turn once no inbox turn of another process runs
+        (:meth:`SessionStore.begin_direct_turn`; one of this process's it waits for in
+        memory, in ``RunningTurns.begin``, and a graceful stop lets it run after that).
 
-        A graceful stop does not end the wait: it asks the inbox turn to stop, and this
-        turn then runs as it would have (a social event a platform was told was accepted
-        is not dropped). A crash ends it (:class:`WriterClosed`; the caller's record, a
-        cron run, stays to be taken over), as does the writer closing."""
+        A stop or crash ends this wait with :class:`TurnNotStarted`: nothing of the turn
+        ran, and the caller keeps its work (a social event goes back to be handed to the
+        inbox; a cron run's record stays to be taken over)."""
         ctx = self.ctx
         while not ctx.store.begin_direct_turn(session_id, ctx.owner, turn_id, ctx.now()):
-            # Another turn of the session's (minutes, maybe) ends in its own time and no
-            # signal crosses processes: look again now and then.
-            if ctx.crashed.wait(MARK_RETRY_SECONDS):
-                raise WriterClosed("the runtime crashed before the direct turn could start")
+            # Another process's turn of the session (minutes, maybe) ends in its own time
+            # and no signal crosses processes: look again now and then.
+            if ctx.closed.wait(MARK_RETRY_SECONDS):
+                raise TurnNotStarted(f"the runtime stopped before the turn of {session_id} "
+                                     "could start")
 
     def _unmark(self, session_id: str) -> None:
         """End the session's direct-turn mark after a turn that did not commit, however it

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 CAPACITY = 3.0
 REFILL_PER_SECOND = 1.0
+AHEAD_TOLERANCE = 1.0
+"""Seconds a bucket's time may be ahead of a process's clock and still be believed."""
 
 
 @dataclass(frozen=True)
@@ -23,13 +25,19 @@ class Bucket:
 
 def refill(bucket: Bucket | None, now: float, capacity: float = CAPACITY,
            rate: float = REFILL_PER_SECOND) -> Bucket:
-    """The bucket as of ``now``. A ``now`` before the bucket's time (the bucket is shared
-    by processes whose clocks differ by a little) refills nothing and keeps the later
-    time, so no interval is counted twice."""
+    """The bucket as of ``now``.
+
+    The bucket is shared by processes whose clocks differ a little: a ``now`` up to
+    :data:`AHEAD_TOLERANCE` before the bucket's time refills nothing and keeps the later
+    time, so no interval is counted twice. A bucket time further ahead is a clock that
+    was wrong (a host skewed by minutes, a clock stepped back): kept, it would refill
+    nothing for that long, so the bucket's time starts again from ``now``."""
     if bucket is None:
         return Bucket(capacity, now)
     elapsed = max(0.0, now - bucket.updated_at)
-    return Bucket(min(capacity, bucket.tokens + elapsed * rate), max(now, bucket.updated_at))
+    ahead = bucket.updated_at - now
+    stamp = bucket.updated_at if 0.0 < ahead <= AHEAD_TOLERANCE else now
+    return Bucket(min(capacity, bucket.tokens + elapsed * rate), stamp)
 
 
 def take(bucket: Bucket | None, now: float, capacity: float = CAPACITY,

@@ -44,7 +44,7 @@ from ..persistence import DuplicateError, NewMessage, PersistenceError, WriterCl
 from . import channels
 from . import social_rules as rules
 from .context import RuntimeContext, TurnEffects
-from .direct_turn import DirectTurns
+from .direct_turn import DirectTurns, TurnNotStarted
 from .turn import Message, Turn, TurnOutcome
 
 log = logging.getLogger("kinbox.social")
@@ -365,8 +365,13 @@ class SocialService:
                     lambda: self._record_events(sid, ran, now)]
 
         try:
-            done = self.turns.run(sid, [_message(event)], fetch_steering=fetch_steering,
-                                  commit_ops=commit_ops)
+            try:
+                done = self.turns.run(sid, [_message(event)], fetch_steering=fetch_steering,
+                                      commit_ops=commit_ops)
+            except TurnNotStarted:  # stopping: they were accepted, so they go to the inbox
+                with self._lock:
+                    self._unstarted.update((e.event_id, e) for e in taken)
+                raise
             elsewhere = (set() if done.committed else
                          self.ctx.journal.committed_of([e.event_id for e in taken]))
             unseen = {m.message_id for m in done.turn.close_steering() or []}

@@ -239,9 +239,13 @@ class Journal(InboxReads):
 
     def _stood(self, owner: str, rows: list[ClaimedRow], now: float) -> list[ClaimedRow]:
         """``rows`` but those handed back because their session has a turn running
-        elsewhere after all (:meth:`.pg_claims.PgClaims.stand_back`)."""
+        elsewhere after all (:meth:`.pg_claims.PgClaims.stand_back`). Only rows that
+        were pending: a takeover's session may hold the dead owner's other rows (steered
+        into its turn) with leases still running, and the row taken over is the one to
+        run first."""
         assert self.bulk.pg is not None
-        back = self.bulk.pg.stand_back(owner, [r.message_id for r in rows], now)
+        fresh = [r.message_id for r in rows if not r.taken_over]
+        back = self.bulk.pg.stand_back(owner, fresh, now)
         return [r for r in rows if r.message_id not in back] if back else rows
 
     def _claim_more_op(self, owner: str, target: str, after_seq: int, now: float,

@@ -75,6 +75,8 @@ FULL_INDEXES = {
     "agent_inbox_messages_status_seq": f"ON {INBOX} (status, seq)",
     "sessions_updated_at": "ON sessions (updated_at)",
     "transcript_entries_session_id": "ON transcript_entries (session_id)",
+    "agent_inbox_processing_target":  # PostgreSQL, briefly: (target_chat_id, seq) since
+        f"ON {INBOX} (target_chat_id) WHERE status = '{PROCESSING}'",
 }
 """name -> definition of the indexes these replace, as older versions created them
 (peewee's names), dropped by the upgrade: the inbox's full (target, status, seq) and

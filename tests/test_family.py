@@ -354,3 +354,13 @@ def test_a_bucket_read_by_a_clock_a_little_behind_counts_no_interval_twice() -> 
     behind, wait = rate_limit.take(bucket, 9.5)  # the other process's clock, half a second
     assert (behind, wait) == (rate_limit.Bucket(0.0, 10.0), 0.0)
     assert rate_limit.take(behind, 10.5) == (rate_limit.Bucket(0.5, 10.5), 0.5)  # not 1
+
+
+def test_a_bucket_stamped_far_ahead_does_not_freeze() -> None:
+    """One take by a process whose clock reads ten minutes ahead stamped the shared
+    bucket in the future: every other process then refilled nothing for ten minutes."""
+    skewed, _ = rate_limit.take(rate_limit.Bucket(3.0, 0.0), 600.0)
+    bucket = skewed
+    for now in (1.0, 2.0, 3.0):  # the other processes' clocks, a second apart
+        bucket, wait = rate_limit.take(bucket, now)
+        assert wait == 0.0, (now, bucket)

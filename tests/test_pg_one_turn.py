@@ -358,3 +358,79 @@ def test_a_claim_that_missed_anothers_lease_of_its_session_stands_back(pg_url: s
         assert pg.stand_back("A", ["m-late", "m-other"], now) == set()  # A's stand
     finally:
         stores.close()
+
+
+def test_a_dead_owners_steered_row_does_not_make_its_takeover_stand_back(pg_url: str) -> None:
+    """Z claimed m10, steered m11 into the turn later (m11's lease ends later), and died.
+    B took m10 over once its lease ran out; standing back (m11: another owner's, its
+    lease live) handed m10 back, and when m11's lease ran out m11 ran before m10."""
+    stores = Stores(pg_url)
+    try:
+        j = stores.journal
+        t0 = time.time()
+        j.enqueue(NewMessage("m10", "T", "first"), t0)
+        assert [r.message_id for r in j.claim("Z", t0, lease=10).rows] == ["m10"]
+        j.enqueue(NewMessage("m11", "T", "steered in"), t0 + 1)
+        assert [r.message_id for r in j.claim_more("Z", "T", 1, t0 + 5, lease=10)] == ["m11"]
+        # Z dies. At t0 + 12 m10's lease (t0 + 10) ran out, m11's (t0 + 15) not yet.
+        taken = [r.message_id for r in j.claim("B", t0 + 12).rows]
+        # At t0 + 16 m11's lease ran out too.
+        later = [r.message_id for r in j.claim("B", t0 + 16).rows]
+        assert taken == ["m10"] or later == ["m10"], (
+            f"m10 stood back ({j.get('m10')['status']}); then {later} was run before it")
+    finally:
+        stores.close()
+
+
+def test_a_social_event_waiting_on_another_processs_turn_is_kept_by_a_graceful_stop(
+        pg_url: str) -> None:
+    """A social event whose turn waits for another process's inbox turn of its thread is
+    taken off the events no turn took; a graceful stop that ended the wait dropped it,
+    though the platform had its 202. It is handed to the inbox instead."""
+    holding, release = threading.Event(), threading.Event()
+
+    def brain(turn: Turn) -> str:
+        if turn.messages[0].content == "hold":
+            holding.set()
+            assert release.wait(60)
+        return "ok"
+
+    def event(text: str, event_id: str) -> dict[str, Any]:
+        return {"platform": "slack", "sender_id": "U1", "thread_id": "T1", "text": text,
+                "event_id": event_id}
+
+    def social(rt: Runtime) -> Runtime:
+        rt.social.allow("slack", ["U1"])
+        rt.social.register_channel("slack", send=lambda _route, _text: None)
+        return rt
+
+    other = social(Runtime(db=pg_url, brain=brain).start())
+    try:
+        other.social.ingest(event("hello", "Ev-1"))
+        sid = "social-slack-T1"
+        assert other.social.wait_idle(20)  # the first event's turn made the thread
+        other.post(sid, "hold")
+        assert holding.wait(20)  # the other process runs an inbox turn of the thread
+        here = social(Runtime(db=pg_url, brain=brain).start())
+        store = here.context.store
+        refused: list[str] = []
+        begin = store.begin_direct_turn
+
+        def watched(*args: Any) -> bool:
+            ok = begin(*args)
+            if not ok:
+                refused.append(args[2])
+            return ok
+
+        store.begin_direct_turn = watched  # type: ignore[method-assign]
+        here.social.ingest(event("second", "Ev-2"))
+        wait_for(lambda: "social-slack-Ev-2" in refused, 20, what="its turn to wait")
+        here.stop()
+        handed = other.context.journal.get("social-slack-Ev-2")  # handed to the inbox
+        assert handed["status"] in ("pending", "processing")
+        release.set()
+        wait_for(lambda: other.context.journal.get("social-slack-Ev-2")["status"]
+                 == "delivered", 30, what="the handed-over event's turn")
+    finally:
+        release.set()
+        other.stop()

@@ -181,3 +181,23 @@ def test_no_journal_statement_reads_the_whole_inbox_without_the_full_indexes(
     # planner reads the table for them with or without the indexes.)
     for (sql, _), reads in zip(hot, after[:len(hot)], strict=True):
         assert reads == [], sql
+
+
+@pytest.mark.timeout(60)
+def test_the_upgrade_drops_the_processing_index_it_replaced(pg_url: str) -> None:
+    """agent_inbox_processing_target (one column) gave way to
+    agent_inbox_processing_target_seq: a database upgraded while the first was current
+    kept it, written on every lease and delivery."""
+    from kinbox.persistence.open_indexes import index_names
+    from kinbox.persistence.schema import pending_changes, upgrade
+
+    stores = Stores(pg_url)
+    try:
+        stores.db.execute_sql(  # as d7d6b23's upgrade left it
+            "CREATE INDEX agent_inbox_processing_target ON agent_inbox_messages "
+            "(target_chat_id) WHERE status = 'processing'")
+        upgrade(stores.tables)
+        assert "agent_inbox_processing_target" not in index_names(stores.db), (
+            f"old index kept; pending changes: {pending_changes(stores.tables)}")
+    finally:
+        stores.close()
