@@ -96,3 +96,17 @@ class FaultyCursor:
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._cursor)
+
+
+def lock_waits(pg_url: str) -> int:
+    """How many lock requests wait on ``pg_url``'s server now (a statement blocked by
+    another transaction's lock shows here)."""
+    import psycopg2
+
+    probe = psycopg2.connect(pg_url)
+    try:
+        with probe.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            return int(cur.fetchone()[0])
+    finally:
+        probe.close()

@@ -7,6 +7,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,18 +71,14 @@ def test_pairing_with_nobody_listening_is_a_clear_error(tmp_path: Path) -> None:
     assert code == 1
 
 
-def test_pause_and_resume_act_on_each_direction_they_apply_to_or_the_one_named(
-        tmp_path: Path) -> None:
-    """A device paired both ways: its outbound record revoked (its URL refused us) made
-    `pause` fail as a whole, leaving its inbound grant active; `resume` could only act on
-    both directions at once."""
+def _paired_inbound(url: str, device: str) -> tuple[Any, Any, Any]:
+    """A database at ``url`` where ``device`` redeemed a pairing code (an inbound grant):
+    its database, started writer and peer store."""
     import time
 
     from kinbox.persistence import GroupCommitWriter, bind_tables, open_database, upgrade
-    from kinbox.persistence.peers import INBOUND, OUTBOUND, PeerStore
+    from kinbox.persistence.peers import PeerStore
 
-    url = f"sqlite:///{tmp_path / 'k.db'}"
-    device = "0123456789ab"
     db = open_database(url)
     tables = bind_tables(db)
     upgrade(tables)
@@ -91,6 +88,22 @@ def test_pause_and_resume_act_on_each_direction_they_apply_to_or_the_one_named(
     now = time.time()
     store.add_invite("a" * 64, frozenset({"agent"}), now, now + 600)
     assert store.redeem("a" * 64, now, device, "laptop", "K" * 43, "t" * 64)
+    return db, writer, store
+
+
+def test_pause_and_resume_act_on_each_direction_they_apply_to_or_the_one_named(
+        tmp_path: Path) -> None:
+    """A device paired both ways: its outbound record revoked (its URL refused us) made
+    `pause` fail as a whole, leaving its inbound grant active; `resume` could only act on
+    both directions at once."""
+    import time
+
+    from kinbox.persistence.peers import INBOUND, OUTBOUND
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    device = "0123456789ab"
+    db, writer, store = _paired_inbound(url, device)
+    now = time.time()
     store.save_outbound(device, "laptop", "K" * 43, "http://127.0.0.1:1", "sealed",
                         frozenset({"agent"}), now)
     store.set_status(device, "revoked", now, direction=OUTBOUND)
@@ -114,21 +127,8 @@ def test_pause_and_resume_act_on_each_direction_they_apply_to_or_the_one_named(
 def test_a_direction_the_device_is_not_paired_in_is_named_as_such(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """It said "no paired device", as for a device never paired."""
-    import time
-
-    from kinbox.persistence import GroupCommitWriter, bind_tables, open_database, upgrade
-    from kinbox.persistence.peers import PeerStore
-
     url = f"sqlite:///{tmp_path / 'k.db'}"
-    db = open_database(url)
-    tables = bind_tables(db)
-    upgrade(tables)
-    writer = GroupCommitWriter(db)
-    writer.start()
-    now = time.time()
-    store = PeerStore(tables, writer)
-    store.add_invite("a" * 64, frozenset({"agent"}), now, now + 600)
-    assert store.redeem("a" * 64, now, "0123456789ab", "laptop", "K" * 43, "t" * 64)
+    db, writer, _ = _paired_inbound(url, "0123456789ab")
     writer.stop()
     db.close()
     assert run("peers", "pause", "0123456789ab", "--direction", "outbound", "--db", url)[0] == 1

@@ -20,7 +20,7 @@ from kinbox.actors import ManualClock, Runtime, Turn
 from kinbox.actors.serve import app_for
 
 from .conftest import Stores
-from .helpers import wait_for
+from .helpers import lock_waits, wait_for
 from .test_cli import ROOT
 from .test_cron_social_http import SECRET, post, signed
 from .test_http import Served
@@ -33,18 +33,6 @@ def kinbox_bytes(*args: str | bytes) -> subprocess.CompletedProcess[bytes]:
     """The CLI as a shell runs it, with arguments that may be any bytes (as argv can)."""
     return subprocess.run([sys.executable, "-m", "kinbox.actors", *args], capture_output=True,
                           timeout=60, env=dict(os.environ), cwd=ROOT)
-
-
-def _lock_waits(pg_url: str) -> int:
-    import psycopg2
-
-    probe = psycopg2.connect(pg_url)
-    try:
-        with probe.cursor() as cur:
-            cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
-            return int(cur.fetchone()[0])
-    finally:
-        probe.close()
 
 
 def one_line_error(done: subprocess.CompletedProcess[bytes]) -> str:
@@ -222,7 +210,7 @@ def test_a_webhook_with_an_event_id_does_not_block_the_event_loop_on_the_databas
         hook = threading.Thread(target=post, args=(srv, "/social/slack/events", event,
                                                    signed(event, clock.now())), daemon=True)
         hook.start()
-        wait_for(lambda: _lock_waits(pg_url) > 0, 20, what="the webhook to wait on the lock")
+        wait_for(lambda: lock_waits(pg_url) > 0, 20, what="the webhook to wait on the lock")
         began = time.monotonic()
         try:
             status, _ = srv.request("GET", "/", timeout=5)  # needs no database at all

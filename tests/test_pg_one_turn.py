@@ -20,7 +20,7 @@ from kinbox.actors.cron_rules import session_id_for
 from kinbox.persistence import DatabaseFailed, NewMessage
 
 from .conftest import Stores
-from .helpers import wait_for
+from .helpers import lock_waits, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -96,6 +96,28 @@ def test_a_commit_holds_its_rows_from_its_lease_check_to_its_end(
         go.set()
 
 
+def _late_commit_after_a_claim(first: Stores, second: Stores) -> None:
+    """m-early to T is numbered first (in ``first``'s transaction) and commits second,
+    after m-late (``second``'s) was claimed by A."""
+    written, commit = threading.Event(), threading.Event()
+
+    def slow_send() -> None:
+        first.journal.enqueue_now(NewMessage("m-early", "T", "numbered first"), time.time())
+        written.set()
+        assert commit.wait(60)
+
+    sending = threading.Thread(target=lambda: first.writer.call(slow_send, timeout=90))
+    sending.start()
+    try:
+        assert written.wait(30)
+        second.journal.enqueue(NewMessage("m-late", "T", "numbered second"), time.time())
+        assert [r.message_id for r in second.journal.claim("A", time.time()).rows] == [
+            "m-late"]
+    finally:
+        commit.set()
+        sending.join(30)
+
+
 def test_a_send_that_commits_after_a_later_numbered_one_waits_for_its_turn(
         pg_url: str) -> None:
     """PostgreSQL numbers a row when it is written, not when it commits. A send numbered
@@ -104,22 +126,7 @@ def test_a_send_that_commits_after_a_later_numbered_one_waits_for_its_turn(
     claimed it: two turns of one session at once."""
     first, second = Stores(pg_url), Stores(pg_url)  # two sending processes' journals
     try:
-        written, commit = threading.Event(), threading.Event()
-
-        def slow_send() -> None:
-            first.journal.enqueue_now(NewMessage("m-early", "T", "numbered first"),
-                                      time.time())
-            written.set()
-            assert commit.wait(60)
-
-        sending = threading.Thread(target=lambda: first.writer.call(slow_send, timeout=90))
-        sending.start()
-        assert written.wait(30)
-        second.journal.enqueue(NewMessage("m-late", "T", "numbered second"), time.time())
-        assert [r.message_id for r in second.journal.claim("A", time.time()).rows] == [
-            "m-late"]
-        commit.set()
-        sending.join(30)
+        _late_commit_after_a_claim(first, second)
         assert first.journal.get("m-early")["status"] == "pending"
         assert second.journal.claim("B", time.time()).rows == [], \
             "a second turn of T would start while A's runs"
@@ -180,16 +187,6 @@ def test_a_direct_turn_waits_for_its_sessions_inbox_turn_in_any_process(
         stores.close()
 
 
-def _lock_waits(pg_url: str) -> int:
-    probe = psycopg2.connect(pg_url)
-    try:
-        with probe.cursor() as cur:
-            cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
-            return int(cur.fetchone()[0])
-    finally:
-        probe.close()
-
-
 def test_one_message_id_enqueued_by_two_processes_at_once_is_one_row(pg_url: str) -> None:
     """An enqueue reads whether its id has a row, then inserts. Another process's insert of
     the same id between the two (two runtimes reporting one orphaned sub-agent task at
@@ -212,7 +209,7 @@ def test_one_message_id_enqueued_by_two_processes_at_once_is_one_row(pg_url: str
         racing = threading.Thread(target=lambda: answer.append(second.writer.call(
             lambda: second.journal.enqueue_now(message, time.time()), timeout=90)))
         racing.start()
-        wait_for(lambda: _lock_waits(pg_url) > 0, 30, what="the second insert to wait")
+        wait_for(lambda: lock_waits(pg_url) > 0, 30, what="the second insert to wait")
         commit.set()
         sending.join(30)
         racing.join(30)
@@ -220,7 +217,6 @@ def test_one_message_id_enqueued_by_two_processes_at_once_is_one_row(pg_url: str
         assert getattr(result, "created", None) is False, result
         assert [r["message_id"] for r in second.journal.rows()] == ["subagent-result-t1"]
     finally:
-        commit.set()
         first.close()
         second.close()
 
@@ -232,22 +228,7 @@ def test_a_dead_owners_row_ahead_of_a_late_commit_is_taken_over(pg_url: str) -> 
     was never claimed again."""
     first, second = Stores(pg_url), Stores(pg_url)
     try:
-        written, commit = threading.Event(), threading.Event()
-
-        def slow_send() -> None:
-            first.journal.enqueue_now(NewMessage("m-early", "T", "numbered first"),
-                                      time.time())
-            written.set()
-            assert commit.wait(60)
-
-        sending = threading.Thread(target=lambda: first.writer.call(slow_send, timeout=90))
-        sending.start()
-        assert written.wait(30)
-        second.journal.enqueue(NewMessage("m-late", "T", "numbered second"), time.time())
-        assert [r.message_id for r in second.journal.claim("A", time.time()).rows] == [
-            "m-late"]
-        commit.set()
-        sending.join(30)
+        _late_commit_after_a_claim(first, second)
         assert second.journal.expire_leases(time.time(), owners={"A"}) == 1  # A is gone
         taken = second.journal.claim("B", time.time()).rows
         assert [r.message_id for r in taken] == ["m-late"]
@@ -255,7 +236,6 @@ def test_a_dead_owners_row_ahead_of_a_late_commit_is_taken_over(pg_url: str) -> 
         assert [r.message_id for r in second.journal.claim("B", time.time()).rows] == [
             "m-early"]
     finally:
-        commit.set()
         first.close()
         second.close()
 

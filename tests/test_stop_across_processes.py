@@ -22,7 +22,10 @@ from .helpers import wait_for
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_a_stop_asked_in_another_process_stops_the_turn(pg_url: str) -> None:
+def _waiting_for_its_stop() -> tuple[threading.Event, threading.Event, list[bool],
+                                     Callable[[Turn], str]]:
+    """A brain whose turn waits for its stop: events for its start and end, and whether
+    each turn was stopped."""
     started, ended = threading.Event(), threading.Event()
     outcome: list[bool] = []
 
@@ -32,6 +35,11 @@ def test_a_stop_asked_in_another_process_stops_the_turn(pg_url: str) -> None:
         outcome.append(turn.stop_requested)
         ended.set()
         return "stopped" if turn.stop_requested else "ran to its end"
+    return started, ended, outcome, brain
+
+
+def test_a_stop_asked_in_another_process_stops_the_turn(pg_url: str) -> None:
+    started, ended, outcome, brain = _waiting_for_its_stop()
 
     worker = Runtime(db=pg_url, brain=brain, clock=SystemClock()).start()
     front = Runtime(db=pg_url, clock=SystemClock()).start()  # send-only, as kinbox serve
@@ -77,15 +85,7 @@ def test_a_request_for_a_finished_turn_never_stops_the_next(
 def test_a_stop_asked_in_another_process_stops_a_cron_turn(any_db_url: str) -> None:
     """A direct turn (a cron run, a social event) has no row being processed: its
     session's mark names the turn, and the process running it carries the stop out."""
-    started, ended = threading.Event(), threading.Event()
-    outcome: list[bool] = []
-
-    def brain(turn: Turn) -> str:
-        started.set()
-        turn.wait_stop_requested(30)
-        outcome.append(turn.stop_requested)
-        ended.set()
-        return "stopped" if turn.stop_requested else "ran to its end"
+    started, ended, outcome, brain = _waiting_for_its_stop()
 
     worker = Runtime(db=any_db_url, brain=brain, clock=SystemClock()).start()
     front = Runtime(db=any_db_url, clock=SystemClock()).start()  # send-only, as kinbox serve
