@@ -165,20 +165,32 @@ class DirectTurns:
         return done
 
     def _wait_to_mark(self, session_id: str, turn_id: str) -> None:
-        """Mark the session's direct turn once no inbox turn of another process runs
-        (:meth:`SessionStore.begin_direct_turn`; one of this process's it waits for in
-        memory, in ``RunningTurns.begin``, and a graceful stop lets it run after that).
+        """Mark the session's direct turn (:meth:`SessionStore.take_direct_turn`: once
+        no other runtime's direct turn holds it), then wait for the inbox turns other
+        runtimes run of it to end; the mark keeps them from starting more. One of this
+        process's it waits for in memory (``RunningTurns.begin``), and a graceful stop
+        lets it run after that.
 
         A stop or crash ends this wait with :class:`TurnNotStarted`: nothing of the turn
-        ran, and the caller keeps its work (a social event goes back to be handed to the
-        inbox; a cron run's record stays to be taken over)."""
+        ran, the mark is taken back, and the caller keeps its work (a social event goes
+        back to be handed to the inbox; a cron run's record stays to be taken over)."""
         ctx = self.ctx
-        while not ctx.store.begin_direct_turn(session_id, ctx.owner, turn_id, ctx.now()):
+
+        def wait() -> None:
             # Another process's turn of the session (minutes, maybe) ends in its own time
             # and no signal crosses processes: look again now and then.
             if ctx.closed.wait(MARK_RETRY_SECONDS):
                 raise TurnNotStarted(f"the runtime stopped before the turn of {session_id} "
                                      "could start")
+
+        while not ctx.store.take_direct_turn(session_id, ctx.owner, turn_id, ctx.now()):
+            wait()
+        try:
+            while ctx.store.others_processing(session_id, ctx.owner):
+                wait()
+        except BaseException:
+            self._unmark(session_id)
+            raise
 
     def _unmark(self, session_id: str) -> None:
         """End the session's direct-turn mark after a turn that did not commit, however it

@@ -307,7 +307,12 @@ class Journal(InboxReads):
 
     def _claim_next_op(self, owner: str, target: str, now: float,
                        lease: float) -> ClaimedRow | None:
-        """Lease the target's new head if it is due (inside the ack's transaction)."""
+        """Lease the target's new head if it is due (inside the ack's transaction); on
+        PostgreSQL not while a direct turn marks the session (see ``pg_commits``)."""
+        if self.bulk.postgres and self.t.session.select().where(
+                (self.t.session.id == target)
+                & self.t.session.turn_owner.is_null(False)).exists():
+            return None
         while True:
             head = self.hot.head(target)
             if head is None or not core.chains(head.status, head.available_at, head.lease_until,

@@ -83,7 +83,7 @@ def no_turn_running(target: str) -> str:
     turn ran, and another worker ran 10 beside it. A direct turn's exclusion was the
     memory of the process running it, so another process claimed its session's rows.
     A target with a turn running is skipped; its row is chained or claimed once the turn
-    ends (:meth:`.sessions.SessionStore.begin_direct_turn` is the direct turns' side)."""
+    ends (:meth:`.sessions.SessionStore.take_direct_turn` is the direct turns' side)."""
     return (f"((SELECT 1 FROM {INBOX} r WHERE r.target_chat_id = {target} "
             f"AND r.status = '{PROCESSING}' LIMIT 1) IS NULL "
             f"AND NOT {direct_turn_marked(target)})")

@@ -59,7 +59,7 @@ from .hot_path import (
     Head,
     is_open,
 )
-from .pg_claims import marker_probe
+from .pg_claims import direct_turn_marked, marker_probe
 from .pg_params import float8_array, json_rows, text_array
 from .pg_prepared import PreparedStatement
 
@@ -110,6 +110,9 @@ class PgTurnSql:
             f"leased AS (UPDATE {INBOX} u SET status = '{PROCESSING}', "
             f"lease_owner = %(owner)s, lease_until = %(until)s, updated_at = %(now)s "
             f"FROM n WHERE u.message_id = n.message_id AND {due} AND NOT n.done "
+            # A session a direct turn has marked gets no new lease: the turn waits for this
+            # one, and a steady stream would otherwise never leave it a moment.
+            f"AND NOT {direct_turn_marked('u.target_chat_id')} "
             f"AND u.status = '{PENDING}' AND u.available_at <= n.at "
             f"AND u.suspect IS NOT TRUE RETURNING {ucols}) "
             f"SELECT (SELECT COUNT(*) FROM acked), "

@@ -237,42 +237,35 @@ class SessionStore:
         """:meth:`mark_direct_turn_now` in a transaction of its own."""
         self.writer.call(lambda: self.mark_direct_turn_now(session_id, owner, now, turn_id))
 
-    def begin_direct_turn(self, session_id: str, owner: str, turn_id: str,
-                          now: float) -> bool:
-        """Mark a direct turn ``turn_id`` of the session started in runtime ``owner``,
-        unless a row of the session is processing in another runtime (an inbox turn of
-        another process): False then, and the mark is not left. With the claims' side of
-        the rule (a session with a direct turn is not claimed on PostgreSQL), a session
-        runs one turn at a time across processes, whichever kind. Rows ``owner`` itself
-        is processing are its own memory's to order (``RunningTurns``: the direct turn
-        waits for that inbox turn, and the session's next inbox turn for it), which also
-        keeps a session with a steady stream of messages from starving it.
+    def take_direct_turn(self, session_id: str, owner: str, turn_id: str,
+                         now: float) -> bool:
+        """Mark the session for the direct turn ``turn_id`` of runtime ``owner``; False
+        (nothing written) while another runtime's direct turn holds the mark.
 
-        The check is made twice: with the mark, and after it committed, in a snapshot of
-        its own. A claim of the session's row at the same moment checked for the mark in
-        a snapshot without it; it reads again after its commit too (``stand_back``), so
-        of the two at least the later sees the other and stands back."""
-        s, m = self.t.session, self.t.inbox
-        processing = (m.select(m.message_id)
-                      .where((m.target_chat_id == session_id) & (m.status == PROCESSING)
-                             & (m.lease_owner != owner)))
+        From the mark on, no runtime on PostgreSQL leases the session a new row (claims
+        skip it, and a turn's commit does not chain its next row into it), so the inbox
+        turns of other runtimes that run now are the last before it:
+        :meth:`others_processing` says when they are over. (This runtime's own inbox turn
+        is ordered in its memory: ``RunningTurns``.)"""
+        s = self.t.session
 
         def mark() -> bool:
             if s.update(turn_owner=owner, turn_id=turn_id, updated_at=now).where(
-                    (s.id == session_id) & ~pw.fn.EXISTS(processing)).execute():
+                    (s.id == session_id)
+                    & (s.turn_owner.is_null() | (s.turn_owner == owner))).execute():
                 return True
             if not s.select(s.id).where(s.id == session_id).exists():
                 raise RowNotFound("session", session_id)
             return False
+        return self.writer.call(mark)
 
-        def stood_back() -> bool:
-            if not processing.where(m.lease_until > now).exists():
-                return False
-            s.update(turn_owner=None, turn_id=None, updated_at=now).where(
-                (s.id == session_id) & (s.turn_id == turn_id)).execute()
-            return True
-
-        return self.writer.call(mark) and not self.writer.call(stood_back)
+    def others_processing(self, session_id: str, owner: str) -> bool:
+        """Does a runtime other than ``owner`` hold a row of the session in processing (an
+        inbox turn the session's marked direct turn waits for)?"""
+        m = self.t.inbox
+        return (m.select(m.message_id)
+                .where((m.target_chat_id == session_id) & (m.status == PROCESSING)
+                       & (m.lease_owner != owner)).exists())
 
     def direct_turn(self, session_id: str) -> tuple[str, str | None] | None:
         """The runtime running a direct turn of the session and that turn's id; None when

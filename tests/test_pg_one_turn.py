@@ -171,17 +171,22 @@ def test_a_session_whose_cron_turn_runs_is_claimed_by_no_process(
 
 def test_a_direct_turn_waits_for_its_sessions_inbox_turn_in_any_process(
         pg_url: str) -> None:
-    """The other side of the rule: a session with a row processing gets no direct turn."""
+    """The other side of the rule: a direct turn marks its session, which then gets no new
+    lease, and waits for the inbox turn another runtime runs of it to end."""
     stores = Stores(pg_url)
     try:
         now = time.time()
         stores.store.create_session("T", None, "T", "interactive", now)
         stores.journal.enqueue(NewMessage("m1", "T", "hello"), now)
+        stores.journal.enqueue(NewMessage("m2", "T", "and then"), now)
         assert [r.message_id for r in stores.journal.claim("A", now).rows] == ["m1"]
-        assert not stores.store.begin_direct_turn("T", "B", "cron-run-1", now)
-        assert stores.store.direct_turn("T") is None
-        stores.journal.ack("A", ["m1"], now)
-        assert stores.store.begin_direct_turn("T", "B", "cron-run-1", now)
+        assert stores.store.take_direct_turn("T", "B", "cron-run-1", now)
+        assert not stores.store.take_direct_turn("T", "C", "social-x", now)  # B's, for now
+        assert stores.store.others_processing("T", "B")  # A's turn: B's waits for it
+        assert stores.journal.complete_turn("A", "T", ["m1"], [], now,
+                                            next_lease=30.0) is None  # m2 not chained
+        assert not stores.store.others_processing("T", "B")
+        assert stores.journal.claim("A", now).rows == []  # nor claimed while B's runs
         assert stores.store.direct_turn("T") == ("B", "cron-run-1")
     finally:
         stores.close()
@@ -276,9 +281,9 @@ def test_a_direct_turn_mark_left_by_a_failed_unmark_does_not_wedge_its_session(
 
 
 def test_a_claim_racing_a_direct_turns_mark_does_not_run_beside_it(pg_url: str) -> None:
-    """begin_direct_turn checks 'no row processing' in its snapshot and the claim checks
-    'no mark' in its own: neither waits for the other's uncommitted write, so both went
-    ahead and the session ran two turns at once. Each now reads again after its commit."""
+    """The direct turn's mark and a claim of the session's row at once: the claim's
+    snapshot did not show the mark, so it leased the row; the direct turn then sees
+    that row processing and waits for its turn, instead of running beside it."""
     direct, worker = Stores(pg_url), Stores(pg_url)
     try:
         now = time.time()
@@ -299,17 +304,18 @@ def test_a_claim_racing_a_direct_turns_mark_does_not_run_beside_it(pg_url: str) 
                 return real.call(held, timeout=timeout)
 
         direct.store.writer = Stalling()  # type: ignore[assignment]
-        began: list[bool] = []
-        t = threading.Thread(target=lambda: began.append(
-            direct.store.begin_direct_turn("T", "D", "cron-run-1", now)))
+        took: list[bool] = []
+        t = threading.Thread(target=lambda: took.append(
+            direct.store.take_direct_turn("T", "D", "cron-run-1", now)))
         t.start()
         assert marked.wait(30)
         claimed = [r.message_id for r in worker.journal.claim("B", time.time()).rows]
         commit.set()
         t.join(30)
         direct.store.writer = real
-        assert not (began == [True] and claimed == ["m1"]), \
-            "a direct turn and an inbox turn of T both started"
+        assert took == [True]
+        assert claimed == [] or direct.store.others_processing("T", "D"), \
+            "a direct turn and an inbox turn of T would both run"
     finally:
         commit.set()
         direct.close()
@@ -393,18 +399,18 @@ def test_a_social_event_waiting_on_another_processs_turn_is_kept_by_a_graceful_s
         assert holding.wait(20)  # the other process runs an inbox turn of the thread
         here = social(Runtime(db=pg_url, brain=brain).start())
         store = here.context.store
-        refused: list[str] = []
-        begin = store.begin_direct_turn
+        waiting: list[str] = []
+        others = store.others_processing
 
-        def watched(*args: Any) -> bool:
-            ok = begin(*args)
-            if not ok:
-                refused.append(args[2])
-            return ok
+        def watched(session_id: str, owner: str) -> bool:
+            busy = others(session_id, owner)
+            if busy:
+                waiting.append(session_id)
+            return busy
 
-        store.begin_direct_turn = watched  # type: ignore[method-assign]
+        store.others_processing = watched  # type: ignore[method-assign]
         here.social.ingest(event("second", "Ev-2"))
-        wait_for(lambda: "social-slack-Ev-2" in refused, 20, what="its turn to wait")
+        wait_for(lambda: sid in waiting, 20, what="its turn to wait")
         here.stop()
         handed = other.context.journal.get("social-slack-Ev-2")  # handed to the inbox
         assert handed["status"] in ("pending", "processing")
@@ -414,3 +420,36 @@ def test_a_social_event_waiting_on_another_processs_turn_is_kept_by_a_graceful_s
     finally:
         release.set()
         other.stop()
+
+
+def test_a_cron_turn_gets_in_between_another_processs_stream_of_turns(pg_url: str) -> None:
+    """Each of another process's turn commits leased the session's next row in the same
+    transaction: a cron turn waiting for no row of the session to be processing waited
+    for the whole stream. Its mark now stops the chain, so it runs after the turn then
+    running."""
+    ran: list[str] = []
+    lock = threading.Lock()
+
+    def brain(turn: Turn) -> None:
+        with lock:
+            ran.append(turn.messages[0].kind)
+        if turn.messages[0].kind != "cron":
+            time.sleep(0.05)  # a model's answer takes a while: the stream is 1 s long
+
+    stream = Runtime(db=pg_url, brain=brain).start()
+    try:
+        job = stream.cron.add("digest", "0 0 1 1 *", "Summarize")
+        session = session_id_for(job["job_id"])
+        stream.cron.trigger(job["job_id"])  # makes the session; its turn runs here
+        wait_for(lambda: ran == ["cron"], 20, what="the first cron turn")
+        for i in range(20):
+            stream.post(session, f"question {i}")
+        wait_for(lambda: len(ran) > 1, 20, what="the stream to start")
+        with Runtime(db=pg_url, brain=brain) as cron_here:
+            cron_here.cron.trigger(job["job_id"])
+            wait_for(lambda: ran.count("cron") == 2, 30, what="the second cron turn")
+            with lock:
+                before = ran.index("cron", 1) - 1
+            assert before < 10, f"the cron turn waited for {before} of 20 turns"
+    finally:
+        stream.stop()
