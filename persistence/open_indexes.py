@@ -50,24 +50,7 @@ OPERATOR_INDEXES = {
 """name -> definition: the failed rows an operator lists and requeues (rare, so the index
 stays small and is written only when a row fails)."""
 
-PG_INDEXES = {
-    "agent_inbox_processing_target_seq":
-        f"ON {INBOX} (target_chat_id, seq) WHERE status = '{PROCESSING}'",
-}
-"""name -> definition, PostgreSQL only: a target's oldest processing row in one probe,
-which its claims ask of every pending head ("is a turn of it running?",
-:func:`.pg_claims.no_turn_running`) and of every expired lease (the one to take over,
-:func:`.pg_claims.processing_head`). SQLite
-numbers rows in commit order, so its head rule alone keeps one row in flight per target,
-and it spares the index's two writes per message."""
-
 INBOX_INDEXES = {**OPEN_INDEXES, **OPERATOR_INDEXES}
-"""The inbox indexes of both backends."""
-
-
-def inbox_indexes(db: pw.Database) -> dict[str, str]:
-    """name -> definition of the inbox indexes ``db``'s backend has."""
-    return {**INBOX_INDEXES, **PG_INDEXES} if is_postgres(db) else INBOX_INDEXES
 
 FULL_INDEXES = {
     "agent_inbox_messages_target_chat_id_status_seq":
@@ -75,8 +58,13 @@ FULL_INDEXES = {
     "agent_inbox_messages_status_seq": f"ON {INBOX} (status, seq)",
     "sessions_updated_at": "ON sessions (updated_at)",
     "transcript_entries_session_id": "ON transcript_entries (session_id)",
-    "agent_inbox_processing_target":  # PostgreSQL, briefly: (target_chat_id, seq) since
+    # PostgreSQL, briefly, for the probes of pg_claims: each cost every message two more
+    # index writes (a row's every status change writes every index), for probes the
+    # partial indexes above serve.
+    "agent_inbox_processing_target":
         f"ON {INBOX} (target_chat_id) WHERE status = '{PROCESSING}'",
+    "agent_inbox_processing_target_seq":
+        f"ON {INBOX} (target_chat_id, seq) WHERE status = '{PROCESSING}'",
 }
 """name -> definition of the indexes these replace, as older versions created them
 (peewee's names), dropped by the upgrade: the inbox's full (target, status, seq) and
@@ -95,9 +83,9 @@ def index_names(db: pw.Database) -> set[str]:
 
 
 def missing_open_indexes(db: pw.Database) -> list[str]:
-    """The names of :func:`inbox_indexes` the database lacks."""
+    """The names of :data:`INBOX_INDEXES` the database lacks."""
     have = index_names(db)
-    return [name for name in inbox_indexes(db) if name not in have]
+    return [name for name in INBOX_INDEXES if name not in have]
 
 
 def surplus_indexes(db: pw.Database) -> list[str]:
@@ -108,8 +96,7 @@ def surplus_indexes(db: pw.Database) -> list[str]:
 
 def create_open_indexes(db: pw.Database) -> None:
     """Create the missing ones and drop the surplus (inside the upgrade's transaction)."""
-    wanted = inbox_indexes(db)
     for name in missing_open_indexes(db):
-        db.execute_sql(f"CREATE INDEX IF NOT EXISTS {name} {wanted[name]}")
+        db.execute_sql(f"CREATE INDEX IF NOT EXISTS {name} {INBOX_INDEXES[name]}")
     for name in surplus_indexes(db):
         db.execute_sql(f"DROP INDEX IF EXISTS {name}")

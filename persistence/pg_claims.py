@@ -73,8 +73,8 @@ def marker_probe(message_id: str) -> str:
 def no_turn_running(target: str) -> str:
     """SQL for "no turn of ``target`` runs anywhere": none of its rows is processing and no
     direct turn (a cron run, a social event) marks its session; what a pending head must
-    also be to be claimed here, as two one-row probes (:data:`.open_indexes.PG_INDEXES`'
-    index, the sessions' key).
+    also be to be claimed here, as two probes (the partial index of processing rows, the
+    sessions' key).
 
     The head rule (the oldest open row) keeps one row of a target in flight only where
     ``seq`` order is commit order. PostgreSQL numbers a row when it is written, not when

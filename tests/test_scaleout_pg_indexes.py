@@ -185,9 +185,9 @@ def test_no_journal_statement_reads_the_whole_inbox_without_the_full_indexes(
 
 @pytest.mark.timeout(60)
 def test_the_upgrade_drops_the_processing_index_it_replaced(pg_url: str) -> None:
-    """agent_inbox_processing_target (one column) gave way to
-    agent_inbox_processing_target_seq: a database upgraded while the first was current
-    kept it, written on every lease and delivery."""
+    """Indexes a briefly current version made (agent_inbox_processing_target, then
+    agent_inbox_processing_target_seq) are dropped by the upgrade: a database upgraded
+    while one was current kept it, written on every lease and delivery."""
     from kinbox.persistence.open_indexes import index_names
     from kinbox.persistence.schema import pending_changes, upgrade
 
