@@ -33,6 +33,7 @@ from .turn_run import judge, prepare, take_result, turn_tools
 
 log = logging.getLogger("kinbox.direct")
 
+
 class TurnNotStarted(WriterClosed):
     """The runtime stopped while a direct turn waited for another process's turn of its
     session: nothing of it ran (a :class:`WriterClosed`: what ends a direct turn's work
