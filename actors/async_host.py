@@ -34,6 +34,7 @@ import asyncio
 import functools
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -67,6 +68,8 @@ class AsyncHost:
         self.executor = ThreadPoolExecutor(workers, thread_name_prefix="kinbox-blocking")
         self._thread = threading.Thread(target=self._run, name="kinbox-async", daemon=True)
         self._brains: dict[str, asyncio.Task[BaseException | None]] = {}  # loop thread only
+        self._cancelled: weakref.WeakSet[asyncio.Task[BaseException | None]] = weakref.WeakSet()
+        """Brains :meth:`cancel` cancelled (loop thread only)."""
         self._drivers: set[asyncio.Task[None]] = set()  # loop thread only
         self._lock = threading.Lock()
         self.running = 0
@@ -151,8 +154,11 @@ class AsyncHost:
         def cancel() -> None:
             for sid in session_ids:
                 task = self._brains.get(sid)
-                if task is not None and not task.done():
+                # Once per brain: its clean-up (an ``except CancelledError`` that awaits)
+                # must not be cancelled again by the next tick's list.
+                if task is not None and not task.done() and task not in self._cancelled:
                     log.warning("cancelling the async turn of %s: it ignored its stop", sid)
+                    self._cancelled.add(task)
                     task.cancel()
         self.loop.call_soon_threadsafe(cancel)
 

@@ -98,8 +98,7 @@ _WAITERS = threading.Lock()
 class _Running:
     """One session's registered turn: its flag, and where it is in its life."""
 
-    __slots__ = ("cancelled", "flag", "started", "stop_asked", "stop_asked_at", "stopped_by",
-                 "turn_id")
+    __slots__ = ("flag", "started", "stop_asked", "stop_asked_at", "stopped_by", "turn_id")
 
     def __init__(self, flag: StopFlag, started: float, turn_id: str | None) -> None:
         self.flag = flag
@@ -108,8 +107,6 @@ class _Running:
         stop asked from another process names."""
         self.started: float | None = started
         """When it started; None once judged (settling: past stopping and the timeout)."""
-        self.cancelled = False
-        """Listed by :meth:`RunningTurns.ignoring_stop` (to be cancelled) already."""
         self.stop_asked = False
         self.stop_asked_at: float | None = None
         self.stopped_by: str | None = None
@@ -187,15 +184,11 @@ class RunningTurns:
 
     def ignoring_stop(self, now: float, grace: float) -> list[str]:
         """Sessions whose turn was asked to stop more than ``grace`` seconds ago, still
-        running, each listed once: it is cancelled once, so its own clean-up (an
-        ``except CancelledError`` that awaits) is not cancelled again at the next tick."""
+        running (listed at every tick: the async host cancels each brain once)."""
         with self._lock:
-            late = sorted(sid for sid, turn in self._turns.items()
+            return sorted(sid for sid, turn in self._turns.items()
                           if turn.started is not None and turn.stop_asked_at is not None
-                          and not turn.cancelled and now - turn.stop_asked_at > grace)
-            for sid in late:
-                self._turns[sid].cancelled = True
-            return late
+                          and now - turn.stop_asked_at > grace)
 
     def stopped_by(self, session_id: str) -> str | None:
         """Who asked the running turn of ``session_id`` to stop, if anyone."""
