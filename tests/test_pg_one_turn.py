@@ -434,22 +434,35 @@ def test_a_cron_turn_gets_in_between_another_processs_stream_of_turns(pg_url: st
         with lock:
             ran.append(turn.messages[0].kind)
         if turn.messages[0].kind != "cron":
-            time.sleep(0.05)  # a model's answer takes a while: the stream is 1 s long
+            time.sleep(0.05)  # a model's answer takes a while: the stream is 2 s long
 
     stream = Runtime(db=pg_url, brain=brain).start()
+    cron_here = Runtime(db=pg_url, brain=brain).start()
     try:
         job = stream.cron.add("digest", "0 0 1 1 *", "Summarize")
         session = session_id_for(job["job_id"])
-        stream.cron.trigger(job["job_id"])  # makes the session; its turn runs here
+        stream.cron.trigger(job["job_id"])  # makes the session; its turn runs there
         wait_for(lambda: ran == ["cron"], 20, what="the first cron turn")
-        for i in range(20):
+        for i in range(40):
             stream.post(session, f"question {i}")
         wait_for(lambda: len(ran) > 1, 20, what="the stream to start")
-        with Runtime(db=pg_url, brain=brain) as cron_here:
-            cron_here.cron.trigger(job["job_id"])
-            wait_for(lambda: ran.count("cron") == 2, 30, what="the second cron turn")
-            with lock:
-                before = ran.index("cron", 1) - 1
-            assert before < 10, f"the cron turn waited for {before} of 20 turns"
+        marked_at: list[int] = []
+        take = cron_here.context.store.take_direct_turn
+
+        def counted(*args: Any) -> bool:
+            taken = take(*args)
+            if taken and not marked_at:
+                with lock:
+                    marked_at.append(len(ran))
+            return taken
+
+        cron_here.context.store.take_direct_turn = counted  # type: ignore[method-assign]
+        cron_here.cron.trigger(job["job_id"])
+        wait_for(lambda: ran.count("cron") == 2, 30, what="the second cron turn")
+        with lock:
+            waited = ran.index("cron", 1) - marked_at[0]
+        assert marked_at[0] < 30, "the stream was nearly over before the mark: no test"
+        assert waited <= 3, f"the cron turn waited for {waited} turns after its mark"
     finally:
+        cron_here.stop()
         stream.stop()
