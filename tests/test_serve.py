@@ -56,7 +56,9 @@ class Command:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kinbox.actors", *args], cwd=cwd,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "KINBOX_HOME": str(cwd), **(env or {})})
+            # faulthandler: a process that dies of a signal says where each thread was.
+            env={**os.environ, "KINBOX_HOME": str(cwd), "PYTHONFAULTHANDLER": "1",
+                 **(env or {})})
         self.lines: list[str] = []
         self._queue: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -95,6 +97,8 @@ class Command:
                                  ) from None
         with pytest.raises(AssertionError):
             self.wait_line("\0never", timeout=0.5)  # drain what the reader still holds
+        if rc < 0:  # no test sends a signal it does not handle: show where it died
+            raise AssertionError(f"killed by signal {-rc}; output: {self.lines[-80:]}")
         return rc
 
     @property
