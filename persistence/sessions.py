@@ -222,20 +222,18 @@ class SessionStore:
                 raise RowNotFound("session", session_id)
         self.writer.call(op)
 
-    def mark_direct_turn_now(self, session_id: str, owner: str | None, now: float,
-                             turn_id: str | None = None) -> None:
-        """A direct turn (``turn_id``) of the session started in runtime ``owner``, or
-        ended (None), inside the caller's transaction: the one kind of turn no processing
-        inbox row shows."""
+    def mark_direct_turn_now(self, session_id: str, owner: str | None, now: float) -> None:
+        """Set the session's direct-turn mark to runtime ``owner``, or end it (None),
+        inside the caller's transaction; a direct turn takes it with its id through
+        :meth:`take_direct_turn`."""
         s = self.t.session
-        if not s.update(turn_owner=owner, turn_id=turn_id if owner else None,
-                        updated_at=now).where(s.id == session_id).execute():
+        if not s.update(turn_owner=owner, turn_id=None, updated_at=now).where(
+                s.id == session_id).execute():
             raise RowNotFound("session", session_id)
 
-    def mark_direct_turn(self, session_id: str, owner: str | None, now: float,
-                         turn_id: str | None = None) -> None:
+    def mark_direct_turn(self, session_id: str, owner: str | None, now: float) -> None:
         """:meth:`mark_direct_turn_now` in a transaction of its own."""
-        self.writer.call(lambda: self.mark_direct_turn_now(session_id, owner, now, turn_id))
+        self.writer.call(lambda: self.mark_direct_turn_now(session_id, owner, now))
 
     def take_direct_turn(self, session_id: str, owner: str, turn_id: str,
                          now: float) -> bool:
