@@ -10,8 +10,10 @@ async brains alike. The writing ones are generators
 (:data:`.session_actor.Step`): a pool thread waits for each write, the loop
 submits it and awaits the writer's answer, so the loop never waits for a
 commit (only the turn that asked does) and no thread is held meanwhile. What
-may block otherwise (a turn hook's work, recording a failed attempt) runs on
-a small pool of blocking workers. The outbox hooks run on the loop with the
+may block otherwise (a turn hook's work, recording a failed attempt, tool
+calls) runs on a small pool of blocking workers. Nothing waits for another
+turn on one: a row whose session runs a cron or social turn awaits its end,
+since that turn's tool calls may need every worker. The outbox hooks run on the loop with the
 commit: two of them read one row by key (a sub-agent's task turn its session,
 a social session's reply its route), none writes or waits for a commit.
 
@@ -223,7 +225,8 @@ class AsyncHost:
             while True:
                 try:
                     if isinstance(pending, Blocking):
-                        value = await self.blocking(pending.work)
+                        value = await (pending.on_loop() if pending.on_loop is not None
+                                       else self.blocking(pending.work))
                     else:
                         value = await self._answer(pending)
                 except asyncio.CancelledError:
@@ -249,9 +252,8 @@ class AsyncHost:
 
     def _detach(self, step: Step, pending: Reply[Any] | Blocking) -> None:
         if isinstance(pending, Blocking):
-            # Nothing was written; the row comes back by lease. (A start still waiting on
-            # a worker for another turn of its session registers a turn that never runs:
-            # only while the runtime stops, when no further turn of it starts.)
+            # Nothing was written; the row comes back by lease. (A start waiting for
+            # another turn of its session is awaited, so cancelling it registers nothing.)
             step.close()
             return
         try:

@@ -124,8 +124,7 @@ class DirectTurns:
                fetch_steering: Callable[[], list[Message]]) -> Turn:
         """Register the running turn (waiting for the session's current one) and build it."""
         ctx = self.ctx
-        started = ctx.now()
-        flag = ctx.turns.begin(session_id, started, turn_id)
+        flag, started = ctx.turns.begin(session_id, ctx.now, turn_id)
         try:
             outbox = Outbox(turn_id)
             return Turn(session_id, messages, turn_tools(ctx, session_id, outbox), flag,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 TIMEOUT = "kinbox:turn_timeout"
 """Who "stopped" a turn that ran past the runtime's turn timeout."""
@@ -125,19 +126,47 @@ class RunningTurns:
         self._beginning = 0
         """Threads in :meth:`begin` waiting for a session's turn to end (rare: a cron or
         social turn meeting an inbox turn), so ending a turn notifies only when needed."""
+        self._awaiting: dict[str, list[tuple[asyncio.AbstractEventLoop,
+                                             asyncio.Future[None]]]] = {}
+        """Coroutines in :meth:`begin_async` waiting for a session's turn to end."""
         self._turns: dict[str, _Running] = {}
 
-    def begin(self, session_id: str, now: float = 0.0, turn_id: str | None = None
-              ) -> StopFlag:
-        """Register the turn ``turn_id`` of ``session_id`` started at ``now`` (once the
-        session's running turn ended); return its stop flag."""
+    def begin(self, session_id: str, clock: Callable[[], float],
+              turn_id: str | None = None) -> tuple[StopFlag, float]:
+        """Register the turn ``turn_id`` of ``session_id`` once the session's running turn
+        ended, blocking this thread meanwhile; its stop flag and its start on ``clock``
+        (read once the wait is over: a turn's timeout does not count its wait)."""
         with self._lock:
             self._beginning += 1
             try:
                 self._ended.wait_for(lambda: session_id not in self._turns)
             finally:
                 self._beginning -= 1
-            return self._register(session_id, now, turn_id)
+            started = clock()
+            return self._register(session_id, started, turn_id), started
+
+    async def begin_async(self, session_id: str, clock: Callable[[], float],
+                          turn_id: str | None = None) -> tuple[StopFlag, float]:
+        """:meth:`begin` for the event loop: the wait holds no thread (a worker the loop's
+        turns need for their tool calls, say, while the turn waited for needs one too)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._lock:
+                if session_id not in self._turns:
+                    started = clock()
+                    return self._register(session_id, started, turn_id), started
+                ended: asyncio.Future[None] = loop.create_future()
+                waiter = (loop, ended)
+                self._awaiting.setdefault(session_id, []).append(waiter)
+            try:
+                await ended
+            finally:  # cancelled: leave no entry behind
+                with self._lock:
+                    waiters = self._awaiting.get(session_id)
+                    if waiters is not None and waiter in waiters:
+                        waiters.remove(waiter)
+                        if not waiters:
+                            del self._awaiting[session_id]
 
     def try_begin(self, session_id: str, now: float = 0.0, turn_id: str | None = None
                   ) -> StopFlag | None:
@@ -173,7 +202,14 @@ class RunningTurns:
             del self._turns[session_id]
             if self._beginning:
                 self._ended.notify_all()
-            return turn.stopped_by
+            awaiting = self._awaiting.pop(session_id, None) if self._awaiting else None
+            stopped_by = turn.stopped_by
+        for loop, ended in awaiting or ():
+            try:
+                loop.call_soon_threadsafe(_wake, ended)
+            except RuntimeError:  # its loop closed: nobody waits there any more
+                pass
+        return stopped_by
 
     def stop_overdue(self, now: float, timeout: float | None) -> list[str]:
         """Ask every turn running past ``timeout`` to stop; the sessions asked."""
@@ -223,3 +259,8 @@ class RunningTurns:
         included)."""
         with self._lock:
             return sorted(self._turns)
+
+
+def _wake(ended: asyncio.Future[None]) -> None:
+    if not ended.done():  # not cancelled meanwhile
+        ended.set_result(None)

@@ -17,7 +17,7 @@ waited for here and awaited there.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,9 +45,12 @@ __all__ = ["Blocking", "SessionActor", "Step", "SyncBrainAwaitable", "settle", "
 @dataclass(frozen=True, slots=True)
 class Blocking:
     """A step's request to run ``work`` where blocking is allowed (this pool thread; a
-    blocking worker for the event loop), resuming it with the result."""
+    blocking worker for the event loop), resuming it with the result. A wait that may last
+    (for another turn of the session) also says how to await it: ``on_loop``, which the
+    event loop awaits instead, holding no worker."""
 
     work: Callable[[], Any]
+    on_loop: Callable[[], Awaitable[Any]] | None = None
 
 
 Step = Generator[Reply[Any] | Blocking, Any, list[dp.Effect]]
@@ -217,10 +220,10 @@ class SessionActor(PooledActor):
 
     def _wait_to_start(self, run: dp.Delivery, row: ClaimedRow) -> Step:
         """A cron or social turn of this session runs: wait it out, then start."""
-        ctx = self.ctx
-        started = ctx.now()
-        stop_flag = yield Blocking(lambda: ctx.turns.begin(self.session_id, started,
-                                                           row.message_id))
+        turns, sid, now = self.ctx.turns, self.session_id, self.ctx.now
+        stop_flag, started = yield Blocking(
+            lambda: turns.begin(sid, now, row.message_id),
+            on_loop=lambda: turns.begin_async(sid, now, row.message_id))
         return self._started(run, row, started, stop_flag)
 
     def try_start(self, run: dp.Delivery, row: ClaimedRow) -> list[dp.Effect] | None:

@@ -695,3 +695,44 @@ def test_a_brain_cancelled_past_its_grace_is_cancelled_once(
              what="the stopped turn's end")
     assert cancels == ["model call"]
     assert [e.text for e in rt.transcript(b)] == ["long", "halfway", "cleaned up"]
+
+
+@pytest.mark.timeout(60)
+def test_inbox_turns_waiting_for_cron_turns_hold_no_blocking_worker(
+        make_runtime: MakeRuntime) -> None:
+    """With ``max_active_sessions=4`` the loop has 4 blocking workers. Four sessions each run
+    a cron turn and each have an inbox row waiting for it: the waiting rows hold no worker,
+    so the cron turns' tool calls (which run on those workers) still run, and everything
+    finishes."""
+    holding, release = threading.Semaphore(0), threading.Event()
+    order: list[str] = []
+
+    async def brain(turn: Turn) -> None:
+        first = turn.messages[0]
+        if "run_id" in first.payload:
+            holding.release()
+            await asyncio.get_running_loop().run_in_executor(None, release.wait, 20)
+            await turn.tools.agent_list()  # a tool call: it needs a blocking worker
+            order.append(f"{turn.session_id}:cron")
+        else:
+            order.append(f"{turn.session_id}:{first.content}")
+        turn.reply("ok")
+
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    sessions = []
+    for n in range(4):
+        job = rt.cron.add(f"tick {n}", "* * * * *", "cron prompt")["job_id"]
+        sessions.append(f"cron-{job}")
+        rt.cron.trigger(job)
+    for _ in sessions:
+        assert holding.acquire(timeout=20)
+    for sid in sessions:
+        rt.post(sid, "inbox message")
+    wait_for(lambda: rt.statistics()["rows"].get("processing") == len(sessions), timeout=20,
+             what="every inbox row claimed (each waits for its session's cron turn)")
+    release.set()
+    assert rt.cron.wait_idle(20)
+    rt.run_until_idle(timeout=20)
+    for sid in sessions:
+        assert [o for o in order if o.startswith(sid)] == [f"{sid}:cron",
+                                                           f"{sid}:inbox message"]

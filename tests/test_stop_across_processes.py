@@ -114,9 +114,10 @@ def test_a_request_names_its_turn_and_never_stops_another_of_the_session() -> No
     when the session runs another turn here first (the asked one waiting for it), that
     one is not stopped; the asked one is, once it runs."""
     turns = RunningTurns()
-    inbox = turns.begin("s", 0.0, "m1")
+    inbox = turns.try_begin("s", 0.0, "m1")
+    assert inbox is not None
     assert not turns.request_stop("s", "boss", 1.0, "cron-run-7")
     assert not inbox.is_set()
     turns.end("s")
-    cron = turns.begin("s", 2.0, "cron-run-7")
+    cron, _ = turns.begin("s", lambda: 2.0, "cron-run-7")
     assert turns.request_stop("s", "boss", 3.0, "cron-run-7") and cron.is_set()

@@ -9,6 +9,7 @@ turn leaves the running-turn board, what the session's transcript holds.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +18,8 @@ import pytest
 
 from kinbox.actors import ManualClock, Runtime, Turn
 from kinbox.actors.running import RunningTurns, StopFlag
+
+from .helpers import wait_for
 
 MakeRuntime = Callable[..., Runtime]
 MINUTE = 60.0
@@ -92,18 +95,70 @@ def test_a_cron_turn_ends_after_its_commit(make_runtime: MakeRuntime,
 
 def test_a_late_second_end_never_ends_the_next_turn() -> None:
     board = RunningTurns()
-    first = board.begin("s", 1.0)
+    first, _ = board.begin("s", lambda: 1.0)
     assert board.end("s", first) is None
-    second = board.begin("s", 2.0)
+    second, _ = board.begin("s", lambda: 2.0)
     assert board.end("s", first) is None  # the first turn's end, again: nothing happens
     assert board.is_running("s")
     board.end("s", second)
     assert not board.is_running("s")
 
 
+@pytest.mark.timeout(30)
+def test_a_turn_that_waited_for_the_session_starts_when_its_wait_ends() -> None:
+    """Its start (what ``turn_timeout`` counts from) is read once the session's running
+    turn ended, on a thread and on an event loop alike: a wait is not time the turn ran."""
+    board, clock = RunningTurns(), ManualClock(0.0)
+    cron = board.try_begin("s", clock.now())
+    started: list[float] = []
+
+    def on_thread() -> None:
+        flag, at = board.begin("s", clock.now, "m1")
+        started.append(at)
+        board.end("s", flag)
+
+    waiter = threading.Thread(target=on_thread)
+    waiter.start()
+    wait_for(lambda: board._beginning == 1, timeout=10, what="the thread waiting")
+    clock.advance(600.0)
+    board.end("s", cron)
+    waiter.join(10)
+    assert started == [600.0]
+
+    async def on_loop() -> tuple[float, bool]:
+        first = board.try_begin("s", clock.now())
+        waiting = asyncio.ensure_future(board.begin_async("s", clock.now, "m2"))
+        await asyncio.sleep(0)  # let it find the session busy (no time passes for it)
+        assert not waiting.done()
+        clock.advance(60.0)
+        threading.Thread(target=board.end, args=("s", first)).start()  # another thread
+        _, at = await asyncio.wait_for(waiting, 10)
+        return at, board.stop_overdue(clock.now() + 1.0, timeout=30.0) == []
+
+    assert asyncio.run(on_loop()) == (660.0, True)
+
+
+@pytest.mark.timeout(30)
+def test_an_awaited_begin_cancelled_while_waiting_leaves_nothing_behind() -> None:
+    board = RunningTurns()
+
+    async def cancelled() -> None:
+        first = board.try_begin("s", 0.0)
+        waiting = asyncio.ensure_future(board.begin_async("s", lambda: 1.0))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert board.end("s", first) is None
+        assert not board.is_running("s")  # the cancelled wait registered no turn
+
+    asyncio.run(cancelled())
+    assert board._awaiting == {}
+
+
 def test_a_judged_turn_is_past_stopping_until_it_ends() -> None:
     board = RunningTurns()
-    board.begin("s", 0.0)
+    board.begin("s", lambda: 0.0)
     assert board.request_stop("s", "operator", 1.0)
     assert board.settle("s") == "operator"  # judged: who stopped it is kept
     assert not board.request_stop("s", "someone else", 2.0)  # its commit is on its way
