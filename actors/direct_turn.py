@@ -145,14 +145,14 @@ class DirectTurns:
             try:
                 turn = self._start(session_id, turn_id, messages, fetch_steering)
                 try:
-                    done, effects = self._attempt(session_id, turn, commit_ops)
+                    done, effects = self._attempt(session_id, turn_id, turn, commit_ops)
                 finally:
                     # Off the board once the commit is durable (or will never be): the
                     # session's next turn reads what this one wrote.
                     ctx.turns.end(session_id)
             finally:
                 if effects is None:  # no commit (which ends the mark with it): end it here
-                    self._unmark(session_id)
+                    self._unmark(session_id, turn_id)
         if effects is None:
             return done
         for notify in effects.after:
@@ -189,10 +189,10 @@ class DirectTurns:
             while ctx.store.others_processing(session_id, ctx.owner):
                 wait()
         except BaseException:
-            self._unmark(session_id)
+            self._unmark(session_id, turn_id)
             raise
 
-    def _unmark(self, session_id: str) -> None:
+    def _unmark(self, session_id: str, turn_id: str) -> None:
         """End the session's direct-turn mark after a turn that did not commit, however it
         ended (a brain's error, a refused commit, a bug, the runtime stopping).
 
@@ -203,7 +203,7 @@ class DirectTurns:
         ctx = self.ctx
         while True:
             try:
-                ctx.store.mark_direct_turn(session_id, None, ctx.now())
+                ctx.store.end_direct_turn(session_id, ctx.owner, turn_id, ctx.now())
                 return
             except WriterClosed:
                 log.warning("could not end the direct-turn mark of %s: the runtime stopped",
@@ -215,7 +215,7 @@ class DirectTurns:
                 if ctx.crashed.wait(MARK_RETRY_SECONDS):
                     return
 
-    def _attempt(self, session_id: str, turn: Turn, commit_ops: CommitOps
+    def _attempt(self, session_id: str, turn_id: str, turn: Turn, commit_ops: CommitOps
                  ) -> tuple[DirectOutcome, TurnEffects | None]:
         """The brain, then the commit; the outcome and, once committed, its effects."""
         ctx = self.ctx
@@ -241,7 +241,7 @@ class DirectTurns:
             return DirectOutcome(turn, outcome, False, outcome.error), None
         effects = ctx.effects(turn, outcome)
         now = ctx.now()
-        ended = partial(ctx.store.mark_direct_turn_now, session_id, None, now)
+        ended = partial(ctx.store.end_direct_turn_now, session_id, ctx.owner, turn_id, now)
         try:
             ctx.journal.complete_turn(ctx.owner, session_id, [], turn.entries(), now,
                                       enqueue=effects.messages,

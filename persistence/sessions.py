@@ -222,18 +222,21 @@ class SessionStore:
                 raise RowNotFound("session", session_id)
         self.writer.call(op)
 
-    def mark_direct_turn_now(self, session_id: str, owner: str | None, now: float) -> None:
-        """Set the session's direct-turn mark to runtime ``owner``, or end it (None),
-        inside the caller's transaction; a direct turn takes it with its id through
-        :meth:`take_direct_turn`."""
+    def end_direct_turn_now(self, session_id: str, owner: str, turn_id: str,
+                            now: float) -> bool:
+        """End the direct-turn mark of the turn ``turn_id`` of runtime ``owner``, inside the
+        caller's transaction; False when the session holds no such mark (another runtime
+        took it after this one's was ended as a gone runtime's: it stays)."""
         s = self.t.session
-        if not s.update(turn_owner=owner, turn_id=None, updated_at=now).where(
-                s.id == session_id).execute():
-            raise RowNotFound("session", session_id)
+        return bool(s.update(turn_owner=None, turn_id=None, updated_at=now).where(
+            (s.id == session_id) & (s.turn_owner == owner)
+            & (s.turn_id == turn_id)).execute())
 
-    def mark_direct_turn(self, session_id: str, owner: str | None, now: float) -> None:
-        """:meth:`mark_direct_turn_now` in a transaction of its own."""
-        self.writer.call(lambda: self.mark_direct_turn_now(session_id, owner, now))
+    def end_direct_turn(self, session_id: str, owner: str, turn_id: str,
+                        now: float) -> bool:
+        """:meth:`end_direct_turn_now` in a transaction of its own."""
+        return self.writer.call(
+            lambda: self.end_direct_turn_now(session_id, owner, turn_id, now))
 
     def take_direct_turn(self, session_id: str, owner: str, turn_id: str,
                          now: float) -> bool:

@@ -262,16 +262,16 @@ def test_a_direct_turn_mark_left_by_a_failed_unmark_does_not_wedge_its_session(
 
     with Runtime(db=pg_url, brain=brain) as rt:
         store = rt.context.store
-        real_mark = store.mark_direct_turn
+        real_end = store.end_direct_turn
         failed: list[str] = []
 
-        def flaky(session_id: str, owner: str | None, now: float, *rest: Any) -> None:
-            if owner is None and not failed:
+        def flaky(session_id: str, *rest: Any) -> bool:
+            if not failed:
                 failed.append(session_id)
                 raise DatabaseFailed("the connection was lost")
-            real_mark(session_id, owner, now, *rest)
+            return real_end(session_id, *rest)
 
-        store.mark_direct_turn = flaky  # type: ignore[method-assign]
+        store.end_direct_turn = flaky  # type: ignore[method-assign]
         job = rt.cron.add("digest", "0 9 * * *", "Summarize")
         rt.cron.trigger(job["job_id"])
         wait_for(lambda: bool(failed), 20, what="the failed unmark")

@@ -177,13 +177,36 @@ def test_a_direct_turn_whose_commit_fails_outside_the_journal_ends_its_mark(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("ending", ["commits", "fails"])
+def test_a_direct_turn_ends_only_its_own_mark(make_runtime: MakeRuntime, ending: str) -> None:
+    """While the turn ran, its runtime's mark was ended as a gone one's (its connection
+    dropped, say) and another runtime's direct turn marked the session: ending this turn,
+    committed or failed, leaves that runtime's mark in place."""
+    def brain(turn: Turn) -> str:
+        store, now = rt.context.store, rt.clock.now()
+        assert store.end_direct_turn_marks(now, {rt.owner}) == 1
+        assert store.take_direct_turn(turn.session_id, "vm:2:other", "its-turn", now)
+        if ending == "fails":
+            raise RuntimeError("the model is down")
+        return "ok"
+
+    rt = make_runtime(brain=brain)
+    sid = rt.create_session(rt.create_project("p").id, "s").id
+    direct = rt._direct
+    assert direct is not None
+    outcome = direct.run(sid, [Message("d1", "cron", "tick", None, {})])
+    assert outcome.committed is (ending == "commits")
+    assert rt.context.store.direct_turn(sid) == ("vm:2:other", "its-turn")
+
+
+@pytest.mark.timeout(60)
 def test_a_runtime_that_holds_the_database_alone_ends_a_dead_ones_direct_turn_marks(
         db_url: str, clock: ManualClock) -> None:
     from kinbox.actors import Runtime
 
     first = Runtime(db=db_url, clock=clock, brain=lambda turn: None).start()
     sid = first.create_session(first.create_project("p").id, "s").id
-    first.context.store.mark_direct_turn(sid, "gone-1", clock.now())  # then it died
+    assert first.context.store.take_direct_turn(sid, "gone-1", "t1", clock.now())  # it died
     assert first.session(sid).status == "active"  # type: ignore[union-attr]
     first.stop()
     second = Runtime(db=db_url, clock=clock, brain=lambda turn: None).start()
@@ -228,8 +251,9 @@ def test_on_postgres_a_gone_runtimes_direct_turn_mark_ends_and_a_live_ones_stays
         project = a.create_project("p")
         live, dead = (a.create_session(project.id, name).id for name in ("live", "dead"))
         now = a.clock.now()
-        a.context.store.mark_direct_turn(live, b.owner, now)  # b runs it and is alive
-        a.context.store.mark_direct_turn(dead, "vm:1:gone", now)  # nobody holds that life lock
+        store = a.context.store
+        assert store.take_direct_turn(live, b.owner, "t1", now)  # b runs it and is alive
+        assert store.take_direct_turn(dead, "vm:1:gone", "t2", now)  # no life lock held
         assert {a.session(s).status for s in (live, dead)} == {"active"}  # type: ignore[union-attr]
         wait_for(lambda: a.session(dead).status == "idle", 10,  # type: ignore[union-attr]
                  "the gone runtime's mark to end")
