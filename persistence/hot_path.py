@@ -70,6 +70,13 @@ def head_probe(target: str) -> str:
             f"AND {is_open('o')} ORDER BY o.seq LIMIT 1)")
 
 
+def direct_turn_marked(target: str) -> str:
+    """SQL for "a direct turn (a cron run, a social event) of ``target`` runs, in any
+    process": its session's mark (:meth:`.sessions.SessionStore.take_direct_turn`). No
+    runtime on PostgreSQL leases a marked session a new row, whether it claims or chains."""
+    return f"((SELECT s.turn_owner FROM sessions s WHERE s.id = {target}) IS NOT NULL)"
+
+
 class HotPath:
     """The per-message statements for one database."""
 
@@ -222,6 +229,11 @@ class HotPath:
         """Lease one row if it is still claimable; False when someone else has it."""
         cursor = self.db.execute_sql(self.sql_lease, (owner, until, now, message_id, now, now))
         return cursor.rowcount == 1
+
+    def marked(self, target: str) -> bool:
+        """Does a direct turn mark ``target`` (:func:`direct_turn_marked`)?"""
+        row = self.fetch_one(f"SELECT {direct_turn_marked(self.p)}", (target,))
+        return row is not None and bool(row[0])
 
     def has_marker(self, message_id: str) -> bool:
         """A committed turn exists for this message."""

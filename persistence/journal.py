@@ -309,9 +309,7 @@ class Journal(InboxReads):
                        lease: float) -> ClaimedRow | None:
         """Lease the target's new head if it is due (inside the ack's transaction); on
         PostgreSQL not while a direct turn marks the session (see ``pg_commits``)."""
-        if self.bulk.postgres and self.t.session.select().where(
-                (self.t.session.id == target)
-                & self.t.session.turn_owner.is_null(False)).exists():
+        if self.bulk.postgres and self.hot.marked(target):
             return None
         while True:
             head = self.hot.head(target)

@@ -46,7 +46,15 @@ from typing import Any, NamedTuple
 
 import peewee as pw
 
-from .hot_path import CLAIM_COLUMNS, INBOX, PENDING, PROCESSING, Head, head_probe
+from .hot_path import (
+    CLAIM_COLUMNS,
+    INBOX,
+    PENDING,
+    PROCESSING,
+    Head,
+    direct_turn_marked,
+    head_probe,
+)
 from .inbox_core import is_claimable
 from .pg_params import text_array
 from .pg_prepared import PreparedStatement
@@ -87,12 +95,6 @@ def no_turn_running(target: str) -> str:
     return (f"((SELECT 1 FROM {INBOX} r WHERE r.target_chat_id = {target} "
             f"AND r.status = '{PROCESSING}' LIMIT 1) IS NULL "
             f"AND NOT {direct_turn_marked(target)})")
-
-
-def direct_turn_marked(target: str) -> str:
-    """SQL for "a direct turn (a cron run, a social event) of ``target`` runs, in any
-    process": its session's mark."""
-    return f"((SELECT s.turn_owner FROM sessions s WHERE s.id = {target}) IS NOT NULL)"
 
 
 def processing_head(target: str) -> str:

@@ -57,9 +57,10 @@ from .hot_path import (
     PENDING,
     PROCESSING,
     Head,
+    direct_turn_marked,
     is_open,
 )
-from .pg_claims import direct_turn_marked, marker_probe
+from .pg_claims import marker_probe
 from .pg_params import float8_array, json_rows, text_array
 from .pg_prepared import PreparedStatement
 
