@@ -179,14 +179,17 @@ class Turn:
         """Add an assistant message to the session's transcript (committed with the turn)."""
         if not isinstance(text, str):
             raise TypeError(f"reply takes a str, not {type(text).__name__}")
-        if self._closed is not None:  # past its brain: the entries are the commit's now
-            raise RuntimeStateError("this turn has ended: a reply after its brain returned "
-                                    "is not recorded", state="ended")
         problem = unstorable(text)
         if problem is not None:  # refused here, not in the commit: that would retry forever
             raise ConfigError(f"the reply {problem}", field="text")
-        self.replies.append(text)
-        self._log.append(TurnEntry("assistant", text, True))
+        # Under the lock that ends the turn's brain (close_steering): a reply from another
+        # thread of the brain's is either in the commit's entries or refused, never dropped.
+        with self._steer_lock:
+            if self._closed is not None:  # past its brain: the entries are the commit's now
+                raise RuntimeStateError("this turn has ended: a reply after its brain "
+                                        "returned is not recorded", state="ended")
+            self.replies.append(text)
+            self._log.append(TurnEntry("assistant", text, True))
 
     def steering(self) -> list[Message]:
         """Messages to this session that arrived since the turn started (or last asked).
@@ -215,11 +218,11 @@ class Turn:
                 self._unseen.extend(self._fetch_steering())
 
     def _take(self) -> list[Message]:
-        with self._steer_lock:
+        with self._steer_lock:  # taken whole before the turn closes, or not at all
             fresh, self._unseen = self._unseen, []
-        self._steered.extend(fresh)
-        self.steered_ids.extend(m.message_id for m in fresh)
-        self._log.extend(m.entry() for m in fresh)
+            self._steered.extend(fresh)
+            self.steered_ids.extend(m.message_id for m in fresh)
+            self._log.extend(m.entry() for m in fresh)
         return fresh
 
     def close_steering(self, wait: bool = True) -> list[Message] | None:

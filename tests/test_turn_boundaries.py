@@ -247,3 +247,32 @@ def test_a_tool_call_or_reply_after_the_turn_ended_is_refused_not_lost(
     assert [type(e).__name__ for e in errors] == ["ToolError", "RuntimeStateError"]
     assert "This turn has ended" in str(errors[0])
     assert rt.inbox(target=target) == []
+
+
+def test_a_reply_meeting_the_turns_close_midway_is_committed_or_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread the brain started replies while the turn closes (its brain returned, on
+    another thread): the close lands inside the reply, here while its text is checked.
+    The reply must then be refused, not accepted after the commit read the entries."""
+    from kinbox.actors import RuntimeStateError
+    from kinbox.actors import turn as turn_module
+
+    turn = Turn("s", [], lambda: None, StopFlag(), list)
+    committed: list[list[str]] = []
+    check = turn_module.unstorable
+
+    def closing_meanwhile(text: str) -> str | None:
+        closer = threading.Thread(target=lambda: committed.append(
+            [e.content for e in turn.entries()] if turn.close_steering() is not None
+            else []))
+        closer.start()
+        closer.join(10)
+        return check(text)
+
+    monkeypatch.setattr(turn_module, "unstorable", closing_meanwhile)
+    try:
+        turn.reply("late")
+        accepted = True
+    except RuntimeStateError:
+        accepted = False
+    assert accepted == ("late" in committed[0])
