@@ -16,6 +16,7 @@ from importlib import metadata
 from typing import TextIO
 
 from ..transport import TransportError
+from ..transport.frames import shown
 from . import bench, cli_cron, cli_ops, cli_peers, cli_scenario, cpu_pinning, serve, worker
 from .errors import ConfigError, KinboxError
 from .validation import unstorable
@@ -103,7 +104,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         return int(args.handler(args, out))
     # OSError: a data directory that is a file, a key file it cannot read.
     except (KinboxError, TransportError, OSError) as exc:
-        print(f"kinbox: {exc}", file=sys.stderr)
+        # An error may quote what a peer or a file said: never raw onto the terminal.
+        print(f"kinbox: {shown(str(exc), 2000)}", file=sys.stderr)
         return 1
 
 

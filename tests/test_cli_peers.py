@@ -158,3 +158,34 @@ def test_a_stored_name_with_escape_sequences_is_listed_escaped(tmp_path: Path) -
     assert main(["peers", "list", "--db", url], out=out) == 0
     assert "\x1b" not in out.getvalue() and "evil\\x1b[2J\\nFAKE" in out.getvalue()
     assert len(out.getvalue().splitlines()) == 2  # the header and one device: no forged line
+
+
+def test_a_stranger_at_the_pairing_address_cannot_write_escape_sequences_to_the_terminal(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Whatever answers at the address refuses the pairing with a message of its own: it
+    reaches the operator escaped (no clearing the screen, no fake 'paired' line)."""
+    import random
+    import threading
+
+    from websockets.sync.server import ServerConnection, serve
+
+    from kinbox.transport import frames as f
+    from kinbox.transport import handshake as hs
+    from kinbox.transport.identity import DeviceIdentity
+
+    stranger = DeviceIdentity.generate()
+
+    def handler(ws: ServerConnection) -> None:
+        ws.send(f.encode(hs.challenge(stranger, hs.new_nonce(random.randbytes(32)))))
+        ws.recv(5)
+        ws.send(f.encode(f.Error(None, "forbidden", "\x1b]0;pwned\x07\x1b[2J\rkinbox: paired")))
+
+    with serve(handler, "127.0.0.1", 0) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        port = server.socket.getsockname()[1]
+        code = main(["peers", "pair", f"http://127.0.0.1:{port}", "kbp_" + "A" * 43,
+                     "--db", f"sqlite:///{tmp_path / 'phone.db'}"])
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "pwned" in err and "\x1b" not in err and "\x07" not in err and "\r" not in err

@@ -85,7 +85,8 @@ def _pair(ws: ClientConnection, identity: DeviceIdentity, code: str, name: str, 
         ws.send(f.encode(request))
         answer = f.parse(ws.recv(timeout))
         if isinstance(answer, f.Error):
-            raise HandshakeRefused(answer.message or answer.code)
+            # Whatever answers at the address wrote it: escaped before anyone shows it.
+            raise HandshakeRefused(f.shown(answer.message or answer.code))
         if not isinstance(answer, f.Paired):
             raise HandshakeRefused("malformed", f"expected paired, got {answer.TYPE}")
         handshake.check_paired(identity, ch, request, answer)
