@@ -10,7 +10,7 @@ turn commits costs a handful of lock hand-offs instead of several per message.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import Any
 
@@ -28,6 +28,14 @@ from .pg_params import json_rows
 ROWS_PER_INSERT = 200
 """Rows per multi-row ``INSERT``: 200 x 15 parameters stays under every backend's bound."""
 
+TEXT_PER_INSERT = 16_384
+"""Characters of text (message bodies, transcript texts) a multi-row ``INSERT`` binds at
+most on SQLite; a longer row goes in one of its own. Python's sqlite3 keeps each statement
+it cached (one per row count) with the values last bound to it until it runs again: 200
+statements a table, each holding up to 200 rows of 64 kB bodies, would keep gigabytes of
+text alive for the process's life. So each holds at most this (a single-row one, one
+row)."""
+
 _INBOX_COLUMN_NAMES = ("message_id", "seq", "transport", "destination_peer_id",
                        "sender_chat_id", "target_chat_id", "kind", "content", "payload",
                        "attempts", "max_attempts", "available_at", "created_at", "updated_at",
@@ -40,6 +48,27 @@ _NEW_ROW = tuple(c for c in _INBOX_COLUMN_NAMES if c not in ("seq", "attempts"))
 but ``seq`` (numbered by the writer on SQLite, by the sequence on PostgreSQL) and
 ``attempts`` (0)."""
 _BODY, _PAYLOAD = _NEW_ROW.index("content"), _NEW_ROW.index("payload")
+_INBOX_TEXTS = (_INBOX_COLUMN_NAMES.index("content"), _INBOX_COLUMN_NAMES.index("payload"))
+"""Where a SQLite row (``seq`` included) has its long texts."""
+
+
+def _parts(rows: Sequence[Sequence[Any]], texts: tuple[int, ...]
+           ) -> Iterator[Sequence[Sequence[Any]]]:
+    """``rows`` in runs of at most :data:`ROWS_PER_INSERT` rows and, but for a single row,
+    :data:`TEXT_PER_INSERT` characters at the positions ``texts``."""
+    if not texts:
+        for start in range(0, len(rows), ROWS_PER_INSERT):
+            yield rows[start:start + ROWS_PER_INSERT]
+        return
+    start = size = 0
+    for i, row in enumerate(rows):
+        n = sum(len(row[t] or "") for t in texts)
+        if i > start and (i - start == ROWS_PER_INSERT or size + n > TEXT_PER_INSERT):
+            yield rows[start:i]
+            start, size = i, 0
+        size += n
+    if start < len(rows):
+        yield rows[start:]
 
 
 def _pg_new_value(column: str) -> str:
@@ -135,11 +164,11 @@ class BulkSql:
         return max(now, min(self.sent_until, now + CHAIN_SLACK))
 
     def _insert(self, head: str, row_sql: str, rows: Sequence[Sequence[Any]],
-                tail: str = "") -> int:
-        """Insert ``rows``; how many were written."""
+                texts: tuple[int, ...], tail: str = "") -> int:
+        """Insert ``rows`` (their long texts at the positions ``texts``); how many were
+        written."""
         written = 0
-        for start in range(0, len(rows), ROWS_PER_INSERT):
-            part = rows[start:start + ROWS_PER_INSERT]
+        for part in _parts(rows, texts):
             cursor = self.db.execute_sql(
                 f"{head} VALUES " + ", ".join([row_sql] * len(part)) + tail,
                 list(chain.from_iterable(part)))  # flattened in C: ~28 values a message
@@ -189,19 +218,19 @@ class BulkSql:
             first = self.next_seq()[0]
         rows = [(r[0], first + i, *r[1:]) for i, r in enumerate(rows)]
         written = self._insert(f"INSERT INTO {INBOX} ({_INBOX_COLUMNS})", self._inbox_row,
-                               rows, " ON CONFLICT (message_id) DO NOTHING")
+                               rows, _INBOX_TEXTS, " ON CONFLICT (message_id) DO NOTHING")
         return written, first
 
     def insert_entries(self, rows: Sequence[tuple[Any, ...]]) -> None:
         """Transcript entries: (session_id, role, text, visible, message_id, sender_id, kind,
         created_at)."""
         self._insert("INSERT INTO transcript_entries (session_id, role, text, visible, "
-                     "message_id, sender_id, kind, created_at)", self._entry_row, rows)
+                     "message_id, sender_id, kind, created_at)", self._entry_row, rows, (2,))
 
     def insert_markers(self, rows: Sequence[tuple[str, str, float]]) -> None:
         """Delivery markers: (session_id, message_id, created_at)."""
         self._insert("INSERT INTO delivery_markers (session_id, message_id, created_at)",
-                     self._marker_row, rows)
+                     self._marker_row, rows, ())
 
     def lease_heads(self, targets: Sequence[tuple[str, float]], owner: str, until: float,
                     now: float) -> tuple[dict[str, Head], set[str]]:
