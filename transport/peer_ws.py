@@ -50,6 +50,11 @@ from .identity import DeviceIdentity
 log = logging.getLogger("kinbox.peers")
 
 HANDSHAKE_TIMEOUT = 10.0
+UNCOMMITTED_LIMIT = 128
+"""Deliveries of one link read and not yet committed. A sender keeps at most its window
+(and a prefetch as large) unacknowledged, well under this; one that ignores it is not read
+further until the committer catches up, so its frames wait in its own socket buffers, not
+in this process's memory."""
 STATUS_POLL_SECONDS = 0.25
 """How often a live link re-reads its grant (a revoke closes it within a second)."""
 
@@ -228,7 +233,7 @@ class _Session:
         self.b = backend
         self.device_id = grant.device_id
         self.core = receiver.ReceiverLink(grant.device_id, grant.scopes)
-        self.commits: asyncio.Queue[receiver.Commit] = asyncio.Queue()
+        self.commits: asyncio.Queue[receiver.Commit] = asyncio.Queue(UNCOMMITTED_LIMIT)
         self.send_lock = asyncio.Lock()
         self.committing = asyncio.Lock()
         """Held by the committer from a batch's commit until its acks are sent: a grant
@@ -255,7 +260,7 @@ class _Session:
                 data = await _receive_text(self.ws)
                 for action in self.core.receive(data, self.b.now()):
                     if isinstance(action, receiver.Commit):
-                        self.commits.put_nowait(action)
+                        await self.commits.put(action)
                     elif isinstance(action, receiver.Send):
                         await self.send(action.text)
                     elif isinstance(action, receiver.Answer):
@@ -274,7 +279,7 @@ class _Session:
         try:
             while True:
                 batch = [await self.commits.get()]
-                while not self.commits.empty() and len(batch) < 512:
+                while not self.commits.empty():
                     batch.append(self.commits.get_nowait())
                 async with self.committing:
                     try:
