@@ -33,6 +33,8 @@ from .inbox_records import (
     insert_params,
     leased_new_row,
 )
+from .peer_outbox import NEW_ROW_LOCK
+from .peers import PEER_TRANSPORT
 from .pg_commits import PgTurnSql
 
 
@@ -63,6 +65,10 @@ def insert_new(sql: BulkSql, items: Sequence[Enqueue]) -> list[EnqueueResult]:
     if asking:
         first, busy = sql.next_seq(asking)
         leases = heads_to_lease(items, busy)
+    if sql.postgres:  # a device's rows commit in the order its link's claims see them
+        for device in sorted({msg.target for msg, _, _ in items
+                              if msg.transport == PEER_TRANSPORT}):
+            sql.db.execute_sql(NEW_ROW_LOCK, (device,))
     written, first = sql.insert_inbox([insert_params(msg, now, leases.get(msg.message_id))
                                        for msg, now, _ in items], first)
     sql.sent_until = max(sql.sent_until, max(now for _, now, _ in items))

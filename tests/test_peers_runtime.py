@@ -18,7 +18,7 @@ from kinbox.persistence.peer_outbox import PeerOutbox
 from kinbox.persistence.peers import INBOUND, OUTBOUND, PeerStore
 
 from .conftest import Stores
-from .helpers import quiet_brain, wait_for
+from .helpers import lock_waits, quiet_brain, wait_for
 from .peer_harness import Receiver, free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -218,6 +218,49 @@ def test_a_second_worker_finds_nothing_while_the_first_holds_the_window(stores: 
     assert outbox.claim_window("w2", "peer:0123456789ab", 0, 2.0, lease=30, limit=9) == []
     taken = outbox.claim_window("w2", "peer:0123456789ab", 0, 40.0, lease=30, limit=9)
     assert [r.message_id for r in taken] == ["m0", "m1", "m2"]  # w1's leases ran out
+
+
+@pytest.mark.timeout(60)
+def test_on_postgres_a_device_row_numbered_first_and_committed_last_is_not_skipped(
+        pg_url: str) -> None:
+    """PostgreSQL numbers a row when it is written: a send from another process numbered
+    first and committed after a later one was invisible to the link's claim, which went on
+    after the later row, so the first was sent out of order, or not while the link stayed
+    busy. The claim now waits for that write, then takes both, in order."""
+    device, target = "0123456789ab", "peer:0123456789ab"
+
+    def peer_row(message_id: str) -> NewMessage:
+        return NewMessage(message_id, target, message_id, transport="suzent_peer",
+                          destination_peer_id=device)
+
+    here, other = Stores(pg_url), Stores(pg_url)  # two processes' connections and writers
+    try:
+        numbered, gate = threading.Event(), threading.Event()
+
+        def slow_send() -> None:  # numbered now, committed once the gate opens
+            def op() -> None:
+                other.journal.enqueue_now(peer_row("first"), 1.0)
+                numbered.set()
+                assert gate.wait(20)
+            other.writer.call(op)
+
+        sender = threading.Thread(target=slow_send)
+        sender.start()
+        assert numbered.wait(10)
+        here.journal.enqueue_many([peer_row("second")], 2.0)
+        claimed: list[list[str]] = []
+        claim = threading.Thread(target=lambda: claimed.append([r.message_id for r in PeerOutbox(
+            here.tables, here.writer).claim_window("w", target, 0, 3.0, lease=30, limit=9)]))
+        claim.start()
+        wait_for(lambda: bool(claimed) or lock_waits(pg_url) > 0, 10,
+                 "the claim to answer or to wait for the write in flight")
+        gate.set()
+        sender.join(10)
+        claim.join(10)
+        assert claimed == [["first", "second"]]
+    finally:
+        here.close()
+        other.close()
 
 
 @pytest.mark.timeout(120)
