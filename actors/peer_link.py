@@ -333,8 +333,13 @@ class PeerLink:
                 for mid in e.ids:
                     self._retry(mid, e.reason, permanent=False)
             elif isinstance(e, Terminal):
-                self.svc.peers.set_status(self.device_id, e.status, ctx.now(),
-                                          direction=OUTBOUND, last_error=e.reason)
+                if not self.svc.peers.close_outbound(self.device_id, rec.token_sealed,
+                                                     e.status, e.reason, ctx.now()):
+                    # Paired again while this link spoke with the old token: the new
+                    # pairing stands, and the rows go again with it.
+                    for mid in e.ids:
+                        self._retry(mid, f"{e.reason} (an earlier pairing)", permanent=False)
+                    continue
                 for mid in e.ids:
                     self._retry(mid, e.reason, permanent=True)
                 log.warning("peer %s refused this device: %s", self.device_id, e.reason)

@@ -174,6 +174,16 @@ class PeerStore:
         self.writer.call(lambda: d.update(last_seen_at=now, last_error=cleared).where(
             d.id == _key(device_id, direction)).execute())
 
+    def close_outbound(self, device_id: str, token_sealed: str | None, status: str,
+                       reason: str, now: float) -> bool:
+        """Record that the device refused the grant sealed as ``token_sealed`` for good
+        (``status``: revoked or paused); False, changing nothing, when the device was
+        paired again meanwhile (the refusal was of the old token, not of the new one)."""
+        d = self.t.device
+        return bool(self.writer.call(lambda: d.update(
+            status=status, last_error=reason, updated_at=now).where(
+            (d.id == _key(device_id, OUTBOUND)) & (d.token_sealed == token_sealed)).execute()))
+
     def note_problem(self, device_id: str, direction: str, text: str, now: float) -> None:
         """Record why the device's link is failing, leaving its status as it is."""
         d = self.t.device

@@ -726,3 +726,23 @@ def test_a_session_name_the_receiver_refuses_is_refused_at_the_send(
         sender.peers.send(me, f"peer:{rec.device_id}", "hello", session=session)
     assert info.value.code == "invalid_argument" and "session must be" in info.value.message
     assert sender.inbox() == []
+
+
+def test_a_refusal_of_an_earlier_pairing_leaves_the_new_one_standing(
+        sender: Runtime, receiver: Receiver) -> None:
+    """A link that spoke with the old token while the device was paired again gets the
+    old token refused: that refusal must not mark the new pairing revoked, and the rows
+    it carried go again (with the new token) instead of failing."""
+    from kinbox.actors.peer_link import PeerLink
+    from kinbox.transport.link import Terminal
+
+    svc = sender.peers
+    first = svc.pair(receiver.http, receiver.invite(), name="laptop")
+    old = svc.peers.device(first.device_id, OUTBOUND)
+    svc.pair(receiver.http, receiver.invite(), name="laptop")  # paired again meanwhile
+    PeerLink(svc, first.device_id)._apply([Terminal((), "unknown token")], old)  # type: ignore[arg-type]
+    now = svc.peers.device(first.device_id, OUTBOUND)
+    assert now is not None and now.status == "active"
+    PeerLink(svc, first.device_id)._apply([Terminal((), "revoked")], now)
+    closed = svc.peers.device(first.device_id, OUTBOUND)
+    assert closed is not None and closed.status == "revoked"
