@@ -13,9 +13,10 @@ commit (only the turn that asked does) and no thread is held meanwhile. What
 may block otherwise (a turn hook's work, recording a failed attempt, tool
 calls) runs on a small pool of blocking workers. Nothing waits for another
 turn on one: a row whose session runs a cron or social turn awaits its end,
-since that turn's tool calls may need every worker. The outbox hooks run on the loop with the
-commit: two of them read one row by key (a sub-agent's task turn its session,
-a social session's reply its route), none writes or waits for a commit.
+since that turn's tool calls may need every worker. The outbox hooks run on
+the loop with the commit: two of them read one row by key (a sub-agent's
+task turn its session, a social session's reply its route), none writes or
+waits for a commit.
 
 Per session nothing changes: the slot table still keeps one row in flight
 per target (the slot frees from here when the turn and its chained
