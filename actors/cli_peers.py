@@ -1,7 +1,8 @@
 """``kinbox peers``: this device's identity, pairing, and the grants of paired devices.
 
 ``whoami`` shows the device id; ``invite`` (on the receiving device) prints a
-one-time pairing code and stores only its hash; ``pair URL CODE`` (on the
+one-time pairing code and stores only its hash; ``invites`` lists the codes
+still open by id, and ``withdraw`` makes one invalid; ``pair URL CODE`` (on the
 sending device) redeems it over the peer's websocket; ``list`` shows every
 paired device with its scopes, status, last contact and row counts;
 ``pause``, ``resume`` and ``revoke`` change a device's grant (a live link
@@ -24,7 +25,14 @@ from ..persistence.peers import PeerStore
 from ..transport import key_file
 from ..transport.errors import TransportError
 from ..transport.frames import shown
-from ..transport.grants import change_status, parse_scopes, parse_ttl
+from ..transport.grants import (
+    change_status,
+    invite_id,
+    invite_ref,
+    parse_scopes,
+    parse_ttl,
+    secret_hash,
+)
 from ..transport.identity import DeviceIdentity
 from .cli_ops import _emit, _when, common
 from .data_dirs import add_data_dir_flag
@@ -81,10 +89,41 @@ def invite(args: argparse.Namespace, out: TextIO) -> int:
     now = time.time()
     with _device(args) as (peers, identity):
         code = new_invite(peers, scopes, ttl, now)
-    data = {"code": code, "device_id": identity.device_id, "scopes": sorted(scopes),
-            "expires_at": now + ttl}
+    ref = invite_id(secret_hash(code))
+    data = {"code": code, "invite_id": ref, "device_id": identity.device_id,
+            "scopes": sorted(scopes), "expires_at": now + ttl}
     _emit(out, args.json, data, [code, f"(one-time pairing code for device "
-                                       f"{identity.device_id}, expires {_when(now + ttl)} UTC)"])
+                                       f"{identity.device_id}, expires {_when(now + ttl)} UTC;"
+                                       f" invite {ref}: kinbox peers withdraw {ref})"])
+    return 0
+
+
+def invites(args: argparse.Namespace, out: TextIO) -> int:
+    """``kinbox peers invites``: the pairing codes not used and not expired, by id."""
+    with _peers(args) as (peers, _):
+        found = peers.open_invites(time.time())
+    data = [{"invite_id": invite_id(i.code_hash), "scopes": sorted(i.scopes),
+             "expires_at": i.expires_at} for i in found]
+    _emit(out, args.json, data, [f"{d['invite_id']}  {','.join(d['scopes']):<8} expires "
+                                 f"{_when(d['expires_at'])} UTC" for d in data]
+          or ["no open pairing invites"])
+    return 0
+
+
+def withdraw(args: argparse.Namespace, out: TextIO) -> int:
+    """``kinbox peers withdraw INVITE``: an open pairing code (or its invite id) can pair
+    nothing any more."""
+    ref = invite_ref(args.invite)
+    if ref is None:
+        raise ConfigError("give a pairing code, or an invite id as 'kinbox peers invites' "
+                          "lists it (12 hex characters)", field="invite")
+    with _peers(args) as (peers, _):
+        gone = peers.withdraw_invite(ref, time.time())
+    if gone is None:
+        raise RowNotFound("open pairing invite", invite_id(ref))
+    data = {"invite_id": invite_id(gone.code_hash), "withdrawn": True}
+    _emit(out, args.json, data, [f"invite {data['invite_id']} withdrawn: its code pairs "
+                                 "nothing any more"])
     return 0
 
 
@@ -178,6 +217,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("code")
     p.add_argument("--name", help="what to call that device here")
     p.set_defaults(handler=pair)
+    with_key(psub.add_parser("invites", help="pairing codes not used and not expired")
+             ).set_defaults(handler=invites)
+    p = with_key(psub.add_parser("withdraw", help="make an unused pairing code invalid"))
+    p.add_argument("invite", help="the code, or its invite id from 'kinbox peers invites'")
+    p.set_defaults(handler=withdraw)
     with_key(psub.add_parser("list", help="paired devices and their grants")).set_defaults(
         handler=listing)
     for action in ("pause", "resume", "revoke"):

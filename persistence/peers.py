@@ -94,6 +94,29 @@ class PeerStore:
         return InviteRecord(r.code_hash, frozenset(r.scopes.split(",")), r.expires_at,
                             r.used_at is not None)
 
+    def open_invites(self, now: float) -> list[InviteRecord]:
+        """The invites not used and not expired at ``now``, soonest to expire first."""
+        i = self.t.invite
+        return [InviteRecord(r.code_hash, frozenset(r.scopes.split(",")), r.expires_at, False)
+                for r in i.select().where(i.used_at.is_null(), i.expires_at > now)
+                .order_by(i.expires_at, i.code_hash)]
+
+    def withdraw_invite(self, code_hash_prefix: str, now: float) -> InviteRecord | None:
+        """Delete the one open invite whose code hash starts with ``code_hash_prefix`` (its
+        code can pair nothing from then on); None when no open invite, or more than one,
+        has it."""
+        i = self.t.invite
+
+        def op() -> InviteRecord | None:
+            rows = list(i.select().where(i.code_hash.startswith(code_hash_prefix),
+                                         i.used_at.is_null(), i.expires_at > now).limit(2))
+            if len(rows) != 1:
+                return None
+            i.delete().where(i.code_hash == rows[0].code_hash).execute()
+            return InviteRecord(rows[0].code_hash, frozenset(rows[0].scopes.split(",")),
+                                rows[0].expires_at, False)
+        return self.writer.call(op)  # type: ignore[no-any-return]
+
     def redeem(self, code_hash: str, now: float, device_id: str, name: str, public_key: str,
                token_hash: str) -> bool:
         """Use the invite once and store the inbound grant; False if it was used or expired."""

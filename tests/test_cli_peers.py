@@ -65,6 +65,39 @@ def test_pair_list_pause_resume_revoke(tmp_path: Path) -> None:
         receiver.stop()
 
 
+def test_an_open_pairing_code_is_listed_by_id_and_can_be_withdrawn(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A code lives up to a week; one that leaked is withdrawn by its invite id (or by the
+    code itself) and can pair nothing after; a used or withdrawn code is not listed."""
+    receiver = Receiver(tmp_path / "b").start()
+    try:
+        url = f"sqlite:///{tmp_path / 'a' / 'a.db'}"
+        leaked = cli("peers", "invite", "--db", receiver.url, "--ttl", "7d")
+        used = cli("peers", "invite", "--db", receiver.url)
+        also = cli("peers", "invite", "--db", receiver.url)
+        listed = cli("peers", "invites", "--db", receiver.url)
+        assert [i["invite_id"] for i in listed] == [used["invite_id"], also["invite_id"],
+                                                    leaked["invite_id"]]  # soonest first
+        assert all(i["invite_id"] not in (used["code"], leaked["code"]) for i in listed)
+        cli("peers", "pair", receiver.http, used["code"], "--db", url)
+        gone = cli("peers", "withdraw", leaked["invite_id"], "--db", receiver.url)
+        assert gone == {"invite_id": leaked["invite_id"], "withdrawn": True}
+        assert cli("peers", "withdraw", also["code"], "--db", receiver.url)["withdrawn"]
+        assert cli("peers", "invites", "--db", receiver.url) == []
+        capsys.readouterr()
+        assert run("peers", "pair", receiver.http, leaked["code"], "--db", url)[0] == 1
+        assert "refused" in capsys.readouterr().err
+        assert run("peers", "withdraw", leaked["invite_id"], "--db", receiver.url)[0] == 1
+        assert f"no open pairing invite with id '{leaked['invite_id']}'" in (
+            capsys.readouterr().err)
+        assert run("peers", "withdraw", "not-an-invite", "--db", receiver.url)[0] == 1
+        assert "12 hex characters" in capsys.readouterr().err
+        assert run("peers", "invites", "--db", receiver.url)[1].strip() == (
+            "no open pairing invites")
+    finally:
+        receiver.stop()
+
+
 def test_pairing_with_nobody_listening_is_a_clear_error(tmp_path: Path) -> None:
     code, _ = run("peers", "pair", "http://127.0.0.1:9", "kbp_" + "x" * 43,
                   "--db", f"sqlite:///{tmp_path / 'a.db'}")

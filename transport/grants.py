@@ -107,6 +107,26 @@ def secret_hash(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
 
+INVITE_ID_CHARS = 12
+"""Hex characters of a code's hash that name its invite to the operator (``kinbox peers
+invites``, ``withdraw``): the code itself is shown once and never stored."""
+
+
+def invite_id(code_hash: str) -> str:
+    """The name an operator sees for the invite stored as ``code_hash``."""
+    return code_hash[:INVITE_ID_CHARS]
+
+
+def invite_ref(text: str) -> str | None:
+    """What ``kinbox peers withdraw`` was given, as the start of a code hash: a code (its
+    whole hash) or an invite id; None for anything else."""
+    if is_code(text):
+        return secret_hash(text)
+    if isinstance(text, str) and re.fullmatch(f"[0-9a-f]{{{INVITE_ID_CHARS}}}", text):
+        return text
+    return None
+
+
 def is_token(text: str) -> bool:
     """Does ``text`` look like a bearer token?"""
     return isinstance(text, str) and _TOKEN_RE.fullmatch(text) is not None
