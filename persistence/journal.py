@@ -457,15 +457,22 @@ class Journal(InboxReads):
     def _operator_op(self, message_id: str, now: float, event: core.Event, recorded: str,
                      detail: Callable[[InboxMessage], str | None],
                      changes: dict[str, Any]) -> dict[str, Any]:
-        """An operator's change to one row: checked by the state machine, kept in history."""
+        """An operator's change to one row: checked by the state machine, kept in history.
+
+        The change applies only to the state it was checked against: on PostgreSQL another
+        process may move the row between the read and the write (a worker delivering it,
+        another operator requeueing it), and the check then runs again on what it became."""
         m = self.t.inbox
-        row = m.get_or_none(m.message_id == message_id)
-        if row is None:
-            raise RowNotFound("inbox row", message_id)
-        core.transition(message_id, row.status, event)
+        while True:
+            row = m.get_or_none(m.message_id == message_id)
+            if row is None:
+                raise RowNotFound("inbox row", message_id)
+            core.transition(message_id, row.status, event)
+            if m.update(updated_at=now, **changes).where(
+                    (m.message_id == message_id) & (m.status == row.status)).execute():
+                break
         self.t.event.insert(message_id=message_id, at=now, attempts=row.attempts,
                             event=recorded, detail=detail(row)).execute()
-        m.update(updated_at=now, **changes).where(m.message_id == message_id).execute()
         return row_to_dict(m.get(m.message_id == message_id))
 
     def _requeue_op(self, message_id: str, now: float) -> dict[str, Any]:
