@@ -104,9 +104,10 @@ class CronService:
         """One job."""
         return self.definitions.job(job_id)
 
-    def jobs(self) -> list[dict[str, Any]]:
-        """Every job, soonest due first, paused ones last."""
-        return self.definitions.jobs()
+    def jobs(self, limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
+        """Jobs, soonest due first, paused ones last: every one, or at most ``limit`` (1 to
+        :data:`~kinbox.transport.RUNS_LIMIT`) from the ``offset``-th on."""
+        return self.definitions.jobs(limit, offset)
 
     def pause(self, job_id: str) -> dict[str, Any]:
         """Stop a job's schedule (its runs and session stay)."""

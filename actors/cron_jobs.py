@@ -37,6 +37,12 @@ def _next_or_never(cron: str, now: float, timezone: str) -> float:
     return upcoming
 
 
+def _check_limit(limit: object) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= RUNS_LIMIT:
+        raise rules.InvalidCronJob("limit", f"give a whole number from 1 to {RUNS_LIMIT}, "
+                                            f"not {limit!r}")
+
+
 class CronJobs:
     """Cron job definitions on one database."""
 
@@ -91,9 +97,14 @@ class CronJobs:
         """One job as a dict."""
         return self.get(job_id).to_dict()
 
-    def jobs(self) -> list[dict[str, Any]]:
-        """Every job, soonest due first, paused ones last."""
-        return [j.to_dict() for j in self.store.jobs()]
+    def jobs(self, limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
+        """Jobs, soonest due first, paused ones last: every one, or at most ``limit`` (1 to
+        :data:`~kinbox.transport.RUNS_LIMIT`) from the ``offset``-th on."""
+        if limit is not None:
+            _check_limit(limit)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise rules.InvalidCronJob("offset", f"give a whole number from 0, not {offset!r}")
+        return [j.to_dict() for j in self.store.jobs(limit=limit, offset=offset)]
 
     def pause(self, job_id: str) -> dict[str, Any]:
         """Stop a job's schedule (its runs and session stay)."""
@@ -125,9 +136,7 @@ class CronJobs:
     def runs(self, job_id: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         """Run records, newest first (of one job, or of all); at most ``limit``, 1 to
         :data:`~kinbox.transport.RUNS_LIMIT`."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= RUNS_LIMIT:
-            raise rules.InvalidCronJob("limit", f"give a whole number from 1 to {RUNS_LIMIT}, "
-                                                f"not {limit!r}")
+        _check_limit(limit)
         if job_id is not None:
             self.get(job_id)
         return [r.to_dict() for r in self.store.runs(job_id, limit=limit)]

@@ -40,10 +40,14 @@ def _refusal(exc: Exception) -> BackendRefused:
 
 
 @contextmanager
-def answered() -> Iterator[None]:
-    """Turn what the runtime refuses into the status the route answers with; a runtime
-    that stopped (or whose writer did) is 503, never a 500."""
+def answered(rt: Runtime) -> Iterator[None]:
+    """Answer for ``rt`` only while it runs, and turn what it refuses into the status the
+    route answers with: a runtime that stopped (or whose writer did) is 503, never a 500,
+    whether the route would write, read the database or read its memory."""
     try:
+        if rt.state != "running":
+            raise RuntimeStateError(f"the runtime is {rt.state}; it answers no more requests",
+                                    state=rt.state)
         yield
     except (cron_rules.CronError, social_rules.SocialError, RuntimeStateError,
             WriterClosed) as exc:
@@ -53,22 +57,23 @@ def answered() -> Iterator[None]:
 class CronHttpBackend:
     """The :class:`~kinbox.transport.CronBackend` of a running runtime."""
 
-    def __init__(self, cron: CronService) -> None:
-        self.cron = cron
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.cron: CronService = rt.cron
 
-    def jobs(self) -> list[dict[str, Any]]:
+    def jobs(self, limit: int, offset: int) -> list[dict[str, Any]]:
         """``GET /cron/jobs``."""
-        with answered():
-            return self.cron.jobs()
+        with answered(self.rt):
+            return self.cron.jobs(limit, offset)
 
     def job(self, job_id: str) -> dict[str, Any]:
         """``GET /cron/jobs/{job_id}``."""
-        with answered():
+        with answered(self.rt):
             return self.cron.job(job_id)
 
     def add(self, fields: dict[str, Any]) -> dict[str, Any]:
         """``POST /cron/jobs``."""
-        with answered():
+        with answered(self.rt):
             return self.cron.add(fields.get("name"), fields.get("cron"), fields.get("prompt"),
                                  delivery=fields.get("delivery", "announce"),
                                  timezone=fields.get("timezone", "UTC"))
@@ -77,26 +82,27 @@ class CronHttpBackend:
         """``POST /cron/jobs/{job_id}/<action>`` and ``DELETE /cron/jobs/{job_id}``."""
         if action not in ACTIONS:
             raise BackendRefused(404, "not_found", f"no cron action {action!r}")
-        with answered():
+        with answered(self.rt):
             result: dict[str, Any] = getattr(self.cron, action)(job_id)
         return result
 
     def runs(self, job_id: str | None, limit: int) -> list[dict[str, Any]]:
         """``GET /cron/jobs/{job_id}/runs`` and ``GET /cron/runs``."""
-        with answered():
+        with answered(self.rt):
             return self.cron.runs(job_id, limit)
 
     def drain_announcements(self) -> list[dict[str, Any]]:
         """``POST /cron/announcements/drain``."""
-        with answered():
+        with answered(self.rt):
             return self.cron.drain_announcements()
 
 
 class SocialHttpBackend:
     """The :class:`~kinbox.transport.SocialBackend` of a running runtime."""
 
-    def __init__(self, social: SocialService) -> None:
-        self.social = social
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.social: SocialService = rt.social
 
     def now(self) -> float:
         """The runtime's clock."""
@@ -108,11 +114,11 @@ class SocialHttpBackend:
 
     def ingest_event(self, platform: str, event: dict[str, Any]) -> dict[str, Any]:
         """Validate and queue a webhook event (its platform is the route's)."""
-        with answered():
+        with answered(self.rt):
             return self.social.ingest(event, platform=platform)
 
 
 def cron_social_routes(rt: Runtime) -> Callable[[Refusal], list[BaseRoute]]:
     """The cron and social routes of a started runtime, for ``create_app(guarded_routes=...)``."""
-    cron, social = CronHttpBackend(rt.cron), SocialHttpBackend(rt.social)
+    cron, social = CronHttpBackend(rt), SocialHttpBackend(rt)
     return lambda refusal: [*cron_routes(cron, refusal), *social_routes(social)]

@@ -65,26 +65,28 @@ class RuntimeHttpBackend:
 
     def focal_status(self) -> dict[str, Any]:
         """``GET /focal``."""
-        with answered():  # it creates the Focal chat: a stopped runtime's writer refuses
+        with answered(self.rt):  # it creates the Focal chat: a stopped runtime's writer refuses
             return self.focal.status()
 
     def focal_panel(self) -> dict[str, Any]:
         """``GET /focal/panel``."""
-        with answered():
+        with answered(self.rt):
             return self.focal.panel()
 
     def cancel_wakeup(self, job_id: str) -> bool:
         """``DELETE /focal/wakeups/{job_id}``."""
-        with answered():
+        with answered(self.rt):
             return bool(self.focal.schedule and self.focal.schedule.cancel(job_id))
 
     def notifications(self) -> dict[str, Any]:
         """The notification feed."""
-        return {"notifications": list(self.focal.notifications), "unread": self.focal.unread}
+        with answered(self.rt):
+            return {"notifications": list(self.focal.notifications),
+                    "unread": self.focal.unread}
 
     def mark_read(self) -> None:
         """Clear the unread count."""
-        with answered():
+        with answered(self.rt):
             self.focal.mark_read()
 
     def health(self) -> dict[str, Any]:

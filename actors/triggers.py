@@ -29,7 +29,11 @@ from .validation import unstorable
 
 WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 """Crontab's weekday numbers (0 and 7 are Sunday) as the names APScheduler reads."""
-_WEEKDAY_ITEM = re.compile(r"(\*|\w+)(?:-(\w+))?(?:/(\d+))?")
+_DAY = r"[A-Za-z]+|[0-9]{1,2}"
+_WEEKDAY_ITEM = re.compile(rf"(\*|{_DAY})(?:-({_DAY}))?(?:/([0-9]{{1,2}}))?")
+r"""One item of a weekday field. ASCII only: ``\d`` and ``\w`` take other scripts' digits,
+which ``int`` reads (or refuses: a superscript two) where crontab knows none."""
+_DAY_NAMES = ("sunday", "monday", "tuesday", "wednesday", "thursday", "friday", "saturday")
 
 
 def utc(ts: float) -> dt.datetime:
@@ -38,10 +42,11 @@ def utc(ts: float) -> dt.datetime:
 
 
 def _weekday(token: str, expr: str) -> int:
-    name = token.lower()[:3]
-    if name in WEEKDAYS and token.isalpha():
-        return WEEKDAYS.index(name)
-    if token.isdigit() and int(token) <= 7:
+    name = token.lower()
+    for names in (WEEKDAYS, _DAY_NAMES):  # "mon" or "monday", not "mondo"
+        if name in names:
+            return names.index(name)
+    if token.isascii() and token.isdigit() and int(token) <= 7:
         return int(token)
     raise InvalidCronExpression(expr, f"weekday {token!r} is not 0-7 or a day name")
 

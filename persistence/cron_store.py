@@ -128,12 +128,16 @@ class CronStore:
         row = j.get_or_none(j.id == job_id)
         return _job(row) if row else None
 
-    def jobs(self, *, active_only: bool = False) -> list[CronJobRecord]:
-        """Jobs, soonest due first (paused ones last)."""
+    def jobs(self, *, active_only: bool = False, limit: int | None = None,
+             offset: int = 0) -> list[CronJobRecord]:
+        """Jobs, soonest due first (paused ones last); at most ``limit`` (all: None) from
+        the ``offset``-th on."""
         j = self.t.cron_job
         q = j.select().order_by(j.active.desc(), j.next_run_at, j.id)
         if active_only:
             q = q.where(j.active == True)  # noqa: E712
+        if limit is not None or offset:
+            q = q.limit(limit).offset(offset)
         return [_job(r) for r in q]
 
     def update(self, job_id: str, now: float, **changes: Any) -> CronJobRecord | None:

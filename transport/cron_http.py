@@ -42,8 +42,8 @@ characters) even with every character escaped as a JSON surrogate pair (12 bytes
 class CronBackend(Protocol):
     """What the cron routes need from a runtime; refusals are :class:`BackendRefused`."""
 
-    def jobs(self) -> list[dict[str, Any]]:
-        """Every job."""
+    def jobs(self, limit: int, offset: int) -> list[dict[str, Any]]:
+        """At most ``limit`` jobs in listing order, from the ``offset``-th on."""
         ...
 
     def job(self, job_id: str) -> dict[str, Any]:
@@ -76,20 +76,36 @@ async def _call(work: Callable[[], Any], status: int = 200) -> JSONResponse:
 
 
 RUNS_LIMIT = 500
-"""Most run records one listing returns (HTTP and ``rt.cron.runs``)."""
+"""Most records one listing returns: run records (HTTP and ``rt.cron.runs``), jobs (HTTP
+and ``rt.cron.jobs``)."""
 
 
-def _limit(request: Request) -> int | None:
-    text = request.query_params.get("limit", "50")
-    return (int(text) if text.isascii() and text.isdigit() and 1 <= int(text) <= RUNS_LIMIT
-            else None)
+OFFSET_LIMIT = 1_000_000_000
+"""The largest ``offset`` a job listing takes (past every job a database holds)."""
+
+
+def _whole(request: Request, name: str, default: int, low: int, high: int) -> int | None:
+    """The query parameter ``name`` as a whole number ``low..high`` (``default`` when it is
+    absent); None when it is anything else (a number past ``high`` is refused before it is
+    read: Python reads at most 4,300 digits)."""
+    text = request.query_params.get(name)
+    if text is None:
+        return default
+    if not (text.isascii() and text.isdigit() and len(text) <= len(str(high))):
+        return None
+    return int(text) if low <= int(text) <= high else None
 
 
 def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
     """The cron routes; ``refusal`` is the app's rule for state-changing calls."""
 
     async def jobs(request: Request) -> JSONResponse:
-        return await _call(backend.jobs)
+        limit = _whole(request, "limit", RUNS_LIMIT, 1, RUNS_LIMIT)
+        offset = _whole(request, "offset", 0, 0, OFFSET_LIMIT)
+        if limit is None or offset is None:
+            return error(422, "invalid_argument", f"limit must be a whole number "
+                         f"1..{RUNS_LIMIT} and offset one 0..{OFFSET_LIMIT:_}")
+        return await _call(lambda: backend.jobs(limit, offset))
 
     async def add(request: Request) -> Response:
         if (refused := refusal(request)) is not None:
@@ -115,7 +131,7 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
         return handler
 
     async def runs(request: Request) -> JSONResponse:
-        limit = _limit(request)
+        limit = _whole(request, "limit", 50, 1, RUNS_LIMIT)
         if limit is None:
             return error(422, "invalid_argument", f"limit must be a whole number 1..{RUNS_LIMIT}")
         job_id = request.path_params.get("job_id")

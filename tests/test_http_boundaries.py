@@ -1,0 +1,83 @@
+"""The HTTP API's answers at its edges, over a real uvicorn server on 127.0.0.1 and a real
+SQLite file: odd input is a 422 naming what is wrong (never a 500), listings are bounded,
+and a runtime that stopped answers 503 on every route, reads included."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from kinbox.actors import ConfigError, Runtime
+from kinbox.actors.serve import app_for
+
+from .helpers import quiet_brain
+from .test_cron_social_http import STATE, post
+from .test_http import Served
+
+MakeRuntime = Callable[..., Runtime]
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def served(make_runtime: MakeRuntime, tmp_path: Path) -> Iterator[tuple[Served, Runtime]]:
+    rt = make_runtime(brain=quiet_brain, data_dir=tmp_path / "data")
+    srv = Served(app_for(rt))
+    yield srv, rt
+    srv.close()
+
+
+@pytest.mark.parametrize("cron", ["* * * * \u00b2", "0 9 * * 1-\u00b3", "* * * * \u0663",
+                                  "* * * * mondo", "* * * * */" + "9" * 5000])
+def test_a_weekday_field_crontab_does_not_know_is_a_422(served: tuple[Served, Runtime],
+                                                        cron: str) -> None:
+    """Other scripts' digits (``int`` reads an Arabic-Indic three and refuses a superscript
+    two), a name that only starts like a day, a step of thousands of digits."""
+    srv, rt = served
+    body = json.dumps({"name": "digest", "cron": cron, "prompt": "sum up"}).encode()
+    status, got = post(srv, "/cron/jobs", body, STATE)
+    assert (status, got["error"]) == (422, "invalid_argument"), got
+    with pytest.raises(ConfigError):
+        rt.cron.add("digest", cron, "sum up")
+    assert rt.cron.jobs() == []
+
+
+@pytest.mark.parametrize("query", ["limit=" + "9" * 5000, "limit=0", "limit=501",
+                                   "limit=%D9%A3", "limit=-1"])
+def test_a_limit_that_is_not_1_to_500_is_a_422(served: tuple[Served, Runtime],
+                                               query: str) -> None:
+    srv, _ = served
+    for path in ("/cron/runs", "/cron/jobs"):
+        status, got = srv.request("GET", f"{path}?{query}")
+        assert (status, got["error"]) == (422, "invalid_argument"), (path, got)
+
+
+def test_the_job_listing_is_bounded_and_pages_with_an_offset(
+        served: tuple[Served, Runtime]) -> None:
+    srv, rt = served
+    made = [rt.cron.add(f"job {i}", f"{i % 60} 9 * * *", "p")["job_id"] for i in range(510)]
+    status, first = srv.request("GET", "/cron/jobs")
+    assert status == 200 and len(first) == 500  # the most one answer holds
+    status, page = srv.request("GET", "/cron/jobs?limit=10&offset=500")
+    assert status == 200
+    assert [j["job_id"] for j in first + page] == [j["job_id"] for j in rt.cron.jobs()]
+    assert sorted(j["job_id"] for j in first + page) == sorted(made)
+    assert rt.cron.jobs(limit=3, offset=2) == rt.cron.jobs()[2:5]
+    status, got = srv.request("GET", "/cron/jobs?offset=" + "9" * 20)
+    assert (status, got["error"]) == (422, "invalid_argument")
+
+
+def test_every_route_of_a_stopped_runtime_answers_503(served: tuple[Served, Runtime]) -> None:
+    """The README's promise to an app that mounts kinbox and keeps serving: reads from the
+    database or from the runtime's memory included, and a write that would succeed on an
+    in-memory count."""
+    srv, rt = served
+    rt.stop()
+    for method, path in (("GET", "/cron/jobs"), ("GET", "/cron/runs"),
+                         ("GET", "/cron/jobs/cj_x"), ("GET", "/focal/notifications"),
+                         ("POST", "/focal/notifications/read"), ("DELETE", "/focal/wakeups/x"),
+                         ("POST", "/cron/announcements/drain"), ("GET", "/focal")):
+        status, got = srv.request(method, path, STATE)
+        assert (method, path, status, got["error"]) == (method, path, 503, "unavailable"), got
