@@ -83,12 +83,16 @@ class Outbox:
                 return None
             return TurnEffects(ops=list(self.ops), after=list(self.after))
 
+    def check_open(self) -> None:
+        """:class:`ToolError` once the turn has ended (its writes were taken by the commit,
+        or dropped with the attempt): a call made after that writes nothing."""
+        if self.closed or self.discarded:
+            raise ToolError("execution_failed", TURN_ENDED)
+
     def add(self, op: Callable[[], object], after: Callable[[], None]) -> None:
-        """Queue a write for the turn's commit; :class:`ToolError` once the turn has ended
-        (its writes were taken by the commit, or dropped with the attempt)."""
+        """Queue a write for the turn's commit; :class:`ToolError` once the turn has ended."""
         with self._undo_lock:
-            if self.closed or self.discarded:
-                raise ToolError("execution_failed", TURN_ENDED)
+            self.check_open()
             self.ops.append(op)
             self.after.append(after)
 
@@ -117,7 +121,7 @@ class Outbox:
         self.foreground_calls += 1
         digest = hashlib.sha256(
             f"{self.key}\0{self.foreground_calls}\0{description}".encode()).hexdigest()
-        return f"subagent-sub_{digest[:8]}"
+        return f"subagent-sub_{digest[:16]}"
 
 
 class Writes:

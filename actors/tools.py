@@ -283,23 +283,30 @@ class AgentTools(FamilyTools, TaskTools):
         if run_in_background:
             child_id = f"subagent-sub_{short(ctx.new_id(), 8)}"
             return start(self._writes), float(wait)
+        if box is not None:  # it commits at once, not with the turn: not after its end
+            box.check_open()
         self._reserve_a_thread(caller.id)  # the caller's wait gives it back
         try:
             # The turn waits for this child, so it commits now, not with the turn; an id
             # repeatable across attempts lets a retried turn find the child it started.
             child_id = (box.child_id(text) if box is not None
                         else f"subagent-sub_{short(ctx.new_id(), 8)}")
-            earlier = self._started_child(child_id)
+            earlier = self._started_child(child_id, caller)
             if earlier is not None:
                 return earlier, float(wait)
+            if self._ctx.store.session(child_id) is not None:  # another caller's: not it
+                child_id = f"subagent-sub_{short(ctx.new_id(), 8)}"
             return commit_together(ctx, start), float(wait)
         except BaseException:
             self.release_thread()
             raise
 
-    def _started_child(self, child_id: str) -> dict[str, Any] | None:
-        """The receipt of a foreground child an earlier attempt of this turn started."""
-        if self._ctx.store.session(child_id) is None:
+    def _started_child(self, child_id: str, caller: SessionRecord) -> dict[str, Any] | None:
+        """The receipt of a foreground child an earlier attempt of this turn started: a
+        session of that id that is the caller's child (an id taken by any other session
+        is not this turn's child, whatever its name)."""
+        child = self._ctx.store.session(child_id)
+        if child is None or child.parent_id != caller.id or child.project_id != caller.project_id:
             return None
         tasks = self._ctx.tasks.for_session(child_id)
         return {"agent_id": child_id, "task_id": tasks[0].id if tasks else "",

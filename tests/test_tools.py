@@ -631,3 +631,69 @@ def test_a_child_running_when_the_runtime_stops_goes_on_after_the_restart(
     assert again.context.tasks.get(task_id).status == "completed"  # type: ignore[union-attr]
     assert [e.text for e in again.transcript(child) if e.role == "assistant"] == [
         "half the files cleaned", "all clean: clean up"]
+
+
+@pytest.mark.timeout(60)
+def test_a_foreground_agent_call_after_the_turn_ended_is_refused_and_starts_nothing(
+        make_runtime: MakeRuntime) -> None:
+    """A thread the brain left running asks for a foreground child after the turn ended: it
+    commits at once, not with the turn, so only this check keeps it from starting one."""
+    ended = threading.Event()
+    late: list[object] = []
+    held: list[Any] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id != "a":
+            turn.reply("child ran")
+            return
+        held.append(turn.tools)
+
+        def lingering() -> None:
+            ended.wait(10)
+            try:
+                late.append(held[0].agent("late work", run_in_background=False, timeout=5))
+            except ToolError as exc:
+                late.append(exc)
+        threading.Thread(target=lingering, daemon=True).start()
+        turn.reply("done")
+
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    rt.create_session(rt.create_project("p").id, "A", session_id="a")
+    rt.post("a", "go")
+    rt.run_until_idle()
+    ended.set()
+    wait_for(lambda: bool(late), timeout=20, what="the late call")
+    assert isinstance(late[0], ToolError) and "This turn has ended" in late[0].message
+    assert [s.id for s in rt.sessions() if s.kind == "subagent"] == []
+
+
+@pytest.mark.timeout(60)
+def test_a_foreground_child_id_another_session_holds_is_not_taken_as_this_turns_child(
+        make_runtime: MakeRuntime) -> None:
+    """A foreground child's id is derived from its turn (so a retried attempt finds the
+    child it started): a session of that id that is not the caller's child, another
+    project's, is not handed to the caller, nor is its result."""
+    from kinbox.actors.outbox import Outbox
+
+    results: dict[str, Any] = {}
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            turn.reply(f"result for {turn.messages[0].content}")
+        elif turn.messages[0].kind == "agent_message":
+            results[turn.session_id] = turn.tools.agent("the report", run_in_background=False,
+                                                        timeout=20)
+
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    one, two = rt.create_project("one"), rt.create_project("two")
+    rt.create_session(one.id, "Alice", session_id="alice")
+    rt.create_session(two.id, "Bob", session_id="bob")
+    taken = Outbox("msg-B").child_id("the report")  # the id Bob's turn derives
+    rt.create_session(one.id, "Alice's child", kind="subagent", parent_id="alice",
+                      session_id=taken)
+    rt.post("bob", "go", message_id="msg-B")
+    rt.run_until_idle(30)
+    child = rt.session(results["bob"]["agent_id"])
+    assert child is not None and child.id != taken
+    assert (child.parent_id, child.project_id) == ("bob", two.id)
+    assert results["bob"]["result"] == "result for the report"
