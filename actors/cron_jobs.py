@@ -18,7 +18,7 @@ from ..persistence import CronJobRecord, CronStore, DuplicateError, SessionStore
 from ..transport import RUNS_LIMIT
 from . import cron_rules as rules
 from .ids import short
-from .triggers import next_fire
+from .triggers import next_fire_or_never
 from .validation import lookup_key, unstorable
 
 DEFAULT_PROJECT = "default"
@@ -26,15 +26,6 @@ DEFAULT_PROJECT = "default"
 
 def _no_wake(_job: CronJobRecord) -> None:
     pass
-
-
-def _next_or_never(cron: str, now: float, timezone: str) -> float:
-    """The expression's next fire time; :class:`InvalidCronExpression` if it is malformed
-    or names no date that exists (``0 9 30 2 *``: an active job that never runs)."""
-    upcoming = next_fire(cron, now, timezone)
-    if upcoming is None:
-        raise rules.InvalidCronExpression(cron, "no date matches it, so it would never fire")
-    return upcoming
 
 
 def _check_limit(limit: object) -> None:
@@ -63,7 +54,7 @@ class CronJobs:
         if not isinstance(timezone, str) or unstorable(timezone) is not None:
             raise rules.InvalidCronJob("timezone", "give an IANA time zone name")
         now = self.now()
-        upcoming = _next_or_never(cron, now, timezone)  # parses it: malformed, never fires
+        upcoming = next_fire_or_never(cron, now, timezone)  # parses it: malformed, never fires
         job = CronJobRecord(f"cj_{short(self.new_id(), 10)}", name, cron.strip(), timezone, prompt,
                             bool(active), delivery, 0, upcoming if active else None,
                             None, None, None, now, now)
@@ -116,7 +107,7 @@ class CronJobs:
         """Restart a paused or deactivated job from its next regular time, retries reset."""
         current = self.get(job_id)
         now = self.now()
-        upcoming = _next_or_never(current.cron, now, current.timezone)
+        upcoming = next_fire_or_never(current.cron, now, current.timezone)
         return self._changed(job_id, self.store.update(
             job_id, now, active=True, retry_count=0, last_error=None, next_run_at=upcoming))
 

@@ -25,7 +25,7 @@ from .focal import FOCAL_ID, Focal, is_focal_chat
 from .ids import short
 from .outbox import Writes
 from .schedule_driver import POLL_SECONDS, ScheduleDriver
-from .triggers import cron_trigger, next_fire
+from .triggers import next_fire, next_fire_or_never
 from .validation import lookup_key, unstorable
 
 log = logging.getLogger("kinbox.schedule")
@@ -114,10 +114,10 @@ class FocalSchedule:
             if not isinstance(cron, str):
                 raise ToolError("invalid_argument", "cron must be a crontab string.")
             try:
-                cron_trigger(cron)
+                next_run = next_fire_or_never(cron, now, inclusive=True)
             except InvalidCronExpression as exc:
                 raise ToolError("invalid_argument", str(exc)) from exc
-            run_at, next_run = None, next_fire(cron, now, inclusive=True)
+            run_at = None
         else:
             run_at = self._parse_at(at)
             if run_at <= now:

@@ -136,6 +136,16 @@ def next_fire(expr: str, after: float, timezone: str = "UTC", *,
         start = nxt.timestamp() + 0.001  # that wall time fired already, an hour ago
 
 
+def next_fire_or_never(expr: str, after: float, timezone: str = "UTC", *,
+                       inclusive: bool = False) -> float:
+    """:func:`next_fire`; :class:`InvalidCronExpression` also when the expression names no
+    date that exists (``0 9 30 2 *``: a schedule that would never run)."""
+    upcoming = next_fire(expr, after, timezone, inclusive=inclusive)
+    if upcoming is None:
+        raise InvalidCronExpression(expr, "no date matches it, so it would never fire")
+    return upcoming
+
+
 def local_time(ts: float, timezone: str = "UTC") -> str:
     """``ts`` as a readable local time in ``timezone`` (for the system reminder)."""
     try:

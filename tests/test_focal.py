@@ -416,3 +416,15 @@ def test_a_due_job_fires_once_when_two_stores_race(db_url: str) -> None:
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_cron_wake_up_that_can_never_fire_is_refused(make_runtime: MakeRuntime) -> None:
+    """February 30th: stored, it would be an active wake-up that never fires, holding one
+    of Focal's slots for good."""
+    rt = make_runtime(brain=lambda turn: None)
+    focal = rt.tools_for(rt.get_or_create_focal_chat().id)
+    got = focal.call("schedule_wakeup", {"kind": "reminder", "cron": "0 9 30 2 *",
+                                         "note": "Feb 30th stand-up"})
+    assert got["error"] == "invalid_argument" and "never fire" in got["message"], got
+    assert rt.focal.schedule is not None and rt.focal.schedule.wakeups() == []
