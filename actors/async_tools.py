@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from .errors import ToolError
+from .errors import RuntimeStateError, ToolError, tool_result
 
 if TYPE_CHECKING:
     from .async_host import AsyncHost
@@ -52,8 +52,8 @@ class AsyncTools:
             try:
                 args = await self._host.blocking(self.sync.call_arguments, name, arguments)
                 return await self.agent(**args)
-            except ToolError as exc:
-                return exc.to_dict()
+            except (ToolError, RuntimeStateError) as exc:
+                return tool_result(exc)
         return await self._host.blocking(self.sync.call, name, arguments)  # type: ignore[no-any-return]
 
     def _release_if_started(self, start: asyncio.Future[Any]) -> None:

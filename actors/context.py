@@ -160,7 +160,7 @@ class RuntimeContext:
     owner: str
     lease_seconds: float
     tools_for: Callable[..., Any]
-    """``tools_for(session_id, outbox=None)``: a session's tools (``tools.tools_for``)."""
+    """``tools_for(session_id, outbox)``: a running turn's tools (``tools.tools_for``)."""
     new_id: Callable[[], str]
     turns: RunningTurns = field(default_factory=RunningTurns)
     activity: Activity = field(default_factory=Activity)

@@ -55,6 +55,16 @@ class ToolError(KinboxError):
         return {"error": self.code, "message": self.message}
 
 
+def tool_result(exc: ToolError | RuntimeStateError) -> dict[str, str]:
+    """What a model's tool call gets back when it was refused: a refusal of the call's own,
+    or of the runtime's (it is stopping: a turn wrapping up its work still gets a result
+    it can read, not an exception through its model loop)."""
+    if isinstance(exc, ToolError):
+        return exc.to_dict()
+    return {"error": "execution_failed", "message": f"The runtime is stopping ({exc}); "
+                                                    "this call did nothing."}
+
+
 class RuntimeStateError(KinboxError):
     """The runtime is not running (never started, stopped, or crashed); ``state`` says which."""
 

@@ -113,10 +113,12 @@ class RecordsApi:
 
     def tools_for(self, session_id: str) -> TaskTools:
         """The tools bound to ``session_id`` as the caller (agent tools unless a sub-agent)."""
-        return self._tools_for_ctx(session_id)
+        return tools_for(self._running(), session_id)
 
-    def _tools_for_ctx(self, session_id: str, outbox: Outbox | None = None) -> TaskTools:
-        return tools_for(self._running(), session_id, outbox)
+    def _tools_for_ctx(self, session_id: str, outbox: Outbox) -> TaskTools:
+        """A running turn's tools: built when the brain first asks, a stop may have begun
+        by then; each call says so (the turn still commits what it did)."""
+        return tools_for(self._require(), session_id, outbox)
 
     # -- messages --------------------------------------------------------------------------
 

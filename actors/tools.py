@@ -16,7 +16,7 @@ from ..persistence import NewMessage, SessionRecord
 from ..persistence.inbox_core import TERMINAL_STATES
 from . import access, stops, tool_schemas, transcript_view
 from .context import RuntimeContext
-from .errors import ToolError
+from .errors import RuntimeStateError, ToolError, tool_result
 from .family import FamilyTools
 from .focal import is_focal_chat
 from .ids import short
@@ -85,8 +85,8 @@ class TaskTools:
         try:
             args = self.call_arguments(name, arguments)
             return getattr(self, name)(**args)  # type: ignore[no-any-return]
-        except ToolError as exc:
-            return exc.to_dict()
+        except (ToolError, RuntimeStateError) as exc:
+            return tool_result(exc)
 
     def call_arguments(self, name: Any, arguments: Any) -> dict[str, Any]:
         """The arguments of a call to ``name`` if its schema allows them (else ToolError)."""

@@ -697,3 +697,31 @@ def test_a_foreground_child_id_another_session_holds_is_not_taken_as_this_turns_
     assert child is not None and child.id != taken
     assert (child.parent_id, child.project_id) == ("bob", two.id)
     assert results["bob"]["result"] == "result for the report"
+
+
+@pytest.mark.timeout(60)
+def test_a_tool_call_of_a_turn_wrapping_up_in_a_graceful_stop_gets_a_result(
+        make_runtime: MakeRuntime) -> None:
+    """A model loop calling tools by name while a deploy stops the runtime gets an error
+    result it can read, not an exception through the loop; its turn still commits."""
+    running = threading.Event()
+    got: list[Any] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id != "a":
+            return
+        running.set()
+        turn.wait_stop_requested(30)
+        try:
+            got.append(turn.tools.call("task_create", {"title": "resume the migration"}))
+        except Exception as exc:
+            got.append(exc)
+        turn.reply("stopping here")
+
+    rt = make_runtime(brain=brain)
+    rt.create_session(rt.create_project("p").id, "A", session_id="a")
+    rt.post("a", "go")
+    assert running.wait(10)
+    rt.stop()
+    assert [e.text for e in rt.transcript("a")][-1] == "stopping here"
+    assert isinstance(got[0], dict) and got[0]["error"] == "execution_failed", got
