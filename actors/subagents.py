@@ -87,10 +87,14 @@ def report_back(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEf
     # What the child itself made of its task in this turn (it asked the user, it gave up)
     # stands: a turn that ends well does not make a blocked task completed.
     own = turn.outbox.tasks.get(task_id) if turn.outbox is not None else None
+    # A deploy that stopped a child which had settled its task (completed it, asked the
+    # user, gave up) stopped nothing: what it did stands, and it is reported, not re-run.
+    deploy = outcome.stopped_by == RUNTIME_STOP
+    settled = deploy and own is not None and own.status not in UNREPORTED
     changes: dict[str, object] | None
     if not outcome.ok:
         state, changes, text = _failed(child.id, outcome.error or "the turn failed")
-    elif outcome.stopped_by == RUNTIME_STOP and task_id:
+    elif deploy and task_id and not settled:
         # The runtime is stopping (a deploy): nobody gave up on the child. Its task goes
         # on after the next start, handed back by a message committed with this turn.
         effects.messages.append(NewMessage(
@@ -98,7 +102,7 @@ def report_back(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEf
             task_messages[0].content, kind=TASK_KIND, sender=task_messages[0].sender_id,
             payload={"task_id": task_id, "resumed": True}))
         return effects
-    elif outcome.stopped_by is not None:
+    elif outcome.stopped_by is not None and not settled:
         state, changes = "stopped", {"status": "cancelled", "blocked_on": None}
         text = f"Sub-agent {child.id} was stopped by {outcome.stopped_by}."
         if outcome.stopped_by == child.parent_id:

@@ -633,6 +633,43 @@ def test_a_child_running_when_the_runtime_stops_goes_on_after_the_restart(
         "half the files cleaned", "all clean: clean up"]
 
 
+@pytest.mark.parametrize("settled", ["completed", "blocked"])
+def test_a_child_that_settled_its_task_before_a_deploy_stopped_it_is_not_run_again(
+        make_runtime: MakeRuntime, settled: str) -> None:
+    """The child completed its task (or asked the user) and was then stopped by a graceful
+    stop: its task was handed back anyway and run again after the restart, every effect
+    twice. What it did stands and is reported once."""
+    running = threading.Event()
+    task_turns: list[str] = []
+    heard: list[tuple[str, str]] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            task_turns.append(turn.messages[0].message_id)
+            [task] = turn.tools.task_list()["tasks"]
+            if settled == "completed":
+                turn.tools.task_update(task["task_id"], status="completed")
+            else:
+                turn.tools.task_update(task["task_id"], status="blocked", blocked_on="user",
+                                       reason="which format?")
+            running.set()
+            turn.wait_stop_requested(30)  # a last model call (the summary): a deploy
+            turn.reply(f"{settled} it")
+        else:
+            heard.extend((m.payload.get("outcome", ""), m.content) for m in turn.messages
+                         if m.kind == "subagent_result")
+
+    rt = make_runtime(brain=brain)
+    _, _, task_id = _parent_with_a_child(rt)
+    assert running.wait(10)
+    rt.stop()
+    again = make_runtime(brain=brain)
+    again.run_until_idle()
+    assert len(task_turns) == 1, task_turns
+    assert heard == [(settled, f"{settled} it")]
+    assert again.context.tasks.get(task_id).status == settled  # type: ignore[union-attr]
+
+
 @pytest.mark.timeout(60)
 def test_a_foreground_agent_call_after_the_turn_ended_is_refused_and_starts_nothing(
         make_runtime: MakeRuntime) -> None:
