@@ -102,7 +102,10 @@ class FamilyTools:
         # Kinship never crosses the project boundary (S2): sessions Focal dispatched
         # into different projects share a parent, yet must not reach each other.
         me = subject(caller)
-        related = [s for s in self._ctx.store.family(caller)
+        stored = self._ctx.store.family(caller)
+        known = {s.id for s in stored}
+        new = [s for s in self._writes.children_of(caller.id) if s.id not in known]
+        related = [s for s in [*stored, *new]
                    if access.can_reach(me, subject(s), allow_self=True)]
         return caller, roster.roster(member(caller), [member(s) for s in related]), related
 
@@ -157,7 +160,7 @@ class FamilyTools:
         return {"receipts": receipts}
 
     def _parent_closed(self, caller: SessionRecord) -> bool:
-        tasks = self._ctx.tasks.for_session(caller.id)
+        tasks = self._writes.tasks_of(caller.id)  # a task it closed in this turn counts
         return bool(tasks) and not any(t.status in OPEN_TASK_STATES for t in tasks)
 
     def _deliver(self, caller: SessionRecord, entry: roster.Entry, text: str) -> dict[str, Any]:
@@ -166,7 +169,7 @@ class FamilyTools:
             raise ToolError("execution_failed",
                             f"Child '{entry.id}' is no longer reachable: children are reachable "
                             "only until their parent session closes, and this one has.")
-        if ctx.journal.pending_count(entry.id) >= PENDING_LIMIT:
+        if self._writes.pending_count(entry.id) >= PENDING_LIMIT:
             raise ToolError("execution_failed",
                             f"Pending limit: '{entry.id}' already has {PENDING_LIMIT} messages "
                             "waiting; wait until it catches up.")

@@ -68,6 +68,8 @@ class Outbox:
         self._undo_lock = threading.Lock()
         self.sessions: dict[str, SessionRecord] = {}
         self.tasks: dict[str, TaskRecord] = {}
+        self.sent: dict[str, int] = {}
+        """Messages queued in this turn, per target."""
         self.foreground_calls = 0
         self.wakeups = 0
         """Focal wake-ups queued in this turn (they count toward Focal's limit)."""
@@ -164,9 +166,24 @@ class Writes:
             if after is not None:
                 after()
             return results
-        return self.write(lambda: [ctx.journal.enqueue_now(m, now) for m in items],
+        receipts = self.write(lambda: [ctx.journal.enqueue_now(m, now) for m in items],
                           [EnqueueResult(m.message_id, m.target, QUEUED, True, now)
                            for m in items], announce)
+        if self.outbox is not None:
+            for m in items:
+                self.outbox.sent[m.target] = self.outbox.sent.get(m.target, 0) + 1
+        return receipts
+
+    def pending_count(self, target: str) -> int:
+        """The target's open rows as this turn sees them (its own queued sends included)."""
+        queued = self.outbox.sent.get(target, 0) if self.outbox is not None else 0
+        return self.ctx.journal.pending_count(target) + queued
+
+    def children_of(self, parent_id: str) -> list[SessionRecord]:
+        """The sessions this turn created as ``parent_id``'s children (not yet committed)."""
+        if self.outbox is None:
+            return []
+        return [s for s in self.outbox.sessions.values() if s.parent_id == parent_id]
 
     def on_discard(self, give_back: Callable[[], None]) -> None:
         """Run ``give_back`` if the writes queued so far never commit (a write outside a

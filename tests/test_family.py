@@ -364,3 +364,92 @@ def test_a_bucket_stamped_far_ahead_does_not_freeze() -> None:
     for now in (1.0, 2.0, 3.0):  # the other processes' clocks, a second apart
         bucket, wait = rate_limit.take(bucket, now)
         assert wait == 0.0, (now, bucket)
+
+
+@pytest.mark.timeout(60)
+def test_family_sends_queued_in_one_turn_respect_the_pending_limit(
+        make_runtime: MakeRuntime) -> None:
+    release = threading.Event()
+    receipts: list[Any] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id == "kid":
+            release.wait(20)
+        elif turn.messages[0].content == "go":
+            for n in range(3):
+                try:
+                    receipts.append(turn.tools.send(f"note {n}", receiver_role="child",
+                                                    receiver_name="kid"))
+                except ToolError as exc:
+                    receipts.append(exc.message)
+
+    rt = make_runtime(brain=brain, max_active_sessions=2)
+    p = rt.create_project("p")
+    rt.create_session(p.id, "parent", session_id="parent")
+    rt.create_session(p.id, "kid", kind="subagent", parent_id="parent", session_id="kid")
+    for n in range(19):
+        rt.post("kid", f"backlog {n}")
+    rt.post("parent", "go")
+    wait_for(lambda: len(receipts) == 3, timeout=20, what="the parent's three sends")
+    wait_for(lambda: rt.inbox(target="parent")[0]["status"] == "delivered", timeout=20,
+             what="the parent's commit")
+    open_rows = [r for r in rt.inbox(target="kid") if r["status"] in ("pending", "processing")]
+    release.set()
+    # F6: at most 20 open messages per target, the turn's own queued sends included.
+    assert len(open_rows) <= 20, (len(open_rows), receipts)
+    rt.run_until_idle(30)
+
+
+@pytest.mark.timeout(60)
+def test_a_parent_that_closes_in_its_turn_cannot_then_reach_its_child_in_that_turn(
+        make_runtime: MakeRuntime) -> None:
+    got: list[Any] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id == "parent" and turn.messages[0].content == "wrap up":
+            [task] = turn.tools.task_list()["tasks"]
+            turn.tools.task_update(task["task_id"], status="completed")
+            try:
+                got.append(turn.tools.send("one more thing", receiver_role="child",
+                                           receiver_name="kid"))
+            except ToolError as exc:
+                got.append(exc)
+
+    rt = make_runtime(brain=brain)
+    p = rt.create_project("p")
+    rt.create_session(p.id, "parent", session_id="parent")
+    rt.create_session(p.id, "kid", kind="subagent", parent_id="parent", session_id="kid")
+    rt.tools_for("parent").task_create("coordinate", status="in_progress")
+    rt.post("parent", "wrap up")
+    rt.run_until_idle()
+    # Outside a turn the same two calls refuse the send; in a turn the close it queued
+    # counts as well.
+    assert isinstance(got[0], ToolError), got
+    assert [r for r in rt.inbox(target="kid")] == []
+
+
+@pytest.mark.timeout(60)
+def test_a_child_started_in_a_turn_is_on_that_turns_family_roster(
+        make_runtime: MakeRuntime) -> None:
+    got: list[Any] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id == "lead" and turn.messages[0].content == "go":
+            child = turn.tools.agent("collect the logs", title="collector")
+            got.append([a["id"] for a in turn.tools.list_agents()["agents"]])
+            try:
+                got.append(turn.tools.send("also the metrics", receiver_role="child",
+                                           receiver_name="collector"))
+            except ToolError as exc:
+                got.append(exc)
+            got.append(child["agent_id"])
+
+    rt = make_runtime(brain=brain)
+    p = rt.create_project("p")
+    rt.create_session(p.id, "lead", session_id="lead")
+    rt.post("lead", "go")
+    rt.run_until_idle()
+    roster, sent, child_id = got
+    # Later calls in the same turn see its writes: a child it started is on its roster.
+    assert roster == [child_id], got
+    assert not isinstance(sent, ToolError), sent
