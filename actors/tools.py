@@ -19,6 +19,7 @@ from .context import RuntimeContext
 from .errors import RuntimeStateError, ToolError, tool_result
 from .family import FamilyTools
 from .focal import is_focal_chat
+from .focal_policy import FOCAL_TOOL_NAMES, SCHEDULE_WAKEUP
 from .ids import short
 from .outbox import Outbox, Writes, commit_together
 from .peers import is_peer_target
@@ -143,13 +144,6 @@ class AgentTools(FamilyTools, TaskTools):
     HELD = ("agent_list", "agent_read", "agent_send", "agent_stop", "agent", "list_agents",
             "send", *TaskTools.HELD)
 
-    def _focal(self) -> bool:
-        return self._ctx.focal is not None and is_focal_chat(self._ctx.store.session(
-            self.caller_id))
-
-    def held(self) -> list[str]:
-        """The agent tools; the Focal agent also holds ``schedule_wakeup``."""
-        return [*self.HELD, "schedule_wakeup"] if self._focal() else list(self.HELD)
 
     def _target(self, tool: str, caller: SessionRecord, agent_id: str) -> SessionRecord:
         """The target of ``tool``, or the ToolError the access rules call for."""
@@ -385,10 +379,35 @@ class AgentTools(FamilyTools, TaskTools):
             self.release_thread()
 
 
+FOCAL_DENIED = ("The Focal agent dispatches work and never does it itself: it holds "
+                "agent_list, agent_read, agent_send (agent_id='new' starts a session in a "
+                "project), agent_stop and schedule_wakeup.")
+
+
+class FocalTools(AgentTools):
+    """What the Focal agent holds (FO2): the agent tools of its policy and
+    ``schedule_wakeup``. Starting a sub-agent, family messages and task tools are denied:
+    not offered, and refused when called."""
+
+    HELD = (*(t for t in AgentTools.HELD if t in FOCAL_TOOL_NAMES), SCHEDULE_WAKEUP)
+
+    def _focal(self) -> bool:
+        return True
+
+    def _denied(self, *_args: Any, **_kwargs: Any) -> Any:
+        raise ToolError("execution_failed", FOCAL_DENIED)
+
+    agent = start_child = list_agents = send = broadcast = _denied
+    task_create = task_update = task_list = _denied
+
+
 def tools_for(ctx: RuntimeContext, session_id: str, outbox: Outbox | None = None) -> TaskTools:
-    """The tools a session holds: sub-agents get task tools only. With ``outbox`` (the
-    session's running turn's), their writes commit with that turn."""
+    """The tools a session holds: sub-agents get task tools only, the Focal agent its
+    policy's. With ``outbox`` (the session's running turn's), their writes commit with
+    that turn."""
     session = ctx.store.session(session_id)
     if session is not None and session.kind == "subagent":
         return SubagentTools(ctx, session_id, outbox)
+    if ctx.focal is not None and is_focal_chat(session):
+        return FocalTools(ctx, session_id, outbox)
     return AgentTools(ctx, session_id, outbox)

@@ -428,3 +428,38 @@ def test_a_cron_wake_up_that_can_never_fire_is_refused(make_runtime: MakeRuntime
                                          "note": "Feb 30th stand-up"})
     assert got["error"] == "invalid_argument" and "never fire" in got["message"], got
     assert rt.focal.schedule is not None and rt.focal.schedule.wakeups() == []
+
+
+@pytest.mark.timeout(60)
+def test_focal_is_neither_offered_nor_able_to_run_the_tools_its_policy_denies(
+        make_runtime: MakeRuntime) -> None:
+    """FO2: Focal dispatches work and never does it itself; B4: the schemas never show a
+    tool the caller lacks. Starting a sub-agent, family messages and task tools are not
+    offered, and refused by name and by direct call alike."""
+    seen: dict[str, Any] = {}
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id != FOCAL_ID or turn.messages[0].sender_id is not None:
+            return
+        seen["denied"] = set(turn.request.denied_tools)
+        seen["offered"] = {s["function"]["name"] for s in turn.tools.schemas()}
+        seen["by name"] = turn.tools.call("agent", {"description": "do project work myself"})
+        for call in (lambda: turn.tools.agent("do it myself"),
+                     lambda: turn.tools.task_create("my own task"),
+                     lambda: turn.tools.send("hello", receiver_role="child")):
+            try:
+                call()
+            except ToolError as exc:
+                seen.setdefault("refused", []).append(exc.code)
+
+    rt = make_runtime(brain=brain)
+    rt.create_project("web")
+    chat = rt.get_or_create_focal_chat()
+    rt.post(chat.id, "fix the login")
+    rt.run_until_idle()
+    assert "agent" in seen["denied"]
+    assert seen["offered"] == {"agent_list", "agent_read", "agent_send", "agent_stop",
+                               "schedule_wakeup"}
+    assert "error" in seen["by name"], seen["by name"]
+    assert seen["refused"] == ["execution_failed"] * 3
+    assert not [s for s in rt.sessions() if s.kind == "subagent"]

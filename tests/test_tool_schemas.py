@@ -40,7 +40,9 @@ def test_each_caller_sees_exactly_the_tools_it_holds(rt: Runtime) -> None:
     assert names(s["lead"]) == ["agent_list", "agent_read", "agent_send", "agent_stop", "agent",
                                 "list_agents", "send", "task_create", "task_update",
                                 "task_list"]
-    assert names(s["focal"]) == [*names(s["lead"]), "schedule_wakeup"]
+    # FO2: Focal dispatches work and never does it itself.
+    assert names(s["focal"]) == ["agent_list", "agent_read", "agent_send", "agent_stop",
+                                 "schedule_wakeup"]
     assert names(s["child"]) == ["list_agents", "send", "task_create", "task_update",
                                  "task_list"]
     focal_send = next(x for x in rt.tools_for(s["focal"]).schemas()
