@@ -8,7 +8,9 @@ turn, so a crash between the child's end and the parent's turn loses
 nothing. A child stopped by its own parent does not wake it (the parent
 knows); stopped by anyone else, it does, except by the runtime's own graceful
 stop (a deploy): that turn commits a message handing the task back, which
-the next start runs, so the work goes on as after a crash.
+the next start runs, so the work goes on as after a crash. A child that
+left its task blocked (waiting on the user) and settles it in a later turn
+wakes its parent again with that outcome.
 
 A task message can also end outside any turn: an operator cancels it, or a
 claim finds its turn died with its process once too often and makes it
@@ -78,7 +80,7 @@ def report_back(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEf
     """Outbox hook: the parent's wake-up and the task's end, for a child's task turn."""
     task_messages = [m for m in turn.all_messages if m.kind == TASK_KIND]
     if not task_messages:
-        return None
+        return _settled_later(ctx, turn, outcome)
     child = ctx.store.session(turn.session_id)
     if child is None or child.parent_id is None:
         return None
@@ -134,6 +136,28 @@ def report_back(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEf
         effects.messages.append(_wake(ctx, child, task_id or turn.messages[0].message_id,
                                       text, state))
     return effects
+
+
+def _settled_later(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome
+                   ) -> TurnEffects | None:
+    """A child that left its task blocked (its parent was told so) completes or cancels it
+    in a later turn (the user answered, a sibling helped): the parent hears that outcome
+    too, committed with the turn."""
+    if not outcome.ok or turn.outbox is None or not turn.outbox.tasks:
+        return None
+    child = ctx.store.session(turn.session_id)
+    if child is None or child.parent_id is None or child.kind != "subagent":
+        return None
+    effects = TurnEffects()
+    for task in turn.outbox.tasks.values():
+        before = ctx.tasks.get(task.id) if task.chat_id == child.id else None
+        if (before is not None and before.status == "blocked"
+                and task.status in ("completed", "cancelled")
+                and ctx.journal.hot.existing(task_message_id(task.id)) is not None):
+            text = turn.replies[-1] if turn.replies else (
+                f"(the sub-agent {task.status} its task)")
+            effects.messages.append(_wake(ctx, child, task.id, text, task.status))
+    return effects if effects.messages else None
 
 
 def _failed(child_id: str, error: str) -> tuple[str, dict[str, object], str]:

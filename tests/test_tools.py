@@ -762,3 +762,34 @@ def test_a_tool_call_of_a_turn_wrapping_up_in_a_graceful_stop_gets_a_result(
     rt.stop()
     assert [e.text for e in rt.transcript("a")][-1] == "stopping here"
     assert isinstance(got[0], dict) and got[0]["error"] == "execution_failed", got
+
+
+@pytest.mark.timeout(60)
+def test_a_child_that_completes_its_task_after_the_user_unblocks_it_tells_its_parent(
+        make_runtime: MakeRuntime) -> None:
+    def brain(turn: Turn) -> None:
+        if not turn.session_id.startswith("subagent-"):
+            return
+        first = turn.messages[0]
+        if first.kind == "subagent_task":
+            turn.tools.task_update(first.payload["task_id"], status="blocked",
+                                   blocked_on="user", reason="which format?")
+            turn.reply("Which format do you want?")
+        else:  # the user's answer
+            [task] = turn.tools.task_list()["tasks"]
+            turn.tools.task_update(task["task_id"], status="completed")
+            turn.reply(f"report written as {first.content}")
+
+    rt = make_runtime(brain=brain)
+    p = rt.create_project("p")
+    lead = rt.create_session(p.id, "Lead").id
+    child = rt.tools_for(lead).agent("write the report")
+    rt.run_until_idle()
+    wakes = [r for r in rt.inbox(target=lead) if r["kind"] == "subagent_result"]
+    assert [w["payload"]["outcome"] for w in wakes] == ["blocked"]
+    rt.post(child["agent_id"], "csv")            # the user answers the child
+    rt.run_until_idle()
+    assert rt.tools_for(child["agent_id"]).task_list()["tasks"][0]["status"] == "completed"
+    wakes = [r for r in rt.inbox(target=lead) if r["kind"] == "subagent_result"]
+    # A1: the child's completion wakes its parent, as its block did.
+    assert [w["payload"]["outcome"] for w in wakes] == ["blocked", "completed"]
