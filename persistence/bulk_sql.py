@@ -56,8 +56,8 @@ def _parts(rows: Sequence[Sequence[Any]], texts: tuple[int, ...]
            ) -> Iterator[Sequence[Sequence[Any]]]:
     """``rows`` in runs of at most :data:`ROWS_PER_INSERT` rows and, but for a single row,
     :data:`TEXT_PER_INSERT` characters at the positions ``texts``."""
-    if not texts:
-        for start in range(0, len(rows), ROWS_PER_INSERT):
+    if not texts or sum(len(r[t] or "") for t in texts for r in rows) <= TEXT_PER_INSERT:
+        for start in range(0, len(rows), ROWS_PER_INSERT):  # nearly every batch: one run
             yield rows[start:start + ROWS_PER_INSERT]
         return
     start = size = 0
