@@ -16,6 +16,15 @@ uvicorn runs on its own thread so that the main thread keeps kinbox's
 :class:`~kinbox.actors.interrupts.StopSignals`: the first SIGINT/SIGTERM
 stops the server (no new connections, requests in flight finish), then the
 runtime, and prints what was done; a second exits at once (130).
+
+That thread is not a daemon, and neither are the workers it starts (anyio's
+threads for sync endpoints, which inherit it): the interpreter joins them
+before it finalizes, so none is still running, or closing the database
+connection its reads opened, while the interpreter tears itself down. The
+main thread waits for it on an event, never in ``Thread.join(timeout)``: on
+Python < 3.13 a signal handler that raises inside ``join`` marks the thread
+stopped while it runs (CPython issue 90882), and the next ``join`` returns at
+once.
 """
 
 from __future__ import annotations
@@ -181,11 +190,31 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config) -> None:
         super().__init__(config)
         self.ready = threading.Event()
+        self.ended = threading.Event()
+        """Set when ``run`` returned (or raised), on its own thread."""
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
         if not self.should_exit:
             self.ready.set()
+
+
+def _run_server(server: _Server, sock: socket.socket) -> None:
+    """The HTTP thread: serve on ``sock`` until told to stop; ``server.ended`` says it did."""
+    try:
+        server.run(sockets=[sock])
+    finally:
+        server.ended.set()
+
+
+def _stop_http(server: _Server | None, thread: threading.Thread | None) -> None:
+    """Stop uvicorn and wait for its thread (requests in flight get ``GRACE_SECONDS``)."""
+    if server is None or thread is None:
+        return
+    server.should_exit = True
+    if thread.ident is not None:  # started
+        server.ended.wait()
+        thread.join()  # its thread state is gone: what it held is released
 
 
 def handle(args: argparse.Namespace, out: TextIO) -> int:
@@ -207,28 +236,25 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
                                             log_level="warning", lifespan="off",
                                             timeout_graceful_shutdown=GRACE_SECONDS,
                                             ws_max_size=WS_MAX_SIZE))
-            thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
-                                      name="kinbox-http", daemon=True)
+            thread = threading.Thread(target=_run_server, args=(server, sock),
+                                      name="kinbox-http", daemon=False)
             thread.start()
             deadline = time.monotonic() + STARTUP_TIMEOUT
             while not server.ready.wait(0.05):
-                if not thread.is_alive() or time.monotonic() > deadline:
+                if server.ended.is_set() or time.monotonic() > deadline:
                     print("kinbox: the HTTP server did not start", file=sys.stderr)
                     return 1
             _announce(args, sock, brain is not None, operator is not None, out)
-            while thread.is_alive() and rt.state == "running":
-                thread.join(1.0)  # a signal interrupts this wait
+            while not server.ended.is_set() and rt.state == "running":
+                server.ended.wait(1.0)  # a signal interrupts this wait (never a join: above)
             if rt.state != "running":  # it lost its database (see Runtime's life lock)
-                server.should_exit = True
-                thread.join()
+                _stop_http(server, thread)
                 out.write(f"kinbox serve: the runtime is {rt.state}; {summary(rt)}\n")
                 return 1
             print("kinbox: the HTTP server stopped by itself", file=sys.stderr)
             return 1
         except Interrupted:
-            if server is not None and thread is not None:
-                server.should_exit = True  # stop accepting; requests in flight finish
-                thread.join()
+            _stop_http(server, thread)  # stop accepting; requests in flight finish
             if rt.state == "new":
                 out.write("kinbox serve stopped before it started\n")
                 return 0
@@ -237,6 +263,7 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
             out.write(f"kinbox serve stopped: HTTP closed, runtime stopped; {summary(rt)}\n")
             return 0
         finally:
+            _stop_http(server, thread)  # whatever ended the command: no server outlives it
             rt.stop()
 
 

@@ -164,6 +164,46 @@ def delivered(url: str) -> bool:
 
 # -- item 1: a process without a brain consumes nothing --------------------------------------
 
+THREAD_PROBE = """
+import atexit, os, sys
+
+
+def _last() -> None:  # registered first, so it runs last of every exit hook
+    with open(os.environ["KINBOX_TEST_THREADS_AT_EXIT"], "w") as out:
+        out.write(str(len(sys._current_frames()) - 1))
+
+
+atexit.register(_last)
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("mode", ["send-only", "delivering"])
+def test_serve_stopped_by_a_signal_leaves_no_thread_running_into_finalization(
+        run_kinbox: Any, tmp_path: Path, mode: str) -> None:
+    """Threads still running Python (or closing a database connection) while the
+    interpreter finalizes can crash it: a rare SIGSEGV at exit. The HTTP thread was never
+    waited for (a signal raised inside ``Thread.join`` marks the thread stopped on Python
+    3.11: the next join returns at once), and its workers were daemons. At the last exit
+    hook, no thread but the main one may still have a thread state."""
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "probe" / "sitecustomize.py").write_text(THREAD_PROBE)
+    count = tmp_path / "threads-at-exit"
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    args = ["serve", "--port", "0", "--db", url]
+    if mode == "delivering":
+        args += ["--brain", "product_brain:brain"]
+    cmd = run_kinbox(*args, env={
+        "PYTHONPATH": os.pathsep.join([str(tmp_path / "probe"), str(tmp_path),
+                                       os.environ.get("PYTHONPATH", "")]),
+        "KINBOX_TEST_THREADS_AT_EXIT": str(count)})
+    port = served_port(cmd)
+    assert get(port, "/healthz")[0] == 200
+    cmd.proc.send_signal(signal.SIGTERM)
+    assert cmd.finish() == 0
+    assert count.read_text() == "0"
+
+
 @pytest.mark.timeout(90)
 def test_serve_without_a_brain_is_send_only_and_leaves_pending_rows_alone(
         run_kinbox: Any, tmp_path: Path) -> None:
