@@ -24,6 +24,7 @@ from ..persistence.errors import (
     RowNotFound,
     SchemaError,
     WriterClosed,
+    WriteTimeout,
 )
 from .access import HIDDEN_KINDS, SESSION_KINDS
 from .clock import Clock, ManualClock, SystemClock
@@ -77,5 +78,6 @@ __all__ = [
     "ToolError",
     "Turn",
     "TurnOutcome",
+    "WriteTimeout",
     "WriterClosed",
 ]

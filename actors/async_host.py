@@ -242,9 +242,10 @@ class AsyncHost:
 
     def _answer(self, reply: Reply[T]) -> asyncio.Future[T]:
         """A future the writer settles (from its thread) once ``reply`` is answered, or that
-        fails with TimeoutError after :data:`WRITE_TIMEOUT`, as a blocking wait would."""
+        fails with :class:`WriteTimeout` after :data:`WRITE_TIMEOUT`, as a blocking wait
+        would."""
         future: asyncio.Future[T] = self.loop.create_future()
-        timer = self.loop.call_later(WRITE_TIMEOUT, _time_out, future)
+        timer = self.loop.call_later(WRITE_TIMEOUT, _time_out, future, reply)
 
         def answered() -> None:  # on the writer thread
             self.loop.call_soon_threadsafe(_settle_future, future, reply, timer)
@@ -330,9 +331,9 @@ def _settle_future(future: asyncio.Future[T], reply: Reply[T],
         future.set_exception(exc)
 
 
-def _time_out(future: asyncio.Future[Any]) -> None:
+def _time_out(future: asyncio.Future[Any], reply: Reply[Any]) -> None:
     if not future.done():
-        future.set_exception(TimeoutError(f"no answer from the writer within {WRITE_TIMEOUT} s"))
+        future.set_exception(reply.withdraw(WRITE_TIMEOUT))
 
 
 def _finish(step: Step, pending: Reply[Any]) -> None:

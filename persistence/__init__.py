@@ -34,6 +34,7 @@ from .errors import (
     RowNotFound,
     SchemaError,
     WriterClosed,
+    WriteTimeout,
     redact_url,
 )
 from .exclusive import ExclusiveLock
@@ -108,6 +109,7 @@ __all__ = [
     "TaskRecord",
     "TaskStore",
     "TurnEntry",
+    "WriteTimeout",
     "WriterClosed",
     "WriterStatistics",
     "bind_tables",

@@ -144,6 +144,21 @@ class WriterClosed(PersistenceError):
     """The group-commit writer is stopped and accepts no more work."""
 
 
+class WriteTimeout(PersistenceError, TimeoutError):
+    """A write's commit did not come within the time its caller waits. ``withdrawn``: it
+    was still queued, and it never runs (a retry cannot make it twice); False: its batch
+    was already running, so it may yet commit."""
+
+    def __init__(self, timeout: float | None, withdrawn: bool) -> None:
+        super().__init__(
+            f"no answer from the writer within {timeout} s; " + (
+                "the write was withdrawn: nothing of it is written" if withdrawn else
+                "its batch was already running (the database is slow or blocked): it may "
+                "yet commit"))
+        self.timeout = timeout
+        self.withdrawn = withdrawn
+
+
 _PARAMETER = re.compile(r"(?P<name>(?:^|[?&\s])[^=&?\s]*=)(?P<value>[^&\s]*)")
 """A ``name=value`` parameter of a URL's query (or of a libpq ``key=value`` string)."""
 

@@ -38,7 +38,7 @@ import peewee as pw
 
 from .database import is_sqlite
 from .driver_errors import sqlite_statement
-from .errors import WriterClosed
+from .errors import WriterClosed, WriteTimeout
 from .pg_database import PostgresDatabase
 
 T = TypeVar("T")
@@ -84,7 +84,7 @@ class Reply(Generic[T]):
     (:meth:`add_done_callback`), run on the writer thread once the answer is in.
     """
 
-    __slots__ = ("_callbacks", "_done", "_error", "_set", "_value")
+    __slots__ = ("_callbacks", "_done", "_error", "_set", "_taken", "_value")
 
     def __init__(self) -> None:
         self._done = threading.Lock()
@@ -93,6 +93,24 @@ class Reply(Generic[T]):
         self._error: BaseException | None = None
         self._set = False
         self._callbacks: list[Callable[[], None]] | None = None
+        self._taken: bool | None = None
+        """None while queued; True once a batch took the operation; False once its waiter
+        withdrew it (it timed out first): the writer then never runs it."""
+
+    def take(self) -> bool:
+        """The writer starts the operation: False when its waiter withdrew it already."""
+        with _CALLBACKS:
+            if self._taken is None:
+                self._taken = True
+            return self._taken
+
+    def withdraw(self, timeout: float | None) -> WriteTimeout:
+        """The waiter gives up: the error to raise (the operation is withdrawn unless a
+        batch took it first)."""
+        with _CALLBACKS:
+            if self._taken is None:
+                self._taken = False
+            return WriteTimeout(timeout, withdrawn=not self._taken)
 
     def set_result(self, value: T) -> None:
         """Hand over the result (once)."""
@@ -131,10 +149,10 @@ class Reply(Generic[T]):
         return self._value  # type: ignore[no-any-return]
 
     def result(self, timeout: float | None = None) -> T:
-        """Wait for the answer; raise the operation's error, or TimeoutError."""
+        """Wait for the answer; raise the operation's error, or :class:`WriteTimeout`."""
         # Positional: a keyword makes the lock parse its arguments (twice a message).
         if not self._done.acquire(True, -1 if timeout is None else timeout):
-            raise TimeoutError(f"no answer from the writer within {timeout} s")
+            raise self.withdraw(timeout)
         self._done.release()  # so that a later result() sees the answer too
         if self._error is not None:  # outcome(), inline: every send and turn waits here
             raise self._error
@@ -289,6 +307,8 @@ class GroupCommitWriter:
                 # commit woke, and they submit their next writes while the writer waits to
                 # get it back. Taken before, those writes would wait a whole batch more.
                 stopping, gathered = self._gather(batch), True
+                # Writes whose waiters gave up are left out: they were answered already.
+                batch[:] = [item for item in batch if item[-1].take()]
                 control = _Control(self._db)
                 for unit in _plan(batch):
                     if isinstance(unit, int):

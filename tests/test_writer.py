@@ -8,7 +8,7 @@ import threading
 import peewee as pw
 import pytest
 
-from kinbox.persistence import DatabaseFailed, WriterClosed
+from kinbox.persistence import DatabaseFailed, PersistenceError, WriterClosed, WriteTimeout
 
 from .conftest import Stores
 from .helpers import wait_for
@@ -169,3 +169,38 @@ def test_a_batch_that_cannot_begin_answers_what_queued_behind_it_at_once(db_url:
     finally:
         other.close()
         s.close()
+
+
+def test_a_write_whose_waiter_gave_up_while_it_was_queued_never_runs(stores: Stores) -> None:
+    """The waiter's timeout was a bare TimeoutError and the write stayed queued: it
+    committed later, after its caller was told it failed (a retried send: two messages)."""
+    gate, entered = threading.Event(), threading.Event()
+    blocker = stores.writer.submit(lambda: (entered.set(), gate.wait(10)))  # a slow batch
+    assert entered.wait(10)
+    with pytest.raises(WriteTimeout) as late:
+        stores.writer.call(lambda: insert_project(stores, "late"), timeout=0.2)
+    assert late.value.withdrawn and isinstance(late.value, PersistenceError)
+    gate.set()
+    blocker.result(10)
+    stores.writer.call(lambda: insert_project(stores, "after"))
+    assert {p.slug for p in stores.store.projects()} == {"after"}
+
+
+def test_a_write_whose_batch_was_running_when_its_waiter_gave_up_says_it_may_commit(
+        stores: Stores) -> None:
+    gate, entered = threading.Event(), threading.Event()
+
+    def slow() -> None:
+        entered.set()
+        gate.wait(10)
+        insert_project(stores, "slow")
+
+    with pytest.raises(WriteTimeout) as late:
+        stores.writer.submit(lambda: None)  # so the next call's batch is running
+        reply = stores.writer.submit(slow)
+        assert entered.wait(10)
+        reply.result(0.2)
+    assert not late.value.withdrawn and "may yet commit" in str(late.value)
+    gate.set()
+    stores.writer.call(lambda: None)
+    assert {p.slug for p in stores.store.projects()} == {"slow"}
