@@ -30,7 +30,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -268,8 +269,25 @@ class GroupCommitWriter:
         return WriterStatistics(s.batches, s.operations, s.largest_batch, s.rollbacks,
                                 s.bulk_runs, s.bulk_fallbacks, s.shared_fallbacks)
 
-    def _transaction(self) -> Any:
-        return self._db.atomic(_SQLITE_LOCK) if is_sqlite(self._db) else self._db.atomic()
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """A batch's transaction. When its body failed and the rollback fails too (the
+        transaction was over already: SQLite rolls it all back on a full disk, a
+        PostgreSQL server closed the connection), the body's error is what the batch's
+        callers get: the rollback's ("no transaction is active") would hide why."""
+        failed: list[BaseException] = []
+        try:
+            with (self._db.atomic(_SQLITE_LOCK) if is_sqlite(self._db) else self._db.atomic()):
+                try:
+                    yield
+                except BaseException as exc:
+                    failed.append(exc)
+                    raise
+        except Exception as exc:
+            if failed and exc is not failed[0]:
+                log.debug("the rollback after %s failed too: %s", type(failed[0]).__name__, exc)
+                raise failed[0] from None
+            raise
 
     def _run(self) -> None:
         stopping = False
@@ -344,7 +362,7 @@ class GroupCommitWriter:
         try:
             outcome: tuple[bool, Any] = (True, op())
         except Exception as exc:
-            control.now(f"ROLLBACK TO SAVEPOINT {name}")
+            _undo(lambda: control.now(f"ROLLBACK TO SAVEPOINT {name}"), exc)
             outcome = (False, exc)
         control.later(f"RELEASE SAVEPOINT {name}")
         return outcome
@@ -370,7 +388,7 @@ class GroupCommitWriter:
             try:
                 answers.append((group, _all_of(kind, [batch[i][1] for i in group])))
             except Exception as exc:
-                control.undo(name)
+                _undo(lambda: control.undo(name), exc)
                 self._stats.shared_fallbacks += 1
                 log.debug("a batch's bulk kinds run one kind at a time: %s",
                           type(exc).__name__)
@@ -404,6 +422,17 @@ class GroupCommitWriter:
         self._stats.batches += 1
         self._stats.operations += n
         self._stats.largest_batch = max(self._stats.largest_batch, n)
+
+
+def _undo(undo: Callable[[], object], cause: Exception) -> None:
+    """Undo a step that raised ``cause``. When the undo fails too, the transaction is over
+    (see :meth:`GroupCommitWriter._transaction`): ``cause`` fails the batch, as what says
+    why, not the undo's own error."""
+    try:
+        undo()
+    except Exception as undo_error:
+        log.debug("undoing after %s failed: %s", type(cause).__name__, undo_error)
+        raise cause from None
 
 
 class _Control:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from typing import Any
 
 import peewee as pw
 import pytest
@@ -204,3 +205,28 @@ def test_a_write_whose_batch_was_running_when_its_waiter_gave_up_says_it_may_com
     gate.set()
     stores.writer.call(lambda: None)
     assert {p.slug for p in stores.store.projects()} == {"slow"}
+
+
+@pytest.mark.timeout(60)
+def test_a_full_sqlite_disk_is_reported_as_such_not_as_a_failed_rollback(tmp_path: Any) -> None:
+    """SQLite rolls a whole transaction back when the disk is full, so the writer's own
+    rollback failed too, and its 'cannot rollback - no transaction is active' was what
+    every sender got in place of the disk being full."""
+    from kinbox.actors import Runtime
+
+    rt = Runtime(db=f"sqlite:///{tmp_path / 'k.db'}", data_dir=str(tmp_path)).start()
+    try:
+        sid = rt.create_session(rt.create_project("p").id, "S").id
+        writer = rt.context.journal.writer
+        db = rt.context.journal.t.db
+        pages = writer.call(lambda: db.execute_sql("PRAGMA page_count").fetchone()[0])
+        writer.call(lambda: db.execute_sql(f"PRAGMA max_page_count = {pages + 2}"))
+        with pytest.raises(DatabaseFailed) as full:
+            for i in range(200):
+                rt.post(sid, "x" * 900, message_id=f"m-{i}")
+        assert "full" in str(full.value), f"{full.value.kind}: {full.value}"
+        sent = i
+    finally:
+        rt.stop()
+    with Runtime(db=f"sqlite:///{tmp_path / 'k.db'}", data_dir=str(tmp_path)) as again:
+        assert len(again.inbox()) == sent  # each acknowledged send, and no other
