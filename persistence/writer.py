@@ -39,7 +39,7 @@ import peewee as pw
 
 from .database import is_sqlite
 from .driver_errors import sqlite_statement
-from .errors import WriterClosed, WriteTimeout
+from .errors import DatabaseFailed, WriterClosed, WriteTimeout
 from .pg_database import PostgresDatabase
 
 T = TypeVar("T")
@@ -271,10 +271,10 @@ class GroupCommitWriter:
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
-        """A batch's transaction. When its body failed and the rollback fails too (the
-        transaction was over already: SQLite rolls it all back on a full disk, a
-        PostgreSQL server closed the connection), the body's error is what the batch's
-        callers get: the rollback's ("no transaction is active") would hide why."""
+        """A batch's transaction. When its body failed in the database and the rollback
+        fails too (the transaction was over already: SQLite rolls it all back on a full
+        disk, a PostgreSQL server closed the connection), the body's error is what the
+        batch's callers get: the rollback's ("no transaction is active") would hide why."""
         failed: list[BaseException] = []
         try:
             with (self._db.atomic(_SQLITE_LOCK) if is_sqlite(self._db) else self._db.atomic()):
@@ -284,7 +284,7 @@ class GroupCommitWriter:
                     failed.append(exc)
                     raise
         except Exception as exc:
-            if failed and exc is not failed[0]:
+            if failed and exc is not failed[0] and isinstance(failed[0], DatabaseFailed):
                 log.debug("the rollback after %s failed too: %s", type(failed[0]).__name__, exc)
                 raise failed[0] from None
             raise
@@ -425,12 +425,15 @@ class GroupCommitWriter:
 
 
 def _undo(undo: Callable[[], object], cause: Exception) -> None:
-    """Undo a step that raised ``cause``. When the undo fails too, the transaction is over
-    (see :meth:`GroupCommitWriter._transaction`): ``cause`` fails the batch, as what says
-    why, not the undo's own error."""
+    """Undo a step that raised ``cause``. When the step failed in the database and the undo
+    fails too, the database ended the transaction with it (see
+    :meth:`GroupCommitWriter._transaction`): ``cause`` fails the batch, as what says why.
+    Any other undo failure (a restart that found the database busy) is its own reason."""
     try:
         undo()
     except Exception as undo_error:
+        if not isinstance(cause, DatabaseFailed):
+            raise
         log.debug("undoing after %s failed: %s", type(cause).__name__, undo_error)
         raise cause from None
 
