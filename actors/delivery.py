@@ -26,8 +26,10 @@ event                     in phase     effects, next phase
                                        Done(claim) -> DONE; none: Done(claim if the commit
                                        leased nothing or some turn was not plain) -> DONE
 ``lease_lost()``          COMMITTING   Done(claim) -> DONE  (nothing of the turn written)
-``journal_failed()``      COMMITTING,  Done(claim) -> DONE  (the row comes back by lease)
-                          FAILING
+``journal_failed()``      COMMITTING,  Release(row, each steered), Done(claim) -> DONE
+                          FAILING      (nothing of the turn was written: the rows go back
+                                       unrun for the next claim; should the release fail
+                                       too, they come back by lease)
 ``failure_recorded()``    FAILING      Done(claim) -> DONE
 ========================  ===========  ===================================================
 
@@ -245,9 +247,13 @@ class Delivery:
         return self._done(True)
 
     def journal_failed(self) -> list[Effect]:
-        """The commit or the failure record did not happen (a database error)."""
+        """The commit or the failure record did not happen (a database error): the turn's
+        rows go back unrun, so a blip of the database does not leave the session waiting
+        for its lease to run out (no one renews a row its run has let go of)."""
         self._expect("journal_failed", _COMMITTING, _FAILING)
-        return self._done(True)
+        assert self.row is not None
+        held = [self.row.message_id, *self.steered]
+        return [*(Release(mid) for mid in held), *self._done(True)]
 
     def failure_recorded(self) -> list[Effect]:
         """The failed attempt is recorded (a retry scheduled, or the row ``failed``)."""

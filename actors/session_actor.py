@@ -182,7 +182,13 @@ class SessionActor(PooledActor):
             return self.record_failure(run, effect)
         if isinstance(effect, dp.Release):
             if not ctx.crashed.is_set():
-                ctx.journal.release(ctx.owner, [effect.message_id], ctx.now())
+                try:
+                    ctx.journal.release(ctx.owner, [effect.message_id], ctx.now())
+                except WriterClosed:
+                    raise
+                except PersistenceError as exc:  # lost meanwhile, or the database is down
+                    log.info("could not hand %s back (%s); it comes back by its lease",
+                             effect.message_id, exc)
             return []
         raise TypeError(f"not an effect this actor carries out: {effect!r}")
 

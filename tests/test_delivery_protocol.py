@@ -56,9 +56,9 @@ EXPECTED: dict[tuple[dp.Phase, str], tuple[dp.Phase, list[type]]] = {
     (dp.Phase.RUNNING, "brain_raised"): (dp.Phase.FAILING, [dp.RecordFailure]),
     (dp.Phase.COMMITTING, "committed"): (dp.Phase.DONE, [dp.Done]),
     (dp.Phase.COMMITTING, "lease_lost"): (dp.Phase.DONE, [dp.Done]),
-    (dp.Phase.COMMITTING, "journal_failed"): (dp.Phase.DONE, [dp.Done]),
+    (dp.Phase.COMMITTING, "journal_failed"): (dp.Phase.DONE, [dp.Release, dp.Done]),
     (dp.Phase.FAILING, "failure_recorded"): (dp.Phase.DONE, [dp.Done]),
-    (dp.Phase.FAILING, "journal_failed"): (dp.Phase.DONE, [dp.Done]),
+    (dp.Phase.FAILING, "journal_failed"): (dp.Phase.DONE, [dp.Release, dp.Done]),
 }
 
 PATH_TO = {  # events that bring a fresh run to each phase
@@ -106,6 +106,17 @@ def test_a_plain_run_commits_the_row_and_its_steering_then_frees_the_slot() -> N
     d.steered_in(["m2", "m3"])
     assert d.brain_returned() == [dp.Commit(("m1", "m2", "m3"))]
     assert d.committed(None, plain=True) == [dp.Done(claim=False)]
+
+
+def test_a_commit_the_journal_failed_hands_the_turns_rows_back_unrun() -> None:
+    """Nothing of the turn was written, and nothing renews a row its run let go of: left
+    to its lease, a database blip of a second stalled the session for the whole lease."""
+    d = dp.Delivery()
+    d.claimed(row(1))
+    d.started()
+    d.steered_in(["m2"])
+    d.brain_returned()
+    assert d.journal_failed() == [dp.Release("m1"), dp.Release("m2"), dp.Done(claim=True)]
 
 
 def test_a_taken_over_row_records_its_start_before_the_brain_runs() -> None:

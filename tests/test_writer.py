@@ -230,3 +230,50 @@ def test_a_full_sqlite_disk_is_reported_as_such_not_as_a_failed_rollback(tmp_pat
         rt.stop()
     with Runtime(db=f"sqlite:///{tmp_path / 'k.db'}", data_dir=str(tmp_path)) as again:
         assert len(again.inbox()) == sent  # each acknowledged send, and no other
+
+
+@pytest.mark.timeout(120)
+def test_a_turn_commit_the_database_refused_runs_again_once_it_is_back_not_a_lease_later(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process held the SQLite file's write lock past the busy timeout while a
+    turn committed: nothing of the turn was written, and its row stayed leased to a run
+    that had let go of it, so the session waited out the whole lease (30 s) before it ran
+    again. The row goes back at once; its turn runs again when the database is back."""
+    import time
+
+    from kinbox.actors import Runtime, Turn
+    from kinbox.persistence import database
+
+    monkeypatch.setattr(database, "BUSY_TIMEOUT_MS", 300)
+    path = tmp_path / "k.db"
+    entered, release = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        mid = turn.messages[0].message_id
+        seen.append(mid)
+        if mid == "m1" and seen.count("m1") == 1:
+            entered.set()
+            release.wait(30)
+
+    rt = Runtime(db=f"sqlite:///{path}", brain=brain, data_dir=str(tmp_path)).start()
+    other = sqlite3.connect(str(path), isolation_level=None)
+    try:
+        sid = rt.create_session(rt.create_project("p").id, "S").id
+        rt.post(sid, "one", message_id="m1")
+        assert entered.wait(10)
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        release.set()  # m1's commit meets the lock
+        wait_for(lambda: not rt.health(timeout=1.0)["healthy"], timeout=10,
+                 what="the runtime to see its database refuse")
+        other.execute("ROLLBACK")  # the database is back
+        began = time.monotonic()
+        rt.post(sid, "two", message_id="m2")
+        wait_for(lambda: {r["message_id"]: r["status"] for r in rt.inbox()}
+                 == {"m1": "delivered", "m2": "delivered"}, timeout=60, what="delivery")
+        assert time.monotonic() - began < 10  # not the 30 s lease
+        assert seen == ["m1", "m1", "m2"]
+    finally:
+        release.set()
+        other.close()
+        rt.stop()
