@@ -12,9 +12,12 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -143,6 +146,9 @@ class Runtime(RecordsApi):
         self._shared = SharedDatabase()
         self._last_takeover = 0.0
         self._writer: GroupCommitWriter | None = None
+        self._probe_lock = threading.Lock()
+        self._probe: Future[Any] | None = None
+        """:meth:`health`'s last database read."""
         self._schedule: FocalSchedule | None = None
         self._direct: DirectTurns | None = None
         self._cron: CronService | None = None
@@ -488,7 +494,7 @@ class Runtime(RecordsApi):
         try:
             if ctx is None:
                 raise RuntimeStateError("the runtime is not started", state=self._state)
-            ctx.store.session("kinbox-health-probe")  # a primary-key read: cheap, real
+            self._read_probe(ctx, timeout)
             checks["database"] = {"ok": True}
         except Exception as exc:
             checks["database"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
@@ -509,6 +515,30 @@ class Runtime(RecordsApi):
             alive = ctx is not None and ctx.dispatcher is not None and ctx.dispatcher.is_alive()
             checks["dispatcher"] = {"ok": alive, "state": "running" if alive else "stopped"}
         return {"healthy": all(c["ok"] for c in checks.values()), "checks": checks}
+
+    def _read_probe(self, ctx: RuntimeContext, timeout: float) -> None:
+        """A primary-key read (cheap, real) within ``timeout``: a database that hangs (a
+        table locked by a migration, a network that drops packets) makes it time out,
+        never the caller. It runs on a thread of its own (a daemon: one stuck in the
+        database keeps no process from exiting); while an earlier one has not answered,
+        the database is not answering, and no other is started."""
+        with self._probe_lock:
+            probe = self._probe
+            if probe is None or probe.done():
+                probe = self._probe = Future()
+
+                def read(answer: Future[Any] = probe) -> None:
+                    try:
+                        answer.set_result(ctx.store.session("kinbox-health-probe"))
+                    except BaseException as exc:
+                        answer.set_exception(exc)
+                    finally:
+                        ctx.store.t.db.close()  # this thread's connection, not the others'
+                threading.Thread(target=read, name="kinbox-health", daemon=True).start()
+        try:
+            probe.result(timeout)
+        except FutureTimeout:
+            raise TimeoutError(f"no answer from the database within {timeout} s") from None
 
     def is_idle(self) -> bool:
         """True when no turn runs, no claim is scheduled and no row is due."""

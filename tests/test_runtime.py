@@ -582,3 +582,31 @@ def test_a_stop_past_its_timeout_still_ends_the_runtime_and_frees_the_database(
         Runtime(db=db_url, brain=lambda turn: None, clock=clock).start().stop()
     finally:
         release.set()
+
+
+@pytest.mark.timeout(60)
+def test_health_answers_within_its_timeout_while_the_database_hangs(
+        pg_url: str, tmp_path: Any) -> None:
+    """A table locked by a migration (or a network that drops packets): the database
+    read of health() had no deadline, so health(timeout=2), and /healthz with it, hung
+    for as long as the database did instead of saying it is unhealthy."""
+    import psycopg2
+
+    rt = Runtime(db=pg_url, data_dir=str(tmp_path), brain=lambda turn: None).start()
+    other = psycopg2.connect(pg_url)
+    try:
+        with other.cursor() as cur:  # what ALTER TABLE or VACUUM FULL takes
+            cur.execute("LOCK TABLE sessions IN ACCESS EXCLUSIVE MODE")
+        answers: list[dict[str, Any]] = []
+        asking = threading.Thread(target=lambda: answers.append(rt.health(timeout=2.0)),
+                                  daemon=True)
+        asking.start()
+        asking.join(10)
+        assert answers, "health(timeout=2) did not answer within 10 s"
+        assert not answers[0]["healthy"]
+        assert "TimeoutError" in answers[0]["checks"]["database"]["error"]
+        other.rollback()  # the lock goes: the next look is healthy again
+        wait_for(lambda: rt.health(timeout=2.0)["healthy"], timeout=20, what="healthy again")
+    finally:
+        other.close()
+        rt.stop()
