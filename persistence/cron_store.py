@@ -202,7 +202,9 @@ class CronStore:
                                 None if live else now, plan.run_status, None, plan.run_error,
                                 owner if live else None, now + lease if live else None,
                                 job.retry_count + 1)
-            if r.insert(**asdict(run)).on_conflict_ignore().execute():
+            # The rows it wrote, not SQLite's lastrowid (an earlier insert's, when this
+            # occurrence's run exists already: its turn would run, never recorded).
+            if r.insert(**asdict(run)).on_conflict_ignore().as_rowcount().execute():
                 recorded.append(run)
 
         def op() -> list[CronRunRecord]:

@@ -434,3 +434,28 @@ def test_an_async_brain_that_returns_without_being_async_fails_the_run(
     rt.run_until_idle()
     [run] = rt.cron.runs(job_id)
     assert run["status"] == "error" and "SyncBrainAwaitable" in run["error"]
+
+
+@pytest.mark.timeout(60)
+def test_a_second_trigger_of_one_occurrence_runs_no_unrecorded_turn(
+        make_runtime: MakeRuntime) -> None:
+    """Two triggers at one clock reading are one occurrence: one run, recorded. SQLite
+    answered the second run's ignored insert with the first one's rowid, so its brain ran
+    a whole turn whose commit was then refused: effects outside kinbox for a run nobody
+    recorded."""
+    seen: list[str] = []
+
+    def brain(turn: Turn) -> str:
+        seen.append(turn.messages[0].message_id)
+        return "ok"
+
+    rt = make_runtime(brain=brain)
+    job_id = str(rt.cron.add("digest", "0 9 * * *", "Summarize")["job_id"])
+    rt.cron.trigger(job_id)
+    rt.run_until_idle()
+    assert rt.cron.wait_idle(10)
+    rt.cron.trigger(job_id)  # the clock has not moved
+    rt.run_until_idle()
+    assert rt.cron.wait_idle(10)
+    assert len(rt.cron.runs(job_id)) == 1
+    assert len(seen) == 1, seen
