@@ -9,7 +9,10 @@ creates the thread's session (``social-<platform>-<thread>``, kind
 ``social``, project ``social``; listed and addressable like any other once
 created) and routes the event by :func:`.social_rules.route`: an idle chat
 starts a direct turn, the running turn's own sender steers it, anyone else
-waits in the chat's queue. Social events never enter the generic inbox.
+waits in the chat's queue. Social events never enter the generic inbox. A
+turn that could not run at all (a database error marking its session, say)
+keeps its events: the chat runs them again after a pause, before its later
+events.
 
 A graceful stop hands every accepted event that no turn has taken yet (still
 queued, waiting for its chat, or waiting for a thread of the pool) to the
@@ -44,7 +47,7 @@ from ..persistence import DuplicateError, NewMessage, PersistenceError, WriterCl
 from . import channels
 from . import social_rules as rules
 from .context import RuntimeContext, TurnEffects
-from .direct_turn import DirectTurns, TurnNotStarted
+from .direct_turn import DirectOutcome, DirectTurns, TurnNotStarted
 from .turn import Message, Turn, TurnOutcome
 
 log = logging.getLogger("kinbox.social")
@@ -55,6 +58,9 @@ DEFAULT_QUEUE_BOUND = 256
 RECENT_IDS = 10_000
 """How many accepted event ids are remembered, so a platform's retry is not run twice (at
 a start, the newest ones the database holds: committed turns' and the inbox's)."""
+RETRY_PAUSE = 1.0
+"""Seconds before a chat tries again a turn that could not run at all (a database error
+marking its session, say): a brief hiccup passes, a lasting one is not hammered."""
 
 
 @dataclass
@@ -320,11 +326,12 @@ class SocialService:
         """Run the chat's turns until its queue is empty (one turn at a time per chat)."""
         assert self.turns is not None
         while event is not None and self._take(event):
-            self._run_one(sid, event)
+            again = self._run_one(sid, event)
             with self._lock:
                 chat = self._chats[sid]
-                # Steering that came after the turn's last look waits for the next turn.
-                chat.pending.extendleft(reversed(chat.steering))
+                # What must run again came first; then steering that came after the turn's
+                # last look (it waits for the next turn); then the others' events.
+                chat.pending.extendleft(reversed([*again, *chat.steering]))
                 chat.steering.clear()
                 event = chat.pending.popleft() if chat.pending else None
                 chat.running_sender = event.sender_id if event else None
@@ -336,7 +343,11 @@ class SocialService:
         with self._lock:
             return not self._stop.is_set() and self._unstarted.pop(event.event_id, None) is not None
 
-    def _run_one(self, sid: str, event: rules.SocialEvent) -> None:
+    def _run_one(self, sid: str, event: rules.SocialEvent) -> list[rules.SocialEvent]:
+        """Run a turn of the chat from ``event`` (and its sender's steering); the events to
+        run again, ahead of the chat's queue: those fetched for the turn that its brain was
+        never handed, or all of them when the turn could not run at all. Raises only
+        :class:`WriterClosed` (the runtime stopping), so the chat always moves on."""
         assert self.turns is not None
         taken: list[rules.SocialEvent] = [event]
 
@@ -365,38 +376,63 @@ class SocialService:
                     lambda: self._record_events(sid, ran, now)]
 
         try:
-            try:
-                done = self.turns.run(sid, [_message(event)], fetch_steering=fetch_steering,
-                                      commit_ops=commit_ops)
-            except TurnNotStarted:  # stopping: they were accepted, so they go to the inbox
-                with self._lock:
-                    self._unstarted.update((e.event_id, e) for e in taken)
-                raise
-            elsewhere = (set() if done.committed else
-                         self.ctx.journal.committed_of([e.event_id for e in taken]))
-            unseen = {m.message_id for m in done.turn.close_steering() or []}
+            done = self.turns.run(sid, [_message(event)], fetch_steering=fetch_steering,
+                                  commit_ops=commit_ops)
+        except TurnNotStarted:  # stopping: they were accepted, so they go to the inbox
             with self._lock:
-                self.counts["turns" if done.committed else "failed_turns"] += 1
-                if unseen:  # fetched for the turn, never handed to its brain: next in line
-                    back = [e for e in taken if e.event_id in unseen]
-                    taken[:] = [e for e in taken if e.event_id not in unseen]
-                    self._chats[sid].pending.extendleft(reversed(back))
-                    self._unstarted.update((e.event_id, e) for e in back)
-            if done.committed:
-                self._send_replies(sid, taken[-1], done.turn)
-            elif elsewhere:  # a platform's retry that another runtime ran and committed
-                log.info("social turn in %s not committed: %d of its events ran elsewhere",
-                         sid, len(elsewhere))
-                with self._lock:
-                    self.counts["duplicates"] += 1
-            else:  # nothing was committed, so nothing is sent; the outcome says why
-                log.warning("social turn in %s failed: %s", sid, done.error)
-                self.channels.record(sid, event.platform, taken[-1].event_id,
-                                     channels.DeliveryOutcome("turn_failed", 0, done.error),
-                                     durable=False)
+                self._give_back(taken)
+            raise
+        except WriterClosed:
+            raise
+        except Exception:
+            # Nothing of it committed (the commit's own refusals come back as an outcome):
+            # the events stay accepted and run again, rather than being lost with a 202.
+            log.exception("social turn in %s could not run; its %d event(s) run again",
+                          sid, len(taken))
+            with self._lock:
+                self._give_back(taken)
+            self._stop.wait(RETRY_PAUSE)
+            return taken
+        unseen = {m.message_id for m in done.turn.close_steering() or []}
+        with self._lock:
+            self.counts["turns" if done.committed else "failed_turns"] += 1
+            # Fetched for the turn, never handed to its brain: next in line.
+            back = [e for e in taken if e.event_id in unseen]
+            taken[:] = [e for e in taken if e.event_id not in unseen]
+            self._give_back(back)
+        try:
+            self._conclude(sid, event, taken, done)
+        except WriterClosed:
+            raise
+        except Exception:  # the turn is over either way: its chat must not wait on this
+            log.exception("the outcome of a social turn in %s could not be recorded", sid)
         finally:
             for _ in taken:
                 self._handled()
+        return back
+
+    def _give_back(self, events: list[rules.SocialEvent]) -> None:
+        """Make ``events`` (taken for a turn that did not run them) unstarted again, ahead of
+        the others: they came first, and a stop hands them over in that order. Under the
+        lock."""
+        if events:
+            self._unstarted = {**{e.event_id: e for e in events}, **self._unstarted}
+
+    def _conclude(self, sid: str, event: rules.SocialEvent, ran: list[rules.SocialEvent],
+                  done: DirectOutcome) -> None:
+        """Send a committed turn's replies, or record why there are none."""
+        if done.committed:
+            self._send_replies(sid, ran[-1], done.turn)
+        elif self.ctx.journal.committed_of([e.event_id for e in ran]):
+            # A platform's retry that another runtime ran and committed.
+            log.info("social turn in %s not committed: its events ran elsewhere", sid)
+            with self._lock:
+                self.counts["duplicates"] += 1
+        else:  # nothing was committed, so nothing is sent; the outcome says why
+            log.warning("social turn in %s failed: %s", sid, done.error)
+            self.channels.record(sid, event.platform, ran[-1].event_id,
+                                 channels.DeliveryOutcome("turn_failed", 0, done.error),
+                                 durable=False)
 
     def _record_events(self, sid: str, event_ids: list[str], now: float) -> None:
         """Inside the turn's commit: its events' delivery markers, or :class:`DuplicateError`
