@@ -217,6 +217,10 @@ class SocialService:
                 self.counts["duplicates"] += 1
                 return {"accepted": True, "duplicate": True, "event_id": normalized.event_id,
                         "session_id": sid}
+            # Again under the lock: a stop may have come since the first look (during the
+            # read above), and what is accepted after its hand_over would be lost with a
+            # 202. The runtime closes before it hands over, so this look sees it.
+            self.ctx.require_running()
             # The bound covers every accepted event not yet through its turn (queued,
             # waiting for its chat, steering, running), so memory stays bounded.
             full = self._handling >= self.bound

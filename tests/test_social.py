@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kinbox.actors import Runtime, Turn
+from kinbox.actors import Runtime, RuntimeStateError, Turn
 from kinbox.actors import social_rules as rules
 from kinbox.persistence import RowNotFound
 from kinbox.persistence.driver_errors import OperationalError
@@ -543,3 +543,41 @@ def test_a_database_error_in_a_social_turn_neither_wedges_its_chat_nor_loses_the
     assert seen == ["first", "second"]
     assert sent == [(route, "echo: first"), (route, "echo: second")]
     assert rt.social.statistics()["turns"] == 2
+
+
+@pytest.mark.timeout(60)
+def test_an_event_arriving_while_the_runtime_stops_is_refused_not_lost(
+        make_runtime: MakeRuntime) -> None:
+    """``ingest`` looked at the runtime, read the database (has another runtime run this
+    event?) and only then took the event: a stop handing the unstarted events to the inbox
+    in between left it accepted (a 202) and gone. Now it is refused (the webhook's 503),
+    so the platform retries it later."""
+    rt = make_runtime(brain=lambda turn: "ok")
+    rt.social.allow("slack", ["U1"])
+    journal = rt.context.journal
+    real = journal.committed_of
+    reading, stopped = threading.Event(), threading.Event()
+
+    def slow_read(ids: Any) -> set[str]:  # the webhook's "ran elsewhere?" read, descheduled
+        found = real(ids)
+        reading.set()
+        assert stopped.wait(20)
+        return found
+
+    journal.committed_of = slow_read  # type: ignore[method-assign]
+    outcome: list[object] = []
+    webhook = threading.Thread(target=lambda: outcome.append(
+        _ingest_or_error(rt, event("book a table", event_id="Ev7"))))
+    webhook.start()
+    assert reading.wait(10)
+    rt.stop()  # hands what was accepted to the inbox
+    stopped.set()
+    webhook.join(10)
+    assert len(outcome) == 1 and isinstance(outcome[0], RuntimeStateError), outcome
+
+
+def _ingest_or_error(rt: Runtime, raw: Mapping[str, Any]) -> object:
+    try:
+        return rt.social.ingest(raw)
+    except Exception as exc:
+        return exc
