@@ -272,7 +272,8 @@ class Runtime(RecordsApi):
             self._peers.stop()
         for session_id in ctx.turns.running():
             ctx.turns.request_stop(session_id, RUNTIME_STOP, ctx.now())
-        self._stop_direct(wait=True)  # before the async host: their brains may run there
+        # Before the async host: their brains may run there.
+        self._stop_direct(wait=True, timeout=timeout)
         if ctx.dispatcher is not None:
             try:
                 ctx.dispatcher.stop(timeout=timeout)  # stops its session actors first
@@ -337,13 +338,16 @@ class Runtime(RecordsApi):
         self._social = SocialService(ctx, turns)
         ctx.outbox_hooks.append(self._social.outbox)
 
-    def _stop_direct(self, *, wait: bool) -> None:
+    def _stop_direct(self, *, wait: bool, timeout: float = 0.0) -> None:
+        """Stop the cron and social services and the direct-turn pool; with ``wait``, give
+        running direct turns ``timeout`` (the stop's) to end, then hand the social events
+        they have not committed to the inbox."""
         for service in (self._cron, self._social):
             if service is not None:
                 service.stop()
         if self._direct is not None:
-            self._direct.stop(wait=wait)
-        if wait and self._social is not None:  # a graceful stop keeps what no turn took
+            self._direct.stop(wait=wait, timeout=timeout)
+        if wait and self._social is not None:  # a graceful stop keeps what no turn committed
             self._social.hand_over()
 
     def _resolve_data_dir(self) -> Path:

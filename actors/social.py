@@ -19,8 +19,12 @@ queued, waiting for its chat, or waiting for a thread of the pool) to the
 durable inbox, as a message of kind ``social_message`` to its thread's
 session, so the 202 its platform got still holds: the next start runs it as
 an inbox turn, and that turn's replies leave by the event's own reply route.
-Each event is either taken by a turn or handed over, never both (one lock
-decides). A crash loses what was only in memory (it never reached a turn).
+Once a stop hands over, no turn takes an event (one lock decides). The
+events of a turn still running when the stop's wait ends (a brain that
+ignores its stop request) are handed over too: if that turn's commit lands
+after all, its delivery markers make the inbox skip them (it never runs a
+message whose turn committed); if not, they run at the next start. A crash
+loses what was only in memory (no turn committed it).
 A turn's commit writes its events' delivery markers and is refused when one
 has a marker already, so a platform's retry that reached another runtime on
 the same PostgreSQL commits once, and only once are its replies sent.
@@ -97,6 +101,9 @@ class SocialService:
         self._unstarted: dict[str, rules.SocialEvent] = {}
         """Accepted events no turn has taken yet, by id, in acceptance order: what a stop
         hands to the inbox (each leaves it under the lock, to a turn or to the inbox)."""
+        self._in_turn: dict[str, rules.SocialEvent] = {}
+        """Events a turn took that has not ended yet (committed or failed): what a stop
+        hands over too when its wait for the turns ends first."""
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -161,7 +168,7 @@ class SocialService:
 
     def stop(self) -> None:
         """Stop taking events and starting turns (running ones go on); then, once the turn
-        pool has stopped, :meth:`hand_over` what no turn took."""
+        pool has stopped or its wait ended, :meth:`hand_over` what no turn committed."""
         self._stop.set()
         if self._consumer is None:
             return  # a send-only runtime never queued anything
@@ -170,10 +177,13 @@ class SocialService:
             self._consumer.join(5)
 
     def hand_over(self) -> int:
-        """Write every accepted event no turn has taken to the inbox (after :meth:`stop`);
-        how many. Denied senders' events are dropped, as the consumer would."""
+        """Write every accepted event no turn has taken, or whose turn has not ended, to
+        the inbox (after :meth:`stop` and the turn pool's wait); how many. Denied senders'
+        events are dropped, as the consumer would."""
         with self._lock:
-            events = list(self._unstarted.values())
+            # A turn's events came before those still waiting in its chat.
+            events = [*self._in_turn.values(), *self._unstarted.values()]
+            self._in_turn.clear()
             self._unstarted.clear()
         handed = 0
         for event in events:
@@ -345,7 +355,10 @@ class SocialService:
     def _take(self, event: rules.SocialEvent) -> bool:
         """Take ``event`` for a turn; False once a stop hands it to the inbox instead."""
         with self._lock:
-            return not self._stop.is_set() and self._unstarted.pop(event.event_id, None) is not None
+            if self._stop.is_set() or self._unstarted.pop(event.event_id, None) is None:
+                return False
+            self._in_turn[event.event_id] = event
+            return True
 
     def _run_one(self, sid: str, event: rules.SocialEvent) -> list[rules.SocialEvent]:
         """Run a turn of the chat from ``event`` (and its sender's steering); the events to
@@ -364,6 +377,7 @@ class SocialService:
                 chat.steering.clear()
                 for e in fresh:
                     self._unstarted.pop(e.event_id, None)
+                    self._in_turn[e.event_id] = e
             taken.extend(fresh)
             return [_message(e) for e in fresh]
 
@@ -404,6 +418,8 @@ class SocialService:
             back = [e for e in taken if e.event_id in unseen]
             taken[:] = [e for e in taken if e.event_id not in unseen]
             self._give_back(back)
+            for e in taken:  # their turn ended: committed, or failed for good
+                self._in_turn.pop(e.event_id, None)
         try:
             self._conclude(sid, event, taken, done)
         except WriterClosed:
@@ -421,6 +437,8 @@ class SocialService:
         lock."""
         if events:
             self._unstarted = {**{e.event_id: e for e in events}, **self._unstarted}
+            for e in events:
+                self._in_turn.pop(e.event_id, None)
 
     def _conclude(self, sid: str, event: rules.SocialEvent, ran: list[rules.SocialEvent],
                   done: DirectOutcome) -> None:

@@ -581,3 +581,83 @@ def _ingest_or_error(rt: Runtime, raw: Mapping[str, Any]) -> object:
         return rt.social.ingest(raw)
     except Exception as exc:
         return exc
+
+
+@pytest.mark.timeout(90)
+def test_a_graceful_stop_keeps_an_event_whose_turn_outlasts_its_wait(
+        make_runtime: MakeRuntime) -> None:
+    """A stop waited a fixed 10 s for direct turns, whatever ``rt.stop(timeout=)`` said,
+    then handed over only the events no turn had taken. A turn that outlasted the wait (an
+    LLM call that does not look at the stop request) failed to commit once the database
+    closed, and its event (the platform had its 202) was gone. It is handed over too and
+    runs at the next start."""
+    holding, release = threading.Event(), threading.Event()
+
+    def brain(turn: Turn) -> str:
+        text = turn.messages[0].content.splitlines()[-1]
+        if text == "slow" and not holding.is_set():
+            holding.set()
+            assert release.wait(60)  # ignores the stop request
+        return f"echo: {text}"
+
+    rt = make_runtime(brain=brain)
+    rt.social.allow("slack", ["U1"])
+    rt.social.register_channel("slack", send=lambda route, text: None)
+    rt.social.ingest(event("slow", event_id="Ev1"))
+    assert holding.wait(10)
+    rt.stop(timeout=1)  # SIGTERM during a deploy; the old wait would last 10 s
+    release.set()  # its commit is refused now: the database is closed
+    again = make_runtime(brain=brain)
+    again.social.allow("slack", ["U1"])
+    again.run_until_idle()
+    texts = [e.text for e in again.transcript("social-slack-T1")]
+    assert texts.count("echo: slow") == 1, (texts, again.inbox())
+
+
+@pytest.mark.timeout(90)
+def test_a_turn_committing_after_the_stop_handed_its_event_over_runs_it_once(
+        make_runtime: MakeRuntime) -> None:
+    """The other way a late turn ends: it commits after the stop handed its event to the
+    inbox, while the stop still waits for an inbox turn. The event's delivery marker makes
+    the next start acknowledge the handed-over row without a second turn."""
+    ran: list[str] = []
+    holding, release, waiting, committed = (threading.Event() for _ in range(4))
+
+    def brain(turn: Turn) -> str:
+        text = turn.messages[0].content.splitlines()[-1]
+        ran.append(text)
+        if text == "slow":
+            holding.set()
+            assert release.wait(60)  # ignores the stop request
+        elif text == "hold the stop":  # an inbox turn: the stop waits for it to commit
+            waiting.set()
+            assert committed.wait(20)
+        return f"echo: {text}"
+
+    rt = make_runtime(brain=brain)
+    rt.social.allow("slack", ["U1"])
+    rt.social.register_channel("slack", send=lambda route, text: None)
+    rt.subscribe(lambda name, data: committed.set() if name == "turn_committed"
+                 and data["session_id"] == "social-slack-T1" else None)
+    real_hand_over = rt.social.hand_over
+
+    def hand_over_then_release() -> int:
+        handed = real_hand_over()
+        release.set()  # the slow call returns now, with the database still open
+        return handed
+
+    rt.social.hand_over = hand_over_then_release  # type: ignore[method-assign]
+    rt.post(rt.create_session(None, "elsewhere").id, "hold the stop")
+    assert waiting.wait(10)
+    rt.social.ingest(event("slow", event_id="Ev1"))
+    assert holding.wait(10)
+    rt.stop(timeout=3)
+    assert committed.is_set()
+
+    again = make_runtime(brain=brain)
+    again.social.allow("slack", ["U1"])
+    again.run_until_idle()
+    assert ran == ["hold the stop", "slow"]
+    assert [r["status"] for r in again.inbox(target="social-slack-T1")] == ["delivered"]
+    texts = [e.text for e in again.transcript("social-slack-T1")]
+    assert texts.count("echo: slow") == 1, texts
