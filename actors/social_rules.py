@@ -25,6 +25,7 @@ import enum
 import hashlib
 import json
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,6 +116,17 @@ def _text_field(raw: Mapping[str, Any], name: str, *, required: bool,
     return _storable(name, value).strip()
 
 
+def _one_line(name: str, text: str) -> str:
+    """``text``, if it has no control character or line break: the envelope's first line
+    names the sender from it, and a line break would let a display name write a line of
+    its own (a forged sender id)."""
+    for i, char in enumerate(text):
+        if unicodedata.category(char) in ("Cc", "Zl", "Zp"):
+            raise InvalidSocialEvent(name, f"one line: a control character or line break "
+                                           f"{char!r} at position {i}")
+    return text
+
+
 def _storable(name: str, text: str) -> str:
     """``text``, if it can be stored (:func:`.validation.unstorable`)."""
     if (problem := unstorable(text)) is not None:
@@ -150,8 +162,9 @@ def normalize(raw: object, event_id: str, platform: str | None = None) -> Social
     plat = platform if platform is not None else raw.get("platform")
     if not isinstance(plat, str) or not PLATFORM_RE.fullmatch(plat):
         raise InvalidSocialEvent("platform", "1-32 characters of a-z, 0-9 and _")
-    sender_id = _text_field(raw, "sender_id", required=True)
-    sender_name = _text_field(raw, "sender_name", required=False) or sender_id
+    sender_id = _one_line("sender_id", _text_field(raw, "sender_id", required=True))
+    sender_name = _one_line("sender_name",
+                            _text_field(raw, "sender_name", required=False)) or sender_id
     thread_id = _text_field(raw, "thread_id", required=True)
     text = _text_field(raw, "text", required=False, limit=MAX_TEXT)
     attachments = _attachments(raw.get("attachments"))
@@ -198,9 +211,12 @@ def authorized(allowlist: Mapping[str, frozenset[str]], platform: str, sender_id
 
 
 def envelope(event: SocialEvent) -> str:
-    """The turn's text: an envelope line naming platform and sender, then the message."""
-    lines = [f"[{event.platform} message from {event.sender_name} "
-             f"(sender id {event.sender_id})]"]
+    """The turn's text: an envelope line naming platform and sender, then the message.
+
+    The display name is anyone's to choose, so it is quoted (JSON's escapes): whatever
+    it holds, it cannot pass for the sender id or the end of the line."""
+    name = json.dumps(event.sender_name, ensure_ascii=False)
+    lines = [f"[{event.platform} message from {name} (sender id {event.sender_id})]"]
     if event.text:
         lines.append(event.text)
     lines += [f"[attachment: {a.name or 'file'} {a.url}]" for a in event.attachments]

@@ -110,7 +110,7 @@ def run(sc: Scenario) -> None:
     sc.settle()
 
     transcript = [e.text for e in rt.transcript(thread) if e.visible]
-    sc.expect(transcript[0].startswith("[slack message from Ann (sender id U-ann)]"),
+    sc.expect(transcript[0].startswith('[slack message from "Ann" (sender id U-ann)]'),
               "the thread's turn opened with the envelope line", transcript[0])
     sc.expect(transcript[-1] == "The concierge says: Your table for two is booked at 20:00.",
               "the Concierge's answer reached the thread by agent_send", transcript[-1])
