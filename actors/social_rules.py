@@ -38,6 +38,9 @@ PLATFORM_RE = re.compile(r"[a-z0-9_]{1,32}")
 SAFE_THREAD_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,79}")
 MAX_TEXT = 20_000
 MAX_ATTACHMENTS = 10
+ATTACHMENT_LIMITS = {"url": 2048, "name": 256, "mime_type": 128}
+"""The most characters of each attachment field (a longer one is refused, never cut: a
+cut pre-signed URL reaches the turn and fails there, far from the cause)."""
 MAX_ID = 256
 SOCIAL_PROJECT = "social"
 
@@ -149,9 +152,13 @@ def _attachments(raw: object) -> tuple[Attachment, ...]:
         name, mime = item.get("name", ""), item.get("mime_type", "")
         if not isinstance(name, str) or not isinstance(mime, str):
             raise InvalidSocialEvent(f"attachments[{i}]", "name and mime_type are strings")
-        found.append(Attachment(_storable(f"attachments[{i}]", item["url"][:2048]),
-                                _storable(f"attachments[{i}]", name[:256]),
-                                _storable(f"attachments[{i}]", mime[:128])))
+        values = {"url": item["url"], "name": name, "mime_type": mime}
+        for key, value in values.items():
+            if len(value) > ATTACHMENT_LIMITS[key]:
+                raise InvalidSocialEvent(f"attachments[{i}]", f"the {key} is at most "
+                                         f"{ATTACHMENT_LIMITS[key]} characters")
+            _storable(f"attachments[{i}]", value)
+        found.append(Attachment(**values))
     return tuple(found)
 
 
