@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import partial
 
 from ..persistence import LeaseLost, PersistenceError, WriterClosed
@@ -59,6 +60,14 @@ class DirectOutcome:
     """Why it did not commit: the brain's error, or the refusal of the commit."""
 
 
+@dataclass
+class _SessionLock:
+    """A session's direct-turn lock and how many turns hold or wait for it."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: int = 0
+
+
 class DirectTurns:
     """Runs direct turns on a bounded pool; ``wait_idle`` waits for all of them."""
 
@@ -67,7 +76,7 @@ class DirectTurns:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kinbox-direct")
         self._cond = threading.Condition()
         self._in_flight = 0
-        self._session_locks: dict[str, threading.Lock] = {}
+        self._session_locks: dict[str, _SessionLock] = {}
         self._closed = False
 
     def submit(self, work: Callable[[], object]) -> Future[object] | None:
@@ -116,9 +125,22 @@ class DirectTurns:
         if wait and not self.wait_idle(timeout):
             log.warning("direct turns still running after %.1fs at stop", timeout)
 
-    def _lock_for(self, session_id: str) -> threading.Lock:
+    @contextmanager
+    def _one_at_a_time(self, session_id: str) -> Iterator[None]:
+        """Hold the session's lock: one direct turn of a session at a time here. Its entry
+        goes once no turn holds or waits for it, so every thread a platform ever opened
+        does not keep a lock for the runtime's life."""
         with self._cond:
-            return self._session_locks.setdefault(session_id, threading.Lock())
+            entry = self._session_locks.setdefault(session_id, _SessionLock())
+            entry.users += 1
+        try:
+            with entry.lock:
+                yield
+        finally:
+            with self._cond:
+                entry.users -= 1
+                if entry.users == 0:
+                    del self._session_locks[session_id]
 
     def _start(self, session_id: str, turn_id: str, messages: list[Message],
                fetch_steering: Callable[[], list[Message]]) -> Turn:
@@ -140,7 +162,7 @@ class DirectTurns:
         ctx = self.ctx
         effects: TurnEffects | None = None
         turn_id = messages[0].message_id if messages else f"direct-{ctx.new_id()}"
-        with self._lock_for(session_id):
+        with self._one_at_a_time(session_id):
             self._wait_to_mark(session_id, turn_id)
             try:
                 turn = self._start(session_id, turn_id, messages, fetch_steering)

@@ -692,3 +692,18 @@ def test_a_turn_committing_after_the_stop_handed_its_event_over_runs_it_once(
     assert [r["status"] for r in again.inbox(target="social-slack-T1")] == ["delivered"]
     texts = [e.text for e in again.transcript("social-slack-T1")]
     assert texts.count("echo: slow") == 1, texts
+
+
+@pytest.mark.timeout(60)
+def test_idle_threads_leave_no_per_session_lock_behind(make_runtime: MakeRuntime) -> None:
+    """The direct-turn pool kept one lock per session it ever ran, for the runtime's life:
+    every chat thread a platform opens would grow it. A session's lock goes once no turn
+    holds or waits for it."""
+    rt = make_runtime(brain=lambda turn: "ok")
+    rt.social.allow("slack", ["U1"])
+    for i in range(20):
+        rt.social.ingest(event("hi", thread=f"T{i}"))
+    assert rt.social.wait_idle(20)
+    assert rt.social.statistics()["turns"] == 20
+    direct = rt._direct  # the direct-turn pool social and cron share: nothing public shows it
+    assert direct is not None and direct._session_locks == {}
