@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
@@ -225,7 +225,7 @@ class PeerLink:
                     link.connection_lost(f"the peer did not finish the handshake within "
                                          f"{HANDSHAKE_SECONDS:g} s")
                     continue  # its effects (the rows back, with a retry) come first
-                if claim is not None and _ready(claim):
+                if claim is not None and claim.done():
                     more, claim = claim.result(), None
                     if more:
                         dry_since, last_seq = None, more[-1].seq
@@ -284,7 +284,7 @@ class PeerLink:
         ctx = self.svc.ctx
         waiting = []
         for reply, ids in acks:
-            if not wait and not _ready(reply):
+            if not wait and not reply.done():
                 waiting.append((reply, ids))
                 continue
             try:
@@ -367,16 +367,6 @@ class PeerLink:
         except PersistenceError:
             pass  # leases expire on their own
 
-
-def _ready(reply: Reply[Any]) -> bool:
-    """Has the writer answered (committed or failed)?"""
-    try:
-        reply.result(0)
-    except TimeoutError:
-        return False
-    except Exception:
-        return True
-    return True
 
 
 def _outgoing(row: ClaimedRow) -> Outgoing:

@@ -143,6 +143,11 @@ class Reply(Generic[T]):
                 return
         _run_callback(callback)
 
+    def done(self) -> bool:
+        """Is the answer in? (A look that gives nothing up: :meth:`result` with a timeout
+        withdraws a write still queued when the wait ends.)"""
+        return self._set
+
     def outcome(self) -> T:
         """The answer of a settled reply (raise the operation's error)."""
         if self._error is not None:
