@@ -70,9 +70,10 @@ def test_a_diagram_path_that_cannot_be_written_is_refused_before_running(tmp_pat
     ran = tmp_path / "ran"
     path = script(tmp_path, f"def run(sc):\n    open({str(ran)!r}, 'w').close()\n"
                             "    sc.start()\n    sc.expect(True, 'fine')\n")
-    result = kinbox("scenario", "run", str(path), "--diagram", "/nonexistent/x.md")
+    (tmp_path / "a-file").write_text("")  # a folder no one can create: a file is in its way
+    result = kinbox("scenario", "run", str(path), "--diagram", str(tmp_path / "a-file" / "x.md"))
     assert result.returncode == 2
-    assert "/nonexistent" in result.stderr and "Traceback" not in result.stderr
+    assert "a-file" in result.stderr and "Traceback" not in result.stderr
     assert not ran.exists()
     assert result.stdout == ""
 
