@@ -31,18 +31,22 @@ from .inbox_records import ClaimedRow
 from .models import Tables
 from .writer import GroupCommitWriter, Reply
 
-WINDOW_CLAIM_LOCK = "SELECT pg_advisory_xact_lock(hashtext(%s))"
-"""PostgreSQL: a device's window claim holds its lock, key the target, for its transaction:
-claims from several processes take turns, so a second link sees the first one's live
-leases and stays idle (one link per device)."""
+WINDOW_CLAIM_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext(%s))"
+"""PostgreSQL: a device's window claim takes its lock, key the target, for its transaction,
+or claims nothing this time: claims from several processes take turns (a second link sees
+the first one's live leases and stays idle: one link per device), and a claim never waits
+for a lock. It runs in a writer's batch beside other writes, some taking this lock shared
+(:data:`NEW_ROW_LOCK`): a claim that waited for them could wait for a batch that waits for
+its own, and PostgreSQL would abort one of the two batches, every write in it."""
 
 NEW_ROW_LOCK = "SELECT pg_advisory_xact_lock_shared(hashtext(%s))"
 """PostgreSQL: a transaction writing rows for a device holds the same lock, shared, before
 its rows are numbered. PostgreSQL numbers a row when it is written, not when it commits:
 without it a row numbered first and committed after a later one was claimed sat behind
 the link's window (which reads on from the last row it took), sent out of order, or not
-at all while the link stayed busy. A claim now waits for the writes in flight, and a
-write waits for the claim, so a device's rows commit, as claims see them, in order."""
+at all while the link stayed busy. A claim now finds the writes in flight (and claims
+nothing until they commit), and a write waits for the claim, so a device's rows commit,
+as claims see them, in order."""
 
 
 class PeerOutbox:
@@ -62,8 +66,9 @@ class PeerOutbox:
 
     def _claim_op(self, owner: str, target: str, after_seq: int, now: float, lease: float,
                   limit: int) -> list[ClaimedRow]:
-        if is_postgres(self.t.db):
-            self.t.db.execute_sql(WINDOW_CLAIM_LOCK, (target,))
+        if is_postgres(self.t.db) and not self.t.db.execute_sql(
+                WINDOW_CLAIM_LOCK, (target,)).fetchone()[0]:
+            return []  # another claim, or a write of the device's rows, is under way
         taken: list[ClaimedRow] = []
         for r in self._open_rows(target, after_seq, limit):
             if not is_claimable(r.status, r.available_at, r.lease_until, now):

@@ -13,12 +13,12 @@ import uvicorn
 from kinbox.actors import Runtime, SystemClock, Turn
 from kinbox.actors.peers import PeerHttpBackend, new_invite
 from kinbox.actors.serve import app_for
-from kinbox.persistence import NewMessage
+from kinbox.persistence import ClaimedRow, NewMessage
 from kinbox.persistence.peer_outbox import PeerOutbox
 from kinbox.persistence.peers import INBOUND, OUTBOUND, PeerStore
 
 from .conftest import Stores
-from .helpers import lock_waits, quiet_brain, wait_for
+from .helpers import quiet_brain, wait_for
 from .peer_harness import Receiver, free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -226,7 +226,8 @@ def test_on_postgres_a_device_row_numbered_first_and_committed_last_is_not_skipp
     """PostgreSQL numbers a row when it is written: a send from another process numbered
     first and committed after a later one was invisible to the link's claim, which went on
     after the later row, so the first was sent out of order, or not while the link stayed
-    busy. The claim now waits for that write, then takes both, in order."""
+    busy. The claim now takes nothing while that write is under way, then both, in
+    order."""
     device, target = "0123456789ab", "peer:0123456789ab"
 
     def peer_row(message_id: str) -> NewMessage:
@@ -248,19 +249,58 @@ def test_on_postgres_a_device_row_numbered_first_and_committed_last_is_not_skipp
         sender.start()
         assert numbered.wait(10)
         here.journal.enqueue_many([peer_row("second")], 2.0)
-        claimed: list[list[str]] = []
-        claim = threading.Thread(target=lambda: claimed.append([r.message_id for r in PeerOutbox(
-            here.tables, here.writer).claim_window("w", target, 0, 3.0, lease=30, limit=9)]))
-        claim.start()
-        wait_for(lambda: bool(claimed) or lock_waits(pg_url) > 0, 10,
-                 "the claim to answer or to wait for the write in flight")
+        outbox = PeerOutbox(here.tables, here.writer)
+
+        def claim() -> list[str]:
+            return [r.message_id for r in outbox.claim_window("w", target, 0, 3.0, lease=30,
+                                                              limit=9)]
+
+        assert claim() == []  # a write of the device's rows is under way: not "second" alone
         gate.set()
         sender.join(10)
-        claim.join(10)
-        assert claimed == [["first", "second"]]
+        assert claim() == ["first", "second"]
     finally:
         here.close()
         other.close()
+
+
+@pytest.mark.timeout(60)
+def test_on_postgres_two_processes_writing_and_claiming_one_devices_rows_do_not_deadlock(
+        pg_url: str) -> None:
+    """Each process's batch writes a row for the device (its lock, shared) and then its
+    link claims the device's window in the same batch. A claim that waited for the lock
+    waited for the other batch, which waited for it: PostgreSQL aborted one batch, every
+    write in it. A claim never waits: it claims nothing while a write is under way."""
+    target = "peer:0123456789ab"
+    processes = [Stores(pg_url), Stores(pg_url)]
+    both_wrote = threading.Barrier(2)
+    outcomes: list[object] = []
+
+    def batch(stores: Stores, message_id: str) -> None:
+        def op() -> list[ClaimedRow]:
+            stores.journal.enqueue_now(NewMessage(
+                message_id, target, "hi", transport="suzent_peer",
+                destination_peer_id="0123456789ab"), 1.0)
+            both_wrote.wait(10)
+            # The link's claim, in the same batch (as the writer would run it).
+            return PeerOutbox(stores.tables, stores.writer)._claim_op(
+                f"w-{message_id}", target, 0, 2.0, 30, 9)
+        try:
+            outcomes.append(stores.writer.call(op))
+        except Exception as exc:
+            outcomes.append(exc)
+
+    try:
+        threads = [threading.Thread(target=batch, args=(s, f"m{i}"))
+                   for i, s in enumerate(processes)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert outcomes == [[], []], outcomes
+    finally:
+        for s in processes:
+            s.close()
 
 
 @pytest.mark.timeout(120)
