@@ -135,15 +135,19 @@ class RunningTurns:
               turn_id: str | None = None) -> tuple[StopFlag, float]:
         """Register the turn ``turn_id`` of ``session_id`` once the session's running turn
         ended, blocking this thread meanwhile; its stop flag and its start on ``clock``
-        (read once the wait is over: a turn's timeout does not count its wait)."""
-        with self._lock:
-            self._beginning += 1
-            try:
-                self._ended.wait_for(lambda: session_id not in self._turns)
-            finally:
-                self._beginning -= 1
+        (read once the wait is over: a turn's timeout does not count its wait; read
+        outside the board's lock, which every turn takes: a database's clock may wait)."""
+        while True:
+            with self._lock:
+                self._beginning += 1
+                try:
+                    self._ended.wait_for(lambda: session_id not in self._turns)
+                finally:
+                    self._beginning -= 1
             started = clock()
-            return self._register(session_id, started, turn_id), started
+            with self._lock:
+                if session_id not in self._turns:  # else another turn came first: wait again
+                    return self._register(session_id, started, turn_id), started
 
     async def begin_async(self, session_id: str, clock: Callable[[], float],
                           turn_id: str | None = None) -> tuple[StopFlag, float]:
@@ -152,12 +156,17 @@ class RunningTurns:
         loop = asyncio.get_running_loop()
         while True:
             with self._lock:
-                if session_id not in self._turns:
-                    started = clock()
-                    return self._register(session_id, started, turn_id), started
-                ended: asyncio.Future[None] = loop.create_future()
-                waiter = (loop, ended)
-                self._awaiting.setdefault(session_id, []).append(waiter)
+                free = session_id not in self._turns
+                if not free:
+                    ended: asyncio.Future[None] = loop.create_future()
+                    waiter = (loop, ended)
+                    self._awaiting.setdefault(session_id, []).append(waiter)
+            if free:
+                started = clock()
+                with self._lock:
+                    if session_id not in self._turns:
+                        return self._register(session_id, started, turn_id), started
+                continue
             try:
                 await ended
             finally:  # cancelled: leave no entry behind

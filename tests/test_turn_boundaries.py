@@ -139,6 +139,34 @@ def test_a_turn_that_waited_for_the_session_starts_when_its_wait_ends() -> None:
 
 
 @pytest.mark.timeout(30)
+def test_a_turn_reading_a_slow_clock_to_start_holds_up_no_other_session() -> None:
+    """On PostgreSQL the runtime's clock is the database's, and reading it may wait. It was
+    read under the board's lock, which every turn of every session takes to start and end:
+    one slow read held them all up."""
+    board = RunningTurns()
+    in_clock, release = threading.Event(), threading.Event()
+
+    def slow_clock() -> float:
+        in_clock.set()
+        assert release.wait(20)
+        return 5.0
+
+    starting = threading.Thread(target=lambda: board.begin("a", slow_clock))
+    starting.start()
+    try:
+        assert in_clock.wait(10)
+        other: list[StopFlag | None] = []
+        beside = threading.Thread(target=lambda: other.append(board.try_begin("b", 1.0)))
+        beside.start()
+        beside.join(10)
+        assert other and other[0] is not None  # "b" started while "a" read its clock
+    finally:
+        release.set()
+        starting.join(10)
+    assert board.running() == ["a", "b"]
+
+
+@pytest.mark.timeout(30)
 def test_an_awaited_begin_cancelled_while_waiting_leaves_nothing_behind() -> None:
     board = RunningTurns()
 
