@@ -120,6 +120,10 @@ class Turn:
         self._steer_lock = threading.Lock()
         """Held while steering is fetched and while it is closed: a turn ending waits for
         a fetch in flight (an ``asteering`` whose caller was cancelled runs on)."""
+        self._log_lock = threading.Lock()
+        """Held while the turn closes and while its entries grow (taken inside
+        ``_steer_lock`` where both are): a reply is in the commit's entries or refused,
+        and never waits for a steering fetch (a database write) to do so."""
         self._unseen: list[Message] = []
         """Fetched (leased to this turn) and not yet handed to the brain."""
         self._closed: list[Message] | None = None
@@ -182,9 +186,9 @@ class Turn:
         problem = unstorable(text)
         if problem is not None:  # refused here, not in the commit: that would retry forever
             raise ConfigError(f"the reply {problem}", field="text")
-        # Under the lock that ends the turn's brain (close_steering): a reply from another
-        # thread of the brain's is either in the commit's entries or refused, never dropped.
-        with self._steer_lock:
+        # Under the lock the turn's close takes: a reply from another thread of the brain's
+        # is either in the commit's entries or refused, never dropped.
+        with self._log_lock:
             if self._closed is not None:  # past its brain: the entries are the commit's now
                 raise RuntimeStateError("this turn has ended: a reply after its brain "
                                         "returned is not recorded", state="ended")
@@ -218,7 +222,7 @@ class Turn:
                 self._unseen.extend(self._fetch_steering())
 
     def _take(self) -> list[Message]:
-        with self._steer_lock:  # taken whole before the turn closes, or not at all
+        with self._steer_lock, self._log_lock:  # whole before the turn closes, or not at all
             fresh, self._unseen = self._unseen, []
             self._steered.extend(fresh)
             self.steered_ids.extend(m.message_id for m in fresh)
@@ -232,9 +236,10 @@ class Turn:
         if not self._steer_lock.acquire(blocking=wait):
             return None
         try:
-            if self._closed is None:
-                self._closed, self._unseen = self._unseen, []
-            return self._closed
+            with self._log_lock:
+                if self._closed is None:
+                    self._closed, self._unseen = self._unseen, []
+                return self._closed
         finally:
             self._steer_lock.release()
 

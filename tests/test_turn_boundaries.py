@@ -291,7 +291,7 @@ def test_a_reply_meeting_the_turns_close_midway_is_committed_or_refused(
 
     def closing_meanwhile(text: str) -> str | None:
         closer = threading.Thread(target=lambda: committed.append(
-            [e.content for e in turn.entries()] if turn.close_steering() is not None
+            [e.text for e in turn.entries()] if turn.close_steering() is not None
             else []))
         closer.start()
         closer.join(10)
@@ -304,3 +304,30 @@ def test_a_reply_meeting_the_turns_close_midway_is_committed_or_refused(
     except RuntimeStateError:
         accepted = False
     assert accepted == ("late" in committed[0])
+
+
+@pytest.mark.timeout(30)
+def test_a_reply_does_not_wait_for_a_steering_fetch_in_flight() -> None:
+    """A steering fetch is a database write (it leases the rows); a reply made meanwhile,
+    from an async brain on the event loop, waited for it and held up the whole loop."""
+    fetching, release = threading.Event(), threading.Event()
+
+    def slow_fetch() -> list[Any]:
+        fetching.set()
+        assert release.wait(20)
+        return []
+
+    turn = Turn("s", [], lambda: None, StopFlag(), slow_fetch)
+    fetch = threading.Thread(target=turn.steering)
+    fetch.start()
+    try:
+        assert fetching.wait(10)
+        replied = threading.Thread(target=turn.reply, args=("meanwhile",))
+        replied.start()
+        replied.join(10)
+        assert not replied.is_alive()  # done while the fetch still runs
+    finally:
+        release.set()
+        fetch.join(10)
+    turn.close_steering()
+    assert [e.text for e in turn.entries()] == ["meanwhile"]
