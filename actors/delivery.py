@@ -249,7 +249,10 @@ class Delivery:
     def journal_failed(self) -> list[Effect]:
         """The commit or the failure record did not happen (a database error): the turn's
         rows go back unrun, so a blip of the database does not leave the session waiting
-        for its lease to run out (no one renews a row its run has let go of)."""
+        for its lease to run out (no one renews a row its run has let go of). A commit
+        whose outcome is unknown (a :class:`~kinbox.persistence.WriteTimeout` while its
+        batch ran) may land after all: the release is fenced and runs after that batch,
+        so such a row stays delivered."""
         self._expect("journal_failed", _COMMITTING, _FAILING)
         assert self.row is not None
         held = [self.row.message_id, *self.steered]

@@ -61,7 +61,7 @@ def tool_result(exc: ToolError | RuntimeStateError) -> dict[str, str]:
     it can read, not an exception through its model loop)."""
     if isinstance(exc, ToolError):
         return exc.to_dict()
-    return {"error": "execution_failed", "message": f"The runtime is stopping ({exc}); "
+    return {"error": "execution_failed", "message": f"The runtime is not running ({exc}); "
                                                     "this call did nothing."}
 
 

@@ -85,6 +85,13 @@ class Outbox:
                 return None
             return TurnEffects(ops=list(self.ops), after=list(self.after))
 
+    def note_sent(self, targets: list[str]) -> None:
+        """Count messages queued in this turn per target (tool calls of one async turn may
+        run at once, on several workers)."""
+        with self._undo_lock:
+            for target in targets:
+                self.sent[target] = self.sent.get(target, 0) + 1
+
     def check_open(self) -> None:
         """:class:`ToolError` once the turn has ended (its writes were taken by the commit,
         or dropped with the attempt): a call made after that writes nothing."""
@@ -170,8 +177,7 @@ class Writes:
                           [EnqueueResult(m.message_id, m.target, QUEUED, True, now)
                            for m in items], announce)
         if self.outbox is not None:
-            for m in items:
-                self.outbox.sent[m.target] = self.outbox.sent.get(m.target, 0) + 1
+            self.outbox.note_sent([m.target for m in items])
         return receipts
 
     def pending_count(self, target: str) -> int:

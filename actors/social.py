@@ -363,8 +363,9 @@ class SocialService:
     def _run_one(self, sid: str, event: rules.SocialEvent) -> list[rules.SocialEvent]:
         """Run a turn of the chat from ``event`` (and its sender's steering); the events to
         run again, ahead of the chat's queue: those fetched for the turn that its brain was
-        never handed, or all of them when the turn could not run at all. Raises only
-        :class:`WriterClosed` (the runtime stopping), so the chat always moves on."""
+        never handed, or all of them when the turn could not run at all. Raises only what a
+        stopping runtime raises (:class:`WriterClosed`, :class:`TurnNotStarted`: the
+        events were given back for the stop to hand over), so the chat always moves on."""
         assert self.turns is not None
         taken: list[rules.SocialEvent] = [event]
 

@@ -102,6 +102,7 @@ class HotPath:
                           f"AND ((status = '{PENDING}' AND available_at <= {p}) "
                           f"OR (status = '{PROCESSING}' AND lease_until <= {p}))")
         self.sql_marker_exists = f"SELECT 1 FROM delivery_markers WHERE message_id = {p} LIMIT 1"
+        self.sql_marked = f"SELECT {direct_turn_marked(p)}"
         self.sql_existing = (f"SELECT target_chat_id, kind, content, status, created_at "
                              f"FROM {INBOX} WHERE message_id = {p}")
 
@@ -232,7 +233,7 @@ class HotPath:
 
     def marked(self, target: str) -> bool:
         """Does a direct turn mark ``target`` (:func:`direct_turn_marked`)?"""
-        row = self.fetch_one(f"SELECT {direct_turn_marked(self.p)}", (target,))
+        row = self.fetch_one(self.sql_marked, (target,))
         return row is not None and bool(row[0])
 
     def has_marker(self, message_id: str) -> bool:

@@ -158,7 +158,9 @@ class Reply(Generic[T]):
         """Wait for the answer; raise the operation's error, or :class:`WriteTimeout`."""
         # Positional: a keyword makes the lock parse its arguments (twice a message).
         if not self._done.acquire(True, -1 if timeout is None else timeout):
-            raise self.withdraw(timeout)
+            late = self.withdraw(timeout)
+            if not self._done.acquire(False):  # not answered since the wait ended either
+                raise late
         self._done.release()  # so that a later result() sees the answer too
         if self._error is not None:  # outcome(), inline: every send and turn waits here
             raise self._error
