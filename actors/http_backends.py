@@ -61,10 +61,11 @@ class CronHttpBackend:
         self.rt = rt
         self.cron: CronService = rt.cron
 
-    def jobs(self, limit: int, offset: int) -> list[dict[str, Any]]:
-        """``GET /cron/jobs``."""
+    def jobs(self, limit: int, offset: int) -> tuple[list[dict[str, Any]], bool]:
+        """``GET /cron/jobs``: a page, and whether another follows."""
         with answered(self.rt):
-            return self.cron.jobs(limit, offset)
+            page = self.cron.jobs(limit, offset)
+            return page, bool(self.cron.jobs(1, offset + len(page))) if page else False
 
     def job(self, job_id: str) -> dict[str, Any]:
         """``GET /cron/jobs/{job_id}``."""

@@ -58,10 +58,11 @@ def test_the_job_listing_is_bounded_and_pages_with_an_offset(
         served: tuple[Served, Runtime]) -> None:
     srv, rt = served
     made = [rt.cron.add(f"job {i}", f"{i % 60} 9 * * *", "p")["job_id"] for i in range(510)]
-    status, first = srv.request("GET", "/cron/jobs")
+    status, headers, first = srv.exchange("GET", "/cron/jobs")
     assert status == 200 and len(first) == 500  # the most one answer holds
-    status, page = srv.request("GET", "/cron/jobs?limit=10&offset=500")
-    assert status == 200
+    assert headers["x-kinbox-next-offset"] == "500"  # and it says it is not the last
+    status, headers, page = srv.exchange("GET", "/cron/jobs?limit=10&offset=500")
+    assert status == 200 and "x-kinbox-next-offset" not in headers
     assert [j["job_id"] for j in first + page] == [j["job_id"] for j in rt.cron.jobs()]
     assert sorted(j["job_id"] for j in first + page) == sorted(made)
     assert rt.cron.jobs(limit=3, offset=2) == rt.cron.jobs()[2:5]

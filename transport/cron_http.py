@@ -42,8 +42,9 @@ characters) even with every character escaped as a JSON surrogate pair (12 bytes
 class CronBackend(Protocol):
     """What the cron routes need from a runtime; refusals are :class:`BackendRefused`."""
 
-    def jobs(self, limit: int, offset: int) -> list[dict[str, Any]]:
-        """At most ``limit`` jobs in listing order, from the ``offset``-th on."""
+    def jobs(self, limit: int, offset: int) -> tuple[list[dict[str, Any]], bool]:
+        """At most ``limit`` jobs in listing order, from the ``offset``-th on; and whether
+        more follow."""
         ...
 
     def job(self, job_id: str) -> dict[str, Any]:
@@ -80,6 +81,9 @@ RUNS_LIMIT = 500
 and ``rt.cron.jobs``)."""
 
 
+NEXT_OFFSET = "X-Kinbox-Next-Offset"
+"""The header of a job listing page that is not the last: the ``offset`` of the next."""
+
 OFFSET_LIMIT = 1_000_000_000
 """The largest ``offset`` a job listing takes (past every job a database holds)."""
 
@@ -105,7 +109,13 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
         if limit is None or offset is None:
             return error(422, "invalid_argument", f"limit must be a whole number "
                          f"1..{RUNS_LIMIT} and offset one 0..{OFFSET_LIMIT:_}")
-        return await _call(lambda: backend.jobs(limit, offset))
+        try:
+            page, more = await run_in_threadpool(backend.jobs, limit, offset)
+        except BackendRefused as exc:
+            return error(exc.status, exc.code, exc.message)
+        # A page that is not the last says where the next begins (the body stays a list).
+        headers = {NEXT_OFFSET: str(offset + len(page))} if more else None
+        return JSONResponse(page, headers=headers)
 
     async def add(request: Request) -> Response:
         if (refused := refusal(request)) is not None:
