@@ -12,12 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -61,6 +58,7 @@ from .exit_stop import stop_at_exit
 from .family import Buckets
 from .focal import Focal
 from .focal_schedule import FocalSchedule
+from .health import HealthChecks
 from .ids import new_id
 from .messages import Tick
 from .peers import PeerService
@@ -70,6 +68,7 @@ from .shared_database import SharedDatabase
 from .slots import Slots
 from .social import SocialService
 from .subagents import report_back
+from .takeover import TAKEOVER_INTERVAL, take_over_from_the_gone
 from .ticker import Ticker
 from .turn import Brain, Turn, is_async_brain
 
@@ -79,10 +78,6 @@ SYSTEM_PROJECTS = (("default", "Default"), ("social", "Social"))
 log = logging.getLogger("kinbox.runtime")
 
 __all__ = ["INBOX_STATES", "SYSTEM_PROJECTS", "Runtime", "data_dir_for", "resolve_data_dir"]
-
-TAKEOVER_INTERVAL = 0.5
-"""Seconds between checks for runtimes that died holding leases (PostgreSQL)."""
-
 
 
 class Runtime(RecordsApi):
@@ -146,9 +141,7 @@ class Runtime(RecordsApi):
         self._shared = SharedDatabase()
         self._last_takeover = 0.0
         self._writer: GroupCommitWriter | None = None
-        self._probe_lock = threading.Lock()
-        self._probe: Future[Any] | None = None
-        """:meth:`health`'s last database read."""
+        self._health = HealthChecks()
         self._schedule: FocalSchedule | None = None
         self._direct: DirectTurns | None = None
         self._cron: CronService | None = None
@@ -369,25 +362,15 @@ class Runtime(RecordsApi):
             self._liveness = None
 
     def _take_over_from_the_gone(self) -> None:
-        """PostgreSQL: make the rows of runtimes whose life lock is free claimable now, and
-        end their direct turns' marks."""
+        """PostgreSQL: :func:`.takeover.take_over_from_the_gone`, at most each
+        :data:`.takeover.TAKEOVER_INTERVAL`; a runtime that lost its own life lock ends
+        as if killed."""
         ctx, liveness = self._ctx, self._liveness
         if ctx is None or liveness is None:
             return
         self._last_takeover = time.monotonic()
         try:
-            leasing, marking = ctx.journal.lease_owners(), ctx.store.direct_turn_owners()
-            gone = liveness.gone(leasing | marking)
-            leased, marked = gone & leasing, gone & marking
-            if leased:
-                taken = ctx.journal.expire_leases(ctx.now(), owners=leased)
-                log.warning("took over %d rows leased by %d runtime(s) that are gone: %s",
-                            taken, len(leased), ", ".join(sorted(leased)))
-                ctx.wake_dispatcher()
-            if marked:
-                ended = ctx.store.end_direct_turn_marks(ctx.now(), owners=marked)
-                log.warning("ended %d direct-turn marks of runtime(s) that are gone: %s",
-                            ended, ", ".join(sorted(marked)))
+            take_over_from_the_gone(ctx, liveness)
         except LifeLockLost as exc:
             # To every other runtime this one is dead now, and they take its rows over:
             # go on delivering and its commits would all be refused. End as a kill would;
@@ -492,57 +475,8 @@ class Runtime(RecordsApi):
         actor is alive, or ``send-only`` when there is no brain. Never raises:
         a failing check says why in its ``error``.
         """
-        checks: dict[str, dict[str, Any]] = {
-            "runtime": {"ok": self._state == "running", "state": self._state}}
-        ctx = self._ctx
-        try:
-            if ctx is None:
-                raise RuntimeStateError("the runtime is not started", state=self._state)
-            self._read_probe(ctx, timeout)
-            checks["database"] = {"ok": True}
-        except Exception as exc:
-            checks["database"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        writer = self._writer
-        try:
-            if writer is None:
-                raise RuntimeStateError("the runtime has no writer", state=self._state)
-            began = time.monotonic()
-            writer.call(lambda: None, timeout=timeout)
-            checks["writer"] = {"ok": True, "commit_ms": round((time.monotonic() - began)
-                                                               * 1000, 1)}
-        except Exception as exc:
-            checks["writer"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
-                                "queued": writer.queued() if writer is not None else 0}
-        if self.send_only:
-            checks["dispatcher"] = {"ok": True, "state": "send-only"}
-        else:
-            alive = ctx is not None and ctx.dispatcher is not None and ctx.dispatcher.is_alive()
-            checks["dispatcher"] = {"ok": alive, "state": "running" if alive else "stopped"}
-        return {"healthy": all(c["ok"] for c in checks.values()), "checks": checks}
-
-    def _read_probe(self, ctx: RuntimeContext, timeout: float) -> None:
-        """A primary-key read (cheap, real) within ``timeout``: a database that hangs (a
-        table locked by a migration, a network that drops packets) makes it time out,
-        never the caller. It runs on a thread of its own (a daemon: one stuck in the
-        database keeps no process from exiting); while an earlier one has not answered,
-        the database is not answering, and no other is started."""
-        with self._probe_lock:
-            probe = self._probe
-            if probe is None or probe.done():
-                probe = self._probe = Future()
-
-                def read(answer: Future[Any] = probe) -> None:
-                    try:
-                        answer.set_result(ctx.store.session("kinbox-health-probe"))
-                    except BaseException as exc:
-                        answer.set_exception(exc)
-                    finally:
-                        ctx.store.t.db.close()  # this thread's connection, not the others'
-                threading.Thread(target=read, name="kinbox-health", daemon=True).start()
-        try:
-            probe.result(timeout)
-        except FutureTimeout:
-            raise TimeoutError(f"no answer from the database within {timeout} s") from None
+        return self._health.report(self._state, self._ctx, self._writer, self.send_only,
+                                   timeout)
 
     def is_idle(self) -> bool:
         """True when no turn runs, no claim is scheduled and no row is due."""

@@ -1,0 +1,82 @@
+"""Is a runtime fit to serve? The checks behind ``Runtime.health`` and ``/healthz``.
+
+Each check answers within the caller's timeout whatever the database does: the write
+check is an empty operation the writer must commit in time (a timed-out one is
+withdrawn, never run late), and the read check runs on a thread of its own, so a
+database that hangs (a table locked by a migration, a network that drops packets)
+makes it time out, never the caller. Never raises: a failing check says why in its
+``error``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from ..persistence import GroupCommitWriter
+from .context import RuntimeContext
+from .errors import RuntimeStateError
+
+
+class HealthChecks:
+    """The checks of one runtime, and the read probe they keep between calls."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._probe: Future[Any] | None = None
+        """The last database read (a new one starts only once it has answered)."""
+
+    def report(self, state: str, ctx: RuntimeContext | None,
+               writer: GroupCommitWriter | None, send_only: bool,
+               timeout: float) -> dict[str, Any]:
+        """``{"healthy": bool, "checks": {name: {"ok": ...}}}`` (see ``Runtime.health``)."""
+        checks: dict[str, dict[str, Any]] = {"runtime": {"ok": state == "running",
+                                                         "state": state}}
+        try:
+            if ctx is None:
+                raise RuntimeStateError("the runtime is not started", state=state)
+            self._read(ctx, timeout)
+            checks["database"] = {"ok": True}
+        except Exception as exc:
+            checks["database"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        try:
+            if writer is None:
+                raise RuntimeStateError("the runtime has no writer", state=state)
+            began = time.monotonic()
+            writer.call(lambda: None, timeout=timeout)
+            checks["writer"] = {"ok": True, "commit_ms": round((time.monotonic() - began)
+                                                               * 1000, 1)}
+        except Exception as exc:
+            checks["writer"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+                                "queued": writer.queued() if writer is not None else 0}
+        if send_only:
+            checks["dispatcher"] = {"ok": True, "state": "send-only"}
+        else:
+            alive = ctx is not None and ctx.dispatcher is not None and ctx.dispatcher.is_alive()
+            checks["dispatcher"] = {"ok": alive, "state": "running" if alive else "stopped"}
+        return {"healthy": all(c["ok"] for c in checks.values()), "checks": checks}
+
+    def _read(self, ctx: RuntimeContext, timeout: float) -> None:
+        """A primary-key read (cheap, real) within ``timeout``, on a thread of its own (a
+        daemon: one stuck in the database keeps no process from exiting); while an earlier
+        one has not answered, the database is not answering, and no other is started."""
+        with self._lock:
+            probe = self._probe
+            if probe is None or probe.done():
+                probe = self._probe = Future()
+
+                def read(answer: Future[Any] = probe) -> None:
+                    try:
+                        answer.set_result(ctx.store.session("kinbox-health-probe"))
+                    except BaseException as exc:
+                        answer.set_exception(exc)
+                    finally:
+                        ctx.store.t.db.close()  # this thread's connection, not the others'
+                threading.Thread(target=read, name="kinbox-health", daemon=True).start()
+        try:
+            probe.result(timeout)
+        except FutureTimeout:
+            raise TimeoutError(f"no answer from the database within {timeout} s") from None

@@ -1,0 +1,38 @@
+"""Taking over from runtimes that are gone (PostgreSQL).
+
+A runtime on PostgreSQL holds a life lock tied to its connection
+(:class:`~kinbox.persistence.OwnerLiveness`). The rows leased by a runtime whose lock
+is free, and the direct-turn marks it left, need not wait for their leases: this
+makes them claimable at once, so a restart after SIGKILL resumes within a second while
+a live, slow owner is never robbed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..persistence import OwnerLiveness
+from .context import RuntimeContext
+
+log = logging.getLogger("kinbox.runtime")
+
+TAKEOVER_INTERVAL = 0.5
+"""Seconds between checks for runtimes that died holding leases (PostgreSQL)."""
+
+
+def take_over_from_the_gone(ctx: RuntimeContext, liveness: OwnerLiveness) -> None:
+    """Make the rows of runtimes whose life lock is free claimable now, and end their
+    direct turns' marks. Raises :class:`~kinbox.persistence.LifeLockLost` when this
+    runtime's own lock is gone (to every other runtime it is dead now)."""
+    leasing, marking = ctx.journal.lease_owners(), ctx.store.direct_turn_owners()
+    gone = liveness.gone(leasing | marking)
+    leased, marked = gone & leasing, gone & marking
+    if leased:
+        taken = ctx.journal.expire_leases(ctx.now(), owners=leased)
+        log.warning("took over %d rows leased by %d runtime(s) that are gone: %s",
+                    taken, len(leased), ", ".join(sorted(leased)))
+        ctx.wake_dispatcher()
+    if marked:
+        ended = ctx.store.end_direct_turn_marks(ctx.now(), owners=marked)
+        log.warning("ended %d direct-turn marks of runtime(s) that are gone: %s",
+                    ended, ", ".join(sorted(marked)))
