@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -19,6 +19,8 @@ import pytest
 from kinbox.transport import frames as f
 from kinbox.transport import peer_ws, receiver
 from kinbox.transport.grants import GrantView
+
+from .helpers import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -65,35 +67,31 @@ class HeldDatabase:
         return 0.0
 
 
-async def until(condition: Callable[[], bool], timeout: float = 20) -> None:
-    """Let the loop run (the link's tasks, the commit's thread) until ``condition``."""
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0.001)
-    await asyncio.wait_for(poll(), timeout)
-
-
 def test_a_peer_ignoring_the_window_is_read_no_faster_than_the_receiver_commits() -> None:
     count = 5 * peer_ws.UNCOMMITTED_LIMIT
-
-    async def run() -> tuple[int, int, int]:
+    loop = asyncio.new_event_loop()  # the server's loop, on a thread of its own
+    serving = threading.Thread(target=loop.run_forever, daemon=True)
+    serving.start()
+    try:
         ws, db = Socket(count), HeldDatabase()
         grant = GrantView("dev", "key", "hash", frozenset({"agent"}), "active")
         session = peer_ws._Session(ws, db, grant, lambda reason: f.Refused(reason.value))  # type: ignore[arg-type]
-        link = asyncio.create_task(session.run())
+        link = asyncio.run_coroutine_threadsafe(session.run(), loop)
         # The reader stops once the uncommitted deliveries fill their queue; without a
         # bound it would take every frame while nothing commits.
-        await until(lambda: session.commits.full() or ws.taken == count)
-        taken_while_held = ws.taken
+        wait_for(lambda: session.commits.full() or ws.taken == count, 20,
+                 "the reader to stop, or to have read every frame")
+        taken = ws.taken
         db.gate.set()
-        await until(lambda: db.committed == count)
+        wait_for(lambda: db.committed == count, 20, "every delivery committed")
         acks = sum(isinstance(f.parse(t), f.Ack) for t in ws.sent)
-        await ws.close()
-        await asyncio.wait_for(link, 10)
-        return taken_while_held, db.committed, acks
-
-    taken, committed, acks = asyncio.run(run())
+        asyncio.run_coroutine_threadsafe(ws.close(), loop).result(10)
+        link.result(10)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        serving.join(10)
+        loop.close()
     # At most a full queue, the batch the committer holds (taken before it filled) and
     # the one the reader waits to queue.
     assert taken <= 2 * peer_ws.UNCOMMITTED_LIMIT + 1
-    assert committed == acks == count
+    assert db.committed == acks == count
