@@ -285,25 +285,20 @@ class AgentTools(FamilyTools, TaskTools):
             # repeatable across attempts lets a retried turn find the child it started.
             child_id = (box.child_id(text) if box is not None
                         else f"subagent-sub_{short(ctx.new_id(), 8)}")
-            earlier = self._started_child(child_id, caller)
-            if earlier is not None:
-                return earlier, float(wait)
-            if self._ctx.store.session(child_id) is not None:  # another caller's: not it
-                child_id = f"subagent-sub_{short(ctx.new_id(), 8)}"
+            holder = ctx.store.session(child_id)
+            if holder is not None:
+                if _is_child_of(holder, caller):  # an earlier attempt of this turn started it
+                    return self._receipt(holder), float(wait)
+                child_id = f"subagent-sub_{short(ctx.new_id(), 8)}"  # another's: not it
             return commit_together(ctx, start), float(wait)
         except BaseException:
             self.release_thread()
             raise
 
-    def _started_child(self, child_id: str, caller: SessionRecord) -> dict[str, Any] | None:
-        """The receipt of a foreground child an earlier attempt of this turn started: a
-        session of that id that is the caller's child (an id taken by any other session
-        is not this turn's child, whatever its name)."""
-        child = self._ctx.store.session(child_id)
-        if child is None or child.parent_id != caller.id or child.project_id != caller.project_id:
-            return None
-        tasks = self._ctx.tasks.for_session(child_id)
-        return {"agent_id": child_id, "task_id": tasks[0].id if tasks else "",
+    def _receipt(self, child: SessionRecord) -> dict[str, Any]:
+        """The receipt of a foreground child an earlier attempt of this turn started."""
+        tasks = self._ctx.tasks.for_session(child.id)
+        return {"agent_id": child.id, "task_id": tasks[0].id if tasks else "",
                 "status": "running"}
 
     def child_finished(self, task_id: str) -> bool:
@@ -377,6 +372,13 @@ class AgentTools(FamilyTools, TaskTools):
                               until=lambda seen=seen: activity.changes != seen)
         finally:
             self.release_thread()
+
+
+def _is_child_of(session: SessionRecord, caller: SessionRecord) -> bool:
+    """Is ``session`` the caller's own child? (A foreground child's id is derived from its
+    turn; a session holding that id otherwise is not this turn's child, whatever its
+    name.)"""
+    return session.parent_id == caller.id and session.project_id == caller.project_id
 
 
 FOCAL_DENIED = ("The Focal agent dispatches work and never does it itself: it holds "
