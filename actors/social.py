@@ -7,12 +7,15 @@ memory or stall the webhook. One consumer thread takes events
 in order, authorizes the sender by id against the platform's allowlist,
 creates the thread's session (``social-<platform>-<thread>``, kind
 ``social``, project ``social``; listed and addressable like any other once
-created) and routes the event by :func:`.social_rules.route`: an idle chat
-starts a direct turn, the running turn's own sender steers it, anyone else
-waits in the chat's queue. Social events never enter the generic inbox. A
-turn that could not run at all (a database error marking its session, say)
-keeps its events: the chat runs them again after a pause, before its later
-events.
+created where its first turn runs) and routes the event by
+:func:`.social_rules.route`: an idle chat starts a direct turn, the running
+turn's own sender steers it, anyone else waits in the chat's queue. Social
+events never enter the generic inbox. A turn that could not run at all (a
+database error creating or marking its session, say) keeps its events: the
+chat runs them again, before its later events, after a pause that doubles
+from 1 s to 30 s while the error lasts (:func:`.social_rules.stall_pause`);
+it waits on a timer, not on a thread of the turn pool, so a chat whose error
+lasts holds up no other chat.
 
 A graceful stop hands every accepted event that no turn has taken yet (still
 queued, waiting for its chat, or waiting for a thread of the pool) to the
@@ -62,9 +65,6 @@ DEFAULT_QUEUE_BOUND = 256
 RECENT_IDS = 10_000
 """How many accepted event ids are remembered, so a platform's retry is not run twice (at
 a start, the newest ones the database holds: committed turns' and the inbox's)."""
-RETRY_PAUSE = 1.0
-"""Seconds before a chat tries again a turn that could not run at all (a database error
-marking its session, say): a brief hiccup passes, a lasting one is not hammered."""
 
 
 @dataclass
@@ -74,6 +74,8 @@ class _Chat:
     running_sender: str | None = None
     steering: deque[rules.SocialEvent] = field(default_factory=deque)
     pending: deque[rules.SocialEvent] = field(default_factory=deque)
+    stalls: int = 0
+    """Turns in a row that could not run at all (each pauses the chat longer)."""
 
 
 class SocialService:
@@ -104,6 +106,8 @@ class SocialService:
         self._in_turn: dict[str, rules.SocialEvent] = {}
         """Events a turn took that has not ended yet (committed or failed): what a stop
         hands over too when its wait for the turns ends first."""
+        self._pauses: dict[str, threading.Timer] = {}
+        """The stalled chats' timers, by session id, each starting the chat's next try."""
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -170,6 +174,10 @@ class SocialService:
         """Stop taking events and starting turns (running ones go on); then, once the turn
         pool has stopped or its wait ended, :meth:`hand_over` what no turn committed."""
         self._stop.set()
+        with self._lock:
+            pauses, self._pauses = list(self._pauses.values()), {}
+        for timer in pauses:  # their chats' events are unstarted: the hand-over takes them
+            timer.cancel()
         if self._consumer is None:
             return  # a send-only runtime never queued anything
         self._queue.put(None)
@@ -303,7 +311,9 @@ class SocialService:
             self.ctx.emit("social_denied", platform=event.platform, sender_id=event.sender_id)
             self._handled()
             return
-        sid = self._ensure_session(event)
+        # The session is made where the turn runs: a database error there is the turn's,
+        # which runs again, where here it would drop an event its platform has a 202 for.
+        sid = rules.session_id_for(event.platform, event.thread_id)
         with self._lock:
             chat = self._chats.setdefault(sid, _Chat())
             decision = rules.route(chat.running_sender, event.sender_id)
@@ -340,17 +350,39 @@ class SocialService:
         """Run the chat's turns until its queue is empty (one turn at a time per chat)."""
         assert self.turns is not None
         while event is not None and self._take(event):
-            again = self._run_one(sid, event)
+            again, stalled = self._run_one(sid, event)
             with self._lock:
                 chat = self._chats[sid]
                 # What must run again came first; then steering that came after the turn's
                 # last look (it waits for the next turn); then the others' events.
                 chat.pending.extendleft(reversed([*again, *chat.steering]))
                 chat.steering.clear()
+                chat.stalls = chat.stalls + 1 if stalled else 0
                 event = chat.pending.popleft() if chat.pending else None
                 chat.running_sender = event.sender_id if event else None
                 if event is None:
                     del self._chats[sid]  # idle chats keep no state: memory stays bounded
+                elif stalled and not self._stop.is_set():
+                    self._pause(sid, event, rules.stall_pause(chat.stalls))
+                    return
+
+    def _pause(self, sid: str, event: rules.SocialEvent, seconds: float) -> None:
+        """Start the stalled chat's next try, from ``event``, in ``seconds``, leaving the
+        pool's thread to other chats meanwhile. Under the lock."""
+        assert self.turns is not None
+        turns = self.turns
+
+        def resume() -> None:
+            with self._lock:
+                if self._pauses.get(sid) is not timer:
+                    return  # a stop cancelled it
+                del self._pauses[sid]
+            turns.submit(lambda: self._run_chat(sid, event))  # None: stopping, handed over
+
+        timer = threading.Timer(seconds, resume)
+        timer.daemon = True  # a stop cancels it; it must never hold the process open
+        self._pauses[sid] = timer
+        timer.start()
 
     def _take(self, event: rules.SocialEvent) -> bool:
         """Take ``event`` for a turn; False once a stop hands it to the inbox instead."""
@@ -360,10 +392,12 @@ class SocialService:
             self._in_turn[event.event_id] = event
             return True
 
-    def _run_one(self, sid: str, event: rules.SocialEvent) -> list[rules.SocialEvent]:
+    def _run_one(self, sid: str, event: rules.SocialEvent
+                 ) -> tuple[list[rules.SocialEvent], bool]:
         """Run a turn of the chat from ``event`` (and its sender's steering); the events to
-        run again, ahead of the chat's queue: those fetched for the turn that its brain was
-        never handed, or all of them when the turn could not run at all. Raises only what a
+        run again, ahead of the chat's queue (those fetched for the turn that its brain was
+        never handed, or all of them when the turn could not run at all), and whether it
+        could not run at all (the chat pauses before its next try). Raises only what a
         stopping runtime raises (:class:`WriterClosed`, :class:`TurnNotStarted`: the
         events were given back for the stop to hand over), so the chat always moves on."""
         assert self.turns is not None
@@ -395,6 +429,7 @@ class SocialService:
                     lambda: self._record_events(sid, ran, now)]
 
         try:
+            self._ensure_session(event)
             done = self.turns.run(sid, [_message(event)], fetch_steering=fetch_steering,
                                   commit_ops=commit_ops)
         except TurnNotStarted:  # stopping: they were accepted, so they go to the inbox
@@ -410,8 +445,7 @@ class SocialService:
                           sid, len(taken))
             with self._lock:
                 self._give_back(taken)
-            self._stop.wait(RETRY_PAUSE)
-            return taken
+            return taken, True
         unseen = {m.message_id for m in done.turn.close_steering() or []}
         with self._lock:
             self.counts["turns" if done.committed else "failed_turns"] += 1
@@ -430,7 +464,7 @@ class SocialService:
         finally:
             for _ in taken:
                 self._handled()
-        return back
+        return back, False
 
     def _give_back(self, events: list[rules.SocialEvent]) -> None:
         """Make ``events`` (taken for a turn that did not run them) unstarted again, ahead of

@@ -246,3 +246,19 @@ def route(running_sender: str | None, sender_id: str) -> Route:
     if running_sender is None:
         return Route.START
     return Route.STEER if running_sender == sender_id else Route.QUEUE
+
+
+STALL_PAUSE = 1.0
+"""Seconds before a chat first tries again a turn that could not run at all (a database
+error marking or creating its session, say): a brief hiccup passes."""
+STALL_PAUSE_CAP = 30.0
+"""The longest pause between tries: a lasting error is not hammered, and is still tried
+twice a minute."""
+
+
+def stall_pause(stalls: int) -> float:
+    """Seconds a chat waits after its ``stalls``-th turn in a row that could not run: 1, 2,
+    4, 8, 16, then 30 each time."""
+    if stalls < 1:
+        raise ValueError(f"stalls must be >= 1, got {stalls}")
+    return min(STALL_PAUSE_CAP, STALL_PAUSE * 2.0 ** min(stalls - 1, 32))

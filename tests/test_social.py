@@ -577,6 +577,83 @@ def test_a_database_error_in_a_social_turn_neither_wedges_its_chat_nor_loses_the
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["session", "create_session"])
+def test_a_database_error_creating_a_thread_session_loses_no_event(
+        make_runtime: MakeRuntime, method: str) -> None:
+    """A database error while the consumer looked up or created a thread's session escaped
+    to the consumer's catch-all, which logged it and dropped the event its platform had a
+    202 for. The session is made where the turn runs now, so the hiccup is the turn's: the
+    event runs again, once, before the thread's later events."""
+    seen: list[str] = []
+
+    def brain(turn: Turn) -> str:
+        text = turn.messages[0].content.splitlines()[-1]
+        seen.append(text)
+        return f"echo: {text}"
+
+    rt = make_runtime(brain=brain)
+    sent: list[tuple[Any, str]] = []
+    rt.social.allow("slack", ["U1", "U2"])
+    rt.social.register_channel("slack", send=lambda route, text: sent.append((route, text)))
+    store = rt.context.store
+    failures: list[str] = []
+    setattr(store, method, failing_once(getattr(store, method),
+                                        OperationalError("database is locked"), failures,
+                                        "locked"))
+    rt.social.ingest(event("first"))
+    wait_for(lambda: failures == ["locked"], 10, "the hiccup")
+    rt.social.ingest(event("second", sender="U2"))
+    assert rt.social.wait_idle(10), rt.social.statistics()
+    route = {"channel": "C9", "ts": "T1"}
+    assert seen == ["first", "second"]
+    assert sent == [(route, "echo: first"), (route, "echo: second")]
+
+
+@pytest.mark.timeout(60)
+def test_chats_whose_turns_cannot_run_hold_up_no_other_chat(make_runtime: MakeRuntime) -> None:
+    """A turn that could not run at all used to pause on its pool thread and try again on
+    it for ever: as many lastingly failing chats as the pool has threads (4) starved every
+    other chat. A stalled chat now waits on a timer; a healthy chat runs at once, and the
+    stalled ones run once their error is gone."""
+    seen: list[str] = []
+
+    def brain(turn: Turn) -> str:
+        seen.append(turn.messages[0].content.splitlines()[-1])
+        return "ok"
+
+    rt = make_runtime(brain=brain)
+    rt.social.allow("slack", ["U1"])
+    rt.social.register_channel("slack", send=lambda route, text: None)
+    store = rt.context.store
+    real, broken = store.take_direct_turn, threading.Event()
+    broken.set()
+    tried: set[str] = set()
+
+    def take_direct_turn(session_id: str, *args: Any) -> bool:
+        if broken.is_set() and not session_id.endswith("healthy"):
+            tried.add(session_id)
+            raise OperationalError("disk I/O error")
+        return real(session_id, *args)
+
+    store.take_direct_turn = take_direct_turn  # type: ignore[method-assign]
+    for n in range(6):
+        rt.social.ingest(event(f"stuck {n}", thread=f"T{n}"))
+    wait_for(lambda: len(tried) == 6, 10, "every stuck chat to have tried")
+    rt.social.ingest(event("fine", thread="healthy"))
+    wait_for(lambda: "fine" in seen, 10, "the healthy chat's turn")
+    broken.clear()
+    assert rt.social.wait_idle(20), rt.social.statistics()
+    assert sorted(seen) == sorted(["fine", *(f"stuck {n}" for n in range(6))])
+
+
+def test_a_stalled_chat_pauses_longer_each_time_up_to_its_cap() -> None:
+    assert [rules.stall_pause(n) for n in (1, 2, 3, 4, 5, 6, 7, 100)] == [
+        1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    with pytest.raises(ValueError):
+        rules.stall_pause(0)
+
+
+@pytest.mark.timeout(60)
 def test_an_event_arriving_while_the_runtime_stops_is_refused_not_lost(
         make_runtime: MakeRuntime) -> None:
     """``ingest`` looked at the runtime, read the database (has another runtime run this
