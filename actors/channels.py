@@ -8,6 +8,12 @@ be a plain function or a coroutine function. A failing send is tried again
 after each of ``retry_delays``; whatever happens, the outcome (sent, or why
 not) is recorded, and a channel that stays down loses nothing: the reply is
 in the transcript.
+
+A reply for a platform with no adapter yet (an event a stop handed to the
+inbox, run by the next start before the product registered its channels) is
+held in memory, the newest ``HELD_PER_PLATFORM`` per platform, and sent when
+an adapter for its platform is registered; a stop drops what is held (the
+replies stay in the transcript, their outcome ``no_channel``).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from .context import RuntimeContext
 log = logging.getLogger("kinbox.social")
 
 OUTCOMES_KEPT = 200
+HELD_PER_PLATFORM = 100
+"""Replies kept per platform while it has no adapter (the oldest go first)."""
 
 Send = Callable[[Mapping[str, Any], str], Any]
 """``send(reply_route, text)``: deliver a reply; raise to have it retried."""
@@ -69,7 +77,8 @@ def deliver(send: Send | None, route: Mapping[str, Any], text: str, *,
     if not text:
         return DeliveryOutcome("no_reply", 0)
     if send is None:
-        return DeliveryOutcome("no_channel", 0, "no channel adapter is registered")
+        return DeliveryOutcome("no_channel", 0,
+                               "no channel adapter is registered (held until one is)")
     error = None
     for attempt, delay in enumerate((0.0, *retry_delays), start=1):
         if delay and wait(delay):
@@ -82,6 +91,16 @@ def deliver(send: Send | None, route: Mapping[str, Any], text: str, *,
             continue
         return DeliveryOutcome("sent", attempt)
     return DeliveryOutcome("failed", 1 + len(retry_delays), error)
+
+
+@dataclass(frozen=True)
+class HeldReply:
+    """A committed reply waiting for its platform's adapter."""
+
+    session_id: str
+    route: Mapping[str, Any]
+    text: str
+    cause_id: str
 
 
 @dataclass(frozen=True)
@@ -104,11 +123,14 @@ class Channels:
         self._stop = stop
         self._lock = threading.Lock()
         self._channels: dict[str, Channel] = {}
+        self._held: dict[str, deque[HeldReply]] = {}
 
-    def register(self, platform: str, send: Send, secret: bytes | None) -> None:
-        """Set the platform's adapter (replacing an earlier one)."""
+    def register(self, platform: str, send: Send, secret: bytes | None) -> list[HeldReply]:
+        """Set the platform's adapter (replacing an earlier one); the replies held for it,
+        oldest first, for the caller to send."""
         with self._lock:
             self._channels[platform] = Channel(send, secret)
+            return list(self._held.pop(platform, ()))
 
     def get(self, platform: str) -> Channel | None:
         """The platform's adapter, if one is registered."""
@@ -117,13 +139,27 @@ class Channels:
 
     def send(self, session_id: str, platform: str, route: Mapping[str, Any], text: str,
              cause_id: str) -> DeliveryOutcome:
-        """Deliver a committed reply and record the outcome (never raises)."""
-        channel = self.get(platform)
+        """Deliver a committed reply and record the outcome (never raises); hold it when
+        its platform has no adapter yet."""
+        with self._lock:  # one look decides: a registration takes what is held after it
+            channel = self._channels.get(platform)
+            if channel is None and text:
+                self._hold(platform, HeldReply(session_id, route, text, cause_id))
         outcome = deliver(channel.send if channel else None, route, text,
                           retry_delays=self.retry_delays, wait=self._stop.wait)
         self.record(session_id, platform, cause_id, outcome,
                     durable=outcome.status != "no_reply")
         return outcome
+
+    def _hold(self, platform: str, reply: HeldReply) -> None:
+        """Keep ``reply`` for ``platform``'s adapter, dropping the oldest beyond the bound.
+        Under the lock."""
+        held = self._held.setdefault(platform, deque())
+        if len(held) >= HELD_PER_PLATFORM:
+            dropped = held.popleft()
+            log.warning("no channel for %s: dropped the held reply to %s (it stays in the "
+                        "transcript)", platform, dropped.session_id)
+        held.append(reply)
 
     def record(self, session_id: str, platform: str, cause_id: str, outcome: DeliveryOutcome,
                *, durable: bool) -> None:

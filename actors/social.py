@@ -121,7 +121,8 @@ class SocialService:
 
     def register_channel(self, platform: str, send: channels.Send, *,
                          secret: str | bytes | None = None) -> None:
-        """Register how replies leave for ``platform`` and, for webhooks, its signing secret."""
+        """Register how replies leave for ``platform`` and, for webhooks, its signing secret;
+        replies held for it (turns that ran before it was registered) leave now."""
         if not isinstance(platform, str) or not rules.PLATFORM_RE.fullmatch(platform):
             raise rules.InvalidSocialEvent("platform", "1-32 characters of a-z, 0-9 and _")
         if not callable(send):
@@ -131,8 +132,17 @@ class SocialService:
             # (a secret read from an unset environment variable, say).
             raise rules.InvalidSocialEvent("secret", "give a non-empty signing secret, or None "
                                                      "for a platform without a webhook")
-        self.channels.register(platform, send,
-                               secret.encode() if isinstance(secret, str) else secret)
+        held = self.channels.register(platform, send,
+                                      secret.encode() if isinstance(secret, str) else secret)
+        for reply in held:  # replies that ran before the product registered this channel
+            self._send_later(platform, reply)
+
+    def _send_later(self, platform: str, reply: channels.HeldReply) -> None:
+        """Send a held reply on the turn pool (a failing send retries for seconds)."""
+        assert self.turns is not None  # only a runtime that runs turns has replies
+        sender = self.channels
+        self.turns.submit(lambda: sender.send(reply.session_id, platform, reply.route,
+                                              reply.text, reply.cause_id))
 
     def webhook_secret(self, platform: str) -> bytes | None:
         """The platform's webhook signing secret (None: its webhook is closed)."""

@@ -274,6 +274,48 @@ def test_a_platform_without_a_channel_keeps_the_reply_and_says_so(
     assert rt.social.wait_idle(10)
     assert rt.social.outcomes[-1]["status"] == "no_channel"
     assert rt.transcript("social-discord-T1")[1].text.startswith("echo:")
+    sent: list[tuple[Any, str]] = []  # a channel registered later gets the held reply
+    rt.social.register_channel("discord", send=lambda route, text: sent.append((route, text)))
+    assert rt.social.wait_idle(10)
+    assert sent == [({"channel": "C9", "ts": "T1"}, "echo: hello")]
+    assert rt.social.outcomes[-1]["status"] == "sent"
+
+
+@pytest.mark.timeout(60)
+def test_a_handed_over_event_answering_before_its_channel_is_registered_is_sent_once_it_is(
+        make_runtime: MakeRuntime) -> None:
+    """The next start runs an event a stop handed to the inbox as soon as its dispatcher
+    runs, which can be before the product registers its channels (they can only be
+    registered on a running runtime): the reply was recorded ``no_channel`` and never
+    sent. It is held now, and leaves when the channel is registered."""
+    def brain(turn: Turn) -> str:
+        text = turn.messages[0].content.splitlines()[-1]
+        if turn.row is None:  # the first runtime's direct turns hold until its stop
+            assert turn.wait_stop_requested(20)
+            raise RuntimeError("stopped")
+        return f"echo: {text}"
+
+    rt = make_runtime(brain=brain)
+    rt.social.allow("slack", ["U1"])
+    rt.social.register_channel("slack", send=lambda route, text: None)
+    texts = [f"event {i}" for i in range(6)]  # 4 hold the pool's threads, 2 wait for one
+    for i, text in enumerate(texts):
+        rt.social.ingest(event(text, thread=f"T{i}"))
+    wait_for(lambda: rt.social.statistics()["queued_now"] == 0, 10, "the consumer routing")
+    rt.stop(timeout=0.5)  # the held turns fail: all six go to the inbox
+
+    again = make_runtime(brain=brain)
+    again.social.allow("slack", ["U1"])
+    wait_for(lambda: len(again.inbox()) == 6
+             and {r["status"] for r in again.inbox()} == {"delivered"}, 20,
+             "the handed-over events' inbox turns")
+    wait_for(lambda: len(again.social.outcomes) == 6, 10, "their replies' outcomes")
+    assert {o["status"] for o in again.social.outcomes} == {"no_channel"}
+    sent: list[tuple[Any, str]] = []
+    again.social.register_channel("slack", send=lambda route, text: sent.append((route, text)))
+    wait_for(lambda: len(sent) == 6, 10, "the held replies")
+    assert sorted(sent, key=lambda s: s[1]) == [
+        ({"channel": "C9", "ts": f"T{i}"}, f"echo: {text}") for i, text in enumerate(texts)]
 
 
 def test_a_runtime_without_a_brain_refuses_social_events(make_runtime: MakeRuntime) -> None:
