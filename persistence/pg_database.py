@@ -57,6 +57,14 @@ the server, the claim's window read kept making a custom plan every time, a fift
 claim's time on an idle connection (1.60 against 1.28 ms, interleaved); their generic
 plans are the ones the tests check, and they are made again as the tables grow."""
 
+LOCK_WAIT_MS = 10_000
+"""How long a statement on a kinbox connection waits for a lock another connection holds
+before it fails (``lock_timeout``): what SQLite's busy timeout is there. A lock kept by a
+stuck client (a psql session left in an open transaction) fails the batch that waits for
+it, every caller told, where it used to halt the writer, and every send behind it, until
+that client let go. Nothing of kinbox waits on a lock longer than a transaction of its
+own lasts, but a schema upgrade (see :mod:`.schema`), which waits for another's."""
+
 _ERRORS = pw.__exception_wrapper__
 """peewee's mapping of driver errors to its own (``IntegrityError``...), as every statement
 that goes through peewee gets it."""
@@ -167,8 +175,9 @@ class PostgresDatabase(pw.PostgresqlDatabase):  # type: ignore[misc]
 
     def _initialize_connection(self, conn: Any) -> None:
         self._pending().clear()  # nothing deferred on a connection outlives it
-        if conn.server_version >= 120000:  # the setting is PostgreSQL 12's
-            with conn.cursor() as cursor:  # autocommit here: for the server session
+        with conn.cursor() as cursor:  # autocommit here: for the server session
+            cursor.execute(f"SET lock_timeout = {int(LOCK_WAIT_MS)}")
+            if conn.server_version >= 120000:  # the setting is PostgreSQL 12's
                 cursor.execute(GENERIC_PLANS)
         super()._initialize_connection(conn)
 

@@ -74,7 +74,10 @@ def upgrade(tables: Tables) -> list[str]:
     # writes fails at once (SQLITE_BUSY) when another process wrote in between.
     with db.atomic("IMMEDIATE") if is_sqlite(db) else db.atomic():
         if is_postgres(db):
-            db.execute_sql(SCHEMA_LOCK_SQL)  # then look again: another may have just done it
+            # Another process's upgrade (an index built on a large table) may take longer
+            # than a connection's lock wait: this one waits it out, then looks again.
+            db.execute_sql("SET LOCAL lock_timeout = 0")
+            db.execute_sql(SCHEMA_LOCK_SQL)
         existing = set(db.get_tables())
         missing_columns: list[tuple[str, str, pw.Field]] = []
         for model in tables.all():

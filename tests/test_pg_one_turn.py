@@ -17,7 +17,7 @@ import pytest
 
 from kinbox.actors import Runtime, Turn
 from kinbox.actors.cron_rules import session_id_for
-from kinbox.persistence import DatabaseFailed, NewMessage
+from kinbox.persistence import DatabaseFailed, NewMessage, open_database, pg_database
 
 from .conftest import Stores
 from .helpers import lock_waits, wait_for
@@ -466,3 +466,39 @@ def test_a_cron_turn_gets_in_between_another_processs_stream_of_turns(pg_url: st
     finally:
         cron_here.stop()
         stream.stop()
+
+
+def test_a_lock_a_stuck_client_keeps_fails_the_write_that_waits_and_halts_nothing_else(
+        pg_url: str, runtimes: Callable[..., Runtime], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A psql session left in an open transaction holding a session's row lock used to
+    halt the writer at the first write of that row, and with it every send of the runtime,
+    until the client let go. The waiting write now fails after the lock wait (a
+    :class:`DatabaseFailed`, nothing of it written) and the writer goes on."""
+    monkeypatch.setattr(pg_database, "LOCK_WAIT_MS", 300)  # read when a connection opens
+    rt = runtimes(brain=lambda turn: None)
+    for sid in ("stuck", "free"):
+        rt.create_session("default", sid, session_id=sid)
+    holder = psycopg2.connect(pg_url)
+    try:
+        with holder.cursor() as cur:  # BEGIN, and the row lock, until the rollback
+            cur.execute("SELECT id FROM sessions WHERE id = 'stuck' FOR UPDATE")
+        store = rt.context.store
+        with pytest.raises(DatabaseFailed) as failed:
+            store.patch_config_now("stuck", {"k": "v"}, rt.clock.now())
+        assert failed.value.__cause__ is not None
+        rt.post("free", "still moving", message_id="m-free")  # the writer was not halted
+    finally:
+        holder.rollback()
+        holder.close()
+    assert "k" not in (rt.context.store.session("stuck").config or {})
+    rt.context.store.patch_config_now("stuck", {"k": "v"}, rt.clock.now())
+    assert rt.context.store.session("stuck").config["k"] == "v"
+
+
+def test_kinbox_connections_wait_for_a_lock_at_most_the_lock_wait(pg_url: str) -> None:
+    db = open_database(pg_url)
+    try:
+        assert db.execute_sql("SHOW lock_timeout").fetchone()[0] == (
+            f"{pg_database.LOCK_WAIT_MS // 1000}s")
+    finally:
+        db.close()
