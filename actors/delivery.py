@@ -10,7 +10,9 @@ event                     in phase     effects, next phase
 ========================  ===========  ===================================================
 ``claimed(row)``          IDLE         closing: Release(row), Done(claim) -> DONE;
                                        else StartTurn(row) -> STARTING
-``started()``             STARTING     RunBrain() -> RUNNING
+``started()``             STARTING     RunBrain() -> RUNNING; closing (the runtime began
+                                       stopping while the turn waited to start): Release(row),
+                                       Done(claim) -> DONE
 ``refused()``             STARTING     Done(claim) -> DONE  (lease lost, journal error)
 ``steered(ids)``          RUNNING      (the rows join the turn: committed or released
                                        with it) -> RUNNING
@@ -189,8 +191,15 @@ class Delivery:
         return self._start(row)
 
     def started(self) -> list[Effect]:
-        """The turn started (its start recorded where asked)."""
+        """The turn started (its start recorded where asked). Closing by now (it waited for
+        another turn of its session while the runtime began to stop), its brain does not
+        run: the stop asked the running turns to stop before this one was on the board, so
+        it would run unasked, and a stop does not wait for a turn it never asked."""
         self._expect("started", _STARTING)
+        if self.closing:
+            assert self.row is not None
+            self.phase = _DONE_PHASE
+            return [Release(self.row.message_id), _DONE[True]]
         self.phase = _RUNNING
         return [_RUN_BRAIN]
 

@@ -242,7 +242,11 @@ class SessionActor(PooledActor):
     def _started(self, run: dp.Delivery, row: ClaimedRow, started: float,
                  stop_flag: StopFlag) -> list[dp.Effect]:
         self.flag = stop_flag
-        self.turn = self._new_turn(row, started, stop_flag)
+        # A turn that waited for its session's cron or social turn may get the board only
+        # after a graceful stop asked every running turn to stop: it hands its row back.
+        run.closing = run.closing or self.ctx.closed.is_set()
+        if not run.closing:
+            self.turn = self._new_turn(row, started, stop_flag)
         return run.started()
 
     def end_turn(self, flag: StopFlag | None = None) -> None:

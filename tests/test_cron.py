@@ -7,6 +7,7 @@ import threading
 import zoneinfo
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -363,6 +364,43 @@ def test_an_inbox_message_to_a_cron_session_waits_for_the_running_cron_turn(
     assert roles[0] == ("user", run["run_id"]) and roles[1][0] == "assistant"
     assert roles[2][0] == "user" and roles[2][1].startswith("msg-")  # one turn after the other
     assert [t.messages[0].kind for t in brain.turns] == ["cron", "agent_message"]
+
+
+@pytest.mark.timeout(30)
+def test_an_inbox_turn_waiting_for_a_cron_turn_at_a_stop_hands_its_row_back_unrun(
+        make_runtime: MakeRuntime, clock: ManualClock, db_url: str) -> None:
+    """The stop asks the running turns to stop; an inbox turn that gets the board only once
+    the cron turn ends was never asked, and ran its whole brain inside the stop."""
+    cron_running = threading.Event()
+    inbox_turns: list[bool] = []
+
+    def brain(turn: Turn) -> str:
+        if turn.messages[0].kind == "cron":
+            cron_running.set()
+            turn.wait_stop_requested(10)
+            return "stopped"
+        inbox_turns.append(turn.wait_stop_requested(3))
+        return "ran"
+
+    rt = make_runtime(brain=brain)
+    job_id = every_minute(rt)
+    clock.advance(MINUTE)
+    assert cron_running.wait(5)
+    turns = rt.context.turns
+    waiting = threading.Event()
+    real_begin = turns.begin
+
+    def begin(*args: Any, **kwargs: Any) -> Any:
+        waiting.set()
+        return real_begin(*args, **kwargs)
+    turns.begin = begin  # type: ignore[method-assign]
+    note = rt.post(f"cron-{job_id}", "a note while the run is busy")
+    assert waiting.wait(5)  # the inbox turn waits for the cron turn to end
+    rt.stop()
+    assert inbox_turns == []  # never started, so never asked to stop
+    after = make_runtime()  # send-only: reads the journal
+    [row] = [r for r in after.inbox() if r["message_id"] == note.message_id]
+    assert (row["status"], row["attempts"]) == ("pending", 0)
 
 
 def test_the_apscheduler_driver_fires_at_the_time_it_was_told_and_on_its_poll() -> None:

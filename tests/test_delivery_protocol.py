@@ -119,6 +119,16 @@ def test_a_commit_the_journal_failed_hands_the_turns_rows_back_unrun() -> None:
     assert d.journal_failed() == [dp.Release("m1"), dp.Release("m2"), dp.Done(claim=True)]
 
 
+def test_a_turn_that_starts_once_the_runtime_is_stopping_hands_its_row_back() -> None:
+    """It waited for another turn of its session; the stop asked the running turns to stop
+    before it was one of them."""
+    d = dp.Delivery()
+    d.claimed(row(1))
+    d.closing = True
+    assert d.started() == [dp.Release("m1"), dp.Done(claim=True)]
+    assert d.phase is dp.Phase.DONE
+
+
 def test_a_taken_over_row_records_its_start_before_the_brain_runs() -> None:
     assert dp.Delivery().claimed(row(1, taken_over=True)) == [
         dp.StartTurn(row(1, taken_over=True), record_start=True)]
