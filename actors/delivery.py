@@ -27,7 +27,9 @@ event                     in phase     effects, next phase
                                        closing: Release(next),
                                        Done(claim) -> DONE; none: Done(claim if the commit
                                        leased nothing or some turn was not plain) -> DONE
-``lease_lost()``          COMMITTING   Done(claim) -> DONE  (nothing of the turn written)
+``lease_lost()``          COMMITTING   Release(each steered), Done(claim) -> DONE  (nothing
+                                       of the turn written; the steered rows are still
+                                       this worker's, and no one renews them any more)
 ``journal_failed()``      COMMITTING,  Release(row, each steered), Done(claim) -> DONE
                           FAILING      (nothing of the turn was written: the rows go back
                                        unrun for the next claim; should the release fail
@@ -251,9 +253,14 @@ class Delivery:
         return self._start(following)
 
     def lease_lost(self) -> list[Effect]:
-        """The commit was refused: another worker holds the row now; nothing was written."""
+        """The commit was refused: another worker holds the row now; nothing was written.
+        The rows ``steering()`` leased into the turn go back unrun: their leases are still
+        this worker's, and once the run is done nothing renews them; left to run out, they
+        would wait a whole lease and then be taken over as suspects (run alone, as rows
+        that may have killed their process). A release refused (that lease was lost too)
+        leaves the row to its lease."""
         self._expect("lease_lost", _COMMITTING)
-        return self._done(True)
+        return [*(Release(mid) for mid in self.steered), *self._done(True)]
 
     def journal_failed(self) -> list[Effect]:
         """The commit or the failure record did not happen (a database error): the turn's

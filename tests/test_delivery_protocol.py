@@ -129,6 +129,17 @@ def test_a_turn_that_starts_once_the_runtime_is_stopping_hands_its_row_back() ->
     assert d.phase is dp.Phase.DONE
 
 
+def test_a_commit_refused_for_a_lost_lease_hands_its_steering_back() -> None:
+    """The other worker took the turn's own row, not the rows steering leased into it:
+    those are still this worker's, and nothing renews them once the run is done."""
+    d = dp.Delivery()
+    d.claimed(row(1))
+    d.started()
+    d.steered_in(["m2", "m3"])
+    d.brain_returned()
+    assert d.lease_lost() == [dp.Release("m2"), dp.Release("m3"), dp.Done(claim=True)]
+
+
 def test_a_taken_over_row_records_its_start_before_the_brain_runs() -> None:
     assert dp.Delivery().claimed(row(1, taken_over=True)) == [
         dp.StartTurn(row(1, taken_over=True), record_start=True)]

@@ -375,6 +375,43 @@ def test_a_turn_sees_messages_that_arrive_while_it_runs(make_runtime: MakeRuntim
     assert rt.marker_counts()[second["message_id"]] == 1
 
 
+@pytest.mark.timeout(30)
+def test_a_turn_whose_row_was_taken_over_hands_its_steered_rows_back(
+        make_runtime: MakeRuntime) -> None:
+    """Its commit is refused (another worker holds its row now); the rows steering leased
+    into it are still this runtime's, and nothing renews them once the run is over: left
+    leased, they waited a whole lease and were then taken over as suspects."""
+    steered: list[str] = []
+    took: list[str] = []
+    holder: list[Runtime] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.messages[0].content != "first":
+            return
+        wait_for(lambda: bool(steered.extend(m.content for m in turn.steering()) or steered),
+                 what="the steering message")
+        rt = holder[0]
+        m = rt.context.journal.t.inbox
+        # Another worker takes the turn's own row over (its lease ran out, say).
+        rt.context.journal.writer.call(lambda: m.update(lease_owner="another-worker").where(
+            m.message_id == turn.messages[0].message_id).execute())
+        took.append(turn.messages[0].message_id)
+        turn.reply("never committed")
+
+    rt = make_runtime(brain=brain)
+    holder.append(rt)
+    lost: list[dict[str, Any]] = []
+    rt.subscribe(lambda event, data: lost.append(data) if event == "lease_lost" else None)
+    a, b = two_sessions(rt)
+    rt.post(b, "first", sender=a)
+    rt.post(b, "second", sender=a)
+    wait_for(lambda: bool(lost) and rt.statistics()["busy"] == 0, what="the refused commit")
+    assert steered == ["second"] and [e.text for e in rt.transcript(b)] == []
+    rows = {r["content"]: r for r in rt.inbox()}
+    assert rows["first"]["lease_owner"] == "another-worker"
+    assert (rows["second"]["status"], rows["second"]["lease_owner"]) == ("pending", None)
+
+
 def test_leases_are_renewed_while_a_long_turn_runs(make_runtime: MakeRuntime,
                                                    clock: ManualClock) -> None:
     started, release = threading.Event(), threading.Event()
