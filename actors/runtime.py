@@ -112,6 +112,11 @@ class Runtime(RecordsApi):
         """True when the runtime holds no brain: it never claims or delivers a row."""
         self.async_brain = brain is not None and is_async_brain(brain)
         """True when the brain is ``async def``: its turns run on the runtime's event loop."""
+        if not self.async_brain and max_live_sessions < max_active_sessions:
+            # A running turn's actor is never passivated: the bound could not hold.
+            raise ConfigError(f"max_live_sessions ({max_live_sessions}) must be >= "
+                              f"max_active_sessions ({max_active_sessions}): the actors of "
+                              "running turns stay live", field="max_live_sessions")
         self.max_async_turns = max_async_turns
         self.stop_grace = stop_grace
         self.brain: Brain = brain or _no_brain

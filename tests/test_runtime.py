@@ -482,6 +482,8 @@ def test_a_second_runtime_on_the_same_sqlite_file_is_refused(make_runtime: MakeR
     ({"max_live_sessions": "many"}, "max_live_sessions must be an integer >= 1, got 'many'"),
     ({"lease_seconds": 0}, "lease_seconds, tick_interval and idle_ttl must be > 0"),
     ({"brain": "not callable"}, "brain must be callable"),
+    ({"max_active_sessions": 4, "max_live_sessions": 2},
+     "max_live_sessions (2) must be >= max_active_sessions (4)"),
 ])
 def test_bad_runtime_options_are_refused_before_anything_starts(
         db_url: str, options: dict[str, object], message: str) -> None:
