@@ -122,10 +122,12 @@ def open_database(url: str, *, synchronous: Synchronous = "FULL",
                 url, "give a file path (sqlite:///path/to/file.db); in-memory databases "
                 "are private to one thread and cannot hold a journal"
             )
-        if must_exist and not Path(path).expanduser().is_file():
+        # The file sqlite_path names ('~' is the home folder), for every check and the open.
+        path = str(Path(path).expanduser())
+        if must_exist and not Path(path).is_file():
             raise DatabaseMissing(url, f"there is no database file at {path!r}; a runtime "
                                   "creates it on start, or run `kinbox db upgrade`")
-        parent = Path(path).expanduser().parent
+        parent = Path(path).parent
         if not parent.is_dir():
             raise DatabaseOpenError(url, f"directory {str(parent)!r} does not exist")
         options: dict[str, object] = {"pragmas": sqlite_pragmas(synchronous),
