@@ -123,8 +123,11 @@ def inbox_requeue(args: argparse.Namespace, out: TextIO) -> int:
     if (args.message_id is None) == (not args.all_failed):
         raise ConfigError("give a message id, or --all-failed (with --target/--kind to "
                           "narrow it), not both", field="message_id")
-    if args.message_id is None and (args.target or args.kind) and not args.all_failed:
-        raise ConfigError("--target and --kind filter --all-failed", field="target")
+    if args.message_id is not None and (args.target is not None or args.kind is not None):
+        # One id is requeued whatever its target and kind: a filter beside it would be
+        # ignored, and the operator would requeue a row they meant to leave alone.
+        raise ConfigError("--target and --kind filter --all-failed; requeue one id alone",
+                          field="target" if args.target is not None else "kind")
     with stores(args.db) as (journal, _):
         if args.message_id is not None:
             row = journal.requeue(args.message_id, time.time())

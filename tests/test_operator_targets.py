@@ -11,6 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from kinbox.persistence import NewMessage
+
+from .conftest import Stores
+from .test_cli import kinbox
+
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -34,3 +39,19 @@ def test_a_sqlite_url_under_the_home_folder_opens_that_file_and_no_other(
     status = kinbox_in(work, "db", "status", "--db", "sqlite:///~/kinbox.db", env=env)
     assert status.returncode == 0, status.stderr
     assert "schema: up to date" in status.stdout
+
+
+def test_requeue_of_one_id_refuses_filters_it_would_ignore(db_url: str) -> None:
+    s = Stores(db_url)
+    s.store.create_session("s1", None, "Worker", "interactive", 0)
+    s.journal.enqueue(NewMessage("stuck", "s1", "body"), 0)
+    s.journal.claim("w", 0)
+    s.journal.retry("w", "stuck", "boom", 0, permanent=True)
+    s.close()
+    for flags in (("--target", "someone-else"), ("--kind", "subagent_result")):
+        done = kinbox("inbox", "requeue", "stuck", *flags, "--db", db_url)
+        assert done.returncode == 1, done.stdout
+        assert "Traceback" not in done.stderr
+        assert "--all-failed" in done.stderr
+    shown = kinbox("inbox", "show", "stuck", "--db", db_url)
+    assert "status: failed" in shown.stdout  # nothing was requeued
