@@ -15,6 +15,7 @@ import os
 import sqlite3
 from pathlib import Path
 from typing import Literal
+from urllib.parse import unquote
 
 import peewee
 from playhouse import db_url
@@ -157,7 +158,12 @@ def open_database(url: str, *, synchronous: Synchronous = "FULL",
 
 
 def _pg_settings(url: str) -> dict[str, object]:
-    settings: dict[str, object] = db_url.parse(url)
+    settings: dict[str, object] = db_url.parse(url, unquote_password=True, unquote_user=True)
+    # As libpq reads a URL: the user, password and database name percent-decoded (a URL
+    # writes an '@', ':', '/' or '%' in them as %40, %3A, %2F, %25); the query's values
+    # already are. playhouse leaves them as written, so they failed to authenticate.
+    if isinstance(settings.get("database"), str):
+        settings["database"] = unquote(str(settings["database"]))
     if not settings.get("database"):
         raise ValueError("the URL names no database (postgresql://user@host/dbname)")
     return settings

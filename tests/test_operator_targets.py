@@ -8,10 +8,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 
 from kinbox.persistence import NewMessage
+from kinbox.persistence.database import _pg_settings
 
 from .conftest import Stores
 from .test_cli import kinbox
@@ -55,3 +57,37 @@ def test_requeue_of_one_id_refuses_filters_it_would_ignore(db_url: str) -> None:
         assert "--all-failed" in done.stderr
     shown = kinbox("inbox", "show", "stuck", "--db", db_url)
     assert "status: failed" in shown.stdout  # nothing was requeued
+
+
+def _encoded(url: str) -> str:
+    """``url`` with its user and database name percent-encoded, every character (as a
+    URL must write an '@', ':' or '/' in them, and as libpq reads them)."""
+    parts = urlsplit(url)
+    every = "".join(f"%{b:02X}" for b in parts.path.lstrip("/").encode())
+    user = parts.username or ""
+    creds = "".join(f"%{b:02X}" for b in user.encode())
+    if parts.password is not None:
+        creds += ":" + quote(parts.password, safe="")
+    host = parts.hostname or ""
+    netloc = (f"{creds}@" if creds else "") + host + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc, path=f"/{every}"))
+
+
+def test_a_postgresql_url_with_percent_encoded_user_and_database_opens_them(
+        pg_url: str) -> None:
+    url = _encoded(pg_url)
+    assert "%" in url
+    made = kinbox("db", "upgrade", "--db", url)
+    assert made.returncode == 0, made.stderr
+    plain = kinbox("db", "status", "--db", pg_url)  # the same database, written plainly
+    assert "schema: up to date" in plain.stdout, plain.stderr
+
+
+def test_a_percent_encoded_password_reaches_the_driver_decoded() -> None:
+    settings = _pg_settings("postgresql://u%40corp:p%40ss%3Aw%2Frd%25@db.example:5433/"
+                            "kin%2Fbox?sslmode=disable")
+    assert settings["user"] == "u@corp"
+    assert settings["password"] == "p@ss:w/rd%"
+    assert settings["database"] == "kin/box"
+    assert settings["port"] == 5433
+    assert settings["sslmode"] == "disable"
