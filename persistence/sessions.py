@@ -106,15 +106,21 @@ class SessionStore:
 
     def ensure_project(self, project_id: str, slug: str, name: str, now: float, *,
                        hidden: bool = False) -> ProjectRecord:
-        """Return the project with ``slug``, creating it if it does not exist."""
+        """Return the project with ``slug``, creating it if it does not exist (beside
+        another process creating it too); :class:`DuplicateError` if ``project_id`` is
+        another slug's."""
         p = self.t.project
 
         def op() -> ProjectRecord:
             row = p.get_or_none(p.slug == slug)
             if row is None:
+                # Another process may be creating it too (two runtimes' first start on one
+                # PostgreSQL database): its row wins, and this insert does nothing.
                 p.insert(id=project_id, slug=slug, name=name, hidden=hidden,
-                         created_at=now).execute()
-                row = p.get(p.slug == slug)
+                         created_at=now).on_conflict_ignore().execute()
+                row = p.get_or_none(p.slug == slug)
+                if row is None:  # the id is another slug's
+                    raise DuplicateError("project", "id", project_id)
             return _project(row)
         return self.writer.call(op)
 

@@ -7,15 +7,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 
-from kinbox.persistence import NewMessage
+from kinbox.actors import Runtime
+from kinbox.persistence import NewMessage, open_database
 from kinbox.persistence.database import _pg_settings
 
 from .conftest import Stores
+from .helpers import lock_waits, wait_for
 from .test_cli import kinbox
 
 pytestmark = pytest.mark.timeout(120)
@@ -91,3 +94,43 @@ def test_a_percent_encoded_password_reaches_the_driver_decoded() -> None:
     assert settings["database"] == "kin/box"
     assert settings["port"] == 5433
     assert settings["sslmode"] == "disable"
+
+
+def test_a_runtime_starts_while_another_process_creates_the_system_projects(
+        pg_url: str, tmp_path: Path) -> None:
+    import psycopg2
+
+    Stores(pg_url).close()  # the schema, and no project yet: a first start
+    other = psycopg2.connect(pg_url)  # another process, its first start half done
+    try:
+        with other.cursor() as cur:
+            cur.execute("INSERT INTO projects (id, slug, name, archived, hidden, created_at) "
+                        "VALUES ('default', 'default', 'Default', false, false, 0)")
+        waiting_before = lock_waits(pg_url)
+        errors: list[BaseException] = []
+        started = threading.Event()
+
+        def start() -> None:
+            try:
+                rt = Runtime(db=pg_url, data_dir=tmp_path / "data").start()
+                started.set()
+                rt.stop()
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        starter = threading.Thread(target=start)
+        starter.start()
+        wait_for(lambda: lock_waits(pg_url) > waiting_before, what="the start to wait on "
+                 "the other process's project row")
+        other.commit()
+        starter.join(60)
+    finally:
+        other.close()
+    assert not errors, errors
+    assert started.is_set()
+    db = open_database(pg_url)
+    try:
+        assert db.execute_sql("SELECT count(*) FROM projects WHERE slug = 'default'"
+                              ).fetchone()[0] == 1
+    finally:
+        db.close()
