@@ -25,6 +25,7 @@ from ..persistence import (
     pending_changes,
     redact_url,
     require_current,
+    sqlite_path,
     upgrade,
 )
 from ..persistence.inbox_core import State
@@ -190,9 +191,18 @@ def db_status(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
-    """``kinbox db upgrade``: create missing tables, columns and indexes."""
-    db = open_database(args.db or default_url())
-    changes = upgrade(bind_tables(db))
+    """``kinbox db upgrade``: create missing tables, columns and indexes (and, like a
+    runtime's start, a new SQLite file's folder: the commands that find no database say
+    to run this)."""
+    url = args.db or default_url()
+    path = sqlite_path(url)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    db = open_database(url)
+    try:
+        changes = upgrade(bind_tables(db))
+    finally:
+        db.close()
     _emit(out, args.json, {"applied": changes},
           [f"applied: {c}" for c in changes] or ["schema already up to date"])
     return 0

@@ -134,3 +134,17 @@ def test_a_runtime_starts_while_another_process_creates_the_system_projects(
                               ).fetchone()[0] == 1
     finally:
         db.close()
+
+
+def test_db_upgrade_makes_the_database_the_missing_database_error_asks_for(
+        tmp_path: Path) -> None:
+    env = {"KINBOX_HOME": str(tmp_path / "fresh"), "KINBOX_DB": ""}
+    missing = kinbox_in(tmp_path, "inbox", "list", env=env)
+    assert missing.returncode == 1
+    assert "kinbox db upgrade" in missing.stderr
+    made = kinbox_in(tmp_path, "db", "upgrade", env=env)
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / "fresh").stat().st_mode & 0o777 == 0o700  # as a runtime makes it
+    listed = kinbox_in(tmp_path, "inbox", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert "no rows" in listed.stdout
