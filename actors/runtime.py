@@ -23,7 +23,6 @@ import pykka
 
 from ..persistence import (
     DEFAULT_LEASE_SECONDS,
-    CronStore,
     ExclusiveLock,
     GroupCommitWriter,
     JobStore,
@@ -51,19 +50,18 @@ from .clock import Clock, ManualClock, SystemClock
 from .context import Observer, RuntimeContext
 from .cron import CronService
 from .data_dirs import data_dir_for, resolve_data_dir
-from .direct_turn import DirectTurns
 from .dispatcher import Dispatcher
 from .errors import ConfigError, IdleTimeout, RuntimeStateError
 from .exit_stop import stop_at_exit
 from .family import Buckets
 from .focal import Focal
-from .focal_schedule import FocalSchedule
 from .health import HealthChecks
 from .ids import new_id
 from .messages import Tick
 from .peers import PeerService
 from .running import RUNTIME_STOP
 from .runtime_records import INBOX_STATES, RecordsApi
+from .services import Services
 from .shared_database import SharedDatabase
 from .slots import Slots
 from .social import SocialService
@@ -147,10 +145,7 @@ class Runtime(RecordsApi):
         self._last_takeover = 0.0
         self._writer: GroupCommitWriter | None = None
         self._health = HealthChecks()
-        self._schedule: FocalSchedule | None = None
-        self._direct: DirectTurns | None = None
-        self._cron: CronService | None = None
-        self._social: SocialService | None = None
+        self._services: Services | None = None
         self._peers: PeerService | None = None
 
     # -- life cycle ------------------------------------------------------------------------
@@ -220,13 +215,11 @@ class Runtime(RecordsApi):
                     ctx.alarm_in = self._ticker.alarm_in
                 ctx.dispatcher = Dispatcher.start(ctx, slots, self.idle_ttl)
                 ctx.slots = slots  # once the dispatcher takes claim requests
-                if self._schedule is not None:
-                    self._schedule.start()
+                assert self._services is not None
+                self._services.start_schedule()
                 self._shared.listen(db, ctx.wake_dispatcher)  # other processes' sends
-            if self._cron is not None:  # definitions work everywhere; firing needs a brain
-                self._cron.start(exclusive=self._lock is not None)
-            if self._social is not None:
-                self._social.start()
+            assert self._services is not None
+            self._services.start(exclusive=self._lock is not None)
             # Receiving works everywhere; outbound links only where rows are delivered.
             self._peers = ctx.peers = PeerService(ctx, self._resolve_data_dir(),
                                                   delivering=not self.send_only)
@@ -263,15 +256,15 @@ class Runtime(RecordsApi):
         ctx = self._require()
         self._state = "stopped"
         ctx.closed.set()
-        if self._schedule is not None:
-            self._schedule.stop()
+        if self._services is not None:
+            self._services.stop_schedule()
         self._stop_ticker()
         if self._peers is not None:
             self._peers.stop()
         for session_id in ctx.turns.running():
             ctx.turns.request_stop(session_id, RUNTIME_STOP, ctx.now())
-        # Before the async host: their brains may run there.
-        self._stop_direct(wait=True, timeout=timeout)
+        if self._services is not None:  # before the async host: their brains may run there
+            self._services.stop(wait=True, timeout=timeout)
         if ctx.dispatcher is not None:
             try:
                 ctx.dispatcher.stop(timeout=timeout)  # stops its session actors first
@@ -298,10 +291,11 @@ class Runtime(RecordsApi):
             self._writer.abort()
         ctx.crashed.set()
         ctx.closed.set()
-        if self._schedule is not None:
-            self._schedule.stop()
+        if self._services is not None:
+            self._services.stop_schedule()
         self._stop_ticker()
-        self._stop_direct(wait=False)
+        if self._services is not None:
+            self._services.stop(wait=False)
         if ctx.async_host is not None:
             ctx.async_host.crash()
         if self._peers is not None:
@@ -316,7 +310,8 @@ class Runtime(RecordsApi):
         return self.max_async_turns if self.async_brain else self.max_active_sessions
 
     def _wire_services(self, ctx: RuntimeContext, jobs: JobStore, buckets: RateBuckets) -> None:
-        """Sub-agents, family limits and Focal hook into the turn and task paths."""
+        """Sub-agents, family limits and Focal hook into the turn and task paths; the
+        schedule, cron and social services are made."""
         ctx.outbox_hooks.append(report_back)
         ctx.buckets = Buckets(buckets)
         focal = Focal(ctx, self._resolve_data_dir())
@@ -324,29 +319,9 @@ class Runtime(RecordsApi):
         ctx.turn_hooks.append(focal.prepare_turn)
         ctx.outbox_hooks.append(focal.outbox)
         ctx.task_hooks.append(focal.task_hook)
-        self._schedule = FocalSchedule(ctx, focal, jobs,
-                                       use_apscheduler=not isinstance(self.clock, ManualClock))
-        focal.schedule = self._schedule
-        # Cron runs and social events run direct turns, only where there is a brain.
-        turns = None if self.send_only else DirectTurns(ctx)
-        self._direct = turns
-        self._cron = CronService(ctx, CronStore(jobs.t, jobs.writer), turns,
-                                 use_apscheduler=not isinstance(self.clock, ManualClock),
-                                 gone=self._liveness.gone if self._liveness else None)
-        self._social = SocialService(ctx, turns)
-        ctx.outbox_hooks.append(self._social.outbox)
-
-    def _stop_direct(self, *, wait: bool, timeout: float = 0.0) -> None:
-        """Stop the cron and social services and the direct-turn pool; with ``wait``, give
-        running direct turns ``timeout`` (the stop's) to end, then hand the social events
-        they have not committed to the inbox."""
-        for service in (self._cron, self._social):
-            if service is not None:
-                service.stop()
-        if self._direct is not None:
-            self._direct.stop(wait=wait, timeout=timeout)
-        if wait and self._social is not None:  # a graceful stop keeps what no turn committed
-            self._social.hand_over()
+        self._services = Services(ctx, focal, jobs, delivering=not self.send_only,
+                                  real_time=not isinstance(self.clock, ManualClock),
+                                  gone=self._liveness.gone if self._liveness else None)
 
     def _resolve_data_dir(self) -> Path:
         return resolve_data_dir(self.url, self.data_dir)
@@ -396,10 +371,8 @@ class Runtime(RecordsApi):
 
     def _on_clock(self) -> None:
         # An injected clock moved: due schedules fire, due rows get claimed.
-        if self._schedule is not None and self._state == "running":
-            self._schedule.fire_due()
-        if self._cron is not None and self._state == "running":
-            self._cron.tick()
+        if self._services is not None and self._state == "running":
+            self._services.on_clock()
         self._tick()
 
     def _wake(self) -> None:
@@ -412,8 +385,8 @@ class Runtime(RecordsApi):
         if (self._liveness is not None and self._state == "running"
                 and time.monotonic() - self._last_takeover >= TAKEOVER_INTERVAL):
             self._take_over_from_the_gone()
-        if self._cron is not None and self._state == "running":
-            self._cron.renew_leases()
+        if self._services is not None and self._state == "running":
+            self._services.tick()
         if ctx is not None and ctx.dispatcher is not None and self._state == "running":
             try:
                 ctx.dispatcher.tell(Tick())
@@ -489,7 +462,7 @@ class Runtime(RecordsApi):
         snap = ctx.activity.snapshot()
         if snap["busy"] or snap["claim_pending"]:
             return False
-        if self._direct is not None and not self._direct.is_idle():
+        if self._services is not None and not self._services.is_idle():
             return False
         return not ctx.journal.has_due(ctx.now())
 
@@ -535,15 +508,15 @@ class Runtime(RecordsApi):
     def cron(self) -> CronService:
         """User cron jobs (``add``, ``jobs``, ``trigger``, ``pause``, ``resume``, ``runs``...)."""
         self._require()
-        assert self._cron is not None
-        return self._cron
+        assert self._services is not None
+        return self._services.cron
 
     @property
     def social(self) -> SocialService:
         """Social ingress (``ingest``, ``register_channel``, ``allow``...)."""
         self._require()
-        assert self._social is not None
-        return self._social
+        assert self._services is not None
+        return self._services.social
 
     def get_or_create_focal_chat(self) -> SessionRecord:
         """The Focal chat ``focal-suzent``, created on first use (FO1)."""

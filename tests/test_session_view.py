@@ -168,7 +168,7 @@ def test_a_direct_turn_whose_commit_fails_outside_the_journal_ends_its_mark(
     def refusing(_turn: Turn) -> list[Callable[[], object]]:
         raise RuntimeError("the caller's write could not be built")
 
-    direct = rt._direct  # the runtime's direct turns (cron runs, social events use them)
+    direct = rt._services.direct  # the runtime's direct turns (cron runs, social events use them)
     assert direct is not None
     with pytest.raises(RuntimeError):
         direct.run(sid, [Message("d1", "cron", "tick", None, {})], commit_ops=refusing)
@@ -192,7 +192,7 @@ def test_a_direct_turn_ends_only_its_own_mark(make_runtime: MakeRuntime, ending:
 
     rt = make_runtime(brain=brain)
     sid = rt.create_session(rt.create_project("p").id, "s").id
-    direct = rt._direct
+    direct = rt._services.direct
     assert direct is not None
     outcome = direct.run(sid, [Message("d1", "cron", "tick", None, {})])
     assert outcome.committed is (ending == "commits")
