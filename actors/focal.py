@@ -16,7 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..persistence import OPEN_TASK_STATES, NewMessage, SessionRecord, TaskChange
+from ..persistence import (
+    OPEN_TASK_STATES,
+    DuplicateError,
+    NewMessage,
+    SessionRecord,
+    TaskChange,
+)
 from . import access, task_rules
 from . import focal_context as fc
 from . import focal_heartbeat as hb
@@ -79,10 +85,15 @@ class Focal:
             if chat is None:
                 project = ctx.store.ensure_project(FOCAL_PROJECT, FOCAL_PROJECT, "SUZENT",
                                                    now, hidden=True)
-                chat = ctx.store.create_session(
-                    FOCAL_ID, project.id, FOCAL_TITLE, access.FOCAL_KIND, now, platform="focal",
-                    config={"is_focal_agent": True, "heartbeat_enabled": True,
-                            "heartbeat_interval_minutes": 30})
+                try:
+                    chat = ctx.store.create_session(
+                        FOCAL_ID, project.id, FOCAL_TITLE, access.FOCAL_KIND, now,
+                        platform="focal", config={"is_focal_agent": True,
+                                                  "heartbeat_enabled": True,
+                                                  "heartbeat_interval_minutes": 30})
+                except DuplicateError:  # another process created it at once: that one it is
+                    chat = ctx.store.session(FOCAL_ID)
+                    assert chat is not None  # a session is never deleted
             if not chat.config.get("focal_heartbeat_initialized"):
                 self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
                 path = self.folder / "heartbeat.md"

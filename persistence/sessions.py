@@ -150,12 +150,15 @@ class SessionStore:
         """Insert a session inside the caller's transaction (on the writer thread);
         :class:`DuplicateError` if the id is taken."""
         s = self.t.session
-        if s.select().where(s.id == session_id).exists():
+        # Not a read and then an insert: another process may be creating the same session
+        # (the Focal chat, a cron job's or a social thread's) on PostgreSQL, and an insert
+        # beside its uncommitted row waits for it and then fails on the key.
+        if not s.insert(id=session_id, project_id=project_id, title=title, kind=kind,
+                        platform=platform, parent_id=parent_id, status=IDLE,
+                        config=json.dumps(config or {}, sort_keys=True),
+                        created_at=now, updated_at=now).on_conflict_ignore().as_rowcount(
+                        ).execute():
             raise DuplicateError("session", "id", session_id)
-        s.insert(id=session_id, project_id=project_id, title=title, kind=kind,
-                 platform=platform, parent_id=parent_id, status=IDLE,
-                 config=json.dumps(config or {}, sort_keys=True),
-                 created_at=now, updated_at=now).execute()
         return SessionRecord(session_id, project_id, title, kind, platform, parent_id, IDLE,
                              now, now, dict(config or {}))
 

@@ -8,13 +8,15 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 
 from kinbox.actors import Runtime
-from kinbox.persistence import NewMessage, open_database
+from kinbox.persistence import DuplicateError, NewMessage, SessionRecord, open_database
 from kinbox.persistence.database import _pg_settings
 
 from .conftest import Stores
@@ -148,3 +150,70 @@ def test_db_upgrade_makes_the_database_the_missing_database_error_asks_for(
     listed = kinbox_in(tmp_path, "inbox", "list", env=env)
     assert listed.returncode == 0, listed.stderr
     assert "no rows" in listed.stdout
+
+
+def _hold_uncommitted(pg_url: str, sql: str) -> tuple[Any, int]:
+    """Another process's transaction, begun and not committed: it ran ``sql`` (its connection,
+    and how many lock requests waited on the server before)."""
+    import psycopg2
+
+    other = psycopg2.connect(pg_url)
+    with other.cursor() as cur:
+        cur.execute(sql)
+    return other, lock_waits(pg_url)
+
+
+def _run_beside(pg_url: str, other: Any, waiting_before: int, work: Callable[[], object],
+                what: str) -> list[object]:
+    """Run ``work`` on a thread until it waits on ``other``'s uncommitted row, then commit
+    ``other``; what ``work`` returned or raised."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(work())
+        except BaseException as exc:  # reported by the caller
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    try:
+        wait_for(lambda: lock_waits(pg_url) > waiting_before, what=what)
+        other.commit()
+    finally:
+        other.close()
+        worker.join(60)
+    assert not worker.is_alive()
+    return outcome
+
+
+SESSION_ROW = ("INSERT INTO sessions (id, project_id, title, kind, status, config, created_at, "
+               "updated_at) VALUES ('{id}', {project}, '{title}', '{kind}', 'idle', '{{}}', 0, 0)")
+
+
+def test_a_session_another_process_creates_at_once_is_a_duplicate(pg_url: str) -> None:
+    s = Stores(pg_url)
+    try:
+        other, waiting = _hold_uncommitted(pg_url, SESSION_ROW.format(
+            id="cron-digest", project="'default'", title="Cron: digest", kind="cron"))
+        outcome = _run_beside(pg_url, other, waiting, lambda: s.store.create_session(
+            "cron-digest", "default", "Cron: digest", "cron", 0),
+            "the create to wait on the other process's session row")
+    finally:
+        s.close()
+    assert len(outcome) == 1 and isinstance(outcome[0], DuplicateError), outcome
+    assert (outcome[0].kind, outcome[0].field, outcome[0].value) == ("session", "id",
+                                                                     "cron-digest")
+
+
+def test_the_focal_chat_another_process_creates_at_once_is_the_one_returned(
+        pg_url: str, tmp_path: Path) -> None:
+    with Runtime(db=pg_url, data_dir=tmp_path / "data") as rt:
+        rt.context.store.ensure_project("suzent-focal", "suzent-focal", "SUZENT", 0,
+                                        hidden=True)
+        other, waiting = _hold_uncommitted(pg_url, SESSION_ROW.format(
+            id="focal-suzent", project="'suzent-focal'", title="SUZENT", kind="focal"))
+        outcome = _run_beside(pg_url, other, waiting, rt.get_or_create_focal_chat,
+                              "Focal's creation to wait on the other process's chat row")
+    assert len(outcome) == 1 and isinstance(outcome[0], SessionRecord), outcome
+    assert (outcome[0].id, outcome[0].title) == ("focal-suzent", "SUZENT")
