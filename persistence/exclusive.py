@@ -1,10 +1,11 @@
 """Exclusive ownership of an embedded SQLite database by one runtime.
 
 The embedded default is one runtime process per database file. Holding an
-OS lock on ``<file>.lock`` for the runtime's life makes that a checked fact
-rather than a hope, and it is what lets a starting runtime take over every
-lease at once: whoever held them is certainly gone (a crash releases the OS
-lock). PostgreSQL deployments share a database and rely on lease expiry.
+OS lock on ``<file>.lock`` (named after the file itself, symlinks resolved)
+for the runtime's life makes that a checked fact rather than a hope, and it
+is what lets a starting runtime take over every lease at once: whoever held
+them is certainly gone (a crash releases the OS lock). PostgreSQL deployments
+share a database and rely on lease expiry.
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ class ExclusiveLock:
     """An advisory lock next to a SQLite file; released on ``release`` or process death."""
 
     def __init__(self, db: pw.SqliteDatabase) -> None:
-        self.path = Path(str(db.database) + ".lock")
+        self.database = str(db.database)
+        """The file as the URL names it (what :class:`DatabaseInUse` reports)."""
+        # Named after the file itself, symlinks resolved: a runtime reaching the file
+        # through a link to it takes the same lock as one naming it, not one of its own.
+        self.path = Path(os.path.realpath(self.database) + ".lock")
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -32,7 +37,7 @@ class ExclusiveLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise DatabaseInUse(str(self.path)[:-5]) from None
+            raise DatabaseInUse(self.database) from None
         self._fd = fd
 
     def release(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pykka
@@ -475,6 +476,16 @@ def test_a_second_runtime_on_the_same_sqlite_file_is_refused(make_runtime: MakeR
         Runtime(db=db_url, brain=quiet_brain).start()
     assert refused.value.path == db_url.removeprefix("sqlite:///")
     assert isinstance(refused.value, KinboxError)
+
+
+def test_a_second_runtime_reaching_the_file_through_a_symlink_is_refused(
+        make_runtime: MakeRuntime, tmp_path: Path) -> None:
+    real = tmp_path / "real" / "kinbox.db"
+    make_runtime(db=f"sqlite:///{real}", brain=quiet_brain)
+    link = tmp_path / "link.db"
+    link.symlink_to(real)
+    with pytest.raises(DatabaseInUse):
+        Runtime(db=f"sqlite:///{link}", brain=quiet_brain).start()
 
 
 @pytest.mark.parametrize(("options", "message"), [
