@@ -31,7 +31,9 @@ from ..persistence import (
 from ..persistence.inbox_core import State
 from ..persistence.opened import opened
 from ..transport.frames import shown
+from .clock import Clock, SystemClock
 from .errors import ConfigError
+from .shared_database import SharedDatabase
 
 STATES = tuple(s.value for s in State)
 
@@ -47,6 +49,18 @@ def stores(url: str | None, *, check_schema: bool = True) -> Iterator[tuple[Jour
                 schema=require_current if check_schema else lambda _tables: None,
                 writer_name="kinbox-cli-writer") as (tables, writer):
         yield Journal(tables, writer), SessionStore(tables, writer)
+
+
+@contextmanager
+def operator_clock(journal: Journal) -> Iterator[Clock]:
+    """The clock an operator's change is stamped with: as a runtime's (``clock_for``), the
+    server's on PostgreSQL, which every runtime sharing it tells the time by, so a requeued
+    row is due at once whatever this machine's clock says; else this machine's."""
+    shared = SharedDatabase()
+    try:
+        yield shared.clock_for(journal.t.db, None, SystemClock())
+    finally:
+        shared.close()
 
 
 def _when(ts: float | None) -> str:
@@ -129,13 +143,13 @@ def inbox_requeue(args: argparse.Namespace, out: TextIO) -> int:
         # ignored, and the operator would requeue a row they meant to leave alone.
         raise ConfigError("--target and --kind filter --all-failed; requeue one id alone",
                           field="target" if args.target is not None else "kind")
-    with stores(args.db) as (journal, _):
+    with stores(args.db) as (journal, _), operator_clock(journal) as clock:
         if args.message_id is not None:
-            row = journal.requeue(args.message_id, time.time())
+            row = journal.requeue(args.message_id, clock.now())
             _emit(out, args.json, row, [f"requeued {row['message_id']}: pending again, "
                                         "attempts reset (history kept)"])
             return 0
-        ids = journal.requeue_where(time.time(), target=args.target, kind=args.kind)
+        ids = journal.requeue_where(clock.now(), target=args.target, kind=args.kind)
     _emit(out, args.json, {"requeued": ids},
           [f"requeued {len(ids)} failed row(s)", *(f"  {i}" for i in ids)])
     return 0
@@ -146,8 +160,8 @@ def inbox_cancel(args: argparse.Namespace, out: TextIO) -> int:
     reason = (args.reason or "").strip()
     if not reason:
         raise ConfigError("say why: --reason TEXT (kept in the row's history)", field="reason")
-    with stores(args.db) as (journal, _):
-        row = journal.cancel(args.message_id, time.time(), by=args.by, reason=reason)
+    with stores(args.db) as (journal, _), operator_clock(journal) as clock:
+        row = journal.cancel(args.message_id, clock.now(), by=args.by, reason=reason)
     _emit(out, args.json, row, [f"cancelled {row['message_id']} (by {args.by}: {reason}); "
                                 "the rows behind it for its session move up"])
     return 0

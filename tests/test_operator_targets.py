@@ -4,6 +4,7 @@ another process. Each test failed on the code before its fix."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from kinbox.persistence.database import _pg_settings
 
 from .conftest import Stores
 from .helpers import lock_waits, wait_for
+from .scale_harness import require_faketime
 from .test_cli import kinbox
 
 pytestmark = pytest.mark.timeout(120)
@@ -217,3 +219,39 @@ def test_the_focal_chat_another_process_creates_at_once_is_the_one_returned(
                               "Focal's creation to wait on the other process's chat row")
     assert len(outcome) == 1 and isinstance(outcome[0], SessionRecord), outcome
     assert (outcome[0].id, outcome[0].title) == ("focal-suzent", "SUZENT")
+
+
+def _server_time(pg_url: str) -> float:
+    db = open_database(pg_url)
+    try:
+        return float(db.execute_sql("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8"
+                                    ).fetchone()[0])
+    finally:
+        db.close()
+
+
+def test_requeue_and_cancel_on_postgresql_stamp_the_database_clock_not_a_fast_cli_clock(
+        pg_url: str) -> None:
+    s = Stores(pg_url)
+    s.store.create_session("s1", None, "Worker", "interactive", 0)
+    for mid in ("stuck", "waiting"):
+        s.journal.enqueue(NewMessage(mid, "s1", f"body of {mid}"), 0)
+    s.journal.claim("w", 0)
+    s.journal.retry("w", "stuck", "boom", 0, permanent=True)
+    s.close()
+    # The operator's machine runs an hour ahead of the database server (and of the
+    # runtimes, which tell the time by the server's clock).
+    ahead = {"LD_PRELOAD": str(require_faketime()), "FAKETIME": "+1h",
+             "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    before = _server_time(pg_url)
+    requeued = kinbox("inbox", "requeue", "stuck", "--json", "--db", pg_url, env=ahead)
+    assert requeued.returncode == 0, requeued.stderr
+    cancelled = kinbox("inbox", "cancel", "waiting", "--reason", "stale", "--json",
+                       "--db", pg_url, env=ahead)
+    assert cancelled.returncode == 0, cancelled.stderr
+    after = _server_time(pg_url)
+    row = json.loads(requeued.stdout)
+    # Due now, as a runtime's clock reads it: not an hour from now.
+    assert before <= row["available_at"] <= after
+    assert before <= row["updated_at"] <= after
+    assert before <= json.loads(cancelled.stdout)["updated_at"] <= after
