@@ -11,22 +11,43 @@ import os
 import re
 from pathlib import Path
 
-from ..persistence import default_data_dir, sqlite_path
+from ..persistence import default_data_dir, pg_address, pg_default_port, sqlite_path
 
 
 def data_dir_for(url: str) -> Path:
     """The files folder of a runtime on ``url``.
 
     Beside a SQLite file (``<dir>/kinbox-data``); for a server database, a
-    folder of the data directory named for host, port and database.
+    folder of the data directory named for host, port and database as libpq
+    reads them (:func:`~kinbox.persistence.pg_address`), so every way of
+    writing one database's URL (either scheme, the default port given or not,
+    percent-encoding) is one folder and one device key.
+
+    Older kinbox named the folder after the URL as written: such a folder is
+    used while it exists, so no device key is left behind. This spelling's own
+    is looked for first (a deployment that had two keeps each), then the one of
+    the URL written plainly without its default port.
     """
     path = sqlite_path(url)
     if path is not None:
         return path.parent / "kinbox-data"
+    folders = default_data_dir() / "databases"
     rest = url.partition("://")[2].split("?", 1)[0]  # the query may hold '@' (a password)
-    where = rest.rpartition("@")[2]
-    name = re.sub(r"[^A-Za-z0-9._-]+", "_", where).strip("_") or "default"
-    return default_data_dir() / "databases" / name
+    written = _folder_name(rest.rpartition("@")[2])
+    try:
+        host, port, database = pg_address(url)
+    except ValueError:  # no database named: opening it fails and says why
+        return folders / written
+    named = _folder_name(f"{host}:{port}/{database}")
+    older = [written] + ([_folder_name(f"{host}/{database}")]
+                         if port == pg_default_port() else [])
+    return next((folders / n for n in older if (folders / n).is_dir()), folders / named)
+
+
+def _folder_name(where: str) -> str:
+    """A folder name for ``host:port/database`` (anything but letters, digits, '.', '-'
+    and '_' becomes '_')."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", where).strip("_") or "default"
 
 
 def add_data_dir_flag(parser: argparse.ArgumentParser) -> None:

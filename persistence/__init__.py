@@ -16,6 +16,8 @@ from .database import (
     is_postgres,
     is_sqlite,
     open_database,
+    pg_address,
+    pg_default_port,
     sqlite_path,
 )
 from .db_clock import DatabaseClock
@@ -120,6 +122,8 @@ __all__ = [
     "is_sqlite",
     "open_database",
     "pending_changes",
+    "pg_address",
+    "pg_default_port",
     "redact_url",
     "require_current",
     "sqlite_path",

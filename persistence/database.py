@@ -169,6 +169,26 @@ def _pg_settings(url: str) -> dict[str, object]:
     return settings
 
 
+PG_PORT = 5432
+"""The port libpq connects to when neither the URL nor ``$PGPORT`` gives one."""
+
+
+def pg_default_port() -> int:
+    """The port libpq connects to when a URL gives none: ``$PGPORT``, else :data:`PG_PORT`."""
+    return int(os.environ.get("PGPORT") or PG_PORT)
+
+
+def pg_address(url: str) -> tuple[str, int, str]:
+    """The server and database a PostgreSQL URL names, as libpq reads it, whichever way it
+    is written: the host (a ``host`` parameter's, else ``$PGHOST``'s, else '' for the local
+    socket), the port (:func:`pg_default_port` when it gives none) and the database name
+    decoded. ``ValueError`` when it names no database or its port is not a number."""
+    settings = _pg_settings(url)
+    host = str(settings.get("host") or os.environ.get("PGHOST", ""))
+    port = int(settings.get("port") or pg_default_port())
+    return host, port, str(settings["database"])
+
+
 def is_sqlite(db: peewee.Database) -> bool:
     """True when ``db`` is a SQLite database."""
     return isinstance(db, peewee.SqliteDatabase)

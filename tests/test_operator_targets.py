@@ -255,3 +255,44 @@ def test_requeue_and_cancel_on_postgresql_stamp_the_database_clock_not_a_fast_cl
     assert before <= row["available_at"] <= after
     assert before <= row["updated_at"] <= after
     assert before <= json.loads(cancelled.stdout)["updated_at"] <= after
+
+
+def _spellings(pg_url: str) -> list[str]:
+    """``pg_url`` (which gives the default port) and other ways of writing one database:
+    the other scheme, no port, the user and database name percent-encoded."""
+    parts = urlsplit(pg_url)
+    assert parts.port == 5432 and "PGPORT" not in os.environ
+    return [pg_url, urlunsplit(parts._replace(scheme="postgres")),
+            urlunsplit(parts._replace(netloc=parts.netloc.removesuffix(":5432"))),
+            _encoded(pg_url)]
+
+
+def test_every_spelling_of_one_postgresql_database_is_one_device(pg_url: str,
+                                                                 tmp_path: Path) -> None:
+    home = {"KINBOX_HOME": str(tmp_path / "home")}
+    ids = set()
+    for url in _spellings(pg_url):
+        shown = kinbox("peers", "whoami", "--json", "--db", url, env=home)
+        assert shown.returncode == 0, shown.stderr
+        ids.add(json.loads(shown.stdout)["device_id"])
+    assert len(ids) == 1
+    assert len(list((tmp_path / "home" / "databases").iterdir())) == 1
+
+
+def test_a_device_folder_named_after_the_url_as_written_is_still_found(
+        pg_url: str, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    plain, *others = _spellings(pg_url)
+    made = kinbox("peers", "whoami", "--json", "--db", plain, env={"KINBOX_HOME": str(home)})
+    assert made.returncode == 0, made.stderr
+    device = json.loads(made.stdout)["device_id"]
+    # As an older kinbox named it for the URL written without its port.
+    (folder,) = (home / "databases").iterdir()
+    parts = urlsplit(pg_url)
+    folder.rename(folder.with_name(f"{parts.hostname}_{parts.path.lstrip('/')}"))
+    for url in (plain, *others):
+        shown = kinbox("peers", "whoami", "--json", "--db", url,
+                       env={"KINBOX_HOME": str(home)})
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["device_id"] == device, url
+    assert len(list((home / "databases").iterdir())) == 1
