@@ -236,8 +236,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     isub = inbox.add_subparsers(dest="action", required=True)
     p = common(isub.add_parser("list", help="list inbox rows"))
     p.add_argument("--state", choices=STATES)
-    p.add_argument("--target", help="only rows addressed to this session")
-    p.add_argument("--limit", type=_positive, default=100)
+    p.add_argument("--target", type=_session_id, help="only rows addressed to this session")
+    p.add_argument("--limit", type=_positive, default=100,
+                   help="the newest N rows (default 100), listed oldest first")
     p.set_defaults(handler=inbox_list)
     p = common(isub.add_parser("show", help="one row in full, with its history"))
     p.add_argument("message_id")
@@ -246,7 +247,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("message_id", nargs="?", help="one failed row (or use --all-failed)")
     p.add_argument("--all-failed", action="store_true",
                    help="every failed row matching --target / --kind")
-    p.add_argument("--target", help="with --all-failed: only rows addressed to this session")
+    p.add_argument("--target", type=_session_id,
+                   help="with --all-failed: only rows addressed to this session")
     p.add_argument("--kind", help="with --all-failed: only rows of this kind")
     p.set_defaults(handler=inbox_requeue)
     p = common(isub.add_parser("cancel", help="give up on a pending or failed row"))
@@ -282,3 +284,10 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"expected a number from 1 to {LIST_LIMIT:,}, got {value}")
     return value
+
+
+def _session_id(text: str) -> str:
+    """A ``--target``: an empty id names no session (and must not read as no filter)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a session id, got an empty one")
+    return text

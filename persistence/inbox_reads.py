@@ -46,16 +46,17 @@ class InboxReads:
 
     def rows(self, *, state: str | None = None, target: str | None = None,
              limit: int | None = None) -> list[dict[str, Any]]:
-        """Rows in journal order, filtered by state and target."""
+        """Rows in journal order, filtered by state and target; with ``limit``, the newest
+        ``limit`` of them (an operator looks for what happened last)."""
         m = self.t.inbox
-        q = m.select().order_by(m.seq)
+        q = m.select().order_by(m.seq.desc())
         if state:
             q = q.where(m.status == state)
-        if target:
+        if target is not None:
             q = q.where(m.target_chat_id == target)
         if limit:
             q = q.limit(limit)
-        return [row_to_dict(r) for r in q]
+        return [row_to_dict(r) for r in reversed(list(q))]
 
     def counts(self) -> dict[str, int]:
         """Rows per state."""

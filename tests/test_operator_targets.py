@@ -296,3 +296,31 @@ def test_a_device_folder_named_after_the_url_as_written_is_still_found(
         assert shown.returncode == 0, shown.stderr
         assert json.loads(shown.stdout)["device_id"] == device, url
     assert len(list((home / "databases").iterdir())) == 1
+
+
+@pytest.fixture
+def five_rows_db(db_url: str) -> str:
+    """A database with five pending rows, m0 (the oldest) to m4, to one session."""
+    s = Stores(db_url)
+    s.store.create_session("s1", None, "Worker", "interactive", 0)
+    for i in range(5):
+        s.journal.enqueue(NewMessage(f"m{i}", "s1", "body"), i)
+    s.close()
+    return db_url
+
+
+def test_inbox_list_refuses_an_empty_target_instead_of_listing_every_row(
+        five_rows_db: str) -> None:
+    for command in (("inbox", "list"), ("inbox", "requeue", "--all-failed")):
+        done = kinbox(*command, "--target", "", "--json", "--db", five_rows_db)
+        assert done.returncode == 2, done.stdout
+        assert "--target" in done.stderr and "Traceback" not in done.stderr
+        assert not done.stdout
+
+
+def test_inbox_list_limit_shows_the_newest_rows_in_journal_order(five_rows_db: str) -> None:
+    done = kinbox("inbox", "list", "--limit", "2", "--json", "--db", five_rows_db)
+    assert done.returncode == 0, done.stderr
+    assert [r["message_id"] for r in json.loads(done.stdout)] == ["m3", "m4"]
+    done = kinbox("inbox", "list", "--json", "--db", five_rows_db)
+    assert [r["message_id"] for r in json.loads(done.stdout)] == [f"m{i}" for i in range(5)]
