@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
+
+import peewee as pw
 
 from ..persistence import (
     Journal,
@@ -52,13 +53,13 @@ def stores(url: str | None, *, check_schema: bool = True) -> Iterator[tuple[Jour
 
 
 @contextmanager
-def operator_clock(journal: Journal) -> Iterator[Clock]:
+def operator_clock(db: pw.Database) -> Iterator[Clock]:
     """The clock an operator's change is stamped with: as a runtime's (``clock_for``), the
     server's on PostgreSQL, which every runtime sharing it tells the time by, so a requeued
     row is due at once whatever this machine's clock says; else this machine's."""
     shared = SharedDatabase()
     try:
-        yield shared.clock_for(journal.t.db, None, SystemClock())
+        yield shared.clock_for(db, None, SystemClock())
     finally:
         shared.close()
 
@@ -97,9 +98,9 @@ def last_line(error: str | None) -> str:
 
 def inbox_list(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox inbox list``: rows with their age and last error, never their bodies."""
-    with stores(args.db) as (journal, _):
+    with stores(args.db) as (journal, _), operator_clock(journal.t.db) as clock:
         rows = journal.rows(state=args.state, target=args.target, limit=args.limit)
-    now = time.time()
+        now = clock.now()  # the rows' own clock: ages are not off by this machine's skew
     lines = [f"{'seq':>6}  {'state':<10} {'att':>3} {'age':>5}  {'target':<28} {'kind':<22} "
              f"{'message_id':<40} last error"]
     lines += [f"{r['seq']:>6}  {r['status']:<10} {r['attempts']:>3} "
@@ -143,7 +144,7 @@ def inbox_requeue(args: argparse.Namespace, out: TextIO) -> int:
         # ignored, and the operator would requeue a row they meant to leave alone.
         raise ConfigError("--target and --kind filter --all-failed; requeue one id alone",
                           field="target" if args.target is not None else "kind")
-    with stores(args.db) as (journal, _), operator_clock(journal) as clock:
+    with stores(args.db) as (journal, _), operator_clock(journal.t.db) as clock:
         if args.message_id is not None:
             row = journal.requeue(args.message_id, clock.now())
             _emit(out, args.json, row, [f"requeued {row['message_id']}: pending again, "
@@ -160,7 +161,7 @@ def inbox_cancel(args: argparse.Namespace, out: TextIO) -> int:
     reason = (args.reason or "").strip()
     if not reason:
         raise ConfigError("say why: --reason TEXT (kept in the row's history)", field="reason")
-    with stores(args.db) as (journal, _), operator_clock(journal) as clock:
+    with stores(args.db) as (journal, _), operator_clock(journal.t.db) as clock:
         row = journal.cancel(args.message_id, clock.now(), by=args.by, reason=reason)
     _emit(out, args.json, row, [f"cancelled {row['message_id']} (by {args.by}: {reason}); "
                                 "the rows behind it for its session move up"])

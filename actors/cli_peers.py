@@ -13,7 +13,6 @@ database while a runtime runs on it.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,7 +33,7 @@ from ..transport.grants import (
     secret_hash,
 )
 from ..transport.identity import DeviceIdentity
-from .cli_ops import _emit, _when, common
+from .cli_ops import _emit, _when, common, operator_clock
 from .data_dirs import add_data_dir_flag
 from .errors import ConfigError
 from .peers import complete_pairing, new_invite
@@ -86,8 +85,8 @@ def invite(args: argparse.Namespace, out: TextIO) -> int:
         scopes, ttl = parse_scopes(args.scope or ["agent"]), parse_ttl(args.ttl)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    now = time.time()
-    with _device(args) as (peers, identity):
+    with _device(args) as (peers, identity), operator_clock(peers.t.db) as clock:
+        now = clock.now()  # the runtimes' (on PostgreSQL the server's): they check expiry
         code = new_invite(peers, scopes, ttl, now)
     ref = invite_id(secret_hash(code))
     data = {"code": code, "invite_id": ref, "device_id": identity.device_id,
@@ -100,8 +99,8 @@ def invite(args: argparse.Namespace, out: TextIO) -> int:
 
 def invites(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox peers invites``: the pairing codes not used and not expired, by id."""
-    with _peers(args) as (peers, _):
-        found = peers.open_invites(time.time())
+    with _peers(args) as (peers, _), operator_clock(peers.t.db) as clock:
+        found = peers.open_invites(clock.now())
     data = [{"invite_id": invite_id(i.code_hash), "scopes": sorted(i.scopes),
              "expires_at": i.expires_at} for i in found]
     _emit(out, args.json, data, [f"{d['invite_id']}  {','.join(d['scopes']):<8} expires "
@@ -117,8 +116,8 @@ def withdraw(args: argparse.Namespace, out: TextIO) -> int:
     if ref is None:
         raise ConfigError("give a pairing code, or an invite id as 'kinbox peers invites' "
                           "lists it (12 hex characters)", field="invite")
-    with _peers(args) as (peers, _):
-        gone = peers.withdraw_invite(ref, time.time())
+    with _peers(args) as (peers, _), operator_clock(peers.t.db) as clock:
+        gone = peers.withdraw_invite(ref, clock.now())
     if gone is None:
         raise RowNotFound("open pairing invite", invite_id(ref))
     data = {"invite_id": invite_id(gone.code_hash), "withdrawn": True}
@@ -129,9 +128,9 @@ def withdraw(args: argparse.Namespace, out: TextIO) -> int:
 
 def pair(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox peers pair URL CODE``."""
-    with _device(args) as (peers, identity):
+    with _device(args) as (peers, identity), operator_clock(peers.t.db) as clock:
         rec = complete_pairing(identity, peers, args.url, args.code, args.name or "",
-                               time.time())
+                               clock.now())
     _emit(out, args.json, rec.to_dict(),
           [f"paired with device {rec.device_id}: address it as peer:{rec.device_id}"])
     return 0
@@ -168,7 +167,7 @@ def change(args: argparse.Namespace, out: TextIO) -> int:
     applies to it; one it does not apply to (pausing a revoked one) is left as it is and
     said so, and only when it applies to none is it an error: one direction's state
     must not keep the operator from acting on the other."""
-    with _peers(args) as (peers, _):
+    with _peers(args) as (peers, _), operator_clock(peers.t.db) as clock:
         device = [r for r in peers.devices() if r.device_id == args.device_id]
         if not device:
             raise RowNotFound("paired device", args.device_id)
@@ -186,7 +185,7 @@ def change(args: argparse.Namespace, out: TextIO) -> int:
         if not changes:
             raise ConfigError(left[0][1])
         for r, status in changes:
-            peers.set_status(r.device_id, status, time.time(), direction=r.direction,
+            peers.set_status(r.device_id, status, clock.now(), direction=r.direction,
                              last_error=f"{args.action}d by the operator"
                              if status != "active" else None)
     data = [{"device_id": r.device_id, "direction": r.direction, "status": s, "changed": True}

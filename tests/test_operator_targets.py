@@ -19,6 +19,7 @@ import pytest
 from kinbox.actors import Runtime
 from kinbox.persistence import DuplicateError, NewMessage, SessionRecord, open_database
 from kinbox.persistence.database import _pg_settings
+from kinbox.persistence.peers import PeerStore
 
 from .conftest import Stores
 from .helpers import lock_waits, wait_for
@@ -255,6 +256,29 @@ def test_requeue_and_cancel_on_postgresql_stamp_the_database_clock_not_a_fast_cl
     assert before <= row["available_at"] <= after
     assert before <= row["updated_at"] <= after
     assert before <= json.loads(cancelled.stdout)["updated_at"] <= after
+
+
+def test_peer_invites_on_postgresql_expire_by_the_database_clock_not_a_slow_cli_clock(
+        pg_url: str, tmp_path: Path) -> None:
+    """The runtimes check a pairing code's expiry by the server's clock; the CLI stamped
+    it by its own. From a machine an hour behind, a 10-minute code was born expired: no
+    device could pair with it, and ``peers invites`` listed it as open all the same."""
+    behind = {"LD_PRELOAD": str(require_faketime()), "FAKETIME": "-1h",
+              "FAKETIME_DONT_FAKE_MONOTONIC": "1", "KINBOX_HOME": str(tmp_path / "home")}
+    before = _server_time(pg_url)
+    made = kinbox("peers", "invite", "--ttl", "10m", "--json", "--db", pg_url, env=behind)
+    assert made.returncode == 0, made.stderr
+    after = _server_time(pg_url)
+    assert before + 600 <= json.loads(made.stdout)["expires_at"] <= after + 600
+    s = Stores(pg_url)
+    try:  # open by the database's clock, as a runtime pairing with it reads it
+        open_now = PeerStore(s.tables, s.writer).open_invites(_server_time(pg_url))
+    finally:
+        s.close()
+    assert [i.expires_at for i in open_now] == [json.loads(made.stdout)["expires_at"]]
+    listed = kinbox("peers", "invites", "--json", "--db", pg_url, env=behind)
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)) == 1
 
 
 def _spellings(pg_url: str) -> list[str]:
