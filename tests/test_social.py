@@ -592,45 +592,15 @@ def test_a_graceful_stop_keeps_a_social_event_whose_turn_waits_for_an_inbox_turn
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["take_direct_turn", "session", "create_session"])
 def test_a_database_error_in_a_social_turn_neither_wedges_its_chat_nor_loses_the_event(
-        make_runtime: MakeRuntime) -> None:
+        make_runtime: MakeRuntime, method: str) -> None:
     """A database error where a social turn starts (marking its session) used to escape the
     chat's loop: the event was gone after its 202, the chat kept its running sender (every
-    later event of the thread waited forever) and the events' slots leaked. The event runs
-    again, once, before the thread's later events."""
-    seen: list[str] = []
-
-    def brain(turn: Turn) -> str:
-        text = turn.messages[0].content.splitlines()[-1]
-        seen.append(text)
-        return f"echo: {text}"
-
-    rt = make_runtime(brain=brain)
-    sent: list[tuple[Any, str]] = []
-    rt.social.allow("slack", ["U1", "U2"])
-    rt.social.register_channel("slack", send=lambda route, text: sent.append((route, text)))
-    store = rt.context.store
-    failures: list[str] = []
-    store.take_direct_turn = failing_once(  # type: ignore[method-assign]
-        store.take_direct_turn, OperationalError("database is locked"), failures, "locked")
-    rt.social.ingest(event("first"))
-    wait_for(lambda: failures == ["locked"], 10, "the hiccup")
-    rt.social.ingest(event("second", sender="U2"))  # waits for the chat's turn
-    assert rt.social.wait_idle(10), rt.social.statistics()
-    route = {"channel": "C9", "ts": "T1"}
-    assert seen == ["first", "second"]
-    assert sent == [(route, "echo: first"), (route, "echo: second")]
-    assert rt.social.statistics()["turns"] == 2
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("method", ["session", "create_session"])
-def test_a_database_error_creating_a_thread_session_loses_no_event(
-        make_runtime: MakeRuntime, method: str) -> None:
-    """A database error while the consumer looked up or created a thread's session escaped
-    to the consumer's catch-all, which logged it and dropped the event its platform had a
-    202 for. The session is made where the turn runs now, so the hiccup is the turn's: the
-    event runs again, once, before the thread's later events."""
+    later event of the thread waited forever) and the events' slots leaked. One while the
+    consumer looked up or created the thread's session reached its catch-all, which
+    dropped the event too; the session is made where the turn runs now, so that hiccup is
+    the turn's. The event runs again, once, before the thread's later events."""
     seen: list[str] = []
 
     def brain(turn: Turn) -> str:
@@ -649,11 +619,12 @@ def test_a_database_error_creating_a_thread_session_loses_no_event(
                                         "locked"))
     rt.social.ingest(event("first"))
     wait_for(lambda: failures == ["locked"], 10, "the hiccup")
-    rt.social.ingest(event("second", sender="U2"))
+    rt.social.ingest(event("second", sender="U2"))  # waits for the chat's turn
     assert rt.social.wait_idle(10), rt.social.statistics()
     route = {"channel": "C9", "ts": "T1"}
     assert seen == ["first", "second"]
     assert sent == [(route, "echo: first"), (route, "echo: second")]
+    assert rt.social.statistics()["turns"] == 2
 
 
 @pytest.mark.timeout(60)
