@@ -26,8 +26,9 @@ target's rows run in order.
 Stopping: ``agent_stop`` raises the turn's flag (``await turn.stopped()``
 wakes). A turn still running ``stop_grace`` seconds after a stop request is
 cancelled: when it was stopped by a caller, what it had replied is
-committed as the stopped turn (as a sync turn that returns on the flag);
-when it ran past ``turn_timeout``, the attempt fails (``TurnCancelled``).
+committed as the stopped turn (as a sync turn that returns on the flag),
+even past ``turn_timeout``; when the timeout stopped it, the attempt fails
+(``TurnCancelled``).
 Either way the row has exactly one outcome.
 """
 

@@ -6,16 +6,17 @@ same way: the turn hooks run first (the Focal policy, :func:`prepare`), the
 brain's result is taken as a reply and an awaitable from a sync call is an
 error (:func:`take_result`), and the end is judged the same
 (:func:`judge`): an exception is a failure with its traceback, a turn past
-``turn_timeout`` is a failure, and whoever stopped it is named (never the
-timeout itself). What a success commits and what a failure does stay with
-the caller: an inbox turn acknowledges rows and retries with the inbox
-backoff, a cron run finishes its run record, a social turn hands its
-replies to the channel adapter.
+``turn_timeout`` is a failure, a turn a caller stopped is neither (it commits
+as stopped), and whoever stopped it is named (never the timeout itself). What
+a success commits and what a failure does stay with the caller: an inbox turn
+acknowledges rows and retries with the inbox backoff, a cron run finishes its
+run record, a social turn hands its replies to the channel adapter.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,9 +24,11 @@ from typing import Any
 
 from .context import RuntimeContext
 from .outbox import Outbox
-from .running import TIMEOUT, overdue
+from .running import RUNTIME_STOP, TIMEOUT, overdue
 from .turn import Turn, TurnOutcome
 from .validation import escaped
+
+log = logging.getLogger("kinbox.turn")
 
 
 class SyncBrainAwaitable(TypeError):
@@ -111,7 +114,19 @@ def judge(ctx: RuntimeContext, turn: Turn, error: BaseException | None) -> Judge
     """The turn's outcome. The turn stays on the running-turn board, past stopping
     (``ctx.turns.settle``): its caller ends it (``ctx.turns.end``) once the commit (or
     the failure record) is durable, so the session's next turn, whoever starts it,
-    reads what this one wrote."""
+    reads what this one wrote.
+
+    A turn a caller stopped (``agent_stop``, an operator) ended on that stop, whatever the
+    brain raised on its way out (a model call aborted on the flag) and however long it
+    took: it commits what it replied. As a failed attempt it would be retried, and the
+    stop would run the message again. The runtime's own stop and the timeout are no
+    callers: their turns are judged as any other."""
+    stopped_by = ctx.turns.settle(turn.session_id)
+    if stopped_by is not None and stopped_by not in (TIMEOUT, RUNTIME_STOP):
+        if error is not None:
+            log.info("turn of %s stopped by %s ended with %s", turn.session_id, stopped_by,
+                     escaped(f"{type(error).__name__}: {error}"))
+        return Judged(TurnOutcome(True, None, stopped_by))
     if error is not None:
         # The brain's text, recorded as the row's error: escaped, or its commit would fail.
         summary = escaped(f"{type(error).__name__}: {error}")
@@ -120,8 +135,6 @@ def judge(ctx: RuntimeContext, turn: Turn, error: BaseException | None) -> Judge
         summary = detail = (f"TurnTimeout: the turn ran {ctx.now() - turn.started:.1f} s, "
                             f"past turn_timeout={ctx.turn_timeout} s")
     else:
-        stopped = ctx.turns.settle(turn.session_id)
-        return SUCCEEDED if stopped is None else Judged(TurnOutcome(True, None, stopped))
-    stopped_by = ctx.turns.settle(turn.session_id)
+        return SUCCEEDED if stopped_by is None else Judged(TurnOutcome(True, None, stopped_by))
     return Judged(TurnOutcome(False, summary, None if stopped_by == TIMEOUT else stopped_by),
                   detail)

@@ -467,6 +467,54 @@ def test_an_async_turn_past_turn_timeout_ignoring_the_stop_is_a_failed_attempt(
 
 
 @pytest.mark.timeout(60)
+def test_a_sync_brain_raising_as_a_caller_stops_it_commits_as_stopped_not_retried(
+        make_runtime: MakeRuntime) -> None:
+    """A model call aborted on the stop flag raises out of the brain: the turn obeyed the
+    stop. As a failed attempt it was retried, so the caller's stop ran the message again."""
+    started = threading.Event()
+
+    def brain(turn: Turn) -> None:
+        turn.reply("halfway")
+        started.set()
+        assert turn.wait_stop_requested(20)
+        raise RuntimeError("the model call was aborted")
+
+    rt = make_runtime(brain=brain)
+    a, b = team(rt)
+    mid = rt.post(b, "long", sender=a).message_id
+    assert started.wait(10)
+    assert rt.tools_for(a).agent_stop(b)["status"] == "stop_requested"
+    wait_for(lambda: rt.inbox()[0]["status"] != "processing", what="the stopped turn's end")
+    assert (rt.inbox()[0]["status"], rt.inbox()[0]["attempts"]) == ("delivered", 0)
+    assert [e.text for e in rt.transcript(b)] == ["long", "halfway"]
+    assert rt.marker_counts() == {mid: 1}
+
+
+@pytest.mark.timeout(60)
+def test_an_async_turn_a_caller_stopped_cancelled_past_turn_timeout_commits_as_stopped(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    """Stopped by a caller, ignoring it past the grace and past ``turn_timeout``: the
+    caller's stop ends it (what it said is committed), not the timeout (a retry)."""
+    started = threading.Event()
+
+    async def brain(turn: Turn) -> None:
+        turn.reply("halfway")
+        started.set()
+        await asyncio.Event().wait()  # ignores every stop
+
+    rt = make_runtime(brain=brain, turn_timeout=10.0, stop_grace=5.0)
+    a, b = team(rt)
+    mid = rt.post(b, "long", sender=a).message_id
+    assert started.wait(10)
+    rt.tools_for(a).agent_stop(b)
+    clock.advance(11)  # past the grace and the timeout: the next tick cancels the brain
+    wait_for(lambda: rt.inbox()[0]["status"] != "processing", what="the stopped turn's end")
+    assert (rt.inbox()[0]["status"], rt.inbox()[0]["attempts"]) == ("delivered", 0)
+    assert [e.text for e in rt.transcript(b)] == ["long", "halfway"]
+    assert rt.marker_counts() == {mid: 1}
+
+
+@pytest.mark.timeout(60)
 def test_an_inbox_turn_waits_for_a_cron_turn_of_its_session_without_blocking_the_loop(
         make_runtime: MakeRuntime) -> None:
     """A session runs one turn at a time whoever started it: an inbox row for a session whose
