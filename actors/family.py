@@ -30,7 +30,8 @@ from .validation import require_message
 FAMILY_LIMIT = 16_384
 """Longest family message, in characters."""
 PENDING_LIMIT = 20
-"""Most open messages a target may have before family sends are refused."""
+"""Most pending messages (waiting, not being delivered) a target may have before family
+sends are refused (F6)."""
 FAMILY_KIND = "family_message"
 
 

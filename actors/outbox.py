@@ -181,7 +181,8 @@ class Writes:
         return receipts
 
     def pending_count(self, target: str) -> int:
-        """The target's open rows as this turn sees them (its own queued sends included)."""
+        """The target's pending rows as this turn sees them (its own queued sends
+        included)."""
         queued = self.outbox.sent.get(target, 0) if self.outbox is not None else 0
         return self.ctx.journal.pending_count(target) + queued
 

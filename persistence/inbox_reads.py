@@ -79,9 +79,11 @@ class InboxReads:
             m.transport == transport, m.status == core.PENDING).scalar()
 
     def pending_count(self, target: str) -> int:
-        """Open rows addressed to ``target``."""
+        """Rows addressed to ``target`` waiting to be delivered (``pending``; not those its
+        turn is handling now). The open rows' condition is repeated for their index."""
         m = self.t.inbox
-        return m.select().where(m.target_chat_id == target, pw.SQL(is_open())).count()
+        return m.select().where(m.target_chat_id == target, pw.SQL(is_open()),
+                                m.status == core.PENDING).count()
 
     def has_open_from(self, sender: str, target: str) -> bool:
         """``target`` has an open row from ``sender``."""

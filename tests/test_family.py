@@ -153,24 +153,33 @@ def test_the_rate_limit_refills_on_the_injected_clock(family: dict[str, Any],
     assert len(family["rt"].inbox()) == 4
 
 
+@pytest.mark.timeout(60)
 def test_message_size_and_pending_limits(make_runtime: MakeRuntime,
                                          clock: ManualClock) -> None:
+    """F6: at most 20 pending per target. The message its running turn is handling is
+    not pending (it was refused with 19 waiting and 1 running, as '20 waiting')."""
     release = threading.Event()
-    rt = make_runtime(brain=lambda turn: release.wait(10), max_active_sessions=2)
+    rt = make_runtime(brain=lambda turn: release.wait(20), max_active_sessions=2)
     p = rt.create_project("p")
     parent = rt.create_session(p.id, "parent").id
-    rt.create_session(p.id, "kid", kind="subagent", parent_id=parent)
+    kid = rt.create_session(p.id, "kid", kind="subagent", parent_id=parent).id
     tools = rt.tools_for(parent)
     with pytest.raises(ToolError, match="16,385 characters; the limit is 16,384"):
         tools.send("x" * 16_385, receiver_role="child", receiver_name="kid")
     tools.send("x" * 16_384, receiver_role="child", receiver_name="kid")
-    for _ in range(19):
+    try:
+        wait_for(lambda: [r["status"] for r in rt.inbox(target=kid)] == ["processing"],
+                 what="the kid's turn on the first message")
+        for _ in range(20):
+            clock.advance(1)
+            tools.send("more", receiver_role="child", receiver_name="kid")
+        assert sorted(r["status"] for r in rt.inbox(target=kid)) == ["pending"] * 20 + [
+            "processing"]
         clock.advance(1)
-        tools.send("more", receiver_role="child", receiver_name="kid")
-    clock.advance(1)
-    with pytest.raises(ToolError, match=r"Pending limit: .* already has 20 messages"):
-        tools.send("one too many", receiver_role="child", receiver_name="kid")
-    release.set()
+        with pytest.raises(ToolError, match=r"Pending limit: .* already has 20 messages"):
+            tools.send("one too many", receiver_role="child", receiver_name="kid")
+    finally:
+        release.set()
     rt.run_until_idle(30)
 
 
@@ -393,10 +402,10 @@ def test_family_sends_queued_in_one_turn_respect_the_pending_limit(
     wait_for(lambda: len(receipts) == 3, timeout=20, what="the parent's three sends")
     wait_for(lambda: rt.inbox(target="parent")[0]["status"] == "delivered", timeout=20,
              what="the parent's commit")
-    open_rows = [r for r in rt.inbox(target="kid") if r["status"] in ("pending", "processing")]
+    waiting = [r for r in rt.inbox(target="kid") if r["status"] == "pending"]
     release.set()
-    # F6: at most 20 open messages per target, the turn's own queued sends included.
-    assert len(open_rows) <= 20, (len(open_rows), receipts)
+    # F6: at most 20 pending messages per target, the turn's own queued sends included.
+    assert len(waiting) <= 20, (len(waiting), receipts)
     rt.run_until_idle(30)
 
 
