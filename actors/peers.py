@@ -383,7 +383,7 @@ def _fitting_read(status: str, lines: list[transcript_view.Line]) -> str:
             wire.encode(wire.Result("0" * 64, status, text))  # the longest request id
             return text
         except FrameError as exc:
-            if exc.reason != "too_large" or limit < 2:
+            if exc.reason != "too_large" or limit // 2 < transcript_view.MIN_READ_LIMIT:
                 raise
             limit //= 2
 

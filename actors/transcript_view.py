@@ -11,9 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .errors import ConfigError
+
 READ_LIMIT = 20_000
 SHOWN_ROLES = frozenset({"user", "assistant"})
 TRUNCATED = "[... message truncated ...]"
+MIN_READ_LIMIT = len(TRUNCATED) + 2
+"""The smallest limit a read keeps within: the truncation marker, its line break and one
+character of the newest message's tail."""
 
 
 USER_KINDS = frozenset({None, "agent_message"})
@@ -54,7 +59,13 @@ def omitted_line(n: int) -> str:
 
 
 def render(entries: Sequence[Line], limit: int = READ_LIMIT) -> str:
-    """The readable transcript, newest messages kept within ``limit`` characters."""
+    """The readable transcript, newest messages kept within ``limit`` characters (the
+    omitted-messages line apart); :class:`ConfigError` for a limit below
+    :data:`MIN_READ_LIMIT`, which could not hold an over-long message's marker."""
+    if limit < MIN_READ_LIMIT:
+        raise ConfigError(f"a read's limit must be at least {MIN_READ_LIMIT} characters "
+                          f"(the truncation marker and some of the message), not {limit}",
+                          field="limit")
     shown = [f"{speaker(e.role, e.sender_id, e.kind)}: {e.text}" for e in entries
              if e.visible and e.role in SHOWN_ROLES]
     kept: list[str] = []
