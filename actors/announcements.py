@@ -3,16 +3,28 @@
 An in-memory, bounded deque and nothing more: it is a presentation channel,
 not the agent inbox. When it is full the oldest announcement gives way (a
 UI that was away for a day wants the latest news), and the count of those
-dropped is kept so the UI can say that it missed some.
+dropped is kept so the UI can say that it missed some: each drain reports
+the count since the previous one (:class:`Drained`).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 DEFAULT_BOUND = 100
+
+
+class Drained(list[dict[str, Any]]):
+    """What a drain took: the announcements, oldest first (a list, as a drain always
+    returned), and :attr:`dropped`."""
+
+    def __init__(self, items: Iterable[dict[str, Any]] = (), dropped: int = 0) -> None:
+        super().__init__(items)
+        self.dropped = dropped
+        """How many announcements gave way to newer ones since the previous drain."""
 
 
 class Announcements:
@@ -25,6 +37,7 @@ class Announcements:
         self._items: deque[dict[str, Any]] = deque(maxlen=bound)
         self._lock = threading.Lock()
         self.dropped = 0
+        """Announcements that gave way to newer ones since the last drain."""
 
     def add(self, item: dict[str, Any]) -> None:
         """Queue an announcement; the oldest gives way when the queue is full."""
@@ -33,12 +46,14 @@ class Announcements:
                 self.dropped += 1
             self._items.append(dict(item))
 
-    def drain(self) -> list[dict[str, Any]]:
-        """Take every queued announcement, oldest first."""
+    def drain(self) -> Drained:
+        """Take every queued announcement, oldest first, with how many were dropped since
+        the last drain (the count starts again)."""
         with self._lock:
-            items = list(self._items)
+            drained = Drained(self._items, self.dropped)
             self._items.clear()
-            return items
+            self.dropped = 0
+            return drained
 
     def peek(self) -> list[dict[str, Any]]:
         """The queued announcements without taking them."""

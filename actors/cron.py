@@ -31,7 +31,7 @@ from ..persistence import (
     WriterClosed,
 )
 from . import cron_rules as rules
-from .announcements import Announcements
+from .announcements import Announcements, Drained
 from .context import RuntimeContext
 from .cron_jobs import CronJobs
 from .direct_turn import DirectTurns
@@ -131,8 +131,9 @@ class CronService:
         """Run records, newest first (of one job, or of all)."""
         return self.definitions.runs(job_id, limit)
 
-    def drain_announcements(self) -> list[dict[str, Any]]:
-        """Take the queued announcements of finished runs (the UI's feed)."""
+    def drain_announcements(self) -> Drained:
+        """Take the queued announcements of finished runs (the UI's feed), oldest first;
+        ``.dropped``: how many the full queue dropped since the last drain."""
         return self.announcements.drain()
 
     def wait_idle(self, timeout: float = 10.0) -> bool:

@@ -92,10 +92,11 @@ class CronHttpBackend:
         with answered(self.rt):
             return self.cron.runs(job_id, limit)
 
-    def drain_announcements(self) -> list[dict[str, Any]]:
+    def drain_announcements(self) -> tuple[list[dict[str, Any]], int]:
         """``POST /cron/announcements/drain``."""
         with answered(self.rt):
-            return self.cron.drain_announcements()
+            drained = self.cron.drain_announcements()
+        return list(drained), drained.dropped
 
 
 class SocialHttpBackend:

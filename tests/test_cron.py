@@ -141,8 +141,27 @@ def test_the_announcement_queue_is_bounded_and_drained() -> None:
     queue = Announcements(bound=3)
     for i in range(5):
         queue.add({"n": i})
-    assert [a["n"] for a in queue.drain()] == [2, 3, 4] and queue.dropped == 2
-    assert queue.drain() == []
+    drained = queue.drain()
+    assert [a["n"] for a in drained] == [2, 3, 4]
+    assert drained.dropped == 2  # type: ignore[attr-defined]
+    again = queue.drain()
+    assert again == [] and again.dropped == 0  # type: ignore[attr-defined]
+
+
+def test_a_drain_reports_the_announcements_dropped_since_the_last_one(
+        make_runtime: MakeRuntime) -> None:
+    """The queue counted what it dropped 'so the UI can say that it missed some', and
+    no drain ever said it (nor started counting again)."""
+    rt = make_runtime(brain=CronBrain())
+    queue = rt.cron.announcements
+    for i in range(queue.bound + 2):
+        queue.add({"n": i})
+    drained = rt.cron.drain_announcements()
+    assert [a["n"] for a in drained] == list(range(2, queue.bound + 2))
+    assert getattr(drained, "dropped", None) == 2
+    queue.add({"n": "next"})
+    again = rt.cron.drain_announcements()
+    assert again == [{"n": "next"}] and getattr(again, "dropped", None) == 0
 
 
 # -- definitions -------------------------------------------------------------------------------

@@ -177,6 +177,20 @@ def test_the_cron_routes_add_list_act_and_drain(
     head.close()
 
 
+@pytest.mark.timeout(60)
+def test_the_drain_route_says_how_many_announcements_were_dropped(
+        served: tuple[Served, Runtime, list[tuple[Any, str]]]) -> None:
+    srv, rt, _ = served
+    queue = rt.cron.announcements
+    for i in range(queue.bound + 3):
+        queue.add({"n": i})
+    status, drained = post(srv, "/cron/announcements/drain", b"", STATE)
+    assert status == 200 and drained.get("dropped") == 3
+    assert [a["n"] for a in drained["announcements"]] == list(range(3, queue.bound + 3))
+    status, drained = post(srv, "/cron/announcements/drain", b"", STATE)
+    assert (status, drained) == (200, {"announcements": [], "dropped": 0})
+
+
 @pytest.mark.parametrize(("method", "path", "allowed"), [
     ("PUT", "/cron/jobs", "GET, HEAD, POST"),
     ("POST", "/cron/jobs/cj_1", "DELETE, GET, HEAD"),

@@ -11,7 +11,8 @@
     DELETE /cron/jobs/{job_id}             remove it and its runs
     GET    /cron/jobs/{job_id}/runs        its runs, newest first (?limit=)
     GET    /cron/runs                      every job's runs (?limit=)
-    POST   /cron/announcements/drain       take the UI's announcements of finished runs
+    POST   /cron/announcements/drain       take the UI's announcements of finished runs:
+                                           {announcements, dropped (since the last drain)}
 
 State-changing calls follow the app's rule (the ``refusal`` it hands over:
 the ``X-Kinbox: 1`` header, or its operator token), like every other. The
@@ -63,8 +64,9 @@ class CronBackend(Protocol):
         """Run records, newest first."""
         ...
 
-    def drain_announcements(self) -> list[dict[str, Any]]:
-        """Take the queued announcements."""
+    def drain_announcements(self) -> tuple[list[dict[str, Any]], int]:
+        """Take the queued announcements, oldest first; and how many the full queue dropped
+        since the last drain."""
         ...
 
 
@@ -150,7 +152,10 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
     async def drain(request: Request) -> Response:
         if (refused := refusal(request)) is not None:
             return refused
-        return await _call(lambda: {"announcements": backend.drain_announcements()})
+        def take() -> dict[str, Any]:
+            announcements, dropped = backend.drain_announcements()
+            return {"announcements": announcements, "dropped": dropped}
+        return await _call(take)
 
     return [
         _by_method("/cron/jobs", {"GET": jobs, "POST": add}),
