@@ -15,6 +15,10 @@ the write, and a queued message's status is ``pending`` (the row exists from the
 turn's commit on). Later calls in the same turn see its own writes (a task created and
 then updated, a child started and then messaged) through the outbox's overlay.
 
+The outbox ends with the turn's brain (:meth:`Outbox.end`, when the turn closes): a
+call from a thread or task the brain left running is refused from then on, as a reply
+is, even before the commit takes the writes.
+
 Two effects cannot wait for the commit, and are not in the outbox:
 
 - a foreground ``agent(..., run_in_background=False)``: the turn waits for the child,
@@ -64,7 +68,8 @@ class Outbox:
         """The attempt ended without its writes: a tool call still running in it (an
         async brain's, on a worker, when the brain was cancelled) gives back at once."""
         self.closed = False
-        """The turn's commit took its writes (:meth:`close`)."""
+        """The turn has ended: its brain returned (:meth:`end`), or its commit took its
+        writes (:meth:`close`)."""
         self._undo_lock = threading.Lock()
         self.sessions: dict[str, SessionRecord] = {}
         self.tasks: dict[str, TaskRecord] = {}
@@ -73,6 +78,14 @@ class Outbox:
         self.foreground_calls = 0
         self.wakeups = 0
         """Focal wake-ups queued in this turn (they count toward Focal's limit)."""
+
+    def end(self) -> None:
+        """The turn's brain has returned: later writes are refused (:meth:`add`,
+        :meth:`check_open`), so what its commit takes is what the brain wrote, and a call
+        from a thread the brain left running is not done, whether or not the commit has
+        taken the writes yet."""
+        with self._undo_lock:
+            self.closed = True
 
     def close(self) -> TurnEffects | None:
         """The turn's commit takes its writes: what it runs (``ops``) and what follows once
@@ -236,17 +249,27 @@ class Writes:
             self.outbox.tasks[record.id] = record
 
 
-def commit_together(ctx: RuntimeContext, build: Callable[[Writes], T]) -> T:
+def commit_together(ctx: RuntimeContext, build: Callable[[Writes], T],
+                    check: Callable[[], None] | None = None) -> T:
     """Run ``build``'s writes now, in one transaction: all of them durable, or none.
 
     For writes that cannot wait for a turn's commit yet must not be seen half-done
     (a foreground child without its task message would leave the retried turn
-    waiting on a row that never comes).
+    waiting on a row that never comes). ``check`` runs first in that transaction
+    and refuses by raising: a turn's :meth:`Outbox.check_open`, made on the writer
+    thread with the writes, so the turn cannot end between the check and the
+    writes (a turn that ends after the check commits after them, on that thread).
     """
     staging = Outbox("")
     result = build(Writes(ctx, staging))
     effects = staging.close() or TurnEffects()
-    ctx.journal.writer.call(lambda: [op() for op in effects.ops])
+
+    def write() -> None:
+        if check is not None:
+            check()
+        for op in effects.ops:
+            op()
+    ctx.journal.writer.call(write)
     for after in effects.after:
         after()
     return result

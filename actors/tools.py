@@ -290,7 +290,10 @@ class AgentTools(FamilyTools, TaskTools):
                 if _is_child_of(holder, caller):  # an earlier attempt of this turn started it
                     return self._receipt(holder), float(wait)
                 child_id = f"subagent-sub_{short(ctx.new_id(), 8)}"  # another's: not it
-            return commit_together(ctx, start), float(wait)
+            # Checked again with the writes: the turn may end meanwhile (a thread the
+            # brain left running), and a child must not be written after that.
+            check = box.check_open if box is not None else None
+            return commit_together(ctx, start, check), float(wait)
         except BaseException:
             self.release_thread()
             raise

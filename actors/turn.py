@@ -232,13 +232,16 @@ class Turn:
     def close_steering(self, wait: bool = True) -> list[Message] | None:
         """End the turn's steering (after its brain): the messages fetched for it that the
         brain was never handed, to hand back; the same answer however often it is asked.
-        Waits for a fetch in flight, or with ``wait=False`` answers None instead."""
+        Waits for a fetch in flight, or with ``wait=False`` answers None instead. From
+        here on a reply or a tool write (:meth:`Outbox.end`) is refused."""
         if not self._steer_lock.acquire(blocking=wait):
             return None
         try:
             with self._log_lock:
                 if self._closed is None:
                     self._closed, self._unseen = self._unseen, []
+                    if self.outbox is not None:
+                        self.outbox.end()
                 return self._closed
         finally:
             self._steer_lock.release()

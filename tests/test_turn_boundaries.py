@@ -277,6 +277,100 @@ def test_a_tool_call_or_reply_after_the_turn_ended_is_refused_not_lost(
     assert rt.inbox(target=target) == []
 
 
+@pytest.mark.timeout(60)
+def test_a_tool_call_after_the_brain_returned_is_refused_even_before_the_commit(
+        make_runtime: MakeRuntime) -> None:
+    """A thread the brain left running sent between the brain's return (the turn's close)
+    and the commit taking the outbox: the send was committed with the turn, though the
+    turn had ended (and a reply at that moment is refused)."""
+    from kinbox.actors import ToolError
+
+    go_on, done = threading.Event(), threading.Event()
+    answers: list[object] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id != sender:
+            return
+        tools = turn.tools
+
+        def later() -> None:
+            try:
+                assert go_on.wait(20)
+                answers.append(tools.agent_send(target, "after the brain returned"))
+            except ToolError as exc:
+                answers.append(exc)
+            finally:
+                done.set()
+        threading.Thread(target=later, daemon=True).start()
+
+    rt = make_runtime(brain=brain)
+    project = rt.create_project("p").id
+    sender, target = (rt.create_session(project, name).id for name in ("A", "B"))
+    real_effects = rt.context.effects
+
+    def effects(turn: Turn, outcome: Any) -> Any:
+        if turn.session_id == sender and not go_on.is_set():  # the brain has returned
+            go_on.set()
+            assert done.wait(20)
+        return real_effects(turn, outcome)
+
+    rt.context.effects = effects  # type: ignore[method-assign]
+    rt.post(sender, "go")
+    rt.run_until_idle()
+    [answer] = answers
+    assert isinstance(answer, ToolError) and "This turn has ended" in answer.message, answer
+    assert rt.inbox(target=target) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_foreground_child_checked_before_the_turn_ended_never_commits_after_it(
+        make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A foreground ``agent(...)`` commits at once, not with the turn: it checked that the
+    turn was open, then committed. From a thread the brain left running, the turn could
+    end and commit between the two, and the child was written after the turn's end."""
+    from kinbox.actors import ToolError
+    from kinbox.actors import tools as tools_module
+
+    in_window, done = threading.Event(), threading.Event()
+    answers: list[object] = []
+    real_commit = tools_module.commit_together
+
+    def commit_after_the_turn(ctx: Any, build: Any, *args: Any, **kwargs: Any) -> Any:
+        in_window.set()  # checked: the turn was open
+        wait_for(lambda: rt.inbox(target=parent)[0]["status"] == "delivered", timeout=20,
+                 what="the parent's turn to commit")
+        return real_commit(ctx, build, *args, **kwargs)
+
+    monkeypatch.setattr(tools_module, "commit_together", commit_after_the_turn)
+
+    def brain(turn: Turn) -> str | None:
+        if turn.session_id != parent:
+            return "child done"
+        if turn.messages[0].content != "go":  # the child's report, should it ever come
+            return None
+        tools = turn.tools
+
+        def later() -> None:
+            try:
+                answers.append(tools.agent("late work", run_in_background=False, timeout=20))
+            except ToolError as exc:
+                answers.append(exc)
+            finally:
+                done.set()
+        threading.Thread(target=later, daemon=True).start()
+        assert in_window.wait(20)
+        return None  # the brain returns while its call is between its check and its commit
+
+    rt = make_runtime(brain=brain)
+    parent = rt.create_session(rt.create_project("p").id, "parent").id
+    rt.post(parent, "go")
+    assert done.wait(30)
+    rt.run_until_idle()
+    [answer] = answers
+    assert isinstance(answer, ToolError) and "This turn has ended" in answer.message, answer
+    assert [s.id for s in rt.sessions() if s.parent_id == parent] == []
+
+
 def test_a_reply_meeting_the_turns_close_midway_is_committed_or_refused(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A thread the brain started replies while the turn closes (its brain returned, on
