@@ -10,6 +10,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from kinbox.actors import ManualClock, Runtime
 from kinbox.persistence import (
@@ -22,6 +23,12 @@ from kinbox.persistence import (
     upgrade,
 )
 from kinbox.persistence.models import MODELS
+
+# Property tests keep no example database (a .hypothesis folder in the checkout shows in
+# git status, and the packaging test would walk it while another worker writes it) and
+# have no per-example deadline (a loaded CI machine is not a failing property).
+hypothesis_settings.register_profile("kinbox", database=None, deadline=None)
+hypothesis_settings.load_profile("kinbox")
 
 SERVER_PG_URL = os.environ.get("KINBOX_TEST_PG_URL")
 
