@@ -28,8 +28,10 @@ wakes). A turn still running ``stop_grace`` seconds after a stop request is
 cancelled: when it was stopped by a caller, what it had replied is
 committed as the stopped turn (as a sync turn that returns on the flag),
 even past ``turn_timeout``; when the timeout stopped it, the attempt fails
-(``TurnCancelled``).
-Either way the row has exactly one outcome.
+(``TurnCancelled``). Either way the row has exactly one outcome. A graceful
+stop of the runtime asks every turn to stop and cancels, past the same
+grace, the brains that ignore it: their turns commit as stopped by the
+runtime.
 """
 
 from __future__ import annotations
@@ -57,6 +59,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("kinbox.async")
 
 T = TypeVar("T")
+
+
+COMMIT_AFTER_CANCEL = 2.0
+"""Seconds a stopping runtime leaves the turns whose brains it cancelled to commit, when its
+stop's timeout is already spent."""
 
 
 class TurnCancelled(Exception):
@@ -112,12 +119,23 @@ class AsyncHost:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     async def _drain(self, timeout: float) -> None:
-        if self._drivers:
-            _, late = await asyncio.wait(set(self._drivers), timeout=timeout)
-            for task in late:
-                task.cancel()
-            if late:
-                await asyncio.wait(late, timeout=2)
+        """Every running turn was asked to stop. The ticker that cancels a brain past its
+        grace has stopped: a brain still running ``stop_grace`` seconds in (or at
+        ``timeout``) is cancelled here, so its turn commits as stopped by the runtime, as
+        one stopped by a caller does. Only a turn that still has not ended by ``timeout``
+        (its commit held up, say) is cancelled whole: its row comes back by lease."""
+        if not self._drivers:
+            return
+        deadline = self.loop.time() + timeout
+        _, late = await asyncio.wait(set(self._drivers),
+                                     timeout=min(timeout, self.ctx.stop_grace))
+        if late and self._cancel_brains(list(self._brains)):
+            _, late = await asyncio.wait(
+                late, timeout=max(deadline - self.loop.time(), COMMIT_AFTER_CANCEL))
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late, timeout=2)
 
     def crash(self) -> None:
         """Abandon every turn as a kill would: cancel, commit nothing, end the loop."""
@@ -155,16 +173,22 @@ class AsyncHost:
 
     def cancel(self, session_ids: list[str]) -> None:
         """Cancel the brains of these sessions' running turns (any thread)."""
-        def cancel() -> None:
-            for sid in session_ids:
-                task = self._brains.get(sid)
-                # Once per brain: its clean-up (an ``except CancelledError`` that awaits)
-                # must not be cancelled again by the next tick's list.
-                if task is not None and not task.done() and task not in self._cancelled:
-                    log.warning("cancelling the async turn of %s: it ignored its stop", sid)
-                    self._cancelled.add(task)
-                    task.cancel()
-        self.loop.call_soon_threadsafe(cancel)
+        self.loop.call_soon_threadsafe(self._cancel_brains, session_ids)
+
+    def _cancel_brains(self, session_ids: list[str]) -> bool:
+        """Cancel the running brains of these sessions, each once (loop thread); whether
+        any was."""
+        cancelled = False
+        for sid in session_ids:
+            task = self._brains.get(sid)
+            # Once per brain: its clean-up (an ``except CancelledError`` that awaits) must
+            # not be cancelled again by the next tick's list.
+            if task is not None and not task.done() and task not in self._cancelled:
+                log.warning("cancelling the async turn of %s: it ignored its stop", sid)
+                self._cancelled.add(task)
+                task.cancel()
+                cancelled = True
+        return cancelled
 
     # -- a session's turns -----------------------------------------------------------------
 

@@ -784,3 +784,34 @@ def test_inbox_turns_waiting_for_cron_turns_hold_no_blocking_worker(
     for sid in sessions:
         assert [o for o in order if o.startswith(sid)] == [f"{sid}:cron",
                                                            f"{sid}:inbox message"]
+
+
+@pytest.mark.timeout(60)
+def test_a_graceful_stop_cancels_a_brain_ignoring_it_and_commits_what_it_said(
+        make_runtime: MakeRuntime, db_url: str) -> None:
+    """The ticker that cancels a brain past its grace stops first at a graceful stop, and
+    the stop then cancelled the whole turn: its row stayed ``processing`` until a later
+    start took it over as a failed attempt, and what it had replied was lost. Stopped by
+    the runtime, the brain is cancelled past its grace and its turn commits as stopped."""
+    from .conftest import Stores
+
+    started = threading.Event()
+
+    async def brain(turn: Turn) -> None:
+        turn.reply("halfway")
+        started.set()
+        await asyncio.Event().wait()  # ignores every stop
+
+    rt = make_runtime(brain=brain, stop_grace=0.5)
+    sid = rt.create_session(None, "S").id
+    rt.post(sid, "long", message_id="m1")
+    assert started.wait(10)
+    rt.stop(timeout=5)
+    stores = Stores(db_url)
+    try:
+        row = stores.journal.get("m1")
+        assert (row["status"], row["attempts"]) == ("delivered", 0)
+        assert [e.text for e in stores.store.transcript(sid)] == ["long", "halfway"]
+        assert stores.store.marker_counts() == {"m1": 1}
+    finally:
+        stores.close()
