@@ -32,3 +32,18 @@ def expired_idle(last_used: Mapping[str, float], busy: Set[str], now: float,
     """Idle actors unused for at least ``ttl`` seconds, oldest first."""
     old = [(t, s) for s, t in last_used.items() if s not in busy and now - t >= ttl]
     return [s for _, s in sorted(old)]
+
+
+def excess_idle(live_lru: Collection[str], busy: Set[str], cap: int) -> list[str]:
+    """Idle actors to stop so that at most ``cap`` stay live, least recently used first.
+
+    Fewer when too few are idle: running turns keep their actors, so with an async
+    brain (up to ``max_async_turns`` turns at once) more than ``cap`` may be live until
+    those turns end. Returns an empty list while within ``cap``, walking nothing.
+    """
+    if cap < 1:
+        raise ValueError(f"cap must be >= 1, got {cap}")
+    excess = len(live_lru) - cap
+    if excess <= 0:
+        return []
+    return [s for s in live_lru if s not in busy][:excess]

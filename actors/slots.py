@@ -18,7 +18,9 @@ never across a database call or an observer:
   turn to end, oldest first, at most one per session (the journal leases one
   row per target);
 - ``live``: the session actors, least recently used first, at most
-  ``max_live`` (idle ones are passivated, :mod:`.passivation`);
+  ``max_live`` (idle ones are passivated, :mod:`.passivation`); a running
+  turn's actor is never passivated, so async turns (as many as
+  ``max_active``) may hold more live until they end, when the excess goes;
 - what the next claim must do: claim again (``backlog``, a row handed back),
   hold back suspect rows while one runs (a death during it is that row's).
 
@@ -115,6 +117,10 @@ class Slots:
                 self.last_used[session_id] = self.ctx.now()
                 if self.waiting:
                     self._fill(started)
+                if len(self.live) > self.max_live:  # async turns ran above the bound
+                    for victim in passivation.excess_idle(self.live.keys(), self.busy,
+                                                          self.max_live):
+                        self._passivate(victim)
                 ask = (claim or self.backlog or next_suspect) and self._schedule_claim()
                 self._changed()
         except Exception:

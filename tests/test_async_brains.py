@@ -815,3 +815,40 @@ def test_a_graceful_stop_cancels_a_brain_ignoring_it_and_commits_what_it_said(
         assert stores.store.marker_counts() == {"m1": 1}
     finally:
         stores.close()
+
+
+@pytest.mark.timeout(60)
+def test_live_async_actors_above_max_live_sessions_are_passivated_as_their_turns_end(
+        make_runtime: MakeRuntime) -> None:
+    """An async brain runs up to ``max_async_turns`` turns at once, each on a live actor
+    that is never passivated while it runs, so more than ``max_live_sessions`` may be live
+    then. Once their turns ended, the idle ones above the bound stayed in memory until the
+    next activation or ``idle_ttl``."""
+    release = threading.Event()
+    running = threading.Semaphore(0)
+
+    async def brain(turn: Turn) -> None:
+        running.release()
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 20)
+
+    rt = make_runtime(brain=brain, max_live_sessions=3)
+    project = rt.create_project("p").id
+    sessions = [rt.create_session(project, f"S{n}").id for n in range(8)]
+    for sid in sessions:
+        rt.post(sid, "go")
+    for _ in sessions:
+        assert running.acquire(timeout=20)
+    assert rt.statistics()["live"] == 8  # running turns keep their actors
+    release.set()
+    rt.run_until_idle(timeout=20)
+    assert rt.statistics()["live"] <= 3
+
+
+@pytest.mark.timeout(10)
+def test_excess_idle_stops_the_least_recently_used_idle_actors_above_the_cap() -> None:
+    from kinbox.actors.passivation import excess_idle
+
+    live = ["a", "b", "c", "d", "e"]  # least recently used first
+    assert excess_idle(live, {"a"}, 3) == ["b", "c"]
+    assert excess_idle(live, {"a", "b", "c", "d"}, 3) == ["e"]  # running ones stay
+    assert excess_idle(live, set(), 5) == []
