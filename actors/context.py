@@ -162,6 +162,10 @@ class RuntimeContext:
     tools_for: Callable[..., Any]
     """``tools_for(session_id, outbox)``: a running turn's tools (``tools.tools_for``)."""
     new_id: Callable[[], str]
+    tool_classes: dict[str, type] = field(default_factory=dict)
+    """Which tools each session seen holds (``tools.tools_for``): decided by its id and
+    kind, which never change, so a turn builds them without a database read (an async
+    turn builds them on the event loop, where a read would hold up every other turn)."""
     turns: RunningTurns = field(default_factory=RunningTurns)
     activity: Activity = field(default_factory=Activity)
     crashed: threading.Event = field(default_factory=threading.Event)

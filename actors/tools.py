@@ -406,13 +406,22 @@ class FocalTools(AgentTools):
     task_create = task_update = task_list = _denied
 
 
+TOOL_CLASSES_KEPT = 100_000
+"""Sessions whose tools' kind a runtime remembers before it starts over."""
+
+
 def tools_for(ctx: RuntimeContext, session_id: str, outbox: Outbox | None = None) -> TaskTools:
     """The tools a session holds: sub-agents get task tools only, the Focal agent its
     policy's. With ``outbox`` (the session's running turn's), their writes commit with
     that turn."""
-    session = ctx.store.session(session_id)
-    if session is not None and session.kind == "subagent":
-        return SubagentTools(ctx, session_id, outbox)
-    if ctx.focal is not None and is_focal_chat(session):
-        return FocalTools(ctx, session_id, outbox)
-    return AgentTools(ctx, session_id, outbox)
+    held: type[TaskTools] | None = ctx.tool_classes.get(session_id)
+    if held is None:
+        session = ctx.store.session(session_id)
+        held = (SubagentTools if session is not None and session.kind == "subagent"
+                else FocalTools if ctx.focal is not None and is_focal_chat(session)
+                else AgentTools)
+        if session is not None:  # an unknown id is looked up again: it may be created
+            if len(ctx.tool_classes) >= TOOL_CLASSES_KEPT:
+                ctx.tool_classes.clear()  # memory stays bounded; the next turns look again
+            ctx.tool_classes[session_id] = held
+    return held(ctx, session_id, outbox)

@@ -852,3 +852,32 @@ def test_excess_idle_stops_the_least_recently_used_idle_actors_above_the_cap() -
     assert excess_idle(live, {"a"}, 3) == ["b", "c"]
     assert excess_idle(live, {"a", "b", "c", "d"}, 3) == ["e"]  # running ones stay
     assert excess_idle(live, set(), 5) == []
+
+
+def test_a_session_seen_before_gets_its_turns_tools_without_a_read_on_the_event_loop(
+        make_runtime: MakeRuntime) -> None:
+    """Which tools a session holds (agent, sub-agent, Focal) was read from its session row
+    each time a turn built them, which an async turn does on the event loop: every other
+    turn waited for that read (on PostgreSQL a round trip; longer behind a lock). It is
+    decided by the session's id and kind, which never change, so it is read once."""
+    schemas: list[int] = []
+
+    async def brain(turn: Turn) -> None:
+        schemas.append(len(turn.tools.schemas()))
+
+    rt = make_runtime(brain=brain)
+    a, b = team(rt)
+    store = rt.context.store
+    real, on_loop = store.session, []
+
+    def session(session_id: str) -> Any:
+        if threading.current_thread().name == "kinbox-async":
+            on_loop.append(session_id)
+        return real(session_id)
+
+    store.session = session  # type: ignore[method-assign]
+    for i in range(5):
+        rt.post(b, f"m{i}", sender=a)
+        rt.run_until_idle()
+    assert len(schemas) == 5 and len(set(schemas)) == 1
+    assert on_loop.count(b) <= 1, on_loop
