@@ -182,8 +182,11 @@ class AsyncHost:
         for sid in session_ids:
             task = self._brains.get(sid)
             # Once per brain: its clean-up (an ``except CancelledError`` that awaits) must
-            # not be cancelled again by the next tick's list.
-            if task is not None and not task.done() and task not in self._cancelled:
+            # not be cancelled again by the next tick's list. And only a brain whose turn
+            # was asked to stop: the one listed may have ended since, and its session's
+            # next turn started, before this ran on the loop.
+            if (task is not None and not task.done() and task not in self._cancelled
+                    and self.ctx.turns.stop_asked(sid)):
                 log.warning("cancelling the async turn of %s: it ignored its stop", sid)
                 self._cancelled.add(task)
                 task.cancel()

@@ -235,6 +235,13 @@ class RunningTurns:
                           if turn.started is not None and turn.stop_asked_at is not None
                           and now - turn.stop_asked_at > grace)
 
+    def stop_asked(self, session_id: str) -> bool:
+        """True while the running turn of ``session_id`` was asked to stop (a turn that
+        started since the ask was not)."""
+        with self._lock:
+            turn = self._turns.get(session_id)
+            return turn is not None and turn.stop_asked
+
     def stopped_by(self, session_id: str) -> str | None:
         """Who asked the running turn of ``session_id`` to stop, if anyone."""
         with self._lock:

@@ -881,3 +881,34 @@ def test_a_session_seen_before_gets_its_turns_tools_without_a_read_on_the_event_
         rt.run_until_idle()
     assert len(schemas) == 5 and len(set(schemas)) == 1
     assert on_loop.count(b) <= 1, on_loop
+
+
+def test_a_cancel_listed_for_an_ended_turn_spares_its_sessions_next_turn(
+        make_runtime: MakeRuntime) -> None:
+    """A tick lists the turns ignoring their stop, and the loop cancels their brains
+    later. A listed turn may end meanwhile and its session's next turn start: the cancel
+    took whatever brain the session had then, the next turn's, which nobody had asked to
+    stop (it failed as ``TurnCancelled`` and ran again). Only a brain whose turn was
+    asked to stop is cancelled."""
+    started, release = threading.Event(), threading.Event()
+
+    async def brain(turn: Turn) -> None:
+        started.set()
+        while not release.is_set():
+            await asyncio.sleep(0.01)  # a model call in flight
+        turn.reply("done")
+
+    rt = make_runtime(brain=brain)
+    a, b = _pair(rt)
+    rt.post(b, "next turn", sender=a)
+    assert started.wait(10)
+    host = rt.context.async_host
+    host.cancel([b])  # as a tick's list, made when b's earlier turn ignored its stop
+    done = threading.Event()
+    host.loop.call_soon_threadsafe(done.set)  # after the cancel's own callback
+    assert done.wait(10)
+    release.set()
+    rt.run_until_idle()
+    row = rt.inbox(target=b)[0]
+    assert (row["status"], row["attempts"]) == ("delivered", 0)
+    assert [e.text for e in rt.transcript(b)] == ["next turn", "done"]
