@@ -37,7 +37,7 @@ from ..transport.grants import GrantView, InviteView, is_code, new_code, secret_
 from ..transport.handshake import NONCE_BYTES, PairingProof, new_nonce
 from ..transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
 from ..transport.link import Answer, LinkState, Retry, SenderLink, Terminal
-from ..transport.peer_client import connect_link, pair_with
+from ..transport.peer_client import connect_link, endpoint, pair_with
 from . import stops, transcript_view
 from .context import RuntimeContext
 from .errors import ConfigError, ToolError
@@ -354,6 +354,10 @@ def complete_pairing(identity: DeviceIdentity, peers: PeerStore, url: str, code:
     if not isinstance(url, str) or not url or len(url) > URL_LIMIT or not url.isprintable():
         raise ConfigError(f"the device's address is 1 to {URL_LIMIT} printable characters",
                           field="url")
+    try:  # a typo, not a network problem: refused as the name and the code are
+        endpoint(url, "/peers/pair")
+    except ValueError as exc:
+        raise ConfigError(str(exc), field="url") from None
     if "@" in urlsplit(url).netloc:  # it would be stored, and listed, as it is
         raise ConfigError("the device's address carries no user or password: the pairing "
                           "code and then the device's token authenticate", field="url")

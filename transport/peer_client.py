@@ -28,11 +28,18 @@ KEEPALIVE_SECONDS = 20.0
 
 
 def endpoint(url: str, path: str) -> str:
-    """The websocket URL of ``path`` on a peer given as ``http(s)://`` or ``ws(s)://``."""
-    parts = urlsplit(url.strip())
+    """The websocket URL of ``path`` on a peer given as ``http(s)://`` or ``ws(s)://``;
+    :class:`ValueError` when ``url`` is not such an address (no host, a port that is not
+    0..65535, a bracketed host that is no IP address)."""
+    problem = ValueError(f"a peer URL looks like http://host:port, got {url!r}")
+    try:
+        parts = urlsplit(url.strip())
+        parts.port  # noqa: B018 -- read only to refuse a port that is no number 0..65535
+    except ValueError:  # urlsplit and .port refuse with a bare ValueError of their own
+        raise problem from None
     scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme)
-    if scheme is None or not parts.netloc:
-        raise ValueError(f"a peer URL looks like http://host:port, got {url!r}")
+    if scheme is None or not parts.hostname:
+        raise problem
     return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + path, "", ""))
 
 
