@@ -63,6 +63,9 @@ class RecordsApi:
         """
         ctx = self._running()
         slug = _checked("slug", validation.require_slug, slug)
+        if not isinstance(hidden, bool):  # the column would keep whatever it was given
+            raise ConfigError(f"hidden must be True or False, not {type(hidden).__name__}",
+                              field="hidden")
         name = slug if name is None else _checked("name", validation.require_message, name,
                                                    validation.TITLE_LIMIT, "name")
         return ctx.store.create_project(f"p_{short(self.new_id(), 10)}", slug, name,
@@ -70,7 +73,9 @@ class RecordsApi:
 
     def project(self, slug: str) -> ProjectRecord | None:
         """The project with ``slug``, or None."""
-        return self._require().store.project_by_slug(slug)
+        store = self._require().store
+        key = validation.lookup_key(slug)
+        return store.project_by_slug(key) if key is not None else None
 
     def create_session(self, project_id: str | None, title: str, kind: str = "interactive",
                        parent_id: str | None = None, *, session_id: str | None = None,
@@ -108,12 +113,17 @@ class RecordsApi:
         return store.session(key) if key is not None else None
 
     def sessions(self, project_id: str | None = None) -> list[SessionRecord]:
-        """Sessions, most recently updated first."""
-        return self._require().store.sessions(project_id=project_id)
+        """Sessions, most recently updated first (of one project, or all)."""
+        store = self._require().store
+        if project_id is not None and validation.lookup_key(project_id) is None:
+            return []  # no project has that id (PostgreSQL would fail the query)
+        return store.sessions(project_id=project_id)
 
     def tools_for(self, session_id: str) -> TaskTools:
         """The tools bound to ``session_id`` as the caller (agent tools unless a sub-agent)."""
-        return tools_for(self._running(), session_id)
+        ctx = self._running()
+        return tools_for(ctx, _checked("session_id", validation.require_str, "session_id",
+                                       session_id))
 
     def _tools_for_ctx(self, session_id: str, outbox: Outbox) -> TaskTools:
         """A running turn's tools: built when the brain first asks, a stop may have begun
@@ -173,6 +183,8 @@ class RecordsApi:
                        kind: str | None = None) -> list[str]:
         """Operator: requeue every ``failed`` row (of ``target``, of ``kind``); their ids."""
         ctx = self._running()
+        if any(v is not None and validation.lookup_key(v) is None for v in (target, kind)):
+            return []  # no row can have it (PostgreSQL would fail the query)
         ids = ctx.journal.requeue_where(ctx.now(), target=target, kind=kind)
         for message_id in ids:
             ctx.emit("requeued", message_id=message_id)
@@ -188,6 +200,7 @@ class RecordsApi:
         """
         ctx = self._running()
         reason = _checked("reason", validation.require_message, reason, 2000, "reason")
+        by = _checked("by", validation.require_message, by, validation.TITLE_LIMIT, "by")
         row = ctx.journal.cancel(_row_key(message_id), ctx.now(), by=by, reason=reason)
         subagents.report_ended(ctx, [message_id])  # no turn reports a cancelled task
         ctx.emit("cancelled", message_id=message_id, by=by)

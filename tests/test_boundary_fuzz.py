@@ -46,3 +46,47 @@ def test_endpoint_gives_a_websocket_url_or_a_value_error(url: str) -> None:
     except ValueError:
         return
     assert got.startswith(("ws://", "wss://")) and got.endswith("/peers/pair")
+
+
+UNUSABLE = ["\ud800", "a\x00", 7, None, ["x"]]
+"""Values no row can hold as a key: a lone surrogate (no UTF-8), a NUL (PostgreSQL refuses
+it), and what is not a string at all."""
+
+
+@pytest.mark.timeout(60)
+def test_lookups_with_a_key_no_row_can_have_find_nothing(make_runtime: MakeRuntime,
+                                                         tmp_path: Path) -> None:
+    """``rt.project``, ``rt.sessions`` and ``rt.requeue_failed`` sent a lone surrogate to the
+    driver, which raised ``UnicodeEncodeError`` (PostgreSQL: a NUL, ``ValueError``);
+    ``rt.session`` and ``rt.transcript`` already answered None and []."""
+    rt = make_runtime(data_dir=tmp_path / "data")
+    for key in UNUSABLE:
+        assert rt.project(key) is None  # type: ignore[arg-type]
+        if key is not None:  # None: every project's sessions
+            assert rt.sessions(key) == []  # type: ignore[arg-type]
+        assert rt.requeue_failed(target=key) == []  # type: ignore[arg-type]
+        assert rt.requeue_failed(kind=key) == []  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("value", UNUSABLE)
+def test_entry_points_refuse_an_unusable_argument_as_a_config_error_naming_it(
+        make_runtime: MakeRuntime, tmp_path: Path, value: object) -> None:
+    """``rt.cancel(by=...)`` and ``rt.create_project(hidden=...)`` took anything: a lone
+    surrogate failed deep in the commit, an int or a list was stored as the canceller, a
+    string as the hidden flag; ``rt.tools_for`` passed its id to the driver."""
+    rt = make_runtime(data_dir=tmp_path / "data")
+    project = rt.create_project("team")
+    sid = rt.create_session(project.id, "A").id
+    row = rt.post(sid, "hello")
+    with pytest.raises(ConfigError) as info:
+        rt.cancel(row.message_id, "no longer needed", by=value)  # type: ignore[arg-type]
+    assert info.value.field == "by"
+    assert [r["status"] for r in rt.inbox()] == ["pending"]  # nothing half-written
+    with pytest.raises(ConfigError) as info:
+        rt.create_project("other", hidden=value)  # type: ignore[arg-type]
+    assert info.value.field == "hidden"
+    assert rt.project("other") is None
+    with pytest.raises(ConfigError) as info:
+        rt.tools_for(value)  # type: ignore[arg-type]
+    assert info.value.field == "session_id"
