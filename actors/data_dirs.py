@@ -50,9 +50,18 @@ def _folder_name(where: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", where).strip("_") or "default"
 
 
+def folder(text: str) -> str:
+    """An argparse type: a folder path that is not empty. An empty one (an unset variable,
+    ``--data-dir "$DIR"``) meant the current directory to ``kinbox peers`` and the default
+    folder to a runtime: two device keys for one database."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("give a folder; an empty path names none")
+    return text
+
+
 def add_data_dir_flag(parser: argparse.ArgumentParser) -> None:
     """``--data-dir`` for a command that opens a runtime or its device key."""
-    parser.add_argument("--data-dir", metavar="PATH",
+    parser.add_argument("--data-dir", metavar="PATH", type=folder,
                         help="folder of the device key and Focal's files (default: beside a "
                              "SQLite file; for a server database, one of the data directory "
                              "named for it); processes sharing a database that carry peer "

@@ -12,6 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kinbox.actors import ConfigError, Runtime
+from kinbox.actors.cli import main
 from kinbox.transport.peer_client import endpoint
 
 from .helpers import quiet_brain
@@ -90,3 +91,20 @@ def test_entry_points_refuse_an_unusable_argument_as_a_config_error_naming_it(
     with pytest.raises(ConfigError) as info:
         rt.tools_for(value)  # type: ignore[arg-type]
     assert info.value.field == "session_id"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", [["peers", "whoami"], ["peers", "invite"], ["serve"],
+                                     ["worker"]])
+def test_an_empty_data_dir_flag_is_a_usage_error_and_writes_no_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        command: list[str]) -> None:
+    """``--data-dir ""`` (an unset variable) put ``kinbox peers``' device key in the current
+    directory, while ``serve`` and ``worker`` took it as no flag: two device keys for one
+    database, and a private key wherever the command happened to run."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main([*command, "--db", f"sqlite:///{tmp_path / 'k.db'}", "--data-dir", ""])
+    assert info.value.code == 2
+    assert "--data-dir" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
