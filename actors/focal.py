@@ -33,7 +33,7 @@ from .ids import short
 from .outbox import Writes
 from .tasks import TaskService, view
 from .turn import Turn, TurnOutcome
-from .validation import TITLE_LIMIT, require_id, require_message
+from .validation import TITLE_LIMIT, lookup_key, require_id, require_message, require_str
 
 FOCAL_ID = access.FOCAL_ID
 FOCAL_PROJECT = "suzent-focal"
@@ -119,7 +119,12 @@ class Focal:
     # -- tools (FO2) -----------------------------------------------------------------------
 
     def register_tool(self, name: str, group: str = "", discoverable: bool = True) -> None:
-        """A product's tool, so the policy can deny it and search can find it."""
+        """A product's tool, so the policy can deny it and search can find it. Checked
+        here: a name that is not a string was kept and broke every later search."""
+        name = require_id("name", name)
+        group = require_str("group", group)
+        if not isinstance(discoverable, bool):
+            raise ToolError("invalid_argument", "discoverable must be true or false.")
         if name == policy.SCHEDULE_WAKEUP:
             raise ToolError("invalid_argument", "schedule_wakeup is reserved for Focal.")
         self.registry[name] = policy.ToolSpec(name, group, discoverable)
@@ -138,7 +143,9 @@ class Focal:
 
     def search_tools(self, session_id: str, query: str) -> list[str]:
         """Tool search as a session sees it (never ``schedule_wakeup``)."""
-        session = self.ctx.store.session(session_id)
+        query = require_str("query", query)
+        key = lookup_key(session_id)
+        session = self.ctx.store.session(key) if key is not None else None
         denied = self.tool_request(session).denied_tools if session else ()
         return policy.search_tools(self.registry.values(), query, denied)
 

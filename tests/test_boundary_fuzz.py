@@ -11,7 +11,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kinbox.actors import ConfigError, Runtime
+from kinbox.actors import ConfigError, Runtime, ToolError
 from kinbox.actors.cli import main
 from kinbox.transport.peer_client import endpoint
 
@@ -108,3 +108,31 @@ def test_an_empty_data_dir_flag_is_a_usage_error_and_writes_no_key(
     assert info.value.code == 2
     assert "--data-dir" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("args", "kwargs"), [((7,), {}), (({"x": 1},), {}), (("",), {}),
+                                              (("b\x00",), {}), (("bash",), {"group": 3}),
+                                              (("bash",), {"discoverable": "no"})])
+def test_a_tool_registered_with_a_bad_argument_is_refused_and_search_still_works(
+        make_runtime: MakeRuntime, tmp_path: Path, args: tuple[object, ...],
+        kwargs: dict[str, object]) -> None:
+    """``rt.focal.register_tool(7)`` was kept, and every later ``search_tools`` raised
+    ``TypeError`` sorting an int among the names; a dict name was a bare ``TypeError``."""
+    rt = make_runtime(brain=quiet_brain, data_dir=tmp_path / "data")
+    rt.focal.register_tool("bash", group="shell")
+    with pytest.raises(ToolError) as info:
+        rt.focal.register_tool(*args, **kwargs)  # type: ignore[arg-type]
+    assert info.value.code == "invalid_argument"
+    sid = rt.create_session(rt.create_project("web").id, "A").id
+    assert rt.focal.search_tools(sid, "bas") == ["bash"]
+
+
+@pytest.mark.timeout(60)
+def test_tool_search_refuses_a_query_that_is_not_text_and_finds_no_session_for_a_bad_id(
+        make_runtime: MakeRuntime, tmp_path: Path) -> None:
+    rt = make_runtime(brain=quiet_brain, data_dir=tmp_path / "data")
+    rt.focal.register_tool("bash", group="shell")
+    with pytest.raises(ToolError):
+        rt.focal.search_tools("chat-x", None)  # type: ignore[arg-type]  # AttributeError
+    assert rt.focal.search_tools("\ud800", "ba") == ["bash"]  # was UnicodeEncodeError
