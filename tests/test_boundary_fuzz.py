@@ -11,7 +11,15 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kinbox.actors import ConfigError, Runtime, ToolError
+from kinbox.actors import (
+    ConfigError,
+    Runtime,
+    ToolError,
+    cron_rules,
+    social_rules,
+    tool_schemas,
+    triggers,
+)
 from kinbox.actors.cli import main
 from kinbox.transport.peer_client import endpoint
 
@@ -37,7 +45,7 @@ def test_a_malformed_pairing_address_is_a_config_error_naming_the_url(
 
 
 @pytest.mark.timeout(30)
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(st.text(max_size=40))
 @example("http://[::1")
 @example("ws://[v1.x]:1")
@@ -136,3 +144,57 @@ def test_tool_search_refuses_a_query_that_is_not_text_and_finds_no_session_for_a
     with pytest.raises(ToolError):
         rt.focal.search_tools("chat-x", None)  # type: ignore[arg-type]  # AttributeError
     assert rt.focal.search_tools("\ud800", "ba") == ["bash"]  # was UnicodeEncodeError
+
+
+# -- properties over the pure boundary rules (derandomized: the same examples every run) --
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
+NEAR_EVENT = st.fixed_dictionaries(
+    {"sender_id": st.one_of(st.just("U1"), JSON), "thread_id": st.one_of(st.just("t"), JSON),
+     "text": st.one_of(st.just("hi"), JSON)},
+    optional={"sender_name": JSON, "attachments": JSON, "reply_route": JSON, "event_id": JSON,
+              "platform": st.one_of(st.just("slack"), JSON)})
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.one_of(NEAR_EVENT, JSON), st.sampled_from([None, "slack"]))
+def test_a_social_event_is_normalized_or_refused_as_invalid(raw: object,
+                                                            platform: str | None) -> None:
+    try:
+        event = social_rules.normalize(raw, "social-x", platform)
+    except social_rules.InvalidSocialEvent:
+        return
+    assert social_rules.session_id_for(event.platform, event.thread_id).startswith("social-")
+    social_rules.envelope(event)
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.one_of(st.text(max_size=12), st.sampled_from(["agent_send", "send", "agent_list"])),
+       st.one_of(JSON, st.dictionaries(st.sampled_from(["agent_id", "message", "limit", 1]),
+                                       JSON, max_size=3)))
+def test_a_model_tool_call_is_checked_or_refused_as_a_tool_error(name: str,
+                                                                 arguments: object) -> None:
+    try:
+        tool_schemas.check_call(list(tool_schemas.TOOLS), name, arguments)
+    except ToolError as exc:
+        assert exc.code in ("not_found", "invalid_argument")
+
+
+CRON_FIELD = st.sampled_from(["*", "0", "7", "59", "60", "*/0", "*/5", "1-5", "5-1", "mon",
+                              "sun-sat", "L", "?", "1,2", "9" * 30, "-1", "\u0663", "\u00b2"])
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.one_of(st.lists(CRON_FIELD, max_size=6).map(" ".join), st.text(max_size=20)),
+       st.sampled_from(["UTC", "Europe/Paris", "Europe", "", "x" * 300, "UTC\x00"]))
+def test_a_crontab_gives_a_next_time_or_a_cron_error(expr: str, timezone: str) -> None:
+    try:
+        upcoming = triggers.next_fire(expr, 1_700_000_000.0, timezone)
+    except cron_rules.CronError:
+        return
+    assert upcoming is None or upcoming > 1_700_000_000.0
