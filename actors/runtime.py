@@ -10,6 +10,7 @@ public API tests, scenarios and products use.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -98,8 +99,19 @@ class Runtime(RecordsApi):
         _count("max_active_sessions", max_active_sessions)
         _count("max_live_sessions", max_live_sessions)
         _count("max_async_turns", max_async_turns)
-        if lease_seconds <= 0 or tick_interval <= 0 or idle_ttl <= 0:
-            raise ConfigError("lease_seconds, tick_interval and idle_ttl must be > 0")
+        for name, seconds in (("lease_seconds", lease_seconds), ("idle_ttl", idle_ttl),
+                              ("tick_interval", tick_interval)):
+            _seconds(name, seconds)
+        if db is not None and not isinstance(db, str):
+            raise ConfigError(f"db must be a database URL string, got {type(db).__name__}",
+                              field="db")
+        if data_dir is not None and not isinstance(data_dir, str | os.PathLike):
+            raise ConfigError(f"data_dir must be a path, got {type(data_dir).__name__}",
+                              field="data_dir")
+        if clock is not None and not callable(getattr(clock, "now", None)):
+            raise ConfigError("clock must have a now() giving epoch seconds", field="clock")
+        if ids is not None and not callable(ids):
+            raise ConfigError("ids must be callable: ids() -> a new id", field="ids")
         if turn_timeout is not None:
             _seconds("turn_timeout", turn_timeout, " or None")
         _seconds("stop_grace", stop_grace)
@@ -530,8 +542,9 @@ def _count(field: str, value: object) -> None:
 
 
 def _seconds(field: str, value: object, alternative: str = "") -> None:
-    """A runtime option that is a duration: a number of seconds > 0."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+    """A runtime option that is a duration: a finite number of seconds > 0."""
+    if (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+            or not math.isfinite(value)):
         raise ConfigError(f"{field} must be a number of seconds > 0{alternative}, "
                           f"got {value!r}", field=field)
 

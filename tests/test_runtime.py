@@ -491,16 +491,28 @@ def test_a_second_runtime_reaching_the_file_through_a_symlink_is_refused(
 @pytest.mark.parametrize(("options", "message"), [
     ({"max_active_sessions": 0}, "max_active_sessions must be an integer >= 1, got 0"),
     ({"max_live_sessions": "many"}, "max_live_sessions must be an integer >= 1, got 'many'"),
-    ({"lease_seconds": 0}, "lease_seconds, tick_interval and idle_ttl must be > 0"),
+    ({"lease_seconds": 0}, "lease_seconds must be a number of seconds > 0, got 0"),
+    ({"idle_ttl": "1"}, "idle_ttl must be a number of seconds > 0, got '1'"),
+    ({"tick_interval": None}, "tick_interval must be a number of seconds > 0, got None"),
+    ({"tick_interval": float("inf")}, "tick_interval must be a number of seconds > 0"),
+    ({"turn_timeout": float("nan")}, "turn_timeout must be a number of seconds > 0"),
+    ({"stop_grace": float("inf")}, "stop_grace must be a number of seconds > 0"),
+    ({"db": 123}, "db must be a database URL string, got int"),
+    ({"data_dir": 123}, "data_dir must be a path, got int"),
+    ({"clock": "x"}, "clock must have a now()"),
+    ({"ids": "x"}, "ids must be callable"),
     ({"brain": "not callable"}, "brain must be callable"),
-    ({"max_active_sessions": 4, "max_live_sessions": 2},
+    ({"max_live_sessions": 2, "max_active_sessions": 4},
      "max_live_sessions (2) must be >= max_active_sessions (4)"),
 ])
 def test_bad_runtime_options_are_refused_before_anything_starts(
         db_url: str, options: dict[str, object], message: str) -> None:
+    """Each is a ConfigError naming its option (a string where a number goes used to be a
+    TypeError, an infinite tick interval killed the ticker thread after the start)."""
     with pytest.raises(ConfigError) as caught:
-        Runtime(db=db_url, **options)  # type: ignore[arg-type]
+        Runtime(**{"db": db_url, **options})  # type: ignore[arg-type]
     assert message in str(caught.value)
+    assert caught.value.field == next(iter(options))
 
 
 def test_an_unexpected_error_in_the_dispatcher_does_not_stop_delivery(
