@@ -113,7 +113,15 @@ class SocialService:
 
     def allow(self, platform: str, sender_ids: Iterable[str]) -> None:
         """Set the platform's allowlist of sender ids (display names never count)."""
-        ids = frozenset(sender_ids)
+        if not isinstance(platform, str) or not rules.PLATFORM_RE.fullmatch(platform):
+            raise rules.InvalidSocialEvent("platform", "1-32 characters of a-z, 0-9 and _")
+        if isinstance(sender_ids, str | bytes):  # "U123" would allow U, 1, 2 and 3
+            raise rules.InvalidSocialEvent("sender_id", "give a list of sender ids, not one "
+                                                        "string")
+        try:
+            ids = frozenset(sender_ids)
+        except TypeError:  # not iterable, or an entry that is no id (a dict, a list)
+            raise rules.InvalidSocialEvent("sender_id", "give a list of sender ids") from None
         if not all(isinstance(i, str) and i for i in ids):
             raise rules.InvalidSocialEvent("sender_id", "allowlist entries are non-empty ids")
         with self._lock:

@@ -323,6 +323,26 @@ def test_a_handed_over_event_answering_before_its_channel_is_registered_is_sent_
         ({"channel": "C9", "ts": f"T{i}"}, f"echo: {text}") for i, text in enumerate(texts)]
 
 
+@pytest.mark.parametrize("platform, senders, field", [
+    ("slack", "U123", "sender_id"),  # a string is a list of one-character ids
+    ("slack", [["U1"]], "sender_id"),  # unhashable
+    ("slack", 7, "sender_id"),
+    ("slack", ["U1", ""], "sender_id"),
+    ("Sl-ack", ["U1"], "platform"),
+    (None, ["U1"], "platform"),
+])
+def test_an_allowlist_that_is_no_list_of_ids_is_refused_and_changes_nothing(
+        social_rt: tuple[Runtime, SocialBrain, list[tuple[Any, str]]], platform: Any,
+        senders: Any, field: str) -> None:
+    rt, brain, _ = social_rt
+    with pytest.raises(rules.InvalidSocialEvent) as refused:
+        rt.social.allow(platform, senders)
+    assert refused.value.field == field
+    rt.social.ingest(event())  # the list set before still holds
+    assert rt.social.wait_idle(10)
+    assert len(brain.turns) == 1
+
+
 def test_a_runtime_without_a_brain_refuses_social_events(make_runtime: MakeRuntime) -> None:
     rt = make_runtime()
     with pytest.raises(rules.SocialUnavailable):
