@@ -263,7 +263,11 @@ class RunningTurns:
                 return False
             if turn_id is not None and turn.turn_id != turn_id:
                 return False  # another turn of the session: the one asked for is not here
-            turn.stop_asked, turn.stopped_by = True, by
+            turn.stop_asked = True
+            if turn.stopped_by in (None, TIMEOUT, RUNTIME_STOP):
+                # A caller's stop stays named: a runtime stopping meanwhile must not turn
+                # it into a failed attempt, retried (turn_run.judge).
+                turn.stopped_by = by
             if now is not None and turn.stop_asked_at is None:
                 turn.stop_asked_at = now
             flag = turn.flag

@@ -15,6 +15,7 @@ import pytest
 
 from kinbox.actors import ManualClock, Runtime, ToolError, Turn
 from kinbox.actors.focal import FOCAL_TITLE
+from kinbox.actors.running import RUNTIME_STOP
 from kinbox.persistence import NewMessage
 
 from .helpers import wait_for
@@ -488,6 +489,47 @@ def test_a_sync_brain_raising_as_a_caller_stops_it_commits_as_stopped_not_retrie
     assert (rt.inbox()[0]["status"], rt.inbox()[0]["attempts"]) == ("delivered", 0)
     assert [e.text for e in rt.transcript(b)] == ["long", "halfway"]
     assert rt.marker_counts() == {mid: 1}
+
+
+@pytest.mark.timeout(60)
+def test_a_caller_stopped_turn_stays_the_callers_when_the_runtime_stops_meanwhile(
+        make_runtime: MakeRuntime) -> None:
+    """A runtime's stop asked every running turn to stop, and named itself the stopper of
+    one a caller had stopped already: that turn's brain raising on its way out was then a
+    failed attempt, retried at the next start, the caller's stop undone."""
+    started, proceed = threading.Event(), threading.Event()
+
+    def brain(turn: Turn) -> None:
+        turn.reply("halfway")
+        started.set()
+        assert turn.wait_stop_requested(20)
+        assert proceed.wait(20)
+        raise RuntimeError("the model call was aborted")
+
+    rt = make_runtime(brain=brain)
+    a, b = team(rt)
+    rt.post(b, "long", sender=a)
+    assert started.wait(10)
+    assert rt.tools_for(a).agent_stop(b)["status"] == "stop_requested"
+    turns, runtime_asked = rt.context.turns, threading.Event()
+    real = turns.request_stop
+
+    def request_stop(session_id: str, by: str | None, *args: Any, **kwargs: Any) -> bool:
+        asked = real(session_id, by, *args, **kwargs)
+        if by == RUNTIME_STOP:
+            runtime_asked.set()
+        return asked
+
+    turns.request_stop = request_stop  # type: ignore[method-assign]
+    stopping = threading.Thread(target=rt.stop)
+    stopping.start()
+    try:
+        assert runtime_asked.wait(10)
+    finally:
+        proceed.set()
+        stopping.join(30)
+    row = rt.inbox()[0]
+    assert (row["status"], row["attempts"]) == ("delivered", 0)
 
 
 @pytest.mark.timeout(60)
