@@ -129,7 +129,10 @@ class AsyncHost:
         deadline = self.loop.time() + timeout
         _, late = await asyncio.wait(set(self._drivers),
                                      timeout=min(timeout, self.ctx.stop_grace))
-        if late and self._cancel_brains(list(self._brains)):
+        if late:
+            # Whether or not a brain is cancelled now (one may be committing, or cleaning
+            # up after an earlier cancel), every late turn has until the stop's timeout.
+            self._cancel_brains(list(self._brains))
             _, late = await asyncio.wait(
                 late, timeout=max(deadline - self.loop.time(), COMMIT_AFTER_CANCEL))
         for task in late:
@@ -175,10 +178,8 @@ class AsyncHost:
         """Cancel the brains of these sessions' running turns (any thread)."""
         self.loop.call_soon_threadsafe(self._cancel_brains, session_ids)
 
-    def _cancel_brains(self, session_ids: list[str]) -> bool:
-        """Cancel the running brains of these sessions, each once (loop thread); whether
-        any was."""
-        cancelled = False
+    def _cancel_brains(self, session_ids: list[str]) -> None:
+        """Cancel the running brains of these sessions, each once (loop thread)."""
         for sid in session_ids:
             task = self._brains.get(sid)
             # Once per brain: its clean-up (an ``except CancelledError`` that awaits) must
@@ -190,8 +191,6 @@ class AsyncHost:
                 log.warning("cancelling the async turn of %s: it ignored its stop", sid)
                 self._cancelled.add(task)
                 task.cancel()
-                cancelled = True
-        return cancelled
 
     # -- a session's turns -----------------------------------------------------------------
 

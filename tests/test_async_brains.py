@@ -954,3 +954,43 @@ def test_a_cancel_listed_for_an_ended_turn_spares_its_sessions_next_turn(
     row = rt.inbox(target=b)[0]
     assert (row["status"], row["attempts"]) == ("delivered", 0)
     assert [e.text for e in rt.transcript(b)] == ["next turn", "done"]
+
+
+@pytest.mark.timeout(60)
+def test_a_graceful_stop_leaves_a_turn_cleaning_up_after_its_cancel_until_its_timeout(
+        make_runtime: MakeRuntime, db_url: str, clock: ManualClock) -> None:
+    """A stop cancelled every turn still running ``stop_grace`` into it unless one of their
+    brains was cancelled just then: a brain cancelled earlier (by a tick, after a caller's
+    stop) and still cleaning up had its turn cut at the grace, though the stop's timeout
+    had seconds left; the row stayed ``processing`` and ran again at the next start."""
+    from .conftest import Stores
+
+    started, cleaning = threading.Event(), threading.Event()
+
+    async def brain(turn: Turn) -> None:
+        turn.reply("halfway")
+        started.set()
+        try:
+            await asyncio.Event().wait()  # ignores the stop
+        except asyncio.CancelledError:
+            cleaning.set()
+            await asyncio.sleep(1.0)  # closing its model client takes a while
+            turn.reply("cleaned up")
+            raise
+
+    rt = make_runtime(brain=brain, stop_grace=0.3)
+    a, b = team(rt)
+    rt.post(b, "long", sender=a, message_id="m1")
+    assert started.wait(10)
+    rt.tools_for(a).agent_stop(b)
+    clock.advance(1)  # past the grace: the next tick cancels the brain
+    assert cleaning.wait(10)
+    rt.stop(timeout=10)
+    stores = Stores(db_url)
+    try:
+        row = stores.journal.get("m1")
+        assert (row["status"], row["attempts"]) == ("delivered", 0)
+        assert [e.text for e in stores.store.transcript(b)] == ["long", "halfway",
+                                                                "cleaned up"]
+    finally:
+        stores.close()
