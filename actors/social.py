@@ -14,8 +14,8 @@ events never enter the generic inbox. A turn that could not run at all (a
 database error creating or marking its session, say) keeps its events: the
 chat runs them again, before its later events, after a pause that doubles
 from 1 s to 30 s while the error lasts (:func:`.social_rules.stall_pause`);
-it waits on a timer, not on a thread of the turn pool, so a chat whose error
-lasts holds up no other chat.
+it waits on one thread for all such chats (:mod:`.delayed`), not on a
+thread of the turn pool, so a chat whose error lasts holds up no other.
 
 A graceful stop hands every accepted event that no turn has taken yet (still
 queued, waiting for its chat, or waiting for a thread of the pool) to the
@@ -54,6 +54,7 @@ from ..persistence import DuplicateError, NewMessage, PersistenceError, WriterCl
 from . import channels
 from . import social_rules as rules
 from .context import RuntimeContext, TurnEffects
+from .delayed import Delayed
 from .direct_turn import DirectOutcome, DirectTurns, TurnNotStarted
 from .turn import Message, Turn, TurnOutcome
 
@@ -106,8 +107,8 @@ class SocialService:
         self._in_turn: dict[str, rules.SocialEvent] = {}
         """Events a turn took that has not ended yet (committed or failed): what a stop
         hands over too when its wait for the turns ends first."""
-        self._pauses: dict[str, threading.Timer] = {}
-        """The stalled chats' timers, by session id, each starting the chat's next try."""
+        self._pauses = Delayed("kinbox-social-pauses")
+        """The stalled chats' next tries, by session id, all waiting on one thread."""
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -192,10 +193,7 @@ class SocialService:
         """Stop taking events and starting turns (running ones go on); then, once the turn
         pool has stopped or its wait ended, :meth:`hand_over` what no turn committed."""
         self._stop.set()
-        with self._lock:
-            pauses, self._pauses = list(self._pauses.values()), {}
-        for timer in pauses:  # their chats' events are unstarted: the hand-over takes them
-            timer.cancel()
+        self._pauses.close()  # their chats' events are unstarted: the hand-over takes them
         if self._consumer is None:
             return  # a send-only runtime never queued anything
         self._queue.put(None)
@@ -386,21 +384,14 @@ class SocialService:
 
     def _pause(self, sid: str, event: rules.SocialEvent, seconds: float) -> None:
         """Start the stalled chat's next try, from ``event``, in ``seconds``, leaving the
-        pool's thread to other chats meanwhile. Under the lock."""
+        pool's thread to other chats meanwhile (a stop drops the try: the hand-over takes
+        the chat's events)."""
         assert self.turns is not None
         turns = self.turns
+        self._pauses.call_in(seconds, sid, lambda: self._resume(turns, sid, event))
 
-        def resume() -> None:
-            with self._lock:
-                if self._pauses.get(sid) is not timer:
-                    return  # a stop cancelled it
-                del self._pauses[sid]
-            turns.submit(lambda: self._run_chat(sid, event))  # None: stopping, handed over
-
-        timer = threading.Timer(seconds, resume)
-        timer.daemon = True  # a stop cancels it; it must never hold the process open
-        self._pauses[sid] = timer
-        timer.start()
+    def _resume(self, turns: DirectTurns, sid: str, event: rules.SocialEvent) -> None:
+        turns.submit(lambda: self._run_chat(sid, event))  # None: stopping, handed over
 
     def _take(self, event: rules.SocialEvent) -> bool:
         """Take ``event`` for a turn; False once a stop hands it to the inbox instead."""

@@ -677,6 +677,8 @@ def test_chats_whose_turns_cannot_run_hold_up_no_other_chat(make_runtime: MakeRu
     for n in range(6):
         rt.social.ingest(event(f"stuck {n}", thread=f"T{n}"))
     wait_for(lambda: len(tried) == 6, 10, "every stuck chat to have tried")
+    pausing = [t for t in threading.enumerate() if t.name == "kinbox-social-pauses"]
+    assert len(pausing) == 1  # six paused chats, one thread
     rt.social.ingest(event("fine", thread="healthy"))
     wait_for(lambda: "fine" in seen, 10, "the healthy chat's turn")
     broken.clear()
