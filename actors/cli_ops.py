@@ -34,6 +34,7 @@ from ..persistence.opened import opened
 from ..transport.frames import shown
 from .clock import Clock, SystemClock
 from .errors import ConfigError
+from .runtime_records import cancel_note
 from .shared_database import SharedDatabase
 
 STATES = tuple(s.value for s in State)
@@ -158,13 +159,14 @@ def inbox_requeue(args: argparse.Namespace, out: TextIO) -> int:
 
 def inbox_cancel(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox inbox cancel ID --reason TEXT``: give up on a pending or failed row."""
-    reason = (args.reason or "").strip()
-    if not reason:
+    if not (args.reason or "").strip():
         raise ConfigError("say why: --reason TEXT (kept in the row's history)", field="reason")
+    reason, by = cancel_note(args.reason, args.by)
     with stores(args.db) as (journal, _), operator_clock(journal.t.db) as clock:
-        row = journal.cancel(args.message_id, clock.now(), by=args.by, reason=reason)
-    _emit(out, args.json, row, [f"cancelled {row['message_id']} (by {args.by}: {reason}); "
-                                "the rows behind it for its session move up"])
+        row = journal.cancel(args.message_id, clock.now(), by=by, reason=reason)
+    _emit(out, args.json, row, [f"cancelled {row['message_id']} (by {shown(by)}: "
+                                f"{shown(reason)}); the rows behind it for its session "
+                                "move up"])
     return 0
 
 

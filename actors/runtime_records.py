@@ -199,8 +199,7 @@ class RecordsApi:
         session move up at once instead of waiting out its backoff.
         """
         ctx = self._running()
-        reason = _checked("reason", validation.require_message, reason, 2000, "reason")
-        by = _checked("by", validation.require_message, by, validation.TITLE_LIMIT, "by")
+        reason, by = cancel_note(reason, by)
         row = ctx.journal.cancel(_row_key(message_id), ctx.now(), by=by, reason=reason)
         subagents.report_ended(ctx, [message_id])  # no turn reports a cancelled task
         ctx.emit("cancelled", message_id=message_id, by=by)
@@ -217,6 +216,19 @@ class RecordsApi:
     def marker_counts(self) -> dict[str, int]:
         """Committed delivery markers per message id (exactly-once evidence)."""
         return self._require().store.marker_counts()
+
+
+CANCEL_REASON_LIMIT = 2000
+"""Longest reason an operator's cancel keeps in the row's history, in characters."""
+
+
+def cancel_note(reason: object, by: object) -> tuple[str, str]:
+    """Why and by whom a row is cancelled, as every entry point (``rt.cancel``,
+    ``kinbox inbox cancel``) checks them: stripped, not empty, bounded; a ConfigError
+    naming the field."""
+    return (_checked("reason", validation.require_message, reason, CANCEL_REASON_LIMIT,
+                     "reason"),
+            _checked("by", validation.require_message, by, validation.TITLE_LIMIT, "by"))
 
 
 def _checked(field: str, check: Callable[..., Any], *args: Any) -> Any:

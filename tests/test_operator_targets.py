@@ -67,6 +67,25 @@ def test_requeue_of_one_id_refuses_filters_it_would_ignore(db_url: str) -> None:
     assert "status: failed" in shown.stdout  # nothing was requeued
 
 
+def test_cancel_from_the_cli_checks_who_and_why_as_the_api_does(db_url: str) -> None:
+    """``rt.cancel`` refuses an empty or overlong ``by`` and reason; the CLI stored an
+    empty ``--by`` and a reason of any length in the row's history."""
+    s = Stores(db_url)
+    s.store.create_session("s1", None, "Worker", "interactive", 0)
+    s.journal.enqueue(NewMessage("waiting", "s1", "body"), 0)
+    s.close()
+    for flags, field in ((("--reason", "stale", "--by", " "), "by"),
+                         (("--reason", "x" * 2001), "reason")):
+        done = kinbox("inbox", "cancel", "waiting", *flags, "--db", db_url)
+        assert done.returncode == 1, done.stdout
+        assert "Traceback" not in done.stderr and field in done.stderr
+    assert "status: pending" in kinbox("inbox", "show", "waiting", "--db", db_url).stdout
+    done = kinbox("inbox", "cancel", "waiting", "--reason", " stale ", "--by", "ops",
+                  "--json", "--db", db_url)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "cancelled"
+
+
 def _encoded(url: str) -> str:
     """``url`` with its user and database name percent-encoded, every character (as a
     URL must write an '@', ':' or '/' in them, and as libpq reads them)."""
