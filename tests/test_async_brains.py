@@ -18,6 +18,7 @@ from kinbox.actors.focal import FOCAL_TITLE
 from kinbox.actors.running import RUNTIME_STOP
 from kinbox.persistence import NewMessage
 
+from .conftest import Stores
 from .helpers import wait_for
 
 MakeRuntime = Callable[..., Runtime]
@@ -58,6 +59,39 @@ def flavour(request: pytest.FixtureRequest) -> str:
 def team(rt: Runtime) -> tuple[str, str]:
     project = rt.project("team") or rt.create_project("team")
     return rt.create_session(project.id, "A").id, rt.create_session(project.id, "B").id
+
+
+def ignoring_stops(started: threading.Event) -> Callable[[Turn], Awaitable[None]]:
+    """An async brain that replies "halfway", sets ``started`` and ignores every stop."""
+    async def brain(turn: Turn) -> None:
+        turn.reply("halfway")
+        started.set()
+        await asyncio.Event().wait()
+
+    return brain
+
+
+def after_stop(db_url: str, session_id: str, message_id: str
+               ) -> tuple[tuple[str, int], list[str], int]:
+    """What the database holds once a runtime stopped: the row's status and attempts, the
+    session's transcript, the row's committed turns."""
+    stores = Stores(db_url)
+    try:
+        row = stores.journal.get(message_id)
+        return ((row["status"], row["attempts"]),
+                [e.text for e in stores.store.transcript(session_id)],
+                stores.store.marker_counts().get(message_id, 0))
+    finally:
+        stores.close()
+
+
+def committed_as_stopped(rt: Runtime, session_id: str, message_id: str) -> None:
+    """The stopped turn of ``message_id`` (its reply "halfway") ended committed, once, not
+    as a failed attempt."""
+    wait_for(lambda: rt.inbox()[0]["status"] != "processing", what="the stopped turn's end")
+    assert (rt.inbox()[0]["status"], rt.inbox()[0]["attempts"]) == ("delivered", 0)
+    assert [e.text for e in rt.transcript(session_id)] == ["long", "halfway"]
+    assert rt.marker_counts() == {message_id: 1}
 
 
 def test_turns_run_in_order_once_each(make_runtime: MakeRuntime, flavour: str) -> None:
@@ -403,11 +437,7 @@ def test_a_sync_brain_that_returns_an_awaitable_is_a_failed_attempt(
 def test_an_async_turn_ignoring_agent_stop_is_cancelled_and_commits_what_it_said(
         make_runtime: MakeRuntime, clock: ManualClock) -> None:
     started = threading.Event()
-
-    async def brain(turn: Turn) -> None:
-        turn.reply("halfway")
-        started.set()
-        await asyncio.Event().wait()  # ignores every stop
+    brain = ignoring_stops(started)
 
     rt = make_runtime(brain=brain, stop_grace=5.0)
     a, b = team(rt)
@@ -440,10 +470,7 @@ def test_an_async_turn_that_obeys_a_stop_by_cancelling_its_model_call_commits(
     mid = rt.post(b, "long", sender=a).message_id
     assert started.wait(10)
     rt.tools_for(a).agent_stop(b)
-    wait_for(lambda: rt.inbox()[0]["status"] != "processing", what="the stopped turn's end")
-    assert (rt.inbox()[0]["status"], rt.inbox()[0]["attempts"]) == ("delivered", 0)
-    assert [e.text for e in rt.transcript(b)] == ["long", "halfway"]
-    assert rt.marker_counts() == {mid: 1}
+    committed_as_stopped(rt, b, mid)
 
 
 def test_an_async_turn_past_turn_timeout_ignoring_the_stop_is_a_failed_attempt(
@@ -485,10 +512,7 @@ def test_a_sync_brain_raising_as_a_caller_stops_it_commits_as_stopped_not_retrie
     mid = rt.post(b, "long", sender=a).message_id
     assert started.wait(10)
     assert rt.tools_for(a).agent_stop(b)["status"] == "stop_requested"
-    wait_for(lambda: rt.inbox()[0]["status"] != "processing", what="the stopped turn's end")
-    assert (rt.inbox()[0]["status"], rt.inbox()[0]["attempts"]) == ("delivered", 0)
-    assert [e.text for e in rt.transcript(b)] == ["long", "halfway"]
-    assert rt.marker_counts() == {mid: 1}
+    committed_as_stopped(rt, b, mid)
 
 
 @pytest.mark.timeout(60)
@@ -538,11 +562,7 @@ def test_an_async_turn_a_caller_stopped_cancelled_past_turn_timeout_commits_as_s
     """Stopped by a caller, ignoring it past the grace and past ``turn_timeout``: the
     caller's stop ends it (what it said is committed), not the timeout (a retry)."""
     started = threading.Event()
-
-    async def brain(turn: Turn) -> None:
-        turn.reply("halfway")
-        started.set()
-        await asyncio.Event().wait()  # ignores every stop
+    brain = ignoring_stops(started)
 
     rt = make_runtime(brain=brain, turn_timeout=10.0, stop_grace=5.0)
     a, b = team(rt)
@@ -550,10 +570,7 @@ def test_an_async_turn_a_caller_stopped_cancelled_past_turn_timeout_commits_as_s
     assert started.wait(10)
     rt.tools_for(a).agent_stop(b)
     clock.advance(11)  # past the grace and the timeout: the next tick cancels the brain
-    wait_for(lambda: rt.inbox()[0]["status"] != "processing", what="the stopped turn's end")
-    assert (rt.inbox()[0]["status"], rt.inbox()[0]["attempts"]) == ("delivered", 0)
-    assert [e.text for e in rt.transcript(b)] == ["long", "halfway"]
-    assert rt.marker_counts() == {mid: 1}
+    committed_as_stopped(rt, b, mid)
 
 
 @pytest.mark.timeout(60)
@@ -615,8 +632,6 @@ def test_a_row_whose_worker_died_mid_turn_is_taken_over_and_runs_once(
         make_runtime: MakeRuntime, db_url: str, clock: ManualClock, flavour: str) -> None:
     """A row leased by a worker that died inside its turn: the new runtime records the turn's
     start (fenced, before the brain) and runs it once, the interrupted attempt counted."""
-    from .conftest import Stores
-
     ran: list[int] = []
 
     async def behaviour(turn: Turn, tools: Any) -> None:
@@ -646,8 +661,6 @@ def test_a_turn_cancelled_while_its_commit_is_in_flight_still_finishes_it(
         make_runtime: MakeRuntime, db_url: str) -> None:
     """Stopping gives up on an async turn whose commit waits behind a busy writer: the commit
     still lands once, and what follows it (observers, after-commit notifications) runs."""
-    from .conftest import Stores
-
     holding, release, inside, gate = (threading.Event() for _ in range(4))
     events: list[str] = []
 
@@ -835,28 +848,15 @@ def test_a_graceful_stop_cancels_a_brain_ignoring_it_and_commits_what_it_said(
     the stop then cancelled the whole turn: its row stayed ``processing`` until a later
     start took it over as a failed attempt, and what it had replied was lost. Stopped by
     the runtime, the brain is cancelled past its grace and its turn commits as stopped."""
-    from .conftest import Stores
-
     started = threading.Event()
-
-    async def brain(turn: Turn) -> None:
-        turn.reply("halfway")
-        started.set()
-        await asyncio.Event().wait()  # ignores every stop
+    brain = ignoring_stops(started)
 
     rt = make_runtime(brain=brain, stop_grace=0.5)
     sid = rt.create_session(None, "S").id
     rt.post(sid, "long", message_id="m1")
     assert started.wait(10)
     rt.stop(timeout=5)
-    stores = Stores(db_url)
-    try:
-        row = stores.journal.get("m1")
-        assert (row["status"], row["attempts"]) == ("delivered", 0)
-        assert [e.text for e in stores.store.transcript(sid)] == ["long", "halfway"]
-        assert stores.store.marker_counts() == {"m1": 1}
-    finally:
-        stores.close()
+    assert after_stop(db_url, sid, "m1") == (("delivered", 0), ["long", "halfway"], 1)
 
 
 @pytest.mark.timeout(60)
@@ -963,8 +963,6 @@ def test_a_graceful_stop_leaves_a_turn_cleaning_up_after_its_cancel_until_its_ti
     brains was cancelled just then: a brain cancelled earlier (by a tick, after a caller's
     stop) and still cleaning up had its turn cut at the grace, though the stop's timeout
     had seconds left; the row stayed ``processing`` and ran again at the next start."""
-    from .conftest import Stores
-
     started, cleaning = threading.Event(), threading.Event()
 
     async def brain(turn: Turn) -> None:
@@ -986,11 +984,5 @@ def test_a_graceful_stop_leaves_a_turn_cleaning_up_after_its_cancel_until_its_ti
     clock.advance(1)  # past the grace: the next tick cancels the brain
     assert cleaning.wait(10)
     rt.stop(timeout=10)
-    stores = Stores(db_url)
-    try:
-        row = stores.journal.get("m1")
-        assert (row["status"], row["attempts"]) == ("delivered", 0)
-        assert [e.text for e in stores.store.transcript(b)] == ["long", "halfway",
-                                                                "cleaned up"]
-    finally:
-        stores.close()
+    assert after_stop(db_url, b, "m1") == (("delivered", 0),
+                                           ["long", "halfway", "cleaned up"], 1)
