@@ -16,6 +16,15 @@ process's monotonic clock in between: the monotonic clock cannot be set
 or stepped, and drifts by microseconds over a few seconds. The clock never
 goes back.
 
+``now()`` never waits for the server: the first reading is taken when the
+clock is made, and each later one on a thread of the clock's own, started
+when a ``now()`` finds the last reading ``resync`` seconds old; ``now()``
+carries the last reading forward meanwhile. Every thread of a runtime asks
+the time, its event loop among them, and a read is a network round trip: a
+read that hung (a server gone without a word, a connection half dead) held
+the clock's lock, and so every send, claim, commit and async turn of the
+process, for as long as it hung.
+
 A reading is only as good as its round trip: the server read its clock
 somewhere between the query's start and the moment this thread had its
 answer, and on a busy process that moment includes the wait for the
@@ -52,6 +61,9 @@ EPOCH_SQL = "SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8"
 
 READINGS = 3
 """Readings per read; the one with the shortest round trip is the candidate."""
+
+CLOSE_WAIT = 5.0
+"""Seconds :meth:`DatabaseClock.close` waits for a read under way before it leaves it."""
 
 DRIFT = 500e-6
 """How fast a kept reading's error bound grows, in seconds per second: the most a
@@ -101,6 +113,11 @@ class DatabaseClock:
         self.resync = resync
         self._monotonic = monotonic
         self._lock = threading.Lock()
+        self._io = threading.Lock()
+        """Held by a read of the server's clock (never under ``_lock``)."""
+        self._due = threading.Event()
+        self._reader: threading.Thread | None = None
+        self._closed = False
         self._conn: Any = None
         self._reading = NO_READING
         self._read_at = 0.0  # this process's monotonic time at the last read
@@ -110,11 +127,14 @@ class DatabaseClock:
         self.sync()
 
     def sync(self) -> None:
-        """Read the server's clock now; raise :class:`PersistenceError` if it cannot."""
-        with self._lock:
+        """Read the server's clock now, on this thread; raise :class:`PersistenceError` if
+        it cannot."""
+        with self._io:
             self._read()
 
     def _read(self) -> None:
+        """One read of the server's clock (under ``_io``): the candidate reading kept or
+        not by :func:`better_reading`."""
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = self.db._connect()
@@ -124,9 +144,24 @@ class DatabaseClock:
             self._close()
             raise PersistenceError(f"cannot read the database's clock: {exc}") from exc
         best = min(readings, key=lambda r: r.round_trip)
-        self._reading = better_reading(self._reading, best)
-        self._read_at = self._monotonic()
-        self.reads += 1
+        with self._lock:
+            self._reading = better_reading(self._reading, best)
+            self._read_at = self._monotonic()
+            self.reads += 1
+
+    def _keep_reading(self) -> None:
+        """The reader thread: a read each time ``now()`` finds the last one old."""
+        while True:
+            self._due.wait()
+            self._due.clear()
+            if self._closed:
+                return
+            try:
+                self.sync()
+            except PersistenceError as exc:
+                # The last reading is carried forward: it stays right to the monotonic
+                # clock's drift; the next try comes ``resync`` later.
+                log.warning("%s; carrying the last reading forward", exc)
 
     def _read_once(self) -> Reading:
         before = self._monotonic()
@@ -140,15 +175,15 @@ class DatabaseClock:
     def now(self) -> float:
         """The server's time now, in seconds since the epoch (never less than before)."""
         with self._lock:
-            if self._monotonic() - self._read_at >= self.resync:
-                try:
-                    self._read()
-                except PersistenceError as exc:
-                    # Carry the last reading forward: it stays right to the monotonic
-                    # clock's drift, and the next call tries again.
-                    self._read_at = self._monotonic()  # the next attempt waits ``resync``
-                    log.warning("%s; carrying the last reading forward", exc)
-            t = self._reading.server + (self._monotonic() - self._reading.mono)
+            mono = self._monotonic()
+            if mono - self._read_at >= self.resync and not self._closed:
+                self._read_at = mono  # asked once: the next ask comes ``resync`` later
+                if self._reader is None:
+                    self._reader = threading.Thread(target=self._keep_reading, daemon=True,
+                                                    name="kinbox-db-clock")
+                    self._reader.start()
+                self._due.set()
+            t = self._reading.server + (mono - self._reading.mono)
             self._last = max(self._last, t)
             return self._last
 
@@ -161,6 +196,15 @@ class DatabaseClock:
             self._conn = None
 
     def close(self) -> None:
-        """Close the clock's connection (``now()`` opens a new one when it next reads)."""
+        """End the reader thread and close the clock's connection (``now()`` goes on
+        carrying the last reading forward)."""
         with self._lock:
-            self._close()
+            self._closed = True
+        self._due.set()
+        # A read under way ends first; one that hangs is left to the reader thread (a
+        # daemon): a stop must not hang with it.
+        if self._io.acquire(timeout=CLOSE_WAIT):
+            try:
+                self._close()
+            finally:
+                self._io.release()

@@ -17,6 +17,8 @@ from kinbox.persistence.db_clock import (
     better_reading,
 )
 
+from .helpers import wait_for
+
 
 @pytest.mark.timeout(10)
 def test_a_reading_with_a_longer_round_trip_does_not_replace_a_tighter_one() -> None:
@@ -97,10 +99,12 @@ def test_a_tighter_reading_behind_the_time_told_holds_it_until_it_catches_up() -
     # At the next read a reading good to 0.1 ms says the first ran 10 ms ahead.
     clock.script = [Reading(server=1000.99, mono=11.0, round_trip=0.0002)]
     mono.t = 11.0
-    assert clock.now() == pytest.approx(1000.999, abs=1e-6)  # not 1000.99: it never goes back
-    assert clock.reads == 2
+    # The first reading carried forward, while the clock's reader thread reads the next.
+    assert clock.now() == pytest.approx(1001.0, abs=1e-6)
+    wait_for(lambda: clock.reads == 2, 10, "the next reading")
+    assert clock.now() == pytest.approx(1001.0, abs=1e-6)  # not 1000.99: it never goes back
     mono.t = 11.005
-    assert clock.now() == pytest.approx(1000.999, abs=1e-6)  # held while the new reading catches up
+    assert clock.now() == pytest.approx(1001.0, abs=1e-6)  # held while the new reading catches up
     mono.t = 11.02
     assert clock.now() == pytest.approx(1001.01, abs=1e-6)  # then the new reading's time
 

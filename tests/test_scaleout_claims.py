@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, defaultdict
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,7 @@ from kinbox.persistence import (
 )
 
 from .conftest import Stores
+from .helpers import wait_for
 
 pytestmark = pytest.mark.postgres
 
@@ -141,11 +143,50 @@ def test_the_database_clock_tells_the_servers_time_and_reads_it_only_every_resyn
         mono.t += 1.5  # within resync: carried forward by the monotonic clock, no read
         assert clock.now() == pytest.approx(first + 1.5)
         assert clock.reads == reads
-        mono.t += 1.0  # past resync: read again; never earlier than what it said before
+        mono.t += 1.0  # past resync: read again (by its reader thread), once
         later = clock.now()
+        assert later >= first + 1.5  # never earlier than what it said before
+        wait_for(lambda: clock.reads == reads + 1, 10, "the clock's next read")
+        assert clock.now() >= later
         assert clock.reads == reads + 1
-        assert later >= first + 1.5
     finally:
+        clock.close()
+        db.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_read_of_the_servers_clock_that_hangs_holds_up_no_caller_of_now(
+        pg_url: str) -> None:
+    """A resync read ran on whichever thread asked the time past ``resync``, under the
+    clock's lock: one that hung (a server gone without a word) held up every thread of
+    the runtime, the event loop among them, each asking the time."""
+    db = open_database(pg_url)
+    mono = SteppedClock()
+    clock = DatabaseClock(db, resync=2.0, monotonic=mono)  # type: ignore[arg-type]
+    hung, release = threading.Event(), threading.Event()
+    real = clock._read_once
+
+    def read_once() -> Any:
+        hung.set()
+        assert release.wait(20)  # the network does not answer
+        return real()
+
+    clock._read_once = read_once  # type: ignore[method-assign]
+    try:
+        before = clock.now()
+        mono.t += 3.0  # past resync
+        answers: list[float] = []
+        askers = [threading.Thread(target=lambda: answers.append(clock.now()))
+                  for _ in range(3)]
+        for t in askers:
+            t.start()
+        assert hung.wait(10)
+        for t in askers:
+            t.join(5)
+        assert len(answers) == 3  # each answered while the read hangs
+        assert all(a >= before + 3.0 for a in answers)  # carried forward
+    finally:
+        release.set()
         clock.close()
         db.close()
 
