@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import types
 from collections.abc import Iterator
 from typing import Any
 
 import pykka
 import pytest
 
+from kinbox.actors import pooled
 from kinbox.actors.pooled import ActorPool, PooledActor
 
 from .helpers import wait_for
@@ -191,7 +193,15 @@ def test_a_base_exception_stops_the_actors_running_then_not_those_started_after(
             started.append(self.target)
 
     pool = ActorPool(2, name="held")
-    monkeypatch.setattr(threading, "Thread", Held)  # the pool's own threads run already
+    # Only the pool module's threads are held (its own run already): patching
+    # threading.Thread itself also held any thread another test's runtime, still winding
+    # down in this process, started meanwhile (an executor's worker), and started[0]
+    # could be that one (1 run in many under xdist).
+    held_threading = types.SimpleNamespace(
+        **{name: getattr(threading, name) for name in dir(threading)
+           if not name.startswith("__")})
+    held_threading.Thread = Held
+    monkeypatch.setattr(pooled, "threading", held_threading)
     try:
         before = Recorder.start(pool)
         crasher = Crasher.start(pool)
