@@ -192,6 +192,11 @@ def test_a_base_exception_stops_the_actors_running_then_not_those_started_after(
         def start(self) -> None:
             started.append(self.target)
 
+    # pykka stops every registered actor: one an earlier test in this process left
+    # registered on a pool since stopped would never answer its stop, and the stops this
+    # test runs would wait for it (the test hung, without PostgreSQL, twice).
+    for stray in pykka.ActorRegistry.get_all():
+        pykka.ActorRegistry.unregister(stray)
     pool = ActorPool(2, name="held")
     # Only the pool module's threads are held (its own run already): patching
     # threading.Thread itself also held any thread another test's runtime, still winding
