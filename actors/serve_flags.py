@@ -21,11 +21,11 @@ WILDCARD_ADDRESSES = ("0.0.0.0", "::")
 
 
 def port_number(text: str) -> int:
-    """An argparse type: a TCP port, 0 (any free port) to 65535."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    """An argparse type: a TCP port, 0 (any free port) to 65535, in ASCII digits (``int``
+    also takes "1_000" and other scripts' digits)."""
+    if not (text.isascii() and text.strip().isdigit()):
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}")
+    port = int(text)
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"port {port} is out of range (0 to 65535; "
                                          "0 picks a free port)")

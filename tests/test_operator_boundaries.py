@@ -280,3 +280,16 @@ def test_a_token_file_saved_with_a_utf8_bom_still_lets_the_operator_in(
         assert status == 200
     finally:
         srv.close()
+
+
+@pytest.mark.parametrize("text", ["\u0668\u0668", "8_765", "+80", " 80x", "70000", ""])
+def test_a_port_is_ascii_digits_in_range(text: str) -> None:
+    """``int`` read other scripts' digits and underscores: ``--port 8_765`` served on
+    8765, Arabic-Indic "88" on 88."""
+    import argparse
+
+    from kinbox.actors.serve_flags import port_number
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        port_number(text)
+    assert port_number("0") == 0 and port_number("8765") == 8765

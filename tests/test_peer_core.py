@@ -104,8 +104,9 @@ def test_invites_expire_and_are_used_once() -> None:
     assert check_invite(InviteView("h", inv.scopes, 100.0, True), 1.0) == Refusal.EXPIRED_INVITE
     assert check_invite(None, 1.0) == Refusal.EXPIRED_INVITE
     assert parse_ttl("10m") == 600.0
-    with pytest.raises(ValueError):
-        parse_ttl("8d")
+    for bad in ("8d", "\u0661\u0660m", "1_0m", ""):  # Arabic-Indic digits read as ten
+        with pytest.raises(ValueError):
+            parse_ttl(bad)
 
 
 # -- handshake matrix (pure) ---------------------------------------------------------------

@@ -223,7 +223,8 @@ def check_invite(invite: InviteView | None, now: float) -> Refusal | None:
 
 def parse_ttl(text: str) -> float:
     """Seconds of a ``--ttl`` like ``90s``, ``10m``, ``2h``, ``1d`` (at most a week)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([smhd]?)\s*", text or "")
+    # [0-9] in ASCII mode: \d takes any script's digits (Arabic-Indic "10m" was ten minutes).
+    m = re.fullmatch(r"\s*([0-9]+)\s*([smhd]?)\s*", text or "", re.ASCII)
     if not m:
         raise ValueError(f"expected a duration like 10m or 2h, got {text!r}")
     seconds = int(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
