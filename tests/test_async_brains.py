@@ -936,8 +936,7 @@ def test_a_cancel_listed_for_an_ended_turn_spares_its_sessions_next_turn(
 
     async def brain(turn: Turn) -> None:
         started.set()
-        while not release.is_set():
-            await asyncio.sleep(0.01)  # a model call in flight
+        await asyncio.to_thread(release.wait, 20)  # a model call in flight
         turn.reply("done")
 
     rt = make_runtime(brain=brain)
