@@ -58,6 +58,9 @@ class DirectOutcome:
     """True once the transcript entries (and the caller's writes) are durable."""
     error: str | None
     """Why it did not commit: the brain's error, or the refusal of the commit."""
+    commit_error: PersistenceError | None = None
+    """The commit's own refusal, when the brain's turn was good but nothing of it was
+    written (a lost mark, a database error, a caller's write that refused)."""
 
 
 @dataclass
@@ -274,7 +277,7 @@ class DirectTurns:
             if turn.outbox is not None:
                 turn.outbox.discard()
             ctx.emit("lease_lost", session_id=session_id, message_id=first, error=str(exc))
-            return DirectOutcome(turn, outcome, False, str(exc)), None
+            return DirectOutcome(turn, outcome, False, str(exc), exc), None
         ctx.activity.bump("turns")
         ctx.emit("turn_committed", session_id=session_id,
                  message_ids=[m.message_id for m in turn.all_messages],

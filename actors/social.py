@@ -455,6 +455,15 @@ class SocialService:
             with self._lock:
                 self._give_back(taken)
             return taken, True
+        if done.commit_error is not None and not isinstance(done.commit_error, DuplicateError):
+            # The commit failed (a database error, its mark lost): nothing of the turn is
+            # written, so its events run again, as when it could not start. (A duplicate
+            # is another runtime's commit of the same events: concluded below.)
+            log.warning("social turn in %s could not commit; its %d event(s) run again: %s",
+                        sid, len(taken), done.error)
+            with self._lock:
+                self._give_back(taken)
+            return taken, True
         unseen = {m.message_id for m in done.turn.close_steering() or []}
         with self._lock:
             self.counts["turns" if done.committed else "failed_turns"] += 1

@@ -165,7 +165,9 @@ def test_throughput_report_has_results_for_every_system_and_the_ratios(
     for by in report["stages_us_per_msg"].values():
         assert set(by) == {*STAGES, "switches"}
         assert by["turns"] > 0 and by["writer"] > 0 and by["producers"] > 0
-        assert by["process"] >= by["system"] >= 0
+        # Each figure is rounded to 0.1 us on its own, and a short run's user time can be
+        # all but nil (the kernel splits a process's CPU by its ticks).
+        assert by["process"] >= by["system"] - 0.1 and by["system"] >= 0
     assert "CPU per message by stage" in text and "\nwriter " in text
     plot(full, str(tmp_path / "plot.png"))
     assert (tmp_path / "plot.png").stat().st_size > 1000

@@ -648,6 +648,36 @@ def test_a_database_error_in_a_social_turn_neither_wedges_its_chat_nor_loses_the
 
 
 @pytest.mark.timeout(60)
+def test_a_social_turn_whose_commit_fails_runs_again_and_answers_once(
+        make_runtime: MakeRuntime) -> None:
+    """A database error inside a social turn's commit (a full disk, a lock wait that ran
+    out) undid the commit, and the event was then recorded ``turn_failed`` and dropped:
+    accepted with a 202, never answered. Nothing of the turn is written, so it runs again,
+    and its reply leaves once, from the commit that held."""
+    seen: list[str] = []
+
+    def brain(turn: Turn) -> str:
+        seen.append(turn.messages[0].content.splitlines()[-1])
+        return f"echo: {seen[-1]}"
+
+    rt = make_runtime(brain=brain)
+    sent: list[tuple[Any, str]] = []
+    rt.social.allow("slack", ["U1"])
+    rt.social.register_channel("slack", send=lambda route, text: sent.append((route, text)))
+    store = rt.context.store
+    failures: list[str] = []
+    store.patch_config_now = failing_once(  # type: ignore[method-assign]
+        store.patch_config_now, OperationalError("disk I/O error"), failures, "commit")
+    rt.social.ingest(event("only"))
+    wait_for(lambda: failures == ["commit"], 10, "the failed commit")
+    assert rt.social.wait_idle(20), rt.social.statistics()
+    assert seen == ["only", "only"]
+    assert sent == [({"channel": "C9", "ts": "T1"}, "echo: only")]
+    sid = rules.session_id_for("slack", "T1")
+    assert [e.text for e in rt.transcript(sid) if e.role == "assistant"] == ["echo: only"]
+
+
+@pytest.mark.timeout(60)
 def test_chats_whose_turns_cannot_run_hold_up_no_other_chat(make_runtime: MakeRuntime) -> None:
     """A turn that could not run at all used to pause on its pool thread and try again on
     it for ever: as many lastingly failing chats as the pool has threads (4) starved every
