@@ -37,6 +37,8 @@ pykka_log = logging.getLogger("pykka")
 
 SLICE = 32
 """Messages an actor handles before it yields its pool thread to other actors."""
+STOP_TIMEOUT = 10.0
+"""Seconds the stops after a ``BaseException`` wait for each actor before going on."""
 
 _STOP = None
 
@@ -45,11 +47,15 @@ class ActorPool:
     """A fixed set of threads running whichever pooled actors have mail."""
 
     def __init__(self, workers: int, name: str = "kinbox-actor",
-                 on_exit: Callable[[], None] | None = None) -> None:
+                 on_exit: Callable[[], None] | None = None,
+                 stop_timeout: float = STOP_TIMEOUT) -> None:
         if workers < 1:
             raise ValueError(f"an actor pool needs at least one thread, got {workers}")
         self._on_exit = on_exit
         self.name = name
+        self.stop_timeout = stop_timeout
+        """Seconds a stop-all (see :meth:`PooledActor._stop_all_elsewhere`) waits for each
+        actor: one whose handler never returns must not keep the others running."""
         self._ready: queue.SimpleQueue[PooledActor | None] = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
                          for i in range(workers)]
@@ -189,12 +195,21 @@ class PooledActor(pykka.Actor):
         this thread goes back to the pool and runs those stops. The actors to stop are
         the ones registered now, as ``stop_all`` here would have read them: read later on
         that thread, the registry could already hold actors started after the exception.
+
+        Each stop is waited for at most the pool's ``stop_timeout``: pykka's wait without
+        one left every actor after a stuck one (a handler that never returns) running,
+        and never said which actor held them up.
         """
         running = list(reversed(ActorRegistry.get_all()))
+        timeout = self._pool.stop_timeout
 
         def stop_them() -> None:
             for ref in running:
-                ref.stop(block=True)
+                try:
+                    ref.stop(block=True, timeout=timeout)
+                except pykka.Timeout:
+                    log.warning("%s did not stop within %.1f s of the stop of every actor; "
+                                "the others are stopped without it", ref, timeout)
 
         threading.Thread(target=stop_them, name=f"{self._pool.name}-stop-all",
                          daemon=True).start()

@@ -242,3 +242,39 @@ def test_pykka_log_records_for_handler_errors(pool: ActorPool,
     assert (record.name, record.levelno, record.getMessage()) == (
         "pykka", logging.DEBUG,
         f"SystemExit('handler asked the process to exit') in {ref}. Stopping all actors.")
+
+
+@pytest.mark.timeout(30)
+def test_a_stuck_actor_does_not_keep_a_base_exceptions_stop_all_from_the_others(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The stops after a BaseException wait for each actor a bounded time: one whose
+    handler never returns is named in the log, and the actors after it still stop."""
+    for stray in pykka.ActorRegistry.get_all():  # see the test above: only this test's
+        pykka.ActorRegistry.unregister(stray)
+    release = threading.Event()
+
+    class Stuck(Recorder):
+        def on_receive(self, message: Any) -> Any:
+            if message == "hang":
+                release.wait(60)  # a handler that does not return while the test runs
+            return super().on_receive(message)
+
+    pool = ActorPool(3, name="stuck", stop_timeout=0.5)
+    try:
+        first = Recorder.start(pool)  # last started, first stopped: this one stops last
+        stuck = Stuck.start(pool)
+        crasher = Crasher.start(pool)
+        stuck.tell("hang")
+        assert first.ask("hi", timeout=10) == ("got", "hi")
+        with caplog.at_level(logging.WARNING, logger="kinbox.pool"):
+            crasher.tell("exit")
+            wait_for(lambda: not first.is_alive() and not crasher.is_alive(), timeout=10,
+                     what="the actors besides the stuck one to stop")
+            assert stuck.is_alive()
+            wait_for(lambda: any(str(stuck) in r.getMessage() for r in caplog.records),
+                     what="the record naming the actor that did not stop")
+        assert [r.levelno for r in caplog.records
+                if str(stuck) in r.getMessage()] == [logging.WARNING]
+    finally:
+        release.set()
+        pool.stop()
