@@ -49,9 +49,19 @@ class Heartbeat:
 
 
 def next_after(job: JobRecord, now: float) -> float | None:
-    """When ``job`` is due next after firing at ``now`` (None: it is done)."""
+    """When ``job`` is due next after firing at ``now`` (None: it is done).
+
+    A stored expression today's rules refuse (written by an earlier kinbox) ends the
+    job after this occurrence: raised here, inside the firing transaction, it undid the
+    firing of every due job, at every look, for good.
+    """
     if job.cron:
-        return next_fire(job.cron, now)
+        try:
+            return next_fire(job.cron, now)
+        except InvalidCronExpression as exc:
+            log.warning("wake-up %s ends: its stored expression no longer parses (%s)",
+                        job.id, exc.reason)
+            return None
     if job.interval_seconds:
         due = job.next_run_at or now
         while due <= now:  # a skipped or late run still advances a full interval

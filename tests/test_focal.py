@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -463,3 +464,29 @@ def test_focal_is_neither_offered_nor_able_to_run_the_tools_its_policy_denies(
     assert "error" in seen["by name"], seen["by name"]
     assert seen["refused"] == ["execution_failed"] * 3
     assert not [s for s in rt.sessions() if s.kind == "subagent"]
+
+
+@pytest.mark.timeout(60)
+def test_a_stored_cron_wake_up_that_no_longer_parses_holds_up_no_other_schedule(
+        focal_rt: tuple[Runtime, FocalBrain], clock: ManualClock,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A wake-up stored by an earlier kinbox, whose expression today's rules refuse
+    ('mondo' is no weekday): computing its next time failed inside the firing
+    transaction, which undid every due job's firing, on every tick, for good."""
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    brain.focal_reply = None
+    schedule = rt.focal.schedule
+    assert schedule is not None
+    now = clock.now()
+    schedule.jobs.create(JobRecord("wake-stored-long-ago", FOCAL_ID, "check", "old check",
+                                   "0 9 * * mondo", None, None, now + 60, None, True, now))
+    rt.tools_for(FOCAL_ID).schedule_wakeup("reminder", at=now + 120, note="stand-up")
+    with caplog.at_level(logging.WARNING, logger="kinbox.schedule"):
+        clock.advance(120)
+        rt.run_until_idle()
+    assert sorted(t.messages[0].content for t in brain.focal_turns) == ["old check",
+                                                                       "stand-up"]
+    assert schedule.wakeups() == []  # the reminder is done, the unreadable one ended
+    assert [r.levelno for r in caplog.records
+            if "wake-stored-long-ago" in r.getMessage()] == [logging.WARNING]
