@@ -88,6 +88,9 @@ def cron_trigger(expr: str, timezone: str = "UTC") -> BaseTrigger:
     problem = unstorable(expr)
     if problem is not None:  # APScheduler's error would quote the character raw
         raise InvalidCronExpression(expr, f"it {problem}")
+    if not expr.isascii():  # APScheduler's \d and int() read other scripts' digits
+        raise InvalidCronExpression(expr, "crontab fields are ASCII: digits 0-9, names, "
+                                          "and * , - /")
     try:
         zone = zoneinfo.ZoneInfo(timezone)
     # OSError: a name that is a folder of the zone database ("Europe") or too long a path.

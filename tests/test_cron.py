@@ -137,6 +137,16 @@ def test_a_malformed_weekday_or_field_count_is_named(expr: str, fragment: str) -
         next_fire(expr, START)
 
 
+@pytest.mark.parametrize("expr", ["\u0661 * * * *", "0 \u0669 * * *", "0 9 \uff11 * *",
+                                  "0 9 * \u0967 *", "*/\u0665 * * * *"])
+def test_a_digit_of_another_script_is_refused_in_every_field(expr: str) -> None:
+    """Crontab's digits are ASCII: APScheduler's ``\\d`` read an Arabic-Indic one as 1,
+    so the job ran at minute 1 where crontab refuses the line (as the weekday field
+    already did)."""
+    with pytest.raises(rules.InvalidCronExpression, match="ASCII"):
+        next_fire(expr, START)
+
+
 def test_the_announcement_queue_is_bounded_and_drained() -> None:
     queue = Announcements(bound=3)
     for i in range(5):
