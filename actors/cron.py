@@ -211,13 +211,15 @@ class CronService:
         """Inside the firing transaction: what this occurrence of ``job`` does."""
         try:
             upcoming = next_fire(job.cron, now, job.timezone)
+            recent = next_fire(job.cron, now - self.grace, job.timezone, inclusive=True)
         except (rules.InvalidCronExpression, rules.InvalidCronJob) as exc:  # a stored zone
             log.warning("cron job %s deactivated: %s", job.id, exc)
             return Occurrence({"active": False, "next_run_at": None,
                                "last_error": rules.invalid_expression_error(exc.reason)}, None)
         alive = running is not None and (running.lease_until or 0) >= now
         decision = rules.on_due(job.next_run_at or now, now, next_regular=upcoming,
-                                previous_active=alive, grace=self.grace)
+                                previous_active=alive, grace=self.grace,
+                                recent_regular=recent)
         changes: dict[str, Any] = {"next_run_at": upcoming, "active": upcoming is not None}
         if decision.due is rules.Due.MISSED:
             log.info("cron job %s missed its run at %s (beyond the grace time)", job.id,

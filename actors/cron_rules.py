@@ -4,8 +4,9 @@ Pure: times come in as arguments (the next regular fire time is computed by
 :mod:`.triggers` and passed in), nothing here reads a clock or a database.
 
 - A due job runs once, however many occurrences were missed while no runtime
-  was up (coalesced), if its occurrence is within the grace time; older
-  occurrences are skipped and the schedule moves on.
+  was up (coalesced), if one of them is within the grace time (the run stands
+  for the latest); when all are older, they are skipped and the schedule
+  moves on.
 - A run still active when the next is due is recorded as an error,
   ``Previous cron run is still active``, and the schedule moves on (the
   running one is not disturbed, and this is not counted as a failure).
@@ -124,13 +125,19 @@ class DueDecision:
 
 
 def on_due(scheduled_for: float, now: float, *, next_regular: float | None,
-           previous_active: bool, grace: float = DEFAULT_GRACE_SECONDS) -> DueDecision:
-    """Decide a due occurrence; ``next_regular`` is the first fire time after ``now``.
+           previous_active: bool, grace: float = DEFAULT_GRACE_SECONDS,
+           recent_regular: float | None = None) -> DueDecision:
+    """Decide a due occurrence; ``next_regular`` is the first fire time after ``now``,
+    ``recent_regular`` the first one at or after ``now - grace`` (None: none).
 
     Whatever the decision, the job moves on to ``next_regular``: missed
-    occurrences coalesce into (at most) this one run.
+    occurrences coalesce into (at most) this one run. It is skipped only when
+    every one of them is past the grace time: the first (``scheduled_for``) and
+    any regular one since (``recent_regular`` not yet come). Judged by the first
+    alone, an hourly job down from 22:59 to 00:05 lost its 00:00 run.
     """
-    if now - scheduled_for > grace:
+    recent = recent_regular is not None and recent_regular <= now
+    if now - scheduled_for > grace and not recent:
         return DueDecision(Due.MISSED, next_regular)
     if previous_active:
         return DueDecision(Due.PREVIOUS_ACTIVE, next_regular, PREVIOUS_ACTIVE)

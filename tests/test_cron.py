@@ -80,6 +80,17 @@ def test_a_due_occurrence_runs_is_refused_or_is_skipped_beyond_the_grace_time() 
     assert (late.due, late.next_run_at) == (rules.Due.MISSED, 420)
 
 
+def test_coalesced_occurrences_run_when_the_latest_is_within_the_grace_time() -> None:
+    """The first missed occurrence is past the grace time, a later one is not: the
+    coalesced run stands for the later one and goes ahead."""
+    ran = rules.on_due(100, 400, next_regular=420, previous_active=False, grace=60,
+                       recent_regular=360)
+    none_recent = rules.on_due(100, 400, next_regular=420, previous_active=False, grace=60,
+                               recent_regular=420)
+    assert (ran.due, ran.next_run_at) == (rules.Due.RUN, 420)
+    assert none_recent.due is rules.Due.MISSED
+
+
 def test_next_fire_is_strictly_after_unless_inclusive() -> None:
     assert next_fire("* * * * *", START) == START + MINUTE
     assert next_fire("* * * * *", START, inclusive=True) == START
@@ -328,16 +339,36 @@ def test_a_job_due_during_downtime_runs_once_within_its_grace_time(
         db_url: str, clock: ManualClock) -> None:
     with Runtime(db=db_url, brain=CronBrain(), clock=clock) as rt:
         job_id = every_minute(rt)
+        nightly = str(rt.cron.add("nightly", "30 22 * * *", "Sum up.")["job_id"])
+    at_2230 = START + 16 * MINUTE
     clock.advance(10 * MINUTE)  # ten occurrences missed while down
     with Runtime(db=db_url, brain=CronBrain(), clock=clock) as rt:
         rt.run_until_idle()
         assert [r["status"] for r in rt.cron.runs(job_id)] == ["success"]
         assert rt.cron.job(job_id)["next_run_at"] == clock.now() + MINUTE
-    clock.advance(2 * 3600)  # beyond the grace time (an hour): skipped, schedule moves on
+        assert rt.cron.runs(nightly) == []  # not due yet
+    clock.advance(2 * 3600)  # 22:30 is beyond the grace time (an hour): skipped, moves on
     with Runtime(db=db_url, brain=CronBrain(), clock=clock) as rt:
         rt.run_until_idle()
-        assert len(rt.cron.runs(job_id)) == 1
+        assert rt.cron.runs(nightly) == []
+        assert rt.cron.job(nightly)["next_run_at"] == at_2230 + 24 * 3600
+        # The every-minute job's latest occurrence is under a minute old: it runs.
+        assert len(rt.cron.runs(job_id)) == 2
         assert rt.cron.job(job_id)["next_run_at"] == clock.now() + MINUTE
+
+
+def test_an_occurrence_within_the_grace_time_runs_though_an_earlier_missed_one_is_not(
+        db_url: str, clock: ManualClock) -> None:
+    """An hourly job down from before 23:00 to 00:05: 23:00 is past the grace time (an
+    hour), 00:00 is five minutes late, and runs; it was skipped with the 23:00 one."""
+    with Runtime(db=db_url, brain=CronBrain(), clock=clock) as rt:
+        job_id = str(rt.cron.add("hourly", "0 * * * *", "Report.")["job_id"])
+        first = rt.cron.job(job_id)["next_run_at"]
+    clock.advance(first + 3600 + 5 * MINUTE - clock.now())
+    with Runtime(db=db_url, brain=CronBrain(), clock=clock) as rt:
+        rt.run_until_idle()
+        assert [r["status"] for r in rt.cron.runs(job_id)] == ["success"]
+        assert rt.cron.job(job_id)["next_run_at"] == first + 2 * 3600
 
 
 def test_no_run_is_lost_or_doubled_across_a_crash_mid_turn(db_url: str,
