@@ -4,7 +4,10 @@ A schedule row (a Focal wake-up in ``scheduled_jobs``, a user job in
 ``cron_jobs``) is due when it is active and its ``next_run_at`` has come.
 Whoever moves ``next_run_at`` on, with an UPDATE that matches the value it
 read, owns that occurrence: a second process that read the same row matches
-nothing and skips it. The caller's ``on_fire`` runs in the same transaction
+nothing and skips it. The UPDATE matches an active row only: a Focal
+wake-up's cancel leaves ``next_run_at`` as it is, and a cancel committed by
+another process between the read and the UPDATE was undone by it (the
+wake-up set active again, firing for good). The caller's ``on_fire`` runs in the same transaction
 (on the writer thread), so the occurrence and what it causes commit
 together or not at all.
 """
@@ -35,7 +38,8 @@ def fire_due(model: type[pw.Model], now: float, to_record: Callable[[Any], R],
     for record in due:
         changes = advance(record)
         won = m.update(**changes).where(
-            m.id == record.id, m.next_run_at == record.next_run_at).execute()  # type: ignore[attr-defined]
+            m.id == record.id, m.next_run_at == record.next_run_at,  # type: ignore[attr-defined]
+            m.active == True).execute()  # noqa: E712
         if won:
             on_fire(record)
             fired.append(record)

@@ -490,3 +490,30 @@ def test_a_stored_cron_wake_up_that_no_longer_parses_holds_up_no_other_schedule(
     assert schedule.wakeups() == []  # the reminder is done, the unreadable one ended
     assert [r.levelno for r in caplog.records
             if "wake-stored-long-ago" in r.getMessage()] == [logging.WARNING]
+
+
+@pytest.mark.timeout(60)
+def test_a_wake_up_cancelled_while_another_runtime_fires_it_stays_cancelled(
+        pg_url: str) -> None:
+    """Two runtimes on one PostgreSQL: one reads a due cron wake-up, the other cancels it,
+    then the first moves it on. The move matched on next_run_at alone, which the cancel
+    leaves as it is, and set the cancelled wake-up active again, firing for good."""
+    a, b = Stores(pg_url), Stores(pg_url)
+    try:
+        jobs_a, jobs_b = JobStore(a.tables, a.writer), JobStore(b.tables, b.writer)
+        jobs_a.create(JobRecord("wake-c", FOCAL_ID, "check", "", "* * * * *", None, None,
+                                60, None, True, 0))
+        cancelled: list[bool] = []
+
+        def cancel_then_next(job: JobRecord, now: float) -> float | None:
+            cancelled.append(jobs_b.deactivate(job.id))  # commits before the move below
+            return next_after(job, now)
+
+        jobs_a.fire_due(61, cancel_then_next, lambda job, now: None)
+        assert cancelled == [True]
+        job = jobs_b.get("wake-c")
+        assert job is not None and not job.active
+        assert jobs_a.fire_due(200, next_after, lambda job, now: None) == []
+    finally:
+        a.close()
+        b.close()
