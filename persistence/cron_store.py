@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from . import firing
+from .database import is_postgres
 from .errors import LeaseLost
 from .models import CronJob, CronRun, Tables
 from .writer import GroupCommitWriter
@@ -272,7 +273,13 @@ class CronStore:
                             lease_until=None).where(
                     r.id == run_id, r.owner == owner, r.status == "running").execute():
                 raise CronRunLost(run_id, owner)
-            row = j.get_or_none(j.id == run.job_id)
+            query = j.select().where(j.id == run.job_id)
+            if is_postgres(self.t.db):
+                # Locked from this read to the commit: what another runtime commits
+                # meanwhile (an operator's pause) waits, and is not written over with
+                # changes decided on the row as it was before it.
+                query = query.for_update()
+            row = query.first()
             if row is None:
                 return None
             job = _job(row)
