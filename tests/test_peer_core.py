@@ -374,3 +374,16 @@ def test_a_handshake_error_is_retried_and_flagged_only_when_it_is_a_refusal() ->
         link.receive(f.encode(f.Error(None, code, "malformed")))
         [effect] = link.effects()
         assert isinstance(effect, Retry) and effect.unproven is unproven, code
+
+
+@pytest.mark.parametrize("text", [" ", "\n\t ", "\u3000\u2003"])
+def test_receiver_rejects_a_message_with_nothing_but_whitespace(text: str) -> None:
+    # agent_send and rt.post refuse such a message; a peer's is refused by the same rule,
+    # named by its id so the sender fails that row instead of waiting for an ack.
+    core = receiver.ReceiverLink("0123456789ab", frozenset({"agent"}))
+    [refused] = core.receive(f.encode(f.Deliver("m1", text, None)), 0.0)
+    assert isinstance(refused, receiver.Send)
+    answer = f.parse(refused.text)
+    assert isinstance(answer, f.Error) and (answer.id, answer.code) == ("m1", "rejected")
+    [commit] = core.receive(f.encode(f.Deliver("m2", " hi ", None)), 0.0)
+    assert isinstance(commit, receiver.Commit)

@@ -31,6 +31,14 @@ MAX_FRAME_BYTES = 64 * 1024
 TEXT_LIMIT = 20_000
 """Longest message text in a ``deliver`` frame (the ``agent_send`` limit)."""
 
+
+def is_blank(text: str) -> bool:
+    """Is ``text`` no message at all: empty, or nothing but whitespace?
+
+    The one rule for a message's body, wherever it comes from: a local send
+    (``agent_send``, ``rt.post``) is refused with it, a peer's ``deliver`` rejected."""
+    return not text.strip()
+
 ERROR_CODES = ("bad_frame", "rate_limited", "rejected", "forbidden", "unavailable", "internal")
 """``error`` codes; ``rejected`` is terminal for the message it names. A ``forbidden``
 error that ends a handshake carries the :class:`~.grants.Refusal` code as its message;

@@ -144,6 +144,8 @@ class ReceiverLink:
             if session is None:
                 return [Send(f.encode(f.Error(frame.id, "rejected",
                                               "session names are [A-Za-z0-9_-]{1,64}")))]
+            if f.is_blank(frame.text):
+                return [Send(f.encode(f.Error(frame.id, "rejected", "the message is empty")))]
             return [Commit(frame.id, inbox_id(self.device_id, frame.id), session, frame.text,
                            f.encode(f.Ack(frame.id)))]
         if isinstance(frame, f.Read | f.Stop):
