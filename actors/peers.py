@@ -318,16 +318,21 @@ class PeerHttpBackend:
         return InviteView(rec.code_hash, rec.scopes, rec.expires_at, rec.used) if rec else None
 
     def redeem(self, code_hash: str, proof: PairingProof, token_hash: str) -> bool:
-        """Use the invite, store the grant and create the device's dedicated session."""
-        ok = self.svc.peers.redeem(code_hash, self.ctx.now(), proof.device_id, proof.name,
-                                   proof.public_key, token_hash)
-        if ok:
-            social = self.ctx.store.project_by_slug("social")
-            now = self.ctx.now()
-            self.ctx.journal.writer.call(lambda: self.svc.peers.ensure_session_now(
-                receiver.dedicated_session(proof.device_id), social.id if social else None,
-                f"Device {proof.name or proof.device_id}", now))
-        return ok
+        """Use the invite, store the grant and create the device's dedicated session, in one
+        transaction: a failure on the way leaves the code unspent and no grant behind."""
+        peers = self.svc.peers
+        social = self.ctx.store.project_by_slug("social")
+        now = self.ctx.now()
+
+        def op() -> bool:
+            if not peers.redeem_now(code_hash, now, proof.device_id, proof.name,
+                                    proof.public_key, token_hash):
+                return False
+            peers.ensure_session_now(receiver.dedicated_session(proof.device_id),
+                                     social.id if social else None,
+                                     f"Device {proof.name or proof.device_id}", now)
+            return True
+        return bool(self.ctx.journal.writer.call(op))
 
     def random(self, n: int) -> bytes:
         """Randomness."""

@@ -120,23 +120,27 @@ class PeerStore:
     def redeem(self, code_hash: str, now: float, device_id: str, name: str, public_key: str,
                token_hash: str) -> bool:
         """Use the invite once and store the inbound grant; False if it was used or expired."""
-        i, d = self.t.invite, self.t.device
+        return bool(self.writer.call(lambda: self.redeem_now(code_hash, now, device_id, name,
+                                                             public_key, token_hash)))
 
-        def op() -> bool:
-            row = i.get_or_none(i.code_hash == code_hash)
-            if row is None:
-                return False
-            taken = i.update(used_at=now, used_by=device_id).where(
-                i.code_hash == code_hash, i.used_at.is_null(), i.expires_at > now).execute()
-            if not taken:
-                return False
-            d.delete().where(d.id == _key(device_id, INBOUND)).execute()
-            d.insert(id=_key(device_id, INBOUND), device_id=device_id, direction=INBOUND,
-                     name=name, public_key=public_key, token_hash=token_hash,
-                     scopes=row.scopes, status="active", created_at=now,
-                     updated_at=now).execute()
-            return True
-        return bool(self.writer.call(op))
+    def redeem_now(self, code_hash: str, now: float, device_id: str, name: str,
+                   public_key: str, token_hash: str) -> bool:
+        """:meth:`redeem` on the writer thread, in the caller's transaction (with whatever
+        else the pairing writes, so a failure after it spends no code)."""
+        i, d = self.t.invite, self.t.device
+        row = i.get_or_none(i.code_hash == code_hash)
+        if row is None:
+            return False
+        taken = i.update(used_at=now, used_by=device_id).where(
+            i.code_hash == code_hash, i.used_at.is_null(), i.expires_at > now).execute()
+        if not taken:
+            return False
+        d.delete().where(d.id == _key(device_id, INBOUND)).execute()
+        d.insert(id=_key(device_id, INBOUND), device_id=device_id, direction=INBOUND,
+                 name=name, public_key=public_key, token_hash=token_hash,
+                 scopes=row.scopes, status="active", created_at=now,
+                 updated_at=now).execute()
+        return True
 
     # -- devices ---------------------------------------------------------------------------
 

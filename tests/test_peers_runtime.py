@@ -357,3 +357,30 @@ def test_a_peer_stop_starts_the_stop_grace_like_a_local_one(tmp_path: Path) -> N
     finally:
         release.set()
         rt.stop()
+
+
+def test_a_pairing_that_fails_after_the_grant_leaves_the_code_unspent(
+        pair_of: tuple[Runtime, Runtime, Served, threading.Event],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b, served, _ = pair_of
+    code = served.invite()
+    store = b.peers.peers
+    real = store.ensure_session_now
+    failed = threading.Event()
+
+    def fail_once(*args: object, **kwargs: object) -> None:
+        if not failed.is_set():
+            failed.set()  # the failure falls between the grant's write and the session's
+            raise OSError("disk full")
+        real(*args, **kwargs)  # type: ignore[arg-type]
+    monkeypatch.setattr(store, "ensure_session_now", fail_once)
+    with pytest.raises(Exception, match="pairing failed"):
+        a.peers.pair(served.http, code, name="b")
+    assert failed.is_set()
+    me = a.peers.identity.device_id
+    assert store.device(me, INBOUND) is None  # no grant without its session
+    assert b.peers.ctx.store.session(f"suzent:{me}") is None
+    rec = a.peers.pair(served.http, code, name="b")  # the code was not spent: it pairs now
+    assert store.device(me, INBOUND) is not None
+    assert b.peers.ctx.store.session(f"suzent:{me}") is not None
+    assert rec.device_id == b.peers.identity.device_id
