@@ -128,6 +128,15 @@ def open_database(url: str, *, synchronous: Synchronous = "FULL",
         if must_exist and not Path(path).is_file():
             raise DatabaseMissing(url, f"there is no database file at {path!r}; a runtime "
                                   "creates it on start, or run `kinbox db upgrade`")
+        names = os.stat(path).st_nlink if Path(path).is_file() else 1
+        if names > 1:
+            # SQLite keeps a WAL per name, and the owner lock is named after the file too:
+            # through a second name a runtime would neither see what the other committed
+            # nor be kept from delivering beside it (symlinks are fine: both resolve them).
+            raise DatabaseOpenError(
+                url, f"{path!r} has {names} names (hard links): SQLite cannot share a "
+                "database between names; remove the other names, or copy the file (with "
+                "no runtime on it) if one was meant as a copy")
         parent = Path(path).parent
         if not parent.is_dir():
             raise DatabaseOpenError(url, f"directory {str(parent)!r} does not exist")

@@ -4,7 +4,9 @@ The embedded default is one runtime process per database file. Holding an
 OS lock on ``<file>.lock`` (named after the file itself, symlinks resolved)
 for the runtime's life makes that a checked fact rather than a hope, and it
 is what lets a starting runtime take over every lease at once: whoever held
-them is certainly gone (a crash releases the OS lock). PostgreSQL deployments
+them is certainly gone (a crash releases the OS lock). A file with a second name by
+a hard link never gets here: :func:`.database.open_database` refuses it, since
+that name would take a lock (and SQLite a WAL) of its own. PostgreSQL deployments
 share a database and rely on lease expiry.
 """
 

@@ -22,7 +22,7 @@ from kinbox.actors import (
 )
 from kinbox.actors import slots as slots_module
 from kinbox.actors.context import TurnEffects
-from kinbox.persistence import DatabaseInUse, Journal, NewMessage
+from kinbox.persistence import DatabaseInUse, DatabaseOpenError, Journal, NewMessage
 
 from .conftest import Stores
 from .helpers import failing_once, quiet_brain, wait_for
@@ -486,6 +486,20 @@ def test_a_second_runtime_reaching_the_file_through_a_symlink_is_refused(
     link.symlink_to(real)
     with pytest.raises(DatabaseInUse):
         Runtime(db=f"sqlite:///{link}", brain=quiet_brain).start()
+
+
+def test_a_sqlite_file_with_a_second_name_by_a_hard_link_is_refused(
+        make_runtime: MakeRuntime, tmp_path: Path) -> None:
+    # A second name would get a lock of its own, and SQLite a WAL of its own: two runtimes
+    # delivering from one file, or one not seeing what the other committed.
+    real = tmp_path / "real" / "kinbox.db"
+    make_runtime(db=f"sqlite:///{real}", brain=quiet_brain)
+    link = tmp_path / "link.db"
+    link.hardlink_to(real)
+    with pytest.raises(DatabaseOpenError) as refused:
+        Runtime(db=f"sqlite:///{link}", brain=quiet_brain).start()
+    assert "hard link" in str(refused.value)
+    assert not (tmp_path / "link.db-wal").exists()
 
 
 @pytest.mark.parametrize(("options", "message"), [
