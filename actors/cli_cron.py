@@ -19,8 +19,8 @@ from .cli_ops import _emit, _positive, _when, common, stores
 from .cron_jobs import CronJobs
 
 
-def _jobs(args: argparse.Namespace, work: Any) -> Any:
-    with stores(args.db) as (journal, sessions):
+def _jobs(args: argparse.Namespace, work: Any, *, read_only: bool = False) -> Any:
+    with stores(args.db, read_only=read_only) as (journal, sessions):
         jobs = CronJobs(CronStore(journal.t, journal.writer), sessions, time.time,
                         lambda: uuid.uuid4().hex)
         return work(jobs)
@@ -35,7 +35,7 @@ def _line(job: dict[str, Any]) -> str:
 
 def cron_list(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox cron list``."""
-    jobs = _jobs(args, lambda j: j.jobs())
+    jobs = _jobs(args, lambda j: j.jobs(), read_only=True)
     _emit(out, args.json, jobs, [_line(j) for j in jobs] or ["no cron jobs"])
     return 0
 
@@ -64,7 +64,7 @@ def _action(verb: str, past: str) -> Any:
 
 def cron_runs(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox cron runs [JOB_ID]``: newest first."""
-    runs = _jobs(args, lambda j: j.runs(args.job_id, args.limit))
+    runs = _jobs(args, lambda j: j.runs(args.job_id, args.limit), read_only=True)
     lines = [f"{r['run_id']:<32} {r['status']:<8} attempt {r['attempts']}  "
              f"started {_when(r['started_at'])}  "
              + (f"error: {r['error']}" if r["error"] else (r["result"] or "")[:60])

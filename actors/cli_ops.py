@@ -41,13 +41,16 @@ STATES = tuple(s.value for s in State)
 
 
 @contextmanager
-def stores(url: str | None, *, check_schema: bool = True) -> Iterator[tuple[Journal, SessionStore]]:
+def stores(url: str | None, *, check_schema: bool = True,
+           read_only: bool = False) -> Iterator[tuple[Journal, SessionStore]]:
     """Open the journal and session store of an existing database for one command.
 
     A missing SQLite file is an error (``DatabaseMissing``), never created: only
-    a runtime and ``kinbox db upgrade`` create databases.
+    a runtime and ``kinbox db upgrade`` create databases. A command that only reads
+    opens it ``read_only``: it changes nothing in the file, and works on one it may
+    not write.
     """
-    with opened(url or default_url(), must_exist=True,
+    with opened(url or default_url(), must_exist=True, read_only=read_only,
                 schema=require_current if check_schema else lambda _tables: None,
                 writer_name="kinbox-cli-writer") as (tables, writer):
         yield Journal(tables, writer), SessionStore(tables, writer)
@@ -99,7 +102,7 @@ def last_line(error: str | None) -> str:
 
 def inbox_list(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox inbox list``: rows with their age and last error, never their bodies."""
-    with stores(args.db) as (journal, _), operator_clock(journal.t.db) as clock:
+    with stores(args.db, read_only=True) as (journal, _), operator_clock(journal.t.db) as clock:
         rows = journal.rows(state=args.state, target=args.target, limit=args.limit)
         now = clock.now()  # the rows' own clock: ages are not off by this machine's skew
     lines = [f"{'seq':>6}  {'state':<10} {'att':>3} {'age':>5}  {'target':<28} {'kind':<22} "
@@ -119,7 +122,7 @@ def inbox_list(args: argparse.Namespace, out: TextIO) -> int:
 
 def inbox_show(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox inbox show ID``."""
-    with stores(args.db) as (journal, _):
+    with stores(args.db, read_only=True) as (journal, _):
         row = journal.get(args.message_id)
         row["history"] = journal.history(args.message_id)
     lines = [f"{k}: {row[k]}" for k in row if k not in ("history", "payload")]
@@ -172,7 +175,7 @@ def inbox_cancel(args: argparse.Namespace, out: TextIO) -> int:
 
 def sessions_list(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox sessions list``."""
-    with stores(args.db) as (_, store):
+    with stores(args.db, read_only=True) as (_, store):
         project_id = None
         if args.project:
             project = store.project_by_slug(args.project)
@@ -193,7 +196,7 @@ def sessions_list(args: argparse.Namespace, out: TextIO) -> int:
 
 def db_status(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox db status``: schema changes pending and rows per state."""
-    with stores(args.db, check_schema=False) as (journal, _):
+    with stores(args.db, check_schema=False, read_only=True) as (journal, _):
         changes = pending_changes(journal.t)
         counts = {} if changes else journal.counts()
     data = {"url": redact_url(args.db or default_url()), "up_to_date": not changes,

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
-from ..persistence import RowNotFound, default_url
+from ..persistence import RowNotFound, default_url, require_current, upgrade
 from ..persistence.opened import opened
 from ..persistence.peers import PeerStore
 from ..transport import key_file
@@ -41,19 +41,22 @@ from .runtime import resolve_data_dir
 
 
 @contextmanager
-def _peers(args: argparse.Namespace, *, create: bool = False
+def _peers(args: argparse.Namespace, *, create: bool = False, read_only: bool = False
            ) -> Iterator[tuple[PeerStore, DeviceIdentity | None]]:
     """The peer tables and, with ``create``, this device's identity. Only the commands
     that make this a device (``whoami``, ``invite``, ``pair``) create the database and the
     device key, as a runtime would; the others, like ``inbox list``, refuse a database
-    that is not there (a mistyped ``--db`` leaves nothing behind)."""
+    that is not there (a mistyped ``--db`` leaves nothing behind). Those that only read
+    (``list``, ``invites``) open it ``read_only``, as ``inbox list`` does: they upgrade
+    no schema, and refuse an old one."""
     url = args.db or default_url()
     if create and url.startswith("sqlite:///"):  # like the runtime: a new device's folder
         Path(url[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True, exist_ok=True,
                                                                      mode=0o700)
     # upgrade: the peer tables may be newer than the runtime that made the file
-    with opened(url, must_exist=not create, writer_name="kinbox-cli-writer") as (tables,
-                                                                                   writer):
+    with opened(url, must_exist=not create, read_only=read_only,
+                schema=require_current if read_only else upgrade,
+                writer_name="kinbox-cli-writer") as (tables, writer):
         try:
             identity = (key_file.load_or_create(resolve_data_dir(url, args.data_dir))
                         if create else None)
@@ -99,7 +102,7 @@ def invite(args: argparse.Namespace, out: TextIO) -> int:
 
 def invites(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox peers invites``: the pairing codes not used and not expired, by id."""
-    with _peers(args) as (peers, _), operator_clock(peers.t.db) as clock:
+    with _peers(args, read_only=True) as (peers, _), operator_clock(peers.t.db) as clock:
         found = peers.open_invites(clock.now())
     data = [{"invite_id": invite_id(i.code_hash), "scopes": sorted(i.scopes),
              "expires_at": i.expires_at} for i in found]
@@ -138,7 +141,7 @@ def pair(args: argparse.Namespace, out: TextIO) -> int:
 
 def listing(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox peers list``."""
-    with _peers(args) as (peers, _):
+    with _peers(args, read_only=True) as (peers, _):
         counts = peers.row_counts()
         data = []
         for rec in peers.devices():

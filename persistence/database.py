@@ -15,7 +15,7 @@ import os
 import sqlite3
 from pathlib import Path
 from typing import Literal
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import peewee
 from playhouse import db_url
@@ -76,6 +76,11 @@ def sqlite_pragmas(synchronous: Synchronous = "FULL") -> dict[str, object]:
     }
 
 
+READ_ONLY_PRAGMAS: dict[str, object] = {"busy_timeout": BUSY_TIMEOUT_MS, "query_only": 1}
+"""The pragmas of a SQLite connection opened ``read_only``: none that changes the file
+(its journal mode, page size and synchronous setting stay the runtime's business)."""
+
+
 def sqlite_path(url: str) -> Path | None:
     """The file of a ``sqlite:///`` URL, or None for any other URL."""
     if url.startswith("sqlite:///") and url[len("sqlite:///"):] not in ("", ":memory:"):
@@ -96,13 +101,15 @@ in a 10,000-message run, so with 128 some were prepared again each batch (interl
 
 
 def open_database(url: str, *, synchronous: Synchronous = "FULL",
-                  must_exist: bool = False) -> peewee.Database:
+                  must_exist: bool = False, read_only: bool = False) -> peewee.Database:
     """Open and check the database at ``url``; raise :class:`DatabaseOpenError` if it fails.
 
     ``synchronous`` only applies to SQLite; ``NORMAL`` trades the last
     transactions before a power loss for speed (benchmarks compare both).
     ``must_exist`` is for commands that only read: a missing SQLite file is
-    :class:`DatabaseMissing` and no file is created.
+    :class:`DatabaseMissing` and no file is created. ``read_only`` (which implies it) is
+    for commands that write nothing: a SQLite file is opened read-only, with no pragma
+    that would change it, and read in a folder or from a file this process may not write.
     """
     if synchronous not in ("FULL", "NORMAL"):
         raise DatabaseOpenError(url, f"synchronous must be FULL or NORMAL, not {synchronous!r}")
@@ -125,7 +132,7 @@ def open_database(url: str, *, synchronous: Synchronous = "FULL",
             )
         # The file sqlite_path names ('~' is the home folder), for every check and the open.
         path = str(Path(path).expanduser())
-        if must_exist and not Path(path).is_file():
+        if (must_exist or read_only) and not Path(path).is_file():
             raise DatabaseMissing(url, f"there is no database file at {path!r}; a runtime "
                                   "creates it on start, or run `kinbox db upgrade`")
         names = os.stat(path).st_nlink if Path(path).is_file() else 1
@@ -154,6 +161,8 @@ def open_database(url: str, *, synchronous: Synchronous = "FULL",
         raise DatabaseOpenError(
             url, "unsupported scheme; use sqlite:///path/to/file.db or postgresql://user@host/db"
         )
+    if scheme == "sqlite" and read_only:
+        return _sqlite_read_only(url, path)
     try:
         # PostgreSQL: kinbox's own class (see pg_database), from the URL as db_url reads it.
         db = (SqliteDatabase(path, **options) if scheme == "sqlite"
@@ -164,6 +173,30 @@ def open_database(url: str, *, synchronous: Synchronous = "FULL",
     except Exception as exc:  # driver errors vary by backend; all mean "cannot open"
         raise DatabaseOpenError(url, str(exc).strip() or type(exc).__name__) from exc
     return db
+
+
+def _sqlite_read_only(url: str, path: str) -> peewee.Database:
+    """The SQLite file at ``path`` opened read-only (``mode=ro``). In a folder it may not
+    write, SQLite cannot make the WAL's index beside a file no runtime has open (one that
+    has it open keeps its ``-wal`` and ``-shm`` there): with no ``-wal`` file there is no
+    write the main file lacks, so it is read as ``immutable``, taking no locks."""
+    uri = "file:" + quote(path)
+    tries = [f"{uri}?mode=ro"]
+    if not Path(path + "-wal").exists():
+        tries.append(f"{uri}?mode=ro&immutable=1")
+    failure: Exception | None = None
+    for at in tries:
+        db = SqliteDatabase(at, uri=True, pragmas=READ_ONLY_PRAGMAS,
+                            cached_statements=SQLITE_CACHED_STATEMENTS)
+        try:
+            db.connect(reuse_if_open=True)
+            db.execute_sql("SELECT COUNT(*) FROM sqlite_master")  # reads the file: opens it
+            return db
+        except Exception as exc:  # driver errors vary; all mean "cannot open"
+            failure = exc
+        finally:
+            db.close()
+    raise DatabaseOpenError(url, str(failure).strip() or type(failure).__name__) from failure
 
 
 def _pg_settings(url: str) -> dict[str, object]:

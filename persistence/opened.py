@@ -18,10 +18,12 @@ from .writer import GroupCommitWriter
 
 @contextmanager
 def opened(url: str, *, schema: Callable[[Tables], object] = upgrade, must_exist: bool = False,
+           read_only: bool = False,
            writer_name: str = "kinbox-writer") -> Iterator[tuple[Tables, GroupCommitWriter]]:
     """The tables of ``url`` and a started writer; ``schema`` prepares the tables first
-    (``upgrade`` by default; ``require_current`` to refuse an old schema instead)."""
-    db = open_database(url, must_exist=must_exist)
+    (``upgrade`` by default; ``require_current`` to refuse an old schema instead, as a
+    ``read_only`` database must: see :func:`open_database`)."""
+    db = open_database(url, must_exist=must_exist, read_only=read_only)
     try:
         tables = bind_tables(db)
         schema(tables)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -171,3 +173,53 @@ def test_an_unusable_data_directory_is_one_line_not_a_traceback(tmp_path: Path,
     assert "Traceback" not in done.stderr
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("kinbox: ") and expected in line
+
+
+READ_ONLY_COMMANDS = [("inbox", "list"), ("inbox", "show", "stuck"), ("sessions", "list"),
+                      ("db", "status"), ("peers", "list"), ("peers", "invites"),
+                      ("cron", "list"), ("cron", "runs")]
+
+
+@pytest.fixture
+def read_only_folder(failed_row_db: str) -> Iterator[str]:
+    """``failed_row_db`` in a folder nobody may write: by its mode, or for root (whom modes
+    do not stop) by the immutable attribute."""
+    path = Path(failed_row_db.removeprefix("sqlite:///"))
+    made = [path, path.parent]
+    if os.geteuid() != 0:
+        path.chmod(0o444)
+        path.parent.chmod(0o555)
+    elif subprocess.run(["chattr", "+i", *map(str, made)], capture_output=True).returncode:
+        pytest.skip("root, and chattr +i is not available here to make a folder read-only")
+    try:
+        with pytest.raises(OSError):
+            (path.parent / "probe").touch()
+        yield failed_row_db
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", *map(str, made)], check=True)
+        else:
+            path.parent.chmod(0o755)
+            path.chmod(0o644)
+
+
+@pytest.mark.parametrize("command", READ_ONLY_COMMANDS, ids=" ".join)
+def test_read_only_commands_work_on_a_read_only_folder(read_only_folder: str,
+                                                       command: tuple[str, ...]) -> None:
+    result = kinbox(*command, "--db", read_only_folder, "--json")
+    assert result.returncode == 0, result.stderr
+    if command == ("inbox", "list"):
+        assert {r["message_id"] for r in json.loads(result.stdout)} == {"ok", "stuck",
+                                                                        "waiting"}
+
+
+def test_read_only_commands_leave_the_database_file_as_it_was(failed_row_db: str) -> None:
+    path = Path(failed_row_db.removeprefix("sqlite:///"))
+    with sqlite3.connect(path) as con:  # a file some other tool left in rollback mode
+        con.execute("PRAGMA journal_mode=delete")
+    before = path.read_bytes()
+    for command in READ_ONLY_COMMANDS:
+        assert kinbox(*command, "--db", failed_row_db).returncode == 0, command
+    assert path.read_bytes() == before
+    with sqlite3.connect(path) as con:
+        assert con.execute("PRAGMA journal_mode").fetchone() == ("delete",)
