@@ -387,3 +387,16 @@ def test_receiver_rejects_a_message_with_nothing_but_whitespace(text: str) -> No
     assert isinstance(answer, f.Error) and (answer.id, answer.code) == ("m1", "rejected")
     [commit] = core.receive(f.encode(f.Deliver("m2", " hi ", None)), 0.0)
     assert isinstance(commit, receiver.Commit)
+
+
+def test_receiver_closes_a_link_that_keeps_sending_frames_it_does_not_expect() -> None:
+    # Well-formed frames of a type the receiver takes no action on (a handshake frame on
+    # the open link) count as bad frames like malformed ones, and close it the same way.
+    core = receiver.ReceiverLink("0123456789ab", frozenset({"agent"}))
+    welcome = f.encode(f.Welcome("s" * 86))
+    for _ in range(receiver.BAD_FRAME_LIMIT):
+        [answer] = core.receive(welcome, 0.0)
+        assert isinstance(answer, receiver.Send) and not core.closed
+    actions = core.receive(welcome, 0.0)
+    assert isinstance(actions[-1], receiver.Close) and core.closed
+    assert core.receive(f.encode(f.Deliver("m1", "hi", None)), 0.0) == []

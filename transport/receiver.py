@@ -127,11 +127,7 @@ class ReceiverLink:
         try:
             frame = f.parse(data)
         except FrameError as exc:
-            self.bad_frames += 1
-            if self.bad_frames > BAD_FRAME_LIMIT:
-                return self._close(1008, "too many bad frames",
-                                   f.Error(None, "bad_frame", exc.reason))
-            return [Send(f.encode(f.Error(None, "bad_frame", exc.reason)))]
+            return self._bad_frame(exc.reason)
         return self._handle(frame)
 
     def _handle(self, frame: f.Frame) -> list[Action]:
@@ -155,8 +151,15 @@ class ReceiverLink:
             return [Answer(frame.req, action)]
         if isinstance(frame, f.Pong):
             return []
+        return self._bad_frame(f"unexpected {frame.TYPE} frame")
+
+    def _bad_frame(self, reason: str) -> list[Action]:
+        """A frame off the format, or of a type an open link does not take: answered,
+        and counted toward :data:`BAD_FRAME_LIMIT`, whichever it was."""
         self.bad_frames += 1
-        return [Send(f.encode(f.Error(None, "bad_frame", f"unexpected {frame.TYPE} frame")))]
+        if self.bad_frames > BAD_FRAME_LIMIT:
+            return self._close(1008, "too many bad frames", f.Error(None, "bad_frame", reason))
+        return [Send(f.encode(f.Error(None, "bad_frame", reason)))]
 
     def _close(self, code: int, reason: str, frame: f.Error) -> list[Action]:
         self.closed = True
