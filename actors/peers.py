@@ -300,7 +300,12 @@ class PeerHttpBackend:
         return outcomes
 
     def answer(self, device_id: str, action: str) -> tuple[str, str]:
-        """``read``: the dedicated session's visible transcript; ``stop``: request a stop."""
+        """``read``: the dedicated session's visible transcript; ``stop``: request a stop.
+        Like a delivery, neither is done once the grant closed (the link's watcher may not
+        have seen it yet)."""
+        status = self.grant_status(device_id)
+        if status != "active":
+            raise GrantClosed(status)
         session_id = receiver.dedicated_session(device_id)
         ctx = self.ctx
         if action == "stop":

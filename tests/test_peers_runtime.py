@@ -349,6 +349,9 @@ def test_a_peer_stop_starts_the_stop_grace_like_a_local_one(tmp_path: Path) -> N
         project = rt.project("default")
         assert project is not None
         session = rt.create_session(project.id, "Device x", session_id="suzent:dev1").id
+        now = rt.clock.now()  # dev1's grant: a closed one is answered with its refusal
+        rt.peers.peers.add_invite("a" * 64, frozenset({"agent"}), now, now + 600)
+        assert rt.peers.peers.redeem("a" * 64, now, "dev1", "x", "K" * 43, "t" * 64)
         rt.post(session, "work long")
         wait_for(lambda: rt.context.turns.is_running(session), 20, "the turn to start")
         assert PeerHttpBackend(rt.peers).answer("dev1", "stop") == ("stop_requested", "")
@@ -384,3 +387,41 @@ def test_a_pairing_that_fails_after_the_grant_leaves_the_code_unspent(
     assert store.device(me, INBOUND) is not None
     assert b.peers.ctx.store.session(f"suzent:{me}") is not None
     assert rec.device_id == b.peers.identity.device_id
+
+
+def test_a_read_or_stop_after_the_grant_closed_gets_the_refusal_not_an_answer(
+        pair_of: tuple[Runtime, Runtime, Served, threading.Event],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The watcher closes a revoked link within STATUS_POLL_SECONDS; a request it has not
+    # caught yet must be refused as a delivery is, not answered (slowed here to show it).
+    import os
+
+    from kinbox.transport import frames as f
+    from kinbox.transport import peer_ws
+    from kinbox.transport.handshake import new_nonce
+    from kinbox.transport.link import Answer, LinkState, SenderLink, Terminal
+    from kinbox.transport.peer_client import connect_link
+
+    monkeypatch.setattr(peer_ws, "STATUS_POLL_SECONDS", 60.0)
+    a, b, served, _ = pair_of
+    rec = a.peers.pair(served.http, served.invite(), name="b")
+    me = a.peers.identity.device_id
+    token = a.peers.identity.unseal(rec.token_sealed or "")
+    for action in (f.Read("r1"), f.Stop("s1")):
+        b.peers.peers.set_status(me, "active", b.clock.now(), direction=INBOUND)
+        link = SenderLink(a.peers.identity, rec.device_id, rec.public_key, token, 1)
+        with connect_link(served.http, token) as ws:
+            link.connected(new_nonce(os.urandom(32)))
+            while link.state is LinkState.HANDSHAKE:
+                for text in link.frames_to_send():
+                    ws.send(text)
+                link.receive(ws.recv(5))
+            assert link.state is LinkState.OPEN
+            b.peers.peers.set_status(me, "revoked", b.clock.now(), direction=INBOUND)
+            link.request(action)
+            for text in link.frames_to_send():
+                ws.send(text)
+            link.receive(ws.recv(5))
+        effects = link.effects()
+        assert not any(isinstance(e, Answer) for e in effects), action
+        assert any(isinstance(e, Terminal) for e in effects) and link.state is LinkState.CLOSED

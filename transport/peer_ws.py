@@ -82,7 +82,8 @@ class PeerBackend(Protocol):
         ...
 
     def answer(self, device_id: str, action: str) -> tuple[str, str]:
-        """(status, text) of a ``read`` or ``stop`` of the device's dedicated session."""
+        """(status, text) of a ``read`` or ``stop`` of the device's dedicated session.
+        :class:`.errors.GrantClosed`, with nothing done, once the grant is not active."""
         ...
 
     def invite(self, code_hash: str) -> InviteView | None:
@@ -264,8 +265,13 @@ class _Session:
                     elif isinstance(action, receiver.Send):
                         await self.send(action.text)
                     elif isinstance(action, receiver.Answer):
-                        status, text = await asyncio.to_thread(self.b.answer, self.device_id,
-                                                               action.action)
+                        try:
+                            status, text = await asyncio.to_thread(
+                                self.b.answer, self.device_id, action.action)
+                        except GrantClosed as exc:  # closed before the watcher saw it
+                            async with self.committing:
+                                await self._close(exc.status)
+                            return
                         await self.send(f.encode(f.Result(action.req, status, text)))
                     elif isinstance(action, receiver.Close):
                         await self.ws.close(code=action.code, reason=action.reason)
