@@ -400,3 +400,21 @@ def test_receiver_closes_a_link_that_keeps_sending_frames_it_does_not_expect() -
     actions = core.receive(welcome, 0.0)
     assert isinstance(actions[-1], receiver.Close) and core.closed
     assert core.receive(f.encode(f.Deliver("m1", "hi", None)), 0.0) == []
+
+
+def test_a_new_device_key_is_synced_into_its_folder(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # The key's bytes were synced, but not the folder entry that names it: a power cut
+    # could lose the name after pairings sealed with the key were committed, and the next
+    # start would make a new key that opens none of them.
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+    monkeypatch.setattr(os, "fsync", fsync)
+    folder = tmp_path / "d"
+    key_file.load_or_create(folder)
+    assert (folder / key_file.KEY_FILE_NAME).exists()
+    assert str(folder) in synced

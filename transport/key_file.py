@@ -4,8 +4,8 @@ The only place that touches the private key on disk. The key is written to
 a private temporary file (``O_EXCL``, mode 0600, so no other user can ever
 read it) and then linked into place, which fails if the name exists: another
 process starting at the same moment sees either no key file or a complete
-one, never a half-written one. An existing file readable by group or others
-is refused rather than used.
+one, never a half-written one; the folder is synced once the name is in it.
+An existing file readable by group or others is refused rather than used.
 """
 
 from __future__ import annotations
@@ -45,6 +45,13 @@ def install(directory: str | os.PathLike[str], identity: DeviceIdentity) -> Devi
         os.link(partial, folder / KEY_FILE_NAME)  # atomic; FileExistsError if taken
     finally:
         partial.unlink(missing_ok=True)
+    # The name, not only the bytes: pairings sealed with this key are committed (synced)
+    # right after, and a power cut must not leave them behind a key that is gone.
+    dir_fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
     return identity
 
 
