@@ -425,3 +425,43 @@ def test_a_read_or_stop_after_the_grant_closed_gets_the_refusal_not_an_answer(
         effects = link.effects()
         assert not any(isinstance(e, Answer) for e in effects), action
         assert any(isinstance(e, Terminal) for e in effects) and link.state is LinkState.CLOSED
+
+
+def test_a_failed_grant_read_does_not_end_the_watch_of_a_live_link(
+        pair_of: tuple[Runtime, Runtime, Served, threading.Event],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # One read of the grant that fails (a database lock wait past its timeout) ended the
+    # watcher for good: an idle link whose grant was revoked later stayed open.
+    import os
+
+    from kinbox.persistence import DatabaseFailed
+    from kinbox.transport.handshake import new_nonce
+    from kinbox.transport.link import LinkState, SenderLink, Terminal
+    from kinbox.transport.peer_client import connect_link
+
+    a, b, served, _ = pair_of
+    rec = a.peers.pair(served.http, served.invite(), name="b")
+    me = a.peers.identity.device_id
+    token = a.peers.identity.unseal(rec.token_sealed or "")
+    real = PeerHttpBackend.grant_status
+    failed = threading.Event()
+
+    def grant_status(self: PeerHttpBackend, device_id: str) -> str | None:
+        if not failed.is_set():
+            failed.set()
+            raise DatabaseFailed("database is locked")
+        return real(self, device_id)
+    monkeypatch.setattr(PeerHttpBackend, "grant_status", grant_status)
+    link = SenderLink(a.peers.identity, rec.device_id, rec.public_key, token, 1)
+    with connect_link(served.http, token) as ws:
+        link.connected(new_nonce(os.urandom(32)))
+        while link.state is LinkState.HANDSHAKE:
+            for text in link.frames_to_send():
+                ws.send(text)
+            link.receive(ws.recv(5))
+        assert link.state is LinkState.OPEN
+        wait_for(failed.is_set, 10, "the watcher's failed read")
+        b.peers.peers.set_status(me, "revoked", b.clock.now(), direction=INBOUND)
+        link.receive(ws.recv(10))  # the signed refusal, within a poll or two
+    [effect] = link.effects()
+    assert isinstance(effect, Terminal) and link.state is LinkState.CLOSED

@@ -311,7 +311,12 @@ class _Session:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(STATUS_POLL_SECONDS)
-            status = await asyncio.to_thread(self.b.grant_status, self.device_id)
+            try:
+                status = await asyncio.to_thread(self.b.grant_status, self.device_id)
+            except Exception as exc:  # a read that failed (a lock wait): read at the next poll
+                log.warning("reading the grant of %s failed: %s", self.device_id,
+                            type(exc).__name__)
+                continue
             if status != "active":
                 async with self.committing:  # a batch committed by now is acknowledged first
                     await self._close(status)
