@@ -17,7 +17,7 @@ from ..persistence import default_data_dir, pg_address, pg_default_port, sqlite_
 def data_dir_for(url: str) -> Path:
     """The files folder of a runtime on ``url``.
 
-    Beside a SQLite file (``<dir>/kinbox-data``); for a server database, a
+    Beside a SQLite file (``<dir>/kinbox-data``, symlinks resolved); for a server database, a
     folder of the data directory named for host, port and database as libpq
     reads them (:func:`~kinbox.persistence.pg_address`), so every way of
     writing one database's URL (either scheme, the default port given or not,
@@ -30,7 +30,12 @@ def data_dir_for(url: str) -> Path:
     """
     path = sqlite_path(url)
     if path is not None:
-        return path.parent / "kinbox-data"
+        # Beside the file itself, symlinks resolved, as its owner lock is named: a runtime
+        # reaching it through a link has the same device key. An older kinbox's folder
+        # beside the link is used while the file has none of its own.
+        own = Path(os.path.realpath(path)).parent / "kinbox-data"
+        beside_link = path.parent / "kinbox-data"
+        return beside_link if not own.is_dir() and beside_link.is_dir() else own
     folders = default_data_dir() / "databases"
     rest = url.partition("://")[2].split("?", 1)[0]  # the query may hold '@' (a password)
     written = _folder_name(rest.rpartition("@")[2])

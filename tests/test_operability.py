@@ -261,6 +261,25 @@ def test_each_server_database_has_its_own_data_directory(tmp_path: Path) -> None
     assert data_dir_for(f"sqlite:///{tmp_path}/x.db") == tmp_path / "kinbox-data"
 
 
+def test_a_sqlite_file_reached_through_a_symlink_keeps_one_data_directory(
+        tmp_path: Path) -> None:
+    # The owner lock resolves the link (one database, one runtime); the files folder did
+    # not: a runtime started through the link made a second device key, which opens none
+    # of the tokens the first one sealed and which no paired peer knows.
+    real = tmp_path / "real" / "x.db"
+    real.parent.mkdir()
+    real.touch()
+    link = tmp_path / "elsewhere" / "link.db"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    assert data_dir_for(f"sqlite:///{link}") == real.parent / "kinbox-data"
+    assert data_dir_for(f"sqlite:///{real}") == real.parent / "kinbox-data"
+    (link.parent / "kinbox-data").mkdir()  # an older kinbox's, beside the link: still used
+    assert data_dir_for(f"sqlite:///{link}") == link.parent / "kinbox-data"
+    (real.parent / "kinbox-data").mkdir()  # unless the file has its own
+    assert data_dir_for(f"sqlite:///{link}") == real.parent / "kinbox-data"
+
+
 def test_the_version_is_exported() -> None:
     assert kinbox.actors.__version__.count(".") >= 2
 
