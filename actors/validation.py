@@ -9,10 +9,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..transport.frames import TEXT_LIMIT, is_blank
 from .errors import ToolError
 
-SEND_LIMIT = TEXT_LIMIT
+SEND_LIMIT = 20_000
 """Characters in one message (``agent_send``, ``rt.post``, a sub-agent's description)."""
 
 TITLE_LIMIT = 512
@@ -73,11 +72,12 @@ def require_id(name: str, value: Any) -> str:
 
 
 def require_message(value: Any, limit: int, name: str = "message") -> str:
-    """A message: stripped, 1..``limit`` characters (blank: :func:`is_blank`)."""
-    text = require_str(name, value)
-    if is_blank(text):
+    """A message: stripped, 1..``limit`` characters. A peer's message is held to the same
+    rule by its receiver (``transport.frames.is_blank``; this pure module may not import
+    it, and a test keeps the two in step)."""
+    text = require_str(name, value).strip()
+    if not text:
         raise ToolError("invalid_argument", f"{name} must not be empty.")
-    text = text.strip()
     if len(text) > limit:
         raise ToolError("invalid_argument",
                         f"{name} is {len(text):,} characters; the limit is {limit:,}. "

@@ -418,3 +418,18 @@ def test_a_new_device_key_is_synced_into_its_folder(tmp_path: Path,
     key_file.load_or_create(folder)
     assert (folder / key_file.KEY_FILE_NAME).exists()
     assert str(folder) in synced
+
+
+@pytest.mark.parametrize("text", ["", " ", "\n\t ", "\u3000\u2003", "\u200b", "x", " x ",
+                                  "\x0b\x0c\x1c"])
+def test_a_peer_message_is_blank_exactly_when_a_local_send_refuses_it(text: str) -> None:
+    from kinbox.actors import ToolError
+    from kinbox.actors.validation import SEND_LIMIT, require_message
+
+    try:
+        require_message(text, SEND_LIMIT)
+        refused = False
+    except ToolError:
+        refused = True
+    assert refused is f.is_blank(text)
+    assert SEND_LIMIT == f.TEXT_LIMIT

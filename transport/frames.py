@@ -35,8 +35,9 @@ TEXT_LIMIT = 20_000
 def is_blank(text: str) -> bool:
     """Is ``text`` no message at all: empty, or nothing but whitespace?
 
-    The one rule for a message's body, wherever it comes from: a local send
-    (``agent_send``, ``rt.post``) is refused with it, a peer's ``deliver`` rejected."""
+    A peer's ``deliver`` of such a text is rejected, as a local send (``agent_send``,
+    ``rt.post``) is refused by ``actors.validation.require_message``: one rule, kept in
+    step by a test (the pure modules of two layers cannot share one function)."""
     return not text.strip()
 
 ERROR_CODES = ("bad_frame", "rate_limited", "rejected", "forbidden", "unavailable", "internal")
