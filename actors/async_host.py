@@ -30,13 +30,16 @@ committed as the stopped turn (as a sync turn that returns on the flag),
 even past ``turn_timeout``; when the timeout stopped it, the attempt fails
 (``TurnCancelled``). Either way the row has exactly one outcome. A graceful
 stop of the runtime asks every turn to stop and cancels, past the same
-grace, the brains that ignore it: their turns commit as stopped by the
-runtime.
+grace, the brains that ignore it, those of cron and social turns too: their
+turns commit as stopped by the runtime. A direct turn's thread never waits
+for a loop that has ended: it gets :class:`BrainAbandoned` and commits
+nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import logging
 import threading
@@ -70,6 +73,12 @@ class TurnCancelled(Exception):
     """An async turn ignored its stop past the grace period and was cancelled."""
 
 
+class BrainAbandoned(WriterClosed):
+    """The event loop ended (the runtime crashed, or its stop gave up waiting) before the
+    async brain of a direct turn did: nothing of that turn commits (a :class:`WriterClosed`:
+    what ends a direct turn's work when the runtime stops)."""
+
+
 class AsyncHost:
     """One event loop thread for async turns, and the blocking workers they use."""
 
@@ -82,6 +91,12 @@ class AsyncHost:
         self._cancelled: weakref.WeakSet[asyncio.Task[BaseException | None]] = weakref.WeakSet()
         """Brains :meth:`cancel` cancelled (loop thread only)."""
         self._drivers: set[asyncio.Task[None]] = set()  # loop thread only
+        self._direct: set[asyncio.Task[BaseException | None]] = set()  # loop thread only
+        """The brains direct turns (cron, social) await from their threads."""
+        self._waiting: set[concurrent.futures.Future[BaseException | None]] = set()
+        """What those threads wait on (under ``_lock``): let go when the loop ends."""
+        self._ended = False  # under _lock
+        self._draining: concurrent.futures.Future[None] | None = None
         self._lock = threading.Lock()
         self.running = 0
         self.peak_running = 0
@@ -94,23 +109,45 @@ class AsyncHost:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        while True:
-            try:
-                self.loop.run_forever()
-                return  # stopped: by stop() or crash()
-            except (SystemExit, KeyboardInterrupt) as exc:
-                # A task a brain spawned raised it: asyncio lets it out of the loop, which
-                # would end every async turn this runtime runs. The brain's own task
-                # turns it into that turn's failure; a stray task's is logged, and the
-                # loop goes on.
-                log.error("a task on the async brains' loop raised %s; the loop goes on",
-                          type(exc).__name__)
+        try:
+            while True:
+                try:
+                    self.loop.run_forever()
+                    return  # stopped: by stop() or crash()
+                except (SystemExit, KeyboardInterrupt) as exc:
+                    # A task a brain spawned raised it: asyncio lets it out of the loop,
+                    # which would end every async turn this runtime runs. The brain's own
+                    # task turns it into that turn's failure; a stray task's is logged,
+                    # and the loop goes on.
+                    log.error("a task on the async brains' loop raised %s; the loop goes on",
+                              type(exc).__name__)
+        finally:
+            # A brain still on the loop never ends now: the threads of direct turns
+            # awaiting one would wait for good (and keep the process from exiting).
+            with self._lock:
+                self._ended = True
+                waiting, self._waiting = self._waiting, set()
+            for future in waiting:
+                future.cancel()
+
+    def begin_stop(self, timeout: float = 10.0) -> None:
+        """Start the stop's wait for running turns (they were asked to stop; any thread):
+        the brains of direct turns run here too, and the runtime waits for those turns
+        before it calls :meth:`stop`, so the brains ignoring the stop are cancelled past
+        the grace meanwhile."""
+        if self._thread.is_alive() and self._draining is None:
+            self._draining = asyncio.run_coroutine_threadsafe(self._drain(timeout), self.loop)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Let running turns finish (they were asked to stop), cancel the rest, end the loop."""
         if not self._thread.is_alive():
             return
+        self.begin_stop(timeout)
+        assert self._draining is not None
         try:
+            self._draining.result(timeout + 5)
+            # And the turns that started since (a row handed over as the stop began, which
+            # hands it back).
             asyncio.run_coroutine_threadsafe(self._drain(timeout), self.loop).result(timeout + 5)
         except Exception:
             log.warning("async turns did not finish in time; their rows come back by lease")
@@ -121,14 +158,16 @@ class AsyncHost:
     async def _drain(self, timeout: float) -> None:
         """Every running turn was asked to stop. The ticker that cancels a brain past its
         grace has stopped: a brain still running ``stop_grace`` seconds in (or at
-        ``timeout``) is cancelled here, so its turn commits as stopped by the runtime, as
-        one stopped by a caller does. Only a turn that still has not ended by ``timeout``
-        (its commit held up, say) is cancelled whole: its row comes back by lease."""
-        if not self._drivers:
+        ``timeout``) is cancelled here, an inbox turn's or a direct turn's, so its turn
+        commits as stopped by the runtime, as one stopped by a caller does. Only a turn
+        that still has not ended by ``timeout`` (its commit held up, say) is cancelled
+        whole: its row comes back by lease (a direct turn's thread is let go with
+        :class:`BrainAbandoned`)."""
+        running = self._drivers | self._direct
+        if not running:
             return
         deadline = self.loop.time() + timeout
-        _, late = await asyncio.wait(set(self._drivers),
-                                     timeout=min(timeout, self.ctx.stop_grace))
+        _, late = await asyncio.wait(running, timeout=min(timeout, self.ctx.stop_grace))
         if late:
             # Whether or not a brain is cancelled now (one may be committing, or cleaning
             # up after an earlier cancel), every late turn has until the stop's timeout.
@@ -146,7 +185,7 @@ class AsyncHost:
             return
 
         def cancel_all() -> None:
-            for task in list(self._drivers):
+            for task in [*self._drivers, *self._direct]:
                 task.cancel()
             self.loop.call_later(0.05, self.loop.stop)
         self.loop.call_soon_threadsafe(cancel_all)
@@ -337,9 +376,34 @@ class AsyncHost:
 
     def run_brain_blocking(self, turn: Turn) -> BaseException | None:
         """Run an async brain on ``turn`` from another thread (a cron or social turn) and
-        wait for it; the error the attempt ends with, or None to commit."""
+        wait for it; the error the attempt ends with, or None to commit.
+        :class:`BrainAbandoned` once the loop ended (or ends) before the brain did."""
         turn._run_blocking = self.blocking
-        return asyncio.run_coroutine_threadsafe(self._run_brain(turn), self.loop).result()
+        with self._lock:  # the loop's end lets go of every wait registered before it
+            if self._ended:
+                raise BrainAbandoned(f"the runtime's event loop has ended: the turn of "
+                                     f"{turn.session_id} did not run")
+            future = asyncio.run_coroutine_threadsafe(self._run_direct(turn), self.loop)
+            self._waiting.add(future)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            raise BrainAbandoned(f"the runtime stopped before the async brain of "
+                                 f"{turn.session_id} ended: nothing of its turn "
+                                 "commits") from None
+        finally:
+            with self._lock:
+                self._waiting.discard(future)
+
+    async def _run_direct(self, turn: Turn) -> BaseException | None:
+        """:meth:`_run_brain` for a direct turn, which a stop waits for (:meth:`_drain`)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._direct.add(task)
+        try:
+            return await self._run_brain(turn)
+        finally:
+            self._direct.discard(task)
 
     def statistics(self) -> dict[str, int]:
         """Running and peak async turns."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from ..persistence import LeaseLost, PersistenceError, WriterClosed
+from .async_host import BrainAbandoned
 from .context import RuntimeContext, TurnEffects
 from .outbox import Outbox
 from .turn import Message, Turn, TurnOutcome
@@ -253,6 +254,10 @@ class DirectTurns:
                 error = ctx.async_host.run_brain_blocking(turn)
             else:
                 take_result(turn, ctx.brain(turn))
+        except BrainAbandoned:  # the loop ended under it: no outcome, as after a kill
+            if turn.outbox is not None:
+                turn.outbox.discard()
+            raise
         except BaseException as exc:  # a brain's SystemExit too fails its attempt, no more
             error = exc
         turn.close_steering()  # what the brain was never handed stays out (the caller's)

@@ -275,6 +275,8 @@ class Runtime(RecordsApi):
             self._peers.stop()
         for session_id in ctx.turns.running():
             ctx.turns.request_stop(session_id, RUNTIME_STOP, ctx.now())
+        if ctx.async_host is not None:  # cancels, past the grace, direct turns' brains too
+            ctx.async_host.begin_stop(timeout)
         if self._services is not None:  # before the async host: their brains may run there
             self._services.stop(wait=True, timeout=timeout)
         if ctx.dispatcher is not None:

@@ -985,3 +985,43 @@ def test_a_graceful_stop_leaves_a_turn_cleaning_up_after_its_cancel_until_its_ti
     rt.stop(timeout=10)
     assert after_stop(db_url, b, "m1") == (("delivered", 0),
                                            ["long", "halfway", "cleaned up"], 1)
+
+
+@pytest.mark.timeout(60)
+def test_a_graceful_stop_cancels_a_cron_brain_ignoring_it_and_commits_its_run(
+        make_runtime: MakeRuntime, db_url: str) -> None:
+    """A cron run's async brain is awaited by a direct turn's thread. The stop cancelled
+    only the brains of inbox turns, and only once the direct turns' wait had run out: a
+    cron brain ignoring the stop was never cancelled, its run stayed ``running`` with
+    nothing of it committed, and its thread waited on a loop that had ended, for good (the
+    process could not exit). Stopped by the runtime, it is cancelled past its grace and
+    its run commits as stopped, with what it said."""
+    started = threading.Event()
+    rt = make_runtime(brain=ignoring_stops(started), stop_grace=0.3)
+    job = rt.cron.add("tick", "* * * * *", "cron prompt")["job_id"]
+    rt.cron.trigger(job)
+    assert started.wait(10)
+    rt.stop(timeout=10)
+    assert rt.cron.wait_idle(0)  # the turn's thread is free: it waits for no loop
+    after = make_runtime()  # send-only: reads the database
+    [run] = after.cron.runs(job)
+    assert (run["status"], run["result"]) == ("success", "halfway")
+    assert [e.text for e in after.transcript(f"cron-{job}")][1:] == ["halfway"]
+
+
+@pytest.mark.timeout(60)
+def test_a_crash_frees_the_thread_of_a_cron_turn_awaiting_its_async_brain(
+        make_runtime: MakeRuntime) -> None:
+    """A crash ends the event loop with a cron run's brain on it: the direct turn's thread
+    waited for that brain's end, which never came, for good. It is let go, and nothing of
+    the run commits (its record is taken over at the next start, as after a kill)."""
+    started = threading.Event()
+    rt = make_runtime(brain=ignoring_stops(started))
+    job = rt.cron.add("tick", "* * * * *", "cron prompt")["job_id"]
+    rt.cron.trigger(job)
+    assert started.wait(10)
+    rt.crash()
+    assert rt.cron.wait_idle(10)
+    after = make_runtime()
+    assert [r["status"] for r in after.cron.runs(job)] == ["running"]
+    assert [e.text for e in after.transcript(f"cron-{job}")] == []
