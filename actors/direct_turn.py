@@ -148,10 +148,16 @@ class DirectTurns:
 
     def _start(self, session_id: str, turn_id: str, messages: list[Message],
                fetch_steering: Callable[[], list[Message]]) -> Turn:
-        """Register the running turn (waiting for the session's current one) and build it."""
+        """Register the running turn (waiting for the session's current one) and build it;
+        :class:`TurnNotStarted` when the runtime began to stop meanwhile."""
         ctx = self.ctx
         flag, started = ctx.turns.begin(session_id, ctx.now, turn_id)
         try:
+            # Checked once registered: a stop that came before asks no turn registered
+            # after it (its sweep may be past), one that comes after asks this one.
+            if ctx.closed.is_set():
+                raise TurnNotStarted(f"the runtime stopped before the turn of {session_id} "
+                                     "could start")
             outbox = Outbox(turn_id)
             return Turn(session_id, messages, turn_tools(ctx, session_id, outbox), flag,
                         fetch_steering, started=started, outbox=outbox)
@@ -194,8 +200,8 @@ class DirectTurns:
         """Mark the session's direct turn (:meth:`SessionStore.take_direct_turn`: once
         no other runtime's direct turn holds it), then wait for the inbox turns other
         runtimes run of it to end; the mark keeps them from starting more. One of this
-        process's it waits for in memory (``RunningTurns.begin``), and a graceful stop
-        lets it run after that.
+        process's it waits for in memory (``RunningTurns.begin``); a stop that comes
+        meanwhile keeps the turn from starting after it (:meth:`_start`).
 
         A stop or crash ends this wait with :class:`TurnNotStarted`: nothing of the turn
         ran, the mark is taken back, and the caller keeps its work (a social event goes

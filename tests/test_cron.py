@@ -463,6 +463,46 @@ def test_an_inbox_turn_waiting_for_a_cron_turn_at_a_stop_hands_its_row_back_unru
     assert (row["status"], row["attempts"]) == ("pending", 0)
 
 
+@pytest.mark.timeout(30)
+def test_a_cron_turn_waiting_for_an_inbox_turn_at_a_stop_does_not_run(
+        make_runtime: MakeRuntime, clock: ManualClock, db_url: str) -> None:
+    """The stop asks the running turns to stop; a cron turn that gets its session's board
+    only once the inbox turn there ends was never asked, and ran its whole brain inside
+    the stop. It does not start: its run is taken over at the next start, as after a
+    kill."""
+    inbox_running = threading.Event()
+    cron_turns: list[bool] = []
+
+    def brain(turn: Turn) -> str:
+        if turn.messages[0].kind != "cron":
+            inbox_running.set()
+            turn.wait_stop_requested(10)
+            return "stopped"
+        cron_turns.append(turn.wait_stop_requested(3))
+        return "ran"
+
+    rt = make_runtime(brain=brain)
+    job_id = every_minute(rt)
+    sid = f"cron-{job_id}"
+    rt.post(sid, "a note before the run")
+    assert inbox_running.wait(5)
+    turns = rt.context.turns
+    waiting = threading.Event()
+    real_begin = turns.begin
+
+    def begin(*args: Any, **kwargs: Any) -> Any:
+        waiting.set()
+        return real_begin(*args, **kwargs)
+    turns.begin = begin  # type: ignore[method-assign]
+    rt.cron.trigger(job_id)
+    assert waiting.wait(5)  # the cron turn waits for the inbox turn to end
+    rt.stop()
+    assert cron_turns == []  # never started, so never asked to stop
+    after = make_runtime()  # send-only: reads the database
+    assert [r["status"] for r in after.cron.runs(job_id)] == ["running"]
+    assert [e.text for e in after.transcript(sid)] == ["a note before the run", "stopped"]
+
+
 def test_the_apscheduler_driver_fires_at_the_time_it_was_told_and_on_its_poll() -> None:
     import time
 
