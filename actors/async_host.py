@@ -33,7 +33,10 @@ stop of the runtime asks every turn to stop and cancels, past the same
 grace, the brains that ignore it, those of cron and social turns too: their
 turns commit as stopped by the runtime. A direct turn's thread never waits
 for a loop that has ended: it gets :class:`BrainAbandoned` and commits
-nothing.
+nothing. A brain that never awaits (a CPU loop, a blocking call) holds the
+loop, where no cancel reaches it: the runtime's tick finds the loop stalled
+and says whose brain holds it (:meth:`AsyncHost.watch`), and a stop lets go
+of the direct turns waiting on it.
 """
 
 from __future__ import annotations
@@ -96,6 +99,8 @@ class AsyncHost:
         self._waiting: set[concurrent.futures.Future[BaseException | None]] = set()
         """What those threads wait on (under ``_lock``): let go when the loop ends."""
         self._ended = False  # under _lock
+        self._probe_sent: float | None = None  # under _lock: see watch()
+        self._stall_told = False  # under _lock
         self._draining: concurrent.futures.Future[None] | None = None
         self._lock = threading.Lock()
         self.running = 0
@@ -122,13 +127,17 @@ class AsyncHost:
                     log.error("a task on the async brains' loop raised %s; the loop goes on",
                               type(exc).__name__)
         finally:
-            # A brain still on the loop never ends now: the threads of direct turns
-            # awaiting one would wait for good (and keep the process from exiting).
-            with self._lock:
-                self._ended = True
-                waiting, self._waiting = self._waiting, set()
-            for future in waiting:
-                future.cancel()
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """The loop has ended (or never will): a brain on it never ends now, and the
+        threads of direct turns awaiting one would wait for good (and keep the process
+        from exiting). They get :class:`BrainAbandoned`."""
+        with self._lock:
+            self._ended = True
+            waiting, self._waiting = self._waiting, set()
+        for future in waiting:
+            future.cancel()
 
     def begin_stop(self, timeout: float = 10.0) -> None:
         """Start the stop's wait for running turns (they were asked to stop; any thread):
@@ -153,7 +162,50 @@ class AsyncHost:
             log.warning("async turns did not finish in time; their rows come back by lease")
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
+        if self._thread.is_alive():
+            log.error("the event loop of async brains did not end: %s; the turns on it "
+                      "never commit here, their rows come back by lease", self._holder())
+            self._let_go()
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def watch(self) -> None:
+        """At every tick (any thread): a loop that has not run the probe the tick before
+        sent for ``stop_grace`` seconds is held by code that never awaits (a brain's CPU
+        loop, a blocking call). Nothing can cancel that (a cancel is delivered at an
+        await), and every async turn waits meanwhile: logged once per stall, naming the
+        session whose brain holds the loop. Measured on the loop's own (monotonic) clock:
+        how long the loop's thread was held is real time, whatever the runtime's clock
+        says (an injected one moved by an hour, between two ticks, is no stall)."""
+        now = self.loop.time()
+        with self._lock:
+            sent, stalled = self._probe_sent, False
+            if sent is None:
+                self._probe_sent = now
+            elif now - sent > self.ctx.stop_grace and not self._stall_told:
+                self._stall_told = stalled = True
+        if sent is None:
+            try:
+                self.loop.call_soon_threadsafe(self._probe_answered)
+            except RuntimeError:  # the loop is closed: nothing to watch
+                pass
+        elif stalled:
+            log.warning("the event loop of async brains has not run for %.1f s: %s; every "
+                        "async turn waits for it, and no stop or timeout can cancel it",
+                        now - sent, self._holder())
+
+    def _probe_answered(self) -> None:
+        with self._lock:
+            told, self._probe_sent, self._stall_told = self._stall_told, None, False
+        if told:
+            log.warning("the event loop of async brains runs again")
+
+    def _holder(self) -> str:
+        """Who holds the loop now, as far as can be told from another thread."""
+        task = asyncio.current_task(self.loop)
+        for sid, brain in list(self._brains.items()):
+            if brain is task:
+                return f"the async brain of {sid} never awaits"
+        return "a task on it never awaits" if task is not None else "it is blocked"
 
     async def _drain(self, timeout: float) -> None:
         """Every running turn was asked to stop. The ticker that cancels a brain past its

@@ -79,6 +79,7 @@ class Dispatcher(pykka.ThreadingActor):
                 log.warning("the turn of %s ran past turn_timeout=%ss; asked it to stop",
                             session_id, self.ctx.turn_timeout)
             if self.ctx.async_host is not None:
+                self.ctx.async_host.watch()
                 lingering = self.ctx.turns.ignoring_stop(now, self.ctx.stop_grace)
                 if lingering:
                     self.ctx.async_host.cancel(lingering)

@@ -1025,3 +1025,36 @@ def test_a_crash_frees_the_thread_of_a_cron_turn_awaiting_its_async_brain(
     after = make_runtime()
     assert [r["status"] for r in after.cron.runs(job)] == ["running"]
     assert [e.text for e in after.transcript(f"cron-{job}")] == []
+
+
+@pytest.mark.timeout(60)
+def test_a_brain_that_never_awaits_is_named_and_a_stop_lets_go_of_its_cron_turn(
+        make_runtime: MakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    """An async brain that never awaits (a CPU loop, a blocking call) holds the event loop:
+    no cancel reaches it and every async turn waits. Nothing said so, and a stop left the
+    cron turn awaiting that brain waiting for good (the loop never ended, so nothing let
+    its thread go). The stall is logged naming the session, and the stop lets go of the
+    turn: nothing of it commits (its run is taken over at the next start)."""
+    started, release = threading.Event(), threading.Event()
+
+    async def brain(turn: Turn) -> None:
+        started.set()
+        release.wait(30)  # never awaits: the loop is held until the test lets go
+
+    rt = make_runtime(brain=brain, stop_grace=0.5)
+    job = rt.cron.add("tick", "* * * * *", "cron prompt")["job_id"]
+    sid = f"cron-{job}"
+    try:
+        with caplog.at_level("WARNING", logger="kinbox.async"):
+            rt.cron.trigger(job)
+            assert started.wait(10)
+            # A tick sends a probe the held loop never runs, and a tick stop_grace after it
+            # finds it unanswered.
+            wait_for(lambda: any(f"the async brain of {sid} never awaits" in r.getMessage()
+                                 for r in caplog.records), what="the stall's warning")
+            rt.stop(timeout=0.5)
+        assert rt.cron.wait_idle(5)  # the cron turn's thread was let go
+    finally:
+        release.set()
+    after = make_runtime()
+    assert [r["status"] for r in after.cron.runs(job)] == ["running"]
