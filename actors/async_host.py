@@ -14,9 +14,10 @@ may block otherwise (a turn hook's work, recording a failed attempt, tool
 calls) runs on a small pool of blocking workers. Nothing waits for another
 turn on one: a row whose session runs a cron or social turn awaits its end,
 since that turn's tool calls may need every worker. The outbox hooks run on
-the loop with the commit: two of them read one row by key (a sub-agent's
-task turn its session, a social session's reply its route), none writes or
-waits for a commit.
+the loop with the commit, none writing or waiting for a commit; those that
+must read to know the turn's effects (a sub-agent's report to its parent, a
+social thread's reply route) hand that read back as work, which runs on a
+blocking worker (:data:`.context.OutboxHook`).
 
 Per session nothing changes: the slot table still keeps one row in flight
 per target (the slot frees from here when the turn and its chained

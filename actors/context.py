@@ -59,9 +59,14 @@ class TurnEffects:
 NO_EFFECTS = TurnEffects()
 """What most turns cause besides their commit: nothing (shared: never add to it)."""
 
-OutboxHook = Callable[["RuntimeContext", Turn, TurnOutcome], "TurnEffects | None"]
+HookReads = Callable[[], "TurnEffects | None"]
+"""An outbox hook's work that reads the database to know the turn's effects."""
+
+OutboxHook = Callable[["RuntimeContext", Turn, TurnOutcome], "TurnEffects | HookReads | None"]
 """Effects of a turn's end (a parent's wake-up), committed with the turn's outcome (None:
-none)."""
+none). Runs without blocking (the event loop of async brains runs it): a hook that must
+read the database to know them returns that work instead, which the caller runs where
+blocking is allowed (:meth:`RuntimeContext.effect_parts`)."""
 
 TurnHook = Callable[["RuntimeContext", Turn], "Callable[[], object] | None"]
 """Runs before a turn's brain, without blocking (the event loop of async brains runs it):
@@ -140,6 +145,19 @@ class Activity:
             return {"busy": busy, "claim_pending": claim_pending, "live": live,
                     "peak_live": peak_live, "activations": self.activations,
                     "passivations": self.passivations, "turns": self.turns}
+
+
+def gather_effects(parts: list[TurnEffects | HookReads]) -> TurnEffects:
+    """One turn's effects from :meth:`RuntimeContext.effect_parts`, running the hooks'
+    reads here (read the result, never add to it: most turns share :data:`NO_EFFECTS`)."""
+    effects = NO_EFFECTS  # most turns: no tool writes, nothing from any hook
+    for part in parts:
+        more = part if isinstance(part, TurnEffects) else part()
+        if more is not None and (more.messages or more.ops or more.after):
+            if effects is NO_EFFECTS:
+                effects = TurnEffects()
+            effects.extend(more)
+    return effects
 
 
 def _no_board() -> tuple[int, bool, int, int]:
@@ -242,23 +260,27 @@ class RuntimeContext:
             self.slots.offer(row)
 
     def effects(self, turn: Turn, outcome: TurnOutcome) -> TurnEffects:
-        """What commits with this outcome: the turn's own tool writes when it succeeded
-        (never when it failed: its outbox is discarded, giving back what it took), then
-        what every outbox hook adds (read it, never add to it: most turns share
-        :data:`NO_EFFECTS`)."""
-        effects = NO_EFFECTS  # most turns: no tool writes, nothing from any hook
+        """What commits with this outcome, the hooks' reads made here: see
+        :meth:`effect_parts`."""
+        return gather_effects(self.effect_parts(turn, outcome))
+
+    def effect_parts(self, turn: Turn, outcome: TurnOutcome
+                     ) -> list[TurnEffects | HookReads]:
+        """What commits with this outcome, without blocking: the turn's own tool writes
+        when it succeeded (never when it failed: its outbox is discarded, giving back what
+        it took), then what every outbox hook adds, in order, or the read that tells it
+        (:func:`gather_effects` makes them one)."""
+        parts: list[TurnEffects | HookReads] = []
         box = turn.outbox
         if box is not None and not outcome.ok:
             box.discard()
-        elif box is not None:
-            effects = box.close() or NO_EFFECTS  # the tool calls' writes, in call order
+        elif box is not None and (own := box.close()) is not None:
+            parts.append(own)  # the tool calls' writes, in call order
         for hook in self.outbox_hooks:
             more = hook(self, turn, outcome)
-            if more is not None and (more.messages or more.ops or more.after):
-                if effects is NO_EFFECTS:
-                    effects = TurnEffects()
-                effects.extend(more)
-        return effects
+            if more is not None:
+                parts.append(more)
+        return parts
 
     def require_running(self) -> None:
         """Raise :class:`RuntimeStateError` once the runtime stopped or crashed."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ..persistence import (
@@ -30,7 +31,7 @@ from ..persistence import (
     WriterClosed,
 )
 from . import delivery as dp
-from .context import RuntimeContext, TurnEffects
+from .context import RuntimeContext, TurnEffects, gather_effects
 from .messages import Deliver
 from .outbox import Outbox
 from .pooled import ActorPool, PooledActor
@@ -295,7 +296,11 @@ class SessionActor(PooledActor):
         turn, judged, flag = self.turn, self.judged, self.flag
         assert turn is not None and judged is not None
         try:
-            effects = self.ctx.effects(turn, judged.outcome)
+            parts = self.ctx.effect_parts(turn, judged.outcome)
+            if all(isinstance(part, TurnEffects) for part in parts):
+                effects = gather_effects(parts)
+            else:  # a hook must read to know them: where blocking is allowed
+                effects = yield Blocking(partial(gather_effects, parts))
             following = yield self._submit(turn, effect, effects)
         except Exception as exc:
             return self._refused(run, turn, flag, exc)

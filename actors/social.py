@@ -48,12 +48,13 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 from ..persistence import DuplicateError, NewMessage, PersistenceError, WriterClosed
 from . import channels
 from . import social_rules as rules
-from .context import RuntimeContext, TurnEffects
+from .context import HookReads, RuntimeContext, TurnEffects
 from .delayed import Delayed
 from .direct_turn import DirectOutcome, DirectTurns, TurnNotStarted
 from .turn import Message, Turn, TurnOutcome
@@ -524,15 +525,22 @@ class SocialService:
                            event.event_id)
 
     def outbox(self, ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome
-               ) -> TurnEffects | None:
+               ) -> HookReads | None:
         """Outbox hook: replies of an inbox turn in a social session leave through the
         channel too: an event a stop handed to the inbox by its own reply route, an
-        ``agent_send`` to the thread by the thread's last one."""
+        ``agent_send`` to the thread by the thread's last one. Which route reads the
+        session: what it returns is that work (:data:`.context.OutboxHook`)."""
         events = [m for m in turn.messages if m.kind == SOCIAL_KIND]
         if (not outcome.ok or not turn.replies
                 or not turn.session_id.startswith(rules.SESSION_PREFIX)
                 or (events and turn.row is None) or self.turns is None):
             return None  # a social event's own (direct) turn sends its replies itself
+        return partial(self._reply_sends, ctx, turn, events)
+
+    def _reply_sends(self, ctx: RuntimeContext, turn: Turn, events: list[Message]
+                     ) -> TurnEffects:
+        """:meth:`outbox`'s effects: the send of the turn's replies once it committed."""
+        assert self.turns is not None
         effects = TurnEffects()
         session = ctx.store.session(turn.session_id)
         route = (events[-1].payload.get("reply_route") if events

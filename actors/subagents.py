@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from functools import partial
 
 from ..persistence import (
     NewMessage,
@@ -32,10 +33,10 @@ from ..persistence import (
     TaskChange,
 )
 from . import task_rules
-from .context import RuntimeContext, TurnEffects
+from .context import HookReads, RuntimeContext, TurnEffects
 from .running import RUNTIME_STOP
 from .tasks import TaskService
-from .turn import Turn, TurnOutcome
+from .turn import Message, Turn, TurnOutcome
 
 log = logging.getLogger("kinbox.subagents")
 
@@ -76,11 +77,21 @@ def task_message_id(task_id: str) -> str:
     return f"{TASK_MESSAGE_PREFIX}{task_id}"
 
 
-def report_back(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEffects | None:
-    """Outbox hook: the parent's wake-up and the task's end, for a child's task turn."""
+def report_back(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> HookReads | None:
+    """Outbox hook: the parent's wake-up and the task's end, for a child's task turn. Both
+    cases read (the child's session, the task, the wake-up ids taken): what it returns
+    is that work (:data:`.context.OutboxHook`)."""
     task_messages = [m for m in turn.all_messages if m.kind == TASK_KIND]
     if not task_messages:
-        return _settled_later(ctx, turn, outcome)
+        if not outcome.ok or turn.outbox is None or not turn.outbox.tasks:
+            return None  # most turns: no task changed, nothing to read
+        return partial(_settled_later, ctx, turn)
+    return partial(_reported, ctx, turn, outcome, task_messages)
+
+
+def _reported(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome,
+              task_messages: list[Message]) -> TurnEffects | None:
+    """:func:`report_back` of a child's task turn."""
     child = ctx.store.session(turn.session_id)
     if child is None or child.parent_id is None:
         return None
@@ -138,13 +149,11 @@ def report_back(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome) -> TurnEf
     return effects
 
 
-def _settled_later(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome
-                   ) -> TurnEffects | None:
+def _settled_later(ctx: RuntimeContext, turn: Turn) -> TurnEffects | None:
     """A child that left its task blocked (its parent was told so) completes or cancels it
     in a later turn (the user answered, a sibling helped): the parent hears that outcome
-    too, committed with the turn."""
-    if not outcome.ok or turn.outbox is None or not turn.outbox.tasks:
-        return None
+    too, committed with the turn (a turn that succeeded and changed tasks)."""
+    assert turn.outbox is not None
     child = ctx.store.session(turn.session_id)
     if child is None or child.parent_id is None or child.kind != "subagent":
         return None

@@ -8,6 +8,7 @@ import asyncio
 import subprocess
 import sys
 import threading
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -1058,3 +1059,83 @@ def test_a_brain_that_never_awaits_is_named_and_a_stop_lets_go_of_its_cron_turn(
         release.set()
     after = make_runtime()
     assert [r["status"] for r in after.cron.runs(job)] == ["running"]
+
+
+@pytest.mark.timeout(60)
+def test_a_sub_agents_commits_read_nothing_on_the_event_loop(make_runtime: MakeRuntime
+                                                             ) -> None:
+    """The outbox hooks of a sub-agent's turns read the database (the child's session, the
+    task before the turn, which wake-up ids are taken) to know what commits with the
+    turn, and they ran on the event loop: every other async turn waited for those reads
+    (on PostgreSQL round trips; on a lost connection, its reconnect). They run on a
+    blocking worker, and the parent hears both outcomes as before."""
+    heard: list[str] = []
+
+    async def brain(turn: Turn) -> None:
+        message = turn.messages[0]
+        if message.kind == "subagent_task":  # the child asks the user first
+            await turn.tools.task_update(message.payload["task_id"], status="blocked",
+                                         blocked_on="user", reason="which files?")
+            turn.reply("which files?")
+        elif turn.session_id.startswith("subagent-"):  # the user answered: done
+            tasks = (await turn.tools.task_list())["tasks"]
+            await turn.tools.task_update(tasks[0]["task_id"], status="completed")
+            turn.reply("cleaned")
+        elif message.kind == "subagent_result":
+            heard.append(f"{message.payload['outcome']}: {message.content}")
+        else:
+            await turn.tools.agent(description="clean up")
+
+    rt = make_runtime(brain=brain, max_active_sessions=2)
+    a, _ = team(rt)
+    on_loop = reads_on_the_loop(rt, "subagents.py")
+    rt.post(a, "delegate")
+    rt.run_until_idle()
+    [child] = [s.id for s in rt.sessions() if s.id.startswith("subagent-")]
+    rt.post(child, "the logs folder")
+    rt.run_until_idle()
+    assert heard == ["blocked: which files?", "completed: cleaned"]
+    assert on_loop == []
+
+
+def reads_on_the_loop(rt: Runtime, module: str) -> list[str]:
+    """The functions of ``module`` (a file name) under each database statement run on the
+    event loop's thread from now on (filled as they run)."""
+    db = rt.context.journal.t.db
+    real, on_loop = db.execute_sql, []
+
+    def execute_sql(sql: str, *args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "kinbox-async":
+            on_loop.extend(f.name for f in traceback.extract_stack()
+                           if f.filename.endswith(module))
+        return real(sql, *args, **kwargs)
+
+    db.execute_sql = execute_sql
+    return on_loop
+
+
+@pytest.mark.timeout(60)
+def test_a_social_threads_inbox_turn_finds_its_reply_route_off_the_event_loop(
+        make_runtime: MakeRuntime) -> None:
+    """The replies of an inbox turn in a social thread (an ``agent_send`` to it) leave by
+    the thread's reply route, which the outbox hook read from the session on the event
+    loop, holding up every other async turn. It reads on a blocking worker; the reply
+    still leaves by that route."""
+    async def brain(turn: Turn) -> str:
+        return "echo: " + turn.messages[0].content.splitlines()[-1]
+
+    rt = make_runtime(brain=brain)
+    sent: list[tuple[Any, str]] = []
+    rt.social.allow("slack", ["U1"])
+    rt.social.register_channel("slack", send=lambda route, text: sent.append((route, text)))
+    rt.social.ingest({"platform": "slack", "sender_id": "U1", "sender_name": "name-U1",
+                      "thread_id": "T1", "text": "hi",
+                      "reply_route": {"channel": "C9", "ts": "T1"}})
+    assert rt.social.wait_idle(10)
+    on_loop = reads_on_the_loop(rt, "social.py")
+    peer = rt.create_session("social", "Helper").id
+    rt.tools_for(peer).agent_send("social-slack-T1", "a note from a colleague")
+    rt.run_until_idle()
+    wait_for(lambda: len(sent) == 2, what="the inbox turn's reply sent")
+    assert sent[-1] == ({"channel": "C9", "ts": "T1"}, "echo: a note from a colleague")
+    assert on_loop == []
