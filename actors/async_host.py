@@ -103,6 +103,9 @@ class AsyncHost:
         self._probe_sent: float | None = None  # under _lock: see watch()
         self._stall_told = False  # under _lock
         self._draining: concurrent.futures.Future[None] | None = None
+        self._stop_by = 0.0
+        """When a stop's wait for running turns ends (:meth:`begin_stop`), on the loop's
+        clock."""
         self._lock = threading.Lock()
         self.running = 0
         self.peak_running = 0
@@ -146,7 +149,9 @@ class AsyncHost:
         before it calls :meth:`stop`, so the brains ignoring the stop are cancelled past
         the grace meanwhile."""
         if self._thread.is_alive() and self._draining is None:
-            self._draining = asyncio.run_coroutine_threadsafe(self._drain(timeout), self.loop)
+            self._stop_by = self.loop.time() + timeout  # the loop's clock: monotonic
+            self._draining = asyncio.run_coroutine_threadsafe(self._drain(self._stop_by),
+                                                              self.loop)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Let running turns finish (they were asked to stop), cancel the rest, end the loop."""
@@ -157,8 +162,9 @@ class AsyncHost:
         try:
             self._draining.result(timeout + 5)
             # And the turns that started since (a row handed over as the stop began, which
-            # hands it back).
-            asyncio.run_coroutine_threadsafe(self._drain(timeout), self.loop).result(timeout + 5)
+            # hands it back), by the same deadline.
+            asyncio.run_coroutine_threadsafe(self._drain(self._stop_by), self.loop
+                                             ).result(timeout + 5)
         except Exception:
             log.warning("async turns did not finish in time; their rows come back by lease")
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -208,19 +214,19 @@ class AsyncHost:
                 return f"the async brain of {sid} never awaits"
         return "a task on it never awaits" if task is not None else "it is blocked"
 
-    async def _drain(self, timeout: float) -> None:
+    async def _drain(self, deadline: float) -> None:
         """Every running turn was asked to stop. The ticker that cancels a brain past its
         grace has stopped: a brain still running ``stop_grace`` seconds in (or at
-        ``timeout``) is cancelled here, an inbox turn's or a direct turn's, so its turn
-        commits as stopped by the runtime, as one stopped by a caller does. Only a turn
-        that still has not ended by ``timeout`` (its commit held up, say) is cancelled
-        whole: its row comes back by lease (a direct turn's thread is let go with
-        :class:`BrainAbandoned`)."""
+        ``deadline``, on the loop's clock) is cancelled here, an inbox turn's or a direct
+        turn's, so its turn commits as stopped by the runtime, as one stopped by a caller
+        does. Only a turn that still has not ended by ``deadline`` (its commit held up,
+        say) is cancelled whole: its row comes back by lease (a direct turn's thread is
+        let go with :class:`BrainAbandoned`)."""
         running = self._drivers | self._direct
         if not running:
             return
-        deadline = self.loop.time() + timeout
-        _, late = await asyncio.wait(running, timeout=min(timeout, self.ctx.stop_grace))
+        _, late = await asyncio.wait(
+            running, timeout=max(0.0, min(deadline - self.loop.time(), self.ctx.stop_grace)))
         if late:
             # Whether or not a brain is cancelled now (one may be committing, or cleaning
             # up after an earlier cancel), every late turn has until the stop's timeout.
