@@ -331,6 +331,8 @@ class AsyncHost:
         try:
             for work in hook_work(self.ctx, turn):
                 await self.blocking(work)
+            if turn.session_id not in self.ctx.tool_classes:  # read once per session
+                await self.blocking(_build_tools, turn)
             error = await self._run_brain(turn)
         except Exception as exc:
             error = exc
@@ -438,6 +440,8 @@ class AsyncHost:
         wait for it; the error the attempt ends with, or None to commit.
         :class:`BrainAbandoned` once the loop ended (or ends) before the brain did."""
         turn._run_blocking = self.blocking
+        if turn.session_id not in self.ctx.tool_classes:  # read here, not on the loop
+            _build_tools(turn)
         with self._lock:  # the loop's end lets go of every wait registered before it
             if self._ended:
                 raise BrainAbandoned(f"the runtime's event loop has ended: the turn of "
@@ -468,6 +472,13 @@ class AsyncHost:
         """Running and peak async turns."""
         with self._lock:
             return {"async_turns": self.running, "peak_async_turns": self.peak_running}
+
+
+def _build_tools(turn: Turn) -> None:
+    """Build the turn's tools where blocking is allowed: the first turn of a session in this
+    runtime reads which tools it holds (``RuntimeContext.tool_classes``), which on the loop
+    would hold up every other turn."""
+    _ = turn.tools
 
 
 def _settle_future(future: asyncio.Future[T], reply: Reply[T],

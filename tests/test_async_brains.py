@@ -1139,3 +1139,28 @@ def test_a_social_threads_inbox_turn_finds_its_reply_route_off_the_event_loop(
     wait_for(lambda: len(sent) == 2, what="the inbox turn's reply sent")
     assert sent[-1] == ({"channel": "C9", "ts": "T1"}, "echo: a note from a colleague")
     assert on_loop == []
+
+
+@pytest.mark.timeout(60)
+def test_a_sessions_first_turn_reads_which_tools_it_holds_off_the_event_loop(
+        make_runtime: MakeRuntime) -> None:
+    """Which tools a session holds is read from its session row the first time one of its
+    turns builds them, and an async brain built them on the event loop: every other turn
+    waited for that read, once per session (every new social thread, every sub-agent,
+    every cron job). It is read on a blocking worker (a direct turn's own thread) before
+    the brain runs."""
+    schemas: list[int] = []
+
+    async def brain(turn: Turn) -> None:
+        schemas.append(len(turn.tools.schemas()))
+
+    rt = make_runtime(brain=brain)
+    on_loop = reads_on_the_loop(rt, "tools.py")
+    sid = rt.create_session(None, "new").id
+    rt.post(sid, "first")
+    rt.run_until_idle()
+    job = rt.cron.add("tick", "* * * * *", "cron prompt")["job_id"]
+    rt.cron.trigger(job)
+    assert rt.cron.wait_idle(20)
+    assert len(schemas) == 2 and all(schemas)
+    assert on_loop == []
