@@ -57,7 +57,9 @@ class FailsFirst:
 @pytest.mark.parametrize("sessions", [1, 2])
 def test_every_retry_runs_when_its_backoff_ends_without_a_tick(tmp_path: Path,
                                                               sessions: int) -> None:
-    """With two, the second failure's alarm comes after the first's: both must ring."""
+    """With two, the second failure's alarm comes after the first's: both retries must run.
+    (A loaded machine may wake the ticker once both are due: alarms due together ring
+    once, and that claim finds both rows.)"""
     brain = FailsFirst()
     rt = Runtime(db=f"sqlite:///{tmp_path / 'k.db'}", brain=brain,
                  tick_interval=NO_TICK).start()
@@ -74,6 +76,6 @@ def test_every_retry_runs_when_its_backoff_ends_without_a_tick(tmp_path: Path,
             assert FIRST_BACKOFF - 0.1 <= brain.waited(sid) < FIRST_BACKOFF + 3
         wait_for(lambda: len(rt.inbox(state="delivered")) == sessions, timeout=10,
                  what="the retries' commits")
-        assert rt.statistics()["alarms"] >= sessions
+        assert rt.statistics()["alarms"] >= 1  # no tick ran: an alarm claimed them
     finally:
         rt.stop()
