@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..persistence import WRITE_TIMEOUT, ClaimedRow, Reply, WriterClosed
 from . import delivery as dp
 from .async_tools import AsyncTools
+from .loop_watch import LoopWatch
 from .running import TIMEOUT
 from .session_actor import Blocking, SessionActor, Step, settle_from
 from .turn import Turn
@@ -100,8 +101,7 @@ class AsyncHost:
         self._waiting: set[concurrent.futures.Future[BaseException | None]] = set()
         """What those threads wait on (under ``_lock``): let go when the loop ends."""
         self._ended = False  # under _lock
-        self._probe_sent: float | None = None  # under _lock: see watch()
-        self._stall_told = False  # under _lock
+        self._watch = LoopWatch(self.loop, ctx.stop_grace, self._holder)
         self._draining: concurrent.futures.Future[None] | None = None
         self._stop_by = 0.0
         """When a stop's wait for running turns ends (:meth:`begin_stop`), on the loop's
@@ -176,35 +176,9 @@ class AsyncHost:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     def watch(self) -> None:
-        """At every tick (any thread): a loop that has not run the probe the tick before
-        sent for ``stop_grace`` seconds is held by code that never awaits (a brain's CPU
-        loop, a blocking call). Nothing can cancel that (a cancel is delivered at an
-        await), and every async turn waits meanwhile: logged once per stall, naming the
-        session whose brain holds the loop. Measured on the loop's own (monotonic) clock:
-        how long the loop's thread was held is real time, whatever the runtime's clock
-        says (an injected one moved by an hour, between two ticks, is no stall)."""
-        now = self.loop.time()
-        with self._lock:
-            sent, stalled = self._probe_sent, False
-            if sent is None:
-                self._probe_sent = now
-            elif now - sent > self.ctx.stop_grace and not self._stall_told:
-                self._stall_told = stalled = True
-        if sent is None:
-            try:
-                self.loop.call_soon_threadsafe(self._probe_answered)
-            except RuntimeError:  # the loop is closed: nothing to watch
-                pass
-        elif stalled:
-            log.warning("the event loop of async brains has not run for %.1f s: %s; every "
-                        "async turn waits for it, and no stop or timeout can cancel it",
-                        now - sent, self._holder())
-
-    def _probe_answered(self) -> None:
-        with self._lock:
-            told, self._probe_sent, self._stall_told = self._stall_told, None, False
-        if told:
-            log.warning("the event loop of async brains runs again")
+        """At every tick (any thread): is the loop held by code that never awaits? Logged
+        once per stall, naming the session whose brain holds it (:mod:`.loop_watch`)."""
+        self._watch.tick()
 
     def _holder(self) -> str:
         """Who holds the loop now, as far as can be told from another thread."""
