@@ -151,7 +151,11 @@ class DirectTurns:
         """Register the running turn (waiting for the session's current one) and build it;
         :class:`TurnNotStarted` when the runtime began to stop meanwhile."""
         ctx = self.ctx
-        flag, started = ctx.turns.begin(session_id, ctx.now, turn_id)
+        begun = ctx.turns.begin(session_id, ctx.now, turn_id)
+        if begun is None:  # the runtime stopped while the session's turn ran
+            raise TurnNotStarted(f"the runtime stopped before the turn of {session_id} "
+                                 "could start")
+        flag, started = begun
         try:
             # Checked once registered: a stop that came before asks no turn registered
             # after it (its sweep may be past), one that comes after asks this one.

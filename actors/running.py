@@ -130,33 +130,53 @@ class RunningTurns:
                                              asyncio.Future[None]]]] = {}
         """Coroutines in :meth:`begin_async` waiting for a session's turn to end."""
         self._turns: dict[str, _Running] = {}
+        self._closed = False
+        """The runtime is stopping: :meth:`begin` waits for no turn any more."""
+
+    def close(self) -> None:
+        """The runtime is stopping: a :meth:`begin` waiting for a session's turn gives up,
+        and none waits from now on (that turn may never end: a brain deaf to the stop
+        would keep the waiting thread, one the interpreter joins at exit, for good)."""
+        with self._lock:
+            self._closed = True
+            self._ended.notify_all()
+            awaiting = [w for waiters in self._awaiting.values() for w in waiters]
+            self._awaiting.clear()
+        for loop, ended in awaiting:
+            _wake_soon(loop, ended)
 
     def begin(self, session_id: str, clock: Callable[[], float],
-              turn_id: str | None = None) -> tuple[StopFlag, float]:
+              turn_id: str | None = None) -> tuple[StopFlag, float] | None:
         """Register the turn ``turn_id`` of ``session_id`` once the session's running turn
         ended, blocking this thread meanwhile; its stop flag and its start on ``clock``
         (read once the wait is over: a turn's timeout does not count its wait; read
-        outside the board's lock, which every turn takes: a database's clock may wait)."""
+        outside the board's lock, which every turn takes: a database's clock may wait).
+        None, registering nothing, when the board closed while the session's turn ran."""
         while True:
             with self._lock:
                 self._beginning += 1
                 try:
-                    self._ended.wait_for(lambda: session_id not in self._turns)
+                    self._ended.wait_for(lambda: session_id not in self._turns
+                                         or self._closed)
                 finally:
                     self._beginning -= 1
+                if session_id in self._turns:  # closed: stop waiting
+                    return None
             started = clock()
             with self._lock:
                 if session_id not in self._turns:  # else another turn came first: wait again
                     return self._register(session_id, started, turn_id), started
 
     async def begin_async(self, session_id: str, clock: Callable[[], float],
-                          turn_id: str | None = None) -> tuple[StopFlag, float]:
+                          turn_id: str | None = None) -> tuple[StopFlag, float] | None:
         """:meth:`begin` for the event loop: the wait holds no thread (a worker the loop's
         turns need for their tool calls, say, while the turn waited for needs one too)."""
         loop = asyncio.get_running_loop()
         while True:
             with self._lock:
                 free = session_id not in self._turns
+                if not free and self._closed:
+                    return None
                 if not free:
                     ended: asyncio.Future[None] = loop.create_future()
                     waiter = (loop, ended)
@@ -214,10 +234,7 @@ class RunningTurns:
             awaiting = self._awaiting.pop(session_id, None) if self._awaiting else None
             stopped_by = turn.stopped_by
         for loop, ended in awaiting or ():
-            try:
-                loop.call_soon_threadsafe(_wake, ended)
-            except RuntimeError:  # its loop closed: nobody waits there any more
-                pass
+            _wake_soon(loop, ended)
         return stopped_by
 
     def stop_overdue(self, now: float, timeout: float | None) -> list[str]:
@@ -279,6 +296,14 @@ class RunningTurns:
         included)."""
         with self._lock:
             return sorted(self._turns)
+
+
+def _wake_soon(loop: asyncio.AbstractEventLoop, ended: asyncio.Future[None]) -> None:
+    """Wake a :meth:`RunningTurns.begin_async` waiting on ``loop`` (any thread)."""
+    try:
+        loop.call_soon_threadsafe(_wake, ended)
+    except RuntimeError:  # its loop closed: nobody waits there any more
+        pass
 
 
 def _wake(ended: asyncio.Future[None]) -> None:

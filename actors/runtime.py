@@ -268,6 +268,7 @@ class Runtime(RecordsApi):
         ctx = self._require()
         self._state = "stopped"
         ctx.closed.set()
+        ctx.turns.close()
         if self._services is not None:
             self._services.stop_schedule()
         self._stop_ticker()
@@ -305,6 +306,7 @@ class Runtime(RecordsApi):
             self._writer.abort()
         ctx.crashed.set()
         ctx.closed.set()
+        ctx.turns.close()
         if self._services is not None:
             self._services.stop_schedule()
         self._stop_ticker()

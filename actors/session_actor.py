@@ -228,9 +228,13 @@ class SessionActor(PooledActor):
     def _wait_to_start(self, run: dp.Delivery, row: ClaimedRow) -> Step:
         """A cron or social turn of this session runs: wait it out, then start."""
         turns, sid, now = self.ctx.turns, self.session_id, self.ctx.now
-        stop_flag, started = yield Blocking(
+        begun = yield Blocking(
             lambda: turns.begin(sid, now, row.message_id),
             on_loop=lambda: turns.begin_async(sid, now, row.message_id))
+        if begun is None:  # the runtime stopped while that turn ran: the row goes back
+            run.closing = True
+            return run.started()
+        stop_flag, started = begun
         return self._started(run, row, started, stop_flag)
 
     def try_start(self, run: dp.Delivery, row: ClaimedRow) -> list[dp.Effect] | None:
