@@ -503,6 +503,86 @@ def test_a_cron_turn_waiting_for_an_inbox_turn_at_a_stop_does_not_run(
     assert [e.text for e in after.transcript(sid)] == ["a note before the run", "stopped"]
 
 
+@pytest.mark.timeout(30)
+def test_a_cron_turn_waiting_for_an_inbox_turn_that_never_ends_lets_go_at_the_stop(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    """A cron turn waits for its session's inbox turn to end. That brain ignores the stop
+    and never returns: the cron turn's thread waited for it for good after the stop (a
+    thread the interpreter joins at exit, so the process never ended). The stop lets it go:
+    the turn does not start, and its run is taken over at the next start."""
+    inbox_running, release = threading.Event(), threading.Event()
+    cron_turns: list[str] = []
+
+    def brain(turn: Turn) -> str:
+        if turn.messages[0].kind != "cron":
+            inbox_running.set()
+            release.wait(20)  # deaf to the stop
+            return "late"
+        cron_turns.append(turn.session_id)
+        return "ran"
+
+    rt = make_runtime(brain=brain)
+    try:
+        job_id = every_minute(rt)
+        rt.post(f"cron-{job_id}", "a note before the run")
+        assert inbox_running.wait(5)
+        turns = rt.context.turns
+        waiting = threading.Event()
+        real_begin = turns.begin
+
+        def begin(*args: Any, **kwargs: Any) -> Any:
+            waiting.set()
+            return real_begin(*args, **kwargs)
+        turns.begin = begin  # type: ignore[method-assign]
+        rt.cron.trigger(job_id)
+        assert waiting.wait(5)  # the cron turn waits for the inbox turn to end
+        rt.stop(timeout=0.5)
+        wait_for(lambda: not any(t.name.startswith("kinbox-direct")
+                                 for t in threading.enumerate()), 10,
+                 "the cron turn's thread to be let go")
+        assert cron_turns == []
+    finally:
+        release.set()
+
+
+@pytest.mark.timeout(30)
+def test_an_inbox_turn_waiting_for_a_cron_turn_that_never_ends_hands_its_row_back(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    """The other way round: an inbox row of the cron session waits for the cron turn, whose
+    brain ignores the stop. The stop lets the wait go and the row goes back at once, for the
+    next start; it was left ``processing``, its session actor waiting, until its lease ran
+    out."""
+    cron_running, release = threading.Event(), threading.Event()
+
+    def brain(turn: Turn) -> str:
+        if turn.messages[0].kind == "cron":
+            cron_running.set()
+            release.wait(20)  # deaf to the stop
+            return "late"
+        return "ran"
+
+    rt = make_runtime(brain=brain)
+    try:
+        job_id = every_minute(rt)
+        rt.cron.trigger(job_id)
+        assert cron_running.wait(5)
+        turns = rt.context.turns
+        waiting = threading.Event()
+        real_begin = turns.begin
+
+        def begin(*args: Any, **kwargs: Any) -> Any:
+            waiting.set()
+            return real_begin(*args, **kwargs)
+        turns.begin = begin  # type: ignore[method-assign]
+        rt.post(f"cron-{job_id}", "a note during the run")
+        assert waiting.wait(5)  # the inbox turn waits for the cron turn to end
+        rt.stop(timeout=0.5)
+        after = make_runtime()  # send-only: reads the database
+        assert [r["status"] for r in after.inbox(target=f"cron-{job_id}")] == ["pending"]
+    finally:
+        release.set()
+
+
 def test_the_apscheduler_driver_fires_at_the_time_it_was_told_and_on_its_poll() -> None:
     import time
 

@@ -105,6 +105,35 @@ def test_a_late_second_end_never_ends_the_next_turn() -> None:
 
 
 @pytest.mark.timeout(30)
+def test_a_closed_board_lets_go_of_every_wait_for_a_turn_that_may_never_end() -> None:
+    """At a stop, a turn waiting for its session's running turn (one whose brain ignores
+    the stop may never end) gives up, on a thread and on an event loop, and registers
+    nothing; once closed, a free session still begins (the caller checks the stop)."""
+    board = RunningTurns()
+    deaf = board.try_begin("s", 0.0)
+    assert deaf is not None
+    answers: list[object] = []
+    waiter = threading.Thread(target=lambda: answers.append(board.begin("s", lambda: 1.0)))
+    waiter.start()
+    wait_for(lambda: board._beginning == 1, timeout=10, what="the thread waiting")
+
+    async def on_loop() -> object:
+        waiting = asyncio.ensure_future(board.begin_async("s", lambda: 1.0))
+        await asyncio.sleep(0)  # let it find the session busy and wait
+        board.close()
+        return await asyncio.wait_for(waiting, 10)
+
+    assert asyncio.run(on_loop()) is None
+    waiter.join(10)
+    assert answers == [None]
+    assert asyncio.run(board.begin_async("s", lambda: 1.0)) is None  # closed: no new wait
+    assert board.begin("s", lambda: 1.0) is None
+    assert board.end("s", deaf) is None and not board.is_running("s")
+    begun = board.begin("s", lambda: 2.0)
+    assert begun is not None and begun[1] == 2.0
+
+
+@pytest.mark.timeout(30)
 def test_a_turn_that_waited_for_the_session_starts_when_its_wait_ends() -> None:
     """Its start (what ``turn_timeout`` counts from) is read once the session's running
     turn ended, on a thread and on an event loop alike: a wait is not time the turn ran."""
