@@ -4,11 +4,13 @@
 and port, can be killed (SIGKILL) and started again on the same port, and
 answers questions about its database by reading the file. ``CuttingProxy``
 forwards TCP between a sender and the receiver and drops every connection
-on request, as a flaky network would.
+on request, as a flaky network would. ``FakePeer`` proves a device key like a
+receiver and then behaves as a test tells it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import json
@@ -19,10 +21,19 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import websockets
+from websockets.asyncio.server import ServerConnection
+
+from kinbox.actors import Runtime
 from kinbox.actors.cli import main
+from kinbox.transport import frames as f
+from kinbox.transport import handshake as hs
+from kinbox.transport.grants import GrantView, new_token, secret_hash
+from kinbox.transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
 
 from .helpers import wait_for
 
@@ -164,3 +175,57 @@ class CuttingProxy:
         """Stop accepting and cut everything."""
         self.server.close()
         self.cut()
+
+
+class FakePeer:
+    """A websockets server on 127.0.0.1 that proves its device key as a kinbox receiver
+    does (challenge, then a welcome signed for an active grant) and then hands the open
+    link to ``after_welcome``: a receiver of another version, or one that misbehaves.
+
+    :meth:`grant_to` stores the outbound grant in a sender runtime, as a pairing would."""
+
+    def __init__(self, after_welcome: Callable[[ServerConnection], Awaitable[None]]) -> None:
+        self.identity = DeviceIdentity.generate()
+        self.token = new_token(os.urandom(32))
+        self.port = free_port()
+        self.http = f"http://127.0.0.1:{self.port}"
+        self.opened = 0
+        """Links that got their welcome."""
+        self._after = after_welcome
+        self._grant: GrantView | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=asyncio.run, args=(self._serve(),),
+                                        daemon=True)
+        self._thread.start()
+        wait_for(lambda: port_open(self.port), 10, "the fake peer to listen")
+
+    def grant_to(self, rt: Runtime) -> str:
+        """Pair ``rt`` with this peer (its outbound grant, the link started); the device id."""
+        me = rt.peers.identity
+        self._grant = GrantView(me.device_id, me.public_key, secret_hash(self.token),
+                                frozenset({"agent"}), "active")
+        rt.peers.peers.save_outbound(self.identity.device_id, "fake", self.identity.public_key,
+                                     self.http, me.seal(self.token, os.urandom(SEAL_NONCE_BYTES)),
+                                     frozenset({"agent"}), rt.clock.now())
+        rt.peers.link_for(self.identity.device_id)
+        return self.identity.device_id
+
+    def close(self) -> None:
+        """Stop serving (open links are closed)."""
+        self._stop.set()
+        self._thread.join(10)
+
+    async def _serve(self) -> None:
+        async with websockets.serve(self._handle, "127.0.0.1", self.port):
+            await asyncio.to_thread(self._stop.wait)
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        nonce = hs.new_nonce(os.urandom(32))
+        await ws.send(f.encode(hs.challenge(self.identity, nonce)))
+        hello = f.parse(await ws.recv())
+        assert isinstance(hello, f.Hello)
+        await ws.send(f.encode(hs.answer_hello(self.identity, nonce, hello, self._grant,
+                                               self.token)))
+        self.opened += 1
+        with contextlib.suppress(websockets.ConnectionClosed):
+            await self._after(ws)

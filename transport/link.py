@@ -15,6 +15,7 @@ leaves the state as it was)::
     HANDSHAKE  --refused (signed)--> CLOSED     (terminal: every leased row fails)
     HANDSHAKE  --anything else-->    IDLE       (retried: nothing proves who refused)
     OPEN       --ack/error/result--> OPEN
+    OPEN       --error naming no id--> IDLE     (leased rows retried: none will be acked)
     OPEN       --refused (signed)--> CLOSED     (the grant closed: every leased row fails)
     any        --connection_lost-->  IDLE       (leased rows retried by the journal)
 
@@ -287,8 +288,11 @@ class SenderLink:
             else:
                 self._effects.append(Retry((frame.id,), f"{frame.code}: {frame.message}"))
             self._flush()
-        elif frame.code in ("forbidden", "unavailable"):
-            self._lost(f"{frame.code}: {frame.message}")
+        elif frame.id is None:
+            # The peer could not take something we sent and says not what (a receiver of
+            # another version answering ``bad_frame``): the rows in flight will never be
+            # acknowledged on this link, so it is broken, and they go back with a retry.
+            self._lost(f"the peer answered {frame.code}: {f.shown(frame.message)}")
 
     def _settle_all(self) -> tuple[str, ...]:
         ids = (*self._inflight, *self._queued)

@@ -1,0 +1,64 @@
+"""Peers that are not this version's kinbox receiver: fake servers on 127.0.0.1 that prove
+the paired key and then answer as no kinbox receiver does. The sender must neither hang
+nor hold a row forever, whatever a peer of another version (or a foreign one) says."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from websockets.asyncio.server import ServerConnection
+
+from kinbox.actors import ManualClock, Runtime
+from kinbox.persistence.inbox_core import PEER, backoff_delay
+from kinbox.transport import frames as f
+
+from .helpers import quiet_brain, wait_for
+from .peer_harness import FakePeer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def sender(tmp_path: Path, clock: ManualClock) -> Iterator[Runtime]:
+    rt = Runtime(db=f"sqlite:///{tmp_path / 'sender.db'}", brain=quiet_brain, clock=clock)
+    rt.start()
+    yield rt
+    rt.stop()
+
+
+def send(rt: Runtime, device_id: str, text: str = "hello") -> str:
+    me = rt.create_session(None, "sender").id
+    return str(rt.peers.send(me, f"peer:{device_id}", text)["message_id"])
+
+
+def test_an_error_naming_no_message_breaks_the_link_and_the_row_goes_back_with_the_backoff(
+        sender: Runtime, clock: ManualClock) -> None:
+    """A peer answering each ``deliver`` with ``error`` (no id, ``bad_frame``) left the row
+    ``processing`` for ever: its lease renewed, no attempt counted, the link never idle."""
+
+    async def refuse_every_frame(ws: ServerConnection) -> None:
+        async for _text in ws:
+            await ws.send(f.encode(f.Error(None, "bad_frame", "what is this?")))
+
+    peer = FakePeer(refuse_every_frame)
+    try:
+        mid = send(sender, peer.grant_to(sender))
+        journal = sender.context.journal
+        for attempt in (1, 2):
+            wait_for(lambda a=attempt: journal.get(mid)["attempts"] == a, 20,
+                     f"attempt {attempt} to count")
+            row = journal.get(mid)
+            assert row["status"] == "pending" and "bad_frame" in row["last_error"]
+            delay = backoff_delay(attempt, PEER.cap)
+            assert row["available_at"] == pytest.approx(clock.now() + delay)
+            clock.advance(delay)
+        assert peer.opened >= 2  # a new link for each attempt
+    finally:
+        peer.close()
