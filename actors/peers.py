@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,9 @@ PEER_PREFIX = "peer:"
 URL_LIMIT = 1024
 """Characters in a paired device's address (its column)."""
 REQUEST_TIMEOUT = 10.0
+"""Seconds an ``agent_read``/``agent_stop`` on a peer may take from the open socket to its
+answer, whatever else the peer sends meanwhile (pings, frames of no interest): one
+deadline for the exchange, not one per frame, or a chatty peer holds the calling turn."""
 
 
 def is_peer_target(agent_id: str) -> bool:
@@ -202,6 +206,7 @@ class PeerService:
                   action: str) -> wire.Result:
         link.connected(new_nonce(self.random(NONCE_BYTES)))
         req = short(self.ctx.new_id(), 16)
+        deadline = time.monotonic() + REQUEST_TIMEOUT
         sent = False
         why = "it refused the request"
         while True:
@@ -218,7 +223,15 @@ class PeerService:
                 link.request(wire.Read(req) if action == "read" else wire.Stop(req))
                 sent = True
                 continue
-            link.receive(ws.recv(REQUEST_TIMEOUT))
+            left = deadline - time.monotonic()
+            try:
+                data = ws.recv(left) if left > 0 else None
+            except TimeoutError:
+                data = None
+            if data is None:
+                raise ToolError("execution_failed", f"Peer '{agent_id}' did not answer within "
+                                f"{REQUEST_TIMEOUT:g} s.")
+            link.receive(data)
 
     def listing(self, active_only: bool) -> list[dict[str, Any]]:
         """``agent_list`` records of paired devices: ``ready`` or ``paused`` (T1)."""

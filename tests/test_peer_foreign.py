@@ -62,3 +62,42 @@ def test_an_error_naming_no_message_breaks_the_link_and_the_row_goes_back_with_t
         assert peer.opened >= 2  # a new link for each attempt
     finally:
         peer.close()
+
+
+def test_a_peer_that_keeps_talking_without_answering_a_read_is_given_up_in_time(
+        sender: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``agent_read`` waited REQUEST_TIMEOUT for each frame, not for the answer: a peer
+    sending pings (or any frame but the result) kept the calling turn waiting for ever."""
+    import asyncio
+    import threading
+
+    from kinbox.actors import ToolError, peers
+
+    monkeypatch.setattr(peers, "REQUEST_TIMEOUT", 1.0)
+
+    async def chatter(ws: ServerConnection) -> None:
+        for n in range(10_000):
+            await ws.send(f.encode(f.Ping(f"p{n}")))
+            await asyncio.sleep(0.1)  # the pace of the chatter, not a wait for a condition
+
+    peer = FakePeer(chatter)
+    outcome: list[BaseException | object] = []
+    try:
+        device_id = peer.grant_to(sender)
+        call = threading.Thread(target=lambda: outcome.append(
+            _outcome(lambda: sender.peers.request(f"peer:{device_id}", "read"))), daemon=True)
+        call.start()
+        call.join(10)
+        assert not call.is_alive(), "the read still waits on a peer that never answers"
+    finally:
+        peer.close()
+    [error] = outcome
+    assert isinstance(error, ToolError) and error.code == "execution_failed"
+    assert "did not answer" in error.message and "1 s" in error.message
+
+
+def _outcome(fn: object) -> BaseException | object:
+    try:
+        return fn()  # type: ignore[operator]
+    except Exception as exc:
+        return exc
