@@ -20,7 +20,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -28,12 +29,23 @@ from urllib.parse import urlsplit
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
-from ..persistence import IdempotencyConflict, NewMessage, set_wise
+from ..persistence import (
+    IdempotencyConflict,
+    NewMessage,
+    PersistenceError,
+    set_wise,
+)
 from ..persistence.peer_outbox import PeerOutbox
 from ..persistence.peers import INBOUND, OUTBOUND, DeviceRecord, PeerStore
 from ..transport import frames as wire
 from ..transport import key_file, receiver
-from ..transport.errors import FrameError, GrantClosed, IdentityError, PeerUnavailable
+from ..transport.errors import (
+    BackendRefused,
+    FrameError,
+    GrantClosed,
+    IdentityError,
+    PeerUnavailable,
+)
 from ..transport.grants import GrantView, InviteView, is_code, new_code, secret_hash
 from ..transport.handshake import NONCE_BYTES, PairingProof, new_nonce
 from ..transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
@@ -246,6 +258,18 @@ class PeerService:
         return out
 
 
+@contextmanager
+def _database(what: str) -> Iterator[None]:
+    """A database failure while ``what`` as the endpoint's :class:`BackendRefused` (503
+    ``unavailable``): it answers the peer "try again later" without knowing this layer's
+    errors. What failed wrote nothing: each of these is one read or one transaction."""
+    try:
+        yield
+    except PersistenceError as exc:
+        raise BackendRefused(503, "unavailable",
+                             f"the database failed {what} ({type(exc).__name__})") from exc
+
+
 class PeerHttpBackend:
     """The :class:`~kinbox.transport.PeerBackend` of a running runtime (the receiving side)."""
 
@@ -256,7 +280,8 @@ class PeerHttpBackend:
 
     def grant_for(self, token_hash: str) -> GrantView | None:
         """The inbound grant issued with this token hash."""
-        rec = self.svc.peers.by_token_hash(token_hash)
+        with _database("reading a grant"):
+            rec = self.svc.peers.by_token_hash(token_hash)
         if rec is None or rec.token_hash is None:
             return None
         return GrantView(rec.device_id, rec.public_key, rec.token_hash, rec.scopes, rec.status)
@@ -268,7 +293,8 @@ class PeerHttpBackend:
 
     def seen(self, device_id: str) -> None:
         """A device completed a handshake."""
-        self.svc.peers.touch(device_id, INBOUND, self.ctx.now())
+        with _database("noting a device seen"):
+            self.svc.peers.touch(device_id, INBOUND, self.ctx.now())
 
     def commit(self, device_id: str, commits: Sequence[receiver.Commit]) -> list[str | None]:
         """Commit deliveries (and their sessions) in one transaction, then wake the dispatcher."""
@@ -332,25 +358,27 @@ class PeerHttpBackend:
 
     def invite(self, code_hash: str) -> InviteView | None:
         """The pairing invite with this code hash."""
-        rec = self.svc.peers.invite(code_hash)
+        with _database("reading an invite"):
+            rec = self.svc.peers.invite(code_hash)
         return InviteView(rec.code_hash, rec.scopes, rec.expires_at, rec.used) if rec else None
 
     def redeem(self, code_hash: str, proof: PairingProof, token_hash: str) -> bool:
         """Use the invite, store the grant and create the device's dedicated session, in one
         transaction: a failure on the way leaves the code unspent and no grant behind."""
         peers = self.svc.peers
-        social = self.ctx.store.project_by_slug("social")
         now = self.ctx.now()
+        with _database("redeeming an invite"):
+            social = self.ctx.store.project_by_slug("social")
 
-        def op() -> bool:
-            if not peers.redeem_now(code_hash, now, proof.device_id, proof.name,
-                                    proof.public_key, token_hash):
-                return False
-            peers.ensure_session_now(receiver.dedicated_session(proof.device_id),
-                                     social.id if social else None,
-                                     f"Device {proof.name or proof.device_id}", now)
-            return True
-        return bool(self.ctx.journal.writer.call(op))
+            def op() -> bool:
+                if not peers.redeem_now(code_hash, now, proof.device_id, proof.name,
+                                        proof.public_key, token_hash):
+                    return False
+                peers.ensure_session_now(receiver.dedicated_session(proof.device_id),
+                                         social.id if social else None,
+                                         f"Device {proof.name or proof.device_id}", now)
+                return True
+            return bool(self.ctx.journal.writer.call(op))
 
     def random(self, n: int) -> bytes:
         """Randomness."""

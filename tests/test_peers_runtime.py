@@ -465,3 +465,129 @@ def test_a_failed_grant_read_does_not_end_the_watch_of_a_live_link(
         link.receive(ws.recv(10))  # the signed refusal, within a poll or two
     [effect] = link.effects()
     assert isinstance(effect, Terminal) and link.state is LinkState.CLOSED
+
+
+def _database_error(real: object, failed: threading.Event) -> object:
+    """``real``, but its first call fails as a database does (a lock wait past its time)."""
+    from kinbox.persistence.driver_errors import OperationalError
+
+    def call(*args: object, **kwargs: object) -> object:
+        if not failed.is_set():
+            failed.set()
+            raise OperationalError("database is locked")
+        return real(*args, **kwargs)  # type: ignore[operator]
+    return call
+
+
+def test_a_grant_the_database_cannot_read_is_answered_unavailable_not_a_crash(
+        pair_of: tuple[Runtime, Runtime, Served, threading.Event],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database error reading the grant escaped the ASGI handler: a traceback in the
+    server's log and a bare close 1011, where the sender should hear "try again later"."""
+    import os
+
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    from kinbox.transport import frames as f
+    from kinbox.transport import handshake as hs
+
+    a, b, served, _ = pair_of
+    rec = a.peers.pair(served.http, served.invite(), name="b")
+    token = a.peers.identity.unseal(rec.token_sealed or "")
+    failed = threading.Event()
+    monkeypatch.setattr(b.peers.peers, "by_token_hash",
+                        _database_error(b.peers.peers.by_token_hash, failed))
+    for attempt in ("the failing read", "the next one"):
+        with connect(f"ws://127.0.0.1:{served.port}/peers/link", proxy=None, open_timeout=5,
+                     additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+            ch = f.parse(ws.recv(5))
+            assert isinstance(ch, f.Challenge)
+            ws.send(f.encode(hs.hello(a.peers.identity, ch, token,
+                                      hs.new_nonce(os.urandom(32)), rec.device_id)))
+            answer = f.parse(ws.recv(5))
+            if attempt == "the failing read":
+                assert failed.is_set()
+                assert isinstance(answer, f.Error), answer
+                assert (answer.id, answer.code) == (None, "unavailable")
+                with pytest.raises(ConnectionClosed) as closed:
+                    ws.recv(5)
+                assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+            else:
+                assert isinstance(answer, f.Welcome)
+
+
+def test_a_last_seen_stamp_the_database_refuses_does_not_end_the_link(
+        pair_of: tuple[Runtime, Runtime, Served, threading.Event],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stamp written after the welcome escaped the handler and closed the link (1011)
+    it had just welcomed; the stamp is bookkeeping, the link carries the delivery."""
+    import os
+
+    from kinbox.transport.handshake import new_nonce
+    from kinbox.transport.link import Acked, LinkState, Outgoing, SenderLink
+    from kinbox.transport.peer_client import connect_link
+
+    a, b, served, _ = pair_of
+    rec = a.peers.pair(served.http, served.invite(), name="b")
+    token = a.peers.identity.unseal(rec.token_sealed or "")
+    failed = threading.Event()
+    monkeypatch.setattr(b.peers.peers, "touch", _database_error(b.peers.peers.touch, failed))
+    link = SenderLink(a.peers.identity, rec.device_id, rec.public_key, token, 1)
+    link.offer([Outgoing("m1", "hello")])
+    effects: list[object] = []
+    with connect_link(served.http, token) as ws:
+        link.connected(new_nonce(os.urandom(32)))
+        while link.state is not LinkState.IDLE and not effects:
+            for text in link.frames_to_send():
+                ws.send(text)
+            link.receive(ws.recv(5))
+            effects += link.effects()
+    assert failed.is_set()
+    assert effects == [Acked(("m1",))]
+    me = a.peers.identity.device_id
+    assert b.context.journal.get(f"peer-{me}-m1")["content"] == "hello"
+
+
+def test_a_pairing_the_database_cannot_store_is_answered_unavailable_and_spends_nothing(
+        pair_of: tuple[Runtime, Runtime, Served, threading.Event],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database error in the redemption escaped the handler (1011 and a traceback); the
+    device pairing heard "pairing failed: ConnectionClosedError", not to try again."""
+    import os
+
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    from kinbox.transport import frames as f
+    from kinbox.transport import handshake as hs
+    from kinbox.transport.errors import PeerUnavailable
+    from kinbox.transport.grants import secret_hash
+    from kinbox.transport.peer_client import pair_with
+
+    a, b, served, _ = pair_of
+    code = served.invite()
+    store = b.peers.peers
+    failed = threading.Event()
+    monkeypatch.setattr(store, "redeem_now", _database_error(store.redeem_now, failed))
+    with connect(f"ws://127.0.0.1:{served.port}/peers/pair", proxy=None,
+                 open_timeout=5) as ws:
+        ch = f.parse(ws.recv(5))
+        assert isinstance(ch, f.Challenge)
+        ws.send(f.encode(hs.pair(a.peers.identity, ch, code, hs.new_nonce(os.urandom(32)),
+                                 "a")))
+        answer = f.parse(ws.recv(5))
+        assert isinstance(answer, f.Error), answer
+        assert (answer.id, answer.code) == (None, "unavailable")
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(5)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+    me = a.peers.identity.device_id
+    invite = store.invite(secret_hash(code))
+    assert invite is not None and not invite.used and store.device(me, INBOUND) is None
+    failed.clear()  # and a pairing client is told to try again, not that it was refused
+    with pytest.raises(PeerUnavailable, match="try again"):
+        pair_with(served.http, a.peers.identity, code, "a", hs.new_nonce(os.urandom(32)))
+    rec = a.peers.pair(served.http, code, name="b")  # the code still pairs
+    assert rec.device_id == b.peers.identity.device_id and store.device(me, INBOUND)
+

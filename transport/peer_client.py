@@ -91,6 +91,11 @@ def _pair(ws: ClientConnection, identity: DeviceIdentity, code: str, name: str, 
         request = handshake.pair(identity, ch, code, nonce, name)
         ws.send(f.encode(request))
         answer = f.parse(ws.recv(timeout))
+        if isinstance(answer, f.Error) and answer.code == "unavailable":
+            # The device could not store the pairing (its database failed): the code is
+            # not spent, and the same command may be run again.
+            raise PeerUnavailable("pairing failed: the device is unavailable now; try again "
+                                  "later with the same code")
         if isinstance(answer, f.Error):
             # Whatever answers at the address wrote it: escaped before anyone shows it.
             raise HandshakeRefused(f.shown(answer.message or answer.code))

@@ -11,8 +11,10 @@ Before the upgrade is accepted the Host and Origin headers and the form of
 the bearer token are checked; a refusal is an HTTP answer with
 ``{"error": <reason>}``. The grant itself is checked in the handshake, where
 a refusal is signed (a sender gives a pairing up only on a signed refusal).
-No refusal creates state. Consecutive deliveries are committed in one batch
-and acknowledged in order after the commit. A watcher re-reads the grant's
+No refusal creates state. A database that fails the grant's read or the
+pairing's write is answered ``unavailable`` (close 1013): the peer tries again
+later. Consecutive deliveries are committed in one batch and acknowledged in
+order after the commit. A watcher re-reads the grant's
 status a few times a second and closes the link (after a signed
 ``refused`` frame) once it is paused or revoked.
 """
@@ -32,7 +34,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from . import frames as f
 from . import handshake, receiver
-from .errors import FrameError, GrantClosed, HandshakeRefused
+from .errors import BackendRefused, FrameError, GrantClosed, HandshakeRefused
 from .grants import (
     HTTP_STATUS,
     GrantView,
@@ -60,7 +62,10 @@ STATUS_POLL_SECONDS = 0.25
 
 
 class PeerBackend(Protocol):
-    """What the endpoint needs from a runtime. Methods may block (run in threads)."""
+    """What the endpoint needs from a runtime. Methods may block (run in threads).
+
+    ``grant_for``, ``seen``, ``invite`` and ``redeem`` raise :class:`.errors.BackendRefused`
+    (``unavailable``), having written nothing, when the runtime's database fails."""
 
     identity: DeviceIdentity
 
@@ -122,6 +127,16 @@ def _precheck(ws: WebSocket, allowed: AllowedHosts) -> str | None:
     return None
 
 
+async def _unavailable(ws: WebSocket, exc: BackendRefused, what: str) -> None:
+    """The runtime could not answer (its database failed): tell the peer to try again
+    later (a sender retries with its backoff), close 1013, and keep the details here."""
+    log.warning("peer %s answered unavailable: %s", what, exc.message)
+    with contextlib.suppress(Exception):
+        await ws.send_text(f.encode(f.Error(None, "unavailable",
+                                            "this device cannot answer now; try again later")))
+        await ws.close(code=1013)
+
+
 async def _receive_text(ws: WebSocket, timeout: float | None = None) -> str | bytes:
     message = await asyncio.wait_for(ws.receive(), timeout)
     if message["type"] == "websocket.disconnect":
@@ -173,6 +188,9 @@ class PeerEndpoint:
                 await ws.send_text(f.encode(f.Error(None, "forbidden", str(reason))))
                 await ws.close(code=1008)
             return
+        except BackendRefused as exc:
+            await _unavailable(ws, exc, "handshake")
+            return
         except WebSocketDisconnect:
             return
         if isinstance(answer, f.Refused):
@@ -183,7 +201,10 @@ class PeerEndpoint:
             return
         assert grant is not None
         await ws.send_text(f.encode(answer))
-        await asyncio.to_thread(b.seen, grant.device_id)
+        try:
+            await asyncio.to_thread(b.seen, grant.device_id)
+        except BackendRefused as exc:  # "last seen" is bookkeeping: the link carries on
+            log.warning("noting that %s was seen failed: %s", grant.device_id, exc.message)
         await _Session(ws, b, grant, functools.partial(handshake.refused, b.identity, nonce,
                                                        hello, token)).run()
 
@@ -219,6 +240,8 @@ class PeerEndpoint:
             with contextlib.suppress(Exception):
                 await ws.send_text(f.encode(f.Error(None, "forbidden", str(reason))))
                 await ws.close(code=1008)
+        except BackendRefused as exc:
+            await _unavailable(ws, exc, "pairing")
         except WebSocketDisconnect:
             return
 
