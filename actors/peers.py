@@ -33,10 +33,12 @@ from ..persistence import (
     IdempotencyConflict,
     NewMessage,
     PersistenceError,
+    WriteTimeout,
     set_wise,
 )
 from ..persistence.peer_outbox import PeerOutbox
 from ..persistence.peers import INBOUND, OUTBOUND, DeviceRecord, PeerStore
+from ..persistence.writer import WRITE_TIMEOUT
 from ..transport import frames as wire
 from ..transport import key_file, receiver
 from ..transport.errors import (
@@ -262,7 +264,8 @@ class PeerService:
 def _database(what: str) -> Iterator[None]:
     """A database failure while ``what`` as the endpoint's :class:`BackendRefused` (503
     ``unavailable``): it answers the peer "try again later" without knowing this layer's
-    errors. What failed wrote nothing: each of these is one read or one transaction."""
+    errors. What failed wrote nothing: each of these is one read or one transaction, and
+    :meth:`PeerHttpBackend.redeem` waits out a batch that may yet commit."""
     try:
         yield
     except PersistenceError as exc:
@@ -378,7 +381,16 @@ class PeerHttpBackend:
                                          social.id if social else None,
                                          f"Device {proof.name or proof.device_id}", now)
                 return True
-            return bool(self.ctx.journal.writer.call(op))
+            reply = self.ctx.journal.writer.submit(op)
+            try:
+                return bool(reply.result(WRITE_TIMEOUT))
+            except WriteTimeout as exc:
+                if exc.withdrawn:
+                    raise
+                # Its batch runs and may yet commit: answered "try again" now, the code
+                # could be spent with a grant nobody holds the token of. Its outcome,
+                # whichever it is, is what the device gets told.
+                return bool(reply.result(None))
 
     def random(self, n: int) -> bytes:
         """Randomness."""

@@ -591,3 +591,31 @@ def test_a_pairing_the_database_cannot_store_is_answered_unavailable_and_spends_
     rec = a.peers.pair(served.http, code, name="b")  # the code still pairs
     assert rec.device_id == b.peers.identity.device_id and store.device(me, INBOUND)
 
+
+def test_a_redemption_slower_than_the_wait_for_it_is_answered_with_its_outcome(
+        pair_of: tuple[Runtime, Runtime, Served, threading.Event],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A redemption whose batch ran past the writer's wait committed after the device was
+    told to try again (or, before that, refused with "timeout"): the code spent, and a
+    grant stored whose token nobody had. The answer now waits for the batch's outcome."""
+    from kinbox.actors import peers
+    from kinbox.transport.grants import secret_hash
+
+    monkeypatch.setattr(peers, "WRITE_TIMEOUT", 0.1)
+    a, b, served, _ = pair_of
+    code = served.invite()
+    store = b.peers.peers
+    real = store.redeem_now
+    slow = threading.Event()
+
+    def redeem_now(*args: object, **kwargs: object) -> bool:
+        slow.set()
+        threading.Event().wait(1.0)  # a statement ten times slower than the wait for it
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+    monkeypatch.setattr(store, "redeem_now", redeem_now)
+    rec = a.peers.pair(served.http, code, name="b")
+    assert slow.is_set() and rec.device_id == b.peers.identity.device_id
+    invite = store.invite(secret_hash(code))
+    grant = store.device(a.peers.identity.device_id, INBOUND)
+    assert invite is not None and invite.used and grant is not None
+    assert grant.token_hash == secret_hash(a.peers.identity.unseal(rec.token_sealed or ""))
