@@ -9,6 +9,15 @@ after the receiver's ack (which it sends only after its own commit), a
 retry with the peer backoff when the link drops or cannot open, ``failed``
 at once for a rejected payload or a refusing device. After a restart it
 simply finds its rows again. No rule lives here.
+
+Paused or revoked on this side (``kinbox peers pause|revoke --direction
+outbound``), a live link sends nothing more but waits up to
+:data:`DRAIN_SECONDS` for the acks of the frames already sent: the receiver
+may have committed them, and a row it committed ends ``delivered``, not
+failed. Whatever is still unanswered then, and every row not yet sent, fails
+with the grant's status (paused or revoked alike, as new sends to it do); a
+row failed so may have arrived after all, and a requeue once the grant is
+active again is harmless, since the receiver dedupes by message id.
 """
 
 from __future__ import annotations
@@ -55,6 +64,8 @@ DRY_POLL_SECONDS = 1.0
 """How often an open link whose claims found nothing looks again unwoken."""
 GRANT_CHECK_SECONDS = 1.0
 """How often a live link reads whether its grant here is still active."""
+DRAIN_SECONDS = 5.0
+"""How long a live link whose grant here closed waits for the acks of the frames it sent."""
 
 HANDSHAKE_SECONDS = 10.0
 """How long a peer may take from the upgrade to its welcome. A server that accepts the
@@ -207,6 +218,7 @@ class PeerLink:
         acks: list[tuple[Reply[None], list[str]]] = []
         link.connected(new_nonce(self.svc.random(NONCE_BYTES)))
         handshake_ends = time.monotonic() + HANDSHAKE_SECONDS
+        drain_ends: float | None = None  # set once the grant here closed
         opened = False
         try:
             while not self._stop.is_set():
@@ -233,10 +245,14 @@ class PeerLink:
                         continue
                     dry_since = dry_since or time.monotonic()
                 now = time.monotonic()
-                if now - checked >= GRANT_CHECK_SECONDS:
+                if drain_ends is None and now - checked >= GRANT_CHECK_SECONDS:
                     checked = now
                     if not self._still_active():
-                        return  # what it holds goes back; _step fails it as paused/revoked
+                        link.drain()
+                        drain_ends = now + DRAIN_SECONDS
+                if drain_ends is not None and (link.state is not LinkState.OPEN
+                                               or link.drained() or now > drain_ends):
+                    return  # what it holds goes back; _step fails it as paused/revoked
                 room = link.capacity() if link.state is LinkState.OPEN else 0
                 # Dry: claim again when a send wakes the link, or once a DRY_POLL_SECONDS
                 # (a retry coming due), not as fast as the writer answers.

@@ -244,6 +244,18 @@ def test_window_bounds_unacknowledged_frames_and_acks_refill_it() -> None:
     assert link.effects() == [] and link.held() == ["m1", "m2"]
 
 
+def test_a_draining_link_sends_nothing_more_and_waits_for_what_is_in_flight() -> None:
+    link = open_link(window=2)
+    assert len(link.frames_to_send()) == 2
+    link.drain()
+    assert link.capacity() == 0 and not link.drained()
+    link.receive(f.encode(f.Ack("m0")))  # the window frees: m2 stays unsent
+    assert link.effects() == [Acked(("m0",))] and link.frames_to_send() == []
+    link.receive(f.encode(f.Ack("m1")))
+    assert link.effects() == [Acked(("m1",))] and link.drained()
+    assert link.held() == ["m2"]  # for the adapter to hand back
+
+
 def test_a_dropped_link_hands_every_unacknowledged_row_back_for_retry() -> None:
     link = open_link(window=2)
     link.frames_to_send()

@@ -101,3 +101,55 @@ def _outcome(fn: object) -> BaseException | object:
         return fn()  # type: ignore[operator]
     except Exception as exc:
         return exc
+
+
+@pytest.mark.parametrize("status", ["paused", "revoked"])
+def test_this_sides_pause_or_revoke_waits_for_the_acks_of_frames_in_flight(
+        sender: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        status: str) -> None:
+    """Closing the grant here (``peers pause|revoke --direction outbound``) closed a live
+    link at once: rows the receiver had committed but not yet acknowledged were marked
+    failed, though delivered. The link now sends nothing more and waits (a bounded time)
+    for the acks of what it sent; a row whose ack does not come fails with the grant."""
+    import asyncio
+    import threading
+
+    from kinbox.actors import peer_link
+    from kinbox.persistence.peers import OUTBOUND
+
+    monkeypatch.setattr(peer_link, "DRAIN_SECONDS", 1.0)
+    caplog.set_level("INFO", logger="kinbox.peers")
+    got: list[str] = []
+    release = threading.Event()
+
+    async def slow_commits(ws: ServerConnection) -> None:
+        async for text in ws:
+            frame = f.parse(text)
+            if isinstance(frame, f.Deliver):
+                got.append(frame.id)
+                if len(got) == 3:  # the commit of all three is under way; two of them end
+                    await asyncio.to_thread(release.wait, 20)
+                    for mid in got[:2]:
+                        await ws.send(f.encode(f.Ack(mid)))
+
+    peer = FakePeer(slow_commits)
+    try:
+        device_id = peer.grant_to(sender)
+        me = sender.create_session(None, "sender").id
+        ids = [r["message_id"] for r in
+               sender.peers.send_many(me, f"peer:{device_id}", ["a", "b", "c"])]
+        wait_for(lambda: len(got) == 3, 20, "three frames in flight")
+        sender.peers.peers.set_status(device_id, status, sender.clock.now(),
+                                      direction=OUTBOUND)
+        wait_for(lambda: f"its grant here is {status}" in caplog.text, 10,
+                 "the link to see the grant closed")
+        release.set()
+        journal = sender.context.journal
+        wait_for(lambda: all(journal.get(m)["status"] in ("delivered", "failed") for m in ids),
+                 20, "every row to settle")
+        assert [journal.get(m)["status"] for m in ids] == ["delivered", "delivered", "failed"]
+        assert status in journal.get(ids[2])["last_error"]
+        assert got == ids  # nothing sent after the grant closed, nothing twice
+    finally:
+        release.set()
+        peer.close()

@@ -137,6 +137,7 @@ class SenderLink:
         self._challenge: f.Challenge | None = None
         self._hello: f.Hello | None = None
         self._nonce = ""
+        self._draining = False
 
     # -- inputs ----------------------------------------------------------------------------
 
@@ -155,6 +156,16 @@ class SenderLink:
             if row.id not in self._queued and row.id not in self._inflight:
                 self._queued[row.id] = row
         self._flush()
+
+    def drain(self) -> None:
+        """Send no more ``deliver`` frames (the grant closed on this side): the rows in
+        flight still settle by their acks, errors or the link's loss; the queued ones stay
+        held, unsent, for the adapter to hand back."""
+        self._draining = True
+
+    def drained(self) -> bool:
+        """Draining, and no ``deliver`` frame is waiting for its answer."""
+        return self._draining and not self._inflight
 
     def request(self, frame: f.Read | f.Stop | f.Ping) -> None:
         """Send a ``read``, ``stop`` or ``ping`` on an open link."""
@@ -211,8 +222,10 @@ class SenderLink:
         """How many more rows the adapter may claim and offer now.
 
         Up to ``window`` rows in flight plus ``prefetch`` queued behind them, so
-        the next frames are at hand the moment acks free the window.
+        the next frames are at hand the moment acks free the window; none while draining.
         """
+        if self._draining:
+            return 0
         return max(0, self.window + self.prefetch - len(self._inflight) - len(self._queued))
 
     def held(self) -> list[str]:
@@ -263,7 +276,7 @@ class SenderLink:
                        "paused" if why is Refusal.PAUSED else "revoked")
 
     def _flush(self) -> None:
-        if self.state is not LinkState.OPEN:
+        if self.state is not LinkState.OPEN or self._draining:
             return
         while self._queued and len(self._inflight) < self.window:
             mid, row = self._queued.popitem(last=False)
