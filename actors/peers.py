@@ -350,12 +350,13 @@ class PeerHttpBackend:
             raise GrantClosed(status)
         session_id = receiver.dedicated_session(device_id)
         ctx = self.ctx
-        if action == "stop":
-            ok = stops.request_stop(ctx, session_id, peer_target(device_id))
-            return ("stop_requested" if ok else "not_active"), ""
-        session = ctx.store.session(session_id)
-        lines = [transcript_view.Line(e.role, e.text, e.visible)
-                 for e in ctx.store.transcript(session_id)]
+        with _database(f"answering a {action}"):
+            if action == "stop":
+                ok = stops.request_stop(ctx, session_id, peer_target(device_id))
+                return ("stop_requested" if ok else "not_active"), ""
+            session = ctx.store.session(session_id)
+            lines = [transcript_view.Line(e.role, e.text, e.visible)
+                     for e in ctx.store.transcript(session_id)]
         status = session.status if session else "idle"
         return status, _fitting_read(status, lines)
 

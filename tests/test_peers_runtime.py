@@ -619,3 +619,42 @@ def test_a_redemption_slower_than_the_wait_for_it_is_answered_with_its_outcome(
     grant = store.device(a.peers.identity.device_id, INBOUND)
     assert invite is not None and invite.used and grant is not None
     assert grant.token_hash == secret_hash(a.peers.identity.unseal(rec.token_sealed or ""))
+
+
+def test_a_read_the_database_cannot_answer_is_answered_unavailable(
+        pair_of: tuple[Runtime, Runtime, Served, threading.Event],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database error in a read's answer ended the link's reader with no frame and no
+    log line (the session gathers its tasks' errors and drops them): the caller heard
+    "did not answer". It now hears that the device is unavailable, and may ask again."""
+    import os
+
+    from kinbox.transport import frames as f
+    from kinbox.transport.handshake import new_nonce
+    from kinbox.transport.link import Answer, LinkState, Retry, SenderLink
+    from kinbox.transport.peer_client import connect_link
+
+    a, b, served, _ = pair_of
+    rec = a.peers.pair(served.http, served.invite(), name="b")
+    token = a.peers.identity.unseal(rec.token_sealed or "")
+    failed = threading.Event()
+    store = b.context.store
+    monkeypatch.setattr(store, "transcript", _database_error(store.transcript, failed))
+    outcomes = []
+    for req in ("r1", "r2"):
+        link = SenderLink(a.peers.identity, rec.device_id, rec.public_key, token, 1)
+        with connect_link(served.http, token) as ws:
+            link.connected(new_nonce(os.urandom(32)))
+            while link.state is LinkState.HANDSHAKE:
+                for text in link.frames_to_send():
+                    ws.send(text)
+                link.receive(ws.recv(5))
+            link.request(f.Read(req))
+            for text in link.frames_to_send():
+                ws.send(text)
+            link.receive(ws.recv(5))
+        outcomes.append(link.effects())
+    assert failed.is_set()
+    [first], [second] = outcomes
+    assert isinstance(first, Retry) and "unavailable" in first.reason
+    assert isinstance(second, Answer) and second.frame.req == "r2"

@@ -81,7 +81,8 @@ class Rejected:
 
 @dataclass(frozen=True)
 class Retry:
-    """The link dropped or could not open: these rows count a failed attempt.
+    """The link dropped or could not open: these rows count a failed attempt (there may be
+    none: ``reason`` still says why the link ended, for a caller waiting on an answer).
 
     ``unproven``: something at the peer's address refused us or answered as another
     device without the pinned key's signature; worth telling the operator, who may have
@@ -315,9 +316,7 @@ class SenderLink:
 
     def _lost(self, reason: str, *, unproven: bool = False) -> None:
         self._out.clear()  # meant for the socket that is gone, not the next one
-        ids = self._settle_all()
-        if ids or unproven:
-            self._effects.append(Retry(ids, reason, unproven))
+        self._effects.append(Retry(self._settle_all(), reason, unproven))
         self.state = LinkState.IDLE
 
     def _terminal(self, reason: str, status: str = "revoked") -> None:

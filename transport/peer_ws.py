@@ -64,8 +64,9 @@ STATUS_POLL_SECONDS = 0.25
 class PeerBackend(Protocol):
     """What the endpoint needs from a runtime. Methods may block (run in threads).
 
-    ``grant_for``, ``seen``, ``invite`` and ``redeem`` raise :class:`.errors.BackendRefused`
-    (``unavailable``), having written nothing, when the runtime's database fails."""
+    ``grant_for``, ``seen``, ``answer``, ``invite`` and ``redeem`` raise
+    :class:`.errors.BackendRefused` (``unavailable``), having written nothing, when the
+    runtime's database fails."""
 
     identity: DeviceIdentity
 
@@ -127,13 +128,17 @@ def _precheck(ws: WebSocket, allowed: AllowedHosts) -> str | None:
     return None
 
 
+UNAVAILABLE = f.encode(f.Error(None, "unavailable", "this device cannot answer now; try "
+                                                    "again later"))
+"""What a peer hears when the database failed: no detail of it leaves this device."""
+
+
 async def _unavailable(ws: WebSocket, exc: BackendRefused, what: str) -> None:
     """The runtime could not answer (its database failed): tell the peer to try again
     later (a sender retries with its backoff), close 1013, and keep the details here."""
     log.warning("peer %s answered unavailable: %s", what, exc.message)
     with contextlib.suppress(Exception):
-        await ws.send_text(f.encode(f.Error(None, "unavailable",
-                                            "this device cannot answer now; try again later")))
+        await ws.send_text(UNAVAILABLE)
         await ws.close(code=1013)
 
 
@@ -295,6 +300,11 @@ class _Session:
                             async with self.committing:
                                 await self._close(exc.status)
                             return
+                        except BackendRefused as exc:  # the asker may ask again later
+                            log.warning("a %s from %s answered unavailable: %s",
+                                        action.action, self.device_id, exc.message)
+                            await self.send(UNAVAILABLE)
+                            continue
                         await self.send(f.encode(f.Result(action.req, status, text)))
                     elif isinstance(action, receiver.Close):
                         await self.ws.close(code=action.code, reason=action.reason)
