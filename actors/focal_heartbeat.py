@@ -4,6 +4,10 @@ A user-edited checklist always runs. The default checklist runs only when
 there are findings (sessions idle for 30 minutes with open tasks and nothing
 waiting on the user; blockers unanswered for 2 hours) whose SHA-256
 signature differs from the last successful check-in's.
+
+``heartbeat.md`` is the user's file: whatever bytes it holds (not UTF-8, a
+NUL, cut mid-character by a write in progress, megabytes long) become a
+checklist a message can carry (:func:`checklist_text`).
 """
 
 from __future__ import annotations
@@ -12,9 +16,16 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .validation import escaped
+
 STALL_AFTER = 30 * 60.0
 REMIND_BLOCKED_AFTER = 2 * 60 * 60.0
 HEARTBEAT_INTERVAL = 30 * 60.0
+CHECKLIST_LIMIT = 20_000
+"""Characters of ``heartbeat.md`` a check-in carries (a message's limit)."""
+CHECKLIST_READ = CHECKLIST_LIMIT * 4 + 1
+"""Bytes of ``heartbeat.md`` worth reading: UTF-8 takes at most 4 a character, and one
+more tells a file that is longer."""
 
 DEFAULT_FOCAL_HEARTBEAT = """# SUZENT heartbeat checklist
 
@@ -22,6 +33,16 @@ DEFAULT_FOCAL_HEARTBEAT = """# SUZENT heartbeat checklist
 - Remind the user of questions that have waited for an answer for hours.
 - Stay quiet when nothing changed.
 """
+
+
+def checklist_text(raw: bytes) -> str:
+    """The checklist in ``raw`` (the first :data:`CHECKLIST_READ` bytes of the file):
+    bytes that are not UTF-8 become U+FFFD and a NUL is escaped, so the file's text can
+    be stored on every backend; cut at :data:`CHECKLIST_LIMIT` characters, saying so."""
+    text = escaped(raw.decode("utf-8", errors="replace"))
+    if len(text) <= CHECKLIST_LIMIT and len(raw) < CHECKLIST_READ:
+        return text
+    return text[:CHECKLIST_LIMIT] + f"\n\n(heartbeat.md is cut at {CHECKLIST_LIMIT:,} characters)"
 
 
 @dataclass(frozen=True)

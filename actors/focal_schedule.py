@@ -13,6 +13,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import os
+import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -211,14 +213,40 @@ class FocalSchedule:
         if job is None or not job.active or job.next_run_at is None or job.next_run_at > now:
             return None
         focal = self.ctx.store.session(FOCAL_ID)
-        path = self.focal.folder / "heartbeat.md"
-        checklist = path.read_text() if path.exists() else hb.DEFAULT_FOCAL_HEARTBEAT
+        checklist = self._checklist()
         found = hb.findings(self.focal.watched_sessions(), now)
         decision = hb.should_run_focal_heartbeat(
             checklist, found, (focal.config if focal else {}).get("focal_heartbeat_signature"))
         body = checklist + ("\n\nFindings:\n" + "\n".join(f"- {f}" for f in found)
                             if found else "")
         return Heartbeat(decision, body, found)
+
+    def _checklist(self) -> str:
+        """``heartbeat.md`` as the heartbeat reads it: the default when there is none, or
+        when it cannot be read (a folder, a pipe, no permission: a due heartbeat that
+        raised held up every Focal wake-up with it); never more than the limit's bytes."""
+        path = self.focal.folder / "heartbeat.md"
+        try:
+            # Non-blocking, and a regular file only: opening a named pipe waits for a writer.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return hb.DEFAULT_FOCAL_HEARTBEAT
+        except OSError as exc:
+            log.warning("heartbeat.md cannot be opened (%s); the default checklist runs",
+                        exc.strerror)
+            return hb.DEFAULT_FOCAL_HEARTBEAT
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                log.warning("heartbeat.md is not a regular file; the default checklist runs")
+                return hb.DEFAULT_FOCAL_HEARTBEAT
+            raw = os.read(fd, hb.CHECKLIST_READ)
+        except OSError as exc:
+            log.warning("heartbeat.md cannot be read (%s); the default checklist runs",
+                        exc.strerror)
+            return hb.DEFAULT_FOCAL_HEARTBEAT
+        finally:
+            os.close(fd)
+        return hb.checklist_text(raw)
 
     def _on_fire(self, job: JobRecord, now: float, heartbeat: Heartbeat | None) -> None:
         """Inside fire_due's transaction: the wake-up message, or the heartbeat's (decided

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -273,6 +274,43 @@ def test_an_edited_checklist_always_runs(focal_rt: tuple[Runtime, Any], clock: M
     clock.advance(30 * 60)
     rt.run_until_idle()
     assert [h["content"] for h in heartbeats(rt)] == ["- mine"]
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe- not UTF-8 \x80", b"- a NUL \x00 here",
+                                     b"- cut mid-character \xe2\x82", b"- long" * 1_000_000,
+                                     "folder", "pipe"])
+@pytest.mark.timeout(60)
+def test_any_heartbeat_file_leaves_the_wakeups_firing(
+        focal_rt: tuple[Runtime, FocalBrain], clock: ManualClock, tmp_path: Path,
+        content: bytes | str) -> None:
+    """heartbeat.md is the user's file: one that is not UTF-8 raised inside every due
+    look, so no Focal wake-up fired while it stood; a NUL went into a message
+    PostgreSQL cannot store, a huge file whole into Focal's turn, a pipe blocked."""
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    path = tmp_path / "data" / "projects" / "suzent-focal" / "heartbeat.md"
+    path.unlink()
+    if content == "folder":
+        path.mkdir()
+    elif content == "pipe":
+        os.mkfifo(path)
+    else:
+        assert isinstance(content, bytes)
+        path.write_bytes(content)
+    brain.focal_reply = None
+    stall_a_session(rt)  # the default checklist runs on findings
+    rt.tools_for(FOCAL_ID).schedule_wakeup("reminder", at=clock.now() + 30 * 60,
+                                           note="stand-up")
+    clock.advance(30 * 60)
+    rt.run_until_idle()
+    assert [n["text"] for n in rt.focal.notifications] == ["stand-up"]
+    [beat] = heartbeats(rt)
+    body = beat["content"]
+    assert "\x00" not in body and len(body) <= 21_000 and "stalled: Stuck" in body
+    if isinstance(content, bytes):
+        assert content[2:8].decode() in body  # the user's checklist, not the default
+    else:
+        assert body.startswith(DEFAULT_FOCAL_HEARTBEAT)
 
 
 def test_the_heartbeat_reads_its_checklist_and_sessions_off_the_writer(
