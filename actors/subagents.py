@@ -204,9 +204,22 @@ def report_ended(ctx: RuntimeContext, message_ids: Iterable[str]) -> int:
 
 def report_orphans(ctx: RuntimeContext) -> int:
     """At a start: :func:`report_ended` for every open child task (what a crash between a
-    row's end and its report left)."""
+    row's end and its report left), whichever of its messages ended: the first, or one
+    that handed it back after a deploy."""
     open_tasks = ctx.tasks.open_of_chats(CHILD_PREFIX, UNREPORTED)
-    return report_ended(ctx, [task_message_id(t.id) for t in open_tasks])
+    return report_ended(ctx, [mid for t in open_tasks for mid in _task_messages(ctx, t.id)])
+
+
+def _task_messages(ctx: RuntimeContext, task_id: str) -> list[str]:
+    """The ids of a task's messages: the first, then each hand-back (``-resumed``,
+    ``-resumed-2``... as :func:`next_free_id` chose them, in order, with no gap)."""
+    base = task_message_id(task_id)
+    ids = [base]
+    resumed = f"{base}-resumed"
+    while ctx.journal.hot.existing(resumed) is not None:
+        ids.append(resumed)
+        resumed = f"{base}-resumed-{len(ids)}"
+    return ids
 
 
 def _report_one(ctx: RuntimeContext, mid: str) -> int:

@@ -599,6 +599,41 @@ def test_a_start_reports_a_cancel_whose_report_a_crash_lost(
     assert rt.context.tasks.get(task_id).status == "cancelled"  # type: ignore[union-attr]
 
 
+@pytest.mark.timeout(60)
+def test_a_start_reports_a_cancel_of_a_handed_back_task_whose_report_a_crash_lost(
+        db_url: str, make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    """Two deploys stopped the child: its task is now in its second hand-back message.
+    That row was cancelled and the process died before the report; a start looked at the
+    task's first message only (done), so the task stayed open and the parent never
+    heard."""
+    running = threading.Event()
+
+    def child_waits_for_its_stop(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            running.set()
+            turn.wait_stop_requested(30)
+
+    rt = make_runtime(brain=child_waits_for_its_stop)
+    parent, _, task_id = _parent_with_a_child(rt)
+    for deploy in range(2):
+        assert running.wait(10)
+        running.clear()
+        rt.stop()
+        if deploy == 0:
+            rt = make_runtime(brain=child_waits_for_its_stop)
+    last = f"subagent-task-{task_id}-resumed-2"
+    prepared = Stores(db_url)  # the cancel as it stood when the process died
+    try:
+        assert prepared.journal.get(last)["status"] == "pending"
+        prepared.journal.cancel(last, clock.now(), by="operator", reason="wrong child")
+    finally:
+        prepared.close()
+    again = make_runtime()
+    [(outcome, text)] = _wakeups(again, parent)
+    assert outcome == "cancelled" and "wrong child" in text
+    assert again.context.tasks.get(task_id).status == "cancelled"  # type: ignore[union-attr]
+
+
 def test_a_child_running_when_the_runtime_stops_goes_on_after_the_restart(
         make_runtime: MakeRuntime) -> None:
     """A graceful stop (a deploy) asks running turns to stop; a child's task was then
