@@ -241,7 +241,14 @@ class Focal:
         return self.ctx.journal.has_open_from(FOCAL_ID, session_id)
 
     def task_hook(self, ctx: RuntimeContext, change: TaskChange) -> list[NewMessage]:
-        """Inside a task change's transaction: notices for Focal."""
+        """Inside a task change's transaction: notices for Focal, each once. A notice's id
+        names what it is about (a task's blocked state, its closing), its text also the
+        session's title: a state noticed before a rename is not noticed again, and its
+        id not reused with other text, which refused the task change itself."""
+        return [m for m in self._notices(ctx, change)
+                if ctx.journal.hot.existing(m.message_id) is None]
+
+    def _notices(self, ctx: RuntimeContext, change: TaskChange) -> list[NewMessage]:
         session = ctx.store.session(change.after.chat_id)
         if session is None or is_focal_chat(session):
             return []

@@ -191,6 +191,38 @@ def test_answers_blocks_and_finishes_reach_focal(focal_rt: tuple[Runtime, FocalB
     assert rt.focal.unread >= 1  # Focal's woken replies queued user notifications
 
 
+def test_a_state_noticed_before_a_rename_is_noticed_once_and_the_change_holds(
+        focal_rt: tuple[Runtime, FocalBrain]) -> None:
+    """A notice's id names its state (once per distinct state); its text names the session.
+    A session renamed between two times its task entered one state made the second
+    notice a reuse of the id with other content: the task change itself was refused
+    (an IdempotencyConflict), and a turn making it failed on every attempt."""
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    s = rt.create_session(rt.create_project("p").id, "first name")
+    rt.tools_for(FOCAL_ID).agent_send(s.id, "look into it")  # followed from now on
+    rt.run_until_idle()
+    tools = rt.tools_for(s.id)
+    t = tools.task_create("x", status="in_progress")["task_id"]
+    tools.task_update(t, status="blocked", blocked_on="user", reason="which format?")
+    tools.task_update(t, status="completed")
+    assert rt.focal.rename(s.id, "second name")
+    tools.task_update(t, status="in_progress")  # the user reopened it
+    tools.task_update(t, status="blocked", blocked_on="user", reason="which format?")
+
+    def settle_in_a_turn(turn: Turn) -> None:
+        turn.tools.task_update(t, status="completed")
+        turn.reply("done")
+    brain.scripts["second name"] = settle_in_a_turn
+    rt.post(s.id, "csv")
+    rt.run_until_idle()
+    task = rt.context.tasks.get(t)
+    assert task is not None and task.status == "completed"
+    assert [r["status"] for r in rt.inbox(target=s.id)] == ["delivered", "delivered"]
+    notices = [r["kind"] for r in rt.inbox(target=FOCAL_ID) if r["kind"].endswith("notification")]
+    assert notices == ["task_blocked_notification", "session_finished_notification"]
+
+
 def test_blocked_notices_never_create_the_focal_chat(focal_rt: tuple[Runtime, Any]) -> None:
     rt, _ = focal_rt
     s = rt.create_session(rt.create_project("p").id, "worker")
