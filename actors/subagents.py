@@ -8,7 +8,9 @@ turn, so a crash between the child's end and the parent's turn loses
 nothing. A child stopped by its own parent does not wake it (the parent
 knows); stopped by anyone else, it does, except by the runtime's own graceful
 stop (a deploy): that turn commits a message handing the task back, which
-the next start runs, so the work goes on as after a crash. A child that
+the next start runs, so the work goes on as after a crash. A child that had
+settled its task (completed, blocked, cancelled) before any of these stops
+is reported as settled. A child that
 left its task blocked (waiting on the user) and settles it in a later turn
 wakes its parent again with that outcome.
 
@@ -100,10 +102,11 @@ def _reported(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome,
     # What the child itself made of its task in this turn (it asked the user, it gave up)
     # stands: a turn that ends well does not make a blocked task completed.
     own = turn.outbox.tasks.get(task_id) if turn.outbox is not None else None
-    # A deploy that stopped a child which had settled its task (completed it, asked the
-    # user, gave up) stopped nothing: what it did stands, and it is reported, not re-run.
+    # A stop (a deploy's, its parent's, anyone's) of a child which had settled its task
+    # (completed it, asked the user, gave up) stopped nothing: what it did stands, and it
+    # is reported as any settled task is, not cancelled, not re-run.
     deploy = outcome.stopped_by == RUNTIME_STOP
-    settled = deploy and own is not None and own.status not in UNREPORTED
+    settled = own is not None and own.status not in UNREPORTED
     changes: dict[str, object] | None
     if not outcome.ok:
         state, changes, text = _failed(child.id, outcome.error or "the turn failed")

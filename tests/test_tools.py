@@ -706,6 +706,43 @@ def test_a_child_that_settled_its_task_before_a_deploy_stopped_it_is_not_run_aga
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("stopper", ["parent", "sibling"])
+@pytest.mark.parametrize("settled", ["completed", "blocked"])
+def test_a_child_that_settled_its_task_before_a_stop_keeps_and_reports_it(
+        make_runtime: MakeRuntime, stopper: str, settled: str) -> None:
+    """The child completed its task (or asked the user) and was stopped while it wrote
+    its summary: the stop turned the task it had settled into ``cancelled`` and told
+    the parent it was stopped (or nothing, stopped by the parent), as a deploy's stop
+    once did. What it did stands and its parent hears it, once."""
+    running = threading.Event()
+    heard: list[tuple[str, str]] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            [task] = turn.tools.task_list()["tasks"]
+            if settled == "completed":
+                turn.tools.task_update(task["task_id"], status="completed")
+            else:
+                turn.tools.task_update(task["task_id"], status="blocked", blocked_on="user",
+                                       reason="which format?")
+            running.set()
+            turn.wait_stop_requested(30)
+            turn.reply(f"{settled} it")
+        else:
+            heard.extend((m.payload.get("outcome", ""), m.content) for m in turn.messages
+                         if m.kind == "subagent_result")
+
+    rt = make_runtime(brain=brain)
+    parent, child, task_id = _parent_with_a_child(rt)
+    sibling = rt.create_session(rt.session(parent).project_id, "sibling").id  # type: ignore[union-attr,arg-type]
+    assert running.wait(10)
+    rt.tools_for(parent if stopper == "parent" else sibling).agent_stop(child)
+    rt.run_until_idle()
+    assert heard == [(settled, f"{settled} it")]
+    assert rt.context.tasks.get(task_id).status == settled  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(60)
 def test_a_foreground_agent_call_after_the_turn_ended_is_refused_and_starts_nothing(
         make_runtime: MakeRuntime) -> None:
     """A thread the brain left running asks for a foreground child after the turn ended: it
