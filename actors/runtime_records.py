@@ -173,7 +173,9 @@ class RecordsApi:
     def requeue(self, message_id: str) -> dict[str, Any]:
         """Operator: send a ``failed`` row back to ``pending`` (history kept)."""
         ctx = self._running()
-        row = ctx.journal.requeue(_row_key(message_id), ctx.now())
+        reopened = subagents.Reopened(ctx)
+        row = ctx.journal.requeue(_row_key(message_id), ctx.now(), also=reopened.in_txn)
+        reopened.announce()
         ctx.emit("requeued", message_id=message_id)
         log.info("requeued %s", message_id)
         ctx.wake_dispatcher()
@@ -185,7 +187,10 @@ class RecordsApi:
         ctx = self._running()
         if any(v is not None and validation.lookup_key(v) is None for v in (target, kind)):
             return []  # no row can have it (PostgreSQL would fail the query)
-        ids = ctx.journal.requeue_where(ctx.now(), target=target, kind=kind)
+        reopened = subagents.Reopened(ctx)
+        ids = ctx.journal.requeue_where(ctx.now(), target=target, kind=kind,
+                                        also=reopened.in_txn)
+        reopened.announce()
         for message_id in ids:
             ctx.emit("requeued", message_id=message_id)
         log.info("requeued %d failed rows", len(ids))

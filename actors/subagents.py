@@ -189,6 +189,39 @@ def _wake(ctx: RuntimeContext, child: SessionRecord, task_id: str, text: str,
                       payload={"task_id": task_id, "child_id": child.id, "outcome": outcome})
 
 
+class Reopened:
+    """What an operator's requeue of child task messages does to their tasks: a task whose
+    failure was reported (blocked on ``error``) is ``in_progress`` again, in the
+    requeue's transaction. Its next end is then reported like its first, whoever ends
+    it: the run's turn, an operator's cancel, the claim that fails it, a start after a
+    crash (a reported task is never reported again, so one left blocked on its old
+    failure was not, and its parent never heard of the cancel)."""
+
+    def __init__(self, ctx: RuntimeContext) -> None:
+        self._ctx = ctx
+        self._changes: list[TaskChange] = []
+
+    def in_txn(self, message_ids: list[str]) -> None:
+        """Inside the requeue's transaction: reopen the failed tasks of these rows."""
+        ctx = self._ctx
+        now = ctx.now()
+        for mid in message_ids:
+            if not mid.startswith(TASK_MESSAGE_PREFIX):
+                continue
+            row = ctx.journal.get(mid)
+            task = ctx.tasks.get(str(row["payload"].get("task_id", "")))
+            if (task is not None and task.chat_id == row["target_chat_id"]
+                    and task.status == "blocked" and task.blocked_on == "error"):
+                self._changes.append(TaskService(ctx).apply_in_txn(
+                    task.chat_id, task.id, {"status": "in_progress", "blocked_on": None,
+                                            "reason": None}, now))
+
+    def announce(self) -> None:
+        """After the commit: observers hear of each reopened task."""
+        for change in self._changes:
+            TaskService(self._ctx).notify(change)
+
+
 def report_ended(ctx: RuntimeContext, message_ids: Iterable[str]) -> int:
     """Report the child tasks whose message ended outside a turn (``failed`` by a claim,
     ``cancelled`` by an operator) while the task is still open: the task ends and the

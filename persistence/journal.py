@@ -481,13 +481,22 @@ class Journal(InboxReads):
                                  {"status": core.PENDING, "attempts": 0,
                                   "available_at": now})
 
-    def requeue(self, message_id: str, now: float) -> dict[str, Any]:
-        """Operator: put a ``failed`` row back to ``pending`` (attempts reset, history kept)."""
-        return self.writer.call(lambda: self._requeue_op(message_id, now))
+    def requeue(self, message_id: str, now: float, *,
+                also: Callable[[list[str]], object] | None = None) -> dict[str, Any]:
+        """Operator: put a ``failed`` row back to ``pending`` (attempts reset, history kept);
+        ``also`` runs in the same transaction with its id (what the requeue reopens)."""
+        def op() -> dict[str, Any]:
+            row = self._requeue_op(message_id, now)
+            if also is not None:
+                also([message_id])
+            return row
+        return self.writer.call(op)
 
     def requeue_where(self, now: float, *, target: str | None = None,
-                      kind: str | None = None) -> list[str]:
-        """Operator: requeue every ``failed`` row matching the filter, in one transaction."""
+                      kind: str | None = None,
+                      also: Callable[[list[str]], object] | None = None) -> list[str]:
+        """Operator: requeue every ``failed`` row matching the filter, in one transaction
+        (with ``also``, given their ids)."""
         m = self.t.inbox
 
         def op() -> list[str]:
@@ -499,6 +508,8 @@ class Journal(InboxReads):
             ids = [r.message_id for r in q.order_by(m.seq)]
             for mid in ids:
                 self._requeue_op(mid, now)
+            if also is not None and ids:
+                also(ids)
             return ids
         return self.writer.call(op)
 

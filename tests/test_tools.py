@@ -283,6 +283,35 @@ def test_a_requeued_child_task_reports_its_new_outcome(make_runtime: MakeRuntime
         "done at last"]
 
 
+@pytest.mark.parametrize("bulk", [False, True])
+def test_a_requeued_child_task_cancelled_before_it_runs_tells_its_parent(
+        make_runtime: MakeRuntime, clock: ManualClock, bulk: bool) -> None:
+    """The parent heard the task failed; an operator requeued it, then cancelled it before
+    it ran. The task stayed blocked on its old failure, which counted as reported, so
+    the cancel was never reported: the parent never heard, the task never closed."""
+    def brain(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            raise RuntimeError("the model is down")
+
+    rt = make_runtime(brain=brain)
+    parent, _, task_id = _parent_with_a_child(rt)
+    for backoff in (0, 2, 4, 8, 16):
+        clock.advance(backoff)
+        rt.run_until_idle()
+    assert [o for o, _ in _wakeups(rt, parent)] == ["failed"]
+    rt.stop()
+    send_only = make_runtime()  # nothing runs the requeued row before the cancel
+    if bulk:
+        assert send_only.requeue_failed(kind="subagent_task") == [f"subagent-task-{task_id}"]
+    else:
+        send_only.requeue(f"subagent-task-{task_id}")
+    task = send_only.context.tasks.get(task_id)
+    assert task is not None and (task.status, task.blocked_on) == ("in_progress", None)
+    send_only.cancel(f"subagent-task-{task_id}", "not needed any more")
+    assert [o for o, _ in _wakeups(send_only, parent)] == ["failed", "cancelled"]
+    assert send_only.context.tasks.get(task_id).status == "cancelled"  # type: ignore[union-attr]
+
+
 def test_a_child_that_leaves_its_task_blocked_on_the_user_is_not_completed(
         make_runtime: MakeRuntime) -> None:
     woken: list[tuple[str, str]] = []
