@@ -30,10 +30,13 @@ event                     in phase     effects, next phase
 ``lease_lost()``          COMMITTING   Release(each steered), Done(claim) -> DONE  (nothing
                                        of the turn written; the steered rows are still
                                        this worker's, and no one renews them any more)
-``journal_failed()``      COMMITTING,  Release(row, each steered), Done(claim) -> DONE
-                          FAILING      (nothing of the turn was written: the rows go back
-                                       unrun for the next claim; should the release fail
-                                       too, they come back by lease)
+``commit_refused(e)``     COMMITTING   RecordFailure(row id, release=steered, e) -> FAILING
+                                       (the journal refused the commit, a database error:
+                                       nothing of the turn was written; a failed attempt)
+``journal_failed()``      FAILING      Release(row, each steered), Done(claim) -> DONE
+                                       (the failure record was refused too: the rows go
+                                       back unrun for the next claim; should the release
+                                       fail too, they come back by lease)
 ``failure_recorded()``    FAILING      Done(claim) -> DONE
 ========================  ===========  ===================================================
 
@@ -262,14 +265,27 @@ class Delivery:
         self._expect("lease_lost", _COMMITTING)
         return [*(Release(mid) for mid in self.steered), *self._done(True)]
 
-    def journal_failed(self) -> list[Effect]:
-        """The commit or the failure record did not happen (a database error): the turn's
-        rows go back unrun, so a blip of the database does not leave the session waiting
-        for its lease to run out (no one renews a row its run has let go of). A commit
-        whose outcome is unknown (a :class:`~kinbox.persistence.WriteTimeout` while its
-        batch ran) may land after all: the release is fenced and runs after that batch,
+    def commit_refused(self, error: str) -> list[Effect]:
+        """The journal refused the commit (a database error; nothing of the turn was
+        written): a failed attempt, recorded with its backoff as when the brain raised.
+        Handed straight back, a commit that can never succeed (a value the database will
+        not store, a hook's write that conflicts) ran its brain again at once, for ever; a
+        blip of the database costs an attempt and the first backoff (2 s), where leaving
+        the row to its lease stalled the session for the whole lease. A commit whose
+        outcome is unknown (a :class:`~kinbox.persistence.WriteTimeout` while its batch
+        ran) may land after all: the failure record is fenced and runs after that batch,
         so such a row stays delivered."""
-        self._expect("journal_failed", _COMMITTING, _FAILING)
+        self._expect("commit_refused", _COMMITTING)
+        assert self.row is not None
+        self.phase = _FAILING
+        return [RecordFailure(self.row.message_id, tuple(self.steered), error)]
+
+    def journal_failed(self) -> list[Effect]:
+        """The failure record did not happen (a database error, or the lease was lost):
+        the turn's rows go back unrun, so the session does not wait for a lease to run out
+        (no one renews a row its run has let go of). A release refused leaves the row to
+        its lease."""
+        self._expect("journal_failed", _FAILING)
         assert self.row is not None
         held = [self.row.message_id, *self.steered]
         return [*(Release(mid) for mid in held), *self._done(True)]

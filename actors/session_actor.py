@@ -37,7 +37,15 @@ from .outbox import Outbox
 from .pooled import ActorPool, PooledActor
 from .running import StopFlag
 from .turn import Message, Turn
-from .turn_run import Judged, SyncBrainAwaitable, judge, prepare, take_result, turn_tools
+from .turn_run import (
+    Judged,
+    SyncBrainAwaitable,
+    judge,
+    prepare,
+    refused_commit,
+    take_result,
+    turn_tools,
+)
 
 log = logging.getLogger("kinbox.session")
 
@@ -346,10 +354,11 @@ class SessionActor(PooledActor):
             return run.lease_lost()
         if isinstance(exc, WriterClosed) or not isinstance(exc, PersistenceError):
             raise exc
-        self.end_turn(flag)
-        log.error("delivery of %s to %s failed in the journal: %s", turn.row.message_id,
-                  sid, exc)
-        return run.journal_failed()
+        log.error("the journal refused the commit of %s for %s (%s): a failed attempt",
+                  turn.row.message_id, sid, exc)
+        # The turn stays on the board until its failure record is durable (as a brain's).
+        self.judged = refused_commit(exc)
+        return run.commit_refused(self.judged.outcome.error or "")
 
     def _committed(self, run: dp.Delivery, turn: Turn, judged: Judged, flag: StopFlag | None,
                    effect: dp.Commit, effects: TurnEffects,

@@ -110,6 +110,14 @@ def take_result(turn: Turn, result: object) -> None:
     raise BrainResultInvalid(result)
 
 
+def refused_commit(error: BaseException) -> Judged:
+    """A turn whose commit the journal refused: a failed attempt, with the journal's error
+    (escaped, as the brain's: it is recorded as the row's error)."""
+    return Judged(TurnOutcome(False, escaped(f"the journal refused the turn's commit: "
+                                             f"{type(error).__name__}: {error}"), None),
+                  escaped("".join(traceback.format_exception(error))))
+
+
 def judge(ctx: RuntimeContext, turn: Turn, error: BaseException | None) -> Judged:
     """The turn's outcome. The turn stays on the running-turn board, past stopping
     (``ctx.turns.settle``): its caller ends it (``ctx.turns.end``) once the commit (or

@@ -32,6 +32,7 @@ EVENTS: dict[str, Callable[[dp.Delivery], list[dp.Effect]]] = {
     "brain_raised": lambda d: d.brain_raised("boom"),
     "committed": lambda d: d.committed(None, plain=True),
     "lease_lost": lambda d: d.lease_lost(),
+    "commit_refused": lambda d: d.commit_refused("IntegrityError: refused"),
     "journal_failed": lambda d: d.journal_failed(),
     "failure_recorded": lambda d: d.failure_recorded(),
 }
@@ -40,7 +41,7 @@ ALLOWED = {
     dp.Phase.IDLE: {"claimed"},
     dp.Phase.STARTING: {"started", "refused"},
     dp.Phase.RUNNING: {"steered", "unseen", "brain_returned", "brain_raised"},
-    dp.Phase.COMMITTING: {"committed", "lease_lost", "journal_failed"},
+    dp.Phase.COMMITTING: {"committed", "lease_lost", "commit_refused"},
     dp.Phase.FAILING: {"failure_recorded", "journal_failed"},
     dp.Phase.DONE: set(),
 }
@@ -56,7 +57,7 @@ EXPECTED: dict[tuple[dp.Phase, str], tuple[dp.Phase, list[type]]] = {
     (dp.Phase.RUNNING, "brain_raised"): (dp.Phase.FAILING, [dp.RecordFailure]),
     (dp.Phase.COMMITTING, "committed"): (dp.Phase.DONE, [dp.Done]),
     (dp.Phase.COMMITTING, "lease_lost"): (dp.Phase.DONE, [dp.Done]),
-    (dp.Phase.COMMITTING, "journal_failed"): (dp.Phase.DONE, [dp.Release, dp.Done]),
+    (dp.Phase.COMMITTING, "commit_refused"): (dp.Phase.FAILING, [dp.RecordFailure]),
     (dp.Phase.FAILING, "failure_recorded"): (dp.Phase.DONE, [dp.Done]),
     (dp.Phase.FAILING, "journal_failed"): (dp.Phase.DONE, [dp.Release, dp.Done]),
 }
@@ -108,14 +109,19 @@ def test_a_plain_run_commits_the_row_and_its_steering_then_frees_the_slot() -> N
     assert d.committed(None, plain=True) == [dp.Done(claim=False)]
 
 
-def test_a_commit_the_journal_failed_hands_the_turns_rows_back_unrun() -> None:
-    """Nothing of the turn was written, and nothing renews a row its run let go of: left
-    to its lease, a database blip of a second stalled the session for the whole lease."""
+def test_a_commit_the_journal_refused_is_a_failed_attempt_and_its_record_hands_back() -> None:
+    """Nothing of the turn was written. Handed straight back, a commit that can never
+    succeed ran its brain again at once, for ever: it is a failed attempt (its backoff,
+    then ``failed``), and the steered rows go back with its record. Should the record be
+    refused too (the database is down), the rows go back unrun, not left to their lease
+    (a blip of a second stalled the session for the whole lease)."""
     d = dp.Delivery()
     d.claimed(row(1))
     d.started()
     d.steered_in(["m2"])
     d.brain_returned()
+    assert d.commit_refused("DatabaseFailed: x") == [
+        dp.RecordFailure("m1", ("m2",), "DatabaseFailed: x")]
     assert d.journal_failed() == [dp.Release("m1"), dp.Release("m2"), dp.Done(claim=True)]
 
 

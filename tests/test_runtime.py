@@ -23,6 +23,7 @@ from kinbox.actors import (
 from kinbox.actors import slots as slots_module
 from kinbox.actors.context import TurnEffects
 from kinbox.persistence import DatabaseInUse, DatabaseOpenError, Journal, NewMessage
+from kinbox.persistence.driver_errors import OperationalError
 
 from .conftest import Stores
 from .helpers import failing_once, quiet_brain, wait_for
@@ -571,6 +572,40 @@ def test_a_delivery_that_fails_outside_its_brain_comes_back_by_lease(
     assert seen == [(b, "hello"), (b, "hello")]  # the first run never committed
     assert rt.marker_counts() == {rt.inbox()[0]["message_id"]: 1}
     assert slots.live[b] is actor and actor.is_alive()  # the same actor lived on
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_commit_the_journal_always_refuses_is_a_failed_attempt_not_a_hot_loop(
+        make_runtime: MakeRuntime, clock: ManualClock, kind: str) -> None:
+    """A commit the database refuses every time (a value it will not store, a hook's write
+    that conflicts) handed its rows straight back: the brain, a model call, ran again at
+    once, for ever, and the row never left ``processing``. Each refusal is a failed
+    attempt now: the row waits out its backoff (2, 4, 8, 16 s), then is ``failed``."""
+    seen, sync_brain = recorder()
+
+    async def async_brain(turn: Turn) -> None:
+        sync_brain(turn)
+
+    rt = make_runtime(brain=sync_brain if kind == "sync" else async_brain)
+
+    def refusing(ctx: Any, turn: Turn, outcome: Any) -> Any:
+        def op() -> None:
+            raise OperationalError("value too long for type character varying(64)")
+        return TurnEffects(ops=[op]) if outcome.ok else None
+
+    rt.context.outbox_hooks.append(refusing)
+    _, b = two_sessions(rt)
+    rt.post(b, "hello")
+    for attempt, backoff in enumerate((2.0, 4.0, 8.0, 16.0), start=1):
+        wait_for(lambda attempt=attempt: rt.inbox()[0]["attempts"] == attempt, 10,
+                 f"failed attempt {attempt} recorded ({len(seen)} turns ran)")
+        row = rt.inbox()[0]
+        assert row["status"] == "pending" and "value too long" in row["last_error"]
+        assert len(seen) == attempt  # nothing runs it again before its backoff ends
+        clock.advance(backoff)
+    wait_for(lambda: rt.inbox()[0]["status"] == "failed", 10, "the row failed")
+    assert len(seen) == 5 and rt.transcript(b) == []
 
 
 class _StoppedActorRef:
