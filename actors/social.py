@@ -102,6 +102,8 @@ class SocialService:
         self.counts = {"accepted": 0, "refused": 0, "denied": 0, "steered": 0, "queued": 0,
                        "turns": 0, "failed_turns": 0, "duplicates": 0}
         self._recent: OrderedDict[str, None] = OrderedDict()  # event ids lately accepted
+        self._refused: dict[str, int] = {}
+        """How many turns from an event (not yet through) had their commit refused."""
         self._unstarted: dict[str, rules.SocialEvent] = {}
         """Accepted events no turn has taken yet, by id, in acceptance order: what a stop
         hands to the inbox (each leaves it under the lock, to a turn or to the inbox)."""
@@ -458,13 +460,18 @@ class SocialService:
             return taken, True
         if done.commit_error is not None and not isinstance(done.commit_error, DuplicateError):
             # The commit failed (a database error, its mark lost): nothing of the turn is
-            # written, so its events run again, as when it could not start. (A duplicate
-            # is another runtime's commit of the same events: concluded below.)
-            log.warning("social turn in %s could not commit; its %d event(s) run again: %s",
-                        sid, len(taken), done.error)
+            # written, so its events run again, as when it could not start, up to
+            # COMMIT_ATTEMPTS turns; then they fail, concluded below. (A duplicate is
+            # another runtime's commit of the same events: concluded below too.)
             with self._lock:
-                self._give_back(taken)
-            return taken, True
+                tries = self._refused[event.event_id] = self._refused.get(event.event_id, 0) + 1
+                if tries < rules.COMMIT_ATTEMPTS:
+                    self._give_back(taken)
+            if tries < rules.COMMIT_ATTEMPTS:
+                log.warning("social turn in %s could not commit (%d of %d); its %d event(s) "
+                            "run again: %s", sid, tries, rules.COMMIT_ATTEMPTS, len(taken),
+                            done.error)
+                return taken, True
         unseen = {m.message_id for m in done.turn.close_steering() or []}
         with self._lock:
             self.counts["turns" if done.committed else "failed_turns"] += 1
@@ -474,6 +481,7 @@ class SocialService:
             self._give_back(back)
             for e in taken:  # their turn ended: committed, or failed for good
                 self._in_turn.pop(e.event_id, None)
+            self._refused.pop(event.event_id, None)
         try:
             self._conclude(sid, event, taken, done)
         except WriterClosed:

@@ -262,3 +262,9 @@ def stall_pause(stalls: int) -> float:
     if stalls < 1:
         raise ValueError(f"stalls must be >= 1, got {stalls}")
     return min(STALL_PAUSE_CAP, STALL_PAUSE * 2.0 ** min(stalls - 1, 32))
+
+
+COMMIT_ATTEMPTS = 5
+"""How many times a social event's turn runs when the database refuses its commit each
+time (as an inbox row's attempts): then its events fail, recorded ``turn_failed``. The
+brain is a model call: a commit that can never succeed must not rerun it for ever."""

@@ -678,6 +678,40 @@ def test_a_social_turn_whose_commit_fails_runs_again_and_answers_once(
 
 
 @pytest.mark.timeout(60)
+def test_a_social_turn_whose_commit_always_fails_runs_its_attempts_then_fails(
+        make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit the database refuses every time must not run the brain, a model call, for
+    ever: the event's turn runs COMMIT_ATTEMPTS times, then the event fails, nothing sent,
+    and the thread's next event runs."""
+    monkeypatch.setattr(rules, "stall_pause", lambda stalls: 0.01)
+    seen: list[str] = []
+
+    def brain(turn: Turn) -> str:
+        seen.append(turn.messages[0].content.splitlines()[-1])
+        return f"echo: {seen[-1]}"
+
+    rt = make_runtime(brain=brain)
+    sent: list[tuple[Any, str]] = []
+    rt.social.allow("slack", ["U1", "U2"])
+    rt.social.register_channel("slack", send=lambda route, text: sent.append((route, text)))
+    store = rt.context.store
+    real_patch = store.patch_config_now
+
+    def patch_config_now(session_id: str, patch: dict[str, Any], now: float) -> None:
+        if not sent and seen[-1] == "doomed":
+            raise OperationalError("value too long for type character varying(64)")
+        real_patch(session_id, patch, now)
+
+    store.patch_config_now = patch_config_now  # type: ignore[method-assign]
+    rt.social.ingest(event("doomed"))
+    rt.social.ingest(event("next", sender="U2"))  # waits for the chat's turns
+    assert rt.social.wait_idle(20), rt.social.statistics()
+    assert seen == ["doomed"] * rules.COMMIT_ATTEMPTS + ["next"]
+    assert sent == [({"channel": "C9", "ts": "T1"}, "echo: next")]
+    assert rt.social.statistics()["failed_turns"] == 1
+
+
+@pytest.mark.timeout(60)
 def test_chats_whose_turns_cannot_run_hold_up_no_other_chat(make_runtime: MakeRuntime) -> None:
     """A turn that could not run at all used to pause on its pool thread and try again on
     it for ever: as many lastingly failing chats as the pool has threads (4) starved every
