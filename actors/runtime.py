@@ -155,6 +155,7 @@ class Runtime(RecordsApi):
         self._liveness: OwnerLiveness | None = None
         self._shared = SharedDatabase()
         self._last_takeover = 0.0
+        self._last_report = 0.0  # see _report_ended_elsewhere
         self._writer: GroupCommitWriter | None = None
         self._health = HealthChecks()
         self._services: Services | None = None
@@ -244,6 +245,7 @@ class Runtime(RecordsApi):
         stop_at_exit(self)
         if subagents.report_orphans(ctx):
             log.warning("reported child tasks whose message had ended outside a turn")
+        self._last_report = ctx.now()
         counts = journal.counts()
         log.info("runtime %s started on %s (%s); open rows: %d pending, %d processing",
                  self.owner, redact_url(self.url),
@@ -378,6 +380,22 @@ class Runtime(RecordsApi):
             log.exception("checking for runtimes that are gone failed; their leases expire "
                           "as usual")
 
+    def _report_ended_elsewhere(self, ctx: RuntimeContext) -> None:
+        """Every :data:`.subagents.REPORT_INTERVAL` (on the runtime's clock): report the
+        child tasks whose message another process ended (``kinbox inbox cancel``, another
+        runtime's claim on PostgreSQL), which this runtime's own paths never see: the
+        parent would hear only at the next start."""
+        now = ctx.now()
+        if now - self._last_report < subagents.REPORT_INTERVAL:
+            return
+        self._last_report = now
+        try:
+            if subagents.report_orphans(ctx):
+                log.info("reported child tasks whose message another process ended")
+        except Exception:
+            log.exception("looking for child tasks ended elsewhere failed; the next "
+                          "interval looks again")
+
     def _stop_ticker(self) -> None:
         self._ticker.stop()
         self._shared.stop_listening()
@@ -403,6 +421,8 @@ class Runtime(RecordsApi):
             self._take_over_from_the_gone()
         if self._services is not None and self._state == "running":
             self._services.tick()
+        if ctx is not None and ctx.dispatcher is not None and self._state == "running":
+            self._report_ended_elsewhere(ctx)
         if ctx is not None and ctx.dispatcher is not None and self._state == "running":
             try:
                 ctx.dispatcher.tell(Tick())

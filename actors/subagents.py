@@ -66,6 +66,10 @@ def next_free_id(ctx: RuntimeContext, base: str) -> str:
     return mid
 
 
+REPORT_INTERVAL = 30.0
+"""Seconds between a delivering runtime's looks for child tasks whose message another
+process ended (an operator's ``kinbox inbox cancel``): :func:`report_orphans`."""
+
 UNREPORTED = ("pending", "in_progress")
 """A child task's states before its outcome was reported to the parent."""
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, ToolError, Turn
+from kinbox.actors.subagents import REPORT_INTERVAL
 from kinbox.actors.transcript_view import TRUNCATED
 from kinbox.persistence import TurnEntry
 
@@ -583,6 +584,32 @@ def test_an_operator_cancelling_a_child_task_tells_its_parent(make_runtime: Make
     assert rt.context.tasks.get(task_id).status == "cancelled"  # type: ignore[union-attr]
     [(outcome, text)] = _wakeups(rt, parent)
     assert outcome == "cancelled" and child in text and "not needed any more" in text
+
+
+@pytest.mark.timeout(60)
+def test_a_child_task_cancelled_from_another_process_tells_its_parent_while_running(
+        make_runtime: MakeRuntime, clock: ManualClock, db_url: str) -> None:
+    """``kinbox inbox cancel`` of a child's task row writes the journal from its own
+    process; the delivering runtime never saw it, and the parent heard only at the next
+    start. The runtime looks for such ends every REPORT_INTERVAL."""
+    def brain(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            raise RuntimeError("the model is down")  # the task waits out a backoff
+
+    rt = make_runtime(brain=brain)
+    parent, child, task_id = _parent_with_a_child(rt)
+    mid = f"subagent-task-{task_id}"
+    wait_for(lambda: rt.inbox(target=child)[0]["attempts"] == 1, 10, "the first attempt")
+    operator = Stores(db_url)  # the command line's own connection, as `inbox cancel` does
+    try:
+        operator.journal.cancel(mid, clock.now(), by="operator", reason="not needed")
+    finally:
+        operator.close()
+    assert _wakeups(rt, parent) == []
+    clock.advance(REPORT_INTERVAL)
+    wait_for(lambda: [o for o, _ in _wakeups(rt, parent)] == ["cancelled"], 10,
+             "the parent's wake-up")
+    assert rt.context.tasks.get(task_id).status == "cancelled"  # type: ignore[union-attr]
 
 
 def test_a_child_task_failed_by_its_takeovers_tells_its_parent(
