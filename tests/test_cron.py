@@ -56,6 +56,19 @@ def every_minute(rt: Runtime, **options: object) -> str:
     return str(rt.cron.add("tick", "* * * * *", "Say what time it is.", **options)["job_id"])
 
 
+def waits_for_its_session(rt: Runtime) -> threading.Event:
+    """Set once a turn of ``rt`` starts to wait for its session's running turn to end."""
+    turns = rt.context.turns
+    waiting = threading.Event()
+    real_begin = turns.begin
+
+    def begin(*args: Any, **kwargs: Any) -> Any:
+        waiting.set()
+        return real_begin(*args, **kwargs)
+    turns.begin = begin  # type: ignore[method-assign]
+    return waiting
+
+
 # -- the pure rules ----------------------------------------------------------------------------
 
 def test_a_failed_run_is_retried_after_1_2_4_8_16_minutes_then_the_job_stops() -> None:
@@ -446,14 +459,7 @@ def test_an_inbox_turn_waiting_for_a_cron_turn_at_a_stop_hands_its_row_back_unru
     job_id = every_minute(rt)
     clock.advance(MINUTE)
     assert cron_running.wait(5)
-    turns = rt.context.turns
-    waiting = threading.Event()
-    real_begin = turns.begin
-
-    def begin(*args: Any, **kwargs: Any) -> Any:
-        waiting.set()
-        return real_begin(*args, **kwargs)
-    turns.begin = begin  # type: ignore[method-assign]
+    waiting = waits_for_its_session(rt)
     note = rt.post(f"cron-{job_id}", "a note while the run is busy")
     assert waiting.wait(5)  # the inbox turn waits for the cron turn to end
     rt.stop()
@@ -486,14 +492,7 @@ def test_a_cron_turn_waiting_for_an_inbox_turn_at_a_stop_does_not_run(
     sid = f"cron-{job_id}"
     rt.post(sid, "a note before the run")
     assert inbox_running.wait(5)
-    turns = rt.context.turns
-    waiting = threading.Event()
-    real_begin = turns.begin
-
-    def begin(*args: Any, **kwargs: Any) -> Any:
-        waiting.set()
-        return real_begin(*args, **kwargs)
-    turns.begin = begin  # type: ignore[method-assign]
+    waiting = waits_for_its_session(rt)
     rt.cron.trigger(job_id)
     assert waiting.wait(5)  # the cron turn waits for the inbox turn to end
     rt.stop()
@@ -526,14 +525,7 @@ def test_a_cron_turn_waiting_for_an_inbox_turn_that_never_ends_lets_go_at_the_st
         job_id = every_minute(rt)
         rt.post(f"cron-{job_id}", "a note before the run")
         assert inbox_running.wait(5)
-        turns = rt.context.turns
-        waiting = threading.Event()
-        real_begin = turns.begin
-
-        def begin(*args: Any, **kwargs: Any) -> Any:
-            waiting.set()
-            return real_begin(*args, **kwargs)
-        turns.begin = begin  # type: ignore[method-assign]
+        waiting = waits_for_its_session(rt)
         rt.cron.trigger(job_id)
         assert waiting.wait(5)  # the cron turn waits for the inbox turn to end
         rt.stop(timeout=0.5)
@@ -566,14 +558,7 @@ def test_an_inbox_turn_waiting_for_a_cron_turn_that_never_ends_hands_its_row_bac
         job_id = every_minute(rt)
         rt.cron.trigger(job_id)
         assert cron_running.wait(5)
-        turns = rt.context.turns
-        waiting = threading.Event()
-        real_begin = turns.begin
-
-        def begin(*args: Any, **kwargs: Any) -> Any:
-            waiting.set()
-            return real_begin(*args, **kwargs)
-        turns.begin = begin  # type: ignore[method-assign]
+        waiting = waits_for_its_session(rt)
         rt.post(f"cron-{job_id}", "a note during the run")
         assert waiting.wait(5)  # the inbox turn waits for the cron turn to end
         rt.stop(timeout=0.5)

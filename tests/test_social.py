@@ -649,21 +649,12 @@ def test_a_database_error_in_a_social_turn_neither_wedges_its_chat_nor_loses_the
 
 @pytest.mark.timeout(60)
 def test_a_social_turn_whose_commit_fails_runs_again_and_answers_once(
-        make_runtime: MakeRuntime) -> None:
+        social_rt: tuple[Runtime, SocialBrain, list[tuple[Any, str]]]) -> None:
     """A database error inside a social turn's commit (a full disk, a lock wait that ran
     out) undid the commit, and the event was then recorded ``turn_failed`` and dropped:
     accepted with a 202, never answered. Nothing of the turn is written, so it runs again,
     and its reply leaves once, from the commit that held."""
-    seen: list[str] = []
-
-    def brain(turn: Turn) -> str:
-        seen.append(turn.messages[0].content.splitlines()[-1])
-        return f"echo: {seen[-1]}"
-
-    rt = make_runtime(brain=brain)
-    sent: list[tuple[Any, str]] = []
-    rt.social.allow("slack", ["U1"])
-    rt.social.register_channel("slack", send=lambda route, text: sent.append((route, text)))
+    rt, brain, sent = social_rt
     store = rt.context.store
     failures: list[str] = []
     store.patch_config_now = failing_once(  # type: ignore[method-assign]
@@ -671,7 +662,7 @@ def test_a_social_turn_whose_commit_fails_runs_again_and_answers_once(
     rt.social.ingest(event("only"))
     wait_for(lambda: failures == ["commit"], 10, "the failed commit")
     assert rt.social.wait_idle(20), rt.social.statistics()
-    assert seen == ["only", "only"]
+    assert brain.turns == [["only"], ["only"]]
     assert sent == [({"channel": "C9", "ts": "T1"}, "echo: only")]
     sid = rules.session_id_for("slack", "T1")
     assert [e.text for e in rt.transcript(sid) if e.role == "assistant"] == ["echo: only"]
@@ -679,26 +670,18 @@ def test_a_social_turn_whose_commit_fails_runs_again_and_answers_once(
 
 @pytest.mark.timeout(60)
 def test_a_social_turn_whose_commit_always_fails_runs_its_attempts_then_fails(
-        make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+        social_rt: tuple[Runtime, SocialBrain, list[tuple[Any, str]]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A commit the database refuses every time must not run the brain, a model call, for
     ever: the event's turn runs COMMIT_ATTEMPTS times, then the event fails, nothing sent,
     and the thread's next event runs."""
     monkeypatch.setattr(rules, "stall_pause", lambda stalls: 0.01)
-    seen: list[str] = []
-
-    def brain(turn: Turn) -> str:
-        seen.append(turn.messages[0].content.splitlines()[-1])
-        return f"echo: {seen[-1]}"
-
-    rt = make_runtime(brain=brain)
-    sent: list[tuple[Any, str]] = []
-    rt.social.allow("slack", ["U1", "U2"])
-    rt.social.register_channel("slack", send=lambda route, text: sent.append((route, text)))
+    rt, brain, sent = social_rt
     store = rt.context.store
     real_patch = store.patch_config_now
 
     def patch_config_now(session_id: str, patch: dict[str, Any], now: float) -> None:
-        if not sent and seen[-1] == "doomed":
+        if brain.turns[-1] == ["doomed"]:
             raise OperationalError("value too long for type character varying(64)")
         real_patch(session_id, patch, now)
 
@@ -706,7 +689,7 @@ def test_a_social_turn_whose_commit_always_fails_runs_its_attempts_then_fails(
     rt.social.ingest(event("doomed"))
     rt.social.ingest(event("next", sender="U2"))  # waits for the chat's turns
     assert rt.social.wait_idle(20), rt.social.statistics()
-    assert seen == ["doomed"] * rules.COMMIT_ATTEMPTS + ["next"]
+    assert brain.turns == [["doomed"]] * rules.COMMIT_ATTEMPTS + [["next"]]
     assert sent == [({"channel": "C9", "ts": "T1"}, "echo: next")]
     assert rt.social.statistics()["failed_turns"] == 1
 
