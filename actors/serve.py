@@ -47,7 +47,7 @@ from .errors import BrainRefError
 from .focal import Focal
 from .http_backends import answered, cron_social_routes
 from .interrupts import Interrupted, StopSignals
-from .peers import PeerHttpBackend
+from .peer_backend import PeerHttpBackend
 from .runtime import Runtime
 from .serve_flags import WILDCARD_ADDRESSES, host_name, is_loopback, port_number, read_token
 from .worker import summary

@@ -11,7 +11,8 @@ import pytest
 import uvicorn
 
 from kinbox.actors import Runtime, SystemClock, Turn
-from kinbox.actors.peers import PeerHttpBackend, new_invite
+from kinbox.actors.peer_backend import PeerHttpBackend
+from kinbox.actors.peers import new_invite
 from kinbox.actors.serve import app_for
 from kinbox.persistence import ClaimedRow, NewMessage
 from kinbox.persistence.peer_outbox import PeerOutbox
@@ -598,10 +599,10 @@ def test_a_redemption_slower_than_the_wait_for_it_is_answered_with_its_outcome(
     """A redemption whose batch ran past the writer's wait committed after the device was
     told to try again (or, before that, refused with "timeout"): the code spent, and a
     grant stored whose token nobody had. The answer now waits for the batch's outcome."""
-    from kinbox.actors import peers
+    from kinbox.actors import peer_backend
     from kinbox.transport.grants import secret_hash
 
-    monkeypatch.setattr(peers, "WRITE_TIMEOUT", 0.1)
+    monkeypatch.setattr(peer_backend, "WRITE_TIMEOUT", 0.1)
     a, b, served, _ = pair_of
     code = served.invite()
     store = b.peers.peers
