@@ -359,10 +359,12 @@ class AsyncHost:
             # another turn of its session is awaited, so cancelling it registers nothing.)
             step.close()
             return
-        try:
-            self.executor.submit(_finish, step, pending)
-        except RuntimeError:  # the workers are gone: the commit is durable all the same
-            step.close()
+        # A thread of its own, not a blocking worker: the stop that cancelled the turn
+        # shuts the workers down next, dropping what they have not started, and the
+        # commit's follow-ups (observers, after-commit notifications, the session's
+        # slot) would go with it. Rare: only a turn given up on during its write.
+        threading.Thread(target=_finish, args=(step, pending), name="kinbox-finish",
+                         daemon=True).start()
 
     async def _run_brain(self, turn: Turn) -> BaseException | None:
         """Await the brain; the error the attempt ends with, or None to commit."""
@@ -472,7 +474,8 @@ def _time_out(future: asyncio.Future[Any], reply: Reply[Any]) -> None:
 
 
 def _finish(step: Step, pending: Reply[Any]) -> None:
-    """The rest of a step whose turn was cancelled during its write (a blocking worker)."""
+    """The rest of a step whose turn was cancelled during its write (on a thread of its
+    own: see :meth:`AsyncHost._detach`)."""
     try:
         settle_from(step, pending)
     except WriterClosed:
