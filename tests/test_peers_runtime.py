@@ -3,12 +3,14 @@ and the peer store on both database backends."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import uvicorn
+from websockets.sync.client import ClientConnection
 
 from kinbox.actors import Runtime, SystemClock, Turn
 from kinbox.actors.peer_backend import PeerHttpBackend
@@ -16,13 +18,28 @@ from kinbox.actors.peers import new_invite
 from kinbox.actors.serve import app_for
 from kinbox.persistence import ClaimedRow, NewMessage
 from kinbox.persistence.peer_outbox import PeerOutbox
-from kinbox.persistence.peers import INBOUND, OUTBOUND, PeerStore
+from kinbox.persistence.peers import INBOUND, OUTBOUND, DeviceRecord, PeerStore
+from kinbox.transport.handshake import new_nonce
+from kinbox.transport.link import LinkState, SenderLink
 
 from .conftest import Stores
 from .helpers import quiet_brain, wait_for
 from .peer_harness import Receiver, free_port
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def opened_link(sender: Runtime, rec: DeviceRecord, token: str,
+                ws: ClientConnection) -> SenderLink:
+    """``sender``'s link to the device of ``rec``, through its handshake on ``ws``."""
+    link = SenderLink(sender.peers.identity, rec.device_id, rec.public_key, token, 1)
+    link.connected(new_nonce(os.urandom(32)))
+    while link.state is LinkState.HANDSHAKE:
+        for text in link.frames_to_send():
+            ws.send(text)
+        link.receive(ws.recv(5))
+    assert link.state is LinkState.OPEN
+    return link
 
 
 class Served:
@@ -395,12 +412,10 @@ def test_a_read_or_stop_after_the_grant_closed_gets_the_refusal_not_an_answer(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # The watcher closes a revoked link within STATUS_POLL_SECONDS; a request it has not
     # caught yet must be refused as a delivery is, not answered (slowed here to show it).
-    import os
 
     from kinbox.transport import frames as f
     from kinbox.transport import peer_ws
-    from kinbox.transport.handshake import new_nonce
-    from kinbox.transport.link import Answer, LinkState, SenderLink, Terminal
+    from kinbox.transport.link import Answer, LinkState, Terminal
     from kinbox.transport.peer_client import connect_link
 
     monkeypatch.setattr(peer_ws, "STATUS_POLL_SECONDS", 60.0)
@@ -410,14 +425,8 @@ def test_a_read_or_stop_after_the_grant_closed_gets_the_refusal_not_an_answer(
     token = a.peers.identity.unseal(rec.token_sealed or "")
     for action in (f.Read("r1"), f.Stop("s1")):
         b.peers.peers.set_status(me, "active", b.clock.now(), direction=INBOUND)
-        link = SenderLink(a.peers.identity, rec.device_id, rec.public_key, token, 1)
         with connect_link(served.http, token) as ws:
-            link.connected(new_nonce(os.urandom(32)))
-            while link.state is LinkState.HANDSHAKE:
-                for text in link.frames_to_send():
-                    ws.send(text)
-                link.receive(ws.recv(5))
-            assert link.state is LinkState.OPEN
+            link = opened_link(a, rec, token, ws)
             b.peers.peers.set_status(me, "revoked", b.clock.now(), direction=INBOUND)
             link.request(action)
             for text in link.frames_to_send():
@@ -433,11 +442,9 @@ def test_a_failed_grant_read_does_not_end_the_watch_of_a_live_link(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # One read of the grant that fails (a database lock wait past its timeout) ended the
     # watcher for good: an idle link whose grant was revoked later stayed open.
-    import os
 
     from kinbox.persistence import DatabaseFailed
-    from kinbox.transport.handshake import new_nonce
-    from kinbox.transport.link import LinkState, SenderLink, Terminal
+    from kinbox.transport.link import LinkState, Terminal
     from kinbox.transport.peer_client import connect_link
 
     a, b, served, _ = pair_of
@@ -453,14 +460,8 @@ def test_a_failed_grant_read_does_not_end_the_watch_of_a_live_link(
             raise DatabaseFailed("database is locked")
         return real(self, device_id)
     monkeypatch.setattr(PeerHttpBackend, "grant_status", grant_status)
-    link = SenderLink(a.peers.identity, rec.device_id, rec.public_key, token, 1)
     with connect_link(served.http, token) as ws:
-        link.connected(new_nonce(os.urandom(32)))
-        while link.state is LinkState.HANDSHAKE:
-            for text in link.frames_to_send():
-                ws.send(text)
-            link.receive(ws.recv(5))
-        assert link.state is LinkState.OPEN
+        link = opened_link(a, rec, token, ws)
         wait_for(failed.is_set, 10, "the watcher's failed read")
         b.peers.peers.set_status(me, "revoked", b.clock.now(), direction=INBOUND)
         link.receive(ws.recv(10))  # the signed refusal, within a poll or two
@@ -485,8 +486,6 @@ def test_a_grant_the_database_cannot_read_is_answered_unavailable_not_a_crash(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A database error reading the grant escaped the ASGI handler: a traceback in the
     server's log and a bare close 1011, where the sender should hear "try again later"."""
-    import os
-
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
 
@@ -523,10 +522,7 @@ def test_a_last_seen_stamp_the_database_refuses_does_not_end_the_link(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The stamp written after the welcome escaped the handler and closed the link (1011)
     it had just welcomed; the stamp is bookkeeping, the link carries the delivery."""
-    import os
-
-    from kinbox.transport.handshake import new_nonce
-    from kinbox.transport.link import Acked, LinkState, Outgoing, SenderLink
+    from kinbox.transport.link import Acked, Outgoing
     from kinbox.transport.peer_client import connect_link
 
     a, b, served, _ = pair_of
@@ -555,8 +551,6 @@ def test_a_pairing_the_database_cannot_store_is_answered_unavailable_and_spends_
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A database error in the redemption escaped the handler (1011 and a traceback); the
     device pairing heard "pairing failed: ConnectionClosedError", not to try again."""
-    import os
-
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
 
@@ -628,11 +622,9 @@ def test_a_read_the_database_cannot_answer_is_answered_unavailable(
     """A database error in a read's answer ended the link's reader with no frame and no
     log line (the session gathers its tasks' errors and drops them): the caller heard
     "did not answer". It now hears that the device is unavailable, and may ask again."""
-    import os
 
     from kinbox.transport import frames as f
-    from kinbox.transport.handshake import new_nonce
-    from kinbox.transport.link import Answer, LinkState, Retry, SenderLink
+    from kinbox.transport.link import Answer, Retry
     from kinbox.transport.peer_client import connect_link
 
     a, b, served, _ = pair_of
@@ -643,13 +635,8 @@ def test_a_read_the_database_cannot_answer_is_answered_unavailable(
     monkeypatch.setattr(store, "transcript", _database_error(store.transcript, failed))
     outcomes = []
     for req in ("r1", "r2"):
-        link = SenderLink(a.peers.identity, rec.device_id, rec.public_key, token, 1)
         with connect_link(served.http, token) as ws:
-            link.connected(new_nonce(os.urandom(32)))
-            while link.state is LinkState.HANDSHAKE:
-                for text in link.frames_to_send():
-                    ws.send(text)
-                link.receive(ws.recv(5))
+            link = opened_link(a, rec, token, ws)
             link.request(f.Read(req))
             for text in link.frames_to_send():
                 ws.send(text)
