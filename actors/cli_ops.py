@@ -34,6 +34,7 @@ from ..persistence.opened import opened
 from ..transport.frames import shown
 from .clock import Clock, SystemClock
 from .errors import ConfigError
+from .runtime import Runtime
 from .runtime_records import cancel_note
 from .shared_database import SharedDatabase
 
@@ -54,6 +55,20 @@ def stores(url: str | None, *, check_schema: bool = True,
                 schema=require_current if check_schema else lambda _tables: None,
                 writer_name="kinbox-cli-writer") as (tables, writer):
         yield Journal(tables, writer), SessionStore(tables, writer)
+
+
+@contextmanager
+def operator_runtime(url: str | None) -> Iterator[Runtime]:
+    """A send-only runtime on an existing database of the current schema (checked and
+    refused as for every command), for an operator's change to inbox rows: the same code
+    as ``rt.requeue`` and ``rt.cancel``, so a child task's requeue reopens it and its
+    cancel is reported to its parent at once, as the API does; stamped by the runtime's
+    clock (the server's on PostgreSQL). A send-only runtime claims nothing: it runs
+    beside the delivering one."""
+    with stores(url):  # a missing file or an old schema: the command's usual refusal
+        pass
+    with Runtime(db=url or default_url()) as rt:
+        yield rt
 
 
 @contextmanager
@@ -148,13 +163,13 @@ def inbox_requeue(args: argparse.Namespace, out: TextIO) -> int:
         # ignored, and the operator would requeue a row they meant to leave alone.
         raise ConfigError("--target and --kind filter --all-failed; requeue one id alone",
                           field="target" if args.target is not None else "kind")
-    with stores(args.db) as (journal, _), operator_clock(journal.t.db) as clock:
+    with operator_runtime(args.db) as rt:
         if args.message_id is not None:
-            row = journal.requeue(args.message_id, clock.now())
+            row = rt.requeue(args.message_id)
             _emit(out, args.json, row, [f"requeued {row['message_id']}: pending again, "
                                         "attempts reset (history kept)"])
             return 0
-        ids = journal.requeue_where(clock.now(), target=args.target, kind=args.kind)
+        ids = rt.requeue_failed(target=args.target, kind=args.kind)
     _emit(out, args.json, {"requeued": ids},
           [f"requeued {len(ids)} failed row(s)", *(f"  {i}" for i in ids)])
     return 0
@@ -165,8 +180,8 @@ def inbox_cancel(args: argparse.Namespace, out: TextIO) -> int:
     if not (args.reason or "").strip():
         raise ConfigError("say why: --reason TEXT (kept in the row's history)", field="reason")
     reason, by = cancel_note(args.reason, args.by)
-    with stores(args.db) as (journal, _), operator_clock(journal.t.db) as clock:
-        row = journal.cancel(args.message_id, clock.now(), by=by, reason=reason)
+    with operator_runtime(args.db) as rt:
+        row = rt.cancel(args.message_id, reason, by=by)
     _emit(out, args.json, row, [f"cancelled {row['message_id']} (by {shown(by)}: "
                                 f"{shown(reason)}); the rows behind it for its session "
                                 "move up"])

@@ -223,3 +223,38 @@ def test_read_only_commands_leave_the_database_file_as_it_was(failed_row_db: str
     assert path.read_bytes() == before
     with sqlite3.connect(path) as con:
         assert con.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+
+
+
+@pytest.mark.timeout(120)
+def test_a_child_task_the_cli_requeues_and_cancels_is_reported_to_its_parent(
+        db_url: str) -> None:
+    """``kinbox inbox requeue`` and ``cancel`` wrote the journal alone: a failed child task
+    requeued from the command line stayed blocked on its old failure (which counts as
+    reported), so cancelling the requeued row was never reported and the parent never
+    heard. They do what ``rt.requeue`` and ``rt.cancel`` do now."""
+    import time
+
+    from kinbox.actors import Runtime
+
+    with Runtime(db=db_url) as rt:  # send-only: nothing runs the child's task
+        parent = rt.create_session(rt.create_project("p").id, "parent").id
+        task_id = rt.tools_for(parent).agent(description="clean up")["task_id"]
+    mid = f"subagent-task-{task_id}"
+    s = Stores(db_url)
+    try:  # its run failed for good, as its last attempt leaves it
+        now = time.time() + 1
+        s.journal.claim("w", now)
+        s.journal.retry("w", mid, "the model is down", now, permanent=True)
+    finally:
+        s.close()
+    Runtime(db=db_url).start().stop()  # a start reports the failure to the parent
+    requeue = kinbox("inbox", "requeue", mid, "--db", db_url)
+    assert requeue.returncode == 0, requeue.stderr
+    cancel = kinbox("inbox", "cancel", mid, "--reason", "not needed", "--db", db_url)
+    assert cancel.returncode == 0, cancel.stderr
+    with Runtime(db=db_url) as rt:
+        woken = [r["payload"]["outcome"] for r in rt.inbox(target=parent)
+                 if r["kind"] == "subagent_result"]
+        assert woken == ["failed", "cancelled"]
+        assert rt.context.tasks.get(task_id).status == "cancelled"  # type: ignore[union-attr]
