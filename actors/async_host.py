@@ -305,7 +305,7 @@ class AsyncHost:
         try:
             for work in hook_work(self.ctx, turn):
                 await self.blocking(work)
-            if turn.session_id not in self.ctx.tool_classes:  # read once per session
+            if _tools_unread(self.ctx, turn):
                 await self.blocking(_build_tools, turn)
             error = await self._run_brain(turn)
         except Exception as exc:
@@ -416,7 +416,7 @@ class AsyncHost:
         wait for it; the error the attempt ends with, or None to commit.
         :class:`BrainAbandoned` once the loop ended (or ends) before the brain did."""
         turn._run_blocking = self.blocking
-        if turn.session_id not in self.ctx.tool_classes:  # read here, not on the loop
+        if _tools_unread(self.ctx, turn):  # read here, on the turn's thread
             _build_tools(turn)
         with self._lock:  # the loop's end lets go of every wait registered before it
             if self._ended:
@@ -450,10 +450,15 @@ class AsyncHost:
             return {"async_turns": self.running, "peak_async_turns": self.peak_running}
 
 
+def _tools_unread(ctx: RuntimeContext, turn: Turn) -> bool:
+    """Is ``turn`` its session's first in this runtime, whose tools read which it holds
+    (``RuntimeContext.tool_classes``)? That read must not run on the loop."""
+    return turn.session_id not in ctx.tool_classes
+
+
 def _build_tools(turn: Turn) -> None:
-    """Build the turn's tools where blocking is allowed: the first turn of a session in this
-    runtime reads which tools it holds (``RuntimeContext.tool_classes``), which on the loop
-    would hold up every other turn."""
+    """Build the turn's tools where blocking is allowed (see :func:`_tools_unread`): on
+    the loop the read would hold up every other turn."""
     _ = turn.tools
 
 

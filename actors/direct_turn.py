@@ -37,9 +37,13 @@ log = logging.getLogger("kinbox.direct")
 
 
 class TurnNotStarted(WriterClosed):
-    """The runtime stopped while a direct turn waited for another process's turn of its
-    session: nothing of it ran (a :class:`WriterClosed`: what ends a direct turn's work
-    when the runtime stops)."""
+    """The runtime stopped while a direct turn waited for another turn of its session:
+    nothing of it ran (a :class:`WriterClosed`: what ends a direct turn's work when the
+    runtime stops)."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"the runtime stopped before the turn of {session_id} could start")
+        self.session_id = session_id
 
 
 MARK_RETRY_SECONDS = 0.2
@@ -153,15 +157,13 @@ class DirectTurns:
         ctx = self.ctx
         begun = ctx.turns.begin(session_id, ctx.now, turn_id)
         if begun is None:  # the runtime stopped while the session's turn ran
-            raise TurnNotStarted(f"the runtime stopped before the turn of {session_id} "
-                                 "could start")
+            raise TurnNotStarted(session_id)
         flag, started = begun
         try:
             # Checked once registered: a stop that came before asks no turn registered
             # after it (its sweep may be past), one that comes after asks this one.
             if ctx.closed.is_set():
-                raise TurnNotStarted(f"the runtime stopped before the turn of {session_id} "
-                                     "could start")
+                raise TurnNotStarted(session_id)
             outbox = Outbox(turn_id)
             return Turn(session_id, messages, turn_tools(ctx, session_id, outbox), flag,
                         fetch_steering, started=started, outbox=outbox)
@@ -216,8 +218,7 @@ class DirectTurns:
             # Another process's turn of the session (minutes, maybe) ends in its own time
             # and no signal crosses processes: look again now and then.
             if ctx.closed.wait(MARK_RETRY_SECONDS):
-                raise TurnNotStarted(f"the runtime stopped before the turn of {session_id} "
-                                     "could start")
+                raise TurnNotStarted(session_id)
 
         while not ctx.store.take_direct_turn(session_id, ctx.owner, turn_id, ctx.now()):
             wait()

@@ -121,12 +121,12 @@ class PeerHttpBackend:
         """``read``: the dedicated session's visible transcript; ``stop``: request a stop.
         Like a delivery, neither is done once the grant closed (the link's watcher may not
         have seen it yet)."""
-        status = self.grant_status(device_id)
-        if status != "active":
-            raise GrantClosed(status)
         session_id = receiver.dedicated_session(device_id)
         ctx = self.ctx
         with _database(f"answering a {action}"):
+            grant = self.grant_status(device_id)
+            if grant != "active":
+                raise GrantClosed(grant)
             if action == "stop":
                 ok = stops.request_stop(ctx, session_id, peer_target(device_id))
                 return ("stop_requested" if ok else "not_active"), ""

@@ -423,7 +423,6 @@ class Runtime(RecordsApi):
             self._services.tick()
         if ctx is not None and ctx.dispatcher is not None and self._state == "running":
             self._report_ended_elsewhere(ctx)
-        if ctx is not None and ctx.dispatcher is not None and self._state == "running":
             try:
                 ctx.dispatcher.tell(Tick())
             except Exception:

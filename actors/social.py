@@ -465,9 +465,10 @@ class SocialService:
             # another runtime's commit of the same events: concluded below too.)
             with self._lock:
                 tries = self._refused[event.event_id] = self._refused.get(event.event_id, 0) + 1
-                if tries < rules.COMMIT_ATTEMPTS:
+                again = tries < rules.COMMIT_ATTEMPTS
+                if again:
                     self._give_back(taken)
-            if tries < rules.COMMIT_ATTEMPTS:
+            if again:
                 log.warning("social turn in %s could not commit (%d of %d); its %d event(s) "
                             "run again: %s", sid, tries, rules.COMMIT_ATTEMPTS, len(taken),
                             done.error)

@@ -23,8 +23,9 @@ whoever ended the row, and by every start for what a crash in between left.
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import partial
 
 from ..persistence import (
@@ -52,6 +53,12 @@ def result_message_id(task_id: str) -> str:
     return f"subagent-result-{task_id}"
 
 
+def _numbered(base: str) -> Iterator[str]:
+    """``base``, ``base-2``, ``base-3``...: the ids a message of one kind takes in turn."""
+    yield base
+    yield from (f"{base}-{n}" for n in itertools.count(2))
+
+
 def next_free_id(ctx: RuntimeContext, base: str) -> str:
     """``base``, or ``base-2``, ``base-3``... the first no inbox row holds: a requeued task
     reports again (its first outcome holds ``base``, with other text), a task is handed
@@ -59,11 +66,7 @@ def next_free_id(ctx: RuntimeContext, base: str) -> str:
 
     Read before the commit: only this child's turns, one at a time, write these rows,
     and a commit that did not happen wrote none of them."""
-    mid, n = base, 1
-    while ctx.journal.hot.existing(mid) is not None:
-        n += 1
-        mid = f"{base}-{n}"
-    return mid
+    return next(mid for mid in _numbered(base) if ctx.journal.hot.existing(mid) is None)
 
 
 REPORT_INTERVAL = 30.0
@@ -243,9 +246,10 @@ def report_ended(ctx: RuntimeContext, message_ids: Iterable[str]) -> int:
 
 
 def report_orphans(ctx: RuntimeContext) -> int:
-    """At a start: :func:`report_ended` for every open child task (what a crash between a
-    row's end and its report left), whichever of its messages ended: the first, or one
-    that handed it back after a deploy."""
+    """:func:`report_ended` for every open child task, whichever of its messages ended (the
+    first, or one that handed it back after a deploy): at a start, what a crash between a
+    row's end and its report left; then every :data:`REPORT_INTERVAL`, what another
+    process ended."""
     open_tasks = ctx.tasks.open_of_chats(CHILD_PREFIX, UNREPORTED)
     return report_ended(ctx, [mid for t in open_tasks for mid in _task_messages(ctx, t.id)])
 
@@ -254,12 +258,8 @@ def _task_messages(ctx: RuntimeContext, task_id: str) -> list[str]:
     """The ids of a task's messages: the first, then each hand-back (``-resumed``,
     ``-resumed-2``... as :func:`next_free_id` chose them, in order, with no gap)."""
     base = task_message_id(task_id)
-    ids = [base]
-    resumed = f"{base}-resumed"
-    while ctx.journal.hot.existing(resumed) is not None:
-        ids.append(resumed)
-        resumed = f"{base}-resumed-{len(ids)}"
-    return ids
+    return [base, *itertools.takewhile(lambda mid: ctx.journal.hot.existing(mid) is not None,
+                                       _numbered(f"{base}-resumed"))]
 
 
 def _report_one(ctx: RuntimeContext, mid: str) -> int:
