@@ -24,6 +24,7 @@ import logging
 import queue
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -67,12 +68,14 @@ class ActorPool:
         self._ready.put(actor)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Let the threads finish what they run, then end them."""
+        """Let the threads finish what they run, then end them: ``timeout`` seconds for all
+        together (a thread held by a turn deaf to its stop is left to end on its own)."""
         for _ in self._threads:
             self._ready.put(_STOP)
+        deadline = time.monotonic() + timeout
         for thread in self._threads:
             if thread is not threading.current_thread():
-                thread.join(timeout)
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def _work(self) -> None:
         try:

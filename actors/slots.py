@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -45,6 +46,10 @@ from .pooled import ActorPool
 from .session_actor import SessionActor
 
 log = logging.getLogger("kinbox.dispatcher")
+
+STOP_WAIT = 30.0
+"""How long a stop waits for all session actors together (one deadline, not one each:
+N turns deaf to their stop would otherwise hold the dispatcher's thread N times as long)."""
 
 Started = list[tuple[pykka.ActorRef[Any], ClaimedRow, str]]
 """Turns a locked section started: told and announced once the lock is released."""
@@ -206,19 +211,28 @@ class Slots:
                 self._passivate(session_id)
             self._changed()
 
-    def stop(self) -> None:
-        """Stop every session actor at once, then wait: running turns finish and commit."""
+    def stop(self, timeout: float = STOP_WAIT) -> list[str]:
+        """Stop every session actor at once, then wait for them, ``timeout`` seconds for
+        all together: running turns finish and commit. The sessions whose actor had not
+        stopped by then (a sync brain deaf to its stop), named in one warning."""
         with self._lock:
             self.stopped = True
-            refs = list(self.live.values())
+            refs = list(self.live.items())
             self.live.clear()
-        futures = [ref.stop(block=False) for ref in refs]
-        for future in futures:
+        stopping = [(session_id, ref.stop(block=False)) for session_id, ref in refs]
+        deadline = time.monotonic() + timeout
+        lagging = []
+        for session_id, future in stopping:
             try:
-                future.get(timeout=30)
+                future.get(timeout=max(0.0, deadline - time.monotonic()))
             except Exception:
-                log.warning("a session actor did not stop in time")
-        self.pool.stop()
+                lagging.append(session_id)
+        if lagging:
+            log.warning("%d session actors had not stopped %.0f s into the stop (their "
+                        "rows come back by lease): %s", len(lagging), timeout,
+                        ", ".join(lagging[:10]) + (" ..." if len(lagging) > 10 else ""))
+        self.pool.stop(max(0.0, deadline - time.monotonic()))
+        return lagging
 
     # -- under the lock --------------------------------------------------------------------
 

@@ -724,3 +724,38 @@ def test_health_answers_within_its_timeout_while_the_database_hangs(
     finally:
         other.close()
         rt.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_waits_for_deaf_session_actors_once_and_names_them(
+        db_url: str, clock: ManualClock, caplog: pytest.LogCaptureFixture) -> None:
+    """Each session actor still running a turn deaf to its stop was given 30 s of its
+    own, one after the other (three such turns held the stop for 90 s), and the warning
+    said only "a session actor did not stop in time", once each, naming none."""
+    import time
+
+    release = threading.Event()
+    started: set[str] = set()
+
+    def brain(turn: Turn) -> None:
+        started.add(turn.session_id)
+        release.wait(30)  # a model call that does not look at the stop flag
+
+    rt = Runtime(db=db_url, brain=brain, clock=clock).start()
+    try:
+        project = rt.create_project("p").id
+        deaf = sorted(rt.create_session(project, f"S{i}").id for i in range(3))
+        for session_id in deaf:
+            rt.post(session_id, "go")
+        wait_for(lambda: len(started) == 3, what="three turns to start")
+        slots = rt.context.slots
+        assert slots is not None
+        began = time.monotonic()
+        with caplog.at_level("WARNING", logger="kinbox.dispatcher"):
+            lagging = slots.stop(timeout=1.0)
+        assert time.monotonic() - began < 2.5  # one deadline for all three, not 1 s each
+        assert sorted(lagging) == deaf
+        assert all(session_id in caplog.text for session_id in deaf)
+    finally:
+        release.set()
+        rt.stop()
