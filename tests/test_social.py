@@ -16,49 +16,12 @@ from kinbox.persistence.driver_errors import OperationalError
 
 from .conftest import Stores
 from .helpers import failing_once, wait_for
-
-MakeRuntime = Callable[..., Runtime]
-
-
-def event(text: str = "hello", sender: str = "U1", thread: str = "T1", **extra: Any
-          ) -> dict[str, Any]:
-    return {"platform": "slack", "sender_id": sender, "sender_name": f"name-{sender}",
-            "thread_id": thread, "text": text, "reply_route": {"channel": "C9", "ts": thread},
-            **extra}
-
-
-class SocialBrain:
-    """Echoes what it got; can hold its first turn open and take steering when released."""
-
-    def __init__(self) -> None:
-        self.turns: list[list[str]] = []
-        self.hold = threading.Event()
-        self.holding = threading.Event()
-        self.release = threading.Event()
-        self.failing: str | None = None
-
-    def __call__(self, turn: Turn) -> str:
-        if self.failing:
-            raise RuntimeError(self.failing)
-        if self.hold.is_set():
-            self.hold.clear()
-            self.holding.set()
-            assert self.release.wait(10)
-            turn.steering()
-        texts = [m.content.splitlines()[-1] for m in turn.all_messages]
-        self.turns.append(texts)
-        return "echo: " + " | ".join(texts)
+from .social_helpers import MakeRuntime, SocialBrain, SocialRt, event, social_runtime
 
 
 @pytest.fixture
-def social_rt(make_runtime: MakeRuntime) -> tuple[Runtime, SocialBrain, list[tuple[Any, str]]]:
-    brain = SocialBrain()
-    rt = make_runtime(brain=brain)
-    sent: list[tuple[Any, str]] = []
-    rt.social.allow("slack", ["U1", "U2"])
-    rt.social.register_channel("slack", send=lambda route, text: sent.append((route, text)))
-    rt.social.retry_delays = (0.0, 0.0, 0.0)
-    return rt, brain, sent
+def social_rt(make_runtime: MakeRuntime) -> SocialRt:
+    return social_runtime(make_runtime)
 
 
 # -- the pure rules ----------------------------------------------------------------------------
