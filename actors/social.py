@@ -30,7 +30,10 @@ message whose turn committed); if not, they run at the next start. A crash
 loses what was only in memory (no turn committed it).
 A turn's commit writes its events' delivery markers and is refused when one
 has a marker already, so a platform's retry that reached another runtime on
-the same PostgreSQL commits once, and only once are its replies sent.
+the same PostgreSQL commits once, and only once are its replies sent. A commit
+whose waiter gave up while the writer ran it (its outcome unknown: it may land
+after) is settled by reading the journal once its batch is over: landed, its
+replies leave; not, its events run again (never both, never neither).
 
 After a turn commits, its replies go to the platform's channel adapter
 (:mod:`.channels`) with the event's reply route; the outcome is recorded in
@@ -47,11 +50,17 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from ..persistence import DuplicateError, NewMessage, PersistenceError, WriterClosed
+from ..persistence import (
+    DuplicateError,
+    NewMessage,
+    PersistenceError,
+    WriterClosed,
+    WriteTimeout,
+)
 from . import channels
 from . import social_rules as rules
 from .context import HookReads, RuntimeContext, TurnEffects
@@ -428,6 +437,8 @@ class SocialService:
             taken.extend(fresh)
             return [_message(e) for e in fresh]
 
+        watch = _CommitWatch()
+
         def commit_ops(turn: Turn) -> list[Any]:
             unseen = {m.message_id for m in turn.close_steering() or []}
             ran = [e.event_id for e in taken if e.event_id not in unseen]
@@ -435,10 +446,11 @@ class SocialService:
             patch = {"social_reply_route": dict(last.reply_route),
                      "social_last_sender": last.sender_id}
             now = self.ctx.now()
+            watch.event_ids = ran
             # The patch first: on PostgreSQL its row lock makes the commits of a thread's
             # turns one at a time across runtimes, so the marker check below is exact.
             return [lambda: self.ctx.store.patch_config_now(sid, patch, now),
-                    lambda: self._record_events(sid, ran, now)]
+                    lambda: self._record_events(sid, ran, now, watch)]
 
         try:
             self._ensure_session(event)
@@ -458,6 +470,8 @@ class SocialService:
             with self._lock:
                 self._give_back(taken)
             return taken, True
+        if _outcome_unknown(done.commit_error):
+            done = self._resolve(sid, done, watch)
         if done.commit_error is not None and not isinstance(done.commit_error, DuplicateError):
             # The commit failed (a database error, its mark lost): nothing of the turn is
             # written, so its events run again, as when it could not start, up to
@@ -519,15 +533,49 @@ class SocialService:
                                  channels.DeliveryOutcome("turn_failed", 0, done.error),
                                  durable=False)
 
-    def _record_events(self, sid: str, event_ids: list[str], now: float) -> None:
+    def _record_events(self, sid: str, event_ids: list[str], now: float,
+                       watch: _CommitWatch) -> None:
         """Inside the turn's commit: its events' delivery markers, or :class:`DuplicateError`
         (undoing the commit) when one has a marker already. A platform's retry that reached
         another runtime sharing the database ran there too; one of the two commits, and
-        only its replies are sent."""
+        only its replies are sent. ``watch`` learns that this commit wrote them."""
         done = self.ctx.journal.committed_of(event_ids)
         if done:
             raise DuplicateError("social event", "event_id", sorted(done)[0])
         self.ctx.journal.write_turn(sid, event_ids, [], now)
+        watch.wrote = True
+
+    def _resolve(self, sid: str, done: DirectOutcome, watch: _CommitWatch) -> DirectOutcome:
+        """The outcome of a turn whose commit's waiter gave up while the writer ran it
+        (:class:`WriteTimeout`, not withdrawn): it may have landed. Run again, a turn that
+        landed found its events' markers and was taken for another runtime's: its reply
+        was never sent. The journal decides instead, read on the writer after that commit's
+        batch: the markers there and written by this commit, it committed (its replies
+        leave); there but not this commit's, another runtime's turn ran the events; absent,
+        nothing landed (a refused commit: the events run again). A read that fails too is
+        tried again, the chat waiting, until it answers or the runtime stops (the stop hands
+        the events to the inbox, which skips them if the commit landed)."""
+        journal, ids = self.ctx.journal, list(watch.event_ids)
+        tries = 0
+        while True:
+            try:
+                found = journal.writer.call(lambda: journal.committed_of(ids))
+                break
+            except WriterClosed:
+                raise
+            except PersistenceError as exc:
+                tries += 1
+                log.warning("the commit of a social turn in %s has an unknown outcome, and "
+                            "reading the journal failed too (%s); trying again", sid, exc)
+                if self._stop.wait(rules.stall_pause(tries)):
+                    raise WriterClosed("stopping before the outcome of a social turn's "
+                                       "commit was known") from exc
+        if ids and found == set(ids) and watch.wrote:
+            log.info("the commit of a social turn in %s landed after its waiter gave up", sid)
+            return replace(done, committed=True, error=None, commit_error=None)
+        if found:  # another runtime's turn committed these events: concluded as such
+            return replace(done, commit_error=None)
+        return done  # nothing of it landed: a refused commit
 
     def _send_replies(self, sid: str, event: rules.SocialEvent, turn: Turn) -> None:
         self.channels.send(sid, event.platform, event.reply_route, "\n\n".join(turn.replies),
@@ -562,6 +610,20 @@ class SocialService:
         effects.after.append(lambda: turns.submit(
             lambda: self.channels.send(session.id, platform, route, text, cause)))
         return effects
+
+
+@dataclass
+class _CommitWatch:
+    """What a social turn's commit wrote, as its writer ran it (read once its batch is
+    over): the events whose markers it writes, and whether it wrote them."""
+
+    event_ids: list[str] = field(default_factory=list)
+    wrote: bool = False
+
+
+def _outcome_unknown(error: PersistenceError | None) -> bool:
+    """A commit whose waiter gave up once the writer had taken it: it may yet land."""
+    return isinstance(error, WriteTimeout) and not error.withdrawn
 
 
 def _message(event: rules.SocialEvent) -> Message:
