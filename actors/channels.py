@@ -5,9 +5,12 @@ The product registers one adapter per platform
 ``send(reply_route, text)`` once the turn that produced the reply has
 committed, so a reply is sent only if it is in the transcript. ``send`` may
 be a plain function or a coroutine function. A failing send is tried again
-after each of ``retry_delays``; whatever happens, the outcome (sent, or why
-not) is recorded, and a channel that stays down loses nothing: the reply is
-in the transcript.
+after each of ``retry_delays``; one that raised :class:`.ChannelBusy` (the
+platform's 429 or 5xx; :func:`platform_error` maps an HTTP answer) no sooner
+than the platform asked (at most ``MAX_RETRY_AFTER``), one that raised
+:class:`.ChannelRefused` (a 4xx) not at all. Whatever happens, the outcome
+(sent, or why not) is recorded, and a channel that stays down loses nothing:
+the reply is in the transcript.
 
 A reply for a platform with no adapter yet (an event a stop handed to the
 inbox, run by the next start before the product registered its channels) is
@@ -25,9 +28,12 @@ import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 from ..persistence import TurnEntry, WriterClosed
+from . import social_rules as rules
 from .context import RuntimeContext
 
 log = logging.getLogger("kinbox.social")
@@ -41,6 +47,9 @@ Send = Callable[[Mapping[str, Any], str], Any]
 
 DEFAULT_RETRY_DELAYS: tuple[float, ...] = (1.0, 2.0, 4.0)
 """Seconds to wait before each retry of a failed send (so four attempts in all)."""
+MAX_RETRY_AFTER = 60.0
+"""The longest wait a platform's ``Retry-After`` gets: the chat's next turn waits for
+its reply to leave."""
 
 
 @dataclass(frozen=True)
@@ -66,10 +75,40 @@ def call_send(send: Send, route: Mapping[str, Any], text: str) -> None:
         asyncio.run(wait())
 
 
+def platform_error(status: int, retry_after: str | None, now: float
+                   ) -> rules.SocialError | None:
+    """The error a channel adapter raises for a platform's HTTP answer ``status`` (None
+    for a 2xx or 3xx): :class:`.ChannelBusy` for 408, 429 and 5xx, with the wait its
+    ``Retry-After`` header asks (seconds, or an HTTP date measured from ``now``; None
+    when absent or unreadable), :class:`.ChannelRefused` for any other 4xx."""
+    if status < 400:
+        return None
+    if status in (408, 429) or status >= 500:
+        return rules.ChannelBusy(_retry_after(retry_after, now), f"HTTP {status}")
+    return rules.ChannelRefused(status)
+
+
+def _retry_after(value: str | None, now: float) -> float | None:
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP date is GMT
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - now)
+
+
 def deliver(send: Send | None, route: Mapping[str, Any], text: str, *,
             retry_delays: tuple[float, ...] = DEFAULT_RETRY_DELAYS,
             wait: Callable[[float], object]) -> DeliveryOutcome:
-    """Send ``text`` through ``send``, retrying after each delay; never raises.
+    """Send ``text`` through ``send``, retrying after each delay (or the longer wait a
+    :class:`.ChannelBusy` asked, capped; never after a :class:`.ChannelRefused`); never
+    raises.
 
     ``wait(seconds)`` is how the caller pauses between attempts (it returns
     early when the runtime stops).
@@ -79,14 +118,22 @@ def deliver(send: Send | None, route: Mapping[str, Any], text: str, *,
     if send is None:
         return DeliveryOutcome("no_channel", 0,
                                "no channel adapter is registered (held until one is)")
-    error = None
+    error, asked = None, 0.0
     for attempt, delay in enumerate((0.0, *retry_delays), start=1):
-        if delay and wait(delay):
+        pause = max(delay, asked) if attempt > 1 else 0.0
+        if pause and wait(pause):
             return DeliveryOutcome("failed", attempt - 1, f"stopped before retrying: {error}")
+        asked = 0.0
         try:
             call_send(send, route, text)
+        except rules.ChannelRefused as exc:  # never passes: retrying only repeats it
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning("channel send attempt %d refused for good: %s", attempt, error)
+            return DeliveryOutcome("failed", attempt, error)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, rules.ChannelBusy) and exc.retry_after is not None:
+                asked = min(max(exc.retry_after, 0.0), MAX_RETRY_AFTER)
             log.warning("channel send attempt %d failed: %s", attempt, error)
             continue
         return DeliveryOutcome("sent", attempt)

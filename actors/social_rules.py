@@ -16,7 +16,11 @@ Errors::
         │                        (also a ConfigError)
         ├── SocialQueueFull      .bound, .refused: the ingress queue is full
         ├── UnknownPlatform      .platform: no channel registered for it
-        └── SocialUnavailable    this runtime runs no turns (send-only)
+        ├── SocialUnavailable    this runtime runs no turns (send-only)
+        ├── ChannelBusy          .retry_after: a channel adapter's platform asked to
+        │                        wait (429, 5xx): retried, no sooner than it said
+        └── ChannelRefused       .status: the platform refused a reply for good
+                                 (a 4xx): not retried
 """
 
 from __future__ import annotations
@@ -81,6 +85,27 @@ class SocialUnavailable(SocialError):
     def __init__(self) -> None:
         super().__init__("this runtime runs no turns (no brain); send social events to one "
                          "that does")
+
+
+class ChannelBusy(SocialError):
+    """Raised by a channel adapter's ``send``: the platform cannot take the reply now (429,
+    408, 5xx); ``retry_after``: seconds it asked to wait (None: it did not say). The
+    reply is tried again on the schedule, no sooner than that."""
+
+    def __init__(self, retry_after: float | None, detail: str = "") -> None:
+        wait = f"; it asked to wait {retry_after:g} s" if retry_after is not None else ""
+        super().__init__(f"the platform is busy{wait}" + (f": {detail}" if detail else ""))
+        self.retry_after = retry_after
+
+
+class ChannelRefused(SocialError):
+    """Raised by a channel adapter's ``send``: the platform refused the reply for good (a
+    4xx: a channel the app may not post to, a revoked token); it is not tried again."""
+
+    def __init__(self, status: int, detail: str = "") -> None:
+        super().__init__(f"the platform refused the reply ({status})"
+                         + (f": {detail}" if detail else ""))
+        self.status = status
 
 
 @dataclass(frozen=True)
