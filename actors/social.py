@@ -45,82 +45,29 @@ of a turn another session started there (``agent_send``) leave the same way.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
-import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
-from ..persistence import (
-    DuplicateError,
-    NewMessage,
-    PersistenceError,
-    WriterClosed,
-    WriteTimeout,
-)
+from ..persistence import NewMessage, PersistenceError
 from . import channels
 from . import social_rules as rules
 from .context import HookReads, RuntimeContext, TurnEffects
-from .delayed import Delayed
-from .direct_turn import DirectOutcome, DirectTurns, TurnNotStarted
+from .social_ingress import SocialIngress
+from .social_state import DEFAULT_QUEUE_BOUND, RECENT_IDS, SOCIAL_KIND, turn_message
 from .turn import Message, Turn, TurnOutcome
+
+__all__ = ["DEFAULT_QUEUE_BOUND", "RECENT_IDS", "SOCIAL_KIND", "SocialService"]
 
 log = logging.getLogger("kinbox.social")
 
-SOCIAL_KIND = "social_message"
-"""The kind of the message a social event's turn starts with."""
-DEFAULT_QUEUE_BOUND = 256
-RECENT_IDS = 10_000
-"""How many accepted event ids are remembered, so a platform's retry is not run twice (at
-a start, the newest ones the database holds: committed turns' and the inbox's)."""
 
-
-@dataclass
-class _Chat:
-    """The routing state of one thread (touched under the service lock only)."""
-
-    running_sender: str | None = None
-    steering: deque[rules.SocialEvent] = field(default_factory=deque)
-    pending: deque[rules.SocialEvent] = field(default_factory=deque)
-    stalls: int = 0
-    """Turns in a row that could not run at all (each pauses the chat longer)."""
-
-
-class SocialService:
-    """Social ingress of one runtime (``rt.social``)."""
-
-    def __init__(self, ctx: RuntimeContext, turns: DirectTurns | None, *,
-                 bound: int = DEFAULT_QUEUE_BOUND,
-                 retry_delays: tuple[float, ...] = channels.DEFAULT_RETRY_DELAYS) -> None:
-        if bound < 1:
-            raise ValueError(f"the social queue bound must be >= 1, got {bound}")
-        self.ctx = ctx
-        self.turns = turns
-        self.bound = bound
-        self._queue: queue.Queue[rules.SocialEvent | None] = queue.Queue()
-        self._lock = threading.Lock()
-        self._chats: dict[str, _Chat] = {}
-        self._allow: dict[str, frozenset[str]] = {}
-        self._stop = threading.Event()
-        self.channels = channels.Channels(ctx, self._stop, retry_delays)
-        self._consumer: threading.Thread | None = None
-        self._handling = 0
-        self.counts = {"accepted": 0, "refused": 0, "denied": 0, "steered": 0, "queued": 0,
-                       "turns": 0, "failed_turns": 0, "duplicates": 0}
-        self._recent: OrderedDict[str, None] = OrderedDict()  # event ids lately accepted
-        self._refused: dict[str, int] = {}
-        """How many turns from an event (not yet through) had their commit refused."""
-        self._unstarted: dict[str, rules.SocialEvent] = {}
-        """Accepted events no turn has taken yet, by id, in acceptance order: what a stop
-        hands to the inbox (each leaves it under the lock, to a turn or to the inbox)."""
-        self._in_turn: dict[str, rules.SocialEvent] = {}
-        """Events a turn took that has not ended yet (committed or failed): what a stop
-        hands over too when its wait for the turns ends first."""
-        self._pauses = Delayed("kinbox-social-pauses")
-        """The stalled chats' next tries, by session id, all waiting on one thread."""
+class SocialService(SocialIngress):
+    """Social ingress of one runtime (``rt.social``): its configuration and life cycle; the
+    events go in through :class:`.social_ingress.SocialIngress` and run in
+    :class:`.social_chats.ChatTurns`."""
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -229,7 +176,7 @@ class SocialService:
                 continue
             try:
                 sid = self._ensure_session(event)
-                message = _message(event)
+                message = turn_message(event)
                 self.ctx.journal.enqueue(
                     NewMessage(event.event_id, sid, message.content, kind=SOCIAL_KIND,
                                payload=message.payload), self.ctx.now())
@@ -243,343 +190,7 @@ class SocialService:
                         "to the inbox; they run at the next start", handed)
         return handed
 
-    # -- ingress ---------------------------------------------------------------------------
-
-    def ingest(self, event: Mapping[str, Any], *, platform: str | None = None) -> dict[str, Any]:
-        """Validate a raw channel event and queue it; a receipt, or a :class:`SocialError`."""
-        if self.turns is None:
-            raise rules.SocialUnavailable()
-        self.ctx.require_running()
-        fresh_id = f"social-{self.ctx.new_id()}"
-        normalized = rules.normalize(event, fresh_id, platform)
-        sid = rules.session_id_for(normalized.platform, normalized.thread_id)
-        with self._lock:
-            known = normalized.event_id in self._recent
-        # A retry another runtime sharing the database ran already (its turn's marker).
-        ran_elsewhere = (not known and normalized.event_id != fresh_id
-                         and bool(self.ctx.journal.committed_of([normalized.event_id])))
-        with self._lock:
-            if ran_elsewhere or normalized.event_id in self._recent:  # a platform's retry
-                self.counts["duplicates"] += 1
-                return {"accepted": True, "duplicate": True, "event_id": normalized.event_id,
-                        "session_id": sid}
-            # Again under the lock: a stop may have come since the first look (during the
-            # read above), and what is accepted after its hand_over would be lost with a
-            # 202. The runtime closes before it hands over, so this look sees it.
-            self.ctx.require_running()
-            # The bound covers every accepted event not yet through its turn (queued,
-            # waiting for its chat, steering, running), so memory stays bounded.
-            full = self._handling >= self.bound
-            if full:
-                self.counts["refused"] += 1
-            else:
-                self.counts["accepted"] += 1
-                self._handling += 1
-                self._recent[normalized.event_id] = None
-                self._unstarted[normalized.event_id] = normalized
-                while len(self._recent) > RECENT_IDS:
-                    self._recent.popitem(last=False)
-            refused = self.counts["refused"]
-        if full:
-            log.warning("social ingress queue full (%d): refused an event from %s (%d refused)",
-                        self.bound, normalized.platform, refused)
-            self.ctx.emit("social_refused", platform=normalized.platform, refused=refused)
-            raise rules.SocialQueueFull(self.bound, refused)
-        self._queue.put(normalized)
-        return {"accepted": True, "duplicate": False, "event_id": normalized.event_id,
-                "session_id": sid}
-
-    def statistics(self) -> dict[str, Any]:
-        """Counters, the queue's depth and bound."""
-        with self._lock:
-            return {**self.counts, "queued_now": self._queue.qsize(), "bound": self.bound}
-
-    def wait_idle(self, timeout: float = 10.0) -> bool:
-        """Wait until every accepted event was handled and no social turn runs."""
-        if self.turns is None:
-            return True
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                busy = self._handling > 0
-            if not busy and self.turns.is_idle():
-                return True
-            # Between two turns of a chat the pool is briefly idle: wait on it, then look again.
-            self.turns.wait_idle(0.02)
-            self._stop.wait(0.005)
-        return False
-
-    def _consume(self) -> None:
-        while not self._stop.is_set():
-            event = self._queue.get()
-            if event is None:
-                break
-            try:
-                self._route(event)
-            except WriterClosed:
-                break
-            except Exception:
-                log.exception("social event %s could not be handled", event.event_id)
-                with self._lock:
-                    self._unstarted.pop(event.event_id, None)
-                self._handled()
-
-    def _handled(self) -> None:
-        with self._lock:
-            self._handling -= 1
-
-    def _route(self, event: rules.SocialEvent) -> None:
-        with self._lock:
-            allowed = rules.authorized(self._allow, event.platform, event.sender_id)
-            if not allowed:
-                self.counts["denied"] += 1
-                self._unstarted.pop(event.event_id, None)
-        if not allowed:
-            log.info("social event from unlisted sender on %s denied", event.platform)
-            self.ctx.emit("social_denied", platform=event.platform, sender_id=event.sender_id)
-            self._handled()
-            return
-        # The session is made where the turn runs: a database error there is the turn's,
-        # which runs again, where here it would drop an event its platform has a 202 for.
-        sid = rules.session_id_for(event.platform, event.thread_id)
-        with self._lock:
-            chat = self._chats.setdefault(sid, _Chat())
-            decision = rules.route(chat.running_sender, event.sender_id)
-            if decision is rules.Route.STEER:
-                chat.steering.append(event)
-                self.counts["steered"] += 1
-            elif decision is rules.Route.QUEUE:
-                chat.pending.append(event)
-                self.counts["queued"] += 1
-            else:
-                chat.running_sender = event.sender_id
-        self.ctx.emit("social_routed", session_id=sid, route=decision.value,
-                      event_id=event.event_id)
-        if decision is rules.Route.START:
-            assert self.turns is not None
-            if self.turns.submit(lambda: self._run_chat(sid, event)) is None:
-                self._handled()
-
-    def _ensure_session(self, event: rules.SocialEvent) -> str:
-        sid = rules.session_id_for(event.platform, event.thread_id)
-        if self.ctx.store.session(sid) is None:
-            try:
-                self.ctx.store.create_session(
-                    sid, rules.SOCIAL_PROJECT, f"{event.platform}: {event.sender_name}",
-                    "social", self.ctx.now(), platform=event.platform,
-                    config={"social_thread_id": event.thread_id})
-            except DuplicateError:
-                pass
-        return sid
-
-    # -- turns -----------------------------------------------------------------------------
-
-    def _run_chat(self, sid: str, event: rules.SocialEvent | None) -> None:
-        """Run the chat's turns until its queue is empty (one turn at a time per chat)."""
-        assert self.turns is not None
-        while event is not None and self._take(event):
-            again, stalled = self._run_one(sid, event)
-            with self._lock:
-                chat = self._chats[sid]
-                # What must run again came first; then steering that came after the turn's
-                # last look (it waits for the next turn); then the others' events.
-                chat.pending.extendleft(reversed([*again, *chat.steering]))
-                chat.steering.clear()
-                chat.stalls = chat.stalls + 1 if stalled else 0
-                event = chat.pending.popleft() if chat.pending else None
-                chat.running_sender = event.sender_id if event else None
-                if event is None:
-                    del self._chats[sid]  # idle chats keep no state: memory stays bounded
-                elif stalled and not self._stop.is_set():
-                    self._pause(sid, event, rules.stall_pause(chat.stalls))
-                    return
-
-    def _pause(self, sid: str, event: rules.SocialEvent, seconds: float) -> None:
-        """Start the stalled chat's next try, from ``event``, in ``seconds``, leaving the
-        pool's thread to other chats meanwhile (a stop drops the try: the hand-over takes
-        the chat's events)."""
-        assert self.turns is not None
-        turns = self.turns
-        self._pauses.call_in(seconds, sid, lambda: self._resume(turns, sid, event))
-
-    def _resume(self, turns: DirectTurns, sid: str, event: rules.SocialEvent) -> None:
-        turns.submit(lambda: self._run_chat(sid, event))  # None: stopping, handed over
-
-    def _take(self, event: rules.SocialEvent) -> bool:
-        """Take ``event`` for a turn; False once a stop hands it to the inbox instead."""
-        with self._lock:
-            if self._stop.is_set() or self._unstarted.pop(event.event_id, None) is None:
-                return False
-            self._in_turn[event.event_id] = event
-            return True
-
-    def _run_one(self, sid: str, event: rules.SocialEvent
-                 ) -> tuple[list[rules.SocialEvent], bool]:
-        """Run a turn of the chat from ``event`` (and its sender's steering); the events to
-        run again, ahead of the chat's queue (those fetched for the turn that its brain was
-        never handed, or all of them when the turn could not run at all), and whether it
-        could not run at all (the chat pauses before its next try). Raises only what a
-        stopping runtime raises (:class:`WriterClosed`, :class:`TurnNotStarted`: the
-        events were given back for the stop to hand over), so the chat always moves on."""
-        assert self.turns is not None
-        taken: list[rules.SocialEvent] = [event]
-
-        def fetch_steering() -> list[Message]:
-            with self._lock:
-                chat = self._chats[sid]
-                if self._stop.is_set():  # the stop hands them to the inbox
-                    return []
-                fresh = list(chat.steering)
-                chat.steering.clear()
-                for e in fresh:
-                    self._unstarted.pop(e.event_id, None)
-                    self._in_turn[e.event_id] = e
-            taken.extend(fresh)
-            return [_message(e) for e in fresh]
-
-        watch = _CommitWatch()
-
-        def commit_ops(turn: Turn) -> list[Any]:
-            unseen = {m.message_id for m in turn.close_steering() or []}
-            ran = [e.event_id for e in taken if e.event_id not in unseen]
-            last = [e for e in taken if e.event_id not in unseen][-1]
-            patch = {"social_reply_route": dict(last.reply_route),
-                     "social_last_sender": last.sender_id}
-            now = self.ctx.now()
-            watch.event_ids = ran
-            # The patch first: on PostgreSQL its row lock makes the commits of a thread's
-            # turns one at a time across runtimes, so the marker check below is exact.
-            return [lambda: self.ctx.store.patch_config_now(sid, patch, now),
-                    lambda: self._record_events(sid, ran, now, watch)]
-
-        try:
-            self._ensure_session(event)
-            done = self.turns.run(sid, [_message(event)], fetch_steering=fetch_steering,
-                                  commit_ops=commit_ops)
-        except TurnNotStarted:  # stopping: they were accepted, so they go to the inbox
-            with self._lock:
-                self._give_back(taken)
-            raise
-        except WriterClosed:
-            raise
-        except Exception:
-            # Nothing of it committed (the commit's own refusals come back as an outcome):
-            # the events stay accepted and run again, rather than being lost with a 202.
-            log.exception("social turn in %s could not run; its %d event(s) run again",
-                          sid, len(taken))
-            with self._lock:
-                self._give_back(taken)
-            return taken, True
-        if _outcome_unknown(done.commit_error):
-            done = self._resolve(sid, done, watch)
-        if done.commit_error is not None and not isinstance(done.commit_error, DuplicateError):
-            # The commit failed (a database error, its mark lost): nothing of the turn is
-            # written, so its events run again, as when it could not start, up to
-            # COMMIT_ATTEMPTS turns; then they fail, concluded below. (A duplicate is
-            # another runtime's commit of the same events: concluded below too.)
-            with self._lock:
-                tries = self._refused[event.event_id] = self._refused.get(event.event_id, 0) + 1
-                again = tries < rules.COMMIT_ATTEMPTS
-                if again:
-                    self._give_back(taken)
-            if again:
-                log.warning("social turn in %s could not commit (%d of %d); its %d event(s) "
-                            "run again: %s", sid, tries, rules.COMMIT_ATTEMPTS, len(taken),
-                            done.error)
-                return taken, True
-        unseen = {m.message_id for m in done.turn.close_steering() or []}
-        with self._lock:
-            self.counts["turns" if done.committed else "failed_turns"] += 1
-            # Fetched for the turn, never handed to its brain: next in line.
-            back = [e for e in taken if e.event_id in unseen]
-            taken[:] = [e for e in taken if e.event_id not in unseen]
-            self._give_back(back)
-            for e in taken:  # their turn ended: committed, or failed for good
-                self._in_turn.pop(e.event_id, None)
-            self._refused.pop(event.event_id, None)
-        try:
-            self._conclude(sid, event, taken, done)
-        except WriterClosed:
-            raise
-        except Exception:  # the turn is over either way: its chat must not wait on this
-            log.exception("the outcome of a social turn in %s could not be recorded", sid)
-        finally:
-            for _ in taken:
-                self._handled()
-        return back, False
-
-    def _give_back(self, events: list[rules.SocialEvent]) -> None:
-        """Make ``events`` (taken for a turn that did not run them) unstarted again, ahead of
-        the others: they came first, and a stop hands them over in that order. Under the
-        lock."""
-        if events:
-            self._unstarted = {**{e.event_id: e for e in events}, **self._unstarted}
-            for e in events:
-                self._in_turn.pop(e.event_id, None)
-
-    def _conclude(self, sid: str, event: rules.SocialEvent, ran: list[rules.SocialEvent],
-                  done: DirectOutcome) -> None:
-        """Send a committed turn's replies, or record why there are none."""
-        if done.committed:
-            self._send_replies(sid, ran[-1], done.turn)
-        elif self.ctx.journal.committed_of([e.event_id for e in ran]):
-            # A platform's retry that another runtime ran and committed.
-            log.info("social turn in %s not committed: its events ran elsewhere", sid)
-            with self._lock:
-                self.counts["duplicates"] += 1
-        else:  # nothing was committed, so nothing is sent; the outcome says why
-            log.warning("social turn in %s failed: %s", sid, done.error)
-            self.channels.record(sid, event.platform, ran[-1].event_id,
-                                 channels.DeliveryOutcome("turn_failed", 0, done.error),
-                                 durable=False)
-
-    def _record_events(self, sid: str, event_ids: list[str], now: float,
-                       watch: _CommitWatch) -> None:
-        """Inside the turn's commit: its events' delivery markers, or :class:`DuplicateError`
-        (undoing the commit) when one has a marker already. A platform's retry that reached
-        another runtime sharing the database ran there too; one of the two commits, and
-        only its replies are sent. ``watch`` learns that this commit wrote them."""
-        done = self.ctx.journal.committed_of(event_ids)
-        if done:
-            raise DuplicateError("social event", "event_id", sorted(done)[0])
-        self.ctx.journal.write_turn(sid, event_ids, [], now)
-        watch.wrote = True
-
-    def _resolve(self, sid: str, done: DirectOutcome, watch: _CommitWatch) -> DirectOutcome:
-        """The outcome of a turn whose commit's waiter gave up while the writer ran it
-        (:class:`WriteTimeout`, not withdrawn): it may have landed. Run again, a turn that
-        landed found its events' markers and was taken for another runtime's: its reply
-        was never sent. The journal decides instead, read on the writer after that commit's
-        batch: the markers there and written by this commit, it committed (its replies
-        leave); there but not this commit's, another runtime's turn ran the events; absent,
-        nothing landed (a refused commit: the events run again). A read that fails too is
-        tried again, the chat waiting, until it answers or the runtime stops (the stop hands
-        the events to the inbox, which skips them if the commit landed)."""
-        journal, ids = self.ctx.journal, list(watch.event_ids)
-        tries = 0
-        while True:
-            try:
-                found = journal.writer.call(lambda: journal.committed_of(ids))
-                break
-            except WriterClosed:
-                raise
-            except PersistenceError as exc:
-                tries += 1
-                log.warning("the commit of a social turn in %s has an unknown outcome, and "
-                            "reading the journal failed too (%s); trying again", sid, exc)
-                if self._stop.wait(rules.stall_pause(tries)):
-                    raise WriterClosed("stopping before the outcome of a social turn's "
-                                       "commit was known") from exc
-        if ids and found == set(ids) and watch.wrote:
-            log.info("the commit of a social turn in %s landed after its waiter gave up", sid)
-            return replace(done, committed=True, error=None, commit_error=None)
-        if found:  # another runtime's turn committed these events: concluded as such
-            return replace(done, commit_error=None)
-        return done  # nothing of it landed: a refused commit
-
-    def _send_replies(self, sid: str, event: rules.SocialEvent, turn: Turn) -> None:
-        self.channels.send(sid, event.platform, event.reply_route, "\n\n".join(turn.replies),
-                           event.event_id)
+    # -- replies of inbox turns --------------------------------------------------------------
 
     def outbox(self, ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome
                ) -> HookReads | None:
@@ -610,25 +221,3 @@ class SocialService:
         effects.after.append(lambda: turns.submit(
             lambda: self.channels.send(session.id, platform, route, text, cause)))
         return effects
-
-
-@dataclass
-class _CommitWatch:
-    """What a social turn's commit wrote, as its writer ran it (read once its batch is
-    over): the events whose markers it writes, and whether it wrote them."""
-
-    event_ids: list[str] = field(default_factory=list)
-    wrote: bool = False
-
-
-def _outcome_unknown(error: PersistenceError | None) -> bool:
-    """A commit whose waiter gave up once the writer had taken it: it may yet land."""
-    return isinstance(error, WriteTimeout) and not error.withdrawn
-
-
-def _message(event: rules.SocialEvent) -> Message:
-    return Message(event.event_id, SOCIAL_KIND, rules.envelope(event), None,
-                   {"platform": event.platform, "sender_id": event.sender_id,
-                    "sender_name": event.sender_name, "thread_id": event.thread_id,
-                    "attachments": [asdict(a) for a in event.attachments],
-                    "reply_route": dict(event.reply_route)})
