@@ -4,24 +4,28 @@ Transport knows nothing of the runtime; these adapters give it what its
 Protocols ask for and translate the runtime's errors into
 :class:`~kinbox.transport.BackendRefused` with a precise status: 404 for an
 unknown job, 422 for invalid input, 409 for a paused job triggered, 503
-when the social queue is full, this runtime runs no turns or it stopped.
+when the social queue is full, this runtime runs no turns or it stopped, or the
+database fails.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from starlette.routing import BaseRoute
 
-from ..persistence import WriterClosed
+from ..persistence import DatabaseFailed, WriterClosed, WriteTimeout
 from ..transport import BackendRefused, Refusal, cron_routes, social_routes
 from . import cron_rules, social_rules
 from .cron import CronService
 from .errors import RuntimeStateError
 from .runtime import Runtime
 from .social import SocialService
+
+log = logging.getLogger("kinbox.http")
 
 ACTIONS = ("trigger", "pause", "resume", "remove")
 
@@ -36,6 +40,10 @@ def _refusal(exc: Exception) -> BackendRefused:
         return BackendRefused(422, "invalid_argument", str(exc))
     if isinstance(exc, social_rules.SocialQueueFull):
         return BackendRefused(503, "queue_full", str(exc))
+    if isinstance(exc, DatabaseFailed | WriteTimeout):
+        # The driver's text may name paths, hosts or statements: the caller learns only
+        # that this is worth retrying (the log keeps the rest).
+        return BackendRefused(503, "unavailable", "the database is unavailable; try again")
     return BackendRefused(503, "unavailable", str(exc))
 
 
@@ -43,7 +51,8 @@ def _refusal(exc: Exception) -> BackendRefused:
 def answered(rt: Runtime) -> Iterator[None]:
     """Answer for ``rt`` only while it runs, and turn what it refuses into the status the
     route answers with: a runtime that stopped (or whose writer did) is 503, never a 500,
-    whether the route would write, read the database or read its memory."""
+    whether the route would write, read the database or read its memory; a database that
+    fails or does not answer in time is 503 too (the caller may retry), not a 500."""
     try:
         if rt.state != "running":
             raise RuntimeStateError(f"the runtime is {rt.state}; it answers no more requests",
@@ -51,6 +60,10 @@ def answered(rt: Runtime) -> Iterator[None]:
         yield
     except (cron_rules.CronError, social_rules.SocialError, RuntimeStateError,
             WriterClosed) as exc:
+        raise _refusal(exc) from exc
+    except (DatabaseFailed, WriteTimeout) as exc:
+        log.warning("a request found the database failing: %s", type(exc).__name__)
+        log.debug("the database's error: %s", exc)
         raise _refusal(exc) from exc
 
 

@@ -16,9 +16,11 @@ from starlette.requests import Request
 
 from kinbox.actors import ManualClock, Runtime, Turn
 from kinbox.actors.serve import app_for
+from kinbox.persistence.driver_errors import OperationalError
 from kinbox.transport import BackendRefused, SignatureProblem, SignatureRejected, json_body
 from kinbox.transport import webhook_signature as sig
 
+from .helpers import failing_once
 from .test_http import Served
 
 MakeRuntime = Callable[..., Runtime]
@@ -315,3 +317,27 @@ def test_a_declared_length_is_a_number_within_the_cap(declared: str, status: int
     with pytest.raises(BackendRefused) as info:
         asyncio.run(json_body.read_capped(request, 1024))
     assert info.value.status == status
+
+
+def test_a_database_failure_is_a_503_that_the_platform_retry_gets_through(
+        served: tuple[Served, Runtime, list[tuple[Any, str]]], clock: ManualClock,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The duplicate check of an event reads the journal; a database error there was a
+    500 carrying the driver's text. It is a 503 (the platform retries) that says only
+    that the database is unavailable, and the retry, with the same signature, runs."""
+    srv, rt, sent = served
+    failures: list[str] = []
+    journal = rt.context.journal
+    monkeypatch.setattr(journal, "committed_of", failing_once(
+        journal.committed_of, OperationalError("disk I/O error at /secret/path"), failures,
+        "committed_of"))
+    event = json.dumps({**json.loads(EVENT), "event_id": "Ev1"}).encode()
+    headers = signed(event, clock.now())
+    status, got = post(srv, "/social/slack/events", event, headers)
+    assert failures == ["committed_of"]
+    assert (status, got["error"]) == (503, "unavailable")
+    assert "/secret/path" not in json.dumps(got)
+    status, got = post(srv, "/social/slack/events", event, headers)
+    assert status == 202 and not got.get("duplicate"), got
+    assert rt.social.wait_idle(10)
+    assert len(sent) == 1
