@@ -5,7 +5,8 @@ and port, can be killed (SIGKILL) and started again on the same port, and
 answers questions about its database by reading the file. ``CuttingProxy``
 forwards TCP between a sender and the receiver and drops every connection
 on request, as a flaky network would. ``FakePeer`` proves a device key like a
-receiver and then behaves as a test tells it.
+receiver and then behaves as a test tells it. ``Served`` serves a runtime this test
+process drives (its HTTP app, with the peer endpoint) with uvicorn in a thread.
 """
 
 from __future__ import annotations
@@ -25,15 +26,22 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import uvicorn
 import websockets
 from websockets.asyncio.server import ServerConnection
+from websockets.sync.client import ClientConnection
 
 from kinbox.actors import Runtime
 from kinbox.actors.cli import main
+from kinbox.actors.peers import new_invite
+from kinbox.actors.serve import app_for
+from kinbox.persistence.peers import DeviceRecord
 from kinbox.transport import frames as f
 from kinbox.transport import handshake as hs
 from kinbox.transport.grants import GrantView, new_token, secret_hash
+from kinbox.transport.handshake import new_nonce
 from kinbox.transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
+from kinbox.transport.link import LinkState, SenderLink
 
 from .helpers import wait_for
 
@@ -229,3 +237,37 @@ class FakePeer:
         self.opened += 1
         with contextlib.suppress(websockets.ConnectionClosed):
             await self._after(ws)
+
+
+def opened_link(sender: Runtime, rec: DeviceRecord, token: str,
+                ws: ClientConnection) -> SenderLink:
+    """``sender``'s link to the device of ``rec``, through its handshake on ``ws``."""
+    link = SenderLink(sender.peers.identity, rec.device_id, rec.public_key, token, 1)
+    link.connected(new_nonce(os.urandom(32)))
+    while link.state is LinkState.HANDSHAKE:
+        for text in link.frames_to_send():
+            ws.send(text)
+        link.receive(ws.recv(5))
+    assert link.state is LinkState.OPEN
+    return link
+
+
+class Served:
+    """A runtime whose HTTP app (with the peer endpoint) is served by uvicorn in a thread."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.port = free_port()
+        self.http = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app_for(rt), host="127.0.0.1",
+                                                    port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        wait_for(lambda: self.server.started, 10, "uvicorn to start")
+
+    def invite(self) -> str:
+        return new_invite(self.rt.peers.peers, frozenset({"agent"}), 600, self.rt.clock.now())
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)

@@ -10,57 +10,21 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-from websockets.sync.client import ClientConnection
 
 from kinbox.actors import Runtime, SystemClock, Turn
 from kinbox.actors.peer_backend import PeerHttpBackend
-from kinbox.actors.peers import new_invite
 from kinbox.actors.serve import app_for
 from kinbox.persistence import ClaimedRow, NewMessage
 from kinbox.persistence.peer_outbox import PeerOutbox
-from kinbox.persistence.peers import INBOUND, OUTBOUND, DeviceRecord, PeerStore
+from kinbox.persistence.peers import INBOUND, OUTBOUND, PeerStore
 from kinbox.transport.handshake import new_nonce
 from kinbox.transport.link import LinkState, SenderLink
 
 from .conftest import Stores
 from .helpers import quiet_brain, wait_for
-from .peer_harness import Receiver, free_port
+from .peer_harness import Receiver, Served, free_port, opened_link
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def opened_link(sender: Runtime, rec: DeviceRecord, token: str,
-                ws: ClientConnection) -> SenderLink:
-    """``sender``'s link to the device of ``rec``, through its handshake on ``ws``."""
-    link = SenderLink(sender.peers.identity, rec.device_id, rec.public_key, token, 1)
-    link.connected(new_nonce(os.urandom(32)))
-    while link.state is LinkState.HANDSHAKE:
-        for text in link.frames_to_send():
-            ws.send(text)
-        link.receive(ws.recv(5))
-    assert link.state is LinkState.OPEN
-    return link
-
-
-class Served:
-    """A runtime whose HTTP app (with the peer endpoint) is served by uvicorn in a thread."""
-
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
-        self.port = free_port()
-        self.http = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app_for(rt), host="127.0.0.1",
-                                                    port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        wait_for(lambda: self.server.started, 10, "uvicorn to start")
-
-    def invite(self) -> str:
-        return new_invite(self.rt.peers.peers, frozenset({"agent"}), 600, self.rt.clock.now())
-
-    def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 @pytest.fixture
