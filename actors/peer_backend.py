@@ -76,7 +76,11 @@ class PeerHttpBackend:
             self.svc.peers.touch(device_id, INBOUND, self.ctx.now())
 
     def commit(self, device_id: str, commits: Sequence[receiver.Commit]) -> list[str | None]:
-        """Commit deliveries (and their sessions) in one transaction, then wake the dispatcher."""
+        """Commit deliveries (and their sessions) in one transaction, then wake the dispatcher.
+
+        A database failure is :class:`BackendRefused` (``unavailable``): the endpoint tells
+        the sender to try again, and a batch that commits after all (a write that outlived
+        its wait) is harmless, since a repeat maps to the same rows and gets the same ack."""
         ctx = self.ctx
         social = ctx.store.project_by_slug("social")
         now = ctx.now()
@@ -109,7 +113,8 @@ class PeerHttpBackend:
                 except IdempotencyConflict:
                     out.append("the message id was already used for other content")
             return out
-        outcomes: list[str | None] = ctx.journal.writer.call(op)
+        with _database("committing deliveries"):
+            outcomes: list[str | None] = ctx.journal.writer.call(op)
         for c, problem in zip(commits, outcomes, strict=True):
             if problem is None:
                 ctx.emit("peer_received", message_id=c.inbox_id, device_id=device_id,

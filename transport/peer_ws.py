@@ -11,9 +11,9 @@ Before the upgrade is accepted the Host and Origin headers and the form of
 the bearer token are checked; a refusal is an HTTP answer with
 ``{"error": <reason>}``. The grant itself is checked in the handshake, where
 a refusal is signed (a sender gives a pairing up only on a signed refusal).
-No refusal creates state. A database that fails the grant's read or the
-pairing's write is answered ``unavailable`` (close 1013): the peer tries again
-later. Consecutive deliveries are committed in one batch and acknowledged in
+No refusal creates state. A database that fails the grant's read, the
+pairing's write or a batch's commit is answered ``unavailable`` (close 1013):
+the peer tries again later. Consecutive deliveries are committed in one batch and acknowledged in
 order after the commit. A watcher re-reads the grant's
 status a few times a second and closes the link (after a signed
 ``refused`` frame) once it is paused or revoked.
@@ -84,7 +84,8 @@ class PeerBackend(Protocol):
 
     def commit(self, device_id: str, commits: Sequence[receiver.Commit]) -> list[str | None]:
         """Commit deliveries in one transaction; per item None, or why it was rejected.
-        :class:`.errors.GrantClosed`, with nothing committed, once the grant is not active."""
+        :class:`.errors.GrantClosed`, with nothing committed, once the grant is not active;
+        :class:`.errors.BackendRefused` (``unavailable``) when the database failed."""
         ...
 
     def answer(self, device_id: str, action: str) -> tuple[str, str]:
@@ -326,6 +327,14 @@ class _Session:
                                                            batch)
                     except GrantClosed as exc:  # nothing of the batch was committed
                         closed: GrantClosed | None = exc
+                    except BackendRefused as exc:
+                        # Nothing acknowledged: the sender hears "try again later" (not a
+                        # dropped link it cannot tell from anything else), and its rows go
+                        # back with the backoff; a batch that commits after all is a repeat.
+                        async with self.send_lock:
+                            await _unavailable(self.ws, exc, f"delivery from {self.device_id}")
+                        self.done.set()
+                        return
                     else:
                         closed = None
                         for item, problem in zip(batch, outcomes, strict=True):
