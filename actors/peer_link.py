@@ -335,7 +335,6 @@ class PeerLink:
 
     def _apply(self, effects: list[Effect], rec: DeviceRecord) -> list[str]:
         """Carry out failures at once; return the acked ids for the caller to commit."""
-        ctx = self.svc.ctx
         acked: list[str] = []
         for e in effects:
             if isinstance(e, Acked):
@@ -344,13 +343,11 @@ class PeerLink:
                 self._retry(e.id, e.reason, permanent=True)
             elif isinstance(e, Retry):
                 if e.unproven:  # a stale URL or a stranger on it: the operator should know
-                    log.warning("peer %s: %s; retrying", self.device_id, e.reason)
-                    self.svc.peers.note_problem(self.device_id, OUTBOUND, e.reason, ctx.now())
+                    self.svc.unproven(rec, e.reason)
                 for mid in e.ids:
                     self._retry(mid, e.reason, permanent=False)
             elif isinstance(e, Terminal):
-                if not self.svc.peers.close_outbound(self.device_id, rec.token_sealed,
-                                                     e.status, e.reason, ctx.now()):
+                if not self.svc.refused_by(rec, e):
                     # Paired again while this link spoke with the old token: the new
                     # pairing stands, and the rows go again with it.
                     for mid in e.ids:
@@ -358,7 +355,6 @@ class PeerLink:
                     continue
                 for mid in e.ids:
                     self._retry(mid, e.reason, permanent=True)
-                log.warning("peer %s refused this device: %s", self.device_id, e.reason)
             elif isinstance(e, Answer):
                 pass  # read/stop answers travel on their own one-shot links (peers.request)
         return acked

@@ -122,6 +122,29 @@ class PeerService:
         """Randomness for nonces, tokens and seals."""
         return os.urandom(n)
 
+    # -- what a device said of this one, on any link ---------------------------------------
+
+    def refused_by(self, rec: DeviceRecord, refusal: Terminal) -> bool:
+        """The device refused this one for good, signed by its pinned key: record it paused
+        or revoked here, and wake its link, which fails the open rows at once. The same on
+        a live link and on the one-shot link of a read or stop. False, changing nothing,
+        when the device was paired again meanwhile (the refusal was of the old token)."""
+        if not self.peers.close_outbound(rec.device_id, rec.token_sealed, refusal.status,
+                                         refusal.reason, self.ctx.now()):
+            return False
+        log.warning("peer %s refused this device: %s", rec.device_id, refusal.reason)
+        with self._lock:
+            link = self.links.get(rec.device_id)
+        if link is not None:
+            link.wake()
+        return True
+
+    def unproven(self, rec: DeviceRecord, reason: str) -> None:
+        """Something at the device's address refused us or answered as another device,
+        unsigned: the pairing stands, the operator is told (``kinbox peers list``)."""
+        log.warning("peer %s: %s; retrying", rec.device_id, reason)
+        self.peers.note_problem(rec.device_id, OUTBOUND, reason, self.ctx.now())
+
     # -- pairing (the sending side) --------------------------------------------------------
 
     def pair(self, url: str, code: str, name: str = "") -> DeviceRecord:
@@ -197,15 +220,17 @@ class PeerService:
         link = SenderLink(self.identity, rec.device_id, rec.public_key, token, 1)
         try:
             with connect_link(rec.url or "", token) as ws:
-                return self._exchange(ws, link, agent_id, action)
+                return self._exchange(ws, link, rec, agent_id, action)
         except PeerUnavailable as exc:
+            if exc.status is not None:  # an HTTP refusal: unproven, as on a live link
+                self.unproven(rec, f"the peer's address refused the connection ({exc.reason})")
             raise ToolError("execution_failed",
                             f"Peer '{agent_id}' cannot be reached ({exc.reason}).") from None
         except (TimeoutError, ConnectionClosed):
             raise ToolError("execution_failed", f"Peer '{agent_id}' did not answer.") from None
 
-    def _exchange(self, ws: ClientConnection, link: SenderLink, agent_id: str,
-                  action: str) -> wire.Result:
+    def _exchange(self, ws: ClientConnection, link: SenderLink, rec: DeviceRecord,
+                  agent_id: str, action: str) -> wire.Result:
         link.connected(new_nonce(self.random(NONCE_BYTES)))
         req = short(self.ctx.new_id(), 16)
         deadline = time.monotonic() + REQUEST_TIMEOUT
@@ -219,6 +244,12 @@ class PeerService:
                     return e.frame
                 if isinstance(e, Retry | Terminal):
                     why = e.reason
+                # What the device says of this one counts on any link: a signed refusal
+                # closes it here (no later call dials it again), an unproven one is noted.
+                if isinstance(e, Terminal):
+                    self.refused_by(rec, e)
+                elif isinstance(e, Retry) and e.unproven:
+                    self.unproven(rec, e.reason)
             if link.state in (LinkState.IDLE, LinkState.CLOSED):
                 raise ToolError("execution_failed", f"Peer '{agent_id}': {why}.")
             if link.state is LinkState.OPEN and not sent:
