@@ -145,11 +145,14 @@ class PeerHttpBackend:
         """The pairing invite with this code hash."""
         with _database("reading an invite"):
             rec = self.svc.peers.invite(code_hash)
-        return InviteView(rec.code_hash, rec.scopes, rec.expires_at, rec.used) if rec else None
+        return (InviteView(rec.code_hash, rec.scopes, rec.expires_at, rec.used, rec.used_by)
+                if rec else None)
 
     def redeem(self, code_hash: str, proof: PairingProof, token_hash: str) -> bool:
         """Use the invite, store the grant and create the device's dedicated session, in one
-        transaction: a failure on the way leaves the code unspent and no grant behind."""
+        transaction: a failure on the way leaves the code unspent and no grant behind. The
+        same device redeeming the code again (the answer was lost) gets its grant with the
+        new token (``PeerStore.redeem_now``)."""
         peers = self.svc.peers
         now = self.ctx.now()
         with _database("redeeming an invite"):

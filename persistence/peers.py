@@ -4,7 +4,8 @@ The rules (token format, statuses, what a scope allows) live in
 ``kinbox.transport.grants``; this store only keeps rows, and never sees a
 token or a pairing code in plain text: callers pass their SHA-256.
 Redeeming an invite is a compare-and-set inside one transaction, so a code
-pairs one device even when two try at once.
+pairs one device even when two try at once; the same device redeeming it again
+(its answer was lost) gets its untouched grant with a new token.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class InviteRecord:
     scopes: frozenset[str]
     expires_at: float
     used: bool
+    used_by: str | None = None
+    """The device that redeemed it."""
 
 
 def _record(r: PeerDevice) -> DeviceRecord:
@@ -92,7 +95,7 @@ class PeerStore:
         if r is None:
             return None
         return InviteRecord(r.code_hash, frozenset(r.scopes.split(",")), r.expires_at,
-                            r.used_at is not None)
+                            r.used_at is not None, r.used_by)
 
     def open_invites(self, now: float) -> list[InviteRecord]:
         """The invites not used and not expired at ``now``, soonest to expire first."""
@@ -119,7 +122,8 @@ class PeerStore:
 
     def redeem(self, code_hash: str, now: float, device_id: str, name: str, public_key: str,
                token_hash: str) -> bool:
-        """Use the invite once and store the inbound grant; False if it was used or expired."""
+        """Use the invite once and store the inbound grant (or answer the same device's
+        retry, see :meth:`redeem_now`); False if it was used or expired."""
         return bool(self.writer.call(lambda: self.redeem_now(code_hash, now, device_id, name,
                                                              public_key, token_hash)))
 
@@ -134,13 +138,33 @@ class PeerStore:
         taken = i.update(used_at=now, used_by=device_id).where(
             i.code_hash == code_hash, i.used_at.is_null(), i.expires_at > now).execute()
         if not taken:
-            return False
+            return self._redeem_again(code_hash, now, device_id, public_key, token_hash)
         d.delete().where(d.id == _key(device_id, INBOUND)).execute()
         d.insert(id=_key(device_id, INBOUND), device_id=device_id, direction=INBOUND,
                  name=name, public_key=public_key, token_hash=token_hash,
                  scopes=row.scopes, status="active", created_at=now,
                  updated_at=now).execute()
         return True
+
+    def _redeem_again(self, code_hash: str, now: float, device_id: str, public_key: str,
+                      token_hash: str) -> bool:
+        """The same device redeems a code it redeemed before: the answer (its token) was
+        lost on the way, a connection dropped after the commit, and only the hash of the
+        token is kept, so the grant gets the new token ``token_hash`` in place of the one
+        nobody received. Only while the grant is as that redemption made it: the same key
+        (the caller checked the request's signature with it), active, created by this
+        code (not replaced by a later pairing) and never used on a link (a device that
+        used it had its answer); anything else keeps the code spent. Idempotent for the
+        device, which ends with one grant and the token it was told, whichever try's
+        answer reached it last."""
+        i, d = self.t.invite, self.t.device
+        row = i.get_or_none(i.code_hash == code_hash)
+        if row is None or row.used_at is None or row.used_by != device_id:
+            return False
+        return bool(d.update(token_hash=token_hash, updated_at=now).where(
+            d.id == _key(device_id, INBOUND), d.public_key == public_key,
+            d.status == "active", d.created_at == row.used_at,
+            d.last_seen_at.is_null()).execute())
 
     # -- devices ---------------------------------------------------------------------------
 

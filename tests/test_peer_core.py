@@ -97,12 +97,18 @@ def test_status_changes_follow_the_table() -> None:
         change_status("revoked", "resume")
 
 
-def test_invites_expire_and_are_used_once() -> None:
+def test_invites_expire_and_are_used_once_except_by_the_device_that_used_them() -> None:
     inv = InviteView("h", frozenset({"agent"}), expires_at=100.0, used=False)
-    assert check_invite(inv, 99.0) is None
-    assert check_invite(inv, 100.0) == Refusal.EXPIRED_INVITE
-    assert check_invite(InviteView("h", inv.scopes, 100.0, True), 1.0) == Refusal.EXPIRED_INVITE
-    assert check_invite(None, 1.0) == Refusal.EXPIRED_INVITE
+    assert check_invite(inv, 99.0, "dev") is None
+    assert check_invite(inv, 100.0, "dev") == Refusal.EXPIRED_INVITE
+    used = InviteView("h", inv.scopes, 100.0, True, "dev")
+    assert check_invite(used, 1.0, "other") == Refusal.EXPIRED_INVITE
+    # its own retry (its answer was lost) goes on to the store, even past the expiry
+    assert check_invite(used, 1.0, "dev") is None
+    assert check_invite(used, 200.0, "dev") is None
+    assert check_invite(InviteView("h", inv.scopes, 100.0, True), 1.0, "dev") == (
+        Refusal.EXPIRED_INVITE)
+    assert check_invite(None, 1.0, "dev") == Refusal.EXPIRED_INVITE
     assert parse_ttl("10m") == 600.0
     for bad in ("8d", "\u0661\u0660m", "1_0m", ""):  # Arabic-Indic digits read as ten
         with pytest.raises(ValueError):

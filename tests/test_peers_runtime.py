@@ -156,6 +156,30 @@ def test_peer_store_redeems_an_invite_once_and_finds_grants_by_hash(stores: Stor
     assert peers.device("0123456789ab", INBOUND).status == "paused"  # type: ignore[union-attr]
 
 
+def test_peer_store_answers_a_redeeming_devices_retry_until_its_grant_was_used_or_changed(
+        stores: Stores) -> None:
+    """The retry of a device whose answer was lost: it gets its grant with the new token
+    hash, on both backends, but nothing once the grant was used, closed or replaced."""
+    peers, dev = PeerStore(stores.tables, stores.writer), "0123456789ab"
+    peers.add_invite("h" * 64, frozenset({"agent"}), 10.0, 100.0)
+    assert peers.redeem("h" * 64, 50.0, dev, "x", "K" * 43, "t" * 64)
+    assert peers.invite("h" * 64).used_by == dev  # type: ignore[union-attr]
+    assert not peers.redeem("h" * 64, 51.0, dev, "x", "L" * 43, "u" * 64)  # another key
+    assert peers.redeem("h" * 64, 150.0, dev, "x", "K" * 43, "v" * 64)  # past the expiry too
+    assert peers.by_token_hash("t" * 64) is None
+    grant = peers.by_token_hash("v" * 64)
+    assert grant is not None and (grant.device_id, grant.created_at) == (dev, 50.0)
+    peers.set_status(dev, "paused", 151.0, direction=INBOUND)
+    assert not peers.redeem("h" * 64, 152.0, dev, "x", "K" * 43, "w" * 64)
+    peers.set_status(dev, "active", 153.0, direction=INBOUND)
+    peers.touch(dev, INBOUND, 154.0)  # the device used its grant: it had its answer
+    assert not peers.redeem("h" * 64, 155.0, dev, "x", "K" * 43, "w" * 64)
+    peers.add_invite("i" * 64, frozenset({"agent"}), 10.0, 300.0)  # paired again since
+    assert peers.redeem("i" * 64, 200.0, dev, "x", "K" * 43, "x" * 64)
+    assert not peers.redeem("h" * 64, 201.0, dev, "x", "K" * 43, "w" * 64)
+    assert peers.device(dev, INBOUND).token_hash == "x" * 64  # type: ignore[union-attr]
+
+
 def test_a_link_that_opens_clears_a_noted_problem_but_not_why_a_device_closed(
         stores: Stores) -> None:
     peers = PeerStore(stores.tables, stores.writer)

@@ -212,11 +212,24 @@ class InviteView:
     scopes: frozenset[str]
     expires_at: float
     used: bool
+    used_by: str | None = None
+    """The device that redeemed it (None while it is open)."""
 
 
-def check_invite(invite: InviteView | None, now: float) -> Refusal | None:
-    """Refusal for a pairing code, else None: unknown, used and expired look alike."""
-    if invite is None or invite.used or invite.expires_at <= now:
+def check_invite(invite: InviteView | None, now: float, device_id: str) -> Refusal | None:
+    """Refusal for a pairing code presented by ``device_id`` (whose key the request
+    proved), else None: unknown, used and expired look alike.
+
+    A code the same device redeemed passes: the answer to its redemption may have been
+    lost on the way (a dropped connection after the commit), and its retry is answered
+    again. The store gives it the grant only while that grant is as the redemption made
+    it (active, never used on a link): see ``PeerStore.redeem_now``. The code's expiry does
+    not apply to that retry, since it can pair no one new."""
+    if invite is None:
+        return Refusal.EXPIRED_INVITE
+    if invite.used:
+        return None if invite.used_by == device_id else Refusal.EXPIRED_INVITE
+    if invite.expires_at <= now:
         return Refusal.EXPIRED_INVITE
     return None
 

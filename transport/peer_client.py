@@ -104,4 +104,7 @@ def _pair(ws: ClientConnection, identity: DeviceIdentity, code: str, name: str, 
         handshake.check_paired(identity, ch, request, answer)
         return answer
     except (TimeoutError, WebSocketException, FrameError) as exc:
-        raise PeerUnavailable(f"pairing failed: {type(exc).__name__}") from None
+        # The other device may have paired us and lost only its answer: it answers the
+        # same code from this key again, so the same command may be run again.
+        raise PeerUnavailable(f"pairing failed: {type(exc).__name__}; the same command, "
+                              "with the same code, may be run again") from None

@@ -98,7 +98,9 @@ class PeerBackend(Protocol):
         ...
 
     def redeem(self, code_hash: str, proof: handshake.PairingProof, token_hash: str) -> bool:
-        """Use the invite and store the grant; False if someone used it first."""
+        """Use the invite and store the grant with ``token_hash``; False if someone used it
+        first. The device that redeemed it, asking again before it ever used the grant
+        (the ``paired`` answer was lost), gets True and its grant takes ``token_hash``."""
         ...
 
     def random(self, n: int) -> bytes:
@@ -231,15 +233,22 @@ class PeerEndpoint:
             proof = handshake.accept_pair(b.identity, nonce, request)
             code_hash = secret_hash(request.code)
             invite = await asyncio.to_thread(b.invite, code_hash)
-            bad = check_invite(invite, b.now())
+            bad = check_invite(invite, b.now(), proof.device_id)
             token = new_token(b.random(32))
             if bad is not None or not await asyncio.to_thread(b.redeem, code_hash, proof,
                                                                secret_hash(token)):
                 raise HandshakeRefused(Refusal.EXPIRED_INVITE)
-            await ws.send_text(f.encode(handshake.paired(b.identity, nonce, proof, request,
-                                                         token)))
+            answer = f.encode(handshake.paired(b.identity, nonce, proof, request, token))
+            try:
+                await ws.send_text(answer)
+                await ws.close()
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                # Committed, and the device may never hear it: the same code from the same
+                # key is answered again (a new token for its grant) until it uses the grant.
+                log.info("paired device %s, but the connection closed before the answer; "
+                         "its retry with the same code gets it", proof.device_id)
+                return
             log.info("paired device %s", proof.device_id)
-            await ws.close()
         except (FrameError, HandshakeRefused, TimeoutError) as exc:
             reason = getattr(exc, "reason", "timeout")
             log.info("pairing refused: %s", reason)
