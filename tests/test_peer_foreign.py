@@ -153,3 +153,28 @@ def test_this_sides_pause_or_revoke_waits_for_the_acks_of_frames_in_flight(
     finally:
         release.set()
         peer.close()
+
+
+@pytest.mark.parametrize("code", ["rejected", "unavailable"])
+def test_a_peers_error_text_is_stored_escaped_for_the_terminals_that_show_it(
+        sender: Runtime, code: str) -> None:
+    """The reason of an ``error`` naming a message went into the row's ``last_error`` as the
+    peer wrote it: escape sequences that rewrite the terminal of whoever lists the rows."""
+    hostile = "\x1b]0;owned\x07\x1b[2Jall is well\u202e"
+
+    async def answer_with_escapes(ws: ServerConnection) -> None:
+        async for text in ws:
+            frame = f.parse(text)
+            if isinstance(frame, f.Deliver):
+                await ws.send(f.encode(f.Error(frame.id, code, hostile)))
+
+    peer = FakePeer(answer_with_escapes)
+    try:
+        mid = send(sender, peer.grant_to(sender))
+        journal = sender.context.journal
+        wait_for(lambda: journal.get(mid)["attempts"] >= 1, 20, "the error to count")
+        error = journal.get(mid)["last_error"]
+        assert "all is well" in error and error.isprintable(), error
+        assert [e["detail"].isprintable() for e in journal.history(mid)] == [True]
+    finally:
+        peer.close()

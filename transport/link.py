@@ -297,10 +297,12 @@ class SenderLink:
     def _error(self, frame: f.Error) -> None:
         if frame.id is not None and frame.id in self._inflight:
             self._inflight.pop(frame.id)
+            # The peer's words end in the row's last_error, which terminals show: escaped.
+            said = f.shown(frame.message)
             if frame.code == "rejected":
-                self._effects.append(Rejected(frame.id, frame.message or "rejected by the peer"))
+                self._effects.append(Rejected(frame.id, said or "rejected by the peer"))
             else:
-                self._effects.append(Retry((frame.id,), f"{frame.code}: {frame.message}"))
+                self._effects.append(Retry((frame.id,), f"{frame.code}: {said}"))
             self._flush()
         elif frame.id is None:
             # The peer could not take something we sent and says not what (a receiver of
