@@ -82,7 +82,8 @@ class PeerHttpBackend:
         the sender to try again, and a batch that commits after all (a write that outlived
         its wait) is harmless, since a repeat maps to the same rows and gets the same ack."""
         ctx = self.ctx
-        social = ctx.store.project_by_slug("social")
+        with _database("reading the social project"):
+            social = ctx.store.project_by_slug("social")
         now = ctx.now()
         peers = self.svc.peers
 

@@ -173,17 +173,18 @@ def _deliver(a: Runtime, served: Served, token: str, message_id: str) -> tuple[
     return effects, code
 
 
+@pytest.mark.parametrize("failing", ["the commit", "the read before it"])
 def test_a_delivery_the_database_cannot_commit_is_answered_unavailable(
-        pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+        pair: Pair, monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
     """The receiver's committer ended the link on a database error with no frame: the
     sender saw a dropped connection, not the ``unavailable`` the protocol has for it."""
     a, b, served = pair
     rec = a.peers.pair(served.http, served.invite(), name="b")
     token = a.peers.identity.unseal(rec.token_sealed or "")
     failed = threading.Event()
-    store = b.peers.peers
-    monkeypatch.setattr(store, "ensure_session_now", failing_once(store.ensure_session_now,
-                                                                  failed))
+    store, name = ((b.peers.peers, "ensure_session_now") if failing == "the commit"
+                   else (b.context.store, "project_by_slug"))
+    monkeypatch.setattr(store, name, failing_once(getattr(store, name), failed))
     effects, code = _deliver(a, served, token, "m1")
     assert failed.is_set()
     [retry] = effects
