@@ -215,7 +215,7 @@ class PeerLink:
         claimed_at = 0.0
         checked = time.monotonic()
         claim: Reply[list[ClaimedRow]] | None = None
-        acks: list[tuple[Reply[None], list[str]]] = []
+        acks: list[tuple[Reply[list[str]], list[str]]] = []
         link.connected(new_nonce(self.svc.random(NONCE_BYTES)))
         handshake_ends = time.monotonic() + HANDSHAKE_SECONDS
         drain_ends: float | None = None  # set once the grant here closed
@@ -294,8 +294,8 @@ class PeerLink:
                  rec.status if rec else "gone")
         return False
 
-    def _settled(self, acks: list[tuple[Reply[None], list[str]]],
-                 wait: bool) -> list[tuple[Reply[None], list[str]]]:
+    def _settled(self, acks: list[tuple[Reply[list[str]], list[str]]],
+                 wait: bool) -> list[tuple[Reply[list[str]], list[str]]]:
         """Report the committed acks; return those still on their way."""
         ctx = self.svc.ctx
         waiting = []
@@ -303,13 +303,13 @@ class PeerLink:
             if not wait and not reply.done():
                 waiting.append((reply, ids))
                 continue
-            try:
-                reply.result(30)
-            except LeaseLost as exc:
-                log.warning("ack of peer rows refused: %s", exc)
-                continue
+            lost = set(reply.result(30))
+            if lost:  # another worker took them over: theirs to send and settle
+                log.warning("acks of %d peer rows to %s refused: their leases were taken "
+                            "over", len(lost), self.device_id)
             for mid in ids:
-                ctx.emit("peer_acked", message_id=mid, device_id=self.device_id)
+                if mid not in lost:
+                    ctx.emit("peer_acked", message_id=mid, device_id=self.device_id)
             if time.monotonic() - self._touched > 1.0:  # "last seen", not per message
                 self._touched = time.monotonic()
                 self.svc.peers.touch(self.device_id, OUTBOUND, ctx.now())

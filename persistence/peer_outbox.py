@@ -5,9 +5,10 @@ link needs up to a window of its device's rows in flight at once, in
 journal order. :meth:`PeerOutbox.claim_window` leases the target's next open
 rows after ``after_seq`` while they are contiguous and claimable, so a row
 that waits for its backoff holds back every row behind it (per-target
-order). Acks are fenced exactly as ``Journal.ack`` fences them (the same
-``inbox_core`` rules); retries and failures go through the
-:class:`~.journal.Journal`, so the ``suzent_peer`` retry policy applies.
+order). Acks are fenced by the same ``inbox_core`` rules as ``Journal.ack``,
+row by row (a row taken over is left out, the rest of the batch acked);
+retries and failures go through the :class:`~.journal.Journal`, so the
+``suzent_peer`` retry policy applies.
 
 The window read and the lease are fixed SQL strings (as in
 :mod:`.hot_path`): built by peewee per call, they cost about 140 us per
@@ -24,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .database import is_postgres
-from .errors import RowNotFound
+from .errors import LeaseLost, RowNotFound
 from .hot_path import CLAIM_COLUMNS, INBOX, Head, HotPath, chunks, is_open
 from .inbox_core import PENDING, PROCESSING, Event, check_lease, is_claimable, transition
 from .inbox_records import ClaimedRow
@@ -96,18 +97,29 @@ class PeerOutbox:
         return self.submit_claim(owner, target, after_seq, now, lease=lease,
                                  limit=limit).result(30)
 
-    def _ack_op(self, owner: str, ids: list[str], now: float) -> None:
+    def _ack_op(self, owner: str, ids: list[str], now: float) -> list[str]:
         rows = self.hot.fence_rows(ids)
+        held, lost = [], []
         for mid in ids:
             row = rows.get(mid)
             if row is None:
                 raise RowNotFound(f"no inbox row with id {mid!r}")
-            check_lease(mid, row[0], row[1], owner)
+            try:
+                check_lease(mid, row[0], row[1], owner)
+            except LeaseLost:
+                lost.append(mid)
+                continue
             transition(mid, row[0], Event.ACK)
-        self.hot.mark_delivered(ids, now)
+            held.append(mid)
+        self.hot.mark_delivered(held, now)
+        return lost
 
-    def submit_ack(self, owner: str, message_ids: Sequence[str], now: float) -> Reply[None]:
-        """Queue the acks of rows the receiver committed (fenced: ``LeaseLost`` in the reply)."""
+    def submit_ack(self, owner: str, message_ids: Sequence[str], now: float) -> Reply[list[str]]:
+        """Queue the acks of rows the receiver committed; the reply holds the ids whose
+        lease ``owner`` no longer holds (fenced: left to whoever does, who sends them again
+        and hears the receiver's repeated ack). Each row's ack stands alone: one taken
+        over must not keep the others of the batch from being delivered, since the link
+        that sent them has let them go and its lease renewals would hold them for ever."""
         ids = list(message_ids)
         return self.writer.submit(lambda: self._ack_op(owner, ids, now))
 

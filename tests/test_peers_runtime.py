@@ -215,6 +215,25 @@ def test_window_claims_stop_at_a_row_waiting_for_its_backoff(stores: Stores) -> 
     assert stores.journal.claim("d", 5.0).rows == []  # the dispatcher never takes peer rows
 
 
+def test_a_batch_of_peer_acks_with_one_lease_taken_over_acks_the_rest(stores: Stores) -> None:
+    """One row of an ack batch whose lease another worker took (the link stalled past it)
+    refused the whole batch: the others stayed processing, their leases renewed by the
+    live link that had forgotten them, neither delivered nor sent again."""
+    outbox = PeerOutbox(stores.tables, stores.writer)
+    stores.journal.enqueue_many(
+        [NewMessage(f"m{i}", "peer:0123456789ab", f"t{i}", transport="suzent_peer",
+                    destination_peer_id="0123456789ab") for i in range(2)], 0.0)
+    [m0] = outbox.claim_window("w1", "peer:0123456789ab", 0, 1.0, lease=10, limit=1)
+    assert len(outbox.claim_window("w1", "peer:0123456789ab", m0.seq, 1.0, lease=100,
+                                   limit=1)) == 1
+    [taken] = outbox.claim_window("w2", "peer:0123456789ab", 0, 20.0, lease=100, limit=1)
+    assert taken.message_id == "m0"
+    assert outbox.submit_ack("w1", ["m0", "m1"], 21.0).result(10) == ["m0"]  # not its own
+    assert stores.journal.get("m1")["status"] == "delivered"
+    row = stores.journal.get("m0")
+    assert (row["status"], row["lease_owner"]) == ("processing", "w2")
+
+
 def test_a_second_worker_finds_nothing_while_the_first_holds_the_window(stores: Stores) -> None:
     outbox = PeerOutbox(stores.tables, stores.writer)
     stores.journal.enqueue_many(
