@@ -271,10 +271,10 @@ class Delivery:
         Handed straight back, a commit that can never succeed (a value the database will
         not store, a hook's write that conflicts) ran its brain again at once, for ever; a
         blip of the database costs an attempt and the first backoff (2 s), where leaving
-        the row to its lease stalled the session for the whole lease. A commit whose
-        outcome is unknown (a :class:`~kinbox.persistence.WriteTimeout` while its batch
-        ran) may land after all: the failure record is fenced and runs after that batch,
-        so such a row stays delivered."""
+        the row to its lease stalled the session for the whole lease. A commit that timed
+        out is refused only when it was withdrawn (still queued: it never runs); one a
+        batch had taken (:class:`~kinbox.persistence.WriteTimeout`, not ``withdrawn``) may
+        land yet, so the shell waits for its outcome and reports that instead."""
         self._expect("commit_refused", _COMMITTING)
         assert self.row is not None
         self.phase = _FAILING

@@ -29,6 +29,7 @@ from ..persistence import (
     PersistenceError,
     Reply,
     WriterClosed,
+    WriteTimeout,
 )
 from . import delivery as dp
 from .context import RuntimeContext, TurnEffects, gather_effects
@@ -313,7 +314,13 @@ class SessionActor(PooledActor):
                 effects = gather_effects(parts)
             else:  # a hook must read to know them: where blocking is allowed
                 effects = yield Blocking(partial(gather_effects, parts))
-            following = yield self._submit(turn, effect, effects)
+            reply = self._submit(turn, effect, effects)
+            while True:
+                try:
+                    following = yield reply
+                    break
+                except WriteTimeout as late:
+                    self._still_committing(turn, late)
         except Exception as exc:
             return self._refused(run, turn, flag, exc)
         return self._committed(run, turn, judged, flag, effect, effects, following)
@@ -325,10 +332,30 @@ class SessionActor(PooledActor):
         assert turn is not None and judged is not None
         try:
             effects = self.ctx.effects(turn, judged.outcome)
-            following = self._submit(turn, effect, effects).result(WRITE_TIMEOUT)
+            reply = self._submit(turn, effect, effects)
+            while True:
+                try:
+                    following = reply.result(WRITE_TIMEOUT)
+                    break
+                except WriteTimeout as late:
+                    self._still_committing(turn, late)
         except Exception as exc:
             return self._refused(run, turn, flag, exc)
         return self._committed(run, turn, judged, flag, effect, effects, following)
+
+    def _still_committing(self, turn: Turn, late: WriteTimeout) -> None:
+        """The commit of ``turn`` got no answer in time: withdrawn (still queued, so it
+        never runs), it is refused (``late`` again); taken by a running batch, its outcome
+        is still to come, and the caller waits on for it. Taken as refused, a commit that
+        then landed left its chained next row leased to a run that had ended (no one ran
+        or renewed it until its lease ran out, and then only as a suspect), gave back the
+        rate-limit tokens of sends it made, and dropped its after-commit notifications.
+        The wait costs nothing the failure record would not: that write queues behind the
+        same batch."""
+        if late.withdrawn:
+            raise late
+        log.warning("the commit of %s for %s is slow (its batch runs past %s s); waiting "
+                    "for its outcome", turn.row.message_id, self.session_id, late.timeout)
 
     def _submit(self, turn: Turn, effect: dp.Commit,
                 effects: TurnEffects) -> Reply[ClaimedRow | None]:

@@ -1,0 +1,103 @@
+"""A write whose answer comes late: the caller acts on what the journal did, never on a guess.
+
+Each test holds the writer so that a write is taken into a batch and then waits past the
+caller's write timeout (shortened here); the batch commits afterwards. A commit that
+landed must count as committed: its turn ran once, and what the commit leased goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kinbox.actors import ManualClock, Runtime, Turn, async_host, session_actor
+from kinbox.persistence import GroupCommitWriter
+
+from .helpers import wait_for
+
+MakeRuntime = Callable[..., Runtime]
+
+pytestmark = pytest.mark.timeout(60)
+
+SHORT = 0.3
+"""The write timeout of these tests, in seconds."""
+
+
+class _Heard(logging.Handler):
+    """Sets ``event`` on the first warning (or worse) of the session actors."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.event = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.event.set()
+
+
+def _hold_next_batch(writer: GroupCommitWriter, until: threading.Event) -> None:
+    """Once the write queued now (the turn's commit) is taken into a batch, make that batch
+    wait for ``until`` after it (a plain write behind it in the same batch)."""
+    gate, holding = threading.Event(), threading.Event()
+    writer.submit(lambda: (holding.set(), gate.wait(10)))  # the writer is busy ...
+    assert holding.wait(10)
+
+    def then() -> None:
+        wait_for(lambda: writer.queued() >= 1, what="the turn's commit to queue")
+        writer.submit(lambda: until.wait(10))  # ... so these two form the next batch
+        gate.set()
+    threading.Thread(target=then, daemon=True).start()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_commit_answered_after_the_timeout_counts_and_its_chained_row_runs(
+        make_runtime: MakeRuntime, clock: ManualClock, monkeypatch: pytest.MonkeyPatch,
+        kind: str) -> None:
+    """m1's commit is taken by a batch that runs past the timeout, then commits, leasing
+    m2 (chained). Taken as refused, m2 stayed leased to a run that had ended: nothing ran
+    it until its lease ran out (never, on this clock) and then only as a suspect."""
+    monkeypatch.setattr(session_actor, "WRITE_TIMEOUT", SHORT)
+    monkeypatch.setattr(async_host, "WRITE_TIMEOUT", SHORT)
+    heard = _Heard()
+    logging.getLogger("kinbox.session").addHandler(heard)
+    batch_done = threading.Event()
+    seen: list[str] = []
+    events: list[tuple[str, dict[str, Any]]] = []
+    box: dict[str, Any] = {}
+
+    def act(turn: Turn) -> None:
+        mid = turn.messages[0].message_id
+        seen.append(mid)
+        if mid == "m1":
+            box["rt"].post(turn.session_id, "two", message_id="m2")
+            _hold_next_batch(box["rt"].context.journal.writer, batch_done)
+
+    def sync_brain(turn: Turn) -> None:
+        act(turn)
+
+    async def async_brain(turn: Turn) -> None:
+        await asyncio.to_thread(act, turn)
+
+    rt = make_runtime(brain=sync_brain if kind == "sync" else async_brain)
+    box["rt"] = rt
+    rt.subscribe(lambda event, data: events.append((event, data)))
+    try:
+        sid = rt.create_session(rt.create_project("p").id, "S").id
+        rt.post(sid, "one", message_id="m1")
+        assert heard.event.wait(20), "the commit never timed out"
+        batch_done.set()  # the batch commits: m1's turn, and m2 leased to this runtime
+        rt.run_until_idle(timeout=10)
+    finally:
+        batch_done.set()
+        logging.getLogger("kinbox.session").removeHandler(heard)
+    rows = {r["message_id"]: r for r in rt.inbox()}
+    assert {m: r["status"] for m, r in rows.items()} == {"m1": "delivered", "m2": "delivered"}
+    assert seen == ["m1", "m2"]  # each turn ran once
+    assert not rows["m2"]["suspect"]
+    committed = [d["message_ids"] for e, d in events if e == "turn_committed"]
+    assert committed == [["m1"], ["m2"]]
+    assert not [e for e, _ in events if e in ("turn_failed", "lease_lost")]
