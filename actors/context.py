@@ -16,15 +16,18 @@ from typing import TYPE_CHECKING, Any
 import pykka
 
 from ..persistence import (
+    WRITE_TIMEOUT,
     ClaimedRow,
     EnqueueResult,
     Journal,
     Lease,
     NewMessage,
+    Reply,
     SessionStore,
     StopRequests,
     TaskChange,
     TaskStore,
+    WriteTimeout,
 )
 from .clock import Clock
 from .errors import RuntimeStateError
@@ -239,13 +242,40 @@ class RuntimeContext:
         flight here (its commit leases the next one), or waits out a backoff (the tick
         claims it when due)."""
         lease = None if self.closed.is_set() else self.fast_lease
-        result = self.journal.enqueue(msg, self.now(), lease=lease)
+        reply = self.journal.submit_enqueue(msg, self.now(), lease=lease)
+        try:
+            result = reply.result(WRITE_TIMEOUT)
+        except WriteTimeout as late:
+            if not late.withdrawn:  # its batch runs: it may yet commit, leasing its row
+                reply.add_done_callback(lambda: self._sent_late(msg, reply))
+            raise
         self.emit_sent(msg, result)
         if result.claimed is not None:
             self.hand_over(result.claimed)
         elif lease is None:
             self.wake_dispatcher()
         return result
+
+    def _sent_late(self, msg: NewMessage, reply: Reply[EnqueueResult]) -> None:
+        """A send whose sender stopped waiting (``WriteTimeout``, not withdrawn) has its
+        answer (on the writer thread). Committed, it goes on as a send answered in time:
+        observers hear ``sent``, and the row its send leased (the fast path) starts its
+        turn, or the dispatcher is nudged. Left alone, that row stayed leased to this
+        runtime with nothing to run or renew it: it waited out its lease, then ran as a
+        suspect. On a thread of its own: a reply's callback must not block the writer,
+        and starting a turn may start a session actor."""
+        try:
+            result = reply.outcome()
+        except Exception:
+            return  # not committed: the sender was told it may not have been
+
+        def go_on() -> None:
+            self.emit_sent(msg, result)
+            if result.claimed is not None:
+                self.hand_over(result.claimed)
+            else:
+                self.wake_dispatcher()
+        threading.Thread(target=go_on, name="kinbox-late-send", daemon=True).start()
 
     def emit_sent(self, msg: NewMessage, result: EnqueueResult) -> None:
         """Observers hear of a committed send."""

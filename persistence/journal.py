@@ -103,6 +103,12 @@ class Journal(InboxReads):
         :func:`.set_wise.heads_to_lease`)."""
         return self.writer.call_bulk(self._enqueues, (msg, now, lease))
 
+    def submit_enqueue(self, msg: NewMessage, now: float, *, lease: Lease | None = None
+                       ) -> Reply[EnqueueResult]:
+        """:meth:`enqueue` without waiting: the reply answers once the row is durable (for
+        a caller that must act on a late answer too: a row leased with it)."""
+        return self.writer.submit_bulk(self._enqueues, (msg, now, lease))
+
     def enqueue_many(self, msgs: Sequence[NewMessage], now: float) -> list[EnqueueResult]:
         """Enqueue several messages in one transaction (all or, on conflict, an error)."""
         return self.writer.call(lambda: self._enqueue_many_op(list(msgs), now))

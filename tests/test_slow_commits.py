@@ -1,8 +1,8 @@
 """A write whose answer comes late: the caller acts on what the journal did, never on a guess.
 
 Each test holds the writer so that a write is taken into a batch and then waits past the
-caller's write timeout (shortened here); the batch commits afterwards. A commit that
-landed must count as committed: its turn ran once, and what the commit leased goes on.
+caller's write timeout (shortened here); the batch commits afterwards. A write that
+landed must count as written: its turn ran once, and the row it leased runs.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from kinbox.actors import ManualClock, Runtime, Turn, async_host, session_actor
-from kinbox.persistence import GroupCommitWriter
+from kinbox.actors import ManualClock, Runtime, Turn, async_host, context, session_actor
+from kinbox.persistence import GroupCommitWriter, WriteTimeout
 
 from .helpers import wait_for
 
@@ -101,3 +101,34 @@ def test_a_commit_answered_after_the_timeout_counts_and_its_chained_row_runs(
     committed = [d["message_ids"] for e, d in events if e == "turn_committed"]
     assert committed == [["m1"], ["m2"]]
     assert not [e for e, _ in events if e in ("turn_failed", "lease_lost")]
+
+
+def test_a_send_answered_after_its_sender_gave_up_still_runs_the_turn_it_leased(
+        make_runtime: MakeRuntime, clock: ManualClock,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The send's batch (the fast path: it leases its new row) runs past the sender's wait:
+    the sender gets a WriteTimeout that says it may yet commit. It commits; the row it
+    leased must run. Left leased to this runtime with nothing to run it, it waited out its
+    lease (never, on this clock) and then ran as a suspect."""
+    monkeypatch.setattr(context, "WRITE_TIMEOUT", SHORT)
+    seen: list[str] = []
+    sent: list[str] = []
+    rt = make_runtime(brain=lambda turn: seen.append(turn.messages[0].message_id))
+    rt.subscribe(lambda event, data: sent.append(data["message_id"]) if event == "sent"
+                 else None)
+    sid = rt.create_session(rt.create_project("p").id, "S").id
+    writer = rt.context.journal.writer
+    batch_done = threading.Event()
+    _hold_next_batch(writer, batch_done)  # the send below is the write it waits for
+    try:
+        with pytest.raises(WriteTimeout) as caught:
+            rt.post(sid, "one", message_id="m1")
+        assert not caught.value.withdrawn
+    finally:
+        batch_done.set()
+    rt.run_until_idle(timeout=10)
+    rows = {r["message_id"]: r for r in rt.inbox()}
+    assert rows["m1"]["status"] == "delivered"
+    assert not rows["m1"]["suspect"]
+    assert seen == ["m1"]
+    wait_for(lambda: sent == ["m1"], what="observers to hear of the committed send")
