@@ -260,6 +260,12 @@ class Journal(InboxReads):
         candidates = (m.select().where(m.target_chat_id == target, pw.SQL(is_open()),
                                        m.seq > after_seq)
                       .order_by(m.seq).limit(limit))
+        if self.bulk.postgres:
+            # Locked as read, as a fence's rows are: another process (an operator's cancel)
+            # may change one between this read and the lease below, which would lease it
+            # anyway (a cancelled row run after all). Locked, a row changed meanwhile is
+            # read as it is now: one no longer open is not among them.
+            candidates = candidates.for_update()
         taken: list[InboxMessage] = []
         for r in candidates:  # contiguous due rows only, so per-target order holds
             if r.status != core.PENDING or r.available_at > now:
