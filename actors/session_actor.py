@@ -20,7 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from ..persistence import (
     WRITE_TIMEOUT,
@@ -49,6 +49,8 @@ from .turn_run import (
 )
 
 log = logging.getLogger("kinbox.session")
+
+T = TypeVar("T")
 
 __all__ = ["Blocking", "SessionActor", "Step", "SyncBrainAwaitable", "settle", "settle_from"]
 
@@ -90,6 +92,39 @@ def settle_from(step: Step, pending: Reply[Any] | Blocking) -> list[dp.Effect]:
                 pending = step.send(value)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
+
+
+def landed(reply: Reply[T]) -> Generator[Reply[T], Any, T]:
+    """Wait for the outcome of ``reply`` (within a :data:`Step`): its answer, or its error.
+
+    A write that timed out is refused only when it was withdrawn (still queued: it never
+    runs). One a batch had taken (:class:`WriteTimeout`, not ``withdrawn``) may land
+    yet, so the wait goes on: taken as refused, a turn's commit that then landed left
+    the row it chained into leased to a run that had ended (nothing ran or renewed it
+    until its lease ran out, and then only as a suspect), gave back the rate-limit
+    tokens of its sends and dropped its after-commit notifications. The wait costs
+    nothing a write after it would not: that write queues behind the same batch."""
+    while True:
+        try:
+            return (yield reply)  # type: ignore[no-any-return]
+        except WriteTimeout as late:
+            _wait_on(late)
+
+
+def wait_landed(reply: Reply[T]) -> T:
+    """:func:`landed` on this thread."""
+    while True:
+        try:
+            return reply.result(WRITE_TIMEOUT)
+        except WriteTimeout as late:
+            _wait_on(late)
+
+
+def _wait_on(late: WriteTimeout) -> None:
+    if late.withdrawn:
+        raise late
+    log.warning("a turn's write is slow (its batch runs past %s s); waiting for its outcome",
+                late.timeout)
 
 
 class SessionActor(PooledActor):
@@ -314,13 +349,7 @@ class SessionActor(PooledActor):
                 effects = gather_effects(parts)
             else:  # a hook must read to know them: where blocking is allowed
                 effects = yield Blocking(partial(gather_effects, parts))
-            reply = self._submit(turn, effect, effects)
-            while True:
-                try:
-                    following = yield reply
-                    break
-                except WriteTimeout as late:
-                    self._still_committing(turn, late)
+            following = yield from landed(self._submit(turn, effect, effects))
         except Exception as exc:
             return self._refused(run, turn, flag, exc)
         return self._committed(run, turn, judged, flag, effect, effects, following)
@@ -332,30 +361,10 @@ class SessionActor(PooledActor):
         assert turn is not None and judged is not None
         try:
             effects = self.ctx.effects(turn, judged.outcome)
-            reply = self._submit(turn, effect, effects)
-            while True:
-                try:
-                    following = reply.result(WRITE_TIMEOUT)
-                    break
-                except WriteTimeout as late:
-                    self._still_committing(turn, late)
+            following = wait_landed(self._submit(turn, effect, effects))
         except Exception as exc:
             return self._refused(run, turn, flag, exc)
         return self._committed(run, turn, judged, flag, effect, effects, following)
-
-    def _still_committing(self, turn: Turn, late: WriteTimeout) -> None:
-        """The commit of ``turn`` got no answer in time: withdrawn (still queued, so it
-        never runs), it is refused (``late`` again); taken by a running batch, its outcome
-        is still to come, and the caller waits on for it. Taken as refused, a commit that
-        then landed left its chained next row leased to a run that had ended (no one ran
-        or renewed it until its lease ran out, and then only as a suspect), gave back the
-        rate-limit tokens of sends it made, and dropped its after-commit notifications.
-        The wait costs nothing the failure record would not: that write queues behind the
-        same batch."""
-        if late.withdrawn:
-            raise late
-        log.warning("the commit of %s for %s is slow (its batch runs past %s s); waiting "
-                    "for its outcome", turn.row.message_id, self.session_id, late.timeout)
 
     def _submit(self, turn: Turn, effect: dp.Commit,
                 effects: TurnEffects) -> Reply[ClaimedRow | None]:
@@ -416,9 +425,10 @@ class SessionActor(PooledActor):
         summary = failed.error or "the turn failed"
         effects = ctx.effects(turn, failed)
         try:
-            result = ctx.journal.retry(ctx.owner, effect.message_id, judged.detail or "",
-                                       ctx.now(), release=list(effect.release),
-                                       on_failed=effects.messages, on_failed_also=effects.ops)
+            result = wait_landed(ctx.journal.submit_retry(
+                ctx.owner, effect.message_id, judged.detail or "", ctx.now(),
+                release=list(effect.release), on_failed=effects.messages,
+                on_failed_also=effects.ops))
         except LeaseLost:
             log.warning("lost the lease of %s for %s: its failed attempt is not recorded "
                         "here", row.message_id, sid)

@@ -444,8 +444,18 @@ class Journal(InboxReads):
         (with the ``on_failed_also`` operations) only if this attempt makes the
         row ``failed``.
         """
+        return self.submit_retry(owner, message_id, error, now, permanent=permanent,
+                                 release=release, on_failed=on_failed,
+                                 on_failed_also=on_failed_also).result(WRITE_TIMEOUT)
+
+    def submit_retry(self, owner: str, message_id: str, error: str, now: float, *,
+                     permanent: bool = False, release: Sequence[str] = (),
+                     on_failed: Sequence[NewMessage] = (),
+                     on_failed_also: Sequence[Callable[[], object]] = ()
+                     ) -> Reply[core.FailureOutcome]:
+        """:meth:`retry` without waiting: the reply answers once it committed."""
         rel, msgs, ops = list(release), list(on_failed), list(on_failed_also)
-        return self.writer.call(
+        return self.writer.submit(
             lambda: self._retry_op(owner, message_id, error, now, permanent, rel, msgs, ops))
 
     def _release_rows(self, ids: list[str], now: float) -> None:

@@ -132,3 +132,44 @@ def test_a_send_answered_after_its_sender_gave_up_still_runs_the_turn_it_leased(
     assert not rows["m1"]["suspect"]
     assert seen == ["m1"]
     wait_for(lambda: sent == ["m1"], what="observers to hear of the committed send")
+
+
+def test_a_failed_attempt_recorded_after_the_timeout_counts_as_recorded(
+        make_runtime: MakeRuntime, clock: ManualClock,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record of m1's failed attempt is taken by a batch that runs past the timeout,
+    then commits (a retry at +2 s). Taken as refused, the run handed m1 back (refused: it
+    was no longer leased), observers never heard of the failure, no alarm was set for the
+    retry, and a row failed for good never ran its after-commit notifications."""
+    monkeypatch.setattr(session_actor, "WRITE_TIMEOUT", SHORT)
+    heard = _Heard()
+    logging.getLogger("kinbox.session").addHandler(heard)
+    batch_done = threading.Event()
+    attempts: list[int] = []
+    events: list[tuple[str, dict[str, Any]]] = []
+    box: dict[str, Any] = {}
+
+    def brain(turn: Turn) -> None:
+        attempts.append(len(attempts) + 1)
+        if len(attempts) == 1:
+            _hold_next_batch(box["rt"].context.journal.writer, batch_done)
+            raise RuntimeError("the model is down")
+
+    rt = make_runtime(brain=brain)
+    box["rt"] = rt
+    rt.subscribe(lambda event, data: events.append((event, data)))
+    try:
+        sid = rt.create_session(rt.create_project("p").id, "S").id
+        rt.post(sid, "one", message_id="m1")
+        assert heard.event.wait(20), "the failure record never timed out"
+        batch_done.set()
+        rt.run_until_idle(timeout=10)
+    finally:
+        batch_done.set()
+        logging.getLogger("kinbox.session").removeHandler(heard)
+    assert [(d["message_id"], d["attempts"]) for e, d in events if e == "turn_failed"] \
+        == [("m1", 1)]
+    clock.advance(2.0)
+    rt.run_until_idle(timeout=10)
+    assert [r["status"] for r in rt.inbox()] == ["delivered"]
+    assert attempts == [1, 2]
