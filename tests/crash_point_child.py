@@ -22,7 +22,7 @@ only by the deliberately broken variant):
 ``turn_marked``    a taken-over row's start recorded (``submit_turn_started``, answered)
 ``turn_committed`` turn, markers and ack committed (``submit_turn``, once its writer
                    reply is answered: on the writer thread, right after the commit)
-``retry``          a failed attempt's retry scheduled (``retry``)
+``retry``          a failed attempt's retry scheduled (``submit_retry``, answered)
 ``renew``          leases renewed (``renew`` that extended at least one lease)
 ``peer_acked``     an outbound peer frame was sent and the receiver committed it: its
                    ack arrived, and the process dies *before* the sender commits the ack
@@ -65,14 +65,14 @@ HOOKS: dict[str, tuple[type, str]] = {
     "claim": (Journal, "claim"),
     "turn_marked": (Journal, "submit_turn_started"),
     "turn_committed": (Journal, "submit_turn"),
-    "retry": (Journal, "retry"),
+    "retry": (Journal, "submit_retry"),
     "renew": (Journal, "renew"),
     "peer_acked": (PeerOutbox, "submit_ack"),
 }
 """Crash point -> the public method it follows. The only place that names them."""
 BEFORE = frozenset({"peer_acked"})
 """Points hit as the method is called (before its write), not after it returned."""
-ANSWERED = frozenset({"turn_committed", "turn_marked"})
+ANSWERED = frozenset({"turn_committed", "turn_marked", "retry"})
 """Points whose method returns a writer reply: hit once the reply is answered (committed)."""
 
 MIDDLE = {"claim": 3, "turn_started": 12, "turn_committed": 12, "retry": 2, "renew": 2,
