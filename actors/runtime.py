@@ -74,6 +74,9 @@ from .turn import Brain, Turn, is_async_brain
 SYSTEM_PROJECTS = (("default", "Default"), ("social", "Social"))
 """Projects that always exist (S4)."""
 
+IDLE_NUDGE_INTERVAL = 0.05
+"""Seconds between the claims :meth:`Runtime.run_until_idle` asks for while it waits."""
+
 log = logging.getLogger("kinbox.runtime")
 
 __all__ = ["INBOX_STATES", "SYSTEM_PROJECTS", "Runtime", "data_dir_for", "resolve_data_dir"]
@@ -514,12 +517,17 @@ class Runtime(RecordsApi):
                                     "never busy delivering; give Runtime a brain to deliver",
                                     state="send-only")
         deadline = time.monotonic() + timeout
+        nudged = -math.inf
         while not self.is_idle():
             snap = ctx.activity.snapshot()
-            if not snap["busy"] and not snap["claim_pending"]:
+            if (not snap["busy"] and not snap["claim_pending"]
+                    and time.monotonic() - nudged >= IDLE_NUDGE_INTERVAL):
                 # Due rows and nothing on the way (a backoff ran out, say): nudge. Only
                 # then: a nudge while a claim is pending would keep the dispatcher busy.
+                # And not on every pass: a claim's end wakes the next one, and a row
+                # another process runs keeps this one from idling without being claimable.
                 ctx.wake_dispatcher()
+                nudged = time.monotonic()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise IdleTimeout(timeout, self.statistics())

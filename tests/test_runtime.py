@@ -759,3 +759,39 @@ def test_a_stop_waits_for_deaf_session_actors_once_and_names_them(
     finally:
         release.set()
         rt.stop()
+
+
+@pytest.mark.timeout(60)
+def test_run_until_idle_does_not_hammer_the_database_while_another_process_runs_a_turn(
+        pg_url: str, tmp_path: Path) -> None:
+    """A row another runtime is running keeps this one from being idle; each pass of
+    ``run_until_idle`` asked for a claim, whose end woke the next pass at once: thousands
+    of claims a second for as long as the other turn ran."""
+    started, release = threading.Event(), threading.Event()
+
+    def slow(turn: Turn) -> None:
+        started.set()
+        release.wait(30)
+
+    other = Runtime(db=pg_url, brain=slow, data_dir=str(tmp_path / "a")).start()
+    other.post(other.create_session(other.create_project("p").id, "A").id, "go")
+    here: Runtime | None = None
+    try:
+        assert started.wait(10)
+        here = Runtime(db=pg_url, brain=quiet_brain, data_dir=str(tmp_path / "b")).start()
+        journal, claims = here.context.journal, []
+        real_claim = journal.claim
+
+        def claim(*args: Any, **kwargs: Any) -> Any:
+            claims.append(1)
+            return real_claim(*args, **kwargs)
+
+        journal.claim = claim  # type: ignore[method-assign]
+        with pytest.raises(IdleTimeout):
+            here.run_until_idle(timeout=1.0)
+        assert len(claims) <= 40, f"{len(claims)} claims in the 1 s wait"
+    finally:
+        release.set()
+        if here is not None:
+            here.stop()
+        other.stop()
