@@ -20,6 +20,7 @@ from ..persistence import (
     RateBuckets,
     SessionRecord,
     WriterClosed,
+    WriteTimeout,
 )
 from . import access, rate_limit, roster
 from .context import RuntimeContext
@@ -186,8 +187,10 @@ class FamilyTools:
             [result] = self._writes.send([NewMessage(
                 f"fam-{ctx.new_id()}", entry.id, text, kind=FAMILY_KIND, sender=caller.id,
                 payload={"relationship": entry.relationship, "sender_name": caller.title})])
-        except Exception:
-            ctx.buckets.refund(pair)
+        except Exception as exc:
+            # A write its batch had taken (not withdrawn) may land yet: its token stays.
+            if not isinstance(exc, WriteTimeout) or exc.withdrawn:
+                ctx.buckets.refund(pair)
             raise
         # In a turn the send commits with the attempt; one that fails sent nothing.
         self._writes.on_discard(lambda: ctx.buckets.refund(pair))

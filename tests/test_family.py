@@ -462,3 +462,39 @@ def test_a_child_started_in_a_turn_is_on_that_turns_family_roster(
     # Later calls in the same turn see its writes: a child it started is on its roster.
     assert roster == [child_id], got
     assert not isinstance(sent, ToolError), sent
+
+
+@pytest.mark.timeout(60)
+def test_a_send_answered_after_its_wait_keeps_its_rate_limit_token(
+        family: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A send outside a turn whose batch ran past the caller's wait (WriteTimeout, not
+    withdrawn) committed after all, yet gave its token back: a burst of three let a
+    fourth message through (F6)."""
+    from kinbox.actors import context
+    from kinbox.persistence import WriteTimeout
+
+    from .test_slow_commits import SHORT, _hold_next_batch
+
+    rt = family["rt"]
+    tools = rt.tools_for(family["bob"])
+    monkeypatch.setattr(context, "WRITE_TIMEOUT", SHORT)
+    landed = threading.Event()
+    writer, buckets = rt.context.journal.writer, rt.context.buckets
+    real_take = buckets.take
+
+    def take(*args: Any) -> float:
+        wait = real_take(*args)  # the token taken, the next write (the send) ...
+        _hold_next_batch(writer, landed)  # ... waits past SHORT
+        return wait
+
+    monkeypatch.setattr(buckets, "take", take)
+    with pytest.raises(WriteTimeout) as late:
+        tools.send("slow", receiver_role="parent")
+    assert not late.value.withdrawn
+    monkeypatch.setattr(buckets, "take", real_take)
+    landed.set()  # ... then commits
+    wait_for(lambda: any(r["content"] == "slow" for r in rt.inbox()), what="the late send")
+    for _ in range(2):
+        tools.send("x", receiver_role="parent")
+    with pytest.raises(ToolError, match="Rate limit"):
+        tools.send("one too many", receiver_role="parent")
