@@ -253,7 +253,8 @@ class SessionActor(PooledActor):
         ctx = self.ctx
         if record_start:  # its last worker died mid-turn: is this message the cause?
             try:
-                yield ctx.journal.submit_turn_started(ctx.owner, row.message_id, ctx.now())
+                yield from landed(ctx.journal.submit_turn_started(ctx.owner, row.message_id,
+                                                                  ctx.now()))
             except WriterClosed:
                 raise
             except LeaseLost:

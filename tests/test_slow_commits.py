@@ -173,3 +173,46 @@ def test_a_failed_attempt_recorded_after_the_timeout_counts_as_recorded(
     rt.run_until_idle(timeout=10)
     assert [r["status"] for r in rt.inbox()] == ["delivered"]
     assert attempts == [1, 2]
+
+
+def test_a_takeover_start_recorded_after_the_timeout_starts_the_turn(
+        db_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row taken over from a worker that died mid-turn records its start before it runs.
+    That record, taken by a batch that ran past the timeout and then committed, was taken
+    as refused: the row stayed leased, its start recorded, with nothing to run it until
+    the lease ran out (never, on this clock)."""
+    from kinbox.persistence import Journal, NewMessage
+
+    from .conftest import Stores
+
+    prepared = Stores(db_url)
+    prepared.store.create_session("s0", None, "S0", "interactive", 0)
+    prepared.journal.enqueue(NewMessage("m0", "s0", "#0"), 1)
+    assert len(prepared.journal.claim("dead-worker", 1, lease=10_000).rows) == 1
+    prepared.journal.mark_turn_started("dead-worker", "m0", 1)
+    prepared.close()
+    monkeypatch.setattr(session_actor, "WRITE_TIMEOUT", SHORT)
+    heard = _Heard()
+    logging.getLogger("kinbox.session").addHandler(heard)
+    batch_done = threading.Event()
+    seen: list[str] = []
+    rt = Runtime(db=db_url, brain=lambda turn: seen.append(turn.messages[0].message_id),
+                 clock=clock, tick_interval=3600)
+    real = Journal.submit_turn_started
+
+    def slow_start(self: Journal, *args: Any, **kwargs: Any) -> Any:
+        _hold_next_batch(self.writer, batch_done)  # this record is the write it waits for
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Journal, "submit_turn_started", slow_start)
+    try:
+        rt.start()
+        assert heard.event.wait(20), "the start record never timed out"
+        batch_done.set()
+        wait_for(lambda: seen == ["m0"], what="the taken-over row's turn")
+        wait_for(lambda: rt.inbox()[0]["status"] == "delivered", what="its commit")
+    finally:
+        batch_done.set()
+        logging.getLogger("kinbox.session").removeHandler(heard)
+        rt.stop()
+    assert rt.inbox()[0]["attempts"] == 1  # as after a takeover answered in time
