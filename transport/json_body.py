@@ -7,6 +7,13 @@ that are not UTF-8 JSON are 400, and JSON nested past what the parser can
 follow is 400 too (Python's parser raises ``RecursionError`` there, not a
 ``ValueError``; a ``"[" * 100000`` body was a 500). Refusals are
 :class:`.errors.BackendRefused`, which every route already answers with.
+
+The JSON is strict, as a peer's frames are (:mod:`.frames`): an object that
+names a key twice is refused, since parsers disagree on which one counts (a
+signed webhook's ``sender_id`` could be one thing to the platform that
+checked it and another here); ``NaN`` and ``Infinity`` are Python's, not
+JSON; and the bytes must be UTF-8 (Python's parser would also guess UTF-16
+and UTF-32).
 """
 
 from __future__ import annotations
@@ -40,10 +47,31 @@ async def read_capped(request: Request, cap: int) -> bytes:
     return b"".join(chunks)
 
 
+class _NotStrict(ValueError):
+    """What the parser's hooks raise: the body is JSON to Python only (why, in ``args``)."""
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _NotStrict(f"the key {key[:64]!r} appears twice in one object")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotStrict(f"{name} is not a JSON value")
+
+
 def parse(body: bytes) -> Any:
-    """The JSON value of ``body``; :class:`BackendRefused` (400) when it is not JSON."""
+    """The JSON value of ``body``; :class:`BackendRefused` (400) when it is not strict
+    UTF-8 JSON (see the module's docstring)."""
     try:
-        return json.loads(body)
+        return json.loads(body.decode("utf-8"), object_pairs_hook=_unique,
+                          parse_constant=_no_constant)
+    except _NotStrict as exc:
+        raise BackendRefused(400, "bad_json", f"the body is not JSON: {exc}") from None
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise BackendRefused(400, "bad_json", "the body is not JSON") from None
 
