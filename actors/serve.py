@@ -49,7 +49,14 @@ from .http_backends import answered, cron_social_routes
 from .interrupts import Interrupted, StopSignals
 from .peer_backend import PeerHttpBackend
 from .runtime import Runtime
-from .serve_flags import WILDCARD_ADDRESSES, host_name, is_loopback, port_number, read_token
+from .serve_flags import (
+    WILDCARD_ADDRESSES,
+    bind_address,
+    host_name,
+    is_loopback,
+    port_number,
+    read_token,
+)
 from .worker import summary
 
 log = logging.getLogger("kinbox.serve")
@@ -122,7 +129,7 @@ def app_for(rt: Runtime, host: str = "127.0.0.1", allowed_hosts: Sequence[str] =
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``serve``."""
     p = sub.add_parser("serve", help="run the HTTP API (and, with --brain, deliver)")
-    p.add_argument("--host", default="127.0.0.1",
+    p.add_argument("--host", default="127.0.0.1", type=bind_address,
                    help="bind address (default 127.0.0.1; anything else needs --allow-host "
                         "and an operator token)")
     p.add_argument("--port", type=port_number, default=8765,

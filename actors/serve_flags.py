@@ -44,6 +44,22 @@ def host_name(text: str) -> str:
                                          "as kinbox.example, *.example.com or an IP)") from None
 
 
+def bind_address(text: str) -> str:
+    """An argparse type: the address ``--host`` binds, an IP address or a host name (the
+    server answers it as a Host name too, so it must be one). An empty one would bind
+    every interface."""
+    name = text.strip()
+    try:
+        if name.startswith("*"):
+            raise ValueError(name)
+        allowed_name(name)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an address to bind: {text!r} (expected an IP address such as 127.0.0.1, "
+            "::1 or 0.0.0.0, or a host name; the port goes in --port)") from None
+    return name
+
+
 def is_loopback(host: str) -> bool:
     """True when binding ``host`` is reachable only from this machine."""
     host = host.strip("[]")
@@ -59,9 +75,12 @@ def read_token(token_file: str | None) -> OperatorToken | None:
     """The operator token from ``token_file`` or the environment, or None when neither.
 
     Raises :class:`ValueError` naming the source (never the token) when the
-    file cannot be read or the token is empty.
+    file cannot be read or the token is empty or one a client could not send
+    (:meth:`OperatorToken.from_secret`).
     """
-    if token_file:
+    if token_file is not None:
+        if not token_file.strip():  # not "no flag": the operator meant a file
+            raise ValueError("--token-file: give the path of the file that holds the token")
         try:
             # utf-8-sig: a byte-order mark (Notepad, PowerShell) is not part of the token.
             text = Path(token_file).read_text(encoding="utf-8-sig").splitlines()
@@ -69,9 +88,17 @@ def read_token(token_file: str | None) -> OperatorToken | None:
             raise ValueError(f"--token-file {token_file}: {exc.strerror or exc}") from None
         except UnicodeDecodeError:
             raise ValueError(f"--token-file {token_file}: not UTF-8 text") from None
+        first = text[0] if text else ""
+        if not first.strip():
+            raise ValueError(f"--token-file {token_file}: the file holds no token")
         try:
-            return OperatorToken.from_secret(text[0] if text else "")
-        except ValueError:
-            raise ValueError(f"--token-file {token_file}: the file holds no token") from None
+            return OperatorToken.from_secret(first)
+        except ValueError as exc:  # the reason, never the token
+            raise ValueError(f"--token-file {token_file}: {exc}") from None
     secret = os.environ.get(TOKEN_ENV, "")
-    return OperatorToken.from_secret(secret) if secret.strip() else None
+    if not secret.strip():
+        return None
+    try:
+        return OperatorToken.from_secret(secret)
+    except ValueError as exc:
+        raise ValueError(f"${TOKEN_ENV}: {exc}") from None

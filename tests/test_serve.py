@@ -365,6 +365,40 @@ def test_serve_rejects_bad_flags_with_a_usage_error(run_kinbox: Any, tmp_path: P
     assert "serving" not in cmd.output
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("args", "token"), [
+    # An empty bind address binds every interface, then failed as an allowed Host name
+    # with a traceback, the runtime already started.
+    (["--host", "", "--allow-host", "kinbox.test"], "op-secret"),
+    (["--host", "localhost:80", "--allow-host", "kinbox.test"], "op-secret"),
+    (["--host", "*.test", "--allow-host", "kinbox.test"], "op-secret"),
+    # A Host name with a port never matches (the port is not part of the name compared):
+    # it was taken, and every request to that name was a 400.
+    (["--host", "0.0.0.0", "--allow-host", "10.0.0.5:8765"], "op-secret"),
+    (["--host", "0.0.0.0", "--allow-host", "cafe:80"], "op-secret"),
+    # An empty path served without a token, as if the flag were not given.
+    (["--token-file", ""], ""),
+    # A token a client cannot send as it is kept: servers read headers as Latin-1, so a
+    # UTF-8 token was never matched (and a control character cannot be sent at all).
+    (["--token-file", "TOKEN_FILE"], ""),
+    ([], "p\u00e4ssw\u00f6rd"),
+    ([], "op\x7fsecret"),
+], ids=["empty-host", "host-with-port", "wildcard-host", "ipv4-with-port", "hex-with-port",
+        "empty-token-file", "non-ascii-token-file", "non-ascii-token-env", "control-token"])
+def test_serve_refuses_an_address_host_or_token_it_could_not_use_as_a_usage_error(
+        run_kinbox: Any, tmp_path: Path, args: list[str], token: str) -> None:
+    (tmp_path / "token").write_text("s\u00e9same-" + "x" * 8 + "\n", encoding="utf-8")
+    args = [str(tmp_path / "token") if a == "TOKEN_FILE" else a for a in args]
+    cmd = run_kinbox("serve", "--port", "0", *args, "--db", f"sqlite:///{tmp_path / 'k.db'}",
+                     env={"KINBOX_OPERATOR_TOKEN": token})
+    assert cmd.finish(timeout=20) == 2
+    assert "usage:" in cmd.output and "Traceback" not in cmd.output
+    assert "serving" not in cmd.output
+    assert not (tmp_path / "k.db").exists()  # refused before anything was opened
+    for secret in ("s\u00e9same", "p\u00e4ssw", "op\x7fsecret"):
+        assert secret not in cmd.output  # the error names where the token came from only
+
+
 def test_a_token_file_that_is_not_text_is_named_in_the_error(tmp_path: Path) -> None:
     from kinbox.actors.serve_flags import read_token
 

@@ -11,6 +11,7 @@ Allowed names are exact (``kinbox.example``) or a subdomain pattern
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable
 
@@ -29,6 +30,14 @@ def allowed_name(name: str) -> str:
         norm = f"[{norm}]"
     if not _NAME.match(norm):
         raise ValueError(f"not a host name: {name!r}")
+    if norm.startswith("["):
+        # The brackets hold an IPv6 address, nothing else: an IPv4 address or a name with
+        # its port (10.0.0.5:8765) fits the pattern's characters but never matches a Host,
+        # whose port is not part of the name compared.
+        try:
+            ipaddress.IPv6Address(norm[1:-1])
+        except ValueError:
+            raise ValueError(f"not a host name: {name!r} (give it without a port)") from None
     return norm
 
 

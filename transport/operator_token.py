@@ -25,10 +25,20 @@ class OperatorToken:
 
     @classmethod
     def from_secret(cls, secret: str) -> OperatorToken:
-        """Keep the digest of ``secret`` (surrounding whitespace dropped; empty refused)."""
+        """Keep the digest of ``secret`` (surrounding whitespace dropped).
+
+        :class:`ValueError` (never quoting the secret) when it is empty or holds a
+        character other than printable ASCII: a client could not present it. HTTP
+        servers read a header's bytes as Latin-1, so a UTF-8 token would never match,
+        and a control character cannot be sent in a header at all.
+        """
         secret = secret.strip()
         if not secret:
             raise ValueError("an operator token cannot be empty")
+        if not all(" " <= c <= "~" for c in secret):
+            raise ValueError("an operator token must be printable ASCII (letters, digits, "
+                             "punctuation): a client cannot send any other character in "
+                             "the Authorization header")
         return cls(_digest(secret))
 
     def matches(self, presented: str) -> bool:
