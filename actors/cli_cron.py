@@ -14,8 +14,9 @@ import uuid
 from typing import Any, TextIO
 
 from ..persistence import CronStore
+from ..transport import RUNS_LIMIT
 from . import cron_rules as rules
-from .cli_ops import _emit, _positive, _when, common, stores
+from .cli_ops import _emit, _when, common, stores, whole_number
 from .cron_jobs import CronJobs
 
 
@@ -73,6 +74,11 @@ def cron_runs(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+_runs_limit = whole_number(RUNS_LIMIT)
+"""``--limit`` of ``cron runs``: the range the store takes (as ``GET /cron/runs``), so a
+number past it is a usage error here, not an error from the store."""
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``kinbox cron``."""
 
@@ -97,5 +103,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         p.set_defaults(handler=_action(verb, past))
     p = common(csub.add_parser("runs", help="run records, newest first"))
     p.add_argument("job_id", nargs="?")
-    p.add_argument("--limit", type=_positive, default=20)
+    p.add_argument("--limit", type=_runs_limit, default=20,
+                   help=f"the newest N runs, 1 to {RUNS_LIMIT} (default 20)")
     p.set_defaults(handler=cron_runs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
@@ -243,9 +243,22 @@ def db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def database_url(text: str) -> str:
+    """An argparse type: a ``--db`` URL. An empty one (``--db "$UNSET_VARIABLE"``) is a
+    usage error, not the flag left out: that would be the default database, the user's
+    own, which a scenario would write its run into and ``db upgrade`` would create."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a database URL (sqlite:///path/to/file.db "
+                                         "or postgresql://user@host/db), got an empty one")
+    return text
+
+
+DB_HELP = "database URL (default: $KINBOX_DB, then the data dir file)"
+
+
 def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options every operator command takes: ``--db`` and ``--json``."""
-    p.add_argument("--db", help="database URL (default: $KINBOX_DB, then the data dir file)")
+    p.add_argument("--db", type=database_url, help=DB_HELP)
     p.add_argument("--json", action="store_true", help="print JSON")
     return p
 
@@ -296,15 +309,21 @@ LIST_LIMIT = 1_000_000
 """Most rows a ``--limit`` may ask for (beyond it the databases' integers overflow)."""
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if not 1 <= value <= LIST_LIMIT:
-        raise argparse.ArgumentTypeError(
-            f"expected a number from 1 to {LIST_LIMIT:,}, got {value}")
-    return value
+def whole_number(high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from 1 to ``high``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not 1 <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"expected a number from 1 to {high:,}, got {value}")
+        return value
+    return parse
+
+
+_positive = whole_number(LIST_LIMIT)
 
 
 def _session_id(text: str) -> str:

@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 from ..persistence import redact_url
 from . import scenario_files
+from .cli_ops import database_url
 from .errors import ConfigError, ScenarioError
 from .interrupts import EXIT_INTERRUPTED, Interrupted, StopSignals
 from .progress import Progress
@@ -89,7 +90,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     r = ssub.add_parser("run", help="run a scenario and print its report")
     r.add_argument("path", metavar="SCENARIO",
                    help="a scenario file (scenarios/hello.py) or a bundled name (hello)")
-    r.add_argument("--db", help="database URL (default: a fresh SQLite file in a temp dir)")
+    r.add_argument("--db", type=database_url,
+                   help="database URL (default: a fresh SQLite file in a temp dir)")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
     r.add_argument("--diagram", metavar="FILE.md", help="write a Mermaid sequence diagram")
     r.add_argument("--seed", type=int, default=0, help="seed for ids (same seed, same report)")

@@ -42,6 +42,7 @@ import uvicorn
 
 from ..transport import LOOPBACK_HOSTS, OperatorToken, PeerEndpoint, create_app
 from .brain_ref import load_brain
+from .cli_ops import DB_HELP, database_url
 from .data_dirs import add_data_dir_flag
 from .errors import BrainRefError
 from .focal import Focal
@@ -134,7 +135,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                         "and an operator token)")
     p.add_argument("--port", type=port_number, default=8765,
                    help="TCP port (default 8765; 0 picks a free one)")
-    p.add_argument("--db", help="database URL (default: $KINBOX_DB, then the data dir file)")
+    p.add_argument("--db", type=database_url, help=DB_HELP)
     add_data_dir_flag(p)
     p.add_argument("--brain", metavar="MODULE:ATTR",
                    help="deliver with this brain (e.g. myapp.agents:brain); "

@@ -19,6 +19,7 @@ from typing import TextIO
 
 from ..persistence import redact_url
 from .brain_ref import load_brain
+from .cli_ops import DB_HELP, database_url
 from .data_dirs import add_data_dir_flag
 from .errors import BrainRefError
 from .interrupts import Interrupted, StopSignals
@@ -30,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("worker", help="deliver messages with a brain (no HTTP)")
     p.add_argument("--brain", required=True, metavar="MODULE:ATTR",
                    help="the product's brain, e.g. myapp.agents:brain")
-    p.add_argument("--db", help="database URL (default: $KINBOX_DB, then the data dir file)")
+    p.add_argument("--db", type=database_url, help=DB_HELP)
     add_data_dir_flag(p)
     p.set_defaults(handler=handle, parser=p)
 

@@ -293,3 +293,43 @@ def test_a_port_is_ascii_digits_in_range(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         port_number(text)
     assert port_number("0") == 0 and port_number("8765") == 8765
+
+
+# -- CLI: an empty --db is not "no --db" -----------------------------------------------------
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args", [
+    ("scenario", "run", "hello"),  # its default is a temporary file, not the user's database
+    ("db", "upgrade"),
+    ("db", "status"),
+    ("inbox", "list"),
+    ("cron", "add", "n", "--cron", "0 9 * * *", "--prompt", "p"),
+    ("peers", "whoami"),
+    ("serve", "--port", "0"),
+    ("worker", "--brain", "json:loads"),
+])
+def test_an_empty_db_url_is_a_usage_error_and_touches_no_default_database(
+        tmp_path: Path, args: tuple[str, ...]) -> None:
+    """``--db "$UNSET_VARIABLE"`` ran on the default database ($KINBOX_HOME/kinbox.db, the
+    user's own), creating it if need be; a scenario wrote its run there."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if k != "KINBOX_DB"}
+    done = subprocess.run([sys.executable, "-m", "kinbox.actors", *args, "--db", ""],
+                          capture_output=True, text=True, timeout=90, cwd=ROOT,
+                          env={**env, "KINBOX_HOME": str(home)})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert "argument --db: expected a database URL" in done.stderr
+    assert not home.exists()
+
+
+@pytest.mark.timeout(60)
+def test_cron_runs_limit_is_checked_as_a_usage_error_with_the_range_it_takes(
+        cli_db: str) -> None:
+    """``cron runs --limit 600`` passed the flag's check (1 to 1,000,000) and failed as an
+    error (status 1) in the store, which takes 1 to 500."""
+    done = kinbox_bytes("cron", "runs", "--db", cli_db, "--limit", "501")
+    err = done.stderr.decode()
+    assert done.returncode == 2 and "Traceback" not in err, err
+    assert "expected a number from 1 to 500, got 501" in err
+    assert kinbox_bytes("cron", "runs", "--db", cli_db, "--limit", "500").returncode == 0
