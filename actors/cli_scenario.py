@@ -76,11 +76,22 @@ def check_output_path(path: str, flag: str) -> None:
     folder = file.parent
     if file.is_dir():
         raise ConfigError(f"{flag} {path}: is a directory", field=flag.lstrip("-"))
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{flag} {path}: {str(folder)!r} is a file, not a folder",
+                          field=flag.lstrip("-"))
     if not folder.is_dir():
         raise ConfigError(f"{flag} {path}: the folder {str(folder)!r} does not exist",
                           field=flag.lstrip("-"))
     if not os.access(folder, os.W_OK) or (file.exists() and not os.access(file, os.W_OK)):
         raise ConfigError(f"{flag} {path}: not writable", field=flag.lstrip("-"))
+
+
+def _file_path(text: str) -> str:
+    """An argparse type: a file to write. An empty one (an unset variable) was read as no
+    flag, and the run wrote no diagram."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("give a file to write; an empty path names none")
+    return text
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -93,7 +104,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     r.add_argument("--db", type=database_url,
                    help="database URL (default: a fresh SQLite file in a temp dir)")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
-    r.add_argument("--diagram", metavar="FILE.md", help="write a Mermaid sequence diagram")
+    r.add_argument("--diagram", metavar="FILE.md", type=_file_path,
+                   help="write a Mermaid sequence diagram")
     r.add_argument("--seed", type=int, default=0, help="seed for ids (same seed, same report)")
     r.set_defaults(handler=handle)
     ls = ssub.add_parser("list", help="list the bundled scenarios")

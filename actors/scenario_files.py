@@ -51,6 +51,9 @@ def resolve(spec: str) -> Path:
     if path.is_file():
         return path
     if path.suffix == ".py" or len(path.parts) > 1:
+        if path.is_dir():
+            raise ConfigError(f"scenario file {spec!r} is a folder; give a scenario's .py "
+                              "file", field="scenario")
         raise ConfigError(f"scenario file {spec!r} does not exist", field="scenario")
     known = bundled()
     if spec not in known:

@@ -78,6 +78,31 @@ def test_a_diagram_path_that_cannot_be_written_is_refused_before_running(tmp_pat
     assert result.stdout == ""
 
 
+def test_an_empty_diagram_path_is_a_usage_error_before_running(tmp_path: Path) -> None:
+    """``--diagram ""`` was read as no flag: the run went on and wrote no diagram."""
+    ran = tmp_path / "ran"
+    path = script(tmp_path, f"def run(sc):\n    open({str(ran)!r}, 'w').close()\n")
+    result = kinbox("scenario", "run", str(path), "--diagram", "")
+    assert result.returncode == 2, result.stderr
+    assert "argument --diagram: " in result.stderr and "Traceback" not in result.stderr
+    assert not ran.exists()
+
+
+def test_a_diagram_folder_that_is_a_file_and_a_scenario_that_is_a_folder_are_named_so(
+        tmp_path: Path) -> None:
+    """Each was refused as something that "does not exist", which it does."""
+    (tmp_path / "a-file").write_text("")
+    path = script(tmp_path, "def run(sc):\n    pass\n")
+    result = kinbox("scenario", "run", str(path), "--diagram", str(tmp_path / "a-file" / "x.md"))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"kinbox: --diagram {tmp_path / 'a-file' / 'x.md'}: "
+                                     f"{str(tmp_path / 'a-file')!r} is a file, not a folder")
+    result = kinbox("scenario", "run", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"kinbox: scenario file {str(tmp_path)!r} is a folder; "
+                                     "give a scenario's .py file")
+
+
 def test_scenario_list_names_the_bundled_scenarios() -> None:
     result = kinbox("scenario", "list")
     assert result.returncode == 0, result.stderr
