@@ -8,8 +8,8 @@ send-only (it serves and writes, and never claims a row) and says so.
 
 Binding anything but loopback is an explicit choice: it needs the Host
 names to answer (``--allow-host``) and an operator token
-(``--token-file`` or ``$KINBOX_OPERATOR_TOKEN``) that state-changing calls
-must present, and it prints a warning. Answering a name that is not
+(``--token-file`` or ``$KINBOX_OPERATOR_TOKEN``) that every call but ``GET /``
+and ``/healthz`` must present, and it prints a warning. Answering a name that is not
 loopback (behind a proxy on this machine) needs the token too.
 
 uvicorn runs on its own thread so that the main thread keeps kinbox's
@@ -117,7 +117,7 @@ def app_for(rt: Runtime, host: str = "127.0.0.1", allowed_hosts: Sequence[str] =
 
     It answers loopback names, ``allowed_hosts``, and the bind address
     ``host`` itself when that is one address (not ``0.0.0.0``);
-    ``operator`` is the token state-changing calls must present.
+    ``operator`` is the token every call but ``GET /`` and ``/healthz`` must present.
     """
     hosts = [*LOOPBACK_HOSTS, *allowed_hosts]
     if host not in WILDCARD_ADDRESSES and host not in hosts:
@@ -144,7 +144,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="a Host name to answer besides loopback (repeatable)")
     p.add_argument("--token-file", metavar="PATH",
                    help="file whose first line is the operator token (else "
-                        "$KINBOX_OPERATOR_TOKEN); state changes then need "
+                        "$KINBOX_OPERATOR_TOKEN); every call but GET / and /healthz then needs "
                         "'Authorization: Bearer <token>'")
     p.set_defaults(handler=handle, parser=p)
 
@@ -289,7 +289,8 @@ def _announce(args: argparse.Namespace, sock: socket.socket, delivering: bool,
     why = _exposure(args)
     if why:
         print(f"kinbox serve: WARNING: {why}; answering Host {', '.join(args.allow_host)} "
-              "and loopback names; state-changing calls need the operator token",
+              "and loopback names; every call but GET / and /healthz needs the operator token",
               file=sys.stderr)
     elif has_token:
-        print("kinbox serve: state-changing calls need the operator token", file=sys.stderr)
+        print("kinbox serve: every call but GET / and /healthz needs the operator token",
+              file=sys.stderr)

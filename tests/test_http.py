@@ -257,7 +257,31 @@ def test_state_changes_need_the_operator_token_when_one_is_set(make_runtime: Mak
         assert srv.request("POST", read, {"Authorization": "Bearer s3cre"})[0] == 401
         assert srv.request("POST", read, {"Authorization": "Basic s3cret"})[0] == 401
         assert srv.request("POST", read, {"Authorization": "Bearer s3cret"})[0] == 200
-        assert srv.request("GET", "/focal")[0] == 200  # reads need no token
+    finally:
+        srv.close()
+
+
+def test_with_a_token_set_reads_need_it_too_but_the_index_and_healthz(
+        make_runtime: MakeRuntime, tmp_path: Path) -> None:
+    """A token is set because others can reach the server (it is required off loopback):
+    the reads answered anyone, and they hold message bodies (Focal's last message, the
+    notifications, cron prompts and results)."""
+    rt = make_runtime(brain=quiet_brain, data_dir=tmp_path / "data")
+    job = rt.cron.add("digest", "0 9 * * *", "the private prompt")["job_id"]
+    srv = Served(app_for(rt, operator=OperatorToken.from_secret("s3cret")))
+    try:
+        reads = ["/focal", "/focal/panel", "/focal/notifications", "/cron/jobs",
+                 f"/cron/jobs/{job}", f"/cron/jobs/{job}/runs", "/cron/runs"]
+        for path in reads:
+            status, headers, body = srv.exchange("GET", path)
+            assert (status, body["error"], headers["WWW-Authenticate"]) == (
+                401, "unauthorized", "Bearer"), path
+            assert "private" not in json.dumps(body)
+            assert srv.request("GET", path, {"Authorization": "Bearer wrong"})[0] == 401
+            assert srv.request("GET", path, {"Authorization": "Bearer s3cret"})[0] == 200
+        for path in ["/", "/healthz"]:  # what it serves and whether it is up: no secrets
+            assert srv.request("GET", path)[0] == 200
+        assert srv.request("GET", "/nope")[0] == 404
     finally:
         srv.close()
 

@@ -433,7 +433,9 @@ def test_a_non_loopback_bind_names_its_hosts_and_needs_the_operator_token(
     warning = cmd.wait_line("WARNING")
     assert "0.0.0.0" in warning and "kinbox.test" in warning
     named = {"Host": "kinbox.test"}
-    assert get(port, "/focal", headers=named)[0] == 200
+    assert get(port, "/focal", headers=named)[0] == 401  # reads hold message bodies
+    assert get(port, "/focal", headers={**named, "Authorization": f"Bearer {secret}"})[0] == 200
+    assert get(port, "/healthz", headers=named)[0] == 200
     status, body = get(port, "/focal", headers={"Host": "evil.example"})
     assert (status, body["error"]) == (400, "invalid_host")
     read = "/focal/notifications/read"

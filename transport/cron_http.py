@@ -14,8 +14,9 @@
     POST   /cron/announcements/drain       take the UI's announcements of finished runs:
                                            {announcements, dropped (since the last drain)}
 
-State-changing calls follow the app's rule (the ``refusal`` it hands over:
-the ``X-Kinbox: 1`` header, or its operator token), like every other. The
+Every call follows the app's rule (the ``refusal`` it hands over: the
+``X-Kinbox: 1`` header on state-changing calls, or its operator token on
+every call when one is set), like every other route's. The
 backend's calls touch the database, so they run on a worker thread, never
 on the event loop.
 """
@@ -105,7 +106,9 @@ def _whole(request: Request, name: str, default: int, low: int, high: int) -> in
 def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
     """The cron routes; ``refusal`` is the app's rule for state-changing calls."""
 
-    async def jobs(request: Request) -> JSONResponse:
+    async def jobs(request: Request) -> Response:
+        if (refused := refusal(request)) is not None:
+            return refused
         limit = _whole(request, "limit", RUNS_LIMIT, 1, RUNS_LIMIT)
         offset = _whole(request, "offset", 0, 0, OFFSET_LIMIT)
         if limit is None or offset is None:
@@ -132,7 +135,9 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
                                                   f"known: {list(ADD_FIELDS)}")
         return await _call(lambda: backend.add(body), 201)
 
-    async def one(request: Request) -> JSONResponse:
+    async def one(request: Request) -> Response:
+        if (refused := refusal(request)) is not None:
+            return refused
         return await _call(lambda: backend.job(request.path_params["job_id"]))
 
     def action(verb: str) -> Callable[[Request], Any]:
@@ -142,7 +147,9 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
             return await _call(lambda: backend.act(verb, request.path_params["job_id"]))
         return handler
 
-    async def runs(request: Request) -> JSONResponse:
+    async def runs(request: Request) -> Response:
+        if (refused := refusal(request)) is not None:
+            return refused
         limit = _whole(request, "limit", 50, 1, RUNS_LIMIT)
         if limit is None:
             return error(422, "invalid_argument", f"limit must be a whole number 1..{RUNS_LIMIT}")

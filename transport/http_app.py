@@ -10,7 +10,10 @@ routes and ``GET /healthz`` says whether the runtime can serve (200) or not
 State-changing calls (``DELETE``, ``POST``) must carry ``X-Kinbox: 1``, which
 a cross-site form cannot send; when the operator set a token
 (:class:`.OperatorToken`, required off loopback) they must carry
-``Authorization: Bearer <token>`` instead.
+``Authorization: Bearer <token>`` instead, and so must reads: a token is set
+because others can reach the server, and the reads hold message bodies
+(Focal's last message, notifications, cron prompts and results). ``GET /``
+and ``/healthz`` (what is served, whether it is up) answer without it.
 
 The backend's methods block (they read and write the database), so every
 handler runs them on a worker thread, never on the event loop: a slow
@@ -43,10 +46,12 @@ STATE_HEADER = "x-kinbox"
 HEALTH_THREADS = 2
 """Threads reserved for ``/healthz``, apart from the pool the other routes share."""
 
-Handler = Callable[[Request], Awaitable[JSONResponse]]
+Handler = Callable[[Request], Awaitable[Response]]
 
 Refusal = Callable[[Request], Response | None]
-"""The app's rule for state-changing calls: why ``request`` may not go on, or None."""
+"""The app's rule for its guarded routes: why ``request`` may not go on, or None. A read
+(``GET``, ``HEAD``) needs the operator token when one is set; a state-changing call needs
+it, or ``X-Kinbox: 1`` when none is set."""
 
 
 class HttpBackend(Protocol):
@@ -103,15 +108,23 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
     health_limiter: list[CapacityLimiter] = []  # made on first use, inside the event loop
 
     def refusal(request: Request) -> Response | None:
-        """Why a state-changing request may not go on, or None when it may."""
+        """Why a request to a guarded route may not go on, or None when it may."""
+        reading = request.method in ("GET", "HEAD")
         if operator is not None:
             if operator.allows(request.headers.get("authorization")):
                 return None
-            return error(401, "unauthorized", "state-changing calls need the operator token: "
-                         "Authorization: Bearer <token>", {"WWW-Authenticate": "Bearer"})
-        if request.headers.get(STATE_HEADER) == "1":
+            return error(401, "unauthorized", f"{'reads' if reading else 'state-changing calls'}"
+                         " need the operator token: Authorization: Bearer <token>",
+                         {"WWW-Authenticate": "Bearer"})
+        if reading or request.headers.get(STATE_HEADER) == "1":
             return None
         return error(403, "forbidden", "state-changing calls need the header X-Kinbox: 1")
+
+    def guarded(handler: Handler) -> Handler:
+        async def checked(request: Request) -> Response:
+            refused = refusal(request)
+            return refused if refused is not None else await handler(request)
+        return checked
 
     async def index(request: Request) -> JSONResponse:
         return JSONResponse({"service": "kinbox", "routes": [
@@ -133,9 +146,6 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
         return JSONResponse(await run_in_threadpool(backend.focal_panel))
 
     async def cancel(request: Request) -> JSONResponse:
-        refused = refusal(request)
-        if refused is not None:
-            return refused
         job_id = request.path_params["job_id"]
         if not await run_in_threadpool(backend.cancel_wakeup, job_id):
             return error(404, "not_found", f"no Focal wake-up with id {job_id!r}")
@@ -145,9 +155,6 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
         return JSONResponse(await run_in_threadpool(backend.notifications))
 
     async def read(request: Request) -> JSONResponse:
-        refused = refusal(request)
-        if refused is not None:
-            return refused
         await run_in_threadpool(backend.mark_read)
         return JSONResponse(await run_in_threadpool(backend.notifications))
 
@@ -179,7 +186,9 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
         ("/focal/notifications", ["GET"], feed, "the user notification feed"),
         ("/focal/notifications/read", ["POST"], read, "mark the notifications read"),
     ]
-    routes: list[BaseRoute] = [Route(path, handler, methods=methods)
+    open_paths = ("/", "/healthz")
+    routes: list[BaseRoute] = [Route(path, handler if path in open_paths else guarded(handler),
+                                     methods=methods)
                                for path, methods, handler, _ in table]
     routes += [*extra_routes, *(guarded_routes(refusal) if guarded_routes is not None else ())]
     return Starlette(routes=routes,
