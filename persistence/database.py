@@ -164,6 +164,8 @@ def open_database(url: str, *, synchronous: Synchronous = "FULL",
     if scheme == "sqlite" and read_only:
         return _sqlite_read_only(url, path)
     try:
+        if scheme == "sqlite":
+            _create_private(path)
         # PostgreSQL: kinbox's own class (see pg_database), from the URL as db_url reads it.
         db = (SqliteDatabase(path, **options) if scheme == "sqlite"
               else PostgresDatabase(**_pg_settings(url)))
@@ -173,6 +175,17 @@ def open_database(url: str, *, synchronous: Synchronous = "FULL",
     except Exception as exc:  # driver errors vary by backend; all mean "cannot open"
         raise DatabaseOpenError(url, str(exc).strip() or type(exc).__name__) from exc
     return db
+
+
+def _create_private(path: str) -> None:
+    """Create a missing SQLite file empty (SQLite's new database) with mode 0600: it holds
+    every transcript, and SQLite would create it with the umask's mode (0644 under 022),
+    readable by every user of the machine. SQLite gives the WAL and shared-memory files
+    the database file's mode, so they stay private too. A file that exists keeps its mode."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:  # there already, or another process created it first
+        pass
 
 
 def _sqlite_read_only(url: str, path: str) -> peewee.Database:

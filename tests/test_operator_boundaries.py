@@ -333,3 +333,31 @@ def test_cron_runs_limit_is_checked_as_a_usage_error_with_the_range_it_takes(
     assert done.returncode == 2 and "Traceback" not in err, err
     assert "expected a number from 1 to 500, got 501" in err
     assert kinbox_bytes("cron", "runs", "--db", cli_db, "--limit", "500").returncode == 0
+
+
+# -- files: a database kinbox creates is its user's alone --------------------------------------
+
+@pytest.mark.timeout(90)
+def test_a_sqlite_database_kinbox_creates_is_readable_by_its_user_only(tmp_path: Path) -> None:
+    """The file took the umask's mode (0644 under 022): in the data directory, a folder
+    kinbox makes with its parents' default mode, every user of the machine could read every
+    transcript. SQLite gives its WAL and shared-memory files the database file's mode."""
+    home = tmp_path / "home"
+    env = {**{k: v for k, v in os.environ.items() if k != "KINBOX_DB"},
+           "KINBOX_HOME": str(home)}
+    done = subprocess.run([sys.executable, "-m", "kinbox.actors", "db", "upgrade"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT, env=env,
+                          umask=0o022)
+    assert done.returncode == 0, done.stderr
+    child = ("import json, os, sys\nfrom kinbox.actors import Runtime\n"
+             "with Runtime(db='sqlite:///' + sys.argv[1], brain=lambda turn: 'ok') as rt:\n"
+             "    rt.post(rt.create_session(None, 'a').id, 'hello')\n"
+             "    rt.run_until_idle()\n"
+             "    print(json.dumps({n: oct(os.stat(sys.argv[1] + n).st_mode & 0o777)\n"
+             "                      for n in ('', '-wal', '-shm')}))\n")
+    done = subprocess.run([sys.executable, "-c", child, str(tmp_path / "app.db")],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT, env=env,
+                          umask=0o022)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"": "0o600", "-wal": "0o600", "-shm": "0o600"}
+    assert oct((home / "kinbox.db").stat().st_mode & 0o777) == "0o600"
