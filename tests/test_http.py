@@ -286,6 +286,15 @@ def test_with_a_token_set_reads_need_it_too_but_the_index_and_healthz(
         srv.close()
 
 
+def test_the_bearer_token_may_follow_more_than_one_space() -> None:
+    """HTTP puts one or more spaces between scheme and credentials (RFC 9110, 11.4); a
+    token after two was refused, though no token starts with a space."""
+    token = OperatorToken.from_secret("s3cret")
+    assert token.allows("Bearer  s3cret") and token.allows("bearer \ts3cret ")
+    assert not token.allows("Bearer s3cre") and not token.allows("Bearer  ")
+    assert not token.allows("Bearers3cret") and not token.allows("Basic s3cret")
+
+
 def test_the_operator_token_keeps_only_a_hash() -> None:
     token = OperatorToken.from_secret("s3cret")
     assert "s3cret" not in repr(token) and not hasattr(token, "__dict__")

@@ -46,8 +46,10 @@ class OperatorToken:
         return hmac.compare_digest(self._digest, _digest(presented))
 
     def allows(self, authorization: str | None) -> bool:
-        """True when an ``Authorization`` header value is ``Bearer <the token>``."""
+        """True when an ``Authorization`` header value is ``Bearer <the token>`` (one or
+        more spaces between them, as HTTP allows; a token never has any around it)."""
         scheme, _, credentials = (authorization or "").partition(" ")
+        credentials = credentials.strip()
         return scheme.lower() == BEARER and bool(credentials) and self.matches(credentials)
 
     def __repr__(self) -> str:
