@@ -283,7 +283,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    help="every failed row matching --target / --kind")
     p.add_argument("--target", type=_session_id,
                    help="with --all-failed: only rows addressed to this session")
-    p.add_argument("--kind", help="with --all-failed: only rows of this kind")
+    p.add_argument("--kind", type=_kind, help="with --all-failed: only rows of this kind")
     p.set_defaults(handler=inbox_requeue)
     p = common(isub.add_parser("cancel", help="give up on a pending or failed row"))
     p.add_argument("message_id")
@@ -330,4 +330,11 @@ def _session_id(text: str) -> str:
     """A ``--target``: an empty id names no session (and must not read as no filter)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a session id, got an empty one")
+    return text
+
+
+def _kind(text: str) -> str:
+    """A ``--kind``: an empty one names no kind (and must not read as no filter either)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a message kind, got an empty one")
     return text

@@ -361,3 +361,13 @@ def test_a_sqlite_database_kinbox_creates_is_readable_by_its_user_only(tmp_path:
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"": "0o600", "-wal": "0o600", "-shm": "0o600"}
     assert oct((home / "kinbox.db").stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.timeout(60)
+def test_an_empty_kind_filter_is_a_usage_error_as_an_empty_target_is(cli_db: str) -> None:
+    """``--kind ""`` (an unset variable) filtered on a kind no row has: the command said
+    "requeued 0 failed row(s)" with status 0, as if none had failed."""
+    done = kinbox_bytes("inbox", "requeue", "--all-failed", "--kind", " ", "--db", cli_db)
+    err = done.stderr.decode()
+    assert done.returncode == 2 and "Traceback" not in err, err
+    assert "argument --kind: expected a message kind, got an empty one" in err
