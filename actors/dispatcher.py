@@ -31,6 +31,18 @@ from .slots import Slots
 log = logging.getLogger("kinbox.dispatcher")
 
 
+def tick_interval_for(tick_interval: float, lease_seconds: float) -> float:
+    """The runtime's tick: every ``tick_interval``, but at least four times a lease.
+
+    Leases (of running turns, here, and of cron runs) are renewed on the tick once a third
+    of a lease has passed since the last renewal. A tick farther apart than that (a
+    ``tick_interval`` raised to poll less, as with many workers) let a live turn's lease
+    run out between two ticks, and another process took its row over and ran the turn
+    again while this one still ran it. A quarter keeps each renewal at most about half a
+    lease after the last, whatever the tick."""
+    return min(tick_interval, lease_seconds / 4)
+
+
 class Dispatcher(pykka.ThreadingActor):
     """Claims due inbox rows and starts their turns on the slot table."""
 

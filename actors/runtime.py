@@ -51,7 +51,7 @@ from .clock import Clock, ManualClock, SystemClock
 from .context import Observer, RuntimeContext
 from .cron import CronService
 from .data_dirs import data_dir_for, resolve_data_dir
-from .dispatcher import Dispatcher
+from .dispatcher import Dispatcher, tick_interval_for
 from .errors import ConfigError, IdleTimeout, RuntimeStateError
 from .exit_stop import stop_at_exit
 from .family import Buckets
@@ -152,7 +152,8 @@ class Runtime(RecordsApi):
         self._ctx: RuntimeContext | None = None
         self._observers: list[Observer] = []
         self._state = "new"
-        self._ticker = Ticker(tick_interval, self._tick, self._wake)
+        self._ticker = Ticker(tick_interval_for(tick_interval, lease_seconds), self._tick,
+                              self._wake)
         self._unsubscribe: Callable[[], None] | None = None
         self._lock: ExclusiveLock | None = None
         self._liveness: OwnerLiveness | None = None

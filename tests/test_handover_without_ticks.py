@@ -44,6 +44,7 @@ def test_a_closed_loop_of_sends_to_busy_sessions_needs_no_tick(tmp_path: Path) -
             handled.extend(m.message_id for m in turn.messages)
 
     rt = Runtime(db=f"sqlite:///{tmp_path / 'k.db'}", brain=brain, tick_interval=NO_TICK,
+                 lease_seconds=4 * NO_TICK,
                  clock=LateOnSessionThreads()).start()
     try:
         project = rt.create_project("loop").id

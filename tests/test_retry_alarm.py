@@ -62,7 +62,8 @@ def test_every_retry_runs_when_its_backoff_ends_without_a_tick(tmp_path: Path,
     once, and that claim finds both rows.)"""
     brain = FailsFirst()
     rt = Runtime(db=f"sqlite:///{tmp_path / 'k.db'}", brain=brain,
-                 tick_interval=NO_TICK).start()
+                 tick_interval=NO_TICK,
+                 lease_seconds=4 * NO_TICK).start()
     try:
         project = rt.create_project("retry").id
         sids = [rt.create_session(project, f"S{k}").id for k in range(sessions)]

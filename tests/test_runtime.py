@@ -221,7 +221,8 @@ def test_rows_taken_over_after_a_crash_run_back_to_back_not_one_per_tick(
     # Taken-over rows run one at a time; with no tick in the test's time (and no
     # run_until_idle, which nudges), each must start the next when it is done.
     seen, brain = recorder()
-    rt = Runtime(db=db_url, brain=brain, clock=clock, tick_interval=3600).start()
+    rt = Runtime(db=db_url, brain=brain, clock=clock, tick_interval=3600,
+                 lease_seconds=4 * 3600).start()
     try:
         wait_for(lambda: len(seen) == 4, timeout=20, what="the four taken-over rows to run")
         assert sorted(c for _, c in seen) == ["#0", "#1", "#2", "#3"]
@@ -241,7 +242,8 @@ def test_suspects_held_back_behind_one_that_fails_at_its_takeover_still_run(
     j.mark_turn_started("dead-worker", "poison", 1)
     prepared.close()
     seen, brain = recorder()
-    rt = Runtime(db=db_url, brain=brain, clock=clock, tick_interval=3600).start()
+    rt = Runtime(db=db_url, brain=brain, clock=clock, tick_interval=3600,
+                 lease_seconds=4 * 3600).start()
     try:
         wait_for(lambda: len(seen) == 3, timeout=20, what="the three other rows to run")
         assert sorted(c for _, c in seen) == ["#1", "#2", "#3"]

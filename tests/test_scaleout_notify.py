@@ -21,6 +21,8 @@ pytestmark = pytest.mark.postgres
 CHILD = Path(__file__).with_name("post_child.py")
 NO_POLL = 60.0
 """A tick interval longer than the tests: only a notification can wake the dispatcher."""
+NO_POLL_LEASE = 4 * NO_POLL
+"""A lease long enough that the tick, at most a quarter of a lease apart, stays NO_POLL."""
 
 
 class Seen:
@@ -41,7 +43,8 @@ def listener_stats(rt: Runtime) -> dict[str, int]:
 def test_a_send_from_another_process_is_claimed_at_once_without_polling(
         pg_url: str, tmp_path: Path) -> None:
     seen = Seen()
-    rt = Runtime(db=pg_url, brain=seen, tick_interval=NO_POLL, data_dir=str(tmp_path)).start()
+    rt = Runtime(db=pg_url, brain=seen, tick_interval=NO_POLL, lease_seconds=NO_POLL_LEASE,
+                 data_dir=str(tmp_path)).start()
     try:
         sid = rt.create_session(rt.create_project("n").id, "N").id
         wait_for(lambda: listener_stats(rt).get("connects") == 1, what="the listener")
@@ -60,7 +63,8 @@ def test_a_send_from_another_process_is_claimed_at_once_without_polling(
 def test_the_listener_reconnects_after_its_connection_is_killed(
         pg_url: str, tmp_path: Path) -> None:
     seen = Seen()
-    rt = Runtime(db=pg_url, brain=seen, tick_interval=NO_POLL, data_dir=str(tmp_path)).start()
+    rt = Runtime(db=pg_url, brain=seen, tick_interval=NO_POLL, lease_seconds=NO_POLL_LEASE,
+                 data_dir=str(tmp_path)).start()
     sender = Runtime(db=pg_url, data_dir=str(tmp_path)).start()  # another connection, no brain
     admin = open_database(pg_url)
     try:
@@ -104,7 +108,8 @@ def test_a_send_stamped_ahead_of_this_clock_is_claimed_when_due_not_at_the_next_
     # wakes finds the row not yet due. It must come back for it then, not a tick later.
     lag = 0.3
     seen = Seen()
-    rt = Runtime(db=pg_url, brain=seen, tick_interval=NO_POLL, clock=LaggingClock(lag),
+    rt = Runtime(db=pg_url, brain=seen, tick_interval=NO_POLL, lease_seconds=NO_POLL_LEASE,
+                 clock=LaggingClock(lag),
                  data_dir=str(tmp_path)).start()
     sender = Runtime(db=pg_url, clock=LaggingClock(0.0), data_dir=str(tmp_path)).start()
     try:
