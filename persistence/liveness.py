@@ -10,9 +10,12 @@ the lock is free. So "can I take owner X's lock?" answers "is X gone?",
 and the rows X leased can be taken over at once, while a live owner, however
 slow, keeps its lock and its rows.
 
-The lock key is (``LOCK_CLASS``, ``hashtext(owner)``); a hash collision can
-only make a dead owner look alive (its rows then wait for their leases, as
-before), never the reverse.
+The lock key is (``LOCK_CLASS``, ``hashtext(owner)``), 32 bits of hash. Two
+owners whose keys collide cannot both hold their locks: the second runtime's
+start fails (after :data:`LOCK_WAIT`) rather than wait for the first to die,
+and a new start draws a new owner id. So an owner whose key this runtime holds
+is one that died before it started; a dead owner whose key a live one holds
+looks alive, and its rows wait for their leases, as they did before life locks.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ from .errors import LifeLockLost, PersistenceError
 LOCK_CLASS = 0x6B62
 """The first key of kinbox's advisory locks ("kb"), apart from other applications' locks."""
 
+LOCK_WAIT = "5s"
+"""How long taking the life lock waits (``lock_timeout``): another runtime's check holds an
+owner's lock for an instant; only a live runtime whose owner id collides holds it longer,
+and waiting for that one meant waiting, at start, for as long as it lived."""
+
 
 class OwnerLiveness:
     """One runtime's life lock on a PostgreSQL database, and the check on other owners."""
@@ -40,13 +48,19 @@ class OwnerLiveness:
 
     def hold(self) -> None:
         """Take this runtime's life lock on a connection of its own (kept until release)."""
+        conn = None
         try:
             conn = self.db._connect()
             conn.autocommit = True
             with conn.cursor() as cur:
+                cur.execute(f"SET lock_timeout = '{LOCK_WAIT}'")
                 cur.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (LOCK_CLASS, self.owner))
         except Exception as exc:
-            raise PersistenceError(f"cannot take the runtime's life lock: {exc}") from exc
+            if conn is not None:
+                conn.close()
+            raise PersistenceError(f"cannot take the runtime's life lock (a live runtime "
+                                   f"whose owner id shares its key holds it, or the "
+                                   f"database failed): {exc}") from exc
         self._conn = conn
 
     def gone(self, owners: Iterable[str]) -> set[str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kinbox.actors import DatabaseFailed, Runtime, Turn
+from kinbox.persistence import LifeLockLost, OwnerLiveness, PersistenceError, open_database
 
 from .helpers import end_database_sessions, wait_for
 
@@ -197,3 +198,50 @@ def test_a_tick_longer_than_the_lease_does_not_let_a_live_slow_turn_be_robbed(
         a.stop()
         if b is not None:
             b.stop()
+
+
+def colliding_owners(pg_url: str) -> tuple[str, str]:
+    """Two owner ids whose life locks share a key (``hashtext`` is 32 bits: among a few
+    hundred thousand ids some pairs collide)."""
+    db = open_database(pg_url)
+    try:
+        row = db.execute_sql(
+            "SELECT array_agg(o ORDER BY o) FROM (SELECT 'owner-' || i AS o "
+            "FROM generate_series(1, 300000) AS i) ids GROUP BY hashtext(o) "
+            "HAVING count(*) > 1 LIMIT 1").fetchone()
+    finally:
+        db.close()
+    return row[0][0], row[0][1]
+
+
+@pytest.mark.timeout(60)
+def test_a_runtime_whose_life_lock_another_live_runtime_holds_fails_to_start_not_hangs(
+        pg_url: str) -> None:
+    """Two owner ids whose lock keys collide: the second runtime's start waited for the
+    first one's life lock for as long as the first lived. It fails instead, and says why;
+    the first keeps its lock."""
+    first, second = colliding_owners(pg_url)
+    db = open_database(pg_url)
+    holder, late = OwnerLiveness(db, first), OwnerLiveness(db, second)
+    outcome: list[BaseException | None] = []
+    try:
+        holder.hold()
+        attempt = threading.Thread(target=lambda: outcome.append(_hold(late)), daemon=True)
+        attempt.start()
+        attempt.join(30)  # the lock wait, and then some
+        assert len(outcome) == 1, "the second hold() still waits"
+        assert isinstance(outcome[0], PersistenceError)
+        assert not isinstance(outcome[0], LifeLockLost)
+        assert holder.gone([]) == set()  # the first one's lock is still there
+    finally:
+        late.release()
+        holder.release()
+        db.close()
+
+
+def _hold(liveness: OwnerLiveness) -> BaseException | None:
+    try:
+        liveness.hold()
+    except BaseException as exc:
+        return exc
+    return None
