@@ -257,6 +257,16 @@ class Journal(InboxReads):
     def _claim_more_op(self, owner: str, target: str, after_seq: int, now: float,
                        lease: float, limit: int) -> list[ClaimedRow]:
         m = self.t.inbox
+        # Fenced: only while ``owner`` still holds its turn's row. A worker paused past its
+        # lease whose row was taken over must not lease the rows the new owner's turn is to
+        # chain into. On PostgreSQL the rows read here are locked (a takeover's claim skips
+        # them; a chaining commit's lease is seen, not overwritten).
+        lock = self.bulk.postgres
+        turn = m.select(m.message_id).where(
+            m.target_chat_id == target, m.status == core.PROCESSING, m.lease_owner == owner,
+            m.seq <= after_seq).limit(1)
+        if (turn.for_update() if lock else turn).first() is None:
+            return []
         candidates = (m.select().where(m.target_chat_id == target, pw.SQL(is_open()),
                                        m.seq > after_seq)
                       .order_by(m.seq).limit(limit))
@@ -267,14 +277,15 @@ class Journal(InboxReads):
             # read as it is now: one no longer open is not among them.
             candidates = candidates.for_update()
         taken: list[InboxMessage] = []
-        for r in candidates:  # contiguous due rows only, so per-target order holds
+        for r in candidates.for_update() if lock else candidates:
             if r.status != core.PENDING or r.available_at > now:
-                break
+                break  # contiguous due rows only, so per-target order holds
             taken.append(r)
         if taken:
             m.update(status=core.PROCESSING, lease_owner=owner,
                      lease_until=now + lease, updated_at=now).where(
-                m.message_id.in_([r.message_id for r in taken])).execute()
+                m.message_id.in_([r.message_id for r in taken]),
+                m.status == core.PENDING).execute()
         return [_claimed(r) for r in taken]
 
     def claim_more(self, owner: str, target: str, after_seq: int, now: float, *,

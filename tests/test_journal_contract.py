@@ -235,3 +235,19 @@ def test_concurrent_workers_never_claim_the_same_row_or_two_rows_of_one_target(
     finally:
         for w in workers:
             w.close()
+
+
+def test_steering_by_a_worker_whose_turn_was_taken_over_leases_nothing(stores: Stores) -> None:
+    """A worker paused past its lease resumes mid-turn and steers: its row was taken over
+    and runs elsewhere, so it may lease none of the target's later rows (they belonged to
+    the new owner's turn, which chains into them). It leased them all, unfenced."""
+    j = stores.journal
+    for mid in ("a1", "a2", "a3"):
+        send(j, mid, "A")
+    head = j.claim("w1", T0, lease=30).rows[0]
+    taken = j.claim("w2", T0 + 31, lease=30).rows
+    assert [(r.message_id, r.taken_over) for r in taken] == [("a1", True)]
+    assert j.claim_more("w1", "A", head.seq, T0 + 32) == []
+    assert [(r["message_id"], r["status"], r["lease_owner"]) for r in j.rows()] == [
+        ("a1", "processing", "w2"), ("a2", "pending", None), ("a3", "pending", None)]
+    assert [r.message_id for r in j.claim_more("w2", "A", head.seq, T0 + 32)] == ["a2", "a3"]
