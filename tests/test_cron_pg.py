@@ -220,10 +220,12 @@ def test_a_dead_runtimes_run_is_taken_over_at_once_not_when_its_lease_ends(
 
 
 @pytest.mark.timeout(60)
-def test_a_live_run_longer_than_its_lease_is_not_taken_over(pg_url: str) -> None:
+@pytest.mark.parametrize("tick", [0.2, 30.0])
+def test_a_live_run_longer_than_its_lease_is_not_taken_over(pg_url: str, tick: float) -> None:
     """A run's lease was renewed only when cron looked at its table (job times, the 15 s
     poll): a run longer than its lease was taken over by another process and run again
-    while its own process still ran it. The runtime's tick now renews it."""
+    while its own process still ran it. The runtime's tick now renews it, and comes often
+    enough for that however long a ``tick_interval`` the runtime was given."""
     started, gate = threading.Event(), threading.Event()
 
     def slow(turn: Turn) -> str:
@@ -232,7 +234,7 @@ def test_a_live_run_longer_than_its_lease_is_not_taken_over(pg_url: str) -> None
         return "done"
 
     lease = 1.5
-    with Runtime(db=pg_url, brain=slow, lease_seconds=lease) as owner, \
+    with Runtime(db=pg_url, brain=slow, lease_seconds=lease, tick_interval=tick) as owner, \
             Runtime(db=pg_url, brain=slow, lease_seconds=lease) as other:
         job = owner.cron.add("digest", "0 9 * * *", "Summarize")
         owner.cron.trigger(job["job_id"])
