@@ -16,6 +16,7 @@ target across processes.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -25,7 +26,7 @@ import peewee as pw
 from . import inbox_core as core
 from . import set_wise
 from .bulk_sql import BulkSql
-from .errors import RowNotFound, WriterClosed
+from .errors import PersistenceError, RowNotFound, WriterClosed
 from .hot_path import CLAIM_COLUMNS, Head, HotPath, is_open
 from .inbox_reads import InboxReads, row_to_dict
 from .inbox_records import (
@@ -41,6 +42,8 @@ from .inbox_records import (
 )
 from .models import InboxMessage, Tables
 from .writer import WRITE_TIMEOUT, Bulk, GroupCommitWriter, Reply
+
+log = logging.getLogger("kinbox.journal")
 
 __all__ = ["DEFAULT_LEASE_SECONDS", "ClaimResult", "ClaimedRow", "EnqueueResult", "Journal",
            "NewMessage", "TurnEntry"]
@@ -235,13 +238,33 @@ class Journal(InboxReads):
         # The common rows in two statements (pg_claims); what needs more by the full rules.
         plain = self.bulk.pg.claim_plain(owner, transport, now, now + lease, limit, sorted(ex))
         rows = [ClaimedRow.from_head(h) for h in plain.rows]
-        if not plain.special or len(rows) >= limit:
-            return ClaimResult(self._stood(owner, rows, now), [], next_due=plain.next_due)
-        with self.t.db.atomic():
-            rest = self._claim_op(owner, now, lease, limit - len(rows),
-                                  ex | {r.target for r in rows}, transport, suspects)
-        return ClaimResult(self._stood(owner, rows + rest.rows, now), rest.acked_by_marker,
-                           rest.held_back, plain.next_due, rest.failed)
+        leased = rows
+        try:
+            if not plain.special or len(rows) >= limit:
+                return ClaimResult(self._stood(owner, rows, now), [], next_due=plain.next_due)
+            with self.t.db.atomic():
+                rest = self._claim_op(owner, now, lease, limit - len(rows),
+                                      ex | {r.target for r in rows}, transport, suspects)
+            leased = rows + rest.rows
+            return ClaimResult(self._stood(owner, leased, now), rest.acked_by_marker,
+                               rest.held_back, plain.next_due, rest.failed)
+        except BaseException:
+            # The plain rows' leases committed with their statement, and the caller, told
+            # the claim failed, will never start them: left leased to a live worker they
+            # would wait out the lease and come back as suspects. Hand them back unrun.
+            self._hand_back(owner, [r.message_id for r in leased], now)
+            raise
+
+    def _hand_back(self, owner: str, ids: list[str], now: float) -> None:
+        """Release ``ids``, leased to ``owner`` by a claim that then failed; a release that
+        fails too leaves them to their lease (the claim's own error is the one raised)."""
+        if not ids:
+            return
+        try:
+            self.release(owner, ids, now)
+        except PersistenceError as exc:
+            log.warning("a failed claim could not hand back %d leased rows (%s); they come "
+                        "back when their lease runs out", len(ids), type(exc).__name__)
 
     def _stood(self, owner: str, rows: list[ClaimedRow], now: float) -> list[ClaimedRow]:
         """``rows`` but those handed back because their session has a turn running

@@ -16,6 +16,7 @@ import pytest
 
 from kinbox.persistence import (
     DatabaseClock,
+    DatabaseFailed,
     LeaseLost,
     NewMessage,
     TurnEntry,
@@ -253,3 +254,35 @@ def test_a_claim_runs_beside_a_busy_writer_and_not_once_the_writer_stopped(
     finally:
         release.set()
         stores.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_claim_whose_takeover_part_fails_hands_back_the_rows_it_had_leased(
+        pg_url: str) -> None:
+    """A claim leases its plain rows in one statement, then takes over a dead worker's row
+    in a transaction of its own. When that transaction failed (here a lock the takeover's
+    history insert waits for, held by a stuck client), the claim raised and the plain
+    rows stayed leased to a live worker that never started them: a lease's time lost,
+    and then they came back as suspects, run one at a time. They are handed back now."""
+    s = Stores(pg_url)
+    stuck = open_database(pg_url)
+    try:
+        j, now = s.journal, 1000.0
+        j.enqueue(NewMessage("dead-row", "s0", "hi", sender="u"), now)
+        assert [r.message_id for r in j.claim("dead", now, lease=5).rows] == ["dead-row"]
+        j.mark_turn_started("dead", "dead-row", now)  # its takeover writes a history row
+        j.enqueue(NewMessage("plain", "s1", "hi", sender="u"), now)
+        with stuck.atomic():
+            stuck.execute_sql("LOCK TABLE agent_inbox_events IN EXCLUSIVE MODE")
+            s.db.execute_sql("SET lock_timeout = '200ms'")  # the claim's connection
+            with pytest.raises(DatabaseFailed):
+                j.claim("live", now + 10, lease=30)
+        s.db.execute_sql("RESET lock_timeout")
+        rows = {r["message_id"]: (r["status"], r["lease_owner"]) for r in j.rows()}
+        assert rows == {"dead-row": ("processing", "dead"), "plain": ("pending", None)}
+        claimed = j.claim("live", now + 11, lease=30).rows
+        assert {(r.message_id, r.taken_over) for r in claimed} == {
+            ("plain", False), ("dead-row", True)}
+    finally:
+        stuck.close()
+        s.close()
