@@ -196,6 +196,15 @@ class BulkSql:
             busy |= self.hot.with_open_rows(part)
         return first, busy
 
+    def announce(self) -> None:
+        """PostgreSQL: have the current transaction notify :data:`~.inbox_notify.CHANNEL`
+        when it commits (other processes' listeners claim then), because it made rows
+        claimable: new ones, or rows handed back, requeued, or behind a cancelled head.
+        Sent with the transaction's next statement (or its ``COMMIT``); nothing on SQLite,
+        where one runtime delivers."""
+        if self.postgres:
+            defer(self.db, NOTIFY_SQL)
+
     def insert_inbox(self, rows: Sequence[Sequence[Any]], first: int | None = None
                      ) -> tuple[int, int | None]:
         """New rows, in order (``inbox_records.insert_params`` each); an id that already
@@ -211,8 +220,8 @@ class BulkSql:
             written = sum(int(self.db.execute_sql(
                 _PG_NEW_ROWS, (json_rows(part, len(_NEW_ROW)),)).fetchone()[0])
                 for part in pg_row_parts(rows))
-            if written:  # other processes' listeners hear of it at the commit
-                defer(self.db, NOTIFY_SQL)  # with the next statement (or the COMMIT)
+            if written:
+                self.announce()
             return written, None
         if first is None:
             first = self.next_seq()[0]

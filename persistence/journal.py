@@ -496,6 +496,7 @@ class Journal(InboxReads):
         m = self.t.inbox
         m.update(status=core.PENDING, lease_owner=None, lease_until=None,
                  turn_started_at=None, updated_at=now).where(m.message_id.in_(ids)).execute()
+        self.bulk.announce()  # handed back: other processes may claim them now
 
     def _release_one(self, item: set_wise.Release) -> None:
         owner, ids, now = item
@@ -529,6 +530,7 @@ class Journal(InboxReads):
                 break
         self.t.event.insert(message_id=message_id, at=now, attempts=row.attempts,
                             event=recorded, detail=detail(row)).execute()
+        self.bulk.announce()  # a requeued row, or the one behind a cancelled head, is due
         return row_to_dict(m.get(m.message_id == message_id))
 
     def _requeue_op(self, message_id: str, now: float) -> dict[str, Any]:

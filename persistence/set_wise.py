@@ -125,6 +125,7 @@ def release_all(sql: BulkSql, items: Sequence[Release]) -> list[None]:
     _fenced_by_owner([(owner, group) for owner, group, _ in items],
                      lambda group, owner: sql.hot.release_fenced(group, owner, now),
                      "a release lost a lease")
+    sql.announce()  # other processes may claim them now
     return [None] * len(items)
 
 

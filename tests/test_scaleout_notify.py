@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from kinbox.actors import Runtime, Turn
-from kinbox.persistence import open_database
+from kinbox.persistence import NewMessage, open_database
 from kinbox.persistence.inbox_notify import reconnect_delays
 
+from .conftest import Stores
 from .helpers import wait_for
 
 pytestmark = pytest.mark.postgres
@@ -123,3 +124,35 @@ def test_a_send_stamped_ahead_of_this_clock_is_claimed_when_due_not_at_the_next_
     finally:
         sender.stop()
         rt.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_row_an_operator_requeues_in_another_process_is_claimed_at_once(
+        pg_url: str, tmp_path: Path) -> None:
+    """Only sends notified: a failed row requeued from another process (``kinbox inbox
+    requeue``, the HTTP API of a send-only ``kinbox serve``) waited for the workers'
+    next poll. A requeue, a cancel and a hand-back notify as a send does."""
+    seen = Seen()
+    sender = Runtime(db=pg_url, data_dir=str(tmp_path)).start()  # no brain: sends only
+    rt = None
+    try:
+        sid = sender.create_session(sender.create_project("q").id, "Q").id
+        prepared = Stores(pg_url)
+        try:
+            j, now = prepared.journal, sender.context.now()
+            j.enqueue(NewMessage("m-failed", sid, "again", max_attempts=1), now)
+            assert [r.message_id for r in j.claim("gone", now).rows] == ["m-failed"]
+            assert j.retry("gone", "m-failed", "boom", now).state.value == "failed"
+        finally:
+            prepared.close()
+        rt = Runtime(db=pg_url, brain=seen, tick_interval=NO_POLL, lease_seconds=NO_POLL_LEASE,
+                     data_dir=str(tmp_path)).start()
+        wait_for(lambda: listener_stats(rt).get("connects") == 1, what="the listener")
+        heard = listener_stats(rt)["notifications"]
+        sender.requeue("m-failed")
+        wait_for(lambda: "m-failed" in seen.at, timeout=5, what="the requeued row's turn")
+        assert listener_stats(rt)["notifications"] > heard
+    finally:
+        if rt is not None:
+            rt.stop()
+        sender.stop()
