@@ -26,7 +26,7 @@ import peewee as pw
 from . import inbox_core as core
 from . import set_wise
 from .bulk_sql import BulkSql
-from .errors import PersistenceError, RowNotFound, WriterClosed
+from .errors import LeaseLost, PersistenceError, RowNotFound, WriterClosed
 from .hot_path import CLAIM_COLUMNS, Head, HotPath, is_open
 from .inbox_reads import InboxReads, row_to_dict
 from .inbox_records import (
@@ -257,14 +257,20 @@ class Journal(InboxReads):
 
     def _hand_back(self, owner: str, ids: list[str], now: float) -> None:
         """Release ``ids``, leased to ``owner`` by a claim that then failed; a release that
-        fails too leaves them to their lease (the claim's own error is the one raised)."""
-        if not ids:
-            return
-        try:
-            self.release(owner, ids, now)
-        except PersistenceError as exc:
+        fails too leaves its row to its lease (the claim's own error is the one raised).
+        One at a time: a row the claim's stand-back already handed back (its answer lost
+        with the connection) is refused alone, not with the others."""
+        kept = []
+        for message_id in ids:
+            try:
+                self.release(owner, [message_id], now)
+            except LeaseLost:
+                pass  # handed back already, or no longer this owner's
+            except PersistenceError as exc:
+                kept.append(type(exc).__name__)
+        if kept:
             log.warning("a failed claim could not hand back %d leased rows (%s); they come "
-                        "back when their lease runs out", len(ids), type(exc).__name__)
+                        "back when their lease runs out", len(kept), kept[0])
 
     def _stood(self, owner: str, rows: list[ClaimedRow], now: float) -> list[ClaimedRow]:
         """``rows`` but those handed back because their session has a turn running
