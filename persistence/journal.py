@@ -288,8 +288,10 @@ class Journal(InboxReads):
         m = self.t.inbox
         # Fenced: only while ``owner`` still holds its turn's row. A worker paused past its
         # lease whose row was taken over must not lease the rows the new owner's turn is to
-        # chain into. On PostgreSQL the rows read here are locked (a takeover's claim skips
-        # them; a chaining commit's lease is seen, not overwritten).
+        # chain into. On PostgreSQL the rows read here are locked, as a fence's rows are
+        # (a takeover's claim skips them; a chaining commit's lease is seen, not
+        # overwritten; a row another process cancelled meanwhile is read as it is now, no
+        # longer open, and not leased anyway).
         lock = self.bulk.postgres
         turn = m.select(m.message_id).where(
             m.target_chat_id == target, m.status == core.PROCESSING, m.lease_owner == owner,
@@ -299,12 +301,6 @@ class Journal(InboxReads):
         candidates = (m.select().where(m.target_chat_id == target, pw.SQL(is_open()),
                                        m.seq > after_seq)
                       .order_by(m.seq).limit(limit))
-        if self.bulk.postgres:
-            # Locked as read, as a fence's rows are: another process (an operator's cancel)
-            # may change one between this read and the lease below, which would lease it
-            # anyway (a cancelled row run after all). Locked, a row changed meanwhile is
-            # read as it is now: one no longer open is not among them.
-            candidates = candidates.for_update()
         taken: list[InboxMessage] = []
         for r in candidates.for_update() if lock else candidates:
             if r.status != core.PENDING or r.available_at > now:
