@@ -30,6 +30,7 @@ from ..persistence import LeaseLost, PersistenceError, WriterClosed
 from .async_host import BrainAbandoned
 from .context import RuntimeContext, TurnEffects
 from .outbox import Outbox
+from .session_actor import wait_landed
 from .turn import Message, Turn, TurnOutcome
 from .turn_run import judge, prepare, take_result, turn_tools
 
@@ -284,9 +285,12 @@ class DirectTurns:
         now = ctx.now()
         ended = partial(ctx.store.end_direct_turn_now, session_id, ctx.owner, turn_id, now)
         try:
-            ctx.journal.complete_turn(ctx.owner, session_id, [], turn.entries(), now,
-                                      enqueue=effects.messages,
-                                      also=[*effects.ops, *commit_ops(turn), ended])
+            # A commit its batch took and then outran its wait may land yet: its outcome is
+            # waited for (a cron run or a social event taken as failed that had landed ran
+            # twice, or lost its reply), as an inbox turn's is.
+            wait_landed(ctx.journal.submit_turn(ctx.owner, session_id, [], turn.entries(), now,
+                                                enqueue=effects.messages,
+                                                also=[*effects.ops, *commit_ops(turn), ended]))
         except WriterClosed:
             raise
         except (LeaseLost, PersistenceError) as exc:

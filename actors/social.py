@@ -31,9 +31,9 @@ loses what was only in memory (no turn committed it).
 A turn's commit writes its events' delivery markers and is refused when one
 has a marker already, so a platform's retry that reached another runtime on
 the same PostgreSQL commits once, and only once are its replies sent. A commit
-whose waiter gave up while the writer ran it (its outcome unknown: it may land
-after) is settled by reading the journal once its batch is over: landed, its
-replies leave; not, its events run again (never both, never neither).
+whose batch outran its wait (it may land after) is waited for until it lands or
+fails: landed, its replies leave; failed, its events run again (never both,
+never neither).
 
 After a turn commits, its replies go to the platform's channel adapter
 (:mod:`.channels`) with the event's reply route; the outcome is recorded in

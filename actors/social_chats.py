@@ -7,9 +7,8 @@ the sender's steering that came too late, then the others' events, are next.
 A turn that could not run at all keeps its events: the chat tries again after
 a pause (:func:`.social_rules.stall_pause`), waiting on one shared thread
 (:mod:`.delayed`), not on the pool. A turn whose commit the database refused
-runs again, up to ``COMMIT_ATTEMPTS`` times; one whose commit's outcome is
-unknown is settled by the journal first (:mod:`.social_commit`). A committed
-turn's replies leave through the channel (:mod:`.channels`).
+runs again, up to ``COMMIT_ATTEMPTS`` times (its markers: :mod:`.social_commit`).
+A committed turn's replies leave through the channel (:mod:`.channels`).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from ..persistence import DuplicateError, WriterClosed
 from . import channels
 from . import social_rules as rules
 from .direct_turn import DirectOutcome, DirectTurns, TurnNotStarted
-from .social_commit import CommitWatch, outcome_unknown, record_events, resolve
+from .social_commit import record_events
 from .social_state import SocialState, turn_message
 from .turn import Message, Turn
 
@@ -94,8 +93,6 @@ class ChatTurns(SocialState):
             taken.extend(fresh)
             return [turn_message(e) for e in fresh]
 
-        watch = CommitWatch()
-
         def commit_ops(turn: Turn) -> list[Any]:
             unseen = {m.message_id for m in turn.close_steering() or []}
             ran = [e.event_id for e in taken if e.event_id not in unseen]
@@ -103,11 +100,10 @@ class ChatTurns(SocialState):
             patch = {"social_reply_route": dict(last.reply_route),
                      "social_last_sender": last.sender_id}
             now = self.ctx.now()
-            watch.event_ids = ran
             # The patch first: on PostgreSQL its row lock makes the commits of a thread's
             # turns one at a time across runtimes, so the marker check below is exact.
             return [lambda: self.ctx.store.patch_config_now(sid, patch, now),
-                    lambda: record_events(self.ctx, sid, ran, now, watch)]
+                    lambda: record_events(self.ctx, sid, ran, now)]
 
         try:
             self._ensure_session(event)
@@ -127,8 +123,6 @@ class ChatTurns(SocialState):
             with self._lock:
                 self._give_back(taken)
             return taken, True
-        if outcome_unknown(done.commit_error):
-            done = resolve(self.ctx, self._stop, sid, done, watch)
         if done.commit_error is not None and not isinstance(done.commit_error, DuplicateError):
             # The commit failed (a database error, its mark lost): nothing of the turn is
             # written, so its events run again, as when it could not start, up to

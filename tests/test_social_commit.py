@@ -1,18 +1,18 @@
-"""Social turns whose commit outcome is unknown (SO1): a waiter that gave up on a commit
-its writer had already taken (``WriteTimeout(withdrawn=False)``) learns from the journal
-whether it landed, and the event's reply leaves exactly once either way."""
+"""Social turns whose commit outcome is unknown (SO1): a waiter whose wait ran out on a
+commit its writer had already taken (``WriteTimeout(withdrawn=False)``) waits on for the
+outcome, and the event's reply leaves exactly once either way."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from functools import partial
 from typing import Any
 
 import pytest
 
-from kinbox.actors import Runtime
+from kinbox.actors import Runtime, session_actor
 from kinbox.actors import social_rules as rules
-from kinbox.persistence import journal as journal_module
 from kinbox.persistence.driver_errors import OperationalError
 
 from .social_helpers import MakeRuntime, SocialRt, event, social_runtime
@@ -23,13 +23,27 @@ def social_rt(make_runtime: MakeRuntime, any_db_url: str) -> SocialRt:
     return social_runtime(partial(make_runtime, db=any_db_url))
 
 
+class _Heard(logging.Handler):
+    """Sets ``event`` on the first warning of the session actors (a write that is slow)."""
+
+    def __init__(self, event: threading.Event) -> None:
+        super().__init__(logging.WARNING)
+        self.event = event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.event.set()
+
+
 def _stall_commit(rt: Runtime, monkeypatch: pytest.MonkeyPatch, *, lands: bool
                   ) -> threading.Event:
     """Hold the first social commit on the writer until its waiter gave up (the event
-    returned is set then); it then lands, or fails in the database (``lands``)."""
-    monkeypatch.setattr(journal_module, "WRITE_TIMEOUT", 0.5)  # the turn's commit waits this
+    returned is set then: the turn says its write is slow); it then lands, or fails in
+    the database (``lands``)."""
+    monkeypatch.setattr(session_actor, "WRITE_TIMEOUT", 0.5)  # the turn's commit waits this
     monkeypatch.setattr(rules, "stall_pause", lambda stalls: 0.01)
     gave_up = threading.Event()
+    logger = logging.getLogger("kinbox.session")
+    monkeypatch.setattr(logger, "handlers", [*logger.handlers, _Heard(gave_up)])
     rt.subscribe(lambda name, data: gave_up.set() if name == "lease_lost" else None)
     store = rt.context.store
     real_patch = store.patch_config_now
@@ -53,7 +67,7 @@ def test_a_commit_that_landed_after_its_waiter_gave_up_sends_its_reply_once(
     """The turn's commit was slow: the waiter gave up while the writer ran it, and it
     landed after. The event ran again, its rerun found the event's marker (\"ran
     elsewhere\") and nobody sent the reply: accepted with a 202, answered never. The
-    journal now says the commit landed: its reply leaves, once, and the brain ran once."""
+    turn now waits for the commit's outcome: its reply leaves, once, and the brain ran once."""
     rt, brain, sent = social_rt
     gave_up = _stall_commit(rt, monkeypatch, lands=True)
     rt.social.ingest(event("slow", event_id="Ev-1"))
