@@ -27,6 +27,11 @@ from apscheduler.triggers.cron import CronTrigger
 from .cron_rules import InvalidCronExpression, InvalidCronJob
 from .validation import unstorable
 
+EXPRESSION_LIMIT = 512
+"""Longest cron expression taken, in characters: every value of every field listed one by
+one is under 400; a longer one only costs CPU at each next-run computation (a 240 KB one
+took a second)."""
+
 WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 """Crontab's weekday numbers (0 and 7 are Sunday) as the names APScheduler reads."""
 _DAY = r"[A-Za-z]+|[0-9]{1,2}"
@@ -85,6 +90,9 @@ def cron_trigger(expr: str, timezone: str = "UTC") -> BaseTrigger:
         raise InvalidCronExpression(repr(expr), "give the expression as a string")
     if not expr.strip():
         raise InvalidCronExpression(expr, "the expression is empty")
+    if len(expr) > EXPRESSION_LIMIT:  # each next-run computation walks every list item
+        raise InvalidCronExpression(f"{expr[:40]}...", f"it has {len(expr):,} characters; "
+                                    f"the limit is {EXPRESSION_LIMIT}")
     problem = unstorable(expr)
     if problem is not None:  # APScheduler's error would quote the character raw
         raise InvalidCronExpression(expr, f"it {problem}")

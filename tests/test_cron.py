@@ -171,6 +171,18 @@ def test_a_digit_of_another_script_is_refused_in_every_field(expr: str) -> None:
         next_fire(expr, START)
 
 
+def test_a_cron_expression_is_bounded_and_every_full_list_fits() -> None:
+    """A 240 KB expression was stored, and each next-run computation walked it (a
+    second of CPU each). Every value of every field listed one by one still fits."""
+    every = " ".join(",".join(str(v) for v in values) for values in (
+        range(60), range(24), range(1, 32), range(1, 13), range(7)))
+    assert next_fire(every, START) == START + 60
+    long = "0 9 * * " + ",".join(["1"] * 300)
+    with pytest.raises(rules.InvalidCronExpression, match="the limit is 512") as caught:
+        next_fire(long, START)
+    assert len(str(caught.value)) < 300  # the expression is not quoted whole
+
+
 def test_the_announcement_queue_is_bounded_and_drained() -> None:
     queue = Announcements(bound=3)
     for i in range(5):
