@@ -32,6 +32,7 @@ from ..persistence import (
 from ..persistence.inbox_core import State
 from ..persistence.opened import opened
 from ..transport.frames import shown
+from ..transport.key_file import private_folder
 from .clock import Clock, SystemClock
 from .errors import ConfigError
 from .runtime import Runtime
@@ -232,7 +233,7 @@ def db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
     url = args.db or default_url()
     path = sqlite_path(url)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_folder(path.parent)
     db = open_database(url)
     try:
         changes = upgrade(bind_tables(db))

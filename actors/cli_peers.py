@@ -33,6 +33,7 @@ from ..transport.grants import (
     secret_hash,
 )
 from ..transport.identity import DeviceIdentity
+from ..transport.key_file import private_folder
 from .cli_ops import _emit, _when, common, operator_clock
 from .data_dirs import add_data_dir_flag
 from .errors import ConfigError
@@ -51,8 +52,7 @@ def _peers(args: argparse.Namespace, *, create: bool = False, read_only: bool = 
     no schema, and refuse an old one."""
     url = args.db or default_url()
     if create and url.startswith("sqlite:///"):  # like the runtime: a new device's folder
-        Path(url[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True, exist_ok=True,
-                                                                     mode=0o700)
+        private_folder(Path(url[len("sqlite:///"):]).expanduser().parent)
     # upgrade: the peer tables may be newer than the runtime that made the file
     with opened(url, must_exist=not create, read_only=read_only,
                 schema=require_current if read_only else upgrade,

@@ -23,6 +23,7 @@ from ..persistence import (
     SessionRecord,
     TaskChange,
 )
+from ..transport.key_file import private_folder
 from . import access, task_rules
 from . import focal_context as fc
 from . import focal_heartbeat as hb
@@ -95,7 +96,7 @@ class Focal:
                     chat = ctx.store.session(FOCAL_ID)
                     assert chat is not None  # a session is never deleted
             if not chat.config.get("focal_heartbeat_initialized"):
-                self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+                private_folder(self.folder)
                 path = self.folder / "heartbeat.md"
                 if not path.exists():
                     path.write_text(hb.DEFAULT_FOCAL_HEARTBEAT)

@@ -45,6 +45,7 @@ from ..persistence import (
     sqlite_path,
     upgrade,
 )
+from ..transport.key_file import private_folder
 from . import subagents
 from .async_host import AsyncHost
 from .clock import Clock, ManualClock, SystemClock
@@ -174,7 +175,7 @@ class Runtime(RecordsApi):
                                     state=self._state)
         path = sqlite_path(self.url)
         if path is not None:  # a folder kinbox makes is its user's alone (messages are there)
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            private_folder(path.parent)
         db = open_database(self.url, synchronous=self.synchronous)  # type: ignore[arg-type]
         tables = bind_tables(db)
         # On PostgreSQL every process tells the time by the server's clock.

@@ -797,3 +797,18 @@ def test_run_until_idle_does_not_hammer_the_database_while_another_process_runs_
         if here is not None:
             here.stop()
         other.stop()
+
+
+def test_every_folder_a_runtime_makes_is_its_users_alone(tmp_path: Path,
+                                                         clock: ManualClock) -> None:
+    """``mkdir(parents=True, mode=0o700)`` gave 0700 to the last folder only: the ones
+    above it (a fresh ``$KINBOX_HOME``, say) took the umask's 0755, for anyone to list."""
+    import stat
+
+    top = tmp_path / "home"
+    rt = Runtime(db=f"sqlite:///{top / 'a' / 'b' / 'kinbox.db'}", brain=quiet_brain,
+                 clock=clock).start()
+    rt.stop()  # its start made the database's folders and the data folder beside it
+    made = [top, top / "a", top / "a" / "b", top / "a" / "b" / "kinbox-data"]
+    assert {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in made} == {
+        str(p): "0o700" for p in made}

@@ -31,10 +31,28 @@ def load_or_create(directory: str | os.PathLike[str]) -> DeviceIdentity:
         return _load(path)
 
 
+def private_folder(folder: str | os.PathLike[str]) -> Path:
+    """Make ``folder`` and every missing folder above it owner-only (0700), like ~/.ssh:
+    ``mkdir(parents=True, mode=0o700)`` gives that mode to the last one only, the others
+    the umask's (0755: anyone may list them). Folders that exist keep their mode."""
+    path = Path(folder)
+    missing = []
+    at = path
+    while not at.exists() and at != at.parent:
+        missing.append(at)
+        at = at.parent
+    for level in reversed(missing):
+        try:
+            level.mkdir(mode=0o700)
+        except FileExistsError:  # another process made it first
+            pass
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)  # a file in the way still raises
+    return path
+
+
 def install(directory: str | os.PathLike[str], identity: DeviceIdentity) -> DeviceIdentity:
     """Write ``identity`` as the device key of ``directory``; FileExistsError if it has one."""
-    folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)  # the user's alone, like ~/.ssh
+    folder = private_folder(directory)
     partial = folder / f".{KEY_FILE_NAME}.{os.getpid()}.{id(identity):x}"
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
