@@ -10,7 +10,6 @@ public API tests, scenarios and products use.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import time
@@ -18,7 +17,6 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import pykka
 
@@ -53,7 +51,7 @@ from .context import Observer, RuntimeContext
 from .cron import CronService
 from .data_dirs import data_dir_for, resolve_data_dir
 from .dispatcher import Dispatcher, tick_interval_for
-from .errors import ConfigError, IdleTimeout, RuntimeStateError
+from .errors import ConfigError, RuntimeStateError
 from .exit_stop import stop_at_exit
 from .family import Buckets
 from .focal import Focal
@@ -62,7 +60,9 @@ from .ids import new_id
 from .messages import Tick
 from .peers import PeerService
 from .running import RUNTIME_STOP
+from .runtime_options import check_options
 from .runtime_records import INBOX_STATES, RecordsApi
+from .runtime_watch import WatchApi
 from .services import Services
 from .shared_database import SharedDatabase
 from .slots import Slots
@@ -75,15 +75,13 @@ from .turn import Brain, Turn, is_async_brain
 SYSTEM_PROJECTS = (("default", "Default"), ("social", "Social"))
 """Projects that always exist (S4)."""
 
-IDLE_NUDGE_INTERVAL = 0.05
-"""Seconds between the claims :meth:`Runtime.run_until_idle` asks for while it waits."""
 
 log = logging.getLogger("kinbox.runtime")
 
 __all__ = ["INBOX_STATES", "SYSTEM_PROJECTS", "Runtime", "data_dir_for", "resolve_data_dir"]
 
 
-class Runtime(RecordsApi):
+class Runtime(RecordsApi, WatchApi):
     """A kinbox runtime on one database. Use as a context manager, or ``start``/``stop``.
 
     With a ``brain`` it runs turns: it claims due rows and delivers them. Without
@@ -100,27 +98,13 @@ class Runtime(RecordsApi):
                  ids: Callable[[], str] | None = None,
                  turn_timeout: float | None = None,
                  max_async_turns: int = 10_000, stop_grace: float = 10.0) -> None:
-        _count("max_active_sessions", max_active_sessions)
-        _count("max_live_sessions", max_live_sessions)
-        _count("max_async_turns", max_async_turns)
-        for name, seconds in (("lease_seconds", lease_seconds), ("idle_ttl", idle_ttl),
-                              ("tick_interval", tick_interval)):
-            _seconds(name, seconds)
-        if db is not None and not isinstance(db, str):
-            raise ConfigError(f"db must be a database URL string, got {type(db).__name__}",
-                              field="db")
-        if data_dir is not None and not isinstance(data_dir, str | os.PathLike):
-            raise ConfigError(f"data_dir must be a path, got {type(data_dir).__name__}",
-                              field="data_dir")
-        if clock is not None and not callable(getattr(clock, "now", None)):
-            raise ConfigError("clock must have a now() giving epoch seconds", field="clock")
-        if ids is not None and not callable(ids):
-            raise ConfigError("ids must be callable: ids() -> a new id", field="ids")
-        if turn_timeout is not None:
-            _seconds("turn_timeout", turn_timeout, " or None")
-        _seconds("stop_grace", stop_grace)
-        if brain is not None and not callable(brain):
-            raise ConfigError("brain must be callable: brain(turn)", field="brain")
+        check_options(db=db, brain=brain, clock=clock, ids=ids, data_dir=data_dir,
+                      counts={"max_active_sessions": max_active_sessions,
+                              "max_live_sessions": max_live_sessions,
+                              "max_async_turns": max_async_turns},
+                      seconds={"lease_seconds": lease_seconds, "idle_ttl": idle_ttl,
+                               "tick_interval": tick_interval, "stop_grace": stop_grace},
+                      turn_timeout=turn_timeout)
         self.url = db or default_url()
         self.send_only = brain is None
         """True when the runtime holds no brain: it never claims or delivers a row."""
@@ -453,89 +437,6 @@ class Runtime(RecordsApi):
                                     state=self._state)
         return self._require()
 
-    # -- observing -------------------------------------------------------------------------
-
-    def subscribe(self, observer: Observer) -> None:
-        """Call ``observer(event, data)`` for sends, claims, turns, retries, crashes.
-
-        Observers run on the thread where the event happens (a sender's, a session's, the
-        dispatcher's, and the event loop for an async brain's turns): keep them quick and
-        non-blocking; one that raises is logged and skipped."""
-        self._observers.append(observer)
-
-    @property
-    def context(self) -> RuntimeContext:
-        """The wiring shared by this runtime's actors (for extensions)."""
-        return self._require()
-
-    def statistics(self) -> dict[str, Any]:
-        """A snapshot: dispatcher state, row counts per state, writer counters."""
-        ctx = self._require()
-        stats = ctx.activity.snapshot()
-        stats["rows"] = ctx.journal.counts()
-        stats["running"] = ctx.turns.running()
-        if ctx.async_host is not None:
-            stats.update(ctx.async_host.statistics())
-        if self._writer is not None:
-            w = self._writer.statistics()
-            stats["writer"] = {"batches": w.batches, "operations": w.operations,
-                               "largest_batch": w.largest_batch}
-        if self._shared.listener is not None:
-            stats["listener"] = self._shared.statistics()
-        stats["alarms"] = self._ticker.alarms
-        return stats
-
-    def health(self, timeout: float = 2.0) -> dict[str, Any]:
-        """Is this runtime fit to serve? ``{"healthy": bool, "checks": {name: {"ok": ...}}}``.
-
-        ``runtime``: started and not stopped; ``database``: a read answers;
-        ``writer``: an empty operation commits within ``timeout`` seconds (a
-        writer that is alive but stuck is not healthy); ``dispatcher``: its
-        actor is alive, or ``send-only`` when there is no brain. Never raises:
-        a failing check says why in its ``error``.
-        """
-        return self._health.report(self._state, self._ctx, self._writer, self.send_only,
-                                   timeout)
-
-    def is_idle(self) -> bool:
-        """True when no turn runs, no claim is scheduled and no row is due."""
-        ctx = self._require()
-        snap = ctx.activity.snapshot()
-        if snap["busy"] or snap["claim_pending"]:
-            return False
-        if self._services is not None and not self._services.is_idle():
-            return False
-        return not ctx.journal.has_due(ctx.now())
-
-    def run_until_idle(self, timeout: float = 10.0) -> None:
-        """Wait until nothing can run before the next due time; :class:`IdleTimeout` after
-        ``timeout``. A row in backoff, and the rows queued behind it, do not keep the
-        runtime busy: move an injected clock (or wait) for them to come due."""
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-            raise ConfigError(f"timeout must be a positive number of seconds, not {timeout!r}",
-                              field="timeout")
-        ctx = self._running()
-        if self.send_only:
-            raise RuntimeStateError("a send-only runtime (no brain) runs no turns, so it is "
-                                    "never busy delivering; give Runtime a brain to deliver",
-                                    state="send-only")
-        deadline = time.monotonic() + timeout
-        nudged = -math.inf
-        while not self.is_idle():
-            snap = ctx.activity.snapshot()
-            if (not snap["busy"] and not snap["claim_pending"]
-                    and time.monotonic() - nudged >= IDLE_NUDGE_INTERVAL):
-                # Due rows and nothing on the way (a backoff ran out, say): nudge. Only
-                # then: a nudge while a claim is pending would keep the dispatcher busy.
-                # And not on every pass: a claim's end wakes the next one, and a row
-                # another process runs keeps this one from idling without being claimable.
-                ctx.wake_dispatcher()
-                nudged = time.monotonic()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise IdleTimeout(timeout, self.statistics())
-            ctx.activity.wait(min(remaining, 0.05))
-
     # -- services --------------------------------------------------------------------------
 
     @property
@@ -567,20 +468,6 @@ class Runtime(RecordsApi):
     def get_or_create_focal_chat(self) -> SessionRecord:
         """The Focal chat ``focal-suzent``, created on first use (FO1)."""
         return self.focal.get_or_create_focal_chat()
-
-
-def _count(field: str, value: object) -> None:
-    """A runtime option that counts something: an integer >= 1 (booleans are not)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{field} must be an integer >= 1, got {value!r}", field=field)
-
-
-def _seconds(field: str, value: object, alternative: str = "") -> None:
-    """A runtime option that is a duration: a finite number of seconds > 0."""
-    if (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
-            or not math.isfinite(value)):
-        raise ConfigError(f"{field} must be a number of seconds > 0{alternative}, "
-                          f"got {value!r}", field=field)
 
 
 def _no_brain(turn: Turn) -> None:
