@@ -221,6 +221,18 @@ def test_pairing_proves_both_keys() -> None:
         hs.accept_pair(SERVER, NS, forged)
 
 
+def test_a_pairing_key_is_kept_in_its_one_canonical_spelling() -> None:
+    """The key was stored as the device spelled it: with base64's padding it was another
+    string for the same key, which the pairing retry (same key, same code) compares."""
+    import dataclasses
+
+    code = "kbp_" + "z" * 43
+    req = hs.pair(CLIENT, hs.challenge(SERVER, NS), code, NC, "laptop")
+    padded = dataclasses.replace(req, public_key=CLIENT.public_key + "=")
+    assert padded.public_key != CLIENT.public_key
+    assert hs.accept_pair(SERVER, NS, padded).public_key == CLIENT.public_key
+
+
 # -- the sender link -----------------------------------------------------------------------
 
 

@@ -154,7 +154,8 @@ def accept_pair(identity: DeviceIdentity, server_nonce: str, frame: f.Pair) -> P
                        secret_hash(frame.code))
     if not verify(frame.public_key, frame.signature, data):
         raise HandshakeRefused(Refusal.BAD_SIGNATURE)
-    return PairingProof(frame.device_id, frame.public_key, frame.name)
+    # Kept in one spelling (base64 may pad or not): stored keys are compared as text.
+    return PairingProof(frame.device_id, b64e(raw), frame.name)
 
 
 def paired(identity: DeviceIdentity, server_nonce: str, proof: PairingProof, sent: f.Pair,
