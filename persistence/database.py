@@ -221,7 +221,18 @@ def _pg_settings(url: str) -> dict[str, object]:
         settings["database"] = unquote(str(settings["database"]))
     if not settings.get("database"):
         raise ValueError("the URL names no database (postgresql://user@host/dbname)")
+    for name, value in PG_CONNECTION_DEFAULTS.items():  # the URL's own win
+        settings.setdefault(name, value)
     return settings
+
+
+PG_CONNECTION_DEFAULTS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30,
+                          "keepalives_interval": 10, "keepalives_count": 3}
+"""libpq settings of every connection kinbox opens, unless its URL gives them: a server
+that cannot be reached fails a connect in 10 s, and a connection that died without a word
+(a server gone, a firewall's dropped state) is found dead within about a minute instead of
+the kernel's two hours, so the life lock's and the listener's connections, which wait on
+their socket, do not hang a thread that long."""
 
 
 PG_PORT = 5432

@@ -367,3 +367,30 @@ def test_inbox_list_limit_shows_the_newest_rows_in_journal_order(five_rows_db: s
     assert [r["message_id"] for r in json.loads(done.stdout)] == ["m3", "m4"]
     done = kinbox("inbox", "list", "--json", "--db", five_rows_db)
     assert [r["message_id"] for r in json.loads(done.stdout)] == [f"m{i}" for i in range(5)]
+
+
+def test_a_postgres_connection_gives_up_on_a_silent_server_unless_its_url_says_otherwise(
+        ) -> None:
+    """No connect timeout and no TCP keepalive: a connect to an unreachable server, and a
+    connection whose server vanished without a word, waited for the kernel (minutes to
+    hours), holding the life lock's or the listener's thread."""
+    from kinbox.persistence.database import _pg_settings
+
+    settings = _pg_settings("postgresql://u@db.example:5432/kin")
+    assert (settings["connect_timeout"], settings["keepalives"],
+            settings["keepalives_idle"]) == (10, 1, 30)
+    mine = _pg_settings("postgresql://u@db.example/kin?connect_timeout=3&keepalives_idle=5")
+    assert (mine["connect_timeout"], mine["keepalives_idle"]) == (3, 5)
+
+
+@pytest.mark.timeout(60)
+def test_kinbox_connects_to_postgres_with_its_connection_defaults(pg_url: str) -> None:
+    from kinbox.persistence import open_database
+
+    db = open_database(pg_url)
+    try:
+        db.connect(reuse_if_open=True)
+        params = db.connection().get_dsn_parameters()
+        assert (params["connect_timeout"], params["keepalives_idle"]) == ("10", "30")
+    finally:
+        db.close()
