@@ -317,8 +317,8 @@ class SessionActor(PooledActor):
         last_seq = [row.seq]
 
         def fetch_steering() -> list[Message]:
-            more = ctx.journal.claim_more(ctx.owner, sid, last_seq[0], ctx.now(),
-                                          lease=ctx.lease_seconds)
+            more = ctx.journal.claim_more(ctx.owner, sid, row.message_id, last_seq[0],
+                                          ctx.now(), lease=ctx.lease_seconds)
             if more:
                 last_seq[0] = more[-1].seq
             return [Message.from_row(r) for r in more]

@@ -283,20 +283,19 @@ class Journal(InboxReads):
         back = self.bulk.pg.stand_back(owner, fresh, now)
         return [r for r in rows if r.message_id not in back] if back else rows
 
-    def _claim_more_op(self, owner: str, target: str, after_seq: int, now: float,
-                       lease: float, limit: int) -> list[ClaimedRow]:
+    def _claim_more_op(self, owner: str, target: str, turn_row: str, after_seq: int,
+                       now: float, lease: float, limit: int) -> list[ClaimedRow]:
         m = self.t.inbox
-        # Fenced: only while ``owner`` still holds its turn's row. A worker paused past its
-        # lease whose row was taken over must not lease the rows the new owner's turn is to
-        # chain into. On PostgreSQL the rows read here are locked, as a fence's rows are
-        # (a takeover's claim skips them; a chaining commit's lease is seen, not
+        # Fenced by the turn's own row: only while ``owner`` still holds it. A worker paused
+        # past its lease whose row was taken over must not lease the rows the new owner's
+        # turn is to chain into (rows it steered before are no proof: a takeover leaves
+        # them leased to it). On PostgreSQL the rows read here are locked, as a fence's
+        # rows are (a takeover's claim skips them; a chaining commit's lease is seen, not
         # overwritten; a row another process cancelled meanwhile is read as it is now, no
         # longer open, and not leased anyway).
         lock = self.bulk.postgres
-        turn = m.select(m.message_id).where(
-            m.target_chat_id == target, m.status == core.PROCESSING, m.lease_owner == owner,
-            m.seq <= after_seq).limit(1)
-        if (turn.for_update() if lock else turn).first() is None:
+        held = self.hot.fence_rows([turn_row]).get(turn_row)
+        if held is None or held[0] != core.PROCESSING or held[1] != owner:
             return []
         candidates = (m.select().where(m.target_chat_id == target, pw.SQL(is_open()),
                                        m.seq > after_seq)
@@ -313,11 +312,13 @@ class Journal(InboxReads):
                 m.status == core.PENDING).execute()
         return [_claimed(r) for r in taken]
 
-    def claim_more(self, owner: str, target: str, after_seq: int, now: float, *,
-                   lease: float = DEFAULT_LEASE_SECONDS, limit: int = 100) -> list[ClaimedRow]:
-        """Lease the target's next due rows after ``after_seq`` (steering into a running turn)."""
+    def claim_more(self, owner: str, target: str, turn_row: str, after_seq: int, now: float,
+                   *, lease: float = DEFAULT_LEASE_SECONDS,
+                   limit: int = 100) -> list[ClaimedRow]:
+        """Lease the target's next due rows after ``after_seq`` (steering into the running
+        turn of ``turn_row``): none unless ``owner`` still holds ``turn_row``."""
         return self.writer.call(
-            lambda: self._claim_more_op(owner, target, after_seq, now, lease, limit))
+            lambda: self._claim_more_op(owner, target, turn_row, after_seq, now, lease, limit))
 
     def renew(self, owner: str, targets: Sequence[str], until: float, now: float) -> int:
         """Extend every lease ``owner`` holds on rows of ``targets``; return how many."""

@@ -195,7 +195,7 @@ def test_steering_claims_the_next_due_rows_of_a_busy_target(stores: Stores) -> N
     for mid in ("a1", "a2", "a3"):
         send(j, mid, "A")
     head = j.claim("w1", T0).rows[0]
-    more = j.claim_more("w1", "A", head.seq, T0)
+    more = j.claim_more("w1", "A", head.message_id, head.seq, T0)
     assert [r.message_id for r in more] == ["a2", "a3"]
     j.complete_turn("w1", "A", ["a1", "a2", "a3"], [], T0)
     assert j.counts() == {"delivered": 3}
@@ -237,6 +237,23 @@ def test_concurrent_workers_never_claim_the_same_row_or_two_rows_of_one_target(
             w.close()
 
 
+def test_a_worker_that_steered_before_its_turn_was_taken_over_steers_nothing_after(
+        stores: Stores) -> None:
+    """The rows a worker steered into its turn stay leased to it when a takeover leases
+    the turn's head elsewhere: fenced by any of its rows, its next steer passed and leased
+    the rows the new owner's turn chains into."""
+    j = stores.journal
+    for mid in ("a1", "a2", "a3", "a4"):
+        send(j, mid, "A")
+    head = j.claim("w1", T0, lease=30).rows[0]
+    steered = j.claim_more("w1", "A", head.message_id, head.seq, T0, lease=30, limit=1)
+    assert [r.message_id for r in steered] == ["a2"]
+    taken = j.claim("w2", T0 + 31, lease=30).rows
+    assert [(r.message_id, r.taken_over) for r in taken] == [("a1", True)]
+    assert j.claim_more("w1", "A", head.message_id, steered[0].seq, T0 + 32) == []
+    assert {r["message_id"]: r["status"] for r in j.rows()}["a3"] == "pending"
+
+
 def test_steering_by_a_worker_whose_turn_was_taken_over_leases_nothing(stores: Stores) -> None:
     """A worker paused past its lease resumes mid-turn and steers: its row was taken over
     and runs elsewhere, so it may lease none of the target's later rows (they belonged to
@@ -247,7 +264,7 @@ def test_steering_by_a_worker_whose_turn_was_taken_over_leases_nothing(stores: S
     head = j.claim("w1", T0, lease=30).rows[0]
     taken = j.claim("w2", T0 + 31, lease=30).rows
     assert [(r.message_id, r.taken_over) for r in taken] == [("a1", True)]
-    assert j.claim_more("w1", "A", head.seq, T0 + 32) == []
+    assert j.claim_more("w1", "A", head.message_id, head.seq, T0 + 32) == []
     assert [(r["message_id"], r["status"], r["lease_owner"]) for r in j.rows()] == [
         ("a1", "processing", "w2"), ("a2", "pending", None), ("a3", "pending", None)]
-    assert [r.message_id for r in j.claim_more("w2", "A", head.seq, T0 + 32)] == ["a2", "a3"]
+    assert [r.message_id for r in j.claim_more("w2", "A", "a1", head.seq, T0 + 32)] == ["a2", "a3"]

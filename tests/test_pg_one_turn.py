@@ -357,7 +357,7 @@ def test_a_dead_owners_steered_row_does_not_make_its_takeover_stand_back(pg_url:
         j.enqueue(NewMessage("m10", "T", "first"), t0)
         assert [r.message_id for r in j.claim("Z", t0, lease=10).rows] == ["m10"]
         j.enqueue(NewMessage("m11", "T", "steered in"), t0 + 1)
-        assert [r.message_id for r in j.claim_more("Z", "T", 1, t0 + 5, lease=10)] == ["m11"]
+        assert [r.message_id for r in j.claim_more("Z", "T", "m10", 1, t0 + 5, lease=10)] == ["m11"]
         # Z dies. At t0 + 12 m10's lease (t0 + 10) ran out, m11's (t0 + 15) not yet.
         taken = [r.message_id for r in j.claim("B", t0 + 12).rows]
         # At t0 + 16 m11's lease ran out too.

@@ -142,7 +142,8 @@ def test_no_journal_statement_reads_the_whole_inbox_without_the_full_indexes(
     first, second = rows[0], rows[1]
     message_path: list[Callable[[], object]] = [
         lambda: journal.claim("w", now, limit=8),
-        lambda: journal.claim_more("w", first.target, first.seq, now),
+        lambda: journal.claim_more("w", first.target, first.message_id, first.seq,
+                                         now),
         lambda: journal.complete_turn("w", first.target, [first.message_id],
                                       [TurnEntry("assistant", "ok")], now, next_lease=30.0),
         lambda: journal.release("w", [second.message_id], now),
