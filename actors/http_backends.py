@@ -5,7 +5,8 @@ Protocols ask for and translate the runtime's errors into
 :class:`~kinbox.transport.BackendRefused` with a precise status: 404 for an
 unknown job, 422 for invalid input, 409 for a paused job triggered, 503
 when the social queue is full, this runtime runs no turns or it stopped, or the
-database fails.
+database fails, 504 when a write may yet commit (its database did not answer in
+time: read before retrying).
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ def _refusal(exc: Exception) -> BackendRefused:
         return BackendRefused(422, "invalid_argument", str(exc))
     if isinstance(exc, social_rules.SocialQueueFull):
         return BackendRefused(503, "queue_full", str(exc))
+    if isinstance(exc, WriteTimeout) and not exc.withdrawn:
+        # Taken by a batch that outran the wait: it may yet commit, and a blind retry
+        # would add a second job or fire a second run.
+        return BackendRefused(504, "outcome_unknown", "the database did not answer in time "
+                              "and the change may yet be made: read before trying again")
     if isinstance(exc, DatabaseFailed | WriteTimeout):
         # The driver's text may name paths, hosts or statements: the caller learns only
         # that this is worth retrying (the log keeps the rest).

@@ -341,3 +341,22 @@ def test_a_database_failure_is_a_503_that_the_platform_retry_gets_through(
     assert status == 202 and not got.get("duplicate"), got
     assert rt.social.wait_idle(10)
     assert len(sent) == 1
+
+
+def test_a_write_that_may_yet_commit_is_a_504_that_does_not_invite_a_retry(
+        served: tuple[Served, Runtime, list[tuple[Any, str]]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cron job's write taken by a batch that outran its wait may land after: answered
+    503 "try again", a client's retry made a second job. Withdrawn (never run), it is a
+    503 still."""
+    from kinbox.persistence import WriteTimeout
+
+    srv, rt, _ = served
+    job = json.dumps({"name": "digest", "cron": "*/5 * * * *", "prompt": "sum up"}).encode()
+    for withdrawn, answer in ((False, (504, "outcome_unknown")), (True, (503, "unavailable"))):
+        failures: list[str] = []
+        monkeypatch.setattr(rt.cron, "add", failing_once(
+            rt.cron.add, WriteTimeout(30.0, withdrawn=withdrawn), failures, "add"))
+        status, got = post(srv, "/cron/jobs", job, STATE)
+        assert failures == ["add"]
+        assert (status, got["error"]) == answer
