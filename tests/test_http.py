@@ -388,3 +388,28 @@ def test_the_host_guard_matches_exact_names_and_subdomain_patterns() -> None:
     for bad in ("bad host/x", "", "a_b c", "http://x"):
         with pytest.raises(ValueError):
             allowed_name(bad)
+
+
+def test_healthz_without_the_token_names_what_failed_but_not_the_drivers_text(
+        make_runtime: MakeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a token set, /healthz still answers anyone (a load balancer has no token), and
+    its failed checks carried the driver's text (a host, a user, a table) to them."""
+    from kinbox.actors import health
+    from kinbox.persistence.driver_errors import OperationalError
+
+    rt = make_runtime(data_dir=tmp_path / "data")
+
+    def failing_read(self: Any, ctx: Any, timeout: float) -> None:
+        raise OperationalError('connection to server at "10.0.0.5" failed for user "kinbox"')
+
+    monkeypatch.setattr(health.HealthChecks, "_read", failing_read)
+    srv = Served(app_for(rt, operator=OperatorToken.from_secret("s3cret")))
+    try:
+        status, body = srv.request("GET", "/healthz")
+        assert (status, body["checks"]["database"]["ok"]) == (503, False)
+        assert "10.0.0.5" not in json.dumps(body)
+        assert body["checks"]["database"]["error"] == "OperationalError"
+        status, body = srv.request("GET", "/healthz", {"Authorization": "Bearer s3cret"})
+        assert "10.0.0.5" in body["checks"]["database"]["error"]  # the operator sees why
+    finally:
+        srv.close()

@@ -100,10 +100,11 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
     """The Starlette application.
 
     ``allowed_hosts`` are the Host names it answers; ``operator``, when given,
-    is the token every state-changing call must present. ``extra_routes`` are
-    mounted beside the API as they are; ``guarded_routes(refusal)`` gives routes
-    built with the app's own rule for state-changing calls (the cron and social
-    routes), so that rule lives here only.
+    is the token every call but ``GET /`` and ``/healthz`` must present (``/healthz``
+    answers a caller without it with each failed check's error type only: a driver's
+    text may name hosts, users or tables). ``extra_routes`` are mounted beside the API
+    as they are; ``guarded_routes(refusal)`` gives routes built with the app's own rule
+    (the cron and social routes), so that rule lives here only.
     """
     health_limiter: list[CapacityLimiter] = []  # made on first use, inside the event loop
 
@@ -137,6 +138,8 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
         if not health_limiter:
             health_limiter.append(CapacityLimiter(HEALTH_THREADS))
         report = await anyio.to_thread.run_sync(backend.health, limiter=health_limiter[0])
+        if refusal(request) is not None:  # open to anyone: say what failed, not the text
+            report = _without_error_text(report)
         return JSONResponse(report, status_code=200 if report.get("healthy") else 503)
 
     async def focal(request: Request) -> JSONResponse:
@@ -195,3 +198,11 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
                      middleware=[Middleware(HostGuard, allowed_hosts=list(allowed_hosts))],
                      exception_handlers={HTTPException: http_error, BackendRefused: refused,
                                          500: failed})
+
+
+def _without_error_text(report: dict[str, Any]) -> dict[str, Any]:
+    """A health report with each check's ``error`` cut to its type (``TimeoutError``)."""
+    checks = {name: ({**check, "error": str(check["error"]).partition(":")[0]}
+                     if "error" in check else check)
+              for name, check in report.get("checks", {}).items()}
+    return {**report, "checks": checks}
