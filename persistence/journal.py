@@ -17,6 +17,7 @@ target across processes.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -248,7 +249,7 @@ class Journal(InboxReads):
             leased = rows + rest.rows
             return ClaimResult(self._stood(owner, leased, now), rest.acked_by_marker,
                                rest.held_back, plain.next_due, rest.failed)
-        except BaseException:
+        except Exception:
             # The plain rows' leases committed with their statement, and the caller, told
             # the claim failed, will never start them: left leased to a live worker they
             # would wait out the lease and come back as suspects. Hand them back unrun.
@@ -258,12 +259,15 @@ class Journal(InboxReads):
     def _hand_back(self, owner: str, ids: list[str], now: float) -> None:
         """Release ``ids``, leased to ``owner`` by a claim that then failed; a release that
         fails too leaves its row to its lease (the claim's own error is the one raised).
-        One at a time: a row the claim's stand-back already handed back (its answer lost
-        with the connection) is refused alone, not with the others."""
+        An item each, in one batch under one wait: a row the claim's stand-back already
+        handed back (its answer lost with the connection) is refused alone, set-wise
+        (:func:`.set_wise.release_all`), and the others go back."""
+        replies = [self.writer.submit_bulk(self._releases, (owner, [mid], now)) for mid in ids]
+        deadline = time.monotonic() + WRITE_TIMEOUT
         kept = []
-        for message_id in ids:
+        for reply in replies:
             try:
-                self.release(owner, [message_id], now)
+                reply.result(max(0.0, deadline - time.monotonic()))
             except LeaseLost:
                 pass  # handed back already, or no longer this owner's
             except PersistenceError as exc:
