@@ -6,7 +6,7 @@ The product registers one adapter per platform
 committed, so a reply is sent only if it is in the transcript. ``send`` may
 be a plain function or a coroutine function. A failing send is tried again
 after each of ``retry_delays``; one that raised :class:`.ChannelBusy` (the
-platform's 429 or 5xx; :func:`platform_error` maps an HTTP answer) no sooner
+platform's 408, 429 or 5xx; :func:`platform_error` maps an HTTP answer) no sooner
 than the platform asked (at most ``MAX_RETRY_AFTER``), one that raised
 :class:`.ChannelRefused` (a 4xx) not at all. Whatever happens, the outcome
 (sent, or why not) is recorded, and a channel that stays down loses nothing:

@@ -6,9 +6,10 @@ generic inbox, but through the same turn machinery: the rules of
 the async host's brain runner, as an inbox turn does; the outbox hooks
 add their effects, and the journal commits the transcript entries, those
 effects and the caller's own writes (the cron run record, the social reply
-route) in one transaction: :meth:`Journal.complete_turn` with no inbox rows
-to acknowledge. A caller's write that refuses (a run taken over by another
-runtime) undoes the whole commit.
+route) in one transaction: :meth:`Journal.submit_turn` with no inbox rows
+to acknowledge, waited for until it lands or fails
+(:func:`.session_actor.wait_landed`). A caller's write that refuses (a run taken
+over by another runtime) undoes the whole commit.
 
 The turns run on a small, bounded pool of threads owned here; a session
 runs one turn at a time (:meth:`RunningTurns.begin` waits). An async brain

@@ -104,7 +104,8 @@ def _whole(request: Request, name: str, default: int, low: int, high: int) -> in
 
 
 def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
-    """The cron routes; ``refusal`` is the app's rule for state-changing calls."""
+    """The cron routes; ``refusal`` is the app's rule for every call (see
+    :func:`.http_app.create_app`)."""
 
     async def jobs(request: Request) -> Response:
         if (refused := refusal(request)) is not None:
