@@ -5,7 +5,11 @@ The rules (token format, statuses, what a scope allows) live in
 token or a pairing code in plain text: callers pass their SHA-256.
 Redeeming an invite is a compare-and-set inside one transaction, so a code
 pairs one device even when two try at once; the same device redeeming it again
-(its answer was lost) gets its untouched grant with a new token.
+(its answer was lost) gets its untouched grant with a new token. What "untouched"
+means (the same key, still active, made by this code, never seen on a link) is
+decided here, in that transaction (``_redeem_again``), because it is a condition
+on rows that must not change between the read and the write; ``grants`` decides
+whether the code may be redeemed again at all.
 """
 
 from __future__ import annotations
