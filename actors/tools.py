@@ -131,7 +131,9 @@ class SubagentTools(FamilyTools, TaskTools):
     HELD = ("list_agents", "send", *TaskTools.HELD)
 
     def __getattr__(self, name: str) -> Any:
-        if name == "agent" or name.startswith("agent_"):
+        # ``start_child`` too: the awaitable ``agent`` (:mod:`.async_tools`) starts through
+        # it, and must meet the same refusal, not a missing attribute.
+        if name in ("agent", "start_child") or name.startswith("agent_"):
             def refused(*_args: Any, **_kwargs: Any) -> Any:
                 raise ToolError("execution_failed", NO_AGENT_TOOLS)
             return refused

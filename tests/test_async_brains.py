@@ -17,6 +17,7 @@ import pytest
 from kinbox.actors import ManualClock, Runtime, ToolError, Turn
 from kinbox.actors.focal import FOCAL_TITLE
 from kinbox.actors.running import RUNTIME_STOP
+from kinbox.actors.tools import NO_AGENT_TOOLS
 from kinbox.persistence import NewMessage
 
 from .conftest import Stores
@@ -329,6 +330,31 @@ def test_a_foreground_wait_ends_when_its_turn_is_asked_to_stop(make_runtime: Mak
     assert errors[0].startswith("Stopped while waiting for sub-agent")
     release.set()
     rt.run_until_idle(timeout=30)
+    assert rt.context.foreground_waits == 0
+
+
+def test_a_sub_agent_starting_a_sub_agent_gets_the_no_recursion_tool_error(
+        make_runtime: MakeRuntime, flavour: str) -> None:
+    """T5: children never hold the agent tools. The awaitable ``agent`` asked the sub-agent's
+    tools for ``start_child``, which they lack: a raw ``AttributeError`` reached the brain."""
+    outcomes: list[tuple[str, str]] = []
+
+    async def behaviour(turn: Turn, tools: Any) -> None:
+        for background in (True, False):
+            try:
+                await tools.agent(description="recurse", run_in_background=background)
+                outcomes.append(("started", ""))
+            except ToolError as exc:
+                outcomes.append((exc.code, exc.message))
+
+    rt = make_runtime(brain=brain_of(flavour, behaviour), max_active_sessions=2)
+    project = rt.create_project("fam")
+    parent = rt.create_session(project.id, "Mira")
+    child = rt.create_session(project.id, "Ben", kind="subagent", parent_id=parent.id)
+    rt.post(child.id, "go")
+    rt.run_until_idle()
+    assert outcomes == [("execution_failed", NO_AGENT_TOOLS)] * 2
+    assert {s.id for s in rt.sessions(project.id)} == {child.id, parent.id}
     assert rt.context.foreground_waits == 0
 
 
