@@ -163,7 +163,11 @@ class AgentTools(FamilyTools, TaskTools):
         n = require_int("limit", limit, 1, 50)
         caller = self._caller()
         me = subject(caller)
-        pool = (self._ctx.store.sessions(project_id=caller.project_id)
+        store = self._ctx.store
+        # The pool holds every session the caller may reach; the access rules then decide.
+        # Focal reaches every project (FO4), so its pool is not its own hidden project.
+        pool = (store.sessions() if access.is_focal(me)
+                else store.sessions(project_id=caller.project_id)
                 if caller.project_id is not None else [caller])
         visible = [listing(s) for s in pool
                    if access.decide("agent_list", me, subject(s)) == "allow"

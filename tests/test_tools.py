@@ -129,6 +129,20 @@ def test_list_shows_the_project_newest_first_without_hidden_or_foreign_sessions(
         world["loner"]]
 
 
+def test_focal_lists_the_sessions_of_every_project_it_may_address(world: dict[str, Any]
+                                                                   ) -> None:
+    """Focal reaches every project (FO4): its ``agent_list`` listed only its own hidden
+    project, so it showed nothing but itself while it could read and send to them all."""
+    rt = world["rt"]
+    focal = rt.tools_for(rt.get_or_create_focal_chat().id)
+    listed = {a["agent_id"] for a in focal.agent_list(limit=50)["agents"]}
+    visible = {world[k] for k in ("me", "peer", "social", "far", "loner")}
+    assert visible <= listed
+    assert not {world["dream"], world["wake"]} & listed  # hidden sessions never (S3)
+    for agent_id in listed:  # what it lists, it may address
+        assert focal.agent_read(agent_id)["agent_id"] == agent_id
+
+
 def test_list_limit_and_has_more(world: dict[str, Any]) -> None:
     tools = world["rt"].tools_for(world["me"])
     page = tools.agent_list(limit=2)
