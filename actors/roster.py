@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from .validation import quoted
+
 ROLES = ("parent", "sibling", "child")
 REACH_ERROR = "Agent reach is limited to parent, siblings, and children"
 
@@ -87,7 +89,7 @@ def resolve(entries: Sequence[Entry], role: str, name: str | None) -> Entry:
     """The one roster entry ``role``/``name`` designates; :class:`ResolveError` otherwise."""
     if role not in ROLES:
         raise ResolveError(Unresolved.BAD_ROLE, "receiver_role must be 'parent', 'sibling' "
-                           f"or 'child', got {role!r}")
+                           f"or 'child', got {quoted(role)}")
     if role == "parent":
         if name is not None:
             raise ResolveError(Unresolved.NAME_FOR_PARENT,
@@ -105,7 +107,7 @@ def resolve(entries: Sequence[Entry], role: str, name: str | None) -> Entry:
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise ResolveError(Unresolved.NO_MATCH, f"no {role} matches receiver_name {key!r}")
+        raise ResolveError(Unresolved.NO_MATCH, f"no {role} matches receiver_name {quoted(key)}")
     ids = ", ".join(e.id for e in matches)
     raise ResolveError(Unresolved.AMBIGUOUS, f"{len(matches)} {role}s match receiver_name "
-                       f"{key!r} ({ids}); use the id to pick one")
+                       f"{quoted(key)} ({ids}); use the id to pick one")

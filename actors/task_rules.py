@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ToolError
-from .validation import require_str
+from .validation import quoted, require_str
 
 TASK_STATUSES = ("pending", "in_progress", "blocked", "completed", "cancelled")
 OPEN_STATUSES = frozenset({"pending", "in_progress", "blocked"})
@@ -38,7 +38,7 @@ def check_update(current: TaskView, status: Any, blocked_on: Any,
                         "give at least one of status, blocked_on or reason to change.")
     if status is not None and status not in TASK_STATUSES:
         raise ToolError("invalid_argument",
-                        f"status must be one of {', '.join(TASK_STATUSES)}, got {status!r}.")
+                        f"status must be one of {', '.join(TASK_STATUSES)}, got {quoted(status)}.")
     if reason is not None:
         require_str("reason", reason)
         if len(reason.strip()) > REASON_LIMIT:

@@ -16,6 +16,7 @@ from .context import RuntimeContext
 from .errors import ToolError
 from .ids import short
 from .outbox import Writes
+from .validation import quoted
 
 
 def view(task: TaskRecord) -> task_rules.TaskView:
@@ -36,7 +37,7 @@ class TaskService:
         """Create a task for a session."""
         if status not in task_rules.OPEN_STATUSES:
             raise ToolError("invalid_argument",
-                            f"a new task starts as pending or in_progress, not {status!r}.")
+                            f"a new task starts as pending or in_progress, not {quoted(status)}.")
         task_id = f"task-{short(self.ctx.new_id(), 12)}"
         now = self.ctx.now()
         record = TaskRecord(task_id, project_id, chat_id, title, status, None, None, now, now)

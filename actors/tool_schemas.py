@@ -16,6 +16,7 @@ import copy
 from typing import Any
 
 from .errors import ToolError
+from .validation import quoted
 
 Schema = dict[str, Any]
 
@@ -130,7 +131,7 @@ def check_call(held: list[str], name: object, arguments: object, *,
                focal: bool = False) -> dict[str, Any]:
     """The arguments of a model's call to ``name``, or the ToolError the model should see."""
     if not isinstance(name, str) or name not in held:
-        raise ToolError("not_found", f"No tool named {name!r}; the tools you hold are: "
+        raise ToolError("not_found", f"No tool named {quoted(name)}; the tools you hold are: "
                                      f"{', '.join(held)}.")
     if arguments is None:
         arguments = {}
@@ -141,11 +142,12 @@ def check_call(held: list[str], name: object, arguments: object, *,
     odd = [k for k in arguments if not isinstance(k, str)]
     if odd:
         raise ToolError("invalid_argument", f"{name}'s argument names must be strings, not "
-                                            f"{', '.join(repr(k) for k in odd)}.")
+                                            f"{', '.join(quoted(k) for k in odd)}.")
     params = parameters(name, focal=focal)
     unknown = sorted(set(arguments) - set(params["properties"]))
     if unknown:
-        raise ToolError("invalid_argument", f"{name} has no argument {', '.join(unknown)}; "
+        raise ToolError("invalid_argument", f"{name} has no argument "
+                                            f"{', '.join(quoted(u) for u in unknown)}; "
                                             f"it takes {', '.join(params['properties'])}.")
     missing = [r for r in params["required"] if r not in arguments]
     if missing:

@@ -26,6 +26,7 @@ from .peers import is_peer_target
 from .subagents import TASK_KIND, task_message_id
 from .tasks import TaskService
 from .validation import (
+    ID_LIMIT,
     SEND_LIMIT,
     TITLE_LIMIT,
     require_choice,
@@ -114,7 +115,7 @@ class TaskTools:
     def task_update(self, task_id: Any, status: Any = None, blocked_on: Any = None,
                     reason: Any = None) -> dict[str, Any]:
         """Change a task's status, what it is blocked on, or the reason."""
-        tid = require_id("task_id", task_id)
+        tid = require_id("task_id", task_id, ID_LIMIT)
         caller = self._caller()
         return TaskService(self._ctx, self._writes).update(caller.id, tid, status, blocked_on,
                                                            reason).to_dict()
@@ -178,7 +179,7 @@ class AgentTools(FamilyTools, TaskTools):
 
     def agent_read(self, agent_id: Any) -> dict[str, Any]:
         """The target's visible transcript (user and assistant text), newest kept."""
-        target_id = require_id("agent_id", agent_id)
+        target_id = require_id("agent_id", agent_id, ID_LIMIT)
         caller = self._caller()
         if is_peer_target(target_id) and self._ctx.peers is not None:
             answer = self._ctx.peers.request(target_id, "read")
@@ -196,7 +197,7 @@ class AgentTools(FamilyTools, TaskTools):
         The Focal agent may also send to ``agent_id="new"`` with ``project_id``,
         ``title`` and ``task_title`` to start a session (FO4).
         """
-        target_id = require_id("agent_id", agent_id)
+        target_id = require_id("agent_id", agent_id, ID_LIMIT)
         text = require_message(message, SEND_LIMIT)
         caller = self._caller()
         ctx = self._ctx
@@ -234,7 +235,7 @@ class AgentTools(FamilyTools, TaskTools):
 
     def agent_stop(self, agent_id: Any) -> dict[str, Any]:
         """Ask the target's running turn to stop (cooperative)."""
-        target_id = require_id("agent_id", agent_id)
+        target_id = require_id("agent_id", agent_id, ID_LIMIT)
         caller = self._caller()
         if is_peer_target(target_id) and self._ctx.peers is not None:
             answer = self._ctx.peers.request(target_id, "stop")

@@ -17,6 +17,13 @@ SEND_LIMIT = 20_000
 TITLE_LIMIT = 512
 """Characters in a session title."""
 
+ID_LIMIT = 128
+"""Characters in the longest id a tool looks up (a session's or task's id column holds
+at most 128): a longer one names no row, and is refused rather than quoted back whole."""
+
+QUOTE_LIMIT = 80
+"""Characters of a caller's argument an error message quotes (:func:`quoted`)."""
+
 SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """A project slug: a letter or digit, then up to 63 letters, digits, ``.``, ``_`` or ``-``."""
 
@@ -52,6 +59,13 @@ def escaped(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
 
 
+def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters: a model's
+    runaway argument must not come back whole into its context (or a log line)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def require_str(name: str, value: Any) -> str:
     """``value`` must be a string that can be stored (:func:`unstorable`)."""
     if not isinstance(value, str):
@@ -63,11 +77,15 @@ def require_str(name: str, value: Any) -> str:
     return value
 
 
-def require_id(name: str, value: Any) -> str:
-    """A non-empty id string, stripped."""
+def require_id(name: str, value: Any, limit: int | None = None) -> str:
+    """A non-empty id string, stripped; at most ``limit`` characters when given (the
+    tools give :data:`ID_LIMIT`)."""
     text = require_str(name, value).strip()
     if not text:
         raise ToolError("invalid_argument", f"{name} must not be empty.")
+    if limit is not None and len(text) > limit:
+        raise ToolError("invalid_argument",
+                        f"{name} is {len(text):,} characters; an id has at most {limit}.")
     return text
 
 
@@ -100,7 +118,8 @@ def require_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     """One of ``choices``."""
     if not isinstance(value, str) or value not in choices:
         options = ", ".join(repr(c) for c in choices)
-        raise ToolError("invalid_argument", f"{name} must be one of {options}, got {value!r}.")
+        raise ToolError("invalid_argument",
+                        f"{name} must be one of {options}, got {quoted(value)}.")
     return value
 
 
@@ -110,5 +129,5 @@ def require_slug(value: Any, name: str = "slug") -> str:
     if not SLUG.fullmatch(text):
         raise ToolError("invalid_argument",
                         f"{name} must be 1 to 64 letters, digits, '.', '_' or '-', starting "
-                        f"with a letter or digit; got {text!r}.")
+                        f"with a letter or digit; got {quoted(text)}.")
     return text

@@ -76,6 +76,54 @@ def test_bad_send_arguments_are_invalid_and_write_nothing(world: dict[str, Any],
     assert world["rt"].inbox() == []
 
 
+HUGE = "x" * 100_000
+"""An argument no id, status or name can be: a model's runaway output."""
+
+
+@pytest.mark.parametrize("name", [
+    "agent_read", "agent_send", "agent_stop", "agent_list", "send_role", "send_name",
+    "task_create", "task_update_id", "task_update_status", "call_name", "call_key"])
+def test_a_huge_argument_is_refused_without_echoing_it_back(world: dict[str, Any],
+                                                            name: str) -> None:
+    """Ids of any length were looked up and quoted whole: a 100,000-character ``agent_id``
+    or status came back as a 100,000-character error, into the model's context."""
+    rt = world["rt"]
+    tools = rt.tools_for(world["me"])
+    task = tools.task_create("t")["task_id"]
+    calls: dict[str, Callable[[], object]] = {
+        "agent_read": lambda: tools.agent_read(HUGE),
+        "agent_send": lambda: tools.agent_send(HUGE, "hi"),
+        "agent_stop": lambda: tools.agent_stop(HUGE),
+        "agent_list": lambda: tools.agent_list(status=HUGE),
+        "send_role": lambda: tools.send("hi", HUGE),
+        "send_name": lambda: tools.send("hi", "sibling", HUGE),
+        "task_create": lambda: tools.task_create("t", HUGE),
+        "task_update_id": lambda: tools.task_update(HUGE, status="completed"),
+        "task_update_status": lambda: tools.task_update(task, status=HUGE),
+    }
+    if name.startswith("call_"):
+        args = {HUGE: 1} if name == "call_key" else {}
+        result = tools.call(HUGE if name == "call_name" else "agent_list", args)
+        assert result["error"] in ("invalid_argument", "not_found")
+        message = result["message"]
+    else:
+        with pytest.raises(ToolError) as info:
+            calls[name]()
+        assert info.value.code in ("invalid_argument", "not_found")
+        message = info.value.message
+    assert len(message) < 400, message[:200]
+    assert rt.inbox() == []
+
+
+def test_an_id_longer_than_any_row_holds_is_invalid_and_a_longest_one_is_looked_up(
+        world: dict[str, Any]) -> None:
+    tools = world["rt"].tools_for(world["me"])
+    err = refused(lambda: tools.agent_send("c" * 129, "hi"), "invalid_argument")
+    assert err.message == "agent_id is 129 characters; an id has at most 128."
+    refused(lambda: tools.agent_send("c" * 128, "hi"), "not_found",
+            f"Agent '{'c' * 128}' is not available in the current project.")
+
+
 def test_send_strips_the_message_and_accepts_exactly_20000_characters(world: dict[str, Any]
                                                                      ) -> None:
     tools = world["rt"].tools_for(world["me"])
