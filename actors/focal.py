@@ -34,7 +34,14 @@ from .ids import short
 from .outbox import Writes
 from .tasks import TaskService, view
 from .turn import Turn, TurnOutcome
-from .validation import TITLE_LIMIT, lookup_key, require_id, require_message, require_str
+from .validation import (
+    ID_LIMIT,
+    TITLE_LIMIT,
+    lookup_key,
+    require_id,
+    require_message,
+    require_str,
+)
 
 FOCAL_ID = access.FOCAL_ID
 FOCAL_PROJECT = "suzent-focal"
@@ -207,7 +214,7 @@ class Focal:
         (committed with the Focal turn that asks for it)."""
         ctx = self.ctx
         if project_id is not None:
-            project_id = require_id("project_id", project_id)
+            project_id = require_id("project_id", project_id, ID_LIMIT)
         project = ctx.store.project(project_id) if project_id is not None else None
         if project is None:
             raise ToolError("not_found", f"Project '{project_id}' does not exist.")

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 SCHEDULE_WAKEUP = "schedule_wakeup"
+NOTE_LIMIT = 2_000
+"""Longest wake-up note (``schedule_wakeup``'s ``note``), in characters."""
 
 FOCAL_TOOL_NAMES: tuple[str, ...] = (
     "agent_list", "agent_read", "agent_send", "agent_stop",

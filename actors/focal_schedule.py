@@ -24,6 +24,7 @@ from .context import RuntimeContext
 from .cron_rules import InvalidCronExpression
 from .errors import ToolError
 from .focal import FOCAL_ID, Focal, is_focal_chat
+from .focal_policy import NOTE_LIMIT
 from .ids import short
 from .outbox import Writes
 from .schedule_driver import POLL_SECONDS, ScheduleDriver
@@ -33,8 +34,6 @@ from .validation import lookup_key, unstorable
 log = logging.getLogger("kinbox.schedule")
 
 MAX_WAKEUPS = 20
-NOTE_LIMIT = 2_000
-"""Longest wake-up note, in characters."""
 LATEST_WAKEUP = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC).timestamp()
 """The last time a one-shot wake-up may be set for."""
 WAKEUP_KINDS = ("reminder", "check")

@@ -15,13 +15,17 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from .cron_rules import EXPRESSION_LIMIT
 from .errors import ToolError
-from .validation import quoted
+from .focal_policy import NOTE_LIMIT
+from .task_rules import REASON_LIMIT
+from .validation import ID_LIMIT, SEND_LIMIT, TITLE_LIMIT, quoted
 
 Schema = dict[str, Any]
 
-_ID = {"type": "string", "minLength": 1}
-_TEXT = {"type": "string", "minLength": 1, "maxLength": 20_000}
+_ID = {"type": "string", "minLength": 1, "maxLength": ID_LIMIT}
+_TEXT = {"type": "string", "minLength": 1, "maxLength": SEND_LIMIT}
+_TITLE = {"type": "string", "minLength": 1, "maxLength": TITLE_LIMIT}
 _TASK_STATUS = ["pending", "in_progress", "blocked", "completed", "cancelled"]
 
 TOOLS: dict[str, tuple[str, Schema, tuple[str, ...]]] = {
@@ -49,7 +53,7 @@ TOOLS: dict[str, tuple[str, Schema, tuple[str, ...]]] = {
         {"description": {**_TEXT, "description": "what the sub-agent should do"},
          "run_in_background": {"type": "boolean",
                                "description": "false: wait for the result (up to timeout)"},
-         "title": {"type": "string", "minLength": 1, "maxLength": 512},
+         "title": _TITLE,
          "timeout": {"type": "integer", "minimum": 1, "maximum": 3600,
                      "description": "seconds to wait in the foreground"}},
         ("description",)),
@@ -67,7 +71,7 @@ TOOLS: dict[str, tuple[str, Schema, tuple[str, ...]]] = {
         ("message",)),
     "task_create": (
         "Create a task of your own session.",
-        {"title": {"type": "string", "minLength": 1, "maxLength": 512},
+        {"title": _TITLE,
          "status": {"type": "string", "enum": ["pending", "in_progress"]}},
         ("title",)),
     "task_update": (
@@ -76,7 +80,7 @@ TOOLS: dict[str, tuple[str, Schema, tuple[str, ...]]] = {
          "status": {"type": "string", "enum": _TASK_STATUS},
          "blocked_on": {"type": "string", "enum": ["user", "error"],
                         "description": "with status=blocked"},
-         "reason": {"type": "string"}},
+         "reason": {"type": "string", "maxLength": REASON_LIMIT}},
         ("task_id",)),
     "task_list": (
         "List your own tasks, oldest first.",
@@ -87,8 +91,9 @@ TOOLS: dict[str, tuple[str, Schema, tuple[str, ...]]] = {
         {"kind": {"type": "string", "enum": ["reminder", "check"]},
          "at": {"type": ["number", "string"],
                 "description": "epoch seconds or an ISO 8601 time (or give cron)"},
-         "cron": {"type": "string", "description": "a crontab expression (or give at)"},
-         "note": {"type": "string"}},
+         "cron": {"type": "string", "maxLength": EXPRESSION_LIMIT,
+                  "description": "a crontab expression (or give at)"},
+         "note": {"type": "string", "maxLength": NOTE_LIMIT}},
         ("kind",)),
 }
 """name -> (description, properties, required)."""
@@ -96,8 +101,8 @@ TOOLS: dict[str, tuple[str, Schema, tuple[str, ...]]] = {
 FOCAL_SEND_EXTRAS: Schema = {
     "agent_id": {**_ID, "description": "a session id, or 'new' to start a session"},
     "project_id": {**_ID, "description": "with agent_id='new': the project"},
-    "title": {"type": "string", "minLength": 1, "description": "with agent_id='new'"},
-    "task_title": {"type": "string", "minLength": 1, "description": "with agent_id='new'"},
+    "title": {**_TITLE, "description": "with agent_id='new'"},
+    "task_title": {**_TITLE, "description": "with agent_id='new'"},
 }
 """What ``agent_send`` also takes from the Focal agent."""
 

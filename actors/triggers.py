@@ -24,13 +24,8 @@ from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.combining import OrTrigger
 from apscheduler.triggers.cron import CronTrigger
 
-from .cron_rules import InvalidCronExpression, InvalidCronJob
+from .cron_rules import EXPRESSION_LIMIT, InvalidCronExpression, InvalidCronJob
 from .validation import unstorable
-
-EXPRESSION_LIMIT = 512
-"""Longest cron expression taken, in characters: every value of every field listed one by
-one is under 400; a longer one only costs CPU at each next-run computation (a 240 KB one
-took a second)."""
 
 WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 """Crontab's weekday numbers (0 and 7 are Sunday) as the names APScheduler reads."""

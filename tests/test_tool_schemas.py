@@ -134,3 +134,38 @@ def test_call_runs_a_model_tool_call_and_reports_refusals_as_dicts(rt: Runtime) 
 def test_the_table_documents_every_tool_once() -> None:
     assert len(TOOLS) == 11
     assert all(description.endswith(".") for description, _, _ in TOOLS.values())
+
+
+def _too_long(rt: Runtime, s: dict[str, str]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(caller, tool, arguments) one character past a limit the tool enforces."""
+    p = rt.project("s")
+    assert p is not None
+    task = rt.tools_for(s["lead"]).task_create("t")["task_id"]
+    new = {"agent_id": "new", "message": "go", "project_id": p.id, "title": "t"}
+    return [
+        ("lead", "task_update", {"task_id": task, "reason": "r" * 2_001}),
+        ("lead", "task_update", {"task_id": "t" * 129, "status": "completed"}),
+        ("lead", "agent_send", {"agent_id": "a" * 129, "message": "hi"}),
+        ("lead", "agent_read", {"agent_id": "a" * 129}),
+        ("lead", "agent_stop", {"agent_id": "a" * 129}),
+        ("focal", "agent_send", {**new, "title": "t" * 513}),
+        ("focal", "agent_send", {**new, "task_title": "t" * 513}),
+        ("focal", "agent_send", {**new, "project_id": "p" * 129}),
+        ("focal", "schedule_wakeup", {"kind": "reminder", "at": 4e9, "note": "n" * 2_001}),
+        ("focal", "schedule_wakeup", {"kind": "check", "cron": "0 " * 300}),
+    ]
+
+
+def test_every_limit_a_tool_enforces_is_in_its_schema(rt: Runtime) -> None:
+    """The schemas left out the limits of task_update's reason, Focal's title, task_title
+    and project_id, schedule_wakeup's note and cron, and every id: a model kept to its
+    schema still met refusals the schema never told it about."""
+    s = sessions(rt)
+    for caller, name, args in _too_long(rt, s):
+        tools = rt.tools_for(s[caller])
+        schema = next(x["function"]["parameters"] for x in tools.schemas()
+                      if x["function"]["name"] == name)
+        assert tools.call(name, args)["error"] == "invalid_argument", (name, list(args))
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(args, schema)
+    assert [r["target_chat_id"] for r in rt.inbox()] == []
