@@ -213,9 +213,15 @@ class Focal:
         """``agent_send(agent_id="new", ...)``: a new session in a project, with the message
         (committed with the Focal turn that asks for it)."""
         ctx = self.ctx
-        if project_id is not None:
-            project_id = require_id("project_id", project_id, ID_LIMIT)
-        project = ctx.store.project(project_id) if project_id is not None else None
+        # Missing arguments are the model's to add, not an absent project (not_found).
+        if project_id is None:
+            raise ToolError("invalid_argument", "agent_id='new' needs project_id: the id of "
+                            "the project to start the session in.")
+        if title is None:
+            raise ToolError("invalid_argument",
+                            "agent_id='new' needs title: the new session's title.")
+        project_id = require_id("project_id", project_id, ID_LIMIT)
+        project = ctx.store.project(project_id)
         if project is None:
             raise ToolError("not_found", f"Project '{project_id}' does not exist.")
         if project.hidden or project.archived:

@@ -191,6 +191,19 @@ def test_focal_lists_the_sessions_of_every_project_it_may_address(world: dict[st
         assert focal.agent_read(agent_id)["agent_id"] == agent_id
 
 
+def test_focal_starting_a_session_without_project_or_title_is_told_what_it_lacks(
+        world: dict[str, Any]) -> None:
+    """FO4: ``agent_send(agent_id="new", ...)`` needs ``project_id`` and ``title``. Without a
+    project the answer was ``not_found``: "Project 'None' does not exist."."""
+    rt = world["rt"]
+    focal = rt.tools_for(rt.get_or_create_focal_chat().id)
+    refused(lambda: focal.agent_send("new", "go", title="Fix"), "invalid_argument",
+            "agent_id='new' needs project_id: the id of the project to start the session in.")
+    refused(lambda: focal.agent_send("new", "go", project_id=world["p1"].id),
+            "invalid_argument", "agent_id='new' needs title: the new session's title.")
+    assert rt.inbox() == [] and len(rt.sessions(world["p1"].id)) == 5
+
+
 def test_list_limit_and_has_more(world: dict[str, Any]) -> None:
     tools = world["rt"].tools_for(world["me"])
     page = tools.agent_list(limit=2)
