@@ -176,7 +176,7 @@ class FocalSchedule:
                 pass
             else:
                 when = (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
-        if when is None or not math.isfinite(when) or not 0 <= when < LATEST_WAKEUP:
+        if when is None or not math.isfinite(when) or not 0 <= when <= LATEST_WAKEUP:
             raise ToolError("invalid_argument", "at must be epoch seconds or an ISO 8601 "
                             "time, before the year 10000.")
         return when

@@ -5,11 +5,13 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, ToolError, Turn
+from kinbox.actors.focal_schedule import LATEST_WAKEUP
 from kinbox.actors.subagents import REPORT_INTERVAL
 from kinbox.actors.transcript_view import TRUNCATED
 from kinbox.persistence import TurnEntry
@@ -996,3 +998,19 @@ def test_a_child_that_completes_its_task_after_the_user_unblocks_it_tells_its_pa
     wakes = [r for r in rt.inbox(target=lead) if r["kind"] == "subagent_result"]
     # A1: the child's completion wakes its parent, as its block did.
     assert [w["payload"]["outcome"] for w in wakes] == ["blocked", "completed"]
+
+
+def test_a_wakeup_at_the_last_second_before_the_year_10000_is_taken_and_survives_a_restart(
+        db_url: str, clock: ManualClock, tmp_path: Path) -> None:
+    """``LATEST_WAKEUP`` is "the last time a one-shot wake-up may be set for", yet the
+    check was ``< LATEST_WAKEUP``: 9999-12-31T23:59:59Z was refused as "not before the
+    year 10000"."""
+    with Runtime(db=db_url, brain=quiet_brain, clock=clock, data_dir=tmp_path) as rt:
+        rt.get_or_create_focal_chat()
+        tools = rt.tools_for("focal-suzent")
+        job = tools.schedule_wakeup("reminder", at="9999-12-31T23:59:59Z")
+        assert job["run_at"] == LATEST_WAKEUP
+        refused(lambda: tools.schedule_wakeup("reminder", at=LATEST_WAKEUP + 1),
+                "invalid_argument")
+    with Runtime(db=db_url, brain=quiet_brain, clock=clock, data_dir=tmp_path) as again:
+        assert [w["run_at"] for w in again.focal.panel()["wakeups"]] == [LATEST_WAKEUP]
