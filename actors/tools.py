@@ -29,11 +29,15 @@ from .validation import (
     ID_LIMIT,
     SEND_LIMIT,
     TITLE_LIMIT,
+    quoted,
     require_choice,
     require_id,
     require_int,
     require_message,
 )
+
+FOCAL_SEND_EXTRAS = ("project_id", "title", "task_title")
+"""What Focal's ``agent_send(agent_id="new", ...)`` also takes (FO4)."""
 
 SELF_SEND = "Use a normal follow-up turn instead of sending to the current agent."
 SELF_STOP = "The current agent cannot stop itself with agent_stop."
@@ -203,12 +207,7 @@ class AgentTools(FamilyTools, TaskTools):
         ctx = self._ctx
         focal = ctx.focal
         caller_is_focal = focal is not None and is_focal_chat(caller)
-        unknown = set(focal_args) - {"project_id", "title", "task_title"}
-        if unknown or (focal_args and not (caller_is_focal and target_id == "new")):
-            raise ToolError("invalid_argument",
-                            "agent_send takes exactly agent_id and message"
-                            + (f" (unexpected: {', '.join(sorted(focal_args))})."
-                               if focal_args else "."))
+        self._check_send_extras(focal_args, caller_is_focal, target_id)
         if target_id == "new":
             if not caller_is_focal:
                 raise unavailable(target_id)
@@ -222,6 +221,26 @@ class AgentTools(FamilyTools, TaskTools):
         [result] = self._writes.send(
             [NewMessage(f"msg-{ctx.new_id()}", target_id, text, sender=caller.id)])
         return {"message_id": result.message_id, "agent_id": target_id, "status": result.status}
+
+    @staticmethod
+    def _check_send_extras(extras: dict[str, Any], caller_is_focal: bool,
+                           target_id: str) -> None:
+        """Refuse ``agent_send`` arguments beyond agent_id and message, naming the wrong
+        ones: only Focal takes more, and only to start a session (FO4)."""
+        if not extras:
+            return
+        if not caller_is_focal:
+            raise ToolError("invalid_argument", "agent_send takes exactly agent_id and "
+                            f"message (unexpected: {', '.join(sorted(extras))}).")
+        unknown = sorted(set(extras) - set(FOCAL_SEND_EXTRAS))
+        if unknown:
+            raise ToolError("invalid_argument", f"agent_send has no argument "
+                            f"{', '.join(quoted(u) if len(u) > 40 else u for u in unknown)}; "
+                            "it takes agent_id, message, and with agent_id='new' "
+                            "project_id, title and task_title.")
+        if target_id != "new":
+            raise ToolError("invalid_argument", "project_id, title and task_title are only "
+                            f"for agent_id='new' (got: {', '.join(sorted(extras))}).")
 
     def schedule_wakeup(self, kind: Any, at: Any = None, cron: Any = None,
                         note: Any = "") -> dict[str, Any]:

@@ -206,6 +206,21 @@ def test_focal_starting_a_session_without_project_or_title_is_told_what_it_lacks
     assert rt.inbox() == [] and len(rt.sessions(world["p1"].id)) == 5
 
 
+def test_focal_send_with_a_wrong_argument_names_only_that_argument(world: dict[str, Any]
+                                                                   ) -> None:
+    """Focal's ``agent_send`` named every extra argument "unexpected", the ones it takes
+    for ``agent_id='new'`` too: ``(unexpected: bogus, project_id, title)``."""
+    rt = world["rt"]
+    focal = rt.tools_for(rt.get_or_create_focal_chat().id)
+    refused(lambda: focal.agent_send("new", "go", project_id=world["p1"].id, title="t",
+                                     bogus=1), "invalid_argument",
+            "agent_send has no argument bogus; it takes agent_id, message, and with "
+            "agent_id='new' project_id, title and task_title.")
+    refused(lambda: focal.agent_send(world["me"], "go", title="t"), "invalid_argument",
+            "project_id, title and task_title are only for agent_id='new' (got: title).")
+    assert rt.inbox() == []
+
+
 def test_list_limit_and_has_more(world: dict[str, Any]) -> None:
     tools = world["rt"].tools_for(world["me"])
     page = tools.agent_list(limit=2)
