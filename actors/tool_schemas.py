@@ -64,7 +64,7 @@ TOOLS: dict[str, tuple[str, Schema, tuple[str, ...]]] = {
     "send": (
         "Message a family member by role (and name), or everyone with message='all'.",
         {"message": {"type": "string", "minLength": 1, "maxLength": 16_384},
-         "receiver_role": {"type": "string",
+         "receiver_role": {"type": "string", "maxLength": 16_384,
                            "description": "parent, sibling or child; with message='all', "
                                           "the text to broadcast"},
          "receiver_name": {"type": "string", "description": "sibling's or child's name or id"}},

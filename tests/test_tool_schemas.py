@@ -148,6 +148,7 @@ def _too_long(rt: Runtime, s: dict[str, str]) -> list[tuple[str, str, dict[str, 
         ("lead", "agent_send", {"agent_id": "a" * 129, "message": "hi"}),
         ("lead", "agent_read", {"agent_id": "a" * 129}),
         ("lead", "agent_stop", {"agent_id": "a" * 129}),
+        ("lead", "send", {"message": "all", "receiver_role": "b" * 16_385}),  # a broadcast
         ("focal", "agent_send", {**new, "title": "t" * 513}),
         ("focal", "agent_send", {**new, "task_title": "t" * 513}),
         ("focal", "agent_send", {**new, "project_id": "p" * 129}),
