@@ -13,6 +13,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import peewee as pw
+
 from ..persistence import (
     EnqueueResult,
     EntryRecord,
@@ -23,6 +25,7 @@ from ..persistence import (
 )
 from ..persistence.inbox_core import State
 from ..persistence.inbox_records import DEFAULT_KIND
+from ..persistence.models import InboxMessage, Session
 from . import access, subagents, validation
 from .errors import ConfigError, ToolError
 from .ids import short
@@ -85,8 +88,8 @@ class RecordsApi:
         ctx = self._running()
         title = _checked("title", validation.require_message, title, validation.TITLE_LIMIT,
                          "title")
-        session_id = _optional_id("session_id", session_id)
-        platform = _optional_id("platform", platform)
+        session_id = _optional_id("session_id", session_id, _column("id", Session))
+        platform = _optional_id("platform", platform, _column("platform", Session))
         if config is not None:
             _check_json_object("config", config)
         if not isinstance(kind, str) or kind not in access.SESSION_KINDS | access.HIDDEN_KINDS:
@@ -151,9 +154,9 @@ class RecordsApi:
         content = _checked("content", validation.require_message, content,
                            validation.SEND_LIMIT, "content")
         if kind != DEFAULT_KIND:  # the default is valid: most posts skip its check
-            kind = _checked("kind", validation.require_id, "kind", kind)
-        sender = _optional_id("sender", sender)
-        message_id = _optional_id("message_id", message_id)
+            kind = _checked("kind", validation.require_id, "kind", kind, _column("kind"))
+        sender = _optional_id("sender", sender, _column("sender_chat_id"))
+        message_id = _optional_id("message_id", message_id, _column("message_id"))
         if payload is not None:
             _check_json_object("payload", payload)
         return ctx.enqueue(
@@ -244,11 +247,18 @@ def _checked(field: str, check: Callable[..., Any], *args: Any) -> Any:
         raise ConfigError(exc.message, field=field) from None
 
 
-def _optional_id(field: str, value: object) -> str | None:
-    """An optional id argument: None, or a non-empty storable string (stripped)."""
+def _optional_id(field: str, value: object, limit: int | None = None) -> str | None:
+    """An optional id argument: None, or a non-empty storable string (stripped), at most
+    ``limit`` characters when given."""
     if value is None:
         return None
-    return str(_checked(field, validation.require_id, field, value))
+    return str(_checked(field, validation.require_id, field, value, limit))
+
+
+def _column(name: str, model: type[pw.Model] = InboxMessage) -> int:
+    """The length of a column (an inbox row's, by default): what PostgreSQL stores (SQLite
+    would take more, so the two backends would disagree on what a call may carry)."""
+    return int(model._meta.fields[name].max_length)  # type: ignore[attr-defined]
 
 
 def _row_key(message_id: object) -> str:

@@ -812,3 +812,29 @@ def test_every_folder_a_runtime_makes_is_its_users_alone(tmp_path: Path,
     made = [top, top / "a", top / "a" / "b", top / "a" / "b" / "kinbox-data"]
     assert {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in made} == {
         str(p): "0o700" for p in made}
+
+
+@pytest.mark.timeout(60)
+def test_a_post_or_session_too_long_for_its_column_is_refused_alike_on_both_backends(
+        any_db_url: str, tmp_path: Path, clock: ManualClock) -> None:
+    """SQLite stored a 65-character kind, a 257-character message id, a 129-character
+    sender or session id; PostgreSQL failed the same call with a database error (value
+    too long). Each is a ConfigError naming its field, on both, and nothing is written."""
+    rt = Runtime(db=any_db_url, data_dir=str(tmp_path / "data"), clock=clock).start()
+    try:
+        project = rt.create_project("p").id
+        sid = rt.create_session(project, "S").id
+        for field, options in (("kind", {"kind": "k" * 65}),
+                               ("message_id", {"message_id": "m" * 257}),
+                               ("sender", {"sender": "s" * 129})):
+            with pytest.raises(ConfigError) as refused:
+                rt.post(sid, "hello", **options)  # type: ignore[arg-type]
+            assert refused.value.field == field
+        with pytest.raises(ConfigError) as refused:
+            rt.create_session(project, "T", session_id="x" * 129)
+        assert refused.value.field == "session_id"
+        assert rt.inbox() == []
+        rt.post(sid, "hello", kind="k" * 64, message_id="m" * 256, sender="s" * 128)
+        assert [r["message_id"] for r in rt.inbox()] == ["m" * 256]
+    finally:
+        rt.stop()
