@@ -109,17 +109,28 @@ class Scenario:
         Turns run one at a time unless ``max_active_sessions`` says otherwise,
         so that the same seed gives the same report; with more, turns that
         run at once appear in the order they were heard, which can vary.
+
+        A runtime of this scenario that still runs is :class:`RuntimeStateError`: a
+        second one beside it would deliver too and never be stopped (``sc.restart()``
+        starts the next life; after ``sc.stop()`` or ``sc.crash()`` this starts one).
         """
+        if self._runtime is not None and self._runtime.state == "running":
+            raise RuntimeStateError("the scenario's runtime is already running; sc.restart() "
+                                    "stops it and starts the next life", state="running")
         options.setdefault("max_active_sessions", 1)
         self._runtime_options = options
         return self._start()
 
     def _start(self) -> Runtime:
-        self.generation += 1
-        rt = Runtime(db=self.db_url, brain=self.brain, clock=self.clock, ids=self._new_id,
-                     **self._runtime_options)
-        rt.subscribe(self._record)
-        self._runtime = rt.start()
+        self.generation += 1  # before the start: its "started" event is of this life
+        try:
+            rt = Runtime(db=self.db_url, brain=self.brain, clock=self.clock, ids=self._new_id,
+                         **self._runtime_options)
+            rt.subscribe(self._record)
+            self._runtime = rt.start()
+        except BaseException:
+            self.generation -= 1  # a runtime that never started was no life of the run
+            raise
         if self._rng is None:
             self._seed_ids(rt)
         return rt

@@ -1,0 +1,47 @@
+"""Scenario scripts that go wrong: each mistake is named at its line, the report tells only
+what happened, and nothing is left half-written."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+from kinbox.actors.cli_scenario import run_scenario
+
+
+def run_script(tmp_path: Path, text: str, url: str) -> dict[str, Any]:
+    path = tmp_path / "story.py"
+    path.write_text(text)
+    report, _ = run_scenario(str(path), url, stream=io.StringIO())
+    return report
+
+
+def test_a_second_start_while_the_runtime_runs_is_named_at_its_line(
+        tmp_path: Path, any_db_url: str) -> None:
+    """On PostgreSQL a second start ran a second runtime beside the first, which no one
+    stopped (it went on delivering after the report); on SQLite it failed on the file's
+    lock and the report counted two lives."""
+    report = run_script(tmp_path, "def run(sc):\n    sc.start()\n    sc.start()\n"
+                                  "    sc.expect(True, 'two runtimes')\n", any_db_url)
+    assert report["error"] is not None
+    assert (report["error"]["type"], report["error"]["lineno"]) == ("RuntimeStateError", 3)
+    assert "sc.restart()" in report["error"]["message"]
+    assert report["summary"]["lives"] == 1
+
+
+def test_a_start_that_fails_is_not_counted_as_a_life(tmp_path: Path, db_url: str) -> None:
+    report = run_script(tmp_path, "def run(sc):\n    sc.start(max_live_sessions=0)\n", db_url)
+    assert (report["error"]["type"], report["error"]["lineno"]) == ("ConfigError", 2)
+    assert report["summary"]["lives"] == 0
+    assert not any(e["event"] == "started" for e in report["timeline"])
+
+
+def test_a_stopped_runtime_can_be_started_again_with_other_options(
+        tmp_path: Path, db_url: str) -> None:
+    report = run_script(tmp_path, "def run(sc):\n    sc.start()\n    sc.stop()\n"
+                                  "    rt = sc.start(max_active_sessions=2)\n"
+                                  "    sc.expect(rt.max_active_sessions == 2, 'restarted')\n",
+                        db_url)
+    assert report["ok"], report["expectations"]
+    assert report["summary"]["lives"] == 2
