@@ -2,8 +2,9 @@
 
 Exit status of ``run``: 0 when every expectation held; 1 when one failed or
 the script raised (the report shows the script's own error, file and line);
-2 for usage errors (no such scenario, a script that does not load, an
-output path that cannot be written, all checked before anything runs); 130
+2 for usage errors (no such scenario, a script that does not load, a
+``--db`` that cannot be opened, an output path that cannot be written, all
+checked before anything runs); 130
 when Ctrl-C or SIGTERM stopped the run: the runtime stops gracefully and
 the report, marked interrupted, shows what was done (a second signal stops
 at once; the journal keeps every unacknowledged row).
@@ -21,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..persistence import redact_url
+from ..persistence import DatabaseMissing, DatabaseOpenError, open_database, redact_url
 from . import scenario_files
 from .cli_ops import database_url
 from .errors import ConfigError, ScenarioError
@@ -37,6 +38,8 @@ def run_scenario(path: str, db_url: str | None = None, seed: int = 0,
     scenario. :class:`ConfigError` / :class:`ScenarioError` when it cannot start."""
     file = scenario_files.resolve(path)
     module = scenario_files.load(file)
+    if db_url is not None:
+        check_database(db_url)
     stream = stream or sys.stderr
     tmp = None
     if db_url is None:
@@ -68,6 +71,20 @@ def run_scenario(path: str, db_url: str | None = None, seed: int = 0,
             shutil.rmtree(tmp, ignore_errors=True)
     report["db"] = redact_url(db_url) if tmp is None else "(a temporary SQLite file, removed)"
     return report, sc
+
+
+def check_database(url: str) -> None:
+    """Refuse a database that cannot be opened (an unknown scheme, no server, no such
+    PostgreSQL database) before the script runs: else the script ran, failed at
+    ``sc.start()`` and its report blamed the script's line for the ``--db`` flag. A SQLite
+    file that does not exist yet is not made here (the runtime makes it, and its folders,
+    when the script starts it), so a refused run leaves no file behind."""
+    try:
+        open_database(url, must_exist=True).close()
+    except DatabaseMissing:
+        pass  # a new SQLite file: its URL was checked before it was found missing
+    except DatabaseOpenError as exc:
+        raise ConfigError(str(exc), field="db") from None
 
 
 def check_output_path(path: str, flag: str) -> None:

@@ -246,3 +246,44 @@ def test_a_second_ctrl_c_stops_at_once_and_the_journal_keeps_the_row(
     assert rows == {"warm-up 0": "delivered", "warm-up 1": "delivered",
                     "warm-up 2": "delivered", "block": "processing"}
 
+
+
+# -- a --db that cannot be opened is refused before the script runs --------------------------
+
+def _refused_db(tmp_path: Path, url: str) -> subprocess.CompletedProcess[str]:
+    ran = tmp_path / "ran"
+    path = script(tmp_path, f"def run(sc):\n    open({str(ran)!r}, 'w').close()\n"
+                            "    sc.start()\n    sc.expect(True, 'fine')\n")
+    result = kinbox("scenario", "run", str(path), "--db", url)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert not ran.exists()  # the script never ran: there is no report blaming its line
+    assert result.stdout == ""
+    return result
+
+
+@pytest.mark.parametrize("url", ["foo://x", "sqlite:///{tmp}/sc.db?mode=ro",
+                                 "postgresql://kinbox:hunter2@127.0.0.1:1/nothing"],
+                         ids=["unknown-scheme", "sqlite-query", "no-server"])
+def test_a_database_that_cannot_be_opened_is_a_usage_error_before_running(
+        tmp_path: Path, url: str) -> None:
+    """It ran the script, which failed at ``sc.start()``: a FAILED report with exit 1
+    naming the script's line, and one runtime life that never was."""
+    result = _refused_db(tmp_path, url.format(tmp=tmp_path))
+    assert result.stderr.startswith("kinbox: cannot open database")
+    assert "hunter2" not in result.stderr
+    assert list(tmp_path.iterdir()) == [tmp_path / "story.py"]  # no database file either
+
+
+def test_a_missing_postgresql_database_is_refused_before_running(pg_url: str,
+                                                                 tmp_path: Path) -> None:
+    result = _refused_db(tmp_path, pg_url.rsplit("/", 1)[0] + "/kinbox_no_such_database")
+    assert "kinbox_no_such_database" in result.stderr
+
+
+def test_a_new_sqlite_file_in_new_folders_is_still_made_by_the_run(tmp_path: Path) -> None:
+    db = tmp_path / "new" / "folders" / "sc.db"
+    path = script(tmp_path, "def run(sc):\n    sc.start()\n    sc.expect(True, 'fine')\n")
+    result = kinbox("scenario", "run", str(path), "--db", f"sqlite:///{db}")
+    assert result.returncode == 0, result.stderr
+    assert db.is_file()
