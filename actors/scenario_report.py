@@ -28,11 +28,14 @@ def build_report(sc: Scenario, *, error: dict[str, Any] | None = None,
     timeline = sc.ordered_timeline()
     rows = sc.inbox() if sc.started else []
     names = {s.id: s.title for s in sc.runtime.sessions()} if sc.started else {}
+    # The row's attempts restart at 0 on a requeue; its history keeps every failure.
+    failed = (sc.runtime.context.journal.failure_counts(r["message_id"] for r in rows)
+              if rows else {})
     messages = [{
         "seq": r["seq"], "id": r["message_id"], "sender": r["sender_chat_id"],
         "target": r["target_chat_id"], "kind": r["kind"], "state": r["status"],
-        "attempts": r["attempts"], "content": r["content"][:80],
-        "last_error": _last_line(r["last_error"]),
+        "attempts": r["attempts"], "failed_attempts": failed.get(r["message_id"], 0),
+        "content": r["content"][:80], "last_error": _last_line(r["last_error"]),
     } for r in rows]
     turns = [{
         "t": e["t"], "life": e["life"], "session": e["session_id"],
@@ -89,7 +92,8 @@ def render_text(report: dict[str, Any]) -> str:
     out.append("messages (journal order):")
     for m in report["messages"]:
         out.append(f"  #{m['seq']:<4} {_label(names, m['sender'])} -> {_label(names, m['target'])}"
-                   f"  {m['kind']}  {m['state']}  attempts={m['attempts']}  {m['content']!r}")
+                   f"  {m['kind']}  {m['state']}  attempts={m['attempts']}{_in_all(m)}"
+                   f"  {m['content']!r}")
         if m["last_error"] and m["state"] != "delivered":
             out.append(f"         last error: {m['last_error']}")
     out.append("")
@@ -114,6 +118,12 @@ def render_text(report: dict[str, Any]) -> str:
     else:
         out.append("result: " + ("ok" if report["ok"] else "FAILED"))
     return "\n".join(out)
+
+
+def _in_all(m: dict[str, Any]) -> str:
+    """The failed attempts a requeue took off the row's count, when it did."""
+    failed = m.get("failed_attempts", m["attempts"])
+    return f" ({failed} failed in all)" if failed != m["attempts"] else ""
 
 
 def _event_line(names: dict[str, str], e: dict[str, Any]) -> str | None:
@@ -182,7 +192,7 @@ def render_mermaid(report: dict[str, Any]) -> str:
                 continue
             src = alias.get(m["sender"], "OUT")
             lines.append(f"    {src}->>{alias[m['target']]}: {short(m['id'])} "
-                         f"{m['kind']} ({m['state']}, {m['attempts']} failed attempts)")
+                         f"{m['kind']} ({m['state']}, {m['failed_attempts']} failed attempts)")
         elif ev == "turn_committed" and e["session_id"] in alias:
             replies = e.get("replies") or ["(no reply)"]
             lines.append(f"    Note over {alias[e['session_id']]}: turn committed: "

@@ -7,6 +7,7 @@ for the writer, so an operator's listing does not slow deliveries down.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import peewee as pw
@@ -15,6 +16,12 @@ from . import inbox_core as core
 from .errors import RowNotFound
 from .hot_path import HotPath, is_open
 from .models import InboxMessage, Tables
+
+FAILED_ATTEMPT_EVENTS = ("retry", "failed", "interrupted")
+"""The history events of a failed attempt (the others are an operator's)."""
+
+FAILURE_COUNT_CHUNK = 500
+"""Message ids per query of :meth:`InboxReads.failure_counts`."""
 
 
 def row_to_dict(row: InboxMessage) -> dict[str, Any]:
@@ -43,6 +50,23 @@ class InboxReads:
         e = self.t.event
         return [{"at": x.at, "event": x.event, "attempts": x.attempts, "detail": x.detail}
                 for x in e.select().where(e.message_id == message_id).order_by(e.id)]
+
+    def failure_counts(self, message_ids: Iterable[str]) -> dict[str, int]:
+        """Failed attempts in each row's history, by message id (rows with none left out).
+
+        A requeue resets a row's ``attempts``; its history keeps every failed attempt
+        (``retry``, ``failed``, and ``interrupted``: a turn a takeover counted). Read in
+        chunks, so that the query's parameters stay few however many rows."""
+        e = self.t.event
+        ids = list(message_ids)
+        counts: dict[str, int] = {}
+        for start in range(0, len(ids), FAILURE_COUNT_CHUNK):
+            q = (e.select(e.message_id, pw.fn.COUNT(e.id).alias("n"))
+                 .where(e.message_id.in_(ids[start:start + FAILURE_COUNT_CHUNK])
+                        & e.event.in_(FAILED_ATTEMPT_EVENTS))
+                 .group_by(e.message_id))
+            counts.update({r.message_id: r.n for r in q})
+        return counts
 
     def rows(self, *, state: str | None = None, target: str | None = None,
              limit: int | None = None) -> list[dict[str, Any]]:

@@ -213,3 +213,18 @@ def test_a_script_waiting_on_its_own_is_told_why_no_turn_runs(
         report, _ = run_scenario(str(script), db_url, stream=io.StringIO())
     assert not failures(report), failures(report)
     assert "sc.settle() or sc.wait(event)" in caplog.text
+
+
+def test_a_requeued_message_keeps_its_failed_attempts_in_the_report(any_db_url: str) -> None:
+    """A requeue resets the row's ``attempts``: the diagram drew the message that failed
+    five times as "(delivered, 0 failed attempts)"; the journal's history keeps them."""
+    report = run("retry_requeue", any_db_url)
+    (message,) = report["messages"]
+    assert (message["state"], message["attempts"], message["failed_attempts"]) == (
+        "delivered", 0, 5)
+    assert report["summary"]["failed_attempts"] == 5
+    arrows = [x for x in render_mermaid(report).splitlines() if "->>" in x]
+    assert len(arrows) == 1 and arrows[0].endswith("(delivered, 5 failed attempts)")
+    assert "attempts=0 (5 failed in all)" in render_text(report)
+    hello = run("hello", any_db_url)
+    assert [m["failed_attempts"] for m in hello["messages"]] == [0, 0, 0]
