@@ -13,8 +13,10 @@ at once; the journal keeps every unacknowledged row).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -103,6 +105,37 @@ def check_output_path(path: str, flag: str) -> None:
         raise ConfigError(f"{flag} {path}: not writable", field=flag.lstrip("-"))
 
 
+def encodable(text: str, stream: TextIO) -> str:
+    """``text`` as ``stream`` can write it: what its encoding lacks (the report's '…' on an
+    ASCII terminal) escaped, rather than an error half-way through the report."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        return text.encode(encoding, "backslashreplace").decode(encoding)
+    except LookupError:  # an encoding Python does not know: the stream's own problem
+        return text
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write ``text`` as UTF-8 to ``path`` whole or not at all: into a new file beside it,
+    synced and then renamed over it, so a failure half-way (a full disk) leaves the old
+    file as it was and no part of the new one. A file there keeps its mode; a new one gets
+    the umask's, as an ordinary write would give it."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            if path.exists():
+                os.chmod(f.fileno(), path.stat().st_mode & 0o7777)
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 def _file_path(text: str) -> str:
     """An argparse type: a file to write. An empty one (an unset variable) was read as no
     flag, and the run wrote no diagram."""
@@ -158,11 +191,12 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         out.write(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
     else:
-        out.write(render_text(report) + "\n")
+        out.write(encodable(render_text(report) + "\n", out))
     out.flush()
     if args.diagram:
         try:
-            Path(args.diagram).write_text(f"# {report['scenario']}\n\n{render_mermaid(report)}\n")
+            write_whole(Path(os.path.realpath(args.diagram)),
+                        f"# {report['scenario']}\n\n{render_mermaid(report)}\n")
         except OSError as exc:
             print(f"kinbox: --diagram {args.diagram}: {exc.strerror or exc}", file=sys.stderr)
             return 1

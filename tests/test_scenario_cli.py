@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -287,3 +289,56 @@ def test_a_new_sqlite_file_in_new_folders_is_still_made_by_the_run(tmp_path: Pat
     result = kinbox("scenario", "run", str(path), "--db", f"sqlite:///{db}")
     assert result.returncode == 0, result.stderr
     assert db.is_file()
+
+
+# -- the diagram file: UTF-8, written whole or not at all ------------------------------------
+
+ASCII_LOCALE = {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+"""A locale whose encoding is ASCII (Python's UTF-8 mode and locale coercion off)."""
+
+
+def kinbox_env(*args: str, env: dict[str, str],
+               preexec: Any = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kinbox.actors", *args], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT, env={**os.environ, **env},
+                          encoding="utf-8", errors="replace", preexec_fn=preexec)
+
+
+def test_the_diagram_and_the_report_survive_an_ascii_locale(tmp_path: Path) -> None:
+    """The report's short ids end in '…': the text report raised UnicodeEncodeError on an
+    ASCII stdout, and the diagram was written in the locale's encoding, raising half-way
+    (a traceback, the old diagram truncated)."""
+    diagram = tmp_path / "d.md"
+    diagram.write_text("old diagram\n")
+    result = kinbox_env("scenario", "run", "hello", "--diagram", str(diagram),
+                        env=ASCII_LOCALE)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "result: ok" in result.stdout
+    text = diagram.read_text(encoding="utf-8")
+    assert text.startswith("# hello\n\n```mermaid\n") and "…" in text
+    assert [p.name for p in tmp_path.iterdir()] == ["d.md"]  # no temporary file left
+
+
+def _limit_file_size() -> None:
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200, 200))
+
+
+def test_a_diagram_that_cannot_be_written_whole_leaves_the_old_one(
+        tmp_path: Path, pg_url: str) -> None:
+    """The disk fills half-way (a file size limit: the database is PostgreSQL, so the
+    diagram is the only file the run writes): the diagram was left cut off."""
+    diagram = tmp_path / "d.md"
+    diagram.write_text("old diagram\n")
+    result = kinbox_env("scenario", "run", "hello", "--db", pg_url, "--diagram", str(diagram),
+                        env={"KINBOX_HOME": str(tmp_path / "data"),
+                             "PYTHONDONTWRITEBYTECODE": "1"},
+                        preexec=_limit_file_size)
+    assert result.returncode == 1, result.stderr
+    assert "result: ok" in result.stdout  # the report was printed; the diagram failed
+    assert "kinbox: --diagram" in result.stderr and "Traceback" not in result.stderr
+    assert diagram.read_text() == "old diagram\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["d.md"]
