@@ -21,6 +21,7 @@ run only then, so a script that waits on its own (``event.wait()``,
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from typing import Any, Protocol
 
 from ..persistence import ProjectRecord
 from .clock import ManualClock
-from .errors import RuntimeStateError
+from .errors import ConfigError, RuntimeStateError
 from .runtime import Runtime
 from .scenario_brain import ScriptedBrain, TurnGate, TurnScript, failing
 
@@ -179,15 +180,31 @@ class Scenario:
     # -- script helpers --------------------------------------------------------------------
 
     def on(self, session_id: str, script: TurnScript) -> None:
-        """Script the turns of one session."""
-        self.brain.on(session_id, script)
+        """Script the turns of one session (it may not exist yet: a social thread's does
+        once its first message arrives).
+
+        :class:`ConfigError` for an id that is no string (a session record, say: it was
+        kept and never matched, and the session answered "ok") or a script that cannot be
+        called (each of the session's turns failed and was retried, as a broken brain's)."""
+        if not isinstance(session_id, str) or not session_id:
+            raise ConfigError(f"sc.on: session_id must be a session's id (a string such as "
+                              f"bob.id), not {type(session_id).__name__}",
+                              field="session_id")
+        self.brain.on(session_id, _callable(script))
 
     def on_children(self, script: TurnScript) -> None:
         """Script every sub-agent's turns (their ids are only known once created)."""
-        self.brain.on_prefix("subagent-", script)
+        self.brain.on_prefix("subagent-", _callable(script))
 
     def advance(self, seconds: float) -> None:
-        """Move the scenario clock forward (due retries become claimable)."""
+        """Move the scenario clock forward (due retries become claimable).
+
+        :class:`ConfigError` unless ``seconds`` is a finite number >= 0: NaN or infinity
+        would stay on the clock for the rest of the run (no retry ever due again)."""
+        if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
+                or not math.isfinite(seconds) or seconds < 0):
+            raise ConfigError(f"sc.advance: seconds must be a finite number >= 0, not "
+                              f"{seconds!r}", field="seconds")
         self._record("clock", {"advance": seconds})
         self.clock.advance(seconds)
 
@@ -247,3 +264,11 @@ class Scenario:
     def ok(self) -> bool:
         """True when every expectation held (and there was at least one)."""
         return bool(self.expectations) and all(e.ok for e in self.expectations)
+
+
+def _callable(script: TurnScript) -> TurnScript:
+    """``script``, or :class:`ConfigError` when it cannot be called with a turn."""
+    if not callable(script):
+        raise ConfigError(f"a scenario's script must be a function of the turn, not "
+                          f"{type(script).__name__}", field="script")
+    return script

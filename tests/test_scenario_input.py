@@ -7,6 +7,8 @@ import io
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from kinbox.actors.cli_scenario import run_scenario
 
 
@@ -45,3 +47,36 @@ def test_a_stopped_runtime_can_be_started_again_with_other_options(
                         db_url)
     assert report["ok"], report["expectations"]
     assert report["summary"]["lives"] == 2
+
+
+SCRIPTED = ("def run(sc):\n    rt = sc.start()\n    p = sc.project('p')\n"
+            "    bob = rt.create_session(p.id, 'Bob')\n    {call}\n"
+            "    rt.post(bob.id, 'hi')\n    sc.settle()\n    sc.expect(True, 'ran on')\n")
+
+
+@pytest.mark.parametrize(("call", "field"), [
+    ("sc.on(7, lambda turn: None)", "session_id"),
+    ("sc.on(bob.id, 'reply hello')", "script"),
+    ("sc.on_children(None)", "script"),
+], ids=["id-not-a-string", "script-not-callable", "children-not-callable"])
+def test_a_wrong_sc_on_is_named_at_its_line(tmp_path: Path, db_url: str, call: str,
+                                            field: str) -> None:
+    """An id that was no string was kept and never matched (the session answered "ok", the
+    script's checks failed far away); a script that could not be called failed each of
+    the session's turns, retried with backoff, as if the brain were broken."""
+    report = run_script(tmp_path, SCRIPTED.format(call=call), db_url)
+    assert report["error"] is not None, report["expectations"]
+    assert (report["error"]["type"], report["error"]["lineno"]) == ("ConfigError", 5)
+    assert field in report["error"]["message"]
+    assert report["summary"]["failed_attempts"] == 0
+
+
+@pytest.mark.parametrize("seconds", ["float('nan')", "float('inf')", "-1", "'5'", "True"])
+def test_a_clock_advance_that_is_no_time_is_named_at_its_line(tmp_path: Path, db_url: str,
+                                                              seconds: str) -> None:
+    """NaN was taken: the clock read NaN from then on (every later event at t=nan, no
+    retry ever due) and the run went on to report ok."""
+    report = run_script(tmp_path, SCRIPTED.format(call=f"sc.advance({seconds})"), db_url)
+    assert report["error"] is not None, report["expectations"]
+    assert (report["error"]["type"], report["error"]["lineno"]) == ("ConfigError", 5)
+    assert all(e["t"] == 0.0 for e in report["timeline"])
