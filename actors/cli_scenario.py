@@ -56,7 +56,7 @@ def run_scenario(path: str, db_url: str | None = None, seed: int = 0,
             module.run(sc)
         except Interrupted as exc:
             interrupted = signal.Signals(exc.signum).name
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() too: the script ended early
             failure = scenario_files.script_error(exc, file)
             error = {"type": type(exc).__name__, "message": str(failure),
                      "path": failure.path, "lineno": failure.lineno,

@@ -7,8 +7,8 @@ since scenarios are examples to read and copy rather than library code. There
 ``kinbox scenario list`` and ``run NAME`` say so and ask for a file path.
 
 A script that cannot be loaded (a syntax error, a failed import, no
-``run(sc)``) is a :class:`ScenarioError` naming its file and line; so is an
-exception the script raises while it runs (:func:`script_error`).
+``run(sc)``, a ``sys.exit()``) is a :class:`ScenarioError` naming its file and
+line; so is an exception the script raises while it runs (:func:`script_error`).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def load(path: Path) -> ModuleType:
     except SyntaxError as exc:
         raise ScenarioError(f"{path}:{exc.lineno}: {type(exc).__name__}: {exc.msg}",
                             str(path), exc.lineno) from None
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() at the top of the file too
         raise script_error(exc, path) from None
     if not callable(getattr(module, "run", None)):
         raise ScenarioError(f"{path}: defines no run(sc) function", str(path))

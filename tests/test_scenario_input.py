@@ -80,3 +80,30 @@ def test_a_clock_advance_that_is_no_time_is_named_at_its_line(tmp_path: Path, db
     assert report["error"] is not None, report["expectations"]
     assert (report["error"]["type"], report["error"]["lineno"]) == ("ConfigError", 5)
     assert all(e["t"] == 0.0 for e in report["timeline"])
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("code", ["0", "3"])
+def test_a_script_that_calls_sys_exit_gets_a_failed_report(tmp_path: Path, db_url: str,
+                                                           code: str) -> None:
+    """``sys.exit(0)`` went past the harness: no report, no check, the exit status the
+    script's (0: "every expectation held"), and the runtime left running with a turn held
+    at the gate until the interpreter's exit stopped it."""
+    report = run_script(tmp_path, SCRIPTED.format(call="import sys; sys.exit(" + code + ")"),
+                        db_url)
+    assert not report["ok"]
+    assert (report["error"]["type"], report["error"]["lineno"]) == ("SystemExit", 5)
+    assert [(m["content"], m["state"]) for m in report["messages"]] == []  # never posted
+
+
+def test_a_script_that_exits_while_loading_is_a_usage_error(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "story.py"
+    path.write_text("import sys\nsys.exit(0)\n\ndef run(sc):\n    pass\n")
+    result = subprocess.run([sys.executable, "-m", "kinbox.actors", "scenario", "run",
+                             str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert f"{path}:2: SystemExit" in result.stderr
+    assert result.stdout == ""
