@@ -41,6 +41,8 @@ class Progress:
             elif event == "turn_failed":
                 self.seen.add(str(data["message_id"]))
                 self.failed_attempts += 1
+            elif event in ("peer_retry", "peer_failed"):  # a send to a device failed
+                self.failed_attempts += 1
             elif event == "crashed":
                 self.crashes += 1
             self._ticks += 1

@@ -51,7 +51,7 @@ def build_report(sc: Scenario, *, error: dict[str, Any] | None = None,
         "interrupted": interrupted, "error": error,
         "summary": {"messages": len(messages), "states": states,
                     "turns": sum(1 for t in turns if t["outcome"] == "committed"),
-                    "failed_attempts": sum(1 for t in turns if t["outcome"] == "failed"),
+                    "failed_attempts": _failed_attempts(messages, timeline),
                     "lives": sc.generation},
         "sessions": names,
         "messages": messages,
@@ -60,6 +60,14 @@ def build_report(sc: Scenario, *, error: dict[str, Any] | None = None,
         "expectations": [{"what": e.what, "ok": e.ok, "detail": e.detail}
                          for e in sc.expectations],
     }
+
+
+def _failed_attempts(messages: list[dict[str, Any]], timeline: list[dict[str, Any]]) -> int:
+    """Every failed attempt of the run: the journal's, of its rows (a turn's, a peer
+    link's send, one a takeover counted), and the timeline's of direct turns (a cron
+    run's, a social event's), which are no inbox row."""
+    direct = sum(1 for e in timeline if e["event"] == "turn_failed" and e.get("state") == "direct")
+    return sum(m["failed_attempts"] for m in messages) + direct
 
 
 def _last_line(error: str | None) -> str | None:

@@ -228,3 +228,33 @@ def test_a_requeued_message_keeps_its_failed_attempts_in_the_report(any_db_url: 
     assert "attempts=0 (5 failed in all)" in render_text(report)
     hello = run("hello", any_db_url)
     assert [m["failed_attempts"] for m in hello["messages"]] == [0, 0, 0]
+
+
+@pytest.mark.timeout(60)
+def test_the_summary_counts_the_peer_links_failed_attempts(db_url: str) -> None:
+    """Sends to the offline laptop failed five times (the rows say so): the summary, and
+    the progress line's final count with it, said "0 failed attempts", counting turns'
+    failures only."""
+    stream = io.StringIO()
+    report = run("two_devices", db_url, stream=stream)
+    assert not failures(report), failures(report)
+    assert [m["failed_attempts"] for m in report["messages"]] == [0, 0, 0, 3, 2]
+    assert report["summary"]["failed_attempts"] == 5
+    assert "failed attempts: 5" in stream.getvalue().splitlines()[-1]
+
+
+def test_the_summary_counts_a_failed_direct_turn(tmp_path: Path, db_url: str) -> None:
+    """A cron run's turn is no inbox row: its failure is in the timeline only."""
+    path = tmp_path / "cron_fails.py"
+    path.write_text(
+        "from kinbox.actors.scenario import failing\n\ndef run(sc):\n    rt = sc.start()\n"
+        "    job = rt.cron.add('j', '0 8 * * *', 'go')\n"
+        "    sc.on(f\"cron-{job['job_id']}\", failing(1))\n"
+        "    sc.advance(8 * 3600)\n    sc.settle()\n"
+        "    runs = rt.cron.runs(job['job_id'])\n"
+        "    sc.expect([r['status'] for r in runs] == ['error'], 'the run failed',"
+        " repr(runs))\n")
+    report, _ = run_scenario(str(path), db_url, stream=io.StringIO())
+    assert not failures(report), failures(report)
+    assert report["messages"] == []
+    assert report["summary"]["failed_attempts"] == 1
