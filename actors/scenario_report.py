@@ -189,7 +189,7 @@ def render_mermaid(report: dict[str, Any]) -> str:
     if any(m["sender"] is None for m in report["messages"]):
         lines.append("    participant OUT as outside")
     for sid in ids:
-        title = names.get(sid, sid).replace('"', "'")
+        title = _safe(names.get(sid, sid).replace('"', "'"))
         lines.append(f'    participant {alias[sid]} as {title}')
     state = {m["id"]: m for m in report["messages"]}
     for e in report["timeline"]:

@@ -258,3 +258,20 @@ def test_the_summary_counts_a_failed_direct_turn(tmp_path: Path, db_url: str) ->
     assert not failures(report), failures(report)
     assert report["messages"] == []
     assert report["summary"]["failed_attempts"] == 1
+
+
+def test_a_title_mermaid_reads_specially_is_made_safe_in_the_diagram(tmp_path: Path,
+                                                                     db_url: str) -> None:
+    """Notes and replies were made safe, titles not: Mermaid reads ';' as the end of a
+    statement and '#' as the start of an entity code, so the participant line broke."""
+    path = tmp_path / "titles.py"
+    path.write_text(
+        "def run(sc):\n    rt = sc.start()\n    p = sc.project('p')\n"
+        "    a = rt.create_session(p.id, 'R&D; team #1')\n"
+        "    b = rt.create_session(p.id, 'Ops \"on call\"')\n"
+        "    rt.tools_for(a.id).agent_send(b.id, 'hi')\n    sc.settle()\n"
+        "    sc.expect(True, 'sent')\n")
+    report, _ = run_scenario(str(path), db_url, stream=io.StringIO())
+    titles = {x.split(" as ", 1)[1] for x in render_mermaid(report).splitlines()
+              if x.strip().startswith("participant")}
+    assert titles == {"R&D, team no.1", "Ops 'on call'"}
