@@ -8,10 +8,23 @@ the dispatcher notices rows that just became due.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
+
+from .errors import ConfigError
+
+
+def check_step(seconds: object) -> None:
+    """A :class:`ConfigError` (``field="seconds"``) unless ``seconds`` is a step a clock
+    may take: a finite number >= 0 (not a bool). A step back would undo due times; NaN
+    or infinity would stay on the clock for good, and no retry would ever come due."""
+    if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
+            or not math.isfinite(seconds) or seconds < 0):
+        raise ConfigError(f"a clock moves forward by a finite number of seconds >= 0, "
+                          f"not {seconds!r}", field="seconds")
 
 
 class Clock(Protocol):
@@ -43,9 +56,9 @@ class ManualClock:
             return self._now
 
     def advance(self, seconds: float) -> float:
-        """Move forward by ``seconds`` (>= 0) and notify listeners; return the new time."""
-        if seconds < 0:
-            raise ValueError(f"a clock cannot go back (advance by {seconds})")
+        """Move forward by ``seconds`` (:func:`check_step`) and notify listeners; return the
+        new time."""
+        check_step(seconds)
         with self._lock:
             self._now += seconds
             now = self._now

@@ -21,7 +21,6 @@ run only then, so a script that waits on its own (``event.wait()``,
 
 from __future__ import annotations
 
-import math
 import random
 import threading
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..persistence import ProjectRecord
-from .clock import ManualClock
+from .clock import ManualClock, check_step
 from .errors import ConfigError, RuntimeStateError
 from .runtime import Runtime
 from .scenario_brain import ScriptedBrain, TurnGate, TurnScript, failing
@@ -199,12 +198,9 @@ class Scenario:
     def advance(self, seconds: float) -> None:
         """Move the scenario clock forward (due retries become claimable).
 
-        :class:`ConfigError` unless ``seconds`` is a finite number >= 0: NaN or infinity
-        would stay on the clock for the rest of the run (no retry ever due again)."""
-        if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
-                or not math.isfinite(seconds) or seconds < 0):
-            raise ConfigError(f"sc.advance: seconds must be a finite number >= 0, not "
-                              f"{seconds!r}", field="seconds")
+        :class:`ConfigError` unless ``seconds`` is a step a clock may take
+        (:func:`.clock.check_step`), before anything is recorded."""
+        check_step(seconds)
         self._record("clock", {"advance": seconds})
         self.clock.advance(seconds)
 

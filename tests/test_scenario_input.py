@@ -107,3 +107,16 @@ def test_a_script_that_exits_while_loading_is_a_usage_error(tmp_path: Path) -> N
     assert result.returncode == 2, result.stderr
     assert f"{path}:2: SystemExit" in result.stderr
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1.0, True, "5"])
+def test_a_manual_clock_refuses_a_step_it_cannot_take(seconds: object) -> None:
+    """A plain ValueError for a step back (outside kinbox's errors), and NaN or infinity
+    taken: every due time after it never came."""
+    from kinbox.actors import ConfigError, ManualClock
+
+    clock = ManualClock(100.0)
+    with pytest.raises(ConfigError) as refused:
+        clock.advance(seconds)  # type: ignore[arg-type]
+    assert refused.value.field == "seconds"
+    assert clock.now() == 100.0
