@@ -1,13 +1,16 @@
-"""Test helpers: wait on a condition with a timeout instead of sleeping."""
+"""Test helpers: wait on a condition with a timeout instead of sleeping; make a write slow."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+
+from kinbox.persistence import GroupCommitWriter
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
@@ -110,3 +113,40 @@ def lock_waits(pg_url: str) -> int:
             return int(cur.fetchone()[0])
     finally:
         probe.close()
+
+
+SHORT = 0.3
+"""A write timeout short enough for a test to outrun (the slow-write tests), in seconds."""
+
+
+class SlowWriteHeard(logging.Handler):
+    """Sets ``event`` on the first warning (or worse) of the session actors."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.event = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.event.set()
+
+
+def heard_slow_write(monkeypatch: pytest.MonkeyPatch) -> SlowWriteHeard:
+    """A :class:`SlowWriteHeard` on the session actors' log for the test (gone after it)."""
+    heard = SlowWriteHeard()
+    logger = logging.getLogger("kinbox.session")
+    monkeypatch.setattr(logger, "handlers", [*logger.handlers, heard])
+    return heard
+
+
+def hold_next_batch(writer: GroupCommitWriter, until: threading.Event) -> None:
+    """Once the write queued now (the turn's commit) is taken into a batch, make that batch
+    wait for ``until`` after it (a plain write behind it in the same batch)."""
+    gate, holding = threading.Event(), threading.Event()
+    writer.submit(lambda: (holding.set(), gate.wait(10)))  # the writer is busy ...
+    assert holding.wait(10)
+
+    def then() -> None:
+        wait_for(lambda: writer.queued() >= 1, what="the turn's commit to queue")
+        writer.submit(lambda: until.wait(10))  # ... so these two form the next batch
+        gate.set()
+    threading.Thread(target=then, daemon=True).start()

@@ -473,7 +473,7 @@ def test_a_send_answered_after_its_wait_keeps_its_rate_limit_token(
     from kinbox.actors import context
     from kinbox.persistence import WriteTimeout
 
-    from .test_slow_commits import SHORT, _hold_next_batch
+    from .helpers import SHORT, hold_next_batch
 
     rt = family["rt"]
     tools = rt.tools_for(family["bob"])
@@ -484,7 +484,7 @@ def test_a_send_answered_after_its_wait_keeps_its_rate_limit_token(
 
     def take(*args: Any) -> float:
         wait = real_take(*args)  # the token taken, the next write (the send) ...
-        _hold_next_batch(writer, landed)  # ... waits past SHORT
+        hold_next_batch(writer, landed)  # ... waits past SHORT
         return wait
 
     monkeypatch.setattr(buckets, "take", take)

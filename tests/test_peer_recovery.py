@@ -72,16 +72,7 @@ def test_a_pairing_whose_answer_was_lost_is_answered_again_for_the_same_device_k
     dropped): the device's retry with the same code was refused as a used code, and it
     could never learn the token of the grant the other device held for it."""
     a, b, served = pair
-    code = served.invite()
-    me = a.peers.identity
-    with connect(f"ws://127.0.0.1:{served.port}/peers/pair", proxy=None,
-                 open_timeout=5) as ws:
-        ch = f.parse(ws.recv(5))
-        assert isinstance(ch, f.Challenge)
-        ws.send(f.encode(hs.pair(me, ch, code, nonce(), "a")))
-    # ... and gone before the answer: the other device committed the pairing all the same
-    wait_for(lambda: b.peers.peers.device(me.device_id, INBOUND) is not None, 10,
-             "the redemption to commit")
+    code, me = _pair_and_vanish(a, b, served)
 
     with pytest.raises(HandshakeRefused):  # another key with the same code gets nothing
         pair_with(served.http, DeviceIdentity.generate(), code, "x", nonce())
@@ -104,15 +95,7 @@ def test_a_pairing_whose_answer_was_lost_is_answered_again_for_the_same_device_k
 def test_a_lost_pairing_answer_is_not_given_again_once_the_grant_was_revoked(
         pair: Pair) -> None:
     a, b, served = pair
-    code = served.invite()
-    me = a.peers.identity
-    with connect(f"ws://127.0.0.1:{served.port}/peers/pair", proxy=None,
-                 open_timeout=5) as ws:
-        ch = f.parse(ws.recv(5))
-        assert isinstance(ch, f.Challenge)
-        ws.send(f.encode(hs.pair(me, ch, code, nonce(), "a")))
-    wait_for(lambda: b.peers.peers.device(me.device_id, INBOUND) is not None, 10,
-             "the redemption to commit")
+    code, me = _pair_and_vanish(a, b, served)
     b.peers.peers.set_status(me.device_id, "revoked", b.clock.now(), direction=INBOUND)
     with pytest.raises(HandshakeRefused):  # a revoke is not undone by the code
         pair_with(served.http, me, code, "a", nonce())
@@ -196,3 +179,18 @@ def test_a_delivery_the_database_cannot_commit_is_answered_unavailable(
     effects, _ = _deliver(a, served, token, "m1")  # and the retry goes through
     assert effects == [Acked(("m1",))]
     assert b.context.journal.get(f"peer-{me}-m1")["content"] == "hello"
+
+
+def _pair_and_vanish(a: Runtime, b: Runtime, served: Served) -> tuple[str, DeviceIdentity]:
+    """``a``'s device asks ``b`` to pair with a fresh code and is gone before the answer;
+    ``b`` commits the pairing all the same. The code, and ``a``'s identity."""
+    code = served.invite()
+    me = a.peers.identity
+    with connect(f"ws://127.0.0.1:{served.port}/peers/pair", proxy=None,
+                 open_timeout=5) as ws:
+        ch = f.parse(ws.recv(5))
+        assert isinstance(ch, f.Challenge)
+        ws.send(f.encode(hs.pair(me, ch, code, nonce(), "a")))
+    wait_for(lambda: b.peers.peers.device(me.device_id, INBOUND) is not None, 10,
+             "the redemption to commit")
+    return code, me

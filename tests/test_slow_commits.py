@@ -8,7 +8,6 @@ landed must count as written: its turn ran once, and the row it leased runs.
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -16,42 +15,13 @@ from typing import Any
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, Turn, async_host, context, session_actor
-from kinbox.persistence import GroupCommitWriter, WriteTimeout
+from kinbox.persistence import WriteTimeout
 
-from .helpers import wait_for
+from .helpers import SHORT, heard_slow_write, hold_next_batch, wait_for
 
 MakeRuntime = Callable[..., Runtime]
 
 pytestmark = pytest.mark.timeout(60)
-
-SHORT = 0.3
-"""The write timeout of these tests, in seconds."""
-
-
-class _Heard(logging.Handler):
-    """Sets ``event`` on the first warning (or worse) of the session actors."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.event = threading.Event()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.event.set()
-
-
-def _hold_next_batch(writer: GroupCommitWriter, until: threading.Event) -> None:
-    """Once the write queued now (the turn's commit) is taken into a batch, make that batch
-    wait for ``until`` after it (a plain write behind it in the same batch)."""
-    gate, holding = threading.Event(), threading.Event()
-    writer.submit(lambda: (holding.set(), gate.wait(10)))  # the writer is busy ...
-    assert holding.wait(10)
-
-    def then() -> None:
-        wait_for(lambda: writer.queued() >= 1, what="the turn's commit to queue")
-        writer.submit(lambda: until.wait(10))  # ... so these two form the next batch
-        gate.set()
-    threading.Thread(target=then, daemon=True).start()
-
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_commit_answered_after_the_timeout_counts_and_its_chained_row_runs(
@@ -62,8 +32,7 @@ def test_a_commit_answered_after_the_timeout_counts_and_its_chained_row_runs(
     it until its lease ran out (never, on this clock) and then only as a suspect."""
     monkeypatch.setattr(session_actor, "WRITE_TIMEOUT", SHORT)
     monkeypatch.setattr(async_host, "WRITE_TIMEOUT", SHORT)
-    heard = _Heard()
-    logging.getLogger("kinbox.session").addHandler(heard)
+    heard = heard_slow_write(monkeypatch)
     batch_done = threading.Event()
     seen: list[str] = []
     events: list[tuple[str, dict[str, Any]]] = []
@@ -74,7 +43,7 @@ def test_a_commit_answered_after_the_timeout_counts_and_its_chained_row_runs(
         seen.append(mid)
         if mid == "m1":
             box["rt"].post(turn.session_id, "two", message_id="m2")
-            _hold_next_batch(box["rt"].context.journal.writer, batch_done)
+            hold_next_batch(box["rt"].context.journal.writer, batch_done)
 
     def sync_brain(turn: Turn) -> None:
         act(turn)
@@ -93,7 +62,6 @@ def test_a_commit_answered_after_the_timeout_counts_and_its_chained_row_runs(
         rt.run_until_idle(timeout=10)
     finally:
         batch_done.set()
-        logging.getLogger("kinbox.session").removeHandler(heard)
     rows = {r["message_id"]: r for r in rt.inbox()}
     assert {m: r["status"] for m, r in rows.items()} == {"m1": "delivered", "m2": "delivered"}
     assert seen == ["m1", "m2"]  # each turn ran once
@@ -119,7 +87,7 @@ def test_a_send_answered_after_its_sender_gave_up_still_runs_the_turn_it_leased(
     sid = rt.create_session(rt.create_project("p").id, "S").id
     writer = rt.context.journal.writer
     batch_done = threading.Event()
-    _hold_next_batch(writer, batch_done)  # the send below is the write it waits for
+    hold_next_batch(writer, batch_done)  # the send below is the write it waits for
     try:
         with pytest.raises(WriteTimeout) as caught:
             rt.post(sid, "one", message_id="m1")
@@ -142,8 +110,7 @@ def test_a_failed_attempt_recorded_after_the_timeout_counts_as_recorded(
     was no longer leased), observers never heard of the failure, no alarm was set for the
     retry, and a row failed for good never ran its after-commit notifications."""
     monkeypatch.setattr(session_actor, "WRITE_TIMEOUT", SHORT)
-    heard = _Heard()
-    logging.getLogger("kinbox.session").addHandler(heard)
+    heard = heard_slow_write(monkeypatch)
     batch_done = threading.Event()
     attempts: list[int] = []
     events: list[tuple[str, dict[str, Any]]] = []
@@ -152,7 +119,7 @@ def test_a_failed_attempt_recorded_after_the_timeout_counts_as_recorded(
     def brain(turn: Turn) -> None:
         attempts.append(len(attempts) + 1)
         if len(attempts) == 1:
-            _hold_next_batch(box["rt"].context.journal.writer, batch_done)
+            hold_next_batch(box["rt"].context.journal.writer, batch_done)
             raise RuntimeError("the model is down")
 
     rt = make_runtime(brain=brain)
@@ -166,7 +133,6 @@ def test_a_failed_attempt_recorded_after_the_timeout_counts_as_recorded(
         rt.run_until_idle(timeout=10)
     finally:
         batch_done.set()
-        logging.getLogger("kinbox.session").removeHandler(heard)
     assert [(d["message_id"], d["attempts"]) for e, d in events if e == "turn_failed"] \
         == [("m1", 1)]
     clock.advance(2.0)
@@ -192,8 +158,7 @@ def test_a_takeover_start_recorded_after_the_timeout_starts_the_turn(
     prepared.journal.mark_turn_started("dead-worker", "m0", 1)
     prepared.close()
     monkeypatch.setattr(session_actor, "WRITE_TIMEOUT", SHORT)
-    heard = _Heard()
-    logging.getLogger("kinbox.session").addHandler(heard)
+    heard = heard_slow_write(monkeypatch)
     batch_done = threading.Event()
     seen: list[str] = []
     rt = Runtime(db=db_url, brain=lambda turn: seen.append(turn.messages[0].message_id),
@@ -201,7 +166,7 @@ def test_a_takeover_start_recorded_after_the_timeout_starts_the_turn(
     real = Journal.submit_turn_started
 
     def slow_start(self: Journal, *args: Any, **kwargs: Any) -> Any:
-        _hold_next_batch(self.writer, batch_done)  # this record is the write it waits for
+        hold_next_batch(self.writer, batch_done)  # this record is the write it waits for
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(Journal, "submit_turn_started", slow_start)
@@ -213,6 +178,5 @@ def test_a_takeover_start_recorded_after_the_timeout_starts_the_turn(
         wait_for(lambda: rt.inbox()[0]["status"] == "delivered", what="its commit")
     finally:
         batch_done.set()
-        logging.getLogger("kinbox.session").removeHandler(heard)
         rt.stop()
     assert rt.inbox()[0]["attempts"] == 1  # as after a takeover answered in time

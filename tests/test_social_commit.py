@@ -4,7 +4,6 @@ outcome, and the event's reply leaves exactly once either way."""
 
 from __future__ import annotations
 
-import logging
 import threading
 from functools import partial
 from typing import Any
@@ -15,23 +14,13 @@ from kinbox.actors import Runtime, session_actor
 from kinbox.actors import social_rules as rules
 from kinbox.persistence.driver_errors import OperationalError
 
+from .helpers import heard_slow_write
 from .social_helpers import MakeRuntime, SocialRt, event, social_runtime
 
 
 @pytest.fixture
 def social_rt(make_runtime: MakeRuntime, any_db_url: str) -> SocialRt:
     return social_runtime(partial(make_runtime, db=any_db_url))
-
-
-class _Heard(logging.Handler):
-    """Sets ``event`` on the first warning of the session actors (a write that is slow)."""
-
-    def __init__(self, event: threading.Event) -> None:
-        super().__init__(logging.WARNING)
-        self.event = event
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.event.set()
 
 
 def _stall_commit(rt: Runtime, monkeypatch: pytest.MonkeyPatch, *, lands: bool
@@ -41,9 +30,7 @@ def _stall_commit(rt: Runtime, monkeypatch: pytest.MonkeyPatch, *, lands: bool
     the database (``lands``)."""
     monkeypatch.setattr(session_actor, "WRITE_TIMEOUT", 0.5)  # the turn's commit waits this
     monkeypatch.setattr(rules, "stall_pause", lambda stalls: 0.01)
-    gave_up = threading.Event()
-    logger = logging.getLogger("kinbox.session")
-    monkeypatch.setattr(logger, "handlers", [*logger.handlers, _Heard(gave_up)])
+    gave_up = heard_slow_write(monkeypatch).event
     rt.subscribe(lambda name, data: gave_up.set() if name == "lease_lost" else None)
     store = rt.context.store
     real_patch = store.patch_config_now
