@@ -142,8 +142,9 @@ class CronService:
 
     # -- firing ----------------------------------------------------------------------------
 
-    def tick(self) -> list[str]:
-        """Renew, fire, take over and start runs; returns the ids of the runs started."""
+    def tick(self, dead: set[str] | None = None) -> list[str]:
+        """Renew, fire, take over and start runs; returns the ids of the runs started.
+        ``dead``: the owners the caller found gone already (else they are looked up)."""
         if self.turns is None or self.ctx.closed.is_set():
             return []
         with self._tick_lock:
@@ -152,7 +153,7 @@ class CronService:
             with self._lock:
                 mine = sorted(self._mine)
             self.store.renew(self.ctx.owner, mine, now + lease)
-            self._expire_the_gone(now)
+            self._expire_the_gone(now, dead)
             recorded = self.store.fire_due(now, self.ctx.owner, lease,
                                            lambda job, running: self._decide(job, running, now))
             taken = self.store.take_over(now, self.ctx.owner, lease)
@@ -202,17 +203,21 @@ class CronService:
         a live runtime took a dead one's run over up to a poll (15 s) late."""
         if self.turns is None or self.gone is None or self.ctx.closed.is_set():
             return []
-        owners = self.store.running_owners() - {self.ctx.owner}
-        if not owners or not self.gone(owners):
-            return []
-        return self.tick()  # expires the dead owners' runs, and takes them over
+        dead = self._the_gone()
+        return self.tick(dead) if dead else []  # expires their runs, and takes them over
 
-    def _expire_the_gone(self, now: float) -> None:
-        """Runs of a runtime known dead are taken over now, not when their lease ends."""
+    def _the_gone(self) -> set[str]:
+        """The other owners of running runs whose runtime is known dead."""
         if self.gone is None:
-            return
+            return set()
         owners = self.store.running_owners() - {self.ctx.owner}
-        dead = self.gone(owners) if owners else set()
+        return self.gone(owners) if owners else set()
+
+    def _expire_the_gone(self, now: float, dead: set[str] | None) -> None:
+        """Runs of a runtime known dead (``dead``, else looked up) are taken over now, not
+        when their lease ends."""
+        if dead is None:
+            dead = self._the_gone()
         if dead:
             taken = self.store.expire_owners(dead, now)
             log.warning("taking over %d cron runs of %d runtime(s) that are gone", taken,

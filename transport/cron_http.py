@@ -33,7 +33,7 @@ from starlette.routing import Route
 
 from . import json_body
 from .errors import BackendRefused
-from .http_app import Refusal, error
+from .http_app import Refusal, error, guard
 
 ADD_FIELDS = ("name", "cron", "prompt", "delivery", "timezone")
 MAX_BODY = 256 * 1024
@@ -108,8 +108,6 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
     :func:`.http_app.create_app`)."""
 
     async def jobs(request: Request) -> Response:
-        if (refused := refusal(request)) is not None:
-            return refused
         limit = _whole(request, "limit", RUNS_LIMIT, 1, RUNS_LIMIT)
         offset = _whole(request, "offset", 0, 0, OFFSET_LIMIT)
         if limit is None or offset is None:
@@ -124,8 +122,6 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
         return JSONResponse(page, headers=headers)
 
     async def add(request: Request) -> Response:
-        if (refused := refusal(request)) is not None:
-            return refused
         try:
             body = await json_body.json_object(request, MAX_BODY)
         except BackendRefused as exc:
@@ -137,20 +133,14 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
         return await _call(lambda: backend.add(body), 201)
 
     async def one(request: Request) -> Response:
-        if (refused := refusal(request)) is not None:
-            return refused
         return await _call(lambda: backend.job(request.path_params["job_id"]))
 
     def action(verb: str) -> Callable[[Request], Any]:
         async def handler(request: Request) -> Response:
-            if (refused := refusal(request)) is not None:
-                return refused
             return await _call(lambda: backend.act(verb, request.path_params["job_id"]))
         return handler
 
     async def runs(request: Request) -> Response:
-        if (refused := refusal(request)) is not None:
-            return refused
         limit = _whole(request, "limit", 50, 1, RUNS_LIMIT)
         if limit is None:
             return error(422, "invalid_argument", f"limit must be a whole number 1..{RUNS_LIMIT}")
@@ -158,21 +148,22 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
         return await _call(lambda: backend.runs(job_id, limit))
 
     async def drain(request: Request) -> Response:
-        if (refused := refusal(request)) is not None:
-            return refused
         def take() -> dict[str, Any]:
             announcements, dropped = backend.drain_announcements()
             return {"announcements": announcements, "dropped": dropped}
         return await _call(take)
 
+    guarded = guard(refusal)  # every cron call, reads too, meets the app's rule first
+
     return [
-        _by_method("/cron/jobs", {"GET": jobs, "POST": add}),
-        _by_method("/cron/jobs/{job_id}", {"GET": one, "DELETE": action("remove")}),
-        *(Route(f"/cron/jobs/{{job_id}}/{verb}", action(verb), methods=["POST"])
+        _by_method("/cron/jobs", {"GET": guarded(jobs), "POST": guarded(add)}),
+        _by_method("/cron/jobs/{job_id}", {"GET": guarded(one),
+                                            "DELETE": guarded(action("remove"))}),
+        *(Route(f"/cron/jobs/{{job_id}}/{verb}", guarded(action(verb)), methods=["POST"])
           for verb in ("trigger", "pause", "resume")),
-        Route("/cron/jobs/{job_id}/runs", runs, methods=["GET"]),
-        Route("/cron/runs", runs, methods=["GET"]),
-        Route("/cron/announcements/drain", drain, methods=["POST"]),
+        Route("/cron/jobs/{job_id}/runs", guarded(runs), methods=["GET"]),
+        Route("/cron/runs", guarded(runs), methods=["GET"]),
+        Route("/cron/announcements/drain", guarded(drain), methods=["POST"]),
     ]
 
 

@@ -54,6 +54,16 @@ Refusal = Callable[[Request], Response | None]
 it, or ``X-Kinbox: 1`` when none is set."""
 
 
+def guard(refusal: Refusal) -> Callable[[Handler], Handler]:
+    """What puts a handler behind ``refusal``: the request meets the rule first."""
+    def guarded(handler: Handler) -> Handler:
+        async def checked(request: Request) -> Response:
+            refused = refusal(request)
+            return refused if refused is not None else await handler(request)
+        return checked
+    return guarded
+
+
 class HttpBackend(Protocol):
     """What the HTTP API needs from a runtime. Every method may block."""
 
@@ -121,11 +131,7 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
             return None
         return error(403, "forbidden", "state-changing calls need the header X-Kinbox: 1")
 
-    def guarded(handler: Handler) -> Handler:
-        async def checked(request: Request) -> Response:
-            refused = refusal(request)
-            return refused if refused is not None else await handler(request)
-        return checked
+    guarded = guard(refusal)
 
     async def index(request: Request) -> JSONResponse:
         return JSONResponse({"service": "kinbox", "routes": [
