@@ -382,11 +382,7 @@ def test_a_requeued_child_task_cancelled_before_it_runs_tells_its_parent(
     """The parent heard the task failed; an operator requeued it, then cancelled it before
     it ran. The task stayed blocked on its old failure, which counted as reported, so
     the cancel was never reported: the parent never heard, the task never closed."""
-    def brain(turn: Turn) -> None:
-        if turn.session_id.startswith("subagent-"):
-            raise RuntimeError("the model is down")
-
-    rt = make_runtime(brain=brain)
+    rt = make_runtime(brain=_children_fail)
     parent, _, task_id = _parent_with_a_child(rt)
     for backoff in (0, 2, 4, 8, 16):
         clock.advance(backoff)
@@ -475,13 +471,7 @@ def test_a_failed_child_wakes_its_parent_with_the_error(make_runtime: MakeRuntim
 def test_a_child_stopped_by_anyone_but_its_parent_wakes_the_parent(
         make_runtime: MakeRuntime, stopper: str, wakes: bool) -> None:
     started = threading.Event()
-
-    def brain(turn: Turn) -> None:
-        if turn.session_id.startswith("subagent-"):
-            started.set()
-            turn.wait_stop_requested(10)
-
-    rt = make_runtime(brain=brain)
+    rt = make_runtime(brain=_child_waits_for_its_stop(started, 10))
     p = rt.create_project("p")
     parent = rt.create_session(p.id, "parent").id
     sibling = rt.create_session(p.id, "sibling").id
@@ -658,6 +648,47 @@ def test_session_status_is_visible_while_a_turn_runs(make_runtime: MakeRuntime) 
 
 # -- a child task that ends outside a turn (A1) ------------------------------------------------
 
+def _child_waits_for_its_stop(running: threading.Event, timeout: float) -> Callable[[Turn], None]:
+    """A brain whose sub-agents say they run, then wait for their stop (a long model call
+    that heeds it); every other session says nothing."""
+    def brain(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            running.set()
+            turn.wait_stop_requested(timeout)
+    return brain
+
+
+def _children_fail(turn: Turn) -> None:
+    """A brain whose sub-agents' model is down; every other session says nothing."""
+    if turn.session_id.startswith("subagent-"):
+        raise RuntimeError("the model is down")
+
+
+def _child_settles_then_waits(settled: str, running: threading.Event,
+                              heard: list[tuple[str, str]],
+                              task_turns: list[str] | None = None) -> Callable[[Turn], None]:
+    """A brain whose sub-agent settles its task (``completed``, or ``blocked`` on the user),
+    says it runs, waits for its stop (a last model call) and replies; the parent notes the
+    outcomes it hears in ``heard``, and ``task_turns`` the child's turns' messages."""
+    def brain(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            if task_turns is not None:
+                task_turns.append(turn.messages[0].message_id)
+            [task] = turn.tools.task_list()["tasks"]
+            if settled == "completed":
+                turn.tools.task_update(task["task_id"], status="completed")
+            else:
+                turn.tools.task_update(task["task_id"], status="blocked", blocked_on="user",
+                                       reason="which format?")
+            running.set()
+            turn.wait_stop_requested(30)
+            turn.reply(f"{settled} it")
+        else:
+            heard.extend((m.payload.get("outcome", ""), m.content) for m in turn.messages
+                         if m.kind == "subagent_result")
+    return brain
+
+
 def _parent_with_a_child(rt: Runtime) -> tuple[str, str, str]:
     parent = rt.create_session(rt.create_project("p").id, "parent", session_id="parent").id
     spawned = rt.tools_for(parent).agent(description="clean up")
@@ -684,11 +715,7 @@ def test_a_child_task_cancelled_from_another_process_tells_its_parent_while_runn
     """``kinbox inbox cancel`` of a child's task row writes the journal from its own
     process; the delivering runtime never saw it, and the parent heard only at the next
     start. The runtime looks for such ends every REPORT_INTERVAL."""
-    def brain(turn: Turn) -> None:
-        if turn.session_id.startswith("subagent-"):
-            raise RuntimeError("the model is down")  # the task waits out a backoff
-
-    rt = make_runtime(brain=brain)
+    rt = make_runtime(brain=_children_fail)  # each child task waits out a backoff
     parent, child, task_id = _parent_with_a_child(rt)
     mid = f"subagent-task-{task_id}"
     wait_for(lambda: rt.inbox(target=child)[0]["attempts"] == 1, 10, "the first attempt")
@@ -755,12 +782,7 @@ def test_a_start_reports_a_cancel_of_a_handed_back_task_whose_report_a_crash_los
     task's first message only (done), so the task stayed open and the parent never
     heard."""
     running = threading.Event()
-
-    def child_waits_for_its_stop(turn: Turn) -> None:
-        if turn.session_id.startswith("subagent-"):
-            running.set()
-            turn.wait_stop_requested(30)
-
+    child_waits_for_its_stop = _child_waits_for_its_stop(running, 30)
     rt = make_runtime(brain=child_waits_for_its_stop)
     parent, _, task_id = _parent_with_a_child(rt)
     for deploy in range(2):
@@ -826,22 +848,8 @@ def test_a_child_that_settled_its_task_before_a_deploy_stopped_it_is_not_run_aga
     task_turns: list[str] = []
     heard: list[tuple[str, str]] = []
 
-    def brain(turn: Turn) -> None:
-        if turn.session_id.startswith("subagent-"):
-            task_turns.append(turn.messages[0].message_id)
-            [task] = turn.tools.task_list()["tasks"]
-            if settled == "completed":
-                turn.tools.task_update(task["task_id"], status="completed")
-            else:
-                turn.tools.task_update(task["task_id"], status="blocked", blocked_on="user",
-                                       reason="which format?")
-            running.set()
-            turn.wait_stop_requested(30)  # a last model call (the summary): a deploy
-            turn.reply(f"{settled} it")
-        else:
-            heard.extend((m.payload.get("outcome", ""), m.content) for m in turn.messages
-                         if m.kind == "subagent_result")
-
+    # the child's last model call (the summary) is where a deploy stops it
+    brain = _child_settles_then_waits(settled, running, heard, task_turns)
     rt = make_runtime(brain=brain)
     _, _, task_id = _parent_with_a_child(rt)
     assert running.wait(10)
@@ -865,22 +873,7 @@ def test_a_child_that_settled_its_task_before_a_stop_keeps_and_reports_it(
     running = threading.Event()
     heard: list[tuple[str, str]] = []
 
-    def brain(turn: Turn) -> None:
-        if turn.session_id.startswith("subagent-"):
-            [task] = turn.tools.task_list()["tasks"]
-            if settled == "completed":
-                turn.tools.task_update(task["task_id"], status="completed")
-            else:
-                turn.tools.task_update(task["task_id"], status="blocked", blocked_on="user",
-                                       reason="which format?")
-            running.set()
-            turn.wait_stop_requested(30)
-            turn.reply(f"{settled} it")
-        else:
-            heard.extend((m.payload.get("outcome", ""), m.content) for m in turn.messages
-                         if m.kind == "subagent_result")
-
-    rt = make_runtime(brain=brain)
+    rt = make_runtime(brain=_child_settles_then_waits(settled, running, heard))
     parent, child, task_id = _parent_with_a_child(rt)
     sibling = rt.create_session(rt.session(parent).project_id, "sibling").id  # type: ignore[union-attr,arg-type]
     assert running.wait(10)
