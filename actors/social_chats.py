@@ -7,7 +7,9 @@ the sender's steering that came too late, then the others' events, are next.
 A turn that could not run at all keeps its events: the chat tries again after
 a pause (:func:`.social_rules.stall_pause`), waiting on one shared thread
 (:mod:`.delayed`), not on the pool. A turn whose commit the database refused
-runs again, up to ``COMMIT_ATTEMPTS`` times (its markers: :mod:`.social_commit`).
+runs again, up to ``COMMIT_ATTEMPTS`` times. A turn's commit writes its events'
+delivery markers and is refused when one has a marker already (:func:`record_events`):
+a platform's retry that reached another runtime sharing the database commits once.
 A committed turn's replies leave through the channel (:mod:`.channels`).
 """
 
@@ -19,8 +21,8 @@ from typing import Any
 from ..persistence import DuplicateError, WriterClosed
 from . import channels
 from . import social_rules as rules
+from .context import RuntimeContext
 from .direct_turn import DirectOutcome, DirectTurns, TurnNotStarted
-from .social_commit import record_events
 from .social_state import SocialState, turn_message
 from .turn import Message, Turn
 
@@ -178,3 +180,14 @@ class ChatTurns(SocialState):
     def _send_replies(self, sid: str, event: rules.SocialEvent, turn: Turn) -> None:
         self.channels.send(sid, event.platform, event.reply_route, "\n\n".join(turn.replies),
                            event.event_id)
+
+
+def record_events(ctx: RuntimeContext, sid: str, event_ids: list[str], now: float) -> None:
+    """Inside the turn's commit: its events' delivery markers, or :class:`DuplicateError`
+    (undoing the commit) when one has a marker already. A platform's retry that reached
+    another runtime sharing the database ran there too; one of the two commits, and
+    only its replies are sent."""
+    done = ctx.journal.committed_of(event_ids)
+    if done:
+        raise DuplicateError("social event", "event_id", sorted(done)[0])
+    ctx.journal.write_turn(sid, event_ids, [], now)
