@@ -5,7 +5,7 @@ check is an empty operation the writer must commit in time (a timed-out one is
 withdrawn, never run late), and the read check runs on a thread of its own, so a
 database that hangs (a table locked by a migration, a network that drops packets)
 makes it time out, never the caller. Never raises: a failing check says why in its
-``error``.
+``error`` and names the exception's type in its ``error_type``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,12 @@ from typing import Any
 from ..persistence import GroupCommitWriter
 from .context import RuntimeContext
 from .errors import RuntimeStateError
+
+
+def _failure(exc: BaseException) -> dict[str, str]:
+    """A failed check's ``error`` (type and text) and its ``error_type`` alone: the part
+    a caller without the operator token may see (the text may name hosts or paths)."""
+    return {"error": f"{type(exc).__name__}: {exc}", "error_type": type(exc).__name__}
 
 
 class HealthChecks:
@@ -41,7 +47,7 @@ class HealthChecks:
             self._read(ctx, timeout)
             checks["database"] = {"ok": True}
         except Exception as exc:
-            checks["database"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            checks["database"] = {"ok": False, **_failure(exc)}
         try:
             if writer is None:
                 raise RuntimeStateError("the runtime has no writer", state=state)
@@ -50,7 +56,7 @@ class HealthChecks:
             checks["writer"] = {"ok": True, "commit_ms": round((time.monotonic() - began)
                                                                * 1000, 1)}
         except Exception as exc:
-            checks["writer"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+            checks["writer"] = {"ok": False, **_failure(exc),
                                 "queued": writer.queued() if writer is not None else 0}
         if send_only:
             checks["dispatcher"] = {"ok": True, "state": "send-only"}

@@ -409,7 +409,9 @@ def test_healthz_without_the_token_names_what_failed_but_not_the_drivers_text(
         assert (status, body["checks"]["database"]["ok"]) == (503, False)
         assert "10.0.0.5" not in json.dumps(body)
         assert body["checks"]["database"]["error"] == "OperationalError"
+        assert body["checks"]["database"]["error_type"] == "OperationalError"
         status, body = srv.request("GET", "/healthz", {"Authorization": "Bearer s3cret"})
         assert "10.0.0.5" in body["checks"]["database"]["error"]  # the operator sees why
+        assert body["checks"]["database"]["error_type"] == "OperationalError"
     finally:
         srv.close()
