@@ -29,7 +29,8 @@ from . import set_wise
 from .bulk_sql import BulkSql
 from .errors import LeaseLost, PersistenceError, RowNotFound, WriterClosed
 from .hot_path import CLAIM_COLUMNS, Head, HotPath, is_open
-from .inbox_reads import InboxReads, row_to_dict
+from .inbox_operator import InboxOperator
+from .inbox_reads import InboxReads
 from .inbox_records import (
     ClaimedRow,
     ClaimResult,
@@ -57,7 +58,7 @@ def _claimed(row: InboxMessage) -> ClaimedRow:
     return ClaimedRow.from_head(Head._make(getattr(row, c) for c in CLAIM_COLUMNS))
 
 
-class Journal(InboxReads):
+class Journal(InboxReads, InboxOperator):
     """Inbox operations on one database; writes are group-committed, reads are direct."""
 
     def __init__(self, tables: Tables, writer: GroupCommitWriter) -> None:
@@ -517,78 +518,3 @@ class Journal(InboxReads):
         Set-wise with the other releases of its batch; refused with :class:`LeaseLost`
         if ``owner`` lost a lease."""
         self.writer.call_bulk(self._releases, (owner, list(message_ids), now))
-
-    def _operator_op(self, message_id: str, now: float, event: core.Event, recorded: str,
-                     detail: Callable[[InboxMessage], str | None],
-                     changes: dict[str, Any]) -> dict[str, Any]:
-        """An operator's change to one row: checked by the state machine, kept in history.
-
-        The change applies only to the state it was checked against: on PostgreSQL another
-        process may move the row between the read and the write (a worker delivering it,
-        another operator requeueing it), and the check then runs again on what it became."""
-        m = self.t.inbox
-        while True:
-            row = m.get_or_none(m.message_id == message_id)
-            if row is None:
-                raise RowNotFound("inbox row", message_id)
-            core.transition(message_id, row.status, event)
-            if m.update(updated_at=now, **changes).where(
-                    (m.message_id == message_id) & (m.status == row.status)).execute():
-                break
-        self.t.event.insert(message_id=message_id, at=now, attempts=row.attempts,
-                            event=recorded, detail=detail(row)).execute()
-        self.bulk.announce()  # a requeued row, or the one behind a cancelled head, is due
-        return row_to_dict(m.get(m.message_id == message_id))
-
-    def _requeue_op(self, message_id: str, now: float) -> dict[str, Any]:
-        return self._operator_op(message_id, now, core.Event.REQUEUE, "requeued",
-                                 lambda row: row.last_error,
-                                 {"status": core.PENDING, "attempts": 0,
-                                  "available_at": now})
-
-    def requeue(self, message_id: str, now: float, *,
-                also: Callable[[list[str]], object] | None = None) -> dict[str, Any]:
-        """Operator: put a ``failed`` row back to ``pending`` (attempts reset, history kept);
-        ``also`` runs in the same transaction with its id (what the requeue reopens)."""
-        def op() -> dict[str, Any]:
-            row = self._requeue_op(message_id, now)
-            if also is not None:
-                also([message_id])
-            return row
-        return self.writer.call(op)
-
-    def requeue_where(self, now: float, *, target: str | None = None,
-                      kind: str | None = None,
-                      also: Callable[[list[str]], object] | None = None) -> list[str]:
-        """Operator: requeue every ``failed`` row matching the filter, in one transaction
-        (with ``also``, given their ids)."""
-        m = self.t.inbox
-
-        def op() -> list[str]:
-            q = m.select(m.message_id).where(m.status == core.FAILED)
-            if target is not None:
-                q = q.where(m.target_chat_id == target)
-            if kind is not None:
-                q = q.where(m.kind == kind)
-            ids = [r.message_id for r in q.order_by(m.seq)]
-            for mid in ids:
-                self._requeue_op(mid, now)
-            if also is not None and ids:
-                also(ids)
-            return ids
-        return self.writer.call(op)
-
-    def _cancel_op(self, message_id: str, now: float, by: str, reason: str) -> dict[str, Any]:
-        return self._operator_op(message_id, now, core.Event.CANCEL, "cancelled",
-                                 lambda row: f"by {by}: {reason}"[:2000],
-                                 {"status": core.CANCELLED, "lease_owner": None,
-                                  "lease_until": None})
-
-    def cancel(self, message_id: str, now: float, *, by: str, reason: str) -> dict[str, Any]:
-        """Operator: give up on a ``pending`` or ``failed`` row (terminal ``cancelled``).
-
-        Who and why are kept in the row's history. The rows queued behind it
-        for the same target move up, so one bad message stops holding its
-        session back.
-        """
-        return self.writer.call(lambda: self._cancel_op(message_id, now, by, reason))
