@@ -123,3 +123,13 @@ def kinbox_errors(cls: D) -> D:
 @kinbox_errors
 class SqliteDatabase(pw.SqliteDatabase):
     """peewee's SQLite database, failing with kinbox errors."""
+
+    def rollback(self) -> None:
+        """Roll the transaction back; nothing to do when SQLite ended it already. A full
+        disk or an I/O error (in a statement or in ``COMMIT``) rolls the whole transaction
+        back inside SQLite, and peewee's rollback after it failed with 'no transaction is
+        active', which its callers got in place of the error that ended it."""
+        conn = self._state.conn
+        if conn is not None and not self.is_closed() and not conn.in_transaction:
+            return
+        super().rollback()

@@ -169,6 +169,12 @@ class PostgresDatabase(pw.PostgresqlDatabase):  # type: ignore[misc]
             return
         if statement == "ROLLBACK":
             pending.clear()  # what is deferred would be undone with the rest
+            conn = self._state.conn
+            if conn is not None and conn.closed:
+                # The server ended the transaction with the connection (a restart,
+                # pg_terminate_backend, even during COMMIT): nothing is left to undo, and
+                # the error that found it gone is the one the caller gets, not this one's.
+                return
         if self.is_closed():
             raise pw.InterfaceError(f"cannot {statement.lower()}: the connection is not open")
         self.execute_sql(statement)

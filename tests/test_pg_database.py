@@ -282,3 +282,39 @@ def test_an_unparsable_writer_op_fails_its_whole_batch_and_no_other_op_is_lost(
     finally:
         writer.stop()
     assert _ids(pg_url) == [5]
+
+
+def test_a_connection_the_server_ends_before_the_commit_fails_the_batch_with_that_error(
+        db: Counting, pg_url: str) -> None:
+    """The server ended the writer's connection (a restart, ``pg_terminate_backend``) after
+    the batch's statements and before its COMMIT: the COMMIT failed, the rollback after it
+    found the connection closed, and every caller got 'cannot rollback: the connection is
+    not open' (an InterfaceError) in place of the connection lost."""
+    from .helpers import wait_for
+
+    admin = psycopg2.connect(pg_url)
+    admin.autocommit = True
+
+    def gone(pid: int) -> bool:
+        with admin.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
+            return bool(cur.fetchone()[0] == 0)
+
+    def insert_then_lose_the_connection() -> None:
+        _insert(db, 1)
+        pid = db.connection().get_backend_pid()
+        with admin.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        wait_for(lambda: gone(pid), timeout=10, what="the server to end the connection")
+
+    writer = GroupCommitWriter(db, name="kinbox-test-writer")
+    writer.start()
+    try:
+        with pytest.raises(pw.OperationalError) as lost:
+            writer.call(insert_then_lose_the_connection, timeout=20)
+        assert lost.value.kind == "OperationalError", lost.value  # type: ignore[attr-defined]
+        assert writer.call(lambda: _insert(db, 2), timeout=20) == 2  # connected again
+    finally:
+        writer.stop()
+        admin.close()
+    assert _ids(pg_url) == [2]

@@ -233,6 +233,32 @@ def test_a_full_sqlite_disk_is_reported_as_such_not_as_a_failed_rollback(tmp_pat
 
 
 @pytest.mark.timeout(120)
+def test_a_disk_that_fills_during_a_sqlite_commit_is_reported_as_such(tmp_path: Any) -> None:
+    """The disk filled while a batch's COMMIT wrote the WAL: SQLite rolled the transaction
+    back itself, peewee's rollback after it failed, and every sender of the batch got
+    'cannot rollback - no transaction is active' in place of the write that failed."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kinbox.actors import Runtime
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    with Runtime(db=url) as rt:
+        sid = rt.create_session(rt.create_project("p").id, "S").id
+    child = Path(__file__).with_name("full_disk_child.py")
+    run = subprocess.run([sys.executable, str(child), url, sid], capture_output=True,
+                         text=True, timeout=100)
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["type"] == "OperationalError" and seen["kind"] == "OperationalError", seen
+    assert "rollback" not in seen["error"] and "transaction" not in seen["error"], seen
+    with Runtime(db=url) as again:  # the disk has room again: each acknowledged send
+        assert len(again.inbox()) == seen["sent"] > 0
+
+
+@pytest.mark.timeout(120)
 def test_a_turn_commit_the_database_refused_runs_again_once_it_is_back_not_a_lease_later(
         tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another process held the SQLite file's write lock past the busy timeout while a
