@@ -213,7 +213,16 @@ def _sqlite_read_only(url: str, path: str) -> peewee.Database:
 
 
 def _pg_settings(url: str) -> dict[str, object]:
-    settings: dict[str, object] = db_url.parse(url, unquote_password=True, unquote_user=True)
+    try:
+        settings: dict[str, object] = db_url.parse(url, unquote_password=True,
+                                                   unquote_user=True)
+    except ValueError:
+        # A '/', '?' or '#' in the password ends the host part there, so what reads as the
+        # port is the password's first part: the parser's message quotes it.
+        raise ValueError(
+            "the URL's host and port cannot be read (the port is not a number from 0 to "
+            "65535, or a '[' is not closed); write a '/', '?', '#' or '@' in the user "
+            "name or password percent-encoded: %2F, %3F, %23, %40") from None
     # As libpq reads a URL: the user, password and database name percent-decoded (a URL
     # writes an '@', ':', '/' or '%' in them as %40, %3A, %2F, %25); the query's values
     # already are. playhouse leaves them as written, so they failed to authenticate.

@@ -117,6 +117,21 @@ def test_passwords_are_redacted_from_errors() -> None:
     assert "secret" not in str(info.value)
 
 
+@pytest.mark.parametrize("password", ["Zq9/rest", "Zq9?rest", "Zq9#rest"])
+def test_a_password_that_cuts_the_host_part_short_is_not_quoted_in_the_error(
+        password: str) -> None:
+    """A '/', '?' or '#' in the password ends the URL's host part, so the password's first
+    part read as the port, and the parser's complaint quoted it ('Port could not be cast
+    to integer value as 'Zq9'') in the error and its cause."""
+    import traceback
+
+    with pytest.raises(DatabaseOpenError) as info:
+        open_database(f"postgresql://me:{password}@127.0.0.1:5432/db")
+    shown = "".join(traceback.format_exception(info.value))
+    assert "Zq9" not in shown, shown
+    assert "percent-encoded" in info.value.reason
+
+
 def test_bad_synchronous_values_are_refused(db_url: str) -> None:
     with pytest.raises(DatabaseOpenError, match="synchronous must be FULL or NORMAL"):
         open_database(db_url, synchronous="OFF")  # type: ignore[arg-type]
