@@ -22,6 +22,7 @@ import pykka
 
 from ..persistence import (
     DEFAULT_LEASE_SECONDS,
+    DatabaseOpenError,
     ExclusiveLock,
     GroupCommitWriter,
     JobStore,
@@ -159,7 +160,11 @@ class Runtime(RecordsApi, WatchApi):
                                     state=self._state)
         path = sqlite_path(self.url)
         if path is not None:  # a folder kinbox makes is its user's alone (messages are there)
-            private_folder(path.parent)
+            try:
+                private_folder(path.parent)
+            except OSError as exc:  # a file in the way, a read-only disk, no permission
+                raise DatabaseOpenError(self.url, f"cannot make its folder "
+                                        f"{str(path.parent)!r}: {exc.strerror or exc}") from exc
         db = open_database(self.url, synchronous=self.synchronous)  # type: ignore[arg-type]
         tables = bind_tables(db)
         # On PostgreSQL every process tells the time by the server's clock.

@@ -27,7 +27,7 @@ from kinbox.actors import (
     Turn,
 )
 from kinbox.actors.runtime import data_dir_for
-from kinbox.persistence import IllegalTransition, default_data_dir
+from kinbox.persistence import DatabaseOpenError, IllegalTransition, default_data_dir
 
 from .helpers import quiet_brain, wait_for
 
@@ -487,3 +487,17 @@ def test_the_folders_kinbox_makes_are_its_users_alone(tmp_path: Path) -> None:
         assert rt.peers.identity.device_id  # the device key, made on first use
     for folder in (tmp_path / "new", tmp_path / "new" / "kinbox-data"):
         assert folder.stat().st_mode & 0o077 == 0, oct(folder.stat().st_mode)
+
+
+@pytest.mark.timeout(30)
+def test_a_database_folder_that_cannot_be_made_is_a_database_open_error_naming_it(
+        tmp_path: Path) -> None:
+    """A file where the database's folder should be: the runtime's start raised a bare
+    NotADirectoryError (or FileExistsError), outside kinbox's errors."""
+    (tmp_path / "afile").write_text("not a folder")
+    for url in (f"sqlite:///{tmp_path / 'afile' / 'sub' / 'k.db'}",
+                f"sqlite:///{tmp_path / 'afile' / 'k.db'}"):
+        with pytest.raises(DatabaseOpenError) as refused:
+            Runtime(db=url, brain=lambda turn: None).start()
+        assert str(tmp_path / "afile") in refused.value.reason
+    assert [p.name for p in tmp_path.iterdir()] == ["afile"]  # nothing made beside it
