@@ -181,9 +181,11 @@ def _create_private(path: str) -> None:
     """Create a missing SQLite file empty (SQLite's new database) with mode 0600: it holds
     every transcript, and SQLite would create it with the umask's mode (0644 under 022),
     readable by every user of the machine. SQLite gives the WAL and shared-memory files
-    the database file's mode, so they stay private too. A file that exists keeps its mode."""
+    the database file's mode, so they stay private too. A file that exists keeps its mode.
+    A symlink to a file not made yet is followed (``O_EXCL`` alone would refuse it, and
+    SQLite would then make the file it names with the umask's mode)."""
     try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.close(os.open(os.path.realpath(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:  # there already, or another process created it first
         pass
 

@@ -132,6 +132,24 @@ def test_a_password_that_cuts_the_host_part_short_is_not_quoted_in_the_error(
     assert "percent-encoded" in info.value.reason
 
 
+def test_a_file_made_through_a_symlink_to_it_is_readable_by_its_user_only(
+        tmp_path: Path) -> None:
+    """A database path that is a symlink to a file not made yet (a data directory linked
+    to a larger disk before the first start): the exclusive create refused the link, and
+    SQLite made the file with the umask's mode, readable by every user of the machine."""
+    import os
+    import stat
+
+    link = tmp_path / "kinbox.db"
+    link.symlink_to(tmp_path / "elsewhere.db")
+    old = os.umask(0o022)
+    try:
+        upgrade(bind_tables(open_database(f"sqlite:///{link}")))
+    finally:
+        os.umask(old)
+    assert oct(stat.S_IMODE((tmp_path / "elsewhere.db").stat().st_mode)) == "0o600"
+
+
 def test_bad_synchronous_values_are_refused(db_url: str) -> None:
     with pytest.raises(DatabaseOpenError, match="synchronous must be FULL or NORMAL"):
         open_database(db_url, synchronous="OFF")  # type: ignore[arg-type]
