@@ -132,6 +132,8 @@ def open_database(url: str, *, synchronous: Synchronous = "FULL",
             )
         # The file sqlite_path names ('~' is the home folder), for every check and the open.
         path = str(Path(path).expanduser())
+        if Path(path).is_dir():  # SQLite says only 'unable to open database file'
+            raise DatabaseOpenError(url, f"{path!r} is a directory, not a database file")
         if (must_exist or read_only) and not Path(path).is_file():
             raise DatabaseMissing(url, f"there is no database file at {path!r}; a runtime "
                                   "creates it on start, or run `kinbox db upgrade`")

@@ -91,6 +91,21 @@ def test_urls_that_cannot_be_opened_give_a_precise_error(url: str, reason: str,
     assert list(tmp_path.iterdir()) == []  # no file made under another name
 
 
+@pytest.mark.parametrize("options", [{}, {"must_exist": True}, {"read_only": True}])
+def test_a_directory_where_the_file_should_be_is_named_as_such(
+        tmp_path: Path, options: dict[str, bool]) -> None:
+    """SQLite said only 'unable to open database file', and a command that only reads
+    said there was no database file there and to run `kinbox db upgrade`, which then
+    failed the same way."""
+    (tmp_path / "k.db").mkdir()
+    with pytest.raises(DatabaseOpenError) as refused:
+        open_database(f"sqlite:///{tmp_path / 'k.db'}", **options)
+    assert type(refused.value) is DatabaseOpenError  # something is there: not "missing"
+    assert "is a directory" in refused.value.reason
+    assert [p.name for p in tmp_path.iterdir()] == ["k.db"]
+    assert list((tmp_path / "k.db").iterdir()) == []
+
+
 def test_an_unreachable_postgres_is_a_database_open_error() -> None:
     with pytest.raises(DatabaseOpenError, match="cannot open database"):
         open_database("postgresql://nobody@127.0.0.1:1/none")
