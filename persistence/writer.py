@@ -279,9 +279,9 @@ class GroupCommitWriter:
     @contextmanager
     def _transaction(self) -> Iterator[None]:
         """A batch's transaction. When its body failed in the database and the rollback
-        fails too (the transaction was over already: SQLite rolls it all back on a full
-        disk, a PostgreSQL server closed the connection), the body's error is what the
-        batch's callers get: the rollback's ("no transaction is active") would hide why."""
+        fails too, the body's error is what the batch's callers get: the rollback's would
+        hide why. (A transaction the database ended itself, on a full disk or a closed
+        connection, is no rollback failure: the database classes skip that rollback.)"""
         failed: list[BaseException] = []
         try:
             with (self._db.atomic(_SQLITE_LOCK) if is_sqlite(self._db) else self._db.atomic()):
