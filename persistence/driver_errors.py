@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import sqlite3
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import peewee as pw
 
@@ -71,17 +71,41 @@ def sqlstate_of(exc: BaseException) -> str | None:
     return None
 
 
+def _primary_message(exc: BaseException) -> str | None:
+    """PostgreSQL's primary message for ``exc`` (psycopg2's ``diag``; peewee's error holds
+    the driver's as its argument); None when there is none (SQLite, a failed connect)."""
+    for candidate in (exc, *exc.args, exc.__cause__, exc.__context__):
+        primary = getattr(getattr(candidate, "diag", None), "message_primary", None)
+        if primary:
+            return str(primary)
+    return None
+
+
 def as_kinbox(exc: Exception) -> DatabaseFailed:
     """The kinbox error standing for ``exc``, peewee's or a driver's (by its nearest
-    DB-API class)."""
+    DB-API class). On PostgreSQL its text is the primary message alone, the driver's
+    whole text (a refused row's values in its ``DETAIL``) kept on ``.detail``."""
     cls: type[DatabaseFailed] = OtherDatabaseError
     for base in type(exc).__mro__:
         if base.__name__ in _BY_NAME:
             cls = _BY_NAME[base.__name__]
             break
-    failed = cls(*exc.args)
+    primary = _primary_message(exc)
+    failed = cls(*exc.args) if primary is None else cls(primary)
     failed.sqlstate = sqlstate_of(exc)
+    if primary is not None:
+        failed.detail = str(exc)
     return failed
+
+
+def reraise(exc: Exception) -> NoReturn:
+    """Raise the kinbox error standing for ``exc`` in its place. Chained to ``exc`` unless
+    its text was cut: a traceback would print the driver's whole text with it. (Its
+    ``__context__`` still holds ``exc``, where :func:`sqlstate_of` looks.)"""
+    failed = as_kinbox(exc)
+    if failed.detail is None:
+        raise failed from exc
+    raise failed from None
 
 
 def sqlite_statement(cursor: sqlite3.Cursor) -> Callable[[str], object]:
@@ -90,7 +114,7 @@ def sqlite_statement(cursor: sqlite3.Cursor) -> Callable[[str], object]:
         try:
             return cursor.execute(sql)
         except sqlite3.Error as exc:
-            raise as_kinbox(exc) from exc
+            reraise(exc)
     return run
 
 
@@ -109,7 +133,7 @@ def _failing_as_kinbox(method: Callable[..., Any]) -> Callable[..., Any]:
         except DatabaseFailed:
             raise
         except _DRIVER as exc:
-            raise as_kinbox(exc) from exc
+            reraise(exc)
     return call
 
 

@@ -5,7 +5,8 @@ error kinbox raises (``kinbox.persistence`` and ``kinbox.actors`` alike)
 shares one root; ``kinbox.actors`` re-exports it and draws the whole tree.
 Every error of this layer derives from :class:`PersistenceError`, so a
 caller can also catch the layer as a whole. Driver errors are wrapped
-(``raise ... from exc``) and never leak as ``sqlite3``/``psycopg2`` types.
+(``raise ... from exc``; from None where PostgreSQL's text was cut, see
+:class:`DatabaseFailed`) and never leak as ``sqlite3``/``psycopg2`` types.
 Decide on the types and their attributes, never on the message text::
 
     KinboxError
@@ -20,7 +21,7 @@ Decide on the types and their attributes, never on the message text::
         ├── DuplicateError         .kind, .field, .value: a unique value is already taken
         ├── DatabaseInUse          .path: another runtime process owns this SQLite file
         ├── LifeLockLost           .owner: the connection holding a runtime's life lock died
-        ├── DatabaseFailed         .kind, .sqlstate: a statement failed in the database or
+        ├── DatabaseFailed         .kind, .sqlstate, .detail: a statement failed in the database or
         │                          its driver (a lost connection, a lock timeout, a full
         │                          disk, a value refused); also the peewee error it stands for
         └── WriterClosed           the group-commit writer was stopped
@@ -134,10 +135,13 @@ class DatabaseFailed(PersistenceError):
     ``DataError``, ``ProgrammingError``... Raised by the databases kinbox opens in place of
     peewee's error, and a subclass of it too (see :mod:`.driver_errors`). ``sqlstate``
     is the SQLSTATE code PostgreSQL gave (``40P01`` a deadlock, ``57P01`` the server
-    shutting down...), None on SQLite."""
+    shutting down...), None on SQLite. ``detail`` is the driver's whole text where the
+    error's own is cut to PostgreSQL's primary message: its ``DETAIL`` quotes the values of
+    a refused row (a message body among them), which must reach no log above DEBUG."""
 
     kind = "DatabaseError"
     sqlstate: str | None = None
+    detail: str | None = None
 
 
 class WriterClosed(PersistenceError):

@@ -318,3 +318,30 @@ def test_a_connection_the_server_ends_before_the_commit_fails_the_batch_with_tha
         writer.stop()
         admin.close()
     assert _ids(pg_url) == [2]
+
+
+def test_a_refused_row_s_values_stay_out_of_the_error_text_and_its_traceback(
+        pg_url: str) -> None:
+    """PostgreSQL's DETAIL quotes the refused row ("Failing row contains (...)"), a message
+    body among its values; logged at ERROR (a failed commit, a refused turn), the body was
+    in the log. The error says what failed; the DETAIL stays on ``.detail``."""
+    import traceback
+
+    from kinbox.persistence import DatabaseFailed
+
+    database = open_database(pg_url)
+    database.execute_sql("DROP TABLE IF EXISTS detail_t")
+    database.execute_sql("CREATE TABLE detail_t (id integer PRIMARY KEY, body text,"
+                         " n integer CHECK (n > 0))")
+    try:
+        with pytest.raises(DatabaseFailed) as caught:
+            database.execute_sql("INSERT INTO detail_t VALUES (%s, %s, %s)",
+                                 (1, "the secret body", -1))
+        text = "".join(traceback.format_exception(caught.value))
+        assert "the secret body" not in text
+        assert "detail_t_n_check" in str(caught.value)  # what failed is still said
+        assert caught.value.sqlstate == "23514" and caught.value.kind == "IntegrityError"
+        assert "the secret body" in (caught.value.detail or "")
+    finally:
+        database.execute_sql("DROP TABLE detail_t")
+        database.close()
