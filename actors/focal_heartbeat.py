@@ -7,7 +7,8 @@ signature differs from the last successful check-in's.
 
 ``heartbeat.md`` is the user's file: whatever bytes it holds (not UTF-8, a
 NUL, cut mid-character by a write in progress, megabytes long) become a
-checklist a message can carry (:func:`checklist_text`).
+checklist a message can carry (:func:`checklist_text`); one with no text is the
+default.
 """
 
 from __future__ import annotations
@@ -38,8 +39,14 @@ DEFAULT_FOCAL_HEARTBEAT = """# SUZENT heartbeat checklist
 def checklist_text(raw: bytes) -> str:
     """The checklist in ``raw`` (the first :data:`CHECKLIST_READ` bytes of the file):
     bytes that are not UTF-8 become U+FFFD and a NUL is escaped, so the file's text can
-    be stored on every backend; cut at :data:`CHECKLIST_LIMIT` characters, saying so."""
+    be stored on every backend; cut at :data:`CHECKLIST_LIMIT` characters, saying so.
+
+    A file with no text (empty, or white space only) is no checklist: the default's, as
+    with no file. Taken as an edited one, which always runs, it woke Focal every 30
+    minutes for a turn on a message with nothing in it."""
     text = escaped(raw.decode("utf-8", errors="replace"))
+    if not text.strip():
+        return DEFAULT_FOCAL_HEARTBEAT
     if len(text) <= CHECKLIST_LIMIT and len(raw) < CHECKLIST_READ:
         return text
     return text[:CHECKLIST_LIMIT] + f"\n\n(heartbeat.md is cut at {CHECKLIST_LIMIT:,} characters)"

@@ -308,6 +308,27 @@ def test_an_edited_checklist_always_runs(focal_rt: tuple[Runtime, Any], clock: M
     assert [h["content"] for h in heartbeats(rt)] == ["- mine"]
 
 
+@pytest.mark.parametrize("content", [b"", b"  \n\n\t\n"])
+def test_a_blank_checklist_is_no_checklist_and_runs_like_the_default(
+        focal_rt: tuple[Runtime, FocalBrain], clock: ManualClock, tmp_path: Path,
+        content: bytes) -> None:
+    """A user who empties heartbeat.md has nothing on it to check: it counted as an
+    edited checklist, which always runs, so every 30 minutes Focal took a turn (a model
+    call, a notification) on a message with no text at all."""
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    (tmp_path / "data" / "projects" / "suzent-focal" / "heartbeat.md").write_bytes(content)
+    clock.advance(30 * 60)
+    rt.run_until_idle()
+    assert heartbeats(rt) == [] and brain.focal_turns == []  # no findings: skipped
+    stall_a_session(rt)
+    clock.advance(30 * 60)
+    rt.run_until_idle()
+    [beat] = heartbeats(rt)  # new findings: the default's check-in, with its text
+    assert beat["content"].startswith(DEFAULT_FOCAL_HEARTBEAT)
+    assert "stalled: Stuck" in beat["content"]
+
+
 @pytest.mark.parametrize("content", [b"\xff\xfe- not UTF-8 \x80", b"- a NUL \x00 here",
                                      b"- cut mid-character \xe2\x82", b"- long" * 1_000_000,
                                      "folder", "pipe"])
