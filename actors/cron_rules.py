@@ -43,9 +43,11 @@ PREVIOUS_ACTIVE = "Previous cron run is still active"
 MAX_PROMPT = 20_000
 MAX_NAME = 256
 EXPRESSION_LIMIT = 512
-"""Longest cron expression taken, in characters: every value of every field listed one by
-one is under 400; a longer one only costs CPU at each next-run computation (a 240 KB one
-took a second). Here, with the rules, so the tool schemas can state it."""
+"""Longest cron expression taken, in characters (the tables' columns are as wide:
+``kinbox.persistence.CRON_EXPRESSION_CHARS``, which a test holds equal): every
+value of every field listed one by one is under 400; a longer one only costs CPU at each
+next-run computation (a 240 KB one took a second). Here, with the rules, so the tool
+schemas can state it."""
 
 
 class CronError(KinboxError):

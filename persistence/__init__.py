@@ -53,7 +53,7 @@ from .journal import (
     TurnEntry,
 )
 from .liveness import OwnerLiveness
-from .models import Tables, bind_tables
+from .models import CRON_EXPRESSION_CHARS, Tables, bind_tables
 from .rate_buckets import BucketState, RateBuckets
 from .schema import pending_changes, require_current, upgrade
 from .sessions import EntryRecord, ProjectRecord, SessionRecord, SessionStore
@@ -62,6 +62,7 @@ from .tasks import OPEN_TASK_STATES, TaskChange, TaskRecord, TaskStore
 from .writer import WRITE_TIMEOUT, GroupCommitWriter, Reply, WriterStatistics
 
 __all__ = [
+    "CRON_EXPRESSION_CHARS",
     "DEFAULT_LEASE_SECONDS",
     "OPEN_TASK_STATES",
     "SQLITE_PAGE_SIZE",

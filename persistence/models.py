@@ -17,6 +17,11 @@ from dataclasses import dataclass
 
 import peewee as pw
 
+CRON_EXPRESSION_CHARS = 512
+"""The width of the cron expression columns (a Focal wake-up's, a cron job's): the
+longest expression the actors' rules take (their ``EXPRESSION_LIMIT``, which a test holds
+equal), so none they take fails to insert where the width is enforced (PostgreSQL)."""
+
 
 class _Base(pw.Model):
     class Meta:
@@ -176,7 +181,7 @@ class ScheduledJob(_Base):
     chat_id = pw.CharField(index=True, max_length=128)
     kind = pw.CharField(max_length=32)
     note = pw.TextField(default="")
-    cron = pw.CharField(null=True, max_length=128)
+    cron = pw.CharField(null=True, max_length=CRON_EXPRESSION_CHARS)
     interval_seconds = pw.DoubleField(null=True)
     run_at = pw.DoubleField(null=True)
     next_run_at = pw.DoubleField(null=True, index=True)
@@ -193,7 +198,7 @@ class CronJob(_Base):
 
     id = pw.CharField(primary_key=True, max_length=64)
     name = pw.CharField(max_length=256)
-    cron = pw.CharField(max_length=128)
+    cron = pw.CharField(max_length=CRON_EXPRESSION_CHARS)
     timezone = pw.CharField(default="UTC", max_length=64)
     prompt = pw.TextField()
     active = pw.BooleanField(default=True)

@@ -3,8 +3,10 @@
 The models are the description of the schema; the database is compared to
 them, not to a hand-kept version number. ``upgrade`` creates missing tables
 and indexes and adds missing columns through ``playhouse.migrate`` (which
-knows how to add a NOT NULL column with a default on every backend);
-``pending_changes`` lists what an upgrade would do, for ``kinbox db status``.
+knows how to add a NOT NULL column with a default on every backend), and on
+PostgreSQL widens a text column an older schema made narrower than its model
+(SQLite does not enforce a width); ``pending_changes`` lists what an upgrade
+would do, for ``kinbox db status``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,23 @@ def _migrator(db: pw.Database) -> migrate.SchemaMigrator:
     return migrate.SchemaMigrator.from_database(db)
 
 
+def _narrow_columns(db: pw.Database, model: type[pw.Model]) -> list[pw.CharField]:
+    """The model's text fields whose PostgreSQL column is narrower than the field (none
+    elsewhere): a value the field is meant to take fails to insert there."""
+    if not is_postgres(db):
+        return []
+    widths = dict(db.execute_sql(
+        "SELECT column_name, character_maximum_length FROM information_schema.columns "
+        "WHERE table_schema = current_schema() AND table_name = %s "
+        "AND character_maximum_length IS NOT NULL", (model._meta.table_name,)).fetchall())
+    return [f for f in model._meta.sorted_fields if isinstance(f, pw.CharField)
+            and f.column_name in widths and widths[f.column_name] < f.max_length]
+
+
+def _widen(name: str, field: pw.CharField) -> str:
+    return f"widen column {name}.{field.column_name} to {field.max_length} characters"
+
+
 def pending_changes(tables: Tables) -> list[str]:
     """What ``upgrade`` would change, one line each; empty when up to date."""
     db = tables.db
@@ -55,6 +74,7 @@ def pending_changes(tables: Tables) -> list[str]:
         for field in model._meta.sorted_fields:
             if field.column_name not in have:
                 changes.append(f"add column {name}.{field.column_name}")
+        changes.extend(_widen(name, field) for field in _narrow_columns(db, model))
         changes.extend(f"create index {index._name}"  # the models' own indexes
                        for index in model._meta.fields_to_index()
                        if index._name not in indexes)
@@ -80,6 +100,7 @@ def upgrade(tables: Tables) -> list[str]:
             db.execute_sql(SCHEMA_LOCK_SQL)
         existing = set(db.get_tables())
         missing_columns: list[tuple[str, str, pw.Field]] = []
+        narrow: list[tuple[str, pw.CharField]] = []
         for model in tables.all():
             name = model._meta.table_name
             if name not in existing:
@@ -90,9 +111,14 @@ def upgrade(tables: Tables) -> list[str]:
                 (name, f.column_name, f) for f in model._meta.sorted_fields
                 if f.column_name not in have
             )
+            narrow.extend((name, f) for f in _narrow_columns(db, model))
         if missing_columns:
             migrator = _migrator(db)
             migrate.migrate(*(migrator.add_column(t, c, f) for t, c, f in missing_columns))
+        if narrow:
+            migrator = _migrator(db)
+            migrate.migrate(*(migrator.alter_column_type(t, f.column_name, f)
+                              for t, f in narrow))
         for model in tables.all():
             model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]
         if is_postgres(db):

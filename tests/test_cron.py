@@ -183,6 +183,35 @@ def test_a_cron_expression_is_bounded_and_every_full_list_fits() -> None:
     assert len(str(caught.value)) < 300  # the expression is not quoted whole
 
 
+EVERY_VALUE = " ".join(",".join(str(v) for v in values) for values in (
+    range(60), range(24), range(1, 32), range(1, 13), range(7)))
+"""Every value of every field listed one by one: 359 characters, an expression the rules
+take."""
+
+
+@pytest.mark.timeout(60)
+def test_every_expression_the_rules_take_is_stored_on_every_backend(
+        any_db_url: str, clock: ManualClock, tmp_path: Path) -> None:
+    """The cron columns were 128 characters wide: on PostgreSQL an expression the rules take
+    (up to 512) failed to insert, a job with a DataError, and a Focal wake-up inside its
+    turn's commit, which failed the whole turn."""
+    from kinbox.actors.access import FOCAL_ID
+    from kinbox.persistence import CRON_EXPRESSION_CHARS
+
+    assert rules.EXPRESSION_LIMIT == CRON_EXPRESSION_CHARS  # the rules' limit is stored
+    with Runtime(db=any_db_url, brain=CronBrain(), clock=clock,
+                 data_dir=tmp_path / "data") as rt:
+        job = rt.cron.add("all of them", EVERY_VALUE, "Say so.")
+        assert rt.cron.job(job["job_id"])["cron"] == EVERY_VALUE
+        rt.get_or_create_focal_chat()
+        wake = rt.tools_for(FOCAL_ID).schedule_wakeup("check", cron=EVERY_VALUE)
+        assert [w["cron"] for w in rt.focal.panel()["wakeups"]] == [EVERY_VALUE]
+        clock.advance(MINUTE)
+        rt.run_until_idle()
+        assert [r["status"] for r in rt.cron.runs(job["job_id"])] == ["success"]
+        assert wake["job_id"]
+
+
 def test_the_announcement_queue_is_bounded_and_drained() -> None:
     queue = Announcements(bound=3)
     for i in range(5):

@@ -195,6 +195,28 @@ def test_upgrade_adds_a_column_an_older_schema_lacks(tmp_path: Path) -> None:
     assert (row.content, row.last_error) == ("kept", None)
 
 
+def test_upgrade_widens_a_text_column_an_older_postgres_schema_made_narrower(
+        pg_url: str) -> None:
+    """The cron expression columns were 128 characters wide, narrower than what the rules
+    take: an older database gets them widened, its rows kept."""
+    db = open_database(pg_url)
+    tables = bind_tables(db)
+    upgrade(tables)
+    tables.cron_job.insert(id="cj_old", name="old", cron="0 9 * * *", prompt="p",
+                           created_at=0, updated_at=0).execute()
+    for table in ("cron_jobs", "scheduled_jobs"):
+        db.execute_sql(f"ALTER TABLE {table} ALTER COLUMN cron TYPE VARCHAR(128)")
+    widened = ["widen column scheduled_jobs.cron to 512 characters",
+               "widen column cron_jobs.cron to 512 characters"]
+    assert sorted(pending_changes(tables)) == sorted(widened)
+    with pytest.raises(SchemaError, match="widen column"):
+        require_current(tables)
+    assert sorted(upgrade(tables)) == sorted(widened)
+    assert pending_changes(tables) == []
+    tables.cron_job.update(cron="0 " * 200 + "x").execute()  # 401 characters fit now
+    assert len(tables.cron_job.get(tables.cron_job.id == "cj_old").cron) == 401
+
+
 @pytest.mark.timeout(10)
 def test_a_sqlite_too_old_for_the_journal_is_refused_with_the_version_it_needs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
