@@ -3,8 +3,9 @@
 The thin shell around :mod:`.cron_rules` (what a due job and a run's end do)
 and :class:`~kinbox.persistence.CronStore` (the tables, which are the truth).
 ``tick`` is the whole cycle: renew the leases of the runs this runtime is
-running, fire every due job (compare-and-set: once across processes), take
-over runs whose runtime died, and start each run as a direct turn in session
+running, move on the jobs a clock set back since left due too late, fire
+every due job (compare-and-set: once across processes), take over runs whose
+runtime died, and start each run as a direct turn in session
 ``cron-<job_id>`` (kind ``cron``, ``default`` project), opened by a system
 reminder naming the job, the local time and the last run. APScheduler calls
 ``tick`` at each job's next time (system clock); with an injected clock the
@@ -154,6 +155,7 @@ class CronService:
                 mine = sorted(self._mine)
             self.store.renew(self.ctx.owner, mine, now + lease)
             self._expire_the_gone(now, dead)
+            self.store.move_due(now, lambda job: self._after_step_back(job, now))
             recorded = self.store.fire_due(now, self.ctx.owner, lease,
                                            lambda job, running: self._decide(job, running, now))
             taken = self.store.take_over(now, self.ctx.owner, lease)
@@ -222,6 +224,15 @@ class CronService:
             taken = self.store.expire_owners(dead, now)
             log.warning("taking over %d cron runs of %d runtime(s) that are gone", taken,
                         len(dead))
+
+    @staticmethod
+    def _after_step_back(job: CronJobRecord, now: float) -> float | None:
+        """Where a job written by a clock ahead of this one is due now (None: kept)."""
+        try:
+            upcoming = next_fire(job.cron, now, job.timezone, inclusive=True)
+        except (rules.InvalidCronExpression, rules.InvalidCronJob):
+            return None  # a stored expression that no longer parses: firing ends it
+        return rules.after_clock_step_back(job.updated_at, job.next_run_at, now, upcoming)
 
     def _decide(self, job: CronJobRecord, running: CronRunRecord | None,
                 now: float) -> Occurrence:

@@ -13,6 +13,9 @@ Pure: times come in as arguments (the next regular fire time is computed by
 - A failed run is retried after 1, 2, 4, 8 and 16 minutes; when the fifth
   retry fails too, the job is deactivated with ``Max retries exceeded:
   <error>``. A success resets the count.
+- A schedule last written by a clock that read well ahead of this one (set
+  back since) is due where its schedule puts it from now, not where the clock
+  that was ahead put it (this holds for the Focal schedules too).
 
 Errors::
 
@@ -148,6 +151,27 @@ def on_due(scheduled_for: float, now: float, *, next_regular: float | None,
     if previous_active:
         return DueDecision(Due.PREVIOUS_ACTIVE, next_regular, PREVIOUS_ACTIVE)
     return DueDecision(Due.RUN, next_regular)
+
+
+CLOCK_STEP_TOLERANCE = 60.0
+"""Seconds a schedule's last write may lie ahead of this clock and be no step back: the
+clocks of several runtimes on one database read a little apart."""
+
+
+def after_clock_step_back(written_at: float, next_run_at: float | None, now: float,
+                          upcoming: float | None,
+                          tolerance: float = CLOCK_STEP_TOLERANCE) -> float | None:
+    """The next run of a schedule written at ``written_at`` and due at ``next_run_at``,
+    when the clock was set back since; None to keep it as it is. ``upcoming``: when its
+    schedule is due from ``now`` on (None: it has no such time, a one-shot wake-up).
+
+    Written more than ``tolerance`` after ``now``, the schedule's times came from a clock
+    that read later than this one: a due time beyond ``upcoming`` moves to it. Kept, a job
+    written by a clock three days ahead ran no more until three days had passed.
+    """
+    if next_run_at is None or upcoming is None or written_at <= now + tolerance:
+        return None
+    return upcoming if upcoming < next_run_at else None
 
 
 @dataclass(frozen=True)

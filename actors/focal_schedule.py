@@ -21,7 +21,7 @@ from typing import Any
 from ..persistence import JobRecord, JobStore, NewMessage
 from . import focal_heartbeat as hb
 from .context import RuntimeContext
-from .cron_rules import InvalidCronExpression
+from .cron_rules import InvalidCronExpression, after_clock_step_back
 from .errors import ToolError
 from .focal import FOCAL_ID, Focal, is_focal_chat
 from .focal_policy import NOTE_LIMIT
@@ -69,6 +69,22 @@ def next_after(job: JobRecord, now: float) -> float | None:
             due += job.interval_seconds
         return due
     return None
+
+
+def after_step_back(job: JobRecord, now: float) -> float | None:
+    """Where a job created or last run by a clock ahead of this one is due now (None:
+    kept; a one-shot wake-up keeps the time it was given)."""
+    if job.cron:
+        try:
+            upcoming = next_fire(job.cron, now, inclusive=True)
+        except InvalidCronExpression:
+            return None  # ended when it fires (next_after)
+    elif job.interval_seconds:
+        upcoming = now + job.interval_seconds
+    else:
+        return None
+    written = max(job.created_at, job.last_run_at or job.created_at)
+    return after_clock_step_back(written, job.next_run_at, now, upcoming)
 
 
 class FocalSchedule:
@@ -269,6 +285,7 @@ class FocalSchedule:
         if self.ctx.closed.is_set():
             return []
         now = self.ctx.now()
+        self.jobs.move_due(now, lambda job: after_step_back(job, now))
         heartbeat = self._heartbeat(now)
         fired = self.jobs.fire_due(now, next_after,
                                    lambda job, at: self._on_fire(job, at, heartbeat))

@@ -10,6 +10,10 @@ another process between the read and the UPDATE was undone by it (the
 wake-up set active again, firing for good). The caller's ``on_fire`` runs in the same transaction
 (on the writer thread), so the occurrence and what it causes commit
 together or not at all.
+
+``move_due`` moves rows' next runs the same way (a clock set back: the
+caller decides which and where): a row another process fired or moved
+meanwhile is left to it.
 """
 
 from __future__ import annotations
@@ -44,3 +48,22 @@ def fire_due(model: type[pw.Model], now: float, to_record: Callable[[Any], R],
             on_fire(record)
             fired.append(record)
     return fired
+
+
+def move_due(model: type[pw.Model], written_late: Any, to_record: Callable[[Any], R],
+             moved_to: Callable[[R], float | None], changes: dict[str, Any]) -> list[R]:
+    """Move the next run of each active row matching ``written_late`` to
+    ``moved_to(record)`` (None: keep it), with ``changes``; call inside a writer
+    operation. Returns the records moved (as they were)."""
+    m: Any = model
+    moved: list[R] = []
+    for record in [to_record(r) for r in m.select().where(
+            m.active == True, written_late)]:  # noqa: E712
+        upcoming = moved_to(record)
+        if upcoming is None:
+            continue
+        if m.update(next_run_at=upcoming, **changes).where(
+                m.id == record.id, m.next_run_at == record.next_run_at,  # type: ignore[attr-defined]
+                m.active == True).execute():  # noqa: E712
+            moved.append(record)
+    return moved

@@ -425,6 +425,40 @@ def test_an_occurrence_within_the_grace_time_runs_though_an_earlier_missed_one_i
         assert rt.cron.job(job_id)["next_run_at"] == first + 2 * 3600
 
 
+def test_a_schedule_written_by_a_clock_ahead_runs_on_once_the_clock_is_set_back(
+        db_url: str) -> None:
+    """A machine whose clock ran three days ahead, then corrected: each job's next run
+    was computed from the clock that was ahead, and none ran for three days."""
+    ahead = ManualClock(START + 3 * 86400)
+    with Runtime(db=db_url, brain=CronBrain(), clock=ahead) as rt:
+        job_id = every_minute(rt)
+        nightly = str(rt.cron.add("nightly", "30 22 * * *", "Sum up.")["job_id"])
+        ahead.advance(MINUTE)
+        rt.run_until_idle()
+    clock = ManualClock(START + 30)  # 22:14:30, three days earlier
+    with Runtime(db=db_url, brain=CronBrain(), clock=clock) as rt:
+        clock.advance(30)
+        rt.run_until_idle()
+        assert len(rt.cron.runs(job_id)) == 2  # the one ahead, and this minute's
+        assert rt.cron.job(job_id)["next_run_at"] == clock.now() + MINUTE
+        assert rt.cron.job(nightly)["next_run_at"] == START + 16 * MINUTE  # tonight
+        clock.advance(15 * MINUTE)
+        rt.run_until_idle()
+        assert [r["status"] for r in rt.cron.runs(nightly)] == ["success"]
+
+
+def test_a_clock_a_little_behind_the_last_write_moves_no_schedule() -> None:
+    """Another runtime's clock may read a little ahead of this one: a write a few
+    seconds in this clock's future is no step back, and a retry's later time stays."""
+    now = 1000.0
+    assert rules.after_clock_step_back(now + 5, now + 240, now, now + 60) is None
+    assert rules.after_clock_step_back(now + 3 * 86400, now + 3 * 86400 + 60, now,
+                                       now + 60) == now + 60
+    # Set back, but due no later than the schedule puts it from now: kept.
+    assert rules.after_clock_step_back(now + 3600, now + 30, now, now + 60) is None
+    assert rules.after_clock_step_back(now + 3600, now + 7200, now, None) is None
+
+
 def test_no_run_is_lost_or_doubled_across_a_crash_mid_turn(db_url: str,
                                                          clock: ManualClock) -> None:
     brain = CronBrain()

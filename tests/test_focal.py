@@ -388,6 +388,28 @@ def test_the_heartbeat_reads_its_checklist_and_sessions_off_the_writer(
     assert threads and "kinbox-writer" not in threads
 
 
+@pytest.mark.timeout(60)
+def test_the_heartbeat_and_wake_ups_run_on_once_a_clock_ahead_is_set_back(
+        db_url: str, tmp_path: Path) -> None:
+    """Written while the clock ran a day ahead, the heartbeat and a cron wake-up were due
+    a day later than their schedules say once it was corrected, and stayed silent."""
+    ahead = ManualClock(1_767_258_000.0 + 86400)  # 2026-01-02 09:00 UTC
+    brain = FocalBrain()
+    with Runtime(db=db_url, brain=brain, clock=ahead, data_dir=tmp_path / "data") as rt:
+        brain.rt = rt
+        rt.get_or_create_focal_chat()
+        (tmp_path / "data" / "projects" / "suzent-focal" / "heartbeat.md").write_text("- mine")
+        rt.tools_for(FOCAL_ID).schedule_wakeup("check", cron="*/10 * * * *", note="look")
+    clock = ManualClock(1_767_258_000.0)  # a day earlier
+    brain = FocalBrain()
+    with Runtime(db=db_url, brain=brain, clock=clock, data_dir=tmp_path / "data") as rt:
+        brain.rt = rt
+        clock.advance(1)  # the first look after the correction
+        clock.advance(30 * 60)
+        rt.run_until_idle()
+        assert sorted(t.messages[0].content for t in brain.focal_turns) == ["- mine", "look"]
+
+
 # -- FO7 ---------------------------------------------------------------------------------------
 
 def test_a_reminder_fires_at_its_time_and_always_notifies(
