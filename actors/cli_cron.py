@@ -18,6 +18,7 @@ from ..transport import RUNS_LIMIT
 from . import cron_rules as rules
 from .cli_ops import _emit, _when, common, stores, whole_number
 from .cron_jobs import CronJobs
+from .triggers import local_time
 
 
 def _jobs(args: argparse.Namespace, work: Any, *, read_only: bool = False) -> Any:
@@ -29,7 +30,11 @@ def _jobs(args: argparse.Namespace, work: Any, *, read_only: bool = False) -> An
 
 def _line(job: dict[str, Any]) -> str:
     state = "active" if job["active"] else "paused"
-    return (f"{job['job_id']:<14} {state:<7} {job['cron']:<16} next {_when(job['next_run_at'])}"
+    # In the job's own zone, named: the expression's 09:00 in Paris shown in UTC, unsaid,
+    # read as a job due at 08:00.
+    upcoming = job["next_run_at"]
+    when = "-" if upcoming is None else local_time(upcoming, job["timezone"])
+    return (f"{job['job_id']:<14} {state:<7} {job['cron']:<16} next {when}"
             f"  retries {job['retry_count']}  {job['name']}"
             + (f"  (last error: {job['last_error']})" if job["last_error"] else ""))
 

@@ -51,6 +51,16 @@ def test_add_list_pause_resume_trigger_runs_remove(cron_db: str,
     assert run(cron_db, "list") == (0, "no cron jobs\n")
 
 
+def test_the_listing_shows_the_next_run_in_the_jobs_own_time_zone(cron_db: str) -> None:
+    """A job at 09:00 in Paris was listed as due at 08:00:00 (in winter) or 07:00:00: UTC,
+    unsaid, so it read as a job due an hour or two early."""
+    job = json.loads(run(cron_db, "add", "digest", "--cron", "0 9 * * *", "--prompt", "p",
+                         "--timezone", "Europe/Paris", "--json")[1])
+    code, text = run(cron_db, "list")
+    assert code == 0 and job["job_id"] in text
+    assert " 09:00 CET" in text or " 09:00 CEST" in text, text
+
+
 def test_invalid_jobs_are_refused_with_a_clear_error_and_nothing_written(
         cron_db: str, capsys: pytest.CaptureFixture[str]) -> None:
     for args, fragment in ((["--cron", "every day", "--prompt", "p"], "not a crontab"),
