@@ -90,9 +90,10 @@ TOOLS: dict[str, tuple[str, Schema, tuple[str, ...]]] = {
         "Schedule a durable wake-up of yourself: at a time, or on a cron expression.",
         {"kind": {"type": "string", "enum": ["reminder", "check"]},
          "at": {"type": ["number", "string"],
-                "description": "epoch seconds or an ISO 8601 time (or give cron)"},
+                "description": "epoch seconds or an ISO 8601 time, UTC unless it has an "
+                               "offset (or give cron)"},
          "cron": {"type": "string", "maxLength": EXPRESSION_LIMIT,
-                  "description": "a crontab expression (or give at)"},
+                  "description": "a crontab expression, in UTC (or give at)"},
          "note": {"type": "string", "maxLength": NOTE_LIMIT}},
         ("kind",)),
 }

@@ -170,3 +170,12 @@ def test_every_limit_a_tool_enforces_is_in_its_schema(rt: Runtime) -> None:
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(args, schema)
     assert [r["target_chat_id"] for r in rt.inbox()] == []
+
+
+def test_the_wake_up_schema_says_its_times_are_utc() -> None:
+    """A wake-up's cron expression runs in UTC and an ISO time without an offset is UTC;
+    the schema said neither, so a model asked for a 9 o'clock reminder set it for 09:00
+    UTC, hours off for most of its users."""
+    props = parameters("schedule_wakeup", focal=True)["properties"]
+    assert "UTC" in props["cron"]["description"]
+    assert "UTC" in props["at"]["description"]
