@@ -153,9 +153,11 @@ def on_due(scheduled_for: float, now: float, *, next_regular: float | None,
     return DueDecision(Due.RUN, next_regular)
 
 
-CLOCK_STEP_TOLERANCE = 60.0
+CLOCK_STEP_TOLERANCE = 3600.0
 """Seconds a schedule's last write may lie ahead of this clock and be no step back: the
-clocks of several runtimes on one database read a little apart."""
+clocks of several runtimes on one database read apart. Within it the runtime whose clock
+is ahead fires each occurrence first; a runtime that moved its times back would fire them
+again at its own."""
 
 
 def after_clock_step_back(written_at: float, next_run_at: float | None, now: float,
