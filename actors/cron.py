@@ -91,6 +91,10 @@ class CronService:
         """Stop APScheduler; the tables keep every schedule and run."""
         self._driver.stop()
 
+    def keep_polling(self) -> None:
+        """Fire a poll a wall clock set back stalled (the runtime's tick calls this)."""
+        self._driver.keep_polling()
+
     # -- definitions (see :mod:`.cron_jobs`) -------------------------------------------------
 
     def add(self, name: Any, cron: Any, prompt: Any, *, delivery: Any = "announce",

@@ -113,6 +113,10 @@ class FocalSchedule:
         """Stop APScheduler (the table keeps the schedules)."""
         self._driver.stop()
 
+    def keep_polling(self) -> None:
+        """Fire a poll a wall clock set back stalled (the runtime's tick calls this)."""
+        self._driver.keep_polling()
+
     def _register(self, job: JobRecord) -> None:
         self._driver.wake_at(job.next_run_at, job.id)
 

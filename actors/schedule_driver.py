@@ -7,11 +7,18 @@ jobs other processes added or runs whose owner died). With an injected
 clock the driver stays off and the runtime calls ``fire`` on every clock
 move instead, so a test of a day of schedules takes milliseconds.
 APScheduler's thread only calls ``fire``; it never holds a transaction.
+
+APScheduler keeps its times on the wall clock: set back, every one of them
+(the poll's too) waits for the clock to catch up. The runtime's tick, on the
+monotonic clock, calls :meth:`ScheduleDriver.keep_polling`, which fires a
+poll overdue by two periods and re-arms it from the clock as it reads now.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -33,6 +40,8 @@ class ScheduleDriver:
         self._fire = fire
         self._poll = poll_seconds
         self._scheduler = BackgroundScheduler(timezone="UTC") if enabled else None
+        self._fired = time.monotonic()  # when fire last began (or the driver was made)
+        self._firing = threading.Lock()  # held while fire runs
 
     @property
     def enabled(self) -> bool:
@@ -44,10 +53,27 @@ class ScheduleDriver:
         if self._scheduler is None:
             return
         self._scheduler.start()
-        if self._poll:
+        self._fired = time.monotonic()
+        self._arm_poll()
+
+    def _arm_poll(self) -> None:
+        if self._scheduler is not None and self._poll:
             self._scheduler.add_job(self._safe_fire, "interval", seconds=self._poll,
                                     id="poll", coalesce=True, max_instances=1,
                                     replace_existing=True)
+
+    def keep_polling(self) -> None:
+        """Fire now and re-arm the poll when it is overdue by two periods (the runtime's
+        tick, on the monotonic clock, calls this): a wall clock set back stalls it."""
+        if (self._scheduler is None or not self._poll or not self._scheduler.running
+                or time.monotonic() - self._fired < 2 * self._poll):
+            return
+        if self._firing.locked():
+            return  # a slow fire, not a stalled poll: the tick must not wait for it
+        log.warning("the schedule poll is overdue (the wall clock was set back?); "
+                    "firing and re-arming it")
+        self._safe_fire()
+        self._arm_poll()
 
     def stop(self) -> None:
         """Stop APScheduler; the tables keep the schedules."""
@@ -68,7 +94,9 @@ class ScheduleDriver:
                                 replace_existing=True, misfire_grace_time=None)
 
     def _safe_fire(self) -> None:
-        try:
-            self._fire()
-        except Exception:
-            log.exception("firing due schedules failed; the next wake-up tries again")
+        with self._firing:
+            self._fired = time.monotonic()
+            try:
+                self._fire()
+            except Exception:
+                log.exception("firing due schedules failed; the next wake-up tries again")

@@ -70,8 +70,11 @@ class Services:
         self.cron.tick()
 
     def tick(self) -> None:
-        """The runtime's periodic tick: running cron runs keep their leases."""
+        """The runtime's periodic tick: running cron runs keep their leases, and the
+        schedules' polls go on after a wall clock set back (APScheduler's stall)."""
         self.cron.renew_leases()
+        self.schedule.keep_polling()
+        self.cron.keep_polling()
 
     def is_idle(self) -> bool:
         """True when no direct turn runs or waits for the pool."""

@@ -679,6 +679,50 @@ def test_the_apscheduler_driver_fires_at_the_time_it_was_told_and_on_its_poll() 
     off.stop()
 
 
+@pytest.mark.timeout(30)
+def test_a_poll_a_wall_clock_set_back_stalled_is_fired_and_rearmed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """APScheduler computes its times on the wall clock: set back an hour, its poll (and
+    every wake-up) waited for the clock to catch up, and no schedule fired for an hour.
+    The runtime's tick (on the monotonic clock) fires a poll overdue by two periods and
+    re-arms it from the clock as it reads now."""
+    import apscheduler.executors.base
+    import apscheduler.schedulers.base
+    import apscheduler.triggers.date
+    import apscheduler.triggers.interval
+
+    from kinbox.actors.schedule_driver import ScheduleDriver
+
+    real = dt.datetime
+    behind = [0.0]
+
+    class WallClock(dt.datetime):
+        @classmethod
+        def now(cls, tz: dt.tzinfo | None = None) -> Any:  # type: ignore[override]
+            return real.now(tz) - dt.timedelta(seconds=behind[0])
+
+    for module in (apscheduler.executors.base, apscheduler.schedulers.base,
+                   apscheduler.triggers.date, apscheduler.triggers.interval):
+        monkeypatch.setattr(module, "datetime", WallClock)  # its readings of the wall clock
+    woken = threading.Event()
+    driver = ScheduleDriver(woken.set, enabled=True, poll_seconds=0.2)
+    driver.start()
+    try:
+        assert woken.wait(5)  # the poll runs
+        behind[0] = 3600.0  # the wall clock is set back an hour
+        woken.clear()
+        assert not woken.wait(1.0)  # five periods: the poll waits for the clock to catch up
+
+        def ticked() -> bool:
+            driver.keep_polling()  # as the runtime's tick calls it
+            return woken.is_set()
+        wait_for(ticked, timeout=10, what="the stalled poll fired by the tick")
+        woken.clear()
+        assert woken.wait(5)  # and the poll runs on by itself again
+    finally:
+        driver.stop()
+
+
 def test_an_async_brain_runs_cron_turns_on_the_runtimes_loop(make_runtime: MakeRuntime,
                                                              clock: ManualClock) -> None:
     import asyncio
