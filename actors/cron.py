@@ -159,7 +159,8 @@ class CronService:
                 mine = sorted(self._mine)
             self.store.renew(self.ctx.owner, mine, now + lease)
             self._expire_the_gone(now, dead)
-            self.store.move_due(now, lambda job: self._after_step_back(job, now))
+            self.store.move_due(now, now + rules.CLOCK_STEP_TOLERANCE,
+                                lambda job: self._after_step_back(job, now))
             recorded = self.store.fire_due(now, self.ctx.owner, lease,
                                            lambda job, running: self._decide(job, running, now))
             taken = self.store.take_over(now, self.ctx.owner, lease)

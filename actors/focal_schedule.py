@@ -21,7 +21,7 @@ from typing import Any
 from ..persistence import JobRecord, JobStore, NewMessage
 from . import focal_heartbeat as hb
 from .context import RuntimeContext
-from .cron_rules import InvalidCronExpression, after_clock_step_back
+from .cron_rules import CLOCK_STEP_TOLERANCE, InvalidCronExpression, after_clock_step_back
 from .errors import ToolError
 from .focal import FOCAL_ID, Focal, is_focal_chat
 from .focal_policy import NOTE_LIMIT
@@ -289,7 +289,7 @@ class FocalSchedule:
         if self.ctx.closed.is_set():
             return []
         now = self.ctx.now()
-        self.jobs.move_due(now, lambda job: after_step_back(job, now))
+        self.jobs.move_due(now + CLOCK_STEP_TOLERANCE, lambda job: after_step_back(job, now))
         heartbeat = self._heartbeat(now)
         fired = self.jobs.fire_due(now, next_after,
                                    lambda job, at: self._on_fire(job, at, heartbeat))

@@ -160,12 +160,13 @@ class CronStore:
             return bool(j.delete().where(j.id == job_id).execute())
         return self.writer.call(op)
 
-    def move_due(self, now: float, moved_to: Callable[[CronJobRecord], float | None]
-                 ) -> list[CronJobRecord]:
-        """Move the next run of the active jobs last written after ``now`` (by a clock that
-        read later) to ``moved_to(job)`` (None: keep it); the jobs moved."""
+    def move_due(self, now: float, written_after: float,
+                 moved_to: Callable[[CronJobRecord], float | None]) -> list[CronJobRecord]:
+        """Move the next run of the active jobs last written after ``written_after`` (by a
+        clock that read later than this one) to ``moved_to(job)`` (None: keep it), at
+        ``now``; the jobs moved."""
         j = self.t.cron_job
-        late = j.updated_at > now
+        late = j.updated_at > written_after
         if not j.select().where(j.active == True, late).exists():  # noqa: E712
             return []  # the usual case: no write to queue
         return self.writer.call(lambda: firing.move_due(j, late, _job, moved_to,

@@ -94,12 +94,13 @@ class JobStore:
         return bool(self.writer.call(lambda: j.update(active=False).where(
             j.id == job_id, j.active == True).execute()))  # noqa: E712
 
-    def move_due(self, now: float, moved_to: Callable[[JobRecord], float | None]
+    def move_due(self, written_after: float, moved_to: Callable[[JobRecord], float | None]
                  ) -> list[JobRecord]:
-        """Move the next run of the active jobs created or last run after ``now`` (by a
-        clock that read later) to ``moved_to(job)`` (None: keep it); the jobs moved."""
+        """Move the next run of the active jobs created or last run after ``written_after``
+        (by a clock that read later than this one) to ``moved_to(job)`` (None: keep it);
+        the jobs moved."""
         j = self.t.job
-        late = (j.created_at > now) | (j.last_run_at > now)
+        late = (j.created_at > written_after) | (j.last_run_at > written_after)
         if not j.select().where(j.active == True, late).exists():  # noqa: E712
             return []  # the usual case: no write to queue
         return self.writer.call(lambda: firing.move_due(j, late, _record, moved_to, {}))
