@@ -299,8 +299,7 @@ class Journal(InboxReads, InboxOperator):
         # overwritten; a row another process cancelled meanwhile is read as it is now, no
         # longer open, and not leased anyway).
         lock = self.bulk.postgres
-        held = self.hot.fence_rows([turn_row]).get(turn_row)
-        if held is None or held[0] != core.PROCESSING or held[1] != owner:
+        if not self._holds(owner, turn_row):
             return []
         candidates = (m.select().where(m.target_chat_id == target, pw.SQL(is_open()),
                                        m.seq > after_seq)
@@ -316,6 +315,38 @@ class Journal(InboxReads, InboxOperator):
                 m.message_id.in_([r.message_id for r in taken]),
                 m.status == core.PENDING).execute()
         return [_claimed(r) for r in taken]
+
+    def _holds(self, owner: str, turn_row: str) -> bool:
+        """Does ``owner`` still hold the running turn's own row (read under the fence's
+        lock on PostgreSQL)? What leases a row into a turn is fenced by it."""
+        held = self.hot.fence_rows([turn_row]).get(turn_row)
+        return held is not None and held[0] == core.PROCESSING and held[1] == owner
+
+    def _claim_row_op(self, owner: str, target: str, turn_row: str, message_id: str,
+                      now: float, lease: float) -> ClaimedRow | None:
+        m = self.t.inbox
+        if not self._holds(owner, turn_row):
+            return None
+        query = m.select().where(m.message_id == message_id, m.target_chat_id == target)
+        row = (query.for_update() if self.bulk.postgres else query).get_or_none()
+        # Claimable as a claim sees it (pending and due, or a dead worker's lease ran out:
+        # an earlier attempt of this turn took it, and died), compared and set again by
+        # the lease itself.
+        if row is None or not core.is_claimable(row.status, row.available_at,
+                                                 row.lease_until, now):
+            return None
+        if not self.hot.lease(message_id, owner, now + lease, now):
+            return None
+        return _claimed(row)
+
+    def claim_row(self, owner: str, target: str, turn_row: str, message_id: str, now: float,
+                  *, lease: float = DEFAULT_LEASE_SECONDS) -> ClaimedRow | None:
+        """Lease the one row ``message_id`` of ``target`` into the running turn of
+        ``turn_row`` (:meth:`claim_more`'s fence and lease, for a row the turn asks for by
+        name: a foreground child's result, which the turn already has). None unless
+        ``owner`` still holds ``turn_row`` and the row is the target's and claimable."""
+        return self.writer.call(
+            lambda: self._claim_row_op(owner, target, turn_row, message_id, now, lease))
 
     def claim_more(self, owner: str, target: str, turn_row: str, after_seq: int, now: float,
                    *, lease: float = DEFAULT_LEASE_SECONDS,

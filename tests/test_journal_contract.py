@@ -268,3 +268,31 @@ def test_steering_by_a_worker_whose_turn_was_taken_over_leases_nothing(stores: S
     assert [(r["message_id"], r["status"], r["lease_owner"]) for r in j.rows()] == [
         ("a1", "processing", "w2"), ("a2", "pending", None), ("a3", "pending", None)]
     assert [r.message_id for r in j.claim_more("w2", "A", "a1", head.seq, T0 + 32)] == ["a2", "a3"]
+
+
+def test_a_turn_takes_one_named_row_only_while_it_holds_its_own(stores: Stores) -> None:
+    """``claim_row`` (a foreground child's result taken into the waiting turn) has
+    steering's fence and lease: out of order, by name, a row of the turn's own target
+    that a claim could take (pending and due, or its lease ran out), nothing else."""
+    j = stores.journal
+    for mid in ("a1", "a2", "a3"):
+        send(j, mid, "A")
+    send(j, "b1", "B")
+    head = j.claim("w1", T0, lease=30).rows[0]
+    assert j.claim_row("w1", "A", "a1", "b1", T0) is None  # another session's row
+    assert j.claim_row("w2", "A", "a1", "a3", T0) is None  # not w2's turn
+    assert j.claim_row("w1", "A", "a1", "gone", T0) is None
+    taken = j.claim_row("w1", "A", head.message_id, "a3", T0, lease=30)
+    assert taken is not None and (taken.message_id, taken.target) == ("a3", "A")
+    assert j.claim_row("w1", "A", "a1", "a3", T0 + 1) is None  # held: not claimable again
+    states = {r["message_id"]: (r["status"], r["lease_owner"]) for r in j.rows()}
+    assert states["a2"] == ("pending", None) and states["a3"] == ("processing", "w1")
+    # w1 dies; w2 takes its turn over, and with it the row that turn had taken.
+    taken_over = j.claim("w2", T0 + 31, lease=30).rows
+    assert [(r.message_id, r.taken_over) for r in taken_over][:1] == [("a1", True)]
+    assert j.claim_row("w1", "A", "a1", "a3", T0 + 32) is None  # w1's turn is gone
+    assert j.claim_row("w2", "A", "a1", "a3", T0 + 32) is not None
+    j.complete_turn("w2", "A", ["a1", "a3"], [], T0 + 33)
+    states = {r["message_id"]: (r["status"], r["lease_owner"]) for r in j.rows()}
+    assert (states["a1"], states["a2"], states["a3"]) == (
+        ("delivered", None), ("pending", None), ("delivered", None))
