@@ -214,7 +214,8 @@ class Delivery:
         return self._done(True)
 
     def steered_in(self, message_ids: list[str]) -> list[Effect]:
-        """Rows taken into the running turn by ``steering()``."""
+        """Rows taken into the running turn by ``steering()`` (or by name: a foreground
+        child's result, :meth:`.turn.Turn.take`)."""
         self._expect("steered", _RUNNING)
         self.steered.extend(message_ids)
         return []

@@ -28,7 +28,12 @@ Two effects cannot wait for the commit, and are not in the outbox:
   same child gets the one that already ran (its result, if it finished) instead of a
   second one;
 - steering: rows a turn takes with ``steering()`` are leased into it at once, and a
-  failed attempt hands them back unrun with its own row.
+  failed attempt hands them back unrun with its own row. A foreground child's result
+  row is taken the same way (:attr:`Outbox.take`, :meth:`.turn.Turn.take`) when the
+  wait returns it: the commit acknowledges it, so it never wakes the turn's session
+  for a turn of its own on a result the brain already has; a failed attempt hands it
+  back and the retry that finds the same child takes it again. A wait that ran out
+  took nothing: the result wakes the session later, as a background child's does.
 """
 
 from __future__ import annotations
@@ -76,6 +81,10 @@ class Outbox:
         self.sent: dict[str, int] = {}
         """Messages queued in this turn, per target."""
         self.foreground_calls = 0
+        self.take: Callable[[str], bool] = _nothing_taken
+        """Takes a row of the session into the running turn (:meth:`.turn.Turn.take`):
+        how a foreground ``agent`` call takes its child's result, which it returns, so
+        that the result does not wake the session again."""
         self.wakeups = 0
         """Focal wake-ups queued in this turn (they count toward Focal's limit)."""
 
@@ -144,6 +153,11 @@ class Outbox:
         digest = hashlib.sha256(
             f"{self.key}\0{self.foreground_calls}\0{description}".encode()).hexdigest()
         return f"subagent-sub_{digest[:16]}"
+
+
+def _nothing_taken(_message_id: str) -> bool:
+    """A turn of no inbox row takes none (the row wakes the session as any does)."""
+    return False
 
 
 class Writes:

@@ -323,9 +323,15 @@ class SessionActor(PooledActor):
                 last_seq[0] = more[-1].seq
             return [Message.from_row(r) for r in more]
 
+        def fetch_row(message_id: str) -> Message | None:
+            taken = ctx.journal.claim_row(ctx.owner, sid, row.message_id, message_id,
+                                          ctx.now(), lease=ctx.lease_seconds)
+            return None if taken is None else Message.from_row(taken)
+
         outbox = Outbox(row.message_id)
         turn = Turn(sid, [Message.from_row(row)], turn_tools(ctx, sid, outbox), stop_flag,
-                    fetch_steering, row=row, started=started, outbox=outbox)
+                    fetch_steering, row=row, started=started, outbox=outbox,
+                    fetch_row=fetch_row)
         if ctx.observers:
             ctx.emit("turn_started", session_id=sid, message_id=row.message_id,
                      attempt=row.attempts + 1)

@@ -53,6 +53,13 @@ def result_message_id(task_id: str) -> str:
     return f"subagent-result-{task_id}"
 
 
+def result_ids(ctx: RuntimeContext, task_id: str) -> list[str]:
+    """The ids of a task's result wake-ups written so far, oldest first (as
+    :func:`next_free_id` chose them, in order, with no gap)."""
+    return list(itertools.takewhile(lambda mid: ctx.journal.hot.existing(mid) is not None,
+                                    _numbered(result_message_id(task_id))))
+
+
 def _numbered(base: str) -> Iterator[str]:
     """``base``, ``base-2``, ``base-3``...: the ids a message of one kind takes in turn."""
     yield base

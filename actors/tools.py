@@ -23,7 +23,7 @@ from .focal_policy import FOCAL_TOOL_NAMES, SCHEDULE_WAKEUP
 from .ids import short
 from .outbox import Outbox, Writes, commit_together
 from .peers import is_peer_target
-from .subagents import TASK_KIND, task_message_id
+from .subagents import TASK_KIND, result_ids, task_message_id
 from .tasks import TaskService
 from .validation import (
     ID_LIMIT,
@@ -335,7 +335,17 @@ class AgentTools(FamilyTools, TaskTools):
         return self._ctx.journal.get(task_message_id(task_id))["status"] in TERMINAL_STATES
 
     def child_outcome(self, result: dict[str, Any]) -> dict[str, Any]:
-        """A finished foreground child's receipt: its task status and last reply."""
+        """A finished foreground child's receipt: its task status and last reply.
+
+        The waiting turn takes the child's result wake-ups into itself (leased now,
+        acknowledged by its commit): the caller gets the result here, and a wake-up on top
+        would run its brain once more on a result it has. A failed attempt hands them back
+        unrun, and its retry (which finds the same child) takes them again; one this turn
+        cannot take (it has no inbox row, or it ended) wakes the caller as any does."""
+        box = self._writes.outbox
+        if box is not None:
+            for mid in result_ids(self._ctx, result["task_id"]):
+                box.take(mid)
         replies = [e.text for e in self._ctx.store.transcript(result["agent_id"])
                    if e.role == "assistant"]
         task = self._ctx.tasks.get(result["task_id"])

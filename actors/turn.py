@@ -100,7 +100,8 @@ class Turn:
                  stop_event: StopFlag,
                  fetch_steering: Callable[[], list[Message]], *,
                  row: ClaimedRow | None = None, started: float = 0.0,
-                 outbox: Outbox | None = None) -> None:
+                 outbox: Outbox | None = None,
+                 fetch_row: Callable[[str], Message | None] | None = None) -> None:
         self.session_id = session_id
         self.messages = messages
         self.row = row  # type: ignore[assignment]
@@ -116,6 +117,11 @@ class Turn:
         self._tools: Any = None
         self._stop = stop_event
         self._fetch_steering = fetch_steering
+        self._fetch_row = fetch_row
+        """Leases one named row of the session into the turn (None: a turn of no inbox
+        row, which has nothing to fence such a lease with)."""
+        if outbox is not None:
+            outbox.take = self.take  # how a tool waiting in this turn reaches it
         self._steered: list[Message] = []
         self._steer_lock = threading.Lock()
         """Held while steering is fetched and while it is closed: a turn ending waits for
@@ -224,10 +230,38 @@ class Turn:
     def _take(self) -> list[Message]:
         with self._steer_lock, self._log_lock:  # whole before the turn closes, or not at all
             fresh, self._unseen = self._unseen, []
-            self._steered.extend(fresh)
-            self.steered_ids.extend(m.message_id for m in fresh)
-            self._log.extend(m.entry() for m in fresh)
+            self._join(fresh)
         return fresh
+
+    def _join(self, fresh: list[Message]) -> None:
+        """Make leased rows part of the turn (held: both locks): committed and
+        acknowledged with it, handed back unrun with a failed attempt."""
+        self._steered.extend(fresh)
+        self.steered_ids.extend(m.message_id for m in fresh)
+        self._log.extend(m.entry() for m in fresh)
+
+    def take(self, message_id: str) -> bool:
+        """Take the session's row ``message_id`` into this turn as steering takes rows
+        (leased now, then committed and acknowledged with the turn, or handed back unrun
+        with a failed attempt), without handing it to the brain: a tool's wait has given
+        the brain what it says already (a foreground sub-agent's result). True when the
+        row is part of the turn; False when it is not there to take (not yet written,
+        delivered, leased elsewhere) or the turn has ended: it then runs a turn of its
+        own, as any row does."""
+        with self._steer_lock:
+            if self._closed is not None or self._fetch_row is None:
+                return False
+            if message_id in self.steered_ids:
+                return True  # the brain's steering() took it first
+            held = [m for m in self._unseen if m.message_id == message_id]
+            taken = held[0] if held else self._fetch_row(message_id)
+            if taken is None:
+                return False
+            with self._log_lock:
+                if held:
+                    self._unseen.remove(taken)
+                self._join([taken])
+        return True
 
     def close_steering(self, wait: bool = True) -> list[Message] | None:
         """End the turn's steering (after its brain): the messages fetched for it that the

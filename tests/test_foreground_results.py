@@ -1,0 +1,182 @@
+"""A foreground sub-agent's result reaches its parent once: as the ``agent`` tool's return
+value, inside the turn that waited for it, never again as a wake-up of its own (an extra
+model call, and a second copy of a result the agent already has). Its ``subagent_result``
+row is taken into the waiting turn and acknowledged with that turn's commit; a failed
+attempt hands it back for the retry, and a wait that timed out leaves it to wake the
+parent as any background child's result does."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kinbox.actors import ManualClock, Runtime, ToolError, Turn
+
+from .test_turn_effects import drain_with_retries
+
+pytestmark = pytest.mark.timeout(60)
+
+MakeRuntime = Callable[..., Runtime]
+
+
+def parent_turns() -> tuple[Callable[[Turn], None], list[list[str]]]:
+    """A sync brain: the child answers "42"; each turn of the parent (session "a") is
+    recorded as the kinds it was started with, and its first one waits for the child."""
+    turns: list[list[str]] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id != "a":
+            turn.reply("42")
+            return
+        turns.append([m.kind for m in turn.messages])
+        if turn.messages[0].content == "go":
+            got = turn.tools.agent("compute", run_in_background=False, timeout=30)
+            turn.reply(f"child said {got['result']}")
+    return brain, turns
+
+
+def family(rt: Runtime) -> None:
+    p = rt.create_project("p")
+    rt.create_session(p.id, "A", session_id="a")
+
+
+def test_a_foreground_child_s_result_runs_no_extra_turn_of_its_parent(
+        make_runtime: MakeRuntime) -> None:
+    brain, turns = parent_turns()
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    family(rt)
+    rt.post("a", "go")
+    rt.run_until_idle(30)
+    assert turns == [["agent_message"]]
+    results = [r for r in rt.inbox(target="a") if r["kind"] == "subagent_result"]
+    assert [r["status"] for r in results] == ["delivered"]
+    assert sorted(rt.marker_counts().values()) == [1, 1, 1]  # go, the child's task, result
+
+
+def test_on_each_backend_the_result_is_acknowledged_by_the_waiting_turn(
+        make_runtime: MakeRuntime, any_db_url: str) -> None:
+    brain, turns = parent_turns()
+    rt = make_runtime(db=any_db_url, brain=brain, max_active_sessions=4)
+    family(rt)
+    rt.post("a", "go")
+    rt.run_until_idle(30)
+    assert turns == [["agent_message"]]
+    assert {r["kind"]: r["status"] for r in rt.inbox(target="a")} == {
+        "agent_message": "delivered", "subagent_result": "delivered"}
+    # The result is in the transcript once, where the turn got it: before its reply.
+    assert [(e.role, e.text) for e in rt.transcript("a")] == [
+        ("user", "go"), ("user", "42"), ("assistant", "child said 42")]
+
+
+def test_an_async_brain_s_awaited_foreground_child_wakes_it_no_more(
+        make_runtime: MakeRuntime) -> None:
+    turns: list[list[str]] = []
+
+    async def brain(turn: Turn) -> None:
+        if turn.session_id != "a":
+            turn.reply("42")
+            return
+        turns.append([m.kind for m in turn.messages])
+        if turn.messages[0].content == "go":
+            got = await turn.tools.agent("compute", run_in_background=False, timeout=30)
+            turn.reply(f"child said {got['result']}")
+
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    family(rt)
+    rt.post("a", "go")
+    rt.run_until_idle(30)
+    assert turns == [["agent_message"]]
+    assert {r["status"] for r in rt.inbox(target="a")} == {"delivered"}
+
+
+def test_a_failed_attempt_hands_the_result_back_and_its_retry_takes_it(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    turns: list[list[str]] = []
+    got: list[dict[str, Any]] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id != "a":
+            turn.reply("42")
+            return
+        turns.append([m.kind for m in turn.messages])
+        if turn.messages[0].content == "go":
+            got.append(turn.tools.agent("compute", run_in_background=False, timeout=30))
+            if len(got) == 1:
+                raise RuntimeError("the model failed after the child answered")
+            turn.reply(f"child said {got[-1]['result']}")
+
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    family(rt)
+    rt.post("a", "go")
+    drain_with_retries(rt, clock, 2)
+    assert turns == [["agent_message"], ["agent_message"]]
+    assert [g["result"] for g in got] == ["42", "42"]
+    assert {r["status"] for r in rt.inbox(target="a")} == {"delivered"}
+    assert sorted(rt.marker_counts().values()) == [1, 1, 1]
+    assert [e.text for e in rt.transcript("a")] == ["go", "42", "child said 42"]
+
+
+def test_a_result_taken_by_an_attempt_that_crashed_is_taken_by_the_retry(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    """The crashed attempt had leased the result into its turn: after the restart its lease
+    is a dead worker's, and the retry (which finds the child that ran) takes it over."""
+    turns: list[list[str]] = []
+    taken, release = threading.Event(), threading.Event()
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id != "a":
+            turn.reply("42")
+            return
+        turns.append([m.kind for m in turn.messages])
+        if turn.messages[0].content == "go":
+            got = turn.tools.agent("compute", run_in_background=False, timeout=30)
+            if len(turns) == 1:
+                taken.set()
+                release.wait(30)  # the process dies here
+                raise RuntimeError("crashed")
+            turn.reply(f"child said {got['result']}")
+
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    family(rt)
+    rt.post("a", "go")
+    assert taken.wait(20)
+    [result] = [r for r in rt.inbox(target="a") if r["kind"] == "subagent_result"]
+    assert result["status"] == "processing"  # leased into the waiting turn
+    rt.crash()
+    release.set()
+    after = make_runtime(brain=brain, max_active_sessions=4)
+    after.run_until_idle(30)
+    assert turns == [["agent_message"], ["agent_message"]]
+    assert {r["status"] for r in after.inbox(target="a")} == {"delivered"}
+    assert sorted(after.marker_counts().values()) == [1, 1, 1]
+    assert [e.text for e in after.transcript("a")] == ["go", "42", "child said 42"]
+
+
+def test_a_wait_that_timed_out_leaves_the_result_to_wake_the_parent(
+        make_runtime: MakeRuntime) -> None:
+    """The parent did not get the result: it comes as a wake-up, as a background child's."""
+    turns: list[list[str]] = []
+    gave_up = threading.Event()
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id != "a":
+            assert gave_up.wait(30)  # finishes only once its parent stopped waiting
+            turn.reply("42")
+            return
+        turns.append([m.kind for m in turn.messages])
+        if turn.messages[0].content == "go":
+            try:
+                turn.tools.agent("compute", run_in_background=False, timeout=1)
+            except ToolError:
+                gave_up.set()
+                turn.reply("still running")
+
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    family(rt)
+    rt.post("a", "go")
+    rt.run_until_idle(30)
+    assert turns == [["agent_message"], ["subagent_result"]]
+    assert {r["status"] for r in rt.inbox(target="a")} == {"delivered"}
