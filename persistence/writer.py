@@ -38,9 +38,9 @@ from typing import Any, Generic, TypeVar
 import peewee as pw
 
 from .database import is_sqlite
-from .driver_errors import sqlite_statement
-from .errors import DatabaseFailed, WriterClosed, WriteTimeout
-from .pg_database import PostgresDatabase
+from .errors import DatabaseFailed, WriterClosed
+from .reply import Reply
+from .savepoints import SQLITE_LOCK, Control, undo_step
 
 T = TypeVar("T")
 A = TypeVar("A")
@@ -51,11 +51,6 @@ log = logging.getLogger("kinbox.writer")
 
 WRITE_TIMEOUT = 30.0
 """How long a blocking write waits for its commit by default."""
-
-_SQLITE_LOCK = "IMMEDIATE"
-"""How the writer begins a SQLite transaction: with the write lock at once (a batch that
-began again after a rollback, :meth:`_Control.undo`, too)."""
-
 
 @dataclass(frozen=True, eq=False)
 class Bulk(Generic[A, T]):
@@ -74,109 +69,6 @@ class Bulk(Generic[A, T]):
     name: str
     one: Callable[[A], T]
     many: Callable[[list[A]], list[T]]
-
-
-class Reply(Generic[T]):
-    """The answer to one operation, handed over once its batch has committed.
-
-    A lock held until the answer is set: under load every message waits for
-    two of these, and a lock costs a fraction of a ``Future``'s condition.
-    Event-loop code does not wait on the lock: it registers a callback
-    (:meth:`add_done_callback`), run on the writer thread once the answer is in.
-    """
-
-    __slots__ = ("_callbacks", "_done", "_error", "_set", "_taken", "_value")
-
-    def __init__(self) -> None:
-        self._done = threading.Lock()
-        self._done.acquire()
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self._set = False
-        self._callbacks: list[Callable[[], None]] | None = None
-        self._taken: bool | None = None
-        """None while queued; True once a batch took the operation; False once its waiter
-        withdrew it (it timed out first): the writer then never runs it."""
-
-    def take(self) -> bool:
-        """The writer starts the operation: False when its waiter withdrew it already."""
-        with _CALLBACKS:
-            if self._taken is None:
-                self._taken = True
-            return self._taken
-
-    def withdraw(self, timeout: float | None) -> WriteTimeout:
-        """The waiter gives up: the error to raise (the operation is withdrawn unless a
-        batch took it first)."""
-        with _CALLBACKS:
-            if self._taken is None:
-                self._taken = False
-            return WriteTimeout(timeout, withdrawn=not self._taken)
-
-    def set_result(self, value: T) -> None:
-        """Hand over the result (once)."""
-        self._value = value
-        self._settle()
-
-    def set_exception(self, error: BaseException) -> None:
-        """Hand over the error (once)."""
-        self._error = error
-        self._settle()
-
-    def _settle(self) -> None:
-        with _CALLBACKS:
-            self._set = True
-            callbacks, self._callbacks = self._callbacks, None
-        self._done.release()
-        for callback in callbacks or ():
-            _run_callback(callback)
-
-    def add_done_callback(self, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` once the answer is in: at once if it is, else on the writer
-        thread right after the commit, in the order of registration. It must be quick and
-        must neither block nor write (the writer waits for it)."""
-        with _CALLBACKS:
-            if not self._set:
-                if self._callbacks is None:
-                    self._callbacks = []
-                self._callbacks.append(callback)
-                return
-        _run_callback(callback)
-
-    def done(self) -> bool:
-        """Is the answer in? (A look that gives nothing up: :meth:`result` with a timeout
-        withdraws a write still queued when the wait ends.)"""
-        return self._set
-
-    def outcome(self) -> T:
-        """The answer of a settled reply (raise the operation's error)."""
-        if self._error is not None:
-            raise self._error
-        return self._value  # type: ignore[no-any-return]
-
-    def result(self, timeout: float | None = None) -> T:
-        """Wait for the answer; raise the operation's error, or :class:`WriteTimeout`."""
-        # Positional: a keyword makes the lock parse its arguments (twice a message).
-        if not self._done.acquire(True, -1 if timeout is None else timeout):
-            late = self.withdraw(timeout)
-            if not self._done.acquire(False):  # not answered since the wait ended either
-                raise late
-        self._done.release()  # so that a later result() sees the answer too
-        if self._error is not None:  # outcome(), inline: every send and turn waits here
-            raise self._error
-        return self._value  # type: ignore[no-any-return]
-
-
-_CALLBACKS = threading.Lock()
-"""Orders a callback's registration against its reply's answer: one lock for all replies,
-held for two attribute writes (a lock per reply would cost every send)."""
-
-
-def _run_callback(callback: Callable[[], None]) -> None:
-    try:
-        callback()
-    except Exception:  # a waiter's bug must not stop the writer or lose the batch's answers
-        log.exception("a writer reply's callback failed")
 
 
 @dataclass
@@ -284,7 +176,7 @@ class GroupCommitWriter:
         connection, is no rollback failure: the database classes skip that rollback.)"""
         failed: list[BaseException] = []
         try:
-            with (self._db.atomic(_SQLITE_LOCK) if is_sqlite(self._db) else self._db.atomic()):
+            with (self._db.atomic(SQLITE_LOCK) if is_sqlite(self._db) else self._db.atomic()):
                 try:
                     yield
                 except BaseException as exc:
@@ -334,7 +226,7 @@ class GroupCommitWriter:
                 stopping, gathered = self._gather(batch), True
                 # Writes whose waiters gave up are left out: they were answered already.
                 batch[:] = [item for item in batch if item[-1].take()]
-                control = _Control(self._db)
+                control = Control(self._db)
                 for unit in _plan(batch):
                     if isinstance(unit, int):
                         outcomes[unit] = self._run_one(control, batch[unit][0])
@@ -362,19 +254,19 @@ class GroupCommitWriter:
         return stopping
 
     @staticmethod
-    def _run_one(control: _Control, op: Callable[[], Any]) -> tuple[bool, Any]:
+    def _run_one(control: Control, op: Callable[[], Any]) -> tuple[bool, Any]:
         # A savepoint per operation: a failing op undoes only itself. Plain
         # statements: peewee's nested atomic() costs more than the op itself.
         name = control.savepoint("kinbox_op")
         try:
             outcome: tuple[bool, Any] = (True, op())
         except Exception as exc:
-            _undo(lambda: control.now(f"ROLLBACK TO SAVEPOINT {name}"), exc)
+            undo_step(lambda: control.now(f"ROLLBACK TO SAVEPOINT {name}"), exc)
             outcome = (False, exc)
         control.later(f"RELEASE SAVEPOINT {name}")
         return outcome
 
-    def _run_groups(self, control: _Control, batch: list[tuple[Any, ...]], groups: list[list[int]],
+    def _run_groups(self, control: Control, batch: list[tuple[Any, ...]], groups: list[list[int]],
                     outcomes: dict[int, tuple[bool, Any]]) -> list[int] | None:
         """Run every bulk kind's items set-wise under one savepoint; the group of the kind
         that raised (all of it undone), for the caller to run each kind on its own, or
@@ -386,7 +278,7 @@ class GroupCommitWriter:
         statements of a typical batch. There is no release: the commit releases it.
         On SQLite, when nothing ran before them in the transaction (the usual batch: all
         sends and turn commits), they take no savepoint at all: undoing them is rolling
-        the transaction back and beginning it again (:meth:`_Control.undo`).
+        the transaction back and beginning it again (:meth:`Control.undo`).
         """
         name = control.savepoint("kinbox_bulk") if not control.restartable else None
         answers: list[tuple[list[int], list[Any]]] = []
@@ -395,7 +287,7 @@ class GroupCommitWriter:
             try:
                 answers.append((group, _all_of(kind, [batch[i][1] for i in group])))
             except Exception as exc:
-                _undo(lambda: control.undo(name), exc)
+                undo_step(lambda: control.undo(name), exc)
                 self._stats.shared_fallbacks += 1
                 log.debug("a batch's bulk kinds run one kind at a time: %s",
                           type(exc).__name__)
@@ -407,7 +299,7 @@ class GroupCommitWriter:
                 outcomes[i] = (True, result)
         return None
 
-    def _run_bulk(self, control: _Control, batch: list[tuple[Any, ...]], indexes: list[int],
+    def _run_bulk(self, control: Control, batch: list[tuple[Any, ...]], indexes: list[int],
                   outcomes: dict[int, tuple[bool, Any]], *, set_wise: bool = True) -> None:
         """One kind's items under their own savepoint: set-wise (unless ``set_wise`` is
         False: it just failed that way), else one by one."""
@@ -429,81 +321,6 @@ class GroupCommitWriter:
         self._stats.batches += 1
         self._stats.operations += n
         self._stats.largest_batch = max(self._stats.largest_batch, n)
-
-
-def _undo(undo: Callable[[], object], cause: Exception) -> None:
-    """Undo a step that raised ``cause``. When the step failed in the database and the undo
-    fails too, the database ended the transaction with it (see
-    :meth:`GroupCommitWriter._transaction`): ``cause`` fails the batch, as what says why.
-    Any other undo failure (a restart that found the database busy) is its own reason."""
-    try:
-        undo()
-    except Exception as undo_error:
-        if not isinstance(cause, DatabaseFailed):
-            raise
-        log.debug("undoing after %s failed: %s", type(cause).__name__, undo_error)
-        raise cause from None
-
-
-class _Control:
-    """How the writer sends its savepoint statements in one batch: ``later`` for those that
-    answer nothing (deferred on PostgreSQL, where they ride with the next statement instead
-    of costing a round trip each: :mod:`.pg_database`), ``now`` for a rollback to a
-    savepoint; on SQLite both run at once on the batch's cursor (no peewee layer: they are
-    part of every batch).
-
-    Every savepoint of a batch has a name of its own: a deferred one that never ran (its
-    statement's message failed to parse) makes the rollback to it fail, and the batch with
-    it, where a name reused from an earlier operation would roll that one's writes back
-    while its caller is told they committed."""
-
-    __slots__ = ("count", "fresh", "later", "now", "sqlite")
-
-    def __init__(self, db: pw.Database) -> None:
-        self.now: Callable[[str], object]
-        self.later: Callable[[str], object]
-        self.count = 0
-        self.fresh = True
-        """Nothing has run in the batch's transaction yet."""
-        self.sqlite = is_sqlite(db)
-        if isinstance(db, PostgresDatabase):
-            self.now, self.later = db.execute_sql, db.defer
-        else:
-            self.now = self.later = sqlite_statement(db.cursor())
-
-    @property
-    def restartable(self) -> bool:
-        """Work may run without a savepoint, undone by beginning the transaction again:
-        on SQLite, where a savepoint costs a statement (a hand-over of the interpreter
-        lock, most of a statement's time in the writer under load), while nothing has
-        run in the transaction. PostgreSQL's savepoints ride with the next statement."""
-        return self.sqlite and self.fresh
-
-    def undo(self, name: str | None) -> None:
-        """Undo what ran since the savepoint ``name`` was opened; None: since the
-        transaction began, with nothing before it (see :attr:`restartable`), by rolling
-        it back and beginning it again, which leaves it as it was when it began."""
-        if name is None:
-            self.now("ROLLBACK")
-            try:
-                self.now(f"BEGIN {_SQLITE_LOCK}")
-            except Exception:
-                # Busy past the timeout: the batch fails with this error. A deferred BEGIN
-                # takes no lock (it cannot be busy) and leaves the writer's own rollback a
-                # transaction to end, which would fail ("no transaction is active") and
-                # hide this error; nothing of the batch was kept either way.
-                self.now("BEGIN")
-                raise
-        else:
-            self.now(f"ROLLBACK TO SAVEPOINT {name}")
-            self.later(f"RELEASE SAVEPOINT {name}")
-
-    def savepoint(self, prefix: str) -> str:
-        """Open a savepoint with a name new in this batch (``later``); its name."""
-        self.count += 1
-        name = f"{prefix}_{self.count}"
-        self.later(f"SAVEPOINT {name}")
-        return name
 
 
 def _all_of(kind: Bulk[Any, Any], items: list[Any]) -> list[Any]:
