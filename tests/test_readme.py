@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -85,3 +88,23 @@ def test_every_python_block_runs_twice_on_one_database_and_prints_what_it_says(
             for value in namespace.values():
                 if isinstance(value, Runtime) and value.state == "running":
                     value.stop()
+
+
+@pytest.mark.timeout(120)
+def test_the_crash_restart_report_and_diagram_are_what_the_command_prints(
+        tmp_path: Path) -> None:
+    """The README promises the same report for the same seed on a fresh database, and
+    shows one: it must be the one ``kinbox scenario run crash_restart`` prints now, ids,
+    participants and all, so a reader can diff their run against it."""
+    blocks = readme_blocks(README.read_text())
+    [report] = [b for _, lang, b, _ in blocks if lang == "text"
+                and b.startswith("scenario crash_restart")]
+    [diagram] = [b for _, lang, b, _ in blocks if lang == "mermaid"]
+    result = subprocess.run(
+        [sys.executable, "-m", "kinbox.actors", "scenario", "run", "crash_restart",
+         "--diagram", str(tmp_path / "crash.md")], capture_output=True, text=True,
+        timeout=100, cwd=tmp_path, env={**os.environ, "KINBOX_HOME": str(tmp_path / "home")})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == report
+    written = FENCE.search((tmp_path / "crash.md").read_text())
+    assert written is not None and written.group(2) == diagram
