@@ -28,13 +28,19 @@ def _jobs(args: argparse.Namespace, work: Any, *, read_only: bool = False) -> An
         return work(jobs)
 
 
+def _utc(ts: float | None) -> str:
+    # A run's times are UTC: say so (a job's next run is shown in its own zone, named).
+    return "-" if ts is None else f"{_when(ts)} UTC"
+
+
 def _line(job: dict[str, Any]) -> str:
     state = "active" if job["active"] else "paused"
-    # In the job's own zone, named: the expression's 09:00 in Paris shown in UTC, unsaid,
-    # read as a job due at 08:00.
+    # The next run in the job's own zone, named: the expression's 09:00 in Paris shown in
+    # UTC, unsaid, read as a job due at 08:00.
     upcoming = job["next_run_at"]
     when = "-" if upcoming is None else local_time(upcoming, job["timezone"])
-    return (f"{job['job_id']:<14} {state:<7} {job['cron']:<16} next {when}"
+    schedule = f"{job['cron']} ({job['timezone']})"
+    return (f"{job['job_id']:<14} {state:<7} {schedule:<30} next {when}"
             f"  retries {job['retry_count']}  {job['name']}"
             + (f"  (last error: {job['last_error']})" if job["last_error"] else ""))
 
@@ -72,7 +78,7 @@ def cron_runs(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox cron runs [JOB_ID]``: newest first."""
     runs = _jobs(args, lambda j: j.runs(args.job_id, args.limit), read_only=True)
     lines = [f"{r['run_id']:<32} {r['status']:<8} attempt {r['attempts']}  "
-             f"started {_when(r['started_at'])}  "
+             f"started {_utc(r['started_at'])}  "
              + (f"error: {r['error']}" if r["error"] else (r["result"] or "")[:60])
              for r in runs]
     _emit(out, args.json, runs, lines or ["no runs"])

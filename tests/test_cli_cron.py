@@ -59,6 +59,9 @@ def test_the_listing_shows_the_next_run_in_the_jobs_own_time_zone(cron_db: str) 
     code, text = run(cron_db, "list")
     assert code == 0 and job["job_id"] in text
     assert " 09:00 CET" in text or " 09:00 CEST" in text, text
+    assert "0 9 * * * (Europe/Paris)" in text  # the expression's zone, named
+    code, text = run(cron_db, "pause", job["job_id"])
+    assert code == 0 and "0 9 * * * (Europe/Paris)" in text
 
 
 def test_invalid_jobs_are_refused_with_a_clear_error_and_nothing_written(
