@@ -85,7 +85,7 @@ def whoami(args: argparse.Namespace, out: TextIO) -> int:
 def invite(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox peers invite``: a one-time pairing code for another device."""
     try:
-        scopes, ttl = parse_scopes(args.scope or ["agent"]), parse_ttl(args.ttl)
+        scopes, ttl = parse_scopes(args.scope or ["agent"]), args.ttl
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     with _device(args) as (peers, identity), operator_clock(peers.t.db) as clock:
@@ -201,6 +201,14 @@ def change(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _ttl(text: str) -> float:
+    # An argparse type, so a bad --ttl is a usage error (2) like a bad --limit.
+    try:
+        return parse_ttl(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``peers``."""
     def with_key(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -212,7 +220,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     with_key(psub.add_parser("whoami", help="this device's id")).set_defaults(handler=whoami)
     p = with_key(psub.add_parser("invite", help="print a one-time pairing code"))
     p.add_argument("--scope", action="append", choices=["agent"])
-    p.add_argument("--ttl", default="10m", help="how long the code is valid (default 10m)")
+    p.add_argument("--ttl", type=_ttl, default="10m",
+                   help="how long the code is valid, 1s to 7d (default 10m)")
     p.set_defaults(handler=invite)
     p = with_key(psub.add_parser("pair", help="pair with a device using its code"))
     p.add_argument("url", help="the other device's kinbox serve URL, http://host:port")

@@ -15,6 +15,7 @@ from kinbox.actors.cli import main
 from kinbox.transport.grants import is_code
 
 from .peer_harness import Receiver, cli
+from .test_cli import kinbox
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,8 +39,17 @@ def test_invite_prints_a_code_and_stores_only_its_hash(tmp_path: Path) -> None:
     invite = cli("peers", "invite", "--db", url, "--ttl", "2h")
     assert is_code(invite["code"]) and invite["scopes"] == ["agent"]
     assert invite["code"].encode() not in (tmp_path / "k.db").read_bytes()
-    code, _ = run("peers", "invite", "--db", url, "--ttl", "9d")
-    assert code == 1
+
+
+@pytest.mark.parametrize(("ttl", "says"), [("9d", "1 s to 7 days"), ("10x", "like 10m or 2h")])
+def test_a_bad_ttl_is_a_usage_error_before_anything_is_made(
+        tmp_path: Path, ttl: str, says: str) -> None:
+    """As a --limit out of range: status 2 with the subcommand's usage line, no database."""
+    url = f"sqlite:///{tmp_path / 'new' / 'k.db'}"
+    result = kinbox("peers", "invite", "--db", url, "--ttl", ttl)
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: kinbox peers invite") and says in result.stderr
+    assert not (tmp_path / "new").exists()
 
 
 def test_pair_list_pause_resume_revoke(tmp_path: Path) -> None:
