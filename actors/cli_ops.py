@@ -196,7 +196,7 @@ def sessions_list(args: argparse.Namespace, out: TextIO) -> int:
         if args.project:
             project = store.project_by_slug(args.project)
             if project is None:
-                raise RowNotFound("project", args.project, " (looked up by slug)")
+                raise RowNotFound("project", args.project, by="slug")
             project_id = project.id
         sessions = store.sessions(project_id=project_id)
         slugs = {p.id: p.slug for p in store.projects()}

@@ -89,10 +89,11 @@ class LeaseLost(PersistenceError):
 
 
 class RowNotFound(PersistenceError):
-    """The requested row does not exist; ``kind`` names what was looked for, ``key`` how."""
+    """The requested row does not exist; ``kind`` names what was looked for, ``key`` the
+    value of its ``by`` column (the id unless told)."""
 
-    def __init__(self, kind: str, key: str, detail: str = "") -> None:
-        super().__init__(f"no {kind} with id {key!r}{detail}")
+    def __init__(self, kind: str, key: str, detail: str = "", *, by: str = "id") -> None:
+        super().__init__(f"no {kind} with {by} {key!r}{detail}")
         self.kind = kind
         self.key = key
 

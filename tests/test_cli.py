@@ -121,6 +121,14 @@ def test_sessions_list_and_db_status(failed_row_db: str) -> None:
     assert status["rows"] == {"delivered": 1, "failed": 1, "pending": 1}
 
 
+def test_an_unknown_project_slug_is_named_as_a_slug(failed_row_db: str) -> None:
+    """``--project`` takes a slug: the refusal said "no project with id 'nope' (looked up
+    by slug)", an id and a slug at once."""
+    result = kinbox("sessions", "list", "--project", "nope", "--db", failed_row_db)
+    assert result.returncode == 1
+    assert result.stderr == "kinbox: no project with slug 'nope'\n"
+
+
 def test_db_upgrade_creates_a_schema_and_commands_refuse_an_old_one(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'new.db'}"
     before = kinbox("inbox", "list", "--db", url)
