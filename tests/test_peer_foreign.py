@@ -4,7 +4,9 @@ nor hold a row forever, whatever a peer of another version (or a foreign one) sa
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from http.server import HTTPServer, SimpleHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,9 @@ from websockets.asyncio.server import ServerConnection
 from kinbox.actors import ManualClock, Runtime
 from kinbox.persistence.inbox_core import PEER, backoff_delay
 from kinbox.transport import frames as f
+from kinbox.transport.errors import PeerUnavailable
+from kinbox.transport.identity import DeviceIdentity
+from kinbox.transport.peer_client import pair_with
 
 from .helpers import quiet_brain, wait_for
 from .peer_harness import FakePeer
@@ -178,3 +183,21 @@ def test_a_peers_error_text_is_stored_escaped_for_the_terminals_that_show_it(
         assert [e["detail"].isprintable() for e in journal.history(mid)] == [True]
     finally:
         peer.close()
+
+
+def test_pairing_with_an_address_that_is_no_kinbox_says_so(tmp_path: Path) -> None:
+    """``kinbox peers pair`` at a plain web server (a wrong port) said only "peer
+    unavailable (cannot connect: InvalidMessage)"; it now says the address does not answer
+    as a kinbox serve, still a PeerUnavailable with no HTTP status."""
+    server = HTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(PeerUnavailable) as refused:
+            pair_with(f"http://127.0.0.1:{server.server_port}",
+                      DeviceIdentity.generate(), "kbp_" + "A" * 43, "phone", "n" * 43)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert refused.value.status is None
+    assert "does not answer as a kinbox serve" in str(refused.value)

@@ -63,7 +63,12 @@ def _open(uri: str, headers: dict[str, str] | None, timeout: float) -> ClientCon
                        close_timeout=2)
     except InvalidStatus as exc:
         raise _refusal(exc) from None
-    except (OSError, TimeoutError, WebSocketException) as exc:
+    except WebSocketException as exc:
+        # Something answered, but no websocket upgrade: another service at the address
+        # (a wrong port, a stale URL); a bare "InvalidMessage" told an operator nothing.
+        raise PeerUnavailable("cannot connect: the address does not answer as a kinbox "
+                              f"serve does ({type(exc).__name__})") from None
+    except (OSError, TimeoutError) as exc:
         raise PeerUnavailable(f"cannot connect: {type(exc).__name__}") from None
 
 
