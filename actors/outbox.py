@@ -24,7 +24,8 @@ Two effects cannot wait for the commit, and are not in the outbox:
 - a foreground ``agent(..., run_in_background=False)``: the turn waits for the child,
   so the child (its session, task and first message, in one transaction:
   :func:`commit_together`) is committed at once. Its id is derived from the turn's message, the
-  call's place in the turn and its description, so a retried attempt that asks for the
+  description and how often the turn asked for it (not the call's place among the turn's
+  calls, which concurrent calls make arbitrary), so a retried attempt that asks for the
   same child gets the one that already ran (its result, if it finished) instead of a
   second one;
 - steering: rows a turn takes with ``steering()`` are leased into it at once, and a
@@ -80,7 +81,8 @@ class Outbox:
         self.tasks: dict[str, TaskRecord] = {}
         self.sent: dict[str, int] = {}
         """Messages queued in this turn, per target."""
-        self.foreground_calls = 0
+        self.foreground_calls: dict[str, int] = {}
+        """Foreground children asked for in this turn, per description."""
         self.take: Callable[[str], bool] = _nothing_taken
         """Takes a row of the session into the running turn (:meth:`.turn.Turn.take`):
         how a foreground ``agent`` call takes its child's result, which it returns, so
@@ -148,10 +150,15 @@ class Outbox:
 
     def child_id(self, description: str) -> str:
         """The id of this turn's next foreground child: the same on every attempt that asks
-        for the same child at the same point of the turn."""
-        self.foreground_calls += 1
-        digest = hashlib.sha256(
-            f"{self.key}\0{self.foreground_calls}\0{description}".encode()).hexdigest()
+        for the same child (its description, and how many times this turn asked for it).
+        Not its place among the turn's calls: tool calls of an async turn run at once
+        (``asyncio.gather``, a framework's parallel tool calls) and reach here in any
+        order, and a retried model may ask for its children in another order; either
+        would start every child again."""
+        with self._undo_lock:
+            nth = self.foreground_calls[description] = (
+                self.foreground_calls.get(description, 0) + 1)
+        digest = hashlib.sha256(f"{self.key}\0{nth}\0{description}".encode()).hexdigest()
         return f"subagent-sub_{digest[:16]}"
 
 

@@ -188,6 +188,40 @@ def test_a_retried_foreground_child_is_the_same_child_not_a_second_one(
         "child said 42 files"]
 
 
+def test_retried_foreground_children_asked_for_in_another_order_are_the_same_children(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    """An async turn's tool calls run at once (``asyncio.gather``, pydantic-ai's parallel
+    tool calls) and start their children in any order, as a retried model may ask for
+    them in another order. The child's id counted the turn's foreground calls, so the
+    retry started every child again: four child turns for two children."""
+    outcomes: list[list[dict[str, Any]]] = []
+    child_turns: list[str] = []
+
+    async def brain(turn: Turn) -> None:
+        if turn.session_id != "a":
+            child_turns.append(turn.messages[0].content)
+            turn.reply(f"did {turn.messages[0].content}")
+            return
+        if turn.messages[0].content != "go":
+            return
+        order = ["lint", "test"] if not outcomes else ["test", "lint"]
+        outcomes.append([await turn.tools.agent(task, run_in_background=False, timeout=30)
+                         for task in order])
+        if len(outcomes) == 1:
+            raise RuntimeError("the model failed after its children answered")
+        turn.reply("both done")
+
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    sessions(rt)
+    rt.post("a", "go")
+    drain_with_retries(rt, clock, 2)
+    assert sorted(child_turns) == ["lint", "test"]  # one turn per child in all
+    first, second = ({r["agent_id"] for r in attempt} for attempt in outcomes)
+    assert first == second
+    assert [r["result"] for r in outcomes[1]] == ["did test", "did lint"]
+    assert len([s for s in rt.sessions() if s.kind == "subagent"]) == 2
+
+
 def test_a_foreground_child_commits_whole_or_not_at_all(
         make_runtime: MakeRuntime, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
     """A write failing after the child's session and task leaves nothing behind, so the
