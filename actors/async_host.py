@@ -175,6 +175,11 @@ class AsyncHost:
             self._let_go()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
+    def on_loop(self) -> bool:
+        """Is the caller running on the loop's thread (where a blocking wait holds every
+        async turn)?"""
+        return threading.current_thread() is self._thread
+
     def watch(self) -> None:
         """At every tick (any thread): is the loop held by code that never awaits? Logged
         once per stall, naming the session whose brain holds it (:mod:`.loop_watch`)."""

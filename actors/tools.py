@@ -41,6 +41,10 @@ FOCAL_SEND_EXTRAS = ("project_id", "title", "task_title")
 
 SELF_SEND = "Use a normal follow-up turn instead of sending to the current agent."
 SELF_STOP = "The current agent cannot stop itself with agent_stop."
+FOREGROUND_ON_LOOP = ("A foreground agent(..., run_in_background=False) waits for the "
+                      "child's turn, which runs on the event loop this call would hold "
+                      "until its timeout: await turn.tools.agent(...) in an async brain "
+                      "(turn.tools.sync is for code off the event loop).")
 NO_AGENT_TOOLS = ("Sub-agents do not hold the agent tools; finish your task and your parent "
                   "is told the result.")
 
@@ -270,6 +274,11 @@ class AgentTools(FamilyTools, TaskTools):
     def agent(self, description: Any, run_in_background: Any = True, title: Any = None,
               timeout: Any = 300) -> dict[str, Any]:
         """Create a child session for ``description`` and run it (in the background by default)."""
+        host = self._ctx.async_host
+        if run_in_background is False and host is not None and host.on_loop():
+            # Refused before anything is written: the wait would hold every async turn
+            # (the child's too) for as long as its timeout, and then fail anyway.
+            raise ToolError("execution_failed", FOREGROUND_ON_LOOP)
         result, wait = self.start_child(description, run_in_background, title, timeout)
         if run_in_background:
             return result

@@ -17,7 +17,7 @@ import pytest
 from kinbox.actors import ManualClock, Runtime, ToolError, Turn
 from kinbox.actors.focal import FOCAL_TITLE
 from kinbox.actors.running import RUNTIME_STOP
-from kinbox.actors.tools import NO_AGENT_TOOLS
+from kinbox.actors.tools import FOREGROUND_ON_LOOP, NO_AGENT_TOOLS
 from kinbox.persistence import NewMessage
 
 from .conftest import Stores
@@ -302,6 +302,37 @@ def test_a_foreground_sub_agent_returns_its_reply(make_runtime: MakeRuntime,
     rt.post(a, "how many?")
     rt.run_until_idle(timeout=30)
     assert [(r["status"], r["result"]) for r in results] == [("completed", "42 files")]
+
+
+@pytest.mark.timeout(60)
+def test_a_sync_foreground_agent_call_on_the_event_loop_is_refused_before_it_starts(
+        make_runtime: MakeRuntime) -> None:
+    """``turn.tools.sync.agent(..., run_in_background=False)`` in an async brain waited on
+    the loop's thread for the child, whose turn needs that loop: every async turn stood
+    still for the call's whole timeout (300 s by default), then it failed anyway."""
+    answers: list[Any] = []
+
+    async def brain(turn: Turn) -> None:
+        if turn.messages[0].content != "delegate":
+            turn.reply("done")
+        else:
+            answers.append(turn.tools.sync.call("agent", {
+                "description": "count", "run_in_background": False, "timeout": 20}))
+            try:
+                turn.tools.sync.agent("count", run_in_background=False, timeout=20)
+            except ToolError as exc:
+                answers.append(exc.message)
+
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    a, b = team(rt)
+    rt.post(a, "delegate")
+    rt.post(b, "hello")
+    rt.run_until_idle(timeout=50)
+    assert answers == [{"error": "execution_failed", "message": FOREGROUND_ON_LOOP},
+                       FOREGROUND_ON_LOOP]
+    assert [e.text for e in rt.transcript(b)] == ["hello", "done"]
+    assert [s.id for s in rt.sessions() if s.kind == "subagent"] == []
+    assert rt.context.foreground_waits == 0
 
 
 @pytest.mark.timeout(60)
