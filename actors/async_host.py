@@ -29,7 +29,10 @@ wakes). A turn still running ``stop_grace`` seconds after a stop request is
 cancelled: when it was stopped by a caller, what it had replied is
 committed as the stopped turn (as a sync turn that returns on the flag),
 even past ``turn_timeout``; when the timeout stopped it, the attempt fails
-(``TurnCancelled``). Either way the row has exactly one outcome. A graceful
+(``TurnCancelled``). A brain that swallows the cancel too is given up on
+``stop_grace`` seconds later: its turn ends as a cancelled one without it
+(its later replies and tool calls are refused), so its row and session are
+not held for good. Either way the row has exactly one outcome. A graceful
 stop of the runtime asks every turn to stop and cancels, past the same
 grace, the brains that ignore it, those of cron and social turns too: their
 turns commit as stopped by the runtime. A direct turn's thread never waits
@@ -93,8 +96,12 @@ class AsyncHost:
         self.executor = ThreadPoolExecutor(workers, thread_name_prefix="kinbox-blocking")
         self._thread = threading.Thread(target=self._run, name="kinbox-async", daemon=True)
         self._brains: dict[str, asyncio.Task[BaseException | None]] = {}  # loop thread only
-        self._cancelled: weakref.WeakSet[asyncio.Task[BaseException | None]] = weakref.WeakSet()
-        """Brains :meth:`cancel` cancelled (loop thread only)."""
+        self._cancelled: weakref.WeakKeyDictionary[asyncio.Task[BaseException | None], float] = (
+            weakref.WeakKeyDictionary())
+        """Brains :meth:`cancel` cancelled, and when, on the runtime's clock (loop thread
+        only)."""
+        self._gave_up: dict[str, asyncio.Future[None]] = {}  # loop thread only
+        """Per running brain: set when its turn ends without it (:meth:`_cancel_brains`)."""
         self._drivers: set[asyncio.Task[None]] = set()  # loop thread only
         self._direct: set[asyncio.Task[BaseException | None]] = set()  # loop thread only
         """The brains direct turns (cron, social) await from their threads."""
@@ -256,18 +263,31 @@ class AsyncHost:
         self.loop.call_soon_threadsafe(self._cancel_brains, session_ids)
 
     def _cancel_brains(self, session_ids: list[str]) -> None:
-        """Cancel the running brains of these sessions, each once (loop thread)."""
+        """Cancel the running brains of these sessions, each once (loop thread); a brain
+        still running ``stop_grace`` seconds after its cancel is given up on."""
+        now = self.ctx.now()
         for sid in session_ids:
             task = self._brains.get(sid)
-            # Once per brain: its clean-up (an ``except CancelledError`` that awaits) must
-            # not be cancelled again by the next tick's list. And only a brain whose turn
-            # was asked to stop: the one listed may have ended since, and its session's
-            # next turn started, before this ran on the loop.
-            if (task is not None and not task.done() and task not in self._cancelled
-                    and self.ctx.turns.stop_asked(sid)):
+            # Only a brain whose turn was asked to stop: the one listed may have ended
+            # since, and its session's next turn started, before this ran on the loop.
+            if task is None or task.done() or not self.ctx.turns.stop_asked(sid):
+                continue
+            cancelled_at = self._cancelled.get(task)
+            if cancelled_at is None:
+                # Once per brain: its clean-up (an ``except CancelledError`` that awaits)
+                # must not be cancelled again by the next tick's list.
                 log.warning("cancelling the async turn of %s: it ignored its stop", sid)
-                self._cancelled.add(task)
+                self._cancelled[task] = now
                 task.cancel()
+            elif now - cancelled_at >= self.ctx.stop_grace:
+                # It swallowed the cancel (a bare ``except:`` in a retry loop, 3.11's
+                # ``wait_for`` race): waiting on would hold its row and session for good.
+                # The turn ends as a cancelled one; what the brain does after is refused.
+                gave_up = self._gave_up.get(sid)
+                if gave_up is not None and not gave_up.done():
+                    log.warning("the async turn of %s ignored its cancel too: it ends "
+                                "without its brain", sid)
+                    gave_up.set_result(None)
 
     # -- a session's turns -----------------------------------------------------------------
 
@@ -376,20 +396,24 @@ class AsyncHost:
         sid = turn.session_id
         task: asyncio.Task[BaseException | None] = self.loop.create_task(self._call(turn))
         self._brains[sid] = task
+        gave_up = self._gave_up[sid] = self.loop.create_future()
         with self._lock:
             self.running += 1
             self.peak_running = max(self.peak_running, self.running)
         try:
-            await asyncio.wait({task})  # cancelling the brain must not cancel this driver
+            # Cancelling the brain must not cancel this driver.
+            await asyncio.wait({task, gave_up}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             task.cancel()  # the driver is cancelled (stop, crash): the brain goes with it
             raise
         finally:
             self._brains.pop(sid, None)
+            self._gave_up.pop(sid, None)
             with self._lock:
                 self.running -= 1
-        own = None if task.cancelled() else task.result()
-        if task.cancelled() or isinstance(own, asyncio.CancelledError):
+        abandoned = not task.done()
+        own = None if abandoned or task.cancelled() else task.result()
+        if abandoned or task.cancelled() or isinstance(own, asyncio.CancelledError):
             by = self.ctx.turns.stopped_by(sid)
             if by is None and own is not None:
                 return own  # the brain's own CancelledError, and nobody stopped it: its error

@@ -859,6 +859,56 @@ def test_a_brain_cancelled_past_its_grace_is_cancelled_once(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("stopper", ["caller", "turn_timeout"])
+def test_a_brain_swallowing_its_cancel_is_given_up_on_and_its_session_goes_on(
+        make_runtime: MakeRuntime, clock: ManualClock, stopper: str) -> None:
+    """A brain that swallows the cancel (a bare ``except:`` around its model call, or
+    3.11's ``asyncio.wait_for`` losing it) was awaited for good: its row stayed
+    ``processing`` with its lease renewed, and its session's next message never ran.
+    A grace after the cancel its turn ends without it, as a cancelled turn does."""
+    started, swallowed = threading.Event(), threading.Event()
+
+    async def brain(turn: Turn) -> None:
+        if turn.messages[0].content != "long":
+            turn.reply("next one ran")
+            return
+        turn.reply("halfway")
+        started.set()
+        while True:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                swallowed.set()
+
+    rt = make_runtime(brain=brain, stop_grace=5.0,
+                      turn_timeout=30.0 if stopper == "turn_timeout" else None)
+    a, b = _pair(rt)
+    mid = rt.post(b, "long", sender=a).message_id
+    assert started.wait(10)
+    if stopper == "caller":
+        rt.tools_for(a).agent_stop(b)
+    else:
+        clock.advance(31)  # past turn_timeout: the tick asks it to stop
+    wait_for(lambda: rt.context.turns.stop_asked(b), what="the stop request")
+    clock.advance(6)  # past the grace: the tick cancels the brain, which swallows it
+    assert swallowed.wait(10)
+    rt.post(b, "second", sender=a)
+    clock.advance(6)  # a grace after the cancel: the turn ends without its brain
+    wait_for(lambda: rt.inbox(target=b)[0]["status"] != "processing",
+             what="the turn given up on to end")
+    row = rt.inbox(target=b)[0]
+    if stopper == "caller":  # what it said before is committed, as a stopped turn's
+        assert (row["status"], row["attempts"]) == ("delivered", 0)
+        rt.run_until_idle()
+        assert [e.text for e in rt.transcript(b)] == ["long", "halfway", "second",
+                                                      "next one ran"]
+    else:  # a failed attempt, retried as any
+        assert (row["status"], row["attempts"]) == ("pending", 1)
+        assert "TurnCancelled" in row["last_error"]
+    assert rt.marker_counts().get(mid, 0) == (1 if stopper == "caller" else 0)
+
+
+@pytest.mark.timeout(60)
 def test_inbox_turns_waiting_for_cron_turns_hold_no_blocking_worker(
         make_runtime: MakeRuntime) -> None:
     """With ``max_active_sessions=4`` the loop has 4 blocking workers. Four sessions each run
