@@ -15,12 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pydantic_ai import Agent, Tool
+from pydantic_ai import Tool
+from pydantic_ai.agent import AbstractAgent
 from pydantic_ai.toolsets import FunctionToolset
 
 from .turn import Turn
 
-AgentFor = Callable[[Turn], Agent[Any, Any]]
+AgentFor = Callable[[Turn], AbstractAgent[Any, Any]]
 """Builds (or returns) the pydantic-ai agent for a turn: your model, instructions, settings."""
 
 
@@ -47,10 +48,13 @@ def prompt_of(turn: Turn) -> str:
     return "\n\n".join(m.as_prompt() for m in turn.messages)
 
 
-def pydantic_ai_brain(agent_for: Agent[Any, Any] | AgentFor) -> Callable[[Turn], Any]:
-    """An ``async def`` brain that runs ``agent_for`` (an Agent, or a function of the turn)."""
+def pydantic_ai_brain(agent_for: AbstractAgent[Any, Any] | AgentFor) -> Callable[[Turn], Any]:
+    """An ``async def`` brain that runs ``agent_for`` (an agent, or a function of the turn).
+
+    Any pydantic-ai agent: an ``Agent``, or a wrapper of one (``WrapperAgent``, the
+    durable-execution agents), which is no ``Agent`` subclass."""
     async def brain(turn: Turn) -> None:
-        agent = agent_for if isinstance(agent_for, Agent) else agent_for(turn)
+        agent = agent_for if isinstance(agent_for, AbstractAgent) else agent_for(turn)
         result = await agent.run(prompt_of(turn), toolsets=[kinbox_toolset(turn)])
         output = result.output
         # Only an empty answer is no reply: 0, False or [] are the agent's answer too.

@@ -106,3 +106,22 @@ def test_an_answer_of_zero_is_the_reply(make_runtime: Callable[..., Runtime]) ->
     rt.run_until_idle()
     assert [(e.role, e.text) for e in rt.transcript(session)] == [
         ("user", "how many PRs are open?"), ("assistant", "0")]
+
+
+@pytest.mark.timeout(60)
+def test_a_wrapped_agent_is_run_as_the_agent_not_called_as_a_factory(
+        make_runtime: MakeRuntime) -> None:
+    """A ``WrapperAgent`` (the base of pydantic-ai's durable-execution agents) is no
+    ``Agent`` subclass: it was taken for a function of the turn and called, and every
+    turn failed with 'object is not callable'."""
+    from pydantic_ai.agent import WrapperAgent
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart("wrapped and answering")])
+
+    rt = make_runtime(brain=pydantic_ai_brain(WrapperAgent(Agent(FunctionModel(model)))))
+    session = rt.create_session(rt.create_project("p").id, "A").id
+    rt.post(session, "hello")
+    rt.run_until_idle()
+    assert rt.inbox()[0]["status"] == "delivered"
+    assert rt.transcript(session)[-1].text == "wrapped and answering"
