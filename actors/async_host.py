@@ -55,12 +55,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..persistence import WRITE_TIMEOUT, ClaimedRow, Reply, WriterClosed
+from ..persistence import ClaimedRow, WriterClosed
 from . import delivery as dp
 from .async_tools import AsyncTools
+from .loop_steps import settle
 from .loop_watch import LoopWatch
 from .running import TIMEOUT
-from .session_actor import Blocking, SessionActor, Step, settle_from
+from .session_actor import SessionActor
 from .turn import Turn
 from .turn_run import hook_work, take_result
 
@@ -302,12 +303,14 @@ class AsyncHost:
             while effects:
                 effect = effects.pop(0)
                 if isinstance(effect, dp.StartTurn):
-                    effects[:0] = await self.settle(
+                    effects[:0] = await settle(
+                        self.loop, self.blocking,
                         actor.start_turn(run, effect.row, effect.record_start))
                 elif isinstance(effect, dp.RunBrain):
                     effects[:0] = actor.brain_ended(run, await self._turn(actor))
                 elif isinstance(effect, dp.Commit):
-                    effects[:0] = await self.settle(actor.commit(run, effect))
+                    effects[:0] = await settle(self.loop, self.blocking,
+                                                 actor.commit(run, effect))
                 elif isinstance(effect, dp.Done):
                     actor.apply(run, effect)
                 else:
@@ -338,58 +341,6 @@ class AsyncHost:
         if turn.close_steering(wait=False) is None:  # a fetch in flight: wait, off the loop
             await self.blocking(turn.close_steering)
         return error
-
-    async def settle(self, step: Step) -> list[dp.Effect]:
-        """Carry out a step (:data:`.session_actor.Step`) on the loop: each write is
-        submitted here and awaited, the writer thread answering through a callback; a
-        :class:`Blocking` request runs on a blocking worker.
-
-        Cancelled while a write is in flight (the runtime stops and gave up waiting), the
-        write still commits: the rest of the step (its observers, its after-commit
-        notifications, such as a social reply's send) then runs on a blocking worker."""
-        try:
-            pending = next(step)
-            while True:
-                try:
-                    if isinstance(pending, Blocking):
-                        value = await (pending.on_loop() if pending.on_loop is not None
-                                       else self.blocking(pending.work))
-                    else:
-                        value = await self._answer(pending)
-                except asyncio.CancelledError:
-                    self._detach(step, pending)
-                    raise
-                except Exception as exc:
-                    pending = step.throw(exc)
-                else:
-                    pending = step.send(value)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-
-    def _answer(self, reply: Reply[T]) -> asyncio.Future[T]:
-        """A future the writer settles (from its thread) once ``reply`` is answered, or that
-        fails with :class:`WriteTimeout` after :data:`WRITE_TIMEOUT`, as a blocking wait
-        would."""
-        future: asyncio.Future[T] = self.loop.create_future()
-        timer = self.loop.call_later(WRITE_TIMEOUT, _time_out, future, reply)
-
-        def answered() -> None:  # on the writer thread
-            self.loop.call_soon_threadsafe(_settle_future, future, reply, timer)
-        reply.add_done_callback(answered)
-        return future
-
-    def _detach(self, step: Step, pending: Reply[Any] | Blocking) -> None:
-        if isinstance(pending, Blocking):
-            # Nothing was written; the row comes back by lease. (A start waiting for
-            # another turn of its session is awaited, so cancelling it registers nothing.)
-            step.close()
-            return
-        # A thread of its own, not a blocking worker: the stop that cancelled the turn
-        # shuts the workers down next, dropping what they have not started, and the
-        # commit's follow-ups (observers, after-commit notifications, the session's
-        # slot) would go with it. Rare: only a turn given up on during its write.
-        threading.Thread(target=_finish, args=(step, pending), name="kinbox-finish",
-                         daemon=True).start()
 
     async def _run_brain(self, turn: Turn) -> BaseException | None:
         """Await the brain; the error the attempt ends with, or None to commit."""
@@ -489,31 +440,3 @@ def _build_tools(turn: Turn) -> None:
     """Build the turn's tools where blocking is allowed (see :func:`_tools_unread`): on
     the loop the read would hold up every other turn."""
     _ = turn.tools
-
-
-def _settle_future(future: asyncio.Future[T], reply: Reply[T],
-                   timer: asyncio.TimerHandle) -> None:
-    timer.cancel()
-    if future.done():  # cancelled with its turn, or timed out
-        return
-    try:
-        future.set_result(reply.outcome())
-    except Exception as exc:
-        future.set_exception(exc)
-
-
-def _time_out(future: asyncio.Future[Any], reply: Reply[Any]) -> None:
-    if not future.done():
-        future.set_exception(reply.withdraw(WRITE_TIMEOUT))
-
-
-def _finish(step: Step, pending: Reply[Any]) -> None:
-    """The rest of a step whose turn was cancelled during its write (on a thread of its
-    own: see :meth:`AsyncHost._detach`)."""
-    try:
-        settle_from(step, pending)
-    except WriterClosed:
-        pass  # the runtime crashed before the commit: nothing of it is durable
-    except Exception:
-        log.exception("finishing a cancelled turn's commit failed; its row is durable as "
-                      "committed or comes back by lease")

@@ -1,0 +1,114 @@
+"""A session actor's writing steps, carried out on the event loop of async brains.
+
+A step (:data:`.session_actor.Step`) is a generator that yields each write it needs and
+gets the write's outcome back: a pool thread waits for it; here the write is submitted
+and awaited, the writer thread answering through a callback, so neither the loop nor a
+thread waits for a commit. A :class:`~.session_actor.Blocking` request (waiting out
+another turn of the session) runs on a blocking worker. A step cancelled during its write
+(the runtime stopped and gave up waiting) still finishes on a thread of its own: the
+write may commit, and what follows it (observers, after-commit notifications, the
+session's slot) must not be lost with the turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from ..persistence import WRITE_TIMEOUT, Reply, WriterClosed
+from . import delivery as dp
+from .session_actor import Blocking, Step, settle_from
+
+log = logging.getLogger("kinbox.async")
+
+T = TypeVar("T")
+
+Blocker = Callable[[Callable[[], Any]], Awaitable[Any]]
+"""Runs a blocking call on a worker thread and awaits it (:meth:`.AsyncHost.blocking`)."""
+
+
+async def settle(loop: asyncio.AbstractEventLoop, blocking: Blocker,
+                 step: Step) -> list[dp.Effect]:
+    """Carry out a step (:data:`.session_actor.Step`) on the loop: each write is
+    submitted here and awaited, the writer thread answering through a callback; a
+    :class:`Blocking` request runs on a blocking worker.
+
+    Cancelled while a write is in flight (the runtime stops and gave up waiting), the
+    write still commits: the rest of the step (its observers, its after-commit
+    notifications, such as a social reply's send) then runs on a thread of its own."""
+    try:
+        pending = next(step)
+        while True:
+            try:
+                if isinstance(pending, Blocking):
+                    value = await (pending.on_loop() if pending.on_loop is not None
+                                   else blocking(pending.work))
+                else:
+                    value = await _answer(loop, pending)
+            except asyncio.CancelledError:
+                _detach(step, pending)
+                raise
+            except Exception as exc:
+                pending = step.throw(exc)
+            else:
+                pending = step.send(value)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+def _answer(loop: asyncio.AbstractEventLoop, reply: Reply[T]) -> asyncio.Future[T]:
+    """A future the writer settles (from its thread) once ``reply`` is answered, or that
+    fails with :class:`WriteTimeout` after :data:`WRITE_TIMEOUT`, as a blocking wait
+    would."""
+    future: asyncio.Future[T] = loop.create_future()
+    timer = loop.call_later(WRITE_TIMEOUT, _time_out, future, reply)
+
+    def answered() -> None:  # on the writer thread
+        loop.call_soon_threadsafe(_settle_future, future, reply, timer)
+    reply.add_done_callback(answered)
+    return future
+
+
+def _detach(step: Step, pending: Reply[Any] | Blocking) -> None:
+    if isinstance(pending, Blocking):
+        # Nothing was written; the row comes back by lease. (A start waiting for
+        # another turn of its session is awaited, so cancelling it registers nothing.)
+        step.close()
+        return
+    # A thread of its own, not a blocking worker: the stop that cancelled the turn
+    # shuts the workers down next, dropping what they have not started, and the
+    # commit's follow-ups (observers, after-commit notifications, the session's
+    # slot) would go with it. Rare: only a turn given up on during its write.
+    threading.Thread(target=_finish, args=(step, pending), name="kinbox-finish",
+                     daemon=True).start()
+
+
+def _settle_future(future: asyncio.Future[T], reply: Reply[T],
+                   timer: asyncio.TimerHandle) -> None:
+    timer.cancel()
+    if future.done():  # cancelled with its turn, or timed out
+        return
+    try:
+        future.set_result(reply.outcome())
+    except Exception as exc:
+        future.set_exception(exc)
+
+
+def _time_out(future: asyncio.Future[Any], reply: Reply[Any]) -> None:
+    if not future.done():
+        future.set_exception(reply.withdraw(WRITE_TIMEOUT))
+
+
+def _finish(step: Step, pending: Reply[Any]) -> None:
+    """The rest of a step whose turn was cancelled during its write (on a thread of its
+    own: see :func:`_detach`)."""
+    try:
+        settle_from(step, pending)
+    except WriterClosed:
+        pass  # the runtime crashed before the commit: nothing of it is durable
+    except Exception:
+        log.exception("finishing a cancelled turn's commit failed; its row is durable as "
+                      "committed or comes back by lease")
