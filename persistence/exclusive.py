@@ -18,7 +18,7 @@ from pathlib import Path
 
 import peewee as pw
 
-from .errors import DatabaseInUse
+from .errors import DatabaseInUse, DatabaseOpenError
 
 
 class ExclusiveLock:
@@ -33,8 +33,13 @@ class ExclusiveLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock or raise :class:`DatabaseInUse` at once (never waits)."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        """Take the lock or raise :class:`DatabaseInUse` at once (never waits); a lock
+        file that cannot be opened is a :class:`DatabaseOpenError` naming it."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:  # a folder in its place, no permission, a read-only disk
+            raise DatabaseOpenError(self.database, f"cannot open its lock file "
+                                    f"{str(self.path)!r}: {exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

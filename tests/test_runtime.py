@@ -481,6 +481,20 @@ def test_a_second_runtime_on_the_same_sqlite_file_is_refused(make_runtime: MakeR
     assert isinstance(refused.value, KinboxError)
 
 
+def test_a_lock_file_that_cannot_be_made_is_a_database_open_error_naming_it(
+        tmp_path: Path) -> None:
+    """The lock beside the file could not be opened (here a folder in its place; a folder
+    the user may not write): a bare ``IsADirectoryError`` / ``PermissionError`` escaped,
+    outside kinbox's exception tree and naming no lock."""
+    db = tmp_path / "kinbox.db"
+    (tmp_path / "kinbox.db.lock").mkdir()
+    rt = Runtime(db=f"sqlite:///{db}", brain=quiet_brain)
+    with pytest.raises(DatabaseOpenError) as refused:
+        rt.start()
+    assert "kinbox.db.lock" in refused.value.reason
+    assert rt.state == "new"
+
+
 def test_a_second_runtime_reaching_the_file_through_a_symlink_is_refused(
         make_runtime: MakeRuntime, tmp_path: Path) -> None:
     real = tmp_path / "real" / "kinbox.db"
