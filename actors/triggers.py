@@ -117,6 +117,22 @@ def cron_trigger(expr: str, timezone: str = "UTC") -> BaseTrigger:
         raise InvalidCronExpression(expr, str(exc)) from exc
 
 
+def _every_hour(field: str) -> bool:
+    """Does the (valid) hour field name all 24 hours (``*``, ``*/1``, ``0-23``, a list)?
+    Such a job runs on through the hour clocks go back, as one whose field is ``*``."""
+    hours: set[int] = set()
+    for item in field.split(","):
+        span, _, step = item.partition("/")
+        if span == "*":
+            first, last = 0, 23
+        else:
+            low, _, high = span.partition("-")
+            first = int(low)
+            last = int(high) if high else (23 if step else first)
+        hours.update(range(first, last + 1, int(step) if step else 1))
+    return len(hours) == 24
+
+
 def _repeated(at: dt.datetime, zone: zoneinfo.ZoneInfo) -> bool:
     """Is ``at`` the second occurrence of its wall-clock time (the hour clocks go back)?"""
     local = at.astimezone(zone)
@@ -128,7 +144,7 @@ def next_fire(expr: str, after: float, timezone: str = "UTC", *,
               inclusive: bool = False) -> float | None:
     """The first fire time after ``after`` (epoch seconds; at it too if ``inclusive``)."""
     trigger = cron_trigger(expr, timezone)
-    fixed_hour = expr.split()[1] != "*"
+    fixed_hour = not _every_hour(expr.split()[1])
     zone = zoneinfo.ZoneInfo(timezone)
     # APScheduler returns a time that is itself a fire time as is: the epsilon makes
     # "after" strict. Fire times are whole seconds, so a millisecond cannot skip one.

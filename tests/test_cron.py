@@ -147,6 +147,12 @@ def test_a_fixed_time_runs_once_when_clocks_go_back_and_a_frequent_job_runs_on()
     assert _fires("*/30 * * * *", "2026-10-25T00:10:00+00:00", "Europe/Paris", 4) == [
         "Sun 10-25 02:30 CEST", "Sun 10-25 02:00 CET", "Sun 10-25 02:30 CET",
         "Sun 10-25 03:00 CET"]
+    # An hour field naming every hour another way runs on through the repeated hour too.
+    for every_hour in ("*/1", "0-23", "0-11,12-23"):
+        assert _fires(f"*/30 {every_hour} * * *", "2026-10-25T00:10:00+00:00",
+                      "Europe/Paris", 4)[1] == "Sun 10-25 02:00 CET", every_hour
+    assert _fires("30 */2 * * *", "2026-10-25T00:10:00+00:00", "Europe/Paris", 2) == [
+        "Sun 10-25 02:30 CEST", "Sun 10-25 04:30 CET"]  # not every hour: once
     # Spring: 02:30 does not exist that night; the job runs as the clock jumps past it.
     assert _fires("30 2 * * *", "2026-03-28T12:00:00+00:00", "Europe/Paris", 2) == [
         "Sun 03-29 03:30 CEST", "Mon 03-30 02:30 CEST"]
