@@ -10,7 +10,6 @@ journal row committed with the change that caused it.
 from __future__ import annotations
 
 import collections
-import hashlib
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +31,7 @@ from .context import RuntimeContext, TurnEffects
 from .errors import ToolError
 from .ids import short
 from .outbox import Writes
+from .subagents import next_free_id
 from .tasks import TaskService, view
 from .turn import Turn, TurnOutcome
 from .validation import (
@@ -48,11 +48,6 @@ FOCAL_PROJECT = "suzent-focal"
 FOCAL_TITLE = "SUZENT"
 REPLY_LIMIT = 4_000
 NOTIFICATION_LIMIT = 100
-
-
-def block_digest(blocked_on: str | None, reason: str | None) -> str:
-    """Names one blocked state: the same state twice is one notice, a new reason a new one."""
-    return hashlib.sha256(f"{blocked_on}\n{reason}".encode()).hexdigest()[:16]
 
 
 def is_focal_chat(session: SessionRecord | None) -> bool:
@@ -255,12 +250,15 @@ class Focal:
         return self.ctx.journal.has_open_from(FOCAL_ID, session_id)
 
     def task_hook(self, ctx: RuntimeContext, change: TaskChange) -> list[NewMessage]:
-        """Inside a task change's transaction: notices for Focal, each once. A notice's id
-        names what it is about (a task's blocked state, its closing), its text also the
-        session's title: a state noticed before a rename is not noticed again, and its
-        id not reused with other text, which refused the task change itself."""
-        return [m for m in self._notices(ctx, change)
-                if ctx.journal.hot.existing(m.message_id) is None]
+        """Inside a task change's transaction: notices for Focal, one per event. The task
+        rules say what is an event (a task newly blocked, its reason changed, a session's
+        last open task closed), so a task blocked again after it was unblocked, or a
+        reopened session closing again, is a new event with a new id
+        (``focal-blocked-<task>``, ``-2``, ``-3``...): an id naming the state heard the
+        first and dropped the second, and Focal never learnt the session was waiting
+        again. Chosen inside the transaction, so a turn's retry (which committed
+        nothing) takes the same id."""
+        return self._notices(ctx, change)
 
     def _notices(self, ctx: RuntimeContext, change: TaskChange) -> list[NewMessage]:
         session = ctx.store.session(change.after.chat_id)
@@ -273,7 +271,7 @@ class Focal:
         spawned = bool(session.config.get("spawned_by_focal"))
         if task_rules.became_blocked(before, after) and (spawned or self.exists()):
             out.append(NewMessage(
-                f"focal-blocked-{task.id}-{block_digest(task.blocked_on, task.reason)}", FOCAL_ID,
+                next_free_id(ctx, f"focal-blocked-{task.id}"), FOCAL_ID,
                 f"Session '{session.title}' ({session.id}) is blocked on {task.blocked_on}: "
                 f"{task.title}" + (f" ({task.reason})" if task.reason else ""),
                 kind="task_blocked_notification", sender=session.id,
@@ -282,7 +280,7 @@ class Focal:
         if (task_rules.closes_session(before, after, change.open_left) and self._followed(session)
                 and self.exists() and not self._request_in_flight(session.id)):
             out.append(NewMessage(
-                f"focal-finished-{session.id}-{task.id}", FOCAL_ID,
+                next_free_id(ctx, f"focal-finished-{session.id}-{task.id}"), FOCAL_ID,
                 f"Session '{session.title}' ({session.id}) finished its last open task: "
                 f"{task.title}", kind="session_finished_notification", sender=session.id,
                 payload={"task_id": task.id}))

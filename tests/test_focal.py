@@ -191,12 +191,12 @@ def test_answers_blocks_and_finishes_reach_focal(focal_rt: tuple[Runtime, FocalB
     assert rt.focal.unread >= 1  # Focal's woken replies queued user notifications
 
 
-def test_a_state_noticed_before_a_rename_is_noticed_once_and_the_change_holds(
+def test_a_state_noticed_before_a_rename_is_noticed_again_and_the_change_holds(
         focal_rt: tuple[Runtime, FocalBrain]) -> None:
-    """A notice's id names its state (once per distinct state); its text names the session.
-    A session renamed between two times its task entered one state made the second
-    notice a reuse of the id with other content: the task change itself was refused
-    (an IdempotencyConflict), and a turn making it failed on every attempt."""
+    """A notice's text names the session. A session renamed between two times its task
+    entered one state once made the second notice a reuse of the first's id with other
+    content: the task change itself was refused (an IdempotencyConflict), and a turn
+    making it failed on every attempt. Each notice now takes a fresh id."""
     rt, brain = focal_rt
     rt.get_or_create_focal_chat()
     s = rt.create_session(rt.create_project("p").id, "first name")
@@ -220,7 +220,30 @@ def test_a_state_noticed_before_a_rename_is_noticed_once_and_the_change_holds(
     assert task is not None and task.status == "completed"
     assert [r["status"] for r in rt.inbox(target=s.id)] == ["delivered", "delivered"]
     notices = [r["kind"] for r in rt.inbox(target=FOCAL_ID) if r["kind"].endswith("notification")]
-    assert notices == ["task_blocked_notification", "session_finished_notification"]
+    assert notices == ["task_blocked_notification", "session_finished_notification"] * 2
+
+
+def test_a_task_blocked_again_after_it_was_unblocked_is_noticed_again(
+        focal_rt: tuple[Runtime, FocalBrain]) -> None:
+    """Blocked on the same question twice in a row is one notice; blocked again after it
+    was unblocked is a new one (the notice's id named the state, so the second was
+    dropped and Focal never heard the session was waiting on the user again)."""
+    rt, _ = focal_rt
+    rt.get_or_create_focal_chat()
+    out = rt.tools_for(FOCAL_ID).agent_send(agent_id="new", project_id=rt.create_project("p").id,
+                                            title="Fix", task_title="fix it", message="go")
+    rt.run_until_idle()
+    tools, t = rt.tools_for(out["agent_id"]), out["task_id"]
+    tools.task_update(t, status="blocked", blocked_on="user", reason="which browser?")
+    tools.task_update(t, status="blocked", blocked_on="user", reason="which browser?")
+    tools.task_update(t, status="in_progress")  # the user answered
+    tools.task_update(t, status="blocked", blocked_on="user", reason="which browser?")
+    tools.task_update(t, status="completed")
+    tools.task_update(t, status="in_progress")  # reopened, and finished again
+    tools.task_update(t, status="completed")
+    rt.run_until_idle()
+    notices = [r["kind"] for r in rt.inbox(target=FOCAL_ID) if r["kind"].endswith("notification")]
+    assert notices == ["task_blocked_notification"] * 2 + ["session_finished_notification"] * 2
 
 
 def test_blocked_notices_never_create_the_focal_chat(focal_rt: tuple[Runtime, Any]) -> None:
