@@ -146,7 +146,7 @@ class FamilyTools:
         pool = (self._ctx.store.sessions(project_id=caller.project_id)
                 if caller.project_id is not None else related)
         # Hidden sessions are never named: "out of reach" would tell that one exists (S3).
-        return any(name in (s.id, s.title) for s in pool
+        return any(roster.designates(name, s.title, s.id) for s in pool
                    if s.id != caller.id and not access.is_hidden(subject(s)))
 
     def broadcast(self, message: Any) -> dict[str, Any]:

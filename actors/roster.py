@@ -11,6 +11,7 @@ rule, kept in one place).
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -54,6 +55,14 @@ def _siblings(me: Member, other: Member) -> bool:
     if me.parent_id is not None:
         return other.parent_id == me.parent_id
     return other.parent_id is None and me.worker is not None and other.worker == me.worker
+
+
+def designates(key: str, name: str, id_: str) -> bool:
+    """Does ``key`` (a stripped ``receiver_name``) name the session ``name``/``id_``? The id
+    exactly; the name up to Unicode normalisation (NFC): "Café" typed precomposed and
+    stored decomposed look the same in ``list_agents``, and a model copying one cannot
+    tell which it has, so an exact match said no sibling had the name it was shown."""
+    return key == id_ or unicodedata.normalize("NFC", key) == unicodedata.normalize("NFC", name)
 
 
 def roster(me: Member, family: Sequence[Member]) -> list[Entry]:
@@ -103,7 +112,7 @@ def resolve(entries: Sequence[Entry], role: str, name: str | None) -> Entry:
     if name is None or not name.strip():
         raise ResolveError(Unresolved.NAME_REQUIRED, f"receiver_name is required for a {role}")
     key = name.strip()
-    matches = [e for e in entries if e.relationship == role and key in (e.name, e.id)]
+    matches = [e for e in entries if e.relationship == role and designates(key, e.name, e.id)]
     if len(matches) == 1:
         return matches[0]
     if not matches:

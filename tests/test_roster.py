@@ -83,6 +83,22 @@ def test_several_matches_are_refused_naming_the_candidates() -> None:
     assert resolve(roster(twins[0], twins), "child", "c2").id == "c2"
 
 
+def test_a_name_matches_up_to_unicode_normalisation_and_no_further() -> None:
+    """A title stored decomposed ("Cafe" + U+0301) and typed precomposed (U+00E9) is the
+    one name list_agents shows; it designates the session (two such are ambiguous).
+    Case still counts, and an id matches only exactly."""
+    nfd, nfc = "Cafe\u0301", "Caf\u00e9"
+    kin = [Member("p", "P", None, None, "idle"), Member("c1", nfd, "p", None, "idle"),
+           Member("c2", "Tea", "p", None, "idle")]
+    assert resolve(roster(kin[0], kin), "child", nfc).id == "c1"
+    assert resolve(roster(kin[0], kin), "child", nfd).id == "c1"
+    with pytest.raises(ResolveError, match="no child matches"):
+        resolve(roster(kin[0], kin), "child", "tea")
+    twins = [*kin, Member("c3", nfc, "p", None, "idle")]
+    with pytest.raises(ResolveError, match=r"\(c1, c3\)"):
+        resolve(roster(twins[0], twins), "child", nfc)
+
+
 def test_the_reach_error_text_is_the_spec_text() -> None:
     assert REACH_ERROR == "Agent reach is limited to parent, siblings, and children"
 
