@@ -10,6 +10,7 @@ journal row committed with the change that caused it.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -21,19 +22,20 @@ from ..persistence import (
     NewMessage,
     SessionRecord,
     TaskChange,
+    TaskRecord,
 )
 from ..transport.key_file import private_folder
 from . import access, task_rules
 from . import focal_context as fc
 from . import focal_heartbeat as hb
 from . import focal_policy as policy
-from .context import RuntimeContext, TurnEffects
+from .context import HookReads, RuntimeContext, TurnEffects
 from .errors import ToolError
 from .ids import short
 from .outbox import Writes
-from .subagents import next_free_id
+from .subagents import next_free_id, taken_ids
 from .tasks import TaskService, view
-from .turn import Turn, TurnOutcome
+from .turn import Message, Turn, TurnOutcome
 from .validation import (
     ID_LIMIT,
     TITLE_LIMIT,
@@ -279,29 +281,60 @@ class Focal:
                          "reason": task.reason}))
         if (task_rules.closes_session(before, after, change.open_left) and self._followed(session)
                 and self.exists() and not self._request_in_flight(session.id)):
-            out.append(NewMessage(
-                next_free_id(ctx, f"focal-finished-{session.id}-{task.id}"), FOCAL_ID,
-                f"Session '{session.title}' ({session.id}) finished its last open task: "
-                f"{task.title}", kind="session_finished_notification", sender=session.id,
-                payload={"task_id": task.id}))
+            out.append(self._finished(ctx, session, task))
         return out
 
-    def outbox(self, ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome
-               ) -> TurnEffects | None:
-        """Outbox hook: replies to Focal, heartbeat signatures, user notifications."""
-        if not outcome.ok or (not turn.replies and turn.session_id != FOCAL_ID):
+    def _finished(self, ctx: RuntimeContext, session: SessionRecord,
+                  task: TaskRecord) -> NewMessage:
+        return NewMessage(
+            next_free_id(ctx, f"focal-finished-{session.id}-{task.id}"), FOCAL_ID,
+            f"Session '{session.title}' ({session.id}) finished its last open task: "
+            f"{task.title}", kind="session_finished_notification", sender=session.id,
+            payload={"task_id": task.id})
+
+    def _held_finish(self, turn: Turn, asked: list[Message]) -> TurnEffects | None:
+        """The finished notice held back while Focal's request was in flight (FO5), for a
+        turn that answers it without a reply: the reply was to tell Focal, and a turn that
+        only completed its task (a tool call, no text) told it nothing, ever."""
+        ctx = self.ctx
+        session = ctx.store.session(turn.session_id)
+        if session is None or not self._followed(session) or not self.exists():
             return None
-        effects = TurnEffects()
+        tasks = {t.id: t for t in ctx.tasks.for_session(session.id)}
+        if turn.outbox is not None:  # this turn's own changes commit with it
+            tasks.update({t.id: t for t in turn.outbox.tasks.values() if t.chat_id == session.id})
+        if not tasks or any(t.status in OPEN_TASK_STATES for t in tasks.values()):
+            return None
+        last = max(tasks.values(), key=lambda t: (t.updated_at, t.id))
+        asked_at = min((row[4] for m in asked
+                        if (row := ctx.journal.hot.existing(m.message_id)) is not None),
+                       default=last.updated_at)
+        if last.updated_at < asked_at:
+            return None  # closed before Focal asked: not held back by this request
+        heard = [ctx.journal.hot.existing(mid)
+                 for mid in taken_ids(ctx, f"focal-finished-{session.id}-{last.id}")]
+        if any(row is not None and row[4] >= last.updated_at for row in heard):
+            return None  # this closing was noticed (the request was not yet in flight)
+        return TurnEffects(messages=[self._finished(ctx, session, last)])
+
+    def outbox(self, ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome
+               ) -> TurnEffects | HookReads | None:
+        """Outbox hook: replies to Focal, heartbeat signatures, user notifications."""
+        if not outcome.ok:
+            return None
         if turn.session_id == FOCAL_ID:
+            effects = TurnEffects()
             self._focal_turn_effects(turn, effects)
             return effects
         asked = [m for m in turn.all_messages if m.sender_id == FOCAL_ID]
-        if asked:
-            effects.messages.append(NewMessage(
-                f"focal-reply-{asked[-1].message_id}", FOCAL_ID,
-                turn.replies[-1][:REPLY_LIMIT], kind="agent_message", sender=turn.session_id,
-                payload={"in_reply_to": asked[-1].message_id}))
-        return effects
+        if not asked:
+            return None
+        if not turn.replies:
+            return functools.partial(self._held_finish, turn, asked)
+        return TurnEffects(messages=[NewMessage(
+            f"focal-reply-{asked[-1].message_id}", FOCAL_ID,
+            turn.replies[-1][:REPLY_LIMIT], kind="agent_message", sender=turn.session_id,
+            payload={"in_reply_to": asked[-1].message_id})])
 
     def _focal_turn_effects(self, turn: Turn, effects: TurnEffects) -> None:
         ctx = self.ctx

@@ -54,10 +54,15 @@ def result_message_id(task_id: str) -> str:
 
 
 def result_ids(ctx: RuntimeContext, task_id: str) -> list[str]:
-    """The ids of a task's result wake-ups written so far, oldest first (as
-    :func:`next_free_id` chose them, in order, with no gap)."""
+    """The ids of a task's result wake-ups written so far, oldest first."""
+    return taken_ids(ctx, result_message_id(task_id))
+
+
+def taken_ids(ctx: RuntimeContext, base: str) -> list[str]:
+    """The ids of ``base``'s messages written so far, oldest first (as :func:`next_free_id`
+    chose them, in order, with no gap)."""
     return list(itertools.takewhile(lambda mid: ctx.journal.hot.existing(mid) is not None,
-                                    _numbered(result_message_id(task_id))))
+                                    _numbered(base)))
 
 
 def _numbered(base: str) -> Iterator[str]:

@@ -260,7 +260,11 @@ def test_finished_notice_waits_while_a_focal_request_is_in_flight(
     rt, brain = focal_rt
     rt.get_or_create_focal_chat()
     release = threading.Event()
-    brain.scripts["Slow"] = lambda turn: release.wait(10)
+
+    def slow(turn: Turn) -> None:
+        release.wait(10)
+        turn.reply("y is fine too")
+    brain.scripts["Slow"] = slow
     s = rt.create_session(rt.create_project("p").id, "Slow")
     tools = rt.tools_for(s.id)
     t = tools.task_create("x", status="in_progress")["task_id"]
@@ -268,7 +272,36 @@ def test_finished_notice_waits_while_a_focal_request_is_in_flight(
     tools.task_update(t, status="completed")
     release.set()
     rt.run_until_idle()
-    assert "session_finished_notification" not in kinds_to_focal(rt)
+    assert kinds_to_focal(rt) == ["agent_message"]  # the answer tells Focal
+
+
+def test_a_finish_held_back_for_a_request_answered_without_a_reply_is_noticed(
+        focal_rt: tuple[Runtime, FocalBrain]) -> None:
+    """The finished notice waits while Focal's request is in flight because the answer
+    tells Focal; a turn that answers with a tool call only (it completes the task, says
+    nothing) sent no answer, and Focal never heard the session had finished. A closing
+    noticed before Focal asked is not noticed again."""
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    p = rt.create_project("p")
+    quiet = rt.create_session(p.id, "Quiet")
+    t = rt.tools_for(quiet.id).task_create("x", status="in_progress")["task_id"]
+    brain.scripts["Quiet"] = lambda turn: turn.tools.task_update(t, status="completed")
+    rt.tools_for(FOCAL_ID).agent_send(quiet.id, "finish it")
+    rt.run_until_idle()
+    notices = [r for r in rt.inbox(target=FOCAL_ID)
+               if r["kind"] == "session_finished_notification"]
+    assert [(r["sender_chat_id"], r["payload"]["task_id"]) for r in notices] == [(quiet.id, t)]
+
+    done = rt.create_session(p.id, "Done")  # finished, noticed, then asked: one notice
+    rt.tools_for(FOCAL_ID).agent_send(done.id, "start")
+    rt.run_until_idle()
+    t2 = rt.tools_for(done.id).task_create("y", status="in_progress")["task_id"]
+    rt.tools_for(done.id).task_update(t2, status="completed")
+    rt.tools_for(FOCAL_ID).agent_send(done.id, "anything else?")
+    rt.run_until_idle()
+    assert [r["sender_chat_id"] for r in rt.inbox(target=FOCAL_ID)
+            if r["kind"] == "session_finished_notification"] == [quiet.id, done.id]
 
 
 # -- FO6 ---------------------------------------------------------------------------------------
