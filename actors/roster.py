@@ -118,5 +118,6 @@ def resolve(entries: Sequence[Entry], role: str, name: str | None) -> Entry:
     if not matches:
         raise ResolveError(Unresolved.NO_MATCH, f"no {role} matches receiver_name {quoted(key)}")
     ids = ", ".join(e.id for e in matches)
-    raise ResolveError(Unresolved.AMBIGUOUS, f"{len(matches)} {role}s match receiver_name "
+    plural = "children" if role == "child" else f"{role}s"
+    raise ResolveError(Unresolved.AMBIGUOUS, f"{len(matches)} {plural} match receiver_name "
                        f"{quoted(key)} ({ids}); use the id to pick one")

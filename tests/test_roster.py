@@ -78,7 +78,7 @@ def test_resolve_explains_what_is_wrong(who: str, role: str, name: str | None,
 def test_several_matches_are_refused_naming_the_candidates() -> None:
     twins = [Member("p", "P", None, None, "idle"), Member("c1", "twin", "p", None, "idle"),
              Member("c2", "twin", "p", None, "idle")]
-    with pytest.raises(ResolveError, match=r"2 childs match receiver_name 'twin' \(c1, c2\)"):
+    with pytest.raises(ResolveError, match=r"2 children match receiver_name 'twin' \(c1, c2\)"):
         resolve(roster(twins[0], twins), "child", "twin")
     assert resolve(roster(twins[0], twins), "child", "c2").id == "c2"
 
