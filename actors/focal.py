@@ -112,8 +112,13 @@ class Focal:
             return ctx.store.session(FOCAL_ID)  # type: ignore[return-value]
 
     def rename(self, session_id: str, title: str, *, auto: bool = False) -> bool:
-        """Change a session's title; auto-titling skips Focal, whose title stays pinned."""
-        session = self.ctx.store.session(session_id)
+        """Change a session's title; auto-titling skips Focal, whose title stays pinned. The
+        title is held to a new session's rule (:func:`require_message`, ``TITLE_LIMIT``):
+        an auto-titler's runaway or blank title was written as it came (PostgreSQL then
+        refused it deep in the write, SQLite kept it)."""
+        title = require_message(title, TITLE_LIMIT, name="title")
+        key = lookup_key(session_id)
+        session = self.ctx.store.session(key) if key is not None else None
         if session is None:
             raise ToolError("not_found", f"Session '{session_id}' does not exist.")
         if is_focal_chat(session):

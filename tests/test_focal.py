@@ -85,6 +85,20 @@ def test_the_title_is_pinned(focal_rt: tuple[Runtime, Any]) -> None:
     assert rt.get_or_create_focal_chat().title == "SUZENT"
 
 
+def test_a_rename_is_held_to_the_title_rule(focal_rt: tuple[Runtime, Any]) -> None:
+    """A blank or over-long title (an auto-titler's) is refused with a clear error and the
+    title kept; it was written as it came (PostgreSQL refused it deep in the write)."""
+    rt, _ = focal_rt
+    s = rt.create_session(rt.create_project("p").id, "worker")
+    for bad in ("   ", "x" * 513, 7):
+        with pytest.raises(ToolError, match="title") as caught:
+            rt.focal.rename(s.id, bad, auto=True)
+        assert caught.value.code == "invalid_argument"
+    assert rt.session(s.id).title == "worker"  # type: ignore[union-attr]
+    assert rt.focal.rename(s.id, " report writer ", auto=True)
+    assert rt.session(s.id).title == "report writer"  # type: ignore[union-attr]
+
+
 def test_is_focal_chat_is_the_fixed_id_and_kind_not_a_config_marker() -> None:
     def rec(sid: str, config: dict[str, Any], kind: str = "interactive",
             platform: str | None = None) -> SessionRecord:
