@@ -70,10 +70,22 @@ class TaskService:
         def announce(change: TaskChange) -> None:
             self.ctx.wake_dispatcher()  # a hook may have queued a notice
             self.notify(change)
+
+        def apply() -> TaskChange:
+            # In a turn this runs at its commit: what the call did not name is taken from
+            # the row as it is then, not as the call read it, so a turn's reason-only
+            # update does not reopen a task the user completed meanwhile. Arguments that
+            # no longer fit the row (blocked_on for a task no longer blocked) keep what
+            # the call checked.
+            current = self.ctx.tasks.get(task_id)
+            try:
+                fresh = (task_rules.check_update(view(current), status, blocked_on, reason)
+                         if current is not None else changes)
+            except ToolError:
+                fresh = changes
+            return self.apply_in_txn(chat_id, task_id, fresh, now)
         try:
-            change = self.writes.write(
-                lambda: self.apply_in_txn(chat_id, task_id, changes, now),
-                TaskChange(task, after, 0), announce)
+            change = self.writes.write(apply, TaskChange(task, after, 0), announce)
         except RowNotFound as exc:
             raise ToolError("not_found", str(exc)) from exc
         return change.after

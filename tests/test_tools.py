@@ -630,6 +630,39 @@ def test_a_session_cannot_update_another_sessions_task(make_runtime: MakeRuntime
     refused(lambda: rt.tools_for(me).task_update(theirs, status="completed"), "not_found")
 
 
+def test_a_turns_task_update_changes_only_what_it_names_at_its_commit(
+        make_runtime: MakeRuntime) -> None:
+    """A turn's reason-only update commits with the turn; it took the status from the row
+    as the call read it, so a task the user completed while the turn ran was reopened
+    (in_progress again, the session's close undone). A status the turn names still
+    wins; a blocked_on that no longer fits keeps what the call checked."""
+    noted, go = threading.Event(), threading.Event()
+    ids: dict[str, str] = {}
+
+    def brain(turn: Turn) -> None:
+        turn.tools.task_update(ids["note"], reason="halfway there")
+        turn.tools.task_update(ids["error"], blocked_on="error")
+        noted.set()
+        go.wait(10)
+    rt = make_runtime(brain=brain)
+    me = rt.create_session(rt.create_project("p").id, "me").id
+    tools = rt.tools_for(me)
+    ids["note"] = tools.task_create("note", status="in_progress")["task_id"]
+    ids["error"] = tools.task_create("error", status="in_progress")["task_id"]
+    tools.task_update(ids["error"], status="blocked", blocked_on="user")
+    rt.post(me, "work")
+    runner = threading.Thread(target=rt.run_until_idle)
+    runner.start()
+    assert noted.wait(10)
+    tools.task_update(ids["note"], status="completed")  # the user, while the turn runs
+    tools.task_update(ids["error"], status="in_progress")
+    go.set()
+    runner.join(20)
+    note, error = rt.context.tasks.get(ids["note"]), rt.context.tasks.get(ids["error"])
+    assert note is not None and (note.status, note.reason) == ("completed", "halfway there")
+    assert error is not None and (error.status, error.blocked_on) == ("blocked", "error")
+
+
 def test_tool_errors_read_as_tool_results() -> None:
     assert ToolError("not_found", "gone").to_dict() == {"error": "not_found", "message": "gone"}
 
