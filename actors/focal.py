@@ -4,13 +4,13 @@ Focal never does project work: it dispatches to sessions through the inbox
 and is woken, through the inbox, when they answer, block or finish. This
 module is the shell around the pure rules in ``focal_policy``,
 ``focal_context`` and ``focal_heartbeat``; everything it causes is a
-journal row committed with the change that caused it.
+journal row committed with the change that caused it. How it hears back
+(FO5) is :mod:`.focal_hearing`.
 """
 
 from __future__ import annotations
 
 import collections
-import functools
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -21,21 +21,24 @@ from ..persistence import (
     DuplicateError,
     NewMessage,
     SessionRecord,
-    TaskChange,
-    TaskRecord,
 )
 from ..transport.key_file import private_folder
-from . import access, task_rules
+from . import access
 from . import focal_context as fc
 from . import focal_heartbeat as hb
 from . import focal_policy as policy
-from .context import HookReads, RuntimeContext, TurnEffects
+from .context import RuntimeContext
 from .errors import ToolError
+from .focal_hearing import (
+    FOCAL_ID,
+    NOTIFICATION_LIMIT,
+    HearingBack,
+    is_focal_chat,
+)
 from .ids import short
 from .outbox import Writes
-from .subagents import next_free_id, taken_ids
-from .tasks import TaskService, view
-from .turn import Message, Turn, TurnOutcome
+from .tasks import TaskService
+from .turn import Turn
 from .validation import (
     ID_LIMIT,
     TITLE_LIMIT,
@@ -45,19 +48,11 @@ from .validation import (
     require_str,
 )
 
-FOCAL_ID = access.FOCAL_ID
 FOCAL_PROJECT = "suzent-focal"
 FOCAL_TITLE = "SUZENT"
-REPLY_LIMIT = 4_000
-NOTIFICATION_LIMIT = 100
 
 
-def is_focal_chat(session: SessionRecord | None) -> bool:
-    """The Focal chat, by the one rule of :func:`access.is_focal` (config flags do not count)."""
-    return session is not None and access.is_focal(session)
-
-
-class Focal:
+class Focal(HearingBack):
     """The Focal service of one runtime."""
 
     def __init__(self, ctx: RuntimeContext, data_dir: Path) -> None:
@@ -76,10 +71,6 @@ class Focal:
     def folder(self) -> Path:
         """The hidden project's folder, which holds ``heartbeat.md``."""
         return self.data_dir / "projects" / FOCAL_PROJECT
-
-    def exists(self) -> bool:
-        """Has the Focal chat been created?"""
-        return self.ctx.journal.hot.session_exists(FOCAL_ID)
 
     def get_or_create_focal_chat(self) -> SessionRecord:
         """The Focal chat, created on first use; its title is restored if it changed."""
@@ -246,128 +237,6 @@ class Focal:
                                            payload={"focal_request": True})])
         return {"message_id": result.message_id, "agent_id": sid, "status": result.status,
                 "task_id": task.id if task else None}
-
-    # -- hearing back (FO5) ----------------------------------------------------------------
-
-    def _followed(self, session: SessionRecord) -> bool:
-        return bool(session.config.get("spawned_by_focal") or session.config.get(
-            "focal_watching"))
-
-    def _request_in_flight(self, session_id: str) -> bool:
-        return self.ctx.journal.has_open_from(FOCAL_ID, session_id)
-
-    def task_hook(self, ctx: RuntimeContext, change: TaskChange) -> list[NewMessage]:
-        """Inside a task change's transaction: notices for Focal, one per event. The task
-        rules say what is an event (a task newly blocked, its reason changed, a session's
-        last open task closed), so a task blocked again after it was unblocked, or a
-        reopened session closing again, is a new event with a new id
-        (``focal-blocked-<task>``, ``-2``, ``-3``...): an id naming the state heard the
-        first and dropped the second, and Focal never learnt the session was waiting
-        again. Chosen inside the transaction, so a turn's retry (which committed
-        nothing) takes the same id."""
-        return self._notices(ctx, change)
-
-    def _notices(self, ctx: RuntimeContext, change: TaskChange) -> list[NewMessage]:
-        session = ctx.store.session(change.after.chat_id)
-        if session is None or is_focal_chat(session):
-            return []
-        before = view(change.before) if change.before else None
-        after = view(change.after)
-        out: list[NewMessage] = []
-        task = change.after
-        spawned = bool(session.config.get("spawned_by_focal"))
-        if task_rules.became_blocked(before, after) and (spawned or self.exists()):
-            out.append(NewMessage(
-                next_free_id(ctx, f"focal-blocked-{task.id}"), FOCAL_ID,
-                f"Session '{session.title}' ({session.id}) is blocked on {task.blocked_on}: "
-                f"{task.title}" + (f" ({task.reason})" if task.reason else ""),
-                kind="task_blocked_notification", sender=session.id,
-                payload={"task_id": task.id, "blocked_on": task.blocked_on,
-                         "reason": task.reason}))
-        if (task_rules.closes_session(before, after, change.open_left) and self._followed(session)
-                and self.exists() and not self._request_in_flight(session.id)):
-            out.append(self._finished(ctx, session, task))
-        return out
-
-    def _finished(self, ctx: RuntimeContext, session: SessionRecord,
-                  task: TaskRecord) -> NewMessage:
-        return NewMessage(
-            next_free_id(ctx, f"focal-finished-{session.id}-{task.id}"), FOCAL_ID,
-            f"Session '{session.title}' ({session.id}) finished its last open task: "
-            f"{task.title}", kind="session_finished_notification", sender=session.id,
-            payload={"task_id": task.id})
-
-    def _held_finish(self, turn: Turn, asked: list[Message]) -> TurnEffects | None:
-        """The finished notice held back while Focal's request was in flight (FO5), for a
-        turn that answers it without a reply: the reply was to tell Focal, and a turn that
-        only completed its task (a tool call, no text) told it nothing, ever."""
-        ctx = self.ctx
-        session = ctx.store.session(turn.session_id)
-        if session is None or not self._followed(session) or not self.exists():
-            return None
-        tasks = {t.id: t for t in ctx.tasks.for_session(session.id)}
-        if turn.outbox is not None:  # this turn's own changes commit with it
-            tasks.update({t.id: t for t in turn.outbox.tasks.values() if t.chat_id == session.id})
-        if not tasks or any(t.status in OPEN_TASK_STATES for t in tasks.values()):
-            return None
-        last = max(tasks.values(), key=lambda t: (t.updated_at, t.id))
-        asked_at = min((row[4] for m in asked
-                        if (row := ctx.journal.hot.existing(m.message_id)) is not None),
-                       default=last.updated_at)
-        if last.updated_at < asked_at:
-            return None  # closed before Focal asked: not held back by this request
-        heard = [ctx.journal.hot.existing(mid)
-                 for mid in taken_ids(ctx, f"focal-finished-{session.id}-{last.id}")]
-        if any(row is not None and row[4] >= last.updated_at for row in heard):
-            return None  # this closing was noticed (the request was not yet in flight)
-        return TurnEffects(messages=[self._finished(ctx, session, last)])
-
-    def outbox(self, ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome
-               ) -> TurnEffects | HookReads | None:
-        """Outbox hook: replies to Focal, heartbeat signatures, user notifications."""
-        if not outcome.ok:
-            return None
-        if turn.session_id == FOCAL_ID:
-            effects = TurnEffects()
-            self._focal_turn_effects(turn, effects)
-            return effects
-        asked = [m for m in turn.all_messages if m.sender_id == FOCAL_ID]
-        if not asked:
-            return None
-        if not turn.replies:
-            return functools.partial(self._held_finish, turn, asked)
-        return TurnEffects(messages=[NewMessage(
-            f"focal-reply-{asked[-1].message_id}", FOCAL_ID,
-            turn.replies[-1][:REPLY_LIMIT], kind="agent_message", sender=turn.session_id,
-            payload={"in_reply_to": asked[-1].message_id})])
-
-    def _focal_turn_effects(self, turn: Turn, effects: TurnEffects) -> None:
-        ctx = self.ctx
-        now = ctx.now()
-        for m in turn.all_messages:
-            if m.kind == "focal_heartbeat" and m.payload.get("signature"):
-                sig = m.payload["signature"]
-                effects.ops.append(lambda sig=sig: ctx.store.patch_config_now(
-                    FOCAL_ID, {"focal_heartbeat_signature": sig}, now))
-        # The user reads Focal's answers to them in the chat; a notification is for what
-        # Focal says when something else woke it.
-        woken = [m for m in turn.all_messages if not m.from_user]
-        reply = turn.replies[-1] if turn.replies else ""
-        for m in woken:
-            if m.kind == "focal_wakeup" and m.payload.get("kind") == "reminder":
-                text = reply or str(m.payload.get("note") or m.content)
-            elif reply:
-                text = reply
-            else:
-                continue
-            effects.after.append(lambda text=text, kind=m.kind: self.notify(text, kind))
-            break
-
-    def notify(self, text: str, source: str) -> None:
-        """Queue a user notification (in memory, bounded)."""
-        with self._lock:
-            self.notifications.append({"text": text, "source": source, "at": self.ctx.now()})
-            self.unread = min(self.unread + 1, NOTIFICATION_LIMIT)
 
     # -- status (FO8) ----------------------------------------------------------------------
 
