@@ -5,25 +5,23 @@ or ``turn.tools``), never from an argument. Each tool validates its
 arguments, applies the pure access rules, and only then writes; a refusal
 is a :class:`ToolError` and leaves nothing behind. Sub-agents get
 :class:`SubagentTools`: task and family tools, no agent tools (no recursion).
+The ``agent`` tool (a child session) is :mod:`.child_tools`.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from ..persistence import NewMessage, SessionRecord
-from ..persistence.inbox_core import TERMINAL_STATES
 from . import access, stops, tool_schemas, transcript_view
+from .child_tools import ChildTools
 from .context import RuntimeContext
 from .errors import RuntimeStateError, ToolError, tool_result
 from .family import FamilyTools
 from .focal import is_focal_chat
 from .focal_policy import FOCAL_TOOL_NAMES, SCHEDULE_WAKEUP
-from .ids import short
-from .outbox import Outbox, Writes, commit_together
+from .outbox import Outbox, Writes
 from .peers import is_peer_target
-from .subagents import TASK_KIND, result_ids, task_message_id
 from .tasks import TaskService
 from .validation import (
     ID_LIMIT,
@@ -41,10 +39,6 @@ FOCAL_SEND_EXTRAS = ("project_id", "title", "task_title")
 
 SELF_SEND = "Use a normal follow-up turn instead of sending to the current agent."
 SELF_STOP = "The current agent cannot stop itself with agent_stop."
-FOREGROUND_ON_LOOP = ("A foreground agent(..., run_in_background=False) waits for the "
-                      "child's turn, which runs on the event loop this call would hold "
-                      "until its timeout: await turn.tools.agent(...) in an async brain "
-                      "(turn.tools.sync is for code off the event loop).")
 NO_AGENT_TOOLS = ("Sub-agents do not hold the agent tools; finish your task and your parent "
                   "is told the result.")
 
@@ -149,7 +143,7 @@ class SubagentTools(FamilyTools, TaskTools):
         raise AttributeError(name)
 
 
-class AgentTools(FamilyTools, TaskTools):
+class AgentTools(ChildTools, FamilyTools, TaskTools):
     """The agent tools as seen by one calling session."""
 
     HELD = ("agent_list", "agent_read", "agent_send", "agent_stop", "agent", "list_agents",
@@ -270,163 +264,6 @@ class AgentTools(FamilyTools, TaskTools):
             raise ToolError("execution_failed", f"Agent '{target.id}' is not active.")
         self._ctx.emit("stop_requested", session_id=target.id, by=caller.id)
         return {"agent_id": target.id, "status": "stop_requested"}
-
-    def agent(self, description: Any, run_in_background: Any = True, title: Any = None,
-              timeout: Any = 300) -> dict[str, Any]:
-        """Create a child session for ``description`` and run it (in the background by default)."""
-        host = self._ctx.async_host
-        if run_in_background is False and host is not None and host.on_loop():
-            # Refused before anything is written: the wait would hold every async turn
-            # (the child's too) for as long as its timeout, and then fail anyway.
-            raise ToolError("execution_failed", FOREGROUND_ON_LOOP)
-        result, wait = self.start_child(description, run_in_background, title, timeout)
-        if run_in_background:
-            return result
-        return self._wait_for_child(result, wait)
-
-    def start_child(self, description: Any, run_in_background: Any = True, title: Any = None,
-                    timeout: Any = 300) -> tuple[dict[str, Any], float]:
-        """``agent``'s first half: validate, create the child and its task; the receipt and
-        how long a foreground caller may wait (shared by the sync and the awaitable tool).
-        A foreground start counts the caller's wait; the caller gives it back when its
-        wait ends (:meth:`release_thread`)."""
-        text = require_message(description, SEND_LIMIT, name="description")
-        if not isinstance(run_in_background, bool):
-            raise ToolError("invalid_argument", "run_in_background must be true or false.")
-        name = require_message(title, TITLE_LIMIT, name="title") if title is not None else text[:60]
-        wait = require_int("timeout", timeout, 1, 3600)
-        caller = self._caller()
-        ctx = self._ctx
-        box = self._writes.outbox
-
-        def start(writes: Writes) -> dict[str, Any]:
-            now = ctx.now()
-            writes.create_session(SessionRecord(child_id, caller.project_id, name, "subagent",
-                                                None, caller.id, "idle", now, now, {}))
-            task = TaskService(ctx, writes).create(child_id, caller.project_id, name,
-                                                   "in_progress")
-            writes.send([NewMessage(task_message_id(task.id), child_id, text, kind=TASK_KIND,
-                                    sender=caller.id, payload={"task_id": task.id})])
-            return {"agent_id": child_id, "task_id": task.id, "status": "running"}
-
-        if run_in_background:
-            child_id = f"subagent-sub_{short(ctx.new_id(), 8)}"
-            return start(self._writes), float(wait)
-        if box is not None:  # it commits at once, not with the turn: not after its end
-            box.check_open()
-        self._reserve_a_thread(caller.id)  # the caller's wait gives it back
-        try:
-            # The turn waits for this child, so it commits now, not with the turn; an id
-            # repeatable across attempts lets a retried turn find the child it started.
-            child_id = (box.child_id(text) if box is not None
-                        else f"subagent-sub_{short(ctx.new_id(), 8)}")
-            holder = ctx.store.session(child_id)
-            if holder is not None:
-                if _is_child_of(holder, caller):  # an earlier attempt of this turn started it
-                    return self._receipt(holder), float(wait)
-                child_id = f"subagent-sub_{short(ctx.new_id(), 8)}"  # another's: not it
-            # Checked again with the writes: the turn may end meanwhile (a thread the
-            # brain left running), and a child must not be written after that.
-            check = box.check_open if box is not None else None
-            return commit_together(ctx, start, check), float(wait)
-        except BaseException:
-            self.release_thread()
-            raise
-
-    def _receipt(self, child: SessionRecord) -> dict[str, Any]:
-        """The receipt of a foreground child an earlier attempt of this turn started."""
-        tasks = self._ctx.tasks.for_session(child.id)
-        return {"agent_id": child.id, "task_id": tasks[0].id if tasks else "",
-                "status": "running"}
-
-    def child_finished(self, task_id: str) -> bool:
-        """The child's task message has reached a terminal state."""
-        return self._ctx.journal.get(task_message_id(task_id))["status"] in TERMINAL_STATES
-
-    def child_outcome(self, result: dict[str, Any]) -> dict[str, Any]:
-        """A finished foreground child's receipt: its task status and last reply.
-
-        The waiting turn takes the child's result wake-ups into itself (leased now,
-        acknowledged by its commit): the caller gets the result here, and a wake-up on top
-        would run its brain once more on a result it has. A failed attempt hands them back
-        unrun, and its retry (which finds the same child) takes them again; one this turn
-        cannot take (it has no inbox row, or it ended) wakes the caller as any does."""
-        box = self._writes.outbox
-        if box is not None:
-            for mid in result_ids(self._ctx, result["task_id"]):
-                box.take(mid)
-        replies = [e.text for e in self._ctx.store.transcript(result["agent_id"])
-                   if e.role == "assistant"]
-        task = self._ctx.tasks.get(result["task_id"])
-        return {**result, "status": task.status if task else "unknown",
-                "result": replies[-1] if replies else None}
-
-    @staticmethod
-    def still_running(result: dict[str, Any], timeout: float) -> ToolError:
-        """The error of a foreground wait that ran out."""
-        return ToolError("execution_failed", f"Sub-agent '{result['agent_id']}' is still "
-                         f"running after {timeout:.0f}s; it reports back when done.")
-
-    def _reserve_a_thread(self, caller_id: str) -> None:
-        """Count a foreground wait, or refuse one that could never end: the child needs a
-        session thread of its own, and every other one would be blocked waiting too. The
-        check and the count are one step, so two parents asking at once cannot both pass
-        (the wait that follows gives it back: :meth:`release_thread`)."""
-        ctx = self._ctx
-        mine = 1 if caller_id in ctx.turns.running() else 0
-        with ctx.activity.cond:
-            held = ctx.foreground_waits + mine
-            if held < ctx.max_active:
-                ctx.foreground_waits += 1
-                return
-        raise ToolError("execution_failed",
-                        f"A foreground sub-agent needs a free session thread, and none can "
-                        f"free up: this runtime runs at most {ctx.max_active} turn(s) at "
-                        f"once and {held} would be waiting. Use run_in_background=true "
-                        "(the child reports back), or run kinbox with a larger "
-                        "max_active_sessions.")
-
-    def release_thread(self) -> None:
-        """A foreground wait counted by :meth:`_reserve_a_thread` is over."""
-        with self._ctx.activity.cond:
-            self._ctx.foreground_waits -= 1
-
-    def stopped_waiting(self, result: dict[str, Any]) -> ToolError | None:
-        """The error that ends a foreground wait whose own turn was asked to stop (by
-        ``agent_stop``, its turn_timeout, the runtime stopping), or None."""
-        if self._ctx.turns.stopped_by(self.caller_id) is None:
-            return None
-        return ToolError("execution_failed", f"Stopped while waiting for sub-agent "
-                         f"'{result['agent_id']}'; it goes on and reports back when done.")
-
-    def _wait_for_child(self, result: dict[str, Any], timeout: float) -> dict[str, Any]:
-        ctx = self._ctx
-        activity = ctx.activity
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                seen = activity.changes
-                # A read of the journal: never under the board's lock, which every turn's
-                # start and end takes.
-                if self.child_finished(result["task_id"]):
-                    return self.child_outcome(result)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise self.still_running(result, timeout)
-                if (stopped := self.stopped_waiting(result)) is not None:
-                    raise stopped
-                # A stop changes no activity: look again at least each second.
-                activity.wait(min(remaining, 1.0),
-                              until=lambda seen=seen: activity.changes != seen)
-        finally:
-            self.release_thread()
-
-
-def _is_child_of(session: SessionRecord, caller: SessionRecord) -> bool:
-    """Is ``session`` the caller's own child? (A foreground child's id is derived from its
-    turn; a session holding that id otherwise is not this turn's child, whatever its
-    name.)"""
-    return session.parent_id == caller.id and session.project_id == caller.project_id
 
 
 FOCAL_DENIED = ("The Focal agent dispatches work and never does it itself: it holds "

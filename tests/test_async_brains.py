@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, ToolError, Turn
+from kinbox.actors.child_tools import FOREGROUND_ON_LOOP
 from kinbox.actors.focal import FOCAL_TITLE
 from kinbox.actors.running import RUNTIME_STOP
-from kinbox.actors.tools import FOREGROUND_ON_LOOP, NO_AGENT_TOOLS
+from kinbox.actors.tools import NO_AGENT_TOOLS
 from kinbox.persistence import NewMessage
 
 from .conftest import Stores
