@@ -7,7 +7,7 @@ so thousands can wait at the same time. The steps that touch the journal
 (starting the turn, committing it, recording a failed attempt) are the
 session actor's own, so the rules of a turn live in one place for sync and
 async brains alike. The writing ones are generators
-(:data:`.session_actor.Step`): a pool thread waits for each write, the loop
+(:data:`.steps.Step`): a pool thread waits for each write, the loop
 submits it and awaits the writer's answer, so the loop never waits for a
 commit (only the turn that asked does) and no thread is held meanwhile. What
 may block otherwise (a turn hook's work, recording a failed attempt, tool

@@ -8,7 +8,7 @@ add their effects, and the journal commits the transcript entries, those
 effects and the caller's own writes (the cron run record, the social reply
 route) in one transaction: :meth:`Journal.submit_turn` with no inbox rows
 to acknowledge, waited for until it lands or fails
-(:func:`.session_actor.wait_landed`). A caller's write that refuses (a run taken
+(:func:`.steps.wait_landed`). A caller's write that refuses (a run taken
 over by another runtime) undoes the whole commit.
 
 The turns run on a small, bounded pool of threads owned here; a session
@@ -31,7 +31,7 @@ from ..persistence import LeaseLost, PersistenceError, WriterClosed
 from .async_host import BrainAbandoned
 from .context import RuntimeContext, TurnEffects
 from .outbox import Outbox
-from .session_actor import wait_landed
+from .steps import wait_landed
 from .turn import Message, Turn, TurnOutcome
 from .turn_run import judge, prepare, take_result, turn_tools
 

@@ -1,9 +1,9 @@
 """A session actor's writing steps, carried out on the event loop of async brains.
 
-A step (:data:`.session_actor.Step`) is a generator that yields each write it needs and
+A step (:data:`.steps.Step`) is a generator that yields each write it needs and
 gets the write's outcome back: a pool thread waits for it; here the write is submitted
 and awaited, the writer thread answering through a callback, so neither the loop nor a
-thread waits for a commit. A :class:`~.session_actor.Blocking` request (waiting out
+thread waits for a commit. A :class:`~.steps.Blocking` request (waiting out
 another turn of the session) runs on a blocking worker. A step cancelled during its write
 (the runtime stopped and gave up waiting) still finishes on a thread of its own: the
 write may commit, and what follows it (observers, after-commit notifications, the
@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from ..persistence import WRITE_TIMEOUT, Reply, WriterClosed
 from . import delivery as dp
-from .session_actor import Blocking, Step, settle_from
+from .steps import Blocking, Step, settle_from
 
 log = logging.getLogger("kinbox.async")
 
@@ -32,7 +32,7 @@ Blocker = Callable[[Callable[[], Any]], Awaitable[Any]]
 
 async def settle(loop: asyncio.AbstractEventLoop, blocking: Blocker,
                  step: Step) -> list[dp.Effect]:
-    """Carry out a step (:data:`.session_actor.Step`) on the loop: each write is
+    """Carry out a step (:data:`.steps.Step`) on the loop: each write is
     submitted here and awaited, the writer thread answering through a callback; a
     :class:`Blocking` request runs on a blocking worker.
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kinbox.actors import ManualClock, Runtime, Turn, async_host, context, session_actor
+from kinbox.actors import ManualClock, Runtime, Turn, context, loop_steps, steps
 from kinbox.persistence import WriteTimeout
 
 from .helpers import SHORT, heard_slow_write, hold_next_batch, wait_for
@@ -30,8 +30,8 @@ def test_a_commit_answered_after_the_timeout_counts_and_its_chained_row_runs(
     """m1's commit is taken by a batch that runs past the timeout, then commits, leasing
     m2 (chained). Taken as refused, m2 stayed leased to a run that had ended: nothing ran
     it until its lease ran out (never, on this clock) and then only as a suspect."""
-    monkeypatch.setattr(session_actor, "WRITE_TIMEOUT", SHORT)
-    monkeypatch.setattr(async_host, "WRITE_TIMEOUT", SHORT)
+    monkeypatch.setattr(steps, "WRITE_TIMEOUT", SHORT)
+    monkeypatch.setattr(loop_steps, "WRITE_TIMEOUT", SHORT)
     heard = heard_slow_write(monkeypatch)
     batch_done = threading.Event()
     seen: list[str] = []
@@ -109,7 +109,7 @@ def test_a_failed_attempt_recorded_after_the_timeout_counts_as_recorded(
     then commits (a retry at +2 s). Taken as refused, the run handed m1 back (refused: it
     was no longer leased), observers never heard of the failure, no alarm was set for the
     retry, and a row failed for good never ran its after-commit notifications."""
-    monkeypatch.setattr(session_actor, "WRITE_TIMEOUT", SHORT)
+    monkeypatch.setattr(steps, "WRITE_TIMEOUT", SHORT)
     heard = heard_slow_write(monkeypatch)
     batch_done = threading.Event()
     attempts: list[int] = []
@@ -157,7 +157,7 @@ def test_a_takeover_start_recorded_after_the_timeout_starts_the_turn(
     assert len(prepared.journal.claim("dead-worker", 1, lease=10_000).rows) == 1
     prepared.journal.mark_turn_started("dead-worker", "m0", 1)
     prepared.close()
-    monkeypatch.setattr(session_actor, "WRITE_TIMEOUT", SHORT)
+    monkeypatch.setattr(steps, "WRITE_TIMEOUT", SHORT)
     heard = heard_slow_write(monkeypatch)
     batch_done = threading.Event()
     seen: list[str] = []

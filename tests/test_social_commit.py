@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kinbox.actors import Runtime, session_actor
+from kinbox.actors import Runtime, steps
 from kinbox.actors import social_rules as rules
 from kinbox.persistence.driver_errors import OperationalError
 
@@ -28,7 +28,7 @@ def _stall_commit(rt: Runtime, monkeypatch: pytest.MonkeyPatch, *, lands: bool
     """Hold the first social commit on the writer until its waiter gave up (the event
     returned is set then: the turn says its write is slow); it then lands, or fails in
     the database (``lands``)."""
-    monkeypatch.setattr(session_actor, "WRITE_TIMEOUT", 0.5)  # the turn's commit waits this
+    monkeypatch.setattr(steps, "WRITE_TIMEOUT", 0.5)  # the turn's commit waits this
     monkeypatch.setattr(rules, "stall_pause", lambda stalls: 0.01)
     gave_up = heard_slow_write(monkeypatch).event
     rt.subscribe(lambda name, data: gave_up.set() if name == "lease_lost" else None)
