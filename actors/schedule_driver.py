@@ -68,11 +68,16 @@ class ScheduleDriver:
         if (self._scheduler is None or not self._poll or not self._scheduler.running
                 or time.monotonic() - self._fired < 2 * self._poll):
             return
-        if self._firing.locked():
-            return  # a slow fire, not a stalled poll: the tick must not wait for it
-        log.warning("the schedule poll is overdue (the wall clock was set back?); "
-                    "firing and re-arming it")
-        self._safe_fire()
+        # Taken without waiting, in one step: a fire running (a slow one, or one APScheduler
+        # began since the look above) means no stalled poll, and the tick must not wait.
+        if not self._firing.acquire(blocking=False):
+            return
+        try:
+            log.warning("the schedule poll is overdue (the wall clock was set back?); "
+                        "firing and re-arming it")
+            self._fire_held()
+        finally:
+            self._firing.release()
         self._arm_poll()
 
     def stop(self) -> None:
@@ -95,8 +100,12 @@ class ScheduleDriver:
 
     def _safe_fire(self) -> None:
         with self._firing:
-            self._fired = time.monotonic()
-            try:
-                self._fire()
-            except Exception:
-                log.exception("firing due schedules failed; the next wake-up tries again")
+            self._fire_held()
+
+    def _fire_held(self) -> None:
+        """Fire (``_firing`` held); a failure is logged, the next wake-up tries again."""
+        self._fired = time.monotonic()
+        try:
+            self._fire()
+        except Exception:
+            log.exception("firing due schedules failed; the next wake-up tries again")

@@ -729,6 +729,69 @@ def test_a_poll_a_wall_clock_set_back_stalled_is_fired_and_rearmed(
         driver.stop()
 
 
+@pytest.mark.timeout(30)
+def test_the_tick_never_waits_for_a_fire_that_began_after_its_look(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tick's look for a stalled poll and its own fire were two steps: a fire that
+    APScheduler's thread began between them (a wake-up, the poll itself) was waited for
+    on the tick's thread, the very wait the look was there to avoid (its cron lease
+    renewals, takeovers and dispatcher ticks held up for as long as that fire ran)."""
+    from types import SimpleNamespace
+
+    from kinbox.actors import schedule_driver
+    from kinbox.actors.schedule_driver import ScheduleDriver
+
+    monotonic = [1000.0]
+    monkeypatch.setattr(schedule_driver, "time", SimpleNamespace(monotonic=lambda: monotonic[0]))
+    fired = threading.Event()
+    driver = ScheduleDriver(fired.set, enabled=True, poll_seconds=600)
+    real = threading.Lock()
+
+    class FireBeginsAfterTheLook:
+        """The driver's fire lock, taken by another fire the moment the tick first looks
+        at it (APScheduler's thread, in the window between look and fire)."""
+
+        looked = False
+
+        def _look(self) -> bool:
+            was = real.locked()
+            if not self.looked:
+                self.looked = True
+                real.acquire()  # the other fire begins now, and runs on
+            return was
+
+        def locked(self) -> bool:
+            return self._look()
+
+        def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+            if not blocking:
+                self._look()
+            return real.acquire(blocking, timeout)
+
+        def release(self) -> None:
+            real.release()
+
+        def __enter__(self) -> bool:
+            return self.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.release()
+
+    driver.start()
+    try:
+        monkeypatch.setattr(driver, "_firing", FireBeginsAfterTheLook())
+        monotonic[0] += 3 * 600  # the poll is overdue: the tick fires it
+        tick = threading.Thread(target=driver.keep_polling, daemon=True)
+        tick.start()
+        tick.join(5)
+        assert not tick.is_alive(), "the tick waited for the fire another thread began"
+        assert not fired.is_set()  # that fire is the poll; the tick fired none of its own
+    finally:
+        if real.locked():
+            real.release()  # the other fire ends
+        driver.stop()
+
+
 def test_an_async_brain_runs_cron_turns_on_the_runtimes_loop(make_runtime: MakeRuntime,
                                                              clock: ManualClock) -> None:
     import asyncio
