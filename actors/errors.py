@@ -21,7 +21,7 @@ refuses; decide on the types and their attributes, never on message text::
         ├── IdempotencyConflict  .message_id reused with other content
         ├── IllegalTransition  .message_id, .current, .event
         ├── LeaseLost          .message_id, .owner (fencing)
-        ├── RowNotFound        .kind, .key
+        ├── RowNotFound        .kind, .key, .by
         ├── DuplicateError     .kind, .field, .value
         ├── DatabaseInUse      .path: another runtime owns the SQLite file
         ├── LifeLockLost       .owner: the connection holding the life lock died

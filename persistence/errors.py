@@ -17,7 +17,7 @@ Decide on the types and their attributes, never on the message text::
         ├── IdempotencyConflict    .message_id was reused with different content
         ├── IllegalTransition      .message_id, .current, .event: the state machine forbids it
         ├── LeaseLost              .message_id, .owner: acted on a row it no longer leases
-        ├── RowNotFound            .kind, .key: an inbox row, session, task... does not exist
+        ├── RowNotFound            .kind, .key, .by: an inbox row, session, task... does not exist
         ├── DuplicateError         .kind, .field, .value: a unique value is already taken
         ├── DatabaseInUse          .path: another runtime process owns this SQLite file
         ├── LifeLockLost           .owner: the connection holding a runtime's life lock died
@@ -96,6 +96,7 @@ class RowNotFound(PersistenceError):
         super().__init__(f"no {kind} with {by} {key!r}{detail}")
         self.kind = kind
         self.key = key
+        self.by = by
 
 
 class DuplicateError(PersistenceError):

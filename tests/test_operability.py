@@ -154,6 +154,15 @@ def test_requeue_of_an_unknown_id_is_a_kinbox_error_with_attributes(
         rt.requeue("msg-nope")
     assert isinstance(info.value, RowNotFound)
     assert (info.value.kind, info.value.key) == ("inbox row", "msg-nope")
+    assert info.value.by == "id"
+
+
+def test_a_row_looked_up_by_another_column_names_it_in_an_attribute() -> None:
+    """``kinbox sessions list --project`` looks a project up by slug: the message says
+    so, and a caller deciding on the error has the column too, not only the text."""
+    exc = RowNotFound("project", "nope", by="slug")
+    assert (exc.kind, exc.key, exc.by) == ("project", "nope", "slug")
+    assert str(exc) == "no project with slug 'nope'"
 
 
 def test_a_duplicate_names_the_field_that_is_taken(make_runtime: MakeRuntime) -> None:
