@@ -25,8 +25,9 @@ refuses; decide on the types and their attributes, never on message text::
         ├── DuplicateError     .kind, .field, .value
         ├── DatabaseInUse      .path: another runtime owns the SQLite file
         ├── LifeLockLost       .owner: the connection holding the life lock died
-        ├── DatabaseFailed     .kind: a statement failed (a lost connection, a lock
-        │                      timeout, a full disk); also the peewee error
+        ├── DatabaseFailed     .kind, .sqlstate, .detail: a statement failed (a lost
+        │                      connection, a lock timeout, a full disk); also the
+        │                      peewee error
         └── WriterClosed       the group-commit writer stopped
 """
 
