@@ -5,7 +5,9 @@ outcome is fenced by it (:meth:`InboxClaims._fence`). A claim leases due head ro
 per target, so one row in flight per target across processes), counts an interrupted
 turn when it takes over a dead worker's lease, and acknowledges rows whose turn had
 committed already (their delivery marker). Steering leases a target's next rows into
-the turn that runs, fenced by that turn's own row. A part of :class:`~.journal.Journal`.
+the turn that runs, and :meth:`InboxClaims.claim_row` one row it names (a foreground
+child's result), both fenced by that turn's own row. A part of
+:class:`~.journal.Journal`.
 """
 
 from __future__ import annotations
