@@ -200,4 +200,4 @@ def test_pairing_with_an_address_that_is_no_kinbox_says_so(tmp_path: Path) -> No
         server.shutdown()
         server.server_close()
     assert refused.value.status is None
-    assert "does not answer as a kinbox serve" in str(refused.value)
+    assert "did not complete a kinbox serve's handshake" in str(refused.value)

@@ -64,10 +64,12 @@ def _open(uri: str, headers: dict[str, str] | None, timeout: float) -> ClientCon
     except InvalidStatus as exc:
         raise _refusal(exc) from None
     except WebSocketException as exc:
-        # Something answered, but no websocket upgrade: another service at the address
-        # (a wrong port, a stale URL); a bare "InvalidMessage" told an operator nothing.
-        raise PeerUnavailable("cannot connect: the address does not answer as a kinbox "
-                              f"serve does ({type(exc).__name__})") from None
+        # No websocket upgrade: another service at the address (a wrong port, a stale
+        # URL), or a kinbox serve that closed mid-handshake (stopping); a bare
+        # "InvalidMessage" told an operator nothing.
+        raise PeerUnavailable("cannot connect: the address did not complete a kinbox "
+                              "serve's handshake (another service there, or a serve "
+                              f"stopping) ({type(exc).__name__})") from None
     except (OSError, TimeoutError) as exc:
         raise PeerUnavailable(f"cannot connect: {type(exc).__name__}") from None
 
