@@ -51,7 +51,7 @@ import functools
 import logging
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -158,8 +158,7 @@ class AsyncHost:
         the grace meanwhile."""
         if self._thread.is_alive() and self._draining is None:
             self._stop_by = self.loop.time() + timeout  # the loop's clock: monotonic
-            self._draining = asyncio.run_coroutine_threadsafe(self._drain(self._stop_by),
-                                                              self.loop)
+            self._draining = self._submit(lambda: self._drain(self._stop_by))
 
     def stop(self, timeout: float = 10.0) -> None:
         """Let running turns finish (they were asked to stop), cancel the rest, end the loop."""
@@ -167,14 +166,17 @@ class AsyncHost:
             return
         self.begin_stop(timeout)
         assert self._draining is not None
+        waits = [self._draining]
         try:
             self._draining.result(timeout + 5)
             # And the turns that started since (a row handed over as the stop began, which
             # hands it back), by the same deadline.
-            asyncio.run_coroutine_threadsafe(self._drain(self._stop_by), self.loop
-                                             ).result(timeout + 5)
+            waits.append(self._submit(lambda: self._drain(self._stop_by)))
+            waits[-1].result(timeout + 5)
         except Exception:
             log.warning("async turns did not finish in time; their rows come back by lease")
+            for wait in waits:  # a loop held meanwhile builds neither when it gets free
+                wait.cancel()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
         if self._thread.is_alive():
@@ -182,6 +184,26 @@ class AsyncHost:
                       "never commit here, their rows come back by lease", self._holder())
             self._let_go()
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def _submit(self, make: Callable[[], Coroutine[Any, Any, T]]
+                ) -> concurrent.futures.Future[T]:
+        """Run the coroutine ``make`` builds as a task on the loop (from any thread); its
+        outcome, as ``asyncio.run_coroutine_threadsafe`` gives it (cancelling the future
+        cancels the task). Built on the loop, not here: a loop that ends before it gets
+        to it (a stop racing the loop's end) leaves no coroutine never awaited behind,
+        only a future its waiter's timeout, or :meth:`_let_go`, ends."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def start() -> None:
+            if future.cancelled():
+                return
+            task = self.loop.create_task(make())
+            task.add_done_callback(functools.partial(_copy_outcome, future))
+            future.add_done_callback(
+                lambda f: self.loop.call_soon_threadsafe(task.cancel)
+                if f.cancelled() and not self.loop.is_closed() else None)
+        self.loop.call_soon_threadsafe(start)
+        return future
 
     def on_loop(self) -> bool:
         """Is the caller running on the loop's thread (where a blocking wait holds every
@@ -402,7 +424,7 @@ class AsyncHost:
             if self._ended:
                 raise BrainAbandoned(f"the runtime's event loop has ended: the turn of "
                                      f"{turn.session_id} did not run")
-            future = asyncio.run_coroutine_threadsafe(self._run_direct(turn), self.loop)
+            future = self._submit(lambda: self._run_direct(turn))
             self._waiting.add(future)
         try:
             return future.result()
@@ -440,3 +462,17 @@ def _build_tools(turn: Turn) -> None:
     """Build the turn's tools where blocking is allowed (see :func:`_tools_unread`): on
     the loop the read would hold up every other turn."""
     _ = turn.tools
+
+
+def _copy_outcome(future: concurrent.futures.Future[T], task: asyncio.Task[T]) -> None:
+    """Hand a task's outcome to the thread waiting on ``future`` (see ``_submit``); a
+    future cancelled meanwhile keeps its cancellation."""
+    try:
+        if task.cancelled():
+            future.cancel()
+        elif (error := task.exception()) is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(task.result())
+    except concurrent.futures.InvalidStateError:
+        pass  # cancelled by its waiter

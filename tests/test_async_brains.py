@@ -1272,3 +1272,43 @@ def test_a_sessions_first_turn_reads_which_tools_it_holds_off_the_event_loop(
     assert rt.cron.wait_idle(20)
     assert len(schemas) == 2 and all(schemas)
     assert on_loop == []
+
+
+def test_work_submitted_to_the_loop_is_built_there_and_cancelled_with_its_waiter() -> None:
+    """A stop racing the loop's end left a coroutine never awaited ("coroutine
+    'AsyncHost._drain' was never awaited"): built on the caller's thread, it waited in the
+    loop's queue that never ran again. Now nothing is built until the loop runs it."""
+    import concurrent.futures
+    from types import SimpleNamespace
+
+    from kinbox.actors.async_host import AsyncHost
+
+    host = AsyncHost(SimpleNamespace(stop_grace=1.0), workers=1)  # type: ignore[arg-type]
+    built: list[str] = []
+
+    async def answer(value: int) -> int:
+        await asyncio.sleep(0)
+        return value
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    def make(name: str, coro: Callable[[], Any]) -> Callable[[], Any]:
+        return lambda: built.append(name) or coro()
+
+    try:
+        done = host._submit(make("answer", lambda: answer(7)))
+        never = host._submit(make("never", lambda: answer(0)))
+        never.cancel()  # its waiter gave up before the loop got to it
+        waiting = host._submit(make("forever", forever))
+        assert built == []  # nothing built off the loop
+        host.loop.run_until_complete(asyncio.sleep(0.01))
+        assert done.result(0) == 7 and built == ["answer", "forever"]
+        waiting.cancel()  # the waiter gives up: the task on the loop is cancelled with it
+        host.loop.run_until_complete(asyncio.sleep(0.01))
+        assert not [t for t in asyncio.all_tasks(host.loop) if not t.done()]
+        with pytest.raises(concurrent.futures.CancelledError):
+            waiting.result(0)
+    finally:
+        host.loop.close()
+        host.executor.shutdown()

@@ -358,7 +358,7 @@ def test_a_foreground_child_checked_before_the_turn_ended_never_commits_after_it
     turn was open, then committed. From a thread the brain left running, the turn could
     end and commit between the two, and the child was written after the turn's end."""
     from kinbox.actors import ToolError
-    from kinbox.actors import tools as tools_module
+    from kinbox.actors import child_tools as tools_module
 
     in_window, done = threading.Event(), threading.Event()
     answers: list[object] = []
