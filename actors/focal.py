@@ -187,7 +187,8 @@ class Focal(HearingBack):
             for t in self.ctx.tasks.for_project(p.id):
                 tasks_by_chat.setdefault(t.chat_id, []).append(
                     fc.TaskInfo(t.title, t.status, t.blocked_on, t.reason))
-            for s in store.sessions(project_id=p.id):
+            # Only sessions the context can list (a task, a turn): never all it ever had.
+            for s in store.sessions_at_work(p.id, running):
                 infos.append(fc.SessionInfo(s.id, s.project_id, s.title,
                                             s.id in running or s.status == "active",
                                             s.updated_at, tuple(tasks_by_chat.get(s.id, ()))))

@@ -133,6 +133,30 @@ def test_every_focal_turn_runs_under_the_policy_with_the_global_context(
     assert "Frontend" not in turn.context  # no tasks, not running
 
 
+def test_a_focal_turn_reads_only_the_sessions_its_context_can_list(
+        focal_rt: tuple[Runtime, FocalBrain], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The context lists at most ten sessions with a task or a turn: a project's hundreds
+    of finished sessions are not read for it, so a Focal turn's cost does not grow with
+    every session the database ever had."""
+    from kinbox.persistence import sessions as session_store
+
+    rt, _ = focal_rt
+    web = rt.create_project("web")
+    for i in range(200):
+        rt.create_session(web.id, f"old {i}")
+    rt.tools_for(rt.create_session(web.id, "Docs").id).task_create("write docs")
+    read: list[str] = []
+    real = session_store._session
+
+    def counted(row: Any) -> SessionRecord:
+        read.append(row.id)
+        return real(row)
+    monkeypatch.setattr(session_store, "_session", counted)
+    context = rt.focal.global_context()
+    assert "session Docs" in context and "old " not in context
+    assert len(read) <= 2, f"{len(read)} sessions read for a context listing one"
+
+
 def test_no_other_session_can_use_or_find_schedule_wakeup(focal_rt: tuple[Runtime, Any]) -> None:
     rt, _ = focal_rt
     other = rt.create_session(rt.create_project("p").id, "worker")
