@@ -21,6 +21,7 @@ from ..persistence import (
     DuplicateError,
     NewMessage,
     SessionRecord,
+    TaskRecord,
 )
 from ..transport.key_file import private_folder
 from . import access
@@ -277,9 +278,11 @@ class Focal(HearingBack):
         for p in ctx.store.projects():
             if p.hidden or p.archived:
                 continue
-            tasks = ctx.tasks.for_project(p.id)
+            tasks: dict[str, list[TaskRecord]] = {}
+            for t in ctx.tasks.for_project(p.id):  # by session: one pass, not one a session
+                tasks.setdefault(t.chat_id, []).append(t)
             for s in ctx.store.sessions(project_id=p.id):
-                mine = [t for t in tasks if t.chat_id == s.id]
+                mine = tasks.get(s.id, [])
                 out.append(hb.WatchedSession(
                     s.id, s.title, max([s.updated_at, *(t.updated_at for t in mine)]),
                     s.id in running or s.status == "active",
