@@ -5,13 +5,15 @@ JSON Schemas a model sees (``turn.tools.schemas()``) and run through
 ``turn.tools.call``: so a model-issued ``agent_send`` is committed to the
 journal like any other, its arguments checked by the same rules, and a
 refusal comes back to the model as ``{"error", "message"}`` it can act on.
-The turn's messages (each labelled with who sent it) are the prompt; the
-agent's output is the turn's reply. pydantic-ai is imported here only,
+The turn's messages (each labelled with who sent it) are the prompt, headed by the
+turn's context where it has one (a Focal turn's global context); the agent's output is
+the turn's reply. pydantic-ai is imported here only,
 never on kinbox's core path.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -55,7 +57,11 @@ def pydantic_ai_brain(agent_for: AbstractAgent[Any, Any] | AgentFor) -> Callable
     durable-execution agents), which is no ``Agent`` subclass."""
     async def brain(turn: Turn) -> None:
         agent = agent_for if isinstance(agent_for, AbstractAgent) else agent_for(turn)
-        result = await agent.run(prompt_of(turn), toolsets=[kinbox_toolset(turn)])
+        # The turn's extra context (Focal's global context, FO3) heads the prompt. Read off
+        # the loop: on a turn that has not looked yet, it reads the session.
+        context = await asyncio.to_thread(lambda: turn.context)
+        prompt = prompt_of(turn) if not context else f"{context}\n\n{prompt_of(turn)}"
+        result = await agent.run(prompt, toolsets=[kinbox_toolset(turn)])
         output = result.output
         # Only an empty answer is no reply: 0, False or [] are the agent's answer too.
         if output is not None and output != "":

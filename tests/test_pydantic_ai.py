@@ -125,3 +125,30 @@ def test_a_wrapped_agent_is_run_as_the_agent_not_called_as_a_factory(
     rt.run_until_idle()
     assert rt.inbox()[0]["status"] == "delivered"
     assert rt.transcript(session)[-1].text == "wrapped and answering"
+
+
+@pytest.mark.timeout(60)
+def test_a_focal_turn_s_model_reads_the_global_context_and_no_other_turn_s_does(
+        make_runtime: MakeRuntime) -> None:
+    """FO3: every Focal turn carries the global context (projects, their sessions and tasks).
+    The adapter built its prompt from the turn's messages alone, so a Focal agent run by
+    pydantic-ai saw none of it."""
+    prompts: dict[str, str] = {}
+
+    def model_for(session_id: str) -> FunctionModel:
+        def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            prompts[session_id] = str(messages[0].parts[-1].content)  # type: ignore[union-attr]
+            return ModelResponse(parts=[TextPart("noted")])
+        return FunctionModel(model)
+
+    rt = make_runtime(brain=pydantic_ai_brain(lambda turn: Agent(model_for(turn.session_id))))
+    project = rt.create_project("website")
+    worker = rt.create_session(project.id, "Build the landing page").id
+    rt.tools_for(worker).task_create("landing page")
+    focal = rt.get_or_create_focal_chat().id
+    rt.post(focal, "what is going on?")
+    rt.post(worker, "start")
+    rt.run_until_idle()
+    assert "Build the landing page" in prompts[focal] and "landing page" in prompts[focal]
+    assert prompts[focal].endswith("user: what is going on?")
+    assert prompts[worker] == "user: start"  # no context: the messages alone
