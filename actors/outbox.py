@@ -30,7 +30,7 @@ Two effects cannot wait for the commit, and are not in the outbox:
   second one;
 - steering: rows a turn takes with ``steering()`` are leased into it at once, and a
   failed attempt hands them back unrun with its own row. A foreground child's result
-  row is taken the same way (:attr:`Outbox.take`, :meth:`.turn.Turn.take`) when the
+  row is taken the same way (:meth:`Outbox.take`, :meth:`.turn.Turn.take`) when the
   wait returns it: the commit acknowledges it, so it never wakes the turn's session
   for a turn of its own on a result the brain already has; a failed attempt hands it
   back and the retry that finds the same child takes it again. A wait that ran out
@@ -41,12 +41,16 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import weakref
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ..persistence import EnqueueResult, NewMessage, SessionRecord, TaskRecord
 from .context import RuntimeContext, TurnEffects
 from .errors import ToolError
+
+if TYPE_CHECKING:
+    from .turn import Turn
 
 T = TypeVar("T")
 
@@ -83,12 +87,17 @@ class Outbox:
         """Messages queued in this turn, per target."""
         self.foreground_calls: dict[str, int] = {}
         """Foreground children asked for in this turn, per description."""
-        self.take: Callable[[str], bool] = _nothing_taken
-        """Takes a row of the session into the running turn (:meth:`.turn.Turn.take`):
-        how a foreground ``agent`` call takes its child's result, which it returns, so
-        that the result does not wake the session again."""
+        self.turn: weakref.ref[Turn] | None = None
+        """The running turn, held weakly (it holds this outbox): see :meth:`take`."""
         self.wakeups = 0
         """Focal wake-ups queued in this turn (they count toward Focal's limit)."""
+
+    def take(self, message_id: str) -> bool:
+        """Take a row of the session into the running turn (:meth:`.turn.Turn.take`): how a
+        foreground ``agent`` call takes its child's result, which it returns, so that the
+        result does not wake the session again. False when there is no turn to take it."""
+        turn = self.turn() if self.turn is not None else None
+        return turn is not None and turn.take(message_id)
 
     def end(self) -> None:
         """The turn's brain has returned: later writes are refused (:meth:`add`,
@@ -160,11 +169,6 @@ class Outbox:
                 self.foreground_calls.get(description, 0) + 1)
         digest = hashlib.sha256(f"{self.key}\0{nth}\0{description}".encode()).hexdigest()
         return f"subagent-sub_{digest[:16]}"
-
-
-def _nothing_taken(_message_id: str) -> bool:
-    """A turn of no inbox row takes none (the row wakes the session as any does)."""
-    return False
 
 
 class Writes:

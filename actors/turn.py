@@ -86,16 +86,6 @@ def is_async_brain(brain: object) -> bool:
     return inspect.iscoroutinefunction(brain) or inspect.iscoroutinefunction(call)
 
 
-def _weakly(take: weakref.WeakMethod[Callable[[str], bool]]) -> Callable[[str], bool]:
-    """A turn's :meth:`Turn.take` for its outbox, holding the turn weakly: held strongly,
-    the turn would hold itself (through its outbox) and end as cyclic garbage, left to
-    the collector, on every turn. A turn that is gone takes nothing."""
-    def call(message_id: str) -> bool:
-        bound = take()
-        return bound is not None and bound(message_id)
-    return call
-
-
 class Brain(Protocol):
     """Runs one turn of a session (the product's LLM loop)."""
 
@@ -131,8 +121,8 @@ class Turn:
         self._fetch_row = fetch_row
         """Leases one named row of the session into the turn (None: a turn of no inbox
         row, which has nothing to fence such a lease with)."""
-        if outbox is not None:  # how a tool waiting in this turn reaches it
-            outbox.take = _weakly(weakref.WeakMethod(self.take))
+        if outbox is not None:  # how a tool waiting in this turn reaches it (weakly: no cycle)
+            outbox.turn = weakref.ref(self)
         self._steered: list[Message] = []
         self._steer_lock = threading.Lock()
         """Held while steering is fetched and while it is closed: a turn ending waits for

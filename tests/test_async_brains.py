@@ -1302,10 +1302,12 @@ def test_work_submitted_to_the_loop_is_built_there_and_cancelled_with_its_waiter
         never.cancel()  # its waiter gave up before the loop got to it
         waiting = host._submit(make("forever", forever))
         assert built == []  # nothing built off the loop
-        host.loop.run_until_complete(asyncio.sleep(0.01))
+        host.loop.run_until_complete(
+            asyncio.wait_for(asyncio.wrap_future(done, loop=host.loop), 5))
         assert done.result(0) == 7 and built == ["answer", "forever"]
+        running = asyncio.all_tasks(host.loop)
         waiting.cancel()  # the waiter gives up: the task on the loop is cancelled with it
-        host.loop.run_until_complete(asyncio.sleep(0.01))
+        host.loop.run_until_complete(asyncio.wait(running, timeout=5))
         assert not [t for t in asyncio.all_tasks(host.loop) if not t.done()]
         with pytest.raises(concurrent.futures.CancelledError):
             waiting.result(0)

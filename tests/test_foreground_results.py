@@ -22,9 +22,14 @@ pytestmark = pytest.mark.timeout(60)
 MakeRuntime = Callable[..., Runtime]
 
 
-def parent_turns() -> tuple[Callable[[Turn], None], list[list[str]]]:
+AfterWait = Callable[[dict[str, Any], list[list[str]]], None]
+
+
+def parent_turns(after_wait: AfterWait | None = None
+                 ) -> tuple[Callable[[Turn], None], list[list[str]]]:
     """A sync brain: the child answers "42"; each turn of the parent (session "a") is
-    recorded as the kinds it was started with, and its first one waits for the child."""
+    recorded as the kinds it was started with, and its first one waits for the child,
+    then calls ``after_wait(answer, turns)`` (which may fail the attempt) and replies."""
     turns: list[list[str]] = []
 
     def brain(turn: Turn) -> None:
@@ -34,6 +39,8 @@ def parent_turns() -> tuple[Callable[[Turn], None], list[list[str]]]:
         turns.append([m.kind for m in turn.messages])
         if turn.messages[0].content == "go":
             got = turn.tools.agent("compute", run_in_background=False, timeout=30)
+            if after_wait is not None:
+                after_wait(got, turns)
             turn.reply(f"child said {got['result']}")
     return brain, turns
 
@@ -94,19 +101,14 @@ def test_an_async_brain_s_awaited_foreground_child_wakes_it_no_more(
 
 def test_a_failed_attempt_hands_the_result_back_and_its_retry_takes_it(
         make_runtime: MakeRuntime, clock: ManualClock) -> None:
-    turns: list[list[str]] = []
     got: list[dict[str, Any]] = []
 
-    def brain(turn: Turn) -> None:
-        if turn.session_id != "a":
-            turn.reply("42")
-            return
-        turns.append([m.kind for m in turn.messages])
-        if turn.messages[0].content == "go":
-            got.append(turn.tools.agent("compute", run_in_background=False, timeout=30))
-            if len(got) == 1:
-                raise RuntimeError("the model failed after the child answered")
-            turn.reply(f"child said {got[-1]['result']}")
+    def fail_first(answer: dict[str, Any], _turns: list[list[str]]) -> None:
+        got.append(answer)
+        if len(got) == 1:
+            raise RuntimeError("the model failed after the child answered")
+
+    brain, turns = parent_turns(fail_first)
 
     rt = make_runtime(brain=brain, max_active_sessions=4)
     family(rt)
@@ -123,21 +125,15 @@ def test_a_result_taken_by_an_attempt_that_crashed_is_taken_by_the_retry(
         make_runtime: MakeRuntime, clock: ManualClock) -> None:
     """The crashed attempt had leased the result into its turn: after the restart its lease
     is a dead worker's, and the retry (which finds the child that ran) takes it over."""
-    turns: list[list[str]] = []
     taken, release = threading.Event(), threading.Event()
 
-    def brain(turn: Turn) -> None:
-        if turn.session_id != "a":
-            turn.reply("42")
-            return
-        turns.append([m.kind for m in turn.messages])
-        if turn.messages[0].content == "go":
-            got = turn.tools.agent("compute", run_in_background=False, timeout=30)
-            if len(turns) == 1:
-                taken.set()
-                release.wait(30)  # the process dies here
-                raise RuntimeError("crashed")
-            turn.reply(f"child said {got['result']}")
+    def die_first(_answer: dict[str, Any], turns: list[list[str]]) -> None:
+        if len(turns) == 1:
+            taken.set()
+            release.wait(30)  # the process dies here
+            raise RuntimeError("crashed")
+
+    brain, turns = parent_turns(die_first)
 
     rt = make_runtime(brain=brain, max_active_sessions=4)
     family(rt)
