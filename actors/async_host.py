@@ -183,6 +183,8 @@ class AsyncHost:
             log.error("the event loop of async brains did not end: %s; the turns on it "
                       "never commit here, their rows come back by lease", self._holder())
             self._let_go()
+        else:
+            self.loop.close()  # its selector's sockets, not left to the garbage collector
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     def _submit(self, make: Callable[[], Coroutine[Any, Any, T]]

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from .errors import RuntimeStateError, ToolError, tool_result
+from .loop_calls import call_soon
 
 if TYPE_CHECKING:
     from .async_host import AsyncHost
@@ -83,7 +84,7 @@ class AsyncTools:
             if ((event in TURN_ENDS and data.get("session_id") == result["agent_id"])
                     or (event == "stop_requested"
                         and data.get("session_id") == self.sync.caller_id)):
-                loop.call_soon_threadsafe(changed.set)
+                call_soon(loop, changed.set)
 
         ctx.observers.append(observe)
         try:

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from ..persistence import WRITE_TIMEOUT, Reply, WriterClosed
 from . import delivery as dp
+from .loop_calls import call_soon
 from .steps import Blocking, Step, settle_from
 
 log = logging.getLogger("kinbox.async")
@@ -67,7 +68,7 @@ def _answer(loop: asyncio.AbstractEventLoop, reply: Reply[T]) -> asyncio.Future[
     timer = loop.call_later(WRITE_TIMEOUT, _time_out, future, reply)
 
     def answered() -> None:  # on the writer thread
-        loop.call_soon_threadsafe(_settle_future, future, reply, timer)
+        call_soon(loop, _settle_future, future, reply, timer)
     reply.add_done_callback(answered)
     return future
 

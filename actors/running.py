@@ -17,6 +17,8 @@ import asyncio
 import threading
 from collections.abc import Callable
 
+from .loop_calls import call_soon
+
 TIMEOUT = "kinbox:turn_timeout"
 """Who "stopped" a turn that ran past the runtime's turn timeout."""
 RUNTIME_STOP = "runtime"
@@ -55,10 +57,7 @@ class StopFlag:
         if event is not None:
             event.set()
         for loop, async_event in waiters or ():
-            try:
-                loop.call_soon_threadsafe(async_event.set)
-            except RuntimeError:  # its loop closed (a sync brain's asyncio.run): no waiter
-                pass
+            call_soon(loop, async_event.set)  # its loop may have closed: no waiter then
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the flag is raised or ``timeout`` passes; return the flag."""
@@ -300,10 +299,7 @@ class RunningTurns:
 
 def _wake_soon(loop: asyncio.AbstractEventLoop, ended: asyncio.Future[None]) -> None:
     """Wake a :meth:`RunningTurns.begin_async` waiting on ``loop`` (any thread)."""
-    try:
-        loop.call_soon_threadsafe(_wake, ended)
-    except RuntimeError:  # its loop closed: nobody waits there any more
-        pass
+    call_soon(loop, _wake, ended)
 
 
 def _wake(ended: asyncio.Future[None]) -> None:

@@ -339,6 +339,11 @@ class Runtime(RecordsApi, WatchApi, TickApi):
         if self._writer is not None:
             self._writer.stop()
         self._release_ownership()
+        # The other threads close their own connections as they end; the caller's would
+        # stay open (a server connection, the file's handles) as long as this object lives.
+        db = self._require().journal.t.db
+        if not db.is_closed():
+            db.close()
 
     def _release_ownership(self) -> None:
         self._shared.close()

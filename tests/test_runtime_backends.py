@@ -63,3 +63,32 @@ def test_two_runtimes_on_one_postgres_run_nothing_twice(
     finally:
         first.stop()
         second.stop()
+
+
+def _sync_brain(turn: Turn) -> None:
+    turn.reply("ok")
+
+
+async def _async_brain(turn: Turn) -> None:
+    turn.reply("ok")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("brain", [_sync_brain, _async_brain], ids=["sync", "async"])
+def test_a_stopped_runtime_holds_no_connection_and_no_event_loop(
+        any_db_url: str, tmp_path: object, brain: Callable[[Turn], object]) -> None:
+    # A product may stop its runtime and go on (start another, on another database):
+    # the stopped one must not keep the caller's database connection (a server
+    # connection on PostgreSQL, file handles on SQLite) or its event loop's sockets
+    # open until the garbage collector happens to find them.
+    rt = Runtime(db=any_db_url, brain=brain, data_dir=str(tmp_path)).start()
+    p = rt.create_project("p")
+    a = rt.create_session(p.id, "A").id
+    rt.post(a, "hello")
+    rt.run_until_idle(30)
+    db = rt.context.journal.t.db
+    host = rt.context.async_host
+    rt.stop()
+    assert db.is_closed()  # the connection of the thread that started and stopped it
+    if host is not None:
+        assert host.loop.is_closed()
