@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from ..persistence import LeaseLost, PersistenceError, WriterClosed
-from .async_host import BrainAbandoned
+from .brain_tasks import BrainAbandoned
 from .context import RuntimeContext, TurnEffects
 from .outbox import Outbox
 from .steps import wait_landed
