@@ -11,6 +11,8 @@ refuses; decide on the types and their attributes, never on message text::
     ├── IdleTimeout            .timeout, .statistics: run_until_idle ran out of time
     ├── ConfigError            .field: an argument given to kinbox is invalid
     │   └── BrainRefError      .spec: ``module:attribute`` names no callable brain
+    ├── PairingFailed          .reason, .retry, .status: pairing with another device
+    │                          did not complete (refused, or unreachable: try again)
     ├── ScenarioError          .path, .lineno: a scenario script could not run
     ├── ProtocolError          .event, .phase: the delivery protocol refused an
     │                          event in its phase (a bug in a shell; ``delivery``)
@@ -39,8 +41,8 @@ from ..persistence.errors import KinboxError
 
 ToolErrorCode = Literal["not_found", "invalid_argument", "execution_failed"]
 
-__all__ = ["BrainRefError", "ConfigError", "IdleTimeout", "KinboxError", "RuntimeStateError",
-           "ScenarioError", "ToolError", "ToolErrorCode"]
+__all__ = ["BrainRefError", "ConfigError", "IdleTimeout", "KinboxError", "PairingFailed",
+           "RuntimeStateError", "ScenarioError", "ToolError", "ToolErrorCode"]
 
 
 class ToolError(KinboxError):
@@ -98,6 +100,22 @@ class BrainRefError(ConfigError):
         super().__init__(f"--brain {spec!r}: {reason}", field="brain")
         self.spec = spec
         self.reason = reason
+
+
+class PairingFailed(KinboxError):
+    """Pairing with another device did not complete. ``reason``: the other device's
+    refusal (a ``kinbox.transport.grants.Refusal`` value; ``refused`` when what answered
+    gave no such code; ``malformed`` for an answer that broke the protocol), or
+    ``unavailable`` when it could not be reached or asked to be tried again (``status``:
+    the HTTP status of a refused upgrade, else None); ``retry``: whether the same command
+    with the same code may still pair. The transport error is its ``__cause__``."""
+
+    def __init__(self, message: str, reason: str, *, retry: bool,
+                 status: int | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry = retry
+        self.status = status
 
 
 class ScenarioError(KinboxError):

@@ -34,16 +34,18 @@ from ..transport import frames as wire
 from ..transport import key_file, receiver
 from ..transport.errors import (
     FrameError,
+    HandshakeRefused,
     IdentityError,
     PeerUnavailable,
+    TransportError,
 )
-from ..transport.grants import is_code, new_code, secret_hash
+from ..transport.grants import Refusal, is_code, new_code, secret_hash
 from ..transport.handshake import NONCE_BYTES, new_nonce
 from ..transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
 from ..transport.link import Answer, LinkState, Retry, SenderLink, Terminal
 from ..transport.peer_client import connect_link, endpoint, pair_with
 from .context import RuntimeContext
-from .errors import ConfigError, ToolError
+from .errors import ConfigError, PairingFailed, ToolError
 from .ids import short
 from .outbox import Writes
 from .peer_link import PeerLink, peer_target
@@ -73,7 +75,10 @@ class PeerService:
         """False in a send-only runtime: it receives and queues, but runs no outbound link
         (the delivering process's link sends the rows)."""
         self.data_dir = data_dir
-        self.identity = key_file.load_or_create(data_dir)
+        try:
+            self.identity = key_file.load_or_create(data_dir)
+        except IdentityError as exc:  # the runtime's start reports it as any bad argument
+            raise ConfigError(str(exc), field="data_dir") from exc
         t, w = ctx.journal.t, ctx.journal.writer
         self.peers = PeerStore(t, w)
         self.outbox = PeerOutbox(t, w)
@@ -302,8 +307,18 @@ def complete_pairing(identity: DeviceIdentity, peers: PeerStore, url: str, code:
     if "@" in urlsplit(url).netloc:  # it would be stored, and listed, as it is
         raise ConfigError("the device's address carries no user or password: the pairing "
                           "code and then the device's token authenticate", field="url")
-    paired = pair_with(url, identity, code, identity.device_id,
-                       new_nonce(os.urandom(NONCE_BYTES)))
+    try:
+        paired = pair_with(url, identity, code, identity.device_id,
+                           new_nonce(os.urandom(NONCE_BYTES)))
+    except PeerUnavailable as exc:
+        raise PairingFailed(str(exc), "unavailable", retry=True, status=exc.status) from exc
+    except HandshakeRefused as exc:
+        # A refusal names its code; whatever else answered wrote free text (kept in the
+        # message, escaped), which no caller should branch on.
+        known = exc.reason in Refusal.__members__.values()
+        raise PairingFailed(str(exc), exc.reason if known else "refused", retry=False) from exc
+    except TransportError as exc:  # an answer that broke the protocol
+        raise PairingFailed(str(exc), "malformed", retry=False) from exc
     sealed = identity.seal(paired.token, os.urandom(SEAL_NONCE_BYTES))
     return peers.save_outbound(paired.device_id, name or paired.device_id, paired.public_key,
                                url, sealed, frozenset({"agent"}), now)

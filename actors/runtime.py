@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
+import peewee as pw
 import pykka
 
 from ..persistence import (
@@ -138,6 +139,7 @@ class Runtime(RecordsApi, WatchApi, TickApi):
         self._ticker = Ticker(tick_interval_for(tick_interval, lease_seconds), self._tick,
                               self._wake)
         self._unsubscribe: Callable[[], None] | None = None
+        self._db: pw.Database | None = None
         self._lock: ExclusiveLock | None = None
         self._liveness: OwnerLiveness | None = None
         self._shared = SharedDatabase()
@@ -162,7 +164,7 @@ class Runtime(RecordsApi, WatchApi, TickApi):
             except OSError as exc:  # a file in the way, a read-only disk, no permission
                 raise DatabaseOpenError(self.url, f"cannot make its folder "
                                         f"{str(path.parent)!r}: {exc.strerror or exc}") from exc
-        db = open_database(self.url, synchronous=self.synchronous)  # type: ignore[arg-type]
+        db = self._db = open_database(self.url, synchronous=self.synchronous)  # type: ignore[arg-type]
         tables = bind_tables(db)
         # On PostgreSQL every process tells the time by the server's clock.
         self.clock = self._shared.clock_for(db, self._given_clock, self.clock)
@@ -341,9 +343,8 @@ class Runtime(RecordsApi, WatchApi, TickApi):
         self._release_ownership()
         # The other threads close their own connections as they end; the caller's would
         # stay open (a server connection, the file's handles) as long as this object lives.
-        db = self._require().journal.t.db
-        if not db.is_closed():
-            db.close()
+        if self._db is not None and not self._db.is_closed():
+            self._db.close()
 
     def _release_ownership(self) -> None:
         self._shared.close()

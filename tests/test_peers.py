@@ -18,7 +18,15 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from kinbox.actors import ConfigError, ManualClock, Runtime, SystemClock, ToolError
+from kinbox.actors import (
+    ConfigError,
+    KinboxError,
+    ManualClock,
+    PairingFailed,
+    Runtime,
+    SystemClock,
+    ToolError,
+)
 from kinbox.actors.cli import main
 from kinbox.persistence.inbox_core import PEER, backoff_delay
 from kinbox.persistence.peers import OUTBOUND
@@ -28,7 +36,7 @@ from kinbox.transport.identity import DeviceIdentity
 from kinbox.transport.peer_client import pair_with
 
 from .helpers import quiet_brain, wait_for
-from .peer_harness import CuttingProxy, Receiver, port_open
+from .peer_harness import CuttingProxy, Receiver, free_port, port_open
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -746,3 +754,20 @@ def test_a_refusal_of_an_earlier_pairing_leaves_the_new_one_standing(
     PeerLink(svc, first.device_id)._apply([Terminal((), "revoked")], now)
     closed = svc.peers.device(first.device_id, OUTBOUND)
     assert closed is not None and closed.status == "revoked"
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_pairing_is_a_kinbox_error_saying_whether_to_try_again(
+        receiver: Receiver, sender: Runtime) -> None:
+    """``rt.peers.pair`` let the transport's own errors out, outside the one tree a
+    caller catches (``KinboxError``); a refusal and an unreachable device must be told
+    apart by attributes, not by reading the text."""
+    unknown = "kbp_" + "a" * 43  # well formed; no device issued it
+    with pytest.raises(PairingFailed) as refused:
+        sender.peers.pair(receiver.http, unknown)
+    assert isinstance(refused.value, KinboxError)
+    assert (refused.value.reason, refused.value.retry) == ("expired_invite", False)
+    with pytest.raises(PairingFailed) as away:
+        sender.peers.pair(f"http://127.0.0.1:{free_port()}", receiver.invite())
+    assert (away.value.reason, away.value.retry) == ("unavailable", True)
+    assert sender.peers.peers.devices() == []

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from kinbox.actors import Runtime, Turn
+from kinbox.actors import ConfigError, KinboxError, Runtime, Turn
 
 from .conftest import PG_URL, reset_postgres
 
@@ -92,3 +94,21 @@ def test_a_stopped_runtime_holds_no_connection_and_no_event_loop(
     assert db.is_closed()  # the connection of the thread that started and stopped it
     if host is not None:
         assert host.loop.is_closed()
+
+
+@pytest.mark.timeout(60)
+def test_a_runtime_that_fails_to_start_leaves_its_database_closed(tmp_path: Path) -> None:
+    # A start that fails late (here on the device key, after the schema and the writer)
+    # raises its own error and closes what it opened: no handle of the file stays behind.
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "device_key.pem").write_text("junk")
+    (data / "device_key.pem").chmod(0o600)
+    path = tmp_path / "k.db"
+    rt = Runtime(db=f"sqlite:///{path}", brain=_sync_brain, data_dir=str(data))
+    with pytest.raises(KinboxError) as failed:  # not the transport's own IdentityError
+        rt.start()
+    assert isinstance(failed.value, ConfigError) and failed.value.field == "data_dir"
+    held = [fd for fd in os.listdir("/proc/self/fd")
+            if os.path.realpath(f"/proc/self/fd/{fd}").startswith(str(path))]
+    assert held == []
