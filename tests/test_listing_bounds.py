@@ -1,0 +1,170 @@
+"""Listings read a bounded page, with today's answers: ``agent_list`` and the family's
+"out of reach" check against the rules they had when they read every session.
+
+The reference functions below are the listings as they were before they read pages
+(every session of the project, or of the database for Focal, filtered, ordered and cut
+in Python): on a mixed population (projects, a session without one, hidden kinds and
+platforms, sub-agents, Focal, ties in recency, sessions active by a direct turn and by a
+leased inbox row), every caller kind must get the same answer from both, on SQLite and
+PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import itertools
+import unicodedata
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from kinbox.actors import ManualClock, Runtime, ToolError, access, roster
+from kinbox.actors.family import member, subject
+from kinbox.actors.tools import listing
+from kinbox.persistence import TurnEntry
+
+MakeRuntime = Callable[..., Runtime]
+
+
+def old_agent_list(rt: Runtime, caller_id: str, mode: str, n: int) -> dict[str, Any]:
+    """``agent_list`` as it was: the whole pool read, then filtered and cut in Python."""
+    store = rt.context.store
+    caller = store.session(caller_id)
+    assert caller is not None
+    me = subject(caller)
+    pool = (store.sessions() if access.is_focal(me)
+            else store.sessions(project_id=caller.project_id)
+            if caller.project_id is not None else [caller])
+    visible = [listing(s) for s in pool
+               if access.decide("agent_list", me, subject(s)) == "allow"
+               and (mode == "recent" or s.status == "active")]
+    return {"agents": visible[:n], "has_more": len(visible) > n}
+
+
+def old_beyond_reach(rt: Runtime, caller_id: str, name: str) -> bool:
+    """The family's "out of reach" check as it was (for a caller in a project)."""
+    store = rt.context.store
+    caller = store.session(caller_id)
+    assert caller is not None and caller.project_id is not None
+    return any(roster.designates(name, s.title, s.id)
+               for s in store.sessions(project_id=caller.project_id)
+               if s.id != caller.id and not access.is_hidden(subject(s)))
+
+
+def old_list_agents(rt: Runtime, caller_id: str) -> list[dict[str, str]]:
+    """``list_agents`` as it was: the family read with every root of the project."""
+    store = rt.context.store
+    caller = store.session(caller_id)
+    assert caller is not None
+    every = store.sessions()
+    near = {caller.id, caller.parent_id} - {None}
+    first = [s for s in every if s.id in near or s.parent_id in near
+             or (s.parent_id is None and caller.project_id is not None
+                 and s.project_id == caller.project_id)]
+    children = {s.id for s in first if s.parent_id == caller.id}
+    related = {s.id: s for s in [*first, *(s for s in every if s.parent_id in children)]}
+    me = subject(caller)
+    kin = [member(s) for s in related.values()
+           if access.can_reach(me, subject(s), allow_self=True)]
+    return [e.to_dict() for e in roster.roster(member(caller), kin)]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def mixed(request: pytest.FixtureRequest, make_runtime: MakeRuntime, clock: ManualClock,
+          tmp_path: Any) -> Iterator[dict[str, Any]]:
+    """Two projects of every kind of session, a loner, Focal; ties and active sessions."""
+    url = (f"sqlite:///{tmp_path / 'mixed.db'}" if request.param == "sqlite"
+           else request.getfixturevalue("pg_url"))
+    rt = make_runtime(db=url)
+    store = rt.context.store
+    w: dict[str, Any] = {"rt": rt, "focal": rt.get_or_create_focal_chat().id}
+    kinds = [("interactive", None), ("cron", None), ("social", None), ("dream", None),
+             ("interactive", "subagent_wakeup"), ("remote", None)]
+    for p in ("one", "two"):
+        project = w[p] = rt.create_project(p)
+        root = rt.create_session(project.id, f"{p}-root")
+        w[f"{p}-root"] = root.id
+        for i, (kind, platform) in enumerate(itertools.islice(itertools.cycle(kinds), 18)):
+            s = store.create_session(f"{p}-{i:02d}", project.id, f"{p} {kind} {i}", kind,
+                                     clock.now(), platform=platform)
+            if i % 4 == 0:
+                clock.advance(1)  # the others tie with a neighbour: ordered by id
+            if i % 3 == 1:
+                store.append(s.id, [TurnEntry("user", f"hi {i}")], clock.now() + 30 - i)
+        child = rt.create_session(project.id, f"{p}-child", kind="subagent",
+                                  parent_id=root.id)
+        grandchild = rt.create_session(project.id, unicodedata.normalize("NFD", "Café"),
+                                       kind="subagent", parent_id=child.id)
+        w[f"{p}-child"], w[f"{p}-grandchild"] = child.id, grandchild.id
+        clock.advance(1)
+    # Roots that share a worker are siblings (its value as a string: 5 and "5" are one).
+    for sid, worker in (("w1a", "w1"), ("w1b", "w1"), ("w2", "w2"), ("w5", 5),
+                        ("w5s", "5"), ("w0", 0), ("wnone", None)):
+        w[sid] = store.create_session(sid, w["one"].id, f"worker {sid}", "cron", clock.now(),
+                                      config={"worker": worker, "note": "worker"}).id
+    store.create_session("w1-far", w["two"].id, "worker far", "cron", clock.now(),
+                         config={"worker": "w1"})
+    w["loner"] = rt.create_session(None, "Loner").id
+    w["dream"], w["wake"] = "one-03", "one-04"
+    w["cron"] = "one-01"
+    # Active: a direct turn's mark, and a row leased to another runtime.
+    assert store.take_direct_turn("one-02", "elsewhere", "turn-1", clock.now())
+    rt.post("one-07", "work")
+    assert rt.context.journal.claim("elsewhere", clock.now(), lease=300).rows
+    assert {s.id for s in store.sessions() if s.status == "active"} == {"one-02", "one-07"}
+    yield w
+
+
+CALLERS = ("focal", "one-root", "cron", "dream", "wake", "loner", "two-root")
+
+
+@pytest.mark.parametrize("who", CALLERS)
+def test_agent_list_answers_as_it_did_for_every_caller(mixed: dict[str, Any], who: str
+                                                       ) -> None:
+    rt = mixed["rt"]
+    caller = mixed[who]
+    tools = rt.tools_for(caller)
+    for mode in ("recent", "active"):
+        whole = old_agent_list(rt, caller, mode, 50)["agents"]
+        # Every cut around the number of visible sessions, where has_more turns over.
+        for n in sorted({1, 2, 5, 50, max(1, len(whole) - 1), max(1, len(whole)),
+                         min(50, len(whole) + 1)}):
+            assert tools.agent_list(mode, n) == old_agent_list(rt, caller, mode, n), (mode, n)
+
+
+@pytest.mark.parametrize("who", [*CALLERS[1:], "one-child", "one-grandchild", "w1a", "w5",
+                                 "w5s", "w0", "wnone"])  # Focal holds no family tools
+def test_list_agents_answers_as_it_did_for_every_caller(mixed: dict[str, Any], who: str
+                                                        ) -> None:
+    rt = mixed["rt"]
+    listed = rt.tools_for(mixed[who]).list_agents()["agents"]
+    assert listed == old_list_agents(rt, mixed[who])
+    if who in ("w1a", "w5"):  # the population does hold roots that share a worker
+        assert {"w1a": ["w1b"], "w5": ["w5s"]}[who] == [a["id"] for a in listed]
+
+
+def test_a_sub_agent_still_holds_no_agent_list(mixed: dict[str, Any]) -> None:
+    with pytest.raises(ToolError) as info:
+        mixed["rt"].tools_for(mixed["one-child"]).agent_list()
+    assert info.value.code == "execution_failed"
+
+
+@pytest.mark.parametrize("name", [
+    "Café",  # the grandchild, typed precomposed while stored decomposed
+    unicodedata.normalize("NFD", "Café"),
+    "two-root",  # a root of another project: never named
+    "one dream 3",  # a hidden session's title: never said to exist
+    "one-03",  # ... nor its id
+    "one cron 1",  # a session of the project outside the roster
+    "one-child",  # the caller itself
+    "nobody",
+])
+def test_out_of_reach_answers_as_it_did(mixed: dict[str, Any], name: str) -> None:
+    rt = mixed["rt"]
+    caller = mixed["two-child"] if name == "two-root" else mixed["one-child"]
+    key = mixed.get(name, name)
+    with pytest.raises(ToolError) as info:
+        rt.tools_for(caller).send("hi", receiver_role="sibling", receiver_name=key)
+    said_out_of_reach = info.value.message == roster.REACH_ERROR
+    assert said_out_of_reach == old_beyond_reach(rt, caller, key.strip()), name
+
