@@ -104,7 +104,8 @@ class FamilyTools:
         # Kinship never crosses the project boundary (S2): sessions Focal dispatched
         # into different projects share a parent, yet must not reach each other.
         me = subject(caller)
-        stored = self._ctx.store.family(caller)
+        stored = self._ctx.store.family(
+            caller, roots="workers" if roster.shares_a_worker(member(caller)) else "none")
         known = {s.id for s in stored}
         new = [s for s in self._writes.children_of(caller.id) if s.id not in known]
         related = [s for s in [*stored, *new]
@@ -143,7 +144,8 @@ class FamilyTools:
     def _beyond_reach(self, caller: SessionRecord, related: list[SessionRecord],
                       name: str) -> bool:
         """Does ``name`` designate a relative farther than the roster (a grandchild, cousin)?"""
-        pool = (self._ctx.store.sessions(project_id=caller.project_id)
+        pool = (self._ctx.store.sessions_named(caller.project_id, name,
+                                               hide=access.HIDDEN_KINDS)
                 if caller.project_id is not None else related)
         # Hidden sessions are never named: "out of reach" would tell that one exists (S3).
         return any(roster.designates(name, s.title, s.id) for s in pool

@@ -49,12 +49,19 @@ class Entry:
                 "status": self.status}
 
 
+def shares_a_worker(me: Member) -> bool:
+    """Can a root other than its parent be on ``me``'s roster? Only when ``me`` is a root
+    with a worker: roots that share one are siblings (:func:`_siblings`); the family read
+    leaves the project's other roots out otherwise."""
+    return me.parent_id is None and me.worker is not None
+
+
 def _siblings(me: Member, other: Member) -> bool:
     if other.id == me.id:
         return False
     if me.parent_id is not None:
         return other.parent_id == me.parent_id
-    return other.parent_id is None and me.worker is not None and other.worker == me.worker
+    return other.parent_id is None and shares_a_worker(me) and other.worker == me.worker
 
 
 def designates(key: str, name: str, id_: str) -> bool:

@@ -22,6 +22,7 @@ from .focal import is_focal_chat
 from .focal_policy import FOCAL_TOOL_NAMES, SCHEDULE_WAKEUP
 from .outbox import Outbox, Writes
 from .peers import is_peer_target
+from .reachable import reachable
 from .tasks import TaskService
 from .validation import (
     ID_LIMIT,
@@ -164,17 +165,11 @@ class AgentTools(ChildTools, FamilyTools, TaskTools):
         """Sessions the caller may address, newest first: ``active`` ones or all ``recent``."""
         mode = require_choice("status", status, ("active", "recent"))
         n = require_int("limit", limit, 1, 50)
-        caller = self._caller()
-        me = subject(caller)
-        store = self._ctx.store
-        # The pool holds every session the caller may reach; the access rules then decide.
-        # Focal reaches every project (FO4), so its pool is not its own hidden project.
-        pool = (store.sessions() if access.is_focal(me)
-                else store.sessions(project_id=caller.project_id)
-                if caller.project_id is not None else [caller])
-        visible = [listing(s) for s in pool
-                   if access.decide("agent_list", me, subject(s)) == "allow"
-                   and (mode == "recent" or s.status == "active")]
+        local, more = reachable(self._ctx.store, self._caller(), active_only=mode == "active",
+                                limit=n)
+        visible = [listing(s) for s in local]
+        if more:
+            return {"agents": visible, "has_more": True}
         if self._ctx.peers is not None:  # paired devices come after local sessions (T1)
             visible += self._ctx.peers.listing(active_only=mode == "active")
         return {"agents": visible[:n], "has_more": len(visible) > n}

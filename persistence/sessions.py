@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import peewee as pw
 
+from . import session_filters
 from .errors import DuplicateError, RowNotFound
 from .hot_path import is_open
 from .inbox_core import OPEN_STATES, PROCESSING
@@ -21,6 +22,9 @@ from .journal import TurnEntry
 from .models import Project, Session, Tables
 from .session_view import IDLE, live_columns
 from .writer import GroupCommitWriter
+
+Roots = Literal["all", "workers", "none"]
+"""Which roots of its project a session's family read takes (:meth:`SessionStore.family`)."""
 
 IDS_PER_READ = 500
 """Session ids one ``IN (...)`` names at most (SQLite bounds a statement's parameters)."""
@@ -199,17 +203,40 @@ class SessionStore:
         return _session(row) if row else None
 
     def sessions(self, *, project_id: str | None = None, kinds: tuple[str, ...] = (),
-                 limit: int | None = None) -> list[SessionRecord]:
-        """Sessions, most recently active first."""
+                 limit: int | None = None, offset: int = 0, hide: Collection[str] = (),
+                 active_only: bool = False) -> list[SessionRecord]:
+        """Sessions, most recently active first (ties by id): of one project or all, of
+        ``kinds`` (all: empty), none whose kind or platform is in ``hide``, only the
+        ``active`` ones with ``active_only``; at most ``limit`` from the ``offset``-th on.
+
+        The filters and the cut are SQL: a page reads its rows, not every session. The
+        order is still worked out over every session the filters keep (a recency is one
+        index probe of its transcript's end: no index orders by it)."""
         s = self.t.session
         q = self._select().order_by(pw.SQL("recent").desc(), s.id)
         if project_id is not None:
             q = q.where(s.project_id == project_id)
         if kinds:
             q = q.where(s.kind.in_(kinds))
-        if limit:
-            q = q.limit(limit)
+        if hide:
+            q = q.where(session_filters.outside(self.t, hide))
+        if active_only:
+            q = q.where(s.id.in_(session_filters.active_ids(self.t)))
+        if limit or offset:
+            q = q.limit(limit).offset(offset)
         return [_session(r) for r in q]
+
+    def sessions_named(self, project_id: str, key: str, *, hide: Collection[str] = ()
+                       ) -> list[SessionRecord]:
+        """The project's sessions (none hidden by ``hide``) that ``key`` may designate: by
+        id, or by title up to Unicode normalisation (a wider set: the caller's rule
+        decides, :func:`.session_filters.may_be_named`), most recently active first."""
+        s = self.t.session
+        q = self._select().where((s.project_id == project_id)
+                                 & session_filters.may_be_named(self.t, key))
+        if hide:
+            q = q.where(session_filters.outside(self.t, hide))
+        return [_session(r) for r in q.order_by(pw.SQL("recent").desc(), s.id)]
 
     def sessions_at_work(self, project_id: str, also: Collection[str] = ()
                          ) -> list[SessionRecord]:
@@ -238,13 +265,20 @@ class SessionStore:
         found.sort(key=lambda r: r.updated_at, reverse=True)  # stable: ties by id
         return found
 
-    def family(self, session: SessionRecord) -> list[SessionRecord]:
+    def family(self, session: SessionRecord, *, roots: Roots = "all") -> list[SessionRecord]:
         """Everyone a family roster can name: parent, parent's children, own children,
-        grandchildren, and the roots of the session's project (for shared workers)."""
+        grandchildren, and the roots of the session's project (for shared workers):
+        ``all`` of them, only those whose config may name a worker (``workers``: the
+        caller knows the roster is after those), or ``none``."""
         s = self.t.session
         near = [session.id] + ([session.parent_id] if session.parent_id else [])
-        roots = s.parent_id.is_null() & (s.project_id == session.project_id)
-        first = list(self._select().where(s.id.in_(near) | s.parent_id.in_(near) | roots))
+        cond = s.id.in_(near) | s.parent_id.in_(near)
+        if roots != "none":
+            root = s.parent_id.is_null() & (s.project_id == session.project_id)
+            if roots == "workers":
+                root &= session_filters.names_a_worker(self.t)
+            cond |= root
+        first = list(self._select().where(cond))
         children = [r.id for r in first if r.parent_id == session.id]
         grand = list(self._select().where(s.parent_id.in_(children))) if children else []
         seen: dict[str, Session] = {r.id: r for r in [*first, *grand]}

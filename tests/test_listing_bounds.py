@@ -21,7 +21,8 @@ import pytest
 from kinbox.actors import ManualClock, Runtime, ToolError, access, roster
 from kinbox.actors.family import member, subject
 from kinbox.actors.tools import listing
-from kinbox.persistence import TurnEntry
+from kinbox.persistence import SessionRecord, TurnEntry
+from kinbox.persistence import sessions as sessions_module
 
 MakeRuntime = Callable[..., Runtime]
 
@@ -168,3 +169,50 @@ def test_out_of_reach_answers_as_it_did(mixed: dict[str, Any], name: str) -> Non
     said_out_of_reach = info.value.message == roster.REACH_ERROR
     assert said_out_of_reach == old_beyond_reach(rt, caller, key.strip()), name
 
+
+@pytest.fixture
+def crowded(make_runtime: MakeRuntime, clock: ManualClock) -> dict[str, Any]:
+    """A project of 300 sessions beside one of 3, on a SQLite file."""
+    rt = make_runtime()
+    big, small = rt.create_project("big"), rt.create_project("small")
+    store = rt.context.store
+    store.create_many([(f"b{i:03d}", big.id, f"big {i}", "cron") for i in range(300)],
+                      clock.now())
+    root = rt.create_session(big.id, "root")
+    child = rt.create_session(big.id, "child", kind="subagent", parent_id=root.id)
+    for i in range(3):
+        rt.create_session(small.id, f"small {i}")
+    return {"rt": rt, "root": root.id, "child": child.id,
+            "focal": rt.get_or_create_focal_chat().id}
+
+
+def records_built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ids of the session rows read into records from now on."""
+    built: list[str] = []
+    real = sessions_module._session
+
+    def counting(row: Any) -> SessionRecord:
+        built.append(row.id)
+        return real(row)
+    monkeypatch.setattr(sessions_module, "_session", counting)
+    return built
+
+
+@pytest.mark.parametrize("who", ["root", "focal"])
+def test_agent_list_reads_a_page_not_every_session(crowded: dict[str, Any], who: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    tools = crowded["rt"].tools_for(crowded[who])
+    built = records_built(monkeypatch)
+    page = tools.agent_list("recent", 5)
+    assert len(page["agents"]) == 5 and page["has_more"]
+    assert len(built) <= 5 + 1 + 2, built  # the page, the one that says more, the caller
+
+
+def test_a_name_out_of_reach_is_found_without_reading_every_session(
+        crowded: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    tools = crowded["rt"].tools_for(crowded["child"])
+    built = records_built(monkeypatch)
+    with pytest.raises(ToolError) as info:
+        tools.send("hi", receiver_role="sibling", receiver_name="big 7")
+    assert info.value.message == roster.REACH_ERROR
+    assert len(built) <= 5, built
