@@ -198,15 +198,22 @@ def sessions_list(args: argparse.Namespace, out: TextIO) -> int:
             if project is None:
                 raise RowNotFound("project", args.project, by="slug")
             project_id = project.id
-        sessions = store.sessions(project_id=project_id)
+        # One more than asked says whether another page follows.
+        sessions = store.sessions(project_id=project_id, limit=args.limit + 1,
+                                  offset=args.offset)
         slugs = {p.id: p.slug for p in store.projects()}
+    more, sessions = len(sessions) > args.limit, sessions[:args.limit]
     data = [{"id": s.id, "title": s.title, "kind": s.kind, "status": s.status,
              "project": slugs.get(s.project_id or ""), "parent_id": s.parent_id,
              "updated_at": s.updated_at} for s in sessions]
     lines = [f"{'id':<32} {'kind':<12} {'status':<7} {'project':<16} title"]
     lines += [f"{d['id']:<32} {d['kind']:<12} {d['status']:<7} {d['project'] or '-':<16} "
               f"{d['title']}" for d in data]
-    _emit(out, args.json, data, lines if data else ["no sessions"])
+    if more:
+        lines.append(f"... more: --offset {args.offset + args.limit} lists the next "
+                     f"{args.limit}")
+    _emit(out, args.json, data, lines if data else
+          ["no sessions" + (f" from offset {args.offset}" if args.offset else "")])
     return 0
 
 
@@ -296,6 +303,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     ssub = sessions.add_subparsers(dest="action", required=True)
     p = common(ssub.add_parser("list", help="list sessions, newest first"))
     p.add_argument("--project", help="project slug")
+    p.add_argument("--limit", type=_positive, default=100,
+                   help="at most N sessions (default 100), most recently active first")
+    p.add_argument("--offset", type=_offset, default=0,
+                   help="skip the first N (the next page: --offset 100)")
     p.set_defaults(handler=sessions_list)
 
     dbp = sub.add_parser("db", help="schema status and upgrade")
@@ -310,21 +321,22 @@ LIST_LIMIT = 1_000_000
 """Most rows a ``--limit`` may ask for (beyond it the databases' integers overflow)."""
 
 
-def whole_number(high: int) -> Callable[[str], int]:
-    """An argparse type: a whole number from 1 to ``high``."""
+def whole_number(high: int, low: int = 1) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` to ``high``."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if not 1 <= value <= high:
+        if not low <= value <= high:
             raise argparse.ArgumentTypeError(
-                f"expected a number from 1 to {high:,}, got {value}")
+                f"expected a number from {low} to {high:,}, got {value}")
         return value
     return parse
 
 
 _positive = whole_number(LIST_LIMIT)
+_offset = whole_number(LIST_LIMIT, low=0)
 
 
 def _session_id(text: str) -> str:

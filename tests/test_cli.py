@@ -70,6 +70,9 @@ def test_a_failing_expectation_exits_one(tmp_path: Path) -> None:
     ("scenario", "run"),
     ("inbox", "list", "--state", "lost"),
     ("inbox", "list", "--limit", "0"),
+    ("sessions", "list", "--limit", "0"),
+    ("sessions", "list", "--limit", "ten"),
+    ("sessions", "list", "--offset", "-1"),
     ("frobnicate",),
 ])
 def test_usage_errors_exit_two(args: tuple[str, ...]) -> None:
@@ -119,6 +122,32 @@ def test_sessions_list_and_db_status(failed_row_db: str) -> None:
     status = json.loads(kinbox("db", "status", "--db", failed_row_db, "--json").stdout)
     assert status["up_to_date"] is True
     assert status["rows"] == {"delivered": 1, "failed": 1, "pending": 1}
+
+
+def test_sessions_list_shows_a_page_and_says_how_to_see_the_next(db_url: str) -> None:
+    """A listing was every session the database ever had (cron runs and sub-agents make
+    thousands): now the newest 100, or ``--limit``, from ``--offset`` on."""
+    s = Stores(db_url)
+    s.store.create_many([(f"s{i:03d}", None, f"t{i}", "cron") for i in range(103)], 0)
+    s.close()
+
+    def listed(*args: str) -> list[str]:
+        done = kinbox("sessions", "list", "--db", db_url, "--json", *args)
+        assert done.returncode == 0, done.stderr
+        return [row["id"] for row in json.loads(done.stdout)]
+    ids = [f"s{i:03d}" for i in range(103)]  # one time: most recent first is by id
+    assert listed() == ids[:100]
+    assert listed("--limit", "2", "--offset", "100") == ids[100:102]
+    assert listed("--limit", "1000") == ids
+    text = kinbox("sessions", "list", "--db", db_url, "--limit", "2").stdout.splitlines()
+    assert text[1:] == [text[1], text[2], "... more: --offset 2 lists the next 2"]
+    assert text[1].startswith("s000 ") and text[2].startswith("s001 ")
+    last = kinbox("sessions", "list", "--db", db_url, "--limit", "3", "--offset", "100")
+    assert not any(line.startswith("...") for line in last.stdout.splitlines())
+    beyond = kinbox("sessions", "list", "--db", db_url, "--offset", "200")
+    assert beyond.stdout == "no sessions from offset 200\n"
+    bad = kinbox("sessions", "list", "--db", db_url, "--limit", "0")
+    assert bad.returncode == 2 and "--limit" in bad.stderr and "from 1 to" in bad.stderr
 
 
 def test_an_unknown_project_slug_is_named_as_a_slug(failed_row_db: str) -> None:

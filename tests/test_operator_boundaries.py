@@ -126,7 +126,7 @@ def cli_db(tmp_path: Path) -> str:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("command", [("inbox", "list"), ("cron", "runs")])
+@pytest.mark.parametrize("command", [("inbox", "list"), ("cron", "runs"), ("sessions", "list")])
 def test_a_huge_limit_is_a_usage_error_not_a_traceback(cli_db: str,
                                                        command: tuple[str, str]) -> None:
     done = kinbox_bytes(*command, "--db", cli_db, "--limit", "99999999999999999999")
