@@ -21,8 +21,10 @@ import pytest
 from kinbox.actors import ManualClock, Runtime, ToolError, access, roster
 from kinbox.actors.family import member, subject
 from kinbox.actors.tools import listing
-from kinbox.persistence import SessionRecord, TurnEntry
+from kinbox.persistence import SessionRecord, TurnEntry, session_filters
 from kinbox.persistence import sessions as sessions_module
+
+from .conftest import Stores
 
 MakeRuntime = Callable[..., Runtime]
 
@@ -216,3 +218,17 @@ def test_a_name_out_of_reach_is_found_without_reading_every_session(
         tools.send("hi", receiver_role="sibling", receiver_name="big 7")
     assert info.value.message == roster.REACH_ERROR
     assert len(built) <= 5, built
+
+
+def test_the_active_filter_reads_marks_and_leases_off_their_indexes(tmp_path: Any) -> None:
+    """``agent_list("active")`` asks for the sessions active now: a handful, found by the
+    direct-turn marks' index and the processing rows' (IS NOT NULL alone scanned every
+    session on SQLite)."""
+    stores = Stores(f"sqlite:///{tmp_path / 'plan.db'}")
+    try:
+        sql, params = session_filters.active_ids(stores.tables).sql()
+        plan = [r[-1] for r in stores.db.execute_sql("EXPLAIN QUERY PLAN " + sql, params)]
+        assert not [step for step in plan if step.startswith("SCAN m")], plan
+        assert any("USING INDEX sessions_turn_owner" in step for step in plan), plan
+    finally:
+        stores.close()
