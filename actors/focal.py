@@ -271,7 +271,10 @@ class Focal(HearingBack):
                                  if last else None)}
 
     def watched_sessions(self) -> list[hb.WatchedSession]:
-        """What the heartbeat and the status look at: every visible project's sessions."""
+        """What the heartbeat and the status look at: the sessions of every visible project
+        that have a task or are active or running here, the only ones a finding
+        (:func:`.focal_heartbeat.findings`) or a running count can be about; every session
+        of every project was read for them on each look."""
         ctx = self.ctx
         running = set(ctx.turns.running())
         out = []
@@ -281,7 +284,7 @@ class Focal(HearingBack):
             tasks: dict[str, list[TaskRecord]] = {}
             for t in ctx.tasks.for_project(p.id):  # by session: one pass, not one a session
                 tasks.setdefault(t.chat_id, []).append(t)
-            for s in ctx.store.sessions(project_id=p.id):
+            for s in ctx.store.sessions_at_work(p.id, also=running):
                 mine = tasks.get(s.id, [])
                 out.append(hb.WatchedSession(
                     s.id, s.title, max([s.updated_at, *(t.updated_at for t in mine)]),

@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, ToolError, access, roster
+from kinbox.actors import focal_heartbeat as hb
 from kinbox.actors.family import member, subject
 from kinbox.actors.tools import listing
-from kinbox.persistence import SessionRecord, TurnEntry, session_filters
+from kinbox.persistence import OPEN_TASK_STATES, SessionRecord, TurnEntry, session_filters
 from kinbox.persistence import sessions as sessions_module
 
 from .conftest import Stores
@@ -232,3 +233,80 @@ def test_the_active_filter_reads_marks_and_leases_off_their_indexes(tmp_path: An
         assert any("USING INDEX sessions_turn_owner" in step for step in plan), plan
     finally:
         stores.close()
+
+
+def old_watched(rt: Runtime) -> list[hb.WatchedSession]:
+    """The heartbeat's look as it was: every session of every visible project."""
+    ctx = rt.context
+    running = set(ctx.turns.running())
+    out = []
+    for p in ctx.store.projects():
+        if p.hidden or p.archived:
+            continue
+        tasks: dict[str, list[Any]] = {}
+        for t in ctx.tasks.for_project(p.id):
+            tasks.setdefault(t.chat_id, []).append(t)
+        for s in ctx.store.sessions(project_id=p.id):
+            mine = tasks.get(s.id, [])
+            out.append(hb.WatchedSession(
+                s.id, s.title, max([s.updated_at, *(t.updated_at for t in mine)]),
+                s.id in running or s.status == "active",
+                sum(1 for t in mine if t.status in OPEN_TASK_STATES),
+                tuple(t.updated_at for t in mine
+                      if t.status == "blocked" and t.blocked_on == "user")))
+    return out
+
+
+@pytest.fixture
+def watched_world(make_runtime: MakeRuntime, clock: ManualClock) -> dict[str, Any]:
+    """Stalled, blocked, finished, active and idle sessions; a hidden and an archived
+    project; tasks of several ages."""
+    rt = make_runtime()
+    store = rt.context.store
+    rt.get_or_create_focal_chat()
+    p = rt.create_project("work")
+    store.create_project("p-arch", "old", "old", clock.now(), archived=True)
+    store.create_many([(f"idle{i:02d}", p.id, f"idle {i}", "cron") for i in range(40)],
+                      clock.now())
+    stuck = rt.create_session(p.id, "Stuck").id
+    rt.tools_for(stuck).task_create("long job", status="in_progress")
+    waiting = rt.create_session(p.id, "Waiting").id
+    task = rt.tools_for(waiting).task_create("ask", status="in_progress")
+    rt.tools_for(waiting).task_update(task["task_id"], status="blocked", blocked_on="user")
+    done = rt.create_session(p.id, "Done").id
+    task = rt.tools_for(done).task_create("quick", status="in_progress")
+    rt.tools_for(done).task_update(task["task_id"], status="completed")
+    busy = store.create_session("busy", p.id, "Busy", "interactive", clock.now(),
+                                config={"spawned_by_focal": True}).id
+    rt.tools_for(busy).task_create("working", status="in_progress")
+    assert store.take_direct_turn(busy, "elsewhere", "t1", clock.now())
+    auto = store.create_session("auto", p.id, "Auto", "interactive", clock.now(),
+                                config={"spawned_by_focal": True}).id
+    assert store.take_direct_turn(auto, "elsewhere", "t2", clock.now())
+    gone = store.create_session("gone", "p-arch", "Gone", "interactive", clock.now()).id
+    rt.tools_for(gone).task_create("forgotten", status="in_progress")
+    clock.advance(3 * 60 * 60)  # past the stall and the reminder
+    fresh = rt.create_session(p.id, "Fresh").id
+    rt.tools_for(fresh).task_create("just started", status="in_progress")
+    return {"rt": rt, "clock": clock}
+
+
+def test_the_heartbeat_look_finds_what_it_did(watched_world: dict[str, Any]) -> None:
+    rt, clock = watched_world["rt"], watched_world["clock"]
+    old, new = old_watched(rt), rt.focal.watched_sessions()
+    found = hb.findings(new, clock.now())
+    assert found == hb.findings(old, clock.now())
+    assert [f.split(":")[0] for f in found] == ["stalled", "unanswered"], found  # busy runs
+    by_id = {w.id: w for w in old}
+    assert all(by_id[w.id] == w for w in new)  # each as it was
+    assert {w.id for w in new if w.running} == {w.id for w in old if w.running} == {
+        "busy", "auto"}
+    status = rt.focal.status()
+    assert (status["stalled"], status["auto_running"]) == (1, 2)
+
+
+def test_the_heartbeat_look_reads_the_sessions_at_work_only(
+        watched_world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    built = records_built(monkeypatch)
+    watched = watched_world["rt"].focal.watched_sessions()
+    assert len(watched) == 6 and len(built) == 6, built  # not the 40 idle ones
