@@ -16,7 +16,6 @@ import peewee as pw
 
 from . import session_filters
 from .errors import DuplicateError, RowNotFound
-from .hot_path import is_open
 from .inbox_core import OPEN_STATES, PROCESSING
 from .journal import TurnEntry
 from .models import Project, Session, Tables
@@ -247,14 +246,11 @@ class SessionStore:
         :meth:`sessions`, every Focal turn read every session the project ever had, its
         cost growing with the database's age while the text it made stayed ten sessions
         long. Each condition here is an index read, whatever the project's size."""
-        s, task, row = self.t.session, self.t.task, self.t.inbox.alias("i")
-        marked = s.alias("m")
+        s, task = self.t.session, self.t.task
         # One UNION of ids, each part an index read; an OR of the three conditions in
         # the WHERE had SQLite test them on every session of the project instead.
         ids = (task.select(task.chat_id.alias("id")).where(task.project_id == project_id)
-               | marked.select(marked.id).where(marked.turn_owner.is_null(False))
-               | row.select(row.target_chat_id).where(
-                   pw.SQL(f"{is_open('i')} AND i.status = '{PROCESSING}'")))
+               | session_filters.active_ids(self.t))
         # ``also`` joins in Python: an OR with it in the WHERE read every session again.
         wanted = sorted({sid for (sid,) in ids.tuples()} | set(also))
         found = [_session(r) for start in range(0, len(wanted), IDS_PER_READ)
