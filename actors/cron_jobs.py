@@ -19,7 +19,7 @@ from ..transport import RUNS_LIMIT
 from . import cron_rules as rules
 from .ids import short
 from .triggers import next_fire_or_never
-from .validation import lookup_key, unstorable
+from .validation import lookup_key, quoted, unstorable
 
 DEFAULT_PROJECT = "default"
 
@@ -31,7 +31,7 @@ def _no_wake(_job: CronJobRecord) -> None:
 def _check_limit(limit: object) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= RUNS_LIMIT:
         raise rules.InvalidCronJob("limit", f"give a whole number from 1 to {RUNS_LIMIT}, "
-                                            f"not {limit!r}")
+                                            f"not {quoted(limit)}")
 
 
 class CronJobs:
@@ -94,7 +94,8 @@ class CronJobs:
         if limit is not None:
             _check_limit(limit)
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise rules.InvalidCronJob("offset", f"give a whole number from 0, not {offset!r}")
+            raise rules.InvalidCronJob("offset",
+                                       f"give a whole number from 0, not {quoted(offset)}")
         return [j.to_dict() for j in self.store.jobs(limit=limit, offset=offset)]
 
     def pause(self, job_id: str) -> dict[str, Any]:

@@ -34,7 +34,7 @@ import enum
 from dataclasses import dataclass
 
 from .errors import ConfigError, KinboxError
-from .validation import unstorable
+from .validation import quoted, unstorable
 
 RETRY_DELAYS: tuple[float, ...] = (60.0, 120.0, 240.0, 480.0, 960.0)
 """Seconds after a failed run before the next attempt; one entry per retry."""
@@ -61,7 +61,7 @@ class InvalidCronExpression(CronError, ConfigError):
     """A cron expression (or its time zone) cannot be parsed."""
 
     def __init__(self, expression: str, reason: str) -> None:
-        super().__init__(f"cron {expression!r} is not a crontab expression (minute hour day "
+        super().__init__(f"cron {quoted(expression)} is not a crontab expression (minute hour day "
                          f"month weekday): {reason}", "cron")
         self.expression = expression
         self.reason = reason
@@ -79,7 +79,7 @@ class CronJobNotFound(CronError):
     """No cron job has this id."""
 
     def __init__(self, job_id: str) -> None:
-        super().__init__(f"no cron job with id {job_id!r}")
+        super().__init__(f"no cron job with id {quoted(job_id)}")
         self.job_id = job_id
 
 
@@ -87,7 +87,7 @@ class CronJobPaused(CronError):
     """The job is paused; resume it before triggering it."""
 
     def __init__(self, job_id: str) -> None:
-        super().__init__(f"cron job {job_id!r} is paused; resume it first")
+        super().__init__(f"cron job {quoted(job_id)} is paused; resume it first")
         self.job_id = job_id
 
 

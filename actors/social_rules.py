@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError, KinboxError
-from .validation import unstorable
+from .validation import quoted, unstorable
 
 PLATFORM_RE = re.compile(r"[a-z0-9_]{1,32}")
 """Platform names: lower-case, no dash (the dash separates platform and thread in ids)."""
@@ -75,7 +75,7 @@ class UnknownPlatform(SocialError):
     """No channel is registered for this platform."""
 
     def __init__(self, platform: str) -> None:
-        super().__init__(f"no social channel is registered for platform {platform!r}")
+        super().__init__(f"no social channel is registered for platform {quoted(platform)}")
         self.platform = platform
 
 

@@ -25,7 +25,7 @@ from apscheduler.triggers.combining import OrTrigger
 from apscheduler.triggers.cron import CronTrigger
 
 from .cron_rules import EXPRESSION_LIMIT, InvalidCronExpression, InvalidCronJob
-from .validation import unstorable
+from .validation import quoted, unstorable
 
 WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 """Crontab's weekday numbers (0 and 7 are Sunday) as the names APScheduler reads."""
@@ -48,7 +48,7 @@ def _weekday(token: str, expr: str) -> int:
             return names.index(name)
     if token.isascii() and token.isdigit() and int(token) <= 7:
         return int(token)
-    raise InvalidCronExpression(expr, f"weekday {token!r} is not 0-7 or a day name")
+    raise InvalidCronExpression(expr, f"weekday {quoted(token)} is not 0-7 or a day name")
 
 
 def crontab_weekdays(field: str, expr: str) -> str:
@@ -59,18 +59,18 @@ def crontab_weekdays(field: str, expr: str) -> str:
     for item in field.split(","):
         m = _WEEKDAY_ITEM.fullmatch(item)
         if m is None:
-            raise InvalidCronExpression(expr, f"weekday field item {item!r} is malformed")
+            raise InvalidCronExpression(expr, f"weekday field item {quoted(item)} is malformed")
         first, last, step = m.group(1), m.group(2), int(m.group(3) or 1)
         if step < 1:
             raise InvalidCronExpression(expr, "a weekday step must be at least 1")
         low = 0 if first == "*" else _weekday(first, expr)
         high = 7 if first == "*" else _weekday(last, expr) if last else low
         if first == "*" and last:
-            raise InvalidCronExpression(expr, f"weekday field item {item!r} is malformed")
+            raise InvalidCronExpression(expr, f"weekday field item {quoted(item)} is malformed")
         if m.group(3) and not last and first != "*":
             high = 7  # "1/2": from Monday on, every other day
         if high < low:
-            raise InvalidCronExpression(expr, f"weekday range {item!r} runs backwards")
+            raise InvalidCronExpression(expr, f"weekday range {quoted(item)} runs backwards")
         days.update(d % 7 for d in range(low, high + 1, step))
     return ",".join(WEEKDAYS[d] for d in sorted(days))
 
@@ -98,7 +98,7 @@ def cron_trigger(expr: str, timezone: str = "UTC") -> BaseTrigger:
         zone = zoneinfo.ZoneInfo(timezone)
     # OSError: a name that is a folder of the zone database ("Europe") or too long a path.
     except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError, OSError) as exc:
-        raise InvalidCronJob("timezone", f"unknown time zone {timezone!r}; give an IANA "
+        raise InvalidCronJob("timezone", f"unknown time zone {quoted(timezone)}; give an IANA "
                                          "name such as 'Europe/Paris'") from exc
     fields = expr.split()
     if len(fields) != 5:

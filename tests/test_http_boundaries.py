@@ -4,6 +4,7 @@ and a runtime that stopped answers 503 on every route, reads included."""
 
 from __future__ import annotations
 
+import http.client
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -82,3 +83,40 @@ def test_every_route_of_a_stopped_runtime_answers_503(served: tuple[Served, Runt
                          ("POST", "/cron/announcements/drain"), ("GET", "/focal")):
         status, got = srv.request(method, path, STATE)
         assert (method, path, status, got["error"]) == (method, path, 503, "unavailable"), got
+
+
+LONG = "x" * 3000
+
+
+@pytest.mark.parametrize(("method", "path", "body", "headers", "named"), [
+    ("POST", "/cron/jobs", json.dumps({"name": "a", "cron": "0 9 * * *", "prompt": "p",
+                                       "timezone": LONG}), STATE, "timezone"),
+    ("POST", "/cron/jobs", json.dumps({"name": "a", "cron": [LONG], "prompt": "p"}), STATE,
+     "cron"),
+    ("POST", "/cron/jobs", json.dumps({"name": "a", "cron": "0 9 * * " + "x" * 500,
+                                       "prompt": "p"}), STATE, "cron"),
+    ("POST", "/cron/jobs", json.dumps({"name": "a", "cron": "0 9 * * *", "prompt": "p",
+                                       LONG: 1}), STATE, "unknown fields"),
+    ("GET", f"/cron/jobs/{LONG}", None, {}, "no cron job"),
+    ("POST", f"/cron/jobs/{LONG}/pause", None, STATE, "no cron job"),
+    ("DELETE", f"/focal/wakeups/{LONG}", None, STATE, "no Focal wake-up"),
+    ("POST", f"/social/{LONG}/events", None, {}, "no webhook"),
+    ("GET", f"/{LONG}", None, {}, "no route"),
+    ("GET", "/", None, {"Host": LONG}, "Host"),
+    ("X" * 3000, "/", None, {}, "is not allowed here"),
+])
+def test_an_error_quotes_a_runaway_value_cut_short(
+        served: tuple[Served, Runtime], method: str, path: str, body: str | None,
+        headers: dict[str, str], named: str) -> None:
+    """The message names what is wrong and quotes at most 80 characters of it: a 3,000
+    character time zone, job id, path or Host came back whole (a 200,000 character
+    unknown field name too, up to the body's cap)."""
+    srv, rt = served
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+    conn.request(method, path, body=body.encode() if body else None, headers=headers)
+    resp = conn.getresponse()
+    got = json.loads(resp.read())
+    conn.close()
+    assert 400 <= resp.status < 500 and named in got["message"], got
+    assert len(got["message"]) <= 400 and "x" * 100 not in got["message"], got["message"]
+    assert rt.cron.jobs() == []

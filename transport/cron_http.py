@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from . import json_body
-from .errors import BackendRefused
+from .errors import BackendRefused, quoted
 from .http_app import Refusal, error, guard
 
 ADD_FIELDS = ("name", "cron", "prompt", "delivery", "timezone")
@@ -128,7 +128,7 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
             return error(exc.status, exc.code, exc.message)
         unknown = sorted(set(body) - set(ADD_FIELDS))
         if unknown:
-            return error(422, "invalid_argument", f"unknown fields {unknown}; "
+            return error(422, "invalid_argument", f"unknown fields {quoted(unknown)}; "
                                                   f"known: {list(ADD_FIELDS)}")
         return await _call(lambda: backend.add(body), 201)
 

@@ -19,11 +19,30 @@ from "you misused it" (:class:`LinkStateError`)::
 The actors layer raises :class:`BackendRefused` from the backends it hands
 to the HTTP routes, translating its own errors, so the routes answer with a
 precise status without knowing the runtime's error classes.
+
+An error that quotes what a caller sent (a path, a Host, an id, a field's
+name) quotes it through :func:`clipped` or :func:`quoted`: a client's runaway
+value must not come back whole in the answer, or into a log line.
 """
 
 from __future__ import annotations
 
 import enum
+
+QUOTE_LIMIT = 80
+"""Characters of a caller's value an error message quotes (:func:`clipped`)."""
+
+
+def clipped(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """``text`` for an error message, cut to ``limit`` characters with the length it had
+    (``kinbox.actors.validation.quoted`` is the same rule for the actors' errors: the
+    pure modules of two layers cannot share one function)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)``, :func:`clipped`."""
+    return clipped(repr(value), limit)
 
 
 class TransportError(Exception):

@@ -19,6 +19,8 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .errors import quoted
+
 _NAME = re.compile(r"^(\*\.)?[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?$|^\[[0-9a-f:.]+\]$")
 
 
@@ -77,7 +79,7 @@ class HostGuard:
             if not self.allows(host):
                 response = JSONResponse(
                     {"error": "invalid_host",
-                     "message": f"this server does not answer for Host {host!r}; "
+                     "message": f"this server does not answer for Host {quoted(host)}; "
                                 "its operator names the allowed hosts (--allow-host)"},
                     status_code=400)
                 await response(scope, receive, send)

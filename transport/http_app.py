@@ -37,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from .errors import BackendRefused
+from .errors import BackendRefused, clipped, quoted
 from .host_guard import HostGuard
 from .operator_token import OperatorToken
 
@@ -157,7 +157,7 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
     async def cancel(request: Request) -> JSONResponse:
         job_id = request.path_params["job_id"]
         if not await run_in_threadpool(backend.cancel_wakeup, job_id):
-            return error(404, "not_found", f"no Focal wake-up with id {job_id!r}")
+            return error(404, "not_found", f"no Focal wake-up with id {quoted(job_id)}")
         return JSONResponse({"cancelled": job_id})
 
     async def feed(request: Request) -> JSONResponse:
@@ -172,8 +172,8 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
         headers = dict(exc.headers or {})
         if "Allow" in headers:  # Starlette joins a set: give a stable order
             headers["Allow"] = ", ".join(sorted(m.strip() for m in headers["Allow"].split(",")))
-        message = (f"no route {request.url.path}" if exc.status_code == 404 else
-                   f"{request.method} is not allowed here; allowed: {headers['Allow']}"
+        message = (f"no route {clipped(request.url.path)}" if exc.status_code == 404 else
+                   f"{clipped(request.method)} is not allowed here; allowed: {headers['Allow']}"
                    if exc.status_code == 405 and "Allow" in headers else str(exc.detail))
         return error(exc.status_code, ERROR_CODES.get(exc.status_code, "http_error"), message,
                      headers)

@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from . import json_body
 from . import webhook_signature as sig
-from .errors import BackendRefused, SignatureProblem, SignatureRejected
+from .errors import BackendRefused, SignatureProblem, SignatureRejected, quoted
 
 log = logging.getLogger("kinbox.http")
 
@@ -63,7 +63,7 @@ def social_routes(backend: SocialBackend, *, max_body: int = MAX_BODY,
         platform = request.path_params["platform"]
         secret = backend.webhook_secret(platform)
         if not secret:  # None or empty: no webhook (an empty key would sign anything)
-            return _error(404, "not_found", f"no webhook for platform {platform!r}")
+            return _error(404, "not_found", f"no webhook for platform {quoted(platform)}")
         try:
             body = await json_body.read_capped(request, max_body)
         except BackendRefused as exc:
