@@ -89,6 +89,16 @@ def test_signatures_are_checked_for_presence_form_age_and_value() -> None:
     guard.check(good, 1400)  # forgotten once its window passed (and stale by then anyway)
 
 
+@pytest.mark.parametrize("digits", ["g" * 64, "0" * 63 + "z", " " * 64, "é" * 64,
+                                    "0" * 62 + "\n0", "+" + "0" * 63])
+def test_a_signature_that_is_not_64_hex_digits_is_malformed_not_a_mismatch(digits: str) -> None:
+    """Only its prefix and length were checked: the platform (or whoever sent it) heard
+    \"the signature does not match\" for a value that is no signature at all."""
+    with pytest.raises(SignatureRejected) as info:
+        sig.verify(SECRET, "1000", "v1=" + digits, b"{}", now=1000)
+    assert info.value.reason is SignatureProblem.MALFORMED
+
+
 # -- the webhook ------------------------------------------------------------------------------
 
 def test_a_signed_delivery_is_queued_and_answered_through_the_channel(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from collections import OrderedDict
 
 from .errors import SignatureProblem, SignatureRejected
@@ -21,6 +22,8 @@ from .errors import SignatureProblem, SignatureRejected
 TIMESTAMP_HEADER = "x-kinbox-timestamp"
 SIGNATURE_HEADER = "x-kinbox-signature"
 VERSION = "v1"
+SIGNATURE_FORM = re.compile(rf"{VERSION}=[0-9a-fA-F]{{64}}")
+"""A signature header's form: the version, then the 64 hex digits of an HMAC-SHA256."""
 REPLAY_WINDOW = 300.0
 """Seconds a delivery's timestamp may differ from now (and how long a signature is remembered)."""
 
@@ -41,7 +44,7 @@ def verify(secret: bytes, timestamp: str | None, signature: str | None, body: by
     if not (timestamp.isascii() and timestamp.isdigit()) or len(timestamp) > 12:
         raise SignatureRejected(SignatureProblem.MALFORMED,
                                 f"{TIMESTAMP_HEADER} must be Unix seconds")
-    if not signature.startswith(f"{VERSION}=") or len(signature) != len(VERSION) + 65:
+    if not SIGNATURE_FORM.fullmatch(signature):
         raise SignatureRejected(SignatureProblem.MALFORMED,
                                 f"{SIGNATURE_HEADER} must be {VERSION}=<64 hex digits>")
     ts = int(timestamp)
