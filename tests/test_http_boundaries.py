@@ -120,3 +120,17 @@ def test_an_error_quotes_a_runaway_value_cut_short(
     assert 400 <= resp.status < 500 and named in got["message"], got
     assert len(got["message"]) <= 400 and "x" * 100 not in got["message"], got["message"]
     assert rt.cron.jobs() == []
+
+
+@pytest.mark.parametrize("path", ["/cron/jobs/", "/focal/", "/healthz/", "/cron/runs/",
+                                  "/social/slack/events/", "/cron/jobs/cj_1/runs/"])
+@pytest.mark.parametrize("method", ["GET", "POST", "DELETE"])
+def test_a_path_with_a_trailing_slash_is_a_json_404_not_a_redirect(
+        served: tuple[Served, Runtime], path: str, method: str) -> None:
+    """Starlette's router answered these with a bodiless 307 to the path without the
+    slash, before any route's rule (a POST without ``X-Kinbox: 1`` was redirected, not
+    refused): the one answer of the API that was not JSON."""
+    srv, _ = served
+    status, headers, got = srv.exchange(method, path, STATE)
+    assert (status, got["error"]) == (404, "not_found"), (status, got)
+    assert got["message"] == f"no route {path}" and "location" not in headers

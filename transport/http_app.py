@@ -2,10 +2,10 @@
 
 Transport knows nothing of the runtime: it talks to an :class:`HttpBackend`
 that the actors layer implements. Every answer is JSON, errors included: an
-unknown route is a 404, a wrong method a 405 with ``Allow``, a Host the
-operator did not allow a 400 (:mod:`.host_guard`). ``GET /`` lists the
-routes and ``GET /healthz`` says whether the runtime can serve (200) or not
-(503), one entry per check.
+unknown route is a 404 (a known one with a trailing slash too: no redirect), a
+wrong method a 405 with ``Allow``, a Host the operator did not allow a 400
+(:mod:`.host_guard`). ``GET /`` lists the routes and ``GET /healthz`` says
+whether the runtime can serve (200) or not (503), one entry per check.
 
 State-changing calls (``DELETE``, ``POST``) must carry ``X-Kinbox: 1``, which
 a cross-site form cannot send; when the operator set a token
@@ -200,10 +200,15 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
                                      methods=methods)
                                for path, methods, handler, _ in table]
     routes += [*extra_routes, *(guarded_routes(refusal) if guarded_routes is not None else ())]
-    return Starlette(routes=routes,
-                     middleware=[Middleware(HostGuard, allowed_hosts=list(allowed_hosts))],
-                     exception_handlers={HTTPException: http_error, BackendRefused: refused,
-                                         500: failed})
+    app = Starlette(routes=routes,
+                    middleware=[Middleware(HostGuard, allowed_hosts=list(allowed_hosts))],
+                    exception_handlers={HTTPException: http_error, BackendRefused: refused,
+                                        500: failed})
+    # A path with a trailing slash is a route this API does not have: a 404 saying so.
+    # Starlette's router would answer it with a bodiless 307 to the path without the
+    # slash, for any method and before any route's rule (no X-Kinbox, no token).
+    app.router.redirect_slashes = False
+    return app
 
 
 def _without_error_text(report: dict[str, Any]) -> dict[str, Any]:
