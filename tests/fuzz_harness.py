@@ -1,0 +1,151 @@
+"""What the boundary fuzz tests share: a runtime served twice on 127.0.0.1 (without and
+with an operator token), a raw HTTP client, and the witnesses of "nothing changed": every
+table's rows and every file beside the database.
+
+Rows are read through a read-only connection of their own on the runtime's SQLite file,
+every row of every table (a refused request must not change, add or remove one); files
+are every path under the test's folder but the database's own, with size and mtime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import re
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kinbox.actors import Runtime
+from kinbox.actors.serve import app_for
+from kinbox.transport import OperatorToken
+
+from .helpers import quiet_brain
+from .test_http import Served
+
+TOKEN = "op-token-7f3a9c1e5b"
+SECRET = b"webhook-secret-4d2e8a"
+SECRETS = (TOKEN.encode(), SECRET)
+"""Neither may appear in any answer."""
+MESSAGE_LIMIT = 400
+"""Characters an error's message may have: it says what is wrong, quoting at most a
+little of what was sent."""
+ERROR_CODE = re.compile(r"[a-z_]{2,40}")
+
+
+class Changes:
+    """Every row of every table and every file beside the database, as of a moment."""
+
+    def __init__(self, folder: Path, db_file: Path) -> None:
+        self.folder = folder
+        self.db_file = db_file
+        self.conn = sqlite3.connect(f"file:{db_file}?mode=ro", uri=True,
+                                    check_same_thread=False)
+
+    def rows(self) -> dict[str, tuple[int, str]]:
+        """Per table: how many rows, and a digest of all of them."""
+        out = {}
+        tables = [t for (t,) in self.conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")]
+        for table in tables:
+            rows = sorted(repr(r) for r in self.conn.execute(f'SELECT * FROM "{table}"'))
+            out[table] = (len(rows), hashlib.sha256("\n".join(rows).encode()).hexdigest())
+        return out
+
+    def files(self) -> dict[str, tuple[int, int]]:
+        """Every file under the folder but the database's own: (size, mtime_ns)."""
+        own = self.db_file.name
+        return {str(p.relative_to(self.folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+                for p in self.folder.rglob("*")
+                if p.is_file() and not p.name.startswith(own)}
+
+    def snapshot(self) -> tuple[dict[str, tuple[int, str]], dict[str, tuple[int, int]]]:
+        return self.rows(), self.files()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+@dataclass
+class Fuzzed:
+    """One runtime, its app served without a token (``open``) and with one (``tokened``)."""
+
+    rt: Runtime
+    open: Served
+    tokened: Served
+    changes: Changes
+
+    def settle(self) -> None:
+        """Wait until what an accepted request started (a social turn, a cron run) ended,
+        so that the next snapshot is not taken while it still writes."""
+        assert self.rt.social.wait_idle(10) and self.rt.cron.wait_idle(10)
+        self.rt.run_until_idle(timeout=10)
+
+
+@contextmanager
+def serving(make_runtime: Any, tmp_path: Path, db_url: str) -> Iterator[Fuzzed]:
+    """A runtime on ``db_url`` (a SQLite file under ``tmp_path``), served twice; for a
+    test module's ``fuzzed`` fixture."""
+    rt = make_runtime(brain=quiet_brain, data_dir=tmp_path / "data")
+    rt.social.register_channel("slack", send=lambda route, text: None, secret=SECRET)
+    rt.social.allow("slack", ["U1"])
+    open_srv = Served(app_for(rt))
+    tokened = Served(app_for(rt, operator=OperatorToken.from_secret(TOKEN)))
+    changes = Changes(tmp_path, Path(db_url.removeprefix("sqlite:///")))
+    try:
+        yield Fuzzed(rt, open_srv, tokened, changes)
+    finally:
+        changes.close()
+        tokened.close()
+        open_srv.close()
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    raw: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.raw)
+
+
+def call(port: int, method: str, path: str, body: bytes | None = None,
+         headers: dict[str, str] | None = None, *, chunked: bool = False) -> Answer:
+    """One request on a connection of its own; ``chunked`` sends the body in 8 KiB chunks
+    without a ``Content-Length``."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    try:
+        if chunked and body is not None:
+            data = body
+            conn.request(method, path, body=iter(data[i:i + 8192]
+                                                 for i in range(0, len(data), 8192)),
+                         headers=headers or {}, encode_chunked=True)
+        else:
+            conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return Answer(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
+    finally:
+        conn.close()
+
+
+def check_answer(method: str, answer: Answer) -> dict[str, Any] | None:
+    """The properties every answer has; the error body when it is a refusal."""
+    assert answer.status < 500, (answer.status, answer.raw[:300])
+    for secret in SECRETS:
+        assert secret not in answer.raw
+    if method == "HEAD":  # an answer to HEAD has no body
+        return None
+    assert answer.headers.get("content-type", "").startswith("application/json"), answer
+    body = answer.json()
+    if answer.status < 400:
+        return None
+    assert isinstance(body, dict) and set(body) == {"error", "message"}, body
+    assert ERROR_CODE.fullmatch(body["error"]), body
+    assert isinstance(body["message"], str) and len(body["message"]) <= MESSAGE_LIMIT, (
+        len(body["message"]), body["message"][:200])
+    return body
