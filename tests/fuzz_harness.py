@@ -2,9 +2,10 @@
 with an operator token), a raw HTTP client, and the witnesses of "nothing changed": every
 table's rows and every file beside the database.
 
-Rows are read through a read-only connection of their own on the runtime's SQLite file,
-every row of every table (a refused request must not change, add or remove one); files
-are every path under the test's folder but the database's own, with size and mtime.
+Rows are read through a connection of their own (read-only on a SQLite file, autocommit
+on PostgreSQL), every row of every table (a refused request must not change, add or
+remove one); files are every path under the test's folder but a SQLite database's own,
+with size and mtime.
 """
 
 from __future__ import annotations
@@ -40,28 +41,44 @@ ERROR_CODE = re.compile(r"[a-z_]{2,40}")
 class Changes:
     """Every row of every table and every file beside the database, as of a moment."""
 
-    def __init__(self, folder: Path, db_file: Path) -> None:
+    def __init__(self, folder: Path, db_url: str) -> None:
         self.folder = folder
-        self.db_file = db_file
-        self.conn = sqlite3.connect(f"file:{db_file}?mode=ro", uri=True,
-                                    check_same_thread=False)
+        self.sqlite = db_url.startswith("sqlite:///")
+        self.db_file = Path(db_url.removeprefix("sqlite:///")) if self.sqlite else None
+        if self.db_file is not None:
+            self.conn: Any = sqlite3.connect(f"file:{self.db_file}?mode=ro", uri=True,
+                                             check_same_thread=False)
+            self.tables_sql = "SELECT name FROM sqlite_master WHERE type = 'table'"
+        else:
+            import psycopg2
+
+            self.conn = psycopg2.connect(db_url)
+            self.conn.autocommit = True
+            self.tables_sql = ("SELECT table_name FROM information_schema.tables "
+                               "WHERE table_schema = 'public'")
+
+    def _all(self, sql: str) -> list[tuple[Any, ...]]:
+        cur = self.conn.cursor()
+        try:
+            cur.execute(sql)
+            return list(cur.fetchall())
+        finally:
+            cur.close()
 
     def rows(self) -> dict[str, tuple[int, str]]:
         """Per table: how many rows, and a digest of all of them."""
         out = {}
-        tables = [t for (t,) in self.conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table'")]
-        for table in tables:
-            rows = sorted(repr(r) for r in self.conn.execute(f'SELECT * FROM "{table}"'))
+        for (table,) in self._all(self.tables_sql):
+            rows = sorted(repr(r) for r in self._all(f'SELECT * FROM "{table}"'))
             out[table] = (len(rows), hashlib.sha256("\n".join(rows).encode()).hexdigest())
         return out
 
     def files(self) -> dict[str, tuple[int, int]]:
-        """Every file under the folder but the database's own: (size, mtime_ns)."""
-        own = self.db_file.name
+        """Every file under the folder but a SQLite database's own: (size, mtime_ns)."""
+        own = self.db_file.name if self.db_file is not None else None
         return {str(p.relative_to(self.folder)): (p.stat().st_size, p.stat().st_mtime_ns)
                 for p in self.folder.rglob("*")
-                if p.is_file() and not p.name.startswith(own)}
+                if p.is_file() and not (own and p.name.startswith(own))}
 
     def snapshot(self) -> tuple[dict[str, tuple[int, str]], dict[str, tuple[int, int]]]:
         return self.rows(), self.files()
@@ -88,14 +105,14 @@ class Fuzzed:
 
 @contextmanager
 def serving(make_runtime: Any, tmp_path: Path, db_url: str) -> Iterator[Fuzzed]:
-    """A runtime on ``db_url`` (a SQLite file under ``tmp_path``), served twice; for a
-    test module's ``fuzzed`` fixture."""
-    rt = make_runtime(brain=quiet_brain, data_dir=tmp_path / "data")
+    """A runtime on ``db_url`` (a SQLite file under ``tmp_path``, or PostgreSQL), served
+    twice; for a test module's ``fuzzed`` fixture."""
+    rt = make_runtime(db=db_url, brain=quiet_brain, data_dir=tmp_path / "data")
     rt.social.register_channel("slack", send=lambda route, text: None, secret=SECRET)
     rt.social.allow("slack", ["U1"])
     open_srv = Served(app_for(rt))
     tokened = Served(app_for(rt, operator=OperatorToken.from_secret(TOKEN)))
-    changes = Changes(tmp_path, Path(db_url.removeprefix("sqlite:///")))
+    changes = Changes(tmp_path, db_url)
     try:
         yield Fuzzed(rt, open_srv, tokened, changes)
     finally:
