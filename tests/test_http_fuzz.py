@@ -13,6 +13,7 @@ table and writes no file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from kinbox.actors import cron_rules
 from kinbox.transport import LOOPBACK_HOSTS
 from kinbox.transport import webhook_signature as sig
 from kinbox.transport.host_guard import AllowedHosts, host_of
@@ -31,7 +33,7 @@ from .fuzz_harness import SECRET, TOKEN, Fuzzed, call, check_answer, serving
 
 pytestmark = pytest.mark.timeout(120)
 
-FUZZ = settings(max_examples=100, deadline=None, derandomize=True,
+FUZZ = settings(max_examples=80, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow])
 
@@ -284,3 +286,32 @@ def test_a_body_that_is_not_a_json_object_within_the_cap_is_refused_and_changes_
             assert error is not None and (answer.status, error["error"]) == (status, code), (
                 body[:40], chunked, error)
             assert fuzzed_any.changes.snapshot() == before
+
+
+ACTS = [("POST", "/trigger"), ("POST", "/pause"), ("POST", "/resume"), ("DELETE", ""),
+        ("GET", ""), ("GET", "/runs")]
+
+
+@settings(FUZZ, max_examples=40)
+@given(steps=st.lists(st.tuples(st.sampled_from(ACTS), st.integers(0, 3)), min_size=1,
+                      max_size=8))
+def test_acting_on_jobs_that_exist_were_paused_or_removed_refuses_without_a_trace(
+        fuzzed: Fuzzed, steps: list[tuple[tuple[str, str], int]]) -> None:
+    """Ids that name a job, a paused one, a removed one or none: a 404 or a 409 leaves
+    every row as it was; what is done is done whole (its run ended before the next step)."""
+    made = [fuzzed.rt.cron.add(f"job {i}", "0 9 * * *", "p")["job_id"] for i in range(3)]
+    ids = [*made, "cj_0123456789"]
+    for (method, suffix), which in steps:
+        before = fuzzed.changes.snapshot()
+        answer = call(fuzzed.open.port, method, f"/cron/jobs/{ids[which]}{suffix}", None,
+                      {"X-Kinbox": "1"})
+        error = check_answer(method, answer)
+        if error is None:
+            fuzzed.settle()
+            continue
+        assert (answer.status, error["error"]) in ((404, "not_found"), (409, "conflict"))
+        assert fuzzed.changes.snapshot() == before, (method, suffix, error)
+    for job_id in made:
+        with contextlib.suppress(cron_rules.CronJobNotFound):
+            fuzzed.rt.cron.remove(job_id)
+    fuzzed.settle()
