@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from kinbox.actors import ConfigError, Runtime
 from kinbox.actors.serve import app_for
@@ -134,3 +136,18 @@ def test_a_path_with_a_trailing_slash_is_a_json_404_not_a_redirect(
     status, headers, got = srv.exchange(method, path, STATE)
     assert (status, got["error"]) == (404, "not_found"), (status, got)
     assert got["message"] == f"no route {path}" and "location" not in headers
+
+
+@pytest.mark.parametrize("path", ["/nope", "/focal", "/cron/jobs", "/peers/linkx",
+                                  "/peers/link/", "/" + "p" * 3000])
+def test_an_upgrade_to_a_path_that_is_no_websocket_route_is_a_json_404(
+        served: tuple[Served, Runtime], path: str) -> None:
+    """Starlette's router closed it before accepting, which the server answered 403 with
+    no body: a peer dialling a wrong address heard "forbidden", not "no such endpoint"."""
+    srv, _ = served
+    with pytest.raises(InvalidStatus) as info:
+        connect(f"ws://127.0.0.1:{srv.port}{path}", proxy=None, open_timeout=5).close()
+    response = info.value.response
+    got = json.loads(response.body)
+    assert (response.status_code, got["error"]) == (404, "not_found"), got
+    assert got["message"].startswith("no websocket route /") and len(got["message"]) <= 400

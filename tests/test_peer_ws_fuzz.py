@@ -20,6 +20,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote_from_bytes
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -172,6 +173,25 @@ def test_an_upgrade_without_a_usable_token_is_refused_in_json_before_any_state(
     assert expected is None or reason == expected, (reason, headers, query)
     assert fuzzed.changes.snapshot() == before
     still_serves(dev)
+
+
+@FUZZ
+@given(path=st.one_of(
+    st.sampled_from(["/peers", "/peers/link/", "/peers/pair/x", "/focal", "/cron/jobs", "/",
+                     "/healthz", "/social/slack/events", "/peers/LINK"]),
+    st.binary(max_size=60).map(lambda b: "/" + quote_from_bytes(b, safe="/"))))
+def test_an_upgrade_to_a_path_that_is_no_peer_endpoint_is_a_json_404(
+        device: tuple[Fuzzed, Device], path: str) -> None:
+    fuzzed, dev = device
+    if path in ("/peers/link", "/peers/pair"):
+        return
+    before = fuzzed.changes.snapshot()
+    with pytest.raises(InvalidStatus) as info:
+        dev.dial(path, {}).close()
+    response = info.value.response
+    assert response.status_code == 404, (path, response.status_code, response.body)
+    assert json.loads(response.body)["error"] == "not_found"
+    assert fuzzed.changes.snapshot() == before
 
 
 @FUZZ

@@ -2,8 +2,9 @@
 
 Transport knows nothing of the runtime: it talks to an :class:`HttpBackend`
 that the actors layer implements. Every answer is JSON, errors included: an
-unknown route is a 404 (a known one with a trailing slash too: no redirect), a
-wrong method a 405 with ``Allow``, a Host the operator did not allow a 400
+unknown route is a 404 (a known one with a trailing slash too: no redirect; and a
+websocket upgrade to a path no websocket route takes), a wrong method a 405 with
+``Allow``, a Host the operator did not allow a 400
 (:mod:`.host_guard`). ``GET /`` lists the routes and ``GET /healthz`` says
 whether the runtime can serve (200) or not (503), one entry per check.
 
@@ -36,6 +37,8 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from .errors import BackendRefused, clipped, quoted
 from .host_guard import HostGuard
@@ -208,7 +211,26 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
     # Starlette's router would answer it with a bodiless 307 to the path without the
     # slash, for any method and before any route's rule (no X-Kinbox, no token).
     app.router.redirect_slashes = False
+    app.router.default = _websocket_not_found(app.router.default)
     return app
+
+
+def _websocket_not_found(http_not_found: ASGIApp) -> ASGIApp:
+    """The router's answer to a path no route takes: ``http_not_found`` for a request, a
+    JSON 404 for a websocket upgrade. Starlette's router closes an upgrade unaccepted,
+    which servers answer 403 with no body: a peer that dialled a wrong path (or an HTTP
+    route) heard "forbidden", not "no such endpoint"."""
+    async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "websocket":
+            await http_not_found(scope, receive, send)
+            return
+        ws = WebSocket(scope, receive, send)
+        answer = error(404, "not_found", f"no websocket route {clipped(scope['path'])}")
+        try:
+            await ws.send_denial_response(answer)
+        except RuntimeError:  # the server lacks the denial-response extension
+            await ws.close(code=1008, reason="not_found")
+    return not_found
 
 
 def _without_error_text(report: dict[str, Any]) -> dict[str, Any]:
