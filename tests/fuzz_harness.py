@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import logging
 import re
 import sqlite3
 from collections.abc import Iterator
@@ -87,6 +88,32 @@ class Changes:
         self.conn.close()
 
 
+class LogWatch(logging.Handler):
+    """What kinbox logged at INFO and above, formatted (a body or a secret may appear only
+    at DEBUG)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+        self.logger = logging.getLogger("kinbox")
+        self.level_before = self.logger.level
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+    def __enter__(self) -> LogWatch:
+        self.logger.addHandler(self)
+        self.logger.setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self.level_before)
+
+    def holds(self, text: str) -> list[str]:
+        return [line for line in self.lines if text in line]
+
+
 @dataclass
 class Fuzzed:
     """One runtime, its app served without a token (``open``) and with one (``tokened``)."""
@@ -95,6 +122,7 @@ class Fuzzed:
     open: Served
     tokened: Served
     changes: Changes
+    logs: LogWatch
 
     def settle(self) -> None:
         """Wait until what an accepted request started (a social turn, a cron run) ended,
@@ -114,7 +142,10 @@ def serving(make_runtime: Any, tmp_path: Path, db_url: str) -> Iterator[Fuzzed]:
     tokened = Served(app_for(rt, operator=OperatorToken.from_secret(TOKEN)))
     changes = Changes(tmp_path, db_url)
     try:
-        yield Fuzzed(rt, open_srv, tokened, changes)
+        with LogWatch() as logs:
+            yield Fuzzed(rt, open_srv, tokened, changes, logs)
+            for secret in (TOKEN, SECRET.decode()):
+                assert not logs.holds(secret)
     finally:
         changes.close()
         tokened.close()

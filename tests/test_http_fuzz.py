@@ -177,7 +177,7 @@ def test_a_guarded_route_refuses_a_missing_or_wrong_operator_token_and_keeps_it_
         assert call(fuzzed.tokened.port, "GET", path, None, headers).status == 200
 
 
-JOB: dict[str, Any] = {"name": "digest", "cron": "0 9 * * *", "prompt": "sum up the day",
+JOB: dict[str, Any] = {"name": "digest", "cron": "0 9 * * *", "prompt": "sum up the day BODY-7c1e",
                        "delivery": "announce", "timezone": "Europe/Paris"}
 
 
@@ -197,6 +197,7 @@ def test_a_cron_job_body_is_added_whole_or_refused_naming_its_field(
     if error is None:
         assert answer.status == 201
         assert fuzzed_any.rt.cron.remove(answer.json()["job_id"])
+        assert not fuzzed_any.logs.holds("BODY-")  # a prompt is logged at DEBUG at most
         return
     assert (answer.status, error["error"]) == (422, "invalid_argument"), error
     named = [k for k in (*drop, field) if k in error["message"]]
@@ -205,7 +206,7 @@ def test_a_cron_job_body_is_added_whole_or_refused_naming_its_field(
 
 
 EVENT: dict[str, Any] = {"sender_id": "U1", "sender_name": "Ann", "thread_id": "T1",
-                         "text": "hello", "reply_route": {"channel": "C1"}}
+                         "text": "hello BODY-9b2f", "reply_route": {"channel": "C1"}}
 EVENT_FIELDS = (*EVENT, "attachments", "event_id")
 
 
@@ -237,6 +238,7 @@ def test_a_webhook_event_is_queued_or_refused_naming_its_field_or_its_signature(
     if error is None:
         assert signing in ("good", "replayed") and answer.status == 202
         fuzzed_any.settle()
+        assert not fuzzed_any.logs.holds("BODY-")  # a message is logged at DEBUG at most
         return
     expected = {"good": "invalid_argument", "replayed": "invalid_argument",
                 "wrong secret": "bad_signature", "stale": "stale", "none": "unsigned",
@@ -246,6 +248,8 @@ def test_a_webhook_event_is_queued_or_refused_naming_its_field_or_its_signature(
     assert error["error"] == expected, (signing, error)
     if expected == "invalid_argument":
         assert answer.status == 422 and field in error["message"], error
+    elif expected != "replayed":  # the watch hears kinbox: a refused signature is logged
+        assert fuzzed_any.logs.holds(f"refused: {expected}"), fuzzed_any.logs.lines[-3:]
     assert fuzzed_any.changes.snapshot() == before
 
 
