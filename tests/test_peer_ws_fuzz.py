@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import random
 import socket
@@ -36,6 +37,7 @@ from kinbox.transport.identity import DeviceIdentity
 from kinbox.transport.peer_client import pair_with
 
 from .fuzz_harness import Fuzzed, serving
+from .helpers import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -323,3 +325,43 @@ def test_frames_sent_after_the_close_are_not_read(device: tuple[Fuzzed, Device])
     still_serves(dev)
     assert fuzzed.changes.snapshot() == before
     assert fuzzed.rt.inbox() == []
+
+
+class Errors(logging.Handler):
+    """The server's ERROR records ("Exception in ASGI application" and the like)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_a_device_that_closes_right_after_its_hello_is_no_server_error(
+        device: tuple[Fuzzed, Device]) -> None:
+    """It closed before the welcome went out: the failed send escaped the handler, and
+    uvicorn logged "Exception in ASGI application" with a traceback at ERROR, once for
+    every device that went away at that moment."""
+    fuzzed, dev = device
+    errors = Errors()
+    logging.getLogger("uvicorn.error").addHandler(errors)
+    try:
+        before = fuzzed.changes.snapshot()
+        for _ in range(3):
+            raw = RawSocket(dev.port, "/peers/link", dev.token)
+            ch = f.parse(raw.read()[1])
+            assert isinstance(ch, f.Challenge)
+            hello = hs.hello(dev.identity, ch, dev.token, hs.new_nonce(random.randbytes(32)),
+                             dev.server_id)
+            raw.sock.sendall(ws_frame(0x1, f.encode(hello).encode())
+                             + ws_frame(0x8, struct.pack("!H", 1000)))
+            assert raw.read()[0] == 0x8  # the server answered the close
+            raw.close()
+        wait_for(lambda: not fuzzed.open.server.server_state.tasks, 10,
+                 "the server's handlers to end")
+        assert [r.getMessage() for r in errors.records] == []
+        assert fuzzed.changes.snapshot() == before
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(errors)
+    still_serves(dev)

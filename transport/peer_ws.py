@@ -208,7 +208,12 @@ class PeerEndpoint:
                 await ws.close(code=1008)
             return
         assert grant is not None
-        await ws.send_text(f.encode(answer))
+        try:
+            await ws.send_text(f.encode(answer))
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            # The device went before its welcome: no link opened, nothing is noted.
+            log.info("peer %s closed before its welcome", grant.device_id)
+            return
         try:
             await asyncio.to_thread(b.seen, grant.device_id)
         except BackendRefused as exc:  # "last seen" is bookkeeping: the link carries on
