@@ -114,6 +114,26 @@ class LogWatch(logging.Handler):
         return [line for line in self.lines if text in line]
 
 
+class ServerErrors(logging.Handler):
+    """The server's ERROR records while it is entered: "Exception in ASGI application"
+    is an exception that escaped a handler, whatever the client saw."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+        self.logger = logging.getLogger("uvicorn.error")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def __enter__(self) -> ServerErrors:
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.removeHandler(self)
+
+
 @dataclass
 class Fuzzed:
     """One runtime, its app served without a token (``open``) and with one (``tokened``)."""
@@ -142,10 +162,11 @@ def serving(make_runtime: Any, tmp_path: Path, db_url: str) -> Iterator[Fuzzed]:
     tokened = Served(app_for(rt, operator=OperatorToken.from_secret(TOKEN)))
     changes = Changes(tmp_path, db_url)
     try:
-        with LogWatch() as logs:
+        with LogWatch() as logs, ServerErrors() as errors:
             yield Fuzzed(rt, open_srv, tokened, changes, logs)
             for secret in (TOKEN, SECRET.decode()):
                 assert not logs.holds(secret)
+            assert errors.lines == []  # no exception escaped a handler
     finally:
         changes.close()
         tokened.close()

@@ -4,6 +4,7 @@ for every parser. Each test failed on the code before its fix."""
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,10 @@ import pytest
 
 from kinbox.actors import ManualClock, Runtime
 from kinbox.actors.serve import app_for
+from kinbox.transport import webhook_signature as sig
 
+from .fuzz_harness import ServerErrors
+from .helpers import wait_for
 from .test_cron_social_http import SECRET, post, signed
 from .test_http import Served
 
@@ -75,3 +79,25 @@ def test_strict_json_still_takes_every_json_value(served: tuple[Served, Runtime]
     assert status == 201 and job["name"] == body["name"]
     status, job = post(srv, "/cron/jobs", json.dumps(body).encode(), STATE)  # \u escapes
     assert status == 201 and job["name"] == body["name"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path", ["/cron/jobs", "/social/slack/events"])
+def test_a_client_gone_before_its_body_ended_is_no_server_error(
+        served: tuple[Served, Runtime], clock: ManualClock, path: str) -> None:
+    """Starlette's ``ClientDisconnect`` escaped the body's reading: uvicorn logged
+    "Exception in ASGI application" with a traceback at ERROR for a client that merely
+    went away (a dropped connection, a killed ``curl``)."""
+    srv, rt = served
+    stamp = str(int(clock.now()))
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Kinbox: 1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: 1000\r\n"
+            f"{sig.TIMESTAMP_HEADER}: {stamp}\r\n{sig.SIGNATURE_HEADER}: v1={'0' * 64}\r\n\r\n")
+    with ServerErrors() as errors:
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        sock.sendall(head.encode() + b'{"name": "a", ')
+        wait_for(lambda: bool(srv.server.server_state.tasks), 10, "the request to be read")
+        sock.close()
+        wait_for(lambda: not srv.server.server_state.tasks, 10, "the request to end")
+        assert errors.lines == []
+    assert rt.cron.jobs() == [] and rt.social.statistics()["accepted"] == 0

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import json
-import logging
 import os
 import random
 import socket
@@ -36,7 +35,7 @@ from kinbox.transport.grants import HTTP_STATUS, Refusal
 from kinbox.transport.identity import DeviceIdentity
 from kinbox.transport.peer_client import pair_with
 
-from .fuzz_harness import Fuzzed, serving
+from .fuzz_harness import Fuzzed, ServerErrors, serving
 from .helpers import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -327,26 +326,13 @@ def test_frames_sent_after_the_close_are_not_read(device: tuple[Fuzzed, Device])
     assert fuzzed.rt.inbox() == []
 
 
-class Errors(logging.Handler):
-    """The server's ERROR records ("Exception in ASGI application" and the like)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 def test_a_device_that_closes_right_after_its_hello_is_no_server_error(
         device: tuple[Fuzzed, Device]) -> None:
     """It closed before the welcome went out: the failed send escaped the handler, and
     uvicorn logged "Exception in ASGI application" with a traceback at ERROR, once for
     every device that went away at that moment."""
     fuzzed, dev = device
-    errors = Errors()
-    logging.getLogger("uvicorn.error").addHandler(errors)
-    try:
+    with ServerErrors() as errors:
         before = fuzzed.changes.snapshot()
         for _ in range(3):
             raw = RawSocket(dev.port, "/peers/link", dev.token)
@@ -360,8 +346,6 @@ def test_a_device_that_closes_right_after_its_hello_is_no_server_error(
             raw.close()
         wait_for(lambda: not fuzzed.open.server.server_state.tasks, 10,
                  "the server's handlers to end")
-        assert [r.getMessage() for r in errors.records] == []
+        assert errors.lines == []
         assert fuzzed.changes.snapshot() == before
-    finally:
-        logging.getLogger("uvicorn.error").removeHandler(errors)
     still_serves(dev)

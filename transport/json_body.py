@@ -2,8 +2,10 @@
 
 Every route that takes a JSON body reads it here, so each refuses the same
 way: a ``Content-Length`` or a body past the route's cap is 413 (read no
-further than the cap: memory stays bounded whatever a client sends), bytes
-that are not UTF-8 JSON are 400, and JSON nested past what the parser can
+further than the cap: memory stays bounded whatever a client sends), a body
+whose client went away before its end is 400 (Starlette's ``ClientDisconnect``
+escaped the route: an unhandled exception, logged at ERROR, for a dropped
+connection), bytes that are not UTF-8 JSON are 400, and JSON nested past what the parser can
 follow is 400 too (Python's parser raises ``RecursionError`` there, not a
 ``ValueError``; a ``"[" * 100000`` body was a 500). Refusals are
 :class:`.errors.BackendRefused`, which every route already answers with.
@@ -21,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from .errors import BackendRefused
 
@@ -39,11 +41,15 @@ async def read_capped(request: Request, cap: int) -> bytes:
     if declared is not None and int(declared) > cap:
         raise _too_large(cap)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            raise _too_large(cap)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > cap:
+                raise _too_large(cap)
+            chunks.append(chunk)
+    except ClientDisconnect:  # no one hears the answer; it is a refusal all the same
+        raise BackendRefused(400, "incomplete_body",
+                             "the connection closed before the body ended") from None
     return b"".join(chunks)
 
 
