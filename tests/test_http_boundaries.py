@@ -151,3 +151,15 @@ def test_an_upgrade_to_a_path_that_is_no_websocket_route_is_a_json_404(
     got = json.loads(response.body)
     assert (response.status_code, got["error"]) == (404, "not_found"), got
     assert got["message"].startswith("no websocket route /") and len(got["message"]) <= 400
+
+
+@pytest.mark.parametrize("method", ["GET", "POST", "DELETE"])
+@pytest.mark.parametrize("path", ["/peers/link", "/peers/pair"])
+def test_a_plain_request_to_a_websocket_endpoint_is_told_to_upgrade(
+        served: tuple[Served, Runtime], method: str, path: str) -> None:
+    """It was a 404 "no route /peers/link": someone checking a peer's address with curl
+    heard that the endpoint does not exist."""
+    srv, _ = served
+    status, headers, got = srv.exchange(method, path, STATE)
+    assert (status, got["error"]) == (426, "upgrade_required"), (status, got)
+    assert headers["upgrade"] == "websocket" and path in got["message"]

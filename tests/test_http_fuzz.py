@@ -54,9 +54,12 @@ ROUTES: list[tuple[str, frozenset[str], str]] = [
     ("/cron/runs", frozenset({"GET"}), "guarded"),
     ("/cron/announcements/drain", frozenset({"POST"}), "guarded"),
     ("/social/{p}/events", frozenset({"POST"}), "signed"),
+    ("/peers/link", frozenset(), "websocket"),
+    ("/peers/pair", frozenset(), "websocket"),
 ]
 """Every route, the methods it takes, and its credential: none, the app's rule
-(``X-Kinbox: 1``, or the operator token when one is set), or a webhook signature."""
+(``X-Kinbox: 1``, or the operator token when one is set), a webhook signature, or a
+websocket upgrade (:mod:`.test_peer_ws_fuzz`; a plain request is told to upgrade)."""
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 STATE_CHANGING = ("POST", "DELETE", "PUT", "PATCH")
 CONTENT_TYPES = ("application/json", "text/plain", "application/x-www-form-urlencoded",
@@ -102,7 +105,7 @@ def test_the_fuzzed_routes_are_every_route_the_api_lists(fuzzed: Fuzzed) -> None
     listed = call(fuzzed.open.port, "GET", "/").json()["routes"]
     assert {(r["path"].replace("{job_id}", "{p}").replace("{platform}", "{p}"),
              frozenset(m for m in r["methods"] if m != "HEAD")) for r in listed} == {
-        (path, methods) for path, methods, _ in ROUTES}
+        (path, methods) for path, methods, credential in ROUTES if credential != "websocket"}
 
 
 @FUZZ
@@ -138,6 +141,8 @@ def test_any_request_to_any_route_is_answered_in_json_and_a_refusal_changes_noth
         assert answer.status == 400 and (error is None or error["error"] == "invalid_host")
     elif slash:  # no such route, and no redirect to one
         assert answer.status == 404 and (error is None or error["error"] == "not_found")
+    elif credential == "websocket":
+        assert answer.status == 426 and (error is None or error["error"] == "upgrade_required")
     elif method not in allowed:
         assert answer.status == 405 and set(answer.headers["allow"].split(", ")) == allowed
     elif credential == "guarded" and method in STATE_CHANGING and state != "1":

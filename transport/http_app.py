@@ -3,9 +3,9 @@
 Transport knows nothing of the runtime: it talks to an :class:`HttpBackend`
 that the actors layer implements. Every answer is JSON, errors included: an
 unknown route is a 404 (a known one with a trailing slash too: no redirect; and a
-websocket upgrade to a path no websocket route takes), a wrong method a 405 with
-``Allow``, a Host the operator did not allow a 400
-(:mod:`.host_guard`). ``GET /`` lists the routes and ``GET /healthz`` says
+websocket upgrade to a path no websocket route takes), a plain request to a
+websocket endpoint a 426, a wrong method a 405 with ``Allow``, a Host the operator
+did not allow a 400 (:mod:`.host_guard`). ``GET /`` lists the routes and ``GET /healthz`` says
 whether the runtime can serve (200) or not (503), one entry per check.
 
 State-changing calls (``DELETE``, ``POST``) must carry ``X-Kinbox: 1``, which
@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Match, Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
@@ -211,18 +211,28 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
     # Starlette's router would answer it with a bodiless 307 to the path without the
     # slash, for any method and before any route's rule (no X-Kinbox, no token).
     app.router.redirect_slashes = False
-    app.router.default = _websocket_not_found(app.router.default)
+    app.router.default = _not_found(app.router.default, routes)
     return app
 
 
-def _websocket_not_found(http_not_found: ASGIApp) -> ASGIApp:
-    """The router's answer to a path no route takes: ``http_not_found`` for a request, a
-    JSON 404 for a websocket upgrade. Starlette's router closes an upgrade unaccepted,
-    which servers answer 403 with no body: a peer that dialled a wrong path (or an HTTP
-    route) heard "forbidden", not "no such endpoint"."""
+def _not_found(http_not_found: ASGIApp, routes: Sequence[BaseRoute]) -> ASGIApp:
+    """The router's answer to a path no route takes: a JSON 426 for a request to a
+    websocket endpoint, ``http_not_found`` for any other request, a JSON 404 for a
+    websocket upgrade. Starlette answers the first with "no route", and closes an
+    upgrade unaccepted, which servers answer 403 with no body: a peer's address checked
+    with curl did not exist, and a peer that dialled a wrong path heard "forbidden"."""
+    sockets = [r for r in routes if isinstance(r, WebSocketRoute)]
+
     async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "websocket":
-            await http_not_found(scope, receive, send)
+        if scope["type"] == "http":
+            as_upgrade = {**scope, "type": "websocket"}
+            if any(r.matches(as_upgrade)[0] is Match.FULL for r in sockets):
+                await error(426, "upgrade_required",
+                            f"{clipped(scope['path'])} is a websocket endpoint: "
+                            "connect with a websocket upgrade",
+                            {"Upgrade": "websocket"})(scope, receive, send)
+            else:
+                await http_not_found(scope, receive, send)
             return
         ws = WebSocket(scope, receive, send)
         answer = error(404, "not_found", f"no websocket route {clipped(scope['path'])}")
