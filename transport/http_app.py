@@ -4,9 +4,10 @@ Transport knows nothing of the runtime: it talks to an :class:`HttpBackend`
 that the actors layer implements. Every answer is JSON, errors included: an
 unknown route is a 404 (a known one with a trailing slash too: no redirect; and a
 websocket upgrade to a path no websocket route takes), a plain request to a
-websocket endpoint a 426, a wrong method a 405 with ``Allow``, a Host the operator
-did not allow a 400 (:mod:`.host_guard`). ``GET /`` lists the routes and ``GET /healthz`` says
-whether the runtime can serve (200) or not (503), one entry per check.
+websocket endpoint a 426, a wrong method a 405 with ``Allow``, a Host the
+operator did not allow a 400 (:mod:`.host_guard`). ``GET /`` lists the routes
+and ``GET /healthz`` says whether the runtime can serve (200) or not (503), one
+entry per check.
 
 State-changing calls (``DELETE``, ``POST``) must carry ``X-Kinbox: 1``, which
 a cross-site form cannot send; when the operator set a token

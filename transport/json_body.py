@@ -5,8 +5,8 @@ way: a ``Content-Length`` or a body past the route's cap is 413 (read no
 further than the cap: memory stays bounded whatever a client sends), a body
 whose client went away before its end is 400 (Starlette's ``ClientDisconnect``
 escaped the route: an unhandled exception, logged at ERROR, for a dropped
-connection), bytes that are not UTF-8 JSON are 400, and JSON nested past what the parser can
-follow is 400 too (Python's parser raises ``RecursionError`` there, not a
+connection), bytes that are not UTF-8 JSON are 400, and JSON nested past what
+the parser can follow is 400 too (Python's parser raises ``RecursionError`` there, not a
 ``ValueError``; a ``"[" * 100000`` body was a 500). Refusals are
 :class:`.errors.BackendRefused`, which every route already answers with.
 
