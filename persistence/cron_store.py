@@ -167,8 +167,8 @@ class CronStore:
         ``now``; the jobs moved."""
         j = self.t.cron_job
         late = j.updated_at > written_after
-        if not j.select().where(j.active == True, late).exists():  # noqa: E712
-            return []  # the usual case: no write to queue
+        if not firing.has_due_moves(j, late, _job, moved_to):
+            return []  # the usual case (and every look after a move): no write to queue
         return self.writer.call(lambda: firing.move_due(j, late, _job, moved_to,
                                                         {"updated_at": now}))
 

@@ -13,12 +13,16 @@ together or not at all.
 
 ``move_due`` moves rows' next runs the same way (a clock set back: the
 caller decides which and where): a row another process fired or moved
-meanwhile is left to it.
+meanwhile is left to it. ``has_due_moves`` asks the same question with a read
+alone: a row written by a clock that read ahead stays "written late" until
+this clock catches up (days, maybe), moved or not, and every look at the table
+that queued a transaction to move nothing held the writer (and SQLite's write
+lock) for nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import peewee as pw
@@ -50,6 +54,23 @@ def fire_due(model: type[pw.Model], now: float, to_record: Callable[[Any], R],
     return fired
 
 
+def _to_move(model: type[pw.Model], written_late: Any, to_record: Callable[[Any], R],
+             moved_to: Callable[[R], float | None]) -> Iterator[tuple[R, float]]:
+    m: Any = model
+    for record in [to_record(r) for r in m.select().where(
+            m.active == True, written_late)]:  # noqa: E712
+        upcoming = moved_to(record)
+        if upcoming is not None:
+            yield record, upcoming
+
+
+def has_due_moves(model: type[pw.Model], written_late: Any, to_record: Callable[[Any], R],
+                  moved_to: Callable[[R], float | None]) -> bool:
+    """Would :func:`move_due` move a row now? A read, outside any transaction of the
+    writer's: only a yes is worth one (which decides again on the rows as it reads them)."""
+    return next(_to_move(model, written_late, to_record, moved_to), None) is not None
+
+
 def move_due(model: type[pw.Model], written_late: Any, to_record: Callable[[Any], R],
              moved_to: Callable[[R], float | None], changes: dict[str, Any]) -> list[R]:
     """Move the next run of each active row matching ``written_late`` to
@@ -57,11 +78,7 @@ def move_due(model: type[pw.Model], written_late: Any, to_record: Callable[[Any]
     operation. Returns the records moved (as they were)."""
     m: Any = model
     moved: list[R] = []
-    for record in [to_record(r) for r in m.select().where(
-            m.active == True, written_late)]:  # noqa: E712
-        upcoming = moved_to(record)
-        if upcoming is None:
-            continue
+    for record, upcoming in list(_to_move(model, written_late, to_record, moved_to)):
         if m.update(next_run_at=upcoming, **changes).where(
                 m.id == record.id, m.next_run_at == record.next_run_at,  # type: ignore[attr-defined]
                 m.active == True).execute():  # noqa: E712

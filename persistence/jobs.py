@@ -101,8 +101,8 @@ class JobStore:
         the jobs moved."""
         j = self.t.job
         late = (j.created_at > written_after) | (j.last_run_at > written_after)
-        if not j.select().where(j.active == True, late).exists():  # noqa: E712
-            return []  # the usual case: no write to queue
+        if not firing.has_due_moves(j, late, _record, moved_to):
+            return []  # the usual case (and every look after a move): no write to queue
         return self.writer.call(lambda: firing.move_due(j, late, _record, moved_to, {}))
 
     def fire_due(self, now: float, next_after: Callable[[JobRecord, float], float | None],
