@@ -153,9 +153,11 @@ class DirectTurns:
                     del self._session_locks[session_id]
 
     def _start(self, session_id: str, turn_id: str, messages: list[Message],
-               fetch_steering: Callable[[], list[Message]]) -> Turn:
+               fetch_steering: Callable[[], list[Message]], taken: list[str]) -> Turn:
         """Register the running turn (waiting for the session's current one) and build it;
-        :class:`TurnNotStarted` when the runtime began to stop meanwhile."""
+        :class:`TurnNotStarted` when the runtime began to stop meanwhile. ``taken``
+        collects the inbox rows the turn takes into itself by name (:meth:`Turn.take`:
+        a foreground child's result), leased under the session's mark."""
         ctx = self.ctx
         begun = ctx.turns.begin(session_id, ctx.now, turn_id)
         if begun is None:  # the runtime stopped while the session's turn ran
@@ -166,9 +168,18 @@ class DirectTurns:
             # after it (its sweep may be past), one that comes after asks this one.
             if ctx.closed.is_set():
                 raise TurnNotStarted(session_id)
+            def fetch_row(message_id: str) -> Message | None:
+                row = ctx.journal.claim_row_into_direct_turn(
+                    ctx.owner, session_id, turn_id, message_id, ctx.now(),
+                    lease=ctx.lease_seconds)
+                if row is None:
+                    return None
+                taken.append(row.message_id)
+                return Message.from_row(row)
+
             outbox = Outbox(turn_id)
             return Turn(session_id, messages, turn_tools(ctx, session_id, outbox), flag,
-                        fetch_steering, started=started, outbox=outbox)
+                        fetch_steering, started=started, outbox=outbox, fetch_row=fetch_row)
         except BaseException:
             ctx.turns.end(session_id, flag)  # never left on the board by a failed start
             raise
@@ -180,16 +191,22 @@ class DirectTurns:
         ctx = self.ctx
         effects: TurnEffects | None = None
         turn_id = messages[0].message_id if messages else f"direct-{ctx.new_id()}"
+        taken: list[str] = []
         with self._one_at_a_time(session_id):
             self._wait_to_mark(session_id, turn_id)
             try:
-                turn = self._start(session_id, turn_id, messages, fetch_steering)
+                turn = self._start(session_id, turn_id, messages, fetch_steering, taken)
+                if ctx.slots is not None:
+                    ctx.slots.direct_began(session_id)
                 try:
-                    done, effects = self._attempt(session_id, turn_id, turn, commit_ops)
+                    done, effects = self._attempt(session_id, turn_id, turn, commit_ops,
+                                                  taken)
                 finally:
                     # Off the board once the commit is durable (or will never be): the
                     # session's next turn reads what this one wrote.
                     ctx.turns.end(session_id)
+                    if ctx.slots is not None:
+                        ctx.slots.direct_ended(session_id)
             finally:
                 if effects is None:  # no commit (which ends the mark with it): end it here
                     self._unmark(session_id, turn_id)
@@ -254,9 +271,11 @@ class DirectTurns:
                 if ctx.crashed.wait(MARK_RETRY_SECONDS):
                     return
 
-    def _attempt(self, session_id: str, turn_id: str, turn: Turn, commit_ops: CommitOps
-                 ) -> tuple[DirectOutcome, TurnEffects | None]:
-        """The brain, then the commit; the outcome and, once committed, its effects."""
+    def _attempt(self, session_id: str, turn_id: str, turn: Turn, commit_ops: CommitOps,
+                 taken: list[str]) -> tuple[DirectOutcome, TurnEffects | None]:
+        """The brain, then the commit; the outcome and, once committed, its effects. The
+        rows ``taken`` into the turn are acknowledged by its commit, or handed back unrun
+        when it does not commit (a crash leaves them to their lease)."""
         ctx = self.ctx
         first = turn.messages[0].message_id if turn.messages else None
         ctx.emit("turn_started", session_id=session_id, message_id=first, attempt=1)
@@ -278,6 +297,7 @@ class DirectTurns:
         if not outcome.ok:
             if turn.outbox is not None:
                 turn.outbox.discard()
+            self._hand_back(session_id, taken)
             log.info("direct turn of %s failed: %s", session_id, outcome.error)
             ctx.emit("turn_failed", session_id=session_id, message_id=first,
                      error=outcome.error, state="direct", attempts=1, available_at=None)
@@ -289,14 +309,15 @@ class DirectTurns:
             # A commit its batch took and then outran its wait may land yet: its outcome is
             # waited for (a cron run or a social event taken as failed that had landed ran
             # twice, or lost its reply), as an inbox turn's is.
-            wait_landed(ctx.journal.submit_turn(ctx.owner, session_id, [], turn.entries(), now,
-                                                enqueue=effects.messages,
+            wait_landed(ctx.journal.submit_turn(ctx.owner, session_id, taken, turn.entries(),
+                                                now, enqueue=effects.messages,
                                                 also=[*effects.ops, *commit_ops(turn), ended]))
         except WriterClosed:
             raise
         except (LeaseLost, PersistenceError) as exc:
             if turn.outbox is not None:
                 turn.outbox.discard()
+            self._hand_back(session_id, taken)
             ctx.emit("lease_lost", session_id=session_id, message_id=first, error=str(exc))
             return DirectOutcome(turn, outcome, False, str(exc), exc), None
         ctx.activity.bump("turns")
@@ -304,3 +325,17 @@ class DirectTurns:
                  message_ids=[m.message_id for m in turn.all_messages],
                  replies=list(turn.replies), stopped_by=outcome.stopped_by)
         return DirectOutcome(turn, outcome, True, None), effects
+
+    def _hand_back(self, session_id: str, taken: list[str]) -> None:
+        """Hand the rows a turn that did not commit had taken back unrun, to wake the
+        session as any row does (whoever lost their lease hands back nothing; a stopping
+        runtime leaves them to their lease)."""
+        if not taken:
+            return
+        try:
+            self.ctx.journal.release(self.ctx.owner, taken, self.ctx.now())
+        except WriterClosed:
+            pass
+        except PersistenceError as exc:  # a lost lease too: the rows are another's now
+            log.warning("rows taken into a direct turn of %s not handed back: %s",
+                        session_id, exc)

@@ -21,6 +21,12 @@ never across a database call or an observer:
   ``max_live`` (idle ones are passivated, :mod:`.passivation`); a running
   turn's actor is never passivated, so async turns (as many as
   ``max_active``) may hold more live until they end, when the excess goes;
+- ``direct``: sessions a direct turn (a cron run, a social event) of this runtime runs;
+  claims leave them out as they leave out ``busy`` ones, so that a row for one (a
+  foreground child's result) stays free for that turn to take into itself
+  (:meth:`.turn.Turn.take`) instead of being leased to an inbox turn that waits for it
+  and runs the brain on it once more (on PostgreSQL claims skip the session's mark in
+  the database too, whoever runs it);
 - what the next claim must do: claim again (``backlog``, a row handed back),
   hold back suspect rows while one runs (a death during it is that row's).
 
@@ -74,6 +80,7 @@ class Slots:
         self.last_used: dict[str, float] = {}
         self.busy: set[str] = set()
         self.waiting: OrderedDict[str, ClaimedRow] = OrderedDict()
+        self.direct: set[str] = set()
         self.backlog = True
         """Due rows may be left in the journal: claim after the next turn (until a claim
         comes back with room to spare)."""
@@ -144,6 +151,21 @@ class Slots:
             self._changed()
         return ask
 
+    def direct_began(self, session_id: str) -> None:
+        """A direct turn of ``session_id`` runs here: claims leave the session out."""
+        with self._lock:
+            self.direct.add(session_id)
+
+    def direct_ended(self, session_id: str) -> None:
+        """The direct turn of ``session_id`` ended: claim what the claims left out."""
+        with self._lock:
+            self.direct.discard(session_id)
+            self.backlog = True
+            ask = not self._closed() and self._schedule_claim()
+            self._changed()
+        if ask:
+            self.request_claim()
+
     # -- from the dispatcher ---------------------------------------------------------------
 
     def claim_window(self, requested: bool) -> tuple[int, set[str], int]:
@@ -156,8 +178,8 @@ class Slots:
                 self.claim_scheduled = False
             self.claiming = True
             self._changed()
-            return (self.max_active - len(self.busy), self.busy | self.waiting.keys(),
-                    0 if self.suspect else 1)
+            return (self.max_active - len(self.busy),
+                    self.busy | self.waiting.keys() | self.direct, 0 if self.suspect else 1)
 
     def claim_ended(self) -> None:
         """A claim ended with nothing to start (no room, or the journal failed)."""
@@ -199,9 +221,10 @@ class Slots:
                     len(self.live), self.peak_live)
 
     def held(self) -> list[str]:
-        """Sessions whose rows are leased here (running or waiting): their leases renew."""
+        """Sessions whose rows are leased here (running or waiting, or taken into a direct
+        turn): their leases renew."""
         with self._lock:
-            return sorted(self.busy | self.waiting.keys())
+            return sorted(self.busy | self.waiting.keys() | self.direct)
 
     def passivate_expired(self, now: float, idle_ttl: float) -> None:
         """Stop the session actors idle for ``idle_ttl`` seconds."""

@@ -6,15 +6,16 @@ per target, so one row in flight per target across processes), counts an interru
 turn when it takes over a dead worker's lease, and acknowledges rows whose turn had
 committed already (their delivery marker). Steering leases a target's next rows into
 the turn that runs, and :meth:`InboxClaims.claim_row` one row it names (a foreground
-child's result), both fenced by that turn's own row. A part of
-:class:`~.journal.Journal`.
+child's result), both fenced by that turn's own row; a turn no row started (a cron
+run's, a social event's) takes a row it names fenced by its session's direct-turn mark
+(:meth:`InboxClaims.claim_row_into_direct_turn`). A part of :class:`~.journal.Journal`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -243,10 +244,18 @@ class InboxClaims:
         held = self.hot.fence_rows([turn_row]).get(turn_row)
         return held is not None and held[0] == core.PROCESSING and held[1] == owner
 
-    def _claim_row_op(self, owner: str, target: str, turn_row: str, message_id: str,
-                      now: float, lease: float) -> ClaimedRow | None:
+    def _marks(self, owner: str, target: str, turn_id: str) -> bool:
+        """Does the direct turn ``turn_id`` of ``owner`` still mark ``target`` (read under
+        the session row's lock on PostgreSQL, which ending the mark takes too)?"""
+        s = self.t.session
+        query = s.select(s.turn_owner, s.turn_id).where(s.id == target)
+        row = (query.for_update() if self.bulk.postgres else query).first()
+        return row is not None and row.turn_owner == owner and row.turn_id == turn_id
+
+    def _claim_row_op(self, owner: str, target: str, holds: Callable[[], bool],
+                      message_id: str, now: float, lease: float) -> ClaimedRow | None:
         m = self.t.inbox
-        if not self._holds(owner, turn_row):
+        if not holds():
             return None
         query = m.select().where(m.message_id == message_id, m.target_chat_id == target)
         row = (query.for_update() if self.bulk.postgres else query).get_or_none()
@@ -266,8 +275,18 @@ class InboxClaims:
         ``turn_row`` (:meth:`claim_more`'s fence and lease, for a row the turn asks for by
         name: a foreground child's result, which the turn already has). None unless
         ``owner`` still holds ``turn_row`` and the row is the target's and claimable."""
-        return self.writer.call(
-            lambda: self._claim_row_op(owner, target, turn_row, message_id, now, lease))
+        return self.writer.call(lambda: self._claim_row_op(
+            owner, target, lambda: self._holds(owner, turn_row), message_id, now, lease))
+
+    def claim_row_into_direct_turn(self, owner: str, target: str, turn_id: str,
+                                   message_id: str, now: float, *,
+                                   lease: float = DEFAULT_LEASE_SECONDS) -> ClaimedRow | None:
+        """:meth:`claim_row` for a turn no inbox row started (a cron run's, a social
+        event's), fenced by the session's direct-turn mark of ``owner`` and ``turn_id``
+        (:meth:`~.sessions.SessionStore.take_direct_turn`): None unless it still holds."""
+        return self.writer.call(lambda: self._claim_row_op(
+            owner, target, lambda: self._marks(owner, target, turn_id), message_id, now,
+            lease))
 
     def claim_more(self, owner: str, target: str, turn_row: str, after_seq: int, now: float,
                    *, lease: float = DEFAULT_LEASE_SECONDS,

@@ -176,3 +176,152 @@ def test_a_wait_that_timed_out_leaves_the_result_to_wake_the_parent(
     rt.run_until_idle(30)
     assert turns == [["agent_message"], ["subagent_result"]]
     assert {r["status"] for r in rt.inbox(target="a")} == {"delivered"}
+
+
+# -- turns no inbox row started: cron runs and social events ------------------------------------
+
+def direct_parent(session_prefix: str, after_wait: AfterWait | None = None
+                  ) -> tuple[Callable[[Turn], Any], list[list[str]]]:
+    """A sync brain whose direct turns (sessions starting with ``session_prefix``) wait for
+    a foreground child; any other turn of those sessions is recorded too."""
+    turns: list[list[str]] = []
+
+    def brain(turn: Turn) -> Any:
+        if not turn.session_id.startswith(session_prefix):
+            return "42"
+        turns.append([m.kind for m in turn.messages])
+        if turn.messages[0].kind in ("cron", "social_message"):
+            got = turn.tools.agent("compute", run_in_background=False, timeout=30)
+            if after_wait is not None:
+                after_wait(got, turns)
+            return f"child said {got['result']}"
+        return "woken again"
+    return brain, turns
+
+
+def async_direct_parent(session_prefix: str) -> tuple[Callable[[Turn], Any], list[list[str]]]:
+    turns: list[list[str]] = []
+
+    async def brain(turn: Turn) -> Any:
+        if not turn.session_id.startswith(session_prefix):
+            return "42"
+        turns.append([m.kind for m in turn.messages])
+        if turn.messages[0].kind in ("cron", "social_message"):
+            got = await turn.tools.agent("compute", run_in_background=False, timeout=30)
+            return f"child said {got['result']}"
+        return "woken again"
+    return brain, turns
+
+
+def run_cron_job(rt: Runtime, clock: ManualClock) -> str:
+    job_id = str(rt.cron.add("report", "* * * * *", "Report.")["job_id"])
+    clock.advance(60)
+    rt.run_until_idle(30)
+    assert rt.cron.wait_idle(30)
+    rt.run_until_idle(30)
+    return f"cron-{job_id}"
+
+
+def social_event(text: str = "compute it") -> dict[str, Any]:
+    return {"platform": "slack", "sender_id": "U1", "sender_name": "u", "thread_id": "T1",
+            "text": text, "reply_route": {"channel": "C9", "ts": "T1"}}
+
+
+def run_social_event(rt: Runtime) -> str:
+    sent: list[tuple[Any, str]] = []
+    rt.social.allow("slack", ["U1"])
+    rt.social.register_channel("slack", send=lambda route, text: sent.append((route, text)))
+    assert rt.social.ingest(social_event())["accepted"]
+    assert rt.social.wait_idle(30)
+    rt.run_until_idle(30)
+    assert sent and sent[-1][1] == "child said 42"
+    return "social-slack-T1"
+
+
+def assert_taken_once(rt: Runtime, sid: str, turns: list[list[str]], kind: str) -> None:
+    assert turns == [[kind]]  # no turn of the parent on its child's result
+    results = [r for r in rt.inbox(target=sid) if r["kind"] == "subagent_result"]
+    assert [r["status"] for r in results] == ["delivered"]
+    texts = [e.text for e in rt.transcript(sid) if e.role in ("user", "assistant")]
+    assert texts[1:] == ["42", "child said 42"]  # the result, where the turn got it
+
+
+@pytest.mark.parametrize("make_brain", [direct_parent, async_direct_parent],
+                         ids=["sync", "async"])
+def test_a_cron_turn_s_foreground_child_wakes_its_session_no_more(
+        make_runtime: MakeRuntime, clock: ManualClock, any_db_url: str,
+        make_brain: Callable[[str], tuple[Callable[[Turn], Any], list[list[str]]]]) -> None:
+    brain, turns = make_brain("cron-")
+    rt = make_runtime(db=any_db_url, brain=brain, max_active_sessions=4)
+    sid = run_cron_job(rt, clock)
+    assert_taken_once(rt, sid, turns, "cron")
+    [run] = rt.cron.runs()
+    assert run["status"] == "success" and run["result"] == "child said 42"
+
+
+@pytest.mark.parametrize("make_brain", [direct_parent, async_direct_parent],
+                         ids=["sync", "async"])
+def test_a_social_turn_s_foreground_child_wakes_its_session_no_more(
+        make_runtime: MakeRuntime, any_db_url: str,
+        make_brain: Callable[[str], tuple[Callable[[Turn], Any], list[list[str]]]]) -> None:
+    brain, turns = make_brain("social-")
+    rt = make_runtime(db=any_db_url, brain=brain, max_active_sessions=4)
+    sid = run_social_event(rt)
+    assert_taken_once(rt, sid, turns, "social_message")
+
+
+def test_a_failed_cron_attempt_hands_the_result_back_to_wake_its_session(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    """The attempt that got the result never committed: the result is the session's to
+    hear (a cron retry is another occurrence, with a child of its own), once, and no row
+    stays leased to a turn that is over."""
+    def fail(_answer: dict[str, Any], _turns: list[list[str]]) -> None:
+        raise RuntimeError("the model failed after the child answered")
+
+    brain, turns = direct_parent("cron-", fail)
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    sid = run_cron_job(rt, clock)
+    assert turns == [["cron"], ["subagent_result"]]
+    assert {r["kind"]: r["status"] for r in rt.inbox(target=sid)} == {
+        "subagent_result": "delivered"}
+    assert [r["status"] for r in rt.cron.runs()] == ["error"]
+
+
+def test_a_result_taken_by_a_cron_turn_that_crashed_is_neither_lost_nor_run_twice(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    """The crashed run had leased the result into its turn. After the restart the row is
+    a dead worker's, claimable again, and the run is taken over (the same run: it finds the
+    same child and its answer). The restart's first claim comes before the takeover's
+    turn, so the result wakes the session once, as it did before turns no row started
+    could take it: what must hold is that it is delivered once and the run's reply
+    commits once."""
+    taken, release = threading.Event(), threading.Event()
+
+    def die_first(_answer: dict[str, Any], turns: list[list[str]]) -> None:
+        if len(turns) == 1:
+            taken.set()
+            release.wait(30)  # the process dies here
+            raise RuntimeError("crashed")
+
+    brain, turns = direct_parent("cron-", die_first)
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    job_id = str(rt.cron.add("report", "* * * * *", "Report.")["job_id"])
+    clock.advance(60)
+    assert taken.wait(20)
+    sid = f"cron-{job_id}"
+    [result] = [r for r in rt.inbox(target=sid) if r["kind"] == "subagent_result"]
+    assert result["status"] == "processing"  # leased into the waiting turn
+    rt.crash()
+    release.set()
+    after = make_runtime(brain=brain, max_active_sessions=4)
+    assert after.cron.wait_idle(30)
+    after.run_until_idle(30)
+    assert [t for t in turns if t == ["cron"]] == [["cron"], ["cron"]]
+    assert turns[:1] == [["cron"]] and len(turns) <= 3
+    assert {r["status"] for r in after.inbox(target=sid)} == {"delivered"}
+    [run] = after.cron.runs()
+    assert run["status"] == "success" and run["attempts"] == 2
+    replies = [e.text for e in after.transcript(sid) if e.role == "assistant"]
+    assert replies.count("child said 42") == 1
+    assert [e.text for e in after.transcript(sid)].count("42") == 1  # the result, once
+    assert set(after.marker_counts().values()) == {1}
