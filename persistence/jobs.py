@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import firing
+from .database import is_postgres
+from .errors import RowNotFound
 from .models import ScheduledJob, Tables
 from .writer import GroupCommitWriter
 
@@ -55,9 +57,20 @@ class JobStore:
     def create_now(self, job: JobRecord, *, limit_kinds: tuple[str, ...] = (),
                    limit: int | None = None) -> JobRecord | None:
         """Insert a job inside the caller's transaction; None when ``limit`` active jobs of
-        ``limit_kinds`` already exist."""
+        ``limit_kinds`` already exist for its chat (which must exist then:
+        :class:`RowNotFound` if not).
+
+        The count and the insert are one admission only if no other admission for the chat
+        runs between them. SQLite's writes are serial; on PostgreSQL (READ COMMITTED) two
+        processes each counted 19 of a limit of 20, neither seeing the other's row, and
+        both inserted. So an admission first locks the chat's session row: the second waits
+        for the first's commit, and its count (a statement after the lock) sees that row."""
         j = self.t.job
         if limit is not None:
+            if is_postgres(self.t.db):
+                s = self.t.session
+                if s.select(s.id).where(s.id == job.chat_id).for_update().first() is None:
+                    raise RowNotFound("session", job.chat_id)
             count = j.select().where(j.chat_id == job.chat_id, j.active == True,  # noqa: E712
                                      j.kind.in_(limit_kinds)).count()
             if count >= limit:
