@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, ToolError, Turn
+from kinbox.persistence.driver_errors import OperationalError
 
+from .helpers import failing_once
 from .test_turn_effects import drain_with_retries
 
 pytestmark = pytest.mark.timeout(60)
@@ -325,3 +327,25 @@ def test_a_result_taken_by_a_cron_turn_that_crashed_is_neither_lost_nor_run_twic
     assert replies.count("child said 42") == 1
     assert [e.text for e in after.transcript(sid)].count("42") == 1  # the result, once
     assert set(after.marker_counts().values()) == {1}
+
+
+def test_a_social_turn_whose_commit_failed_hands_the_result_back_unlost(
+        make_runtime: MakeRuntime) -> None:
+    """The commit that would have acknowledged the result failed (a database error):
+    nothing of the turn is written, the result is handed back, and the event runs again
+    with the same child. The retry takes the result if it is still free, or it has woken
+    the session already; either way it is delivered once and answered once."""
+    brain, turns = direct_parent("social-")
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    failures: list[str] = []
+    store = rt.context.store
+    store.patch_config_now = failing_once(  # type: ignore[method-assign]
+        store.patch_config_now, OperationalError("disk I/O error"), failures, "commit")
+    sid = run_social_event(rt)
+    assert failures == ["commit"]
+    assert turns.count(["social_message"]) == 2 and len(turns) <= 3
+    [result] = [r for r in rt.inbox(target=sid) if r["kind"] == "subagent_result"]
+    assert result["status"] == "delivered"
+    children = [s for s in rt.sessions() if s.kind == "subagent"]
+    assert len(children) == 1  # the retry found the child that ran
+    assert [e.text for e in rt.transcript(sid)].count("42") == 1
