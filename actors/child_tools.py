@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..persistence import NewMessage, SessionRecord
+from ..persistence import NewMessage, RowNotFound, SessionRecord
 from ..persistence.inbox_core import TERMINAL_STATES
 from .context import RuntimeContext
 from .errors import ToolError
@@ -109,8 +109,12 @@ class ChildTools:
                 "status": "running"}
 
     def child_finished(self, task_id: str) -> bool:
-        """The child's task message has reached a terminal state."""
-        return self._ctx.journal.get(task_message_id(task_id))["status"] in TERMINAL_STATES
+        """The child's task message has reached a terminal state (or was pruned, which
+        only a finished row can be)."""
+        try:
+            return self._ctx.journal.get(task_message_id(task_id))["status"] in TERMINAL_STATES
+        except RowNotFound:
+            return True
 
     def child_outcome(self, result: dict[str, Any]) -> dict[str, Any]:
         """A finished foreground child's receipt: its task status and last reply.

@@ -17,7 +17,17 @@ from typing import TextIO
 
 from ..transport import TransportError
 from ..transport.frames import shown
-from . import bench, cli_cron, cli_ops, cli_peers, cli_scenario, cpu_pinning, serve, worker
+from . import (
+    bench,
+    cli_cron,
+    cli_ops,
+    cli_peers,
+    cli_prune,
+    cli_scenario,
+    cpu_pinning,
+    serve,
+    worker,
+)
 from .errors import ConfigError, KinboxError
 from .validation import unstorable
 
@@ -58,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     cli_scenario.add_parser(sub)
     cli_ops.add_parsers(sub)
+    cli_prune.add_parser(cli_ops.inbox_commands(sub))
     cli_cron.add_parser(sub)
     bench.add_parser(sub)
     serve.add_parser(sub)

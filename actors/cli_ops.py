@@ -317,6 +317,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         handler=db_upgrade)
 
 
+def inbox_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
+                   ) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    """The subcommands of ``kinbox inbox`` (registered by :func:`add_parsers`), for the
+    commands other modules add there (``inbox prune``)."""
+    inbox = sub.choices["inbox"]
+    return next(a for a in inbox._actions if isinstance(a, argparse._SubParsersAction))
+
+
 LIST_LIMIT = 1_000_000
 """Most rows a ``--limit`` may ask for (beyond it the databases' integers overflow)."""
 

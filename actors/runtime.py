@@ -58,6 +58,7 @@ from .focal import Focal
 from .health import HealthChecks
 from .ids import new_id
 from .peers import PeerService
+from .pruning import Retention, older_than_seconds
 from .running import RUNTIME_STOP
 from .runtime_options import check_options
 from .runtime_records import INBOX_STATES, RecordsApi
@@ -96,7 +97,8 @@ class Runtime(RecordsApi, WatchApi, TickApi):
                  data_dir: str | os.PathLike[str] | None = None,
                  ids: Callable[[], str] | None = None,
                  turn_timeout: float | None = None,
-                 max_async_turns: int = 10_000, stop_grace: float = 10.0) -> None:
+                 max_async_turns: int = 10_000, stop_grace: float = 10.0,
+                 retention: float | None = None) -> None:
         check_options(db=db, brain=brain, clock=clock, ids=ids, data_dir=data_dir,
                       counts={"max_active_sessions": max_active_sessions,
                               "max_live_sessions": max_live_sessions,
@@ -104,6 +106,8 @@ class Runtime(RecordsApi, WatchApi, TickApi):
                       seconds={"lease_seconds": lease_seconds, "idle_ttl": idle_ttl,
                                "tick_interval": tick_interval, "stop_grace": stop_grace},
                       turn_timeout=turn_timeout)
+        if retention is not None:
+            older_than_seconds(retention, "retention")
         self.url = db or default_url()
         self.send_only = brain is None
         """True when the runtime holds no brain: it never claims or delivers a row."""
@@ -149,6 +153,9 @@ class Runtime(RecordsApi, WatchApi, TickApi):
         self._health = HealthChecks()
         self._services: Services | None = None
         self._peers: PeerService | None = None
+        self._retention = Retention(retention) if retention is not None else None
+        """Automatic pruning of finished rows older than ``retention`` seconds (off when
+        None): see :mod:`.pruning`."""
 
     # -- life cycle ------------------------------------------------------------------------
 

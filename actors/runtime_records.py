@@ -22,11 +22,12 @@ from ..persistence import (
     ProjectRecord,
     RowNotFound,
     SessionRecord,
+    retention,
 )
 from ..persistence.inbox_core import State
 from ..persistence.inbox_records import DEFAULT_KIND
 from ..persistence.models import InboxMessage, Session
-from . import access, subagents, validation
+from . import access, pruning, subagents, validation
 from .errors import ConfigError, ToolError
 from .ids import short
 from .outbox import Outbox
@@ -142,6 +143,11 @@ class RecordsApi:
 
         ``content`` follows the ``agent_send`` rules (stripped, 1..20,000
         characters of valid Unicode); ``payload`` must be a JSON object.
+        A ``message_id`` already in the journal is no new message (the same content:
+        the first receipt, ``created`` False; other content: ``IdempotencyConflict``).
+        The journal remembers ids only as long as it keeps their rows: once a finished
+        row is pruned (``prune``, ``retention``), its id is new again, so the
+        de-duplication window is the retention period.
         """
         ctx = self._running()
         target = _checked("target", validation.require_id, "target", target)
@@ -214,6 +220,19 @@ class RecordsApi:
         log.info("cancelled %s (by %s)", message_id, by)
         ctx.wake_dispatcher()
         return row
+
+    def prune(self, older_than: float, *, dry_run: bool = False,
+              batch: int = retention.DEFAULT_BATCH) -> dict[str, int]:
+        """Operator: delete finished inbox rows (``delivered``, ``cancelled``) last changed
+        more than ``older_than`` seconds ago, with their delivery markers and history, in
+        transactions of ``batch`` rows; the counts (``rows``, ``markers``, ``events``).
+
+        Never an open or ``failed`` row, nor one a live path still reads (an open task's
+        messages; see :mod:`kinbox.persistence.retention`); transcripts stay whole. With
+        ``dry_run`` nothing is deleted and the counts say what would be. A re-sent
+        ``message_id`` of a pruned row is a new message."""
+        ctx = self._running()
+        return pruning.prune(ctx, older_than, dry_run=dry_run, batch=batch).as_dict()
 
     def transcript(self, session_id: str) -> list[EntryRecord]:
         """Every transcript entry of a session (``role``, ``text``, ``visible``...)."""

@@ -3,7 +3,8 @@
 A mixin of :class:`~.runtime.Runtime`. Each tick (the :class:`~.ticker.Ticker`'s, or an
 injected clock's move) lets the services renew and fire their schedules, reports child
 tasks another process ended, takes over (on PostgreSQL) the rows of runtimes that are
-gone, and nudges the dispatcher; an alarm wakes the dispatcher for a row that came due.
+gone, prunes a batch of finished rows when a retention is set (:mod:`.pruning`), and
+nudges the dispatcher; an alarm wakes the dispatcher for a row that came due.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .takeover import TAKEOVER_INTERVAL, take_over_from_the_gone
 if TYPE_CHECKING:
     from ..persistence import OwnerLiveness
     from .context import RuntimeContext
+    from .pruning import Retention
     from .services import Services
     from .shared_database import SharedDatabase
     from .ticker import Ticker
@@ -40,6 +42,7 @@ class TickApi:
     _unsubscribe: Callable[[], None] | None
     _last_takeover: float
     _last_report: float
+    _retention: Retention | None
     crash: Callable[[], None]
     """The runtime's: a runtime that lost its life lock ends as if killed."""
 
@@ -106,6 +109,8 @@ class TickApi:
             self._take_over_from_the_gone()
         if self._services is not None and self._state == "running":
             self._services.tick()
+        if ctx is not None and self._retention is not None and self._state == "running":
+            self._retention.tick(ctx)  # one bounded batch, when a pass is under way or due
         if ctx is not None and ctx.dispatcher is not None and self._state == "running":
             self._report_ended_elsewhere(ctx)
             try:

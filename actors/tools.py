@@ -192,7 +192,10 @@ class AgentTools(ChildTools, FamilyTools, TaskTools):
         """Queue ``message`` for ``agent_id``; returns once the inbox row is committed.
 
         The Focal agent may also send to ``agent_id="new"`` with ``project_id``,
-        ``title`` and ``task_title`` to start a session (FO4).
+        ``title`` and ``task_title`` to start a session (FO4). Each call is a new message
+        with an id of its own (a caller that must not send twice uses ``Runtime.post``
+        with a ``message_id``, de-duplicated as long as the journal keeps its row: the
+        retention period).
         """
         target_id = require_id("agent_id", agent_id, ID_LIMIT)
         text = require_message(message, SEND_LIMIT)

@@ -7,7 +7,7 @@ in :mod:`.inbox_core`, and the error tree rooted at :class:`PersistenceError`.
 This package never imports ``kinbox.actors`` or ``kinbox.transport``.
 """
 
-from . import inbox_core
+from . import inbox_core, retention
 from .cron_store import CronJobRecord, CronRunLost, CronRunRecord, CronStore, Occurrence
 from .database import (
     SQLITE_PAGE_SIZE,
@@ -50,6 +50,8 @@ from .journal import (
     EnqueueResult,
     Journal,
     NewMessage,
+    PruneBatch,
+    PruneCounts,
     TurnEntry,
 )
 from .liveness import OwnerLiveness
@@ -99,6 +101,8 @@ __all__ = [
     "OwnerLiveness",
     "PersistenceError",
     "ProjectRecord",
+    "PruneBatch",
+    "PruneCounts",
     "RateBuckets",
     "Reply",
     "RowNotFound",
@@ -127,6 +131,7 @@ __all__ = [
     "pg_default_port",
     "redact_url",
     "require_current",
+    "retention",
     "sqlite_path",
     "upgrade",
 ]

@@ -25,6 +25,7 @@ from .bulk_sql import BulkSql
 from .hot_path import HotPath
 from .inbox_claims import DEFAULT_LEASE_SECONDS, InboxClaims
 from .inbox_operator import InboxOperator
+from .inbox_prune import InboxPrune, PruneBatch, PruneCounts
 from .inbox_reads import InboxReads
 from .inbox_records import (
     ClaimedRow,
@@ -40,10 +41,10 @@ from .models import Tables
 from .writer import WRITE_TIMEOUT, Bulk, GroupCommitWriter, Reply
 
 __all__ = ["DEFAULT_LEASE_SECONDS", "ClaimResult", "ClaimedRow", "EnqueueResult", "Journal",
-           "NewMessage", "TurnEntry"]
+           "NewMessage", "PruneBatch", "PruneCounts", "TurnEntry"]
 
 
-class Journal(InboxReads, InboxClaims, InboxOperator):
+class Journal(InboxReads, InboxClaims, InboxOperator, InboxPrune):
     """Inbox operations on one database; writes are group-committed, reads are direct."""
 
     def __init__(self, tables: Tables, writer: GroupCommitWriter) -> None:
@@ -86,6 +87,10 @@ class Journal(InboxReads, InboxClaims, InboxOperator):
     def enqueue(self, msg: NewMessage, now: float, *, lease: Lease | None = None
                 ) -> EnqueueResult:
         """Write ``msg`` and commit; return once it is durable.
+
+        An id the journal holds is judged by the idempotence rule (I2); an id whose row
+        was pruned (:mod:`.inbox_prune`) is new again: de-duplication lasts as long as
+        the retention keeps rows.
 
         With ``lease`` (the fast path), a new row that is its target's head is leased in
         the same transaction and comes back as ``claimed``, for the caller to hand straight

@@ -13,6 +13,7 @@ PACKAGES = ("actors", "persistence", "transport")
 
 PURE_MODULES = [
     "persistence/inbox_core.py",
+    "persistence/retention.py",
     "actors/access.py",
     "actors/passivation.py",
     "actors/validation.py",

@@ -1,0 +1,67 @@
+"""``kinbox inbox prune``: reclaim finished inbox rows older than a duration.
+
+Deletes what :mod:`kinbox.persistence.retention` lets go (``delivered`` and ``cancelled``
+rows last changed before the cutoff, with their delivery markers and history; never an
+open or failed row) in short transactions, beside a running runtime. The cutoff is taken
+on the rows' own clock (the server's on PostgreSQL). ``--dry-run`` opens the database
+read-only and only counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import TextIO
+
+from ..persistence import retention
+from .cli_ops import _emit, _when, common, operator_clock, stores, whole_number
+
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+"""The units a duration may name: seconds, minutes, hours, days, weeks."""
+
+MAX_SECONDS = 100 * 365 * 86400
+"""The longest duration taken (a century): beyond it a cutoff is before any row."""
+
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw])\s*$")
+
+
+def duration(text: str) -> float:
+    """An argparse type: a duration such as ``30d``, ``12h``, ``90m``, ``3600s``, ``2w``
+    (more than zero, at most a century), in seconds."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as 30d, 12h, 90m, 3600s or 2w, got {text!r}")
+    seconds = float(match[1]) * UNITS[match[2]]
+    if not 0 < seconds <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration of more than 0 and at most 100 years, got {text!r}")
+    return seconds
+
+
+def inbox_prune(args: argparse.Namespace, out: TextIO) -> int:
+    """``kinbox inbox prune --older-than 30d [--dry-run] [--batch N]``."""
+    with (stores(args.db, read_only=args.dry_run) as (journal, _),
+          operator_clock(journal.t.db) as clock):
+        cutoff = clock.now() - args.older_than
+        counts = journal.prune(cutoff, batch=args.batch, dry_run=args.dry_run)
+    verb = "would prune" if args.dry_run else "pruned"
+    data = {**counts.as_dict(), "dry_run": args.dry_run, "cutoff": cutoff}
+    _emit(out, args.json, data, [
+        f"{verb} {counts.rows} inbox row(s) last changed before {_when(cutoff)} UTC, "
+        f"with {counts.markers} delivery marker(s) and {counts.events} history row(s)"])
+    return 0
+
+
+def add_parser(isub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``inbox prune`` under ``kinbox inbox``."""
+    p = common(isub.add_parser(
+        "prune", help="delete delivered and cancelled rows older than a duration"))
+    p.add_argument("--older-than", required=True, type=duration, metavar="DURATION",
+                   help="rows last changed longer ago than this: 30d, 12h, 90m, 3600s, 2w")
+    p.add_argument("--dry-run", action="store_true",
+                   help="count what would be deleted; change nothing")
+    p.add_argument("--batch", type=whole_number(retention.MAX_BATCH),
+                   default=retention.DEFAULT_BATCH,
+                   help=f"rows per transaction (default {retention.DEFAULT_BATCH})")
+    p.set_defaults(handler=inbox_prune)

@@ -1,0 +1,146 @@
+"""Pruning the journal: deleting finished inbox rows with their markers and history.
+
+The rules (what may go) are :mod:`.retention`'s; this module applies them in bounded
+batches, newest candidates first. Each batch reads its candidates on the caller's
+connection (a read that waits for no writer), then decides and deletes in one writer
+operation: the facts (state, lease, task, chain) are read again inside that transaction,
+so a row that changed since the read is judged as it is now, and a batch is one short
+transaction, so senders queue behind at most one batch. A part of
+:class:`~.journal.Journal`.
+
+On SQLite the freed pages stay in the file and are reused by later writes; only
+``VACUUM`` gives them back to the file system (never run here: it rewrites the whole
+file and holds the database while it does).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from . import retention
+from .hot_path import chunks
+from .models import Tables
+from .tasks import OPEN_TASK_STATES
+from .writer import GroupCommitWriter
+
+
+@dataclass(frozen=True, slots=True)
+class PruneCounts:
+    """What a prune deleted (or, in a dry run, would delete)."""
+
+    rows: int = 0
+    """Inbox rows."""
+    markers: int = 0
+    """Their delivery markers."""
+    events: int = 0
+    """Their history rows (``agent_inbox_events``)."""
+
+    def __add__(self, other: PruneCounts) -> PruneCounts:
+        return PruneCounts(self.rows + other.rows, self.markers + other.markers,
+                           self.events + other.events)
+
+    def as_dict(self) -> dict[str, int]:
+        """The counts as a plain dict."""
+        return {"rows": self.rows, "markers": self.markers, "events": self.events}
+
+
+@dataclass(frozen=True, slots=True)
+class PruneBatch:
+    """One batch's outcome, and where the next one starts."""
+
+    counts: PruneCounts
+    """What this batch deleted (or would)."""
+    before_seq: int | None
+    """The next batch's bound (candidates below this ``seq``); None when none are left."""
+
+
+class InboxPrune:
+    """Delete prunable rows (:mod:`.retention`) in bounded batches."""
+
+    t: Tables
+    writer: GroupCommitWriter
+
+    def prune(self, cutoff: float, *, batch: int = retention.DEFAULT_BATCH,
+              dry_run: bool = False) -> PruneCounts:
+        """Delete every prunable row last changed before ``cutoff`` (epoch seconds), with
+        its markers and history, ``batch`` rows per transaction; what went. With
+        ``dry_run``, nothing is deleted and the counts say what would go."""
+        total, before = PruneCounts(), None
+        while True:
+            step = self.prune_batch(cutoff, before_seq=before, batch=batch, dry_run=dry_run)
+            total += step.counts
+            if step.before_seq is None:
+                return total
+            before = step.before_seq
+
+    def prune_batch(self, cutoff: float, *, before_seq: int | None = None,
+                    batch: int = retention.DEFAULT_BATCH, dry_run: bool = False
+                    ) -> PruneBatch:
+        """One batch of :meth:`prune`: the newest ``batch`` candidates below ``before_seq``
+        (all rows when None), judged and deleted in one transaction."""
+        batch = max(1, min(batch, retention.MAX_BATCH))
+        m = self.t.inbox
+        q = m.select(m.message_id, m.seq).where(
+            m.status.in_(retention.PRUNABLE_STATES) & (m.updated_at < cutoff))
+        if before_seq is not None:
+            q = q.where(m.seq < before_seq)
+        found = list(q.order_by(m.seq.desc()).limit(batch).tuples())
+        if not found:
+            return PruneBatch(PruneCounts(), None)
+        ids = [mid for mid, _ in found]
+        counts = (self._judge_and_count(ids, cutoff) if dry_run
+                  else self.writer.call(lambda: self._judge_and_delete(ids, cutoff)))
+        return PruneBatch(counts, found[-1][1] if len(found) == batch else None)
+
+    # -- inside a transaction (or, for a dry run, on the caller's connection) ---------------
+
+    def _going(self, ids: Sequence[str], cutoff: float) -> list[str]:
+        """The rows of ``ids`` the rules let go, read as they are now."""
+        m, task = self.t.inbox, self.t.task
+        rows = []
+        for part in chunks(list(ids)):
+            rows += list(m.select(m.message_id, m.status, m.updated_at, m.lease_owner,
+                                  m.payload, m.seq)
+                         .where(m.message_id.in_(part)).order_by(m.seq.desc()))
+        tasks = {r.message_id: _task_id(r.payload) for r in rows}
+        named = sorted({t for t in tasks.values() if t is not None})
+        open_tasks = {r.id for part in chunks(named) for r in task.select(task.id).where(
+            task.id.in_(part) & task.status.in_(OPEN_TASK_STATES))}
+        facts = [retention.RowFacts(r.message_id, r.status, r.updated_at,
+                                    r.lease_owner is not None,
+                                    tasks[r.message_id] in open_tasks) for r in rows]
+        ours = {f.message_id for f in facts}
+        following = [s for s in retention.chain_successors(ours) if s not in ours]
+        kept = {r.message_id for part in chunks(following)
+                for r in m.select(m.message_id).where(m.message_id.in_(part))}
+        return retention.prunable(facts, cutoff, kept)
+
+    def _judge_and_count(self, ids: Sequence[str], cutoff: float) -> PruneCounts:
+        going = self._going(ids, cutoff)
+        mk, e = self.t.marker, self.t.event
+        return PruneCounts(
+            len(going),
+            sum(mk.select().where(mk.message_id.in_(part)).count() for part in chunks(going)),
+            sum(e.select().where(e.message_id.in_(part)).count() for part in chunks(going)))
+
+    def _judge_and_delete(self, ids: Sequence[str], cutoff: float) -> PruneCounts:
+        going = self._going(ids, cutoff)
+        m, mk, e = self.t.inbox, self.t.marker, self.t.event
+        total = PruneCounts()
+        for part in chunks(going):
+            total += PruneCounts(m.delete().where(m.message_id.in_(part)).execute(),
+                                 mk.delete().where(mk.message_id.in_(part)).execute(),
+                                 e.delete().where(e.message_id.in_(part)).execute())
+        return total
+
+
+def _task_id(payload: str | None) -> str | None:
+    """The task a row's payload names (a child's task, its result, a Focal notice)."""
+    try:
+        data = json.loads(payload or "{}")
+    except ValueError:
+        return None
+    task = data.get("task_id") if isinstance(data, dict) else None
+    return task if isinstance(task, str) and task else None
