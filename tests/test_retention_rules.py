@@ -1,0 +1,70 @@
+"""The retention rules (:mod:`kinbox.persistence.retention`), without a database."""
+
+from __future__ import annotations
+
+import pytest
+
+from kinbox.persistence.inbox_core import State
+from kinbox.persistence.retention import (
+    PRUNABLE_STATES,
+    Keep,
+    RowFacts,
+    chain_successors,
+    keep_reason,
+    prunable,
+    successors,
+)
+
+CUTOFF = 1000.0
+
+
+def old(mid: str, status: str = "delivered", *, leased: bool = False,
+        task_open: bool = False) -> RowFacts:
+    return RowFacts(mid, status, CUTOFF - 1, leased, task_open)
+
+
+@pytest.mark.parametrize("state", [State.PENDING, State.PROCESSING, State.FAILED])
+def test_an_open_or_failed_row_is_never_prunable_however_old(state: State) -> None:
+    assert keep_reason(RowFacts("m", state, 0.0, False), CUTOFF) is Keep.NOT_TERMINAL
+
+
+def test_only_delivered_and_cancelled_rows_can_go() -> None:
+    assert set(PRUNABLE_STATES) == {State.DELIVERED, State.CANCELLED}
+    assert set(PRUNABLE_STATES) | {State.PENDING, State.PROCESSING, State.FAILED} == set(State)
+
+
+def test_a_row_changed_at_or_after_the_cutoff_stays() -> None:
+    assert keep_reason(RowFacts("m", "delivered", CUTOFF, False), CUTOFF) is Keep.RECENT
+    assert keep_reason(RowFacts("m", "delivered", CUTOFF - 0.001, False), CUTOFF) is None
+
+
+def test_a_leased_row_and_a_row_of_an_open_task_stay() -> None:
+    assert keep_reason(old("m", leased=True), CUTOFF) is Keep.LEASED
+    assert keep_reason(old("m", "cancelled", task_open=True),
+                       CUTOFF) is Keep.TASK_OPEN
+    assert keep_reason(old("m", "cancelled"), CUTOFF) is None
+
+
+def test_successors_are_the_next_numbered_ids() -> None:
+    assert successors("subagent-result-t1") == ("subagent-result-t1-2",)
+    assert successors("subagent-result-t1-2") == ("subagent-result-t1-2-2",
+                                                  "subagent-result-t1-3")
+    assert chain_successors(["a", "a-2"]) == ["a-2", "a-2-2", "a-3"]
+
+
+def test_a_chain_member_stays_while_a_later_member_is_kept_and_so_do_those_before() -> None:
+    rows = [old("b-3"), old("b-2"), old("b"), old("x")]
+    assert prunable(rows, CUTOFF, kept_elsewhere={"b-4"}) == ["x"]
+    assert prunable(rows, CUTOFF, kept_elsewhere=set()) == ["b-3", "b-2", "b", "x"]
+
+
+def test_a_chain_member_kept_in_the_same_batch_keeps_its_predecessors() -> None:
+    rows = [RowFacts("b-2", "pending", 0.0, False), RowFacts("b", "delivered", 0.0, False),
+            RowFacts("c", "delivered", 0.0, False)]
+    assert prunable(rows, CUTOFF, kept_elsewhere=set()) == ["c"]
+
+
+def test_the_last_member_of_a_chain_may_go_before_the_others() -> None:
+    """A chain cut at its end is still walked from its base without a gap."""
+    rows = [RowFacts("b-2", "delivered", 0.0, False), RowFacts("b", "delivered", CUTOFF, False)]
+    assert prunable(rows, CUTOFF, kept_elsewhere=set()) == ["b-2"]
