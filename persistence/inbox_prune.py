@@ -56,6 +56,10 @@ class PruneBatch:
     """The next batch's bound (candidates below this ``seq``); None when none are left."""
 
 
+SCAN_FACTOR = 20
+"""How many rows of the journal's order a batch looks through, per row it may delete."""
+
+
 class InboxPrune:
     """Delete prunable rows (:mod:`.retention`) in bounded batches."""
 
@@ -79,42 +83,59 @@ class InboxPrune:
                     batch: int = retention.DEFAULT_BATCH, dry_run: bool = False
                     ) -> PruneBatch:
         """One batch of :meth:`prune`: the newest ``batch`` candidates below ``before_seq``
-        (all rows when None), judged and deleted in one transaction."""
+        (all rows when None), judged and deleted in one transaction.
+
+        The candidates are looked for in a window of the journal's order (the
+        :data:`SCAN_FACTOR` x ``batch`` rows below ``before_seq``, read off the ``seq``
+        index), so that every batch reads a bounded range whatever the journal's size
+        and whatever a planner thinks of the state and age conditions (without it,
+        PostgreSQL read the whole table for each batch). A window with no candidate (the
+        newest rows, all recent) is a batch that deletes nothing and moves on."""
         batch = max(1, min(batch, retention.MAX_BATCH))
         m = self.t.inbox
+        window = m.select(m.seq).order_by(m.seq.desc()).limit(batch * SCAN_FACTOR)
+        if before_seq is not None:
+            window = window.where(m.seq < before_seq)
+        seqs = [seq for (seq,) in window.tuples()]
+        if not seqs:
+            return PruneBatch(PruneCounts(), None)
         q = m.select(m.message_id, m.seq).where(
-            m.status.in_(retention.PRUNABLE_STATES) & (m.updated_at < cutoff))
+            (m.seq >= seqs[-1]) & m.status.in_(retention.PRUNABLE_STATES)
+            & (m.updated_at < cutoff))
         if before_seq is not None:
             q = q.where(m.seq < before_seq)
         found = list(q.order_by(m.seq.desc()).limit(batch).tuples())
+        if len(found) == batch:
+            after = found[-1][1]  # the window may hold more: the next batch goes on below
+        else:
+            after = seqs[-1] if len(seqs) == batch * SCAN_FACTOR else None
         if not found:
-            return PruneBatch(PruneCounts(), None)
+            return PruneBatch(PruneCounts(), after)
         ids = [mid for mid, _ in found]
         counts = (self._judge_and_count(ids, cutoff) if dry_run
                   else self.writer.call(lambda: self._judge_and_delete(ids, cutoff)))
-        return PruneBatch(counts, found[-1][1] if len(found) == batch else None)
+        return PruneBatch(counts, after)
 
     # -- inside a transaction (or, for a dry run, on the caller's connection) ---------------
 
     def _going(self, ids: Sequence[str], cutoff: float) -> list[str]:
         """The rows of ``ids`` the rules let go, read as they are now."""
         m, task = self.t.inbox, self.t.task
-        rows = []
+        rows: list[tuple[str, str, float, str | None, str | None]] = []
         for part in chunks(list(ids)):
-            rows += list(m.select(m.message_id, m.status, m.updated_at, m.lease_owner,
-                                  m.payload, m.seq)
-                         .where(m.message_id.in_(part)).order_by(m.seq.desc()))
-        tasks = {r.message_id: _task_id(r.payload) for r in rows}
+            rows.extend(m.select(m.message_id, m.status, m.updated_at, m.lease_owner,
+                                 m.payload).where(m.message_id.in_(part)).tuples())
+        tasks = {mid: _task_id(payload) for mid, _, _, _, payload in rows}
         named = sorted({t for t in tasks.values() if t is not None})
-        open_tasks = {r.id for part in chunks(named) for r in task.select(task.id).where(
-            task.id.in_(part) & task.status.in_(OPEN_TASK_STATES))}
-        facts = [retention.RowFacts(r.message_id, r.status, r.updated_at,
-                                    r.lease_owner is not None,
-                                    tasks[r.message_id] in open_tasks) for r in rows]
+        open_tasks = {tid for part in chunks(named) for (tid,) in task.select(task.id).where(
+            task.id.in_(part) & task.status.in_(OPEN_TASK_STATES)).tuples()}
+        facts = [retention.RowFacts(mid, status, updated_at, owner is not None,
+                                    tasks[mid] in open_tasks)
+                 for mid, status, updated_at, owner, _ in rows]
         ours = {f.message_id for f in facts}
         following = [s for s in retention.chain_successors(ours) if s not in ours]
-        kept = {r.message_id for part in chunks(following)
-                for r in m.select(m.message_id).where(m.message_id.in_(part))}
+        kept = {mid for part in chunks(following)
+                for (mid,) in m.select(m.message_id).where(m.message_id.in_(part)).tuples()}
         return retention.prunable(facts, cutoff, kept)
 
     def _judge_and_count(self, ids: Sequence[str], cutoff: float) -> PruneCounts:
@@ -138,6 +159,8 @@ class InboxPrune:
 
 def _task_id(payload: str | None) -> str | None:
     """The task a row's payload names (a child's task, its result, a Focal notice)."""
+    if not payload or "task_id" not in payload:
+        return None  # most rows: no JSON to decode
     try:
         data = json.loads(payload or "{}")
     except ValueError:

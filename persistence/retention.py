@@ -50,7 +50,7 @@ from .inbox_core import CANCELLED, DELIVERED
 PRUNABLE_STATES = (DELIVERED, CANCELLED)
 """The states a prune may delete (rule 1): terminal, and no operator waits on them."""
 
-DEFAULT_BATCH = 500
+DEFAULT_BATCH = 200
 """Rows a prune deletes per transaction: the writer is held for one batch at a time, so
 senders wait at most one batch's deletes behind it."""
 

@@ -167,3 +167,17 @@ def test_a_prune_judges_rows_as_they_are_in_its_own_transaction(stores: Stores) 
     j.ack("w1", [row.message_id], CUTOFF + 1)  # terminal now, but after the cutoff
     assert j.prune(CUTOFF) == PruneCounts()
     assert ids(j) == ["notice", "subagent-task-t1", "open", "notice-2"]
+
+
+def test_old_rows_below_a_long_run_of_recent_ones_are_reached(stores: Stores) -> None:
+    """Each batch looks through a bounded window of the journal's order: windows of recent
+    rows delete nothing, and the walk goes on below them."""
+    j = stores.journal
+    for k in range(2):
+        deliver(j, f"old{k}", f"o{k}")
+    for k in range(45):
+        deliver(j, f"new{k}", f"n{k}", T0 + 100)
+    first = j.prune_batch(CUTOFF, batch=1)
+    assert first.counts == PruneCounts() and first.before_seq is not None
+    assert j.prune(CUTOFF, batch=1) == PruneCounts(rows=2, markers=2)
+    assert len(ids(j)) == 45
