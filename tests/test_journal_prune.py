@@ -133,11 +133,12 @@ def test_a_chain_split_across_batches_is_pruned_in_one_prune(stores: Stores) -> 
 
 
 class ConcurrentJournal(Journal):
-    """A journal whose prune meets a write committed between its read of the candidates
-    and its own transaction (another process, or this one's writer queue)."""
+    """A journal whose prune meets writes committed between its read of the candidates
+    and its own transaction (another process's, or this one's queued before it)."""
 
     meanwhile: Sequence[NewMessage] = ()
     reopen: str | None = None
+    finish: str | None = None
 
     def _judge_and_delete(self, ids: Sequence[str], cutoff: float) -> PruneCounts:
         for msg in self.meanwhile:
@@ -145,6 +146,8 @@ class ConcurrentJournal(Journal):
         if self.reopen is not None:
             task = self.t.task
             task.update(status="in_progress").where(task.id == self.reopen).execute()
+        if self.finish is not None:  # its turn commits now: terminal, after the cutoff
+            self._complete_op("w1", "late", [self.finish], [], cutoff + 1, (), ())
         return super()._judge_and_delete(ids, cutoff)
 
 
@@ -159,14 +162,16 @@ def test_a_prune_judges_rows_as_they_are_in_its_own_transaction(stores: Stores) 
     deliver(j, "subagent-task-t1", "child", payload={"task_id": "t1"})
     deliver(j, "gone", "other")
     send(j, "open", "late")
-    [row] = j.claim("w1", T0).rows
-    j.meanwhile = [NewMessage("notice-2", "focal", "next notice")]
-    j.reopen = "t1"
+    assert [r.message_id for r in j.claim("w1", T0, lease=10_000).rows] == ["open"]
+    j.meanwhile, j.reopen, j.finish = [NewMessage("notice-2", "focal", "next")], "t1", "open"
     assert j.prune(CUTOFF, batch=10) == PruneCounts(rows=1, markers=1)
-    j.meanwhile, j.reopen = [], None
-    j.ack("w1", [row.message_id], CUTOFF + 1)  # terminal now, but after the cutoff
+    j.meanwhile, j.reopen, j.finish = [], None, None
+    assert j.get("open")["status"] == "delivered"
     assert j.prune(CUTOFF) == PruneCounts()
     assert ids(j) == ["notice", "subagent-task-t1", "open", "notice-2"]
+    assert stores.store.marker_counts() == {"notice": 1, "subagent-task-t1": 1, "open": 1}
+    assert j.prune(CUTOFF + 2) == PruneCounts(rows=1, markers=1)  # once it is old too
+    assert ids(j) == ["notice", "subagent-task-t1", "notice-2"]
 
 
 def test_old_rows_below_a_long_run_of_recent_ones_are_reached(stores: Stores) -> None:
