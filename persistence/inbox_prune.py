@@ -16,7 +16,7 @@ file and holds the database while it does).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from . import retention
@@ -72,8 +72,11 @@ class InboxPrune:
         its markers and history, ``batch`` rows per transaction; what went. With
         ``dry_run``, nothing is deleted and the counts say what would go."""
         total, before = PruneCounts(), None
+        # A dry run deletes nothing, so a chain member judged in a later batch would see
+        # its successor still there: it is told which numbered ids would have gone.
+        would_go: set[str] = set()
         while True:
-            step = self.prune_batch(cutoff, before_seq=before, batch=batch, dry_run=dry_run)
+            step = self._batch(cutoff, before, batch, dry_run, would_go)
             total += step.counts
             if step.before_seq is None:
                 return total
@@ -91,6 +94,10 @@ class InboxPrune:
         and whatever a planner thinks of the state and age conditions (without it,
         PostgreSQL read the whole table for each batch). A window with no candidate (the
         newest rows, all recent) is a batch that deletes nothing and moves on."""
+        return self._batch(cutoff, before_seq, batch, dry_run, set())
+
+    def _batch(self, cutoff: float, before_seq: int | None, batch: int, dry_run: bool,
+               would_go: set[str]) -> PruneBatch:
         batch = max(1, min(batch, retention.MAX_BATCH))
         m = self.t.inbox
         window = m.select(m.seq).order_by(m.seq.desc()).limit(batch * SCAN_FACTOR)
@@ -112,14 +119,19 @@ class InboxPrune:
         if not found:
             return PruneBatch(PruneCounts(), after)
         ids = [mid for mid, _ in found]
-        counts = (self._judge_and_count(ids, cutoff) if dry_run
-                  else self.writer.call(lambda: self._judge_and_delete(ids, cutoff)))
-        return PruneBatch(counts, after)
+        if not dry_run:
+            return PruneBatch(self.writer.call(lambda: self._judge_and_delete(ids, cutoff)),
+                              after)
+        going = self._going(ids, cutoff, would_go)
+        would_go.update(mid for mid in going if retention.is_numbered(mid))
+        return PruneBatch(self._count(going), after)
 
     # -- inside a transaction (or, for a dry run, on the caller's connection) ---------------
 
-    def _going(self, ids: Sequence[str], cutoff: float) -> list[str]:
-        """The rows of ``ids`` the rules let go, read as they are now."""
+    def _going(self, ids: Sequence[str], cutoff: float,
+               gone: Collection[str] = ()) -> list[str]:
+        """The rows of ``ids`` the rules let go, read as they are now (the rows of
+        ``gone`` counted as deleted already)."""
         m, task = self.t.inbox, self.t.task
         rows: list[tuple[str, str, float, str | None, str | None]] = []
         for part in chunks(list(ids)):
@@ -133,13 +145,14 @@ class InboxPrune:
                                     tasks[mid] in open_tasks)
                  for mid, status, updated_at, owner, _ in rows]
         ours = {f.message_id for f in facts}
-        following = [s for s in retention.chain_successors(ours) if s not in ours]
+        following = [s for s in retention.chain_successors(ours)
+                     if s not in ours and s not in gone]
         kept = {mid for part in chunks(following)
                 for (mid,) in m.select(m.message_id).where(m.message_id.in_(part)).tuples()}
         return retention.prunable(facts, cutoff, kept)
 
-    def _judge_and_count(self, ids: Sequence[str], cutoff: float) -> PruneCounts:
-        going = self._going(ids, cutoff)
+    def _count(self, going: Sequence[str]) -> PruneCounts:
+        """What deleting the rows ``going`` would delete."""
         mk, e = self.t.marker, self.t.event
         return PruneCounts(
             len(going),
@@ -162,7 +175,7 @@ def _task_id(payload: str | None) -> str | None:
     if not payload or "task_id" not in payload:
         return None  # most rows: no JSON to decode
     try:
-        data = json.loads(payload or "{}")
+        data = json.loads(payload)
     except ValueError:
         return None
     task = data.get("task_id") if isinstance(data, dict) else None

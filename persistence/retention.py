@@ -134,6 +134,12 @@ def prunable(rows: Sequence[RowFacts], cutoff: float,
     return [r.message_id for r in rows if r.message_id in going]
 
 
+def is_numbered(message_id: str) -> bool:
+    """``message_id`` has the form of a chain's later member (``<base>-<n>``): the only
+    ids that can be another's successor."""
+    return _NUMBERED.match(message_id) is not None
+
+
 def chain_successors(ids: Iterable[str]) -> list[str]:
     """Every successor id of ``ids`` (for the caller's one query of which exist)."""
     return sorted({s for mid in ids for s in successors(mid)})

@@ -123,13 +123,16 @@ def test_a_chain_goes_whole_or_from_its_end_never_from_its_base(stores: Stores) 
     assert ids(j) == []
 
 
-def test_a_chain_split_across_batches_is_pruned_in_one_prune(stores: Stores) -> None:
+def test_a_chain_split_across_batches_is_pruned_in_one_prune_and_so_counted_dry(
+        stores: Stores) -> None:
     j = stores.journal
     deliver(j, "r", "p")
     for k in range(5):
         deliver(j, f"x{k}", f"q{k}")
     deliver(j, "r-2", "p")
-    assert j.prune(CUTOFF, batch=2).rows == 7
+    assert j.prune(CUTOFF, batch=2, dry_run=True) == PruneCounts(rows=7, markers=7)
+    assert len(ids(j)) == 7
+    assert j.prune(CUTOFF, batch=2) == PruneCounts(rows=7, markers=7)
 
 
 class ConcurrentJournal(Journal):
