@@ -106,6 +106,23 @@ def test_pure_modules_import_no_threads_sockets_clocks_or_database(module: str) 
                 f"{package}/{name}.py" in PURE_MODULES), f"{module} imports .{name}"
 
 
+FRAMEWORK_ADAPTERS = {"pydantic_ai": "actors/pydantic_ai_brain.py",
+                      "agents": "actors/openai_agents_brain.py"}
+"""Each optional agent framework (its top-level package) and the one module that imports it."""
+
+
+def test_an_agent_framework_is_imported_by_its_adapter_module_only() -> None:
+    """The frameworks are optional extras: nothing on kinbox's core path may need one."""
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).glob("*.py")):
+            module = str(path.relative_to(ROOT))
+            for level, name in imports_of(path):
+                framework = name.split(".")[0]
+                if level == 0 and framework in FRAMEWORK_ADAPTERS:
+                    assert FRAMEWORK_ADAPTERS[framework] == module, \
+                        f"{module} imports {name}"
+
+
 def test_public_names_exist() -> None:
     import kinbox.actors as actors
     import kinbox.persistence as persistence

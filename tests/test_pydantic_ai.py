@@ -152,3 +152,38 @@ def test_a_focal_turn_s_model_reads_the_global_context_and_no_other_turn_s_does(
     assert "Build the landing page" in prompts[focal] and "landing page" in prompts[focal]
     assert prompts[focal].endswith("user: what is going on?")
     assert prompts[worker] == "user: start"  # no context: the messages alone
+
+
+@pytest.mark.timeout(60)
+def test_agent_stop_cancels_the_running_model_call_at_once(make_runtime: MakeRuntime) -> None:
+    """The stop reached the agent's run only as kinbox's cancel ``stop_grace`` seconds later
+    (here on a clock that never moves): the model call ran on that long for nobody."""
+    import asyncio
+    import threading
+
+    from .helpers import wait_for
+
+    started = threading.Event()
+    cancelled = threading.Event()
+
+    async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        started.set()
+        try:
+            await asyncio.Event().wait()  # a model that never answers
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return ModelResponse(parts=[TextPart("never")])
+
+    rt = make_runtime(brain=pydantic_ai_brain(Agent(FunctionModel(model))), stop_grace=600.0)
+    project = rt.create_project("team")
+    a = rt.create_session(project.id, "A").id
+    b = rt.create_session(project.id, "B").id
+    mid = rt.post(b, "long job", sender=a).message_id
+    assert started.wait(10)
+    assert rt.tools_for(a).agent_stop(b)["status"] == "stop_requested"
+    wait_for(lambda: rt.inbox()[0]["status"] == "delivered", what="the stopped turn's commit")
+    assert cancelled.is_set()
+    assert rt.inbox()[0]["attempts"] == 0
+    assert [e.text for e in rt.transcript(b)] == ["long job"]
+    assert rt.marker_counts() == {mid: 1}

@@ -1,0 +1,64 @@
+"""What every agent-framework adapter does the same way with a turn (pure of any framework).
+
+An adapter (``pydantic_ai_brain``, ``openai_agents_brain``, ``autogen_brain``) runs a
+framework's agent loop as an ``async def`` brain. Three things must not differ between
+them, so they live here once: the prompt a turn gives the model (its messages, each
+naming its speaker, headed by the turn's context where it has one), which outputs are a
+reply (only an empty one is not), and how a stop request reaches the framework's run
+(it is cancelled at once, not left to kinbox's ``stop_grace``). No framework is
+imported here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from .turn import Turn
+
+T = TypeVar("T")
+
+
+def prompt_of(turn: Turn) -> str:
+    """The turn's messages as one prompt, each line naming its speaker."""
+    return "\n\n".join(m.as_prompt() for m in turn.messages)
+
+
+async def prompt_for(turn: Turn) -> str:
+    """The turn's prompt, headed by its extra context (Focal's global context, FO3).
+
+    The context is read off the loop: on a turn that has not looked yet, it reads the
+    session."""
+    context = await asyncio.to_thread(lambda: turn.context)
+    return prompt_of(turn) if not context else f"{context}\n\n{prompt_of(turn)}"
+
+
+def reply_with(turn: Turn, output: object) -> None:
+    """The framework's final output as the turn's reply; None and "" are no reply (0, False
+    or [] are the agent's answer too)."""
+    if output is not None and output != "":
+        turn.reply(output if isinstance(output, str) else str(output))
+
+
+async def until_stopped(turn: Turn, run: Coroutine[Any, Any, T]) -> tuple[bool, T | None]:
+    """Run a framework's agent loop until it ends or the turn is asked to stop.
+
+    ``(False, result)`` when it ended; ``(True, None)`` when a stop request came first: the
+    run is cancelled and awaited (its model call and tool calls see the cancel), so the
+    turn ends at once and commits what it had replied. Waiting for kinbox's ``stop_grace``
+    instead would leave a model call running that nobody will read."""
+    task = asyncio.ensure_future(run)
+    stop = asyncio.ensure_future(turn.stopped())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not task.done():
+            task.cancel()
+    if task.cancelled() or not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return True, None
+    return False, task.result()

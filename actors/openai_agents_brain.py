@@ -1,0 +1,87 @@
+"""An OpenAI Agents SDK ``Agent`` as a kinbox brain (``pip install 'kinbox[openai-agents]'``).
+
+The session's kinbox tools become the agent's ``FunctionTool``s, built from the JSON
+Schemas a model sees (``turn.tools.schemas()``) and run through ``turn.tools.call``: a
+model-issued ``agent_send`` is committed to the journal like any other, its arguments
+checked by kinbox's rules, and a refusal (or arguments that are not JSON) comes back to
+the model as ``{"error", "message"}`` it can act on. The turn's prompt and reply are
+those of every adapter (``framework_turns``); a stop request cancels the run at once.
+
+Nothing leaves the machine unless configured: the SDK traces every run and, by default,
+exports the traces to OpenAI's servers. Each run kinbox starts has tracing disabled
+(``RunConfig.tracing_disabled``) unless the caller passes ``trace=True``, which leaves
+tracing to the SDK's own set-up (``set_trace_processors`` and friends). The SDK's
+global switches are left alone: they are the application's, not kinbox's. Only the
+model the agent is given talks to anyone. The SDK is imported here only, never on
+kinbox's core path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+from agents import Agent, FunctionTool, RunConfig, Runner
+from agents.tool_context import ToolContext
+
+from .errors import ToolError
+from .framework_turns import prompt_for, reply_with, until_stopped
+from .turn import Turn
+
+AgentFor = Callable[[Turn], Agent[Any]]
+"""Builds (or returns) the agent for a turn: your model, instructions, settings."""
+
+
+def kinbox_tools(turn: Turn) -> list[FunctionTool]:
+    """The session's kinbox tools as Agents SDK function tools (an async turn's tools)."""
+    tools = []
+    for schema in turn.tools.schemas():
+        fn = schema["function"]
+        # Not strict: kinbox's schemas have optional arguments, which the SDK's strict
+        # mode would make required; kinbox checks every call against them anyway.
+        tools.append(FunctionTool(name=fn["name"], description=fn["description"],
+                                  params_json_schema=fn["parameters"],
+                                  on_invoke_tool=_invoker(turn, fn["name"]),
+                                  strict_json_schema=False))
+    return tools
+
+
+def _invoker(turn: Turn, name: str) -> Callable[[ToolContext[Any], str], Any]:
+    async def invoke(context: ToolContext[Any], arguments: str) -> str:
+        try:
+            parsed = json.loads(arguments) if arguments.strip() else {}
+        except ValueError as exc:
+            result: object = ToolError(
+                "invalid_argument",
+                f"{name}'s arguments are not valid JSON ({exc.msg} at position {exc.pos}).",
+            ).to_dict()
+        else:
+            result = await turn.tools.call(name, parsed)
+        return json.dumps(result, ensure_ascii=False, default=str)
+    return invoke
+
+
+def openai_agents_brain(agent_for: Agent[Any] | AgentFor, *, run_config: RunConfig | None = None,
+                        trace: bool = False, max_turns: int | None = None
+                        ) -> Callable[[Turn], Any]:
+    """An ``async def`` brain that runs ``agent_for`` (an agent, or a function of the turn)
+    with ``Runner.run``: the session's kinbox tools added to the agent's own.
+
+    ``run_config`` is passed on, with tracing disabled unless ``trace`` is True (see the
+    module docstring); ``max_turns`` bounds the model calls of one kinbox turn (the SDK's
+    default when None)."""
+    config = run_config or RunConfig()
+    if not trace:
+        config = dataclasses.replace(config, tracing_disabled=True)
+    limits: dict[str, Any] = {} if max_turns is None else {"max_turns": max_turns}
+
+    async def brain(turn: Turn) -> None:
+        agent = agent_for if isinstance(agent_for, Agent) else agent_for(turn)
+        agent = agent.clone(tools=[*agent.tools, *kinbox_tools(turn)])
+        stopped, result = await until_stopped(
+            turn, Runner.run(agent, await prompt_for(turn), run_config=config, **limits))
+        if not stopped and result is not None:
+            reply_with(turn, result.final_output)
+    return brain

@@ -1,0 +1,275 @@
+"""The OpenAI Agents SDK as the brain: ``Agent``s run by ``Runner.run`` on a ``Model`` of the
+test's own (the SDK's model interface, answering from a script; no network). Alice's model
+calls kinbox's ``agent_send``; the message is committed to the journal and Bob runs his own
+Agents SDK turn on it. Each run kinbox starts sends no trace anywhere."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+pytest.importorskip("agents", reason="the openai-agents extra is not installed")
+
+from agents import Agent, Model, ModelResponse, ModelSettings, Tool, Usage
+from agents.agent_output import AgentOutputSchemaBase
+from agents.handoffs import Handoff
+from agents.items import TResponseInputItem, TResponseOutputItem, TResponseStreamEvent
+from agents.models.interface import ModelTracing
+from agents.tracing import Span, Trace, TracingProcessor, setup
+from agents.tracing.provider import DefaultTraceProvider
+from openai.types.responses import (
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
+
+from kinbox.actors import ManualClock, Runtime, Turn
+from kinbox.actors.openai_agents_brain import openai_agents_brain
+
+from .helpers import wait_for
+
+MakeRuntime = Callable[..., Runtime]
+Script = Callable[[list[TResponseInputItem], list[str]], Awaitable[list[TResponseOutputItem]]]
+
+
+class ScriptModel(Model):
+    """The SDK's ``Model`` interface answering from ``script(input items, tool names)``."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+
+    async def get_response(self, system_instructions: str | None,
+                           input: str | list[TResponseInputItem],
+                           model_settings: ModelSettings, tools: list[Tool],
+                           output_schema: AgentOutputSchemaBase | None,
+                           handoffs: list[Handoff], tracing: ModelTracing, *,
+                           previous_response_id: str | None, conversation_id: str | None,
+                           prompt: Any) -> ModelResponse:
+        items: list[TResponseInputItem] = (
+            [{"role": "user", "content": input}] if isinstance(input, str) else input)
+        output = await self.script(items, [t.name for t in tools])
+        return ModelResponse(output=output, usage=Usage(), response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[TResponseStreamEvent]:
+        raise NotImplementedError("kinbox's adapter runs the agent without streaming")
+
+
+def say(text: str) -> TResponseOutputItem:
+    return ResponseOutputMessage(id="msg-1", type="message", role="assistant",
+                                 status="completed",
+                                 content=[ResponseOutputText(type="output_text", text=text,
+                                                             annotations=[])])
+
+
+def call(name: str, arguments: dict[str, Any] | str, call_id: str = "call-1"
+         ) -> TResponseOutputItem:
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return ResponseFunctionToolCall(id=call_id, call_id=call_id, type="function_call",
+                                    name=name, arguments=text)
+
+
+def tool_outputs(items: list[TResponseInputItem]) -> list[Any]:
+    return [json.loads(str(i["output"])) for i in items
+            if isinstance(i, dict) and i.get("type") == "function_call_output"]
+
+
+def user_text(items: list[TResponseInputItem]) -> str:
+    first = items[0]
+    assert isinstance(first, dict)
+    return str(first["content"])
+
+
+class Recorder(TracingProcessor):
+    """A trace processor that keeps what reached it: what an exporter would have sent."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def on_trace_start(self, trace: Trace) -> None:
+        self.seen.append(f"trace {trace.name}")
+
+    def on_trace_end(self, trace: Trace) -> None:
+        pass
+
+    def on_span_start(self, span: Span[Any]) -> None:
+        self.seen.append(f"span {span.span_data.type}")
+
+    def on_span_end(self, span: Span[Any]) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self) -> None:
+        pass
+
+
+@pytest.fixture
+def traces(monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    """The SDK's global trace provider, for this test, with only a recorder as its
+    processor (in place of the exporter to OpenAI's servers) and tracing switched on
+    as it is by default: a run that traces would reach the recorder."""
+    monkeypatch.delenv("OPENAI_AGENTS_DISABLE_TRACING", raising=False)
+    provider = DefaultTraceProvider()
+    recorder = Recorder()
+    provider.register_processor(recorder)
+    monkeypatch.setattr(setup, "GLOBAL_TRACE_PROVIDER", provider)
+    return recorder
+
+
+def test_a_model_issued_agent_send_lands_durably_and_wakes_an_agents_sdk_turn(
+        make_runtime: MakeRuntime, traces: Recorder) -> None:
+    ids: dict[str, str] = {}
+    seen_tools: list[list[str]] = []
+    prompts: list[str] = []
+
+    async def alice(items: list[TResponseInputItem], tools: list[str]
+                    ) -> list[TResponseOutputItem]:
+        seen_tools.append(sorted(tools))
+        outputs = tool_outputs(items)
+        if not outputs:
+            return [call("agent_send", {"agent_id": ids["bob"], "message": "Please review PR 12"})]
+        return [say(f"asked Bob ({outputs[0]['status']})")]
+
+    async def bob(items: list[TResponseInputItem], tools: list[str]
+                  ) -> list[TResponseOutputItem]:
+        prompts.append(user_text(items))
+        return [say("PR 12 looks good")]
+
+    agents = {"alice": Agent(name="Alice", model=ScriptModel(alice)),
+              "bob": Agent(name="Bob", model=ScriptModel(bob))}
+
+    def agent_for(turn: Turn) -> Agent[Any]:
+        return agents["alice" if turn.session_id == ids["alice"] else "bob"]
+
+    rt = make_runtime(brain=openai_agents_brain(agent_for))
+    project = rt.create_project("prs")
+    ids["alice"] = rt.create_session(project.id, "Alice").id
+    ids["bob"] = rt.create_session(project.id, "Bob").id
+    rt.post(ids["alice"], "get PR 12 reviewed")
+    rt.run_until_idle(timeout=30)
+
+    assert "agent_send" in seen_tools[0] and "schedule_wakeup" not in seen_tools[0]
+    sent = [r for r in rt.inbox() if r["target_chat_id"] == ids["bob"]]
+    assert [(r["content"], r["sender_chat_id"], r["status"]) for r in sent] == [
+        ("Please review PR 12", ids["alice"], "delivered")]
+    assert prompts == [f"agent_message from {ids['alice']}: Please review PR 12"]
+    assert [e.text for e in rt.transcript(ids["bob"])] == ["Please review PR 12",
+                                                          "PR 12 looks good"]
+    assert rt.transcript(ids["alice"])[-1].text == "asked Bob (pending)"
+    assert set(rt.marker_counts().values()) == {1}
+    assert traces.seen == []  # three runs, one tool call: not one trace or span
+
+
+def test_tracing_is_on_only_when_the_caller_asks_for_it(
+        make_runtime: MakeRuntime, traces: Recorder) -> None:
+    """The check above is no blind one: with ``trace=True`` the same kind of turn reaches
+    the SDK's trace processors (the exporter to OpenAI's servers, by default)."""
+    async def model(items: list[TResponseInputItem], tools: list[str]
+                    ) -> list[TResponseOutputItem]:
+        return [say("hello")] if tool_outputs(items) else [call("task_list", {})]
+
+    rt = make_runtime(brain=openai_agents_brain(Agent(name="A", model=ScriptModel(model)),
+                                                trace=True))
+    session = rt.create_session(rt.create_project("p").id, "A").id
+    rt.post(session, "hi")
+    rt.run_until_idle(timeout=30)
+    assert rt.transcript(session)[-1].text == "hello"
+    assert traces.seen[0] == "trace Agent workflow"
+    assert {"span agent", "span function"} <= set(traces.seen)
+
+
+@pytest.mark.parametrize("arguments, expected", [
+    ({"agent_id": "chat-nope"},
+     {"error": "not_found",
+      "message": "Agent 'chat-nope' is not available in the current project."}),
+    ('{"agent_id": ',
+     {"error": "invalid_argument",
+      "message": "agent_read's arguments are not valid JSON (Expecting value at position 13)."}),
+    ({"agent": "chat-nope"},
+     {"error": "invalid_argument",
+      "message": "agent_read has no argument 'agent'; it takes agent_id."}),
+])
+def test_a_refused_tool_call_comes_back_to_the_model_as_a_readable_error(
+        make_runtime: MakeRuntime, arguments: dict[str, Any] | str, expected: Any) -> None:
+    errors: list[object] = []
+
+    async def model(items: list[TResponseInputItem], tools: list[str]
+                    ) -> list[TResponseOutputItem]:
+        outputs = tool_outputs(items)
+        if not outputs:
+            return [call("agent_read", arguments)]
+        errors.append(outputs[0])
+        return [say("could not read it")]
+
+    rt = make_runtime(brain=openai_agents_brain(Agent(name="Me", model=ScriptModel(model))))
+    me = rt.create_session(rt.create_project("solo").id, "Me").id
+    rt.post(me, "read chat-nope")
+    rt.run_until_idle(timeout=30)
+    assert errors == [expected]
+    assert rt.transcript(me)[-1].text == "could not read it"
+    assert rt.inbox()[0]["status"] == "delivered"
+
+
+def test_a_raising_model_is_a_failed_attempt_retried_after_its_backoff(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    calls: list[float] = []
+
+    async def model(items: list[TResponseInputItem], tools: list[str]
+                    ) -> list[TResponseOutputItem]:
+        calls.append(clock.now())
+        if len(calls) == 1:
+            raise ConnectionError("model unreachable")
+        return [say("second time lucky")]
+
+    rt = make_runtime(brain=openai_agents_brain(Agent(name="A", model=ScriptModel(model))))
+    session = rt.create_session(rt.create_project("p").id, "A").id
+    rt.post(session, "work")
+    rt.run_until_idle()
+    row = rt.inbox()[0]
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    assert "ConnectionError: model unreachable" in row["last_error"]
+    assert rt.transcript(session) == []
+    clock.advance(2)
+    rt.run_until_idle()
+    assert rt.inbox()[0]["status"] == "delivered"
+    assert [c - calls[0] for c in calls] == [0, 2]
+    assert [e.text for e in rt.transcript(session)] == ["work", "second time lucky"]
+
+
+@pytest.mark.timeout(60)
+def test_agent_stop_cancels_the_running_model_call_at_once(make_runtime: MakeRuntime) -> None:
+    """The stop reaches the SDK's run as a cancel of its model call, and the turn commits as
+    stopped: without it the turn would wait for kinbox's ``stop_grace`` (here on a clock
+    that never moves)."""
+    started = threading.Event()
+    cancelled = threading.Event()
+
+    async def model(items: list[TResponseInputItem], tools: list[str]
+                    ) -> list[TResponseOutputItem]:
+        started.set()
+        try:
+            await asyncio.Event().wait()  # a model that never answers
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return [say("never")]
+
+    rt = make_runtime(brain=openai_agents_brain(Agent(name="B", model=ScriptModel(model))),
+                      stop_grace=600.0)
+    project = rt.create_project("team")
+    a = rt.create_session(project.id, "A").id
+    b = rt.create_session(project.id, "B").id
+    mid = rt.post(b, "long job", sender=a).message_id
+    assert started.wait(10)
+    assert rt.tools_for(a).agent_stop(b)["status"] == "stop_requested"
+    wait_for(lambda: rt.inbox()[0]["status"] == "delivered", what="the stopped turn's commit")
+    assert cancelled.is_set()
+    assert rt.inbox()[0]["attempts"] == 0
+    assert [e.text for e in rt.transcript(b)] == ["long job"]
+    assert rt.marker_counts() == {mid: 1}
