@@ -37,6 +37,7 @@ from .errors import (
     RuntimeStateError,
     ScenarioError,
     ToolError,
+    ToolRoundsExceeded,
 )
 from .runtime import Runtime
 from .tools import AgentTools, SubagentTools, TaskTools
@@ -78,6 +79,7 @@ __all__ = [
     "SystemClock",
     "TaskTools",
     "ToolError",
+    "ToolRoundsExceeded",
     "Turn",
     "TurnOutcome",
     "WriteTimeout",

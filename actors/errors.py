@@ -14,6 +14,7 @@ refuses; decide on the types and their attributes, never on message text::
     ├── PairingFailed          .reason, .retry, .status: pairing with another device
     │                          did not complete (refused, or unreachable: try again)
     ├── ScenarioError          .path, .lineno: a scenario script could not run
+    ├── ToolRoundsExceeded     .rounds: a framework brain's model kept calling tools
     ├── ProtocolError          .event, .phase: the delivery protocol refused an
     │                          event in its phase (a bug in a shell; ``delivery``)
     └── PersistenceError       the database refused (``kinbox.persistence``)
@@ -42,7 +43,8 @@ from ..persistence.errors import KinboxError
 ToolErrorCode = Literal["not_found", "invalid_argument", "execution_failed"]
 
 __all__ = ["BrainRefError", "ConfigError", "IdleTimeout", "KinboxError", "PairingFailed",
-           "RuntimeStateError", "ScenarioError", "ToolError", "ToolErrorCode"]
+           "RuntimeStateError", "ScenarioError", "ToolError", "ToolErrorCode",
+           "ToolRoundsExceeded"]
 
 
 class ToolError(KinboxError):
@@ -125,3 +127,14 @@ class ScenarioError(KinboxError):
         super().__init__(message)
         self.path = path
         self.lineno = lineno
+
+
+class ToolRoundsExceeded(KinboxError):
+    """A framework brain's model still called tools after ``rounds`` rounds of them and a
+    last request for an answer without tools: the turn has no reply, so it is a failed
+    attempt (retried), not a silent delivery."""
+
+    def __init__(self, rounds: int) -> None:
+        super().__init__(f"the model still called tools after {rounds} rounds of tool calls "
+                         "and a request for its answer")
+        self.rounds = rounds

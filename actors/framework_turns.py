@@ -4,18 +4,21 @@ An adapter (``pydantic_ai_brain``, ``openai_agents_brain``, ``autogen_brain``) r
 framework's agent loop as an ``async def`` brain. Three things must not differ between
 them, so they live here once: the prompt a turn gives the model (its messages, each
 naming its speaker, headed by the turn's context where it has one), which outputs are a
-reply (only an empty one is not), and how a stop request reaches the framework's run
-(it is cancelled at once, not left to kinbox's ``stop_grace``). No framework is
-imported here.
+reply (only an empty one is not), how a model's tool call given as JSON text is run
+(text that is no JSON is a refusal the model reads, not a crash), and how a stop request
+reaches the framework's run (it is cancelled at once, not left to kinbox's
+``stop_grace``). No framework is imported here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from .errors import ToolError
 from .turn import Turn
 
 T = TypeVar("T")
@@ -40,6 +43,22 @@ def reply_with(turn: Turn, output: object) -> None:
     or [] are the agent's answer too)."""
     if output is not None and output != "":
         turn.reply(output if isinstance(output, str) else str(output))
+
+
+async def call_tool(turn: Turn, name: str, arguments: str) -> dict[str, Any]:
+    """Run a model's call of ``name`` with its arguments as JSON text (what OpenAI-style
+    models send): the tool's result, or the refusal as ``{"error", "message"}``."""
+    try:
+        parsed = json.loads(arguments) if arguments.strip() else {}
+    except ValueError as exc:
+        return ToolError("invalid_argument", f"{name}'s arguments are not valid JSON "
+                                             f"({exc.msg} at position {exc.pos}).").to_dict()
+    return await turn.tools.call(name, parsed)
+
+
+def as_text(result: object) -> str:
+    """A tool result as the text a model reads (JSON; a value JSON cannot hold, as text)."""
+    return json.dumps(result, ensure_ascii=False, default=str)
 
 
 async def until_stopped(turn: Turn, run: Coroutine[Any, Any, T]) -> tuple[bool, T | None]:

@@ -19,15 +19,13 @@ kinbox's core path.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from typing import Any
 
 from agents import Agent, FunctionTool, RunConfig, Runner
 from agents.tool_context import ToolContext
 
-from .errors import ToolError
-from .framework_turns import prompt_for, reply_with, until_stopped
+from .framework_turns import as_text, call_tool, prompt_for, reply_with, until_stopped
 from .turn import Turn
 
 AgentFor = Callable[[Turn], Agent[Any]]
@@ -50,16 +48,7 @@ def kinbox_tools(turn: Turn) -> list[FunctionTool]:
 
 def _invoker(turn: Turn, name: str) -> Callable[[ToolContext[Any], str], Any]:
     async def invoke(context: ToolContext[Any], arguments: str) -> str:
-        try:
-            parsed = json.loads(arguments) if arguments.strip() else {}
-        except ValueError as exc:
-            result: object = ToolError(
-                "invalid_argument",
-                f"{name}'s arguments are not valid JSON ({exc.msg} at position {exc.pos}).",
-            ).to_dict()
-        else:
-            result = await turn.tools.call(name, parsed)
-        return json.dumps(result, ensure_ascii=False, default=str)
+        return as_text(await call_tool(turn, name, arguments))
     return invoke
 
 

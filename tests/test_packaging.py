@@ -107,7 +107,9 @@ def test_pure_modules_import_no_threads_sockets_clocks_or_database(module: str) 
 
 
 FRAMEWORK_ADAPTERS = {"pydantic_ai": "actors/pydantic_ai_brain.py",
-                      "agents": "actors/openai_agents_brain.py"}
+                      "agents": "actors/openai_agents_brain.py",
+                      "autogen_core": "actors/autogen_brain.py",
+                      "autogen_ext": "actors/autogen_brain.py"}
 """Each optional agent framework (its top-level package) and the one module that imports it."""
 
 

@@ -1,0 +1,97 @@
+"""An autogen-core ``ChatCompletionClient`` as a kinbox brain (``pip install 'kinbox[autogen]'``).
+
+autogen-core has no agent loop of its own to hand a prompt to: its agents are actors on
+its own runtime, and a model's tool use is a loop around ``client.create(messages,
+tools=...)``. So the brain is that loop, as an autogen-core agent writes it: the session's
+kinbox tools are given to the model as autogen ``ToolSchema``s (the JSON Schemas of
+``turn.tools.schemas()``), each ``FunctionCall`` it returns is run through
+``turn.tools.call`` (a refusal, or arguments that are not JSON, goes back as the call's
+``FunctionExecutionResult`` with ``is_error``), and its first text answer is the turn's
+reply. The prompt, the reply rule and a stop's cancel are every adapter's
+(``framework_turns``). kinbox starts no autogen runtime and sets up no telemetry: only
+the client you give it talks to anyone. autogen-core is imported here only, never on
+kinbox's core path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from autogen_core import CancellationToken, FunctionCall
+from autogen_core.models import (
+    AssistantMessage,
+    ChatCompletionClient,
+    FunctionExecutionResult,
+    FunctionExecutionResultMessage,
+    LLMMessage,
+    SystemMessage,
+    UserMessage,
+)
+from autogen_core.tools import ToolSchema
+
+from .errors import ToolRoundsExceeded
+from .framework_turns import as_text, call_tool, prompt_for, reply_with, until_stopped
+from .turn import Turn
+
+ClientFor = Callable[[Turn], ChatCompletionClient]
+"""Returns the model client for a turn (one client may serve every turn)."""
+
+
+def kinbox_tool_schemas(turn: Turn) -> list[ToolSchema]:
+    """The session's kinbox tools as autogen-core tool schemas."""
+    return [ToolSchema(name=s["function"]["name"], description=s["function"]["description"],
+                       parameters=s["function"]["parameters"])
+            for s in turn.tools.schemas()]
+
+
+async def _run(turn: Turn, call: FunctionCall) -> FunctionExecutionResult:
+    result = await call_tool(turn, call.name, call.arguments)
+    refused = set(result) == {"error", "message"}
+    return FunctionExecutionResult(content=as_text(result), name=call.name, call_id=call.id,
+                                   is_error=refused)
+
+
+def autogen_brain(client_for: ChatCompletionClient | ClientFor, *,
+                  system_message: str | None = None,
+                  max_tool_rounds: int = 10) -> Callable[[Turn], Any]:
+    """An ``async def`` brain that runs the tool-use loop on ``client_for`` (a client, or a
+    function of the turn returning one).
+
+    The model gets ``system_message`` (if any), the turn's prompt and the kinbox tools; after
+    ``max_tool_rounds`` rounds of tool calls it is asked once more with no tools, and a
+    model that still calls tools fails the attempt (``ToolRoundsExceeded``)."""
+    async def loop(turn: Turn, client: ChatCompletionClient, token: CancellationToken) -> object:
+        messages: list[LLMMessage] = [] if system_message is None else [
+            SystemMessage(content=system_message)]
+        messages.append(UserMessage(content=await prompt_for(turn), source="user"))
+        tools = kinbox_tool_schemas(turn)
+        for _ in range(max_tool_rounds):
+            result = await client.create(messages, tools=tools, cancellation_token=token)
+            if isinstance(result.content, str):
+                return result.content
+            messages.append(AssistantMessage(content=result.content, thought=result.thought,
+                                             source="assistant"))
+            # One at a time: each call is committed before the next, so the journal keeps
+            # the order the model gave.
+            outcomes = [await _run(turn, call) for call in result.content]
+            messages.append(FunctionExecutionResultMessage(content=outcomes))
+        last = await client.create(messages, cancellation_token=token)
+        if isinstance(last.content, str):
+            return last.content
+        raise ToolRoundsExceeded(max_tool_rounds)
+
+    async def brain(turn: Turn) -> None:
+        client = client_for if isinstance(client_for, ChatCompletionClient) else client_for(turn)
+        token = CancellationToken()
+        try:
+            stopped, output = await until_stopped(turn, loop(turn, client, token))
+        except asyncio.CancelledError:
+            token.cancel()  # a client's request running apart from this task ends too
+            raise
+        if stopped:
+            token.cancel()
+        else:
+            reply_with(turn, output)
+    return brain
