@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from agents.handoffs import Handoff
 from agents.items import TResponseInputItem, TResponseOutputItem, TResponseStreamEvent
 from agents.models.interface import ModelTracing
 from agents.tracing import Span, Trace, TracingProcessor, setup
+from agents.tracing.processors import BackendSpanExporter, BatchTraceProcessor
 from agents.tracing.provider import DefaultTraceProvider
 from openai.types.responses import (
     ResponseFunctionToolCall,
@@ -109,21 +111,64 @@ class Recorder(TracingProcessor):
         pass
 
 
+class Ingest(BaseHTTPRequestHandler):
+    """A trace-ingest endpoint on 127.0.0.1 standing in for OpenAI's: keeps each body."""
+
+    bodies: list[bytes]
+
+    def do_POST(self) -> None:
+        self.bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class Traces:
+    """What the SDK's tracing did: the spans its processors saw, and the export requests
+    its real exporter (``BackendSpanExporter``, as set up by default, but posting to a
+    server on 127.0.0.1 with a made-up key) sent once flushed."""
+
+    def __init__(self, recorder: Recorder, exporter: BatchTraceProcessor,
+                 bodies: list[bytes]) -> None:
+        self.recorder, self.exporter, self.bodies = recorder, exporter, bodies
+
+    def sent(self) -> list[bytes]:
+        self.exporter.force_flush()
+        return self.bodies
+
+
 @pytest.fixture
-def traces(monkeypatch: pytest.MonkeyPatch) -> Recorder:
-    """The SDK's global trace provider, for this test, with only a recorder as its
-    processor (in place of the exporter to OpenAI's servers) and tracing switched on
-    as it is by default: a run that traces would reach the recorder."""
+def traces(monkeypatch: pytest.MonkeyPatch) -> Iterator[Traces]:
+    """The SDK's global trace provider, for this test, with a recorder and the SDK's own
+    exporter (to a local endpoint in place of OpenAI's), tracing switched on as it is by
+    default: a run that traces reaches both."""
     monkeypatch.delenv("OPENAI_AGENTS_DISABLE_TRACING", raising=False)
-    provider = DefaultTraceProvider()
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    bodies: list[bytes] = []
+    handler = type("Handler", (Ingest,), {"bodies": bodies})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    exporter = BatchTraceProcessor(BackendSpanExporter(
+        api_key="sk-not-a-key", endpoint=f"http://127.0.0.1:{server.server_port}/traces"))
     recorder = Recorder()
+    provider = DefaultTraceProvider()
     provider.register_processor(recorder)
+    provider.register_processor(exporter)
     monkeypatch.setattr(setup, "GLOBAL_TRACE_PROVIDER", provider)
-    return recorder
+    yield Traces(recorder, exporter, bodies)
+    exporter.shutdown()
+    server.shutdown()
+    server.server_close()
+    serving.join(10)
 
 
 def test_a_model_issued_agent_send_lands_durably_and_wakes_an_agents_sdk_turn(
-        make_runtime: MakeRuntime, traces: Recorder) -> None:
+        make_runtime: MakeRuntime, traces: Traces) -> None:
     ids: dict[str, str] = {}
     seen_tools: list[list[str]] = []
     prompts: list[str] = []
@@ -163,13 +208,16 @@ def test_a_model_issued_agent_send_lands_durably_and_wakes_an_agents_sdk_turn(
                                                           "PR 12 looks good"]
     assert rt.transcript(ids["alice"])[-1].text == "asked Bob (pending)"
     assert set(rt.marker_counts().values()) == {1}
-    assert traces.seen == []  # three runs, one tool call: not one trace or span
+    # Three runs, one tool call: not one trace or span, and no export request.
+    assert traces.recorder.seen == []
+    assert traces.sent() == []
 
 
 def test_tracing_is_on_only_when_the_caller_asks_for_it(
-        make_runtime: MakeRuntime, traces: Recorder) -> None:
-    """The check above is no blind one: with ``trace=True`` the same kind of turn reaches
-    the SDK's trace processors (the exporter to OpenAI's servers, by default)."""
+        make_runtime: MakeRuntime, traces: Traces) -> None:
+    """The checks above are no blind ones: with ``trace=True`` the same kind of turn reaches
+    the SDK's trace processors, and its exporter posts the trace (to OpenAI's servers, by
+    default)."""
     async def model(items: list[TResponseInputItem], tools: list[str]
                     ) -> list[TResponseOutputItem]:
         return [say("hello")] if tool_outputs(items) else [call("task_list", {})]
@@ -180,8 +228,10 @@ def test_tracing_is_on_only_when_the_caller_asks_for_it(
     rt.post(session, "hi")
     rt.run_until_idle(timeout=30)
     assert rt.transcript(session)[-1].text == "hello"
-    assert traces.seen[0] == "trace Agent workflow"
-    assert {"span agent", "span function"} <= set(traces.seen)
+    assert traces.recorder.seen[0] == "trace Agent workflow"
+    assert {"span agent", "span function"} <= set(traces.recorder.seen)
+    exported = [item for body in traces.sent() for item in json.loads(body)["data"]]
+    assert {"trace", "trace.span"} <= {item["object"] for item in exported}
 
 
 @pytest.mark.parametrize("arguments, expected", [
