@@ -37,8 +37,8 @@ def kinbox_tools(turn: Turn) -> list[FunctionTool]:
     tools = []
     for schema in turn.tools.schemas():
         fn = schema["function"]
-        # Not strict: kinbox's schemas have optional arguments, which the SDK's strict
-        # mode would make required; kinbox checks every call against them anyway.
+        # Not strict: OpenAI's strict mode wants every property required, and kinbox's
+        # tools have optional ones; kinbox checks each call against the schema anyway.
         tools.append(FunctionTool(name=fn["name"], description=fn["description"],
                                   params_json_schema=fn["parameters"],
                                   on_invoke_tool=_invoker(turn, fn["name"]),
