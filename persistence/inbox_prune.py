@@ -142,10 +142,11 @@ class InboxPrune:
         open_tasks = {tid for part in chunks(named) for (tid,) in task.select(task.id).where(
             task.id.in_(part) & task.status.in_(OPEN_TASK_STATES)).tuples()}
         facts = [retention.RowFacts(mid, status, updated_at, owner is not None,
-                                    tasks[mid] in open_tasks)
+                                    tasks[mid] in open_tasks, tasks[mid] is not None)
                  for mid, status, updated_at, owner, _ in rows]
         ours = {f.message_id for f in facts}
-        following = [s for s in retention.chain_successors(ours)
+        chained = [f.message_id for f in facts if f.chained]
+        following = [s for s in retention.chain_successors(chained)
                      if s not in ours and s not in gone]
         kept = {mid for part in chunks(following)
                 for (mid,) in m.select(m.message_id).where(m.message_id.in_(part)).tuples()}

@@ -24,6 +24,10 @@ nothing that still runs reads it. The readers, and the rule each one forces:
 5. **No later message of its chain is kept.** Ids of one kind numbered in turn
    (``base``, ``base-2``, ``base-3``...: a task's result wake-ups and hand-backs,
    Focal's notices) are read by walking from ``base`` to the first id no row holds.
+   Only messages about a task are numbered so, and each names its task in its payload:
+   a row that names none is in no chain (a product's own ``invoice-7`` is not kept by
+   a recent ``invoice-8``, or a journal of consecutively numbered messages never
+   shrank).
    A pruned ``base`` with ``base-2`` kept would end that walk early (the parent would
    not take a foreground child's later result; a closing Focal heard would be told
    again), so a member goes only with, or after, the members that follow it. Deleting
@@ -89,6 +93,8 @@ class RowFacts:
     """A lease owner is set."""
     task_open: bool = False
     """Its payload names a task, and that task exists and is open."""
+    chained: bool = False
+    """Its payload names a task: it may be a member of a numbered chain (rule 5)."""
 
 
 def keep_reason(row: RowFacts, cutoff: float) -> Keep | None:
@@ -120,13 +126,15 @@ def prunable(rows: Sequence[RowFacts], cutoff: float,
 
     ``kept_elsewhere``: the successors (:func:`successors`) of these rows that exist in
     the journal and are not among ``rows``. A row whose successor stays, here or there,
-    stays too (rule 5), and so, in turn, does its own predecessor."""
+    stays too (rule 5), and so, in turn, does its own predecessor; a row that is in no
+    chain (:attr:`RowFacts.chained`) is not kept by the ids that would follow it."""
     going = {r.message_id for r in rows if keep_reason(r, cutoff) is None}
+    chained = {r.message_id for r in rows if r.chained}
     staying = set(kept_elsewhere) | {r.message_id for r in rows} - going
     changed = True
     while changed:  # a kept successor keeps its predecessor, and so on down the chain
         changed = False
-        for mid in list(going):
+        for mid in list(going & chained):
             if any(s in staying for s in successors(mid)):
                 going.discard(mid)
                 staying.add(mid)

@@ -111,9 +111,10 @@ def test_the_rows_of_an_open_task_stay_until_it_settles(stores: Stores) -> None:
 
 def test_a_chain_goes_whole_or_from_its_end_never_from_its_base(stores: Stores) -> None:
     j = stores.journal
+    notice = {"task_id": "t1"}  # a chain's messages are about a task (settled here)
     for mid in ("focal-blocked-t1", "focal-blocked-t1-2"):
-        deliver(j, mid, "focal")
-    send(j, "focal-blocked-t1-3", "focal")  # still open: the chain before it stays
+        deliver(j, mid, "focal", payload=notice)
+    send(j, "focal-blocked-t1-3", "focal", payload=notice)  # open: the chain before it stays
     assert j.prune(CUTOFF) == PruneCounts()
     [row] = j.claim("w1", T0 + 200).rows
     j.complete_turn("w1", "focal", [row.message_id], [], T0 + 201)
@@ -126,10 +127,10 @@ def test_a_chain_goes_whole_or_from_its_end_never_from_its_base(stores: Stores) 
 def test_a_chain_split_across_batches_is_pruned_in_one_prune_and_so_counted_dry(
         stores: Stores) -> None:
     j = stores.journal
-    deliver(j, "r", "p")
+    deliver(j, "r", "p", payload={"task_id": "t1"})
     for k in range(5):
         deliver(j, f"x{k}", f"q{k}")
-    deliver(j, "r-2", "p")
+    deliver(j, "r-2", "p", payload={"task_id": "t1"})
     assert j.prune(CUTOFF, batch=2, dry_run=True) == PruneCounts(rows=7, markers=7)
     assert len(ids(j)) == 7
     assert j.prune(CUTOFF, batch=2) == PruneCounts(rows=7, markers=7)
@@ -161,12 +162,13 @@ def test_a_prune_judges_rows_as_they_are_in_its_own_transaction(stores: Stores) 
     tasks = stores.tables.task
     tasks.insert(id="t1", project_id=None, chat_id="child", title="work",
                  status="completed", created_at=T0, updated_at=T0).execute()
-    deliver(j, "notice", "focal")
+    deliver(j, "notice", "focal", payload={"task_id": "t2"})
     deliver(j, "subagent-task-t1", "child", payload={"task_id": "t1"})
     deliver(j, "gone", "other")
     send(j, "open", "late")
     assert [r.message_id for r in j.claim("w1", T0, lease=10_000).rows] == ["open"]
-    j.meanwhile, j.reopen, j.finish = [NewMessage("notice-2", "focal", "next")], "t1", "open"
+    next_notice = NewMessage("notice-2", "focal", "next", payload={"task_id": "t2"})
+    j.meanwhile, j.reopen, j.finish = [next_notice], "t1", "open"
     assert j.prune(CUTOFF, batch=10) == PruneCounts(rows=1, markers=1)
     j.meanwhile, j.reopen, j.finish = [], None, None
     assert j.get("open")["status"] == "delivered"
@@ -189,3 +191,18 @@ def test_old_rows_below_a_long_run_of_recent_ones_are_reached(stores: Stores) ->
     assert first.counts == PruneCounts() and first.before_seq is not None
     assert j.prune(CUTOFF, batch=1) == PruneCounts(rows=2, markers=2)
     assert len(ids(j)) == 45
+
+
+def test_numbered_ids_of_a_product_are_no_chain(stores: Stores) -> None:
+    """Only messages about a task are numbered in chains (a child's hand-backs and
+    results, Focal's notices: their payload names the task). A product's own ids that end
+    in numbers (``invoice-7``, ``invoice-8``...) are no chain: an old one goes although
+    the next is recent, or the journal of a product numbering its messages never shrank."""
+    j = stores.journal
+    deliver(j, "invoice-7", "a")
+    deliver(j, "invoice-7-2", "a")
+    deliver(j, "invoice-8", "a", T0 + 100)
+    deliver(j, "invoice-8-2", "b", T0 + 100)
+    assert j.prune(CUTOFF, dry_run=True) == PruneCounts(rows=2, markers=2)
+    assert j.prune(CUTOFF) == PruneCounts(rows=2, markers=2)
+    assert ids(j) == ["invoice-8", "invoice-8-2"]

@@ -19,8 +19,8 @@ CUTOFF = 1000.0
 
 
 def old(mid: str, status: str = "delivered", *, leased: bool = False,
-        task_open: bool = False) -> RowFacts:
-    return RowFacts(mid, status, CUTOFF - 1, leased, task_open)
+        task_open: bool = False, chained: bool = False) -> RowFacts:
+    return RowFacts(mid, status, CUTOFF - 1, leased, task_open, chained)
 
 
 @pytest.mark.parametrize("state", [State.PENDING, State.PROCESSING, State.FAILED])
@@ -53,18 +53,27 @@ def test_successors_are_the_next_numbered_ids() -> None:
 
 
 def test_a_chain_member_stays_while_a_later_member_is_kept_and_so_do_those_before() -> None:
-    rows = [old("b-3"), old("b-2"), old("b"), old("x")]
+    rows = [old("b-3", chained=True), old("b-2", chained=True), old("b", chained=True),
+            old("x", chained=True)]
     assert prunable(rows, CUTOFF, kept_elsewhere={"b-4"}) == ["x"]
     assert prunable(rows, CUTOFF, kept_elsewhere=set()) == ["b-3", "b-2", "b", "x"]
 
 
 def test_a_chain_member_kept_in_the_same_batch_keeps_its_predecessors() -> None:
-    rows = [RowFacts("b-2", "pending", 0.0, False), RowFacts("b", "delivered", 0.0, False),
-            RowFacts("c", "delivered", 0.0, False)]
+    rows = [RowFacts("b-2", "pending", 0.0, False, chained=True),
+            RowFacts("b", "delivered", 0.0, False, chained=True),
+            RowFacts("c", "delivered", 0.0, False, chained=True)]
     assert prunable(rows, CUTOFF, kept_elsewhere=set()) == ["c"]
 
 
 def test_the_last_member_of_a_chain_may_go_before_the_others() -> None:
     """A chain cut at its end is still walked from its base without a gap."""
-    rows = [RowFacts("b-2", "delivered", 0.0, False), RowFacts("b", "delivered", CUTOFF, False)]
+    rows = [RowFacts("b-2", "delivered", 0.0, False, chained=True),
+            RowFacts("b", "delivered", CUTOFF, False, chained=True)]
     assert prunable(rows, CUTOFF, kept_elsewhere=set()) == ["b-2"]
+
+
+def test_rows_that_name_no_task_are_no_chain() -> None:
+    """A product's ``invoice-7`` is not kept by a recent ``invoice-8`` or ``invoice-7-2``."""
+    rows = [RowFacts("invoice-7", "delivered", 0.0, False)]
+    assert prunable(rows, CUTOFF, kept_elsewhere={"invoice-8", "invoice-7-2"}) == ["invoice-7"]
