@@ -109,11 +109,13 @@ class TickApi:
             self._take_over_from_the_gone()
         if self._services is not None and self._state == "running":
             self._services.tick()
-        if ctx is not None and self._retention is not None and self._state == "running":
-            self._retention.tick(ctx)  # one bounded batch, when a pass is under way or due
         if ctx is not None and ctx.dispatcher is not None and self._state == "running":
             self._report_ended_elsewhere(ctx)
             try:
                 ctx.dispatcher.tell(Tick())
             except Exception:
                 pass  # the dispatcher is stopping
+        # Last: a batch waits on the writer, and the dispatcher's tick (lease renewals,
+        # due rows) must not wait behind it.
+        if ctx is not None and self._retention is not None and self._state == "running":
+            self._retention.tick(ctx)  # one bounded batch, when a pass is under way or due

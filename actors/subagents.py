@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from functools import partial
 
 from ..persistence import (
@@ -35,6 +35,7 @@ from ..persistence import (
     SessionRecord,
     TaskChange,
 )
+from ..persistence.numbered_ids import numbered
 from . import task_rules
 from .context import HookReads, RuntimeContext, TurnEffects
 from .running import RUNTIME_STOP
@@ -62,13 +63,8 @@ def taken_ids(ctx: RuntimeContext, base: str) -> list[str]:
     """The ids of ``base``'s messages written so far, oldest first (as :func:`next_free_id`
     chose them, in order, with no gap)."""
     return list(itertools.takewhile(lambda mid: ctx.journal.hot.existing(mid) is not None,
-                                    _numbered(base)))
+                                    numbered(base)))
 
-
-def _numbered(base: str) -> Iterator[str]:
-    """``base``, ``base-2``, ``base-3``...: the ids a message of one kind takes in turn."""
-    yield base
-    yield from (f"{base}-{n}" for n in itertools.count(2))
 
 
 def next_free_id(ctx: RuntimeContext, base: str) -> str:
@@ -78,7 +74,7 @@ def next_free_id(ctx: RuntimeContext, base: str) -> str:
 
     Read before the commit: only this child's turns, one at a time, write these rows,
     and a commit that did not happen wrote none of them."""
-    return next(mid for mid in _numbered(base) if ctx.journal.hot.existing(mid) is None)
+    return next(mid for mid in numbered(base) if ctx.journal.hot.existing(mid) is None)
 
 
 REPORT_INTERVAL = 30.0
@@ -271,7 +267,7 @@ def _task_messages(ctx: RuntimeContext, task_id: str) -> list[str]:
     ``-resumed-2``... as :func:`next_free_id` chose them, in order, with no gap)."""
     base = task_message_id(task_id)
     return [base, *itertools.takewhile(lambda mid: ctx.journal.hot.existing(mid) is not None,
-                                       _numbered(f"{base}-resumed"))]
+                                       numbered(f"{base}-resumed"))]
 
 
 def _report_one(ctx: RuntimeContext, mid: str) -> int:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from . import retention
 from .hot_path import chunks
 from .models import Tables
+from .numbered_ids import chain_successors, is_numbered
 from .tasks import OPEN_TASK_STATES
 from .writer import GroupCommitWriter
 
@@ -123,7 +124,7 @@ class InboxPrune:
             return PruneBatch(self.writer.call(lambda: self._judge_and_delete(ids, cutoff)),
                               after)
         going = self._going(ids, cutoff, would_go)
-        would_go.update(mid for mid in going if retention.is_numbered(mid))
+        would_go.update(mid for mid in going if is_numbered(mid))
         return PruneBatch(self._count(going), after)
 
     # -- inside a transaction (or, for a dry run, on the caller's connection) ---------------
@@ -146,7 +147,7 @@ class InboxPrune:
                  for mid, status, updated_at, owner, _ in rows]
         ours = {f.message_id for f in facts}
         chained = [f.message_id for f in facts if f.chained]
-        following = [s for s in retention.chain_successors(chained)
+        following = [s for s in chain_successors(chained)
                      if s not in ours and s not in gone]
         kept = {mid for part in chunks(following)
                 for (mid,) in m.select(m.message_id).where(m.message_id.in_(part)).tuples()}

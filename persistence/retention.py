@@ -44,12 +44,12 @@ successors exist.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from .inbox_core import CANCELLED, DELIVERED
+from .numbered_ids import successors
 
 PRUNABLE_STATES = (DELIVERED, CANCELLED)
 """The states a prune may delete (rule 1): terminal, and no operator waits on them."""
@@ -60,9 +60,6 @@ senders wait at most one batch's deletes behind it."""
 
 MAX_BATCH = 10_000
 """The largest batch a caller may ask for."""
-
-_NUMBERED = re.compile(r"^(?P<base>.+)-(?P<n>[0-9]+)$")
-
 
 class Keep(StrEnum):
     """Why a row stays (each a rule of the module docstring)."""
@@ -110,15 +107,6 @@ def keep_reason(row: RowFacts, cutoff: float) -> Keep | None:
     return None
 
 
-def successors(message_id: str) -> tuple[str, ...]:
-    """The ids that would follow ``message_id`` in a numbered chain: ``<id>-2`` (it may be
-    a chain's base), and ``<base>-<n+1>`` when it is ``<base>-<n>``."""
-    following = [f"{message_id}-2"]
-    match = _NUMBERED.match(message_id)
-    if match is not None:
-        following.append(f"{match['base']}-{int(match['n']) + 1}")
-    return tuple(following)
-
 
 def prunable(rows: Sequence[RowFacts], cutoff: float,
              kept_elsewhere: Collection[str]) -> list[str]:
@@ -140,15 +128,3 @@ def prunable(rows: Sequence[RowFacts], cutoff: float,
                 staying.add(mid)
                 changed = True
     return [r.message_id for r in rows if r.message_id in going]
-
-
-def is_numbered(message_id: str) -> bool:
-    """``message_id`` has the form of a chain's later member (``<base>-<n>``): the only
-    ids that can be another's successor."""
-    return _NUMBERED.match(message_id) is not None
-
-
-def chain_successors(ids: Iterable[str]) -> list[str]:
-    """Every successor id of ``ids`` (for the caller's one query of which exist)."""
-    return sorted({s for mid in ids for s in successors(mid)})
-

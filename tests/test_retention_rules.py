@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from kinbox.persistence.inbox_core import State
+from kinbox.persistence.numbered_ids import chain_successors, numbered, successors
 from kinbox.persistence.retention import (
     PRUNABLE_STATES,
     Keep,
     RowFacts,
-    chain_successors,
     keep_reason,
     prunable,
-    successors,
 )
 
 CUTOFF = 1000.0
@@ -50,6 +51,13 @@ def test_successors_are_the_next_numbered_ids() -> None:
     assert successors("subagent-result-t1-2") == ("subagent-result-t1-2-2",
                                                   "subagent-result-t1-3")
     assert chain_successors(["a", "a-2"]) == ["a-2", "a-2-2", "a-3"]
+
+
+def test_the_ids_a_chain_takes_are_the_ids_a_prune_sees_following() -> None:
+    # One scheme for the writer of chains (subagents.next_free_id) and the prune: each
+    # id a chain takes is a successor of the one before it.
+    ids = list(itertools.islice(numbered("subagent-result-t1"), 5))
+    assert all(b in successors(a) for a, b in itertools.pairwise(ids))
 
 
 def test_a_chain_member_stays_while_a_later_member_is_kept_and_so_do_those_before() -> None:
