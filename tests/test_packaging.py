@@ -14,6 +14,7 @@ PACKAGES = ("actors", "persistence", "transport")
 PURE_MODULES = [
     "persistence/inbox_core.py",
     "persistence/retention.py",
+    "persistence/numbered_ids.py",
     "actors/access.py",
     "actors/passivation.py",
     "actors/validation.py",
