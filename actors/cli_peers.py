@@ -21,7 +21,6 @@ from typing import TextIO
 from ..persistence import RowNotFound, default_url, require_current, upgrade
 from ..persistence.opened import opened
 from ..persistence.peers import PeerStore
-from ..transport import key_file
 from ..transport.errors import TransportError
 from ..transport.frames import shown
 from ..transport.grants import (
@@ -37,7 +36,7 @@ from ..transport.key_file import private_folder
 from .cli_ops import _emit, _when, common, operator_clock
 from .data_dirs import add_data_dir_flag
 from .errors import ConfigError
-from .peers import complete_pairing, new_invite
+from .peers import complete_pairing, device_identity, new_invite
 from .runtime import resolve_data_dir
 
 
@@ -58,7 +57,7 @@ def _peers(args: argparse.Namespace, *, create: bool = False, read_only: bool = 
                 schema=require_current if read_only else upgrade,
                 writer_name="kinbox-cli-writer") as (tables, writer):
         try:
-            identity = (key_file.load_or_create(resolve_data_dir(url, args.data_dir))
+            identity = (device_identity(resolve_data_dir(url, args.data_dir))
                         if create else None)
             yield PeerStore(tables, writer), identity
         except (TransportError, ValueError) as exc:

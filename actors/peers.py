@@ -66,6 +66,15 @@ def is_peer_target(agent_id: str) -> bool:
     return agent_id.startswith(PEER_PREFIX)
 
 
+def device_identity(data_dir: Path) -> DeviceIdentity:
+    """This device's key from ``data_dir`` (made on first use); an unusable key file is a
+    :class:`ConfigError` naming ``data_dir``, for a runtime's start as for the CLI."""
+    try:
+        return key_file.load_or_create(data_dir)
+    except IdentityError as exc:
+        raise ConfigError(str(exc), field="data_dir") from exc
+
+
 class PeerService:
     """Peers of one started runtime."""
 
@@ -75,10 +84,7 @@ class PeerService:
         """False in a send-only runtime: it receives and queues, but runs no outbound link
         (the delivering process's link sends the rows)."""
         self.data_dir = data_dir
-        try:
-            self.identity = key_file.load_or_create(data_dir)
-        except IdentityError as exc:  # the runtime's start reports it as any bad argument
-            raise ConfigError(str(exc), field="data_dir") from exc
+        self.identity = device_identity(data_dir)
         t, w = ctx.journal.t, ctx.journal.writer
         self.peers = PeerStore(t, w)
         self.outbox = PeerOutbox(t, w)
