@@ -197,6 +197,8 @@ class CronStore:
         job's run still marked running (if any), and says what the
         occurrence does.
         """
+        if not firing.has_due(self.t.cron_job, now):
+            return []  # the usual look: nothing due, no write to queue
         r = self.t.cron_run
         plans: dict[str, Occurrence] = {}
         recorded: list[CronRunRecord] = []
@@ -228,10 +230,13 @@ class CronStore:
     def take_over(self, now: float, owner: str, lease: float) -> list[CronRunRecord]:
         """Lease every running run whose owner's lease ran out (its runtime died)."""
         r = self.t.cron_run
+        lapsed = (r.status == "running") & (r.lease_until < now)
+        if not r.select().where(lapsed).exists():
+            return []  # the usual look: every run alive (or none), no write to queue
 
         def op() -> list[CronRunRecord]:
             taken = []
-            for row in r.select().where(r.status == "running", r.lease_until < now):
+            for row in r.select().where(lapsed):
                 if r.update(owner=owner, lease_until=now + lease, attempts=row.attempts + 1).where(
                         r.id == row.id, r.owner == row.owner,
                         r.lease_until == row.lease_until).execute():

@@ -13,11 +13,12 @@ together or not at all.
 
 ``move_due`` moves rows' next runs the same way (a clock set back: the
 caller decides which and where): a row another process fired or moved
-meanwhile is left to it. ``has_due_moves`` asks the same question with a read
-alone: a row written by a clock that read ahead stays "written late" until
-this clock catches up (days, maybe), moved or not, and every look at the table
-that queued a transaction to move nothing held the writer (and SQLite's write
-lock) for nothing.
+meanwhile is left to it. ``has_due`` and ``has_due_moves`` ask the same
+questions with a read alone, so that a look finding nothing queues no
+transaction: almost every look at a schedule table finds nothing due, and a
+row written by a clock that read ahead stays "written late" until this clock
+catches up (days, maybe), moved or not; every such look that queued a
+transaction held the writer (and SQLite's write lock) for nothing.
 """
 
 from __future__ import annotations
@@ -52,6 +53,14 @@ def fire_due(model: type[pw.Model], now: float, to_record: Callable[[Any], R],
             on_fire(record)
             fired.append(record)
     return fired
+
+
+def has_due(model: type[pw.Model], now: float) -> bool:
+    """Would :func:`fire_due` find a due row now? A read, outside any transaction of the
+    writer's: every look at a schedule table (each tick, each poll) found nothing due
+    almost always, and queued a transaction for it all the same."""
+    m: Any = model
+    return m.select().where(m.active == True, m.next_run_at <= now).exists()  # noqa: E712
 
 
 def _to_move(model: type[pw.Model], written_late: Any, to_record: Callable[[Any], R],
