@@ -122,6 +122,9 @@ class JobStore:
                  on_fire: Callable[[JobRecord, float], None]) -> list[JobRecord]:
         """Advance every due job once (compare-and-set) and run ``on_fire`` in the same
         transaction; a job fired by another process in between is skipped."""
+        if not firing.has_due(self.t.job, now):
+            return []  # the usual look: nothing due, no write to queue
+
         def advance(job: JobRecord) -> dict[str, Any]:
             upcoming = next_after(job, now)
             return {"next_run_at": upcoming, "last_run_at": now, "active": upcoming is not None}

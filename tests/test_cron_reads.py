@@ -14,7 +14,14 @@ from collections.abc import Callable
 import pytest
 
 from kinbox.actors import ManualClock, Runtime
-from kinbox.persistence import CronJobRecord, CronRunRecord, CronStore, Occurrence
+from kinbox.persistence import (
+    CronJobRecord,
+    CronRunRecord,
+    CronStore,
+    JobRecord,
+    JobStore,
+    Occurrence,
+)
 
 from .conftest import Stores
 
@@ -70,3 +77,16 @@ def test_a_runtime_s_ticks_with_nothing_due_leave_the_writer_alone(
         after = rt.statistics()["writer"]
         assert (after["batches"], after["operations"]) == (before["batches"],
                                                            before["operations"])
+
+
+def test_focal_s_schedule_looks_with_nothing_due_write_nothing_either(stores: Stores) -> None:
+    """Focal's wake-ups fire through the same compare-and-set, at every tick too."""
+    jobs = JobStore(stores.tables, stores.writer)
+    jobs.create(JobRecord("wake", "focal-x", "reminder", "n", None, None, NOW + 60, NOW + 60,
+                          None, True, NOW))
+    before = operations(stores)
+    for i in range(10):
+        assert jobs.fire_due(NOW + i, lambda _job, _now: None, lambda _job, _now: None) == []
+    assert operations(stores) == before
+    fired = jobs.fire_due(NOW + 60, lambda _job, _now: None, lambda _job, _now: None)
+    assert [j.id for j in fired] == ["wake"] and operations(stores) == before + 1
