@@ -16,7 +16,7 @@ from typing import Any, TextIO
 from ..persistence import CronStore
 from ..transport import RUNS_LIMIT
 from . import cron_rules as rules
-from .cli_ops import _emit, _when, common, stores, whole_number
+from .cli_ops import _emit, _offset, _when, common, emit_page, stores, whole_number
 from .cron_jobs import CronJobs
 from .triggers import local_time
 
@@ -46,9 +46,11 @@ def _line(job: dict[str, Any]) -> str:
 
 
 def cron_list(args: argparse.Namespace, out: TextIO) -> int:
-    """``kinbox cron list``."""
-    jobs = _jobs(args, lambda j: j.jobs(), read_only=True)
-    _emit(out, args.json, jobs, [_line(j) for j in jobs] or ["no cron jobs"])
+    """``kinbox cron list``: a page of jobs, read as a page (not every job)."""
+    jobs, more = _jobs(args, lambda j: j.jobs_page(args.limit, args.offset), read_only=True)
+    lines = [_line(j) for j in jobs] or [
+        "no cron jobs" + (f" from offset {args.offset}" if args.offset else "")]
+    emit_page(out, args, jobs, more, lines, next_page="the next {limit}")
     return 0
 
 
@@ -76,12 +78,15 @@ def _action(verb: str, past: str) -> Any:
 
 def cron_runs(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox cron runs [JOB_ID]``: newest first."""
-    runs = _jobs(args, lambda j: j.runs(args.job_id, args.limit), read_only=True)
+    runs, more = _jobs(args, lambda j: j.runs_page(args.job_id, args.limit, args.offset),
+                       read_only=True)
     lines = [f"{r['run_id']:<32} {r['status']:<8} attempt {r['attempts']}  "
              f"started {_utc(r['started_at'])}  "
              + (f"error: {r['error']}" if r["error"] else (r["result"] or "")[:60])
              for r in runs]
-    _emit(out, args.json, runs, lines or ["no runs"])
+    emit_page(out, args, runs, more, lines or [
+        "no runs" + (f" from offset {args.offset}" if args.offset else "")],
+        next_page="the {limit} runs before these")
     return 0
 
 
@@ -95,8 +100,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
     cron = sub.add_parser("cron", help="user cron jobs: prompts run on a schedule")
     csub = cron.add_subparsers(dest="action", required=True)
-    common(csub.add_parser("list", help="every job, soonest due first")).set_defaults(
-        handler=cron_list)
+    p = common(csub.add_parser("list", help="jobs, soonest due first, paused ones last"))
+    p.add_argument("--limit", type=_runs_limit, default=100,
+                   help=f"at most N jobs, 1 to {RUNS_LIMIT} (default 100)")
+    p.add_argument("--offset", type=_offset, default=0,
+                   help="skip the first N (the next page: --offset 100)")
+    p.set_defaults(handler=cron_list)
     p = common(csub.add_parser("add", help="add a job"))
     p.add_argument("name")
     p.add_argument("--cron", required=True, help='crontab expression, e.g. "0 9 * * 1-5"')
@@ -116,4 +125,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("job_id", nargs="?")
     p.add_argument("--limit", type=_runs_limit, default=20,
                    help=f"the newest N runs, 1 to {RUNS_LIMIT} (default 20)")
+    p.add_argument("--offset", type=_offset, default=0,
+                   help="but the newest N (the page before: --offset 20)")
     p.set_defaults(handler=cron_runs)

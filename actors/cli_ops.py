@@ -100,6 +100,19 @@ def _emit(out: TextIO, as_json: bool, data: Any, lines: list[str]) -> None:
                   + ("\n" if lines else ""))
 
 
+def emit_page(out: TextIO, args: argparse.Namespace, items: list[Any], more: bool,
+              lines: list[str], *, next_page: str) -> None:
+    """Print one page of a listing read one row past ``args.limit`` (``more``: that row
+    was there). ``--json`` prints ``{"items", "more", "next_offset"}``: a bare list left
+    a script to believe a cut listing was whole. The table ends with a line saying how
+    to list the ``next_page`` (say, "the next {limit}") when there is one."""
+    next_offset = args.offset + len(items) if more else None
+    if more:
+        lines = [*lines, f"... more: --offset {next_offset} lists "
+                         + next_page.format(limit=args.limit)]
+    _emit(out, args.json, {"items": items, "more": more, "next_offset": next_offset}, lines)
+
+
 def _age(seconds: float) -> str:
     if seconds < 120:
         return f"{max(seconds, 0):.0f}s"
@@ -119,8 +132,12 @@ def last_line(error: str | None) -> str:
 def inbox_list(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox inbox list``: rows with their age and last error, never their bodies."""
     with stores(args.db, read_only=True) as (journal, _), operator_clock(journal.t.db) as clock:
-        rows = journal.rows(state=args.state, target=args.target, limit=args.limit)
+        # One more than asked (the oldest, listed first) says whether older rows follow.
+        rows = journal.rows(state=args.state, target=args.target, limit=args.limit + 1,
+                            offset=args.offset)
         now = clock.now()  # the rows' own clock: ages are not off by this machine's skew
+    more = len(rows) > args.limit
+    rows = rows[1:] if more else rows
     lines = [f"{'seq':>6}  {'state':<10} {'att':>3} {'age':>5}  {'target':<28} {'kind':<22} "
              f"{'message_id':<40} last error"]
     lines += [f"{r['seq']:>6}  {r['status']:<10} {r['attempts']:>3} "
@@ -128,11 +145,12 @@ def inbox_list(args: argparse.Namespace, out: TextIO) -> int:
               f"{r['kind']:<22} {r['message_id']:<40} {last_line(r['last_error'])[:80]}"
               for r in rows]
     if not rows:
-        lines = ["no rows" + (f" in state {args.state}" if args.state else "")]
+        lines = ["no rows" + (f" in state {args.state}" if args.state else "")
+                 + (f" from offset {args.offset}" if args.offset else "")]
     # Message bodies stay out of listings; `inbox show` prints one on request.
     for r in rows:
         r.pop("content", None)
-    _emit(out, args.json, rows, lines)
+    emit_page(out, args, rows, more, lines, next_page="the {limit} rows before these")
     return 0
 
 
@@ -209,11 +227,9 @@ def sessions_list(args: argparse.Namespace, out: TextIO) -> int:
     lines = [f"{'id':<32} {'kind':<12} {'status':<7} {'project':<16} title"]
     lines += [f"{d['id']:<32} {d['kind']:<12} {d['status']:<7} {d['project'] or '-':<16} "
               f"{d['title']}" for d in data]
-    if more:
-        lines.append(f"... more: --offset {args.offset + args.limit} lists the next "
-                     f"{args.limit}")
-    _emit(out, args.json, data, lines if data else
-          ["no sessions" + (f" from offset {args.offset}" if args.offset else "")])
+    if not data:
+        lines = ["no sessions" + (f" from offset {args.offset}" if args.offset else "")]
+    emit_page(out, args, data, more, lines, next_page="the next {limit}")
     return 0
 
 
@@ -281,6 +297,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--target", type=_session_id, help="only rows addressed to this session")
     p.add_argument("--limit", type=_positive, default=100,
                    help="the newest N rows (default 100), listed oldest first")
+    p.add_argument("--offset", type=_offset, default=0,
+                   help="but the newest N (the page before: --offset 100)")
     p.set_defaults(handler=inbox_list)
     p = common(isub.add_parser("show", help="one row in full, with its history"))
     p.add_argument("message_id")

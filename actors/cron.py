@@ -114,6 +114,11 @@ class CronService:
         :data:`~kinbox.transport.RUNS_LIMIT`) from the ``offset``-th on."""
         return self.definitions.jobs(limit, offset)
 
+    def jobs_page(self, limit: int, offset: int = 0) -> tuple[list[dict[str, Any]], bool]:
+        """At most ``limit`` jobs in listing order from the ``offset``-th on, read in one
+        query, and whether more follow."""
+        return self.definitions.jobs_page(limit, offset)
+
     def pause(self, job_id: str) -> dict[str, Any]:
         """Stop a job's schedule (its runs and session stay)."""
         return self.definitions.pause(job_id)
@@ -135,6 +140,12 @@ class CronService:
     def runs(self, job_id: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         """Run records, newest first (of one job, or of all)."""
         return self.definitions.runs(job_id, limit)
+
+    def runs_page(self, job_id: str | None = None, limit: int = 50, offset: int = 0
+                  ) -> tuple[list[dict[str, Any]], bool]:
+        """Run records, newest first, at most ``limit`` from the ``offset``-th on, and
+        whether older ones follow."""
+        return self.definitions.runs_page(job_id, limit, offset)
 
     def drain_announcements(self) -> Drained:
         """Take the queued announcements of finished runs (the UI's feed), oldest first;

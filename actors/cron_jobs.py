@@ -34,6 +34,16 @@ def _check_limit(limit: object) -> None:
                                             f"not {quoted(limit)}")
 
 
+def _check_offset(offset: object) -> None:
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise rules.InvalidCronJob("offset", f"give a whole number from 0, not {quoted(offset)}")
+
+
+def _cut(records: list[Any], limit: int) -> tuple[list[dict[str, Any]], bool]:
+    """A page read one record past ``limit``: the page, and whether more follow."""
+    return [r.to_dict() for r in records[:limit]], len(records) > limit
+
+
 class CronJobs:
     """Cron job definitions on one database."""
 
@@ -93,10 +103,17 @@ class CronJobs:
         :data:`~kinbox.transport.RUNS_LIMIT`) from the ``offset``-th on."""
         if limit is not None:
             _check_limit(limit)
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise rules.InvalidCronJob("offset",
-                                       f"give a whole number from 0, not {quoted(offset)}")
+        _check_offset(offset)
         return [j.to_dict() for j in self.store.jobs(limit=limit, offset=offset)]
+
+    def jobs_page(self, limit: int, offset: int = 0) -> tuple[list[dict[str, Any]], bool]:
+        """At most ``limit`` jobs (1 to :data:`~kinbox.transport.RUNS_LIMIT`) in listing
+        order from the ``offset``-th on, and whether more follow: one read, one job past
+        the page (the order ends on the id, so pages neither repeat nor skip a job that
+        stays put)."""
+        _check_limit(limit)
+        _check_offset(offset)
+        return _cut(self.store.jobs(limit=limit + 1, offset=offset), limit)
 
     def pause(self, job_id: str) -> dict[str, Any]:
         """Stop a job's schedule (its runs and session stay)."""
@@ -128,10 +145,17 @@ class CronJobs:
     def runs(self, job_id: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         """Run records, newest first (of one job, or of all); at most ``limit``, 1 to
         :data:`~kinbox.transport.RUNS_LIMIT`."""
+        return self.runs_page(job_id, limit)[0]
+
+    def runs_page(self, job_id: str | None = None, limit: int = 50, offset: int = 0
+                  ) -> tuple[list[dict[str, Any]], bool]:
+        """Run records, newest first (ties by id), at most ``limit`` from the ``offset``-th
+        on, and whether older ones follow."""
         _check_limit(limit)
+        _check_offset(offset)
         if job_id is not None:
             self.get(job_id)
-        return [r.to_dict() for r in self.store.runs(job_id, limit=limit)]
+        return _cut(self.store.runs(job_id, limit=limit + 1, offset=offset), limit)
 
     def _changed(self, job_id: str, job: CronJobRecord | None) -> dict[str, Any]:
         if job is None:

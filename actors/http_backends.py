@@ -83,8 +83,7 @@ class CronHttpBackend:
     def jobs(self, limit: int, offset: int) -> tuple[list[dict[str, Any]], bool]:
         """``GET /cron/jobs``: a page, and whether another follows."""
         with answered(self.rt):
-            page = self.cron.jobs(limit, offset)
-            return page, bool(self.cron.jobs(1, offset + len(page))) if page else False
+            return self.cron.jobs_page(limit, offset)
 
     def job(self, job_id: str) -> dict[str, Any]:
         """``GET /cron/jobs/{job_id}``."""
@@ -106,10 +105,12 @@ class CronHttpBackend:
             result: dict[str, Any] = getattr(self.cron, action)(job_id)
         return result
 
-    def runs(self, job_id: str | None, limit: int) -> list[dict[str, Any]]:
-        """``GET /cron/jobs/{job_id}/runs`` and ``GET /cron/runs``."""
+    def runs(self, job_id: str | None, limit: int, offset: int
+             ) -> tuple[list[dict[str, Any]], bool]:
+        """``GET /cron/jobs/{job_id}/runs`` and ``GET /cron/runs``: a page, and whether
+        older runs follow."""
         with answered(self.rt):
-            return self.cron.runs(job_id, limit)
+            return self.cron.runs_page(job_id, limit, offset)
 
     def drain_announcements(self) -> tuple[list[dict[str, Any]], int]:
         """``POST /cron/announcements/drain``."""

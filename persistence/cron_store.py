@@ -174,10 +174,11 @@ class CronStore:
 
     # -- runs ------------------------------------------------------------------------------
 
-    def runs(self, job_id: str | None = None, *, limit: int = 50) -> list[CronRunRecord]:
-        """Runs, newest first."""
+    def runs(self, job_id: str | None = None, *, limit: int = 50,
+             offset: int = 0) -> list[CronRunRecord]:
+        """Runs, newest first (ties by id); at most ``limit`` from the ``offset``-th on."""
         r = self.t.cron_run
-        q = r.select().order_by(r.started_at.desc(), r.id.desc()).limit(limit)
+        q = r.select().order_by(r.started_at.desc(), r.id.desc()).limit(limit).offset(offset)
         if job_id is not None:
             q = q.where(r.job_id == job_id)
         return [_run(x) for x in q]

@@ -69,17 +69,18 @@ class InboxReads:
         return counts
 
     def rows(self, *, state: str | None = None, target: str | None = None,
-             limit: int | None = None) -> list[dict[str, Any]]:
+             limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
         """Rows in journal order, filtered by state and target; with ``limit``, the newest
-        ``limit`` of them (an operator looks for what happened last)."""
+        ``limit`` of them (an operator looks for what happened last) but the ``offset``
+        newest (the page before: paging goes back in time, by ``seq``, which is unique)."""
         m = self.t.inbox
         q = m.select().order_by(m.seq.desc())
         if state:
             q = q.where(m.status == state)
         if target is not None:
             q = q.where(m.target_chat_id == target)
-        if limit:
-            q = q.limit(limit)
+        if limit or offset:
+            q = q.limit(limit).offset(offset)
         return [row_to_dict(r) for r in reversed(list(q))]
 
     def counts(self) -> dict[str, int]:

@@ -84,7 +84,7 @@ def test_usage_errors_exit_two(args: tuple[str, ...]) -> None:
 def test_inbox_list_filters_by_state_and_hides_bodies(failed_row_db: str) -> None:
     result = kinbox("inbox", "list", "--db", failed_row_db, "--state", "failed", "--json")
     assert result.returncode == 0, result.stderr
-    rows = json.loads(result.stdout)
+    rows = json.loads(result.stdout)["items"]
     assert [r["message_id"] for r in rows] == ["stuck"]
     assert "content" not in rows[0]
     text = kinbox("inbox", "list", "--db", failed_row_db)
@@ -93,7 +93,7 @@ def test_inbox_list_filters_by_state_and_hides_bodies(failed_row_db: str) -> Non
 
 def test_the_database_can_come_from_kinbox_db(failed_row_db: str) -> None:
     result = kinbox("inbox", "list", "--json", env={"KINBOX_DB": failed_row_db})
-    assert len(json.loads(result.stdout)) == 3
+    assert len(json.loads(result.stdout)["items"]) == 3
 
 
 def test_inbox_show_prints_the_row_and_its_history(failed_row_db: str) -> None:
@@ -118,7 +118,7 @@ def test_requeue_moves_only_failed_rows_back_to_pending(failed_row_db: str) -> N
 
 def test_sessions_list_and_db_status(failed_row_db: str) -> None:
     sessions = json.loads(kinbox("sessions", "list", "--db", failed_row_db, "--json").stdout)
-    assert [s["id"] for s in sessions] == ["s1"]
+    assert [s["id"] for s in sessions["items"]] == ["s1"]
     status = json.loads(kinbox("db", "status", "--db", failed_row_db, "--json").stdout)
     assert status["up_to_date"] is True
     assert status["rows"] == {"delivered": 1, "failed": 1, "pending": 1}
@@ -134,7 +134,7 @@ def test_sessions_list_shows_a_page_and_says_how_to_see_the_next(db_url: str) ->
     def listed(*args: str) -> list[str]:
         done = kinbox("sessions", "list", "--db", db_url, "--json", *args)
         assert done.returncode == 0, done.stderr
-        return [row["id"] for row in json.loads(done.stdout)]
+        return [row["id"] for row in json.loads(done.stdout)["items"]]
     ids = [f"s{i:03d}" for i in range(103)]  # one time: most recent first is by id
     assert listed() == ids[:100]
     assert listed("--limit", "2", "--offset", "100") == ids[100:102]
@@ -246,8 +246,8 @@ def test_read_only_commands_work_on_a_read_only_folder(read_only_folder: str,
     result = kinbox(*command, "--db", read_only_folder, "--json")
     assert result.returncode == 0, result.stderr
     if command == ("inbox", "list"):
-        assert {r["message_id"] for r in json.loads(result.stdout)} == {"ok", "stuck",
-                                                                        "waiting"}
+        listed = json.loads(result.stdout)["items"]
+        assert {r["message_id"] for r in listed} == {"ok", "stuck", "waiting"}
 
 
 def test_read_only_commands_leave_the_database_file_as_it_was(failed_row_db: str) -> None:

@@ -72,7 +72,8 @@ def test_invalid_jobs_are_refused_with_a_clear_error_and_nothing_written(
                             "unknown time zone")):
         code, _ = run(cron_db, "add", "job", *args)
         assert code == 1 and fragment in capsys.readouterr().err
-    assert run(cron_db, "list", "--json") == (0, "[]\n")
+    code, text = run(cron_db, "list", "--json")
+    assert (code, json.loads(text)) == (0, {"items": [], "more": False, "next_offset": None})
 
 
 def test_a_job_triggered_from_the_cli_runs_in_a_runtime_with_a_brain(cron_db: str) -> None:
@@ -87,7 +88,7 @@ def test_a_job_triggered_from_the_cli_runs_in_a_runtime_with_a_brain(cron_db: st
         rt.run_until_idle()
     code, text = run(cron_db, "runs", job_id, "--json")
     assert code == 0
-    [record] = json.loads(text)
+    [record] = json.loads(text)["items"]
     assert (record["status"], record["result"]) == ("success", "pong")
 
 

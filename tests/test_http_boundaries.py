@@ -73,6 +73,27 @@ def test_the_job_listing_is_bounded_and_pages_with_an_offset(
     assert (status, got["error"]) == (422, "invalid_argument")
 
 
+def test_the_run_listings_say_when_older_runs_follow(served: tuple[Served, Runtime]) -> None:
+    """``GET /cron/runs`` answered at most ``limit`` runs (50 by default) and never said
+    that older ones were left out, nor how to read them."""
+    srv, rt = served
+    job = rt.cron.add("job", "0 9 * * *", "p")["job_id"]
+    r = rt.cron.store.t.cron_run
+    rt.cron.store.writer.call(lambda: r.insert_many([
+        {"id": f"r{i:02d}", "job_id": job, "scheduled_for": i, "started_at": i,
+         "finished_at": i, "status": "success", "result": "ok", "error": None,
+         "owner": None, "lease_until": None, "attempts": 1} for i in range(5)]).execute())
+    for path in ("/cron/runs", f"/cron/jobs/{job}/runs"):
+        status, headers, newest = srv.exchange("GET", f"{path}?limit=3")
+        assert status == 200 and [x["run_id"] for x in newest] == ["r04", "r03", "r02"]
+        assert headers["x-kinbox-next-offset"] == "3"
+        status, headers, older = srv.exchange("GET", f"{path}?limit=3&offset=3")
+        assert status == 200 and [x["run_id"] for x in older] == ["r01", "r00"]
+        assert "x-kinbox-next-offset" not in headers
+        status, got = srv.request("GET", f"{path}?offset=-1")
+        assert (status, got["error"]) == (422, "invalid_argument")
+
+
 def test_every_route_of_a_stopped_runtime_answers_503(served: tuple[Served, Runtime]) -> None:
     """The README's promise to an app that mounts kinbox and keeps serving: reads from the
     database or from the runtime's memory included, and a write that would succeed on an

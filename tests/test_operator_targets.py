@@ -364,9 +364,10 @@ def test_inbox_list_refuses_an_empty_target_instead_of_listing_every_row(
 def test_inbox_list_limit_shows_the_newest_rows_in_journal_order(five_rows_db: str) -> None:
     done = kinbox("inbox", "list", "--limit", "2", "--json", "--db", five_rows_db)
     assert done.returncode == 0, done.stderr
-    assert [r["message_id"] for r in json.loads(done.stdout)] == ["m3", "m4"]
+    assert [r["message_id"] for r in json.loads(done.stdout)["items"]] == ["m3", "m4"]
     done = kinbox("inbox", "list", "--json", "--db", five_rows_db)
-    assert [r["message_id"] for r in json.loads(done.stdout)] == [f"m{i}" for i in range(5)]
+    listed = json.loads(done.stdout)["items"]
+    assert [r["message_id"] for r in listed] == [f"m{i}" for i in range(5)]
 
 
 def test_a_postgres_connection_gives_up_on_a_silent_server_unless_its_url_says_otherwise(

@@ -9,8 +9,8 @@
     POST   /cron/jobs/{job_id}/pause       stop its schedule
     POST   /cron/jobs/{job_id}/resume      restart it, retries reset
     DELETE /cron/jobs/{job_id}             remove it and its runs
-    GET    /cron/jobs/{job_id}/runs        its runs, newest first (?limit=)
-    GET    /cron/runs                      every job's runs (?limit=)
+    GET    /cron/jobs/{job_id}/runs        its runs, newest first (?limit=, ?offset=)
+    GET    /cron/runs                      every job's runs (?limit=, ?offset=)
     POST   /cron/announcements/drain       take the UI's announcements of finished runs:
                                            {announcements, dropped (since the last drain)}
 
@@ -61,8 +61,10 @@ class CronBackend(Protocol):
         """``trigger``, ``pause``, ``resume`` or ``remove`` a job."""
         ...
 
-    def runs(self, job_id: str | None, limit: int) -> list[dict[str, Any]]:
-        """Run records, newest first."""
+    def runs(self, job_id: str | None, limit: int, offset: int
+             ) -> tuple[list[dict[str, Any]], bool]:
+        """At most ``limit`` run records, newest first, from the ``offset``-th on; and
+        whether older ones follow."""
         ...
 
     def drain_announcements(self) -> tuple[list[dict[str, Any]], int]:
@@ -85,10 +87,11 @@ and ``rt.cron.jobs``)."""
 
 
 NEXT_OFFSET = "X-Kinbox-Next-Offset"
-"""The header of a job listing page that is not the last: the ``offset`` of the next."""
+"""The header of a listing page (jobs, runs) that is not the last: the ``offset`` of the
+next."""
 
 OFFSET_LIMIT = 1_000_000_000
-"""The largest ``offset`` a job listing takes (past every job a database holds)."""
+"""The largest ``offset`` a listing takes (past every job or run a database holds)."""
 
 
 def _whole(request: Request, name: str, default: int, low: int, high: int) -> int | None:
@@ -107,19 +110,24 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
     """The cron routes; ``refusal`` is the app's rule for every call (see
     :func:`.http_app.create_app`)."""
 
-    async def jobs(request: Request) -> Response:
-        limit = _whole(request, "limit", RUNS_LIMIT, 1, RUNS_LIMIT)
+    async def paged(request: Request, default: int,
+                    read: Callable[[int, int], tuple[list[dict[str, Any]], bool]]
+                    ) -> Response:
+        limit = _whole(request, "limit", default, 1, RUNS_LIMIT)
         offset = _whole(request, "offset", 0, 0, OFFSET_LIMIT)
         if limit is None or offset is None:
             return error(422, "invalid_argument", f"limit must be a whole number "
                          f"1..{RUNS_LIMIT} and offset one 0..{OFFSET_LIMIT:_}")
         try:
-            page, more = await run_in_threadpool(backend.jobs, limit, offset)
+            page, more = await run_in_threadpool(read, limit, offset)
         except BackendRefused as exc:
             return error(exc.status, exc.code, exc.message)
         # A page that is not the last says where the next begins (the body stays a list).
         headers = {NEXT_OFFSET: str(offset + len(page))} if more else None
         return JSONResponse(page, headers=headers)
+
+    async def jobs(request: Request) -> Response:
+        return await paged(request, RUNS_LIMIT, backend.jobs)
 
     async def add(request: Request) -> Response:
         try:
@@ -141,11 +149,9 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
         return handler
 
     async def runs(request: Request) -> Response:
-        limit = _whole(request, "limit", 50, 1, RUNS_LIMIT)
-        if limit is None:
-            return error(422, "invalid_argument", f"limit must be a whole number 1..{RUNS_LIMIT}")
         job_id = request.path_params.get("job_id")
-        return await _call(lambda: backend.runs(job_id, limit))
+        return await paged(request, 50, lambda limit, offset: backend.runs(job_id, limit,
+                                                                           offset))
 
     async def drain(request: Request) -> Response:
         def take() -> dict[str, Any]:
