@@ -73,7 +73,7 @@ class CronService:
     # -- life cycle ------------------------------------------------------------------------
 
     def start(self, *, exclusive: bool = False) -> None:
-        """Reload every active job into APScheduler and fire what is due (coalesced).
+        """Start APScheduler, fire what is due (coalesced) and arm it for what is due next.
 
         ``exclusive``: this runtime owns the database alone (SQLite), so a run
         left ``running`` belongs to a process that is gone and is taken over now.
@@ -83,9 +83,7 @@ class CronService:
         if exclusive:
             self.store.expire_leases(self.ctx.now())
         self._driver.start()
-        for job in self.store.jobs(active_only=True):
-            self._driver.wake_at(job.next_run_at, job.id)
-        self.tick()
+        self.tick()  # fires what is due, and arms APScheduler for what is due next
 
     def stop(self) -> None:
         """Stop APScheduler; the tables keep every schedule and run."""
@@ -189,9 +187,11 @@ class CronService:
                     self._mine.discard(run.id)
             else:
                 started.append(run.id)
-        if self._driver.enabled:  # re-arm APScheduler for what is due next
-            for job in self.store.jobs(active_only=True):
-                self._driver.wake_at(job.next_run_at, job.id)
+        if self._driver.enabled:
+            # Re-arm APScheduler for the soonest job only: that wake-up's tick arms the
+            # next, and the poll finds what other processes changed. Reading every active
+            # job here, at each tick and poll, cost as much as there were jobs.
+            self._driver.wake_at(self.store.next_run(), "cron-next")
         return started
 
     def renew_leases(self) -> None:

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import peewee as pw
+
 from . import firing
 from .database import is_postgres
 from .errors import LeaseLost
@@ -140,6 +142,12 @@ class CronStore:
         if limit is not None or offset:
             q = q.limit(limit).offset(offset)
         return [_job(r) for r in q]
+
+    def next_run(self) -> float | None:
+        """When the soonest active job is due (None: none is): one row's read, for the
+        runtime that arms a timer for it."""
+        j = self.t.cron_job
+        return j.select(pw.fn.MIN(j.next_run_at)).where(j.active == True).scalar()  # noqa: E712
 
     def update(self, job_id: str, now: float, **changes: Any) -> CronJobRecord | None:
         """Set columns of a job; the updated job, or None when there is no such job."""

@@ -10,6 +10,7 @@ listings read every job into memory, however many there were.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,7 @@ from kinbox.persistence import (
     JobStore,
     Occurrence,
 )
+from kinbox.persistence import cron_store as cron_store_module
 
 from .conftest import Stores
 
@@ -90,3 +92,28 @@ def test_focal_s_schedule_looks_with_nothing_due_write_nothing_either(stores: St
     assert operations(stores) == before
     fired = jobs.fire_due(NOW + 60, lambda _job, _now: None, lambda _job, _now: None)
     assert [j.id for j in fired] == ["wake"] and operations(stores) == before + 1
+
+
+def test_a_tick_arms_the_soonest_job_without_reading_every_job(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After each tick APScheduler is armed for what is due next: it read every active job
+    (and armed one wake-up for each) at every tick and poll, however many there were. The
+    soonest one is enough: its wake-up's tick arms the next, and the poll finds what other
+    processes changed."""
+    with Runtime(db=db_url, brain=lambda turn: "ok") as rt:  # the system clock: APScheduler
+        crons = rt.cron.store
+        far = rt.context.now() + 86400
+        for i in range(40):
+            crons.create(job(f"c{i:02d}", far + 60 * (40 - i)))
+        built: list[str] = []
+        real = cron_store_module._job
+
+        def counting(row: Any) -> CronJobRecord:
+            built.append(row.id)
+            return real(row)
+        monkeypatch.setattr(cron_store_module, "_job", counting)
+        assert rt.cron.tick() == []
+        assert len(built) <= 1, built
+        armed = [j.next_run_time.timestamp() for j in rt.cron._driver._scheduler.get_jobs()
+                 if j.id != "poll"]
+        assert min(armed) == pytest.approx(far + 60, abs=0.01)  # c39, the soonest
