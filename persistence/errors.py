@@ -21,9 +21,10 @@ Decide on the types and their attributes, never on the message text::
         ├── DuplicateError         .kind, .field, .value: a unique value is already taken
         ├── DatabaseInUse          .path: another runtime process owns this SQLite file
         ├── LifeLockLost           .owner: the connection holding a runtime's life lock died
-        ├── DatabaseFailed         .kind, .sqlstate, .detail: a statement failed in the database or
-        │                          its driver (a lost connection, a lock timeout, a full
-        │                          disk, a value refused); also the peewee error it stands for
+        ├── DatabaseFailed         .kind, .sqlstate, .detail, .retryable: a statement failed in the
+        │                          database or its driver (a lost connection, a lock timeout,
+        │                          a full disk, a value refused, a deadlock); also the peewee
+        │                          error it stands for
         └── WriterClosed           the group-commit writer was stopped
 """
 
@@ -139,11 +140,27 @@ class DatabaseFailed(PersistenceError):
     is the SQLSTATE code PostgreSQL gave (``40P01`` a deadlock, ``57P01`` the server
     shutting down...), None on SQLite. ``detail`` is the driver's whole text where the
     error's own is cut to PostgreSQL's primary message: its ``DETAIL`` quotes the values of
-    a refused row (a message body among them), which must reach no log above DEBUG."""
+    a refused row (a message body among them), which must reach no log above DEBUG.
+    ``retryable``: PostgreSQL ended the statement to resolve a conflict with another
+    transaction (:data:`CONFLICT_SQLSTATES`); nothing of it was written, and the same work
+    in a new transaction may well succeed (the writer runs it again by itself)."""
 
     kind = "DatabaseError"
     sqlstate: str | None = None
     detail: str | None = None
+
+    @property
+    def retryable(self) -> bool:
+        """A deadlock or a serialization failure: the same work may run again."""
+        return self.sqlstate in CONFLICT_SQLSTATES
+
+
+CONFLICT_SQLSTATES = frozenset({"40P01", "40001"})
+"""PostgreSQL's answers to two transactions in each other's way: ``40P01`` a deadlock (it
+aborts one of the statements waiting for each other's locks), ``40001`` a serialization
+failure (under ``REPEATABLE READ`` or ``SERIALIZABLE``). Either undoes the statement (or
+the transaction, at its commit) whole, so running the work again in a new transaction is
+safe; by SQLSTATE, never by message text."""
 
 
 class WriterClosed(PersistenceError):

@@ -23,6 +23,21 @@ one-by-one execution gives. Bulk kinds run where the batch's first bulk item
 stands, plain operations in the order they arrived. Callers wait for each
 result before depending on it, so operations in one batch are concurrent and
 may commit in any order within it.
+
+On PostgreSQL, batches of several processes (and their claims) lock rows in
+whatever order their operations arrived, and two that wait for each other are
+a deadlock: PostgreSQL aborts one statement (SQLSTATE ``40P01``; a
+serialization failure, ``40001``, is the same kind of answer under a stricter
+isolation). That undid the statement's whole operation (its savepoint), and
+its caller was told the write failed although nothing was wrong with it. Such
+an operation now runs again, in the writer's next transaction, after the rest
+of its batch committed and let go of its locks (run again at once, in the same
+transaction, it would wait for the same locks); a set-wise run that a
+conflict aborted goes there whole instead of one by one. A commit the
+conflict aborted runs its whole batch again. At most :data:`CONFLICT_RETRIES`
+times each: then the caller gets the error (``DatabaseFailed.retryable``).
+An operation may therefore run more than once; like a :class:`Bulk` kind's
+``many`` it must do nothing but its database writes.
 """
 
 from __future__ import annotations
@@ -51,6 +66,12 @@ log = logging.getLogger("kinbox.writer")
 
 WRITE_TIMEOUT = 30.0
 """How long a blocking write waits for its commit by default."""
+
+CONFLICT_RETRIES = 3
+"""How many times an operation (or a batch) that a deadlock or a serialization failure
+aborted runs again before its caller gets that error. Each retry runs in a new transaction
+after the other side's went on, so one is nearly always enough; a bound keeps a conflict
+that comes back every time from holding the writer."""
 
 @dataclass(frozen=True, eq=False)
 class Bulk(Generic[A, T]):
@@ -83,6 +104,11 @@ class WriterStatistics:
     bulk_fallbacks: int = 0
     shared_fallbacks: int = 0
     """Batches whose bulk kinds, run together, raised and ran again one kind at a time."""
+    retried_operations: int = 0
+    """Operations a deadlock or a serialization failure aborted, run again in a later
+    transaction (PostgreSQL)."""
+    retried_batches: int = 0
+    """Batches whose commit a deadlock or a serialization failure aborted, run again whole."""
 
 
 class GroupCommitWriter:
@@ -96,6 +122,11 @@ class GroupCommitWriter:
         self._closed = False
         self._lock = threading.Lock()
         self._stats = WriterStatistics()
+        self._again: list[tuple[Any, ...]] = []
+        """Entries a conflict aborted, to run in the next transaction (writer thread only)."""
+        self._tries: dict[int, int] = {}
+        """id(entry) -> how many times a conflict aborted it (entries in ``_again`` only)."""
+        self._aborted = False
 
     def start(self) -> None:
         """Start the writer thread."""
@@ -144,6 +175,7 @@ class GroupCommitWriter:
         """
         with self._lock:
             self._closed = True
+            self._aborted = True  # the writer refuses what it meant to run again, too
             while True:
                 try:
                     item = self._queue.get_nowait()
@@ -166,7 +198,8 @@ class GroupCommitWriter:
         """A snapshot of the counters."""
         s = self._stats
         return WriterStatistics(s.batches, s.operations, s.largest_batch, s.rollbacks,
-                                s.bulk_runs, s.bulk_fallbacks, s.shared_fallbacks)
+                                s.bulk_runs, s.bulk_fallbacks, s.shared_fallbacks,
+                                s.retried_operations, s.retried_batches)
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -191,13 +224,40 @@ class GroupCommitWriter:
     def _run(self) -> None:
         stopping = False
         try:
-            while not stopping:
+            while not stopping or self._again:
+                if self._again:  # a conflict's retries first, with what queued meanwhile
+                    batch, self._again = self._again, []
+                    if self._aborted:
+                        self._refuse(batch)
+                        continue
+                    stopping = self._commit(batch) or stopping
+                    continue
                 first = self._queue.get()
                 if first is _STOP:
                     break
                 stopping = self._commit([first])
         finally:
             self._db.close()
+
+    def _refuse(self, batch: list[tuple[Any, ...]]) -> None:
+        """Answer retries the writer will not run: it was aborted (as a crash would)."""
+        for item in batch:
+            self._tries.pop(id(item), None)
+            item[-1].set_exception(WriterClosed("the runtime crashed before this commit"))
+
+    def _retry(self, item: tuple[Any, ...], error: BaseException) -> bool:
+        """Keep ``item`` for the next transaction when ``error`` is a conflict and it has
+        retries left; False: its caller gets ``error`` now."""
+        tries = self._tries.pop(id(item), 0)
+        if not _conflict(error):
+            return False
+        if tries >= CONFLICT_RETRIES:
+            log.warning("a write failed with SQLSTATE %s %d times in a row; its caller gets "
+                        "the error", error.sqlstate, tries + 1)
+            return False
+        self._tries[id(item)] = tries + 1
+        self._again.append(item)
+        return True
 
     def _gather(self, batch: list[tuple[Any, ...]]) -> bool:
         """Add what is queued to ``batch`` (up to the batch limit); True when the stop
@@ -231,9 +291,15 @@ class GroupCommitWriter:
                     if isinstance(unit, int):
                         outcomes[unit] = self._run_one(control, batch[unit][0])
                     elif (failed := self._run_groups(control, batch, unit, outcomes)) is not None:
+                        raised, error = failed
                         for group in unit:  # the one that raised goes straight one by one
+                            if group is raised and _conflict(error):
+                                # Not one by one: each would wait for the same locks. In
+                                # the next transaction, set-wise again (see the module).
+                                outcomes.update((i, (False, error)) for i in group)
+                                continue
                             self._run_bulk(control, batch, group, outcomes,
-                                           set_wise=group is not failed)
+                                           set_wise=group is not raised)
                     control.fresh = False
         except Exception as exc:  # the commit itself failed: nothing of the batch is durable
             self._stats.rollbacks += 1
@@ -241,16 +307,30 @@ class GroupCommitWriter:
                 # Beginning failed (busy past the timeout): what queued gets this answer
                 # now, not one busy timeout after another, a batch each.
                 stopping = self._gather(batch)
+            kept = [item for item in batch if self._retry(item, exc)]
+            if kept:
+                self._stats.retried_batches += 1
+                log.info("a batch of %d writes was rolled back by SQLSTATE %s; it runs again",
+                         len(kept), getattr(exc, "sqlstate", None))
             for item in batch:
-                item[-1].set_exception(exc)
+                if id(item) not in self._tries:
+                    item[-1].set_exception(exc)
             return stopping
         self._count(len(batch))
+        retried = 0
         for i, item in enumerate(batch):
             ok, value = outcomes[i]
             if ok:
+                self._tries.pop(id(item), None)
                 item[-1].set_result(value)
+            elif self._retry(item, value):
+                retried += 1
             else:
                 item[-1].set_exception(value)
+        if retried:
+            self._stats.retried_operations += retried
+            log.info("%d writes aborted by a deadlock or a serialization failure run again "
+                     "in a new transaction", retried)
         return stopping
 
     @staticmethod
@@ -267,10 +347,11 @@ class GroupCommitWriter:
         return outcome
 
     def _run_groups(self, control: Control, batch: list[tuple[Any, ...]], groups: list[list[int]],
-                    outcomes: dict[int, tuple[bool, Any]]) -> list[int] | None:
+                    outcomes: dict[int, tuple[bool, Any]]
+                    ) -> tuple[list[int], Exception] | None:
         """Run every bulk kind's items set-wise under one savepoint; the group of the kind
-        that raised (all of it undone), for the caller to run each kind on its own, or
-        None.
+        that raised (all of it undone) and its error, for the caller to run each kind on
+        its own, or None.
 
         Every statement hands the interpreter lock over and waits to get it back, and
         under load that wait, not the statement, is most of the writer's time: one
@@ -291,7 +372,7 @@ class GroupCommitWriter:
                 self._stats.shared_fallbacks += 1
                 log.debug("a batch's bulk kinds run one kind at a time: %s",
                           type(exc).__name__)
-                return group
+                return group, exc
         for group, results in answers:
             if len(group) > 1:
                 self._stats.bulk_runs += 1
@@ -321,6 +402,11 @@ class GroupCommitWriter:
         self._stats.batches += 1
         self._stats.operations += n
         self._stats.largest_batch = max(self._stats.largest_batch, n)
+
+
+def _conflict(error: BaseException) -> bool:
+    """A deadlock or a serialization failure: the work was undone whole and may run again."""
+    return isinstance(error, DatabaseFailed) and error.retryable
 
 
 def _all_of(kind: Bulk[Any, Any], items: list[Any]) -> list[Any]:
