@@ -68,7 +68,9 @@ class WatchApi:
         if self._writer is not None:
             w = self._writer.statistics()
             stats["writer"] = {"batches": w.batches, "operations": w.operations,
-                               "largest_batch": w.largest_batch}
+                               "largest_batch": w.largest_batch,
+                               "retried_operations": w.retried_operations,
+                               "retried_batches": w.retried_batches}
         if self._shared.listener is not None:
             stats["listener"] = self._shared.statistics()
         stats["alarms"] = self._ticker.alarms
