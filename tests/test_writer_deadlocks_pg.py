@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from kinbox.persistence import DatabaseFailed, JobRecord, JobStore, Reply
-from kinbox.persistence.writer import CONFLICT_RETRIES
+from kinbox.persistence.writer import CONFLICT_RETRIES, Bulk
 
 from .conftest import Stores
 
@@ -184,6 +184,42 @@ def test_an_error_that_is_no_conflict_is_not_run_again(pg_url: str) -> None:
             a.writer.call(refused)
         assert (failed.value.retryable, len(runs)) == (False, 1)
         assert a.writer.statistics().retried_operations == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_set_wise_run_a_conflict_aborted_runs_set_wise_again_in_the_next_transaction(
+        pg_url: str) -> None:
+    """A bulk kind's set-wise run that PostgreSQL aborts as a deadlock (raised by the server,
+    40P01) goes whole to the next transaction and runs set-wise there, not one by one in
+    this one (where each item would wait for the same locks)."""
+    a, b = two_processes(pg_url)
+    try:
+        calls: list[str] = []
+        s = a.tables.session
+
+        def many(chats: list[str]) -> list[int]:
+            calls.append("many")
+            if calls.count("many") == 1:
+                a.db.execute_sql("DO $$ BEGIN RAISE EXCEPTION 'deadlocked' "
+                                 "USING ERRCODE = '40P01'; END $$")
+            return [s.update(title="bulk").where(s.id == c).execute() for c in chats]
+
+        def one(chat: str) -> int:
+            calls.append("one")
+            return int(s.update(title="bulk").where(s.id == chat).execute())
+
+        kind: Bulk[str, int] = Bulk("titles", one, many)
+        queued = threading.Event()
+        gate = a.writer.submit(lambda: queued.wait(10))
+        replies = [a.writer.submit_bulk(kind, chat) for chat in ("s1", "s2")]
+        queued.set()
+        assert gate.result(10)
+        assert [r.result(20) for r in replies] == [1, 1]
+        assert calls == ["many", "many"]
+        assert a.writer.statistics().retried_operations == 2
+        assert {b.store.session(c).title for c in ("s1", "s2")} == {"bulk"}
     finally:
         a.close()
         b.close()
