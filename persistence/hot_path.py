@@ -183,7 +183,9 @@ class HotPath:
         database's write lock for the whole transaction already.)"""
         found = {}
         lock = " ORDER BY message_id FOR UPDATE" if self.postgres else ""
-        for part in chunks(ids):
+        # Sorted before chunking: every caller then locks in one global order across its
+        # chunks as well as within each, so two fences of over a chunk cannot deadlock.
+        for part in chunks(sorted(ids) if self.postgres else ids):
             sql = (f"SELECT message_id, status, lease_owner, attempts, max_attempts, transport "
                    f"FROM {INBOX} WHERE message_id IN ({self.in_list(len(part))}){lock}")
             found.update((r[0], tuple(r[1:])) for r in self.db.execute_sql(sql, list(part)))

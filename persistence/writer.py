@@ -321,7 +321,8 @@ class GroupCommitWriter:
         for i, item in enumerate(batch):
             ok, value = outcomes[i]
             if ok:
-                self._tries.pop(id(item), None)
+                if self._tries:  # empty but after a conflict: nothing to look up per row
+                    self._tries.pop(id(item), None)
                 item[-1].set_result(value)
             elif self._retry(item, value):
                 retried += 1

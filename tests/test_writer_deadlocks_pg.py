@@ -223,3 +223,32 @@ def test_a_set_wise_run_a_conflict_aborted_runs_set_wise_again_in_the_next_trans
     finally:
         a.close()
         b.close()
+
+
+def test_a_fence_over_several_chunks_locks_its_rows_in_one_global_order(pg_url: str) -> None:
+    """A fence of more ids than one ``IN`` list holds locks them chunk by chunk. Each
+    chunk's ``ORDER BY message_id FOR UPDATE`` orders it only within itself, so the ids are
+    sorted before they are cut: two fences over the same rows, given in different orders,
+    then lock them in the same order and cannot deadlock."""
+    from kinbox.persistence.hot_path import IN_LIST_LIMIT, HotPath
+
+    s = Stores(pg_url)
+    try:
+        hot = HotPath(s.db)
+        ids = [f"m{i:05d}" for i in range(IN_LIST_LIMIT * 2 + 7)]
+        seen: list[list[str]] = []
+        run = s.db.execute_sql
+
+        def recording(sql: str, params: Any = None, *args: Any, **kwargs: Any) -> Any:
+            if "FOR UPDATE" in sql:
+                seen.append(list(params))
+            return run(sql, params, *args, **kwargs)
+
+        s.db.execute_sql = recording  # type: ignore[method-assign]
+        with s.db.atomic():
+            hot.fence_rows(list(reversed(ids)))
+        assert len(seen) == 3
+        locked = [mid for part in seen for mid in part]
+        assert locked == sorted(ids)
+    finally:
+        s.close()
