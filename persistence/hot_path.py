@@ -36,7 +36,8 @@ class Head(NamedTuple):
     status: str
     available_at: float
     lease_until: float | None
-    suspect: bool
+    suspect: bool | int | None
+    """A nullable column: NULL (never a suspect), or true (SQLite: 1); read it with bool()."""
 
 
 CLAIM_COLUMNS = Head._fields
