@@ -39,6 +39,17 @@ def duration(text: str) -> float:
     return seconds
 
 
+def retention_age(text: str) -> float:
+    """An argparse type: a :func:`duration` of at least :data:`retention.MIN_RETENTION`
+    (a shorter one would let a paired device's re-send of a pruned row run again)."""
+    seconds = duration(text)
+    if seconds < retention.MIN_RETENTION:
+        raise argparse.ArgumentTypeError(
+            f"expected at least {retention.MIN_RETENTION // 3600}h (a paired device re-sends "
+            f"a message that long, and a pruned one would run again), got {text!r}")
+    return seconds
+
+
 def inbox_prune(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox inbox prune --older-than 30d [--dry-run] [--batch N]``."""
     with (stores(args.db, read_only=args.dry_run) as (journal, _),
@@ -57,8 +68,9 @@ def add_parser(isub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     """Register ``inbox prune`` under ``kinbox inbox``."""
     p = common(isub.add_parser(
         "prune", help="delete delivered and cancelled rows older than a duration"))
-    p.add_argument("--older-than", required=True, type=duration, metavar="DURATION",
-                   help="rows last changed longer ago than this: 30d, 12h, 90m, 3600s, 2w")
+    p.add_argument("--older-than", required=True, type=retention_age, metavar="DURATION",
+                   help="rows last changed longer ago than this: 30d, 2w, 48h (at least "
+                        f"{retention.MIN_RETENTION // 3600}h)")
     p.add_argument("--dry-run", action="store_true",
                    help="count what would be deleted; change nothing")
     p.add_argument("--batch", type=whole_number(retention.MAX_BATCH),

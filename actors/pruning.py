@@ -32,12 +32,18 @@ RETENTION_INTERVAL = 3600.0
 
 
 def older_than_seconds(value: object, field: str = "older_than") -> float:
-    """An age in seconds: a finite number > 0 (booleans are not); a ConfigError naming
-    ``field`` otherwise."""
+    """A prune's age in seconds: a finite number, at least :data:`retention.MIN_RETENTION`
+    (a shorter one would let a paired device's re-send of a pruned row run again;
+    booleans are not numbers); a ConfigError naming ``field`` otherwise."""
     if (isinstance(value, bool) or not isinstance(value, int | float)
             or not math.isfinite(value) or value <= 0):
         raise ConfigError(f"{field} must be a number of seconds > 0, got {value!r}",
                           field=field)
+    if value < retention.MIN_RETENTION:
+        raise ConfigError(
+            f"{field} must be at least {retention.MIN_RETENTION} s "
+            f"({retention.MIN_RETENTION // 3600}h: a paired device re-sends a message that "
+            f"long, and a pruned one would run again), got {value!r}", field=field)
     return float(value)
 
 

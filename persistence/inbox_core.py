@@ -108,6 +108,13 @@ def backoff_delay(attempts: int, cap: float) -> float:
     return float(min(cap, 2.0 ** min(attempts, 64)))
 
 
+def retry_horizon(policy: RetryPolicy) -> float:
+    """Seconds from a row's first attempt to its last under ``policy``: the sum of the
+    backoffs between its ``max_attempts`` attempts (the attempts' own durations, and any
+    time its process was down, come on top)."""
+    return sum(backoff_delay(k, policy.cap) for k in range(1, policy.max_attempts))
+
+
 @dataclass(frozen=True)
 class FailureOutcome:
     """What a failed attempt does to its row."""

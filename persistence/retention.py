@@ -12,7 +12,10 @@ nothing that still runs reads it. The readers, and the rule each one forces:
 2. **Last changed before the cutoff** (``updated_at``, which every transition stamps).
    A row that goes terminal during a prune is stamped then, after the cutoff, and stays.
    The cutoff is the de-duplication window too: a ``post`` or ``agent_send`` repeated
-   with the ``message_id`` of a pruned row is a new message (I2 holds within it).
+   with the ``message_id`` of a pruned row is a new message (I2 holds within it). So the
+   age may not be shorter than :data:`MIN_RETENTION`, the longest a paired device keeps
+   re-sending a message with its id (a row received from it and pruned before its last
+   re-send would run a second turn).
 3. **No lease** (``lease_owner`` empty). A terminal row never holds one; a row that does
    is in somebody's hands, whatever its state says.
 4. **Its task is settled.** A row whose payload names a ``task_id`` (a child's task
@@ -44,11 +47,12 @@ successors exist.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .inbox_core import CANCELLED, DELIVERED
+from .inbox_core import CANCELLED, DELIVERED, PEER, retry_horizon
 from .numbered_ids import successors
 
 PRUNABLE_STATES = (DELIVERED, CANCELLED)
@@ -60,6 +64,17 @@ senders wait at most one batch's deletes behind it."""
 
 MAX_BATCH = 10_000
 """The largest batch a caller may ask for."""
+
+MIN_RETENTION = math.ceil(retry_horizon(PEER) / 3600) * 3600
+"""The shortest age a prune takes, in seconds (38 h): a paired device re-sends a row it
+has no ack for (the receiver committed it, the ack was lost) with the same id until its
+last attempt, :func:`~.inbox_core.retry_horizon` of the peer policy (37.1 h) after its
+first; the receiver de-duplicates it only while its row is kept. Rounded up to the hour
+for the attempts' own durations (a minute each, on average, over 48). Local retries are
+the row itself (nothing re-sends a finished one); a social event's turn and a cron run
+keep their own records (markers with no inbox row, the runs table), which no prune
+deletes. Not covered: a sender that was down longer than the difference (its schedule
+resumes where it stopped) or an operator's requeue of a failed row."""
 
 class Keep(StrEnum):
     """Why a row stays (each a rule of the module docstring)."""

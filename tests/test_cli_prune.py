@@ -56,7 +56,7 @@ def test_prune_deletes_the_old_finished_rows_and_says_how_many(aged_db: str) -> 
     assert result.stdout.startswith("pruned 2 inbox row(s) last changed before ")
     assert "with 1 delivery marker(s) and 1 history row(s)" in result.stdout
     assert rows(aged_db) == {"broken": "failed", "waiting": "processing", "fresh": "delivered"}
-    again = kinbox("inbox", "prune", "--older-than", "12h", "--db", aged_db, "--json")
+    again = kinbox("inbox", "prune", "--older-than", "38h", "--db", aged_db, "--json")
     assert again.returncode == 0, again.stderr
     data = json.loads(again.stdout)
     assert (data["rows"], data["markers"], data["events"], data["dry_run"]) == (0, 0, 0, False)
@@ -82,6 +82,11 @@ def test_a_dry_run_counts_and_leaves_the_file_as_it_was(aged_db: str) -> None:
     (["--older-than", "101000d"], "at most 100 years"),
     ([], "the following arguments are required: --older-than"),
     (["--older-than", "30d", "--batch", "0"], "--batch"),
+    # Shorter than a paired device re-sends a message: a re-send would run again.
+    (["--older-than", "12h"], "at least 38h"),
+    (["--older-than", "37h"], "at least 38h"),
+    (["--older-than", "1d", "--dry-run"], "at least 38h"),
+    (["--older-than", "136799s", "--dry-run"], "at least 38h"),
 ])
 def test_bad_flags_are_a_usage_error_that_changes_nothing(aged_db: str, flags: list[str],
                                                           said: str) -> None:
@@ -90,6 +95,13 @@ def test_bad_flags_are_a_usage_error_that_changes_nothing(aged_db: str, flags: l
     assert said in result.stderr
     assert "usage: kinbox inbox prune" in result.stderr
     assert len(rows(aged_db)) == 5
+
+
+def test_the_shortest_age_taken_is_the_peers_resend_horizon(aged_db: str) -> None:
+    result = kinbox("inbox", "prune", "--older-than", "38h", "--dry-run", "--json",
+                    "--db", aged_db)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["rows"] == 2
 
 
 def test_a_missing_database_is_an_error_and_creates_nothing(tmp_path: Path) -> None:

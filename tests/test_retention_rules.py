@@ -85,3 +85,26 @@ def test_rows_that_name_no_task_are_no_chain() -> None:
     """A product's ``invoice-7`` is not kept by a recent ``invoice-8`` or ``invoice-7-2``."""
     rows = [RowFacts("invoice-7", "delivered", 0.0, False)]
     assert prunable(rows, CUTOFF, kept_elsewhere={"invoice-8", "invoice-7-2"}) == ["invoice-7"]
+
+
+def _peer_schedule_span() -> float:
+    """Seconds from a peer row's first attempt to its last, walked through the retry
+    decisions the journal makes (not a copy of the policy's numbers)."""
+    from kinbox.persistence.inbox_core import PEER, after_failure
+
+    attempts, now = 0, 0.0
+    while True:
+        out = after_failure(attempts, PEER.max_attempts, PEER.cap, now)
+        if out.state is State.FAILED:
+            return now  # the attempt that just failed was the last one sent
+        attempts, now = out.attempts, out.available_at
+
+
+def test_the_minimum_retention_outlasts_every_resend_of_a_peer_row() -> None:
+    """A paired device re-sends an unacknowledged row with the same id until its last
+    attempt: a receiver that pruned the row first would run it a second time."""
+    from kinbox.persistence.retention import MIN_RETENTION
+
+    span = _peer_schedule_span()
+    assert 37 * 3600 < span < 38 * 3600  # about 37 hours (SPEC: 2, 4, ... 3600 s, 48 tries)
+    assert span <= MIN_RETENTION < span + 3600  # at least that, rounded up to the hour

@@ -9,6 +9,7 @@ import pytest
 from kinbox.actors import ConfigError, Runtime, Turn
 from kinbox.actors.clock import ManualClock
 from kinbox.actors.pruning import RETENTION_INTERVAL
+from kinbox.persistence.retention import MIN_RETENTION
 
 from .helpers import wait_for
 
@@ -77,17 +78,17 @@ def test_a_dry_run_prune_changes_nothing(make_runtime: Callable[..., Runtime],
     bob = rt.create_session(rt.create_project("acme").id, "Bob")
     rt.post(bob.id, "hello")
     rt.run_until_idle(timeout=10)
-    clock.advance(2 * DAY)
+    clock.advance(3 * DAY)
     before = (rt.inbox(), rt.marker_counts())
-    assert rt.prune(DAY, dry_run=True) == {"rows": 1, "markers": 1, "events": 0}
+    assert rt.prune(2 * DAY, dry_run=True) == {"rows": 1, "markers": 1, "events": 0}
     assert (rt.inbox(), rt.marker_counts()) == before
 
 
 @pytest.mark.parametrize(("args", "field"), [
     ({"older_than": 0}, "older_than"), ({"older_than": -5}, "older_than"),
     ({"older_than": float("nan")}, "older_than"), ({"older_than": "30d"}, "older_than"),
-    ({"older_than": True}, "older_than"), ({"older_than": 60, "batch": 0}, "batch"),
-    ({"older_than": 60, "batch": 2.5}, "batch"),
+    ({"older_than": True}, "older_than"), ({"older_than": 30 * DAY, "batch": 0}, "batch"),
+    ({"older_than": 30 * DAY, "batch": 2.5}, "batch"),
 ])
 def test_prune_refuses_bad_arguments_naming_the_field(
         make_runtime: Callable[..., Runtime], args: dict[str, object], field: str) -> None:
@@ -101,6 +102,31 @@ def test_prune_refuses_bad_arguments_naming_the_field(
 def test_a_bad_retention_fails_at_construction(value: object) -> None:
     with pytest.raises(ConfigError) as err:
         Runtime(db="sqlite:///unused.db", retention=value)  # type: ignore[arg-type]
+    assert err.value.field == "retention"
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_prune_refuses_an_age_shorter_than_a_peers_resends(
+        make_runtime: Callable[..., Runtime], clock: ManualClock, dry_run: bool) -> None:
+    """A row pruned while a paired device may still re-send it would run twice."""
+    rt = make_runtime(brain=Recorder())
+    bob = rt.create_session(rt.create_project("acme").id, "Bob")
+    rt.post(bob.id, "hello", message_id="m-1")
+    rt.run_until_idle(timeout=10)
+    clock.advance(3 * DAY)
+    for short in (DAY, MIN_RETENTION - 1):
+        with pytest.raises(ConfigError) as err:
+            rt.prune(short, dry_run=dry_run)
+        assert err.value.field == "older_than"
+    assert [r["message_id"] for r in rt.inbox()] == ["m-1"]
+    assert rt.prune(MIN_RETENTION, dry_run=dry_run)["rows"] == 1
+
+
+@pytest.mark.parametrize("value", [3600, DAY, MIN_RETENTION - 1])
+def test_a_retention_shorter_than_a_peers_resends_fails_at_construction(
+        value: float) -> None:
+    with pytest.raises(ConfigError) as err:
+        Runtime(db="sqlite:///unused.db", retention=value)
     assert err.value.field == "retention"
 
 
@@ -137,6 +163,6 @@ def test_a_foreground_wait_reads_a_pruned_task_message_as_finished(
     rt.post("a", "go")
     rt.run_until_idle(timeout=30)
     task_id = next(e.text for e in rt.transcript("a") if e.role == "assistant")
-    clock.advance(2 * DAY)
-    assert rt.prune(DAY)["rows"] >= 2  # the task message went with the others
+    clock.advance(3 * DAY)
+    assert rt.prune(2 * DAY)["rows"] >= 2  # the task message went with the others
     assert rt.tools_for("a").child_finished(task_id) is True
