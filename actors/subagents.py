@@ -73,8 +73,11 @@ def next_free_id(ctx: RuntimeContext, base: str) -> str:
     back after each restart that stopped it.
 
     Read before the commit: only this child's turns, one at a time, write these rows,
-    and a commit that did not happen wrote none of them."""
-    return next(mid for mid in numbered(base) if ctx.journal.hot.existing(mid) is None)
+    and a commit that did not happen wrote none of them (their task is open until that
+    commit, which keeps the chain from a prune). Focal's notices choose theirs inside
+    the commit, where the walk holds the members it found against a prune
+    (:meth:`~kinbox.persistence.hot_path.HotPath.first_free`)."""
+    return ctx.journal.hot.first_free(base)
 
 
 REPORT_INTERVAL = 30.0

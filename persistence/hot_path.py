@@ -17,6 +17,7 @@ import peewee as pw
 from .database import is_postgres
 from .inbox_core import DELIVERED, OPEN_STATES, PENDING, PROCESSING
 from .models import InboxMessage
+from .numbered_ids import numbered
 
 INBOX = InboxMessage._meta.table_name  # type: ignore[attr-defined]
 
@@ -106,6 +107,10 @@ class HotPath:
         self.sql_marked = f"SELECT {direct_turn_marked(p)}"
         self.sql_existing = (f"SELECT target_chat_id, kind, content, status, created_at "
                              f"FROM {INBOX} WHERE message_id = {p}")
+        # PostgreSQL: the walk holds each member it finds until its transaction ends, so a
+        # prune in another process cannot delete it before the next member is committed.
+        self.sql_held = (f"SELECT 1 FROM {INBOX} WHERE message_id = {p}"
+                         + (" FOR KEY SHARE" if is_postgres(db) else ""))
 
     def due_heads(self, transport: str, now: float, limit: int) -> list[Head]:
         """The oldest open row of each target, when due, oldest first (CLAIM_COLUMNS).
@@ -246,3 +251,14 @@ class HotPath:
     def existing(self, message_id: str) -> tuple[Any, ...] | None:
         """(target, kind, content, status, created_at) of an existing row."""
         return self.fetch_one(self.sql_existing, (message_id,))
+
+    def first_free(self, base: str) -> str:
+        """``base``, ``base-2``, ``base-3``... the first id no row holds (a chain's next
+        member, :mod:`.numbered_ids`).
+
+        Walked in the transaction that writes that member, it holds the members it
+        found (PostgreSQL: ``FOR KEY SHARE``, which a delete waits for), so no prune
+        deletes one before the new member commits; a walk that meets a prune's lock
+        waits for its commit and finds the freed id. SQLite's writer holds the file."""
+        return next(mid for mid in numbered(base)
+                    if self.fetch_one(self.sql_held, (mid,)) is None)

@@ -8,6 +8,19 @@ so a row that changed since the read is judged as it is now, and a batch is one 
 transaction, so senders queue behind at most one batch. A part of
 :class:`~.journal.Journal`.
 
+The judgement must still hold when the rows go. SQLite's writer holds the file's lock
+for the whole transaction, so no other process writes between the two. PostgreSQL runs
+it at READ COMMITTED beside other processes' writers, and the facts a row is judged by
+could change in between: its task reopened, its chain's next member committed (a
+terminal row's own state and lease never change again). So, before judging, a batch
+locks its candidates (``FOR UPDATE``) and the settled tasks they name (``FOR SHARE``),
+and a chain's next member is written only by a walk that holds the members before it
+(:meth:`~.hot_path.HotPath.first_free`, ``FOR KEY SHARE``): a write that comes after
+waits for the batch's commit, one that came before is read. Every lock is taken
+``SKIP LOCKED``: a row or task another transaction holds is being written, and stays
+this time (the next pass judges it). A prune therefore never waits for a lock, so it
+can be in no deadlock with the delivery path whatever that locks, and in what order.
+
 On SQLite the freed pages stay in the file and are reused by later writes; only
 ``VACUUM`` gives them back to the file system (never run here: it rewrites the whole
 file and holds the database while it does).
@@ -20,6 +33,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from . import retention
+from .database import is_postgres
 from .hot_path import chunks
 from .models import Tables
 from .numbered_ids import chain_successors, is_numbered
@@ -130,9 +144,11 @@ class InboxPrune:
     # -- inside a transaction (or, for a dry run, on the caller's connection) ---------------
 
     def _going(self, ids: Sequence[str], cutoff: float,
-               gone: Collection[str] = ()) -> list[str]:
+               gone: Collection[str] = (), *, hold: bool = False) -> list[str]:
         """The rows of ``ids`` the rules let go, read as they are now (the rows of
-        ``gone`` counted as deleted already)."""
+        ``gone`` counted as deleted already). With ``hold`` (PostgreSQL, deleting), the
+        settled tasks they name are locked first (a task another transaction holds
+        counts as open)."""
         m, task = self.t.inbox, self.t.task
         rows: list[tuple[str, str, float, str | None, str | None]] = []
         for part in chunks(list(ids)):
@@ -140,8 +156,15 @@ class InboxPrune:
                                  m.payload).where(m.message_id.in_(part)).tuples())
         tasks = {mid: _task_id(payload) for mid, _, _, _, payload in rows}
         named = sorted({t for t in tasks.values() if t is not None})
-        open_tasks = {tid for part in chunks(named) for (tid,) in task.select(task.id).where(
-            task.id.in_(part) & task.status.in_(OPEN_TASK_STATES)).tuples()}
+        if hold:
+            settled = {tid for part in chunks(named) for (tid,) in task.select(task.id).where(
+                task.id.in_(part) & task.status.not_in(OPEN_TASK_STATES)).order_by(
+                task.id).for_update("FOR SHARE", skip_locked=True).tuples()}
+            open_tasks = {tid for part in chunks(named) for (tid,) in task.select(
+                task.id).where(task.id.in_(part)).tuples()} - settled
+        else:
+            open_tasks = {tid for part in chunks(named) for (tid,) in task.select(
+                task.id).where(task.id.in_(part) & task.status.in_(OPEN_TASK_STATES)).tuples()}
         facts = [retention.RowFacts(mid, status, updated_at, owner is not None,
                                     tasks[mid] in open_tasks, tasks[mid] is not None)
                  for mid, status, updated_at, owner, _ in rows]
@@ -162,7 +185,13 @@ class InboxPrune:
             sum(e.select().where(e.message_id.in_(part)).count() for part in chunks(going)))
 
     def _judge_and_delete(self, ids: Sequence[str], cutoff: float) -> PruneCounts:
-        going = self._going(ids, cutoff)
+        hold = is_postgres(self.t.db)
+        if hold:  # the candidates no other transaction holds, locked in one order
+            m = self.t.inbox
+            ids = [mid for part in chunks(sorted(ids)) for (mid,) in m.select(
+                m.message_id).where(m.message_id.in_(part)).order_by(m.message_id).for_update(
+                skip_locked=True).tuples()]
+        going = self._going(ids, cutoff, hold=hold)
         m, mk, e = self.t.inbox, self.t.marker, self.t.event
         total = PruneCounts()
         for part in chunks(going):
