@@ -71,10 +71,12 @@ has no ack for (the receiver committed it, the ack was lost) with the same id un
 last attempt, :func:`~.inbox_core.retry_horizon` of the peer policy (37.1 h) after its
 first; the receiver de-duplicates it only while its row is kept. Rounded up to the hour
 for the attempts' own durations (a minute each, on average, over 48). Local retries are
-the row itself (nothing re-sends a finished one); a social event's turn and a cron run
-keep their own records (markers with no inbox row, the runs table), which no prune
-deletes. Not covered: a sender that was down longer than the difference (its schedule
-resumes where it stopped) or an operator's requeue of a failed row."""
+the row itself (nothing re-sends a finished one); a social event's direct turn and a
+cron run keep records no prune deletes (a marker with no inbox row, the runs table),
+while an event a stop handed to the inbox is de-duplicated by its row like any message,
+for at least this long (a platform's own retry window is not known here). Not covered:
+a sender that was down longer than the margin (its schedule resumes where it stopped)
+or an operator's requeue of a failed row."""
 
 class Keep(StrEnum):
     """Why a row stays (each a rule of the module docstring)."""
