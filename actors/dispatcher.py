@@ -22,13 +22,27 @@ from typing import Any
 
 import pykka
 
-from ..persistence import ClaimResult, PersistenceError, WriterClosed
+from ..persistence import ClaimResult, DatabaseFailed, PersistenceError, WriterClosed
 from . import stops, subagents
 from .context import RuntimeContext
 from .messages import ClaimNow, Tick, Wake
 from .slots import Slots
 
 log = logging.getLogger("kinbox.dispatcher")
+
+TRANSIENT_KINDS = frozenset({"OperationalError", "InterfaceError"})
+"""``DatabaseFailed.kind`` of a failure that is the database's moment, not a fault of
+kinbox or its schema: a lost connection (the thread's next statement connects again), a
+lock wait that timed out, a server shutting down."""
+
+
+def failure_level(exc: PersistenceError) -> int:
+    """How loud a failed claim or renewal is: WARNING for a transient database failure
+    (a conflict that outlasted the retries, a lost connection: the next tick tries again
+    and nothing was lost), ERROR for the rest (a missing table, a bug)."""
+    if isinstance(exc, DatabaseFailed) and (exc.retryable or exc.kind in TRANSIENT_KINDS):
+        return logging.WARNING
+    return logging.ERROR
 
 
 def tick_interval_for(tick_interval: float, lease_seconds: float) -> float:
@@ -139,7 +153,10 @@ class Dispatcher(pykka.ThreadingActor):
         except WriterClosed:
             return None
         except PersistenceError as exc:
-            log.error("claim failed: %s", exc)
+            # Its text names no message (PostgreSQL's primary message alone: the DETAIL
+            # that may quote a row is kept off it, see DatabaseFailed.detail).
+            log.log(failure_level(exc), "claim failed (%s, SQLSTATE %s): %s; the next tick "
+                    "claims again", type(exc).__name__, getattr(exc, "sqlstate", None), exc)
             return None
 
     def _renew_leases(self) -> None:
@@ -153,6 +170,8 @@ class Dispatcher(pykka.ThreadingActor):
         try:
             self.ctx.journal.renew(self.ctx.owner, held, now + self.ctx.lease_seconds, now)
         except PersistenceError as exc:
-            log.error("lease renewal failed: %s", exc)
+            log.log(failure_level(exc), "lease renewal failed (%s, SQLSTATE %s): %s; the "
+                    "next tick renews again", type(exc).__name__,
+                    getattr(exc, "sqlstate", None), exc)
             return
         log.debug("renewed the leases of %d running or waiting turns", len(held))

@@ -24,11 +24,11 @@ import peewee as pw
 from . import inbox_core as core
 from . import set_wise
 from .bulk_sql import BulkSql
-from .errors import LeaseLost, PersistenceError, RowNotFound, WriterClosed
+from .errors import DatabaseFailed, LeaseLost, PersistenceError, RowNotFound, WriterClosed
 from .hot_path import CLAIM_COLUMNS, Head, HotPath, is_open
 from .inbox_records import ClaimedRow, ClaimResult, FenceRow
 from .models import InboxMessage, Tables
-from .writer import WRITE_TIMEOUT, Bulk, GroupCommitWriter, Reply
+from .writer import CONFLICT_RETRIES, WRITE_TIMEOUT, Bulk, GroupCommitWriter, Reply
 
 log = logging.getLogger("kinbox.journal")
 
@@ -150,6 +150,12 @@ class InboxClaims:
         SKIP LOCKED``) and checks their state and headship again under the lock, and the
         rows it reads cannot be ones the writer is acknowledging or chaining, which are
         the excluded targets'. SQLite has one writer per process.
+
+        A try that PostgreSQL aborted to resolve a conflict (a deadlock, a serialization
+        failure: ``DatabaseFailed.retryable``) runs again at once, up to
+        :data:`~.writer.CONFLICT_RETRIES` times, as the writer's operations do; then the
+        caller gets the error. Nothing of a failed try stays: its transaction rolled
+        back whole, and the leases that committed before it are handed back.
         """
         ex = frozenset(exclude)
 
@@ -157,8 +163,29 @@ class InboxClaims:
             return self._claim_op(owner, now, lease, limit, ex, transport, suspects)
         if self.bulk.pg is None:
             return self.writer.call(op)
-        if self.writer.closed:  # a stopped runtime leases nothing more
-            raise WriterClosed("the writer is stopped; no more claims")
+        tries = 0
+        while True:
+            if self.writer.closed:  # a stopped runtime leases nothing more
+                raise WriterClosed("the writer is stopped; no more claims")
+            try:
+                return self._claim_pg(owner, now, lease, limit, ex, transport, suspects)
+            except DatabaseFailed as exc:
+                # A deadlock or a serialization failure undid the claim's statement or
+                # transaction whole (and _claim_pg handed back what had committed before
+                # it): the same claim in a new transaction may well succeed, as the
+                # writer's operations are run again. Not the dispatcher's tick later: it
+                # may be far away, and every claim of a busy table may meet a conflict.
+                if not exc.retryable or tries >= CONFLICT_RETRIES:
+                    raise
+                tries += 1
+                log.debug("a claim was aborted with SQLSTATE %s; claiming again",
+                          exc.sqlstate)
+
+    def _claim_pg(self, owner: str, now: float, lease: float, limit: int,
+                  ex: frozenset[str], transport: str, suspects: int) -> ClaimResult:
+        """One try of :meth:`claim` on PostgreSQL, on the caller's connection: leases that
+        committed before a failure are handed back, so a failed try leaves nothing."""
+        assert self.bulk.pg is not None
         # The common rows in two statements (pg_claims); what needs more by the full rules.
         plain = self.bulk.pg.claim_plain(owner, transport, now, now + lease, limit, sorted(ex))
         rows = [ClaimedRow.from_head(h) for h in plain.rows]
