@@ -35,6 +35,7 @@ from ..persistence import (
     StopRequests,
     TaskStore,
     bind_tables,
+    close_every_connection,
     default_url,
     is_postgres,
     is_sqlite,
@@ -348,10 +349,12 @@ class Runtime(RecordsApi, WatchApi, TickApi):
         if self._writer is not None:
             self._writer.stop()
         self._release_ownership()
-        # The other threads close their own connections as they end; the caller's would
-        # stay open (a server connection, the file's handles) as long as this object lives.
-        if self._db is not None and not self._db.is_closed():
-            self._db.close()
+        # Every thread's connection, not the caller's alone: the thread that started the
+        # runtime (or called it since) may not be the one stopping it (a signal handler's),
+        # and its connection would stay open (a server connection, the file's handles)
+        # as long as that thread lives.
+        if self._db is not None:
+            close_every_connection(self._db)
 
     def _release_ownership(self) -> None:
         self._shared.close()

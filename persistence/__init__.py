@@ -8,6 +8,7 @@ This package never imports ``kinbox.actors`` or ``kinbox.transport``.
 """
 
 from . import inbox_core, retention
+from .connections import close_every_connection
 from .cron_store import CronJobRecord, CronRunLost, CronRunRecord, CronStore, Occurrence
 from .database import (
     SQLITE_PAGE_SIZE,
@@ -120,6 +121,7 @@ __all__ = [
     "WriterClosed",
     "WriterStatistics",
     "bind_tables",
+    "close_every_connection",
     "default_data_dir",
     "default_url",
     "inbox_core",

@@ -26,6 +26,7 @@ from typing import Any, NoReturn, TypeVar
 
 import peewee as pw
 
+from .connections import ThreadConnections
 from .errors import DatabaseFailed
 
 
@@ -145,8 +146,14 @@ def kinbox_errors(cls: D) -> D:
 
 
 @kinbox_errors
-class SqliteDatabase(pw.SqliteDatabase):
-    """peewee's SQLite database, failing with kinbox errors."""
+class SqliteDatabase(ThreadConnections, pw.SqliteDatabase):
+    """peewee's SQLite database, failing with kinbox errors, every thread's connection
+    noted (:mod:`.connections`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Each thread uses its own connection alone; close_all() may close it from another.
+        kwargs.setdefault("check_same_thread", False)
+        super().__init__(*args, **kwargs)
 
     def rollback(self) -> None:
         """Roll the transaction back; nothing to do when SQLite ended it already. A full

@@ -44,6 +44,7 @@ from typing import Any
 
 import peewee as pw
 
+from .connections import ThreadConnections
 from .driver_errors import kinbox_errors
 
 _CONTROL = ("SAVEPOINT ", "RELEASE SAVEPOINT ")
@@ -71,9 +72,10 @@ that goes through peewee gets it."""
 
 
 @kinbox_errors
-class PostgresDatabase(pw.PostgresqlDatabase):  # type: ignore[misc]
+class PostgresDatabase(ThreadConnections, pw.PostgresqlDatabase):  # type: ignore[misc]
     """peewee's PostgreSQL database, with control statements deferred (see the module),
-    failing with kinbox errors (:mod:`.driver_errors`)."""
+    failing with kinbox errors (:mod:`.driver_errors`), every thread's connection noted
+    (:mod:`.connections`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
