@@ -81,10 +81,9 @@ class Conflicts:
 
 
 @pytest.fixture
-def stores(pg_url: str) -> Iterator[Stores]:
-    s = Stores(pg_url)
-    yield s
-    s.close()
+def any_db_url(pg_url: str) -> str:
+    """conftest's ``stores``, on PostgreSQL alone."""
+    return pg_url
 
 
 @pytest.fixture
