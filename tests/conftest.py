@@ -7,6 +7,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -180,3 +181,18 @@ def pytest_report_header() -> str:
     """Say up front whether the PostgreSQL half of the contract tests runs."""
     return ("postgresql: " + ("KINBOX_TEST_PG_URL set, contract tests run on it" if PG_URL
                               else "KINBOX_TEST_PG_URL unset, PostgreSQL tests skip"))
+
+
+def count_cron_jobs_built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """From now on, the id of every cron job record built from a row (how many rows a
+    listing or a tick read), in order."""
+    from kinbox.persistence import cron_store
+
+    built: list[str] = []
+    real = cron_store._job
+
+    def counting(row: Any) -> Any:
+        built.append(row.id)
+        return real(row)
+    monkeypatch.setattr(cron_store, "_job", counting)
+    return built

@@ -18,9 +18,8 @@ import pytest
 
 from kinbox.actors.cli import main
 from kinbox.persistence import CronJobRecord, CronStore, NewMessage
-from kinbox.persistence import cron_store as cron_store_module
 
-from .conftest import Stores
+from .conftest import Stores, count_cron_jobs_built
 from .test_cli import kinbox
 
 pytestmark = pytest.mark.timeout(60)
@@ -110,13 +109,7 @@ def test_cron_list_pages_in_listing_order(busy_db: str) -> None:
 
 def test_cron_list_reads_the_page_not_every_job(busy_db: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    built: list[str] = []
-    real = cron_store_module._job
-
-    def counting(row: Any) -> CronJobRecord:
-        built.append(row.id)
-        return real(row)
-    monkeypatch.setattr(cron_store_module, "_job", counting)
+    built = count_cron_jobs_built(monkeypatch)
     assert ids(page("cron", "list", "--db", busy_db, "--limit", "2"), "job_id") == ["c0", "c1"]
     assert built == ["c0", "c1", "c2"]  # the page, and the one that says more follow
 

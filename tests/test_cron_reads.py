@@ -10,7 +10,6 @@ listings read every job into memory, however many there were.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
@@ -23,9 +22,8 @@ from kinbox.persistence import (
     JobStore,
     Occurrence,
 )
-from kinbox.persistence import cron_store as cron_store_module
 
-from .conftest import Stores
+from .conftest import Stores, count_cron_jobs_built
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -105,13 +103,7 @@ def test_a_tick_arms_the_soonest_job_without_reading_every_job(
         far = rt.context.now() + 86400
         for i in range(40):
             crons.create(job(f"c{i:02d}", far + 60 * (40 - i)))
-        built: list[str] = []
-        real = cron_store_module._job
-
-        def counting(row: Any) -> CronJobRecord:
-            built.append(row.id)
-            return real(row)
-        monkeypatch.setattr(cron_store_module, "_job", counting)
+        built = count_cron_jobs_built(monkeypatch)
         assert rt.cron.tick() == []
         assert len(built) <= 1, built
         armed = [j.next_run_time.timestamp() for j in rt.cron._driver._scheduler.get_jobs()
