@@ -79,6 +79,14 @@ def _use(rt: Runtime) -> None:
     wait_for(lambda: bool(rt.inbox(state="delivered")), what="the delivery")
 
 
+
+def stop_from(where: str, rt: Runtime) -> None:
+    """Stop ``rt`` from this thread, or from a thread of its own."""
+    if where == "same thread":
+        rt.stop()
+    else:
+        stop_elsewhere(rt)
+
 @pytest.mark.parametrize("where", ["same thread", "another thread"])
 def test_a_stop_leaves_no_handle_of_the_sqlite_file(
         tmp_path: Path, where: str, stopped_at_end: list[Runtime]) -> None:
@@ -87,10 +95,7 @@ def test_a_stop_leaves_no_handle_of_the_sqlite_file(
     stopped_at_end.append(rt)
     _use(rt)
     assert sqlite_handles(path) > 0
-    if where == "same thread":
-        rt.stop()
-    else:
-        stop_elsewhere(rt)
+    stop_from(where, rt)
     gc.collect()  # a thread's connection that ended with it, not yet freed
     assert sqlite_handles(path) == 0
 
@@ -104,10 +109,7 @@ def test_a_stop_leaves_no_server_connection(
     stopped_at_end.append(rt)
     _use(rt)
     assert server_connections(pg_url) > 0
-    if where == "same thread":
-        rt.stop()
-    else:
-        stop_elsewhere(rt)
+    stop_from(where, rt)
     gc.collect()
     wait_for(lambda: server_connections(pg_url) == 0, timeout=5,
              what="the server to see every connection closed")
