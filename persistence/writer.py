@@ -22,7 +22,9 @@ the one that raised one operation at a time, so the outcome is exactly what
 one-by-one execution gives. Bulk kinds run where the batch's first bulk item
 stands, plain operations in the order they arrived. Callers wait for each
 result before depending on it, so operations in one batch are concurrent and
-may commit in any order within it.
+may commit in any order within it. The kinds and the plan are :mod:`.bulk`'s,
+running a batch between begin and commit :mod:`.batch_run`'s; this module owns
+the thread, the transaction, the conflict retries and the answers.
 
 On PostgreSQL, batches of several processes (and their claims) lock rows in
 whatever order their operations arrived, and two that wait for each other are
@@ -48,14 +50,16 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import peewee as pw
 
+from .batch_run import conflict, run_batch
+from .bulk import Bulk
 from .database import is_sqlite
 from .errors import DatabaseFailed, WriterClosed
 from .reply import Reply
-from .savepoints import SQLITE_LOCK, Control, undo_step
+from .savepoints import SQLITE_LOCK
 
 T = TypeVar("T")
 A = TypeVar("A")
@@ -72,25 +76,6 @@ CONFLICT_RETRIES = 3
 aborted runs again before its caller gets that error. Each retry runs in a new transaction
 after the other side's went on, so one is nearly always enough; a bound keeps a conflict
 that comes back every time from holding the writer."""
-
-@dataclass(frozen=True, eq=False)
-class Bulk(Generic[A, T]):
-    """A kind of operation the writer may run many of at once.
-
-    ``one`` runs a single item; ``many`` runs several and returns their
-    results in order, or raises to have them run one by one (a rare case it
-    does not handle, such as an idempotent repeat or a lost lease). Every kind
-    of a batch shares one savepoint (or, first in a SQLite transaction, none: the
-    transaction begins again), so when one kind raises the others' work
-    is undone too and their ``many`` runs again on the same items: ``many``
-    must do nothing but its database writes (no effect outside the
-    transaction, nothing it would be wrong to do twice).
-    """
-
-    name: str
-    one: Callable[[A], T]
-    many: Callable[[list[A]], list[T]]
-
 
 @dataclass
 class WriterStatistics:
@@ -249,7 +234,7 @@ class GroupCommitWriter:
         """Keep ``item`` for the next transaction when ``error`` is a conflict and it has
         retries left; False: its caller gets ``error`` now."""
         tries = self._tries.pop(id(item), 0)
-        if not _conflict(error):
+        if not conflict(error):
             return False
         if tries >= CONFLICT_RETRIES:
             log.warning("a write failed with SQLSTATE %s %d times in a row; its caller gets "
@@ -286,21 +271,7 @@ class GroupCommitWriter:
                 stopping, gathered = self._gather(batch), True
                 # Writes whose waiters gave up are left out: they were answered already.
                 batch[:] = [item for item in batch if item[-1].take()]
-                control = Control(self._db)
-                for unit in _plan(batch):
-                    if isinstance(unit, int):
-                        outcomes[unit] = self._run_one(control, batch[unit][0])
-                    elif (failed := self._run_groups(control, batch, unit, outcomes)) is not None:
-                        raised, error = failed
-                        for group in unit:  # the one that raised goes straight one by one
-                            if group is raised and _conflict(error):
-                                # Not one by one: each would wait for the same locks. In
-                                # the next transaction, set-wise again (see the module).
-                                outcomes.update((i, (False, error)) for i in group)
-                                continue
-                            self._run_bulk(control, batch, group, outcomes,
-                                           set_wise=group is not raised)
-                    control.fresh = False
+                run_batch(self._db, batch, outcomes, self._stats)
         except Exception as exc:  # the commit itself failed: nothing of the batch is durable
             self._stats.rollbacks += 1
             if not gathered:
@@ -334,101 +305,8 @@ class GroupCommitWriter:
                      "in a new transaction", retried)
         return stopping
 
-    @staticmethod
-    def _run_one(control: Control, op: Callable[[], Any]) -> tuple[bool, Any]:
-        # A savepoint per operation: a failing op undoes only itself. Plain
-        # statements: peewee's nested atomic() costs more than the op itself.
-        name = control.savepoint("kinbox_op")
-        try:
-            outcome: tuple[bool, Any] = (True, op())
-        except Exception as exc:
-            undo_step(lambda: control.now(f"ROLLBACK TO SAVEPOINT {name}"), exc)
-            outcome = (False, exc)
-        control.later(f"RELEASE SAVEPOINT {name}")
-        return outcome
-
-    def _run_groups(self, control: Control, batch: list[tuple[Any, ...]], groups: list[list[int]],
-                    outcomes: dict[int, tuple[bool, Any]]
-                    ) -> tuple[list[int], Exception] | None:
-        """Run every bulk kind's items set-wise under one savepoint; the group of the kind
-        that raised (all of it undone) and its error, for the caller to run each kind on
-        its own, or None.
-
-        Every statement hands the interpreter lock over and waits to get it back, and
-        under load that wait, not the statement, is most of the writer's time: one
-        savepoint for all kinds instead of one each saves three of the dozen or so
-        statements of a typical batch. There is no release: the commit releases it.
-        On SQLite, when nothing ran before them in the transaction (the usual batch: all
-        sends and turn commits), they take no savepoint at all: undoing them is rolling
-        the transaction back and beginning it again (:meth:`Control.undo`).
-        """
-        name = control.savepoint("kinbox_bulk") if not control.restartable else None
-        answers: list[tuple[list[int], list[Any]]] = []
-        for group in groups:
-            kind: Bulk[Any, Any] = batch[group[0]][0]
-            try:
-                answers.append((group, _all_of(kind, [batch[i][1] for i in group])))
-            except Exception as exc:
-                undo_step(lambda: control.undo(name), exc)
-                self._stats.shared_fallbacks += 1
-                log.debug("a batch's bulk kinds run one kind at a time: %s",
-                          type(exc).__name__)
-                return group, exc
-        for group, results in answers:
-            if len(group) > 1:
-                self._stats.bulk_runs += 1
-            for i, result in zip(group, results, strict=True):
-                outcomes[i] = (True, result)
-        return None
-
-    def _run_bulk(self, control: Control, batch: list[tuple[Any, ...]], indexes: list[int],
-                  outcomes: dict[int, tuple[bool, Any]], *, set_wise: bool = True) -> None:
-        """One kind's items under their own savepoint: set-wise (unless ``set_wise`` is
-        False: it just failed that way), else one by one."""
-        kind: Bulk[Any, Any] = batch[indexes[0]][0]
-        items = [batch[i][1] for i in indexes]
-        if len(items) > 1:
-            if set_wise:
-                ok, results = self._run_one(control, lambda: _all_of(kind, items))
-                if ok:
-                    self._stats.bulk_runs += 1
-                    for i, result in zip(indexes, results, strict=True):
-                        outcomes[i] = (True, result)
-                    return
-            self._stats.bulk_fallbacks += 1
-        for i, item in zip(indexes, items, strict=True):
-            outcomes[i] = self._run_one(control, lambda item=item: kind.one(item))
-
     def _count(self, n: int) -> None:
         self._stats.batches += 1
         self._stats.operations += n
         self._stats.largest_batch = max(self._stats.largest_batch, n)
 
-
-def _conflict(error: BaseException) -> bool:
-    """A deadlock or a serialization failure: the work was undone whole and may run again."""
-    return isinstance(error, DatabaseFailed) and error.retryable
-
-
-def _all_of(kind: Bulk[Any, Any], items: list[Any]) -> list[Any]:
-    results = kind.many(items)
-    if len(results) != len(items):  # undone by the savepoint, then run one by one
-        raise ValueError(f"bulk {kind.name!r} returned {len(results)} results "
-                         f"for {len(items)} items")
-    return results
-
-
-def _plan(batch: list[tuple[Any, ...]]) -> list[int | list[list[int]]]:
-    """Execution units in arrival order: a plain operation's index, or, where the batch's
-    first bulk item stands, every bulk kind's items (a group per kind, in the order the
-    kinds first appear), which run together."""
-    units: list[int | list[list[int]]] = []
-    groups: dict[int, list[int]] = {}
-    for i, item in enumerate(batch):
-        if len(item) == 2:
-            units.append(i)
-            continue
-        if not groups:
-            units.append([])  # the bulk unit's place; filled in below
-        groups.setdefault(id(item[0]), []).append(i)
-    return [list(groups.values()) if isinstance(u, list) else u for u in units]

@@ -15,6 +15,7 @@ PURE_MODULES = [
     "persistence/inbox_core.py",
     "persistence/retention.py",
     "persistence/numbered_ids.py",
+    "persistence/bulk.py",
     "actors/access.py",
     "actors/passivation.py",
     "actors/validation.py",
