@@ -59,7 +59,8 @@ from .liveness import OwnerLiveness
 from .models import CRON_EXPRESSION_CHARS, Tables, bind_tables
 from .rate_buckets import BucketState, RateBuckets
 from .schema import pending_changes, require_current, upgrade
-from .sessions import EntryRecord, ProjectRecord, SessionRecord, SessionStore
+from .session_records import EntryRecord, ProjectRecord, SessionRecord
+from .sessions import SessionStore
 from .stop_requests import StopAsk, StopRequests
 from .tasks import OPEN_TASK_STATES, TaskChange, TaskRecord, TaskStore
 from .writer import WRITE_TIMEOUT, GroupCommitWriter, Reply, WriterStatistics

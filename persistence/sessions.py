@@ -2,23 +2,26 @@
 
 Writes go through the group-commit writer like the journal's; reads run on
 the caller's thread. Records come back as frozen dataclasses so callers
-never hold live peewee rows across threads.
+never hold live peewee rows across threads (:mod:`.session_records`). The
+direct-turn marks on session rows are :mod:`.direct_marks`'s, a base class of
+the store.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Collection
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import peewee as pw
 
 from . import session_filters
+from .direct_marks import DirectTurnMarks
 from .errors import DuplicateError, RowNotFound
-from .inbox_core import OPEN_STATES, PROCESSING
+from .inbox_core import OPEN_STATES
 from .journal import TurnEntry
 from .models import Project, Session, Tables
+from .session_records import EntryRecord, ProjectRecord, SessionRecord
 from .session_view import IDLE, live_columns
 from .writer import GroupCommitWriter
 
@@ -27,54 +30,6 @@ Roots = Literal["all", "workers", "none"]
 
 IDS_PER_READ = 500
 """Session ids one ``IN (...)`` names at most (SQLite bounds a statement's parameters)."""
-
-
-@dataclass(frozen=True)
-class ProjectRecord:
-    """A project (S4)."""
-
-    id: str
-    slug: str
-    name: str
-    archived: bool
-    hidden: bool
-    created_at: float
-
-
-@dataclass(frozen=True)
-class SessionRecord:
-    """A session (S1)."""
-
-    id: str
-    project_id: str | None
-    title: str
-    kind: str
-    platform: str | None
-    parent_id: str | None
-    status: str
-    """``active`` while one of its messages is leased to a turn (here or in another
-    process) or a direct turn of it runs, else ``idle`` (:mod:`.session_view`)."""
-    created_at: float
-    updated_at: float
-    """Its latest activity: creation, a change, or its newest transcript entry."""
-    config: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class EntryRecord:
-    """A transcript entry."""
-
-    id: int
-    session_id: str
-    role: str
-    text: str
-    visible: bool
-    message_id: str | None
-    created_at: float
-    sender_id: str | None = None
-    """Who sent the message this entry records; None for the user and for replies."""
-    kind: str | None = None
-    """That message's kind (``agent_message``, ``subagent_result``...)."""
 
 
 def _project(p: Project) -> ProjectRecord:
@@ -88,8 +43,9 @@ def _session(s: Session) -> SessionRecord:
                          json.loads(s.config or "{}"))
 
 
-class SessionStore:
-    """Projects, sessions and transcripts on one database."""
+class SessionStore(DirectTurnMarks):
+    """Projects, sessions and transcripts on one database (the direct-turn marks:
+    :class:`.direct_marks.DirectTurnMarks`)."""
 
     def __init__(self, tables: Tables, writer: GroupCommitWriter) -> None:
         self.t = tables
@@ -292,77 +248,6 @@ class SessionStore:
             if not s.update(updated_at=now, **changes).where(s.id == session_id).execute():
                 raise RowNotFound("session", session_id)
         self.writer.call(op)
-
-    def end_direct_turn_now(self, session_id: str, owner: str, turn_id: str,
-                            now: float) -> bool:
-        """End the direct-turn mark of the turn ``turn_id`` of runtime ``owner``, inside the
-        caller's transaction; False when the session holds no such mark (another runtime
-        took it after this one's was ended as a gone runtime's: it stays)."""
-        s = self.t.session
-        return bool(s.update(turn_owner=None, turn_id=None, updated_at=now).where(
-            (s.id == session_id) & (s.turn_owner == owner)
-            & (s.turn_id == turn_id)).execute())
-
-    def end_direct_turn(self, session_id: str, owner: str, turn_id: str,
-                        now: float) -> bool:
-        """:meth:`end_direct_turn_now` in a transaction of its own."""
-        return self.writer.call(
-            lambda: self.end_direct_turn_now(session_id, owner, turn_id, now))
-
-    def take_direct_turn(self, session_id: str, owner: str, turn_id: str,
-                         now: float) -> bool:
-        """Mark the session for the direct turn ``turn_id`` of runtime ``owner``; False
-        (nothing written) while another runtime's direct turn holds the mark.
-
-        From the mark on, no runtime on PostgreSQL leases the session a new row (claims
-        skip it, and a turn's commit does not chain its next row into it), so the inbox
-        turns of other runtimes that run now are the last before it:
-        :meth:`others_processing` says when they are over. (This runtime's own inbox turn
-        is ordered in its memory: ``RunningTurns``.)"""
-        s = self.t.session
-
-        def mark() -> bool:
-            if s.update(turn_owner=owner, turn_id=turn_id, updated_at=now).where(
-                    (s.id == session_id)
-                    & (s.turn_owner.is_null() | (s.turn_owner == owner))).execute():
-                return True
-            if not s.select(s.id).where(s.id == session_id).exists():
-                raise RowNotFound("session", session_id)
-            return False
-        return self.writer.call(mark)
-
-    def others_processing(self, session_id: str, owner: str) -> bool:
-        """Does a runtime other than ``owner`` hold a row of the session in processing (an
-        inbox turn the session's marked direct turn waits for)?"""
-        m = self.t.inbox
-        return (m.select(m.message_id)
-                .where((m.target_chat_id == session_id) & (m.status == PROCESSING)
-                       & (m.lease_owner != owner)).exists())
-
-    def direct_turn(self, session_id: str) -> tuple[str, str | None] | None:
-        """The runtime running a direct turn of the session and that turn's id; None when
-        none runs."""
-        s = self.t.session
-        row = s.select(s.turn_owner, s.turn_id).where(s.id == session_id).first()
-        if row is None or row.turn_owner is None:
-            return None
-        return row.turn_owner, row.turn_id
-
-    def direct_turn_owners(self) -> set[str]:
-        """The runtimes whose direct turns mark sessions now."""
-        s = self.t.session
-        return {r.turn_owner for r in s.select(s.turn_owner).distinct().where(
-            s.turn_owner.is_null(False))}
-
-    def end_direct_turn_marks(self, now: float, owners: set[str] | None = None) -> int:
-        """End the direct-turn marks of ``owners`` (runtimes known to be gone), or every
-        one (the start of a runtime that holds the database alone: no direct turn runs,
-        so a mark is a dead process's); how many."""
-        s = self.t.session
-        cond = (s.turn_owner.is_null(False) if owners is None
-                else s.turn_owner.in_(sorted(owners)))
-        return self.writer.call(lambda: s.update(turn_owner=None, turn_id=None,
-                                                 updated_at=now).where(cond).execute())
 
     def patch_config_now(self, session_id: str, patch: dict[str, Any], now: float) -> None:
         """Merge ``patch`` into a session's config inside the caller's transaction."""

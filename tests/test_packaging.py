@@ -16,6 +16,7 @@ PURE_MODULES = [
     "persistence/retention.py",
     "persistence/numbered_ids.py",
     "persistence/bulk.py",
+    "persistence/session_records.py",
     "actors/access.py",
     "actors/passivation.py",
     "actors/validation.py",
