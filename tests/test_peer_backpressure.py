@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from kinbox.transport import frames as f
-from kinbox.transport import peer_ws, receiver
+from kinbox.transport import inbound_link, receiver
 from kinbox.transport.grants import GrantView
 
 from .helpers import wait_for
@@ -68,14 +68,14 @@ class HeldDatabase:
 
 
 def test_a_peer_ignoring_the_window_is_read_no_faster_than_the_receiver_commits() -> None:
-    count = 5 * peer_ws.UNCOMMITTED_LIMIT
+    count = 5 * inbound_link.UNCOMMITTED_LIMIT
     loop = asyncio.new_event_loop()  # the server's loop, on a thread of its own
     serving = threading.Thread(target=loop.run_forever, daemon=True)
     serving.start()
     try:
         ws, db = Socket(count), HeldDatabase()
         grant = GrantView("dev", "key", "hash", frozenset({"agent"}), "active")
-        session = peer_ws._Session(ws, db, grant, lambda reason: f.Refused(reason.value))  # type: ignore[arg-type]
+        session = inbound_link.InboundLink(ws, db, grant, lambda reason: f.Refused(reason.value))  # type: ignore[arg-type]
         link = asyncio.run_coroutine_threadsafe(session.run(), loop)
         # The reader stops once the uncommitted deliveries fill their queue; without a
         # bound it would take every frame while nothing commits.
@@ -97,5 +97,5 @@ def test_a_peer_ignoring_the_window_is_read_no_faster_than_the_receiver_commits(
         loop.close()
     # At most a full queue, the batch the committer holds (taken before it filled) and
     # the one the reader waits to queue.
-    assert taken <= 2 * peer_ws.UNCOMMITTED_LIMIT + 1
+    assert taken <= 2 * inbound_link.UNCOMMITTED_LIMIT + 1
     assert db.committed == acks == count

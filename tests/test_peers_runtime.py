@@ -421,11 +421,11 @@ def test_a_read_or_stop_after_the_grant_closed_gets_the_refusal_not_an_answer(
     # caught yet must be refused as a delivery is, not answered (slowed here to show it).
 
     from kinbox.transport import frames as f
-    from kinbox.transport import peer_ws
+    from kinbox.transport import inbound_link
     from kinbox.transport.link import Answer, LinkState, Terminal
     from kinbox.transport.peer_client import connect_link
 
-    monkeypatch.setattr(peer_ws, "STATUS_POLL_SECONDS", 60.0)
+    monkeypatch.setattr(inbound_link, "STATUS_POLL_SECONDS", 60.0)
     a, b, served, _ = pair_of
     rec = a.peers.pair(served.http, served.invite(), name="b")
     me = a.peers.identity.device_id
