@@ -16,7 +16,9 @@ from typing import Any, TextIO
 from ..persistence import CronStore
 from ..transport import RUNS_LIMIT
 from . import cron_rules as rules
-from .cli_ops import _emit, _offset, _when, common, emit_page, stores, whole_number
+from .cli_args import common, offset_arg, whole_number
+from .cli_ops import stores
+from .cli_output import emit, emit_page, when
 from .cron_jobs import CronJobs
 from .triggers import local_time
 
@@ -30,7 +32,7 @@ def _jobs(args: argparse.Namespace, work: Any, *, read_only: bool = False) -> An
 
 def _utc(ts: float | None) -> str:
     # A run's times are UTC: say so (a job's next run is shown in its own zone, named).
-    return "-" if ts is None else f"{_when(ts)} UTC"
+    return "-" if ts is None else f"{when(ts)} UTC"
 
 
 def _line(job: dict[str, Any]) -> str:
@@ -58,8 +60,8 @@ def cron_add(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox cron add NAME --cron EXPR --prompt TEXT``."""
     job = _jobs(args, lambda j: j.add(args.name, args.cron, args.prompt, delivery=args.delivery,
                                       timezone=args.timezone, active=not args.paused))
-    _emit(out, args.json, job, [f"added {_line(job)}",
-                                f"runs in session {rules.session_id_for(job['job_id'])}"])
+    emit(out, args.json, job, [f"added {_line(job)}",
+                               f"runs in session {rules.session_id_for(job['job_id'])}"])
     return 0
 
 
@@ -70,7 +72,7 @@ def _action(verb: str, past: str) -> Any:
             lines = [f"removed {args.job_id} and its run records"]
         else:
             lines = [f"{past} {_line(result)}"]
-        _emit(out, args.json, result, lines)
+        emit(out, args.json, result, lines)
         return 0
     command.__doc__ = f"``kinbox cron {verb} JOB_ID``."
     return command
@@ -103,7 +105,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = common(csub.add_parser("list", help="jobs, soonest due first, paused ones last"))
     p.add_argument("--limit", type=_runs_limit, default=100,
                    help=f"at most N jobs, 1 to {RUNS_LIMIT} (default 100)")
-    p.add_argument("--offset", type=_offset, default=0,
+    p.add_argument("--offset", type=offset_arg, default=0,
                    help="skip the first N (the next page: --offset 100)")
     p.set_defaults(handler=cron_list)
     p = common(csub.add_parser("add", help="add a job"))
@@ -125,6 +127,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("job_id", nargs="?")
     p.add_argument("--limit", type=_runs_limit, default=20,
                    help=f"the newest N runs, 1 to {RUNS_LIMIT} (default 20)")
-    p.add_argument("--offset", type=_offset, default=0,
+    p.add_argument("--offset", type=offset_arg, default=0,
                    help="but the newest N (the page before: --offset 20)")
     p.set_defaults(handler=cron_runs)

@@ -2,17 +2,19 @@
 
 Every command takes ``--db`` (falling back to ``$KINBOX_DB``, then the data
 directory's file) and works while a runtime is running on that database:
-reads do not block it, and a requeue is one short transaction.
+reads do not block it, and a requeue is one short transaction. The options and
+argument types the commands share are :mod:`.cli_args`'s, how they print
+:mod:`.cli_output`'s; how a command opens the database (:func:`stores`,
+:func:`operator_runtime`, :func:`operator_clock`) is this module's.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TextIO
+from typing import TextIO
 
 import peewee as pw
 
@@ -33,6 +35,11 @@ from ..persistence.inbox_core import State
 from ..persistence.opened import opened
 from ..transport.frames import shown
 from ..transport.key_file import private_folder
+from .cli_args import common, kind_arg, limit_arg, offset_arg, session_id_arg
+from .cli_args import whole_number as whole_number  # cli_prune imports it from here
+from .cli_output import age, emit_page, last_line
+from .cli_output import emit as _emit  # by this name: cli_prune imports it from here
+from .cli_output import when as _when  # the same
 from .clock import Clock, SystemClock
 from .errors import ConfigError
 from .runtime import Runtime
@@ -84,51 +91,6 @@ def operator_clock(db: pw.Database) -> Iterator[Clock]:
         shared.close()
 
 
-def _when(ts: float | None) -> str:
-    if ts is None:
-        return "-"
-    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _emit(out: TextIO, as_json: bool, data: Any, lines: list[str]) -> None:
-    if as_json:
-        out.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    else:
-        # Names, titles, texts and errors come from chat users, peers and HTTP clients:
-        # escape sequences and line breaks in them must not reach the operator's terminal.
-        out.write("\n".join(shown(line, len(line)) for line in lines)
-                  + ("\n" if lines else ""))
-
-
-def emit_page(out: TextIO, args: argparse.Namespace, items: list[Any], more: bool,
-              lines: list[str], *, next_page: str) -> None:
-    """Print one page of a listing read one row past ``args.limit`` (``more``: that row
-    was there). ``--json`` prints ``{"items", "more", "next_offset"}``: a bare list left
-    a script to believe a cut listing was whole. The table ends with a line saying how
-    to list the ``next_page`` (say, "the next {limit}") when there is one."""
-    next_offset = args.offset + len(items) if more else None
-    if more:
-        lines = [*lines, f"... more: --offset {next_offset} lists "
-                         + next_page.format(limit=args.limit)]
-    _emit(out, args.json, {"items": items, "more": more, "next_offset": next_offset}, lines)
-
-
-def _age(seconds: float) -> str:
-    if seconds < 120:
-        return f"{max(seconds, 0):.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    if seconds < 172800:
-        return f"{seconds / 3600:.0f}h"
-    return f"{seconds / 86400:.0f}d"
-
-
-def last_line(error: str | None) -> str:
-    """The last line of a stored error (a traceback ends with the exception itself)."""
-    lines = [x for x in (error or "").strip().splitlines() if x.strip()]
-    return lines[-1].strip() if lines else ""
-
-
 def inbox_list(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox inbox list``: rows with their age and last error, never their bodies."""
     with stores(args.db, read_only=True) as (journal, _), operator_clock(journal.t.db) as clock:
@@ -141,7 +103,7 @@ def inbox_list(args: argparse.Namespace, out: TextIO) -> int:
     lines = [f"{'seq':>6}  {'state':<10} {'att':>3} {'age':>5}  {'target':<28} {'kind':<22} "
              f"{'message_id':<40} last error"]
     lines += [f"{r['seq']:>6}  {r['status']:<10} {r['attempts']:>3} "
-              f"{_age(now - r['created_at']):>5}  {r['target_chat_id']:<28} "
+              f"{age(now - r['created_at']):>5}  {r['target_chat_id']:<28} "
               f"{r['kind']:<22} {r['message_id']:<40} {last_line(r['last_error'])[:80]}"
               for r in rows]
     if not rows:
@@ -267,26 +229,6 @@ def db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def database_url(text: str) -> str:
-    """An argparse type: a ``--db`` URL. An empty one (``--db "$UNSET_VARIABLE"``) is a
-    usage error, not the flag left out: that would be the default database, the user's
-    own, which a scenario would write its run into and ``db upgrade`` would create."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected a database URL (sqlite:///path/to/file.db "
-                                         "or postgresql://user@host/db), got an empty one")
-    return text
-
-
-DB_HELP = "database URL (default: $KINBOX_DB, then the data dir file)"
-
-
-def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The options every operator command takes: ``--db`` and ``--json``."""
-    p.add_argument("--db", type=database_url, help=DB_HELP)
-    p.add_argument("--json", action="store_true", help="print JSON")
-    return p
-
-
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``inbox``, ``sessions`` and ``db``."""
 
@@ -294,10 +236,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     isub = inbox.add_subparsers(dest="action", required=True)
     p = common(isub.add_parser("list", help="list inbox rows"))
     p.add_argument("--state", choices=STATES)
-    p.add_argument("--target", type=_session_id, help="only rows addressed to this session")
-    p.add_argument("--limit", type=_positive, default=100,
+    p.add_argument("--target", type=session_id_arg, help="only rows addressed to this session")
+    p.add_argument("--limit", type=limit_arg, default=100,
                    help="the newest N rows (default 100), listed oldest first")
-    p.add_argument("--offset", type=_offset, default=0,
+    p.add_argument("--offset", type=offset_arg, default=0,
                    help="but the newest N (the page before: --offset 100)")
     p.set_defaults(handler=inbox_list)
     p = common(isub.add_parser("show", help="one row in full, with its history"))
@@ -307,9 +249,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("message_id", nargs="?", help="one failed row (or use --all-failed)")
     p.add_argument("--all-failed", action="store_true",
                    help="every failed row matching --target / --kind")
-    p.add_argument("--target", type=_session_id,
+    p.add_argument("--target", type=session_id_arg,
                    help="with --all-failed: only rows addressed to this session")
-    p.add_argument("--kind", type=_kind, help="with --all-failed: only rows of this kind")
+    p.add_argument("--kind", type=kind_arg, help="with --all-failed: only rows of this kind")
     p.set_defaults(handler=inbox_requeue)
     p = common(isub.add_parser("cancel", help="give up on a pending or failed row"))
     p.add_argument("message_id")
@@ -321,9 +263,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     ssub = sessions.add_subparsers(dest="action", required=True)
     p = common(ssub.add_parser("list", help="list sessions, newest first"))
     p.add_argument("--project", help="project slug")
-    p.add_argument("--limit", type=_positive, default=100,
+    p.add_argument("--limit", type=limit_arg, default=100,
                    help="at most N sessions (default 100), most recently active first")
-    p.add_argument("--offset", type=_offset, default=0,
+    p.add_argument("--offset", type=offset_arg, default=0,
                    help="skip the first N (the next page: --offset 100)")
     p.set_defaults(handler=sessions_list)
 
@@ -343,37 +285,3 @@ def inbox_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     return next(a for a in inbox._actions if isinstance(a, argparse._SubParsersAction))
 
 
-LIST_LIMIT = 1_000_000
-"""Most rows a ``--limit`` may ask for (beyond it the databases' integers overflow)."""
-
-
-def whole_number(high: int, low: int = 1) -> Callable[[str], int]:
-    """An argparse type: a whole number from ``low`` to ``high``."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(
-                f"expected a number from {low} to {high:,}, got {value}")
-        return value
-    return parse
-
-
-_positive = whole_number(LIST_LIMIT)
-_offset = whole_number(LIST_LIMIT, low=0)
-
-
-def _session_id(text: str) -> str:
-    """A ``--target``: an empty id names no session (and must not read as no filter)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected a session id, got an empty one")
-    return text
-
-
-def _kind(text: str) -> str:
-    """A ``--kind``: an empty one names no kind (and must not read as no filter either)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("expected a message kind, got an empty one")
-    return text

@@ -33,7 +33,9 @@ from ..transport.grants import (
 )
 from ..transport.identity import DeviceIdentity
 from ..transport.key_file import private_folder
-from .cli_ops import _emit, _when, common, operator_clock
+from .cli_args import common
+from .cli_ops import operator_clock
+from .cli_output import emit, when
 from .data_dirs import add_data_dir_flag
 from .errors import ConfigError
 from .peers import complete_pairing, device_identity, new_invite
@@ -76,8 +78,8 @@ def whoami(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox peers whoami``."""
     with _device(args) as (_, identity):
         data = {"device_id": identity.device_id, "public_key": identity.public_key}
-    _emit(out, args.json, data, [f"device_id: {identity.device_id}",
-                                 f"public_key: {identity.public_key}"])
+    emit(out, args.json, data, [f"device_id: {identity.device_id}",
+                                f"public_key: {identity.public_key}"])
     return 0
 
 
@@ -93,9 +95,9 @@ def invite(args: argparse.Namespace, out: TextIO) -> int:
     ref = invite_id(secret_hash(code))
     data = {"code": code, "invite_id": ref, "device_id": identity.device_id,
             "scopes": sorted(scopes), "expires_at": now + ttl}
-    _emit(out, args.json, data, [code, f"(one-time pairing code for device "
-                                       f"{identity.device_id}, expires {_when(now + ttl)} UTC;"
-                                       f" invite {ref}: kinbox peers withdraw {ref})"])
+    emit(out, args.json, data, [code, f"(one-time pairing code for device "
+                                      f"{identity.device_id}, expires {when(now + ttl)} UTC;"
+                                      f" invite {ref}: kinbox peers withdraw {ref})"])
     return 0
 
 
@@ -105,9 +107,9 @@ def invites(args: argparse.Namespace, out: TextIO) -> int:
         found = peers.open_invites(clock.now())
     data = [{"invite_id": invite_id(i.code_hash), "scopes": sorted(i.scopes),
              "expires_at": i.expires_at} for i in found]
-    _emit(out, args.json, data, [f"{d['invite_id']}  {','.join(d['scopes']):<8} expires "
-                                 f"{_when(d['expires_at'])} UTC" for d in data]
-          or ["no open pairing invites"])
+    emit(out, args.json, data, [f"{d['invite_id']}  {','.join(d['scopes']):<8} expires "
+                                f"{when(d['expires_at'])} UTC" for d in data]
+         or ["no open pairing invites"])
     return 0
 
 
@@ -123,8 +125,8 @@ def withdraw(args: argparse.Namespace, out: TextIO) -> int:
     if gone is None:
         raise RowNotFound("open pairing invite", invite_id(ref))
     data = {"invite_id": invite_id(gone.code_hash), "withdrawn": True}
-    _emit(out, args.json, data, [f"invite {data['invite_id']} withdrawn: its code pairs "
-                                 "nothing any more"])
+    emit(out, args.json, data, [f"invite {data['invite_id']} withdrawn: its code pairs "
+                                "nothing any more"])
     return 0
 
 
@@ -133,8 +135,8 @@ def pair(args: argparse.Namespace, out: TextIO) -> int:
     with _device(args) as (peers, identity), operator_clock(peers.t.db) as clock:
         rec = complete_pairing(identity, peers, args.url, args.code, args.name or "",
                                clock.now())
-    _emit(out, args.json, rec.to_dict(),
-          [f"paired with device {rec.device_id}: address it as peer:{rec.device_id}"])
+    emit(out, args.json, rec.to_dict(),
+         [f"paired with device {rec.device_id}: address it as peer:{rec.device_id}"])
     return 0
 
 
@@ -154,11 +156,11 @@ def listing(args: argparse.Namespace, out: TextIO) -> int:
              f"{'failed':>6}  {'last seen':<19} name"]
     lines += [f"{d['device_id']:<13} {d['direction']:<9} {d['status']:<8} "
               f"{','.join(d['scopes']):<8} {d['queued']:>6} {d['failed']:>6}  "
-              f"{_when(d['last_seen_at']):<19} "
+              f"{when(d['last_seen_at']):<19} "
               # A name paired before names were checked may hold escape sequences.
               + (f"! {d['last_error']}" if d["status"] == "active" and d["last_error"]
                  else shown(d["name"])) for d in data]
-    _emit(out, args.json, data, lines if data else ["no paired devices"])
+    emit(out, args.json, data, lines if data else ["no paired devices"])
     return 0
 
 
@@ -194,9 +196,9 @@ def change(args: argparse.Namespace, out: TextIO) -> int:
             for r, s in changes]
     data += [{"device_id": r.device_id, "direction": r.direction, "status": r.status,
               "changed": False, "reason": why} for r, why in left]
-    _emit(out, args.json, data, [f"{d['device_id']} ({d['direction']}): {d['status']}"
-                                 + ("" if d["changed"] else f", left as is: {d['reason']}")
-                                 for d in data])
+    emit(out, args.json, data, [f"{d['device_id']} ({d['direction']}): {d['status']}"
+                                + ("" if d["changed"] else f", left as is: {d['reason']}")
+                                for d in data])
     return 0
 
 

@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 from ..persistence import DatabaseMissing, DatabaseOpenError, open_database, redact_url
 from . import scenario_files
-from .cli_ops import database_url
+from .cli_args import database_url
 from .errors import ConfigError, ScenarioError
 from .interrupts import EXIT_INTERRUPTED, Interrupted, StopSignals
 from .progress import Progress

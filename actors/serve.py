@@ -42,7 +42,7 @@ import uvicorn
 
 from ..transport import LOOPBACK_HOSTS, OperatorToken, PeerEndpoint, create_app
 from .brain_ref import load_brain
-from .cli_ops import DB_HELP, database_url
+from .cli_args import DB_HELP, database_url
 from .data_dirs import add_data_dir_flag
 from .errors import BrainRefError
 from .focal import Focal

@@ -19,7 +19,7 @@ from typing import TextIO
 
 from ..persistence import redact_url
 from .brain_ref import load_brain
-from .cli_ops import DB_HELP, database_url
+from .cli_args import DB_HELP, database_url
 from .data_dirs import add_data_dir_flag
 from .errors import BrainRefError
 from .interrupts import Interrupted, StopSignals

@@ -18,6 +18,7 @@ PURE_MODULES = [
     "persistence/bulk.py",
     "persistence/session_records.py",
     "actors/access.py",
+    "actors/cli_args.py",
     "actors/passivation.py",
     "actors/validation.py",
     "actors/roster.py",

@@ -1,0 +1,63 @@
+"""How the operator commands print: a table for people, JSON for scripts.
+
+Shared by every ``kinbox`` operator command (:mod:`.cli_ops`, :mod:`.cli_cron`,
+:mod:`.cli_peers`, :mod:`.cli_prune`), so that they all print times, pages and
+stored text the same way, and none lets a user's text drive the terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from typing import Any, TextIO
+
+from ..transport.frames import shown
+
+
+def when(ts: float | None) -> str:
+    """A stored time as UTC ``YYYY-MM-DD HH:MM:SS`` (``-`` for none)."""
+    if ts is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def emit(out: TextIO, as_json: bool, data: Any, lines: list[str]) -> None:
+    """Print ``data`` as JSON (``--json``), else ``lines``, escaped for a terminal."""
+    if as_json:
+        out.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    else:
+        # Names, titles, texts and errors come from chat users, peers and HTTP clients:
+        # escape sequences and line breaks in them must not reach the operator's terminal.
+        out.write("\n".join(shown(line, len(line)) for line in lines)
+                  + ("\n" if lines else ""))
+
+
+def emit_page(out: TextIO, args: argparse.Namespace, items: list[Any], more: bool,
+              lines: list[str], *, next_page: str) -> None:
+    """Print one page of a listing read one row past ``args.limit`` (``more``: that row
+    was there). ``--json`` prints ``{"items", "more", "next_offset"}``: a bare list left
+    a script to believe a cut listing was whole. The table ends with a line saying how
+    to list the ``next_page`` (say, "the next {limit}") when there is one."""
+    next_offset = args.offset + len(items) if more else None
+    if more:
+        lines = [*lines, f"... more: --offset {next_offset} lists "
+                         + next_page.format(limit=args.limit)]
+    emit(out, args.json, {"items": items, "more": more, "next_offset": next_offset}, lines)
+
+
+def age(seconds: float) -> str:
+    """A duration in its largest whole unit: ``90s``, ``5m``, ``3h``, ``2d``."""
+    if seconds < 120:
+        return f"{max(seconds, 0):.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f}h"
+    return f"{seconds / 86400:.0f}d"
+
+
+def last_line(error: str | None) -> str:
+    """The last line of a stored error (a traceback ends with the exception itself)."""
+    lines = [x for x in (error or "").strip().splitlines() if x.strip()]
+    return lines[-1].strip() if lines else ""
