@@ -14,7 +14,9 @@ over by another runtime) undoes the whole commit.
 The turns run on a small, bounded pool of threads owned here; a session
 runs one turn at a time (:meth:`RunningTurns.begin` waits). An async brain
 runs on the runtime's event loop (:mod:`.async_host`), this pool's thread
-waiting for it.
+waiting for it. Before it runs, a turn marks its session in the database against
+other runtimes' inbox turns, and a turn that does not commit gives the mark back
+(:mod:`.direct_marking`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from functools import partial
 from ..persistence import LeaseLost, PersistenceError, WriterClosed
 from .brain_tasks import BrainAbandoned
 from .context import RuntimeContext, TurnEffects
+from .direct_marking import TurnNotStarted, unmark, wait_to_mark
 from .outbox import Outbox
 from .steps import wait_landed
 from .turn import Message, Turn, TurnOutcome
@@ -37,19 +40,6 @@ from .turn_run import judge, prepare, take_result, turn_tools
 
 log = logging.getLogger("kinbox.direct")
 
-
-class TurnNotStarted(WriterClosed):
-    """The runtime stopped while a direct turn waited for another turn of its session:
-    nothing of it ran (a :class:`WriterClosed`: what ends a direct turn's work when the
-    runtime stops)."""
-
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"the runtime stopped before the turn of {session_id} could start")
-        self.session_id = session_id
-
-
-MARK_RETRY_SECONDS = 0.2
-"""How often a direct turn waiting for its session's inbox turn looks again."""
 
 CommitOps = Callable[[Turn], list[Callable[[], object]]]
 """The caller's writes for a successful turn, run inside the turn's commit."""
@@ -193,7 +183,7 @@ class DirectTurns:
         turn_id = messages[0].message_id if messages else f"direct-{ctx.new_id()}"
         taken: list[str] = []
         with self._one_at_a_time(session_id):
-            self._wait_to_mark(session_id, turn_id)
+            wait_to_mark(ctx, session_id, turn_id)
             try:
                 turn = self._start(session_id, turn_id, messages, fetch_steering, taken)
                 if ctx.slots is not None:
@@ -209,7 +199,7 @@ class DirectTurns:
                         ctx.slots.direct_ended(session_id)
             finally:
                 if effects is None:  # no commit (which ends the mark with it): end it here
-                    self._unmark(session_id, turn_id)
+                    unmark(ctx, session_id, turn_id)
         if effects is None:
             return done
         for notify in effects.after:
@@ -220,56 +210,6 @@ class DirectTurns:
         if effects.messages:
             ctx.wake_dispatcher()
         return done
-
-    def _wait_to_mark(self, session_id: str, turn_id: str) -> None:
-        """Mark the session's direct turn (:meth:`SessionStore.take_direct_turn`: once
-        no other runtime's direct turn holds it), then wait for the inbox turns other
-        runtimes run of it to end; the mark keeps them from starting more. One of this
-        process's it waits for in memory (``RunningTurns.begin``); a stop that comes
-        meanwhile keeps the turn from starting after it (:meth:`_start`).
-
-        A stop or crash ends this wait with :class:`TurnNotStarted`: nothing of the turn
-        ran, the mark is taken back, and the caller keeps its work (a social event goes
-        back to be handed to the inbox; a cron run's record stays to be taken over)."""
-        ctx = self.ctx
-
-        def wait() -> None:
-            # Another process's turn of the session (minutes, maybe) ends in its own time
-            # and no signal crosses processes: look again now and then.
-            if ctx.closed.wait(MARK_RETRY_SECONDS):
-                raise TurnNotStarted(session_id)
-
-        while not ctx.store.take_direct_turn(session_id, ctx.owner, turn_id, ctx.now()):
-            wait()
-        try:
-            while ctx.store.others_processing(session_id, ctx.owner):
-                wait()
-        except BaseException:
-            self._unmark(session_id, turn_id)
-            raise
-
-    def _unmark(self, session_id: str, turn_id: str) -> None:
-        """End the session's direct-turn mark after a turn that did not commit, however it
-        ended (a brain's error, a refused commit, a bug, the runtime stopping).
-
-        A mark that stayed would keep the session's messages from being claimed while
-        this runtime lives (nobody clears a live runtime's marks), so a failed write is
-        tried again until it goes through; only a stopped writer ends that (the mark is
-        then a gone runtime's, which the next start or another runtime clears)."""
-        ctx = self.ctx
-        while True:
-            try:
-                ctx.store.end_direct_turn(session_id, ctx.owner, turn_id, ctx.now())
-                return
-            except WriterClosed:
-                log.warning("could not end the direct-turn mark of %s: the runtime stopped",
-                            session_id)
-                return
-            except PersistenceError as exc:
-                log.warning("could not end the direct-turn mark of %s (%s); trying again",
-                            session_id, exc)
-                if ctx.crashed.wait(MARK_RETRY_SECONDS):
-                    return
 
     def _attempt(self, session_id: str, turn_id: str, turn: Turn, commit_ops: CommitOps,
                  taken: list[str]) -> tuple[DirectOutcome, TurnEffects | None]:
