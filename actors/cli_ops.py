@@ -36,10 +36,7 @@ from ..persistence.opened import opened
 from ..transport.frames import shown
 from ..transport.key_file import private_folder
 from .cli_args import common, kind_arg, limit_arg, offset_arg, session_id_arg
-from .cli_args import whole_number as whole_number  # cli_prune imports it from here
-from .cli_output import age, emit_page, last_line
-from .cli_output import emit as _emit  # by this name: cli_prune imports it from here
-from .cli_output import when as _when  # the same
+from .cli_output import age, emit, emit_page, last_line, when
 from .clock import Clock, SystemClock
 from .errors import ConfigError
 from .runtime import Runtime
@@ -124,9 +121,9 @@ def inbox_show(args: argparse.Namespace, out: TextIO) -> int:
     lines = [f"{k}: {row[k]}" for k in row if k not in ("history", "payload")]
     lines.append(f"payload: {json.dumps(row['payload'], sort_keys=True)}")
     lines.append("history:" if row["history"] else "history: (none)")
-    lines += [f"  {_when(h['at'])}  {h['event']:<9} attempts={h['attempts']}  {h['detail'] or ''}"
+    lines += [f"  {when(h['at'])}  {h['event']:<9} attempts={h['attempts']}  {h['detail'] or ''}"
               for h in row["history"]]
-    _emit(out, args.json, row, lines)
+    emit(out, args.json, row, lines)
     return 0
 
 
@@ -147,11 +144,11 @@ def inbox_requeue(args: argparse.Namespace, out: TextIO) -> int:
     with operator_runtime(args.db) as rt:
         if args.message_id is not None:
             row = rt.requeue(args.message_id)
-            _emit(out, args.json, row, [f"requeued {row['message_id']}: pending again, "
+            emit(out, args.json, row, [f"requeued {row['message_id']}: pending again, "
                                         "attempts reset (history kept)"])
             return 0
         ids = rt.requeue_failed(target=args.target, kind=args.kind)
-    _emit(out, args.json, {"requeued": ids},
+    emit(out, args.json, {"requeued": ids},
           [f"requeued {len(ids)} failed row(s)", *(f"  {i}" for i in ids)])
     return 0
 
@@ -163,7 +160,7 @@ def inbox_cancel(args: argparse.Namespace, out: TextIO) -> int:
     reason, by = cancel_note(args.reason, args.by)
     with operator_runtime(args.db) as rt:
         row = rt.cancel(args.message_id, reason, by=by)
-    _emit(out, args.json, row, [f"cancelled {row['message_id']} (by {shown(by)}: "
+    emit(out, args.json, row, [f"cancelled {row['message_id']} (by {shown(by)}: "
                                 f"{shown(reason)}); the rows behind it for its session "
                                 "move up"])
     return 0
@@ -207,7 +204,7 @@ def db_status(args: argparse.Namespace, out: TextIO) -> int:
              f"schema: {'up to date' if not changes else 'needs upgrade'}"]
     lines += [f"  pending: {c}" for c in changes]
     lines += [f"rows {s}: {counts.get(s, 0)}" for s in STATES] if not changes else []
-    _emit(out, args.json, data, lines)
+    emit(out, args.json, data, lines)
     return 0
 
 
@@ -224,7 +221,7 @@ def db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
         changes = upgrade(bind_tables(db))
     finally:
         db.close()
-    _emit(out, args.json, {"applied": changes},
+    emit(out, args.json, {"applied": changes},
           [f"applied: {c}" for c in changes] or ["schema already up to date"])
     return 0
 

@@ -14,7 +14,9 @@ import re
 from typing import TextIO
 
 from ..persistence import retention
-from .cli_ops import _emit, _when, common, operator_clock, stores, whole_number
+from .cli_args import common, whole_number
+from .cli_ops import operator_clock, stores
+from .cli_output import emit, when
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 """The units a duration may name: seconds, minutes, hours, days, weeks."""
@@ -58,8 +60,8 @@ def inbox_prune(args: argparse.Namespace, out: TextIO) -> int:
         counts = journal.prune(cutoff, batch=args.batch, dry_run=args.dry_run)
     verb = "would prune" if args.dry_run else "pruned"
     data = {**counts.as_dict(), "dry_run": args.dry_run, "cutoff": cutoff}
-    _emit(out, args.json, data, [
-        f"{verb} {counts.rows} inbox row(s) last changed before {_when(cutoff)} UTC, "
+    emit(out, args.json, data, [
+        f"{verb} {counts.rows} inbox row(s) last changed before {when(cutoff)} UTC, "
         f"with {counts.markers} delivery marker(s) and {counts.events} history row(s)"])
     return 0
 
