@@ -38,13 +38,14 @@ from .inbox_records import (
     entry_row,
 )
 from .models import Tables
+from .steering_claims import SteeringClaims
 from .writer import WRITE_TIMEOUT, Bulk, GroupCommitWriter, Reply
 
 __all__ = ["DEFAULT_LEASE_SECONDS", "ClaimResult", "ClaimedRow", "EnqueueResult", "Journal",
            "NewMessage", "PruneBatch", "PruneCounts", "TurnEntry"]
 
 
-class Journal(InboxReads, InboxClaims, InboxOperator, InboxPrune):
+class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune):
     """Inbox operations on one database; writes are group-committed, reads are direct."""
 
     def __init__(self, tables: Tables, writer: GroupCommitWriter) -> None:

@@ -1,0 +1,114 @@
+"""Leasing rows into a turn that runs: steering (the target's next due rows) and one row
+the turn names (a foreground child's result), each fenced by what proves the turn is still
+its owner's: the turn's own row, or for a turn no row started (a cron run's, a social
+event's) its session's direct-turn mark. A part of :class:`~.journal.Journal`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import peewee as pw
+
+from . import inbox_core as core
+from .bulk_sql import BulkSql
+from .hot_path import HotPath, is_open
+from .inbox_claims import DEFAULT_LEASE_SECONDS, claimed_row
+from .inbox_records import ClaimedRow
+from .models import InboxMessage, Tables
+from .writer import GroupCommitWriter
+
+
+class SteeringClaims:
+    """Rows leased into a running turn, through the writer."""
+
+    t: Tables
+    writer: GroupCommitWriter
+    hot: HotPath
+    bulk: BulkSql
+
+    def _claim_more_op(self, owner: str, target: str, turn_row: str, after_seq: int,
+                       now: float, lease: float, limit: int) -> list[ClaimedRow]:
+        m = self.t.inbox
+        # Fenced by the turn's own row: only while ``owner`` still holds it. A worker paused
+        # past its lease whose row was taken over must not lease the rows the new owner's
+        # turn is to chain into (rows it steered before are no proof: a takeover leaves
+        # them leased to it). On PostgreSQL the rows read here are locked, as a fence's
+        # rows are (a takeover's claim skips them; a chaining commit's lease is seen, not
+        # overwritten; a row another process cancelled meanwhile is read as it is now, no
+        # longer open, and not leased anyway).
+        lock = self.bulk.postgres
+        if not self._holds(owner, turn_row):
+            return []
+        candidates = (m.select().where(m.target_chat_id == target, pw.SQL(is_open()),
+                                       m.seq > after_seq)
+                      .order_by(m.seq).limit(limit))
+        taken: list[InboxMessage] = []
+        for r in candidates.for_update() if lock else candidates:
+            if r.status != core.PENDING or r.available_at > now:
+                break  # contiguous due rows only, so per-target order holds
+            taken.append(r)
+        if taken:
+            m.update(status=core.PROCESSING, lease_owner=owner,
+                     lease_until=now + lease, updated_at=now).where(
+                m.message_id.in_([r.message_id for r in taken]),
+                m.status == core.PENDING).execute()
+        return [claimed_row(r) for r in taken]
+
+    def _holds(self, owner: str, turn_row: str) -> bool:
+        """Does ``owner`` still hold the running turn's own row (read under the fence's
+        lock on PostgreSQL)? What leases a row into a turn is fenced by it."""
+        held = self.hot.fence_rows([turn_row]).get(turn_row)
+        return held is not None and held[0] == core.PROCESSING and held[1] == owner
+
+    def _marks(self, owner: str, target: str, turn_id: str) -> bool:
+        """Does the direct turn ``turn_id`` of ``owner`` still mark ``target`` (read under
+        the session row's lock on PostgreSQL, which ending the mark takes too)?"""
+        s = self.t.session
+        query = s.select(s.turn_owner, s.turn_id).where(s.id == target)
+        row = (query.for_update() if self.bulk.postgres else query).first()
+        return row is not None and row.turn_owner == owner and row.turn_id == turn_id
+
+    def _claim_row_op(self, owner: str, target: str, holds: Callable[[], bool],
+                      message_id: str, now: float, lease: float) -> ClaimedRow | None:
+        m = self.t.inbox
+        if not holds():
+            return None
+        query = m.select().where(m.message_id == message_id, m.target_chat_id == target)
+        row = (query.for_update() if self.bulk.postgres else query).get_or_none()
+        # Claimable as a claim sees it (pending and due, or a dead worker's lease ran out:
+        # an earlier attempt of this turn took it, and died), compared and set again by
+        # the lease itself.
+        if row is None or not core.is_claimable(row.status, row.available_at,
+                                                 row.lease_until, now):
+            return None
+        if not self.hot.lease(message_id, owner, now + lease, now):
+            return None
+        return claimed_row(row)
+
+    def claim_row(self, owner: str, target: str, turn_row: str, message_id: str, now: float,
+                  *, lease: float = DEFAULT_LEASE_SECONDS) -> ClaimedRow | None:
+        """Lease the one row ``message_id`` of ``target`` into the running turn of
+        ``turn_row`` (:meth:`claim_more`'s fence and lease, for a row the turn asks for by
+        name: a foreground child's result, which the turn already has). None unless
+        ``owner`` still holds ``turn_row`` and the row is the target's and claimable."""
+        return self.writer.call(lambda: self._claim_row_op(
+            owner, target, lambda: self._holds(owner, turn_row), message_id, now, lease))
+
+    def claim_row_into_direct_turn(self, owner: str, target: str, turn_id: str,
+                                   message_id: str, now: float, *,
+                                   lease: float = DEFAULT_LEASE_SECONDS) -> ClaimedRow | None:
+        """:meth:`claim_row` for a turn no inbox row started (a cron run's, a social
+        event's), fenced by the session's direct-turn mark of ``owner`` and ``turn_id``
+        (:meth:`~.sessions.SessionStore.take_direct_turn`): None unless it still holds."""
+        return self.writer.call(lambda: self._claim_row_op(
+            owner, target, lambda: self._marks(owner, target, turn_id), message_id, now,
+            lease))
+
+    def claim_more(self, owner: str, target: str, turn_row: str, after_seq: int, now: float,
+                   *, lease: float = DEFAULT_LEASE_SECONDS,
+                   limit: int = 100) -> list[ClaimedRow]:
+        """Lease the target's next due rows after ``after_seq`` (steering into the running
+        turn of ``turn_row``): none unless ``owner`` still holds ``turn_row``."""
+        return self.writer.call(
+            lambda: self._claim_more_op(owner, target, turn_row, after_seq, now, lease, limit))
