@@ -155,7 +155,9 @@ def _reported(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome,
 
     def finish_task() -> None:
         assert changes is not None
-        changed.append(service.apply_in_txn(child.id, task_id, changes, now))
+        # The last run's change alone: a run a conflict rolled back is run again (see
+        # kinbox.persistence.writer), and only the run that committed is announced.
+        changed[:] = [service.apply_in_txn(child.id, task_id, changes, now)]
 
     def announce() -> None:
         for change in changed:
@@ -223,6 +225,7 @@ class Reopened:
         """Inside the requeue's transaction: reopen the failed tasks of these rows."""
         ctx = self._ctx
         now = ctx.now()
+        changes: list[TaskChange] = []
         for mid in message_ids:
             if not mid.startswith(TASK_MESSAGE_PREFIX):
                 continue
@@ -230,9 +233,11 @@ class Reopened:
             task = ctx.tasks.get(str(row["payload"].get("task_id", "")))
             if (task is not None and task.chat_id == row["target_chat_id"]
                     and task.status == "blocked" and task.blocked_on == "error"):
-                self._changes.append(TaskService(ctx).apply_in_txn(
+                changes.append(TaskService(ctx).apply_in_txn(
                     task.chat_id, task.id, {"status": "in_progress", "blocked_on": None,
                                             "reason": None}, now))
+        # The last run's alone: a run a conflict rolled back is run again.
+        self._changes = changes
 
     def announce(self) -> None:
         """After the commit: observers hear of each reopened task."""
