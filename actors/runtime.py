@@ -353,8 +353,17 @@ class Runtime(RecordsApi, WatchApi, TickApi):
         # runtime (or called it since) may not be the one stopping it (a signal handler's),
         # and its connection would stay open (a server connection, the file's handles)
         # as long as that thread lives.
-        if self._db is not None:
-            close_every_connection(self._db)
+        if self._db is None:
+            return
+        if self._writer is not None and self._writer.alive:
+            # Its batch outlived the stop's wait: closing its connection under it would
+            # end the transaction mid-batch. The caller's alone; the writer's ends with it.
+            log.warning("the writer was still committing when the runtime stopped; its "
+                        "database connection is left to it")
+            if not self._db.in_transaction():
+                self._db.close()
+            return
+        close_every_connection(self._db)
 
     def _release_ownership(self) -> None:
         self._shared.close()

@@ -152,6 +152,12 @@ class GroupCommitWriter:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    @property
+    def alive(self) -> bool:
+        """The writer thread still runs: a stop whose join timed out left it inside a
+        batch, on its connection."""
+        return self._thread.is_alive()
+
     def abort(self) -> None:
         """Stop at once, as a crash would: queued work is refused, not committed.
 

@@ -125,3 +125,26 @@ def test_the_starting_thread_reads_after_a_stop_from_another_thread(
     _use(rt)
     stop_elsewhere(rt)
     assert [r["status"] for r in rt.inbox()] == ["delivered"]
+
+
+@pytest.mark.timeout(60)
+def test_a_writer_still_committing_after_the_stop_keeps_its_connection(
+        tmp_path: Path, stopped_at_end: list[Runtime]) -> None:
+    """A batch that outlives the stop's wait for the writer (10 s) is still inside its
+    transaction: closing every thread's connection would end it under the batch. The stop
+    leaves the writer's connection to it, and the batch commits."""
+    rt = Runtime(db=f"sqlite:///{tmp_path / 'kinbox.db'}", brain=quiet_brain).start()
+    stopped_at_end.append(rt)
+    db = rt.context.journal.t.db
+    inside, release = threading.Event(), threading.Event()
+
+    def slow_batch() -> int:
+        inside.set()
+        release.wait(30)
+        return int(db.execute_sql("SELECT count(*) FROM agent_inbox_messages").fetchone()[0])
+
+    reply = rt.context.journal.writer.submit(slow_batch)
+    assert inside.wait(10)
+    rt.stop()  # its wait for the writer ends while the batch still runs
+    release.set()
+    assert reply.result(10) == 0
