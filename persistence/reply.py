@@ -38,7 +38,7 @@ class Reply(Generic[T]):
     (:meth:`add_done_callback`), run on the writer thread once the answer is in.
     """
 
-    __slots__ = ("_callbacks", "_done", "_error", "_set", "_taken", "_value")
+    __slots__ = ("_callbacks", "_done", "_error", "_set", "_taken", "_value", "conflicts")
 
     def __init__(self) -> None:
         self._done = threading.Lock()
@@ -50,6 +50,9 @@ class Reply(Generic[T]):
         self._taken: bool | None = None
         """None while queued; True once a batch took the operation; False once its waiter
         withdrew it (it timed out first): the writer then never runs it."""
+        self.conflicts = 0
+        """How many times a deadlock or a serialization failure undid the operation (the
+        writer's, which runs it again up to ``CONFLICT_RETRIES`` times)."""
 
     def take(self) -> bool:
         """The writer starts the operation: False when its waiter withdrew it already."""

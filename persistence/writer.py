@@ -109,8 +109,6 @@ class GroupCommitWriter:
         self._stats = WriterStatistics()
         self._again: list[tuple[Any, ...]] = []
         """Entries a conflict aborted, to run in the next transaction (writer thread only)."""
-        self._tries: dict[int, int] = {}
-        """id(entry) -> how many times a conflict aborted it (entries in ``_again`` only)."""
         self._aborted = False
 
     def start(self) -> None:
@@ -233,20 +231,19 @@ class GroupCommitWriter:
     def _refuse(self, batch: list[tuple[Any, ...]]) -> None:
         """Answer retries the writer will not run: it was aborted (as a crash would)."""
         for item in batch:
-            self._tries.pop(id(item), None)
             item[-1].set_exception(WriterClosed("the runtime crashed before this commit"))
 
     def _retry(self, item: tuple[Any, ...], error: BaseException) -> bool:
         """Keep ``item`` for the next transaction when ``error`` is a conflict and it has
         retries left; False: its caller gets ``error`` now."""
-        tries = self._tries.pop(id(item), 0)
+        reply = item[-1]
         if not conflict(error):
             return False
-        if tries >= CONFLICT_RETRIES:
+        if reply.conflicts >= CONFLICT_RETRIES:
             log.warning("a write failed with SQLSTATE %s %d times in a row; its caller gets "
-                        "the error", error.sqlstate, tries + 1)
+                        "the error", error.sqlstate, reply.conflicts + 1)
             return False
-        self._tries[id(item)] = tries + 1
+        reply.conflicts += 1
         self._again.append(item)
         return True
 
@@ -284,22 +281,22 @@ class GroupCommitWriter:
                 # Beginning failed (busy past the timeout): what queued gets this answer
                 # now, not one busy timeout after another, a batch each.
                 stopping = self._gather(batch)
-            kept = [item for item in batch if self._retry(item, exc)]
+            kept = 0
+            for item in batch:
+                if self._retry(item, exc):
+                    kept += 1
+                else:
+                    item[-1].set_exception(exc)
             if kept:
                 self._stats.retried_batches += 1
                 log.info("a batch of %d writes was rolled back by SQLSTATE %s; it runs again",
-                         len(kept), getattr(exc, "sqlstate", None))
-            for item in batch:
-                if id(item) not in self._tries:
-                    item[-1].set_exception(exc)
+                         kept, getattr(exc, "sqlstate", None))
             return stopping
         self._count(len(batch))
         retried = 0
         for i, item in enumerate(batch):
             ok, value = outcomes[i]
             if ok:
-                if self._tries:  # empty but after a conflict: nothing to look up per row
-                    self._tries.pop(id(item), None)
                 item[-1].set_result(value)
             elif self._retry(item, value):
                 retried += 1
