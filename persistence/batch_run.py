@@ -34,9 +34,22 @@ Outcomes = dict[int, tuple[bool, Any]]
 """Batch index -> (True, result) or (False, the exception it raised)."""
 
 
+CONFLICT_RETRIES = 3
+"""How many times an operation (or a batch, or a claim) that a deadlock or a serialization
+failure aborted runs again before its caller gets that error. Each retry runs in a new
+transaction after the other side's went on, so one is nearly always enough; a bound keeps a
+conflict that comes back every time from holding the writer."""
+
+
 def conflict(error: BaseException) -> bool:
     """A deadlock or a serialization failure: the work was undone whole and may run again."""
     return isinstance(error, DatabaseFailed) and error.retryable
+
+
+def may_run_again(error: BaseException, conflicts: int) -> bool:
+    """Run again what ``error`` undid, which conflicts undid ``conflicts`` times before? The
+    one rule for the writer's operations and batches and for a claim on PostgreSQL."""
+    return conflict(error) and conflicts < CONFLICT_RETRIES
 
 
 def run_batch(db: pw.Database, batch: list[tuple[Any, ...]], outcomes: Outcomes,

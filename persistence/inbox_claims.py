@@ -19,12 +19,13 @@ from typing import Any
 
 from . import inbox_core as core
 from . import set_wise
+from .batch_run import may_run_again
 from .bulk_sql import BulkSql
 from .errors import DatabaseFailed, LeaseLost, PersistenceError, RowNotFound, WriterClosed
 from .hot_path import CLAIM_COLUMNS, Head, HotPath
 from .inbox_records import ClaimedRow, ClaimResult, FenceRow
 from .models import InboxMessage, Tables
-from .writer import CONFLICT_RETRIES, WRITE_TIMEOUT, Bulk, GroupCommitWriter, Reply
+from .writer import WRITE_TIMEOUT, Bulk, GroupCommitWriter, Reply
 
 log = logging.getLogger("kinbox.journal")
 
@@ -171,7 +172,7 @@ class InboxClaims:
                 # it): the same claim in a new transaction may well succeed, as the
                 # writer's operations are run again. Not the dispatcher's tick later: it
                 # may be far away, and every claim of a busy table may meet a conflict.
-                if not exc.retryable or tries >= CONFLICT_RETRIES:
+                if not may_run_again(exc, tries):
                     raise
                 tries += 1
                 log.debug("a claim was aborted with SQLSTATE %s; claiming again",

@@ -36,7 +36,7 @@ an operation now runs again, in the writer's next transaction, after the rest
 of its batch committed and let go of its locks (run again at once, in the same
 transaction, it would wait for the same locks); a set-wise run that a
 conflict aborted goes there whole instead of one by one. A commit the
-conflict aborted runs its whole batch again. At most :data:`CONFLICT_RETRIES`
+conflict aborted runs its whole batch again. At most :data:`~.batch_run.CONFLICT_RETRIES`
 times each: then the caller gets the error (``DatabaseFailed.retryable``).
 An operation may therefore run more than once; like a :class:`Bulk` kind's
 ``many`` it must do nothing but its database writes.
@@ -54,7 +54,7 @@ from typing import Any, TypeVar
 
 import peewee as pw
 
-from .batch_run import conflict, run_batch
+from .batch_run import conflict, may_run_again, run_batch
 from .bulk import Bulk
 from .database import is_sqlite
 from .errors import DatabaseFailed, WriterClosed
@@ -70,12 +70,6 @@ log = logging.getLogger("kinbox.writer")
 
 WRITE_TIMEOUT = 30.0
 """How long a blocking write waits for its commit by default."""
-
-CONFLICT_RETRIES = 3
-"""How many times an operation (or a batch) that a deadlock or a serialization failure
-aborted runs again before its caller gets that error. Each retry runs in a new transaction
-after the other side's went on, so one is nearly always enough; a bound keeps a conflict
-that comes back every time from holding the writer."""
 
 @dataclass
 class WriterStatistics:
@@ -237,11 +231,10 @@ class GroupCommitWriter:
         """Keep ``item`` for the next transaction when ``error`` is a conflict and it has
         retries left; False: its caller gets ``error`` now."""
         reply = item[-1]
-        if not conflict(error):
-            return False
-        if reply.conflicts >= CONFLICT_RETRIES:
-            log.warning("a write failed with SQLSTATE %s %d times in a row; its caller gets "
-                        "the error", error.sqlstate, reply.conflicts + 1)
+        if not may_run_again(error, reply.conflicts):
+            if conflict(error):
+                log.warning("a write failed with SQLSTATE %s %d times in a row; its caller "
+                            "gets the error", error.sqlstate, reply.conflicts + 1)
             return False
         reply.conflicts += 1
         self._again.append(item)

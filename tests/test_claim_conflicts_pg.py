@@ -25,7 +25,7 @@ import pytest
 
 from kinbox.actors import Runtime, Turn
 from kinbox.persistence import DatabaseFailed, NewMessage
-from kinbox.persistence.writer import CONFLICT_RETRIES
+from kinbox.persistence.batch_run import CONFLICT_RETRIES
 
 from .conftest import Stores
 from .helpers import wait_for

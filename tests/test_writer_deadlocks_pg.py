@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from kinbox.persistence import DatabaseFailed, JobRecord, JobStore, Reply
-from kinbox.persistence.writer import CONFLICT_RETRIES, Bulk
+from kinbox.persistence.batch_run import CONFLICT_RETRIES
+from kinbox.persistence.writer import Bulk
 
 from .conftest import Stores
 
