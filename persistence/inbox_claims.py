@@ -150,7 +150,7 @@ class InboxClaims:
 
         A try that PostgreSQL aborted to resolve a conflict (a deadlock, a serialization
         failure: ``DatabaseFailed.retryable``) runs again at once, up to
-        :data:`~.writer.CONFLICT_RETRIES` times, as the writer's operations do; then the
+        :data:`~.batch_run.CONFLICT_RETRIES` times, as the writer's operations do; then the
         caller gets the error. Nothing of a failed try stays: its transaction rolled
         back whole, and the leases that committed before it are handed back.
         """

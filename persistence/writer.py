@@ -39,7 +39,9 @@ conflict aborted goes there whole instead of one by one. A commit the
 conflict aborted runs its whole batch again. At most :data:`~.batch_run.CONFLICT_RETRIES`
 times each: then the caller gets the error (``DatabaseFailed.retryable``).
 An operation may therefore run more than once; like a :class:`Bulk` kind's
-``many`` it must do nothing but its database writes.
+``many`` it must do nothing but its database writes (or keep only its last run's
+result), and it may commit after operations queued behind it: a caller whose writes
+must commit in order waits for each before it submits the next.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from .conftest import Stores
 from .helpers import wait_for
 from .test_journal_prune import CUTOFF, T0, deliver, ids
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.postgres, pytest.mark.timeout(60)]
 
 
 class JudgedThenRaced(Journal):
