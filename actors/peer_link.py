@@ -227,6 +227,9 @@ class PeerLink:
                 acked = self._apply(link.effects(), rec)
                 if acked:
                     acks.append((self.svc.outbox.submit_ack(ctx.owner, acked, ctx.now()), acked))
+                    # The next claim may find rows now: a suspect row goes alone, and the
+                    # rows behind it wait for its ack (the claim follows it in the writer).
+                    dry_since = None
                 acks = self._settled(acks, wait=False)
                 if link.state in (LinkState.IDLE, LinkState.CLOSED):
                     return

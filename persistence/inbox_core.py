@@ -173,6 +173,17 @@ def interrupted_error(attempts: int, max_attempts: int, owner: str | None) -> st
             "kills its process is a poison message: fix the brain, then requeue it.")
 
 
+def taken_over_error(attempts: int, max_attempts: int, owner: str | None) -> str:
+    """``last_error`` of an outbound peer row taken over from a link that never answered for
+    it: its lease ran out while the row was being sent (its process died, or stalled past
+    the lease). Counted as a failed attempt (:func:`after_failure`, the transport's backoff),
+    so a row whose sending kills its process every time ends ``failed``."""
+    return (f"Taken over: its sender ({owner or 'an unknown worker'}) died or stalled past "
+            f"its lease while sending it, before the peer answered; attempt {attempts} of "
+            f"{max_attempts}. A row taken over at every attempt kills the process that sends "
+            "it (a poison message): find out why, then requeue it.")
+
+
 def check_lease(message_id: str, state: str, lease_owner: str | None, worker: str) -> None:
     """Fencing: raise :class:`LeaseLost` unless ``worker`` holds the row's lease.
 

@@ -10,6 +10,16 @@ row by row (a row taken over is left out, the rest of the batch acked);
 retries and failures go through the :class:`~.journal.Journal`, so the
 ``suzent_peer`` retry policy applies.
 
+A row whose lease ran out while a link held it (its process died, or stalled past
+the lease, while sending it) is a failed attempt nobody could report: the claim that
+finds it counts it (``inbox_core.after_failure``, the peer backoff) and marks it
+suspect, instead of sending it again uncounted, so a row whose sending kills its
+process every time ends ``failed`` at its attempt limit rather than crash-looping for
+ever. A suspect row then goes alone, as its device's head with nothing else in flight
+(as the dispatcher runs suspects alone): a death while it is out is its own, and the
+rows that shared a window with it count one attempt, not one per crash. A failure the
+link lives to report (``Journal.retry``) clears the mark.
+
 The window read and the lease are fixed SQL strings (as in
 :mod:`.hot_path`): built by peewee per call, they cost about 140 us per
 message of writer time on a link at full speed, more than the rest of the
@@ -22,8 +32,10 @@ its last round of acks is being made durable.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
+from . import inbox_core as core
 from .database import is_postgres
 from .errors import LeaseLost, RowNotFound
 from .hot_path import CLAIM_COLUMNS, INBOX, Head, HotPath, chunks, is_open
@@ -31,6 +43,8 @@ from .inbox_core import PENDING, PROCESSING, Event, check_lease, is_claimable, t
 from .inbox_records import ClaimedRow
 from .models import Tables
 from .writer import GroupCommitWriter, Reply
+
+log = logging.getLogger("kinbox.peers")
 
 WINDOW_CLAIM_LOCK = "SELECT pg_try_advisory_xact_lock(hashtext(%s))"
 """PostgreSQL: a device's window claim takes its lock, key the target, for its transaction,
@@ -70,16 +84,62 @@ class PeerOutbox:
         if is_postgres(self.t.db) and not self.t.db.execute_sql(
                 WINDOW_CLAIM_LOCK, (target,)).fetchone()[0]:
             return []  # another claim, or a write of the device's rows, is under way
+        rows = self._open_rows(target, after_seq, limit)
+        if not rows:
+            return []
+        head = rows[0] if after_seq <= 0 else self._head(target)
+        if head is not None and head.seq <= after_seq and head.suspect:
+            return []  # a suspect row is out (this link's): it goes alone
         taken: list[ClaimedRow] = []
-        for r in self._open_rows(target, after_seq, limit):
+        over: list[str] = []  # leases that ran out under a link: counted, not taken
+        stopped = False
+        for r in rows:
             if not is_claimable(r.status, r.available_at, r.lease_until, now):
                 break
-            taken.append(ClaimedRow.from_head(r))
+            if r.status == PROCESSING:
+                over.append(r.message_id)
+                stopped = True  # it waits out its backoff, and the rows behind it
+            elif stopped:
+                continue
+            elif r.suspect:  # alone, and only as the head
+                if not taken and head is not None and r.seq == head.seq:
+                    taken.append(ClaimedRow.from_head(r))
+                stopped = True
+            else:
+                taken.append(ClaimedRow.from_head(r))
+        if over:
+            self._count_takeovers(over, now)
         p = self.hot.p
         for ids in chunks([t.message_id for t in taken]):
             self.t.db.execute_sql(self._sql_lease + f"({', '.join([p] * len(ids))})",
                                   (PROCESSING, owner, now + lease, now, *ids))
         return taken
+
+    def _count_takeovers(self, ids: list[str], now: float) -> None:
+        """Each of ``ids`` was leased by a link that never answered for it: a failed attempt
+        (back to pending with the peer backoff, or ``failed`` at the limit), and suspect."""
+        m = self.t.inbox
+        for mid, (status, owner, attempts, max_attempts, transport) in sorted(
+                self.hot.fence_rows(ids).items()):
+            policy = core.TRANSPORT_POLICIES.get(transport, core.PEER)
+            out = core.after_failure(attempts, max_attempts, policy.cap, now)
+            failed = out.state is core.State.FAILED
+            transition(mid, status, Event.FAIL if failed else Event.RETRY)
+            error = core.taken_over_error(out.attempts, max_attempts, owner)
+            m.update(status=out.state.value, attempts=out.attempts,
+                     available_at=out.available_at, last_error=error, lease_owner=None,
+                     lease_until=None, turn_started_at=None, suspect=True,
+                     updated_at=now).where(m.message_id == mid).execute()
+            self.t.event.insert(message_id=mid, at=now, attempts=out.attempts,
+                                event="failed" if failed else "interrupted",
+                                detail=error).execute()
+            if failed:
+                log.warning("peer row %s failed: taken over at attempt %d of %d (its sender "
+                            "died while sending it)", mid, out.attempts, max_attempts)
+
+    def _head(self, target: str) -> Head | None:
+        rows = self._open_rows(target, 0, 1)
+        return rows[0] if rows else None
 
     def _open_rows(self, target: str, after_seq: int, limit: int) -> list[Head]:
         return [Head._make(r) for r in self.t.db.execute_sql(
@@ -93,7 +153,8 @@ class PeerOutbox:
 
     def claim_window(self, owner: str, target: str, after_seq: int, now: float, *,
                      lease: float, limit: int) -> list[ClaimedRow]:
-        """Lease up to ``limit`` of ``target``'s open rows after ``after_seq``, in order."""
+        """Lease up to ``limit`` of ``target``'s open rows after ``after_seq``, in order
+        (counting the takeovers it finds, and a suspect row alone: see the module)."""
         return self.submit_claim(owner, target, after_seq, now, lease=lease,
                                  limit=limit).result(30)
 

@@ -226,9 +226,10 @@ def test_a_batch_of_peer_acks_with_one_lease_taken_over_acks_the_rest(stores: St
     [m0] = outbox.claim_window("w1", "peer:0123456789ab", 0, 1.0, lease=10, limit=1)
     assert len(outbox.claim_window("w1", "peer:0123456789ab", m0.seq, 1.0, lease=100,
                                    limit=1)) == 1
-    [taken] = outbox.claim_window("w2", "peer:0123456789ab", 0, 20.0, lease=100, limit=1)
-    assert taken.message_id == "m0"
-    assert outbox.submit_ack("w1", ["m0", "m1"], 21.0).result(10) == ["m0"]  # not its own
+    assert outbox.claim_window("w2", "peer:0123456789ab", 0, 20.0, lease=100, limit=1) == []
+    [taken] = outbox.claim_window("w2", "peer:0123456789ab", 0, 22.0, lease=100, limit=1)
+    assert (taken.message_id, taken.attempts) == ("m0", 1)  # the takeover counted, 2 s waited
+    assert outbox.submit_ack("w1", ["m0", "m1"], 23.0).result(10) == ["m0"]  # not its own
     assert stores.journal.get("m1")["status"] == "delivered"
     row = stores.journal.get("m0")
     assert (row["status"], row["lease_owner"]) == ("processing", "w2")
@@ -241,8 +242,16 @@ def test_a_second_worker_finds_nothing_while_the_first_holds_the_window(stores: 
                     destination_peer_id="0123456789ab") for i in range(3)], 0.0)
     assert len(outbox.claim_window("w1", "peer:0123456789ab", 0, 1.0, lease=30, limit=2)) == 2
     assert outbox.claim_window("w2", "peer:0123456789ab", 0, 2.0, lease=30, limit=9) == []
-    taken = outbox.claim_window("w2", "peer:0123456789ab", 0, 40.0, lease=30, limit=9)
-    assert [r.message_id for r in taken] == ["m0", "m1", "m2"]  # w1's leases ran out
+    # w1's leases ran out: each of its rows counts the attempt and waits out its backoff
+    assert outbox.claim_window("w2", "peer:0123456789ab", 0, 40.0, lease=30, limit=9) == []
+    taken = outbox.claim_window("w2", "peer:0123456789ab", 0, 42.0, lease=30, limit=9)
+    assert [r.message_id for r in taken] == ["m0"]  # alone: w1 may have died of it
+    assert outbox.submit_ack("w2", ["m0"], 42.0).result(10) == []
+    taken = outbox.claim_window("w2", "peer:0123456789ab", 0, 42.0, lease=30, limit=9)
+    assert [r.message_id for r in taken] == ["m1"]
+    assert outbox.submit_ack("w2", ["m1"], 42.0).result(10) == []
+    taken = outbox.claim_window("w2", "peer:0123456789ab", 0, 42.0, lease=30, limit=9)
+    assert [r.message_id for r in taken] == ["m2"]  # never leased by w1: a window again
 
 
 @pytest.mark.timeout(60)

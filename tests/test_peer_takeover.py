@@ -1,0 +1,120 @@
+"""A peer row whose sender dies while sending it: taken over, counted, and in the end
+``failed`` (a poison frame), not re-sent for ever.
+
+The clock is the argument every claim takes, so a lease running out and a 37-hour
+backoff schedule pass in microseconds; each backend is a real database."""
+
+from __future__ import annotations
+
+import pytest
+
+from kinbox.persistence import NewMessage
+from kinbox.persistence.inbox_core import PEER
+from kinbox.persistence.peer_outbox import PeerOutbox
+
+from .conftest import Stores
+
+pytestmark = pytest.mark.timeout(120)
+
+DEVICE = "0123456789ab"
+TARGET = f"peer:{DEVICE}"
+LEASE = 30.0
+
+
+def _send(stores: Stores, *ids: str, at: float = 0.0) -> None:
+    stores.journal.enqueue_many(
+        [NewMessage(i, TARGET, f"text of {i}", transport="suzent_peer",
+                    destination_peer_id=DEVICE) for i in ids], at)
+
+
+def _claim(outbox: PeerOutbox, owner: str, now: float, after_seq: int = 0,
+           limit: int = 64) -> list[str]:
+    return [r.message_id for r in outbox.claim_window(owner, TARGET, after_seq, now,
+                                                      lease=LEASE, limit=limit)]
+
+
+def test_a_row_whose_sender_dies_every_time_ends_failed_at_its_attempt_limit(
+        stores: Stores) -> None:
+    """Each link that leases it dies before any ack or reported failure (its lease runs
+    out). Counting nothing, the row was taken over and sent again for ever."""
+    outbox = PeerOutbox(stores.tables, stores.writer)
+    _send(stores, "poison")
+    now, sends = 1.0, 0
+    for k in range(3 * PEER.max_attempts):
+        if _claim(outbox, f"process-{k}", now) == ["poison"]:
+            sends += 1  # ... and the process dies sending it
+        if stores.journal.get("poison")["status"] == "failed":
+            break
+        now += LEASE + PEER.cap + 1  # past its lease, and past any backoff
+    row = stores.journal.get("poison")
+    assert (row["status"], row["attempts"]) == ("failed", PEER.max_attempts)
+    assert sends == PEER.max_attempts  # sent once per attempt, never after it failed
+    assert "taken over" in row["last_error"] and "died" in row["last_error"]
+    assert row["lease_owner"] is None
+
+
+def test_rows_taken_over_go_one_at_a_time_so_only_the_one_that_kills_counts_again(
+        stores: Stores) -> None:
+    """A dead link held a window: each of its rows counts the takeover and waits out the
+    peer backoff, then goes alone (it may be the one that killed its sender) while the rows
+    behind it wait; a death while one is in flight is that row's alone."""
+    outbox = PeerOutbox(stores.tables, stores.writer)
+    _send(stores, "m0", "m1", "m2", "m3")
+    assert _claim(outbox, "dead", 1.0, limit=3) == ["m0", "m1", "m2"]
+    taken_over = 1.0 + LEASE + 1
+    assert _claim(outbox, "next", taken_over) == []  # counted, each waits 2 s
+    assert [stores.journal.get(m)["attempts"] for m in ("m0", "m1", "m2", "m3")] == [1, 1, 1, 0]
+    assert outbox.next_due(TARGET) == taken_over + 2.0
+    assert _claim(outbox, "next", taken_over + 1.0) == []  # the head's backoff holds all
+    now = taken_over + 2.0
+    [m0] = outbox.claim_window("next", TARGET, 0, now, lease=LEASE, limit=64)
+    assert m0.message_id == "m0"  # alone
+    assert _claim(outbox, "next", now, after_seq=m0.seq) == []  # nothing beside it
+    assert outbox.submit_ack("next", ["m0"], now).result(10) == []
+    [m1] = outbox.claim_window("next", TARGET, m0.seq, now, lease=LEASE, limit=64)
+    assert m1.message_id == "m1"
+    # "next" dies sending m1: only m1 counts it
+    later = now + LEASE + 1
+    assert _claim(outbox, "third", later) == []
+    assert [stores.journal.get(m)["attempts"] for m in ("m1", "m2", "m3")] == [2, 1, 0]
+    assert outbox.next_due(TARGET) == later + 4.0  # m1's second backoff
+    assert _claim(outbox, "third", later + 4.0) == ["m1"]
+    assert outbox.submit_ack("third", ["m1"], later + 4.0).result(10) == []
+    assert _claim(outbox, "third", later + 4.0) == ["m2"]  # still alone: m2 was in flight
+    assert outbox.submit_ack("third", ["m2"], later + 4.0).result(10) == []
+    assert _claim(outbox, "third", later + 4.0) == ["m3"]  # never taken over: a window
+    statuses = {m: stores.journal.get(m)["status"] for m in ("m0", "m1", "m2")}
+    assert statuses == {"m0": "delivered", "m1": "delivered", "m2": "delivered"}
+
+
+def test_a_suspect_row_behind_plain_ones_waits_to_be_the_head(stores: Stores) -> None:
+    """A window stops before a suspect row; the next claim after the window's last row
+    takes nothing while rows ahead of it are in flight."""
+    outbox = PeerOutbox(stores.tables, stores.writer)
+    _send(stores, "m0", "m1", "m2")
+    assert _claim(outbox, "a", 1.0, limit=1) == ["m0"]
+    stores.journal.release("a", ["m0"], 1.5)  # handed back unrun: pending, not suspect
+    # m1 is leased by a link that dies, taken over behind m0 (pending, due)
+    seq0 = stores.journal.get("m0")["seq"]
+    assert _claim(outbox, "b", 2.0, after_seq=seq0, limit=1) == ["m1"]
+    now = 2.0 + LEASE + 1
+    first = outbox.claim_window("c", TARGET, 0, now, lease=LEASE, limit=64)
+    assert [r.message_id for r in first] == ["m0"]  # m1 counted, waiting: the window ends
+    assert stores.journal.get("m1")["attempts"] == 1
+    assert _claim(outbox, "c", now + 5.0, after_seq=first[-1].seq) == []  # m0 in flight
+    assert outbox.submit_ack("c", ["m0"], now + 5.0).result(10) == []
+    assert _claim(outbox, "c", now + 5.0, after_seq=first[-1].seq) == ["m1"]  # the head now
+
+
+def test_a_reported_failure_of_a_suspect_row_lets_windows_resume(stores: Stores) -> None:
+    """A suspect row whose link dropped (a failure the sender lived to report) is retried
+    as before and goes in a window again: its sender survived it."""
+    outbox = PeerOutbox(stores.tables, stores.writer)
+    _send(stores, "m0", "m1")
+    assert _claim(outbox, "dead", 1.0, limit=1) == ["m0"]
+    now = 1.0 + LEASE + 1
+    assert _claim(outbox, "b", now) == []
+    assert _claim(outbox, "b", now + 2.0) == ["m0"]
+    out = stores.journal.retry("b", "m0", "the link closed", now + 2.0)
+    assert out.attempts == 2
+    assert _claim(outbox, "b", now + 2.0 + 4.0) == ["m0", "m1"]
