@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -181,18 +182,23 @@ class Focal(HearingBack):
         running = set(self.ctx.turns.running())
         projects = [fc.ProjectInfo(p.id, p.slug, p.archived, p.hidden) for p in store.projects()]
         infos = []
+        tasks = self.ctx.tasks
         for p in projects:
             if p.archived or p.hidden:
                 continue
-            tasks_by_chat: dict[str, list[fc.TaskInfo]] = {}
-            for t in self.ctx.tasks.for_project(p.id):
-                tasks_by_chat.setdefault(t.chat_id, []).append(
-                    fc.TaskInfo(t.title, t.status, t.blocked_on, t.reason))
-            # Only sessions the context can list (a task, a turn): never all it ever had.
-            for s in store.sessions_at_work(p.id, running):
-                infos.append(fc.SessionInfo(s.id, s.project_id, s.title,
-                                            s.id in running or s.status == "active",
-                                            s.updated_at, tuple(tasks_by_chat.get(s.id, ()))))
+            # Ranked on open tasks (all "waiting on the user" needs) and on which sessions
+            # have any; every task is read only for the sessions the text lists.
+            tasked = tasks.last_updates(p.id)
+            first = [fc.SessionInfo(s.id, s.project_id, s.title,
+                                    s.id in running or s.status == "active", s.updated_at,
+                                    tuple(ts), s.id in tasked)
+                     for s, ts in _with_tasks(
+                         store.sessions_at_work(p.id, running),  # never all it ever had
+                         tasks.for_project(p.id, statuses=OPEN_TASK_STATES))]
+            shown = [s.id for s in fc.rank(first)[:fc.SESSIONS_PER_PROJECT]]
+            full = dict(_with_tasks(shown, tasks.for_chats(p.id, shown)))
+            infos += [replace(s, tasks=tuple(full[s.id])) if s.id in full else s
+                      for s in first]
         return fc.build_focal_global_context(projects, infos)
 
     # -- dispatch (FO4) --------------------------------------------------------------------
@@ -251,8 +257,8 @@ class Focal(HearingBack):
         for p in ctx.store.projects():
             if p.hidden or p.archived:
                 continue
-            for t in ctx.tasks.for_project(p.id):
-                if t.status == "blocked" and t.blocked_on == "user":
+            for t in ctx.tasks.for_project(p.id, statuses=("blocked",)):
+                if t.blocked_on == "user":
                     per_project[p.slug] = per_project.get(p.slug, 0) + 1
                     per_chat[t.chat_id] = per_chat.get(t.chat_id, 0) + 1
         watched = self.watched_sessions()
@@ -282,12 +288,15 @@ class Focal(HearingBack):
             if p.hidden or p.archived:
                 continue
             tasks: dict[str, list[TaskRecord]] = {}
-            for t in ctx.tasks.for_project(p.id):  # by session: one pass, not one a session
+            # Open tasks only, by session (one pass, not one a session); the latest change
+            # of any task is one aggregate, not every done task the project ever had.
+            for t in ctx.tasks.for_project(p.id, statuses=OPEN_TASK_STATES):
                 tasks.setdefault(t.chat_id, []).append(t)
+            last = ctx.tasks.last_updates(p.id)
             for s in ctx.store.sessions_at_work(p.id, also=running):
                 mine = tasks.get(s.id, [])
                 out.append(hb.WatchedSession(
-                    s.id, s.title, max([s.updated_at, *(t.updated_at for t in mine)]),
+                    s.id, s.title, max(s.updated_at, last.get(s.id, s.updated_at)),
                     s.id in running or s.status == "active",
                     sum(1 for t in mine if t.status in OPEN_TASK_STATES),
                     tuple(t.updated_at for t in mine
@@ -304,3 +313,14 @@ class Focal(HearingBack):
         self.get_or_create_focal_chat()
         wakeups = self.schedule.wakeups() if self.schedule is not None else []
         return {"tools": list(policy.FOCAL_TOOL_NAMES), "wakeups": wakeups}
+
+
+def _with_tasks(sessions: Sequence[Any], tasks: Sequence[TaskRecord]
+                ) -> list[tuple[Any, list[fc.TaskInfo]]]:
+    """Each of ``sessions`` (records, or ids) with its tasks among ``tasks`` as the context
+    shows them, in their order."""
+    by_chat: dict[str, list[fc.TaskInfo]] = {}
+    for t in tasks:
+        by_chat.setdefault(t.chat_id, []).append(
+            fc.TaskInfo(t.title, t.status, t.blocked_on, t.reason))
+    return [(s, by_chat.get(s if isinstance(s, str) else s.id, [])) for s in sessions]

@@ -45,6 +45,9 @@ class SessionInfo:
     running: bool
     updated_at: float
     tasks: tuple[TaskInfo, ...] = ()
+    has_tasks: bool = False
+    """It has tasks, though ``tasks`` may hold only its open ones: the caller reads every
+    task only of the sessions the context lists (a project's done tasks grow for ever)."""
 
     @property
     def waiting_on_user(self) -> bool:
@@ -54,7 +57,7 @@ class SessionInfo:
 
 def rank(sessions: Sequence[SessionInfo]) -> list[SessionInfo]:
     """Listed sessions in order: waiting on the user, running, then most recent."""
-    listed = [s for s in sessions if s.tasks or s.running]
+    listed = [s for s in sessions if s.tasks or s.has_tasks or s.running]
     return sorted(listed, key=lambda s: (not s.waiting_on_user, not s.running, -s.updated_at,
                                          s.id))
 

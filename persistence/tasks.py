@@ -8,8 +8,11 @@ how "the session closed its last open task" is noticed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import peewee as pw
 
 from .errors import RowNotFound
 from .models import Tables, Task
@@ -114,8 +117,34 @@ class TaskStore:
             t.chat_id.startswith(chat_prefix), t.status.in_(list(statuses)))
             .order_by(t.created_at, t.id)]
 
-    def for_project(self, project_id: str) -> list[TaskRecord]:
-        """Every task of a project, oldest first."""
+    def for_project(self, project_id: str, *, statuses: tuple[str, ...] = (),
+                    limit: int | None = None, offset: int = 0) -> list[TaskRecord]:
+        """A project's tasks, oldest first (ties by id, which is unique): those in
+        ``statuses`` (all: empty), at most ``limit`` from the ``offset``-th on. Without
+        ``limit`` and ``statuses`` it reads every task the project ever had, done ones
+        too: a cost that grows with the database's age."""
         t = self.t.task
-        return [_record(r) for r in t.select().where(t.project_id == project_id)
-                .order_by(t.created_at, t.id)]
+        q = t.select().where(t.project_id == project_id)
+        if statuses:
+            q = q.where(t.status.in_(list(statuses)))
+        q = q.order_by(t.created_at, t.id)
+        if limit or offset:
+            q = q.limit(limit).offset(offset)
+        return [_record(r) for r in q]
+
+    def for_chats(self, project_id: str, chat_ids: Sequence[str]) -> list[TaskRecord]:
+        """Every task of the project's sessions ``chat_ids`` (a few), oldest first."""
+        t = self.t.task
+        if not chat_ids:
+            return []
+        return [_record(r) for r in t.select().where(
+            t.project_id == project_id, t.chat_id.in_(list(chat_ids)))
+            .order_by(t.created_at, t.id)]
+
+    def last_updates(self, project_id: str) -> dict[str, float]:
+        """chat id -> when its latest task of the project last changed (one aggregate:
+        no task is read into memory)."""
+        t = self.t.task
+        q = (t.select(t.chat_id, pw.fn.MAX(t.updated_at).alias("at"))
+             .where(t.project_id == project_id).group_by(t.chat_id))
+        return {r.chat_id: float(r.at) for r in q}

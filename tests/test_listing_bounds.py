@@ -310,3 +310,59 @@ def test_the_heartbeat_look_reads_the_sessions_at_work_only(
     built = records_built(monkeypatch)
     watched = watched_world["rt"].focal.watched_sessions()
     assert len(watched) == 6 and len(built) == 6, built  # not the 40 idle ones
+
+
+def old_global_context(rt: Runtime) -> str:
+    """Focal's global context as it was: every task of every project read, then built."""
+    from kinbox.actors import focal_context as fc
+    ctx = rt.context
+    running = set(ctx.turns.running())
+    projects = [fc.ProjectInfo(p.id, p.slug, p.archived, p.hidden)
+                for p in ctx.store.projects()]
+    infos = []
+    for p in projects:
+        if p.archived or p.hidden:
+            continue
+        by_chat: dict[str, list[fc.TaskInfo]] = {}
+        for t in ctx.tasks.for_project(p.id):
+            by_chat.setdefault(t.chat_id, []).append(
+                fc.TaskInfo(t.title, t.status, t.blocked_on, t.reason))
+        for s in ctx.store.sessions_at_work(p.id, running):
+            infos.append(fc.SessionInfo(s.id, s.project_id, s.title,
+                                        s.id in running or s.status == "active",
+                                        s.updated_at, tuple(by_chat.get(s.id, ()))))
+    return fc.build_focal_global_context(projects, infos)
+
+
+def test_focals_context_reads_every_task_only_of_the_sessions_it_lists(
+        make_runtime: MakeRuntime, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each Focal turn read every task the project ever had (done ones too) to list ten
+    sessions with theirs; now their open tasks rank them and only the listed ten are read
+    whole. The text is the same."""
+    from kinbox.persistence import tasks as tasks_module
+    rt = make_runtime()
+    rt.get_or_create_focal_chat()
+    tasks = rt.context.tasks
+    p = rt.create_project("work")
+    for i in range(25):  # 25 sessions with tasks: 10 listed, "15 more sessions"
+        sid = rt.create_session(p.id, f"s{i:02d}").id
+        for k in range(30):  # a long history of done tasks each
+            tasks.create(f"t{i:02d}-{k:02d}", p.id, sid, f"old {k}", "completed", clock.now())
+        if i % 3 == 0:
+            tasks.create(f"t{i:02d}-open", p.id, sid, "open one", "in_progress", clock.now())
+        if i == 0:  # the oldest-ranked by recency, but waiting on the user: listed first
+            tasks.update(f"t{i:02d}-open", sid, {"status": "blocked", "blocked_on": "user"},
+                         clock.now())
+        clock.advance(60)
+    expected = old_global_context(rt)
+    assert "15 more sessions" in expected and "blocked on user" in expected
+    built: list[str] = []
+    real = tasks_module._record
+
+    def counting(row: Any) -> Any:
+        built.append(row.id)
+        return real(row)
+    monkeypatch.setattr(tasks_module, "_record", counting)
+    assert rt.focal.global_context() == expected
+    # The listed sessions' tasks (31 at most each) and the 9 open ones, not all 759.
+    assert len(built) <= 10 * 31 + 9, len(built)
