@@ -116,12 +116,21 @@ class RecordsApi:
         key = validation.lookup_key(session_id)
         return store.session(key) if key is not None else None
 
-    def sessions(self, project_id: str | None = None) -> list[SessionRecord]:
-        """Sessions, most recently updated first (of one project, or all)."""
+    def sessions(self, project_id: str | None = None, *, limit: int | None = None,
+                 offset: int = 0) -> list[SessionRecord]:
+        """Sessions, most recently updated first, ties by id (of one project, or all).
+
+        ``limit`` and ``offset`` give a page: at most ``limit`` sessions from the
+        ``offset``-th on. Without ``limit`` every session is read into memory, which on
+        a database of years is an outage waiting to happen: list with a limit. Pages
+        neither repeat nor skip while no session changes; one that is active between
+        two reads moves to the front (the order is recency)."""
         store = self._require().store
+        limit = _page_limit(limit)
+        offset = _page_int("offset", offset, 0)
         if project_id is not None and validation.lookup_key(project_id) is None:
             return []  # no project has that id (PostgreSQL would fail the query)
-        return store.sessions(project_id=project_id)
+        return store.sessions(project_id=project_id, limit=limit, offset=offset)
 
     def tools_for(self, session_id: str) -> TaskTools:
         """The tools bound to ``session_id`` as the caller (agent tools unless a sub-agent)."""
@@ -169,15 +178,27 @@ class RecordsApi:
             NewMessage(message_id or f"msg-{self.new_id()}", target, content, kind=kind,
                        sender=sender, payload=payload or {}))
 
-    def inbox(self, state: str | None = None, target: str | None = None) -> list[dict[str, Any]]:
-        """Inbox rows as dicts, in journal order; ``state`` one of :data:`INBOX_STATES`."""
+    def inbox(self, state: str | None = None, target: str | None = None, *,
+              limit: int | None = None, before_seq: int | None = None
+              ) -> list[dict[str, Any]]:
+        """Inbox rows as dicts, in journal order; ``state`` one of :data:`INBOX_STATES`.
+
+        ``limit`` keeps the newest ``limit`` rows (still in journal order), and
+        ``before_seq`` only rows older than that ``seq``: the page before is
+        ``rt.inbox(..., limit=n, before_seq=page[0]["seq"])``, an index walk from there
+        (``seq`` is unique, so pages neither repeat nor skip), empty past the oldest row.
+        Without ``limit`` every matching row is read into memory: fine for a test or a
+        scenario, an outage on a journal of millions of rows."""
         if state is not None and state not in INBOX_STATES:
             raise ConfigError(f"state must be one of {', '.join(INBOX_STATES)}; got {state!r}",
                               field="state")
+        limit = _page_limit(limit)
+        if before_seq is not None:
+            before_seq = _page_int("before_seq", before_seq, 1)
         journal = self._require().journal
         if target is not None and validation.lookup_key(target) is None:
             return []  # no row can have it (PostgreSQL would fail the query)
-        return journal.rows(state=state, target=target)
+        return journal.rows(state=state, target=target, limit=limit, before_seq=before_seq)
 
     def requeue(self, message_id: str) -> dict[str, Any]:
         """Operator: send a ``failed`` row back to ``pending`` (history kept)."""
@@ -264,6 +285,19 @@ def _checked(field: str, check: Callable[..., Any], *args: Any) -> Any:
         return check(*args)
     except ToolError as exc:
         raise ConfigError(exc.message, field=field) from None
+
+
+def _page_int(field: str, value: object, minimum: int) -> int:
+    """A paging argument: an int (not a bool) of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{field} must be an integer >= {minimum}, not {value!r}",
+                          field=field)
+    return value
+
+
+def _page_limit(limit: object) -> int | None:
+    """A page's ``limit``: None (no limit) or an int >= 1."""
+    return None if limit is None else _page_int("limit", limit, 1)
 
 
 def _optional_id(field: str, value: object, limit: int | None = None) -> str | None:

@@ -69,16 +69,22 @@ class InboxReads:
         return counts
 
     def rows(self, *, state: str | None = None, target: str | None = None,
-             limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
+             limit: int | None = None, offset: int = 0,
+             before_seq: int | None = None) -> list[dict[str, Any]]:
         """Rows in journal order, filtered by state and target; with ``limit``, the newest
         ``limit`` of them (an operator looks for what happened last) but the ``offset``
-        newest (the page before: paging goes back in time, by ``seq``, which is unique)."""
+        newest (the page before: paging goes back in time, by ``seq``, which is unique).
+        ``before_seq`` keeps only rows older than it: the page before one whose oldest
+        row has that ``seq``, found through the primary order without reading the rows
+        an offset would skip. Without ``limit``, every matching row is read."""
         m = self.t.inbox
         q = m.select().order_by(m.seq.desc())
         if state:
             q = q.where(m.status == state)
         if target is not None:
             q = q.where(m.target_chat_id == target)
+        if before_seq is not None:
+            q = q.where(m.seq < before_seq)
         if limit or offset:
             q = q.limit(limit).offset(offset)
         return [row_to_dict(r) for r in reversed(list(q))]
