@@ -215,6 +215,7 @@ class PeerLink:
         claimed_at = 0.0
         checked = time.monotonic()
         claim: Reply[list[ClaimedRow]] | None = None
+        stale = False  # acks were submitted after the outstanding claim
         acks: list[tuple[Reply[list[str]], list[str]]] = []
         link.connected(new_nonce(self.svc.random(NONCE_BYTES)))
         handshake_ends = time.monotonic() + HANDSHAKE_SECONDS
@@ -228,8 +229,9 @@ class PeerLink:
                 if acked:
                     acks.append((self.svc.outbox.submit_ack(ctx.owner, acked, ctx.now()), acked))
                     # The next claim may find rows now: a suspect row goes alone, and the
-                    # rows behind it wait for its ack (the claim follows it in the writer).
-                    dry_since = None
+                    # rows behind it wait for its ack (a claim after it in the writer sees
+                    # it; one submitted before may not, and its empty answer is stale).
+                    dry_since, stale = None, claim is not None
                 acks = self._settled(acks, wait=False)
                 if link.state in (LinkState.IDLE, LinkState.CLOSED):
                     return
@@ -246,7 +248,9 @@ class PeerLink:
                         dry_since, last_seq = None, more[-1].seq
                         link.offer([_outgoing(r) for r in more])
                         continue
-                    dry_since = dry_since or time.monotonic()
+                    if not stale:
+                        dry_since = dry_since or time.monotonic()
+                    stale = False
                 now = time.monotonic()
                 if drain_ends is None and now - checked >= GRANT_CHECK_SECONDS:
                     checked = now

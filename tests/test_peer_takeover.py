@@ -6,13 +6,21 @@ backoff schedule pass in microseconds; each backend is a real database."""
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
+import time
+from pathlib import Path
+
 import pytest
 
+from kinbox.actors import Runtime
 from kinbox.persistence import NewMessage
 from kinbox.persistence.inbox_core import PEER
 from kinbox.persistence.peer_outbox import PeerOutbox
 
 from .conftest import Stores
+from .helpers import quiet_brain, wait_for
+from .peer_harness import Receiver
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -118,3 +126,35 @@ def test_a_reported_failure_of_a_suspect_row_lets_windows_resume(stores: Stores)
     out = stores.journal.retry("b", "m0", "the link closed", now + 2.0)
     assert out.attempts == 2
     assert _claim(outbox, "b", now + 2.0 + 4.0) == ["m0", "m1"]
+
+
+@pytest.mark.timeout(90)
+def test_a_link_sends_a_dead_links_rows_one_by_one_without_pausing_between_them(
+        tmp_path: Path) -> None:
+    """Suspect rows go one at a time; the claim for the next one follows each ack. A claim
+    already under way when the ack came answered "nothing" (the row was still out) and
+    the link took that for a dry spell: a second's pause a row, 50 s for a dead link's
+    128 rows where the old link took 3 s."""
+    receiver = Receiver(tmp_path / "b").start()
+    url = f"sqlite:///{tmp_path / 'a' / 'a.db'}"
+    try:
+        with Runtime(db=url) as rt:  # send-only: pairs and queues, runs no link
+            device = rt.peers.pair(receiver.http, receiver.invite()).device_id
+            me = rt.peers.identity.device_id
+            sent = rt.peers.send_many(rt.create_session(None, "sender").id,
+                                      f"peer:{device}", [f"p {i}" for i in range(60)])
+        with contextlib.closing(sqlite3.connect(tmp_path / "a" / "a.db")) as con, con:
+            con.execute("UPDATE agent_inbox_messages SET status = 'processing', "
+                        "lease_owner = 'a-runtime-that-died', lease_until = 0 "
+                        "WHERE transport = 'suzent_peer'")
+        with Runtime(db=url, brain=quiet_brain) as rt:
+            started = time.monotonic()
+            wait_for(lambda: {r["status"] for r in rt.inbox()} == {"delivered"}, 60,
+                     "the taken-over rows to be delivered")
+            elapsed = time.monotonic() - started
+            assert {r["attempts"] for r in rt.inbox()} == {1}  # one takeover each
+        ids = [f"peer-{me}-{s['message_id']}" for s in sent]
+        assert receiver.peer_rows(me) == ids  # once each, in order
+        assert elapsed < 15, f"{elapsed:.1f} s for 60 rows, one at a time"  # 2 s backoff
+    finally:
+        receiver.stop()
