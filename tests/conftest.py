@@ -183,16 +183,14 @@ def pytest_report_header() -> str:
                               else "KINBOX_TEST_PG_URL unset, PostgreSQL tests skip"))
 
 
-def count_cron_jobs_built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """From now on, the id of every cron job record built from a row (how many rows a
-    listing or a tick read), in order."""
-    from kinbox.persistence import cron_store
-
-    built: list[str] = []
-    real = cron_store._job
+def ids_read(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[str]:
+    """From now on, the id of every row ``module.name`` (a store's row-to-record function)
+    turns into a record, in order: how many rows a listing or a look read."""
+    read: list[str] = []
+    real = getattr(module, name)
 
     def counting(row: Any) -> Any:
-        built.append(row.id)
+        read.append(row.id)
         return real(row)
-    monkeypatch.setattr(cron_store, "_job", counting)
-    return built
+    monkeypatch.setattr(module, name, counting)
+    return read

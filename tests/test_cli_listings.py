@@ -18,8 +18,9 @@ import pytest
 
 from kinbox.actors.cli import main
 from kinbox.persistence import CronJobRecord, CronStore, NewMessage
+from kinbox.persistence import cron_store as cron_store_module
 
-from .conftest import Stores, count_cron_jobs_built
+from .conftest import Stores, ids_read
 from .test_cli import kinbox
 
 pytestmark = pytest.mark.timeout(60)
@@ -109,7 +110,7 @@ def test_cron_list_pages_in_listing_order(busy_db: str) -> None:
 
 def test_cron_list_reads_the_page_not_every_job(busy_db: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    built = count_cron_jobs_built(monkeypatch)
+    built = ids_read(monkeypatch, cron_store_module, "_job")
     assert ids(page("cron", "list", "--db", busy_db, "--limit", "2"), "job_id") == ["c0", "c1"]
     assert built == ["c0", "c1", "c2"]  # the page, and the one that says more follow
 

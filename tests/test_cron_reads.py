@@ -22,8 +22,9 @@ from kinbox.persistence import (
     JobStore,
     Occurrence,
 )
+from kinbox.persistence import cron_store as cron_store_module
 
-from .conftest import Stores, count_cron_jobs_built
+from .conftest import Stores, ids_read
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -103,7 +104,7 @@ def test_a_tick_arms_the_soonest_job_without_reading_every_job(
         far = rt.context.now() + 86400
         for i in range(40):
             crons.create(job(f"c{i:02d}", far + 60 * (40 - i)))
-        built = count_cron_jobs_built(monkeypatch)
+        built = ids_read(monkeypatch, cron_store_module, "_job")
         assert rt.cron.tick() == []
         assert len(built) <= 1, built
         armed = [j.next_run_time.timestamp() for j in rt.cron._driver._scheduler.get_jobs()

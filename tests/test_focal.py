@@ -17,7 +17,7 @@ from kinbox.actors.focal_heartbeat import DEFAULT_FOCAL_HEARTBEAT
 from kinbox.actors.focal_schedule import next_after
 from kinbox.persistence import JobRecord, JobStore, SessionRecord
 
-from .conftest import Stores
+from .conftest import Stores, ids_read
 
 MakeRuntime = Callable[..., Runtime]
 
@@ -145,13 +145,7 @@ def test_a_focal_turn_reads_only_the_sessions_its_context_can_list(
     for i in range(200):
         rt.create_session(web.id, f"old {i}")
     rt.tools_for(rt.create_session(web.id, "Docs").id).task_create("write docs")
-    read: list[str] = []
-    real = session_store._session
-
-    def counted(row: Any) -> SessionRecord:
-        read.append(row.id)
-        return real(row)
-    monkeypatch.setattr(session_store, "_session", counted)
+    read = ids_read(monkeypatch, session_store, "_session")
     context = rt.focal.global_context()
     assert "session Docs" in context and "old " not in context
     assert len(read) <= 2, f"{len(read)} sessions read for a context listing one"

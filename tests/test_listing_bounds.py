@@ -22,10 +22,10 @@ from kinbox.actors import ManualClock, Runtime, ToolError, access, roster
 from kinbox.actors import focal_heartbeat as hb
 from kinbox.actors.family import member, subject
 from kinbox.actors.tools import listing
-from kinbox.persistence import OPEN_TASK_STATES, SessionRecord, TurnEntry, session_filters
+from kinbox.persistence import OPEN_TASK_STATES, TurnEntry, session_filters
 from kinbox.persistence import sessions as sessions_module
 
-from .conftest import Stores
+from .conftest import Stores, ids_read
 
 MakeRuntime = Callable[..., Runtime]
 
@@ -191,14 +191,7 @@ def crowded(make_runtime: MakeRuntime, clock: ManualClock) -> dict[str, Any]:
 
 def records_built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The ids of the session rows read into records from now on."""
-    built: list[str] = []
-    real = sessions_module._session
-
-    def counting(row: Any) -> SessionRecord:
-        built.append(row.id)
-        return real(row)
-    monkeypatch.setattr(sessions_module, "_session", counting)
-    return built
+    return ids_read(monkeypatch, sessions_module, "_session")
 
 
 @pytest.mark.parametrize("who", ["root", "focal"])
@@ -356,13 +349,7 @@ def test_focals_context_reads_every_task_only_of_the_sessions_it_lists(
         clock.advance(60)
     expected = old_global_context(rt)
     assert "15 more sessions" in expected and "blocked on user" in expected
-    built: list[str] = []
-    real = tasks_module._record
-
-    def counting(row: Any) -> Any:
-        built.append(row.id)
-        return real(row)
-    monkeypatch.setattr(tasks_module, "_record", counting)
+    built = ids_read(monkeypatch, tasks_module, "_record")
     assert rt.focal.global_context() == expected
     # The listed sessions' tasks (31 at most each) and the 9 open ones, not all 759.
     assert len(built) <= 10 * 31 + 9, len(built)
