@@ -71,12 +71,15 @@ class ThreadConnections:
         :meth:`close_all` closed from another thread, outside a transaction: the next
         statement connects again. Inside one the state stays, for the transaction to fail
         and end as it must."""
-        held = getattr(self._state, "held", None)
-        if held is not None and held.closed and not self._state.transactions:
-            self._state.reset()
-            self._state.held = None
+        # Asked before every statement (peewee's cursor()): one read of the thread's state,
+        # and peewee's own answer (its ``_state.closed``) without a second call.
+        state = self._state
+        held = getattr(state, "held", None)
+        if held is not None and held.closed and not state.transactions:
+            state.reset()
+            state.held = None
             return True
-        return bool(super().is_closed())  # type: ignore[misc]
+        return bool(state.closed)
 
     def close_all(self) -> int:
         """Close the calling thread's connection and every other thread's still open; how
