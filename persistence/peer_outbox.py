@@ -117,19 +117,28 @@ class PeerOutbox:
 
     def _count_takeovers(self, ids: list[str], now: float) -> None:
         """Each of ``ids`` was leased by a link that never answered for it: a failed attempt
-        (back to pending with the peer backoff, or ``failed`` at the limit), and suspect."""
+        (back to pending with the peer backoff, or ``failed`` at the limit), and suspect.
+
+        Decided again under the rows' locks (:meth:`~.hot_path.HotPath.fence_rows`): the
+        window was read unlocked, and on PostgreSQL the owner may have renewed the lease,
+        acknowledged the row or reported its failure since. Such a row is left as it is."""
         m = self.t.inbox
         for mid, (status, owner, attempts, max_attempts, transport) in sorted(
                 self.hot.fence_rows(ids).items()):
+            if status != PROCESSING:
+                continue  # answered meanwhile
             policy = core.TRANSPORT_POLICIES.get(transport, core.PEER)
             out = core.after_failure(attempts, max_attempts, policy.cap, now)
             failed = out.state is core.State.FAILED
             transition(mid, status, Event.FAIL if failed else Event.RETRY)
             error = core.taken_over_error(out.attempts, max_attempts, owner)
-            m.update(status=out.state.value, attempts=out.attempts,
-                     available_at=out.available_at, last_error=error, lease_owner=None,
-                     lease_until=None, turn_started_at=None, suspect=True,
-                     updated_at=now).where(m.message_id == mid).execute()
+            if not m.update(status=out.state.value, attempts=out.attempts,
+                            available_at=out.available_at, last_error=error, lease_owner=None,
+                            lease_until=None, turn_started_at=None, suspect=True,
+                            updated_at=now).where(
+                    m.message_id == mid, m.status == PROCESSING, m.lease_owner == owner,
+                    m.lease_until <= now).execute():
+                continue  # its lease was renewed meanwhile: its link is alive
             self.t.event.insert(message_id=mid, at=now, attempts=out.attempts,
                                 event="failed" if failed else "interrupted",
                                 detail=error).execute()

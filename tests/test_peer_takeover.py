@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import time
 from pathlib import Path
 
 import pytest
 
-from kinbox.actors import Runtime
+from kinbox.actors import Runtime, peer_link
 from kinbox.persistence import NewMessage
 from kinbox.persistence.inbox_core import PEER
 from kinbox.persistence.peer_outbox import PeerOutbox
@@ -130,11 +129,15 @@ def test_a_reported_failure_of_a_suspect_row_lets_windows_resume(stores: Stores)
 
 @pytest.mark.timeout(90)
 def test_a_link_sends_a_dead_links_rows_one_by_one_without_pausing_between_them(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Suspect rows go one at a time; the claim for the next one follows each ack. A claim
     already under way when the ack came answered "nothing" (the row was still out) and
-    the link took that for a dry spell: a second's pause a row, 50 s for a dead link's
-    128 rows where the old link took 3 s."""
+    the link took that for a dry spell: a dry poll's pause a row (50 s for a dead link's
+    128 rows at the default second, where the old link took 3 s). With the poll at 20 s
+    (and the linger above it), three such pauses outlast the wait below; the link is woken
+    when the backoff ends, so none is needed."""
+    monkeypatch.setattr(peer_link, "LINGER_SECONDS", 30.0)
+    monkeypatch.setattr(peer_link, "DRY_POLL_SECONDS", 20.0)
     receiver = Receiver(tmp_path / "b").start()
     url = f"sqlite:///{tmp_path / 'a' / 'a.db'}"
     try:
@@ -148,13 +151,27 @@ def test_a_link_sends_a_dead_links_rows_one_by_one_without_pausing_between_them(
                         "lease_owner = 'a-runtime-that-died', lease_until = 0 "
                         "WHERE transport = 'suzent_peer'")
         with Runtime(db=url, brain=quiet_brain) as rt:
-            started = time.monotonic()
             wait_for(lambda: {r["status"] for r in rt.inbox()} == {"delivered"}, 60,
                      "the taken-over rows to be delivered")
-            elapsed = time.monotonic() - started
             assert {r["attempts"] for r in rt.inbox()} == {1}  # one takeover each
         ids = [f"peer-{me}-{s['message_id']}" for s in sent]
         assert receiver.peer_rows(me) == ids  # once each, in order
-        assert elapsed < 15, f"{elapsed:.1f} s for 60 rows, one at a time"  # 2 s backoff
     finally:
         receiver.stop()
+
+
+def test_a_lease_renewed_after_the_claim_read_it_is_not_counted_as_taken_over(
+        stores: Stores) -> None:
+    """The window is read unlocked; on PostgreSQL the owner may renew the lease (or ack the
+    row) between that read and the takeover's lock. The takeover is decided again under
+    the lock: a renewed lease, or a row no longer in flight, is left alone."""
+    outbox = PeerOutbox(stores.tables, stores.writer)
+    _send(stores, "r1", "r2")
+    assert _claim(outbox, "alive", 1.0, limit=2) == ["r1", "r2"]
+    later = 1.0 + LEASE + 1
+    stores.journal.renew("alive", [TARGET], later + LEASE, later)  # renewed in time after all
+    stores.journal.ack("alive", ["r2"], later)  # and r2 answered
+    stores.writer.call(lambda: outbox._count_takeovers(["r1", "r2"], later))
+    r1, r2 = stores.journal.get("r1"), stores.journal.get("r2")
+    assert (r1["status"], r1["lease_owner"], r1["attempts"]) == ("processing", "alive", 0)
+    assert (r2["status"], r2["attempts"]) == ("delivered", 0)
