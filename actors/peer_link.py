@@ -245,7 +245,7 @@ class PeerLink:
                 if claim is not None and claim.done():
                     more, claim = claim.result(), None
                     if more:
-                        dry_since, last_seq = None, more[-1].seq
+                        dry_since, last_seq, stale = None, more[-1].seq, False
                         link.offer([_outgoing(r) for r in more])
                         continue
                     if not stale:
