@@ -83,8 +83,6 @@ class Retention:
         self._cutoff: float | None = None
         """The running pass's cutoff (fixed at its start); None between passes."""
         self._before: int | None = None
-        self.pruned = PruneCounts()
-        """What this runtime's retention deleted so far."""
 
     def tick(self, ctx: RuntimeContext) -> None:
         """Run the next batch of the pass under way, or start one when it is due."""
@@ -98,7 +96,6 @@ class Retention:
                 self._cutoff, self._before = now - self.older_than, None
                 self._next_pass = now + self.interval
             step = ctx.journal.prune_batch(self._cutoff, before_seq=self._before)
-            self.pruned += step.counts
             if step.counts.rows:
                 log.info("retention pruned %d inbox rows", step.counts.rows)
             self._before = step.before_seq

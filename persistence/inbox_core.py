@@ -100,6 +100,11 @@ PEER = RetryPolicy(cap=3600.0, max_attempts=48)
 TRANSPORT_POLICIES = {"local": LOCAL, "suzent_peer": PEER}
 
 
+def policy_for(transport: str) -> RetryPolicy:
+    """The retry policy of a row of ``transport`` (an unknown one retries as a local row)."""
+    return TRANSPORT_POLICIES.get(transport, LOCAL)
+
+
 def backoff_delay(attempts: int, cap: float) -> float:
     """Seconds to wait after the failed attempt numbered ``attempts`` (1-based)."""
     if attempts < 1:

@@ -150,7 +150,7 @@ class TurnCommit:
 def insert_params(msg: NewMessage, now: float, lease: Lease | None = None) -> tuple[Any, ...]:
     """A new row's values for ``BulkSql.insert_inbox`` (all but ``seq``): pending, or
     with ``lease`` already processing, leased to its owner from ``now``."""
-    policy = core.TRANSPORT_POLICIES.get(msg.transport, core.LOCAL)
+    policy = core.policy_for(msg.transport)
     status, owner, until = ((core.PENDING, None, None) if lease is None else
                             (core.PROCESSING, lease.owner, now + lease.seconds))
     return (msg.message_id, msg.transport, msg.destination_peer_id, msg.sender, msg.target,

@@ -213,7 +213,7 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
                   permanent: bool, release: list[str], on_failed: Sequence[NewMessage],
                   on_failed_also: Sequence[Callable[[], object]]) -> core.FailureOutcome:
         row = self._fence(owner, [message_id, *release])[0]
-        policy = core.TRANSPORT_POLICIES.get(row.transport, core.LOCAL)
+        policy = core.policy_for(row.transport)
         out = core.after_failure(row.attempts, row.max_attempts, policy.cap, now,
                                  permanent=permanent)
         core.transition(message_id, row.status,

@@ -127,7 +127,7 @@ class PeerOutbox:
                 self.hot.fence_rows(ids).items()):
             if status != PROCESSING:
                 continue  # answered meanwhile
-            policy = core.TRANSPORT_POLICIES.get(transport, core.PEER)
+            policy = core.policy_for(transport)
             out = core.after_failure(attempts, max_attempts, policy.cap, now)
             failed = out.state is core.State.FAILED
             transition(mid, status, Event.FAIL if failed else Event.RETRY)
