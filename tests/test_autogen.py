@@ -29,6 +29,7 @@ from autogen_ext.models.replay import ReplayChatCompletionClient
 from kinbox.actors import ManualClock, Runtime, Turn
 from kinbox.actors.autogen_brain import autogen_brain
 
+from .framework_family import REFUSED_TOOL_CALLS, ask_for_review, assert_reviewed, pr_review_family
 from .helpers import wait_for
 
 MakeRuntime = Callable[..., Runtime]
@@ -59,45 +60,26 @@ def test_a_model_issued_agent_send_lands_durably_and_wakes_an_autogen_turn(
         return script["alice" if turn.session_id == ids["alice"] else "bob"]
 
     rt = make_runtime(brain=autogen_brain(client_for, system_message="You get PRs reviewed."))
-    project = rt.create_project("prs")
-    ids["alice"] = rt.create_session(project.id, "Alice").id
-    ids["bob"] = rt.create_session(project.id, "Bob").id
+    pr_review_family(rt, ids)
     script["alice"] = ReplayChatCompletionClient([
         calls(("agent_send", {"agent_id": ids["bob"], "message": "Please review PR 12"})),
         "asked Bob"])
     script["bob"] = ReplayChatCompletionClient(["PR 12 looks good"])
-    rt.post(ids["alice"], "get PR 12 reviewed")
-    rt.run_until_idle(timeout=30)
+    ask_for_review(rt, ids)
 
     alice, bob = script["alice"], script["bob"]
     tools = [t["name"] for t in alice.create_calls[0]["tools"]]
     assert "agent_send" in tools and "schedule_wakeup" not in tools
-    sent = [r for r in rt.inbox() if r["target_chat_id"] == ids["bob"]]
-    assert [(r["content"], r["sender_chat_id"], r["status"]) for r in sent] == [
-        ("Please review PR 12", ids["alice"], "delivered")]
     [receipt] = results(alice)
     assert (receipt.name, receipt.is_error, json.loads(receipt.content)["status"]) == (
         "agent_send", False, "pending")
     system, prompt = bob.create_calls[0]["messages"]
     assert system.content == "You get PRs reviewed."
     assert prompt.content == f"agent_message from {ids['alice']}: Please review PR 12"
-    assert [e.text for e in rt.transcript(ids["bob"])] == ["Please review PR 12",
-                                                          "PR 12 looks good"]
-    assert rt.transcript(ids["alice"])[-1].text == "asked Bob"
-    assert set(rt.marker_counts().values()) == {1}
+    assert_reviewed(rt, ids, "asked Bob")
 
 
-@pytest.mark.parametrize("arguments, expected", [
-    ({"agent_id": "chat-nope"},
-     {"error": "not_found",
-      "message": "Agent 'chat-nope' is not available in the current project."}),
-    ('{"agent_id": ',
-     {"error": "invalid_argument",
-      "message": "agent_read's arguments are not valid JSON (Expecting value at position 13)."}),
-    ({"agent": "chat-nope"},
-     {"error": "invalid_argument",
-      "message": "agent_read has no argument 'agent'; it takes agent_id."}),
-])
+@pytest.mark.parametrize("arguments, expected", REFUSED_TOOL_CALLS)
 def test_a_refused_tool_call_comes_back_to_the_model_as_a_readable_error(
         make_runtime: MakeRuntime, arguments: dict[str, Any] | str, expected: Any) -> None:
     client = ReplayChatCompletionClient([calls(("agent_read", arguments)), "could not read it"])

@@ -33,6 +33,7 @@ from openai.types.responses import (
 from kinbox.actors import ManualClock, Runtime, Turn
 from kinbox.actors.openai_agents_brain import openai_agents_brain
 
+from .framework_family import REFUSED_TOOL_CALLS, ask_for_review, assert_reviewed, pr_review_family
 from .helpers import wait_for
 
 MakeRuntime = Callable[..., Runtime]
@@ -193,21 +194,12 @@ def test_a_model_issued_agent_send_lands_durably_and_wakes_an_agents_sdk_turn(
         return agents["alice" if turn.session_id == ids["alice"] else "bob"]
 
     rt = make_runtime(brain=openai_agents_brain(agent_for))
-    project = rt.create_project("prs")
-    ids["alice"] = rt.create_session(project.id, "Alice").id
-    ids["bob"] = rt.create_session(project.id, "Bob").id
-    rt.post(ids["alice"], "get PR 12 reviewed")
-    rt.run_until_idle(timeout=30)
+    pr_review_family(rt, ids)
+    ask_for_review(rt, ids)
 
     assert "agent_send" in seen_tools[0] and "schedule_wakeup" not in seen_tools[0]
-    sent = [r for r in rt.inbox() if r["target_chat_id"] == ids["bob"]]
-    assert [(r["content"], r["sender_chat_id"], r["status"]) for r in sent] == [
-        ("Please review PR 12", ids["alice"], "delivered")]
     assert prompts == [f"agent_message from {ids['alice']}: Please review PR 12"]
-    assert [e.text for e in rt.transcript(ids["bob"])] == ["Please review PR 12",
-                                                          "PR 12 looks good"]
-    assert rt.transcript(ids["alice"])[-1].text == "asked Bob (pending)"
-    assert set(rt.marker_counts().values()) == {1}
+    assert_reviewed(rt, ids, "asked Bob (pending)")
     # Three runs, one tool call: not one trace or span, and no export request.
     assert traces.recorder.seen == []
     assert traces.sent() == []
@@ -234,17 +226,7 @@ def test_tracing_is_on_only_when_the_caller_asks_for_it(
     assert {"trace", "trace.span"} <= {item["object"] for item in exported}
 
 
-@pytest.mark.parametrize("arguments, expected", [
-    ({"agent_id": "chat-nope"},
-     {"error": "not_found",
-      "message": "Agent 'chat-nope' is not available in the current project."}),
-    ('{"agent_id": ',
-     {"error": "invalid_argument",
-      "message": "agent_read's arguments are not valid JSON (Expecting value at position 13)."}),
-    ({"agent": "chat-nope"},
-     {"error": "invalid_argument",
-      "message": "agent_read has no argument 'agent'; it takes agent_id."}),
-])
+@pytest.mark.parametrize("arguments, expected", REFUSED_TOOL_CALLS)
 def test_a_refused_tool_call_comes_back_to_the_model_as_a_readable_error(
         make_runtime: MakeRuntime, arguments: dict[str, Any] | str, expected: Any) -> None:
     errors: list[object] = []

@@ -24,6 +24,8 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from kinbox.actors import Runtime, Turn
 from kinbox.actors.pydantic_ai_brain import pydantic_ai_brain
 
+from .framework_family import ask_for_review, assert_reviewed, pr_review_family
+
 MakeRuntime = Callable[..., Runtime]
 
 
@@ -56,21 +58,12 @@ def test_a_model_issued_agent_send_lands_durably_and_wakes_a_pydantic_ai_turn(
         return agents["alice" if turn.session_id == ids["alice"] else "bob"]
 
     rt = make_runtime(brain=pydantic_ai_brain(agent_for))
-    project = rt.create_project("prs")
-    ids["alice"] = rt.create_session(project.id, "Alice").id
-    ids["bob"] = rt.create_session(project.id, "Bob").id
-    rt.post(ids["alice"], "get PR 12 reviewed")
-    rt.run_until_idle(timeout=30)
+    pr_review_family(rt, ids)
+    ask_for_review(rt, ids)
 
     assert "agent_send" in seen_tools[0] and "schedule_wakeup" not in seen_tools[0]
-    sent = [r for r in rt.inbox() if r["target_chat_id"] == ids["bob"]]
-    assert [(r["content"], r["sender_chat_id"], r["status"]) for r in sent] == [
-        ("Please review PR 12", ids["alice"], "delivered")]
     assert prompts == [f"agent_message from {ids['alice']}: Please review PR 12"]
-    assert [e.text for e in rt.transcript(ids["bob"])] == ["Please review PR 12",
-                                                          "PR 12 looks good"]
-    assert rt.transcript(ids["alice"])[-1].text == "asked Bob (pending)"
-    assert set(rt.marker_counts().values()) == {1}
+    assert_reviewed(rt, ids, "asked Bob (pending)")
 
 
 def test_a_refused_tool_call_comes_back_to_the_model_as_a_readable_error(

@@ -1,0 +1,48 @@
+"""What the tests of the framework brains (pydantic-ai, the OpenAI Agents SDK,
+autogen-core) share: the family whose Alice asks Bob to review a PR through a
+model-issued ``agent_send``, and the refused tool calls every framework must hand back to
+its model as the same readable errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kinbox.actors import Runtime
+
+REFUSED_TOOL_CALLS: list[tuple[dict[str, Any] | str, dict[str, str]]] = [
+    ({"agent_id": "chat-nope"},
+     {"error": "not_found",
+      "message": "Agent 'chat-nope' is not available in the current project."}),
+    ('{"agent_id": ',
+     {"error": "invalid_argument",
+      "message": "agent_read's arguments are not valid JSON (Expecting value at position 13)."}),
+    ({"agent": "chat-nope"},
+     {"error": "invalid_argument",
+      "message": "agent_read has no argument 'agent'; it takes agent_id."}),
+]
+"""(arguments of an ``agent_read`` call, the error its model must read back)."""
+
+
+def pr_review_family(rt: Runtime, ids: dict[str, str]) -> None:
+    """Alice and Bob in project ``prs``; their ids into ``ids`` (which the brains read)."""
+    project = rt.create_project("prs")
+    ids["alice"] = rt.create_session(project.id, "Alice").id
+    ids["bob"] = rt.create_session(project.id, "Bob").id
+
+
+def ask_for_review(rt: Runtime, ids: dict[str, str]) -> None:
+    """Alice is asked to get PR 12 reviewed; the family runs until nothing is left."""
+    rt.post(ids["alice"], "get PR 12 reviewed")
+    rt.run_until_idle(timeout=30)
+
+
+def assert_reviewed(rt: Runtime, ids: dict[str, str], alice_last: str) -> None:
+    """Alice's ``agent_send`` landed once, delivered, and woke one turn of Bob's, which
+    answered; Alice's last words are ``alice_last``; every message committed one turn."""
+    sent = [r for r in rt.inbox() if r["target_chat_id"] == ids["bob"]]
+    assert [(r["content"], r["sender_chat_id"], r["status"]) for r in sent] == [
+        ("Please review PR 12", ids["alice"], "delivered")]
+    assert [e.text for e in rt.transcript(ids["bob"])] == ["Please review PR 12",
+                                                          "PR 12 looks good"]
+    assert rt.transcript(ids["alice"])[-1].text == alice_last
+    assert set(rt.marker_counts().values()) == {1}
