@@ -123,17 +123,24 @@ def test_a_failed_attempt_hands_the_result_back_and_its_retry_takes_it(
     assert [e.text for e in rt.transcript("a")] == ["go", "42", "child said 42"]
 
 
-def test_a_result_taken_by_an_attempt_that_crashed_is_taken_by_the_retry(
-        make_runtime: MakeRuntime, clock: ManualClock) -> None:
-    """The crashed attempt had leased the result into its turn: after the restart its lease
-    is a dead worker's, and the retry (which finds the child that ran) takes it over."""
-    taken, release = threading.Event(), threading.Event()
 
+def dying_first(taken: threading.Event, release: threading.Event
+                ) -> Callable[[dict[str, Any], list[list[str]]], None]:
+    """An answer hook whose first turn says it took the result (``taken``), waits for the
+    process to be killed (``release``), then fails as the crash would."""
     def die_first(_answer: dict[str, Any], turns: list[list[str]]) -> None:
         if len(turns) == 1:
             taken.set()
             release.wait(30)  # the process dies here
             raise RuntimeError("crashed")
+    return die_first
+
+def test_a_result_taken_by_an_attempt_that_crashed_is_taken_by_the_retry(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    """The crashed attempt had leased the result into its turn: after the restart its lease
+    is a dead worker's, and the retry (which finds the child that ran) takes it over."""
+    taken, release = threading.Event(), threading.Event()
+    die_first = dying_first(taken, release)
 
     brain, turns = parent_turns(die_first)
 
@@ -298,12 +305,7 @@ def test_a_result_taken_by_a_cron_turn_that_crashed_is_neither_lost_nor_run_twic
     could take it: what must hold is that it is delivered once and the run's reply
     commits once."""
     taken, release = threading.Event(), threading.Event()
-
-    def die_first(_answer: dict[str, Any], turns: list[list[str]]) -> None:
-        if len(turns) == 1:
-            taken.set()
-            release.wait(30)  # the process dies here
-            raise RuntimeError("crashed")
+    die_first = dying_first(taken, release)
 
     brain, turns = direct_parent("cron-", die_first)
     rt = make_runtime(brain=brain, max_active_sessions=4)
