@@ -14,7 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..persistence import CronJobRecord, CronStore, DuplicateError, SessionStore
+from ..persistence import (
+    CronJobRecord,
+    CronStore,
+    DuplicateError,
+    InvalidArgument,
+    SessionStore,
+    paging,
+)
 from ..transport import RUNS_LIMIT
 from . import cron_rules as rules
 from .ids import short
@@ -28,15 +35,26 @@ def _no_wake(_job: CronJobRecord) -> None:
     pass
 
 
+def _whole(check: Callable[[object], int | None], value: object) -> int | None:
+    """``value`` by the stores' paging rule (:mod:`kinbox.persistence.paging`); None when
+    it breaks it."""
+    try:
+        return check(value)
+    except InvalidArgument:
+        return None
+
+
 def _check_limit(limit: object) -> None:
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= RUNS_LIMIT:
+    found = _whole(paging.limit, limit)
+    if found is None or found > RUNS_LIMIT:  # a listing's own cap below the stores'
         raise rules.InvalidCronJob("limit", f"give a whole number from 1 to {RUNS_LIMIT}, "
                                             f"not {quoted(limit)}")
 
 
 def _check_offset(offset: object) -> None:
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise rules.InvalidCronJob("offset", f"give a whole number from 0, not {quoted(offset)}")
+    if _whole(paging.offset, offset) is None:
+        raise rules.InvalidCronJob("offset", "give a whole number from 0 to "
+                                             f"{paging.PAGE_NUMBER_MAX}, not {quoted(offset)}")
 
 
 def _cut(records: list[Any], limit: int) -> tuple[list[dict[str, Any]], bool]:

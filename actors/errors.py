@@ -26,6 +26,8 @@ refuses; decide on the types and their attributes, never on message text::
         ├── LeaseLost          .message_id, .owner (fencing)
         ├── RowNotFound        .kind, .key, .by
         ├── DuplicateError     .kind, .field, .value
+        ├── InvalidArgument    .field, .value: a store's argument outside its
+        │                      contract (a page's limit of 0); also a ValueError
         ├── DatabaseInUse      .path: another runtime owns the SQLite file
         ├── LifeLockLost       .owner: the connection holding the life lock died
         ├── DatabaseFailed     .kind, .sqlstate, .detail: a statement failed (a lost

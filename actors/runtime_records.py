@@ -18,10 +18,12 @@ import peewee as pw
 from ..persistence import (
     EnqueueResult,
     EntryRecord,
+    InvalidArgument,
     NewMessage,
     ProjectRecord,
     RowNotFound,
     SessionRecord,
+    paging,
     retention,
 )
 from ..persistence.inbox_core import State
@@ -126,8 +128,8 @@ class RecordsApi:
         neither repeat nor skip while no session changes; one that is active between
         two reads moves to the front (the order is recency)."""
         store = self._require().store
-        limit = _page_limit(limit)
-        offset = _page_int("offset", offset, 0)
+        limit = _paged(paging.limit, limit)
+        offset = _paged(paging.offset, offset)
         if project_id is not None and validation.lookup_key(project_id) is None:
             return []  # no project has that id (PostgreSQL would fail the query)
         return store.sessions(project_id=project_id, limit=limit, offset=offset)
@@ -192,9 +194,8 @@ class RecordsApi:
         if state is not None and state not in INBOX_STATES:
             raise ConfigError(f"state must be one of {', '.join(INBOX_STATES)}; got {state!r}",
                               field="state")
-        limit = _page_limit(limit)
-        if before_seq is not None:
-            before_seq = _page_int("before_seq", before_seq, 1)
+        limit = _paged(paging.limit, limit)
+        before_seq = _paged(paging.position, before_seq)
         journal = self._require().journal
         if target is not None and validation.lookup_key(target) is None:
             return []  # no row can have it (PostgreSQL would fail the query)
@@ -287,17 +288,13 @@ def _checked(field: str, check: Callable[..., Any], *args: Any) -> Any:
         raise ConfigError(exc.message, field=field) from None
 
 
-def _page_int(field: str, value: object, minimum: int) -> int:
-    """A paging argument: an int (not a bool) of at least ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{field} must be an integer >= {minimum}, not {value!r}",
-                          field=field)
-    return value
-
-
-def _page_limit(limit: object) -> int | None:
-    """A page's ``limit``: None (no limit) or an int >= 1."""
-    return None if limit is None else _page_int("limit", limit, 1)
+def _paged(check: Callable[[object], Any], value: object) -> Any:
+    """A paging argument, by the stores' own rule (:mod:`kinbox.persistence.paging`),
+    checked before anything is read: a ConfigError naming the field here."""
+    try:
+        return check(value)
+    except InvalidArgument as exc:
+        raise ConfigError(str(exc), field=exc.field) from None
 
 
 def _optional_id(field: str, value: object, limit: int | None = None) -> str | None:

@@ -7,7 +7,7 @@ in :mod:`.inbox_core`, and the error tree rooted at :class:`PersistenceError`.
 This package never imports ``kinbox.actors`` or ``kinbox.transport``.
 """
 
-from . import inbox_core, retention
+from . import inbox_core, paging, retention
 from .connections import close_every_connection
 from .cron_store import CronJobRecord, CronRunLost, CronRunRecord, CronStore, Occurrence
 from .database import (
@@ -30,6 +30,7 @@ from .errors import (
     DuplicateError,
     IdempotencyConflict,
     IllegalTransition,
+    InvalidArgument,
     KinboxError,
     LeaseLost,
     LifeLockLost,
@@ -91,6 +92,7 @@ __all__ = [
     "IdempotencyConflict",
     "IllegalTransition",
     "InboxListener",
+    "InvalidArgument",
     "JobRecord",
     "JobStore",
     "Journal",
@@ -129,6 +131,7 @@ __all__ = [
     "is_postgres",
     "is_sqlite",
     "open_database",
+    "paging",
     "pending_changes",
     "pg_address",
     "pg_default_port",

@@ -18,7 +18,7 @@ from typing import Any
 
 import peewee as pw
 
-from . import firing
+from . import firing, paging
 from .database import is_postgres
 from .errors import LeaseLost
 from .models import CronJob, CronRun, Tables
@@ -134,7 +134,8 @@ class CronStore:
     def jobs(self, *, active_only: bool = False, limit: int | None = None,
              offset: int = 0) -> list[CronJobRecord]:
         """Jobs, soonest due first (paused ones last); at most ``limit`` (all: None) from
-        the ``offset``-th on."""
+        the ``offset``-th on (bounds: :mod:`.paging`)."""
+        limit, offset = paging.limit(limit), paging.offset(offset)
         j = self.t.cron_job
         q = j.select().order_by(j.active.desc(), j.next_run_at, j.id)
         if active_only:
@@ -182,11 +183,15 @@ class CronStore:
 
     # -- runs ------------------------------------------------------------------------------
 
-    def runs(self, job_id: str | None = None, *, limit: int = 50,
+    def runs(self, job_id: str | None = None, *, limit: int | None = 50,
              offset: int = 0) -> list[CronRunRecord]:
-        """Runs, newest first (ties by id); at most ``limit`` from the ``offset``-th on."""
+        """Runs, newest first (ties by id); at most ``limit`` (all: None) from the
+        ``offset``-th on (bounds: :mod:`.paging`)."""
+        limit, offset = paging.limit(limit), paging.offset(offset)
         r = self.t.cron_run
-        q = r.select().order_by(r.started_at.desc(), r.id.desc()).limit(limit).offset(offset)
+        q = r.select().order_by(r.started_at.desc(), r.id.desc())
+        if limit is not None or offset:
+            q = q.limit(limit).offset(offset)
         if job_id is not None:
             q = q.where(r.job_id == job_id)
         return [_run(x) for x in q]

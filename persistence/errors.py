@@ -19,6 +19,9 @@ Decide on the types and their attributes, never on the message text::
         ├── LeaseLost              .message_id, .owner: acted on a row it no longer leases
         ├── RowNotFound            .kind, .key, .by: an inbox row, session, task... does not exist
         ├── DuplicateError         .kind, .field, .value: a unique value is already taken
+        ├── InvalidArgument        .field, .value: a store was called with a value outside
+        │                          its contract (a page's limit of 0, a negative offset);
+        │                          also a ValueError
         ├── DatabaseInUse          .path: another runtime process owns this SQLite file
         ├── LifeLockLost           .owner: the connection holding a runtime's life lock died
         ├── DatabaseFailed         .kind, .sqlstate, .detail, .retryable: a statement failed in the
@@ -106,6 +109,20 @@ class DuplicateError(PersistenceError):
     def __init__(self, kind: str, field: str, value: str) -> None:
         super().__init__(f"a {kind} with {field} {value!r} already exists")
         self.kind = kind
+        self.field = field
+        self.value = value
+
+
+class InvalidArgument(PersistenceError, ValueError):
+    """A store's public method was given ``value`` for its argument ``field`` outside the
+    method's contract (:mod:`.paging`'s bounds: a ``limit`` of 0 or -1, a ``True``, a
+    ``"3"``): refused before any SQL runs, so that no such value reaches a database that
+    would read it as something else (SQLite takes a negative LIMIT as no limit at all)."""
+
+    def __init__(self, field: str, value: object, expected: str) -> None:
+        shown = repr(value)
+        super().__init__(f"{field} must be {expected}, not "
+                         f"{shown if len(shown) <= 40 else shown[:37] + '...'}")
         self.field = field
         self.value = value
 

@@ -13,6 +13,7 @@ from typing import Any
 import peewee as pw
 
 from . import inbox_core as core
+from . import paging
 from .errors import RowNotFound
 from .hot_path import HotPath, is_open
 from .models import InboxMessage, Tables
@@ -76,7 +77,10 @@ class InboxReads:
         newest (the page before: paging goes back in time, by ``seq``, which is unique).
         ``before_seq`` keeps only rows older than it: the page before one whose oldest
         row has that ``seq``, found through the primary order without reading the rows
-        an offset would skip. Without ``limit``, every matching row is read."""
+        an offset would skip. Without ``limit``, every matching row is read. A bound
+        outside :mod:`.paging`'s is :class:`~.errors.InvalidArgument`."""
+        limit, offset = paging.limit(limit), paging.offset(offset)
+        before_seq = paging.position(before_seq)
         m = self.t.inbox
         q = m.select().order_by(m.seq.desc())
         if state:
@@ -85,7 +89,7 @@ class InboxReads:
             q = q.where(m.target_chat_id == target)
         if before_seq is not None:
             q = q.where(m.seq < before_seq)
-        if limit or offset:
+        if limit is not None or offset:
             q = q.limit(limit).offset(offset)
         return [row_to_dict(r) for r in reversed(list(q))]
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import peewee as pw
 
-from . import session_filters
+from . import paging, session_filters
 from .direct_marks import DirectTurnMarks
 from .errors import DuplicateError, RowNotFound
 from .inbox_core import OPEN_STATES
@@ -166,7 +166,9 @@ class SessionStore(DirectTurnMarks):
 
         The filters and the cut are SQL: a page reads its rows, not every session. The
         order is still worked out over every session the filters keep (a recency is one
-        index probe of its transcript's end: no index orders by it)."""
+        index probe of its transcript's end: no index orders by it). ``limit`` None:
+        every session; :class:`~.errors.InvalidArgument` for a bound outside :mod:`.paging`'s."""
+        limit, offset = paging.limit(limit), paging.offset(offset)
         s = self.t.session
         q = self._select().order_by(pw.SQL("recent").desc(), s.id)
         if project_id is not None:
@@ -177,7 +179,7 @@ class SessionStore(DirectTurnMarks):
             q = q.where(session_filters.outside(self.t, hide))
         if active_only:
             q = q.where(s.id.in_(session_filters.active_ids(self.t)))
-        if limit or offset:
+        if limit is not None or offset:
             q = q.limit(limit).offset(offset)
         return [_session(r) for r in q]
 
@@ -280,7 +282,9 @@ class SessionStore(DirectTurnMarks):
     def transcript(self, session_id: str, *, last: int | None = None,
                    visible_only: bool = False) -> list[EntryRecord]:
         """A session's transcript, oldest first: every entry, or only the ``last`` N
-        (of the visible ones with ``visible_only``), read with a LIMIT."""
+        (of the visible ones with ``visible_only``), read with a LIMIT (``last`` as a
+        page's ``limit``, :mod:`.paging`)."""
+        last = paging.limit(last, "last")
         tr = self.t.transcript
         q = tr.select().where(tr.session_id == session_id)
         if visible_only:
@@ -291,12 +295,14 @@ class SessionStore(DirectTurnMarks):
                             e.created_at, e.sender_id, e.kind)
                 for e in rows]
 
-    def recent_message_ids(self, kind: str, limit: int) -> list[str]:
+    def recent_message_ids(self, kind: str, limit: int | None) -> list[str]:
         """Ids of the newest ``limit`` messages of ``kind`` the database holds, oldest
         first: committed in a transcript, or waiting in the inbox (open rows; a delivered
         one is in its transcript). Each read walks its table backwards from the newest
         row until it has ``limit`` (a start-up read: a kind that is rare in a large
-        database costs a scan, which no index on every transcript write would)."""
+        database costs a scan, which no index on every transcript write would).
+        ``limit`` as a page's (:mod:`.paging`): None reads every such id."""
+        limit = paging.limit(limit)
         tr, m = self.t.transcript, self.t.inbox
         entries = (tr.select(tr.created_at, tr.message_id)
                    .where(tr.kind == kind, tr.message_id.is_null(False))
@@ -306,7 +312,8 @@ class SessionStore(DirectTurnMarks):
                    .order_by(m.seq.desc()).limit(limit))
         newest = sorted([*((r.created_at, r.message_id) for r in entries),
                          *((r.created_at, r.message_id) for r in waiting)])
-        return list(dict.fromkeys(mid for _, mid in newest))[-limit:]
+        ids = list(dict.fromkeys(mid for _, mid in newest))
+        return ids if limit is None else ids[-limit:]
 
     def marker_counts(self) -> dict[str, int]:
         """Committed delivery markers per message id (the crash checker's evidence)."""

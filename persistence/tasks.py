@@ -14,6 +14,7 @@ from typing import Any
 
 import peewee as pw
 
+from . import paging
 from .errors import RowNotFound
 from .models import Tables, Task
 from .writer import GroupCommitWriter
@@ -122,13 +123,15 @@ class TaskStore:
         """A project's tasks, oldest first (ties by id, which is unique): those in
         ``statuses`` (all: empty), at most ``limit`` from the ``offset``-th on. Without
         ``limit`` and ``statuses`` it reads every task the project ever had, done ones
-        too: a cost that grows with the database's age."""
+        too: a cost that grows with the database's age. A bound outside
+        :mod:`.paging`'s is :class:`~.errors.InvalidArgument`."""
+        limit, offset = paging.limit(limit), paging.offset(offset)
         t = self.t.task
         q = t.select().where(t.project_id == project_id)
         if statuses:
             q = q.where(t.status.in_(list(statuses)))
         q = q.order_by(t.created_at, t.id)
-        if limit or offset:
+        if limit is not None or offset:
             q = q.limit(limit).offset(offset)
         return [_record(r) for r in q]
 

@@ -17,6 +17,7 @@ PURE_MODULES = [
     "persistence/numbered_ids.py",
     "persistence/bulk.py",
     "persistence/session_records.py",
+    "persistence/paging.py",
     "actors/access.py",
     "actors/cli_args.py",
     "actors/passivation.py",

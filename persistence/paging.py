@@ -1,0 +1,48 @@
+"""The one contract of every paged read a store offers: what ``limit``, ``offset`` and a
+keyset position (``before_seq``) may be.
+
+``limit`` is a whole number from 1 or None (no cut: every row the read's filters keep,
+unless the method documents another default); ``offset`` a whole number from 0; a
+position (``before_seq``) a whole number from 1 or None (from the newest). All at most
+:data:`PAGE_NUMBER_MAX`. Anything else (0, -1, ``True``, ``"3"``, ``2.0``, a number no
+database column holds) is :class:`~.errors.InvalidArgument`, raised at the store's
+public method before any SQL runs.
+
+Why here and not at each caller: the databases read the numbers they are sent their own
+way. SQLite takes a negative LIMIT as no limit and a negative OFFSET as none, a limit of
+0 read as "not given" served every row, and a number past 64 bits failed inside the
+driver as an ``OverflowError``. The CLI's and HTTP's bounds stay theirs (what a user may
+ask for); these are what a store may be asked at all.
+"""
+
+from __future__ import annotations
+
+from .errors import InvalidArgument
+
+PAGE_NUMBER_MAX = 2**62
+"""The largest limit, offset or position a read takes: past any count of rows or ``seq``
+a database holds, and small enough that a caller's ``limit + 1`` (one row more says
+whether another page follows) still fits the 64-bit integers both databases take."""
+
+
+def _whole(field: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not (
+            low <= value <= PAGE_NUMBER_MAX):
+        raise InvalidArgument(field, value, f"a whole number from {low} to {PAGE_NUMBER_MAX}")
+    return value
+
+
+def limit(value: object, field: str = "limit") -> int | None:
+    """A page's size: None (no cut) or a whole number from 1."""
+    return None if value is None else _whole(field, value, 1)
+
+
+def offset(value: object, field: str = "offset") -> int:
+    """How many rows of the order a page skips: a whole number from 0."""
+    return _whole(field, value, 0)
+
+
+def position(value: object, field: str = "before_seq") -> int | None:
+    """A keyset page's bound (a ``seq``, an id number): None (from the end) or a whole
+    number from 1."""
+    return None if value is None else _whole(field, value, 1)
