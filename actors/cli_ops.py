@@ -19,12 +19,14 @@ from typing import TextIO
 import peewee as pw
 
 from ..persistence import (
+    InvalidArgument,
     Journal,
     RowNotFound,
     SessionStore,
     bind_tables,
     default_url,
     open_database,
+    paging,
     pending_changes,
     redact_url,
     require_current,
@@ -166,6 +168,19 @@ def inbox_cancel(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def cursor_arg(text: str) -> paging.Keyset:
+    """An argparse type: an ``--after``, the cursor a page printed (the stores' rule, so
+    that a mistyped one is a usage error before anything is opened)."""
+    try:
+        position = paging.keyset(text)
+    except InvalidArgument:
+        raise argparse.ArgumentTypeError(
+            f"expected the cursor a page printed (its '... more: --after' line or "
+            f"its JSON's next_after), got {text[:40]!r}") from None
+    assert position is not None
+    return position
+
+
 def sessions_list(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox sessions list``."""
     with stores(args.db, read_only=True) as (_, store):
@@ -175,11 +190,12 @@ def sessions_list(args: argparse.Namespace, out: TextIO) -> int:
             if project is None:
                 raise RowNotFound("project", args.project, by="slug")
             project_id = project.id
-        # One more than asked says whether another page follows.
-        sessions = store.sessions(project_id=project_id, limit=args.limit + 1,
-                                  offset=args.offset)
+        # In creation order, from a cursor: by recency a session active between two
+        # reads moved ahead of the page boundary, and a walk showed another twice.
+        page = store.sessions_page(project_id=project_id, limit=args.limit,
+                                   after=args.after, offset=args.offset)
         slugs = {p.id: p.slug for p in store.projects()}
-    more, sessions = len(sessions) > args.limit, sessions[:args.limit]
+    more, sessions = page.after is not None, page.sessions
     data = [{"id": s.id, "title": s.title, "kind": s.kind, "status": s.status,
              "project": slugs.get(s.project_id or ""), "parent_id": s.parent_id,
              "updated_at": s.updated_at} for s in sessions]
@@ -187,8 +203,10 @@ def sessions_list(args: argparse.Namespace, out: TextIO) -> int:
     lines += [f"{d['id']:<32} {d['kind']:<12} {d['status']:<7} {d['project'] or '-':<16} "
               f"{d['title']}" for d in data]
     if not data:
-        lines = ["no sessions" + (f" from offset {args.offset}" if args.offset else "")]
-    emit_page(out, args, data, more, lines, next_page="the next {limit}")
+        lines = ["no sessions" + (f" from offset {args.offset}" if args.offset else "")
+                 + (" after the cursor" if args.after else "")]
+    emit_page(out, args, data, more, lines, next_page="the next {limit}", keyset=True,
+              after=page.after)
     return 0
 
 
@@ -261,9 +279,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p = common(ssub.add_parser("list", help="list sessions, newest first"))
     p.add_argument("--project", help="project slug")
     p.add_argument("--limit", type=limit_arg, default=100,
-                   help="at most N sessions (default 100), most recently active first")
-    p.add_argument("--offset", type=offset_arg, default=0,
-                   help="skip the first N (the next page: --offset 100)")
+                   help="at most N sessions (default 100), newest first (by creation)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--after", type=cursor_arg, metavar="CURSOR",
+                       help="the page after the one that printed CURSOR (each session "
+                            "once, however many turn meanwhile)")
+    where.add_argument("--offset", type=offset_arg, default=0,
+                       help="skip the first N (sessions created meanwhile shift it)")
     p.set_defaults(handler=sessions_list)
 
     dbp = sub.add_parser("db", help="schema status and upgrade")

@@ -22,6 +22,7 @@ from ..persistence import (
     NewMessage,
     ProjectRecord,
     RowNotFound,
+    SessionPage,
     SessionRecord,
     paging,
     retention,
@@ -126,13 +127,29 @@ class RecordsApi:
         ``offset``-th on. Without ``limit`` every session is read into memory, which on
         a database of years is an outage waiting to happen: list with a limit. Pages
         neither repeat nor skip while no session changes; one that is active between
-        two reads moves to the front (the order is recency)."""
+        two reads moves to the front (the order is recency), so a walk over the pages
+        shows one session twice and skips another: walk with :meth:`sessions_page`."""
         store = self._require().store
         limit = _paged(paging.limit, limit)
         offset = _paged(paging.offset, offset)
         if project_id is not None and validation.lookup_key(project_id) is None:
             return []  # no project has that id (PostgreSQL would fail the query)
         return store.sessions(project_id=project_id, limit=limit, offset=offset)
+
+    def sessions_page(self, project_id: str | None = None, *, limit: int | None = 100,
+                      after: str | None = None) -> SessionPage:
+        """A page of a walk over the sessions (of one project, or all), newest first by
+        creation (ties by id): at most ``limit`` past the cursor ``after`` (None: the
+        first page); ``.sessions``, and ``.after``, the cursor of the next page (None on
+        the last). Each session that existed when the walk began is on exactly one page,
+        however many turn meanwhile (:meth:`sessions`' recency order moves them between
+        pages). A bad ``limit`` or ``after`` is a ConfigError naming it."""
+        store = self._require().store
+        limit = _paged(paging.limit, limit)
+        position = _paged(lambda value: paging.keyset(value, "after"), after)
+        if project_id is not None and validation.lookup_key(project_id) is None:
+            return SessionPage([], None)  # no project has that id
+        return store.sessions_page(project_id=project_id, limit=limit, after=position)
 
     def tools_for(self, session_id: str) -> TaskTools:
         """The tools bound to ``session_id`` as the caller (agent tools unless a sub-agent)."""

@@ -60,7 +60,7 @@ from .liveness import OwnerLiveness
 from .models import CRON_EXPRESSION_CHARS, Tables, bind_tables
 from .rate_buckets import BucketState, RateBuckets
 from .schema import pending_changes, require_current, upgrade
-from .session_records import EntryRecord, ProjectRecord, SessionRecord
+from .session_records import EntryRecord, ProjectRecord, SessionPage, SessionRecord
 from .sessions import SessionStore
 from .stop_requests import StopAsk, StopRequests
 from .tasks import OPEN_TASK_STATES, TaskChange, TaskRecord, TaskStore
@@ -111,6 +111,7 @@ __all__ = [
     "Reply",
     "RowNotFound",
     "SchemaError",
+    "SessionPage",
     "SessionRecord",
     "SessionStore",
     "StopAsk",

@@ -67,6 +67,9 @@ class Session(_Base):
 
     class Meta:
         table_name = "sessions"
+        # A walk in creation order, newest first, from a cursor (``sessions_page``): of
+        # every session, and of a project's.
+        indexes = ((("created_at", "id"), False), (("project_id", "created_at", "id"), False))
 
 
 class TranscriptEntry(_Base):

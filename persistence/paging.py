@@ -17,6 +17,11 @@ ask for); these are what a store may be asked at all.
 
 from __future__ import annotations
 
+import base64
+import json
+import math
+from typing import NamedTuple
+
 from .errors import InvalidArgument
 
 PAGE_NUMBER_MAX = 2**62
@@ -46,3 +51,43 @@ def position(value: object, field: str = "before_seq") -> int | None:
     """A keyset page's bound (a ``seq``, an id number): None (from the end) or a whole
     number from 1."""
     return None if value is None else _whole(field, value, 1)
+
+
+CURSOR_LIMIT = 1000
+"""The longest cursor token a read takes (one holds a time and an id of at most 128
+characters, base64-encoded)."""
+
+
+class Keyset(NamedTuple):
+    """A position in an order that never changes once a row exists, ``(at, id)`` (a
+    creation time, then the unique id for ties): a page is the rows past the last one of
+    the page before, found through an index on both, so the pages of a walk neither
+    repeat nor skip a row however the rows change meanwhile (an offset counts rows from
+    the start, and any row that moves ahead of it shifts every later page)."""
+
+    at: float
+    id: str
+
+    def token(self) -> str:
+        """The position as an opaque text a user hands back (shell-safe: base64url)."""
+        text = json.dumps([self.at, self.id], separators=(",", ":"))
+        return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def keyset(value: object, field: str = "after") -> Keyset | None:
+    """A cursor a page returned (:meth:`Keyset.token`, or the :class:`Keyset` itself):
+    None (from the start) or the position; anything else is
+    :class:`~.errors.InvalidArgument`."""
+    if value is None or isinstance(value, Keyset):
+        return value
+    if isinstance(value, str) and 0 < len(value) <= CURSOR_LIMIT:
+        try:
+            text = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+            at, key = json.loads(text)
+        except (ValueError, TypeError):  # binascii.Error, JSON, not two values
+            pass
+        else:
+            if (isinstance(at, int | float) and not isinstance(at, bool)
+                    and math.isfinite(at) and isinstance(key, str)):
+                return Keyset(float(at), key)
+    raise InvalidArgument(field, value, "a cursor a page of the listing returned")

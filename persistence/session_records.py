@@ -42,6 +42,16 @@ class SessionRecord:
 
 
 @dataclass(frozen=True)
+class SessionPage:
+    """One page of a walk over sessions in creation order, newest first
+    (:meth:`~.sessions.SessionStore.sessions_page`)."""
+
+    sessions: list[SessionRecord]
+    after: str | None
+    """The cursor of the next page (its ``after``); None: this page is the last."""
+
+
+@dataclass(frozen=True)
 class EntryRecord:
     """A transcript entry."""
 

@@ -21,7 +21,7 @@ from .errors import DuplicateError, RowNotFound
 from .inbox_core import OPEN_STATES
 from .journal import TurnEntry
 from .models import Project, Session, Tables
-from .session_records import EntryRecord, ProjectRecord, SessionRecord
+from .session_records import EntryRecord, ProjectRecord, SessionPage, SessionRecord
 from .session_view import IDLE, live_columns
 from .writer import GroupCommitWriter
 
@@ -182,6 +182,38 @@ class SessionStore(DirectTurnMarks):
         if limit is not None or offset:
             q = q.limit(limit).offset(offset)
         return [_session(r) for r in q]
+
+    def sessions_page(self, *, project_id: str | None = None, limit: int | None = 100,
+                      after: str | paging.Keyset | None = None, offset: int = 0
+                      ) -> SessionPage:
+        """A page of sessions (of one project, or all) newest first by creation, ties by
+        id: at most ``limit`` past the cursor ``after`` (None: from the newest) but the
+        first ``offset`` of them, and the cursor of the next page. (``offset`` is for the
+        ``--offset`` of ``kinbox sessions list``: sessions created meanwhile shift it.)
+
+        Not by recency, as :meth:`sessions` lists: a session's recency changes with each
+        of its turns, so one active between two reads moves ahead of the page boundary,
+        and the walk shows another twice and it never (an offset or a cursor alike). A
+        creation time never changes: each session that existed when the walk began is
+        on exactly one page; one created meanwhile comes before the walk's start (or,
+        stamped by a clock behind, once on a later page). An index walk from the cursor
+        (``sessions_created_at_id``, per project ``sessions_project_id_created_at_id``),
+        whatever the page's depth. Bounds and cursor: :mod:`.paging`."""
+        limit, position = paging.limit(limit), paging.keyset(after)
+        offset = paging.offset(offset)
+        s = self.t.session
+        q = self._select().order_by(s.created_at.desc(), s.id.desc())
+        if project_id is not None:
+            q = q.where(s.project_id == project_id)
+        if position is not None:
+            q = q.where(pw.Tuple(s.created_at, s.id) < pw.Tuple(position.at, position.id))
+        if limit is not None or offset:
+            q = q.limit(None if limit is None else limit + 1).offset(offset)
+        rows = [_session(r) for r in q]
+        if limit is None or len(rows) <= limit:
+            return SessionPage(rows, None)
+        last = rows[limit - 1]
+        return SessionPage(rows[:limit], paging.Keyset(last.created_at, last.id).token())
 
     def sessions_named(self, project_id: str, key: str, *, hide: Collection[str] = ()
                        ) -> list[SessionRecord]:

@@ -135,13 +135,16 @@ def test_sessions_list_shows_a_page_and_says_how_to_see_the_next(db_url: str) ->
         done = kinbox("sessions", "list", "--db", db_url, "--json", *args)
         assert done.returncode == 0, done.stderr
         return [row["id"] for row in json.loads(done.stdout)["items"]]
-    ids = [f"s{i:03d}" for i in range(103)]  # one time: most recent first is by id
+    # One creation time: newest first is by id, descending.
+    ids = [f"s{i:03d}" for i in reversed(range(103))]
     assert listed() == ids[:100]
     assert listed("--limit", "2", "--offset", "100") == ids[100:102]
     assert listed("--limit", "1000") == ids
     text = kinbox("sessions", "list", "--db", db_url, "--limit", "2").stdout.splitlines()
-    assert text[1:] == [text[1], text[2], "... more: --offset 2 lists the next 2"]
-    assert text[1].startswith("s000 ") and text[2].startswith("s001 ")
+    assert len(text) == 4 and text[3].startswith("... more: --after ")
+    assert text[3].endswith(" lists the next 2")
+    assert listed("--limit", "2", "--after", text[3].split()[3]) == ids[2:4]
+    assert text[1].startswith("s102 ") and text[2].startswith("s101 ")
     last = kinbox("sessions", "list", "--db", db_url, "--limit", "3", "--offset", "100")
     assert not any(line.startswith("...") for line in last.stdout.splitlines())
     beyond = kinbox("sessions", "list", "--db", db_url, "--offset", "200")

@@ -68,12 +68,15 @@ def busy_db(db_url: str) -> str:
 
 
 def test_sessions_list_json_says_whether_more_follow(busy_db: str) -> None:
-    first = page("sessions", "list", "--db", busy_db)
-    assert ids(first, "id") == [f"s{i:03d}" for i in range(100)]
+    first = page("sessions", "list", "--db", busy_db)  # newest first: one time, by id
+    assert ids(first, "id") == [f"s{i:03d}" for i in reversed(range(2, 102))]
     assert (first["more"], first["next_offset"]) == (True, 100)
     last = page("sessions", "list", "--db", busy_db, "--offset", "100")
-    assert ids(last, "id") == ["s100", "s101"]
-    assert (last["more"], last["next_offset"]) == (False, None)
+    assert ids(last, "id") == ["s001", "s000"]
+    assert (last["more"], last["next_offset"], last["next_after"]) == (False, None, None)
+    # The cursor walk: the same page after the first.
+    after = page("sessions", "list", "--db", busy_db, "--after", first["next_after"])
+    assert after == {**last, "next_offset": None}
     # A page exactly as long as what is left is the last one, and says so.
     exact = page("sessions", "list", "--db", busy_db, "--limit", "2", "--offset", "100")
     assert (exact["more"], exact["next_offset"]) == (False, None)
