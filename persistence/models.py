@@ -112,7 +112,7 @@ class Task(_Base):
     """A task owned by a session (K1)."""
 
     id = pw.CharField(primary_key=True, max_length=64)
-    project_id = pw.CharField(null=True, index=True, max_length=64)
+    project_id = pw.CharField(null=True, max_length=64)
     chat_id = pw.CharField(index=True, max_length=128)
     title = pw.CharField(max_length=512)
     status = pw.CharField(max_length=16)
@@ -123,6 +123,12 @@ class Task(_Base):
 
     class Meta:
         table_name = "tasks"
+        # A project's tasks (its prefix), and the latest change of each session's
+        # (``TaskStore.last_updates``) read off the index alone: grouped by chat in its
+        # order, no table row visited. It replaces ``tasks_project_id``. A task's update
+        # moves its entry (``updated_at``): on PostgreSQL no longer a HOT update, for a
+        # tool call's write, not the message path's.
+        indexes = ((("project_id", "chat_id", "updated_at"), False),)
 
 
 class InboxMessage(_Base):

@@ -58,6 +58,7 @@ FULL_INDEXES = {
     "agent_inbox_messages_status_seq": f"ON {INBOX} (status, seq)",
     "sessions_updated_at": "ON sessions (updated_at)",
     "transcript_entries_session_id": "ON transcript_entries (session_id)",
+    "tasks_project_id": "ON tasks (project_id)",
     # PostgreSQL, briefly, for the probes of pg_claims: each cost every message two more
     # index writes (a row's every status change writes every index), for probes the
     # partial indexes above serve.
@@ -69,8 +70,9 @@ FULL_INDEXES = {
 """name -> definition of the indexes these replace, as older versions created them
 (peewee's names), dropped by the upgrade: the inbox's full (target, status, seq) and
 (status, seq), ``sessions.updated_at``'s, which made every session status change a
-write to it (and on PostgreSQL a non-HOT update), and the transcript's by session alone
-(now by ``(session_id, id)``, the model's)."""
+write to it (and on PostgreSQL a non-HOT update), the transcript's by session alone
+(now by ``(session_id, id)``, the model's), and the tasks' by project alone (now the
+prefix of ``(project_id, chat_id, updated_at)``, the model's)."""
 
 
 def index_names(db: pw.Database) -> set[str]:

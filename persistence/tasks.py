@@ -146,7 +146,8 @@ class TaskStore:
 
     def last_updates(self, project_id: str) -> dict[str, float]:
         """chat id -> when its latest task of the project last changed (one aggregate:
-        no task is read into memory)."""
+        no task is read into memory, and none from the table: the index
+        ``tasks_project_id_chat_id_updated_at`` holds every value it reads, grouped)."""
         t = self.t.task
         q = (t.select(t.chat_id, pw.fn.MAX(t.updated_at).alias("at"))
              .where(t.project_id == project_id).group_by(t.chat_id))

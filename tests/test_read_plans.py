@@ -1,0 +1,131 @@
+"""Reads that grow with a database's age walk an index of their own, on SQLite and
+PostgreSQL: the plan of the statement the store runs names it.
+
+``TaskStore.last_updates`` (the Focal heartbeat's look at a project) read every task the
+project ever had from the table through ``tasks_project_id`` and grouped them in a temp
+B-tree (SQLite) or a hash (PostgreSQL); it now reads the index
+``tasks_project_id_chat_id_updated_at`` alone, grouped in its order. A page of
+``SessionStore.sessions_page`` walks ``sessions_created_at_id`` (per project,
+``sessions_project_id_created_at_id``) from its cursor. An older database gets the
+indexes from ``upgrade``, which drops the one they replace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from kinbox.persistence import TaskStore, is_postgres, paging, pending_changes, upgrade
+from kinbox.persistence.open_indexes import index_names
+
+from .conftest import Stores
+
+pytestmark = pytest.mark.timeout(120)
+
+TASKS_INDEX = "tasks_project_id_chat_id_updated_at"
+
+
+@pytest.fixture
+def crowded(stores: Stores) -> Iterator[Stores]:
+    """3,000 tasks of 10 projects and 300 sessions, and 3,000 sessions of 10 projects;
+    the planner's statistics up to date (autovacuum's work on PostgreSQL)."""
+    t = stores.tables
+    tasks = [{"id": f"t{i}", "project_id": f"p{i % 10}", "chat_id": f"c{i % 300}",
+              "title": "x", "status": "completed" if i % 3 else "pending",
+              "created_at": i, "updated_at": i + (i * 7919) % 1000} for i in range(3000)]
+    sessions = [{"id": f"s{i:04d}", "project_id": f"p{i % 10}", "title": "s",
+                 "kind": "cron", "status": "idle", "config": "{}", "created_at": i // 3,
+                 "updated_at": i} for i in range(3000)]
+
+    def write() -> None:
+        for first in range(0, 3000, 500):
+            t.task.insert_many(tasks[first:first + 500]).execute()
+            t.session.insert_many(sessions[first:first + 500]).execute()
+    stores.writer.call(write)
+    analyse(stores)
+    yield stores
+
+
+def analyse(stores: Stores) -> None:
+    if is_postgres(stores.db):
+        stores.db.execute_sql("VACUUM ANALYZE tasks")
+        stores.db.execute_sql("VACUUM ANALYZE sessions")
+    else:
+        stores.db.execute_sql("ANALYZE")
+
+
+def plan_of(stores: Stores, monkeypatch: pytest.MonkeyPatch, read: Callable[[], Any],
+            table: str) -> str:
+    """The plan of the statement ``read`` runs on ``table`` (captured as it runs)."""
+    ran: list[tuple[str, Any]] = []
+    execute = stores.db.execute_sql
+
+    def recording(sql: str, params: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if f'FROM "{table}"' in sql:
+            ran.append((sql, params))
+        return execute(sql, params, *args, **kwargs)
+    monkeypatch.setattr(stores.db, "execute_sql", recording)
+    read()
+    monkeypatch.undo()
+    assert len(ran) == 1, ran
+    sql, params = ran[0]
+    prefix = "EXPLAIN " if is_postgres(stores.db) else "EXPLAIN QUERY PLAN "
+    return "\n".join(str(r[-1]) for r in stores.db.execute_sql(prefix + sql, params))
+
+
+def test_last_updates_reads_the_composite_index_alone(crowded: Stores,
+                                                      monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    tasks = TaskStore(crowded.tables, crowded.writer)
+    plan = plan_of(crowded, monkeypatch, lambda: tasks.last_updates("p3"), "tasks")
+    if is_postgres(crowded.db):
+        assert f"Index Only Scan using {TASKS_INDEX}" in plan, plan
+    else:
+        assert f"USING COVERING INDEX {TASKS_INDEX}" in plan, plan
+        assert "TEMP B-TREE" not in plan, plan  # grouped in the index's order
+    # And its answer is the latest change of each session's tasks.
+    expected: dict[str, float] = {}
+    for t in tasks.for_project("p3"):
+        expected[t.chat_id] = max(expected.get(t.chat_id, 0.0), t.updated_at)
+    assert tasks.last_updates("p3") == expected and len(expected) == 30
+
+
+@pytest.mark.parametrize("project_id", [None, "p4"])
+def test_a_sessions_page_walks_the_creation_index_from_its_cursor(
+        crowded: Stores, monkeypatch: pytest.MonkeyPatch, project_id: str | None) -> None:
+    store = crowded.store
+    after = paging.Keyset(500.0, "s1501").token()
+    plan = plan_of(crowded, monkeypatch, lambda: store.sessions_page(
+        project_id=project_id, limit=20, after=after), "sessions")
+    # A project's page may walk either: the planner weighs how many sessions are the
+    # project's (PostgreSQL takes the walk over all and filters when they are many).
+    indexes = ["sessions_created_at_id"] + (["sessions_project_id_created_at_id"]
+                                            if project_id else [])
+    if is_postgres(crowded.db):
+        assert any(f"Index Scan Backward using {i} " in plan for i in indexes), plan
+        assert "Sort" not in plan, plan  # read in the order, not sorted
+    else:
+        assert any(f"USING INDEX {i} " in plan for i in indexes), plan
+        assert "TEMP B-TREE" not in plan, plan
+    page = store.sessions_page(project_id=project_id, limit=20, after=after)
+    assert all((s.created_at, s.id) < (500.0, "s1501") for s in page.sessions)
+    assert len(page.sessions) == 20 and page.after is not None
+
+
+def test_an_older_database_gets_the_indexes_from_upgrade(stores: Stores) -> None:
+    """As an older version left it: the tasks indexed by project alone, no composite."""
+    db = stores.db
+    for name in (TASKS_INDEX, "sessions_created_at_id", "sessions_project_id_created_at_id"):
+        db.execute_sql(f"DROP INDEX {name}")
+    db.execute_sql("CREATE INDEX tasks_project_id ON tasks (project_id)")
+    changes = pending_changes(stores.tables)
+    assert {f"create index {TASKS_INDEX}", "create index sessions_created_at_id",
+            "create index sessions_project_id_created_at_id",
+            "drop index tasks_project_id (replaced)"} <= set(changes), changes
+    upgrade(stores.tables)
+    have = index_names(db)
+    assert TASKS_INDEX in have and "tasks_project_id" not in have
+    assert {"sessions_created_at_id", "sessions_project_id_created_at_id"} <= have
+    assert pending_changes(stores.tables) == []
