@@ -7,8 +7,9 @@ and feeds the socket and the :class:`~kinbox.transport.SenderLink` core
 into each other. It carries out the core's effects on the journal: ``ack``
 after the receiver's ack (which it sends only after its own commit), a
 retry with the peer backoff when the link drops or cannot open, ``failed``
-at once for a rejected payload or a refusing device. After a restart it
-simply finds its rows again. No rule lives here.
+at once for a rejected payload or a refusing device, a release (no attempt
+counted) of what it holds when it stops. After a restart it simply finds its
+rows again. No rule lives here.
 
 Paused or revoked on this side (``kinbox peers pause|revoke --direction
 outbound``), a live link sends nothing more but waits up to
@@ -44,6 +45,7 @@ from ..transport.link import (
     LinkState,
     Outgoing,
     Rejected,
+    Released,
     Retry,
     SenderLink,
     Terminal,
@@ -105,7 +107,9 @@ class PeerLink:
         self._wake.set()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop; rows in flight stay leased and come back when the lease expires."""
+        """Stop: the rows the link holds go back unrun (no attempt counted), committed
+        before this returns unless the thread outlives ``timeout``; rows it could not hand
+        back (the writer closed first) come back when their lease expires."""
         self._stop.set()
         self._wake.set()
         ws = self.ws
@@ -187,19 +191,24 @@ class PeerLink:
                 self.ws = ws
                 self._carry(ws, link, rec, rows[-1].seq)
         except PeerUnavailable as exc:
-            if exc.status is not None:
+            if self._stop.is_set():
+                link.stopped()
+            elif exc.status is not None:
                 link.refused(exc.reason)
             else:
                 link.connection_lost(str(exc))
             self._settle_now(self._apply(link.effects(), rec))
         except ConnectionClosed as exc:
-            link.connection_lost(f"the link closed ({exc.rcvd.code if exc.rcvd else 'no'} "
-                                 "close frame)")
+            if self._stop.is_set():  # closed by stop(): no lost link, nothing failed
+                link.stopped()
+            else:
+                link.connection_lost(f"the link closed ({exc.rcvd.code if exc.rcvd else 'no'}"
+                                     " close frame)")
             self._settle_now(self._apply(link.effects(), rec))
         finally:
             self.ws = None
-            if link.held():  # stopping with rows in flight: hand them back unrun
-                self._release(link.held())
+            link.stopped()  # what it still holds (a stop, an ended drain) goes back unrun
+            self._settle_now(self._apply(link.effects(), rec))
 
     def _carry(self, ws: ClientConnection, link: SenderLink, rec: DeviceRecord,
                last_seq: int) -> None:
@@ -348,6 +357,8 @@ class PeerLink:
                 acked.extend(e.ids)
             elif isinstance(e, Rejected):
                 self._retry(e.id, e.reason, permanent=True)
+            elif isinstance(e, Released):
+                self._release(list(e.ids))
             elif isinstance(e, Retry):
                 if e.unproven:  # a stale URL or a stranger on it: the operator should know
                     self.svc.unproven(rec, e.reason)

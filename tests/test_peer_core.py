@@ -24,7 +24,16 @@ from kinbox.transport.grants import (
     secret_hash,
 )
 from kinbox.transport.identity import DeviceIdentity, device_id_for, public_key_bytes
-from kinbox.transport.link import Acked, LinkState, Outgoing, Rejected, Retry, SenderLink, Terminal
+from kinbox.transport.link import (
+    Acked,
+    LinkState,
+    Outgoing,
+    Rejected,
+    Released,
+    Retry,
+    SenderLink,
+    Terminal,
+)
 
 SERVER = DeviceIdentity.generate()
 CLIENT = DeviceIdentity.generate()
@@ -281,6 +290,27 @@ def test_a_dropped_link_hands_every_unacknowledged_row_back_for_retry() -> None:
     link.connection_lost("reset")
     assert link.effects() == [Acked(("m0",)), Retry(("m1", "m2"), "reset")]
     assert link.state is LinkState.IDLE and link.held() == []
+
+
+def test_a_stopped_link_releases_what_it_holds_and_a_lost_one_retries_it() -> None:
+    """The adapter's own stop is no failure of the rows or the peer: sent or queued, they
+    go back unrun (the socket it closed for the stop is not a lost link)."""
+    for window, lost in ((2, False), (2, True), (3, False)):
+        link = open_link(window=window)
+        link.frames_to_send()
+        link.receive(f.encode(f.Ack("m0")))
+        if lost:
+            link.connection_lost("reset")
+        else:
+            link.stopped()
+        rest = ("m1", "m2")
+        assert link.effects() == [Acked(("m0",)), Retry(rest, "reset") if lost
+                                  else Released(rest)]
+        assert link.state is LinkState.IDLE and link.held() == []
+        assert link.frames_to_send() == []
+    link = SenderLink(CLIENT, SERVER.device_id, SERVER.public_key, TOKEN)
+    link.stopped()  # holding nothing: nothing to do
+    assert link.effects() == [] and link.state is LinkState.IDLE
 
 
 def test_rejected_payload_is_terminal_for_that_row_only() -> None:

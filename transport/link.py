@@ -18,6 +18,7 @@ leaves the state as it was)::
     OPEN       --error naming no id--> IDLE     (leased rows retried: none will be acked)
     OPEN       --refused (signed)--> CLOSED     (the grant closed: every leased row fails)
     any        --connection_lost-->  IDLE       (leased rows retried by the journal)
+    any        --stopped-->          IDLE       (held rows released: no attempt counted)
 
 Only the pinned key ends a pairing: a refusal at the upgrade, an unsigned
 ``forbidden`` error, a challenge from another device, a bad signature or a
@@ -95,6 +96,15 @@ class Retry:
 
 
 @dataclass(frozen=True)
+class Released:
+    """The adapter stopped carrying these rows for a reason of its own (its process is
+    stopping, the grant closed on this side): they go back unrun, no attempt counted, for
+    the next link to send at once. Nothing about them or the peer failed."""
+
+    ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Terminal:
     """The peer refused us for good (revoked, paused, unknown): rows fail, the link closes.
 
@@ -114,7 +124,7 @@ class Answer:
     frame: f.Result
 
 
-Effect = Acked | Rejected | Retry | Terminal | Answer
+Effect = Acked | Rejected | Released | Retry | Terminal | Answer
 
 
 class SenderLink:
@@ -206,6 +216,17 @@ class SenderLink:
         """The socket closed or could not be opened."""
         if self.state is not LinkState.CLOSED:
             self._lost(reason)
+
+    def stopped(self) -> None:
+        """The adapter stops carrying this link (its process is stopping, or the grant
+        closed here and the drain ended), whatever the socket did meanwhile: a socket its
+        own stop closed is no lost link. Every row still held goes back unrun."""
+        self._out.clear()
+        held = self._settle_all()
+        if held:
+            self._effects.append(Released(held))
+        if self.state is not LinkState.CLOSED:
+            self.state = LinkState.IDLE
 
     # -- outputs ---------------------------------------------------------------------------
 
@@ -327,5 +348,5 @@ class SenderLink:
         self.state = LinkState.CLOSED
 
 
-__all__ = ["Acked", "Answer", "LinkState", "Outgoing", "Refusal", "Rejected", "Retry",
-           "SenderLink", "Terminal"]
+__all__ = ["Acked", "Answer", "LinkState", "Outgoing", "Refusal", "Rejected", "Released",
+           "Retry", "SenderLink", "Terminal"]
