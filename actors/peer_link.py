@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
-from ..persistence import ClaimedRow, LeaseLost, PersistenceError, WriterClosed
+from ..persistence import ClaimedRow, LeaseLost, PersistenceError, WindowClaim, WriterClosed
 from ..persistence.peers import OUTBOUND, DeviceRecord
 from ..persistence.writer import Reply
 from ..transport import frames as wire
@@ -138,8 +138,16 @@ class PeerLink:
 
     def _claim(self, after_seq: int, limit: int) -> list[ClaimedRow]:
         ctx = self.svc.ctx
-        return self.svc.outbox.claim_window(ctx.owner, self.target, after_seq, ctx.now(),
-                                            lease=ctx.lease_seconds, limit=limit)
+        return self._claimed(self.svc.outbox.submit_claim(
+            ctx.owner, self.target, after_seq, ctx.now(), lease=ctx.lease_seconds,
+            limit=limit).result(30))
+
+    def _claimed(self, window: WindowClaim) -> list[ClaimedRow]:
+        """The rows a claim leased, once the takeovers it counted are announced (as the
+        failures a link reports are: the dead link could not)."""
+        for t in window.taken_over:
+            self._announce(t.message_id, t.failed, t.attempts, t.error, taken_over=True)
+        return window.rows
 
     def _step(self) -> None:
         rec = self.svc.peers.device(self.device_id, OUTBOUND)
@@ -223,7 +231,7 @@ class PeerLink:
         dry_since: float | None = None  # since when claims find nothing to send
         claimed_at = 0.0
         checked = time.monotonic()
-        claim: Reply[list[ClaimedRow]] | None = None
+        claim: Reply[WindowClaim] | None = None
         stale = False  # acks were submitted after the outstanding claim
         acks: list[tuple[Reply[list[str]], list[str]]] = []
         link.connected(new_nonce(self.svc.random(NONCE_BYTES)))
@@ -252,7 +260,7 @@ class PeerLink:
                                          f"{HANDSHAKE_SECONDS:g} s")
                     continue  # its effects (the rows back, with a retry) come first
                 if claim is not None and claim.done():
-                    more, claim = claim.result(), None
+                    more, claim = self._claimed(claim.result()), None
                     if more:
                         dry_since, last_seq, stale = None, more[-1].seq, False
                         link.offer([_outgoing(r) for r in more])
@@ -294,7 +302,7 @@ class PeerLink:
             self._settled(acks, wait=True)
             if claim is not None:  # leased, never offered: hand back unrun
                 try:
-                    rows = claim.result(30)
+                    rows = self._claimed(claim.result(30))
                 except PersistenceError:
                     rows = []
                 if rows:
@@ -386,9 +394,15 @@ class PeerLink:
                 raise
             log.warning("retry of peer row %s refused: %s", message_id, exc)
             return
-        ctx.emit("peer_failed" if out.state.value == "failed" else "peer_retry",
-                 message_id=message_id, device_id=self.device_id, attempts=out.attempts,
-                 error=error)
+        self._announce(message_id, out.state.value == "failed", out.attempts, error)
+
+    def _announce(self, message_id: str, failed: bool, attempts: int, error: str,
+                  taken_over: bool = False) -> None:
+        """Tell observers of a failed attempt: reported by this link, or counted by a
+        claim that took the row over from a link that died (``taken_over``)."""
+        self.svc.ctx.emit("peer_failed" if failed else "peer_retry", message_id=message_id,
+                          device_id=self.device_id, attempts=attempts, error=error,
+                          taken_over=taken_over)
 
     def _release(self, ids: list[str]) -> None:
         ctx = self.svc.ctx

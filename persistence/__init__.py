@@ -43,7 +43,7 @@ from .errors import (
 )
 from .exclusive import ExclusiveLock
 from .inbox_notify import InboxListener
-from .inbox_records import Lease
+from .inbox_records import Lease, TakenOver, WindowClaim
 from .jobs import JobRecord, JobStore
 from .journal import (
     DEFAULT_LEASE_SECONDS,
@@ -117,10 +117,12 @@ __all__ = [
     "StopAsk",
     "StopRequests",
     "Tables",
+    "TakenOver",
     "TaskChange",
     "TaskRecord",
     "TaskStore",
     "TurnEntry",
+    "WindowClaim",
     "WriteTimeout",
     "WriterClosed",
     "WriterStatistics",

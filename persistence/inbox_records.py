@@ -109,6 +109,29 @@ class ClaimResult:
     have to report (a sub-agent's parent)."""
 
 
+@dataclass(frozen=True)
+class TakenOver:
+    """A row a claim took over from a worker that never answered for it, counted as a
+    failed attempt: what a reported failure tells, for the actors to announce the same."""
+
+    message_id: str
+    attempts: int
+    """Its attempts now, this one counted."""
+    failed: bool
+    """The takeover made it ``failed`` (its attempt limit): not claimed."""
+    error: str
+    """Its ``last_error`` now."""
+
+
+@dataclass(frozen=True)
+class WindowClaim:
+    """A peer link's window claim: the rows leased to it, and the rows it took over
+    (counted, not leased: they wait out their backoff, or failed)."""
+
+    rows: list[ClaimedRow]
+    taken_over: tuple[TakenOver, ...] = ()
+
+
 @dataclass(slots=True)
 class TurnEntry:
     """A transcript entry a turn commits."""

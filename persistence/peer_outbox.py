@@ -40,7 +40,7 @@ from .database import is_postgres
 from .errors import LeaseLost, RowNotFound
 from .hot_path import CLAIM_COLUMNS, INBOX, Head, HotPath, chunks, is_open
 from .inbox_core import PENDING, PROCESSING, Event, check_lease, is_claimable, transition
-from .inbox_records import ClaimedRow
+from .inbox_records import ClaimedRow, TakenOver, WindowClaim
 from .models import Tables
 from .writer import GroupCommitWriter, Reply
 
@@ -80,16 +80,16 @@ class PeerOutbox:
                            f"lease_until = {p}, updated_at = {p} WHERE message_id IN ")
 
     def _claim_op(self, owner: str, target: str, after_seq: int, now: float, lease: float,
-                  limit: int) -> list[ClaimedRow]:
+                  limit: int) -> WindowClaim:
         if is_postgres(self.t.db) and not self.t.db.execute_sql(
                 WINDOW_CLAIM_LOCK, (target,)).fetchone()[0]:
-            return []  # another claim, or a write of the device's rows, is under way
+            return WindowClaim([])  # another claim, or a write of the device's rows, is on
         rows = self._open_rows(target, after_seq, limit)
         if not rows:
-            return []
+            return WindowClaim([])
         head = rows[0] if after_seq <= 0 else self._head(target)
         if head is not None and head.seq <= after_seq and head.suspect:
-            return []  # a suspect row is out (this link's): it goes alone
+            return WindowClaim([])  # a suspect row is out (this link's): it goes alone
         taken: list[ClaimedRow] = []
         over: list[str] = []  # leases that ran out under a link: counted, not taken
         stopped = False
@@ -107,15 +107,14 @@ class PeerOutbox:
                 stopped = True
             else:
                 taken.append(ClaimedRow.from_head(r))
-        if over:
-            self._count_takeovers(over, now)
+        counted = self._count_takeovers(over, now) if over else []
         p = self.hot.p
         for ids in chunks([t.message_id for t in taken]):
             self.t.db.execute_sql(self._sql_lease + f"({', '.join([p] * len(ids))})",
                                   (PROCESSING, owner, now + lease, now, *ids))
-        return taken
+        return WindowClaim(taken, tuple(counted))
 
-    def _count_takeovers(self, ids: list[str], now: float) -> None:
+    def _count_takeovers(self, ids: list[str], now: float) -> list[TakenOver]:
         """Each of ``ids`` was leased by a link that never answered for it: a failed attempt
         (back to pending with the peer backoff, or ``failed`` at the limit), and suspect.
 
@@ -123,6 +122,7 @@ class PeerOutbox:
         window was read unlocked, and on PostgreSQL the owner may have renewed the lease,
         acknowledged the row or reported its failure since. Such a row is left as it is."""
         m = self.t.inbox
+        counted = []
         for mid, (status, owner, attempts, max_attempts, transport) in sorted(
                 self.hot.fence_rows(ids).items()):
             if status != PROCESSING:
@@ -142,9 +142,11 @@ class PeerOutbox:
             self.t.event.insert(message_id=mid, at=now, attempts=out.attempts,
                                 event="failed" if failed else "interrupted",
                                 detail=error).execute()
+            counted.append(TakenOver(mid, out.attempts, failed, error))
             if failed:
                 log.warning("peer row %s failed: taken over at attempt %d of %d (its sender "
                             "died while sending it)", mid, out.attempts, max_attempts)
+        return counted
 
     def _head(self, target: str) -> Head | None:
         rows = self._open_rows(target, 0, 1)
@@ -155,8 +157,9 @@ class PeerOutbox:
             self._sql_window, (target, after_seq, limit)).fetchall()]
 
     def submit_claim(self, owner: str, target: str, after_seq: int, now: float, *,
-                     lease: float, limit: int) -> Reply[list[ClaimedRow]]:
-        """Queue a window claim; the reply holds the leased rows once committed."""
+                     lease: float, limit: int) -> Reply[WindowClaim]:
+        """Queue a window claim; the reply holds the leased rows once committed, and the
+        takeovers it counted (for the link to announce as it does a reported failure)."""
         return self.writer.submit(
             lambda: self._claim_op(owner, target, after_seq, now, lease, limit))
 
@@ -165,7 +168,7 @@ class PeerOutbox:
         """Lease up to ``limit`` of ``target``'s open rows after ``after_seq``, in order
         (counting the takeovers it finds, and a suspect row alone: see the module)."""
         return self.submit_claim(owner, target, after_seq, now, lease=lease,
-                                 limit=limit).result(30)
+                                 limit=limit).result(30).rows
 
     def _ack_op(self, owner: str, ids: list[str], now: float) -> list[str]:
         rows = self.hot.fence_rows(ids)

@@ -11,15 +11,16 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from websockets.asyncio.server import ServerConnection
 
-from kinbox.actors import Runtime, peer_link
+from kinbox.actors import ManualClock, Runtime, peer_link
 from kinbox.persistence import NewMessage
 from kinbox.persistence.inbox_core import PEER
 from kinbox.persistence.peer_outbox import PeerOutbox
 
 from .conftest import Stores
 from .helpers import quiet_brain, wait_for
-from .peer_harness import Receiver
+from .peer_harness import FakePeer, Receiver
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -175,3 +176,46 @@ def test_a_lease_renewed_after_the_claim_read_it_is_not_counted_as_taken_over(
     r1, r2 = stores.journal.get("r1"), stores.journal.get("r2")
     assert (r1["status"], r1["lease_owner"], r1["attempts"]) == ("processing", "alive", 0)
     assert (r2["status"], r2["attempts"]) == ("delivered", 0)
+
+
+def test_a_takeover_is_announced_as_a_reported_failure_is(tmp_path: Path) -> None:
+    """The link that died could not report its rows' failed attempt; the claim that took
+    them over counted it (history, backoff, ``failed`` at the limit) but told no observer:
+    an operator watching ``peer_retry`` / ``peer_failed`` missed every sender's death."""
+    path = tmp_path / "sender.db"
+    url = f"sqlite:///{path}"
+    peer = FakePeer(_never_answer)
+    clock = ManualClock()
+    try:
+        with Runtime(db=url, brain=quiet_brain, clock=clock) as rt:
+            device = peer.grant_to(rt)
+            rt.peers.stop()  # queued, not sent: the dead runtime is simulated below
+            me = rt.create_session(None, "sender").id
+            ids = [r["message_id"] for r in
+                   rt.peers.send_many(me, f"peer:{device}", ["a", "b", "poison"])]
+        with contextlib.closing(sqlite3.connect(path)) as con, con:
+            con.execute("UPDATE agent_inbox_messages SET status = 'processing', "
+                        "lease_owner = 'a-runtime-that-died', lease_until = 0 "
+                        "WHERE transport = 'suzent_peer'")
+            con.execute("UPDATE agent_inbox_messages SET attempts = ? WHERE message_id = ?",
+                        (PEER.max_attempts - 1, ids[2]))
+        heard: dict[str, tuple[str, dict[str, object]]] = {}
+        rt = Runtime(db=url, brain=quiet_brain, clock=clock)
+        rt.subscribe(lambda event, data: heard.update(
+            {str(data["message_id"]): (event, data)} if event.startswith("peer_") else {}))
+        with rt.start():
+            wait_for(lambda: len(heard) == 3, 20, "the takeovers to be announced")
+            rows = {mid: rt.context.journal.get(mid) for mid in ids}
+        assert {mid: (event, data["attempts"], data["error"], data["taken_over"])
+                for mid, (event, data) in heard.items()} == {
+            ids[0]: ("peer_retry", 1, rows[ids[0]]["last_error"], True),
+            ids[1]: ("peer_retry", 1, rows[ids[1]]["last_error"], True),
+            ids[2]: ("peer_failed", PEER.max_attempts, rows[ids[2]]["last_error"], True)}
+        assert {rows[mid]["status"] for mid in ids} == {"pending", "failed"}
+    finally:
+        peer.close()
+
+
+async def _never_answer(ws: ServerConnection) -> None:
+    async for _text in ws:
+        pass

@@ -319,7 +319,7 @@ def test_on_postgres_two_processes_writing_and_claiming_one_devices_rows_do_not_
             both_wrote.wait(10)
             # The link's claim, in the same batch (as the writer would run it).
             return PeerOutbox(stores.tables, stores.writer)._claim_op(
-                f"w-{message_id}", target, 0, 2.0, 30, 9)
+                f"w-{message_id}", target, 0, 2.0, 30, 9).rows
         try:
             outcomes.append(stores.writer.call(op))
         except Exception as exc:
