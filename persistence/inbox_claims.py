@@ -15,7 +15,6 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any
 
 from . import inbox_core as core
 from . import set_wise
@@ -25,6 +24,7 @@ from .errors import DatabaseFailed, LeaseLost, PersistenceError, RowNotFound, Wr
 from .hot_path import CLAIM_COLUMNS, Head, HotPath
 from .inbox_records import ClaimedRow, ClaimResult, FenceRow
 from .models import InboxMessage, Tables
+from .takeovers import record_takeover
 from .writer import WRITE_TIMEOUT, Bulk, GroupCommitWriter, Reply
 
 log = logging.getLogger("kinbox.journal")
@@ -99,20 +99,13 @@ class InboxClaims:
                 found[row.message_id] = row.attempts  # killed before its brain ran
                 m.update(suspect=True).where(m.message_id == row.message_id).execute()
                 continue
-            out = core.after_interrupted_turn(row.attempts, row.max_attempts)
-            error = core.interrupted_error(out.attempts, row.max_attempts, row.lease_owner)
-            failed = out.state is core.State.FAILED
-            self.t.event.insert(message_id=row.message_id, at=now, attempts=out.attempts,
-                                event="failed" if failed else "interrupted",
-                                detail=error).execute()
-            changes: dict[str, Any] = {"attempts": out.attempts, "last_error": error,
-                                       "updated_at": now, "turn_started_at": None,
-                                       "suspect": True}
-            if failed:
-                changes.update(status=core.FAILED, lease_owner=None,
-                               lease_until=None)
-            m.update(**changes).where(m.message_id == row.message_id).execute()
-            found[row.message_id] = -1 if failed else out.attempts
+            decision = core.after_takeover(row.attempts, row.max_attempts, row.lease_owner,
+                                           now, cap=core.policy_for(row.transport).cap,
+                                           runs_now=True)
+            # Read under the claim's lock as the head it leases: no fence beyond that.
+            done = record_takeover(self.t, row.message_id, row.status, decision, now)
+            if done is not None:
+                found[row.message_id] = -1 if done.failed else done.attempts
         return found
 
     def mark_turn_started(self, owner: str, message_id: str, now: float) -> None:

@@ -157,17 +157,60 @@ def clip_error(text: str, limit: int = ERROR_LIMIT) -> str:
     return text[:head] + marker + text[-(limit - head - len(marker)):]
 
 
-def after_interrupted_turn(attempts_before: int, max_attempts: int) -> FailureOutcome:
+def after_interrupted_turn(attempts_before: int, max_attempts: int,
+                           now: float) -> FailureOutcome:
     """A claim takes over a row whose lease ran out with no commit after its turn had
     started (the process died, or was paused past its lease, inside the turn). That counts
     as an attempt, so a message whose turn kills its process ends ``failed`` after
     ``max_attempts`` such crashes instead of being claimed again on every restart for ever.
     A takeover of a row whose turn never started (killed between claim and brain) counts
-    nothing. ``PROCESSING`` means: claim it for this attempt."""
+    nothing. ``PROCESSING`` means: claim it for this attempt (``available_at`` unused)."""
     attempts = attempts_before + 1
     if attempts >= max_attempts:
-        return FailureOutcome(State.FAILED, attempts, 0.0)
-    return FailureOutcome(State.PROCESSING, attempts, 0.0)
+        return FailureOutcome(State.FAILED, attempts, now)
+    return FailureOutcome(State.PROCESSING, attempts, now)
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """The failed attempt a claim counts for a row it took over from a worker that never
+    answered for it: the row's outcome and its ``last_error``."""
+
+    outcome: FailureOutcome
+    error: str
+
+    @property
+    def failed(self) -> bool:
+        """It reached its attempt limit: ``failed``, not claimed."""
+        return self.outcome.state is State.FAILED
+
+    @property
+    def event(self) -> Event:
+        """Its transition (from ``processing``)."""
+        if self.failed:
+            return Event.FAIL
+        return Event.CLAIM if self.outcome.state is State.PROCESSING else Event.RETRY
+
+    @property
+    def history(self) -> str:
+        """The history event it records (one the failed-attempt counts read)."""
+        return "failed" if self.failed else "interrupted"
+
+
+def after_takeover(attempts_before: int, max_attempts: int, owner: str | None, now: float, *,
+                   cap: float, runs_now: bool) -> Takeover:
+    """A takeover's failed attempt, for both kinds of claim that make one.
+
+    ``runs_now``: the claim runs the row itself at once, under its new lease (the
+    dispatcher's, of a turn that was interrupted: :func:`after_interrupted_turn`). Else
+    the row goes back to wait out its transport's backoff (``cap``) and is sent alone
+    later (a peer link's, of a row a dead link never answered for: :func:`after_failure`).
+    Either way a row whose handling kills its process every time ends ``failed``."""
+    if runs_now:
+        out = after_interrupted_turn(attempts_before, max_attempts, now)
+        return Takeover(out, interrupted_error(out.attempts, max_attempts, owner))
+    out = after_failure(attempts_before, max_attempts, cap, now)
+    return Takeover(out, taken_over_error(out.attempts, max_attempts, owner))
 
 
 def interrupted_error(attempts: int, max_attempts: int, owner: str | None) -> str:

@@ -12,7 +12,7 @@ retries and failures go through the :class:`~.journal.Journal`, so the
 
 A row whose lease ran out while a link held it (its process died, or stalled past
 the lease, while sending it) is a failed attempt nobody could report: the claim that
-finds it counts it (``inbox_core.after_failure``, the peer backoff) and marks it
+finds it counts it (``inbox_core.after_takeover``, the peer backoff) and marks it
 suspect, instead of sending it again uncounted, so a row whose sending kills its
 process every time ends ``failed`` at its attempt limit rather than crash-looping for
 ever. A suspect row then goes alone, as its device's head with nothing else in flight
@@ -42,6 +42,7 @@ from .hot_path import CLAIM_COLUMNS, INBOX, Head, HotPath, chunks, is_open
 from .inbox_core import PENDING, PROCESSING, Event, check_lease, is_claimable, transition
 from .inbox_records import ClaimedRow, TakenOver, WindowClaim
 from .models import Tables
+from .takeovers import record_takeover
 from .writer import GroupCommitWriter, Reply
 
 log = logging.getLogger("kinbox.peers")
@@ -127,25 +128,17 @@ class PeerOutbox:
                 self.hot.fence_rows(ids).items()):
             if status != PROCESSING:
                 continue  # answered meanwhile
-            policy = core.policy_for(transport)
-            out = core.after_failure(attempts, max_attempts, policy.cap, now)
-            failed = out.state is core.State.FAILED
-            transition(mid, status, Event.FAIL if failed else Event.RETRY)
-            error = core.taken_over_error(out.attempts, max_attempts, owner)
-            if not m.update(status=out.state.value, attempts=out.attempts,
-                            available_at=out.available_at, last_error=error, lease_owner=None,
-                            lease_until=None, turn_started_at=None, suspect=True,
-                            updated_at=now).where(
-                    m.message_id == mid, m.status == PROCESSING, m.lease_owner == owner,
-                    m.lease_until <= now).execute():
-                continue  # its lease was renewed meanwhile: its link is alive
-            self.t.event.insert(message_id=mid, at=now, attempts=out.attempts,
-                                event="failed" if failed else "interrupted",
-                                detail=error).execute()
-            counted.append(TakenOver(mid, out.attempts, failed, error))
-            if failed:
+            decision = core.after_takeover(attempts, max_attempts, owner, now,
+                                           cap=core.policy_for(transport).cap, runs_now=False)
+            # Still the same owner's expired lease: one renewed meanwhile is a live link's.
+            done = record_takeover(self.t, mid, status, decision, now, fence=(
+                (m.status == PROCESSING) & (m.lease_owner == owner) & (m.lease_until <= now)))
+            if done is None:
+                continue
+            counted.append(done)
+            if done.failed:
                 log.warning("peer row %s failed: taken over at attempt %d of %d (its sender "
-                            "died while sending it)", mid, out.attempts, max_attempts)
+                            "died while sending it)", mid, done.attempts, max_attempts)
         return counted
 
     def _head(self, target: str) -> Head | None:

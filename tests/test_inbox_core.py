@@ -16,6 +16,7 @@ from kinbox.persistence.inbox_core import (
     RetryPolicy,
     State,
     after_failure,
+    after_takeover,
     backoff_delay,
     check_lease,
     enqueue_decision,
@@ -105,6 +106,26 @@ def test_permanent_errors_fail_at_once_whatever_the_count() -> None:
     out = after_failure(0, PEER.max_attempts, PEER.cap, 5.0, permanent=True)
     assert out.state is State.FAILED
     assert out.attempts == 1
+
+
+@pytest.mark.parametrize(("runs_now", "before", "state", "event", "history", "available"), [
+    (True, 0, State.PROCESSING, Event.CLAIM, "interrupted", 100.0),  # the claim runs it
+    (True, LOCAL.max_attempts - 1, State.FAILED, Event.FAIL, "failed", 100.0),
+    (False, 0, State.PENDING, Event.RETRY, "interrupted", 102.0),  # waits out 2 s, alone
+    (False, 2, State.PENDING, Event.RETRY, "interrupted", 108.0),
+    (False, PEER.max_attempts - 1, State.FAILED, Event.FAIL, "failed", 100.0),
+])
+def test_a_takeover_counts_one_attempt_and_says_where_the_row_goes(
+        runs_now: bool, before: int, state: State, event: Event, history: str,
+        available: float) -> None:
+    policy = LOCAL if runs_now else PEER
+    t = after_takeover(before, policy.max_attempts, "w-dead", 100.0, cap=policy.cap,
+                       runs_now=runs_now)
+    assert (t.outcome.state, t.outcome.attempts, t.outcome.available_at) == (
+        state, before + 1, available)
+    assert (t.event, t.history, t.failed) == (event, history, state is State.FAILED)
+    assert transition("m", State.PROCESSING, t.event) is state
+    assert "w-dead" in t.error and f"attempt {before + 1} of {policy.max_attempts}" in t.error
 
 
 def test_fencing_refuses_another_worker_and_non_processing_rows() -> None:
