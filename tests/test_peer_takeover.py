@@ -219,3 +219,22 @@ def test_a_takeover_is_announced_as_a_reported_failure_is(tmp_path: Path) -> Non
 async def _never_answer(ws: ServerConnection) -> None:
     async for _text in ws:
         pass
+
+
+def test_a_link_whose_rows_were_taken_over_under_it_claims_nothing_after_them(
+        stores: Stores) -> None:
+    """Why a window claim reads the device's head, not only what the link says it holds:
+    a link that stalled past its lease still thinks it holds m0 and m1 (none of them
+    suspect when it claimed them), but another claim took them over (suspect now, waiting
+    out their backoff). Its next claim after m1 must take nothing: m2 would go out ahead
+    of the suspects, beside them, instead of after them, each alone."""
+    outbox = PeerOutbox(stores.tables, stores.writer)
+    _send(stores, "m0", "m1", "m2")
+    held = outbox.claim_window("stalled", TARGET, 0, 1.0, lease=LEASE, limit=2)
+    assert [r.message_id for r in held] == ["m0", "m1"]
+    later = 1.0 + LEASE + 1
+    assert _claim(outbox, "other", later) == []  # m0, m1 counted: suspect, pending
+    assert [stores.journal.get(m)["suspect"] for m in ("m0", "m1")] == [True, True]
+    for now in (later, later + 2.0):  # before and after their backoff
+        assert _claim(outbox, "stalled", now, after_seq=held[-1].seq) == []
+    assert _claim(outbox, "other", later + 2.0) == ["m0"]
