@@ -4,12 +4,12 @@ The rows addressed to ``peer:<device_id>`` (transport ``suzent_peer``) are
 the mailbox (SPEC I7): the dispatcher never claims them; this actor leases a
 window of them (:class:`~kinbox.persistence.PeerOutbox`), opens the link,
 and feeds the socket and the :class:`~kinbox.transport.SenderLink` core
-into each other. It carries out the core's effects on the journal: ``ack``
-after the receiver's ack (which it sends only after its own commit), a
-retry with the peer backoff when the link drops or cannot open, ``failed``
-at once for a rejected payload or a refusing device, a release (no attempt
-counted) of what it holds when it stops. After a restart it simply finds its
-rows again. No rule lives here.
+into each other; :class:`~.peer_effects.LinkEffects` carries out the
+core's effects on the journal: ``ack`` after the receiver's ack (which it
+sends only after its own commit), a retry with the peer backoff when the
+link drops or cannot open, ``failed`` at once for a rejected payload or a
+refusing device, a release (no attempt counted) of what it holds when it
+stops. After a restart it simply finds its rows again. No rule lives here.
 
 Paused or revoked on this side (``kinbox peers pause|revoke --direction
 outbound``), a live link sends nothing more but waits up to
@@ -31,26 +31,16 @@ from typing import TYPE_CHECKING
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
-from ..persistence import ClaimedRow, LeaseLost, PersistenceError, WindowClaim, WriterClosed
+from ..persistence import ClaimedRow, PersistenceError, WindowClaim, WriterClosed
 from ..persistence.peers import OUTBOUND, DeviceRecord
 from ..persistence.writer import Reply
 from ..transport import frames as wire
 from ..transport import key_file
 from ..transport.errors import IdentityError, PeerUnavailable
 from ..transport.handshake import NONCE_BYTES, new_nonce
-from ..transport.link import (
-    Acked,
-    Answer,
-    Effect,
-    LinkState,
-    Outgoing,
-    Rejected,
-    Released,
-    Retry,
-    SenderLink,
-    Terminal,
-)
+from ..transport.link import LinkState, Outgoing, SenderLink
 from ..transport.peer_client import connect_link
+from .peer_effects import LinkEffects, PendingAcks
 
 if TYPE_CHECKING:
     from .peers import PeerService
@@ -94,7 +84,7 @@ class PeerLink:
         self._thread = threading.Thread(target=self._run, name=f"kinbox-peer-{device_id}",
                                         daemon=True)
         self.ws: ClientConnection | None = None
-        self._touched = 0.0
+        self.effects = LinkEffects(svc, device_id)
         self._unsealable: str | None = None
         """The sealed token this process's key could not open (said once)."""
 
@@ -146,7 +136,7 @@ class PeerLink:
         """The rows a claim leased, once the takeovers it counted are announced (as the
         failures a link reports are: the dead link could not)."""
         for t in window.taken_over:
-            self._announce(t.message_id, t.failed, t.attempts, t.error, taken_over=True)
+            self.effects.announce(t.message_id, t.failed, t.attempts, t.error, taken_over=True)
         return window.rows
 
     def _step(self) -> None:
@@ -166,7 +156,7 @@ class PeerLink:
         if token is None:  # the device is paused or revoked: its rows fail at once
             reason = rec.last_error or f"peer device {self.device_id} is {rec.status}"
             for row in rows:
-                self._retry(row.message_id, reason, permanent=True)
+                self.effects.retry(row.message_id, reason, permanent=True)
             return
         self._session(rec, rows, token)
 
@@ -205,18 +195,18 @@ class PeerLink:
                 link.refused(exc.reason)
             else:
                 link.connection_lost(str(exc))
-            self._settle_now(self._apply(link.effects(), rec))
+            self.effects.settle_now(self.effects.apply(link.effects(), rec))
         except ConnectionClosed as exc:
             if self._stop.is_set():  # closed by stop(): no lost link, nothing failed
                 link.stopped()
             else:
                 link.connection_lost(f"the link closed ({exc.rcvd.code if exc.rcvd else 'no'}"
                                      " close frame)")
-            self._settle_now(self._apply(link.effects(), rec))
+            self.effects.settle_now(self.effects.apply(link.effects(), rec))
         finally:
             self.ws = None
             link.stopped()  # what it still holds (a stop, an ended drain) goes back unrun
-            self._settle_now(self._apply(link.effects(), rec))
+            self.effects.settle_now(self.effects.apply(link.effects(), rec))
 
     def _carry(self, ws: ClientConnection, link: SenderLink, rec: DeviceRecord,
                last_seq: int) -> None:
@@ -233,7 +223,7 @@ class PeerLink:
         checked = time.monotonic()
         claim: Reply[WindowClaim] | None = None
         stale = False  # acks were submitted after the outstanding claim
-        acks: list[tuple[Reply[list[str]], list[str]]] = []
+        acks: PendingAcks = []
         link.connected(new_nonce(self.svc.random(NONCE_BYTES)))
         handshake_ends = time.monotonic() + HANDSHAKE_SECONDS
         drain_ends: float | None = None  # set once the grant here closed
@@ -242,19 +232,19 @@ class PeerLink:
             while not self._stop.is_set():
                 for text in link.frames_to_send():
                     ws.send(text)
-                acked = self._apply(link.effects(), rec)
+                acked = self.effects.apply(link.effects(), rec)
                 if acked:
                     acks.append((self.svc.outbox.submit_ack(ctx.owner, acked, ctx.now()), acked))
                     # The next claim may find rows now: a suspect row goes alone, and the
                     # rows behind it wait for its ack (a claim after it in the writer sees
                     # it; one submitted before may not, and its empty answer is stale).
                     dry_since, stale = None, claim is not None
-                acks = self._settled(acks, wait=False)
+                acks = self.effects.settled(acks, wait=False)
                 if link.state in (LinkState.IDLE, LinkState.CLOSED):
                     return
                 if not opened and link.state is LinkState.OPEN:  # the peer proved its key
-                    opened, self._touched = True, time.monotonic()
-                    self.svc.peers.touch(self.device_id, OUTBOUND, ctx.now())
+                    opened = True
+                    self.effects.opened()
                 if link.state is LinkState.HANDSHAKE and time.monotonic() > handshake_ends:
                     link.connection_lost(f"the peer did not finish the handshake within "
                                          f"{HANDSHAKE_SECONDS:g} s")
@@ -299,14 +289,14 @@ class PeerLink:
                 busy = claim is not None or bool(acks)
                 self._receive(ws, link, 0.002 if busy else 0.05 if link.held() else 0.2)
         finally:
-            self._settled(acks, wait=True)
+            self.effects.settled(acks, wait=True)
             if claim is not None:  # leased, never offered: hand back unrun
                 try:
                     rows = self._claimed(claim.result(30))
                 except PersistenceError:
                     rows = []
                 if rows:
-                    self._release([r.message_id for r in rows])
+                    self.effects.release([r.message_id for r in rows])
 
     def _still_active(self) -> bool:
         """Is this device's grant here still active? Paused or revoked on this side (``kinbox
@@ -318,32 +308,6 @@ class PeerLink:
                  rec.status if rec else "gone")
         return False
 
-    def _settled(self, acks: list[tuple[Reply[list[str]], list[str]]],
-                 wait: bool) -> list[tuple[Reply[list[str]], list[str]]]:
-        """Report the committed acks; return those still on their way."""
-        ctx = self.svc.ctx
-        waiting = []
-        for reply, ids in acks:
-            if not wait and not reply.done():
-                waiting.append((reply, ids))
-                continue
-            lost = set(reply.result(30))
-            if lost:  # another worker took them over: theirs to send and settle
-                log.warning("acks of %d peer rows to %s refused: their leases were taken "
-                            "over", len(lost), self.device_id)
-            for mid in ids:
-                if mid not in lost:
-                    ctx.emit("peer_acked", message_id=mid, device_id=self.device_id)
-            if time.monotonic() - self._touched > 1.0:  # "last seen", not per message
-                self._touched = time.monotonic()
-                self.svc.peers.touch(self.device_id, OUTBOUND, ctx.now())
-        return waiting
-
-    def _settle_now(self, acked: list[str]) -> None:
-        if acked:
-            self._settled([(self.svc.outbox.submit_ack(self.svc.ctx.owner, acked,
-                                                       self.svc.ctx.now()), acked)], wait=True)
-
     def _receive(self, ws: ClientConnection, link: SenderLink, timeout: float) -> None:
         try:
             link.receive(ws.recv(timeout))
@@ -354,64 +318,6 @@ class PeerLink:
                 link.receive(ws.recv(0))
             except TimeoutError:
                 return
-
-    # -- effects ---------------------------------------------------------------------------
-
-    def _apply(self, effects: list[Effect], rec: DeviceRecord) -> list[str]:
-        """Carry out failures at once; return the acked ids for the caller to commit."""
-        acked: list[str] = []
-        for e in effects:
-            if isinstance(e, Acked):
-                acked.extend(e.ids)
-            elif isinstance(e, Rejected):
-                self._retry(e.id, e.reason, permanent=True)
-            elif isinstance(e, Released):
-                self._release(list(e.ids))
-            elif isinstance(e, Retry):
-                if e.unproven:  # a stale URL or a stranger on it: the operator should know
-                    self.svc.unproven(rec, e.reason)
-                for mid in e.ids:
-                    self._retry(mid, e.reason, permanent=False)
-            elif isinstance(e, Terminal):
-                if not self.svc.refused_by(rec, e):
-                    # Paired again while this link spoke with the old token: the new
-                    # pairing stands, and the rows go again with it.
-                    for mid in e.ids:
-                        self._retry(mid, f"{e.reason} (an earlier pairing)", permanent=False)
-                    continue
-                for mid in e.ids:
-                    self._retry(mid, e.reason, permanent=True)
-            elif isinstance(e, Answer):
-                pass  # read/stop answers travel on their own one-shot links (peers.request)
-        return acked
-
-    def _retry(self, message_id: str, error: str, *, permanent: bool) -> None:
-        ctx = self.svc.ctx
-        try:
-            out = ctx.journal.retry(ctx.owner, message_id, error, ctx.now(), permanent=permanent)
-        except (LeaseLost, PersistenceError) as exc:
-            if isinstance(exc, WriterClosed):
-                raise
-            log.warning("retry of peer row %s refused: %s", message_id, exc)
-            return
-        self._announce(message_id, out.state.value == "failed", out.attempts, error)
-
-    def _announce(self, message_id: str, failed: bool, attempts: int, error: str,
-                  taken_over: bool = False) -> None:
-        """Tell observers of a failed attempt: reported by this link, or counted by a
-        claim that took the row over from a link that died (``taken_over``)."""
-        self.svc.ctx.emit("peer_failed" if failed else "peer_retry", message_id=message_id,
-                          device_id=self.device_id, attempts=attempts, error=error,
-                          taken_over=taken_over)
-
-    def _release(self, ids: list[str]) -> None:
-        ctx = self.svc.ctx
-        try:
-            ctx.journal.release(ctx.owner, ids, ctx.now())
-        except PersistenceError:
-            pass  # leases expire on their own
-
-
 
 def _outgoing(row: ClaimedRow) -> Outgoing:
     session = row.payload.get("session") if row.payload else None

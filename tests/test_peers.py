@@ -756,10 +756,10 @@ def test_a_refusal_of_an_earlier_pairing_leaves_the_new_one_standing(
     first = svc.pair(receiver.http, receiver.invite(), name="laptop")
     old = svc.peers.device(first.device_id, OUTBOUND)
     svc.pair(receiver.http, receiver.invite(), name="laptop")  # paired again meanwhile
-    PeerLink(svc, first.device_id)._apply([Terminal((), "unknown token")], old)  # type: ignore[arg-type]
+    PeerLink(svc, first.device_id).effects.apply([Terminal((), "unknown token")], old)  # type: ignore[arg-type]
     now = svc.peers.device(first.device_id, OUTBOUND)
     assert now is not None and now.status == "active"
-    PeerLink(svc, first.device_id)._apply([Terminal((), "revoked")], now)
+    PeerLink(svc, first.device_id).effects.apply([Terminal((), "revoked")], now)
     closed = svc.peers.device(first.device_id, OUTBOUND)
     assert closed is not None and closed.status == "revoked"
 

@@ -1,0 +1,121 @@
+"""What a peer link's events do to the journal: its sender core's effects carried out.
+
+:class:`~kinbox.transport.SenderLink` decides (pure); :class:`~.peer_link.PeerLink` moves
+frames; this carries out, row by row, what the core decided about the rows a link holds:
+acks committed (and announced once durable), retries with the peer backoff and permanent
+failures through the journal's retry (announced as ``peer_retry`` / ``peer_failed``, as
+a claim's takeover of a dead link's row is), and releases, which count no attempt.
+No rule lives here either.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ..persistence import LeaseLost, PersistenceError, WriterClosed
+from ..persistence.peers import OUTBOUND, DeviceRecord
+from ..persistence.writer import Reply
+from ..transport.link import Acked, Answer, Effect, Rejected, Released, Retry, Terminal
+
+if TYPE_CHECKING:
+    from .peers import PeerService
+
+log = logging.getLogger("kinbox.peers")
+
+PendingAcks = list[tuple[Reply[list[str]], list[str]]]
+"""Acks submitted to the writer, each with the ids it acks, not yet reported."""
+
+
+class LinkEffects:
+    """The journal side of one device's link."""
+
+    def __init__(self, svc: PeerService, device_id: str) -> None:
+        self.svc = svc
+        self.device_id = device_id
+        self._touched = 0.0
+
+    def opened(self) -> None:
+        """The peer proved its key: note the device as seen now."""
+        self._touched = time.monotonic()
+        self.svc.peers.touch(self.device_id, OUTBOUND, self.svc.ctx.now())
+
+    def settled(self, acks: PendingAcks, wait: bool) -> PendingAcks:
+        """Report the committed acks; return those still on their way."""
+        ctx = self.svc.ctx
+        waiting = []
+        for reply, ids in acks:
+            if not wait and not reply.done():
+                waiting.append((reply, ids))
+                continue
+            lost = set(reply.result(30))
+            if lost:  # another worker took them over: theirs to send and settle
+                log.warning("acks of %d peer rows to %s refused: their leases were taken "
+                            "over", len(lost), self.device_id)
+            for mid in ids:
+                if mid not in lost:
+                    ctx.emit("peer_acked", message_id=mid, device_id=self.device_id)
+            if time.monotonic() - self._touched > 1.0:  # "last seen", not per message
+                self._touched = time.monotonic()
+                self.svc.peers.touch(self.device_id, OUTBOUND, ctx.now())
+        return waiting
+
+    def settle_now(self, acked: list[str]) -> None:
+        if acked:
+            self.settled([(self.svc.outbox.submit_ack(self.svc.ctx.owner, acked,
+                                                       self.svc.ctx.now()), acked)], wait=True)
+
+    def apply(self, effects: list[Effect], rec: DeviceRecord) -> list[str]:
+        """Carry out failures at once; return the acked ids for the caller to commit."""
+        acked: list[str] = []
+        for e in effects:
+            if isinstance(e, Acked):
+                acked.extend(e.ids)
+            elif isinstance(e, Rejected):
+                self.retry(e.id, e.reason, permanent=True)
+            elif isinstance(e, Released):
+                self.release(list(e.ids))
+            elif isinstance(e, Retry):
+                if e.unproven:  # a stale URL or a stranger on it: the operator should know
+                    self.svc.unproven(rec, e.reason)
+                for mid in e.ids:
+                    self.retry(mid, e.reason, permanent=False)
+            elif isinstance(e, Terminal):
+                if not self.svc.refused_by(rec, e):
+                    # Paired again while this link spoke with the old token: the new
+                    # pairing stands, and the rows go again with it.
+                    for mid in e.ids:
+                        self.retry(mid, f"{e.reason} (an earlier pairing)", permanent=False)
+                    continue
+                for mid in e.ids:
+                    self.retry(mid, e.reason, permanent=True)
+            elif isinstance(e, Answer):
+                pass  # read/stop answers travel on their own one-shot links (peers.request)
+        return acked
+
+    def retry(self, message_id: str, error: str, *, permanent: bool) -> None:
+        ctx = self.svc.ctx
+        try:
+            out = ctx.journal.retry(ctx.owner, message_id, error, ctx.now(), permanent=permanent)
+        except (LeaseLost, PersistenceError) as exc:
+            if isinstance(exc, WriterClosed):
+                raise
+            log.warning("retry of peer row %s refused: %s", message_id, exc)
+            return
+        self.announce(message_id, out.state.value == "failed", out.attempts, error)
+
+    def announce(self, message_id: str, failed: bool, attempts: int, error: str,
+                  taken_over: bool = False) -> None:
+        """Tell observers of a failed attempt: reported by this link, or counted by a
+        claim that took the row over from a link that died (``taken_over``)."""
+        self.svc.ctx.emit("peer_failed" if failed else "peer_retry", message_id=message_id,
+                          device_id=self.device_id, attempts=attempts, error=error,
+                          taken_over=taken_over)
+
+    def release(self, ids: list[str]) -> None:
+        ctx = self.svc.ctx
+        try:
+            ctx.journal.release(ctx.owner, ids, ctx.now())
+        except PersistenceError:
+            pass  # leases expire on their own
