@@ -16,6 +16,8 @@ Pure: times come in as arguments (the next regular fire time is computed by
 - A schedule last written by a clock that read well ahead of this one (set
   back since) is due where its schedule puts it from now, not where the clock
   that was ahead put it (this holds for the Focal schedules too).
+- The two day fields (day of month, weekday) are read as crontab reads them
+  (:func:`either_day_matches`).
 
 Errors::
 
@@ -51,6 +53,15 @@ EXPRESSION_LIMIT = 512
 value of every field listed one by one is under 400; a longer one only costs CPU at each
 next-run computation (a 240 KB one took a second). Here, with the rules, so the tool
 schemas can state it."""
+
+
+def either_day_matches(day: str, weekday: str) -> bool:
+    """Does a date match when *either* day field does (else both must)? Crontab's rule
+    (Vixie cron, cronie): only when both are restricted, and a field that *begins* with
+    ``*`` (``*``, ``*/2``) is unrestricted there, however few days its step names. So
+    ``0 9 1 * 1`` runs on the 1st and on every Monday, ``0 9 */2 * 1`` only on the odd
+    days that are Mondays."""
+    return not day.startswith("*") and not weekday.startswith("*")
 
 
 class CronError(KinboxError):

@@ -7,8 +7,9 @@ epoch seconds; ``datetime`` stays inside.
 
 APScheduler 3's ``CronTrigger.from_crontab`` is not crontab: it counts weekday
 0 as Monday (crontab: Sunday, and 7 too), ANDs a restricted day of month with
-a restricted weekday (crontab: either matches), and fires a fixed local time
-twice on the night clocks go back. So the fields are read here: weekdays are
+a restricted weekday (crontab: either matches; :func:`.cron_rules.either_day_matches`
+says when a field is restricted), and fires a fixed local time twice on the
+night clocks go back. So the fields are read here: weekdays are
 translated to names, the two day fields become two triggers taken together
 (:class:`OrTrigger`), and the repeat of a wall-clock time is skipped unless
 the hour field is ``*`` (as cron does: an hourly or finer job runs on).
@@ -24,7 +25,7 @@ from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.combining import OrTrigger
 from apscheduler.triggers.cron import CronTrigger
 
-from .cron_rules import EXPRESSION_LIMIT, InvalidCronExpression, InvalidCronJob
+from .cron_rules import EXPRESSION_LIMIT, InvalidCronExpression, InvalidCronJob, either_day_matches
 from .validation import quoted, unstorable
 
 WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
@@ -106,7 +107,7 @@ def cron_trigger(expr: str, timezone: str = "UTC") -> BaseTrigger:
     minute, hour, day, month, weekday = fields
     days = crontab_weekdays(weekday, expr)
     try:
-        if day != "*" and days != "*":  # crontab: either day field matching is enough
+        if either_day_matches(day, weekday):
             return OrTrigger([
                 CronTrigger(minute=minute, hour=hour, day=day, month=month, timezone=zone),
                 CronTrigger(minute=minute, hour=hour, month=month, day_of_week=days,

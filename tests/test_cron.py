@@ -140,6 +140,42 @@ def test_weekdays_and_day_fields_mean_what_they_mean_in_crontab(expr: str,
     assert _fires(expr, FRIDAY) == fires
 
 
+@pytest.mark.parametrize(("day", "weekday", "either"), [
+    ("*", "*", False), ("*", "1", False), ("1", "*", False),
+    ("*/2", "1", False), ("1", "*/2", False), ("*/2", "*/3", False),
+    ("1-5", "1", True), ("1,15", "mon,fri", True), ("13", "5", True), ("2-30/2", "1-5", True),
+])
+def test_either_day_field_matching_is_enough_only_when_neither_begins_with_a_star(
+        day: str, weekday: str, either: bool) -> None:
+    """Crontab (Vixie cron, cronie: ``DOM_STAR``/``DOW_STAR`` are set when the field *begins*
+    with ``*``) counts ``*/2`` as unrestricted, so then both fields must match. (``?`` is
+    Quartz's, not crontab's: refused, see below.)"""
+    assert rules.either_day_matches(day, weekday) is either
+
+
+JUNE = "2026-05-31T12:00:00+00:00"
+"""The day before Monday 1 June 2026."""
+
+
+@pytest.mark.parametrize(("expr", "fires"), [
+    # odd days of the month that are Mondays (they were ORed: every odd day and every Monday)
+    ("0 9 */2 * 1", ["Mon 06-01 09:00 UTC", "Mon 06-15 09:00 UTC", "Mon 06-29 09:00 UTC"]),
+    # the 1st of the month when it is a Sunday, Tuesday, Thursday or Saturday
+    ("0 9 1 * */2", ["Sat 08-01 09:00 UTC", "Tue 09-01 09:00 UTC", "Thu 10-01 09:00 UTC"]),
+    # both restricted: the 13th, or any Friday
+    ("0 9 13 * 5", ["Fri 06-05 09:00 UTC", "Fri 06-12 09:00 UTC", "Sat 06-13 09:00 UTC"]),
+])
+def test_a_day_field_beginning_with_a_star_is_unrestricted_so_both_must_match(
+        expr: str, fires: list[str]) -> None:
+    assert _fires(expr, JUNE) == fires
+
+
+@pytest.mark.parametrize("expr", ["0 9 ? * 1", "0 9 1 * ?"])
+def test_a_question_mark_day_field_is_refused(expr: str) -> None:
+    with pytest.raises(rules.InvalidCronExpression):
+        next_fire(expr, START)
+
+
 def test_a_fixed_time_runs_once_when_clocks_go_back_and_a_frequent_job_runs_on() -> None:
     autumn = "2026-10-24T12:00:00+00:00"
     assert _fires("30 2 * * *", autumn, "Europe/Paris") == [
