@@ -4,7 +4,10 @@ The product registers one adapter per platform
 (``rt.social.register_channel("slack", send=post_to_slack)``); kinbox calls
 ``send(reply_route, text)`` once the turn that produced the reply has
 committed, so a reply is sent only if it is in the transcript. ``send`` may
-be a plain function or a coroutine function. A failing send is tried again
+be a plain function or a coroutine function: the coroutines of a runtime's
+sends all run on one event loop (:mod:`.channel_loop`), so a client the
+adapter keeps stays usable; one still running ``send_timeout`` seconds in is
+cancelled (a failed attempt, retried as any other). A failing send is tried again
 after each of ``retry_delays``; one that raised :class:`.ChannelBusy` (the
 platform's 408, 429 or 5xx; :func:`platform_error` maps an HTTP answer) no sooner
 than the platform asked (at most ``MAX_RETRY_AFTER``), one that raised
@@ -21,7 +24,6 @@ replies stay in the transcript, their outcome ``no_channel``).
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 import threading
@@ -34,6 +36,7 @@ from typing import Any
 
 from ..persistence import TurnEntry, WriterClosed
 from . import social_rules as rules
+from .channel_loop import CANCEL_GRACE, ChannelLoop
 from .context import RuntimeContext
 
 log = logging.getLogger("kinbox.social")
@@ -47,6 +50,9 @@ Send = Callable[[Mapping[str, Any], str], Any]
 
 DEFAULT_RETRY_DELAYS: tuple[float, ...] = (1.0, 2.0, 4.0)
 """Seconds to wait before each retry of a failed send (so four attempts in all)."""
+DEFAULT_SEND_TIMEOUT = 30.0
+"""Seconds an ``async def`` send may run before it is cancelled (a plain function's own
+HTTP client has to bound it: kinbox cannot interrupt a blocking call)."""
 MAX_RETRY_AFTER = 60.0
 """The longest wait a platform's ``Retry-After`` gets: the chat's next turn waits for
 its reply to leave."""
@@ -66,13 +72,13 @@ class DeliveryOutcome:
         return {"status": self.status, "attempts": self.attempts, "error": self.error}
 
 
-def call_send(send: Send, route: Mapping[str, Any], text: str) -> None:
-    """Call a sync or async ``send`` to completion on the calling (worker) thread."""
+def call_send(send: Send, route: Mapping[str, Any], text: str, loop: ChannelLoop,
+              timeout: float) -> None:
+    """Call a sync or async ``send`` to completion, the calling (worker) thread waiting; a
+    coroutine runs on the runtime's channel loop, cancelled ``timeout`` seconds in."""
     result = send(route, text)
     if inspect.isawaitable(result):
-        async def wait() -> Any:
-            return await result
-        asyncio.run(wait())
+        loop.run(result, timeout)
 
 
 def platform_error(status: int, retry_after: str | None, now: float
@@ -105,13 +111,15 @@ def _retry_after(value: str | None, now: float) -> float | None:
 
 def deliver(send: Send | None, route: Mapping[str, Any], text: str, *,
             retry_delays: tuple[float, ...] = DEFAULT_RETRY_DELAYS,
-            wait: Callable[[float], object]) -> DeliveryOutcome:
+            wait: Callable[[float], object], loop: ChannelLoop,
+            send_timeout: float = DEFAULT_SEND_TIMEOUT) -> DeliveryOutcome:
     """Send ``text`` through ``send``, retrying after each delay (or the longer wait a
     :class:`.ChannelBusy` asked, capped; never after a :class:`.ChannelRefused`); never
     raises.
 
     ``wait(seconds)`` is how the caller pauses between attempts (it returns
-    early when the runtime stops).
+    early when the runtime stops); ``loop`` runs an async ``send``, for at most
+    ``send_timeout`` seconds an attempt.
     """
     if not text:
         return DeliveryOutcome("no_reply", 0)
@@ -125,7 +133,7 @@ def deliver(send: Send | None, route: Mapping[str, Any], text: str, *,
             return DeliveryOutcome("failed", attempt - 1, f"stopped before retrying: {error}")
         asked = 0.0
         try:
-            call_send(send, route, text)
+            call_send(send, route, text, loop, send_timeout)
         except rules.ChannelRefused as exc:  # never passes: retrying only repeats it
             error = f"{type(exc).__name__}: {exc}"
             log.warning("channel send attempt %d refused for good: %s", attempt, error)
@@ -166,6 +174,10 @@ class Channels:
                  retry_delays: tuple[float, ...] = DEFAULT_RETRY_DELAYS) -> None:
         self.ctx = ctx
         self.retry_delays = retry_delays
+        self.send_timeout = DEFAULT_SEND_TIMEOUT
+        """Seconds an async send may run before it is cancelled (a failed attempt)."""
+        self.loop = ChannelLoop()
+        """Where the async sends run, for the runtime's life (:meth:`close` ends it)."""
         self.outcomes: deque[dict[str, Any]] = deque(maxlen=OUTCOMES_KEPT)
         self._stop = stop
         self._lock = threading.Lock()
@@ -193,10 +205,17 @@ class Channels:
             if channel is None and text:
                 self._hold(platform, HeldReply(session_id, route, text, cause_id))
         outcome = deliver(channel.send if channel else None, route, text,
-                          retry_delays=self.retry_delays, wait=self._stop.wait)
+                          retry_delays=self.retry_delays, wait=self._stop.wait,
+                          loop=self.loop, send_timeout=self.send_timeout)
         self.record(session_id, platform, cause_id, outcome,
                     durable=outcome.status != "no_reply")
         return outcome
+
+    def close(self, timeout: float = CANCEL_GRACE) -> None:
+        """End the async sends' loop (after the sends' threads stopped or their wait ended:
+        a send still running is cancelled, given ``timeout`` to end; a later one is
+        refused)."""
+        self.loop.close(timeout)
 
     def _hold(self, platform: str, reply: HeldReply) -> None:
         """Keep ``reply`` for ``platform``'s adapter, dropping the oldest beyond the bound.

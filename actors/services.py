@@ -6,7 +6,8 @@ where there is a brain). The order of a stop is theirs to know: the schedule
 stops before the runtime's ticker; cron and social stop taking work before
 the pool; a graceful stop gives the pool's running turns the stop's time,
 then hands the social events no turn committed to the durable inbox; a
-crash waits for nothing and hands nothing over.
+crash waits for nothing and hands nothing over. Either way the loop of the
+async channel sends ends with the pool.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from ..persistence import CronStore, JobStore
+from .channel_loop import CANCEL_GRACE
 from .context import RuntimeContext
 from .cron import CronService
 from .direct_turn import DirectTurns
@@ -61,6 +63,8 @@ class Services:
         self.social.stop()
         if self.direct is not None:
             self.direct.stop(wait=wait, timeout=timeout)
+        # The replies' sends run on the pool: ended now, or past the wait (then cancelled).
+        self.social.channels.close(CANCEL_GRACE if wait else 0.5)
         if wait:  # a graceful stop keeps what no turn committed
             self.social.hand_over()
 

@@ -18,6 +18,7 @@ import pytest
 
 from kinbox.actors import channels
 from kinbox.actors import social_rules as rules
+from kinbox.actors.channel_loop import ChannelLoop
 
 
 class Platform:
@@ -92,8 +93,12 @@ def deliver(platform: Platform, delays: tuple[float, ...] = (1.0, 2.0, 4.0)
     def wait(seconds: float) -> bool:  # no time passes: the test sees what was asked
         waits.append(seconds)
         return False
-    outcome = channels.deliver(post_to(platform), {"channel": "C9"}, "hi",
-                               retry_delays=delays, wait=wait)
+    loop = ChannelLoop()  # never started: the adapter is a plain function
+    try:
+        outcome = channels.deliver(post_to(platform), {"channel": "C9"}, "hi",
+                                   retry_delays=delays, wait=wait, loop=loop)
+    finally:
+        loop.close()
     return outcome, waits
 
 

@@ -1,0 +1,128 @@
+"""The one event loop a runtime's ``async def`` channel adapters run on.
+
+An async adapter keeps what a platform's SDK keeps: a client (httpx's
+``AsyncClient``, aiohttp's ``ClientSession``) whose pooled connections
+belong to the loop that opened them. So every async send of a runtime runs on
+one loop, for the runtime's life: a loop per send (``asyncio.run``) closed
+the connection's loop after the first send, the next post went out and its
+answer could not be read, and every retry posted again.
+
+The loop is its own thread, started by the first async send (a runtime with
+plain-function adapters never has it) and ended by :meth:`ChannelLoop.close`
+at the runtime's stop or crash. Not the async brains' loop
+(:mod:`.async_host`): a sync-brain runtime has none, an adapter that blocks
+inside ``async def`` would hold every async turn there (and be blamed on a
+brain by its stall watch), and that loop ends later in a stop than the sends
+do.
+
+A send still running ``timeout`` seconds in is cancelled on the loop, and
+the caller's :class:`TimeoutError` comes only once the cancelled coroutine
+has ended, so the retry that follows never runs beside it on the adapter's
+connection. Its post may have gone out all the same: the retry may post it
+again (at least once, as for a sync adapter whose HTTP client timed out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from .errors import RuntimeStateError
+
+log = logging.getLogger("kinbox.social")
+
+T = TypeVar("T")
+
+CANCEL_GRACE = 5.0
+"""Seconds a timed-out send is given to end once cancelled (it may clean up), and the close
+gives the sends it cancels."""
+
+
+class ChannelLoop:
+    """One event loop thread for async channel sends (any thread may call :meth:`run`)."""
+
+    def __init__(self, name: str = "kinbox-channels") -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def run(self, awaitable: Awaitable[T], timeout: float) -> T:
+        """Await ``awaitable`` on the loop; its result, or its error. :class:`TimeoutError`
+        once a send still running ``timeout`` seconds in has been cancelled and ended (or
+        did not end within :data:`CANCEL_GRACE` of it); :class:`.RuntimeStateError` once
+        the loop is closed (the runtime stopped)."""
+        loop = self._started()
+        if loop is None:
+            _discard(awaitable)
+            raise RuntimeStateError("the runtime stopped: its channel sends have ended",
+                                    state="stopped")
+        future = asyncio.run_coroutine_threadsafe(_bounded(awaitable, timeout), loop)
+        try:
+            return future.result(timeout + CANCEL_GRACE)
+        except concurrent.futures.TimeoutError:
+            future.cancel()  # a send that swallowed its cancel: cancelled again
+            raise TimeoutError(f"the send did not end within {timeout:g} s, nor "
+                               f"{CANCEL_GRACE:g} s after it was cancelled") from None
+
+    def _started(self) -> asyncio.AbstractEventLoop | None:
+        """The running loop, started on first use; None once closed."""
+        with self._lock:
+            if self._closed:
+                return None
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(target=self._loop.run_forever,
+                                                name=self._name, daemon=True)
+                self._thread.start()
+            return self._loop
+
+    def close(self, timeout: float = CANCEL_GRACE) -> None:
+        """Cancel the sends still running, give them ``timeout`` to end, end the loop and
+        its thread (any thread; later sends are refused)."""
+        with self._lock:
+            self._closed = True
+            loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(_cancel_all(timeout), loop).result(timeout + 1)
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+            pass  # a loop held by a send that never awaits: the join says so
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout)
+        if thread.is_alive():
+            log.error("the channel sends' event loop did not end: a send holds it")
+            return
+        loop.close()  # its selector's sockets, not left to the garbage collector
+
+    def running(self) -> bool:
+        """Is the loop's thread alive?"""
+        with self._lock:
+            return self._thread is not None and self._thread.is_alive()
+
+
+async def _bounded(awaitable: Awaitable[T], timeout: float) -> T:
+    # wait_for cancels the send on time-out and waits for it to end before raising.
+    return await asyncio.wait_for(awaitable, timeout)
+
+
+async def _cancel_all(timeout: float) -> None:
+    current = asyncio.current_task()
+    sends = [task for task in asyncio.all_tasks() if task is not current]
+    for task in sends:
+        task.cancel()
+    if sends:
+        await asyncio.wait(sends, timeout=timeout)
+
+
+def _discard(awaitable: Awaitable[Any]) -> None:
+    """Close a coroutine that will never run (no "never awaited" warning)."""
+    close = getattr(awaitable, "close", None)
+    if asyncio.iscoroutine(awaitable) and callable(close):
+        close()
