@@ -61,7 +61,7 @@ class CronService:
         self.gone = gone
         """Which of some owners are dead runtimes (PostgreSQL life locks), if known."""
         self._driver = ScheduleDriver(self.tick, enabled=use_apscheduler and turns is not None,
-                                      poll_seconds=poll_seconds)
+                                      now=ctx.now, poll_seconds=poll_seconds)
         self.definitions = CronJobs(store, ctx.store, ctx.now, ctx.new_id,
                                     on_change=lambda job: self._driver.wake_at(job.next_run_at,
                                                                                job.id))

@@ -97,7 +97,7 @@ class FocalSchedule:
         self.jobs = jobs
         # The poll: a wake-up another process scheduled (and stopped or died before it
         # came due) is known to this one only through the table.
-        self._driver = ScheduleDriver(self.fire_due, enabled=use_apscheduler,
+        self._driver = ScheduleDriver(self.fire_due, enabled=use_apscheduler, now=ctx.now,
                                       poll_seconds=POLL_SECONDS)
         self._use_apscheduler = use_apscheduler
 

@@ -8,6 +8,15 @@ clock the driver stays off and the runtime calls ``fire`` on every clock
 move instead, so a test of a day of schedules takes milliseconds.
 APScheduler's thread only calls ``fire``; it never holds a transaction.
 
+The times a driver is told are on the runtime's clock (on PostgreSQL the
+database server's, :class:`~kinbox.persistence.DatabaseClock`), APScheduler
+waits on this machine's wall clock: a wake-up is armed for when the runtime's
+clock reaches it, as far ahead on the wall clock as it is on the runtime's.
+Armed for the time itself, a runtime clock behind the wall clock fired early,
+found nothing due, and re-armed for a time already past on the wall clock:
+back-to-back fires (each a transaction) until the two clocks agreed; one ahead
+fired that much late.
+
 APScheduler keeps its times on the wall clock: set back, every one of them
 (the poll's too) waits for the clock to catch up. The runtime's tick, on the
 monotonic clock, calls :meth:`ScheduleDriver.keep_polling`, which fires a
@@ -35,9 +44,11 @@ process added, runs or wake-ups whose process stopped or died."""
 class ScheduleDriver:
     """Calls ``fire`` when a durable schedule may be due (system clock only)."""
 
-    def __init__(self, fire: Callable[[], object], *, enabled: bool,
+    def __init__(self, fire: Callable[[], object], *, enabled: bool, now: Callable[[], float],
                  poll_seconds: float | None = None) -> None:
+        """``now``: the runtime's clock, the one the times given to :meth:`wake_at` are on."""
         self._fire = fire
+        self._now = now
         self._poll = poll_seconds
         self._scheduler = BackgroundScheduler(timezone="UTC") if enabled else None
         self._fired = time.monotonic()  # when fire last began (or the driver was made)
@@ -92,10 +103,12 @@ class ScheduleDriver:
             self._scheduler.shutdown(wait=False)
 
     def wake_at(self, ts: float | None, key: str) -> None:
-        """Call ``fire`` at ``ts`` (epoch seconds); one wake-up per key and time."""
+        """Call ``fire`` when the runtime's clock reaches ``ts`` (epoch seconds); one wake-up
+        per key and time."""
         if self._scheduler is None or ts is None:
             return
-        self._scheduler.add_job(self._safe_fire, "date", run_date=utc(ts), id=f"{key}@{ts}",
+        at = time.time() + max(0.0, ts - self._now())  # the wall clock APScheduler waits on
+        self._scheduler.add_job(self._safe_fire, "date", run_date=utc(at), id=f"{key}@{ts}",
                                 replace_existing=True, misfire_grace_time=None)
 
     def _safe_fire(self) -> None:

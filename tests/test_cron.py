@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 import zoneinfo
 from collections.abc import Callable
 from pathlib import Path
@@ -688,8 +689,6 @@ def test_an_inbox_turn_waiting_for_a_cron_turn_that_never_ends_hands_its_row_bac
 
 
 def test_the_apscheduler_driver_fires_at_the_time_it_was_told_and_on_its_poll() -> None:
-    import time
-
     from kinbox.actors.schedule_driver import ScheduleDriver
 
     fired: list[float] = []
@@ -699,7 +698,7 @@ def test_the_apscheduler_driver_fires_at_the_time_it_was_told_and_on_its_poll() 
         fired.append(time.time())
         woken.set()
 
-    at = ScheduleDriver(fire, enabled=True)
+    at = ScheduleDriver(fire, enabled=True, now=time.time)
     at.start()
     try:
         due = time.time() + 0.2
@@ -708,13 +707,14 @@ def test_the_apscheduler_driver_fires_at_the_time_it_was_told_and_on_its_poll() 
     finally:
         at.stop()
     woken.clear()
-    polling = ScheduleDriver(fire, enabled=True, poll_seconds=0.1)
+    polling = ScheduleDriver(fire, enabled=True, now=time.time, poll_seconds=0.1)
     polling.start()
     try:
         assert woken.wait(5)
     finally:
         polling.stop()
-    off = ScheduleDriver(fire, enabled=False)  # an injected clock: the runtime ticks instead
+    # An injected clock: the runtime ticks instead.
+    off = ScheduleDriver(fire, enabled=False, now=time.time)
     off.start()
     off.wake_at(time.time(), "job")
     assert not off.enabled
@@ -747,7 +747,7 @@ def test_a_poll_a_wall_clock_set_back_stalled_is_fired_and_rearmed(
                    apscheduler.triggers.date, apscheduler.triggers.interval):
         monkeypatch.setattr(module, "datetime", WallClock)  # its readings of the wall clock
     woken = threading.Event()
-    driver = ScheduleDriver(woken.set, enabled=True, poll_seconds=0.2)
+    driver = ScheduleDriver(woken.set, enabled=True, now=time.time, poll_seconds=0.2)
     driver.start()
     try:
         assert woken.wait(5)  # the poll runs
@@ -780,7 +780,7 @@ def test_the_tick_never_waits_for_a_fire_that_began_after_its_look(
     monotonic = [1000.0]
     monkeypatch.setattr(schedule_driver, "time", SimpleNamespace(monotonic=lambda: monotonic[0]))
     fired = threading.Event()
-    driver = ScheduleDriver(fired.set, enabled=True, poll_seconds=600)
+    driver = ScheduleDriver(fired.set, enabled=True, now=lambda: 0.0, poll_seconds=600)
     real = threading.Lock()
 
     class FireBeginsAfterTheLook:
