@@ -45,6 +45,7 @@ of a turn another session started there (``agent_send``) leave the same way.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterable
@@ -55,6 +56,7 @@ from ..persistence import NewMessage, PersistenceError
 from . import channels
 from . import social_rules as rules
 from .context import HookReads, RuntimeContext, TurnEffects
+from .errors import ConfigError
 from .social_ingress import SocialIngress
 from .social_state import DEFAULT_QUEUE_BOUND, RECENT_IDS, SOCIAL_KIND, turn_message
 from .turn import Message, Turn, TurnOutcome
@@ -125,6 +127,19 @@ class SocialService(SocialIngress):
     @retry_delays.setter
     def retry_delays(self, delays: tuple[float, ...]) -> None:
         self.channels.retry_delays = tuple(delays)
+
+    @property
+    def send_timeout(self) -> float:
+        """Seconds an ``async def`` send may run before it is cancelled (a failed attempt)."""
+        return self.channels.send_timeout
+
+    @send_timeout.setter
+    def send_timeout(self, seconds: float) -> None:
+        if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
+                or not 0 < seconds < math.inf):
+            raise ConfigError(f"send_timeout is a number of seconds > 0, not {seconds!r}",
+                              field="send_timeout")
+        self.channels.send_timeout = float(seconds)
 
     @property
     def outcomes(self) -> deque[dict[str, Any]]:

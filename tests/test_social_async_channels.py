@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from kinbox.actors import RuntimeStateError
+from kinbox.actors import ConfigError, RuntimeStateError
 from kinbox.actors import social_rules as rules
 from kinbox.actors.channel_loop import ChannelLoop
 
@@ -120,7 +120,7 @@ def test_an_async_send_past_its_timeout_is_cancelled_before_it_is_retried(
     rt = make_runtime(brain=SocialBrain())
     rt.social.allow("slack", ["U1"])
     rt.social.retry_delays = (0.0, 0.0, 0.0)
-    rt.social.channels.send_timeout = 0.2
+    rt.social.send_timeout = 0.2
     steps: list[str] = []
 
     async def send(route: Mapping[str, Any], text: str) -> None:
@@ -140,6 +140,15 @@ def test_an_async_send_past_its_timeout_is_cancelled_before_it_is_retried(
     assert steps == ["start 1", "cancelled 1", "start 2", "sent 2"]
     outcome = rt.social.outcomes[-1]
     assert (outcome["status"], outcome["attempts"]) == ("sent", 2)
+
+
+@pytest.mark.parametrize("seconds", [0, -1.0, float("nan"), float("inf"), True, "5"])
+def test_a_send_timeout_is_a_finite_number_of_seconds(make_runtime: MakeRuntime,
+                                                      seconds: Any) -> None:
+    rt = make_runtime(brain=SocialBrain())
+    with pytest.raises(ConfigError) as refused:
+        rt.social.send_timeout = seconds
+    assert refused.value.field == "send_timeout" and rt.social.send_timeout == 30.0
 
 
 @pytest.mark.timeout(60)
