@@ -33,13 +33,14 @@ even past ``turn_timeout``; when the timeout stopped it, the attempt fails
 ``stop_grace`` seconds later: its turn ends as a cancelled one without it
 (its later replies and tool calls are refused), so its row and session are
 not held for good. Either way the row has exactly one outcome. A graceful
-stop of the runtime asks every turn to stop and cancels, past the same
-grace, the brains that ignore it, those of cron and social turns too: their
-turns commit as stopped by the runtime. A direct turn's thread never waits
-for a loop that has ended: it gets :class:`BrainAbandoned` and commits
-nothing. A brain that never awaits (a CPU loop, a blocking call) holds the
-loop, where no cancel reaches it: the runtime's tick finds the loop stalled
-and says whose brain holds it (:meth:`AsyncHost.watch`), and a stop lets go
+stop of the runtime asks every turn to stop and cancels, past the same grace, the
+brains that ignore it, those of cron and social turns too: their turns commit what
+they said as stopped by the runtime, and one that said nothing yet (a model call
+outlasting the grace) is handed back, to run at the next start. A direct turn's
+thread never waits for a loop that has ended: it gets :class:`BrainAbandoned` and
+commits nothing. A brain that never awaits (a CPU loop, a blocking call) holds the
+loop, where no cancel reaches it: the runtime's tick finds the loop stalled and
+says whose brain holds it (:meth:`AsyncHost.watch`), and a stop lets go
 of the direct turns waiting on it.
 """
 

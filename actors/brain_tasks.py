@@ -4,8 +4,9 @@ A mixin of :class:`~.async_host.AsyncHost`, which owns the loop, its life cycle 
 state declared here. What a brain's outcome means for its turn lives here: a brain
 cancelled because its turn was stopped by a caller commits what it said; one cancelled
 by the turn timeout, or given up on after swallowing its cancel, fails the attempt
-(:class:`TurnCancelled`); a direct turn's thread whose loop ended gets
-:class:`BrainAbandoned` and commits nothing.
+(:class:`TurnCancelled`); one the runtime's stop cancelled commits what it said, or, when
+it said nothing, is handed back (:class:`TurnCutShort`); a direct turn's thread whose
+loop ended gets :class:`BrainAbandoned` and commits nothing.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..persistence import WriterClosed
-from .running import TIMEOUT
+from .running import RUNTIME_STOP, TIMEOUT
 from .turn import Turn
-from .turn_run import take_result
+from .turn_run import TurnCutShort, take_result
 
 if TYPE_CHECKING:
     from .context import RuntimeContext
@@ -36,9 +37,10 @@ class TurnCancelled(Exception):
 
 
 class BrainAbandoned(WriterClosed):
-    """The event loop ended (the runtime crashed, or its stop gave up waiting) before the
-    async brain of a direct turn did: nothing of that turn commits (a :class:`WriterClosed`:
-    what ends a direct turn's work when the runtime stops)."""
+    """The event loop ended (the runtime crashed, or its stop gave up waiting), or the
+    runtime's stop cut the brain short (:class:`TurnCutShort`), before the async brain of
+    a direct turn ended: nothing of that turn commits (a :class:`WriterClosed`: what ends a
+    direct turn's work when the runtime stops; its run is taken over at the next start)."""
 
 
 class BrainTasks:
@@ -138,6 +140,9 @@ class BrainTasks:
             if by == TIMEOUT or by is None:
                 return TurnCancelled("the turn ignored its stop past the grace period and "
                                      "was cancelled" + (" (turn_timeout)" if by else ""))
+            if by == RUNTIME_STOP and not turn.replies:
+                return TurnCutShort(f"the runtime's stop cut the turn of {sid} short before "
+                                    "it replied: its message runs at the next start")
             return None  # stopped by a caller: commit what it said, as a stopped turn
         return own
 
@@ -159,7 +164,8 @@ class BrainTasks:
     def run_brain_blocking(self, turn: Turn) -> BaseException | None:
         """Run an async brain on ``turn`` from another thread (a cron or social turn) and
         wait for it; the error the attempt ends with, or None to commit.
-        :class:`BrainAbandoned` once the loop ended (or ends) before the brain did."""
+        :class:`BrainAbandoned` once the loop ended (or ends) before the brain did, or
+        the runtime's stop cut it short."""
         turn._run_blocking = self.blocking
         if tools_unread(self.ctx, turn):  # read here, on the turn's thread
             build_tools(turn)
@@ -170,7 +176,7 @@ class BrainTasks:
             future = self._submit(lambda: self._run_direct(turn))
             self._waiting.add(future)
         try:
-            return future.result()
+            error = future.result()
         except concurrent.futures.CancelledError:
             raise BrainAbandoned(f"the runtime stopped before the async brain of "
                                  f"{turn.session_id} ended: nothing of its turn "
@@ -178,6 +184,9 @@ class BrainTasks:
         finally:
             with self._lock:
                 self._waiting.discard(future)
+        if isinstance(error, TurnCutShort):
+            raise BrainAbandoned(str(error)) from error
+        return error
 
     async def _run_direct(self, turn: Turn) -> BaseException | None:
         """:meth:`_run_brain` for a direct turn, which a stop waits for (:meth:`_drain`)."""

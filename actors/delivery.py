@@ -22,6 +22,9 @@ event                     in phase     effects, next phase
                                        CHAIN_LIMIT-th turn, its row was taken over, or
                                        closing) -> COMMITTING
 ``brain_raised(e)``       RUNNING      RecordFailure(row id, release=steered, e) -> FAILING
+``cut_short()``           RUNNING      Release(row, each steered), Done(claim) -> DONE  (the
+                                       runtime's stop cancelled the brain before it
+                                       replied: nothing written, no attempt counted)
 ``committed(next, p)``    COMMITTING   a next row within CHAIN_LIMIT turns: StartTurn(next)
                                        -> STARTING; past it, after a taken-over row or
                                        closing: Release(next),
@@ -242,6 +245,16 @@ class Delivery:
         assert self.row is not None
         self.phase = _FAILING
         return [RecordFailure(self.row.message_id, tuple(self.steered), error)]
+
+    def cut_short(self) -> list[Effect]:
+        """The runtime's stop cancelled the brain past its grace before it replied: the
+        turn's rows go back unrun, no attempt counted, for the next start. Committed, the
+        message would be acknowledged unanswered; as a failed attempt, a deploy would cost
+        it an attempt and a backoff (and a few deploys, the message)."""
+        self._expect("cut_short", _RUNNING)
+        assert self.row is not None
+        return [*(Release(mid) for mid in (self.row.message_id, *self.steered)),
+                *self._done(True)]
 
     def committed(self, following: Row | None, plain: bool) -> list[Effect]:
         """The commit is durable; ``following`` is the next row it leased, ``plain`` says

@@ -6,8 +6,9 @@ them, so they live here once: the prompt a turn gives the model (its messages, e
 naming its speaker, headed by the turn's context where it has one), which outputs are a
 reply (only an empty one is not), how a model's tool call given as JSON text is run
 (text that is no JSON is a refusal the model reads, not a crash), and how a stop request
-reaches the framework's run (it is cancelled at once, not left to kinbox's
-``stop_grace``). No framework is imported here.
+reaches the framework's run (a caller's is cancelled at once, not left to kinbox's
+``stop_grace``; the runtime's own stop lets it finish within that grace). No framework is
+imported here.
 """
 
 from __future__ import annotations
@@ -62,16 +63,21 @@ def as_text(result: object) -> str:
 
 
 async def until_stopped(turn: Turn, run: Coroutine[Any, Any, T]) -> tuple[bool, T | None]:
-    """Run a framework's agent loop until it ends or the turn is asked to stop.
+    """Run a framework's agent loop until it ends or a caller asks the turn to stop.
 
-    ``(False, result)`` when it ended; ``(True, None)`` when a stop request came first: the
-    run is cancelled and awaited (its model call and tool calls see the cancel), so the
-    turn ends at once and commits what it had replied. Waiting for kinbox's ``stop_grace``
-    instead would leave a model call running that nobody will read."""
+    ``(False, result)`` when it ended; ``(True, None)`` when a caller's stop (``agent_stop``,
+    the timeout) came first: the run is cancelled and awaited (its model call and tool
+    calls see the cancel), so the turn ends at once and commits what it had replied.
+    Waiting for kinbox's ``stop_grace`` instead would leave a model call running that
+    nobody will read. The runtime's own stop (a deploy) is no such caller: the run goes on,
+    as a plain async brain's does, its answer within the grace committed; past the grace
+    the host cancels the brain, and this run with it."""
     task = asyncio.ensure_future(run)
     stop = asyncio.ensure_future(turn.stopped())
     try:
         await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and turn.runtime_stopping:
+            return False, await task  # a cancel of this brain cancels the run too
     finally:
         stop.cancel()
         if not task.done():

@@ -38,10 +38,13 @@ class StopFlag:
     waiter needs is made by that waiter, under one lock shared by all flags.
     """
 
-    __slots__ = ("_event", "_set", "_waiters")
+    __slots__ = ("_event", "_set", "_waiters", "by")
 
     def __init__(self) -> None:
         self._set = False
+        self.by: str | None = None
+        """Who asked the turn to stop, as the board names them (set under its lock, before
+        the flag is raised): read by a brain through ``Turn.runtime_stopping``."""
         self._event: threading.Event | None = None
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] | None = None
 
@@ -287,6 +290,7 @@ class RunningTurns:
             if now is not None and turn.stop_asked_at is None:
                 turn.stop_asked_at = now
             flag = turn.flag
+            flag.by = turn.stopped_by
         flag.set()
         return True
 

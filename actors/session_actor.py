@@ -38,6 +38,7 @@ from .turn import Message, Turn
 from .turn_run import (
     Judged,
     SyncBrainAwaitable,
+    TurnCutShort,
     judge,
     prepare,
     refused_commit,
@@ -126,6 +127,12 @@ class SessionActor(PooledActor):
         run.steered_in(self.turn.steered_ids[len(run.steered):])
         handed_back = run.unseen(unseen) if unseen else []
         run.closing = self.ctx.closed.is_set()  # stopping: the commit leases no next row
+        if isinstance(error, TurnCutShort):  # nothing of it is written: it runs again
+            self.ctx.turns.settle(self.session_id)
+            if self.turn.outbox is not None:
+                self.turn.outbox.discard()
+            log.info("%s", error)
+            return handed_back + run.cut_short()
         self.judged = judge(self.ctx, self.turn, error)
         if self.judged.outcome.ok:
             return handed_back + run.brain_returned()

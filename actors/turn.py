@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..persistence import ClaimedRow, TurnEntry
 from .errors import ConfigError, RuntimeStateError
-from .running import StopFlag
+from .running import RUNTIME_STOP, StopFlag
 from .transcript_view import from_user, speaker
 from .validation import unstorable
 
@@ -174,6 +174,14 @@ class Turn:
     def stop_requested(self) -> bool:
         """True once someone called ``agent_stop`` on this session; end the turn soon."""
         return self._stop.is_set()
+
+    @property
+    def runtime_stopping(self) -> bool:
+        """True when the stop asked is the runtime's own graceful stop (a deploy), not a
+        caller's: the turn may still finish within ``stop_grace``, and its answer commits.
+        A brain cancelled past that grace before it replied hands its message back, to
+        run at the next start."""
+        return self._stop.by == RUNTIME_STOP
 
     def wait_stop_requested(self, timeout: float) -> bool:
         """Block until a stop is requested or ``timeout`` passes; return the flag.

@@ -44,6 +44,13 @@ class SyncBrainAwaitable(TypeError):
             "kinbox awaits it on its event loop. Nothing of this attempt was committed.")
 
 
+class TurnCutShort(Exception):
+    """The runtime's graceful stop cancelled an async brain past its grace before it
+    replied (a model call outlasting a deploy's grace): nothing of the turn commits and its
+    message is handed back unacknowledged, no attempt counted, to run at the next start.
+    Committed as stopped, it would be acknowledged with no answer and never run again."""
+
+
 @dataclass(frozen=True)
 class Judged:
     """How a turn ended."""

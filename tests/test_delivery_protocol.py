@@ -30,6 +30,7 @@ EVENTS: dict[str, Callable[[dp.Delivery], list[dp.Effect]]] = {
     "unseen": lambda d: d.unseen(["m3"]),
     "brain_returned": lambda d: d.brain_returned(),
     "brain_raised": lambda d: d.brain_raised("boom"),
+    "cut_short": lambda d: d.cut_short(),
     "committed": lambda d: d.committed(None, plain=True),
     "lease_lost": lambda d: d.lease_lost(),
     "commit_refused": lambda d: d.commit_refused("IntegrityError: refused"),
@@ -40,7 +41,7 @@ EVENTS: dict[str, Callable[[dp.Delivery], list[dp.Effect]]] = {
 ALLOWED = {
     dp.Phase.IDLE: {"claimed"},
     dp.Phase.STARTING: {"started", "refused"},
-    dp.Phase.RUNNING: {"steered", "unseen", "brain_returned", "brain_raised"},
+    dp.Phase.RUNNING: {"steered", "unseen", "brain_returned", "brain_raised", "cut_short"},
     dp.Phase.COMMITTING: {"committed", "lease_lost", "commit_refused"},
     dp.Phase.FAILING: {"failure_recorded", "journal_failed"},
     dp.Phase.DONE: set(),
@@ -55,6 +56,7 @@ EXPECTED: dict[tuple[dp.Phase, str], tuple[dp.Phase, list[type]]] = {
     (dp.Phase.RUNNING, "unseen"): (dp.Phase.RUNNING, [dp.Release]),
     (dp.Phase.RUNNING, "brain_returned"): (dp.Phase.COMMITTING, [dp.Commit]),
     (dp.Phase.RUNNING, "brain_raised"): (dp.Phase.FAILING, [dp.RecordFailure]),
+    (dp.Phase.RUNNING, "cut_short"): (dp.Phase.DONE, [dp.Release, dp.Done]),
     (dp.Phase.COMMITTING, "committed"): (dp.Phase.DONE, [dp.Done]),
     (dp.Phase.COMMITTING, "lease_lost"): (dp.Phase.DONE, [dp.Done]),
     (dp.Phase.COMMITTING, "commit_refused"): (dp.Phase.FAILING, [dp.RecordFailure]),
@@ -158,6 +160,14 @@ def test_a_failed_attempt_hands_its_steering_back_and_asks_for_a_claim() -> None
     d.steered_in(["m2"])
     assert d.brain_raised("ValueError: x") == [dp.RecordFailure("m1", ("m2",), "ValueError: x")]
     assert d.failure_recorded() == [dp.Done(claim=True)]
+
+
+def test_a_turn_the_runtimes_stop_cut_short_hands_its_rows_back_with_no_attempt() -> None:
+    d = dp.Delivery()
+    d.claimed(row(1))
+    d.started()
+    d.steered_in(["m2"])
+    assert d.cut_short() == [dp.Release("m1"), dp.Release("m2"), dp.Done(claim=True)]
 
 
 def test_a_busy_session_chains_up_to_the_limit_and_its_last_commit_leases_nothing() -> None:
