@@ -459,6 +459,39 @@ def test_two_thousand_waiting_async_turns_run_on_a_bounded_number_of_threads(
     assert rt.statistics()["rows"] == {"delivered": 2000}
 
 
+@pytest.mark.xfail(strict=True, reason="a direct turn's thread waits for its async brain: "
+                   "at most DirectTurns' 4 workers' cron or social turns await a model at once")
+@pytest.mark.timeout(60)
+def test_twenty_cron_runs_waiting_on_an_async_model_all_start_on_few_threads(
+        make_runtime: MakeRuntime) -> None:
+    """Cron runs and social events are direct turns; with an ``async def`` brain each holds
+    one of the direct turns' threads while it awaits the model, so only 4 wait at once and
+    the rest queue behind them (B1: async turns wait on a model on a few threads)."""
+    release = asyncio.Event()
+    waiting: list[str] = []
+    loop_box: list[asyncio.AbstractEventLoop] = []
+
+    async def brain(turn: Turn) -> None:
+        loop_box[:] = [asyncio.get_running_loop()]
+        waiting.append(turn.session_id)
+        await release.wait()  # every run waits on "the model" at once
+        turn.reply("done")
+
+    rt = make_runtime(brain=brain)
+    jobs = [rt.cron.add(f"job {i}", "0 0 1 1 *", "cron prompt")["job_id"] for i in range(20)]
+    before = threading.active_count()
+    for job in jobs:
+        rt.cron.trigger(job)
+    try:
+        wait_for(lambda: len(waiting) == 20, timeout=5, what="20 runs waiting at once")
+        assert threading.active_count() <= before + 8  # the loop, a few workers
+    finally:
+        wait_for(lambda: bool(loop_box), what="a run on the loop")
+        loop_box[0].call_soon_threadsafe(release.set)
+        assert rt.cron.wait_idle(30)
+    assert all([r["status"] for r in rt.cron.runs(job)] == ["success"] for job in jobs)
+
+
 def test_max_async_turns_holds_rows_back_in_the_journal(make_runtime: MakeRuntime) -> None:
     running = [0]
     peak = [0]
