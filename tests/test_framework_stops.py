@@ -37,6 +37,7 @@ from kinbox.actors.pydantic_ai_brain import pydantic_ai_brain
 from kinbox.actors.running import RUNTIME_STOP
 
 from .helpers import wait_for
+from .social_helpers import event
 from .test_async_brains import after_stop
 from .test_openai_agents import ScriptModel, say
 
@@ -195,3 +196,28 @@ def test_a_cron_run_cut_short_by_the_stop_before_it_answered_commits_nothing(
     after = make_runtime()
     assert [r["status"] for r in after.cron.runs(job)] == ["running"]
     assert after.transcript(f"cron-{job}") == []
+
+
+@pytest.mark.timeout(90)
+def test_a_social_turn_cut_short_by_the_stop_runs_at_the_next_start(
+        make_runtime: MakeRuntime) -> None:
+    """Committed as stopped, the event was recorded as run with no answer (the platform
+    had its 202): now its turn commits nothing and the stop hands the event to the inbox."""
+    gate = Gate()
+    rt = make_runtime(brain=pydantic(gate), stop_grace=0.3)
+    rt.social.allow("slack", ["U1"])
+    rt.social.register_channel("slack", send=lambda route, text: None)
+    rt.social.ingest(event("summarize", event_id="Ev1"))
+    assert gate.started.wait(10)
+    rt.stop(timeout=10)
+    assert gate.cancelled.is_set()
+
+    again = Gate()
+    rt = make_runtime(brain=pydantic(again))
+    rt.social.allow("slack", ["U1"])
+    rt.social.register_channel("slack", send=lambda route, text: None)
+    assert again.started.wait(10)
+    again.open()
+    rt.run_until_idle(timeout=20)
+    texts = [e.text for e in rt.transcript("social-slack-T1")]
+    assert texts.count("the answer") == 1 and len(texts) == 3, texts  # + the delivery note
