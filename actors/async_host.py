@@ -203,13 +203,14 @@ class AsyncHost(BrainTasks):
         self._watch.tick()
 
     async def _drain(self, deadline: float) -> None:
-        """Every running turn was asked to stop. The ticker that cancels a brain past its
-        grace has stopped: a brain still running ``stop_grace`` seconds in (or at
-        ``deadline``, on the loop's clock) is cancelled here, an inbox turn's or a direct
-        turn's, so its turn commits as stopped by the runtime, as one stopped by a caller
-        does. Only a turn that still has not ended by ``deadline`` (its commit held up,
-        say) is cancelled whole: its row comes back by lease (a direct turn's thread is
-        let go with :class:`BrainAbandoned`)."""
+        """Every running turn was asked to stop. The ticker that cancels a brain past
+        its grace has stopped: a brain still running ``stop_grace`` seconds in (or at
+        ``deadline``, on the loop's clock) is cancelled here, an inbox turn's or a
+        direct turn's, so its turn commits as stopped by the runtime, as one stopped by
+        a caller does (or, having said nothing yet, hands its row back:
+        ``TurnCutShort``). Only a turn that still has not ended by ``deadline`` (its
+        commit held up, say) is cancelled whole: its row comes back by lease (a direct
+        turn's thread is let go with :class:`BrainAbandoned`)."""
         running = self._drivers | self._direct
         if not running:
             return

@@ -5,7 +5,8 @@ Schemas a model sees (``turn.tools.schemas()``) and run through ``turn.tools.cal
 model-issued ``agent_send`` is committed to the journal like any other, its arguments
 checked by kinbox's rules, and a refusal (or arguments that are not JSON) comes back to
 the model as ``{"error", "message"}`` it can act on. The turn's prompt and reply are
-those of every adapter (``framework_turns``); a stop request cancels the run at once.
+those of every adapter (``framework_turns``); a caller's stop cancels the run at once
+(the runtime's own stop lets it finish within ``stop_grace``).
 
 Nothing leaves the machine unless configured: the SDK traces every run and, by default,
 exports the traces to OpenAI's servers. Each run kinbox starts has tracing disabled

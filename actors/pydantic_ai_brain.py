@@ -7,9 +7,9 @@ journal like any other, its arguments checked by the same rules, and a
 refusal comes back to the model as ``{"error", "message"}`` it can act on.
 The turn's messages (each labelled with who sent it) are the prompt, headed by the
 turn's context where it has one (a Focal turn's global context); the agent's output is
-the turn's reply, and a stop request cancels the agent's run at once (``framework_turns``,
-as for every adapter). pydantic-ai is imported
-here only, never on kinbox's core path.
+the turn's reply, and a caller's stop cancels the agent's run at once (``framework_turns``,
+as for every adapter; the runtime's own stop lets it finish within ``stop_grace``).
+pydantic-ai is imported here only, never on kinbox's core path.
 """
 
 from __future__ import annotations
