@@ -89,14 +89,21 @@ class WatchApi:
                                    timeout)
 
     def is_idle(self) -> bool:
-        """True when no turn runs, no claim is scheduled and no row is due."""
+        """True when no turn runs, no claim is scheduled and no row is due.
+
+        The slot board and the journal are read one after the other, and a claim may
+        begin between the two reads: one that failed a child's task row has committed
+        that, but not yet the parent's wake-up (a transaction of its own, after it), so
+        the journal shows nothing runnable. Idle only when the board did not move
+        between the reads: a claim that begins moves it."""
         ctx = self._require()
+        seen = ctx.activity.changes
         snap = ctx.activity.snapshot()
         if snap["busy"] or snap["claim_pending"]:
             return False
         if self._services is not None and not self._services.is_idle():
             return False
-        return not ctx.journal.has_due(ctx.now())
+        return not ctx.journal.has_due(ctx.now()) and ctx.activity.changes == seen
 
     def run_until_idle(self, timeout: float = 10.0) -> None:
         """Wait until nothing can run before the next due time; :class:`IdleTimeout` after

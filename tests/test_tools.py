@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from kinbox.actors import ManualClock, Runtime, ToolError, Turn
+from kinbox.actors import ManualClock, Runtime, ToolError, Turn, subagents
 from kinbox.actors.focal_schedule import LATEST_WAKEUP
+from kinbox.actors.slots import Slots
 from kinbox.actors.subagents import REPORT_INTERVAL
 from kinbox.actors.transcript_view import TRUNCATED
 from kinbox.persistence import TurnEntry
@@ -764,10 +765,10 @@ def test_a_child_task_cancelled_from_another_process_tells_its_parent_while_runn
     assert rt.context.tasks.get(task_id).status == "cancelled"  # type: ignore[union-attr]
 
 
-def test_a_child_task_failed_by_its_takeovers_tells_its_parent(
-        db_url: str, clock: ManualClock, make_runtime: MakeRuntime) -> None:
-    """Its turn died with its process five times: the sixth claim makes the row failed,
-    and no turn commits to report it."""
+def _a_child_task_that_died_five_times(db_url: str, clock: ManualClock,
+                                      make_runtime: MakeRuntime) -> tuple[str, str]:
+    """A parent and its child's task, whose turn died with its process five times (the
+    next claim makes the row failed); the clock past the last lease."""
     first = make_runtime()
     parent, _, task_id = _parent_with_a_child(first)
     first.stop()
@@ -781,6 +782,14 @@ def test_a_child_task_failed_by_its_takeovers_tells_its_parent(
     finally:
         prepared.close()
     clock.advance(now - clock.now())
+    return parent, task_id
+
+
+def test_a_child_task_failed_by_its_takeovers_tells_its_parent(
+        db_url: str, clock: ManualClock, make_runtime: MakeRuntime) -> None:
+    """Its turn died with its process five times: the sixth claim makes the row failed,
+    and no turn commits to report it."""
+    parent, task_id = _a_child_task_that_died_five_times(db_url, clock, make_runtime)
     seen: list[str] = []
     rt = make_runtime(brain=lambda turn: seen.extend(m.kind for m in turn.messages))
     rt.run_until_idle()
@@ -789,6 +798,57 @@ def test_a_child_task_failed_by_its_takeovers_tells_its_parent(
     assert seen == ["subagent_result"]  # the parent's turn ran; the child's never did
     task = rt.context.tasks.get(task_id)
     assert task is not None and (task.status, task.blocked_on) == ("blocked", "error")
+
+
+@pytest.mark.timeout(60)
+def test_run_until_idle_waits_for_the_report_of_a_task_its_claim_failed(
+        db_url: str, clock: ManualClock, make_runtime: MakeRuntime,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The claim that fails a child's task row commits, and the parent's wake-up commits
+    after it, in a transaction of its own. ``is_idle`` read the slot board (no claim
+    yet), then the journal between those two commits (nothing runnable): idle, and
+    ``run_until_idle`` returned before the parent heard (once in 300 runs of the test
+    above on a loaded machine). Here the claim runs in exactly that gap."""
+    parent, _ = _a_child_task_that_died_five_times(db_url, clock, make_runtime)
+    looked, reporting, checked = threading.Event(), threading.Event(), threading.Event()
+    in_the_gap: list[bool] = []
+
+    def after_the_look(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            looked.wait(10)  # the dispatcher's first wake and claim come after the board's read
+            return real(*args, **kwargs)
+        return call
+
+    def report_after_the_check(ctx: Any, message_ids: Any) -> int:
+        if looked.is_set():  # the claim's report, not the start's look for orphans
+            reporting.set()  # the claim that failed the row has committed
+            checked.wait(10)
+        return real_report(ctx, message_ids)
+
+    real_report = subagents.report_ended
+    monkeypatch.setattr(Slots, "wake", after_the_look(Slots.wake))
+    monkeypatch.setattr(Slots, "claim_window", after_the_look(Slots.claim_window))
+    monkeypatch.setattr(subagents, "report_ended", report_after_the_check)
+    seen: list[str] = []
+    rt = make_runtime(brain=lambda turn: seen.extend(m.kind for m in turn.messages))
+    journal = rt.context.journal
+    real_has_due = journal.has_due
+
+    def has_due(now: float) -> bool:
+        if not looked.is_set():  # the first look: the board said no claim, no turn
+            looked.set()
+            in_the_gap.append(reporting.wait(10))
+            try:
+                return real_has_due(now)
+            finally:
+                checked.set()
+        return real_has_due(now)
+
+    monkeypatch.setattr(journal, "has_due", has_due)
+    rt.run_until_idle()
+    assert in_the_gap == [True]  # the journal was read between the two commits
+    assert [o for o, _ in _wakeups(rt, parent)] == ["failed"]
+    assert seen == ["subagent_result"]
 
 
 def test_a_start_reports_a_cancel_whose_report_a_crash_lost(
