@@ -61,6 +61,8 @@ class Workers:
     skewed: tuple[int, ...] = ()
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     last_kill: float = 0.0
+    ready: dict[int, float] = field(default_factory=dict)
+    """pid -> when (``time.monotonic()``) that process said it was delivering."""
     slots: dict[int, int] = field(default_factory=dict)
     """pid -> which worker (0..count-1) that process was."""
     killed: dict[int, float] = field(default_factory=dict)
@@ -79,9 +81,31 @@ class Workers:
             env.update(LD_PRELOAD=str(require_faketime()), FAKETIME=skew,
                        FAKETIME_DONT_FAKE_MONOTONIC="1")
         with open(self.logs / f"worker{i}.log", "ab") as log:
-            self.procs[i] = subprocess.Popen([sys.executable, str(CHILD), self.url], env=env,
-                                             stdout=subprocess.DEVNULL, stderr=log)
-        self.slots[self.procs[i].pid] = i
+            proc = subprocess.Popen([sys.executable, str(CHILD), self.url], env=env,
+                                    stdout=subprocess.PIPE, stderr=log)
+        self.procs[i], self.slots[proc.pid] = proc, i
+        threading.Thread(target=self._watch, args=(proc,), daemon=True).start()
+
+    def _watch(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # to its end: a full pipe would block the worker
+            if line.strip() == b"ready":
+                self.ready[proc.pid] = time.monotonic()
+
+    def victim(self, every: float) -> int | None:
+        """The worker to kill now, if any: the one that has delivered the longest, once it
+        has for ``every`` seconds and the last kill was as long ago (the first kill: as
+        soon as one delivers). Never one still starting: on a loaded machine a start
+        (imports, the runtime's) took longer than the beat, each restarted worker was
+        killed before it delivered anything, and the rows stayed where the first three
+        left them."""
+        ready = [(self.ready[p.pid], i) for i, p in self.procs.items() if p.pid in self.ready]
+        if not ready:
+            return None
+        since, i = min(ready)
+        if self.killed and time.monotonic() < max(self.last_kill, since) + every:
+            return None
+        return i
 
     def kill_and_restart(self, i: int, server_now: Any) -> None:
         proc = self.procs[i]
@@ -157,23 +181,27 @@ def send_in_background(rt: Runtime, sids: list[str], messages: int) -> threading
 
 
 def run_with_kills(db: Db, workers: Workers, total: int, every: float, deadline: float) -> int:
-    """Kill (and restart) one worker once a tenth of ``total`` rows are delivered, then one
-    every ``every`` seconds, round-robin, until all are; return how many kills there were."""
+    """Once a tenth of ``total`` rows are delivered, kill (and restart) one worker every
+    ``every`` seconds, the one delivering the longest first, until all are; return how
+    many kills there were. A restarted worker is killed only once it has delivered for
+    ``every`` seconds (:meth:`Workers.victim`): the beat slows down to the machine's
+    starts."""
     end = time.monotonic() + deadline
     wait_for(lambda: db.counts().get("delivered", 0) >= total // 10, timeout=deadline,
              what="the first deliveries")
     beat = threading.Event()  # never set: waiting on it is the kill beat
     kills = 0
     while True:
-        workers.kill_and_restart(kills % workers.count, db.now)
-        kills += 1
+        victim = None
         while time.monotonic() < end and db.counts().get("delivered", 0) < total:
-            if not beat.wait(0.05) and time.monotonic() >= workers.last_kill + every:
+            if not beat.wait(0.05) and (victim := workers.victim(every)) is not None:
                 break
         else:
             if db.counts().get("delivered", 0) >= total:
                 return kills
             raise AssertionError(f"not all delivered in {deadline}s: {db.counts()}")
+        workers.kill_and_restart(victim, db.now)
+        kills += 1
 
 
 def check_outcome(db: Db, workers: Workers, total: int) -> dict[str, int]:
