@@ -55,6 +55,30 @@ next-run computation (a 240 KB one took a second). Here, with the rules, so the 
 schemas can state it."""
 
 
+MACHINE_ZONES = {
+    "localtime": "names the zone this machine is set to, which is another on the next "
+                 "machine sharing the database",
+    "posixrules": "names the zone this machine's POSIX rules default to, which is another "
+                  "on the next machine",
+    "Factory": "is a placeholder with no local time (its abbreviation is '-00')",
+}
+"""Zone names the zone database answers but a durable schedule must not take: a job is
+stored once and fired by whichever process of a database comes first, so its time zone has
+to mean the same on every machine."""
+
+
+def zone_problem(name: str) -> str | None:
+    """Why ``name``, a zone the zone database knows, is refused as a job's time zone, or None.
+
+    Besides :data:`MACHINE_ZONES`, the ``right/`` zones count leap seconds: their clock is
+    27 s off every other zone's, so a job at 09:00 there fires at 08:59:33."""
+    if name in MACHINE_ZONES:
+        return MACHINE_ZONES[name]
+    if name.startswith("right/"):
+        return "counts leap seconds, so its clock is 27 s off UTC's and every other zone's"
+    return None
+
+
 def either_day_matches(day: str, weekday: str) -> bool:
     """Does a date match when *either* day field does (else both must)? Crontab's rule
     (Vixie cron, cronie): only when both are restricted, and a field that *begins* with

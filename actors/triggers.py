@@ -25,7 +25,13 @@ from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.combining import OrTrigger
 from apscheduler.triggers.cron import CronTrigger
 
-from .cron_rules import EXPRESSION_LIMIT, InvalidCronExpression, InvalidCronJob, either_day_matches
+from .cron_rules import (
+    EXPRESSION_LIMIT,
+    InvalidCronExpression,
+    InvalidCronJob,
+    either_day_matches,
+    zone_problem,
+)
 from .validation import quoted, unstorable
 
 WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
@@ -101,6 +107,10 @@ def cron_trigger(expr: str, timezone: str = "UTC") -> BaseTrigger:
     except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError, OSError) as exc:
         raise InvalidCronJob("timezone", f"unknown time zone {quoted(timezone)}; give an IANA "
                                          "name such as 'Europe/Paris'") from exc
+    problem = zone_problem(timezone)
+    if problem is not None:
+        raise InvalidCronJob("timezone", f"the time zone {quoted(timezone)} {problem}; give an "
+                                         "IANA name such as 'Europe/Paris'")
     fields = expr.split()
     if len(fields) != 5:
         raise InvalidCronExpression(expr, f"it has {len(fields)} fields, not 5")

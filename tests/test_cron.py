@@ -298,6 +298,11 @@ def test_an_invalid_job_is_refused_and_nothing_is_written(make_runtime: MakeRunt
     with pytest.raises(rules.InvalidCronJob, match="time zone") as info:
         rt.cron.add("j", "* * * * *", "p", timezone="Mars/Olympus")
     assert info.value.field == "timezone"
+    # Zones the zone database answers that mean another time on another machine (or none).
+    for zone in ("localtime", "posixrules", "Factory", "right/Europe/Paris"):
+        with pytest.raises(rules.InvalidCronJob, match="time zone") as info:
+            rt.cron.add("j", "* * * * *", "p", timezone=zone)
+        assert info.value.field == "timezone", zone
     assert rt.cron.jobs() == [] and [s for s in rt.sessions() if s.kind == "cron"] == []
 
 
