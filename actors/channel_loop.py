@@ -57,39 +57,45 @@ class ChannelLoop:
         once a send still running ``timeout`` seconds in has been cancelled and ended (or
         did not end within :data:`CANCEL_GRACE` of it); :class:`.RuntimeStateError` once
         the loop is closed (the runtime stopped)."""
-        loop = self._started()
-        if loop is None:
+        # Scheduled under the lock a close takes first: a send is either on the loop
+        # before the close's cancel-all (which then cancels it), or refused; never put on
+        # a loop that is closed, or stopped and never to run again.
+        with self._lock:
+            loop = self._started()
+            future = None if loop is None else asyncio.run_coroutine_threadsafe(
+                _bounded(awaitable, timeout), loop)
+        if future is None:
             _discard(awaitable)
             raise RuntimeStateError("the runtime stopped: its channel sends have ended",
                                     state="stopped")
-        future = asyncio.run_coroutine_threadsafe(_bounded(awaitable, timeout), loop)
         try:
             return future.result(timeout + CANCEL_GRACE)
-        except concurrent.futures.TimeoutError:
+        except concurrent.futures.TimeoutError:  # the builtin TimeoutError, since 3.11
+            if future.done():
+                raise  # the send's own: its time ran out on the loop, or the adapter's
             future.cancel()  # a send that swallowed its cancel: cancelled again
             raise TimeoutError(f"the send did not end within {timeout:g} s, nor "
                                f"{CANCEL_GRACE:g} s after it was cancelled") from None
 
     def _started(self) -> asyncio.AbstractEventLoop | None:
-        """The running loop, started on first use; None once closed."""
-        with self._lock:
-            if self._closed:
-                return None
-            if self._loop is None:
-                self._loop = asyncio.new_event_loop()
-                self._thread = threading.Thread(target=self._loop.run_forever,
-                                                name=self._name, daemon=True)
-                self._thread.start()
-            return self._loop
+        """The running loop, started on first use; None once closed (under the lock)."""
+        if self._closed:
+            return None
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever,
+                                            name=self._name, daemon=True)
+            self._thread.start()
+        return self._loop
 
     def close(self, timeout: float = CANCEL_GRACE) -> None:
         """Cancel the sends still running, give them ``timeout`` to end, end the loop and
         its thread (any thread; later sends are refused)."""
         with self._lock:
-            self._closed = True
+            closing, self._closed = not self._closed, True
             loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
+        if not closing or loop is None or thread is None:
+            return  # closed before (or by another thread now), or never started
         try:
             asyncio.run_coroutine_threadsafe(_cancel_all(timeout), loop).result(timeout + 1)
         except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
@@ -108,8 +114,16 @@ class ChannelLoop:
 
 
 async def _bounded(awaitable: Awaitable[T], timeout: float) -> T:
-    # wait_for cancels the send on time-out and waits for it to end before raising.
-    return await asyncio.wait_for(awaitable, timeout)
+    # The timeout cancels the send and waits for it to end before raising; whether it
+    # expired tells its TimeoutError from one the adapter raised of its own.
+    limit = asyncio.timeout(timeout)
+    try:
+        async with limit:
+            return await awaitable
+    except TimeoutError:
+        if not limit.expired():
+            raise
+        raise TimeoutError(f"the send did not end within {timeout:g} s: cancelled") from None
 
 
 async def _cancel_all(timeout: float) -> None:

@@ -120,7 +120,12 @@ class InvalidArgument(PersistenceError, ValueError):
     would read it as something else (SQLite takes a negative LIMIT as no limit at all)."""
 
     def __init__(self, field: str, value: object, expected: str) -> None:
-        shown = repr(value)
+        if isinstance(value, int) and value.bit_length() > 128:
+            # Python refuses to print an int of over 4,300 digits (and any long one says
+            # nothing a reader could check): its size stands for it.
+            shown = f"{'-' if value < 0 else ''}an integer of {value.bit_length()} bits"
+        else:
+            shown = repr(value)
         super().__init__(f"{field} must be {expected}, not "
                          f"{shown if len(shown) <= 40 else shown[:37] + '...'}")
         self.field = field

@@ -57,6 +57,11 @@ CURSOR_LIMIT = 1000
 """The longest cursor token a read takes (one holds a time and an id of at most 128
 characters, base64-encoded)."""
 
+CURSOR_ID_LIMIT = 128
+"""Longest id a cursor may name (the ids it pages over, sessions', are at most 128): a
+position no row has reads an empty page, but an id no column could hold is refused. A NUL
+is refused too: PostgreSQL takes none in a text parameter (SQLite would read it)."""
+
 
 class Keyset(NamedTuple):
     """A position in an order that never changes once a row exists, ``(at, id)`` (a
@@ -84,10 +89,13 @@ def keyset(value: object, field: str = "after") -> Keyset | None:
         try:
             text = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
             at, key = json.loads(text)
-        except (ValueError, TypeError):  # binascii.Error, JSON, not two values
-            pass
-        else:
             if (isinstance(at, int | float) and not isinstance(at, bool)
-                    and math.isfinite(at) and isinstance(key, str)):
+                    and math.isfinite(float(at)) and isinstance(key, str)
+                    and 0 < len(key) <= CURSOR_ID_LIMIT and "\x00" not in key):
+                key.encode()  # a lone surrogate: no id has one, and no driver takes it
                 return Keyset(float(at), key)
+        # binascii.Error, JSON, not two values, a lone surrogate (all ValueErrors); a
+        # time too large for a float (OverflowError).
+        except (ValueError, TypeError, OverflowError):
+            pass
     raise InvalidArgument(field, value, "a cursor a page of the listing returned")

@@ -10,6 +10,7 @@ is a real HTTP/1.1 server on 127.0.0.1 and the client the smallest keep-alive on
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import threading
 from collections.abc import Iterator, Mapping
@@ -185,9 +186,20 @@ def test_the_channel_loop_keeps_the_adapters_error_types_and_refuses_sends_once_
     async def loop_of_send() -> asyncio.AbstractEventLoop:
         return asyncio.get_running_loop()
 
+    async def own_timeout() -> None:
+        raise TimeoutError("the platform's client gave up")
+
+    async def slow() -> None:
+        await asyncio.sleep(60)  # a platform that never answers (the send's limit ends it)
+
     try:
         with pytest.raises(rules.ChannelRefused):
             loop.run(refused(), 5)
+        # The adapter's own TimeoutError keeps its words; the send's limit says its own.
+        with pytest.raises(TimeoutError, match="client gave up"):
+            loop.run(own_timeout(), 5)
+        with pytest.raises(TimeoutError, match=r"within 0\.05 s: cancelled"):
+            loop.run(slow(), 0.05)
         assert loop.run(loop_of_send(), 5) is loop.run(loop_of_send(), 5)
     finally:
         loop.close()
@@ -196,3 +208,43 @@ def test_the_channel_loop_keeps_the_adapters_error_types_and_refuses_sends_once_
     with pytest.raises(RuntimeStateError):
         loop.run(late, 5)
     assert inspect.getcoroutinestate(late) == inspect.CORO_CLOSED  # no "never awaited"
+
+
+@pytest.mark.timeout(30)
+def test_a_send_racing_the_stop_is_run_and_cancelled_or_refused_never_put_on_a_dead_loop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stop's close (another thread) comes while a send is being scheduled. Before,
+    the send took the loop under the lock and scheduled on it after letting go: a close
+    in between left it on a closed loop (a bare ``RuntimeError``, its coroutine never
+    awaited) or on a stopped one that never ran it (the sender waited out its timeout).
+    The close now waits for the scheduling, so the send is on the loop before the
+    close's cancel-all, or refused."""
+    from kinbox.actors import channel_loop
+
+    loop = ChannelLoop()
+    assert loop.run(_answer(), 5) == "posted"  # the loop runs
+    real_schedule = asyncio.run_coroutine_threadsafe
+    closed = threading.Event()
+
+    def close_meanwhile(coro: Any, target: asyncio.AbstractEventLoop) -> Any:
+        monkeypatch.undo()  # once: the close schedules its own cancel-all
+        closer = threading.Thread(target=lambda: (loop.close(), closed.set()))
+        closer.start()
+        # A close that can run now would end within this wait (it did, on the old code);
+        # one that waits for the scheduling cannot.
+        assert not closed.wait(0.5), "the close ran while a send was being scheduled"
+        return real_schedule(coro, target)
+
+    monkeypatch.setattr(channel_loop.asyncio, "run_coroutine_threadsafe", close_meanwhile)
+    send = _answer()
+    try:
+        outcome: object = loop.run(send, 5)
+    except (RuntimeStateError, concurrent.futures.CancelledError) as exc:
+        outcome = type(exc)
+    assert outcome in ("posted", RuntimeStateError, concurrent.futures.CancelledError)
+    assert closed.wait(10) and not loop.running()
+    assert inspect.getcoroutinestate(send) == inspect.CORO_CLOSED
+
+
+async def _answer() -> str:
+    return "posted"
