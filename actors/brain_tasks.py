@@ -20,9 +20,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..persistence import WriterClosed
-from .running import RUNTIME_STOP, TIMEOUT
+from .running import TIMEOUT
 from .turn import Turn
-from .turn_run import TurnCutShort, take_result
+from .turn_run import TurnCutShort, cut_short, take_result
 
 if TYPE_CHECKING:
     from .context import RuntimeContext
@@ -140,10 +140,9 @@ class BrainTasks:
             if by == TIMEOUT or by is None:
                 return TurnCancelled("the turn ignored its stop past the grace period and "
                                      "was cancelled" + (" (turn_timeout)" if by else ""))
-            if by == RUNTIME_STOP and not turn.replies:
-                return TurnCutShort(f"the runtime's stop cut the turn of {sid} short before "
-                                    "it replied: its message runs at the next start")
-            return None  # stopped by a caller: commit what it said, as a stopped turn
+            # Stopped by a caller (or the runtime's stop after it replied): commit what it
+            # said, as a stopped turn.
+            return cut_short(turn, by)
         return own
 
     async def _call(self, turn: Turn) -> BaseException | None:

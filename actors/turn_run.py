@@ -51,6 +51,17 @@ class TurnCutShort(Exception):
     Committed as stopped, it would be acknowledged with no answer and never run again."""
 
 
+def cut_short(turn: Turn, stopped_by: str | None) -> TurnCutShort | None:
+    """The one rule for a turn the runtime's stop ended: one that replied nothing is handed
+    back (:class:`TurnCutShort`), whether its brain was cancelled past the grace or ended on
+    the stop flag itself (``turn.stopped()``, ``wait_stop_requested``: what the Turn API
+    asks of it); one that replied commits what it said. None: not cut short."""
+    if stopped_by != RUNTIME_STOP or turn.replies:
+        return None
+    return TurnCutShort(f"the runtime's stop cut the turn of {turn.session_id} short before "
+                        "it replied: its message runs at the next start")
+
+
 @dataclass(frozen=True)
 class Judged:
     """How a turn ended."""
