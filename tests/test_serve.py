@@ -37,9 +37,11 @@ def brain(turn):
 
 
 def polite(turn):
-    # A long turn that ends when the runtime asks it to stop.
+    # A long turn that ends when the runtime asks it to stop, saying so (one that said
+    # nothing would be handed back, to run again at the next start).
     pathlib.Path("turn-started").write_text(turn.session_id)
     turn.wait_stop_requested(60)
+    turn.reply("stopped before the end")
 
 
 def slow(turn):

@@ -683,10 +683,12 @@ def test_session_status_is_visible_while_a_turn_runs(make_runtime: MakeRuntime) 
 # -- a child task that ends outside a turn (A1) ------------------------------------------------
 
 def _child_waits_for_its_stop(running: threading.Event, timeout: float) -> Callable[[Turn], None]:
-    """A brain whose sub-agents say they run, then wait for their stop (a long model call
-    that heeds it); every other session says nothing."""
+    """A brain whose sub-agents say they run (a reply: a turn the runtime's stop ends with
+    nothing said is handed back whole, not committed and resumed), then wait for their stop
+    (a long model call that heeds it); every other session says nothing."""
     def brain(turn: Turn) -> None:
         if turn.session_id.startswith("subagent-"):
+            turn.reply("working on it")
             running.set()
             turn.wait_stop_requested(timeout)
     return brain
