@@ -19,9 +19,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ..persistence import WRITE_TIMEOUT, Reply, WriterClosed
-from . import delivery as dp
 from .loop_calls import call_soon
-from .steps import Blocking, Step, settle_from
+from .steps import Blocking, Steps, settle_from
 
 log = logging.getLogger("kinbox.async")
 
@@ -31,15 +30,18 @@ Blocker = Callable[[Callable[[], Any]], Awaitable[Any]]
 """Runs a blocking call on a worker thread and awaits it (:meth:`.AsyncHost.blocking`)."""
 
 
-async def settle(loop: asyncio.AbstractEventLoop, blocking: Blocker,
-                 step: Step) -> list[dp.Effect]:
-    """Carry out a step (:data:`.steps.Step`) on the loop: each write is
+async def settle(loop: asyncio.AbstractEventLoop, blocking: Blocker, step: Steps[T],
+                 on_cancel: Callable[[], Exception] | None = None) -> T:
+    """Carry out a step (:data:`.steps.Steps`) on the loop: each write is
     submitted here and awaited, the writer thread answering through a callback; a
     :class:`Blocking` request runs on a blocking worker.
 
     Cancelled while a write is in flight (the runtime stops and gave up waiting), the
     write still commits: the rest of the step (its observers, its after-commit
-    notifications, such as a social reply's send) then runs on a thread of its own."""
+    notifications, such as a social reply's send) then runs on a thread of its own.
+    Cancelled during a :class:`Blocking` request, the step is closed; or, given
+    ``on_cancel``, that error is thrown into it, its clean-up running on a thread of its
+    own (a direct turn gives back its session's mark, which writes)."""
     try:
         pending = next(step)
         while True:
@@ -50,7 +52,7 @@ async def settle(loop: asyncio.AbstractEventLoop, blocking: Blocker,
                 else:
                     value = await _answer(loop, pending)
             except asyncio.CancelledError:
-                _detach(step, pending)
+                _detach(step, pending, on_cancel)
                 raise
             except Exception as exc:
                 pending = step.throw(exc)
@@ -73,8 +75,9 @@ def _answer(loop: asyncio.AbstractEventLoop, reply: Reply[T]) -> asyncio.Future[
     return future
 
 
-def _detach(step: Step, pending: Reply[Any] | Blocking) -> None:
-    if isinstance(pending, Blocking):
+def _detach(step: Steps[Any], pending: Reply[Any] | Blocking,
+            on_cancel: Callable[[], Exception] | None) -> None:
+    if isinstance(pending, Blocking) and on_cancel is None:
         # Nothing was written; the row comes back by lease. (A start waiting for
         # another turn of its session is awaited, so cancelling it registers nothing.)
         step.close()
@@ -83,7 +86,8 @@ def _detach(step: Step, pending: Reply[Any] | Blocking) -> None:
     # shuts the workers down next, dropping what they have not started, and the
     # commit's follow-ups (observers, after-commit notifications, the session's
     # slot) would go with it. Rare: only a turn given up on during its write.
-    threading.Thread(target=_finish, args=(step, pending), name="kinbox-finish",
+    thrown = on_cancel() if isinstance(pending, Blocking) and on_cancel else None
+    threading.Thread(target=_finish, args=(step, pending, thrown), name="kinbox-finish",
                      daemon=True).start()
 
 
@@ -103,11 +107,15 @@ def _time_out(future: asyncio.Future[Any], reply: Reply[Any]) -> None:
         future.set_exception(reply.withdraw(WRITE_TIMEOUT))
 
 
-def _finish(step: Step, pending: Reply[Any]) -> None:
-    """The rest of a step whose turn was cancelled during its write (on a thread of its
-    own: see :func:`_detach`)."""
+def _finish(step: Steps[Any], pending: Reply[Any] | Blocking,
+            thrown: Exception | None) -> None:
+    """The rest of a step whose turn was cancelled during its write, or during a
+    :class:`Blocking` request with ``thrown`` (on a thread of its own: see
+    :func:`_detach`)."""
     try:
-        settle_from(step, pending)
+        settle_from(step, pending if thrown is None else step.throw(thrown))
+    except StopIteration:
+        pass  # it ended on the error thrown in
     except WriterClosed:
         pass  # the runtime crashed before the commit: nothing of it is durable
     except Exception:

@@ -36,13 +36,16 @@ class Blocking:
     on_loop: Callable[[], Awaitable[Any]] | None = None
 
 
-Step = Generator[Reply[Any] | Blocking, Any, list[dp.Effect]]
-"""An effect that writes or may wait: it yields the writer's reply of each write (or a
-:class:`Blocking` request), is resumed with the answer (or has the error thrown in), and
-returns the protocol's answer."""
+Steps = Generator[Reply[Any] | Blocking, Any, T]
+"""Work that writes or may wait, returning a ``T``: it yields the writer's reply of each
+write (or a :class:`Blocking` request) and is resumed with the answer (or has the error
+thrown in). A direct turn (:mod:`.direct_turn`) is one too."""
+
+Step = Steps[list[dp.Effect]]
+"""An effect that writes or may wait: :data:`Steps` returning the protocol's answer."""
 
 
-def settle(step: Step) -> list[dp.Effect]:
+def settle(step: Steps[T]) -> T:
     """Carry out a step on this thread, waiting for each commit."""
     try:
         return settle_from(step, next(step))
@@ -50,7 +53,7 @@ def settle(step: Step) -> list[dp.Effect]:
         return stop.value  # type: ignore[no-any-return]
 
 
-def settle_from(step: Step, pending: Reply[Any] | Blocking) -> list[dp.Effect]:
+def settle_from(step: Steps[T], pending: Reply[Any] | Blocking) -> T:
     """Go on with ``step`` from its ``pending`` request on this thread."""
     try:
         while True:
