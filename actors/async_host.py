@@ -37,11 +37,12 @@ stop of the runtime asks every turn to stop and cancels, past the same grace, th
 brains that ignore it, those of cron and social turns too: their turns commit what
 they said as stopped by the runtime, and one that said nothing yet (a model call
 outlasting the grace) is handed back, to run at the next start. A direct turn's
-thread never waits for a loop that has ended: it gets :class:`BrainAbandoned` and
-commits nothing. A brain that never awaits (a CPU loop, a blocking call) holds the
-loop, where no cancel reaches it: the runtime's tick finds the loop stalled and
-says whose brain holds it (:meth:`AsyncHost.watch`), and a stop lets go
-of the direct turns waiting on it.
+driven on this loop (a cron run, a social event: :meth:`BrainTasks.drive_direct`) is
+cancelled with it as an inbox turn is, and gets :class:`BrainAbandoned` on a thread of
+its own: it commits nothing and gives its session's mark back. A brain that never
+awaits (a CPU loop, a blocking call) holds the loop, where no cancel reaches it: the
+runtime's tick finds the loop stalled and says whose brain holds it
+(:meth:`AsyncHost.watch`), and a stop lets go of the direct turns waiting on it.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ class AsyncHost(BrainTasks):
         self._direct = set()
         self._waiting = set()
         self._ended = False
-        self._drivers: set[asyncio.Task[None]] = set()  # loop thread only
+        self._drivers = set()
         self._watch = LoopWatch(self.loop, ctx.stop_grace, self._holder)
         self._draining: concurrent.futures.Future[None] | None = None
         self._stop_by = 0.0
@@ -129,7 +130,8 @@ class AsyncHost(BrainTasks):
     def _let_go(self) -> None:
         """The loop has ended (or never will): a brain on it never ends now, and the
         threads of direct turns awaiting one would wait for good (and keep the process
-        from exiting). They get :class:`BrainAbandoned`."""
+        from exiting). They get :class:`BrainAbandoned`; the direct turns driven on it
+        stop counting as in flight."""
         with self._lock:
             self._ended = True
             waiting, self._waiting = self._waiting, set()

@@ -5,8 +5,10 @@ state declared here. What a brain's outcome means for its turn lives here: a bra
 cancelled because its turn was stopped by a caller commits what it said; one cancelled
 by the turn timeout, or given up on after swallowing its cancel, fails the attempt
 (:class:`TurnCancelled`); one the runtime's stop cancelled commits what it said, or, when
-it said nothing, is handed back (:class:`TurnCutShort`); a direct turn's thread whose
-loop ended gets :class:`BrainAbandoned` and commits nothing.
+it said nothing, is handed back (:class:`TurnCutShort`); a direct turn whose loop ended
+(or whose stop gave up on it) gets :class:`BrainAbandoned` and commits nothing. A direct
+turn (a cron run, a social event) and its caller's work are driven here too
+(:meth:`drive_direct`), awaiting the brain as an inbox turn does.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..persistence import WriterClosed
+from .loop_steps import settle
 from .running import TIMEOUT
+from .steps import Steps
 from .turn import Turn
 from .turn_run import TurnCutShort, cut_short, take_result
 
@@ -57,8 +61,11 @@ class BrainTasks:
     """Per running brain: set when its turn ends without it (:meth:`_cancel_brains`)."""
     _direct: set[asyncio.Task[BaseException | None]]  # loop thread only
     """The brains direct turns (cron, social) await from their threads."""
-    _waiting: set[concurrent.futures.Future[BaseException | None]]
-    """What those threads wait on (under ``_lock``): let go when the loop ends."""
+    _waiting: set[concurrent.futures.Future[Any]]
+    """What those threads wait on, and the direct turns driven on the loop (under
+    ``_lock``): let go when the loop ends."""
+    _drivers: set[asyncio.Task[Any]]  # loop thread only
+    """The tasks driving turns: inbox turns' and direct turns' (:meth:`drive_direct`)."""
     _ended: bool  # under _lock
     running: int
     peak_running: int
@@ -187,6 +194,53 @@ class BrainTasks:
             raise BrainAbandoned(str(error)) from error
         return error
 
+    async def await_direct_brain(self, turn: Turn) -> BaseException | None:
+        """:meth:`run_brain_blocking` for a direct turn the loop drives
+        (:meth:`drive_direct`): awaited, holding no thread."""
+        turn._run_blocking = self.blocking
+        if tools_unread(self.ctx, turn):  # a read: not on the loop
+            await self.blocking(build_tools, turn)
+        error = await self._run_brain(turn)
+        if isinstance(error, TurnCutShort):
+            raise BrainAbandoned(str(error)) from error
+        return error
+
+    def drive_direct(self, make: Callable[[], Steps[Any]]
+                     ) -> concurrent.futures.Future[Any] | None:
+        """Carry out the steps of a direct turn (and its caller's work) that ``make``
+        builds on the loop (any thread); their outcome, or None once the loop has ended.
+        A stop waits for them and a crash cancels them as it does the inbox turns'
+        (:meth:`AsyncHost._drain`); cancelled, they end on a thread of their own as when
+        their loop ended (:class:`BrainAbandoned`), giving back the session's mark."""
+        with self._lock:  # the loop's end lets go of every drive registered before it
+            if self._ended:
+                return None
+            try:
+                future = self._submit(lambda: self._drive_direct(make))
+            except RuntimeError:  # the loop is closed
+                return None
+            self._waiting.add(future)
+        future.add_done_callback(self._forget)
+        return future
+
+    def _forget(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self._waiting.discard(future)
+
+    async def _drive_direct(self, make: Callable[[], Steps[Any]]) -> Any:
+        task = asyncio.current_task()
+        assert task is not None
+        self._drivers.add(task)
+        try:
+            return await settle(self.loop, self.blocking, make(), on_cancel=_abandoned)
+        except WriterClosed:
+            return None  # the runtime stopped or crashed: the tables keep the state
+        except Exception:
+            log.exception("a direct turn's work failed")
+            return None
+        finally:
+            self._drivers.discard(task)
+
     async def _run_direct(self, turn: Turn) -> BaseException | None:
         """:meth:`_run_brain` for a direct turn, which a stop waits for (:meth:`_drain`)."""
         task = asyncio.current_task()
@@ -196,6 +250,11 @@ class BrainTasks:
             return await self._run_brain(turn)
         finally:
             self._direct.discard(task)
+
+
+def _abandoned() -> BrainAbandoned:
+    return BrainAbandoned("the runtime stopped before the direct turn ended: nothing of it "
+                          "commits")
 
 
 def tools_unread(ctx: RuntimeContext, turn: Turn) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 from ..persistence import (
@@ -37,6 +38,7 @@ from .context import RuntimeContext
 from .cron_jobs import CronJobs
 from .direct_turn import DirectTurns
 from .schedule_driver import POLL_SECONDS, ScheduleDriver
+from .steps import Blocking, Steps
 from .triggers import local_time, next_fire
 from .turn import Message, Turn
 
@@ -182,7 +184,7 @@ class CronService:
         for run in [*(r for r in recorded if r.status == "running"), *taken]:
             with self._lock:
                 self._mine.add(run.id)
-            if self.turns.submit(lambda run=run: self._execute(run)) is None:
+            if self.turns.submit_steps(lambda run=run: self._execute(run)) is None:
                 with self._lock:
                     self._mine.discard(run.id)
             else:
@@ -275,15 +277,18 @@ class CronService:
 
     # -- running ---------------------------------------------------------------------------
 
-    def _execute(self, run: CronRunRecord) -> None:
+    def _execute(self, run: CronRunRecord) -> Steps[None]:
+        """Run ``run`` as a turn and record how it ended (a :data:`.steps.Steps`: on the
+        event loop of an async brain its waits hold no thread)."""
         assert self.turns is not None
         try:
-            job = self.store.get(run.job_id)
+            job = yield Blocking(partial(self.store.get, run.job_id))
             if job is None:
                 return
-            sid = self.definitions.ensure_session(job)
+            sid = yield Blocking(partial(self.definitions.ensure_session, job))
             now = self.ctx.now()
-            earlier = [r for r in self.store.runs(job.id, limit=5) if r.id != run.id
+            recent = yield Blocking(partial(self.store.runs, job.id, limit=5))
+            earlier = [r for r in recent if r.id != run.id
                        and r.started_at <= run.started_at and r.error != rules.PREVIOUS_ACTIVE]
             last = local_time(earlier[0].started_at, job.timezone) if earlier else None
             text = (rules.reminder(job.name, local_time(now, job.timezone), last)
@@ -299,11 +304,12 @@ class CronService:
                     job_changes=lambda _j: {"retry_count": 0, "last_result": result,
                                             "last_error": None})]
 
-            done = self.turns.run(sid, [message], commit_ops=commit_ops)
+            done = yield from self.turns.run_steps(sid, [message], commit_ops=commit_ops)
             if done.committed:
-                self._finished(job, run, "success", _summary(done.turn), None)
+                yield Blocking(partial(self._finished, job, run, "success",
+                                       _summary(done.turn), None))
             elif not done.outcome.ok:
-                self._fail(job, run, done.error or "the turn failed")
+                yield Blocking(partial(self._fail, job, run, done.error or "the turn failed"))
             else:
                 log.warning("cron run %s was not committed: %s", run.id, done.error)
         finally:

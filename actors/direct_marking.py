@@ -11,10 +11,13 @@ left behind would keep the session's messages from ever being claimed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from functools import partial
 
 from ..persistence import PersistenceError, WriterClosed
 from .context import RuntimeContext
+from .steps import Blocking, Steps
 
 log = logging.getLogger("kinbox.direct")
 
@@ -33,31 +36,47 @@ MARK_RETRY_SECONDS = 0.2
 """How often a direct turn waiting for its session's inbox turn looks again."""
 
 
-def wait_to_mark(ctx: RuntimeContext, session_id: str, turn_id: str) -> None:
+def wait_to_mark(ctx: RuntimeContext, session_id: str, turn_id: str) -> Steps[None]:
     """Mark the session's direct turn (:meth:`SessionStore.take_direct_turn`: once
     no other runtime's direct turn holds it), then wait for the inbox turns other
     runtimes run of it to end; the mark keeps them from starting more. One of this
     process's it waits for in memory (``RunningTurns.begin``); a stop that comes
-    meanwhile keeps the turn from starting after it (``DirectTurns._start``).
+    meanwhile keeps the turn from starting after it (``DirectTurns._start``). A
+    :data:`.steps.Steps`: its reads run where blocking is allowed, its pauses are awaited
+    on the event loop (another runtime's turn may last minutes).
 
     A stop or crash ends this wait with :class:`TurnNotStarted`: nothing of the turn
     ran, the mark is taken back, and the caller keeps its work (a social event goes
     back to be handed to the inbox; a cron run's record stays to be taken over)."""
 
+    def take() -> bool:
+        return ctx.store.take_direct_turn(session_id, ctx.owner, turn_id, ctx.now())
+
+    while not (yield Blocking(take)):
+        yield _pause(ctx, session_id)
+    try:
+        while (yield Blocking(partial(ctx.store.others_processing, session_id, ctx.owner))):
+            yield _pause(ctx, session_id)
+    except GeneratorExit:  # closed unfinished: its loop is gone, as after a kill
+        raise
+    except BaseException:
+        yield Blocking(partial(unmark, ctx, session_id, turn_id))
+        raise
+
+
+def _pause(ctx: RuntimeContext, session_id: str) -> Blocking:
+    """Wait before looking again: another process's turn of the session ends in its own
+    time and no signal crosses processes. A stop ends the wait."""
+
     def wait() -> None:
-        # Another process's turn of the session (minutes, maybe) ends in its own time
-        # and no signal crosses processes: look again now and then.
         if ctx.closed.wait(MARK_RETRY_SECONDS):
             raise TurnNotStarted(session_id)
 
-    while not ctx.store.take_direct_turn(session_id, ctx.owner, turn_id, ctx.now()):
-        wait()
-    try:
-        while ctx.store.others_processing(session_id, ctx.owner):
-            wait()
-    except BaseException:
-        unmark(ctx, session_id, turn_id)
-        raise
+    async def wait_on_loop() -> None:
+        await asyncio.sleep(MARK_RETRY_SECONDS)
+        if ctx.closed.is_set():
+            raise TurnNotStarted(session_id)
+    return Blocking(wait, on_loop=wait_on_loop)
 
 
 def unmark(ctx: RuntimeContext, session_id: str, turn_id: str) -> None:

@@ -1,12 +1,13 @@
 """The turns of social chats (SO1): one at a time per thread, each event answered once.
 
-A chat (a thread's session) runs its turns one after another on the turn
-pool: a turn starts from the chat's next event and takes its sender's later
+A chat (a thread's session) runs its turns one after another where direct
+turns run (:mod:`.direct_pool`: a pool thread, or the event loop of an async
+brain): a turn starts from the chat's next event and takes its sender's later
 events as steering; when it ends, the events it never handed its brain, then
 the sender's steering that came too late, then the others' events, are next.
 A turn that could not run at all keeps its events: the chat tries again after
 a pause (:func:`.social_rules.stall_pause`), waiting on one shared thread
-(:mod:`.delayed`), not on the pool. A turn whose commit the database refused
+(:mod:`.delayed`), not where turns run. A turn whose commit the database refused
 runs again, up to ``COMMIT_ATTEMPTS`` times. A turn's commit writes its events'
 delivery markers and is refused when one has a marker already (:func:`record_events`):
 a platform's retry that reached another runtime sharing the database commits once.
@@ -16,6 +17,7 @@ A committed turn's replies leave through the channel (:mod:`.channels`).
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 from ..persistence import DuplicateError, WriterClosed
@@ -24,6 +26,7 @@ from . import social_rules as rules
 from .context import RuntimeContext
 from .direct_turn import DirectOutcome, DirectTurns, TurnNotStarted
 from .social_state import SocialState, turn_message
+from .steps import Blocking, Steps
 from .turn import Message, Turn
 
 log = logging.getLogger("kinbox.social")
@@ -32,11 +35,12 @@ log = logging.getLogger("kinbox.social")
 class ChatTurns(SocialState):
     """Runs the chats' turns on the state's events."""
 
-    def _run_chat(self, sid: str, event: rules.SocialEvent | None) -> None:
-        """Run the chat's turns until its queue is empty (one turn at a time per chat)."""
+    def _run_chat(self, sid: str, event: rules.SocialEvent | None) -> Steps[None]:
+        """Run the chat's turns until its queue is empty (one turn at a time per chat); a
+        :data:`.steps.Steps`, so with an async brain its turns wait on the event loop."""
         assert self.turns is not None
         while event is not None and self._take(event):
-            again, stalled = self._run_one(sid, event)
+            again, stalled = yield from self._run_one(sid, event)
             with self._lock:
                 chat = self._chats[sid]
                 # What must run again came first; then steering that came after the turn's
@@ -61,7 +65,7 @@ class ChatTurns(SocialState):
         self._pauses.call_in(seconds, sid, lambda: self._resume(turns, sid, event))
 
     def _resume(self, turns: DirectTurns, sid: str, event: rules.SocialEvent) -> None:
-        turns.submit(lambda: self._run_chat(sid, event))  # None: stopping, handed over
+        turns.submit_steps(lambda: self._run_chat(sid, event))  # None: stopping, handed over
 
     def _take(self, event: rules.SocialEvent) -> bool:
         """Take ``event`` for a turn; False once a stop hands it to the inbox instead."""
@@ -72,7 +76,7 @@ class ChatTurns(SocialState):
             return True
 
     def _run_one(self, sid: str, event: rules.SocialEvent
-                 ) -> tuple[list[rules.SocialEvent], bool]:
+                 ) -> Steps[tuple[list[rules.SocialEvent], bool]]:
         """Run a turn of the chat from ``event`` (and its sender's steering); the events to
         run again, ahead of the chat's queue (those fetched for the turn that its brain was
         never handed, or all of them when the turn could not run at all), and whether it
@@ -108,9 +112,10 @@ class ChatTurns(SocialState):
                     lambda: record_events(self.ctx, sid, ran, now)]
 
         try:
-            self._ensure_session(event)
-            done = self.turns.run(sid, [turn_message(event)], fetch_steering=fetch_steering,
-                                  commit_ops=commit_ops)
+            yield Blocking(partial(self._ensure_session, event))
+            done = yield from self.turns.run_steps(sid, [turn_message(event)],
+                                                   fetch_steering=fetch_steering,
+                                                   commit_ops=commit_ops)
         except TurnNotStarted:  # stopping: they were accepted, so they go to the inbox
             with self._lock:
                 self._give_back(taken)
@@ -151,7 +156,7 @@ class ChatTurns(SocialState):
                 self._in_turn.pop(e.event_id, None)
             self._refused.pop(event.event_id, None)
         try:
-            self._conclude(sid, event, taken, done)
+            yield Blocking(partial(self._conclude, sid, event, taken, done))
         except WriterClosed:
             raise
         except Exception:  # the turn is over either way: its chat must not wait on this

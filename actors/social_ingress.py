@@ -135,5 +135,5 @@ class SocialIngress(ChatTurns):
                       event_id=event.event_id)
         if decision is rules.Route.START:
             assert self.turns is not None
-            if self.turns.submit(lambda: self._run_chat(sid, event)) is None:
+            if self.turns.submit_steps(lambda: self._run_chat(sid, event)) is None:
                 self._handled()

@@ -833,4 +833,4 @@ def test_idle_threads_leave_no_per_session_lock_behind(make_runtime: MakeRuntime
     assert rt.social.wait_idle(20)
     assert rt.social.statistics()["turns"] == 20
     direct = rt._services.direct  # the pool social and cron share: nothing public shows it
-    assert direct is not None and direct._session_locks == {}
+    assert direct is not None and direct._gate.sessions() == 0
