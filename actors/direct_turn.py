@@ -40,7 +40,7 @@ from .direct_pool import DirectPool
 from .outbox import Outbox
 from .steps import Blocking, Steps, landed, settle
 from .turn import Message, Turn, TurnOutcome
-from .turn_run import judge, prepare, take_result, turn_tools
+from .turn_run import cut_short, judge, prepare, take_result, turn_tools
 
 log = logging.getLogger("kinbox.direct")
 
@@ -173,6 +173,10 @@ class DirectTurns(DirectPool):
         try:
             yield Blocking(partial(prepare, ctx, turn))
             error = yield self._brain(turn)
+            short = None if error is not None else cut_short(
+                turn, ctx.turns.stopped_by(session_id))
+            if short is not None:  # it ended on the runtime's stop, having said nothing
+                raise BrainAbandoned(str(short))
         except GeneratorExit:
             raise
         except BrainAbandoned:  # the loop ended under it: no outcome, as after a kill

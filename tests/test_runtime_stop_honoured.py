@@ -57,3 +57,19 @@ def test_a_brain_ending_on_the_runtimes_stop_before_it_replied_is_handed_back(
     rt.stop(timeout=10)
     # Handed back (README): pending, no attempt, nothing in the transcript.
     assert after_stop(db_url, b, mid) == (("pending", 0), [], 0)
+
+
+@pytest.mark.parametrize("make_brain", [sync_brain, async_brain], ids=["sync", "async"])
+def test_a_cron_run_ending_on_the_runtimes_stop_before_it_replied_commits_nothing(
+        make_runtime: MakeRuntime, make_brain: Callable[[threading.Event], Any]) -> None:
+    """A direct turn follows the same rule: left ``running``, the next start takes the run
+    over and runs it again, as after a kill (committed, it was a ``success`` unanswered)."""
+    started = threading.Event()
+    rt = make_runtime(brain=make_brain(started), stop_grace=5.0)
+    job = rt.cron.add("tick", "* * * * *", "cron prompt")["job_id"]
+    rt.cron.trigger(job)
+    assert started.wait(10)
+    rt.stop(timeout=10)
+    after = make_runtime()
+    assert [r["status"] for r in after.cron.runs(job)] == ["running"]
+    assert after.transcript(f"cron-{job}") == []
