@@ -99,6 +99,10 @@ class Outbox:
         turn = self.turn() if self.turn is not None else None
         return turn is not None and turn.take(message_id)
 
+    def has_writes(self) -> bool:
+        """Did the turn's tool calls write anything (for its commit to carry)?"""
+        return bool(self.ops or self.after)
+
     def end(self) -> None:
         """The turn's brain has returned: later writes are refused (:meth:`add`,
         :meth:`check_open`), so what its commit takes is what the brain wrote, and a call

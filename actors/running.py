@@ -283,9 +283,12 @@ class RunningTurns:
             if turn_id is not None and turn.turn_id != turn_id:
                 return False  # another turn of the session: the one asked for is not here
             turn.stop_asked = True
-            if turn.stopped_by in (None, TIMEOUT, RUNTIME_STOP):
+            if turn.stopped_by is None or (
+                    turn.stopped_by in (TIMEOUT, RUNTIME_STOP) and by != RUNTIME_STOP):
                 # A caller's stop stays named: a runtime stopping meanwhile must not turn
-                # it into a failed attempt, retried (turn_run.judge).
+                # it into a failed attempt, retried (turn_run.judge). Nor does the runtime's
+                # stop rename a turn past its timeout: handed back uncounted, a message that
+                # always times out would run at every start for ever.
                 turn.stopped_by = by
             if now is not None and turn.stop_asked_at is None:
                 turn.stop_asked_at = now

@@ -16,7 +16,9 @@ A committed turn's replies leave through the channel (:mod:`.channels`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -155,8 +157,12 @@ class ChatTurns(SocialState):
             for e in taken:  # their turn ended: committed, or failed for good
                 self._in_turn.pop(e.event_id, None)
             self._refused.pop(event.event_id, None)
+        conclude = partial(self._conclude, sid, event, taken, done)
         try:
-            yield Blocking(partial(self._conclude, sid, event, taken, done))
+            # The replies' send may wait on a platform that is down (retries, pauses): on
+            # the direct turns' own threads, never on the event loop's blocking workers,
+            # which every async turn's tool calls and reads need.
+            yield Blocking(conclude, on_loop=partial(self._conclude_on_pool, conclude))
         except WriterClosed:
             raise
         except Exception:  # the turn is over either way: its chat must not wait on this
@@ -165,6 +171,15 @@ class ChatTurns(SocialState):
             for _ in taken:
                 self._handled()
         return back, False
+
+    async def _conclude_on_pool(self, conclude: Callable[[], None]) -> None:
+        """``conclude`` on the direct pool, awaited (an async brain's chat turn)."""
+        assert self.turns is not None
+        future = self.turns.submit(conclude)
+        if future is None:  # stopping: the pool takes no more work, so here
+            await asyncio.to_thread(conclude)
+            return
+        await asyncio.wrap_future(future)
 
     def _conclude(self, sid: str, event: rules.SocialEvent, ran: list[rules.SocialEvent],
                   done: DirectOutcome) -> None:

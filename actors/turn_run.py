@@ -52,11 +52,17 @@ class TurnCutShort(Exception):
 
 
 def cut_short(turn: Turn, stopped_by: str | None) -> TurnCutShort | None:
-    """The one rule for a turn the runtime's stop ended: one that replied nothing is handed
-    back (:class:`TurnCutShort`), whether its brain was cancelled past the grace or ended on
-    the stop flag itself (``turn.stopped()``, ``wait_stop_requested``: what the Turn API
-    asks of it); one that replied commits what it said. None: not cut short."""
-    if stopped_by != RUNTIME_STOP or turn.replies:
+    """The one rule for a turn the runtime's stop ended: one that did nothing (no reply, no
+    tool write: a send, a task change, a child) is handed back (:class:`TurnCutShort`),
+    whether its brain was cancelled past the grace or ended on the stop flag itself
+    (``turn.stopped()``, ``wait_stop_requested``: what the Turn API asks of it); one that
+    did something commits it (run again, its writes would be done twice: a child that
+    completed its task would work on it again). None: not cut short. A turn past its
+    timeout keeps that name (:meth:`.running.RunningTurns.request_stop`): a failed
+    attempt, counted."""
+    outbox = turn.outbox
+    if stopped_by != RUNTIME_STOP or turn.replies or (
+            outbox is not None and outbox.has_writes()):
         return None
     return TurnCutShort(f"the runtime's stop cut the turn of {turn.session_id} short before "
                         "it replied: its message runs at the next start")
