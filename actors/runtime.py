@@ -292,7 +292,7 @@ class Runtime(RecordsApi, WatchApi, TickApi):
         if ctx.async_host is not None:
             ctx.async_host.stop(timeout)  # running async turns finish and commit
         ctx.emit("stopped", owner=self.owner)
-        self._teardown()
+        self._teardown(timeout)
         log.info("runtime %s stopped", self.owner)
 
     def crash(self) -> None:
@@ -345,9 +345,9 @@ class Runtime(RecordsApi, WatchApi, TickApi):
     def _resolve_data_dir(self) -> Path:
         return resolve_data_dir(self.url, self.data_dir)
 
-    def _teardown(self) -> None:
+    def _teardown(self, timeout: float = 10.0) -> None:
         if self._writer is not None:
-            self._writer.stop()
+            self._writer.stop(timeout)  # the stop's timeout bounds this wait too
         self._release_ownership()
         # Every thread's connection, not the caller's alone: the thread that started the
         # runtime (or called it since) may not be the one stopping it (a signal handler's),

@@ -130,7 +130,7 @@ def test_the_starting_thread_reads_after_a_stop_from_another_thread(
 @pytest.mark.timeout(60)
 def test_a_writer_still_committing_after_the_stop_keeps_its_connection(
         tmp_path: Path, stopped_at_end: list[Runtime]) -> None:
-    """A batch that outlives the stop's wait for the writer (10 s) is still inside its
+    """A batch that outlives the stop's wait for the writer (its timeout) is still inside its
     transaction: closing every thread's connection would end it under the batch. The stop
     leaves the writer's connection to it, and the batch commits."""
     rt = Runtime(db=f"sqlite:///{tmp_path / 'kinbox.db'}", brain=quiet_brain).start()
@@ -145,6 +145,6 @@ def test_a_writer_still_committing_after_the_stop_keeps_its_connection(
 
     reply = rt.context.journal.writer.submit(slow_batch)
     assert inside.wait(10)
-    rt.stop()  # its wait for the writer ends while the batch still runs
+    rt.stop(timeout=1.0)  # its wait for the writer ends while the batch still runs
     release.set()
     assert reply.result(10) == 0
