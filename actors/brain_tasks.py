@@ -149,7 +149,7 @@ class BrainTasks:
                                      "was cancelled" + (" (turn_timeout)" if by else ""))
             # Stopped by a caller (or the runtime's stop after it replied): commit what it
             # said, as a stopped turn.
-            return cut_short(turn, by)
+            return cut_short(turn)
         return own
 
     async def _call(self, turn: Turn) -> BaseException | None:

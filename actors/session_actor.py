@@ -129,7 +129,7 @@ class SessionActor(PooledActor):
         handed_back = run.unseen(unseen) if unseen else []
         run.closing = self.ctx.closed.is_set()  # stopping: the commit leases no next row
         if error is None:  # a brain that ended on the runtime's stop, having said nothing
-            error = cut_short(self.turn, self.ctx.turns.stopped_by(self.session_id))
+            error = cut_short(self.turn)
         if isinstance(error, TurnCutShort):  # nothing of it is written: it runs again
             self.ctx.turns.settle(self.session_id)
             if self.turn.outbox is not None:

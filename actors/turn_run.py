@@ -51,7 +51,7 @@ class TurnCutShort(Exception):
     Committed as stopped, it would be acknowledged with no answer and never run again."""
 
 
-def cut_short(turn: Turn, stopped_by: str | None) -> TurnCutShort | None:
+def cut_short(turn: Turn) -> TurnCutShort | None:
     """The one rule for a turn the runtime's stop ended: one that did nothing (no reply, no
     tool write: a send, a task change, a child) is handed back (:class:`TurnCutShort`),
     whether its brain was cancelled past the grace or ended on the stop flag itself
@@ -61,7 +61,7 @@ def cut_short(turn: Turn, stopped_by: str | None) -> TurnCutShort | None:
     timeout keeps that name (:meth:`.running.RunningTurns.request_stop`): a failed
     attempt, counted."""
     outbox = turn.outbox
-    if stopped_by != RUNTIME_STOP or turn.replies or (
+    if not turn.runtime_stopping or turn.replies or (
             outbox is not None and outbox.has_writes()):
         return None
     return TurnCutShort(f"the runtime's stop cut the turn of {turn.session_id} short before "

@@ -129,7 +129,7 @@ def test_an_async_send_past_its_timeout_is_cancelled_before_it_is_retried(
         steps.append(f"start {attempt}")
         try:
             if attempt == 1:
-                await asyncio.sleep(30)  # a platform that does not answer
+                await asyncio.Event().wait()  # a platform that never answers
         except asyncio.CancelledError:
             steps.append(f"cancelled {attempt}")
             raise
@@ -162,7 +162,7 @@ def test_a_stop_cancels_a_send_still_running_and_ends_the_loop(
     async def send(route: Mapping[str, Any], text: str) -> None:
         sending.set()
         try:
-            await asyncio.sleep(30)
+            await asyncio.Event().wait()  # a platform that never answers
         except asyncio.CancelledError:
             cancelled.set()
             raise
@@ -190,7 +190,7 @@ def test_the_channel_loop_keeps_the_adapters_error_types_and_refuses_sends_once_
         raise TimeoutError("the platform's client gave up")
 
     async def slow() -> None:
-        await asyncio.sleep(60)  # a platform that never answers (the send's limit ends it)
+        await asyncio.Event().wait()  # a platform that never answers (the send's limit ends it)
 
     try:
         with pytest.raises(rules.ChannelRefused):
