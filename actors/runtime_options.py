@@ -24,7 +24,7 @@ def check_options(*, db: object, brain: Brain | None, clock: Clock | None,
     for field, value in counts.items():
         _count(field, value)
     for field, value in seconds.items():
-        _seconds(field, value)
+        check_seconds(field, value)
     if db is not None and not isinstance(db, str):
         raise ConfigError(f"db must be a database URL string, got {type(db).__name__}",
                           field="db")
@@ -36,7 +36,7 @@ def check_options(*, db: object, brain: Brain | None, clock: Clock | None,
     if ids is not None and not callable(ids):
         raise ConfigError("ids must be callable: ids() -> a new id", field="ids")
     if turn_timeout is not None:
-        _seconds("turn_timeout", turn_timeout, " or None")
+        check_seconds("turn_timeout", turn_timeout, " or None")
     if brain is not None and not callable(brain):
         raise ConfigError("brain must be callable: brain(turn)", field="brain")
 
@@ -47,8 +47,9 @@ def _count(field: str, value: object) -> None:
         raise ConfigError(f"{field} must be an integer >= 1, got {value!r}", field=field)
 
 
-def _seconds(field: str, value: object, alternative: str = "") -> None:
-    """A runtime option that is a duration: a finite number of seconds > 0."""
+def check_seconds(field: str, value: object, alternative: str = "") -> None:
+    """An option that is a duration: a finite number of seconds > 0 (the runtime's, and
+    ``rt.social.send_timeout``)."""
     if (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
             or not math.isfinite(value)):
         raise ConfigError(f"{field} must be a number of seconds > 0{alternative}, "

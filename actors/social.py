@@ -45,7 +45,6 @@ of a turn another session started there (``agent_send``) leave the same way.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterable
@@ -56,7 +55,7 @@ from ..persistence import NewMessage, PersistenceError
 from . import channels
 from . import social_rules as rules
 from .context import HookReads, RuntimeContext, TurnEffects
-from .errors import ConfigError
+from .runtime_options import check_seconds
 from .social_ingress import SocialIngress
 from .social_state import DEFAULT_QUEUE_BOUND, RECENT_IDS, SOCIAL_KIND, turn_message
 from .turn import Message, Turn, TurnOutcome
@@ -135,10 +134,7 @@ class SocialService(SocialIngress):
 
     @send_timeout.setter
     def send_timeout(self, seconds: float) -> None:
-        if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
-                or not 0 < seconds < math.inf):
-            raise ConfigError(f"send_timeout is a number of seconds > 0, not {seconds!r}",
-                              field="send_timeout")
+        check_seconds("send_timeout", seconds)
         self.channels.send_timeout = float(seconds)
 
     @property
