@@ -77,6 +77,14 @@ T = TypeVar("T")
 COMMIT_AFTER_CANCEL = 2.0
 """Seconds a stopping runtime leaves the turns whose brains it cancelled to commit, when its
 stop's timeout is already spent."""
+LAST_CANCELS = 2.0
+"""Seconds the stop's drain waits for the turns it cancelled whole to end."""
+STOP_SLACK = COMMIT_AFTER_CANCEL + LAST_CANCELS + 1.0
+"""Seconds past its timeout a stop waits, in all, for the drain and the loop's end: a free
+loop's drain ends by then; a loop a brain holds never runs it, so waiting longer only
+delays the process's exit."""
+LOOP_END_WAIT = 0.5
+"""Seconds the stop always gives the loop to end once asked, its slack spent or not."""
 
 
 class AsyncHost(BrainTasks):
@@ -148,24 +156,31 @@ class AsyncHost(BrainTasks):
             self._draining = self._submit(lambda: self._drain(self._stop_by))
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Let running turns finish (they were asked to stop), cancel the rest, end the loop."""
+        """Let running turns finish (they were asked to stop), cancel the rest, end the loop.
+        Returns at most ``timeout`` + :data:`STOP_SLACK` seconds after the stop began
+        (:meth:`begin_stop`), even when a brain that never awaits holds the loop."""
         if not self._thread.is_alive():
             return
         self.begin_stop(timeout)
         assert self._draining is not None
+        give_up = self._stop_by + STOP_SLACK  # the loop's clock: monotonic, any thread
+
+        def left() -> float:
+            return max(0.0, give_up - self.loop.time())
         waits = [self._draining]
         try:
-            self._draining.result(timeout + 5)
+            self._draining.result(left())
             # And the turns that started since (a row handed over as the stop began, which
-            # hands it back), by the same deadline.
+            # hands it back), by the same deadline; a drain that starts past it still
+            # gives the brains it cancels their time to commit.
             waits.append(self._submit(lambda: self._drain(self._stop_by)))
-            waits[-1].result(timeout + 5)
+            waits[-1].result(max(left(), STOP_SLACK))
         except Exception:
             log.warning("async turns did not finish in time; their rows come back by lease")
             for wait in waits:  # a loop held meanwhile builds neither when it gets free
                 wait.cancel()
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(5)
+        self._thread.join(max(left(), LOOP_END_WAIT))
         if self._thread.is_alive():
             log.error("the event loop of async brains did not end: %s; the turns on it "
                       "never commit here, their rows come back by lease", self._holder())
@@ -227,7 +242,7 @@ class AsyncHost(BrainTasks):
         for task in late:
             task.cancel()
         if late:
-            await asyncio.wait(late, timeout=2)
+            await asyncio.wait(late, timeout=LAST_CANCELS)
 
     def crash(self) -> None:
         """Abandon every turn as a kill would: cancel, commit nothing, end the loop."""

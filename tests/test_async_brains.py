@@ -8,6 +8,7 @@ import asyncio
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, ToolError, Turn
+from kinbox.actors.async_host import STOP_SLACK
 from kinbox.actors.child_tools import FOREGROUND_ON_LOOP
 from kinbox.actors.focal import FOCAL_TITLE
 from kinbox.actors.running import RUNTIME_STOP
@@ -1196,7 +1198,11 @@ def test_a_brain_that_never_awaits_is_named_and_a_stop_lets_go_of_its_cron_turn(
             # finds it unanswered.
             wait_for(lambda: any(f"the async brain of {sid} never awaits" in r.getMessage()
                                  for r in caplog.records), what="the stall's warning")
+            asked = time.monotonic()
             rt.stop(timeout=0.5)
+            # The drain never runs on the held loop: the stop gives up at its slack's end,
+            # not once per wait (it took timeout + 10 s).
+            assert time.monotonic() - asked < 0.5 + STOP_SLACK + 2
         assert rt.cron.wait_idle(5)  # the cron turn's thread was let go
     finally:
         release.set()
