@@ -91,6 +91,11 @@ class CronService:
         """Stop APScheduler; the tables keep every schedule and run."""
         self._driver.stop()
 
+    def look_now(self) -> None:
+        """Another process changed a job (PostgreSQL told this one): look at the job tables
+        now, on the schedule's thread, not at the next poll."""
+        self._driver.fire_soon()
+
     def keep_polling(self) -> None:
         """Fire a poll a wall clock set back stalled (the runtime's tick calls this)."""
         self._driver.keep_polling()

@@ -231,7 +231,8 @@ class Runtime(RecordsApi, WatchApi, TickApi):
                 ctx.slots = slots  # once the dispatcher takes claim requests
                 assert self._services is not None
                 self._services.start_schedule()
-                self._shared.listen(db, ctx.wake_dispatcher)  # other processes' sends
+                # Other processes' sends, and their changes to cron jobs.
+                self._shared.listen(db, ctx.wake_dispatcher, self._services.cron.look_now)
             assert self._services is not None
             self._services.start(exclusive=self._lock is not None)
             # Receiving works everywhere; outbound links only where rows are delivered.

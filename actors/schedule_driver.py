@@ -111,6 +111,14 @@ class ScheduleDriver:
         self._scheduler.add_job(self._safe_fire, "date", run_date=utc(at), id=f"{key}@{ts}",
                                 replace_existing=True, misfire_grace_time=None)
 
+    def fire_soon(self) -> None:
+        """Call ``fire`` as soon as APScheduler's thread can (another process changed a
+        schedule); calls before it runs make one."""
+        if self._scheduler is None or not self._scheduler.running:
+            return
+        self._scheduler.add_job(self._safe_fire, "date", id="soon", replace_existing=True,
+                                misfire_grace_time=None)
+
     def _safe_fire(self) -> None:
         with self._firing:
             self._fire_held()

@@ -7,7 +7,9 @@ Two things, both so that processes sharing the database act as one:
   mean the same in every process whatever each machine's clock says;
 * a delivering runtime listens for other processes' sends
   (:class:`~kinbox.persistence.InboxListener`) and wakes its dispatcher
-  on each, so a send is claimed at once rather than at the next poll.
+  on each, so a send is claimed at once rather than at the next poll; and
+  for their changes to cron jobs, so a job triggered from ``kinbox serve``
+  runs at once rather than at the next look at the job tables.
 
 The runtime's own liveness lock lives in ``persistence/liveness.py``.
 """
@@ -19,6 +21,7 @@ from collections.abc import Callable
 import peewee as pw
 
 from ..persistence import DatabaseClock, InboxListener, is_postgres
+from ..persistence.inbox_notify import SCHEDULES_CHANNEL
 from .clock import Clock
 
 
@@ -39,10 +42,13 @@ class SharedDatabase:
             return self.clock
         return default
 
-    def listen(self, db: pw.Database, wake: Callable[[], None]) -> None:
-        """On PostgreSQL, call ``wake`` whenever another process commits a send."""
+    def listen(self, db: pw.Database, wake: Callable[[], None],
+               look_at_schedules: Callable[[], None]) -> None:
+        """On PostgreSQL, call ``wake`` whenever another process commits a send, and
+        ``look_at_schedules`` whenever one changes a cron job."""
         if is_postgres(db):
-            self.listener = InboxListener(db, wake)  # type: ignore[arg-type]
+            self.listener = InboxListener(  # type: ignore[arg-type]
+                db, wake, also={SCHEDULES_CHANNEL: look_at_schedules})
             self.listener.start()
 
     def statistics(self) -> dict[str, int]:

@@ -21,6 +21,7 @@ import peewee as pw
 from . import firing, paging
 from .database import is_postgres
 from .errors import LeaseLost
+from .inbox_notify import SCHEDULES_NOTIFY_SQL
 from .models import CronJob, CronRun, Tables
 from .writer import GroupCommitWriter
 
@@ -122,8 +123,19 @@ class CronStore:
     def create(self, job: CronJobRecord) -> CronJobRecord:
         """Insert a job (the caller validated it)."""
         values = asdict(job)
-        self.writer.call(lambda: self.t.cron_job.insert(**values).execute())
+
+        def op() -> None:
+            self.t.cron_job.insert(**values).execute()
+            self._notify()
+        self.writer.call(op)
         return job
+
+    def _notify(self) -> None:
+        """PostgreSQL: have the current transaction wake the delivering runtimes' schedules
+        (:data:`~.inbox_notify.SCHEDULES_CHANNEL`), so a job added or triggered in a
+        send-only process runs at once, not at their next poll."""
+        if is_postgres(self.t.db):
+            self.t.db.execute_sql(SCHEDULES_NOTIFY_SQL)
 
     def get(self, job_id: str) -> CronJobRecord | None:
         """The job with this id, or None."""
@@ -157,6 +169,7 @@ class CronStore:
         def op() -> CronJobRecord | None:
             if not j.update(updated_at=now, **changes).where(j.id == job_id).execute():
                 return None
+            self._notify()
             return _job(j.get(j.id == job_id))
         return self.writer.call(op)
 

@@ -8,6 +8,11 @@ one). :class:`InboxListener` holds a connection of its own that listens on
 :data:`CHANNEL` and calls the callback the runtime passes in (which wakes
 its dispatcher).
 
+A change to a cron job (added, triggered, resumed, edited) runs
+:data:`SCHEDULES_NOTIFY_SQL` the same way, and the listener, on the same
+connection, calls the schedules' callback for it: "run now" asked of a
+send-only ``kinbox serve`` runs on a worker at once.
+
 Polling stays the fallback and the ground truth: a notification only says
 "claim now", never what to claim, so a lost one costs one poll interval.
 The listener reconnects when its connection drops (with backoff) and calls
@@ -21,7 +26,7 @@ import logging
 import os
 import select
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import peewee as pw
@@ -33,6 +38,13 @@ CHANNEL = "kinbox_inbox"
 
 NOTIFY_SQL = f"SELECT pg_notify('{CHANNEL}', '')"
 """Run inside an enqueue's transaction: delivered to listeners if and when it commits."""
+
+SCHEDULES_CHANNEL = "kinbox_schedules"
+"""The channel a change to a cron job notifies (added, triggered, resumed, edited), so the
+delivering runtimes look at the job tables now, not at their next poll."""
+
+SCHEDULES_NOTIFY_SQL = f"SELECT pg_notify('{SCHEDULES_CHANNEL}', '')"
+"""Run inside the transaction that changes a cron job."""
 
 APPLICATION_NAME = "kinbox-listener"
 """The listener's ``application_name`` in ``pg_stat_activity`` (operators can tell it apart)."""
@@ -55,11 +67,12 @@ class InboxListener:
     """A thread that calls ``on_notify()`` when another process commits a send."""
 
     def __init__(self, db: pw.PostgresqlDatabase, on_notify: Callable[[], None], *,
-                 channel: str = CHANNEL,
+                 channel: str = CHANNEL, also: Mapping[str, Callable[[], None]] | None = None,
                  delays: Callable[[], Iterator[float]] = reconnect_delays) -> None:
+        """``also``: more channels on the same connection, each with its callback (called
+        like ``on_notify``: on a notification on it, and after every (re)connect)."""
         self.db = db
-        self.on_notify = on_notify
-        self.channel = channel
+        self.callbacks = {channel: on_notify, **(also or {})}
         self._delays = delays
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()  # stop() interrupts the select at once
@@ -127,13 +140,14 @@ class InboxListener:
             conn.autocommit = True
             with conn.cursor() as cur:
                 cur.execute("SET application_name = %s", (APPLICATION_NAME,))
-                cur.execute(f'LISTEN "{self.channel}"')
+                for channel in self.callbacks:
+                    cur.execute(f'LISTEN "{channel}"')
         except Exception:
             conn.close()
             raise
         self._bump("connects")
         self.listening.set()
-        self._call()  # anything sent while we were not listening
+        self._call(self.callbacks)  # anything sent while we were not listening
         return conn
 
     def _listen(self, conn: Any) -> None:
@@ -146,13 +160,15 @@ class InboxListener:
                     cur.execute("SELECT 1")
             conn.poll()
             if conn.notifies:
-                heard = len(conn.notifies)
+                heard = {n.channel for n in conn.notifies}
+                self._bump("notifications", len(conn.notifies))
                 conn.notifies.clear()
-                self._bump("notifications", heard)
-                self._call()
+                self._call(heard)
 
-    def _call(self) -> None:
-        try:
-            self.on_notify()
-        except Exception:
-            log.exception("the inbox listener's callback failed")
+    def _call(self, channels: Iterable[str]) -> None:
+        """Call each callback of ``channels`` once."""
+        for channel in channels:
+            try:
+                self.callbacks[channel]()
+            except Exception:
+                log.exception("the listener's callback for %s failed", channel)

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from kinbox.actors import Runtime, Turn
+from kinbox.actors.schedule_driver import POLL_SECONDS
 from kinbox.persistence import NewMessage, open_database
 from kinbox.persistence.inbox_notify import reconnect_delays
 
@@ -156,3 +158,27 @@ def test_a_row_an_operator_requeues_in_another_process_is_claimed_at_once(
         if rt is not None:
             rt.stop()
         sender.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_cron_job_triggered_in_another_process_runs_at_once_not_at_the_next_poll(
+        pg_url: str, tmp_path: Path) -> None:
+    """``kinbox serve`` (send-only) beside workers: "run now" from its API or CLI waited
+    for a worker's next look at the job tables, up to 15 s; the trigger's transaction
+    notifies the workers, as a send does."""
+    started = threading.Event()
+    worker = Runtime(db=pg_url, brain=lambda turn: started.set(),
+                     data_dir=str(tmp_path / "w")).start()
+    front = Runtime(db=pg_url, data_dir=str(tmp_path / "f")).start()  # send-only
+    try:
+        wait_for(lambda: listener_stats(worker).get("connects") == 1, what="the listener")
+        job = front.cron.add("digest", "0 0 1 1 *", "write the digest")["job_id"]
+        asked = time.monotonic()
+        front.cron.trigger(job)
+        assert started.wait(POLL_SECONDS - 5), "the run waited for the poll"
+        assert time.monotonic() - asked < 2.0
+        wait_for(lambda: [r["status"] for r in front.cron.runs(job)] == ["success"], 10,
+                 what="the run's commit")
+    finally:
+        front.stop()
+        worker.stop()
