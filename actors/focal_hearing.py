@@ -145,16 +145,17 @@ class HearingBack:
         # The user reads Focal's answers to them in the chat; a notification is for what
         # Focal says when something else woke it.
         woken = [m for m in turn.all_messages if not m.from_user]
-        reply = turn.replies[-1] if turn.replies else ""
-        for m in woken:
-            if m.kind == "focal_wakeup" and m.payload.get("kind") == "reminder":
-                text = reply or str(m.payload.get("note") or m.content)
-            elif reply:
-                text = reply
-            else:
-                continue
-            effects.after.append(lambda text=text, kind=m.kind: self.notify(text, kind))
-            break
+        if not woken:
+            return
+        if turn.replies:  # one answer, however many things woke Focal
+            notes = [(turn.replies[-1], woken[0].kind)]
+        else:
+            # A silent turn: every reminder still notifies (FO7), each with its note (two
+            # due at once meet in one turn); a check or a notice has nothing to say.
+            notes = [(str(m.payload.get("note") or m.content), m.kind) for m in woken
+                     if m.kind == "focal_wakeup" and m.payload.get("kind") == "reminder"]
+        for text, kind in notes:
+            effects.after.append(lambda text=text, kind=kind: self.notify(text, kind))
 
     def notify(self, text: str, source: str) -> None:
         """Queue a user notification (in memory, bounded)."""

@@ -29,6 +29,7 @@ class FocalBrain:
         self.focal_turns: list[Turn] = []
         self.focal_reply: str | None = "noted"
         self.focal_fails = False
+        self.focal_script: Callable[[Turn], None] | None = None
         self.scripts: dict[str, Callable[[Turn], None]] = {}
         self.rt: Runtime | None = None
 
@@ -37,6 +38,8 @@ class FocalBrain:
             self.focal_turns.append(turn)
             if self.focal_fails:
                 raise RuntimeError("model unavailable")
+            if self.focal_script is not None:
+                self.focal_script(turn)
             if self.focal_reply:
                 turn.reply(self.focal_reply)
             return
@@ -515,6 +518,29 @@ def test_a_reminder_fires_at_its_time_and_always_notifies(
     assert [t.messages[0].payload["job_id"] for t in brain.focal_turns] == [job["job_id"]]
     assert [n["text"] for n in rt.focal.notifications] == ["stand-up at 10"]
     assert rt.focal.panel()["wakeups"] == []  # a one-shot reminder is done
+
+
+def test_every_reminder_a_silent_turn_takes_notifies_the_user(
+        focal_rt: tuple[Runtime, FocalBrain], clock: ManualClock) -> None:
+    """Two reminders due at once meet in one Focal turn when its brain takes the second
+    as steering. A turn that says nothing notified with the first reminder's note only:
+    the second reminder, which always notifies (FO7), never reached the user."""
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    brain.focal_reply = None
+    taken: list[str] = []
+
+    def take_the_rest(turn: Turn) -> None:
+        taken.extend(m.content for m in turn.steering())
+    brain.focal_script = take_the_rest
+    tools = rt.tools_for(FOCAL_ID)
+    tools.schedule_wakeup("reminder", at=clock.now() + 60, note="stand-up")
+    tools.schedule_wakeup("reminder", at=clock.now() + 60, note="pay the rent")
+    clock.advance(60)
+    rt.run_until_idle()
+    assert len(brain.focal_turns) == 1 and len(taken) == 1  # both in one turn
+    assert sorted(n["text"] for n in rt.focal.notifications) == ["pay the rent", "stand-up"]
+    assert rt.focal.unread == 2
 
 
 def test_a_check_notifies_only_when_the_turn_has_something_to_say(
