@@ -32,6 +32,7 @@ from ..persistence.inbox_records import DEFAULT_KIND
 from ..persistence.models import InboxMessage, Session
 from . import access, pruning, subagents, validation
 from .errors import ConfigError, ToolError
+from .focal import FOCAL_PROJECT
 from .ids import short
 from .outbox import Outbox
 from .tools import TaskTools, tools_for
@@ -70,6 +71,11 @@ class RecordsApi:
         """
         ctx = self._running()
         slug = _checked("slug", validation.require_slug, slug)
+        if slug == FOCAL_PROJECT:
+            # Focal's hidden project is made on first use by this slug (FO1): a visible
+            # project of it made first became Focal's, open to every session in it.
+            raise ConfigError(f"the slug {FOCAL_PROJECT!r} is the runtime's (the Focal "
+                              "agent's hidden project)", field="slug")
         if not isinstance(hidden, bool):  # the column would keep whatever it was given
             raise ConfigError(f"hidden must be True or False, not {type(hidden).__name__}",
                               field="hidden")

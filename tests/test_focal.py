@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kinbox.actors import ManualClock, Runtime, ToolError, Turn
+from kinbox.actors import ConfigError, ManualClock, Runtime, ToolError, Turn
 from kinbox.actors.focal import FOCAL_ID, is_focal_chat
 from kinbox.actors.focal_heartbeat import DEFAULT_FOCAL_HEARTBEAT
 from kinbox.actors.focal_schedule import next_after
@@ -78,6 +78,21 @@ def test_the_focal_chat_is_created_once_in_a_hidden_project(focal_rt: tuple[Runt
     assert rt.get_or_create_focal_chat().id == FOCAL_ID
     assert heartbeat.read_text() == "- my checklist"  # seeded once
     assert [j.kind for j in rt.context.focal.schedule.jobs.active()] == ["heartbeat"]
+
+
+def test_a_product_project_cannot_take_the_hidden_focal_projects_slug(
+        focal_rt: tuple[Runtime, FocalBrain]) -> None:
+    """Focal lives in the hidden project ``suzent-focal`` (FO1), made on first use by
+    slug. A product's project of that slug made first became Focal's: Focal sat in a
+    visible project, and every session of it could read Focal's transcript (every
+    project's context) and stop its turns. The slug is the runtime's."""
+    rt, _ = focal_rt
+    with pytest.raises(ConfigError) as refused:
+        rt.create_project("suzent-focal")
+    assert refused.value.field == "slug"
+    chat = rt.get_or_create_focal_chat()
+    project = rt.context.store.project(chat.project_id or "")
+    assert project is not None and (project.slug, project.hidden) == ("suzent-focal", True)
 
 
 def test_the_title_is_pinned(focal_rt: tuple[Runtime, Any]) -> None:
