@@ -216,13 +216,14 @@ class FocalSchedule:
     # -- the heartbeat (FO6) ---------------------------------------------------------------
 
     def ensure_heartbeat(self) -> None:
-        """Create the 30-minute heartbeat job once."""
+        """Create the 30-minute heartbeat job once (another process may be creating it at
+        the same time: its job it is)."""
         if self.jobs.get(HEARTBEAT_JOB) is not None:
             return
         now = self.ctx.now()
         job = JobRecord(HEARTBEAT_JOB, FOCAL_ID, "heartbeat", "", None, hb.HEARTBEAT_INTERVAL,
                         None, now + hb.HEARTBEAT_INTERVAL, None, True, now)
-        self._register(self.jobs.create(job) or job)
+        self._register(self.jobs.ensure(job))
 
     def _heartbeat(self, now: float) -> Heartbeat | None:
         """The heartbeat's decision, made before the firing transaction when it is due: it

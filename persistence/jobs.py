@@ -47,6 +47,14 @@ def _record(j: ScheduledJob) -> JobRecord:
                      j.next_run_at, j.last_run_at, bool(j.active), j.created_at)
 
 
+def _insert(j: Any, job: JobRecord) -> Any:
+    """The INSERT of ``job`` (not yet executed)."""
+    return j.insert(id=job.id, chat_id=job.chat_id, kind=job.kind, note=job.note,
+                    cron=job.cron, interval_seconds=job.interval_seconds, run_at=job.run_at,
+                    next_run_at=job.next_run_at, last_run_at=job.last_run_at,
+                    active=job.active, created_at=job.created_at)
+
+
 class JobStore:
     """Scheduled jobs on one database."""
 
@@ -75,11 +83,19 @@ class JobStore:
                                      j.kind.in_(limit_kinds)).count()
             if count >= limit:
                 return None
-        j.insert(id=job.id, chat_id=job.chat_id, kind=job.kind, note=job.note,
-                 cron=job.cron, interval_seconds=job.interval_seconds, run_at=job.run_at,
-                 next_run_at=job.next_run_at, last_run_at=job.last_run_at,
-                 active=job.active, created_at=job.created_at).execute()
+        _insert(j, job).execute()
         return job
+
+    def ensure(self, job: JobRecord) -> JobRecord:
+        """Insert ``job`` unless a job of its id exists; the stored job either way. For a
+        job of a fixed id (the heartbeat) that two processes may make at once: both read
+        none, and the second plain insert failed on the first's row."""
+        j = self.t.job
+
+        def op() -> JobRecord:
+            _insert(j, job).on_conflict_ignore().execute()
+            return _record(j.get(j.id == job.id))
+        return self.writer.call(op)
 
     def create(self, job: JobRecord, *, limit_kinds: tuple[str, ...] = (),
                limit: int | None = None) -> JobRecord | None:

@@ -9,14 +9,17 @@ at once each counted 19 (neither saw the other's uncommitted row) and both inser
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import psycopg2
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, ToolError
 from kinbox.actors.focal import FOCAL_ID
-from kinbox.actors.focal_schedule import MAX_WAKEUPS, WAKEUP_KINDS
+from kinbox.actors.focal_schedule import HEARTBEAT_JOB, MAX_WAKEUPS, WAKEUP_KINDS
 from kinbox.persistence import JobRecord, JobStore
 
 from .conftest import Stores
@@ -114,3 +117,39 @@ def test_two_runtimes_scheduling_at_once_never_hold_more_than_the_limit(
             outcomes = [o for f in futures for o in f.result(30)]
         assert outcomes.count(True) == MAX_WAKEUPS and outcomes.count(False) == 10
         assert len(one.focal.panel()["wakeups"]) == MAX_WAKEUPS
+
+
+def test_two_runtimes_opening_focal_for_the_first_time_at_once_both_get_it(
+        pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes' first ``get_or_create_focal_chat`` at once (two servers' ``GET
+    /focal``): both read the chat before either marked its heartbeat made, and both read
+    no heartbeat job before either inserted it. The chat's creation took that race into
+    account; the heartbeat's did not: the second insert's DuplicateError came out of
+    ``get_or_create_focal_chat``. The interleaving is forced by two barriers."""
+    clock = ManualClock(1000.0)
+    with Runtime(db=pg_url, clock=clock, data_dir=tmp_path / "one") as one, \
+            Runtime(db=pg_url, clock=clock, data_dir=tmp_path / "two") as two:
+        both_read_the_chat, both_read_no_job = threading.Barrier(2), threading.Barrier(2)
+        for rt in (one, two):
+            store, jobs = rt.context.store, rt.focal.schedule.jobs
+
+            def patch_config(session_id: str, patch: dict[str, Any], now: float,
+                             real: Callable[..., None] = store.patch_config) -> None:
+                if "focal_heartbeat_initialized" in patch:
+                    both_read_the_chat.wait(10)
+                real(session_id, patch, now)
+
+            def get(job_id: str, real: Callable[[str], JobRecord | None] = jobs.get
+                    ) -> JobRecord | None:
+                found = real(job_id)
+                if job_id == HEARTBEAT_JOB:
+                    both_read_no_job.wait(10)
+                return found
+
+            monkeypatch.setattr(store, "patch_config", patch_config)
+            monkeypatch.setattr(jobs, "get", get)
+        with ThreadPoolExecutor(2) as pool:
+            opened = [pool.submit(rt.get_or_create_focal_chat) for rt in (one, two)]
+            chats = [f.result(30) for f in opened]
+        assert [c.id for c in chats] == [FOCAL_ID, FOCAL_ID]
+        assert [j.id for j in one.focal.schedule.jobs.active()] == [HEARTBEAT_JOB]
