@@ -147,8 +147,9 @@ class HearingBack:
         woken = [m for m in turn.all_messages if not m.from_user]
         if not woken:
             return
-        if turn.replies:  # one answer, however many things woke Focal
-            notes = [(turn.replies[-1], woken[0].kind)]
+        said = [r for r in turn.replies if r.strip()]  # white space says nothing
+        if said:  # one answer, however many things woke Focal
+            notes = [(said[-1], woken[0].kind)]
         else:
             # A silent turn: every reminder still notifies (FO7), each with its note (two
             # due at once meet in one turn); a check or a notice has nothing to say.

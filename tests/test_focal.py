@@ -573,6 +573,27 @@ def test_a_check_notifies_only_when_the_turn_has_something_to_say(
     assert [n["text"] for n in rt.focal.notifications] == ["the deploy failed"]
 
 
+@pytest.mark.parametrize("blank", ["", "  \n"])
+def test_a_woken_turn_that_replies_only_blank_text_has_nothing_to_say(
+        focal_rt: tuple[Runtime, FocalBrain], clock: ManualClock, blank: str) -> None:
+    """A check notifies only when the turn has something to say (FO7): a reply of white
+    space says nothing, and queued a blank notification; a reminder still notifies with
+    its note."""
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    brain.focal_reply = None
+    brain.focal_script = lambda turn: turn.reply(blank)
+    tools = rt.tools_for(FOCAL_ID)
+    tools.schedule_wakeup("check", at=clock.now() + 60, note="look around")
+    clock.advance(60)
+    rt.run_until_idle()
+    assert len(brain.focal_turns) == 1 and list(rt.focal.notifications) == []
+    tools.schedule_wakeup("reminder", at=clock.now() + 60, note="stand-up")
+    clock.advance(60)
+    rt.run_until_idle()
+    assert [n["text"] for n in rt.focal.notifications] == ["stand-up"]
+
+
 def test_the_users_own_chat_with_focal_queues_no_notification(
         focal_rt: tuple[Runtime, FocalBrain]) -> None:
     """The user reads Focal's answer in the chat; only a woken reply notifies (FO5)."""
