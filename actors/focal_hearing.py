@@ -127,11 +127,12 @@ class HearingBack:
         asked = [m for m in turn.all_messages if m.sender_id == FOCAL_ID]
         if not asked:
             return None
-        if not turn.replies:
+        said = [r for r in turn.replies if r.strip()]  # a blank reply answers nothing
+        if not said:
             return functools.partial(self._held_finish, turn, asked)
         return TurnEffects(messages=[NewMessage(
             f"focal-reply-{asked[-1].message_id}", FOCAL_ID,
-            turn.replies[-1][:REPLY_LIMIT], kind="agent_message", sender=turn.session_id,
+            said[-1][:REPLY_LIMIT], kind="agent_message", sender=turn.session_id,
             payload={"in_reply_to": asked[-1].message_id})])
 
     def _focal_turn_effects(self, turn: Turn, effects: TurnEffects) -> None:

@@ -354,6 +354,26 @@ def test_a_finish_held_back_for_a_request_answered_without_a_reply_is_noticed(
             if r["kind"] == "session_finished_notification"] == [quiet.id, done.id]
 
 
+@pytest.mark.parametrize("blank", ["", " \n "])
+def test_a_request_answered_with_blank_text_and_a_finish_tells_focal_it_finished(
+        focal_rt: tuple[Runtime, FocalBrain], blank: str) -> None:
+    """A blank reply is no answer: it woke Focal with an empty ``agent_message``, and the
+    finish it held back (a Focal request was in flight) was never sent, so Focal never
+    heard the session had finished (FO5)."""
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    s = rt.create_session(rt.create_project("p").id, "Terse")
+    t = rt.tools_for(s.id).task_create("x", status="in_progress")["task_id"]
+
+    def finish_saying_nothing(turn: Turn) -> None:
+        turn.tools.task_update(t, status="completed")
+        turn.reply(blank)
+    brain.scripts["Terse"] = finish_saying_nothing
+    rt.tools_for(FOCAL_ID).agent_send(s.id, "finish it")
+    rt.run_until_idle()
+    assert kinds_to_focal(rt) == ["session_finished_notification"]
+
+
 # -- FO6 ---------------------------------------------------------------------------------------
 
 def stall_a_session(rt: Runtime) -> str:
