@@ -204,8 +204,11 @@ class WriteTimeout(PersistenceError, TimeoutError):
         self.withdrawn = withdrawn
 
 
-_PARAMETER = re.compile(r"(?P<name>(?:^|[?&\s])[^=&?\s]*=)(?P<value>[^&\s]*)")
-"""A ``name=value`` parameter of a URL's query (or of a libpq ``key=value`` string)."""
+_PARAMETER = re.compile(
+    r"(?P<name>(?:^|[?&\s])[^=&?\s]*=)(?P<value>'(?:[^'\\]|\\.)*'?|(?:[^&\s\\]|\\.)*)")
+"""A ``name=value`` parameter of a URL's query (or of a libpq ``key=value`` string, whose
+value may be quoted, ``password='two words'``, or escape a space, ``password=two\\ words``:
+the value is all of it, not its first word)."""
 
 
 def _masked(match: re.Match[str]) -> str:
@@ -220,10 +223,18 @@ def _masked(match: re.Match[str]) -> str:
 
 def redact_url(url: str) -> str:
     """Return ``url`` with any password replaced by ``***`` (for errors and logs): the one
-    before the ``@`` and a ``password=`` or ``sslpassword=`` parameter."""
+    before the ``@`` and a ``password=`` or ``sslpassword=`` parameter. Text that is not a
+    URL as written (``postgresql:/me:pw@host``, a slash or a colon left out: refused as an
+    unsupported scheme, and quoted in that error) keeps nothing between its first ``:``
+    and its last ``@``, where a password may be."""
     url = _PARAMETER.sub(_masked, url)
     scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
+    if not sep:
+        head, at, host = url.rpartition("@")
+        if not at or ":" not in head:
+            return url
+        return f"{head.partition(':')[0]}:***@{host}"
+    if "@" not in rest:
         return url
     creds, _, host = rest.rpartition("@")
     user = creds.split(":", 1)[0]

@@ -116,6 +116,24 @@ def test_a_percent_encoded_password_parameter_is_masked_too(query: str) -> None:
     assert b"Sup3rSecret" not in done.stderr + done.stdout
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("url", [
+    "postgresql:/kinbox:Sup3rSecret@127.0.0.1:1/x",  # one slash short of a URL
+    "postgresql//kinbox:Sup3rSecret@127.0.0.1:1/x",
+    "postgresql:kinbox:Sup3rSecret@127.0.0.1/x",
+    "host=127.0.0.1 user=kinbox password='not Sup3rSecret'",  # libpq's key=value form
+    "host=127.0.0.1 password=not\\ Sup3rSecret",
+])
+def test_a_mistyped_database_url_is_refused_without_its_password(url: str) -> None:
+    """A URL that is not one (a slash or the colon left out, a libpq key=value string) is
+    refused as an unsupported scheme, and that error quoted it whole: the password sat in
+    the one line the operator, their terminal's scrollback and any CI log saw."""
+    done = kinbox_bytes("db", "status", "--db", url)
+    assert done.returncode == 1
+    assert b"cannot open database" in done.stderr
+    assert b"Sup3rSecret" not in done.stderr + done.stdout, done.stderr
+
+
 # -- CLI: tracebacks instead of one-line errors ----------------------------------------------
 
 @pytest.fixture
