@@ -114,6 +114,21 @@ def test_pairing_with_nobody_listening_is_a_clear_error(tmp_path: Path) -> None:
     assert code == 1
 
 
+@pytest.mark.parametrize("url", ["http://me:Sup3rSecret@127.0.0.1:99999",
+                                 "ftp://me:Sup3rSecret@127.0.0.1:8765",
+                                 "http://me:Sup3rSecret@[not-an-ip]:8765"])
+def test_a_peer_address_refused_as_malformed_is_not_quoted_with_its_password(
+        tmp_path: Path, url: str) -> None:
+    """An address with a user and password is refused (the pairing would store and list
+    it), but one that was malformed besides (a port past 65535, a scheme that is not
+    http(s) or ws(s)) was refused first, with an error quoting it whole."""
+    result = kinbox("peers", "pair", url, "kbp_" + "x" * 43,
+                    "--db", f"sqlite:///{tmp_path / 'a.db'}")
+    assert result.returncode == 1
+    assert "peer URL" in result.stderr or "address" in result.stderr, result.stderr
+    assert "Sup3rSecret" not in result.stderr + result.stdout, result.stderr
+
+
 def _paired_inbound(url: str, device: str) -> tuple[Any, Any, Any]:
     """A database at ``url`` where ``device`` redeemed a pairing code (an inbound grant):
     its database, started writer and peer store."""

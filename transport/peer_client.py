@@ -10,6 +10,7 @@ the ``Authorization`` header and turns every way the peer can refuse into
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit, urlunsplit
@@ -31,7 +32,7 @@ def endpoint(url: str, path: str) -> str:
     """The websocket URL of ``path`` on a peer given as ``http(s)://`` or ``ws(s)://``;
     :class:`ValueError` when ``url`` is not such an address (no host, a port that is not
     0..65535, a bracketed host that is no IP address)."""
-    problem = ValueError(f"a peer URL looks like http://host:port, got {url!r}")
+    problem = ValueError(f"a peer URL looks like http://host:port, got {_without_login(url)!r}")
     try:
         parts = urlsplit(url.strip())
         parts.port  # noqa: B018 -- read only to refuse a port that is no number 0..65535
@@ -41,6 +42,12 @@ def endpoint(url: str, path: str) -> str:
     if scheme is None or not parts.hostname:
         raise problem
     return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + path, "", ""))
+
+
+def _without_login(url: str) -> str:
+    """``url`` as an error may quote it: a user and password before the host are ``***``
+    (a malformed address is refused, and quoted, before the one with a login is)."""
+    return re.sub(r"//[^/?#]*@", "//***@", url)
 
 
 def _refusal(exc: InvalidStatus) -> PeerUnavailable:
