@@ -65,17 +65,19 @@ class PeerHttpBackend:
             return None
         return GrantView(rec.device_id, rec.public_key, rec.token_hash, rec.scopes, rec.status)
 
-    def grant_status(self, device_id: str) -> str | None:
-        """The inbound grant's status now."""
+    def grant_status(self, device_id: str, token_hash: str) -> str | None:
+        """The inbound grant's status now, while it is the one issued with ``token_hash``
+        (None once it is gone or a new pairing replaced it)."""
         rec = self.svc.peers.device(device_id, INBOUND)
-        return rec.status if rec else None
+        return rec.status if rec and rec.token_hash == token_hash else None
 
     def seen(self, device_id: str) -> None:
         """A device completed a handshake."""
         with _database("noting a device seen"):
             self.svc.peers.touch(device_id, INBOUND, self.ctx.now())
 
-    def commit(self, device_id: str, commits: Sequence[receiver.Commit]) -> list[str | None]:
+    def commit(self, device_id: str, token_hash: str,
+               commits: Sequence[receiver.Commit]) -> list[str | None]:
         """Commit deliveries (and their sessions) in one transaction, then wake the dispatcher.
 
         A database failure is :class:`BackendRefused` (``unavailable``): the endpoint tells
@@ -93,9 +95,9 @@ class PeerHttpBackend:
                 for c in commits]
 
         def op() -> list[str | None]:
-            # In the commit's transaction: a grant closed since the link opened (the
-            # watcher polls it) takes nothing more.
-            status = self.grant_status(device_id)
+            # In the commit's transaction: a grant closed, or replaced by a new pairing,
+            # since the link opened (the watcher polls it) takes nothing more.
+            status = self.grant_status(device_id, token_hash)
             if status != "active":
                 raise GrantClosed(status)
             for session in dict.fromkeys(c.session for c in commits):
@@ -123,14 +125,14 @@ class PeerHttpBackend:
         ctx.wake_dispatcher()
         return outcomes
 
-    def answer(self, device_id: str, action: str) -> tuple[str, str]:
+    def answer(self, device_id: str, token_hash: str, action: str) -> tuple[str, str]:
         """``read``: the dedicated session's visible transcript; ``stop``: request a stop.
         Like a delivery, neither is done once the grant closed (the link's watcher may not
         have seen it yet)."""
         session_id = receiver.dedicated_session(device_id)
         ctx = self.ctx
         with _database(f"answering a {action}"):
-            grant = self.grant_status(device_id)
+            grant = self.grant_status(device_id, token_hash)
             if grant != "active":
                 raise GrantClosed(grant)
             if action == "stop":

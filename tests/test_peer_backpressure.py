@@ -55,12 +55,13 @@ class HeldDatabase:
         self.gate = threading.Event()
         self.committed = 0
 
-    def commit(self, device_id: str, commits: Sequence[receiver.Commit]) -> list[str | None]:
+    def commit(self, device_id: str, token_hash: str,
+               commits: Sequence[receiver.Commit]) -> list[str | None]:
         assert self.gate.wait(30)
         self.committed += len(commits)
         return [None] * len(commits)
 
-    def grant_status(self, device_id: str) -> str:
+    def grant_status(self, device_id: str, token_hash: str) -> str:
         return "active"
 
     def now(self) -> float:

@@ -393,6 +393,42 @@ def test_this_sides_own_revoke_or_pause_stops_a_live_link(
     assert receiver.peer_rows(me) == [f"peer-{me}-{sender.inbox()[0]['message_id']}"]
 
 
+def test_a_live_link_opened_with_a_token_its_grant_no_longer_has_takes_nothing_more(
+        receiver: Receiver) -> None:
+    """Pairing the device again (a new code redeemed) replaces its grant and the token:
+    the old token is refused on a new link (signed ``unknown``), but a link it opened
+    before stayed open, its deliveries committed and acknowledged, for as long as it
+    lived: the watcher and the commit asked only whether the device's grant was active."""
+    good = Peer(receiver)
+    me = good.identity.device_id
+    old = good.open()
+    old.send(f.encode(f.Deliver("before", "x", None)))
+    assert f.parse(old.recv(5)) == f.Ack("before")
+    again = pair_with(receiver.http, good.identity, receiver.invite(), "raw",
+                      hs.new_nonce(random.randbytes(32)))
+    assert again.token != good.token
+    with pytest.raises(PermissionError, match="unknown"):
+        good.open()  # the old token, on a new link
+    got: list[str] = []
+    try:  # the old link is closed, with a signed refusal, and takes nothing more
+        old.send(f.encode(f.Deliver("after", "x", None)))
+        while True:
+            frame = f.parse(old.recv(3))
+            got.append(frame.TYPE + (f" {frame.reason}" if isinstance(frame, f.Refused)
+                                     else ""))
+    except ConnectionClosed:
+        got.append("closed")
+    except TimeoutError:
+        got.append("still open")
+    assert got == ["refused unknown", "closed"]
+    assert receiver.peer_rows(me) == [f"peer-{me}-before"]
+    good.token = again.token
+    ws = good.open()  # the new pairing works
+    ws.send(f.encode(f.Deliver("after", "x", None)))
+    assert f.parse(ws.recv(5)) == f.Ack("after")
+    ws.close()
+
+
 @pytest.mark.parametrize("action", ["revoke", "pause"])
 def test_revoke_or_pause_closes_the_live_link_within_a_second_and_fails_at_once(
         receiver: Receiver, sender: Runtime, action: str) -> None:

@@ -388,7 +388,8 @@ def test_a_peer_stop_starts_the_stop_grace_like_a_local_one(tmp_path: Path) -> N
         assert rt.peers.peers.redeem("a" * 64, now, "dev1", "x", "K" * 43, "t" * 64)
         rt.post(session, "work long")
         wait_for(lambda: rt.context.turns.is_running(session), 20, "the turn to start")
-        assert PeerHttpBackend(rt.peers).answer("dev1", "stop") == ("stop_requested", "")
+        assert PeerHttpBackend(rt.peers).answer("dev1", "t" * 64, "stop") == (
+            "stop_requested", "")
         later = rt.clock.now() + 10
         assert rt.context.turns.ignoring_stop(later, 5.0) == [session]
     finally:
@@ -470,11 +471,11 @@ def test_a_failed_grant_read_does_not_end_the_watch_of_a_live_link(
     real = PeerHttpBackend.grant_status
     failed = threading.Event()
 
-    def grant_status(self: PeerHttpBackend, device_id: str) -> str | None:
+    def grant_status(self: PeerHttpBackend, device_id: str, token_hash: str) -> str | None:
         if not failed.is_set():
             failed.set()
             raise DatabaseFailed("database is locked")
-        return real(self, device_id)
+        return real(self, device_id, token_hash)
     monkeypatch.setattr(PeerHttpBackend, "grant_status", grant_status)
     with connect_link(served.http, token) as ws:
         link = opened_link(a, rec, token, ws)

@@ -9,7 +9,8 @@ batch and acknowledged in order after the commit, at most
 :data:`UNCOMMITTED_LIMIT` read ahead of it; a database that fails a commit is
 answered ``unavailable`` (close 1013). The watcher re-reads the grant's status
 every :data:`STATUS_POLL_SECONDS` and closes the link (after a signed ``refused``
-frame) once it is paused or revoked.
+frame) once it is paused or revoked, or replaced by a new pairing of the device (the
+link's token then opens nothing: ``unknown``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ class InboundLink:
         """Signs the grant's refusal for this link's handshake (sent when it closes)."""
         self.b = backend
         self.device_id = grant.device_id
+        self.token_hash = grant.token_hash
+        """The grant this link was opened under: a new pairing of the device replaces it,
+        and the link then has no grant, as its token opens none."""
         self.core = receiver.ReceiverLink(grant.device_id, grant.scopes)
         self.commits: asyncio.Queue[receiver.Commit] = asyncio.Queue(UNCOMMITTED_LIMIT)
         self.send_lock = asyncio.Lock()
@@ -108,7 +112,8 @@ class InboundLink:
                     elif isinstance(action, receiver.Answer):
                         try:
                             status, text = await asyncio.to_thread(
-                                self.b.answer, self.device_id, action.action)
+                                self.b.answer, self.device_id, self.token_hash,
+                                action.action)
                         except GrantClosed as exc:  # closed before the watcher saw it
                             async with self.committing:
                                 await self._close(exc.status)
@@ -136,6 +141,7 @@ class InboundLink:
                 async with self.committing:
                     try:
                         outcomes = await asyncio.to_thread(self.b.commit, self.device_id,
+                                                           self.token_hash,
                                                            batch)
                     except GrantClosed as exc:  # nothing of the batch was committed
                         closed: GrantClosed | None = exc
@@ -166,7 +172,8 @@ class InboundLink:
         while True:
             await asyncio.sleep(STATUS_POLL_SECONDS)
             try:
-                status = await asyncio.to_thread(self.b.grant_status, self.device_id)
+                status = await asyncio.to_thread(self.b.grant_status, self.device_id,
+                                                self.token_hash)
             except Exception as exc:  # a read that failed (a lock wait): read at the next poll
                 log.warning("reading the grant of %s failed: %s", self.device_id,
                             type(exc).__name__)

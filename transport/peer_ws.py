@@ -67,23 +67,28 @@ class PeerBackend(Protocol):
         """The inbound grant issued with this token hash."""
         ...
 
-    def grant_status(self, device_id: str) -> str | None:
-        """The inbound grant's current status (None once it is gone)."""
+    def grant_status(self, device_id: str, token_hash: str) -> str | None:
+        """The device's inbound grant's current status while it is still the grant issued
+        with ``token_hash``; None once it is gone or a new pairing replaced it (a link
+        opened with the old token is then a link of no grant)."""
         ...
 
     def seen(self, device_id: str) -> None:
         """A device completed a handshake."""
         ...
 
-    def commit(self, device_id: str, commits: Sequence[receiver.Commit]) -> list[str | None]:
+    def commit(self, device_id: str, token_hash: str,
+               commits: Sequence[receiver.Commit]) -> list[str | None]:
         """Commit deliveries in one transaction; per item None, or why it was rejected.
-        :class:`.errors.GrantClosed`, with nothing committed, once the grant is not active;
+        :class:`.errors.GrantClosed`, with nothing committed, once the grant issued with
+        ``token_hash`` is not active (see :meth:`grant_status`);
         :class:`.errors.BackendRefused` (``unavailable``) when the database failed."""
         ...
 
-    def answer(self, device_id: str, action: str) -> tuple[str, str]:
+    def answer(self, device_id: str, token_hash: str, action: str) -> tuple[str, str]:
         """(status, text) of a ``read`` or ``stop`` of the device's dedicated session.
-        :class:`.errors.GrantClosed`, with nothing done, once the grant is not active."""
+        :class:`.errors.GrantClosed`, with nothing done, once the grant issued with
+        ``token_hash`` is not active."""
         ...
 
     def invite(self, code_hash: str) -> InviteView | None:
