@@ -663,3 +663,32 @@ def test_a_read_the_database_cannot_answer_is_answered_unavailable(
     [first], [second] = outcomes
     assert isinstance(first, Retry) and "unavailable" in first.reason
     assert isinstance(second, Answer) and second.frame.req == "r2"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("unusable", ["a dangling symlink", "a file for the folder",
+                                      "a folder for the key"])
+def test_a_device_key_that_cannot_be_read_or_made_is_a_config_error_naming_the_data_dir(
+        tmp_path: Path, unusable: str) -> None:
+    """A key file that is a symlink to nothing (a secrets mount not mounted), or a data
+    folder that is a file, was a bare FileNotFoundError or NotADirectoryError from
+    ``Runtime.start``, outside kinbox's exception tree; a key others could read was a
+    ConfigError naming ``data_dir``, as every unusable key file should be."""
+    from kinbox.actors import ConfigError
+
+    data = tmp_path / "data"
+    if unusable == "a file for the folder":
+        data.write_text("not a folder")
+    else:
+        data.mkdir(mode=0o700)
+        key = data / "device_key.pem"
+        if unusable == "a dangling symlink":
+            key.symlink_to(tmp_path / "unmounted" / "device_key.pem")
+        else:
+            key.mkdir(mode=0o700)
+    rt = Runtime(db=f"sqlite:///{tmp_path / 'k.db'}", data_dir=data)
+    with pytest.raises(ConfigError) as info:
+        rt.start()
+    assert info.value.field == "data_dir"
+    assert rt.state != "running"
+    assert not (tmp_path / "unmounted").exists()

@@ -21,14 +21,25 @@ KEY_FILE_NAME = "device_key.pem"
 
 
 def load_or_create(directory: str | os.PathLike[str]) -> DeviceIdentity:
-    """This device's identity from ``directory/device_key.pem``, created on first use."""
+    """This device's identity from ``directory/device_key.pem``, created on first use.
+
+    :class:`IdentityError` naming the file when it cannot be used, read or made (a
+    symlink to nothing, a folder in its place, a file in place of ``directory``): the
+    caller learns which file and why, not a bare ``OSError`` of whichever step failed."""
     path = Path(directory) / KEY_FILE_NAME
-    if path.exists():
-        return _load(path)
+    if path.is_symlink() and not path.exists():  # a secrets mount that is not mounted
+        raise IdentityError(str(path), "a symlink to a file that is not there "
+                            f"({os.readlink(path)})")
     try:
-        return install(directory, DeviceIdentity.generate())
-    except FileExistsError:  # another process created it first: use theirs
-        return _load(path)
+        if path.exists():
+            return _load(path)
+        try:
+            return install(directory, DeviceIdentity.generate())
+        except FileExistsError:  # another process created it first: use theirs
+            return _load(path)
+    except OSError as exc:
+        raise IdentityError(str(path), "cannot read or create the device key: "
+                            f"{exc.strerror or exc}") from exc
 
 
 def private_folder(folder: str | os.PathLike[str]) -> Path:
