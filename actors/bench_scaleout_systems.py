@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..persistence import redact_url
+from ..persistence import redact_text, redact_url
 from . import bench_scaleout_bare
 from .bench_systems import stamp
 from .runtime import Runtime
@@ -115,7 +115,8 @@ def server_problem(base: str) -> str | None:
     try:
         conn = server_connection(base)
     except psycopg2.Error as exc:
-        reason = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        reason = "; ".join(line.strip() for line in redact_text(str(exc), base).splitlines()
+                           if line.strip())
         return f"cannot connect to the PostgreSQL server of {redact_url(base)}: {reason}"
     try:
         with conn.cursor() as cur:

@@ -39,6 +39,7 @@ from .errors import (
     SchemaError,
     WriterClosed,
     WriteTimeout,
+    redact_text,
     redact_url,
 )
 from .exclusive import ExclusiveLock
@@ -138,6 +139,7 @@ __all__ = [
     "pending_changes",
     "pg_address",
     "pg_default_port",
+    "redact_text",
     "redact_url",
     "require_current",
     "retention",

@@ -49,6 +49,7 @@ class DatabaseOpenError(PersistenceError):
     """The database URL is malformed or the database cannot be opened."""
 
     def __init__(self, url: str, reason: str) -> None:
+        reason = redact_text(reason, url)  # a driver may quote what it could not parse
         super().__init__(f"cannot open database {redact_url(url)!r}: {reason}")
         self.url = redact_url(url)
         self.reason = reason
@@ -239,3 +240,30 @@ def redact_url(url: str) -> str:
     creds, _, host = rest.rpartition("@")
     user = creds.split(":", 1)[0]
     return f"{scheme}://{user}:***@{host}" if ":" in creds else url
+
+
+def _passwords(url: str) -> set[str]:
+    """Every spelling of the passwords ``url`` holds (before the ``@``, and ``password=``
+    or ``sslpassword=`` parameters): as written, percent-decoded and unquoted."""
+    found = set()
+    for m in _PARAMETER.finditer(url):
+        if unquote(m["name"]).rstrip("=").lower().endswith("password"):
+            found.add(m["value"])
+    rest = url.partition("://")[2] or url
+    if "@" in rest:
+        creds = rest.rpartition("@")[0]
+        if ":" in creds:
+            found.add(creds.partition(":")[2])
+    spellings = set()
+    for value in found:
+        spellings |= {value, unquote(value), value.strip("'")}
+    return {v for v in spellings if v}
+
+
+def redact_text(text: str, url: str) -> str:
+    """``text`` (a driver's error about ``url``) with every password of ``url`` in it
+    replaced by ``***``: libpq quotes a password it cannot parse (``invalid
+    percent-encoded token: "..."``)."""
+    for secret in sorted(_passwords(url), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text

@@ -88,6 +88,19 @@ def test_pinning_workers_is_scaleouts_alone(capsys: pytest.CaptureFixture[str]) 
     assert "--pin-workers applies to bench scaleout only" in capsys.readouterr().err
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("url", ["postgresql://u:Sup3r%zzSecret@127.0.0.1:1/kinbox",
+                                 "postgresql://u@127.0.0.1:1/kinbox?password=Sup3r%zzSecret"])
+def test_a_password_the_driver_quotes_in_its_error_is_masked_there_too(
+        capsys: pytest.CaptureFixture[str], url: str) -> None:
+    """libpq refuses a URL whose password holds a '%' that starts no escape, quoting it
+    ('invalid percent-encoded token: "..."'): the URL was masked, the driver's text not."""
+    assert main(["bench", "scaleout", "--quick", "--db", url]) == 2
+    err = capsys.readouterr().err
+    assert "cannot connect to the PostgreSQL server of" in err
+    assert "Sup3r" not in err, err
+
+
 @pytest.mark.postgres
 @pytest.mark.timeout(120)
 def test_pinned_workers_each_run_on_a_cpu_of_their_own(pg_url: str) -> None:
