@@ -65,6 +65,19 @@ def test_key_file_is_created_owner_only_and_loaded_again(tmp_path: Path) -> None
     assert key_file.load_or_create(tmp_path / "d").device_id == first.device_id
 
 
+def test_a_partial_key_a_killed_process_of_the_same_pid_left_never_blocks_the_key(
+        tmp_path: Path) -> None:
+    """The partial file was named by process id and object address: a container's process
+    restarts with the same pid (and, running the same code, often the same address), so
+    the partial a kill left behind made every later start fail on O_EXCL."""
+    identity = DeviceIdentity.generate()
+    tmp_path.mkdir(exist_ok=True)
+    stale = tmp_path / f".{key_file.KEY_FILE_NAME}.{os.getpid()}.{id(identity):x}"
+    stale.write_bytes(b"-----BEGIN PRIV")  # cut off by the kill
+    assert key_file.install(tmp_path, identity) is identity
+    assert key_file.load_or_create(tmp_path).device_id == identity.device_id
+
+
 def test_a_key_file_others_can_read_is_refused(tmp_path: Path) -> None:
     key_file.load_or_create(tmp_path)
     os.chmod(tmp_path / key_file.KEY_FILE_NAME, 0o644)

@@ -11,6 +11,7 @@ An existing file readable by group or others is refused rather than used.
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -64,7 +65,9 @@ def private_folder(folder: str | os.PathLike[str]) -> Path:
 def install(directory: str | os.PathLike[str], identity: DeviceIdentity) -> DeviceIdentity:
     """Write ``identity`` as the device key of ``directory``; FileExistsError if it has one."""
     folder = private_folder(directory)
-    partial = folder / f".{KEY_FILE_NAME}.{os.getpid()}.{id(identity):x}"
+    # A random name: one made of the pid met the partial a killed process of the same pid
+    # left behind (a container's process restarts with the same one) and failed for good.
+    partial = folder / f".{KEY_FILE_NAME}.{secrets.token_hex(8)}"
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
