@@ -76,9 +76,10 @@ class Turn:
         """Held while steering is fetched and while it is closed: a turn ending waits for
         a fetch in flight (an ``asteering`` whose caller was cancelled runs on)."""
         self._log_lock = threading.Lock()
-        """Held while the turn closes and while its entries grow (taken inside
-        ``_steer_lock`` where both are): a reply is in the commit's entries or refused,
-        and never waits for a steering fetch (a database write) to do so."""
+        """Held while the turn closes, while its entries grow and while fetched rows are
+        added or handed over (taken inside ``_steer_lock`` where both are), never across
+        I/O: a reply is in the commit's entries or refused, and neither it nor
+        ``asteering`` on the event loop waits for a steering fetch (a database write)."""
         self._unseen: list[Message] = []
         """Fetched (leased to this turn) and not yet handed to the brain."""
         self._closed: list[Message] | None = None
@@ -180,12 +181,17 @@ class Turn:
         return self._take()
 
     def _fetch(self) -> None:
-        with self._steer_lock:
+        with self._steer_lock:  # held across the write (leasing the rows), off the loop
             if self._closed is None:
-                self._unseen.extend(self._fetch_steering())
+                fetched = self._fetch_steering()
+                with self._log_lock:
+                    self._unseen.extend(fetched)
 
     def _take(self) -> list[Message]:
-        with self._steer_lock, self._log_lock:  # whole before the turn closes, or not at all
+        # Only the entries' lock, held for no I/O: on the event loop (``asteering``) the
+        # steering lock would wait for another fetch's write (a concurrent call's, a
+        # foreground tool's ``take``). Whole before the turn closes, or not at all.
+        with self._log_lock:
             fresh, self._unseen = self._unseen, []
             self._join(fresh)
         return fresh
@@ -208,15 +214,18 @@ class Turn:
         with self._steer_lock:
             if self._closed is not None or self._fetch_row is None:
                 return False
-            if message_id in self.steered_ids:
-                return True  # the brain's steering() took it first
-            held = [m for m in self._unseen if m.message_id == message_id]
-            taken = held[0] if held else self._fetch_row(message_id)
+            with self._log_lock:
+                if message_id in self.steered_ids:
+                    return True  # the brain's steering() took it first
+                held = [m for m in self._unseen if m.message_id == message_id]
+                if held:  # fetched already: hand it to the turn, not to the brain
+                    self._unseen.remove(held[0])
+                    self._join(held)
+                    return True
+            taken = self._fetch_row(message_id)  # a write: under the steering lock only
             if taken is None:
                 return False
             with self._log_lock:
-                if held:
-                    self._unseen.remove(taken)
                 self._join([taken])
         return True
 
