@@ -317,7 +317,7 @@ class AsyncHost(BrainTasks):
         """The hooks' work, then the brain: the error the attempt ends with, or None."""
         turn = actor.turn
         assert turn is not None
-        turn._run_blocking = self.blocking
+        turn.on_event_loop(self.blocking, self.on_loop)
         try:
             for work in hook_work(self.ctx, turn):
                 await self.blocking(work)

@@ -77,6 +77,8 @@ class BrainTasks:
         def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any
                      ) -> Awaitable[T]: ...
 
+        def on_loop(self) -> bool: ...
+
     def _holder(self) -> str:
         """Who holds the loop now, as far as can be told from another thread."""
         task = asyncio.current_task(self.loop)
@@ -172,7 +174,7 @@ class BrainTasks:
         wait for it; the error the attempt ends with, or None to commit.
         :class:`BrainAbandoned` once the loop ended (or ends) before the brain did, or
         the runtime's stop cut it short."""
-        turn._run_blocking = self.blocking
+        turn.on_event_loop(self.blocking, self.on_loop)
         if tools_unread(self.ctx, turn):  # read here, on the turn's thread
             build_tools(turn)
         with self._lock:  # the loop's end lets go of every wait registered before it
@@ -197,7 +199,7 @@ class BrainTasks:
     async def await_direct_brain(self, turn: Turn) -> BaseException | None:
         """:meth:`run_brain_blocking` for a direct turn the loop drives
         (:meth:`drive_direct`): awaited, holding no thread."""
-        turn._run_blocking = self.blocking
+        turn.on_event_loop(self.blocking, self.on_loop)
         if tools_unread(self.ctx, turn):  # a read: not on the loop
             await self.blocking(build_tools, turn)
         error = await self._run_brain(turn)

@@ -7,7 +7,8 @@ refuses; decide on the types and their attributes, never on message text::
     KinboxError
     ├── ToolError              .code: not_found, invalid_argument or
     │                          execution_failed; .to_dict() is the tool result
-    ├── RuntimeStateError      .state: the runtime is not started, or stopped
+    ├── RuntimeStateError      .state: the runtime is not started, or stopped; a
+    │                          turn's call refused (ended, event_loop)
     ├── IdleTimeout            .timeout, .statistics: run_until_idle ran out of time
     ├── ConfigError            .field: an argument given to kinbox is invalid
     │   └── BrainRefError      .spec: ``module:attribute`` names no callable brain
@@ -73,7 +74,10 @@ def tool_result(exc: ToolError | RuntimeStateError) -> dict[str, str]:
 
 
 class RuntimeStateError(KinboxError):
-    """The runtime is not running (never started, stopped, or crashed); ``state`` says which."""
+    """The runtime is not running (never started, stopped, or crashed), or a turn refuses a
+    call in the state it is in; ``state`` says which (``ended``: the turn's brain returned;
+    ``event_loop``: a call that would read or write the database, made on the event loop
+    of async brains, which names its awaitable twin)."""
 
     def __init__(self, message: str, state: str = "") -> None:
         super().__init__(message)

@@ -171,7 +171,9 @@ class Focal(HearingBack):
                 ctx.store.update_session(session.id, ctx.now(), title=FOCAL_TITLE)
             return self.tool_request(session), self.global_context()
 
-        turn.resolve_with(resolve)
+        # Only the Focal chat has a context (its id says so, no read needed): it is
+        # computed before the brain, which may then read it on the event loop.
+        turn.resolve_with(resolve, context=turn.session_id == FOCAL_ID)
         if turn.session_id == FOCAL_ID:  # the policy applies before the turn
             return lambda: turn.request
         return None

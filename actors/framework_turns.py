@@ -33,9 +33,9 @@ def prompt_of(turn: Turn) -> str:
 async def prompt_for(turn: Turn) -> str:
     """The turn's prompt, headed by its extra context (Focal's global context, FO3).
 
-    The context is read off the loop: on a turn that has not looked yet, it reads the
-    session."""
-    context = await asyncio.to_thread(lambda: turn.context)
+    Read on the loop: a Focal turn's context is computed before its brain runs, and every
+    other turn's is None without a read (:attr:`.turn.Turn.context`)."""
+    context = turn.context
     return prompt_of(turn) if not context else f"{context}\n\n{prompt_of(turn)}"
 
 

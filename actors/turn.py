@@ -84,10 +84,15 @@ class Turn:
         """Fetched (leased to this turn) and not yet handed to the brain."""
         self._closed: list[Message] | None = None
         self._run_blocking: Callable[[Callable[[], None]], Awaitable[None]] | None = None
+        self._on_loop: Callable[[], bool] | None = None
+        """Is the caller on the event loop of async brains (None: a sync turn)?"""
         self.replies: list[str] = []
         self._request: Any = None
         self._context: str | None = None
         self._resolve: Callable[[], tuple[Any, str | None]] | None = None
+        self._context_read = True
+        self._resolve_lock = threading.Lock()
+        """Held while the request is read (never on the event loop): read once."""
         # Transcript order is the order things happened: steering lands between replies.
         self._log: list[TurnEntry] = [m.entry() for m in messages]
 
@@ -98,25 +103,66 @@ class Turn:
             self._tools = self._make_tools()
         return self._tools
 
-    def resolve_with(self, resolve: Callable[[], tuple[Any, str | None]]) -> None:
-        """Set how the tool request and context are computed (on first use)."""
+    def resolve_with(self, resolve: Callable[[], tuple[Any, str | None]], *,
+                     context: bool = True) -> None:
+        """Set how the tool request and context are computed (on first use). With
+        ``context=False`` the turn has no context (None, known without computing it)."""
         self._resolve = resolve
         self._request = self._context = None
+        self._context_read = context
+
+    def on_event_loop(self, run_blocking: Callable[[Callable[[], None]], Awaitable[None]],
+                      on_loop: Callable[[], bool]) -> None:
+        """This turn's brain is ``async def``: its blocking work runs through
+        ``run_blocking`` (awaited on the loop), and ``on_loop()`` tells whether a caller
+        is on the loop's thread, where a read would hold every async turn."""
+        self._run_blocking = run_blocking
+        self._on_loop = on_loop
 
     def _resolved(self) -> tuple[Any, str | None]:
         if self._resolve is not None:
-            self._request, self._context = self._resolve()
-            self._resolve = None
+            self._refuse_on_loop("turn.request", "await turn.arequest()")
+            self._resolve_now()
         return self._request, self._context
+
+    def _refuse_on_loop(self, call: str, instead: str) -> None:
+        """Refuse a call that would read or write the database on the event loop, where
+        it would hold every async turn of the runtime until it ended (B1)."""
+        if self._on_loop is not None and self._on_loop():
+            raise RuntimeStateError(f"{call} reads the database, which would hold the "
+                                    f"event loop: use `{instead}` in an async brain",
+                                    state="event_loop")
+
+    def _resolve_now(self) -> None:
+        with self._resolve_lock:  # two awaits at once read once
+            if self._resolve is not None:
+                self._request, self._context = self._resolve()
+                self._resolve = None  # last: a reader that sees None sees both values
 
     @property
     def request(self) -> Any:
-        """The tool request this turn runs with (the Focal policy applied on Focal turns)."""
+        """The tool request this turn runs with (the Focal policy applied on Focal turns).
+
+        In an ``async def`` brain, ``await turn.arequest()``: off Focal turns it reads the
+        session, which this attribute refuses to do on the event loop
+        (:class:`RuntimeStateError`, ``state="event_loop"``) until that has run."""
         return self._resolved()[0]
+
+    async def arequest(self) -> Any:
+        """:attr:`request` for an ``async def`` brain: read on a blocking worker (once),
+        so the event loop and every other async turn go on meanwhile."""
+        run = self._run_blocking
+        if self._resolve is not None and run is not None:
+            await run(self._resolve_now)
+        return self.request
 
     @property
     def context(self) -> str | None:
-        """Extra context for the model: the Focal global context on Focal turns."""
+        """Extra context for the model: the Focal global context on Focal turns (computed
+        before their brain runs), None on every other turn (known without a read, so an
+        ``async def`` brain reads it as any attribute)."""
+        if not self._context_read:
+            return None
         return self._resolved()[1]
 
     @property
@@ -163,8 +209,11 @@ class Turn:
         """Messages to this session that arrived since the turn started (or last asked).
 
         They become part of this turn: committed and acknowledged with it. In an
-        ``async def`` brain, ``await turn.asteering()``.
+        ``async def`` brain, ``await turn.asteering()``: this call leases the rows (a
+        database write), which it refuses to do on the event loop
+        (:class:`RuntimeStateError`, ``state="event_loop"``).
         """
+        self._refuse_on_loop("turn.steering()", "await turn.asteering()")
         self._fetch()
         return self._take()
 

@@ -1,7 +1,11 @@
 """What an ``async def`` brain reads through the Turn API never holds the event loop (B1).
 
 Every async turn of a runtime shares one loop thread: a database read made there (or a
-wait for a lock a database write holds) stalls every other async turn until it ends.
+wait for a lock a database write holds) stalls every other async turn until it ends. The
+Turn's lazily read attributes (``turn.context``, ``turn.request``) and its steering
+(``await turn.asteering()``) are read here while another session's async turn must make
+progress; each read is held open (an injected read that waits on an event) so a loop that
+waited for it would show.
 """
 
 from __future__ import annotations
@@ -10,11 +14,131 @@ import asyncio
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
-from kinbox.actors import Message, Turn
+from kinbox.actors import Message, Runtime, RuntimeStateError, Turn
 from kinbox.actors.running import StopFlag
+
+MakeRuntime = Callable[..., Runtime]
+
+
+class HeldReads:
+    """A database call about one session (``store.session`` by default), held open once
+    that session's brain has begun (a slow database, a lock): it signals ``reading`` and
+    waits for ``release``."""
+
+    def __init__(self, rt: Runtime, session_id: str, where: str = "store.session",
+                 position: int = 0) -> None:
+        self.in_brain = threading.Event()
+        self.reading = threading.Event()
+        self.release = threading.Event()
+        self.on_loop: list[str] = []
+        owner_name, name = where.split(".")
+        owner = getattr(rt.context, owner_name)
+        real = getattr(owner, name)
+
+        def held(*args: Any, **kwargs: Any) -> Any:
+            if args[position] == session_id and self.in_brain.is_set():
+                if threading.current_thread().name == "kinbox-async":
+                    self.on_loop.append(name)
+                self.reading.set()
+                self.release.wait(10)
+            return real(*args, **kwargs)
+
+        setattr(owner, name, held)
+
+
+LAZY_READS = {
+    "context": (lambda turn: turn.context, "store.session", 0),
+    "request": (lambda turn: turn.request, "store.session", 0),
+    "steering()": (lambda turn: turn.steering(), "journal.claim_more", 1),
+}
+"""What an async brain asks of its turn, and the database call that answers it."""
+
+
+def two_sessions(rt: Runtime) -> tuple[str, str]:
+    project = rt.create_project("p")
+    return rt.create_session(project.id, "A").id, rt.create_session(project.id, "B").id
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("attribute", list(LAZY_READS))
+def test_an_async_brain_reading_a_lazy_turn_attribute_holds_no_other_turn(
+        make_runtime: MakeRuntime, attribute: str) -> None:
+    """``turn.context`` and ``turn.request`` read the session the first time a turn asks
+    (off Focal turns), ``turn.steering()`` leases rows (a write): in an async brain that
+    ran on the event loop, and another session's async turn waited for it. The context
+    of a turn off Focal is known without a read (None); the request is read with
+    ``await turn.arequest()`` and steering with ``await turn.asteering()``, and the sync
+    calls on the loop are refused (``state="event_loop"``), not run there."""
+    ask, where, position = LAZY_READS[attribute]
+    seen: list[Any] = []
+    other_ran = threading.Event()
+    holder: dict[str, HeldReads] = {}
+
+    async def brain(turn: Turn) -> None:
+        if turn.session_id != a:
+            other_ran.set()
+            return
+        holder["reads"].in_brain.set()
+        try:
+            seen.append(ask(turn))
+        except RuntimeStateError as exc:
+            seen.append(exc.state)
+
+    rt = make_runtime(brain=brain)
+    a, b = two_sessions(rt)
+    reads = holder["reads"] = HeldReads(rt, a, where, position)
+    try:
+        rt.post(a, "read your " + attribute)
+        assert reads.in_brain.wait(10), "A's brain began"
+        rt.post(b, "anything")
+        assert other_ran.wait(5), (
+            f"B's async turn did not run while A's brain read turn.{attribute} "
+            f"(reads of A on the event loop: {reads.on_loop})")
+    finally:
+        reads.release.set()
+    rt.run_until_idle()
+    assert reads.on_loop == []
+    assert seen == [None] if attribute == "context" else seen == ["event_loop"]
+
+
+@pytest.mark.timeout(60)
+def test_an_async_brain_awaits_its_tool_request_off_the_event_loop(
+        make_runtime: MakeRuntime) -> None:
+    """``await turn.arequest()`` reads the session on a blocking worker: another async
+    turn runs meanwhile, and the request is the one a sync brain gets from
+    ``turn.request``."""
+    seen: list[Any] = []
+    other_ran = threading.Event()
+    holder: dict[str, HeldReads] = {}
+
+    async def brain(turn: Turn) -> None:
+        if turn.session_id != a:
+            other_ran.set()
+            return
+        holder["reads"].in_brain.set()
+        seen.append(await turn.arequest())
+        seen.append(await turn.arequest())  # resolved once: no second read
+        seen.append(turn.request)  # and readable as an attribute from here on
+
+    rt = make_runtime(brain=brain)
+    a, b = two_sessions(rt)
+    rt.context.store.update_session(a, rt.clock.now(), config={"tools": ["web_search"]})
+    reads = holder["reads"] = HeldReads(rt, a)
+    try:
+        rt.post(a, "which tools?")
+        assert reads.reading.wait(10), "A's request is being read"
+        rt.post(b, "anything")
+        assert other_ran.wait(5), "B's async turn waited for A's read of its request"
+    finally:
+        reads.release.set()
+    rt.run_until_idle()
+    assert reads.on_loop == []
+    assert len(seen) == 3 and seen[0] is seen[1] is seen[2]
+    assert seen[0].tools == ("web_search",)
 
 
 @pytest.mark.timeout(30)
