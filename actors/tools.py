@@ -302,6 +302,15 @@ def tools_for(ctx: RuntimeContext, session_id: str, outbox: Outbox | None = None
                 else AgentTools)
         if session is not None:  # an unknown id is looked up again: it may be created
             if len(ctx.tool_classes) >= TOOL_CLASSES_KEPT:
-                ctx.tool_classes.clear()  # memory stays bounded; the next turns look again
+                forget_tool_classes(ctx)
             ctx.tool_classes[session_id] = held
     return held(ctx, session_id, outbox)
+
+
+def forget_tool_classes(ctx: RuntimeContext) -> None:
+    """Start over (memory stays bounded; the next turns look again), keeping the sessions
+    whose turns run: an async turn found its session here when it started and builds its
+    tools on the event loop, where a read would hold every async turn. Swapped whole, so
+    a reader sees the old map or the new one, either holding those sessions."""
+    old = ctx.tool_classes
+    ctx.tool_classes = {sid: old[sid] for sid in ctx.turns.running() if sid in old}

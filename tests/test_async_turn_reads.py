@@ -198,3 +198,40 @@ def test_taking_steering_never_waits_on_the_loop_for_another_fetchs_write() -> N
         loop.close()
     assert sorted(len(g) for g in got) == [0, 1] and turn.steered_ids == ["m1"]
 
+
+
+@pytest.mark.timeout(60)
+def test_a_running_turns_tools_are_known_without_a_read_when_the_cache_starts_over(
+        make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which tools a session holds is remembered for ``TOOL_CLASSES_KEPT`` sessions, then
+    forgotten all at once. An async turn whose session was known when it started builds
+    its tools on the event loop when the brain first asks (no read: it was known); if the
+    memory started over in between, that build read the session there, holding every
+    async turn. The sessions whose turns run are kept when it starts over."""
+    monkeypatch.setattr("kinbox.actors.tools.TOOL_CLASSES_KEPT", 2)
+    go = threading.Event()
+    holder: dict[str, HeldReads] = {}
+    schemas: list[int] = []
+
+    async def brain(turn: Turn) -> None:
+        if turn.messages[0].content == "second":
+            holder["reads"].in_brain.set()
+            await asyncio.to_thread(go.wait, 10)  # the cache starts over meanwhile
+        schemas.append(len(turn.tools.schemas()))
+
+    rt = make_runtime(brain=brain)
+    a, _ = two_sessions(rt)
+    rt.post(a, "first")  # A's tools: read once, remembered
+    rt.run_until_idle()
+    reads = holder["reads"] = HeldReads(rt, a)
+    reads.release.set()  # recorded, not held: the read must merely not be on the loop
+    rt.post(a, "second")
+    try:
+        assert reads.in_brain.wait(10)
+        for title in ("C", "D", "E"):  # new sessions: more than the cache keeps
+            rt.tools_for(rt.create_session(None, title).id)
+    finally:
+        go.set()
+    rt.run_until_idle()
+    assert len(schemas) == 2 and schemas[0] == schemas[1]
+    assert reads.on_loop == [], "A's running turn read which tools it holds on the loop"
