@@ -2,10 +2,10 @@
 
 Every async turn of a runtime shares one loop thread: a database read made there (or a
 wait for a lock a database write holds) stalls every other async turn until it ends. The
-Turn's lazily read attributes (``turn.context``, ``turn.request``) and its steering
-(``await turn.asteering()``) are read here while another session's async turn must make
-progress; each read is held open (an injected read that waits on an event) so a loop that
-waited for it would show.
+Turn's lazily read attributes (``turn.context``, ``turn.request``), its steering and its
+tools are asked for here while another session's async turn must make progress (or the
+loop must answer); each read is held open (an injected read that waits on an event) so
+a loop that waited for it would show.
 """
 
 from __future__ import annotations
@@ -102,15 +102,16 @@ def test_an_async_brain_reading_a_lazy_turn_attribute_holds_no_other_turn(
         reads.release.set()
     rt.run_until_idle()
     assert reads.on_loop == []
-    assert seen == [None] if attribute == "context" else seen == ["event_loop"]
+    expected = [None] if attribute == "context" else ["event_loop"]
+    assert seen == expected
 
 
 @pytest.mark.timeout(60)
 def test_an_async_brain_awaits_its_tool_request_off_the_event_loop(
         make_runtime: MakeRuntime) -> None:
     """``await turn.arequest()`` reads the session on a blocking worker: another async
-    turn runs meanwhile, and the request is the one a sync brain gets from
-    ``turn.request``."""
+    turn runs meanwhile, and the request is the session's (its config's tools), read
+    once, then readable as ``turn.request`` too."""
     seen: list[Any] = []
     other_ran = threading.Event()
     holder: dict[str, HeldReads] = {}
