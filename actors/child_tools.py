@@ -11,12 +11,14 @@ so one that could never end (every thread waiting) is refused. A part of
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ..persistence import NewMessage, RowNotFound, SessionRecord
 from ..persistence.inbox_core import TERMINAL_STATES
+from ..persistence.numbered_ids import numbered
 from .context import RuntimeContext
 from .errors import ToolError
 from .ids import short
@@ -109,12 +111,25 @@ class ChildTools:
                 "status": "running"}
 
     def child_finished(self, task_id: str) -> bool:
-        """The child's task message has reached a terminal state (or was pruned, which
-        only a finished row can be)."""
-        try:
-            return self._ctx.journal.get(task_message_id(task_id))["status"] in TERMINAL_STATES
-        except RowNotFound:
-            return True
+        """The child's task messages have all reached a terminal state: the first (or it
+        was pruned, which only a finished row can be) and each hand-back of it. A deploy
+        that stops the child acknowledges its message and hands the task back (a
+        ``-resumed`` row the next start runs): the child goes on, and its parent must
+        wait on, not take the half-done task for its result.
+
+        Read in chain order: a hand-back commits with the end of the row before it, so
+        a row seen ended has its hand-back (if any) written already."""
+        base = task_message_id(task_id)
+        for n, mid in enumerate(itertools.chain([base], numbered(f"{base}-resumed"))):
+            try:
+                status = self._ctx.journal.get(mid)["status"]
+            except RowNotFound:
+                if n == 0:
+                    continue  # pruned: it ended; a hand-back of it may still run
+                return True  # the chain ends here
+            if status not in TERMINAL_STATES:
+                return False
+        raise AssertionError("unreachable: the chain of ids is endless")
 
     def child_outcome(self, result: dict[str, Any]) -> dict[str, Any]:
         """A finished foreground child's receipt: its task status and last reply.

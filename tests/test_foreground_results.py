@@ -351,3 +351,45 @@ def test_a_social_turn_whose_commit_failed_hands_the_result_back_unlost(
     children = [s for s in rt.sessions() if s.kind == "subagent"]
     assert len(children) == 1  # the retry found the child that ran
     assert [e.text for e in rt.transcript(sid)].count("42") == 1
+
+
+def test_a_foreground_child_handed_back_by_a_deploy_is_waited_for_not_reported_half_done(
+        make_runtime: MakeRuntime) -> None:
+    """A graceful stop (a deploy) ends a running child's turn: its task message is
+    acknowledged and handed back as ``-resumed``, which the next start runs. The waiting
+    parent took that acknowledgement for the child's end: its ``agent`` call returned the
+    task ``in_progress`` with the half-done reply, before the stop and again after the
+    restart, and the real result then woke the parent in a turn of its own."""
+    running = threading.Event()
+    answers: list[Any] = []
+    woken: list[str] = []
+
+    def first_life(turn: Turn) -> None:
+        if turn.session_id != "a":
+            running.set()
+            turn.wait_stop_requested(30)
+            turn.reply("half done")  # it did something: the task is handed back
+            return
+        try:
+            answers.append(turn.tools.agent("clean up", run_in_background=False, timeout=30))
+        except ToolError as exc:
+            answers.append(exc.message)
+
+    def second_life(turn: Turn) -> None:
+        if turn.session_id != "a":
+            turn.reply("all clean")
+        elif turn.messages[0].kind == "subagent_result":
+            woken.extend(m.content for m in turn.messages)
+        else:
+            answers.append(turn.tools.agent("clean up", run_in_background=False, timeout=30))
+
+    rt = make_runtime(brain=first_life, max_active_sessions=4)
+    family(rt)
+    rt.post("a", "go")
+    assert running.wait(10)
+    rt.stop()
+    again = make_runtime(brain=second_life, max_active_sessions=4)
+    again.run_until_idle(30)
+    done = [a for a in answers if isinstance(a, dict)]
+    assert [(a["status"], a["result"]) for a in done] == [("completed", "all clean")], answers
+    assert woken == []
