@@ -134,8 +134,11 @@ class FamilyTools:
             entry = roster.resolve(entries, receiver_role, receiver_name)
         except roster.ResolveError as exc:
             missing = exc.reason in (roster.Unresolved.NO_MATCH, roster.Unresolved.NO_PARENT)
-            if receiver_name and missing and self._beyond_reach(
-                    caller, related, receiver_name.strip()):
+            key = receiver_name.strip() if receiver_name else ""
+            # A relative the roster holds under another role is in reach (the error says
+            # which role); only a name beyond the roster is "out of reach".
+            if key and missing and not roster.named(entries, key) and self._beyond_reach(
+                    caller, related, key):
                 raise ToolError("not_found", roster.REACH_ERROR) from exc
             code = "not_found" if missing else "invalid_argument"
             raise ToolError(code, f"{exc}.") from exc

@@ -72,6 +72,12 @@ def designates(key: str, name: str, id_: str) -> bool:
     return key == id_ or unicodedata.normalize("NFC", key) == unicodedata.normalize("NFC", name)
 
 
+def named(entries: Sequence[Entry], key: str) -> list[Entry]:
+    """The roster entries ``key`` (a stripped ``receiver_name``) designates, whatever
+    their role, in roster order."""
+    return [e for e in entries if designates(key, e.name, e.id)]
+
+
 def roster(me: Member, family: Sequence[Member]) -> list[Entry]:
     """The sessions ``me`` may message, in roster order."""
     visible = [m for m in family if not m.hidden]
@@ -123,7 +129,12 @@ def resolve(entries: Sequence[Entry], role: str, name: str | None) -> Entry:
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise ResolveError(Unresolved.NO_MATCH, f"no {role} matches receiver_name {quoted(key)}")
+        # Kin under another role is in reach: say what it is, not that nothing matched
+        # (the caller would look for it farther off).
+        other = named(entries, key)
+        hint = f" ({quoted(key)} is your {other[0].relationship})" if other else ""
+        raise ResolveError(Unresolved.NO_MATCH,
+                           f"no {role} matches receiver_name {quoted(key)}{hint}")
     ids = ", ".join(e.id for e in matches)
     plural = "children" if role == "child" else f"{role}s"
     raise ResolveError(Unresolved.AMBIGUOUS, f"{len(matches)} {plural} match receiver_name "

@@ -498,3 +498,20 @@ def test_a_send_answered_after_its_wait_keeps_its_rate_limit_token(
         tools.send("x", receiver_role="parent")
     with pytest.raises(ToolError, match="Rate limit"):
         tools.send("one too many", receiver_role="parent")
+
+
+@pytest.mark.parametrize(("role", "name", "is_"), [
+    ("child", "alice", "sibling"), ("sibling", "gus", "child"), ("sibling", "root", "parent"),
+    ("child", "root", "parent")])
+def test_a_relative_named_with_the_wrong_role_is_not_called_out_of_reach(
+        family: dict[str, Any], role: str, name: str, is_: str) -> None:
+    """Bob may message alice (his sibling): asked for her as his child, he was told that
+    reach is limited to parent, siblings and children, as if she were a cousin. The
+    answer says no such relative has that role, and what she is to him."""
+    tools = family["rt"].tools_for(family["bob"])
+    with pytest.raises(ToolError) as info:
+        tools.send("psst", receiver_role=role, receiver_name=name)
+    assert (info.value.code, info.value.message) == (
+        "not_found", f"no {role} matches receiver_name {name!r} ({name!r} is your {is_})."
+    )
+    assert family["rt"].inbox() == []
