@@ -22,10 +22,14 @@ from ..persistence.numbered_ids import numbered
 from .context import RuntimeContext
 from .errors import ToolError
 from .ids import short
-from .outbox import Writes, commit_together
+from .outbox import Writes, commit_together, foreground_child_id
 from .subagents import TASK_KIND, result_ids, task_message_id
 from .tasks import TaskService
 from .validation import SEND_LIMIT, TITLE_LIMIT, require_int, require_message
+
+FOREGROUND_KEY = "foreground_key"
+"""The config entry of a foreground child holding its key (:meth:`.outbox.Outbox.child_key`):
+what a retried attempt checks before it takes a session of the derived id as its child."""
 
 FOREGROUND_ON_LOOP = ("A foreground agent(..., run_in_background=False) waits for the "
                       "child's turn, which runs on the event loop this call would hold "
@@ -70,10 +74,13 @@ class ChildTools:
         ctx = self._ctx
         box = self._writes.outbox
 
+        key: str | None = None  # a foreground child's (:meth:`.outbox.Outbox.child_key`)
+
         def start(writes: Writes) -> dict[str, Any]:
             now = ctx.now()
+            config = {} if key is None else {FOREGROUND_KEY: key}
             writes.create_session(SessionRecord(child_id, caller.project_id, name, "subagent",
-                                                None, caller.id, "idle", now, now, {}))
+                                                None, caller.id, "idle", now, now, config))
             task = TaskService(ctx, writes).create(child_id, caller.project_id, name,
                                                    "in_progress")
             writes.send([NewMessage(task_message_id(task.id), child_id, text, kind=TASK_KIND,
@@ -89,11 +96,14 @@ class ChildTools:
         try:
             # The turn waits for this child, so it commits now, not with the turn; an id
             # repeatable across attempts lets a retried turn find the child it started.
-            child_id = (box.child_id(text) if box is not None
-                        else f"subagent-sub_{short(ctx.new_id(), 8)}")
+            if box is not None:
+                key = box.child_key(text)
+                child_id = foreground_child_id(key)
+            else:
+                child_id = f"subagent-sub_{short(ctx.new_id(), 8)}"
             holder = ctx.store.session(child_id)
             if holder is not None:
-                if _is_child_of(holder, caller):  # an earlier attempt of this turn started it
+                if _is_child_of(holder, caller, key):  # an earlier attempt started it
                     return self._receipt(holder), float(wait)
                 child_id = f"subagent-sub_{short(ctx.new_id(), 8)}"  # another's: not it
             # Checked again with the writes: the turn may end meanwhile (a thread the
@@ -210,8 +220,10 @@ class ChildTools:
             self.release_thread()
 
 
-def _is_child_of(session: SessionRecord, caller: SessionRecord) -> bool:
-    """Is ``session`` the caller's own child? (A foreground child's id is derived from its
-    turn; a session holding that id otherwise is not this turn's child, whatever its
-    name.)"""
-    return session.parent_id == caller.id and session.project_id == caller.project_id
+def _is_child_of(session: SessionRecord, caller: SessionRecord, key: str | None) -> bool:
+    """Is ``session`` the foreground child ``key`` names, of this caller? (Its id is made
+    of a few digits of the key: a session holding that id otherwise, another's or
+    another child of the caller's, is not this turn's child, whatever its name.)"""
+    return (key is not None and session.parent_id == caller.id
+            and session.project_id == caller.project_id
+            and session.config.get(FOREGROUND_KEY) == key)

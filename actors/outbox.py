@@ -161,18 +161,29 @@ class Outbox:
         if late:
             give_back()
 
-    def child_id(self, description: str) -> str:
-        """The id of this turn's next foreground child: the same on every attempt that asks
+    def child_key(self, description: str) -> str:
+        """The key of this turn's next foreground child: the same on every attempt that asks
         for the same child (its description, and how many times this turn asked for it).
         Not its place among the turn's calls: tool calls of an async turn run at once
         (``asyncio.gather``, a framework's parallel tool calls) and reach here in any
         order, and a retried model may ask for its children in another order; either
-        would start every child again."""
+        would start every child again. The child's id is made of it
+        (:func:`foreground_child_id`); the child keeps the whole key, which tells it
+        apart from a session that happens to hold the same short id."""
         with self._undo_lock:
             nth = self.foreground_calls[description] = (
                 self.foreground_calls.get(description, 0) + 1)
-        digest = hashlib.sha256(f"{self.key}\0{nth}\0{description}".encode()).hexdigest()
-        return f"subagent-sub_{digest[:16]}"
+        return hashlib.sha256(f"{self.key}\0{nth}\0{description}".encode()).hexdigest()
+
+    def child_id(self, description: str) -> str:
+        """The id of this turn's next foreground child (see :meth:`child_key`)."""
+        return foreground_child_id(self.child_key(description))
+
+
+def foreground_child_id(key: str) -> str:
+    """A foreground child's id: of the form every child's has, ``subagent-sub_<8 hex>``
+    (T5), from its key (:meth:`Outbox.child_key`)."""
+    return f"subagent-sub_{key[:8]}"
 
 
 class Writes:

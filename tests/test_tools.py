@@ -1117,3 +1117,32 @@ def test_a_wakeup_at_the_last_second_before_the_year_10000_is_taken_and_survives
                 "invalid_argument")
     with Runtime(db=db_url, brain=quiet_brain, clock=clock, data_dir=tmp_path) as again:
         assert [w["run_at"] for w in again.focal.panel()["wakeups"]] == [LATEST_WAKEUP]
+
+
+@pytest.mark.timeout(60)
+def test_a_foreground_child_id_the_callers_other_child_holds_is_not_taken_as_this_one(
+        make_runtime: MakeRuntime) -> None:
+    """The derived id of a foreground child held by another child of the same caller (one
+    started for other work) is not the child this call asked for: its task and result
+    are not handed to the caller."""
+    from kinbox.actors.outbox import Outbox
+
+    results: dict[str, Any] = {}
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            turn.reply(f"result for {turn.messages[0].content}")
+        elif turn.messages[0].kind == "agent_message":
+            results[turn.session_id] = turn.tools.agent("the report", run_in_background=False,
+                                                        timeout=20)
+
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    one = rt.create_project("one")
+    rt.create_session(one.id, "Bob", session_id="bob")
+    taken = Outbox("msg-B").child_id("the report")  # the id Bob's turn derives
+    rt.create_session(one.id, "Bob's other child", kind="subagent", parent_id="bob",
+                      session_id=taken)
+    rt.post("bob", "go", message_id="msg-B")
+    rt.run_until_idle(30)
+    assert results["bob"]["agent_id"] != taken
+    assert results["bob"]["result"] == "result for the report"

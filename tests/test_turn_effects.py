@@ -7,6 +7,7 @@ exist afterwards. Retries come due on the injected clock.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -324,3 +325,26 @@ def test_a_failed_focal_turn_schedules_no_wake_up(make_runtime: MakeRuntime,
     wakeups = rt.context.focal.schedule.wakeups()
     assert len(attempts) == 3
     assert [w["job_id"] for w in wakeups] == [attempts[-1]["job_id"]]
+
+
+def test_a_foreground_child_s_id_has_the_form_every_child_s_has(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    """T5: a child's id is ``subagent-sub_<8 hex>``; a foreground child's (derived from its
+    turn, so that a retry finds it) had 16, unlike every other child's."""
+    outcomes: list[dict[str, Any]] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id == "a" and turn.messages[0].content == "go":
+            outcomes.append(turn.tools.agent("count the files", run_in_background=False,
+                                             timeout=30))
+            if len(outcomes) == 1:
+                raise RuntimeError("the model failed after the child answered")
+        elif turn.session_id != "a":
+            turn.reply("42 files")
+
+    rt = make_runtime(brain=brain)
+    sessions(rt)
+    rt.post("a", "go")
+    drain_with_retries(rt, clock, 2)
+    assert [o["agent_id"] for o in outcomes] == [outcomes[0]["agent_id"]] * 2
+    assert re.fullmatch(r"subagent-sub_[0-9a-f]{8}", outcomes[0]["agent_id"]), outcomes
