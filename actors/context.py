@@ -32,6 +32,7 @@ from ..persistence import (
 from .clock import Clock
 from .errors import RuntimeStateError
 from .messages import Wake
+from .queued_sends import QueuedSends
 from .running import RunningTurns
 from .ticker import no_alarm
 from .turn import Brain, Turn, TurnOutcome
@@ -198,6 +199,8 @@ class RuntimeContext:
     dispatcher: pykka.ActorRef[Any] | None = None
     slots: Slots | None = None
     """The delivery slots (:mod:`.slots`): where turns start and end, from any thread."""
+    queued_sends: QueuedSends = field(default_factory=QueuedSends)
+    """Family sends checked against the pending limit, not yet durable (:mod:`.queued_sends`)."""
     buckets: Any = None
     """Family rate-limit buckets (``family.Buckets``, shared through the database), set by
     the runtime."""

@@ -176,13 +176,22 @@ class FamilyTools:
             raise ToolError("execution_failed",
                             f"Child '{entry.id}' is no longer reachable: children are reachable "
                             "only until their parent session closes, and this one has.")
-        if self._writes.pending_count(entry.id) >= PENDING_LIMIT:
+        # Counted from here until its row is durable (or never will be), so that sends
+        # of turns running at once cannot all take the last place (F6).
+        queued = ctx.queued_sends
+        if not queued.reserve(entry.id, PENDING_LIMIT,
+                              lambda: ctx.journal.pending_count(entry.id)):
             raise ToolError("execution_failed",
                             f"Pending limit: '{entry.id}' already has {PENDING_LIMIT} messages "
                             "waiting; wait until it catches up.")
         pair = (caller.id, entry.id)
-        wait = ctx.buckets.take(pair, ctx.now())
+        try:
+            wait = ctx.buckets.take(pair, ctx.now())
+        except BaseException:
+            queued.release(entry.id)
+            raise
         if wait > 0:
+            queued.release(entry.id)
             raise ToolError("execution_failed",
                             f"Rate limit: at most 3 messages in a burst to '{entry.id}', one more "
                             f"each second; retry in {wait:.1f}s.")
@@ -191,14 +200,19 @@ class FamilyTools:
         try:
             [result] = self._writes.send([NewMessage(
                 f"fam-{ctx.new_id()}", entry.id, text, kind=FAMILY_KIND, sender=caller.id,
-                payload={"relationship": entry.relationship, "sender_name": caller.title})])
+                payload={"relationship": entry.relationship, "sender_name": caller.title})],
+                after=lambda: queued.release(entry.id))
         except Exception as exc:
+            queued.release(entry.id)
             # A write its batch had taken (not withdrawn) may land yet: its token stays.
             if not isinstance(exc, WriteTimeout) or exc.withdrawn:
                 ctx.buckets.refund(pair)
             raise
-        # In a turn the send commits with the attempt; one that fails sent nothing.
-        self._writes.on_discard(lambda: ctx.buckets.refund(pair))
+
+        def dropped() -> None:  # in a turn the send commits with the attempt, or never
+            queued.release(entry.id)
+            ctx.buckets.refund(pair)
+        self._writes.on_discard(dropped)
         if busy:
             return {"id": result.message_id, "target": entry.id, "deliveryStatus": "queued",
                     "queuedAt": iso(now)}

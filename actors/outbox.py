@@ -83,8 +83,6 @@ class Outbox:
         self._undo_lock = threading.Lock()
         self.sessions: dict[str, SessionRecord] = {}
         self.tasks: dict[str, TaskRecord] = {}
-        self.sent: dict[str, int] = {}
-        """Messages queued in this turn, per target."""
         self.foreground_calls: dict[str, int] = {}
         """Foreground children asked for in this turn, per description."""
         self.turn: weakref.ref[Turn] | None = None
@@ -121,13 +119,6 @@ class Outbox:
             if not (self.ops or self.after):
                 return None
             return TurnEffects(ops=list(self.ops), after=list(self.after))
-
-    def note_sent(self, targets: list[str]) -> None:
-        """Count messages queued in this turn per target (tool calls of one async turn may
-        run at once, on several workers)."""
-        with self._undo_lock:
-            for target in targets:
-                self.sent[target] = self.sent.get(target, 0) + 1
 
     def check_open(self) -> None:
         """:class:`ToolError` once the turn has ended (its writes were taken by the commit,
@@ -231,18 +222,9 @@ class Writes:
             if after is not None:
                 after()
             return results
-        receipts = self.write(lambda: [ctx.journal.enqueue_now(m, now) for m in items],
+        return self.write(lambda: [ctx.journal.enqueue_now(m, now) for m in items],
                           [EnqueueResult(m.message_id, m.target, QUEUED, True, now)
                            for m in items], announce)
-        if self.outbox is not None:
-            self.outbox.note_sent([m.target for m in items])
-        return receipts
-
-    def pending_count(self, target: str) -> int:
-        """The target's pending rows as this turn sees them (its own queued sends
-        included)."""
-        queued = self.outbox.sent.get(target, 0) if self.outbox is not None else 0
-        return self.ctx.journal.pending_count(target) + queued
 
     def children_of(self, parent_id: str) -> list[SessionRecord]:
         """The sessions this turn created as ``parent_id``'s children (not yet committed)."""

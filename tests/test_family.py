@@ -271,6 +271,7 @@ def test_a_failed_attempt_gives_its_rate_limit_tokens_back(make_runtime: MakeRun
     rt.run_until_idle()
     assert attempts == [1, 2] and refused == []
     assert [r["content"] for r in rt.inbox(target=alice)] == [f"try 2 #{n}" for n in range(3)]
+    assert rt.context.queued_sends.count(alice) == 0  # dropped or durable: no longer counted
 
 
 def test_an_undo_kept_after_the_attempt_ended_runs_at_once_and_once() -> None:
@@ -515,3 +516,46 @@ def test_a_relative_named_with_the_wrong_role_is_not_called_out_of_reach(
         "not_found", f"no {role} matches receiver_name {name!r} ({name!r} is your {is_})."
     )
     assert family["rt"].inbox() == []
+
+
+@pytest.mark.timeout(60)
+def test_two_turns_sending_to_one_target_at_once_respect_the_pending_limit(
+        make_runtime: MakeRuntime) -> None:
+    """Each turn counted the target's pending rows and its own queued sends, not those
+    another running turn had queued: two siblings, each in a turn, both sent to a parent
+    with 19 waiting, and it had 21 (F6: at most 20)."""
+    release = threading.Event()
+    both_sent = threading.Barrier(2, timeout=20)
+    answers: dict[str, Any] = {}
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id == "root":
+            release.wait(20)
+        elif turn.messages[0].content == "go":
+            try:
+                answers[turn.session_id] = turn.tools.send("done", receiver_role="parent")
+            except ToolError as exc:
+                answers[turn.session_id] = exc.message
+            both_sent.wait()  # neither turn commits before both have sent
+
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    p = rt.create_project("p")
+    rt.create_session(p.id, "root", session_id="root")
+    for name in ("bob", "alice"):
+        rt.create_session(p.id, name, kind="subagent", parent_id="root", session_id=name)
+    try:
+        rt.post("root", "busy")
+        wait_for(lambda: rt.context.turns.is_running("root"), what="the root's turn")
+        for n in range(19):
+            rt.post("root", f"backlog {n}")
+        rt.post("bob", "go")
+        rt.post("alice", "go")
+        wait_for(lambda: all(rt.inbox(target=s)[0]["status"] == "delivered"
+                             for s in ("bob", "alice")), timeout=20, what="both commits")
+        waiting = [r for r in rt.inbox(target="root") if r["status"] == "pending"]
+        assert len(waiting) <= 20, (len(waiting), answers)
+        assert sorted(isinstance(a, str) for a in answers.values()) == [False, True], answers
+    finally:
+        release.set()
+    rt.run_until_idle(30)
+    assert rt.context.queued_sends.count("root") == 0  # each counted send let go once
