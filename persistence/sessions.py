@@ -253,12 +253,15 @@ class SessionStore(DirectTurnMarks):
 
     def family(self, session: SessionRecord, *, roots: Roots = "all") -> list[SessionRecord]:
         """Everyone a family roster can name: parent, parent's children, own children,
-        grandchildren, and the roots of the session's project (for shared workers):
+        grandchildren (of the session's project), and the roots of the session's project
+        (for shared workers):
         ``all`` of them, only those whose config may name a worker (``workers``: the
         caller knows the roster is after those), or ``none``."""
         s = self.t.session
         near = [session.id] + ([session.parent_id] if session.parent_id else [])
-        cond = s.id.in_(near) | s.parent_id.in_(near)
+        # Kin of the session's own project only (S2): a parent's children elsewhere are
+        # never on its roster, and a parent like Focal has them in every project.
+        cond = s.id.in_(near) | (s.parent_id.in_(near) & (s.project_id == session.project_id))
         if roots != "none":
             root = s.parent_id.is_null() & (s.project_id == session.project_id)
             if roots == "workers":
@@ -266,7 +269,9 @@ class SessionStore(DirectTurnMarks):
             cond |= root
         first = list(self._select().where(cond))
         children = [r.id for r in first if r.parent_id == session.id]
-        grand = list(self._select().where(s.parent_id.in_(children))) if children else []
+        grand = (list(self._select().where(s.parent_id.in_(children),
+                                           s.project_id == session.project_id))
+                 if children else [])
         seen: dict[str, Session] = {r.id: r for r in [*first, *grand]}
         return [_session(r) for r in seen.values()]
 

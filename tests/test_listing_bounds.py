@@ -359,3 +359,25 @@ def test_focals_context_reads_every_task_only_of_the_sessions_it_lists(
     assert rt.focal.global_context() == expected
     # The listed sessions' tasks (31 at most each) and the 9 open ones, not all 759.
     assert len(built) <= 10 * 31 + 9, len(built)
+
+
+def test_the_roster_of_a_session_focal_dispatched_reads_its_own_project_only(
+        make_runtime: MakeRuntime, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sessions Focal dispatched share its id as their parent, in every project: the family
+    read of one of them read every session Focal ever dispatched, anywhere, to keep the two
+    of its own project (kinship never crosses the project boundary)."""
+    rt = make_runtime()
+    focal = rt.get_or_create_focal_chat().id
+    web, ops = rt.create_project("web"), rt.create_project("ops")
+    store = rt.context.store
+    for i in range(200):
+        store.create_session(f"ops-{i:03d}", ops.id, f"ops {i}", "interactive", clock.now(),
+                             parent_id=focal)
+    alpha = store.create_session("alpha", web.id, "alpha", "interactive", clock.now(),
+                                 parent_id=focal).id
+    store.create_session("gamma", web.id, "gamma", "interactive", clock.now(),
+                         parent_id=focal)
+    built = records_built(monkeypatch)
+    roster_now = rt.tools_for(alpha).list_agents()["agents"]
+    assert [(e["relationship"], e["name"]) for e in roster_now] == [("sibling", "gamma")]
+    assert len(built) <= 5, len(built)
