@@ -4,9 +4,9 @@ A family send made in a turn becomes an inbox row only when that turn commits,
 yet the limit (at most 20 pending per target) must count it from the call on:
 each turn counted the target's rows and its own queued sends, so two turns
 sending to one target at once each missed the other's, and the target ended
-with more than 20. Here a send is counted from its check, which is made with
-the count as one step, until its row is durable (the journal counts it from
-then on) or its attempt is dropped. The count is this process's: turns of
+with more than 20. Here a send is counted from its check (:meth:`QueuedSends.reserve`)
+until its row is durable (the journal counts it from then on) or its attempt
+is dropped. The count is this process's: turns of
 another process sharing the database are seen once they commit.
 """
 
@@ -26,13 +26,24 @@ class QueuedSends:
 
     def reserve(self, target: str, limit: int, pending: Callable[[], int]) -> bool:
         """Count one more send to ``target`` if its ``pending()`` rows and the sends
-        counted here stay under ``limit``; False (nothing counted) otherwise. The check
-        and the count are one step: two senders at once cannot both take the last place."""
+        counted before it stay under ``limit``; False (nothing counted) otherwise.
+
+        Counted first, checked after (the read is no step under the lock, which would
+        hold up every family send while the database answers): of two senders at once,
+        the later counts the earlier, so they cannot both take the last place. A send
+        counted here and also read as a row (it became durable meanwhile) counts twice
+        for a moment: a refusal too many, never a place too many."""
         with self._lock:
-            if pending() + self._counts[target] >= limit:
-                return False
+            before = self._counts[target]
             self._counts[target] += 1
-            return True
+        try:
+            allowed = pending() + before < limit
+        except BaseException:
+            self.release(target)
+            raise
+        if not allowed:
+            self.release(target)
+        return allowed
 
     def release(self, target: str) -> None:
         """A counted send is durable (the journal counts it now) or will never be."""
