@@ -194,7 +194,7 @@ class FamilyTools:
             queued.release(entry.id)
             raise ToolError("execution_failed",
                             f"Rate limit: at most 3 messages in a burst to '{entry.id}', one more "
-                            f"each second; retry in {wait:.1f}s.")
+                            f"each second; retry in {rate_limit.told_wait(wait):.1f}s.")
         busy = ctx.turns.is_running(entry.id) or entry.status == "active"
         now = ctx.now()
         try:

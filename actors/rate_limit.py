@@ -7,6 +7,7 @@ send of a turn's attempt that fails, too).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 CAPACITY = 3.0
@@ -52,3 +53,10 @@ def take(bucket: Bucket | None, now: float, capacity: float = CAPACITY,
 def refund(bucket: Bucket, capacity: float = CAPACITY) -> Bucket:
     """Give back a token taken by a send that then failed."""
     return Bucket(min(capacity, bucket.tokens + 1.0), bucket.updated_at)
+
+
+def told_wait(wait: float) -> float:
+    """``wait`` as a caller is told it, in tenths of a second rounded up: rounded to the
+    nearest, a token 0.04 s away was "retry in 0.0s", and the retry made at once, as
+    told, was refused again. (A hair over a tenth from float arithmetic is not one more.)"""
+    return math.ceil(wait * 10 - 1e-9) / 10

@@ -559,3 +559,18 @@ def test_two_turns_sending_to_one_target_at_once_respect_the_pending_limit(
         release.set()
     rt.run_until_idle(30)
     assert rt.context.queued_sends.count("root") == 0  # each counted send let go once
+
+
+def test_the_rate_limit_never_says_to_retry_sooner_than_a_token_is_back(
+        family: dict[str, Any], clock: ManualClock) -> None:
+    """A token 0.04 s away was "retry in 0.0s": a caller retrying at once, as told, was
+    refused again. The wait is rounded up, so a retry after it is allowed."""
+    tools = family["rt"].tools_for(family["bob"])
+    for _ in range(3):
+        tools.send("x", receiver_role="parent")
+    clock.advance(0.96)
+    with pytest.raises(ToolError) as info:
+        tools.send("x", receiver_role="parent")
+    assert info.value.message.endswith("retry in 0.1s."), info.value.message
+    clock.advance(0.1)
+    tools.send("x", receiver_role="parent")
