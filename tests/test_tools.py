@@ -1012,6 +1012,18 @@ def test_a_foreground_agent_call_after_the_turn_ended_is_refused_and_starts_noth
     assert [s.id for s in rt.sessions() if s.kind == "subagent"] == []
 
 
+def _asks_for_the_report(results: dict[str, Any]) -> Callable[[Turn], None]:
+    """A brain whose sessions ask a foreground child for "the report" (noting what the
+    call returned, per session), and whose children answer it."""
+    def brain(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            turn.reply(f"result for {turn.messages[0].content}")
+        elif turn.messages[0].kind == "agent_message":
+            results[turn.session_id] = turn.tools.agent("the report", run_in_background=False,
+                                                        timeout=20)
+    return brain
+
+
 @pytest.mark.timeout(60)
 def test_a_foreground_child_id_another_session_holds_is_not_taken_as_this_turns_child(
         make_runtime: MakeRuntime) -> None:
@@ -1021,15 +1033,7 @@ def test_a_foreground_child_id_another_session_holds_is_not_taken_as_this_turns_
     from kinbox.actors.outbox import Outbox
 
     results: dict[str, Any] = {}
-
-    def brain(turn: Turn) -> None:
-        if turn.session_id.startswith("subagent-"):
-            turn.reply(f"result for {turn.messages[0].content}")
-        elif turn.messages[0].kind == "agent_message":
-            results[turn.session_id] = turn.tools.agent("the report", run_in_background=False,
-                                                        timeout=20)
-
-    rt = make_runtime(brain=brain, max_active_sessions=4)
+    rt = make_runtime(brain=_asks_for_the_report(results), max_active_sessions=4)
     one, two = rt.create_project("one"), rt.create_project("two")
     rt.create_session(one.id, "Alice", session_id="alice")
     rt.create_session(two.id, "Bob", session_id="bob")
@@ -1128,15 +1132,7 @@ def test_a_foreground_child_id_the_callers_other_child_holds_is_not_taken_as_thi
     from kinbox.actors.outbox import Outbox
 
     results: dict[str, Any] = {}
-
-    def brain(turn: Turn) -> None:
-        if turn.session_id.startswith("subagent-"):
-            turn.reply(f"result for {turn.messages[0].content}")
-        elif turn.messages[0].kind == "agent_message":
-            results[turn.session_id] = turn.tools.agent("the report", run_in_background=False,
-                                                        timeout=20)
-
-    rt = make_runtime(brain=brain, max_active_sessions=4)
+    rt = make_runtime(brain=_asks_for_the_report(results), max_active_sessions=4)
     one = rt.create_project("one")
     rt.create_session(one.id, "Bob", session_id="bob")
     taken = Outbox("msg-B").child_id("the report")  # the id Bob's turn derives
