@@ -16,6 +16,7 @@ from typing import Any, Literal
 import peewee as pw
 
 from . import paging, session_filters
+from .database import is_postgres
 from .direct_marks import DirectTurnMarks
 from .errors import DuplicateError, RowNotFound
 from .inbox_core import OPEN_STATES
@@ -288,13 +289,26 @@ class SessionStore(DirectTurnMarks):
                 raise RowNotFound("session", session_id)
         self.writer.call(op)
 
-    def patch_config_now(self, session_id: str, patch: dict[str, Any], now: float) -> None:
-        """Merge ``patch`` into a session's config inside the caller's transaction."""
+    def config_now(self, session_id: str) -> dict[str, Any]:
+        """A session's config inside the caller's transaction, its row locked until the
+        commit (PostgreSQL; SQLite's writes are serial): a change computed from it is not
+        lost to another process's change of the same row in between (:class:`RowNotFound`
+        when there is no such session)."""
         s = self.t.session
-        row = s.get_or_none(s.id == session_id)
+        query = s.select(s.config).where(s.id == session_id)
+        if is_postgres(self.t.db):
+            query = query.for_update()
+        row = query.first()
         if row is None:
             raise RowNotFound("session", session_id)
-        config = {**json.loads(row.config or "{}"), **patch}
+        return dict(json.loads(row.config or "{}"))
+
+    def patch_config_now(self, session_id: str, patch: dict[str, Any], now: float) -> None:
+        """Merge ``patch`` into a session's config inside the caller's transaction (the
+        merge reads the row locked, :meth:`config_now`: two processes patching other keys
+        of one config at once both keep theirs)."""
+        s = self.t.session
+        config = {**self.config_now(session_id), **patch}
         s.update(config=json.dumps(config, sort_keys=True), updated_at=now).where(
             s.id == session_id).execute()
 
