@@ -28,6 +28,7 @@ from ..transport.key_file import private_folder
 from . import access
 from . import focal_context as fc
 from . import focal_heartbeat as hb
+from . import focal_heartbeat_setting as hs
 from . import focal_policy as policy
 from .context import RuntimeContext
 from .errors import ToolError
@@ -87,8 +88,7 @@ class Focal(HearingBack):
                     chat = ctx.store.create_session(
                         FOCAL_ID, project.id, FOCAL_TITLE, access.FOCAL_KIND, now,
                         platform="focal", config={"is_focal_agent": True,
-                                                  "heartbeat_enabled": True,
-                                                  "heartbeat_interval_minutes": 30})
+                                                  **hs.DEFAULT.as_config()})
                 except DuplicateError:  # another process created it at once: that one it is
                     chat = ctx.store.session(FOCAL_ID)
                     assert chat is not None  # a session is never deleted
@@ -103,6 +103,26 @@ class Focal(HearingBack):
             if chat.title != FOCAL_TITLE:
                 ctx.store.update_session(FOCAL_ID, now, title=FOCAL_TITLE)
             return ctx.store.session(FOCAL_ID)  # type: ignore[return-value]
+
+    # -- the heartbeat setting (FO6) -------------------------------------------------------
+
+    def heartbeat(self) -> hs.HeartbeatSetting:
+        """The heartbeat setting (``enabled``, ``interval_minutes``) as the heartbeat obeys
+        it; the Focal chat is made first if needed (on by default, every 30 minutes)."""
+        return hs.from_config(self.get_or_create_focal_chat().config)
+
+    def set_heartbeat(self, *, enabled: bool | None = None,
+                      interval_minutes: int | None = None) -> hs.HeartbeatSetting:
+        """Turn the heartbeat on or off, or change its interval (a whole number of minutes,
+        5 to 1440); a field not given is kept. Returns the setting now. Stored in Focal's
+        config (kept across restarts, obeyed by every runtime on the database); off, no
+        heartbeat looks or wakes Focal; a new interval, or switched back on, the next is
+        due one interval from now. A bad value is a ConfigError naming the field, and
+        nothing is written."""
+        changes = hs.checked(enabled, interval_minutes)
+        self.get_or_create_focal_chat()
+        assert self.schedule is not None  # set by the runtime before any call
+        return self.schedule.set_heartbeat(changes)  # type: ignore[no-any-return]
 
     def rename(self, session_id: str, title: str, *, auto: bool = False) -> bool:
         """Change a session's title; auto-titling skips Focal, whose title stays pinned. The

@@ -21,7 +21,6 @@ from .validation import escaped
 
 STALL_AFTER = 30 * 60.0
 REMIND_BLOCKED_AFTER = 2 * 60 * 60.0
-HEARTBEAT_INTERVAL = 30 * 60.0
 CHECKLIST_LIMIT = 20_000
 """Characters of ``heartbeat.md`` a check-in carries (a message's limit)."""
 CHECKLIST_READ = CHECKLIST_LIMIT * 4 + 1

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..persistence import JobRecord, JobStore, NewMessage
 from . import focal_heartbeat as hb
+from . import focal_heartbeat_setting as hs
 from .context import RuntimeContext
 from .cron_rules import CLOCK_STEP_TOLERANCE, InvalidCronExpression, after_clock_step_back
 from .errors import ToolError
@@ -47,6 +48,7 @@ class Heartbeat:
     decision: hb.HeartbeatDecision
     body: str
     findings: list[str]
+    setting: hs.HeartbeatSetting
 
 
 def next_after(job: JobRecord, now: float) -> float | None:
@@ -216,14 +218,41 @@ class FocalSchedule:
     # -- the heartbeat (FO6) ---------------------------------------------------------------
 
     def ensure_heartbeat(self) -> None:
-        """Create the 30-minute heartbeat job once (another process may be creating it at
-        the same time: its job it is)."""
+        """Create the heartbeat job once, at the stored setting's interval (another process
+        may be creating it at the same time: its job it is)."""
         if self.jobs.get(HEARTBEAT_JOB) is not None:
             return
         now = self.ctx.now()
-        job = JobRecord(HEARTBEAT_JOB, FOCAL_ID, "heartbeat", "", None, hb.HEARTBEAT_INTERVAL,
-                        None, now + hb.HEARTBEAT_INTERVAL, None, True, now)
-        self._register(self.jobs.ensure(job))
+        self._register(self.jobs.ensure(_heartbeat_job(self.heartbeat_setting(), now)))
+
+    def heartbeat_setting(self) -> hs.HeartbeatSetting:
+        """The user's heartbeat setting as the tables hold it (the default without a
+        Focal chat)."""
+        focal = self.ctx.store.session(FOCAL_ID)
+        return hs.from_config(focal.config if focal else {})
+
+    def set_heartbeat(self, changes: dict[str, Any]) -> hs.HeartbeatSetting:
+        """Apply checked ``changes`` (:func:`.focal_heartbeat_setting.checked`) to the
+        stored setting; the setting now. The config and the job's schedule change in one
+        transaction, read with the Focal row locked (another process's change meanwhile is
+        not lost), and only when the setting changes: saving it unchanged does not put the
+        next heartbeat off. A change is due one interval of the new setting from now."""
+        store, now = self.ctx.store, self.ctx.now()
+
+        def op() -> tuple[hs.HeartbeatSetting, JobRecord | None]:
+            current = hs.from_config(store.config_now(FOCAL_ID))
+            setting = current.changed(**changes)
+            if setting == current:
+                return setting, None
+            store.patch_config_now(FOCAL_ID, setting.as_config(), now)
+            job = _heartbeat_job(setting, now, hs.after_change(setting, now))
+            self.jobs.reschedule_now(job)
+            return setting, job
+
+        setting, job = self.jobs.writer.call(op)
+        if job is not None:
+            self._register(job)
+        return setting
 
     def _heartbeat(self, now: float) -> Heartbeat | None:
         """The heartbeat's decision, made before the firing transaction when it is due: it
@@ -233,13 +262,18 @@ class FocalSchedule:
         if job is None or not job.active or job.next_run_at is None or job.next_run_at > now:
             return None
         focal = self.ctx.store.session(FOCAL_ID)
+        config = focal.config if focal else {}
+        setting = hs.from_config(config)  # the user's, whoever wrote it (another process)
+        if not hs.runs(setting):
+            return Heartbeat(hb.HeartbeatDecision(False, "the heartbeat is off", None), "", [],
+                             setting)
         checklist = self._checklist()
         found = hb.findings(self.focal.watched_sessions(), now)
-        decision = hb.should_run_focal_heartbeat(
-            checklist, found, (focal.config if focal else {}).get("focal_heartbeat_signature"))
+        decision = hb.should_run_focal_heartbeat(checklist, found,
+                                                 config.get("focal_heartbeat_signature"))
         body = checklist + ("\n\nFindings:\n" + "\n".join(f"- {f}" for f in found)
                             if found else "")
-        return Heartbeat(decision, body, found)
+        return Heartbeat(decision, body, found, setting)
 
     def _checklist(self) -> str:
         """``heartbeat.md`` as the heartbeat reads it: the default when there is none, or
@@ -292,7 +326,13 @@ class FocalSchedule:
         now = self.ctx.now()
         self.jobs.move_due(now + CLOCK_STEP_TOLERANCE, lambda job: after_step_back(job, now))
         heartbeat = self._heartbeat(now)
-        fired = self.jobs.fire_due(now, next_after,
+
+        def upcoming(job: JobRecord, at: float) -> float | None:
+            if job.kind == "heartbeat" and heartbeat is not None:  # the setting's interval
+                return hs.next_due(heartbeat.setting, job.next_run_at, at)
+            return next_after(job, at)
+
+        fired = self.jobs.fire_due(now, upcoming,
                                    lambda job, at: self._on_fire(job, at, heartbeat))
         if heartbeat is not None and any(j.kind == "heartbeat" for j in fired):
             self.ctx.emit("heartbeat", run=heartbeat.decision.run,
@@ -303,3 +343,11 @@ class FocalSchedule:
         if fired:
             self.ctx.wake_dispatcher()
         return [j.id for j in fired]
+
+
+def _heartbeat_job(setting: hs.HeartbeatSetting, now: float,
+                   due: float | None = None) -> JobRecord:
+    """The heartbeat job on ``setting``'s interval, due at ``due`` (one interval on)."""
+    interval = setting.interval_seconds
+    return JobRecord(HEARTBEAT_JOB, FOCAL_ID, "heartbeat", "", None, interval, None,
+                     now + interval if due is None else due, None, True, now)

@@ -97,6 +97,17 @@ class JobStore:
             return _record(j.get(j.id == job.id))
         return self.writer.call(op)
 
+    def reschedule_now(self, job: JobRecord) -> None:
+        """Give the job of ``job.id`` its interval, next run and active flag, inside the
+        caller's transaction; inserted whole when there is none yet. An insert, not an
+        update alone: another process that is making the job at the same moment (its
+        :meth:`ensure` keeps whatever row exists) would otherwise write its own over a
+        change that found no row to change."""
+        j = self.t.job
+        _insert(j, job).on_conflict(conflict_target=[j.id], update={
+            j.interval_seconds: job.interval_seconds, j.next_run_at: job.next_run_at,
+            j.active: job.active}).execute()
+
     def create(self, job: JobRecord, *, limit_kinds: tuple[str, ...] = (),
                limit: int | None = None) -> JobRecord | None:
         """Insert a job; None when ``limit`` active jobs of ``limit_kinds`` already exist."""

@@ -29,6 +29,7 @@ PURE_MODULES = [
     "actors/focal_policy.py",
     "actors/focal_context.py",
     "actors/focal_heartbeat.py",
+    "actors/focal_heartbeat_setting.py",
     "actors/tool_schemas.py",
     "actors/cron_rules.py",
     "actors/social_rules.py",
