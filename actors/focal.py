@@ -99,7 +99,7 @@ class Focal(HearingBack):
                     path.write_text(hb.DEFAULT_FOCAL_HEARTBEAT)
                 ctx.store.patch_config(FOCAL_ID, {"focal_heartbeat_initialized": True}, now)
                 if self.schedule is not None:
-                    self.schedule.ensure_heartbeat()
+                    self.schedule.heartbeat.ensure()
             if chat.title != FOCAL_TITLE:
                 ctx.store.update_session(FOCAL_ID, now, title=FOCAL_TITLE)
             return ctx.store.session(FOCAL_ID)  # type: ignore[return-value]
@@ -122,7 +122,7 @@ class Focal(HearingBack):
         changes = hs.checked(enabled, interval_minutes)
         self.get_or_create_focal_chat()
         assert self.schedule is not None  # set by the runtime before any call
-        return self.schedule.set_heartbeat(changes)  # type: ignore[no-any-return]
+        return self.schedule.heartbeat.change(changes)  # type: ignore[no-any-return]
 
     def rename(self, session_id: str, title: str, *, auto: bool = False) -> bool:
         """Change a session's title; auto-titling skips Focal, whose title stays pinned. The

@@ -5,7 +5,8 @@ when a job is next due, and a ``BackgroundScheduler`` (with the system
 clock) or the runtime's tick (with an injected clock) calls ``fire_due``,
 which advances each due job by compare-and-set and enqueues its wake-up in
 the same transaction, under an id unique to that occurrence, so a job fires
-once however many runtimes share the database.
+once however many runtimes share the database. The heartbeat's job, its
+setting and what its occurrences do are :mod:`.focal_heartbeat_job`'s.
 """
 
 from __future__ import annotations
@@ -13,18 +14,14 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
-import os
-import stat
-from dataclasses import dataclass
 from typing import Any
 
 from ..persistence import JobRecord, JobStore, NewMessage
-from . import focal_heartbeat as hb
-from . import focal_heartbeat_setting as hs
 from .context import RuntimeContext
 from .cron_rules import CLOCK_STEP_TOLERANCE, InvalidCronExpression, after_clock_step_back
 from .errors import ToolError
 from .focal import FOCAL_ID, Focal, is_focal_chat
+from .focal_heartbeat_job import Heartbeat, HeartbeatJob
 from .focal_policy import NOTE_LIMIT
 from .ids import short
 from .outbox import Writes
@@ -38,17 +35,6 @@ MAX_WAKEUPS = 20
 LATEST_WAKEUP = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC).timestamp()
 """The last time a one-shot wake-up may be set for."""
 WAKEUP_KINDS = ("reminder", "check")
-HEARTBEAT_JOB = "focal-heartbeat"
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    """A due heartbeat's decision and, when it runs, the message Focal gets."""
-
-    decision: hb.HeartbeatDecision
-    body: str
-    findings: list[str]
-    setting: hs.HeartbeatSetting
 
 
 def next_after(job: JobRecord, now: float) -> float | None:
@@ -102,6 +88,7 @@ class FocalSchedule:
         self._driver = ScheduleDriver(self.fire_due, enabled=use_apscheduler, now=ctx.now,
                                       poll_seconds=POLL_SECONDS)
         self._use_apscheduler = use_apscheduler
+        self.heartbeat = HeartbeatJob(ctx, focal, jobs, self._register)
 
     def start(self) -> None:
         """Reload every active job from the table into APScheduler."""
@@ -215,105 +202,13 @@ class FocalSchedule:
             return False
         return self.jobs.deactivate(job_id)
 
-    # -- the heartbeat (FO6) ---------------------------------------------------------------
-
-    def ensure_heartbeat(self) -> None:
-        """Create the heartbeat job once, at the stored setting's interval (another process
-        may be creating it at the same time: its job it is)."""
-        if self.jobs.get(HEARTBEAT_JOB) is not None:
-            return
-        now = self.ctx.now()
-        self._register(self.jobs.ensure(_heartbeat_job(self.heartbeat_setting(), now)))
-
-    def heartbeat_setting(self) -> hs.HeartbeatSetting:
-        """The user's heartbeat setting as the tables hold it (the default without a
-        Focal chat)."""
-        focal = self.ctx.store.session(FOCAL_ID)
-        return hs.from_config(focal.config if focal else {})
-
-    def set_heartbeat(self, changes: dict[str, Any]) -> hs.HeartbeatSetting:
-        """Apply checked ``changes`` (:func:`.focal_heartbeat_setting.checked`) to the
-        stored setting; the setting now. The config and the job's schedule change in one
-        transaction, read with the Focal row locked (another process's change meanwhile is
-        not lost), and only when the setting changes: saving it unchanged does not put the
-        next heartbeat off. A change is due one interval of the new setting from now."""
-        store, now = self.ctx.store, self.ctx.now()
-
-        def op() -> tuple[hs.HeartbeatSetting, JobRecord | None]:
-            current = hs.from_config(store.config_now(FOCAL_ID))
-            setting = current.changed(**changes)
-            if setting == current:
-                return setting, None
-            store.patch_config_now(FOCAL_ID, setting.as_config(), now)
-            job = _heartbeat_job(setting, now, hs.after_change(setting, now))
-            self.jobs.reschedule_now(job)
-            return setting, job
-
-        setting, job = self.jobs.writer.call(op)
-        if job is not None:
-            self._register(job)
-        return setting
-
-    def _heartbeat(self, now: float) -> Heartbeat | None:
-        """The heartbeat's decision, made before the firing transaction when it is due: it
-        reads ``heartbeat.md`` and every watched session, which must not hold up the writer
-        (every send in the process waits for it)."""
-        job = self.jobs.get(HEARTBEAT_JOB)
-        if job is None or not job.active or job.next_run_at is None or job.next_run_at > now:
-            return None
-        focal = self.ctx.store.session(FOCAL_ID)
-        config = focal.config if focal else {}
-        setting = hs.from_config(config)  # the user's, whoever wrote it (another process)
-        if not hs.runs(setting):
-            return Heartbeat(hb.HeartbeatDecision(False, "the heartbeat is off", None), "", [],
-                             setting)
-        checklist = self._checklist()
-        found = hb.findings(self.focal.watched_sessions(), now)
-        decision = hb.should_run_focal_heartbeat(checklist, found,
-                                                 config.get("focal_heartbeat_signature"))
-        body = checklist + ("\n\nFindings:\n" + "\n".join(f"- {f}" for f in found)
-                            if found else "")
-        return Heartbeat(decision, body, found, setting)
-
-    def _checklist(self) -> str:
-        """``heartbeat.md`` as the heartbeat reads it: the default when there is none, or
-        when it cannot be read (a folder, a pipe, no permission: a due heartbeat that
-        raised held up every Focal wake-up with it); never more than the limit's bytes."""
-        path = self.focal.folder / "heartbeat.md"
-        try:
-            # Non-blocking, and a regular file only: opening a named pipe waits for a writer.
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        except FileNotFoundError:
-            return hb.DEFAULT_FOCAL_HEARTBEAT
-        except OSError as exc:
-            log.warning("heartbeat.md cannot be opened (%s); the default checklist runs",
-                        exc.strerror)
-            return hb.DEFAULT_FOCAL_HEARTBEAT
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                log.warning("heartbeat.md is not a regular file; the default checklist runs")
-                return hb.DEFAULT_FOCAL_HEARTBEAT
-            raw = os.read(fd, hb.CHECKLIST_READ)
-        except OSError as exc:
-            log.warning("heartbeat.md cannot be read (%s); the default checklist runs",
-                        exc.strerror)
-            return hb.DEFAULT_FOCAL_HEARTBEAT
-        finally:
-            os.close(fd)
-        return hb.checklist_text(raw)
-
     def _on_fire(self, job: JobRecord, now: float, heartbeat: Heartbeat | None) -> None:
         """Inside fire_due's transaction: the wake-up message, or the heartbeat's (decided
-        before the transaction, see ``_heartbeat``)."""
-        occurrence = int((job.next_run_at or now) * 1000)
+        before the transaction, :meth:`.HeartbeatJob.due`)."""
         if job.kind == "heartbeat":
-            if heartbeat is None or not heartbeat.decision.run:
-                return  # recorded as run: fire_due already advanced the schedule
-            self.ctx.journal.enqueue_now(NewMessage(
-                f"heartbeat-{occurrence}", FOCAL_ID, heartbeat.body, kind="focal_heartbeat",
-                sender="scheduler", payload={"signature": heartbeat.decision.signature,
-                                             "findings": heartbeat.findings}), now)
+            self.heartbeat.on_fire(job, now, heartbeat)
             return
+        occurrence = int((job.next_run_at or now) * 1000)
         self.ctx.journal.enqueue_now(NewMessage(
             f"wakeup-{job.id}-{occurrence}", FOCAL_ID, job.note or f"{job.kind} wake-up",
             kind="focal_wakeup", sender="scheduler",
@@ -325,11 +220,11 @@ class FocalSchedule:
             return []
         now = self.ctx.now()
         self.jobs.move_due(now + CLOCK_STEP_TOLERANCE, lambda job: after_step_back(job, now))
-        heartbeat = self._heartbeat(now)
+        heartbeat = self.heartbeat.due(now)
 
         def upcoming(job: JobRecord, at: float) -> float | None:
             if job.kind == "heartbeat" and heartbeat is not None:  # the setting's interval
-                return hs.next_due(heartbeat.setting, job.next_run_at, at)
+                return heartbeat.next_after(job, at)
             return next_after(job, at)
 
         fired = self.jobs.fire_due(now, upcoming,
@@ -344,10 +239,3 @@ class FocalSchedule:
             self.ctx.wake_dispatcher()
         return [j.id for j in fired]
 
-
-def _heartbeat_job(setting: hs.HeartbeatSetting, now: float,
-                   due: float | None = None) -> JobRecord:
-    """The heartbeat job on ``setting``'s interval, due at ``due`` (one interval on)."""
-    interval = setting.interval_seconds
-    return JobRecord(HEARTBEAT_JOB, FOCAL_ID, "heartbeat", "", None, interval, None,
-                     now + interval if due is None else due, None, True, now)

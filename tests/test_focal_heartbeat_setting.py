@@ -14,8 +14,8 @@ import pytest
 from kinbox.actors import ConfigError, ManualClock, Runtime, Turn
 from kinbox.actors import focal_heartbeat_setting as hs
 from kinbox.actors.focal import FOCAL_ID
+from kinbox.actors.focal_heartbeat_job import HEARTBEAT_JOB
 from kinbox.actors.focal_heartbeat_setting import HeartbeatSetting
-from kinbox.actors.focal_schedule import HEARTBEAT_JOB
 
 MakeRuntime = Callable[..., Runtime]
 MINUTE = 60.0

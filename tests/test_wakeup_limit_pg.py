@@ -19,7 +19,8 @@ import pytest
 
 from kinbox.actors import ManualClock, Runtime, ToolError
 from kinbox.actors.focal import FOCAL_ID
-from kinbox.actors.focal_schedule import HEARTBEAT_JOB, MAX_WAKEUPS, WAKEUP_KINDS
+from kinbox.actors.focal_heartbeat_job import HEARTBEAT_JOB
+from kinbox.actors.focal_schedule import MAX_WAKEUPS, WAKEUP_KINDS
 from kinbox.persistence import JobRecord, JobStore
 
 from .conftest import Stores

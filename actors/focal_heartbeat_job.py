@@ -1,0 +1,162 @@
+"""The Focal heartbeat's job (FO6): made once, changed with the user's setting, and what
+each due occurrence does.
+
+The shell around two pure rules: :mod:`.focal_heartbeat_setting` (the user's setting,
+read from Focal's config, and when the next occurrence is due) and
+:mod:`.focal_heartbeat` (whether a check-in runs). The job's row in ``scheduled_jobs``
+says when it is next due; :class:`.focal_schedule.FocalSchedule` fires it with Focal's
+wake-ups, by compare-and-set, once however many runtimes share the database. Each due
+occurrence reads the setting afresh, so a change made by another process, or written
+into the config without :meth:`HeartbeatJob.change`, is obeyed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..persistence import JobRecord, JobStore, NewMessage
+from . import focal_heartbeat as hb
+from . import focal_heartbeat_setting as hs
+from .context import RuntimeContext
+from .focal import FOCAL_ID, Focal
+
+log = logging.getLogger("kinbox.schedule")
+
+HEARTBEAT_JOB = "focal-heartbeat"
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """A due heartbeat's decision and, when it runs, the message Focal gets."""
+
+    decision: hb.HeartbeatDecision
+    body: str
+    findings: list[str]
+    setting: hs.HeartbeatSetting
+    """The user's setting as the occurrence read it: the interval to the next."""
+
+    def next_after(self, job: JobRecord, now: float) -> float:
+        """When the heartbeat is due next after ``job``'s occurrence fired at ``now``."""
+        return hs.next_due(self.setting, job.next_run_at, now)
+
+
+class HeartbeatJob:
+    """The heartbeat of one runtime's Focal: its job, its setting, its occurrences."""
+
+    def __init__(self, ctx: RuntimeContext, focal: Focal, jobs: JobStore,
+                 register: Callable[[JobRecord], None]) -> None:
+        """``register``: arms the schedule's driver for a job's next run."""
+        self.ctx = ctx
+        self.focal = focal
+        self.jobs = jobs
+        self._register = register
+
+    def ensure(self) -> None:
+        """Create the heartbeat job once, at the stored setting's interval (another process
+        may be creating it at the same time: its job it is)."""
+        if self.jobs.get(HEARTBEAT_JOB) is not None:
+            return
+        now = self.ctx.now()
+        self._register(self.jobs.ensure(_heartbeat_job(self.setting(), now)))
+
+    def setting(self) -> hs.HeartbeatSetting:
+        """The user's heartbeat setting as the tables hold it (the default without a
+        Focal chat)."""
+        focal = self.ctx.store.session(FOCAL_ID)
+        return hs.from_config(focal.config if focal else {})
+
+    def change(self, changes: dict[str, Any]) -> hs.HeartbeatSetting:
+        """Apply checked ``changes`` (:func:`.focal_heartbeat_setting.checked`) to the
+        stored setting; the setting now. The config and the job's schedule change in one
+        transaction, read with the Focal row locked (another process's change meanwhile is
+        not lost), and only when the setting changes: saving it unchanged does not put the
+        next heartbeat off. A change is due one interval of the new setting from now."""
+        store, now = self.ctx.store, self.ctx.now()
+
+        def op() -> tuple[hs.HeartbeatSetting, JobRecord | None]:
+            current = hs.from_config(store.config_now(FOCAL_ID))
+            setting = current.changed(**changes)
+            if setting == current:
+                return setting, None
+            store.patch_config_now(FOCAL_ID, setting.as_config(), now)
+            job = _heartbeat_job(setting, now, hs.after_change(setting, now))
+            self.jobs.reschedule_now(job)
+            return setting, job
+
+        setting, job = self.jobs.writer.call(op)
+        if job is not None:
+            self._register(job)
+        return setting
+
+    def due(self, now: float) -> Heartbeat | None:
+        """The heartbeat's decision when it is due (None otherwise), made before the firing
+        transaction: it reads ``heartbeat.md`` and every watched session, which must not
+        hold up the writer (every send in the process waits for it). Switched off, it
+        reads neither."""
+        job = self.jobs.get(HEARTBEAT_JOB)
+        if job is None or not job.active or job.next_run_at is None or job.next_run_at > now:
+            return None
+        focal = self.ctx.store.session(FOCAL_ID)
+        config = focal.config if focal else {}
+        setting = hs.from_config(config)  # the user's, whoever wrote it (another process)
+        if not hs.runs(setting):
+            return Heartbeat(hb.HeartbeatDecision(False, "the heartbeat is off", None), "", [],
+                             setting)
+        checklist = self._checklist()
+        found = hb.findings(self.focal.watched_sessions(), now)
+        decision = hb.should_run_focal_heartbeat(checklist, found,
+                                                 config.get("focal_heartbeat_signature"))
+        body = checklist + ("\n\nFindings:\n" + "\n".join(f"- {f}" for f in found)
+                            if found else "")
+        return Heartbeat(decision, body, found, setting)
+
+    def on_fire(self, job: JobRecord, now: float, heartbeat: Heartbeat | None) -> None:
+        """Inside the firing transaction: the check-in message, when :meth:`due` decided
+        it runs (a skipped one is recorded as run: the schedule already advanced)."""
+        if heartbeat is None or not heartbeat.decision.run:
+            return
+        occurrence = int((job.next_run_at or now) * 1000)
+        self.ctx.journal.enqueue_now(NewMessage(
+            f"heartbeat-{occurrence}", FOCAL_ID, heartbeat.body, kind="focal_heartbeat",
+            sender="scheduler", payload={"signature": heartbeat.decision.signature,
+                                         "findings": heartbeat.findings}), now)
+
+    def _checklist(self) -> str:
+        """``heartbeat.md`` as the heartbeat reads it: the default when there is none, or
+        when it cannot be read (a folder, a pipe, no permission: a due heartbeat that
+        raised held up every Focal wake-up with it); never more than the limit's bytes."""
+        path = self.focal.folder / "heartbeat.md"
+        try:
+            # Non-blocking, and a regular file only: opening a named pipe waits for a writer.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return hb.DEFAULT_FOCAL_HEARTBEAT
+        except OSError as exc:
+            log.warning("heartbeat.md cannot be opened (%s); the default checklist runs",
+                        exc.strerror)
+            return hb.DEFAULT_FOCAL_HEARTBEAT
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                log.warning("heartbeat.md is not a regular file; the default checklist runs")
+                return hb.DEFAULT_FOCAL_HEARTBEAT
+            raw = os.read(fd, hb.CHECKLIST_READ)
+        except OSError as exc:
+            log.warning("heartbeat.md cannot be read (%s); the default checklist runs",
+                        exc.strerror)
+            return hb.DEFAULT_FOCAL_HEARTBEAT
+        finally:
+            os.close(fd)
+        return hb.checklist_text(raw)
+
+
+def _heartbeat_job(setting: hs.HeartbeatSetting, now: float,
+                   due: float | None = None) -> JobRecord:
+    """The heartbeat job on ``setting``'s interval, due at ``due`` (one interval on)."""
+    interval = setting.interval_seconds
+    return JobRecord(HEARTBEAT_JOB, FOCAL_ID, "heartbeat", "", None, interval, None,
+                     now + interval if due is None else due, None, True, now)
