@@ -321,8 +321,12 @@ class SessionActor(PooledActor):
         """The journal refused the commit of ``turn``: the protocol's answer (or ``exc``
         again when it is no refusal: the writer closed, a bug)."""
         sid = self.session_id
-        if turn.outbox is not None and isinstance(exc, PersistenceError):
-            turn.outbox.discard()  # nothing of the turn was written
+        if turn.outbox is not None:
+            # Nothing of the turn was written, whatever the error: a refusal, the writer
+            # closed, or a bug (an outbox hook's) before or inside the rolled-back commit.
+            # Its writes give back what they took (a family send's place under the pending
+            # limit was kept for the life of the process otherwise).
+            turn.outbox.discard()
         if isinstance(exc, LeaseLost):
             self.end_turn(flag)
             log.warning("lost the lease of %s for %s: another worker took it over; this "

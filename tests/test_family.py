@@ -574,3 +574,33 @@ def test_the_rate_limit_never_says_to_retry_sooner_than_a_token_is_back(
     assert info.value.message.endswith("retry in 0.1s."), info.value.message
     clock.advance(0.1)
     tools.send("x", receiver_role="parent")
+
+
+@pytest.mark.timeout(60)
+def test_a_send_of_a_turn_whose_commit_broke_outside_the_journal_is_no_longer_counted(
+        make_runtime: MakeRuntime) -> None:
+    """A bug outside the brain (an outbox hook that raises) ends the delivery without a
+    commit: the row comes back by its lease, and nothing of the turn is written. The
+    family send the turn made stayed counted against its target for the life of the
+    process (each retry one more), until the target refused every send as full."""
+    hook_raised = threading.Event()
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id == "bob":
+            turn.tools.send("done", receiver_role="parent")
+
+    def broken_hook(ctx: Any, turn: Turn, outcome: Any) -> None:
+        if turn.session_id == "bob":
+            hook_raised.set()
+            raise RuntimeError("a bug in an outbox hook")
+
+    rt = make_runtime(brain=brain)
+    p = rt.create_project("p")
+    rt.create_session(p.id, "root", session_id="root")
+    rt.create_session(p.id, "bob", kind="subagent", parent_id="root", session_id="bob")
+    rt.context.outbox_hooks.append(broken_hook)
+    rt.post("bob", "go")
+    assert hook_raised.wait(20)
+    wait_for(lambda: rt.context.queued_sends.count("root") == 0, timeout=5,
+             what="the dropped send let go")
+    assert [r for r in rt.inbox(target="root")] == []
