@@ -116,7 +116,10 @@ def test_pairing_with_nobody_listening_is_a_clear_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("url", ["http://me:Sup3rSecret@127.0.0.1:99999",
                                  "ftp://me:Sup3rSecret@127.0.0.1:8765",
-                                 "http://me:Sup3rSecret@[not-an-ip]:8765"])
+                                 "http://me:Sup3rSecret@[not-an-ip]:8765",
+                                 "http://me:Sup3rSecret#1@127.0.0.1:99999",
+                                 "http://me:Sup3rSecret?1@127.0.0.1:99999",
+                                 "http://me:Sup3rSecret/1@127.0.0.1:99999"])
 def test_a_peer_address_refused_as_malformed_is_not_quoted_with_its_password(
         tmp_path: Path, url: str) -> None:
     """An address with a user and password is refused (the pairing would store and list

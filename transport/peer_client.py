@@ -46,8 +46,10 @@ def endpoint(url: str, path: str) -> str:
 
 def _without_login(url: str) -> str:
     """``url`` as an error may quote it: a user and password before the host are ``***``
-    (a malformed address is refused, and quoted, before the one with a login is)."""
-    return re.sub(r"//[^/?#]*@", "//***@", url)
+    (a malformed address is refused, and quoted, before the one with a login is). Up to
+    the last ``@``: a password typed with a ``/``, ``?`` or ``#`` in it (not encoded)
+    ends the address's authority early, and was quoted from that character on."""
+    return re.sub(r"//.*@", "//***@", url, flags=re.DOTALL)
 
 
 def _refusal(exc: InvalidStatus) -> PeerUnavailable:
