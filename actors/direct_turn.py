@@ -195,11 +195,15 @@ class DirectTurns(DirectPool):
             ctx.emit("turn_failed", session_id=session_id, message_id=first,
                      error=outcome.error, state="direct", attempts=1, available_at=None)
             return DirectOutcome(turn, outcome, False, outcome.error), None
-        parts = ctx.effect_parts(turn, outcome)
-        if all(isinstance(part, TurnEffects) for part in parts):
-            effects = gather_effects(parts)
-        else:  # a hook must read to know them: where blocking is allowed
-            effects = yield Blocking(partial(gather_effects, parts))
+        try:
+            parts = ctx.effect_parts(turn, outcome)
+            if all(isinstance(part, TurnEffects) for part in parts):
+                effects = gather_effects(parts)
+            else:  # a hook must read to know them: where blocking is allowed
+                effects = yield Blocking(partial(gather_effects, parts))
+        except Exception:
+            _drop_writes(turn)
+            raise
         now = ctx.now()
         ended = partial(ctx.store.end_direct_turn_now, session_id, ctx.owner, turn_id, now)
         try:
@@ -217,6 +221,9 @@ class DirectTurns(DirectPool):
             yield Blocking(partial(self._hand_back, session_id, taken))
             ctx.emit("lease_lost", session_id=session_id, message_id=first, error=str(exc))
             return DirectOutcome(turn, outcome, False, str(exc), exc), None
+        except Exception:
+            _drop_writes(turn)
+            raise
         ctx.activity.bump("turns")
         ctx.emit("turn_committed", session_id=session_id,
                  message_ids=[m.message_id for m in turn.all_messages],
@@ -254,3 +261,11 @@ def _run_sync_brain(ctx: RuntimeContext, turn: Turn) -> BaseException | None:
     except BaseException as exc:  # a brain's SystemExit too fails its attempt, no more
         return exc
     return None
+
+
+def _drop_writes(turn: Turn) -> None:
+    """A bug outside the journal (an outbox hook's) ended the turn before or inside its
+    commit, which wrote nothing: its tool writes give back what they took (a family
+    send's place under the pending limit stayed taken for the life of the process)."""
+    if turn.outbox is not None:
+        turn.outbox.discard()

@@ -604,3 +604,41 @@ def test_a_send_of_a_turn_whose_commit_broke_outside_the_journal_is_no_longer_co
     wait_for(lambda: rt.context.queued_sends.count("root") == 0, timeout=5,
              what="the dropped send let go")
     assert [r for r in rt.inbox(target="root")] == []
+
+
+@pytest.mark.timeout(60)
+def test_a_send_of_a_direct_turn_whose_commit_broke_outside_the_journal_is_no_longer_counted(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    """The same for a direct turn (a cron run): a bug outside the brain (an outbox hook
+    that raises) ended the turn without its commit, and the family send it made stayed
+    counted against its target for the life of the process."""
+    from kinbox.actors.cron_rules import session_id_for
+
+    sending = threading.Event()
+    hook_raised = threading.Event()
+
+    def brain(turn: Turn) -> str:
+        if sending.is_set():
+            turn.tools.send("done", receiver_role="child", receiver_name="kid")
+        return "ok"
+
+    def broken_hook(ctx: Any, turn: Turn, outcome: Any) -> None:
+        if sending.is_set():
+            hook_raised.set()
+            raise RuntimeError("a bug in an outbox hook")
+
+    rt = make_runtime(brain=brain)
+    job = rt.cron.add("digest", "0 0 1 1 *", "write the digest")["job_id"]
+    rt.cron.trigger(job)  # makes the job's session
+    assert rt.cron.wait_idle(20)
+    sid = session_id_for(job)
+    rt.create_session(rt.session(sid).project_id, "kid", kind="subagent", parent_id=sid,
+                      session_id="kid")
+    rt.context.outbox_hooks.append(broken_hook)
+    sending.set()
+    clock.advance(60)  # a run of its own (one run per job and time)
+    rt.cron.trigger(job)
+    assert hook_raised.wait(20)
+    assert rt.cron.wait_idle(20)
+    assert rt.context.queued_sends.count("kid") == 0
+    assert rt.inbox(target="kid") == []
