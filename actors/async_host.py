@@ -157,8 +157,10 @@ class AsyncHost(BrainTasks):
 
     def stop(self, timeout: float = 10.0) -> None:
         """Let running turns finish (they were asked to stop), cancel the rest, end the loop.
-        Returns at most ``timeout`` + :data:`STOP_SLACK` seconds after the stop began
-        (:meth:`begin_stop`), even when a brain that never awaits holds the loop."""
+        A brain that never awaits holding the loop keeps it ``timeout`` +
+        :data:`STOP_SLACK` + :data:`LOOP_END_WAIT` seconds after the stop began
+        (:meth:`begin_stop`), no longer; turns that began during the stop may add one more
+        :data:`STOP_SLACK` to let the brains it cancels commit."""
         if not self._thread.is_alive():
             return
         self.begin_stop(timeout)
