@@ -11,19 +11,17 @@ so one that could never end (every thread waiting) is refused. A part of
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ..persistence import NewMessage, RowNotFound, SessionRecord
 from ..persistence.inbox_core import TERMINAL_STATES
-from ..persistence.numbered_ids import numbered
 from .context import RuntimeContext
 from .errors import ToolError
 from .ids import short
 from .outbox import Writes, commit_together, foreground_child_id
-from .subagents import TASK_KIND, result_ids, task_message_id
+from .subagents import TASK_KIND, result_ids, task_message_chain, task_message_id
 from .tasks import TaskService
 from .validation import SEND_LIMIT, TITLE_LIMIT, require_int, require_message
 
@@ -129,8 +127,7 @@ class ChildTools:
 
         Read in chain order: a hand-back commits with the end of the row before it, so
         a row seen ended has its hand-back (if any) written already."""
-        base = task_message_id(task_id)
-        for n, mid in enumerate(itertools.chain([base], numbered(f"{base}-resumed"))):
+        for n, mid in enumerate(task_message_chain(task_id)):
             try:
                 status = self._ctx.journal.get(mid)["status"]
             except RowNotFound:

@@ -84,7 +84,7 @@ class HeartbeatJob:
             if setting == current:
                 return setting, None
             store.patch_config_now(FOCAL_ID, setting.as_config(), now)
-            job = _heartbeat_job(setting, now, hs.after_change(setting, now))
+            job = _heartbeat_job(setting, now)
             self.jobs.reschedule_now(job)
             return setting, job
 
@@ -154,9 +154,8 @@ class HeartbeatJob:
         return hb.checklist_text(raw)
 
 
-def _heartbeat_job(setting: hs.HeartbeatSetting, now: float,
-                   due: float | None = None) -> JobRecord:
-    """The heartbeat job on ``setting``'s interval, due at ``due`` (one interval on)."""
-    interval = setting.interval_seconds
-    return JobRecord(HEARTBEAT_JOB, FOCAL_ID, "heartbeat", "", None, interval, None,
-                     now + interval if due is None else due, None, True, now)
+def _heartbeat_job(setting: hs.HeartbeatSetting, now: float) -> JobRecord:
+    """The heartbeat job on ``setting``'s interval, made or changed at ``now``: due one
+    interval of it on (:func:`.focal_heartbeat_setting.after_change`)."""
+    return JobRecord(HEARTBEAT_JOB, FOCAL_ID, "heartbeat", "", None, setting.interval_seconds,
+                     None, hs.after_change(setting, now), None, True, now)

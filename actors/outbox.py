@@ -166,10 +166,6 @@ class Outbox:
                 self.foreground_calls.get(description, 0) + 1)
         return hashlib.sha256(f"{self.key}\0{nth}\0{description}".encode()).hexdigest()
 
-    def child_id(self, description: str) -> str:
-        """The id of this turn's next foreground child (see :meth:`child_key`)."""
-        return foreground_child_id(self.child_key(description))
-
 
 def foreground_child_id(key: str) -> str:
     """A foreground child's id: of the form every child's has, ``subagent-sub_<8 hex>``

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import partial
 
 from ..persistence import (
@@ -270,12 +270,19 @@ def report_orphans(ctx: RuntimeContext) -> int:
     return report_ended(ctx, [mid for t in open_tasks for mid in _task_messages(ctx, t.id)])
 
 
-def _task_messages(ctx: RuntimeContext, task_id: str) -> list[str]:
-    """The ids of a task's messages: the first, then each hand-back (``-resumed``,
-    ``-resumed-2``... as :func:`next_free_id` chose them, in order, with no gap)."""
+def task_message_chain(task_id: str) -> Iterator[str]:
+    """The ids a task's messages take, in order: the first, then each hand-back
+    (``-resumed``, ``-resumed-2``... as :func:`next_free_id` chose them, with no gap);
+    endless, so a reader stops at the first that does not exist."""
     base = task_message_id(task_id)
-    return [base, *itertools.takewhile(lambda mid: ctx.journal.hot.existing(mid) is not None,
-                                       numbered(f"{base}-resumed"))]
+    return itertools.chain([base], numbered(f"{base}-resumed"))
+
+
+def _task_messages(ctx: RuntimeContext, task_id: str) -> list[str]:
+    """The ids of a task's messages (:func:`task_message_chain`) that exist, and the first."""
+    ids = task_message_chain(task_id)
+    return [next(ids), *itertools.takewhile(
+        lambda mid: ctx.journal.hot.existing(mid) is not None, ids)]
 
 
 def _report_one(ctx: RuntimeContext, mid: str) -> int:

@@ -1030,14 +1030,14 @@ def test_a_foreground_child_id_another_session_holds_is_not_taken_as_this_turns_
     """A foreground child's id is derived from its turn (so a retried attempt finds the
     child it started): a session of that id that is not the caller's child, another
     project's, is not handed to the caller, nor is its result."""
-    from kinbox.actors.outbox import Outbox
+    from kinbox.actors.outbox import Outbox, foreground_child_id
 
     results: dict[str, Any] = {}
     rt = make_runtime(brain=_asks_for_the_report(results), max_active_sessions=4)
     one, two = rt.create_project("one"), rt.create_project("two")
     rt.create_session(one.id, "Alice", session_id="alice")
     rt.create_session(two.id, "Bob", session_id="bob")
-    taken = Outbox("msg-B").child_id("the report")  # the id Bob's turn derives
+    taken = foreground_child_id(Outbox("msg-B").child_key("the report"))  # Bob's turn's
     rt.create_session(one.id, "Alice's child", kind="subagent", parent_id="alice",
                       session_id=taken)
     rt.post("bob", "go", message_id="msg-B")
@@ -1129,13 +1129,13 @@ def test_a_foreground_child_id_the_callers_other_child_holds_is_not_taken_as_thi
     """The derived id of a foreground child held by another child of the same caller (one
     started for other work) is not the child this call asked for: its task and result
     are not handed to the caller."""
-    from kinbox.actors.outbox import Outbox
+    from kinbox.actors.outbox import Outbox, foreground_child_id
 
     results: dict[str, Any] = {}
     rt = make_runtime(brain=_asks_for_the_report(results), max_active_sessions=4)
     one = rt.create_project("one")
     rt.create_session(one.id, "Bob", session_id="bob")
-    taken = Outbox("msg-B").child_id("the report")  # the id Bob's turn derives
+    taken = foreground_child_id(Outbox("msg-B").child_key("the report"))  # Bob's turn's
     rt.create_session(one.id, "Bob's other child", kind="subagent", parent_id="bob",
                       session_id=taken)
     rt.post("bob", "go", message_id="msg-B")
