@@ -192,9 +192,7 @@ class BrainTasks:
         finally:
             with self._lock:
                 self._waiting.discard(future)
-        if isinstance(error, TurnCutShort):
-            raise BrainAbandoned(str(error)) from error
-        return error
+        return _direct_outcome(error)
 
     async def await_direct_brain(self, turn: Turn) -> BaseException | None:
         """:meth:`run_brain_blocking` for a direct turn the loop drives
@@ -202,10 +200,7 @@ class BrainTasks:
         turn.on_event_loop(self.blocking, self.on_loop)
         if tools_unread(self.ctx, turn):  # a read: not on the loop
             await self.blocking(build_tools, turn)
-        error = await self._run_brain(turn)
-        if isinstance(error, TurnCutShort):
-            raise BrainAbandoned(str(error)) from error
-        return error
+        return _direct_outcome(await self._run_brain(turn))
 
     def drive_direct(self, make: Callable[[], Steps[Any]]
                      ) -> concurrent.futures.Future[Any] | None:
@@ -252,6 +247,14 @@ class BrainTasks:
             return await self._run_brain(turn)
         finally:
             self._direct.discard(task)
+
+
+def _direct_outcome(error: BaseException | None) -> BaseException | None:
+    """A direct turn's brain's outcome: a turn the runtime's stop cut short commits nothing
+    (:class:`BrainAbandoned`; its run or event waits for the next start)."""
+    if isinstance(error, TurnCutShort):
+        raise BrainAbandoned(str(error)) from error
+    return error
 
 
 def _abandoned() -> BrainAbandoned:
