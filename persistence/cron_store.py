@@ -152,9 +152,7 @@ class CronStore:
         q = j.select().order_by(j.active.desc(), j.next_run_at, j.id)
         if active_only:
             q = q.where(j.active == True)  # noqa: E712
-        if limit is not None or offset:
-            q = q.limit(limit).offset(offset)
-        return [_job(r) for r in q]
+        return [_job(r) for r in paging.cut(q, limit, offset)]
 
     def next_run(self) -> float | None:
         """When the soonest active job is due (None: none is): one row's read, for the
@@ -203,11 +201,9 @@ class CronStore:
         limit, offset = paging.limit(limit), paging.offset(offset)
         r = self.t.cron_run
         q = r.select().order_by(r.started_at.desc(), r.id.desc())
-        if limit is not None or offset:
-            q = q.limit(limit).offset(offset)
         if job_id is not None:
             q = q.where(r.job_id == job_id)
-        return [_run(x) for x in q]
+        return [_run(x) for x in paging.cut(q, limit, offset)]
 
     def running(self, job_id: str) -> CronRunRecord | None:
         """The job's run still ``running``, if any (its lease may have run out)."""

@@ -89,9 +89,7 @@ class InboxReads:
             q = q.where(m.target_chat_id == target)
         if before_seq is not None:
             q = q.where(m.seq < before_seq)
-        if limit is not None or offset:
-            q = q.limit(limit).offset(offset)
-        return [row_to_dict(r) for r in reversed(list(q))]
+        return [row_to_dict(r) for r in reversed(list(paging.cut(q, limit, offset)))]
 
     def counts(self) -> dict[str, int]:
         """Rows per state."""

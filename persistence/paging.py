@@ -20,9 +20,19 @@ from __future__ import annotations
 import base64
 import json
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, Self, TypeVar
 
 from .errors import InvalidArgument
+
+
+class _Bounded(Protocol):
+    """A query that takes a page's bounds (a peewee ``Select``)."""
+
+    def limit(self, value: int | None) -> Self: ...
+    def offset(self, value: int | None) -> Self: ...
+
+
+QueryT = TypeVar("QueryT", bound=_Bounded)
 
 PAGE_NUMBER_MAX = 2**62
 """The largest limit, offset or position a read takes: past any count of rows or ``seq``
@@ -51,6 +61,14 @@ def position(value: object, field: str = "before_seq") -> int | None:
     """A keyset page's bound (a ``seq``, an id number): None (from the end) or a whole
     number from 1."""
     return None if value is None else _whole(field, value, 1)
+
+
+def cut(query: QueryT, limit: int | None, offset: int) -> QueryT:
+    """``query`` with a validated page's bounds (:func:`limit`, :func:`offset`) applied;
+    unchanged when the page is every row (no ``LIMIT``/``OFFSET`` sent at all)."""
+    if limit is None and not offset:
+        return query
+    return query.limit(limit).offset(offset)
 
 
 CURSOR_LIMIT = 1000

@@ -180,9 +180,7 @@ class SessionStore(DirectTurnMarks):
             q = q.where(session_filters.outside(self.t, hide))
         if active_only:
             q = q.where(s.id.in_(session_filters.active_ids(self.t)))
-        if limit is not None or offset:
-            q = q.limit(limit).offset(offset)
-        return [_session(r) for r in q]
+        return [_session(r) for r in paging.cut(q, limit, offset)]
 
     def sessions_page(self, *, project_id: str | None = None, limit: int | None = 100,
                       after: str | paging.Keyset | None = None, offset: int = 0
@@ -208,9 +206,7 @@ class SessionStore(DirectTurnMarks):
             q = q.where(s.project_id == project_id)
         if position is not None:
             q = q.where(pw.Tuple(s.created_at, s.id) < pw.Tuple(position.at, position.id))
-        if limit is not None or offset:
-            q = q.limit(None if limit is None else limit + 1).offset(offset)
-        rows = [_session(r) for r in q]
+        rows = [_session(r) for r in paging.cut(q, None if limit is None else limit + 1, offset)]
         if limit is None or len(rows) <= limit:
             return SessionPage(rows, None)
         last = rows[limit - 1]

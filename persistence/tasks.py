@@ -131,9 +131,7 @@ class TaskStore:
         if statuses:
             q = q.where(t.status.in_(list(statuses)))
         q = q.order_by(t.created_at, t.id)
-        if limit is not None or offset:
-            q = q.limit(limit).offset(offset)
-        return [_record(r) for r in q]
+        return [_record(r) for r in paging.cut(q, limit, offset)]
 
     def for_chats(self, project_id: str, chat_ids: Sequence[str]) -> list[TaskRecord]:
         """Every task of the project's sessions ``chat_ids`` (a few), oldest first."""
