@@ -12,9 +12,11 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from importlib import metadata
-from typing import TextIO
+from typing import NoReturn, TextIO
 
+from ..persistence import redact_text, redact_url
 from ..transport import TransportError
 from ..transport.frames import shown
 from . import (
@@ -43,7 +45,27 @@ def version() -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Unknown arguments are reported by the subcommand that got them, with its usage."""
+    """Unknown arguments are reported by the subcommand that got them, with its usage; a
+    usage error masks the passwords of the arguments it may quote."""
+
+    _given: tuple[str, ...] = ()
+    """The arguments this parser was given (a subcommand's: those after its name)."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        self._given = tuple(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        # argparse quotes what it could not use: a --db before its command ("invalid
+        # choice: 'postgresql://me:pw@...'"), a mistyped flag and its URL ("unrecognized
+        # arguments: ..."), a URL pasted into another option.
+        for arg in self._given:
+            value = arg.partition("=")[2] if arg.startswith("-") and "=" in arg else arg
+            if redact_url(value) != value:
+                message = redact_text(message, value)
+        super().error(message)
 
     def parse_args(self, args: list[str] | None = None,  # type: ignore[override]
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
@@ -95,7 +117,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         # Bytes that are not UTF-8 arrive as lone surrogates: no database can store them,
         # and they would fail deep in a query instead of here.
         if unstorable(arg) is not None:
-            parser.error(f"argument {arg!a} is not UTF-8 text; kinbox takes UTF-8 arguments")
+            parser.error(f"argument {redact_url(arg)!a} is not UTF-8 text; kinbox takes "
+                         "UTF-8 arguments")
     args = parser.parse_args(argv)
     level = args.log_level or os.environ.get("KINBOX_LOG_LEVEL", "warning").lower()
     if level not in LOG_LEVELS:

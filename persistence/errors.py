@@ -33,8 +33,7 @@ Decide on the types and their attributes, never on the message text::
 
 from __future__ import annotations
 
-import re
-from urllib.parse import unquote
+from .redaction import redact_text, redact_url
 
 
 class KinboxError(Exception):
@@ -203,67 +202,3 @@ class WriteTimeout(PersistenceError, TimeoutError):
                 "yet commit"))
         self.timeout = timeout
         self.withdrawn = withdrawn
-
-
-_PARAMETER = re.compile(
-    r"(?P<name>(?:^|[?&\s])[^=&?\s]*=)(?P<value>'(?:[^'\\]|\\.)*'?|(?:[^&\s\\]|\\.)*)")
-"""A ``name=value`` parameter of a URL's query (or of a libpq ``key=value`` string, whose
-value may be quoted, ``password='two words'``, or escape a space, ``password=two\\ words``:
-the value is all of it, not its first word)."""
-
-
-def _masked(match: re.Match[str]) -> str:
-    # libpq reads ``password=`` as the password as well as the one before the ``@``, and
-    # ``sslpassword=`` as the passphrase of the client's key; it decodes a name's
-    # percent-escapes first, so ``passw%6Frd=`` is the password too.
-    name = match["name"]
-    if unquote(name).rstrip("=").lower().endswith("password"):
-        return f"{name}***"
-    return match[0]
-
-
-def redact_url(url: str) -> str:
-    """Return ``url`` with any password replaced by ``***`` (for errors and logs): the one
-    before the ``@`` and a ``password=`` or ``sslpassword=`` parameter. Text that is not a
-    URL as written (``postgresql:/me:pw@host``, a slash or a colon left out: refused as an
-    unsupported scheme, and quoted in that error) keeps nothing between its first ``:``
-    and its last ``@``, where a password may be."""
-    url = _PARAMETER.sub(_masked, url)
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        head, at, host = url.rpartition("@")
-        if not at or ":" not in head:
-            return url
-        return f"{head.partition(':')[0]}:***@{host}"
-    if "@" not in rest:
-        return url
-    creds, _, host = rest.rpartition("@")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if ":" in creds else url
-
-
-def _passwords(url: str) -> set[str]:
-    """Every spelling of the passwords ``url`` holds (before the ``@``, and ``password=``
-    or ``sslpassword=`` parameters): as written, percent-decoded and unquoted."""
-    found = set()
-    for m in _PARAMETER.finditer(url):
-        if unquote(m["name"]).rstrip("=").lower().endswith("password"):
-            found.add(m["value"])
-    rest = url.partition("://")[2] or url
-    if "@" in rest:
-        creds = rest.rpartition("@")[0]
-        if ":" in creds:
-            found.add(creds.partition(":")[2])
-    spellings = set()
-    for value in found:
-        spellings |= {value, unquote(value), value.strip("'")}
-    return {v for v in spellings if v}
-
-
-def redact_text(text: str, url: str) -> str:
-    """``text`` (a driver's error about ``url``) with every password of ``url`` in it
-    replaced by ``***``: libpq quotes a password it cannot parse (``invalid
-    percent-encoded token: "..."``)."""
-    for secret in sorted(_passwords(url), key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return text

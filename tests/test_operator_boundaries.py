@@ -134,6 +134,59 @@ def test_a_mistyped_database_url_is_refused_without_its_password(url: str) -> No
     assert b"Sup3rSecret" not in done.stderr + done.stdout, done.stderr
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("url", [
+    "host=127.0.0.1 user=kinbox password = Sup3rSecret dbname=x",  # blanks around the '='
+    "host=127.0.0.1 password= Sup3rSecret",
+    "host=127.0.0.1 password =Sup3rSecret",
+    "host=127.0.0.1 password = 'not Sup3rSecret' dbname=x",
+    "host=127.0.0.1 password='it\\'s Sup3rSecret' dbname=x",  # a quote escaped in quotes
+])
+def test_a_libpq_key_value_string_is_refused_without_its_password(url: str) -> None:
+    """libpq allows blanks around a keyword's '=' (``password = secret``): the mask took
+    the password for the next keyword and quoted it whole in the unsupported-scheme error."""
+    done = kinbox_bytes("db", "status", "--db", url)
+    assert done.returncode == 1
+    assert b"cannot open database" in done.stderr
+    assert b"Sup3rSecret" not in done.stderr + done.stdout, done.stderr
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("json_flag", [(), ("--json",)])
+def test_db_status_masks_a_query_password_with_a_blank_in_it(pg_url: str,
+                                                             json_flag: tuple[str, ...]) -> None:
+    """A URL's query parameter runs to the next '&': the mask stopped at the blank, and
+    `kinbox db status` printed the password's second word (trust auth: any password)."""
+    url = pg_url + ("&" if "?" in pg_url else "?") + "password=Sup3r Secret"
+    done = kinbox_bytes("db", "status", "--db", url, *json_flag)
+    assert done.returncode == 0, done.stderr
+    assert b"Secret" not in done.stdout + done.stderr, done.stdout
+    assert b"password=***" in done.stdout
+
+
+SECRET_URL = "postgresql://kinbox:Sup3rSecret@127.0.0.1:1/x"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("argv", [
+    ("--db", SECRET_URL, "db", "status"),  # --db before the command: read as the command
+    ("db", "--db", SECRET_URL, "status"),
+    ("db", "status", "--dbb", SECRET_URL),  # a mistyped flag: unrecognized arguments
+    ("db", "status", f"--db={SECRET_URL}", "extra"),
+    ("sessions", "list", "--limit", SECRET_URL),  # a URL pasted into the wrong option
+])
+def test_a_usage_error_does_not_echo_a_database_password(argv: tuple[str, ...]) -> None:
+    """argparse quotes what it could not use ("invalid choice: 'postgresql://kinbox:
+    Sup3rSecret@...'", "unrecognized arguments: ..."): a --db in the wrong place printed
+    its password."""
+    done = kinbox_bytes(*argv)
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert "usage: kinbox" in err and "error:" in err
+    assert "Sup3rSecret" not in err + done.stdout.decode(), err
+
+
 # -- CLI: tracebacks instead of one-line errors ----------------------------------------------
 
 @pytest.fixture

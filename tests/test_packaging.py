@@ -18,6 +18,7 @@ PURE_MODULES = [
     "persistence/bulk.py",
     "persistence/session_records.py",
     "persistence/paging.py",
+    "persistence/redaction.py",
     "actors/access.py",
     "actors/cli_args.py",
     "actors/passivation.py",
