@@ -23,6 +23,7 @@ from playhouse import db_url
 from .driver_errors import SqliteDatabase
 from .errors import DatabaseMissing, DatabaseOpenError
 from .pg_database import PostgresDatabase
+from .redaction import redact_text
 
 Synchronous = Literal["FULL", "NORMAL"]
 
@@ -175,7 +176,10 @@ def open_database(url: str, *, synchronous: Synchronous = "FULL",
         db.execute_sql("SELECT 1")
         db.close()
     except Exception as exc:  # driver errors vary by backend; all mean "cannot open"
-        raise DatabaseOpenError(url, str(exc).strip() or type(exc).__name__) from exc
+        said = str(exc).strip() or type(exc).__name__
+        if redact_text(said, url) != said:  # it quotes a password: masked, and not chained
+            raise DatabaseOpenError(url, said) from None
+        raise DatabaseOpenError(url, said) from exc
     return db
 
 

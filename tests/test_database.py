@@ -176,6 +176,20 @@ def test_a_password_that_cuts_the_host_part_short_is_not_quoted_in_the_error(
     assert "percent-encoded" in info.value.reason
 
 
+def test_a_driver_error_that_quotes_the_password_leaves_it_out_of_the_cause() -> None:
+    """The error's text was masked, but it was raised ``from`` the driver's error, whose
+    own text (libpq quoting a value it could not use, here the password given again as
+    the connect timeout) every traceback printed below "The above exception was the
+    direct cause"."""
+    with pytest.raises(DatabaseOpenError) as info:
+        open_database("postgresql://me:Zq9secret@127.0.0.1:1/db?connect_timeout=Zq9secret")
+    error = info.value
+    shown = [error.__cause__] + ([] if error.__suppress_context__ else [error.__context__])
+    assert all("Zq9secret" not in str(e) for e in shown if e is not None), shown
+    assert "Zq9secret" not in info.value.reason
+    assert "connect_timeout" in info.value.reason  # what was wrong is still said
+
+
 def test_a_file_made_through_a_symlink_to_it_is_readable_by_its_user_only(
         tmp_path: Path) -> None:
     """A database path that is a symlink to a file not made yet (a data directory linked
