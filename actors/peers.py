@@ -20,7 +20,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
@@ -43,6 +42,7 @@ from ..transport.grants import Refusal, is_code, new_code, secret_hash
 from ..transport.handshake import NONCE_BYTES, new_nonce
 from ..transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
 from ..transport.link import Answer, LinkState, Retry, SenderLink, Terminal
+from ..transport.peer_address import address_problem
 from ..transport.peer_client import connect_link, endpoint, pair_with
 from .context import RuntimeContext
 from .errors import ConfigError, PairingFailed, ToolError
@@ -306,13 +306,17 @@ def complete_pairing(identity: DeviceIdentity, peers: PeerStore, url: str, code:
     if not isinstance(url, str) or not url or len(url) > URL_LIMIT or not url.isprintable():
         raise ConfigError(f"the device's address is 1 to {URL_LIMIT} printable characters",
                           field="url")
-    try:  # a typo, not a network problem: refused as the name and the code are
+    # A typo, not a network problem: refused as the name and the code are. Stored and
+    # listed as given, the address must mean one thing to every URL parser.
+    problem = address_problem(url)
+    if problem is not None:
+        raise ConfigError("the device's address is http(s)://host:port with at most a "
+                          f"path, read alike by every URL parser; it has {problem}",
+                          field="url")
+    try:
         endpoint(url, "/peers/pair")
     except ValueError as exc:
         raise ConfigError(str(exc), field="url") from None
-    if "@" in urlsplit(url).netloc:  # it would be stored, and listed, as it is
-        raise ConfigError("the device's address carries no user or password: the pairing "
-                          "code and then the device's token authenticate", field="url")
     try:
         paired = pair_with(url, identity, code, identity.device_id,
                            new_nonce(os.urandom(NONCE_BYTES)))

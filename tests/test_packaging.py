@@ -43,6 +43,7 @@ PURE_MODULES = [
     "transport/handshake.py",
     "transport/link.py",
     "transport/receiver.py",
+    "transport/peer_address.py",
 ]
 """Modules that hold rules only: time and randomness come in as arguments."""
 

@@ -341,6 +341,34 @@ def test_an_address_with_a_password_is_refused_before_the_code_is_spent(
     assert sender.peers.pair(receiver.http, code).device_id  # the code is unspent
 
 
+@pytest.mark.parametrize("shape", [
+    "{http}#pw@elsewhere.example",  # a fragment another parser reads as user:pw@host
+    "{http}/#",
+    "{http}/x@elsewhere.example/",  # an '@' past the host: a login to a lax parser
+    "{http}/\\elsewhere.example",  # a backslash: a '/' to WHATWG parsers
+    " {http}",  # stripped to pair, stored and listed with the blank
+    "{http}/ ",
+    "{http}/?token=x",  # dropped when dialling, kept in what is stored and listed
+    "{scheme}://127.0.0.1%3A{port}",  # percent-escapes in the host: decoded by some
+])
+def test_an_ambiguous_address_is_refused_before_the_code_is_spent(
+        receiver: Receiver, sender: Runtime, shape: str) -> None:
+    """``http://me:1234#pw@host`` dials me:1234 (the rest a fragment, dropped) and was
+    stored and listed as given, where a reader or another parser takes ``me:1234#pw`` for
+    a login to ``host``; a blank, a backslash, a query, an '@' past the host are read one
+    way by urlsplit and another by others. Each paired (or spent the code on a refused
+    dial); each is a ConfigError on ``url``, the address unquoted past its host."""
+    scheme, _, rest = receiver.http.partition("://")
+    url = shape.format(http=receiver.http, scheme=scheme, port=rest.rpartition(":")[2])
+    code = receiver.invite()
+    with pytest.raises(ConfigError) as info:
+        sender.peers.pair(url, code)
+    assert info.value.field == "url"
+    assert "pw" not in str(info.value) and "token=" not in str(info.value)
+    assert sender.peers.peers.devices() == []
+    assert sender.peers.pair(receiver.http, code).device_id  # the code is unspent
+
+
 @pytest.mark.timeout(60)
 def test_an_idle_link_neither_polls_hard_nor_stays_open(receiver: Receiver,
                                                         sender: Runtime) -> None:
