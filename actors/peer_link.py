@@ -100,13 +100,25 @@ class PeerLink:
         """Stop: the rows the link holds go back unrun (no attempt counted), committed
         before this returns unless the thread outlives ``timeout``; rows it could not hand
         back (the writer closed first) come back when their lease expires."""
+        self.begin_stop()
+        self.join(timeout)
+
+    def begin_stop(self) -> None:
+        """Ask the link to stop, without waiting: its thread leaves the link within a
+        read's wait (0.2 s at most) and closes the socket itself, which waits for the
+        peer's answer up to the close timeout (2 s), then hands its rows back. Several
+        links stopping together so close at once (:meth:`PeerService.stop`), not each
+        after the one before."""
         self._stop.set()
         self._wake.set()
-        ws = self.ws
-        if ws is not None:
-            ws.close()
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the stopped link's thread to end; True once it has
+        (or when called from that thread, which cannot wait for itself)."""
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
 
     # -- the loop --------------------------------------------------------------------------
 

@@ -60,6 +60,10 @@ REQUEST_TIMEOUT = 10.0
 answer, whatever else the peer sends meanwhile (pings, frames of no interest): one
 deadline for the exchange, not one per frame, or a chatty peer holds the calling turn."""
 
+STOP_SECONDS = 5.0
+"""How long a stop waits for all the links together to close and hand their rows back (a
+close waits up to 2 s for a peer's answer; the links close at once, not in turn)."""
+
 
 def is_peer_target(agent_id: str) -> bool:
     """Is this an address of a paired device?"""
@@ -102,14 +106,23 @@ class PeerService:
         for rec in self.peers.devices(OUTBOUND):
             self.link_for(rec.device_id)
 
-    def stop(self) -> None:
-        """Stop every link (before the dispatcher and the writer stop)."""
+    def stop(self, timeout: float = STOP_SECONDS) -> None:
+        """Stop every link (before the dispatcher and the writer stop), all at once under
+        one deadline: each closes its own socket, which may wait up to its close timeout
+        for a peer that does not answer, and hands its rows back. A link still running at
+        the deadline keeps its rows until their lease runs out."""
         if self._unsubscribe is not None:
             self._unsubscribe()
         with self._lock:
             links, self.links = list(self.links.values()), {}
+        deadline = time.monotonic() + timeout
         for link in links:
-            link.stop()
+            link.begin_stop()
+        late = [link.device_id for link in links
+                if not link.join(max(0.0, deadline - time.monotonic()))]
+        if late:
+            log.warning("peer links to %s still closing %.1f s into the stop; the rows they "
+                        "hold come back by lease", ", ".join(late), timeout)
 
     def link_for(self, device_id: str) -> PeerLink | None:
         """The device's link, started on first use (None in a send-only runtime)."""

@@ -4,10 +4,14 @@ no backoff, no error; the next process sends them at once. A real websocket link
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
+import os
 import socket
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,8 @@ from websockets.asyncio.server import ServerConnection
 
 from kinbox.actors import ManualClock, Runtime
 from kinbox.transport import frames as f
+from kinbox.transport.grants import new_token
+from kinbox.transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
 
 from .helpers import quiet_brain, wait_for
 from .peer_harness import FakePeer
@@ -140,3 +146,75 @@ def test_a_stop_during_a_connect_that_never_answers_releases_its_rows(tmp_path: 
         for s in accepted:
             s.close()
         peer.fake.close()
+
+
+class DeafPeers:
+    """A server on 127.0.0.1 that completes each websocket upgrade and then neither reads
+    nor writes: a link to it waits for a challenge, and its close is never answered (the
+    client gives up after its close timeout, 2 s)."""
+
+    GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.http = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.upgraded: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):  # closed by close()
+            while True:
+                conn, _ = self.server.accept()
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    request += conn.recv(4096)
+                key = next(line.split(b":", 1)[1].strip() for line in request.split(b"\r\n")
+                           if line.lower().startswith(b"sec-websocket-key:"))
+                accept = base64.b64encode(hashlib.sha1(key + self.GUID.encode()).digest())
+                conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                             b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept +
+                             b"\r\n\r\n")
+                self.upgraded.append(conn)
+
+    def close(self) -> None:
+        self.server.close()
+        for conn in self.upgraded:
+            conn.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_stop_closes_its_links_at_once_not_one_after_another(tmp_path: Path) -> None:
+    """Each link's close waits up to 2 s for the far end's answer, and the stop closed the
+    links one after another: five links to peers that never answer held the stop over
+    10 s. Closed together under one deadline, the stop takes one close's time, and every
+    row the links held still goes back unrun."""
+    path = tmp_path / "sender.db"
+    deaf = DeafPeers()
+    links = 5
+    try:
+        rt = Runtime(db=f"sqlite:///{path}", brain=quiet_brain, clock=ManualClock()).start()
+        try:
+            me = rt.create_session(None, "sender").id
+            token = new_token(os.urandom(32))
+            for i in range(links):
+                peer = DeviceIdentity.generate()
+                rt.peers.peers.save_outbound(
+                    peer.device_id, f"deaf{i}", peer.public_key, deaf.http,
+                    rt.peers.identity.seal(token, os.urandom(SEAL_NONCE_BYTES)),
+                    frozenset({"agent"}), rt.clock.now())
+                rt.peers.send_many(me, f"peer:{peer.device_id}", [f"m{i}"])
+                rt.peers.link_for(peer.device_id)
+            before = _rows(path)
+            wait_for(lambda: len(deaf.upgraded) == links, 30, "every link to connect")
+            wait_for(lambda: all(link.ws is not None for link in rt.peers.links.values()),
+                     10, "every link to hold its socket")
+            assert {r["status"] for r in rt.inbox()} == {"processing"}
+            began = time.monotonic()
+        finally:
+            rt.stop()
+        took = time.monotonic() - began
+        assert took < 6.0, f"the stop took {took:.1f} s for {links} links"
+        assert _rows(path) == {mid: ("pending", 0, row[2], None, None)
+                               for mid, row in before.items()}
+    finally:
+        deaf.close()
