@@ -36,8 +36,9 @@ def _refusal(exc: Exception) -> BackendRefused:
         return BackendRefused(404, "not_found", str(exc))
     if isinstance(exc, cron_rules.CronJobPaused):
         return BackendRefused(409, "conflict", str(exc))
-    if isinstance(exc, cron_rules.InvalidCronExpression | cron_rules.InvalidCronJob
-                  | social_rules.InvalidSocialEvent):
+    if isinstance(exc, cron_rules.InvalidCronExpression | cron_rules.InvalidCronJob):
+        return BackendRefused(422, "invalid_argument", str(exc), field=exc.field)
+    if isinstance(exc, social_rules.InvalidSocialEvent):
         return BackendRefused(422, "invalid_argument", str(exc))
     if isinstance(exc, social_rules.SocialQueueFull):
         return BackendRefused(503, "queue_full", str(exc))

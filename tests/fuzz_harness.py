@@ -213,7 +213,9 @@ def check_answer(method: str, answer: Answer) -> dict[str, Any] | None:
     body = answer.json()
     if answer.status < 400:
         return None
-    assert isinstance(body, dict) and set(body) == {"error", "message"}, body
+    # "field" names the request's field a refusal is of (a cron job's), when it is of one
+    assert isinstance(body, dict) and set(body) - {"field"} == {"error", "message"}, body
+    assert isinstance(body.get("field", ""), str), body
     assert ERROR_CODE.fullmatch(body["error"]), body
     assert isinstance(body["message"], str) and len(body["message"]) <= MESSAGE_LIMIT, (
         len(body["message"]), body["message"][:200])

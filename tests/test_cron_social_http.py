@@ -153,6 +153,20 @@ def test_bad_payloads_get_a_precise_4xx(served: tuple[Served, Runtime, list[tupl
 
 # -- cron routes -----------------------------------------------------------------------------
 
+def test_an_invalid_cron_job_is_a_422_whose_field_names_the_bad_one(
+        served: tuple[Served, Runtime, list[tuple[Any, str]]]) -> None:
+    """The README: decide on types and attributes, never on message text. A client's form
+    can mark the field a 422 names; it had only the message to read it from."""
+    srv, rt, _ = served
+    good = {"name": "digest", "cron": "0 9 * * 1-5", "prompt": "sum up"}
+    for change, field in (({"cron": "0 9 30 2 *"}, "cron"), ({"cron": "nope"}, "cron"),
+                          ({"timezone": "Mars/Base"}, "timezone"), ({"name": " "}, "name"),
+                          ({"prompt": 3}, "prompt"), ({"delivery": "shout"}, "delivery")):
+        status, got = post(srv, "/cron/jobs", json.dumps({**good, **change}).encode(), STATE)
+        assert (status, got["error"], got.get("field")) == (422, "invalid_argument", field), got
+    assert rt.cron.jobs() == []
+
+
 def test_the_cron_routes_add_list_act_and_drain(
         served: tuple[Served, Runtime, list[tuple[Any, str]]], clock: ManualClock) -> None:
     srv, rt, _ = served

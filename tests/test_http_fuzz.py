@@ -207,6 +207,8 @@ def test_a_cron_job_body_is_added_whole_or_refused_naming_its_field(
     assert (answer.status, error["error"]) == (422, "invalid_argument"), error
     named = [k for k in (*drop, field) if k in error["message"]]
     assert named or (field not in JOB and "unknown fields" in error["message"]), error
+    if field in JOB:  # a bad or missing field of the job (not an unknown one): named
+        assert error.get("field") in (*drop, field), error
     assert fuzzed_any.changes.snapshot() == before
 
 

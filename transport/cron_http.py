@@ -33,7 +33,7 @@ from starlette.routing import Route
 
 from . import json_body
 from .errors import BackendRefused, quoted
-from .http_app import Refusal, error, guard
+from .http_app import Refusal, error, guard, refused_answer
 
 ADD_FIELDS = ("name", "cron", "prompt", "delivery", "timezone")
 MAX_BODY = 256 * 1024
@@ -77,7 +77,7 @@ async def _call(work: Callable[[], Any], status: int = 200) -> JSONResponse:
     try:
         result = await run_in_threadpool(work)
     except BackendRefused as exc:
-        return error(exc.status, exc.code, exc.message)
+        return refused_answer(exc)
     return JSONResponse(result, status_code=status)
 
 
@@ -121,7 +121,7 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
         try:
             page, more = await run_in_threadpool(read, limit, offset)
         except BackendRefused as exc:
-            return error(exc.status, exc.code, exc.message)
+            return refused_answer(exc)
         # A page that is not the last says where the next begins (the body stays a list).
         headers = {NEXT_OFFSET: str(offset + len(page))} if more else None
         return JSONResponse(page, headers=headers)
@@ -133,7 +133,7 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
         try:
             body = await json_body.json_object(request, MAX_BODY)
         except BackendRefused as exc:
-            return error(exc.status, exc.code, exc.message)
+            return refused_answer(exc)
         unknown = sorted(set(body) - set(ADD_FIELDS))
         if unknown:
             return error(422, "invalid_argument", f"unknown fields {quoted(unknown)}; "

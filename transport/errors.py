@@ -8,7 +8,8 @@ from "you misused it" (:class:`LinkStateError`)::
     TransportError
     ├── SignatureRejected  a webhook delivery is unsigned, stale, forged or replayed;
     │                      .reason is a SignatureProblem
-    ├── BackendRefused     a backend refuses a request; .status (4xx/5xx), .code, .message
+    ├── BackendRefused     a backend refuses a request; .status (4xx/5xx), .code, .message,
+    │                      .field (the request's field it refuses, or None)
     ├── IdentityError      a device key file or public key is unusable
     ├── FrameError         a frame broke the wire format; .reason says how
     ├── HandshakeRefused   a handshake or pairing step failed; .reason says which
@@ -69,13 +70,16 @@ class SignatureRejected(TransportError):
 
 
 class BackendRefused(TransportError):
-    """A backend refused the request: answer ``status`` with ``code`` and ``message``."""
+    """A backend refused the request: answer ``status`` with ``code`` and ``message``, and
+    with ``field`` when the refusal is of one field of the request (a client decides on it,
+    never on the message)."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.field = field
 
 
 class IdentityError(TransportError):

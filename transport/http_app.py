@@ -101,10 +101,17 @@ ERROR_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "
 
 
 def error(status: int, code: str, message: str,
-          headers: dict[str, str] | None = None) -> JSONResponse:
-    """A JSON error body."""
-    return JSONResponse({"error": code, "message": message}, status_code=status,
-                        headers=headers)
+          headers: dict[str, str] | None = None, *, field: str | None = None) -> JSONResponse:
+    """A JSON error body; ``field``, when given, names the request's field it refuses."""
+    body = {"error": code, "message": message}
+    if field is not None:
+        body["field"] = field
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def refused_answer(exc: BackendRefused) -> JSONResponse:
+    """The JSON error body of a backend's refusal."""
+    return error(exc.status, exc.code, exc.message, field=exc.field)
 
 
 def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
@@ -184,7 +191,7 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
 
     async def refused(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, BackendRefused)
-        return error(exc.status, exc.code, exc.message)
+        return refused_answer(exc)
 
     async def failed(request: Request, exc: Exception) -> JSONResponse:
         return error(500, "execution_failed", "the runtime could not answer this request")
