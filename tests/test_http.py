@@ -148,6 +148,20 @@ def test_the_root_lists_the_routes(served: tuple[Served, Runtime]) -> None:
     assert routes["/focal/notifications/read"] == ["POST"]
 
 
+def test_the_root_says_what_every_cron_and_peer_route_is(served: tuple[Served, Runtime]
+                                                         ) -> None:
+    """A reader of GET / saw the cron routes with an empty "about", and the peer
+    endpoints not at all (a plain request to them is a 426, not a 404)."""
+    srv, _ = served
+    _, body = srv.request("GET", "/")
+    routes = {r["path"]: r for r in body["routes"]}
+    cron = [path for path in routes if path.startswith("/cron/")]
+    assert len(cron) == 8
+    for path in [*cron, "/peers/link", "/peers/pair"]:
+        assert routes[path]["about"], routes.get(path, path)
+    assert routes["/peers/link"]["methods"] == ["GET"]  # a websocket upgrade
+
+
 def test_healthz_reports_each_check(make_runtime: MakeRuntime, tmp_path: Path,
                                     any_db_url: str) -> None:
     delivering = make_runtime(db=any_db_url, data_dir=tmp_path / "data", brain=quiet_brain)

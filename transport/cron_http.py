@@ -33,7 +33,7 @@ from starlette.routing import Route
 
 from . import json_body
 from .errors import BackendRefused, quoted
-from .http_app import Refusal, error, guard, refused_answer
+from .http_app import DescribedRoute, Refusal, error, guard, refused_answer
 
 ADD_FIELDS = ("name", "cron", "prompt", "delivery", "timezone")
 MAX_BODY = 256 * 1024
@@ -162,21 +162,35 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
     guarded = guard(refusal)  # every cron call, reads too, meets the app's rule first
 
     return [
-        _by_method("/cron/jobs", {"GET": guarded(jobs), "POST": guarded(add)}),
+        _by_method("/cron/jobs", {"GET": guarded(jobs), "POST": guarded(add)},
+                   "the cron jobs, soonest due first (?limit=, ?offset=); POST adds one: "
+                   "{name, cron, prompt, delivery?, timezone?}"),
         _by_method("/cron/jobs/{job_id}", {"GET": guarded(one),
-                                            "DELETE": guarded(action("remove"))}),
-        *(Route(f"/cron/jobs/{{job_id}}/{verb}", guarded(action(verb)), methods=["POST"])
-          for verb in ("trigger", "pause", "resume")),
-        Route("/cron/jobs/{job_id}/runs", guarded(runs), methods=["GET"]),
-        Route("/cron/runs", guarded(runs), methods=["GET"]),
-        Route("/cron/announcements/drain", guarded(drain), methods=["POST"]),
+                                            "DELETE": guarded(action("remove"))},
+                   "one cron job; DELETE removes it and its runs"),
+        *(DescribedRoute(f"/cron/jobs/{{job_id}}/{verb}", guarded(action(verb)),
+                         methods=["POST"], about=about)
+          for verb, about in ABOUT_ACTIONS.items()),
+        DescribedRoute("/cron/jobs/{job_id}/runs", guarded(runs), methods=["GET"],
+                       about="a cron job's runs, newest first (?limit=, ?offset=)"),
+        DescribedRoute("/cron/runs", guarded(runs), methods=["GET"],
+                       about="every cron job's runs, newest first (?limit=, ?offset=)"),
+        DescribedRoute("/cron/announcements/drain", guarded(drain), methods=["POST"],
+                       about="take the announcements of finished runs, and how many "
+                             "were dropped"),
     ]
 
 
-def _by_method(path: str, handlers: dict[str, Callable[[Request], Any]]) -> Route:
+ABOUT_ACTIONS = {"trigger": "run a cron job now, its schedule unchanged",
+                 "pause": "stop a cron job's schedule",
+                 "resume": "restart a paused cron job, its retries reset"}
+
+
+def _by_method(path: str, handlers: dict[str, Callable[[Request], Any]], about: str
+               ) -> Route:
     """One route for a path that takes several methods: two routes for one path would
     answer a wrong method with only the first one's methods in ``Allow``."""
     async def dispatch(request: Request) -> Any:
         method = "GET" if request.method == "HEAD" else request.method
         return await handlers[method](request)
-    return Route(path, dispatch, methods=list(handlers))
+    return DescribedRoute(path, dispatch, methods=list(handlers), about=about)

@@ -58,6 +58,28 @@ Refusal = Callable[[Request], Response | None]
 it, or ``X-Kinbox: 1`` when none is set."""
 
 
+class DescribedRoute(Route):
+    """A route that says what it is in ``GET /``'s list (``about``)."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], *, methods: list[str],
+                 about: str) -> None:
+        super().__init__(path, endpoint, methods=methods)
+        self.about = about
+
+
+def about_route(route: BaseRoute) -> dict[str, Any] | None:
+    """``GET /``'s entry for a route mounted beside the API's own: its ``about``, or for a
+    websocket endpoint the first line of its handler's docstring."""
+    if isinstance(route, Route):
+        return {"path": route.path, "methods": sorted(route.methods or ()),
+                "about": getattr(route, "about", "")}
+    if isinstance(route, WebSocketRoute):
+        doc = (getattr(route.endpoint, "__doc__", None) or "").strip().split("\n")[0]
+        return {"path": route.path, "methods": ["GET"],
+                "about": f"websocket upgrade: {doc}".rstrip(": ")}
+    return None
+
+
 def guard(refusal: Refusal) -> Callable[[Handler], Handler]:
     """What puts a handler behind ``refusal``: the request meets the rule first."""
     def guarded(handler: Handler) -> Handler:
@@ -148,8 +170,7 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
         return JSONResponse({"service": "kinbox", "routes": [
             {"path": path, "methods": methods, "about": about}
             for path, methods, _, about in table] + [
-            {"path": r.path, "methods": sorted(r.methods or ()), "about": ""}
-            for r in routes[len(table):] if isinstance(r, Route)]})
+            entry for entry in map(about_route, routes[len(table):]) if entry is not None]})
 
     async def healthz(request: Request) -> JSONResponse:
         if not health_limiter:
