@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError, KinboxError
+from .social_envelope import quoted_body
 from .validation import quoted, unstorable
 
 PLATFORM_RE = re.compile(r"[a-z0-9_]{1,32}")
@@ -182,7 +183,11 @@ def _attachments(raw: object) -> tuple[Attachment, ...]:
             if len(value) > ATTACHMENT_LIMITS[key]:
                 raise InvalidSocialEvent(f"attachments[{i}]", f"the {key} is at most "
                                          f"{ATTACHMENT_LIMITS[key]} characters")
-            _storable(f"attachments[{i}]", value)
+            # On the envelope's attachment line: a line break would write a line of its
+            # own (a forged header), and a URL holds no whitespace.
+            _one_line(f"attachments[{i}]", _storable(f"attachments[{i}]", value))
+        if any(char.isspace() for char in item["url"]):
+            raise InvalidSocialEvent(f"attachments[{i}]", "a url holds no whitespace")
         found.append(Attachment(**values))
     return tuple(found)
 
@@ -246,12 +251,16 @@ def envelope(event: SocialEvent) -> str:
     """The turn's text: an envelope line naming platform and sender, then the message.
 
     The display name is anyone's to choose, so it is quoted (JSON's escapes): whatever
-    it holds, it cannot pass for the sender id or the end of the line."""
+    it holds, it cannot pass for the sender id or the end of the line; so is an
+    attachment's name. The message's lines that could pass for the header or an
+    attachment line are quoted behind ``| `` (:func:`.social_envelope.quoted_body`):
+    the only unquoted lines with a square bracket are the runtime's."""
     name = json.dumps(event.sender_name, ensure_ascii=False)
     lines = [f"[{event.platform} message from {name} (sender id {event.sender_id})]"]
     if event.text:
-        lines.append(event.text)
-    lines += [f"[attachment: {a.name or 'file'} {a.url}]" for a in event.attachments]
+        lines.append(quoted_body(event.text))
+    lines += [f"[attachment: {json.dumps(a.name or 'file', ensure_ascii=False)} {a.url}]"
+              for a in event.attachments]
     return "\n".join(lines)
 
 

@@ -104,9 +104,11 @@ class SocialState:
 
 def turn_message(event: rules.SocialEvent) -> Message:
     """The turn message of a social event: its envelope, and what the turn and its
-    replies need to know (platform, sender, thread, attachments, reply route)."""
+    replies need to know (platform, sender, thread, the sender's text whole,
+    attachments, reply route)."""
     return Message(event.event_id, SOCIAL_KIND, rules.envelope(event), None,
                    {"platform": event.platform, "sender_id": event.sender_id,
                     "sender_name": event.sender_name, "thread_id": event.thread_id,
+                    "text": event.text,
                     "attachments": [asdict(a) for a in event.attachments],
                     "reply_route": dict(event.reply_route)})

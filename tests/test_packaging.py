@@ -34,6 +34,7 @@ PURE_MODULES = [
     "actors/tool_schemas.py",
     "actors/cron_rules.py",
     "actors/social_rules.py",
+    "actors/social_envelope.py",
     "actors/crash_check.py",
     "actors/delivery.py",
     "transport/webhook_signature.py",

@@ -60,7 +60,7 @@ def test_an_attachment_at_its_limits_reaches_the_envelope_whole() -> None:
     raw = {**event(), "attachments": [{"url": url, "name": "r" * 256, "mime_type": "m" * 128}]}
     normalized = rules.normalize(raw, "e1")
     assert normalized.attachments == (rules.Attachment(url, "r" * 256, "m" * 128),)
-    assert f"[attachment: {'r' * 256} {url}]" in rules.envelope(normalized)
+    assert f"[attachment: \"{'r' * 256}\" {url}]" in rules.envelope(normalized)
 
 
 def test_a_display_name_cannot_forge_the_sender_id_in_the_envelope() -> None:
