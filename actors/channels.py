@@ -136,16 +136,30 @@ def deliver(send: Send | None, route: Mapping[str, Any], text: str, *,
             call_send(send, route, text, loop, send_timeout)
         except rules.ChannelRefused as exc:  # never passes: retrying only repeats it
             error = f"{type(exc).__name__}: {exc}"
-            log.warning("channel send attempt %d refused for good: %s", attempt, error)
+            log.warning("channel send attempt %d refused for good: %s", attempt, kind_of(exc))
+            log.debug("channel send attempt %d: %s", attempt, error)
             return DeliveryOutcome("failed", attempt, error)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             if isinstance(exc, rules.ChannelBusy) and exc.retry_after is not None:
                 asked = min(max(exc.retry_after, 0.0), MAX_RETRY_AFTER)
-            log.warning("channel send attempt %d failed: %s", attempt, error)
+            log.warning("channel send attempt %d failed: %s", attempt, kind_of(exc))
+            log.debug("channel send attempt %d: %s", attempt, error)
             continue
         return DeliveryOutcome("sent", attempt)
     return DeliveryOutcome("failed", 1 + len(retry_delays), error)
+
+
+def kind_of(exc: Exception) -> str:
+    """What a log line above DEBUG says of an adapter's error: its type, and the status or
+    wait a platform answered. Never its text: that is the product's, and may name a token
+    (a Telegram bot's URL, which requests' ``raise_for_status`` quotes) or quote the reply
+    (the outcome and the transcript's delivery entry keep it; DEBUG logs it)."""
+    if isinstance(exc, rules.ChannelRefused):
+        return f"{type(exc).__name__} (status {exc.status})"
+    if isinstance(exc, rules.ChannelBusy) and exc.retry_after is not None:
+        return f"{type(exc).__name__} (asked to wait {exc.retry_after:g} s)"
+    return type(exc).__name__
 
 
 @dataclass(frozen=True)
@@ -234,9 +248,10 @@ class Channels:
                  **outcome.to_dict()}
         self.outcomes.append(entry)
         self.ctx.emit("social_delivery", **entry)
-        if outcome.status == "failed":
-            log.warning("reply to %s on %s not sent after %d attempts: %s", session_id,
-                        platform, outcome.attempts, outcome.error)
+        if outcome.status == "failed":  # why, at DEBUG only: the adapter's text (kind_of)
+            log.warning("reply to %s on %s not sent after %d attempts", session_id,
+                        platform, outcome.attempts)
+            log.debug("reply to %s on %s not sent: %s", session_id, platform, outcome.error)
         if not durable:
             return
         # Durable next to the reply it is about, hidden from agent_read.

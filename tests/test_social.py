@@ -834,3 +834,30 @@ def test_idle_threads_leave_no_per_session_lock_behind(make_runtime: MakeRuntime
     assert rt.social.statistics()["turns"] == 20
     direct = rt._services.direct  # the pool social and cron share: nothing public shows it
     assert direct is not None and direct._gate.sessions() == 0
+
+
+def test_a_channel_error_naming_a_token_or_the_reply_stays_out_of_logs_above_debug(
+        social_rt: tuple[Runtime, SocialBrain, list[tuple[Any, str]]],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An adapter's error is the product's text: requests' ``raise_for_status`` names the
+    URL, and a Telegram bot's URL holds its token; an error may quote the reply it could
+    not post. Each failed attempt and the final failure were logged at WARNING with that
+    text. Now the WARNING names the error's type only; the text is at DEBUG, in the
+    outcome and in the transcript's hidden delivery entry."""
+    rt, _brain, _ = social_rt
+    token = "123456:AAE-bot-token-never-logged"
+
+    def telegram(route: Mapping[str, Any], text: str) -> None:
+        raise ConnectionError(f"502 Server Error: Bad Gateway for url: "
+                              f"https://api.telegram.org/bot{token}/sendMessage ({text})")
+
+    rt.social.register_channel("slack", send=telegram)
+    with caplog.at_level(logging.DEBUG, logger="kinbox"):
+        rt.social.ingest(event("my card number is 4111"))
+        assert rt.social.wait_idle(10)
+    outcome = rt.social.outcomes[-1]
+    assert outcome["status"] == "failed" and token in outcome["error"]
+    above_debug = [r.getMessage() for r in caplog.records if r.levelno > logging.DEBUG]
+    assert any("ConnectionError" in m for m in above_debug)
+    assert not [m for m in above_debug if token in m or "4111" in m]
+    assert any(token in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG)
