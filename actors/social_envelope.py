@@ -1,5 +1,5 @@
-"""The sender's text in a social turn's envelope, quoted where it could pass for the runtime's
-own lines (SO1). Pure.
+"""A social turn's text (SO1): the envelope naming platform and sender, then the sender's
+text, quoted where it could pass for the runtime's own lines, then the attachments. Pure.
 
 The envelope's header (``[slack message from "Ann" (sender id U123)]``) is the
 agent's only word on who wrote, and its attachment lines are the runtime's
@@ -15,7 +15,12 @@ carries it whole (``text``).
 
 from __future__ import annotations
 
+import json
 import unicodedata
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .social_rules import SocialEvent
 
 QUOTE = "| "
 """What a quoted line of the sender's text starts with (no runtime line does)."""
@@ -34,3 +39,20 @@ def quoted_body(text: str) -> str:
     """``text`` with each of its lines that :func:`needs_quote` behind :data:`QUOTE`."""
     lines = text.splitlines(keepends=True)
     return "".join(QUOTE + line if needs_quote(line) else line for line in lines)
+
+
+def envelope(event: SocialEvent) -> str:
+    """The turn's text: an envelope line naming platform and sender, then the message.
+
+    The display name is anyone's to choose, so it is quoted (JSON's escapes): whatever
+    it holds, it cannot pass for the sender id or the end of the line; so is an
+    attachment's name. The message's lines that could pass for the header or an
+    attachment line are quoted behind :data:`QUOTE` (:func:`quoted_body`): the only
+    unquoted lines with a square bracket are the runtime's."""
+    name = json.dumps(event.sender_name, ensure_ascii=False)
+    lines = [f"[{event.platform} message from {name} (sender id {event.sender_id})]"]
+    if event.text:
+        lines.append(quoted_body(event.text))
+    lines += [f"[attachment: {json.dumps(a.name or 'file', ensure_ascii=False)} {a.url}]"
+              for a in event.attachments]
+    return "\n".join(lines)

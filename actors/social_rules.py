@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError, KinboxError
-from .social_envelope import quoted_body
+from .social_envelope import envelope as envelope  # the turn's text, rendered there
 from .validation import quoted, unstorable
 
 PLATFORM_RE = re.compile(r"[a-z0-9_]{1,32}")
@@ -245,23 +245,6 @@ def session_id_for(platform: str, thread_id: str) -> str:
 def authorized(allowlist: Mapping[str, frozenset[str]], platform: str, sender_id: str) -> bool:
     """True when ``sender_id`` is on the platform's allowlist (an empty list denies)."""
     return sender_id in allowlist.get(platform, frozenset())
-
-
-def envelope(event: SocialEvent) -> str:
-    """The turn's text: an envelope line naming platform and sender, then the message.
-
-    The display name is anyone's to choose, so it is quoted (JSON's escapes): whatever
-    it holds, it cannot pass for the sender id or the end of the line; so is an
-    attachment's name. The message's lines that could pass for the header or an
-    attachment line are quoted behind ``| `` (:func:`.social_envelope.quoted_body`):
-    the only unquoted lines with a square bracket are the runtime's."""
-    name = json.dumps(event.sender_name, ensure_ascii=False)
-    lines = [f"[{event.platform} message from {name} (sender id {event.sender_id})]"]
-    if event.text:
-        lines.append(quoted_body(event.text))
-    lines += [f"[attachment: {json.dumps(a.name or 'file', ensure_ascii=False)} {a.url}]"
-              for a in event.attachments]
-    return "\n".join(lines)
 
 
 class Route(enum.Enum):
