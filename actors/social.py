@@ -26,7 +26,9 @@ Once a stop hands over, no turn takes an event (one lock decides). The
 events of a turn still running when the stop's wait ends (a brain that
 ignores its stop request) are handed over too: if that turn's commit lands
 after all, its delivery markers make the inbox skip them (it never runs a
-message whose turn committed); if not, they run at the next start. A crash
+message whose turn committed); if not, they run at the next start. Until a
+thread's handed-over events have run, its new ones join them in the inbox, behind
+them (:mod:`.social_chats`), so the thread is answered in order. A crash
 loses what was only in memory (no turn committed it).
 A turn's commit writes its events' delivery markers and is refused when one
 has a marker already, so a platform's retry that reached another runtime on
@@ -51,13 +53,13 @@ from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
-from ..persistence import NewMessage, PersistenceError
+from ..persistence import PersistenceError
 from . import channels
 from . import social_rules as rules
 from .context import HookReads, RuntimeContext, TurnEffects
 from .runtime_options import check_seconds
 from .social_ingress import SocialIngress
-from .social_state import DEFAULT_QUEUE_BOUND, RECENT_IDS, SOCIAL_KIND, turn_message
+from .social_state import DEFAULT_QUEUE_BOUND, RECENT_IDS, SOCIAL_KIND
 from .turn import Message, Turn, TurnOutcome
 
 __all__ = ["DEFAULT_QUEUE_BOUND", "RECENT_IDS", "SOCIAL_KIND", "SocialService"]
@@ -186,11 +188,7 @@ class SocialService(SocialIngress):
             if not allowed:
                 continue
             try:
-                sid = self._ensure_session(event)
-                message = turn_message(event)
-                self.ctx.journal.enqueue(
-                    NewMessage(event.event_id, sid, message.content, kind=SOCIAL_KIND,
-                               payload=message.payload), self.ctx.now())
+                self._to_inbox(event)
                 handed += 1
             except PersistenceError as exc:  # the database is gone: nothing more can be kept
                 log.error("social ingress stopped: %d accepted events could not be kept "

@@ -11,7 +11,9 @@ a pause (:func:`.social_rules.stall_pause`), waiting on one shared thread
 runs again, up to ``COMMIT_ATTEMPTS`` times. A turn's commit writes its events'
 delivery markers and is refused when one has a marker already (:func:`record_events`):
 a platform's retry that reached another runtime sharing the database commits once.
-A committed turn's replies leave through the channel (:mod:`.channels`).
+A committed turn's replies leave through the channel (:mod:`.channels`). While the
+thread has events in the inbox (a stop handed them over), its next event joins them
+there instead of starting a turn, so it is not answered before them.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from . import channels
 from . import social_rules as rules
 from .context import RuntimeContext
 from .direct_turn import DirectOutcome, DirectTurns, TurnNotStarted
-from .social_state import SocialState, turn_message
+from .social_state import SOCIAL_KIND, SocialState, turn_message
 from .steps import Blocking, Steps
 from .turn import Message, Turn
 
@@ -115,6 +117,17 @@ class ChatTurns(SocialState):
 
         try:
             yield Blocking(partial(self._ensure_session, event))
+            if (yield Blocking(partial(self.ctx.journal.has_open_of_kind, sid, SOCIAL_KIND))):
+                # The thread has events in the inbox (a stop handed them over; the next
+                # start runs them as inbox turns): this one joins them, behind them, or
+                # it would be answered first, by an agent that had not read them.
+                yield Blocking(partial(self._to_inbox, event))
+                log.info("social event in %s joins its thread's events in the inbox", sid)
+                with self._lock:
+                    self._in_turn.pop(event.event_id, None)
+                    self._refused.pop(event.event_id, None)
+                self._handled()
+                return [], False
             done = yield from self.turns.run_steps(sid, [turn_message(event)],
                                                    fetch_steering=fetch_steering,
                                                    commit_ops=commit_ops)

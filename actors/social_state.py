@@ -16,7 +16,7 @@ import threading
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field
 
-from ..persistence import DuplicateError
+from ..persistence import DuplicateError, NewMessage
 from . import channels
 from . import social_rules as rules
 from .context import RuntimeContext
@@ -100,6 +100,17 @@ class SocialState:
             except DuplicateError:
                 pass
         return sid
+
+    def _to_inbox(self, event: rules.SocialEvent) -> None:
+        """Enqueue ``event`` to its thread's session as an inbox message (its session made
+        first): an inbox turn runs it, in the order of the session's rows, and its
+        replies leave by its own reply route (:meth:`.social.SocialService.outbox`).
+        Idempotent: the same event enqueued twice is one row."""
+        sid = self._ensure_session(event)
+        message = turn_message(event)
+        self.ctx.journal.enqueue(NewMessage(event.event_id, sid, message.content,
+                                            kind=SOCIAL_KIND, payload=message.payload),
+                                 self.ctx.now())
 
 
 def turn_message(event: rules.SocialEvent) -> Message:

@@ -118,6 +118,12 @@ class InboxReads:
         return m.select().where(m.target_chat_id == target, pw.SQL(is_open()),
                                 m.status == core.PENDING).count()
 
+    def has_open_of_kind(self, target: str, kind: str) -> bool:
+        """``target`` has an open row (pending or in a turn) of ``kind``."""
+        m = self.t.inbox
+        return m.select().where(m.target_chat_id == target, pw.SQL(is_open()),
+                                m.kind == kind).exists()
+
     def has_open_from(self, sender: str, target: str) -> bool:
         """``target`` has an open row from ``sender``."""
         m = self.t.inbox

@@ -861,3 +861,54 @@ def test_a_channel_error_naming_a_token_or_the_reply_stays_out_of_logs_above_deb
     assert any("ConnectionError" in m for m in above_debug)
     assert not [m for m in above_debug if token in m or "4111" in m]
     assert any(token in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG)
+
+
+@pytest.mark.timeout(60)
+def test_a_threads_new_event_after_a_restart_waits_for_those_the_stop_handed_over(
+        make_runtime: MakeRuntime, any_db_url: str) -> None:
+    """A stop hands a thread's waiting events to the inbox; the next start runs them as
+    inbox turns. A new event of the thread arriving meanwhile started a direct turn at
+    once, which overtook them: the user's later message was answered first, by an agent
+    that had not read the earlier ones. Now while the thread has events in the inbox, its
+    new ones join them there, behind them."""
+    holding, first, release = threading.Event(), threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def brain(turn: Turn) -> str:
+        text = turn.messages[0].payload["text"]
+        if text == "hold":  # the first runtime's turn: holds the others until the stop
+            holding.set()
+            assert turn.wait_stop_requested(20)
+            return "held"
+        order.append(text)
+        if not first.is_set():  # the next start's first turn waits for the new event
+            first.set()
+            assert release.wait(20)
+        return f"echo: {text}"
+
+    def setup(rt: Runtime, sent: list[str]) -> None:
+        rt.social.allow("slack", ["U1", "U2"])
+        rt.social.register_channel("slack", send=lambda route, text: sent.append(text))
+
+    rt = make_runtime(brain=brain, db=any_db_url)
+    setup(rt, [])
+    rt.social.ingest(event("hold"))
+    assert holding.wait(10)
+    for text in ("A1", "A2"):  # another sender: they wait for the chat's turn
+        rt.social.ingest(event(text, sender="U2"))
+    wait_for(lambda: rt.social.statistics()["queued"] == 2, 10, "the events to wait")
+    rt.stop()
+
+    sent: list[str] = []
+    again = make_runtime(brain=brain, db=any_db_url)
+    setup(again, sent)
+    assert first.wait(10)
+    later = again.social.ingest(event("C"))
+    sid, store = later["session_id"], again.context.store
+    wait_for(lambda: store.direct_turn(sid) is not None
+             or later["event_id"] in [r["message_id"] for r in again.inbox()],
+             10, "the new event to wait for the thread's turn")
+    release.set()
+    wait_for(lambda: len(sent) == 3, 20, "the three replies")
+    assert order == ["A1", "A2", "C"]
+    assert sent == ["echo: A1", "echo: A2", "echo: C"]
