@@ -11,18 +11,21 @@ it.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field
 
-from ..persistence import DuplicateError, NewMessage
+from ..persistence import DuplicateError, IdempotencyConflict, NewMessage
 from . import channels
 from . import social_rules as rules
 from .context import RuntimeContext
 from .delayed import Delayed
 from .direct_turn import DirectTurns
 from .turn import Message
+
+log = logging.getLogger("kinbox.social")
 
 SOCIAL_KIND = "social_message"
 """The kind of the message a social event's turn starts with."""
@@ -105,12 +108,17 @@ class SocialState:
         """Enqueue ``event`` to its thread's session as an inbox message (its session made
         first): an inbox turn runs it, in the order of the session's rows, and its
         replies leave by its own reply route (:meth:`.social.SocialService.outbox`).
-        Idempotent: the same event enqueued twice is one row."""
+        Idempotent: the same event enqueued twice is one row, and one the inbox holds
+        rendered otherwise (handed over by a runtime of another version sharing the
+        database) is that row: it runs there, once."""
         sid = self._ensure_session(event)
         message = turn_message(event)
-        self.ctx.journal.enqueue(NewMessage(event.event_id, sid, message.content,
-                                            kind=SOCIAL_KIND, payload=message.payload),
-                                 self.ctx.now())
+        try:
+            self.ctx.journal.enqueue(NewMessage(event.event_id, sid, message.content,
+                                                kind=SOCIAL_KIND, payload=message.payload),
+                                     self.ctx.now())
+        except IdempotencyConflict:
+            log.info("social event %s is in the inbox already", event.event_id)
 
 
 def turn_message(event: rules.SocialEvent) -> Message:

@@ -912,3 +912,69 @@ def test_a_threads_new_event_after_a_restart_waits_for_those_the_stop_handed_ove
     wait_for(lambda: len(sent) == 3, 20, "the three replies")
     assert order == ["A1", "A2", "C"]
     assert sent == ["echo: A1", "echo: A2", "echo: C"]
+
+
+@pytest.mark.timeout(60)
+def test_an_event_the_inbox_holds_in_another_rendering_joins_it_and_runs_once(
+        make_runtime: MakeRuntime) -> None:
+    """A retry of an event another runtime handed to the inbox (one of an older version,
+    which rendered its envelope otherwise: a rolling deploy on one PostgreSQL) reaches
+    this one, whose thread then has events in the inbox: it joins them there, and the
+    journal refuses its id with other content. That refusal stalled the chat for good (a
+    pause, the same refusal, again), and a stop's hand-over gave up on every event after
+    it. The inbox holds the event already: it runs there, once."""
+    release, holding = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def brain(turn: Turn) -> str:
+        ran.append(turn.messages[0].message_id)
+        if turn.messages[0].content == "rendered by an older version":
+            holding.set()
+            assert release.wait(20)
+        return "ok"
+
+    rt = make_runtime(brain=brain)
+    rt.social.allow("slack", ["U1"])
+    sent: list[str] = []
+    rt.social.register_channel("slack", send=lambda route, text: sent.append(text))
+    rt.social.ingest(event("first"))
+    assert rt.social.wait_idle(10)
+    rt.post("social-slack-T1", "rendered by an older version", message_id="social-slack-E9",
+            kind="social_message", payload={"reply_route": {"channel": "C9", "ts": "T1"}})
+    assert holding.wait(10)
+    receipt = rt.social.ingest(event("the retry", event_id="E9"))
+    assert receipt["event_id"] == "social-slack-E9" and not receipt["duplicate"]
+    assert rt.social.wait_idle(10)  # handled: the inbox has it, nothing stalls
+    release.set()
+    wait_for(lambda: len(sent) == 2, 10, "the inbox turn's reply")
+    rt.run_until_idle(10)
+    assert ran.count("social-slack-E9") == 1 and rt.social.statistics()["turns"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_hands_over_every_event_after_one_the_inbox_holds_in_another_rendering(
+        make_runtime: MakeRuntime) -> None:
+    """The hand-over took the journal's refusal of an id it holds with other content for
+    a database that is gone, and kept none of the events after it."""
+    holding = threading.Event()
+
+    def brain(turn: Turn) -> str:
+        if turn.messages[0].content.endswith("hold"):
+            holding.set()
+            assert turn.wait_stop_requested(20)
+        return "ok"
+
+    rt = make_runtime(brain=brain)
+    rt.social.allow("slack", ["U1", "U2"])
+    rt.social.register_channel("slack", send=lambda route, text: None)
+    rt.social.ingest(event("hold"))
+    assert holding.wait(10)  # its direct turn holds the session: the post below waits
+    rt.post("social-slack-T1", "rendered by an older version", message_id="social-slack-E9",
+            kind="social_message")
+    retry = rt.social.ingest(event("the retry", sender="U2", event_id="E9"))
+    after = rt.social.ingest(event("after it", sender="U2"))
+    wait_for(lambda: rt.social.statistics()["queued"] == 2, 10, "both to wait for the chat")
+    rt.stop()
+    rows = {r["message_id"]: r for r in make_runtime().inbox(target="social-slack-T1")}
+    assert rows[retry["event_id"]]["content"] == "rendered by an older version"
+    assert after["event_id"] in rows  # kept, as every event after the one held already
