@@ -41,6 +41,7 @@ from .schedule_driver import POLL_SECONDS, ScheduleDriver
 from .steps import Blocking, Steps
 from .triggers import local_time, next_fire
 from .turn import Message, Turn
+from .turn_run import refused_commit
 
 log = logging.getLogger("kinbox.cron")
 
@@ -316,7 +317,12 @@ class CronService:
             elif not done.outcome.ok:
                 yield Blocking(partial(self._fail, job, run, done.error or "the turn failed"))
             else:
-                log.warning("cron run %s was not committed: %s", run.id, done.error)
+                # The commit was refused: a failed run as a brain's error is (fenced: a run
+                # taken over meanwhile is the other runtime's). Left ``running``, its lease
+                # ran out and it was taken over and run again, for ever, nothing counted.
+                refused = done.commit_error or PersistenceError(done.error or "refused")
+                yield Blocking(partial(self._fail, job, run,
+                                       refused_commit(refused).outcome.error or str(refused)))
         finally:
             with self._lock:
                 self._mine.discard(run.id)

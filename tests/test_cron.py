@@ -893,3 +893,58 @@ def test_a_second_trigger_of_one_occurrence_runs_no_unrecorded_turn(
     assert rt.cron.wait_idle(10)
     assert len(rt.cron.runs(job_id)) == 1
     assert len(seen) == 1, seen
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_run_whose_commit_always_fails_backs_off_then_deactivates_its_job(
+        make_runtime: MakeRuntime, clock: ManualClock, kind: str) -> None:
+    """A run whose turn the database refused to commit (a value it will not store, a hook's
+    write that conflicts) was left ``running``, its lease no longer renewed: once the lease
+    ran out the run was taken over and its brain, a model call, ran again, every lease, for
+    ever, no failure counted. Each refusal is a failed run now: the job backs off 1, 2, 4,
+    8, 16 minutes as for a brain's error, then is deactivated; no run is run twice."""
+    from kinbox.actors.context import TurnEffects
+    from kinbox.persistence.driver_errors import OperationalError
+
+    brain = CronBrain()
+
+    async def async_brain(turn: Turn) -> str:
+        return brain(turn)
+
+    rt = make_runtime(brain=brain if kind == "sync" else async_brain)
+
+    def refusing(ctx: Any, turn: Turn, outcome: Any) -> Any:
+        def op() -> None:
+            raise OperationalError("value too long for type character varying(64)")
+        return TurnEffects(ops=[op]) if outcome.ok else None
+
+    rt.context.outbox_hooks.append(refusing)
+    job_id = str(rt.cron.add("yearly", "0 0 1 1 *", "Happy new year")["job_id"])
+    rt.cron.trigger(job_id)
+    rt.run_until_idle()
+    assert rt.cron.wait_idle(10)
+    for n, delay in enumerate((1, 2, 4, 8, 16), start=1):
+        wait_for(lambda n=n: [r["status"] for r in rt.cron.runs(job_id)] == ["error"] * n, 10,
+                 f"failed run {n} recorded ({len(brain.turns)} turns ran)")
+        assert "value too long" in str(rt.cron.runs(job_id)[0]["error"])
+        job = rt.cron.job(job_id)
+        assert job["active"] and job["retry_count"] == n
+        assert job["next_run_at"] == clock.now() + delay * MINUTE
+        clock.advance(rt.context.lease_seconds + 1)  # past the lease: nothing takes it over
+        rt.run_until_idle()
+        assert rt.cron.wait_idle(10)
+        assert len(brain.turns) == n and len(rt.cron.runs(job_id)) == n
+        clock.advance(delay * MINUTE - rt.context.lease_seconds - 1)
+        rt.run_until_idle()
+        assert rt.cron.wait_idle(10)
+    wait_for(lambda: not rt.cron.job(job_id)["active"], 10, "the job deactivated")
+    job = rt.cron.job(job_id)
+    assert job["next_run_at"] is None and str(job["last_error"]).startswith(
+        "Max retries exceeded: ")
+    runs = rt.cron.runs(job_id)
+    assert len(runs) == 6 and {r["status"] for r in runs} == {"error"}
+    assert len(brain.turns) == 6 and rt.transcript(f"cron-{job_id}") == []
+    clock.advance(3600)
+    rt.run_until_idle()
+    assert rt.cron.wait_idle(10) and len(brain.turns) == 6
