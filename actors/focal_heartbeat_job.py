@@ -28,6 +28,8 @@ from .focal import FOCAL_ID, Focal
 log = logging.getLogger("kinbox.schedule")
 
 HEARTBEAT_JOB = "focal-heartbeat"
+HEARTBEAT_KIND = "focal_heartbeat"
+"""The kind of a check-in's inbox row."""
 
 
 @dataclass(frozen=True)
@@ -75,12 +77,17 @@ class HeartbeatJob:
         stored setting; the setting now. The config and the job's schedule change in one
         transaction, read with the Focal row locked (another process's change meanwhile is
         not lost), and only when the setting changes: saving it unchanged does not put the
-        next heartbeat off. A change is due one interval of the new setting from now."""
+        next heartbeat off. A change is due one interval of the new setting from now.
+        Switched off, the check-ins still queued for Focal (behind a long turn, or waiting
+        out a failed attempt's backoff) are cancelled in the same transaction: off means no
+        heartbeat turn from then on, and they were delivered after it."""
         store, now = self.ctx.store, self.ctx.now()
 
         def op() -> tuple[hs.HeartbeatSetting, JobRecord | None]:
             current = hs.from_config(store.config_now(FOCAL_ID))
             setting = current.changed(**changes)
+            if not hs.runs(setting):
+                self._cancel_queued(now)
             if setting == current:
                 return setting, None
             store.patch_config_now(FOCAL_ID, setting.as_config(), now)
@@ -117,14 +124,28 @@ class HeartbeatJob:
 
     def on_fire(self, job: JobRecord, now: float, heartbeat: Heartbeat | None) -> None:
         """Inside the firing transaction: the check-in message, when :meth:`due` decided
-        it runs (a skipped one is recorded as run: the schedule already advanced)."""
+        it runs (a skipped one is recorded as run: the schedule already advanced). One
+        that finds the heartbeat off cancels the check-ins still queued, as switching it
+        off does: the setting may have been written into the config alone."""
+        if heartbeat is not None and not hs.runs(heartbeat.setting):
+            self._cancel_queued(now)
         if heartbeat is None or not heartbeat.decision.run:
             return
         occurrence = int((job.next_run_at or now) * 1000)
         self.ctx.journal.enqueue_now(NewMessage(
-            f"heartbeat-{occurrence}", FOCAL_ID, heartbeat.body, kind="focal_heartbeat",
+            f"heartbeat-{occurrence}", FOCAL_ID, heartbeat.body, kind=HEARTBEAT_KIND,
             sender="scheduler", payload={"signature": heartbeat.decision.signature,
                                          "findings": heartbeat.findings}), now)
+
+    def _cancel_queued(self, now: float) -> None:
+        """Inside a writer operation: cancel the check-ins queued for Focal and not yet
+        running (the heartbeat is off)."""
+        cancelled = self.ctx.journal.cancel_pending_now(
+            FOCAL_ID, HEARTBEAT_KIND, now, by="heartbeat",
+            reason="the Focal heartbeat was switched off")
+        if cancelled:
+            log.info("cancelled %d queued heartbeat check-in(s): the heartbeat is off",
+                     len(cancelled))
 
     def _checklist(self) -> str:
         """``heartbeat.md`` as the heartbeat reads it: the default when there is none, or

@@ -1,4 +1,5 @@
-"""An operator's changes to inbox rows: requeue a failed row, cancel an open one.
+"""An operator's changes to inbox rows: requeue a failed row, cancel a pending one (or
+every pending one of a kind, for the user's setting that makes them moot).
 
 Each change is checked by the state machine (:mod:`.inbox_core`), applies only to the
 state it was checked against, and is kept in the row's history; the rows it makes due are
@@ -13,7 +14,7 @@ from typing import Any
 
 from . import inbox_core as core
 from .bulk_sql import BulkSql
-from .errors import RowNotFound
+from .errors import IllegalTransition, RowNotFound
 from .inbox_reads import row_to_dict
 from .models import InboxMessage, Tables
 from .writer import GroupCommitWriter
@@ -100,3 +101,22 @@ class InboxOperator:
         session back.
         """
         return self.writer.call(lambda: self._cancel_op(message_id, now, by, reason))
+
+    def cancel_pending_now(self, target: str, kind: str, now: float, *, by: str,
+                           reason: str) -> list[str]:
+        """Give up on every ``pending`` row of ``kind`` to ``target`` inside the caller's
+        transaction (a writer operation), as :meth:`cancel` does one; the ids cancelled. A
+        row that is running (``processing``, on PostgreSQL claimed by another process
+        between the read and the write) is left to its turn."""
+        m = self.t.inbox
+        ids = [r.message_id for r in m.select(m.message_id).where(
+            (m.target_chat_id == target) & (m.kind == kind)
+            & (m.status == core.PENDING)).order_by(m.seq)]
+        cancelled = []
+        for message_id in ids:
+            try:
+                self._cancel_op(message_id, now, by, reason)
+            except IllegalTransition:
+                continue
+            cancelled.append(message_id)
+        return cancelled

@@ -5,6 +5,7 @@ processes. On the injected clock."""
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from kinbox.actors import focal_heartbeat_setting as hs
 from kinbox.actors.focal import FOCAL_ID
 from kinbox.actors.focal_heartbeat_job import HEARTBEAT_JOB
 from kinbox.actors.focal_heartbeat_setting import HeartbeatSetting
+
+from .helpers import wait_for
 
 MakeRuntime = Callable[..., Runtime]
 MINUTE = 60.0
@@ -225,3 +228,80 @@ def test_the_next_due_heartbeat_follows_whole_intervals_of_the_setting() -> None
     assert hs.next_due(hourly, 1000.0, 1000.0 + 3 * 3600 + 5) == 1000.0 + 4 * 3600  # late
     assert hs.next_due(HeartbeatSetting(False, 5), 0.0, 0.0) == 300.0  # off: kept looking
     assert hs.after_change(hourly, 50.0) == 3650.0
+
+
+class HoldingBrain:
+    """Records the kinds of each Focal turn's messages; holds a turn on a user message
+    ``hold`` until released, and fails the first heartbeat turn when ``fail_first``."""
+
+    def __init__(self, fail_first: bool = False) -> None:
+        self.kinds: list[list[str]] = []
+        self.fail_first = fail_first
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, turn: Turn) -> None:
+        if turn.session_id != FOCAL_ID:
+            return
+        kinds = [m.kind for m in turn.messages]
+        self.kinds.append(kinds)
+        if any(m.content == "hold" for m in turn.messages):
+            self.holding.set()
+            assert self.release.wait(20)
+        if self.fail_first and "focal_heartbeat" in kinds:
+            self.fail_first = False
+            raise RuntimeError("model unavailable")
+
+
+def heartbeat_turns(brain: HoldingBrain) -> int:
+    return sum(1 for kinds in brain.kinds if "focal_heartbeat" in kinds)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("switch", ["set_heartbeat", "config"])
+def test_a_heartbeat_queued_behind_a_busy_focal_is_not_delivered_once_switched_off(
+        make_runtime: MakeRuntime, clock: ManualClock, tmp_path: Path, switch: str) -> None:
+    """A check-in queued while Focal was busy (a long turn on the user's message) stayed in
+    the inbox: switched off meanwhile, it was still delivered when Focal's turn ended. Off
+    means no heartbeat turn from then on: the queued check-in is cancelled with the
+    switch, or, switched off in the config alone, by the next due occurrence."""
+    brain = HoldingBrain()
+    rt = make_runtime(brain=brain, data_dir=tmp_path / "data", lease_seconds=7200.0)
+    chat = rt.get_or_create_focal_chat()
+    (tmp_path / "data" / "projects" / "suzent-focal" / "heartbeat.md").write_text("- mine")
+    rt.post(chat.id, "hold")
+    assert brain.holding.wait(10)
+    clock.advance(30 * MINUTE)  # the heartbeat is due: queued behind the running turn
+    wait_for(lambda: beats(rt) == 1, 10, "the check-in queued")
+    if switch == "set_heartbeat":
+        assert rt.focal.set_heartbeat(enabled=False) == HeartbeatSetting(False, 30)
+    else:
+        rt.context.store.patch_config(FOCAL_ID, {"heartbeat_enabled": False}, clock.now())
+        clock.advance(30 * MINUTE)  # the next occurrence finds it off
+    brain.release.set()
+    rt.run_until_idle()
+    move(rt, clock, 120)
+    assert heartbeat_turns(brain) == 0, brain.kinds
+    [row] = [r for r in rt.inbox(target=FOCAL_ID) if r["kind"] == "focal_heartbeat"]
+    assert row["status"] == "cancelled"
+
+
+@pytest.mark.timeout(60)
+def test_a_heartbeat_waiting_for_its_retry_is_not_delivered_once_switched_off(
+        make_runtime: MakeRuntime, clock: ManualClock, tmp_path: Path) -> None:
+    """A check-in whose turn failed waits out its backoff as a pending row: switched off
+    meanwhile, its retry still woke Focal for a heartbeat turn."""
+    brain = HoldingBrain(fail_first=True)
+    rt = make_runtime(brain=brain, data_dir=tmp_path / "data")
+    rt.get_or_create_focal_chat()
+    (tmp_path / "data" / "projects" / "suzent-focal" / "heartbeat.md").write_text("- mine")
+    move(rt, clock, 30)
+    wait_for(lambda: [r["attempts"] for r in rt.inbox(target=FOCAL_ID)
+                      if r["kind"] == "focal_heartbeat"] == [1], 10, "the failed check-in")
+    assert heartbeat_turns(brain) == 1
+    rt.focal.set_heartbeat(enabled=False)
+    for _ in range(6):
+        move(rt, clock, 1)  # past every backoff
+    assert heartbeat_turns(brain) == 1, brain.kinds
+    [row] = [r for r in rt.inbox(target=FOCAL_ID) if r["kind"] == "focal_heartbeat"]
+    assert row["status"] == "cancelled"
