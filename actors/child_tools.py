@@ -29,12 +29,6 @@ FOREGROUND_KEY = "foreground_key"
 """The config entry of a foreground child holding its key (:meth:`.outbox.Outbox.child_key`):
 what a retried attempt checks before it takes a session of the derived id as its child."""
 
-FOREGROUND_ON_LOOP = ("A foreground agent(..., run_in_background=False) waits for the "
-                      "child's turn, which runs on the event loop this call would hold "
-                      "until its timeout: await turn.tools.agent(...) in an async brain "
-                      "(turn.tools.sync is for code off the event loop).")
-
-
 class ChildTools:
     """``agent`` and the halves the sync and the awaitable tool share."""
 
@@ -46,12 +40,10 @@ class ChildTools:
 
     def agent(self, description: Any, run_in_background: Any = True, title: Any = None,
               timeout: Any = 300) -> dict[str, Any]:
-        """Create a child session for ``description`` and run it (in the background by default)."""
-        host = self._ctx.async_host
-        if run_in_background is False and host is not None and host.on_loop():
-            # Refused before anything is written: the wait would hold every async turn
-            # (the child's too) for as long as its timeout, and then fail anyway.
-            raise ToolError("execution_failed", FOREGROUND_ON_LOOP)
+        """Create a child session for ``description`` and run it (in the background by
+        default). On the event loop of async brains it is refused before anything is
+        written, as every sync tool is (:meth:`.tools.TaskTools._caller`): a foreground
+        wait there held every async turn (the child's too) for its whole timeout."""
         result, wait = self.start_child(description, run_in_background, title, timeout)
         if run_in_background:
             return result

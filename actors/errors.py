@@ -66,11 +66,19 @@ class ToolError(KinboxError):
 def tool_result(exc: ToolError | RuntimeStateError) -> dict[str, str]:
     """What a model's tool call gets back when it was refused: a refusal of the call's own,
     or of the runtime's (it is stopping: a turn wrapping up its work still gets a result
-    it can read, not an exception through its model loop)."""
+    it can read, not an exception through its model loop; or the call was made on the
+    event loop of async brains, :mod:`.loop_rule`)."""
     if isinstance(exc, ToolError):
         return exc.to_dict()
+    if exc.state == EVENT_LOOP:  # a sync tool called on the loop of async brains
+        return {"error": "execution_failed", "message": f"{exc}; this call did nothing."}
     return {"error": "execution_failed", "message": f"The runtime is not running ({exc}); "
                                                     "this call did nothing."}
+
+
+EVENT_LOOP = "event_loop"
+"""The :attr:`RuntimeStateError.state` of a call refused on the event loop of async brains
+(:mod:`.loop_rule`)."""
 
 
 class RuntimeStateError(KinboxError):

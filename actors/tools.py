@@ -20,6 +20,7 @@ from .errors import RuntimeStateError, ToolError, tool_result
 from .family import FamilyTools
 from .focal import is_focal_chat
 from .focal_policy import FOCAL_TOOL_NAMES, SCHEDULE_WAKEUP
+from .loop_rule import refuse_on_loop
 from .outbox import Outbox, Writes
 from .peers import is_peer_target
 from .reachable import reachable
@@ -98,7 +99,13 @@ class TaskTools:
         return tool_schemas.check_call(self.held(), name, arguments, focal=self._focal())
 
     def _caller(self) -> SessionRecord:
+        """The calling session, read first by every tool (so before anything is written):
+        the point where a sync tool called on the event loop of async brains is refused
+        (:mod:`.loop_rule`), since its reads and writes would hold every async turn."""
         self._ctx.require_running()
+        host = self._ctx.async_host
+        refuse_on_loop(host.on_loop if host is not None else None,
+                       "a sync tool call (turn.tools.sync)", "await turn.tools.<tool>(...)")
         caller = self._ctx.store.session(self.caller_id)
         if caller is None:
             raise ToolError("execution_failed",

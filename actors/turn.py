@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..persistence import ClaimedRow, TurnEntry
 from .errors import ConfigError, RuntimeStateError
+from .loop_rule import refuse_on_loop
 from .running import RUNTIME_STOP, StopFlag
 from .turn_message import Message as Message
 from .turn_message import TurnOutcome as TurnOutcome
@@ -126,12 +127,9 @@ class Turn:
         return self._request, self._context
 
     def _refuse_on_loop(self, call: str, instead: str) -> None:
-        """Refuse a call that would read or write the database on the event loop, where
-        it would hold every async turn of the runtime until it ended (B1)."""
-        if self._on_loop is not None and self._on_loop():
-            raise RuntimeStateError(f"{call} reads the database, which would hold the "
-                                    f"event loop: use `{instead}` in an async brain",
-                                    state="event_loop")
+        """Refuse a call that would block on the event loop, where it would hold every
+        async turn of the runtime until it ended (:mod:`.loop_rule`)."""
+        refuse_on_loop(self._on_loop, call, instead)
 
     def _resolve_now(self) -> None:
         with self._resolve_lock:  # two awaits at once read once
@@ -181,8 +179,11 @@ class Turn:
     def wait_stop_requested(self, timeout: float) -> bool:
         """Block until a stop is requested or ``timeout`` passes; return the flag.
 
-        In an ``async def`` brain use :meth:`stopped` instead: this blocks the loop.
+        In an ``async def`` brain, ``await turn.stopped(timeout)``: this wait would hold
+        the event loop, and is refused there (:class:`RuntimeStateError`,
+        ``state="event_loop"``).
         """
+        self._refuse_on_loop("turn.wait_stop_requested()", "await turn.stopped(timeout)")
         return self._stop.wait(timeout)
 
     async def stopped(self, timeout: float | None = None) -> bool:
@@ -259,7 +260,10 @@ class Turn:
         the brain what it says already (a foreground sub-agent's result). True when the
         row is part of the turn; False when it is not there to take (not yet written,
         delivered, leased elsewhere) or the turn has ended: it then runs a turn of its
-        own, as any row does."""
+        own, as any row does. In an ``async def`` brain, ``await turn.atake(message_id)``:
+        this call leases the row (a database write), which it refuses to do on the event
+        loop (:class:`RuntimeStateError`, ``state="event_loop"``)."""
+        self._refuse_on_loop("turn.take()", "await turn.atake(message_id)")
         with self._steer_lock:
             if self._closed is not None or self._fetch_row is None:
                 return False
@@ -277,6 +281,16 @@ class Turn:
             with self._log_lock:
                 self._join([taken])
         return True
+
+    async def atake(self, message_id: str) -> bool:
+        """:meth:`take` for an ``async def`` brain: the row is leased on a blocking worker,
+        so the event loop and every other async turn go on meanwhile."""
+        run = self._run_blocking
+        if run is None:
+            return self.take(message_id)
+        taken: list[bool] = []
+        await run(lambda: taken.append(self.take(message_id)))
+        return taken[0]
 
     def close_steering(self, wait: bool = True) -> list[Message] | None:
         """End the turn's steering (after its brain): the messages fetched for it that the

@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 
-from kinbox.actors import ManualClock, Runtime, ToolError, Turn
+from kinbox.actors import ManualClock, Runtime, RuntimeStateError, ToolError, Turn
 from kinbox.actors.async_host import STOP_SLACK
-from kinbox.actors.child_tools import FOREGROUND_ON_LOOP
 from kinbox.actors.focal import FOCAL_TITLE
 from kinbox.actors.running import RUNTIME_STOP
 from kinbox.actors.tools import NO_AGENT_TOOLS
@@ -312,7 +311,9 @@ def test_a_sync_foreground_agent_call_on_the_event_loop_is_refused_before_it_sta
         make_runtime: MakeRuntime) -> None:
     """``turn.tools.sync.agent(..., run_in_background=False)`` in an async brain waited on
     the loop's thread for the child, whose turn needs that loop: every async turn stood
-    still for the call's whole timeout (300 s by default), then it failed anyway."""
+    still for the call's whole timeout (300 s by default), then it failed anyway. Every
+    sync tool is refused on the loop (``state="event_loop"``), this one before it starts;
+    a model's call by name gets the refusal as its result."""
     answers: list[Any] = []
 
     async def brain(turn: Turn) -> None:
@@ -320,19 +321,18 @@ def test_a_sync_foreground_agent_call_on_the_event_loop_is_refused_before_it_sta
             turn.reply("done")
         else:
             answers.append(turn.tools.sync.call("agent", {
-                "description": "count", "run_in_background": False, "timeout": 20}))
+                "description": "count", "run_in_background": False, "timeout": 20})["error"])
             try:
                 turn.tools.sync.agent("count", run_in_background=False, timeout=20)
-            except ToolError as exc:
-                answers.append(exc.message)
+            except RuntimeStateError as exc:
+                answers.append(exc.state)
 
     rt = make_runtime(brain=brain, max_active_sessions=4)
     a, b = team(rt)
     rt.post(a, "delegate")
     rt.post(b, "hello")
     rt.run_until_idle(timeout=50)
-    assert answers == [{"error": "execution_failed", "message": FOREGROUND_ON_LOOP},
-                       FOREGROUND_ON_LOOP]
+    assert answers == ["execution_failed", "event_loop"]
     assert [e.text for e in rt.transcript(b)] == ["hello", "done"]
     assert [s.id for s in rt.sessions() if s.kind == "subagent"] == []
     assert rt.context.foreground_waits == 0

@@ -54,6 +54,10 @@ LAZY_READS = {
     "context": (lambda turn: turn.context, "store.session", 0),
     "request": (lambda turn: turn.request, "store.session", 0),
     "steering()": (lambda turn: turn.steering(), "journal.claim_more", 1),
+    "take()": (lambda turn: turn.take("m-not-there"), "journal.claim_row", 1),
+    "tools.sync.agent_list()": (lambda turn: turn.tools.sync.agent_list(), "store.session", 0),
+    "tools.sync.task_create()": (lambda turn: turn.tools.sync.task_create("t"),
+                                 "store.session", 0),
 }
 """What an async brain asks of its turn, and the database call that answers it."""
 
@@ -68,10 +72,12 @@ def two_sessions(rt: Runtime) -> tuple[str, str]:
 def test_an_async_brain_reading_a_lazy_turn_attribute_holds_no_other_turn(
         make_runtime: MakeRuntime, attribute: str) -> None:
     """``turn.context`` and ``turn.request`` read the session the first time a turn asks
-    (off Focal turns), ``turn.steering()`` leases rows (a write): in an async brain that
-    ran on the event loop, and another session's async turn waited for it. The context
-    of a turn off Focal is known without a read (None); the request is read with
-    ``await turn.arequest()`` and steering with ``await turn.asteering()``, and the sync
+    (off Focal turns), ``turn.steering()`` and ``turn.take()`` lease rows (a write), and
+    every sync tool (``turn.tools.sync``) reads the calling session first: in an async
+    brain that ran on the event loop, and another session's async turn waited for it. The
+    context of a turn off Focal is known without a read (None); the request is read with
+    ``await turn.arequest()``, steering with ``await turn.asteering()``, a row taken with
+    ``await turn.atake()`` and a tool called with ``await turn.tools.X()``, and the sync
     calls on the loop are refused (``state="event_loop"``), not run there."""
     ask, where, position = LAZY_READS[attribute]
     seen: list[Any] = []
@@ -236,3 +242,107 @@ def test_a_running_turns_tools_are_known_without_a_read_when_the_cache_starts_ov
     rt.run_until_idle()
     assert len(schemas) == 2 and schemas[0] == schemas[1]
     assert reads.on_loop == [], "A's running turn read which tools it holds on the loop"
+
+
+@pytest.mark.timeout(60)
+def test_an_async_brain_waiting_for_a_stop_with_the_sync_call_holds_no_other_turn(
+        make_runtime: MakeRuntime) -> None:
+    """``turn.wait_stop_requested(timeout)`` in an async brain blocked the event loop's
+    thread for the whole timeout: no other async turn ran meanwhile. It is refused on the
+    loop (``state="event_loop"``); ``await turn.stopped(timeout)`` is the wait that holds
+    nothing."""
+    from kinbox.actors.stops import request_stop
+
+    seen: list[Any] = []
+    other_ran, in_brain = threading.Event(), threading.Event()
+
+    async def brain(turn: Turn) -> None:
+        if turn.session_id != a:
+            other_ran.set()
+            return
+        in_brain.set()
+        try:
+            seen.append(turn.wait_stop_requested(20))
+        except RuntimeStateError as exc:
+            seen.append(exc.state)
+        seen.append(await turn.stopped(0))
+
+    rt = make_runtime(brain=brain)
+    a, b = two_sessions(rt)
+    try:
+        rt.post(a, "wait for a stop")
+        assert in_brain.wait(10), "A's brain began"
+        rt.post(b, "anything")
+        assert other_ran.wait(5), "B's async turn waited for A's wait_stop_requested"
+    finally:
+        request_stop(rt.context, a, "operator")  # ends a wait that held the loop
+    rt.run_until_idle()
+    assert seen == ["event_loop", False]
+
+
+@pytest.mark.timeout(60)
+def test_a_sync_turn_and_sync_tools_off_the_loop_are_not_refused(
+        make_runtime: MakeRuntime) -> None:
+    """The refusal is for the event loop's thread alone: a sync brain (on a pool thread)
+    and an async brain's code on a worker thread (``asyncio.to_thread``) call the sync API
+    as before."""
+    seen: list[Any] = []
+
+    def off_loop(turn: Turn) -> None:
+        seen.append(turn.wait_stop_requested(0))
+        seen.append(turn.take("m-not-there"))
+        seen.append(turn.tools.sync.task_list() if hasattr(turn.tools, "sync")
+                    else turn.tools.task_list())
+
+    async def async_brain(turn: Turn) -> None:
+        await asyncio.to_thread(off_loop, turn)
+
+    for brain in (off_loop, async_brain):
+        seen.clear()
+        rt = make_runtime(brain=brain)
+        project = rt.project("p") or rt.create_project("p")
+        a = rt.create_session(project.id, "A").id
+        rt.post(a, "hello")
+        rt.run_until_idle()
+        assert seen == [False, False, {"tasks": []}], brain
+        rt.stop()
+
+
+@pytest.mark.timeout(60)
+def test_an_async_brain_takes_a_row_into_its_turn_off_the_event_loop(
+        make_runtime: MakeRuntime) -> None:
+    """``await turn.atake(message_id)`` is ``turn.take`` for an async brain: the row is
+    leased on a blocking worker (another async turn runs meanwhile), becomes part of the
+    turn and is committed with it, so it runs no turn of its own."""
+    holder: dict[str, HeldReads] = {}
+    other_ran, queued = threading.Event(), threading.Event()
+    taken: list[bool] = []
+    turns: list[list[str]] = []
+
+    async def brain(turn: Turn) -> None:
+        if turn.session_id != a:
+            other_ran.set()
+            return
+        turns.append([m.message_id for m in turn.messages])
+        if turn.messages[0].message_id == "first":
+            await asyncio.to_thread(queued.wait, 10)  # "second" is queued behind this turn
+            holder["reads"].in_brain.set()
+            taken.append(await turn.atake("second"))
+
+    rt = make_runtime(brain=brain)
+    a, b = two_sessions(rt)
+    reads = holder["reads"] = HeldReads(rt, a, "journal.claim_row", 1)
+    try:
+        rt.post(a, "now", message_id="first")
+        rt.post(a, "later", message_id="second")
+        queued.set()
+        assert reads.reading.wait(10), "A's row is being taken"
+        rt.post(b, "anything")
+        assert other_ran.wait(5), "B's async turn waited for A's take"
+    finally:
+        reads.release.set()
+        queued.set()
+    rt.run_until_idle()
+    assert reads.on_loop == [] and taken == [True]
+    assert turns == [["first"]]
+    assert [e.message_id for e in rt.transcript(a) if e.role == "user"] == ["first", "second"]
