@@ -86,13 +86,15 @@ class HeartbeatJob:
         def op() -> tuple[hs.HeartbeatSetting, JobRecord | None]:
             current = hs.from_config(store.config_now(FOCAL_ID))
             setting = current.changed(**changes)
+            job = None
+            if setting != current:
+                store.patch_config_now(FOCAL_ID, setting.as_config(), now)
+                job = _heartbeat_job(setting, now)
+                # First: on PostgreSQL this waits for another process's firing of the job
+                # in flight, whose check-in the cancel below then sees committed.
+                self.jobs.reschedule_now(job)
             if not hs.runs(setting):
                 self._cancel_queued(now)
-            if setting == current:
-                return setting, None
-            store.patch_config_now(FOCAL_ID, setting.as_config(), now)
-            job = _heartbeat_job(setting, now)
-            self.jobs.reschedule_now(job)
             return setting, job
 
         setting, job = self.jobs.writer.call(op)

@@ -288,11 +288,11 @@ def test_a_heartbeat_queued_behind_a_busy_focal_is_not_delivered_once_switched_o
 
 @pytest.mark.timeout(60)
 def test_a_heartbeat_waiting_for_its_retry_is_not_delivered_once_switched_off(
-        make_runtime: MakeRuntime, clock: ManualClock, tmp_path: Path) -> None:
+        make_runtime: MakeRuntime, clock: ManualClock, tmp_path: Path, any_db_url: str) -> None:
     """A check-in whose turn failed waits out its backoff as a pending row: switched off
-    meanwhile, its retry still woke Focal for a heartbeat turn."""
+    meanwhile, its retry still woke Focal for a heartbeat turn (SQLite and PostgreSQL)."""
     brain = HoldingBrain(fail_first=True)
-    rt = make_runtime(brain=brain, data_dir=tmp_path / "data")
+    rt = make_runtime(db=any_db_url, brain=brain, data_dir=tmp_path / "data")
     rt.get_or_create_focal_chat()
     (tmp_path / "data" / "projects" / "suzent-focal" / "heartbeat.md").write_text("- mine")
     move(rt, clock, 30)
