@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from ..persistence import (
     OPEN_TASK_STATES,
@@ -20,12 +20,12 @@ from ..persistence import (
     RateBuckets,
     SessionRecord,
     WriterClosed,
-    WriteTimeout,
 )
 from . import access, rate_limit, roster
-from .context import RuntimeContext
+from .context import RuntimeContext, TurnEffects
 from .errors import ToolError
-from .outbox import Writes
+from .outbox import Outbox, Writes
+from .steps import wait_landed
 from .validation import require_message
 
 FAMILY_LIMIT = 16_384
@@ -34,6 +34,8 @@ PENDING_LIMIT = 20
 """Most pending messages (waiting, not being delivered) a target may have before family
 sends are refused (F6)."""
 FAMILY_KIND = "family_message"
+
+T = TypeVar("T")
 
 
 class Buckets:
@@ -142,7 +144,7 @@ class FamilyTools:
                 raise ToolError("not_found", roster.REACH_ERROR) from exc
             code = "not_found" if missing else "invalid_argument"
             raise ToolError(code, f"{exc}.") from exc
-        return self._deliver(caller, entry, text)
+        return self._together(lambda writes: self._deliver(caller, entry, text, writes))
 
     def _beyond_reach(self, caller: SessionRecord, related: list[SessionRecord],
                       name: str) -> bool:
@@ -155,22 +157,81 @@ class FamilyTools:
                    if s.id != caller.id and not access.is_hidden(subject(s)))
 
     def broadcast(self, message: Any) -> dict[str, Any]:
-        """Send to everyone on the roster; a failed target does not cancel the others."""
+        """Send to everyone on the roster; a refused target does not cancel the others.
+
+        A target the rules refuse (the rate or pending limit, a closed parent's child)
+        gets ``{target, error}`` and costs nothing. The sends let through are one write
+        (:meth:`_together`): all of them land, or none, and a database error on the way
+        (a read, a bucket, the commit) raises with nothing sent and nothing taken. Not
+        per-target database results: a caller told "root and alice have it, carl not"
+        must retry carl alone, and a target whose row may or may not have landed could
+        not be reported truthfully; with one write, the answer is the receipts, or an
+        error after which the same broadcast again sends each target its message once.
+        """
         text = require_message(message, FAMILY_LIMIT)
         caller, entries, _ = self._family()
-        receipts: list[dict[str, Any]] = []
-        for entry in entries:
-            try:
-                receipts.append(self._deliver(caller, entry, text))
-            except ToolError as exc:
-                receipts.append({"target": entry.id, "error": exc.message})
-        return {"receipts": receipts}
+
+        def build(writes: Writes) -> dict[str, Any]:
+            receipts: list[dict[str, Any]] = []
+            for entry in entries:
+                try:
+                    receipts.append(self._deliver(caller, entry, text, writes))
+                except ToolError as exc:
+                    receipts.append({"target": entry.id, "error": exc.message})
+            return {"receipts": receipts}
+        return self._together(build)
+
+    def _together(self, build: Callable[[Writes], T]) -> T:
+        """Run ``build``'s sends as one write: in a turn, one operation of its outbox (a
+        failure part-way queues nothing: a brain that takes it as a failed tool call and
+        goes on must not commit half a broadcast); outside a turn, one transaction now.
+
+        Outside a turn the call returns once the write's outcome is known. One whose batch
+        outran the wait (``WriteTimeout``, not ``withdrawn``) may land yet, so the wait goes
+        on until it lands or fails, as a turn's commit does (:func:`.steps.wait_landed`).
+        Answered at once, it gave its targets' pending places back while its rows could
+        still land (a target then took more than 20), and its caller could not know
+        whether to send again. Now the caller gets the receipts, or an error after which
+        nothing of the call was written and its tokens and places are back: sending again
+        cannot duplicate."""
+        staging = Outbox("")
+        try:
+            result = build(Writes(self._ctx, staging))
+            effects = staging.close()
+            if effects is not None:
+                self._commit(effects, staging)
+        except BaseException:
+            staging.discard()
+            raise
+        return result
+
+    def _commit(self, effects: TurnEffects, staging: Outbox) -> None:
+        """Queue ``effects`` in the turn's outbox as one operation (with what gives back
+        ``staging``'s tokens and places should the turn not commit), or commit them now."""
+        ops, afters = effects.ops, effects.after
+
+        def write() -> None:
+            for op in ops:
+                op()
+
+        def announce() -> None:
+            for after in afters:
+                after()
+        box = self._writes.outbox
+        if box is not None:
+            box.add(write, announce)
+            for give_back in staging.undo:
+                box.keep_undo(give_back)
+            return
+        wait_landed(self._ctx.journal.writer.submit(write))
+        announce()
 
     def _parent_closed(self, caller: SessionRecord) -> bool:
         tasks = self._writes.tasks_of(caller.id)  # a task it closed in this turn counts
         return bool(tasks) and not any(t.status in OPEN_TASK_STATES for t in tasks)
 
-    def _deliver(self, caller: SessionRecord, entry: roster.Entry, text: str) -> dict[str, Any]:
+    def _deliver(self, caller: SessionRecord, entry: roster.Entry, text: str,
+                 writes: Writes) -> dict[str, Any]:
         ctx = self._ctx
         if entry.relationship == "child" and self._parent_closed(caller):
             raise ToolError("execution_failed",
@@ -198,21 +259,19 @@ class FamilyTools:
         busy = ctx.turns.is_running(entry.id) or entry.status == "active"
         now = ctx.now()
         try:
-            [result] = self._writes.send([NewMessage(
+            [result] = writes.send([NewMessage(
                 f"fam-{ctx.new_id()}", entry.id, text, kind=FAMILY_KIND, sender=caller.id,
                 payload={"relationship": entry.relationship, "sender_name": caller.title})],
                 after=lambda: queued.release(entry.id))
-        except Exception as exc:
-            queued.release(entry.id)
-            # A write its batch had taken (not withdrawn) may land yet: its token stays.
-            if not isinstance(exc, WriteTimeout) or exc.withdrawn:
-                ctx.buckets.refund(pair)
-            raise
-
-        def dropped() -> None:  # in a turn the send commits with the attempt, or never
+        except BaseException:
             queued.release(entry.id)
             ctx.buckets.refund(pair)
-        self._writes.on_discard(dropped)
+            raise
+
+        def dropped() -> None:  # the write (the turn's commit, or the call's) never landed
+            queued.release(entry.id)
+            ctx.buckets.refund(pair)
+        writes.on_discard(dropped)
         if busy:
             return {"id": result.message_id, "target": entry.id, "deliveryStatus": "queued",
                     "queuedAt": iso(now)}

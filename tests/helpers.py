@@ -130,6 +130,21 @@ class SlowWriteHeard(logging.Handler):
         self.event.set()
 
 
+def heard_from(thread: str, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set once the thread named ``thread`` logs a warning on the session actors' log (a
+    write it waits for outran its wait, and it waits on for the outcome); for the test."""
+    heard = threading.Event()
+
+    class Heard(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.threadName == thread and record.levelno >= logging.WARNING:
+                heard.set()
+
+    logger = logging.getLogger("kinbox.session")
+    monkeypatch.setattr(logger, "handlers", [*logger.handlers, Heard()])
+    return heard
+
+
 def heard_slow_write(monkeypatch: pytest.MonkeyPatch) -> SlowWriteHeard:
     """A :class:`SlowWriteHeard` on the session actors' log for the test (gone after it)."""
     heard = SlowWriteHeard()

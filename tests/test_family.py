@@ -470,15 +470,16 @@ def test_a_send_answered_after_its_wait_keeps_its_rate_limit_token(
         family: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """A send outside a turn whose batch ran past the caller's wait (WriteTimeout, not
     withdrawn) committed after all, yet gave its token back: a burst of three let a
-    fourth message through (F6)."""
-    from kinbox.actors import context
-    from kinbox.persistence import WriteTimeout
+    fourth message through (F6). It now waits for its write's outcome (it landed: the
+    receipt), and keeps its token."""
+    from kinbox.actors import steps
 
-    from .helpers import SHORT, hold_next_batch
+    from .helpers import SHORT, heard_from, hold_next_batch
 
     rt = family["rt"]
     tools = rt.tools_for(family["bob"])
-    monkeypatch.setattr(context, "WRITE_TIMEOUT", SHORT)
+    monkeypatch.setattr(steps, "WRITE_TIMEOUT", SHORT)
+    heard = heard_from("slow-sender", monkeypatch)
     landed = threading.Event()
     writer, buckets = rt.context.journal.writer, rt.context.buckets
     real_take = buckets.take
@@ -489,12 +490,16 @@ def test_a_send_answered_after_its_wait_keeps_its_rate_limit_token(
         return wait
 
     monkeypatch.setattr(buckets, "take", take)
-    with pytest.raises(WriteTimeout) as late:
-        tools.send("slow", receiver_role="parent")
-    assert not late.value.withdrawn
+    answer: list[Any] = []
+    sender = threading.Thread(name="slow-sender", target=lambda: answer.append(
+        tools.send("slow", receiver_role="parent")))
+    sender.start()
+    assert heard.wait(10)  # its wait ran out, and it waits on
     monkeypatch.setattr(buckets, "take", real_take)
     landed.set()  # ... then commits
-    wait_for(lambda: any(r["content"] == "slow" for r in rt.inbox()), what="the late send")
+    sender.join(10)
+    assert answer[0]["target"] == family["root"]
+    assert any(r["content"] == "slow" for r in rt.inbox())
     for _ in range(2):
         tools.send("x", receiver_role="parent")
     with pytest.raises(ToolError, match="Rate limit"):
