@@ -182,3 +182,28 @@ def test_a_broadcast_in_a_turn_that_meets_a_database_error_queues_nothing(
         wait_for(lambda t=target: rt.context.buckets.tokens(("bob", t)) in (None, 3.0),
                  what="the broadcast's tokens given back")
         assert rt.context.queued_sends.count(target) == 0
+
+
+def test_a_target_full_of_another_processs_sends_is_full_here_too(
+        any_db_url: str, clock: ManualClock) -> None:
+    """The pending limit across processes, as the README states it: the target's committed
+    rows count in every process sharing the database, whichever process wrote them."""
+    release = threading.Event()
+    with Runtime(db=any_db_url, brain=lambda turn: release.wait(20), clock=clock) as here, \
+            Runtime(db=any_db_url, clock=clock) as there:
+        try:
+            p = here.create_project("p")
+            root = here.create_session(p.id, "root").id
+            kid = here.create_session(p.id, "kid", kind="subagent", parent_id=root).id
+            here.tools_for(root).send("first", receiver_role="child", receiver_name="kid")
+            wait_for(lambda: [r["status"] for r in here.inbox(target=kid)] == ["processing"],
+                     what="the kid's turn on the first message")
+            for _ in range(20):
+                clock.advance(1)
+                there.tools_for(root).send("more", receiver_role="child", receiver_name="kid")
+            clock.advance(1)
+            with pytest.raises(ToolError, match=r"Pending limit: .* already has 20 messages"):
+                here.tools_for(root).send("one too many", receiver_role="child",
+                                          receiver_name="kid")
+        finally:
+            release.set()
