@@ -22,10 +22,9 @@ from ..persistence import (
     WriterClosed,
 )
 from . import access, rate_limit, roster
-from .context import RuntimeContext, TurnEffects
+from .context import RuntimeContext
 from .errors import ToolError
-from .outbox import Outbox, Writes
-from .steps import wait_landed
+from .outbox import Writes
 from .validation import require_message
 
 FAMILY_LIMIT = 16_384
@@ -144,7 +143,7 @@ class FamilyTools:
                 raise ToolError("not_found", roster.REACH_ERROR) from exc
             code = "not_found" if missing else "invalid_argument"
             raise ToolError(code, f"{exc}.") from exc
-        return self._together(lambda writes: self._deliver(caller, entry, text, writes))
+        return self._writes.together(lambda writes: self._deliver(caller, entry, text, writes))
 
     def _beyond_reach(self, caller: SessionRecord, related: list[SessionRecord],
                       name: str) -> bool:
@@ -161,12 +160,13 @@ class FamilyTools:
 
         A target the rules refuse (the rate or pending limit, a closed parent's child)
         gets ``{target, error}`` and costs nothing. The sends let through are one write
-        (:meth:`_together`): all of them land, or none, and a database error on the way
-        (a read, a bucket, the commit) raises with nothing sent and nothing taken. Not
-        per-target database results: a caller told "root and alice have it, carl not"
-        must retry carl alone, and a target whose row may or may not have landed could
-        not be reported truthfully; with one write, the answer is the receipts, or an
-        error after which the same broadcast again sends each target its message once.
+        (:meth:`.outbox.Writes.together`): all of them land, or none, and a database
+        error on the way (a read, a bucket, the commit) raises with nothing sent and
+        nothing taken. Not per-target database results: a caller told "root and alice
+        have it, carl not" must retry carl alone, and a target whose row may or may not
+        have landed could not be reported truthfully; with one write, the answer is the
+        receipts, or an error after which the same broadcast again sends each target its
+        message once.
         """
         text = require_message(message, FAMILY_LIMIT)
         caller, entries, _ = self._family()
@@ -179,52 +179,7 @@ class FamilyTools:
                 except ToolError as exc:
                     receipts.append({"target": entry.id, "error": exc.message})
             return {"receipts": receipts}
-        return self._together(build)
-
-    def _together(self, build: Callable[[Writes], T]) -> T:
-        """Run ``build``'s sends as one write: in a turn, one operation of its outbox (a
-        failure part-way queues nothing: a brain that takes it as a failed tool call and
-        goes on must not commit half a broadcast); outside a turn, one transaction now.
-
-        Outside a turn the call returns once the write's outcome is known. One whose batch
-        outran the wait (``WriteTimeout``, not ``withdrawn``) may land yet, so the wait goes
-        on until it lands or fails, as a turn's commit does (:func:`.steps.wait_landed`).
-        Answered at once, it gave its targets' pending places back while its rows could
-        still land (a target then took more than 20), and its caller could not know
-        whether to send again. Now the caller gets the receipts, or an error after which
-        nothing of the call was written and its tokens and places are back: sending again
-        cannot duplicate."""
-        staging = Outbox("")
-        try:
-            result = build(Writes(self._ctx, staging))
-            effects = staging.close()
-            if effects is not None:
-                self._commit(effects, staging)
-        except BaseException:
-            staging.discard()
-            raise
-        return result
-
-    def _commit(self, effects: TurnEffects, staging: Outbox) -> None:
-        """Queue ``effects`` in the turn's outbox as one operation (with what gives back
-        ``staging``'s tokens and places should the turn not commit), or commit them now."""
-        ops, afters = effects.ops, effects.after
-
-        def write() -> None:
-            for op in ops:
-                op()
-
-        def announce() -> None:
-            for after in afters:
-                after()
-        box = self._writes.outbox
-        if box is not None:
-            box.add(write, announce)
-            for give_back in staging.undo:
-                box.keep_undo(give_back)
-            return
-        wait_landed(self._ctx.journal.writer.submit(write))
-        announce()
+        return self._writes.together(build)
 
     def _parent_closed(self, caller: SessionRecord) -> bool:
         tasks = self._writes.tasks_of(caller.id)  # a task it closed in this turn counts

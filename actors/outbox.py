@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, TypeVar
 from ..persistence import EnqueueResult, NewMessage, SessionRecord, TaskRecord
 from .context import RuntimeContext, TurnEffects
 from .errors import ToolError
+from .steps import wait_landed
 
 if TYPE_CHECKING:
     from .turn import Turn
@@ -222,6 +223,28 @@ class Writes:
                           [EnqueueResult(m.message_id, m.target, QUEUED, True, now)
                            for m in items], announce)
 
+    def together(self, build: Callable[[Writes], T]) -> T:
+        """Run ``build``'s writes as one write: in a turn, one operation of its outbox (a
+        failure part-way queues nothing: a brain that takes it as a failed tool call and
+        goes on must not commit half of it); outside a turn, one transaction now
+        (:func:`commit_together`)."""
+        box = self.outbox
+        if box is None:
+            return commit_together(self.ctx, build)
+        staging = Outbox("")
+        try:
+            result = build(Writes(self.ctx, staging))
+            effects = staging.close()
+            if effects is not None:
+                ops, afters = effects.ops, effects.after
+                box.add(lambda: _run(ops), lambda: _run(afters))
+                for give_back in staging.undo:  # should the turn not commit
+                    box.keep_undo(give_back)
+        except BaseException:
+            staging.discard()
+            raise
+        return result
+
     def children_of(self, parent_id: str) -> list[SessionRecord]:
         """The sessions this turn created as ``parent_id``'s children (not yet committed)."""
         if self.outbox is None:
@@ -278,21 +301,35 @@ def commit_together(ctx: RuntimeContext, build: Callable[[Writes], T],
 
     For writes that cannot wait for a turn's commit yet must not be seen half-done
     (a foreground child without its task message would leave the retried turn
-    waiting on a row that never comes). ``check`` runs first in that transaction
+    waiting on a row that never comes), and for a tool's writes outside a turn
+    (:meth:`Writes.together`). ``check`` runs first in that transaction
     and refuses by raising: a turn's :meth:`Outbox.check_open`, made on the writer
     thread with the writes, so the turn cannot end between the check and the
     writes (a turn that ends after the check commits after them, on that thread).
+
+    It returns once the outcome is known: a batch that outran the wait (a
+    :class:`WriteTimeout` not ``withdrawn``) may land yet, so the wait goes on until it
+    lands or fails, as a turn's commit does (:func:`.steps.wait_landed`). An error
+    means nothing of it was written and what ``build`` took in memory (rate-limit
+    tokens, pending places) is given back, so calling again cannot duplicate.
     """
     staging = Outbox("")
-    result = build(Writes(ctx, staging))
-    effects = staging.close() or TurnEffects()
+    try:
+        result = build(Writes(ctx, staging))
+        effects = staging.close() or TurnEffects()
 
-    def write() -> None:
-        if check is not None:
-            check()
-        for op in effects.ops:
-            op()
-    ctx.journal.writer.call(write)
-    for after in effects.after:
-        after()
+        def write() -> None:
+            if check is not None:
+                check()
+            _run(effects.ops)
+        wait_landed(ctx.journal.writer.submit(write))
+    except BaseException:
+        staging.discard()
+        raise
+    _run(effects.after)
     return result
+
+
+def _run(calls: Sequence[Callable[[], object]]) -> None:
+    for call in calls:
+        call()
