@@ -97,5 +97,5 @@ def wait_landed(reply: Reply[T]) -> T:
 def _wait_on(late: WriteTimeout) -> None:
     if late.withdrawn:
         raise late
-    log.warning("a turn's write is slow (its batch runs past %s s); waiting for its outcome",
+    log.warning("a write is slow (its batch runs past %s s); waiting for its outcome",
                 late.timeout)
