@@ -68,3 +68,11 @@ def kind_arg(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a message kind, got an empty one")
     return text
+
+
+def project_slug_arg(text: str) -> str:
+    """A ``--project``: an empty slug names no project (``--project "$UNSET"`` listed
+    every project's sessions, as if no filter had been given)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a project slug, got an empty one")
+    return text

@@ -37,7 +37,7 @@ from ..persistence.inbox_core import State
 from ..persistence.opened import opened
 from ..transport.frames import shown
 from ..transport.key_file import private_folder
-from .cli_args import common, kind_arg, limit_arg, offset_arg, session_id_arg
+from .cli_args import common, kind_arg, limit_arg, offset_arg, project_slug_arg, session_id_arg
 from .cli_output import age, emit, emit_page, last_line, when
 from .clock import Clock, SystemClock
 from .errors import ConfigError
@@ -185,7 +185,7 @@ def sessions_list(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox sessions list``."""
     with stores(args.db, read_only=True) as (_, store):
         project_id = None
-        if args.project:
+        if args.project is not None:
             project = store.project_by_slug(args.project)
             if project is None:
                 raise RowNotFound("project", args.project, by="slug")
@@ -277,7 +277,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     sessions = sub.add_parser("sessions", help="list sessions")
     ssub = sessions.add_subparsers(dest="action", required=True)
     p = common(ssub.add_parser("list", help="list sessions, newest first"))
-    p.add_argument("--project", help="project slug")
+    p.add_argument("--project", type=project_slug_arg, help="project slug")
     p.add_argument("--limit", type=limit_arg, default=100,
                    help="at most N sessions (default 100), newest first (by creation)")
     where = p.add_mutually_exclusive_group()
