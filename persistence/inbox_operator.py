@@ -70,7 +70,11 @@ class InboxOperator:
                       kind: str | None = None,
                       also: Callable[[list[str]], object] | None = None) -> list[str]:
         """Operator: requeue every ``failed`` row matching the filter, in one transaction
-        (with ``also``, given their ids)."""
+        (with ``also``, given their ids); the ids requeued.
+
+        On PostgreSQL another process may end a row between this read and its requeue
+        (another operator's cancel or requeue): that row is no longer failed and is left as
+        it is now, not a refusal of the whole requeue (which requeued none of the rest)."""
         m = self.t.inbox
 
         def op() -> list[str]:
@@ -79,9 +83,13 @@ class InboxOperator:
                 q = q.where(m.target_chat_id == target)
             if kind is not None:
                 q = q.where(m.kind == kind)
-            ids = [r.message_id for r in q.order_by(m.seq)]
-            for mid in ids:
-                self._requeue_op(mid, now)
+            ids: list[str] = []
+            for mid in (r.message_id for r in q.order_by(m.seq)):
+                try:
+                    self._requeue_op(mid, now)
+                except (IllegalTransition, RowNotFound):
+                    continue  # refused before any write: it moved on since the read
+                ids.append(mid)
             if also is not None and ids:
                 also(ids)
             return ids

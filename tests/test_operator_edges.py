@@ -5,11 +5,17 @@ fix."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from typing import Any
 
 import pytest
 
+from kinbox.persistence import NewMessage
+
 from .conftest import Stores
-from .test_cli import kinbox
+from .helpers import wait_for
+from .test_cli import ROOT, kinbox
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,3 +37,74 @@ def test_an_empty_project_filter_is_a_usage_error_not_every_project(db_url: str)
     done = kinbox("sessions", "list", "--project", "books", "--json", "--db", db_url)
     assert done.returncode == 0, done.stderr
     assert [s["id"] for s in json.loads(done.stdout)["items"]] == ["mine"]
+
+
+def _failed_rows(url: str, ids: tuple[str, ...]) -> None:
+    """One failed row each in ``ids``, each to a session of its own (claimed together)."""
+    s = Stores(url)
+    try:
+        for mid in ids:
+            s.store.create_session(f"to-{mid}", None, mid, "interactive", 0)
+            s.journal.enqueue(NewMessage(mid, f"to-{mid}", f"body of {mid}"), 0)
+        s.journal.claim("w", 0, limit=10)
+        for mid in ids:
+            s.journal.retry("w", mid, "boom", 0, permanent=True)
+    finally:
+        s.close()
+
+
+def _statuses(url: str) -> dict[str, str]:
+    s = Stores(url)
+    try:
+        return {r["message_id"]: r["status"] for r in s.journal.rows()}
+    finally:
+        s.close()
+
+
+def _blocked_updates(conn: Any) -> int:
+    """Statements of this database's other sessions waiting for a row lock now."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid() AND wait_event_type = 'Lock' "
+                    "AND query ILIKE 'UPDATE%agent_inbox_messages%'")
+        return int(cur.fetchone()[0])
+
+
+@pytest.mark.timeout(120)
+def test_requeue_all_failed_requeues_the_rest_when_another_process_ends_one_meanwhile(
+        pg_url: str) -> None:
+    """``inbox requeue --all-failed`` reads the failed rows, then requeues them one by one.
+    On PostgreSQL another process may end one in between (an operator's ``inbox cancel``):
+    the whole requeue failed on it ("cannot requeue a row in state 'cancelled'", status 1)
+    and requeued none of the others. The one that is no longer failed is left as it is."""
+    import psycopg2
+
+    _failed_rows(pg_url, ("a", "b", "c"))
+    other = psycopg2.connect(pg_url)  # another operator, cancelling "b"
+    probe = psycopg2.connect(pg_url)
+    probe.autocommit = True
+    try:
+        with other.cursor() as cur:
+            cur.execute("SELECT 1 FROM agent_inbox_messages WHERE message_id = 'b' FOR UPDATE")
+        requeue = subprocess.Popen(
+            [sys.executable, "-m", "kinbox.actors", "inbox", "requeue", "--all-failed",
+             "--json", "--db", pg_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, cwd=ROOT)
+        try:
+            wait_for(lambda: _blocked_updates(probe) == 1 or requeue.poll() is not None,
+                     timeout=60, what="the requeue to wait for the row being cancelled")
+            with other.cursor() as cur:
+                cur.execute("UPDATE agent_inbox_messages SET status = 'cancelled' "
+                            "WHERE message_id = 'b'")
+            other.commit()
+            out, err = requeue.communicate(timeout=60)
+        finally:
+            if requeue.poll() is None:
+                requeue.kill()
+                requeue.wait()
+    finally:
+        other.close()
+        probe.close()
+    assert requeue.returncode == 0, err
+    assert json.loads(out) == {"requeued": ["a", "c"]}
+    assert _statuses(pg_url) == {"a": "pending", "b": "cancelled", "c": "pending"}
