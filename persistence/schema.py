@@ -85,11 +85,11 @@ def pending_changes(tables: Tables) -> list[str]:
 
 
 def upgrade(tables: Tables) -> list[str]:
-    """Bring the schema up to the models; return the changes made."""
+    """Bring the schema up to the models; return the changes made (by this call: what
+    another process's upgrade made while this one waited for it is not among them)."""
     db = tables.db
-    changes = pending_changes(tables)
-    if not changes:
-        return changes  # nothing to write: no transaction beside a running runtime
+    if not pending_changes(tables):
+        return []  # nothing to write: no transaction beside a running runtime
     # IMMEDIATE: take the write lock first; a deferred transaction that reads and then
     # writes fails at once (SQLITE_BUSY) when another process wrote in between.
     with db.atomic("IMMEDIATE") if is_sqlite(db) else db.atomic():
@@ -98,6 +98,9 @@ def upgrade(tables: Tables) -> list[str]:
             # than a connection's lock wait: this one waits it out, then looks again.
             db.execute_sql("SET LOCAL lock_timeout = 0")
             db.execute_sql(SCHEMA_LOCK_SQL)
+        changes = pending_changes(tables)  # under the lock: what is left to do now
+        if not changes:
+            return changes
         existing = set(db.get_tables())
         missing_columns: list[tuple[str, str, pw.Field]] = []
         narrow: list[tuple[str, pw.CharField]] = []

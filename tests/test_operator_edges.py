@@ -108,3 +108,53 @@ def test_requeue_all_failed_requeues_the_rest_when_another_process_ends_one_mean
     assert requeue.returncode == 0, err
     assert json.loads(out) == {"requeued": ["a", "c"]}
     assert _statuses(pg_url) == {"a": "pending", "b": "cancelled", "c": "pending"}
+
+
+@pytest.mark.timeout(120)
+def test_db_upgrade_reports_only_what_it_applied_when_another_process_upgraded_first(
+        pg_url: str) -> None:
+    """Two upgrades at once (``kinbox db upgrade`` beside a worker starting on an older
+    schema): the second waits for the first's schema lock, then has nothing left to do.
+    It printed the changes it had seen before the wait as "applied", changes it never
+    made."""
+    import psycopg2
+
+    from kinbox.persistence import bind_tables, open_database, upgrade
+    from kinbox.persistence.schema import SCHEMA_LOCK_SQL
+
+    db = open_database(pg_url)
+    upgrade(bind_tables(db))
+    db.execute_sql("ALTER TABLE agent_inbox_messages DROP COLUMN last_error")
+    db.close()
+    first = psycopg2.connect(pg_url)  # the other process's upgrade, under the schema lock
+    probe = psycopg2.connect(pg_url)
+    probe.autocommit = True
+
+    def waiting_for_the_schema_lock() -> int:
+        with probe.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                        "current_database() AND wait_event_type = 'Lock' "
+                        "AND wait_event = 'advisory'")
+            return int(cur.fetchone()[0])
+    try:
+        with first.cursor() as cur:
+            cur.execute(SCHEMA_LOCK_SQL)
+        second = subprocess.Popen(
+            [sys.executable, "-m", "kinbox.actors", "db", "upgrade", "--json", "--db",
+             pg_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            wait_for(lambda: waiting_for_the_schema_lock() == 1 or second.poll() is not None,
+                     timeout=60, what="the second upgrade to wait for the first")
+            with first.cursor() as cur:
+                cur.execute("ALTER TABLE agent_inbox_messages ADD COLUMN last_error TEXT")
+            first.commit()
+            out, err = second.communicate(timeout=60)
+        finally:
+            if second.poll() is None:
+                second.kill()
+                second.wait()
+    finally:
+        first.close()
+        probe.close()
+    assert second.returncode == 0, err
+    assert json.loads(out) == {"applied": []}
