@@ -4,7 +4,7 @@ Deletes what :mod:`kinbox.persistence.retention` lets go (``delivered`` and ``ca
 rows last changed before the cutoff, with their delivery markers and history; never an
 open or failed row) in short transactions, beside a running runtime. The cutoff is taken
 on the rows' own clock (the server's on PostgreSQL). ``--dry-run`` opens the database
-read-only and only counts.
+read-only and only counts. Interrupted, it stops between two batches and says what went.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import argparse
 import re
 from typing import TextIO
 
-from ..persistence import retention
+from ..persistence import PruneCounts, retention
 from .cli_args import common, whole_number
 from .cli_ops import operator_clock, stores
 from .cli_output import emit, when
+from .interrupts import EXIT_INTERRUPTED, StopBetweenSteps
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 """The units a duration may name: seconds, minutes, hours, days, weeks."""
@@ -53,17 +54,28 @@ def retention_age(text: str) -> float:
 
 
 def inbox_prune(args: argparse.Namespace, out: TextIO) -> int:
-    """``kinbox inbox prune --older-than 30d [--dry-run] [--batch N]``."""
-    with (stores(args.db, read_only=args.dry_run) as (journal, _),
+    """``kinbox inbox prune --older-than 30d [--dry-run] [--batch N]``.
+
+    Ctrl-C (or SIGTERM) stops it after the batch under way (each batch is a transaction
+    of its own): it says what went in the batches it committed, and exits 130."""
+    counts, interrupted = PruneCounts(), False
+    with (StopBetweenSteps("the batch under way") as stop,
+          stores(args.db, read_only=args.dry_run) as (journal, _),
           operator_clock(journal.t.db) as clock):
         cutoff = clock.now() - args.older_than
-        counts = journal.prune(cutoff, batch=args.batch, dry_run=args.dry_run)
+        for step in journal.prune_steps(cutoff, batch=args.batch, dry_run=args.dry_run):
+            counts += step
+            if stop.asked:
+                interrupted = True
+                break
     verb = "would prune" if args.dry_run else "pruned"
-    data = {**counts.as_dict(), "dry_run": args.dry_run, "cutoff": cutoff}
+    data = {**counts.as_dict(), "dry_run": args.dry_run, "cutoff": cutoff,
+            "interrupted": interrupted}
     emit(out, args.json, data, [
         f"{verb} {counts.rows} inbox row(s) last changed before {when(cutoff)} UTC, "
-        f"with {counts.markers} delivery marker(s) and {counts.events} history row(s)"])
-    return 0
+        f"with {counts.markers} delivery marker(s) and {counts.events} history row(s)"
+        + ("; interrupted: the rest stay until the next prune" if interrupted else "")])
+    return EXIT_INTERRUPTED if interrupted else 0
 
 
 def add_parser(isub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

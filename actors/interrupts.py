@@ -67,3 +67,28 @@ class StopSignals:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)  # type: ignore[arg-type]
         self._previous.clear()
+
+
+class StopBetweenSteps(StopSignals):
+    """:class:`StopSignals` for a command that works in steps, each its own transaction
+    (a prune's batches): the first signal raises nothing, it asks (:attr:`asked`) for a
+    stop after the step under way, which the command checks between steps, so it can say
+    what it did; the second exits at once."""
+
+    def __init__(self, step: str, on_second: Callable[[int], None] = _exit_now) -> None:
+        super().__init__(on_second)
+        self.step = step
+
+    @property
+    def asked(self) -> bool:
+        """A stop signal arrived."""
+        return bool(self.received)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+        if len(self.received) == 1:
+            sys.stderr.write(f"\nkinbox: {signal.Signals(signum).name}: stopping after "
+                             f"{self.step} (again to stop at once)\n")
+            sys.stderr.flush()
+            return
+        self.on_second(signum)

@@ -29,7 +29,7 @@ file and holds the database while it does).
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 from . import retention
@@ -86,15 +86,22 @@ class InboxPrune:
         """Delete every prunable row last changed before ``cutoff`` (epoch seconds), with
         its markers and history, ``batch`` rows per transaction; what went. With
         ``dry_run``, nothing is deleted and the counts say what would go."""
-        total, before = PruneCounts(), None
+        return sum(self.prune_steps(cutoff, batch=batch, dry_run=dry_run), PruneCounts())
+
+    def prune_steps(self, cutoff: float, *, batch: int = retention.DEFAULT_BATCH,
+                    dry_run: bool = False) -> Iterator[PruneCounts]:
+        """:meth:`prune` one batch at a time: each batch's counts once it committed (or,
+        dry, was counted), so a caller that stops between two (an operator's Ctrl-C)
+        knows what went."""
+        before = None
         # A dry run deletes nothing, so a chain member judged in a later batch would see
         # its successor still there: it is told which numbered ids would have gone.
         would_go: set[str] = set()
         while True:
             step = self._batch(cutoff, before, batch, dry_run, would_go)
-            total += step.counts
+            yield step.counts
             if step.before_seq is None:
-                return total
+                return
             before = step.before_seq
 
     def prune_batch(self, cutoff: float, *, before_seq: int | None = None,

@@ -158,3 +158,47 @@ def test_db_upgrade_reports_only_what_it_applied_when_another_process_upgraded_f
         probe.close()
     assert second.returncode == 0, err
     assert json.loads(out) == {"applied": []}
+
+
+@pytest.mark.timeout(180)
+def test_an_interrupted_prune_stops_between_batches_and_says_what_it_deleted(
+        db_url: str) -> None:
+    """Ctrl-C in a long ``inbox prune`` printed a traceback (status -2, a death by the
+    signal) and never said how many rows had gone in the batches it had committed. It
+    stops after the batch under way now, says what went, and exits 130."""
+    import signal
+    import sqlite3
+
+    rows = 5000
+    s = Stores(db_url)
+    m = s.tables.inbox
+    m.insert_many([{"message_id": f"old-{i}", "seq": i + 1, "transport": "local",
+                    "target_chat_id": f"s{i % 10}", "kind": "agent_message",
+                    "content": "done", "status": "delivered", "max_attempts": 5,
+                    "available_at": 0, "created_at": 0, "updated_at": 0}
+                   for i in range(rows)]).execute()
+    s.close()
+    path = db_url.removeprefix("sqlite:///")
+
+    def left() -> int:
+        with sqlite3.connect(path) as con:
+            return int(con.execute("SELECT count(*) FROM agent_inbox_messages").fetchone()[0])
+
+    prune = subprocess.Popen(
+        [sys.executable, "-m", "kinbox.actors", "inbox", "prune", "--older-than", "30d",
+         "--batch", "1", "--json", "--db", db_url], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        wait_for(lambda: left() < rows or prune.poll() is not None, timeout=60,
+                 what="the prune's first batches")
+        prune.send_signal(signal.SIGINT)
+        out, err = prune.communicate(timeout=60)
+    finally:
+        if prune.poll() is None:
+            prune.kill()
+            prune.wait()
+    assert prune.returncode == 130, err
+    assert "Traceback" not in err and "stopping after the batch under way" in err
+    said = json.loads(out)
+    assert said["interrupted"] is True
+    assert 0 < said["rows"] == rows - left() < rows
