@@ -59,6 +59,42 @@ def _widen(name: str, field: pw.CharField) -> str:
     return f"widen column {name}.{field.column_name} to {field.max_length} characters"
 
 
+def _sequence_change(db: pw.Database, existing: set[str]) -> str | None:
+    """PostgreSQL: what :data:`INBOX_SEQUENCE` needs before a send can take a ``seq`` from
+    it, or None. No table owns it, so a copy of the tables alone (``pg_dump -t``) comes
+    without it, and rows copied into a new database are ahead of its count: every send
+    then failed (no such relation; a duplicate ``seq``) in a schema called up to date."""
+    if not is_postgres(db) or INBOX not in existing:
+        return None
+    # The rows first, then the sequence: a row's seq was drawn before it was committed, so
+    # a sequence read after the rows is at or past every seq read, however busy the
+    # senders are (read the other way round, a send between the two reads looked like a
+    # sequence behind its rows).
+    newest = db.execute_sql(f"SELECT MAX(seq) FROM {INBOX}").fetchone()[0]
+    found = db.execute_sql(
+        "SELECT last_value FROM pg_sequences WHERE schemaname = current_schema() "
+        "AND sequencename = %s", (INBOX_SEQUENCE,)).fetchone()
+    if found is None:
+        return f"create sequence {INBOX_SEQUENCE}"
+    # last_value is NULL until the first nextval (or a setval that left it uncalled).
+    if newest is not None and (found[0] or 0) < newest:
+        return f"move sequence {INBOX_SEQUENCE} past the rows' seq {newest}"
+    return None
+
+
+def _repair_sequence(db: pw.Database) -> None:
+    """Create :data:`INBOX_SEQUENCE` if missing, and move one behind the rows past their
+    ``seq`` (inside the upgrade's transaction). A sequence that is well is left alone: a
+    ``setval`` is not undone by a rollback, and one racing the senders' ``nextval`` could
+    hand out a number twice."""
+    if _sequence_change(db, set(db.get_tables())) is None:
+        return
+    db.execute_sql(f"CREATE SEQUENCE IF NOT EXISTS {INBOX_SEQUENCE}")
+    newest = db.execute_sql(f"SELECT MAX(seq) FROM {INBOX}").fetchone()[0]
+    if newest is not None:  # every send fails until it is past them
+        db.execute_sql("SELECT setval(%s, %s)", (INBOX_SEQUENCE, newest))
+
+
 def pending_changes(tables: Tables) -> list[str]:
     """What ``upgrade`` would change, one line each; empty when up to date."""
     db = tables.db
@@ -81,7 +117,8 @@ def pending_changes(tables: Tables) -> list[str]:
     if INBOX in existing:
         changes.extend(f"create index {name}" for name in missing_open_indexes(db))
         changes.extend(f"drop index {name} (replaced)" for name in surplus_indexes(db))
-    return changes
+    sequence = _sequence_change(db, existing)
+    return changes if sequence is None else [*changes, sequence]
 
 
 def upgrade(tables: Tables) -> list[str]:
@@ -125,7 +162,7 @@ def upgrade(tables: Tables) -> list[str]:
         for model in tables.all():
             model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]
         if is_postgres(db):
-            db.execute_sql(f"CREATE SEQUENCE IF NOT EXISTS {INBOX_SEQUENCE}")
+            _repair_sequence(db)
         create_open_indexes(db)
     return changes
 

@@ -202,3 +202,41 @@ def test_an_interrupted_prune_stops_between_batches_and_says_what_it_deleted(
     said = json.loads(out)
     assert said["interrupted"] is True
     assert 0 < said["rows"] == rows - left() < rows
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sequence", ["missing", "behind"])
+def test_db_status_and_upgrade_see_an_inbox_sequence_that_would_fail_every_send(
+        pg_url: str, sequence: str) -> None:
+    """On PostgreSQL the inbox's ``seq`` comes from the sequence ``agent_inbox_seq``, which
+    no table owns: a copy of the tables alone (``pg_dump -t``) has none, and rows copied
+    into a new database (``--data-only``) are ahead of its new sequence. ``db status``
+    said "up to date" and ``db upgrade`` "already up to date" while every send failed (no
+    such relation, or a duplicate ``seq``); the upgrade now makes the sequence, or moves
+    it, past the rows."""
+    from kinbox.persistence import open_database
+
+    s = Stores(pg_url)
+    s.store.create_session("s1", None, "Worker", "interactive", 0)
+    for i in range(3):
+        s.journal.enqueue(NewMessage(f"old-{i}", "s1", "kept"), 0)
+    s.close()
+    db = open_database(pg_url)
+    if sequence == "missing":
+        db.execute_sql("DROP SEQUENCE agent_inbox_seq")
+    else:
+        db.execute_sql("SELECT setval('agent_inbox_seq', 1, false)")
+    db.close()
+    status = json.loads(kinbox("db", "status", "--json", "--db", pg_url).stdout)
+    assert status["up_to_date"] is False, status
+    up = kinbox("db", "upgrade", "--json", "--db", pg_url)
+    assert up.returncode == 0, up.stderr
+    assert json.loads(up.stdout)["applied"] == status["pending"]
+    assert json.loads(kinbox("db", "status", "--json", "--db", pg_url).stdout)["up_to_date"]
+    s = Stores(pg_url)
+    try:
+        s.journal.enqueue(NewMessage("new", "s1", "sent after the copy"), 0)
+        seqs = {r["message_id"]: r["seq"] for r in s.journal.rows()}
+    finally:
+        s.close()
+    assert seqs["new"] > max(seqs[f"old-{i}"] for i in range(3))
