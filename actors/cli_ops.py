@@ -183,6 +183,8 @@ def cursor_arg(text: str) -> paging.Keyset:
 
 def sessions_list(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox sessions list``."""
+    if args.offset is None:
+        args.offset = 0
     with stores(args.db, read_only=True) as (_, store):
         project_id = None
         if args.project is not None:
@@ -284,7 +286,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     where.add_argument("--after", type=cursor_arg, metavar="CURSOR",
                        help="the page after the one that printed CURSOR (each session "
                             "once, however many turn meanwhile)")
-    where.add_argument("--offset", type=offset_arg, default=0,
+    # No default of 0: argparse refuses a flag beside --after only when it differs from
+    # its default, and took `--offset 0 --after CURSOR`, ignoring the offset.
+    where.add_argument("--offset", type=offset_arg, default=None,
                        help="skip the first N (sessions created meanwhile shift it)")
     p.set_defaults(handler=sessions_list)
 

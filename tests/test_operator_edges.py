@@ -240,3 +240,19 @@ def test_db_status_and_upgrade_see_an_inbox_sequence_that_would_fail_every_send(
     finally:
         s.close()
     assert seqs["new"] > max(seqs[f"old-{i}"] for i in range(3))
+
+
+def test_an_offset_beside_a_cursor_is_a_usage_error_even_when_it_is_zero(db_url: str) -> None:
+    """``--after`` with ``--offset`` is a usage error, but ``--offset 0`` (a script passing
+    both, the offset from a first page) was taken and ignored: argparse saw the default."""
+    s = Stores(db_url)
+    s.store.create_many([(f"s{i}", None, f"t{i}", "cron") for i in range(3)], 0)
+    s.close()
+    first = kinbox("sessions", "list", "--limit", "1", "--json", "--db", db_url)
+    cursor = json.loads(first.stdout)["next_after"]
+    assert cursor
+    done = kinbox("sessions", "list", "--after", cursor, "--offset", "0", "--db", db_url)
+    assert done.returncode == 2, done.stdout
+    assert "argument --offset: not allowed with argument --after" in done.stderr
+    alone = kinbox("sessions", "list", "--limit", "1", "--json", "--db", db_url)
+    assert json.loads(alone.stdout)["next_offset"] == 1
