@@ -31,6 +31,7 @@ from . import (
     worker,
 )
 from .errors import ConfigError, KinboxError
+from .interrupts import EXIT_INTERRUPTED
 from .validation import unstorable
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -141,6 +142,13 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         # An error may quote what a peer or a file said: never raw onto the terminal.
         print(f"kinbox: {shown(str(exc), 2000)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # Ctrl-C in a command without stop handling of its own (a listing, a requeue): a
+        # change it was making commits whole or not at all, so there is nothing to unwind
+        # and nothing a traceback would tell the operator.
+        print("kinbox: interrupted; a change under way is committed whole or not at all: "
+              "look before running it again", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -298,3 +298,16 @@ def test_a_child_task_the_cli_requeues_and_cancels_is_reported_to_its_parent(
                  if r["kind"] == "subagent_result"]
         assert woken == ["failed", "cancelled"]
         assert rt.context.tasks.get(task_id).status == "cancelled"  # type: ignore[union-attr]
+
+
+def test_ctrl_c_in_an_operator_command_exits_130_without_a_traceback(
+        failed_row_db: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from kinbox.actors import cli, cli_ops
+
+    def interrupted(*_args: object) -> int:
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli_ops, "inbox_list", interrupted)
+    assert cli.main(["inbox", "list", "--db", failed_row_db]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "Traceback" not in err
