@@ -32,6 +32,7 @@ from . import (
 )
 from .errors import ConfigError, KinboxError
 from .interrupts import EXIT_INTERRUPTED
+from .log_lines import TerminalFormatter
 from .validation import unstorable
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -126,8 +127,9 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         parser.error(f"KINBOX_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
     # The level is kinbox's; libraries (the scheduler, websockets, the ASGI server) say only
     # what goes wrong, so `--log-level info` shows kinbox's own story and no one else's.
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(TerminalFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     logging.getLogger("kinbox").setLevel(level.upper())
     if args.cpus is not None:
         try:

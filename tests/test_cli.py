@@ -311,3 +311,36 @@ def test_ctrl_c_in_an_operator_command_exits_130_without_a_traceback(
     assert cli.main(["inbox", "list", "--db", failed_row_db]) == 130
     err = capsys.readouterr().err
     assert "interrupted" in err and "Traceback" not in err
+
+
+LOGS_OUTSIDE_TEXT = """
+import logging, sys
+from kinbox.actors import cli, cli_ops
+
+def handler(args, out):
+    log = logging.getLogger("kinbox.turns")
+    log.warning("turn failed: %s", "\\x1b[2J\\x1b]0;owned\\x07boom\\n2026-01-01 ERROR forged")
+    try:
+        raise ValueError("bad \\x1b[31mred\\x1b[0m input")
+    except ValueError:
+        log.exception("a brain raised")
+    return 0
+
+cli_ops.inbox_list = handler
+sys.exit(cli.main(["inbox", "list", "--db", sys.argv[1]]))
+"""
+
+
+def test_log_lines_show_outside_text_escaped_on_the_terminal(failed_row_db: str) -> None:
+    """A brain's exception (or a peer's, a chat user's text) quoted in a log line reaches
+    the operator's terminal with no escape sequence and no line of its own."""
+    done = subprocess.run([sys.executable, "-c", LOGS_OUTSIDE_TEXT, failed_row_db],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    err = done.stderr
+    assert "\x1b" not in err and "\x07" not in err
+    assert "turn failed: \\x1b[2J" in err and "boom\\n2026-01-01 ERROR forged" in err
+    assert not any(line.startswith("2026-01-01 ERROR forged") for line in err.splitlines())
+    # A traceback keeps its own lines; its quoted text is escaped the same way.
+    assert "Traceback (most recent call last):" in err.splitlines()
+    assert "ValueError: bad \\x1b[31mred\\x1b[0m input" in err
