@@ -30,6 +30,7 @@ from ..persistence import (
     CronStore,
     Occurrence,
     PersistenceError,
+    RunEnd,
     WriterClosed,
 )
 from . import cron_rules as rules
@@ -180,14 +181,20 @@ class CronService:
                                 lambda job: self._after_step_back(job, now))
             recorded = self.store.fire_due(now, self.ctx.owner, lease,
                                            lambda job, running: self._decide(job, running, now))
-            taken = self.store.take_over(now, self.ctx.owner, lease)
+            taken = self.store.take_over(now, self.ctx.owner, lease,
+                                         lambda run, job: self._end_taken_over(run, job, now))
         started = []
         for run in recorded:
             if run.status == "error":
                 self._refused(run)
                 self.ctx.emit("cron_run_refused", job_id=run.job_id, run_id=run.id,
                               error=run.error)
-        for run in [*(r for r in recorded if r.status == "running"), *taken]:
+        for run in taken:
+            if run.status == "error":
+                log.warning("cron run %s ended: %s", run.id, run.error)
+                self._refused(run)
+        for run in [*(r for r in recorded if r.status == "running"),
+                    *(r for r in taken if r.status == "running")]:
             with self._lock:
                 self._mine.add(run.id)
             if self.turns.submit_steps(lambda run=run: self._execute(run)) is None:
@@ -281,6 +288,13 @@ class CronService:
             return Occurrence({**changes, "last_error": decision.error}, "error", decision.error)
         return Occurrence({**changes, "last_run_at": now}, "running")
 
+    @staticmethod
+    def _end_taken_over(run: CronRunRecord, job: CronJobRecord, now: float) -> RunEnd | None:
+        """Inside the takeover's transaction: does ``run`` end here (taken over once too
+        often: its turn kills its runtime), a failure of ``job``, instead of running again?"""
+        error = rules.after_takeover(run.attempts, job.retry_count)
+        return None if error is None else RunEnd(error, _failure_changes(job, error, now))
+
     # -- running ---------------------------------------------------------------------------
 
     def _execute(self, run: CronRunRecord) -> Steps[None]:
@@ -329,16 +343,10 @@ class CronService:
 
     def _fail(self, job: CronJobRecord, run: CronRunRecord, error: str) -> None:
         now = self.ctx.now()
-
-        def changes(current: CronJobRecord) -> dict[str, Any]:
-            plan = rules.after_failure(current.retry_count, error, now)
-            if not current.active:  # paused meanwhile: record, do not resume it
-                return {"retry_count": plan.retry_count, "last_error": plan.last_error}
-            return {"retry_count": plan.retry_count, "active": plan.active,
-                    "next_run_at": plan.next_run_at, "last_error": plan.last_error}
         try:
             updated = self.store.finish(run.id, self.ctx.owner, now, "error", error=error,
-                                        job_changes=changes)
+                                        job_changes=lambda current: _failure_changes(
+                                            current, error, now))
         except CronRunLost as exc:
             log.warning("cron run %s failed but is no longer ours: %s", run.id, exc)
             return
@@ -359,10 +367,20 @@ class CronService:
                                     "at": self.ctx.now()})
 
     def _refused(self, run: CronRunRecord) -> None:
-        """A run recorded failed at once (the previous one still active) is announced too."""
+        """A run recorded failed at once (the previous one still active), or ended at its
+        takeover, is announced too."""
         job = self.store.get(run.job_id)
         if job is not None:
             self._finished(job, run, "error", None, run.error)
+
+
+def _failure_changes(job: CronJobRecord, error: str, now: float) -> dict[str, Any]:
+    """The columns a failed run of ``job`` (as read in the failure's transaction) sets."""
+    plan = rules.after_failure(job.retry_count, error, now)
+    if not job.active:  # paused meanwhile: record, do not resume it
+        return {"retry_count": plan.retry_count, "last_error": plan.last_error}
+    return {"retry_count": plan.retry_count, "active": plan.active,
+            "next_run_at": plan.next_run_at, "last_error": plan.last_error}
 
 
 def _summary(turn: Turn) -> str:

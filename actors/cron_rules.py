@@ -13,6 +13,11 @@ Pure: times come in as arguments (the next regular fire time is computed by
 - A failed run is retried after 1, 2, 4, 8 and 16 minutes; when the fifth
   retry fails too, the job is deactivated with ``Max retries exceeded:
   <error>``. A success resets the count.
+- A run taken over for the fifth time (its runtime died inside it five times: a
+  prompt whose turn kills its process) is not run again: it ends as a failed run,
+  ``Taken over 5 times: its runtime died each time``, counted as above
+  (:func:`after_takeover`), as an inbox message ends ``failed`` after five
+  interrupted turns.
 - A schedule last written by a clock that read well ahead of this one (set
   back since) is due where its schedule puts it from now, not where the clock
   that was ahead put it (this holds for the Focal schedules too).
@@ -228,6 +233,35 @@ def after_failure(retry_count: int, error: str, now: float,
     if retry_count < len(delays):
         return AfterFailure(retry_count + 1, True, now + delays[retry_count], error)
     return AfterFailure(retry_count, False, None, max_retries_error(error))
+
+
+MAX_TAKEOVERS = 5
+"""The takeover of a run that ends it failed instead of running it again (each takeover is
+a runtime that died, or stalled past its lease, inside the run)."""
+
+
+def takeovers(attempts: int, retry_count: int) -> int:
+    """How many times a run was taken over: its ``attempts`` (its job's attempt number when
+    it fired, ``retry_count + 1``, plus one per takeover) less the attempt it fired as.
+
+    ``retry_count`` is its job's as read now, which only the end of a run moves (a run
+    still running when the next occurrence is due blocks that one), so it is the count the
+    run fired with; a ``resume`` meanwhile resets it, and counts the run's retries as
+    takeovers (it ends sooner, never later)."""
+    return max(0, attempts - 1 - retry_count)
+
+
+def after_takeover(attempts: int, retry_count: int,
+                   limit: int = MAX_TAKEOVERS) -> str | None:
+    """A run just taken over (``attempts`` counting this takeover): None to run it again,
+    else the error it ends with, a failure of its job (:func:`after_failure`)."""
+    n = takeovers(attempts, retry_count)
+    return taken_over_error(n) if n >= limit else None
+
+
+def taken_over_error(times: int) -> str:
+    """The error of a run ended at a takeover: its runtime died inside it each time."""
+    return f"Taken over {times} times: its runtime died each time"
 
 
 def max_retries_error(error: str) -> str:

@@ -9,7 +9,14 @@ This package never imports ``kinbox.actors`` or ``kinbox.transport``.
 
 from . import inbox_core, paging, retention
 from .connections import close_every_connection
-from .cron_store import CronJobRecord, CronRunLost, CronRunRecord, CronStore, Occurrence
+from .cron_store import (
+    CronJobRecord,
+    CronRunLost,
+    CronRunRecord,
+    CronStore,
+    Occurrence,
+    RunEnd,
+)
 from .database import (
     SQLITE_PAGE_SIZE,
     default_data_dir,
@@ -111,6 +118,7 @@ __all__ = [
     "RateBuckets",
     "Reply",
     "RowNotFound",
+    "RunEnd",
     "SchemaError",
     "SessionPage",
     "SessionRecord",

@@ -13,7 +13,7 @@ finishes twice.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import peewee as pw
@@ -98,6 +98,16 @@ class Occurrence:
     or None (no run: a missed occurrence skipped)."""
     run_error: str | None = None
     """The error of a run recorded as failed at once."""
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """A run ended at its takeover instead of being run again, as the cron rules decided."""
+
+    error: str
+    """The run's error."""
+    job_changes: dict[str, Any]
+    """Columns of its job to set (its failure counted)."""
 
 
 def _job(r: CronJob) -> CronJobRecord:
@@ -250,21 +260,44 @@ class CronStore:
             return recorded
         return self.writer.call(op)
 
-    def take_over(self, now: float, owner: str, lease: float) -> list[CronRunRecord]:
-        """Lease every running run whose owner's lease ran out (its runtime died)."""
-        r = self.t.cron_run
+    def take_over(self, now: float, owner: str, lease: float,
+                  end: Callable[[CronRunRecord, CronJobRecord], RunEnd | None] = (
+                      lambda _run, _job: None)) -> list[CronRunRecord]:
+        """Lease every running run whose owner's lease ran out (its runtime died); the runs
+        taken, ``running`` (to run) or ``error``.
+
+        ``end(run, job)`` (the run as taken over, its attempts counting this takeover)
+        runs inside the transaction: a :class:`RunEnd` ends the run as an error run, its
+        job updated in the same transaction, instead of leasing it to be run again."""
+        r, j = self.t.cron_run, self.t.cron_job
         lapsed = (r.status == "running") & (r.lease_until < now)
         if not r.select().where(lapsed).exists():
             return []  # the usual look: every run alive (or none), no write to queue
 
+        def take(row: CronRun) -> CronRunRecord | None:
+            run = replace(_run(row), owner=owner, lease_until=now + lease,
+                          attempts=row.attempts + 1)
+            if not r.update(owner=owner, lease_until=run.lease_until,
+                            attempts=run.attempts).where(
+                    r.id == row.id, r.owner == row.owner, r.status == "running",
+                    r.lease_until == row.lease_until).execute():
+                return None  # another runtime took it meanwhile
+            query = j.select().where(j.id == row.job_id)
+            if is_postgres(self.t.db):
+                query = query.for_update()  # the run's row, then its job's: as finish_op
+            job_row = query.first()
+            ending = end(run, _job(job_row)) if job_row is not None else None
+            if ending is None:
+                return run
+            r.update(status="error", error=ending.error, finished_at=now,
+                     lease_until=None).where(r.id == row.id).execute()
+            j.update(updated_at=now, **ending.job_changes).where(j.id == row.job_id).execute()
+            return replace(run, status="error", error=ending.error, finished_at=now,
+                           lease_until=None)
+
         def op() -> list[CronRunRecord]:
-            taken = []
-            for row in r.select().where(lapsed):
-                if r.update(owner=owner, lease_until=now + lease, attempts=row.attempts + 1).where(
-                        r.id == row.id, r.owner == row.owner,
-                        r.lease_until == row.lease_until).execute():
-                    taken.append(_run(r.get(r.id == row.id)))
-            return taken
+            taken = [take(row) for row in r.select().where(lapsed)]
+            return [run for run in taken if run is not None]
         return self.writer.call(op)
 
     def running_owners(self) -> set[str]:
