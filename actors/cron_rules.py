@@ -244,10 +244,11 @@ def takeovers(attempts: int, retry_count: int) -> int:
     """How many times a run was taken over: its ``attempts`` (its job's attempt number when
     it fired, ``retry_count + 1``, plus one per takeover) less the attempt it fired as.
 
-    ``retry_count`` is its job's as read now, which only the end of a run moves (a run
-    still running when the next occurrence is due blocks that one), so it is the count the
-    run fired with; a ``resume`` meanwhile resets it, and counts the run's retries as
-    takeovers (it ends sooner, never later)."""
+    ``retry_count`` is its job's as read now: the count the run fired with, unless
+    something moved it meanwhile. Only a run's end and a ``resume`` do: a resume resets
+    it (the run's earlier retries then count as takeovers: it ends sooner), and another
+    run's failure (one fired while this one's lease had run out) adds one (it ends a
+    takeover later); either way every run ends."""
     return max(0, attempts - 1 - retry_count)
 
 

@@ -7,7 +7,8 @@ transaction under an id naming the occurrence, so a job fires once however
 many runtimes share the database. A run is leased to the runtime that
 fired it: only that owner may finish it, and a run whose owner died is
 taken over once its lease runs out, so no run is lost to a crash and none
-finishes twice.
+finishes twice; a takeover may end the run instead, failed, when the caller's
+rules say it was taken over too often (its turn kills its runtime).
 """
 
 from __future__ import annotations
