@@ -242,13 +242,15 @@ class RecordsApi:
         if any(v is not None and validation.lookup_key(v) is None for v in (target, kind)):
             return []  # no row can have it (PostgreSQL would fail the query)
         reopened = subagents.Reopened(ctx)
+
+        def committed(batch: list[str]) -> None:  # a batch is durable: its rows are due
+            reopened.announce()
+            for message_id in batch:
+                ctx.emit("requeued", message_id=message_id)
+            ctx.wake_dispatcher()
         ids = ctx.journal.requeue_where(ctx.now(), target=target, kind=kind,
-                                        also=reopened.in_txn)
-        reopened.announce()
-        for message_id in ids:
-            ctx.emit("requeued", message_id=message_id)
+                                        also=reopened.in_txn, committed=committed)
         log.info("requeued %d failed rows", len(ids))
-        ctx.wake_dispatcher()
         return ids
 
     def cancel(self, message_id: str, reason: str, *, by: str = "operator") -> dict[str, Any]:

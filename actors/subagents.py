@@ -240,8 +240,10 @@ class Reopened:
         self._changes = changes
 
     def announce(self) -> None:
-        """After the commit: observers hear of each reopened task."""
-        for change in self._changes:
+        """After the commit: observers hear of each reopened task (once: a requeue in
+        batches announces after each)."""
+        changes, self._changes = self._changes, []
+        for change in changes:
             TaskService(self._ctx).notify(change)
 
 

@@ -19,9 +19,13 @@ from .inbox_reads import row_to_dict
 from .models import InboxMessage, Tables
 from .writer import GroupCommitWriter
 
+REQUEUE_BATCH = 200
+"""How many rows an operator's requeue changes in one transaction (about 0.15 s of the
+write lock on this machine's SQLite: the delivering runtime's writes wait no longer)."""
+
 
 class InboxOperator:
-    """Requeue and cancel, each in one transaction through the writer."""
+    """Requeue and cancel through the writer, a row (or a batch of rows) a transaction."""
 
     t: Tables
     writer: GroupCommitWriter
@@ -68,23 +72,32 @@ class InboxOperator:
 
     def requeue_where(self, now: float, *, target: str | None = None,
                       kind: str | None = None,
-                      also: Callable[[list[str]], object] | None = None) -> list[str]:
-        """Operator: requeue every ``failed`` row matching the filter, in one transaction
-        (with ``also``, given their ids); the ids requeued.
+                      also: Callable[[list[str]], object] | None = None,
+                      committed: Callable[[list[str]], object] | None = None) -> list[str]:
+        """Operator: requeue every ``failed`` row matching the filter, oldest first; the ids
+        requeued.
+
+        In batches of :data:`REQUEUE_BATCH` rows, each its own transaction (with ``also``,
+        given the batch's ids), after which ``committed`` hears them: in one transaction,
+        20,000 rows held the write lock (on SQLite the whole file's, from the delivering
+        runtime too) for 14 s, and a larger requeue outran its caller's wait. A requeue
+        that fails part-way has requeued the batches before it (``committed`` heard
+        them); running it again requeues the rest.
 
         On PostgreSQL another process may end a row between this read and its requeue
         (another operator's cancel or requeue): that row is no longer failed and is left as
         it is now, not a refusal of the whole requeue (which requeued none of the rest)."""
         m = self.t.inbox
 
-        def op() -> list[str]:
-            q = m.select(m.message_id).where(m.status == core.FAILED)
+        def batch(after: int) -> tuple[int | None, list[str]]:
+            q = m.select(m.message_id, m.seq).where((m.status == core.FAILED) & (m.seq > after))
             if target is not None:
                 q = q.where(m.target_chat_id == target)
             if kind is not None:
                 q = q.where(m.kind == kind)
+            found = [(r.message_id, r.seq) for r in q.order_by(m.seq).limit(REQUEUE_BATCH)]
             ids: list[str] = []
-            for mid in (r.message_id for r in q.order_by(m.seq)):
+            for mid, _seq in found:
                 try:
                     self._requeue_op(mid, now)
                 except (IllegalTransition, RowNotFound):
@@ -92,8 +105,18 @@ class InboxOperator:
                 ids.append(mid)
             if also is not None and ids:
                 also(ids)
-            return ids
-        return self.writer.call(op)
+            return (found[-1][1] if found else None), ids
+
+        requeued: list[str] = []
+        after = 0
+        while True:
+            last, ids = self.writer.call(lambda after=after: batch(after))
+            if last is None:
+                return requeued
+            requeued += ids
+            if committed is not None and ids:
+                committed(ids)
+            after = last
 
     def _cancel_op(self, message_id: str, now: float, by: str, reason: str) -> dict[str, Any]:
         return self._operator_op(message_id, now, core.Event.CANCEL, "cancelled",

@@ -256,3 +256,62 @@ def test_an_offset_beside_a_cursor_is_a_usage_error_even_when_it_is_zero(db_url:
     assert "argument --offset: not allowed with argument --after" in done.stderr
     alone = kinbox("sessions", "list", "--limit", "1", "--json", "--db", db_url)
     assert json.loads(alone.stdout)["next_offset"] == 1
+
+
+def _many_failed(s: Stores, n: int) -> list[str]:
+    ids = [f"rq-{i:05d}" for i in range(n)]
+    s.writer.call(lambda: [s.journal.enqueue_now(NewMessage(mid, f"t{i % 7}", "x"), 1.0)
+                           for i, mid in enumerate(ids)])
+    s.db.execute_sql("UPDATE agent_inbox_messages SET status = 'failed'")
+    return ids
+
+
+def _states(s: Stores) -> dict[str, int]:
+    rows = s.db.execute_sql("SELECT status, COUNT(*) FROM agent_inbox_messages GROUP BY status")
+    return dict(rows.fetchall())
+
+
+def test_a_requeue_of_many_failed_rows_commits_batch_by_batch(stores: Stores,
+                                                               any_db_url: str) -> None:
+    """Each batch is durable and the write lock free before the next begins: one
+    transaction for every row held the delivering runtime's writes (on SQLite the whole
+    file) for as long as the requeue took, 14 s for 20,000 rows."""
+    from kinbox.persistence.inbox_operator import REQUEUE_BATCH
+    ids = _many_failed(stores, 2 * REQUEUE_BATCH + 10)
+    batches: list[list[str]] = []
+    seen_pending: list[int] = []
+
+    def committed(batch: list[str]) -> None:
+        batches.append(batch)
+        seen_pending.append(_states(stores).get("pending", 0))
+        if any_db_url.startswith("sqlite"):  # another process may write now
+            import sqlite3
+            other = sqlite3.connect(any_db_url.removeprefix("sqlite:///"), timeout=0,
+                                    isolation_level=None)
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("ROLLBACK")
+            other.close()
+
+    assert stores.journal.requeue_where(2.0, committed=committed) == ids
+    assert [len(b) for b in batches] == [REQUEUE_BATCH, REQUEUE_BATCH, 10]
+    assert [b for batch in batches for b in batch] == ids
+    assert seen_pending == [REQUEUE_BATCH, 2 * REQUEUE_BATCH, len(ids)]
+    assert _states(stores) == {"pending": len(ids)}
+
+
+def test_a_requeue_that_fails_part_way_keeps_the_batches_before_and_runs_again(
+        stores: Stores) -> None:
+    from kinbox.persistence.inbox_operator import REQUEUE_BATCH
+    ids = _many_failed(stores, REQUEUE_BATCH + 5)
+    calls: list[int] = []
+
+    def also(batch: list[str]) -> None:
+        calls.append(len(batch))
+        if len(calls) == 2:
+            raise RuntimeError("the second batch's other writes failed")
+
+    with pytest.raises(RuntimeError):
+        stores.journal.requeue_where(2.0, also=also)
+    assert _states(stores) == {"pending": REQUEUE_BATCH, "failed": 5}
+    assert stores.journal.requeue_where(3.0) == ids[REQUEUE_BATCH:]
+    assert _states(stores) == {"pending": len(ids)}
