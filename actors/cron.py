@@ -275,9 +275,8 @@ class CronService:
             log.warning("cron job %s deactivated: %s", job.id, exc)
             return Occurrence({"active": False, "next_run_at": None,
                                "last_error": rules.invalid_expression_error(exc.reason)}, None)
-        alive = running is not None and (running.lease_until or 0) >= now
         decision = rules.on_due(job.next_run_at or now, now, next_regular=upcoming,
-                                previous_active=alive, grace=self.grace,
+                                previous_active=running is not None, grace=self.grace,
                                 recent_regular=recent)
         changes: dict[str, Any] = {"next_run_at": upcoming, "active": upcoming is not None}
         if decision.due is rules.Due.MISSED:

@@ -9,7 +9,9 @@ Pure: times come in as arguments (the next regular fire time is computed by
   moves on.
 - A run still active when the next is due is recorded as an error,
   ``Previous cron run is still active``, and the schedule moves on (the
-  running one is not disturbed, and this is not counted as a failure).
+  running one is not disturbed, and this is not counted as a failure). A run
+  is active while it is ``running``, whatever its lease: one whose runtime died
+  is taken over and run again, so a job never has two runs running at once.
 - A failed run is retried after 1, 2, 4, 8 and 16 minutes; when the fifth
   retry fails too, the job is deactivated with ``Max retries exceeded:
   <error>``. A success resets the count.
@@ -184,6 +186,11 @@ def on_due(scheduled_for: float, now: float, *, next_regular: float | None,
     every one of them is past the grace time: the first (``scheduled_for``) and
     any regular one since (``recent_regular`` not yet come). Judged by the first
     alone, an hourly job down from 22:59 to 00:05 lost its 00:00 run.
+
+    ``previous_active``: the job has a run still ``running``, whatever its lease.
+    A run whose runtime died (its lease run out, or its runtime known dead) is
+    taken over in the same look and run again: counted as no longer active, the
+    occurrence fired beside its takeover, two runs of one job at once.
     """
     recent = recent_regular is not None and recent_regular <= now
     if now - scheduled_for > grace and not recent:
@@ -245,10 +252,10 @@ def takeovers(attempts: int, retry_count: int) -> int:
     it fired, ``retry_count + 1``, plus one per takeover) less the attempt it fired as.
 
     ``retry_count`` is its job's as read now: the count the run fired with, unless
-    something moved it meanwhile. Only a run's end and a ``resume`` do: a resume resets
-    it (the run's earlier retries then count as takeovers: it ends sooner), and another
-    run's failure (one fired while this one's lease had run out) adds one (it ends a
-    takeover later); either way every run ends."""
+    something moved it meanwhile. A run's end and a ``resume`` move it, and no other run
+    of its job fires while this one is ``running`` (:func:`on_due`), so only a resume
+    can: it resets it (the run's earlier retries then count as takeovers: it ends
+    sooner, never later)."""
     return max(0, attempts - 1 - retry_count)
 
 
