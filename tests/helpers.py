@@ -115,6 +115,25 @@ def lock_waits(pg_url: str) -> int:
         probe.close()
 
 
+def life_locks(pg_url: str) -> int:
+    """How many runtimes hold their life lock on ``pg_url``'s database now (a killed
+    runtime's goes when its server process notices the connection closed, not at once)."""
+    import psycopg2
+
+    from kinbox.persistence.liveness import LOCK_CLASS
+
+    probe = psycopg2.connect(pg_url)
+    try:
+        with probe.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid ="
+                        " l.database WHERE l.locktype = 'advisory' AND l.granted AND"
+                        " l.classid = %s AND l.objsubid = 2 AND d.datname ="
+                        " current_database()", (LOCK_CLASS,))
+            return int(cur.fetchone()[0])
+    finally:
+        probe.close()
+
+
 SHORT = 0.3
 """A write timeout short enough for a test to outrun (the slow-write tests), in seconds."""
 
