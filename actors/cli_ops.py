@@ -41,6 +41,7 @@ from .cli_args import common, kind_arg, limit_arg, offset_arg, project_slug_arg,
 from .cli_output import age, emit, emit_page, last_line, when
 from .clock import Clock, SystemClock
 from .errors import ConfigError
+from .interrupts import EXIT_INTERRUPTED, StopBetweenSteps
 from .runtime import Runtime
 from .runtime_records import cancel_note
 from .shared_database import SharedDatabase
@@ -133,7 +134,9 @@ def inbox_requeue(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox inbox requeue ID`` or ``--all-failed [--target T] [--kind K]``.
 
     Only ``failed`` rows go back to ``pending``; the bulk form requeues every
-    failed row matching the filter in one transaction.
+    failed row matching the filter, oldest first, in batches (each its own transaction).
+    Ctrl-C (or SIGTERM) stops it after the batch under way: it lists what the batches it
+    committed requeued, and exits 130.
     """
     if (args.message_id is None) == (not args.all_failed):
         raise ConfigError("give a message id, or --all-failed (with --target/--kind to "
@@ -143,16 +146,22 @@ def inbox_requeue(args: argparse.Namespace, out: TextIO) -> int:
         # ignored, and the operator would requeue a row they meant to leave alone.
         raise ConfigError("--target and --kind filter --all-failed; requeue one id alone",
                           field="target" if args.target is not None else "kind")
-    with operator_runtime(args.db) as rt:
-        if args.message_id is not None:
+    if args.message_id is not None:
+        with operator_runtime(args.db) as rt:
             row = rt.requeue(args.message_id)
-            emit(out, args.json, row, [f"requeued {row['message_id']}: pending again, "
-                                        "attempts reset (history kept)"])
-            return 0
-        ids = rt.requeue_failed(target=args.target, kind=args.kind)
-    emit(out, args.json, {"requeued": ids},
-          [f"requeued {len(ids)} failed row(s)", *(f"  {i}" for i in ids)])
-    return 0
+        emit(out, args.json, row, [f"requeued {row['message_id']}: pending again, "
+                                    "attempts reset (history kept)"])
+        return 0
+    with (StopBetweenSteps("the batch under way") as stop,
+          operator_runtime(args.db) as rt):
+        ids = rt.requeue_failed(target=args.target, kind=args.kind,
+                                stop=lambda: stop.asked)
+        interrupted = stop.asked
+    emit(out, args.json, {"requeued": ids, "interrupted": interrupted},
+          [f"requeued {len(ids)} failed row(s)"
+           + ("; interrupted: the rest stay failed until the next requeue"
+              if interrupted else ""), *(f"  {i}" for i in ids)])
+    return EXIT_INTERRUPTED if interrupted else 0
 
 
 def inbox_cancel(args: argparse.Namespace, out: TextIO) -> int:

@@ -235,9 +235,12 @@ class RecordsApi:
         ctx.wake_dispatcher()
         return row
 
-    def requeue_failed(self, *, target: str | None = None,
-                       kind: str | None = None) -> list[str]:
-        """Operator: requeue every ``failed`` row (of ``target``, of ``kind``); their ids."""
+    def requeue_failed(self, *, target: str | None = None, kind: str | None = None,
+                       stop: Callable[[], bool] | None = None) -> list[str]:
+        """Operator: requeue every ``failed`` row (of ``target``, of ``kind``); their ids.
+
+        In batches, each its own transaction: ``stop`` is asked after each, and true ends
+        the requeue there (the ids are then those of the batches committed)."""
         ctx = self._running()
         if any(v is not None and validation.lookup_key(v) is None for v in (target, kind)):
             return []  # no row can have it (PostgreSQL would fail the query)
@@ -249,7 +252,8 @@ class RecordsApi:
                 ctx.emit("requeued", message_id=message_id)
             ctx.wake_dispatcher()
         ids = ctx.journal.requeue_where(ctx.now(), target=target, kind=kind,
-                                        also=reopened.in_txn, committed=committed)
+                                        also=reopened.in_txn, committed=committed,
+                                        stop=stop)
         log.info("requeued %d failed rows", len(ids))
         return ids
 

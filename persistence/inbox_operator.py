@@ -73,7 +73,8 @@ class InboxOperator:
     def requeue_where(self, now: float, *, target: str | None = None,
                       kind: str | None = None,
                       also: Callable[[list[str]], object] | None = None,
-                      committed: Callable[[list[str]], object] | None = None) -> list[str]:
+                      committed: Callable[[list[str]], object] | None = None,
+                      stop: Callable[[], bool] | None = None) -> list[str]:
         """Operator: requeue every ``failed`` row matching the filter, oldest first; the ids
         requeued.
 
@@ -82,7 +83,8 @@ class InboxOperator:
         20,000 rows held the write lock (on SQLite the whole file's, from the delivering
         runtime too) for 14 s, and a larger requeue outran its caller's wait. A requeue
         that fails part-way has requeued the batches before it (``committed`` heard
-        them); running it again requeues the rest.
+        them); running it again requeues the rest. ``stop`` is asked after each batch: true,
+        the requeue ends there (an operator's Ctrl-C), with what it requeued so far.
 
         On PostgreSQL another process may end a row between this read and its requeue
         (another operator's cancel or requeue): that row is no longer failed and is left as
@@ -116,6 +118,8 @@ class InboxOperator:
             requeued += ids
             if committed is not None and ids:
                 committed(ids)
+            if stop is not None and stop():
+                return requeued
             after = last
 
     def _cancel_op(self, message_id: str, now: float, by: str, reason: str) -> dict[str, Any]:

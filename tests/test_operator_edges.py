@@ -106,7 +106,7 @@ def test_requeue_all_failed_requeues_the_rest_when_another_process_ends_one_mean
         other.close()
         probe.close()
     assert requeue.returncode == 0, err
-    assert json.loads(out) == {"requeued": ["a", "c"]}
+    assert json.loads(out) == {"requeued": ["a", "c"], "interrupted": False}
     assert _statuses(pg_url) == {"a": "pending", "b": "cancelled", "c": "pending"}
 
 
@@ -315,3 +315,52 @@ def test_a_requeue_that_fails_part_way_keeps_the_batches_before_and_runs_again(
     assert _states(stores) == {"pending": REQUEUE_BATCH, "failed": 5}
     assert stores.journal.requeue_where(3.0) == ids[REQUEUE_BATCH:]
     assert _states(stores) == {"pending": len(ids)}
+
+
+@pytest.mark.timeout(180)
+def test_an_interrupted_requeue_of_every_failed_row_stops_between_batches_and_says_which(
+        db_url: str) -> None:
+    """``inbox requeue --all-failed`` commits batch by batch: Ctrl-C part-way left the
+    batches before it requeued, yet the command printed only that a change "is committed
+    whole or not at all", and never which rows had gone back. It stops after the batch
+    under way now, lists what it requeued, and exits 130."""
+    import signal
+    import sqlite3
+
+    rows = 10_000
+    s = Stores(db_url)
+    m = s.tables.inbox
+    m.insert_many([{"message_id": f"bad-{i:05d}", "seq": i + 1, "transport": "local",
+                    "target_chat_id": f"s{i % 10}", "kind": "agent_message",
+                    "content": "x", "status": "failed", "max_attempts": 5,
+                    "available_at": 0, "created_at": 0, "updated_at": 0}
+                   for i in range(rows)]).execute()
+    s.close()
+    path = db_url.removeprefix("sqlite:///")
+
+    def pending() -> int:
+        with sqlite3.connect(path) as con:
+            return int(con.execute("SELECT count(*) FROM agent_inbox_messages "
+                                   "WHERE status = 'pending'").fetchone()[0])
+
+    requeue = subprocess.Popen(
+        [sys.executable, "-m", "kinbox.actors", "inbox", "requeue", "--all-failed", "--json",
+         "--db", db_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        wait_for(lambda: pending() > 0 or requeue.poll() is not None, timeout=60,
+                 what="the requeue's first batches")
+        requeue.send_signal(signal.SIGINT)
+        out, err = requeue.communicate(timeout=60)
+    finally:
+        if requeue.poll() is None:
+            requeue.kill()
+            requeue.wait()
+    assert requeue.returncode == 130, err
+    assert "Traceback" not in err and "stopping after the batch under way" in err
+    said = json.loads(out)
+    assert said["interrupted"] is True
+    with sqlite3.connect(path) as con:
+        went = [r[0] for r in con.execute("SELECT message_id FROM agent_inbox_messages "
+                                          "WHERE status = 'pending' ORDER BY seq")]
+    assert 0 < len(went) < rows
+    assert said["requeued"] == went
