@@ -95,6 +95,9 @@ class PeerService:
         self.links: dict[str, PeerLink] = {}
         self._lock = threading.Lock()
         self._unsubscribe: Any = None
+        self._stopping = False
+        """A stop has taken the links: no link starts after it (a send arriving mid-stop
+        would start one no stop ends, holding its rows until their lease ran out)."""
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -114,6 +117,7 @@ class PeerService:
         if self._unsubscribe is not None:
             self._unsubscribe()
         with self._lock:
+            self._stopping = True
             links, self.links = list(self.links.values()), {}
         deadline = time.monotonic() + timeout
         for link in links:
@@ -125,10 +129,13 @@ class PeerService:
                         "hold come back by lease", ", ".join(late), timeout)
 
     def link_for(self, device_id: str) -> PeerLink | None:
-        """The device's link, started on first use (None in a send-only runtime)."""
+        """The device's link, started on first use (None in a send-only runtime, or once
+        the service is stopping: the device's rows wait in the journal for the next start)."""
         if not self.delivering:
             return None
         with self._lock:
+            if self._stopping:
+                return None
             link = self.links.get(device_id)
             if link is None:
                 link = self.links[device_id] = PeerLink(self, device_id)

@@ -218,3 +218,25 @@ def test_a_stop_closes_its_links_at_once_not_one_after_another(tmp_path: Path) -
                                for mid, row in before.items()}
     finally:
         deaf.close()
+
+
+def test_a_send_that_arrives_during_the_stop_starts_no_link(tmp_path: Path) -> None:
+    """The stop takes the links it closes; a send arriving after that (a turn still
+    committing) started a fresh link no stop ended, which held its rows until their lease
+    ran out. Now its row waits in the journal, unleased, for the next start."""
+    path = tmp_path / "sender.db"
+    rt = Runtime(db=f"sqlite:///{path}", brain=quiet_brain, clock=ManualClock()).start()
+    try:
+        me = rt.create_session(None, "sender").id
+        peer = DeviceIdentity.generate()
+        rt.peers.peers.save_outbound(
+            peer.device_id, "away", peer.public_key, "http://127.0.0.1:9",
+            rt.peers.identity.seal(new_token(os.urandom(32)), os.urandom(SEAL_NONCE_BYTES)),
+            frozenset({"agent"}), rt.clock.now())
+        rt.peers.stop()  # the runtime's stop begins with its peer links
+        [sent] = rt.peers.send_many(me, f"peer:{peer.device_id}", ["late"])
+        assert rt.peers.link_for(peer.device_id) is None
+        assert rt.peers.links == {}
+    finally:
+        rt.stop()
+    assert _rows(path)[sent["message_id"]][0] == "pending"
