@@ -322,7 +322,8 @@ def commit_together(ctx: RuntimeContext, build: Callable[[Writes], T],
             if check is not None:
                 check()
             _run(effects.ops)
-        wait_landed(ctx.journal.writer.submit(write))
+        if effects.ops or check is not None:  # nothing to write (every target refused)
+            wait_landed(ctx.journal.writer.submit(write))
     except BaseException:
         staging.discard()
         raise

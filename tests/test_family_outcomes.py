@@ -207,3 +207,36 @@ def test_a_target_full_of_another_processs_sends_is_full_here_too(
                                           receiver_name="kid")
         finally:
             release.set()
+
+
+def test_a_broadcast_every_target_refuses_writes_nothing(
+        db_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every target refused by the rules (here each pair's rate limit, the clock
+    standing still), there is nothing to write: the call answers with the refusals and
+    never waits on the writer (which, closing, made it an error instead)."""
+    with Runtime(db=db_url, brain=lambda turn: None, clock=clock) as rt:
+        p = rt.create_project("fam")
+        rt.create_session(p.id, "root", session_id="root")
+        for name in ("alice", "bob"):
+            rt.create_session(p.id, name, kind="subagent", parent_id="root", session_id=name)
+        tools = rt.tools_for("bob")
+        refused: list[dict[str, Any]] = []
+        for _ in range(10):  # until the buckets are empty
+            refused = tools.send("all", "again")["receipts"]
+            if all("error" in r for r in refused):
+                break
+        assert refused and all("error" in r for r in refused)
+        writer = rt.context.journal.writer
+        submitted: list[object] = []
+        real = writer.submit
+
+        def counting(op: Any, *args: Any, **kwargs: Any) -> Any:
+            submitted.append(op)
+            return real(op, *args, **kwargs)
+        monkeypatch.setattr(writer, "submit", counting)
+        again = tools.send("all", "again")["receipts"]
+        assert [r["target"] for r in again] == [r["target"] for r in refused]
+        assert all("error" in r for r in again)
+        # (the rate buckets' own writes go on: the pair's bucket is shared across processes)
+        assert [op for op in submitted if "commit_together" in getattr(op, "__qualname__", "")
+                ] == []
