@@ -103,6 +103,8 @@ class PeerService:
 
     def start(self) -> None:
         """Start a link for every outbound device (their rows are their mailboxes)."""
+        with self._lock:
+            self._stopping = False
         subscribe = getattr(self.ctx.clock, "subscribe", None)
         if subscribe is not None:  # an injected clock moved: backoffs may have run out
             self._unsubscribe = subscribe(lambda _now: self.wake_all())
