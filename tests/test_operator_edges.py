@@ -160,6 +160,19 @@ def test_db_upgrade_reports_only_what_it_applied_when_another_process_upgraded_f
     assert json.loads(out) == {"applied": []}
 
 
+def _rows_in(db_url: str, rows: int, status: str, id_format: str) -> str:
+    """A SQLite database holding ``rows`` inbox rows in ``status`` (ids from
+    ``id_format``, over 10 sessions), written at once; its file's path."""
+    s = Stores(db_url)
+    s.tables.inbox.insert_many([
+        {"message_id": id_format.format(i=i), "seq": i + 1, "transport": "local",
+         "target_chat_id": f"s{i % 10}", "kind": "agent_message", "content": "x",
+         "status": status, "max_attempts": 5, "available_at": 0, "created_at": 0,
+         "updated_at": 0} for i in range(rows)]).execute()
+    s.close()
+    return db_url.removeprefix("sqlite:///")
+
+
 @pytest.mark.timeout(180)
 def test_an_interrupted_prune_stops_between_batches_and_says_what_it_deleted(
         db_url: str) -> None:
@@ -170,15 +183,7 @@ def test_an_interrupted_prune_stops_between_batches_and_says_what_it_deleted(
     import sqlite3
 
     rows = 5000
-    s = Stores(db_url)
-    m = s.tables.inbox
-    m.insert_many([{"message_id": f"old-{i}", "seq": i + 1, "transport": "local",
-                    "target_chat_id": f"s{i % 10}", "kind": "agent_message",
-                    "content": "done", "status": "delivered", "max_attempts": 5,
-                    "available_at": 0, "created_at": 0, "updated_at": 0}
-                   for i in range(rows)]).execute()
-    s.close()
-    path = db_url.removeprefix("sqlite:///")
+    path = _rows_in(db_url, rows, "delivered", "old-{i}")
 
     def left() -> int:
         with sqlite3.connect(path) as con:
@@ -328,15 +333,7 @@ def test_an_interrupted_requeue_of_every_failed_row_stops_between_batches_and_sa
     import sqlite3
 
     rows = 10_000
-    s = Stores(db_url)
-    m = s.tables.inbox
-    m.insert_many([{"message_id": f"bad-{i:05d}", "seq": i + 1, "transport": "local",
-                    "target_chat_id": f"s{i % 10}", "kind": "agent_message",
-                    "content": "x", "status": "failed", "max_attempts": 5,
-                    "available_at": 0, "created_at": 0, "updated_at": 0}
-                   for i in range(rows)]).execute()
-    s.close()
-    path = db_url.removeprefix("sqlite:///")
+    path = _rows_in(db_url, rows, "failed", "bad-{i:05d}")
 
     def pending() -> int:
         with sqlite3.connect(path) as con:
