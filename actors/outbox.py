@@ -227,7 +227,9 @@ class Writes:
         """Run ``build``'s writes as one write: in a turn, one operation of its outbox (a
         failure part-way queues nothing: a brain that takes it as a failed tool call and
         goes on must not commit half of it); outside a turn, one transaction now
-        (:func:`commit_together`)."""
+        (:func:`commit_together`). ``build`` writes through a staging outbox of its own:
+        the sessions and tasks it creates join the turn's view of its writes only once
+        the turn commits (family sends, its one caller, create none)."""
         box = self.outbox
         if box is None:
             return commit_together(self.ctx, build)
