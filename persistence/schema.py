@@ -72,10 +72,13 @@ def _sequence_change(db: pw.Database, existing: set[str]) -> str | None:
     # sequence behind its rows).
     newest = db.execute_sql(f"SELECT MAX(seq) FROM {INBOX}").fetchone()[0]
     found = db.execute_sql(
-        "SELECT last_value FROM pg_sequences WHERE schemaname = current_schema() "
-        "AND sequencename = %s", (INBOX_SEQUENCE,)).fetchone()
+        "SELECT last_value, has_sequence_privilege(format('%%I.%%I', schemaname, "
+        "sequencename), 'SELECT,USAGE') FROM pg_sequences WHERE schemaname = "
+        "current_schema() AND sequencename = %s", (INBOX_SEQUENCE,)).fetchone()
     if found is None:
         return f"create sequence {INBOX_SEQUENCE}"
+    if not found[1]:  # last_value is NULL to a role that may not read it: nothing to judge
+        return None
     # last_value is NULL until the first nextval (or a setval that left it uncalled).
     if newest is not None and (found[0] or 0) < newest:
         return f"move sequence {INBOX_SEQUENCE} past the rows' seq {newest}"

@@ -5,6 +5,7 @@ fix."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from typing import Any
@@ -361,3 +362,36 @@ def test_an_interrupted_requeue_of_every_failed_row_stops_between_batches_and_sa
                                           "WHERE status = 'pending' ORDER BY seq")]
     assert 0 < len(went) < rows
     assert said["requeued"] == went
+
+
+@pytest.mark.timeout(120)
+def test_a_role_that_may_not_read_the_sequence_is_not_told_it_is_behind(pg_url: str) -> None:
+    """PostgreSQL shows a sequence's ``last_value`` only to a role that may read it (NULL
+    otherwise): a monitoring role granted the tables alone was told the sequence was
+    behind the rows, and every command it ran was refused ("run kinbox db upgrade")."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from kinbox.persistence import open_database
+
+    s = Stores(pg_url)
+    s.store.create_session("s1", None, "Worker", "interactive", 0)
+    s.journal.enqueue(NewMessage("m1", "s1", "kept"), 0)
+    s.close()
+    role = f"kinbox_ro_{os.getpid()}"
+    db = open_database(pg_url)
+    db.execute_sql(f"DROP ROLE IF EXISTS {role}")
+    db.execute_sql(f"CREATE ROLE {role} LOGIN")
+    try:
+        db.execute_sql(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+        parts = urlsplit(pg_url)
+        ro_url = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+        status = kinbox("db", "status", "--json", "--db", ro_url)
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["up_to_date"] is True, status.stdout
+        listed = kinbox("inbox", "list", "--json", "--db", ro_url)
+        assert listed.returncode == 0, listed.stderr
+        assert [r["message_id"] for r in json.loads(listed.stdout)["items"]] == ["m1"]
+    finally:
+        db.execute_sql(f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}")
+        db.execute_sql(f"DROP ROLE {role}")
+        db.close()
