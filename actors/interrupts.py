@@ -30,10 +30,14 @@ class Interrupted(BaseException):  # like KeyboardInterrupt: no `except Exceptio
         self.signum = signum
 
 
-def _exit_now(signum: int) -> None:
-    sys.stderr.write(f"\nkinbox: second {signal.Signals(signum).name}: stopping now; "
-                     "the journal keeps every unacknowledged message\n")
+def _say(text: str) -> None:
+    sys.stderr.write(f"\nkinbox: {text}\n")
     sys.stderr.flush()
+
+
+def _exit_now(signum: int) -> None:
+    _say(f"second {signal.Signals(signum).name}: stopping now; the journal keeps every "
+         "unacknowledged message")
     os._exit(EXIT_INTERRUPTED)
 
 
@@ -50,11 +54,14 @@ class StopSignals:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signum)
         if len(self.received) == 1:
-            sys.stderr.write(f"\nkinbox: {signal.Signals(signum).name}: stopping gracefully "
-                             "(again to stop at once)\n")
-            sys.stderr.flush()
-            raise Interrupted(signum)
-        self.on_second(signum)
+            self._first(signum)
+        else:
+            self.on_second(signum)
+
+    def _first(self, signum: int) -> None:
+        """The first signal: say so, and unwind the command."""
+        _say(f"{signal.Signals(signum).name}: stopping gracefully (again to stop at once)")
+        raise Interrupted(signum)
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
@@ -84,11 +91,6 @@ class StopBetweenSteps(StopSignals):
         """A stop signal arrived."""
         return bool(self.received)
 
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.received.append(signum)
-        if len(self.received) == 1:
-            sys.stderr.write(f"\nkinbox: {signal.Signals(signum).name}: stopping after "
-                             f"{self.step} (again to stop at once)\n")
-            sys.stderr.flush()
-            return
-        self.on_second(signum)
+    def _first(self, signum: int) -> None:
+        _say(f"{signal.Signals(signum).name}: stopping after {self.step} (again to stop at "
+             "once)")

@@ -96,19 +96,14 @@ class PeerLink:
         """Rows may be due (a send committed, the clock moved)."""
         self._wake.set()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop: the rows the link holds go back unrun (no attempt counted), committed
-        before this returns unless the thread outlives ``timeout``; rows it could not hand
-        back (the writer closed first) come back when their lease expires."""
-        self.begin_stop()
-        self.join(timeout)
-
     def begin_stop(self) -> None:
         """Ask the link to stop, without waiting: its thread leaves the link within a
         read's wait (0.2 s at most) and closes the socket itself, which waits for the
         peer's answer up to the close timeout (2 s), then hands its rows back. Several
         links stopping together so close at once (:meth:`PeerService.stop`), not each
-        after the one before."""
+        after the one before. The rows it holds go back unrun (no attempt counted); rows
+        it could not hand back (the writer closed first) come back when their lease
+        expires."""
         self._stop.set()
         self._wake.set()
 
