@@ -246,14 +246,17 @@ class RecordsApi:
             return []  # no row can have it (PostgreSQL would fail the query)
         reopened = subagents.Reopened(ctx)
 
-        def committed(batch: list[str]) -> None:  # a batch is durable: its rows are due
-            reopened.announce()
-            for message_id in batch:
-                ctx.emit("requeued", message_id=message_id)
-            ctx.wake_dispatcher()
-        ids = ctx.journal.requeue_where(ctx.now(), target=target, kind=kind,
-                                        also=reopened.in_txn, committed=committed,
-                                        stop=stop)
+        ids: list[str] = []
+        for batch in ctx.journal.requeue_steps(ctx.now(), target=target, kind=kind,
+                                               also=reopened.in_txn):
+            if batch:  # durable now: its rows are due
+                ids += batch
+                reopened.announce()
+                for message_id in batch:
+                    ctx.emit("requeued", message_id=message_id)
+                ctx.wake_dispatcher()
+            if stop is not None and stop():
+                break
         log.info("requeued %d failed rows", len(ids))
         return ids
 

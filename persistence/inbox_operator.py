@@ -9,7 +9,7 @@ announced, so a dispatcher in this or another process claims them. A part of
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import inbox_core as core
@@ -72,19 +72,24 @@ class InboxOperator:
 
     def requeue_where(self, now: float, *, target: str | None = None,
                       kind: str | None = None,
-                      also: Callable[[list[str]], object] | None = None,
-                      committed: Callable[[list[str]], object] | None = None,
-                      stop: Callable[[], bool] | None = None) -> list[str]:
+                      also: Callable[[list[str]], object] | None = None) -> list[str]:
         """Operator: requeue every ``failed`` row matching the filter, oldest first; the ids
-        requeued.
+        requeued (:meth:`requeue_steps`, run to its end)."""
+        return [mid for ids in self.requeue_steps(now, target=target, kind=kind, also=also)
+                for mid in ids]
+
+    def requeue_steps(self, now: float, *, target: str | None = None,
+                      kind: str | None = None,
+                      also: Callable[[list[str]], object] | None = None
+                      ) -> Iterator[list[str]]:
+        """:meth:`requeue_where` one batch at a time: each batch's ids once it committed,
+        so a caller that stops between two (an operator's Ctrl-C) knows what went back.
 
         In batches of :data:`REQUEUE_BATCH` rows, each its own transaction (with ``also``,
-        given the batch's ids), after which ``committed`` hears them: in one transaction,
-        20,000 rows held the write lock (on SQLite the whole file's, from the delivering
-        runtime too) for 14 s, and a larger requeue outran its caller's wait. A requeue
-        that fails part-way has requeued the batches before it (``committed`` heard
-        them); running it again requeues the rest. ``stop`` is asked after each batch: true,
-        the requeue ends there (an operator's Ctrl-C), with what it requeued so far.
+        given the batch's ids): in one transaction, 20,000 rows held the write lock (on
+        SQLite the whole file's, from the delivering runtime too) for 14 s, and a larger
+        requeue outran its caller's wait. A requeue that fails part-way has requeued the
+        batches yielded before it; running it again requeues the rest.
 
         On PostgreSQL another process may end a row between this read and its requeue
         (another operator's cancel or requeue): that row is no longer failed and is left as
@@ -109,17 +114,12 @@ class InboxOperator:
                 also(ids)
             return (found[-1][1] if found else None), ids
 
-        requeued: list[str] = []
         after = 0
         while True:
             last, ids = self.writer.call(lambda after=after: batch(after))
             if last is None:
-                return requeued
-            requeued += ids
-            if committed is not None and ids:
-                committed(ids)
-            if stop is not None and stop():
-                return requeued
+                return
+            yield ids
             after = last
 
     def _cancel_op(self, message_id: str, now: float, by: str, reason: str) -> dict[str, Any]:
