@@ -44,7 +44,7 @@ from typing import Any
 
 import pykka
 
-from ..persistence import ClaimedRow, ClaimResult
+from ..persistence import ClaimedRow, ClaimResult, WriterClosed
 from . import passivation
 from .context import RuntimeContext
 from .messages import Deliver
@@ -101,15 +101,19 @@ class Slots:
     def offer(self, row: ClaimedRow, how: str = "leased with its send") -> None:
         """Start the turn of a row leased for this runtime, or keep it until a slot frees."""
         started: Started = []
+        closed = False
         try:
             with self._lock:
-                if self._closed():
-                    return
-                self._offer(row, how, started)
-                self._changed()
+                closed = self._closed()
+                if not closed:
+                    self._offer(row, how, started)
+                    self._changed()
         except Exception:
             # The row stays leased in the journal: its lease runs out and a claim takes it.
             log.exception("could not start the turn of %s", row.message_id)
+        if closed:  # a send leased it as the runtime began to stop: it cannot run here
+            self._hand_back([row])
+            return
         self._tell(started)
 
     def turn_done(self, session_id: str, claim: bool) -> None:
@@ -242,6 +246,9 @@ class Slots:
             self.stopped = True
             refs = list(self.live.items())
             self.live.clear()
+            unstarted = list(self.waiting.values())
+            self.waiting.clear()
+        self._hand_back(unstarted)
         stopping = [(session_id, ref.stop(block=False)) for session_id, ref in refs]
         deadline = time.monotonic() + timeout
         lagging = []
@@ -324,6 +331,25 @@ class Slots:
 
     # -- after the lock --------------------------------------------------------------------
 
+    def _hand_back(self, rows: list[ClaimedRow]) -> None:
+        """Hand back unrun (no attempt counted) rows leased here that will not run here: a
+        stopping runtime's rows that waited for a slot, a row leased with its send as the
+        stop began, one whose actor stopped before it was told. Left leased to a stopped
+        runtime, each waited out its lease and was then taken over as a suspect (a row
+        whose worker died mid-turn), run alone, one after another, at the next start. A
+        crashed runtime writes nothing (its rows come back as a kill leaves them)."""
+        if not rows or self.ctx.crashed.is_set():
+            return
+        try:
+            self.ctx.journal.hand_back(self.ctx.owner, [r.message_id for r in rows],
+                                       self.ctx.now())
+        except WriterClosed:  # stopped under us: the rows come back by their leases
+            log.info("could not hand back %d leased rows (the writer is stopped); their "
+                     "leases run out instead", len(rows))
+        except Exception:
+            log.exception("could not hand back %d leased rows; their leases run out instead",
+                          len(rows))
+
     def _tell(self, started: Iterable[tuple[pykka.ActorRef[Any], ClaimedRow, str]]) -> None:
         # Outside the lock: a busy session's actor is never passivated, so its ref holds.
         for ref, row, how in started:
@@ -339,7 +365,7 @@ class Slots:
 
     def _undeliverable(self, ref: pykka.ActorRef[Any], row: ClaimedRow) -> None:
         """The session's actor stopped between the start and the tell: free the slot and
-        hand the row back (stopping: the row keeps its lease; the next start replays it)."""
+        hand the row back (:meth:`_hand_back`)."""
         started: Started = []
         with self._lock:
             if self.live.get(row.target) is ref:
@@ -353,12 +379,9 @@ class Slots:
                 self._fill(started)
             ask = not closed and self._schedule_claim()
             self._changed()
+        self._hand_back([row])
         if closed:
             return
-        try:
-            self.ctx.journal.release(self.ctx.owner, [row.message_id], self.ctx.now())
-        except Exception:
-            log.exception("could not hand %s back; its lease runs out instead", row.message_id)
         self._tell(started)
         if ask:
             self.request_claim()

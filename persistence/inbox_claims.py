@@ -193,15 +193,17 @@ class InboxClaims:
             # The plain rows' leases committed with their statement, and the caller, told
             # the claim failed, will never start them: left leased to a live worker they
             # would wait out the lease and come back as suspects. Hand them back unrun.
-            self._hand_back(owner, [r.message_id for r in leased], now)
+            self.hand_back(owner, [r.message_id for r in leased], now)
             raise
 
-    def _hand_back(self, owner: str, ids: list[str], now: float) -> None:
-        """Release ``ids``, leased to ``owner`` by a claim that then failed; a release that
-        fails too leaves its row to its lease (the claim's own error is the one raised).
-        An item each, in one batch under one wait: a row the claim's stand-back already
-        handed back (its answer lost with the connection) is refused alone, set-wise
-        (:func:`.set_wise.release_all`), and the others go back."""
+    def hand_back(self, owner: str, ids: list[str], now: float) -> None:
+        """Release ``ids``, leased to ``owner`` for turns that will not run (a claim that
+        then failed; rows a stopping runtime held for a free slot), never raising for a
+        row: a release that fails leaves its row to its lease (logged; the caller's own
+        error, if any, is the one raised). An item each, in one batch under one wait: a
+        row handed back already (its answer lost with the connection) or no longer
+        ``owner``'s is refused alone, set-wise (:func:`.set_wise.release_all`), and the
+        others go back. :class:`WriterClosed` if the writer takes no more writes."""
         replies = [self.writer.submit_bulk(self._releases, (owner, [mid], now)) for mid in ids]
         deadline = time.monotonic() + WRITE_TIMEOUT
         kept = []
@@ -213,8 +215,8 @@ class InboxClaims:
             except PersistenceError as exc:
                 kept.append(type(exc).__name__)
         if kept:
-            log.warning("a failed claim could not hand back %d leased rows (%s); they come "
-                        "back when their lease runs out", len(kept), kept[0])
+            log.warning("could not hand back %d leased rows (%s); they come back when "
+                        "their lease runs out", len(kept), kept[0])
 
     def _stood(self, owner: str, rows: list[ClaimedRow], now: float) -> list[ClaimedRow]:
         """``rows`` but those handed back because their session has a turn running

@@ -19,6 +19,7 @@ import pytest
 
 from kinbox.actors import Runtime, Turn
 
+from .conftest import Stores
 from .test_async_brains import after_stop
 
 MakeRuntime = Callable[..., Runtime]
@@ -73,3 +74,34 @@ def test_a_cron_run_ending_on_the_runtimes_stop_before_it_replied_commits_nothin
     after = make_runtime()
     assert [r["status"] for r in after.cron.runs(job)] == ["running"]
     assert after.transcript(f"cron-{job}") == []
+
+
+
+def test_rows_waiting_for_a_slot_at_a_stop_are_handed_back_not_left_leased(
+        make_runtime: MakeRuntime, db_url: str) -> None:
+    """A send leases its row with the write when it is its session's head (SQLite's fast
+    path); with every slot busy the row waits in the slot table. A graceful stop left
+    such rows ``processing`` under the stopped runtime's lease, so the next start took
+    each over as a suspect (a row whose worker died mid-turn): run one at a time, each
+    after the one before had ended."""
+    started = threading.Event()
+    rt = make_runtime(brain=sync_brain(started), max_active_sessions=1)
+    project = rt.create_project("team")
+    rt.post(rt.create_session(project.id, "Busy").id, "hold the only slot")
+    assert started.wait(10)
+    targets = [rt.create_session(project.id, f"W{i}").id for i in range(3)]
+    waiting = [rt.post(target, "queued").message_id for target in targets]
+    # Leased with their sends, waiting for the slot.
+    assert [rt.inbox(target=t)[0]["status"] for t in targets] == ["processing"] * 3
+    rt.stop(timeout=10)
+    stores = Stores(db_url)
+    try:
+        rows = [stores.journal.get(m) for m in waiting]
+    finally:
+        stores.close()
+    assert [(r["status"], r["lease_owner"], r["attempts"], bool(r["suspect"]))
+            for r in rows] == [("pending", None, 0, False)] * 3
+    again = make_runtime(brain=lambda turn: turn.reply("done"))
+    again.run_until_idle()
+    assert [(r["status"], bool(r["suspect"])) for t in targets
+            for r in again.inbox(target=t)] == [("delivered", False)] * 3
