@@ -358,6 +358,6 @@ def _check_json_object(field: str, value: object) -> None:
         raise ConfigError(f"{field} must be a dict (a JSON object), not "
                           f"{type(value).__name__}", field=field)
     try:
-        json.dumps(value)
+        json.dumps(value, sort_keys=True)  # as it is stored (inbox_records, sessions)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{field} must be JSON-serialisable: {exc}", field=field) from None

@@ -852,3 +852,26 @@ def test_a_post_or_session_too_long_for_its_column_is_refused_alike_on_both_back
         assert [r["message_id"] for r in rt.inbox()] == ["m" * 256]
     finally:
         rt.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_payload_or_config_whose_keys_cannot_be_sorted_is_refused_at_the_call(
+        any_db_url: str, tmp_path: Path, clock: ManualClock) -> None:
+    """A payload or a session config is stored as JSON with its keys sorted; the call's
+    check serialised it unsorted, so keys of two types (``{1: "a", "b": 2}``) passed it and
+    the write raised a bare ``TypeError`` from the writer thread. Each is a ConfigError
+    naming its field, and nothing is written."""
+    rt = Runtime(db=any_db_url, data_dir=str(tmp_path / "data"), clock=clock).start()
+    try:
+        project = rt.create_project("p").id
+        sid = rt.create_session(project, "S").id
+        with pytest.raises(ConfigError) as refused:
+            rt.post(sid, "hello", payload={1: "a", "b": 2})
+        assert refused.value.field == "payload"
+        with pytest.raises(ConfigError) as refused:
+            rt.create_session(project, "T", config={1: "a", "b": 2})
+        assert refused.value.field == "config"
+        assert rt.inbox() == []
+        assert [s.id for s in rt.sessions()] == [sid]
+    finally:
+        rt.stop()
