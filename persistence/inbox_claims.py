@@ -57,7 +57,7 @@ class InboxClaims:
         if self.bulk.pg is not None:  # excluded targets are left out by the walk itself
             heads, known = self.bulk.pg.due_heads(transport, now, limit, sorted(exclude))
         else:
-            heads = self.hot.due_heads(transport, now, limit + len(exclude))
+            heads = self._due_heads(transport, now, limit, exclude, suspects)
         picked, held_back = [], False
         for h in heads:  # at most ``suspects`` suspect rows: they run alone
             if h.target_chat_id in exclude or len(picked) == limit:
@@ -86,6 +86,24 @@ class InboxClaims:
             self.hot.lease_many([r.message_id for r in rows], owner, now + lease, now)
         failed = tuple(sorted(mid for mid, n in attempts.items() if n < 0))
         return ClaimResult(rows, sorted(done), held_back, failed=failed)
+
+    def _due_heads(self, transport: str, now: float, limit: int, exclude: frozenset[str],
+                   suspects: int) -> list[Head]:
+        """SQLite: the due heads, oldest first, enough of them that ``limit`` may be picked
+        past the ones a claim leaves: the excluded targets' and the suspects past its share
+        of ``suspects``. Read as ``limit`` plus the excluded alone, the window could be all
+        suspects (a dead worker's turns, older than what came after them), and the plain
+        heads behind them waited until those had run one at a time. Read again, wider,
+        only when suspects held rows back from a full window."""
+        window = limit + len(exclude)
+        while True:
+            heads = self.hot.due_heads(transport, now, window)
+            crowding = sum(1 for h in heads if h.target_chat_id not in exclude
+                           and core.is_suspect(h.status, bool(h.suspect)))
+            room = limit + len(exclude) + max(0, crowding - suspects)
+            if len(heads) < window or room <= window:
+                return heads
+            window = room
 
     def _count_interrupted(self, ids: list[str], now: float) -> dict[str, int]:
         """Takeovers: message id -> attempts now, or -1 for a row that thereby reached its

@@ -157,9 +157,9 @@ class PgClaims:
                     + ("" if state == PENDING else f"w.{due} <= %(now)s AND ")
                     + "w.transport = %(transport)s "
                     "AND NOT (w.target_chat_id = ANY(%(skip)s)) "
-                    + f"AND {_takes(state, 'w')} "
-                    f"FROM (SELECT message_id, seq, target_chat_id, transport, {due} "
-                    f"FROM {INBOX} WHERE status = '{state}' AND seq > %(after)s "
+                    + f"AND {_takes(state, 'w')}, w.suspect IS TRUE "
+                    f"FROM (SELECT message_id, seq, target_chat_id, transport, {due}, "
+                    f"suspect FROM {INBOX} WHERE status = '{state}' AND seq > %(after)s "
                     f"ORDER BY seq LIMIT %(window)s) w ORDER BY w.seq")
             for state, due in _DUE.items()}
         # Both states' first windows in one round trip (the processing one is nearly
@@ -267,7 +267,7 @@ class PgClaims:
         for state in _DUE:
             mine = [r[1:] for r in rows if r[0] == state]
             found.add(state, mine)
-            if len(mine) == window and len(found.ids) < limit:  # more rows: walk on
+            if len(mine) == window and found.heads < limit:  # more rows: walk on
                 self._walk(state, transport, skip, mine[-1][1], window, found)
         return found.ids, found.next_due
 
@@ -288,33 +288,48 @@ class PgClaims:
 
 class _Found:
     """What a claim's window reads found: the claimable heads of each state (at most
-    ``limit`` a state), and the earliest due time of a pending head not yet due."""
+    ``limit`` a state, and apart from them at most ``limit`` pending suspects), and the
+    earliest due time of a pending head not yet due.
 
-    __slots__ = ("by_state", "limit", "next_due", "now")
+    Pending suspects (rows handed back unrun after a takeover) are kept apart: a claim
+    runs few of them (one at a time a runtime), and counted with the plain heads, older
+    ones filled the claim's room and the plain heads behind them were never read, so
+    they waited until the suspects had run one by one."""
+
+    __slots__ = ("by_state", "limit", "next_due", "now", "suspects")
 
     def __init__(self, now: float, limit: int) -> None:
         self.now = now
         self.limit = limit
         self.by_state: dict[str, list[str]] = {state: [] for state in _DUE}
+        self.suspects: list[str] = []
         self.next_due: float | None = None
 
     def add(self, state: str, rows: Sequence[Sequence[Any]]) -> None:
-        """Take window rows ``(message_id, seq, due, is a head this claim may take)``."""
-        ids = self.by_state[state]
-        for message_id, _seq, due, head in rows:
+        """Take window rows ``(message_id, seq, due, is a head this claim may take,
+        suspect)``."""
+        for message_id, _seq, due, head, suspect in rows:
             if not head:  # a processing row is a head here only once its lease ran out
                 continue
             if is_claimable(state, due, due, self.now):
+                ids = self.suspects if suspect and state == PENDING else self.by_state[state]
                 if len(ids) < self.limit:
                     ids.append(message_id)
             elif self.next_due is None or due < self.next_due:
                 self.next_due = due
 
     def full(self, state: str) -> bool:
-        """It holds ``limit`` heads of ``state``: no need to walk that state further."""
+        """It holds ``limit`` heads of ``state`` (pending: plain ones): no need to walk that
+        state further."""
         return len(self.by_state[state]) >= self.limit
 
     @property
+    def heads(self) -> int:
+        """How many heads it holds, pending suspects left out."""
+        return sum(len(ids) for ids in self.by_state.values())
+
+    @property
     def ids(self) -> list[str]:
-        """The heads found, pending ones first, each state's oldest first."""
-        return [i for state in _DUE for i in self.by_state[state]]
+        """The heads found: plain pending ones first, then the processing ones, then the
+        pending suspects, each oldest first."""
+        return [*(i for state in _DUE for i in self.by_state[state]), *self.suspects]

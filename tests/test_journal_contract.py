@@ -84,6 +84,29 @@ def test_claim_takes_only_the_head_of_each_target_oldest_first(stores: Stores) -
     assert [r.message_id for r in j.claim("w1", T0).rows] == ["a2"]
 
 
+
+@pytest.mark.parametrize("handed_back", [False, True], ids=["taken-over", "handed-back"])
+def test_suspect_heads_older_than_a_claims_room_do_not_hide_the_plain_heads_behind_them(
+        stores: Stores, handed_back: bool) -> None:
+    """A claim runs at most ``suspects`` suspect rows (taken over from a dead worker, or
+    handed back unrun after a takeover); the plain due heads behind them are claimed
+    beside them, however many suspects are older. The claim read as many heads as it had
+    room for, oldest first, and dropped the suspects past its share: with the room full
+    of suspects, a plain head was never read (SQLite: taken over; both: handed back)."""
+    j = stores.journal
+    for i in range(10):
+        send(j, f"dead{i}", f"D{i}")
+    assert len(j.claim("dead", T0, limit=64, lease=10).rows) == 10
+    if handed_back:  # taken over (marked suspect), then handed back unrun
+        taken = j.claim("stopping", T0 + 20, limit=64, lease=10, suspects=10).rows
+        assert len(taken) == 10 and all(r.taken_over for r in taken)
+        j.release("stopping", [r.message_id for r in taken], T0 + 21)
+    for i in range(3):
+        send(j, f"fresh{i}", f"F{i}", now=T0 + 30)
+    result = j.claim("live", T0 + 100, limit=4, lease=10, suspects=1)
+    assert sorted(r.message_id for r in result.rows) == ["dead0", "fresh0", "fresh1", "fresh2"]
+
+
 def test_a_row_in_backoff_holds_back_the_rows_behind_it(stores: Stores) -> None:
     j = stores.journal
     send(j, "a1", "A")

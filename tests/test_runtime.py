@@ -252,6 +252,44 @@ def test_suspects_held_back_behind_one_that_fails_at_its_takeover_still_run(
         rt.stop()
 
 
+@pytest.mark.timeout(60)
+def test_suspects_filling_a_claim_do_not_hold_back_a_fresh_row_behind_them(
+        db_url: str, clock: ManualClock) -> None:
+    """Rows taken over from a dead worker (suspects) run one at a time; the other due
+    heads must not wait for them. On SQLite the claim read the due heads of both states
+    oldest first, as many as it had room for, and then left the suspects past the first
+    out: with as many suspects as free slots, older than a fresh row, that row was never
+    read, and waited until the suspects had run one by one (here, for ever)."""
+    prepared = Stores(db_url)
+    j = prepared.journal
+    for i in range(8):
+        j.enqueue(NewMessage(f"m{i}", f"dead{i}", f"#{i}"), 1)
+    assert len(j.claim("dead-worker", 1, lease=10_000).rows) == 8
+    j.enqueue(NewMessage("fresh", "idle", "fresh"), 2)
+    prepared.close()
+    hold = threading.Event()
+    seen: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        seen.append(turn.messages[0].content)
+        if turn.session_id.startswith("dead"):
+            hold.wait(30)  # the one running suspect takes its time
+        turn.reply("ok")
+
+    rt = Runtime(db=db_url, brain=brain, clock=clock, max_active_sessions=4).start()
+    try:
+        wait_for(lambda: "fresh" in seen, timeout=20, what="the fresh row to run")
+        wait_for(lambda: any(c.startswith("#") for c in seen), timeout=20,
+                 what="a suspect to run")
+        assert len([c for c in seen if c.startswith("#")]) == 1  # one suspect at a time
+        hold.set()
+        rt.run_until_idle(30)
+        assert sorted(seen) == sorted(["fresh", *(f"#{i}" for i in range(8))])
+    finally:
+        hold.set()
+        rt.stop()
+
+
 def test_a_suspect_whose_actor_fails_to_start_runs_once_its_lease_runs_out(
         db_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
     prepared = Stores(db_url)
