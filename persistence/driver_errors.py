@@ -7,9 +7,10 @@ databases kinbox opens raise each of those as a :class:`~.errors.DatabaseFailed`
 that is also the peewee class it stands for: code inside this layer that tests
 for a peewee type (a prepared statement's way back to text) sees what it
 always saw, and a caller gets no bare driver error (the first statement
-after a server restart, a lock wait that timed out, a full disk), with one
-exception: SQLite reads a result's rows as they are fetched, after the
-statement ran, and an I/O error in between comes as ``sqlite3``'s.
+after a server restart, a lock wait that timed out, a full disk, a value the
+driver cannot send: :func:`refused_value`), with one exception: SQLite reads
+a result's rows as they are fetched, after the statement ran, and an I/O error
+in between comes as ``sqlite3``'s.
 
 :func:`kinbox_errors` decorates a peewee ``Database`` class: it wraps the ways a
 statement reaches the driver (connecting, every query, ``BEGIN``, ``COMMIT``,
@@ -126,6 +127,19 @@ _STATEMENT_METHODS = ("connect", "execute_sql", "begin", "commit", "rollback")
 D = TypeVar("D", bound=type[pw.Database])
 
 
+def refused_value(exc: ValueError) -> DatabaseFailed:
+    """The kinbox error for a value the driver refused to send: a ``DataError``, as the
+    database's own refusal of bad text is. A lone surrogate has no UTF-8
+    (``UnicodeEncodeError``, both drivers) and psycopg2 refuses a NUL in text
+    (``ValueError``), before the database sees anything; the same value in a statement's
+    JSON text reaches PostgreSQL, which refuses it as a ``DataError``. So a write gets one
+    answer whichever statement carries its value. The text names the position, never the
+    value (``UnicodeEncodeError``'s arguments hold the whole string: a message body)."""
+    failed = DataError(str(exc))
+    failed.sqlstate = None
+    return failed
+
+
 def _failing_as_kinbox(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def call(self: pw.Database, *args: Any, **kwargs: Any) -> Any:
@@ -135,6 +149,8 @@ def _failing_as_kinbox(method: Callable[..., Any]) -> Callable[..., Any]:
             raise
         except _DRIVER as exc:
             reraise(exc)
+        except ValueError as exc:  # a parameter the driver cannot send: see refused_value
+            raise refused_value(exc) from None
     return call
 
 

@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from kinbox.persistence import (
+    DatabaseFailed,
     IdempotencyConflict,
     IllegalTransition,
     Journal,
@@ -319,3 +320,35 @@ def test_a_turn_takes_one_named_row_only_while_it_holds_its_own(stores: Stores) 
     states = {r["message_id"]: (r["status"], r["lease_owner"]) for r in j.rows()}
     assert (states["a1"], states["a2"], states["a3"]) == (
         ("delivered", None), ("pending", None), ("delivered", None))
+
+
+
+@pytest.mark.parametrize("text", ["a\ud800", "a\x00"], ids=["surrogate", "nul"])
+def test_text_the_database_cannot_hold_fails_as_a_kinbox_error_writing_nothing(
+        stores: Stores, text: str) -> None:
+    """A lone surrogate has no UTF-8 and PostgreSQL's text holds no NUL. The driver
+    refuses such a value before the database sees it, with a bare ``UnicodeEncodeError``
+    or ``ValueError``; the same value sent in a batch's JSON was refused by the server as
+    a ``DataError``. So a write answered a kinbox error or a builtin one depending on the
+    company it kept in its batch. Now always the database's refusal: ``DataError``."""
+    j = stores.journal
+    if "\x00" in text and not j.bulk.postgres:
+        pytest.skip("SQLite holds a NUL")
+    send(j, "m1")
+    [row] = j.claim("w", T0).rows
+    attempts = [
+        lambda: j.enqueue(NewMessage("m2", "s2", text), T0),
+        lambda: j.enqueue_many([NewMessage("m2", "s2", "ok"), NewMessage("m3", "s2", text)],
+                               T0),
+        lambda: j.complete_turn("w", "s1", ["m1"], [TurnEntry("assistant", text)], T0),
+        lambda: j.complete_turn("w", "s1", ["m1"], [TurnEntry("assistant", text)], T0,
+                                also=[lambda: None]),
+        lambda: j.retry("w", "m1", f"boom {text}", T0),
+    ]
+    for attempt in attempts:
+        with pytest.raises(DatabaseFailed) as refused:
+            attempt()
+        assert refused.value.kind == "DataError"
+    assert [(r["message_id"], r["status"]) for r in j.rows()] == [("m1", "processing")]
+    assert j.complete_turn("w", "s1", [row.message_id], [TurnEntry("assistant", "ok")],
+                           T0) is None  # the fence and the row are as they were
