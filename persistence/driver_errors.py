@@ -135,12 +135,14 @@ def refused_value(exc: ValueError) -> DatabaseFailed:
     JSON text reaches PostgreSQL, which refuses it as a ``DataError``. So a write gets one
     answer whichever statement carries its value. The text names the position, never the
     value (``UnicodeEncodeError``'s arguments hold the whole string: a message body)."""
-    failed = DataError(str(exc))
-    failed.sqlstate = None
-    return failed
+    return DataError(str(exc))
 
 
 def _failing_as_kinbox(method: Callable[..., Any]) -> Callable[..., Any]:
+    # A statement's parameter the driver cannot send (see refused_value); not a connect's
+    # (a bad connection setting is no refused value).
+    statement = method.__name__ != "connect"
+
     @functools.wraps(method)
     def call(self: pw.Database, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -149,7 +151,9 @@ def _failing_as_kinbox(method: Callable[..., Any]) -> Callable[..., Any]:
             raise
         except _DRIVER as exc:
             reraise(exc)
-        except ValueError as exc:  # a parameter the driver cannot send: see refused_value
+        except ValueError as exc:
+            if not statement:
+                raise
             raise refused_value(exc) from None
     return call
 
