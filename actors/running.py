@@ -267,6 +267,13 @@ class RunningTurns:
             turn = self._turns.get(session_id)
             return None if turn is None else turn.stopped_by
 
+    def turn_id(self, session_id: str) -> str | None:
+        """The id of the turn of ``session_id`` registered now (None: none, or one
+        registered without an id)."""
+        with self._lock:
+            turn = self._turns.get(session_id)
+            return None if turn is None else turn.turn_id
+
     def is_running(self, session_id: str) -> bool:
         """True while a turn of ``session_id`` runs in this runtime."""
         with self._lock:

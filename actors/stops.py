@@ -23,15 +23,30 @@ def request_stop(ctx: RuntimeContext, session_id: str, by: str | None) -> bool:
     now = ctx.now()
     if ctx.turns.request_stop(session_id, by, now):
         return True
-    processing = ctx.journal.rows(state="processing", target=session_id)
-    if processing:
-        ctx.stops.ask(processing[0]["message_id"], session_id, by, now)
-        return True
-    direct = ctx.store.direct_turn(session_id)
-    if direct is None or direct[1] is None:  # a mark of a runtime from before turn ids
+    turn_id = _running_elsewhere(ctx, session_id)
+    if turn_id is None:
         return False
-    ctx.stops.ask(direct[1], session_id, by, now)
+    ctx.stops.ask(turn_id, session_id, by, now)
     return True
+
+
+def _running_elsewhere(ctx: RuntimeContext, session_id: str) -> str | None:
+    """The id of the turn of ``session_id`` that runs (or is about to) as the database
+    shows it: the direct turn its mark names, unless that turn waits for another
+    runtime's inbox turn of the session (:func:`.direct_marking.wait_to_mark`), or the
+    row being processed. The rows of the mark's own runtime are not the running turn:
+    one its direct turn took by name (a foreground child's result), or one leased
+    behind it (on SQLite a send leases its target's head at once), which waits for it;
+    asked for such a row, the direct turn ran on and the request stopped the next
+    turn. (A direct turn still waiting for its runtime's own inbox turn looks the same
+    from here: that runtime tells them apart, :func:`_settled`.)"""
+    processing = ctx.journal.rows(state="processing", target=session_id)
+    direct = ctx.store.direct_turn(session_id)
+    if direct is not None and direct[1] is not None:  # None: a mark from before turn ids
+        owner, turn_id = direct
+        others = [r["message_id"] for r in processing if r["lease_owner"] != owner]
+        return others[0] if others else turn_id
+    return processing[0]["message_id"] if processing else None
 
 
 def carry_out(ctx: RuntimeContext) -> None:
@@ -48,7 +63,8 @@ def _settled(ctx: RuntimeContext, ask: StopAsk) -> bool:
     """Carried out here, or its turn is over: the request can go. False: another
     process's turn (it reads this), or one not started yet (the next tick)."""
     direct = ctx.store.direct_turn(ask.session_id)
-    if direct is not None and direct[1] == ask.message_id:
+    is_direct = direct is not None and direct[1] == ask.message_id
+    if direct is not None and is_direct:
         owner = direct[0]
     else:
         try:
@@ -58,7 +74,17 @@ def _settled(ctx: RuntimeContext, ask: StopAsk) -> bool:
         if row is None or row["status"] != "processing":
             return True  # that turn is over: nothing left to stop
         owner = row["lease_owner"]
+    if owner != ctx.owner:
+        return False
     # By the turn's id: the session may be running another turn here (one that began
     # first, with this one waiting for it), which a late or early request must not stop.
-    return owner == ctx.owner and ctx.turns.request_stop(ask.session_id, ask.asked_by,
-                                                         ctx.now(), ask.message_id)
+    if ctx.turns.request_stop(ask.session_id, ask.asked_by, ctx.now(), ask.message_id):
+        return True
+    running = ctx.turns.turn_id(ask.session_id)
+    if is_direct and running is not None:
+        # Asked by its mark, the direct turn has not started: it waits for the session's
+        # inbox turn here (``RunningTurns.begin``), the one that ran when the stop was
+        # asked (from the database a direct turn waiting and one running look alike).
+        ctx.turns.request_stop(ask.session_id, ask.asked_by, ctx.now(), running)
+        return True
+    return False

@@ -123,3 +123,103 @@ def test_a_request_names_its_turn_and_never_stops_another_of_the_session() -> No
     turns.end("s")
     cron, _ = turns.begin("s", lambda: 2.0, "cron-run-7")
     assert turns.request_stop("s", "boss", 3.0, "cron-run-7") and cron.is_set()
+
+
+def test_a_stop_from_another_process_stops_the_cron_turn_not_the_inbox_turn_behind_it(
+        db_url: str) -> None:
+    """A message sent to a cron session while its run's turn runs is leased at once on
+    SQLite (the fast path) and waits for that turn. A stop asked from another process
+    then named that waiting row, being processing, instead of the cron turn the session's
+    mark names: the cron turn ran to its end, and the request stopped the next turn."""
+    cron_started, cron_ended = threading.Event(), threading.Event()
+    inbox_started, release_inbox = threading.Event(), threading.Event()
+    stopped: dict[str, bool] = {}
+
+    def brain(turn: Turn) -> str:
+        content = turn.messages[0].content
+        if content.endswith("write the digest"):
+            cron_started.set()
+            turn.wait_stop_requested(30)
+            stopped["cron"] = turn.stop_requested
+            cron_ended.set()
+        else:
+            inbox_started.set()
+            release_inbox.wait(30)
+            stopped["inbox"] = turn.stop_requested
+        return "done"
+
+    worker = Runtime(db=db_url, brain=brain, clock=SystemClock()).start()
+    front = Runtime(db=db_url, clock=SystemClock()).start()  # send-only, as kinbox serve
+    try:
+        job = worker.cron.add("digest", "0 0 1 1 *", "write the digest")
+        worker.cron.trigger(job["job_id"])
+        assert cron_started.wait(30)
+        session = session_id_for(job["job_id"])
+        worker.post(session, "a message for the cron session")
+        assert [r["status"] for r in front.inbox(target=session)] == ["processing"]
+        boss = front.tools_for(front.create_session(front.session(session).project_id,
+                                                    "Boss").id)
+        assert boss.agent_stop(session) == {"agent_id": session, "status": "stop_requested"}
+        assert cron_ended.wait(10) and stopped == {"cron": True}
+        assert inbox_started.wait(10)
+        wait_for(lambda: front.context.stops.pending() == [], 10,  # type: ignore[union-attr]
+                 what="the request to be carried out and forgotten")
+        release_inbox.set()
+        wait_for(lambda: front.inbox(target=session)[0]["status"] == "delivered", 10,
+                 what="the inbox turn's commit")
+        assert stopped == {"cron": True, "inbox": False}
+    finally:
+        release_inbox.set()
+        front.stop()
+        worker.stop()
+
+
+def test_a_stop_from_another_process_stops_the_inbox_turn_a_cron_turn_waits_for(
+        db_url: str) -> None:
+    """The other way round: the cron run's turn has marked its session and waits for the
+    session's inbox turn in the same process. From the database that looks as the mark's
+    turn running; the process running them stops the inbox turn, which ran when asked,
+    and not the cron turn after it."""
+    cron_runs, inbox_started, release_cron = [], threading.Event(), threading.Event()
+    stopped: dict[str, bool] = {}
+
+    def brain(turn: Turn) -> str:
+        if turn.messages[0].content.endswith("write the digest"):
+            cron_runs.append(turn)
+            if len(cron_runs) > 1:
+                release_cron.wait(30)
+                stopped["cron"] = turn.stop_requested
+        else:
+            inbox_started.set()
+            turn.wait_stop_requested(30)
+            stopped["inbox"] = turn.stop_requested
+        return "done"
+
+    worker = Runtime(db=db_url, brain=brain, clock=SystemClock()).start()
+    front = Runtime(db=db_url, clock=SystemClock()).start()  # send-only, as kinbox serve
+    try:
+        job = worker.cron.add("digest", "0 0 1 1 *", "write the digest")
+        worker.cron.trigger(job["job_id"])  # the first run makes the session
+        wait_for(lambda: [r["status"] for r in front.cron.runs(job["job_id"])] == ["success"],
+                 30, what="the first run")
+        session = session_id_for(job["job_id"])
+        worker.post(session, "a message for the cron session")
+        assert inbox_started.wait(30)
+        worker.cron.trigger(job["job_id"])
+        wait_for(lambda: front.context.store.direct_turn(session) is not None, 30,
+                 what="the second run's mark")
+        boss = front.tools_for(front.create_session(front.session(session).project_id,
+                                                    "Boss").id)
+        assert boss.agent_stop(session) == {"agent_id": session, "status": "stop_requested"}
+        wait_for(lambda: "inbox" in stopped, 10, what="the inbox turn's end")
+        assert stopped == {"inbox": True}
+        wait_for(lambda: len(cron_runs) == 2, 10, what="the cron turn's start")
+        wait_for(lambda: front.context.stops.pending() == [], 10,  # type: ignore[union-attr]
+                 what="the request to be carried out and forgotten")
+        release_cron.set()
+        wait_for(lambda: "cron" in stopped, 10, what="the cron turn's end")
+        assert stopped == {"inbox": True, "cron": False}
+    finally:
+        release_cron.set()
+        front.stop()
+        worker.stop()
