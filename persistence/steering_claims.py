@@ -45,6 +45,11 @@ class SteeringClaims:
                       .order_by(m.seq).limit(limit))
         taken: list[InboxMessage] = []
         for r in candidates.for_update() if lock else candidates:
+            if r.status == core.PROCESSING and r.lease_owner == owner:
+                # Already this turn's (one row in flight per target): a row it took by
+                # name (a foreground child's result, :meth:`claim_row`) after the rows
+                # steering took. Stopping at it, steering gave the turn nothing after it.
+                continue
             if r.status != core.PENDING or r.available_at > now:
                 break  # contiguous due rows only, so per-target order holds
             taken.append(r)

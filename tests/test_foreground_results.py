@@ -8,6 +8,7 @@ parent as any background child's result does."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -396,3 +397,60 @@ def test_a_foreground_child_handed_back_by_a_deploy_is_waited_for_not_reported_h
     heard = [(a["status"], a["result"]) for a in answers if isinstance(a, dict)]
     heard += [("completed", text) for text in woken]
     assert heard == [("completed", "all clean")], (answers, woken)
+
+
+def _steered_after_a_foreground_child(rt: Runtime, ready: threading.Event,
+                                      steered: list[str], own_turns: list[str]) -> None:
+    family(rt)
+    rt.post("a", "go")
+    assert ready.wait(30)
+    rt.post("a", "later")
+    rt.run_until_idle(30)
+    assert steered == ["later"] and own_turns == []
+    assert {r["status"] for r in rt.inbox(target="a")} == {"delivered"}
+
+
+def test_steering_goes_on_after_a_foreground_child_s_result_joined_the_turn(
+        make_runtime: MakeRuntime) -> None:
+    """The child's result row, taken into the waiting turn, is processing after the rows
+    steering had taken; steering stopped at the first row it could not lease, so no
+    message sent after the child answered reached the turn (each ran a turn of its own,
+    after it)."""
+    ready, steered, own_turns = threading.Event(), [], []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id != "a":
+            turn.reply("42")
+        elif turn.messages[0].content == "go":
+            turn.tools.agent("compute", run_in_background=False, timeout=30)
+            ready.set()
+            deadline = time.monotonic() + 15
+            while not steered and time.monotonic() < deadline:
+                steered.extend(m.content for m in turn.steering())
+                turn.wait_stop_requested(0.02)
+        else:
+            own_turns.append(turn.messages[0].content)
+
+    _steered_after_a_foreground_child(make_runtime(brain=brain, max_active_sessions=4),
+                                      ready, steered, own_turns)
+
+
+def test_async_steering_goes_on_after_a_foreground_child_s_result_joined_the_turn(
+        make_runtime: MakeRuntime) -> None:
+    ready, steered, own_turns = threading.Event(), [], []
+
+    async def brain(turn: Turn) -> None:
+        if turn.session_id != "a":
+            turn.reply("42")
+        elif turn.messages[0].content == "go":
+            await turn.tools.agent("compute", run_in_background=False, timeout=30)
+            ready.set()
+            deadline = time.monotonic() + 15
+            while not steered and time.monotonic() < deadline:
+                steered.extend(m.content for m in await turn.asteering())
+                await turn.stopped(0.02)
+        else:
+            own_turns.append(turn.messages[0].content)
+
+    _steered_after_a_foreground_child(make_runtime(brain=brain, max_active_sessions=4),
+                                      ready, steered, own_turns)
