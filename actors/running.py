@@ -240,11 +240,14 @@ class RunningTurns:
         return stopped_by
 
     def stop_overdue(self, now: float, timeout: float | None) -> list[str]:
-        """Ask every turn running past ``timeout`` to stop; the sessions asked."""
+        """Ask every turn running past ``timeout`` to stop; the sessions asked. Each by its
+        turn's id: one that ended since it was listed may have its session's next turn
+        running by then, which is not past its timeout."""
         with self._lock:
-            late = [sid for sid, turn in self._turns.items() if turn.started is not None
-                    and not turn.stop_asked and overdue(turn.started, now, timeout)]
-        return [sid for sid in late if self.request_stop(sid, TIMEOUT, now)]
+            late = [(sid, turn.turn_id) for sid, turn in self._turns.items()
+                    if turn.started is not None and not turn.stop_asked
+                    and overdue(turn.started, now, timeout)]
+        return [sid for sid, turn_id in late if self.request_stop(sid, TIMEOUT, now, turn_id)]
 
     def ignoring_stop(self, now: float, grace: float) -> list[str]:
         """Sessions whose turn was asked to stop more than ``grace`` seconds ago, still

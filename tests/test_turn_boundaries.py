@@ -454,3 +454,26 @@ def test_a_reply_does_not_wait_for_a_steering_fetch_in_flight() -> None:
         fetch.join(10)
     turn.close_steering()
     assert [e.text for e in turn.entries()] == ["meanwhile"]
+
+
+@pytest.mark.timeout(10)
+def test_the_timeout_stops_the_overdue_turn_and_never_the_session_s_next() -> None:
+    """The tick lists the overdue turns under the board's lock and asks each to stop
+    after it: an overdue turn that ended in between, its session's next turn begun (a
+    commit leases the next row at once), had that fresh turn stopped as past its
+    timeout, a failed attempt it never earned."""
+
+    class Racing(RunningTurns):
+        """Ends the overdue turn and begins the next the moment its stop is asked."""
+
+        def request_stop(self, session_id: str, by: str | None, now: float | None = None,
+                         turn_id: str | None = None) -> bool:
+            if self.turn_id(session_id) == "m1":
+                self.end(session_id)
+                assert self.try_begin(session_id, 100.0, "m2") is not None
+            return super().request_stop(session_id, by, now, turn_id)
+
+    board = Racing()
+    board.try_begin("s", 0.0, "m1")
+    board.stop_overdue(100.0, timeout=30.0)
+    assert board.turn_id("s") == "m2" and not board.stop_asked("s")
