@@ -161,12 +161,18 @@ class Slots:
             self.direct.add(session_id)
 
     def direct_ended(self, session_id: str) -> None:
-        """The direct turn of ``session_id`` ended: claim what the claims left out."""
+        """The direct turn of ``session_id`` ended: start its row that waited for it, and
+        claim what the claims left out."""
+        started: Started = []
         with self._lock:
             self.direct.discard(session_id)
             self.backlog = True
-            ask = not self._closed() and self._schedule_claim()
+            closed = self._closed()
+            if not closed and session_id in self.waiting:
+                self._fill(started)
+            ask = not closed and self._schedule_claim()
             self._changed()
+        self._tell(started)
         if ask:
             self.request_claim()
 
@@ -277,7 +283,11 @@ class Slots:
         return True
 
     def _offer(self, row: ClaimedRow, how: str, started: Started) -> None:
-        if row.target in self.busy or len(self.busy) >= self.max_active:
+        # A row of a session whose direct turn runs here (leased by its send on SQLite)
+        # waits for that turn's end without a slot: started, it waited on a session
+        # thread for the whole cron run or social event, as good as a turn.
+        if (row.target in self.busy or row.target in self.direct
+                or len(self.busy) >= self.max_active):
             self.waiting[row.target] = row
         else:
             self._start(row, how, started)
@@ -289,7 +299,7 @@ class Slots:
         for target in list(self.waiting):
             if len(self.busy) >= self.max_active:
                 return
-            if target not in self.busy:
+            if target not in self.busy and target not in self.direct:
                 self._start(self.waiting.pop(target), "leased with its send", started)
 
     def _start(self, row: ClaimedRow, how: str, started: Started) -> None:

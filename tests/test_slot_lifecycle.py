@@ -7,8 +7,10 @@ import threading
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, Turn
+from kinbox.actors.cron_rules import session_id_for
 
 from .conftest import Stores
+from .helpers import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,3 +44,37 @@ def test_a_graceful_stop_hands_back_the_rows_waiting_for_a_slot(db_url: str,
     assert rows[ids[0]]["status"] == "delivered"
     assert [(rows[sid]["status"], rows[sid]["lease_owner"], rows[sid]["attempts"])
             for sid in ids[1:]] == [("pending", None, 0)] * 2
+
+
+def test_a_row_waiting_for_its_session_s_cron_turn_holds_no_session_thread(
+        db_url: str, clock: ManualClock) -> None:
+    """A message to a session whose cron run's turn runs is leased at once (SQLite's fast
+    path) and must wait for that turn. It waited on a session thread, holding one of the
+    ``max_active_sessions`` slots for the whole cron turn: with one slot, every other
+    session's messages waited for a cron run they have nothing to do with."""
+    cron_started, release_cron = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.messages[0].kind == "cron":
+            cron_started.set()
+            release_cron.wait(30)
+        ran.append(turn.messages[0].content)
+
+    rt = Runtime(db=db_url, brain=brain, clock=clock, max_active_sessions=1).start()
+    try:
+        job = rt.cron.add("digest", "0 0 1 1 *", "write the digest")
+        rt.cron.trigger(job["job_id"])
+        assert cron_started.wait(20)
+        rt.post(session_id_for(job["job_id"]), "for the cron session")
+        other = rt.create_session(None, "Other").id
+        rt.post(other, "for another session")
+        wait_for(lambda: "for another session" in ran, 15,
+                 what="another session's turn while the cron turn runs")
+        assert "for the cron session" not in ran
+        release_cron.set()
+        rt.run_until_idle(20)
+        assert ran[-1] == "for the cron session"
+    finally:
+        release_cron.set()
+        rt.stop()
