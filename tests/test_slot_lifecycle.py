@@ -78,3 +78,37 @@ def test_a_row_waiting_for_its_session_s_cron_turn_holds_no_session_thread(
     finally:
         release_cron.set()
         rt.stop()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_idle_ttl_passivates_on_the_injected_clock_and_the_session_wakes_on_demand(
+        db_url: str, clock: ManualClock, kind: str) -> None:
+    """``idle_ttl`` counts on the runtime's clock (not the wall clock): an actor idle one
+    second short of it stays live however long the test takes, and goes once the clock
+    reaches it; its session's next message activates it again."""
+    seen: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        seen.append(turn.messages[0].content)
+
+    async def async_brain(turn: Turn) -> None:
+        seen.append(turn.messages[0].content)
+
+    rt = Runtime(db=db_url, brain=brain if kind == "sync" else async_brain, clock=clock,
+                 idle_ttl=60).start()
+    try:
+        sid = rt.create_session(None, "S").id
+        rt.post(sid, "one")
+        rt.run_until_idle(20)
+        assert rt.statistics()["live"] == 1
+        clock.advance(59)
+        rt.run_until_idle(20)
+        assert rt.statistics()["live"] == 1 and rt.statistics()["passivations"] == 0
+        clock.advance(1)
+        wait_for(lambda: rt.statistics()["live"] == 0, 20, what="the idle actor to go")
+        assert rt.statistics()["passivations"] == 1
+        rt.post(sid, "two")
+        rt.run_until_idle(20)
+        assert seen == ["one", "two"] and rt.statistics()["live"] == 1
+    finally:
+        rt.stop()
