@@ -173,8 +173,8 @@ class DirectTurns(DirectPool):
         try:
             yield Blocking(partial(prepare, ctx, turn))
             error = yield self._brain(turn)
-            short = None if error is not None else cut_short(turn)
-            if short is not None:  # it ended on the runtime's stop, having said nothing
+            short = cut_short(turn)
+            if short is not None:  # it ended on the runtime's stop (raising or not), idle
                 raise BrainAbandoned(str(short))
         except GeneratorExit:
             raise

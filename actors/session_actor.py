@@ -128,8 +128,11 @@ class SessionActor(PooledActor):
         run.steered_in(self.turn.steered_ids[len(run.steered):])
         handed_back = run.unseen(unseen) if unseen else []
         run.closing = self.ctx.closed.is_set()  # stopping: the commit leases no next row
-        if error is None:  # a brain that ended on the runtime's stop, having said nothing
-            error = cut_short(self.turn)
+        # A brain that ended on the runtime's stop having done nothing, returned on the flag
+        # or raised on its way out (a model call aborted on it): handed back, uncounted.
+        short = cut_short(self.turn)
+        if short is not None:
+            error = short
         if isinstance(error, TurnCutShort):  # nothing of it is written: it runs again
             self.ctx.turns.settle(self.session_id)
             if self.turn.outbox is not None:

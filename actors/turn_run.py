@@ -54,8 +54,10 @@ class TurnCutShort(Exception):
 def cut_short(turn: Turn) -> TurnCutShort | None:
     """The one rule for a turn the runtime's stop ended: one that did nothing (no reply, no
     tool write: a send, a task change, a child) is handed back (:class:`TurnCutShort`),
-    whether its brain was cancelled past the grace or ended on the stop flag itself
-    (``turn.stopped()``, ``wait_stop_requested``: what the Turn API asks of it); one that
+    whether its brain was cancelled past the grace, ended on the stop flag itself
+    (``turn.stopped()``, ``wait_stop_requested``: what the Turn API asks of it) or raised
+    on its way out (a model call aborted on the flag: a deploy is not the message's
+    failure, and a few would fail it); one that
     did something commits it (run again, its writes would be done twice: a child that
     completed its task would work on it again). None: not cut short. A turn past its
     timeout keeps that name (:meth:`.running.RunningTurns.request_stop`): a failed
