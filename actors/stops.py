@@ -63,9 +63,9 @@ def _settled(ctx: RuntimeContext, ask: StopAsk) -> bool:
     """Carried out here, or its turn is over: the request can go. False: another
     process's turn (it reads this), or one not started yet (the next tick)."""
     direct = ctx.store.direct_turn(ask.session_id)
-    is_direct = direct is not None and direct[1] == ask.message_id
-    if direct is not None and is_direct:
-        owner = direct[0]
+    is_direct = False
+    if direct is not None and direct[1] == ask.message_id:
+        is_direct, owner = True, direct[0]
     else:
         try:
             row = ctx.journal.get(ask.message_id)

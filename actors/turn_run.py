@@ -57,11 +57,10 @@ def cut_short(turn: Turn) -> TurnCutShort | None:
     whether its brain was cancelled past the grace, ended on the stop flag itself
     (``turn.stopped()``, ``wait_stop_requested``: what the Turn API asks of it) or raised
     on its way out (a model call aborted on the flag: a deploy is not the message's
-    failure, and a few would fail it); one that
-    did something commits it (run again, its writes would be done twice: a child that
-    completed its task would work on it again). None: not cut short. A turn past its
-    timeout keeps that name (:meth:`.running.RunningTurns.request_stop`): a failed
-    attempt, counted."""
+    failure, and a few would fail it); one that did something commits it (run again, its
+    writes would be done twice: a child that completed its task would work on it again).
+    None: not cut short. A turn past its timeout keeps that name
+    (:meth:`.running.RunningTurns.request_stop`): a failed attempt, counted."""
     outbox = turn.outbox
     if not turn.runtime_stopping or turn.replies or (
             outbox is not None and outbox.has_writes()):
