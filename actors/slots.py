@@ -131,6 +131,8 @@ class Slots:
                     self.suspect = None
                     next_suspect, self.suspects_held = self.suspects_held, False
                 self.last_used[session_id] = self.ctx.now()
+                if session_id in self.live:  # used last now: the last to passivate for room
+                    self.live.move_to_end(session_id)
                 if self.waiting:
                     self._fill(started)
                 if len(self.live) > self.max_live:  # async turns ran above the bound

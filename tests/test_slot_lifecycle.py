@@ -112,3 +112,33 @@ def test_idle_ttl_passivates_on_the_injected_clock_and_the_session_wakes_on_dema
         assert seen == ["one", "two"] and rt.statistics()["live"] == 1
     finally:
         rt.stop()
+
+
+def test_the_actor_passivated_for_room_is_the_least_recently_used_not_started(
+        db_url: str, clock: ManualClock) -> None:
+    """The live actors were ordered by when their turns started: a session whose long turn
+    had just ended was evicted first, before one idle since long before (the least
+    recently used goes first, README)."""
+    release_a = threading.Event()
+
+    def brain(turn: Turn) -> None:
+        if turn.messages[0].content == "long":
+            release_a.wait(30)
+
+    rt = Runtime(db=db_url, brain=brain, clock=clock, max_active_sessions=2,
+                 max_live_sessions=2).start()
+    try:
+        a, b, c = (rt.create_session(None, name).id for name in "ABC")
+        rt.post(a, "long")
+        wait_for(lambda: rt.statistics()["running"] == [a], 20, what="A's long turn")
+        rt.post(b, "short")
+        wait_for(lambda: rt.inbox(target=b)[0]["status"] == "delivered", 20,
+                 what="B's short turn")
+        release_a.set()
+        rt.run_until_idle(20)  # A's turn ended last: B is the least recently used
+        rt.post(c, "new")
+        rt.run_until_idle(20)
+        assert set(rt.context.slots.live) == {a, c}  # type: ignore[union-attr]
+    finally:
+        release_a.set()
+        rt.stop()
