@@ -1,4 +1,7 @@
-"""The slot table's rows across a runtime's stop: what it leased and never ran goes back."""
+"""The slot table beside direct turns and over time: a row waiting for its session's cron
+turn holds no thread, idle actors passivate on the injected clock, room goes by last use.
+
+(A graceful stop handing back the rows waiting for a slot: tests/test_runtime_stop_honoured.py.)"""
 
 from __future__ import annotations
 
@@ -9,41 +12,9 @@ import pytest
 from kinbox.actors import ManualClock, Runtime, Turn
 from kinbox.actors.cron_rules import session_id_for
 
-from .conftest import Stores
 from .helpers import wait_for
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def test_a_graceful_stop_hands_back_the_rows_waiting_for_a_slot(db_url: str,
-                                                                clock: ManualClock) -> None:
-    """Rows leased while every slot was busy (a send leases its target's head at once on
-    SQLite) wait in the slot table. A stop left them leased: the next start took them
-    over as the rows of a runtime that is gone, suspects run one at a time, as if a
-    crash had interrupted them."""
-    started = threading.Event()
-
-    def brain(turn: Turn) -> None:
-        started.set()
-        turn.wait_stop_requested(30)
-        turn.reply("stopped")
-
-    rt = Runtime(db=db_url, brain=brain, clock=clock, max_active_sessions=1).start()
-    try:
-        ids = [rt.create_session(None, f"S{i}").id for i in range(3)]
-        for sid in ids:
-            rt.post(sid, "hi")
-        assert started.wait(20)
-    finally:
-        rt.stop()
-    stores = Stores(db_url)
-    try:
-        rows = {r["target_chat_id"]: r for r in stores.journal.rows()}
-    finally:
-        stores.close()
-    assert rows[ids[0]]["status"] == "delivered"
-    assert [(rows[sid]["status"], rows[sid]["lease_owner"], rows[sid]["attempts"])
-            for sid in ids[1:]] == [("pending", None, 0)] * 2
 
 
 def test_a_row_waiting_for_its_session_s_cron_turn_holds_no_session_thread(
