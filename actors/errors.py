@@ -6,7 +6,9 @@ refuses; decide on the types and their attributes, never on message text::
 
     KinboxError
     ├── ToolError              .code: not_found, invalid_argument or
-    │                          execution_failed; .to_dict() is the tool result
+    │                          execution_failed; .retry_after: seconds until a
+    │                          rate-limited call may succeed (else None);
+    │                          .to_dict() is the tool result
     ├── RuntimeStateError      .state: the runtime is not started, or stopped; a
     │                          turn's call refused (ended, event_loop)
     ├── IdleTimeout            .timeout, .statistics: run_until_idle ran out of time
@@ -51,12 +53,17 @@ __all__ = ["BrainRefError", "ConfigError", "IdleTimeout", "KinboxError", "Pairin
 
 
 class ToolError(KinboxError):
-    """A tool call was refused. ``code`` says how; the message says what to do."""
+    """A tool call was refused. ``code`` says how; the message says what to do.
+    ``retry_after``: for a refusal that time lifts (a family send's rate limit), the
+    seconds after which the same call is let through, as the message tells them; None
+    for any other."""
 
-    def __init__(self, code: ToolErrorCode, message: str) -> None:
+    def __init__(self, code: ToolErrorCode, message: str, *,
+                 retry_after: float | None = None) -> None:
         super().__init__(message)
         self.code: ToolErrorCode = code
         self.message = message
+        self.retry_after = retry_after
 
     def to_dict(self) -> dict[str, str]:
         """The error as a tool result a language model can read."""

@@ -208,9 +208,10 @@ class FamilyTools:
             raise
         if wait > 0:
             queued.release(entry.id)
+            told = rate_limit.told_wait(wait)
             raise ToolError("execution_failed",
                             f"Rate limit: at most 3 messages in a burst to '{entry.id}', one more "
-                            f"each second; retry in {rate_limit.told_wait(wait):.1f}s.")
+                            f"each second; retry in {told:.1f}s.", retry_after=told)
         busy = ctx.turns.is_running(entry.id) or entry.status == "active"
         now = ctx.now()
         try:

@@ -581,6 +581,27 @@ def test_the_rate_limit_never_says_to_retry_sooner_than_a_token_is_back(
     tools.send("x", receiver_role="parent")
 
 
+def test_a_rate_limited_send_says_when_to_retry_in_an_attribute(
+        family: dict[str, Any], clock: ManualClock) -> None:
+    """A caller decides on attributes, never on message text: the wait was only in the
+    message ("retry in 0.5s"), so a program retrying a refused send had to parse it. The
+    refusal carries it as ``retry_after`` (the time the message tells), and a retry after
+    that long is let through; other refusals carry None."""
+    tools = family["rt"].tools_for(family["bob"])
+    for _ in range(3):
+        tools.send("x", receiver_role="parent")
+    clock.advance(0.5)  # exact in binary at the clock's epoch time: half a token back
+    with pytest.raises(ToolError) as info:
+        tools.send("x", receiver_role="parent")
+    assert info.value.retry_after == 0.5
+    assert info.value.message.endswith("retry in 0.5s.")
+    clock.advance(info.value.retry_after)
+    tools.send("x", receiver_role="parent")
+    with pytest.raises(ToolError) as other:
+        tools.send("x", receiver_role="sibling", receiver_name="nobody")
+    assert other.value.retry_after is None
+
+
 @pytest.mark.timeout(60)
 def test_a_send_of_a_turn_whose_commit_broke_outside_the_journal_is_no_longer_counted(
         make_runtime: MakeRuntime) -> None:
