@@ -22,28 +22,14 @@ from typing import Any
 
 import pykka
 
-from ..persistence import ClaimResult, DatabaseFailed, PersistenceError, WriterClosed
+from ..persistence import ClaimResult, PersistenceError, WriterClosed
 from . import stops, subagents
 from .context import RuntimeContext
+from .lease_renewal import LeaseRenewal, failure_level
 from .messages import ClaimNow, Tick, Wake
 from .slots import Slots
 
 log = logging.getLogger("kinbox.dispatcher")
-
-TRANSIENT_KINDS = frozenset({"OperationalError", "InterfaceError"})
-"""``DatabaseFailed.kind`` of a failure that is the database's moment, not a fault of
-kinbox or its schema: a lost connection (the thread's next statement connects again), a
-lock wait that timed out, a server shutting down."""
-
-
-def failure_level(exc: PersistenceError) -> int:
-    """How loud a failed claim or renewal is: WARNING for a transient database failure
-    (a conflict that outlasted the retries, a lost connection: the next tick tries again
-    and nothing was lost), ERROR for the rest (a missing table, a bug)."""
-    if isinstance(exc, DatabaseFailed) and (exc.retryable or exc.kind in TRANSIENT_KINDS):
-        return logging.WARNING
-    return logging.ERROR
-
 
 def tick_interval_for(tick_interval: float, lease_seconds: float) -> float:
     """The runtime's tick: every ``tick_interval``, but at least four times a lease.
@@ -64,12 +50,13 @@ class Dispatcher(pykka.ThreadingActor):
     # reaches atexit, where the runtime stops cleanly.
     use_daemon_thread = True
 
-    def __init__(self, ctx: RuntimeContext, slots: Slots, idle_ttl: float) -> None:
+    def __init__(self, ctx: RuntimeContext, slots: Slots, idle_ttl: float,
+                 renewal: LeaseRenewal) -> None:
         super().__init__()
         self.ctx = ctx
         self.slots = slots
         self.idle_ttl = idle_ttl
-        self.last_renewal = 0.0
+        self.renewal = renewal
         ref = self.actor_ref  # its mailbox takes messages before the actor runs
 
         def request_claim() -> None:
@@ -109,7 +96,7 @@ class Dispatcher(pykka.ThreadingActor):
                 lingering = self.ctx.turns.ignoring_stop(now, self.ctx.stop_grace)
                 if lingering:
                     self.ctx.async_host.cancel(lingering)
-            self._renew_leases()
+            self.renewal.renew_if_due()
             stops.carry_out(self.ctx)
             self.slots.passivate_expired(self.ctx.now(), self.idle_ttl)
             self._claim(requested=False)
@@ -158,20 +145,3 @@ class Dispatcher(pykka.ThreadingActor):
             log.log(failure_level(exc), "claim failed (%s, SQLSTATE %s): %s; the next tick "
                     "claims again", type(exc).__name__, getattr(exc, "sqlstate", None), exc)
             return None
-
-    def _renew_leases(self) -> None:
-        now = self.ctx.now()
-        if now - self.last_renewal < self.ctx.lease_seconds / 3:
-            return
-        held = self.slots.held()
-        if not held:
-            return
-        self.last_renewal = now
-        try:
-            self.ctx.journal.renew(self.ctx.owner, held, now + self.ctx.lease_seconds, now)
-        except PersistenceError as exc:
-            log.log(failure_level(exc), "lease renewal failed (%s, SQLSTATE %s): %s; the "
-                    "next tick renews again", type(exc).__name__,
-                    getattr(exc, "sqlstate", None), exc)
-            return
-        log.debug("renewed the leases of %d running or waiting turns", len(held))

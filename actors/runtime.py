@@ -58,6 +58,7 @@ from .family import Buckets
 from .focal import Focal
 from .health import HealthChecks
 from .ids import new_id
+from .lease_renewal import LeaseRenewal
 from .peers import PeerService
 from .pruning import Retention, older_than_seconds
 from .running import RUNTIME_STOP
@@ -154,6 +155,9 @@ class Runtime(RecordsApi, WatchApi, TickApi):
         self._health = HealthChecks()
         self._services: Services | None = None
         self._peers: PeerService | None = None
+        self._renewal: LeaseRenewal | None = None
+        """Renews the leases of running turns: the dispatcher's, and the ticker's during a
+        graceful stop (see :mod:`.lease_renewal`)."""
         self._retention = Retention(retention) if retention is not None else None
         """Automatic pruning of finished rows older than ``retention`` seconds (off when
         None): see :mod:`.pruning`."""
@@ -227,7 +231,8 @@ class Runtime(RecordsApi, WatchApi, TickApi):
                 # real-time alarms for its due times would only claim too early.
                 if not isinstance(self.clock, ManualClock):
                     ctx.alarm_in = self._ticker.alarm_in
-                ctx.dispatcher = Dispatcher.start(ctx, slots, self.idle_ttl)
+                self._renewal = LeaseRenewal(ctx, slots)
+                ctx.dispatcher = Dispatcher.start(ctx, slots, self.idle_ttl, self._renewal)
                 ctx.slots = slots  # once the dispatcher takes claim requests
                 assert self._services is not None
                 self._services.start_schedule()
@@ -266,7 +271,11 @@ class Runtime(RecordsApi, WatchApi, TickApi):
         return self._state
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Graceful stop: ask running turns to stop, let them commit, close the database."""
+        """Graceful stop: ask running turns to stop, let them commit, close the database.
+
+        The ticker runs on until the turns have ended, renewing their leases and nothing
+        else (:meth:`_tick` in state ``stopped``): a turn winding down longer than its
+        lease's remainder would otherwise be taken over and run again elsewhere."""
         if self._state != "running":
             return
         ctx = self._require()
@@ -275,23 +284,26 @@ class Runtime(RecordsApi, WatchApi, TickApi):
         ctx.turns.close()
         if self._services is not None:
             self._services.stop_schedule()
-        self._stop_ticker()
-        if self._peers is not None:
-            self._peers.stop()
-        for session_id in ctx.turns.running():
-            ctx.turns.request_stop(session_id, RUNTIME_STOP, ctx.now())
-        if ctx.async_host is not None:  # cancels, past the grace, direct turns' brains too
-            ctx.async_host.begin_stop(timeout)
-        if self._services is not None:  # before the async host: their brains may run there
-            self._services.stop(wait=True, timeout=timeout)
-        if ctx.dispatcher is not None:
-            try:
-                ctx.dispatcher.stop(timeout=timeout)  # stops its session actors first
-            except pykka.Timeout:  # a sync brain that ignores its stop: it keeps its thread
-                log.warning("turns still running %.1f s into the stop; what they commit "
-                            "after it is refused, and their rows come back by lease", timeout)
-        if ctx.async_host is not None:
-            ctx.async_host.stop(timeout)  # running async turns finish and commit
+        self._stop_listening()
+        try:
+            if self._peers is not None:
+                self._peers.stop()
+            for session_id in ctx.turns.running():
+                ctx.turns.request_stop(session_id, RUNTIME_STOP, ctx.now())
+            if ctx.async_host is not None:  # cancels, past the grace, direct turns' brains too
+                ctx.async_host.begin_stop(timeout)
+            if self._services is not None:  # before the async host: their brains may run there
+                self._services.stop(wait=True, timeout=timeout)
+            if ctx.dispatcher is not None:
+                try:
+                    ctx.dispatcher.stop(timeout=timeout)  # stops its session actors first
+                except pykka.Timeout:  # a sync brain that ignores its stop: it keeps its thread
+                    log.warning("turns still running %.1f s into the stop; what they commit "
+                                "after it is refused, and their rows come back by lease", timeout)
+            if ctx.async_host is not None:
+                ctx.async_host.stop(timeout)  # running async turns finish and commit
+        finally:  # the turns have ended (or are given up on): no lease left to keep
+            self._ticker.stop()
         ctx.emit("stopped", owner=self.owner)
         self._teardown(timeout)
         log.info("runtime %s stopped", self.owner)

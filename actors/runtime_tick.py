@@ -4,7 +4,9 @@ A mixin of :class:`~.runtime.Runtime`. Each tick (the :class:`~.ticker.Ticker`'s
 injected clock's move) lets the services renew and fire their schedules, reports child
 tasks another process ended, takes over (on PostgreSQL) the rows of runtimes that are
 gone, prunes a batch of finished rows when a retention is set (:mod:`.pruning`), and
-nudges the dispatcher; an alarm wakes the dispatcher for a row that came due.
+nudges the dispatcher; an alarm wakes the dispatcher for a row that came due. During a
+graceful stop the tick does one thing only, until the turns the stop waits for have
+ended: it keeps their leases, and those of running cron runs (:mod:`.lease_renewal`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .takeover import TAKEOVER_INTERVAL, take_over_from_the_gone
 if TYPE_CHECKING:
     from ..persistence import OwnerLiveness
     from .context import RuntimeContext
+    from .lease_renewal import LeaseRenewal
     from .pruning import Retention
     from .services import Services
     from .shared_database import SharedDatabase
@@ -43,6 +46,7 @@ class TickApi:
     _last_takeover: float
     _last_report: float
     _retention: Retention | None
+    _renewal: LeaseRenewal | None
     crash: Callable[[], None]
     """The runtime's: a runtime that lost its life lock ends as if killed."""
 
@@ -86,10 +90,23 @@ class TickApi:
 
     def _stop_ticker(self) -> None:
         self._ticker.stop()
+        self._stop_listening()
+
+    def _stop_listening(self) -> None:
+        """No more nudges from other processes or from an injected clock's moves."""
         self._shared.stop_listening()
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
+
+    def _keep_leases(self) -> None:
+        """During a graceful stop, the ticker's only work: the leases of the turns it
+        waits for (the dispatcher, stopping its session actors, takes no tick) and of
+        the cron runs still running stay a lease ahead."""
+        if self._renewal is not None:
+            self._renewal.renew_if_due()
+        if self._services is not None:
+            self._services.cron.renew_leases()
 
     def _on_clock(self) -> None:
         # An injected clock moved: due schedules fire, due rows get claimed.
@@ -103,6 +120,9 @@ class TickApi:
             self._ctx.wake_dispatcher()
 
     def _tick(self) -> None:
+        if self._state == "stopped":  # a graceful stop under way (the ticker ends with it)
+            self._keep_leases()
+            return
         ctx = self._ctx
         if (self._liveness is not None and self._state == "running"
                 and time.monotonic() - self._last_takeover >= TAKEOVER_INTERVAL):
