@@ -58,3 +58,35 @@ def test_a_turn_winding_down_in_a_stop_keeps_its_lease_and_runs_once(pg_url: str
     assert ran == ["first"]
     assert texts == ["ping", "wound down"]
     assert row["status"] == "delivered"
+
+
+def test_a_cron_run_winding_down_in_a_stop_keeps_its_lease(pg_url: str) -> None:
+    """The same for a cron run: its lease is renewed on the tick too, and another runtime
+    on the database took a run that was still winding down in its runtime's stop."""
+    started, gate = threading.Event(), threading.Event()
+
+    def slow(turn: Turn) -> str:
+        started.set()
+        turn.wait_stop_requested(30)
+        assert gate.wait(30)  # its wind-down, until the test has looked
+        return "done"
+
+    lease = 1.5
+    with Runtime(db=pg_url, brain=slow, lease_seconds=lease) as owner:
+        job = owner.cron.add("digest", "0 9 * * *", "Summarize")
+        owner.cron.trigger(job["job_id"])
+        assert started.wait(20)
+        # Started once the run is the owner's: a runtime already running could take it.
+        with Runtime(db=pg_url, brain=slow, lease_seconds=lease) as other:
+            stopping = threading.Thread(target=owner.stop, kwargs={"timeout": 60})
+            stopping.start()
+            try:
+                begun = other.context.now()
+                wait_for(lambda: other.context.now() > begun + 2 * lease, 10,
+                         what="two leases' time to pass")
+                taken = other.cron.tick()
+            finally:
+                gate.set()
+                stopping.join(60)
+            assert taken == [], "another process took over a run still winding down"
+            assert [r["status"] for r in other.cron.runs(job["job_id"])] == ["success"]
