@@ -1,8 +1,10 @@
 """Is a runtime fit to serve? The checks behind ``Runtime.health`` and ``/healthz``.
 
 Each check answers within the caller's timeout whatever the database does: the write
-check is an empty operation the writer must commit in time (a timed-out one is
-withdrawn, never run late), and the read check runs on a thread of its own, so a
+check is an operation the writer must commit in time (a timed-out one is withdrawn,
+never run late), one statement on the writer's own connection (an empty operation sends
+PostgreSQL nothing, and said healthy while that connection was gone), and the read
+check runs on a thread of its own, so a
 database that hangs (a table locked by a migration, a network that drops packets)
 makes it time out, never the caller. Never raises: a failing check says why in its
 ``error`` and names the exception's type in its ``error_type``.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -25,6 +28,15 @@ def _failure(exc: BaseException) -> dict[str, str]:
     """A failed check's ``error`` (type and text) and its ``error_type`` alone: the part
     a caller without the operator token may see (the text may name hosts or paths)."""
     return {"error": f"{type(exc).__name__}: {exc}", "error_type": type(exc).__name__}
+
+
+def _statement(ctx: RuntimeContext | None) -> Callable[[], object]:
+    """The writer check's operation: ``SELECT 1`` on the connection the writer commits
+    with (nothing when there is no database to ask)."""
+    if ctx is None:
+        return lambda: None
+    db = ctx.store.t.db
+    return lambda: db.execute_sql("SELECT 1").fetchone()
 
 
 class HealthChecks:
@@ -52,7 +64,7 @@ class HealthChecks:
             if writer is None:
                 raise RuntimeStateError("the runtime has no writer", state=state)
             began = time.monotonic()
-            writer.call(lambda: None, timeout=timeout)
+            writer.call(_statement(ctx), timeout=timeout)
             checks["writer"] = {"ok": True, "commit_ms": round((time.monotonic() - began)
                                                                * 1000, 1)}
         except Exception as exc:

@@ -166,6 +166,36 @@ def test_a_send_only_runtime_connects_again_after_the_server_ended_its_sessions(
 
 
 
+@pytest.mark.timeout(60)
+def test_a_healthy_report_after_the_server_ended_its_sessions_means_a_write_goes_through(
+        pg_url: str, tmp_path: Path) -> None:
+    """The health check's writer probe ("commits within 2 s") was an empty operation,
+    which on PostgreSQL sends the server nothing: with the writer's connection ended (a
+    server restart, a failover), health said healthy, and the next write (here from a
+    thread with a connection of its own) failed on the writer's dead connection. The
+    probe runs a statement on the writer's connection now, so a healthy report is one
+    the writer's connection answered."""
+    rt = Runtime(db=pg_url, data_dir=str(tmp_path)).start()  # send-only: no life lock
+    try:
+        sid = rt.create_session(rt.create_project("probe").id, "S").id
+        assert end_database_sessions(pg_url) > 0
+        wait_for(lambda: rt.health()["healthy"], timeout=20, what="a healthy report")
+        outcome: list[str] = []
+
+        def post() -> None:  # a thread whose own read connection is new
+            try:
+                rt.post(sid, "after the restart")
+                outcome.append("sent")
+            except DatabaseFailed as exc:
+                outcome.append(exc.kind)
+        sender = threading.Thread(target=post)
+        sender.start()
+        sender.join(30)
+        assert outcome == ["sent"]
+    finally:
+        rt.stop()
+
+
 def colliding_owners(pg_url: str) -> tuple[str, str]:
     """Two owner ids whose life locks share a key (``hashtext`` is 32 bits: among a few
     hundred thousand ids some pairs collide)."""
