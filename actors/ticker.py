@@ -14,16 +14,21 @@ An alarm later than the next tick is left to the tick; earlier ones wait in
 a small heap, each rung at its time (alarms due together ring once). The
 thread waits on a condition, so neither costs a thread or a timer of its
 own. Each tick comes an interval after the last one ended, as a loop of
-``wait(interval)`` would.
+``wait(interval)`` would. A tick or alarm that raises is logged and the thread goes
+on: it is the runtime's only clock (lease renewals among its work), and its end would
+be silent.
 """
 
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 import threading
 import time
 from collections.abc import Callable
+
+log = logging.getLogger("kinbox.runtime")
 
 
 class Ticker:
@@ -81,12 +86,20 @@ class Ticker:
             if what is None:
                 return
             if what == "tick":
-                self._on_tick()
+                self._call(self._on_tick, what)
                 with self._cond:
                     self._set_next_tick(time.monotonic() + self.interval)
             else:
                 self.alarms += 1
-                self._on_alarm()
+                self._call(self._on_alarm, what)
+
+    @staticmethod
+    def _call(callback: Callable[[], None], what: str) -> None:
+        """Run a tick's or an alarm's callback; an error is logged, never the thread's end."""
+        try:
+            callback()
+        except Exception:
+            log.exception("the runtime's %s failed; the next one comes as usual", what)
 
     def _set_next_tick(self, at: float) -> None:
         """Under the condition: the next tick comes at ``at``. Alarms asked for while there

@@ -135,3 +135,37 @@ def test_stop_wakes_the_waiting_thread_and_ends_it() -> None:
         ticker.stop()
         assert not ticker.running and time.monotonic() - began < 2.0  # not a 60 s wait
         assert calls.ticks == [] and calls.alarms == []
+
+
+@pytest.mark.timeout(10)
+def test_a_tick_or_alarm_that_raises_leaves_the_ticker_running() -> None:
+    """A callback that raised ended the ticker's thread, silently and for good: no more
+    ticks (lease renewals, due retries, takeovers), while the runtime looked healthy. The
+    error is logged, and the next tick and alarm come as usual."""
+    calls = Calls()
+    failures = {"tick": 1, "alarm": 1}
+
+    def tick() -> None:
+        if failures["tick"]:
+            failures["tick"] -= 1
+            raise RuntimeError("a bug in one tick")
+        calls.tick()
+
+    def alarm() -> None:
+        if failures["alarm"]:
+            failures["alarm"] -= 1
+            raise RuntimeError("a bug in one alarm")
+        calls.alarm()
+
+    def ask_alarm() -> bool:  # asked again and again: a tick due with one does its work
+        ticker.alarm_in(0.0)
+        return bool(calls.alarms)
+
+    ticker = Ticker(0.05, tick, alarm)
+    ticker.start()
+    try:
+        wait_for(lambda: len(calls.ticks) >= 2, timeout=5, what="ticks after the failing one")
+        wait_for(ask_alarm, timeout=5, what="an alarm after the failing one")
+        assert failures == {"tick": 0, "alarm": 0} and ticker.running
+    finally:
+        ticker.stop()
