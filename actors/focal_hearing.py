@@ -104,14 +104,14 @@ class HearingBack:
         if not tasks or any(t.status in OPEN_TASK_STATES for t in tasks.values()):
             return None
         last = max(tasks.values(), key=lambda t: (t.updated_at, t.id))
-        asked_at = min((row[4] for m in asked
+        asked_at = min((row.created_at for m in asked
                         if (row := ctx.journal.hot.existing(m.message_id)) is not None),
                        default=last.updated_at)
         if last.updated_at < asked_at:
             return None  # closed before Focal asked: not held back by this request
         heard = [ctx.journal.hot.existing(mid)
                  for mid in taken_ids(ctx, f"focal-finished-{session.id}-{last.id}")]
-        if any(row is not None and row[4] >= last.updated_at for row in heard):
+        if any(row is not None and row.created_at >= last.updated_at for row in heard):
             return None  # this closing was noticed (the request was not yet in flight)
         return TurnEffects(messages=[self._finished(ctx, session, last)])
 

@@ -177,8 +177,9 @@ class RecordsApi:
 
         ``content`` follows the ``agent_send`` rules (stripped, 1..20,000
         characters of valid Unicode); ``payload`` must be a JSON object.
-        A ``message_id`` already in the journal is no new message (the same content:
-        the first receipt, ``created`` False; other content: ``IdempotencyConflict``).
+        A ``message_id`` already in the journal is no new message (the same message:
+        target, content, kind, sender and payload, the payload as stored, keys sorted:
+        the first receipt, ``created`` False; any of them other: ``IdempotencyConflict``).
         The journal remembers ids only as long as it keeps their rows: once a finished
         row is pruned (``prune``, ``retention``), its id is new again, so the
         de-duplication window is the retention period.

@@ -14,7 +14,7 @@ Decide on the types and their attributes, never on the message text::
         ├── DatabaseOpenError      .url (password masked), .reason: cannot be opened
         │   └── DatabaseMissing    a read-only command found no database there
         ├── SchemaError            the schema is missing or older than this code
-        ├── IdempotencyConflict    .message_id was reused with different content
+        ├── IdempotencyConflict    .message_id was reused for another message
         ├── IllegalTransition      .message_id, .current, .event: the state machine forbids it
         ├── LeaseLost              .message_id, .owner: acted on a row it no longer leases
         ├── RowNotFound            .kind, .key, .by: an inbox row, session, task... does not exist
@@ -63,11 +63,13 @@ class SchemaError(PersistenceError):
 
 
 class IdempotencyConflict(PersistenceError):
-    """A message id already exists with different content."""
+    """A message id already exists as another message (another target, kind, content,
+    sender or payload: ``inbox_core.enqueue_decision``)."""
 
     def __init__(self, message_id: str) -> None:
         super().__init__(
-            f"message id {message_id!r} already exists with different content; "
+            f"message id {message_id!r} already exists with different content (its "
+            "target, kind, text, sender or payload differ); "
             "use a new id for a new message"
         )
         self.message_id = message_id

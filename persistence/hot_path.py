@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import peewee as pw
 
 from .database import is_postgres
-from .inbox_core import DELIVERED, OPEN_STATES, PENDING, PROCESSING
+from .inbox_core import DELIVERED, OPEN_STATES, PENDING, PROCESSING, Fingerprint
 from .models import InboxMessage
 from .numbered_ids import numbered
 
@@ -42,6 +42,24 @@ class Head(NamedTuple):
 
 
 CLAIM_COLUMNS = Head._fields
+
+
+class Existing(NamedTuple):
+    """A row an enqueue finds under its id (the columns the idempotence rule compares,
+    ``inbox_core.Fingerprint``, then the receipt's)."""
+
+    target_chat_id: str
+    kind: str
+    content: str
+    sender_chat_id: str | None
+    payload: str | None
+    status: str
+    created_at: float
+
+    def fingerprint(self) -> Fingerprint:
+        """The row as the idempotence rule compares it."""
+        return Fingerprint(self.target_chat_id, self.kind, self.content, self.sender_chat_id,
+                           self.payload or "{}")
 
 
 def is_open(alias: str = "") -> str:
@@ -105,7 +123,7 @@ class HotPath:
                           f"OR (status = '{PROCESSING}' AND lease_until <= {p}))")
         self.sql_marker_exists = f"SELECT 1 FROM delivery_markers WHERE message_id = {p} LIMIT 1"
         self.sql_marked = f"SELECT {direct_turn_marked(p)}"
-        self.sql_existing = (f"SELECT target_chat_id, kind, content, status, created_at "
+        self.sql_existing = (f"SELECT {', '.join(Existing._fields)} "
                              f"FROM {INBOX} WHERE message_id = {p}")
         # PostgreSQL: the walk holds each member it finds until its transaction ends, so a
         # prune in another process cannot delete it before the next member is committed.
@@ -248,9 +266,10 @@ class HotPath:
         """A committed turn exists for this message."""
         return self.fetch_one(self.sql_marker_exists, (message_id,)) is not None
 
-    def existing(self, message_id: str) -> tuple[Any, ...] | None:
-        """(target, kind, content, status, created_at) of an existing row."""
-        return self.fetch_one(self.sql_existing, (message_id,))
+    def existing(self, message_id: str) -> Existing | None:
+        """What the idempotence rule and the hooks read of a row, if the id has one."""
+        row = self.fetch_one(self.sql_existing, (message_id,))
+        return Existing(*row) if row is not None else None
 
     def first_free(self, base: str) -> str:
         """``base``, ``base-2``, ``base-3``... the first id no row holds (a chain's next

@@ -18,8 +18,11 @@ States and legal transitions (anything else raises ``IllegalTransition``)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Any
 
 from .errors import IdempotencyConflict, IllegalTransition, LeaseLost
 
@@ -266,22 +269,46 @@ def is_suspect(state: str, suspect: bool) -> bool:
     return suspect or state == PROCESSING
 
 
+def stored_payload(payload: Mapping[str, Any]) -> str:
+    """A payload as the inbox stores it: JSON, keys sorted (so a payload is one text
+    whatever the order its keys were built in), ``{}`` for none."""
+    return json.dumps(payload, sort_keys=True) if payload else "{}"
+
+
 @dataclass(frozen=True)
 class Fingerprint:
-    """What makes two enqueues of the same id the same message."""
+    """What makes two enqueues of the same id the same message: all a sender says in it.
+
+    ``payload`` is the payload as stored (:func:`stored_payload`); a row's text written
+    otherwise (its keys in another order, other spacing) is compared in that form."""
 
     target: str
     kind: str
     content: str
+    sender: str | None
+    payload: str
 
 
 def enqueue_decision(message_id: str, existing: Fingerprint | None, new: Fingerprint) -> bool:
     """Return True when a row must be created, False for an idempotent repeat.
 
-    Raises :class:`IdempotencyConflict` when the id exists with other content.
+    Raises :class:`IdempotencyConflict` when the id exists as another message: another
+    target, kind, content, sender or payload. A retry that differs in any of them is not
+    the same message, and taking it for one would drop what differs without a word.
     """
     if existing is None:
         return True
-    if existing != new:
+    if existing != new and _as_stored(existing) != _as_stored(new):
         raise IdempotencyConflict(message_id)
     return False
+
+
+def _as_stored(fp: Fingerprint) -> Fingerprint:
+    """``fp`` with its payload text in :func:`stored_payload`'s form (a row written
+    otherwise, by an older version, compares by its data)."""
+    try:
+        data = json.loads(fp.payload) if fp.payload else {}
+    except ValueError:
+        return fp  # not JSON: only the same text is the same payload
+    return replace(fp, payload=stored_payload(data)) if isinstance(data, dict) else fp
+

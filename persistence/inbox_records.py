@@ -181,9 +181,14 @@ def insert_params(msg: NewMessage, now: float, lease: Lease | None = None) -> tu
             msg.max_attempts or policy.max_attempts, now, now, now, status, owner, until)
 
 
-def stored_payload(payload: dict[str, Any]) -> str:
-    """A payload as the inbox stores it (and ``ClaimedRow.from_head`` reads it back)."""
-    return json.dumps(payload, sort_keys=True) if payload else "{}"
+stored_payload = core.stored_payload
+"""A payload as the inbox stores it (and ``ClaimedRow.from_head`` reads it back)."""
+
+
+def fingerprint(msg: NewMessage) -> core.Fingerprint:
+    """What the idempotence rule compares of ``msg`` (``inbox_core.enqueue_decision``)."""
+    return core.Fingerprint(msg.target, msg.kind, msg.content, msg.sender,
+                            stored_payload(msg.payload))
 
 
 def leased_new_row(msg: NewMessage, seq: int, now: float) -> ClaimedRow:

@@ -36,6 +36,7 @@ from .inbox_records import (
     TurnCommit,
     TurnEntry,
     entry_row,
+    fingerprint,
 )
 from .models import Tables
 from .steering_claims import SteeringClaims
@@ -78,11 +79,11 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
                      ) -> EnqueueResult:
         """The idempotence rule against the row ``msg``'s id has, if any; else insert it."""
         existing = self.hot.existing(msg.message_id)
-        fingerprint = core.Fingerprint(msg.target, msg.kind, msg.content)
-        before = core.Fingerprint(*existing[:3]) if existing else None
-        if not core.enqueue_decision(msg.message_id, before, fingerprint):
+        before = existing.fingerprint() if existing is not None else None
+        if not core.enqueue_decision(msg.message_id, before, fingerprint(msg)):
             assert existing is not None
-            return EnqueueResult(msg.message_id, msg.target, existing[3], False, existing[4])
+            return EnqueueResult(msg.message_id, msg.target, existing.status, False,
+                                 existing.created_at)
         return set_wise.insert_new(self.bulk, [(msg, now, lease)])[0]
 
     def enqueue(self, msg: NewMessage, now: float, *, lease: Lease | None = None

@@ -21,6 +21,7 @@ from kinbox.persistence.inbox_core import (
     check_lease,
     enqueue_decision,
     is_claimable,
+    stored_payload,
     transition,
 )
 
@@ -151,11 +152,32 @@ def test_claimable_rows_are_due_pending_or_expired_processing(
     assert is_claimable(state, available_at, lease_until, now) is claimable
 
 
-def test_enqueue_is_idempotent_for_the_same_content_and_refuses_other_content() -> None:
-    fp = Fingerprint("s1", "agent_message", "hello")
+@pytest.mark.timeout(60)
+def test_enqueue_is_idempotent_for_the_same_message_and_refuses_any_other() -> None:
+    """Target, kind, content, sender and payload make the message: the same id with any
+    of them changed is a conflict, not a repeat that silently drops what changed."""
+    fp = Fingerprint("s1", "agent_message", "hello", "s0", '{"a": 1}')
     assert enqueue_decision("m", None, fp) is True
-    assert enqueue_decision("m", fp, Fingerprint("s1", "agent_message", "hello")) is False
-    for other in (Fingerprint("s1", "agent_message", "bye"), Fingerprint("s2", "agent_message",
-                  "hello"), Fingerprint("s1", "subagent_result", "hello")):
+    assert enqueue_decision("m", fp, Fingerprint("s1", "agent_message", "hello", "s0",
+                                                 '{"a": 1}')) is False
+    for other in (Fingerprint("s1", "agent_message", "bye", "s0", '{"a": 1}'),
+                  Fingerprint("s2", "agent_message", "hello", "s0", '{"a": 1}'),
+                  Fingerprint("s1", "subagent_result", "hello", "s0", '{"a": 1}'),
+                  Fingerprint("s1", "agent_message", "hello", "s9", '{"a": 1}'),
+                  Fingerprint("s1", "agent_message", "hello", None, '{"a": 1}'),
+                  Fingerprint("s1", "agent_message", "hello", "s0", '{"a": 2}'),
+                  Fingerprint("s1", "agent_message", "hello", "s0", '{"a": true}'),
+                  Fingerprint("s1", "agent_message", "hello", "s0", "{}")):
         with pytest.raises(IdempotencyConflict):
             enqueue_decision("m", fp, other)
+
+
+@pytest.mark.timeout(60)
+def test_payloads_are_compared_as_stored_whatever_the_order_of_their_keys() -> None:
+    """A payload is compared as the inbox stores it (JSON, keys sorted): a row written with
+    its keys in another order, or spaced otherwise, is the same payload."""
+    fp = Fingerprint("s1", "agent_message", "hello", "s0", stored_payload({"b": 1, "a": [2]}))
+    assert fp.payload == '{"a": [2], "b": 1}'
+    old_row = Fingerprint("s1", "agent_message", "hello", "s0", '{"b":1,  "a":[2]}')
+    assert enqueue_decision("m", old_row, fp) is False
+    assert stored_payload({}) == "{}" and stored_payload({1: "x"}) == stored_payload({"1": "x"})

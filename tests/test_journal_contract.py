@@ -54,6 +54,28 @@ def test_same_id_other_content_is_rejected_and_writes_nothing(stores: Stores) ->
     assert [r["content"] for r in stores.journal.rows()] == ["hi"]
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("change", ["payload", "sender", "no sender"])
+def test_same_id_and_content_with_another_payload_or_sender_is_rejected(
+        stores: Stores, change: str) -> None:
+    """The payload and the sender are part of the message: a second enqueue of the id that
+    differs only there is a conflict (it was taken as a repeat, its payload dropped)."""
+    j = stores.journal
+    j.enqueue(NewMessage("m1", "s1", "hi", sender="s0", payload={"k": 1, "j": [1]}), T0)
+    other = {"payload": NewMessage("m1", "s1", "hi", sender="s0", payload={"k": 2, "j": [1]}),
+             "sender": NewMessage("m1", "s1", "hi", sender="s9", payload={"k": 1, "j": [1]}),
+             "no sender": NewMessage("m1", "s1", "hi", payload={"k": 1, "j": [1]})}[change]
+    with pytest.raises(IdempotencyConflict):
+        j.enqueue(other, T0 + 1)
+    with pytest.raises(IdempotencyConflict):
+        j.enqueue_many([NewMessage("m2", "s1", "new"), other], T0 + 1)
+    [row] = j.rows()
+    assert (row["sender_chat_id"], row["payload"]) == ("s0", {"k": 1, "j": [1]})
+    again = j.enqueue(NewMessage("m1", "s1", "hi", sender="s0", payload={"j": [1], "k": 1}),
+                      T0 + 2)  # the same payload, its keys in another order: a repeat
+    assert again.created is False
+
+
 def test_enqueue_many_writes_a_batch_in_order_with_the_idempotence_rule(stores: Stores) -> None:
     """Set-wise for new ids; a batch holding an earlier id (or one id twice) follows the
     one-by-one rule: a repeat is no new row, other content under an old id writes nothing."""

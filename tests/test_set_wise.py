@@ -160,6 +160,21 @@ def test_a_repeat_and_a_conflict_in_a_batch_get_their_own_answers(stores: Stores
     assert stores.writer.statistics().bulk_fallbacks >= 1
 
 
+@pytest.mark.timeout(60)
+def test_a_repeat_with_another_payload_in_a_batch_is_a_conflict(stores: Stores) -> None:
+    """Set-wise enqueues fall back to the one-by-one rule, which compares payloads too."""
+    j = stores.journal
+    j.enqueue(NewMessage("old", "s1", "hi", sender="s0", payload={"n": 1}), T0)
+
+    def again(payload: dict[str, Any]) -> Callable[[], Any]:
+        return lambda: j.enqueue(NewMessage("old", "s1", "hi", sender="s0", payload=payload), T0)
+    results = in_one_batch(stores, [enqueue(stores, "new1", "s1"), again({"n": 1}),
+                                    again({"n": 2})])
+    assert results[0].created and results[1].created is False
+    assert isinstance(results[2], IdempotencyConflict)
+    assert j.get("old")["payload"] == {"n": 1}
+
+
 def commit(stores: Stores, owner: str, session: str, mid: str) -> Callable[[], Any]:
     return lambda: stores.journal.complete_turn(
         owner, session, [mid], [TurnEntry("user", mid, True, mid), TurnEntry("assistant", "ok")],
