@@ -314,6 +314,8 @@ class SessionActor(PooledActor):
     def _submit(self, turn: Turn, effect: dp.Commit,
                 effects: TurnEffects) -> Reply[ClaimedRow | None]:
         ctx = self.ctx
+        if effect.next_lease and ctx.slots is not None:  # it reads the next row once
+            ctx.slots.commit_submitted(self.session_id)
         return ctx.journal.submit_turn(
             ctx.owner, self.session_id, list(effect.message_ids), turn.entries(), ctx.now(),
             enqueue=effects.messages, also=effects.ops,

@@ -28,7 +28,15 @@ never across a database call or an observer:
   and runs the brain on it once more (on PostgreSQL claims skip the session's mark in
   the database too, whoever runs it);
 - what the next claim must do: claim again (``backlog``, a row handed back),
-  hold back suspect rows while one runs (a death during it is that row's).
+  hold back suspect rows while one runs (a death during it is that row's);
+- ``committing``: sessions whose run's last commit leases their next row, and how many
+  claims had begun when it was submitted. A claim leaves busy sessions out, and such a
+  commit reads the session's next row once (PostgreSQL: in its statement's snapshot;
+  SQLite: in its transaction): a send committed after that read and before the run ends
+  is seen by neither, not by the commit and not by a claim that began meanwhile (the one
+  the send's notification caused, or a tick's). When a claim began since the submission,
+  the run's end claims (:meth:`turn_done`); otherwise the send's own claim comes after the
+  session is free and takes its row. The send waited for the next tick before.
 
 It owns the pool the session actors run on (:mod:`.pooled`).
 """
@@ -92,6 +100,11 @@ class Slots:
         """A ``ClaimNow`` is on its way to the dispatcher (requests before it coalesce)."""
         self.claiming = False
         """The dispatcher is inside a claim (the board shows a claim pending until it ends)."""
+        self.claims_begun = 0
+        """Claims begun so far (:meth:`claim_window`)."""
+        self.committing: dict[str, int] = {}
+        """Session -> ``claims_begun`` when its run's last commit that leases the next row
+        was submitted (:meth:`commit_submitted`); read and dropped as its run ends."""
         self.stopped = False
         self.peak_live = 0
         ctx.activity.board = self.board
@@ -116,15 +129,30 @@ class Slots:
             return
         self._tell(started)
 
+    def commit_submitted(self, session_id: str) -> None:
+        """A commit of ``session_id``'s run that leases its next row is submitted: should a
+        claim begin before the run ends, the claim left the session out, and a send it
+        would have taken may be one the commit did not see; the run's end claims then.
+
+        Without the lock: one read of an int and one store in a dict, each atomic (a turn's
+        hot path). A claim whose start it reads as earlier began before the submission, so
+        it cannot be the claim of a send the commit missed: that claim begins later."""
+        self.committing[session_id] = self.claims_begun
+
     def turn_done(self, session_id: str, claim: bool) -> None:
         """``session_id``'s run ended: free its slot, start what waited; ``claim`` asks for
-        a claim (rows may be due that nothing else hands over)."""
+        a claim (rows may be due that nothing else hands over), and so does a claim that
+        began while the run's last commit was on its way (:meth:`commit_submitted`)."""
         started: Started = []
         ask = False
         try:
             with self._lock:
+                submitted = self.committing.pop(session_id, None)
                 if self._closed():
                     return
+                # Under the lock with the slot freed below: a claim that begins after it
+                # sees the session free and takes any row a claim before it skipped.
+                skipped = submitted is not None and submitted != self.claims_begun
                 self.busy.discard(session_id)
                 next_suspect = False
                 if self.suspect == session_id:
@@ -139,7 +167,8 @@ class Slots:
                     for victim in passivation.excess_idle(self.live.keys(), self.busy,
                                                           self.max_live):
                         self._passivate(victim)
-                ask = (claim or self.backlog or next_suspect) and self._schedule_claim()
+                ask = ((claim or self.backlog or next_suspect or skipped)
+                       and self._schedule_claim())
                 self._changed()
         except Exception:
             log.exception("could not end the run of %s; claiming again", session_id)
@@ -189,6 +218,7 @@ class Slots:
             if requested:
                 self.claim_scheduled = False
             self.claiming = True
+            self.claims_begun += 1
             self._changed()
             return (self.max_active - len(self.busy),
                     self.busy | self.waiting.keys() | self.direct, 0 if self.suspect else 1)
