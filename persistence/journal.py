@@ -79,12 +79,13 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
                      ) -> EnqueueResult:
         """The idempotence rule against the row ``msg``'s id has, if any; else insert it."""
         existing = self.hot.existing(msg.message_id)
-        before = existing.fingerprint() if existing is not None else None
-        if not core.enqueue_decision(msg.message_id, before, fingerprint(msg)):
-            assert existing is not None
-            return EnqueueResult(msg.message_id, msg.target, existing.status, False,
-                                 existing.created_at)
-        return set_wise.insert_new(self.bulk, [(msg, now, lease)])[0]
+        if existing is None:  # the common case: no fingerprint to take (a payload's JSON)
+            return set_wise.insert_new(self.bulk, [(msg, now, lease)])[0]
+        # A repeat, or IdempotencyConflict: an id the journal holds is never a new row.
+        created = core.enqueue_decision(msg.message_id, existing.fingerprint(), fingerprint(msg))
+        assert not created
+        return EnqueueResult(msg.message_id, msg.target, existing.status, False,
+                             existing.created_at)
 
     def enqueue(self, msg: NewMessage, now: float, *, lease: Lease | None = None
                 ) -> EnqueueResult:
