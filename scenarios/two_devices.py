@@ -1,7 +1,8 @@
 """two_devices: a phone and a laptop are paired; the laptop drops off the network and returns.
 
 The phone's Assistant session sends the laptop three messages over the peer
-link; the laptop's brain answers each in its ``suzent:<phone>`` session.
+link, each acknowledged before the next goes; the laptop's brain answers each in
+its ``suzent:<phone>`` session.
 Then the laptop goes offline. Two more messages are committed on the phone
 at once (``agent_send`` never waits for the network) and retried with the
 peer backoff (2 s, 4 s, ...) on the scenario clock; when the laptop is back
@@ -119,9 +120,11 @@ def _run(sc: Scenario, laptop_url: str) -> None:
         sc.note(f"paired with the laptop as {peer}")
         assistant = phone.create_session(phone.project("default").id, "Assistant")
         tools = phone.tools_for(assistant.id)
+        # One at a time: the link may deliver a note before the next is sent, or after,
+        # as the threads happen to run; the report would tell the two apart.
         for n in (1, 2, 3):
             tools.agent_send(peer, f"note {n}")
-        wait(lambda: heard["peer_acked"] == 3, "three acks")
+            wait(lambda n=n: heard["peer_acked"] == n, f"the ack of note {n}")
 
         sc.note("the laptop goes offline")
         laptop.offline()
