@@ -14,6 +14,8 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,6 +34,9 @@ CHILD = (sys.executable, "-m", "kinbox.actors.crash_child")
 
 READY_TIMEOUT = 60.0
 """Seconds a child may take to print ``ready``."""
+
+TURNS_TIMEOUT = 60.0
+"""Seconds a life may take to start the turns it is to be killed after."""
 
 
 @dataclass
@@ -111,15 +116,24 @@ def finish(run: CrashRun, args: Sequence[str] = (), child: Sequence[str] = CHILD
 
 
 def run_with_kills(url: str, log: Path, kills: int, seed: int, args: Sequence[str] = (),
-                   child: Sequence[str] = CHILD, max_gap: float = 0.04) -> CrashRun:
-    """Start the child, SIGKILL it ``kills`` times at random moments (up to ``max_gap``
-    seconds after it is ready), then let one last life drain everything."""
+                   child: Sequence[str] = CHILD, max_gap: float = 0.04,
+                   max_turns: int = 0) -> CrashRun:
+    """Start the child, SIGKILL it ``kills`` times at random moments, then let one last
+    life drain everything.
+
+    A life is killed once it has started a random number of turns from 0 to ``max_turns``
+    (counted in the turn log) and then up to ``max_gap`` seconds more. The count makes
+    kills land mid-delivery however slowly the machine runs: on a loaded one a life gets
+    so little of a core that in a window of time alone it never reaches its first turn."""
     rng = random.Random(seed)
     run = CrashRun(url, log)
     while run.kills < kills:
         proc = spawn(run, args, child)
+        turns = rng.randint(0, max_turns) if max_turns else 0
+        gap = rng.uniform(0.0, max_gap)
         try:
-            proc.wait(timeout=rng.uniform(0.0, max_gap))  # the kill moment
+            wait_turns(run, proc, turns)
+            proc.wait(timeout=gap)  # the kill moment
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
@@ -129,3 +143,18 @@ def run_with_kills(url: str, log: Path, kills: int, seed: int, args: Sequence[st
             break  # it finished everything before this kill
     finish(run, args, child)
     return run
+
+
+def wait_turns(run: CrashRun, proc: subprocess.Popen[str], turns: int) -> None:
+    """Return once the current life has started ``turns`` turns (by the turn log), or
+    has exited, or after :data:`TURNS_TIMEOUT` seconds."""
+    if turns <= 0:
+        return
+    prefix = f"{run.lives} "
+    deadline = time.monotonic() + TURNS_TIMEOUT
+    pause = threading.Event()
+    while proc.poll() is None and time.monotonic() < deadline:
+        text = run.log.read_text() if run.log.exists() else ""
+        if sum(1 for line in text.splitlines() if line.startswith(prefix)) >= turns:
+            return
+        pause.wait(0.005)  # polling a file the child appends to; the deadline bounds it
