@@ -219,6 +219,10 @@ class Runtime(RecordsApi, WatchApi, TickApi):
                 # The lock also proves this runtime alone delivers here: the fast path.
                 ctx.fast_lease = Lease(self.owner, self.lease_seconds)
             self._take_over_from_the_gone()
+            # Before the dispatcher: a turn it claims may run before start() is over, and
+            # its tools send to and list paired devices through the service.
+            self._peers = ctx.peers = PeerService(ctx, self._resolve_data_dir(),
+                                                  delivering=not self.send_only)
             if self.async_brain:
                 # The loop thread, and a few workers for tool calls and hooks' work.
                 ctx.async_host = AsyncHost(ctx, workers=min(16, max(4, self.max_active_sessions)))
@@ -241,8 +245,6 @@ class Runtime(RecordsApi, WatchApi, TickApi):
             assert self._services is not None
             self._services.start(exclusive=self._lock is not None)
             # Receiving works everywhere; outbound links only where rows are delivered.
-            self._peers = ctx.peers = PeerService(ctx, self._resolve_data_dir(),
-                                                  delivering=not self.send_only)
             if not self.send_only:
                 self._peers.start()
         except BaseException:
@@ -397,6 +399,14 @@ class Runtime(RecordsApi, WatchApi, TickApi):
 
     def _require(self) -> RuntimeContext:
         if self._ctx is None or self._state not in ("running", "stopped", "crashed"):
+            raise RuntimeStateError("the runtime is not started; call start() or use `with`",
+                                    state=self._state)
+        return self._ctx
+
+    def _made(self) -> RuntimeContext:
+        """The context once start() made it, while the rest of the start still runs too
+        (a turn the dispatcher claimed by then asks for its tools)."""
+        if self._ctx is None:
             raise RuntimeStateError("the runtime is not started; call start() or use `with`",
                                     state=self._state)
         return self._ctx

@@ -61,6 +61,9 @@ class RecordsApi:
     def _require(self) -> RuntimeContext:
         raise NotImplementedError  # Runtime's
 
+    def _made(self) -> RuntimeContext:
+        raise NotImplementedError  # Runtime's
+
     # -- projects and sessions -------------------------------------------------------------
 
     def create_project(self, slug: str, name: str | None = None, *,
@@ -165,8 +168,10 @@ class RecordsApi:
 
     def _tools_for_ctx(self, session_id: str, outbox: Outbox) -> TaskTools:
         """A running turn's tools: built when the brain first asks, a stop may have begun
-        by then; each call says so (the turn still commits what it did)."""
-        return tools_for(self._require(), session_id, outbox)
+        by then; each call says so (the turn still commits what it did). A turn may also
+        run before start() is over (the dispatcher claims as soon as it runs), so the
+        context is taken as it is, not only from a runtime that says it is running."""
+        return tools_for(self._made(), session_id, outbox)
 
     # -- messages --------------------------------------------------------------------------
 

@@ -22,8 +22,10 @@ from kinbox.actors import (
 )
 from kinbox.actors import slots as slots_module
 from kinbox.actors.context import TurnEffects
+from kinbox.actors.services import Services
 from kinbox.persistence import DatabaseInUse, DatabaseOpenError, Journal, NewMessage
 from kinbox.persistence.driver_errors import OperationalError
+from kinbox.transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
 
 from .conftest import Stores
 from .helpers import failing_once, quiet_brain, wait_for
@@ -208,6 +210,47 @@ def test_start_replays_exactly_the_unacknowledged_rows_in_order(db_url: str,
         assert [c for s, c in seen if s == "s1"] == [f"s1 #{i}" for i in range(4)]
         assert "old news" not in [c for _, c in seen]
         assert set(rt.marker_counts().values()) == {1}
+
+
+@pytest.mark.timeout(60)
+def test_a_turn_that_runs_while_the_runtime_starts_has_its_tools(
+        db_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dispatcher claims as soon as it runs, while the rest of start() goes on (the
+    peer links, the services; slow on a loaded machine). A replayed turn that asked for
+    its tools then was refused, "the runtime is not started", and failed into a backoff:
+    after a deploy, the parent that had waited for a foreground child took its restart's
+    turn as a failure, and the child's result waited behind it."""
+    laptop = DeviceIdentity.from_seed(bytes(32))
+    with Runtime(db=db_url, clock=clock) as first:  # send-only: the row waits for the start
+        me = first.peers.identity
+        first.peers.peers.save_outbound(  # a paired device: the tools list it after sessions
+            laptop.device_id, "laptop", laptop.public_key, "http://127.0.0.1:9",
+            me.seal("token", bytes(SEAL_NONCE_BYTES)), frozenset({"agent"}), clock.now())
+        first.create_session(None, "S0", session_id="s0")
+        first.post("s0", "hello", message_id="m1")
+    asked = threading.Event()
+    answers: list[object] = []
+
+    def brain(turn: Turn) -> None:
+        try:
+            answers.append([a["agent_id"] for a in turn.tools.agent_list()["agents"]])
+        except KinboxError as exc:
+            answers.append(exc)
+        finally:
+            asked.set()
+
+    real_start = Services.start
+
+    def slow_start(services: Services, **options: Any) -> None:  # the turn runs meanwhile
+        services.cron.ctx.wake_dispatcher()
+        assert asked.wait(20), "no turn ran while the runtime started"
+        real_start(services, **options)
+
+    monkeypatch.setattr(Services, "start", slow_start)
+    with Runtime(db=db_url, brain=brain, clock=clock) as rt:
+        rt.run_until_idle()
+        assert answers == [["s0", f"peer:{laptop.device_id}"]]
+        assert rt.context.journal.get("m1")["status"] == "delivered"
 
 
 def test_rows_taken_over_after_a_crash_run_back_to_back_not_one_per_tick(
