@@ -42,7 +42,7 @@ def listener_stats(rt: Runtime) -> dict[str, int]:
     return rt.statistics().get("listener", {})
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_a_send_from_another_process_is_claimed_at_once_without_polling(
         pg_url: str, tmp_path: Path) -> None:
     seen = Seen()
@@ -55,14 +55,17 @@ def test_a_send_from_another_process_is_claimed_at_once_without_polling(
                              capture_output=True, text=True, timeout=30, check=True)
         sent_at = time.monotonic()
         mid = out.stdout.strip()
-        wait_for(lambda: mid in seen.at, timeout=5, what="the turn of the other process's send")
-        assert seen.at[mid] - sent_at < 1.0  # far below the tick interval
+        wait_for(lambda: mid in seen.at, timeout=NO_POLL / 2,
+                 what="the turn of the other process's send")
+        # Before any tick could claim it (a wall-clock second was the bound here: a loaded
+        # machine takes longer, and the tick interval is what tells the two apart).
+        assert seen.at[mid] - sent_at < NO_POLL / 2
         assert listener_stats(rt)["notifications"] >= 1
     finally:
         rt.stop()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_the_listener_reconnects_after_its_connection_is_killed(
         pg_url: str, tmp_path: Path) -> None:
     seen = Seen()
@@ -81,7 +84,7 @@ def test_the_listener_reconnects_after_its_connection_is_killed(
         wait_for(lambda: listener_stats(rt).get("connects") == 2, what="the reconnect")
         assert listener_stats(rt)["drops"] == 1
         mid = sender.post(sid, "still there?").message_id
-        wait_for(lambda: mid in seen.at, timeout=5, what="the turn after the reconnect")
+        wait_for(lambda: mid in seen.at, timeout=NO_POLL / 2, what="the turn after the reconnect")
     finally:
         admin.close()
         sender.stop()
@@ -104,7 +107,7 @@ class LaggingClock:
         return time.time() - self.lag
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_a_send_stamped_ahead_of_this_clock_is_claimed_when_due_not_at_the_next_tick(
         pg_url: str, tmp_path: Path) -> None:
     # The sender's clock reads 0.3 s ahead of the receiver's: the claim the notification
@@ -120,15 +123,16 @@ def test_a_send_stamped_ahead_of_this_clock_is_claimed_when_due_not_at_the_next_
         wait_for(lambda: listener_stats(rt).get("connects") == 1, what="the listener")
         sent_at = time.monotonic()
         mid = sender.post(sid, "from a clock ahead").message_id
-        wait_for(lambda: mid in seen.at, timeout=10, what="the turn of the early-stamped send")
-        assert lag * 0.9 <= seen.at[mid] - sent_at < lag + 1.0  # due, then at once
+        wait_for(lambda: mid in seen.at, timeout=NO_POLL / 2,
+                 what="the turn of the early-stamped send")
+        assert lag * 0.9 <= seen.at[mid] - sent_at < NO_POLL / 2  # when due, not at a tick
         assert rt.statistics()["alarms"] >= 1
     finally:
         sender.stop()
         rt.stop()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_a_row_an_operator_requeues_in_another_process_is_claimed_at_once(
         pg_url: str, tmp_path: Path) -> None:
     """Only sends notified: a failed row requeued from another process (``kinbox inbox
@@ -152,7 +156,8 @@ def test_a_row_an_operator_requeues_in_another_process_is_claimed_at_once(
         wait_for(lambda: listener_stats(rt).get("connects") == 1, what="the listener")
         heard = listener_stats(rt)["notifications"]
         sender.requeue("m-failed")
-        wait_for(lambda: "m-failed" in seen.at, timeout=5, what="the requeued row's turn")
+        wait_for(lambda: "m-failed" in seen.at, timeout=NO_POLL / 2,
+                 what="the requeued row's turn")
         assert listener_stats(rt)["notifications"] > heard
     finally:
         if rt is not None:
@@ -160,7 +165,7 @@ def test_a_row_an_operator_requeues_in_another_process_is_claimed_at_once(
         sender.stop()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_a_cron_job_triggered_in_another_process_runs_at_once_not_at_the_next_poll(
         pg_url: str, tmp_path: Path) -> None:
     """``kinbox serve`` (send-only) beside workers: "run now" from its API or CLI waited
