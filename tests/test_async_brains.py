@@ -486,7 +486,7 @@ def test_twenty_cron_runs_waiting_on_an_async_model_all_start_on_few_threads(
     for job in jobs:
         rt.cron.trigger(job)
     try:
-        wait_for(lambda: len(waiting) == 20, timeout=5, what="20 runs waiting at once")
+        wait_for(lambda: len(waiting) == 20, timeout=30, what="20 runs waiting at once")
         # At most the 4 blocking workers more, where a thread per waiting run is 20 more.
         assert max(peak_threads[0], threading.active_count()) <= before + 4
     finally:
@@ -1344,11 +1344,11 @@ def test_work_submitted_to_the_loop_is_built_there_and_cancelled_with_its_waiter
         waiting = host._submit(make("forever", forever))
         assert built == []  # nothing built off the loop
         host.loop.run_until_complete(
-            asyncio.wait_for(asyncio.wrap_future(done, loop=host.loop), 5))
+            asyncio.wait_for(asyncio.wrap_future(done, loop=host.loop), 30))
         assert done.result(0) == 7 and built == ["answer", "forever"]
         running = asyncio.all_tasks(host.loop)
         waiting.cancel()  # the waiter gives up: the task on the loop is cancelled with it
-        host.loop.run_until_complete(asyncio.wait(running, timeout=5))
+        host.loop.run_until_complete(asyncio.wait(running, timeout=30))
         assert not [t for t in asyncio.all_tasks(host.loop) if not t.done()]
         with pytest.raises(concurrent.futures.CancelledError):
             waiting.result(0)

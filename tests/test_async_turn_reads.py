@@ -101,7 +101,7 @@ def test_an_async_brain_reading_a_lazy_turn_attribute_holds_no_other_turn(
         rt.post(a, "read your " + attribute)
         assert reads.in_brain.wait(10), "A's brain began"
         rt.post(b, "anything")
-        assert other_ran.wait(5), (
+        assert other_ran.wait(30), (
             f"B's async turn did not run while A's brain read turn.{attribute} "
             f"(reads of A on the event loop: {reads.on_loop})")
     finally:
@@ -139,7 +139,7 @@ def test_an_async_brain_awaits_its_tool_request_off_the_event_loop(
         rt.post(a, "which tools?")
         assert reads.reading.wait(10), "A's request is being read"
         rt.post(b, "anything")
-        assert other_ran.wait(5), "B's async turn waited for A's read of its request"
+        assert other_ran.wait(30), "B's async turn waited for A's read of its request"
     finally:
         reads.release.set()
     rt.run_until_idle()
@@ -197,7 +197,7 @@ def test_taking_steering_never_waits_on_the_loop_for_another_fetchs_write() -> N
         assert about_to_take.wait(10), "the first fetch came back while the second wrote"
         responsive = threading.Event()
         loop.call_soon_threadsafe(responsive.set)
-        assert responsive.wait(5), "the event loop waited for the second fetch's write"
+        assert responsive.wait(20), "the event loop waited for the second fetch's write"
     finally:
         release.set()
         thread.join(10)
@@ -273,7 +273,7 @@ def test_an_async_brain_waiting_for_a_stop_with_the_sync_call_holds_no_other_tur
         rt.post(a, "wait for a stop")
         assert in_brain.wait(10), "A's brain began"
         rt.post(b, "anything")
-        assert other_ran.wait(5), "B's async turn waited for A's wait_stop_requested"
+        assert other_ran.wait(30), "B's async turn waited for A's wait_stop_requested"
     finally:
         request_stop(rt.context, a, "operator")  # ends a wait that held the loop
     rt.run_until_idle()
@@ -338,7 +338,7 @@ def test_an_async_brain_takes_a_row_into_its_turn_off_the_event_loop(
         queued.set()
         assert reads.reading.wait(10), "A's row is being taken"
         rt.post(b, "anything")
-        assert other_ran.wait(5), "B's async turn waited for A's take"
+        assert other_ran.wait(30), "B's async turn waited for A's take"
     finally:
         reads.release.set()
         queued.set()

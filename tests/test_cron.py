@@ -395,7 +395,7 @@ def test_a_run_still_active_when_the_next_is_due_is_recorded_as_an_error(
     rt = make_runtime(brain=brain)
     job_id = every_minute(rt)
     clock.advance(MINUTE)
-    assert brain.holding.wait(5)
+    assert brain.holding.wait(20)
     clock.advance(MINUTE)  # the first run still holds the brain
     refused = [r for r in rt.cron.runs(job_id) if r["status"] == "error"]
     assert [r["error"] for r in refused] == ["Previous cron run is still active"]
@@ -516,7 +516,7 @@ def test_no_run_is_lost_or_doubled_across_a_crash_mid_turn(db_url: str,
     rt = Runtime(db=db_url, brain=brain, clock=clock).start()
     job_id = every_minute(rt)
     clock.advance(MINUTE)
-    assert brain.holding.wait(5)
+    assert brain.holding.wait(20)
     rt.crash()  # the run is "running", owned by a dead runtime
     brain.release.set()
     with Runtime(db=db_url, brain=CronBrain(), clock=clock) as rt2:
@@ -551,9 +551,9 @@ def test_an_inbox_message_to_a_cron_session_waits_for_the_running_cron_turn(
     rt = make_runtime(brain=brain)
     job_id = every_minute(rt)
     clock.advance(MINUTE)
-    assert brain.holding.wait(5)
+    assert brain.holding.wait(20)
     rt.post(f"cron-{job_id}", "a note while the run is busy")
-    wait_for(lambda: rt.statistics()["busy"] == 1, 5, "the inbox turn to be claimed")
+    wait_for(lambda: rt.statistics()["busy"] == 1, 20, "the inbox turn to be claimed")
     assert len(brain.turns) == 1  # the inbox turn waits for the cron turn to end
     brain.release.set()
     rt.run_until_idle()
@@ -583,10 +583,11 @@ def test_an_inbox_turn_waiting_for_a_cron_turn_at_a_stop_hands_its_row_back_unru
     rt = make_runtime(brain=brain)
     job_id = every_minute(rt)
     clock.advance(MINUTE)
-    assert cron_running.wait(5)
+    assert cron_running.wait(20)
     note = rt.post(f"cron-{job_id}", "a note while the run is busy")
     # Leased with its send, the row waits for the cron turn to end, holding no slot.
-    assert f"cron-{job_id}" in rt.context.slots.waiting  # type: ignore[union-attr]
+    wait_for(lambda: f"cron-{job_id}" in rt.context.slots.waiting,  # type: ignore[union-attr]
+             20, "the note to wait in the slot table")
     rt.stop()
     assert inbox_turns == []  # never started, so never asked to stop
     after = make_runtime()  # send-only: reads the journal
@@ -616,10 +617,10 @@ def test_a_cron_turn_waiting_for_an_inbox_turn_at_a_stop_does_not_run(
     job_id = every_minute(rt)
     sid = f"cron-{job_id}"
     rt.post(sid, "a note before the run")
-    assert inbox_running.wait(5)
+    assert inbox_running.wait(20)
     waiting = waits_for_its_session(rt)
     rt.cron.trigger(job_id)
-    assert waiting.wait(5)  # the cron turn waits for the inbox turn to end
+    assert waiting.wait(20)  # the cron turn waits for the inbox turn to end
     rt.stop()
     assert cron_turns == []  # never started, so never asked to stop
     after = make_runtime()  # send-only: reads the database
@@ -649,10 +650,10 @@ def test_a_cron_turn_waiting_for_an_inbox_turn_that_never_ends_lets_go_at_the_st
     try:
         job_id = every_minute(rt)
         rt.post(f"cron-{job_id}", "a note before the run")
-        assert inbox_running.wait(5)
+        assert inbox_running.wait(20)
         waiting = waits_for_its_session(rt)
         rt.cron.trigger(job_id)
-        assert waiting.wait(5)  # the cron turn waits for the inbox turn to end
+        assert waiting.wait(20)  # the cron turn waits for the inbox turn to end
         rt.stop(timeout=0.5)
         wait_for(lambda: not any(t.name.startswith("kinbox-direct")
                                  for t in threading.enumerate()), 10,
@@ -682,10 +683,11 @@ def test_an_inbox_turn_waiting_for_a_cron_turn_that_never_ends_hands_its_row_bac
     try:
         job_id = every_minute(rt)
         rt.cron.trigger(job_id)
-        assert cron_running.wait(5)
+        assert cron_running.wait(20)
         rt.post(f"cron-{job_id}", "a note during the run")
         # Leased with its send, the row waits for the cron turn to end, holding no slot.
-        assert f"cron-{job_id}" in rt.context.slots.waiting  # type: ignore[union-attr]
+        wait_for(lambda: f"cron-{job_id}" in rt.context.slots.waiting,  # type: ignore[union-attr]
+             20, "the note to wait in the slot table")
         rt.stop(timeout=0.5)
         after = make_runtime()  # send-only: reads the database
         assert [r["status"] for r in after.inbox(target=f"cron-{job_id}")] == ["pending"]
@@ -708,14 +710,14 @@ def test_the_apscheduler_driver_fires_at_the_time_it_was_told_and_on_its_poll() 
     try:
         due = time.time() + 0.2
         at.wake_at(due, "job")
-        assert woken.wait(5) and fired[0] >= due - 0.05
+        assert woken.wait(20) and fired[0] >= due - 0.05
     finally:
         at.stop()
     woken.clear()
     polling = ScheduleDriver(fire, enabled=True, now=time.time, poll_seconds=0.1)
     polling.start()
     try:
-        assert woken.wait(5)
+        assert woken.wait(20)
     finally:
         polling.stop()
     # An injected clock: the runtime ticks instead.
@@ -755,7 +757,7 @@ def test_a_poll_a_wall_clock_set_back_stalled_is_fired_and_rearmed(
     driver = ScheduleDriver(woken.set, enabled=True, now=time.time, poll_seconds=0.2)
     driver.start()
     try:
-        assert woken.wait(5)  # the poll runs
+        assert woken.wait(20)  # the poll runs
         behind[0] = 3600.0  # the wall clock is set back an hour
         woken.clear()
         assert not woken.wait(1.0)  # five periods: the poll waits for the clock to catch up
@@ -765,7 +767,7 @@ def test_a_poll_a_wall_clock_set_back_stalled_is_fired_and_rearmed(
             return woken.is_set()
         wait_for(ticked, timeout=10, what="the stalled poll fired by the tick")
         woken.clear()
-        assert woken.wait(5)  # and the poll runs on by itself again
+        assert woken.wait(20)  # and the poll runs on by itself again
     finally:
         driver.stop()
 

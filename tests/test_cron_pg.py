@@ -64,7 +64,7 @@ def test_sixty_minutes_two_runtimes_one_crash_sixty_runs_none_doubled(pg_url: st
                 # The victim sees this occurrence first, fires it and dies in its turn.
                 brains[victim].hold.set()
                 clocks[victim].advance(MINUTE)
-                assert brains[victim].holding.wait(5)
+                assert brains[victim].holding.wait(30)
                 runtimes[victim].crash()
                 brains[victim].release.set()
                 clocks[1 - victim].advance(MINUTE)
@@ -210,7 +210,7 @@ def test_a_dead_runtimes_run_is_taken_over_at_once_not_when_its_lease_ends(
         # The first runs it (an injected clock fires only where it moves); on the real
         # clock the trigger notifies the other as well, and either may run it.
         runtimes[0].cron.trigger(job_id)
-        wait_for(lambda: any(b.holding.is_set() for b in brains), 5, "the run to start")
+        wait_for(lambda: any(b.holding.is_set() for b in brains), 30, "the run to start")
         dead = 0 if brains[0].holding.is_set() else 1
         live, clock = runtimes[1 - dead], clocks[1 - dead]
         brains[1 - dead].hold.clear()

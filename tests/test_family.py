@@ -627,7 +627,7 @@ def test_a_send_of_a_turn_whose_commit_broke_outside_the_journal_is_no_longer_co
     rt.context.outbox_hooks.append(broken_hook)
     rt.post("bob", "go")
     assert hook_raised.wait(20)
-    wait_for(lambda: rt.context.queued_sends.count("root") == 0, timeout=5,
+    wait_for(lambda: rt.context.queued_sends.count("root") == 0, timeout=30,
              what="the dropped send let go")
     assert [r for r in rt.inbox(target="root")] == []
 

@@ -69,7 +69,7 @@ def test_every_retry_runs_when_its_backoff_ends_without_a_tick(tmp_path: Path,
         sids = [rt.create_session(project, f"S{k}").id for k in range(sessions)]
         for sid in sids:
             rt.post(sid, "hello")
-            wait_for(lambda sid=sid: brain.count(sid) == 1, timeout=5,
+            wait_for(lambda sid=sid: brain.count(sid) == 1, timeout=20,
                      what="the first attempt")
         for sid in sids:
             wait_for(lambda sid=sid: brain.count(sid) == 2, timeout=FIRST_BACKOFF + 8,

@@ -141,9 +141,9 @@ def test_a_direct_turn_shows_active_while_it_runs_and_idle_after(
     rt = make_runtime(brain=brain)
     session_id = f"cron-{every_minute(rt)}"
     clock.advance(MINUTE)
-    assert brain.holding.wait(5)  # a cron run: a direct turn, no inbox row
+    assert brain.holding.wait(20)  # a cron run: a direct turn, no inbox row
     wait_for(lambda: rt.session(session_id).status == "active",  # type: ignore[union-attr]
-             5, "the direct turn to show")
+             20, "the direct turn to show")
     brain.failing = "no"
     brain.release.set()
     rt.run_until_idle()

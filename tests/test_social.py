@@ -146,7 +146,7 @@ def test_the_same_sender_steers_the_running_turn_and_others_queue_per_chat(
     rt, brain, sent = social_rt
     brain.hold.set()
     rt.social.ingest(event("first"))
-    assert brain.holding.wait(5)
+    assert brain.holding.wait(20)
     rt.social.ingest(event("second", sender="U2"))
     rt.social.ingest(event("more from me"))
     rt.social.ingest(event("elsewhere", thread="T2"))  # another chat is not held up
@@ -177,7 +177,7 @@ def test_a_burst_of_ten_times_the_bound_refuses_the_excess_and_loses_none_accept
     assert len(accepted) == 10 and refused == 90
     assert rt.social.statistics()["refused"] == 90
     assert sum("social ingress queue full" in r.message for r in caplog.records) == 90
-    assert brain.holding.wait(5)
+    assert brain.holding.wait(20)
     brain.release.set()
     assert rt.social.wait_idle(10)
     texts = [e.text.splitlines()[-1] for t in ("T0", "T1", "T2")
@@ -404,7 +404,7 @@ def test_an_async_brain_answers_social_events_and_takes_steering(
     async def brain(turn: Turn) -> str:
         started.set()
         # Wait for the test without holding the loop (a worker thread waits instead).
-        assert await asyncio.get_running_loop().run_in_executor(None, go_on.wait, 5)
+        assert await asyncio.get_running_loop().run_in_executor(None, go_on.wait, 30)
         more = await turn.asteering()
         return "got " + ", ".join(m.content.splitlines()[-1] for m in [*turn.messages, *more])
 
@@ -413,9 +413,9 @@ def test_an_async_brain_answers_social_events_and_takes_steering(
     rt.social.allow("slack", ["U1"])
     rt.social.register_channel("slack", send=lambda route, text: sent.append(text))
     rt.social.ingest(event("one"))
-    assert started.wait(5)
+    assert started.wait(20)
     rt.social.ingest(event("two"))
-    wait_for(lambda: rt.social.statistics()["steered"] == 1, 5, "the steering event")
+    wait_for(lambda: rt.social.statistics()["steered"] == 1, 20, "the steering event")
     go_on.set()
     assert rt.social.wait_idle(10)
     assert sent == ["got one, two"]

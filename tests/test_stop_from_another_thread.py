@@ -112,7 +112,7 @@ def test_a_stop_leaves_no_server_connection(
     assert server_connections(pg_url) - before
     stop_from(where, rt)
     gc.collect()
-    wait_for(lambda: not server_connections(pg_url) - before, timeout=5,
+    wait_for(lambda: not server_connections(pg_url) - before, timeout=30,
              what="the server to see every connection of the runtime closed")
 
 

@@ -59,5 +59,5 @@ def test_a_committed_turn_is_freed_without_the_cyclic_collector(
         rt.post(a if i % 2 else b, f"message {i}")
     rt.run_until_idle()
     assert len(seen) == 6
-    wait_for(lambda: all(ref() is None for ref in seen), timeout=5,
+    wait_for(lambda: all(ref() is None for ref in seen), timeout=30,
              what="every finished turn freed by reference counting")
