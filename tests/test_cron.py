@@ -760,7 +760,9 @@ def test_a_poll_a_wall_clock_set_back_stalled_is_fired_and_rearmed(
         assert woken.wait(20)  # the poll runs
         behind[0] = 3600.0  # the wall clock is set back an hour
         woken.clear()
-        assert not woken.wait(1.0)  # five periods: the poll waits for the clock to catch up
+        if woken.wait(1.0):  # a poll that read the clock before it went back, run late
+            woken.clear()
+            assert not woken.wait(1.0)  # five periods: the poll waits for the clock
 
         def ticked() -> bool:
             driver.keep_polling()  # as the runtime's tick calls it
