@@ -213,7 +213,8 @@ def test_a_stop_closes_its_links_at_once_not_one_after_another(tmp_path: Path) -
         finally:
             rt.stop()
         took = time.monotonic() - began
-        assert took < 6.0, f"the stop took {took:.1f} s for {links} links"
+        # One after another the five would take over 10 s; the slack is a loaded machine's.
+        assert took < 9.0, f"the stop took {took:.1f} s for {links} links"
         assert _rows(path) == {mid: ("pending", 0, row[2], None, None)
                                for mid, row in before.items()}
     finally:

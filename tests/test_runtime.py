@@ -849,8 +849,9 @@ def test_a_stop_waits_for_deaf_session_actors_once_and_names_them(
         assert slots is not None
         began = time.monotonic()
         with caplog.at_level("WARNING", logger="kinbox.dispatcher"):
-            lagging = slots.stop(timeout=1.0)
-        assert time.monotonic() - began < 2.5  # one deadline for all three, not 1 s each
+            lagging = slots.stop(timeout=3.0)
+        # One deadline for all three, not 3 s each; the slack is a loaded machine's.
+        assert time.monotonic() - began < 7.0
         assert sorted(lagging) == deaf
         assert all(session_id in caplog.text for session_id in deaf)
     finally:
