@@ -16,6 +16,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -53,6 +54,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+SERVING = re.compile(r"kinbox serving http://127\.0\.0\.1:(\d+)/")
+"""The line ``kinbox serve`` writes once its socket is bound."""
+
+
 def port_open(port: int) -> bool:
     """True when something accepts connections on 127.0.0.1:port."""
     with socket.socket() as s:
@@ -74,22 +79,43 @@ class Receiver:
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / "receiver.db"
         self.url = f"sqlite:///{self.path}"
-        self.port = port or free_port()
-        self.http = f"http://127.0.0.1:{self.port}"
+        self.port = port or 0
+        """0 until the first start: ``kinbox serve --port 0`` binds a port nobody holds and
+        says which (a port chosen free here and bound later by the child could be taken
+        in between, by another test worker). Later starts bind it again."""
         self.log = folder / "receiver.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
+    @property
+    def http(self) -> str:
+        """The receiver's URL."""
+        return f"http://127.0.0.1:{self.port}"
+
     def start(self) -> Receiver:
         """Start serving and wait until the port accepts connections."""
-        log = self.log.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kinbox.actors", "serve", "--db", self.url,
-             "--port", str(self.port)], stdout=log, stderr=log,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        wait_for(lambda: port_open(self.port) or self.proc.poll() is not None, 30,
-                 "the receiver to listen")
-        assert self.proc.poll() is None, self.log.read_text()[-2000:]
+        said = self.log.stat().st_size if self.log.exists() else 0
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kinbox.actors", "serve", "--db", self.url,
+                 "--port", str(self.port)], stdout=log, stderr=log,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = self.proc
+        if self.port:
+            wait_for(lambda: port_open(self.port) or proc.poll() is not None, 60,
+                     "the receiver to listen")
+        else:
+            wait_for(lambda: self._serving(said) or proc.poll() is not None, 60,
+                     "the receiver to say where it serves")
+            self.port = self._serving(said) or 0
+        assert proc.poll() is None, self.log.read_text()[-2000:]
         return self
+
+    def _serving(self, offset: int) -> int | None:
+        """The port of the "kinbox serving http://..." line written after ``offset``."""
+        with self.log.open("rb") as log:
+            log.seek(offset)
+            found = SERVING.search(log.read().decode(errors="replace"))
+        return int(found.group(1)) if found else None
 
     def kill(self) -> None:
         """SIGKILL: no goodbyes, nothing flushed."""
@@ -195,7 +221,8 @@ class FakePeer:
     def __init__(self, after_welcome: Callable[[ServerConnection], Awaitable[None]]) -> None:
         self.identity = DeviceIdentity.generate()
         self.token = new_token(os.urandom(32))
-        self.port = free_port()
+        self._sock = socket.create_server(("127.0.0.1", 0))  # bound here: nobody takes it
+        self.port = int(self._sock.getsockname()[1])
         self.http = f"http://127.0.0.1:{self.port}"
         self.opened = 0
         """Links that got their welcome."""
@@ -224,7 +251,7 @@ class FakePeer:
         self._thread.join(10)
 
     async def _serve(self) -> None:
-        async with websockets.serve(self._handle, "127.0.0.1", self.port):
+        async with websockets.serve(self._handle, sock=self._sock):
             await asyncio.to_thread(self._stop.wait)
 
     async def _handle(self, ws: ServerConnection) -> None:
@@ -257,13 +284,14 @@ class Served:
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
-        self.port = free_port()
+        sock = socket.create_server(("127.0.0.1", 0))  # bound here: nobody takes it
+        self.port = int(sock.getsockname()[1])
         self.http = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app_for(rt), host="127.0.0.1",
                                                     port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, args=([sock],), daemon=True)
         self.thread.start()
-        wait_for(lambda: self.server.started, 10, "uvicorn to start")
+        wait_for(lambda: self.server.started, 30, "uvicorn to start")
 
     def invite(self) -> str:
         return new_invite(self.rt.peers.peers, frozenset({"agent"}), 600, self.rt.clock.now())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -339,20 +338,22 @@ def test_the_app_mounts_into_a_hosts_own_asgi_app(make_runtime: MakeRuntime,
         srv.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.timeout(60)
 def test_kinbox_serve_binds_loopback_and_answers(tmp_path: Path) -> None:
-    port = free_port()
     env = {**os.environ, "KINBOX_HOME": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "kinbox.actors", "serve", "--port", str(port),
+    # Port 0, and the port it says: one chosen free here could be taken before it binds.
+    proc = subprocess.Popen([sys.executable, "-m", "kinbox.actors", "serve", "--port", "0",
                              "--db", f"sqlite:///{tmp_path / 'serve.db'}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
+        assert proc.stdout is not None
+        line = ""
+        while "kinbox serving" not in line:
+            line = proc.stdout.readline()
+            assert line, "kinbox serve exited before it said where it serves"
+        assert "kinbox serving http://127.0.0.1:" in line, line  # loopback
+        port = int(line.split("http://127.0.0.1:", 1)[1].split("/", 1)[0])
+
         def answers() -> bool:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/focal", timeout=2) as r:
@@ -363,7 +364,6 @@ def test_kinbox_serve_binds_loopback_and_answers(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    assert "127.0.0.1" in proc.stdout.read()  # type: ignore[union-attr]
 
 
 class BrokenBackend:

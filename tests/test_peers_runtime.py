@@ -4,6 +4,7 @@ and the peer store on both database backends."""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from kinbox.transport.link import LinkState, SenderLink
 
 from .conftest import Stores
 from .helpers import quiet_brain, wait_for
-from .peer_harness import Receiver, Served, free_port, opened_link
+from .peer_harness import Receiver, Served, opened_link
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -95,13 +96,14 @@ def test_the_peer_endpoint_answers_the_hosts_the_http_api_answers(tmp_path: Path
 
     b = Runtime(db=f"sqlite:///{tmp_path / 'h.db'}", brain=quiet_brain,
                 clock=SystemClock()).start()
-    port = free_port()
+    sock = socket.create_server(("127.0.0.1", 0))  # bound here: nobody takes it meanwhile
+    port = int(sock.getsockname()[1])
     server = uvicorn.Server(uvicorn.Config(app_for(b, allowed_hosts=["*.example.com"]),
                                            host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, args=([sock],), daemon=True)
     thread.start()
     try:
-        wait_for(lambda: server.started, 10, "uvicorn to start")
+        wait_for(lambda: server.started, 30, "uvicorn to start")
         answers = {}
         for host in ("foo.example.com", "evil.test"):
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
