@@ -128,11 +128,12 @@ def run_with_kills(url: str, log: Path, kills: int, seed: int, args: Sequence[st
     rng = random.Random(seed)
     run = CrashRun(url, log)
     while run.kills < kills:
+        said = run.log.stat().st_size if run.log.exists() else 0  # the lives before are dead
         proc = spawn(run, args, child)
         turns = rng.randint(0, max_turns) if max_turns else 0
         gap = rng.uniform(0.0, max_gap)
         try:
-            wait_turns(run, proc, turns)
+            wait_turns(run.log, said, proc, turns)
             proc.wait(timeout=gap)  # the kill moment
         except subprocess.TimeoutExpired:
             proc.kill()
@@ -145,16 +146,17 @@ def run_with_kills(url: str, log: Path, kills: int, seed: int, args: Sequence[st
     return run
 
 
-def wait_turns(run: CrashRun, proc: subprocess.Popen[str], turns: int) -> None:
-    """Return once the current life has started ``turns`` turns (by the turn log), or
-    has exited, or after :data:`TURNS_TIMEOUT` seconds."""
+def wait_turns(log: Path, offset: int, proc: subprocess.Popen[str], turns: int) -> None:
+    """Return once ``proc`` has started ``turns`` turns (lines of the turn log past
+    ``offset``), or has exited, or after :data:`TURNS_TIMEOUT` seconds."""
     if turns <= 0:
         return
-    prefix = f"{run.lives} "
     deadline = time.monotonic() + TURNS_TIMEOUT
     pause = threading.Event()
     while proc.poll() is None and time.monotonic() < deadline:
-        text = run.log.read_text() if run.log.exists() else ""
-        if sum(1 for line in text.splitlines() if line.startswith(prefix)) >= turns:
-            return
-        pause.wait(0.005)  # polling a file the child appends to; the deadline bounds it
+        if log.exists():
+            with log.open("rb") as f:
+                f.seek(offset)
+                if f.read().count(b"\n") >= turns:
+                    return
+        pause.wait(0.02)  # polling a file the child appends to; the deadline bounds it
