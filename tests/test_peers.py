@@ -7,6 +7,7 @@ misbehaving peers. Every check reads the databases the runtimes wrote.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import random
@@ -142,13 +143,13 @@ class Peer:
         if header == "":
             headers = {}
         ws = connect(f"ws://127.0.0.1:{self.r.port}/peers/link{query}",
-                     additional_headers=headers, proxy=None, open_timeout=5, **DIRECT)
+                     additional_headers=headers, proxy=None, open_timeout=20, **DIRECT)
         me = identity or self.identity
-        ch = f.parse(ws.recv(5))
+        ch = f.parse(ws.recv(20))
         assert isinstance(ch, f.Challenge)
         hello = hs.hello(me, ch, token, hs.new_nonce(random.randbytes(32)), self.server_id)
         ws.send(f.encode(hello))
-        welcome = f.parse(ws.recv(5))
+        welcome = f.parse(ws.recv(20))
         if isinstance(welcome, f.Refused):  # proved to be the paired device's refusal
             ws.close()
             raise PermissionError(hs.check_refused(me, ch, hello, token, welcome,
@@ -213,7 +214,7 @@ def test_handshake_matrix_only_valid_is_accepted_before_any_state(receiver: Rece
                   hs.new_nonce(random.randbytes(32)))
     ws = good.open()  # valid
     ws.send(f.encode(f.Ping("p1")))
-    assert f.parse(ws.recv(5)) == f.Pong("p1")
+    assert f.parse(ws.recv(20)) == f.Pong("p1")
     ws.close()
     assert receiver.query("SELECT COUNT(*) FROM peer_devices WHERE last_seen_at IS NOT NULL"
                           ) == [(1,)]
@@ -259,7 +260,7 @@ def test_a_thousand_fuzzed_frames_over_a_socket_write_nothing(receiver: Receiver
     for sample in fuzz_frames(random.Random(15), 1000):
         try:
             ws.send(sample)
-            answer = f.parse(ws.recv(5))
+            answer = f.parse(ws.recv(20))
             assert isinstance(answer, f.Error) and answer.code == "bad_frame"
             refused += 1
         except ConnectionClosed:  # too many bad frames: the server hangs up; dial again
@@ -268,7 +269,7 @@ def test_a_thousand_fuzzed_frames_over_a_socket_write_nothing(receiver: Receiver
     assert refused >= 900
     ws = good.open()
     ws.send(f.encode(f.Ping("alive")))
-    assert f.parse(ws.recv(5)) == f.Pong("alive")
+    assert f.parse(ws.recv(20)) == f.Pong("alive")
     ws.close()
     assert receiver.query("SELECT COUNT(*) FROM agent_inbox_messages") == [(0,)]
 
@@ -278,19 +279,19 @@ def test_a_repeat_gets_the_same_ack_and_other_content_is_rejected(receiver: Rece
     me = good.identity.device_id
     ws = good.open()
     ws.send(f.encode(f.Deliver("m1", "first", None)))
-    assert f.parse(ws.recv(5)) == f.Ack("m1")
+    assert f.parse(ws.recv(20)) == f.Ack("m1")
     receiver.kill()  # the receiver dies after its commit: the sender never heard more
     receiver.start()
     ws = good.open()
     ws.send(f.encode(f.Deliver("m1", "first", None)))  # the sender retries with the same id
-    assert f.parse(ws.recv(5)) == f.Ack("m1")
+    assert f.parse(ws.recv(20)) == f.Ack("m1")
     ws.send(f.encode(f.Deliver("m1", "changed", None)))
-    answer = f.parse(ws.recv(5))
+    answer = f.parse(ws.recv(20))
     assert isinstance(answer, f.Error) and (answer.id, answer.code) == ("m1", "rejected")
     ws.send(f.encode(f.Deliver("m2", "named", "side_1")))
-    assert f.parse(ws.recv(5)) == f.Ack("m2")
+    assert f.parse(ws.recv(20)) == f.Ack("m2")
     ws.send(f.encode(f.Deliver("m3", "bad name", "no/slash")))
-    assert f.parse(ws.recv(5)).code == "rejected"  # type: ignore[attr-defined]
+    assert f.parse(ws.recv(20)).code == "rejected"  # type: ignore[attr-defined]
     ws.close()
     assert receiver.query("SELECT message_id, target_chat_id FROM agent_inbox_messages "
                           "ORDER BY seq") == [(f"peer-{me}-m1", f"suzent:{me}"),
@@ -307,7 +308,7 @@ def test_a_receiver_killed_around_its_commit_ends_with_one_row_after_the_retry(
     receiver.start()
     ws = good.open()
     ws.send(f.encode(f.Deliver("early", "x", None)))
-    assert f.parse(ws.recv(5)) == f.Ack("early")
+    assert f.parse(ws.recv(20)) == f.Ack("early")
     ws.close()
     assert receiver.peer_rows(me) == [f"peer-{me}-early"]
 
@@ -434,7 +435,7 @@ def test_a_live_link_opened_with_a_token_its_grant_no_longer_has_takes_nothing_m
     me = good.identity.device_id
     old = good.open()
     old.send(f.encode(f.Deliver("before", "x", None)))
-    assert f.parse(old.recv(5)) == f.Ack("before")
+    assert f.parse(old.recv(20)) == f.Ack("before")
     again = pair_with(receiver.http, good.identity, receiver.invite(), "raw",
                       hs.new_nonce(random.randbytes(32)))
     assert again.token != good.token
@@ -442,9 +443,12 @@ def test_a_live_link_opened_with_a_token_its_grant_no_longer_has_takes_nothing_m
         good.open()  # the old token, on a new link
     got: list[str] = []
     try:  # the old link is closed, with a signed refusal, and takes nothing more
-        old.send(f.encode(f.Deliver("after", "x", None)))
+        # Its grant's watcher may have closed it already (on a loaded machine, before this
+        # send): the send then fails, and the refusal still waits to be read.
+        with contextlib.suppress(ConnectionClosed):
+            old.send(f.encode(f.Deliver("after", "x", None)))
         while True:
-            frame = f.parse(old.recv(3))
+            frame = f.parse(old.recv(20))
             got.append(frame.TYPE + (f" {frame.reason}" if isinstance(frame, f.Refused)
                                      else ""))
     except ConnectionClosed:
@@ -456,7 +460,7 @@ def test_a_live_link_opened_with_a_token_its_grant_no_longer_has_takes_nothing_m
     good.token = again.token
     ws = good.open()  # the new pairing works
     ws.send(f.encode(f.Deliver("after", "x", None)))
-    assert f.parse(ws.recv(5)) == f.Ack("after")
+    assert f.parse(ws.recv(20)) == f.Ack("after")
     ws.close()
 
 
