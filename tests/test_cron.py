@@ -687,7 +687,7 @@ def test_an_inbox_turn_waiting_for_a_cron_turn_that_never_ends_hands_its_row_bac
         rt.post(f"cron-{job_id}", "a note during the run")
         # Leased with its send, the row waits for the cron turn to end, holding no slot.
         wait_for(lambda: f"cron-{job_id}" in rt.context.slots.waiting,  # type: ignore[union-attr]
-             20, "the note to wait in the slot table")
+                 20, "the note to wait in the slot table")
         rt.stop(timeout=0.5)
         after = make_runtime()  # send-only: reads the database
         assert [r["status"] for r in after.inbox(target=f"cron-{job_id}")] == ["pending"]
