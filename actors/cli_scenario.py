@@ -24,7 +24,13 @@ import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..persistence import DatabaseMissing, DatabaseOpenError, open_database, redact_url
+from ..persistence import (
+    DatabaseMissing,
+    DatabaseOpenError,
+    open_database,
+    redact_url,
+    sqlite_path,
+)
 from . import scenario_files
 from .cli_args import database_url
 from .errors import ConfigError, ScenarioError
@@ -84,9 +90,29 @@ def check_database(url: str) -> None:
     try:
         open_database(url, must_exist=True).close()
     except DatabaseMissing:
-        pass  # a new SQLite file: its URL was checked before it was found missing
+        # A new SQLite file: its URL was checked before it was found missing. Its folders
+        # must be makeable, or the runtime's start fails inside the script.
+        path = sqlite_path(url)
+        if path is not None:
+            _check_new_folder(url, path.resolve().parent)
     except DatabaseOpenError as exc:
         raise ConfigError(str(exc), field="db") from None
+
+
+def _check_new_folder(url: str, folder: Path) -> None:
+    """ConfigError unless ``folder`` is, or could be made as, a folder a file can be made
+    in: its nearest existing ancestor is a writable folder (nothing is made here)."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        why = f"{str(existing)!r} is not a folder"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        why = f"the folder {str(existing)!r} is not writable"
+    else:
+        return
+    raise ConfigError(f"cannot open database {redact_url(url)!r}: cannot make the file in "
+                      f"{str(folder)!r}: {why}", field="db")
 
 
 def check_output_path(path: str, flag: str) -> None:

@@ -283,6 +283,19 @@ def test_a_missing_postgresql_database_is_refused_before_running(pg_url: str,
     assert "kinbox_no_such_database" in result.stderr
 
 
+@pytest.mark.timeout(60)
+def test_a_sqlite_file_whose_folder_cannot_be_made_is_refused_before_running(
+        tmp_path: Path) -> None:
+    """A file stands where the database's folder would go: the check let the missing file
+    pass, the script ran and failed at ``sc.start()`` ("cannot make its folder"), a
+    FAILED report with exit 1 blaming the script's line for the ``--db`` flag."""
+    (tmp_path / "afile").write_text("")
+    result = _refused_db(tmp_path, f"sqlite:///{tmp_path}/afile/sub/sc.db")
+    assert result.stderr.startswith("kinbox: cannot open database")
+    assert "afile" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "story.py"]
+
+
 def test_a_new_sqlite_file_in_new_folders_is_still_made_by_the_run(tmp_path: Path) -> None:
     db = tmp_path / "new" / "folders" / "sc.db"
     path = script(tmp_path, "def run(sc):\n    sc.start()\n    sc.expect(True, 'fine')\n")
