@@ -18,6 +18,7 @@ from pathlib import Path
 
 import peewee as pw
 
+from . import forks
 from .errors import DatabaseInUse, DatabaseOpenError
 
 
@@ -46,6 +47,15 @@ class ExclusiveLock:
             os.close(fd)
             raise DatabaseInUse(self.database) from None
         self._fd = fd
+        forks.watch(self)
+
+    def drop_in_forked_child(self) -> None:
+        """A forked child closes its copy of the lock's file (the lock stays the parent's:
+        it goes with the last descriptor of it, so the child's copy outlived a killed
+        parent and the database stayed "in use")."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
     def release(self) -> None:
         """Give the lock up (idempotent)."""

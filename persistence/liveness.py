@@ -26,6 +26,7 @@ from typing import Any
 
 import peewee as pw
 
+from . import forks
 from .errors import LifeLockLost, PersistenceError
 
 LOCK_CLASS = 0x6B62
@@ -62,6 +63,16 @@ class OwnerLiveness:
                                    f"whose owner id shares its key holds it, or the "
                                    f"database failed): {exc}") from exc
         self._conn = conn
+        forks.watch(self)
+
+    def drop_in_forked_child(self) -> None:
+        """A forked child lets go of its copy of the lock's connection without a word to
+        the server (closing it would end the parent's session, and its lock): the socket
+        is then the parent's alone, and goes, with the lock, when the parent dies."""
+        conn, self._conn = self._conn, None  # never used here again
+        self._lock = threading.Lock()  # another thread of the parent may have held it
+        if conn is not None and not conn.closed:
+            forks.blank(conn.fileno())
 
     def gone(self, owners: Iterable[str]) -> set[str]:
         """The owners among ``owners`` whose runtime no longer holds its life lock;

@@ -1,0 +1,37 @@
+"""A process that holds a runtime's proof of life and forks a child that outlives it.
+
+Usage: python fork_child.py DB_URL [OWNER]
+SQLite: takes the database's exclusive lock; PostgreSQL: holds OWNER's life lock. Then it
+forks a child that does not exec (a brain's ``multiprocessing`` worker, say) and waits
+on its stdin; prints "held <child pid>" and waits for ever, to be SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from kinbox.persistence import ExclusiveLock, OwnerLiveness, is_sqlite, open_database
+
+
+def main() -> None:
+    db = open_database(sys.argv[1])
+    held: ExclusiveLock | OwnerLiveness  # kept: a collected one lets its lock go
+    if is_sqlite(db):
+        held = ExclusiveLock(db)  # type: ignore[arg-type]
+        held.acquire()
+    else:
+        held = OwnerLiveness(db, sys.argv[2])  # type: ignore[arg-type]
+        held.hold()
+    child = os.fork()
+    if child == 0:  # lives on after its parent's death, until its stdin closes
+        sys.stdin.read()
+        os._exit(0)
+    print(f"held {child}", flush=True)
+    threading.Event().wait()
+    print(held)  # never reached
+
+
+if __name__ == "__main__":
+    main()
