@@ -20,6 +20,7 @@ looks alive, and its rows wait for their leases, as they did before life locks.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -29,6 +30,8 @@ import peewee as pw
 from . import forks
 from .errors import LifeLockLost, PersistenceError
 
+log = logging.getLogger("kinbox.liveness")
+
 LOCK_CLASS = 0x6B62
 """The first key of kinbox's advisory locks ("kb"), apart from other applications' locks."""
 
@@ -36,6 +39,16 @@ LOCK_WAIT = "5s"
 """How long taking the life lock waits (``lock_timeout``): another runtime's check holds an
 owner's lock for an instant; only a live runtime whose owner id collides holds it longer,
 and waiting for that one meant waiting, at start, for as long as it lived."""
+
+
+LIFE_KEEPALIVES = (("tcp_keepalives_idle", 10), ("tcp_keepalives_interval", 5),
+                   ("tcp_keepalives_count", 4))
+"""The server's TCP keepalives on a life lock's session: a host that died without closing
+its socket (power loss, a cut network) is given up after about 30 s, a default lease,
+rather than the 2 h 11 min of the usual defaults, during which the dead runtime looked
+alive and its direct-turn marks (they have no lease) held their sessions. A live runtime
+asks on its lock's connection twice a second, so the probes start only when it is silent.
+Ignored on a Unix socket; a server that cannot set one keeps its default."""
 
 
 class OwnerLiveness:
@@ -55,6 +68,11 @@ class OwnerLiveness:
             conn.autocommit = True
             with conn.cursor() as cur:
                 cur.execute(f"SET lock_timeout = '{LOCK_WAIT}'")
+                for name, seconds in LIFE_KEEPALIVES:
+                    try:
+                        cur.execute(f"SET {name} = {seconds}")
+                    except Exception as exc:  # a platform without it (autocommit: no harm)
+                        log.debug("the life lock's session keeps its %s: %s", name, exc)
                 cur.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (LOCK_CLASS, self.owner))
         except Exception as exc:
             if conn is not None:

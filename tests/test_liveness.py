@@ -243,3 +243,30 @@ def _hold(liveness: OwnerLiveness) -> BaseException | None:
     except BaseException as exc:
         return exc
     return None
+
+
+@pytest.mark.timeout(60)
+def test_the_server_notices_a_dead_host_within_about_a_lease(pg_url: str) -> None:
+    """A host that dies without closing its sockets (power loss, a kernel panic, a cut
+    network) left its life lock's session open until the server's TCP keepalives (2 h 11
+    min by default) gave up on it: for that long the dead runtime looked alive, and the
+    sessions its direct turns had marked (a mark has no lease) were claimed by no one. The
+    life lock's session asks the server to probe its peer within about a lease."""
+    db = open_database(pg_url)
+    liveness = OwnerLiveness(db, "keepalive-owner")
+    try:
+        liveness.hold()
+        with liveness._conn.cursor() as cur:
+            cur.execute("SELECT inet_client_addr() IS NULL")
+            if cur.fetchone()[0]:
+                pytest.skip("a Unix-socket connection has no TCP keepalives")
+            cur.execute("SELECT name, setting::int FROM pg_settings WHERE name IN "
+                        "('tcp_keepalives_idle', 'tcp_keepalives_interval', "
+                        "'tcp_keepalives_count')")
+            got = dict(cur.fetchall())
+        gives_up = (got["tcp_keepalives_idle"] + got["tcp_keepalives_interval"]
+                    * got["tcp_keepalives_count"])
+        assert 0 < gives_up <= 60, got
+    finally:
+        liveness.release()
+        db.close()
