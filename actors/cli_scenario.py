@@ -34,16 +34,21 @@ from ..persistence import (
 from . import scenario_files
 from .cli_args import database_url
 from .errors import ConfigError, ScenarioError
-from .interrupts import EXIT_INTERRUPTED, Interrupted, StopSignals
+from .interrupts import EXIT_INTERRUPTED, Interrupted, StopSignals, exit_now
 from .progress import Progress
 from .scenario import Scenario
 from .scenario_report import build_report, render_mermaid, render_text
 
 
 def run_scenario(path: str, db_url: str | None = None, seed: int = 0,
-                 stream: TextIO | None = None) -> tuple[dict[str, Any], Scenario]:
+                 stream: TextIO | None = None, temp_dirs: list[str] | None = None
+                 ) -> tuple[dict[str, Any], Scenario]:
     """Run one scenario (a file, or a bundled scenario's name); return its report and the
-    scenario. :class:`ConfigError` / :class:`ScenarioError` when it cannot start."""
+    scenario. :class:`ConfigError` / :class:`ScenarioError` when it cannot start.
+
+    Without ``db_url`` the run's database is a temporary folder, removed at the end; it
+    is added to ``temp_dirs`` while it exists, for an exit that skips the end (a second
+    stop signal) to remove it too."""
     file = scenario_files.resolve(path)
     module = scenario_files.load(file)
     if db_url is not None:
@@ -52,6 +57,8 @@ def run_scenario(path: str, db_url: str | None = None, seed: int = 0,
     tmp = None
     if db_url is None:
         tmp = tempfile.mkdtemp(prefix="kinbox-scenario-")
+        if temp_dirs is not None:
+            temp_dirs.append(tmp)
         db_url = f"sqlite:///{tmp}/scenario.db"
     progress = Progress(stream)
     sc = Scenario(db_url, seed=seed, name=file.stem, on_event=progress.event)
@@ -203,12 +210,20 @@ def handle_list(args: argparse.Namespace, out: TextIO) -> int:
 
 def handle(args: argparse.Namespace, out: TextIO) -> int:
     """Run the scenario; exit 0 when every expectation held (see the module docstring)."""
+    temp_dirs: list[str] = []
+
+    def exit_at_once(signum: int) -> None:
+        # A second signal exits past run_scenario's finally: its temporary database too
+        # would stay behind, in a folder no one looks at.
+        for folder in temp_dirs:
+            shutil.rmtree(folder, ignore_errors=True)
+        exit_now(signum)
     try:
         if args.diagram:
             check_output_path(args.diagram, "--diagram")
-        with StopSignals():
+        with StopSignals(on_second=exit_at_once):
             try:
-                report, _ = run_scenario(args.path, args.db, args.seed)
+                report, _ = run_scenario(args.path, args.db, args.seed, temp_dirs=temp_dirs)
             except Interrupted:  # while loading or stopping: there is no report to print
                 return EXIT_INTERRUPTED
     except (ConfigError, ScenarioError) as exc:

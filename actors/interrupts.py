@@ -35,7 +35,8 @@ def _say(text: str) -> None:
     sys.stderr.flush()
 
 
-def _exit_now(signum: int) -> None:
+def exit_now(signum: int) -> None:
+    """The second signal's default: say so and exit with :data:`EXIT_INTERRUPTED`."""
     _say(f"second {signal.Signals(signum).name}: stopping now; the journal keeps every "
          "unacknowledged message")
     os._exit(EXIT_INTERRUPTED)
@@ -46,7 +47,7 @@ class StopSignals:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, on_second: Callable[[int], None] = _exit_now) -> None:
+    def __init__(self, on_second: Callable[[int], None] = exit_now) -> None:
         self.on_second = on_second
         self.received: list[int] = []
         self._previous: dict[int, object] = {}
@@ -82,7 +83,7 @@ class StopBetweenSteps(StopSignals):
     stop after the step under way, which the command checks between steps, so it can say
     what it did; the second exits at once."""
 
-    def __init__(self, step: str, on_second: Callable[[int], None] = _exit_now) -> None:
+    def __init__(self, step: str, on_second: Callable[[int], None] = exit_now) -> None:
         super().__init__(on_second)
         self.step = step
 

@@ -180,9 +180,10 @@ def run(sc):
 class Child:
     """A ``kinbox scenario run`` subprocess whose stderr is read line by line."""
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "kinbox.actors", *args], cwd=ROOT,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
         self.err: list[str] = []
         self._seen = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -355,3 +356,23 @@ def test_a_diagram_that_cannot_be_written_whole_leaves_the_old_one(
     assert "kinbox: --diagram" in result.stderr and "Traceback" not in result.stderr
     assert diagram.read_text() == "old diagram\n"
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["d.md"]
+
+
+@pytest.mark.timeout(60)
+def test_a_second_ctrl_c_leaves_no_temporary_database_behind(tmp_path: Path) -> None:
+    """Without --db the run's database is a temporary folder, removed at the end: a second
+    signal exited at once, past that ``finally``, and left the folder and its database in
+    the temp dir, where no one would ever look at (or remove) them."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    path = script(tmp_path, "MODE = 'block'\n" + UNDER_WAY)
+    child = Child(["scenario", "run", str(path)], env={"TMPDIR": str(temp)})
+    child.wait_for_line("TURN RUNNING")
+    assert [p.name[:16] for p in temp.iterdir()] == ["kinbox-scenario-"]
+    child.proc.send_signal(signal.SIGINT)
+    child.wait_for_line("stopping gracefully")
+    child.proc.send_signal(signal.SIGINT)
+    rc, _out, err = child.finish()
+    assert rc == 130, err
+    assert "second SIGINT: stopping now" in err
+    assert list(temp.iterdir()) == []
