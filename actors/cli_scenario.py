@@ -25,8 +25,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..persistence import (
+    DatabaseInUse,
     DatabaseMissing,
     DatabaseOpenError,
+    ExclusiveLock,
+    is_sqlite,
     open_database,
     redact_url,
     sqlite_path,
@@ -90,12 +93,22 @@ def run_scenario(path: str, db_url: str | None = None, seed: int = 0,
 
 def check_database(url: str) -> None:
     """Refuse a database that cannot be opened (an unknown scheme, no server, no such
-    PostgreSQL database) before the script runs: else the script ran, failed at
+    PostgreSQL database, a SQLite file another runtime delivers on or whose folder cannot
+    be made) before the script runs: else the script ran, failed at
     ``sc.start()`` and its report blamed the script's line for the ``--db`` flag. A SQLite
     file that does not exist yet is not made here (the runtime makes it, and its folders,
     when the script starts it), so a refused run leaves no file behind."""
     try:
-        open_database(url, must_exist=True).close()
+        db = open_database(url, must_exist=True)
+        try:
+            if is_sqlite(db):  # a delivering runtime owns it: the scenario's could not start
+                lock = ExclusiveLock(db)  # type: ignore[arg-type]
+                lock.acquire()
+                lock.release()
+        finally:
+            db.close()
+    except DatabaseInUse as exc:
+        raise ConfigError(str(exc), field="db") from None
     except DatabaseMissing:
         # A new SQLite file: its URL was checked before it was found missing. Its folders
         # must be makeable, or the runtime's start fails inside the script.

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from kinbox.actors import Runtime
 from kinbox.persistence import bind_tables, open_database
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -282,6 +283,21 @@ def test_a_missing_postgresql_database_is_refused_before_running(pg_url: str,
                                                                  tmp_path: Path) -> None:
     result = _refused_db(tmp_path, pg_url.rsplit("/", 1)[0] + "/kinbox_no_such_database")
     assert "kinbox_no_such_database" in result.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_sqlite_file_another_runtime_delivers_on_is_refused_before_running(
+        tmp_path: Path) -> None:
+    """The file opened, so the script ran and failed at ``sc.start()`` (DatabaseInUse): a
+    FAILED report, exit 1, blaming the script's line for the ``--db`` flag."""
+    url = f"sqlite:///{tmp_path / 'busy.db'}"
+    other = Runtime(db=url, brain=lambda turn: None).start()
+    try:
+        result = _refused_db(tmp_path, url)
+    finally:
+        other.stop()
+    assert result.stderr.startswith("kinbox: database ") and "in use" in result.stderr
+    assert len(result.stderr.splitlines()) == 1
 
 
 @pytest.mark.timeout(60)
