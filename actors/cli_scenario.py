@@ -3,8 +3,9 @@
 Exit status of ``run``: 0 when every expectation held; 1 when one failed or
 the script raised (the report shows the script's own error, file and line);
 2 for usage errors (no such scenario, a script that does not load, a
-``--db`` that cannot be opened, an output path that cannot be written, all
-checked before anything runs); 130
+``--db`` that cannot be opened, that another runtime delivers on or that holds
+open messages, an output path that cannot be written, all checked before
+anything runs); 130
 when Ctrl-C or SIGTERM stopped the run: the runtime stops gracefully and
 the report, marked interrupted, shows what was done (a second signal stops
 at once; the journal keeps every unacknowledged row).
@@ -29,7 +30,10 @@ from ..persistence import (
     DatabaseMissing,
     DatabaseOpenError,
     ExclusiveLock,
+    bind_tables,
+    inbox_core,
     is_sqlite,
+    live_runtimes,
     open_database,
     redact_url,
     sqlite_path,
@@ -105,6 +109,9 @@ def check_database(url: str) -> None:
                 lock = ExclusiveLock(db)  # type: ignore[arg-type]
                 lock.acquire()
                 lock.release()
+            else:
+                _check_no_runtime(url, db)
+            _check_no_open_rows(url, db)
         finally:
             db.close()
     except DatabaseInUse as exc:
@@ -117,6 +124,35 @@ def check_database(url: str) -> None:
             _check_new_folder(url, path.resolve().parent)
     except DatabaseOpenError as exc:
         raise ConfigError(str(exc), field="db") from None
+
+
+def _check_no_runtime(url: str, db: Any) -> None:
+    """ConfigError when a delivering runtime runs on the PostgreSQL database: it would
+    claim the scenario's rows and run them with its own brain."""
+    running = live_runtimes(db)
+    if running:
+        raise ConfigError(f"cannot run a scenario on {redact_url(url)!r}: {running} "
+                          "delivering kinbox runtime(s) run on it and would deliver the "
+                          "scenario's messages with their own brains; stop them or give "
+                          "another database", field="db")
+
+
+def _check_no_open_rows(url: str, db: Any) -> None:
+    """ConfigError when the database holds open rows (pending or processing): the
+    scenario's runtime would deliver them, an earlier run's or a deployment's, with its
+    scripted brain (answered "ok", delivered for good)."""
+    tables = bind_tables(db)
+    if not db.table_exists(tables.inbox._meta.table_name):
+        return  # no kinbox tables yet: the runtime makes them
+    m = tables.inbox
+    count = m.select().where(m.status.in_([inbox_core.PENDING,
+                                           inbox_core.PROCESSING])).count()
+    if count:
+        raise ConfigError(f"cannot run a scenario on {redact_url(url)!r}: it holds {count} "
+                          f"open message(s) (pending or processing) that the scenario's "
+                          f"runtime would deliver with its scripted brain; give a fresh "
+                          f"database, or see to them first (kinbox inbox list --db ...)",
+                          field="db")
 
 
 def _check_new_folder(url: str, folder: Path) -> None:

@@ -64,7 +64,7 @@ from .journal import (
     PruneCounts,
     TurnEntry,
 )
-from .liveness import OwnerLiveness
+from .liveness import OwnerLiveness, live_runtimes
 from .models import CRON_EXPRESSION_CHARS, Tables, bind_tables
 from .rate_buckets import BucketState, RateBuckets
 from .schema import pending_changes, require_current, upgrade
@@ -142,6 +142,7 @@ __all__ = [
     "inbox_core",
     "is_postgres",
     "is_sqlite",
+    "live_runtimes",
     "open_database",
     "paging",
     "pending_changes",

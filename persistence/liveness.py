@@ -126,3 +126,14 @@ class OwnerLiveness:
                     self._conn.close()
                 finally:
                     self._conn = None
+
+
+def live_runtimes(db: pw.PostgresqlDatabase) -> int:
+    """How many delivering runtimes hold their life lock on ``db``'s database now (a check
+    that another runtime runs at this instant holds one more, for as long as it takes)."""
+    row = db.execute_sql(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
+        "AND objsubid = 2 AND granted AND database = "
+        "(SELECT oid FROM pg_database WHERE datname = current_database())",
+        (LOCK_CLASS,)).fetchone()
+    return int(row[0])

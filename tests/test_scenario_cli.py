@@ -301,6 +301,43 @@ def test_a_sqlite_file_another_runtime_delivers_on_is_refused_before_running(
 
 
 @pytest.mark.timeout(60)
+def test_a_database_with_open_messages_is_refused_before_running(any_db_url: str,
+                                                                 tmp_path: Path) -> None:
+    """The scenario's runtime delivers every open row of its database: an earlier run's
+    left over (a crash, an interrupt), or a real deployment's, were answered by the
+    scripted brain ("ok", delivered for good) and told in this run's timeline beside a
+    message table that left them out."""
+    sender = Runtime(db=any_db_url).start()  # send-only: it only writes
+    try:
+        project = sender.create_project("elsewhere", "Elsewhere")
+        target = sender.create_session(project.id, "Someone").id
+        waiting = sender.post(target, "a real question").message_id
+    finally:
+        sender.stop()
+    result = _refused_db(tmp_path, any_db_url)
+    assert "1 open message" in result.stderr and len(result.stderr.splitlines()) == 1
+    after = Runtime(db=any_db_url).start()
+    try:
+        assert after.context.journal.get(waiting)["status"] == "pending"
+    finally:
+        after.stop()
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(60)
+def test_a_postgresql_database_a_runtime_delivers_on_is_refused_before_running(
+        pg_url: str, tmp_path: Path) -> None:
+    """A live delivering runtime on the database would claim the scenario's rows and run
+    them with its own brain (and the scenario's runtime, rows of its)."""
+    other = Runtime(db=pg_url, brain=lambda turn: None).start()
+    try:
+        result = _refused_db(tmp_path, pg_url)
+    finally:
+        other.stop()
+    assert "runtime" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.timeout(60)
 def test_a_sqlite_file_whose_folder_cannot_be_made_is_refused_before_running(
         tmp_path: Path) -> None:
     """A file stands where the database's folder would go: the check let the missing file
