@@ -3,9 +3,10 @@
 The thin shell around :mod:`.cron_rules` (what a due job and a run's end do)
 and :class:`~kinbox.persistence.CronStore` (the tables, which are the truth).
 ``tick`` is the whole cycle: renew the leases of the runs this runtime is
-running, move on the jobs a clock set back since left due too late, fire
-every due job (compare-and-set: once across processes), take over runs whose
-runtime died, and start each run as a direct turn in session
+running, move on the jobs a clock set back since left due too late, take over
+runs whose runtime died, fire every due job (compare-and-set: once across
+processes; a job whose run is taken over waits for it, and fires when it
+ends), and start each run as a direct turn in session
 ``cron-<job_id>`` (kind ``cron``, ``default`` project), opened by a system
 reminder naming the job, the local time and the last run. APScheduler calls
 ``tick`` at each job's next time (system clock); with an injected clock the
@@ -179,10 +180,13 @@ class CronService:
             self._expire_the_gone(now, dead)
             self.store.move_due(now, now + rules.CLOCK_STEP_TOLERANCE,
                                 lambda job: self._after_step_back(job, now))
-            recorded = self.store.fire_due(now, self.ctx.owner, lease,
-                                           lambda job, running: self._decide(job, running, now))
+            # Takeovers first: a job whose run is taken over waits for it, and its due
+            # occurrence runs once it ended (fired first, the occurrence was refused as
+            # "still active" and never ran).
             taken = self.store.take_over(now, self.ctx.owner, lease,
                                          lambda run, job: self._end_taken_over(run, job, now))
+            recorded = self.store.fire_due(now, self.ctx.owner, lease,
+                                           lambda job, running: self._decide(job, running, now))
         started = []
         for run in recorded:
             if run.status == "error":
@@ -304,6 +308,7 @@ class CronService:
             job = yield Blocking(partial(self.store.get, run.job_id))
             if job is None:
                 return
+            taken_over = rules.takeovers(run.attempts, job.retry_count) > 0
             sid = yield Blocking(partial(self.definitions.ensure_session, job))
             now = self.ctx.now()
             recent = yield Blocking(partial(self.store.runs, job.id, limit=5))
@@ -336,9 +341,24 @@ class CronService:
                 refused = done.commit_error or PersistenceError(done.error or "refused")
                 yield Blocking(partial(self._fail, job, run,
                                        refused_commit(refused).outcome.error or str(refused)))
+            if taken_over:
+                yield Blocking(self._after_taken_over_run)
         finally:
             with self._lock:
                 self._mine.discard(run.id)
+
+    def _after_taken_over_run(self) -> None:
+        """A run taken over has ended: its job's occurrence that came due meanwhile
+        waited for it (:meth:`CronStore.fire_due`) and fires now, not at the next look
+        (a job time, the poll, an injected clock's move), which coalesced it with the
+        occurrence due then."""
+        try:
+            self.tick()
+        except WriterClosed:
+            pass  # stopping: the job stays due for the next runtime's look
+        except PersistenceError as exc:
+            log.error("cron could not look for the occurrence a taken-over run held back "
+                      "(the next look fires it): %s", exc)
 
     def _fail(self, job: CronJobRecord, run: CronRunRecord, error: str) -> None:
         now = self.ctx.now()

@@ -10,8 +10,10 @@ Pure: times come in as arguments (the next regular fire time is computed by
 - A run still active when the next is due is recorded as an error,
   ``Previous cron run is still active``, and the schedule moves on (the
   running one is not disturbed, and this is not counted as a failure). A run
-  is active while it is ``running``, whatever its lease: one whose runtime died
-  is taken over and run again, so a job never has two runs running at once.
+  whose runtime died is taken over and run again, and its job waits for it: the
+  occurrence due meanwhile runs once it ended, late (coalesced with any other
+  due meanwhile), so a job never has two runs running at once and loses no
+  occurrence to a crash.
 - A failed run is retried after 1, 2, 4, 8 and 16 minutes; when the fifth
   retry fails too, the job is deactivated with ``Max retries exceeded:
   <error>``. A success resets the count.
@@ -187,10 +189,12 @@ def on_due(scheduled_for: float, now: float, *, next_regular: float | None,
     any regular one since (``recent_regular`` not yet come). Judged by the first
     alone, an hourly job down from 22:59 to 00:05 lost its 00:00 run.
 
-    ``previous_active``: the job has a run still ``running``, whatever its lease.
-    A run whose runtime died (its lease run out, or its runtime known dead) is
-    taken over in the same look and run again: counted as no longer active, the
-    occurrence fired beside its takeover, two runs of one job at once.
+    ``previous_active``: the job has a run still ``running``, never taken over. A
+    job whose run was taken over (its runtime died) is not due until that run ended
+    (the store holds it back; the look takes runs over before it fires), and then
+    its occurrence runs, late: counted as not active, the occurrence fired beside the
+    takeover, two runs of one job at once; counted as active, it was the error run,
+    lost to the crash.
     """
     recent = recent_regular is not None and recent_regular <= now
     if now - scheduled_for > grace and not recent:
@@ -253,9 +257,9 @@ def takeovers(attempts: int, retry_count: int) -> int:
 
     ``retry_count`` is its job's as read now: the count the run fired with, unless
     something moved it meanwhile. A run's end and a ``resume`` move it, and no other run
-    of its job fires while this one is ``running`` (:func:`on_due`), so only a resume
-    can: it resets it (the run's earlier retries then count as takeovers: it ends
-    sooner, never later)."""
+    of its job fires while this one is ``running`` (:func:`on_due`; a job waits for its
+    run taken over), so only a resume can: it resets it (the run's earlier retries then
+    count as takeovers: it ends sooner, never later)."""
     return max(0, attempts - 1 - retry_count)
 
 

@@ -8,7 +8,9 @@ many runtimes share the database. A run is leased to the runtime that
 fired it: only that owner may finish it, and a run whose owner died is
 taken over once its lease runs out, so no run is lost to a crash and none
 finishes twice; a takeover may end the run instead, failed, when the caller's
-rules say it was taken over too often (its turn kills its runtime).
+rules say it was taken over too often (its turn kills its runtime). While a run
+taken over still runs, its job's next occurrence waits, due, for it to end: not
+fired beside it, nor lost to the crash.
 """
 
 from __future__ import annotations
@@ -166,10 +168,28 @@ class CronStore:
         return [_job(r) for r in paging.cut(q, limit, offset)]
 
     def next_run(self) -> float | None:
-        """When the soonest active job is due (None: none is): one row's read, for the
-        runtime that arms a timer for it."""
+        """When the soonest active job is due (None: none is), a job waiting for its run
+        taken over left out (:meth:`_not_waiting`): one row's read, for the runtime that
+        arms a timer for it (armed for a waiting job's time, past, it fired again at once,
+        and again)."""
         j = self.t.cron_job
-        return j.select(pw.fn.MIN(j.next_run_at)).where(j.active == True).scalar()  # noqa: E712
+        active = j.active == True  # noqa: E712
+        return j.select(pw.fn.MIN(j.next_run_at)).where(active, self._not_waiting()).scalar()
+
+    def _not_waiting(self) -> Any:
+        """The condition of a job not waiting for a run of its that was taken over.
+
+        A run taken over (its ``attempts`` past its job's attempt, ``retry_count + 1``:
+        its runtime died in it) and still ``running`` holds its job back: the job's due
+        occurrence is not fired beside it (two runs of one job at once), nor refused as
+        the "still active" error run (lost to the crash), but waits, due, until that run
+        ends. A live run never taken over does not: the cron rules decide about the
+        occurrence due meanwhile. One uncorrelated subquery over the running runs."""
+        r, j = self.t.cron_run, self.t.cron_job
+        job = j.alias()
+        taken_over = r.select(r.job_id).join(job, on=(r.job_id == job.id)).where(
+            r.status == "running", r.attempts > job.retry_count + 1)
+        return j.id.not_in(taken_over)
 
     def update(self, job_id: str, now: float, **changes: Any) -> CronJobRecord | None:
         """Set columns of a job; the updated job, or None when there is no such job."""
@@ -229,9 +249,10 @@ class CronStore:
 
         ``decide(job, running_run)`` runs inside the transaction, with the
         job's run still marked running (if any), and says what the
-        occurrence does.
+        occurrence does. A job waiting for a run of its that was taken over is not
+        due yet (:meth:`_not_waiting`): take runs over (:meth:`take_over`) first.
         """
-        if not firing.has_due(self.t.cron_job, now):
+        if not firing.has_due(self.t.cron_job, now, self._not_waiting()):
             return []  # the usual look: nothing due, no write to queue
         r = self.t.cron_run
         plans: dict[str, Occurrence] = {}
@@ -257,7 +278,8 @@ class CronStore:
                 recorded.append(run)
 
         def op() -> list[CronRunRecord]:
-            firing.fire_due(self.t.cron_job, now, _job, advance, on_fire)
+            firing.fire_due(self.t.cron_job, now, _job, advance, on_fire,
+                            self._not_waiting())
             return recorded
         return self.writer.call(op)
 

@@ -33,16 +33,18 @@ R = TypeVar("R")
 
 def fire_due(model: type[pw.Model], now: float, to_record: Callable[[Any], R],
              advance: Callable[[R], dict[str, Any]],
-             on_fire: Callable[[R], None]) -> list[R]:
+             on_fire: Callable[[R], None], ready: Any = None) -> list[R]:
     """Fire every due row of ``model`` once; call inside a writer operation.
 
     ``advance(record)`` gives the columns an occurrence sets (at least the new
     ``next_run_at``); ``on_fire(record)`` runs only for the rows this caller
-    won, in the same transaction. Returns the records fired, soonest first.
+    won, in the same transaction. ``ready``: a condition a due row must meet as well
+    (a row failing it waits, due, until it does). Returns the records fired, soonest
+    first.
     """
     m: Any = model
-    due = [to_record(r) for r in m.select().where(
-        m.active == True, m.next_run_at <= now).order_by(m.next_run_at, m.id)]  # noqa: E712
+    due = [to_record(r) for r in m.select().where(*_due(m, now, ready)).order_by(
+        m.next_run_at, m.id)]
     fired: list[R] = []
     for record in due:
         changes = advance(record)
@@ -55,12 +57,19 @@ def fire_due(model: type[pw.Model], now: float, to_record: Callable[[Any], R],
     return fired
 
 
-def has_due(model: type[pw.Model], now: float) -> bool:
-    """Would :func:`fire_due` find a due row now? A read, outside any transaction of the
-    writer's: every look at a schedule table (each tick, each poll) found nothing due
-    almost always, and queued a transaction for it all the same."""
+def has_due(model: type[pw.Model], now: float, ready: Any = None) -> bool:
+    """Would :func:`fire_due` (given the same ``ready``) find a due row now? A read,
+    outside any transaction of the writer's: every look at a schedule table (each tick,
+    each poll) found nothing due almost always, and queued a transaction for it all the
+    same."""
     m: Any = model
-    return m.select().where(m.active == True, m.next_run_at <= now).exists()  # noqa: E712
+    return bool(m.select().where(*_due(m, now, ready)).exists())
+
+
+def _due(m: Any, now: float, ready: Any) -> list[Any]:
+    """The conditions of a due row (``ready``: one more, if any)."""
+    due = [m.active == True, m.next_run_at <= now]  # noqa: E712
+    return due if ready is None else [*due, ready]
 
 
 def _to_move(model: type[pw.Model], written_late: Any, to_record: Callable[[Any], R],

@@ -1,8 +1,9 @@
-"""A job never has two runs running at once, even when its running run's runtime died.
+"""A job never has two runs running at once, even when its running run's runtime died, and
+the occurrence due while the dead run is taken over runs too, once the takeover ended.
 
-Each test crashes a runtime (``rt.crash()``) inside a run's turn and starts the next one
-on the injected clock past the job's next occurrence: the start takes the dead run over,
-and the due occurrence is the "still active" error run, not a second run beside it.
+Each test crashes a runtime (``rt.crash()``) inside a run's turn and has the next look come
+on the injected clock past the job's next occurrence: that look takes the dead run over,
+and the due occurrence waits for it (no second run beside it), then runs, late.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ import threading
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, Turn
-from kinbox.actors import cron_rules as rules
+from kinbox.persistence import CronJobRecord, CronRunRecord, CronStore, Occurrence
 
-from .helpers import wait_for
+from .conftest import Stores
+from .helpers import life_locks, wait_for
+
+pytestmark = pytest.mark.timeout(60)
 
 MINUTE = 60.0
 START = 1_700_000_040.0  # on a minute
@@ -64,49 +68,122 @@ def crash_in_first_run(db: str, clock: ManualClock, brain: HoldingBrain,
     return job_id, brain.turns[0]
 
 
-def check_one_run_at_once(db: str, clock: ManualClock, brain: HoldingBrain, job_id: str,
-                          first: str, lease_seconds: float) -> None:
-    rt = Runtime(db=db, brain=brain, clock=clock, lease_seconds=lease_seconds).start()
+def check_takeover_then_occurrence(rt: Runtime, brain: HoldingBrain, job_id: str,
+                                   first: str) -> None:
+    """``rt``'s look past the next occurrence took ``first`` over: the occurrence waits for
+    it, runs once it ended, and neither is an error run."""
+    wait_for(lambda: len(brain.turns) == 2, 10, "the takeover's turn to start")
+    runs = rt.cron.runs(job_id)
+    assert [(r["run_id"], r["status"]) for r in runs] == [(first, "running")]
+    brain.release_all()
+    wait_for(lambda: len(brain.turns) == 3, 10, "the occurrence due meanwhile to run")
+    brain.release_all()
+    assert rt.cron.wait_idle(10)
+    second = f"{job_id}@{int((START + 2 * MINUTE) * 1000)}"
+    assert brain.turns == [first, first, second] and brain.most_at_once == 1
+    statuses = {r["run_id"]: (r["status"], r["scheduled_for"]) for r in rt.cron.runs(job_id)}
+    assert statuses == {first: ("success", START + MINUTE),
+                        second: ("success", START + 2 * MINUTE)}
+    job = rt.cron.job(job_id)
+    assert job["retry_count"] == 0 and job["next_run_at"] == START + 3 * MINUTE
+
+
+@pytest.mark.parametrize("late", [1.0, 30.0], ids=["at-once", "half-a-minute-late"])
+def test_a_dead_runs_takeover_then_the_next_occurrence_one_at_a_time(
+        any_db_url: str, late: float) -> None:
+    """A run whose runtime died, its lease run out when the job's next occurrence came due:
+    the next runtime's look fired the occurrence as a new run and took the dead one over as
+    well, two turns of one job at once; then (the fix of that) it recorded the occurrence
+    as the "still active" error run, and the occurrence never ran, lost to the crash. The
+    takeover runs alone, and the occurrence after it."""
+    clock = ManualClock(START)
+    brain = HoldingBrain()
+    job_id, first = crash_in_first_run(any_db_url, clock, brain, 30.0)
+    clock.advance(MINUTE + late)  # past the run's lease and the job's next occurrence
+    rt = Runtime(db=any_db_url, brain=brain, clock=clock, lease_seconds=30.0).start()
     try:
-        runs = rt.cron.runs(job_id)
-        assert [r["run_id"] for r in runs if r["status"] == "running"] == [first]
-        assert [r["error"] for r in runs if r["status"] == "error"] == [rules.PREVIOUS_ACTIVE]
-        wait_for(lambda: len(brain.turns) == 2, 10, "the takeover's turn to start")
-        brain.release_all()
-        assert rt.cron.wait_idle(10)
-        assert brain.turns == [first, first] and brain.most_at_once == 1
-        statuses = {r["run_id"]: r["status"] for r in rt.cron.runs(job_id)}
-        assert statuses[first] == "success" and sorted(statuses.values()) == [
-            "error", "success"]
-        assert rt.cron.job(job_id)["retry_count"] == 0  # the refusal is no failure
+        check_takeover_then_occurrence(rt, brain, job_id, first)
     finally:
         brain.release_all()
         rt.stop()
 
 
-@pytest.mark.timeout(60)
-def test_a_dead_runs_takeover_and_the_next_occurrence_do_not_both_run(
-        any_db_url: str) -> None:
-    """A run whose runtime died, its lease run out when the job's next occurrence came due,
-    counted as no longer active: the next runtime fired the occurrence as a new run and took
-    the dead one over as well, two turns of one job at once. The takeover runs alone; the
-    occurrence is the "still active" error run."""
-    clock = ManualClock(START)
-    brain = HoldingBrain()
-    job_id, first = crash_in_first_run(any_db_url, clock, brain, 30.0)
-    clock.advance(MINUTE + 1)  # past the run's lease and the job's next occurrence
-    check_one_run_at_once(any_db_url, clock, brain, job_id, first, 30.0)
-
-
-@pytest.mark.timeout(60)
-def test_a_known_dead_runtimes_run_and_the_next_occurrence_do_not_both_run(
+def test_a_known_dead_runtimes_run_then_the_next_occurrence_one_at_a_time(
         pg_url: str) -> None:
     """On PostgreSQL a run whose runtime is known dead (its life lock free) is taken over
-    before its lease runs out; that made it count as not active either, and the due
-    occurrence ran beside its takeover."""
+    before its lease runs out; the occurrence due at that look waits for it too."""
     clock = ManualClock(START)
     brain = HoldingBrain()
     lease = 10 * MINUTE
     job_id, first = crash_in_first_run(pg_url, clock, brain, lease)
+    wait_for(lambda: life_locks(pg_url) == 0, 10, "the dead runtime's life lock to go")
     clock.advance(MINUTE)  # the next occurrence is due; the run's lease has not run out
-    check_one_run_at_once(pg_url, clock, brain, job_id, first, lease)
+    rt = Runtime(db=pg_url, brain=brain, clock=clock, lease_seconds=lease).start()
+    try:
+        check_takeover_then_occurrence(rt, brain, job_id, first)
+    finally:
+        brain.release_all()
+        rt.stop()
+
+
+def test_a_survivor_whose_first_look_after_a_death_is_the_next_occurrence(
+        pg_url: str) -> None:
+    """tests/test_cron_pg.py's flake, made certain: two runtimes, each with its own clock;
+    one dies inside a run, and the other's first look after that comes at the job's next
+    occurrence (its look at the run's own minute came before the server freed the dead
+    one's life lock). That occurrence was the "still active" error run: lost."""
+    clocks = [ManualClock(START), ManualClock(START)]
+    brain = HoldingBrain()
+    lease = 10 * MINUTE
+    victim = Runtime(db=pg_url, brain=brain, clock=clocks[0], lease_seconds=lease).start()
+    survivor = Runtime(db=pg_url, brain=brain, clock=clocks[1], lease_seconds=lease).start()
+    try:
+        job_id = str(victim.cron.add("overlap", "* * * * *", "Take a while.")["job_id"])
+        clocks[0].advance(MINUTE)
+        wait_for(lambda: len(brain.turns) == 1, 10, "the first run's turn to start")
+        victim.crash()
+        brain.release_all()
+        wait_for(lambda: brain.running == 0, 10, "the dead runtime's turn to end")
+        wait_for(lambda: life_locks(pg_url) == 1, 10, "the dead runtime's life lock to go")
+        clocks[1].advance(2 * MINUTE)
+        check_takeover_then_occurrence(survivor, brain, job_id, brain.turns[0])
+    finally:
+        brain.release_all()
+        survivor.stop()
+
+
+def job_record(job_id: str, next_run_at: float) -> CronJobRecord:
+    return CronJobRecord(job_id, job_id, "* * * * *", "UTC", "p", True, "none", 0,
+                         next_run_at, None, None, None, START, START)
+
+
+def test_a_job_whose_run_was_taken_over_is_not_due_until_that_run_ends(stores: Stores) -> None:
+    """The store's side: a job waits for its taken-over run without a write at each look,
+    and is not armed for meanwhile (APScheduler, armed for a time past, would fire at once
+    again and again); once the run ends, the occurrence fires as it was scheduled."""
+    crons = CronStore(stores.tables, stores.writer)
+    crons.create(job_record("j", START + MINUTE))
+
+    def fire(next_run_at: float) -> list[CronRunRecord]:
+        def decide(_job: CronJobRecord, _running: CronRunRecord | None) -> Occurrence:
+            return Occurrence({"next_run_at": next_run_at}, "running")
+        return crons.fire_due(now, "me", 30, decide)
+
+    now = START + MINUTE
+    [run] = fire(START + 2 * MINUTE)
+    now = START + 2 * MINUTE + 1  # the run's lease ran out, and the next occurrence is due
+    [taken] = crons.take_over(now, "other", 30)
+    assert (taken.id, taken.attempts) == (run.id, 2)
+    before = stores.writer.statistics().operations
+    assert fire(START + 3 * MINUTE) == []
+    assert stores.writer.statistics().operations == before  # a look, no transaction
+    assert crons.next_run() is None
+    crons.finish(run.id, "other", now, "success")
+    assert crons.next_run() == START + 2 * MINUTE
+    [late] = fire(START + 3 * MINUTE)
+    assert (late.scheduled_for, late.started_at) == (START + 2 * MINUTE, now)
+    # A run never taken over does not hold its job back (the rules make the occurrence the
+    # "still active" error run).
+    assert crons.next_run() == START + 3 * MINUTE
+    now = START + 3 * MINUTE
+    assert [r.scheduled_for for r in fire(START + 4 * MINUTE)] == [START + 3 * MINUTE]
