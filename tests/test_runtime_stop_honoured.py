@@ -27,46 +27,65 @@ MakeRuntime = Callable[..., Runtime]
 pytestmark = pytest.mark.timeout(60)
 
 
-def sync_brain(started: threading.Event) -> Callable[[Turn], Any]:
+class ModelCallAborted(Exception):
+    """What a model client raises when its call is aborted on the turn's stop."""
+
+
+def sync_brain(started: threading.Event, raising: bool = False) -> Callable[[Turn], Any]:
     def brain(turn: Turn) -> None:
         started.set()
         if turn.wait_stop_requested(30):  # a model call that honours its stop
+            if raising:
+                raise ModelCallAborted("the model call was aborted")
             return
         turn.reply("the answer")
     return brain
 
 
-def async_brain(started: threading.Event) -> Callable[[Turn], Any]:
+def async_brain(started: threading.Event, raising: bool = False) -> Callable[[Turn], Any]:
     async def brain(turn: Turn) -> None:
         started.set()
         if await turn.stopped(30):  # a model call that honours its stop
+            if raising:
+                raise ModelCallAborted("the model call was aborted")
             return
         turn.reply("the answer")
     return brain
 
 
-@pytest.mark.parametrize("make_brain", [sync_brain, async_brain], ids=["sync", "async"])
+ENDINGS = pytest.mark.parametrize(("make_brain", "raising"), [
+    (sync_brain, False), (async_brain, False), (sync_brain, True), (async_brain, True)],
+    ids=["sync-returns", "async-returns", "sync-raises", "async-raises"])
+"""How a brain ends on the stop: returning, or raising as an aborted model call often does
+(the client's own error). Raising was a failed attempt, counted, with its backoff (for cron
+an ``error`` run counting toward the job's deactivation): a few deploys during a long model
+call failed the message, which the deploys alone had interrupted. Having done nothing, it
+is handed back either way (a caller's stop forgives the error the same way)."""
+
+
+@ENDINGS
 def test_a_brain_ending_on_the_runtimes_stop_before_it_replied_is_handed_back(
         make_runtime: MakeRuntime, db_url: str,
-        make_brain: Callable[[threading.Event], Any]) -> None:
+        make_brain: Callable[[threading.Event, bool], Any], raising: bool) -> None:
     started = threading.Event()
-    rt = make_runtime(brain=make_brain(started), stop_grace=5.0)
+    rt = make_runtime(brain=make_brain(started, raising), stop_grace=5.0)
     project = rt.create_project("team")
     b = rt.create_session(project.id, "B").id
     mid = rt.post(b, "summarize the thread").message_id
     assert started.wait(10)
     rt.stop(timeout=10)
-    # Handed back (README): pending, no attempt, nothing in the transcript.
     assert after_stop(db_url, b, mid) == (("pending", 0), [], 0)
 
 
-@pytest.mark.parametrize("make_brain", [sync_brain, async_brain], ids=["sync", "async"])
+@ENDINGS
 def test_a_cron_run_ending_on_the_runtimes_stop_before_it_replied_commits_nothing(
-        make_runtime: MakeRuntime, make_brain: Callable[[threading.Event], Any]) -> None:
+        make_runtime: MakeRuntime, make_brain: Callable[[threading.Event, bool], Any],
+        raising: bool) -> None:
     """A direct turn follows the same rule: left ``running``, the next start takes the run
-    over and runs it again, as after a kill (committed, it was a ``success`` unanswered)."""
+    over and runs it again, as after a kill (committed, it was a ``success`` unanswered;
+    failed, an ``error`` counting toward the job's deactivation)."""
     started = threading.Event()
-    rt = make_runtime(brain=make_brain(started), stop_grace=5.0)
+    rt = make_runtime(brain=make_brain(started, raising), stop_grace=5.0)
     job = rt.cron.add("tick", "* * * * *", "cron prompt")["job_id"]
     rt.cron.trigger(job)
     assert started.wait(10)
@@ -74,7 +93,6 @@ def test_a_cron_run_ending_on_the_runtimes_stop_before_it_replied_commits_nothin
     after = make_runtime()
     assert [r["status"] for r in after.cron.runs(job)] == ["running"]
     assert after.transcript(f"cron-{job}") == []
-
 
 
 def test_rows_waiting_for_a_slot_at_a_stop_are_handed_back_not_left_leased(
@@ -105,63 +123,3 @@ def test_rows_waiting_for_a_slot_at_a_stop_are_handed_back_not_left_leased(
     again.run_until_idle()
     assert [(r["status"], bool(r["suspect"])) for t in targets
             for r in again.inbox(target=t)] == [("delivered", False)] * 3
-
-
-class ModelCallAborted(Exception):
-    """What a model client raises when its call is aborted on the turn's stop."""
-
-
-def sync_brain_raising_on_the_stop(started: threading.Event) -> Callable[[Turn], Any]:
-    def brain(turn: Turn) -> None:
-        started.set()
-        if turn.wait_stop_requested(30):
-            raise ModelCallAborted("the model call was aborted")
-        turn.reply("the answer")
-    return brain
-
-
-def async_brain_raising_on_the_stop(started: threading.Event) -> Callable[[Turn], Any]:
-    async def brain(turn: Turn) -> None:
-        started.set()
-        if await turn.stopped(30):
-            raise ModelCallAborted("the model call was aborted")
-        turn.reply("the answer")
-    return brain
-
-
-@pytest.mark.parametrize("make_brain", [sync_brain_raising_on_the_stop,
-                                        async_brain_raising_on_the_stop],
-                         ids=["sync", "async"])
-def test_a_brain_raising_on_the_runtimes_stop_before_it_replied_is_handed_back(
-        make_runtime: MakeRuntime, db_url: str,
-        make_brain: Callable[[threading.Event], Any]) -> None:
-    """A model call aborted on the stop flag often raises (the client's own error) rather
-    than return. On the runtime's stop (a deploy) that was a failed attempt, counted, with
-    its backoff: a few deploys during a long model call failed the message, which the
-    deploy alone had interrupted. Having done nothing, it is handed back as a brain that
-    returned on the flag is (a caller's stop forgives the error the same way)."""
-    started = threading.Event()
-    rt = make_runtime(brain=make_brain(started), stop_grace=5.0)
-    b = rt.create_session(rt.create_project("team").id, "B").id
-    mid = rt.post(b, "summarize the thread").message_id
-    assert started.wait(10)
-    rt.stop(timeout=10)
-    assert after_stop(db_url, b, mid) == (("pending", 0), [], 0)
-
-
-@pytest.mark.parametrize("make_brain", [sync_brain_raising_on_the_stop,
-                                        async_brain_raising_on_the_stop],
-                         ids=["sync", "async"])
-def test_a_cron_run_raising_on_the_runtimes_stop_before_it_replied_commits_nothing(
-        make_runtime: MakeRuntime, make_brain: Callable[[threading.Event], Any]) -> None:
-    """The same for a direct turn: the run stays ``running`` for the next start, not an
-    ``error`` that counts toward the job's deactivation."""
-    started = threading.Event()
-    rt = make_runtime(brain=make_brain(started), stop_grace=5.0)
-    job = rt.cron.add("tick", "0 0 1 1 *", "cron prompt")["job_id"]
-    rt.cron.trigger(job)
-    assert started.wait(10)
-    rt.stop(timeout=10)
-    after = make_runtime()
-    assert [r["status"] for r in after.cron.runs(job)] == ["running"]
-    assert after.transcript(f"cron-{job}") == []
