@@ -203,6 +203,17 @@ class Child:
                 self.proc.kill()
                 raise AssertionError(f"no {text!r} on stderr: {''.join(self.err)}")
 
+    def ctrl_c_twice(self) -> None:
+        """Ctrl-C while its turn runs, then again once it stops gracefully: it must end at
+        once, 130, saying so."""
+        self.wait_for_line("TURN RUNNING")
+        self.proc.send_signal(signal.SIGINT)
+        self.wait_for_line("stopping gracefully")
+        self.proc.send_signal(signal.SIGINT)
+        rc, _out, err = self.finish()
+        assert rc == 130, err
+        assert "second SIGINT: stopping now" in err
+
     def finish(self, timeout: float = 30) -> tuple[int, str, str]:
         assert self.proc.stdout is not None
         out = self.proc.stdout.read()  # stderr is the reader thread's alone
@@ -236,14 +247,7 @@ def test_the_first_signal_stops_gracefully_and_prints_the_report_marked_interrup
 def test_a_second_ctrl_c_stops_at_once_and_the_journal_keeps_the_row(
         tmp_path: Path, child_db: str) -> None:
     path = script(tmp_path, "MODE = 'block'\n" + UNDER_WAY)
-    child = Child(["scenario", "run", str(path), "--db", child_db])
-    child.wait_for_line("TURN RUNNING")
-    child.proc.send_signal(signal.SIGINT)
-    child.wait_for_line("stopping gracefully")
-    child.proc.send_signal(signal.SIGINT)
-    rc, _out, err = child.finish()
-    assert rc == 130, err
-    assert "second SIGINT: stopping now" in err
+    Child(["scenario", "run", str(path), "--db", child_db]).ctrl_c_twice()
     db = open_database(child_db)
     rows = {r.content: r.status for r in bind_tables(db).inbox.select()}
     db.close()
@@ -422,10 +426,5 @@ def test_a_second_ctrl_c_leaves_no_temporary_database_behind(tmp_path: Path) -> 
     child = Child(["scenario", "run", str(path)], env={"TMPDIR": str(temp)})
     child.wait_for_line("TURN RUNNING")
     assert [p.name[:16] for p in temp.iterdir()] == ["kinbox-scenario-"]
-    child.proc.send_signal(signal.SIGINT)
-    child.wait_for_line("stopping gracefully")
-    child.proc.send_signal(signal.SIGINT)
-    rc, _out, err = child.finish()
-    assert rc == 130, err
-    assert "second SIGINT: stopping now" in err
+    child.ctrl_c_twice()
     assert list(temp.iterdir()) == []
