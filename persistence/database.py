@@ -83,10 +83,17 @@ READ_ONLY_PRAGMAS: dict[str, object] = {"busy_timeout": BUSY_TIMEOUT_MS, "query_
 
 
 def sqlite_path(url: str) -> Path | None:
-    """The file of a ``sqlite:///`` URL, or None for any other URL."""
-    if url.startswith("sqlite:///") and url[len("sqlite:///"):] not in ("", ":memory:"):
-        return Path(url[len("sqlite:///"):]).expanduser()
-    return None
+    """The file of a ``sqlite:///`` URL, or None for any other URL.
+
+    :class:`DatabaseOpenError` for a path that ends in ``/``: it names a folder, and a
+    path drops that slash, so a runtime made a database file where a folder was meant."""
+    name = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
+    if name in ("", ":memory:"):
+        return None
+    if name.endswith(("/", os.sep)):
+        raise DatabaseOpenError(url, "the path ends in '/', a folder: name the database "
+                                "file in it (sqlite:///path/to/kinbox.db)")
+    return Path(name).expanduser()
 
 
 MIN_SQLITE = (3, 35)
@@ -132,7 +139,7 @@ def open_database(url: str, *, synchronous: Synchronous = "FULL",
                 "are private to one thread and cannot hold a journal"
             )
         # The file sqlite_path names ('~' is the home folder), for every check and the open.
-        path = str(Path(path).expanduser())
+        path = str(sqlite_path(url))
         if Path(path).is_dir():  # SQLite says only 'unable to open database file'
             raise DatabaseOpenError(url, f"{path!r} is a directory, not a database file")
         if (must_exist or read_only) and not Path(path).is_file():

@@ -269,3 +269,20 @@ def test_a_sqlite_too_old_for_the_journal_is_refused_with_the_version_it_needs(
         open_database(f"sqlite:///{tmp_path / 'k.db'}")
     assert "3.34.1" in refused.value.reason and "3.35" in refused.value.reason
     assert not (tmp_path / "k.db").exists()
+
+
+@pytest.mark.parametrize("ending", ["/", "/k.db/"])
+def test_a_sqlite_url_ending_in_a_slash_is_refused_before_anything_is_made(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: str) -> None:
+    """``sqlite:///data/`` named the file ``data`` (a path's trailing slash is dropped), so
+    a runtime made the folder around it and a database file where the user meant a
+    folder. Refused by the open and by a runtime's start, with nothing made."""
+    from kinbox.actors import Runtime
+
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///store{ending}"
+    with pytest.raises(DatabaseOpenError, match="ends in '/'"):
+        open_database(url)
+    with pytest.raises(DatabaseOpenError, match="ends in '/'"):
+        Runtime(db=url, brain=lambda turn: None).start()
+    assert list(tmp_path.iterdir()) == []
