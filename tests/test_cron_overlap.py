@@ -88,6 +88,17 @@ def check_takeover_then_occurrence(rt: Runtime, brain: HoldingBrain, job_id: str
     assert job["retry_count"] == 0 and job["next_run_at"] == START + 3 * MINUTE
 
 
+def restart_then_check(url: str, clock: ManualClock, brain: HoldingBrain, lease: float,
+                       job_id: str, first: str) -> None:
+    """A runtime started after the death: :func:`check_takeover_then_occurrence`."""
+    rt = Runtime(db=url, brain=brain, clock=clock, lease_seconds=lease).start()
+    try:
+        check_takeover_then_occurrence(rt, brain, job_id, first)
+    finally:
+        brain.release_all()
+        rt.stop()
+
+
 @pytest.mark.parametrize("late", [1.0, 30.0], ids=["at-once", "half-a-minute-late"])
 def test_a_dead_runs_takeover_then_the_next_occurrence_one_at_a_time(
         any_db_url: str, late: float) -> None:
@@ -100,12 +111,7 @@ def test_a_dead_runs_takeover_then_the_next_occurrence_one_at_a_time(
     brain = HoldingBrain()
     job_id, first = crash_in_first_run(any_db_url, clock, brain, 30.0)
     clock.advance(MINUTE + late)  # past the run's lease and the job's next occurrence
-    rt = Runtime(db=any_db_url, brain=brain, clock=clock, lease_seconds=30.0).start()
-    try:
-        check_takeover_then_occurrence(rt, brain, job_id, first)
-    finally:
-        brain.release_all()
-        rt.stop()
+    restart_then_check(any_db_url, clock, brain, 30.0, job_id, first)
 
 
 def test_a_known_dead_runtimes_run_then_the_next_occurrence_one_at_a_time(
@@ -118,12 +124,7 @@ def test_a_known_dead_runtimes_run_then_the_next_occurrence_one_at_a_time(
     job_id, first = crash_in_first_run(pg_url, clock, brain, lease)
     wait_for(lambda: life_locks(pg_url) == 0, 10, "the dead runtime's life lock to go")
     clock.advance(MINUTE)  # the next occurrence is due; the run's lease has not run out
-    rt = Runtime(db=pg_url, brain=brain, clock=clock, lease_seconds=lease).start()
-    try:
-        check_takeover_then_occurrence(rt, brain, job_id, first)
-    finally:
-        brain.release_all()
-        rt.stop()
+    restart_then_check(pg_url, clock, brain, lease, job_id, first)
 
 
 def test_a_survivor_whose_first_look_after_a_death_is_the_next_occurrence(
