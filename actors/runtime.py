@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -75,6 +76,10 @@ from .ticker import Ticker
 from .turn import Brain, Turn, is_async_brain
 
 SYSTEM_PROJECTS = (("default", "Default"), ("social", "Social"))
+LAST_COMMIT_WAIT = 1.0
+"""Seconds a stop whose deadline the turns spent still gives the writer: what they committed
+as they ended is in its queue, and a turn that ended in time should not come back by lease
+because a deaf one did not."""
 """Projects that always exist (S4)."""
 
 
@@ -275,12 +280,22 @@ class Runtime(RecordsApi, WatchApi, TickApi):
     def stop(self, timeout: float = 10.0) -> None:
         """Graceful stop: ask running turns to stop, let them commit, close the database.
 
+        ``timeout`` bounds the stop as a whole: its waits (direct turns, session actors,
+        async turns, the writer) share one deadline, so turns deaf to their stop hold it
+        ``timeout`` seconds, not once per kind of turn. The writer still gets
+        :data:`LAST_COMMIT_WAIT` past a spent deadline for what the turns committed as
+        they ended.
+
         The ticker runs on until the turns have ended, renewing their leases and nothing
         else (:meth:`_tick` in state ``stopped``): a turn winding down longer than its
         lease's remainder would otherwise be taken over and run again elsewhere."""
         if self._state != "running":
             return
         ctx = self._require()
+        deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
         self._state = "stopped"
         ctx.closed.set()
         ctx.turns.close()
@@ -295,19 +310,19 @@ class Runtime(RecordsApi, WatchApi, TickApi):
             if ctx.async_host is not None:  # cancels, past the grace, direct turns' brains too
                 ctx.async_host.begin_stop(timeout)
             if self._services is not None:  # before the async host: their brains may run there
-                self._services.stop(wait=True, timeout=timeout)
+                self._services.stop(wait=True, timeout=left())
             if ctx.dispatcher is not None:
                 try:
-                    ctx.dispatcher.stop(timeout=timeout)  # stops its session actors first
+                    ctx.dispatcher.stop(timeout=left())  # stops its session actors first
                 except pykka.Timeout:  # a sync brain that ignores its stop: it keeps its thread
                     log.warning("turns still running %.1f s into the stop; what they commit "
                                 "after it is refused, and their rows come back by lease", timeout)
             if ctx.async_host is not None:
-                ctx.async_host.stop(timeout)  # running async turns finish and commit
+                ctx.async_host.stop(timeout)  # by begin_stop's deadline: the same one
         finally:  # the turns have ended (or are given up on): no lease left to keep
             self._ticker.stop()
         ctx.emit("stopped", owner=self.owner)
-        self._teardown(timeout)
+        self._teardown(max(left(), LAST_COMMIT_WAIT))
         log.info("runtime %s stopped", self.owner)
 
     def crash(self) -> None:

@@ -860,6 +860,36 @@ def test_a_stop_waits_for_deaf_session_actors_once_and_names_them(
 
 
 @pytest.mark.timeout(60)
+def test_a_stop_with_deaf_inbox_and_cron_turns_takes_its_timeout_once(
+        db_url: str, clock: ManualClock) -> None:
+    """``stop(timeout)`` gave each of its waits the whole timeout, one after the other:
+    the direct turns (a cron run), then the session actors, then the writer. With a cron
+    brain and an inbox brain both deaf to the stop, ``stop(timeout=4)`` took 8 s; the
+    three waits now share one deadline."""
+    import time
+
+    release = threading.Event()
+    started: set[str] = set()
+
+    def brain(turn: Turn) -> None:
+        started.add(turn.session_id)
+        release.wait(30)  # a model call that does not look at the stop flag
+
+    rt = Runtime(db=db_url, brain=brain, clock=clock).start()
+    try:
+        project = rt.create_project("p").id
+        rt.post(rt.create_session(project, "S").id, "go")
+        rt.cron.trigger(rt.cron.add("tick", "* * * * *", "cron prompt")["job_id"])
+        wait_for(lambda: len(started) == 2, what="an inbox turn and a cron turn to start")
+        began = time.monotonic()
+        rt.stop(timeout=4.0)
+        # 4 s once, not twice; the slack is a loaded machine's.
+        assert time.monotonic() - began < 7.5
+    finally:
+        release.set()
+
+
+@pytest.mark.timeout(60)
 def test_run_until_idle_does_not_hammer_the_database_while_another_process_runs_a_turn(
         pg_url: str, tmp_path: Path) -> None:
     """A row another runtime is running keeps this one from being idle; each pass of
