@@ -776,10 +776,10 @@ def test_a_graceful_stop_keeps_an_event_whose_turn_outlasts_its_wait(
 def test_a_turn_committing_after_the_stop_handed_its_event_over_runs_it_once(
         make_runtime: MakeRuntime) -> None:
     """The other way a late turn ends: it commits after the stop handed its event to the
-    inbox, while the stop still waits for an inbox turn. The event's delivery marker makes
-    the next start acknowledge the handed-over row without a second turn."""
+    inbox, with the database still open. The event's delivery marker makes the next start
+    acknowledge the handed-over row without a second turn."""
     ran: list[str] = []
-    holding, release, waiting, committed = (threading.Event() for _ in range(4))
+    holding, release, committed = (threading.Event() for _ in range(3))
 
     def brain(turn: Turn) -> str:
         text = turn.messages[0].content.splitlines()[-1]
@@ -787,9 +787,6 @@ def test_a_turn_committing_after_the_stop_handed_its_event_over_runs_it_once(
         if text == "slow":
             holding.set()
             assert release.wait(60)  # ignores the stop request
-        elif text == "hold the stop":  # an inbox turn: the stop waits for it to commit
-            waiting.set()
-            assert committed.wait(20)
         return f"echo: {text}"
 
     rt = make_runtime(brain=brain)
@@ -799,23 +796,22 @@ def test_a_turn_committing_after_the_stop_handed_its_event_over_runs_it_once(
                  and data["session_id"] == "social-slack-T1" else None)
     real_hand_over = rt.social.hand_over
 
-    def hand_over_then_release() -> int:
+    def hand_over_then_commit() -> int:
         handed = real_hand_over()
-        release.set()  # the slow call returns now, with the database still open
+        release.set()  # the slow call returns now, and commits before the stop goes on
+        assert committed.wait(20)
         return handed
 
-    rt.social.hand_over = hand_over_then_release  # type: ignore[method-assign]
-    rt.post(rt.create_session(None, "elsewhere").id, "hold the stop")
-    assert waiting.wait(10)
+    rt.social.hand_over = hand_over_then_commit  # type: ignore[method-assign]
     rt.social.ingest(event("slow", event_id="Ev1"))
     assert holding.wait(10)
-    rt.stop(timeout=3)
+    rt.stop(timeout=1)
     assert committed.is_set()
 
     again = make_runtime(brain=brain)
     again.social.allow("slack", ["U1"])
     again.run_until_idle()
-    assert ran == ["hold the stop", "slow"]
+    assert ran == ["slow"]
     assert [r["status"] for r in again.inbox(target="social-slack-T1")] == ["delivered"]
     texts = [e.text for e in again.transcript("social-slack-T1")]
     assert texts.count("echo: slow") == 1, texts
