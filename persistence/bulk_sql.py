@@ -24,6 +24,7 @@ from .pg_claims import PgClaims
 from .pg_commits import PgTurnSql
 from .pg_database import defer
 from .pg_params import json_rows
+from .seq_mark import NEXT_SEQ_SQL
 
 ROWS_PER_INSERT = 200
 """Rows per multi-row ``INSERT``: 200 x 15 parameters stays under every backend's bound."""
@@ -180,10 +181,11 @@ class BulkSql:
         row, in one read (for up to :data:`~.hot_path.IN_LIST_LIMIT` targets).
 
         SQLite numbers rows here: the writer holds the database's write lock for
-        the whole transaction, so the number stays free until the commit.
+        the whole transaction, so the number stays free until the commit; past the rows
+        a prune deleted too (:mod:`.seq_mark`).
         """
         parts = chunks(targets)
-        sql, params = f"SELECT NULL, COALESCE(MAX(seq), 0) FROM {INBOX}", []
+        sql, params = NEXT_SEQ_SQL, []
         if parts:
             sql, params = f"{sql} UNION ALL {self.hot.open_rows_sql(len(parts[0]))}", parts[0]
         first, busy = 1, set()

@@ -37,6 +37,7 @@ from .database import is_postgres
 from .hot_path import chunks
 from .models import Tables
 from .numbered_ids import chain_successors, is_numbered
+from .seq_mark import hold_mark
 from .tasks import OPEN_TASK_STATES
 from .writer import GroupCommitWriter
 
@@ -201,6 +202,8 @@ class InboxPrune:
         going = self._going(ids, cutoff, hold=hold)
         m, mk, e = self.t.inbox, self.t.marker, self.t.event
         total = PruneCounts()
+        if going:
+            hold_mark(self.t.db)  # SQLite: no later send is numbered as a row deleted here
         for part in chunks(going):
             total += PruneCounts(m.delete().where(m.message_id.in_(part)).execute(),
                                  mk.delete().where(mk.message_id.in_(part)).execute(),

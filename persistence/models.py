@@ -320,6 +320,18 @@ class RateBucket(_Base):
         primary_key = pw.CompositeKey("sender_id", "target_id")
 
 
+class InboxSeqMark(_Base):
+    """SQLite's high-water mark of the inbox's ``seq`` (:mod:`.seq_mark`): one row, the
+    highest ``seq`` of the rows a prune deleted, so that no later send is numbered as one
+    of them. PostgreSQL numbers rows from its sequence and leaves it empty."""
+
+    id = pw.IntegerField(primary_key=True)
+    top = pw.BigIntegerField()
+
+    class Meta:
+        table_name = "agent_inbox_seq_mark"
+
+
 MODELS: tuple[type[_Base], ...] = (
     Project,
     Session,
@@ -335,6 +347,7 @@ MODELS: tuple[type[_Base], ...] = (
     PeerInvite,
     StopRequest,
     RateBucket,
+    InboxSeqMark,
 )
 
 
@@ -357,12 +370,13 @@ class Tables:
     invite: type[PeerInvite]
     stop: type[StopRequest]
     bucket: type[RateBucket]
+    seq_mark: type[InboxSeqMark]
 
     def all(self) -> list[type[pw.Model]]:
         """Every bound model, in creation order."""
         return [self.project, self.session, self.transcript, self.marker, self.task,
                 self.inbox, self.event, self.job, self.cron_job, self.cron_run, self.device,
-                self.invite, self.stop, self.bucket]
+                self.invite, self.stop, self.bucket, self.seq_mark]
 
 
 def _bound(model: type[_Base], db: pw.Database) -> type:

@@ -11,6 +11,9 @@ import pytest
 from kinbox.persistence import (
     SQLITE_PAGE_SIZE,
     DatabaseOpenError,
+    GroupCommitWriter,
+    Journal,
+    NewMessage,
     bind_tables,
     open_database,
     pending_changes,
@@ -222,6 +225,30 @@ def test_upgrade_creates_the_schema_then_has_nothing_left_to_do(any_db_url: str)
     assert pending_changes(tables) == []
     assert upgrade(tables) == []
     require_current(tables)
+
+
+@pytest.mark.timeout(60)
+def test_upgrade_gives_an_older_sqlite_database_the_seq_mark_a_prune_keeps(
+        tmp_path: Path) -> None:
+    """The mark that keeps a pruned row's ``seq`` from coming back (``seq_mark``) is a
+    table an older database lacks: ``db status`` names it, the upgrade makes it, and rows
+    already there keep their numbers and are numbered past."""
+    db = open_database(f"sqlite:///{tmp_path / 'old.db'}")
+    tables = bind_tables(db)
+    upgrade(tables)
+    db.execute_sql("DROP TABLE agent_inbox_seq_mark")
+    tables.inbox.insert(message_id="old", seq=7, transport="local", target_chat_id="s",
+                        kind="agent_message", content="kept", status="pending",
+                        max_attempts=5, available_at=0, created_at=0, updated_at=0).execute()
+    assert pending_changes(tables) == ["create table agent_inbox_seq_mark"]
+    assert upgrade(tables) == ["create table agent_inbox_seq_mark"]
+    writer = GroupCommitWriter(db)
+    writer.start()
+    try:
+        Journal(tables, writer).enqueue(NewMessage("new", "s", "hello"), 1.0)
+    finally:
+        writer.stop()
+    assert {r.message_id: r.seq for r in tables.inbox.select()} == {"old": 7, "new": 8}
 
 
 def test_upgrade_adds_a_column_an_older_schema_lacks(tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
 from kinbox.persistence import Journal, NewMessage, PruneCounts, TurnEntry
 
 from .conftest import Stores
@@ -206,3 +208,29 @@ def test_numbered_ids_of_a_product_are_no_chain(stores: Stores) -> None:
     assert j.prune(CUTOFF, dry_run=True) == PruneCounts(rows=2, markers=2)
     assert j.prune(CUTOFF) == PruneCounts(rows=2, markers=2)
     assert ids(j) == ["invoice-8", "invoice-8-2"]
+
+
+@pytest.mark.timeout(120)
+def test_a_seq_is_never_handed_out_again_after_the_newest_rows_are_pruned(
+        stores: Stores) -> None:
+    """A reader that tails the journal by ``seq`` (the newest page, then the rows past the
+    last ``seq`` it saw) sees every message: pruning the newest rows (a retention pass
+    stops after a batch, or prunes them all) gives their numbers to no later send."""
+    j = stores.journal
+
+    def tail(seen: int) -> tuple[list[str], int]:
+        rows = j.rows(limit=10)
+        return ([r["message_id"] for r in rows if r["seq"] > seen],
+                max([seen, *(r["seq"] for r in rows)]))
+
+    for k in range(4):
+        deliver(j, f"m{k}", f"s{k}")
+    _, seen = tail(0)
+    assert j.prune_batch(CUTOFF, batch=2).counts.rows == 2  # m3 and m2, the newest
+    deliver(j, "after-a-batch", "s9")
+    new, seen = tail(seen)
+    assert new == ["after-a-batch"]
+    assert j.prune(CUTOFF).rows == 3
+    assert ids(j) == []
+    send(j, "after-all", "s9")
+    assert tail(seen)[0] == ["after-all"]
