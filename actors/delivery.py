@@ -14,6 +14,8 @@ event                     in phase     effects, next phase
                                        stopping while the turn waited to start): Release(row),
                                        Done(claim) -> DONE
 ``refused()``             STARTING     Done(claim) -> DONE  (lease lost, journal error)
+``parked()``              STARTING     Done(claim) -> DONE  (a direct turn of the session
+                                       holds it: the row waits in the slot table)
 ``steered(ids)``          RUNNING      (the rows join the turn: committed or released
                                        with it) -> RUNNING
 ``unseen(ids)``           RUNNING      Release(each): rows fetched for the turn that its
@@ -210,6 +212,12 @@ class Delivery:
             return [Release(self.row.message_id), _DONE[True]]
         self.phase = _RUNNING
         return [_RUN_BRAIN]
+
+    def parked(self) -> list[Effect]:
+        """Another turn of the session (a direct one) holds it: the row went to wait in the
+        slot table for that turn's end, still leased here, and this run ends."""
+        self._expect("parked", _STARTING)
+        return self._done(False)
 
     def refused(self) -> list[Effect]:
         """The turn could not start: the lease was lost, or the journal failed."""

@@ -128,18 +128,22 @@ class DirectTurns(DirectPool):
             yield Blocking(place.result, on_loop=partial(asyncio.wrap_future, place))
             yield from wait_to_mark(ctx, session_id, turn_id)
             closing = False
+            # Before the turn takes the board: whenever a direct turn holds it, the slot
+            # table knows, and keeps the session's rows waiting without a thread.
+            if ctx.slots is not None:
+                ctx.slots.direct_began(session_id)
             try:
-                turn = yield from self._start(session_id, turn_id, messages, fetch_steering,
-                                              taken)
-                if ctx.slots is not None:
-                    ctx.slots.direct_began(session_id)
                 try:
-                    done, effects = yield from self._attempt(session_id, turn_id, turn,
-                                                             commit_ops, taken)
+                    turn = yield from self._start(session_id, turn_id, messages,
+                                                  fetch_steering, taken)
+                    try:
+                        done, effects = yield from self._attempt(session_id, turn_id, turn,
+                                                                 commit_ops, taken)
+                    finally:
+                        # Off the board once the commit is durable (or will never be): the
+                        # session's next turn reads what this one wrote.
+                        ctx.turns.end(session_id)
                 finally:
-                    # Off the board once the commit is durable (or will never be): the
-                    # session's next turn reads what this one wrote.
-                    ctx.turns.end(session_id)
                     if ctx.slots is not None:
                         ctx.slots.direct_ended(session_id)
             except GeneratorExit:  # closed unfinished: its loop is gone, as after a kill

@@ -209,7 +209,12 @@ class SessionActor(PooledActor):
         return effects
 
     def _wait_to_start(self, run: dp.Delivery, row: ClaimedRow) -> Step:
-        """A cron or social turn of this session runs: wait it out, then start."""
+        """A cron or social turn of this session runs: the row waits for its end in the
+        slot table, holding no session thread (:meth:`.slots.Slots.wait_for_direct`); or,
+        where the slots cannot keep it, wait it out here, then start."""
+        slots = self.ctx.slots
+        if slots is not None and slots.wait_for_direct(row):
+            return run.parked()
         turns, sid, now = self.ctx.turns, self.session_id, self.ctx.now
         begun = yield Blocking(
             lambda: turns.begin(sid, now, row.message_id),

@@ -155,7 +155,8 @@ class Slots:
                 skipped = submitted is not None and submitted != self.claims_begun
                 self.busy.discard(session_id)
                 next_suspect = False
-                if self.suspect == session_id:
+                # A suspect row that went to wait for a direct turn is still running here.
+                if self.suspect == session_id and session_id not in self.waiting:
                     self.suspect = None
                     next_suspect, self.suspects_held = self.suspects_held, False
                 self.last_used[session_id] = self.ctx.now()
@@ -190,6 +191,23 @@ class Slots:
         """A direct turn of ``session_id`` runs here: claims leave the session out."""
         with self._lock:
             self.direct.add(session_id)
+
+    def wait_for_direct(self, row: ClaimedRow) -> bool:
+        """The turn of ``row`` could not start: a direct turn of its session holds the
+        running-turn board (it took it as the run's last turn ended, and the row is the
+        next one that turn's commit leased). True: the row waits here for the direct
+        turn's end (:meth:`direct_ended`) as one leased with its send does, and the run
+        ends without holding a session thread or a slot (the cron run or social event may
+        take minutes). False (the session runs no direct turn, or the runtime is
+        stopping): the caller waits for the board itself."""
+        with self._lock:
+            if self._closed() or row.target not in self.direct:
+                return False
+            self.waiting[row.target] = row
+            if row.taken_over:  # still the one suspect of this runtime while it waits
+                self.suspect = row.target
+            self._changed()
+        return True
 
     def direct_ended(self, session_id: str) -> None:
         """The direct turn of ``session_id`` ended: start its row that waited for it, and

@@ -113,3 +113,60 @@ def test_the_actor_passivated_for_room_is_the_least_recently_used_not_started(
     finally:
         release_a.set()
         rt.stop()
+
+
+def test_a_row_its_commit_chained_behind_a_cron_turn_waits_without_a_session_thread(
+        db_url: str, clock: ManualClock) -> None:
+    """A turn's commit leases its session's next row (chaining) while a cron run of that
+    session waits for the turn to end: the cron turn takes the session first, and the
+    chained row waited on the session thread for the whole cron turn, as a row leased with
+    its send once did (the test above); with one slot, every other session waited too."""
+    cron_runs: list[str] = []
+    first_started, release_first = threading.Event(), threading.Event()
+    cron_started, release_cron = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.messages[0].kind == "cron":
+            cron_runs.append(turn.messages[0].message_id)
+            if len(cron_runs) > 1:  # the first run made the session
+                cron_started.set()
+                release_cron.wait(30)
+        elif turn.messages[0].content == "first":
+            first_started.set()
+            release_first.wait(30)
+        ran.append(turn.messages[0].content)
+
+    def hold_the_commit(event: str, data: dict[str, object]) -> None:
+        # The board is free from here: the cron turn waiting for it takes it before the
+        # chained row's turn tries to start.
+        if event == "turn_committed" and data["message_ids"] == ["first-id"]:
+            assert cron_started.wait(30)
+
+    rt = Runtime(db=db_url, brain=brain, clock=clock, max_active_sessions=1).start()
+    rt.subscribe(hold_the_commit)
+    try:
+        job = rt.cron.add("digest", "0 0 1 1 *", "write the digest")
+        rt.cron.trigger(job["job_id"])
+        assert rt.cron.wait_idle(20)
+        session = session_id_for(job["job_id"])
+        rt.post(session, "first", message_id="first-id")
+        rt.post(session, "chained")
+        assert first_started.wait(20)
+        clock.advance(1)  # a run of its own, not the first one's again
+        rt.cron.trigger(job["job_id"])  # its turn waits for the first one's end
+        release_first.set()
+        assert cron_started.wait(20)
+        other = rt.create_session(None, "Other").id
+        rt.post(other, "for another session")
+        wait_for(lambda: "for another session" in ran, 20,
+                 what="another session's turn while the cron turn runs")
+        assert "chained" not in ran
+        release_cron.set()
+        rt.run_until_idle(20)
+        assert ran[-1] == "chained"
+        assert {r["status"] for r in rt.inbox(target=session)} == {"delivered"}
+    finally:
+        release_first.set()
+        release_cron.set()
+        rt.stop()
