@@ -38,7 +38,7 @@ from .direct_gate import SessionGate
 from .direct_marking import TurnNotStarted, unmark, wait_to_mark
 from .direct_pool import DirectPool
 from .outbox import Outbox
-from .steps import Blocking, Steps, landed, settle
+from .steps import Blocking, Steps, landed, settle, wait_landed
 from .turn import Message, Turn, TurnOutcome
 from .turn_run import cut_short, judge, prepare, take_result, turn_tools
 
@@ -91,9 +91,9 @@ class DirectTurns(DirectPool):
             if ctx.closed.is_set():
                 raise TurnNotStarted(session_id)
             def fetch_row(message_id: str) -> Message | None:
-                row = ctx.journal.claim_row_into_direct_turn(
+                row = wait_landed(ctx.journal.submit_claim_row_into_direct_turn(
                     ctx.owner, session_id, turn_id, message_id, ctx.now(),
-                    lease=ctx.lease_seconds)
+                    lease=ctx.lease_seconds))
                 if row is None:
                     return None
                 taken.append(row.message_id)

@@ -259,16 +259,20 @@ class SessionActor(PooledActor):
         sid = self.session_id
         last_seq = [row.seq]
 
+        # Leases into the turn are waited for until they land or fail (wait_landed): one
+        # taken as refused that then landed left its rows leased outside any turn.
         def fetch_steering() -> list[Message]:
-            more = ctx.journal.claim_more(ctx.owner, sid, row.message_id, last_seq[0],
-                                          ctx.now(), lease=ctx.lease_seconds)
+            more = wait_landed(ctx.journal.submit_claim_more(
+                ctx.owner, sid, row.message_id, last_seq[0], ctx.now(),
+                lease=ctx.lease_seconds))
             if more:
                 last_seq[0] = more[-1].seq
             return [Message.from_row(r) for r in more]
 
         def fetch_row(message_id: str) -> Message | None:
-            taken = ctx.journal.claim_row(ctx.owner, sid, row.message_id, message_id,
-                                          ctx.now(), lease=ctx.lease_seconds)
+            taken = wait_landed(ctx.journal.submit_claim_row(
+                ctx.owner, sid, row.message_id, message_id, ctx.now(),
+                lease=ctx.lease_seconds))
             return None if taken is None else Message.from_row(taken)
 
         outbox = Outbox(row.message_id)

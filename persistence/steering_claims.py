@@ -16,7 +16,7 @@ from .hot_path import HotPath, is_open
 from .inbox_claims import DEFAULT_LEASE_SECONDS, claimed_row
 from .inbox_records import ClaimedRow
 from .models import InboxMessage, Tables
-from .writer import GroupCommitWriter
+from .writer import WRITE_TIMEOUT, GroupCommitWriter, Reply
 
 
 class SteeringClaims:
@@ -91,29 +91,51 @@ class SteeringClaims:
             return None
         return claimed_row(row)
 
-    def claim_row(self, owner: str, target: str, turn_row: str, message_id: str, now: float,
-                  *, lease: float = DEFAULT_LEASE_SECONDS) -> ClaimedRow | None:
-        """Lease the one row ``message_id`` of ``target`` into the running turn of
-        ``turn_row`` (:meth:`claim_more`'s fence and lease, for a row the turn asks for by
-        name: a foreground child's result, which the turn already has). None unless
-        ``owner`` still holds ``turn_row`` and the row is the target's and claimable."""
-        return self.writer.call(lambda: self._claim_row_op(
+    def submit_claim_row(self, owner: str, target: str, turn_row: str, message_id: str,
+                         now: float, *, lease: float = DEFAULT_LEASE_SECONDS
+                         ) -> Reply[ClaimedRow | None]:
+        """Queue a lease of the one row ``message_id`` of ``target`` into the running turn
+        of ``turn_row`` (:meth:`submit_claim_more`'s fence and lease, for a row the turn
+        asks for by name: a foreground child's result, which the turn already has); the
+        reply holds the row, or None unless ``owner`` still holds ``turn_row`` and the row
+        is the target's and claimable.
+
+        A lease into a turn must be waited for until it lands or fails (a
+        :class:`~.errors.WriteTimeout` not ``withdrawn`` may land yet): taken as refused,
+        the row it leased was no part of the turn, and nothing ran or handed it back
+        until its lease ran out."""
+        return self.writer.submit(lambda: self._claim_row_op(
             owner, target, lambda: self._holds(owner, turn_row), message_id, now, lease))
 
-    def claim_row_into_direct_turn(self, owner: str, target: str, turn_id: str,
-                                   message_id: str, now: float, *,
-                                   lease: float = DEFAULT_LEASE_SECONDS) -> ClaimedRow | None:
-        """:meth:`claim_row` for a turn no inbox row started (a cron run's, a social
+    def claim_row(self, owner: str, target: str, turn_row: str, message_id: str, now: float,
+                  *, lease: float = DEFAULT_LEASE_SECONDS) -> ClaimedRow | None:
+        """:meth:`submit_claim_row`, waited for (:data:`~.writer.WRITE_TIMEOUT`)."""
+        return self.submit_claim_row(owner, target, turn_row, message_id, now,
+                                     lease=lease).result(WRITE_TIMEOUT)
+
+    def submit_claim_row_into_direct_turn(self, owner: str, target: str, turn_id: str,
+                                          message_id: str, now: float, *,
+                                          lease: float = DEFAULT_LEASE_SECONDS
+                                          ) -> Reply[ClaimedRow | None]:
+        """:meth:`submit_claim_row` for a turn no inbox row started (a cron run's, a social
         event's), fenced by the session's direct-turn mark of ``owner`` and ``turn_id``
         (:meth:`~.sessions.SessionStore.take_direct_turn`): None unless it still holds."""
-        return self.writer.call(lambda: self._claim_row_op(
+        return self.writer.submit(lambda: self._claim_row_op(
             owner, target, lambda: self._marks(owner, target, turn_id), message_id, now,
             lease))
+
+    def submit_claim_more(self, owner: str, target: str, turn_row: str, after_seq: int,
+                          now: float, *, lease: float = DEFAULT_LEASE_SECONDS,
+                          limit: int = 100) -> Reply[list[ClaimedRow]]:
+        """Queue a lease of the target's next due rows after ``after_seq`` (steering into
+        the running turn of ``turn_row``): none unless ``owner`` still holds ``turn_row``.
+        Waited for until it lands or fails, as :meth:`submit_claim_row` says."""
+        return self.writer.submit(
+            lambda: self._claim_more_op(owner, target, turn_row, after_seq, now, lease, limit))
 
     def claim_more(self, owner: str, target: str, turn_row: str, after_seq: int, now: float,
                    *, lease: float = DEFAULT_LEASE_SECONDS,
                    limit: int = 100) -> list[ClaimedRow]:
-        """Lease the target's next due rows after ``after_seq`` (steering into the running
-        turn of ``turn_row``): none unless ``owner`` still holds ``turn_row``."""
-        return self.writer.call(
-            lambda: self._claim_more_op(owner, target, turn_row, after_seq, now, lease, limit))
+        """:meth:`submit_claim_more`, waited for (:data:`~.writer.WRITE_TIMEOUT`)."""
+        return self.submit_claim_more(owner, target, turn_row, after_seq, now, lease=lease,
+                                      limit=limit).result(WRITE_TIMEOUT)

@@ -53,8 +53,8 @@ class HeldReads:
 LAZY_READS = {
     "context": (lambda turn: turn.context, "store.session", 0),
     "request": (lambda turn: turn.request, "store.session", 0),
-    "steering()": (lambda turn: turn.steering(), "journal.claim_more", 1),
-    "take()": (lambda turn: turn.take("m-not-there"), "journal.claim_row", 1),
+    "steering()": (lambda turn: turn.steering(), "journal.submit_claim_more", 1),
+    "take()": (lambda turn: turn.take("m-not-there"), "journal.submit_claim_row", 1),
     "tools.sync.agent_list()": (lambda turn: turn.tools.sync.agent_list(), "store.session", 0),
     "tools.sync.task_create()": (lambda turn: turn.tools.sync.task_create("t"),
                                  "store.session", 0),
@@ -331,7 +331,7 @@ def test_an_async_brain_takes_a_row_into_its_turn_off_the_event_loop(
 
     rt = make_runtime(brain=brain)
     a, b = two_sessions(rt)
-    reads = holder["reads"] = HeldReads(rt, a, "journal.claim_row", 1)
+    reads = holder["reads"] = HeldReads(rt, a, "journal.submit_claim_row", 1)
     try:
         rt.post(a, "now", message_id="first")
         rt.post(a, "later", message_id="second")

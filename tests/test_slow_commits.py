@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, Turn, context, loop_steps, steps
-from kinbox.persistence import WriteTimeout
+from kinbox.persistence import GroupCommitWriter, WriteTimeout
 
 from .helpers import SHORT, heard_slow_write, hold_next_batch, wait_for
 
@@ -180,3 +180,54 @@ def test_a_takeover_start_recorded_after_the_timeout_starts_the_turn(
         batch_done.set()
         rt.stop()
     assert rt.inbox()[0]["attempts"] == 1  # as after a takeover answered in time
+
+
+@pytest.mark.parametrize("ask", ["steering", "take"])
+def test_rows_leased_into_a_turn_after_the_timeout_are_the_turn_s(
+        make_runtime: MakeRuntime, clock: ManualClock, monkeypatch: pytest.MonkeyPatch,
+        ask: str) -> None:
+    """``turn.steering()`` (or ``turn.take()``, a foreground child's result) leases m2 into
+    m1's running turn in a batch that runs past the timeout, then commits. Taken as
+    refused, the brain heard of a failure and m2 stayed leased to this runtime outside any
+    turn: nothing ran it or handed it back until its lease ran out (never, on this clock),
+    and then it ran only as a suspect."""
+    monkeypatch.setattr(steps, "WRITE_TIMEOUT", SHORT)
+    # The steering write's own wait, before it waited on for the outcome (the writer's).
+    monkeypatch.setattr(GroupCommitWriter.call, "__defaults__", (SHORT,))
+    heard = heard_slow_write(monkeypatch)
+    batch_done, asked = threading.Event(), threading.Event()
+    got: list[object] = []
+    seen: list[list[str]] = []
+    box: dict[str, Any] = {}
+
+    def brain(turn: Turn) -> None:
+        seen.append([m.message_id for m in turn.messages])
+        if turn.messages[0].message_id != "m1":
+            return
+        box["rt"].post(turn.session_id, "two", message_id="m2")
+        hold_next_batch(box["rt"].context.journal.writer, batch_done)
+        asked.set()
+        try:
+            if ask == "steering":
+                got.extend(m.message_id for m in turn.steering())
+            else:
+                got.append(turn.take("m2"))
+        except WriteTimeout as exc:
+            got.append(exc)
+
+    rt = make_runtime(brain=brain)
+    box["rt"] = rt
+    try:
+        sid = rt.create_session(rt.create_project("p").id, "S").id
+        rt.post(sid, "one", message_id="m1")
+        assert asked.wait(20)
+        wait_for(lambda: heard.event.is_set() or bool(got), 20,
+                 what="the steering write to outrun its wait")
+        batch_done.set()  # the batch commits: m2 leased to m1's turn
+        wait_for(lambda: {r["status"] for r in rt.inbox()} == {"delivered"}, 20,
+                 what="m1 and m2 delivered")
+    finally:
+        batch_done.set()
+    assert got == (["m2"] if ask == "steering" else [True])
+    assert seen == [["m1"]]  # m2 was part of m1's turn, not a turn of its own
+    assert not [r for r in rt.inbox() if r["suspect"]]
