@@ -50,8 +50,10 @@ class SteeringClaims:
                 # name (a foreground child's result, :meth:`claim_row`) after the rows
                 # steering took. Stopping at it, steering gave the turn nothing after it.
                 continue
-            if r.status != core.PENDING or r.available_at > now:
-                break  # contiguous due rows only, so per-target order holds
+            # Contiguous rows a commit may chain only, so per-target order holds: pending,
+            # due, and not suspect (a row taken over runs alone, its death its own).
+            if not core.chains(r.status, r.available_at, r.lease_until, now, bool(r.suspect)):
+                break
             taken.append(r)
         if taken:
             m.update(status=core.PROCESSING, lease_owner=owner,

@@ -316,6 +316,31 @@ def test_steering_by_a_worker_whose_turn_was_taken_over_leases_nothing(stores: S
     assert [r.message_id for r in j.claim_more("w2", "A", "a1", head.seq, T0 + 32)] == ["a2", "a3"]
 
 
+@pytest.mark.timeout(120)
+def test_steering_leaves_a_suspect_row_for_a_turn_of_its_own(stores: Stores) -> None:
+    """a1 was taken over (its worker died mid-turn) and handed back unrun: a suspect, to
+    run alone so that a death during it is its own. An operator's requeue of the older a0
+    put a plain head before it, and a0's turn steered a1 in: had a1 killed that process
+    too, the death was counted against no one (a plain turn records no start), and a0,
+    the head taken over, ran as the suspect in a1's place."""
+    j = stores.journal
+    send(j, "a0", "A")
+    j.claim("w1", T0)
+    j.retry("w1", "a0", "boom", T0, permanent=True)
+    send(j, "a1", "A")
+    assert [r.message_id for r in j.claim("w0", T0, lease=30).rows] == ["a1"]
+    assert [(r.message_id, r.taken_over) for r in j.claim("w2", T0 + 31).rows] == [
+        ("a1", True)]
+    j.hand_back("w2", ["a1"], T0 + 32)
+    j.requeue("a0", T0 + 33)
+    [head] = j.claim("w3", T0 + 34).rows
+    assert (head.message_id, head.taken_over) == ("a0", False)
+    assert j.claim_more("w3", "A", "a0", head.seq, T0 + 34) == []
+    j.complete_turn("w3", "A", ["a0"], [], T0 + 35, next_lease=30.0)
+    assert [(r.message_id, r.taken_over) for r in j.claim("w3", T0 + 36).rows] == [
+        ("a1", True)]
+
+
 def test_a_turn_takes_one_named_row_only_while_it_holds_its_own(stores: Stores) -> None:
     """``claim_row`` (a foreground child's result taken into the waiting turn) has
     steering's fence and lease: out of order, by name, a row of the turn's own target
