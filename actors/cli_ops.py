@@ -72,10 +72,11 @@ def operator_runtime(url: str | None) -> Iterator[Runtime]:
     as ``rt.requeue`` and ``rt.cancel``, so a child task's requeue reopens it and its
     cancel is reported to its parent at once, as the API does; stamped by the runtime's
     clock (the server's on PostgreSQL). A send-only runtime claims nothing: it runs
-    beside the delivering one."""
+    beside the delivering one. It has no peer service: a change to the journal makes no
+    device key (a credential) in the data folder."""
     with stores(url):  # a missing file or an old schema: the command's usual refusal
         pass
-    with Runtime(db=url or default_url()) as rt:
+    with Runtime(db=url or default_url(), peers=False) as rt:
         yield rt
 
 

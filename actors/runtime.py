@@ -105,7 +105,7 @@ class Runtime(RecordsApi, WatchApi, TickApi):
                  ids: Callable[[], str] | None = None,
                  turn_timeout: float | None = None,
                  max_async_turns: int = 10_000, stop_grace: float = 10.0,
-                 retention: float | None = None) -> None:
+                 retention: float | None = None, peers: bool = True) -> None:
         check_options(db=db, brain=brain, clock=clock, ids=ids, data_dir=data_dir,
                       counts={"max_active_sessions": max_active_sessions,
                               "max_live_sessions": max_live_sessions,
@@ -138,6 +138,9 @@ class Runtime(RecordsApi, WatchApi, TickApi):
         self.tick_interval = tick_interval
         self.synchronous = synchronous
         self.data_dir = Path(data_dir) if data_dir else None
+        self.with_peers = peers
+        """False: no device identity, no peer endpoint, no sends to paired devices (a
+        command-line operator's one change to inbox rows): no key file is made for it."""
         # Ids of new messages, sessions and projects; scenarios pass a seeded source.
         self.new_id: Callable[[], str] = ids or new_id
         self._known_sessions: set[str] = set()
@@ -226,8 +229,9 @@ class Runtime(RecordsApi, WatchApi, TickApi):
             self._take_over_from_the_gone()
             # Before the dispatcher: a turn it claims may run before start() is over, and
             # its tools send to and list paired devices through the service.
-            self._peers = ctx.peers = PeerService(ctx, self._resolve_data_dir(),
-                                                  delivering=not self.send_only)
+            if self.with_peers:
+                self._peers = ctx.peers = PeerService(ctx, self._resolve_data_dir(),
+                                                      delivering=not self.send_only)
             if self.async_brain:
                 # The loop thread, and a few workers for tool calls and hooks' work.
                 ctx.async_host = AsyncHost(ctx, workers=min(16, max(4, self.max_active_sessions)))
@@ -250,7 +254,7 @@ class Runtime(RecordsApi, WatchApi, TickApi):
             assert self._services is not None
             self._services.start(exclusive=self._lock is not None)
             # Receiving works everywhere; outbound links only where rows are delivered.
-            if not self.send_only:
+            if not self.send_only and self._peers is not None:
                 self._peers.start()
         except BaseException:
             self._teardown()
@@ -438,7 +442,9 @@ class Runtime(RecordsApi, WatchApi, TickApi):
     def peers(self) -> PeerService:
         """The peer service (device identity, pairing, links to paired devices)."""
         peers = self._require().peers
-        assert isinstance(peers, PeerService)
+        if not isinstance(peers, PeerService):
+            raise ConfigError("this runtime was made with peers=False: it has no device "
+                              "identity and no peer service", field="peers")
         return peers
 
     @property
