@@ -15,12 +15,12 @@ import os
 import sqlite3
 from pathlib import Path
 from typing import Literal
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
 import peewee
 from playhouse import db_url
 
-from .driver_errors import SqliteDatabase
+from .driver_errors import SqliteDatabase, sqlite_uri
 from .errors import DatabaseMissing, DatabaseOpenError
 from .pg_database import PostgresDatabase
 from .redaction import redact_text
@@ -208,10 +208,10 @@ def _sqlite_read_only(url: str, path: str) -> peewee.Database:
     write, SQLite cannot make the WAL's index beside a file no runtime has open (one that
     has it open keeps its ``-wal`` and ``-shm`` there): with no ``-wal`` file there is no
     write the main file lacks, so it is read as ``immutable``, taking no locks."""
-    uri = "file:" + quote(path)
-    tries = [f"{uri}?mode=ro"]
+    uri = sqlite_uri(path, "ro")
+    tries = [uri]
     if not Path(path + "-wal").exists():
-        tries.append(f"{uri}?mode=ro&immutable=1")
+        tries.append(f"{uri}&immutable=1")
     failure: Exception | None = None
     for at in tries:
         db = SqliteDatabase(at, uri=True, pragmas=READ_ONLY_PRAGMAS,

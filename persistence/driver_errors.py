@@ -21,9 +21,11 @@ statement reaches the driver (connecting, every query, ``BEGIN``, ``COMMIT``,
 from __future__ import annotations
 
 import functools
+import os
 import sqlite3
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
+from urllib.parse import quote
 
 import peewee as pw
 
@@ -175,6 +177,30 @@ class SqliteDatabase(ThreadConnections, pw.SqliteDatabase):
         kwargs.setdefault("check_same_thread", False)
         super().__init__(*args, **kwargs)
 
+    def _connect(self) -> sqlite3.Connection:
+        """A connection to the file, which must exist (``mode=rw``): ``open_database``
+        makes a new one, private, before the first. A thread's first connection made after
+        the file was deleted (the health probe's, a request's) made an empty database in its
+        place, which the next runtime started on; it fails now, saying the file is gone."""
+        if self.connect_params.get("uri"):  # a URI names its own mode (the read-only one)
+            return super()._connect()
+        try:
+            conn = sqlite3.connect(sqlite_uri(self.database, "rw"), uri=True,
+                                   timeout=self._timeout, isolation_level=None,
+                                   **self.connect_params)
+        except sqlite3.OperationalError as exc:
+            if os.path.exists(self.database):
+                raise
+            raise sqlite3.OperationalError(
+                f"there is no database file at {self.database!r} (deleted or moved since "
+                "it was opened); none is created in its place") from exc
+        try:
+            self._add_conn_hooks(conn)
+        except Exception:
+            conn.close()
+            raise
+        return conn
+
     def rollback(self) -> None:
         """Roll the transaction back; nothing to do when SQLite ended it already. A full
         disk or an I/O error (in a statement or in ``COMMIT``) rolls the whole transaction
@@ -184,3 +210,9 @@ class SqliteDatabase(ThreadConnections, pw.SqliteDatabase):
         if conn is not None and not self.is_closed() and not conn.in_transaction:
             return
         super().rollback()
+
+
+def sqlite_uri(path: str, mode: str) -> str:
+    """The ``file:`` URI of the SQLite file ``path`` opened in ``mode`` (``ro``, ``rw``):
+    percent-encoded, so a '?' or '#' in the path stays part of the name."""
+    return f"file:{quote(path)}?mode={mode}"
