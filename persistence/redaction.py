@@ -14,7 +14,8 @@ parameter named ``...password``); text that is neither as written (``postgresql:
 a slash left out) keeps nothing between its first ``:`` and its last ``@``, and a ``?``
 in a password masks what follows it too.
 :func:`redact_text` masks in any other text (a driver's error) each spelling of the
-passwords a URL holds: as written, percent-decoded, unquoted and unescaped.
+passwords a URL holds: as written, percent-decoded, unquoted and unescaped (a short one
+where it stands alone, not inside a word).
 """
 
 from __future__ import annotations
@@ -122,10 +123,25 @@ def _passwords(url: str) -> set[str]:
     return {v for v in spellings if v}
 
 
+SHORT_SECRET = 8
+"""Below this many characters a password is masked only where it stands as a word of its own
+(see :func:`redact_text`); from it on, wherever it appears."""
+
+
 def redact_text(text: str, url: str) -> str:
     """``text`` (a driver's error about ``url``) with every password of ``url`` in it
     replaced by ``***``: libpq quotes a password it cannot parse (``invalid
-    percent-encoded token: "..."``)."""
+    percent-encoded token: "..."``).
+
+    A password shorter than :data:`SHORT_SECRET` is masked where it stands alone: not
+    with a letter, digit or ``_`` right before or after it. Wherever a driver or a URL
+    prints a password it stands so (``"pg"``, ``:pg@``, ``password=pg``), while inside a
+    word it is part of the word: masking there made ``cannot`` read ``c***nnot`` for the
+    password ``a``, and the masks spelled the password out (every ``a`` gone). A longer
+    password is masked inside words too: text that holds it is the password."""
     for secret in sorted(_passwords(url), key=len, reverse=True):
-        text = text.replace(secret, MASK)
+        if len(secret) >= SHORT_SECRET:
+            text = text.replace(secret, MASK)
+        else:
+            text = re.sub(rf"(?<!\w){re.escape(secret)}(?!\w)", MASK, text)
     return text
