@@ -20,7 +20,6 @@ from ..persistence import (
     NewMessage,
     PersistenceError,
     WriteTimeout,
-    set_wise,
 )
 from ..persistence.peers import INBOUND
 from ..persistence.writer import WRITE_TIMEOUT
@@ -94,7 +93,9 @@ class PeerHttpBackend:
                            payload={"peer": device_id, "peer_message_id": c.message_id})
                 for c in commits]
 
-        def op() -> list[str | None]:
+        def op() -> list[tuple[str | None, bool]]:
+            """Each delivery's problem (None: committed) and whether its row is new (a
+            repeat, its ack lost, is committed already: no new row, no new message)."""
             # In the commit's transaction: a grant closed, or replaced by a new pairing,
             # since the link opened (the watcher polls it) takes nothing more.
             status = self.grant_status(device_id, token_hash)
@@ -103,27 +104,18 @@ class PeerHttpBackend:
             for session in dict.fromkeys(c.session for c in commits):
                 peers.ensure_session_now(session, social.id if social else None,
                                          f"Device {device_id}", now)
-            try:  # the common case: all new, one INSERT for the batch
-                set_wise.enqueue_all(ctx.journal.bulk, [(m, now, None) for m in msgs])
-                return [None] * len(msgs)
-            except set_wise.OneByOne:
-                pass
-            out: list[str | None] = []
-            for msg in msgs:  # repeats (an ack that was lost) and conflicts, one by one
-                try:
-                    ctx.journal.enqueue_now(msg, now)
-                    out.append(None)
-                except IdempotencyConflict:
-                    out.append("the message id was already used for other content")
-            return out
+            # Repeats (an ack that was lost) are no new rows; a conflict writes nothing.
+            return [("the message id was already used for other content", False)
+                    if isinstance(r, IdempotencyConflict) else (None, r.created)
+                    for r in ctx.journal.enqueue_each_now(msgs, now)]
         with _database("committing deliveries"):
-            outcomes: list[str | None] = ctx.journal.writer.call(op)
-        for c, problem in zip(commits, outcomes, strict=True):
-            if problem is None:
+            outcomes: list[tuple[str | None, bool]] = ctx.journal.writer.call(op)
+        for c, (problem, created) in zip(commits, outcomes, strict=True):
+            if problem is None:  # as a local send's "sent": a repeat is heard, not as new
                 ctx.emit("peer_received", message_id=c.inbox_id, device_id=device_id,
-                         target=c.session)
+                         target=c.session, created=created)
         ctx.wake_dispatcher()
-        return outcomes
+        return [problem for problem, _ in outcomes]
 
     def answer(self, device_id: str, token_hash: str, action: str) -> tuple[str, str]:
         """``read``: the dedicated session's visible transcript; ``stop``: request a stop.

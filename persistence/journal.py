@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from . import inbox_core as core
 from . import set_wise
 from .bulk_sql import BulkSql
+from .errors import IdempotencyConflict
 from .hot_path import HotPath
 from .inbox_claims import DEFAULT_LEASE_SECONDS, InboxClaims
 from .inbox_operator import InboxOperator
@@ -112,12 +113,33 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
         return self.writer.call(lambda: self._enqueue_many_op(list(msgs), now))
 
     def _enqueue_many_op(self, msgs: list[NewMessage], now: float) -> list[EnqueueResult]:
+        done: list[EnqueueResult] = []
+        for result in self.enqueue_each_now(msgs, now):
+            if isinstance(result, IdempotencyConflict):
+                raise result
+            done.append(result)
+        return done
+
+    def enqueue_each_now(self, msgs: Sequence[NewMessage], now: float
+                         ) -> list[EnqueueResult | IdempotencyConflict]:
+        """Enqueue several messages inside the caller's transaction (on the writer thread),
+        each by the idempotence rule: its result, ``created`` False for a repeat, or the
+        :class:`IdempotencyConflict` of an id used for other content (nothing written for
+        it, the others written). All new: one INSERT. Else that INSERT is undone before
+        they go one by one: the rows it wrote would be read as repeats, new ones too."""
         items: list[set_wise.Enqueue] = [(msg, now, None) for msg in msgs]
         try:
             with self.t.db.atomic():  # undone alone if it must go one by one
-                return set_wise.enqueue_all(self.bulk, items)
+                return list(set_wise.enqueue_all(self.bulk, items))
         except set_wise.OneByOne:  # a repeated id: each message by the idempotence rule
-            return [self.enqueue_now(msg, now) for msg in msgs]
+            pass
+        out: list[EnqueueResult | IdempotencyConflict] = []
+        for msg in msgs:
+            try:
+                out.append(self.enqueue_now(msg, now))
+            except IdempotencyConflict as exc:
+                out.append(exc)
+        return out
 
     # -- outcomes --------------------------------------------------------------------------
 
