@@ -3,8 +3,9 @@
 Exit status of ``run``: 0 when every expectation held; 1 when one failed or
 the script raised (the report shows the script's own error, file and line);
 2 for usage errors (no such scenario, a script that does not load, a
-``--db`` that cannot be opened, that another runtime delivers on or that holds
-open messages, an output path that cannot be written, all checked before
+``--db`` that cannot be opened, that another runtime delivers on, that holds
+open messages or, for a scenario that runs once per database, an earlier run's
+state, an output path that cannot be written, all checked before
 anything runs); 130
 when Ctrl-C or SIGTERM stopped the run: the runtime stops gracefully and
 the report, marked interrupted, shows what was done (a second signal stops
@@ -59,7 +60,7 @@ def run_scenario(path: str, db_url: str | None = None, seed: int = 0,
     file = scenario_files.resolve(path)
     module = scenario_files.load(file)
     if db_url is not None:
-        check_database(db_url)
+        check_database(db_url, once=scenario_files.once_per_database(module, file))
     stream = stream or sys.stderr
     tmp = None
     if db_url is None:
@@ -95,13 +96,15 @@ def run_scenario(path: str, db_url: str | None = None, seed: int = 0,
     return report, sc
 
 
-def check_database(url: str) -> None:
+def check_database(url: str, *, once: str | None = None) -> None:
     """Refuse a database that cannot be opened (an unknown scheme, no server, no such
     PostgreSQL database, a SQLite file another runtime delivers on or whose folder cannot
     be made) before the script runs: else the script ran, failed at
     ``sc.start()`` and its report blamed the script's line for the ``--db`` flag. A SQLite
     file that does not exist yet is not made here (the runtime makes it, and its folders,
-    when the script starts it), so a refused run leaves no file behind."""
+    when the script starts it), so a refused run leaves no file behind. ``once``: the
+    scenario runs once per database (:data:`.scenario_files.ONCE_PER_DATABASE`), and one
+    that holds what an earlier run made is refused too."""
     try:
         db = open_database(url, must_exist=True)
         try:
@@ -112,6 +115,8 @@ def check_database(url: str) -> None:
             else:
                 _check_no_runtime(url, db)
             _check_no_open_rows(url, db)
+            if once is not None:
+                _check_not_run_before(url, db, once)
         finally:
             db.close()
     except DatabaseInUse as exc:
@@ -153,6 +158,18 @@ def _check_no_open_rows(url: str, db: Any) -> None:
                           f"runtime would deliver with its scripted brain; give a fresh "
                           f"database, or see to them first (kinbox inbox list --db ...)",
                           field="db")
+
+
+def _check_not_run_before(url: str, db: Any, once: str) -> None:
+    """ConfigError when the database holds what an earlier run of a once-per-database
+    scenario made: the script would continue that run's state (its fixed ids taken, its
+    devices paired) and fail on it, an IdempotencyConflict deep in the script."""
+    tables = bind_tables(db)
+    what, held = scenario_files.ONCE_PER_DATABASE[once]
+    if db.table_exists(tables.inbox._meta.table_name) and held(tables):
+        raise ConfigError(f"cannot run this scenario on {redact_url(url)!r}: it runs once "
+                          f"per database, and this one holds {what} from an earlier run; "
+                          "give a fresh --db, or none (a temporary database)", field="db")
 
 
 def _check_new_folder(url: str, folder: Path) -> None:

@@ -6,6 +6,10 @@ README's quick start does) and a clone have it; a wheel does not ship it,
 since scenarios are examples to read and copy rather than library code. There
 ``kinbox scenario list`` and ``run NAME`` say so and ask for a file path.
 
+A scenario of what a database holds once (the Focal agent, a device pairing) says so
+with ``ONCE_PER_DATABASE = "focal"`` (or ``"pairing"``): a database where an earlier run
+made that is refused before the script runs (:func:`once_per_database`).
+
 A script that cannot be loaded (a syntax error, a failed import, no
 ``run(sc)``, a ``sys.exit()``) is a :class:`ScenarioError` naming its file and
 line; so is an exception the script raises while it runs (:func:`script_error`).
@@ -16,13 +20,36 @@ from __future__ import annotations
 import ast
 import importlib.util
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType, TracebackType
 
+from ..persistence.models import Tables
+from .access import FOCAL_ID
 from .errors import ConfigError, ScenarioError
 
 BUNDLED = Path(__file__).resolve().parent.parent / "scenarios"
 """Where the bundled scenarios are in a source tree."""
+
+
+ONCE_PER_DATABASE: dict[str, tuple[str, Callable[[Tables], bool]]] = {
+    "focal": ("the Focal agent's session",
+              lambda t: t.session.select().where(t.session.id == FOCAL_ID).exists()),
+    "pairing": ("a device pairing", lambda t: t.device.select().exists()),
+}
+"""What a once-per-database scenario may declare: what it is, and whether a database
+(its tables) holds it already."""
+
+
+def once_per_database(module: ModuleType, path: Path) -> str | None:
+    """The scenario's ``ONCE_PER_DATABASE`` (None when it may share a database); an
+    unknown value is a :class:`ScenarioError` naming the file."""
+    once = getattr(module, "ONCE_PER_DATABASE", None)
+    if once is not None and once not in ONCE_PER_DATABASE:
+        raise ScenarioError(f"{path}: ONCE_PER_DATABASE must be one of "
+                            f"{', '.join(map(repr, ONCE_PER_DATABASE))}, not {once!r}",
+                            str(path))
+    return once
 
 
 def bundled() -> dict[str, Path]:

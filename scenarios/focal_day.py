@@ -13,7 +13,8 @@ notice to Focal; the heartbeat run once with findings and skipped once
 without change; the reminder turn and its user notification.
 Focal is one agent per database, and its heartbeat schedule and notes
 persist: a second run on the same ``--db`` continues the first one's day,
-so run this one on a fresh database (the default).
+so a database an earlier run left Focal in is refused (exit 2) before it runs:
+give a fresh one (or none: the default is a temporary one).
 """
 
 from typing import Any
@@ -22,6 +23,7 @@ from kinbox.actors import Turn
 from kinbox.actors.scenario import Scenario
 
 FOCAL = "focal-suzent"
+ONCE_PER_DATABASE = "focal"  # a database holding an earlier run's Focal is refused
 
 
 def run(sc: Scenario) -> None:

@@ -10,8 +10,8 @@ they are delivered, in order, exactly once. Expected: five messages
 delivered (note 4 after three failed attempts, note 5, queued behind it, after
 two), five
 rows on the laptop, and ``agent_read("peer:<laptop>")`` showing the whole
-conversation in order. Pairing is once per pair of databases, so run it on a
-fresh database (as ``focal_day``).
+conversation in order. Pairing is once per pair of databases: a database an
+earlier run paired is refused (exit 2) before it runs, as for ``focal_day``.
 """
 
 import hashlib
@@ -29,6 +29,8 @@ from kinbox.actors.scenario import Scenario
 from kinbox.actors.serve import app_for
 from kinbox.transport import key_file
 from kinbox.transport.identity import DeviceIdentity
+
+ONCE_PER_DATABASE = "pairing"  # a database holding an earlier run's pairing is refused
 
 
 def wait(condition, what: str, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from kinbox.actors import scenario_files
 from kinbox.actors.cli_scenario import run_scenario
 from kinbox.actors.scenario_report import render_mermaid, render_text
 
@@ -59,6 +60,10 @@ def test_two_devices_on_postgresql_removes_the_laptops_folder(
     laptops = [m for m in made if Path(m).name.startswith("kinbox-laptop-")]
     assert len(laptops) == 1
     assert not Path(laptops[0]).exists()
+
+
+def test_the_scenarios_of_one_run_per_database_say_so() -> None:
+    assert {"focal_day", "two_devices"} == ONE_PER_DATABASE
 
 
 def test_every_scenario_tells_its_story_in_a_docstring() -> None:
@@ -139,10 +144,11 @@ def test_crash_restart_tells_the_crash_where_it_happened(db_url: str) -> None:
 
 # -- item 7: the report covers the run; many runs share one database ---------------------------
 
-ONE_PER_DATABASE = {"focal_day", "two_devices"}
-"""Scenarios of what a database holds once: the one Focal agent (its heartbeat schedule and
-notes persist, so a second run continues the first one's day) and a device pairing (the
-second run would find the devices already paired). Run them on a fresh database."""
+ONE_PER_DATABASE = {n for n, p in BY_NAME.items()
+                    if scenario_files.once_per_database(scenario_files.load(p), p)}
+"""Scenarios of what a database holds once (they say so: ``ONCE_PER_DATABASE``): the one
+Focal agent (its heartbeat schedule and notes persist, so a second run continues the first
+one's day) and a device pairing (the second run would find the devices already paired)."""
 
 
 @pytest.mark.timeout(90)
