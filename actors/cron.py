@@ -295,7 +295,7 @@ class CronService:
     def _end_taken_over(run: CronRunRecord, job: CronJobRecord, now: float) -> RunEnd | None:
         """Inside the takeover's transaction: does ``run`` end here (taken over once too
         often: its turn kills its runtime), a failure of ``job``, instead of running again?"""
-        error = rules.after_takeover(run.attempts, job.retry_count)
+        error = rules.after_takeover(run.takeovers)
         return None if error is None else RunEnd(error, _failure_changes(job, error, now))
 
     # -- running ---------------------------------------------------------------------------
@@ -308,7 +308,7 @@ class CronService:
             job = yield Blocking(partial(self.store.get, run.job_id))
             if job is None:
                 return
-            taken_over = rules.takeovers(run.attempts, job.retry_count) > 0
+            taken_over = run.takeovers > 0
             sid = yield Blocking(partial(self.definitions.ensure_session, job))
             now = self.ctx.now()
             recent = yield Blocking(partial(self.store.runs, job.id, limit=5))

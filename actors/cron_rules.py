@@ -251,24 +251,13 @@ MAX_TAKEOVERS = 5
 a runtime that died, or stalled past its lease, inside the run)."""
 
 
-def takeovers(attempts: int, retry_count: int) -> int:
-    """How many times a run was taken over: its ``attempts`` (its job's attempt number when
-    it fired, ``retry_count + 1``, plus one per takeover) less the attempt it fired as.
-
-    ``retry_count`` is its job's as read now: the count the run fired with, unless
-    something moved it meanwhile. A run's end and a ``resume`` move it, and no other run
-    of its job fires while this one is ``running`` (:func:`on_due`; a job waits for its
-    run taken over), so only a resume can: it resets it (the run's earlier retries then
-    count as takeovers: it ends sooner, never later)."""
-    return max(0, attempts - 1 - retry_count)
-
-
-def after_takeover(attempts: int, retry_count: int,
-                   limit: int = MAX_TAKEOVERS) -> str | None:
-    """A run just taken over (``attempts`` counting this takeover): None to run it again,
-    else the error it ends with, a failure of its job (:func:`after_failure`)."""
-    n = takeovers(attempts, retry_count)
-    return taken_over_error(n) if n >= limit else None
+def after_takeover(takeovers: int, limit: int = MAX_TAKEOVERS) -> str | None:
+    """A run just taken over, ``takeovers`` times with this one (the run counts them
+    itself: read off its ``attempts`` against its job's ``retry_count``, a ``resume``
+    that reset the count meanwhile made each read one too many per earlier retry): None
+    to run it again, else the error it ends with, a failure of its job
+    (:func:`after_failure`)."""
+    return taken_over_error(takeovers) if takeovers >= limit else None
 
 
 def taken_over_error(times: int) -> str:

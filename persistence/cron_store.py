@@ -81,6 +81,9 @@ class CronRunRecord:
     owner: str | None
     lease_until: float | None
     attempts: int
+    takeovers: int = 0
+    """How many times the run was taken over (its runtime died, or stalled past its lease,
+    inside it)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The run as the CLI and HTTP API show it (the owner's lease left out)."""
@@ -121,7 +124,7 @@ def _job(r: CronJob) -> CronJobRecord:
 
 def _run(r: CronRun) -> CronRunRecord:
     return CronRunRecord(r.id, r.job_id, r.scheduled_for, r.started_at, r.finished_at, r.status,
-                         r.result, r.error, r.owner, r.lease_until, r.attempts)
+                         r.result, r.error, r.owner, r.lease_until, r.attempts, r.takeovers)
 
 
 class CronStore:
@@ -179,16 +182,14 @@ class CronStore:
     def _not_waiting(self) -> Any:
         """The condition of a job not waiting for a run of its that was taken over.
 
-        A run taken over (its ``attempts`` past its job's attempt, ``retry_count + 1``:
-        its runtime died in it) and still ``running`` holds its job back: the job's due
-        occurrence is not fired beside it (two runs of one job at once), nor refused as
-        the "still active" error run (lost to the crash), but waits, due, until that run
-        ends. A live run never taken over does not: the cron rules decide about the
-        occurrence due meanwhile. One uncorrelated subquery over the running runs."""
+        A run taken over (its runtime died in it: its ``takeovers``) and still ``running``
+        holds its job back: the job's due occurrence is not fired beside it (two runs of
+        one job at once), nor refused as the "still active" error run (lost to the crash),
+        but waits, due, until that run ends. A live run never taken over does not: the
+        cron rules decide about the occurrence due meanwhile. One uncorrelated subquery
+        over the running runs."""
         r, j = self.t.cron_run, self.t.cron_job
-        job = j.alias()
-        taken_over = r.select(r.job_id).join(job, on=(r.job_id == job.id)).where(
-            r.status == "running", r.attempts > job.retry_count + 1)
+        taken_over = r.select(r.job_id).where(r.status == "running", r.takeovers > 0)
         return j.id.not_in(taken_over)
 
     def update(self, job_id: str, now: float, **changes: Any) -> CronJobRecord | None:
@@ -289,7 +290,8 @@ class CronStore:
         """Lease every running run whose owner's lease ran out (its runtime died); the runs
         taken, ``running`` (to run) or ``error``.
 
-        ``end(run, job)`` (the run as taken over, its attempts counting this takeover)
+        ``end(run, job)`` (the run as taken over, its attempts and takeovers counting this
+        one)
         runs inside the transaction: a :class:`RunEnd` ends the run as an error run, its
         job updated in the same transaction, instead of leasing it to be run again."""
         r, j = self.t.cron_run, self.t.cron_job
@@ -299,9 +301,9 @@ class CronStore:
 
         def take(row: CronRun) -> CronRunRecord | None:
             run = replace(_run(row), owner=owner, lease_until=now + lease,
-                          attempts=row.attempts + 1)
+                          attempts=row.attempts + 1, takeovers=row.takeovers + 1)
             if not r.update(owner=owner, lease_until=run.lease_until,
-                            attempts=run.attempts).where(
+                            attempts=run.attempts, takeovers=run.takeovers).where(
                     r.id == row.id, r.owner == row.owner, r.status == "running",
                     r.lease_until == row.lease_until).execute():
                 return None  # another runtime took it meanwhile

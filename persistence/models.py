@@ -230,7 +230,8 @@ class CronRun(_Base):
     ``owner`` and ``lease_until`` fence the run like an inbox lease: only the
     owner may finish it, and a run whose owner died is taken over once the
     lease runs out. ``attempts`` is which attempt of its job the run is (1,
-    then 2 to 6 for the retries), plus one for each takeover.
+    then 2 to 6 for the retries), plus one for each takeover; ``takeovers`` counts
+    those alone (the job's retry count, which a resume resets, cannot tell them apart).
     """
 
     id = pw.CharField(primary_key=True, max_length=128)
@@ -244,6 +245,7 @@ class CronRun(_Base):
     owner = pw.CharField(null=True, max_length=128)
     lease_until = pw.DoubleField(null=True)
     attempts = pw.IntegerField(default=1)
+    takeovers = pw.IntegerField(default=0)
 
     class Meta:
         table_name = "cron_runs"

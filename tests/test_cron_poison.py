@@ -105,18 +105,59 @@ def test_a_run_that_kills_its_runtime_every_time_ends_failed_and_counts(
             rt.stop()
 
 
-def test_a_runs_takeovers_are_counted_from_the_attempt_it_fired_as() -> None:
-    """``attempts`` is the job's attempt number when the run fired (``retry_count + 1``)
-    plus one per takeover: the takeovers are what lies above it, for a first run and a
-    retry alike, and the fifth ends the run, a failure of its job."""
-    for retry_count in range(len(rules.RETRY_DELAYS) + 1):
-        fired_as = retry_count + 1
-        assert rules.takeovers(fired_as, retry_count) == 0
-        for n in range(1, rules.MAX_TAKEOVERS):
-            assert rules.takeovers(fired_as + n, retry_count) == n
-            assert rules.after_takeover(fired_as + n, retry_count) is None
-        assert rules.after_takeover(fired_as + rules.MAX_TAKEOVERS, retry_count) == (
-            rules.taken_over_error(rules.MAX_TAKEOVERS))
-    # A count reset meanwhile (a resume) reads high: the run ends sooner, never later.
-    assert rules.takeovers(4, 0) == 3 and rules.takeovers(1, 3) == 0
+def test_the_fifth_takeover_of_a_run_ends_it_and_counts_as_a_failure() -> None:
+    """The run counts its takeovers itself: the fifth ends it, a failure of its job."""
+    for n in range(rules.MAX_TAKEOVERS):
+        assert rules.after_takeover(n) is None
+    assert rules.after_takeover(rules.MAX_TAKEOVERS) == (
+        rules.taken_over_error(rules.MAX_TAKEOVERS))
     assert rules.after_failure(0, rules.taken_over_error(5), 100.0).next_run_at == 160.0
+
+
+class FailFirstBrain(PoisonBrain):
+    """The job's first run fails (a brain error: its job retries); later turns are held
+    like the poison's."""
+
+    def __call__(self, turn: Turn) -> str:
+        with self.lock:
+            first = not self.turns
+            if first:
+                self.turns.append(turn)
+        if first:
+            raise RuntimeError("the model is down")
+        return super().__call__(turn)
+
+
+@pytest.mark.timeout(180)
+def test_a_retry_resumed_while_it_runs_is_taken_over_five_times_and_says_so(
+        any_db_url: str) -> None:
+    """A resume resets the job's retry count: a retry that fired as attempt 2, taken over
+    after it, read its attempts against the reset count, one takeover too many each time;
+    it ended at its fourth takeover saying "Taken over 5 times"."""
+    clock = ManualClock(START)
+    brain = FailFirstBrain()
+    rt = Runtime(db=any_db_url, brain=brain, clock=clock).start()
+    try:
+        job_id = str(rt.cron.add("flaky", "0 0 1 1 *", "Crash, please.")["job_id"])
+        rt.cron.trigger(job_id)
+        wait_for(lambda: rt.cron.job(job_id)["retry_count"] == 1, 30, "the first failure")
+        clock.advance(MINUTE)  # the retry, attempt 2, fires and is held in its turn
+        wait_for(lambda: len(brain.turns) == 2, 30, "the retry's turn")
+        assert rt.cron.resume(job_id)["retry_count"] == 0  # the operator resets it meanwhile
+        rt = die_in_each_turn(any_db_url, clock, brain, rt, 1, rules.MAX_TAKEOVERS - 1)
+
+        def retry() -> dict[str, object]:
+            return next(r for r in rt.cron.runs(job_id) if r["attempts"] != 1)
+
+        # Four takeovers: the fifth life runs the retry's turn again.
+        wait_for(lambda: len(brain.turns) == 1 + rules.MAX_TAKEOVERS
+                 or retry()["status"] != "running", 30, "the fifth life's turn or an end")
+        assert retry()["status"] == "running", retry()
+        rt = die_in_each_turn(any_db_url, clock, brain, rt, rules.MAX_TAKEOVERS, 1)
+        wait_for(lambda: retry()["status"] == "error", 30, "the retry to end failed")
+        assert retry()["error"] == rules.taken_over_error(rules.MAX_TAKEOVERS)
+        assert len(brain.turns) == 1 + rules.MAX_TAKEOVERS
+    finally:
+        brain.release_all()
+        if rt.state == "running":
+            rt.stop()
