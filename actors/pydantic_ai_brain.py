@@ -35,15 +35,21 @@ def kinbox_toolset(turn: Turn) -> FunctionToolset[Any]:
     tools = []
     for schema in turn.tools.schemas():
         fn = schema["function"]
-        tools.append(Tool.from_schema(_caller(turn, fn["name"]), name=fn["name"],
-                                      description=fn["description"],
-                                      json_schema=fn["parameters"]))
+        tools.append(
+            Tool.from_schema(
+                _caller(turn, fn["name"]),
+                name=fn["name"],
+                description=fn["description"],
+                json_schema=fn["parameters"],
+            )
+        )
     return FunctionToolset(tools)
 
 
 def _caller(turn: Turn, name: str) -> Callable[..., Any]:
     async def call(**arguments: Any) -> Any:
         return await turn.tools.call(name, arguments)
+
     call.__name__ = name
     return call
 
@@ -53,10 +59,13 @@ def pydantic_ai_brain(agent_for: AbstractAgent[Any, Any] | AgentFor) -> Callable
 
     Any pydantic-ai agent: an ``Agent``, or a wrapper of one (``WrapperAgent``, the
     durable-execution agents), which is no ``Agent`` subclass."""
+
     async def brain(turn: Turn) -> None:
         agent = agent_for if isinstance(agent_for, AbstractAgent) else agent_for(turn)
         stopped, result = await until_stopped(
-            turn, agent.run(await prompt_for(turn), toolsets=[kinbox_toolset(turn)]))
+            turn, agent.run(await prompt_for(turn), toolsets=[kinbox_toolset(turn)])
+        )
         if not stopped and result is not None:
             reply_with(turn, result.output)
+
     return brain

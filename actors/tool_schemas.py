@@ -31,71 +31,101 @@ _TASK_STATUS = ["pending", "in_progress", "blocked", "completed", "cancelled"]
 TOOLS: dict[str, tuple[str, Schema, tuple[str, ...]]] = {
     "agent_list": (
         "List the agent sessions of your project you can message, newest first.",
-        {"status": {"type": "string", "enum": ["recent", "active"],
-                    "description": "recent: all; active: only those running a turn now"},
-         "limit": {"type": "integer", "minimum": 1, "maximum": 50}},
-        ()),
+        {
+            "status": {
+                "type": "string",
+                "enum": ["recent", "active"],
+                "description": "recent: all; active: only those running a turn now",
+            },
+            "limit": {"type": "integer", "minimum": 1, "maximum": 50},
+        },
+        (),
+    ),
     "agent_read": (
         "Read another session's visible transcript (newest messages kept).",
         {"agent_id": {**_ID, "description": "the session id, e.g. chat-1f2e3d4c5b6a"}},
-        ("agent_id",)),
+        ("agent_id",),
+    ),
     "agent_send": (
         "Send a message to another session of your project; it is queued durably.",
-        {"agent_id": {**_ID, "description": "the target session id"},
-         "message": {**_TEXT, "description": "the message text"}},
-        ("agent_id", "message")),
-    "agent_stop": (
-        "Ask another session's running turn to stop.",
-        {"agent_id": _ID},
-        ("agent_id",)),
+        {
+            "agent_id": {**_ID, "description": "the target session id"},
+            "message": {**_TEXT, "description": "the message text"},
+        },
+        ("agent_id", "message"),
+    ),
+    "agent_stop": ("Ask another session's running turn to stop.", {"agent_id": _ID}, ("agent_id",)),
     "agent": (
         "Start a sub-agent for a piece of work; it reports back when done.",
-        {"description": {**_TEXT, "description": "what the sub-agent should do"},
-         "run_in_background": {"type": "boolean",
-                               "description": "false: wait for the result (up to timeout)"},
-         "title": _TITLE,
-         "timeout": {"type": "integer", "minimum": 1, "maximum": 3600,
-                     "description": "seconds to wait in the foreground"}},
-        ("description",)),
-    "list_agents": (
-        "List your family: parent, siblings and children.",
-        {},
-        ()),
+        {
+            "description": {**_TEXT, "description": "what the sub-agent should do"},
+            "run_in_background": {
+                "type": "boolean",
+                "description": "false: wait for the result (up to timeout)",
+            },
+            "title": _TITLE,
+            "timeout": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 3600,
+                "description": "seconds to wait in the foreground",
+            },
+        },
+        ("description",),
+    ),
+    "list_agents": ("List your family: parent, siblings and children.", {}, ()),
     "send": (
         "Message a family member by role (and name), or everyone with message='all'.",
-        {"message": {"type": "string", "minLength": 1, "maxLength": 16_384},
-         "receiver_role": {"type": "string", "maxLength": 16_384,
-                           "description": "parent, sibling or child; with message='all', "
-                                          "the text to broadcast"},
-         "receiver_name": {"type": "string", "description": "sibling's or child's name or id"}},
-        ("message",)),
+        {
+            "message": {"type": "string", "minLength": 1, "maxLength": 16_384},
+            "receiver_role": {
+                "type": "string",
+                "maxLength": 16_384,
+                "description": "parent, sibling or child; with message='all', "
+                "the text to broadcast",
+            },
+            "receiver_name": {"type": "string", "description": "sibling's or child's name or id"},
+        },
+        ("message",),
+    ),
     "task_create": (
         "Create a task of your own session.",
-        {"title": _TITLE,
-         "status": {"type": "string", "enum": ["pending", "in_progress"]}},
-        ("title",)),
+        {"title": _TITLE, "status": {"type": "string", "enum": ["pending", "in_progress"]}},
+        ("title",),
+    ),
     "task_update": (
         "Change one of your tasks: its status, what it is blocked on, or the reason.",
-        {"task_id": _ID,
-         "status": {"type": "string", "enum": _TASK_STATUS},
-         "blocked_on": {"type": "string", "enum": ["user", "error"],
-                        "description": "with status=blocked"},
-         "reason": {"type": "string", "maxLength": REASON_LIMIT}},
-        ("task_id",)),
-    "task_list": (
-        "List your own tasks, oldest first.",
-        {},
-        ()),
+        {
+            "task_id": _ID,
+            "status": {"type": "string", "enum": _TASK_STATUS},
+            "blocked_on": {
+                "type": "string",
+                "enum": ["user", "error"],
+                "description": "with status=blocked",
+            },
+            "reason": {"type": "string", "maxLength": REASON_LIMIT},
+        },
+        ("task_id",),
+    ),
+    "task_list": ("List your own tasks, oldest first.", {}, ()),
     "schedule_wakeup": (
         "Schedule a durable wake-up of yourself: at a time, or on a cron expression.",
-        {"kind": {"type": "string", "enum": ["reminder", "check"]},
-         "at": {"type": ["number", "string"],
+        {
+            "kind": {"type": "string", "enum": ["reminder", "check"]},
+            "at": {
+                "type": ["number", "string"],
                 "description": "epoch seconds or an ISO 8601 time, UTC unless it has an "
-                               "offset (or give cron)"},
-         "cron": {"type": "string", "maxLength": EXPRESSION_LIMIT,
-                  "description": "a crontab expression, in UTC (or give at)"},
-         "note": {"type": "string", "maxLength": NOTE_LIMIT}},
-        ("kind",)),
+                "offset (or give cron)",
+            },
+            "cron": {
+                "type": "string",
+                "maxLength": EXPRESSION_LIMIT,
+                "description": "a crontab expression, in UTC (or give at)",
+            },
+            "note": {"type": "string", "maxLength": NOTE_LIMIT},
+        },
+        ("kind",),
+    ),
 }
 """name -> (description, properties, required)."""
 
@@ -114,8 +144,12 @@ def parameters(name: str, *, focal: bool = False) -> Schema:
     props = copy.deepcopy(props)
     if focal and name == "agent_send":
         props.update(copy.deepcopy(FOCAL_SEND_EXTRAS))
-    return {"type": "object", "properties": props, "required": list(required),
-            "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": props,
+        "required": list(required),
+        "additionalProperties": False,
+    }
 
 
 def schemas(names: list[str], shape: str = "openai", *, focal: bool = False) -> list[Schema]:
@@ -126,35 +160,47 @@ def schemas(names: list[str], shape: str = "openai", *, focal: bool = False) -> 
     for name in names:
         description = TOOLS[name][0]
         params = parameters(name, focal=focal)
-        out.append({"type": "function", "function": {"name": name, "description": description,
-                                                     "parameters": params}}
-                   if shape == "openai" else
-                   {"name": name, "description": description, "inputSchema": params})
+        out.append(
+            {
+                "type": "function",
+                "function": {"name": name, "description": description, "parameters": params},
+            }
+            if shape == "openai"
+            else {"name": name, "description": description, "inputSchema": params}
+        )
     return out
 
 
-def check_call(held: list[str], name: object, arguments: object, *,
-               focal: bool = False) -> dict[str, Any]:
+def check_call(
+    held: list[str], name: object, arguments: object, *, focal: bool = False
+) -> dict[str, Any]:
     """The arguments of a model's call to ``name``, or the ToolError the model should see."""
     if not isinstance(name, str) or name not in held:
-        raise ToolError("not_found", f"No tool named {quoted(name)}; the tools you hold are: "
-                                     f"{', '.join(held)}.")
+        raise ToolError(
+            "not_found", f"No tool named {quoted(name)}; the tools you hold are: {', '.join(held)}."
+        )
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):
-        raise ToolError("invalid_argument",
-                        f"{name} takes its arguments as a JSON object, not "
-                        f"{type(arguments).__name__}.")
+        raise ToolError(
+            "invalid_argument",
+            f"{name} takes its arguments as a JSON object, not {type(arguments).__name__}.",
+        )
     odd = [k for k in arguments if not isinstance(k, str)]
     if odd:
-        raise ToolError("invalid_argument", f"{name}'s argument names must be strings, not "
-                                            f"{', '.join(quoted(k) for k in odd)}.")
+        raise ToolError(
+            "invalid_argument",
+            f"{name}'s argument names must be strings, not {', '.join(quoted(k) for k in odd)}.",
+        )
     params = parameters(name, focal=focal)
     unknown = sorted(set(arguments) - set(params["properties"]))
     if unknown:
-        raise ToolError("invalid_argument", f"{name} has no argument "
-                                            f"{', '.join(quoted(u) for u in unknown)}; "
-                                            f"it takes {', '.join(params['properties'])}.")
+        raise ToolError(
+            "invalid_argument",
+            f"{name} has no argument "
+            f"{', '.join(quoted(u) for u in unknown)}; "
+            f"it takes {', '.join(params['properties'])}.",
+        )
     missing = [r for r in params["required"] if r not in arguments]
     if missing:
         raise ToolError("invalid_argument", f"{name} needs {', '.join(missing)}.")

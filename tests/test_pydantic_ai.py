@@ -30,12 +30,18 @@ MakeRuntime = Callable[..., Runtime]
 
 
 def tool_returns(messages: list[ModelMessage]) -> list[ToolReturnPart]:
-    return [p for m in messages if isinstance(m, ModelRequest) for p in m.parts
-            if isinstance(p, ToolReturnPart)]
+    return [
+        p
+        for m in messages
+        if isinstance(m, ModelRequest)
+        for p in m.parts
+        if isinstance(p, ToolReturnPart)
+    ]
 
 
 def test_a_model_issued_agent_send_lands_durably_and_wakes_a_pydantic_ai_turn(
-        make_runtime: MakeRuntime) -> None:
+    make_runtime: MakeRuntime,
+) -> None:
     ids: dict[str, str] = {}
     seen_tools: list[list[str]] = []
     prompts: list[str] = []
@@ -44,8 +50,13 @@ def test_a_model_issued_agent_send_lands_durably_and_wakes_a_pydantic_ai_turn(
         seen_tools.append(sorted(t.name for t in info.function_tools))
         returns = tool_returns(messages)
         if not returns:
-            return ModelResponse(parts=[ToolCallPart("agent_send", {
-                "agent_id": ids["bob"], "message": "Please review PR 12"})])
+            return ModelResponse(
+                parts=[
+                    ToolCallPart(
+                        "agent_send", {"agent_id": ids["bob"], "message": "Please review PR 12"}
+                    )
+                ]
+            )
         return ModelResponse(parts=[TextPart(f"asked Bob ({returns[0].content['status']})")])
 
     def bob_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -67,7 +78,8 @@ def test_a_model_issued_agent_send_lands_durably_and_wakes_a_pydantic_ai_turn(
 
 
 def test_a_refused_tool_call_comes_back_to_the_model_as_a_readable_error(
-        make_runtime: MakeRuntime) -> None:
+    make_runtime: MakeRuntime,
+) -> None:
     errors: list[object] = []
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -82,8 +94,12 @@ def test_a_refused_tool_call_comes_back_to_the_model_as_a_readable_error(
     me = rt.create_session(project.id, "Me").id
     rt.post(me, "read chat-nope")
     rt.run_until_idle(timeout=30)
-    assert errors == [{"error": "not_found",
-                       "message": "Agent 'chat-nope' is not available in the current project."}]
+    assert errors == [
+        {
+            "error": "not_found",
+            "message": "Agent 'chat-nope' is not available in the current project.",
+        }
+    ]
     assert rt.transcript(me)[-1].text == "could not read it"
 
 
@@ -98,12 +114,15 @@ def test_an_answer_of_zero_is_the_reply(make_runtime: Callable[..., Runtime]) ->
     rt.post(session, "how many PRs are open?")
     rt.run_until_idle()
     assert [(e.role, e.text) for e in rt.transcript(session)] == [
-        ("user", "how many PRs are open?"), ("assistant", "0")]
+        ("user", "how many PRs are open?"),
+        ("assistant", "0"),
+    ]
 
 
 @pytest.mark.timeout(60)
 def test_a_wrapped_agent_is_run_as_the_agent_not_called_as_a_factory(
-        make_runtime: MakeRuntime) -> None:
+    make_runtime: MakeRuntime,
+) -> None:
     """A ``WrapperAgent`` (the base of pydantic-ai's durable-execution agents) is no
     ``Agent`` subclass: it was taken for a function of the turn and called, and every
     turn failed with 'object is not callable'."""
@@ -122,7 +141,8 @@ def test_a_wrapped_agent_is_run_as_the_agent_not_called_as_a_factory(
 
 @pytest.mark.timeout(60)
 def test_a_focal_turn_s_model_reads_the_global_context_and_no_other_turn_s_does(
-        make_runtime: MakeRuntime) -> None:
+    make_runtime: MakeRuntime,
+) -> None:
     """FO3: every Focal turn carries the global context (projects, their sessions and tasks).
     The adapter built its prompt from the turn's messages alone, so a Focal agent run by
     pydantic-ai saw none of it."""
@@ -132,6 +152,7 @@ def test_a_focal_turn_s_model_reads_the_global_context_and_no_other_turn_s_does(
         def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
             prompts[session_id] = str(messages[0].parts[-1].content)  # type: ignore[union-attr]
             return ModelResponse(parts=[TextPart("noted")])
+
         return FunctionModel(model)
 
     rt = make_runtime(brain=pydantic_ai_brain(lambda turn: Agent(model_for(turn.session_id))))
