@@ -4,7 +4,10 @@ The session's kinbox tools become the agent's tools, built from the same
 JSON Schemas a model sees (``turn.tools.schemas()``) and run through
 ``turn.tools.call``: so a model-issued ``agent_send`` is committed to the
 journal like any other, its arguments checked by the same rules, and a
-refusal comes back to the model as ``{"error", "message"}`` it can act on.
+refusal comes back to the model as ``{"error", "message"}`` it can act on. Arguments
+that are no JSON object (a list, a string) are refused before the tool runs, as kinbox
+refuses them, through pydantic-ai's own argument check: the model reads it as it reads
+arguments that are not JSON, a retry prompt.
 The turn's messages (each labelled with who sent it) are the prompt, headed by the
 turn's context where it has one (a Focal turn's global context); the agent's output is
 the turn's reply, and a caller's stop cancels the agent's run at once (``framework_turns``,
@@ -14,20 +17,53 @@ pydantic-ai is imported here only, never on kinbox's core path.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
-from pydantic_ai import Tool
+from pydantic_ai import RunContext, Tool
 from pydantic_ai.agent import AbstractAgent
-from pydantic_ai.toolsets import FunctionToolset
+from pydantic_ai.toolsets import FunctionToolset, ToolsetTool
+from pydantic_core import PydanticCustomError, SchemaValidator, core_schema
 
+from .errors import ToolError
 from .framework_turns import prompt_for, prompt_of, reply_with, until_stopped
+from .tool_schemas import object_arguments
 from .turn import Turn
 
 __all__ = ["AgentFor", "kinbox_toolset", "prompt_of", "pydantic_ai_brain"]
 
 AgentFor = Callable[[Turn], AbstractAgent[Any, Any]]
 """Builds (or returns) the pydantic-ai agent for a turn: your model, instructions, settings."""
+
+
+class _KinboxToolset(FunctionToolset[Any]):
+    """kinbox's tools, each with the argument check of :func:`_arguments_check`."""
+
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        return {
+            name: dataclasses.replace(tool, args_validator=_arguments_check(name))
+            for name, tool in (await super().get_tools(ctx)).items()
+        }
+
+
+@functools.cache
+def _arguments_check(name: str) -> SchemaValidator:
+    """What pydantic-ai checks ``name``'s arguments against: that they are a JSON object.
+
+    ``Tool.from_schema`` lets any JSON value through and then unpacks it as keywords, so a
+    list or a string crashed the run and ``null`` tripped an assertion: a failed attempt
+    the model never learnt the reason of. kinbox checks the rest (names, types, limits)
+    when the tool runs, and that refusal is the tool's result."""
+
+    def check(arguments: object) -> dict[str, Any]:
+        try:
+            return object_arguments(name, arguments)
+        except ToolError as exc:
+            raise PydanticCustomError(exc.code, exc.message) from None
+
+    return SchemaValidator(core_schema.no_info_plain_validator_function(check))
 
 
 def kinbox_toolset(turn: Turn) -> FunctionToolset[Any]:
@@ -43,7 +79,7 @@ def kinbox_toolset(turn: Turn) -> FunctionToolset[Any]:
                 json_schema=fn["parameters"],
             )
         )
-    return FunctionToolset(tools)
+    return _KinboxToolset(tools)
 
 
 def _caller(turn: Turn, name: str) -> Callable[..., Any]:

@@ -171,16 +171,11 @@ def schemas(names: list[str], shape: str = "openai", *, focal: bool = False) -> 
     return out
 
 
-def check_call(
-    held: list[str], name: object, arguments: object, *, focal: bool = False
-) -> dict[str, Any]:
-    """The arguments of a model's call to ``name``, or the ToolError the model should see."""
-    if not isinstance(name, str) or name not in held:
-        raise ToolError(
-            "not_found", f"No tool named {quoted(name)}; the tools you hold are: {', '.join(held)}."
-        )
+def object_arguments(name: str, arguments: object) -> dict[str, Any]:
+    """A call's arguments as the JSON object every tool takes (None: no arguments), or the
+    ToolError the model should see (a list, a string, a number; names that are no strings)."""
     if arguments is None:
-        arguments = {}
+        return {}
     if not isinstance(arguments, dict):
         raise ToolError(
             "invalid_argument",
@@ -192,6 +187,18 @@ def check_call(
             "invalid_argument",
             f"{name}'s argument names must be strings, not {', '.join(quoted(k) for k in odd)}.",
         )
+    return arguments
+
+
+def check_call(
+    held: list[str], name: object, arguments: object, *, focal: bool = False
+) -> dict[str, Any]:
+    """The arguments of a model's call to ``name``, or the ToolError the model should see."""
+    if not isinstance(name, str) or name not in held:
+        raise ToolError(
+            "not_found", f"No tool named {quoted(name)}; the tools you hold are: {', '.join(held)}."
+        )
+    arguments = object_arguments(name, arguments)
     params = parameters(name, focal=focal)
     unknown = sorted(set(arguments) - set(params["properties"]))
     if unknown:

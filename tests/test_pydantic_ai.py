@@ -201,3 +201,47 @@ def test_agent_stop_cancels_the_running_model_call_at_once(make_runtime: MakeRun
     assert rt.inbox()[0]["attempts"] == 0
     assert [e.text for e in rt.transcript(b)] == ["long job"]
     assert rt.marker_counts() == {mid: 1}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "arguments, read_back",
+    [
+        ("[1, 2]", "agent_read takes its arguments as a JSON object, not list."),
+        ('"chat-nope"', "agent_read takes its arguments as a JSON object, not str."),
+        ("null", {"error": "invalid_argument", "message": "agent_read needs agent_id."}),
+    ],
+    ids=["list", "string", "null"],
+)
+def test_tool_arguments_that_are_no_json_object_come_back_to_the_model(
+    make_runtime: MakeRuntime, arguments: str, read_back: object
+) -> None:
+    """pydantic-ai checked a call's arguments against nothing and unpacked them as keywords:
+    a list or a string crashed the run (``argument after ** must be a mapping``) and
+    ``null`` tripped an assertion, so the attempt failed and the model never learnt why.
+    It reads the refusal, as for any argument kinbox refuses, and answers."""
+    from pydantic_ai.messages import RetryPromptPart
+
+    seen: list[object] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        answers = [
+            p
+            for m in messages
+            if isinstance(m, ModelRequest)
+            for p in m.parts
+            if isinstance(p, ToolReturnPart | RetryPromptPart)
+        ]
+        if not answers:
+            return ModelResponse(parts=[ToolCallPart("agent_read", arguments)])
+        content = answers[0].content
+        seen.append(content[0]["msg"] if isinstance(content, list) else content)
+        return ModelResponse(parts=[TextPart("fixed my call")])
+
+    rt = make_runtime(brain=pydantic_ai_brain(Agent(FunctionModel(model))))
+    me = rt.create_session(rt.create_project("solo").id, "Me").id
+    rt.post(me, "read something")
+    rt.run_until_idle(timeout=30)
+    assert seen == [read_back]
+    assert (rt.inbox()[0]["status"], rt.inbox()[0]["attempts"]) == ("delivered", 0)
+    assert rt.transcript(me)[-1].text == "fixed my call"
