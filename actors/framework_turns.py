@@ -52,8 +52,10 @@ async def call_tool(turn: Turn, name: str, arguments: str) -> dict[str, Any]:
     try:
         parsed = json.loads(arguments) if arguments.strip() else {}
     except ValueError as exc:
-        return ToolError("invalid_argument", f"{name}'s arguments are not valid JSON "
-                                             f"({exc.msg} at position {exc.pos}).").to_dict()
+        return ToolError(
+            "invalid_argument",
+            f"{name}'s arguments are not valid JSON ({exc.msg} at position {exc.pos}).",
+        ).to_dict()
     return await turn.tools.call(name, parsed)
 
 

@@ -10,15 +10,27 @@ from typing import Any
 from kinbox.actors import Runtime
 
 REFUSED_TOOL_CALLS: list[tuple[dict[str, Any] | str, dict[str, str]]] = [
-    ({"agent_id": "chat-nope"},
-     {"error": "not_found",
-      "message": "Agent 'chat-nope' is not available in the current project."}),
-    ('{"agent_id": ',
-     {"error": "invalid_argument",
-      "message": "agent_read's arguments are not valid JSON (Expecting value at position 13)."}),
-    ({"agent": "chat-nope"},
-     {"error": "invalid_argument",
-      "message": "agent_read has no argument 'agent'; it takes agent_id."}),
+    (
+        {"agent_id": "chat-nope"},
+        {
+            "error": "not_found",
+            "message": "Agent 'chat-nope' is not available in the current project.",
+        },
+    ),
+    (
+        '{"agent_id": ',
+        {
+            "error": "invalid_argument",
+            "message": "agent_read's arguments are not valid JSON (Expecting value at position 13).",
+        },
+    ),
+    (
+        {"agent": "chat-nope"},
+        {
+            "error": "invalid_argument",
+            "message": "agent_read has no argument 'agent'; it takes agent_id.",
+        },
+    ),
 ]
 """(arguments of an ``agent_read`` call, the error its model must read back)."""
 
@@ -41,8 +53,11 @@ def assert_reviewed(rt: Runtime, ids: dict[str, str], alice_last: str) -> None:
     answered; Alice's last words are ``alice_last``; every message committed one turn."""
     sent = [r for r in rt.inbox() if r["target_chat_id"] == ids["bob"]]
     assert [(r["content"], r["sender_chat_id"], r["status"]) for r in sent] == [
-        ("Please review PR 12", ids["alice"], "delivered")]
-    assert [e.text for e in rt.transcript(ids["bob"])] == ["Please review PR 12",
-                                                          "PR 12 looks good"]
+        ("Please review PR 12", ids["alice"], "delivered")
+    ]
+    assert [e.text for e in rt.transcript(ids["bob"])] == [
+        "Please review PR 12",
+        "PR 12 looks good",
+    ]
     assert rt.transcript(ids["alice"])[-1].text == alice_last
     assert set(rt.marker_counts().values()) == {1}
