@@ -38,21 +38,27 @@ MakeRuntime = Callable[..., Runtime]
 def calls(*made: tuple[str, dict[str, Any] | str]) -> CreateResult:
     """A completion calling tools: (name, arguments) each."""
     return CreateResult(
-        finish_reason="function_calls", cached=False, usage=RequestUsage(0, 0),
-        content=[FunctionCall(id=f"call-{i}", name=name,
-                              arguments=a if isinstance(a, str) else json.dumps(a))
-                 for i, (name, a) in enumerate(made)])
+        finish_reason="function_calls",
+        cached=False,
+        usage=RequestUsage(0, 0),
+        content=[
+            FunctionCall(
+                id=f"call-{i}", name=name, arguments=a if isinstance(a, str) else json.dumps(a)
+            )
+            for i, (name, a) in enumerate(made)
+        ],
+    )
 
 
 def results(client: ReplayChatCompletionClient) -> list[FunctionExecutionResult]:
     """What the tools gave back, as the client's last ``create`` saw it."""
     messages: Sequence[LLMMessage] = client.create_calls[-1]["messages"]
-    return [r for m in messages if isinstance(m, FunctionExecutionResultMessage)
-            for r in m.content]
+    return [r for m in messages if isinstance(m, FunctionExecutionResultMessage) for r in m.content]
 
 
 def test_a_model_issued_agent_send_lands_durably_and_wakes_an_autogen_turn(
-        make_runtime: MakeRuntime) -> None:
+    make_runtime: MakeRuntime,
+) -> None:
     ids: dict[str, str] = {}
     script: dict[str, ReplayChatCompletionClient] = {}
 
@@ -61,9 +67,12 @@ def test_a_model_issued_agent_send_lands_durably_and_wakes_an_autogen_turn(
 
     rt = make_runtime(brain=autogen_brain(client_for, system_message="You get PRs reviewed."))
     pr_review_family(rt, ids)
-    script["alice"] = ReplayChatCompletionClient([
-        calls(("agent_send", {"agent_id": ids["bob"], "message": "Please review PR 12"})),
-        "asked Bob"])
+    script["alice"] = ReplayChatCompletionClient(
+        [
+            calls(("agent_send", {"agent_id": ids["bob"], "message": "Please review PR 12"})),
+            "asked Bob",
+        ]
+    )
     script["bob"] = ReplayChatCompletionClient(["PR 12 looks good"])
     ask_for_review(rt, ids)
 
@@ -72,7 +81,10 @@ def test_a_model_issued_agent_send_lands_durably_and_wakes_an_autogen_turn(
     assert "agent_send" in tools and "schedule_wakeup" not in tools
     [receipt] = results(alice)
     assert (receipt.name, receipt.is_error, json.loads(receipt.content)["status"]) == (
-        "agent_send", False, "pending")
+        "agent_send",
+        False,
+        "pending",
+    )
     system, prompt = bob.create_calls[0]["messages"]
     assert system.content == "You get PRs reviewed."
     assert prompt.content == f"agent_message from {ids['alice']}: Please review PR 12"
@@ -81,7 +93,8 @@ def test_a_model_issued_agent_send_lands_durably_and_wakes_an_autogen_turn(
 
 @pytest.mark.parametrize("arguments, expected", REFUSED_TOOL_CALLS)
 def test_a_refused_tool_call_comes_back_to_the_model_as_a_readable_error(
-        make_runtime: MakeRuntime, arguments: dict[str, Any] | str, expected: Any) -> None:
+    make_runtime: MakeRuntime, arguments: dict[str, Any] | str, expected: Any
+) -> None:
     client = ReplayChatCompletionClient([calls(("agent_read", arguments)), "could not read it"])
     rt = make_runtime(brain=autogen_brain(client))
     me = rt.create_session(rt.create_project("solo").id, "Me").id
@@ -108,7 +121,8 @@ class Failing(ReplayChatCompletionClient):
 
 
 def test_a_raising_client_is_a_failed_attempt_retried_after_its_backoff(
-        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    make_runtime: MakeRuntime, clock: ManualClock
+) -> None:
     rt = make_runtime(brain=autogen_brain(Failing(["second time lucky"])))
     session = rt.create_session(rt.create_project("p").id, "A").id
     rt.post(session, "work")
@@ -124,7 +138,8 @@ def test_a_raising_client_is_a_failed_attempt_retried_after_its_backoff(
 
 
 def test_a_model_that_never_stops_calling_tools_fails_the_attempt_and_is_asked_last_without_tools(
-        make_runtime: MakeRuntime) -> None:
+    make_runtime: MakeRuntime,
+) -> None:
     client = ReplayChatCompletionClient([calls(("task_list", {}))] * 3)
     rt = make_runtime(brain=autogen_brain(client, max_tool_rounds=2))
     session = rt.create_session(rt.create_project("p").id, "A").id
