@@ -56,6 +56,12 @@ async def call_tool(turn: Turn, name: str, arguments: str) -> dict[str, Any]:
             "invalid_argument",
             f"{name}'s arguments are not valid JSON ({exc.msg} at position {exc.pos}).",
         ).to_dict()
+    except RecursionError:
+        # Valid JSON nested deeper than the parser recurses: no tool takes such a value,
+        # and the model should read why, not have its turn's attempt fail.
+        return ToolError(
+            "invalid_argument", f"{name}'s arguments are nested too deeply to read."
+        ).to_dict()
     return await turn.tools.call(name, parsed)
 
 

@@ -7,32 +7,51 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kinbox.actors import Runtime
 
-REFUSED_TOOL_CALLS: list[tuple[dict[str, Any] | str, dict[str, str]]] = [
-    (
+REFUSED_TOOL_CALLS: list[Any] = [  # pytest.param each
+    pytest.param(
         {"agent_id": "chat-nope"},
         {
             "error": "not_found",
             "message": "Agent 'chat-nope' is not available in the current project.",
         },
+        id="no_such_agent",
     ),
-    (
+    pytest.param(
         '{"agent_id": ',
         {
             "error": "invalid_argument",
-            "message": "agent_read's arguments are not valid JSON (Expecting value at position 13).",
+            "message": "agent_read's arguments are not valid JSON "
+            "(Expecting value at position 13).",
         },
+        id="not_json",
     ),
-    (
+    pytest.param(
         {"agent": "chat-nope"},
         {
             "error": "invalid_argument",
             "message": "agent_read has no argument 'agent'; it takes agent_id.",
         },
+        id="unknown_argument",
     ),
 ]
-"""(arguments of an ``agent_read`` call, the error its model must read back)."""
+"""(arguments of an ``agent_read`` call, the error its model must read back), each named."""
+
+NESTED_TOO_DEEPLY = pytest.param(
+    "[" * 100_000 + "]" * 100_000,
+    {
+        "error": "invalid_argument",
+        "message": "agent_read's arguments are nested too deeply to read.",
+    },
+    id="nested_too_deeply",
+)
+"""Valid JSON nested deeper than Python's parser recurses: it raised ``RecursionError``, no
+``ValueError``, and the attempt failed where the model should read a refusal. Where kinbox
+parses the arguments (autogen's loop is kinbox's); the OpenAI Agents SDK parses them itself
+first, in its tool planning, and fails the run the same way before kinbox's tool runs."""
 
 
 def pr_review_family(rt: Runtime, ids: dict[str, str]) -> None:

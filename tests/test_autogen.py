@@ -29,7 +29,13 @@ from autogen_ext.models.replay import ReplayChatCompletionClient
 from kinbox.actors import ManualClock, Runtime, Turn
 from kinbox.actors.autogen_brain import autogen_brain
 
-from .framework_family import REFUSED_TOOL_CALLS, ask_for_review, assert_reviewed, pr_review_family
+from .framework_family import (
+    NESTED_TOO_DEEPLY,
+    REFUSED_TOOL_CALLS,
+    ask_for_review,
+    assert_reviewed,
+    pr_review_family,
+)
 from .helpers import wait_for
 
 MakeRuntime = Callable[..., Runtime]
@@ -91,7 +97,8 @@ def test_a_model_issued_agent_send_lands_durably_and_wakes_an_autogen_turn(
     assert_reviewed(rt, ids, "asked Bob")
 
 
-@pytest.mark.parametrize("arguments, expected", REFUSED_TOOL_CALLS)
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("arguments, expected", [*REFUSED_TOOL_CALLS, NESTED_TOO_DEEPLY])
 def test_a_refused_tool_call_comes_back_to_the_model_as_a_readable_error(
     make_runtime: MakeRuntime, arguments: dict[str, Any] | str, expected: Any
 ) -> None:
