@@ -40,22 +40,32 @@ def kinbox_tools(turn: Turn) -> list[FunctionTool]:
         fn = schema["function"]
         # Not strict: OpenAI's strict mode wants every property required, and kinbox's
         # tools have optional ones; kinbox checks each call against the schema anyway.
-        tools.append(FunctionTool(name=fn["name"], description=fn["description"],
-                                  params_json_schema=fn["parameters"],
-                                  on_invoke_tool=_invoker(turn, fn["name"]),
-                                  strict_json_schema=False))
+        tools.append(
+            FunctionTool(
+                name=fn["name"],
+                description=fn["description"],
+                params_json_schema=fn["parameters"],
+                on_invoke_tool=_invoker(turn, fn["name"]),
+                strict_json_schema=False,
+            )
+        )
     return tools
 
 
 def _invoker(turn: Turn, name: str) -> Callable[[ToolContext[Any], str], Any]:
     async def invoke(context: ToolContext[Any], arguments: str) -> str:
         return as_text(await call_tool(turn, name, arguments))
+
     return invoke
 
 
-def openai_agents_brain(agent_for: Agent[Any] | AgentFor, *, run_config: RunConfig | None = None,
-                        trace: bool = False, max_turns: int | None = None
-                        ) -> Callable[[Turn], Any]:
+def openai_agents_brain(
+    agent_for: Agent[Any] | AgentFor,
+    *,
+    run_config: RunConfig | None = None,
+    trace: bool = False,
+    max_turns: int | None = None,
+) -> Callable[[Turn], Any]:
     """An ``async def`` brain that runs ``agent_for`` (an agent, or a function of the turn)
     with ``Runner.run``: the session's kinbox tools added to the agent's own.
 
@@ -71,7 +81,9 @@ def openai_agents_brain(agent_for: Agent[Any] | AgentFor, *, run_config: RunConf
         agent = agent_for if isinstance(agent_for, Agent) else agent_for(turn)
         agent = agent.clone(tools=[*agent.tools, *kinbox_tools(turn)])
         stopped, result = await until_stopped(
-            turn, Runner.run(agent, await prompt_for(turn), run_config=config, **limits))
+            turn, Runner.run(agent, await prompt_for(turn), run_config=config, **limits)
+        )
         if not stopped and result is not None:
             reply_with(turn, result.final_output)
+
     return brain

@@ -46,15 +46,23 @@ class ScriptModel(Model):
     def __init__(self, script: Script) -> None:
         self.script = script
 
-    async def get_response(self, system_instructions: str | None,
-                           input: str | list[TResponseInputItem],
-                           model_settings: ModelSettings, tools: list[Tool],
-                           output_schema: AgentOutputSchemaBase | None,
-                           handoffs: list[Handoff], tracing: ModelTracing, *,
-                           previous_response_id: str | None, conversation_id: str | None,
-                           prompt: Any) -> ModelResponse:
+    async def get_response(
+        self,
+        system_instructions: str | None,
+        input: str | list[TResponseInputItem],
+        model_settings: ModelSettings,
+        tools: list[Tool],
+        output_schema: AgentOutputSchemaBase | None,
+        handoffs: list[Handoff],
+        tracing: ModelTracing,
+        *,
+        previous_response_id: str | None,
+        conversation_id: str | None,
+        prompt: Any,
+    ) -> ModelResponse:
         items: list[TResponseInputItem] = (
-            [{"role": "user", "content": input}] if isinstance(input, str) else input)
+            [{"role": "user", "content": input}] if isinstance(input, str) else input
+        )
         output = await self.script(items, [t.name for t in tools])
         return ModelResponse(output=output, usage=Usage(), response_id=None)
 
@@ -63,22 +71,30 @@ class ScriptModel(Model):
 
 
 def say(text: str) -> TResponseOutputItem:
-    return ResponseOutputMessage(id="msg-1", type="message", role="assistant",
-                                 status="completed",
-                                 content=[ResponseOutputText(type="output_text", text=text,
-                                                             annotations=[])])
+    return ResponseOutputMessage(
+        id="msg-1",
+        type="message",
+        role="assistant",
+        status="completed",
+        content=[ResponseOutputText(type="output_text", text=text, annotations=[])],
+    )
 
 
-def call(name: str, arguments: dict[str, Any] | str, call_id: str = "call-1"
-         ) -> TResponseOutputItem:
+def call(
+    name: str, arguments: dict[str, Any] | str, call_id: str = "call-1"
+) -> TResponseOutputItem:
     text = arguments if isinstance(arguments, str) else json.dumps(arguments)
-    return ResponseFunctionToolCall(id=call_id, call_id=call_id, type="function_call",
-                                    name=name, arguments=text)
+    return ResponseFunctionToolCall(
+        id=call_id, call_id=call_id, type="function_call", name=name, arguments=text
+    )
 
 
 def tool_outputs(items: list[TResponseInputItem]) -> list[Any]:
-    return [json.loads(str(i["output"])) for i in items
-            if isinstance(i, dict) and i.get("type") == "function_call_output"]
+    return [
+        json.loads(str(i["output"]))
+        for i in items
+        if isinstance(i, dict) and i.get("type") == "function_call_output"
+    ]
 
 
 def user_text(items: list[TResponseInputItem]) -> str:
@@ -133,8 +149,9 @@ class Traces:
     its real exporter (``BackendSpanExporter``, as set up by default, but posting to a
     server on 127.0.0.1 with a made-up key) sent once flushed."""
 
-    def __init__(self, recorder: Recorder, exporter: BatchTraceProcessor,
-                 bodies: list[bytes]) -> None:
+    def __init__(
+        self, recorder: Recorder, exporter: BatchTraceProcessor, bodies: list[bytes]
+    ) -> None:
         self.recorder, self.exporter, self.bodies = recorder, exporter, bodies
 
     def sent(self) -> list[bytes]:
@@ -154,8 +171,11 @@ def traces(monkeypatch: pytest.MonkeyPatch) -> Iterator[Traces]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     serving = threading.Thread(target=server.serve_forever, daemon=True)
     serving.start()
-    exporter = BatchTraceProcessor(BackendSpanExporter(
-        api_key="sk-not-a-key", endpoint=f"http://127.0.0.1:{server.server_port}/traces"))
+    exporter = BatchTraceProcessor(
+        BackendSpanExporter(
+            api_key="sk-not-a-key", endpoint=f"http://127.0.0.1:{server.server_port}/traces"
+        )
+    )
     recorder = Recorder()
     provider = DefaultTraceProvider()
     provider.register_processor(recorder)
@@ -169,26 +189,27 @@ def traces(monkeypatch: pytest.MonkeyPatch) -> Iterator[Traces]:
 
 
 def test_a_model_issued_agent_send_lands_durably_and_wakes_an_agents_sdk_turn(
-        make_runtime: MakeRuntime, traces: Traces) -> None:
+    make_runtime: MakeRuntime, traces: Traces
+) -> None:
     ids: dict[str, str] = {}
     seen_tools: list[list[str]] = []
     prompts: list[str] = []
 
-    async def alice(items: list[TResponseInputItem], tools: list[str]
-                    ) -> list[TResponseOutputItem]:
+    async def alice(items: list[TResponseInputItem], tools: list[str]) -> list[TResponseOutputItem]:
         seen_tools.append(sorted(tools))
         outputs = tool_outputs(items)
         if not outputs:
             return [call("agent_send", {"agent_id": ids["bob"], "message": "Please review PR 12"})]
         return [say(f"asked Bob ({outputs[0]['status']})")]
 
-    async def bob(items: list[TResponseInputItem], tools: list[str]
-                  ) -> list[TResponseOutputItem]:
+    async def bob(items: list[TResponseInputItem], tools: list[str]) -> list[TResponseOutputItem]:
         prompts.append(user_text(items))
         return [say("PR 12 looks good")]
 
-    agents = {"alice": Agent(name="Alice", model=ScriptModel(alice)),
-              "bob": Agent(name="Bob", model=ScriptModel(bob))}
+    agents = {
+        "alice": Agent(name="Alice", model=ScriptModel(alice)),
+        "bob": Agent(name="Bob", model=ScriptModel(bob)),
+    }
 
     def agent_for(turn: Turn) -> Agent[Any]:
         return agents["alice" if turn.session_id == ids["alice"] else "bob"]
@@ -206,16 +227,18 @@ def test_a_model_issued_agent_send_lands_durably_and_wakes_an_agents_sdk_turn(
 
 
 def test_tracing_is_on_only_when_the_caller_asks_for_it(
-        make_runtime: MakeRuntime, traces: Traces) -> None:
+    make_runtime: MakeRuntime, traces: Traces
+) -> None:
     """The checks above are no blind ones: with ``trace=True`` the same kind of turn reaches
     the SDK's trace processors, and its exporter posts the trace (to OpenAI's servers, by
     default)."""
-    async def model(items: list[TResponseInputItem], tools: list[str]
-                    ) -> list[TResponseOutputItem]:
+
+    async def model(items: list[TResponseInputItem], tools: list[str]) -> list[TResponseOutputItem]:
         return [say("hello")] if tool_outputs(items) else [call("task_list", {})]
 
-    rt = make_runtime(brain=openai_agents_brain(Agent(name="A", model=ScriptModel(model)),
-                                                trace=True))
+    rt = make_runtime(
+        brain=openai_agents_brain(Agent(name="A", model=ScriptModel(model)), trace=True)
+    )
     session = rt.create_session(rt.create_project("p").id, "A").id
     rt.post(session, "hi")
     rt.run_until_idle(timeout=30)
@@ -228,11 +251,11 @@ def test_tracing_is_on_only_when_the_caller_asks_for_it(
 
 @pytest.mark.parametrize("arguments, expected", REFUSED_TOOL_CALLS)
 def test_a_refused_tool_call_comes_back_to_the_model_as_a_readable_error(
-        make_runtime: MakeRuntime, arguments: dict[str, Any] | str, expected: Any) -> None:
+    make_runtime: MakeRuntime, arguments: dict[str, Any] | str, expected: Any
+) -> None:
     errors: list[object] = []
 
-    async def model(items: list[TResponseInputItem], tools: list[str]
-                    ) -> list[TResponseOutputItem]:
+    async def model(items: list[TResponseInputItem], tools: list[str]) -> list[TResponseOutputItem]:
         outputs = tool_outputs(items)
         if not outputs:
             return [call("agent_read", arguments)]
@@ -249,11 +272,11 @@ def test_a_refused_tool_call_comes_back_to_the_model_as_a_readable_error(
 
 
 def test_a_raising_model_is_a_failed_attempt_retried_after_its_backoff(
-        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    make_runtime: MakeRuntime, clock: ManualClock
+) -> None:
     calls: list[float] = []
 
-    async def model(items: list[TResponseInputItem], tools: list[str]
-                    ) -> list[TResponseOutputItem]:
+    async def model(items: list[TResponseInputItem], tools: list[str]) -> list[TResponseOutputItem]:
         calls.append(clock.now())
         if len(calls) == 1:
             raise ConnectionError("model unreachable")
@@ -282,8 +305,7 @@ def test_agent_stop_cancels_the_running_model_call_at_once(make_runtime: MakeRun
     started = threading.Event()
     cancelled = threading.Event()
 
-    async def model(items: list[TResponseInputItem], tools: list[str]
-                    ) -> list[TResponseOutputItem]:
+    async def model(items: list[TResponseInputItem], tools: list[str]) -> list[TResponseOutputItem]:
         started.set()
         try:
             await asyncio.Event().wait()  # a model that never answers
@@ -292,8 +314,9 @@ def test_agent_stop_cancels_the_running_model_call_at_once(make_runtime: MakeRun
             raise
         return [say("never")]
 
-    rt = make_runtime(brain=openai_agents_brain(Agent(name="B", model=ScriptModel(model))),
-                      stop_grace=600.0)
+    rt = make_runtime(
+        brain=openai_agents_brain(Agent(name="B", model=ScriptModel(model))), stop_grace=600.0
+    )
     project = rt.create_project("team")
     a = rt.create_session(project.id, "A").id
     b = rt.create_session(project.id, "B").id
