@@ -4,7 +4,11 @@ The session's kinbox tools become the agent's ``FunctionTool``s, built from the 
 Schemas a model sees (``turn.tools.schemas()``) and run through ``turn.tools.call``: a
 model-issued ``agent_send`` is committed to the journal like any other, its arguments
 checked by kinbox's rules, and a refusal (or arguments that are not JSON) comes back to
-the model as ``{"error", "message"}`` it can act on. The turn's prompt and reply are
+the model as ``{"error", "message"}`` it can act on. The SDK runs the function calls of
+one response at once; kinbox has them run one at a time, in the model's order (so two
+``agent_send``s reach their target in that order), unless the caller's ``run_config``
+sets its own ``tool_execution.max_function_tool_concurrency``: the SDK has no such
+switch per tool, so that is every function tool's. The turn's prompt and reply are
 those of every adapter (``framework_turns``); a caller's stop cancels the run at once
 (the runtime's own stop lets it finish within ``stop_grace``).
 
@@ -23,7 +27,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from agents import Agent, FunctionTool, RunConfig, Runner
+from agents import Agent, FunctionTool, RunConfig, Runner, ToolExecutionConfig
 from agents.tool_context import ToolContext
 
 from .framework_turns import as_text, call_tool, prompt_for, reply_with, until_stopped
@@ -59,6 +63,16 @@ def _invoker(turn: Turn, name: str) -> Callable[[ToolContext[Any], str], Any]:
     return invoke
 
 
+def _in_order(config: RunConfig) -> RunConfig:
+    """``config`` running one function call at a time, in the model's order, unless it says
+    how many run at once: each kinbox tool call is committed before the next."""
+    execution = config.tool_execution or ToolExecutionConfig()
+    if execution.max_function_tool_concurrency is not None:
+        return config
+    execution = dataclasses.replace(execution, max_function_tool_concurrency=1)
+    return dataclasses.replace(config, tool_execution=execution)
+
+
 def openai_agents_brain(
     agent_for: Agent[Any] | AgentFor,
     *,
@@ -69,10 +83,11 @@ def openai_agents_brain(
     """An ``async def`` brain that runs ``agent_for`` (an agent, or a function of the turn)
     with ``Runner.run``: the session's kinbox tools added to the agent's own.
 
-    ``run_config`` is passed on, with tracing disabled unless ``trace`` is True (see the
-    module docstring); ``max_turns`` bounds the model calls of one kinbox turn (the SDK's
+    ``run_config`` is passed on, with tracing disabled unless ``trace`` is True and one
+    function call at a time unless it sets a concurrency (see the module docstring);
+    ``max_turns`` bounds the model calls of one kinbox turn (the SDK's
     default when None)."""
-    config = run_config or RunConfig()
+    config = _in_order(run_config or RunConfig())
     if not trace:
         config = dataclasses.replace(config, tracing_disabled=True)
     limits: dict[str, Any] = {} if max_turns is None else {"max_turns": max_turns}

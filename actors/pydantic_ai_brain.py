@@ -7,7 +7,8 @@ journal like any other, its arguments checked by the same rules, and a
 refusal comes back to the model as ``{"error", "message"}`` it can act on. Arguments
 that are no JSON object (a list, a string) are refused before the tool runs, as kinbox
 refuses them, through pydantic-ai's own argument check: the model reads it as it reads
-arguments that are not JSON, a retry prompt.
+arguments that are not JSON, a retry prompt. kinbox's tools run one at a time, in the
+order the model gave them (the agent's own tools still run at once around them).
 The turn's messages (each labelled with who sent it) are the prompt, headed by the
 turn's context where it has one (a Focal turn's global context); the agent's output is
 the turn's reply, and a caller's stop cancels the agent's run at once (``framework_turns``,
@@ -77,6 +78,10 @@ def kinbox_toolset(turn: Turn) -> FunctionToolset[Any]:
                 name=fn["name"],
                 description=fn["description"],
                 json_schema=fn["parameters"],
+                # One at a time, in the model's order (pydantic-ai runs a response's calls
+                # at once): each is committed before the next, so two agent_sends of one
+                # response reach their target in the order the model gave.
+                sequential=True,
             )
         )
     return _KinboxToolset(tools)

@@ -328,3 +328,38 @@ def test_agent_stop_cancels_the_running_model_call_at_once(make_runtime: MakeRun
     assert rt.inbox()[0]["attempts"] == 0
     assert [e.text for e in rt.transcript(b)] == ["long job"]
     assert rt.marker_counts() == {mid: 1}
+
+
+@pytest.mark.timeout(60)
+def test_tool_calls_of_one_response_commit_in_the_order_the_model_gave(
+    make_runtime: MakeRuntime,
+) -> None:
+    """The SDK runs the function calls of one model response at once, and kinbox's ran on
+    as many blocking workers: twelve ``agent_send`` calls "step 0" to "step 11" reached
+    Bob's inbox shuffled. kinbox's tools run one at a time, in the model's order, as on
+    autogen."""
+    ids: dict[str, str] = {}
+    steps = [f"step {i}" for i in range(12)]
+
+    async def alice_model(
+        items: list[TResponseInputItem], tools: list[str]
+    ) -> list[TResponseOutputItem]:
+        if tool_outputs(items):
+            return [say("sent them all")]
+        return [
+            call("agent_send", {"agent_id": ids["bob"], "message": step}, f"call-{i}")
+            for i, step in enumerate(steps)
+        ]
+
+    async def brain(turn: Turn) -> None:
+        if turn.session_id == ids["alice"]:
+            await alice(turn)
+
+    alice = openai_agents_brain(Agent(name="Alice", model=ScriptModel(alice_model)))
+    rt = make_runtime(brain=brain)
+    pr_review_family(rt, ids)
+    rt.post(ids["alice"], "send Bob the steps")
+    rt.run_until_idle(timeout=30)
+    assert rt.transcript(ids["alice"])[-1].text == "sent them all"
+    assert [r["content"] for r in rt.inbox(target=ids["bob"])] == steps
+    assert [e.text for e in rt.transcript(ids["bob"])] == steps

@@ -245,3 +245,38 @@ def test_tool_arguments_that_are_no_json_object_come_back_to_the_model(
     assert seen == [read_back]
     assert (rt.inbox()[0]["status"], rt.inbox()[0]["attempts"]) == ("delivered", 0)
     assert rt.transcript(me)[-1].text == "fixed my call"
+
+
+@pytest.mark.timeout(60)
+def test_tool_calls_of_one_response_commit_in_the_order_the_model_gave(
+    make_runtime: MakeRuntime,
+) -> None:
+    """pydantic-ai runs the tool calls of one model response at once, and kinbox's ran on
+    as many blocking workers: twelve ``agent_send`` calls "step 0" to "step 11" reached
+    Bob's inbox shuffled ("step 10" before "step 8"). kinbox's tools run one at a time,
+    in the model's order, as on autogen."""
+    ids: dict[str, str] = {}
+    steps = [f"step {i}" for i in range(12)]
+
+    def alice_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if tool_returns(messages):
+            return ModelResponse(parts=[TextPart("sent them all")])
+        return ModelResponse(
+            parts=[
+                ToolCallPart("agent_send", {"agent_id": ids["bob"], "message": step}, f"c{i}")
+                for i, step in enumerate(steps)
+            ]
+        )
+
+    async def brain(turn: Turn) -> None:
+        if turn.session_id == ids["alice"]:
+            await alice(turn)
+
+    alice = pydantic_ai_brain(Agent(FunctionModel(alice_model)))
+    rt = make_runtime(brain=brain)
+    pr_review_family(rt, ids)
+    rt.post(ids["alice"], "send Bob the steps")
+    rt.run_until_idle(timeout=30)
+    assert rt.transcript(ids["alice"])[-1].text == "sent them all"
+    assert [r["content"] for r in rt.inbox(target=ids["bob"])] == steps
+    assert [e.text for e in rt.transcript(ids["bob"])] == steps
