@@ -8,9 +8,11 @@ the model as ``{"error", "message"}`` it can act on. The SDK runs the function c
 one response at once; kinbox has them run one at a time, in the model's order (so two
 ``agent_send``s reach their target in that order), unless the caller's ``run_config``
 sets its own ``tool_execution.max_function_tool_concurrency``: the SDK has no such
-switch per tool, so that is every function tool's. The turn's prompt and reply are
-those of every adapter (``framework_turns``); a caller's stop cancels the run at once
-(the runtime's own stop lets it finish within ``stop_grace``).
+switch per tool, so that is every function tool's. A call of a tool the agent lacks is
+answered to the model too (``tool_not_found_behavior="return_error_to_model"``), not a
+failed run. The turn's prompt and reply are those of every adapter (``framework_turns``);
+a caller's stop cancels the run at once (the runtime's own stop lets it finish within
+``stop_grace``).
 
 Nothing leaves the machine unless configured: the SDK traces every run and, by default,
 exports the traces to OpenAI's servers. Each run kinbox starts has tracing disabled
@@ -63,14 +65,19 @@ def _invoker(turn: Turn, name: str) -> Callable[[ToolContext[Any], str], Any]:
     return invoke
 
 
-def _in_order(config: RunConfig) -> RunConfig:
-    """``config`` running one function call at a time, in the model's order, unless it says
-    how many run at once: each kinbox tool call is committed before the next."""
+def _kinbox_tool_rules(config: RunConfig) -> RunConfig:
+    """``config`` with the SDK's tool calls run as kinbox runs a model's: one function call
+    at a time, in the model's order (each kinbox call committed before the next), unless it
+    says how many run at once; and a call of a tool the agent lacks (a Focal-only tool on
+    a plain session, a made-up name) answered to the model as an error it can act on, as
+    kinbox's own refusals are, where the SDK's default fails the run (and so the attempt,
+    and every retry of it) with ``ModelBehaviorError``."""
     execution = config.tool_execution or ToolExecutionConfig()
-    if execution.max_function_tool_concurrency is not None:
-        return config
-    execution = dataclasses.replace(execution, max_function_tool_concurrency=1)
-    return dataclasses.replace(config, tool_execution=execution)
+    if execution.max_function_tool_concurrency is None:
+        execution = dataclasses.replace(execution, max_function_tool_concurrency=1)
+    return dataclasses.replace(
+        config, tool_execution=execution, tool_not_found_behavior="return_error_to_model"
+    )
 
 
 def openai_agents_brain(
@@ -83,11 +90,12 @@ def openai_agents_brain(
     """An ``async def`` brain that runs ``agent_for`` (an agent, or a function of the turn)
     with ``Runner.run``: the session's kinbox tools added to the agent's own.
 
-    ``run_config`` is passed on, with tracing disabled unless ``trace`` is True and one
-    function call at a time unless it sets a concurrency (see the module docstring);
+    ``run_config`` is passed on, with tracing disabled unless ``trace`` is True, one
+    function call at a time unless it sets a concurrency, and a call of a tool the agent
+    lacks answered to the model (see the module docstring);
     ``max_turns`` bounds the model calls of one kinbox turn (the SDK's
     default when None)."""
-    config = _in_order(run_config or RunConfig())
+    config = _kinbox_tool_rules(run_config or RunConfig())
     if not trace:
         config = dataclasses.replace(config, tracing_disabled=True)
     limits: dict[str, Any] = {} if max_turns is None else {"max_turns": max_turns}

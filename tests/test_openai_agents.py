@@ -363,3 +363,33 @@ def test_tool_calls_of_one_response_commit_in_the_order_the_model_gave(
     assert rt.transcript(ids["alice"])[-1].text == "sent them all"
     assert [r["content"] for r in rt.inbox(target=ids["bob"])] == steps
     assert [e.text for e in rt.transcript(ids["bob"])] == steps
+
+
+@pytest.mark.timeout(60)
+def test_a_call_of_a_tool_the_agent_lacks_comes_back_to_the_model(
+    make_runtime: MakeRuntime,
+) -> None:
+    """A model calling a tool its agent does not have (a Focal-only ``schedule_wakeup`` on
+    a plain session, a name it made up) raised the SDK's ``ModelBehaviorError``: the
+    attempt failed, and every retry the same, where pydantic-ai and autogen hand the model
+    an error it can act on. The SDK's runs answer it to the model now."""
+    read_back: list[str] = []
+
+    async def model(items: list[TResponseInputItem], tools: list[str]) -> list[TResponseOutputItem]:
+        outputs = [
+            str(i["output"])
+            for i in items
+            if isinstance(i, dict) and i.get("type") == "function_call_output"
+        ]
+        if not outputs:
+            return [call("schedule_wakeup", {"kind": "reminder", "at": 0})]
+        read_back.extend(outputs)
+        return [say("no wake-ups for me, then")]
+
+    rt = make_runtime(brain=openai_agents_brain(Agent(name="Me", model=ScriptModel(model))))
+    me = rt.create_session(rt.create_project("solo").id, "Me").id
+    rt.post(me, "remind me tomorrow")
+    rt.run_until_idle(timeout=30)
+    assert len(read_back) == 1 and "schedule_wakeup" in read_back[0]
+    assert (rt.inbox()[0]["status"], rt.inbox()[0]["attempts"]) == ("delivered", 0)
+    assert rt.transcript(me)[-1].text == "no wake-ups for me, then"
