@@ -33,14 +33,15 @@ from .framework_turns import prompt_for, prompt_of, reply_with, until_stopped
 from .tool_schemas import object_arguments
 from .turn import Turn
 
-__all__ = ["AgentFor", "kinbox_toolset", "prompt_of", "pydantic_ai_brain"]
+__all__ = ["AgentFor", "KinboxToolset", "kinbox_toolset", "prompt_of", "pydantic_ai_brain"]
 
 AgentFor = Callable[[Turn], AbstractAgent[Any, Any]]
 """Builds (or returns) the pydantic-ai agent for a turn: your model, instructions, settings."""
 
 
-class _KinboxToolset(FunctionToolset[Any]):
-    """kinbox's tools, each with the argument check of :func:`_arguments_check`."""
+class KinboxToolset(FunctionToolset[Any]):
+    """kinbox's tools, each with the argument check of :func:`_arguments_check` (its class
+    name is the one pydantic-ai's errors give, a tool name clashing with the agent's own)."""
 
     async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
         return {
@@ -67,7 +68,7 @@ def _arguments_check(name: str) -> SchemaValidator:
     return SchemaValidator(core_schema.no_info_plain_validator_function(check))
 
 
-def kinbox_toolset(turn: Turn) -> FunctionToolset[Any]:
+def kinbox_toolset(turn: Turn) -> KinboxToolset:
     """The session's kinbox tools as a pydantic-ai toolset (an async turn's tools)."""
     tools = []
     for schema in turn.tools.schemas():
@@ -84,7 +85,7 @@ def kinbox_toolset(turn: Turn) -> FunctionToolset[Any]:
                 sequential=True,
             )
         )
-    return _KinboxToolset(tools)
+    return KinboxToolset(tools)
 
 
 def _caller(turn: Turn, name: str) -> Callable[..., Any]:
