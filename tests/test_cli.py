@@ -194,13 +194,19 @@ def test_the_log_level_is_kinboxs_and_libraries_say_only_what_goes_wrong() -> No
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("problem", ["readable_key", "junk_key", "file_not_folder"])
+@pytest.mark.parametrize(
+    "problem", ["readable_key", "junk_key", "file_not_folder", "world_writable_folder"]
+)
 def test_an_unusable_data_directory_is_one_line_not_a_traceback(tmp_path: Path,
                                                                 problem: str) -> None:
     data = tmp_path / "data"
     if problem == "file_not_folder":
         data.write_text("not a folder")
         expected = "Not a directory"
+    elif problem == "world_writable_folder":
+        data.mkdir()
+        data.chmod(0o777)
+        expected = "chmod 700 it"
     else:
         data.mkdir()
         key = data / "device_key.pem"

@@ -85,6 +85,46 @@ def test_a_key_file_others_can_read_is_refused(tmp_path: Path) -> None:
         key_file.load_or_create(tmp_path)
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o1777, 0o720], ids=oct)
+@pytest.mark.parametrize("has_key", [True, False], ids=["existing_key", "new_key"])
+def test_a_key_folder_other_users_can_write_is_refused(
+    tmp_path: Path, mode: int, has_key: bool
+) -> None:
+    """Whoever may write the folder may swap the key file for theirs, or delete it (a new
+    key is then made in silence, and every pairing is lost): refused like ssh's StrictModes,
+    before a key is read from it or written into it."""
+    folder = tmp_path / "d"
+    folder.mkdir(mode=0o700)
+    if has_key:
+        key_file.load_or_create(folder)
+    before = sorted(p.name for p in folder.iterdir())
+    folder.chmod(mode)
+    with pytest.raises(IdentityError) as caught:
+        key_file.load_or_create(folder)
+    assert caught.value.what == str(folder)
+    assert "chmod 700" in caught.value.reason
+    assert sorted(p.name for p in folder.iterdir()) == before  # nothing written
+    folder.chmod(0o700)
+    key_file.load_or_create(folder)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
+@pytest.mark.parametrize("whose", ["key", "folder"])
+def test_a_key_file_or_folder_of_another_user_is_refused(tmp_path: Path, whose: str) -> None:
+    """Another user's key file (planted before this device made its own; root reads any
+    0600 file) would make this device sign as them; their folder lets them swap it."""
+    folder = tmp_path / "d"
+    planted = key_file.load_or_create(folder)
+    os.chown(folder / key_file.KEY_FILE_NAME if whose == "key" else folder, 65534, 65534)
+    with pytest.raises(IdentityError) as caught:
+        key_file.load_or_create(folder)
+    assert "uid 65534" in caught.value.reason
+    os.chown(folder / key_file.KEY_FILE_NAME if whose == "key" else folder, 0, 0)
+    assert key_file.load_or_create(folder).device_id == planted.device_id
+
+
 def test_sealed_tokens_open_only_with_the_same_device_key() -> None:
     sealed = CLIENT.seal(TOKEN, b"\x00" * 12)
     assert TOKEN not in sealed

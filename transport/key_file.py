@@ -5,7 +5,10 @@ a private temporary file (``O_EXCL``, mode 0600, so no other user can ever
 read it) and then linked into place, which fails if the name exists: another
 process starting at the same moment sees either no key file or a complete
 one, never a half-written one; the folder is synced once the name is in it.
-An existing file readable by group or others is refused rather than used.
+An existing file readable by group or others is refused rather than used, as
+are (like ssh's StrictModes) a key file or a folder that another user owns, and a
+folder that group or others may write: whoever may write the folder may swap the
+key for theirs or delete it (and a new key would then be made, unpairing every peer).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def load_or_create(directory: str | os.PathLike[str]) -> DeviceIdentity:
                             f"({os.readlink(path)})")
     try:
         if path.exists():
+            _check_folder(path.parent)
             return _load(path)
         try:
             return install(directory, DeviceIdentity.generate())
@@ -65,6 +69,7 @@ def private_folder(folder: str | os.PathLike[str]) -> Path:
 def install(directory: str | os.PathLike[str], identity: DeviceIdentity) -> DeviceIdentity:
     """Write ``identity`` as the device key of ``directory``; FileExistsError if it has one."""
     folder = private_folder(directory)
+    _check_folder(folder)
     # A random name: one made of the pid met the partial a killed process of the same pid
     # left behind (a container's process restarts with the same one) and failed for good.
     partial = folder / f".{KEY_FILE_NAME}.{secrets.token_hex(8)}"
@@ -87,8 +92,40 @@ def install(directory: str | os.PathLike[str], identity: DeviceIdentity) -> Devi
     return identity
 
 
+def _others_owner(st: os.stat_result) -> int | None:
+    """The uid owning a file when it is neither this process's user nor root (whom
+    nothing stops anyway), else None."""
+    return st.st_uid if st.st_uid not in (os.geteuid(), 0) else None
+
+
+def _check_folder(folder: Path) -> None:
+    """Refuse a key folder another user could replace the key in."""
+    st = folder.stat()
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise IdentityError(
+            str(folder),
+            f"permissions {oct(stat.S_IMODE(st.st_mode))} let other users replace or "
+            "delete the device key in it; chmod 700 it",
+        )
+    owner = _others_owner(st)
+    if owner is not None:
+        raise IdentityError(
+            str(folder),
+            f"owned by another user (uid {owner}), who can replace the device key in it; "
+            "chown it to this user",
+        )
+
+
 def _load(path: Path) -> DeviceIdentity:
-    mode = path.stat().st_mode
+    st = path.stat()
+    mode = st.st_mode
+    owner = _others_owner(st)
+    if owner is not None:
+        raise IdentityError(
+            str(path),
+            f"owned by another user (uid {owner}): this device would sign as whoever made "
+            "it; chown it to this user",
+        )
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise IdentityError(str(path), f"permissions {oct(mode & 0o777)} let others read "
                             "the private key; chmod 600 it")
