@@ -57,6 +57,7 @@ from .serve_flags import (
     is_loopback,
     port_number,
     read_token,
+    token_file_exposure,
 )
 from .worker import summary
 
@@ -286,6 +287,9 @@ def _announce(args: argparse.Namespace, sock: socket.socket, delivering: bool,
         out.write("kinbox serve: send-only (no --brain): serves and writes, delivers nothing; "
                   "run a delivering process beside it (kinbox worker --brain MODULE:ATTR)\n")
     out.flush()
+    exposed = token_file_exposure(args.token_file)
+    if exposed:
+        print(f"kinbox serve: WARNING: {exposed}", file=sys.stderr)
     why = _exposure(args)
     if why:
         print(f"kinbox serve: WARNING: {why}; answering Host {', '.join(args.allow_host)} "

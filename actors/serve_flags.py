@@ -4,7 +4,10 @@ Each argparse ``type`` here turns a bad value into a usage error (status 2,
 no traceback). The rule for what counts as loopback lives here, as does
 where the operator token comes from: ``--token-file`` (first line of the
 file) or ``$KINBOX_OPERATOR_TOKEN``. Only the token's digest leaves this
-module (:class:`~kinbox.transport.OperatorToken`); it is never printed.
+module (:class:`~kinbox.transport.OperatorToken`); it is never printed. A token file
+other users may read or write (``echo secret > token`` under umask 022) is said to be
+(:func:`token_file_exposure`): not refused, as a secret mounted read-only for all
+(0444) is one too, and its operator may have no other way to give it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import stat
 from pathlib import Path
 
 from ..transport import OperatorToken, allowed_name
@@ -102,3 +106,20 @@ def read_token(token_file: str | None) -> OperatorToken | None:
         return OperatorToken.from_secret(secret)
     except ValueError as exc:
         raise ValueError(f"${TOKEN_ENV}: {exc}") from None
+
+
+def token_file_exposure(token_file: str | None) -> str | None:
+    """Why other users of this machine may read or change the token in ``token_file`` (its
+    mode lets group or others at it), or None; named by its path and mode, never its text."""
+    if token_file is None:
+        return None
+    try:
+        mode = stat.S_IMODE(Path(token_file).stat().st_mode)
+    except OSError:  # read a moment ago: gone since, nothing left to say of it
+        return None
+    if not mode & (stat.S_IRWXG | stat.S_IRWXO):
+        return None
+    return (
+        f"--token-file {token_file} has mode {mode:o}: other users of this machine may "
+        "read or change the operator token; chmod 600 it"
+    )

@@ -428,6 +428,7 @@ def test_a_non_loopback_bind_names_its_hosts_and_needs_the_operator_token(
         run_kinbox: Any, tmp_path: Path) -> None:
     secret = "op-" + os.urandom(8).hex()
     (tmp_path / "token").write_text(secret + "\n")
+    (tmp_path / "token").chmod(0o600)  # as an operator keeps it (else a warning of its own)
     cmd = run_kinbox("serve", "--host", "0.0.0.0", "--port", "0", "--allow-host", "kinbox.test",
                      "--token-file", str(tmp_path / "token"),
                      "--db", f"sqlite:///{tmp_path / 'k.db'}")
@@ -446,6 +447,34 @@ def test_a_non_loopback_bind_names_its_hosts_and_needs_the_operator_token(
     assert get(port, read, "POST", {**named, "Authorization": f"Bearer {secret}"})[0] == 200
     cmd.proc.send_signal(signal.SIGINT)
     assert cmd.finish() == 0
+    assert secret not in cmd.output
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o600, 0o400], ids=oct)
+def test_a_token_file_other_users_may_read_or_write_is_warned_of(
+    run_kinbox: Any, tmp_path: Path, mode: int
+) -> None:
+    """``echo secret > token`` makes a file every local user can read (umask 022): they
+    could then call every route. Serve says so at start, naming the file, never the
+    token; a file of its user alone is taken in silence."""
+    secret = "op-" + os.urandom(8).hex()
+    token = tmp_path / "token"
+    token.write_text(secret + "\n")
+    token.chmod(mode)
+    cmd = run_kinbox(
+        "serve", "--port", "0", "--token-file", str(token), "--db", f"sqlite:///{tmp_path / 'k.db'}"
+    )
+    port = served_port(cmd)
+    assert get(port, "/focal", headers={"Authorization": f"Bearer {secret}"})[0] == 200
+    cmd.proc.send_signal(signal.SIGINT)
+    assert cmd.finish() == 0
+    warned = [line for line in cmd.lines if "WARNING" in line and str(token) in line]
+    if mode & 0o077:
+        assert len(warned) == 1, cmd.output
+        assert f"{mode:o}" in warned[0] and "chmod 600" in warned[0]
+    else:
+        assert warned == [], cmd.output
     assert secret not in cmd.output
 
 
