@@ -2,8 +2,9 @@
 
 ``whoami`` shows the device id; ``invite`` (on the receiving device) prints a
 one-time pairing code and stores only its hash; ``invites`` lists the codes
-still open by id, and ``withdraw`` makes one invalid; ``pair URL CODE`` (on the
-sending device) redeems it over the peer's websocket; ``list`` shows every
+still open by id, and ``withdraw`` makes one invalid; ``pair URL [CODE]`` (on the
+sending device) redeems it over the peer's websocket (the code read from standard input
+when left out, so that no other user sees it in the process list); ``list`` shows every
 paired device with its scopes, status, last contact and row counts;
 ``pause``, ``resume`` and ``revoke`` change a device's grant (a live link
 closes within a second). Like the other operator commands they work on the
@@ -13,6 +14,8 @@ database while a runtime runs on it.
 from __future__ import annotations
 
 import argparse
+import getpass
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -130,11 +133,29 @@ def withdraw(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+CODE_FROM_STDIN = "-"
+"""``pair``'s code argument that means: read the code from standard input."""
+
+
+def _pairing_code(given: str) -> str:
+    """The code ``pair`` was given, or for ``-`` (the default) the one read from standard
+    input, without echo on a terminal. A code in the command line is in the process's
+    ``/proc/<pid>/cmdline``, which every user of the machine may read while ``pair``
+    runs (a second of imports before it dials): one of them could redeem it first."""
+    if given != CODE_FROM_STDIN:
+        return given
+    if sys.stdin is None:
+        return ""
+    if sys.stdin.isatty():
+        return getpass.getpass("pairing code: ").strip()
+    return sys.stdin.readline().strip()
+
+
 def pair(args: argparse.Namespace, out: TextIO) -> int:
-    """``kinbox peers pair URL CODE``."""
+    """``kinbox peers pair URL [CODE]``."""
+    code = _pairing_code(args.code)
     with _device(args) as (peers, identity), operator_clock(peers.t.db) as clock:
-        rec = complete_pairing(identity, peers, args.url, args.code, args.name or "",
-                               clock.now())
+        rec = complete_pairing(identity, peers, args.url, code, args.name or "", clock.now())
     emit(out, args.json, rec.to_dict(),
          [f"paired with device {rec.device_id}: address it as peer:{rec.device_id}"])
     return 0
@@ -226,7 +247,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(handler=invite)
     p = with_key(psub.add_parser("pair", help="pair with a device using its code"))
     p.add_argument("url", help="the other device's kinbox serve URL, http://host:port")
-    p.add_argument("code")
+    p.add_argument(
+        "code",
+        nargs="?",
+        default=CODE_FROM_STDIN,
+        help="the code 'kinbox peers invite' printed there; left out or '-': read from "
+        "standard input (a code in the command line is visible to every user of this "
+        "machine while pair runs)",
+    )
     p.add_argument("--name", help="what to call that device here")
     p.set_defaults(handler=pair)
     with_key(psub.add_parser("invites", help="pairing codes not used and not expired")

@@ -6,6 +6,8 @@ import io
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ from kinbox.actors.cli import main
 from kinbox.transport.grants import is_code
 
 from .peer_harness import Receiver, cli
-from .test_cli import kinbox
+from .test_cli import ROOT, kinbox
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -104,6 +106,44 @@ def test_an_open_pairing_code_is_listed_by_id_and_can_be_withdrawn(
         assert "12 hex characters" in capsys.readouterr().err
         assert run("peers", "invites", "--db", receiver.url)[1].strip() == (
             "no open pairing invites")
+    finally:
+        receiver.stop()
+
+
+@pytest.mark.parametrize("given", [(), ("-",)], ids=["left_out", "dash"])
+def test_pair_reads_the_code_from_standard_input_so_ps_never_shows_it(
+    tmp_path: Path, given: tuple[str, ...]
+) -> None:
+    """A code in the command line is in /proc/<pid>/cmdline, which every user of the
+    machine may read, for as long as ``pair`` runs (a second of imports before it dials):
+    one of them could redeem it first. Left out (or ``-``), it is read from stdin."""
+    receiver = Receiver(tmp_path / "b").start()
+    try:
+        code = receiver.invite()
+        url = f"sqlite:///{tmp_path / 'a' / 'a.db'}"
+        argv = ["peers", "pair", receiver.http, *given, "--db", url, "--json"]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kinbox.actors", *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        try:
+            shown = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+            out, err = proc.communicate(code + "\n", timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        assert code.encode() not in shown
+        assert proc.returncode == 0, err
+        paired = json.loads(out)
+        [grant] = receiver.peers("list")
+        assert paired["device_id"] == receiver.peers("whoami")["device_id"]
+        assert (grant["direction"], grant["status"]) == ("inbound", "active")
+        assert code not in out + err
     finally:
         receiver.stop()
 
