@@ -29,7 +29,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -177,8 +177,9 @@ class Channel:
     """A registered adapter."""
 
     send: Send
-    secret: bytes | None
-    """The platform's webhook signing secret (None: no webhook)."""
+    secret: bytes | None = field(repr=False)
+    """The platform's webhook signing secret (None: no webhook); never in a repr, which
+    tracebacks with locals and error trackers record."""
 
 
 class Channels:

@@ -67,6 +67,19 @@ EVENT = json.dumps({"sender_id": "U1", "sender_name": "Ann", "thread_id": "T1",
 
 # -- the signature, pure ---------------------------------------------------------------------
 
+@pytest.mark.timeout(60)
+def test_a_channels_repr_never_shows_its_webhook_secret(
+    served: tuple[Served, Runtime, list[tuple[Any, str]]], clock: ManualClock
+) -> None:
+    """What error trackers and tracebacks with locals record of a channel held in a local:
+    the secret alone signs deliveries anyone could then forge."""
+    srv, rt, _ = served
+    channel = rt.social.channels.get("slack")
+    assert channel is not None and channel.secret == SECRET
+    assert SECRET.decode() not in repr(channel) and str(SECRET) not in repr(channel)
+    assert post(srv, "/social/slack/events", EVENT, signed(EVENT, clock.now()))[0] == 202
+
+
 def test_signatures_are_checked_for_presence_form_age_and_value() -> None:
     body = b'{"a": 1}'
     good = sig.sign(SECRET, "1000", body)

@@ -40,6 +40,18 @@ VALID = [
 ]
 
 
+@pytest.mark.timeout(30)
+def test_a_frames_repr_never_shows_the_pairing_code_or_the_token_it_carries() -> None:
+    """A repr is what error trackers and tracebacks with locals (Sentry, rich) record of a
+    frame held in a local: the code pairs a device, the token is its credential."""
+    code, token = "kbp_" + "x" * 43, "kbt_" + "y" * 43
+    pair = f.Pair(code, "0123456789ab", KEY, "laptop", NONCE, SIG)
+    paired = f.Paired("0123456789ab", KEY, token, SIG)
+    assert code not in repr(pair) and "0123456789ab" in repr(pair)
+    assert token not in repr(paired) and "0123456789ab" in repr(paired)
+    assert f.parse(f.encode(paired)) == paired  # still carried, and compared
+
+
 @pytest.mark.parametrize("frame", VALID, ids=lambda x: x.TYPE)
 def test_every_frame_type_round_trips(frame: f.Frame) -> None:
     assert f.parse(f.encode(frame)) == frame

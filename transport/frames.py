@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from .errors import FrameError
@@ -203,7 +203,7 @@ class Pair(Frame):
     TYPE = "pair"
     CHECKS = {"code": SECRET, "device_id": DEVICE_ID, "public_key": PUBLIC_KEY,
               "name": is_device_name, "nonce": NONCE, "signature": SIGNATURE}
-    code: str
+    code: str = field(repr=False)  # a repr goes to tracebacks with locals, error trackers
     device_id: str
     public_key: str
     name: str
@@ -220,7 +220,7 @@ class Paired(Frame):
               "signature": SIGNATURE}
     device_id: str
     public_key: str
-    token: str
+    token: str = field(repr=False)  # the device's credential: never in a repr
     signature: str
 
 
