@@ -60,6 +60,14 @@ REQUEST_TIMEOUT = 10.0
 answer, whatever else the peer sends meanwhile (pings, frames of no interest): one
 deadline for the exchange, not one per frame, or a chatty peer holds the calling turn."""
 
+SPENT_CODE = (
+    "the other device refused the pairing code (expired_invite): it was used by another "
+    "device, withdrawn or expired there, or never issued (a device does not say which); "
+    "ask that device for a new one: kinbox peers invite"
+)
+"""What a code the other device will not redeem is told as: it answers alike for a code
+used, withdrawn, expired or never issued, so that trying codes there learns nothing."""
+
 STOP_SECONDS = 5.0
 """How long a stop waits for all the links together to close and hand their rows back (a
 close waits up to 2 s for a peer's answer; the links close at once, not in turn)."""
@@ -348,7 +356,8 @@ def complete_pairing(identity: DeviceIdentity, peers: PeerStore, url: str, code:
         # A refusal names its code; whatever else answered wrote free text (kept in the
         # message, escaped), which no caller should branch on.
         known = exc.reason in Refusal.__members__.values()
-        raise PairingFailed(str(exc), exc.reason if known else "refused", retry=False) from exc
+        message = SPENT_CODE if exc.reason == Refusal.EXPIRED_INVITE else str(exc)
+        raise PairingFailed(message, exc.reason if known else "refused", retry=False) from exc
     except TransportError as exc:  # an answer that broke the protocol
         raise PairingFailed(str(exc), "malformed", retry=False) from exc
     sealed = identity.seal(paired.token, os.urandom(SEAL_NONCE_BYTES))

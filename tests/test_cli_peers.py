@@ -148,6 +148,29 @@ def test_pair_reads_the_code_from_standard_input_so_ps_never_shows_it(
         receiver.stop()
 
 
+def test_a_spent_code_is_refused_saying_what_may_have_spent_it_and_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A code typed again a minute after it paired another device was refused as
+    "expired_invite", which its ten minutes said it was not. The device does not say
+    whether a code was used, withdrawn, expired or never issued (no oracle for whoever
+    tries codes), so the message names them all and the way out."""
+    receiver = Receiver(tmp_path / "b").start()
+    try:
+        code = receiver.invite("10m")
+        cli("peers", "pair", receiver.http, code, "--db", f"sqlite:///{tmp_path / 'a' / 'a.db'}")
+        capsys.readouterr()
+        other = f"sqlite:///{tmp_path / 'c' / 'c.db'}"
+        assert run("peers", "pair", receiver.http, code, "--db", other)[0] == 1
+        said = capsys.readouterr().err
+        for words in ("refused", "used", "withdrawn", "expired", "kinbox peers invite"):
+            assert words in said, said
+        assert code not in said
+        assert len(receiver.peers("list")) == 1  # the second device got nothing
+    finally:
+        receiver.stop()
+
+
 def test_pairing_with_nobody_listening_is_a_clear_error(tmp_path: Path) -> None:
     code, _ = run("peers", "pair", "http://127.0.0.1:9", "kbp_" + "x" * 43,
                   "--db", f"sqlite:///{tmp_path / 'a.db'}")
