@@ -81,11 +81,13 @@ def seeded_key(sc: Scenario, url: str, name: str) -> None:
 
 
 def laptop_url_for(phone_url: str) -> tuple[str, str | None]:
-    """The laptop is another device: an embedded database of its own, beside the phone's
-    file, or in a fresh folder when the phone is on a server database (the folder is
-    returned too, for the run to remove at its end; None beside a file)."""
+    """The laptop is another device: an embedded database of its own, in a folder beside
+    the phone's file (not beside the file itself: the files folder, and the device key in
+    it, is one per folder of SQLite files, so the two devices had one key), or in a fresh
+    folder when the phone is on a server database (the folder is returned too, for the run
+    to remove at its end; None beside a file)."""
     if phone_url.startswith("sqlite:///") and phone_url.endswith(".db"):
-        return phone_url[:-3] + "-laptop.db", None
+        return phone_url[:-3] + "-laptop/laptop.db", None
     folder = tempfile.mkdtemp(prefix="kinbox-laptop-")
     return f"sqlite:///{folder}/laptop.db", folder
 
@@ -120,6 +122,8 @@ def _run(sc: Scenario, laptop_url: str) -> None:
         device = phone.peers.pair(f"http://127.0.0.1:{laptop.port}", code, name="laptop")
         peer = f"peer:{device.device_id}"
         sc.note(f"paired with the laptop as {peer}")
+        sc.expect(device.device_id != phone.peers.identity.device_id,
+                  "the laptop is a device of its own (its own key)")
         assistant = phone.create_session(phone.project("default").id, "Assistant")
         tools = phone.tools_for(assistant.id)
         # One at a time: the link may deliver a note before the next is sent, or after,
