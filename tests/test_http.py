@@ -404,6 +404,17 @@ def test_the_host_guard_matches_exact_names_and_subdomain_patterns() -> None:
             allowed_name(bad)
 
 
+@pytest.mark.parametrize("pattern", ["*.com", "*.Test", "*.co"])
+def test_a_subdomain_pattern_of_a_whole_top_level_domain_is_refused(pattern: str) -> None:
+    """``*.com`` was taken as any subdomain pattern: every name under .com passed the Host
+    guard, so a page on any .com domain an attacker registers could reach the server by DNS
+    rebinding, the attack the guard is there to stop."""
+    with pytest.raises(ValueError, match="top-level"):
+        allowed_name(pattern)
+    assert allowed_name("*.localhost") == "*.localhost"  # names only this machine resolves
+    assert allowed_name("*.Example.com") == "*.example.com"
+
+
 def test_healthz_without_the_token_names_what_failed_but_not_the_drivers_text(
         make_runtime: MakeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With a token set, /healthz still answers anyone (a load balancer has no token), and

@@ -378,6 +378,8 @@ def test_serve_rejects_bad_flags_with_a_usage_error(run_kinbox: Any, tmp_path: P
     # it was taken, and every request to that name was a 400.
     (["--host", "0.0.0.0", "--allow-host", "10.0.0.5:8765"], "op-secret"),
     (["--host", "0.0.0.0", "--allow-host", "cafe:80"], "op-secret"),
+    # Every name under a top-level domain: any page on a .com domain passed the Host guard.
+    (["--host", "0.0.0.0", "--allow-host", "*.com"], "op-secret"),
     # An empty path served without a token, as if the flag were not given.
     (["--token-file", ""], ""),
     # A token a client cannot send as it is kept: servers read headers as Latin-1, so a
@@ -386,7 +388,8 @@ def test_serve_rejects_bad_flags_with_a_usage_error(run_kinbox: Any, tmp_path: P
     ([], "p\u00e4ssw\u00f6rd"),
     ([], "op\x7fsecret"),
 ], ids=["empty-host", "host-with-port", "wildcard-host", "ipv4-with-port", "hex-with-port",
-        "empty-token-file", "non-ascii-token-file", "non-ascii-token-env", "control-token"])
+        "tld-pattern", "empty-token-file", "non-ascii-token-file", "non-ascii-token-env",
+        "control-token"])
 def test_serve_refuses_an_address_host_or_token_it_could_not_use_as_a_usage_error(
         run_kinbox: Any, tmp_path: Path, args: list[str], token: str) -> None:
     (tmp_path / "token").write_text("s\u00e9same-" + "x" * 8 + "\n", encoding="utf-8")

@@ -6,7 +6,8 @@ operator chose closes that door. Starlette's ``TrustedHostMiddleware`` does
 the same but answers in plain text; every answer of this API is JSON.
 
 Allowed names are exact (``kinbox.example``) or a subdomain pattern
-(``*.example.com``); ``[::1]`` style IPv6 literals keep their brackets.
+(``*.example.com``, never a whole top-level domain such as ``*.com``: anyone may
+register a name there); ``[::1]`` style IPv6 literals keep their brackets.
 """
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ def allowed_name(name: str) -> str:
     if ":" in norm and not norm.startswith("["):
         norm = f"[{norm}]"
     if not _NAME.match(norm):
-        raise ValueError(f"not a host name: {name!r}")
+        raise ValueError(f"not a host name: {name!r} (expected a name such as "
+                         "kinbox.example, *.example.com or an IP)")
+    if norm.startswith("*.") and "." not in norm[2:] and norm != "*.localhost":
+        # Anyone can register a name under a top-level domain and point it here: the guard
+        # would let every such page through (DNS rebinding). *.localhost resolves here only.
+        raise ValueError(f"{name!r} would allow every name under a top-level domain; "
+                         "name your own domain (*.example.com)")
     if norm.startswith("["):
         # The brackets hold an IPv6 address, nothing else: an IPv4 address or a name with
         # its port (10.0.0.5:8765) fits the pattern's characters but never matches a Host,
