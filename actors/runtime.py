@@ -76,10 +76,11 @@ from .ticker import Ticker
 from .turn import Brain, Turn, is_async_brain
 
 SYSTEM_PROJECTS = (("default", "Default"), ("social", "Social"))
-LAST_COMMIT_WAIT = 1.0
-"""Seconds a stop whose deadline the turns spent still gives the writer: what they committed
-as they ended is in its queue, and a turn that ended in time should not come back by lease
-because a deaf one did not."""
+STOP_FLOOR = 1.0
+"""Seconds a stop whose deadline the turns spent still gives the dispatcher (to hand back
+the rows waiting for a slot) and then the writer (to commit what the turns committed as
+they ended): a row or a turn that was done in time should not come back by lease because
+a deaf turn spent the deadline."""
 """Projects that always exist (S4)."""
 
 
@@ -284,11 +285,11 @@ class Runtime(RecordsApi, WatchApi, TickApi):
     def stop(self, timeout: float = 10.0) -> None:
         """Graceful stop: ask running turns to stop, let them commit, close the database.
 
-        ``timeout`` bounds the stop as a whole: its waits (direct turns, session actors,
-        async turns, the writer) share one deadline, so turns deaf to their stop hold it
-        ``timeout`` seconds, not once per kind of turn. The writer still gets
-        :data:`LAST_COMMIT_WAIT` past a spent deadline for what the turns committed as
-        they ended.
+        ``timeout`` bounds the stop's waits for turns: direct turns, session actors and
+        async turns share one deadline, so turns deaf to their stop hold it ``timeout``
+        seconds, not once per kind of turn. Past a spent deadline the dispatcher and the
+        writer still get :data:`STOP_FLOOR` each, for the rows and commits of the turns
+        that were done in time.
 
         The ticker runs on until the turns have ended, renewing their leases and nothing
         else (:meth:`_tick` in state ``stopped``): a turn winding down longer than its
@@ -317,7 +318,8 @@ class Runtime(RecordsApi, WatchApi, TickApi):
                 self._services.stop(wait=True, timeout=left())
             if ctx.dispatcher is not None:
                 try:
-                    ctx.dispatcher.stop(timeout=left())  # stops its session actors first
+                    # It stops its session actors, and hands back the rows waiting for one.
+                    ctx.dispatcher.stop(timeout=max(left(), STOP_FLOOR))
                 except pykka.Timeout:  # a sync brain that ignores its stop: it keeps its thread
                     log.warning("turns still running %.1f s into the stop; what they commit "
                                 "after it is refused, and their rows come back by lease", timeout)
@@ -326,7 +328,7 @@ class Runtime(RecordsApi, WatchApi, TickApi):
         finally:  # the turns have ended (or are given up on): no lease left to keep
             self._ticker.stop()
         ctx.emit("stopped", owner=self.owner)
-        self._teardown(max(left(), LAST_COMMIT_WAIT))
+        self._teardown(max(left(), STOP_FLOOR))
         log.info("runtime %s stopped", self.owner)
 
     def crash(self) -> None:
