@@ -41,38 +41,50 @@ ClientFor = Callable[[Turn], ChatCompletionClient]
 
 def kinbox_tool_schemas(turn: Turn) -> list[ToolSchema]:
     """The session's kinbox tools as autogen-core tool schemas."""
-    return [ToolSchema(name=s["function"]["name"], description=s["function"]["description"],
-                       parameters=s["function"]["parameters"])
-            for s in turn.tools.schemas()]
+    return [
+        ToolSchema(
+            name=s["function"]["name"],
+            description=s["function"]["description"],
+            parameters=s["function"]["parameters"],
+        )
+        for s in turn.tools.schemas()
+    ]
 
 
 async def _run(turn: Turn, call: FunctionCall) -> FunctionExecutionResult:
     result = await call_tool(turn, call.name, call.arguments)
     refused = set(result) == {"error", "message"}
-    return FunctionExecutionResult(content=as_text(result), name=call.name, call_id=call.id,
-                                   is_error=refused)
+    return FunctionExecutionResult(
+        content=as_text(result), name=call.name, call_id=call.id, is_error=refused
+    )
 
 
-def autogen_brain(client_for: ChatCompletionClient | ClientFor, *,
-                  system_message: str | None = None,
-                  max_tool_rounds: int = 10) -> Callable[[Turn], Any]:
+def autogen_brain(
+    client_for: ChatCompletionClient | ClientFor,
+    *,
+    system_message: str | None = None,
+    max_tool_rounds: int = 10,
+) -> Callable[[Turn], Any]:
     """An ``async def`` brain that runs the tool-use loop on ``client_for`` (a client, or a
     function of the turn returning one).
 
     The model gets ``system_message`` (if any), the turn's prompt and the kinbox tools; after
     ``max_tool_rounds`` rounds of tool calls it is asked once more with no tools, and a
     model that still calls tools fails the attempt (``ToolRoundsExceeded``)."""
+
     async def loop(turn: Turn, client: ChatCompletionClient, token: CancellationToken) -> object:
-        messages: list[LLMMessage] = [] if system_message is None else [
-            SystemMessage(content=system_message)]
+        messages: list[LLMMessage] = (
+            [] if system_message is None else [SystemMessage(content=system_message)]
+        )
         messages.append(UserMessage(content=await prompt_for(turn), source="user"))
         tools = kinbox_tool_schemas(turn)
         for _ in range(max_tool_rounds):
             result = await client.create(messages, tools=tools, cancellation_token=token)
             if isinstance(result.content, str):
                 return result.content
-            messages.append(AssistantMessage(content=result.content, thought=result.thought,
-                                             source="assistant"))
+            messages.append(
+                AssistantMessage(content=result.content, thought=result.thought, source="assistant")
+            )
             # One at a time: each call is committed before the next, so the journal keeps
             # the order the model gave.
             outcomes = [await _run(turn, call) for call in result.content]
@@ -94,4 +106,5 @@ def autogen_brain(client_for: ChatCompletionClient | ClientFor, *,
             token.cancel()
         else:
             reply_with(turn, output)
+
     return brain

@@ -71,17 +71,24 @@ class DirectTurns(DirectPool):
         super().__init__(ctx, workers)
         self._gate = SessionGate()
 
-    def _start(self, session_id: str, turn_id: str, messages: list[Message],
-               fetch_steering: Callable[[], list[Message]], taken: list[str]) -> Steps[Turn]:
+    def _start(
+        self,
+        session_id: str,
+        turn_id: str,
+        messages: list[Message],
+        fetch_steering: Callable[[], list[Message]],
+        taken: list[str],
+    ) -> Steps[Turn]:
         """Register the running turn (waiting for the session's current one: awaited on
         the event loop) and build it; :class:`TurnNotStarted` when the runtime began to
         stop meanwhile. ``taken`` collects the inbox rows the turn takes into itself by
         name (:meth:`Turn.take`: a foreground child's result), leased under the
         session's mark."""
         ctx = self.ctx
-        begun = yield Blocking(partial(ctx.turns.begin, session_id, ctx.now, turn_id),
-                               on_loop=partial(ctx.turns.begin_async, session_id, ctx.now,
-                                               turn_id))
+        begun = yield Blocking(
+            partial(ctx.turns.begin, session_id, ctx.now, turn_id),
+            on_loop=partial(ctx.turns.begin_async, session_id, ctx.now, turn_id),
+        )
         if begun is None:  # the runtime stopped while the session's turn ran
             raise TurnNotStarted(session_id)
         flag, started = begun
@@ -90,32 +97,61 @@ class DirectTurns(DirectPool):
             # after it (its sweep may be past), one that comes after asks this one.
             if ctx.closed.is_set():
                 raise TurnNotStarted(session_id)
+
             def fetch_row(message_id: str) -> Message | None:
-                row = wait_landed(ctx.journal.submit_claim_row_into_direct_turn(
-                    ctx.owner, session_id, turn_id, message_id, ctx.now(),
-                    lease=ctx.lease_seconds))
+                row = wait_landed(
+                    ctx.journal.submit_claim_row_into_direct_turn(
+                        ctx.owner,
+                        session_id,
+                        turn_id,
+                        message_id,
+                        ctx.now(),
+                        lease=ctx.lease_seconds,
+                    )
+                )
                 if row is None:
                     return None
                 taken.append(row.message_id)
                 return Message.from_row(row)
 
             outbox = Outbox(turn_id)
-            return Turn(session_id, messages, turn_tools(ctx, session_id, outbox), flag,
-                        fetch_steering, started=started, outbox=outbox, fetch_row=fetch_row)
+            return Turn(
+                session_id,
+                messages,
+                turn_tools(ctx, session_id, outbox),
+                flag,
+                fetch_steering,
+                started=started,
+                outbox=outbox,
+                fetch_row=fetch_row,
+            )
         except BaseException:
             ctx.turns.end(session_id, flag)  # never left on the board by a failed start
             raise
 
-    def run(self, session_id: str, messages: list[Message], *,
-            fetch_steering: Callable[[], list[Message]] = list,
-            commit_ops: CommitOps = lambda _turn: []) -> DirectOutcome:
+    def run(
+        self,
+        session_id: str,
+        messages: list[Message],
+        *,
+        fetch_steering: Callable[[], list[Message]] = list,
+        commit_ops: CommitOps = lambda _turn: [],
+    ) -> DirectOutcome:
         """Run one turn of ``session_id`` now, on the calling thread, and commit it."""
-        return settle(self.run_steps(session_id, messages, fetch_steering=fetch_steering,
-                                     commit_ops=commit_ops))
+        return settle(
+            self.run_steps(
+                session_id, messages, fetch_steering=fetch_steering, commit_ops=commit_ops
+            )
+        )
 
-    def run_steps(self, session_id: str, messages: list[Message], *,
-                  fetch_steering: Callable[[], list[Message]] = list,
-                  commit_ops: CommitOps = lambda _turn: []) -> Steps[DirectOutcome]:
+    def run_steps(
+        self,
+        session_id: str,
+        messages: list[Message],
+        *,
+        fetch_steering: Callable[[], list[Message]] = list,
+        commit_ops: CommitOps = lambda _turn: [],
+    ) -> Steps[DirectOutcome]:
         """One turn of ``session_id``, committed, as a :data:`.steps.Steps`: a pool
         thread carries it out (:meth:`run`), or the event loop of async brains
         (:meth:`submit_steps`), where its waits and its brain hold no thread."""
@@ -134,11 +170,13 @@ class DirectTurns(DirectPool):
                 ctx.slots.direct_began(session_id)
             try:
                 try:
-                    turn = yield from self._start(session_id, turn_id, messages,
-                                                  fetch_steering, taken)
+                    turn = yield from self._start(
+                        session_id, turn_id, messages, fetch_steering, taken
+                    )
                     try:
-                        done, effects = yield from self._attempt(session_id, turn_id, turn,
-                                                                 commit_ops, taken)
+                        done, effects = yield from self._attempt(
+                            session_id, turn_id, turn, commit_ops, taken
+                        )
                     finally:
                         # Off the board once the commit is durable (or will never be): the
                         # session's next turn reads what this one wrote.
@@ -165,8 +203,9 @@ class DirectTurns(DirectPool):
             ctx.wake_dispatcher()
         return done
 
-    def _attempt(self, session_id: str, turn_id: str, turn: Turn, commit_ops: CommitOps,
-                 taken: list[str]) -> Steps[tuple[DirectOutcome, TurnEffects | None]]:
+    def _attempt(
+        self, session_id: str, turn_id: str, turn: Turn, commit_ops: CommitOps, taken: list[str]
+    ) -> Steps[tuple[DirectOutcome, TurnEffects | None]]:
         """The brain, then the commit; the outcome and, once committed, its effects. The
         rows ``taken`` into the turn are acknowledged by its commit, or handed back unrun
         when it does not commit (a crash leaves them to their lease)."""
@@ -196,8 +235,15 @@ class DirectTurns(DirectPool):
                 turn.outbox.discard()
             yield Blocking(partial(self._hand_back, session_id, taken))
             log.info("direct turn of %s failed: %s", session_id, outcome.error)
-            ctx.emit("turn_failed", session_id=session_id, message_id=first,
-                     error=outcome.error, state="direct", attempts=1, available_at=None)
+            ctx.emit(
+                "turn_failed",
+                session_id=session_id,
+                message_id=first,
+                error=outcome.error,
+                state="direct",
+                attempts=1,
+                available_at=None,
+            )
             return DirectOutcome(turn, outcome, False, outcome.error), None
         try:
             parts = ctx.effect_parts(turn, outcome)
@@ -214,9 +260,17 @@ class DirectTurns(DirectPool):
             # A commit its batch took and then outran its wait may land yet: its outcome is
             # waited for (a cron run or a social event taken as failed that had landed ran
             # twice, or lost its reply), as an inbox turn's is.
-            yield from landed(ctx.journal.submit_turn(
-                ctx.owner, session_id, taken, turn.entries(), now, enqueue=effects.messages,
-                also=[*effects.ops, *commit_ops(turn), ended]))
+            yield from landed(
+                ctx.journal.submit_turn(
+                    ctx.owner,
+                    session_id,
+                    taken,
+                    turn.entries(),
+                    now,
+                    enqueue=effects.messages,
+                    also=[*effects.ops, *commit_ops(turn), ended],
+                )
+            )
         except WriterClosed:
             raise
         except (LeaseLost, PersistenceError) as exc:
@@ -229,9 +283,13 @@ class DirectTurns(DirectPool):
             _drop_writes(turn)
             raise
         ctx.activity.bump("turns")
-        ctx.emit("turn_committed", session_id=session_id,
-                 message_ids=[m.message_id for m in turn.all_messages],
-                 replies=list(turn.replies), stopped_by=outcome.stopped_by)
+        ctx.emit(
+            "turn_committed",
+            session_id=session_id,
+            message_ids=[m.message_id for m in turn.all_messages],
+            replies=list(turn.replies),
+            stopped_by=outcome.stopped_by,
+        )
         return DirectOutcome(turn, outcome, True, None), effects
 
     def _brain(self, turn: Turn) -> Blocking:
@@ -240,8 +298,9 @@ class DirectTurns(DirectPool):
         host = self.ctx.async_host
         if host is None:
             return Blocking(partial(_run_sync_brain, self.ctx, turn))
-        return Blocking(partial(host.run_brain_blocking, turn),
-                        on_loop=partial(host.await_direct_brain, turn))
+        return Blocking(
+            partial(host.run_brain_blocking, turn), on_loop=partial(host.await_direct_brain, turn)
+        )
 
     def _hand_back(self, session_id: str, taken: list[str]) -> None:
         """Hand the rows a turn that did not commit had taken back unrun, to wake the
@@ -254,8 +313,7 @@ class DirectTurns(DirectPool):
         except WriterClosed:
             pass
         except PersistenceError as exc:  # a lost lease too: the rows are another's now
-            log.warning("rows taken into a direct turn of %s not handed back: %s",
-                        session_id, exc)
+            log.warning("rows taken into a direct turn of %s not handed back: %s", session_id, exc)
 
 
 def _run_sync_brain(ctx: RuntimeContext, turn: Turn) -> BaseException | None:

@@ -99,8 +99,11 @@ class SessionActor(PooledActor):
                 # A bug outside the brain (an outbox hook, a driver): this actor lives on,
                 # so the rows the slot table hands it are not lost with it; the row keeps
                 # its lease and comes back when that runs out.
-                log.exception("the delivery of %s to %s failed outside its brain",
-                              message.row.message_id, self.session_id)
+                log.exception(
+                    "the delivery of %s to %s failed outside its brain",
+                    message.row.message_id,
+                    self.session_id,
+                )
             finally:
                 if not self.told_done:
                     self.done(True)
@@ -125,7 +128,7 @@ class SessionActor(PooledActor):
         """Judge the attempt (errors, the timeout, a stop) and tell the protocol."""
         assert self.turn is not None
         unseen = [m.message_id for m in self.turn.close_steering() or []]
-        run.steered_in(self.turn.steered_ids[len(run.steered):])
+        run.steered_in(self.turn.steered_ids[len(run.steered) :])
         handed_back = run.unseen(unseen) if unseen else []
         run.closing = self.ctx.closed.is_set()  # stopping: the commit leases no next row
         # A brain that ended on the runtime's stop having done nothing, returned on the flag
@@ -170,8 +173,11 @@ class SessionActor(PooledActor):
                 except WriterClosed:
                     raise
                 except PersistenceError as exc:  # lost meanwhile, or the database is down
-                    log.info("could not hand %s back (%s); it comes back by its lease",
-                             effect.message_id, exc)
+                    log.info(
+                        "could not hand %s back (%s); it comes back by its lease",
+                        effect.message_id,
+                        exc,
+                    )
             return []
         raise TypeError(f"not an effect this actor carries out: {effect!r}")
 
@@ -191,17 +197,25 @@ class SessionActor(PooledActor):
         ctx = self.ctx
         if record_start:  # its last worker died mid-turn: is this message the cause?
             try:
-                yield from landed(ctx.journal.submit_turn_started(ctx.owner, row.message_id,
-                                                                  ctx.now()))
+                yield from landed(
+                    ctx.journal.submit_turn_started(ctx.owner, row.message_id, ctx.now())
+                )
             except WriterClosed:
                 raise
             except LeaseLost:
-                log.warning("lost the lease of %s for %s before its turn started",
-                            row.message_id, self.session_id)
+                log.warning(
+                    "lost the lease of %s for %s before its turn started",
+                    row.message_id,
+                    self.session_id,
+                )
                 return run.refused()
             except PersistenceError as exc:
-                log.error("starting %s for %s failed in the journal: %s", row.message_id,
-                          self.session_id, exc)
+                log.error(
+                    "starting %s for %s failed in the journal: %s",
+                    row.message_id,
+                    self.session_id,
+                    exc,
+                )
                 return run.refused()
         effects = self.try_start(run, row)
         if effects is None:
@@ -218,7 +232,8 @@ class SessionActor(PooledActor):
         turns, sid, now = self.ctx.turns, self.session_id, self.ctx.now
         begun = yield Blocking(
             lambda: turns.begin(sid, now, row.message_id),
-            on_loop=lambda: turns.begin_async(sid, now, row.message_id))
+            on_loop=lambda: turns.begin_async(sid, now, row.message_id),
+        )
         if begun is None:  # the runtime stopped while that turn ran: the row goes back
             run.closing = True
             return run.started()
@@ -232,8 +247,9 @@ class SessionActor(PooledActor):
         stop_flag = self.ctx.turns.try_begin(self.session_id, started, row.message_id)
         return None if stop_flag is None else self._started(run, row, started, stop_flag)
 
-    def _started(self, run: dp.Delivery, row: ClaimedRow, started: float,
-                 stop_flag: StopFlag) -> list[dp.Effect]:
+    def _started(
+        self, run: dp.Delivery, row: ClaimedRow, started: float, stop_flag: StopFlag
+    ) -> list[dp.Effect]:
         self.flag = stop_flag
         # A turn that waited for its session's cron or social turn may get the board only
         # after a graceful stop asked every running turn to stop: it hands its row back.
@@ -262,26 +278,39 @@ class SessionActor(PooledActor):
         # Leases into the turn are waited for until they land or fail (wait_landed): one
         # taken as refused that then landed left its rows leased outside any turn.
         def fetch_steering() -> list[Message]:
-            more = wait_landed(ctx.journal.submit_claim_more(
-                ctx.owner, sid, row.message_id, last_seq[0], ctx.now(),
-                lease=ctx.lease_seconds))
+            more = wait_landed(
+                ctx.journal.submit_claim_more(
+                    ctx.owner, sid, row.message_id, last_seq[0], ctx.now(), lease=ctx.lease_seconds
+                )
+            )
             if more:
                 last_seq[0] = more[-1].seq
             return [Message.from_row(r) for r in more]
 
         def fetch_row(message_id: str) -> Message | None:
-            taken = wait_landed(ctx.journal.submit_claim_row(
-                ctx.owner, sid, row.message_id, message_id, ctx.now(),
-                lease=ctx.lease_seconds))
+            taken = wait_landed(
+                ctx.journal.submit_claim_row(
+                    ctx.owner, sid, row.message_id, message_id, ctx.now(), lease=ctx.lease_seconds
+                )
+            )
             return None if taken is None else Message.from_row(taken)
 
         outbox = Outbox(row.message_id)
-        turn = Turn(sid, [Message.from_row(row)], turn_tools(ctx, sid, outbox), stop_flag,
-                    fetch_steering, row=row, started=started, outbox=outbox,
-                    fetch_row=fetch_row)
+        turn = Turn(
+            sid,
+            [Message.from_row(row)],
+            turn_tools(ctx, sid, outbox),
+            stop_flag,
+            fetch_steering,
+            row=row,
+            started=started,
+            outbox=outbox,
+            fetch_row=fetch_row,
+        )
         if ctx.observers:
-            ctx.emit("turn_started", session_id=sid, message_id=row.message_id,
-                     attempt=row.attempts + 1)
+            ctx.emit(
+                "turn_started", session_id=sid, message_id=row.message_id, attempt=row.attempts + 1
+            )
         return turn
 
     def commit(self, run: dp.Delivery, effect: dp.Commit) -> Step:
@@ -320,18 +349,26 @@ class SessionActor(PooledActor):
             return self._refused(run, turn, flag, exc)
         return self._committed(run, turn, judged, flag, effect, effects, following)
 
-    def _submit(self, turn: Turn, effect: dp.Commit,
-                effects: TurnEffects) -> Reply[ClaimedRow | None]:
+    def _submit(
+        self, turn: Turn, effect: dp.Commit, effects: TurnEffects
+    ) -> Reply[ClaimedRow | None]:
         ctx = self.ctx
         if effect.next_lease and ctx.slots is not None:  # it reads the next row once
             ctx.slots.commit_submitted(self.session_id)
         return ctx.journal.submit_turn(
-            ctx.owner, self.session_id, list(effect.message_ids), turn.entries(), ctx.now(),
-            enqueue=effects.messages, also=effects.ops,
-            next_lease=ctx.lease_seconds if effect.next_lease else None)
+            ctx.owner,
+            self.session_id,
+            list(effect.message_ids),
+            turn.entries(),
+            ctx.now(),
+            enqueue=effects.messages,
+            also=effects.ops,
+            next_lease=ctx.lease_seconds if effect.next_lease else None,
+        )
 
-    def _refused(self, run: dp.Delivery, turn: Turn, flag: StopFlag | None,
-                 exc: Exception) -> list[dp.Effect]:
+    def _refused(
+        self, run: dp.Delivery, turn: Turn, flag: StopFlag | None, exc: Exception
+    ) -> list[dp.Effect]:
         """The journal refused the commit of ``turn``: the protocol's answer (or ``exc``
         again when it is no refusal: the writer closed, a bug)."""
         sid = self.session_id
@@ -343,30 +380,50 @@ class SessionActor(PooledActor):
             turn.outbox.discard()
         if isinstance(exc, LeaseLost):
             self.end_turn(flag)
-            log.warning("lost the lease of %s for %s: another worker took it over; this "
-                        "turn's commit wrote nothing", turn.row.message_id, sid)
-            self.ctx.emit("lease_lost", session_id=sid, message_id=turn.row.message_id,
-                          error=str(exc))
+            log.warning(
+                "lost the lease of %s for %s: another worker took it over; this "
+                "turn's commit wrote nothing",
+                turn.row.message_id,
+                sid,
+            )
+            self.ctx.emit(
+                "lease_lost", session_id=sid, message_id=turn.row.message_id, error=str(exc)
+            )
             return run.lease_lost()
         if isinstance(exc, WriterClosed) or not isinstance(exc, PersistenceError):
             raise exc
-        log.error("the journal refused the commit of %s for %s (%s): a failed attempt",
-                  turn.row.message_id, sid, exc)
+        log.error(
+            "the journal refused the commit of %s for %s (%s): a failed attempt",
+            turn.row.message_id,
+            sid,
+            exc,
+        )
         # The turn stays on the board until its failure record is durable (as a brain's).
         self.judged = refused_commit(exc)
         return run.commit_refused(self.judged.outcome.error or "")
 
-    def _committed(self, run: dp.Delivery, turn: Turn, judged: Judged, flag: StopFlag | None,
-                   effect: dp.Commit, effects: TurnEffects,
-                   following: ClaimedRow | None) -> list[dp.Effect]:
+    def _committed(
+        self,
+        run: dp.Delivery,
+        turn: Turn,
+        judged: Judged,
+        flag: StopFlag | None,
+        effect: dp.Commit,
+        effects: TurnEffects,
+        following: ClaimedRow | None,
+    ) -> list[dp.Effect]:
         """The commit of ``turn`` is durable: end it, tell, run what waits for it."""
         ctx = self.ctx
         self.end_turn(flag)
         ctx.activity.bump("turns")
         if ctx.observers:
-            ctx.emit("turn_committed", session_id=self.session_id,
-                     message_ids=list(effect.message_ids), replies=list(turn.replies),
-                     stopped_by=judged.outcome.stopped_by)
+            ctx.emit(
+                "turn_committed",
+                session_id=self.session_id,
+                message_ids=list(effect.message_ids),
+                replies=list(turn.replies),
+                stopped_by=judged.outcome.stopped_by,
+            )
         self._run_after(effects)
         run.closing = ctx.closed.is_set()  # stopping: the next row is handed back, not run
         return run.committed(following, plain=not (effects.messages or effects.ops))
@@ -385,31 +442,56 @@ class SessionActor(PooledActor):
         summary = failed.error or "the turn failed"
         effects = ctx.effects(turn, failed)
         try:
-            result = wait_landed(ctx.journal.submit_retry(
-                ctx.owner, effect.message_id, judged.detail or "", ctx.now(),
-                release=list(effect.release), on_failed=effects.messages,
-                on_failed_also=effects.ops))
+            result = wait_landed(
+                ctx.journal.submit_retry(
+                    ctx.owner,
+                    effect.message_id,
+                    judged.detail or "",
+                    ctx.now(),
+                    release=list(effect.release),
+                    on_failed=effects.messages,
+                    on_failed_also=effects.ops,
+                )
+            )
         except LeaseLost:
-            log.warning("lost the lease of %s for %s: its failed attempt is not recorded "
-                        "here", row.message_id, sid)
+            log.warning(
+                "lost the lease of %s for %s: its failed attempt is not recorded here",
+                row.message_id,
+                sid,
+            )
             return run.journal_failed()
         except WriterClosed:
             raise
         except PersistenceError as exc:
-            log.error("recording the failed attempt of %s for %s failed in the journal: %s",
-                      row.message_id, sid, exc)
+            log.error(
+                "recording the failed attempt of %s for %s failed in the journal: %s",
+                row.message_id,
+                sid,
+                exc,
+            )
             return run.journal_failed()
         finally:
             self.end_turn(flag)
         final = result.state.value == "failed"
         # A retried attempt is routine (INFO); giving up on a message is an ERROR.
-        log.log(logging.ERROR if final else logging.INFO,
-                "turn of %s for %s failed (attempt %d%s): %s", sid, row.message_id,
-                result.attempts, ", giving up: row failed" if final else
-                f", retry at {result.available_at:.3f}", summary)
-        ctx.emit("turn_failed", session_id=sid, message_id=row.message_id, error=summary,
-                 state=result.state.value, attempts=result.attempts,
-                 available_at=result.available_at)
+        log.log(
+            logging.ERROR if final else logging.INFO,
+            "turn of %s for %s failed (attempt %d%s): %s",
+            sid,
+            row.message_id,
+            result.attempts,
+            ", giving up: row failed" if final else f", retry at {result.available_at:.3f}",
+            summary,
+        )
+        ctx.emit(
+            "turn_failed",
+            session_id=sid,
+            message_id=row.message_id,
+            error=summary,
+            state=result.state.value,
+            attempts=result.attempts,
+            available_at=result.available_at,
+        )
         if final:
             self._run_after(effects)
         else:  # claimed as its backoff ends, not at the tick after

@@ -46,12 +46,19 @@ class Brain(Protocol):
 class Turn:
     """One run of a session's brain, started by one or more inbox messages."""
 
-    def __init__(self, session_id: str, messages: list[Message], tools: Callable[[], Any],
-                 stop_event: StopFlag,
-                 fetch_steering: Callable[[], list[Message]], *,
-                 row: ClaimedRow | None = None, started: float = 0.0,
-                 outbox: Outbox | None = None,
-                 fetch_row: Callable[[str], Message | None] | None = None) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        messages: list[Message],
+        tools: Callable[[], Any],
+        stop_event: StopFlag,
+        fetch_steering: Callable[[], list[Message]],
+        *,
+        row: ClaimedRow | None = None,
+        started: float = 0.0,
+        outbox: Outbox | None = None,
+        fetch_row: Callable[[str], Message | None] | None = None,
+    ) -> None:
         self.session_id = session_id
         self.messages = messages
         self.row = row  # type: ignore[assignment]
@@ -104,16 +111,20 @@ class Turn:
             self._tools = self._make_tools()
         return self._tools
 
-    def resolve_with(self, resolve: Callable[[], tuple[Any, str | None]], *,
-                     context: bool = True) -> None:
+    def resolve_with(
+        self, resolve: Callable[[], tuple[Any, str | None]], *, context: bool = True
+    ) -> None:
         """Set how the tool request and context are computed (on first use). With
         ``context=False`` the turn has no context (None, known without computing it)."""
         self._resolve = resolve
         self._request = self._context = None
         self._context_read = context
 
-    def on_event_loop(self, run_blocking: Callable[[Callable[[], None]], Awaitable[None]],
-                      on_loop: Callable[[], bool]) -> None:
+    def on_event_loop(
+        self,
+        run_blocking: Callable[[Callable[[], None]], Awaitable[None]],
+        on_loop: Callable[[], bool],
+    ) -> None:
         """This turn's brain is ``async def``: its blocking work runs through
         ``run_blocking`` (awaited on the loop), and ``on_loop()`` tells whether a caller
         is on the loop's thread, where a read would hold every async turn."""
@@ -201,8 +212,10 @@ class Turn:
         # is either in the commit's entries or refused, never dropped.
         with self._log_lock:
             if self._closed is not None:  # past its brain: the entries are the commit's now
-                raise RuntimeStateError("this turn has ended: a reply after its brain "
-                                        "returned is not recorded", state="ended")
+                raise RuntimeStateError(
+                    "this turn has ended: a reply after its brain returned is not recorded",
+                    state="ended",
+                )
             self.replies.append(text)
             self._log.append(TurnEntry("assistant", text, True))
 

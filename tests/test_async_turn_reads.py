@@ -29,8 +29,9 @@ class HeldReads:
     that session's brain has begun (a slow database, a lock): it signals ``reading`` and
     waits for ``release``."""
 
-    def __init__(self, rt: Runtime, session_id: str, where: str = "store.session",
-                 position: int = 0) -> None:
+    def __init__(
+        self, rt: Runtime, session_id: str, where: str = "store.session", position: int = 0
+    ) -> None:
         self.in_brain = threading.Event()
         self.reading = threading.Event()
         self.release = threading.Event()
@@ -56,8 +57,7 @@ LAZY_READS = {
     "steering()": (lambda turn: turn.steering(), "journal.submit_claim_more", 1),
     "take()": (lambda turn: turn.take("m-not-there"), "journal.submit_claim_row", 1),
     "tools.sync.agent_list()": (lambda turn: turn.tools.sync.agent_list(), "store.session", 0),
-    "tools.sync.task_create()": (lambda turn: turn.tools.sync.task_create("t"),
-                                 "store.session", 0),
+    "tools.sync.task_create()": (lambda turn: turn.tools.sync.task_create("t"), "store.session", 0),
 }
 """What an async brain asks of its turn, and the database call that answers it."""
 
@@ -70,7 +70,8 @@ def two_sessions(rt: Runtime) -> tuple[str, str]:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("attribute", list(LAZY_READS))
 def test_an_async_brain_reading_a_lazy_turn_attribute_holds_no_other_turn(
-        make_runtime: MakeRuntime, attribute: str) -> None:
+    make_runtime: MakeRuntime, attribute: str
+) -> None:
     """``turn.context`` and ``turn.request`` read the session the first time a turn asks
     (off Focal turns), ``turn.steering()`` and ``turn.take()`` lease rows (a write), and
     every sync tool (``turn.tools.sync``) reads the calling session first: in an async
@@ -103,7 +104,8 @@ def test_an_async_brain_reading_a_lazy_turn_attribute_holds_no_other_turn(
         rt.post(b, "anything")
         assert other_ran.wait(30), (
             f"B's async turn did not run while A's brain read turn.{attribute} "
-            f"(reads of A on the event loop: {reads.on_loop})")
+            f"(reads of A on the event loop: {reads.on_loop})"
+        )
     finally:
         reads.release.set()
     rt.run_until_idle()
@@ -114,7 +116,8 @@ def test_an_async_brain_reading_a_lazy_turn_attribute_holds_no_other_turn(
 
 @pytest.mark.timeout(60)
 def test_an_async_brain_awaits_its_tool_request_off_the_event_loop(
-        make_runtime: MakeRuntime) -> None:
+    make_runtime: MakeRuntime,
+) -> None:
     """``await turn.arequest()`` reads the session on a blocking worker: another async
     turn runs meanwhile, and the request is the session's (its config's tools), read
     once, then readable as ``turn.request`` too."""
@@ -206,10 +209,10 @@ def test_taking_steering_never_waits_on_the_loop_for_another_fetchs_write() -> N
     assert sorted(len(g) for g in got) == [0, 1] and turn.steered_ids == ["m1"]
 
 
-
 @pytest.mark.timeout(60)
 def test_a_running_turns_tools_are_known_without_a_read_when_the_cache_starts_over(
-        make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Which tools a session holds is remembered for ``TOOL_CLASSES_KEPT`` sessions, then
     forgotten all at once. An async turn whose session was known when it started builds
     its tools on the event loop when the brain first asks (no read: it was known); if the
@@ -246,7 +249,8 @@ def test_a_running_turns_tools_are_known_without_a_read_when_the_cache_starts_ov
 
 @pytest.mark.timeout(60)
 def test_an_async_brain_waiting_for_a_stop_with_the_sync_call_holds_no_other_turn(
-        make_runtime: MakeRuntime) -> None:
+    make_runtime: MakeRuntime,
+) -> None:
     """``turn.wait_stop_requested(timeout)`` in an async brain blocked the event loop's
     thread for the whole timeout: no other async turn ran meanwhile. It is refused on the
     loop (``state="event_loop"``); ``await turn.stopped(timeout)`` is the wait that holds
@@ -281,8 +285,7 @@ def test_an_async_brain_waiting_for_a_stop_with_the_sync_call_holds_no_other_tur
 
 
 @pytest.mark.timeout(60)
-def test_a_sync_turn_and_sync_tools_off_the_loop_are_not_refused(
-        make_runtime: MakeRuntime) -> None:
+def test_a_sync_turn_and_sync_tools_off_the_loop_are_not_refused(make_runtime: MakeRuntime) -> None:
     """The refusal is for the event loop's thread alone: a sync brain (on a pool thread)
     and an async brain's code on a worker thread (``asyncio.to_thread``) call the sync API
     as before."""
@@ -291,8 +294,9 @@ def test_a_sync_turn_and_sync_tools_off_the_loop_are_not_refused(
     def off_loop(turn: Turn) -> None:
         seen.append(turn.wait_stop_requested(0))
         seen.append(turn.take("m-not-there"))
-        seen.append(turn.tools.sync.task_list() if hasattr(turn.tools, "sync")
-                    else turn.tools.task_list())
+        seen.append(
+            turn.tools.sync.task_list() if hasattr(turn.tools, "sync") else turn.tools.task_list()
+        )
 
     async def async_brain(turn: Turn) -> None:
         await asyncio.to_thread(off_loop, turn)
@@ -310,7 +314,8 @@ def test_a_sync_turn_and_sync_tools_off_the_loop_are_not_refused(
 
 @pytest.mark.timeout(60)
 def test_an_async_brain_takes_a_row_into_its_turn_off_the_event_loop(
-        make_runtime: MakeRuntime) -> None:
+    make_runtime: MakeRuntime,
+) -> None:
     """``await turn.atake(message_id)`` is ``turn.take`` for an async brain: the row is
     leased on a blocking worker (another async turn runs meanwhile), becomes part of the
     turn and is committed with it, so it runs no turn of its own."""
