@@ -40,6 +40,7 @@ from .direct_pool import DirectPool
 from .outbox import Outbox
 from .steps import Blocking, Steps, landed, settle, wait_landed
 from .turn import Message, Turn, TurnOutcome
+from .turn_history import history_reader
 from .turn_run import cut_short, judge, prepare, take_result, turn_tools
 
 log = logging.getLogger("kinbox.direct")
@@ -124,6 +125,7 @@ class DirectTurns(DirectPool):
                 started=started,
                 outbox=outbox,
                 fetch_row=fetch_row,
+                fetch_history=history_reader(ctx, session_id),
             )
         except BaseException:
             ctx.turns.end(session_id, flag)  # never left on the board by a failed start

@@ -35,6 +35,7 @@ from .pooled import ActorPool, PooledActor
 from .running import StopFlag
 from .steps import Blocking, Step, landed, settle, wait_landed
 from .turn import Message, Turn
+from .turn_history import history_reader
 from .turn_run import (
     Judged,
     SyncBrainAwaitable,
@@ -306,6 +307,7 @@ class SessionActor(PooledActor):
             started=started,
             outbox=outbox,
             fetch_row=fetch_row,
+            fetch_history=history_reader(ctx, sid),
         )
         if ctx.observers:
             ctx.emit(

@@ -17,10 +17,11 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..persistence import ClaimedRow, TurnEntry
+from ..persistence import ClaimedRow, EntryRecord, TurnEntry
 from .errors import ConfigError, RuntimeStateError
 from .loop_rule import refuse_on_loop
 from .running import RUNTIME_STOP, StopFlag
+from .turn_history import DEFAULT_HISTORY, HistoryRead, history_limit
 from .turn_message import Message as Message
 from .turn_message import TurnOutcome as TurnOutcome
 from .validation import unstorable
@@ -58,6 +59,7 @@ class Turn:
         started: float = 0.0,
         outbox: Outbox | None = None,
         fetch_row: Callable[[str], Message | None] | None = None,
+        fetch_history: HistoryRead | None = None,
     ) -> None:
         self.session_id = session_id
         self.messages = messages
@@ -77,6 +79,9 @@ class Turn:
         self._fetch_row = fetch_row
         """Leases one named row of the session into the turn (None: a turn of no inbox
         row, which has nothing to fence such a lease with)."""
+        self._fetch_history = fetch_history
+        """Reads the session's earlier visible transcript (None: a turn built without a
+        store, which has no history)."""
         if outbox is not None:  # how a tool waiting in this turn reaches it (weakly: no cycle)
             outbox.turn = weakref.ref(self)
         self._steered: list[Message] = []
@@ -164,6 +169,31 @@ class Turn:
         if self._resolve is not None and run is not None:
             await run(self._resolve_now)
         return self.request
+
+    def history(self, limit: int = DEFAULT_HISTORY) -> list[EntryRecord]:
+        """The session's conversation before this turn: its newest ``limit`` visible user
+        and assistant entries, oldest first, as the transcript stores them (``role``,
+        ``text``, ``sender_id``, ``kind``); hidden entries never (:mod:`.turn_history`).
+        ``limit`` from 0 to :data:`~.turn_history.HISTORY_MAX`, else a
+        :class:`ConfigError` (``field="limit"``). In an ``async def`` brain, ``await
+        turn.ahistory(limit)``: this read is refused on the event loop
+        (:class:`RuntimeStateError`, ``state="event_loop"``)."""
+        n = history_limit(limit)
+        self._refuse_on_loop("turn.history()", "await turn.ahistory(limit)")
+        return self._fetch_history(n) if n and self._fetch_history is not None else []
+
+    async def ahistory(self, limit: int = DEFAULT_HISTORY) -> list[EntryRecord]:
+        """:meth:`history` for an ``async def`` brain: read on a blocking worker, so the
+        event loop and every other async turn go on meanwhile."""
+        n = history_limit(limit)
+        run, fetch = self._run_blocking, self._fetch_history
+        if run is None:
+            return self.history(n)
+        if not n or fetch is None:
+            return []
+        read: list[list[EntryRecord]] = []
+        await run(lambda: read.append(fetch(n)))
+        return read[0]
 
     @property
     def context(self) -> str | None:

@@ -58,6 +58,7 @@ LAZY_READS = {
     "take()": (lambda turn: turn.take("m-not-there"), "journal.submit_claim_row", 1),
     "tools.sync.agent_list()": (lambda turn: turn.tools.sync.agent_list(), "store.session", 0),
     "tools.sync.task_create()": (lambda turn: turn.tools.sync.task_create("t"), "store.session", 0),
+    "history()": (lambda turn: turn.history(5), "store.transcript", 0),
 }
 """What an async brain asks of its turn, and the database call that answers it."""
 
@@ -149,6 +150,40 @@ def test_an_async_brain_awaits_its_tool_request_off_the_event_loop(
     assert reads.on_loop == []
     assert len(seen) == 3 and seen[0] is seen[1] is seen[2]
     assert seen[0].tools == ("web_search",)
+
+
+@pytest.mark.timeout(60)
+def test_an_async_brain_awaits_its_history_off_the_event_loop(make_runtime: MakeRuntime) -> None:
+    """``await turn.ahistory(limit)`` reads the session's transcript on a blocking worker:
+    another async turn runs meanwhile, and the history is the session's earlier turns."""
+    seen: list[list[str]] = []
+    other_ran = threading.Event()
+    holder: dict[str, HeldReads] = {}
+
+    async def brain(turn: Turn) -> str:
+        if turn.session_id != a:
+            other_ran.set()
+            return "b"
+        if "reads" in holder:
+            holder["reads"].in_brain.set()
+        seen.append([e.text for e in await turn.ahistory(5)])
+        return "answered"
+
+    rt = make_runtime(brain=brain)
+    a, b = two_sessions(rt)
+    rt.post(a, "first")
+    rt.run_until_idle()
+    reads = holder["reads"] = HeldReads(rt, a, "store.transcript")
+    try:
+        rt.post(a, "second")
+        assert reads.reading.wait(10), "A's history is being read"
+        rt.post(b, "anything")
+        assert other_ran.wait(30), "B's async turn waited for A's read of its history"
+    finally:
+        reads.release.set()
+    rt.run_until_idle()
+    assert reads.on_loop == []
+    assert seen == [[], ["first", "answered"]]
 
 
 @pytest.mark.timeout(30)
