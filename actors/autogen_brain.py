@@ -7,7 +7,9 @@ kinbox tools are given to the model as autogen ``ToolSchema``s (the JSON Schemas
 ``turn.tools.schemas()``), each ``FunctionCall`` it returns is run through
 ``turn.tools.call`` (a refusal, or arguments that are not JSON, goes back as the call's
 ``FunctionExecutionResult`` with ``is_error``), and its first text answer is the turn's
-reply. The prompt, the reply rule and a stop's cancel are every adapter's
+reply. The session's earlier conversation (``history=``, the newest 20 visible entries
+by default) comes between the system message and the prompt, as ``UserMessage`` and
+``AssistantMessage``s. The prompt, the reply rule and a stop's cancel are every adapter's
 (``framework_turns``). kinbox starts no autogen runtime and sets up no telemetry: only
 the client you give it talks to anyone. autogen-core is imported here only, never on
 kinbox's core path.
@@ -32,8 +34,17 @@ from autogen_core.models import (
 from autogen_core.tools import ToolSchema
 
 from .errors import ToolRoundsExceeded
-from .framework_turns import as_text, call_tool, prompt_for, reply_with, until_stopped
+from .framework_turns import (
+    as_text,
+    call_tool,
+    history_for,
+    history_size,
+    prompt_for,
+    reply_with,
+    until_stopped,
+)
 from .turn import Turn
+from .turn_history import DEFAULT_HISTORY
 
 ClientFor = Callable[[Turn], ChatCompletionClient]
 """Returns the model client for a turn (one client may serve every turn)."""
@@ -64,18 +75,27 @@ def autogen_brain(
     *,
     system_message: str | None = None,
     max_tool_rounds: int = 10,
+    history: int = DEFAULT_HISTORY,
 ) -> Callable[[Turn], Any]:
     """An ``async def`` brain that runs the tool-use loop on ``client_for`` (a client, or a
     function of the turn returning one).
 
     The model gets ``system_message`` (if any), the turn's prompt and the kinbox tools; after
     ``max_tool_rounds`` rounds of tool calls it is asked once more with no tools, and a
-    model that still calls tools fails the attempt (``ToolRoundsExceeded``)."""
+    model that still calls tools fails the attempt (``ToolRoundsExceeded``). ``history`` is
+    how many of the session's earlier visible entries come before the prompt (0: none)."""
+    size = history_size(history)
 
     async def loop(turn: Turn, client: ChatCompletionClient, token: CancellationToken) -> object:
         messages: list[LLMMessage] = (
             [] if system_message is None else [SystemMessage(content=system_message)]
         )
+        for role, text in await history_for(turn, size):
+            messages.append(
+                UserMessage(content=text, source="user")
+                if role == "user"
+                else AssistantMessage(content=text, source="assistant")
+            )
         messages.append(UserMessage(content=await prompt_for(turn), source="user"))
         tools = kinbox_tool_schemas(turn)
         for _ in range(max_tool_rounds):

@@ -4,7 +4,9 @@ An adapter (``pydantic_ai_brain``, ``openai_agents_brain``, ``autogen_brain``) r
 framework's agent loop as an ``async def`` brain. Three things must not differ between
 them, so they live here once: the prompt a turn gives the model (its messages, each
 naming its speaker, headed by the turn's context where it has one), which outputs are a
-reply (only an empty one is not), how a model's tool call given as JSON text is run
+reply (only an empty one is not), which earlier conversation it is handed (the session's
+newest visible entries, as ``(role, text)`` with each user entry naming its speaker as the
+prompt does), how a model's tool call given as JSON text is run
 (text that is no JSON is a refusal the model reads, not a crash), and how a stop request
 reaches the framework's run (a caller's is cancelled at once, not left to kinbox's
 ``stop_grace``; the runtime's own stop lets it finish within that grace). No framework is
@@ -20,7 +22,9 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from .errors import ToolError
+from .transcript_view import speaker
 from .turn import Turn
+from .turn_history import history_limit
 
 T = TypeVar("T")
 
@@ -37,6 +41,27 @@ async def prompt_for(turn: Turn) -> str:
     other turn's is None without a read (:attr:`.turn.Turn.context`)."""
     context = turn.context
     return prompt_of(turn) if not context else f"{context}\n\n{prompt_of(turn)}"
+
+
+def history_size(history: object) -> int:
+    """An adapter's ``history=`` argument checked where the brain is built (a
+    :class:`ConfigError` naming ``history``, not a failed attempt at every turn)."""
+    return history_limit(history, "history")
+
+
+async def history_for(turn: Turn, history: int) -> list[tuple[str, str]]:
+    """The session's conversation before this turn as ``(role, text)``, oldest first, the
+    newest ``history`` entries (none read for 0): ``"user"`` entries worded as the prompt
+    words a message (``<speaker>: <text>``), ``"assistant"`` entries as replied. Read off
+    the event loop (``turn.ahistory``)."""
+    if not history:
+        return []
+    return [
+        ("user", f"{speaker(e.role, e.sender_id, e.kind)}: {e.text}")
+        if e.role == "user"
+        else ("assistant", e.text)
+        for e in await turn.ahistory(history)
+    ]
 
 
 def reply_with(turn: Turn, output: object) -> None:

@@ -10,7 +10,10 @@ one response at once; kinbox has them run one at a time, in the model's order (s
 sets its own ``tool_execution.max_function_tool_concurrency``: the SDK has no such
 switch per tool, so that is every function tool's. A call of a tool the agent lacks is
 answered to the model too (``tool_not_found_behavior="return_error_to_model"``), not a
-failed run. The turn's prompt and reply are those of every adapter (``framework_turns``);
+failed run. The turn's prompt and reply are those of every adapter (``framework_turns``); the
+session's earlier conversation (``history=``, the newest 20 visible entries by default)
+comes before the prompt as the run's input items (``{"role": "user" | "assistant",
+"content": ...}``);
 a caller's stop cancels the run at once (the runtime's own stop lets it finish within
 ``stop_grace``).
 
@@ -32,8 +35,17 @@ from typing import Any
 from agents import Agent, FunctionTool, RunConfig, Runner, ToolExecutionConfig
 from agents.tool_context import ToolContext
 
-from .framework_turns import as_text, call_tool, prompt_for, reply_with, until_stopped
+from .framework_turns import (
+    as_text,
+    call_tool,
+    history_for,
+    history_size,
+    prompt_for,
+    reply_with,
+    until_stopped,
+)
 from .turn import Turn
+from .turn_history import DEFAULT_HISTORY
 
 AgentFor = Callable[[Turn], Agent[Any]]
 """Builds (or returns) the agent for a turn: your model, instructions, settings."""
@@ -86,6 +98,7 @@ def openai_agents_brain(
     run_config: RunConfig | None = None,
     trace: bool = False,
     max_turns: int | None = None,
+    history: int = DEFAULT_HISTORY,
 ) -> Callable[[Turn], Any]:
     """An ``async def`` brain that runs ``agent_for`` (an agent, or a function of the turn)
     with ``Runner.run``: the session's kinbox tools added to the agent's own.
@@ -94,7 +107,9 @@ def openai_agents_brain(
     function call at a time unless it sets a concurrency, and a call of a tool the agent
     lacks answered to the model (see the module docstring);
     ``max_turns`` bounds the model calls of one kinbox turn (the SDK's
-    default when None)."""
+    default when None); ``history`` how many of the session's earlier visible entries
+    come before the prompt as input items (0: none, the prompt alone, as a string)."""
+    size = history_size(history)
     config = _kinbox_tool_rules(run_config or RunConfig())
     if not trace:
         config = dataclasses.replace(config, tracing_disabled=True)
@@ -103,8 +118,16 @@ def openai_agents_brain(
     async def brain(turn: Turn) -> None:
         agent = agent_for if isinstance(agent_for, Agent) else agent_for(turn)
         agent = agent.clone(tools=[*agent.tools, *kinbox_tools(turn)])
+        earlier = await history_for(turn, size)
+        prompt = await prompt_for(turn)
+        given: str | list[Any] = prompt
+        if earlier:
+            given = [
+                *({"role": r, "content": t} for r, t in earlier),
+                {"role": "user", "content": prompt},
+            ]
         stopped, result = await until_stopped(
-            turn, Runner.run(agent, await prompt_for(turn), run_config=config, **limits)
+            turn, Runner.run(agent, given, run_config=config, **limits)
         )
         if not stopped and result is not None:
             reply_with(turn, result.final_output)

@@ -11,7 +11,12 @@ arguments that are not JSON, a retry prompt. kinbox's tools run one at a time, i
 order the model gave them (the agent's own tools still run at once around them).
 The turn's messages (each labelled with who sent it) are the prompt, headed by the
 turn's context where it has one (a Focal turn's global context); the agent's output is
-the turn's reply, and a caller's stop cancels the agent's run at once (``framework_turns``,
+the turn's reply. The session's earlier conversation (``history=``, the newest 20 visible
+entries by default) is the run's ``message_history``: each user entry a ``ModelRequest``
+and each reply a ``ModelResponse``, entries in a row of one role merged into one message
+and a reply whose question fell out of the window left out, so the history starts with a
+request and alternates as pydantic-ai requires. A caller's stop cancels the agent's run at
+once (``framework_turns``,
 as for every adapter; the runtime's own stop lets it finish within ``stop_grace``).
 pydantic-ai is imported here only, never on kinbox's core path.
 """
@@ -25,15 +30,39 @@ from typing import Any
 
 from pydantic_ai import RunContext, Tool
 from pydantic_ai.agent import AbstractAgent
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelRequestPart,
+    ModelResponse,
+    ModelResponsePart,
+    TextPart,
+    UserPromptPart,
+)
 from pydantic_ai.toolsets import FunctionToolset, ToolsetTool
 from pydantic_core import PydanticCustomError, SchemaValidator, core_schema
 
 from .errors import ToolError
-from .framework_turns import prompt_for, prompt_of, reply_with, until_stopped
+from .framework_turns import (
+    history_for,
+    history_size,
+    prompt_for,
+    prompt_of,
+    reply_with,
+    until_stopped,
+)
 from .tool_schemas import object_arguments
 from .turn import Turn
+from .turn_history import DEFAULT_HISTORY
 
-__all__ = ["AgentFor", "KinboxToolset", "kinbox_toolset", "prompt_of", "pydantic_ai_brain"]
+__all__ = [
+    "AgentFor",
+    "KinboxToolset",
+    "kinbox_toolset",
+    "message_history",
+    "prompt_of",
+    "pydantic_ai_brain",
+]
 
 AgentFor = Callable[[Turn], AbstractAgent[Any, Any]]
 """Builds (or returns) the pydantic-ai agent for a turn: your model, instructions, settings."""
@@ -96,16 +125,51 @@ def _caller(turn: Turn, name: str) -> Callable[..., Any]:
     return call
 
 
-def pydantic_ai_brain(agent_for: AbstractAgent[Any, Any] | AgentFor) -> Callable[[Turn], Any]:
+def message_history(lines: list[tuple[str, str]]) -> list[ModelMessage]:
+    """``(role, text)`` lines (:func:`.framework_turns.history_for`) as pydantic-ai messages
+    that start with a request and alternate: user lines in a row are one ``ModelRequest``
+    of several prompt parts, replies in a row one ``ModelResponse`` of several text parts,
+    and replies before the first user line (their question older than the window) are left
+    out. A history ending with a request (a turn that did not reply) is followed by the
+    run's own prompt, which pydantic-ai merges into it."""
+    runs: list[tuple[str, list[str]]] = []
+    for role, text in lines:
+        if runs and runs[-1][0] == role:
+            runs[-1][1].append(text)
+        elif runs or role == "user":
+            runs.append((role, [text]))
+    messages: list[ModelMessage] = []
+    for role, texts in runs:
+        if role == "user":
+            asked: list[ModelRequestPart] = [UserPromptPart(t) for t in texts]
+            messages.append(ModelRequest(parts=asked))
+        else:
+            answered: list[ModelResponsePart] = [TextPart(t) for t in texts]
+            messages.append(ModelResponse(parts=answered))
+    return messages
+
+
+def pydantic_ai_brain(
+    agent_for: AbstractAgent[Any, Any] | AgentFor, *, history: int = DEFAULT_HISTORY
+) -> Callable[[Turn], Any]:
     """An ``async def`` brain that runs ``agent_for`` (an agent, or a function of the turn).
 
     Any pydantic-ai agent: an ``Agent``, or a wrapper of one (``WrapperAgent``, the
-    durable-execution agents), which is no ``Agent`` subclass."""
+    durable-execution agents), which is no ``Agent`` subclass. ``history`` is how many of
+    the session's earlier visible entries the run gets as its ``message_history`` (0:
+    none, the turn's messages alone)."""
+    size = history_size(history)
 
     async def brain(turn: Turn) -> None:
         agent = agent_for if isinstance(agent_for, AbstractAgent) else agent_for(turn)
+        earlier = message_history(await history_for(turn, size))
         stopped, result = await until_stopped(
-            turn, agent.run(await prompt_for(turn), toolsets=[kinbox_toolset(turn)])
+            turn,
+            agent.run(
+                await prompt_for(turn),
+                message_history=earlier or None,
+                toolsets=[kinbox_toolset(turn)],
+            ),
         )
         if not stopped and result is not None:
             reply_with(turn, result.output)
