@@ -66,9 +66,18 @@ async def history_for(turn: Turn, history: int) -> list[tuple[str, str]]:
 
 def reply_with(turn: Turn, output: object) -> None:
     """The framework's final output as the turn's reply; None and "" are no reply (0, False
-    or [] are the agent's answer too)."""
-    if output is not None and output != "":
-        turn.reply(output if isinstance(output, str) else str(output))
+    or [] are the agent's answer too). Text is replied as it is; anything else (a
+    structured ``output_type``: a pydantic model, a dataclass, a list) as JSON, which a
+    parent agent or a product can parse back (``str()`` of a model is ``a=1 b='x'``)."""
+    if output is None or output == "":
+        return
+    if isinstance(output, str):
+        turn.reply(output)
+        return
+    # pydantic comes with every framework hosted here; what it cannot serialize is its str.
+    from pydantic_core import to_json
+
+    turn.reply(to_json(output, fallback=str).decode())
 
 
 async def call_tool(turn: Turn, name: str, arguments: str) -> dict[str, Any]:

@@ -120,6 +120,31 @@ def test_an_answer_of_zero_is_the_reply(make_runtime: Callable[..., Runtime]) ->
 
 
 @pytest.mark.timeout(60)
+def test_a_structured_output_is_replied_as_json(make_runtime: Callable[..., Runtime]) -> None:
+    """An agent whose ``output_type`` is a model replied its ``str()``: ``title='PR 7'
+    approved=True``, which nothing (a parent agent, a product's UI) could parse back."""
+    import json
+
+    from pydantic import BaseModel
+    from pydantic_ai.models.test import TestModel
+
+    class Review(BaseModel):
+        title: str
+        approved: bool
+
+    agent = Agent(TestModel(call_tools=[], custom_output_args={"title": "PR 7",
+                                                               "approved": True}),
+                  output_type=Review)
+    rt = make_runtime(brain=pydantic_ai_brain(agent))
+    session = rt.create_session(rt.create_project("p").id, "A").id
+    rt.post(session, "review PR 7")
+    rt.run_until_idle()
+    reply = rt.transcript(session)[-1]
+    assert reply.role == "assistant"
+    assert json.loads(reply.text) == {"title": "PR 7", "approved": True}
+
+
+@pytest.mark.timeout(60)
 def test_a_wrapped_agent_is_run_as_the_agent_not_called_as_a_factory(
     make_runtime: MakeRuntime,
 ) -> None:
