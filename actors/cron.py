@@ -36,6 +36,7 @@ from ..persistence import (
 )
 from . import cron_rules as rules
 from .announcements import Announcements, Drained
+from .brain_failure import ORDINARY, FailureKind
 from .context import RuntimeContext
 from .cron_jobs import CronJobs
 from .direct_turn import DirectTurns
@@ -333,7 +334,8 @@ class CronService:
                 yield Blocking(partial(self._finished, job, run, "success",
                                        _summary(done.turn), None))
             elif not done.outcome.ok:
-                yield Blocking(partial(self._fail, job, run, done.error or "the turn failed"))
+                yield Blocking(partial(self._fail, job, run, done.error or "the turn failed",
+                                       done.kind))
             else:
                 # The commit was refused: a failed run as a brain's error is (fenced: a run
                 # taken over meanwhile is the other runtime's). Left ``running``, its lease
@@ -360,12 +362,13 @@ class CronService:
             log.error("cron could not look for the occurrence a taken-over run held back "
                       "(the next look fires it): %s", exc)
 
-    def _fail(self, job: CronJobRecord, run: CronRunRecord, error: str) -> None:
+    def _fail(self, job: CronJobRecord, run: CronRunRecord, error: str,
+              kind: FailureKind = ORDINARY) -> None:
         now = self.ctx.now()
         try:
             updated = self.store.finish(run.id, self.ctx.owner, now, "error", error=error,
                                         job_changes=lambda current: _failure_changes(
-                                            current, error, now))
+                                            current, error, now, kind))
         except CronRunLost as exc:
             log.warning("cron run %s failed but is no longer ours: %s", run.id, exc)
             return
@@ -393,9 +396,12 @@ class CronService:
             self._finished(job, run, "error", None, run.error)
 
 
-def _failure_changes(job: CronJobRecord, error: str, now: float) -> dict[str, Any]:
-    """The columns a failed run of ``job`` (as read in the failure's transaction) sets."""
-    plan = rules.after_failure(job.retry_count, error, now)
+def _failure_changes(job: CronJobRecord, error: str, now: float,
+                     kind: FailureKind = ORDINARY) -> dict[str, Any]:
+    """The columns a failed run of ``job`` (as read in the failure's transaction) sets;
+    ``kind``: how the brain's exception asked to be retried."""
+    plan = rules.after_failure(job.retry_count, error, now, permanent=kind.permanent,
+                               retry_after=kind.retry_after)
     if not job.active:  # paused meanwhile: record, do not resume it
         return {"retry_count": plan.retry_count, "last_error": plan.last_error}
     return {"retry_count": plan.retry_count, "active": plan.active,

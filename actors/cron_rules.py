@@ -16,7 +16,12 @@ Pure: times come in as arguments (the next regular fire time is computed by
   occurrence to a crash.
 - A failed run is retried after 1, 2, 4, 8 and 16 minutes; when the fifth
   retry fails too, the job is deactivated with ``Max retries exceeded:
-  <error>``. A success resets the count.
+  <error>``. A success resets the count. A run whose brain asked for a
+  longer wait (``RetryLater``) is retried after that wait instead when it is
+  longer, and counts as a retry; a run whose brain raised ``PermanentFailure``
+  is a final failure: the job is deactivated at once with ``Permanent
+  failure: <error>`` (its prompt and brain are the same at every run, so
+  every run would fail the same way; ``resume`` once it is fixed).
 - A run taken over for the fifth time (its runtime died inside it five times: a
   prompt whose turn kills its process) is not run again: it ends as a failed run,
   ``Taken over 5 times: its runtime died each time``, counted as above
@@ -239,10 +244,17 @@ class AfterFailure:
 
 
 def after_failure(retry_count: int, error: str, now: float,
-                  delays: tuple[float, ...] = RETRY_DELAYS) -> AfterFailure:
-    """Retry after the next delay, or deactivate once every retry was used."""
+                  delays: tuple[float, ...] = RETRY_DELAYS, *, permanent: bool = False,
+                  retry_after: float | None = None) -> AfterFailure:
+    """Retry after the next delay (or the longer ``retry_after`` the failure asked for),
+    or deactivate once every retry was used, or at once for a ``permanent`` failure."""
+    if permanent:
+        return AfterFailure(retry_count, False, None, permanent_error(error))
     if retry_count < len(delays):
-        return AfterFailure(retry_count + 1, True, now + delays[retry_count], error)
+        delay = delays[retry_count]
+        if retry_after is not None and retry_after > delay:
+            delay = retry_after
+        return AfterFailure(retry_count + 1, True, now + delay, error)
     return AfterFailure(retry_count, False, None, max_retries_error(error))
 
 
@@ -268,6 +280,11 @@ def taken_over_error(times: int) -> str:
 def max_retries_error(error: str) -> str:
     """The last error of a job deactivated after its retries."""
     return f"Max retries exceeded: {error}"
+
+
+def permanent_error(error: str) -> str:
+    """The last error of a job deactivated by a run that failed for good."""
+    return f"Permanent failure: {error}"
 
 
 def invalid_expression_error(reason: str) -> str:

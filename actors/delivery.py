@@ -23,7 +23,9 @@ event                     in phase     effects, next phase
 ``brain_returned()``      RUNNING      Commit(ids, next_lease unless this is the run's
                                        CHAIN_LIMIT-th turn, its row was taken over, or
                                        closing) -> COMMITTING
-``brain_raised(e)``       RUNNING      RecordFailure(row id, release=steered, e) -> FAILING
+``brain_raised(e, k)``    RUNNING      RecordFailure(row id, release=steered, e, k) -> FAILING
+                                       (``k``: the exception's FailureKind, carried as data:
+                                       permanent, or the least wait before the retry)
 ``cut_short()``           RUNNING      Release(row, each steered), Done(claim) -> DONE  (the
                                        runtime's stop cancelled the brain before it
                                        replied: nothing written, no attempt counted)
@@ -35,7 +37,8 @@ event                     in phase     effects, next phase
 ``lease_lost()``          COMMITTING   Release(each steered), Done(claim) -> DONE  (nothing
                                        of the turn written; the steered rows are still
                                        this worker's, and no one renews them any more)
-``commit_refused(e)``     COMMITTING   RecordFailure(row id, release=steered, e) -> FAILING
+``commit_refused(e)``     COMMITTING   RecordFailure(row id, release=steered, e, ORDINARY)
+                                       -> FAILING
                                        (the journal refused the commit, a database error:
                                        nothing of the turn was written; a failed attempt)
 ``journal_failed()``      FAILING      Release(row, each steered), Done(claim) -> DONE
@@ -67,6 +70,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from .brain_failure import ORDINARY, FailureKind
 from .errors import KinboxError
 
 CHAIN_LIMIT = 16
@@ -142,6 +146,9 @@ class RecordFailure:
     message_id: str
     release: tuple[str, ...]
     error: str
+    kind: FailureKind = ORDINARY
+    """How the failure asks to be retried: ``permanent`` makes the row ``failed`` at once,
+    ``retry_after`` is the least wait before its retry (:mod:`.brain_failure`)."""
 
 
 @dataclass(frozen=True)
@@ -247,12 +254,14 @@ class Delivery:
                         and not self.row.taken_over)
         return [Commit((self.row.message_id, *self.steered), self.leasing)]
 
-    def brain_raised(self, error: str) -> list[Effect]:
-        """The attempt failed (the brain raised, timed out, or returned what it may not)."""
+    def brain_raised(self, error: str, kind: FailureKind = ORDINARY) -> list[Effect]:
+        """The attempt failed (the brain raised, timed out, or returned what it may not);
+        ``kind`` is how its exception asks to be retried (:func:`.brain_failure.classify`),
+        recorded with it."""
         self._expect("brain_raised", _RUNNING)
         assert self.row is not None
         self.phase = _FAILING
-        return [RecordFailure(self.row.message_id, tuple(self.steered), error)]
+        return [RecordFailure(self.row.message_id, tuple(self.steered), error, kind)]
 
     def cut_short(self) -> list[Effect]:
         """The runtime's stop cancelled the brain past its grace before it replied: the

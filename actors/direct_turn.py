@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from ..persistence import LeaseLost, PersistenceError, WriterClosed
+from .brain_failure import ORDINARY, FailureKind
 from .brain_tasks import BrainAbandoned
 from .context import RuntimeContext, TurnEffects, gather_effects
 from .direct_gate import SessionGate
@@ -63,6 +64,9 @@ class DirectOutcome:
     commit_error: PersistenceError | None = None
     """The commit's own refusal, when the brain's turn was good but nothing of it was
     written (a lost mark, a database error, a caller's write that refused)."""
+    kind: FailureKind = ORDINARY
+    """When the brain failed, how its exception asks to be retried (a cron run's
+    retry; a social event's turn is never retried: :mod:`.brain_failure`)."""
 
 
 class DirectTurns(DirectPool):
@@ -231,7 +235,8 @@ class DirectTurns(DirectPool):
             error = exc
         if turn.close_steering(wait=False) is None:  # a fetch in flight: wait for it
             yield Blocking(turn.close_steering)  # what the brain never got is the caller's
-        outcome = judge(ctx, turn, error).outcome
+        judged = judge(ctx, turn, error)
+        outcome = judged.outcome
         if not outcome.ok:
             if turn.outbox is not None:
                 turn.outbox.discard()
@@ -246,7 +251,7 @@ class DirectTurns(DirectPool):
                 attempts=1,
                 available_at=None,
             )
-            return DirectOutcome(turn, outcome, False, outcome.error), None
+            return DirectOutcome(turn, outcome, False, outcome.error, kind=judged.kind), None
         try:
             parts = ctx.effect_parts(turn, outcome)
             if all(isinstance(part, TurnEffects) for part in parts):

@@ -18,6 +18,10 @@ refuses; decide on the types and their attributes, never on message text::
     │                          did not complete (refused, or unreachable: try again)
     ├── ScenarioError          .path, .lineno: a scenario script could not run
     ├── ToolRoundsExceeded     .rounds: a framework brain's model kept calling tools
+    ├── PermanentFailure       a brain's attempt failed for good: no further attempt
+    │                          (``brain_failure``)
+    ├── RetryLater             .retry_after: a brain's attempt failed; the next no
+    │                          sooner than that many seconds (``brain_failure``)
     ├── ProtocolError          .event, .phase: the delivery protocol refused an
     │                          event in its phase (a bug in a shell; ``delivery``)
     └── PersistenceError       the database refused (``kinbox.persistence``)
@@ -48,8 +52,8 @@ from ..persistence.errors import KinboxError
 ToolErrorCode = Literal["not_found", "invalid_argument", "execution_failed"]
 
 __all__ = ["BrainRefError", "ConfigError", "IdleTimeout", "KinboxError", "PairingFailed",
-           "RuntimeStateError", "ScenarioError", "ToolError", "ToolErrorCode",
-           "ToolRoundsExceeded"]
+           "PermanentFailure", "RetryLater", "RuntimeStateError", "ScenarioError", "ToolError",
+           "ToolErrorCode", "ToolRoundsExceeded"]
 
 
 class ToolError(KinboxError):
@@ -159,3 +163,22 @@ class ToolRoundsExceeded(KinboxError):
         super().__init__(f"the model still called tools after {rounds} rounds of tool calls "
                          "and a request for its answer")
         self.rounds = rounds
+
+
+class PermanentFailure(KinboxError):
+    """Raised by a brain: this attempt failed and no other would succeed (the model API
+    refused the key, or refused the prompt). An inbox row ends ``failed`` at once, its
+    error recorded; a cron run deactivates its job; an exception raised ``from`` one (its
+    ``__cause__``), or an exception group holding one, counts as one
+    (:func:`.brain_failure.classify`)."""
+
+
+class RetryLater(KinboxError):
+    """Raised by a brain: this attempt failed; try again no sooner than ``retry_after``
+    seconds (a model API's rate limit, its ``Retry-After``). Still a failed attempt,
+    counted toward the row's limit; the wait is at least the usual backoff, and at most
+    :data:`.brain_failure.RETRY_AFTER_MAX`."""
+
+    def __init__(self, retry_after: float, message: str = "") -> None:
+        super().__init__(message or f"retry no sooner than {retry_after} s")
+        self.retry_after = retry_after

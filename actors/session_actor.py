@@ -146,7 +146,8 @@ class SessionActor(PooledActor):
         self.judged = judge(self.ctx, self.turn, error)
         if self.judged.outcome.ok:
             return handed_back + run.brain_returned()
-        return handed_back + run.brain_raised(self.judged.outcome.error or "the turn failed")
+        return handed_back + run.brain_raised(self.judged.outcome.error or "the turn failed",
+                                                self.judged.kind)
 
     def apply(self, run: dp.Delivery, effect: dp.Effect) -> list[dp.Effect]:
         """Carry out one effect (not RunBrain) on this thread, waiting for its writes; the
@@ -450,6 +451,8 @@ class SessionActor(PooledActor):
                     effect.message_id,
                     judged.detail or "",
                     ctx.now(),
+                    permanent=effect.kind.permanent,
+                    retry_after=effect.kind.retry_after,
                     release=list(effect.release),
                     on_failed=effects.messages,
                     on_failed_also=effects.ops,

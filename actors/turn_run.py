@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .brain_failure import ORDINARY, FailureKind, classify
 from .context import RuntimeContext
 from .outbox import Outbox
 from .running import RUNTIME_STOP, TIMEOUT, overdue
@@ -77,6 +78,8 @@ class Judged:
     detail: str | None = None
     """On failure, what to keep as the error: the traceback, or the timeout summary
     (``outcome.error`` is the one-line summary for observers and logs)."""
+    kind: FailureKind = ORDINARY
+    """On failure, how the brain's exception asks to be retried (:mod:`.brain_failure`)."""
 
 
 SUCCEEDED = Judged(TurnOutcome(True, None, None))
@@ -170,4 +173,4 @@ def judge(ctx: RuntimeContext, turn: Turn, error: BaseException | None) -> Judge
     else:
         return SUCCEEDED if stopped_by is None else Judged(TurnOutcome(True, None, stopped_by))
     return Judged(TurnOutcome(False, summary, None if stopped_by == TIMEOUT else stopped_by),
-                  detail)
+                  detail, classify(error))

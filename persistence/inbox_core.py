@@ -133,17 +133,24 @@ class FailureOutcome:
 
 
 def after_failure(
-    attempts_before: int, max_attempts: int, cap: float, now: float, *, permanent: bool = False
+    attempts_before: int, max_attempts: int, cap: float, now: float, *, permanent: bool = False,
+    retry_after: float | None = None,
 ) -> FailureOutcome:
     """Decide retry-with-backoff or ``failed`` for a row whose attempt just failed.
 
     ``permanent`` marks errors that cannot heal (revoked device, rejected
-    payload): they fail at once whatever the attempt count.
+    payload, a brain's ``PermanentFailure``): they fail at once whatever the
+    attempt count. ``retry_after`` (seconds, already capped by its caller) is
+    the least wait a failure asked for (a brain's ``RetryLater``): the retry
+    waits the longer of it and the backoff; the attempt still counts.
     """
     attempts = attempts_before + 1
     if permanent or attempts >= max_attempts:
         return FailureOutcome(State.FAILED, attempts, now)
-    return FailureOutcome(State.PENDING, attempts, now + backoff_delay(attempts, cap))
+    delay = backoff_delay(attempts, cap)
+    if retry_after is not None and retry_after > delay:
+        delay = retry_after
+    return FailureOutcome(State.PENDING, attempts, now + delay)
 
 
 ERROR_LIMIT = 8000

@@ -234,12 +234,13 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
         self.writer.call(lambda: self._ack_op(owner, ids, now))
 
     def _retry_op(self, owner: str, message_id: str, error: str, now: float,
-                  permanent: bool, release: list[str], on_failed: Sequence[NewMessage],
+                  permanent: bool, retry_after: float | None, release: list[str],
+                  on_failed: Sequence[NewMessage],
                   on_failed_also: Sequence[Callable[[], object]]) -> core.FailureOutcome:
         row = self._fence(owner, [message_id, *release])[0]
         policy = core.policy_for(row.transport)
         out = core.after_failure(row.attempts, row.max_attempts, policy.cap, now,
-                                 permanent=permanent)
+                                 permanent=permanent, retry_after=retry_after)
         core.transition(message_id, row.status,
                         core.Event.FAIL if out.state is core.State.FAILED else core.Event.RETRY)
         m = self.t.inbox
@@ -260,7 +261,8 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
         return out
 
     def retry(self, owner: str, message_id: str, error: str, now: float, *,
-              permanent: bool = False, release: Sequence[str] = (),
+              permanent: bool = False, retry_after: float | None = None,
+              release: Sequence[str] = (),
               on_failed: Sequence[NewMessage] = (),
               on_failed_also: Sequence[Callable[[], object]] = ()) -> core.FailureOutcome:
         """Record a failed attempt: back to pending with backoff, or ``failed`` at the limit.
@@ -268,21 +270,24 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
         ``release`` names other rows of the same turn (steering) handed back
         unrun; ``on_failed`` messages are enqueued in the same transaction
         (with the ``on_failed_also`` operations) only if this attempt makes the
-        row ``failed``.
+        row ``failed``. ``permanent`` fails it at once; ``retry_after`` (seconds) is the
+        least wait before its retry (:func:`~.inbox_core.after_failure`).
         """
         return self.submit_retry(owner, message_id, error, now, permanent=permanent,
-                                 release=release, on_failed=on_failed,
+                                 retry_after=retry_after, release=release, on_failed=on_failed,
                                  on_failed_also=on_failed_also).result(WRITE_TIMEOUT)
 
     def submit_retry(self, owner: str, message_id: str, error: str, now: float, *,
-                     permanent: bool = False, release: Sequence[str] = (),
+                     permanent: bool = False, retry_after: float | None = None,
+                     release: Sequence[str] = (),
                      on_failed: Sequence[NewMessage] = (),
                      on_failed_also: Sequence[Callable[[], object]] = ()
                      ) -> Reply[core.FailureOutcome]:
         """:meth:`retry` without waiting: the reply answers once it committed."""
         rel, msgs, ops = list(release), list(on_failed), list(on_failed_also)
         return self.writer.submit(
-            lambda: self._retry_op(owner, message_id, error, now, permanent, rel, msgs, ops))
+            lambda: self._retry_op(owner, message_id, error, now, permanent, retry_after, rel, msgs,
+                                 ops))
 
     def _release_rows(self, ids: list[str], now: float) -> None:
         m = self.t.inbox

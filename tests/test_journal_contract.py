@@ -140,6 +140,33 @@ def test_a_row_in_backoff_holds_back_the_rows_behind_it(stores: Stores) -> None:
     assert [r.message_id for r in j.claim("w1", T0 + 2).rows] == ["a1"]
 
 
+@pytest.mark.timeout(30)
+def test_a_retry_waits_the_longer_of_its_backoff_and_its_retry_after(stores: Stores) -> None:
+    j = stores.journal
+    send(j, "a1", target="s1")
+    send(j, "b1", target="s2")
+    j.claim("w1", T0)
+    out = j.retry("w1", "a1", "rate limited", T0, retry_after=60.0)
+    assert (out.state.value, out.attempts, out.available_at) == ("pending", 1, T0 + 60)
+    assert j.retry("w1", "b1", "slow", T0, retry_after=0.5).available_at == T0 + 2
+    assert [r.message_id for r in j.claim("w1", T0 + 59).rows] == ["b1"]
+    assert [r.message_id for r in j.claim("w1", T0 + 60).rows] == ["a1"]
+    row = j.get("a1")
+    assert (row["status"], row["available_at"], row["last_error"]) == (
+        "processing", T0 + 60, "rate limited")
+
+
+@pytest.mark.timeout(30)
+def test_a_permanent_retry_fails_the_row_at_its_first_attempt(stores: Stores) -> None:
+    j = stores.journal
+    send(j, "a1")
+    j.claim("w1", T0)
+    out = j.retry("w1", "a1", "bad key", T0, permanent=True, retry_after=60.0)
+    assert (out.state.value, out.attempts) == ("failed", 1)
+    row = j.get("a1")
+    assert (row["status"], row["attempts"], row["last_error"]) == ("failed", 1, "bad key")
+
+
 def test_an_expired_lease_can_be_taken_over_and_fences_the_old_worker(stores: Stores) -> None:
     j = stores.journal
     send(j, "m1")

@@ -37,6 +37,7 @@ PURE_MODULES = [
     "actors/social_envelope.py",
     "actors/crash_check.py",
     "actors/delivery.py",
+    "actors/brain_failure.py",
     "actors/loop_rule.py",
     "transport/webhook_signature.py",
     "transport/identity.py",
