@@ -11,8 +11,10 @@ reply. The session's earlier conversation (``history=``, the newest 20 visible e
 by default) comes between the system message and the prompt, as ``UserMessage`` and
 ``AssistantMessage``s. The prompt, the reply rule and a stop's cancel are every adapter's
 (``framework_turns``). kinbox starts no autogen runtime and sets up no telemetry: only
-the client you give it talks to anyone. autogen-core is imported here only, never on
-kinbox's core path.
+the client you give it talks to anyone. A client's error answer fails the attempt as
+kinbox's HTTP rule says where the error carries a status (autogen-ext's OpenAI clients
+raise the openai client's: :mod:`.openai_status`): for good, or retried after the wait it
+asked. autogen-core is imported here only, never on kinbox's core path.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from autogen_core.models import (
 )
 from autogen_core.tools import ToolSchema
 
-from .errors import ToolRoundsExceeded
+from .errors import KinboxError, ToolRoundsExceeded
 from .framework_turns import (
     as_text,
     call_tool,
@@ -122,9 +124,26 @@ def autogen_brain(
         except asyncio.CancelledError:
             token.cancel()  # a client's request running apart from this task ends too
             raise
+        except Exception as exc:
+            failure = _client_failure(exc, turn.started)
+            if failure is None:
+                raise
+            raise failure from exc
         if stopped:
             token.cancel()
         else:
             reply_with(turn, output)
 
     return brain
+
+
+def _client_failure(error: Exception, now: float) -> KinboxError | None:
+    """The brain failure a model client's error is, where its client says: autogen-core's
+    own errors carry no HTTP status, but autogen-ext's OpenAI and Azure OpenAI clients pass
+    the openai client's on (:mod:`.openai_status`); None for any other (an ordinary failed
+    attempt), and when openai is not installed (no client raises its errors then)."""
+    try:
+        from .openai_status import openai_failure
+    except ImportError:
+        return None
+    return openai_failure(error, now)

@@ -30,14 +30,13 @@ import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 from ..persistence import TurnEntry, WriterClosed
 from . import social_rules as rules
 from .channel_loop import CANCEL_GRACE, ChannelLoop
 from .context import RuntimeContext
+from .http_failure import retry_after_seconds
 
 log = logging.getLogger("kinbox.social")
 
@@ -90,23 +89,8 @@ def platform_error(status: int, retry_after: str | None, now: float
     if status < 400:
         return None
     if status in (408, 429) or status >= 500:
-        return rules.ChannelBusy(_retry_after(retry_after, now), f"HTTP {status}")
+        return rules.ChannelBusy(retry_after_seconds(retry_after, now), f"HTTP {status}")
     return rules.ChannelRefused(status)
-
-
-def _retry_after(value: str | None, now: float) -> float | None:
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isascii() and value.isdigit():
-        return float(value)
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:  # an HTTP date is GMT
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, when.timestamp() - now)
 
 
 def deliver(send: Send | None, route: Mapping[str, Any], text: str, *,

@@ -22,8 +22,10 @@ exports the traces to OpenAI's servers. Each run kinbox starts has tracing disab
 (``RunConfig.tracing_disabled``) unless the caller passes ``trace=True``, which leaves
 tracing to the SDK's own set-up (``set_trace_processors`` and friends). The SDK's
 global switches are left alone: they are the application's, not kinbox's. Only the
-model the agent is given talks to anyone. The SDK is imported here only, never on
-kinbox's core path.
+model the agent is given talks to anyone. A model call's error answer from the openai
+client (``AuthenticationError``, ``RateLimitError``...) fails the attempt as
+:mod:`.openai_status` says (for good, or retried after the wait it asked). The SDK is
+imported here only, never on kinbox's core path.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from .framework_turns import (
     reply_with,
     until_stopped,
 )
+from .openai_status import openai_failure
 from .turn import Turn
 from .turn_history import DEFAULT_HISTORY
 
@@ -126,9 +129,15 @@ def openai_agents_brain(
                 *({"role": r, "content": t} for r, t in earlier),
                 {"role": "user", "content": prompt},
             ]
-        stopped, result = await until_stopped(
-            turn, Runner.run(agent, given, run_config=config, **limits)
-        )
+        try:
+            stopped, result = await until_stopped(
+                turn, Runner.run(agent, given, run_config=config, **limits)
+            )
+        except Exception as exc:  # the SDK passes the openai client's errors on as raised
+            failure = openai_failure(exc, turn.started)
+            if failure is None:
+                raise
+            raise failure from exc
         if not stopped and result is not None:
             reply_with(turn, result.final_output)
 

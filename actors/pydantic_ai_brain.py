@@ -18,6 +18,10 @@ and a reply whose question fell out of the window left out, so the history start
 request and alternates as pydantic-ai requires. A caller's stop cancels the agent's run at
 once (``framework_turns``,
 as for every adapter; the runtime's own stop lets it finish within ``stop_grace``).
+A model API's error answer (``ModelHTTPError``) fails the attempt as kinbox's rule for
+HTTP statuses says (:func:`.http_failure.model_http_failure`): 400, 401, 403, 404 and 422
+for good (``PermanentFailure``), 408, 429 and 5xx with the wait the answer asked
+(``RetryLater``, its ``retry_after``), any other as an ordinary failed attempt.
 pydantic-ai is imported here only, never on kinbox's core path.
 """
 
@@ -30,6 +34,7 @@ from typing import Any
 
 from pydantic_ai import RunContext, Tool
 from pydantic_ai.agent import AbstractAgent
+from pydantic_ai.exceptions import ModelHTTPError
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -51,6 +56,7 @@ from .framework_turns import (
     reply_with,
     until_stopped,
 )
+from .http_failure import model_http_failure
 from .tool_schemas import object_arguments
 from .turn import Turn
 from .turn_history import DEFAULT_HISTORY
@@ -163,14 +169,21 @@ def pydantic_ai_brain(
     async def brain(turn: Turn) -> None:
         agent = agent_for if isinstance(agent_for, AbstractAgent) else agent_for(turn)
         earlier = message_history(await history_for(turn, size))
-        stopped, result = await until_stopped(
-            turn,
-            agent.run(
-                await prompt_for(turn),
-                message_history=earlier or None,
-                toolsets=[kinbox_toolset(turn)],
-            ),
-        )
+        try:
+            stopped, result = await until_stopped(
+                turn,
+                agent.run(
+                    await prompt_for(turn),
+                    message_history=earlier or None,
+                    toolsets=[kinbox_toolset(turn)],
+                ),
+            )
+        except ModelHTTPError as exc:
+            # pydantic-ai read the wait off the answer (Retry-After, retry-after-ms).
+            failure = model_http_failure(exc.status_code, exc.retry_after, "the model API")
+            if failure is None:
+                raise
+            raise failure from exc
         if not stopped and result is not None:
             reply_with(turn, result.output)
 

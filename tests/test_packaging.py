@@ -38,6 +38,7 @@ PURE_MODULES = [
     "actors/crash_check.py",
     "actors/delivery.py",
     "actors/brain_failure.py",
+    "actors/http_failure.py",
     "actors/loop_rule.py",
     "transport/webhook_signature.py",
     "transport/identity.py",

@@ -1,0 +1,247 @@
+"""The framework brains map their model clients' error answers onto kinbox's brain
+failures (:mod:`kinbox.actors.http_failure`): a refused key or request fails the row for
+good after one attempt, a rate limit's ``Retry-After`` delays its retry, any other error is
+an ordinary failed attempt. Each framework raises its own real exception: pydantic-ai's
+``ModelHTTPError`` from its ``FunctionModel``; the openai client's, raised by the client
+itself from a real HTTP answer of a server on 127.0.0.1, under the OpenAI Agents SDK's
+chat-completions model and autogen-ext's OpenAI client."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from kinbox.actors import ManualClock, Runtime, Turn
+
+pytestmark = pytest.mark.timeout(120)
+
+MakeRuntime = Callable[..., Runtime]
+START = 1_700_000_000.0
+
+# (id, status, headers, row status, attempts, seconds until the retry or None)
+CASES: list[tuple[str, int, dict[str, str], str, int, float | None]] = [
+    ("401 bad key", 401, {}, "failed", 1, None),
+    ("403 forbidden", 403, {}, "failed", 1, None),
+    ("400 refused", 400, {}, "failed", 1, None),
+    ("404 unknown model", 404, {}, "failed", 1, None),
+    ("422 unprocessable", 422, {}, "failed", 1, None),
+    ("429 retry-after 120", 429, {"retry-after": "120"}, "pending", 1, 120.0),
+    ("503 retry-after 30", 503, {"Retry-After": "30"}, "pending", 1, 30.0),
+    ("429 without a wait: the backoff", 429, {}, "pending", 1, 2.0),
+    ("500 without a wait: the backoff", 500, {}, "pending", 1, 2.0),
+]
+IDS = [case[0] for case in CASES]
+PARAMS = [case[1:] for case in CASES]
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(START)
+
+
+def one_turn(rt: Runtime) -> dict[str, Any]:
+    """Post one message, run it, and return its row."""
+    project = rt.create_project("p")
+    session_id = rt.create_session(project.id, "A").id
+    rt.post(session_id, "hello")
+    rt.run_until_idle(timeout=60)
+    return rt.inbox(target=session_id)[0]
+
+
+def assert_row(
+    row: dict[str, Any], status: str, attempts: int, wait: float | None, kind: str
+) -> None:
+    assert (row["status"], row["attempts"]) == (status, attempts)
+    if wait is not None:
+        assert row["available_at"] == START + wait
+    assert kind in row["last_error"]
+
+
+def kind_of(status: str, wait: float | None) -> str:
+    """The exception the row's error ends with."""
+    if status == "failed":
+        return "PermanentFailure: "
+    return "RetryLater: " if wait not in (None, 2.0) else "Error"
+
+
+class ErrorServer(BaseHTTPRequestHandler):
+    """Answers every POST with the server's ``answer``: (status, headers), an OpenAI-style
+    error body."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        status, headers = self.server.answer  # type: ignore[attr-defined]
+        body = json.dumps({"error": {"message": "no", "type": "test", "code": None}}).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def error_server() -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ErrorServer)
+    server.answer = (500, {})  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def base_url(server: ThreadingHTTPServer) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+
+@pytest.mark.parametrize("status, headers, row_status, attempts, wait", PARAMS, ids=IDS)
+def test_pydantic_ai_model_http_errors(
+    make_runtime: MakeRuntime,
+    status: int,
+    headers: dict[str, str],
+    row_status: str,
+    attempts: int,
+    wait: float | None,
+) -> None:
+    pytest.importorskip("pydantic_ai", reason="the pydantic-ai extra is not installed")
+    from pydantic_ai import Agent
+    from pydantic_ai.exceptions import ModelHTTPError
+    from pydantic_ai.messages import ModelMessage, ModelResponse
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from kinbox.actors.pydantic_ai_brain import pydantic_ai_brain
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        # As pydantic-ai's OpenAI model raises it from the client's APIStatusError.
+        raise ModelHTTPError(status, "test-model", {"error": "no"}, headers=headers)
+
+    rt = make_runtime(brain=pydantic_ai_brain(Agent(FunctionModel(model))))
+    row = one_turn(rt)
+    assert_row(row, row_status, attempts, wait, kind_of(row_status, wait))
+    assert "ModelHTTPError: status_code: " in row["last_error"]  # the cause, kept
+
+
+@pytest.mark.parametrize("status, headers, row_status, attempts, wait", PARAMS, ids=IDS)
+def test_openai_agents_sdk_openai_client_errors(
+    make_runtime: MakeRuntime,
+    error_server: ThreadingHTTPServer,
+    status: int,
+    headers: dict[str, str],
+    row_status: str,
+    attempts: int,
+    wait: float | None,
+) -> None:
+    pytest.importorskip("agents", reason="the openai-agents extra is not installed")
+    from agents import Agent, OpenAIChatCompletionsModel
+    from openai import AsyncOpenAI
+
+    from kinbox.actors.openai_agents_brain import openai_agents_brain
+
+    error_server.answer = (status, headers)  # type: ignore[attr-defined]
+
+    def agent_for(turn: Turn) -> Agent[Any]:
+        client = AsyncOpenAI(api_key="sk-test", base_url=base_url(error_server), max_retries=0)
+        return Agent(name="a", model=OpenAIChatCompletionsModel("gpt-test", client))
+
+    rt = make_runtime(brain=openai_agents_brain(agent_for))
+    row = one_turn(rt)
+    assert_row(row, row_status, attempts, wait, kind_of(row_status, wait))
+    assert "openai." in row["last_error"]  # the client's own error, kept as the cause
+
+
+@pytest.mark.parametrize("status, headers, row_status, attempts, wait", PARAMS, ids=IDS)
+def test_autogen_openai_client_errors(
+    make_runtime: MakeRuntime,
+    error_server: ThreadingHTTPServer,
+    status: int,
+    headers: dict[str, str],
+    row_status: str,
+    attempts: int,
+    wait: float | None,
+) -> None:
+    """autogen-core's client interface over the openai client, as autogen-ext's
+    ``OpenAIChatCompletionClient`` is (that one needs tiktoken, no test extra): its
+    ``create`` passes on what ``chat.completions.create`` raises."""
+    pytest.importorskip("autogen_ext.models.replay", reason="the autogen extra is not installed")
+    from autogen_core.models import CreateResult
+    from autogen_ext.models.replay import ReplayChatCompletionClient
+    from openai import AsyncOpenAI
+
+    from kinbox.actors.autogen_brain import autogen_brain
+
+    class OpenAIClient(ReplayChatCompletionClient):
+        def __init__(self) -> None:
+            super().__init__([])
+            self.openai = AsyncOpenAI(
+                api_key="sk-test", base_url=base_url(error_server), max_retries=0
+            )
+
+        async def create(self, messages: Any, **kwargs: Any) -> CreateResult:
+            await self.openai.chat.completions.create(
+                model="gpt-test", messages=[{"role": "user", "content": "hello"}]
+            )
+            raise AssertionError("the server answers every request with an error")
+
+    error_server.answer = (status, headers)  # type: ignore[attr-defined]
+    rt = make_runtime(brain=autogen_brain(OpenAIClient()))
+    row = one_turn(rt)
+    assert_row(row, row_status, attempts, wait, kind_of(row_status, wait))
+    assert "openai." in row["last_error"]
+
+
+# -- the pure rule they share ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "headers, wait",
+    [
+        ({}, None),
+        (None, None),
+        ({"Retry-After": "7"}, 7.0),
+        ({"retry-after-ms": "1500", "retry-after": "9"}, 1.5),
+        ({"retry-after-ms": "soon", "retry-after": "9"}, 9.0),
+        ({"retry-after": "Tue, 14 Nov 2023 22:13:40 GMT"}, 20.0),  # START + 20 s
+        ({"retry-after": "whenever"}, None),
+    ],
+)
+def test_the_wait_a_response_asks(headers: dict[str, str] | None, wait: float | None) -> None:
+    from kinbox.actors.http_failure import headers_retry_after
+
+    assert headers_retry_after(headers, START) == wait
+
+
+@pytest.mark.parametrize(
+    "status, retry_after, expected",
+    [
+        (400, None, "PermanentFailure"),
+        (401, 60.0, "PermanentFailure"),
+        (403, None, "PermanentFailure"),
+        (404, None, "PermanentFailure"),
+        (422, None, "PermanentFailure"),
+        (408, 5.0, "RetryLater"),
+        (429, 5.0, "RetryLater"),
+        (502, 5.0, "RetryLater"),
+        (429, None, None),
+        (503, None, None),
+        (409, 5.0, None),
+    ],
+)
+def test_a_model_api_status_as_a_brain_failure(
+    status: int, retry_after: float | None, expected: str | None
+) -> None:
+    from kinbox.actors.http_failure import model_http_failure
+
+    failure = model_http_failure(status, retry_after, "the API")
+    assert (type(failure).__name__ if failure is not None else None) == expected
+    if expected == "RetryLater":
+        assert failure.retry_after == retry_after  # type: ignore[union-attr]
