@@ -1,12 +1,12 @@
 """kinbox.actors: the runtime, its actors and the agent tools. Start here.
 
-    from kinbox.actors import Runtime
+from kinbox.actors import Runtime
 
-    def brain(turn):
-        turn.reply(f"got {turn.messages[0].content}")
+def brain(turn):
+    turn.reply(f"got {turn.messages[0].content}")
 
-    with Runtime(db="sqlite:///app.db", brain=brain) as rt:
-        ...
+with Runtime(db="sqlite:///app.db", brain=brain) as rt:
+    ...
 """
 
 from importlib import metadata as _metadata

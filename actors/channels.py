@@ -71,8 +71,9 @@ class DeliveryOutcome:
         return {"status": self.status, "attempts": self.attempts, "error": self.error}
 
 
-def call_send(send: Send, route: Mapping[str, Any], text: str, loop: ChannelLoop,
-              timeout: float) -> None:
+def call_send(
+    send: Send, route: Mapping[str, Any], text: str, loop: ChannelLoop, timeout: float
+) -> None:
     """Call a sync or async ``send`` to completion, the calling (worker) thread waiting; a
     coroutine runs on the runtime's channel loop, cancelled ``timeout`` seconds in."""
     result = send(route, text)
@@ -80,8 +81,7 @@ def call_send(send: Send, route: Mapping[str, Any], text: str, loop: ChannelLoop
         loop.run(result, timeout)
 
 
-def platform_error(status: int, retry_after: str | None, now: float
-                   ) -> rules.SocialError | None:
+def platform_error(status: int, retry_after: str | None, now: float) -> rules.SocialError | None:
     """The error a channel adapter raises for a platform's HTTP answer ``status`` (None
     for a 2xx or 3xx): :class:`.ChannelBusy` for 408, 429 and 5xx, with the wait its
     ``Retry-After`` header asks (seconds, or an HTTP date measured from ``now``; None
@@ -93,10 +93,16 @@ def platform_error(status: int, retry_after: str | None, now: float
     return rules.ChannelRefused(status)
 
 
-def deliver(send: Send | None, route: Mapping[str, Any], text: str, *,
-            retry_delays: tuple[float, ...] = DEFAULT_RETRY_DELAYS,
-            wait: Callable[[float], object], loop: ChannelLoop,
-            send_timeout: float = DEFAULT_SEND_TIMEOUT) -> DeliveryOutcome:
+def deliver(
+    send: Send | None,
+    route: Mapping[str, Any],
+    text: str,
+    *,
+    retry_delays: tuple[float, ...] = DEFAULT_RETRY_DELAYS,
+    wait: Callable[[float], object],
+    loop: ChannelLoop,
+    send_timeout: float = DEFAULT_SEND_TIMEOUT,
+) -> DeliveryOutcome:
     """Send ``text`` through ``send``, retrying after each delay (or the longer wait a
     :class:`.ChannelBusy` asked, capped; never after a :class:`.ChannelRefused`); never
     raises.
@@ -108,8 +114,9 @@ def deliver(send: Send | None, route: Mapping[str, Any], text: str, *,
     if not text:
         return DeliveryOutcome("no_reply", 0)
     if send is None:
-        return DeliveryOutcome("no_channel", 0,
-                               "no channel adapter is registered (held until one is)")
+        return DeliveryOutcome(
+            "no_channel", 0, "no channel adapter is registered (held until one is)"
+        )
     error, asked = None, 0.0
     for attempt, delay in enumerate((0.0, *retry_delays), start=1):
         pause = max(delay, asked) if attempt > 1 else 0.0
@@ -169,8 +176,12 @@ class Channel:
 class Channels:
     """The channel adapters of one runtime, and what happened to each reply sent."""
 
-    def __init__(self, ctx: RuntimeContext, stop: threading.Event,
-                 retry_delays: tuple[float, ...] = DEFAULT_RETRY_DELAYS) -> None:
+    def __init__(
+        self,
+        ctx: RuntimeContext,
+        stop: threading.Event,
+        retry_delays: tuple[float, ...] = DEFAULT_RETRY_DELAYS,
+    ) -> None:
         self.ctx = ctx
         self.retry_delays = retry_delays
         self.send_timeout = DEFAULT_SEND_TIMEOUT
@@ -195,19 +206,25 @@ class Channels:
         with self._lock:
             return self._channels.get(platform)
 
-    def send(self, session_id: str, platform: str, route: Mapping[str, Any], text: str,
-             cause_id: str) -> DeliveryOutcome:
+    def send(
+        self, session_id: str, platform: str, route: Mapping[str, Any], text: str, cause_id: str
+    ) -> DeliveryOutcome:
         """Deliver a committed reply and record the outcome (never raises); hold it when
         its platform has no adapter yet."""
         with self._lock:  # one look decides: a registration takes what is held after it
             channel = self._channels.get(platform)
             if channel is None and text:
                 self._hold(platform, HeldReply(session_id, route, text, cause_id))
-        outcome = deliver(channel.send if channel else None, route, text,
-                          retry_delays=self.retry_delays, wait=self._stop.wait,
-                          loop=self.loop, send_timeout=self.send_timeout)
-        self.record(session_id, platform, cause_id, outcome,
-                    durable=outcome.status != "no_reply")
+        outcome = deliver(
+            channel.send if channel else None,
+            route,
+            text,
+            retry_delays=self.retry_delays,
+            wait=self._stop.wait,
+            loop=self.loop,
+            send_timeout=self.send_timeout,
+        )
+        self.record(session_id, platform, cause_id, outcome, durable=outcome.status != "no_reply")
         return outcome
 
     def close(self, timeout: float = CANCEL_GRACE) -> None:
@@ -222,28 +239,48 @@ class Channels:
         held = self._held.setdefault(platform, deque())
         if len(held) >= HELD_PER_PLATFORM:
             dropped = held.popleft()
-            log.warning("no channel for %s: dropped the held reply to %s (it stays in the "
-                        "transcript)", platform, dropped.session_id)
+            log.warning(
+                "no channel for %s: dropped the held reply to %s (it stays in the transcript)",
+                platform,
+                dropped.session_id,
+            )
         held.append(reply)
 
-    def record(self, session_id: str, platform: str, cause_id: str, outcome: DeliveryOutcome,
-               *, durable: bool) -> None:
+    def record(
+        self,
+        session_id: str,
+        platform: str,
+        cause_id: str,
+        outcome: DeliveryOutcome,
+        *,
+        durable: bool,
+    ) -> None:
         """Keep an outcome in ``outcomes`` and, if ``durable``, in the transcript."""
-        entry = {"session_id": session_id, "event_id": cause_id, "platform": platform,
-                 **outcome.to_dict()}
+        entry = {
+            "session_id": session_id,
+            "event_id": cause_id,
+            "platform": platform,
+            **outcome.to_dict(),
+        }
         self.outcomes.append(entry)
         self.ctx.emit("social_delivery", **entry)
         if outcome.status == "failed":  # why, at DEBUG only: the adapter's text (kind_of)
-            log.warning("reply to %s on %s not sent after %d attempts", session_id,
-                        platform, outcome.attempts)
+            log.warning(
+                "reply to %s on %s not sent after %d attempts",
+                session_id,
+                platform,
+                outcome.attempts,
+            )
             log.debug("reply to %s on %s not sent: %s", session_id, platform, outcome.error)
         if not durable:
             return
         # Durable next to the reply it is about, hidden from agent_read.
-        note = (f"delivery {outcome.status} via {platform} after {outcome.attempts} "
-                f"attempt(s)" + (f": {outcome.error}" if outcome.error else ""))
+        note = f"delivery {outcome.status} via {platform} after {outcome.attempts} attempt(s)" + (
+            f": {outcome.error}" if outcome.error else ""
+        )
         try:
-            self.ctx.store.append(session_id, [TurnEntry("delivery", note, False, cause_id)],
-                                  self.ctx.now())
+            self.ctx.store.append(
+                session_id, [TurnEntry("delivery", note, False, cause_id)], self.ctx.now()
+            )
         except WriterClosed:
             pass

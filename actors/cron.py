@@ -55,10 +55,18 @@ RESULT_CHARS = 4000
 class CronService:
     """Cron jobs of one runtime (``rt.cron``)."""
 
-    def __init__(self, ctx: RuntimeContext, store: CronStore, turns: DirectTurns | None, *,
-                 use_apscheduler: bool, grace: float = rules.DEFAULT_GRACE_SECONDS,
-                 poll_seconds: float = POLL_SECONDS, announcements: Announcements | None = None,
-                 gone: Callable[[Iterable[str]], set[str]] | None = None) -> None:
+    def __init__(
+        self,
+        ctx: RuntimeContext,
+        store: CronStore,
+        turns: DirectTurns | None,
+        *,
+        use_apscheduler: bool,
+        grace: float = rules.DEFAULT_GRACE_SECONDS,
+        poll_seconds: float = POLL_SECONDS,
+        announcements: Announcements | None = None,
+        gone: Callable[[Iterable[str]], set[str]] | None = None,
+    ) -> None:
         self.ctx = ctx
         self.store = store
         self.turns = turns
@@ -66,11 +74,19 @@ class CronService:
         self.announcements = announcements or Announcements()
         self.gone = gone
         """Which of some owners are dead runtimes (PostgreSQL life locks), if known."""
-        self._driver = ScheduleDriver(self.tick, enabled=use_apscheduler and turns is not None,
-                                      now=ctx.now, poll_seconds=poll_seconds)
-        self.definitions = CronJobs(store, ctx.store, ctx.now, ctx.new_id,
-                                    on_change=lambda job: self._driver.wake_at(job.next_run_at,
-                                                                               job.id))
+        self._driver = ScheduleDriver(
+            self.tick,
+            enabled=use_apscheduler and turns is not None,
+            now=ctx.now,
+            poll_seconds=poll_seconds,
+        )
+        self.definitions = CronJobs(
+            store,
+            ctx.store,
+            ctx.now,
+            ctx.new_id,
+            on_change=lambda job: self._driver.wake_at(job.next_run_at, job.id),
+        )
         self._mine: set[str] = set()  # runs this runtime is running (their leases to renew)
         self._renewed = 0.0  # when renew_leases last renewed them
         self._lock = threading.Lock()
@@ -106,11 +122,20 @@ class CronService:
 
     # -- definitions (see :mod:`.cron_jobs`) -------------------------------------------------
 
-    def add(self, name: Any, cron: Any, prompt: Any, *, delivery: Any = "announce",
-            timezone: Any = "UTC", active: bool = True) -> dict[str, Any]:
+    def add(
+        self,
+        name: Any,
+        cron: Any,
+        prompt: Any,
+        *,
+        delivery: Any = "announce",
+        timezone: Any = "UTC",
+        active: bool = True,
+    ) -> dict[str, Any]:
         """Create a job (``cron`` a crontab expression); nothing is written if invalid."""
-        job = self.definitions.add(name, cron, prompt, delivery=delivery, timezone=timezone,
-                                   active=active)
+        job = self.definitions.add(
+            name, cron, prompt, delivery=delivery, timezone=timezone, active=active
+        )
         self.ctx.emit("cron_added", job_id=job["job_id"], cron=job["cron"])
         return job
 
@@ -150,8 +175,9 @@ class CronService:
         """Run records, newest first (of one job, or of all)."""
         return self.definitions.runs(job_id, limit)
 
-    def runs_page(self, job_id: str | None = None, limit: int = 50, offset: int = 0
-                  ) -> tuple[list[dict[str, Any]], bool]:
+    def runs_page(
+        self, job_id: str | None = None, limit: int = 50, offset: int = 0
+    ) -> tuple[list[dict[str, Any]], bool]:
         """Run records, newest first, at most ``limit`` from the ``offset``-th on, and
         whether older ones follow."""
         return self.definitions.runs_page(job_id, limit, offset)
@@ -179,27 +205,31 @@ class CronService:
                 mine = sorted(self._mine)
             self.store.renew(self.ctx.owner, mine, now + lease)
             self._expire_the_gone(now, dead)
-            self.store.move_due(now, now + rules.CLOCK_STEP_TOLERANCE,
-                                lambda job: self._after_step_back(job, now))
+            self.store.move_due(
+                now, now + rules.CLOCK_STEP_TOLERANCE, lambda job: self._after_step_back(job, now)
+            )
             # Takeovers first: a job whose run is taken over waits for it, and its due
             # occurrence runs once it ended (fired first, the occurrence was refused as
             # "still active" and never ran).
-            taken = self.store.take_over(now, self.ctx.owner, lease,
-                                         lambda run, job: self._end_taken_over(run, job, now))
-            recorded = self.store.fire_due(now, self.ctx.owner, lease,
-                                           lambda job, running: self._decide(job, running, now))
+            taken = self.store.take_over(
+                now, self.ctx.owner, lease, lambda run, job: self._end_taken_over(run, job, now)
+            )
+            recorded = self.store.fire_due(
+                now, self.ctx.owner, lease, lambda job, running: self._decide(job, running, now)
+            )
         started = []
         for run in recorded:
             if run.status == "error":
                 self._refused(run)
-                self.ctx.emit("cron_run_refused", job_id=run.job_id, run_id=run.id,
-                              error=run.error)
+                self.ctx.emit("cron_run_refused", job_id=run.job_id, run_id=run.id, error=run.error)
         for run in taken:
             if run.status == "error":
                 log.warning("cron run %s ended: %s", run.id, run.error)
                 self._refused(run)
-        for run in [*(r for r in recorded if r.status == "running"),
-                    *(r for r in taken if r.status == "running")]:
+        for run in [
+            *(r for r in recorded if r.status == "running"),
+            *(r for r in taken if r.status == "running"),
+        ]:
             with self._lock:
                 self._mine.add(run.id)
             if self.turns.submit_steps(lambda run=run: self._execute(run)) is None:
@@ -258,8 +288,7 @@ class CronService:
             dead = self._the_gone()
         if dead:
             taken = self.store.expire_owners(dead, now)
-            log.warning("taking over %d cron runs of %d runtime(s) that are gone", taken,
-                        len(dead))
+            log.warning("taking over %d cron runs of %d runtime(s) that are gone", taken, len(dead))
 
     @staticmethod
     def _after_step_back(job: CronJobRecord, now: float) -> float | None:
@@ -270,23 +299,34 @@ class CronService:
             return None  # a stored expression that no longer parses: firing ends it
         return rules.after_clock_step_back(job.updated_at, job.next_run_at, now, upcoming)
 
-    def _decide(self, job: CronJobRecord, running: CronRunRecord | None,
-                now: float) -> Occurrence:
+    def _decide(self, job: CronJobRecord, running: CronRunRecord | None, now: float) -> Occurrence:
         """Inside the firing transaction: what this occurrence of ``job`` does."""
         try:
             upcoming = next_fire(job.cron, now, job.timezone)
             recent = next_fire(job.cron, now - self.grace, job.timezone, inclusive=True)
         except (rules.InvalidCronExpression, rules.InvalidCronJob) as exc:  # a stored zone
             log.warning("cron job %s deactivated: %s", job.id, exc)
-            return Occurrence({"active": False, "next_run_at": None,
-                               "last_error": rules.invalid_expression_error(exc.reason)}, None)
-        decision = rules.on_due(job.next_run_at or now, now, next_regular=upcoming,
-                                previous_active=running is not None, grace=self.grace,
-                                recent_regular=recent)
+            return Occurrence(
+                {
+                    "active": False,
+                    "next_run_at": None,
+                    "last_error": rules.invalid_expression_error(exc.reason),
+                },
+                None,
+            )
+        decision = rules.on_due(
+            job.next_run_at or now,
+            now,
+            next_regular=upcoming,
+            previous_active=running is not None,
+            grace=self.grace,
+            recent_regular=recent,
+        )
         changes: dict[str, Any] = {"next_run_at": upcoming, "active": upcoming is not None}
         if decision.due is rules.Due.MISSED:
-            log.info("cron job %s missed its run at %s (beyond the grace time)", job.id,
-                     job.next_run_at)
+            log.info(
+                "cron job %s missed its run at %s (beyond the grace time)", job.id, job.next_run_at
+            )
             return Occurrence(changes, None)
         if decision.due is rules.Due.PREVIOUS_ACTIVE:
             return Occurrence({**changes, "last_error": decision.error}, "error", decision.error)
@@ -313,36 +353,58 @@ class CronService:
             sid = yield Blocking(partial(self.definitions.ensure_session, job))
             now = self.ctx.now()
             recent = yield Blocking(partial(self.store.runs, job.id, limit=5))
-            earlier = [r for r in recent if r.id != run.id
-                       and r.started_at <= run.started_at and r.error != rules.PREVIOUS_ACTIVE]
+            earlier = [
+                r
+                for r in recent
+                if r.id != run.id
+                and r.started_at <= run.started_at
+                and r.error != rules.PREVIOUS_ACTIVE
+            ]
             last = local_time(earlier[0].started_at, job.timezone) if earlier else None
-            text = (rules.reminder(job.name, local_time(now, job.timezone), last)
-                    + "\n\n" + job.prompt)
-            message = Message(run.id, "cron", text, None,
-                              {"job_id": job.id, "run_id": run.id, "cron": job.cron})
+            text = (
+                rules.reminder(job.name, local_time(now, job.timezone), last) + "\n\n" + job.prompt
+            )
+            message = Message(
+                run.id, "cron", text, None, {"job_id": job.id, "run_id": run.id, "cron": job.cron}
+            )
             self.ctx.emit("cron_run_started", job_id=job.id, run_id=run.id, session_id=sid)
 
             def commit_ops(turn: Turn) -> list[Any]:
                 result = _summary(turn)
-                return [self.store.finish_op(
-                    run.id, self.ctx.owner, self.ctx.now(), "success", result=result,
-                    job_changes=lambda _j: {"retry_count": 0, "last_result": result,
-                                            "last_error": None})]
+                return [
+                    self.store.finish_op(
+                        run.id,
+                        self.ctx.owner,
+                        self.ctx.now(),
+                        "success",
+                        result=result,
+                        job_changes=lambda _j: {
+                            "retry_count": 0,
+                            "last_result": result,
+                            "last_error": None,
+                        },
+                    )
+                ]
 
             done = yield from self.turns.run_steps(sid, [message], commit_ops=commit_ops)
             if done.committed:
-                yield Blocking(partial(self._finished, job, run, "success",
-                                       _summary(done.turn), None))
+                yield Blocking(
+                    partial(self._finished, job, run, "success", _summary(done.turn), None)
+                )
             elif not done.outcome.ok:
-                yield Blocking(partial(self._fail, job, run, done.error or "the turn failed",
-                                       done.kind))
+                yield Blocking(
+                    partial(self._fail, job, run, done.error or "the turn failed", done.kind)
+                )
             else:
                 # The commit was refused: a failed run as a brain's error is (fenced: a run
                 # taken over meanwhile is the other runtime's). Left ``running``, its lease
                 # ran out and it was taken over and run again, for ever, nothing counted.
                 refused = done.commit_error or PersistenceError(done.error or "refused")
-                yield Blocking(partial(self._fail, job, run,
-                                       refused_commit(refused).outcome.error or str(refused)))
+                yield Blocking(
+                    partial(
+                        self._fail, job, run, refused_commit(refused).outcome.error or str(refused)
+                    )
+                )
             if taken_over:
                 yield Blocking(self._after_taken_over_run)
         finally:
@@ -359,16 +421,25 @@ class CronService:
         except WriterClosed:
             pass  # stopping: the job stays due for the next runtime's look
         except PersistenceError as exc:
-            log.error("cron could not look for the occurrence a taken-over run held back "
-                      "(the next look fires it): %s", exc)
+            log.error(
+                "cron could not look for the occurrence a taken-over run held back "
+                "(the next look fires it): %s",
+                exc,
+            )
 
-    def _fail(self, job: CronJobRecord, run: CronRunRecord, error: str,
-              kind: FailureKind = ORDINARY) -> None:
+    def _fail(
+        self, job: CronJobRecord, run: CronRunRecord, error: str, kind: FailureKind = ORDINARY
+    ) -> None:
         now = self.ctx.now()
         try:
-            updated = self.store.finish(run.id, self.ctx.owner, now, "error", error=error,
-                                        job_changes=lambda current: _failure_changes(
-                                            current, error, now, kind))
+            updated = self.store.finish(
+                run.id,
+                self.ctx.owner,
+                now,
+                "error",
+                error=error,
+                job_changes=lambda current: _failure_changes(current, error, now, kind),
+            )
         except CronRunLost as exc:
             log.warning("cron run %s failed but is no longer ours: %s", run.id, exc)
             return
@@ -378,15 +449,28 @@ class CronService:
                 log.warning("cron job %s deactivated: %s", job.id, updated.last_error)
         self._finished(job, run, "error", None, error)
 
-    def _finished(self, job: CronJobRecord, run: CronRunRecord, status: str,
-                  result: str | None, error: str | None) -> None:
-        self.ctx.emit("cron_run_finished", job_id=job.id, run_id=run.id, status=status,
-                      error=error)
+    def _finished(
+        self,
+        job: CronJobRecord,
+        run: CronRunRecord,
+        status: str,
+        result: str | None,
+        error: str | None,
+    ) -> None:
+        self.ctx.emit("cron_run_finished", job_id=job.id, run_id=run.id, status=status, error=error)
         if job.delivery == "announce":
-            self.announcements.add({"job_id": job.id, "name": job.name, "run_id": run.id,
-                                    "status": status, "result": result, "error": error,
-                                    "session_id": rules.session_id_for(job.id),
-                                    "at": self.ctx.now()})
+            self.announcements.add(
+                {
+                    "job_id": job.id,
+                    "name": job.name,
+                    "run_id": run.id,
+                    "status": status,
+                    "result": result,
+                    "error": error,
+                    "session_id": rules.session_id_for(job.id),
+                    "at": self.ctx.now(),
+                }
+            )
 
     def _refused(self, run: CronRunRecord) -> None:
         """A run recorded failed at once (the previous one still active), or ended at its
@@ -396,16 +480,22 @@ class CronService:
             self._finished(job, run, "error", None, run.error)
 
 
-def _failure_changes(job: CronJobRecord, error: str, now: float,
-                     kind: FailureKind = ORDINARY) -> dict[str, Any]:
+def _failure_changes(
+    job: CronJobRecord, error: str, now: float, kind: FailureKind = ORDINARY
+) -> dict[str, Any]:
     """The columns a failed run of ``job`` (as read in the failure's transaction) sets;
     ``kind``: how the brain's exception asked to be retried."""
-    plan = rules.after_failure(job.retry_count, error, now, permanent=kind.permanent,
-                               retry_after=kind.retry_after)
+    plan = rules.after_failure(
+        job.retry_count, error, now, permanent=kind.permanent, retry_after=kind.retry_after
+    )
     if not job.active:  # paused meanwhile: record, do not resume it
         return {"retry_count": plan.retry_count, "last_error": plan.last_error}
-    return {"retry_count": plan.retry_count, "active": plan.active,
-            "next_run_at": plan.next_run_at, "last_error": plan.last_error}
+    return {
+        "retry_count": plan.retry_count,
+        "active": plan.active,
+        "next_run_at": plan.next_run_at,
+        "last_error": plan.last_error,
+    }
 
 
 def _summary(turn: Turn) -> str:

@@ -71,9 +71,9 @@ schemas can state it."""
 
 MACHINE_ZONES = {
     "localtime": "names the zone this machine is set to, which is another on the next "
-                 "machine sharing the database",
+    "machine sharing the database",
     "posixrules": "names the zone this machine's POSIX rules default to, which is another "
-                  "on the next machine",
+    "on the next machine",
     "Factory": "is a placeholder with no local time (its abbreviation is '-00')",
 }
 """Zone names the zone database answers but a durable schedule must not take: a job is
@@ -110,8 +110,11 @@ class InvalidCronExpression(CronError, ConfigError):
     """A cron expression (or its time zone) cannot be parsed."""
 
     def __init__(self, expression: str, reason: str) -> None:
-        super().__init__(f"cron {quoted(expression)} is not a crontab expression (minute hour day "
-                         f"month weekday): {reason}", "cron")
+        super().__init__(
+            f"cron {quoted(expression)} is not a crontab expression (minute hour day "
+            f"month weekday): {reason}",
+            "cron",
+        )
         self.expression = expression
         self.reason = reason
 
@@ -182,9 +185,15 @@ class DueDecision:
     """The run's error when it is recorded failed at once."""
 
 
-def on_due(scheduled_for: float, now: float, *, next_regular: float | None,
-           previous_active: bool, grace: float = DEFAULT_GRACE_SECONDS,
-           recent_regular: float | None = None) -> DueDecision:
+def on_due(
+    scheduled_for: float,
+    now: float,
+    *,
+    next_regular: float | None,
+    previous_active: bool,
+    grace: float = DEFAULT_GRACE_SECONDS,
+    recent_regular: float | None = None,
+) -> DueDecision:
     """Decide a due occurrence; ``next_regular`` is the first fire time after ``now``,
     ``recent_regular`` the first one at or after ``now - grace`` (None: none).
 
@@ -216,9 +225,13 @@ is ahead fires each occurrence first; a runtime that moved its times back would 
 again at its own."""
 
 
-def after_clock_step_back(written_at: float, next_run_at: float | None, now: float,
-                          upcoming: float | None,
-                          tolerance: float = CLOCK_STEP_TOLERANCE) -> float | None:
+def after_clock_step_back(
+    written_at: float,
+    next_run_at: float | None,
+    now: float,
+    upcoming: float | None,
+    tolerance: float = CLOCK_STEP_TOLERANCE,
+) -> float | None:
     """The next run of a schedule written at ``written_at`` and due at ``next_run_at``,
     when the clock was set back since; None to keep it as it is. ``upcoming``: when its
     schedule is due from ``now`` on (None: it has no such time, a one-shot wake-up).
@@ -243,9 +256,15 @@ class AfterFailure:
     last_error: str
 
 
-def after_failure(retry_count: int, error: str, now: float,
-                  delays: tuple[float, ...] = RETRY_DELAYS, *, permanent: bool = False,
-                  retry_after: float | None = None) -> AfterFailure:
+def after_failure(
+    retry_count: int,
+    error: str,
+    now: float,
+    delays: tuple[float, ...] = RETRY_DELAYS,
+    *,
+    permanent: bool = False,
+    retry_after: float | None = None,
+) -> AfterFailure:
     """Retry after the next delay (or the longer ``retry_after`` the failure asked for),
     or deactivate once every retry was used, or at once for a ``permanent`` failure."""
     if permanent:
@@ -294,5 +313,7 @@ def invalid_expression_error(reason: str) -> str:
 
 def reminder(name: str, local_time: str, last_run: str | None) -> str:
     """The system reminder line that opens every cron turn."""
-    return (f"<system-reminder>Scheduled cron job \"{name}\" is running. Local time: "
-            f"{local_time}. Last run: {last_run or 'never'}.</system-reminder>")
+    return (
+        f'<system-reminder>Scheduled cron job "{name}" is running. Local time: '
+        f"{local_time}. Last run: {last_run or 'never'}.</system-reminder>"
+    )

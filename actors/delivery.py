@@ -250,8 +250,7 @@ class Delivery:
         self._expect("brain_returned", _RUNNING)
         assert self.row is not None
         self.phase = _COMMITTING
-        self.leasing = (self.turns + 1 < CHAIN_LIMIT and not self.closing
-                        and not self.row.taken_over)
+        self.leasing = self.turns + 1 < CHAIN_LIMIT and not self.closing and not self.row.taken_over
         return [Commit((self.row.message_id, *self.steered), self.leasing)]
 
     def brain_raised(self, error: str, kind: FailureKind = ORDINARY) -> list[Effect]:
@@ -270,8 +269,7 @@ class Delivery:
         it an attempt and a backoff (and a few deploys, the message)."""
         self._expect("cut_short", _RUNNING)
         assert self.row is not None
-        return [*(Release(mid) for mid in (self.row.message_id, *self.steered)),
-                *self._done(True)]
+        return [*(Release(mid) for mid in (self.row.message_id, *self.steered)), *self._done(True)]
 
     def committed(self, following: Row | None, plain: bool) -> list[Effect]:
         """The commit is durable; ``following`` is the next row it leased, ``plain`` says

@@ -51,9 +51,20 @@ from ..persistence.errors import KinboxError
 
 ToolErrorCode = Literal["not_found", "invalid_argument", "execution_failed"]
 
-__all__ = ["BrainRefError", "ConfigError", "IdleTimeout", "KinboxError", "PairingFailed",
-           "PermanentFailure", "RetryLater", "RuntimeStateError", "ScenarioError", "ToolError",
-           "ToolErrorCode", "ToolRoundsExceeded"]
+__all__ = [
+    "BrainRefError",
+    "ConfigError",
+    "IdleTimeout",
+    "KinboxError",
+    "PairingFailed",
+    "PermanentFailure",
+    "RetryLater",
+    "RuntimeStateError",
+    "ScenarioError",
+    "ToolError",
+    "ToolErrorCode",
+    "ToolRoundsExceeded",
+]
 
 
 class ToolError(KinboxError):
@@ -62,8 +73,9 @@ class ToolError(KinboxError):
     seconds after which the same call is let through, as the message tells them; None
     for any other."""
 
-    def __init__(self, code: ToolErrorCode, message: str, *,
-                 retry_after: float | None = None) -> None:
+    def __init__(
+        self, code: ToolErrorCode, message: str, *, retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.code: ToolErrorCode = code
         self.message = message
@@ -83,8 +95,10 @@ def tool_result(exc: ToolError | RuntimeStateError) -> dict[str, str]:
         return exc.to_dict()
     if exc.state == EVENT_LOOP:  # a sync tool called on the loop of async brains
         return {"error": "execution_failed", "message": f"{exc}; this call did nothing."}
-    return {"error": "execution_failed", "message": f"The runtime is not running ({exc}); "
-                                                    "this call did nothing."}
+    return {
+        "error": "execution_failed",
+        "message": f"The runtime is not running ({exc}); this call did nothing.",
+    }
 
 
 EVENT_LOOP = "event_loop"
@@ -137,8 +151,9 @@ class PairingFailed(KinboxError):
     the HTTP status of a refused upgrade, else None); ``retry``: whether the same command
     with the same code may still pair. The transport error is its ``__cause__``."""
 
-    def __init__(self, message: str, reason: str, *, retry: bool,
-                 status: int | None = None) -> None:
+    def __init__(
+        self, message: str, reason: str, *, retry: bool, status: int | None = None
+    ) -> None:
         super().__init__(message)
         self.reason = reason
         self.retry = retry
@@ -160,8 +175,10 @@ class ToolRoundsExceeded(KinboxError):
     attempt (retried), not a silent delivery."""
 
     def __init__(self, rounds: int) -> None:
-        super().__init__(f"the model still called tools after {rounds} rounds of tool calls "
-                         "and a request for its answer")
+        super().__init__(
+            f"the model still called tools after {rounds} rounds of tool calls "
+            "and a request for its answer"
+        )
         self.rounds = rounds
 
 

@@ -146,8 +146,9 @@ class SessionActor(PooledActor):
         self.judged = judge(self.ctx, self.turn, error)
         if self.judged.outcome.ok:
             return handed_back + run.brain_returned()
-        return handed_back + run.brain_raised(self.judged.outcome.error or "the turn failed",
-                                                self.judged.kind)
+        return handed_back + run.brain_raised(
+            self.judged.outcome.error or "the turn failed", self.judged.kind
+        )
 
     def apply(self, run: dp.Delivery, effect: dp.Effect) -> list[dp.Effect]:
         """Carry out one effect (not RunBrain) on this thread, waiting for its writes; the

@@ -42,7 +42,8 @@ class SyncBrainAwaitable(TypeError):
         super().__init__(
             f"the brain returned an awaitable ({type(result).__name__}) instead of running "
             "the turn; make the brain itself `async def` (or an object whose __call__ is) so "
-            "kinbox awaits it on its event loop. Nothing of this attempt was committed.")
+            "kinbox awaits it on its event loop. Nothing of this attempt was committed."
+        )
 
 
 class TurnCutShort(Exception):
@@ -63,11 +64,12 @@ def cut_short(turn: Turn) -> TurnCutShort | None:
     None: not cut short. A turn past its timeout keeps that name
     (:meth:`.running.RunningTurns.request_stop`): a failed attempt, counted."""
     outbox = turn.outbox
-    if not turn.runtime_stopping or turn.replies or (
-            outbox is not None and outbox.has_writes()):
+    if not turn.runtime_stopping or turn.replies or (outbox is not None and outbox.has_writes()):
         return None
-    return TurnCutShort(f"the runtime's stop cut the turn of {turn.session_id} short before "
-                        "it replied: its message runs at the next start")
+    return TurnCutShort(
+        f"the runtime's stop cut the turn of {turn.session_id} short before "
+        "it replied: its message runs at the next start"
+    )
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,8 @@ class BrainResultInvalid(TypeError):
         super().__init__(
             f"the brain returned a {type(result).__name__}, not None or a string: reply with "
             "turn.reply(text) or return the text (a generator function's body never runs "
-            "as a brain). Nothing of this attempt was committed.")
+            "as a brain). Nothing of this attempt was committed."
+        )
 
 
 def take_result(turn: Turn, result: object) -> None:
@@ -141,9 +144,14 @@ def take_result(turn: Turn, result: object) -> None:
 def refused_commit(error: BaseException) -> Judged:
     """A turn whose commit the journal refused: a failed attempt, with the journal's error
     (escaped, as the brain's: it is recorded as the row's error)."""
-    return Judged(TurnOutcome(False, escaped(f"the journal refused the turn's commit: "
-                                             f"{type(error).__name__}: {error}"), None),
-                  escaped("".join(traceback.format_exception(error))))
+    return Judged(
+        TurnOutcome(
+            False,
+            escaped(f"the journal refused the turn's commit: {type(error).__name__}: {error}"),
+            None,
+        ),
+        escaped("".join(traceback.format_exception(error))),
+    )
 
 
 def judge(ctx: RuntimeContext, turn: Turn, error: BaseException | None) -> Judged:
@@ -160,17 +168,26 @@ def judge(ctx: RuntimeContext, turn: Turn, error: BaseException | None) -> Judge
     stopped_by = ctx.turns.settle(turn.session_id)
     if stopped_by is not None and stopped_by not in (TIMEOUT, RUNTIME_STOP):
         if error is not None:
-            log.info("turn of %s stopped by %s ended with %s", turn.session_id, stopped_by,
-                     escaped(f"{type(error).__name__}: {error}"))
+            log.info(
+                "turn of %s stopped by %s ended with %s",
+                turn.session_id,
+                stopped_by,
+                escaped(f"{type(error).__name__}: {error}"),
+            )
         return Judged(TurnOutcome(True, None, stopped_by))
     if error is not None:
         # The brain's text, recorded as the row's error: escaped, or its commit would fail.
         summary = escaped(f"{type(error).__name__}: {error}")
         detail = escaped("".join(traceback.format_exception(error)))
     elif overdue(turn.started, ctx.now(), ctx.turn_timeout):
-        summary = detail = (f"TurnTimeout: the turn ran {ctx.now() - turn.started:.1f} s, "
-                            f"past turn_timeout={ctx.turn_timeout} s")
+        summary = detail = (
+            f"TurnTimeout: the turn ran {ctx.now() - turn.started:.1f} s, "
+            f"past turn_timeout={ctx.turn_timeout} s"
+        )
     else:
         return SUCCEEDED if stopped_by is None else Judged(TurnOutcome(True, None, stopped_by))
-    return Judged(TurnOutcome(False, summary, None if stopped_by == TIMEOUT else stopped_by),
-                  detail, classify(error))
+    return Judged(
+        TurnOutcome(False, summary, None if stopped_by == TIMEOUT else stopped_by),
+        detail,
+        classify(error),
+    )

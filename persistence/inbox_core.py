@@ -62,8 +62,12 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
 }
 
 PENDING, PROCESSING, DELIVERED, FAILED, CANCELLED = (
-    State.PENDING.value, State.PROCESSING.value, State.DELIVERED.value, State.FAILED.value,
-    State.CANCELLED.value)
+    State.PENDING.value,
+    State.PROCESSING.value,
+    State.DELIVERED.value,
+    State.FAILED.value,
+    State.CANCELLED.value,
+)
 """The states as the rows store them (plain strings): what the hot path compares and
 writes, without the enum's ``value`` property (a Python call) per use."""
 
@@ -133,7 +137,12 @@ class FailureOutcome:
 
 
 def after_failure(
-    attempts_before: int, max_attempts: int, cap: float, now: float, *, permanent: bool = False,
+    attempts_before: int,
+    max_attempts: int,
+    cap: float,
+    now: float,
+    *,
+    permanent: bool = False,
     retry_after: float | None = None,
 ) -> FailureOutcome:
     """Decide retry-with-backoff or ``failed`` for a row whose attempt just failed.
@@ -164,11 +173,10 @@ def clip_error(text: str, limit: int = ERROR_LIMIT) -> str:
         return text
     marker = "\n[... traceback clipped ...]\n"
     head = limit // 8
-    return text[:head] + marker + text[-(limit - head - len(marker)):]
+    return text[:head] + marker + text[-(limit - head - len(marker)) :]
 
 
-def after_interrupted_turn(attempts_before: int, max_attempts: int,
-                           now: float) -> FailureOutcome:
+def after_interrupted_turn(attempts_before: int, max_attempts: int, now: float) -> FailureOutcome:
     """A claim takes over a row whose lease ran out with no commit after its turn had
     started (the process died, or was paused past its lease, inside the turn). That counts
     as an attempt, so a message whose turn kills its process ends ``failed`` after
@@ -207,8 +215,15 @@ class Takeover:
         return "failed" if self.failed else "interrupted"
 
 
-def after_takeover(attempts_before: int, max_attempts: int, owner: str | None, now: float, *,
-                   cap: float, runs_now: bool) -> Takeover:
+def after_takeover(
+    attempts_before: int,
+    max_attempts: int,
+    owner: str | None,
+    now: float,
+    *,
+    cap: float,
+    runs_now: bool,
+) -> Takeover:
     """A takeover's failed attempt, for both kinds of claim that make one.
 
     ``runs_now``: the claim runs the row itself at once, under its new lease (the
@@ -225,10 +240,12 @@ def after_takeover(attempts_before: int, max_attempts: int, owner: str | None, n
 
 def interrupted_error(attempts: int, max_attempts: int, owner: str | None) -> str:
     """``last_error`` of a row whose turns never finished ``attempts`` times."""
-    return (f"Interrupted: the turn of this message never finished {attempts} time(s) "
-            f"(last held by {owner or 'an unknown worker'}: the process died or lost its "
-            f"lease mid-turn); attempt {attempts} of {max_attempts}. A message whose turn "
-            "kills its process is a poison message: fix the brain, then requeue it.")
+    return (
+        f"Interrupted: the turn of this message never finished {attempts} time(s) "
+        f"(last held by {owner or 'an unknown worker'}: the process died or lost its "
+        f"lease mid-turn); attempt {attempts} of {max_attempts}. A message whose turn "
+        "kills its process is a poison message: fix the brain, then requeue it."
+    )
 
 
 def taken_over_error(attempts: int, max_attempts: int, owner: str | None) -> str:
@@ -236,10 +253,12 @@ def taken_over_error(attempts: int, max_attempts: int, owner: str | None) -> str
     it: its lease ran out while the row was being sent (its process died, or stalled past
     the lease). Counted as a failed attempt (:func:`after_failure`, the transport's backoff),
     so a row whose sending kills its process every time ends ``failed``."""
-    return (f"Taken over: its sender ({owner or 'an unknown worker'}) died or stalled past "
-            f"its lease while sending it, before the peer answered; attempt {attempts} of "
-            f"{max_attempts}. A row taken over at every attempt kills the process that sends "
-            "it (a poison message): find out why, then requeue it.")
+    return (
+        f"Taken over: its sender ({owner or 'an unknown worker'}) died or stalled past "
+        f"its lease while sending it, before the peer answered; attempt {attempts} of "
+        f"{max_attempts}. A row taken over at every attempt kills the process that sends "
+        "it (a poison message): find out why, then requeue it."
+    )
 
 
 def check_lease(message_id: str, state: str, lease_owner: str | None, worker: str) -> None:
@@ -261,13 +280,13 @@ def is_claimable(state: str, available_at: float, lease_until: float | None, now
     return False
 
 
-def chains(state: str, available_at: float, lease_until: float | None, now: float,
-           suspect: bool = False) -> bool:
+def chains(
+    state: str, available_at: float, lease_until: float | None, now: float, suspect: bool = False
+) -> bool:
     """A session's next head may be leased in its turn's commit (chained delivery): only a
     due pending row that is not suspect; a dead worker's row (expired lease) and a suspect
     one go through the dispatcher's claim, which counts attempts and runs suspects alone."""
-    return (state == PENDING and not suspect
-            and is_claimable(state, available_at, lease_until, now))
+    return state == PENDING and not suspect and is_claimable(state, available_at, lease_until, now)
 
 
 def is_suspect(state: str, suspect: bool) -> bool:
@@ -318,4 +337,3 @@ def _as_stored(fp: Fingerprint) -> Fingerprint:
     except ValueError:
         return fp  # not JSON: only the same text is the same payload
     return replace(fp, payload=stored_payload(data)) if isinstance(data, dict) else fp
-

@@ -43,8 +43,17 @@ from .models import Tables
 from .steering_claims import SteeringClaims
 from .writer import WRITE_TIMEOUT, Bulk, GroupCommitWriter, Reply
 
-__all__ = ["DEFAULT_LEASE_SECONDS", "ClaimResult", "ClaimedRow", "EnqueueResult", "Journal",
-           "NewMessage", "PruneBatch", "PruneCounts", "TurnEntry"]
+__all__ = [
+    "DEFAULT_LEASE_SECONDS",
+    "ClaimResult",
+    "ClaimedRow",
+    "EnqueueResult",
+    "Journal",
+    "NewMessage",
+    "PruneBatch",
+    "PruneCounts",
+    "TurnEntry",
+]
 
 
 class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune):
@@ -56,18 +65,20 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
         self.hot = HotPath(tables.db)
         self.bulk = bulk = BulkSql(self.hot)
         self._enqueues: Bulk[set_wise.Enqueue, EnqueueResult] = Bulk(
-            "enqueue", lambda item: self.enqueue_now(*item),
-            lambda items: set_wise.enqueue_all(bulk, items))
+            "enqueue",
+            lambda item: self.enqueue_now(*item),
+            lambda items: set_wise.enqueue_all(bulk, items),
+        )
         self._releases: Bulk[set_wise.Release, None] = Bulk(
-            "release", self._release_one, lambda items: set_wise.release_all(bulk, items))
+            "release", self._release_one, lambda items: set_wise.release_all(bulk, items)
+        )
         self._commits: Bulk[TurnCommit, ClaimedRow | None] = Bulk(
-            "turn commit", self._commit_one,
-            lambda items: set_wise.commit_all(bulk, items))
+            "turn commit", self._commit_one, lambda items: set_wise.commit_all(bulk, items)
+        )
 
     # -- enqueue ---------------------------------------------------------------------------
 
-    def enqueue_now(self, msg: NewMessage, now: float, lease: Lease | None = None
-                    ) -> EnqueueResult:
+    def enqueue_now(self, msg: NewMessage, now: float, lease: Lease | None = None) -> EnqueueResult:
         """Enqueue inside the caller's transaction (on the writer thread)."""
         try:
             return self._enqueue_new(msg, now, lease)
@@ -76,8 +87,7 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
             # reporting one orphaned task at their start): judge it against that row.
             return self._enqueue_new(msg, now, lease)
 
-    def _enqueue_new(self, msg: NewMessage, now: float, lease: Lease | None
-                     ) -> EnqueueResult:
+    def _enqueue_new(self, msg: NewMessage, now: float, lease: Lease | None) -> EnqueueResult:
         """The idempotence rule against the row ``msg``'s id has, if any; else insert it."""
         existing = self.hot.existing(msg.message_id)
         if existing is None:  # the common case: no fingerprint to take (a payload's JSON)
@@ -85,11 +95,11 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
         # A repeat, or IdempotencyConflict: an id the journal holds is never a new row.
         created = core.enqueue_decision(msg.message_id, existing.fingerprint(), fingerprint(msg))
         assert not created
-        return EnqueueResult(msg.message_id, msg.target, existing.status, False,
-                             existing.created_at)
+        return EnqueueResult(
+            msg.message_id, msg.target, existing.status, False, existing.created_at
+        )
 
-    def enqueue(self, msg: NewMessage, now: float, *, lease: Lease | None = None
-                ) -> EnqueueResult:
+    def enqueue(self, msg: NewMessage, now: float, *, lease: Lease | None = None) -> EnqueueResult:
         """Write ``msg`` and commit; return once it is durable.
 
         An id the journal holds is judged by the idempotence rule (I2); an id whose row
@@ -102,8 +112,9 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
         :func:`.set_wise.heads_to_lease`)."""
         return self.writer.call_bulk(self._enqueues, (msg, now, lease))
 
-    def submit_enqueue(self, msg: NewMessage, now: float, *, lease: Lease | None = None
-                       ) -> Reply[EnqueueResult]:
+    def submit_enqueue(
+        self, msg: NewMessage, now: float, *, lease: Lease | None = None
+    ) -> Reply[EnqueueResult]:
         """:meth:`enqueue` without waiting: the reply answers once the row is durable (for
         a caller that must act on a late answer too: a row leased with it)."""
         return self.writer.submit_bulk(self._enqueues, (msg, now, lease))
@@ -120,8 +131,9 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
             done.append(result)
         return done
 
-    def enqueue_each_now(self, msgs: Sequence[NewMessage], now: float
-                         ) -> list[EnqueueResult | IdempotencyConflict]:
+    def enqueue_each_now(
+        self, msgs: Sequence[NewMessage], now: float
+    ) -> list[EnqueueResult | IdempotencyConflict]:
         """Enqueue several messages inside the caller's transaction (on the writer thread),
         each by the idempotence rule: its result, ``created`` False for a repeat, or the
         :class:`IdempotencyConflict` of an id used for other content (nothing written for
@@ -143,16 +155,18 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
 
     # -- outcomes --------------------------------------------------------------------------
 
-    def _claim_next_op(self, owner: str, target: str, now: float,
-                       lease: float) -> ClaimedRow | None:
+    def _claim_next_op(
+        self, owner: str, target: str, now: float, lease: float
+    ) -> ClaimedRow | None:
         """Lease the target's new head if it is due (inside the ack's transaction); on
         PostgreSQL not while a direct turn marks the session (see ``pg_commits``)."""
         if self.bulk.postgres and self.hot.marked(target):
             return None
         while True:
             head = self.hot.head(target)
-            if head is None or not core.chains(head.status, head.available_at, head.lease_until,
-                                               now, bool(head.suspect)):
+            if head is None or not core.chains(
+                head.status, head.available_at, head.lease_until, now, bool(head.suspect)
+            ):
                 return None
             if not self.hot.lease(head.message_id, owner, now + lease, now):
                 return None  # another worker took it first
@@ -160,17 +174,25 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
                 return ClaimedRow.from_head(head)
             self.hot.mark_delivered([head.message_id], now)  # its turn had committed
 
-    def write_turn(self, session_id: str, ids: Sequence[str], entries: Sequence[TurnEntry],
-                   now: float) -> None:
+    def write_turn(
+        self, session_id: str, ids: Sequence[str], entries: Sequence[TurnEntry], now: float
+    ) -> None:
         """A turn's transcript entries and its delivery markers, inside the caller's
         transaction (no fence, no ack: those are the commit's, see ``complete_turn``)."""
         self.bulk.insert_entries([entry_row(session_id, e, now) for e in entries])
         self.bulk.insert_markers([(session_id, mid, now) for mid in ids])
 
-    def _complete_op(self, owner: str, session_id: str, ids: list[str],
-                     entries: Sequence[TurnEntry], now: float,
-                     enqueue: Sequence[NewMessage], also: Sequence[Callable[[], object]],
-                     next_lease: float | None = None) -> ClaimedRow | None:
+    def _complete_op(
+        self,
+        owner: str,
+        session_id: str,
+        ids: list[str],
+        entries: Sequence[TurnEntry],
+        now: float,
+        enqueue: Sequence[NewMessage],
+        also: Sequence[Callable[[], object]],
+        next_lease: float | None = None,
+    ) -> ClaimedRow | None:
         self._fence(owner, ids)
         for msg in enqueue:
             self.enqueue_now(msg, now)
@@ -184,11 +206,18 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
         # that has passed (a send's), at most CHAIN_SLACK past the commit's own.
         return self._claim_next_op(owner, session_id, self.bulk.chain_time(now), next_lease)
 
-    def complete_turn(self, owner: str, session_id: str, message_ids: Sequence[str],
-                      entries: Sequence[TurnEntry], now: float, *,
-                      enqueue: Sequence[NewMessage] = (),
-                      also: Sequence[Callable[[], object]] = (),
-                      next_lease: float | None = None) -> ClaimedRow | None:
+    def complete_turn(
+        self,
+        owner: str,
+        session_id: str,
+        message_ids: Sequence[str],
+        entries: Sequence[TurnEntry],
+        now: float,
+        *,
+        enqueue: Sequence[NewMessage] = (),
+        also: Sequence[Callable[[], object]] = (),
+        next_lease: float | None = None,
+    ) -> ClaimedRow | None:
         """Commit a turn's transcript entries, its delivery markers and the acks together.
 
         Refused with :class:`LeaseLost` (nothing written) if ``owner`` lost any lease.
@@ -200,28 +229,45 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
         round trip through the dispatcher (still one row in flight: the next
         is leased only as this one is acknowledged).
         """
-        return self.submit_turn(owner, session_id, message_ids, entries, now, enqueue=enqueue,
-                                also=also, next_lease=next_lease).result(WRITE_TIMEOUT)
+        return self.submit_turn(
+            owner,
+            session_id,
+            message_ids,
+            entries,
+            now,
+            enqueue=enqueue,
+            also=also,
+            next_lease=next_lease,
+        ).result(WRITE_TIMEOUT)
 
-    def submit_turn(self, owner: str, session_id: str, message_ids: Sequence[str],
-                    entries: Sequence[TurnEntry], now: float, *,
-                    enqueue: Sequence[NewMessage] = (),
-                    also: Sequence[Callable[[], object]] = (),
-                    next_lease: float | None = None) -> Reply[ClaimedRow | None]:
+    def submit_turn(
+        self,
+        owner: str,
+        session_id: str,
+        message_ids: Sequence[str],
+        entries: Sequence[TurnEntry],
+        now: float,
+        *,
+        enqueue: Sequence[NewMessage] = (),
+        also: Sequence[Callable[[], object]] = (),
+        next_lease: float | None = None,
+    ) -> Reply[ClaimedRow | None]:
         """:meth:`complete_turn` without waiting: the reply answers once it committed (for
         event-loop callers, which must not block on the commit)."""
         ids = list(message_ids)
         if not enqueue and not also:  # a plain turn: may commit set-wise
             return self.writer.submit_bulk(
-                self._commits, TurnCommit(owner, session_id, ids, entries, now, next_lease))
+                self._commits, TurnCommit(owner, session_id, ids, entries, now, next_lease)
+            )
         msgs, ops = list(enqueue), list(also)
         return self.writer.submit(
-            lambda: self._complete_op(owner, session_id, ids, entries, now, msgs, ops,
-                                      next_lease))
+            lambda: self._complete_op(owner, session_id, ids, entries, now, msgs, ops, next_lease)
+        )
 
     def _commit_one(self, c: TurnCommit) -> ClaimedRow | None:
-        return self._complete_op(c.owner, c.session_id, c.message_ids, c.entries, c.now,
-                                 (), (), c.next_lease)
+        return self._complete_op(
+            c.owner, c.session_id, c.message_ids, c.entries, c.now, (), (), c.next_lease
+        )
 
     def _ack_op(self, owner: str, ids: list[str], now: float) -> None:
         for row in self._fence(owner, ids):
@@ -233,24 +279,52 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
         ids = list(message_ids)
         self.writer.call(lambda: self._ack_op(owner, ids, now))
 
-    def _retry_op(self, owner: str, message_id: str, error: str, now: float,
-                  permanent: bool, retry_after: float | None, release: list[str],
-                  on_failed: Sequence[NewMessage],
-                  on_failed_also: Sequence[Callable[[], object]]) -> core.FailureOutcome:
+    def _retry_op(
+        self,
+        owner: str,
+        message_id: str,
+        error: str,
+        now: float,
+        permanent: bool,
+        retry_after: float | None,
+        release: list[str],
+        on_failed: Sequence[NewMessage],
+        on_failed_also: Sequence[Callable[[], object]],
+    ) -> core.FailureOutcome:
         row = self._fence(owner, [message_id, *release])[0]
         policy = core.policy_for(row.transport)
-        out = core.after_failure(row.attempts, row.max_attempts, policy.cap, now,
-                                 permanent=permanent, retry_after=retry_after)
-        core.transition(message_id, row.status,
-                        core.Event.FAIL if out.state is core.State.FAILED else core.Event.RETRY)
+        out = core.after_failure(
+            row.attempts,
+            row.max_attempts,
+            policy.cap,
+            now,
+            permanent=permanent,
+            retry_after=retry_after,
+        )
+        core.transition(
+            message_id,
+            row.status,
+            core.Event.FAIL if out.state is core.State.FAILED else core.Event.RETRY,
+        )
         m = self.t.inbox
-        m.update(status=out.state.value, attempts=out.attempts, available_at=out.available_at,
-                 last_error=core.clip_error(error), lease_owner=None, lease_until=None,
-                 turn_started_at=None, suspect=False,
-                 updated_at=now).where(m.message_id == message_id).execute()
-        self.t.event.insert(message_id=message_id, at=now, attempts=out.attempts,
-                            event="failed" if out.state is core.State.FAILED else "retry",
-                            detail=core.clip_error(error)).execute()
+        m.update(
+            status=out.state.value,
+            attempts=out.attempts,
+            available_at=out.available_at,
+            last_error=core.clip_error(error),
+            lease_owner=None,
+            lease_until=None,
+            turn_started_at=None,
+            suspect=False,
+            updated_at=now,
+        ).where(m.message_id == message_id).execute()
+        self.t.event.insert(
+            message_id=message_id,
+            at=now,
+            attempts=out.attempts,
+            event="failed" if out.state is core.State.FAILED else "retry",
+            detail=core.clip_error(error),
+        ).execute()
         if release:
             self._release_rows(release, now)
         if out.state is core.State.FAILED:
@@ -260,11 +334,19 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
                 op()
         return out
 
-    def retry(self, owner: str, message_id: str, error: str, now: float, *,
-              permanent: bool = False, retry_after: float | None = None,
-              release: Sequence[str] = (),
-              on_failed: Sequence[NewMessage] = (),
-              on_failed_also: Sequence[Callable[[], object]] = ()) -> core.FailureOutcome:
+    def retry(
+        self,
+        owner: str,
+        message_id: str,
+        error: str,
+        now: float,
+        *,
+        permanent: bool = False,
+        retry_after: float | None = None,
+        release: Sequence[str] = (),
+        on_failed: Sequence[NewMessage] = (),
+        on_failed_also: Sequence[Callable[[], object]] = (),
+    ) -> core.FailureOutcome:
         """Record a failed attempt: back to pending with backoff, or ``failed`` at the limit.
 
         ``release`` names other rows of the same turn (steering) handed back
@@ -273,26 +355,48 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
         row ``failed``. ``permanent`` fails it at once; ``retry_after`` (seconds) is the
         least wait before its retry (:func:`~.inbox_core.after_failure`).
         """
-        return self.submit_retry(owner, message_id, error, now, permanent=permanent,
-                                 retry_after=retry_after, release=release, on_failed=on_failed,
-                                 on_failed_also=on_failed_also).result(WRITE_TIMEOUT)
+        return self.submit_retry(
+            owner,
+            message_id,
+            error,
+            now,
+            permanent=permanent,
+            retry_after=retry_after,
+            release=release,
+            on_failed=on_failed,
+            on_failed_also=on_failed_also,
+        ).result(WRITE_TIMEOUT)
 
-    def submit_retry(self, owner: str, message_id: str, error: str, now: float, *,
-                     permanent: bool = False, retry_after: float | None = None,
-                     release: Sequence[str] = (),
-                     on_failed: Sequence[NewMessage] = (),
-                     on_failed_also: Sequence[Callable[[], object]] = ()
-                     ) -> Reply[core.FailureOutcome]:
+    def submit_retry(
+        self,
+        owner: str,
+        message_id: str,
+        error: str,
+        now: float,
+        *,
+        permanent: bool = False,
+        retry_after: float | None = None,
+        release: Sequence[str] = (),
+        on_failed: Sequence[NewMessage] = (),
+        on_failed_also: Sequence[Callable[[], object]] = (),
+    ) -> Reply[core.FailureOutcome]:
         """:meth:`retry` without waiting: the reply answers once it committed."""
         rel, msgs, ops = list(release), list(on_failed), list(on_failed_also)
         return self.writer.submit(
-            lambda: self._retry_op(owner, message_id, error, now, permanent, retry_after, rel, msgs,
-                                 ops))
+            lambda: self._retry_op(
+                owner, message_id, error, now, permanent, retry_after, rel, msgs, ops
+            )
+        )
 
     def _release_rows(self, ids: list[str], now: float) -> None:
         m = self.t.inbox
-        m.update(status=core.PENDING, lease_owner=None, lease_until=None,
-                 turn_started_at=None, updated_at=now).where(m.message_id.in_(ids)).execute()
+        m.update(
+            status=core.PENDING,
+            lease_owner=None,
+            lease_until=None,
+            turn_started_at=None,
+            updated_at=now,
+        ).where(m.message_id.in_(ids)).execute()
         self.bulk.announce()  # handed back: other processes may claim them now
 
     def _release_one(self, item: set_wise.Release) -> None:

@@ -27,17 +27,41 @@ def send(j: Journal, mid: str, target: str = "s1", content: str = "hi", now: flo
 
 
 def test_enqueue_commits_a_pending_row_with_every_inbox_column(stores: Stores) -> None:
-    result = stores.journal.enqueue(NewMessage("m1", "s1", "hello", sender="s0",
-                                               payload={"k": 1}), T0)
+    result = stores.journal.enqueue(
+        NewMessage("m1", "s1", "hello", sender="s0", payload={"k": 1}), T0
+    )
     assert result.created and result.status == "pending"
     row = stores.journal.get("m1")
-    expected = {"message_id", "seq", "transport", "destination_peer_id", "sender_chat_id",
-                "target_chat_id", "kind", "content", "payload", "status", "attempts",
-                "max_attempts", "available_at", "lease_owner", "lease_until", "created_at",
-                "updated_at", "delivered_at", "last_error", "suspect", "turn_started_at"}
+    expected = {
+        "message_id",
+        "seq",
+        "transport",
+        "destination_peer_id",
+        "sender_chat_id",
+        "target_chat_id",
+        "kind",
+        "content",
+        "payload",
+        "status",
+        "attempts",
+        "max_attempts",
+        "available_at",
+        "lease_owner",
+        "lease_until",
+        "created_at",
+        "updated_at",
+        "delivered_at",
+        "last_error",
+        "suspect",
+        "turn_started_at",
+    }
     assert set(row) == expected
     assert (row["status"], row["attempts"], row["max_attempts"], row["payload"]) == (
-        "pending", 0, 5, {"k": 1})
+        "pending",
+        0,
+        5,
+        {"k": 1},
+    )
 
 
 def test_same_id_same_content_is_not_a_new_row(stores: Stores) -> None:
@@ -57,22 +81,26 @@ def test_same_id_other_content_is_rejected_and_writes_nothing(stores: Stores) ->
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("change", ["payload", "sender", "no sender"])
 def test_same_id_and_content_with_another_payload_or_sender_is_rejected(
-        stores: Stores, change: str) -> None:
+    stores: Stores, change: str
+) -> None:
     """The payload and the sender are part of the message: a second enqueue of the id that
     differs only there is a conflict (it was taken as a repeat, its payload dropped)."""
     j = stores.journal
     j.enqueue(NewMessage("m1", "s1", "hi", sender="s0", payload={"k": 1, "j": [1]}), T0)
-    other = {"payload": NewMessage("m1", "s1", "hi", sender="s0", payload={"k": 2, "j": [1]}),
-             "sender": NewMessage("m1", "s1", "hi", sender="s9", payload={"k": 1, "j": [1]}),
-             "no sender": NewMessage("m1", "s1", "hi", payload={"k": 1, "j": [1]})}[change]
+    other = {
+        "payload": NewMessage("m1", "s1", "hi", sender="s0", payload={"k": 2, "j": [1]}),
+        "sender": NewMessage("m1", "s1", "hi", sender="s9", payload={"k": 1, "j": [1]}),
+        "no sender": NewMessage("m1", "s1", "hi", payload={"k": 1, "j": [1]}),
+    }[change]
     with pytest.raises(IdempotencyConflict):
         j.enqueue(other, T0 + 1)
     with pytest.raises(IdempotencyConflict):
         j.enqueue_many([NewMessage("m2", "s1", "new"), other], T0 + 1)
     [row] = j.rows()
     assert (row["sender_chat_id"], row["payload"]) == ("s0", {"k": 1, "j": [1]})
-    again = j.enqueue(NewMessage("m1", "s1", "hi", sender="s0", payload={"j": [1], "k": 1}),
-                      T0 + 2)  # the same payload, its keys in another order: a repeat
+    again = j.enqueue(
+        NewMessage("m1", "s1", "hi", sender="s0", payload={"j": [1], "k": 1}), T0 + 2
+    )  # the same payload, its keys in another order: a repeat
     assert again.created is False
 
 
@@ -81,15 +109,24 @@ def test_enqueue_many_writes_a_batch_in_order_with_the_idempotence_rule(stores: 
     one-by-one rule: a repeat is no new row, other content under an old id writes nothing."""
     j = stores.journal
     first = j.enqueue_many([NewMessage(f"m{i}", "s1", f"body {i}") for i in range(3)], T0)
-    assert [(r.message_id, r.created) for r in first] == [("m0", True), ("m1", True),
-                                                          ("m2", True)]
-    again = j.enqueue_many([NewMessage("m1", "s1", "body 1"), NewMessage("m3", "s1", "body 3"),
-                            NewMessage("m3", "s1", "body 3")], T0 + 1)
-    assert [(r.message_id, r.created) for r in again] == [("m1", False), ("m3", True),
-                                                          ("m3", False)]
+    assert [(r.message_id, r.created) for r in first] == [("m0", True), ("m1", True), ("m2", True)]
+    again = j.enqueue_many(
+        [
+            NewMessage("m1", "s1", "body 1"),
+            NewMessage("m3", "s1", "body 3"),
+            NewMessage("m3", "s1", "body 3"),
+        ],
+        T0 + 1,
+    )
+    assert [(r.message_id, r.created) for r in again] == [
+        ("m1", False),
+        ("m3", True),
+        ("m3", False),
+    ]
     with pytest.raises(IdempotencyConflict):
-        j.enqueue_many([NewMessage("m4", "s1", "body 4"), NewMessage("m0", "s1", "changed")],
-                       T0 + 2)
+        j.enqueue_many(
+            [NewMessage("m4", "s1", "body 4"), NewMessage("m0", "s1", "changed")], T0 + 2
+        )
     rows = j.rows()
     assert [r["message_id"] for r in rows] == ["m0", "m1", "m2", "m3"]  # m4 went with it
     assert [r["seq"] for r in rows] == sorted(r["seq"] for r in rows)
@@ -107,10 +144,10 @@ def test_claim_takes_only_the_head_of_each_target_oldest_first(stores: Stores) -
     assert [r.message_id for r in j.claim("w1", T0).rows] == ["a2"]
 
 
-
 @pytest.mark.parametrize("handed_back", [False, True], ids=["taken-over", "handed-back"])
 def test_suspect_heads_older_than_a_claims_room_do_not_hide_the_plain_heads_behind_them(
-        stores: Stores, handed_back: bool) -> None:
+    stores: Stores, handed_back: bool
+) -> None:
     """A claim runs at most ``suspects`` suspect rows (taken over from a dead worker, or
     handed back unrun after a takeover); the plain due heads behind them are claimed
     beside them, however many suspects are older. The claim read as many heads as it had
@@ -153,7 +190,10 @@ def test_a_retry_waits_the_longer_of_its_backoff_and_its_retry_after(stores: Sto
     assert [r.message_id for r in j.claim("w1", T0 + 60).rows] == ["a1"]
     row = j.get("a1")
     assert (row["status"], row["available_at"], row["last_error"]) == (
-        "processing", T0 + 60, "rate limited")
+        "processing",
+        T0 + 60,
+        "rate limited",
+    )
 
 
 @pytest.mark.timeout(30)
@@ -175,10 +215,11 @@ def test_an_expired_lease_can_be_taken_over_and_fences_the_old_worker(stores: St
     taken = j.claim("new", T0 + 10, lease=10)
     assert [r.message_id for r in taken.rows] == ["m1"]
     before = j.get("m1")
-    for late in (lambda: j.complete_turn("old", "s1", ["m1"], [TurnEntry("assistant", "x")],
-                                         T0 + 11),
-                 lambda: j.ack("old", ["m1"], T0 + 11),
-                 lambda: j.retry("old", "m1", "late", T0 + 11)):
+    for late in (
+        lambda: j.complete_turn("old", "s1", ["m1"], [TurnEntry("assistant", "x")], T0 + 11),
+        lambda: j.ack("old", ["m1"], T0 + 11),
+        lambda: j.retry("old", "m1", "late", T0 + 11),
+    ):
         with pytest.raises(LeaseLost):
             late()
     assert j.get("m1") == before
@@ -199,12 +240,19 @@ def test_complete_turn_commits_entries_marker_and_ack_together(stores: Stores) -
     j = stores.journal
     send(j, "m1")
     j.claim("w1", T0)
-    j.complete_turn("w1", "s1", ["m1"], [TurnEntry("user", "hi", True, "m1"),
-                                         TurnEntry("assistant", "hello")], T0 + 1)
+    j.complete_turn(
+        "w1",
+        "s1",
+        ["m1"],
+        [TurnEntry("user", "hi", True, "m1"), TurnEntry("assistant", "hello")],
+        T0 + 1,
+    )
     row = j.get("m1")
     assert (row["status"], row["delivered_at"], row["lease_owner"]) == ("delivered", T0 + 1, None)
     assert [(e.role, e.text) for e in stores.store.transcript("s1")] == [
-        ("user", "hi"), ("assistant", "hello")]
+        ("user", "hi"),
+        ("assistant", "hello"),
+    ]
     assert stores.store.marker_counts() == {"m1": 1}
 
 
@@ -239,7 +287,7 @@ def test_retries_back_off_then_fail_and_requeue_keeps_history(stores: Stores) ->
         out = j.retry("w1", "m1", f"boom {attempt}", now)
         if attempt < 5:
             assert out.state.value == "pending"
-            assert out.available_at - now == 2 ** attempt
+            assert out.available_at - now == 2**attempt
             now = out.available_at
     row = j.get("m1")
     assert (row["status"], row["attempts"], row["last_error"]) == ("failed", 5, "boom 5")
@@ -275,7 +323,8 @@ def test_steering_claims_the_next_due_rows_of_a_busy_target(stores: Stores) -> N
 
 
 def test_concurrent_workers_never_claim_the_same_row_or_two_rows_of_one_target(
-        any_db_url: str) -> None:
+    any_db_url: str,
+) -> None:
     workers = [Stores(any_db_url) for _ in range(3)]
     try:
         j0 = workers[0].journal
@@ -311,7 +360,8 @@ def test_concurrent_workers_never_claim_the_same_row_or_two_rows_of_one_target(
 
 
 def test_a_worker_that_steered_before_its_turn_was_taken_over_steers_nothing_after(
-        stores: Stores) -> None:
+    stores: Stores,
+) -> None:
     """The rows a worker steered into its turn stay leased to it when a takeover leases
     the turn's head elsewhere: fenced by any of its rows, its next steer passed and leased
     the rows the new owner's turn chains into."""
@@ -339,7 +389,10 @@ def test_steering_by_a_worker_whose_turn_was_taken_over_leases_nothing(stores: S
     assert [(r.message_id, r.taken_over) for r in taken] == [("a1", True)]
     assert j.claim_more("w1", "A", head.message_id, head.seq, T0 + 32) == []
     assert [(r["message_id"], r["status"], r["lease_owner"]) for r in j.rows()] == [
-        ("a1", "processing", "w2"), ("a2", "pending", None), ("a3", "pending", None)]
+        ("a1", "processing", "w2"),
+        ("a2", "pending", None),
+        ("a3", "pending", None),
+    ]
     assert [r.message_id for r in j.claim_more("w2", "A", "a1", head.seq, T0 + 32)] == ["a2", "a3"]
 
 
@@ -356,16 +409,14 @@ def test_steering_leaves_a_suspect_row_for_a_turn_of_its_own(stores: Stores) -> 
     j.retry("w1", "a0", "boom", T0, permanent=True)
     send(j, "a1", "A")
     assert [r.message_id for r in j.claim("w0", T0, lease=30).rows] == ["a1"]
-    assert [(r.message_id, r.taken_over) for r in j.claim("w2", T0 + 31).rows] == [
-        ("a1", True)]
+    assert [(r.message_id, r.taken_over) for r in j.claim("w2", T0 + 31).rows] == [("a1", True)]
     j.hand_back("w2", ["a1"], T0 + 32)
     j.requeue("a0", T0 + 33)
     [head] = j.claim("w3", T0 + 34).rows
     assert (head.message_id, head.taken_over) == ("a0", False)
     assert j.claim_more("w3", "A", "a0", head.seq, T0 + 34) == []
     j.complete_turn("w3", "A", ["a0"], [], T0 + 35, next_lease=30.0)
-    assert [(r.message_id, r.taken_over) for r in j.claim("w3", T0 + 36).rows] == [
-        ("a1", True)]
+    assert [(r.message_id, r.taken_over) for r in j.claim("w3", T0 + 36).rows] == [("a1", True)]
 
 
 def test_a_turn_takes_one_named_row_only_while_it_holds_its_own(stores: Stores) -> None:
@@ -393,13 +444,16 @@ def test_a_turn_takes_one_named_row_only_while_it_holds_its_own(stores: Stores) 
     j.complete_turn("w2", "A", ["a1", "a3"], [], T0 + 33)
     states = {r["message_id"]: (r["status"], r["lease_owner"]) for r in j.rows()}
     assert (states["a1"], states["a2"], states["a3"]) == (
-        ("delivered", None), ("pending", None), ("delivered", None))
-
+        ("delivered", None),
+        ("pending", None),
+        ("delivered", None),
+    )
 
 
 @pytest.mark.parametrize("text", ["a\ud800", "a\x00"], ids=["surrogate", "nul"])
 def test_text_the_database_cannot_hold_fails_as_a_kinbox_error_writing_nothing(
-        stores: Stores, text: str) -> None:
+    stores: Stores, text: str
+) -> None:
     """A lone surrogate has no UTF-8 and PostgreSQL's text holds no NUL. The driver
     refuses such a value before the database sees it, with a bare ``UnicodeEncodeError``
     or ``ValueError``; the same value sent in a batch's JSON was refused by the server as
@@ -412,11 +466,11 @@ def test_text_the_database_cannot_hold_fails_as_a_kinbox_error_writing_nothing(
     [row] = j.claim("w", T0).rows
     attempts = [
         lambda: j.enqueue(NewMessage("m2", "s2", text), T0),
-        lambda: j.enqueue_many([NewMessage("m2", "s2", "ok"), NewMessage("m3", "s2", text)],
-                               T0),
+        lambda: j.enqueue_many([NewMessage("m2", "s2", "ok"), NewMessage("m3", "s2", text)], T0),
         lambda: j.complete_turn("w", "s1", ["m1"], [TurnEntry("assistant", text)], T0),
-        lambda: j.complete_turn("w", "s1", ["m1"], [TurnEntry("assistant", text)], T0,
-                                also=[lambda: None]),
+        lambda: j.complete_turn(
+            "w", "s1", ["m1"], [TurnEntry("assistant", text)], T0, also=[lambda: None]
+        ),
         lambda: j.retry("w", "m1", f"boom {text}", T0),
     ]
     for attempt in attempts:
@@ -424,5 +478,6 @@ def test_text_the_database_cannot_hold_fails_as_a_kinbox_error_writing_nothing(
             attempt()
         assert refused.value.kind == "DataError"
     assert [(r["message_id"], r["status"]) for r in j.rows()] == [("m1", "processing")]
-    assert j.complete_turn("w", "s1", [row.message_id], [TurnEntry("assistant", "ok")],
-                           T0) is None  # the fence and the row are as they were
+    assert (
+        j.complete_turn("w", "s1", [row.message_id], [TurnEntry("assistant", "ok")], T0) is None
+    )  # the fence and the row are as they were

@@ -51,9 +51,24 @@ PURE_MODULES = [
 ]
 """Modules that hold rules only: time and randomness come in as arguments."""
 
-IMPURE_IMPORTS = {"threading", "socket", "time", "datetime", "random", "sqlite3", "peewee",
-                  "playhouse", "psycopg2", "asyncio", "pykka", "websockets", "uuid", "os",
-                  "subprocess", "concurrent"}
+IMPURE_IMPORTS = {
+    "threading",
+    "socket",
+    "time",
+    "datetime",
+    "random",
+    "sqlite3",
+    "peewee",
+    "playhouse",
+    "psycopg2",
+    "asyncio",
+    "pykka",
+    "websockets",
+    "uuid",
+    "os",
+    "subprocess",
+    "concurrent",
+}
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:
@@ -73,14 +88,18 @@ def test_setup_cfg_lists_every_package_folder_and_maps_it() -> None:
     cfg.read(ROOT / "setup.cfg")
     listed = set(cfg["options"]["packages"].split())
     # Each top folder's own walk: a hidden one (.venv, .hypothesis) may change meanwhile.
-    folders = {f"kinbox.{p.parent.relative_to(ROOT).as_posix().replace('/', '.')}"
-               for top in ROOT.iterdir() if top.is_dir() and not top.name.startswith(".")
-               for p in top.glob("**/__init__.py")
-               if p.parent.relative_to(ROOT).parts[0] in PACKAGES}
+    folders = {
+        f"kinbox.{p.parent.relative_to(ROOT).as_posix().replace('/', '.')}"
+        for top in ROOT.iterdir()
+        if top.is_dir() and not top.name.startswith(".")
+        for p in top.glob("**/__init__.py")
+        if p.parent.relative_to(ROOT).parts[0] in PACKAGES
+    }
     assert listed == folders == {f"kinbox.{p}" for p in PACKAGES}
     mapping = dict(line.split("=") for line in cfg["options"]["package_dir"].split("\n") if line)
     assert {k.strip(): v.strip() for k, v in mapping.items()} == {
-        f"kinbox.{p}": p for p in PACKAGES}
+        f"kinbox.{p}": p for p in PACKAGES
+    }
     for package in PACKAGES:
         assert (ROOT / package / "py.typed").exists()
 
@@ -104,7 +123,8 @@ def test_packages_import_each_other_only_relatively(package: str) -> None:
         for level, module in imports_of(path):
             if level == 0:
                 assert module.split(".")[0] not in (*PACKAGES, "kinbox"), (
-                    f"{package}/{path.name} imports {module} absolutely")
+                    f"{package}/{path.name} imports {module} absolutely"
+                )
 
 
 @pytest.mark.parametrize("module", PURE_MODULES)
@@ -115,13 +135,16 @@ def test_pure_modules_import_no_threads_sockets_clocks_or_database(module: str) 
         else:  # errors, or another pure module of the same package
             package = module.split("/")[0]
             assert name.split(".")[0] in ("errors", "") or (
-                f"{package}/{name}.py" in PURE_MODULES), f"{module} imports .{name}"
+                f"{package}/{name}.py" in PURE_MODULES
+            ), f"{module} imports .{name}"
 
 
-FRAMEWORK_ADAPTERS = {"pydantic_ai": "actors/pydantic_ai_brain.py",
-                      "agents": "actors/openai_agents_brain.py",
-                      "autogen_core": "actors/autogen_brain.py",
-                      "autogen_ext": "actors/autogen_brain.py"}
+FRAMEWORK_ADAPTERS = {
+    "pydantic_ai": "actors/pydantic_ai_brain.py",
+    "agents": "actors/openai_agents_brain.py",
+    "autogen_core": "actors/autogen_brain.py",
+    "autogen_ext": "actors/autogen_brain.py",
+}
 """Each optional agent framework (its top-level package) and the one module that imports it."""
 
 
@@ -133,8 +156,7 @@ def test_an_agent_framework_is_imported_by_its_adapter_module_only() -> None:
             for level, name in imports_of(path):
                 framework = name.split(".")[0]
                 if level == 0 and framework in FRAMEWORK_ADAPTERS:
-                    assert FRAMEWORK_ADAPTERS[framework] == module, \
-                        f"{module} imports {name}"
+                    assert FRAMEWORK_ADAPTERS[framework] == module, f"{module} imports {name}"
 
 
 def test_public_names_exist() -> None:
@@ -158,6 +180,5 @@ def test_the_code_is_ruff_clean() -> None:
     ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
     if not Path(ruff).exists():
         pytest.skip("ruff is not installed (it comes with the test extra)")
-    result = subprocess.run([ruff, "check", str(ROOT)], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run([ruff, "check", str(ROOT)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout[-4000:]
