@@ -5,7 +5,9 @@ otherwise by its type (never by its text):
 
 - :class:`~.errors.PermanentFailure`: no further attempt (the row ends ``failed``);
 - :class:`~.errors.RetryLater`: the next attempt no sooner than ``retry_after`` seconds
-  (capped at :data:`RETRY_AFTER_MAX`), still counted as an attempt.
+  (capped at :data:`RETRY_AFTER_MAX`), still counted as an attempt. So does a
+  :class:`~.errors.ToolError` with a ``retry_after`` (a family send's rate limit) that the
+  brain let escape: its retry repeats the send, which the limit would refuse sooner.
 
 An exception raised ``from`` one of them (its ``__cause__``, followed down the chain)
 counts as it: a brain that wraps a model client's error keeps its meaning. An implicit
@@ -20,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import PermanentFailure, RetryLater
+from .errors import PermanentFailure, RetryLater, ToolError
 
 RETRY_AFTER_MAX = 3600.0
 """The longest wait a ``retry_after`` gets, in seconds: a server asking for a day does not
@@ -62,7 +64,9 @@ def _classify(error: BaseException | None, depth: int) -> FailureKind | None:
             return None
         if isinstance(error, PermanentFailure):
             return FailureKind(permanent=True)
-        if isinstance(error, RetryLater):
+        if isinstance(error, RetryLater) or (
+            isinstance(error, ToolError) and error.retry_after is not None
+        ):
             return FailureKind(retry_after=clamp_retry_after(error.retry_after))
         if isinstance(error, BaseExceptionGroup):
             return _of_group(error, depth + 1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kinbox.actors import PermanentFailure, RetryLater, cron_rules
+from kinbox.actors import PermanentFailure, RetryLater, ToolError, cron_rules
 from kinbox.actors import delivery as dp
 from kinbox.actors.brain_failure import (
     ORDINARY,
@@ -51,6 +51,14 @@ CLASSIFIED: list[tuple[str, BaseException | None, FailureKind]] = [
         FailureKind(retry_after=7.0),
     ),
     ("only in the context", in_context_of(ValueError("x"), PermanentFailure("k")), ORDINARY),
+    # A family send's rate limit the brain let escape: its attempt waits as long as the
+    # refusal said (the retry repeats the send, which the limit would refuse sooner).
+    (
+        "rate-limited tool call",
+        ToolError("execution_failed", "Rate limit: retry in 12.0s.", retry_after=12.0),
+        FailureKind(retry_after=12.0),
+    ),
+    ("other tool refusal", ToolError("invalid_argument", "bad id"), ORDINARY),
     (
         "the outermost wins",
         caused_by(RetryLater(5), PermanentFailure("k")),
