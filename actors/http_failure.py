@@ -3,6 +3,7 @@
 
 - :func:`retry_after_seconds`: the wait a ``Retry-After`` header asks (seconds, or an
   HTTP date measured from ``now``);
+- :func:`fallback_failure`: the same for a fallback chain of models that all failed;
 - :func:`model_http_failure`: a model API's error status as kinbox's brain failure
   (:mod:`.brain_failure`), what the framework brains raise ``from`` their client's error:
   400, 401, 403, 404 and 422 cannot heal by waiting (a bad key, a refused or malformed
@@ -70,4 +71,21 @@ def model_http_failure(
         return RetryLater(
             retry_after, f"{what} answered HTTP {status} and asked to wait {retry_after:g} s"
         )
+    return None
+
+
+def fallback_failure(
+    failures: list[PermanentFailure | RetryLater | None], what: str
+) -> PermanentFailure | RetryLater | None:
+    """The brain failure of a fallback chain whose every model failed, from each model's own
+    (:func:`model_http_failure`, None for an ordinary error): for good only when every one
+    is (the chain is there to get past a model that refused), else the shortest wait one
+    asked (the first model ready again may answer), else None (an ordinary failed
+    attempt). Unlike a task group, whose every part must succeed, one model is enough."""
+    if failures and all(isinstance(f, PermanentFailure) for f in failures):
+        return PermanentFailure(f"every model of {what} answered for good")
+    waits = [f.retry_after for f in failures if isinstance(f, RetryLater)]
+    if waits:
+        return RetryLater(min(waits), f"every model of {what} failed; the first asked to "
+                          f"wait {min(waits):g} s")
     return None

@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic_ai import RunContext, Tool
 from pydantic_ai.agent import AbstractAgent
-from pydantic_ai.exceptions import ModelHTTPError
+from pydantic_ai.exceptions import FallbackExceptionGroup, ModelHTTPError
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -56,7 +56,7 @@ from .framework_turns import (
     reply_with,
     until_stopped,
 )
-from .http_failure import model_http_failure
+from .http_failure import fallback_failure, model_http_failure
 from .tool_schemas import object_arguments
 from .turn import Turn
 from .turn_history import DEFAULT_HISTORY
@@ -184,6 +184,19 @@ def pydantic_ai_brain(
             if failure is None:
                 raise
             raise failure from exc
+        except FallbackExceptionGroup as group:  # a FallbackModel's: every model failed
+            failure = fallback_failure(
+                [
+                    model_http_failure(e.status_code, e.retry_after, "the model API")
+                    if isinstance(e, ModelHTTPError)
+                    else None
+                    for e in group.exceptions
+                ],
+                "the FallbackModel",
+            )
+            if failure is None:
+                raise
+            raise failure from group
         if not stopped and result is not None:
             reply_with(turn, result.output)
 

@@ -131,6 +131,42 @@ def test_pydantic_ai_model_http_errors(
     assert "ModelHTTPError: status_code: " in row["last_error"]  # the cause, kept
 
 
+@pytest.mark.parametrize(("answers", "row_status", "wait"), [
+    ([(401, {}), (403, {})], "failed", None),
+    ([(401, {}), (429, {"retry-after": "120"})], "pending", 120.0),
+    ([(429, {"retry-after": "30"}), (503, {"retry-after": "90"})], "pending", 30.0),
+    ([(401, {}), (500, {})], "pending", 2.0),
+], ids=["every model refused", "one asked to wait", "the shortest wait", "one plain error"])
+def test_pydantic_ai_fallback_model_errors(
+    make_runtime: MakeRuntime,
+    answers: list[tuple[int, dict[str, str]]],
+    row_status: str,
+    wait: float | None,
+) -> None:
+    """A ``FallbackModel`` whose every model failed raises a group of their
+    ``ModelHTTPError``s, which the mapping of one error let through as an ordinary failure.
+    The group is for good only when every model's answer is (a fallback model is there to
+    get past one that refused), else it waits for the first model that asked to wait."""
+    pytest.importorskip("pydantic_ai", reason="the pydantic-ai extra is not installed")
+    from pydantic_ai import Agent
+    from pydantic_ai.exceptions import ModelHTTPError
+    from pydantic_ai.messages import ModelMessage, ModelResponse
+    from pydantic_ai.models.fallback import FallbackModel
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from kinbox.actors.pydantic_ai_brain import pydantic_ai_brain
+
+    def failing(status: int, headers: dict[str, str]) -> FunctionModel:
+        def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            raise ModelHTTPError(status, f"model-{status}", {"error": "no"}, headers=headers)
+        return FunctionModel(model)
+
+    fallback = FallbackModel(*(failing(status, headers) for status, headers in answers))
+    rt = make_runtime(brain=pydantic_ai_brain(Agent(fallback)))
+    row = one_turn(rt)
+    assert_row(row, row_status, 1, wait, kind_of(row_status, wait))
+
+
 @pytest.mark.parametrize("status, headers, row_status, attempts, wait", PARAMS, ids=IDS)
 def test_openai_agents_sdk_openai_client_errors(
     make_runtime: MakeRuntime,
