@@ -4,17 +4,18 @@ The session's kinbox tools become the agent's ``FunctionTool``s, built from the 
 Schemas a model sees (``turn.tools.schemas()``) and run through ``turn.tools.call``: a
 model-issued ``agent_send`` is committed to the journal like any other, its arguments
 checked by kinbox's rules, and a refusal (or arguments that are not JSON) comes back to
-the model as ``{"error", "message"}`` it can act on. The SDK runs the function calls of
-one response at once; kinbox has them run one at a time, in the model's order (so two
-``agent_send``s reach their target in that order), unless the caller's ``run_config``
-sets its own ``tool_execution.max_function_tool_concurrency``: the SDK has no such
-switch per tool, so that is every function tool's. A call of a tool the agent lacks is
-answered to the model too (``tool_not_found_behavior="return_error_to_model"``), not a
-failed run. The turn's prompt and reply are those of every adapter (``framework_turns``); the
-session's earlier conversation (``history=``, the newest 20 visible entries by default)
-comes before the prompt as the run's input items (``{"role": "user" | "assistant",
-"content": ...}``);
-a caller's stop cancels the run at once (the runtime's own stop lets it finish within
+the model as ``{"error", "message"}`` it can act on. Every agent the top one can hand
+off to, recursively, runs as a clone with these tools too (:class:`_Equipped`). The SDK
+runs the function calls of one response at once; kinbox has them run one at a time, in
+the model's order (so two ``agent_send``s reach their target in that order), unless the
+caller's ``run_config`` sets its own ``tool_execution.max_function_tool_concurrency``:
+the SDK has no such switch per tool, so that is every function tool's. A call of a tool
+the agent lacks is answered to the model too
+(``tool_not_found_behavior="return_error_to_model"``), not a failed run. The turn's
+prompt and reply are those of every adapter (``framework_turns``); the session's earlier
+conversation (``history=``, the newest 20 visible entries by default) comes before the
+prompt as the run's input items (``{"role": "user" | "assistant", "content": ...}``); a
+caller's stop cancels the run at once (the runtime's own stop lets it finish within
 ``stop_grace``).
 
 Nothing leaves the machine unless configured: the SDK traces every run and, by default,
@@ -31,10 +32,12 @@ imported here only, never on kinbox's core path.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable
 from typing import Any
 
-from agents import Agent, FunctionTool, RunConfig, Runner, ToolExecutionConfig
+from agents import Agent, FunctionTool, RunConfig, RunContextWrapper, Runner, ToolExecutionConfig
+from agents.handoffs import Handoff
 from agents.tool_context import ToolContext
 
 from .framework_turns import (
@@ -80,6 +83,55 @@ def _invoker(turn: Turn, name: str) -> Callable[[ToolContext[Any], str], Any]:
     return invoke
 
 
+class _Equipped:
+    """Clones of the user's agents, each with the kinbox tools added to its own: the top
+    agent and every agent reachable from it by handoff, so a model handed off to can still
+    ``agent_send``. Each agent is cloned once (a handoff cycle ends at the clone already
+    made) and the user's agents and ``Handoff``s are never changed."""
+
+    def __init__(self, tools: list[FunctionTool]) -> None:
+        self.tools = tools
+        # Keyed by id(); the original is kept alive beside its clone so an id is never reused.
+        self.clones: dict[int, tuple[Agent[Any], Agent[Any]]] = {}
+
+    def agent(self, agent: Agent[Any]) -> Agent[Any]:
+        known = self.clones.get(id(agent))
+        if known is not None:
+            return known[1]
+        handoffs: list[Any] = []
+        clone = agent.clone(tools=[*agent.tools, *self.tools], handoffs=handoffs)
+        self.clones[id(agent)] = (agent, clone)  # before the handoffs: they may lead back here
+        handoffs.extend(self._handoff(h) for h in agent.handoffs)
+        return clone
+
+    def _handoff(self, entry: Any) -> Any:
+        if isinstance(entry, Agent):
+            return self.agent(entry)
+        if not isinstance(entry, Handoff):
+            return entry
+        # The SDK runs the agent ``on_invoke_handoff`` returns: that of ``handoff(agent)`` is
+        # the user's agent, that of a Handoff of one's own may be any agent, built at the
+        # call. Either is swapped for its clone as it comes back.
+        original = entry.on_invoke_handoff
+
+        async def invoke(context: RunContextWrapper[Any], arguments: str) -> Agent[Any]:
+            return self.agent(await original(context, arguments))
+
+        wrapped: Handoff[Any, Any] = dataclasses.replace(entry, on_invoke_handoff=invoke)
+        # ``replace`` leaves out the SDK's weak reference to the target (not an init field),
+        # which it reads for the target's tool set-up before the handoff runs.
+        target = entry._agent_ref() if entry._agent_ref is not None else None
+        if isinstance(target, Agent):
+            wrapped._agent_ref = weakref.ref(self.agent(target))
+        return wrapped
+
+
+def with_kinbox_tools(agent: Agent[Any], turn: Turn) -> Agent[Any]:
+    """A clone of ``agent`` with the turn's kinbox tools, as is every agent it can hand off
+    to (``handoffs=[other]`` or ``handoff(other)``, recursively); ``agent`` is unchanged."""
+    return _Equipped(kinbox_tools(turn)).agent(agent)
+
+
 def _kinbox_tool_rules(config: RunConfig) -> RunConfig:
     """``config`` with the SDK's tool calls run as kinbox runs a model's: one function call
     at a time, in the model's order (each kinbox call committed before the next), unless it
@@ -120,7 +172,7 @@ def openai_agents_brain(
 
     async def brain(turn: Turn) -> None:
         agent = agent_for if isinstance(agent_for, Agent) else agent_for(turn)
-        agent = agent.clone(tools=[*agent.tools, *kinbox_tools(turn)])
+        agent = with_kinbox_tools(agent, turn)
         earlier = await history_for(turn, size)
         prompt = await prompt_for(turn)
         given: str | list[Any] = prompt

@@ -18,7 +18,7 @@ pytest.importorskip("agents", reason="the openai-agents extra is not installed")
 
 from agents import Agent, Model, ModelResponse, ModelSettings, Tool, Usage
 from agents.agent_output import AgentOutputSchemaBase
-from agents.handoffs import Handoff
+from agents.handoffs import Handoff, handoff
 from agents.items import TResponseInputItem, TResponseOutputItem, TResponseStreamEvent
 from agents.models.interface import ModelTracing
 from agents.tracing import Span, Trace, TracingProcessor, setup
@@ -393,3 +393,73 @@ def test_a_call_of_a_tool_the_agent_lacks_comes_back_to_the_model(
     assert len(read_back) == 1 and "schedule_wakeup" in read_back[0]
     assert (rt.inbox()[0]["status"], rt.inbox()[0]["attempts"]) == ("delivered", 0)
     assert rt.transcript(me)[-1].text == "no wake-ups for me, then"
+
+
+def own_handoff(agent: Agent[Any]) -> Handoff[Any, Any]:
+    """A ``Handoff`` of one's own, no ``handoff()``: the SDK knows its agent only once its
+    ``on_invoke_handoff`` returns it."""
+
+    async def invoke(context: Any, arguments: str) -> Agent[Any]:
+        return agent
+
+    return Handoff(
+        tool_name=Handoff.default_tool_name(agent),
+        tool_description=f"Hand off to {agent.name}",
+        input_json_schema={},
+        on_invoke_handoff=invoke,
+        agent_name=agent.name,
+    )
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "as_handoff", [lambda a: a, handoff, own_handoff], ids=["agent", "handoff()", "Handoff"]
+)
+def test_an_agent_handed_off_to_has_kinbox_tools_too(
+    make_runtime: MakeRuntime, as_handoff: Callable[[Agent[Any]], Any]
+) -> None:
+    """Only the top agent was given kinbox's tools: the agent Alice's model handed off to
+    (``handoffs=[desk]``, ``handoff(desk)``, a ``Handoff`` of one's own) had no
+    ``agent_send``, so its call came back as a tool not found and nothing reached Bob.
+    Every agent reachable by handoff has them now, each cloned once (the desk hands back
+    to Alice: a cycle), the user's agents unchanged."""
+    ids: dict[str, str] = {}
+    desk_tools: list[list[str]] = []
+
+    async def alice_model(
+        items: list[TResponseInputItem], tools: list[str]
+    ) -> list[TResponseOutputItem]:
+        return [call("transfer_to_review_desk", {}, "handoff-1")]
+
+    async def desk_model(
+        items: list[TResponseInputItem], tools: list[str]
+    ) -> list[TResponseOutputItem]:
+        desk_tools.append(sorted(tools))
+        sent = [i for i in items if isinstance(i, dict) and i.get("call_id") == "send-1"]
+        if len(sent) < 2:  # the call alone, no output of it yet
+            send = {"agent_id": ids["bob"], "message": "Please review PR 12"}
+            return [call("agent_send", send, "send-1")]
+        return [say("asked Bob")]
+
+    async def bob_model(
+        items: list[TResponseInputItem], tools: list[str]
+    ) -> list[TResponseOutputItem]:
+        return [say("PR 12 looks good")]
+
+    desk = Agent(name="Review desk", model=ScriptModel(desk_model))
+    alice = Agent(name="Alice", model=ScriptModel(alice_model), handoffs=[as_handoff(desk)])
+    desk.handoffs = [as_handoff(alice)]
+    given = (alice.handoffs[0], desk.handoffs[0])
+    bob = Agent(name="Bob", model=ScriptModel(bob_model))
+
+    def agent_for(turn: Turn) -> Agent[Any]:
+        return alice if turn.session_id == ids["alice"] else bob
+
+    rt = make_runtime(brain=openai_agents_brain(agent_for))
+    pr_review_family(rt, ids)
+    ask_for_review(rt, ids)
+
+    assert "agent_send" in desk_tools[0]
+    assert_reviewed(rt, ids, "asked Bob")
+    assert (alice.tools, desk.tools) == ([], [])
+    assert alice.handoffs[0] is given[0] and desk.handoffs[0] is given[1]
