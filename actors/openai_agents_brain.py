@@ -120,7 +120,9 @@ class _Equipped:
         wrapped: Handoff[Any, Any] = dataclasses.replace(entry, on_invoke_handoff=invoke)
         # ``replace`` leaves out the SDK's weak reference to the target (not an init field),
         # which it reads for the target's tool set-up before the handoff runs.
-        target = entry._agent_ref() if entry._agent_ref is not None else None
+        # A private attribute: an SDK without it resolves the target at the call alone.
+        ref = getattr(entry, "_agent_ref", None)
+        target = ref() if ref is not None else None
         if isinstance(target, Agent):
             wrapped._agent_ref = weakref.ref(self.agent(target))
         return wrapped
