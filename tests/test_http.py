@@ -35,23 +35,27 @@ class Served:
     """A uvicorn server running an ASGI app in a thread."""
 
     def __init__(self, app: Any) -> None:
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
-                                                    log_level="warning", lifespan="off"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         wait_for(lambda: self.server.started, what="uvicorn to start")
         self.port = self.server.servers[0].sockets[0].getsockname()[1]
 
-    def request(self, method: str, path: str, headers: dict[str, str] | None = None,
-                timeout: float = 10) -> tuple[int, Any]:
+    def request(
+        self, method: str, path: str, headers: dict[str, str] | None = None, timeout: float = 10
+    ) -> tuple[int, Any]:
         status, _, body = self.exchange(method, path, headers, timeout)
         return status, body
 
-    def exchange(self, method: str, path: str, headers: dict[str, str] | None = None,
-                 timeout: float = 10) -> tuple[int, Any, Any]:
+    def exchange(
+        self, method: str, path: str, headers: dict[str, str] | None = None, timeout: float = 10
+    ) -> tuple[int, Any, Any]:
         """Status, response headers and the decoded body (text when it is not JSON)."""
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method,
-                                     headers=headers or {})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}", method=method, headers=headers or {}
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return resp.status, resp.headers, json.loads(resp.read())
@@ -75,8 +79,9 @@ def served(make_runtime: MakeRuntime, tmp_path: Path) -> Iterator[tuple[Served, 
     srv.close()
 
 
-def test_get_focal_creates_the_chat_and_reports_counts(served: tuple[Served, Runtime],
-                                                       clock: ManualClock) -> None:
+def test_get_focal_creates_the_chat_and_reports_counts(
+    served: tuple[Served, Runtime], clock: ManualClock
+) -> None:
     srv, rt = served
     web = rt.create_project("web")
     s = rt.create_session(web.id, "Docs")
@@ -89,12 +94,16 @@ def test_get_focal_creates_the_chat_and_reports_counts(served: tuple[Served, Run
     assert rt.focal.exists()
     assert body["chat_id"] == FOCAL_ID and body["title"] == "SUZENT"
     assert (body["waiting"], body["waiting_by_project"], body["waiting_by_chat"]) == (
-        1, {"web": 1}, {s.id: 1})
+        1,
+        {"web": 1},
+        {s.id: 1},
+    )
     assert {"stalled", "auto_running", "unread", "last_message"} <= set(body)
 
 
-def test_panel_lists_the_fixed_tools_and_wakeups(served: tuple[Served, Runtime],
-                                                 clock: ManualClock) -> None:
+def test_panel_lists_the_fixed_tools_and_wakeups(
+    served: tuple[Served, Runtime], clock: ManualClock
+) -> None:
     srv, rt = served
     rt.get_or_create_focal_chat()
     rt.tools_for(FOCAL_ID).schedule_wakeup("reminder", at=clock.now() + 600, note="tea")
@@ -104,8 +113,9 @@ def test_panel_lists_the_fixed_tools_and_wakeups(served: tuple[Served, Runtime],
     assert [w["note"] for w in body["wakeups"]] == ["tea"]
 
 
-def test_delete_cancels_only_focals_own_wakeups(served: tuple[Served, Runtime],
-                                                clock: ManualClock) -> None:
+def test_delete_cancels_only_focals_own_wakeups(
+    served: tuple[Served, Runtime], clock: ManualClock
+) -> None:
     srv, rt = served
     rt.get_or_create_focal_chat()
     job = rt.tools_for(FOCAL_ID).schedule_wakeup("check", at=clock.now() + 60)["job_id"]
@@ -147,8 +157,7 @@ def test_the_root_lists_the_routes(served: tuple[Served, Runtime]) -> None:
     assert routes["/focal/notifications/read"] == ["POST"]
 
 
-def test_the_root_says_what_every_cron_and_peer_route_is(served: tuple[Served, Runtime]
-                                                         ) -> None:
+def test_the_root_says_what_every_cron_and_peer_route_is(served: tuple[Served, Runtime]) -> None:
     """A reader of GET / saw the cron routes with an empty "about", and the peer
     endpoints not at all (a plain request to them is a 426, not a 404)."""
     srv, _ = served
@@ -161,8 +170,9 @@ def test_the_root_says_what_every_cron_and_peer_route_is(served: tuple[Served, R
     assert routes["/peers/link"]["methods"] == ["GET"]  # a websocket upgrade
 
 
-def test_healthz_reports_each_check(make_runtime: MakeRuntime, tmp_path: Path,
-                                    any_db_url: str) -> None:
+def test_healthz_reports_each_check(
+    make_runtime: MakeRuntime, tmp_path: Path, any_db_url: str
+) -> None:
     delivering = make_runtime(db=any_db_url, data_dir=tmp_path / "data", brain=quiet_brain)
     srv = Served(app_for(delivering))
     try:
@@ -171,12 +181,17 @@ def test_healthz_reports_each_check(make_runtime: MakeRuntime, tmp_path: Path,
         srv.close()
     assert (status, body["healthy"]) == (200, True)
     assert {name: check["ok"] for name, check in body["checks"].items()} == {
-        "runtime": True, "database": True, "writer": True, "dispatcher": True}
+        "runtime": True,
+        "database": True,
+        "writer": True,
+        "dispatcher": True,
+    }
     assert body["checks"]["dispatcher"]["state"] == "running"
 
 
 def test_healthz_says_send_only_and_503_once_the_runtime_stopped(
-        served: tuple[Served, Runtime]) -> None:
+    served: tuple[Served, Runtime],
+) -> None:
     srv, rt = served
     status, body = srv.request("GET", "/healthz")
     assert status == 200 and body["checks"]["dispatcher"] == {"ok": True, "state": "send-only"}
@@ -195,12 +210,13 @@ def test_a_held_up_writer_does_not_freeze_the_server(served: tuple[Served, Runti
     held = rt._writer.submit(lambda: gate.wait(30))  # the writer thread sits in this op
     answers: list[tuple[int, Any]] = []
     # GET /focal creates the Focal chat: a write, queued behind the held one.
-    slow = threading.Thread(target=lambda: answers.append(srv.request("GET", "/focal",
-                                                                      timeout=40)))
+    slow = threading.Thread(target=lambda: answers.append(srv.request("GET", "/focal", timeout=40)))
     slow.start()
     try:
-        wait_for(lambda: rt._writer is not None and rt._writer.queued() >= 1,
-                 what="GET /focal to wait on the writer")
+        wait_for(
+            lambda: rt._writer is not None and rt._writer.queued() >= 1,
+            what="GET /focal to wait on the writer",
+        )
         began = time.monotonic()
         status, body = srv.request("GET", "/healthz", timeout=15)
         assert time.monotonic() - began < 10
@@ -218,23 +234,28 @@ def test_a_held_up_writer_does_not_freeze_the_server(served: tuple[Served, Runti
 
 @pytest.mark.timeout(90)
 def test_healthz_answers_when_every_worker_thread_waits_on_the_writer(
-        served: tuple[Served, Runtime]) -> None:
+    served: tuple[Served, Runtime],
+) -> None:
     srv, rt = served
     writer = rt._writer
     assert writer is not None
     gate = threading.Event()
     held = writer.submit(lambda: gate.wait(60))
     pool = 40  # anyio's default thread limit, which every other route shares
-    waiting = [threading.Thread(target=srv.request, args=("GET", "/focal"),
-                                kwargs={"timeout": 60}) for _ in range(pool + 5)]
+    waiting = [
+        threading.Thread(target=srv.request, args=("GET", "/focal"), kwargs={"timeout": 60})
+        for _ in range(pool + 5)
+    ]
     for t in waiting:
         t.start()
     try:
         # The first waits on the writer, the others on Focal's lock behind it; anyio
         # starts a thread per concurrent call, and none of these can return.
-        wait_for(lambda: sum(t.name == "AnyIO worker thread"
-                             for t in threading.enumerate()) >= pool, timeout=30,
-                 what="every worker thread to be taken")
+        wait_for(
+            lambda: sum(t.name == "AnyIO worker thread" for t in threading.enumerate()) >= pool,
+            timeout=30,
+            what="every worker thread to be taken",
+        )
         began = time.monotonic()
         status, body = srv.request("GET", "/healthz", timeout=15)
         assert time.monotonic() - began < 10
@@ -258,15 +279,19 @@ def test_focal_status_reads_only_the_last_visible_entry(served: tuple[Served, Ru
     assert srv.request("GET", "/focal")[1]["last_message"]["text"] == "note 299"
 
 
-def test_state_changes_need_the_operator_token_when_one_is_set(make_runtime: MakeRuntime,
-                                                               tmp_path: Path) -> None:
+def test_state_changes_need_the_operator_token_when_one_is_set(
+    make_runtime: MakeRuntime, tmp_path: Path
+) -> None:
     rt = make_runtime(data_dir=tmp_path / "data")
     srv = Served(app_for(rt, operator=OperatorToken.from_secret("s3cret")))
     try:
         read = "/focal/notifications/read"
         status, headers, body = srv.exchange("POST", read, {"X-Kinbox": "1"})
         assert (status, body["error"], headers["WWW-Authenticate"]) == (
-            401, "unauthorized", "Bearer")
+            401,
+            "unauthorized",
+            "Bearer",
+        )
         assert srv.request("POST", read, {"Authorization": "Bearer s3cre"})[0] == 401
         assert srv.request("POST", read, {"Authorization": "Basic s3cret"})[0] == 401
         assert srv.request("POST", read, {"Authorization": "Bearer s3cret"})[0] == 200
@@ -275,7 +300,8 @@ def test_state_changes_need_the_operator_token_when_one_is_set(make_runtime: Mak
 
 
 def test_with_a_token_set_reads_need_it_too_but_the_index_and_healthz(
-        make_runtime: MakeRuntime, tmp_path: Path) -> None:
+    make_runtime: MakeRuntime, tmp_path: Path
+) -> None:
     """A token is set because others can reach the server (it is required off loopback):
     the reads answered anyone, and they hold message bodies (Focal's last message, the
     notifications, cron prompts and results)."""
@@ -283,12 +309,22 @@ def test_with_a_token_set_reads_need_it_too_but_the_index_and_healthz(
     job = rt.cron.add("digest", "0 9 * * *", "the private prompt")["job_id"]
     srv = Served(app_for(rt, operator=OperatorToken.from_secret("s3cret")))
     try:
-        reads = ["/focal", "/focal/panel", "/focal/notifications", "/cron/jobs",
-                 f"/cron/jobs/{job}", f"/cron/jobs/{job}/runs", "/cron/runs"]
+        reads = [
+            "/focal",
+            "/focal/panel",
+            "/focal/notifications",
+            "/cron/jobs",
+            f"/cron/jobs/{job}",
+            f"/cron/jobs/{job}/runs",
+            "/cron/runs",
+        ]
         for path in reads:
             status, headers, body = srv.exchange("GET", path)
             assert (status, body["error"], headers["WWW-Authenticate"]) == (
-                401, "unauthorized", "Bearer"), path
+                401,
+                "unauthorized",
+                "Bearer",
+            ), path
             assert "private" not in json.dumps(body)
             assert srv.request("GET", path, {"Authorization": "Bearer wrong"})[0] == 401
             assert srv.request("GET", path, {"Authorization": "Bearer s3cret"})[0] == 200
@@ -326,8 +362,9 @@ def test_notifications_feed_and_mark_read(served: tuple[Served, Runtime]) -> Non
     assert srv.request("POST", "/focal/notifications/read", {"X-Kinbox": "1"})[1]["unread"] == 0
 
 
-def test_the_app_mounts_into_a_hosts_own_asgi_app(make_runtime: MakeRuntime,
-                                                  tmp_path: Path) -> None:
+def test_the_app_mounts_into_a_hosts_own_asgi_app(
+    make_runtime: MakeRuntime, tmp_path: Path
+) -> None:
     rt = make_runtime(data_dir=tmp_path / "data")
     host = Starlette(routes=[Mount("/kinbox", app=app_for(rt))])
     srv = Served(host)
@@ -342,9 +379,22 @@ def test_the_app_mounts_into_a_hosts_own_asgi_app(make_runtime: MakeRuntime,
 def test_kinbox_serve_binds_loopback_and_answers(tmp_path: Path) -> None:
     env = {**os.environ, "KINBOX_HOME": str(tmp_path)}
     # Port 0, and the port it says: one chosen free here could be taken before it binds.
-    proc = subprocess.Popen([sys.executable, "-m", "kinbox.actors", "serve", "--port", "0",
-                             "--db", f"sqlite:///{tmp_path / 'serve.db'}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kinbox.actors",
+            "serve",
+            "--port",
+            "0",
+            "--db",
+            f"sqlite:///{tmp_path / 'serve.db'}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     try:
         assert proc.stdout is not None
         line = ""
@@ -360,6 +410,7 @@ def test_kinbox_serve_binds_loopback_and_answers(tmp_path: Path) -> None:
                     return r.status == 200
             except OSError:
                 return False
+
         wait_for(answers, timeout=30, what="kinbox serve to answer")
     finally:
         proc.terminate()
@@ -372,6 +423,7 @@ class BrokenBackend:
     def __getattr__(self, name: str) -> Any:
         def fail(*args: object) -> Any:
             raise RuntimeError("database is gone")
+
         return fail
 
 
@@ -386,9 +438,17 @@ def test_a_failing_backend_answers_json_500_and_the_server_keeps_serving() -> No
         srv.close()
 
 
-@pytest.mark.parametrize(("header", "host"), [
-    ("127.0.0.1:8765", "127.0.0.1"), ("Kinbox.Test", "kinbox.test"), ("[::1]:80", "[::1]"),
-    ("[::1]", "[::1]"), ("kinbox.test:", "kinbox.test:"), ("", "")])
+@pytest.mark.parametrize(
+    ("header", "host"),
+    [
+        ("127.0.0.1:8765", "127.0.0.1"),
+        ("Kinbox.Test", "kinbox.test"),
+        ("[::1]:80", "[::1]"),
+        ("[::1]", "[::1]"),
+        ("kinbox.test:", "kinbox.test:"),
+        ("", ""),
+    ],
+)
 def test_host_of_strips_the_port_only(header: str, host: str) -> None:
     assert host_of(header) == host
 
@@ -416,7 +476,8 @@ def test_a_subdomain_pattern_of_a_whole_top_level_domain_is_refused(pattern: str
 
 
 def test_healthz_without_the_token_names_what_failed_but_not_the_drivers_text(
-        make_runtime: MakeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_runtime: MakeRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With a token set, /healthz still answers anyone (a load balancer has no token), and
     its failed checks carried the driver's text (a host, a user, a table) to them."""
     from kinbox.actors import health

@@ -27,7 +27,7 @@ from kinbox.actors import Runtime
 
 from .helpers import end_database_sessions, wait_for
 
-PRODUCT_BRAIN = '''
+PRODUCT_BRAIN = """
 import pathlib
 import threading
 
@@ -48,7 +48,7 @@ def slow(turn):
     # Announce the turn, then hold it far past the runtime's stop timeout.
     pathlib.Path("turn-started").write_text(turn.session_id)
     threading.Event().wait(60)
-'''
+"""
 
 
 class Command:
@@ -56,11 +56,14 @@ class Command:
 
     def __init__(self, cwd: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kinbox.actors", *args], cwd=cwd,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [sys.executable, "-m", "kinbox.actors", *args],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
             # faulthandler: a process that dies of a signal says where each thread was.
-            env={**os.environ, "KINBOX_HOME": str(cwd), "PYTHONFAULTHANDLER": "1",
-                 **(env or {})})
+            env={**os.environ, "KINBOX_HOME": str(cwd), "PYTHONFAULTHANDLER": "1", **(env or {})},
+        )
         self.lines: list[str] = []
         self._queue: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -95,8 +98,7 @@ class Command:
         except subprocess.TimeoutExpired:
             with pytest.raises(AssertionError):
                 self.wait_line("\0never", timeout=0.5)
-            raise AssertionError(f"still running after {timeout}s; output: {self.lines}"
-                                 ) from None
+            raise AssertionError(f"still running after {timeout}s; output: {self.lines}") from None
         with pytest.raises(AssertionError):
             self.wait_line("\0never", timeout=0.5)  # drain what the reader still holds
         if rc < 0:  # no test sends a signal it does not handle: show where it died
@@ -133,10 +135,12 @@ def served_port(cmd: Command) -> int:
     return int(line.split("serving http://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
 
 
-def get(port: int, path: str, method: str = "GET", headers: dict[str, str] | None = None
-        ) -> tuple[int, Any]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
-                                 headers=headers or {})
+def get(
+    port: int, path: str, method: str = "GET", headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", method=method, headers=headers or {}
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, json.loads(resp.read())
@@ -182,7 +186,8 @@ atexit.register(_last)
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("mode", ["send-only", "delivering"])
 def test_serve_stopped_by_a_signal_leaves_no_thread_running_into_finalization(
-        run_kinbox: Any, tmp_path: Path, mode: str) -> None:
+    run_kinbox: Any, tmp_path: Path, mode: str
+) -> None:
     """Threads still running Python (or closing a database connection) while the
     interpreter finalizes can crash it: a rare SIGSEGV at exit. The HTTP thread was never
     waited for (a signal raised inside ``Thread.join`` marks the thread stopped on Python
@@ -195,10 +200,15 @@ def test_serve_stopped_by_a_signal_leaves_no_thread_running_into_finalization(
     args = ["serve", "--port", "0", "--db", url]
     if mode == "delivering":
         args += ["--brain", "product_brain:brain"]
-    cmd = run_kinbox(*args, env={
-        "PYTHONPATH": os.pathsep.join([str(tmp_path / "probe"), str(tmp_path),
-                                       os.environ.get("PYTHONPATH", "")]),
-        "KINBOX_TEST_THREADS_AT_EXIT": str(count)})
+    cmd = run_kinbox(
+        *args,
+        env={
+            "PYTHONPATH": os.pathsep.join(
+                [str(tmp_path / "probe"), str(tmp_path), os.environ.get("PYTHONPATH", "")]
+            ),
+            "KINBOX_TEST_THREADS_AT_EXIT": str(count),
+        },
+    )
     port = served_port(cmd)
     assert get(port, "/healthz")[0] == 200
     cmd.proc.send_signal(signal.SIGTERM)
@@ -208,7 +218,8 @@ def test_serve_stopped_by_a_signal_leaves_no_thread_running_into_finalization(
 
 @pytest.mark.timeout(90)
 def test_serve_without_a_brain_is_send_only_and_leaves_pending_rows_alone(
-        run_kinbox: Any, tmp_path: Path) -> None:
+    run_kinbox: Any, tmp_path: Path
+) -> None:
     url = f"sqlite:///{tmp_path / 'k.db'}"
     session_id = seed_pending(url)
     cmd = run_kinbox("serve", "--port", "0", "--db", url)
@@ -232,7 +243,8 @@ def product_brain(turn: Any) -> None:
 
 @pytest.mark.timeout(120)
 def test_a_send_only_serve_beside_a_products_runtime_answers_none_of_its_messages(
-        run_kinbox: Any, any_db_url: str) -> None:
+    run_kinbox: Any, any_db_url: str
+) -> None:
     with Runtime(db=any_db_url, brain=product_brain) as product:
         project = product.create_project("web")
         sessions = [product.create_session(project.id, f"chat {i}").id for i in range(5)]
@@ -242,8 +254,7 @@ def test_a_send_only_serve_beside_a_products_runtime_answers_none_of_its_message
         for i in range(10):
             product.post(sessions[i % 5], f"q{i}", message_id=f"live-{i}")
         product.run_until_idle(timeout=60)
-        answers = [e.text for s in sessions for e in product.transcript(s)
-                   if e.role == "assistant"]
+        answers = [e.text for s in sessions for e in product.transcript(s) if e.role == "assistant"]
         assert sorted(answers) == sorted(f"product answers q{i}" for i in range(10))
         assert {r["status"] for r in product.inbox()} == {"delivered"}
         assert set(product.marker_counts().values()) == {1}
@@ -268,12 +279,14 @@ def test_serve_with_a_brain_delivers_with_that_brain(run_kinbox: Any, tmp_path: 
 
 @pytest.mark.timeout(90)
 def test_worker_delivers_with_its_brain_and_stops_gracefully_on_sigint(
-        run_kinbox: Any, tmp_path: Path) -> None:
+    run_kinbox: Any, tmp_path: Path
+) -> None:
     url = f"sqlite:///{tmp_path / 'k.db'}"
     session_id = seed_pending(url)
     keys = tmp_path / "shared-key"  # the device key every process on this database uses
-    cmd = run_kinbox("worker", "--db", url, "--brain", "product_brain:brain",
-                     "--data-dir", str(keys))
+    cmd = run_kinbox(
+        "worker", "--db", url, "--brain", "product_brain:brain", "--data-dir", str(keys)
+    )
     cmd.wait_line("delivering")
     wait_for(lambda: delivered(url), timeout=30, what="the worker to deliver")
     assert journal(url, session_id)[1] == ["ping", "pong"]
@@ -286,7 +299,8 @@ def test_worker_delivers_with_its_brain_and_stops_gracefully_on_sigint(
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("command", [["worker"], ["serve", "--port", "0"]])
 def test_a_delivering_process_whose_database_sessions_end_exits_with_one_line(
-        run_kinbox: Any, pg_url: str, command: list[str]) -> None:
+    run_kinbox: Any, pg_url: str, command: list[str]
+) -> None:
     """A PostgreSQL restart ends every session: a worker logged a traceback five times a
     second and never delivered again. It exits 1 now, for its supervisor to restart it."""
     cmd = run_kinbox(*command, "--db", pg_url, "--brain", "product_brain:brain")
@@ -296,15 +310,25 @@ def test_a_delivering_process_whose_database_sessions_end_exits_with_one_line(
     assert "lost the database connection that holds its life lock" in cmd.output
     # Its last word is one line (the dispatcher may log the failed claims before the
     # tick's check of the life lock notices, as it logs any database error).
-    assert cmd.output.strip().splitlines()[-1].startswith(
-        f"kinbox {command[0]}: the runtime is crashed; the journal cannot be read now")
+    assert (
+        cmd.output.strip()
+        .splitlines()[-1]
+        .startswith(f"kinbox {command[0]}: the runtime is crashed; the journal cannot be read now")
+    )
 
 
-@pytest.mark.parametrize("args", [["worker"], ["worker", "--brain", "nope_module:brain"],
-                                  ["worker", "--brain", "no-colon"],
-                                  ["serve", "--brain", "product_brain:missing"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["worker"],
+        ["worker", "--brain", "nope_module:brain"],
+        ["worker", "--brain", "no-colon"],
+        ["serve", "--brain", "product_brain:missing"],
+    ],
+)
 def test_worker_and_serve_refuse_a_missing_or_wrong_brain_as_usage_errors(
-        run_kinbox: Any, tmp_path: Path, args: list[str]) -> None:
+    run_kinbox: Any, tmp_path: Path, args: list[str]
+) -> None:
     cmd = run_kinbox(*args, "--db", f"sqlite:///{tmp_path / 'k.db'}")
     assert cmd.finish() == 2
     assert "--brain" in cmd.output and "Traceback" not in cmd.output
@@ -313,10 +337,12 @@ def test_worker_and_serve_refuse_a_missing_or_wrong_brain_as_usage_errors(
 
 # -- item 4: the first signal stops gracefully, a second at once ------------------------------
 
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("command", ["serve", "worker"])
 def test_the_first_signal_stops_the_running_turn_and_says_what_was_done(
-        run_kinbox: Any, tmp_path: Path, command: str) -> None:
+    run_kinbox: Any, tmp_path: Path, command: str
+) -> None:
     url = f"sqlite:///{tmp_path / 'k.db'}"
     seed_pending(url)
     extra = ["--port", "0"] if command == "serve" else []
@@ -331,7 +357,8 @@ def test_the_first_signal_stops_the_running_turn_and_says_what_was_done(
 
 @pytest.mark.timeout(90)
 def test_a_second_signal_stops_serve_at_once_and_the_journal_keeps_the_row(
-        run_kinbox: Any, tmp_path: Path) -> None:
+    run_kinbox: Any, tmp_path: Path
+) -> None:
     url = f"sqlite:///{tmp_path / 'k.db'}"
     seed_pending(url)
     cmd = run_kinbox("serve", "--port", "0", "--db", url, "--brain", "product_brain:slow")
@@ -351,51 +378,82 @@ def test_a_second_signal_stops_serve_at_once_and_the_journal_keeps_the_row(
 
 # -- item 8: bind first, validate flags, non-loopback only by choice ---------------------------
 
-@pytest.mark.parametrize("args", [["--port", "99999"], ["--port", "-1"], ["--port", "http"],
-                                  ["--host", "0.0.0.0"],
-                                  ["--host", "0.0.0.0", "--allow-host", "kinbox.test"],
-                                  ["--allow-host", "bad host/x"],
-                                  ["--allow-host", "kinbox.test"],
-                                  ["--allow-host", "*"],
-                                  ["--token-file", "/nonexistent/kinbox-token"]])
-def test_serve_rejects_bad_flags_with_a_usage_error(run_kinbox: Any, tmp_path: Path,
-                                                    args: list[str]) -> None:
-    cmd = run_kinbox("serve", *args, "--db", f"sqlite:///{tmp_path / 'k.db'}",
-                     env={"KINBOX_OPERATOR_TOKEN": ""})
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--port", "99999"],
+        ["--port", "-1"],
+        ["--port", "http"],
+        ["--host", "0.0.0.0"],
+        ["--host", "0.0.0.0", "--allow-host", "kinbox.test"],
+        ["--allow-host", "bad host/x"],
+        ["--allow-host", "kinbox.test"],
+        ["--allow-host", "*"],
+        ["--token-file", "/nonexistent/kinbox-token"],
+    ],
+)
+def test_serve_rejects_bad_flags_with_a_usage_error(
+    run_kinbox: Any, tmp_path: Path, args: list[str]
+) -> None:
+    cmd = run_kinbox(
+        "serve", *args, "--db", f"sqlite:///{tmp_path / 'k.db'}", env={"KINBOX_OPERATOR_TOKEN": ""}
+    )
     assert cmd.finish() == 2
     assert "usage:" in cmd.output and "Traceback" not in cmd.output
     assert "serving" not in cmd.output
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("args", "token"), [
-    # An empty bind address binds every interface, then failed as an allowed Host name
-    # with a traceback, the runtime already started.
-    (["--host", "", "--allow-host", "kinbox.test"], "op-secret"),
-    (["--host", "localhost:80", "--allow-host", "kinbox.test"], "op-secret"),
-    (["--host", "*.test", "--allow-host", "kinbox.test"], "op-secret"),
-    # A Host name with a port never matches (the port is not part of the name compared):
-    # it was taken, and every request to that name was a 400.
-    (["--host", "0.0.0.0", "--allow-host", "10.0.0.5:8765"], "op-secret"),
-    (["--host", "0.0.0.0", "--allow-host", "cafe:80"], "op-secret"),
-    # Every name under a top-level domain: any page on a .com domain passed the Host guard.
-    (["--host", "0.0.0.0", "--allow-host", "*.com"], "op-secret"),
-    # An empty path served without a token, as if the flag were not given.
-    (["--token-file", ""], ""),
-    # A token a client cannot send as it is kept: servers read headers as Latin-1, so a
-    # UTF-8 token was never matched (and a control character cannot be sent at all).
-    (["--token-file", "TOKEN_FILE"], ""),
-    ([], "p\u00e4ssw\u00f6rd"),
-    ([], "op\x7fsecret"),
-], ids=["empty-host", "host-with-port", "wildcard-host", "ipv4-with-port", "hex-with-port",
-        "tld-pattern", "empty-token-file", "non-ascii-token-file", "non-ascii-token-env",
-        "control-token"])
+@pytest.mark.parametrize(
+    ("args", "token"),
+    [
+        # An empty bind address binds every interface, then failed as an allowed Host name
+        # with a traceback, the runtime already started.
+        (["--host", "", "--allow-host", "kinbox.test"], "op-secret"),
+        (["--host", "localhost:80", "--allow-host", "kinbox.test"], "op-secret"),
+        (["--host", "*.test", "--allow-host", "kinbox.test"], "op-secret"),
+        # A Host name with a port never matches (the port is not part of the name compared):
+        # it was taken, and every request to that name was a 400.
+        (["--host", "0.0.0.0", "--allow-host", "10.0.0.5:8765"], "op-secret"),
+        (["--host", "0.0.0.0", "--allow-host", "cafe:80"], "op-secret"),
+        # Every name under a top-level domain: any page on a .com domain passed the Host guard.
+        (["--host", "0.0.0.0", "--allow-host", "*.com"], "op-secret"),
+        # An empty path served without a token, as if the flag were not given.
+        (["--token-file", ""], ""),
+        # A token a client cannot send as it is kept: servers read headers as Latin-1, so a
+        # UTF-8 token was never matched (and a control character cannot be sent at all).
+        (["--token-file", "TOKEN_FILE"], ""),
+        ([], "p\u00e4ssw\u00f6rd"),
+        ([], "op\x7fsecret"),
+    ],
+    ids=[
+        "empty-host",
+        "host-with-port",
+        "wildcard-host",
+        "ipv4-with-port",
+        "hex-with-port",
+        "tld-pattern",
+        "empty-token-file",
+        "non-ascii-token-file",
+        "non-ascii-token-env",
+        "control-token",
+    ],
+)
 def test_serve_refuses_an_address_host_or_token_it_could_not_use_as_a_usage_error(
-        run_kinbox: Any, tmp_path: Path, args: list[str], token: str) -> None:
+    run_kinbox: Any, tmp_path: Path, args: list[str], token: str
+) -> None:
     (tmp_path / "token").write_text("s\u00e9same-" + "x" * 8 + "\n", encoding="utf-8")
     args = [str(tmp_path / "token") if a == "TOKEN_FILE" else a for a in args]
-    cmd = run_kinbox("serve", "--port", "0", *args, "--db", f"sqlite:///{tmp_path / 'k.db'}",
-                     env={"KINBOX_OPERATOR_TOKEN": token})
+    cmd = run_kinbox(
+        "serve",
+        "--port",
+        "0",
+        *args,
+        "--db",
+        f"sqlite:///{tmp_path / 'k.db'}",
+        env={"KINBOX_OPERATOR_TOKEN": token},
+    )
     assert cmd.finish(timeout=20) == 2
     assert "usage:" in cmd.output and "Traceback" not in cmd.output
     assert "serving" not in cmd.output
@@ -428,13 +486,24 @@ def test_serve_binds_before_it_says_serving(run_kinbox: Any, tmp_path: Path) -> 
 
 @pytest.mark.timeout(90)
 def test_a_non_loopback_bind_names_its_hosts_and_needs_the_operator_token(
-        run_kinbox: Any, tmp_path: Path) -> None:
+    run_kinbox: Any, tmp_path: Path
+) -> None:
     secret = "op-" + os.urandom(8).hex()
     (tmp_path / "token").write_text(secret + "\n")
     (tmp_path / "token").chmod(0o600)  # as an operator keeps it (else a warning of its own)
-    cmd = run_kinbox("serve", "--host", "0.0.0.0", "--port", "0", "--allow-host", "kinbox.test",
-                     "--token-file", str(tmp_path / "token"),
-                     "--db", f"sqlite:///{tmp_path / 'k.db'}")
+    cmd = run_kinbox(
+        "serve",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "0",
+        "--allow-host",
+        "kinbox.test",
+        "--token-file",
+        str(tmp_path / "token"),
+        "--db",
+        f"sqlite:///{tmp_path / 'k.db'}",
+    )
     port = served_port(cmd)
     warning = cmd.wait_line("WARNING")
     assert "0.0.0.0" in warning and "kinbox.test" in warning
@@ -482,10 +551,15 @@ def test_a_token_file_other_users_may_read_or_write_is_warned_of(
 
 
 @pytest.mark.timeout(60)
-def test_the_operator_token_may_come_from_the_environment(run_kinbox: Any,
-                                                          tmp_path: Path) -> None:
-    cmd = run_kinbox("serve", "--port", "0", "--db", f"sqlite:///{tmp_path / 'k.db'}",
-                     env={"KINBOX_OPERATOR_TOKEN": "env-secret"})
+def test_the_operator_token_may_come_from_the_environment(run_kinbox: Any, tmp_path: Path) -> None:
+    cmd = run_kinbox(
+        "serve",
+        "--port",
+        "0",
+        "--db",
+        f"sqlite:///{tmp_path / 'k.db'}",
+        env={"KINBOX_OPERATOR_TOKEN": "env-secret"},
+    )
     port = served_port(cmd)
     read = "/focal/notifications/read"
     assert get(port, read, "POST", {"X-Kinbox": "1"})[0] == 401

@@ -36,9 +36,11 @@ class OperatorToken:
         if not secret:
             raise ValueError("an operator token cannot be empty")
         if not all(" " <= c <= "~" for c in secret):
-            raise ValueError("an operator token must be printable ASCII (letters, digits, "
-                             "punctuation): a client cannot send any other character in "
-                             "the Authorization header")
+            raise ValueError(
+                "an operator token must be printable ASCII (letters, digits, "
+                "punctuation): a client cannot send any other character in "
+                "the Authorization header"
+            )
         return cls(_digest(secret))
 
     def matches(self, presented: str) -> bool:
