@@ -25,6 +25,7 @@ from kinbox.actors.serve import app_for
 from kinbox.persistence import TurnEntry
 from kinbox.transport import HostGuard, OperatorToken, allowed_name, create_app
 from kinbox.transport.host_guard import host_of
+from kinbox.transport.operator_token import MIN_LENGTH
 
 from .helpers import quiet_brain, wait_for
 
@@ -283,7 +284,7 @@ def test_state_changes_need_the_operator_token_when_one_is_set(
     make_runtime: MakeRuntime, tmp_path: Path
 ) -> None:
     rt = make_runtime(data_dir=tmp_path / "data")
-    srv = Served(app_for(rt, operator=OperatorToken.from_secret("s3cret")))
+    srv = Served(app_for(rt, operator=OperatorToken.from_secret("s3cret-operator-token")))
     try:
         read = "/focal/notifications/read"
         status, headers, body = srv.exchange("POST", read, {"X-Kinbox": "1"})
@@ -293,8 +294,10 @@ def test_state_changes_need_the_operator_token_when_one_is_set(
             "Bearer",
         )
         assert srv.request("POST", read, {"Authorization": "Bearer s3cre"})[0] == 401
-        assert srv.request("POST", read, {"Authorization": "Basic s3cret"})[0] == 401
-        assert srv.request("POST", read, {"Authorization": "Bearer s3cret"})[0] == 200
+        assert srv.request("POST", read, {"Authorization": "Basic s3cret-operator-token"})[0] == 401
+        assert (
+            srv.request("POST", read, {"Authorization": "Bearer s3cret-operator-token"})[0] == 200
+        )
     finally:
         srv.close()
 
@@ -307,7 +310,7 @@ def test_with_a_token_set_reads_need_it_too_but_the_index_and_healthz(
     notifications, cron prompts and results)."""
     rt = make_runtime(brain=quiet_brain, data_dir=tmp_path / "data")
     job = rt.cron.add("digest", "0 9 * * *", "the private prompt")["job_id"]
-    srv = Served(app_for(rt, operator=OperatorToken.from_secret("s3cret")))
+    srv = Served(app_for(rt, operator=OperatorToken.from_secret("s3cret-operator-token")))
     try:
         reads = [
             "/focal",
@@ -327,7 +330,10 @@ def test_with_a_token_set_reads_need_it_too_but_the_index_and_healthz(
             ), path
             assert "private" not in json.dumps(body)
             assert srv.request("GET", path, {"Authorization": "Bearer wrong"})[0] == 401
-            assert srv.request("GET", path, {"Authorization": "Bearer s3cret"})[0] == 200
+            assert (
+                srv.request("GET", path, {"Authorization": "Bearer s3cret-operator-token"})[0]
+                == 200
+            )
         for path in ["/", "/healthz"]:  # what it serves and whether it is up: no secrets
             assert srv.request("GET", path)[0] == 200
         assert srv.request("GET", "/nope")[0] == 404
@@ -338,18 +344,39 @@ def test_with_a_token_set_reads_need_it_too_but_the_index_and_healthz(
 def test_the_bearer_token_may_follow_more_than_one_space() -> None:
     """HTTP puts one or more spaces between scheme and credentials (RFC 9110, 11.4); a
     token after two was refused, though no token starts with a space."""
-    token = OperatorToken.from_secret("s3cret")
-    assert token.allows("Bearer  s3cret") and token.allows("bearer \ts3cret ")
+    token = OperatorToken.from_secret("s3cret-operator-token")
+    assert token.allows("Bearer  s3cret-operator-token") and token.allows(
+        "bearer \ts3cret-operator-token "
+    )
     assert not token.allows("Bearer s3cre") and not token.allows("Bearer  ")
-    assert not token.allows("Bearers3cret") and not token.allows("Basic s3cret")
+    assert not token.allows("Bearers3cret-operator-token") and not token.allows(
+        "Basic s3cret-operator-token"
+    )
 
 
 def test_the_operator_token_keeps_only_a_hash() -> None:
-    token = OperatorToken.from_secret("s3cret")
-    assert "s3cret" not in repr(token) and not hasattr(token, "__dict__")
-    assert token.matches("s3cret") and not token.matches("s3cret ") and not token.matches("")
+    token = OperatorToken.from_secret("s3cret-operator-token")
+    assert "s3cret-operator-token" not in repr(token) and not hasattr(token, "__dict__")
+    assert (
+        token.matches("s3cret-operator-token")
+        and not token.matches("s3cret-operator-token ")
+        and not token.matches("")
+    )
     with pytest.raises(ValueError):
         OperatorToken.from_secret("  ")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "secret", ["abc", "op-secret", "x" * (MIN_LENGTH - 1), " " + "x" * (MIN_LENGTH - 1) + " "]
+)
+def test_an_operator_token_too_short_to_resist_guessing_is_refused(secret: str) -> None:
+    """A 3-letter token was taken: anyone reaching the API could guess it. The error
+    says why and never quotes the token."""
+    with pytest.raises(ValueError) as info:
+        OperatorToken.from_secret(secret)
+    assert str(MIN_LENGTH) in str(info.value) and secret.strip() not in str(info.value)
+    assert OperatorToken.from_secret("x" * MIN_LENGTH).matches("x" * MIN_LENGTH)
 
 
 def test_notifications_feed_and_mark_read(served: tuple[Served, Runtime]) -> None:
@@ -489,14 +516,16 @@ def test_healthz_without_the_token_names_what_failed_but_not_the_drivers_text(
         raise OperationalError('connection to server at "10.0.0.5" failed for user "kinbox"')
 
     monkeypatch.setattr(health.HealthChecks, "_read", failing_read)
-    srv = Served(app_for(rt, operator=OperatorToken.from_secret("s3cret")))
+    srv = Served(app_for(rt, operator=OperatorToken.from_secret("s3cret-operator-token")))
     try:
         status, body = srv.request("GET", "/healthz")
         assert (status, body["checks"]["database"]["ok"]) == (503, False)
         assert "10.0.0.5" not in json.dumps(body)
         assert body["checks"]["database"]["error"] == "OperationalError"
         assert body["checks"]["database"]["error_type"] == "OperationalError"
-        status, body = srv.request("GET", "/healthz", {"Authorization": "Bearer s3cret"})
+        status, body = srv.request(
+            "GET", "/healthz", {"Authorization": "Bearer s3cret-operator-token"}
+        )
         assert "10.0.0.5" in body["checks"]["database"]["error"]  # the operator sees why
         assert body["checks"]["database"]["error_type"] == "OperationalError"
     finally:

@@ -410,22 +410,25 @@ def test_serve_rejects_bad_flags_with_a_usage_error(
     [
         # An empty bind address binds every interface, then failed as an allowed Host name
         # with a traceback, the runtime already started.
-        (["--host", "", "--allow-host", "kinbox.test"], "op-secret"),
-        (["--host", "localhost:80", "--allow-host", "kinbox.test"], "op-secret"),
-        (["--host", "*.test", "--allow-host", "kinbox.test"], "op-secret"),
+        (["--host", "", "--allow-host", "kinbox.test"], "op-secret-0123456789"),
+        (["--host", "localhost:80", "--allow-host", "kinbox.test"], "op-secret-0123456789"),
+        (["--host", "*.test", "--allow-host", "kinbox.test"], "op-secret-0123456789"),
         # A Host name with a port never matches (the port is not part of the name compared):
         # it was taken, and every request to that name was a 400.
-        (["--host", "0.0.0.0", "--allow-host", "10.0.0.5:8765"], "op-secret"),
-        (["--host", "0.0.0.0", "--allow-host", "cafe:80"], "op-secret"),
+        (["--host", "0.0.0.0", "--allow-host", "10.0.0.5:8765"], "op-secret-0123456789"),
+        (["--host", "0.0.0.0", "--allow-host", "cafe:80"], "op-secret-0123456789"),
         # Every name under a top-level domain: any page on a .com domain passed the Host guard.
-        (["--host", "0.0.0.0", "--allow-host", "*.com"], "op-secret"),
+        (["--host", "0.0.0.0", "--allow-host", "*.com"], "op-secret-0123456789"),
         # An empty path served without a token, as if the flag were not given.
         (["--token-file", ""], ""),
         # A token a client cannot send as it is kept: servers read headers as Latin-1, so a
         # UTF-8 token was never matched (and a control character cannot be sent at all).
         (["--token-file", "TOKEN_FILE"], ""),
-        ([], "p\u00e4ssw\u00f6rd"),
-        ([], "op\x7fsecret"),
+        ([], "p\u00e4ssw\u00f6rd-0123456789"),
+        ([], "op\x7fsecret-0123456789"),
+        # A token short enough to guess by trying was taken (any length was).
+        ([], "op-secret"),
+        (["--token-file", "SHORT_TOKEN_FILE"], ""),
     ],
     ids=[
         "empty-host",
@@ -438,13 +441,17 @@ def test_serve_rejects_bad_flags_with_a_usage_error(
         "non-ascii-token-file",
         "non-ascii-token-env",
         "control-token",
+        "short-token-env",
+        "short-token-file",
     ],
 )
 def test_serve_refuses_an_address_host_or_token_it_could_not_use_as_a_usage_error(
     run_kinbox: Any, tmp_path: Path, args: list[str], token: str
 ) -> None:
-    (tmp_path / "token").write_text("s\u00e9same-" + "x" * 8 + "\n", encoding="utf-8")
-    args = [str(tmp_path / "token") if a == "TOKEN_FILE" else a for a in args]
+    (tmp_path / "token").write_text("s\u00e9same-" + "x" * 16 + "\n", encoding="utf-8")
+    (tmp_path / "short").write_text("sesame-short\n", encoding="utf-8")
+    files = {"TOKEN_FILE": str(tmp_path / "token"), "SHORT_TOKEN_FILE": str(tmp_path / "short")}
+    args = [files.get(a, a) for a in args]
     cmd = run_kinbox(
         "serve",
         "--port",
@@ -458,7 +465,7 @@ def test_serve_refuses_an_address_host_or_token_it_could_not_use_as_a_usage_erro
     assert "usage:" in cmd.output and "Traceback" not in cmd.output
     assert "serving" not in cmd.output
     assert not (tmp_path / "k.db").exists()  # refused before anything was opened
-    for secret in ("s\u00e9same", "p\u00e4ssw", "op\x7fsecret"):
+    for secret in ("s\u00e9same", "p\u00e4ssw", "op\x7fsecret", "op-secret", "sesame-short"):
         assert secret not in cmd.output  # the error names where the token came from only
 
 
@@ -558,12 +565,12 @@ def test_the_operator_token_may_come_from_the_environment(run_kinbox: Any, tmp_p
         "0",
         "--db",
         f"sqlite:///{tmp_path / 'k.db'}",
-        env={"KINBOX_OPERATOR_TOKEN": "env-secret"},
+        env={"KINBOX_OPERATOR_TOKEN": "env-secret-0123456789"},
     )
     port = served_port(cmd)
     read = "/focal/notifications/read"
     assert get(port, read, "POST", {"X-Kinbox": "1"})[0] == 401
-    assert get(port, read, "POST", {"Authorization": "Bearer env-secret"})[0] == 200
+    assert get(port, read, "POST", {"Authorization": "Bearer env-secret-0123456789"})[0] == 200
     cmd.proc.send_signal(signal.SIGTERM)
     assert cmd.finish() == 0
-    assert "env-secret" not in cmd.output
+    assert "env-secret-0123456789" not in cmd.output

@@ -13,6 +13,9 @@ import hashlib
 import hmac
 
 BEARER = "bearer"
+#: The fewest characters a token may have: a short one is guessed by trying (a 9-letter
+#: word falls to a dictionary; 16 random hex digits are 64 bits).
+MIN_LENGTH = 16
 
 
 class OperatorToken:
@@ -30,7 +33,8 @@ class OperatorToken:
         :class:`ValueError` (never quoting the secret) when it is empty or holds a
         character other than printable ASCII: a client could not present it. HTTP
         servers read a header's bytes as Latin-1, so a UTF-8 token would never match,
-        and a control character cannot be sent in a header at all.
+        and a control character cannot be sent in a header at all. Also when it is
+        shorter than :data:`MIN_LENGTH`: anyone who reaches the API could guess it.
         """
         secret = secret.strip()
         if not secret:
@@ -40,6 +44,12 @@ class OperatorToken:
                 "an operator token must be printable ASCII (letters, digits, "
                 "punctuation): a client cannot send any other character in "
                 "the Authorization header"
+            )
+        if len(secret) < MIN_LENGTH:
+            raise ValueError(
+                f"an operator token must be at least {MIN_LENGTH} characters: "
+                "a shorter one can be guessed; make one with: "
+                "openssl rand -hex 32"
             )
         return cls(_digest(secret))
 
