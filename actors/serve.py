@@ -99,8 +99,7 @@ class RuntimeHttpBackend:
     def notifications(self) -> dict[str, Any]:
         """The notification feed."""
         with answered(self.rt):
-            return {"notifications": list(self.focal.notifications),
-                    "unread": self.focal.unread}
+            return {"notifications": list(self.focal.notifications), "unread": self.focal.unread}
 
     def mark_read(self) -> None:
         """Clear the unread count."""
@@ -112,8 +111,12 @@ class RuntimeHttpBackend:
         return self.rt.health()
 
 
-def app_for(rt: Runtime, host: str = "127.0.0.1", allowed_hosts: Sequence[str] = (),
-            operator: OperatorToken | None = None) -> Any:
+def app_for(
+    rt: Runtime,
+    host: str = "127.0.0.1",
+    allowed_hosts: Sequence[str] = (),
+    operator: OperatorToken | None = None,
+) -> Any:
     """The HTTP application of a started runtime.
 
     It answers loopback names, ``allowed_hosts``, and the bind address
@@ -124,29 +127,51 @@ def app_for(rt: Runtime, host: str = "127.0.0.1", allowed_hosts: Sequence[str] =
     if host not in WILDCARD_ADDRESSES and host not in hosts:
         hosts.append(host)
     peers = PeerEndpoint(PeerHttpBackend(rt.peers), hosts)
-    return create_app(RuntimeHttpBackend(rt), hosts, operator, peers.routes(),
-                      guarded_routes=cron_social_routes(rt))
+    return create_app(
+        RuntimeHttpBackend(rt),
+        hosts,
+        operator,
+        peers.routes(),
+        guarded_routes=cron_social_routes(rt),
+    )
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``serve``."""
     p = sub.add_parser("serve", help="run the HTTP API (and, with --brain, deliver)")
-    p.add_argument("--host", default="127.0.0.1", type=bind_address,
-                   help="bind address (default 127.0.0.1; anything else needs --allow-host "
-                        "and an operator token)")
-    p.add_argument("--port", type=port_number, default=8765,
-                   help="TCP port (default 8765; 0 picks a free one)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        type=bind_address,
+        help="bind address (default 127.0.0.1; anything else needs --allow-host "
+        "and an operator token)",
+    )
+    p.add_argument(
+        "--port", type=port_number, default=8765, help="TCP port (default 8765; 0 picks a free one)"
+    )
     p.add_argument("--db", type=database_url, help=DB_HELP)
     add_data_dir_flag(p)
-    p.add_argument("--brain", metavar="MODULE:ATTR",
-                   help="deliver with this brain (e.g. myapp.agents:brain); "
-                        "without it the process is send-only")
-    p.add_argument("--allow-host", action="append", type=host_name, default=[], metavar="NAME",
-                   help="a Host name to answer besides loopback (repeatable)")
-    p.add_argument("--token-file", metavar="PATH",
-                   help="file whose first line is the operator token (else "
-                        "$KINBOX_OPERATOR_TOKEN); every call but GET / and /healthz then needs "
-                        "'Authorization: Bearer <token>'")
+    p.add_argument(
+        "--brain",
+        metavar="MODULE:ATTR",
+        help="deliver with this brain (e.g. myapp.agents:brain); "
+        "without it the process is send-only",
+    )
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        type=host_name,
+        default=[],
+        metavar="NAME",
+        help="a Host name to answer besides loopback (repeatable)",
+    )
+    p.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="file whose first line is the operator token (else "
+        "$KINBOX_OPERATOR_TOKEN); every call but GET / and /healthz then needs "
+        "'Authorization: Bearer <token>'",
+    )
     p.set_defaults(handler=handle, parser=p)
 
 
@@ -158,12 +183,13 @@ def _checked(args: argparse.Namespace) -> tuple[Any, OperatorToken | None]:
     except ValueError as exc:
         parser.error(str(exc))
     if not is_loopback(args.host) and not args.allow_host:
-        parser.error(f"--host {args.host} is reachable from other machines: name the Host "
-                     "names to answer with --allow-host NAME (repeatable)")
+        parser.error(
+            f"--host {args.host} is reachable from other machines: name the Host "
+            "names to answer with --allow-host NAME (repeatable)"
+        )
     why = _exposure(args)
     if why and operator is None:
-        parser.error(f"{why}: give an operator token (--token-file PATH or "
-                     "$KINBOX_OPERATOR_TOKEN)")
+        parser.error(f"{why}: give an operator token (--token-file PATH or $KINBOX_OPERATOR_TOKEN)")
     try:
         brain = load_brain(args.brain) if args.brain else None
     except BrainRefError as exc:
@@ -177,8 +203,10 @@ def _exposure(args: argparse.Namespace) -> str | None:
         return f"--host {args.host} is reachable from other machines"
     names = [h for h in args.allow_host if not is_loopback(h)]
     if names:  # a proxy on this machine forwards requests from elsewhere
-        return (f"--allow-host {', '.join(names)} answers requests that come from other "
-                "machines through a proxy")
+        return (
+            f"--allow-host {', '.join(names)} answers requests that come from other "
+            "machines through a proxy"
+        )
     return None
 
 
@@ -232,8 +260,9 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
     try:
         sock = bind(args.host, args.port)
     except OSError as exc:
-        print(f"kinbox: cannot bind {args.host}:{args.port}: {exc.strerror or exc}",
-              file=sys.stderr)
+        print(
+            f"kinbox: cannot bind {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr
+        )
         return 1
     rt = Runtime(db=args.db, brain=brain, data_dir=args.data_dir)
     server: _Server | None = None
@@ -241,12 +270,18 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
     with sock, StopSignals():
         try:
             rt.start()
-            server = _Server(uvicorn.Config(app_for(rt, args.host, args.allow_host, operator),
-                                            log_level="warning", lifespan="off",
-                                            timeout_graceful_shutdown=GRACE_SECONDS,
-                                            ws_max_size=WS_MAX_SIZE))
-            thread = threading.Thread(target=_run_server, args=(server, sock),
-                                      name="kinbox-http", daemon=False)
+            server = _Server(
+                uvicorn.Config(
+                    app_for(rt, args.host, args.allow_host, operator),
+                    log_level="warning",
+                    lifespan="off",
+                    timeout_graceful_shutdown=GRACE_SECONDS,
+                    ws_max_size=WS_MAX_SIZE,
+                )
+            )
+            thread = threading.Thread(
+                target=_run_server, args=(server, sock), name="kinbox-http", daemon=False
+            )
             thread.start()
             deadline = time.monotonic() + STARTUP_TIMEOUT
             while not server.ready.wait(0.05):
@@ -276,25 +311,31 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
             rt.stop()
 
 
-def _announce(args: argparse.Namespace, sock: socket.socket, delivering: bool,
-              has_token: bool, out: TextIO) -> None:
-    log.info("serving %s (%s)", _url(args.host, sock),
-             "delivering" if delivering else "send-only")
+def _announce(
+    args: argparse.Namespace, sock: socket.socket, delivering: bool, has_token: bool, out: TextIO
+) -> None:
+    log.info("serving %s (%s)", _url(args.host, sock), "delivering" if delivering else "send-only")
     out.write(f"kinbox serving {_url(args.host, sock)} (GET / lists the routes)\n")
     if delivering:
         out.write(f"kinbox serve: delivering with brain {args.brain}\n")
     else:
-        out.write("kinbox serve: send-only (no --brain): serves and writes, delivers nothing; "
-                  "run a delivering process beside it (kinbox worker --brain MODULE:ATTR)\n")
+        out.write(
+            "kinbox serve: send-only (no --brain): serves and writes, delivers nothing; "
+            "run a delivering process beside it (kinbox worker --brain MODULE:ATTR)\n"
+        )
     out.flush()
     exposed = token_file_exposure(args.token_file)
     if exposed:
         print(f"kinbox serve: WARNING: {exposed}", file=sys.stderr)
     why = _exposure(args)
     if why:
-        print(f"kinbox serve: WARNING: {why}; answering Host {', '.join(args.allow_host)} "
-              "and loopback names; every call but GET / and /healthz needs the operator token",
-              file=sys.stderr)
+        print(
+            f"kinbox serve: WARNING: {why}; answering Host {', '.join(args.allow_host)} "
+            "and loopback names; every call but GET / and /healthz needs the operator token",
+            file=sys.stderr,
+        )
     elif has_token:
-        print("kinbox serve: every call but GET / and /healthz needs the operator token",
-              file=sys.stderr)
+        print(
+            "kinbox serve: every call but GET / and /healthz needs the operator token",
+            file=sys.stderr,
+        )

@@ -61,8 +61,9 @@ it, or ``X-Kinbox: 1`` when none is set."""
 class DescribedRoute(Route):
     """A route that says what it is in ``GET /``'s list (``about``)."""
 
-    def __init__(self, path: str, endpoint: Callable[..., Any], *, methods: list[str],
-                 about: str) -> None:
+    def __init__(
+        self, path: str, endpoint: Callable[..., Any], *, methods: list[str], about: str
+    ) -> None:
         super().__init__(path, endpoint, methods=methods)
         self.about = about
 
@@ -71,22 +72,31 @@ def about_route(route: BaseRoute) -> dict[str, Any] | None:
     """``GET /``'s entry for a route mounted beside the API's own: its ``about``, or for a
     websocket endpoint the first line of its handler's docstring."""
     if isinstance(route, Route):
-        return {"path": route.path, "methods": sorted(route.methods or ()),
-                "about": getattr(route, "about", "")}
+        return {
+            "path": route.path,
+            "methods": sorted(route.methods or ()),
+            "about": getattr(route, "about", ""),
+        }
     if isinstance(route, WebSocketRoute):
         doc = (getattr(route.endpoint, "__doc__", None) or "").strip().split("\n")[0]
-        return {"path": route.path, "methods": ["GET"],
-                "about": f"websocket upgrade: {doc}".rstrip(": ")}
+        return {
+            "path": route.path,
+            "methods": ["GET"],
+            "about": f"websocket upgrade: {doc}".rstrip(": "),
+        }
     return None
 
 
 def guard(refusal: Refusal) -> Callable[[Handler], Handler]:
     """What puts a handler behind ``refusal``: the request meets the rule first."""
+
     def guarded(handler: Handler) -> Handler:
         async def checked(request: Request) -> Response:
             refused = refusal(request)
             return refused if refused is not None else await handler(request)
+
         return checked
+
     return guarded
 
 
@@ -118,12 +128,25 @@ class HttpBackend(Protocol):
         ...
 
 
-ERROR_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
-               405: "method_not_allowed", 500: "execution_failed", 503: "unavailable"}
+ERROR_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    500: "execution_failed",
+    503: "unavailable",
+}
 
 
-def error(status: int, code: str, message: str,
-          headers: dict[str, str] | None = None, *, field: str | None = None) -> JSONResponse:
+def error(
+    status: int,
+    code: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+    *,
+    field: str | None = None,
+) -> JSONResponse:
     """A JSON error body; ``field``, when given, names the request's field it refuses."""
     body = {"error": code, "message": message}
     if field is not None:
@@ -136,10 +159,14 @@ def refused_answer(exc: BackendRefused) -> JSONResponse:
     return error(exc.status, exc.code, exc.message, field=exc.field)
 
 
-def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
-               operator: OperatorToken | None = None, extra_routes: Sequence[BaseRoute] = (),
-               *, guarded_routes: Callable[[Refusal], Sequence[BaseRoute]] | None = None
-               ) -> Starlette:
+def create_app(
+    backend: HttpBackend,
+    allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
+    operator: OperatorToken | None = None,
+    extra_routes: Sequence[BaseRoute] = (),
+    *,
+    guarded_routes: Callable[[Refusal], Sequence[BaseRoute]] | None = None,
+) -> Starlette:
     """The Starlette application.
 
     ``allowed_hosts`` are the Host names it answers; ``operator``, when given,
@@ -157,9 +184,13 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
         if operator is not None:
             if operator.allows(request.headers.get("authorization")):
                 return None
-            return error(401, "unauthorized", f"{'reads' if reading else 'state-changing calls'}"
-                         " need the operator token: Authorization: Bearer <token>",
-                         {"WWW-Authenticate": "Bearer"})
+            return error(
+                401,
+                "unauthorized",
+                f"{'reads' if reading else 'state-changing calls'}"
+                " need the operator token: Authorization: Bearer <token>",
+                {"WWW-Authenticate": "Bearer"},
+            )
         if reading or request.headers.get(STATE_HEADER) == "1":
             return None
         return error(403, "forbidden", "state-changing calls need the header X-Kinbox: 1")
@@ -167,10 +198,16 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
     guarded = guard(refusal)
 
     async def index(request: Request) -> JSONResponse:
-        return JSONResponse({"service": "kinbox", "routes": [
-            {"path": path, "methods": methods, "about": about}
-            for path, methods, _, about in table] + [
-            entry for entry in map(about_route, routes[len(table):]) if entry is not None]})
+        return JSONResponse(
+            {
+                "service": "kinbox",
+                "routes": [
+                    {"path": path, "methods": methods, "about": about}
+                    for path, methods, _, about in table
+                ]
+                + [entry for entry in map(about_route, routes[len(table) :]) if entry is not None],
+            }
+        )
 
     async def healthz(request: Request) -> JSONResponse:
         if not health_limiter:
@@ -204,11 +241,16 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
         headers = dict(exc.headers or {})
         if "Allow" in headers:  # Starlette joins a set: give a stable order
             headers["Allow"] = ", ".join(sorted(m.strip() for m in headers["Allow"].split(",")))
-        message = (f"no route {clipped(request.url.path)}" if exc.status_code == 404 else
-                   f"{clipped(request.method)} is not allowed here; allowed: {headers['Allow']}"
-                   if exc.status_code == 405 and "Allow" in headers else str(exc.detail))
-        return error(exc.status_code, ERROR_CODES.get(exc.status_code, "http_error"), message,
-                     headers)
+        message = (
+            f"no route {clipped(request.url.path)}"
+            if exc.status_code == 404
+            else f"{clipped(request.method)} is not allowed here; allowed: {headers['Allow']}"
+            if exc.status_code == 405 and "Allow" in headers
+            else str(exc.detail)
+        )
+        return error(
+            exc.status_code, ERROR_CODES.get(exc.status_code, "http_error"), message, headers
+        )
 
     async def refused(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, BackendRefused)
@@ -219,8 +261,12 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
 
     table: list[tuple[str, list[str], Handler, str]] = [
         ("/", ["GET"], index, "this list"),
-        ("/healthz", ["GET"], healthz, "200 when database, writer and dispatcher are fit, "
-                                       "else 503; one entry per check"),
+        (
+            "/healthz",
+            ["GET"],
+            healthz,
+            "200 when database, writer and dispatcher are fit, else 503; one entry per check",
+        ),
         ("/focal", ["GET"], focal, "Focal's status: waiting, stalled, unread, last message"),
         ("/focal/panel", ["GET"], panel, "Focal's fixed tools and scheduled wake-ups"),
         ("/focal/wakeups/{job_id}", ["DELETE"], cancel, "cancel one of Focal's wake-ups"),
@@ -228,14 +274,16 @@ def create_app(backend: HttpBackend, allowed_hosts: Sequence[str] = LOOPBACK_HOS
         ("/focal/notifications/read", ["POST"], read, "mark the notifications read"),
     ]
     open_paths = ("/", "/healthz")
-    routes: list[BaseRoute] = [Route(path, handler if path in open_paths else guarded(handler),
-                                     methods=methods)
-                               for path, methods, handler, _ in table]
+    routes: list[BaseRoute] = [
+        Route(path, handler if path in open_paths else guarded(handler), methods=methods)
+        for path, methods, handler, _ in table
+    ]
     routes += [*extra_routes, *(guarded_routes(refusal) if guarded_routes is not None else ())]
-    app = Starlette(routes=routes,
-                    middleware=[Middleware(HostGuard, allowed_hosts=list(allowed_hosts))],
-                    exception_handlers={HTTPException: http_error, BackendRefused: refused,
-                                        500: failed})
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(HostGuard, allowed_hosts=list(allowed_hosts))],
+        exception_handlers={HTTPException: http_error, BackendRefused: refused, 500: failed},
+    )
     # A path with a trailing slash is a route this API does not have: a 404 saying so.
     # Starlette's router would answer it with a bodiless 307 to the path without the
     # slash, for any method and before any route's rule (no X-Kinbox, no token).
@@ -256,10 +304,13 @@ def _not_found(http_not_found: ASGIApp, routes: Sequence[BaseRoute]) -> ASGIApp:
         if scope["type"] == "http":
             as_upgrade = {**scope, "type": "websocket"}
             if any(r.matches(as_upgrade)[0] is Match.FULL for r in sockets):
-                await error(426, "upgrade_required",
-                            f"{clipped(scope['path'])} is a websocket endpoint: "
-                            "connect with a websocket upgrade",
-                            {"Upgrade": "websocket"})(scope, receive, send)
+                await error(
+                    426,
+                    "upgrade_required",
+                    f"{clipped(scope['path'])} is a websocket endpoint: "
+                    "connect with a websocket upgrade",
+                    {"Upgrade": "websocket"},
+                )(scope, receive, send)
             else:
                 await http_not_found(scope, receive, send)
             return
@@ -269,13 +320,15 @@ def _not_found(http_not_found: ASGIApp, routes: Sequence[BaseRoute]) -> ASGIApp:
             await ws.send_denial_response(answer)
         except RuntimeError:  # the server lacks the denial-response extension
             await ws.close(code=1008, reason="not_found")
+
     return not_found
 
 
 def _without_error_text(report: dict[str, Any]) -> dict[str, Any]:
     """A health report whose failed checks give their ``error_type`` as their ``error``,
     without the exception's text."""
-    checks = {name: ({**check, "error": check.get("error_type", "error")}
-                     if "error" in check else check)
-              for name, check in report.get("checks", {}).items()}
+    checks = {
+        name: ({**check, "error": check.get("error_type", "error")} if "error" in check else check)
+        for name, check in report.get("checks", {}).items()
+    }
     return {**report, "checks": checks}
