@@ -47,16 +47,18 @@ class Changes:
         self.sqlite = db_url.startswith("sqlite:///")
         self.db_file = Path(db_url.removeprefix("sqlite:///")) if self.sqlite else None
         if self.db_file is not None:
-            self.conn: Any = sqlite3.connect(f"file:{self.db_file}?mode=ro", uri=True,
-                                             check_same_thread=False)
+            self.conn: Any = sqlite3.connect(
+                f"file:{self.db_file}?mode=ro", uri=True, check_same_thread=False
+            )
             self.tables_sql = "SELECT name FROM sqlite_master WHERE type = 'table'"
         else:
             import psycopg2
 
             self.conn = psycopg2.connect(db_url)
             self.conn.autocommit = True
-            self.tables_sql = ("SELECT table_name FROM information_schema.tables "
-                               "WHERE table_schema = 'public'")
+            self.tables_sql = (
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+            )
 
     def _all(self, sql: str) -> list[tuple[Any, ...]]:
         cur = self.conn.cursor()
@@ -77,9 +79,11 @@ class Changes:
     def files(self) -> dict[str, tuple[int, int]]:
         """Every file under the folder but a SQLite database's own: (size, mtime_ns)."""
         own = self.db_file.name if self.db_file is not None else None
-        return {str(p.relative_to(self.folder)): (p.stat().st_size, p.stat().st_mtime_ns)
-                for p in self.folder.rglob("*")
-                if p.is_file() and not (own and p.name.startswith(own))}
+        return {
+            str(p.relative_to(self.folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in self.folder.rglob("*")
+            if p.is_file() and not (own and p.name.startswith(own))
+        }
 
     def snapshot(self) -> tuple[dict[str, tuple[int, str]], dict[str, tuple[int, int]]]:
         return self.rows(), self.files()
@@ -183,17 +187,28 @@ class Answer:
         return json.loads(self.raw)
 
 
-def call(port: int, method: str, path: str, body: bytes | None = None,
-         headers: dict[str, str] | None = None, *, chunked: bool = False) -> Answer:
+def call(
+    port: int,
+    method: str,
+    path: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    *,
+    chunked: bool = False,
+) -> Answer:
     """One request on a connection of its own; ``chunked`` sends the body in 8 KiB chunks
     without a ``Content-Length``."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
     try:
         if chunked and body is not None:
             data = body
-            conn.request(method, path, body=iter(data[i:i + 8192]
-                                                 for i in range(0, len(data), 8192)),
-                         headers=headers or {}, encode_chunked=True)
+            conn.request(
+                method,
+                path,
+                body=iter(data[i : i + 8192] for i in range(0, len(data), 8192)),
+                headers=headers or {},
+                encode_chunked=True,
+            )
         else:
             conn.request(method, path, body=body, headers=headers or {})
         resp = conn.getresponse()
@@ -218,5 +233,7 @@ def check_answer(method: str, answer: Answer) -> dict[str, Any] | None:
     assert isinstance(body.get("field", ""), str), body
     assert ERROR_CODE.fullmatch(body["error"]), body
     assert isinstance(body["message"], str) and len(body["message"]) <= MESSAGE_LIMIT, (
-        len(body["message"]), body["message"][:200])
+        len(body["message"]),
+        body["message"][:200],
+    )
     return body

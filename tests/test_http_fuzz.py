@@ -33,9 +33,12 @@ from .fuzz_harness import SECRET, TOKEN, Fuzzed, call, check_answer, serving
 
 pytestmark = pytest.mark.timeout(120)
 
-FUZZ = settings(max_examples=80, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                       HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=80,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 ROUTES: list[tuple[str, frozenset[str], str]] = [
     ("/", frozenset({"GET"}), "open"),
@@ -62,25 +65,54 @@ ROUTES: list[tuple[str, frozenset[str], str]] = [
 websocket upgrade (:mod:`.test_peer_ws_fuzz`; a plain request is told to upgrade)."""
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 STATE_CHANGING = ("POST", "DELETE", "PUT", "PATCH")
-CONTENT_TYPES = ("application/json", "text/plain", "application/x-www-form-urlencoded",
-                 "multipart/form-data; boundary=x", "application/json; charset=latin-1", "")
+CONTENT_TYPES = (
+    "application/json",
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data; boundary=x",
+    "application/json; charset=latin-1",
+    "",
+)
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=30) | st.sampled_from(["\ud800", "a\x00b", "", " ", "x" * 5000]),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                               max_size=4),
-    max_leaves=12)
-bodies = st.one_of(st.none(), st.binary(max_size=200),
-                   json_values.map(lambda v: json.dumps(v).encode()))
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=30)
+    | st.sampled_from(["\ud800", "a\x00b", "", " ", "x" * 5000]),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+bodies = st.one_of(
+    st.none(), st.binary(max_size=200), json_values.map(lambda v: json.dumps(v).encode())
+)
 params = st.binary(min_size=1, max_size=300).filter(lambda b: b"/" not in b)
 hosts = st.one_of(
-    st.sampled_from([None, None, None, "127.0.0.1", "localhost:8765", "[::1]:1", "LocalHost",
-                     "evil.example", "127.0.0.1.evil.example", "[::2]", "localhost:x"]),
-    st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=20))
+    st.sampled_from(
+        [
+            None,
+            None,
+            None,
+            "127.0.0.1",
+            "localhost:8765",
+            "[::1]:1",
+            "LocalHost",
+            "evil.example",
+            "127.0.0.1.evil.example",
+            "[::2]",
+            "localhost:x",
+        ]
+    ),
+    st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=20),
+)
 LOOPBACK = AllowedHosts(LOOPBACK_HOSTS)
-queries = st.lists(st.tuples(st.sampled_from(["limit", "offset", "x", "limit"]),
-                             st.binary(max_size=30)), max_size=3)
+queries = st.lists(
+    st.tuples(st.sampled_from(["limit", "offset", "x", "limit"]), st.binary(max_size=30)),
+    max_size=3,
+)
 
 
 @pytest.fixture
@@ -104,30 +136,86 @@ def pathed(template: str, param: bytes) -> str:
 def test_the_fuzzed_routes_are_every_route_the_api_lists(fuzzed: Fuzzed) -> None:
     listed = call(fuzzed.open.port, "GET", "/").json()["routes"]
     # A websocket endpoint is listed with GET, the upgrade's method: fuzzed with none.
-    assert {(r["path"].replace("{job_id}", "{p}").replace("{platform}", "{p}"),
-             frozenset(m for m in r["methods"] if m != "HEAD")) for r in listed} == {
+    assert {
+        (
+            r["path"].replace("{job_id}", "{p}").replace("{platform}", "{p}"),
+            frozenset(m for m in r["methods"] if m != "HEAD"),
+        )
+        for r in listed
+    } == {
         (path, frozenset({"GET"}) if credential == "websocket" else methods)
-        for path, methods, credential in ROUTES}
+        for path, methods, credential in ROUTES
+    }
 
 
 @FUZZ
-@given(route=st.sampled_from(ROUTES), method=st.sampled_from(METHODS), param=params,
-       query=queries, state=st.sampled_from([None, "1", "0", "true", "01", "1,1"]),
-       content_type=st.sampled_from(CONTENT_TYPES), body=bodies, host=hosts,
-       slash=st.sampled_from(["", "", "", "/", "//"]))
-@example(route=ROUTES[7], method="POST", param=b"x", query=[],
-         state="1", content_type="application/json",
-         body=json.dumps({"x" * 3000: 1, "y" * 3000: 2}).encode(), host=None, slash="")
-@example(route=ROUTES[8], method="GET", param=b"x" * 3000, query=[], state=None,
-         content_type="", body=None, host=None, slash="")
-@example(route=ROUTES[4], method="DELETE", param=b"x" * 3000, query=[], state="1",
-         content_type="", body=None, host=None, slash="")
-@example(route=ROUTES[15], method="POST", param=b"p" * 3000, query=[], state=None,
-         content_type="", body=None, host=None, slash="")
+@given(
+    route=st.sampled_from(ROUTES),
+    method=st.sampled_from(METHODS),
+    param=params,
+    query=queries,
+    state=st.sampled_from([None, "1", "0", "true", "01", "1,1"]),
+    content_type=st.sampled_from(CONTENT_TYPES),
+    body=bodies,
+    host=hosts,
+    slash=st.sampled_from(["", "", "", "/", "//"]),
+)
+@example(
+    route=ROUTES[7],
+    method="POST",
+    param=b"x",
+    query=[],
+    state="1",
+    content_type="application/json",
+    body=json.dumps({"x" * 3000: 1, "y" * 3000: 2}).encode(),
+    host=None,
+    slash="",
+)
+@example(
+    route=ROUTES[8],
+    method="GET",
+    param=b"x" * 3000,
+    query=[],
+    state=None,
+    content_type="",
+    body=None,
+    host=None,
+    slash="",
+)
+@example(
+    route=ROUTES[4],
+    method="DELETE",
+    param=b"x" * 3000,
+    query=[],
+    state="1",
+    content_type="",
+    body=None,
+    host=None,
+    slash="",
+)
+@example(
+    route=ROUTES[15],
+    method="POST",
+    param=b"p" * 3000,
+    query=[],
+    state=None,
+    content_type="",
+    body=None,
+    host=None,
+    slash="",
+)
 def test_any_request_to_any_route_is_answered_in_json_and_a_refusal_changes_nothing(
-        fuzzed: Fuzzed, route: tuple[str, frozenset[str], str], method: str, param: bytes,
-        query: list[tuple[str, bytes]], state: str | None, content_type: str,
-        body: bytes | None, host: str | None, slash: str) -> None:
+    fuzzed: Fuzzed,
+    route: tuple[str, frozenset[str], str],
+    method: str,
+    param: bytes,
+    query: list[tuple[str, bytes]],
+    state: str | None,
+    content_type: str,
+    body: bytes | None,
+    host: str | None,
+    slash: str,
+) -> None:
     template, methods, credential = route
     path = pathed(template, param) + slash + (("?" + urlencode(query)) if query else "")
     headers = {"Content-Type": content_type} if content_type else {}
@@ -156,16 +244,24 @@ def test_any_request_to_any_route_is_answered_in_json_and_a_refusal_changes_noth
 
 
 @FUZZ
-@given(route=st.sampled_from([r for r in ROUTES if r[2] == "guarded"]),
-       authorization=st.one_of(
-           st.none(), st.just(f"Bearer {TOKEN}x"), st.just(f"Basic {TOKEN}"),
-           st.just(f"bearer{TOKEN}"), st.just(TOKEN), st.just(f"Bearer {TOKEN[:-1]}"),
-           st.text(st.characters(min_codepoint=32, max_codepoint=255), max_size=60)
-           .map(lambda t: "Bearer " + t)),
-       state=st.booleans())
+@given(
+    route=st.sampled_from([r for r in ROUTES if r[2] == "guarded"]),
+    authorization=st.one_of(
+        st.none(),
+        st.just(f"Bearer {TOKEN}x"),
+        st.just(f"Basic {TOKEN}"),
+        st.just(f"bearer{TOKEN}"),
+        st.just(TOKEN),
+        st.just(f"Bearer {TOKEN[:-1]}"),
+        st.text(st.characters(min_codepoint=32, max_codepoint=255), max_size=60).map(
+            lambda t: "Bearer " + t
+        ),
+    ),
+    state=st.booleans(),
+)
 def test_a_guarded_route_refuses_a_missing_or_wrong_operator_token_and_keeps_it_secret(
-        fuzzed: Fuzzed, route: tuple[str, frozenset[str], str], authorization: str | None,
-        state: bool) -> None:
+    fuzzed: Fuzzed, route: tuple[str, frozenset[str], str], authorization: str | None, state: bool
+) -> None:
     template, methods, _ = route
     headers = {"X-Kinbox": "1"} if state else {}  # no stand-in for the token
     if authorization is not None:
@@ -178,28 +274,43 @@ def test_a_guarded_route_refuses_a_missing_or_wrong_operator_token_and_keeps_it_
         assert answer.headers["www-authenticate"] == "Bearer"
         # One message whatever was presented: nothing of it comes back.
         assert error["message"] == ("reads" if method == "GET" else "state-changing calls") + (
-            " need the operator token: Authorization: Bearer <token>"), error
+            " need the operator token: Authorization: Bearer <token>"
+        ), error
     assert fuzzed.changes.snapshot() == before
     for path in ("/", "/healthz"):  # what is served, and whether it is up: open to all
         assert call(fuzzed.tokened.port, "GET", path, None, headers).status == 200
 
 
-JOB: dict[str, Any] = {"name": "digest", "cron": "0 9 * * *", "prompt": "sum up the day BODY-7c1e",
-                       "delivery": "announce", "timezone": "Europe/Paris"}
+JOB: dict[str, Any] = {
+    "name": "digest",
+    "cron": "0 9 * * *",
+    "prompt": "sum up the day BODY-7c1e",
+    "delivery": "announce",
+    "timezone": "Europe/Paris",
+}
 
 
 @FUZZ
-@given(field=st.sampled_from([*JOB, "extra"]), value=json_values,
-       drop=st.sets(st.sampled_from(list(JOB)), max_size=2))
+@given(
+    field=st.sampled_from([*JOB, "extra"]),
+    value=json_values,
+    drop=st.sets(st.sampled_from(list(JOB)), max_size=2),
+)
 @example(field="timezone", value="T" * 3000, drop=set())
 @example(field="cron", value=["x" * 3000], drop=set())
 @example(field="extra" * 600, value=1, drop=set())
 def test_a_cron_job_body_is_added_whole_or_refused_naming_its_field(
-        fuzzed_any: Fuzzed, field: str, value: Any, drop: set[str]) -> None:
+    fuzzed_any: Fuzzed, field: str, value: Any, drop: set[str]
+) -> None:
     job = {k: v for k, v in JOB.items() if k not in drop} | {field: value}
     before = fuzzed_any.changes.snapshot()
-    answer = call(fuzzed_any.open.port, "POST", "/cron/jobs", json.dumps(job).encode(),
-                  {"X-Kinbox": "1", "Content-Type": "application/json"})
+    answer = call(
+        fuzzed_any.open.port,
+        "POST",
+        "/cron/jobs",
+        json.dumps(job).encode(),
+        {"X-Kinbox": "1", "Content-Type": "application/json"},
+    )
     error = check_answer("POST", answer)
     if error is None:
         assert answer.status == 201
@@ -214,24 +325,38 @@ def test_a_cron_job_body_is_added_whole_or_refused_naming_its_field(
     assert fuzzed_any.changes.snapshot() == before
 
 
-EVENT: dict[str, Any] = {"sender_id": "U1", "sender_name": "Ann", "thread_id": "T1",
-                         "text": "hello BODY-9b2f", "reply_route": {"channel": "C1"}}
+EVENT: dict[str, Any] = {
+    "sender_id": "U1",
+    "sender_name": "Ann",
+    "thread_id": "T1",
+    "text": "hello BODY-9b2f",
+    "reply_route": {"channel": "C1"},
+}
 EVENT_FIELDS = (*EVENT, "attachments", "event_id")
 
 
 @FUZZ
-@given(field=st.sampled_from(EVENT_FIELDS), value=json_values,
-       signing=st.sampled_from(["good", "good", "good", "wrong secret", "stale", "none",
-                                "malformed", "replayed"]))
+@given(
+    field=st.sampled_from(EVENT_FIELDS),
+    value=json_values,
+    signing=st.sampled_from(
+        ["good", "good", "good", "wrong secret", "stale", "none", "malformed", "replayed"]
+    ),
+)
 def test_a_webhook_event_is_queued_or_refused_naming_its_field_or_its_signature(
-        fuzzed_any: Fuzzed, field: str, value: Any, signing: str) -> None:
+    fuzzed_any: Fuzzed, field: str, value: Any, signing: str
+) -> None:
     body = json.dumps(EVENT | {field: value}).encode()
     now = fuzzed_any.rt.clock.now()
     fuzzed_any.rt.clock.advance(1)  # a new timestamp: a repeated body is not a replay
     stamp = str(int(now - 400 if signing == "stale" else now))
-    headers = {sig.TIMESTAMP_HEADER: stamp, "Content-Type": "application/json",
-               sig.SIGNATURE_HEADER: sig.sign(b"other" if signing == "wrong secret"
-                                              else SECRET, stamp, body)}
+    headers = {
+        sig.TIMESTAMP_HEADER: stamp,
+        "Content-Type": "application/json",
+        sig.SIGNATURE_HEADER: sig.sign(
+            b"other" if signing == "wrong secret" else SECRET, stamp, body
+        ),
+    }
     if signing == "none":
         headers = {"Content-Type": "application/json"}
     elif signing == "malformed":
@@ -249,9 +374,14 @@ def test_a_webhook_event_is_queued_or_refused_naming_its_field_or_its_signature(
         fuzzed_any.settle()
         assert not fuzzed_any.logs.holds("BODY-")  # a message is logged at DEBUG at most
         return
-    expected = {"good": "invalid_argument", "replayed": "invalid_argument",
-                "wrong secret": "bad_signature", "stale": "stale", "none": "unsigned",
-                "malformed": "malformed_signature"}[signing]
+    expected = {
+        "good": "invalid_argument",
+        "replayed": "invalid_argument",
+        "wrong secret": "bad_signature",
+        "stale": "stale",
+        "none": "unsigned",
+        "malformed": "malformed_signature",
+    }[signing]
     if answer.status == 409:
         expected = "replayed"
     assert error["error"] == expected, (signing, error)
@@ -285,39 +415,53 @@ BODY_SHAPES: list[tuple[bytes, bool, int, str]] = [
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("path", ["/cron/jobs", "/social/slack/events"])
 def test_a_body_that_is_not_a_json_object_within_the_cap_is_refused_and_changes_nothing(
-        fuzzed_any: Fuzzed, path: str) -> None:
+    fuzzed_any: Fuzzed, path: str
+) -> None:
     for body, chunked, status, code in BODY_SHAPES:
         for content_type in ("application/json", "text/plain"):
             stamp = str(int(fuzzed_any.rt.clock.now()))
-            headers = {"X-Kinbox": "1", "Content-Type": content_type,
-                       sig.TIMESTAMP_HEADER: stamp,
-                       sig.SIGNATURE_HEADER: sig.sign(SECRET, stamp, body)}
+            headers = {
+                "X-Kinbox": "1",
+                "Content-Type": content_type,
+                sig.TIMESTAMP_HEADER: stamp,
+                sig.SIGNATURE_HEADER: sig.sign(SECRET, stamp, body),
+            }
             fuzzed_any.rt.clock.advance(1)
             before = fuzzed_any.changes.snapshot()
             answer = call(fuzzed_any.open.port, "POST", path, body, headers, chunked=chunked)
             error = check_answer("POST", answer)
             assert error is not None and (answer.status, error["error"]) == (status, code), (
-                body[:40], chunked, error)
+                body[:40],
+                chunked,
+                error,
+            )
             assert fuzzed_any.changes.snapshot() == before
 
 
-ACTS = [("POST", "/trigger"), ("POST", "/pause"), ("POST", "/resume"), ("DELETE", ""),
-        ("GET", ""), ("GET", "/runs")]
+ACTS = [
+    ("POST", "/trigger"),
+    ("POST", "/pause"),
+    ("POST", "/resume"),
+    ("DELETE", ""),
+    ("GET", ""),
+    ("GET", "/runs"),
+]
 
 
 @settings(FUZZ, max_examples=40)
-@given(steps=st.lists(st.tuples(st.sampled_from(ACTS), st.integers(0, 3)), min_size=1,
-                      max_size=8))
+@given(steps=st.lists(st.tuples(st.sampled_from(ACTS), st.integers(0, 3)), min_size=1, max_size=8))
 def test_acting_on_jobs_that_exist_were_paused_or_removed_refuses_without_a_trace(
-        fuzzed: Fuzzed, steps: list[tuple[tuple[str, str], int]]) -> None:
+    fuzzed: Fuzzed, steps: list[tuple[tuple[str, str], int]]
+) -> None:
     """Ids that name a job, a paused one, a removed one or none: a 404 or a 409 leaves
     every row as it was; what is done is done whole (its run ended before the next step)."""
     made = [fuzzed.rt.cron.add(f"job {i}", "0 9 * * *", "p")["job_id"] for i in range(3)]
     ids = [*made, "cj_0123456789"]
     for (method, suffix), which in steps:
         before = fuzzed.changes.snapshot()
-        answer = call(fuzzed.open.port, method, f"/cron/jobs/{ids[which]}{suffix}", None,
-                      {"X-Kinbox": "1"})
+        answer = call(
+            fuzzed.open.port, method, f"/cron/jobs/{ids[which]}{suffix}", None, {"X-Kinbox": "1"}
+        )
         error = check_answer(method, answer)
         if error is None:
             fuzzed.settle()
