@@ -35,7 +35,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 import uvicorn
@@ -116,12 +116,15 @@ def app_for(
     host: str = "127.0.0.1",
     allowed_hosts: Sequence[str] = (),
     operator: OperatorToken | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Any:
     """The HTTP application of a started runtime.
 
     It answers loopback names, ``allowed_hosts``, and the bind address
     ``host`` itself when that is one address (not ``0.0.0.0``);
-    ``operator`` is the token every call but ``GET /`` and ``/healthz`` must present.
+    ``operator`` is the token every call but ``GET /`` and ``/healthz`` must present;
+    ``clock`` (monotonic seconds) times the lock-out of a client that presents too many
+    wrong tokens.
     """
     hosts = [*LOOPBACK_HOSTS, *allowed_hosts]
     if host not in WILDCARD_ADDRESSES and host not in hosts:
@@ -133,6 +136,7 @@ def app_for(
         operator,
         peers.routes(),
         guarded_routes=cron_social_routes(rt),
+        clock=clock,
     )
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kinbox.actors import Runtime
+from kinbox.actors import ManualClock, Runtime
 from kinbox.actors.serve import app_for
 from kinbox.transport import OperatorToken
 
@@ -147,6 +147,8 @@ class Fuzzed:
     tokened: Served
     changes: Changes
     logs: LogWatch
+    token_clock: ManualClock
+    """Times ``tokened``'s lock-out of a client that keeps presenting wrong tokens."""
 
     def settle(self) -> None:
         """Wait until what an accepted request started (a social turn, a cron run) ended,
@@ -163,11 +165,12 @@ def serving(make_runtime: Any, tmp_path: Path, db_url: str) -> Iterator[Fuzzed]:
     rt.social.register_channel("slack", send=lambda route, text: None, secret=SECRET)
     rt.social.allow("slack", ["U1"])
     open_srv = Served(app_for(rt))
-    tokened = Served(app_for(rt, operator=OperatorToken.from_secret(TOKEN)))
+    token_clock = ManualClock()
+    tokened = Served(app_for(rt, operator=OperatorToken.from_secret(TOKEN), clock=token_clock.now))
     changes = Changes(tmp_path, db_url)
     try:
         with LogWatch() as logs, ServerErrors() as errors:
-            yield Fuzzed(rt, open_srv, tokened, changes, logs)
+            yield Fuzzed(rt, open_srv, tokened, changes, logs, token_clock)
             for secret in (TOKEN, SECRET.decode()):
                 assert not logs.holds(secret)
             assert errors.lines == []  # no exception escaped a handler

@@ -26,6 +26,7 @@ from kinbox.persistence import TurnEntry
 from kinbox.transport import HostGuard, OperatorToken, allowed_name, create_app
 from kinbox.transport.host_guard import host_of
 from kinbox.transport.operator_token import MIN_LENGTH
+from kinbox.transport.token_tries import LOCKOUT, MAX_FAILURES
 
 from .helpers import quiet_brain, wait_for
 
@@ -364,6 +365,38 @@ def test_the_operator_token_keeps_only_a_hash() -> None:
     )
     with pytest.raises(ValueError):
         OperatorToken.from_secret("  ")
+
+
+@pytest.mark.timeout(90)
+def test_a_client_that_keeps_presenting_wrong_tokens_must_wait(
+    make_runtime: MakeRuntime, tmp_path: Path, clock: ManualClock
+) -> None:
+    """Wrong tokens were answered 401 as fast as they came: the token could be guessed by
+    trying. After MAX_FAILURES of them a client gets 429 with Retry-After, even with the
+    right token (else the lock would say which guess was right), until the lock ends."""
+    rt = make_runtime(data_dir=tmp_path / "data")
+    token = "s3cret-operator-token"
+    srv = Served(app_for(rt, operator=OperatorToken.from_secret(token), clock=clock.now))
+    right, read = {"Authorization": f"Bearer {token}"}, "/focal/notifications/read"
+    try:
+        for _ in range(3):  # no header at all is no guess: it never locks a client out
+            assert srv.request("GET", "/focal")[0] == 401
+        for n in range(MAX_FAILURES):
+            assert srv.request("GET", "/focal", {"Authorization": f"Bearer guess-{n}"})[0] == 401
+        for method, path in [("GET", "/focal"), ("POST", read), ("GET", "/cron/jobs")]:
+            status, headers, body = srv.exchange(method, path, right)
+            assert status == 429, (path, status)
+            assert body["error"] == "too_many_tries"
+            assert 1 <= int(headers["Retry-After"]) <= LOCKOUT
+            assert token not in json.dumps(body)
+        assert srv.request("GET", "/healthz")[0] == 200  # open routes stay open
+        clock.advance(LOCKOUT)
+        assert srv.request("GET", "/focal", right)[0] == 200
+        # The right token forgot the failures: one wrong try more is a 401, not a lock.
+        assert srv.request("GET", "/focal", {"Authorization": "Bearer guess"})[0] == 401
+        assert srv.request("GET", "/focal", right)[0] == 200
+    finally:
+        srv.close()
 
 
 @pytest.mark.timeout(30)

@@ -28,6 +28,7 @@ from kinbox.actors import cron_rules
 from kinbox.transport import LOOPBACK_HOSTS
 from kinbox.transport import webhook_signature as sig
 from kinbox.transport.host_guard import AllowedHosts, host_of
+from kinbox.transport.token_tries import LOCKOUT
 
 from .fuzz_harness import SECRET, TOKEN, Fuzzed, call, check_answer, serving
 
@@ -266,6 +267,8 @@ def test_a_guarded_route_refuses_a_missing_or_wrong_operator_token_and_keeps_it_
     headers = {"X-Kinbox": "1"} if state else {}  # no stand-in for the token
     if authorization is not None:
         headers["Authorization"] = authorization
+    # Each example a client no wrong token of an earlier one locked out (token_tries).
+    fuzzed.token_clock.advance(LOCKOUT)
     before = fuzzed.changes.snapshot()
     for method in sorted(methods):
         answer = call(fuzzed.tokened.port, method, pathed(template, b"cj_1"), b"{}", headers)

@@ -48,6 +48,7 @@ PURE_MODULES = [
     "transport/link.py",
     "transport/receiver.py",
     "transport/peer_address.py",
+    "transport/token_tries.py",
 ]
 """Modules that hold rules only: time and randomness come in as arguments."""
 

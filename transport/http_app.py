@@ -15,7 +15,9 @@ a cross-site form cannot send; when the operator set a token
 ``Authorization: Bearer <token>`` instead, and so must reads: a token is set
 because others can reach the server, and the reads hold message bodies
 (Focal's last message, notifications, cron prompts and results). ``GET /``
-and ``/healthz`` (what is served, whether it is up) answer without it.
+and ``/healthz`` (what is served, whether it is up) answer without it. A client
+(peer address) that presents too many wrong tokens gets ``429`` with ``Retry-After``
+for a while (:mod:`.token_tries`), so the token cannot be guessed by trying.
 
 The backend's methods block (they read and write the database), so every
 handler runs them on a worker thread, never on the event loop: a slow
@@ -26,6 +28,7 @@ waiting on the database.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
@@ -44,6 +47,7 @@ from starlette.websockets import WebSocket
 from .errors import BackendRefused, clipped, quoted
 from .host_guard import HostGuard
 from .operator_token import OperatorToken
+from .token_tries import TokenTries, retry_after
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 STATE_HEADER = "x-kinbox"
@@ -134,6 +138,7 @@ ERROR_CODES = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    429: "too_many_tries",
     500: "execution_failed",
     503: "unavailable",
 }
@@ -166,6 +171,8 @@ def create_app(
     extra_routes: Sequence[BaseRoute] = (),
     *,
     guarded_routes: Callable[[Refusal], Sequence[BaseRoute]] | None = None,
+    tries: TokenTries | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Starlette:
     """The Starlette application.
 
@@ -174,16 +181,34 @@ def create_app(
     answers a caller without it with each failed check's error type only: a driver's
     text may name hosts, users or tables). ``extra_routes`` are mounted beside the API
     as they are; ``guarded_routes(refusal)`` gives routes built with the app's own rule
-    (the cron and social routes), so that rule lives here only.
+    (the cron and social routes), so that rule lives here only. ``tries`` counts wrong
+    tokens per client address (a :class:`.TokenTries` of the default limits when not
+    given), read against ``clock`` (monotonic seconds).
     """
     health_limiter: list[CapacityLimiter] = []  # made on first use, inside the event loop
+    # Called from the handlers on the event loop only, so one thread at a time.
+    token_tries = tries if tries is not None else TokenTries()
 
     def refusal(request: Request) -> Response | None:
         """Why a request to a guarded route may not go on, or None when it may."""
         reading = request.method in ("GET", "HEAD")
         if operator is not None:
-            if operator.allows(request.headers.get("authorization")):
+            client = request.client.host if request.client is not None else ""
+            now = clock()
+            wait = token_tries.wait(client, now)
+            if wait > 0:
+                return error(
+                    429,
+                    "too_many_tries",
+                    "too many wrong operator tokens from this address: try again later",
+                    {"Retry-After": retry_after(wait)},
+                )
+            authorization = request.headers.get("authorization")
+            if operator.allows(authorization):
+                token_tries.succeeded(client)
                 return None
+            if authorization is not None:  # a try; no header at all guesses nothing
+                token_tries.failed(client, now)
             return error(
                 401,
                 "unauthorized",

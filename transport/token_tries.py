@@ -1,0 +1,92 @@
+"""How many wrong operator tokens one client may present before it must wait.
+
+Without a limit, a client that reaches the HTTP API may try tokens as fast as the
+server answers. After :data:`MAX_FAILURES` wrong tokens within :data:`WINDOW` seconds a
+client is locked out for :data:`LOCKOUT` seconds: every guarded call it makes is then
+refused, even one with the right token (else the lock would still say which guess was
+right). A right token outside a lock forgets the client's failures.
+
+Pure: time comes in as ``now`` (a monotonic reading); the caller keys clients (by
+peer address) and serializes calls. Only addresses are kept, never a token. At most
+:data:`MAX_CLIENTS` clients are remembered, so a flood of addresses cannot grow memory
+without bound: past it, clients with nothing left to count are dropped first, then the
+oldest.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+MAX_FAILURES = 10
+WINDOW = 60.0
+LOCKOUT = 60.0
+MAX_CLIENTS = 4096
+
+
+@dataclass
+class _Client:
+    failures: list[float] = field(default_factory=list)
+    locked_until: float = 0.0
+
+
+class TokenTries:
+    """Failed token tries per client; :meth:`wait` says whether one must wait."""
+
+    def __init__(
+        self,
+        max_failures: int = MAX_FAILURES,
+        window: float = WINDOW,
+        lockout: float = LOCKOUT,
+        max_clients: int = MAX_CLIENTS,
+    ) -> None:
+        if max_failures < 1 or window <= 0 or lockout <= 0 or max_clients < 1:
+            raise ValueError(
+                "token tries: max_failures, window, lockout and max_clients must be positive"
+            )
+        self.max_failures = max_failures
+        self.window = window
+        self.lockout = lockout
+        self.max_clients = max_clients
+        self._clients: dict[str, _Client] = {}
+
+    def wait(self, client: str, now: float) -> float:
+        """Seconds before ``client`` may present a token again; 0.0 when it may now."""
+        entry = self._clients.get(client)
+        return max(0.0, entry.locked_until - now) if entry is not None else 0.0
+
+    def failed(self, client: str, now: float) -> float:
+        """Count a wrong token from ``client``; the wait it now has (0.0 for none)."""
+        entry = self._clients.pop(client, None) or _Client()
+        self._clients[client] = entry  # now the most recent
+        entry.failures = [t for t in entry.failures if now - t < self.window] + [now]
+        if len(entry.failures) >= self.max_failures:
+            entry.failures = []
+            entry.locked_until = now + self.lockout
+        self._bound(now)
+        return self.wait(client, now)
+
+    def __len__(self) -> int:
+        """How many clients are remembered (at most ``max_clients``)."""
+        return len(self._clients)
+
+    def succeeded(self, client: str) -> None:
+        """A right token from ``client`` (not locked out): its failures are forgotten."""
+        self._clients.pop(client, None)
+
+    def _bound(self, now: float) -> None:
+        if len(self._clients) <= self.max_clients:
+            return
+        for name in [
+            n
+            for n, c in self._clients.items()
+            if c.locked_until <= now and all(now - t >= self.window for t in c.failures)
+        ]:
+            del self._clients[name]
+        while len(self._clients) > self.max_clients:
+            del self._clients[next(iter(self._clients))]
+
+
+def retry_after(wait: float) -> str:
+    """A ``Retry-After`` header value for ``wait`` seconds: whole seconds, at least 1."""
+    return str(max(1, math.ceil(wait)))
