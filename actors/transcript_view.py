@@ -8,8 +8,9 @@ alone exceeds the budget keeps its tail behind a truncation marker.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from .errors import ConfigError
 
@@ -39,6 +40,25 @@ class Line:
     kind: str | None = None
 
 
+class Shown(Protocol):
+    """What :func:`shown` reads of an entry (a :class:`Line`, a stored entry record)."""
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def visible(self) -> bool: ...
+
+
+E = TypeVar("E", bound=Shown)
+
+
+def shown(entries: Iterable[E]) -> list[E]:
+    """The entries a model may see (its read of a transcript, a turn's history): user and
+    assistant text, visible."""
+    return [e for e in entries if e.visible and e.role in SHOWN_ROLES]
+
+
 def from_user(sender_id: str | None, kind: str | None) -> bool:
     """Did the user write this message (a user's sender and kind)?"""
     return sender_id in USER_SENDERS and kind in USER_KINDS
@@ -66,23 +86,22 @@ def render(entries: Sequence[Line], limit: int = READ_LIMIT) -> str:
         raise ConfigError(f"a read's limit must be at least {MIN_READ_LIMIT} characters "
                           f"(the truncation marker and some of the message), not {limit}",
                           field="limit")
-    shown = [f"{speaker(e.role, e.sender_id, e.kind)}: {e.text}" for e in entries
-             if e.visible and e.role in SHOWN_ROLES]
+    blocks = [f"{speaker(e.role, e.sender_id, e.kind)}: {e.text}" for e in shown(entries)]
     kept: list[str] = []
     used = 0
-    for block in reversed(shown):
+    for block in reversed(blocks):
         cost = len(block) + (2 if kept else 0)
         if used + cost > limit:
             break
         kept.append(block)
         used += cost
     kept.reverse()
-    omitted = len(shown) - len(kept)
-    if not kept and shown:
-        newest = shown[-1]
+    omitted = len(blocks) - len(kept)
+    if not kept and blocks:
+        newest = blocks[-1]
         tail = newest[-(limit - len(TRUNCATED) - 1):]
         kept = [f"{TRUNCATED}\n{tail}"]
-        omitted = len(shown) - 1
+        omitted = len(blocks) - 1
     if omitted:
         return "\n\n".join([omitted_line(omitted), *kept])
     return "\n\n".join(kept)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..persistence import EntryRecord
 from .errors import ConfigError
-from .transcript_view import SHOWN_ROLES
+from .transcript_view import shown
 
 if TYPE_CHECKING:
     from .context import RuntimeContext
@@ -46,11 +46,6 @@ def history_limit(value: object, field: str = "limit") -> int:
             field=field,
         )
     return value
-
-
-def shown(entries: list[EntryRecord]) -> list[EntryRecord]:
-    """The entries a model may see: user and assistant text, visible."""
-    return [e for e in entries if e.visible and e.role in SHOWN_ROLES]
 
 
 def history_reader(ctx: RuntimeContext, session_id: str) -> HistoryRead:
