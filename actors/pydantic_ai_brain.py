@@ -47,7 +47,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.toolsets import FunctionToolset, ToolsetTool
 from pydantic_core import PydanticCustomError, SchemaValidator, core_schema
 
-from .errors import ToolError
+from .errors import PermanentFailure, RetryLater, ToolError
 from .framework_turns import (
     history_for,
     history_size,
@@ -179,20 +179,13 @@ def pydantic_ai_brain(
                 ),
             )
         except ModelHTTPError as exc:
-            # pydantic-ai read the wait off the answer (Retry-After, retry-after-ms).
-            failure = model_http_failure(exc.status_code, exc.retry_after, "the model API")
+            failure = _http_failure(exc)
             if failure is None:
                 raise
             raise failure from exc
         except FallbackExceptionGroup as group:  # a FallbackModel's: every model failed
             failure = fallback_failure(
-                [
-                    model_http_failure(e.status_code, e.retry_after, "the model API")
-                    if isinstance(e, ModelHTTPError)
-                    else None
-                    for e in group.exceptions
-                ],
-                "the FallbackModel",
+                [_http_failure(e) for e in group.exceptions], "the FallbackModel"
             )
             if failure is None:
                 raise
@@ -201,3 +194,12 @@ def pydantic_ai_brain(
             reply_with(turn, result.output)
 
     return brain
+
+
+def _http_failure(error: BaseException) -> PermanentFailure | RetryLater | None:
+    """The brain failure a model's error answer is (:func:`.http_failure.model_http_failure`;
+    pydantic-ai read its wait off the answer, ``Retry-After`` or ``retry-after-ms``), None
+    for any other error."""
+    if not isinstance(error, ModelHTTPError):
+        return None
+    return model_http_failure(error.status_code, error.retry_after, "the model API")
