@@ -823,6 +823,19 @@ def test_health_answers_within_its_timeout_while_the_database_hangs(
         rt.stop()
 
 
+def deaf_brain() -> tuple[Callable[[Turn], None], set[str], threading.Event]:
+    """A sync brain whose turns ignore their stop until ``release`` is set (a model call
+    that does not look at the flag), the sessions it started turns of, and ``release``."""
+    release = threading.Event()
+    started: set[str] = set()
+
+    def brain(turn: Turn) -> None:
+        started.add(turn.session_id)
+        release.wait(30)
+
+    return brain, started, release
+
+
 @pytest.mark.timeout(60)
 def test_a_stop_waits_for_deaf_session_actors_once_and_names_them(
         db_url: str, clock: ManualClock, caplog: pytest.LogCaptureFixture) -> None:
@@ -831,13 +844,7 @@ def test_a_stop_waits_for_deaf_session_actors_once_and_names_them(
     said only "a session actor did not stop in time", once each, naming none."""
     import time
 
-    release = threading.Event()
-    started: set[str] = set()
-
-    def brain(turn: Turn) -> None:
-        started.add(turn.session_id)
-        release.wait(30)  # a model call that does not look at the stop flag
-
+    brain, started, release = deaf_brain()
     rt = Runtime(db=db_url, brain=brain, clock=clock).start()
     try:
         project = rt.create_project("p").id
@@ -869,13 +876,7 @@ def test_a_stop_with_deaf_inbox_and_cron_turns_takes_its_timeout_once(
     second each)."""
     import time
 
-    release = threading.Event()
-    started: set[str] = set()
-
-    def brain(turn: Turn) -> None:
-        started.add(turn.session_id)
-        release.wait(30)  # a model call that does not look at the stop flag
-
+    brain, started, release = deaf_brain()
     rt = Runtime(db=db_url, brain=brain, clock=clock).start()
     try:
         project = rt.create_project("p").id
