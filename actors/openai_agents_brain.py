@@ -11,7 +11,10 @@ the model's order (so two ``agent_send``s reach their target in that order), unl
 caller's ``run_config`` sets its own ``tool_execution.max_function_tool_concurrency``:
 the SDK has no such switch per tool, so that is every function tool's. A call of a tool
 the agent lacks is answered to the model too
-(``tool_not_found_behavior="return_error_to_model"``), not a failed run. The turn's
+(``tool_not_found_behavior="return_error_to_model"``), not a failed run. An agent whose
+own tool bears a kinbox tool's name, and any other ``UserError`` of the SDK (a mistake in
+the agent's set-up, which every attempt would repeat), fails the row for good
+(``PermanentFailure``) after one attempt. The turn's
 prompt and reply are those of every adapter (``framework_turns``); the session's earlier
 conversation (``history=``, the newest 20 visible entries by default) comes before the
 prompt as the run's input items (``{"role": "user" | "assistant", "content": ...}``); a
@@ -37,9 +40,11 @@ from collections.abc import Callable
 from typing import Any
 
 from agents import Agent, FunctionTool, RunConfig, RunContextWrapper, Runner, ToolExecutionConfig
+from agents.exceptions import UserError
 from agents.handoffs import Handoff
 from agents.tool_context import ToolContext
 
+from .errors import PermanentFailure
 from .framework_turns import (
     as_text,
     call_tool,
@@ -98,6 +103,7 @@ class _Equipped:
         known = self.clones.get(id(agent))
         if known is not None:
             return known[1]
+        _refuse_clash(agent, self.tools)
         handoffs: list[Any] = []
         clone = agent.clone(tools=[*agent.tools, *self.tools], handoffs=handoffs)
         self.clones[id(agent)] = (agent, clone)  # before the handoffs: they may lead back here
@@ -126,6 +132,20 @@ class _Equipped:
         if isinstance(target, Agent):
             wrapped._agent_ref = weakref.ref(self.agent(target))
         return wrapped
+
+
+def _refuse_clash(agent: Agent[Any], kinbox: list[FunctionTool]) -> None:
+    """PermanentFailure if one of ``agent``'s own tools bears a kinbox tool's name: the SDK
+    runs with both, only logging the collision, and routes a model's ``agent_send`` to one
+    of them, so the user's function could run where kinbox would have journaled the send.
+    Every attempt would be the same, so the row fails at once, the reason naming both."""
+    ours = {tool.name for tool in kinbox}
+    clash = sorted(ours.intersection(getattr(tool, "name", None) for tool in agent.tools))
+    if clash:
+        raise PermanentFailure(
+            f"the agent {agent.name!r} has its own tool named {clash[0]!r}, as kinbox's "
+            "tool is: rename the agent's tool"
+        )
 
 
 def with_kinbox_tools(agent: Agent[Any], turn: Turn) -> Agent[Any]:
@@ -187,6 +207,8 @@ def openai_agents_brain(
             stopped, result = await until_stopped(
                 turn, Runner.run(agent, given, run_config=config, **limits)
             )
+        except UserError as exc:  # the application's mistake: every attempt would repeat it
+            raise PermanentFailure(f"the Agents SDK refused the agent: {exc}") from exc
         except Exception as exc:  # the SDK passes the openai client's errors on as raised
             failure = openai_failure(exc, turn.started)
             if failure is None:

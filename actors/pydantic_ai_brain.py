@@ -21,7 +21,9 @@ as for every adapter; the runtime's own stop lets it finish within ``stop_grace`
 A model API's error answer (``ModelHTTPError``) fails the attempt as kinbox's rule for
 HTTP statuses says (:func:`.http_failure.model_http_failure`): 400, 401, 403, 404 and 422
 for good (``PermanentFailure``), 408, 429 and 5xx with the wait the answer asked
-(``RetryLater``, its ``retry_after``), any other as an ordinary failed attempt.
+(``RetryLater``, its ``retry_after``), any other as an ordinary failed attempt. A
+``UserError`` of pydantic-ai (a mistake in the agent's set-up, such as a tool of its own
+named as a kinbox tool, which every attempt would repeat) fails the row for good.
 pydantic-ai is imported here only, never on kinbox's core path.
 """
 
@@ -34,7 +36,7 @@ from typing import Any
 
 from pydantic_ai import RunContext, Tool
 from pydantic_ai.agent import AbstractAgent
-from pydantic_ai.exceptions import FallbackExceptionGroup, ModelHTTPError
+from pydantic_ai.exceptions import FallbackExceptionGroup, ModelHTTPError, UserError
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -178,6 +180,8 @@ def pydantic_ai_brain(
                     toolsets=[kinbox_toolset(turn)],
                 ),
             )
+        except UserError as exc:  # the application's mistake: every attempt would repeat it
+            raise PermanentFailure(f"pydantic-ai refused the agent: {exc}") from exc
         except ModelHTTPError as exc:
             failure = _http_failure(exc)
             if failure is None:

@@ -281,3 +281,31 @@ def test_a_model_api_status_as_a_brain_failure(
     assert (type(failure).__name__ if failure is not None else None) == expected
     if expected == "RetryLater":
         assert failure.retry_after == retry_after  # type: ignore[union-attr]
+
+
+def test_pydantic_ai_tool_name_clash_fails_for_good(make_runtime: MakeRuntime) -> None:
+    """An agent with a tool of its own named as a kinbox tool fails every run the same way
+    (pydantic-ai's ``UserError``, a mistake of the application's): retried, each attempt
+    failed the same, and the row waited through five backoffs before it failed. A usage
+    error of the framework is permanent: one attempt, the reason kept."""
+    pytest.importorskip("pydantic_ai", reason="the pydantic-ai extra is not installed")
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from kinbox.actors.pydantic_ai_brain import pydantic_ai_brain
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart("hi")])
+
+    agent = Agent(FunctionModel(model))
+
+    @agent.tool_plain
+    def agent_send(target: str, message: str) -> str:
+        return "mine"
+
+    rt = make_runtime(brain=pydantic_ai_brain(agent))
+    row = one_turn(rt)
+    assert_row(row, "failed", 1, None, "PermanentFailure: ")
+    assert "UserError" in row["last_error"] and "agent_send" in row["last_error"]
+

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("agents", reason="the openai-agents extra is not installed")
 
-from agents import Agent, Model, ModelResponse, ModelSettings, Tool, Usage
+from agents import Agent, Model, ModelResponse, ModelSettings, Tool, Usage, function_tool
 from agents.agent_output import AgentOutputSchemaBase
 from agents.handoffs import Handoff, handoff
 from agents.items import TResponseInputItem, TResponseOutputItem, TResponseStreamEvent
@@ -463,3 +463,44 @@ def test_an_agent_handed_off_to_has_kinbox_tools_too(
     assert_reviewed(rt, ids, "asked Bob")
     assert (alice.tools, desk.tools) == ([], [])
     assert alice.handoffs[0] is given[0] and desk.handoffs[0] is given[1]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["top", "handed off to"])
+def test_an_agents_own_tool_named_as_a_kinbox_tool_fails_the_row_for_good(
+    make_runtime: MakeRuntime, where: str
+) -> None:
+    """An agent whose own tool bears a kinbox tool's name (``agent_send``) ran with both:
+    the SDK only logs the collision and routes the model's call to one of them, so a
+    model's ``agent_send`` could run the user's function and nothing was journaled. The
+    clash is refused before the run, the row failed after one attempt (every retry would
+    be the same), the reason naming the agent and the tool."""
+    calls: list[str] = []
+
+    @function_tool(name_override="agent_send")
+    def own_send(agent_id: str, message: str) -> str:
+        calls.append(message)
+        return "sent my way"
+
+    async def model(items: list[TResponseInputItem], tools: list[str]) -> list[TResponseOutputItem]:
+        return [say("done")]
+
+    clashing = Agent(name="Desk", model=ScriptModel(model), tools=[own_send])
+    agent = clashing
+    if where == "handed off to":
+
+        async def top_model(
+            items: list[TResponseInputItem], tools: list[str]
+        ) -> list[TResponseOutputItem]:
+            return [call("transfer_to_desk", {}, "handoff-1")]
+
+        agent = Agent(name="Top", model=ScriptModel(top_model), handoffs=[clashing])
+    rt = make_runtime(brain=openai_agents_brain(agent))
+    me = rt.create_session(rt.create_project("solo").id, "Me").id
+    rt.post(me, "hello")
+    rt.run_until_idle(timeout=30)
+    row = rt.inbox()[0]
+    assert (row["status"], row["attempts"]) == ("failed", 1)
+    assert "PermanentFailure: " in row["last_error"]
+    assert "'Desk'" in row["last_error"] and "'agent_send'" in row["last_error"]
+    assert clashing.tools == [own_send]  # the user's agent unchanged
