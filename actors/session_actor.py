@@ -33,7 +33,7 @@ from .messages import Deliver
 from .outbox import Outbox
 from .pooled import ActorPool, PooledActor
 from .running import StopFlag
-from .steps import Blocking, Step, landed, settle, wait_landed
+from .steps import Blocking, Step, Steps, landed, settle, wait_landed
 from .turn import Message, Turn
 from .turn_history import history_reader
 from .turn_run import (
@@ -155,13 +155,12 @@ class SessionActor(PooledActor):
         protocol's answer to its outcome."""
         ctx = self.ctx
         if isinstance(effect, dp.StartTurn):
-            if effect.record_start:
-                return settle(self.start_turn(run, effect.row, True))
-            # Nothing to write first (most turns): no step, unless another turn runs.
-            effects = self.try_start(run, effect.row)
-            if effects is None:
-                effects = settle(self._wait_to_start(run, effect.row))
-            return effects
+            if not effect.record_start:
+                # Nothing to write first (most turns): no step, unless another turn runs.
+                effects = self.try_start(run, effect.row)
+                if effects is not None:
+                    return effects
+            return settle(self.start_turn(run, effect.row, effect.record_start))
         if isinstance(effect, dp.Commit):
             return self.commit_now(run, effect)
         if isinstance(effect, dp.Done):
@@ -195,57 +194,67 @@ class SessionActor(PooledActor):
             self.ctx.slots.turn_done(self.session_id, claim)
 
     def start_turn(self, run: dp.Delivery, row: ClaimedRow, record_start: bool) -> Step:
-        """Start the turn of ``row`` (a :data:`Step`: it writes when the row was taken over);
-        refused when the journal refuses (the lease is gone)."""
-        ctx = self.ctx
-        if record_start:  # its last worker died mid-turn: is this message the cause?
-            try:
-                yield from landed(
-                    ctx.journal.submit_turn_started(ctx.owner, row.message_id, ctx.now())
-                )
-            except WriterClosed:
-                raise
-            except LeaseLost:
-                log.warning(
-                    "lost the lease of %s for %s before its turn started",
-                    row.message_id,
-                    self.session_id,
-                )
-                return run.refused()
-            except PersistenceError as exc:
-                log.error(
-                    "starting %s for %s failed in the journal: %s",
-                    row.message_id,
-                    self.session_id,
-                    exc,
-                )
-                return run.refused()
-        effects = self.try_start(run, row)
-        if effects is None:
-            effects = yield from self._wait_to_start(run, row)
-        return effects
+        """Start the turn of ``row`` once its session is free (a :data:`Step`: it waits
+        for the session's cron or social turn, and writes when the row was taken over);
+        refused when the journal refuses (the lease is gone).
 
-    def _wait_to_start(self, run: dp.Delivery, row: ClaimedRow) -> Step:
-        """A cron or social turn of this session runs: the row waits for its end in the
-        slot table, holding no session thread (:meth:`.slots.Slots.wait_for_direct`); or,
-        where the slots cannot keep it, wait it out here, then start."""
-        slots = self.ctx.slots
-        if slots is not None and slots.wait_for_direct(row):
-            return run.parked()
-        turns, sid, now = self.ctx.turns, self.session_id, self.ctx.now
-        begun = yield Blocking(
-            lambda: turns.begin(sid, now, row.message_id),
-            on_loop=lambda: turns.begin_async(sid, now, row.message_id),
-        )
-        if begun is None:  # the runtime stopped while that turn ran: the row goes back
-            run.closing = True
-            return run.started()
-        stop_flag, started = begun
+        A taken-over row's start (``record_start``: its last worker died mid-turn) is
+        recorded once its turn holds the session, right before the brain: a takeover
+        counts an attempt only for a turn that started. Recorded before the wait, a row
+        that parked behind a direct turn and died there was counted unrun, and a few such
+        deaths failed the message without its turn ever running."""
+        ctx = self.ctx
+        started = ctx.now()
+        stop_flag = ctx.turns.try_begin(self.session_id, started, row.message_id)
+        if stop_flag is None:
+            # A cron or social turn of this session runs: the row waits for its end in the
+            # slot table, holding no session thread (:meth:`.slots.Slots.wait_for_direct`);
+            # or, where the slots cannot keep it, it is waited out here.
+            if ctx.slots is not None and ctx.slots.wait_for_direct(row):
+                return run.parked()
+            turns, sid, now = ctx.turns, self.session_id, ctx.now
+            begun = yield Blocking(
+                lambda: turns.begin(sid, now, row.message_id),
+                on_loop=lambda: turns.begin_async(sid, now, row.message_id),
+            )
+            if begun is None:  # the runtime stopped while that turn ran: the row goes back
+                run.closing = True
+                return run.started()
+            stop_flag, started = begun
+        if record_start and not (run.closing or ctx.closed.is_set()):
+            self.flag = stop_flag  # on the board from here: the run's Done takes it off
+            if not (yield from self._record_start(row)):
+                return run.refused()
         return self._started(run, row, started, stop_flag)
+
+    def _record_start(self, row: ClaimedRow) -> Steps[bool]:
+        """Note durably that the turn of taken-over ``row`` starts (fenced by its lease);
+        False when the journal refused (logged)."""
+        ctx = self.ctx
+        try:
+            yield from landed(ctx.journal.submit_turn_started(ctx.owner, row.message_id, ctx.now()))
+        except WriterClosed:
+            raise
+        except LeaseLost:
+            log.warning(
+                "lost the lease of %s for %s before its turn started",
+                row.message_id,
+                self.session_id,
+            )
+            return False
+        except PersistenceError as exc:
+            log.error(
+                "starting %s for %s failed in the journal: %s",
+                row.message_id,
+                self.session_id,
+                exc,
+            )
+            return False
+        return True
 
     def try_start(self, run: dp.Delivery, row: ClaimedRow) -> list[dp.Effect] | None:
         """Start the turn of ``row`` at once; None when another turn of the session (a cron
-        or social one) runs, which :meth:`_wait_to_start` waits out."""
+        or social one) runs, which :meth:`start_turn` waits out."""
         started = self.ctx.now()
         stop_flag = self.ctx.turns.try_begin(self.session_id, started, row.message_id)
         return None if stop_flag is None else self._started(run, row, started, stop_flag)
