@@ -28,6 +28,7 @@ from typing import Any
 import peewee as pw
 
 from . import forks
+from .driver_errors import sqlstate_of
 from .errors import LifeLockLost, PersistenceError
 
 log = logging.getLogger("kinbox.liveness")
@@ -39,6 +40,17 @@ LOCK_WAIT = "5s"
 """How long taking the life lock waits (``lock_timeout``): another runtime's check holds an
 owner's lock for an instant; only a live runtime whose owner id collides holds it longer,
 and waiting for that one meant waiting, at start, for as long as it lived."""
+
+CHECK_WAIT = "1s"
+"""How long a statement of the check on other owners (:meth:`OwnerLiveness.gone`) may take
+(``statement_timeout``, lock waits included), set once the life lock is held. The check
+runs on the runtime's ticker, which renews leases too: with no bound, a stalled server or
+a lock wait (another session holding a catalog the check reads) stalled the ticker with
+it. A check cut short proves no one gone; the next one, half a second later, asks again."""
+
+CUT_SHORT = frozenset({"57014", "55P03"})
+"""The SQLSTATEs of a statement cut short by its wait: ``statement_timeout``
+(query_canceled) and ``lock_timeout`` (lock_not_available)."""
 
 
 LIFE_KEEPALIVES = (("tcp_keepalives_idle", 10), ("tcp_keepalives_interval", 5),
@@ -74,6 +86,7 @@ class OwnerLiveness:
                     except Exception as exc:  # a platform without it (autocommit: no harm)
                         log.debug("the life lock's session keeps its %s: %s", name, exc)
                 cur.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (LOCK_CLASS, self.owner))
+                cur.execute(f"SET statement_timeout = '{CHECK_WAIT}'")  # for gone(), from here
         except Exception as exc:
             if conn is not None:
                 conn.close()
@@ -94,7 +107,11 @@ class OwnerLiveness:
 
     def gone(self, owners: Iterable[str]) -> set[str]:
         """The owners among ``owners`` whose runtime no longer holds its life lock;
-        :class:`LifeLockLost` when this runtime's own lock went with its connection."""
+        :class:`LifeLockLost` when this runtime's own lock went with its connection.
+
+        Each statement waits at most :data:`CHECK_WAIT`: a check cut short returns the
+        owners it proved gone so far, and proves nothing of the rest (a live owner is
+        never taken for a gone one)."""
         found: set[str] = set()
         with self._lock:
             if self._conn is None:
@@ -102,20 +119,23 @@ class OwnerLiveness:
             try:
                 with self._conn.cursor() as cur:
                     cur.execute("SELECT 1")  # the connection, and so the lock, still there
-            except Exception as exc:
-                if not self._conn.closed:
-                    raise
-                raise LifeLockLost(self.owner, type(exc).__name__) from exc
-            with self._conn.cursor() as cur:
-                for owner in owners:
-                    if owner == self.owner:
-                        continue
-                    cur.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))",
-                                (LOCK_CLASS, owner))
-                    if cur.fetchone()[0]:
-                        cur.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))",
+                    for owner in owners:
+                        if owner == self.owner:
+                            continue
+                        cur.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))",
                                     (LOCK_CLASS, owner))
-                        found.add(owner)
+                        if cur.fetchone()[0]:
+                            found.add(owner)  # its lock was free: gone, whatever comes next
+                            cur.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))",
+                                        (LOCK_CLASS, owner))
+            except Exception as exc:
+                if self._conn.closed:
+                    raise LifeLockLost(self.owner, type(exc).__name__) from exc
+                if sqlstate_of(exc) not in CUT_SHORT:
+                    raise
+                log.info("the check for runtimes that are gone waited past %s (%s); the "
+                         "owners it did not reach count as alive", CHECK_WAIT,
+                         type(exc).__name__)
         return found
 
     def release(self) -> None:

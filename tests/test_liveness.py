@@ -270,3 +270,49 @@ def test_the_server_notices_a_dead_host_within_about_a_lease(pg_url: str) -> Non
     finally:
         liveness.release()
         db.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_check_for_gone_runtimes_stuck_on_a_lock_is_cut_short_and_proves_no_one_gone(
+        pg_url: str) -> None:
+    """The check ran with no statement timeout: a session holding a catalog it reads (here
+    ``pg_proc``, which its first look-up of ``pg_try_advisory_lock`` scans) stalled it, and
+    the runtime's ticker with it (lease renewals included), until the life lock's
+    ``lock_timeout`` raised a driver error out of it. It is cut short now and proves no one
+    gone; once the lock is gone the next check, on the same connection, works."""
+    db = open_database(pg_url)
+    checker = OwnerLiveness(db, "vm:1:checker")
+    blocker = db._connect()
+    blocker.autocommit = False  # a transaction of its own, as another program's would be
+    outcome: list[object] = []
+    try:
+        checker.hold()
+        with blocker.cursor() as cur:
+            cur.execute("LOCK TABLE pg_catalog.pg_proc IN ACCESS EXCLUSIVE MODE")
+
+        def check() -> None:
+            try:
+                outcome.append(checker.gone({"vm:2:dead"}))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        checking = threading.Thread(target=check, daemon=True)
+        checking.start()
+        with blocker.cursor() as cur:  # the check does wait on the lock (or has waited)
+
+            def waited() -> bool:
+                cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted "
+                            "AND relation = 'pg_catalog.pg_proc'::regclass")
+                return bool(cur.fetchone()[0]) or bool(outcome)
+
+            wait_for(waited, 20, "the check to wait on pg_proc's lock")
+        checking.join(30)
+        assert outcome == [set()], outcome  # cut short: no one proven gone, nothing raised
+    finally:
+        blocker.rollback()
+        blocker.close()
+    try:
+        assert checker.gone({"vm:2:dead"}) == {"vm:2:dead"}
+    finally:
+        checker.release()
+        db.close()
