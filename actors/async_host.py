@@ -134,6 +134,29 @@ class AsyncHost(BrainTasks):
                               type(exc).__name__)
         finally:
             self._let_go()
+            self._end_tasks()
+
+    def _end_tasks(self) -> None:
+        """The loop has ended (a stop, a crash, or once a brain that held it let go after a
+        stop gave up on it): cancel every task still on it, a turn's driver, a direct
+        turn's, a brain, and run the loop until they have ended (at most
+        :data:`LAST_CANCELS`), then close it. Left pending, each was destroyed so when
+        collected ("Task was destroyed but it is pending!"), its clean-up never run.
+        On the loop's thread."""
+        loop = self.loop
+        try:
+            left = [task for task in asyncio.all_tasks(loop) if not task.done()]
+            for task in left:
+                task.cancel()
+            if left:
+                _, deaf = loop.run_until_complete(asyncio.wait(left, timeout=LAST_CANCELS))
+                if deaf:
+                    log.error("%d task(s) of async turns ignored their cancel as the loop "
+                              "ended: they never end", len(deaf))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+        except Exception:
+            log.exception("ending the tasks left on the async brains' loop failed")
 
     def _let_go(self) -> None:
         """The loop has ended (or never will): a brain on it never ends now, and the
