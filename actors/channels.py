@@ -20,6 +20,14 @@ inbox, run by the next start before the product registered its channels) is
 held in memory, the newest ``HELD_PER_PLATFORM`` per platform, and sent when
 an adapter for its platform is registered; a stop drops what is held (the
 replies stay in the transcript, their outcome ``no_channel``).
+
+A committed reply is durable until its send ended for good: the turn's commit keeps it
+in the outbox of social replies (:mod:`kinbox.persistence.social_outbox`), and the send
+settles it once the platform accepted or refused it, or every retry failed. A send that
+a stop or crash cut off (``interrupted``), or that never began, leaves it kept, and the
+next start sends it again once the platform's adapter is registered. At least once: an
+adapter that takes a ``reply_id`` keyword gets the reply's stable id (the message id
+that caused it), for a platform that drops a post it already took under that id.
 """
 
 from __future__ import annotations
@@ -30,9 +38,10 @@ import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from ..persistence import TurnEntry, WriterClosed
+from ..persistence import KeptReply, PersistenceError, SocialOutbox, TurnEntry, WriterClosed
 from . import social_rules as rules
 from .channel_loop import CANCEL_GRACE, ChannelLoop
 from .context import RuntimeContext
@@ -62,7 +71,9 @@ class DeliveryOutcome:
     """What happened to one reply."""
 
     status: str
-    """``sent``, ``failed`` (every attempt raised), ``no_channel`` or ``no_reply``."""
+    """``sent``, ``failed`` (every attempt raised), ``interrupted`` (the runtime stopped
+    during the send or before a retry: sent again at the next start), ``no_channel`` or
+    ``no_reply``."""
     attempts: int
     error: str | None = None
 
@@ -102,6 +113,7 @@ def deliver(
     wait: Callable[[float], object],
     loop: ChannelLoop,
     send_timeout: float = DEFAULT_SEND_TIMEOUT,
+    stopped: Callable[[], bool] = lambda: False,
 ) -> DeliveryOutcome:
     """Send ``text`` through ``send``, retrying after each delay (or the longer wait a
     :class:`.ChannelBusy` asked, capped; never after a :class:`.ChannelRefused`); never
@@ -109,7 +121,9 @@ def deliver(
 
     ``wait(seconds)`` is how the caller pauses between attempts (it returns
     early when the runtime stops); ``loop`` runs an async ``send``, for at most
-    ``send_timeout`` seconds an attempt.
+    ``send_timeout`` seconds an attempt. An attempt that fails once the runtime is
+    ``stopped`` (its stop cut the send off), or a retry a stop came before, ends it
+    ``interrupted``.
     """
     if not text:
         return DeliveryOutcome("no_reply", 0)
@@ -121,7 +135,7 @@ def deliver(
     for attempt, delay in enumerate((0.0, *retry_delays), start=1):
         pause = max(delay, asked) if attempt > 1 else 0.0
         if pause and wait(pause):
-            return DeliveryOutcome("failed", attempt - 1, f"stopped before retrying: {error}")
+            return DeliveryOutcome("interrupted", attempt - 1, f"stopped before retrying: {error}")
         asked = 0.0
         try:
             call_send(send, route, text, loop, send_timeout)
@@ -136,6 +150,8 @@ def deliver(
                 asked = min(max(exc.retry_after, 0.0), MAX_RETRY_AFTER)
             log.warning("channel send attempt %d failed: %s", attempt, kind_of(exc))
             log.debug("channel send attempt %d: %s", attempt, error)
+            if stopped():
+                return DeliveryOutcome("interrupted", attempt, error)
             continue
         return DeliveryOutcome("sent", attempt)
     return DeliveryOutcome("failed", 1 + len(retry_delays), error)
@@ -171,6 +187,25 @@ class Channel:
     secret: bytes | None = field(repr=False)
     """The platform's webhook signing secret (None: no webhook); never in a repr, which
     tracebacks with locals and error trackers record."""
+    takes_reply_id: bool = False
+    """``send`` takes a ``reply_id`` keyword: the reply's dedupe key is passed."""
+
+    def send_of(self, reply_id: str) -> Send:
+        """``send(reply_route, text)`` for the reply ``reply_id``."""
+        return partial(self.send, reply_id=reply_id) if self.takes_reply_id else self.send
+
+
+def takes_reply_id(send: Send) -> bool:
+    """Does ``send`` take a ``reply_id`` keyword (the platform's dedupe key)?"""
+    try:
+        parameters = inspect.signature(send).parameters
+    except (TypeError, ValueError):  # a builtin, a callable without a signature
+        return False
+    found = parameters.get("reply_id")
+    return found is not None and found.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
 
 
 class Channels:
@@ -189,6 +224,14 @@ class Channels:
         self.loop = ChannelLoop()
         """Where the async sends run, for the runtime's life (:meth:`close` ends it)."""
         self.outcomes: deque[dict[str, Any]] = deque(maxlen=OUTCOMES_KEPT)
+        self.kept = SocialOutbox(ctx.store.t, ctx.store.writer)
+        """Committed replies until their send ended for good (the module docstring)."""
+        self._recovered: set[str] = set()
+        """Platforms whose replies other runtimes left kept were taken up (once each)."""
+        self.gone: Callable[[set[str]], set[str]] | None = None
+        """On PostgreSQL, which of these runtimes are gone (their life lock is free): the
+        replies a live one kept are its own to send. None: every other runtime is (SQLite
+        has one delivering runtime at a time)."""
         self._stop = stop
         self._lock = threading.Lock()
         self._channels: dict[str, Channel] = {}
@@ -198,8 +241,40 @@ class Channels:
         """Set the platform's adapter (replacing an earlier one); the replies held for it,
         oldest first, for the caller to send."""
         with self._lock:
-            self._channels[platform] = Channel(send, secret)
+            self._channels[platform] = Channel(send, secret, takes_reply_id(send))
             return list(self._held.pop(platform, ()))
+
+    def left_kept(self, platform: str) -> list[HeldReply]:
+        """The replies for ``platform`` that an earlier life of this runtime (or another
+        runtime) kept and whose send never ended (a stop or crash cut it off), oldest
+        first; once per platform (a registration that replaces an adapter gets none)."""
+        with self._lock:
+            if platform in self._recovered:
+                return []
+            self._recovered.add(platform)
+        left = self.kept.left_by_others(platform, self.ctx.owner)
+        if left and self.gone is not None:
+            try:
+                gone = self.gone({r.owner for r in left})
+            except Exception:  # not proven gone: their runtimes may still send them
+                log.exception("could not tell which runtimes that kept replies are gone")
+                gone = set()
+            left = [r for r in left if r.owner in gone]
+        return [HeldReply(r.session_id, r.route, r.text, r.reply_id) for r in left]
+
+    def keep_now(
+        self,
+        session_id: str,
+        platform: str,
+        route: Mapping[str, Any],
+        text: str,
+        cause_id: str,
+        now: float,
+    ) -> None:
+        """Keep a reply inside its turn's commit (on the writer), until its send ends."""
+        if text:
+            reply = KeptReply(cause_id, session_id, platform, route, text, self.ctx.owner)
+            self.kept.keep_now(reply, now)
 
     def get(self, platform: str) -> Channel | None:
         """The platform's adapter, if one is registered."""
@@ -216,15 +291,21 @@ class Channels:
             if channel is None and text:
                 self._hold(platform, HeldReply(session_id, route, text, cause_id))
         outcome = deliver(
-            channel.send if channel else None,
+            channel.send_of(cause_id) if channel else None,
             route,
             text,
             retry_delays=self.retry_delays,
             wait=self._stop.wait,
             loop=self.loop,
             send_timeout=self.send_timeout,
+            stopped=self._stop.is_set,
         )
         self.record(session_id, platform, cause_id, outcome, durable=outcome.status != "no_reply")
+        if outcome.status in ("sent", "failed"):  # ended for good: no start sends it again
+            try:
+                self.kept.settle(cause_id)
+            except PersistenceError as exc:  # the runtime stopped: sent again, at least once
+                log.info("the sent reply to %s stays kept (%s)", session_id, type(exc).__name__)
         return outcome
 
     def close(self, timeout: float = CANCEL_GRACE) -> None:

@@ -39,6 +39,7 @@ class Services:
         self.cron = CronService(ctx, CronStore(jobs.t, jobs.writer), self.direct,
                                 use_apscheduler=real_time, gone=gone)
         self.social = SocialService(ctx, self.direct)
+        self.social.channels.gone = gone
         ctx.outbox_hooks.append(self.social.outbox)
 
     def start_schedule(self) -> None:

@@ -105,6 +105,8 @@ class SocialService(SocialIngress):
                                                      "for a platform without a webhook")
         held = self.channels.register(platform, send,
                                       secret.encode() if isinstance(secret, str) else secret)
+        if self.turns is not None:  # and those an earlier life's stop or crash cut off
+            held += self.channels.left_kept(platform)
         for reply in held:  # replies that ran before the product registered this channel
             self._send_later(platform, reply)
 
@@ -227,6 +229,9 @@ class SocialService(SocialIngress):
             return effects
         text, cause = "\n\n".join(turn.replies), turn.messages[0].message_id
         turns, platform = self.turns, session.platform
+        now = ctx.now()
+        effects.ops.append(lambda: self.channels.keep_now(session.id, platform, route, text,
+                                                          cause, now))
         effects.after.append(lambda: turns.submit(
             lambda: self.channels.send(session.id, platform, route, text, cause)))
         return effects

@@ -110,10 +110,14 @@ class ChatTurns(SocialState):
             patch = {"social_reply_route": dict(last.reply_route),
                      "social_last_sender": last.sender_id}
             now = self.ctx.now()
+            text = "\n\n".join(turn.replies)
             # The patch first: on PostgreSQL its row lock makes the commits of a thread's
             # turns one at a time across runtimes, so the marker check below is exact.
+            # The reply is kept with the turn until its send ends (:mod:`.channels`).
             return [lambda: self.ctx.store.patch_config_now(sid, patch, now),
-                    lambda: record_events(self.ctx, sid, ran, now)]
+                    lambda: record_events(self.ctx, sid, ran, now),
+                    lambda: self.channels.keep_now(sid, last.platform, last.reply_route,
+                                                   text, last.event_id, now)]
 
         try:
             yield Blocking(partial(self._ensure_session, event))

@@ -70,6 +70,7 @@ from .rate_buckets import BucketState, RateBuckets
 from .schema import pending_changes, require_current, upgrade
 from .session_records import EntryRecord, ProjectRecord, SessionPage, SessionRecord
 from .sessions import SessionStore
+from .social_outbox import KeptReply, SocialOutbox
 from .stop_requests import StopAsk, StopRequests
 from .tasks import OPEN_TASK_STATES, TaskChange, TaskRecord, TaskStore
 from .writer import WRITE_TIMEOUT, GroupCommitWriter, Reply, WriterStatistics
@@ -104,6 +105,7 @@ __all__ = [
     "JobRecord",
     "JobStore",
     "Journal",
+    "KeptReply",
     "KinboxError",
     "Lease",
     "LeaseLost",
@@ -123,6 +125,7 @@ __all__ = [
     "SessionPage",
     "SessionRecord",
     "SessionStore",
+    "SocialOutbox",
     "StopAsk",
     "StopRequests",
     "Tables",

@@ -334,6 +334,26 @@ class InboxSeqMark(_Base):
         table_name = "agent_inbox_seq_mark"
 
 
+class SocialReply(_Base):
+    """A social turn's committed reply that its platform has not taken yet (the outbox of
+    channel sends, :mod:`.social_outbox`): written in the turn's commit, deleted once the
+    send ended for good, so a send that a stop or crash cut off is sent again."""
+
+    reply_id = pw.CharField(primary_key=True, max_length=256)
+    """The message id that caused the reply: the platform's dedupe key for it."""
+    session_id = pw.CharField(max_length=128)
+    platform = pw.CharField(max_length=32)
+    route = pw.TextField()
+    """The reply route, as JSON."""
+    text = pw.TextField()
+    owner = pw.CharField(max_length=256)
+    """The runtime that committed it (and sends it while it lives)."""
+    created_at = pw.DoubleField()
+
+    class Meta:
+        table_name = "social_replies"
+
+
 MODELS: tuple[type[_Base], ...] = (
     Project,
     Session,
@@ -350,6 +370,7 @@ MODELS: tuple[type[_Base], ...] = (
     StopRequest,
     RateBucket,
     InboxSeqMark,
+    SocialReply,
 )
 
 
@@ -373,12 +394,13 @@ class Tables:
     stop: type[StopRequest]
     bucket: type[RateBucket]
     seq_mark: type[InboxSeqMark]
+    social_reply: type[SocialReply]
 
     def all(self) -> list[type[pw.Model]]:
         """Every bound model, in creation order."""
         return [self.project, self.session, self.transcript, self.marker, self.task,
                 self.inbox, self.event, self.job, self.cron_job, self.cron_run, self.device,
-                self.invite, self.stop, self.bucket, self.seq_mark]
+                self.invite, self.stop, self.bucket, self.seq_mark, self.social_reply]
 
 
 def _bound(model: type[_Base], db: pw.Database) -> type:

@@ -1,0 +1,82 @@
+"""The outbox of social replies: a committed reply, kept until its platform took it.
+
+A social turn's replies leave for their chat platform once the turn has committed.
+A stop or a crash can cut that send off, and the reply, in the transcript, then never
+reached the user. So the reply is also written here, in the turn's commit
+(:meth:`SocialOutbox.keep_now`), and deleted once its send ended for good
+(:meth:`SocialOutbox.settle`: the platform accepted it or refused it, or every retry
+failed while the runtime ran). A reply some other runtime kept and never settled (an
+earlier life of this one, cut off) is sent again (:meth:`SocialOutbox.left_by_others`):
+at least once, its ``reply_id`` the platform's dedupe key.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .models import Tables
+from .writer import GroupCommitWriter
+
+
+@dataclass(frozen=True)
+class KeptReply:
+    """A committed reply on its way to its platform."""
+
+    reply_id: str
+    """The message id that caused it: the platform's dedupe key."""
+    session_id: str
+    platform: str
+    route: Mapping[str, Any]
+    text: str
+    owner: str
+    """The runtime that committed it (and sends it while it lives)."""
+
+
+class SocialOutbox:
+    """The ``social_replies`` table."""
+
+    def __init__(self, t: Tables, writer: GroupCommitWriter) -> None:
+        self.t = t
+        self.writer = writer
+
+    def keep_now(self, reply: KeptReply, now: float) -> None:
+        """Keep ``reply`` inside the caller's transaction (the turn's commit); one kept
+        already (the same cause, committed again elsewhere) stays as it was."""
+        self.t.social_reply.insert(
+            reply_id=reply.reply_id,
+            session_id=reply.session_id,
+            platform=reply.platform,
+            route=json.dumps(dict(reply.route), sort_keys=True),
+            text=reply.text,
+            owner=reply.owner,
+            created_at=now,
+        ).on_conflict_ignore().execute()
+
+    def settle(self, reply_id: str) -> None:
+        """The reply's send ended for good: forget it."""
+        r = self.t.social_reply
+        self.writer.call(lambda: r.delete().where(r.reply_id == reply_id).execute())
+
+    def left_by_others(self, platform: str, owner: str) -> list[KeptReply]:
+        """The replies for ``platform`` that runtimes other than ``owner`` kept and never
+        settled, oldest first."""
+        r = self.t.social_reply
+        rows = (
+            r.select()
+            .where(r.platform == platform, r.owner != owner)
+            .order_by(r.created_at, r.reply_id)
+        )
+        return [
+            KeptReply(
+                row.reply_id,
+                row.session_id,
+                row.platform,
+                json.loads(row.route),
+                row.text,
+                row.owner,
+            )
+            for row in rows
+        ]

@@ -1,0 +1,143 @@
+"""A social reply is durable until its platform accepted it (SO1): a send that a stop cut
+off is sent again at the next start, with the reply's stable id as the platform's dedupe
+key, and a reply the platform accepted is never sent again."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from collections.abc import Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from kinbox.actors import Runtime, Turn
+
+from .helpers import wait_for
+
+
+class Platform:
+    """A chat platform's message endpoint on 127.0.0.1. The first post of ``held`` text
+    waits until ``cut`` is set, then the platform drops the connection unanswered (nothing
+    posted); every other post is accepted (200) and kept in ``accepted``."""
+
+    def __init__(self) -> None:
+        self.held = ""
+        self.holding, self.cut = threading.Event(), threading.Event()
+        self.accepted: list[dict[str, Any]] = []
+        self.first: dict[str, Any] = {}
+        self.dropped = 0
+        platform = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if body["text"] == platform.held and not platform.holding.is_set():
+                    platform.first = body
+                    platform.holding.set()
+                    platform.cut.wait(30)
+                    platform.dropped += 1
+                    self.close_connection = True
+                    return  # no answer: the post never went out
+                platform.accepted.append(body)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/chat.postMessage"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def send(self, route: Mapping[str, Any], text: str, reply_id: str | None = None) -> None:
+        """The product's adapter: posts the reply with the platform's dedupe key."""
+        body = json.dumps({"channel": route["channel"], "text": text, "client_msg_id": reply_id})
+        request = urllib.request.Request(
+            self.url, body.encode(), {"Content-Type": "application/json"}
+        )
+        urllib.request.urlopen(request, timeout=30).close()
+
+    def close(self) -> None:
+        self.cut.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def platform() -> Iterator[Platform]:
+    p = Platform()
+    yield p
+    p.close()
+
+
+def booked(turn: Turn) -> str:
+    return "Booked." if turn.messages[0].kind == "social_message" else "Noted."
+
+
+def started(db_url: str, platform: Platform) -> Runtime:
+    rt = Runtime(db=db_url, brain=booked).start()
+    rt.social.allow("slack", ["U1"])
+    rt.social.register_channel("slack", send=platform.send)
+    return rt
+
+
+EVENT = {
+    "platform": "slack",
+    "event_id": "Ev-1",
+    "sender_id": "U1",
+    "sender_name": "Ann",
+    "thread_id": "T42",
+    "text": "Can you book a table tonight?",
+    "reply_route": {"channel": "C9", "thread_ts": "T42"},
+}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("turn", ["event", "agent_send"])
+def test_a_reply_whose_send_a_stop_cut_off_is_sent_at_the_next_start_once(
+    db_url: str, platform: Platform, turn: str
+) -> None:
+    """The turn committed (a social event's own turn, or an inbox turn of the thread's
+    session), its reply was on its way to the platform when the runtime stopped, and the
+    platform never took it: the reply was in the transcript and the user never got it
+    (no start sent it again)."""
+    rt = started(db_url, platform)
+    try:
+        rt.social.ingest(dict(EVENT))
+        if turn == "event":
+            platform.held = "Booked."
+        else:  # the event's reply goes out; then a colleague's note is answered there
+            wait_for(lambda: len(platform.accepted) == 1, 20, "the event's reply")
+            platform.held = "Noted."
+            colleague = rt.create_session("social", "Helper").id
+            rt.tools_for(colleague).agent_send("social-slack-T42", "a note")
+        assert platform.holding.wait(20), "the reply never reached the platform"
+        rt.stop(timeout=1)  # the send still waits on the platform
+    finally:
+        platform.cut.set()  # the platform drops it: not posted
+    wait_for(lambda: platform.dropped == 1, 20, "the platform to drop the post")
+    before = len(platform.accepted)
+
+    again = started(db_url, platform)
+    try:
+        wait_for(lambda: len(platform.accepted) > before, 20, "the reply to be sent again")
+        assert again.social.wait_idle(20)
+        again.run_until_idle()
+    finally:
+        again.stop()
+    [resent] = platform.accepted[before:]
+    assert resent == platform.first  # the same reply, under the same dedupe key
+    assert resent["text"] == platform.held and resent["client_msg_id"]
+
+    third = started(db_url, platform)  # the platform took it: nothing is sent any more
+    try:
+        assert third.social.wait_idle(20)
+        third.run_until_idle()
+    finally:
+        third.stop()
+    assert len(platform.accepted) == before + 1
