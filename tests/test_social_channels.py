@@ -5,13 +5,12 @@ retries what may pass and gives up at once on what never will."""
 from __future__ import annotations
 
 import json
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from email.utils import format_datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -20,38 +19,21 @@ from kinbox.actors import channels
 from kinbox.actors import social_rules as rules
 from kinbox.actors.channel_loop import ChannelLoop
 
+from .social_helpers import PlatformServer, respond
 
-class Platform:
+
+class Platform(PlatformServer):
     """A chat platform's message endpoint: answers each post with the next scripted
     ``(status, headers)``, then 200; keeps the bodies it got."""
 
     def __init__(self, script: list[tuple[int, dict[str, str]]]) -> None:
         self.script = list(script)
         self.posts: list[dict[str, Any]] = []
-        platform = self
+        super().__init__(self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                platform.posts.append(json.loads(body))
-                status, headers = platform.script.pop(0) if platform.script else (200, {})
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/chat.postMessage"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _answer(self, handler: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        self.posts.append(body)
+        respond(handler, *(self.script.pop(0) if self.script else (200, {})))
 
 
 @pytest.fixture

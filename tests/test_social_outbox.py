@@ -8,7 +8,7 @@ import json
 import threading
 import urllib.request
 from collections.abc import Iterator, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -16,9 +16,10 @@ import pytest
 from kinbox.actors import Runtime, Turn
 
 from .helpers import wait_for
+from .social_helpers import PlatformServer, respond
 
 
-class Platform:
+class Platform(PlatformServer):
     """A chat platform's message endpoint on 127.0.0.1. The first post of ``held`` text
     waits until ``cut`` is set, then the platform drops the connection unanswered (nothing
     posted); every other post is accepted (200) and kept in ``accepted``."""
@@ -29,30 +30,18 @@ class Platform:
         self.accepted: list[dict[str, Any]] = []
         self.first: dict[str, Any] = {}
         self.dropped = 0
-        platform = self
+        super().__init__(self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                if body["text"] == platform.held and not platform.holding.is_set():
-                    platform.first = body
-                    platform.holding.set()
-                    platform.cut.wait(30)
-                    platform.dropped += 1
-                    self.close_connection = True
-                    return  # no answer: the post never went out
-                platform.accepted.append(body)
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/chat.postMessage"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+    def _answer(self, handler: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        if body["text"] == self.held and not self.holding.is_set():
+            self.first = body
+            self.holding.set()
+            self.cut.wait(30)
+            self.dropped += 1
+            handler.close_connection = True
+            return  # no answer: the post never went out
+        self.accepted.append(body)
+        respond(handler, 200)
 
     def send(self, route: Mapping[str, Any], text: str, reply_id: str | None = None) -> None:
         """The product's adapter: posts the reply with the platform's dedupe key."""
@@ -64,8 +53,7 @@ class Platform:
 
     def close(self) -> None:
         self.cut.set()
-        self.server.shutdown()
-        self.server.server_close()
+        super().close()
 
 
 @pytest.fixture
