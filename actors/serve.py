@@ -40,7 +40,13 @@ from typing import Any, TextIO
 
 import uvicorn
 
-from ..transport import LOOPBACK_HOSTS, OperatorToken, PeerEndpoint, create_app
+from ..transport import (
+    LOOPBACK_HOSTS,
+    HandshakeLimits,
+    OperatorToken,
+    PeerEndpoint,
+    create_app,
+)
 from .brain_ref import load_brain
 from .cli_args import DB_HELP, database_url
 from .data_dirs import add_data_dir_flag
@@ -117,6 +123,7 @@ def app_for(
     allowed_hosts: Sequence[str] = (),
     operator: OperatorToken | None = None,
     clock: Callable[[], float] = time.monotonic,
+    peer_handshakes: HandshakeLimits | None = None,
 ) -> Any:
     """The HTTP application of a started runtime.
 
@@ -124,12 +131,13 @@ def app_for(
     ``host`` itself when that is one address (not ``0.0.0.0``);
     ``operator`` is the token every call but ``GET /`` and ``/healthz`` must present;
     ``clock`` (monotonic seconds) times the lock-out of a client that presents too many
-    wrong tokens.
+    wrong tokens; ``peer_handshakes`` bounds the peer endpoint's handshakes
+    (:class:`~kinbox.transport.HandshakeLimits`' defaults when not given).
     """
     hosts = [*LOOPBACK_HOSTS, *allowed_hosts]
     if host not in WILDCARD_ADDRESSES and host not in hosts:
         hosts.append(host)
-    peers = PeerEndpoint(PeerHttpBackend(rt.peers), hosts)
+    peers = PeerEndpoint(PeerHttpBackend(rt.peers), hosts, peer_handshakes)
     return create_app(
         RuntimeHttpBackend(rt),
         hosts,

@@ -49,6 +49,7 @@ PURE_MODULES = [
     "transport/receiver.py",
     "transport/peer_address.py",
     "transport/token_tries.py",
+    "transport/handshake_slots.py",
 ]
 """Modules that hold rules only: time and randomness come in as arguments."""
 

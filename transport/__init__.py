@@ -8,10 +8,10 @@ HTTP app talks to the runtime only through backend protocols
 token (:class:`OperatorToken`) are its gates. Peers: the device identity
 (:class:`DeviceIdentity`, :mod:`.key_file`), grants and tokens
 (:mod:`.grants`), the wire frames (:mod:`.frames`), the handshake
-(:mod:`.handshake`), the sans-I/O link cores (:class:`SenderLink`,
-:class:`ReceiverLink`) and their websockets adapters (:class:`PeerEndpoint`
-for the server, :mod:`.peer_client` for the client). Its errors derive from
-:class:`TransportError`.
+(:mod:`.handshake`) and its limits (:class:`HandshakeLimits`), the sans-I/O
+link cores (:class:`SenderLink`, :class:`ReceiverLink`) and their websockets
+adapters (:class:`PeerEndpoint` for the server, :mod:`.peer_client` for the client).
+Its errors derive from :class:`TransportError`.
 """
 
 from .cron_http import RUNS_LIMIT, CronBackend, cron_routes
@@ -27,6 +27,7 @@ from .errors import (
     SignatureRejected,
     TransportError,
 )
+from .handshake_slots import HandshakeLimits
 from .host_guard import HostGuard, allowed_name
 from .http_app import LOOPBACK_HOSTS, HttpBackend, Refusal, create_app
 from .identity import DeviceIdentity
@@ -44,6 +45,7 @@ __all__ = [
     "DeviceIdentity",
     "FrameError",
     "GrantClosed",
+    "HandshakeLimits",
     "HandshakeRefused",
     "HostGuard",
     "HttpBackend",

@@ -69,6 +69,8 @@ class Refusal(StrEnum):
     EXPIRED_INVITE = "expired_invite"
     BAD_ORIGIN = "bad_origin"
     SCOPE = "scope"
+    BUSY = "busy"
+    """Too many handshakes in progress (:mod:`.handshake_slots`): try again later."""
 
 
 SIGNED_REFUSALS = frozenset({Refusal.UNKNOWN, Refusal.PAUSED, Refusal.REVOKED})
@@ -82,7 +84,7 @@ HTTP_STATUS: dict[Refusal, int] = {
     Refusal.NO_TOKEN: 401, Refusal.MALFORMED: 401, Refusal.TOKEN_IN_QUERY: 400,
     Refusal.UNKNOWN: 401, Refusal.PAUSED: 403, Refusal.REVOKED: 403,
     Refusal.WRONG_DEVICE: 403, Refusal.BAD_SIGNATURE: 403, Refusal.EXPIRED_INVITE: 403,
-    Refusal.BAD_ORIGIN: 403, Refusal.SCOPE: 403,
+    Refusal.BAD_ORIGIN: 403, Refusal.SCOPE: 403, Refusal.BUSY: 503,
 }
 
 

@@ -11,7 +11,10 @@ Before the upgrade is accepted the Host and Origin headers and the form of
 the bearer token are checked; a refusal is an HTTP answer with
 ``{"error": <reason>}``. The grant itself is checked in the handshake, where
 a refusal is signed (a sender gives a pairing up only on a signed refusal).
-No refusal creates state. A database that fails the grant's read, the
+No refusal creates state. Until its handshake ends a connection holds one of the
+:mod:`.handshake_slots`: it must end by its deadline (else ``error`` ``timeout``, close
+1008 ``handshake timeout``), and past the cap of handshakes in progress an upgrade is
+refused at once (503 ``busy`` with ``Retry-After``). A database that fails the grant's read, the
 pairing's write or a batch's commit is answered ``unavailable`` (close 1013):
 the peer tries again later. A welcomed link runs in :mod:`.inbound_link`:
 consecutive deliveries are committed in one batch and acknowledged in order
@@ -25,7 +28,8 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from starlette.responses import JSONResponse
@@ -45,13 +49,16 @@ from .grants import (
     new_token,
     secret_hash,
 )
+from .handshake_slots import HandshakeLimits, HandshakeSlots, Slot, remaining
 from .host_guard import AllowedHosts, host_of
 from .identity import DeviceIdentity
 from .inbound_link import InboundLink, receive_text, unavailable
+from .token_tries import retry_after
 
 log = logging.getLogger("kinbox.peers")
 
-HANDSHAKE_TIMEOUT = 10.0
+TIMEOUT_REASON = "handshake timeout"
+"""The close reason of a connection whose handshake passed its deadline (code 1008)."""
 
 
 class PeerBackend(Protocol):
@@ -112,11 +119,12 @@ class PeerBackend(Protocol):
 
 
 
-async def _deny(ws: WebSocket, reason: str) -> None:
+async def _deny(ws: WebSocket, reason: str, headers: dict[str, str] | None = None) -> None:
     status = HTTP_STATUS.get(Refusal(reason), 403) if reason in set(Refusal) else 403
     log.info("peer connection refused: %s", reason)
     try:
-        await ws.send_denial_response(JSONResponse({"error": reason}, status_code=status))
+        await ws.send_denial_response(JSONResponse({"error": reason}, status_code=status,
+                                                   headers=headers))
     except RuntimeError:  # the server lacks the denial-response extension
         await ws.close(code=1008, reason=reason)
 
@@ -132,9 +140,27 @@ def _precheck(ws: WebSocket, allowed: AllowedHosts) -> str | None:
 class PeerEndpoint:
     """The two websocket routes of one runtime."""
 
-    def __init__(self, backend: PeerBackend, allowed_hosts: Sequence[str]) -> None:
+    def __init__(self, backend: PeerBackend, allowed_hosts: Sequence[str],
+                 limits: HandshakeLimits | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``limits`` bound the handshakes (:class:`.HandshakeLimits`' defaults when not
+        given), timed on ``clock`` (monotonic seconds)."""
         self.backend = backend
         self.allowed_hosts = AllowedHosts(allowed_hosts)
+        self.slots = HandshakeSlots(limits)
+        self.clock = clock
+
+    async def _slot(self, ws: WebSocket) -> Slot | None:
+        """A handshake slot for ``ws``; None when all are held (the upgrade is refused)."""
+        slot = self.slots.take(self.clock())
+        if isinstance(slot, float):
+            await _deny(ws, Refusal.BUSY.value, {"Retry-After": retry_after(slot)})
+            return None
+        return slot
+
+    async def _first_frame(self, ws: WebSocket, slot: Slot) -> f.Frame:
+        """The client's first frame, read by ``slot``'s deadline (else TimeoutError)."""
+        return f.parse(await receive_text(ws, remaining(slot, self.clock())))
 
     def routes(self) -> list[WebSocketRoute]:
         """Routes to mount in the HTTP app."""
@@ -156,41 +182,16 @@ class PeerEndpoint:
             await _deny(ws, refusal)
             return
         assert token is not None
-        await ws.accept()
-        nonce = handshake.new_nonce(b.random(handshake.NONCE_BYTES))
+        slot = await self._slot(ws)
+        if slot is None:
+            return
         try:
-            await ws.send_text(f.encode(handshake.challenge(b.identity, nonce)))
-            hello = f.parse(await receive_text(ws, HANDSHAKE_TIMEOUT))
-            if not isinstance(hello, f.Hello):
-                raise HandshakeRefused(Refusal.MALFORMED, f"expected hello, got {hello.TYPE}")
-            # Read now, not at the upgrade: a grant resumed meanwhile is answered as it is.
-            grant = await asyncio.to_thread(b.grant_for, secret_hash(token))
-            answer = handshake.answer_hello(b.identity, nonce, hello, grant, token)
-        except (FrameError, HandshakeRefused, TimeoutError) as exc:
-            reason = getattr(exc, "reason", "timeout")
-            log.info("peer handshake refused: %s", reason)
-            with contextlib.suppress(Exception):
-                await ws.send_text(f.encode(f.Error(None, "forbidden", str(reason))))
-                await ws.close(code=1008)
+            welcomed = await self._welcome(ws, token, slot)
+        finally:
+            self.slots.release(slot)  # an authenticated link holds no handshake slot
+        if welcomed is None:
             return
-        except BackendRefused as exc:
-            await unavailable(ws, exc, "handshake")
-            return
-        except WebSocketDisconnect:
-            return
-        if isinstance(answer, f.Refused):
-            log.info("peer handshake refused: %s", answer.reason)
-            with contextlib.suppress(Exception):
-                await ws.send_text(f.encode(answer))
-                await ws.close(code=1008)
-            return
-        assert grant is not None
-        try:
-            await ws.send_text(f.encode(answer))
-        except (WebSocketDisconnect, RuntimeError, OSError):
-            # The device went before its welcome: no link opened, nothing is noted.
-            log.info("peer %s closed before its welcome", grant.device_id)
-            return
+        grant, hello, nonce = welcomed
         try:
             await asyncio.to_thread(b.seen, grant.device_id)
         except BackendRefused as exc:  # "last seen" is bookkeeping: the link carries on
@@ -198,18 +199,65 @@ class PeerEndpoint:
         await InboundLink(ws, b, grant, functools.partial(handshake.refused, b.identity, nonce,
                                                        hello, token)).run()
 
-    async def pair(self, ws: WebSocket) -> None:
-        """Redeem a pairing code: the new peer proves its key, gets a token."""
+    async def _welcome(self, ws: WebSocket, token: str,
+                       slot: Slot) -> tuple[GrantView, f.Hello, str] | None:
+        """The handshake of a link: its grant, hello and nonce once welcomed, else None
+        (refused, timed out or gone; the connection is closed)."""
         b = self.backend
-        refusal = _precheck(ws, self.allowed_hosts)
-        if refusal is not None:
-            await _deny(ws, refusal)
-            return
         await ws.accept()
         nonce = handshake.new_nonce(b.random(handshake.NONCE_BYTES))
         try:
             await ws.send_text(f.encode(handshake.challenge(b.identity, nonce)))
-            request = f.parse(await receive_text(ws, HANDSHAKE_TIMEOUT))
+            hello = await self._first_frame(ws, slot)
+            if not isinstance(hello, f.Hello):
+                raise HandshakeRefused(Refusal.MALFORMED, f"expected hello, got {hello.TYPE}")
+            # Read now, not at the upgrade: a grant resumed meanwhile is answered as it is.
+            grant = await asyncio.to_thread(b.grant_for, secret_hash(token))
+            answer = handshake.answer_hello(b.identity, nonce, hello, grant, token)
+        except (FrameError, HandshakeRefused, TimeoutError) as exc:
+            await _refuse(ws, "peer handshake", exc)
+            return None
+        except BackendRefused as exc:
+            await unavailable(ws, exc, "handshake")
+            return None
+        except WebSocketDisconnect:
+            return None
+        if isinstance(answer, f.Refused):
+            log.info("peer handshake refused: %s", answer.reason)
+            with contextlib.suppress(Exception):
+                await ws.send_text(f.encode(answer))
+                await ws.close(code=1008)
+            return None
+        assert grant is not None
+        try:
+            await ws.send_text(f.encode(answer))
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            # The device went before its welcome: no link opened, nothing is noted.
+            log.info("peer %s closed before its welcome", grant.device_id)
+            return None
+        return grant, hello, nonce
+
+    async def pair(self, ws: WebSocket) -> None:
+        """Redeem a pairing code: the new peer proves its key, gets a token."""
+        refusal = _precheck(ws, self.allowed_hosts)
+        if refusal is not None:
+            await _deny(ws, refusal)
+            return
+        slot = await self._slot(ws)
+        if slot is None:
+            return
+        try:
+            await self._pair(ws, slot)
+        finally:
+            self.slots.release(slot)
+
+    async def _pair(self, ws: WebSocket, slot: Slot) -> None:
+        b = self.backend
+        await ws.accept()
+        nonce = handshake.new_nonce(b.random(handshake.NONCE_BYTES))
+        try:
+            await ws.send_text(f.encode(handshake.challenge(b.identity, nonce)))
+            request = await self._first_frame(ws, slot)
             if not isinstance(request, f.Pair):
                 raise HandshakeRefused(Refusal.MALFORMED, f"expected pair, got {request.TYPE}")
             proof = handshake.accept_pair(b.identity, nonce, request)
@@ -232,12 +280,20 @@ class PeerEndpoint:
                 return
             log.info("paired device %s", proof.device_id)
         except (FrameError, HandshakeRefused, TimeoutError) as exc:
-            reason = getattr(exc, "reason", "timeout")
-            log.info("pairing refused: %s", reason)
-            with contextlib.suppress(Exception):
-                await ws.send_text(f.encode(f.Error(None, "forbidden", str(reason))))
-                await ws.close(code=1008)
+            await _refuse(ws, "pairing", exc)
         except BackendRefused as exc:
             await unavailable(ws, exc, "pairing")
         except WebSocketDisconnect:
             return
+
+
+async def _refuse(ws: WebSocket, what: str,
+                  exc: FrameError | HandshakeRefused | TimeoutError) -> None:
+    """Refuse a handshake that broke the protocol or passed its deadline: an ``error``
+    frame naming the reason, then close 1008 (with :data:`TIMEOUT_REASON` for a timeout)."""
+    timed_out = isinstance(exc, TimeoutError)
+    reason = "timeout" if timed_out else str(getattr(exc, "reason", "malformed"))
+    log.info("%s refused: %s", what, reason)
+    with contextlib.suppress(Exception):
+        await ws.send_text(f.encode(f.Error(None, "forbidden", reason)))
+        await ws.close(code=1008, reason=TIMEOUT_REASON if timed_out else "")
