@@ -3,6 +3,8 @@
 Every route that takes a JSON body reads it here, so each refuses the same
 way: a ``Content-Length`` or a body past the route's cap is 413 (read no
 further than the cap: memory stays bounded whatever a client sends), a body
+that has not all come within :data:`BODY_TIMEOUT` seconds of the route's first
+read is 408 (a client that drips it, or stops, held the route for ever), a body
 whose client went away before its end is 400 (Starlette's ``ClientDisconnect``
 escaped the route: an unhandled exception, logged at ERROR, for a dropped
 connection), bytes that are not UTF-8 JSON are 400, and JSON nested past what
@@ -20,6 +22,7 @@ and UTF-32).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -27,13 +30,17 @@ from starlette.requests import ClientDisconnect, Request
 
 from .errors import BackendRefused
 
+BODY_TIMEOUT = 30.0
+"""Seconds a client has to send a whole body, from the route's first read of it."""
+
 
 def _too_large(cap: int) -> BackendRefused:
     return BackendRefused(413, "too_large", f"the body is limited to {cap} bytes")
 
 
-async def read_capped(request: Request, cap: int) -> bytes:
-    """The body's bytes; :class:`BackendRefused` (413) as soon as it is over ``cap``."""
+async def read_capped(request: Request, cap: int, timeout: float = BODY_TIMEOUT) -> bytes:
+    """The body's bytes; :class:`BackendRefused` (413) as soon as it is over ``cap``, (408)
+    when it has not all come within ``timeout`` seconds."""
     declared = request.headers.get("content-length")
     if declared is not None and not (declared.isascii() and declared.isdigit()):
         raise BackendRefused(400, "bad_request",
@@ -42,11 +49,15 @@ async def read_capped(request: Request, cap: int) -> bytes:
         raise _too_large(cap)
     chunks, size = [], 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > cap:
-                raise _too_large(cap)
-            chunks.append(chunk)
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > cap:
+                    raise _too_large(cap)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BackendRefused(408, "request_timeout",
+                             f"the body did not all come within {timeout:g} s") from None
     except ClientDisconnect:  # no one hears the answer; it is a refusal all the same
         raise BackendRefused(400, "incomplete_body",
                              "the connection closed before the body ended") from None

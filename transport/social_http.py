@@ -2,7 +2,8 @@
 
 The route checks, in this order and before anything is queued: that the
 platform has a webhook (its secret is registered; else 404), the body size
-(``Content-Length`` and the bytes actually read; 413 beyond the cap), the
+(``Content-Length`` and the bytes actually read; 413 beyond the cap; 408 when it has
+not all come in time), the
 signature (:mod:`.webhook_signature`; 401 unsigned, malformed, stale or
 forged, 409 replayed), the JSON (400 not JSON, 422 not an object), and
 then hands the event to the backend, which validates and queues it (422 a
@@ -55,8 +56,10 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
 
 
 def social_routes(backend: SocialBackend, *, max_body: int = MAX_BODY,
-                  window: float = sig.REPLAY_WINDOW) -> list[Route]:
-    """The webhook route (its signature stands in for the app's state-changing rule)."""
+                  window: float = sig.REPLAY_WINDOW,
+                  body_timeout: float = json_body.BODY_TIMEOUT) -> list[Route]:
+    """The webhook route (its signature stands in for the app's state-changing rule);
+    a body must come whole within ``body_timeout`` seconds (else 408)."""
     guard = sig.ReplayGuard(window)
 
     async def events(request: Request) -> JSONResponse:
@@ -65,7 +68,7 @@ def social_routes(backend: SocialBackend, *, max_body: int = MAX_BODY,
         if not secret:  # None or empty: no webhook (an empty key would sign anything)
             return _error(404, "not_found", f"no webhook for platform {quoted(platform)}")
         try:
-            body = await json_body.read_capped(request, max_body)
+            body = await json_body.read_capped(request, max_body, body_timeout)
         except BackendRefused as exc:
             return _error(exc.status, exc.code, exc.message)
         signature = request.headers.get(sig.SIGNATURE_HEADER)
