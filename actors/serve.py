@@ -47,6 +47,7 @@ from ..transport import (
     PeerEndpoint,
     create_app,
 )
+from ..transport.head_deadline import head_deadline
 from .brain_ref import load_brain
 from .cli_args import DB_HELP, database_url
 from .data_dirs import add_data_dir_flag
@@ -289,6 +290,7 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
                     lifespan="off",
                     timeout_graceful_shutdown=GRACE_SECONDS,
                     ws_max_size=WS_MAX_SIZE,
+                    http=head_deadline(),
                 )
             )
             thread = threading.Thread(

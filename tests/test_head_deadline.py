@@ -1,0 +1,75 @@
+"""A request's head must come whole in time, on a real uvicorn server on 127.0.0.1 running
+``kinbox serve``'s protocol: a client that connects and says nothing, or sends half a
+head, is answered 408 and closed; whole requests and websocket links are untouched."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from websockets.sync.client import connect
+
+from kinbox.actors import Runtime
+from kinbox.actors.serve import app_for
+from kinbox.transport import frames as f
+from kinbox.transport.head_deadline import head_deadline
+
+from .helpers import wait_for
+
+MakeRuntime = Callable[..., Runtime]
+
+
+@pytest.fixture
+def port(make_runtime: MakeRuntime, tmp_path: Path) -> Iterator[int]:
+    rt = make_runtime(data_dir=tmp_path / "data")
+    sock = socket.create_server(("127.0.0.1", 0))
+    config = uvicorn.Config(
+        app_for(rt), log_level="warning", lifespan="off", http=head_deadline(0.5)
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, args=([sock],), daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, 30, "uvicorn to start")
+    yield int(sock.getsockname()[1])
+    server.should_exit = True
+    thread.join(10)
+
+
+def answer_to(port: int, sent: bytes) -> bytes:
+    """Everything the server sends after ``sent``, until it closes (20 s at most)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+        s.sendall(sent)
+        got = b""
+        while chunk := s.recv(4096):
+            got += chunk
+        return got
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sent", [b"", b"GET /healthz HTTP/1.1\r\nHost: 127.0"])
+def test_a_head_that_never_ends_is_answered_408_and_closed(port: int, sent: bytes) -> None:
+    """A connection that sent nothing, or half a request head, was held open for ever
+    (uvicorn waits for a head as long as the client takes). Past the head deadline the
+    server answers 408 ``request_timeout`` and closes it."""
+    head, _, body = answer_to(port, sent).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), head
+    assert json.loads(body)["error"] == "request_timeout"
+
+
+@pytest.mark.timeout(60)
+def test_whole_requests_and_websocket_handshakes_are_not_cut_by_the_head_deadline(
+    port: int,
+) -> None:
+    answer = answer_to(
+        port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    with connect(f"ws://127.0.0.1:{port}/peers/pair", open_timeout=10, proxy=None) as ws:
+        assert isinstance(f.parse(ws.recv(10)), f.Challenge)
+        with pytest.raises(TimeoutError):  # open past the head deadline: the handshake's own
+            ws.recv(2)
