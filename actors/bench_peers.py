@@ -40,7 +40,8 @@ from ..persistence.peers import PeerStore
 from ..transport import frames
 from .bench_peer_bare import bare_durable
 from .bench_runs import _ms, percentile
-from .peers import new_invite
+from .data_dirs import resolve_data_dir
+from .peers import device_identity, new_invite
 from .runtime import Runtime
 
 
@@ -165,8 +166,10 @@ def _closed_loop(rt: Runtime, sender: str, target: str, n: int, window: int,
 
 
 def _invite(url: str) -> str:
+    identity = device_identity(resolve_data_dir(url, None))  # the serving device's key
     with opened(url) as (tables, writer):
-        return new_invite(PeerStore(tables, writer), frozenset({"agent"}), 600, time.time())
+        return new_invite(identity, PeerStore(tables, writer), frozenset({"agent"}), 600,
+                          time.time())
 
 
 def peers(quick: bool, window: int = 64, messages: int | None = None) -> dict[str, Any]:

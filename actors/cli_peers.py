@@ -1,7 +1,7 @@
 """``kinbox peers``: this device's identity, pairing, and the grants of paired devices.
 
 ``whoami`` shows the device id; ``invite`` (on the receiving device) prints a
-one-time pairing code and stores only its hash; ``invites`` lists the codes
+one-time pairing code and stores only a hash derived from it; ``invites`` lists the codes
 still open by id, and ``withdraw`` makes one invalid; ``pair URL [CODE]`` (on the
 sending device) redeems it over the peer's websocket (the code read from standard input
 when left out, so that no other user sees it in the process list); ``list`` shows every
@@ -26,15 +26,9 @@ from ..persistence.opened import opened
 from ..persistence.peers import PeerStore
 from ..transport.errors import TransportError
 from ..transport.frames import shown
-from ..transport.grants import (
-    change_status,
-    invite_id,
-    invite_ref,
-    parse_scopes,
-    parse_ttl,
-    secret_hash,
-)
+from ..transport.grants import change_status, invite_id, parse_scopes, parse_ttl
 from ..transport.identity import DeviceIdentity
+from ..transport.invite_code import invite_ref, parse_code
 from ..transport.key_file import private_folder
 from .cli_args import common
 from .cli_ops import operator_clock
@@ -94,8 +88,8 @@ def invite(args: argparse.Namespace, out: TextIO) -> int:
         raise ConfigError(str(exc)) from exc
     with _device(args) as (peers, identity), operator_clock(peers.t.db) as clock:
         now = clock.now()  # the runtimes' (on PostgreSQL the server's): they check expiry
-        code = new_invite(peers, scopes, ttl, now)
-    ref = invite_id(secret_hash(code))
+        code = new_invite(identity, peers, scopes, ttl, now)
+    ref = invite_id(parse_code(code).invite_hash)
     data = {"code": code, "invite_id": ref, "device_id": identity.device_id,
             "scopes": sorted(scopes), "expires_at": now + ttl}
     emit(out, args.json, data, [code, f"(one-time pairing code for device "

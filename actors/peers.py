@@ -38,9 +38,10 @@ from ..transport.errors import (
     PeerUnavailable,
     TransportError,
 )
-from ..transport.grants import Refusal, is_code, new_code, secret_hash
+from ..transport.grants import Refusal
 from ..transport.handshake import NONCE_BYTES, new_nonce
 from ..transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
+from ..transport.invite_code import is_code, is_old_code, new_code, parse_code
 from ..transport.link import Answer, LinkState, Retry, SenderLink, Terminal
 from ..transport.peer_address import address_problem
 from ..transport.peer_client import connect_link, endpoint, pair_with
@@ -67,6 +68,26 @@ SPENT_CODE = (
 )
 """What a code the other device will not redeem is told as: it answers alike for a code
 used, withdrawn, expired or never issued, so that trying codes there learns nothing."""
+
+OLD_CODE = (
+    "that pairing code was made by an earlier kinbox (kbp_ and 43 characters): such codes "
+    "were sent as they are, readable on the way, and pair nothing any more; ask the other "
+    "device for a new one (kinbox peers invite, after updating kinbox there)"
+)
+"""What a code of the first format is told as, before anything is dialled."""
+
+NOT_THE_DEVICE = (
+    "the pairing did not complete ({detail}): the address is not the device that made the "
+    "code, or something between the two devices (a relay, a proxy) changed what they said. "
+    "Nothing it saw lets it pair, and the code is still good for this device: check the "
+    "address (kinbox peers whoami there shows the device id the code begins with) and run "
+    "the same command again"
+)
+"""What a pairing is told as when the code's device did not answer, or its answer or the
+request was changed on the way: the refusals no one learns the code from (see
+``transport.handshake``)."""
+
+TAMPERED = frozenset({Refusal.WRONG_DEVICE, Refusal.BAD_SIGNATURE})
 
 STOP_SECONDS = 5.0
 """How long a stop waits for all the links together to close and hand their rows back (a
@@ -329,10 +350,12 @@ def complete_pairing(identity: DeviceIdentity, peers: PeerStore, url: str, code:
     if not wire.is_device_name(name):  # the pair frame's own rule
         raise ConfigError(f"a device name is at most {wire.DEVICE_NAME_LIMIT} printable "
                           "characters", field="name")
+    if is_old_code(code):
+        raise ConfigError(OLD_CODE, field="code")
     if not is_code(code):  # a typo, not a network problem
         raise ConfigError("that is not a pairing code: codes are what `kinbox peers invite` "
-                          "printed on the other device (kbp_ and 43 more characters)",
-                          field="code")
+                          "printed on the other device (kbp2_, the device's 32 hex "
+                          "characters, _ and 43 more characters)", field="code")
     if not isinstance(url, str) or not url or len(url) > URL_LIMIT or not url.isprintable():
         raise ConfigError(f"the device's address is 1 to {URL_LIMIT} printable characters",
                           field="url")
@@ -348,7 +371,7 @@ def complete_pairing(identity: DeviceIdentity, peers: PeerStore, url: str, code:
     except ValueError as exc:
         raise ConfigError(str(exc), field="url") from None
     try:
-        paired = pair_with(url, identity, code, identity.device_id,
+        paired = pair_with(url, identity, parse_code(code), identity.device_id,
                            new_nonce(os.urandom(NONCE_BYTES)))
     except PeerUnavailable as exc:
         raise PairingFailed(str(exc), "unavailable", retry=True, status=exc.status) from exc
@@ -356,6 +379,9 @@ def complete_pairing(identity: DeviceIdentity, peers: PeerStore, url: str, code:
         # A refusal names its code; whatever else answered wrote free text (kept in the
         # message, escaped), which no caller should branch on.
         known = exc.reason in Refusal.__members__.values()
+        if exc.reason in TAMPERED:  # the code is unspent, or answered again for our key
+            raise PairingFailed(NOT_THE_DEVICE.format(detail=exc), exc.reason,
+                                retry=True) from exc
         message = SPENT_CODE if exc.reason == Refusal.EXPIRED_INVITE else str(exc)
         raise PairingFailed(message, exc.reason if known else "refused", retry=False) from exc
     except TransportError as exc:  # an answer that broke the protocol
@@ -365,8 +391,10 @@ def complete_pairing(identity: DeviceIdentity, peers: PeerStore, url: str, code:
                                url, sealed, frozenset({"agent"}), now)
 
 
-def new_invite(peers: PeerStore, scopes: frozenset[str], ttl: float, now: float) -> str:
-    """Store a one-time pairing code (its hash only) and return the code."""
-    code = new_code(os.urandom(32))
-    peers.add_invite(secret_hash(code), scopes, now, now + ttl)
+def new_invite(identity: DeviceIdentity, peers: PeerStore, scopes: frozenset[str],
+               ttl: float, now: float) -> str:
+    """Store a one-time pairing code for this device (only the hash of the invite key its
+    secret seeds, see ``transport.invite_code``) and return the code."""
+    code = new_code(identity.public_key, os.urandom(32))
+    peers.add_invite(parse_code(code).invite_hash, scopes, now, now + ttl)
     return code

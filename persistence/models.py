@@ -280,7 +280,8 @@ class PeerDevice(_Base):
 
 
 class PeerInvite(_Base):
-    """A one-time pairing code, kept as its SHA-256 only."""
+    """A one-time pairing code, kept only as the SHA-256 of the invite key its secret seeds
+    (``transport.invite_code``; codes of the first format were kept as their own SHA-256)."""
 
     code_hash = pw.CharField(primary_key=True, max_length=64)
     scopes = pw.CharField(max_length=128)

@@ -2,7 +2,8 @@
 
 The rules (token format, statuses, what a scope allows) live in
 ``kinbox.transport.grants``; this store only keeps rows, and never sees a
-token or a pairing code in plain text: callers pass their SHA-256.
+token or a pairing code in plain text: callers pass a SHA-256 (of the token; of the
+invite key a code's secret seeds, ``transport.invite_code``).
 Redeeming an invite is a compare-and-set inside one transaction, so a code
 pairs one device even when two try at once; the same device redeeming it again
 (its answer was lost) gets its untouched grant with a new token. What "untouched"
@@ -56,7 +57,7 @@ class DeviceRecord:
 
 @dataclass(frozen=True)
 class InviteRecord:
-    """A pairing invite (its code is known only by its hash)."""
+    """A pairing invite (its code is known only by the hash of the invite key it seeds)."""
 
     code_hash: str
     scopes: frozenset[str]

@@ -118,7 +118,8 @@ def _run(sc: Scenario, laptop_url: str) -> None:
     laptop = Laptop(sc, laptop_url)
     try:
         laptop.online()
-        code = new_invite(laptop.rt.peers.peers, frozenset({"agent"}), 600, sc.clock.now())
+        code = new_invite(laptop.rt.peers.identity, laptop.rt.peers.peers,
+                          frozenset({"agent"}), 600, sc.clock.now())
         device = phone.peers.pair(f"http://127.0.0.1:{laptop.port}", code, name="laptop")
         peer = f"peer:{device.device_id}"
         sc.note(f"paired with the laptop as {peer}")

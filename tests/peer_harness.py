@@ -294,7 +294,8 @@ class Served:
         wait_for(lambda: self.server.started, 30, "uvicorn to start")
 
     def invite(self) -> str:
-        return new_invite(self.rt.peers.peers, frozenset({"agent"}), 600, self.rt.clock.now())
+        return new_invite(self.rt.peers.identity, self.rt.peers.peers, frozenset({"agent"}),
+                          600, self.rt.clock.now())
 
     def close(self) -> None:
         self.server.should_exit = True

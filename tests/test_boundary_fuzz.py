@@ -21,12 +21,14 @@ from kinbox.actors import (
     triggers,
 )
 from kinbox.actors.cli import main
+from kinbox.transport.identity import DeviceIdentity
+from kinbox.transport.invite_code import new_code
 from kinbox.transport.peer_client import endpoint
 
 from .helpers import quiet_brain
 
 MakeRuntime = Callable[..., Runtime]
-CODE = "kbp_" + "a" * 43
+CODE = new_code(DeviceIdentity.generate().public_key, b"a" * 32)
 """A well-formed pairing code (no device issued it; every address below is refused first)."""
 
 

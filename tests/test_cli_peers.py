@@ -14,12 +14,16 @@ from typing import Any
 import pytest
 
 from kinbox.actors.cli import main
-from kinbox.transport.grants import is_code
+from kinbox.transport.identity import DeviceIdentity
+from kinbox.transport.invite_code import is_code, new_code
 
 from .peer_harness import Receiver, cli
 from .test_cli import ROOT, kinbox
 
 pytestmark = pytest.mark.timeout(120)
+
+UNISSUED = new_code(DeviceIdentity.generate().public_key, b"x" * 32)
+"""A well-formed pairing code no device issued (for a pairing refused before it dials)."""
 
 
 def run(*argv: str) -> tuple[int, str]:
@@ -172,7 +176,7 @@ def test_a_spent_code_is_refused_saying_what_may_have_spent_it_and_what_to_do(
 
 
 def test_pairing_with_nobody_listening_is_a_clear_error(tmp_path: Path) -> None:
-    code, _ = run("peers", "pair", "http://127.0.0.1:9", "kbp_" + "x" * 43,
+    code, _ = run("peers", "pair", "http://127.0.0.1:9", UNISSUED,
                   "--db", f"sqlite:///{tmp_path / 'a.db'}")
     assert code == 1
 
@@ -188,7 +192,7 @@ def test_a_peer_address_refused_as_malformed_is_not_quoted_with_its_password(
     """An address with a user and password is refused (the pairing would store and list
     it), but one that was malformed besides (a port past 65535, a scheme that is not
     http(s) or ws(s)) was refused first, with an error quoting it whole."""
-    result = kinbox("peers", "pair", url, "kbp_" + "x" * 43,
+    result = kinbox("peers", "pair", url, UNISSUED,
                     "--db", f"sqlite:///{tmp_path / 'a.db'}")
     assert result.returncode == 1
     assert "peer URL" in result.stderr or "address" in result.stderr, result.stderr
@@ -307,7 +311,9 @@ def test_a_stranger_at_the_pairing_address_cannot_write_escape_sequences_to_the_
     with serve(handler, "127.0.0.1", 0) as server:
         threading.Thread(target=server.serve_forever, daemon=True).start()
         port = server.socket.getsockname()[1]
-        code = main(["peers", "pair", f"http://127.0.0.1:{port}", "kbp_" + "A" * 43,
+        # A code naming the stranger: it is the device the code is for, and answers.
+        code = main(["peers", "pair", f"http://127.0.0.1:{port}",
+                     new_code(stranger.public_key, b"A" * 32),
                      "--db", f"sqlite:///{tmp_path / 'phone.db'}"])
         server.shutdown()
     err = capsys.readouterr().err

@@ -43,6 +43,7 @@ PURE_MODULES = [
     "transport/webhook_signature.py",
     "transport/identity.py",
     "transport/grants.py",
+    "transport/invite_code.py",
     "transport/frames.py",
     "transport/handshake.py",
     "transport/link.py",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 from pathlib import Path
@@ -24,6 +25,13 @@ from kinbox.transport.grants import (
     secret_hash,
 )
 from kinbox.transport.identity import DeviceIdentity, device_id_for, public_key_bytes
+from kinbox.transport.invite_code import (
+    invite_ref,
+    is_code,
+    is_old_code,
+    new_code,
+    parse_code,
+)
 from kinbox.transport.link import (
     Acked,
     LinkState,
@@ -270,29 +278,123 @@ def test_client_refuses_a_challenge_from_another_device() -> None:
     assert info.value.reason == Refusal.WRONG_DEVICE
 
 
-def test_pairing_proves_both_keys() -> None:
-    code = "kbp_" + "z" * 43
+CODE = new_code(SERVER.public_key, b"\x04" * 32)
+"""A pairing code the SERVER device issued."""
+
+
+def test_pairing_proves_both_keys_and_the_code_without_sending_it() -> None:
+    code = parse_code(CODE)
     ch = hs.challenge(SERVER, NS)
     req = hs.pair(CLIENT, ch, code, NC, "laptop")
+    assert CODE not in f.encode(req) and CODE.rsplit("_", 1)[1] not in f.encode(req)
     proof = hs.accept_pair(SERVER, NS, req)
-    assert proof.device_id == CLIENT.device_id and proof.public_key == CLIENT.public_key
+    assert (proof.device_id, proof.public_key) == (CLIENT.device_id, CLIENT.public_key)
+    assert proof.invite_hash == code.invite_hash == invite_ref(CODE)  # what the invite stores
     answer = hs.paired(SERVER, NS, proof, req, TOKEN)
-    hs.check_paired(CLIENT, ch, req, answer)
-    forged = f.Pair(code, CLIENT.device_id, OTHER.public_key, "x", NC, req.signature)
-    with pytest.raises(HandshakeRefused):
-        hs.accept_pair(SERVER, NS, forged)
+    hs.check_paired(CLIENT, ch, code, req, answer)
+
+
+def _forged(req: f.Pair, **changes: str) -> f.Pair:
+    return dataclasses.replace(req, **changes)
+
+
+OTHER_CODE = parse_code(new_code(SERVER.public_key, b"\x05" * 32))
+_REQ = hs.pair(CLIENT, hs.challenge(SERVER, NS), parse_code(CODE), NC, "laptop")
+_MINE = hs.pair(OTHER, hs.challenge(SERVER, NS), parse_code(CODE), NC, "laptop")
+
+FORGED_REQUESTS = {
+    # A relay that read the request puts its own key in, signed by itself: the code's
+    # signature covered the client's key.
+    "another key, re-signed by it": (_forged(_MINE, invite_signature=_REQ.invite_signature),
+                                     Refusal.BAD_SIGNATURE),
+    "another key, the client's signature": (
+        _forged(_REQ, device_id=OTHER.device_id, public_key=OTHER.public_key),
+        Refusal.BAD_SIGNATURE),
+    "another name": (_forged(_REQ, name="evil"), Refusal.BAD_SIGNATURE),
+    "another invite key, its own signature missing": (
+        _forged(_REQ, invite_key=OTHER_CODE.invite_key), Refusal.BAD_SIGNATURE),
+    "another nonce (a replay on another connection)": (_forged(_REQ, nonce=NS),
+                                                        Refusal.BAD_SIGNATURE),
+    "a device id not of the key": (_forged(_REQ, device_id=OTHER.device_id),
+                                   Refusal.WRONG_DEVICE),
+    "a malformed invite key": (_forged(_REQ, invite_key="A" * 40), Refusal.MALFORMED),
+}
+
+
+@pytest.mark.parametrize("name", FORGED_REQUESTS)
+def test_a_pairing_request_changed_on_the_way_is_refused(name: str) -> None:
+    frame, reason = FORGED_REQUESTS[name]
+    with pytest.raises(HandshakeRefused) as info:
+        hs.accept_pair(SERVER, NS, frame)
+    assert info.value.reason == reason
+
+
+def test_the_same_request_at_another_server_nonce_is_refused() -> None:
+    """A relay replaying a request it read on a connection of its own to the device."""
+    with pytest.raises(HandshakeRefused) as info:
+        hs.accept_pair(SERVER, hs.new_nonce(b"\x09" * 32), _REQ)
+    assert info.value.reason == Refusal.BAD_SIGNATURE
+
+
+def test_a_code_for_another_device_is_refused_at_the_challenge_before_any_proof() -> None:
+    """The code names SERVER; OTHER challenges: nothing is made to send."""
+    with pytest.raises(HandshakeRefused) as info:
+        hs.pair(CLIENT, hs.challenge(OTHER, NS), parse_code(CODE), NC, "laptop")
+    assert info.value.reason == Refusal.WRONG_DEVICE
+    assert SERVER.device_id in str(info.value) and OTHER.device_id in str(info.value)
+
+
+def _answers() -> dict[str, tuple[f.Challenge, f.Paired, Refusal]]:
+    ch = hs.challenge(SERVER, NS)
+    proof = hs.accept_pair(SERVER, NS, _REQ)
+    good = hs.paired(SERVER, NS, proof, _REQ, TOKEN)
+    # OTHER answers in SERVER's place with its own key, over a challenge it relayed.
+    theirs = hs.paired(OTHER, NS, proof, _REQ, TOKEN)
+    other_ch = hs.challenge(OTHER, NS)
+    return {
+        "another device's key and signature": (ch, theirs, Refusal.WRONG_DEVICE),
+        "another device throughout": (other_ch, theirs, Refusal.WRONG_DEVICE),
+        "the server's key, another's signature": (
+            ch, dataclasses.replace(good, signature=theirs.signature), Refusal.BAD_SIGNATURE),
+        "another token than the server signed": (
+            ch, dataclasses.replace(good, token=new_token(b"\x07" * 32)),
+            Refusal.BAD_SIGNATURE),
+        "a malformed key": (ch, dataclasses.replace(good, public_key="A" * 40),
+                            Refusal.MALFORMED),
+    }
+
+
+@pytest.mark.parametrize("name", list(_answers()))
+def test_a_paired_answer_not_signed_by_the_codes_device_is_refused(name: str) -> None:
+    ch, frame, reason = _answers()[name]
+    with pytest.raises(HandshakeRefused) as info:
+        hs.check_paired(CLIENT, ch, parse_code(CODE), _REQ, frame)
+    assert info.value.reason == reason
+
+
+def test_a_code_names_its_device_by_a_fingerprint_that_begins_with_its_id() -> None:
+    code = parse_code(CODE)
+    assert code.device_id == SERVER.device_id and len(code.fingerprint) == 32
+    assert code.names(SERVER.public_key) and not code.names(OTHER.public_key)
+    assert not code.names("not a key")
+    assert is_code(CODE) and not is_old_code(CODE)
+    assert is_old_code("kbp_" + "z" * 43) and not is_code("kbp_" + "z" * 43)
+    assert parse_code(CODE).invite_key != OTHER_CODE.invite_key  # the secret seeds the key
+    assert CODE.rsplit("_", 1)[1] not in repr(code)
+    with pytest.raises(ValueError):
+        parse_code("kbp_" + "z" * 43)
 
 
 def test_a_pairing_key_is_kept_in_its_one_canonical_spelling() -> None:
     """The key was stored as the device spelled it: with base64's padding it was another
     string for the same key, which the pairing retry (same key, same code) compares."""
-    import dataclasses
-
-    code = "kbp_" + "z" * 43
-    req = hs.pair(CLIENT, hs.challenge(SERVER, NS), code, NC, "laptop")
-    padded = dataclasses.replace(req, public_key=CLIENT.public_key + "=")
+    padded = dataclasses.replace(_REQ, public_key=CLIENT.public_key + "=")
     assert padded.public_key != CLIENT.public_key
-    assert hs.accept_pair(SERVER, NS, padded).public_key == CLIENT.public_key
+    ch = hs.challenge(SERVER, NS)
+    data = hs._transcript("pair", ch.device_id, CLIENT.device_id, NS, NC, hs._pairing(padded))
+    signed = dataclasses.replace(padded, signature=CLIENT.sign(data),
+                                 invite_signature=parse_code(CODE).sign(data))
+    assert hs.accept_pair(SERVER, NS, signed).public_key == CLIENT.public_key
 
 
 # -- the sender link -----------------------------------------------------------------------

@@ -17,6 +17,7 @@ from kinbox.persistence.inbox_core import PEER, backoff_delay
 from kinbox.transport import frames as f
 from kinbox.transport.errors import PeerUnavailable
 from kinbox.transport.identity import DeviceIdentity
+from kinbox.transport.invite_code import new_code, parse_code
 from kinbox.transport.peer_client import pair_with
 
 from .helpers import quiet_brain, wait_for
@@ -195,7 +196,9 @@ def test_pairing_with_an_address_that_is_no_kinbox_says_so(tmp_path: Path) -> No
     try:
         with pytest.raises(PeerUnavailable) as refused:
             pair_with(f"http://127.0.0.1:{server.server_port}",
-                      DeviceIdentity.generate(), "kbp_" + "A" * 43, "phone", "n" * 43)
+                      DeviceIdentity.generate(),
+                      parse_code(new_code(DeviceIdentity.generate().public_key, b"A" * 32)),
+                      "phone", "n" * 43)
     finally:
         server.shutdown()
         server.server_close()

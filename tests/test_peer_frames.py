@@ -20,6 +20,12 @@ def wire(**body: object) -> str:
     return json.dumps({"v": 1, **body})
 
 
+PAIR: dict[str, object] = {"type": "pair", "invite_key": KEY, "device_id": "0123456789ab",
+                           "public_key": KEY, "name": "laptop", "nonce": NONCE,
+                           "signature": SIG, "invite_signature": SIG}
+"""A well-formed pair frame's fields."""
+
+
 VALID = [
     f.Deliver("msg-1", "hello", None),
     f.Deliver("msg-2", "héllo ✓", "stream_1"),
@@ -32,7 +38,7 @@ VALID = [
     f.Challenge("0123456789ab", NONCE),
     f.Hello("0123456789ab", NONCE, SIG),
     f.Welcome(SIG),
-    f.Pair("kbp_" + "x" * 43, "0123456789ab", KEY, "laptop", NONCE, SIG),
+    f.Pair(KEY, "0123456789ab", KEY, "laptop", NONCE, SIG, SIG),
     f.Paired("0123456789ab", KEY, "kbt_" + "y" * 43, SIG),
     f.Ping("p"),
     f.Pong("p"),
@@ -41,13 +47,12 @@ VALID = [
 
 
 @pytest.mark.timeout(30)
-def test_a_frames_repr_never_shows_the_pairing_code_or_the_token_it_carries() -> None:
+def test_a_frames_repr_never_shows_the_token_it_carries() -> None:
     """A repr is what error trackers and tracebacks with locals (Sentry, rich) record of a
-    frame held in a local: the code pairs a device, the token is its credential."""
-    code, token = "kbp_" + "x" * 43, "kbt_" + "y" * 43
-    pair = f.Pair(code, "0123456789ab", KEY, "laptop", NONCE, SIG)
+    frame held in a local: the token is the device's credential. (A ``pair`` frame carries
+    no secret at all: the code's secret never leaves the device that holds it.)"""
+    token = "kbt_" + "y" * 43
     paired = f.Paired("0123456789ab", KEY, token, SIG)
-    assert code not in repr(pair) and "0123456789ab" in repr(pair)
     assert token not in repr(paired) and "0123456789ab" in repr(paired)
     assert f.parse(f.encode(paired)) == paired  # still carried, and compared
 
@@ -88,10 +93,19 @@ REFUSED = [
     ("bad_field", wire(type="refused", reason="malformed", signature="A" * 86)),
     ("bad_field", wire(type="refused", reason="bad_signature", signature="A" * 86)),
     # A device name is shown in operators' terminals: no escape sequences or line breaks.
-    ("bad_field", wire(type="pair", code="kbp_" + "x" * 43, device_id="0123456789ab",
-                       public_key=KEY, name="evil\x1b[2Jx", nonce=NONCE, signature=SIG)),
-    ("bad_field", wire(type="pair", code="kbp_" + "x" * 43, device_id="0123456789ab",
-                       public_key=KEY, name="a\nb", nonce=NONCE, signature=SIG)),
+    ("bad_field", wire(**{**PAIR, "name": "evil\x1b[2Jx"})),
+    ("bad_field", wire(**{**PAIR, "name": "a\nb"})),
+    # The pair frame carries an invite key and its signature, never a code or a token.
+    ("bad_field", wire(**{**PAIR, "invite_key": "kbp_" + "x" * 43})),
+    ("bad_field", wire(**{**PAIR, "invite_signature": "A" * 85})),
+    ("bad_field", wire(**{**PAIR, "invite_key": None})),
+    ("bad_keys", wire(**{k: v for k, v in PAIR.items() if k != "invite_signature"})),
+    # A kinbox from before codes named their device sends the code itself.
+    ("bad_keys", wire(**{k: v for k, v in PAIR.items()
+                         if k not in ("invite_key", "invite_signature")},
+                      code="kbp_" + "x" * 43)),
+    ("bad_field", wire(type="paired", device_id="0123456789ab", public_key=KEY,
+                       token="kbp_" + "y" * 43, signature=SIG)),
 ]
 
 

@@ -24,6 +24,7 @@ from kinbox.transport import frames as f
 from kinbox.transport import handshake as hs
 from kinbox.transport.errors import HandshakeRefused
 from kinbox.transport.identity import DeviceIdentity
+from kinbox.transport.invite_code import parse_code
 from kinbox.transport.link import Acked, Effect, LinkState, Outgoing, Retry, SenderLink
 from kinbox.transport.peer_client import connect_link, pair_with
 
@@ -75,7 +76,7 @@ def test_a_pairing_whose_answer_was_lost_is_answered_again_for_the_same_device_k
     code, me = _pair_and_vanish(a, b, served)
 
     with pytest.raises(HandshakeRefused):  # another key with the same code gets nothing
-        pair_with(served.http, DeviceIdentity.generate(), code, "x", nonce())
+        pair_with(served.http, DeviceIdentity.generate(), parse_code(code), "x", nonce())
     rec = a.peers.pair(served.http, code, name="b")  # the same key is answered again
     grant = b.peers.peers.device(me.device_id, INBOUND)
     assert grant is not None and grant.status == "active"
@@ -88,7 +89,7 @@ def test_a_pairing_whose_answer_was_lost_is_answered_again_for_the_same_device_k
     # Once the device has used its grant it holds the answer: the code is spent for good.
     used = b.peers.peers.device(me.device_id, INBOUND)
     with pytest.raises(HandshakeRefused):
-        pair_with(served.http, me, code, "a", nonce())
+        pair_with(served.http, me, parse_code(code), "a", nonce())
     assert b.peers.peers.device(me.device_id, INBOUND) == used
 
 
@@ -98,7 +99,7 @@ def test_a_lost_pairing_answer_is_not_given_again_once_the_grant_was_revoked(
     code, me = _pair_and_vanish(a, b, served)
     b.peers.peers.set_status(me.device_id, "revoked", b.clock.now(), direction=INBOUND)
     with pytest.raises(HandshakeRefused):  # a revoke is not undone by the code
-        pair_with(served.http, me, code, "a", nonce())
+        pair_with(served.http, me, parse_code(code), "a", nonce())
     grant = b.peers.peers.device(me.device_id, INBOUND)
     assert grant is not None and grant.status == "revoked"
 
@@ -190,7 +191,7 @@ def _pair_and_vanish(a: Runtime, b: Runtime, served: Served) -> tuple[str, Devic
                  open_timeout=5) as ws:
         ch = f.parse(ws.recv(5))
         assert isinstance(ch, f.Challenge)
-        ws.send(f.encode(hs.pair(me, ch, code, nonce(), "a")))
+        ws.send(f.encode(hs.pair(me, ch, parse_code(code), nonce(), "a")))
     wait_for(lambda: b.peers.peers.device(me.device_id, INBOUND) is not None, 10,
              "the redemption to commit")
     return code, me

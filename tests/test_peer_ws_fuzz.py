@@ -33,6 +33,7 @@ from kinbox.transport import frames as f
 from kinbox.transport import handshake as hs
 from kinbox.transport.grants import HTTP_STATUS, Refusal
 from kinbox.transport.identity import DeviceIdentity
+from kinbox.transport.invite_code import parse_code
 from kinbox.transport.peer_client import pair_with
 
 from .fuzz_harness import Fuzzed, ServerErrors, serving
@@ -55,9 +56,10 @@ class Device:
     def __init__(self, fuzzed: Fuzzed) -> None:
         self.port = fuzzed.open.port
         self.identity = DeviceIdentity.generate()
-        code = new_invite(fuzzed.rt.peers.peers, frozenset({"agent"}), 600,
-                          fuzzed.rt.clock.now())
-        paired = pair_with(f"http://127.0.0.1:{self.port}", self.identity, code, "fuzz",
+        code = new_invite(fuzzed.rt.peers.identity, fuzzed.rt.peers.peers,
+                          frozenset({"agent"}), 600, fuzzed.rt.clock.now())
+        paired = pair_with(f"http://127.0.0.1:{self.port}", self.identity, parse_code(code),
+                           "fuzz",
                            hs.new_nonce(random.randbytes(32)))
         self.token, self.server_id = paired.token, paired.device_id
 
@@ -312,9 +314,11 @@ def test_frames_sent_after_the_close_are_not_read(device: tuple[Fuzzed, Device])
     pairing = RawSocket(dev.port, "/peers/pair", None)
     ch = f.parse(pairing.read()[1])
     assert isinstance(ch, f.Challenge)
-    code = new_invite(fuzzed.rt.peers.peers, frozenset({"agent"}), 600, fuzzed.rt.clock.now())
+    code = new_invite(fuzzed.rt.peers.identity, fuzzed.rt.peers.peers, frozenset({"agent"}),
+                      600, fuzzed.rt.clock.now())
     before = fuzzed.changes.snapshot()  # the invite is the test's own row
-    request = hs.pair(DeviceIdentity.generate(), ch, code, hs.new_nonce(random.randbytes(32)),
+    request = hs.pair(DeviceIdentity.generate(), ch, parse_code(code),
+                      hs.new_nonce(random.randbytes(32)),
                       "late")
     pairing.sock.sendall(ws_frame(0x8, struct.pack("!H", 1000))
                          + ws_frame(0x1, f.encode(request).encode()))

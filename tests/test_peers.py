@@ -36,6 +36,7 @@ from kinbox.persistence.peers import OUTBOUND
 from kinbox.transport import frames as f
 from kinbox.transport import handshake as hs
 from kinbox.transport.identity import DeviceIdentity
+from kinbox.transport.invite_code import new_code, parse_code
 from kinbox.transport.peer_client import pair_with
 
 from .helpers import quiet_brain, wait_for
@@ -129,7 +130,7 @@ class Peer:
     def __init__(self, receiver: Receiver) -> None:
         self.r = receiver
         self.identity = DeviceIdentity.generate()
-        paired = pair_with(receiver.http, self.identity, receiver.invite(), "raw",
+        paired = pair_with(receiver.http, self.identity, parse_code(receiver.invite()), "raw",
                            hs.new_nonce(random.randbytes(32)))
         self.token = paired.token
         self.server_id = paired.device_id
@@ -210,7 +211,7 @@ def test_handshake_matrix_only_valid_is_accepted_before_any_state(receiver: Rece
                                     "DESC LIMIT 1")[0][0] < __import__("time").time(), 5,
              "the short invite to expire")
     with pytest.raises(Exception, match="expired_invite"):
-        pair_with(receiver.http, DeviceIdentity.generate(), expired, "late",
+        pair_with(receiver.http, DeviceIdentity.generate(), parse_code(expired), "late",
                   hs.new_nonce(random.randbytes(32)))
     ws = good.open()  # valid
     ws.send(f.encode(f.Ping("p1")))
@@ -436,7 +437,7 @@ def test_a_live_link_opened_with_a_token_its_grant_no_longer_has_takes_nothing_m
     old = good.open()
     old.send(f.encode(f.Deliver("before", "x", None)))
     assert f.parse(old.recv(20)) == f.Ack("before")
-    again = pair_with(receiver.http, good.identity, receiver.invite(), "raw",
+    again = pair_with(receiver.http, good.identity, parse_code(receiver.invite()), "raw",
                       hs.new_nonce(random.randbytes(32)))
     assert again.token != good.token
     with pytest.raises(PermissionError, match="unknown"):
@@ -844,7 +845,8 @@ def test_a_failed_pairing_is_a_kinbox_error_saying_whether_to_try_again(
     """``rt.peers.pair`` let the transport's own errors out, outside the one tree a
     caller catches (``KinboxError``); a refusal and an unreachable device must be told
     apart by attributes, not by reading the text."""
-    unknown = "kbp_" + "a" * 43  # well formed; no device issued it
+    # Well formed and naming the device, which never issued it.
+    unknown = new_code(receiver.peers("whoami")["public_key"], b"a" * 32)
     with pytest.raises(PairingFailed) as refused:
         sender.peers.pair(receiver.http, unknown)
     assert isinstance(refused.value, KinboxError)

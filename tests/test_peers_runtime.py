@@ -19,6 +19,7 @@ from kinbox.persistence import ClaimedRow, NewMessage
 from kinbox.persistence.peer_outbox import PeerOutbox
 from kinbox.persistence.peers import INBOUND, OUTBOUND, PeerStore
 from kinbox.transport.handshake import new_nonce
+from kinbox.transport.invite_code import parse_code
 from kinbox.transport.link import LinkState, SenderLink
 
 from .conftest import Stores
@@ -576,7 +577,6 @@ def test_a_pairing_the_database_cannot_store_is_answered_unavailable_and_spends_
     from kinbox.transport import frames as f
     from kinbox.transport import handshake as hs
     from kinbox.transport.errors import PeerUnavailable
-    from kinbox.transport.grants import secret_hash
     from kinbox.transport.peer_client import pair_with
 
     a, b, served, _ = pair_of
@@ -588,7 +588,8 @@ def test_a_pairing_the_database_cannot_store_is_answered_unavailable_and_spends_
                  open_timeout=5) as ws:
         ch = f.parse(ws.recv(5))
         assert isinstance(ch, f.Challenge)
-        ws.send(f.encode(hs.pair(a.peers.identity, ch, code, hs.new_nonce(os.urandom(32)),
+        ws.send(f.encode(hs.pair(a.peers.identity, ch, parse_code(code),
+                                 hs.new_nonce(os.urandom(32)),
                                  "a")))
         answer = f.parse(ws.recv(5))
         assert isinstance(answer, f.Error), answer
@@ -597,11 +598,12 @@ def test_a_pairing_the_database_cannot_store_is_answered_unavailable_and_spends_
             ws.recv(5)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
     me = a.peers.identity.device_id
-    invite = store.invite(secret_hash(code))
+    invite = store.invite(parse_code(code).invite_hash)
     assert invite is not None and not invite.used and store.device(me, INBOUND) is None
     failed.clear()  # and a pairing client is told to try again, not that it was refused
     with pytest.raises(PeerUnavailable, match="try again"):
-        pair_with(served.http, a.peers.identity, code, "a", hs.new_nonce(os.urandom(32)))
+        pair_with(served.http, a.peers.identity, parse_code(code), "a",
+                  hs.new_nonce(os.urandom(32)))
     rec = a.peers.pair(served.http, code, name="b")  # the code still pairs
     assert rec.device_id == b.peers.identity.device_id and store.device(me, INBOUND)
 
@@ -629,7 +631,7 @@ def test_a_redemption_slower_than_the_wait_for_it_is_answered_with_its_outcome(
     monkeypatch.setattr(store, "redeem_now", redeem_now)
     rec = a.peers.pair(served.http, code, name="b")
     assert slow.is_set() and rec.device_id == b.peers.identity.device_id
-    invite = store.invite(secret_hash(code))
+    invite = store.invite(parse_code(code).invite_hash)
     grant = store.device(a.peers.identity.device_id, INBOUND)
     assert invite is not None and invite.used and grant is not None
     assert grant.token_hash == secret_hash(a.peers.identity.unseal(rec.token_sealed or ""))

@@ -93,7 +93,7 @@ DEVICE_ID = _pattern(r"[0-9a-f]{12}")
 NONCE = _pattern(r"[A-Za-z0-9_-]{22,86}")
 PUBLIC_KEY = _pattern(r"[A-Za-z0-9_-]{43}")
 SIGNATURE = _pattern(r"[A-Za-z0-9_-]{86}")
-SECRET = _pattern(r"kb[tp]_[A-Za-z0-9_-]{43}")
+TOKEN = _pattern(r"kbt_[A-Za-z0-9_-]{43}")
 
 
 @dataclass(frozen=True)
@@ -198,17 +198,22 @@ class Welcome(Frame):
 
 @dataclass(frozen=True)
 class Pair(Frame):
-    """Client redeems a pairing code and presents its public key."""
+    """Client redeems a pairing code and presents its public key. The code itself is not
+    in it (see :mod:`.invite_code`): ``invite_key`` is the public key its secret seeds,
+    ``invite_signature`` that key's signature over the transcript ``signature`` covers
+    (the device key's), so whoever reads the frame learns nothing that pairs."""
 
     TYPE = "pair"
-    CHECKS = {"code": SECRET, "device_id": DEVICE_ID, "public_key": PUBLIC_KEY,
-              "name": is_device_name, "nonce": NONCE, "signature": SIGNATURE}
-    code: str = field(repr=False)  # a repr goes to tracebacks with locals, error trackers
+    CHECKS = {"invite_key": PUBLIC_KEY, "device_id": DEVICE_ID, "public_key": PUBLIC_KEY,
+              "name": is_device_name, "nonce": NONCE, "signature": SIGNATURE,
+              "invite_signature": SIGNATURE}
+    invite_key: str
     device_id: str
     public_key: str
     name: str
     nonce: str
     signature: str
+    invite_signature: str
 
 
 @dataclass(frozen=True)
@@ -216,7 +221,7 @@ class Paired(Frame):
     """Server's grant: its public key and the bearer token, signed."""
 
     TYPE = "paired"
-    CHECKS = {"device_id": DEVICE_ID, "public_key": PUBLIC_KEY, "token": SECRET,
+    CHECKS = {"device_id": DEVICE_ID, "public_key": PUBLIC_KEY, "token": TOKEN,
               "signature": SIGNATURE}
     device_id: str
     public_key: str

@@ -1,4 +1,5 @@
-"""Grants, bearer tokens and pairing codes: the rules, with no storage.
+"""Grants, bearer tokens and pairing invites: the rules, with no storage (the codes
+themselves are :mod:`.invite_code`'s).
 
 A *grant* is what a receiving device keeps about a paired sender: the
 sender's pinned public key, the SHA-256 of the bearer token it issued (never
@@ -24,12 +25,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 TOKEN_PREFIX = "kbt_"
-CODE_PREFIX = "kbp_"
 TOKEN_BYTES = 32
-"""Random bytes in a bearer token (and a pairing code)."""
+"""Random bytes in a bearer token (and a pairing code's secret, :mod:`.invite_code`)."""
 
 _TOKEN_RE = re.compile(r"kbt_[A-Za-z0-9_-]{43}")
-_CODE_RE = re.compile(r"kbp_[A-Za-z0-9_-]{43}")
 
 SCOPES: dict[str, frozenset[str]] = {"agent": frozenset({"deliver", "read", "stop", "whoami"})}
 """What each scope allows."""
@@ -93,11 +92,6 @@ def new_token(random_bytes: bytes) -> str:
     return TOKEN_PREFIX + _b64(random_bytes)
 
 
-def new_code(random_bytes: bytes) -> str:
-    """A one-time pairing code made of ``TOKEN_BYTES`` random bytes."""
-    return CODE_PREFIX + _b64(random_bytes)
-
-
 def _b64(random_bytes: bytes) -> str:
     if len(random_bytes) != TOKEN_BYTES:
         raise ValueError(f"need {TOKEN_BYTES} random bytes, got {len(random_bytes)}")
@@ -105,12 +99,12 @@ def _b64(random_bytes: bytes) -> str:
 
 
 def secret_hash(secret: str) -> str:
-    """The SHA-256 (hex) stored in place of a token or a pairing code."""
+    """The SHA-256 (hex) stored in place of a token."""
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
 
 INVITE_ID_CHARS = 12
-"""Hex characters of a code's hash that name its invite to the operator (``kinbox peers
+"""Hex characters of an invite's stored hash that name it to the operator (``kinbox peers
 invites``, ``withdraw``): the code itself is shown once and never stored."""
 
 
@@ -119,24 +113,9 @@ def invite_id(code_hash: str) -> str:
     return code_hash[:INVITE_ID_CHARS]
 
 
-def invite_ref(text: str) -> str | None:
-    """What ``kinbox peers withdraw`` was given, as the start of a code hash: a code (its
-    whole hash) or an invite id; None for anything else."""
-    if is_code(text):
-        return secret_hash(text)
-    if isinstance(text, str) and re.fullmatch(f"[0-9a-f]{{{INVITE_ID_CHARS}}}", text):
-        return text
-    return None
-
-
 def is_token(text: str) -> bool:
     """Does ``text`` look like a bearer token?"""
     return isinstance(text, str) and _TOKEN_RE.fullmatch(text) is not None
-
-
-def is_code(text: str) -> bool:
-    """Does ``text`` look like a pairing code?"""
-    return isinstance(text, str) and _CODE_RE.fullmatch(text) is not None
 
 
 def parse_scopes(names: Iterable[str]) -> frozenset[str]:

@@ -16,19 +16,38 @@ refused the same way, signed (``refused``, also sent on a live link when its
 grant closes): the sender gives its rows up only on a refusal that proves
 the peer sent it, so whoever answers at the peer's address, or relays
 between the devices, cannot end a pairing. A hello that fails its proof is
-refused unsigned, and retried: a relay could have tampered with it. Pairing runs
-the same way with ``pair`` / ``paired`` and the one-time code in place of the
-token. Nonces come in as arguments.
+refused unsigned, and retried: a relay could have tampered with it.
+
+Pairing (the code names the inviting device and seeds an invite key, see
+:mod:`.invite_code`; the code itself never crosses the wire)::
+
+    server -> challenge {device_id: S, nonce: Ns}      client: S is the code's device?
+    client -> pair      {invite_key: I, device_id: C, public_key: K, name, nonce: Nc,
+                         signature: sign_K(t), invite_signature: sign_I(t)}
+    server -> paired    {device_id: S, public_key: KS, token,
+                         signature: sign_KS(paired transcript)}
+
+where ``t`` covers both ids, both nonces and a digest of (I, K, name). The
+server finds the invite by the hash of I and checks both signatures, so a
+relay can neither put its own key or name in the request nor replay it on
+another connection; the client checks that KS has the code's fingerprint and
+signed both nonces, the request and the token, so a relay cannot answer in
+the server's place. A relay that tampers makes the pairing fail and spends
+nothing: the code stays usable by its holder (a lost or spoiled ``paired``
+answer is answered again for the same device key, see ``check_invite``).
+Nonces come in as arguments.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, replace
 
 from . import frames as f
 from .errors import HandshakeRefused, IdentityError
 from .grants import SIGNED_REFUSALS, GrantView, Refusal, check_grant, secret_hash
 from .identity import DeviceIdentity, b64e, device_id_for, public_key_bytes, verify
+from .invite_code import InviteCode, invite_hash
 
 NONCE_BYTES = 32
 
@@ -123,59 +142,84 @@ def check_refused(identity: DeviceIdentity, ch: f.Challenge, sent: f.Hello, toke
 # -- pairing -----------------------------------------------------------------------------
 
 
-def pair(identity: DeviceIdentity, ch: f.Challenge, code: str, client_nonce: str,
+def _pairing(sent: f.Pair, token: str = "") -> str:
+    """What a pairing transcript binds besides ids and nonces: the invite key, the
+    client's key and name as sent, and (for ``paired``) the token's hash."""
+    parts = (sent.invite_key, sent.public_key, sent.name, secret_hash(token) if token else "")
+    return hashlib.sha256("\n".join(parts).encode("utf-8")).hexdigest()
+
+
+def pair(identity: DeviceIdentity, ch: f.Challenge, code: InviteCode, client_nonce: str,
          name: str) -> f.Pair:
-    """The client's pairing request for a one-time ``code``."""
+    """The client's pairing request for a one-time ``code``: signed by the device key and
+    by the code's invite key. HandshakeRefused (``wrong_device``), before anything is
+    sent, when the challenge comes from another device than the code names."""
+    if ch.device_id != code.device_id:
+        raise HandshakeRefused(Refusal.WRONG_DEVICE, f"device {ch.device_id} answered; the "
+                               f"code is for device {code.device_id}")
+    unsigned = f.Pair(code.invite_key, identity.device_id, identity.public_key, name,
+                      client_nonce, "", "")
     data = _transcript("pair", ch.device_id, identity.device_id, ch.nonce, client_nonce,
-                       secret_hash(code))
-    return f.Pair(code, identity.device_id, identity.public_key, name, client_nonce,
-                  identity.sign(data))
+                       _pairing(unsigned))
+    return replace(unsigned, signature=identity.sign(data), invite_signature=code.sign(data))
 
 
 @dataclass(frozen=True)
 class PairingProof:
-    """A pairing request whose signature checked out: the new peer's identity."""
+    """A pairing request whose signatures checked out: the new peer's identity and the
+    invite it proved it holds the code of."""
 
     device_id: str
     public_key: str
     name: str
+    invite_hash: str
+    """The stored hash of the invite (:func:`.invite_code.invite_hash`)."""
 
 
 def accept_pair(identity: DeviceIdentity, server_nonce: str, frame: f.Pair) -> PairingProof:
-    """Server: check that the pairing device owns the key it presents (the code is checked
-    against the invite store by the caller)."""
+    """Server: check that the pairing device owns the key it presents and holds the code
+    of the invite key it names (whether that invite is open is the caller's question).
+    A request changed on the way (another key or name put in) fails a signature."""
     try:
         raw = public_key_bytes(frame.public_key)
+        stored = invite_hash(frame.invite_key)
     except IdentityError:
         raise HandshakeRefused(Refusal.MALFORMED, "bad public key") from None
     if device_id_for(raw) != frame.device_id:
         raise HandshakeRefused(Refusal.WRONG_DEVICE, "device id does not match the key")
     data = _transcript("pair", identity.device_id, frame.device_id, server_nonce, frame.nonce,
-                       secret_hash(frame.code))
+                       _pairing(frame))
     if not verify(frame.public_key, frame.signature, data):
-        raise HandshakeRefused(Refusal.BAD_SIGNATURE)
+        raise HandshakeRefused(Refusal.BAD_SIGNATURE, "the device key's signature")
+    if not verify(frame.invite_key, frame.invite_signature, data):
+        raise HandshakeRefused(Refusal.BAD_SIGNATURE, "the pairing code's signature")
     # Kept in one spelling (base64 may pad or not): stored keys are compared as text.
-    return PairingProof(frame.device_id, b64e(raw), frame.name)
+    return PairingProof(frame.device_id, b64e(raw), frame.name, stored)
 
 
 def paired(identity: DeviceIdentity, server_nonce: str, proof: PairingProof, sent: f.Pair,
            token: str) -> f.Paired:
-    """Server: the grant for the new peer, signed over both nonces and the token hash."""
+    """Server: the grant for the new peer, signed over both nonces, the request and the
+    token hash."""
     data = _transcript("paired", identity.device_id, proof.device_id, server_nonce,
-                       sent.nonce, secret_hash(token))
+                       sent.nonce, _pairing(sent, token))
     return f.Paired(identity.device_id, identity.public_key, token, identity.sign(data))
 
 
-def check_paired(identity: DeviceIdentity, ch: f.Challenge, sent: f.Pair,
+def check_paired(identity: DeviceIdentity, ch: f.Challenge, code: InviteCode, sent: f.Pair,
                  frame: f.Paired) -> None:
-    """Client: the paired frame comes from the device that challenged us, with its own key."""
+    """Client: the paired frame comes from the device the code names (its key has the
+    code's fingerprint), signed by that key over this request."""
     try:
         raw = public_key_bytes(frame.public_key)
     except IdentityError:
         raise HandshakeRefused(Refusal.MALFORMED, "bad public key") from None
     if device_id_for(raw) != frame.device_id or frame.device_id != ch.device_id:
         raise HandshakeRefused(Refusal.WRONG_DEVICE, "the key does not match the device id")
+    if not code.names(frame.public_key):
+        raise HandshakeRefused(Refusal.WRONG_DEVICE, "the answer's key is not the one the "
+                               "code names")
     data = _transcript("paired", ch.device_id, identity.device_id, ch.nonce, sent.nonce,
-                       secret_hash(frame.token))
+                       _pairing(sent, frame.token))
     if not verify(frame.public_key, frame.signature, data):
-        raise HandshakeRefused(Refusal.BAD_SIGNATURE)
+        raise HandshakeRefused(Refusal.BAD_SIGNATURE, "the answer's signature")

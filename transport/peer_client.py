@@ -22,6 +22,7 @@ from . import frames as f
 from . import handshake
 from .errors import FrameError, HandshakeRefused, PeerUnavailable
 from .identity import DeviceIdentity
+from .invite_code import InviteCode
 
 OPEN_TIMEOUT = 5.0
 KEEPALIVE_SECONDS = 20.0
@@ -91,15 +92,17 @@ def connect_link(url: str, token: str, timeout: float = OPEN_TIMEOUT) -> Iterato
         yield ws
 
 
-def pair_with(url: str, identity: DeviceIdentity, code: str, name: str, nonce: str,
+def pair_with(url: str, identity: DeviceIdentity, code: InviteCode, name: str, nonce: str,
               timeout: float = OPEN_TIMEOUT) -> f.Paired:
-    """Redeem ``code`` at the peer; the checked ``paired`` frame (its key and our token)."""
+    """Redeem ``code`` at the peer; the checked ``paired`` frame (its key and our token).
+    HandshakeRefused (``wrong_device``), with nothing sent, when another device than the
+    code names answers at ``url``."""
     with _open(endpoint(url, "/peers/pair"), None, timeout) as ws:
         return _pair(ws, identity, code, name, nonce, timeout)
 
 
-def _pair(ws: ClientConnection, identity: DeviceIdentity, code: str, name: str, nonce: str,
-          timeout: float) -> f.Paired:
+def _pair(ws: ClientConnection, identity: DeviceIdentity, code: InviteCode, name: str,
+          nonce: str, timeout: float) -> f.Paired:
     try:
         ch = f.parse(ws.recv(timeout))
         if not isinstance(ch, f.Challenge):
@@ -117,7 +120,7 @@ def _pair(ws: ClientConnection, identity: DeviceIdentity, code: str, name: str, 
             raise HandshakeRefused(f.shown(answer.message or answer.code))
         if not isinstance(answer, f.Paired):
             raise HandshakeRefused("malformed", f"expected paired, got {answer.TYPE}")
-        handshake.check_paired(identity, ch, request, answer)
+        handshake.check_paired(identity, ch, code, request, answer)
         return answer
     except (TimeoutError, WebSocketException, FrameError) as exc:
         # The other device may have paired us and lost only its answer: it answers the

@@ -261,7 +261,7 @@ class PeerEndpoint:
             if not isinstance(request, f.Pair):
                 raise HandshakeRefused(Refusal.MALFORMED, f"expected pair, got {request.TYPE}")
             proof = handshake.accept_pair(b.identity, nonce, request)
-            code_hash = secret_hash(request.code)
+            code_hash = proof.invite_hash
             invite = await asyncio.to_thread(b.invite, code_hash)
             bad = check_invite(invite, b.now(), proof.device_id)
             token = new_token(b.random(32))
