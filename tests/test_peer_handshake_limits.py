@@ -24,6 +24,7 @@ from kinbox.transport import frames as f
 from kinbox.transport import handshake as hs
 from kinbox.transport.grants import new_token
 from kinbox.transport.identity import DeviceIdentity
+from kinbox.transport.invite_code import parse_code
 from kinbox.transport.peer_client import pair_with
 
 from .helpers import quiet_brain, wait_for
@@ -107,9 +108,13 @@ def test_handshakes_past_the_cap_are_refused_at_once_and_welcomed_links_do_not_c
     that went away) lets the next handshake in."""
     rt, srv = served
     identity = DeviceIdentity.generate()
-    code = new_invite(rt.peers.peers, frozenset({"agent"}), 600, rt.clock.now())
+    code = new_invite(rt.peers.identity, rt.peers.peers, frozenset({"agent"}), 600, rt.clock.now())
     paired = pair_with(
-        f"http://127.0.0.1:{srv.port}", identity, code, "phone", hs.new_nonce(random.randbytes(32))
+        f"http://127.0.0.1:{srv.port}",
+        identity,
+        parse_code(code),
+        "phone",
+        hs.new_nonce(random.randbytes(32)),
     )
     with ExitStack() as stack:
         link, ch = challenged(srv.port, "/peers/link", paired.token)
