@@ -37,6 +37,7 @@ from kinbox.actors.cli import main
 from kinbox.actors.peers import new_invite
 from kinbox.actors.serve import app_for
 from kinbox.persistence.peers import DeviceRecord
+from kinbox.transport import HandshakeLimits
 from kinbox.transport import frames as f
 from kinbox.transport import handshake as hs
 from kinbox.transport.grants import GrantView, new_token, secret_hash
@@ -282,13 +283,15 @@ def opened_link(sender: Runtime, rec: DeviceRecord, token: str,
 class Served:
     """A runtime whose HTTP app (with the peer endpoint) is served by uvicorn in a thread."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, handshakes: HandshakeLimits | None = None) -> None:
+        """``handshakes``: the peer endpoint's limits (its defaults when None)."""
         self.rt = rt
         sock = socket.create_server(("127.0.0.1", 0))  # bound here: nobody takes it
         self.port = int(sock.getsockname()[1])
         self.http = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app_for(rt), host="127.0.0.1",
-                                                    port=self.port, log_level="warning"))
+        app = app_for(rt, peer_handshakes=handshakes)
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+                                                    log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, args=([sock],), daemon=True)
         self.thread.start()
         wait_for(lambda: self.server.started, 30, "uvicorn to start")

@@ -26,6 +26,7 @@ from websockets.sync.server import ServerConnection, serve
 
 from kinbox.actors import ConfigError, PairingFailed, Runtime, SystemClock
 from kinbox.persistence.peers import INBOUND
+from kinbox.transport import HandshakeLimits
 from kinbox.transport import frames as f
 from kinbox.transport import handshake as hs
 from kinbox.transport.errors import HandshakeRefused
@@ -147,7 +148,10 @@ def devices(tmp_path: Path) -> Iterator[tuple[Runtime, Runtime, Served]]:
     a = Runtime(
         db=f"sqlite:///{tmp_path / 'a' / 'a.db'}", brain=quiet_brain, clock=SystemClock()
     ).start()
-    served = Served(b)
+    # The relay holds the laptop's first connection open across its own second one: on a
+    # loaded machine that outlasted the default 10 s handshake deadline, and the phone
+    # read the laptop's "timeout" where the test waits for the relay's tampering found out.
+    served = Served(b, HandshakeLimits(timeout=60.0))
     yield a, b, served
     served.close()
     a.stop()
