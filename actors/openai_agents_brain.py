@@ -12,9 +12,9 @@ caller's ``run_config`` sets its own ``tool_execution.max_function_tool_concurre
 the SDK has no such switch per tool, so that is every function tool's. A call of a tool
 the agent lacks is answered to the model too
 (``tool_not_found_behavior="return_error_to_model"``), not a failed run. An agent whose
-own tool bears a kinbox tool's name, and any other ``UserError`` of the SDK (a mistake in
-the agent's set-up, which every attempt would repeat), fails the row for good
-(``PermanentFailure``) after one attempt. The turn's
+own tool bears a kinbox tool's name fails the row for good (``PermanentFailure``) after
+one attempt. The SDK's own ``UserError`` stays an ordinary failed attempt: it also
+raises it for a state that passes (an MCP server not connected yet). The turn's
 prompt and reply are those of every adapter (``framework_turns``); the session's earlier
 conversation (``history=``, the newest 20 visible entries by default) comes before the
 prompt as the run's input items (``{"role": "user" | "assistant", "content": ...}``); a
@@ -40,7 +40,6 @@ from collections.abc import Callable
 from typing import Any
 
 from agents import Agent, FunctionTool, RunConfig, RunContextWrapper, Runner, ToolExecutionConfig
-from agents.exceptions import UserError
 from agents.handoffs import Handoff
 from agents.tool_context import ToolContext
 
@@ -207,8 +206,6 @@ def openai_agents_brain(
             stopped, result = await until_stopped(
                 turn, Runner.run(agent, given, run_config=config, **limits)
             )
-        except UserError as exc:  # the application's mistake: every attempt would repeat it
-            raise PermanentFailure(f"the Agents SDK refused the agent: {exc}") from exc
         except Exception as exc:  # the SDK passes the openai client's errors on as raised
             failure = openai_failure(exc, turn.started)
             if failure is None:

@@ -504,3 +504,21 @@ def test_an_agents_own_tool_named_as_a_kinbox_tool_fails_the_row_for_good(
     assert "PermanentFailure: " in row["last_error"]
     assert "'Desk'" in row["last_error"] and "'agent_send'" in row["last_error"]
     assert clashing.tools == [own_send]  # the user's agent unchanged
+
+
+def test_the_sdks_own_user_error_is_an_ordinary_failed_attempt(make_runtime: MakeRuntime) -> None:
+    """The Agents SDK raises ``UserError`` for set-up mistakes and also for states that
+    pass (an MCP server not connected yet): the attempt fails and is retried after its
+    backoff, not failed for good as a kinbox tool-name clash is."""
+    from agents.exceptions import UserError
+
+    async def model(items: list[TResponseInputItem], tools: list[str]) -> list[TResponseOutputItem]:
+        raise UserError("Server not initialized. Make sure you call `connect()` first.")
+
+    rt = make_runtime(brain=openai_agents_brain(Agent(name="Me", model=ScriptModel(model))))
+    me = rt.create_session(rt.create_project("solo").id, "Me").id
+    rt.post(me, "hello")
+    rt.run_until_idle(timeout=30)
+    row = rt.inbox()[0]
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    assert "UserError" in row["last_error"] and "PermanentFailure" not in row["last_error"]
