@@ -73,3 +73,40 @@ def test_whole_requests_and_websocket_handshakes_are_not_cut_by_the_head_deadlin
         assert isinstance(f.parse(ws.recv(10)), f.Challenge)
         with pytest.raises(TimeoutError):  # open past the head deadline: the handshake's own
             ws.recv(2)
+
+
+@pytest.mark.timeout(60)
+def test_the_rest_of_a_body_answered_early_has_the_deadline_too(port: int) -> None:
+    """A route that answered before reading the body (here 413, from a ``Content-Length``
+    over the cap) left the connection reading the rest, and each byte a client dripped
+    kept it open past the head deadline and the keep-alive timeout, for ever. The client
+    still gets its answer; the rest of the body then has the deadline, and the connection
+    is closed."""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+        s.sendall(
+            b"POST /cron/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Kinbox: 1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 10000000\r\n\r\n{"
+        )
+        got = b""
+        while b"\r\n\r\n" not in got or not got.endswith(b"}"):
+            chunk = s.recv(4096)
+            assert chunk, got
+            got += chunk
+        assert got.startswith(b"HTTP/1.1 413"), got
+        s.settimeout(0.1)  # the drip's pace: a byte each time the server says nothing
+        closed = threading.Event()
+        deadline = threading.Timer(20, lambda: None)
+        deadline.start()
+        try:
+            while deadline.is_alive() and not closed.is_set():
+                try:
+                    s.sendall(b" ")
+                    if s.recv(4096) == b"":
+                        closed.set()
+                except TimeoutError:
+                    continue
+                except OSError:  # reset or broken pipe: closed under the drip
+                    closed.set()
+        finally:
+            deadline.cancel()
+        assert closed.is_set(), "the connection stayed open under a dripped body"

@@ -9,6 +9,15 @@ begins to arrive) and disarms it once the head is whole; past :data:`HEAD_TIMEOU
 client is answered ``408`` and the connection closed. What follows the head (a body, a
 websocket) has its own deadlines (:mod:`.json_body`, :mod:`.handshake_slots`).
 
+A route that answers before it read the whole body (413 too large, 408 too slow, 404
+and 401 before the body) leaves the rest of the body coming: uvicorn reads and drops it
+so the connection can serve the next request, and each byte the client drips holds the
+connection open again, past every deadline. So once an answer is complete while its
+request's body is still coming, the rest has the same ``timeout`` to end; past it the
+connection is closed. Not at once: a client still uploading would get a reset in place
+of its answer (the last bytes it sent make the closed socket answer with a reset, which
+can drop the answer unread), so a well-behaved client still reads its 413.
+
 Give :func:`head_deadline` to ``uvicorn.Config(http=...)`` (``kinbox serve`` does).
 """
 
@@ -49,6 +58,20 @@ def head_deadline(timeout: float = HEAD_TIMEOUT) -> type[H11Protocol]:
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+                cycle = self.cycle  # this request's: a later one on the connection is not cut
+                self.loop.call_later(timeout, self._rest_of_body_late, cycle)
+
+        def _rest_of_body_late(self, cycle: object) -> None:
+            if (
+                self.cycle is cycle
+                and self.conn.their_state is h11.SEND_BODY
+                and not self.transport.is_closing()
+            ):
+                self.transport.close()
 
         def _watch_head(self) -> None:
             """Armed while a head is awaited and the connection is open, else disarmed."""
