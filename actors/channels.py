@@ -260,7 +260,12 @@ class Channels:
                 log.exception("could not tell which runtimes that kept replies are gone")
                 gone = set()
             left = [r for r in left if r.owner in gone]
-        return [HeldReply(r.session_id, r.route, r.text, r.reply_id) for r in left]
+        # Taken over first: another runtime starting now may have found the same ones.
+        taken = self.kept.take_over(
+            [r.reply_id for r in left], {r.owner for r in left}, self.ctx.owner
+        )
+        return [HeldReply(r.session_id, r.route, r.text, r.reply_id) for r in left
+                if r.reply_id in taken]
 
     def keep_now(
         self,

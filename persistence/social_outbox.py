@@ -6,8 +6,9 @@ reached the user. So the reply is also written here, in the turn's commit
 (:meth:`SocialOutbox.keep_now`), and deleted once its send ended for good
 (:meth:`SocialOutbox.settle`: the platform accepted it or refused it, or every retry
 failed while the runtime ran). A reply some other runtime kept and never settled (an
-earlier life of this one, cut off) is sent again (:meth:`SocialOutbox.left_by_others`):
-at least once, its ``reply_id`` the platform's dedupe key.
+earlier life of this one, cut off) is sent again (:meth:`SocialOutbox.left_by_others`)
+by the runtime that takes it over (:meth:`SocialOutbox.take_over`): at least once, its
+``reply_id`` the platform's dedupe key.
 """
 
 from __future__ import annotations
@@ -59,6 +60,22 @@ class SocialOutbox:
         """The reply's send ended for good: forget it."""
         r = self.t.social_reply
         self.writer.call(lambda: r.delete().where(r.reply_id == reply_id).execute())
+
+    def take_over(self, reply_ids: list[str], gone: set[str], owner: str) -> set[str]:
+        """Make ``owner`` the sender of those of ``reply_ids`` still kept by a runtime in
+        ``gone``; the ids it took. Two runtimes taking the same reply over: the first
+        update wins, the other's finds the reply no longer the gone one's and leaves it
+        (so it is sent by one of them, not both)."""
+        r = self.t.social_reply
+
+        def take() -> set[str]:
+            r.update(owner=owner).where(
+                r.reply_id.in_(reply_ids), r.owner.in_(sorted(gone))
+            ).execute()
+            mine = r.select(r.reply_id).where(r.reply_id.in_(reply_ids), r.owner == owner)
+            return {row.reply_id for row in mine}
+
+        return self.writer.call(take) if reply_ids else set()
 
     def left_by_others(self, platform: str, owner: str) -> list[KeptReply]:
         """The replies for ``platform`` that runtimes other than ``owner`` kept and never

@@ -129,3 +129,45 @@ def test_a_reply_whose_send_a_stop_cut_off_is_sent_at_the_next_start_once(
     finally:
         third.stop()
     assert len(platform.accepted) == before + 1
+
+
+@pytest.mark.timeout(120)
+def test_two_live_runtimes_send_a_reply_a_gone_one_kept_once(
+    pg_url: str, platform: Platform
+) -> None:
+    """On PostgreSQL two runtimes that start after one whose send a stop cut off each
+    found its kept reply and sent it: the user got it twice. The one that takes the reply
+    over sends it; the other sees it taken by a live runtime and leaves it."""
+    rt = started(pg_url, platform)
+    try:
+        rt.social.ingest(dict(EVENT))
+        platform.held = "Booked."
+        assert platform.holding.wait(20), "the reply never reached the platform"
+        rt.stop(timeout=1)
+    finally:
+        platform.cut.set()
+    wait_for(lambda: platform.dropped == 1, 20, "the platform to drop the post")
+    before = len(platform.accepted)
+
+    gate = threading.Event()  # both have registered before either send goes out
+
+    def slow_send(route: Mapping[str, Any], text: str, reply_id: str | None = None) -> None:
+        gate.wait(20)
+        platform.send(route, text, reply_id)
+
+    live = []
+    try:
+        for _ in range(2):
+            other = Runtime(db=pg_url, brain=booked).start()
+            live.append(other)
+            other.social.allow("slack", ["U1"])
+            other.social.register_channel("slack", send=slow_send)
+        gate.set()
+        wait_for(lambda: len(platform.accepted) > before, 20, "the reply to be sent again")
+        for other in live:
+            assert other.social.wait_idle(20)
+    finally:
+        gate.set()
+        for other in live:
+            other.stop()
+    assert [b["text"] for b in platform.accepted[before:]] == ["Booked."]
