@@ -38,11 +38,9 @@ from .context import RuntimeContext, TurnEffects, gather_effects
 from .direct_gate import SessionGate
 from .direct_marking import TurnNotStarted, unmark, wait_to_mark
 from .direct_pool import DirectPool
-from .outbox import Outbox
 from .steps import Blocking, Steps, landed, settle, wait_landed
 from .turn import Message, Turn, TurnOutcome
-from .turn_history import history_reader
-from .turn_run import cut_short, judge, prepare, take_result, turn_tools
+from .turn_run import cut_short, judge, new_turn, prepare, take_result
 
 log = logging.getLogger("kinbox.direct")
 
@@ -119,17 +117,15 @@ class DirectTurns(DirectPool):
                 taken.append(row.message_id)
                 return Message.from_row(row)
 
-            outbox = Outbox(turn_id)
-            return Turn(
+            return new_turn(
+                ctx,
                 session_id,
                 messages,
-                turn_tools(ctx, session_id, outbox),
                 flag,
                 fetch_steering,
+                outbox_id=turn_id,
                 started=started,
-                outbox=outbox,
                 fetch_row=fetch_row,
-                fetch_history=history_reader(ctx, session_id),
             )
         except BaseException:
             ctx.turns.end(session_id, flag)  # never left on the board by a failed start

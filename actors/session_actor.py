@@ -30,22 +30,20 @@ from ..persistence import (
 from . import delivery as dp
 from .context import RuntimeContext, TurnEffects, gather_effects
 from .messages import Deliver
-from .outbox import Outbox
 from .pooled import ActorPool, PooledActor
 from .running import StopFlag
 from .steps import Blocking, Step, Steps, landed, settle, wait_landed
 from .turn import Message, Turn
-from .turn_history import history_reader
 from .turn_run import (
     Judged,
     SyncBrainAwaitable,
     TurnCutShort,
     cut_short,
     judge,
+    new_turn,
     prepare,
     refused_commit,
     take_result,
-    turn_tools,
 )
 
 log = logging.getLogger("kinbox.session")
@@ -307,18 +305,16 @@ class SessionActor(PooledActor):
             )
             return None if taken is None else Message.from_row(taken)
 
-        outbox = Outbox(row.message_id)
-        turn = Turn(
+        turn = new_turn(
+            ctx,
             sid,
             [Message.from_row(row)],
-            turn_tools(ctx, sid, outbox),
             stop_flag,
             fetch_steering,
-            row=row,
+            outbox_id=row.message_id,
             started=started,
-            outbox=outbox,
             fetch_row=fetch_row,
-            fetch_history=history_reader(ctx, sid),
+            row=row,
         )
         if ctx.observers:
             ctx.emit(

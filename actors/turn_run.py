@@ -22,11 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..persistence import ClaimedRow
 from .brain_failure import ORDINARY, FailureKind, classify
 from .context import RuntimeContext
 from .outbox import Outbox
-from .running import RUNTIME_STOP, TIMEOUT, overdue
-from .turn import Turn, TurnOutcome
+from .running import RUNTIME_STOP, TIMEOUT, StopFlag, overdue
+from .turn import Message, Turn, TurnOutcome
+from .turn_history import history_reader
 from .validation import escaped
 
 log = logging.getLogger("kinbox.turn")
@@ -87,6 +89,35 @@ class Judged:
 SUCCEEDED = Judged(TurnOutcome(True, None, None))
 """Nearly every turn's judgement (the brain returned, nobody stopped it): one immutable
 instance for all of them."""
+
+
+def new_turn(
+    ctx: RuntimeContext,
+    session_id: str,
+    messages: list[Message],
+    flag: StopFlag,
+    fetch_steering: Callable[[], list[Message]],
+    *,
+    outbox_id: str,
+    started: float,
+    fetch_row: Callable[[str], Message | None],
+    row: ClaimedRow | None = None,
+) -> Turn:
+    """A turn of ``session_id`` with the parts every turn has, an inbox turn or a direct
+    one: its outbox (named ``outbox_id``), its tools writing into it, and its history."""
+    outbox = Outbox(outbox_id)
+    return Turn(
+        session_id,
+        messages,
+        turn_tools(ctx, session_id, outbox),
+        flag,
+        fetch_steering,
+        row=row,
+        started=started,
+        outbox=outbox,
+        fetch_row=fetch_row,
+        fetch_history=history_reader(ctx, session_id),
+    )
 
 
 def turn_tools(ctx: RuntimeContext, session_id: str, outbox: Outbox) -> Callable[[], Any]:
