@@ -252,7 +252,20 @@ class Channels:
             if platform in self._recovered:
                 return []
             self._recovered.add(platform)
-        left = self.kept.left_by_others(platform, self.ctx.owner)
+        return [reply for _, reply in self._take_left([platform])]
+
+    def left_by_the_gone(self) -> list[tuple[str, HeldReply]]:
+        """PostgreSQL, on the runtime's tick: the replies for the platforms this runtime
+        recovered at registration that a runtime gone since then kept (it died while this
+        one ran), as (platform, reply), oldest first; each taken over once."""
+        with self._lock:
+            platforms = sorted(self._recovered)
+        if self.gone is None or not platforms:
+            return []
+        return self._take_left(platforms)
+
+    def _take_left(self, platforms: list[str]) -> list[tuple[str, HeldReply]]:
+        left = self.kept.left_by_others(platforms, self.ctx.owner)
         if left and self.gone is not None:
             try:
                 gone = self.gone({r.owner for r in left})
@@ -260,12 +273,12 @@ class Channels:
                 log.exception("could not tell which runtimes that kept replies are gone")
                 gone = set()
             left = [r for r in left if r.owner in gone]
-        # Taken over first: another runtime starting now may have found the same ones.
+        # Taken over first: another runtime (or this one's tick) may have found the same.
         taken = self.kept.take_over(
             [r.reply_id for r in left], {r.owner for r in left}, self.ctx.owner
         )
-        return [HeldReply(r.session_id, r.route, r.text, r.reply_id) for r in left
-                if r.reply_id in taken]
+        return [(r.platform, HeldReply(r.session_id, r.route, r.text, r.reply_id))
+                for r in left if r.reply_id in taken]
 
     def keep_now(
         self,

@@ -60,7 +60,7 @@ class TickApi:
         self._last_takeover = time.monotonic()
         try:
             services = self._services if self._state == "running" else None  # cron started
-            take_over_from_the_gone(ctx, liveness, services.cron if services else None)
+            take_over_from_the_gone(ctx, liveness, services)
         except LifeLockLost as exc:
             # To every other runtime this one is dead now, and they take its rows over:
             # go on delivering and its commits would all be refused. End as a kill would;

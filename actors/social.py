@@ -110,6 +110,14 @@ class SocialService(SocialIngress):
         for reply in held:  # replies that ran before the product registered this channel
             self._send_later(platform, reply)
 
+    def take_over_the_gone(self) -> None:
+        """PostgreSQL, on the runtime's tick: send the replies that runtimes which died
+        while this one ran kept and never sent (:meth:`.channels.Channels.left_by_the_gone`;
+        at registration this runtime took up only those left until then)."""
+        if self.turns is not None:
+            for platform, reply in self.channels.left_by_the_gone():
+                self._send_later(platform, reply)
+
     def _send_later(self, platform: str, reply: channels.HeldReply) -> None:
         """Send a held reply on the turn pool (a failing send retries for seconds)."""
         assert self.turns is not None  # only a runtime that runs turns has replies

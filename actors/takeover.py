@@ -3,9 +3,9 @@
 A runtime on PostgreSQL holds a life lock tied to its connection
 (:class:`~kinbox.persistence.OwnerLiveness`). The rows leased by a runtime whose lock
 is free, and the direct-turn marks it left, need not wait for their leases: this
-makes them claimable at once, and starts their cron runs, so a restart after SIGKILL
-(or a live runtime beside it) resumes within a second while a live, slow owner is never
-robbed.
+makes them claimable at once, starts their cron runs and sends the social replies they
+kept, so a restart after SIGKILL (or a live runtime beside it) resumes within a second
+while a live, slow owner is never robbed.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 
 from ..persistence import OwnerLiveness
 from .context import RuntimeContext
-from .cron import CronService
+from .services import Services
 
 log = logging.getLogger("kinbox.runtime")
 
@@ -23,9 +23,10 @@ TAKEOVER_INTERVAL = 0.5
 
 
 def take_over_from_the_gone(ctx: RuntimeContext, liveness: OwnerLiveness,
-                            cron: CronService | None = None) -> None:
+                            services: Services | None = None) -> None:
     """Make the rows of runtimes whose life lock is free claimable now, end their direct
-    turns' marks, and (given ``cron``, a running runtime's) start their cron runs.
+    turns' marks, and (given ``services``, a running runtime's) start their cron runs
+    and send the social replies they kept.
     Raises :class:`~kinbox.persistence.LifeLockLost` when this runtime's own lock is gone
     (to every other runtime it is dead now)."""
     leasing, marking = ctx.journal.lease_owners(), ctx.store.direct_turn_owners()
@@ -40,5 +41,6 @@ def take_over_from_the_gone(ctx: RuntimeContext, liveness: OwnerLiveness,
         ended = ctx.store.end_direct_turn_marks(ctx.now(), owners=marked)
         log.warning("ended %d direct-turn marks of runtime(s) that are gone: %s",
                     ended, ", ".join(sorted(marked)))
-    if cron is not None:
-        cron.take_over_the_gone()
+    if services is not None:
+        services.cron.take_over_the_gone()
+        services.social.take_over_the_gone()

@@ -63,27 +63,30 @@ class SocialOutbox:
 
     def take_over(self, reply_ids: list[str], gone: set[str], owner: str) -> set[str]:
         """Make ``owner`` the sender of those of ``reply_ids`` still kept by a runtime in
-        ``gone``; the ids it took. Two runtimes taking the same reply over: the first
-        update wins, the other's finds the reply no longer the gone one's and leaves it
-        (so it is sent by one of them, not both)."""
+        ``gone``; the ids this call took. Two takers of the same reply (two runtimes, or
+        one runtime's start and its tick): the first update wins, the other's finds the
+        reply no longer the gone one's and takes nothing, so one of them sends it."""
         r = self.t.social_reply
 
         def take() -> set[str]:
-            r.update(owner=owner).where(
-                r.reply_id.in_(reply_ids), r.owner.in_(sorted(gone))
-            ).execute()
-            mine = r.select(r.reply_id).where(r.reply_id.in_(reply_ids), r.owner == owner)
-            return {row.reply_id for row in mine}
+            taken = (
+                r.update(owner=owner)
+                .where(r.reply_id.in_(reply_ids), r.owner.in_(sorted(gone)))
+                .returning(r.reply_id)
+                .tuples()
+                .execute()
+            )
+            return {reply_id for (reply_id,) in taken}
 
         return self.writer.call(take) if reply_ids else set()
 
-    def left_by_others(self, platform: str, owner: str) -> list[KeptReply]:
-        """The replies for ``platform`` that runtimes other than ``owner`` kept and never
+    def left_by_others(self, platforms: list[str], owner: str) -> list[KeptReply]:
+        """The replies for ``platforms`` that runtimes other than ``owner`` kept and never
         settled, oldest first."""
         r = self.t.social_reply
         rows = (
             r.select()
-            .where(r.platform == platform, r.owner != owner)
+            .where(r.platform.in_(platforms), r.owner != owner)
             .order_by(r.created_at, r.reply_id)
         )
         return [

@@ -171,3 +171,32 @@ def test_two_live_runtimes_send_a_reply_a_gone_one_kept_once(
         for other in live:
             other.stop()
     assert [b["text"] for b in platform.accepted[before:]] == ["Booked."]
+
+
+@pytest.mark.timeout(120)
+def test_a_live_runtime_sends_the_reply_of_one_that_died_beside_it(
+    pg_url: str, platform: Platform
+) -> None:
+    """On PostgreSQL a runtime running beside one whose send was cut off looked for kept
+    replies only when its own channel was registered, before the other died: the reply
+    waited for the next start of some runtime, however long that was. The tick that takes
+    a gone runtime's leases over takes its kept replies over too, and sends them once."""
+    survivor = started(pg_url, platform)
+    try:
+        doomed = started(pg_url, platform)
+        try:
+            doomed.social.ingest(dict(EVENT))
+            platform.held = "Booked."
+            assert platform.holding.wait(20), "the reply never reached the platform"
+            before = len(platform.accepted)
+            doomed.stop(timeout=1)  # its life lock goes with it: gone to the survivor
+        finally:
+            platform.cut.set()
+        wait_for(lambda: platform.dropped == 1, 20, "the platform to drop the post")
+        wait_for(lambda: len(platform.accepted) > before, 20, "the survivor to send it")
+        assert survivor.social.wait_idle(20)
+        survivor.run_until_idle()
+    finally:
+        survivor.stop()
+    [resent] = platform.accepted[before:]
+    assert resent == platform.first  # the same reply, under the same dedupe key
