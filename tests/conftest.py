@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import compileall
 import os
 import shutil
 import tempfile
@@ -164,13 +165,27 @@ def make_runtime(db_url: str, clock: ManualClock) -> Iterator[Callable[..., Runt
 _TEST_HOME = tempfile.mkdtemp(prefix="kinbox-test-home-")
 
 
+SOURCE_FOLDERS = ("actors", "persistence", "transport", "scenarios")
+"""The checkout's folders of Python that test processes and their children import."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Each test process (and every child it starts) keeps kinbox's files (device keys,
     heartbeat files of server databases) in a folder of its own, removed at the end, never
     in the user's data directory; and a ``KINBOX_DB`` of the user's is never the default
-    database of a test."""
+    database of a test.
+
+    The first process (before any worker) also compiles the checkout's modules once
+    (``__pycache__``, git-ignored). An editable install has no bytecode, and where
+    ``PYTHONDONTWRITEBYTECODE`` is set (CI machines, containers) no process writes any:
+    each of the suite's hundreds of processes (the workers, every CLI call, server and
+    crash child) compiled all of kinbox again, about half a CPU-second each."""
     os.environ["KINBOX_HOME"] = _TEST_HOME
     os.environ.pop("KINBOX_DB", None)
+    if not hasattr(config, "workerinput"):
+        root = Path(__file__).resolve().parent.parent
+        for folder in SOURCE_FOLDERS:
+            compileall.compile_dir(root / folder, quiet=1)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
