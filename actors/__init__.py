@@ -9,8 +9,6 @@ with Runtime(db="sqlite:///app.db", brain=brain) as rt:
     ...
 """
 
-from importlib import metadata as _metadata
-
 from ..persistence.errors import (
     DatabaseFailed,
     DatabaseInUse,
@@ -45,10 +43,21 @@ from .runtime import Runtime
 from .tools import AgentTools, SubagentTools, TaskTools
 from .turn import Brain, Message, Turn, TurnOutcome
 
-try:
-    __version__ = _metadata.version("kinbox")
-except _metadata.PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
+
+def __getattr__(name: str) -> str:
+    # ``__version__`` is read from the installed metadata on first use only: reading it
+    # cost every process that imports kinbox (each CLI command) about 0.1 s.
+    if name != "__version__":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import metadata
+
+    try:
+        found = metadata.version("kinbox")
+    except metadata.PackageNotFoundError:  # a source tree that was never installed
+        found = "0+unknown"
+    globals()["__version__"] = found
+    return found
+
 
 __all__ = [
     "HIDDEN_KINDS",

@@ -13,9 +13,9 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 from typing import NoReturn, TextIO
 
+from .. import actors
 from ..persistence import redact_text, redact_url
 from ..transport import TransportError
 from ..transport.frames import shown
@@ -40,10 +40,21 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 def version() -> str:
     """The installed kinbox version."""
-    try:
-        return metadata.version("kinbox")
-    except metadata.PackageNotFoundError:  # running from a source tree without install
-        return "0+unknown"
+    return str(actors.__version__)
+
+
+class _Version(argparse.Action):
+    """``--version``: the version is read (from the installed metadata, a tenth of a
+    second) only when asked for, not on every command's start."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        print(f"kinbox {version()}")
+        parser.exit()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,7 +92,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = _Parser(prog="kinbox", description="kinbox: a durable actor runtime for agents")
-    parser.add_argument("--version", action="version", version=f"kinbox {version()}")
+    parser.add_argument("--version", action=_Version, help="show kinbox's version and exit")
     parser.add_argument("--log-level", choices=LOG_LEVELS, type=str.lower,
                         help="what kinbox logs to stderr (default: $KINBOX_LOG_LEVEL, then "
                              "warning); message bodies appear only at debug")

@@ -289,8 +289,17 @@ def test_a_sqlite_file_reached_through_a_symlink_keeps_one_data_directory(
     assert data_dir_for(f"sqlite:///{link}") == real.parent / "kinbox-data"
 
 
+@pytest.mark.timeout(30)
 def test_the_version_is_exported() -> None:
     assert kinbox.actors.__version__.count(".") >= 2
+
+
+@pytest.mark.timeout(60)
+def test_kinbox_version_prints_the_installed_version_and_exits() -> None:
+    done = subprocess.run([sys.executable, "-m", "kinbox.actors", "--version"],
+                          capture_output=True, text=True, timeout=50)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0, f"kinbox {kinbox.actors.__version__}\n", "")
 
 
 # -- 19. logs: failures with ids, never bodies above DEBUG ----------------------------
