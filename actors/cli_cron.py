@@ -9,7 +9,6 @@ brain notices a new or triggered job at its next poll (APScheduler, every
 from __future__ import annotations
 
 import argparse
-import time
 import uuid
 from typing import Any, TextIO
 
@@ -17,15 +16,20 @@ from ..persistence import CronStore
 from ..transport import RUNS_LIMIT
 from . import cron_rules as rules
 from .cli_args import common, offset_arg, whole_number
-from .cli_ops import stores
+from .cli_ops import operator_clock, stores
 from .cli_output import emit, emit_page, when
 from .cron_jobs import CronJobs
 from .triggers import local_time
 
 
 def _jobs(args: argparse.Namespace, work: Any, *, read_only: bool = False) -> Any:
-    with stores(args.db, read_only=read_only) as (journal, sessions):
-        jobs = CronJobs(CronStore(journal.t, journal.writer), sessions, time.time,
+    # Stamped by the runtimes' clock (the server's on PostgreSQL), as every operator
+    # change is: on this machine's, a trigger from a laptop two hours behind the server
+    # was an occurrence missed past the grace time (skipped), two hours ahead one due in
+    # two hours; a job added or resumed so first ran as late as the clock was ahead.
+    with stores(args.db, read_only=read_only) as (journal, sessions), \
+            operator_clock(journal.t.db) as clock:
+        jobs = CronJobs(CronStore(journal.t, journal.writer), sessions, clock.now,
                         lambda: uuid.uuid4().hex)
         return work(jobs)
 
