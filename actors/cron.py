@@ -304,6 +304,11 @@ class CronService:
         try:
             upcoming = next_fire(job.cron, now, job.timezone)
             recent = next_fire(job.cron, now - self.grace, job.timezone, inclusive=True)
+            due = job.next_run_at
+            # A trigger makes a job due at a time its schedule does not name (fire times
+            # are whole seconds); a retry does too, and counts its tries.
+            asked = (due is not None and job.retry_count == 0
+                     and next_fire(job.cron, due, job.timezone, inclusive=True) != due)
         except (rules.InvalidCronExpression, rules.InvalidCronJob) as exc:  # a stored zone
             log.warning("cron job %s deactivated: %s", job.id, exc)
             return Occurrence(
@@ -321,6 +326,7 @@ class CronService:
             previous_active=running is not None,
             grace=self.grace,
             recent_regular=recent,
+            asked=asked,
         )
         changes: dict[str, Any] = {"next_run_at": upcoming, "active": upcoming is not None}
         if decision.due is rules.Due.MISSED:

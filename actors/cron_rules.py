@@ -6,7 +6,8 @@ Pure: times come in as arguments (the next regular fire time is computed by
 - A due job runs once, however many occurrences were missed while no runtime
   was up (coalesced), if one of them is within the grace time (the run stands
   for the latest); when all are older, they are skipped and the schedule
-  moves on.
+  moves on. A trigger is not an occurrence: it runs however late a runtime with a
+  brain comes to it.
 - A run still active when the next is due is recorded as an error,
   ``Previous cron run is still active``, and the schedule moves on (the
   running one is not disturbed, and this is not counted as a failure). A run
@@ -193,6 +194,7 @@ def on_due(
     previous_active: bool,
     grace: float = DEFAULT_GRACE_SECONDS,
     recent_regular: float | None = None,
+    asked: bool = False,
 ) -> DueDecision:
     """Decide a due occurrence; ``next_regular`` is the first fire time after ``now``,
     ``recent_regular`` the first one at or after ``now - grace`` (None: none).
@@ -209,9 +211,14 @@ def on_due(
     its occurrence runs, late: counted as not active, the occurrence fired beside the
     takeover, two runs of one job at once; counted as active, it was the error run,
     lost to the crash.
+
+    ``asked``: the due time is an operator's trigger, not a time of the schedule. It
+    runs however late: its run waits for a runtime with a brain (a send-only server
+    stores the trigger), and skipped as missed it was gone without a trace, the job
+    moved on to its next regular time.
     """
     recent = recent_regular is not None and recent_regular <= now
-    if now - scheduled_for > grace and not recent:
+    if now - scheduled_for > grace and not recent and not asked:
         return DueDecision(Due.MISSED, next_regular)
     if previous_active:
         return DueDecision(Due.PREVIOUS_ACTIVE, next_regular, PREVIOUS_ACTIVE)

@@ -1,0 +1,56 @@
+"""A cron job triggered while no runtime with a brain is up runs when one comes up.
+
+``kinbox cron trigger`` (or ``POST /cron/jobs/{id}/trigger`` on a send-only
+``kinbox serve``) makes the job due now, and its run waits for a delivering process.
+A worker that came up more than an hour (the grace time) after the trigger judged it
+an occurrence missed during downtime and skipped it: no run, no error, the job moved
+on to its next regular time, and the run the operator asked for never happened.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kinbox.actors import ManualClock, Runtime, Turn
+from kinbox.actors import cron_rules as rules
+
+START = 1_767_258_000.0  # 2026-01-01 09:00 UTC
+
+
+def pong(turn: Turn) -> str:
+    return "pong"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("late", [30 * 60.0, 2 * 3600.0, 3 * 86400.0],
+                         ids=["half-an-hour", "two-hours", "three-days"])
+def test_a_trigger_runs_however_late_the_delivering_runtime_comes(tmp_path: Path,
+                                                                   late: float) -> None:
+    db = f"sqlite:///{tmp_path / 'kinbox.db'}"
+    clock = ManualClock(START)
+    with Runtime(db=db, clock=clock) as send_only:  # kinbox serve, without --brain
+        job_id = str(send_only.cron.add("yearly", "0 0 1 1 *", "ping")["job_id"])
+        regular = send_only.cron.job(job_id)["next_run_at"]
+        send_only.cron.trigger(job_id)
+    clock.advance(late)
+    with Runtime(db=db, brain=pong, clock=clock) as worker:  # its start looks at the jobs
+        assert worker.cron.wait_idle(30)
+        runs = worker.cron.runs(job_id)
+        job = worker.cron.job(job_id)
+    assert [(r["status"], r["result"]) for r in runs] == [("success", "pong")]
+    assert job["next_run_at"] == regular  # and the schedule goes on as before
+
+
+@pytest.mark.timeout(10)
+def test_a_trigger_is_never_an_occurrence_missed() -> None:
+    """The rule: a due time an operator asked for runs however late; a regular one (and
+    a retry) past the grace time is still skipped."""
+    asked = rules.on_due(100, 10_000, next_regular=20_000, previous_active=False, grace=60,
+                         asked=True)
+    regular = rules.on_due(100, 10_000, next_regular=20_000, previous_active=False, grace=60)
+    assert (asked.due, regular.due) == (rules.Due.RUN, rules.Due.MISSED)
+    busy = rules.on_due(100, 10_000, next_regular=20_000, previous_active=True, grace=60,
+                        asked=True)
+    assert busy.due is rules.Due.PREVIOUS_ACTIVE
