@@ -304,17 +304,13 @@ class CronService:
         try:
             upcoming = next_fire(job.cron, now, job.timezone)
             recent = next_fire(job.cron, now - self.grace, job.timezone, inclusive=True)
-            due = job.next_run_at
-            # A trigger makes a job due at a time its schedule does not name (fire times
-            # are whole seconds); a retry does too, and counts its tries.
-            asked = (due is not None and job.retry_count == 0
-                     and next_fire(job.cron, due, job.timezone, inclusive=True) != due)
         except (rules.InvalidCronExpression, rules.InvalidCronJob) as exc:  # a stored zone
             log.warning("cron job %s deactivated: %s", job.id, exc)
             return Occurrence(
                 {
                     "active": False,
                     "next_run_at": None,
+                    "triggered_at": None,
                     "last_error": rules.invalid_expression_error(exc.reason),
                 },
                 None,
@@ -326,9 +322,10 @@ class CronService:
             previous_active=running is not None,
             grace=self.grace,
             recent_regular=recent,
-            asked=asked,
+            asked=job.triggered_at is not None,
         )
-        changes: dict[str, Any] = {"next_run_at": upcoming, "active": upcoming is not None}
+        changes: dict[str, Any] = {"next_run_at": upcoming, "active": upcoming is not None,
+                                   "triggered_at": None}
         if decision.due is rules.Due.MISSED:
             log.info(
                 "cron job %s missed its run at %s (beyond the grace time)", job.id, job.next_run_at

@@ -137,7 +137,7 @@ class CronJobs:
         """Stop a job's schedule (its runs and session stay)."""
         self.get(job_id)
         return self._changed(job_id, self.store.update(job_id, self.now(), active=False,
-                                                       next_run_at=None))
+                                                       next_run_at=None, triggered_at=None))
 
     def resume(self, job_id: str) -> dict[str, Any]:
         """Restart a paused or deactivated job from its next regular time, retries reset."""
@@ -145,14 +145,16 @@ class CronJobs:
         now = self.now()
         upcoming = next_fire_or_never(current.cron, now, current.timezone)
         return self._changed(job_id, self.store.update(
-            job_id, now, active=True, retry_count=0, last_error=None, next_run_at=upcoming))
+            job_id, now, active=True, retry_count=0, last_error=None, next_run_at=upcoming,
+            triggered_at=None))
 
     def trigger(self, job_id: str) -> dict[str, Any]:
         """Make an active job due now (a runtime with a brain runs it at its next look)."""
         if not self.get(job_id).active:
             raise rules.CronJobPaused(job_id)
-        return self._changed(job_id, self.store.update(job_id, self.now(),
-                                                       next_run_at=self.now()))
+        now = self.now()
+        return self._changed(job_id, self.store.update(job_id, now, next_run_at=now,
+                                                       triggered_at=now))
 
     def remove(self, job_id: str) -> dict[str, Any]:
         """Delete a job and its run records (its session and transcript stay)."""

@@ -58,6 +58,8 @@ class CronJobRecord:
     last_error: str | None
     created_at: float
     updated_at: float
+    triggered_at: float | None = None
+    """When a trigger made the job due (None: no trigger waits)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The job as the CLI and HTTP API show it."""
@@ -119,7 +121,7 @@ class RunEnd:
 def _job(r: CronJob) -> CronJobRecord:
     return CronJobRecord(r.id, r.name, r.cron, r.timezone, r.prompt, bool(r.active), r.delivery,
                          r.retry_count, r.next_run_at, r.last_run_at, r.last_result,
-                         r.last_error, r.created_at, r.updated_at)
+                         r.last_error, r.created_at, r.updated_at, r.triggered_at)
 
 
 def _run(r: CronRun) -> CronRunRecord:

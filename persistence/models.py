@@ -214,6 +214,10 @@ class CronJob(_Base):
     delivery = pw.CharField(default="announce", max_length=16)
     retry_count = pw.IntegerField(default=0)
     next_run_at = pw.DoubleField(null=True, index=True)
+    triggered_at = pw.DoubleField(null=True)
+    """When an operator's trigger made the job due (its ``next_run_at`` then); cleared once
+    that due time is decided. A trigger is no occurrence of the schedule: never skipped
+    as missed, however late a runtime with a brain comes to it."""
     last_run_at = pw.DoubleField(null=True)
     last_result = pw.TextField(null=True)
     last_error = pw.TextField(null=True)

@@ -54,3 +54,32 @@ def test_a_trigger_is_never_an_occurrence_missed() -> None:
     busy = rules.on_due(100, 10_000, next_regular=20_000, previous_active=True, grace=60,
                         asked=True)
     assert busy.due is rules.Due.PREVIOUS_ACTIVE
+
+
+@pytest.mark.timeout(90)
+def test_a_trigger_of_a_job_waiting_to_retry_runs_however_late(tmp_path: Path) -> None:
+    """A job whose run failed waits for its retry; the operator triggers it and the
+    runtime with a brain comes two hours later. Told apart from the schedule's own times
+    by the retry count, the trigger was taken for the retry, missed, and skipped."""
+    db = f"sqlite:///{tmp_path / 'kinbox.db'}"
+    clock = ManualClock(START)
+
+    def failing(turn: Turn) -> str:
+        raise RuntimeError("the model is down")
+
+    with Runtime(db=db, brain=failing, clock=clock) as first:
+        job_id = str(first.cron.add("yearly", "0 0 1 1 *", "ping")["job_id"])
+        first.cron.trigger(job_id)
+        assert first.cron.wait_idle(30)
+        waiting = first.cron.job(job_id)
+    assert waiting["retry_count"] > 0 and waiting["next_run_at"] > START + 10
+    clock.advance(10)  # the retry still waits
+    with Runtime(db=db, clock=clock) as send_only:
+        send_only.cron.trigger(job_id)
+    clock.advance(2 * 3600.0)
+    with Runtime(db=db, brain=pong, clock=clock) as worker:
+        assert worker.cron.wait_idle(30)
+        runs = worker.cron.runs(job_id)
+        job = worker.cron.job(job_id)
+    assert [r["status"] for r in runs] == ["success", "error"]
+    assert (job["triggered_at"], job["retry_count"]) == (None, 0)
