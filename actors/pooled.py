@@ -99,10 +99,20 @@ class _Mailbox:
         self._mail: deque[Any] = deque()
         self._lock = threading.Lock()
         self._scheduled = True  # until the actor has started
+        self._closed = False
         self.actor: PooledActor | None = None
 
     def put(self, envelope: Any) -> None:
         with self._lock:
+            if self._closed:
+                # The actor's stop was handled and its mail taken (``close``): nothing would
+                # run this. A tell raises as pykka's does to a dead actor (its sender still
+                # holds what it told); an ask gets the error in its future.
+                dead = pykka.ActorDeadError(f"{self.actor} stopped before handling the message")
+                if envelope.reply_to is None:
+                    raise dead
+                envelope.reply_to.set_exception(exc_info=(pykka.ActorDeadError, dead, None))
+                return
             self._mail.append(envelope)
             if self._scheduled:
                 return
@@ -116,6 +126,15 @@ class _Mailbox:
 
     def empty(self) -> bool:
         return not self._mail
+
+    def close(self) -> list[Any]:
+        """Take no more mail; the told messages left (the asked ones stay, for pykka's
+        teardown to answer)."""
+        with self._lock:
+            self._closed = True
+            told = [e for e in self._mail if e.reply_to is None]
+            self._mail = deque(e for e in self._mail if e.reply_to is not None)
+        return told
 
     def take(self) -> Any:
         """The next envelope, or None after marking the actor unscheduled."""
@@ -164,6 +183,22 @@ class PooledActor(pykka.Actor):
             self._actor_loop_teardown()
             return
         self._pool.schedule(self)  # more mail may wait: let other actors have a turn first
+
+    def _actor_loop_teardown(self) -> None:
+        # pykka drops the told messages still queued at the stop: a sender that told just
+        # before it (its tell found the actor alive) would never learn. Each goes to
+        # :meth:`on_undelivered`, and the mailbox refuses mail from here on.
+        mailbox: _Mailbox = self.actor_inbox  # type: ignore[assignment]
+        for envelope in mailbox.close():
+            try:
+                self.on_undelivered(envelope.message)
+            except Exception:
+                log.exception("%s could not hand back a message it stopped before", self)
+        super()._actor_loop_teardown()
+
+    def on_undelivered(self, message: Any) -> None:
+        """A told ``message`` the actor stopped before handling (default: dropped, as
+        pykka drops it)."""
 
     def _handle(self, envelope: Any) -> None:
         # The body of pykka's own actor loop (``Actor._actor_loop_running``) for one

@@ -107,6 +107,14 @@ class SessionActor(PooledActor):
                 if not self.told_done:
                     self.done(True)
 
+    def on_undelivered(self, message: Any) -> None:
+        """A row told to this actor after its stop was queued (a send, or a run's end,
+        started it as the runtime began to stop): its slot frees and it is handed back,
+        as one told to an actor already stopped. Dropped, it stayed leased to the stopped
+        runtime until its lease ran out, then was taken over as a suspect (run alone)."""
+        if isinstance(message, Deliver) and self.ctx.slots is not None:
+            self.ctx.slots.undeliverable(self.actor_ref, message.row)
+
     def new_run(self) -> dp.Delivery:
         """A delivery run of this session, as the protocol tracks it."""
         self.told_done = False

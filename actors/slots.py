@@ -421,11 +421,12 @@ class Slots:
             try:
                 ref.tell(Deliver(row))
             except pykka.ActorDeadError:
-                self._undeliverable(ref, row)
+                self.undeliverable(ref, row)
 
-    def _undeliverable(self, ref: pykka.ActorRef[Any], row: ClaimedRow) -> None:
-        """The session's actor stopped between the start and the tell: free the slot and
-        hand the row back (:meth:`_hand_back`)."""
+    def undeliverable(self, ref: pykka.ActorRef[Any], row: ClaimedRow) -> None:
+        """The session's actor stopped between the start and the tell (or before it
+        handled the row, :meth:`.session_actor.SessionActor.on_undelivered`): free the slot
+        and hand the row back (:meth:`_hand_back`)."""
         started: Started = []
         with self._lock:
             if self.live.get(row.target) is ref:
