@@ -20,7 +20,14 @@ from . import inbox_core as core
 from . import set_wise
 from .batch_run import may_run_again
 from .bulk_sql import BulkSql
-from .errors import DatabaseFailed, LeaseLost, PersistenceError, RowNotFound, WriterClosed
+from .errors import (
+    DatabaseFailed,
+    LeaseLost,
+    PersistenceError,
+    RowNotFound,
+    WriterClosed,
+    WriteTimeout,
+)
 from .hot_path import CLAIM_COLUMNS, Head, HotPath
 from .inbox_records import ClaimedRow, ClaimResult, FenceRow
 from .models import InboxMessage, Tables
@@ -31,6 +38,21 @@ log = logging.getLogger("kinbox.journal")
 
 DEFAULT_LEASE_SECONDS = 30.0
 """How long a claim holds a row before another worker may take it over."""
+
+
+def _landed(reply: Reply[ClaimResult]) -> ClaimResult:
+    """A claim's outcome, waited for until it lands or fails. One whose batch outran the
+    wait (:class:`WriteTimeout`, not ``withdrawn``) may commit yet: taken as failed, the
+    rows it then leased stayed leased to this runtime with nothing to run them (no slot,
+    no renewal) until their leases ran out, and then ran only as suspects."""
+    while True:
+        try:
+            return reply.result(WRITE_TIMEOUT)
+        except WriteTimeout as late:
+            if late.withdrawn:
+                raise
+            log.warning("a claim is slow (its batch runs past %s s); waiting for its outcome",
+                        late.timeout)
 
 
 def claimed_row(row: InboxMessage) -> ClaimedRow:
@@ -170,7 +192,7 @@ class InboxClaims:
         def op() -> ClaimResult:
             return self._claim_op(owner, now, lease, limit, ex, transport, suspects)
         if self.bulk.pg is None:
-            return self.writer.call(op)
+            return _landed(self.writer.submit(op))
         tries = 0
         while True:
             if self.writer.closed:  # a stopped runtime leases nothing more

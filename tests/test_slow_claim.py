@@ -1,0 +1,84 @@
+"""A claim answered after the dispatcher stopped waiting: the rows it leased still run.
+
+On SQLite the dispatcher's claim is a writer operation. When its batch runs past the
+claim's wait (a slow disk, a database another process keeps locked), the wait ends with a
+``WriteTimeout`` that says the claim may yet commit, and the dispatcher took it as a claim
+that failed. It then committed: its rows were leased to this runtime with nothing to run
+them (no slot held, no lease renewed) until their leases ran out, and then only as
+suspects, one at a time. A write that landed counts as written (as a turn's commit does,
+``steps.landed``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from kinbox.actors import ManualClock, Runtime, Turn
+from kinbox.persistence import GroupCommitWriter, inbox_claims
+
+from .helpers import SHORT, wait_for
+
+MakeRuntime = Callable[..., Runtime]
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class ClaimFailedHeard(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.event = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "claim" in record.getMessage():  # failed (taken as refused) or slow (waited on)
+            self.event.set()
+
+
+def test_a_claim_answered_after_its_wait_runs_the_rows_it_leased(
+        make_runtime: MakeRuntime, clock: ManualClock,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        seen.append(turn.messages[0].message_id)
+        if len(seen) == 1:
+            raise RuntimeError("the model was busy")  # a retry, which a claim takes
+
+    rt = make_runtime(brain=brain)
+    sid = rt.create_session(rt.create_project("p").id, "S").id
+    rt.post(sid, "one", message_id="m1")
+    wait_for(lambda: rt.inbox()[0]["status"] == "pending" and rt.inbox()[0]["attempts"] == 1,
+             what="the failed first attempt")
+    rt.run_until_idle(timeout=20)
+
+    writer = rt.context.journal.writer
+    heard = ClaimFailedHeard()
+    for name in ("kinbox.dispatcher", "kinbox.journal"):
+        logger = logging.getLogger(name)
+        monkeypatch.setattr(logger, "handlers", [*logger.handlers, heard])
+    # The writer's waits are short here: the claim's batch outruns them.
+    monkeypatch.setattr(inbox_claims, "WRITE_TIMEOUT", SHORT)
+    monkeypatch.setattr(writer, "call",
+                        lambda op, timeout=SHORT: GroupCommitWriter.call(writer, op, timeout))
+    gate, holding, batch_done = threading.Event(), threading.Event(), threading.Event()
+    writer.submit(lambda: (holding.set(), gate.wait(20)))  # the writer is busy ...
+    assert holding.wait(10)
+
+    def then() -> None:
+        wait_for(lambda: writer.queued() >= 1, timeout=20, what="the claim to queue")
+        writer.submit(lambda: batch_done.wait(20))  # ... so the claim's batch waits on this
+        gate.set()
+    threading.Thread(target=then, daemon=True).start()
+    clock.advance(60)  # the retry is due: the next claim takes it
+    rt.context.wake_dispatcher()
+    try:
+        assert heard.event.wait(20), "the claim never timed out"
+    finally:
+        batch_done.set()  # the claim commits: m1 leased to this runtime
+    wait_for(lambda: rt.inbox()[0]["status"] == "delivered", timeout=20,
+             what="the claimed row's turn")
+    assert seen == ["m1", "m1"]
+    assert not rt.inbox()[0]["suspect"]
