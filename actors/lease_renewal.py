@@ -60,10 +60,15 @@ class LeaseRenewal:
             held = self.slots.held()
             if not held:
                 return
-            self._last = now
+            last, self._last = self._last, now
         try:
             ctx.journal.renew(ctx.owner, held, now + ctx.lease_seconds, now)
         except PersistenceError as exc:
+            # Not renewed: due again at once. Left noted as done, the next try came a
+            # third of a lease later, and a blip over two tries let the leases run out.
+            with self._lock:
+                if self._last == now:
+                    self._last = last
             log.log(failure_level(exc), "lease renewal failed (%s, SQLSTATE %s): %s; the "
                     "next tick renews again", type(exc).__name__,
                     getattr(exc, "sqlstate", None), exc)
