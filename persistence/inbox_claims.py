@@ -20,14 +20,7 @@ from . import inbox_core as core
 from . import set_wise
 from .batch_run import may_run_again
 from .bulk_sql import BulkSql
-from .errors import (
-    DatabaseFailed,
-    LeaseLost,
-    PersistenceError,
-    RowNotFound,
-    WriterClosed,
-    WriteTimeout,
-)
+from .errors import DatabaseFailed, LeaseLost, PersistenceError, RowNotFound, WriterClosed
 from .hot_path import CLAIM_COLUMNS, Head, HotPath
 from .inbox_records import ClaimedRow, ClaimResult, FenceRow
 from .models import InboxMessage, Tables
@@ -38,21 +31,6 @@ log = logging.getLogger("kinbox.journal")
 
 DEFAULT_LEASE_SECONDS = 30.0
 """How long a claim holds a row before another worker may take it over."""
-
-
-def _landed(reply: Reply[ClaimResult]) -> ClaimResult:
-    """A claim's outcome, waited for until it lands or fails. One whose batch outran the
-    wait (:class:`WriteTimeout`, not ``withdrawn``) may commit yet: taken as failed, the
-    rows it then leased stayed leased to this runtime with nothing to run them (no slot,
-    no renewal) until their leases ran out, and then ran only as suspects."""
-    while True:
-        try:
-            return reply.result(WRITE_TIMEOUT)
-        except WriteTimeout as late:
-            if late.withdrawn:
-                raise
-            log.warning("a claim is slow (its batch runs past %s s); waiting for its outcome",
-                        late.timeout)
 
 
 def claimed_row(row: InboxMessage) -> ClaimedRow:
@@ -192,7 +170,8 @@ class InboxClaims:
         def op() -> ClaimResult:
             return self._claim_op(owner, now, lease, limit, ex, transport, suspects)
         if self.bulk.pg is None:
-            return _landed(self.writer.submit(op))
+            # A claim whose batch outran the wait may commit yet: its rows must run.
+            return self.writer.call_landed(op)
         tries = 0
         while True:
             if self.writer.closed:  # a stopped runtime leases nothing more

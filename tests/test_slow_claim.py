@@ -18,7 +18,8 @@ from collections.abc import Callable
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, Turn
-from kinbox.persistence import GroupCommitWriter, inbox_claims
+from kinbox.persistence import GroupCommitWriter
+from kinbox.persistence import writer as writer_module
 
 from .helpers import SHORT, wait_for
 
@@ -33,7 +34,8 @@ class ClaimFailedHeard(logging.Handler):
         self.event = threading.Event()
 
     def emit(self, record: logging.LogRecord) -> None:
-        if "claim" in record.getMessage():  # failed (taken as refused) or slow (waited on)
+        message = record.getMessage()
+        if "claim failed" in message or "slow" in message:  # taken as failed, or waited on
             self.event.set()
 
 
@@ -56,11 +58,11 @@ def test_a_claim_answered_after_its_wait_runs_the_rows_it_leased(
 
     writer = rt.context.journal.writer
     heard = ClaimFailedHeard()
-    for name in ("kinbox.dispatcher", "kinbox.journal"):
+    for name in ("kinbox.dispatcher", "kinbox.writer"):
         logger = logging.getLogger(name)
         monkeypatch.setattr(logger, "handlers", [*logger.handlers, heard])
     # The writer's waits are short here: the claim's batch outruns them.
-    monkeypatch.setattr(inbox_claims, "WRITE_TIMEOUT", SHORT)
+    monkeypatch.setattr(writer_module, "WRITE_TIMEOUT", SHORT)
     monkeypatch.setattr(writer, "call",
                         lambda op, timeout=SHORT: GroupCommitWriter.call(writer, op, timeout))
     gate, holding, batch_done = threading.Event(), threading.Event(), threading.Event()
