@@ -59,7 +59,8 @@ class DirectTurnMarks:
             if not s.select(s.id).where(s.id == session_id).exists():
                 raise RowNotFound("session", session_id)
             return False
-        return self.writer.call(mark)
+        # A mark whose batch outran the wait may commit yet: known, or it stays for good.
+        return self.writer.call_landed(mark)
 
     def others_processing(self, session_id: str, owner: str) -> bool:
         """Does a runtime other than ``owner`` hold a row of the session in processing (an
