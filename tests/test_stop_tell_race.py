@@ -37,9 +37,14 @@ class Blocker:
         assert self.go.wait(30)
 
 
+async def quiet_async_brain(turn: object) -> None:
+    """An ``async def`` brain that says nothing (its turns run on the event loop)."""
+
+
+@pytest.mark.parametrize("brain", [quiet_brain, quiet_async_brain], ids=["sync", "async"])
 def test_a_row_told_after_the_stop_reached_its_actor_is_handed_back(
-        make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
-    rt = make_runtime(brain=quiet_brain, max_active_sessions=1)
+        make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch, brain: Any) -> None:
+    rt = make_runtime(brain=brain, max_active_sessions=1)
     sid = rt.create_session(rt.create_project("p").id, "S").id
     slots = rt.context.slots
     assert slots is not None
