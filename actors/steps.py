@@ -12,15 +12,13 @@ refused.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..persistence import WRITE_TIMEOUT, Reply, WriteTimeout
+from ..persistence.reply import wait_on
 from . import delivery as dp
-
-log = logging.getLogger("kinbox.session")
 
 T = TypeVar("T")
 
@@ -82,20 +80,9 @@ def landed(reply: Reply[T]) -> Generator[Reply[T], Any, T]:
         try:
             return (yield reply)  # type: ignore[no-any-return]
         except WriteTimeout as late:
-            _wait_on(late)
+            wait_on(late)
 
 
 def wait_landed(reply: Reply[T]) -> T:
     """:func:`landed` on this thread."""
-    while True:
-        try:
-            return reply.result(WRITE_TIMEOUT)
-        except WriteTimeout as late:
-            _wait_on(late)
-
-
-def _wait_on(late: WriteTimeout) -> None:
-    if late.withdrawn:
-        raise late
-    log.warning("a write is slow (its batch runs past %s s); waiting for its outcome",
-                late.timeout)
+    return reply.landed(WRITE_TIMEOUT)

@@ -121,3 +121,24 @@ class Reply(Generic[T]):
         if self._error is not None:  # outcome(), inline: every send and turn waits here
             raise self._error
         return self._value  # type: ignore[no-any-return]
+
+    def landed(self, timeout: float) -> T:
+        """:meth:`result`, waiting on past ``timeout`` while a batch has the write (it may
+        land yet: :func:`wait_on`); :class:`WriteTimeout` only for a write withdrawn
+        still queued, which never runs. For a write whose outcome must be known: taken as
+        failed, one that then committed left rows leased, or a mark set, that nothing
+        ran or took back."""
+        while True:
+            try:
+                return self.result(timeout)
+            except WriteTimeout as late:
+                wait_on(late)
+
+
+def wait_on(late: WriteTimeout) -> None:
+    """After ``late``: raise it when the write was withdrawn (it never runs); otherwise
+    say that the write is slow, for the caller to wait on."""
+    if late.withdrawn:
+        raise late
+    log.warning("a write is slow (its batch runs past %s s); waiting for its outcome",
+                late.timeout)

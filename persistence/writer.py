@@ -59,7 +59,7 @@ import peewee as pw
 from .batch_run import conflict, may_run_again, run_batch
 from .bulk import Bulk
 from .database import is_sqlite
-from .errors import DatabaseFailed, WriterClosed, WriteTimeout
+from .errors import DatabaseFailed, WriterClosed
 from .reply import Reply
 from .savepoints import SQLITE_LOCK
 
@@ -129,15 +129,7 @@ class GroupCommitWriter:
         outcome must be known (it leases rows, it marks a session). Taken as failed, such
         a write that then committed left its rows leased, or its mark set, with nothing
         to run them or take it back."""
-        reply = self.submit(op)
-        while True:
-            try:
-                return reply.result(WRITE_TIMEOUT)
-            except WriteTimeout as late:
-                if late.withdrawn:
-                    raise
-                log.warning("a write is slow (its batch runs past %s s); waiting for its "
-                            "outcome", late.timeout)
+        return self.submit(op).landed(WRITE_TIMEOUT)
 
     def call_bulk(self, kind: Bulk[A, T], item: A, timeout: float | None = WRITE_TIMEOUT) -> T:
         """Run ``item`` with the other items of ``kind`` in the next batch; result after commit."""

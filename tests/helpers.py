@@ -150,8 +150,8 @@ class SlowWriteHeard(logging.Handler):
 
 
 def heard_from(thread: str, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """Set once the thread named ``thread`` logs a warning on the session actors' log (a
-    write it waits for outran its wait, and it waits on for the outcome); for the test."""
+    """Set once the thread named ``thread`` logs a warning on the writer's log (a write it
+    waits for outran its wait, and it waits on for the outcome); for the test."""
     heard = threading.Event()
 
     class Heard(logging.Handler):
@@ -159,15 +159,15 @@ def heard_from(thread: str, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
             if record.threadName == thread and record.levelno >= logging.WARNING:
                 heard.set()
 
-    logger = logging.getLogger("kinbox.session")
+    logger = logging.getLogger("kinbox.writer")
     monkeypatch.setattr(logger, "handlers", [*logger.handlers, Heard()])
     return heard
 
 
 def heard_slow_write(monkeypatch: pytest.MonkeyPatch) -> SlowWriteHeard:
-    """A :class:`SlowWriteHeard` on the session actors' log for the test (gone after it)."""
+    """A :class:`SlowWriteHeard` on the writer's log for the test (gone after it)."""
     heard = SlowWriteHeard()
-    logger = logging.getLogger("kinbox.session")
+    logger = logging.getLogger("kinbox.writer")
     monkeypatch.setattr(logger, "handlers", [*logger.handlers, heard])
     return heard
 
