@@ -9,6 +9,9 @@ with Runtime(db="sqlite:///app.db", brain=brain) as rt:
     ...
 """
 
+import importlib
+from typing import TYPE_CHECKING
+
 from ..persistence.errors import (
     DatabaseFailed,
     DatabaseInUse,
@@ -24,7 +27,6 @@ from ..persistence.errors import (
     WriterClosed,
     WriteTimeout,
 )
-from .access import HIDDEN_KINDS, SESSION_KINDS
 from .clock import Clock, ManualClock, SystemClock
 from .errors import (
     BrainRefError,
@@ -39,12 +41,34 @@ from .errors import (
     ToolError,
     ToolRoundsExceeded,
 )
-from .runtime import Runtime
-from .tools import AgentTools, SubagentTools, TaskTools
-from .turn import Brain, Message, Turn, TurnOutcome
 
+if TYPE_CHECKING:
+    from .access import HIDDEN_KINDS, SESSION_KINDS
+    from .runtime import Runtime
+    from .tools import AgentTools, SubagentTools, TaskTools
+    from .turn import Brain, Message, Turn, TurnOutcome
 
-def __getattr__(name: str) -> str:
+_ON_FIRST_USE = {
+    "HIDDEN_KINDS": ".access",
+    "SESSION_KINDS": ".access",
+    "Runtime": ".runtime",
+    "AgentTools": ".tools",
+    "SubagentTools": ".tools",
+    "TaskTools": ".tools",
+    "Brain": ".turn",
+    "Message": ".turn",
+    "Turn": ".turn",
+    "TurnOutcome": ".turn",
+}
+"""Names imported when first used: the runtime brings the scheduler, the HTTP stack and the
+peer links, which a ``kinbox`` command that reads or changes rows never needs."""
+
+def __getattr__(name: str) -> object:
+    module = _ON_FIRST_USE.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module, __name__), name)
+        globals()[name] = value
+        return value
     # ``__version__`` is read from the installed metadata on first use only: reading it
     # cost every process that imports kinbox (each CLI command) about 0.1 s.
     if name != "__version__":
@@ -57,6 +81,12 @@ def __getattr__(name: str) -> str:
         found = "0+unknown"
     globals()["__version__"] = found
     return found
+
+
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_ON_FIRST_USE) | {"__version__"})
 
 
 __all__ = [

@@ -22,16 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..persistence import SQLITE_PAGE_SIZE
-from . import (
-    bench_concurrency,
-    bench_crash,
-    bench_peers,
-    bench_runs,
-    bench_scaleout,
-    bench_stages,
-    cpu_pinning,
-)
-from .bench_scaleout_systems import server_problem
+from . import bench_stages, cpu_pinning
 from .bench_systems import SYSTEMS
 from .errors import ConfigError
 
@@ -60,6 +51,10 @@ def run(name: str, quick: bool, repeat: int, systems: list[str],
         options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one benchmark and return its JSON object (``options``: crash's sizes, or
     scaleout's ``db``)."""
+    # Loaded here, not with the command line: they bring the runtime and the comparison
+    # systems, which every other ``kinbox`` command would pay for at its start.
+    from . import bench_concurrency, bench_crash, bench_peers, bench_runs, bench_scaleout
+
     if name == "scaleout":
         body = bench_scaleout.scaleout(quick, bench_scaleout.base_url((options or {}).get("db")),
                                        pin=bool((options or {}).get("pin")))
@@ -225,6 +220,9 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
             print(f"kinbox: --pin-workers: {exc}", file=sys.stderr)
             return 2
     if args.name == "scaleout":
+        from . import bench_scaleout
+        from .bench_scaleout_systems import server_problem
+
         problem = bench_scaleout.url_problem(args.db)
         if problem is None:
             try:

@@ -27,7 +27,7 @@ from . import (
     cli_prune,
     cli_scenario,
     cpu_pinning,
-    serve,
+    serve_flags,
     worker,
 )
 from .errors import ConfigError, KinboxError
@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_prune.add_parser(cli_ops.inbox_commands(sub))
     cli_cron.add_parser(sub)
     bench.add_parser(sub)
-    serve.add_parser(sub)
+    serve_flags.add_parser(sub)
     worker.add_parser(sub)
     cli_peers.add_parser(sub)
     _remember_parsers(parser)

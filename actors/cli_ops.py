@@ -14,7 +14,7 @@ import argparse
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import peewee as pw
 
@@ -42,9 +42,10 @@ from .cli_output import age, emit, emit_page, last_line, when
 from .clock import Clock, SystemClock
 from .errors import ConfigError
 from .interrupts import EXIT_INTERRUPTED, StopBetweenSteps
-from .runtime import Runtime
-from .runtime_records import cancel_note
 from .shared_database import SharedDatabase
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
 STATES = tuple(s.value for s in State)
 
@@ -74,6 +75,8 @@ def operator_runtime(url: str | None) -> Iterator[Runtime]:
     clock (the server's on PostgreSQL). A send-only runtime claims nothing: it runs
     beside the delivering one. It has no peer service: a change to the journal makes no
     device key (a credential) in the data folder."""
+    from .runtime import Runtime  # here: a command that only reads never loads it
+
     with stores(url):  # a missing file or an old schema: the command's usual refusal
         pass
     with Runtime(db=url or default_url(), peers=False) as rt:
@@ -169,6 +172,8 @@ def inbox_cancel(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox inbox cancel ID --reason TEXT``: give up on a pending or failed row."""
     if not (args.reason or "").strip():
         raise ConfigError("say why: --reason TEXT (kept in the row's history)", field="reason")
+    from .runtime_records import cancel_note  # with the runtime: see operator_runtime
+
     reason, by = cancel_note(args.reason, args.by)
     with operator_runtime(args.db) as rt:
         row = rt.cancel(args.message_id, reason, by=by)

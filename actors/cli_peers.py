@@ -33,10 +33,8 @@ from ..transport.key_file import private_folder
 from .cli_args import common
 from .cli_ops import operator_clock
 from .cli_output import emit, when
-from .data_dirs import add_data_dir_flag
+from .data_dirs import add_data_dir_flag, resolve_data_dir
 from .errors import ConfigError
-from .peers import complete_pairing, device_identity, new_invite
-from .runtime import resolve_data_dir
 
 
 @contextmanager
@@ -56,6 +54,10 @@ def _peers(args: argparse.Namespace, *, create: bool = False, read_only: bool = 
                 schema=require_current if read_only else upgrade,
                 writer_name="kinbox-cli-writer") as (tables, writer):
         try:
+            # The peer service (websockets and the link) loads with the commands that make
+            # this a device, not with every command line.
+            from .peers import device_identity
+
             identity = (device_identity(resolve_data_dir(url, args.data_dir))
                         if create else None)
             yield PeerStore(tables, writer), identity
@@ -88,6 +90,8 @@ def invite(args: argparse.Namespace, out: TextIO) -> int:
         raise ConfigError(str(exc)) from exc
     with _device(args) as (peers, identity), operator_clock(peers.t.db) as clock:
         now = clock.now()  # the runtimes' (on PostgreSQL the server's): they check expiry
+        from .peers import new_invite  # as in _peers
+
         code = new_invite(identity, peers, scopes, ttl, now)
     ref = invite_id(parse_code(code).invite_hash)
     data = {"code": code, "invite_id": ref, "device_id": identity.device_id,
@@ -149,6 +153,8 @@ def pair(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox peers pair URL [CODE]``."""
     code = _pairing_code(args.code)
     with _device(args) as (peers, identity), operator_clock(peers.t.db) as clock:
+        from .peers import complete_pairing  # as in _peers
+
         rec = complete_pairing(identity, peers, args.url, code, args.name or "", clock.now())
     emit(out, args.json, rec.to_dict(),
          [f"paired with device {rec.device_id}: address it as peer:{rec.device_id}"])

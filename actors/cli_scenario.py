@@ -24,7 +24,7 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..persistence import (
     DatabaseInUse,
@@ -44,8 +44,10 @@ from .cli_args import database_url
 from .errors import ConfigError, ScenarioError
 from .interrupts import EXIT_INTERRUPTED, Interrupted, StopSignals, exit_now
 from .progress import Progress
-from .scenario import Scenario
 from .scenario_report import build_report, render_mermaid, render_text
+
+if TYPE_CHECKING:
+    from .scenario import Scenario
 
 
 def run_scenario(path: str, db_url: str | None = None, seed: int = 0,
@@ -68,6 +70,8 @@ def run_scenario(path: str, db_url: str | None = None, seed: int = 0,
         if temp_dirs is not None:
             temp_dirs.append(tmp)
         db_url = f"sqlite:///{tmp}/scenario.db"
+    from .scenario import Scenario  # the runtime loads with a run, not with the CLI
+
     progress = Progress(stream)
     sc = Scenario(db_url, seed=seed, name=file.stem, on_event=progress.event)
     error: dict[str, Any] | None = None

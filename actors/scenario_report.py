@@ -8,9 +8,10 @@ same seed renders the same report.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .scenario import Scenario
+if TYPE_CHECKING:
+    from .scenario import Scenario
 
 
 def short(message_id: str) -> str:

@@ -49,8 +49,6 @@ from ..transport import (
 )
 from ..transport.head_deadline import head_deadline
 from .brain_ref import load_brain
-from .cli_args import DB_HELP, database_url
-from .data_dirs import add_data_dir_flag
 from .errors import BrainRefError
 from .focal import Focal
 from .http_backends import answered, cron_social_routes
@@ -59,10 +57,7 @@ from .peer_backend import PeerHttpBackend
 from .runtime import Runtime
 from .serve_flags import (
     WILDCARD_ADDRESSES,
-    bind_address,
-    host_name,
     is_loopback,
-    port_number,
     read_token,
     token_file_exposure,
 )
@@ -147,45 +142,6 @@ def app_for(
         guarded_routes=cron_social_routes(rt),
         clock=clock,
     )
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``serve``."""
-    p = sub.add_parser("serve", help="run the HTTP API (and, with --brain, deliver)")
-    p.add_argument(
-        "--host",
-        default="127.0.0.1",
-        type=bind_address,
-        help="bind address (default 127.0.0.1; anything else needs --allow-host "
-        "and an operator token)",
-    )
-    p.add_argument(
-        "--port", type=port_number, default=8765, help="TCP port (default 8765; 0 picks a free one)"
-    )
-    p.add_argument("--db", type=database_url, help=DB_HELP)
-    add_data_dir_flag(p)
-    p.add_argument(
-        "--brain",
-        metavar="MODULE:ATTR",
-        help="deliver with this brain (e.g. myapp.agents:brain); "
-        "without it the process is send-only",
-    )
-    p.add_argument(
-        "--allow-host",
-        action="append",
-        type=host_name,
-        default=[],
-        metavar="NAME",
-        help="a Host name to answer besides loopback (repeatable)",
-    )
-    p.add_argument(
-        "--token-file",
-        metavar="PATH",
-        help="file whose first line is the operator token (else "
-        "$KINBOX_OPERATOR_TOKEN); every call but GET / and /healthz then needs "
-        "'Authorization: Bearer <token>'",
-    )
-    p.set_defaults(handler=handle, parser=p)
 
 
 def _checked(args: argparse.Namespace) -> tuple[Any, OperatorToken | None]:

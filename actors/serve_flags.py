@@ -1,4 +1,5 @@
-"""The flags of ``kinbox serve``: ports, bind addresses, allowed hosts, the operator token.
+"""The command line of ``kinbox serve``: its flags (ports, bind addresses, allowed hosts,
+the operator token) and its parser.
 
 Each argparse ``type`` here turns a bad value into a usage error (status 2,
 no traceback). The rule for what counts as loopback lives here, as does
@@ -17,8 +18,11 @@ import ipaddress
 import os
 import stat
 from pathlib import Path
+from typing import TextIO
 
 from ..transport import OperatorToken, allowed_name
+from .cli_args import DB_HELP, database_url
+from .data_dirs import add_data_dir_flag
 
 TOKEN_ENV = "KINBOX_OPERATOR_TOKEN"
 WILDCARD_ADDRESSES = ("0.0.0.0", "::")
@@ -122,3 +126,49 @@ def token_file_exposure(token_file: str | None) -> str | None:
         f"--token-file {token_file} has mode {mode:o}: other users of this machine may "
         "read or change the operator token; chmod 600 it"
     )
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``serve``; its server (uvicorn, the runtime) loads when it runs, not with
+    every command line."""
+    p = sub.add_parser("serve", help="run the HTTP API (and, with --brain, deliver)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        type=bind_address,
+        help="bind address (default 127.0.0.1; anything else needs --allow-host "
+        "and an operator token)",
+    )
+    p.add_argument(
+        "--port", type=port_number, default=8765, help="TCP port (default 8765; 0 picks a free one)"
+    )
+    p.add_argument("--db", type=database_url, help=DB_HELP)
+    add_data_dir_flag(p)
+    p.add_argument(
+        "--brain",
+        metavar="MODULE:ATTR",
+        help="deliver with this brain (e.g. myapp.agents:brain); "
+        "without it the process is send-only",
+    )
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        type=host_name,
+        default=[],
+        metavar="NAME",
+        help="a Host name to answer besides loopback (repeatable)",
+    )
+    p.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="file whose first line is the operator token (else "
+        "$KINBOX_OPERATOR_TOKEN); every call but GET / and /healthz then needs "
+        "'Authorization: Bearer <token>'",
+    )
+    p.set_defaults(handler=_serve, parser=p)
+
+
+def _serve(args: argparse.Namespace, out: TextIO) -> int:
+    from .serve import handle
+
+    return handle(args, out)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import threading
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ..persistence import redact_url
 from .brain_ref import load_brain
@@ -23,7 +23,9 @@ from .cli_args import DB_HELP, database_url
 from .data_dirs import add_data_dir_flag
 from .errors import BrainRefError
 from .interrupts import Interrupted, StopSignals
-from .runtime import Runtime
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -54,6 +56,8 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
         brain = load_brain(args.brain)
     except BrainRefError as exc:
         args.parser.error(str(exc))
+    from .runtime import Runtime  # loaded when a worker starts, not with the CLI
+
     rt = Runtime(db=args.db, brain=brain, data_dir=args.data_dir)
     with StopSignals():
         try:
