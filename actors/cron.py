@@ -256,13 +256,18 @@ class CronService:
             mine = sorted(self._mine)
         if not mine:
             return
-        self._renewed = now
+        last, self._renewed = self._renewed, now
         try:
             self.store.renew(self.ctx.owner, mine, now + self.ctx.lease_seconds)
         except WriterClosed:
             pass  # stopping: the runs' records stay for whoever takes them over
         except PersistenceError as exc:
-            log.error("cron lease renewal failed: %s", exc)
+            # Not renewed: due again at the next tick, as the rows' leases are
+            # (:mod:`.lease_renewal`). Left noted as done, the next try came a third of a
+            # lease later, and a blip over two tries let another runtime take the run over.
+            if self._renewed == now:
+                self._renewed = last
+            log.error("cron lease renewal failed: %s; the next tick renews again", exc)
 
     def take_over_the_gone(self) -> list[str]:
         """Start now the runs of runtimes known dead (PostgreSQL life locks); the ids of
