@@ -78,7 +78,10 @@ class SocialOutbox:
             )
             return {reply_id for (reply_id,) in taken}
 
-        return self.writer.call(take) if reply_ids else set()
+        # Its outcome must be known: a take-over whose batch outran the wait and then
+        # committed made this live runtime the replies' sender, which never sent them, and
+        # no other runtime takes a live one's replies over.
+        return self.writer.call_landed(take) if reply_ids else set()
 
     def left_by_others(self, platforms: list[str], owner: str) -> list[KeptReply]:
         """The replies for ``platforms`` that runtimes other than ``owner`` kept and never

@@ -5,6 +5,7 @@ key, and a reply the platform accepted is never sent again."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -14,8 +15,9 @@ from typing import Any
 import pytest
 
 from kinbox.actors import Runtime, Turn
+from kinbox.persistence import GroupCommitWriter, WriteTimeout
 
-from .helpers import wait_for
+from .helpers import SHORT, wait_for
 from .social_helpers import PlatformServer, respond
 
 
@@ -200,3 +202,86 @@ def test_a_live_runtime_sends_the_reply_of_one_that_died_beside_it(
         survivor.stop()
     [resent] = platform.accepted[before:]
     assert resent == platform.first  # the same reply, under the same dedupe key
+
+
+class SlowWriteWatch(logging.Handler):
+    """Set once a write's wait ran out: the tick's failure, or the wait going on."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.event = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        failed = record.exc_info is not None and isinstance(record.exc_info[1], WriteTimeout)
+        if failed or (record.name == "kinbox.writer" and record.levelno == logging.WARNING):
+            self.event.set()
+
+
+class ShortWaits:
+    """The survivor's writer with a short wait (:data:`helpers.SHORT`), saying when a
+    write was submitted: the real writer's ``call`` and ``call_landed``, no other change."""
+
+    def __init__(self, real: GroupCommitWriter) -> None:
+        self.real = real
+        self.submitted = threading.Event()
+
+    def call(self, op: Any, timeout: float | None = SHORT) -> Any:
+        reply = self.real.submit(op)
+        self.submitted.set()
+        return reply.result(timeout)
+
+    def call_landed(self, op: Any) -> Any:
+        reply = self.real.submit(op)
+        self.submitted.set()
+        return reply.landed(SHORT)
+
+
+@pytest.mark.timeout(120)
+def test_a_take_over_whose_write_outran_its_wait_still_sends_the_reply(
+    pg_url: str, platform: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tick takes a gone runtime's kept reply over in a writer batch. When that batch
+    ran past the wait (a slow disk, a lock another process held), the tick took the take
+    over as failed; it then committed: the reply was this live runtime's, which never
+    sent it, and no other runtime would take it over while this one lived."""
+    survivor = started(pg_url, platform)
+    try:
+        doomed = started(pg_url, platform)
+        try:
+            doomed.social.ingest(dict(EVENT))
+            platform.held = "Booked."
+            assert platform.holding.wait(20), "the reply never reached the platform"
+            before = len(platform.accepted)
+            kept = survivor.social.channels.kept
+            writer = kept.writer
+            watch = SlowWriteWatch()
+            for name in ("kinbox.runtime", "kinbox.writer"):
+                logger = logging.getLogger(name)
+                monkeypatch.setattr(logger, "handlers", [*logger.handlers, watch])
+            short = ShortWaits(writer)
+            monkeypatch.setattr(kept, "writer", short)
+            gate, holding, batch_done = threading.Event(), threading.Event(), threading.Event()
+            writer.submit(lambda: (holding.set(), gate.wait(30)))  # the writer is busy ...
+            assert holding.wait(10)
+
+            def then() -> None:
+                assert short.submitted.wait(30), "the take-over never queued"
+                writer.submit(lambda: batch_done.wait(30))  # ... and its batch runs long
+                gate.set()
+            helper = threading.Thread(target=then, daemon=True)
+            helper.start()
+            doomed.stop(timeout=1)  # its life lock goes with it: gone to the survivor
+        finally:
+            platform.cut.set()
+        try:
+            assert watch.event.wait(30), "the take-over's wait never ran out"
+        finally:
+            gate.set()
+            batch_done.set()  # the take-over commits: the reply is the survivor's
+        helper.join(30)
+        wait_for(lambda: len(platform.accepted) > before, 30, "the survivor to send it")
+        assert survivor.social.wait_idle(20)
+    finally:
+        survivor.stop()
+    [resent] = platform.accepted[before:]
+    assert resent == platform.first
