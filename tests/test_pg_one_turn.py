@@ -295,13 +295,19 @@ def test_a_claim_racing_a_direct_turns_mark_does_not_run_beside_it(pg_url: str) 
         class Stalling:
             """The writer, its transaction held open after the op (a commit on its way)."""
 
-            def call(self, op: Callable[[], Any], timeout: float | None = 90) -> Any:
+            def held(self, op: Callable[[], Any]) -> Callable[[], Any]:
                 def held() -> Any:
                     result = op()
                     marked.set()
                     assert commit.wait(60)
                     return result
-                return real.call(held, timeout=timeout)
+                return held
+
+            def call(self, op: Callable[[], Any], timeout: float | None = 90) -> Any:
+                return real.call(self.held(op), timeout=timeout)
+
+            def call_landed(self, op: Callable[[], Any]) -> Any:  # the mark's (c651f71)
+                return real.call_landed(self.held(op))
 
         direct.store.writer = Stalling()  # type: ignore[assignment]
         took: list[bool] = []
