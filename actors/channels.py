@@ -25,7 +25,9 @@ A committed reply is durable until its send ended for good: the turn's commit ke
 in the outbox of social replies (:mod:`kinbox.persistence.social_outbox`), and the send
 settles it once the platform accepted or refused it, or every retry failed. A send that
 a stop or crash cut off (``interrupted``), or that never began, leaves it kept, and the
-next start sends it again once the platform's adapter is registered. At least once: an
+next start sends it again once the platform's adapter is registered; on PostgreSQL a live
+runtime that registered the platform takes over, within a tick, the replies a runtime
+that died beside it kept (:meth:`Channels.left_by_the_gone`). At least once: an
 adapter that takes a ``reply_id`` keyword gets the reply's stable id (the message id
 that caused it), for a platform that drops a post it already took under that id.
 """

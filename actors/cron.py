@@ -40,6 +40,7 @@ from .brain_failure import ORDINARY, FailureKind
 from .context import RuntimeContext
 from .cron_jobs import CronJobs
 from .direct_turn import DirectTurns
+from .renewal_schedule import RenewalSchedule
 from .schedule_driver import POLL_SECONDS, ScheduleDriver
 from .steps import Blocking, Steps
 from .triggers import local_time, next_fire
@@ -88,7 +89,7 @@ class CronService:
             on_change=lambda job: self._driver.wake_at(job.next_run_at, job.id),
         )
         self._mine: set[str] = set()  # runs this runtime is running (their leases to renew)
-        self._renewed = 0.0  # when renew_leases last renewed them
+        self._renewal = RenewalSchedule()  # when renew_leases last renewed them
         self._lock = threading.Lock()
         self._tick_lock = threading.Lock()
 
@@ -250,23 +251,19 @@ class CronService:
         times and on its poll, and a long run outlived its lease and was taken over and
         run again by another process while this one still ran it."""
         now = self.ctx.now()
-        if now - self._renewed < self.ctx.lease_seconds / 3:
+        if not self._renewal.due(now, self.ctx.lease_seconds):
             return
         with self._lock:
             mine = sorted(self._mine)
         if not mine:
             return
-        last, self._renewed = self._renewed, now
+        before = self._renewal.begin(now)
         try:
             self.store.renew(self.ctx.owner, mine, now + self.ctx.lease_seconds)
         except WriterClosed:
             pass  # stopping: the runs' records stay for whoever takes them over
         except PersistenceError as exc:
-            # Not renewed: due again at the next tick, as the rows' leases are
-            # (:mod:`.lease_renewal`). Left noted as done, the next try came a third of a
-            # lease later, and a blip over two tries let another runtime take the run over.
-            if self._renewed == now:
-                self._renewed = last
+            self._renewal.refused(now, before)  # due again at the next tick
             log.error("cron lease renewal failed: %s; the next tick renews again", exc)
 
     def take_over_the_gone(self) -> list[str]:

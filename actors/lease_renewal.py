@@ -17,6 +17,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from ..persistence import DatabaseFailed, PersistenceError
+from .renewal_schedule import RenewalSchedule
 
 if TYPE_CHECKING:
     from .context import RuntimeContext
@@ -46,8 +47,8 @@ class LeaseRenewal:
         self.ctx = ctx
         self.slots = slots
         self._lock = threading.Lock()
-        self._last = 0.0
-        """The runtime clock's time of the last renewal."""
+        self._schedule = RenewalSchedule()
+        """On the runtime's clock."""
 
     def renew_if_due(self) -> None:
         """Renew now if a third of a lease has passed since the last renewal; a database
@@ -55,20 +56,17 @@ class LeaseRenewal:
         ctx = self.ctx
         now = ctx.now()
         with self._lock:  # two callers during a stop's start: one renews
-            if now - self._last < ctx.lease_seconds / 3:
+            if not self._schedule.due(now, ctx.lease_seconds):
                 return
             held = self.slots.held()
             if not held:
                 return
-            last, self._last = self._last, now
+            before = self._schedule.begin(now)
         try:
             ctx.journal.renew(ctx.owner, held, now + ctx.lease_seconds, now)
         except PersistenceError as exc:
-            # Not renewed: due again at once. Left noted as done, the next try came a
-            # third of a lease later, and a blip over two tries let the leases run out.
             with self._lock:
-                if self._last == now:
-                    self._last = last
+                self._schedule.refused(now, before)
             log.log(failure_level(exc), "lease renewal failed (%s, SQLSTATE %s): %s; the "
                     "next tick renews again", type(exc).__name__,
                     getattr(exc, "sqlstate", None), exc)

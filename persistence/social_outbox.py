@@ -6,9 +6,10 @@ reached the user. So the reply is also written here, in the turn's commit
 (:meth:`SocialOutbox.keep_now`), and deleted once its send ended for good
 (:meth:`SocialOutbox.settle`: the platform accepted it or refused it, or every retry
 failed while the runtime ran). A reply some other runtime kept and never settled (an
-earlier life of this one, cut off) is sent again (:meth:`SocialOutbox.left_by_others`)
-by the runtime that takes it over (:meth:`SocialOutbox.take_over`): at least once, its
-``reply_id`` the platform's dedupe key.
+earlier life of this one cut off, or on PostgreSQL a runtime that died while this one
+ran) is sent again (:meth:`SocialOutbox.left_by_others`) by the runtime that takes it
+over (:meth:`SocialOutbox.take_over`): at least once, its ``reply_id`` the platform's
+dedupe key.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ PURE_MODULES = [
     "actors/cli_args.py",
     "actors/passivation.py",
     "actors/validation.py",
+    "actors/renewal_schedule.py",
     "actors/roster.py",
     "actors/rate_limit.py",
     "actors/task_rules.py",
