@@ -63,6 +63,7 @@ _ON_FIRST_USE = {
 """Names imported when first used: the runtime brings the scheduler, the HTTP stack and the
 peer links, which a ``kinbox`` command that reads or changes rows never needs."""
 
+
 def __getattr__(name: str) -> object:
     module = _ON_FIRST_USE.get(name)
     if module is not None:
@@ -81,8 +82,6 @@ def __getattr__(name: str) -> object:
         found = "0+unknown"
     globals()["__version__"] = found
     return found
-
-
 
 
 def __dir__() -> list[str]:
