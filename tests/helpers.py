@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kinbox.persistence import GroupCommitWriter
+from kinbox.persistence import DatabaseFailed, GroupCommitWriter
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
@@ -184,3 +184,15 @@ def hold_next_batch(writer: GroupCommitWriter, until: threading.Event) -> None:
         writer.submit(lambda: until.wait(10))  # ... so these two form the next batch
         gate.set()
     threading.Thread(target=then, daemon=True).start()
+
+
+def counting(real: Callable[..., Any], calls: list[int],
+             outage: threading.Event | None = None) -> Callable[..., Any]:
+    """``real``, noting each call in ``calls``; while ``outage`` is set each call fails as
+    a dropped database connection does (a blip the caller must ride out)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if outage is not None and outage.is_set():
+            raise DatabaseFailed("server closed the connection unexpectedly")
+        return real(*args, **kwargs)
+    return call

@@ -18,18 +18,9 @@ import pytest
 from kinbox.actors import ManualClock, Runtime, Turn
 from kinbox.persistence import DatabaseFailed
 
-from .helpers import wait_for
+from .helpers import counting, wait_for
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def counting(real: Any, calls: list[int], outage: threading.Event) -> Any:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        if outage.is_set():
-            raise DatabaseFailed("server closed the connection unexpectedly")
-        return real(*args, **kwargs)
-    return call
 
 
 def test_a_cron_renewal_a_database_blip_refused_is_tried_again_before_the_lease_runs_out(
@@ -58,7 +49,7 @@ def test_a_cron_renewal_a_database_blip_refused_is_tried_again_before_the_lease_
         cron = a.cron
         monkeypatch.setattr(cron.store, "renew", counting(cron.store.renew, renewals, outage))
         monkeypatch.setattr(cron, "renew_leases",
-                            counting(cron.renew_leases, ticks, threading.Event()))
+                            counting(cron.renew_leases, ticks))
 
         def advance(seconds: float) -> None:
             try:

@@ -16,20 +16,10 @@ from typing import Any
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, Turn
-from kinbox.persistence import DatabaseFailed
 
-from .helpers import wait_for
+from .helpers import counting, wait_for
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def counting(real: Any, calls: list[int], outage: threading.Event | None = None) -> Any:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        if outage is not None and outage.is_set():
-            raise DatabaseFailed("server closed the connection unexpectedly")
-        return real(*args, **kwargs)
-    return call
 
 
 def test_a_renewal_a_database_blip_refused_is_tried_again_before_the_lease_runs_out(

@@ -175,6 +175,16 @@ def test_two_live_runtimes_send_a_reply_a_gone_one_kept_once(
     assert [b["text"] for b in platform.accepted[before:]] == ["Booked."]
 
 
+def holding_a_reply(pg_url: str, platform: Platform) -> tuple[Runtime, int]:
+    """A runtime (beside the test's) whose reply to :data:`EVENT` the platform holds, on
+    its way and not yet taken; and how many posts the platform had taken by then."""
+    doomed = started(pg_url, platform)
+    doomed.social.ingest(dict(EVENT))
+    platform.held = "Booked."
+    assert platform.holding.wait(20), "the reply never reached the platform"
+    return doomed, len(platform.accepted)
+
+
 @pytest.mark.timeout(120)
 def test_a_live_runtime_sends_the_reply_of_one_that_died_beside_it(
     pg_url: str, platform: Platform
@@ -185,12 +195,8 @@ def test_a_live_runtime_sends_the_reply_of_one_that_died_beside_it(
     a gone runtime's leases over takes its kept replies over too, and sends them once."""
     survivor = started(pg_url, platform)
     try:
-        doomed = started(pg_url, platform)
         try:
-            doomed.social.ingest(dict(EVENT))
-            platform.held = "Booked."
-            assert platform.holding.wait(20), "the reply never reached the platform"
-            before = len(platform.accepted)
+            doomed, before = holding_a_reply(pg_url, platform)
             doomed.stop(timeout=1)  # its life lock goes with it: gone to the survivor
         finally:
             platform.cut.set()
@@ -246,12 +252,8 @@ def test_a_take_over_whose_write_outran_its_wait_still_sends_the_reply(
     sent it, and no other runtime would take it over while this one lived."""
     survivor = started(pg_url, platform)
     try:
-        doomed = started(pg_url, platform)
         try:
-            doomed.social.ingest(dict(EVENT))
-            platform.held = "Booked."
-            assert platform.holding.wait(20), "the reply never reached the platform"
-            before = len(platform.accepted)
+            doomed, before = holding_a_reply(pg_url, platform)
             kept = survivor.social.channels.kept
             writer = kept.writer
             watch = SlowWriteWatch()

@@ -89,10 +89,12 @@ HTTP_STATUS: dict[Refusal, int] = {
 
 def new_token(random_bytes: bytes) -> str:
     """A bearer token made of ``TOKEN_BYTES`` random bytes."""
-    return TOKEN_PREFIX + _b64(random_bytes)
+    return TOKEN_PREFIX + secret_text(random_bytes)
 
 
-def _b64(random_bytes: bytes) -> str:
+def secret_text(random_bytes: bytes) -> str:
+    """``TOKEN_BYTES`` random bytes as the 43 base64url characters of a secret (a token's,
+    a pairing code's)."""
     if len(random_bytes) != TOKEN_BYTES:
         raise ValueError(f"need {TOKEN_BYTES} random bytes, got {len(random_bytes)}")
     return base64.urlsafe_b64encode(random_bytes).rstrip(b"=").decode("ascii")

@@ -43,7 +43,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .errors import IdentityError
-from .grants import INVITE_ID_CHARS, TOKEN_BYTES, secret_hash
+from .grants import INVITE_ID_CHARS, secret_hash, secret_text
 from .identity import b64d, b64e, public_key_bytes
 
 CODE_PREFIX = "kbp2_"
@@ -65,9 +65,7 @@ def fingerprint(public_key: str) -> str:
 def new_code(device_public_key: str, random_bytes: bytes) -> str:
     """A one-time pairing code for the device of ``device_public_key``, its secret made
     of ``TOKEN_BYTES`` random bytes."""
-    if len(random_bytes) != TOKEN_BYTES:
-        raise ValueError(f"need {TOKEN_BYTES} random bytes, got {len(random_bytes)}")
-    return f"{CODE_PREFIX}{fingerprint(device_public_key)}_{b64e(random_bytes)}"
+    return f"{CODE_PREFIX}{fingerprint(device_public_key)}_{secret_text(random_bytes)}"
 
 
 def is_code(text: str) -> bool:
