@@ -86,7 +86,7 @@ class CronService:
             ctx.store,
             ctx.now,
             ctx.new_id,
-            on_change=lambda job: self._driver.wake_at(job.next_run_at, job.id),
+            on_change=lambda job_id, next_run_at: self._driver.wake_at(next_run_at, job_id),
         )
         self._mine: set[str] = set()  # runs this runtime is running (their leases to renew)
         self._renewal = RenewalSchedule()  # when renew_leases last renewed them

@@ -31,7 +31,7 @@ from .validation import lookup_key, quoted, unstorable
 DEFAULT_PROJECT = "default"
 
 
-def _no_wake(_job: CronJobRecord) -> None:
+def _no_wake(_job_id: str, _next_run_at: float | None) -> None:
     pass
 
 
@@ -67,13 +67,14 @@ class CronJobs:
 
     def __init__(self, store: CronStore, sessions: SessionStore, now: Callable[[], float],
                  new_id: Callable[[], str],
-                 on_change: Callable[[CronJobRecord], None] = _no_wake) -> None:
+                 on_change: Callable[[str, float | None], None] = _no_wake) -> None:
         self.store = store
         self.sessions = sessions
         self.now = now
         self.new_id = new_id
         self.on_change = on_change
-        """Told of a job whose next run changed (the runtime re-arms APScheduler)."""
+        """Told of a job whose next run changed, by its id and next run (None: none, or
+        the job is gone); the runtime re-arms APScheduler."""
 
     def add(self, name: Any, cron: Any, prompt: Any, *, delivery: Any = "announce",
             timezone: Any = "UTC", active: bool = True) -> dict[str, Any]:
@@ -90,7 +91,7 @@ class CronJobs:
         # next (and again by its first run, should this one fail).
         self.store.create(job)
         self.ensure_session(job)
-        self.on_change(job)
+        self.on_change(job.id, job.next_run_at)
         return job.to_dict()
 
     def ensure_session(self, job: CronJobRecord) -> str:
@@ -153,13 +154,20 @@ class CronJobs:
         if not self.get(job_id).active:
             raise rules.CronJobPaused(job_id)
         now = self.now()
-        return self._changed(job_id, self.store.update(job_id, now, next_run_at=now,
-                                                       triggered_at=now))
+        # Only while active, as the write finds it: a pause committed since the look above
+        # (another operator, another process) was otherwise answered "triggered", its job
+        # left paused with a due time.
+        job = self.store.update(job_id, now, if_active=True, next_run_at=now, triggered_at=now)
+        if job is None:
+            self.get(job_id)  # removed meanwhile: not found
+            raise rules.CronJobPaused(job_id)
+        return self._changed(job_id, job)
 
     def remove(self, job_id: str) -> dict[str, Any]:
         """Delete a job and its run records (its session and transcript stay)."""
         if lookup_key(job_id) is None or not self.store.delete(job_id):
             raise rules.CronJobNotFound(str(job_id))
+        self.on_change(job_id, None)
         return {"job_id": job_id, "removed": True}
 
     def runs(self, job_id: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
@@ -180,5 +188,5 @@ class CronJobs:
     def _changed(self, job_id: str, job: CronJobRecord | None) -> dict[str, Any]:
         if job is None:
             raise rules.CronJobNotFound(job_id)
-        self.on_change(job)
+        self.on_change(job.id, job.next_run_at)
         return job.to_dict()

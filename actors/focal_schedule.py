@@ -200,7 +200,10 @@ class FocalSchedule:
         job = self.jobs.get(key) if key is not None else None
         if job is None or job.chat_id != FOCAL_ID or job.kind not in WAKEUP_KINDS:
             return False
-        return self.jobs.deactivate(job_id)
+        if not self.jobs.deactivate(job_id):
+            return False
+        self._driver.wake_at(None, job.id)  # its wake-up is not kept until its time
+        return True
 
     def _on_fire(self, job: JobRecord, now: float, heartbeat: Heartbeat | None) -> None:
         """Inside fire_due's transaction: the wake-up message, or the heartbeat's (decided

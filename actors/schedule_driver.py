@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from .triggers import utc
@@ -103,12 +104,24 @@ class ScheduleDriver:
             self._scheduler.shutdown(wait=False)
 
     def wake_at(self, ts: float | None, key: str) -> None:
-        """Call ``fire`` when the runtime's clock reaches ``ts`` (epoch seconds); one wake-up
-        per key and time."""
-        if self._scheduler is None or ts is None:
+        """Call ``fire`` when the runtime's clock reaches ``ts`` (epoch seconds). One wake-up
+        per key (a job): a later call replaces it, and ``None`` (a job paused, cancelled or
+        removed) drops it. Kept per key and time, every change of a job's time left its
+        old wake-up in memory until that time came (a year ahead, for a yearly job), so
+        a product that moved or removed many jobs grew without bound."""
+        if self._scheduler is None:
+            return
+        wake_id = f"at:{key}"  # apart from the poll's and fire_soon's own ids
+        if ts is None:
+            try:
+                self._scheduler.remove_job(wake_id)
+            except JobLookupError:
+                pass  # none armed, or it fired already
             return
         at = time.time() + max(0.0, ts - self._now())  # the wall clock APScheduler waits on
-        self._scheduler.add_job(self._safe_fire, "date", run_date=utc(at), id=f"{key}@{ts}",
+        # Re-armed from inside its own fire, the add waits for APScheduler's job store lock,
+        # which its round holds until it removed the fired wake-up: the new one stays.
+        self._scheduler.add_job(self._safe_fire, "date", run_date=utc(at), id=wake_id,
                                 replace_existing=True, misfire_grace_time=None)
 
     def fire_soon(self) -> None:

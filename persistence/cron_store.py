@@ -194,12 +194,15 @@ class CronStore:
         taken_over = r.select(r.job_id).where(r.status == "running", r.takeovers > 0)
         return j.id.not_in(taken_over)
 
-    def update(self, job_id: str, now: float, **changes: Any) -> CronJobRecord | None:
-        """Set columns of a job; the updated job, or None when there is no such job."""
+    def update(self, job_id: str, now: float, *, if_active: bool = False,
+               **changes: Any) -> CronJobRecord | None:
+        """Set columns of a job; the updated job, or None when there is no such job (with
+        ``if_active``: no such active job, as it is when the write runs)."""
         j = self.t.cron_job
+        which = (j.id == job_id) & (j.active == True) if if_active else j.id == job_id  # noqa: E712
 
         def op() -> CronJobRecord | None:
-            if not j.update(updated_at=now, **changes).where(j.id == job_id).execute():
+            if not j.update(updated_at=now, **changes).where(which).execute():
                 return None
             self._notify()
             return _job(j.get(j.id == job_id))
@@ -284,7 +287,9 @@ class CronStore:
             firing.fire_due(self.t.cron_job, now, _job, advance, on_fire,
                             self._not_waiting())
             return recorded
-        return self.writer.call(op)
+        # Its runs are leased here: taken as failed, a fire that then committed left them
+        # with nothing to run or renew them until their leases ran out.
+        return self.writer.call_landed(op)
 
     def take_over(self, now: float, owner: str, lease: float,
                   end: Callable[[CronRunRecord, CronJobRecord], RunEnd | None] = (
@@ -325,7 +330,7 @@ class CronStore:
         def op() -> list[CronRunRecord]:
             taken = [take(row) for row in r.select().where(lapsed)]
             return [run for run in taken if run is not None]
-        return self.writer.call(op)
+        return self.writer.call_landed(op)  # it leases runs, as fire_due
 
     def running_owners(self) -> set[str]:
         """The owners of runs still ``running``."""
@@ -392,5 +397,7 @@ class CronStore:
                job_changes: Callable[[CronJobRecord], dict[str, Any]] = lambda _job: {}
                ) -> CronJobRecord | None:
         """Finish a run on its own (a failed run: no transcript to commit with it)."""
-        return self.writer.call(self.finish_op(run_id, owner, now, status, result=result,
-                                               error=error, job_changes=job_changes))
+        # Its outcome decides what follows (the retry's wake-up, the announcement).
+        return self.writer.call_landed(self.finish_op(run_id, owner, now, status,
+                                                      result=result, error=error,
+                                                      job_changes=job_changes))

@@ -952,3 +952,62 @@ def test_a_run_whose_commit_always_fails_backs_off_then_deactivates_its_job(
     clock.advance(3600)
     rt.run_until_idle()
     assert rt.cron.wait_idle(10) and len(brain.turns) == 6
+
+
+@pytest.mark.timeout(60)
+def test_a_job_keeps_one_wakeup_and_none_once_it_is_removed_or_cancelled(
+        tmp_path: Path) -> None:
+    """APScheduler holds a wake-up per job for its next time. Kept per job and time, every
+    job removed, and every Focal wake-up cancelled, left its wake-up in memory until that
+    time came (a year ahead for a yearly job): a product that made and dropped jobs grew
+    without bound."""
+    from kinbox.actors.focal import FOCAL_ID
+
+    def armed(driver: Any, job_ids: list[str]) -> dict[str, int]:
+        """How many wake-ups APScheduler holds for each job."""
+        held = [j.id for j in driver._scheduler.get_jobs()]
+        return {job_id: sum(job_id in wake for wake in held) for job_id in job_ids}
+
+    with Runtime(db=f"sqlite:///{tmp_path / 'k.db'}", brain=lambda turn: "ok",
+                 data_dir=tmp_path / "data", peers=False) as rt:  # the system clock: APScheduler
+        driver = rt.cron._driver
+        jobs = [str(rt.cron.add(f"j{i}", f"0 0 {i + 1} 1 *", "p")["job_id"]) for i in range(5)]
+        assert armed(driver, jobs) == dict.fromkeys(jobs, 1)
+        rt.cron.pause(jobs[0])
+        rt.cron.resume(jobs[0])
+        rt.cron.pause(jobs[1])
+        for job_id in jobs[2:]:
+            rt.cron.remove(job_id)
+        assert armed(driver, jobs) == {jobs[0]: 1, **dict.fromkeys(jobs[1:], 0)}
+        rt.get_or_create_focal_chat()
+        schedule = rt.focal.schedule
+        tools = rt.tools_for(FOCAL_ID)
+        at = time.time() + 86400
+        made = [str(tools.schedule_wakeup("reminder", at=at + i)["job_id"]) for i in range(5)]
+        assert armed(schedule._driver, made) == dict.fromkeys(made, 1)
+        for job_id in made:
+            assert schedule.cancel(job_id) is True
+        assert armed(schedule._driver, made) == dict.fromkeys(made, 0)
+
+
+@pytest.mark.timeout(30)
+def test_a_trigger_that_meets_a_pause_committed_meanwhile_is_refused(
+        make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trigger looked at the job, then wrote its due time: a pause committed in between
+    (another operator's, another process's) was answered "triggered", and the paused job
+    held a due time."""
+    rt = make_runtime()
+    job_id = every_minute(rt)
+    definitions = rt.cron.definitions
+    real_get = definitions.get
+
+    def get_then_paused(key: object) -> Any:
+        job = real_get(key)
+        monkeypatch.setattr(definitions, "get", real_get)
+        definitions.pause(job_id)  # committed right after the trigger's look
+        return job
+    monkeypatch.setattr(definitions, "get", get_then_paused)
+    with pytest.raises(rules.CronJobPaused):
+        rt.cron.trigger(job_id)
+    job = rt.cron.job(job_id)
+    assert (job["active"], job["next_run_at"], job["triggered_at"]) == (False, None, None)

@@ -84,3 +84,37 @@ def test_a_claim_answered_after_its_wait_runs_the_rows_it_leased(
              what="the claimed row's turn")
     assert seen == ["m1", "m1"]
     assert not rt.inbox()[0]["suspect"]
+
+
+def test_a_cron_run_leased_after_its_wait_still_runs(
+        make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Firing a due job leases its run to this runtime, as a claim leases rows. A fire
+    whose batch outran the writer's wait was taken as failed: the tick ended, the run
+    committed leased here with nothing to run or renew it, and it ran only once its lease
+    ran out, taken over (a takeover counted against the run's limit)."""
+    from kinbox.persistence import firing
+
+    clock = ManualClock(1_700_000_040.0)  # a whole minute: an every-minute job is due in 60 s
+    rt = make_runtime(brain=lambda turn: "done", clock=clock)
+    job_id = str(rt.cron.add("tick", "* * * * *", "Say the time.")["job_id"])
+    writer = rt.context.journal.writer
+    monkeypatch.setattr(writer_module, "WRITE_TIMEOUT", SHORT)
+    monkeypatch.setattr(writer, "call",
+                        lambda op, timeout=SHORT: GroupCommitWriter.call(writer, op, timeout))
+    entered, release = threading.Event(), threading.Event()
+    real_fire = firing.fire_due
+
+    def slow_fire(*args: object, **kwargs: object) -> object:
+        entered.set()
+        assert release.wait(20)  # the batch runs past the fire's wait
+        return real_fire(*args, **kwargs)  # type: ignore[arg-type]
+    monkeypatch.setattr(firing, "fire_due", slow_fire)
+    advancing = threading.Thread(target=clock.advance, args=(60.0,), daemon=True)
+    advancing.start()  # the job is due: a tick fires it
+    assert entered.wait(20), "the due job was never fired"
+    threading.Timer(SHORT * 3, release.set).start()  # past the wait, well inside a lease
+    wait_for(lambda: [r["status"] for r in rt.cron.runs(job_id)] == ["success"], timeout=20,
+             what="the leased run to run")
+    [run] = rt.cron.runs(job_id)
+    assert run["takeovers"] == 0 and clock.now() == 1_700_000_100.0
+    advancing.join(20)
