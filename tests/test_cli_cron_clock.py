@@ -41,7 +41,9 @@ def test_a_trigger_from_a_machine_whose_clock_is_off_runs_the_job_now(
     with monkeypatch.context() as m:  # only this command runs on the skewed machine
         m.setattr(time, "time", lambda: real() + skew)
         triggered = cli(pg_url, "trigger", job_id)["next_run_at"]
-    assert triggered != regular
+    # Stamped by the server's clock (this machine's, unskewed): a trigger runs however
+    # late since it is marked as asked, so only the stamp tells the "behind" case apart.
+    assert triggered != regular and abs(triggered - real()) < 600
 
     def brain(turn: Turn) -> str:
         return "pong"
