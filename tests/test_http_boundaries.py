@@ -184,3 +184,40 @@ def test_a_plain_request_to_a_websocket_endpoint_is_told_to_upgrade(
     status, headers, got = srv.exchange(method, path, STATE)
     assert (status, got["error"]) == (426, "upgrade_required"), (status, got)
     assert headers["upgrade"] == "websocket" and path in got["message"]
+
+
+@pytest.mark.parametrize(("path", "query", "named"), [
+    ("/cron/runs", "job=cj_1", "'job'"),  # the filter is the path: it read as filtered
+    ("/cron/jobs", "limti=5", "'limti'"),
+    ("/focal", "x=1", "'x'"),
+    ("/", "a=1", "'a'"),
+    ("/cron/runs", "limit=1&limit=500", "given more than once"),
+])
+def test_a_query_parameter_a_route_does_not_take_is_a_422_naming_it(
+        served: tuple[Served, Runtime], path: str, query: str, named: str) -> None:
+    """Starlette hands a route its whole query string, and a route read only the names it
+    knows: ``/cron/runs?job=...`` answered every job's runs as if filtered."""
+    srv, _ = served
+    status, got = srv.request("GET", f"{path}?{query}")
+    assert (status, got["error"]) == (422, "invalid_argument"), got
+    assert named in got["message"]
+    assert srv.request("GET", f"{path}?limit=1" if "cron" in path else path)[0] == 200
+
+
+@pytest.mark.parametrize("body", [b'{"at": 1900000000}', b"now", b"[]",
+                                  b"x" * 100_000])
+def test_a_body_sent_to_a_call_that_takes_none_is_a_422_and_nothing_is_done(
+        served: tuple[Served, Runtime], body: bytes) -> None:
+    """A trigger with a body (``{"at": ...}``, as if it scheduled one) ran the job now,
+    the body dropped unread."""
+    srv, rt = served
+    job_id = str(rt.cron.add("digest", "0 9 * * 1", "sum up")["job_id"])
+    before = rt.cron.job(job_id)
+    for verb in ("trigger", "pause"):
+        status, got = post(srv, f"/cron/jobs/{job_id}/{verb}", body, STATE)
+        assert (status, got["error"]) == (422, "invalid_argument"), got
+        assert "takes no body" in got["message"]
+    assert rt.cron.job(job_id) == before
+    # None, or an empty JSON object (some clients' default), is no body.
+    assert post(srv, f"/cron/jobs/{job_id}/pause", b" {} ", STATE)[0] == 200
+    assert post(srv, f"/cron/jobs/{job_id}/resume", b"", STATE)[0] == 200

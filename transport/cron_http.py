@@ -34,6 +34,7 @@ from starlette.routing import Route
 from . import json_body
 from .errors import BackendRefused, quoted
 from .http_app import DescribedRoute, Refusal, error, guard, refused_answer
+from .request_shape import PAGE, shaped
 
 ADD_FIELDS = ("name", "cron", "prompt", "delivery", "timezone")
 MAX_BODY = 256 * 1024
@@ -162,20 +163,22 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
     guarded = guard(refusal)  # every cron call, reads too, meets the app's rule first
 
     return [
-        _by_method("/cron/jobs", {"GET": guarded(jobs), "POST": guarded(add)},
+        _by_method("/cron/jobs", {"GET": guarded(shaped(jobs, query=PAGE)),
+                                  "POST": guarded(shaped(add, body=True))},
                    "the cron jobs, soonest due first (?limit=, ?offset=); POST adds one: "
                    "{name, cron, prompt, delivery?, timezone?}"),
-        _by_method("/cron/jobs/{job_id}", {"GET": guarded(one),
-                                            "DELETE": guarded(action("remove"))},
+        _by_method("/cron/jobs/{job_id}", {"GET": guarded(shaped(one)),
+                                            "DELETE": guarded(shaped(action("remove")))},
                    "one cron job; DELETE removes it and its runs"),
-        *(DescribedRoute(f"/cron/jobs/{{job_id}}/{verb}", guarded(action(verb)),
+        *(DescribedRoute(f"/cron/jobs/{{job_id}}/{verb}", guarded(shaped(action(verb))),
                          methods=["POST"], about=about)
           for verb, about in ABOUT_ACTIONS.items()),
-        DescribedRoute("/cron/jobs/{job_id}/runs", guarded(runs), methods=["GET"],
+        DescribedRoute("/cron/jobs/{job_id}/runs", guarded(shaped(runs, query=PAGE)),
+                       methods=["GET"],
                        about="a cron job's runs, newest first (?limit=, ?offset=)"),
-        DescribedRoute("/cron/runs", guarded(runs), methods=["GET"],
+        DescribedRoute("/cron/runs", guarded(shaped(runs, query=PAGE)), methods=["GET"],
                        about="every cron job's runs, newest first (?limit=, ?offset=)"),
-        DescribedRoute("/cron/announcements/drain", guarded(drain), methods=["POST"],
+        DescribedRoute("/cron/announcements/drain", guarded(shaped(drain)), methods=["POST"],
                        about="take the announcements of finished runs, and how many "
                              "were dropped"),
     ]

@@ -29,7 +29,7 @@ waiting on the database.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import anyio.to_thread
@@ -47,14 +47,13 @@ from starlette.websockets import WebSocket
 from .errors import BackendRefused, clipped, quoted
 from .host_guard import HostGuard
 from .operator_token import OperatorToken
+from .request_shape import Handler, shaped
 from .token_tries import TokenTries, retry_after
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 STATE_HEADER = "x-kinbox"
 HEALTH_THREADS = 2
 """Threads reserved for ``/healthz``, apart from the pool the other routes share."""
-
-Handler = Callable[[Request], Awaitable[Response]]
 
 Refusal = Callable[[Request], Response | None]
 """The app's rule for its guarded routes: why ``request`` may not go on, or None. A read
@@ -300,7 +299,8 @@ def create_app(
     ]
     open_paths = ("/", "/healthz")
     routes: list[BaseRoute] = [
-        Route(path, handler if path in open_paths else guarded(handler), methods=methods)
+        Route(path, shaped(handler) if path in open_paths else guarded(shaped(handler)),
+              methods=methods)
         for path, methods, handler, _ in table
     ]
     routes += [*extra_routes, *(guarded_routes(refusal) if guarded_routes is not None else ())]
