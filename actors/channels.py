@@ -385,3 +385,8 @@ class Channels:
             )
         except WriterClosed:
             pass
+        except PersistenceError as exc:
+            # A record of the send, not part of it: raised, it cut the send off before it
+            # settled the kept reply, which the next start then sent again.
+            log.warning("the delivery note of the reply to %s was not written (%s)",
+                        session_id, type(exc).__name__)

@@ -287,3 +287,38 @@ def test_a_take_over_whose_write_outran_its_wait_still_sends_the_reply(
         survivor.stop()
     [resent] = platform.accepted[before:]
     assert resent == platform.first
+
+
+@pytest.mark.timeout(90)
+def test_a_reply_the_platform_took_is_not_sent_again_when_its_delivery_note_failed(
+    db_url: str, platform: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The platform took the reply, then the hidden ``delivery`` note in the transcript
+    failed to write (a writer wait that ran out under load): the send raised out of
+    ``Channels.send`` before it settled the kept reply, so the next start sent it again and
+    the user got it twice. The note is a record of the send, not part of it."""
+    rt = started(db_url, platform)
+    try:
+        store = rt.social.channels.ctx.store
+        real_append = store.append
+
+        def slow_append(session_id: str, entries: Any, now: float) -> None:
+            if any(e.role == "delivery" for e in entries):
+                raise WriteTimeout(5.0, True)
+            real_append(session_id, entries, now)
+        monkeypatch.setattr(store, "append", slow_append)
+        rt.social.ingest(dict(EVENT))
+        wait_for(lambda: len(platform.accepted) == 1, 20, "the reply to be sent")
+        assert rt.social.wait_idle(20)
+        rt.run_until_idle()
+    finally:
+        rt.stop()
+    monkeypatch.undo()
+
+    again = started(db_url, platform)
+    try:
+        assert again.social.wait_idle(20)
+        again.run_until_idle()
+    finally:
+        again.stop()
+    assert [b["text"] for b in platform.accepted] == ["Booked."]
