@@ -26,6 +26,7 @@ from websockets.sync.client import ClientConnection
 
 from ..persistence import (
     NewMessage,
+    PersistenceError,
 )
 from ..persistence.peer_outbox import PeerOutbox
 from ..persistence.peers import OUTBOUND, DeviceRecord, PeerStore
@@ -89,6 +90,12 @@ request was changed on the way: the refusals no one learns the code from (see
 
 TAMPERED = frozenset({Refusal.WRONG_DEVICE, Refusal.BAD_SIGNATURE})
 
+DEVICE_SCAN_SECONDS = 1.0
+"""How often a delivering runtime looks for outbound devices it has no link for: one
+paired by another process since its start (``kinbox peers pair``), whose rows another
+process (a send-only ``kinbox serve``) queues. Their rows are mailboxes only a link reads.
+"""
+
 STOP_SECONDS = 5.0
 """How long a stop waits for all the links together to close and hand their rows back (a
 close waits up to 2 s for a peer's answer; the links close at once, not in turn)."""
@@ -127,6 +134,8 @@ class PeerService:
         self._stopping = False
         """A stop has taken the links: no link starts after it (a send arriving mid-stop
         would start one no stop ends, holding its rows until their lease ran out)."""
+        self._scanned = time.monotonic()
+        """When :meth:`tick` last looked for devices paired since (monotonic)."""
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -158,6 +167,26 @@ class PeerService:
         if late:
             log.warning("peer links to %s still closing %.1f s into the stop; the rows they "
                         "hold come back by lease", ", ".join(late), timeout)
+
+    def tick(self) -> None:
+        """The runtime's tick: at most each :data:`DEVICE_SCAN_SECONDS`, start a link for
+        every outbound device that has none. :meth:`start` starts the links of the devices
+        paired then, and a send from this runtime starts its device's; a device paired
+        by another process later, with rows other processes queue for it, had no link
+        here, and its rows waited for this runtime's restart."""
+        if not self.delivering or time.monotonic() - self._scanned < DEVICE_SCAN_SECONDS:
+            return
+        self._scanned = time.monotonic()
+        with self._lock:
+            known = set(self.links)
+        try:
+            devices = self.peers.devices(OUTBOUND)
+        except PersistenceError as exc:  # the next scan reads again
+            log.warning("looking for newly paired devices failed: %s", type(exc).__name__)
+            return
+        for rec in devices:
+            if rec.device_id not in known:
+                self.link_for(rec.device_id)
 
     def link_for(self, device_id: str) -> PeerLink | None:
         """The device's link, started on first use (None in a send-only runtime, or once

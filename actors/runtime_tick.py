@@ -135,6 +135,8 @@ class TickApi:
                 ctx.dispatcher.tell(Tick())
             except Exception:
                 pass  # the dispatcher is stopping
+            if ctx.peers is not None:  # devices paired by another process since the start
+                ctx.peers.tick()
         # Last: a batch waits on the writer, and the dispatcher's tick (lease renewals,
         # due rows) must not wait behind it.
         if ctx is not None and self._retention is not None and self._state == "running":
