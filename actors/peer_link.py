@@ -133,11 +133,11 @@ class PeerLink:
         self._wake.wait(delay)
         self._wake.clear()
 
-    def _claim(self, after_seq: int, limit: int) -> list[ClaimedRow]:
+    def _claim(self, after_seq: int, limit: int, waiting_too: bool = False) -> list[ClaimedRow]:
         ctx = self.svc.ctx
         return self._claimed(self.svc.outbox.submit_claim(
             ctx.owner, self.target, after_seq, ctx.now(), lease=ctx.lease_seconds,
-            limit=limit).result(30))
+            limit=limit, waiting_too=waiting_too).result(30))
 
     def _claimed(self, window: WindowClaim) -> list[ClaimedRow]:
         """The rows a claim leased, once the takeovers it counted are announced (as the
@@ -156,7 +156,9 @@ class PeerLink:
             self._wake.wait(5.0)  # not this process's rows: look again if it pairs anew
             self._wake.clear()
             return
-        rows = self._claim(0, self.window)
+        # Paused or revoked (here, or by the device's signed refusal): every open row fails
+        # now, those waiting for a backoff too (they stayed queued up to an hour).
+        rows = self._claim(0, self.window, waiting_too=token is None)
         if not rows:
             self._idle_wait()
             return

@@ -81,7 +81,7 @@ class PeerOutbox:
                            f"lease_until = {p}, updated_at = {p} WHERE message_id IN ")
 
     def _claim_op(self, owner: str, target: str, after_seq: int, now: float, lease: float,
-                  limit: int) -> WindowClaim:
+                  limit: int, waiting_too: bool = False) -> WindowClaim:
         if is_postgres(self.t.db) and not self.t.db.execute_sql(
                 WINDOW_CLAIM_LOCK, (target,)).fetchone()[0]:
             return WindowClaim([])  # another claim, or a write of the device's rows, is on
@@ -95,7 +95,8 @@ class PeerOutbox:
         over: list[str] = []  # leases that ran out under a link: counted, not taken
         stopped = False
         for r in rows:
-            if not is_claimable(r.status, r.available_at, r.lease_until, now):
+            if not (is_claimable(r.status, r.available_at, r.lease_until, now)
+                    or (waiting_too and r.status == PENDING)):
                 break
             if r.status == PROCESSING:
                 over.append(r.message_id)
@@ -150,11 +151,14 @@ class PeerOutbox:
             self._sql_window, (target, after_seq, limit)).fetchall()]
 
     def submit_claim(self, owner: str, target: str, after_seq: int, now: float, *,
-                     lease: float, limit: int) -> Reply[WindowClaim]:
+                     lease: float, limit: int, waiting_too: bool = False) -> Reply[WindowClaim]:
         """Queue a window claim; the reply holds the leased rows once committed, and the
-        takeovers it counted (for the link to announce as it does a reported failure)."""
+        takeovers it counted (for the link to announce as it does a reported failure).
+        ``waiting_too``: pending rows waiting for their backoff are leased as well (for a
+        link whose grant closed here, which fails every open row at once, not each when
+        its backoff ends)."""
         return self.writer.submit(
-            lambda: self._claim_op(owner, target, after_seq, now, lease, limit))
+            lambda: self._claim_op(owner, target, after_seq, now, lease, limit, waiting_too))
 
     def claim_window(self, owner: str, target: str, after_seq: int, now: float, *,
                      lease: float, limit: int) -> list[ClaimedRow]:
