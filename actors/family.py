@@ -25,7 +25,7 @@ from . import access, rate_limit, roster
 from .context import RuntimeContext
 from .errors import ToolError
 from .outbox import Writes
-from .validation import require_message
+from .validation import require_message, require_str
 
 FAMILY_LIMIT = 16_384
 """Longest family message, in characters."""
@@ -127,8 +127,11 @@ class FamilyTools:
         if not isinstance(receiver_role, str):
             raise ToolError("invalid_argument",
                             "receiver_role must be 'parent', 'sibling' or 'child'.")
-        if receiver_name is not None and not isinstance(receiver_name, str):
-            raise ToolError("invalid_argument", "receiver_name must be a string.")
+        if receiver_name is not None:
+            # Storable text, as every id a tool looks up: a name may reach a query (the
+            # out-of-reach look), where a lone surrogate or (on PostgreSQL) a NUL failed
+            # in the driver, and the tool raised a database error, not a ToolError.
+            require_str("receiver_name", receiver_name)
         text = require_message(message, FAMILY_LIMIT)
         caller, entries, related = self._family()
         try:

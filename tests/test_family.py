@@ -82,6 +82,24 @@ def test_bad_roles_and_names_get_clear_errors(family: dict[str, Any], kwargs: di
     assert family["rt"].inbox() == []
 
 
+@pytest.mark.parametrize(("name", "fragment"), [
+    ("ali\ud800ce", "lone surrogate"), ("ali\x00ce", "NUL character")])
+def test_a_receiver_name_no_row_can_hold_is_refused_as_an_argument(
+        family: dict[str, Any], name: str, fragment: str) -> None:
+    """A name with a lone surrogate (or a NUL, which PostgreSQL refuses) went into the
+    out-of-reach lookup: the driver's DataError escaped the tool (its ``call`` too), so a
+    model's typo failed its whole turn instead of getting an answer it can act on."""
+    tools = family["rt"].tools_for(family["bob"])
+    with pytest.raises(ToolError) as info:
+        tools.send("hello", receiver_role="sibling", receiver_name=name)
+    assert info.value.code == "invalid_argument"
+    assert "receiver_name" in info.value.message and fragment in info.value.message
+    answer = tools.call("send", {"message": "hello", "receiver_role": "sibling",
+                                 "receiver_name": name})
+    assert answer["error"] == "invalid_argument"
+    assert family["rt"].inbox() == []
+
+
 def test_there_is_no_from_argument(family: dict[str, Any]) -> None:
     with pytest.raises(TypeError):
         family["rt"].tools_for(family["bob"]).send(  # type: ignore[call-arg]
