@@ -137,16 +137,32 @@ class ChildTools:
         acknowledged by its commit): the caller gets the result here, and a wake-up on top
         would run its brain once more on a result it has. A failed attempt hands them back
         unrun, and its retry (which finds the same child) takes them again; one this turn
-        cannot take (it has no inbox row, or it ended) wakes the caller as any does."""
+        cannot take (it has no inbox row, or it ended) wakes the caller as any does.
+
+        A child whose task failed answers ``failed`` with the failure as ``error`` (its
+        wake-up's text): taken into this turn, that wake-up is never shown to the brain,
+        and the task's own status (blocked on ``error``) read as a child waiting on the
+        user, with no word of what went wrong."""
         box = self._writes.outbox
+        ids = result_ids(self._ctx, result["task_id"])
         if box is not None:
-            for mid in result_ids(self._ctx, result["task_id"]):
+            for mid in ids:
                 box.take(mid)
+        last = self._result_row(ids[-1]) if ids else None
+        if last is not None and last["payload"].get("outcome") == "failed":
+            return {**result, "status": "failed", "result": None, "error": last["content"]}
         replies = [e.text for e in self._ctx.store.transcript(result["agent_id"])
                    if e.role == "assistant"]
         task = self._ctx.tasks.get(result["task_id"])
         return {**result, "status": task.status if task else "unknown",
                 "result": replies[-1] if replies else None}
+
+    def _result_row(self, message_id: str) -> dict[str, Any] | None:
+        """A result wake-up's row (None once pruned)."""
+        try:
+            return self._ctx.journal.get(message_id)
+        except RowNotFound:
+            return None
 
     @staticmethod
     def still_running(result: dict[str, Any], timeout: float) -> ToolError:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kinbox.actors import ManualClock, Runtime, ToolError, Turn
+from kinbox.actors import ManualClock, PermanentFailure, Runtime, ToolError, Turn
 from kinbox.persistence.driver_errors import OperationalError
 
 from .helpers import failing_once
@@ -186,6 +186,29 @@ def test_a_wait_that_timed_out_leaves_the_result_to_wake_the_parent(
     rt.run_until_idle(30)
     assert turns == [["agent_message"], ["subagent_result"]]
     assert {r["status"] for r in rt.inbox(target="a")} == {"delivered"}
+
+
+def test_a_foreground_child_that_failed_says_so_and_why(make_runtime: MakeRuntime) -> None:
+    """The waiting turn takes the child's failure wake-up into itself (it wakes the parent
+    no more), so the tool's answer is all the parent's model hears of it: it was
+    ``{"status": "blocked", "result": None}``, a child waiting on the user as far as the
+    model could tell, and the failure it needed to act on was never shown to it."""
+    got: list[dict[str, Any]] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id != "a":
+            raise PermanentFailure("the child's model is down")
+        got.append(turn.tools.agent("compute", run_in_background=False, timeout=30))
+        turn.reply("done")
+
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    family(rt)
+    rt.post("a", "go")
+    rt.run_until_idle(30)
+    [answer] = got
+    assert answer["status"] == "failed" and answer["result"] is None
+    assert "the child's model is down" in answer["error"]
+    assert {r["status"] for r in rt.inbox(target="a")} == {"delivered"}  # no second wake-up
 
 
 # -- turns no inbox row started: cron runs and social events ------------------------------------
