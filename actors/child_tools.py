@@ -79,7 +79,9 @@ class ChildTools:
 
         if run_in_background:
             child_id = f"subagent-sub_{short(ctx.new_id(), 8)}"
-            return start(self._writes), float(wait)
+            # One write: a child's session without its task and message (the turn ended
+            # between them, a thread the brain left running) is a sub-agent that never runs.
+            return self._writes.together(start), float(wait)
         if box is not None:  # it commits at once, not with the turn: not after its end
             box.check_open()
         self._reserve_a_thread(caller.id)  # the caller's wait gives it back

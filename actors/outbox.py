@@ -228,8 +228,9 @@ class Writes:
         failure part-way queues nothing: a brain that takes it as a failed tool call and
         goes on must not commit half of it); outside a turn, one transaction now
         (:func:`commit_together`). ``build`` writes through a staging outbox of its own:
-        the sessions and tasks it creates join the turn's view of its writes only once
-        the turn commits (family sends, its one caller, create none)."""
+        the sessions and tasks it creates join the turn's view of its writes once they
+        are queued whole (a background child, then messaged or listed in the same
+        turn)."""
         box = self.outbox
         if box is None:
             return commit_together(self.ctx, build)
@@ -242,6 +243,8 @@ class Writes:
                 box.add(lambda: _run(ops), lambda: _run(afters))
                 for give_back in staging.undo:  # should the turn not commit
                     box.keep_undo(give_back)
+                box.sessions.update(staging.sessions)
+                box.tasks.update(staging.tasks)
         except BaseException:
             staging.discard()
             raise

@@ -477,3 +477,51 @@ def test_the_timeout_stops_the_overdue_turn_and_never_the_session_s_next() -> No
     board.try_begin("s", 0.0, "m1")
     board.stop_overdue(100.0, timeout=30.0)
     assert board.turn_id("s") == "m2" and not board.stop_asked("s")
+
+
+@pytest.mark.timeout(60)
+def test_a_background_child_meeting_the_turns_end_midway_is_started_whole_or_not_at_all(
+        make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A background ``agent(...)`` queues three writes in the turn's outbox: the child's
+    session, its task, its task message. From a thread the brain left running, the turn
+    could end between the first and the second: the call was refused, yet the turn
+    committed the child's session alone, a sub-agent with no task that never runs."""
+    from kinbox.actors import ToolError
+    from kinbox.actors import child_tools as tools_module
+
+    in_window, done = threading.Event(), threading.Event()
+    answers: list[object] = []
+
+    class TaskAfterTheTurn(tools_module.TaskService):
+        def create(self, *args: Any, **kwargs: Any) -> Any:
+            in_window.set()  # the child's session is queued already
+            wait_for(lambda: rt.inbox(target=parent)[0]["status"] == "delivered", timeout=20,
+                     what="the parent's turn to commit")
+            return super().create(*args, **kwargs)
+
+    monkeypatch.setattr(tools_module, "TaskService", TaskAfterTheTurn)
+
+    def brain(turn: Turn) -> str | None:
+        if turn.session_id != parent:
+            return "child done"
+        tools = turn.tools
+
+        def later() -> None:
+            try:
+                answers.append(tools.agent("late work"))
+            except ToolError as exc:
+                answers.append(exc)
+            finally:
+                done.set()
+        threading.Thread(target=later, daemon=True).start()
+        assert in_window.wait(20)
+        return None  # the brain returns while its call is between two of its writes
+
+    rt = make_runtime(brain=brain)
+    parent = rt.create_session(rt.create_project("p").id, "parent").id
+    rt.post(parent, "go")
+    assert done.wait(30)
+    rt.run_until_idle()
+    [answer] = answers
+    assert isinstance(answer, ToolError) and "This turn has ended" in answer.message, answer
+    assert [s.id for s in rt.sessions() if s.parent_id == parent] == []
