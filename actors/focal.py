@@ -257,16 +257,24 @@ class Focal(HearingBack):
                      if task_title is not None else None)
         now = ctx.now()
         sid = f"chat-{short(ctx.new_id(), 12)}"
-        writes.create_session(SessionRecord(
-            sid, project_id, name, "interactive", None, FOCAL_ID, "idle", now, now,
-            {"permission_mode": "auto", "spawned_by_focal": True, "parent_chat_id": FOCAL_ID}))
-        task = None
-        if task_name is not None:
-            task = TaskService(ctx, writes).create(sid, project_id, task_name, "in_progress")
-        [result] = writes.send([NewMessage(f"msg-{ctx.new_id()}", sid, message, sender=FOCAL_ID,
-                                           payload={"focal_request": True})])
-        return {"message_id": result.message_id, "agent_id": sid, "status": result.status,
-                "task_id": task.id if task else None}
+
+        # One write: the session without its task and message (the turn ended between
+        # them, a thread the brain left running) is a session nobody asked anything of.
+        def start(writes: Writes) -> dict[str, Any]:
+            writes.create_session(SessionRecord(
+                sid, project_id, name, "interactive", None, FOCAL_ID, "idle", now, now,
+                {"permission_mode": "auto", "spawned_by_focal": True,
+                 "parent_chat_id": FOCAL_ID}))
+            task = None
+            if task_name is not None:
+                task = TaskService(ctx, writes).create(sid, project_id, task_name,
+                                                       "in_progress")
+            [result] = writes.send([NewMessage(f"msg-{ctx.new_id()}", sid, message,
+                                               sender=FOCAL_ID,
+                                               payload={"focal_request": True})])
+            return {"message_id": result.message_id, "agent_id": sid,
+                    "status": result.status, "task_id": task.id if task else None}
+        return writes.together(start)
 
     # -- status (FO8) ----------------------------------------------------------------------
 

@@ -525,3 +525,53 @@ def test_a_background_child_meeting_the_turns_end_midway_is_started_whole_or_not
     [answer] = answers
     assert isinstance(answer, ToolError) and "This turn has ended" in answer.message, answer
     assert [s.id for s in rt.sessions() if s.parent_id == parent] == []
+
+
+@pytest.mark.timeout(60)
+def test_a_focal_dispatch_meeting_the_turns_end_midway_is_made_whole_or_not_at_all(
+        make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Focal's ``agent_send(agent_id="new", ...)`` queues the new session, its task and
+    its message: a turn that ended between them (a thread the brain left running)
+    committed the session alone, a session with no work Focal was told nothing of."""
+    from kinbox.actors import ToolError
+    from kinbox.actors import focal as focal_module
+
+    in_window, done = threading.Event(), threading.Event()
+    answers: list[object] = []
+
+    class TaskAfterTheTurn(focal_module.TaskService):
+        def create(self, *args: Any, **kwargs: Any) -> Any:
+            in_window.set()  # the new session is queued already
+            wait_for(lambda: rt.inbox(target=focal)[0]["status"] == "delivered", timeout=20,
+                     what="Focal's turn to commit")
+            return super().create(*args, **kwargs)
+
+    monkeypatch.setattr(focal_module, "TaskService", TaskAfterTheTurn)
+
+    def brain(turn: Turn) -> str | None:
+        if turn.session_id != focal:
+            return None
+        tools = turn.tools
+
+        def later() -> None:
+            try:
+                answers.append(tools.agent_send(agent_id="new", project_id=project,
+                                                title="late", task_title="the work",
+                                                message="go"))
+            except ToolError as exc:
+                answers.append(exc)
+            finally:
+                done.set()
+        threading.Thread(target=later, daemon=True).start()
+        assert in_window.wait(20)
+        return None  # the brain returns while its call is between two of its writes
+
+    rt = make_runtime(brain=brain)
+    focal = rt.get_or_create_focal_chat().id
+    project = rt.create_project("p").id
+    rt.post(focal, "start something")
+    assert done.wait(30)
+    rt.run_until_idle()
+    [answer] = answers
+    assert isinstance(answer, ToolError) and "This turn has ended" in answer.message, answer
+    assert [s.id for s in rt.sessions() if s.project_id == project] == []
