@@ -16,14 +16,14 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
 from ..persistence import RowNotFound, default_url, require_current, upgrade
 from ..persistence.opened import opened
-from ..persistence.peers import PeerStore
+from ..persistence.peers import DeviceRecord, PeerStore
 from ..transport.errors import TransportError
 from ..transport.frames import shown
 from ..transport.grants import change_status, invite_id, parse_scopes, parse_ttl
@@ -185,6 +185,10 @@ def listing(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+CHANGE_TRIES = 5
+"""Reads of a grant whose status other commands keep changing, before giving up."""
+
+
 def change(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox peers pause|resume|revoke DEVICE [--direction inbound|outbound]``.
 
@@ -203,16 +207,13 @@ def change(args: argparse.Namespace, out: TextIO) -> int:
                               field="direction")
         changes, left = [], []
         for r in recs:
-            try:
-                changes.append((r, change_status(r.status, args.action).value))
-            except ValueError as exc:
-                left.append((r, str(exc)))
+            now_read, outcome = _change(peers, r, args.action, clock.now)
+            if isinstance(outcome, ValueError):
+                left.append((now_read, str(outcome)))
+            else:
+                changes.append((now_read, outcome))
         if not changes:
             raise ConfigError(left[0][1])
-        for r, status in changes:
-            peers.set_status(r.device_id, status, clock.now(), direction=r.direction,
-                             last_error=f"{args.action}d by the operator"
-                             if status != "active" else None)
     data = [{"device_id": r.device_id, "direction": r.direction, "status": s, "changed": True}
             for r, s in changes]
     data += [{"device_id": r.device_id, "direction": r.direction, "status": r.status,
@@ -221,6 +222,27 @@ def change(args: argparse.Namespace, out: TextIO) -> int:
                                 + ("" if d["changed"] else f", left as is: {d['reason']}")
                                 for d in data])
     return 0
+
+
+def _change(peers: PeerStore, rec: DeviceRecord, action: str, now: Callable[[], float]
+            ) -> tuple[DeviceRecord, str | ValueError]:
+    """Apply ``action`` to one grant: the grant as last read, and its new status or why
+    the action does not apply to it. Written
+    only where the status is still the one the change was decided on: a resume decided on
+    ``paused`` wrote ``active`` over a revoke committed since (another terminal), and the
+    device cut off could link again. A status that moved is read again and decided anew."""
+    for _ in range(CHANGE_TRIES):
+        try:
+            status = change_status(rec.status, action).value
+        except ValueError as exc:
+            return rec, exc
+        if peers.set_status(rec.device_id, status, now(), direction=rec.direction,
+                            last_error=f"{action}d by the operator" if status != "active"
+                            else None, expected=rec.status):
+            return rec, status
+        [rec] = [r for r in peers.devices(rec.direction) if r.device_id == rec.device_id]
+    raise ConfigError(f"the {rec.direction} grant of {rec.device_id} kept changing under "
+                      f"this command; try again")
 
 
 def _ttl(text: str) -> float:

@@ -210,17 +210,22 @@ class PeerStore:
         return [_record(r) for r in q]
 
     def set_status(self, device_id: str, status: str, now: float, *,
-                   direction: str | None = None, last_error: str | None = None) -> int:
-        """Set a device's status (both directions unless one is named); rows changed."""
+                   direction: str | None = None, last_error: str | None = None,
+                   expected: str | None = None) -> int:
+        """Set a device's status (both directions unless one is named); rows changed.
+        ``expected``: only where the status is still that (the one the change was decided
+        on), else 0: a resume decided on ``paused`` must not undo a revoke committed
+        since."""
         d = self.t.device
-        cond = d.device_id == device_id
+        grants = d.device_id == device_id
         if direction is not None:
-            cond = cond & (d.direction == direction)
+            grants &= d.direction == direction
+        which = grants if expected is None else grants & (d.status == expected)
         n = self.writer.call(lambda: d.update(status=status, last_error=last_error,
-                                              updated_at=now).where(cond).execute())
-        if not n:
-            raise RowNotFound(f"no paired device {device_id!r}")
-        return int(n)
+                                              updated_at=now).where(which).execute())
+        if n or (expected is not None and d.select().where(grants).exists()):
+            return int(n)  # 0: the status moved since it was read
+        raise RowNotFound(f"no paired device {device_id!r}")
 
     def touch(self, device_id: str, direction: str, now: float) -> None:
         """Record that the device was just seen on a link; an active device's noted problem
@@ -236,9 +241,13 @@ class PeerStore:
         (``status``: revoked or paused); False, changing nothing, when the device was
         paired again meanwhile (the refusal was of the old token, not of the new one)."""
         d = self.t.device
+        cond = (d.id == _key(device_id, OUTBOUND)) & (d.token_sealed == token_sealed)
+        if status != "revoked":
+            # Never a grant revoked here back to paused (a refusal heard on an exchange
+            # under way as the operator revoked): a later resume re-enabled it.
+            cond &= d.status != "revoked"
         return bool(self.writer.call(lambda: d.update(
-            status=status, last_error=reason, updated_at=now).where(
-            (d.id == _key(device_id, OUTBOUND)) & (d.token_sealed == token_sealed)).execute()))
+            status=status, last_error=reason, updated_at=now).where(cond).execute()))
 
     def note_problem(self, device_id: str, direction: str, text: str, now: float) -> None:
         """Record why the device's link is failing, leaving its status as it is."""

@@ -319,3 +319,56 @@ def test_a_stranger_at_the_pairing_address_cannot_write_escape_sequences_to_the_
     err = capsys.readouterr().err
     assert code == 1
     assert "pwned" in err and "\x1b" not in err and "\x07" not in err and "\r" not in err
+
+
+def test_a_resume_that_meets_a_revoke_committed_after_its_read_leaves_the_grant_revoked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`peers resume` read the grant paused, then wrote `active` whatever it was by then: a
+    revoke committed in between (another operator, another terminal) was undone, and the
+    device the operator had just cut off could link again."""
+    import time
+
+    from kinbox.persistence.peers import INBOUND, PeerStore
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    device = "0123456789ab"
+    db, writer, store = _paired_inbound(url, device)
+    store.set_status(device, "paused", time.time())
+    real_devices = PeerStore.devices
+
+    def read_then_revoked(self: PeerStore, direction: str | None = None) -> Any:
+        records = real_devices(self, direction)
+        monkeypatch.setattr(PeerStore, "devices", real_devices)
+        store.set_status(device, "revoked", time.time())  # committed right after the read
+        return records
+    monkeypatch.setattr(PeerStore, "devices", read_then_revoked)
+    code, _ = run("peers", "resume", device, "--db", url)
+    assert code == 1  # nothing to resume: a revoked grant stays revoked
+    assert {r.direction: r.status for r in store.devices()} == {INBOUND: "revoked"}
+    writer.stop()
+    db.close()
+
+
+def test_a_devices_refusal_never_turns_a_grant_revoked_here_into_a_paused_one(
+        tmp_path: Path) -> None:
+    """A device's signed "paused" heard on a link already under way when the operator
+    revoked the grant here wrote `paused` over `revoked`, and a later `resume` then
+    re-enabled a grant the operator had revoked."""
+    import time
+
+    from kinbox.persistence.peers import OUTBOUND
+
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    device = "0123456789ab"
+    db, writer, store = _paired_inbound(url, device)
+    now = time.time()
+    store.save_outbound(device, "laptop", "K" * 43, "http://127.0.0.1:1", "sealed",
+                        frozenset({"agent"}), now)
+    store.set_status(device, "revoked", now, direction=OUTBOUND)
+    store.close_outbound(device, "sealed", "paused", "the device paused this grant", now)
+    assert [r.status for r in store.devices(OUTBOUND)] == ["revoked"]
+    store.set_status(device, "active", now, direction=OUTBOUND)
+    assert store.close_outbound(device, "sealed", "paused", "paused there", now)
+    assert [r.status for r in store.devices(OUTBOUND)] == ["paused"]
+    writer.stop()
+    db.close()
