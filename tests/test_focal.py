@@ -800,3 +800,27 @@ def test_a_wake_up_cancelled_while_another_runtime_fires_it_stays_cancelled(
     finally:
         a.close()
         b.close()
+
+
+def test_two_notices_of_one_task_in_one_turn_are_both_heard_and_the_turn_commits(
+        focal_rt: tuple[Runtime, FocalBrain]) -> None:
+    """One turn blocks its task, then changes the reason: two events, two notices, both
+    choosing their id inside the one commit."""
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    out = rt.tools_for(FOCAL_ID).agent_send(agent_id="new", project_id=rt.create_project("p").id,
+                                            title="Fix", task_title="fix it", message="go")
+    rt.run_until_idle()
+    t = out["task_id"]
+
+    def asks_twice(turn: Turn) -> None:
+        turn.tools.task_update(t, status="blocked", blocked_on="user", reason="which browser?")
+        turn.tools.task_update(t, reason="which browser and OS?")
+        turn.reply("asked")
+    brain.scripts["Fix"] = asks_twice
+    rt.post(out["agent_id"], "check the layout")
+    rt.run_until_idle()
+    assert [r["status"] for r in rt.inbox(target=out["agent_id"])] == ["delivered"] * 2
+    notices = [r["content"] for r in rt.inbox(target=FOCAL_ID)
+               if r["kind"] == "task_blocked_notification"]
+    assert len(notices) == 2 and "and OS" in notices[1], notices
