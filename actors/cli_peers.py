@@ -227,10 +227,10 @@ def change(args: argparse.Namespace, out: TextIO) -> int:
 def _change(peers: PeerStore, rec: DeviceRecord, action: str, now: Callable[[], float]
             ) -> tuple[DeviceRecord, str | ValueError]:
     """Apply ``action`` to one grant: the grant as last read, and its new status or why
-    the action does not apply to it. Written
-    only where the status is still the one the change was decided on: a resume decided on
-    ``paused`` wrote ``active`` over a revoke committed since (another terminal), and the
-    device cut off could link again. A status that moved is read again and decided anew."""
+    the action does not apply to it. Written only where the status is still the one the
+    change was decided on: a resume decided on ``paused`` wrote ``active`` over a revoke
+    committed since (another terminal), and the device cut off could link again. A
+    status that moved is read again and decided anew."""
     for _ in range(CHANGE_TRIES):
         try:
             status = change_status(rec.status, action).value
@@ -240,7 +240,10 @@ def _change(peers: PeerStore, rec: DeviceRecord, action: str, now: Callable[[], 
                             last_error=f"{action}d by the operator" if status != "active"
                             else None, expected=rec.status):
             return rec, status
-        [rec] = [r for r in peers.devices(rec.direction) if r.device_id == rec.device_id]
+        again = [r for r in peers.devices(rec.direction) if r.device_id == rec.device_id]
+        if not again:  # unpaired meanwhile
+            raise RowNotFound("paired device", rec.device_id)
+        rec = again[0]
     raise ConfigError(f"the {rec.direction} grant of {rec.device_id} kept changing under "
                       f"this command; try again")
 
