@@ -196,7 +196,8 @@ class InboxClaims:
         committed before a failure are handed back, so a failed try leaves nothing."""
         assert self.bulk.pg is not None
         # The common rows in two statements (pg_claims); what needs more by the full rules.
-        plain = self.bulk.pg.claim_plain(owner, transport, now, now + lease, limit, sorted(ex))
+        plain = self.bulk.pg.claim_plain(owner, transport, now, now + lease, limit, sorted(ex),
+                                         suspects)
         rows = [ClaimedRow.from_head(h) for h in plain.rows]
         leased = rows
         try:

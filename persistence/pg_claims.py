@@ -55,7 +55,7 @@ from .hot_path import (
     direct_turn_marked,
     head_probe,
 )
-from .inbox_core import is_claimable
+from .inbox_core import is_claimable, is_suspect
 from .pg_params import text_array
 from .pg_prepared import PreparedStatement
 
@@ -124,9 +124,6 @@ def _claimable(now: str) -> str:
                        for state, due in _DUE.items())
 
 
-_STATUS, _SUSPECT = CLAIM_COLUMNS.index("status"), CLAIM_COLUMNS.index("suspect")
-"""Where a claimed row's state and suspect flag are in :data:`CLAIM_COLUMNS`."""
-
 _DUE = {PENDING: "available_at", PROCESSING: "lease_until"}
 """The column that says when a row of each open state may be claimed."""
 
@@ -136,7 +133,8 @@ class PlainClaim(NamedTuple):
 
     rows: list[Head]
     special: bool
-    """A due head it locked needs the full claim (a takeover, a suspect, a committed turn)."""
+    """It leased fewer than its limit and locked heads it did not lease: ones that need the
+    full claim (a takeover, a suspect, a committed turn), or plain ones it left for them."""
     next_due: float | None
     """The earliest due time of a pending head it saw not yet due (None: none)."""
 
@@ -218,33 +216,41 @@ class PgClaims:
             "ids": text_array(ids), "owner": owner, "now": now})}
 
     def claim_plain(self, owner: str, transport: str, now: float, until: float, limit: int,
-                    exclude: Sequence[str] = ()) -> PlainClaim:
-        """Lease to ``owner`` until ``until`` up to ``limit`` due heads of targets not in
-        ``exclude`` that need nothing but their lease (pending, not suspect, no committed
-        turn), oldest first: the common claim, in two
-        statements and no transaction block (each statement is its own transaction).
+                    exclude: Sequence[str] = (), suspects: int = 1) -> PlainClaim:
+        """Lease to ``owner`` until ``until`` due heads of targets not in ``exclude`` that
+        need nothing but their lease (pending, not suspect, no committed turn), oldest
+        first: the common claim, in two statements and no transaction block (each
+        statement is its own transaction).
 
         One read finds the candidates (no write, nothing locked: an empty claim is that
         read alone); one statement locks them (``FOR UPDATE SKIP LOCKED``, every check
         made again on each row's newest version) and leases the plain ones. Whether a
         locked head needs more (a takeover, a suspect row, a committed turn) comes back
-        as ``special``: the caller claims those by the full rules."""
-        ids, next_due = self._candidates(transport, now, limit, exclude)
+        as ``special``: the caller claims those by the full rules.
+
+        Of the ``limit`` places, the plain heads get those the oldest-first order leaves
+        them (:meth:`_Found.plain_room`): up to ``suspects`` older suspect heads (a dead
+        worker's row taken over among them) keep theirs for the caller. Given every
+        place, the plain heads filled each claim while other sessions kept a backlog,
+        and a dead worker's session waited for all of it to drain."""
+        found = self._candidates(transport, now, limit, exclude)
+        ids = found.ids
         if not ids:
-            return PlainClaim([], False, next_due)
+            return PlainClaim([], False, found.next_due)
         rows = self.lease_plain.run(
             {"ids": text_array(ids), "now": now, "owner": owner, "until": until,
-             "limit": limit})
+             "limit": found.plain_room(suspects)})
         leased = [Head._make(r[:-2]) for r in rows if r[-1]]
-        special = any(not r[-1] and (r[_STATUS] != PENDING or r[_SUSPECT] or r[-2])
-                      for r in rows)
-        return PlainClaim(leased, special, next_due)
+        # A plain head left for a suspect's place counts too: the suspect may be gone
+        # (another claim took it), and the full rules then fill its place.
+        special = len(leased) < limit and any(not r[-1] for r in rows)
+        return PlainClaim(leased, special, found.next_due)
 
     def due_heads(self, transport: str, now: float, limit: int,
                   exclude: Sequence[str] = ()) -> tuple[list[Head], set[str]]:
         """Up to ``limit`` due heads of targets not in ``exclude``, oldest first, locked;
         and the ids among them that already have a committed turn (their marker)."""
-        ids, _ = self._candidates(transport, now, limit, exclude)
+        ids = self._candidates(transport, now, limit, exclude).ids
         if not ids:
             return [], set()
         heads: list[Head] = []
@@ -256,9 +262,9 @@ class PgClaims:
         return heads[:limit], committed
 
     def _candidates(self, transport: str, now: float, limit: int,
-                    exclude: Sequence[str]) -> tuple[list[str], float | None]:
-        """The ids of up to ``limit`` due heads per open state, oldest first (unlocked), and
-        the earliest due time of a pending head it saw not yet due (None: none)."""
+                    exclude: Sequence[str]) -> _Found:
+        """Up to ``limit`` due heads per open state, oldest first (unlocked), and the
+        earliest due time of a pending head it saw not yet due."""
         skip = text_array(exclude)  # a literal: see .pg_params
         window = max(FIRST_WINDOW, 4 * limit)
         rows = self.first.run(
@@ -269,7 +275,7 @@ class PgClaims:
             found.add(state, mine)
             if len(mine) == window and found.heads < limit:  # more rows: walk on
                 self._walk(state, transport, skip, mine[-1][1], window, found)
-        return found.ids, found.next_due
+        return found
 
     def _walk(self, state: str, transport: str, skip: str, after: int, window: int,
               found: _Found) -> None:
@@ -296,7 +302,7 @@ class _Found:
     ones filled the claim's room and the plain heads behind them were never read, so
     they waited until the suspects had run one by one."""
 
-    __slots__ = ("by_state", "limit", "next_due", "now", "suspects")
+    __slots__ = ("by_state", "limit", "next_due", "now", "order", "suspects")
 
     def __init__(self, now: float, limit: int) -> None:
         self.now = now
@@ -304,17 +310,20 @@ class _Found:
         self.by_state: dict[str, list[str]] = {state: [] for state in _DUE}
         self.suspects: list[str] = []
         self.next_due: float | None = None
+        self.order: list[tuple[int, bool]] = []
+        """``(seq, suspect)`` of every head kept; suspect: taken over or marked so."""
 
     def add(self, state: str, rows: Sequence[Sequence[Any]]) -> None:
         """Take window rows ``(message_id, seq, due, is a head this claim may take,
         suspect)``."""
-        for message_id, _seq, due, head, suspect in rows:
+        for message_id, seq, due, head, suspect in rows:
             if not head:  # a processing row is a head here only once its lease ran out
                 continue
             if is_claimable(state, due, due, self.now):
                 ids = self.suspects if suspect and state == PENDING else self.by_state[state]
                 if len(ids) < self.limit:
                     ids.append(message_id)
+                    self.order.append((seq, is_suspect(state, bool(suspect))))
             elif self.next_due is None or due < self.next_due:
                 self.next_due = due
 
@@ -322,6 +331,24 @@ class _Found:
         """It holds ``limit`` heads of ``state`` (pending: plain ones): no need to walk that
         state further."""
         return len(self.by_state[state]) >= self.limit
+
+    def plain_room(self, suspects: int) -> int:
+        """How many plain heads a claim of ``limit`` rows takes when it takes the heads
+        oldest first, at most ``suspects`` of them suspect (the rule of
+        :meth:`.inbox_claims.InboxClaims.claim`, SQLite's too): the suspects it passes
+        over leave their place to younger heads."""
+        taken = plain = 0
+        for _seq, suspect in sorted(self.order):
+            if taken == self.limit:
+                break
+            if suspect:
+                if suspects <= 0:
+                    continue
+                suspects -= 1
+            else:
+                plain += 1
+            taken += 1
+        return plain
 
     @property
     def heads(self) -> int:

@@ -286,3 +286,22 @@ def test_a_claim_whose_takeover_part_fails_hands_back_the_rows_it_had_leased(
     finally:
         stuck.close()
         s.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_dead_workers_row_is_taken_over_oldest_first_not_after_the_backlog(
+        stores: Stores) -> None:
+    """A claim with room for ``limit`` rows leases the oldest due heads, a dead worker's
+    row among them (SQLite's claim does). PostgreSQL's leased the plain pending heads
+    first and took over only with room to spare: while other sessions kept every claim
+    full, the dead worker's session (its row, and every message after it) waited for
+    the whole backlog to drain, though it was the oldest, and its owner long gone."""
+    j, now = stores.journal, 1000.0
+    j.enqueue(NewMessage("dead-row", "s0", "hi", sender="u"), now)
+    assert [r.message_id for r in j.claim("dead", now, lease=5).rows] == ["dead-row"]
+    j.mark_turn_started("dead", "dead-row", now)
+    j.enqueue_many([NewMessage(f"m{i}", f"s{i}", "hi", sender="u") for i in range(1, 4)],
+                   now + 1)
+    claimed = j.claim("live", now + 10, limit=2, lease=30).rows
+    assert {(r.message_id, r.taken_over) for r in claimed} == {
+        ("dead-row", True), ("m1", False)}
