@@ -41,6 +41,7 @@ reported, and the journal claims it by the full rules in a transaction.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -63,6 +64,13 @@ FIRST_WINDOW, LAST_WINDOW = 32, 4096
 """Rows in the walk's first window, and the most in one: each next window is eight times
 the last (a claim of a few rows, the usual case, reads a few dozen; a walk past a deep
 backlog of busy sessions takes a few round trips)."""
+
+DEEP_WALK_SECONDS = 1.0
+"""How often (on the claims' clock) the common claim, already full of pending heads,
+walks on past the first window of processing rows, for a dead worker's row older than
+those heads: at every claim under a backlog it read every turn running anywhere (1.3 ms
+more a claim with 500 running), and a row taken over a second late is still taken over.
+The full rules' read (:meth:`PgClaims.due_heads`, rare) always walks so."""
 
 
 def marker_probe(message_id: str) -> str:
@@ -145,6 +153,8 @@ class PgClaims:
 
     def __init__(self, db: pw.Database) -> None:
         self.db = db
+        self._deep_walked_at = -math.inf
+        """When a full claim last walked the processing rows past their first window."""
         cols = ", ".join(CLAIM_COLUMNS)
         # Each row: its id, seq, due time, and whether it is a head this claim may take.
         # A pending row's due time is compared by the caller, so a head not yet due says
@@ -233,7 +243,7 @@ class PgClaims:
         worker's row taken over among them) keep theirs for the caller. Given every
         place, the plain heads filled each claim while other sessions kept a backlog,
         and a dead worker's session waited for all of it to drain."""
-        found = self._candidates(transport, now, limit, exclude)
+        found = self._candidates(transport, now, limit, exclude, self._deep_walk(now))
         ids = found.ids
         if not ids:
             return PlainClaim([], False, found.next_due)
@@ -245,6 +255,14 @@ class PgClaims:
         # (another claim took it), and the full rules then fill its place.
         special = len(leased) < limit and any(not r[-1] for r in rows)
         return PlainClaim(leased, special, found.next_due)
+
+    def _deep_walk(self, now: float) -> bool:
+        """May this claim walk deep (see :meth:`_candidates`)? At most once each
+        :data:`DEEP_WALK_SECONDS` (a clock set back walks at once)."""
+        if 0.0 <= now - self._deep_walked_at < DEEP_WALK_SECONDS:
+            return False
+        self._deep_walked_at = now
+        return True
 
     def due_heads(self, transport: str, now: float, limit: int,
                   exclude: Sequence[str] = ()) -> tuple[list[Head], set[str]]:
@@ -262,9 +280,12 @@ class PgClaims:
         return heads[:limit], committed
 
     def _candidates(self, transport: str, now: float, limit: int,
-                    exclude: Sequence[str]) -> _Found:
+                    exclude: Sequence[str], deep: bool = True) -> _Found:
         """Up to ``limit`` due heads per open state, oldest first (unlocked), and the
-        earliest due time of a pending head it saw not yet due."""
+        earliest due time of a pending head it saw not yet due. ``deep``: a state walks
+        on past its first window even when ``limit`` heads were found, while a head there
+        could still be among the ``limit`` oldest (a dead worker's row behind the turns
+        running elsewhere, older than the pending heads found)."""
         skip = text_array(exclude)  # a literal: see .pg_params
         window = max(FIRST_WINDOW, 4 * limit)
         rows = self.first.run(
@@ -273,15 +294,18 @@ class PgClaims:
         for state in _DUE:
             mine = [r[1:] for r in rows if r[0] == state]
             found.add(state, mine)
-            if len(mine) == window and found.heads < limit:  # more rows: walk on
+            if len(mine) == window and found.room_after(mine[-1][1]):  # more rows: walk on
+                if found.heads >= limit and not deep:
+                    continue
                 self._walk(state, transport, skip, mine[-1][1], window, found)
         return found
 
     def _walk(self, state: str, transport: str, skip: str, after: int, window: int,
               found: _Found) -> None:
         """Add the claimable heads in ``state`` after ``after`` to ``found``, in order,
-        until it holds ``limit`` of them or no rows are left."""
-        while not found.full(state):
+        until no head past the rows read could be among a claim's ``limit`` oldest, or no
+        rows are left."""
+        while found.room_after(after):
             window = min(LAST_WINDOW, window * 8)
             rows: list[Any] = self.db.execute_sql(self.sql_window[state], {
                 "now": found.now, "transport": transport, "skip": skip, "after": after,
@@ -302,7 +326,7 @@ class _Found:
     ones filled the claim's room and the plain heads behind them were never read, so
     they waited until the suspects had run one by one."""
 
-    __slots__ = ("by_state", "limit", "next_due", "now", "order", "suspects")
+    __slots__ = ("by_state", "counted", "limit", "next_due", "now", "order", "suspects")
 
     def __init__(self, now: float, limit: int) -> None:
         self.now = now
@@ -312,6 +336,8 @@ class _Found:
         self.next_due: float | None = None
         self.order: list[tuple[int, bool]] = []
         """``(seq, suspect)`` of every head kept; suspect: taken over or marked so."""
+        self.counted: list[int] = []
+        """The ``seq`` of every head :attr:`heads` counts."""
 
     def add(self, state: str, rows: Sequence[Sequence[Any]]) -> None:
         """Take window rows ``(message_id, seq, due, is a head this claim may take,
@@ -324,13 +350,18 @@ class _Found:
                 if len(ids) < self.limit:
                     ids.append(message_id)
                     self.order.append((seq, is_suspect(state, bool(suspect))))
+                    if ids is not self.suspects:
+                        self.counted.append(seq)
             elif self.next_due is None or due < self.next_due:
                 self.next_due = due
 
-    def full(self, state: str) -> bool:
-        """It holds ``limit`` heads of ``state`` (pending: plain ones): no need to walk that
-        state further."""
-        return len(self.by_state[state]) >= self.limit
+    def room_after(self, seq: int) -> bool:
+        """Could a head numbered past ``seq`` be among the ``limit`` oldest a claim takes
+        (fewer than ``limit`` heads, pending suspects left out, are numbered up to it)?
+        Else no need to walk further. Asked of the processing rows too once the pending
+        ones filled the claim: a dead worker's row behind the first window of others'
+        running turns, and older than the pending heads, was never read."""
+        return sum(1 for s in self.counted if s <= seq) < self.limit
 
     def plain_room(self, suspects: int) -> int:
         """How many plain heads a claim of ``limit`` rows takes when it takes the heads

@@ -305,3 +305,28 @@ def test_a_dead_workers_row_is_taken_over_oldest_first_not_after_the_backlog(
     claimed = j.claim("live", now + 10, limit=2, lease=30).rows
     assert {(r.message_id, r.taken_over) for r in claimed} == {
         ("dead-row", True), ("m1", False)}
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_workers_row_behind_many_running_turns_is_taken_over_in_a_backlog(
+        pg_url: str) -> None:
+    """As above, with more turns running elsewhere (older rows, live leases) than the
+    claim's first window of processing rows holds: the dead worker's row lay past it, and
+    the claim, full of plain heads, read no further."""
+    s = Stores(pg_url)
+    try:
+        j, now = s.journal, 1000.0
+        running = 40  # past the first window (FIRST_WINDOW, 32)
+        j.enqueue_many([NewMessage(f"r{i:02d}", f"busy{i:02d}", "hi", sender="u")
+                        for i in range(running)], now)
+        assert len(j.claim("alive", now, limit=running, lease=600).rows) == running
+        j.enqueue(NewMessage("dead-row", "s0", "hi", sender="u"), now)
+        assert [r.message_id for r in j.claim("dead", now, lease=5).rows] == ["dead-row"]
+        j.mark_turn_started("dead", "dead-row", now)
+        j.enqueue_many([NewMessage(f"m{i}", f"s{i}", "hi", sender="u") for i in range(1, 4)],
+                       now + 1)
+        claimed = j.claim("live", now + 10, limit=2, lease=30).rows
+        assert {(r.message_id, r.taken_over) for r in claimed} == {
+            ("dead-row", True), ("m1", False)}
+    finally:
+        s.close()
