@@ -247,7 +247,17 @@ def _pg_settings(url: str) -> dict[str, object]:
         raise ValueError("the URL names no database (postgresql://user@host/dbname)")
     for name, value in PG_CONNECTION_DEFAULTS.items():  # the URL's own win
         settings.setdefault(name, value)
+    if _libpq_version() >= 120000:  # older ones refuse the connection for a name unknown
+        settings.setdefault("tcp_user_timeout", TCP_USER_TIMEOUT_MS)
     return settings
+
+
+def _libpq_version() -> int:
+    try:
+        import psycopg2
+    except ImportError:
+        return 0
+    return int(psycopg2.__libpq_version__)
 
 
 PG_CONNECTION_DEFAULTS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30,
@@ -257,6 +267,14 @@ that cannot be reached fails a connect in 10 s, and a connection that died witho
 (a server gone, a firewall's dropped state) is found dead within about a minute instead of
 the kernel's two hours, so the life lock's and the listener's connections, which wait on
 their socket, do not hang a thread that long."""
+
+
+TCP_USER_TIMEOUT_MS = 60_000
+"""How long, in milliseconds, a connection's sent data may go unacknowledged before the
+connection counts as dead (libpq 12 and newer; unless its URL says otherwise): keepalives
+probe an idle connection only, and a statement sent to a server that vanished (a failover,
+a host gone without a reset) was retransmitted for about 15 minutes, holding its thread
+(the ticker's: lease renewals, the gone check) all that time."""
 
 
 PG_PORT = 5432

@@ -393,5 +393,8 @@ def test_kinbox_connects_to_postgres_with_its_connection_defaults(pg_url: str) -
         db.connect(reuse_if_open=True)
         params = db.connection().get_dsn_parameters()
         assert (params["connect_timeout"], params["keepalives_idle"]) == ("10", "30")
+        # Keepalives probe an idle connection only: a statement sent to a server that
+        # vanished was retransmitted for about 15 minutes, the thread held all that time.
+        assert params["tcp_user_timeout"] == "60000"
     finally:
         db.close()
