@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..persistence import NewMessage, SessionRecord
+from ..persistence import EnqueueResult, NewMessage, SessionRecord
 from . import access, stops, tool_schemas, transcript_view
 from .child_tools import ChildTools
 from .context import RuntimeContext
@@ -219,10 +219,16 @@ class AgentTools(ChildTools, FamilyTools, TaskTools):
         if is_peer_target(target_id) and ctx.peers is not None:
             return dict(ctx.peers.send(caller.id, target_id, text, writes=self._writes))
         self._target("agent_send", caller, target_id)
+        message = NewMessage(f"msg-{ctx.new_id()}", target_id, text, sender=caller.id)
         if caller_is_focal:
-            focal.watch(target_id, self._writes)
-        [result] = self._writes.send(
-            [NewMessage(f"msg-{ctx.new_id()}", target_id, text, sender=caller.id)])
+            # One write: the mark without the message (the turn ended between them, a
+            # thread the brain left running) was a session Focal followed unasked.
+            def watched_send(writes: Writes) -> list[EnqueueResult]:
+                focal.watch(target_id, writes)
+                return writes.send([message])
+            [result] = self._writes.together(watched_send)
+        else:
+            [result] = self._writes.send([message])
         return {"message_id": result.message_id, "agent_id": target_id, "status": result.status}
 
     @staticmethod

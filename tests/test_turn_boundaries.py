@@ -575,3 +575,53 @@ def test_a_focal_dispatch_meeting_the_turns_end_midway_is_made_whole_or_not_at_a
     [answer] = answers
     assert isinstance(answer, ToolError) and "This turn has ended" in answer.message, answer
     assert [s.id for s in rt.sessions() if s.project_id == project] == []
+
+
+@pytest.mark.timeout(60)
+def test_a_focal_send_meeting_the_turns_end_midway_watches_only_with_its_message(
+        make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Focal's ``agent_send`` to a session marks it followed, then queues the message: a
+    turn that ended between the two (a thread the brain left running) committed the mark
+    alone, and Focal followed a session it had asked nothing of."""
+    from kinbox.actors import ToolError
+    from kinbox.actors import focal as focal_module
+
+    in_window, done = threading.Event(), threading.Event()
+    answers: list[object] = []
+    real_watch = focal_module.Focal.watch
+
+    def watch_then_wait(self: Any, session_id: str, writes: Any) -> None:
+        real_watch(self, session_id, writes)
+        in_window.set()  # the mark is queued already
+        wait_for(lambda: rt.inbox(target=focal)[0]["status"] == "delivered", timeout=20,
+                 what="Focal's turn to commit")
+
+    monkeypatch.setattr(focal_module.Focal, "watch", watch_then_wait)
+
+    def brain(turn: Turn) -> str | None:
+        if turn.session_id != focal:
+            return None
+        tools = turn.tools
+
+        def later() -> None:
+            try:
+                answers.append(tools.agent_send(agent_id=worker, message="look into it"))
+            except ToolError as exc:
+                answers.append(exc)
+            finally:
+                done.set()
+        threading.Thread(target=later, daemon=True).start()
+        assert in_window.wait(20)
+        return None  # the brain returns while its call is between its two writes
+
+    rt = make_runtime(brain=brain)
+    focal = rt.get_or_create_focal_chat().id
+    worker = rt.create_session(rt.create_project("p").id, "worker").id
+    rt.post(focal, "delegate")
+    assert done.wait(30)
+    rt.run_until_idle()
+    [answer] = answers
+    assert isinstance(answer, ToolError) and "This turn has ended" in answer.message, answer
+    session = rt.session(worker)
+    assert session is not None and not session.config.get("focal_watching")
+    assert rt.inbox(target=worker) == []
