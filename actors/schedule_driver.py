@@ -25,6 +25,7 @@ poll overdue by two periods and re-arms it from the clock as it reads now.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -54,6 +55,10 @@ class ScheduleDriver:
         self._scheduler = BackgroundScheduler(timezone="UTC") if enabled else None
         self._fired = time.monotonic()  # when fire last began (or the driver was made)
         self._firing = threading.Lock()  # held while fire runs
+        self._armed: dict[str, str] = {}
+        """Each key's armed wake-up: its APScheduler id (under ``_armed_lock``)."""
+        self._armed_lock = threading.Lock()
+        self._arming = itertools.count(1)
 
     @property
     def enabled(self) -> bool:
@@ -102,6 +107,8 @@ class ScheduleDriver:
             self._scheduler.pause()
             self._scheduler.remove_all_jobs()
             self._scheduler.shutdown(wait=False)
+        with self._armed_lock:
+            self._armed.clear()
 
     def wake_at(self, ts: float | None, key: str) -> None:
         """Call ``fire`` when the runtime's clock reaches ``ts`` (epoch seconds). One wake-up
@@ -111,18 +118,34 @@ class ScheduleDriver:
         a product that moved or removed many jobs grew without bound."""
         if self._scheduler is None:
             return
-        wake_id = f"at:{key}"  # apart from the poll's and fire_soon's own ids
-        if ts is None:
-            try:
-                self._scheduler.remove_job(wake_id)
-            except JobLookupError:
-                pass  # none armed, or it fired already
-            return
-        at = time.time() + max(0.0, ts - self._now())  # the wall clock APScheduler waits on
-        # Re-armed from inside its own fire, the add waits for APScheduler's job store lock,
-        # which its round holds until it removed the fired wake-up: the new one stays.
-        self._scheduler.add_job(self._safe_fire, "date", run_date=utc(at), id=wake_id,
-                                replace_existing=True, misfire_grace_time=None)
+        # An id of its own each time, the key's last one dropped: APScheduler runs one
+        # instance of an id at once and drops a date job due while one runs, so a key
+        # re-armed under one id from inside its own fire (the cron tick re-arms
+        # "cron-next") for a time already come lost that wake-up until the poll.
+        wake_id = f"at:{key}#{next(self._arming)}"  # apart from the poll's and "soon"
+        # On the wall clock APScheduler waits on; read before the lock (a database clock may
+        # ask its server).
+        at = time.time() + max(0.0, ts - self._now()) if ts is not None else 0.0
+        with self._armed_lock:  # one step: two calls for a key leave one wake-up
+            old = self._armed.pop(key, None)
+            if old is not None:
+                try:
+                    self._scheduler.remove_job(old)
+                except JobLookupError:
+                    pass  # it fired already (or is firing)
+            if ts is None:
+                return
+            self._scheduler.add_job(self._fire_armed, "date", args=(key, wake_id),
+                                    run_date=utc(at), id=wake_id, misfire_grace_time=None)
+            self._armed[key] = wake_id
+
+    def _fire_armed(self, key: str, wake_id: str) -> None:
+        """A wake-up ``wake_at`` armed: it is no longer the key's (unless re-armed), then
+        fire."""
+        with self._armed_lock:
+            if self._armed.get(key) == wake_id:
+                del self._armed[key]
+        self._safe_fire()
 
     def fire_soon(self) -> None:
         """Call ``fire`` as soon as APScheduler's thread can (another process changed a

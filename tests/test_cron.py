@@ -1011,3 +1011,36 @@ def test_a_trigger_that_meets_a_pause_committed_meanwhile_is_refused(
         rt.cron.trigger(job_id)
     job = rt.cron.job(job_id)
     assert (job["active"], job["next_run_at"], job["triggered_at"]) == (False, None, None)
+
+
+@pytest.mark.timeout(60)
+def test_a_wakeup_rearmed_due_now_from_inside_its_own_fire_fires_again() -> None:
+    """APScheduler runs at most one instance of a job id at once and drops (with a warning,
+    for good) a date job that comes due while one is running. A wake-up is kept per key
+    under one id, and a key re-armed from inside its own fire (the cron tick re-arms
+    ``cron-next``; Focal's fire re-arms every job) for a time already come (the next job
+    due during a slow tick) was dropped: that job waited for the poll, not its time."""
+    from kinbox.actors.schedule_driver import ScheduleDriver
+
+    fires: list[float] = []
+    second = threading.Event()
+    driver: ScheduleDriver
+
+    def fire() -> None:
+        fires.append(time.time())
+        if len(fires) == 1:
+            driver.wake_at(time.time(), "cron-next")  # come already: due at once
+            # Held until APScheduler has taken the re-armed wake-up from its store (ran it,
+            # or dropped it as a second instance of a running job).
+            wait_for(lambda: driver._scheduler.get_job("at:cron-next") is None,  # type: ignore[union-attr]
+                     timeout=10, what="APScheduler to take the re-armed wake-up")
+        else:
+            second.set()
+
+    driver = ScheduleDriver(fire, enabled=True, now=time.time)  # no poll to catch it up
+    driver.start()
+    try:
+        driver.wake_at(time.time(), "cron-next")
+        assert second.wait(10), f"fired {len(fires)} time(s): the re-armed wake-up was dropped"
+    finally:
+        driver.stop()
