@@ -221,3 +221,13 @@ def test_a_body_sent_to_a_call_that_takes_none_is_a_422_and_nothing_is_done(
     # None, or an empty JSON object (some clients' default), is no body.
     assert post(srv, f"/cron/jobs/{job_id}/pause", b" {} ", STATE)[0] == 200
     assert post(srv, f"/cron/jobs/{job_id}/resume", b"", STATE)[0] == 200
+
+
+def test_the_health_probe_answers_whatever_its_query_string(
+        served: tuple[Served, Runtime]) -> None:
+    """``/healthz`` is for probes (a load balancer's, Kubernetes', an uptime monitor's),
+    which may add a query string of their own (``?probe=lb``, a cache-buster): refused
+    with a 422, a fit runtime read as down, and an orchestrator restarted it."""
+    srv, _ = served
+    status, got = srv.request("GET", "/healthz?probe=lb&_=1765000000")
+    assert (status, got.get("healthy")) == (200, True), got

@@ -7,7 +7,8 @@ knows and the rest went unread. So ``GET /cron/runs?job=cj_1`` (the filter is th
 listing, ``?limit=1&limit=500`` whichever one Starlette kept; and a body sent to a call
 that takes none (``POST .../trigger`` with ``{"at": ...}``) was dropped, the job run
 now. Each is refused here, naming what was not taken, before the route acts. The
-webhook and websocket routes are not shaped: platforms and peers have their own rules.
+webhook and websocket routes are not shaped: platforms and peers have their own rules;
+nor is ``/healthz``, whose probes add query strings of their own.
 """
 
 from __future__ import annotations
