@@ -231,3 +231,40 @@ def test_the_health_probe_answers_whatever_its_query_string(
     srv, _ = served
     status, got = srv.request("GET", "/healthz?probe=lb&_=1765000000")
     assert (status, got.get("healthy")) == (200, True), got
+
+
+def test_the_cron_routes_mounted_on_their_own_refuse_a_stray_parameter_or_body_with_a_422(
+        ) -> None:
+    """``kinbox.transport.cron_routes`` is mounted in a product's own Starlette app too (as
+    the social routes are), and each route answers its refusals itself. The query and
+    body checks raised theirs out of the route, to the handler only ``create_app``
+    installs: in another app, ``?limti=5`` or a body on a trigger was a 500 and a
+    traceback, not the 422 naming it."""
+    from typing import Any
+
+    from starlette.applications import Starlette
+
+    from kinbox.transport import cron_routes
+
+    acted: list[tuple[str, str]] = []
+
+    class Backend:
+        def jobs(self, limit: int, offset: int) -> tuple[list[dict[str, Any]], bool]:
+            return [], False
+
+        def act(self, action: str, job_id: str) -> dict[str, Any]:
+            acted.append((action, job_id))
+            return {"job_id": job_id}
+
+    srv = Served(Starlette(routes=cron_routes(Backend(), lambda request: None)))  # type: ignore[arg-type]
+    try:
+        status, got = srv.request("GET", "/cron/jobs?limti=5")
+        assert isinstance(got, dict) and (status, got["error"]) == (422, "invalid_argument"), (
+            status, got)
+        assert "'limti'" in got["message"]
+        status, got = post(srv, "/cron/jobs/cj_1/trigger", b'{"at": 1900000000}', STATE)
+        assert (status, got["error"]) == (422, "invalid_argument"), got
+        assert acted == []
+        assert srv.request("GET", "/cron/jobs?limit=5")[0] == 200
+    finally:
+        srv.close()
