@@ -253,11 +253,13 @@ def _pg_settings(url: str) -> dict[str, object]:
 
 
 def _libpq_version() -> int:
+    """The libpq the driver runs with (a driver built from source loads the system's,
+    which may be older than the one it was compiled against)."""
     try:
-        import psycopg2
+        from psycopg2.extensions import libpq_version
     except ImportError:
         return 0
-    return int(psycopg2.__libpq_version__)
+    return int(libpq_version())
 
 
 PG_CONNECTION_DEFAULTS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30,

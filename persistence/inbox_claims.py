@@ -58,16 +58,10 @@ class InboxClaims:
             heads, known = self.bulk.pg.due_heads(transport, now, limit, sorted(exclude))
         else:
             heads = self._due_heads(transport, now, limit, exclude, suspects)
-        picked, held_back = [], False
-        for h in heads:  # at most ``suspects`` suspect rows: they run alone
-            if h.target_chat_id in exclude or len(picked) == limit:
-                continue
-            if core.is_suspect(h.status, bool(h.suspect)):
-                if suspects <= 0:
-                    held_back = True
-                    continue
-                suspects -= 1
-            picked.append(h)
+        candidates = [h for h in heads if h.target_chat_id not in exclude]
+        taken, held_back = core.pick_heads(
+            (core.is_suspect(h.status, bool(h.suspect)) for h in candidates), limit, suspects)
+        picked = [candidates[i] for i in taken]
         if not picked:
             return ClaimResult([], [], held_back)
         rows = [ClaimedRow.from_head(h) for h in picked]

@@ -19,7 +19,7 @@ States and legal transitions (anything else raises ``IllegalTransition``)::
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
@@ -293,6 +293,25 @@ def is_suspect(state: str, suspect: bool) -> bool:
     """A head that may be the message that kills its process: one taken over now (its
     lease ran out mid-turn) or earlier (and not delivered since)."""
     return suspect or state == PROCESSING
+
+
+def pick_heads(suspect: Iterable[bool], limit: int, suspects: int) -> tuple[list[int], bool]:
+    """Which of a claim's candidate heads, oldest first (each flagged :func:`is_suspect`),
+    it takes: up to ``limit``, at most ``suspects`` of them suspect (they run alone; the
+    ones passed over leave their place to younger heads). Their positions, and whether a
+    suspect was held back. The one rule of every claim, SQLite's and PostgreSQL's."""
+    taken: list[int] = []
+    held_back = False
+    for i, flagged in enumerate(suspect):
+        if len(taken) == limit:
+            break
+        if flagged:
+            if suspects <= 0:
+                held_back = True
+                continue
+            suspects -= 1
+        taken.append(i)
+    return taken, held_back
 
 
 def stored_payload(payload: Mapping[str, Any]) -> str:

@@ -56,7 +56,7 @@ from .hot_path import (
     direct_turn_marked,
     head_probe,
 )
-from .inbox_core import is_claimable, is_suspect
+from .inbox_core import is_claimable, is_suspect, pick_heads
 from .pg_params import text_array
 from .pg_prepared import PreparedStatement
 
@@ -364,22 +364,12 @@ class _Found:
         return sum(1 for s in self.counted if s <= seq) < self.limit
 
     def plain_room(self, suspects: int) -> int:
-        """How many plain heads a claim of ``limit`` rows takes when it takes the heads
-        oldest first, at most ``suspects`` of them suspect (the rule of
-        :meth:`.inbox_claims.InboxClaims.claim`, SQLite's too): the suspects it passes
-        over leave their place to younger heads."""
-        taken = plain = 0
-        for _seq, suspect in sorted(self.order):
-            if taken == self.limit:
-                break
-            if suspect:
-                if suspects <= 0:
-                    continue
-                suspects -= 1
-            else:
-                plain += 1
-            taken += 1
-        return plain
+        """How many plain heads a claim of ``limit`` rows takes by the claims' one rule
+        (:func:`.inbox_core.pick_heads`: oldest first, at most ``suspects`` of them
+        suspect, the suspects it passes over leaving their place to younger heads)."""
+        flags = [suspect for _seq, suspect in sorted(self.order)]
+        taken, _ = pick_heads(flags, self.limit, suspects)
+        return sum(1 for i in taken if not flags[i])
 
     @property
     def heads(self) -> int:

@@ -21,6 +21,7 @@ from kinbox.persistence.inbox_core import (
     check_lease,
     enqueue_decision,
     is_claimable,
+    pick_heads,
     stored_payload,
     transition,
 )
@@ -181,3 +182,16 @@ def test_payloads_are_compared_as_stored_whatever_the_order_of_their_keys() -> N
     old_row = Fingerprint("s1", "agent_message", "hello", "s0", '{"b":1,  "a":[2]}')
     assert enqueue_decision("m", old_row, fp) is False
     assert stored_payload({}) == "{}" and stored_payload({1: "x"}) == stored_payload({"1": "x"})
+
+
+@pytest.mark.parametrize(("flags", "limit", "suspects", "taken", "held_back"), [
+    ([False, False, False], 2, 1, [0, 1], False),
+    ([True, False, False], 2, 1, [0, 1], False),     # the oldest, a dead worker's, first
+    ([True, True, False], 2, 1, [0, 2], True),       # one suspect a claim: the next waits
+    ([True, True, False], 3, 0, [2], True),          # none: suspects leave their place
+    ([False, True], 1, 1, [0], False),               # full before the suspect is reached
+])
+def test_a_claim_takes_heads_oldest_first_and_few_suspects(
+        flags: list[bool], limit: int, suspects: int, taken: list[int], held_back: bool
+) -> None:
+    assert pick_heads(flags, limit, suspects) == (taken, held_back)
