@@ -239,15 +239,19 @@ class PeerStore:
                        reason: str, now: float) -> bool:
         """Record that the device refused the grant sealed as ``token_sealed`` for good
         (``status``: revoked or paused); False, changing nothing, when the device was
-        paired again meanwhile (the refusal was of the old token, not of the new one)."""
+        paired again meanwhile (the refusal was of the old token, not of the new one).
+        A grant revoked here stays revoked (a "paused" heard on an exchange under way as
+        the operator revoked it: a later resume re-enabled it), and counts as closed."""
         d = self.t.device
-        cond = (d.id == _key(device_id, OUTBOUND)) & (d.token_sealed == token_sealed)
-        if status != "revoked":
-            # Never a grant revoked here back to paused (a refusal heard on an exchange
-            # under way as the operator revoked): a later resume re-enabled it.
-            cond &= d.status != "revoked"
-        return bool(self.writer.call(lambda: d.update(
-            status=status, last_error=reason, updated_at=now).where(cond).execute()))
+        grant = (d.id == _key(device_id, OUTBOUND)) & (d.token_sealed == token_sealed)
+        revoked = d.status == "revoked"
+
+        def op() -> bool:
+            if status == "revoked" or not d.select().where(grant & revoked).exists():
+                return bool(d.update(status=status, last_error=reason, updated_at=now)
+                            .where(grant).execute())
+            return True
+        return self.writer.call(op)
 
     def note_problem(self, device_id: str, direction: str, text: str, now: float) -> None:
         """Record why the device's link is failing, leaving its status as it is."""
