@@ -169,6 +169,17 @@ SOURCE_FOLDERS = ("actors", "persistence", "transport", "scenarios")
 """The checkout's folders of Python that test processes and their children import."""
 
 
+@pytest.fixture
+def receiver(tmp_path: Path) -> Iterator[Any]:
+    """A receiving device (:class:`.peer_harness.Receiver`) in a process of its own, for
+    the peer tests; stopped after the test."""
+    from .peer_harness import Receiver
+
+    r = Receiver(tmp_path / "b").start()
+    yield r
+    r.stop()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Each test process (and every child it starts) keeps kinbox's files (device keys,
     heartbeat files of server databases) in a folder of its own, removed at the end, never

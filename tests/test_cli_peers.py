@@ -219,22 +219,30 @@ def _paired_inbound(url: str, device: str) -> tuple[Any, Any, Any]:
     return db, writer, store
 
 
-def test_pause_and_resume_act_on_each_direction_they_apply_to_or_the_one_named(
-        tmp_path: Path) -> None:
-    """A device paired both ways: its outbound record revoked (its URL refused us) made
-    `pause` fail as a whole, leaving its inbound grant active; `resume` could only act on
-    both directions at once."""
+def _paired_both_ways_revoked_outbound(url: str, device: str) -> tuple[Any, Any, Any, float]:
+    """:func:`_paired_inbound`, and ``device`` paired outbound too (its seal ``sealed``),
+    that grant revoked here; and the time it was made."""
     import time
 
-    from kinbox.persistence.peers import INBOUND, OUTBOUND
+    from kinbox.persistence.peers import OUTBOUND
 
-    url = f"sqlite:///{tmp_path / 'k.db'}"
-    device = "0123456789ab"
     db, writer, store = _paired_inbound(url, device)
     now = time.time()
     store.save_outbound(device, "laptop", "K" * 43, "http://127.0.0.1:1", "sealed",
                         frozenset({"agent"}), now)
     store.set_status(device, "revoked", now, direction=OUTBOUND)
+    return db, writer, store, now
+
+
+def test_pause_and_resume_act_on_each_direction_they_apply_to_or_the_one_named(
+        tmp_path: Path) -> None:
+    """A device paired both ways: its outbound record revoked (its URL refused us) made
+    `pause` fail as a whole, leaving its inbound grant active; `resume` could only act on
+    both directions at once."""
+    from kinbox.persistence.peers import INBOUND, OUTBOUND
+
+    url, device = f"sqlite:///{tmp_path / 'k.db'}", "0123456789ab"
+    db, writer, store, now = _paired_both_ways_revoked_outbound(url, device)
 
     def statuses() -> dict[str, str]:
         return {r.direction: r.status for r in store.devices()}
@@ -354,17 +362,10 @@ def test_a_devices_refusal_never_turns_a_grant_revoked_here_into_a_paused_one(
     """A device's signed "paused" heard on a link already under way when the operator
     revoked the grant here wrote `paused` over `revoked`, and a later `resume` then
     re-enabled a grant the operator had revoked."""
-    import time
-
     from kinbox.persistence.peers import OUTBOUND
 
-    url = f"sqlite:///{tmp_path / 'k.db'}"
-    device = "0123456789ab"
-    db, writer, store = _paired_inbound(url, device)
-    now = time.time()
-    store.save_outbound(device, "laptop", "K" * 43, "http://127.0.0.1:1", "sealed",
-                        frozenset({"agent"}), now)
-    store.set_status(device, "revoked", now, direction=OUTBOUND)
+    url, device = f"sqlite:///{tmp_path / 'k.db'}", "0123456789ab"
+    db, writer, store, now = _paired_both_ways_revoked_outbound(url, device)
     # Closed all the same: the link fails the rows, not "retry: an earlier pairing".
     assert store.close_outbound(device, "sealed", "paused", "the device paused this", now)
     assert [r.status for r in store.devices(OUTBOUND)] == ["revoked"]

@@ -4,7 +4,6 @@ signed refusal) fails every open row of the device at once, those waiting for a 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,13 +15,6 @@ from .helpers import quiet_brain, wait_for
 from .peer_harness import Receiver
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def receiver(tmp_path: Path) -> Iterator[Receiver]:
-    r = Receiver(tmp_path / "b").start()
-    yield r
-    r.stop()
 
 
 @pytest.mark.parametrize("status", ["paused", "revoked"])

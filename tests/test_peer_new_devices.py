@@ -10,7 +10,6 @@ waited, ``pending``, until that runtime was restarted.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,13 +20,6 @@ from .helpers import quiet_brain, wait_for
 from .peer_harness import Receiver, cli
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def receiver(tmp_path: Path) -> Iterator[Receiver]:
-    r = Receiver(tmp_path / "b").start()
-    yield r
-    r.stop()
 
 
 def test_rows_another_process_queued_for_a_device_paired_after_the_start_are_sent(

@@ -53,13 +53,6 @@ pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture
-def receiver(tmp_path: Path) -> Iterator[Receiver]:
-    r = Receiver(tmp_path / "b").start()
-    yield r
-    r.stop()
-
-
-@pytest.fixture
 def sender(tmp_path: Path) -> Iterator[Runtime]:
     rt = Runtime(db=f"sqlite:///{tmp_path / 'a' / 'sender.db'}",
                  brain=quiet_brain, clock=SystemClock())

@@ -351,23 +351,66 @@ def test_a_tool_call_after_the_brain_returned_is_refused_even_before_the_commit(
     assert rt.inbox(target=target) == []
 
 
+class LateCall:
+    """A tool call from a thread the brain leaves running, held between two of its writes
+    (:meth:`hold`, from a patched step of the call) until the turn that made it committed:
+    the call must then be refused whole, nothing of it written."""
+
+    def __init__(self) -> None:
+        self.in_window, self.done = threading.Event(), threading.Event()
+        self.answers: list[object] = []
+        self.rt: Runtime | None = None
+        self.session_id = ""
+
+    def hold(self) -> None:
+        """Inside the call: it is between its writes; wait for the turn's commit."""
+        self.in_window.set()
+        rt = self.rt
+        assert rt is not None
+        wait_for(lambda: rt.inbox(target=self.session_id)[0]["status"] == "delivered",
+                 timeout=20, what="the turn to commit")
+
+    def leave_running(self, call: Callable[[], object]) -> None:
+        """In the brain: start ``call`` on a thread of its own and return once it is held
+        between its writes (the brain returns then)."""
+        from kinbox.actors import ToolError
+
+        def later() -> None:
+            try:
+                self.answers.append(call())
+            except ToolError as exc:
+                self.answers.append(exc)
+            finally:
+                self.done.set()
+        threading.Thread(target=later, daemon=True).start()
+        assert self.in_window.wait(20)
+
+    def refused_after(self, rt: Runtime, session_id: str, text: str) -> None:
+        """Send ``text`` to ``session_id``, whose turn leaves the call running; the call
+        was refused as one after the turn's end."""
+        from kinbox.actors import ToolError
+
+        self.rt, self.session_id = rt, session_id
+        rt.post(session_id, text)
+        assert self.done.wait(30)
+        rt.run_until_idle()
+        [answer] = self.answers
+        assert isinstance(answer, ToolError) and "This turn has ended" in answer.message, answer
+
+
 @pytest.mark.timeout(60)
 def test_a_foreground_child_checked_before_the_turn_ended_never_commits_after_it(
         make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
     """A foreground ``agent(...)`` commits at once, not with the turn: it checked that the
     turn was open, then committed. From a thread the brain left running, the turn could
     end and commit between the two, and the child was written after the turn's end."""
-    from kinbox.actors import ToolError
     from kinbox.actors import child_tools as tools_module
 
-    in_window, done = threading.Event(), threading.Event()
-    answers: list[object] = []
+    late = LateCall()
     real_commit = tools_module.commit_together
 
     def commit_after_the_turn(ctx: Any, build: Any, *args: Any, **kwargs: Any) -> Any:
-        in_window.set()  # checked: the turn was open
-        wait_for(lambda: rt.inbox(target=parent)[0]["status"] == "delivered", timeout=20,
-                 what="the parent's turn to commit")
+        late.hold()  # checked: the turn was open
         return real_commit(ctx, build, *args, **kwargs)
 
     monkeypatch.setattr(tools_module, "commit_together", commit_after_the_turn)
@@ -378,25 +421,13 @@ def test_a_foreground_child_checked_before_the_turn_ended_never_commits_after_it
         if turn.messages[0].content != "go":  # the child's report, should it ever come
             return None
         tools = turn.tools
-
-        def later() -> None:
-            try:
-                answers.append(tools.agent("late work", run_in_background=False, timeout=20))
-            except ToolError as exc:
-                answers.append(exc)
-            finally:
-                done.set()
-        threading.Thread(target=later, daemon=True).start()
-        assert in_window.wait(20)
+        late.leave_running(lambda: tools.agent("late work", run_in_background=False,
+                                               timeout=20))
         return None  # the brain returns while its call is between its check and its commit
 
     rt = make_runtime(brain=brain)
     parent = rt.create_session(rt.create_project("p").id, "parent").id
-    rt.post(parent, "go")
-    assert done.wait(30)
-    rt.run_until_idle()
-    [answer] = answers
-    assert isinstance(answer, ToolError) and "This turn has ended" in answer.message, answer
+    late.refused_after(rt, parent, "go")
     assert [s.id for s in rt.sessions() if s.parent_id == parent] == []
 
 
@@ -486,17 +517,13 @@ def test_a_background_child_meeting_the_turns_end_midway_is_started_whole_or_not
     session, its task, its task message. From a thread the brain left running, the turn
     could end between the first and the second: the call was refused, yet the turn
     committed the child's session alone, a sub-agent with no task that never runs."""
-    from kinbox.actors import ToolError
     from kinbox.actors import child_tools as tools_module
 
-    in_window, done = threading.Event(), threading.Event()
-    answers: list[object] = []
+    late = LateCall()
 
     class TaskAfterTheTurn(tools_module.TaskService):
         def create(self, *args: Any, **kwargs: Any) -> Any:
-            in_window.set()  # the child's session is queued already
-            wait_for(lambda: rt.inbox(target=parent)[0]["status"] == "delivered", timeout=20,
-                     what="the parent's turn to commit")
+            late.hold()  # the child's session is queued already
             return super().create(*args, **kwargs)
 
     monkeypatch.setattr(tools_module, "TaskService", TaskAfterTheTurn)
@@ -505,25 +532,12 @@ def test_a_background_child_meeting_the_turns_end_midway_is_started_whole_or_not
         if turn.session_id != parent:
             return "child done"
         tools = turn.tools
-
-        def later() -> None:
-            try:
-                answers.append(tools.agent("late work"))
-            except ToolError as exc:
-                answers.append(exc)
-            finally:
-                done.set()
-        threading.Thread(target=later, daemon=True).start()
-        assert in_window.wait(20)
+        late.leave_running(lambda: tools.agent("late work"))
         return None  # the brain returns while its call is between two of its writes
 
     rt = make_runtime(brain=brain)
     parent = rt.create_session(rt.create_project("p").id, "parent").id
-    rt.post(parent, "go")
-    assert done.wait(30)
-    rt.run_until_idle()
-    [answer] = answers
-    assert isinstance(answer, ToolError) and "This turn has ended" in answer.message, answer
+    late.refused_after(rt, parent, "go")
     assert [s.id for s in rt.sessions() if s.parent_id == parent] == []
 
 
@@ -533,17 +547,13 @@ def test_a_focal_dispatch_meeting_the_turns_end_midway_is_made_whole_or_not_at_a
     """Focal's ``agent_send(agent_id="new", ...)`` queues the new session, its task and
     its message: a turn that ended between them (a thread the brain left running)
     committed the session alone, a session with no work Focal was told nothing of."""
-    from kinbox.actors import ToolError
     from kinbox.actors import focal as focal_module
 
-    in_window, done = threading.Event(), threading.Event()
-    answers: list[object] = []
+    late = LateCall()
 
     class TaskAfterTheTurn(focal_module.TaskService):
         def create(self, *args: Any, **kwargs: Any) -> Any:
-            in_window.set()  # the new session is queued already
-            wait_for(lambda: rt.inbox(target=focal)[0]["status"] == "delivered", timeout=20,
-                     what="Focal's turn to commit")
+            late.hold()  # the new session is queued already
             return super().create(*args, **kwargs)
 
     monkeypatch.setattr(focal_module, "TaskService", TaskAfterTheTurn)
@@ -552,28 +562,15 @@ def test_a_focal_dispatch_meeting_the_turns_end_midway_is_made_whole_or_not_at_a
         if turn.session_id != focal:
             return None
         tools = turn.tools
-
-        def later() -> None:
-            try:
-                answers.append(tools.agent_send(agent_id="new", project_id=project,
-                                                title="late", task_title="the work",
-                                                message="go"))
-            except ToolError as exc:
-                answers.append(exc)
-            finally:
-                done.set()
-        threading.Thread(target=later, daemon=True).start()
-        assert in_window.wait(20)
+        late.leave_running(lambda: tools.agent_send(
+            agent_id="new", project_id=project, title="late", task_title="the work",
+            message="go"))
         return None  # the brain returns while its call is between two of its writes
 
     rt = make_runtime(brain=brain)
     focal = rt.get_or_create_focal_chat().id
     project = rt.create_project("p").id
-    rt.post(focal, "start something")
-    assert done.wait(30)
-    rt.run_until_idle()
-    [answer] = answers
-    assert isinstance(answer, ToolError) and "This turn has ended" in answer.message, answer
+    late.refused_after(rt, focal, "start something")
     assert [s.id for s in rt.sessions() if s.project_id == project] == []
 
 
@@ -583,18 +580,14 @@ def test_a_focal_send_meeting_the_turns_end_midway_watches_only_with_its_message
     """Focal's ``agent_send`` to a session marks it followed, then queues the message: a
     turn that ended between the two (a thread the brain left running) committed the mark
     alone, and Focal followed a session it had asked nothing of."""
-    from kinbox.actors import ToolError
     from kinbox.actors import focal as focal_module
 
-    in_window, done = threading.Event(), threading.Event()
-    answers: list[object] = []
+    late = LateCall()
     real_watch = focal_module.Focal.watch
 
     def watch_then_wait(self: Any, session_id: str, writes: Any) -> None:
         real_watch(self, session_id, writes)
-        in_window.set()  # the mark is queued already
-        wait_for(lambda: rt.inbox(target=focal)[0]["status"] == "delivered", timeout=20,
-                 what="Focal's turn to commit")
+        late.hold()  # the mark is queued already
 
     monkeypatch.setattr(focal_module.Focal, "watch", watch_then_wait)
 
@@ -602,26 +595,13 @@ def test_a_focal_send_meeting_the_turns_end_midway_watches_only_with_its_message
         if turn.session_id != focal:
             return None
         tools = turn.tools
-
-        def later() -> None:
-            try:
-                answers.append(tools.agent_send(agent_id=worker, message="look into it"))
-            except ToolError as exc:
-                answers.append(exc)
-            finally:
-                done.set()
-        threading.Thread(target=later, daemon=True).start()
-        assert in_window.wait(20)
+        late.leave_running(lambda: tools.agent_send(agent_id=worker, message="look into it"))
         return None  # the brain returns while its call is between its two writes
 
     rt = make_runtime(brain=brain)
     focal = rt.get_or_create_focal_chat().id
     worker = rt.create_session(rt.create_project("p").id, "worker").id
-    rt.post(focal, "delegate")
-    assert done.wait(30)
-    rt.run_until_idle()
-    [answer] = answers
-    assert isinstance(answer, ToolError) and "This turn has ended" in answer.message, answer
+    late.refused_after(rt, focal, "delegate")
     session = rt.session(worker)
     assert session is not None and not session.config.get("focal_watching")
     assert rt.inbox(target=worker) == []
