@@ -29,7 +29,7 @@ from ..persistence import (
 )
 from ..persistence.inbox_core import State
 from ..persistence.inbox_records import DEFAULT_KIND
-from ..persistence.models import InboxMessage, Session
+from ..persistence.models import InboxMessage, Project, Session
 from . import access, pruning, subagents, validation
 from .errors import ConfigError, ToolError
 from .focal import FOCAL_PROJECT
@@ -82,8 +82,10 @@ class RecordsApi:
         if not isinstance(hidden, bool):  # the column would keep whatever it was given
             raise ConfigError(f"hidden must be True or False, not {type(hidden).__name__}",
                               field="hidden")
+        # The column's length, not a title's (512): PostgreSQL failed a longer name with a
+        # database error where SQLite stored it.
         name = slug if name is None else _checked("name", validation.require_message, name,
-                                                   validation.TITLE_LIMIT, "name")
+                                                   _column("name", Project), "name")
         return ctx.store.create_project(f"p_{short(self.new_id(), 10)}", slug, name,
                                         ctx.now(), hidden=hidden)
 

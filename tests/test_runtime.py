@@ -969,6 +969,24 @@ def test_a_post_or_session_too_long_for_its_column_is_refused_alike_on_both_back
 
 
 @pytest.mark.timeout(60)
+def test_a_project_name_too_long_for_its_column_is_refused_alike_on_both_backends(
+        any_db_url: str, tmp_path: Path, clock: ManualClock) -> None:
+    """A project's name was checked against a session title's limit (512 characters)
+    while its column holds 256: SQLite stored a 300-character name, PostgreSQL failed the
+    same call with a database error (value too long). It is a ConfigError naming the
+    field on both, and no project is made; a name of 256 characters is taken."""
+    rt = Runtime(db=any_db_url, data_dir=str(tmp_path / "data"), clock=clock).start()
+    try:
+        with pytest.raises(ConfigError) as refused:
+            rt.create_project("long", "n" * 257)
+        assert refused.value.field == "name"
+        assert rt.project("long") is None
+        assert rt.create_project("long", "n" * 256).name == "n" * 256
+    finally:
+        rt.stop()
+
+
+@pytest.mark.timeout(60)
 def test_a_payload_or_config_whose_keys_cannot_be_sorted_is_refused_at_the_call(
         any_db_url: str, tmp_path: Path, clock: ManualClock) -> None:
     """A payload or a session config is stored as JSON with its keys sorted; the call's
