@@ -97,23 +97,40 @@ class Keyset(NamedTuple):
         return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
+def _position(at: object, key: object) -> Keyset | None:
+    """``(at, key)`` as a position some row could have, or None: a finite time, and an id
+    a column holds and every driver takes."""
+    try:
+        if (isinstance(at, int | float) and not isinstance(at, bool)
+                and math.isfinite(float(at)) and isinstance(key, str)
+                and 0 < len(key) <= CURSOR_ID_LIMIT and "\x00" not in key):
+            key.encode()  # a lone surrogate: no id has one, and no driver takes it
+            return Keyset(float(at), key)
+    # A lone surrogate (a ValueError); a time too large for a float (OverflowError).
+    except (ValueError, OverflowError):
+        pass
+    return None
+
+
 def keyset(value: object, field: str = "after") -> Keyset | None:
     """A cursor a page returned (:meth:`Keyset.token`, or the :class:`Keyset` itself):
     None (from the start) or the position; anything else is
-    :class:`~.errors.InvalidArgument`."""
-    if value is None or isinstance(value, Keyset):
-        return value
-    if isinstance(value, str) and 0 < len(value) <= CURSOR_LIMIT:
+    :class:`~.errors.InvalidArgument`. A Keyset is held to its token's rule: it is a
+    plain tuple a caller can build, and its parts go to the SQL as they are."""
+    if value is None:
+        return None
+    if isinstance(value, Keyset):
+        position = _position(value.at, value.id)
+        if position is not None:
+            return position
+    elif isinstance(value, str) and 0 < len(value) <= CURSOR_LIMIT:
         try:
             text = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
             at, key = json.loads(text)
-            if (isinstance(at, int | float) and not isinstance(at, bool)
-                    and math.isfinite(float(at)) and isinstance(key, str)
-                    and 0 < len(key) <= CURSOR_ID_LIMIT and "\x00" not in key):
-                key.encode()  # a lone surrogate: no id has one, and no driver takes it
-                return Keyset(float(at), key)
-        # binascii.Error, JSON, not two values, a lone surrogate (all ValueErrors); a
-        # time too large for a float (OverflowError).
-        except (ValueError, TypeError, OverflowError):
+            position = _position(at, key)
+            if position is not None:
+                return position
+        # binascii.Error, JSON, not two values (ValueErrors, a TypeError).
+        except (ValueError, TypeError):
             pass
     raise InvalidArgument(field, value, "a cursor a page of the listing returned")

@@ -73,6 +73,21 @@ def test_a_cursor_with_a_nul_in_its_id_is_refused_on_both_backends(stores: Store
 
 
 
+@pytest.mark.parametrize("forged", [paging.Keyset(1.0, "s\x00x"), paging.Keyset(1.0, "\ud800"),
+                                    paging.Keyset("x", "s"),  # type: ignore[arg-type]
+                                    paging.Keyset(float("nan"), "s"),
+                                    paging.Keyset(1.0, "s" * 129)])
+def test_a_keyset_built_by_hand_is_checked_as_its_token_is(stores: Stores,
+                                                            forged: paging.Keyset) -> None:
+    """``after`` takes a :class:`paging.Keyset` as well as its token, and a Keyset is a
+    plain tuple anyone can build: it went to the SQL unchecked, so an id with a NUL or a
+    time that is no number failed in PostgreSQL's driver (a DataError) and SQLite read a
+    page from wherever its comparison put it. The rule of the token holds for both."""
+    with pytest.raises(InvalidArgument) as caught:
+        stores.store.sessions_page(limit=5, after=forged)
+    assert caught.value.field == "after"
+
+
 def test_a_limit_too_long_to_print_is_invalid_argument_not_a_conversion_error(
         db_url: str) -> None:
     """``InvalidArgument.__init__`` quotes ``repr(value)``: for an int of more than 4,300
