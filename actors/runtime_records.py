@@ -367,5 +367,6 @@ def _check_json_object(field: str, value: object) -> None:
                           f"{type(value).__name__}", field=field)
     try:
         json.dumps(value, sort_keys=True)  # as it is stored (inbox_records, sessions)
-    except (TypeError, ValueError) as exc:
+    # RecursionError: nested deeper than the interpreter's limit (no ValueError).
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ConfigError(f"{field} must be JSON-serialisable: {exc}", field=field) from None

@@ -987,6 +987,33 @@ def test_a_project_name_too_long_for_its_column_is_refused_alike_on_both_backend
 
 
 @pytest.mark.timeout(60)
+def test_a_payload_or_config_nested_too_deep_for_json_is_refused_at_the_call(
+        any_db_url: str, tmp_path: Path, clock: ManualClock) -> None:
+    """The call's check caught what ``json.dumps`` raises for a value it cannot write
+    (TypeError, ValueError) but not its RecursionError: a payload or config nested
+    deeper than the interpreter's recursion limit escaped ``rt.post`` and
+    ``rt.create_session`` as a bare RecursionError, outside the runtime's errors. Each is
+    a ConfigError naming its field, and nothing is written."""
+    deep: list[object] = []
+    for _ in range(100_000):
+        deep = [deep]
+    rt = Runtime(db=any_db_url, data_dir=str(tmp_path / "data"), clock=clock).start()
+    try:
+        project = rt.create_project("p").id
+        sid = rt.create_session(project, "S").id
+        with pytest.raises(ConfigError) as refused:
+            rt.post(sid, "hello", payload={"deep": deep})
+        assert refused.value.field == "payload"
+        with pytest.raises(ConfigError) as refused:
+            rt.create_session(project, "T", config={"deep": deep})
+        assert refused.value.field == "config"
+        assert rt.inbox() == []
+        assert [s.id for s in rt.sessions()] == [sid]
+    finally:
+        rt.stop()
+
+
+@pytest.mark.timeout(60)
 def test_a_payload_or_config_whose_keys_cannot_be_sorted_is_refused_at_the_call(
         any_db_url: str, tmp_path: Path, clock: ManualClock) -> None:
     """A payload or a session config is stored as JSON with its keys sorted; the call's
