@@ -54,6 +54,9 @@ limit_arg = whole_number(LIST_LIMIT)
 """An argparse type: a ``--limit``."""
 offset_arg = whole_number(LIST_LIMIT, low=0)
 """An argparse type: an ``--offset``."""
+position_arg = whole_number(2**62)
+"""An argparse type: a ``--before-seq``, a row's ``seq`` (at most the stores' bound,
+``paging.PAGE_NUMBER_MAX``)."""
 
 
 def session_id_arg(text: str) -> str:

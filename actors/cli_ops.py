@@ -37,7 +37,15 @@ from ..persistence.inbox_core import State
 from ..persistence.opened import opened
 from ..transport.frames import shown
 from ..transport.key_file import private_folder
-from .cli_args import common, kind_arg, limit_arg, offset_arg, project_slug_arg, session_id_arg
+from .cli_args import (
+    common,
+    kind_arg,
+    limit_arg,
+    offset_arg,
+    position_arg,
+    project_slug_arg,
+    session_id_arg,
+)
 from .cli_output import age, emit, emit_page, last_line, when
 from .clock import Clock, SystemClock
 from .errors import ConfigError
@@ -97,13 +105,19 @@ def operator_clock(db: pw.Database) -> Iterator[Clock]:
 
 def inbox_list(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox inbox list``: rows with their age and last error, never their bodies."""
+    if args.offset is None:
+        args.offset = 0
     with stores(args.db, read_only=True) as (journal, _), operator_clock(journal.t.db) as clock:
         # One more than asked (the oldest, listed first) says whether older rows follow.
         rows = journal.rows(state=args.state, target=args.target, limit=args.limit + 1,
-                            offset=args.offset)
+                            offset=args.offset, before_seq=args.before_seq)
         now = clock.now()  # the rows' own clock: ages are not off by this machine's skew
     more = len(rows) > args.limit
     rows = rows[1:] if more else rows
+    # The next page is named by position, the oldest row's seq (unique, never changed):
+    # an offset counts from the newest row, and each row enqueued meanwhile (or, with
+    # --state, each row leaving it) shifted the page the operator was told to list.
+    before = rows[0]["seq"] if more else None
     lines = [f"{'seq':>6}  {'state':<10} {'att':>3} {'age':>5}  {'target':<28} {'kind':<22} "
              f"{'message_id':<40} last error"]
     lines += [f"{r['seq']:>6}  {r['status']:<10} {r['attempts']:>3} "
@@ -112,11 +126,13 @@ def inbox_list(args: argparse.Namespace, out: TextIO) -> int:
               for r in rows]
     if not rows:
         lines = ["no rows" + (f" in state {args.state}" if args.state else "")
-                 + (f" from offset {args.offset}" if args.offset else "")]
+                 + (f" from offset {args.offset}" if args.offset else "")
+                 + (f" before seq {args.before_seq}" if args.before_seq else "")]
     # Message bodies stay out of listings; `inbox show` prints one on request.
     for r in rows:
         r.pop("content", None)
-    emit_page(out, args, rows, more, lines, next_page="the {limit} rows before these")
+    emit_page(out, args, rows, more, lines, next_page="the {limit} rows before these",
+              keyset=True, after=before, cursor="before-seq")
     return 0
 
 
@@ -271,8 +287,15 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--target", type=session_id_arg, help="only rows addressed to this session")
     p.add_argument("--limit", type=limit_arg, default=100,
                    help="the newest N rows (default 100), listed oldest first")
-    p.add_argument("--offset", type=offset_arg, default=0,
-                   help="but the newest N (the page before: --offset 100)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--before-seq", type=position_arg, metavar="SEQ",
+                       help="only rows older than seq SEQ (the page before one: its "
+                            "'... more: --before-seq' line; each row once, however many "
+                            "arrive meanwhile)")
+    # No default of 0, as for sessions list: argparse refuses a flag beside --before-seq
+    # only when it differs from its default.
+    where.add_argument("--offset", type=offset_arg, default=None,
+                       help="but the newest N (rows enqueued meanwhile shift it)")
     p.set_defaults(handler=inbox_list)
     p = common(isub.add_parser("show", help="one row in full, with its history"))
     p.add_argument("message_id")

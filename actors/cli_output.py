@@ -35,21 +35,23 @@ def emit(out: TextIO, as_json: bool, data: Any, lines: list[str]) -> None:
 
 def emit_page(out: TextIO, args: argparse.Namespace, items: list[Any], more: bool,
               lines: list[str], *, next_page: str, keyset: bool = False,
-              after: str | None = None) -> None:
+              after: str | int | None = None, cursor: str = "after") -> None:
     """Print one page of a listing read one row past ``args.limit`` (``more``: that row
     was there). ``--json`` prints ``{"items", "more", "next_offset"}``: a bare list left
     a script to believe a cut listing was whole. The table ends with a line saying how
     to list the ``next_page`` (say, "the next {limit}") when there is one. A listing
-    that pages by cursor too (``keyset``) passes the next page's, ``after``: the table's
-    line names it, and the JSON says it as ``next_after`` (``next_offset``: None on a
-    page read from a cursor, which an offset does not count from)."""
-    from_cursor = getattr(args, "after", None) is not None
+    that pages by position too (``keyset``: the option ``--{cursor}``, ``--after`` or
+    ``--before-seq``) passes the next page's, ``after``: the table's line names it, and
+    the JSON says it as ``next_{cursor}`` (``next_offset``: None on a page read from a
+    position, which an offset does not count from)."""
+    option = cursor.replace("-", "_")
+    from_cursor = getattr(args, option, None) is not None
     next_offset = args.offset + len(items) if more and not from_cursor else None
     data: dict[str, Any] = {"items": items, "more": more, "next_offset": next_offset}
     if keyset:
-        data["next_after"] = after
+        data[f"next_{option}"] = after
     if more:
-        flag = f"--after {after}" if after is not None else f"--offset {next_offset}"
+        flag = f"--{cursor} {after}" if after is not None else f"--offset {next_offset}"
         lines = [*lines, f"... more: {flag} lists " + next_page.format(limit=args.limit)]
     emit(out, args.json, data, lines)
 

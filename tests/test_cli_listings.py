@@ -94,9 +94,34 @@ def test_inbox_list_pages_back_through_older_rows(busy_db: str) -> None:
     assert all("content" not in row for row in newest["items"])  # bodies stay out
     code, text = run("inbox", "list", "--db", busy_db, "--limit", "2")
     assert code == 0
-    assert text.splitlines()[-1] == "... more: --offset 2 lists the 2 rows before these"
+    assert text.splitlines()[-1] == "... more: --before-seq 4 lists the 2 rows before these"
     code, text = run("inbox", "list", "--db", busy_db, "--limit", "5")
     assert not text.splitlines()[-1].startswith("...")
+
+
+def test_inbox_list_walks_back_each_row_once_while_rows_arrive(busy_db: str) -> None:
+    """The next page the table named was ``--offset N``, counted from the newest row: a
+    row enqueued between two reads (a runtime delivering meanwhile) pushed every row one
+    place back, and the page the operator was told to list repeated the rows just seen
+    (and with ``--state``, a row leaving the state made the next skip one). It names the
+    position ``--before-seq`` (``seq`` is unique and never changes): each row once."""
+    code, text = run("inbox", "list", "--db", busy_db, "--limit", "2")
+    assert code == 0
+    hint = text.splitlines()[-1].split()
+    assert hint[:2] == ["...", "more:"]
+    s = Stores(busy_db)
+    for i in (5, 6):  # arrive after the first page was printed
+        s.journal.enqueue(NewMessage(f"m{i}", "s000", "body"), i)
+    s.close()
+    older = page("inbox", "list", "--db", busy_db, "--limit", "2", *hint[2:4])
+    assert ids(older, "message_id") == ["m1", "m2"]
+    oldest = page("inbox", "list", "--db", busy_db, "--limit", "2", "--before-seq",
+                  str(older["next_before_seq"]))
+    assert ids(oldest, "message_id") == ["m0"]
+    assert (oldest["more"], oldest["next_before_seq"]) == (False, None)
+    with pytest.raises(SystemExit) as refused:  # an offset from a position: one or other
+        run("inbox", "list", "--db", busy_db, "--offset", "1", "--before-seq", "3")
+    assert refused.value.code == 2
 
 
 def test_cron_list_pages_in_listing_order(busy_db: str) -> None:
