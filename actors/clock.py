@@ -8,21 +8,20 @@ the dispatcher notices rows that just became due.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
 
 from .errors import ConfigError
+from .validation import finite_number
 
 
 def check_step(seconds: object) -> None:
     """A :class:`ConfigError` (``field="seconds"``) unless ``seconds`` is a step a clock
     may take: a finite number >= 0 (not a bool). A step back would undo due times; NaN
     or infinity would stay on the clock for good, and no retry would ever come due."""
-    if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
-            or not math.isfinite(seconds) or seconds < 0):
+    if not finite_number(seconds) or seconds < 0:
         raise ConfigError(f"a clock moves forward by a finite number of seconds >= 0, "
                           f"not {seconds!r}", field="seconds")
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..persistence import PruneCounts, retention
 from .errors import ConfigError
+from .validation import finite_number
 
 if TYPE_CHECKING:
     from .context import RuntimeContext
@@ -35,8 +36,7 @@ def older_than_seconds(value: object, field: str = "older_than") -> float:
     """A prune's age in seconds: a finite number, at least :data:`retention.MIN_RETENTION`
     (a shorter one would let a paired device's re-send of a pruned row run again;
     booleans are not numbers); a ConfigError naming ``field`` otherwise."""
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not math.isfinite(value) or value <= 0):
+    if not finite_number(value) or value <= 0:
         raise ConfigError(f"{field} must be a number of seconds > 0, got {value!r}",
                           field=field)
     if value < retention.MIN_RETENTION:

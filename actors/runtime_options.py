@@ -7,13 +7,13 @@ never later inside a thread.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Mapping
 
 from .clock import Clock
 from .errors import ConfigError
 from .turn import Brain
+from .validation import finite_number
 
 
 def check_options(*, db: object, brain: Brain | None, clock: Clock | None,
@@ -50,7 +50,6 @@ def _count(field: str, value: object) -> None:
 def check_seconds(field: str, value: object, alternative: str = "") -> None:
     """An option that is a duration: a finite number of seconds > 0 (the runtime's, and
     ``rt.social.send_timeout``)."""
-    if (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
-            or not math.isfinite(value)):
+    if not finite_number(value) or value <= 0:
         raise ConfigError(f"{field} must be a number of seconds > 0{alternative}, "
                           f"got {value!r}", field=field)

@@ -6,8 +6,9 @@ mistake the same way and writes nothing before its arguments are good.
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 from .errors import ToolError
 
@@ -26,6 +27,17 @@ QUOTE_LIMIT = 80
 
 SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """A project slug: a letter or digit, then up to 63 letters, digits, ``.``, ``_`` or ``-``."""
+
+
+def finite_number(value: object) -> TypeGuard[int | float]:
+    """A real number a float holds (not a bool, NaN or infinity; not an int too large for a
+    float, on which ``math.isfinite`` raised ``OverflowError`` past every option's check)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def unstorable(text: str) -> str | None:

@@ -609,6 +609,8 @@ def test_a_sqlite_file_with_a_second_name_by_a_hard_link_is_refused(
     ({"tick_interval": float("inf")}, "tick_interval must be a number of seconds > 0"),
     ({"turn_timeout": float("nan")}, "turn_timeout must be a number of seconds > 0"),
     ({"stop_grace": float("inf")}, "stop_grace must be a number of seconds > 0"),
+    # An int no float holds: math.isfinite raised OverflowError past the check.
+    ({"lease_seconds": 10**400}, "lease_seconds must be a number of seconds > 0"),
     ({"db": 123}, "db must be a database URL string, got int"),
     ({"data_dir": 123}, "data_dir must be a path, got int"),
     ({"clock": "x"}, "clock must have a now()"),
