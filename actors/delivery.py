@@ -13,7 +13,9 @@ event                     in phase     effects, next phase
 ``started()``             STARTING     RunBrain() -> RUNNING; closing (the runtime began
                                        stopping while the turn waited to start): Release(row),
                                        Done(claim) -> DONE
-``refused()``             STARTING     Done(claim) -> DONE  (lease lost, journal error)
+``refused(held)``         STARTING     Done(claim) -> DONE  (the lease was lost); ``held``
+                                       (a journal error: the row is still this worker's):
+                                       Release(row), Done(claim) -> DONE
 ``parked()``              STARTING     Done(claim) -> DONE  (a direct turn of the session
                                        holds it: the row waits in the slot table)
 ``steered(ids)``          RUNNING      (the rows join the turn: committed or released
@@ -226,9 +228,16 @@ class Delivery:
         self._expect("parked", _STARTING)
         return self._done(False)
 
-    def refused(self) -> list[Effect]:
-        """The turn could not start: the lease was lost, or the journal failed."""
+    def refused(self, held: bool = False) -> list[Effect]:
+        """The turn could not start: the lease was lost, or (``held``) the journal failed
+        and the row is still this worker's. That row goes back unrun, as a refused failure
+        record's do (:meth:`journal_failed`): left leased, with its run over and nothing
+        renewing it, it and every later row of its session waited out a whole lease."""
         self._expect("refused", _STARTING)
+        if held:
+            assert self.row is not None
+            self.phase = _DONE_PHASE
+            return [Release(self.row.message_id), _DONE[True]]
         return self._done(True)
 
     def steered_in(self, message_ids: list[str]) -> list[Effect]:

@@ -229,13 +229,15 @@ class SessionActor(PooledActor):
             stop_flag, started = begun
         if record_start and not (run.closing or ctx.closed.is_set()):
             self.flag = stop_flag  # on the board from here: the run's Done takes it off
-            if not (yield from self._record_start(row)):
-                return run.refused()
+            refusal = yield from self._record_start(run, row)
+            if refusal is not None:
+                return refusal
         return self._started(run, row, started, stop_flag)
 
-    def _record_start(self, row: ClaimedRow) -> Steps[bool]:
+    def _record_start(self, run: dp.Delivery, row: ClaimedRow) -> Steps[list[dp.Effect] | None]:
         """Note durably that the turn of taken-over ``row`` starts (fenced by its lease);
-        False when the journal refused (logged)."""
+        None once noted, else the protocol's answer to the refusal (logged): a lost lease
+        leaves the row to its new holder, a database error hands it back."""
         ctx = self.ctx
         try:
             yield from landed(ctx.journal.submit_turn_started(ctx.owner, row.message_id, ctx.now()))
@@ -247,7 +249,7 @@ class SessionActor(PooledActor):
                 row.message_id,
                 self.session_id,
             )
-            return False
+            return run.refused()
         except PersistenceError as exc:
             log.error(
                 "starting %s for %s failed in the journal: %s",
@@ -255,8 +257,8 @@ class SessionActor(PooledActor):
                 self.session_id,
                 exc,
             )
-            return False
-        return True
+            return run.refused(held=True)
+        return None
 
     def try_start(self, run: dp.Delivery, row: ClaimedRow) -> list[dp.Effect] | None:
         """Start the turn of ``row`` at once; None when another turn of the session (a cron

@@ -137,6 +137,19 @@ def test_a_turn_that_starts_once_the_runtime_is_stopping_hands_its_row_back() ->
     assert d.phase is dp.Phase.DONE
 
 
+def test_a_start_the_journal_refused_hands_the_row_back_unless_the_lease_was_lost() -> None:
+    """A taken-over row's start that the database refused: the row is still this
+    worker's and goes back unrun (left leased, nothing renewed it until its lease ran
+    out); one refused for a lost lease is its new holder's, and nothing is released."""
+    d = dp.Delivery()
+    d.claimed(row(1, taken_over=True))
+    assert d.refused(held=True) == [dp.Release("m1"), dp.Done(True)]
+    assert d.phase is dp.Phase.DONE
+    d = dp.Delivery()
+    d.claimed(row(1, taken_over=True))
+    assert d.refused() == [dp.Done(True)]
+
+
 def test_a_commit_refused_for_a_lost_lease_hands_its_steering_back() -> None:
     """The other worker took the turn's own row, not the rows steering leased into it:
     those are still this worker's, and nothing renews them once the run is done."""
