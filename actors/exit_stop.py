@@ -1,14 +1,20 @@
 """Runtimes a program never stopped are stopped at interpreter exit.
 
-Every kinbox thread is a daemon, so the interpreter reaches ``atexit`` even
-while runtimes run; there each still-running runtime stops cleanly (running
-turns are asked to stop and finish or hand their rows back).
+Every kinbox thread is a daemon but the workers of the thread pools (direct turns',
+async brains' blocking calls, the scheduler's): ``concurrent.futures`` joins those at exit
+before ``atexit`` hooks run, so a hook there came after the join, and a program that ended
+while a social or cron turn ran waited for the brain to end on its own (for ever, for one
+that waits for its stop). The hook is therefore a threading exit hook, registered after
+``concurrent.futures``' own so that it runs before it (they run last registered first):
+each still-running runtime stops cleanly there (running turns are asked to stop and
+finish or hand their rows back), and the pools' workers are idle by the join.
 """
 
 from __future__ import annotations
 
-import atexit
+import concurrent.futures.thread  # noqa: F401  (its exit hook first: ours runs before it)
 import logging
+import threading
 import weakref
 from typing import Protocol
 
@@ -34,7 +40,6 @@ def stop_at_exit(rt: Stoppable) -> None:
     _live.add(rt)
 
 
-@atexit.register
 def _stop_live_runtimes() -> None:
     for rt in list(_live):
         if rt.state == "running":
@@ -42,3 +47,6 @@ def _stop_live_runtimes() -> None:
                 rt.stop()
             except Exception:
                 log.exception("stopping runtime %s at exit failed", rt.owner)
+
+
+threading._register_atexit(_stop_live_runtimes)  # type: ignore[attr-defined]

@@ -135,6 +135,47 @@ def test_a_program_that_never_calls_stop_exits_and_leaves_nothing_half_done(
         rt.stop()
 
 
+DIRECT_TURN_PROGRAM = """
+import sys
+import threading
+from kinbox.actors import Runtime
+
+running = threading.Event()
+
+def brain(turn):
+    running.set()
+    turn.wait_stop_requested(300)  # a long model call that ends when asked to stop
+    turn.reply("stopped by the runtime's stop")
+
+rt = Runtime(db=sys.argv[1], brain=brain).start()
+rt.social.allow("slack", ["U-ann"])
+rt.social.ingest({"platform": "slack", "sender_id": "U-ann", "sender_name": "Ann",
+                  "thread_id": "T1", "text": "hello", "event_id": "e1"})
+assert running.wait(30), "the social turn never started"
+print("the social turn runs; the program ends without stop()", flush=True)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_program_that_ends_while_a_direct_turn_runs_exits_without_waiting_for_it(
+        tmp_path: Path, db_url: str) -> None:
+    """A social event's or a cron job's turn (a direct turn) runs on a pool whose
+    threads the interpreter joins at exit before ``atexit`` hooks run: the hook that stops
+    forgotten runtimes, and asks their turns to stop, came after that join, so the
+    program hung until the brain ended on its own (never, for one that waits for its
+    stop), and APScheduler printed a traceback every poll meanwhile."""
+    script = tmp_path / "app.py"
+    script.write_text(textwrap.dedent(DIRECT_TURN_PROGRAM))
+    try:
+        done = subprocess.run([sys.executable, str(script), db_url], capture_output=True,
+                              text=True, timeout=45)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the program did not exit within 45 s: {exc.stderr!r}") from None
+    assert done.returncode == 0, done.stderr
+    assert "the social turn runs" in done.stdout
+    assert "Traceback" not in done.stderr
+
+
 # -- 11. one exception tree -----------------------------------------------------------
 
 
