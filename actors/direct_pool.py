@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 from ..persistence import WriterClosed
 from .context import RuntimeContext
+from .daemon_pool import DaemonPool
 from .steps import Steps, settle
 
 log = logging.getLogger("kinbox.direct")
@@ -27,7 +28,7 @@ class DirectPool:
 
     def __init__(self, ctx: RuntimeContext, workers: int = 4) -> None:
         self.ctx = ctx
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kinbox-direct")
+        self._pool = DaemonPool(workers, "kinbox-direct")  # a deaf turn holds no exit
         self._cond = threading.Condition()
         self._in_flight = 0
         self._closed = False

@@ -176,6 +176,48 @@ def test_a_program_that_ends_while_a_direct_turn_runs_exits_without_waiting_for_
     assert "Traceback" not in done.stderr
 
 
+DEAF_DIRECT_TURN_PROGRAM = """
+import sys
+import threading
+import time
+from kinbox.actors import Runtime
+
+running = threading.Event()
+
+def brain(turn):
+    running.set()
+    time.sleep(300)  # a model call that does not hear its stop
+
+rt = Runtime(db=sys.argv[1], brain=brain).start()
+rt.social.allow("slack", ["U-ann"])
+rt.social.ingest({"platform": "slack", "sender_id": "U-ann", "sender_name": "Ann",
+                  "thread_id": "T1", "text": "hello", "event_id": "e1"})
+assert running.wait(30), "the social turn never started"
+rt.stop(timeout=1.0)
+print("stopped", flush=True)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_stopped_runtime_does_not_hold_the_exit_for_a_direct_turn_deaf_to_its_stop(
+        tmp_path: Path, db_url: str) -> None:
+    """``kinbox worker``/``serve`` stop the runtime on SIGTERM, print that they stopped,
+    and return; a social or cron turn whose brain does not hear its stop (a long model
+    call) is given up on by the stop, as an inbox turn is. Its pool's thread was not a
+    daemon, and the interpreter waited for it at exit: the process hung until the brain
+    returned, after saying it had stopped."""
+    script = tmp_path / "app.py"
+    script.write_text(textwrap.dedent(DEAF_DIRECT_TURN_PROGRAM))
+    try:
+        done = subprocess.run([sys.executable, str(script), db_url], capture_output=True,
+                              text=True, timeout=45)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the program did not exit within 45 s: {exc.stdout!r}") from None
+    assert done.returncode == 0, done.stderr
+    assert "stopped" in done.stdout
+    assert "Traceback" not in done.stderr
+
+
 # -- 11. one exception tree -----------------------------------------------------------
 
 
