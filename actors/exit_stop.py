@@ -12,6 +12,7 @@ finish or hand their rows back), and the pools' workers are idle by the join.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures.thread  # noqa: F401  (its exit hook first: ours runs before it)
 import logging
 import threading
@@ -49,4 +50,6 @@ def _stop_live_runtimes() -> None:
                 log.exception("stopping runtime %s at exit failed", rt.owner)
 
 
-threading._register_atexit(_stop_live_runtimes)  # type: ignore[attr-defined]
+# CPython's hook for exactly this (3.9 and newer); a Python without it gets the plain
+# atexit hook, which a turn holding a pool thread delays as described above.
+getattr(threading, "_register_atexit", atexit.register)(_stop_live_runtimes)
