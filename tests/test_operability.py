@@ -164,15 +164,22 @@ def test_a_program_that_ends_while_a_direct_turn_runs_exits_without_waiting_for_
     forgotten runtimes, and asks their turns to stop, came after that join, so the
     program hung until the brain ended on its own (never, for one that waits for its
     stop), and APScheduler printed a traceback every poll meanwhile."""
+    exits_cleanly(tmp_path, DIRECT_TURN_PROGRAM, db_url, saying="the social turn runs")
+
+
+def exits_cleanly(tmp_path: Path, program: str, db_url: str, saying: str) -> None:
+    """Run ``program`` on ``db_url``: it exits 0 within 45 s, having printed ``saying``,
+    with no traceback."""
     script = tmp_path / "app.py"
-    script.write_text(textwrap.dedent(DIRECT_TURN_PROGRAM))
+    script.write_text(textwrap.dedent(program))
     try:
         done = subprocess.run([sys.executable, str(script), db_url], capture_output=True,
                               text=True, timeout=45)
     except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"the program did not exit within 45 s: {exc.stderr!r}") from None
+        raise AssertionError(f"the program did not exit within 45 s: {exc.stdout!r} "
+                             f"{exc.stderr!r}") from None
     assert done.returncode == 0, done.stderr
-    assert "the social turn runs" in done.stdout
+    assert saying in done.stdout
     assert "Traceback" not in done.stderr
 
 
@@ -206,16 +213,7 @@ def test_a_stopped_runtime_does_not_hold_the_exit_for_a_direct_turn_deaf_to_its_
     call) is given up on by the stop, as an inbox turn is. Its pool's thread was not a
     daemon, and the interpreter waited for it at exit: the process hung until the brain
     returned, after saying it had stopped."""
-    script = tmp_path / "app.py"
-    script.write_text(textwrap.dedent(DEAF_DIRECT_TURN_PROGRAM))
-    try:
-        done = subprocess.run([sys.executable, str(script), db_url], capture_output=True,
-                              text=True, timeout=45)
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"the program did not exit within 45 s: {exc.stdout!r}") from None
-    assert done.returncode == 0, done.stderr
-    assert "stopped" in done.stdout
-    assert "Traceback" not in done.stderr
+    exits_cleanly(tmp_path, DEAF_DIRECT_TURN_PROGRAM, db_url, saying="stopped")
 
 
 # -- 11. one exception tree -----------------------------------------------------------
