@@ -76,12 +76,17 @@ from .ticker import Ticker
 from .turn import Brain, Turn, is_async_brain
 
 SYSTEM_PROJECTS = (("default", "Default"), ("social", "Social"))
+"""Projects that always exist (S4)."""
+
 STOP_FLOOR = 1.0
 """Seconds a stop whose deadline the turns spent still gives the dispatcher (to hand back
 the rows waiting for a slot) and then the writer (to commit what the turns committed as
 they ended): a row or a turn that was done in time should not come back by lease because
 a deaf turn spent the deadline."""
-"""Projects that always exist (S4)."""
+
+START_FAILED_WAIT = 5.0
+"""Seconds a start that failed late waits for what it had started to stop (a turn the
+dispatcher began meanwhile is asked to stop, as at a graceful stop)."""
 
 
 log = logging.getLogger("kinbox.runtime")
@@ -258,6 +263,11 @@ class Runtime(RecordsApi, WatchApi, TickApi):
             if not self.send_only and self._peers is not None:
                 self._peers.start()
         except BaseException:
+            if self._ctx is not None:
+                try:
+                    self._wind_down(self._ctx, START_FAILED_WAIT)
+                except Exception:  # the start's own error is the one to raise
+                    log.exception("stopping what a failed start had started failed")
             self._teardown()
             raise
         self._state = "running"
@@ -297,11 +307,20 @@ class Runtime(RecordsApi, WatchApi, TickApi):
         if self._state != "running":
             return
         ctx = self._require()
+        self._state = "stopped"
+        left = self._wind_down(ctx, timeout)
+        ctx.emit("stopped", owner=self.owner)
+        self._teardown(max(left(), STOP_FLOOR))
+        log.info("runtime %s stopped", self.owner)
+
+    def _wind_down(self, ctx: RuntimeContext, timeout: float) -> Callable[[], float]:
+        """Stop what runs, turns first (a graceful stop's, and a start's that failed late:
+        its dispatcher, session threads and schedules ran on otherwise); the time left of
+        ``timeout``, for the teardown."""
         deadline = time.monotonic() + timeout
 
         def left() -> float:
             return max(0.0, deadline - time.monotonic())
-        self._state = "stopped"
         ctx.closed.set()
         ctx.turns.close()
         if self._services is not None:
@@ -327,9 +346,7 @@ class Runtime(RecordsApi, WatchApi, TickApi):
                 ctx.async_host.stop(timeout)  # by begin_stop's deadline: the same one
         finally:  # the turns have ended (or are given up on): no lease left to keep
             self._ticker.stop()
-        ctx.emit("stopped", owner=self.owner)
-        self._teardown(max(left(), STOP_FLOOR))
-        log.info("runtime %s stopped", self.owner)
+        return left
 
     def crash(self) -> None:
         """Stop abruptly, as a kill would: nothing queued is committed, no goodbyes."""

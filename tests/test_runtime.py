@@ -1036,3 +1036,35 @@ def test_a_payload_or_config_whose_keys_cannot_be_sorted_is_refused_at_the_call(
         assert [s.id for s in rt.sessions()] == [sid]
     finally:
         rt.stop()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("failing", ["services", "peers"])
+def test_a_start_that_fails_late_leaves_no_thread_of_it_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
+    """A start that failed after the dispatcher started (cron's first look met a database
+    error, the device key could not be read) closed the writer and raised, but left the
+    dispatcher, its 64 session threads and APScheduler running: a product retrying its
+    start until the database came back gathered 66 threads a try."""
+    from kinbox.actors import peers as peers_module
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise OSError("the disk went away")
+
+    if failing == "services":
+        monkeypatch.setattr(Services, "start", boom)
+    else:
+        monkeypatch.setattr(peers_module.PeerService, "start", boom)
+    before = set(threading.enumerate())
+    rt = Runtime(db=f"sqlite:///{tmp_path / 'k.db'}", brain=quiet_brain,
+                 data_dir=tmp_path / "data")
+    with pytest.raises(OSError, match="the disk went away"):
+        rt.start()
+
+    def left() -> list[str]:
+        return [t.name for t in threading.enumerate() if t not in before and t.is_alive()]
+    wait_for(lambda: not left(), timeout=20, what=f"the start's threads to end: {left()}")
+    monkeypatch.undo()  # the disk is back
+    with Runtime(db=f"sqlite:///{tmp_path / 'k.db'}", brain=quiet_brain,
+                 data_dir=tmp_path / "data") as again:  # the file's lock was let go
+        assert again.state == "running"
