@@ -48,8 +48,10 @@ class Ticker:
         """How many alarms rang (the runtime's statistics)."""
 
     def start(self) -> None:
-        """Start the thread; the first tick comes one interval from now."""
+        """Start the thread; the first tick comes one interval from now. Once stopped too:
+        a runtime whose start failed late (its wind-down stops the ticker) starts again."""
         with self._cond:
+            self._stopped = False
             self._set_next_tick(time.monotonic() + self.interval)
         self._thread = threading.Thread(target=self._run, name="kinbox-ticker", daemon=True)
         self._thread.start()

@@ -1068,3 +1068,27 @@ def test_a_start_that_fails_late_leaves_no_thread_of_it_behind(
     with Runtime(db=f"sqlite:///{tmp_path / 'k.db'}", brain=quiet_brain,
                  data_dir=tmp_path / "data") as again:  # the file's lock was let go
         assert again.state == "running"
+
+
+@pytest.mark.timeout(60)
+def test_a_start_retried_after_a_late_failure_ticks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same runtime started again once the failure is over (the database came back):
+    the failed start's wind-down had stopped its ticker, which never ticked again, and
+    nothing renewed the leases of the turns the retried start ran."""
+    real_start = Services.start
+    tries: list[int] = []
+
+    def fails_once(self: Services, *args: Any, **kwargs: Any) -> None:
+        tries.append(1)
+        if len(tries) == 1:
+            raise OSError("the disk went away")
+        real_start(self, *args, **kwargs)
+
+    monkeypatch.setattr(Services, "start", fails_once)
+    rt = Runtime(db=f"sqlite:///{tmp_path / 'k.db'}", brain=quiet_brain,
+                 data_dir=tmp_path / "data", tick_interval=0.05)
+    with pytest.raises(OSError, match="the disk went away"):
+        rt.start()
+    with rt:
+        assert rt._ticker.running, "the retried start has no ticker"
