@@ -23,7 +23,7 @@ on the event loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from starlette.concurrency import run_in_threadpool
@@ -33,8 +33,9 @@ from starlette.routing import Route
 
 from . import json_body
 from .errors import BackendRefused, quoted
-from .http_app import DescribedRoute, Refusal, error, guard, refused_answer
-from .request_shape import PAGE, Handler, shaped
+from .http_app import DescribedRoute, Refusal, guard
+from .json_answers import error, refused_answer
+from .request_shape import PAGE, shaped
 
 ADD_FIELDS = ("name", "cron", "prompt", "delivery", "timezone")
 MAX_BODY = 256 * 1024
@@ -107,21 +108,6 @@ def _whole(request: Request, name: str, default: int, low: int, high: int) -> in
     return int(text) if low <= int(text) <= high else None
 
 
-def _shaped(handler: Handler, *, query: Sequence[str] = (), body: bool = False) -> Handler:
-    """:func:`.request_shape.shaped`, its refusal answered here, as every cron route answers
-    its own: the routes are mounted in a product's own app too (``cron_routes``), where
-    no handler of :func:`.http_app.create_app` turns it into a 422 (it was a 500)."""
-    checked = shaped(handler, query=query, body=body)
-
-    async def answered(request: Request) -> Response:
-        try:
-            return await checked(request)
-        except BackendRefused as exc:
-            return refused_answer(exc)
-
-    return answered
-
-
 def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
     """The cron routes; ``refusal`` is the app's rule for every call (see
     :func:`.http_app.create_app`)."""
@@ -178,22 +164,22 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
     guarded = guard(refusal)  # every cron call, reads too, meets the app's rule first
 
     return [
-        _by_method("/cron/jobs", {"GET": guarded(_shaped(jobs, query=PAGE)),
-                                  "POST": guarded(_shaped(add, body=True))},
+        _by_method("/cron/jobs", {"GET": guarded(shaped(jobs, query=PAGE)),
+                                  "POST": guarded(shaped(add, body=True))},
                    "the cron jobs, soonest due first (?limit=, ?offset=); POST adds one: "
                    "{name, cron, prompt, delivery?, timezone?}"),
-        _by_method("/cron/jobs/{job_id}", {"GET": guarded(_shaped(one)),
-                                            "DELETE": guarded(_shaped(action("remove")))},
+        _by_method("/cron/jobs/{job_id}", {"GET": guarded(shaped(one)),
+                                            "DELETE": guarded(shaped(action("remove")))},
                    "one cron job; DELETE removes it and its runs"),
-        *(DescribedRoute(f"/cron/jobs/{{job_id}}/{verb}", guarded(_shaped(action(verb))),
+        *(DescribedRoute(f"/cron/jobs/{{job_id}}/{verb}", guarded(shaped(action(verb))),
                          methods=["POST"], about=about)
           for verb, about in ABOUT_ACTIONS.items()),
-        DescribedRoute("/cron/jobs/{job_id}/runs", guarded(_shaped(runs, query=PAGE)),
+        DescribedRoute("/cron/jobs/{job_id}/runs", guarded(shaped(runs, query=PAGE)),
                        methods=["GET"],
                        about="a cron job's runs, newest first (?limit=, ?offset=)"),
-        DescribedRoute("/cron/runs", guarded(_shaped(runs, query=PAGE)), methods=["GET"],
+        DescribedRoute("/cron/runs", guarded(shaped(runs, query=PAGE)), methods=["GET"],
                        about="every cron job's runs, newest first (?limit=, ?offset=)"),
-        DescribedRoute("/cron/announcements/drain", guarded(_shaped(drain)), methods=["POST"],
+        DescribedRoute("/cron/announcements/drain", guarded(shaped(drain)), methods=["POST"],
                        about="take the announcements of finished runs, and how many "
                              "were dropped"),
     ]

@@ -46,6 +46,7 @@ from starlette.websockets import WebSocket
 
 from .errors import BackendRefused, clipped, quoted
 from .host_guard import HostGuard
+from .json_answers import error, refused_answer
 from .operator_token import OperatorToken
 from .request_shape import Handler, shaped
 from .token_tries import TokenTries, retry_after
@@ -141,26 +142,6 @@ ERROR_CODES = {
     500: "execution_failed",
     503: "unavailable",
 }
-
-
-def error(
-    status: int,
-    code: str,
-    message: str,
-    headers: dict[str, str] | None = None,
-    *,
-    field: str | None = None,
-) -> JSONResponse:
-    """A JSON error body; ``field``, when given, names the request's field it refuses."""
-    body = {"error": code, "message": message}
-    if field is not None:
-        body["field"] = field
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-def refused_answer(exc: BackendRefused) -> JSONResponse:
-    """The JSON error body of a backend's refusal."""
-    return error(exc.status, exc.code, exc.message, field=exc.field)
 
 
 def create_app(

@@ -21,6 +21,7 @@ from starlette.responses import Response
 
 from . import json_body
 from .errors import BackendRefused, clipped, quoted
+from .json_answers import refused_answer
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -73,9 +74,12 @@ def shaped(handler: Handler, *, query: Sequence[str] = (), body: bool = False) -
     once) and, unless it takes a ``body``, none on a call that changes state."""
 
     async def checked(request: Request) -> Response:
-        check_query(request, query)
-        if not body and request.method not in ("GET", "HEAD"):
-            await check_no_body(request)
+        try:
+            check_query(request, query)
+            if not body and request.method not in ("GET", "HEAD"):
+                await check_no_body(request)
+        except BackendRefused as exc:  # answered here: the routes mount in any app
+            return refused_answer(exc)
         return await handler(request)
 
     return checked

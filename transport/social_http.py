@@ -26,6 +26,7 @@ from starlette.routing import Route
 from . import json_body
 from . import webhook_signature as sig
 from .errors import BackendRefused, SignatureProblem, SignatureRejected, quoted
+from .json_answers import error
 
 log = logging.getLogger("kinbox.http")
 
@@ -51,10 +52,6 @@ class SocialBackend(Protocol):
         ...
 
 
-def _error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": code, "message": message}, status_code=status)
-
-
 def social_routes(backend: SocialBackend, *, max_body: int = MAX_BODY,
                   window: float = sig.REPLAY_WINDOW,
                   body_timeout: float = json_body.BODY_TIMEOUT) -> list[Route]:
@@ -66,11 +63,11 @@ def social_routes(backend: SocialBackend, *, max_body: int = MAX_BODY,
         platform = request.path_params["platform"]
         secret = backend.webhook_secret(platform)
         if not secret:  # None or empty: no webhook (an empty key would sign anything)
-            return _error(404, "not_found", f"no webhook for platform {quoted(platform)}")
+            return error(404, "not_found", f"no webhook for platform {quoted(platform)}")
         try:
             body = await json_body.read_capped(request, max_body, body_timeout)
         except BackendRefused as exc:
-            return _error(exc.status, exc.code, exc.message)
+            return error(exc.status, exc.code, exc.message)
         signature = request.headers.get(sig.SIGNATURE_HEADER)
         try:
             ts = sig.verify(secret, request.headers.get(sig.TIMESTAMP_HEADER), signature, body,
@@ -80,13 +77,13 @@ def social_routes(backend: SocialBackend, *, max_body: int = MAX_BODY,
         except SignatureRejected as exc:
             log.info("webhook delivery for %s refused: %s", platform, exc.reason.value)
             status = 409 if exc.reason is SignatureProblem.REPLAYED else 401
-            return _error(status, exc.reason.value, exc.detail)
+            return error(status, exc.reason.value, exc.detail)
         try:
             event = json_body.parse(body)
             if not isinstance(event, dict):
                 raise BackendRefused(422, "invalid_argument", "the body must be a JSON object")
         except BackendRefused as exc:
-            return _error(exc.status, exc.code, exc.message)
+            return error(exc.status, exc.code, exc.message)
         # Remembered before the first await, so a twin delivery arriving while this one is
         # handled is refused; withdrawn if the handling refuses it (it may come again).
         guard.remember(signature, ts, backend.now())
@@ -95,7 +92,7 @@ def social_routes(backend: SocialBackend, *, max_body: int = MAX_BODY,
             receipt = await run_in_threadpool(backend.ingest_event, platform, event)
         except BackendRefused as exc:
             guard.withdraw(signature)
-            return _error(exc.status, exc.code, exc.message)
+            return error(exc.status, exc.code, exc.message)
         except BaseException:
             guard.withdraw(signature)
             raise
