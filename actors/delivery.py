@@ -236,8 +236,7 @@ class Delivery:
         self._expect("refused", _STARTING)
         if held:
             assert self.row is not None
-            self.phase = _DONE_PHASE
-            return [Release(self.row.message_id), _DONE[True]]
+            return [Release(self.row.message_id), *self._done(True)]
         return self._done(True)
 
     def steered_in(self, message_ids: list[str]) -> list[Effect]:

@@ -146,8 +146,7 @@ class PeerService:
         subscribe = getattr(self.ctx.clock, "subscribe", None)
         if subscribe is not None:  # an injected clock moved: backoffs may have run out
             self._unsubscribe = subscribe(lambda _now: self.wake_all())
-        for rec in self.peers.devices(OUTBOUND):
-            self.link_for(rec.device_id)
+        self._link_every_device()
 
     def stop(self, timeout: float = STOP_SECONDS) -> None:
         """Stop every link (before the dispatcher and the writer stop), all at once under
@@ -177,16 +176,15 @@ class PeerService:
         if not self.delivering or time.monotonic() - self._scanned < DEVICE_SCAN_SECONDS:
             return
         self._scanned = time.monotonic()
-        with self._lock:
-            known = set(self.links)
         try:
-            devices = self.peers.devices(OUTBOUND)
+            self._link_every_device()
         except PersistenceError as exc:  # the next scan reads again
             log.warning("looking for newly paired devices failed: %s", type(exc).__name__)
-            return
-        for rec in devices:
-            if rec.device_id not in known:
-                self.link_for(rec.device_id)
+
+    def _link_every_device(self) -> None:
+        """A link for each outbound device (:meth:`link_for`: one already running stays)."""
+        for rec in self.peers.devices(OUTBOUND):
+            self.link_for(rec.device_id)
 
     def link_for(self, device_id: str) -> PeerLink | None:
         """The device's link, started on first use (None in a send-only runtime, or once
