@@ -4,10 +4,11 @@ Every kinbox thread is a daemon (direct turns run on :mod:`.daemon_pool`) but th
 of the ``concurrent.futures`` pools (async brains' blocking calls, the scheduler's), which
 Python joins at exit before ``atexit`` hooks run: a hook there came after the join, and a
 program that ended while a social or cron turn ran waited for the brain to end on its own
-(for ever, for one that waits for its stop). The hook is therefore a threading exit hook, registered after
-``concurrent.futures``' own so that it runs before it (they run last registered first):
-each still-running runtime stops cleanly there (running turns are asked to stop and
-finish or hand their rows back), and the pools' workers are idle by the join.
+(for ever, for one that waits for its stop). The hook is therefore a threading exit
+hook, registered after ``concurrent.futures``' own so that it runs before it (they run
+last registered first): each still-running runtime stops cleanly there (running turns
+are asked to stop and finish or hand their rows back), and the pools' workers are idle
+by the join.
 """
 
 from __future__ import annotations
