@@ -1,9 +1,9 @@
 """The ``kinbox`` command line: scenarios, serving, benchmarks and operator commands.
 
 Exit status: 0 ok, 1 error (or a scenario expectation failed), 2 usage,
-130 interrupted. Every error kinbox raises is a :class:`KinboxError`; the
-command line prints it on one line (passwords masked by the errors
-themselves) and exits 1.
+3 a schema upgrade pending (``db status``), 130 interrupted. Every error
+kinbox raises is a :class:`KinboxError`; the command line prints it on one
+line (passwords masked by the errors themselves) and exits 1.
 """
 
 from __future__ import annotations

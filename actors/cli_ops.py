@@ -57,6 +57,10 @@ if TYPE_CHECKING:
 
 STATES = tuple(s.value for s in State)
 
+EXIT_UPGRADE_PENDING = 3
+"""``db status``'s exit status while the schema needs ``kinbox db upgrade``: no error (that
+is 1), a state a deploy script acts on before it starts a runtime."""
+
 
 @contextmanager
 def stores(url: str | None, *, check_schema: bool = True,
@@ -244,7 +248,8 @@ def sessions_list(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def db_status(args: argparse.Namespace, out: TextIO) -> int:
-    """``kinbox db status``: schema changes pending and rows per state."""
+    """``kinbox db status``: schema changes pending and rows per state; exits
+    :data:`EXIT_UPGRADE_PENDING` while changes are pending."""
     with stores(args.db, check_schema=False, read_only=True) as (journal, _):
         changes = pending_changes(journal.t)
         counts = {} if changes else journal.counts()
@@ -256,7 +261,7 @@ def db_status(args: argparse.Namespace, out: TextIO) -> int:
     lines += [f"  pending: {c}" for c in changes]
     lines += [f"rows {s}: {counts.get(s, 0)}" for s in STATES] if not changes else []
     emit(out, args.json, data, lines)
-    return 0
+    return EXIT_UPGRADE_PENDING if changes else 0
 
 
 def db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
@@ -332,8 +337,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
     dbp = sub.add_parser("db", help="schema status and upgrade")
     dsub = dbp.add_subparsers(dest="action", required=True)
-    common(dsub.add_parser("status", help="schema and row counts")).set_defaults(
-        handler=db_status)
+    common(dsub.add_parser(
+        "status", help="schema and row counts",
+        description=f"The schema's state and rows per state. Exit status: 0 up to date, "
+                    f"{EXIT_UPGRADE_PENDING} an upgrade is pending (run kinbox db upgrade), "
+                    f"1 an error.")).set_defaults(handler=db_status)
     common(dsub.add_parser("upgrade", help="bring the schema up to date")).set_defaults(
         handler=db_upgrade)
 
