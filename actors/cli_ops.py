@@ -143,8 +143,7 @@ def inbox_list(args: argparse.Namespace, out: TextIO) -> int:
 def inbox_show(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox inbox show ID``."""
     with stores(args.db, read_only=True) as (journal, _):
-        row = journal.get(args.message_id)
-        row["history"] = journal.history(args.message_id)
+        row = journal.get_with_history(args.message_id)
     lines = [f"{k}: {row[k]}" for k in row if k not in ("history", "payload")]
     lines.append(f"payload: {json.dumps(row['payload'], sort_keys=True)}")
     lines.append("history:" if row["history"] else "history: (none)")

@@ -17,6 +17,7 @@ from . import paging
 from .errors import RowNotFound
 from .hot_path import HotPath, is_open
 from .models import InboxMessage, Tables
+from .read_snapshot import read_snapshot
 
 FAILED_ATTEMPT_EVENTS = ("retry", "failed", "interrupted")
 """The history events of a failed attempt (the others are an operator's)."""
@@ -51,6 +52,16 @@ class InboxReads:
         e = self.t.event
         return [{"at": x.at, "event": x.event, "attempts": x.attempts, "detail": x.detail}
                 for x in e.select().where(e.message_id == message_id).order_by(e.id)]
+
+    def get_with_history(self, message_id: str) -> dict[str, Any]:
+        """One row as a dict (:meth:`get`) with its ``history`` (:meth:`history`), both
+        read in one snapshot: a change committed between the two reads (a requeue, a
+        failed attempt) would show the row as it was beside the history of what it
+        became. :class:`RowNotFound` if absent."""
+        with read_snapshot(self.t.db):
+            row = self.get(message_id)
+            row["history"] = self.history(message_id)
+        return row
 
     def failure_counts(self, message_ids: Iterable[str]) -> dict[str, int]:
         """Failed attempts in each row's history, by message id (rows with none left out).
