@@ -361,12 +361,16 @@ def _row_key(message_id: object) -> str:
 
 
 def _check_json_object(field: str, value: object) -> None:
-    """``value`` must be a dict that JSON can hold (a payload, a session's config)."""
+    """``value`` must be a dict that JSON can hold (a payload, a session's config), of at
+    most :data:`~.validation.JSON_OBJECT_LIMIT` characters as stored."""
     if not isinstance(value, dict):
         raise ConfigError(f"{field} must be a dict (a JSON object), not "
                           f"{type(value).__name__}", field=field)
     try:
-        json.dumps(value, sort_keys=True)  # as it is stored (inbox_records, sessions)
+        stored = json.dumps(value, sort_keys=True)  # as it is stored (inbox_records, sessions)
     # RecursionError: nested deeper than the interpreter's limit (no ValueError).
     except (TypeError, ValueError, RecursionError) as exc:
         raise ConfigError(f"{field} must be JSON-serialisable: {exc}", field=field) from None
+    if len(stored) > validation.JSON_OBJECT_LIMIT:
+        raise ConfigError(f"{field} is {len(stored):,} characters as JSON; at most "
+                          f"{validation.JSON_OBJECT_LIMIT:,}", field=field)

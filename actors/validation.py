@@ -18,6 +18,11 @@ SEND_LIMIT = 20_000
 TITLE_LIMIT = 512
 """Characters in a session title."""
 
+JSON_OBJECT_LIMIT = 256 * 1024
+"""Characters of a message's payload or a session's config as stored (JSON, keys sorted,
+ASCII): a payload is read with its row at every claim, a config by every turn of its
+session. As much as an HTTP route's body may hold; far more than any a runtime makes."""
+
 ID_LIMIT = 128
 """Characters in the longest id a tool looks up (a session's or task's id column holds
 at most 128): a longer one names no row, and is refused rather than quoted back whole."""

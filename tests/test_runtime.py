@@ -1038,6 +1038,38 @@ def test_a_payload_or_config_whose_keys_cannot_be_sorted_is_refused_at_the_call(
         rt.stop()
 
 
+@pytest.mark.timeout(120)
+def test_a_payload_or_config_larger_than_the_limit_is_refused_at_the_call(
+        any_db_url: str, tmp_path: Path, clock: ManualClock) -> None:
+    """A session's config (read by every turn of the session) and a message's payload (read
+    with its row at every claim) had no size limit: a config of megabytes was stored, and
+    every turn read it back. Each is a ConfigError naming its field and the limit, nothing
+    written; one at the limit is taken."""
+    from kinbox.actors.validation import JSON_OBJECT_LIMIT
+
+    rt = Runtime(db=any_db_url, data_dir=str(tmp_path / "data"), clock=clock).start()
+    try:
+        project = rt.create_project("p").id
+        sid = rt.create_session(project, "S").id
+        # {"k": "..."} as stored: 9 characters around the text.
+        over = {"k": "x" * (JSON_OBJECT_LIMIT - 8)}
+        with pytest.raises(ConfigError) as refused:
+            rt.post(sid, "hello", payload=over)
+        assert refused.value.field == "payload"
+        assert f"{JSON_OBJECT_LIMIT:,}" in str(refused.value)
+        with pytest.raises(ConfigError) as refused:
+            rt.create_session(project, "T", config=over)
+        assert refused.value.field == "config"
+        assert f"{JSON_OBJECT_LIMIT:,}" in str(refused.value)
+        assert rt.inbox() == []
+        assert [s.id for s in rt.sessions()] == [sid]
+        at_limit = {"k": "x" * (JSON_OBJECT_LIMIT - 9)}
+        kept = rt.create_session(project, "U", config=at_limit).id
+        assert rt.post(kept, "hello", payload=at_limit).created
+    finally:
+        rt.stop()
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("failing", ["services", "peers"])
 def test_a_start_that_fails_late_leaves_no_thread_of_it_behind(
