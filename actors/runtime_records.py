@@ -296,11 +296,24 @@ class RecordsApi:
         ctx = self._running()
         return pruning.prune(ctx, older_than, dry_run=dry_run, batch=batch).as_dict()
 
-    def transcript(self, session_id: str) -> list[EntryRecord]:
-        """Every transcript entry of a session (``role``, ``text``, ``visible``...)."""
+    def transcript(self, session_id: str, *, limit: int | None = None,
+                   before_id: int | None = None) -> list[EntryRecord]:
+        """A session's transcript entries (``id``, ``role``, ``text``, ``visible``...),
+        oldest first.
+
+        ``limit`` keeps the newest ``limit`` entries (still oldest first), and
+        ``before_id`` only entries older than that entry's ``id``: the page before is
+        ``rt.transcript(sid, limit=n, before_id=page[0].id)``, an index walk from there
+        (ids are unique, so pages neither repeat nor skip), empty past the oldest entry.
+        Without ``limit`` every entry is read into memory: fine for a test or a
+        scenario, an outage on a session of years. A bad ``limit`` or ``before_id`` is a
+        ConfigError naming it."""
+        limit = _paged(paging.limit, limit)
+        before_id = _paged(lambda value: paging.position(value, "before_id"), before_id)
         store = self._require().store
         key = validation.lookup_key(session_id)
-        return store.transcript(key) if key is not None else []
+        return (store.transcript(key, last=limit, before_id=before_id) if key is not None
+                else [])
 
     def marker_counts(self) -> dict[str, int]:
         """Committed delivery markers per message id (exactly-once evidence)."""

@@ -327,15 +327,22 @@ class SessionStore(DirectTurnMarks):
              "created_at": now} for e in entries]).execute())
 
     def transcript(self, session_id: str, *, last: int | None = None,
-                   visible_only: bool = False) -> list[EntryRecord]:
+                   visible_only: bool = False, before_id: int | None = None
+                   ) -> list[EntryRecord]:
         """A session's transcript, oldest first: every entry, or only the ``last`` N
         (of the visible ones with ``visible_only``), read with a LIMIT (``last`` as a
-        page's ``limit``, :mod:`.paging`)."""
+        page's ``limit``, :mod:`.paging`). ``before_id`` keeps only entries older than
+        that entry id (unique, in commit order): the page before one whose oldest entry
+        has it, found through the ``(session_id, id)`` index (a keyset position,
+        :func:`.paging.position`)."""
         last = paging.limit(last, "last")
+        before_id = paging.position(before_id, "before_id")
         tr = self.t.transcript
         q = tr.select().where(tr.session_id == session_id)
         if visible_only:
             q = q.where(tr.visible == True)  # noqa: E712 (a SQL expression)
+        if before_id is not None:
+            q = q.where(tr.id < before_id)
         rows = (list(q.order_by(tr.id)) if last is None else
                 list(reversed(q.order_by(tr.id.desc()).limit(last))))
         return [EntryRecord(e.id, e.session_id, e.role, e.text, bool(e.visible), e.message_id,

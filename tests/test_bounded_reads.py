@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from kinbox.actors import ConfigError, ManualClock, Runtime
+from kinbox.persistence import TurnEntry
 from kinbox.persistence.tasks import TaskStore
 
 from .conftest import Stores
@@ -58,6 +59,44 @@ def test_bad_inbox_paging_arguments_name_their_field(tmp_path: Any, kwargs: dict
     with Runtime(db=f"sqlite:///{tmp_path / 'k.db'}") as rt:
         with pytest.raises(ConfigError) as err:
             rt.inbox(**kwargs)
+        assert err.value.field == field
+
+
+def test_transcript_pages_back_in_time_by_entry_id_neither_repeating_nor_skipping(
+        any_db_url: str) -> None:
+    """``rt.transcript`` read a session's whole transcript into memory, however long: a
+    session of years read as one list. With ``limit`` it reads the newest entries (still
+    oldest first), and ``before_id`` keeps those older than that entry's id: the page
+    before, through the transcript's index. Another session's entries are not paged in."""
+    with Runtime(db=any_db_url, clock=ManualClock(1000.0)) as rt:
+        p = rt.create_project("p")
+        a, b = rt.create_session(p.id, "a").id, rt.create_session(p.id, "b").id
+        store = rt.context.store
+        for i in range(23):
+            store.append(a if i % 3 else b, [TurnEntry("user", f"e{i}")], 1000.0)
+        every = rt.transcript(a)
+        assert len(every) == 15
+        pages, before = [], None
+        while page := rt.transcript(a, limit=4, before_id=before):
+            pages.append(page)
+            before = page[0].id
+        assert [len(x) for x in pages] == [4, 4, 4, 3]
+        assert [e for page in reversed(pages) for e in page] == every
+        assert rt.transcript(a, limit=2) == every[-2:]
+        assert rt.transcript(a, before_id=every[3].id) == every[:3]
+        assert rt.transcript("no-such-session", limit=3) == []
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"limit": 0}, "limit"), ({"limit": -1}, "limit"), ({"limit": True}, "limit"),
+    ({"limit": "5"}, "limit"), ({"before_id": 0}, "before_id"),
+    ({"before_id": "9"}, "before_id"), ({"before_id": 2**63}, "before_id")])
+def test_bad_transcript_paging_arguments_name_their_field(
+        tmp_path: Any, kwargs: dict[str, Any], field: str) -> None:
+    with Runtime(db=f"sqlite:///{tmp_path / 'k.db'}") as rt:
+        sid = rt.create_session(rt.create_project("p").id, "s").id
+        with pytest.raises(ConfigError) as err:
+            rt.transcript(sid, **kwargs)
         assert err.value.field == field
 
 
