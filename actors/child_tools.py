@@ -153,8 +153,8 @@ class ChildTools:
         last = self._result_row(ids[-1]) if ids else None
         if last is not None and last["payload"].get("outcome") == "failed":
             return {**result, "status": "failed", "result": None, "error": last["content"]}
-        replies = [e.text for e in self._ctx.store.transcript(result["agent_id"])
-                   if e.role == "assistant"]
+        replies = [e.text for e in self._ctx.store.transcript(result["agent_id"], last=1,
+                                                               roles=("assistant",))]
         task = self._ctx.tasks.get(result["task_id"])
         return {**result, "status": task.status if task else "unknown",
                 "result": replies[-1] if replies else None}

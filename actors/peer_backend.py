@@ -28,7 +28,7 @@ from ..transport import receiver
 from ..transport.errors import BackendRefused, FrameError, GrantClosed
 from ..transport.grants import GrantView, InviteView
 from ..transport.handshake import PairingProof
-from . import stops, transcript_view
+from . import stops, transcript_read, transcript_view
 from .peer_link import peer_target
 from .peers import PeerService
 
@@ -131,10 +131,10 @@ class PeerHttpBackend:
                 ok = stops.request_stop(ctx, session_id, peer_target(device_id))
                 return ("stop_requested" if ok else "not_active"), ""
             session = ctx.store.session(session_id)
-            lines = [transcript_view.Line(e.role, e.text, e.visible)
-                     for e in ctx.store.transcript(session_id)]
+            lines, older = transcript_read.newest_lines(ctx.store, session_id,
+                                                        speakers=False)
         status = session.status if session else "idle"
-        return status, _fitting_read(status, lines)
+        return status, _fitting_read(status, lines, older)
 
     def invite(self, code_hash: str) -> InviteView | None:
         """The pairing invite with this code hash."""
@@ -181,14 +181,15 @@ class PeerHttpBackend:
         return self.ctx.now()
 
 
-def _fitting_read(status: str, lines: list[transcript_view.Line]) -> str:
+def _fitting_read(status: str, lines: list[transcript_view.Line], older: int) -> str:
     """The transcript as ``read`` shows it, newest messages kept, within what one result
     frame carries: the view's limit counts characters, a frame 64 KiB of JSON (20,000
     emoji or escaped control characters are more), and a result that did not fit ended
-    the link with no answer. Each try halves the characters kept."""
+    the link with no answer. Each try halves the characters kept. ``older``: shown
+    messages before ``lines`` (:func:`.transcript_read.newest_lines`)."""
     limit = transcript_view.READ_LIMIT
     while True:
-        text = transcript_view.render(lines, limit)
+        text = transcript_view.render(lines, limit, older)
         try:
             wire.encode(wire.Result("0" * 64, status, text))  # the longest request id
             return text

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..persistence import EnqueueResult, NewMessage, SessionRecord
-from . import access, stops, tool_schemas, transcript_view
+from . import access, stops, tool_schemas, transcript_read, transcript_view
 from .child_tools import ChildTools
 from .context import RuntimeContext
 from .errors import RuntimeStateError, ToolError, tool_result
@@ -190,10 +190,9 @@ class AgentTools(ChildTools, FamilyTools, TaskTools):
             return {"agent_id": target_id, "title": target_id, "status": answer.status,
                     "transcript": answer.text}
         target = self._target("agent_read", caller, target_id)
-        lines = [transcript_view.Line(e.role, e.text, e.visible, e.sender_id, e.kind)
-                 for e in self._ctx.store.transcript(target.id)]
+        lines, older = transcript_read.newest_lines(self._ctx.store, target.id)
         return {"agent_id": target.id, "title": target.title, "status": target.status,
-                "transcript": transcript_view.render(lines)}
+                "transcript": transcript_view.render(lines, older=older)}
 
     def agent_send(self, agent_id: Any, message: Any, **focal_args: Any) -> dict[str, Any]:
         """Queue ``message`` for ``agent_id``; returns once the inbox row is committed.

@@ -78,30 +78,36 @@ def omitted_line(n: int) -> str:
     return f"[... {n} earlier messages omitted ...]"
 
 
-def render(entries: Sequence[Line], limit: int = READ_LIMIT) -> str:
+def block(e: Line) -> str:
+    """One message as a read shows it: who said it, then its text."""
+    return f"{speaker(e.role, e.sender_id, e.kind)}: {e.text}"
+
+
+def render(entries: Sequence[Line], limit: int = READ_LIMIT, older: int = 0) -> str:
     """The readable transcript, newest messages kept within ``limit`` characters (the
-    omitted-messages line apart); :class:`ConfigError` for a limit below
+    omitted-messages line apart); ``older`` shown messages came before ``entries`` and
+    are counted as omitted. :class:`ConfigError` for a limit below
     :data:`MIN_READ_LIMIT`, which could not hold an over-long message's marker."""
     if limit < MIN_READ_LIMIT:
         raise ConfigError(f"a read's limit must be at least {MIN_READ_LIMIT} characters "
                           f"(the truncation marker and some of the message), not {limit}",
                           field="limit")
-    blocks = [f"{speaker(e.role, e.sender_id, e.kind)}: {e.text}" for e in shown(entries)]
+    blocks = [block(e) for e in shown(entries)]
     kept: list[str] = []
     used = 0
-    for block in reversed(blocks):
-        cost = len(block) + (2 if kept else 0)
+    for one in reversed(blocks):
+        cost = len(one) + (2 if kept else 0)
         if used + cost > limit:
             break
-        kept.append(block)
+        kept.append(one)
         used += cost
     kept.reverse()
-    omitted = len(blocks) - len(kept)
+    omitted = older + len(blocks) - len(kept)
     if not kept and blocks:
         newest = blocks[-1]
         tail = newest[-(limit - len(TRUNCATED) - 1):]
         kept = [f"{TRUNCATED}\n{tail}"]
-        omitted = len(blocks) - 1
+        omitted = older + len(blocks) - 1
     if omitted:
         return "\n\n".join([omitted_line(omitted), *kept])
     return "\n\n".join(kept)

@@ -327,27 +327,45 @@ class SessionStore(DirectTurnMarks):
              "created_at": now} for e in entries]).execute())
 
     def transcript(self, session_id: str, *, last: int | None = None,
-                   visible_only: bool = False, before_id: int | None = None
-                   ) -> list[EntryRecord]:
+                   visible_only: bool = False, before_id: int | None = None,
+                   roles: Collection[str] | None = None) -> list[EntryRecord]:
         """A session's transcript, oldest first: every entry, or only the ``last`` N
-        (of the visible ones with ``visible_only``), read with a LIMIT (``last`` as a
-        page's ``limit``, :mod:`.paging`). ``before_id`` keeps only entries older than
-        that entry id (unique, in commit order): the page before one whose oldest entry
-        has it, found through the ``(session_id, id)`` index (a keyset position,
-        :func:`.paging.position`)."""
+        (of the visible ones with ``visible_only``, of those ``roles`` with ``roles``),
+        read with a LIMIT (``last`` as a page's ``limit``, :mod:`.paging`). ``before_id``
+        keeps only entries older than that entry id (unique, in order within a session):
+        the page before one whose oldest entry has it, found through the ``(session_id,
+        id)`` index (a keyset position, :func:`.paging.position`)."""
         last = paging.limit(last, "last")
-        before_id = paging.position(before_id, "before_id")
         tr = self.t.transcript
-        q = tr.select().where(tr.session_id == session_id)
-        if visible_only:
-            q = q.where(tr.visible == True)  # noqa: E712 (a SQL expression)
-        if before_id is not None:
-            q = q.where(tr.id < before_id)
+        q = self._entries(tr.select(), session_id, visible_only, before_id, roles)
         rows = (list(q.order_by(tr.id)) if last is None else
                 list(reversed(q.order_by(tr.id.desc()).limit(last))))
         return [EntryRecord(e.id, e.session_id, e.role, e.text, bool(e.visible), e.message_id,
                             e.created_at, e.sender_id, e.kind)
                 for e in rows]
+
+    def count_entries(self, session_id: str, *, visible_only: bool = False,
+                      before_id: int | None = None,
+                      roles: Collection[str] | None = None) -> int:
+        """How many entries :meth:`transcript` would read with the same filters and no
+        ``last``, counted in the database (no text read)."""
+        tr = self.t.transcript
+        return self._entries(tr.select(pw.fn.COUNT(tr.id)), session_id, visible_only,
+                             before_id, roles).scalar() or 0
+
+    def _entries(self, q: pw.Select, session_id: str, visible_only: bool,
+                 before_id: int | None, roles: Collection[str] | None) -> pw.Select:
+        """``q`` narrowed to one session's entries as :meth:`transcript` filters them."""
+        before_id = paging.position(before_id, "before_id")
+        tr = self.t.transcript
+        q = q.where(tr.session_id == session_id)
+        if visible_only:
+            q = q.where(tr.visible == True)  # noqa: E712 (a SQL expression)
+        if before_id is not None:
+            q = q.where(tr.id < before_id)
+        if roles is not None:
+            q = q.where(tr.role.in_(list(roles)))
+        return q
 
     def recent_message_ids(self, kind: str, limit: int | None) -> list[str]:
         """Ids of the newest ``limit`` messages of ``kind`` the database holds, oldest

@@ -10,7 +10,15 @@ from typing import Any
 
 import pytest
 
-from kinbox.actors import ManualClock, Runtime, ToolError, Turn, subagents
+from kinbox.actors import (
+    ManualClock,
+    Runtime,
+    ToolError,
+    Turn,
+    subagents,
+    transcript_read,
+    transcript_view,
+)
 from kinbox.actors.focal_schedule import LATEST_WAKEUP
 from kinbox.actors.slots import Slots
 from kinbox.actors.subagents import REPORT_INTERVAL
@@ -285,6 +293,52 @@ def test_read_keeps_the_tail_of_one_over_long_newest_message(world: dict[str, An
     assert text.startswith("[... 1 earlier messages omitted ...]\n\n" + TRUNCATED)
     assert text.endswith("THE END")
     assert len(text.split("\n\n", 1)[1]) <= 20_000
+
+
+def test_read_of_a_long_session_loads_its_newest_entries_and_counts_the_rest(
+        world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read used to load a session's every entry to show its newest 20,000 characters:
+    a session of years, read whole at every call. It loads pages from the newest until
+    the budget is full, counts the older ones in the database, and shows exactly what
+    the whole transcript would show."""
+    rt = world["rt"]
+    store = rt.context.store
+    store.append(world["peer"], [
+        TurnEntry(("user", "assistant", "tool")[i % 3], f"{i:04d} " + "z" * (i % 400),
+                  visible=i % 7 != 0) for i in range(3_000)], 0)
+    whole = [transcript_view.Line(e.role, e.text, e.visible, e.sender_id, e.kind)
+             for e in store.transcript(world["peer"])]
+    loaded: list[int] = []
+    read = store.transcript
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        rows = read(*args, **kwargs)
+        loaded.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(store, "transcript", counted)
+    text = rt.tools_for(world["me"]).agent_read(world["peer"])["transcript"]
+    assert text == transcript_view.render(whole)
+    assert text.startswith("[... ") and text.endswith("assistant: 2998 " + "z" * 198)
+    assert "2999" not in text  # a tool entry
+    assert 0 < sum(loaded) <= 200, loaded
+
+
+@pytest.mark.parametrize("count", [0, 1, 31, 32, 33, 64, 65, 200])
+def test_read_pages_agree_with_the_whole_view_at_every_page_boundary(
+        world: dict[str, Any], count: int) -> None:
+    rt = world["rt"]
+    store = rt.context.store
+    store.append(world["peer"], [TurnEntry("user" if i % 2 else "assistant", "m" * 700 + str(i))
+                                 for i in range(count)], 0)
+    whole = [transcript_view.Line(e.role, e.text, e.visible, e.sender_id, e.kind)
+             for e in store.transcript(world["peer"])]
+    lines, older = transcript_read.newest_lines(store, world["peer"])
+    assert transcript_view.render(lines, older=older) == transcript_view.render(whole)
+    for limit in (transcript_view.MIN_READ_LIMIT, 1_000, 5_000):
+        lines, older = transcript_read.newest_lines(store, world["peer"], limit)
+        assert (transcript_view.render(lines, limit, older)
+                == transcript_view.render(whole, limit))
 
 
 # -- agent_stop ------------------------------------------------------------------------------
