@@ -13,9 +13,10 @@ event                     in phase     effects, next phase
 ``started()``             STARTING     RunBrain() -> RUNNING; closing (the runtime began
                                        stopping while the turn waited to start): Release(row),
                                        Done(claim) -> DONE
-``refused(held)``         STARTING     Done(claim) -> DONE  (the lease was lost); ``held``
-                                       (a journal error: the row is still this worker's):
-                                       Release(row), Done(claim) -> DONE
+``refused(error)``        STARTING     Done(claim) -> DONE  (the lease was lost); an
+                                       ``error`` (the journal failed: the row is still this
+                                       worker's): RecordFailure(row id, e, ORDINARY,
+                                       ran=False) -> FAILING
 ``parked()``              STARTING     Done(claim) -> DONE  (a direct turn of the session
                                        holds it: the row waits in the slot table)
 ``steered(ids)``          RUNNING      (the rows join the turn: committed or released
@@ -151,6 +152,9 @@ class RecordFailure:
     kind: FailureKind = ORDINARY
     """How the failure asks to be retried: ``permanent`` makes the row ``failed`` at once,
     ``retry_after`` is the least wait before its retry (:mod:`.brain_failure`)."""
+    ran: bool = True
+    """The turn ran (False: its start was refused): a suspect row stays suspect unless its
+    turn ran, since only a turn that ran and ended shows the row did not kill its process."""
 
 
 @dataclass(frozen=True)
@@ -228,16 +232,21 @@ class Delivery:
         self._expect("parked", _STARTING)
         return self._done(False)
 
-    def refused(self, held: bool = False) -> list[Effect]:
-        """The turn could not start: the lease was lost, or (``held``) the journal failed
-        and the row is still this worker's. That row goes back unrun, as a refused failure
-        record's do (:meth:`journal_failed`): left leased, with its run over and nothing
-        renewing it, it and every later row of its session waited out a whole lease."""
+    def refused(self, error: str | None = None) -> list[Effect]:
+        """The turn could not start: the lease was lost (the row is its new holder's), or
+        (``error``) the journal failed and the row is still this worker's. That row's
+        attempt fails, recorded with its backoff as a refused commit's is
+        (:meth:`commit_refused`), its brain not run. Left leased, with its run over and
+        nothing renewing it, it and every later row of its session waited out a whole
+        lease; handed straight back (still suspect, still due), the run's claim took it
+        again at once, and while the database refused that write the row went round claim,
+        refused start, release at full speed, counted toward nothing."""
         self._expect("refused", _STARTING)
-        if held:
-            assert self.row is not None
-            return [Release(self.row.message_id), *self._done(True)]
-        return self._done(True)
+        if error is None:
+            return self._done(True)
+        assert self.row is not None
+        self.phase = _FAILING
+        return [RecordFailure(self.row.message_id, (), error, ran=False)]
 
     def steered_in(self, message_ids: list[str]) -> list[Effect]:
         """Rows taken into the running turn by ``steering()`` (or by name: a foreground

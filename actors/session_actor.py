@@ -28,7 +28,8 @@ from ..persistence import (
     WriterClosed,
 )
 from . import delivery as dp
-from .context import RuntimeContext, TurnEffects, gather_effects
+from . import subagents
+from .context import NO_EFFECTS, RuntimeContext, TurnEffects, gather_effects
 from .messages import Deliver
 from .pooled import ActorPool, PooledActor
 from .running import StopFlag
@@ -43,6 +44,7 @@ from .turn_run import (
     new_turn,
     prepare,
     refused_commit,
+    refused_start,
     take_result,
 )
 
@@ -237,7 +239,8 @@ class SessionActor(PooledActor):
     def _record_start(self, run: dp.Delivery, row: ClaimedRow) -> Steps[list[dp.Effect] | None]:
         """Note durably that the turn of taken-over ``row`` starts (fenced by its lease);
         None once noted, else the protocol's answer to the refusal (logged): a lost lease
-        leaves the row to its new holder, a database error hands it back."""
+        leaves the row to its new holder, a database error is a failed attempt (recorded
+        by :meth:`record_failure`, with no turn)."""
         ctx = self.ctx
         try:
             yield from landed(ctx.journal.submit_turn_started(ctx.owner, row.message_id, ctx.now()))
@@ -257,7 +260,8 @@ class SessionActor(PooledActor):
                 self.session_id,
                 exc,
             )
-            return run.refused(held=True)
+            self.judged = refused_start(exc)
+            return run.refused(self.judged.outcome.error or "")
         return None
 
     def try_start(self, run: dp.Delivery, row: ClaimedRow) -> list[dp.Effect] | None:
@@ -451,15 +455,17 @@ class SessionActor(PooledActor):
         """A failed attempt: nothing of the turn is committed; retry later, or ``failed``.
 
         The row keeps the traceback as ``last_error``; observers and logs get
-        the one-line summary, never a message body.
+        the one-line summary, never a message body. A taken-over row whose start the
+        journal refused has no turn: no hook hears of it (its brain never ran), and a
+        child's task that it leaves ``failed`` is reported to its parent as one a claim
+        failed is (:func:`.subagents.report_ended`).
         """
         ctx, turn, judged, flag = self.ctx, self.turn, self.judged, self.flag
-        assert turn is not None and judged is not None
+        assert judged is not None
         sid = self.session_id
-        row = turn.row
         failed = judged.outcome
         summary = failed.error or "the turn failed"
-        effects = ctx.effects(turn, failed)
+        effects = NO_EFFECTS if turn is None else ctx.effects(turn, failed)
         try:
             result = wait_landed(
                 ctx.journal.submit_retry(
@@ -472,12 +478,13 @@ class SessionActor(PooledActor):
                     release=list(effect.release),
                     on_failed=effects.messages,
                     on_failed_also=effects.ops,
+                    ran=effect.ran,
                 )
             )
         except LeaseLost:
             log.warning(
                 "lost the lease of %s for %s: its failed attempt is not recorded here",
-                row.message_id,
+                effect.message_id,
                 sid,
             )
             return run.journal_failed()
@@ -486,7 +493,7 @@ class SessionActor(PooledActor):
         except PersistenceError as exc:
             log.error(
                 "recording the failed attempt of %s for %s failed in the journal: %s",
-                row.message_id,
+                effect.message_id,
                 sid,
                 exc,
             )
@@ -499,7 +506,7 @@ class SessionActor(PooledActor):
             logging.ERROR if final else logging.INFO,
             "turn of %s for %s failed (attempt %d%s): %s",
             sid,
-            row.message_id,
+            effect.message_id,
             result.attempts,
             ", giving up: row failed" if final else f", retry at {result.available_at:.3f}",
             summary,
@@ -507,7 +514,7 @@ class SessionActor(PooledActor):
         ctx.emit(
             "turn_failed",
             session_id=sid,
-            message_id=row.message_id,
+            message_id=effect.message_id,
             error=summary,
             state=result.state.value,
             attempts=result.attempts,
@@ -515,6 +522,8 @@ class SessionActor(PooledActor):
         )
         if final:
             self._run_after(effects)
+            if turn is None:
+                subagents.report_ended(ctx, [effect.message_id])
         else:  # claimed as its backoff ends, not at the tick after
             ctx.alarm_in(result.available_at - ctx.now())
         return run.failure_recorded()

@@ -175,10 +175,20 @@ def take_result(turn: Turn, result: object) -> None:
 def refused_commit(error: BaseException) -> Judged:
     """A turn whose commit the journal refused: a failed attempt, with the journal's error
     (escaped, as the brain's: it is recorded as the row's error)."""
+    return _refused("the turn's commit", error)
+
+
+def refused_start(error: BaseException) -> Judged:
+    """A taken-over row whose turn's start the journal refused: a failed attempt (its brain
+    not run), with the journal's error, as :func:`refused_commit`."""
+    return _refused("the turn's start", error)
+
+
+def _refused(what: str, error: BaseException) -> Judged:
     return Judged(
         TurnOutcome(
             False,
-            escaped(f"the journal refused the turn's commit: {type(error).__name__}: {error}"),
+            escaped(f"the journal refused {what}: {type(error).__name__}: {error}"),
             None,
         ),
         escaped("".join(traceback.format_exception(error))),

@@ -18,6 +18,7 @@ target across processes.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from . import inbox_core as core
 from . import set_wise
@@ -290,6 +291,7 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
         release: list[str],
         on_failed: Sequence[NewMessage],
         on_failed_also: Sequence[Callable[[], object]],
+        ran: bool = True,
     ) -> core.FailureOutcome:
         row = self._fence(owner, [message_id, *release])[0]
         policy = core.policy_for(row.transport)
@@ -307,17 +309,19 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
             core.Event.FAIL if out.state is core.State.FAILED else core.Event.RETRY,
         )
         m = self.t.inbox
-        m.update(
-            status=out.state.value,
-            attempts=out.attempts,
-            available_at=out.available_at,
-            last_error=core.clip_error(error),
-            lease_owner=None,
-            lease_until=None,
-            turn_started_at=None,
-            suspect=False,
-            updated_at=now,
-        ).where(m.message_id == message_id).execute()
+        changes: dict[str, Any] = {
+            "status": out.state.value,
+            "attempts": out.attempts,
+            "available_at": out.available_at,
+            "last_error": core.clip_error(error),
+            "lease_owner": None,
+            "lease_until": None,
+            "turn_started_at": None,
+            "updated_at": now,
+        }
+        if ran:  # a turn that ran and ended did not kill its process: no longer suspect
+            changes["suspect"] = False
+        m.update(**changes).where(m.message_id == message_id).execute()
         self.t.event.insert(
             message_id=message_id,
             at=now,
@@ -346,6 +350,7 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
         release: Sequence[str] = (),
         on_failed: Sequence[NewMessage] = (),
         on_failed_also: Sequence[Callable[[], object]] = (),
+        ran: bool = True,
     ) -> core.FailureOutcome:
         """Record a failed attempt: back to pending with backoff, or ``failed`` at the limit.
 
@@ -353,7 +358,9 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
         unrun; ``on_failed`` messages are enqueued in the same transaction
         (with the ``on_failed_also`` operations) only if this attempt makes the
         row ``failed``. ``permanent`` fails it at once; ``retry_after`` (seconds) is the
-        least wait before its retry (:func:`~.inbox_core.after_failure`).
+        least wait before its retry (:func:`~.inbox_core.after_failure`). ``ran``: the
+        turn ran; a suspect row (taken over from a worker that died mid-turn) whose turn
+        never started (its start was refused) stays suspect, to run alone next time.
         """
         return self.submit_retry(
             owner,
@@ -365,6 +372,7 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
             release=release,
             on_failed=on_failed,
             on_failed_also=on_failed_also,
+            ran=ran,
         ).result(WRITE_TIMEOUT)
 
     def submit_retry(
@@ -379,12 +387,13 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
         release: Sequence[str] = (),
         on_failed: Sequence[NewMessage] = (),
         on_failed_also: Sequence[Callable[[], object]] = (),
+        ran: bool = True,
     ) -> Reply[core.FailureOutcome]:
         """:meth:`retry` without waiting: the reply answers once it committed."""
         rel, msgs, ops = list(release), list(on_failed), list(on_failed_also)
         return self.writer.submit(
             lambda: self._retry_op(
-                owner, message_id, error, now, permanent, retry_after, rel, msgs, ops
+                owner, message_id, error, now, permanent, retry_after, rel, msgs, ops, ran
             )
         )
 

@@ -137,14 +137,17 @@ def test_a_turn_that_starts_once_the_runtime_is_stopping_hands_its_row_back() ->
     assert d.phase is dp.Phase.DONE
 
 
-def test_a_start_the_journal_refused_hands_the_row_back_unless_the_lease_was_lost() -> None:
+def test_a_start_the_journal_refused_is_a_failed_attempt_unless_the_lease_was_lost() -> None:
     """A taken-over row's start that the database refused: the row is still this
-    worker's and goes back unrun (left leased, nothing renewed it until its lease ran
-    out); one refused for a lost lease is its new holder's, and nothing is released."""
+    worker's, and its attempt fails (a backoff, a count toward its limit), its brain not
+    run; handed straight back, it was claimed again at once, round and round while the
+    database refused. One refused for a lost lease is its new holder's: nothing written."""
     d = dp.Delivery()
     d.claimed(row(1, taken_over=True))
-    assert d.refused(held=True) == [dp.Release("m1"), dp.Done(True)]
-    assert d.phase is dp.Phase.DONE
+    assert d.refused("DatabaseFailed: x") == [
+        dp.RecordFailure("m1", (), "DatabaseFailed: x", ran=False)]
+    assert d.phase is dp.Phase.FAILING
+    assert d.journal_failed() == [dp.Release("m1"), dp.Done(True)]  # refused too
     d = dp.Delivery()
     d.claimed(row(1, taken_over=True))
     assert d.refused() == [dp.Done(True)]

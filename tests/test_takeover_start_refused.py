@@ -1,11 +1,13 @@
-"""A taken-over row whose start the journal refused goes back at once, not by its lease.
+"""A taken-over row whose start the journal refused is a failed attempt, not left to its lease.
 
 A row taken over from a dead worker records its turn's start before its brain runs
 (``submit_turn_started``). When that write failed in the database (a blip: the lease is
 still this runtime's), the run ended and left the row leased here with nothing to run or
 renew it: the row, and every later row of its session, waited out a whole lease (for
-ever on an injected clock), then came back as a takeover again. A refused failure record
-or commit hands its rows back (``journal_failed``, ``commit_refused``); so does this.
+ever on an injected clock), then came back as a takeover again. As a refused commit's
+(``commit_refused``), its attempt fails with a backoff (the first, 2 s), and it stays a
+suspect: its next start is recorded again (``test_takeover_start_backoff.py`` has the
+start the database keeps refusing).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def test_a_takeover_whose_start_the_database_refused_runs_without_waiting_out_it
 
     real = InboxClaims.submit_turn_started
     refused: list[str] = []
+    recorded: list[str] = []
 
     def refuse_once(self: InboxClaims, owner: str, message_id: str, now: float) -> Reply[Any]:
         if not refused:
@@ -43,6 +46,7 @@ def test_a_takeover_whose_start_the_database_refused_runs_without_waiting_out_it
             reply: Reply[None] = Reply()
             reply.set_exception(DatabaseFailed("disk I/O error"))
             return reply
+        recorded.append(message_id)
         return real(self, owner, message_id, now)
 
     monkeypatch.setattr(InboxClaims, "submit_turn_started", refuse_once)
@@ -51,14 +55,21 @@ def test_a_takeover_whose_start_the_database_refused_runs_without_waiting_out_it
     def brain(turn: Turn) -> None:
         ran.extend(m.content for m in turn.messages)
 
-    # The injected clock never moves: a lease left to run out never does.
+    # The injected clock moves only past the backoff: a lease left to run out never would.
     rt = Runtime(db=db_url, brain=brain, clock=clock, lease_seconds=3600).start()
     try:
+        wait_for(lambda: bool(refused), 20, what="the refused start")
+        rt.run_until_idle(20)
+        first = rt.inbox(target="s0")[0]
+        assert first["status"] == "pending" and first["attempts"] == 2  # takeover, refusal
+        assert first["available_at"] - clock.now() < 60  # a backoff, not the hour's lease
+        assert ran == []
+        clock.advance(first["available_at"] - clock.now())
         wait_for(lambda: ran == ["first", "second"], 20,
-                 what="both rows to run after the refused start")
-        assert refused == ["first"]
+                 what="both rows to run after the refused start's backoff")
+        assert refused == ["first"] and recorded == ["first"]  # still suspect: recorded
         rt.run_until_idle(20)
         assert {r["status"] for r in rt.inbox(target="s0")} == {"delivered"}
-        assert rt.inbox(target="s0")[0]["attempts"] == 1  # the refused start ran nothing
+        assert rt.inbox(target="s0")[0]["attempts"] == 2  # no more once it ran
     finally:
         rt.stop()
