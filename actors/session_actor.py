@@ -465,8 +465,12 @@ class SessionActor(PooledActor):
         sid = self.session_id
         failed = judged.outcome
         summary = failed.error or "the turn failed"
-        effects = NO_EFFECTS if turn is None else ctx.effects(turn, failed)
+        effects = NO_EFFECTS
         try:
+            # Inside: a hook's read that fails is a refused record (the row goes back);
+            # escaping the run, it left the row leased for a whole lease.
+            if turn is not None:
+                effects = ctx.effects(turn, failed)
             result = wait_landed(
                 ctx.journal.submit_retry(
                     ctx.owner,
