@@ -44,10 +44,11 @@ event                     in phase     effects, next phase
                                        -> FAILING
                                        (the journal refused the commit, a database error:
                                        nothing of the turn was written; a failed attempt)
-``journal_failed()``      FAILING      Release(row, each steered), Done(claim) -> DONE
-                                       (the failure record was refused too: the rows go
-                                       back unrun for the next claim; should the release
-                                       fail too, they come back by lease)
+``journal_failed()``      FAILING      Release(row, backoff), Release(each steered),
+                                       Done(claim) -> DONE (the failure record was refused
+                                       too: the rows go back unrun, the failed one due
+                                       after a backoff; should the release fail too, they
+                                       come back by lease)
 ``failure_recorded()``    FAILING      Done(claim) -> DONE
 ========================  ===========  ===================================================
 
@@ -162,6 +163,10 @@ class Release:
     """Hand a leased row back unrun (no attempt counted)."""
 
     message_id: str
+    backoff: bool = False
+    """Due again only after a backoff: the row's failed attempt could not be recorded.
+    Due at once, its next claim ran its brain again straight away, round and round for
+    as long as the database refused the record."""
 
 
 @dataclass(frozen=True)
@@ -329,12 +334,14 @@ class Delivery:
     def journal_failed(self) -> list[Effect]:
         """The failure record did not happen (a database error, or the lease was lost):
         the turn's rows go back unrun, so the session does not wait for a lease to run out
-        (no one renews a row its run has let go of). A release refused leaves the row to
-        its lease."""
+        (no one renews a row its run has let go of); the failed one is due again after the
+        backoff its attempt would have cost, uncounted, so a record the database keeps
+        refusing does not rerun its brain at once, for ever. A release refused leaves the
+        row to its lease."""
         self._expect("journal_failed", _FAILING)
         assert self.row is not None
-        held = [self.row.message_id, *self.steered]
-        return [*(Release(mid) for mid in held), *self._done(True)]
+        mine = Release(self.row.message_id, backoff=True)  # the steered rows never failed
+        return [mine, *(Release(mid) for mid in self.steered), *self._done(True)]
 
     def failure_recorded(self) -> list[Effect]:
         """The failed attempt is recorded (a retry scheduled, or the row ``failed``)."""

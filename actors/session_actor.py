@@ -179,7 +179,11 @@ class SessionActor(PooledActor):
         if isinstance(effect, dp.Release):
             if not ctx.crashed.is_set():
                 try:
-                    ctx.journal.release(ctx.owner, [effect.message_id], ctx.now())
+                    if effect.backoff:
+                        due = ctx.journal.release_later(ctx.owner, effect.message_id, ctx.now())
+                        ctx.alarm_in(due - ctx.now())  # claimed as it comes due
+                    else:
+                        ctx.journal.release(ctx.owner, [effect.message_id], ctx.now())
                 except WriterClosed:
                     raise
                 except PersistenceError as exc:  # lost meanwhile, or the database is down

@@ -162,6 +162,14 @@ def after_failure(
     return FailureOutcome(State.PENDING, attempts, now + delay)
 
 
+def after_unrecorded_failure(attempts_before: int, cap: float, now: float) -> float:
+    """When a row whose failed attempt could not be recorded (the database refused the
+    record) is due again, handed back uncounted: after the backoff that attempt would
+    have cost. Due at once, its next claim ran its brain again straight away, for as long
+    as the record was refused."""
+    return now + backoff_delay(attempts_before + 1, cap)
+
+
 ERROR_LIMIT = 8000
 """Characters of an attempt's error (a traceback) a row keeps."""
 

@@ -397,15 +397,18 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
             )
         )
 
-    def _release_rows(self, ids: list[str], now: float) -> None:
+    def _release_rows(self, ids: list[str], now: float, available_at: float | None = None) -> None:
         m = self.t.inbox
-        m.update(
-            status=core.PENDING,
-            lease_owner=None,
-            lease_until=None,
-            turn_started_at=None,
-            updated_at=now,
-        ).where(m.message_id.in_(ids)).execute()
+        changes: dict[str, Any] = {
+            "status": core.PENDING,
+            "lease_owner": None,
+            "lease_until": None,
+            "turn_started_at": None,
+            "updated_at": now,
+        }
+        if available_at is not None:
+            changes["available_at"] = available_at
+        m.update(**changes).where(m.message_id.in_(ids)).execute()
         self.bulk.announce()  # handed back: other processes may claim them now
 
     def _release_one(self, item: set_wise.Release) -> None:
@@ -420,3 +423,19 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
         Set-wise with the other releases of its batch; refused with :class:`LeaseLost`
         if ``owner`` lost a lease."""
         self.writer.call_bulk(self._releases, (owner, list(message_ids), now))
+
+    def release_later(self, owner: str, message_id: str, now: float) -> float:
+        """Hand a leased row back unrun (no attempt counted), due only after the backoff
+        of the failed attempt whose record the database refused
+        (:func:`~.inbox_core.after_unrecorded_failure`); when it is due. Refused with
+        :class:`LeaseLost` if ``owner`` lost its lease."""
+
+        def op() -> float:
+            row = self._fence(owner, [message_id])[0]
+            core.transition(message_id, row.status, core.Event.RELEASE)
+            cap = core.policy_for(row.transport).cap
+            due = core.after_unrecorded_failure(row.attempts, cap, now)
+            self._release_rows([message_id], now, due)
+            return due
+
+        return self.writer.call(op)

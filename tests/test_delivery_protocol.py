@@ -116,7 +116,8 @@ def test_a_commit_the_journal_refused_is_a_failed_attempt_and_its_record_hands_b
     succeed ran its brain again at once, for ever: it is a failed attempt (its backoff,
     then ``failed``), and the steered rows go back with its record. Should the record be
     refused too (the database is down), the rows go back unrun, not left to their lease
-    (a blip of a second stalled the session for the whole lease)."""
+    (a blip of a second stalled the session for the whole lease), the failed one due after
+    a backoff (due at once, a record always refused reran its brain at once, for ever)."""
     d = dp.Delivery()
     d.claimed(row(1))
     d.started()
@@ -124,7 +125,8 @@ def test_a_commit_the_journal_refused_is_a_failed_attempt_and_its_record_hands_b
     d.brain_returned()
     assert d.commit_refused("DatabaseFailed: x") == [
         dp.RecordFailure("m1", ("m2",), "DatabaseFailed: x")]
-    assert d.journal_failed() == [dp.Release("m1"), dp.Release("m2"), dp.Done(claim=True)]
+    assert d.journal_failed() == [
+        dp.Release("m1", backoff=True), dp.Release("m2"), dp.Done(claim=True)]
 
 
 def test_a_turn_that_starts_once_the_runtime_is_stopping_hands_its_row_back() -> None:
@@ -147,7 +149,7 @@ def test_a_start_the_journal_refused_is_a_failed_attempt_unless_the_lease_was_lo
     assert d.refused("DatabaseFailed: x") == [
         dp.RecordFailure("m1", (), "DatabaseFailed: x", ran=False)]
     assert d.phase is dp.Phase.FAILING
-    assert d.journal_failed() == [dp.Release("m1"), dp.Done(True)]  # refused too
+    assert d.journal_failed() == [dp.Release("m1", backoff=True), dp.Done(True)]  # refused too
     d = dp.Delivery()
     d.claimed(row(1, taken_over=True))
     assert d.refused() == [dp.Done(True)]

@@ -197,6 +197,28 @@ def test_a_retry_waits_the_longer_of_its_backoff_and_its_retry_after(stores: Sto
 
 
 @pytest.mark.timeout(30)
+def test_a_row_released_later_goes_back_uncounted_and_due_after_its_attempts_backoff(
+    stores: Stores,
+) -> None:
+    """What a failed attempt whose record the database refused leaves: the row unrun, its
+    attempts as they were, due after the backoff that attempt would have cost."""
+    j = stores.journal
+    send(j, "a1")
+    j.claim("w1", T0)
+    with pytest.raises(LeaseLost):
+        j.release_later("w2", "a1", T0)  # fenced: only the lease's owner hands it back
+    assert j.release_later("w1", "a1", T0) == T0 + 2
+    row = j.get("a1")
+    assert (row["status"], row["attempts"], row["lease_owner"]) == ("pending", 0, None)
+    assert j.claim("w1", T0 + 1).rows == []
+    j.claim("w1", T0 + 2)
+    j.retry("w1", "a1", "boom", T0 + 2)  # one attempt counted: the next backoff is 4 s
+    j.claim("w1", T0 + 4)
+    assert j.release_later("w1", "a1", T0 + 4) == T0 + 8
+    assert j.get("a1")["attempts"] == 1
+
+
+@pytest.mark.timeout(30)
 def test_a_permanent_retry_fails_the_row_at_its_first_attempt(stores: Stores) -> None:
     j = stores.journal
     send(j, "a1")
