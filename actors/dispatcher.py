@@ -28,6 +28,7 @@ from .context import RuntimeContext
 from .lease_renewal import LeaseRenewal, failure_level
 from .messages import ClaimNow, Tick, Wake
 from .slots import Slots
+from .unheld_leases import UnheldLeases
 
 log = logging.getLogger("kinbox.dispatcher")
 
@@ -57,6 +58,7 @@ class Dispatcher(pykka.ThreadingActor):
         self.slots = slots
         self.idle_ttl = idle_ttl
         self.renewal = renewal
+        self.unheld = UnheldLeases(ctx, slots)
         ref = self.actor_ref  # its mailbox takes messages before the actor runs
 
         def request_claim() -> None:
@@ -97,6 +99,7 @@ class Dispatcher(pykka.ThreadingActor):
                 if lingering:
                     self.ctx.async_host.cancel(lingering)
             self.renewal.renew_if_due()
+            self.unheld.take_back_if_due()  # claimed again below, with the rest
             stops.carry_out(self.ctx)
             self.slots.passivate_expired(self.ctx.now(), self.idle_ttl)
             self._claim(requested=False)
