@@ -209,3 +209,47 @@ def test_a_worker_whose_other_connections_end_goes_on_delivering(
              what="nothing left open")
     worker.post(sessions[0], "after", sender="u", message_id="m-after")
     wait_for(lambda: "m-after" in delivered(), timeout=30, what="a send after")
+
+
+@pytest.mark.timeout(120)
+def test_sends_while_the_database_takes_no_connections_fail_at_once_and_later_ones_go(
+        pg_url: str, tmp_path: Path, runtimes: list[Runtime]) -> None:
+    """An outage of the database alone (``ALLOW_CONNECTIONS false``, every session ended:
+    what a server down looks like to its clients, without stopping the server others
+    share): each send fails at once with a ``DatabaseFailed`` (no hang), and once the
+    database takes connections again the next sends go through, with nothing of the
+    failed ones written."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg2
+
+    name = urlsplit(pg_url).path.lstrip("/")
+    sender = Runtime(db=pg_url, data_dir=str(tmp_path / "s")).start()  # send-only
+    runtimes.append(sender)
+    sid = sender.create_session(sender.create_project("outage").id, "S").id
+    sender.post(sid, "before", sender="u")
+    admin = psycopg2.connect(urlunsplit(urlsplit(pg_url)._replace(path="/postgres")))
+    admin.autocommit = True
+    outcomes: list[str] = []
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        with admin.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = %s", (name,))
+        for i in range(3):
+            try:
+                sender.post(sid, f"during {i}", sender="u")
+                outcomes.append("sent")
+            except DatabaseFailed as exc:
+                outcomes.append(exc.kind)
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        admin.close()
+    assert outcomes == ["OperationalError"] * 3
+    for i in range(2):
+        sender.post(sid, f"after {i}", sender="u")
+    with pytest.raises(DatabaseFailed):  # this thread's first call on its ended connection
+        sender.inbox()
+    assert [r["content"] for r in sender.inbox()] == ["before", "after 0", "after 1"]
