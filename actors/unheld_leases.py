@@ -6,10 +6,14 @@ the runtime got a connection error), the runtime takes the claim, the send or th
 that leased the row for failed, and nothing runs the row. Its owner is alive, so no one
 takes it over (:mod:`.takeover`), and only rows of sessions held here are renewed
 (:mod:`.lease_renewal`): the session stalled until the lease ran out (30 s by default),
-and the row came back as a suspect. The dispatcher, between two of its claims, hands back
-unrun the ``local`` rows leased to this runtime that no session here holds, once their
-lease is :data:`UNHELD_GRACE` old (a row leased with its send is offered to the slots an
-instant after its commit), and claims them again at once.
+and the row came back as a suspect.
+
+The dispatcher, between two of its claims, looks at most each :data:`LOOK_INTERVAL` for
+the ``local`` rows leased to this runtime whose session no slot here holds, and hands
+back unrun those it saw so at its last look too, with the same lease (not renewed, not
+leased again); its claim then takes them again. Two looks, not one: a row leased with
+its send is offered to the slots by the sending thread once the commit's answer reaches
+it, and a look in between sees it leased and not yet held.
 """
 
 from __future__ import annotations
@@ -27,48 +31,56 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kinbox.dispatcher")
 
-UNHELD_GRACE = 1.0
-"""Seconds (on the runtime's clock) a lease must be old before its row, held by no
-session here, is taken back; also the least time between two looks."""
+LOOK_INTERVAL = 1.0
+"""Seconds (on the runtime's clock) at least between two looks: a row nothing here runs
+goes back within two of them."""
 
-TRANSPORT = "local"
-"""The rows the dispatcher claims and runs (a peer link holds its device's rows itself)."""
+
+def unheld(leased: list[tuple[str, str, float]], held: set[str]) -> dict[str, float]:
+    """Of ``leased`` (message id, target, lease end), the rows whose target is not in
+    ``held``: message id -> lease end."""
+    return {mid: until for mid, target, until in leased if target not in held}
+
+
+def seen_twice(before: dict[str, float], now: dict[str, float]) -> list[str]:
+    """The rows of ``now`` (message id -> lease end) that ``before`` had with the same
+    lease end, in id order."""
+    return sorted(mid for mid, until in now.items() if before.get(mid) == until)
 
 
 class UnheldLeases:
-    """The dispatcher's look, at most each :data:`UNHELD_GRACE`, for rows leased to this
-    runtime that no session here holds; run between claims (on the dispatcher's thread), so
-    no claim of its own is half done."""
+    """The dispatcher's looks for rows leased to this runtime that no session here holds;
+    run between claims (on the dispatcher's thread), so no claim of its own is half done."""
 
     def __init__(self, ctx: RuntimeContext, slots: Slots) -> None:
         self.ctx = ctx
         self.slots = slots
         self._looked = -math.inf
         """When (on the runtime's clock) the last look ran."""
+        self._seen: dict[str, float] = {}
+        """The rows the last look found unheld: message id -> lease end."""
 
     def take_back_if_due(self) -> list[str]:
-        """Hand back unrun the rows leased here that no session holds; their ids. A
-        database failure is logged, and the next look tries again."""
+        """Hand back unrun the rows leased here that no session held at this look and the
+        last; their ids. A database failure is logged, and the next look tries again."""
         ctx = self.ctx
         now = ctx.now()
-        if 0.0 <= now - self._looked < UNHELD_GRACE or ctx.closed.is_set():
+        if 0.0 <= now - self._looked < LOOK_INTERVAL or ctx.closed.is_set():
             return []
         self._looked = now
         try:
-            # Read before the sessions held: a row held now that ends its turn after the
-            # read is acknowledged or released by then, and the hand-back is fenced.
-            leased = ctx.journal.leases_of(ctx.owner, TRANSPORT,
-                                           now + ctx.lease_seconds - UNHELD_GRACE)
-            if not leased:
-                return []
-            held = set(self.slots.held())
-            unheld = [mid for mid, target in leased if target not in held]
-            if unheld:
-                ctx.journal.hand_back(ctx.owner, unheld, now)
+            # Read before the sessions held: a row held then that ends its turn after the
+            # read is acknowledged or released by then, and a hand-back is fenced.
+            leased = ctx.journal.leases_of(ctx.owner)
+            found = unheld(leased, set(self.slots.held())) if leased else {}
+            back = seen_twice(self._seen, found)
+            self._seen = {mid: until for mid, until in found.items() if mid not in back}
+            if back:
+                ctx.journal.hand_back(ctx.owner, back, now)
                 log.warning("took back %d rows leased to this runtime that nothing here "
                             "ran (a lease whose answer was lost with its connection)",
-                            len(unheld))
-            return unheld
+                            len(back))
+            return back
         except WriterClosed:
             return []
         except PersistenceError as exc:

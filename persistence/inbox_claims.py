@@ -260,15 +260,13 @@ class InboxClaims:
             cond &= m.lease_owner.in_(sorted(owners))
         return self.writer.call(lambda: m.update(lease_until=now).where(cond).execute())
 
-    def leases_of(self, owner: str, transport: str, until_by: float) -> list[tuple[str, str]]:
-        """(message id, target) of the ``transport`` rows ``owner`` holds the lease of,
-        each lease running out no later than ``until_by`` (taken, or last renewed, long
-        enough ago)."""
+    def leases_of(self, owner: str, transport: str = "local") -> list[tuple[str, str, float]]:
+        """(message id, target, lease end) of the ``transport`` rows ``owner`` holds the
+        lease of (the dispatcher's, by default)."""
         m = self.t.inbox
-        return [(r.message_id, r.target_chat_id) for r in m.select(
-            m.message_id, m.target_chat_id).where(
-            m.status == core.PROCESSING, m.lease_owner == owner, m.transport == transport,
-            m.lease_until <= until_by)]
+        return [(r.message_id, r.target_chat_id, r.lease_until) for r in m.select(
+            m.message_id, m.target_chat_id, m.lease_until).where(
+            m.status == core.PROCESSING, m.lease_owner == owner, m.transport == transport)]
 
     def lease_owners(self) -> set[str]:
         """The owners holding leases on processing rows now."""
