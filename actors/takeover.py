@@ -29,6 +29,10 @@ def take_over_from_the_gone(ctx: RuntimeContext, liveness: OwnerLiveness,
     and send the social replies they kept.
     Raises :class:`~kinbox.persistence.LifeLockLost` when this runtime's own lock is gone
     (to every other runtime it is dead now)."""
+    # Its own lock first, on the lock's connection: the reads below need a connection of
+    # their own, and while a restarting server takes none they failed first, every time,
+    # and a runtime whose lock was gone ran on until the server was back.
+    liveness.still_held()
     leasing, marking = ctx.journal.lease_owners(), ctx.store.direct_turn_owners()
     gone = liveness.gone(leasing | marking)
     leased, marked = gone & leasing, gone & marking

@@ -105,6 +105,14 @@ class OwnerLiveness:
         if conn is not None and not conn.closed:
             forks.blank(conn.fileno())
 
+    def still_held(self) -> None:
+        """Raise :class:`LifeLockLost` when this runtime's own lock went with its
+        connection; a check cut short by its wait proves nothing (the lock counts as held).
+        One round trip on the lock's own connection: it needs no other connection to the
+        database, and a server that takes none (a restart under way) still gives this
+        answer at once."""
+        self.gone(())
+
     def gone(self, owners: Iterable[str]) -> set[str]:
         """The owners among ``owners`` whose runtime no longer holds its life lock;
         :class:`LifeLockLost` when this runtime's own lock went with its connection.

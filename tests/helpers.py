@@ -6,7 +6,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -35,6 +37,32 @@ def end_database_sessions(pg_url: str) -> int:
             cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                         "WHERE datname = current_database() AND pid <> pg_backend_pid()")
             return len(cur.fetchall())
+    finally:
+        admin.close()
+
+
+@contextmanager
+def database_down(pg_url: str) -> Iterator[None]:
+    """While in the block, ``pg_url``'s database takes no connections and every session it
+    had is ended: a server down (restarting, failing over) as its clients see it, without
+    stopping a server other tests share. Connections are taken again after the block."""
+    import psycopg2
+
+    parts = urlsplit(pg_url)
+    name = parts.path.lstrip("/")
+    admin = psycopg2.connect(urlunsplit(parts._replace(path="/postgres")))
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        try:
+            with admin.cursor() as cur:
+                cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                            "WHERE datname = %s", (name,))
+            yield
+        finally:
+            with admin.cursor() as cur:
+                cur.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
     finally:
         admin.close()
 

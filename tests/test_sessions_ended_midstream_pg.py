@@ -19,7 +19,7 @@ import pytest
 from kinbox.actors import Runtime, RuntimeStateError, Turn
 from kinbox.persistence import DatabaseFailed, WriterClosed
 
-from .helpers import end_database_sessions, wait_for
+from .helpers import database_down, end_database_sessions, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(180)]
 
@@ -219,34 +219,18 @@ def test_sends_while_the_database_takes_no_connections_fail_at_once_and_later_on
     share): each send fails at once with a ``DatabaseFailed`` (no hang), and once the
     database takes connections again the next sends go through, with nothing of the
     failed ones written."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    import psycopg2
-
-    name = urlsplit(pg_url).path.lstrip("/")
     sender = Runtime(db=pg_url, data_dir=str(tmp_path / "s")).start()  # send-only
     runtimes.append(sender)
     sid = sender.create_session(sender.create_project("outage").id, "S").id
     sender.post(sid, "before", sender="u")
-    admin = psycopg2.connect(urlunsplit(urlsplit(pg_url)._replace(path="/postgres")))
-    admin.autocommit = True
     outcomes: list[str] = []
-    try:
-        with admin.cursor() as cur:
-            cur.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
-        with admin.cursor() as cur:
-            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE datname = %s", (name,))
+    with database_down(pg_url):
         for i in range(3):
             try:
                 sender.post(sid, f"during {i}", sender="u")
                 outcomes.append("sent")
             except DatabaseFailed as exc:
                 outcomes.append(exc.kind)
-    finally:
-        with admin.cursor() as cur:
-            cur.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
-        admin.close()
     assert outcomes == ["OperationalError"] * 3
     for i in range(2):
         sender.post(sid, f"after {i}", sender="u")
