@@ -100,9 +100,20 @@ class Dispatcher(pykka.ThreadingActor):
                     self.ctx.async_host.cancel(lingering)
             self.renewal.renew_if_due()
             self.unheld.take_back_if_due()  # claimed again below, with the rest
-            stops.carry_out(self.ctx)
+            self._carry_out_stops()
             self.slots.passivate_expired(self.ctx.now(), self.idle_ttl)
             self._claim(requested=False)
+
+    def _carry_out_stops(self) -> None:
+        """The stops others asked of this process's turns (:func:`.stops.carry_out`); a
+        database failure is logged as a failed claim is, and the tick goes on (to its
+        passivation and its claim): the next tick reads the requests again."""
+        try:
+            stops.carry_out(self.ctx)
+        except PersistenceError as exc:
+            log.log(failure_level(exc), "reading the stop requests failed (%s, SQLSTATE %s): "
+                    "%s; the next tick reads them again", type(exc).__name__,
+                    getattr(exc, "sqlstate", None), exc)
 
     def on_stop(self) -> None:
         self.slots.stop()
