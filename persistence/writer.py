@@ -278,7 +278,10 @@ class GroupCommitWriter:
                 # Writes whose waiters gave up are left out: they were answered already.
                 batch[:] = [item for item in batch if item[-1].take()]
                 run_batch(self._db, batch, outcomes, self._stats)
-        except Exception as exc:  # the commit itself failed: nothing of the batch is durable
+        except Exception as exc:
+            # The transaction failed, and every write of the batch with it: rolled back,
+            # or (a connection lost at COMMIT) its outcome unknown here, so run again
+            # only when the error says the server aborted it (a conflict).
             self._stats.rollbacks += 1
             if not gathered:
                 # Beginning failed (busy past the timeout): what queued gets this answer
