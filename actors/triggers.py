@@ -18,8 +18,10 @@ the hour field is ``*`` (as cron does: an hourly or finer job runs on).
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 import zoneinfo
+from dataclasses import dataclass
 
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.combining import OrTrigger
@@ -114,7 +116,12 @@ def cron_trigger(expr: str, timezone: str = "UTC") -> BaseTrigger:
     fields = expr.split()
     if len(fields) != 5:
         raise InvalidCronExpression(expr, f"it has {len(fields)} fields, not 5")
-    minute, hour, day, month, weekday = fields
+    return _trigger(expr, zone)
+
+
+def _trigger(expr: str, zone: dt.tzinfo) -> BaseTrigger:
+    """The trigger of a checked expression (five fields) on ``zone``'s clock."""
+    minute, hour, day, month, weekday = expr.split()
     days = crontab_weekdays(weekday, expr)
     try:
         if either_day_matches(day, weekday):
@@ -160,13 +167,78 @@ def next_fire(expr: str, after: float, timezone: str = "UTC", *,
     # APScheduler returns a time that is itself a fire time as is: the epsilon makes
     # "after" strict. Fire times are whole seconds, so a millisecond cannot skip one.
     start = after if inclusive else after + 0.001
+    at = start
     while True:
-        nxt = trigger.get_next_fire_time(None, utc(start))
+        nxt = trigger.get_next_fire_time(None, utc(at))
         if nxt is None:
             return None
         if not (fixed_hour and _repeated(nxt, zone)):
-            return nxt.timestamp()
-        start = nxt.timestamp() + 0.001  # that wall time fired already, an hour ago
+            break
+        at = nxt.timestamp() + 0.001  # that wall time fired already, an hour ago
+    found = nxt.timestamp()
+    # A time the clocks skipped may come first (APScheduler missed it: _skipped_fire).
+    for gap in _gaps(zone, start - MAX_GAP, found):
+        skipped = _skipped_fire(expr, gap)
+        if skipped is not None and start <= skipped < found:
+            found = skipped
+    return found
+
+
+MAX_GAP = 86_400.0
+"""The longest stretch of wall-clock time a zone's clocks ever skipped (Samoa's 30
+December 2011), in seconds."""
+
+
+@dataclass(frozen=True)
+class _Gap:
+    """Clocks springing forward: the wall times from the instant ``at`` on the ``before``
+    offset up to it on the ``after`` offset do not exist."""
+
+    at: int
+    before: dt.timedelta
+    after: dt.timedelta
+
+
+def _offset(zone: zoneinfo.ZoneInfo, ts: int) -> dt.timedelta:
+    offset = dt.datetime.fromtimestamp(ts, zone).utcoffset()
+    return offset if offset is not None else dt.timedelta(0)
+
+
+def _gaps(zone: zoneinfo.ZoneInfo, start: float, end: float) -> list[_Gap]:
+    """The instants from ``start`` to ``end`` at which ``zone``'s clocks spring forward:
+    a day at a time (no zone changes its offset twice within a day), then bisected to the
+    second."""
+    gaps: list[_Gap] = []
+    low, stop = math.floor(start), math.ceil(end)  # whole seconds, as the transitions are
+    while low < stop:
+        high = min(low + 86_400, stop)
+        before, after = _offset(zone, low), _offset(zone, high)
+        if after > before:
+            first, last = low, high  # offsets: before at first, after at last
+            while last - first > 1:
+                middle = (first + last) // 2
+                if _offset(zone, middle) == before:
+                    first = middle
+                else:
+                    last = middle
+            gaps.append(_Gap(last, before, after))
+        low = high
+    return gaps
+
+
+def _skipped_fire(expr: str, gap: _Gap) -> float | None:
+    """When the first time of ``expr`` that ``gap`` skipped runs (None: it skipped none):
+    at that wall time on the clock before the jump, one run for the whole gap.
+
+    APScheduler finds most of them (02:30 becomes 03:30), but not a time the jump skips
+    at midnight (Santiago, Cairo): it moves to the next day at 00:00, which reads 01:00,
+    finds no hour 0 there, and skipped the whole day."""
+    fixed = _trigger(expr, dt.timezone(gap.before))
+    first = fixed.get_next_fire_time(None, utc(gap.at))
+    if first is None:
+        return None
+    at = first.timestamp()
+    return at if at < gap.at + (gap.after - gap.before).total_seconds() else None
 
 
 def next_fire_or_never(expr: str, after: float, timezone: str = "UTC", *,

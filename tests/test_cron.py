@@ -195,6 +195,27 @@ def test_a_fixed_time_runs_once_when_clocks_go_back_and_a_frequent_job_runs_on()
         "Sun 03-29 03:30 CEST", "Mon 03-30 02:30 CEST"]
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("expr", "start", "timezone", "fires"), [
+    # Chile springs forward at midnight: 00:00 of 6 September 2026 does not exist.
+    ("0 0 * * *", "2026-09-05T12:00:00+00:00", "America/Santiago",
+     ["Sun 09-06 01:00 -03", "Mon 09-07 00:00 -03"]),
+    # Egypt too, on the last Friday of April.
+    ("0 0 * * *", "2026-04-22T12:00:00+00:00", "Africa/Cairo",
+     ["Thu 04-23 00:00 EET", "Fri 04-24 01:00 EEST", "Sat 04-25 00:00 EEST"]),
+    # Every time of the missing hour: one run as the clock jumps past it, as in Paris.
+    ("*/15 0 * * *", "2026-09-05T12:00:00+00:00", "America/Santiago",
+     ["Sun 09-06 01:00 -03", "Mon 09-07 00:00 -03"]),
+    ("30 0 * * 0", "2026-09-01T12:00:00+00:00", "America/Santiago",
+     ["Sun 09-06 01:30 -03", "Sun 09-13 00:30 -03"]),
+])
+def test_a_time_missing_at_midnight_runs_once_as_the_clock_jumps_past_it(
+        expr: str, start: str, timezone: str, fires: list[str]) -> None:
+    # APScheduler moves to the next day at 00:00, finds 01:00 there and no hour 0: the
+    # day was skipped, a daily job not run at all on the night clocks spring forward.
+    assert _fires(expr, start, timezone, len(fires)) == fires
+
+
 @pytest.mark.parametrize(("expr", "fragment"), [
     ("0 9 * * 8", "weekday '8'"), ("0 9 * * 5-2", "runs backwards"),
     ("0 9 * * mon-", "malformed"), ("0 9 * *", "4 fields"), ("0 9 * * * *", "6 fields"),
