@@ -213,8 +213,14 @@ class CronStore:
         j, r = self.t.cron_job, self.t.cron_run
 
         def op() -> bool:
+            # The runs, then the job: the order finish_op and take_over lock them in.
+            # Then the runs again: on PostgreSQL the job's delete waits for a fire holding
+            # its row, whose run the first delete could not see (not committed yet); left,
+            # it stayed ``running`` with no job, taken over at each lease's end for ever.
             r.delete().where(r.job_id == job_id).execute()
-            return bool(j.delete().where(j.id == job_id).execute())
+            removed = bool(j.delete().where(j.id == job_id).execute())
+            r.delete().where(r.job_id == job_id).execute()
+            return removed
         return self.writer.call(op)
 
     def move_due(self, now: float, written_after: float,

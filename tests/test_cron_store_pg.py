@@ -63,3 +63,38 @@ def test_a_pause_committed_while_another_runtime_records_a_failed_run_holds(
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_job_removed_while_another_runtime_fires_it_leaves_no_run_behind(
+        pg_url: str) -> None:
+    """Runtime A fires the job (its UPDATE and its run's INSERT, uncommitted) while an
+    operator removes it through B. B deleted the job's runs first (A's was not committed
+    yet, so none), then waited for A's lock on the job and deleted it: A's run was left
+    ``running`` with no job, taken over and dropped at every lease's end for ever (its
+    turn finds no job and never finishes it). The job goes first now, and its runs are
+    read after A committed."""
+    a, b = Stores(pg_url), Stores(pg_url)
+    try:
+        jobs_a, jobs_b = CronStore(a.tables, a.writer), CronStore(b.tables, b.writer)
+        for job_id in ("job-a", "job-b"):  # fired in id order, in one transaction
+            jobs_a.create(CronJobRecord(job_id, "nightly", "0 3 * * *", "UTC", "check", True,
+                                        "none", 0, 100.0, None, None, None, 0.0, 0.0))
+        remove = threading.Thread(target=lambda: jobs_b.delete("job-a"))
+
+        def decide(job: CronJobRecord, _running: object) -> Occurrence:
+            if job.id == "job-b":  # job-a's run is inserted, not committed
+                remove.start()
+                wait_for(lambda: not remove.is_alive() or waiting_on_a_lock(pg_url), 10,
+                         "the removal to commit or to wait for A's lock")
+            return Occurrence({"next_run_at": 200.0}, "running")
+
+        runs = jobs_a.fire_due(100.0, "owner-a", 30.0, decide)
+        remove.join(10)
+        assert not remove.is_alive()
+        assert sorted(r.job_id for r in runs) == ["job-a", "job-b"]
+        assert jobs_b.get("job-a") is None
+        assert [r.job_id for r in jobs_b.runs()] == ["job-b"]  # none of the removed job
+    finally:
+        a.close()
+        b.close()
