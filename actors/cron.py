@@ -294,7 +294,11 @@ class CronService:
 
     @staticmethod
     def _after_step_back(job: CronJobRecord, now: float) -> float | None:
-        """Where a job written by a clock ahead of this one is due now (None: kept)."""
+        """Where a job written by a clock ahead of this one is due now (None: kept). A
+        trigger waiting is due now: stamped with the clock ahead, it waited as long as
+        that clock was ahead (or for the job's next regular time, if sooner)."""
+        if job.triggered_at is not None:
+            return rules.after_clock_step_back(job.updated_at, job.next_run_at, now, now)
         try:
             upcoming = next_fire(job.cron, now, job.timezone, inclusive=True)
         except (rules.InvalidCronExpression, rules.InvalidCronJob):

@@ -516,6 +516,27 @@ def test_a_schedule_written_by_a_clock_ahead_runs_on_once_the_clock_is_set_back(
         assert [r["status"] for r in rt.cron.runs(nightly)] == ["success"]
 
 
+@pytest.mark.timeout(60)
+def test_a_trigger_stored_by_a_clock_ahead_runs_at_once_after_the_clock_is_set_back(
+        db_url: str) -> None:
+    """An operator triggers a nightly job while no runtime with a brain is up, on a
+    machine whose clock reads three hours ahead; the clock is corrected, a worker starts.
+    The trigger's due time was the clock-ahead "now": it waited three hours (or moved to
+    the job's next regular time, were that sooner), though a trigger means "run it now"."""
+    ahead = ManualClock(START + 3 * 3600)
+    with Runtime(db=db_url, clock=ahead) as rt:  # send-only: stores the trigger
+        job_id = str(rt.cron.add("nightly", "0 12 * * *", "Sum up.")["job_id"])
+        rt.cron.trigger(job_id)
+    clock = ManualClock(START)
+    with Runtime(db=db_url, brain=CronBrain(), clock=clock) as rt:
+        rt.run_until_idle()
+        assert rt.cron.wait_idle(10)
+        assert [r["status"] for r in rt.cron.runs(job_id)] == ["success"]
+        job = rt.cron.job(job_id)
+        assert (job["triggered_at"], job["next_run_at"]) == (None, next_fire(
+            "0 12 * * *", clock.now()))
+
+
 def test_a_clock_a_little_behind_the_last_write_moves_no_schedule() -> None:
     """Another runtime's clock may read ahead of this one (by up to the tolerance, an
     hour): its writes in this clock's future are no step back, and a retry's later time
