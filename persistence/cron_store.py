@@ -306,13 +306,20 @@ class CronStore:
         ``end(run, job)`` (the run as taken over, its attempts and takeovers counting this
         one)
         runs inside the transaction: a :class:`RunEnd` ends the run as an error run, its
-        job updated in the same transaction, instead of leasing it to be run again."""
+        job updated in the same transaction, instead of leasing it to be run again. A run
+        whose job is gone is deleted, not taken."""
         r, j = self.t.cron_run, self.t.cron_job
         lapsed = (r.status == "running") & (r.lease_until < now)
         if not r.select().where(lapsed).exists():
             return []  # the usual look: every run alive (or none), no write to queue
 
         def take(row: CronRun) -> CronRunRecord | None:
+            if not j.select().where(j.id == row.job_id).exists():
+                # Its job was removed (a removal that raced its fire, in an earlier
+                # version): as a removal does, the run goes. Leased, its turn found no job
+                # and never finished it, and it was taken over at each lease's end.
+                r.delete().where(r.id == row.id, r.status == "running").execute()
+                return None
             run = replace(_run(row), owner=owner, lease_until=now + lease,
                           attempts=row.attempts + 1, takeovers=row.takeovers + 1)
             if not r.update(owner=owner, lease_until=run.lease_until,

@@ -16,6 +16,7 @@ from kinbox.actors import ManualClock, Runtime, Turn
 from kinbox.actors import cron_rules as rules
 from kinbox.actors.announcements import Announcements
 from kinbox.actors.triggers import next_fire
+from kinbox.persistence import Occurrence
 
 from .helpers import wait_for
 
@@ -570,6 +571,31 @@ def test_no_run_is_lost_or_doubled_across_a_crash_mid_turn(db_url: str,
         clock.advance(MINUTE)
         rt2.run_until_idle()
         assert sorted(r["status"] for r in rt2.cron.runs(job_id)) == ["success", "success"]
+
+
+@pytest.mark.timeout(60)
+def test_a_run_left_running_by_a_removed_job_is_dropped_not_taken_over_for_ever(
+        db_url: str, clock: ManualClock) -> None:
+    """A removal that raced a fire in an earlier version (PostgreSQL) left the fire's run
+    ``running`` with no job. Each takeover ran it, its turn found no job and returned
+    without finishing it, and at its lease's end it was taken over again, for ever."""
+    with Runtime(db=db_url, clock=clock) as rt:  # send-only: fires nothing itself
+        job_id = every_minute(rt)
+        store = rt.cron.store
+        assert store.fire_due(clock.now() + MINUTE, "a-runtime-now-gone", 30.0,
+                               lambda job, running: Occurrence(
+                                   {"next_run_at": clock.now() + 2 * MINUTE}, "running"))
+        store.writer.call(lambda: store.t.cron_job.delete().where(
+            store.t.cron_job.id == job_id).execute())
+    brain = CronBrain()
+    with Runtime(db=db_url, brain=brain, clock=clock) as rt:
+        for _ in range(3):  # past a lease each time
+            clock.advance(MINUTE)
+            rt.run_until_idle()
+            assert rt.cron.wait_idle(10)
+        assert rt.cron.runs() == []  # removed with its job, as a removal does
+        assert rt.cron.store.running_owners() == set()
+        assert brain.turns == []
 
 
 def test_jobs_survive_a_restart_with_their_next_run(db_url: str, clock: ManualClock,
