@@ -121,11 +121,15 @@ def require_message(value: Any, limit: int, name: str = "message") -> str:
 
 
 def require_int(name: str, value: Any, low: int, high: int) -> int:
-    """An integer in ``low..high`` (booleans are not integers here)."""
+    """An integer in ``low..high``, as JSON Schema's ``integer`` has it: a float with no
+    fraction is one (``5.0``: some models send every number as a float, and the schema
+    the model was given allows it); booleans are not integers here."""
+    if isinstance(value, float) and finite_number(value) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
+        got = quoted(value) if isinstance(value, float) else type(value).__name__
         raise ToolError("invalid_argument",
-                        f"{name} must be an integer from {low} to {high}, "
-                        f"not {type(value).__name__}.")
+                        f"{name} must be an integer from {low} to {high}, not {got}.")
     if not low <= value <= high:
         raise ToolError("invalid_argument", f"{name} must be from {low} to {high}, got {value}.")
     return value

@@ -179,3 +179,23 @@ def test_the_wake_up_schema_says_its_times_are_utc() -> None:
     props = parameters("schedule_wakeup", focal=True)["properties"]
     assert "UTC" in props["cron"]["description"]
     assert "UTC" in props["at"]["description"]
+
+
+@pytest.mark.timeout(60)
+def test_an_integer_sent_as_a_whole_float_is_taken_as_the_schema_says(rt: Runtime) -> None:
+    """JSON Schema's ``integer`` is any number with no fraction, so 5.0 is one; some
+    models' tool calls carry every number as a float (a JSON ``5.0``, a protobuf
+    Struct's double). The tools refused them ("not float"): a call its schema allows
+    failed, and the model could not tell what to change."""
+    s = sessions(rt)
+    tools = rt.tools_for(s["lead"])
+    for name, args in (("agent_list", {"limit": 1.0}),
+                       ("agent", {"description": "d", "timeout": 30.0})):
+        jsonschema.validate(args, parameters(name))
+        result = tools.call(name, args)
+        assert "error" not in result, (name, result)
+    assert len(tools.agent_list(limit=1.0)["agents"]) == 1
+    for bad in (1.5, float("nan"), float("inf"), True):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"limit": bad}, parameters("agent_list"))
+        assert tools.call("agent_list", {"limit": bad})["error"] == "invalid_argument"
