@@ -29,6 +29,10 @@ FOREGROUND_KEY = "foreground_key"
 """The config entry of a foreground child holding its key (:meth:`.outbox.Outbox.child_key`):
 what a retried attempt checks before it takes a session of the derived id as its child."""
 
+DEFAULT_TITLE_CHARS = 60
+"""Characters of its description that name a child started without a title."""
+
+
 class ChildTools:
     """``agent`` and the halves the sync and the awaitable tool share."""
 
@@ -58,7 +62,10 @@ class ChildTools:
         text = require_message(description, SEND_LIMIT, name="description")
         if not isinstance(run_in_background, bool):
             raise ToolError("invalid_argument", "run_in_background must be true or false.")
-        name = require_message(title, TITLE_LIMIT, name="title") if title is not None else text[:60]
+        # A default name is cut from the description, and stripped as every title is: a
+        # name ending in a space could not be given to ``send``, which strips its names.
+        name = (require_message(title, TITLE_LIMIT, name="title") if title is not None
+                else text[:DEFAULT_TITLE_CHARS].rstrip())
         wait = require_int("timeout", timeout, 1, 3600)
         caller = self._caller()
         ctx = self._ctx

@@ -686,3 +686,23 @@ def test_a_send_of_a_direct_turn_whose_commit_broke_outside_the_journal_is_no_lo
     assert rt.cron.wait_idle(20)
     assert rt.context.queued_sends.count("kid") == 0
     assert rt.inbox(target="kid") == []
+
+
+@pytest.mark.timeout(60)
+def test_a_child_named_after_its_description_can_be_messaged_by_the_name_it_is_listed_under(
+        make_runtime: MakeRuntime) -> None:
+    """A child started without a title is named after the first 60 characters of its
+    description. When the 60th was a space, the name ended with one: ``list_agents``
+    showed it so, and ``send`` (which strips the name it is given, as every argument)
+    found no child of that name: the parent could reach its child only by id."""
+    rt = make_runtime(brain=lambda turn: None)
+    p = rt.create_project("p")
+    lead = rt.create_session(p.id, "lead").id
+    description = "Collect the logs of last night's deploy, then find out what it was that failed"
+    assert description[59] == " "
+    tools = rt.tools_for(lead)
+    child = tools.agent(description)["agent_id"]
+    [entry] = tools.list_agents()["agents"]
+    assert entry["id"] == child
+    receipt = tools.send("also the metrics", receiver_role="child", receiver_name=entry["name"])
+    assert receipt["target"] == child
