@@ -256,6 +256,12 @@ class Writes:
             return []
         return [s for s in self.outbox.sessions.values() if s.parent_id == parent_id]
 
+    def new_sessions(self) -> list[SessionRecord]:
+        """The sessions this turn created (not yet committed), newest first."""
+        if self.outbox is None:
+            return []
+        return list(reversed(self.outbox.sessions.values()))
+
     def on_discard(self, give_back: Callable[[], None]) -> None:
         """Run ``give_back`` if the writes queued so far never commit (a write outside a
         turn has committed already: nothing to give back)."""

@@ -11,30 +11,36 @@ sub-agent ever started.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..persistence import SessionRecord, SessionStore
 from . import access
 from .family import subject
 
 
 def reachable(store: SessionStore, caller: SessionRecord, *, active_only: bool,
-              limit: int) -> tuple[list[SessionRecord], bool]:
+              limit: int, new: Sequence[SessionRecord] = ()) -> tuple[list[SessionRecord], bool]:
     """The first ``limit`` sessions ``caller`` may list, most recently active first (only
-    ``active`` ones with ``active_only``), and whether more follow."""
+    ``active`` ones with ``active_only``), and whether more follow.
+
+    ``new``: sessions the caller's running turn created, not committed yet (its
+    background children, Focal's new sessions), newest first: the turn's later calls
+    see its own writes, and these are the most recent of all."""
     me = subject(caller)
 
     def allowed(s: SessionRecord) -> bool:
         return (access.decide("agent_list", me, subject(s)) == "allow"
                 and (not active_only or s.status == "active"))
 
+    found = [s for s in new if allowed(s)]
+    seen = {s.id for s in found}
     if caller.project_id is None and not access.is_focal(me):
         # Nothing else is in its reach: itself, when it is not hidden.
-        found = [caller] if allowed(caller) else []
+        found += [caller] if allowed(caller) else []
         return found[:limit], len(found) > limit
     # Focal reaches every project (FO4), not only its own hidden one.
     project_id = None if access.is_focal(me) else caller.project_id
     page = limit + 1  # one more than asked says whether more follow
-    found: list[SessionRecord] = []
-    seen: set[str] = set()
     offset = 0
     while len(found) <= limit:
         rows = store.sessions(project_id=project_id, hide=access.HIDDEN_KINDS,

@@ -173,7 +173,7 @@ class AgentTools(ChildTools, FamilyTools, TaskTools):
         mode = require_choice("status", status, ("active", "recent"))
         n = require_int("limit", limit, 1, 50)
         local, more = reachable(self._ctx.store, self._caller(), active_only=mode == "active",
-                                limit=n)
+                                limit=n, new=self._writes.new_sessions())
         visible = [listing(s) for s in local]
         if more:
             return {"agents": visible, "has_more": True}

@@ -261,6 +261,39 @@ def test_list_active_shows_only_sessions_whose_turn_runs(make_runtime: MakeRunti
     assert rt.session(idle).status == "idle"
 
 
+@pytest.mark.timeout(60)
+def test_list_in_a_turn_shows_the_children_that_turn_started(make_runtime: MakeRuntime) -> None:
+    """Later calls in a turn see its own writes: a child it started is on its family
+    roster and can be read and messaged at once. ``agent_list`` read only the committed
+    sessions, so a model that started two sub-agents and listed its agents to follow
+    them did not find them until its next turn."""
+    lists: list[dict[str, Any]] = []
+    started: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id != "lead" or turn.messages[0].content != "go":
+            return
+        started.extend(turn.tools.agent(f"look into {what}")["agent_id"]
+                       for what in ("the logs", "the metrics"))
+        lists.extend([turn.tools.agent_list(), turn.tools.agent_list(limit=2),
+                      turn.tools.agent_list(status="active")])
+
+    rt = make_runtime(brain=brain)
+    p = rt.create_project("p")
+    rt.create_session(p.id, "lead", session_id="lead")
+    other = rt.create_session(p.id, "other").id
+    rt.post("lead", "go")
+    rt.run_until_idle()
+    every, two, active = lists
+    newest_first = [started[1], started[0]]
+    assert [a["agent_id"] for a in every["agents"]][:2] == newest_first
+    assert {other, "lead"} <= {a["agent_id"] for a in every["agents"]}
+    assert [a["agent_id"] for a in two["agents"]] == newest_first and two["has_more"] is True
+    assert all(a["parent_agent_id"] == "lead" and a["kind"] == "subagent"
+               for a in every["agents"][:2])
+    assert [a["agent_id"] for a in active["agents"]] == ["lead"]  # the children wait
+
+
 # -- agent_read ------------------------------------------------------------------------------
 
 def test_read_shows_visible_user_and_assistant_text_only(world: dict[str, Any]) -> None:
