@@ -48,9 +48,13 @@ class TaskService:
         return change.after
 
     def apply_in_txn(self, chat_id: str, task_id: str, changes: dict[str, object],
-                     now: float) -> TaskChange:
-        """Apply a change inside the current transaction, enqueueing what hooks ask for."""
+                     now: float, opening: int = 0) -> TaskChange:
+        """Apply a change inside the current transaction, enqueueing what hooks ask for.
+        ``opening``: tasks of the session this transaction leaves open that are not open
+        yet (a turn's later changes): the session is not closed before them."""
         change = self.ctx.tasks.apply(task_id, chat_id, changes, now)
+        if opening:
+            change = replace(change, open_left=change.open_left + opening)
         for hook in self.ctx.task_hooks:
             for message in hook(self.ctx, change):
                 self.ctx.journal.enqueue_now(message, now)
@@ -83,12 +87,27 @@ class TaskService:
                          if current is not None else changes)
             except ToolError:
                 fresh = changes
-            return self.apply_in_txn(chat_id, task_id, fresh, now)
+            return self.apply_in_txn(chat_id, task_id, fresh, now,
+                                     self._opened_later(chat_id, task_id))
         try:
             change = self.writes.write(apply, TaskChange(task, after, 0), announce)
         except RowNotFound as exc:
             raise ToolError("not_found", str(exc)) from exc
         return change.after
+
+    def _opened_later(self, chat_id: str, task_id: str) -> int:
+        """In a turn's commit: the tasks of ``chat_id`` other than ``task_id`` that the
+        turn leaves open (as its calls saw them) and that are not open yet, its later
+        changes in the same transaction. A turn that completes its step and then creates
+        the next one never leaves the session without an open task: judged alone, its
+        first change closed the session (``session_closed``, Focal's notice)."""
+        box = self.writes.outbox
+        if box is None:
+            return 0
+        later = [t.id for t in box.tasks.values() if t.chat_id == chat_id and t.id != task_id
+                 and t.status in task_rules.OPEN_STATUSES]
+        return sum(1 for tid in later if (row := self.ctx.tasks.get(tid)) is None
+                   or row.status not in task_rules.OPEN_STATUSES)
 
     def notify(self, change: TaskChange) -> None:
         """Tell observers what a committed change means."""

@@ -690,6 +690,44 @@ def test_tasks_are_durable_and_closing_the_last_one_is_announced(
             a: ("write report", "completed"), b: ("ship it", "cancelled")}
 
 
+@pytest.mark.timeout(60)
+def test_a_turn_that_finishes_a_task_and_starts_the_next_does_not_close_its_session(
+        make_runtime: MakeRuntime) -> None:
+    """A turn's task changes commit together: a session whose turn completed its step and
+    created the next one (in that order, as a model works) never was without an open
+    task. Its first change was judged alone, against the tasks committed so far: the
+    session "closed" (``session_closed``), and Focal heard that a session it follows
+    finished its last open task while that session went on with the next."""
+    events: list[tuple[str, dict[str, Any]]] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.messages[0].content == "next step":
+            [step] = [t for t in turn.tools.task_list()["tasks"] if t["status"] != "completed"]
+            turn.tools.task_update(step["task_id"], status="completed")
+            turn.tools.task_create("step 2", status="in_progress")
+        elif turn.messages[0].content == "wrap up":
+            [step] = [t for t in turn.tools.task_list()["tasks"] if t["status"] != "completed"]
+            turn.tools.task_update(step["task_id"], status="completed")
+
+    rt = make_runtime(brain=brain)
+    rt.subscribe(lambda e, d: events.append((e, d)) if e == "session_closed" else None)
+    p = rt.create_project("p")
+    focal = rt.get_or_create_focal_chat().id
+    worker = rt.tools_for(focal).agent_send("new", "start", project_id=p.id, title="worker",
+                                            task_title="step 1")["agent_id"]
+    rt.run_until_idle()
+    rt.post(worker, "next step")
+    rt.run_until_idle()
+    finished = [r for r in rt.inbox(target=focal)
+                if r["kind"] == "session_finished_notification"]
+    assert finished == [] and events == []
+    rt.post(worker, "wrap up")  # the last open task closes: that is heard, once
+    rt.run_until_idle()
+    assert [d["session_id"] for _, d in events] == [worker]
+    assert len([r for r in rt.inbox(target=focal)
+                if r["kind"] == "session_finished_notification"]) == 1
+
+
 @pytest.mark.parametrize(("kwargs", "code", "fragment"), [
     ({"task_id": "task-nope", "status": "completed"}, "not_found", "does not exist"),
     ({"status": "done"}, "invalid_argument", "status must be one of"),
