@@ -39,8 +39,10 @@ class RateBuckets:
         self.writer = writer
 
     def change(self, sender_id: str, target_id: str, rule: BucketRule[T]) -> T:
-        """Apply ``rule`` to the pair's bucket atomically; its answer once committed."""
-        return self.writer.call(lambda: self._apply(sender_id, target_id, rule))
+        """Apply ``rule`` to the pair's bucket atomically; its answer once committed. A
+        change whose batch outruns the wait is waited for (``call_landed``): taken as
+        failed, a take that then committed spent a token on a send that never was."""
+        return self.writer.call_landed(lambda: self._apply(sender_id, target_id, rule))
 
     def change_later(self, sender_id: str, target_id: str,
                      rule: BucketRule[object]) -> None:

@@ -706,3 +706,43 @@ def test_a_child_named_after_its_description_can_be_messaged_by_the_name_it_is_l
     assert entry["id"] == child
     receipt = tools.send("also the metrics", receiver_role="child", receiver_name=entry["name"])
     assert receipt["target"] == child
+
+
+@pytest.mark.timeout(60)
+def test_a_rate_limit_token_whose_write_outruns_its_wait_is_waited_for(
+        family: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Taking a token is a write of its own (the pair's bucket row). When its batch ran
+    past the wait, the send raised WriteTimeout though the take could still commit, and
+    then did: the send failed, its token was gone all the same (F6: refunded when a send
+    fails), and the sender met the rate limit one message early. The take now waits for
+    its outcome, as the send's own write does, and the send goes on."""
+    from kinbox.persistence import writer as writer_module
+
+    from .helpers import SHORT, heard_from, hold_next_batch
+
+    rt = family["rt"]
+    tools = rt.tools_for(family["bob"])
+    monkeypatch.setattr(writer_module, "WRITE_TIMEOUT", SHORT)
+    monkeypatch.setattr(writer_module.GroupCommitWriter.call, "__defaults__", (SHORT,))
+    heard = heard_from("slow-taker", monkeypatch)
+    landed = threading.Event()
+    answer: list[Any] = []
+
+    def send() -> None:
+        try:
+            answer.append(tools.send("slow", receiver_role="parent"))
+        except Exception as exc:
+            answer.append(exc)
+
+    sender = threading.Thread(name="slow-taker", target=send)
+    hold_next_batch(rt.context.journal.writer, landed)  # the take's batch waits ...
+    sender.start()
+    wait_for(lambda: heard.is_set() or bool(answer), 10, "the take to outrun its wait")
+    landed.set()  # ... then commits
+    sender.join(10)
+    monkeypatch.undo()  # the runtime's other writes wait as long as ever again
+    assert isinstance(answer[0], dict) and answer[0]["target"] == family["root"], answer
+    for _ in range(2):
+        tools.send("x", receiver_role="parent")
+    with pytest.raises(ToolError, match="Rate limit"):
+        tools.send("one too many", receiver_role="parent")
