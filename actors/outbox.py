@@ -184,10 +184,12 @@ class Writes:
     def write(self, op: Callable[[], T], receipt: T, after: Callable[[T], None]) -> T:
         """Run ``op`` in a transaction (now, or in the turn's commit), then ``after`` with
         its result once durable. In a turn the caller gets ``receipt`` (what ``op`` will
-        produce) at once."""
+        produce) at once. Now, it returns once the outcome is known: a batch that outran
+        the wait may commit yet, so it is waited for (taken as failed, a task that was
+        then written was created again by a caller who retried)."""
         box = self.outbox
         if box is None:
-            result = self.ctx.journal.writer.call(op)
+            result = self.ctx.journal.writer.call_landed(op)
             after(result)
             return result
         done: list[T] = []

@@ -728,6 +728,44 @@ def test_a_turn_that_finishes_a_task_and_starts_the_next_does_not_close_its_sess
                 if r["kind"] == "session_finished_notification"]) == 1
 
 
+@pytest.mark.timeout(60)
+def test_a_task_change_whose_write_outruns_its_wait_is_waited_for(
+        make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a turn a task change commits before the call returns. When its batch ran
+    past the writer's wait, task_create raised WriteTimeout though the task could still
+    be written, and then was: a caller that took the error for a failure and created the
+    task again had two. The call now waits for its write's outcome, as a family send
+    outside a turn does, and returns the task."""
+    from kinbox.persistence import writer as writer_module
+
+    from .helpers import SHORT, heard_from, hold_next_batch
+
+    rt = make_runtime()
+    me = rt.create_session(rt.create_project("p").id, "me").id
+    tools = rt.tools_for(me)
+    monkeypatch.setattr(writer_module, "WRITE_TIMEOUT", SHORT)
+    monkeypatch.setattr(writer_module.GroupCommitWriter.call, "__defaults__", (SHORT,))
+    heard = heard_from("slow-creator", monkeypatch)
+    landed = threading.Event()
+    answer: list[Any] = []
+
+    def create() -> None:
+        try:
+            answer.append(tools.task_create("write the report"))
+        except Exception as exc:
+            answer.append(exc)
+
+    creator = threading.Thread(name="slow-creator", target=create)
+    hold_next_batch(rt.context.journal.writer, landed)  # the task's batch waits ...
+    creator.start()
+    wait_for(lambda: heard.is_set() or bool(answer), 10, "the write to outrun its wait")
+    landed.set()  # ... then commits
+    creator.join(10)
+    monkeypatch.undo()
+    assert isinstance(answer[0], dict), answer
+    assert [t["task_id"] for t in tools.task_list()["tasks"]] == [answer[0]["task_id"]]
+
+
 @pytest.mark.parametrize(("kwargs", "code", "fragment"), [
     ({"task_id": "task-nope", "status": "completed"}, "not_found", "does not exist"),
     ({"status": "done"}, "invalid_argument", "status must be one of"),
