@@ -247,6 +247,11 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
                     timeout_graceful_shutdown=GRACE_SECONDS,
                     ws_max_size=WS_MAX_SIZE,
                     http=head_deadline(),
+                    # The peer heard is the client: uvicorn's default takes X-Forwarded-For
+                    # from any loopback connection, which a client behind a proxy that passes
+                    # headers on (a TCP forward, a tunnel) writes itself, a new address per
+                    # wrong token, never locked out (token_tries keys on it).
+                    proxy_headers=False,
                 )
             )
             thread = threading.Thread(

@@ -574,3 +574,31 @@ def test_the_operator_token_may_come_from_the_environment(run_kinbox: Any, tmp_p
     cmd.proc.send_signal(signal.SIGTERM)
     assert cmd.finish() == 0
     assert "env-secret-0123456789" not in cmd.output
+
+
+@pytest.mark.timeout(90)
+def test_a_forwarded_for_header_does_not_give_a_token_guesser_a_fresh_address(
+    run_kinbox: Any, tmp_path: Path
+) -> None:
+    """uvicorn took ``X-Forwarded-For`` from any connection on loopback (its default): a
+    client reaching serve through a proxy on this machine that passes headers on as they
+    came (a TCP forward, an SSH tunnel) named a new address with each wrong token and was
+    never locked out. Serve keys the tries on the peer it hears, as the README says."""
+    from kinbox.transport.token_tries import MAX_FAILURES
+
+    secret = "op-" + os.urandom(8).hex()
+    cmd = run_kinbox(
+        "serve", "--port", "0", "--db", f"sqlite:///{tmp_path / 'k.db'}",
+        env={"KINBOX_OPERATOR_TOKEN": secret},
+    )
+    port = served_port(cmd)
+    for i in range(MAX_FAILURES):
+        forged = {"Authorization": "Bearer wrong-guess-0123456789",
+                  "X-Forwarded-For": f"10.9.0.{i}"}
+        assert get(port, "/focal", headers=forged)[0] == 401
+    right = {"Authorization": f"Bearer {secret}", "X-Forwarded-For": "10.9.1.1"}
+    status, body = get(port, "/focal", headers=right)
+    assert (status, body.get("error")) == (429, "too_many_tries"), body
+    cmd.proc.send_signal(signal.SIGTERM)
+    assert cmd.finish() == 0
+    assert secret not in cmd.output
