@@ -110,3 +110,31 @@ def test_the_rest_of_a_body_answered_early_has_the_deadline_too(port: int) -> No
         finally:
             deadline.cancel()
         assert closed.is_set(), "the connection stayed open under a dripped body"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"POST /cron/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: ten\r\n\r\n",
+        b"POST /cron/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: "
+        + b"9" * 5000 + b"\r\n\r\n",
+        "GET /focal/é HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode(),
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX Kinbox: 1\r\n\r\n",
+        b"NOT HTTP AT ALL\r\n\r\n",
+        b"POST /cron/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Kinbox: 1\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\nzz\r\n",
+    ],
+    ids=["length-not-a-number", "length-of-5000-digits", "raw-utf8-path", "header-name-space",
+         "no-request-line", "chunk-size-not-hex"],
+)
+def test_a_request_that_is_not_http_is_answered_400_in_json(port: int, sent: bytes) -> None:
+    """uvicorn answers what h11 cannot parse (a Content-Length that is no number, a path
+    in raw UTF-8 as some clients send it, a header name with a space) with a plain-text
+    ``Invalid HTTP request received.``: the one answer of the API that a client reading
+    ``error`` from the JSON could not read. It is a JSON 400 ``bad_request``, and the
+    connection is closed."""
+    head, _, body = answer_to(port, sent).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), head
+    assert b"content-type: application/json" in head.lower(), head
+    assert json.loads(body)["error"] == "bad_request", body
