@@ -5,6 +5,7 @@ head, is answered 408 and closed; whole requests and websocket links are untouch
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -138,3 +139,36 @@ def test_a_request_that_is_not_http_is_answered_400_in_json(port: int, sent: byt
     assert head.startswith(b"HTTP/1.1 400"), head
     assert b"content-type: application/json" in head.lower(), head
     assert json.loads(body)["error"] == "bad_request", body
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("sent", "has_body"),
+    [
+        (b"HEAD /focal HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+         False),
+        (b"POST /focal/notifications/read HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+         b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", True),
+    ],
+    ids=["head", "route-answering-before-the-body"],
+)
+def test_a_body_that_is_not_http_logs_no_error_whatever_its_route_does(
+    port: int, sent: bytes, has_body: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A body whose chunk framing h11 refuses, under a route that answers before reading it
+    (a 403 here) or of a HEAD request (whose answer has no body): the server's 400 met the
+    route's own answer, or a body it may not have, and uvicorn logged an ERROR traceback
+    ("Exception in ASGI application", "Fatal error on transport") for each such request,
+    any client's at will. The client gets the 400 (no body for a HEAD); nothing is
+    logged above WARNING."""
+    head, _, body = answer_to(port, sent).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), head
+    assert b"content-type: application/json" in head.lower(), head
+    assert (json.loads(body)["error"] == "bad_request") if has_body else body == b"", body
+    # A later request's answer: the server's loop has run what the first one left to run.
+    answer = answer_to(
+        port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    errors = [r.getMessage() for r in caplog.records if r.levelno > logging.WARNING]
+    assert errors == []

@@ -18,9 +18,7 @@ connection is closed. Not at once: a client still uploading would get a reset in
 of its answer (the last bytes it sent make the closed socket answer with a reset, which
 can drop the answer unread), so a well-behaved client still reads its 413.
 
-A head h11 cannot parse (a ``Content-Length`` that is no number, a path in raw UTF-8, a
-header name with a space) is answered by uvicorn in plain text; this protocol answers it
-as the API answers everything, a JSON 400 ``bad_request``, and closes the connection.
+A request h11 cannot parse is answered in JSON too (:mod:`.not_http`).
 
 Give :func:`head_deadline` to ``uvicorn.Config(http=...)`` (``kinbox serve`` does).
 """
@@ -33,6 +31,8 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from .not_http import NotHttpAnswered
+
 HEAD_TIMEOUT = 10.0
 """Seconds a client has to send a request's line and headers (a few hundred bytes)."""
 _BODY = b'{"error": "request_timeout", "message": "the request head did not come in time"}'
@@ -41,19 +41,15 @@ TIMED_OUT = (
     b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_BODY), _BODY)
 )
 """The answer to a head that did not all come in time."""
-NOT_HTTP = (
-    b'{"error": "bad_request", "message": "the request is not valid HTTP/1.1: its line, '
-    b'a header or its body framing is malformed"}'
-)
-"""The body of the answer to a request h11 cannot parse."""
 
 
 def head_deadline(timeout: float = HEAD_TIMEOUT) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a ``timeout`` (seconds) on every request head."""
+    """uvicorn's h11 protocol with a ``timeout`` (seconds) on every request head (and a
+    JSON answer to a request it cannot parse)."""
     if not timeout > 0:
         raise ValueError("a head deadline must be positive")
 
-    class HeadDeadline(H11Protocol):
+    class HeadDeadline(NotHttpAnswered):
         _head_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: Any) -> None:
@@ -73,19 +69,6 @@ def head_deadline(timeout: float = HEAD_TIMEOUT) -> type[H11Protocol]:
             if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
                 cycle = self.cycle  # this request's: a later one on the connection is not cut
                 self.loop.call_later(timeout, self._rest_of_body_late, cycle)
-
-        def send_400_response(self, msg: str) -> None:
-            """uvicorn's answer to what h11 cannot parse, in JSON (``msg`` is uvicorn's
-            fixed text, logged by it already)."""
-            headers = [
-                (b"content-type", b"application/json"),
-                (b"connection", b"close"),
-                (b"content-length", str(len(NOT_HTTP)).encode()),
-            ]
-            self.transport.write(self.conn.send(h11.Response(status_code=400, headers=headers)))
-            self.transport.write(self.conn.send(h11.Data(data=NOT_HTTP)))
-            self.transport.write(self.conn.send(h11.EndOfMessage()))
-            self.transport.close()
 
         def _rest_of_body_late(self, cycle: object) -> None:
             if (
