@@ -61,7 +61,7 @@ from .serve_flags import (
     read_token,
     token_file_exposure,
 )
-from .worker import summary
+from .worker import ended_by_itself, summary
 
 log = logging.getLogger("kinbox.serve")
 
@@ -268,8 +268,7 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
                 server.ended.wait(1.0)  # a signal interrupts this wait (never a join: above)
             if rt.state != "running":  # it lost its database (see Runtime's life lock)
                 _stop_http(server, thread)
-                out.write(f"kinbox serve: the runtime is {rt.state}; {summary(rt)}\n")
-                return 1
+                return ended_by_itself(rt, "serve", out)
             print("kinbox: the HTTP server stopped by itself", file=sys.stderr)
             return 1
         except Interrupted:
@@ -277,6 +276,8 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
             if rt.state == "new":
                 out.write("kinbox serve stopped before it started\n")
                 return 0
+            if rt.state != "running":  # it crashed before the signal came: that is the end
+                return ended_by_itself(rt, "serve", out)
             rt.stop()
             log.info("stopped serving")
             out.write(f"kinbox serve stopped: HTTP closed, runtime stopped; {summary(rt)}\n")

@@ -50,6 +50,13 @@ def summary(rt: Runtime) -> str:
             f"{rows.get('processing', 0)} processing, {rows.get('failed', 0)} failed")
 
 
+def ended_by_itself(rt: Runtime, command: str, out: TextIO) -> int:
+    """Say that ``rt`` ended without being asked (it lost its database), whether or not a
+    stop signal came after; the status that says so: 1, for a supervisor to restart it."""
+    out.write(f"kinbox {command}: the runtime is {rt.state}; {summary(rt)}\n")
+    return 1
+
+
 def handle(args: argparse.Namespace, out: TextIO) -> int:
     """Deliver until the first stop signal."""
     try:
@@ -68,12 +75,13 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
             idle = threading.Event()
             while rt.state == "running":
                 idle.wait(1.0)  # the signal handler interrupts this wait
-            out.write(f"kinbox worker: the runtime is {rt.state}; {summary(rt)}\n")
-            return 1
+            return ended_by_itself(rt, "worker", out)
         except Interrupted:
             if rt.state == "new":  # the signal came while it was starting
                 out.write("kinbox worker stopped before it started delivering\n")
                 return 0
+            if rt.state != "running":  # it crashed before the signal came: that is the end
+                return ended_by_itself(rt, "worker", out)
             rt.stop()
             out.write(f"kinbox worker stopped: {summary(rt)}\n")
             return 0

@@ -602,3 +602,45 @@ def test_a_forwarded_for_header_does_not_give_a_token_guesser_a_fresh_address(
     cmd.proc.send_signal(signal.SIGTERM)
     assert cmd.finish() == 0
     assert secret not in cmd.output
+
+
+CRASH_WATCH = """
+import pathlib
+import threading
+
+from kinbox.actors import exit_stop
+
+
+def _watch():
+    # Writes the file once a runtime of this process has crashed (its state is set
+    # first thing in Runtime.crash): what the process itself looks at once a second.
+    while not any(rt.state == "crashed" for rt in list(exit_stop._live)):
+        threading.Event().wait(0.01)
+    pathlib.Path("crashed").write_text("crashed")
+
+
+threading.Thread(target=_watch, daemon=True).start()
+
+
+def brain(turn):
+    turn.reply("pong")
+"""
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("command", [["worker"], ["serve", "--port", "0"]])
+def test_a_stop_signal_after_the_runtime_crashed_still_exits_1(
+    run_kinbox: Any, pg_url: str, tmp_path: Path, command: list[str]
+) -> None:
+    """The process looks at its runtime once a second. A stop signal that came after the
+    runtime had crashed (its database restarted) but before that look (a supervisor's
+    stop, a deploy at the same moment) was taken for a graceful stop: "stopped", status
+    0, and a supervisor that restarts on failure did not. The crash is the outcome."""
+    (tmp_path / "watched_brain.py").write_text(CRASH_WATCH)
+    cmd = run_kinbox(*command, "--db", pg_url, "--brain", "watched_brain:brain")
+    cmd.wait_line("delivering")
+    end_database_sessions(pg_url)
+    wait_for(lambda: (tmp_path / "crashed").exists(), 60, "the runtime to crash")
+    cmd.proc.send_signal(signal.SIGTERM)
+    assert cmd.finish() == 1, cmd.output
+    assert f"kinbox {command[0]}: the runtime is crashed" in cmd.output
