@@ -147,6 +147,24 @@ def test_unsigned_stale_forged_replayed_and_oversized_deliveries_queue_nothing(
     assert rt.social.statistics()["accepted"] == 1 and len(sent) == 1
 
 
+def test_a_signature_in_upper_case_hex_is_the_same_signature(
+        served: tuple[Served, Runtime, list[tuple[Any, str]]], clock: ManualClock) -> None:
+    """The signature's form takes hex digits in either case (``v1=`` then 64 of them), but
+    its value was compared as written: a sender whose hex encoder writes upper case (.NET's
+    ``Convert.ToHexString``) heard "the signature does not match" for a right signature,
+    every time. Its replay, in either case, is a replay."""
+    srv, rt, sent = served
+    headers = signed(EVENT, clock.now())
+    upper = {**headers, sig.SIGNATURE_HEADER: "v1=" + headers[sig.SIGNATURE_HEADER][3:].upper()}
+    status, got = post(srv, "/social/slack/events", EVENT, upper)
+    assert status == 202, got
+    for again in (headers, upper):
+        status, got = post(srv, "/social/slack/events", EVENT, again)
+        assert (status, got["error"]) == (409, "replayed")
+    assert rt.social.wait_idle(10)
+    assert rt.social.statistics()["accepted"] == 1 and len(sent) == 1
+
+
 def test_bad_payloads_get_a_precise_4xx(served: tuple[Served, Runtime, list[tuple[Any, str]]],
                                         clock: ManualClock) -> None:
     srv, rt, _ = served

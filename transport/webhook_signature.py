@@ -1,9 +1,9 @@
 """Webhook signatures, as the big chat platforms sign their deliveries (pure).
 
 A delivery carries two headers: ``X-Kinbox-Timestamp`` (Unix seconds) and
-``X-Kinbox-Signature: v1=<hex>``, the HMAC-SHA256, under the platform's
-secret, of ``v1:<timestamp>:`` followed by the raw body (the scheme Slack
-uses; GitHub's and Stripe's differ only in naming). A delivery is refused
+``X-Kinbox-Signature: v1=<hex>`` (hex digits in either case), the HMAC-SHA256,
+under the platform's secret, of ``v1:<timestamp>:`` followed by the raw body (the
+scheme Slack uses; GitHub's and Stripe's differ only in naming). A delivery is refused
 when a header is missing or malformed, when its timestamp is more than the
 replay window (5 minutes) away from now, when the signature does not match
 (compared in constant time), or when the same signature was already
@@ -51,9 +51,14 @@ def verify(secret: bytes, timestamp: str | None, signature: str | None, body: by
     if abs(now - ts) > window:
         raise SignatureRejected(SignatureProblem.STALE,
                                 f"the delivery's timestamp is more than {int(window)} s from now")
-    if not hmac.compare_digest(sign(secret, timestamp, body).encode(), signature.encode()):
+    if not hmac.compare_digest(sign(secret, timestamp, body).encode(), _key(signature).encode()):
         raise SignatureRejected(SignatureProblem.MISMATCH, "the signature does not match")
     return ts
+
+
+def _key(signature: str) -> str:
+    """A signature as compared and remembered: hex digits in either case are one value."""
+    return signature.lower()
 
 
 class ReplayGuard:
@@ -67,7 +72,7 @@ class ReplayGuard:
     def check(self, signature: str, now: float) -> None:
         """Refuse a signature accepted before within the window."""
         self._forget(now)
-        if signature in self._seen:
+        if _key(signature) in self._seen:
             raise SignatureRejected(SignatureProblem.REPLAYED,
                                     "this delivery was already accepted")
 
@@ -77,11 +82,11 @@ class ReplayGuard:
         Only accepted ones: a delivery refused for a full queue may come again.
         """
         self._forget(now)
-        self._seen[signature] = float(timestamp)
+        self._seen[_key(signature)] = float(timestamp)
 
     def withdraw(self, signature: str) -> None:
         """Forget a delivery remembered before its handling refused it (it may come again)."""
-        self._seen.pop(signature, None)
+        self._seen.pop(_key(signature), None)
 
     def _forget(self, now: float) -> None:
         while self._seen:  # oldest first; also bounded by capacity
