@@ -16,7 +16,7 @@ from kinbox.actors import ManualClock, Runtime, Turn
 from kinbox.actors import cron_rules as rules
 from kinbox.actors.announcements import Announcements
 from kinbox.actors.triggers import next_fire
-from kinbox.persistence import Occurrence
+from kinbox.persistence import DatabaseFailed, Occurrence
 
 from .helpers import wait_for
 
@@ -1142,3 +1142,29 @@ def test_a_wakeup_rearmed_due_now_from_inside_its_own_fire_fires_again() -> None
         assert second.wait(10), f"fired {len(fires)} time(s): the re-armed wake-up was dropped"
     finally:
         driver.stop()
+
+
+def test_a_trigger_whose_look_after_fails_still_answers_and_runs_once(
+        make_runtime: MakeRuntime, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trigger is committed before the look that runs it: a database error in that
+    look answered the caller as failed (a 503 "try again" over HTTP) for a trigger that
+    stood, and the caller's retry ran the job a second time. It answers "triggered", and
+    the job runs once, at the schedule's next look."""
+    brain = CronBrain()
+    rt = make_runtime(brain=brain)
+    job_id = str(rt.cron.add("yearly", "0 0 1 1 *", "Happy new year")["job_id"])
+    real = rt.cron.store.renew
+    failures: list[str] = []
+
+    def renew(*args: Any, **kwargs: Any) -> Any:
+        if not failures:
+            failures.append("renew")
+            raise DatabaseFailed("disk I/O error")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rt.cron.store, "renew", renew)
+    job = rt.cron.trigger(job_id)
+    assert failures == ["renew"] and job["triggered_at"] == clock.now()
+    clock.advance(1)  # the runtime looks again as its clock moves
+    rt.run_until_idle()
+    assert [r["status"] for r in rt.cron.runs(job_id)] == ["success"]
