@@ -51,6 +51,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
@@ -61,6 +62,7 @@ from ..persistence import ClaimedRow, WriterClosed
 from . import delivery as dp
 from .async_tools import AsyncTools
 from .brain_tasks import BrainTasks, build_tools, tools_unread
+from .daemon_pool import DaemonPool
 from .loop_steps import settle
 from .loop_watch import LoopWatch
 from .session_actor import SessionActor
@@ -83,6 +85,9 @@ STOP_SLACK = COMMIT_AFTER_CANCEL + LAST_CANCELS + 1.0
 """Seconds past its timeout a stop waits, in all, for the drain and the loop's end: a free
 loop's drain ends by then; a loop a brain holds never runs it, so waiting longer only
 delays the process's exit."""
+DEFAULT_THREADS = min(32, (os.cpu_count() or 1) + 4)
+"""Threads of the loop's default executor, the brains' own blocking calls': asyncio's
+default pool's size."""
 LOOP_END_WAIT = 0.5
 """Seconds the stop always gives the loop to end once asked, its slack spent or not."""
 
@@ -94,6 +99,9 @@ class AsyncHost(BrainTasks):
         self.ctx = ctx
         self.loop = asyncio.new_event_loop()
         self.executor = ThreadPoolExecutor(workers, thread_name_prefix="kinbox-blocking")
+        # What a brain hands to a thread (asyncio.to_thread, run_in_executor(None, ...)): a
+        # model SDK's call deaf to the stop that gave up on its turn holds no exit.
+        self.loop.set_default_executor(DaemonPool(DEFAULT_THREADS, "kinbox-brain-thread"))
         self._thread = threading.Thread(target=self._run, name="kinbox-async", daemon=True)
         # The brains' state (:class:`.brain_tasks.BrainTasks` says what each holds).
         self._brains = {}

@@ -5,6 +5,9 @@ joins them at exit: a turn whose brain does not hear its stop (a long model call
 the process after the runtime's stop had given up on it and the command had said it
 stopped. Like every other kinbox thread these are daemons; the journal, not the thread,
 keeps what a turn that never ended had not committed.
+
+It is a ``ThreadPoolExecutor`` by type only, so that an event loop takes it as its default
+executor (asyncio refuses any other): none of the stdlib pool's threads or queue is used.
 """
 
 from __future__ import annotations
@@ -12,16 +15,17 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 _Work = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
-class DaemonPool(Executor):
+class DaemonPool(ThreadPoolExecutor):
     """At most ``workers`` daemon threads, started as work arrives, running it in order."""
 
     def __init__(self, workers: int, name: str) -> None:
+        super().__init__(workers, name)  # its state only: its submit and shutdown are ours
         self._workers = workers
         self._name = name
         self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()

@@ -1,7 +1,8 @@
 """Runtimes a program never stopped are stopped at interpreter exit.
 
-Every kinbox thread is a daemon (direct turns run on :mod:`.daemon_pool`) but the workers
-of the ``concurrent.futures`` pools (async brains' blocking calls, the scheduler's), which
+Every kinbox thread is a daemon (direct turns, and what async brains hand to a thread, run
+on :mod:`.daemon_pool`) but the workers of the ``concurrent.futures`` pools (the async
+host's blocking workers, the scheduler's), which
 Python joins at exit before ``atexit`` hooks run: a hook there came after the join, and a
 program that ended while a social or cron turn ran waited for the brain to end on its own
 (for ever, for one that waits for its stop). The hook is therefore a threading exit

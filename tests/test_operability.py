@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -167,14 +167,15 @@ def test_a_program_that_ends_while_a_direct_turn_runs_exits_without_waiting_for_
     exits_cleanly(tmp_path, DIRECT_TURN_PROGRAM, db_url, saying="the social turn runs")
 
 
-def exits_cleanly(tmp_path: Path, program: str, db_url: str, saying: str) -> None:
-    """Run ``program`` on ``db_url``: it exits 0 within 45 s, having printed ``saying``,
-    with no traceback."""
+def exits_cleanly(tmp_path: Path, program: str, db_url: str, saying: str,
+                  args: Sequence[str] = ()) -> None:
+    """Run ``program`` on ``db_url`` (then ``args``): it exits 0 within 45 s, having printed
+    ``saying``, with no traceback."""
     script = tmp_path / "app.py"
     script.write_text(textwrap.dedent(program))
     try:
-        done = subprocess.run([sys.executable, str(script), db_url], capture_output=True,
-                              text=True, timeout=45)
+        done = subprocess.run([sys.executable, str(script), db_url, *args],
+                              capture_output=True, text=True, timeout=45)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"the program did not exit within 45 s: {exc.stdout!r} "
                              f"{exc.stderr!r}") from None
@@ -214,6 +215,42 @@ def test_a_stopped_runtime_does_not_hold_the_exit_for_a_direct_turn_deaf_to_its_
     daemon, and the interpreter waited for it at exit: the process hung until the brain
     returned, after saying it had stopped."""
     exits_cleanly(tmp_path, DEAF_DIRECT_TURN_PROGRAM, db_url, saying="stopped")
+
+
+ASYNC_THREAD_PROGRAM = """
+import asyncio
+import sys
+import threading
+import time
+from kinbox.actors import Runtime
+
+running = threading.Event()
+
+async def brain(turn):
+    running.set()
+    await asyncio.to_thread(time.sleep, 300)  # a blocking SDK call, off the loop
+
+rt = Runtime(db=sys.argv[1], brain=brain).start()
+project = rt.create_project("p")
+rt.post(rt.create_session(project.id, "A").id, "hello")
+assert running.wait(30), "the async turn never started"
+if sys.argv[2] == "stop":
+    rt.stop(timeout=1.0)
+print("the program ends", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ending", ["stop", "no stop"])
+def test_an_async_brain_s_blocking_call_on_a_thread_does_not_hold_the_exit(
+        tmp_path: Path, db_url: str, ending: str) -> None:
+    """An async brain hands its blocking calls (a model SDK, a product's tool) to a thread
+    with ``asyncio.to_thread``: on the runtime's event loop, that is the loop's default
+    executor, a pool whose threads the interpreter joins at exit. The stop gave up on the
+    brain (cancelled past its grace, its row handed back), and the process then hung
+    until the call returned, as a sync brain's deaf turn no longer holds it."""
+    exits_cleanly(tmp_path, ASYNC_THREAD_PROGRAM, db_url, saying="the program ends",
+                  args=[ending])
 
 
 # -- 11. one exception tree -----------------------------------------------------------
