@@ -21,7 +21,13 @@ from .context import RuntimeContext
 from .errors import ToolError
 from .ids import short
 from .outbox import Writes, commit_together, foreground_child_id
-from .subagents import TASK_KIND, result_ids, task_message_chain, task_message_id
+from .subagents import (
+    TASK_KIND,
+    report_task,
+    result_ids,
+    task_message_chain,
+    task_message_id,
+)
 from .tasks import TaskService
 from .validation import SEND_LIMIT, TITLE_LIMIT, require_int, require_message
 
@@ -151,7 +157,14 @@ class ChildTools:
         A child whose task failed answers ``failed`` with the failure as ``error`` (its
         wake-up's text): taken into this turn, that wake-up is never shown to the brain,
         and the task's own status (blocked on ``error``) read as a child waiting on the
-        user, with no word of what went wrong."""
+        user, with no word of what went wrong.
+
+        A task message that ended outside a turn (an operator's cancel, a claim that
+        failed it) is reported here if its report has not landed yet: it comes in a
+        transaction after the row's end, from a process that may die in between (then
+        a runtime's look reports it up to :data:`.subagents.REPORT_INTERVAL` later), and
+        the task read before it is still ``in_progress``, with no result."""
+        report_task(self._ctx, result["task_id"])
         box = self._writes.outbox
         ids = result_ids(self._ctx, result["task_id"])
         if box is not None:

@@ -269,7 +269,13 @@ def report_orphans(ctx: RuntimeContext) -> int:
     row's end and its report left; then every :data:`REPORT_INTERVAL`, what another
     process ended."""
     open_tasks = ctx.tasks.open_of_chats(CHILD_PREFIX, UNREPORTED)
-    return report_ended(ctx, [mid for t in open_tasks for mid in _task_messages(ctx, t.id)])
+    return sum(report_task(ctx, t.id) for t in open_tasks)
+
+
+def report_task(ctx: RuntimeContext, task_id: str) -> int:
+    """:func:`report_ended` for one task, whichever of its messages ended: 1 if it was
+    reported here, 0 if it was before (or is open, or ended in a turn, which reports)."""
+    return report_ended(ctx, _task_messages(ctx, task_id))
 
 
 def task_message_chain(task_id: str) -> Iterator[str]:

@@ -17,7 +17,7 @@ import pytest
 from kinbox.actors import ManualClock, PermanentFailure, Runtime, ToolError, Turn
 from kinbox.persistence.driver_errors import OperationalError
 
-from .helpers import failing_once
+from .helpers import failing_once, wait_for
 from .test_turn_effects import drain_with_retries
 
 pytestmark = pytest.mark.timeout(60)
@@ -477,3 +477,42 @@ def test_async_steering_goes_on_after_a_foreground_child_s_result_joined_the_tur
 
     _steered_after_a_foreground_child(make_runtime(brain=brain, max_active_sessions=4),
                                       ready, steered, own_turns)
+
+
+def test_a_child_whose_task_ended_outside_a_turn_answers_its_end_not_in_progress(
+        make_runtime: MakeRuntime) -> None:
+    """A child's task message can end outside any turn (an operator's cancel, a claim that
+    fails it): the row ends in one transaction and its report (the task's end, the
+    parent's wake-up) follows in another, made by whoever ended it, or up to 30 s later
+    by a runtime's look for them when that process died in between. A foreground parent
+    that looked in between took the child for finished and answered its task as it
+    stood, ``in_progress`` with no result, for a child that will never run."""
+    release = threading.Event()
+    got: list[dict[str, Any]] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id == "busy":
+            release.wait(30)  # holds the second session thread: the child stays pending
+        elif turn.session_id == "a":
+            got.append(turn.tools.agent("compute", run_in_background=False, timeout=30))
+        else:
+            turn.reply("42")
+
+    rt = make_runtime(brain=brain, max_active_sessions=2)
+    family(rt)
+    rt.create_session(rt.project("p").id, "Busy", session_id="busy")  # type: ignore[union-attr]
+    rt.post("busy", "hold a thread")
+    wait_for(lambda: rt.context.turns.running() == ["busy"], 30, "the busy turn")
+    rt.post("a", "go")
+    task_rows = lambda: [r for r in rt.inbox() if r["kind"] == "subagent_task"]  # noqa: E731
+    wait_for(lambda: len(task_rows()) == 1, 30, "the child's task message")
+    try:
+        # The cancel's first transaction alone: its process died before the report.
+        rt.context.journal.cancel(task_rows()[0]["message_id"], rt.context.now(),
+                                  by="operator", reason="not needed")
+        wait_for(lambda: bool(got), 30, "the parent's answer")
+    finally:
+        release.set()
+    assert got[0]["status"] == "cancelled", got[0]
+    rt.run_until_idle(30)
+    assert {r["status"] for r in rt.inbox(target="a")} == {"delivered"}
