@@ -55,7 +55,6 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..persistence import ClaimedRow, WriterClosed
@@ -98,9 +97,10 @@ class AsyncHost(BrainTasks):
     def __init__(self, ctx: RuntimeContext, workers: int) -> None:
         self.ctx = ctx
         self.loop = asyncio.new_event_loop()
-        self.executor = ThreadPoolExecutor(workers, thread_name_prefix="kinbox-blocking")
-        # What a brain hands to a thread (asyncio.to_thread, run_in_executor(None, ...)): a
-        # model SDK's call deaf to the stop that gave up on its turn holds no exit.
+        # Daemon threads: a tool call waiting on a database that stopped answering, or what
+        # a brain hands to a thread (asyncio.to_thread: the loop's default executor, a model
+        # SDK's call deaf to the stop that gave up on its turn), holds no exit.
+        self.executor = DaemonPool(workers, "kinbox-blocking")
         self.loop.set_default_executor(DaemonPool(DEFAULT_THREADS, "kinbox-brain-thread"))
         self._thread = threading.Thread(target=self._run, name="kinbox-async", daemon=True)
         # The brains' state (:class:`.brain_tasks.BrainTasks` says what each holds).

@@ -1,15 +1,13 @@
 """Runtimes a program never stopped are stopped at interpreter exit.
 
-Every kinbox thread is a daemon (direct turns, and what async brains hand to a thread, run
-on :mod:`.daemon_pool`) but the workers of the ``concurrent.futures`` pools (the async
-host's blocking workers, the scheduler's), which
-Python joins at exit before ``atexit`` hooks run: a hook there came after the join, and a
-program that ended while a social or cron turn ran waited for the brain to end on its own
-(for ever, for one that waits for its stop). The hook is therefore a threading exit
-hook, registered after ``concurrent.futures``' own so that it runs before it (they run
-last registered first): each still-running runtime stops cleanly there (running turns
-are asked to stop and finish or hand their rows back), and the pools' workers are idle
-by the join.
+Every kinbox thread is a daemon, its pools' workers too (:mod:`.daemon_pool`): none holds
+the exit, whatever it waits for (a brain deaf to its stop, a server that stopped
+answering). Python joins the workers of ``concurrent.futures`` pools (a program's own) at
+exit before ``atexit`` hooks run, so a hook there came after that join. The hook is
+therefore a threading exit hook, registered after ``concurrent.futures``' own so that it
+runs before it (they run last registered first): each still-running runtime stops
+cleanly there (running turns are asked to stop and finish or hand their rows back)
+before anything is joined.
 """
 
 from __future__ import annotations

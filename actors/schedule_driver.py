@@ -31,9 +31,11 @@ import threading
 import time
 from collections.abc import Callable
 
+from apscheduler.executors.pool import BasePoolExecutor
 from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from .daemon_pool import DaemonPool
 from .triggers import utc
 
 log = logging.getLogger("kinbox.schedule")
@@ -41,6 +43,19 @@ log = logging.getLogger("kinbox.schedule")
 POLL_SECONDS = 15.0
 """How often a driver looks at its table for what it was not told about: jobs another
 process added, runs or wake-ups whose process stopped or died."""
+
+
+JOB_THREADS = 10
+"""Threads APScheduler runs its jobs (``fire``) on: its default pool's size."""
+
+
+class DaemonJobs(BasePoolExecutor):  # type: ignore[misc]
+    """APScheduler's thread pool executor on daemon threads: a ``fire`` waiting on a
+    database that stopped answering holds no exit (the interpreter joins the stock pool's
+    threads at exit, for as long as the statement waits: for ever, on a hung server)."""
+
+    def __init__(self) -> None:
+        super().__init__(DaemonPool(JOB_THREADS, "kinbox-schedule"))
 
 
 class ScheduleDriver:
@@ -52,7 +67,8 @@ class ScheduleDriver:
         self._fire = fire
         self._now = now
         self._poll = poll_seconds
-        self._scheduler = BackgroundScheduler(timezone="UTC") if enabled else None
+        self._scheduler = (BackgroundScheduler(timezone="UTC", executors={"default": DaemonJobs()})
+                           if enabled else None)
         self._fired = time.monotonic()  # when fire last began (or the driver was made)
         self._firing = threading.Lock()  # held while fire runs
         self._armed: dict[str, str] = {}

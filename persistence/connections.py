@@ -27,6 +27,12 @@ import peewee as pw
 
 log = logging.getLogger("kinbox.database")
 
+CLOSE_WAIT = 2.0
+"""Seconds :meth:`ThreadConnections.close_all` waits for other threads' connections to
+close. The driver closes a connection a thread is using when its statement ends: on a
+server that stopped answering (hung, paused), never, and the runtime's stop that closed
+them held the process for good."""
+
 
 class _Held:
     """One thread's open connection; ``closed`` once another thread closed it."""
@@ -84,25 +90,40 @@ class ThreadConnections:
     def close_all(self) -> int:
         """Close the calling thread's connection and every other thread's still open; how
         many. For when every user of the database is done (a runtime's stop): a thread
-        still using its connection would see it closed under it."""
+        still using its connection would see it closed under it. Other threads'
+        connections are given :data:`CLOSE_WAIT` seconds to close, no more."""
         closed = 0
         if not self.is_closed() and not self._state.transactions:
             self.close()  # type: ignore[attr-defined]
             closed += 1
         with self._held_lock:
-            others = list(self._held)
+            others = [held for held in self._held if not held.closed]
             self._held.clear()
+        if not others:
+            return closed
         for held in others:
-            if held.closed:
-                continue
             held.closed = True
-            try:
-                held.conn.close()
-                closed += 1
-            except Exception as exc:  # a connection already broken: nothing left to close
-                log.debug("closing another thread's connection failed: %s",
-                          type(exc).__name__)
-        return closed
+        done: list[_Held] = []
+        closer = threading.Thread(target=_close_held, args=(others, done), daemon=True,
+                                  name="kinbox-close")
+        closer.start()
+        closer.join(CLOSE_WAIT)
+        if closer.is_alive():
+            log.warning("%d database connection(s) in use by a statement the server has "
+                        "not answered were not closed within %.0f s; they close with it, "
+                        "or with the process", len(others) - len(done), CLOSE_WAIT)
+        return closed + len(done)
+
+
+def _close_held(others: list[_Held], done: list[_Held]) -> None:
+    """Close other threads' connections, noting each closed in ``done`` (on a thread of its
+    own: one in use waits for its statement)."""
+    for held in others:
+        try:
+            held.conn.close()
+            done.append(held)
+        except Exception as exc:  # a connection already broken: nothing left to close
+            log.debug("closing another thread's connection failed: %s", type(exc).__name__)
 
 
 def close_every_connection(db: pw.Database) -> None:

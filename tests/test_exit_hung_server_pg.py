@@ -1,0 +1,117 @@
+"""A PostgreSQL server that stops answering (hung, paused) leaves the statements it was
+sent waiting for good: the kernel acknowledges the bytes, so no TCP timeout ends them. A
+program whose server hung must still exit when it ends."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+PROGRAM = """
+import asyncio
+import socket
+import sys
+import threading
+from urllib.parse import urlsplit
+from kinbox.actors import Runtime
+
+# A proxy to the server that, once frozen, holds every byte its connections get and
+# refuses new ones: to a client, a server that hung.
+frozen = threading.Event()
+server = urlsplit(sys.argv[1])
+listener = socket.create_server(("127.0.0.1", 0))
+
+
+def pump(source, sink):
+    try:
+        while data := source.recv(65536):
+            if frozen.is_set():
+                threading.Event().wait()  # never answered, never closed
+            sink.sendall(data)
+    except OSError:
+        pass
+
+
+def serve():
+    while True:
+        client, _ = listener.accept()
+        if frozen.is_set():
+            client.close()
+            continue
+        upstream = socket.create_connection((server.hostname, server.port or 5432))
+        threading.Thread(target=pump, args=(client, upstream), daemon=True).start()
+        threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+
+
+threading.Thread(target=serve, daemon=True).start()
+
+
+def waiting_in(function):
+    # Is some thread inside ``function`` (waiting on the hung server)?
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            if frame.f_code.co_name == function:
+                return True
+            frame = frame.f_back
+    return False
+
+
+def wait_until(condition, what):
+    tick = threading.Event()
+    for _ in range(3000):
+        if condition():
+            return
+        tick.wait(0.01)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+turning = threading.Event()
+go_on = threading.Event()
+
+async def brain(turn):
+    turning.set()
+    await asyncio.to_thread(go_on.wait, 30)
+    await turn.tools.task_list()  # a tool call: it reads, on a blocking worker
+
+proxied = server._replace(netloc=f"{server.username}@127.0.0.1:{listener.getsockname()[1]}")
+rt = Runtime(db=proxied.geturl(), brain=brain).start()
+waits = ["_fire_held"]
+if sys.argv[2] == "turn":
+    project = rt.create_project("p")
+    rt.post(rt.create_session(project.id, "A").id, "hello")
+    wait_until(turning.is_set, "the async turn")
+    waits.append("task_list")
+# Not while a thread opens a connection: peewee holds a lock of the whole database while
+# it does, which every close then waits for (a server hanging mid-handshake: not here).
+wait_until(lambda: not waiting_in("connect"), "the connections to open")
+frozen.set()
+go_on.set()
+rt.cron.look_now()  # a scheduler job: it reads the cron tables
+wait_until(lambda: all(waiting_in(f) for f in waits), f"{waits} to wait on the server")
+print("the server hangs; the program ends", flush=True)
+"""
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("running", ["turn", "idle"])
+def test_a_program_whose_postgresql_server_hung_still_exits(
+        tmp_path: Path, pg_url: str, running: str) -> None:
+    """The program ends (no ``stop()``) while a scheduler job, and an async brain's tool
+    call (``turn``), wait on a hung server. The stop at exit hung closing the connections
+    those threads use (the driver's close waits for their statement), and past it the
+    interpreter's join of the scheduler's and the async host's pools (not daemons)
+    waited for those threads: for ever, either way."""
+    script = tmp_path / "app.py"
+    script.write_text(textwrap.dedent(PROGRAM))
+    try:
+        done = subprocess.run([sys.executable, str(script), pg_url, running],
+                              capture_output=True, text=True, timeout=90)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the program did not exit within 90 s: {exc.stdout!r} "
+                             f"{exc.stderr!r}") from None
+    assert "the program ends" in done.stdout, done.stderr
+    assert done.returncode == 0, done.stderr
