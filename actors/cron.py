@@ -459,11 +459,37 @@ class CronService:
         except CronRunLost as exc:
             log.warning("cron run %s failed but is no longer ours: %s", run.id, exc)
             return
+        except WriterClosed:
+            raise  # stopping: the run stays ``running`` for whoever takes it over
+        except PersistenceError as exc:
+            self._hand_back(run, error, exc)
+            return
         if updated is not None:
             self._driver.wake_at(updated.next_run_at, updated.id)
             if not updated.active:
                 log.warning("cron job %s deactivated: %s", job.id, updated.last_error)
         self._finished(job, run, "error", None, error)
+
+    def _hand_back(self, run: CronRunRecord, error: str, refusal: PersistenceError) -> None:
+        """The database refused the record of ``run``'s failure (``error``): give the run
+        back, due again after a retry delay (:func:`.cron_rules.after_unrecorded_failure`),
+        as the inbox hands back such a row. Raised, it sat out its lease unrenewed, was
+        taken over as if its runtime had died, and after five was failed as such. A hand
+        back refused too leaves the run to its lease."""
+        due = rules.after_unrecorded_failure(run.attempts, self.ctx.now())
+        try:
+            self.store.hand_back(run.id, self.ctx.owner, due)
+        except CronRunLost as exc:
+            log.warning("cron run %s failed but is no longer ours: %s", run.id, exc)
+            return
+        except PersistenceError as exc:
+            log.error("cron run %s failed (%s) and neither its record (%s) nor its hand "
+                      "back (%s) was taken: it is taken over once its lease runs out",
+                      run.id, error, refusal, exc)
+            return
+        log.error("cron run %s failed (%s) and its record was refused (%s): handed back, "
+                  "it runs again in %.0f s", run.id, error, refusal, due - self.ctx.now())
+        self._driver.wake_at(due, run.id)
 
     def _finished(
         self,

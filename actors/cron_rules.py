@@ -27,7 +27,9 @@ Pure: times come in as arguments (the next regular fire time is computed by
   prompt whose turn kills its process) is not run again: it ends as a failed run,
   ``Taken over 5 times: its runtime died each time``, counted as above
   (:func:`after_takeover`), as an inbox message ends ``failed`` after five
-  interrupted turns.
+  interrupted turns. A run whose failure the database refused to record is handed
+  back, not taken over: it runs again after a retry delay (:func:`after_unrecorded_failure`),
+  no death of its runtime counted, and its error is the brain's once recorded.
 - A schedule last written by a clock that read well ahead of this one (set
   back since) is due where its schedule puts it from now, not where the clock
   that was ahead put it (this holds for the Focal schedules too).
@@ -282,6 +284,17 @@ def after_failure(
             delay = retry_after
         return AfterFailure(retry_count + 1, True, now + delay, error)
     return AfterFailure(retry_count, False, None, max_retries_error(error))
+
+
+def after_unrecorded_failure(
+    attempts: int, now: float, delays: tuple[float, ...] = RETRY_DELAYS
+) -> float:
+    """When a run whose failure could not be recorded (the database refused the record)
+    is due again, handed back unrun and uncounted: after the retry delay of its attempt
+    (``attempts``: the run's, 1 for a first run; the last delay past the table). Left
+    to its lease instead, it waited a whole lease and was taken over as if its runtime
+    had died."""
+    return now + delays[min(max(attempts, 1), len(delays)) - 1]
 
 
 MAX_TAKEOVERS = 5

@@ -321,8 +321,10 @@ class CronStore:
     def take_over(self, now: float, owner: str, lease: float,
                   end: Callable[[CronRunRecord, CronJobRecord], RunEnd | None] = (
                       lambda _run, _job: None)) -> list[CronRunRecord]:
-        """Lease every running run whose owner's lease ran out (its runtime died); the runs
-        taken, ``running`` (to run) or ``error``.
+        """Lease every running run whose owner's lease ran out (its runtime died), or that
+        was handed back (:meth:`hand_back`) and is due; the runs taken, ``running`` (to
+        run) or ``error``. A takeover counts in ``takeovers`` only when the run had an
+        owner: a handed-back run's runtime did not die in it.
 
         ``end(run, job)`` (the run as taken over, its attempts and takeovers counting this
         one)
@@ -341,8 +343,9 @@ class CronStore:
                 # and never finished it, and it was taken over at each lease's end.
                 r.delete().where(r.id == row.id, r.status == "running").execute()
                 return None
+            died = row.owner is not None  # else handed back: no death to count
             run = replace(_run(row), owner=owner, lease_until=now + lease,
-                          attempts=row.attempts + 1, takeovers=row.takeovers + 1)
+                          attempts=row.attempts + 1, takeovers=row.takeovers + died)
             if not r.update(owner=owner, lease_until=run.lease_until,
                             attempts=run.attempts, takeovers=run.takeovers).where(
                     r.id == row.id, r.owner == row.owner, r.status == "running",
@@ -365,6 +368,19 @@ class CronStore:
             taken = [take(row) for row in r.select().where(lapsed)]
             return [run for run in taken if run is not None]
         return self.writer.call_landed(op)  # it leases runs, as fire_due
+
+    def hand_back(self, run_id: str, owner: str, due: float) -> None:
+        """Give a run ``owner`` holds back unrun, to be taken (:meth:`take_over`) once
+        ``due`` has passed: its failure's record was refused. Its owner is cleared, so that
+        takeover counts no death of its runtime. Raises :class:`CronRunLost` unless
+        ``owner`` still holds it."""
+        r = self.t.cron_run
+
+        def op() -> None:
+            if not r.update(owner=None, lease_until=due).where(
+                    r.id == run_id, r.owner == owner, r.status == "running").execute():
+                raise CronRunLost(run_id, owner)
+        self.writer.call(op)
 
     def running_owners(self) -> set[str]:
         """The owners of runs still ``running``."""

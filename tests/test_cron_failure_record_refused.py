@@ -1,0 +1,120 @@
+"""A failed cron run whose record the database refuses is handed back, not left to its lease.
+
+When the record of a failed run was refused (a database error; the run still this
+runtime's), ``CronService._execute`` raised and left the run ``running`` with nobody
+renewing its lease: it sat out the whole lease, was then taken over and run again as if
+its runtime had died, and after five such ends was failed with "Taken over 5 times: its
+runtime died each time". As the inbox hands back a row whose failure record was refused
+(``Journal.release_later``), the run goes back unrun, due again after a backoff, with no
+takeover counted; once its record lands, the run's error is the brain's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kinbox.actors import ManualClock, Runtime
+from kinbox.persistence import (
+    CronJobRecord,
+    CronRunLost,
+    CronStore,
+    DatabaseFailed,
+    Occurrence,
+)
+
+from .conftest import Stores
+from .helpers import wait_for
+from .test_cron import MINUTE, CronBrain, MakeRuntime, clock  # noqa: F401
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def refusing_failure_records(monkeypatch: pytest.MonkeyPatch, times: int) -> list[str]:
+    """Refuse the record of the next ``times`` failed runs; the ids of those refused."""
+    real = CronStore.finish
+    refused: list[str] = []
+
+    def finish(self: CronStore, run_id: str, owner: str, now: float, status: str,
+               **kwargs: Any) -> Any:
+        if status == "error" and len(refused) < times:
+            refused.append(run_id)
+            raise DatabaseFailed("CHECK constraint failed")
+        return real(self, run_id, owner, now, status, **kwargs)
+
+    monkeypatch.setattr(CronStore, "finish", finish)
+    return refused
+
+
+def settle(rt: Runtime) -> None:
+    rt.run_until_idle(20)
+    assert rt.cron.wait_idle(20)
+
+
+def test_a_refused_failure_record_hands_the_run_back_for_a_backoff_not_a_lease(
+        make_runtime: MakeRuntime, clock: ManualClock,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    refused = refusing_failure_records(monkeypatch, 1)
+    brain = CronBrain()
+    brain.failing = "the model timed out"
+    rt = make_runtime(brain=brain, lease_seconds=3600)
+    job_id = str(rt.cron.add("yearly", "0 0 1 1 *", "Happy new year")["job_id"])
+    rt.cron.trigger(job_id)
+    wait_for(lambda: bool(refused), 20, "the failure record refused")
+    settle(rt)
+    assert len(brain.turns) == 1, "the brain ran again at once"
+    [run] = rt.cron.runs(job_id)
+    assert run["status"] == "running"  # nothing recorded yet: it waits
+    clock.advance(MINUTE + 1)  # past a backoff, far short of the hour's lease
+    settle(rt)
+    wait_for(lambda: rt.cron.runs(job_id)[0]["status"] == "error", 20,
+             f"the failure recorded after the backoff ({len(brain.turns)} turns ran)")
+    [run] = rt.cron.runs(job_id)
+    assert run["error"] == "RuntimeError: the model timed out"
+    assert run["takeovers"] == 0  # its runtime never died
+    assert len(brain.turns) == 2
+    assert rt.cron.job(job_id)["retry_count"] == 1
+
+
+def test_a_record_refused_again_and_again_is_never_called_a_dead_runtime(
+        make_runtime: MakeRuntime, clock: ManualClock,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    refused = refusing_failure_records(monkeypatch, 7)
+    brain = CronBrain()
+    brain.failing = "the model timed out"
+    rt = make_runtime(brain=brain, lease_seconds=120)
+    job_id = str(rt.cron.add("yearly", "0 0 1 1 *", "Happy new year")["job_id"])
+    rt.cron.trigger(job_id)
+    for n in range(1, 8):
+        wait_for(lambda n=n: len(refused) == n, 20, f"refusal {n}")
+        settle(rt)
+        assert len(brain.turns) == n
+        clock.advance(3600)  # past any backoff and lease
+        settle(rt)
+    wait_for(lambda: rt.cron.runs(job_id)[0]["status"] == "error", 20,
+             "the failure recorded once the database took it")
+    [run] = rt.cron.runs(job_id)
+    assert run["error"] == "RuntimeError: the model timed out" and run["takeovers"] == 0
+    assert len(brain.turns) == 8
+
+
+def test_a_handed_back_run_is_taken_after_its_due_time_with_no_takeover_counted(
+        stores: Stores) -> None:
+    """On both backends: only its owner hands a run back; it is taken once its time has
+    passed, its attempt counted and no death of a runtime."""
+    crons = CronStore(stores.tables, stores.writer)
+    crons.create(CronJobRecord("job-h", "nightly", "0 3 * * *", "UTC", "check", True,
+                               "none", 0, 100.0, None, None, None, 0.0, 0.0))
+    [run] = crons.fire_due(100.0, "owner-a", 30.0, lambda job, running: Occurrence(
+        {"next_run_at": 90_000.0}, "running"))
+    with pytest.raises(CronRunLost):
+        crons.hand_back(run.id, "owner-b", 160.0)
+    crons.hand_back(run.id, "owner-a", 160.0)
+    assert crons.take_over(160.0, "owner-b", 30.0) == []  # not yet past its time
+    [taken] = crons.take_over(161.0, "owner-b", 30.0)
+    assert (taken.id, taken.owner, taken.attempts, taken.takeovers) == (
+        run.id, "owner-b", 2, 0)
+    crons.finish(run.id, "owner-b", 170.0, "error", error="boom")
+    assert [(r.status, r.error, r.takeovers) for r in crons.runs("job-h")] == [
+        ("error", "boom", 0)]
