@@ -239,7 +239,7 @@ class CronRun(_Base):
     """
 
     id = pw.CharField(primary_key=True, max_length=128)
-    job_id = pw.CharField(index=True, max_length=64)
+    job_id = pw.CharField(max_length=64)
     scheduled_for = pw.DoubleField()
     started_at = pw.DoubleField()
     finished_at = pw.DoubleField(null=True)
@@ -253,6 +253,9 @@ class CronRun(_Base):
 
     class Meta:
         table_name = "cron_runs"
+        # A job's runs newest first: the last runs each run's reminder reads, its listing,
+        # and a prune's walk over its oldest, each an ordered walk of one job's range.
+        indexes = ((("job_id", "started_at", "id"), False),)
 
 
 class PeerDevice(_Base):

@@ -59,6 +59,7 @@ FULL_INDEXES = {
     "sessions_updated_at": "ON sessions (updated_at)",
     "transcript_entries_session_id": "ON transcript_entries (session_id)",
     "tasks_project_id": "ON tasks (project_id)",
+    "cron_runs_job_id": "ON cron_runs (job_id)",
     # PostgreSQL, briefly, for the probes of pg_claims: each cost every message two more
     # index writes (a row's every status change writes every index), for probes the
     # partial indexes above serve.
@@ -72,7 +73,9 @@ FULL_INDEXES = {
 (status, seq), ``sessions.updated_at``'s, which made every session status change a
 write to it (and on PostgreSQL a non-HOT update), the transcript's by session alone
 (now by ``(session_id, id)``, the model's), and the tasks' by project alone (now the
-prefix of ``(project_id, chat_id, updated_at)``, the model's)."""
+prefix of ``(project_id, chat_id, updated_at)``, the model's), and the cron runs' by job
+alone (now the prefix of ``(job_id, started_at, id)``, the model's: a job's last runs were
+all its runs read and sorted, at every run)."""
 
 
 def index_names(db: pw.Database) -> set[str]:

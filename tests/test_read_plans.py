@@ -17,7 +17,14 @@ from typing import Any
 
 import pytest
 
-from kinbox.persistence import TaskStore, is_postgres, paging, pending_changes, upgrade
+from kinbox.persistence import (
+    CronStore,
+    TaskStore,
+    is_postgres,
+    paging,
+    pending_changes,
+    upgrade,
+)
 from kinbox.persistence.open_indexes import index_names
 
 from .conftest import Stores
@@ -128,4 +135,57 @@ def test_an_older_database_gets_the_indexes_from_upgrade(stores: Stores) -> None
     have = index_names(db)
     assert TASKS_INDEX in have and "tasks_project_id" not in have
     assert {"sessions_created_at_id", "sessions_project_id_created_at_id"} <= have
+    assert pending_changes(stores.tables) == []
+
+
+RUNS_INDEX = "cron_runs_job_id_started_at_id"
+
+
+@pytest.fixture
+def long_run_history(stores: Stores) -> Iterator[Stores]:
+    """3,000 finished runs of 10 jobs (an every-minute job's two days, ten times over)."""
+    t = stores.tables
+    runs = [{"id": f"j{i % 10}@{i}", "job_id": f"j{i % 10}", "scheduled_for": i * 6.0,
+             "started_at": i * 6.0, "finished_at": i * 6.0 + 1, "status": "success",
+             "attempts": 1} for i in range(3000)]
+
+    def write() -> None:
+        for first in range(0, 3000, 500):
+            t.cron_run.insert_many(runs[first:first + 500]).execute()
+    stores.writer.call(write)
+    if is_postgres(stores.db):
+        stores.db.execute_sql("VACUUM ANALYZE cron_runs")
+    else:
+        stores.db.execute_sql("ANALYZE")
+    yield stores
+
+
+def test_a_jobs_last_runs_walk_an_index_in_their_order(long_run_history: Stores,
+                                                       monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    """What every run's reminder reads (its job's last runs): with ``job_id`` alone
+    indexed, all of the job's runs were read and sorted, at every run."""
+    crons = CronStore(long_run_history.tables, long_run_history.writer)
+    plan = plan_of(long_run_history, monkeypatch, lambda: crons.runs("j3", limit=5),
+                   "cron_runs")
+    if is_postgres(long_run_history.db):
+        assert f"Index Scan Backward using {RUNS_INDEX}" in plan, plan
+        assert "Sort" not in plan, plan
+    else:
+        assert f"USING INDEX {RUNS_INDEX}" in plan, plan
+        assert "TEMP B-TREE" not in plan, plan
+    assert [r.id for r in crons.runs("j3", limit=5)] == [
+        f"j3@{i}" for i in (2993, 2983, 2973, 2963, 2953)]
+
+
+def test_an_older_database_gets_the_run_index_from_upgrade(stores: Stores) -> None:
+    """As an older version left it: the runs indexed by job alone."""
+    db = stores.db
+    db.execute_sql(f"DROP INDEX {RUNS_INDEX}")
+    db.execute_sql("CREATE INDEX IF NOT EXISTS cron_runs_job_id ON cron_runs (job_id)")
+    assert sorted(pending_changes(stores.tables)) == [
+        f"create index {RUNS_INDEX}", "drop index cron_runs_job_id (replaced)"]
+    upgrade(stores.tables)
+    have = index_names(db)
+    assert RUNS_INDEX in have and "cron_runs_job_id" not in have
     assert pending_changes(stores.tables) == []
