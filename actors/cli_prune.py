@@ -2,7 +2,8 @@
 
 Deletes what :mod:`kinbox.persistence.retention` lets go (``delivered`` and ``cancelled``
 rows last changed before the cutoff, with their delivery markers and history; never an
-open or failed row) in short transactions, beside a running runtime. The cutoff is taken
+open or failed row; then the cron runs that finished before it, each job's newest kept)
+in short transactions, beside a running runtime. The cutoff is taken
 on the rows' own clock (the server's on PostgreSQL). ``--dry-run`` opens the database
 read-only and only counts. Interrupted, it stops between two batches and says what went.
 """
@@ -73,7 +74,8 @@ def inbox_prune(args: argparse.Namespace, out: TextIO) -> int:
             "interrupted": interrupted}
     emit(out, args.json, data, [
         f"{verb} {counts.rows} inbox row(s) last changed before {when(cutoff)} UTC, "
-        f"with {counts.markers} delivery marker(s) and {counts.events} history row(s)"
+        f"with {counts.markers} delivery marker(s) and {counts.events} history row(s), "
+        f"and {counts.cron_runs} finished cron run(s)"
         + ("; interrupted: the rest stay until the next prune" if interrupted else "")])
     return EXIT_INTERRUPTED if interrupted else 0
 
@@ -81,7 +83,8 @@ def inbox_prune(args: argparse.Namespace, out: TextIO) -> int:
 def add_parser(isub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``inbox prune`` under ``kinbox inbox``."""
     p = common(isub.add_parser(
-        "prune", help="delete delivered and cancelled rows older than a duration"))
+        "prune", help="delete delivered and cancelled rows, and finished cron runs, older than a "
+             "duration"))
     p.add_argument("--older-than", required=True, type=retention_age, metavar="DURATION",
                    help="rows last changed longer ago than this: 30d, 2w, 48h (at least "
                         f"{retention.MIN_RETENTION // 3600}h)")

@@ -368,7 +368,7 @@ class CronService:
             taken_over = run.takeovers > 0
             sid = yield Blocking(partial(self.definitions.ensure_session, job))
             now = self.ctx.now()
-            recent = yield Blocking(partial(self.store.runs, job.id, limit=5))
+            recent = yield Blocking(partial(self.store.last_runs, job.id))
             earlier = [
                 r
                 for r in recent

@@ -1,7 +1,8 @@
 """Reclaiming the journal: an operator's prune, and a runtime's retention on its tick.
 
 What may be deleted is :mod:`kinbox.persistence.retention`'s rule (finished rows whose
-last change is older than the cutoff, and nothing a live path still reads); the deleting
+last change is older than the cutoff, and nothing a live path still reads; finished cron
+runs, each job's newest kept); the deleting
 is the journal's (:meth:`~kinbox.persistence.Journal.prune`, bounded batches). This
 module checks an operator's arguments, and runs a runtime's automatic retention: with
 ``Runtime(retention=seconds)``, a pass every :data:`RETENTION_INTERVAL` of the runtime's
@@ -59,18 +60,20 @@ def batch_size(value: object) -> int:
 def prune(ctx: RuntimeContext, older_than: float, *, dry_run: bool = False,
           batch: int = retention.DEFAULT_BATCH) -> PruneCounts:
     """Delete the journal's prunable rows older than ``older_than`` seconds on the
-    runtime's clock (with their markers and history); what went (or, dry, would)."""
+    runtime's clock (with their markers and history), and the finished cron runs (each
+    job's newest kept); what went (or, dry, would)."""
     seconds = older_than_seconds(older_than)
     size = batch_size(batch)
     counts = ctx.journal.prune(ctx.now() - seconds, batch=size, dry_run=dry_run)
-    log.info("%s %d inbox rows (%d markers, %d history rows) older than %.0f s",
-             "would prune" if dry_run else "pruned", counts.rows, counts.markers,
-             counts.events, seconds)
+    log.info("%s %d inbox rows (%d markers, %d history rows) and %d cron runs older than "
+             "%.0f s", "would prune" if dry_run else "pruned", counts.rows, counts.markers,
+             counts.events, counts.cron_runs, seconds)
     return counts
 
 
 class Retention:
-    """A runtime's automatic prune: a pass each :data:`RETENTION_INTERVAL`, a batch a tick.
+    """A runtime's automatic prune: a pass each :data:`RETENTION_INTERVAL`, a batch a tick
+    (the inbox rows', then the cron runs').
 
     Ticks may come from two threads (the ticker's, and an injected clock's mover): one
     runs a batch, the other skips it."""
@@ -83,6 +86,9 @@ class Retention:
         self._cutoff: float | None = None
         """The running pass's cutoff (fixed at its start); None between passes."""
         self._before: int | None = None
+        self._runs = False
+        """The running pass is at its cron runs (the inbox rows done)."""
+        self._from_job: str | None = None
 
     def tick(self, ctx: RuntimeContext) -> None:
         """Run the next batch of the pass under way, or start one when it is due."""
@@ -94,12 +100,20 @@ class Retention:
                 if now < self._next_pass:
                     return
                 self._cutoff, self._before = now - self.older_than, None
+                self._runs, self._from_job = False, None
                 self._next_pass = now + self.interval
-            step = ctx.journal.prune_batch(self._cutoff, before_seq=self._before)
-            if step.counts.rows:
-                log.info("retention pruned %d inbox rows", step.counts.rows)
-            self._before = step.before_seq
-            if step.before_seq is None:
+            if not self._runs:
+                step = ctx.journal.prune_batch(self._cutoff, before_seq=self._before)
+                if step.counts.rows:
+                    log.info("retention pruned %d inbox rows", step.counts.rows)
+                self._before = step.before_seq
+                self._runs = step.before_seq is None
+                return
+            runs = ctx.journal.prune_cron_batch(self._cutoff, from_job=self._from_job)
+            if runs.runs:
+                log.info("retention pruned %d cron runs", runs.runs)
+            self._from_job = runs.from_job
+            if runs.from_job is None:
                 self._cutoff = None
         except Exception:
             log.exception("retention's prune failed; the next pass tries again")

@@ -287,7 +287,9 @@ class RecordsApi:
               batch: int = retention.DEFAULT_BATCH) -> dict[str, int]:
         """Operator: delete finished inbox rows (``delivered``, ``cancelled``) last changed
         more than ``older_than`` seconds ago, with their delivery markers and history, in
-        transactions of ``batch`` rows; the counts (``rows``, ``markers``, ``events``).
+        transactions of ``batch`` rows, then the cron runs that finished before it (each
+        job's newest kept: what its next run's reminder reads); the counts (``rows``,
+        ``markers``, ``events``, ``cron_runs``).
 
         Never an open or ``failed`` row, nor one a live path still reads (an open task's
         messages; see :mod:`kinbox.persistence.retention`); transcripts stay whole. With

@@ -21,7 +21,7 @@ from typing import Any
 
 import peewee as pw
 
-from . import firing, paging
+from . import firing, paging, retention
 from .database import is_postgres
 from .errors import LeaseLost
 from .inbox_notify import SCHEDULES_NOTIFY_SQL
@@ -263,6 +263,11 @@ class CronStore:
         if job_id is not None:
             q = q.where(r.job_id == job_id)
         return [_run(x) for x in paging.cut(q, limit, offset)]
+
+    def last_runs(self, job_id: str) -> list[CronRunRecord]:
+        """The job's newest runs, newest first: the :data:`~.retention.KEPT_CRON_RUNS` a
+        prune always keeps (a walk of the ``(job_id, started_at, id)`` index)."""
+        return self.runs(job_id, limit=retention.KEPT_CRON_RUNS)
 
     def running(self, job_id: str) -> CronRunRecord | None:
         """The job's run still ``running``, if any (its lease may have run out)."""

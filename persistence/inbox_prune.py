@@ -32,7 +32,7 @@ import json
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
-from . import retention
+from . import cron_prune, retention
 from .database import is_postgres
 from .hot_path import chunks
 from .models import Tables
@@ -52,14 +52,17 @@ class PruneCounts:
     """Their delivery markers."""
     events: int = 0
     """Their history rows (``agent_inbox_events``)."""
+    cron_runs: int = 0
+    """Finished cron runs (:mod:`.cron_prune`)."""
 
     def __add__(self, other: PruneCounts) -> PruneCounts:
         return PruneCounts(self.rows + other.rows, self.markers + other.markers,
-                           self.events + other.events)
+                           self.events + other.events, self.cron_runs + other.cron_runs)
 
     def as_dict(self) -> dict[str, int]:
         """The counts as a plain dict."""
-        return {"rows": self.rows, "markers": self.markers, "events": self.events}
+        return {"rows": self.rows, "markers": self.markers, "events": self.events,
+                "cron_runs": self.cron_runs}
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +88,9 @@ class InboxPrune:
     def prune(self, cutoff: float, *, batch: int = retention.DEFAULT_BATCH,
               dry_run: bool = False) -> PruneCounts:
         """Delete every prunable row last changed before ``cutoff`` (epoch seconds), with
-        its markers and history, ``batch`` rows per transaction; what went. With
-        ``dry_run``, nothing is deleted and the counts say what would go."""
+        its markers and history, then the prunable cron runs (:mod:`.cron_prune`),
+        ``batch`` rows per transaction; what went. With ``dry_run``, nothing is deleted
+        and the counts say what would go."""
         return sum(self.prune_steps(cutoff, batch=batch, dry_run=dry_run), PruneCounts())
 
     def prune_steps(self, cutoff: float, *, batch: int = retention.DEFAULT_BATCH,
@@ -102,8 +106,24 @@ class InboxPrune:
             step = self._batch(cutoff, before, batch, dry_run, would_go)
             yield step.counts
             if step.before_seq is None:
-                return
+                break
             before = step.before_seq
+        from_job = None
+        while True:
+            runs = self.prune_cron_batch(cutoff, from_job=from_job, batch=batch,
+                                         dry_run=dry_run)
+            yield PruneCounts(cron_runs=runs.runs)
+            if runs.from_job is None:
+                return
+            from_job = runs.from_job
+
+    def prune_cron_batch(self, cutoff: float, *, from_job: str | None = None,
+                         batch: int = retention.DEFAULT_BATCH, dry_run: bool = False
+                         ) -> cron_prune.CronPruneBatch:
+        """One batch of the cron runs :meth:`prune` deletes: of the first job at or after
+        ``from_job`` (all jobs when None), see :func:`.cron_prune.prune_batch`."""
+        return cron_prune.prune_batch(self.t, self.writer, cutoff, from_job=from_job,
+                                      batch=batch, dry_run=dry_run)
 
     def prune_batch(self, cutoff: float, *, before_seq: int | None = None,
                     batch: int = retention.DEFAULT_BATCH, dry_run: bool = False

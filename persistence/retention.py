@@ -1,4 +1,4 @@
-"""Journal retention: which inbox rows a prune may delete, given a cutoff time.
+"""Journal retention: which inbox rows (and cron runs) a prune may delete, given a cutoff.
 
 The journal keeps every message forever unless a prune reclaims the finished ones. A row
 (with its delivery markers and its history in ``agent_inbox_events``) may go only when
@@ -41,6 +41,15 @@ nothing that still runs reads it. The readers, and the rule each one forces:
 The transcript (``transcript_entries``) is the conversation itself and is never pruned
 here; nor is a marker whose message id has no inbox row (a direct turn's).
 
+**Cron runs** (``cron_runs``) are pruned by the same cutoff, by rules of their own (an
+every-minute job adds 525,600 a year): a run goes when it **finished** (``success`` or
+``error``; a ``running`` one is leased, or waits to be taken over), **before the cutoff**
+(``finished_at``), and is **not among its job's** :data:`KEPT_CRON_RUNS` **newest**
+(``started_at``, then id: the order a run reads its job's last runs in, for the "Last
+run" of its reminder, and the job's listing). A run's record keeps its occurrence from
+running twice only while that occurrence is due (a second trigger at one clock reading);
+its job's ``next_run_at`` moved past it as it fired, long before any cutoff.
+
 Pure: no database, no clock; the caller gives the rows' facts, the cutoff and which chain
 successors exist.
 """
@@ -71,12 +80,18 @@ has no ack for (the receiver committed it, the ack was lost) with the same id un
 last attempt, :func:`~.inbox_core.retry_horizon` of the peer policy (37.1 h) after its
 first; the receiver de-duplicates it only while its row is kept. Rounded up to the hour
 for the attempts' own durations (a minute each, on average, over 48). Local retries are
-the row itself (nothing re-sends a finished one); a social event's direct turn and a
-cron run keep records no prune deletes (a marker with no inbox row, the runs table),
-while an event a stop handed to the inbox is de-duplicated by its row like any message,
-for at least this long (a platform's own retry window is not known here). Not covered:
-a sender that was down longer than the margin (its schedule resumes where it stopped)
-or an operator's requeue of a failed row."""
+the row itself (nothing re-sends a finished one); a social event's direct turn keeps a
+once-only record no prune deletes (a marker with no inbox row), a cron occurrence is
+not due again once its job's next time moved past it (its run's record may go), while an
+event a stop handed to the inbox is de-duplicated by its row like any message, for at
+least this long (a platform's own retry window is not known here). Not covered: a sender
+that was down longer than the margin (its schedule resumes where it stopped) or an
+operator's requeue of a failed row."""
+
+KEPT_CRON_RUNS = 5
+"""The newest runs of each job a prune keeps, however old: the runs a run reads of its
+job's last ones, for the "Last run" of its reminder (``CronStore.last_runs``)."""
+
 
 class Keep(StrEnum):
     """Why a row stays (each a rule of the module docstring)."""

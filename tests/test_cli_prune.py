@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kinbox.persistence import NewMessage, TurnEntry
+from kinbox.persistence import CronJobRecord, CronStore, NewMessage, TurnEntry
 
 from .conftest import Stores
 from .test_cli import kinbox
@@ -110,3 +110,30 @@ def test_a_missing_database_is_an_error_and_creates_nothing(tmp_path: Path) -> N
     assert result.returncode == 1
     assert result.stderr.startswith("kinbox: ")
     assert not (tmp_path / "nowhere.db").exists()
+
+
+def test_old_finished_cron_runs_go_too_and_are_counted(aged_db: str) -> None:
+    """Seven old runs of a job: the two oldest go, its five newest stay (what its next
+    run's reminder reads)."""
+    s = Stores(aged_db)
+    crons = CronStore(s.tables, s.writer)
+    crons.create(CronJobRecord("cj_1", "tick", "* * * * *", "UTC", "p", True, "none", 0,
+                               None, None, None, None, LONG_AGO, LONG_AGO))
+    s.writer.call(lambda: s.tables.cron_run.insert_many([
+        {"id": f"cj_1@{k}", "job_id": "cj_1", "scheduled_for": LONG_AGO + 60 * k,
+         "started_at": LONG_AGO + 60 * k, "finished_at": LONG_AGO + 60 * k + 1,
+         "status": "success", "attempts": 1} for k in range(7)]).execute())
+    s.close()
+    dry = kinbox("inbox", "prune", "--older-than", "30d", "--dry-run", "--json",
+                 "--db", aged_db)
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["cron_runs"] == 2
+    result = kinbox("inbox", "prune", "--older-than", "30d", "--db", aged_db)
+    assert result.returncode == 0, result.stderr
+    assert "and 2 finished cron run(s)" in result.stdout
+    s = Stores(aged_db)
+    try:
+        left = [r.id for r in CronStore(s.tables, s.writer).runs("cj_1")]
+    finally:
+        s.close()
+    assert left == [f"cj_1@{k}" for k in (6, 5, 4, 3, 2)]

@@ -43,7 +43,8 @@ def test_a_restart_after_a_prune_replays_exactly_the_unacknowledged_rows(
     with Runtime(db=rt.url, clock=clock) as sender:  # send-only: claims nothing
         for k in range(2):
             sender.post(alice.id, f"new {k}", message_id=f"new-{k}")
-        assert sender.prune(30 * DAY) == {"rows": 3, "markers": 3, "events": 0}
+        assert sender.prune(30 * DAY) == {"rows": 3, "markers": 3, "events": 0,
+                                              "cron_runs": 0}
     second = Recorder()
     again = make_runtime(brain=second)
     again.run_until_idle(timeout=10)
@@ -80,7 +81,8 @@ def test_a_dry_run_prune_changes_nothing(make_runtime: Callable[..., Runtime],
     rt.run_until_idle(timeout=10)
     clock.advance(3 * DAY)
     before = (rt.inbox(), rt.marker_counts())
-    assert rt.prune(2 * DAY, dry_run=True) == {"rows": 1, "markers": 1, "events": 0}
+    assert rt.prune(2 * DAY, dry_run=True) == {"rows": 1, "markers": 1, "events": 0,
+                                                      "cron_runs": 0}
     assert (rt.inbox(), rt.marker_counts()) == before
 
 
