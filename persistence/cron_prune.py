@@ -80,8 +80,11 @@ def _prunable(t: Tables, job_id: str, cutoff: float) -> Any:
         return None
     started, run_id = kept[0]  # the oldest of the newest kept: the prunable are below it
     older = (r.started_at < started) | ((r.started_at == started) & (r.id < run_id))
-    return r.select(r.id).where(r.job_id == job_id, older, r.status.in_(FINISHED),
-                                r.finished_at < cutoff)
+    # Started before the cutoff too (as a run that finished before it did): the walk of
+    # the job's index stops at the cutoff, not at its newest kept runs, across a history
+    # of recent runs.
+    return r.select(r.id).where(r.job_id == job_id, older, r.started_at < cutoff,
+                                r.status.in_(FINISHED), r.finished_at < cutoff)
 
 
 def _delete(t: Tables, job_id: str, ids: Sequence[str], cutoff: float) -> int:

@@ -44,7 +44,8 @@ here; nor is a marker whose message id has no inbox row (a direct turn's).
 **Cron runs** (``cron_runs``) are pruned by the same cutoff, by rules of their own (an
 every-minute job adds 525,600 a year): a run goes when it **finished** (``success`` or
 ``error``; a ``running`` one is leased, or waits to be taken over), **before the cutoff**
-(``finished_at``), and is **not among its job's** :data:`KEPT_CRON_RUNS` **newest**
+(``finished_at``, and ``started_at``: a clock set back between the two can only delay
+it), and is **not among its job's** :data:`KEPT_CRON_RUNS` **newest**
 (``started_at``, then id: the order a run reads its job's last runs in, for the "Last
 run" of its reminder, and the job's listing). A run's record keeps its occurrence from
 running twice only while that occurrence is due (a second trigger at one clock reading);

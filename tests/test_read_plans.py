@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from kinbox.persistence import (
+    CronJobRecord,
     CronStore,
     TaskStore,
     is_postgres,
@@ -189,3 +190,34 @@ def test_an_older_database_gets_the_run_index_from_upgrade(stores: Stores) -> No
     have = index_names(db)
     assert RUNS_INDEX in have and "cron_runs_job_id" not in have
     assert pending_changes(stores.tables) == []
+
+
+def test_a_prunes_read_of_a_jobs_old_runs_stops_at_the_cutoff(
+        long_run_history: Stores, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prune's batch walks the job's index from its oldest runs to the cutoff, not on
+    through every recent run below its newest kept (the whole history, for a job whose
+    runs are nearly all recent)."""
+    stores = long_run_history
+    CronStore(stores.tables, stores.writer).create(CronJobRecord(
+        "j3", "j3", "* * * * *", "UTC", "p", True, "none", 0, None, None, None, None, 0, 0))
+    ran: list[tuple[str, Any]] = []
+    execute = stores.db.execute_sql
+
+    def recording(sql: str, params: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if 'FROM "cron_runs"' in sql:
+            ran.append((sql, params))
+        return execute(sql, params, *args, **kwargs)
+    monkeypatch.setattr(stores.db, "execute_sql", recording)
+    step = stores.journal.prune_cron_batch(600.0, batch=1000)
+    monkeypatch.undo()
+    assert step.runs == 10  # j3's runs started (and finished) before 600
+    [(sql, params)] = [(sql, params) for sql, params in ran  # the read of the candidates
+                       if sql.startswith("SELECT") and "LIMIT" in sql and "DESC" not in sql
+                       and "FOR UPDATE" not in sql]
+    if is_postgres(stores.db):
+        plan = "\n".join(str(r[0]) for r in stores.db.execute_sql("EXPLAIN " + sql, params))
+        assert RUNS_INDEX in plan and "started_at < " in plan.split("Filter")[0], plan
+    else:
+        plan = "\n".join(str(r[-1]) for r in stores.db.execute_sql(
+            "EXPLAIN QUERY PLAN " + sql, params))
+        assert f"USING INDEX {RUNS_INDEX} (job_id=? AND started_at<?)" in plan, plan
