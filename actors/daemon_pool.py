@@ -61,6 +61,9 @@ class DaemonPool(ThreadPoolExecutor):
                     future.set_result(fn(*args, **kwargs))
                 except BaseException as exc:
                     future.set_exception(exc)
+            # Not held while the thread waits for its next work: what the work referenced
+            # (a finished turn) is freed now, by reference counting.
+            del item, future, fn, args, kwargs
             with self._lock:
                 self._idle += 1
 
