@@ -54,6 +54,15 @@ KINBOX_TABLES = tuple(model._meta.table_name for model in reversed(MODELS))
 
 
 @pytest.fixture
+def runtimes() -> Iterator[list[Runtime]]:
+    """Runtimes a test started (it appends them), stopped at its end, the last first."""
+    made: list[Runtime] = []
+    yield made
+    for rt in reversed(made):
+        rt.stop()
+
+
+@pytest.fixture
 def db_url(tmp_path: Path) -> str:
     """A fresh SQLite file URL."""
     return f"sqlite:///{tmp_path / 'kinbox.db'}"

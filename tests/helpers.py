@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -23,6 +23,21 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         pause.wait(0.005)  # re-check soon; the timeout above bounds the wait
+
+
+def end_backends(pg_url: str, pids: Iterable[int]) -> None:
+    """End these server processes (``pg_terminate_backend``), as a server restart or a cut
+    network ends a connection under its client."""
+    import psycopg2
+
+    admin = psycopg2.connect(pg_url)
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            for pid in pids:
+                cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    finally:
+        admin.close()
 
 
 def end_database_sessions(pg_url: str) -> int:

@@ -28,7 +28,7 @@ from kinbox.persistence import DatabaseFailed, NewMessage
 from kinbox.persistence.batch_run import CONFLICT_RETRIES
 
 from .conftest import Stores
-from .helpers import wait_for
+from .helpers import end_backends, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(60)]
 
@@ -176,14 +176,7 @@ def test_a_claim_whose_connection_was_lost_fails_once_and_the_next_one_leases(
     claim after it connects again and leases the row."""
     now = time.time()
     stores.journal.enqueue(NewMessage("m1", "t1", "hello", sender="u"), now)
-    pid = stores.db.execute_sql("SELECT pg_backend_pid()").fetchone()[0]
-    admin = psycopg2.connect(pg_url)
-    admin.autocommit = True
-    try:
-        with admin.cursor() as cur:
-            cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
-    finally:
-        admin.close()
+    end_backends(pg_url, [stores.db.execute_sql("SELECT pg_backend_pid()").fetchone()[0]])
     with pytest.raises(DatabaseFailed) as caught:
         stores.journal.claim("w", now)
     assert caught.value.kind in ("OperationalError", "InterfaceError")
@@ -191,14 +184,6 @@ def test_a_claim_whose_connection_was_lost_fails_once_and_the_next_one_leases(
     assert _row(stores, "m1")["status"] == "pending"
     result = stores.journal.claim("w", now)
     assert [r.message_id for r in result.rows] == ["m1"]
-
-
-@pytest.fixture
-def runtimes(pg_url: str) -> Iterator[list[Runtime]]:
-    made: list[Runtime] = []
-    yield made
-    for rt in reversed(made):
-        rt.stop()
 
 
 def _conflicts_on(pg_url: str, n: int) -> Conflicts:

@@ -17,7 +17,7 @@ import pytest
 
 from kinbox.actors import ManualClock, Runtime
 
-from .helpers import quiet_brain, wait_for
+from .helpers import end_backends, quiet_brain, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(60)]
 
@@ -35,17 +35,6 @@ def _dispatcher_backends(pg_url: str) -> list[int]:
         conn.close()
 
 
-def _end(pg_url: str, pids: list[int]) -> None:
-    conn = psycopg2.connect(pg_url)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            for pid in pids:
-                cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
-    finally:
-        conn.close()
-
-
 def test_a_tick_whose_connection_ended_says_so_in_one_warning_and_goes_on(
         pg_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     clock = ManualClock()
@@ -58,7 +47,7 @@ def test_a_tick_whose_connection_ended_says_so_in_one_warning_and_goes_on(
                  what="the dispatcher's claim")
         pids = _dispatcher_backends(pg_url)
         with caplog.at_level(logging.WARNING, logger="kinbox"):
-            _end(pg_url, pids)
+            end_backends(pg_url, pids)
             clock.advance(0.5)  # the next tick: its first read finds the connection gone
             wait_for(lambda: bool(_dispatcher_backends(pg_url))
                      and _dispatcher_backends(pg_url) != pids, timeout=20,

@@ -17,7 +17,7 @@ lease statement: it runs for real, then its connection is ended by the server
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import pytest
 
 from kinbox.actors import Runtime, Turn
 
-from .helpers import wait_for
+from .helpers import end_backends, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(90)]
 
@@ -42,25 +42,10 @@ def _answer_lost(pg_url: str, rt: Runtime, run: Callable[..., Any],
         if lost:
             return rows
         lost.append(any(r[-1] for r in rows))  # it leased a row
-        pid = db.execute_sql("SELECT pg_backend_pid()").fetchone()[0]
-        admin = psycopg2.connect(pg_url)
-        admin.autocommit = True
-        try:
-            with admin.cursor() as cur:
-                cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        finally:
-            admin.close()
+        end_backends(pg_url, [db.execute_sql("SELECT pg_backend_pid()").fetchone()[0]])
         db.execute_sql("SELECT 1")  # the driver's own error: the connection is gone
         raise AssertionError("the connection outlived its backend")
     return call
-
-
-@pytest.fixture
-def runtimes() -> Iterator[list[Runtime]]:
-    made: list[Runtime] = []
-    yield made
-    for rt in reversed(made):
-        rt.stop()
 
 
 def test_rows_whose_lease_committed_as_the_claim_lost_its_connection_are_delivered_soon(

@@ -11,7 +11,6 @@ with one committed turn, and none has two.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,14 +23,6 @@ from .helpers import database_down, end_database_sessions, wait_for
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(180)]
 
 SENDERS, SENDS = 3, 40
-
-
-@pytest.fixture
-def runtimes() -> Iterator[list[Runtime]]:
-    made: list[Runtime] = []
-    yield made
-    for rt in reversed(made):
-        rt.stop()
 
 
 def test_sends_and_turns_across_every_session_ended_lose_nothing_and_double_nothing(
