@@ -48,6 +48,7 @@ from ..transport import (
     create_app,
 )
 from ..transport.head_deadline import head_deadline
+from ..transport.ws_pongs import bounded_pongs
 from .brain_ref import load_brain
 from .errors import BrainRefError
 from .focal import Focal
@@ -247,6 +248,7 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
                     timeout_graceful_shutdown=GRACE_SECONDS,
                     ws_max_size=WS_MAX_SIZE,
                     http=head_deadline(),
+                    ws=bounded_pongs(),
                     # The peer heard is the client: uvicorn's default takes X-Forwarded-For
                     # from any loopback connection, which a client behind a proxy that passes
                     # headers on (a TCP forward, a tunnel) writes itself, a new address per
