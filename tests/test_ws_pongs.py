@@ -1,17 +1,30 @@
 """A websocket client that floods pings and never reads their pongs is cut off, on a real
-``kinbox serve`` process on 127.0.0.1: the pongs it leaves unread cannot pile up in the
-server's memory. Well-behaved links, keepalive pings and all, are untouched."""
+``kinbox serve`` process (and uvicorn with its protocol) on 127.0.0.1: the pongs it leaves
+unread cannot pile up in the server's memory, nor hold a connection past its close.
+Well-behaved links, keepalive pings and all, are untouched (the peer tests)."""
 
 from __future__ import annotations
 
 import base64
 import os
 import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+import uvicorn
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
+from kinbox.actors import Runtime
+from kinbox.actors.serve import app_for
+from kinbox.transport import HandshakeLimits
+from kinbox.transport import frames as f
 from kinbox.transport.grants import new_token
+from kinbox.transport.ws_pongs import bounded_pongs
 
+from .helpers import wait_for
 from .peer_harness import Receiver
 
 FLOOD_BYTES = 64 << 20
@@ -66,3 +79,56 @@ def test_a_client_that_floods_pings_and_reads_no_pong_is_cut_off(
             s.sendall(chunk)
             sent += len(chunk)
     assert sent < FLOOD_BYTES
+
+
+@pytest.fixture
+def lenient(make_runtime: Callable[..., Runtime], tmp_path: Path) -> Iterator[int]:
+    """The port of a uvicorn serving a runtime's app with the protocol of ``kinbox serve``,
+    its pending limit far above what a test sends; one handshake at a time, for 1 s."""
+    rt = make_runtime(data_dir=tmp_path / "data")
+    sock = socket.create_server(("127.0.0.1", 0))
+    app = app_for(rt, peer_handshakes=HandshakeLimits(timeout=1.0, max_pending=1))
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", ws=bounded_pongs(1 << 30))
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, args=([sock],), daemon=True)
+    thread.start()
+    wait_for(lambda: server.started, 30, "uvicorn to start")
+    yield int(sock.getsockname()[1])
+    server.should_exit = True
+    thread.join(10)
+
+
+def unread(port: int) -> socket.socket:
+    """A connection to ``/peers/link`` whose client sent pings and reads nothing: more
+    pongs than the sockets' buffers hold wait at the server."""
+    s = upgraded(port, "/peers/link")
+    s.sendall(ping_frame(b"p" * 125) * (8_000_000 // 131))
+    return s
+
+
+def let_in(port: int) -> bool:
+    """Is a new handshake let in (its challenge comes), not refused busy?"""
+    try:
+        with connect(
+            f"ws://127.0.0.1:{port}/peers/link",
+            open_timeout=10,
+            proxy=None,
+            additional_headers={"Authorization": f"Bearer {new_token(os.urandom(32))}"},
+        ) as ws:
+            return isinstance(f.parse(ws.recv(10)), f.Challenge)
+    except InvalidStatus as exc:
+        assert exc.response.status_code == 503
+        return False
+
+
+@pytest.mark.timeout(120)
+def test_a_client_that_reads_nothing_holds_no_handshake_slot_past_its_deadline(
+    lenient: int,
+) -> None:
+    """The handshake's sends had no deadline, only its read: a client that left pongs
+    unread (its buffers full) kept the server's challenge, or its goodbye at the deadline,
+    waiting to be written for ever, and held its handshake slot for good. 64 such
+    connections (one here) and no device could link or pair again: every upgrade was
+    refused busy. At its deadline (and a moment for the goodbye) the slot is free."""
+    with unread(lenient):
+        wait_for(lambda: let_in(lenient), 30, "a new handshake to be let in")

@@ -13,11 +13,12 @@ the bearer token are checked; a refusal is an HTTP answer with
 a refusal is signed (a sender gives a pairing up only on a signed refusal).
 No refusal creates state. Until its handshake ends a connection holds one of the
 :mod:`.handshake_slots`: it must end by its deadline (else ``error`` ``timeout``, close
-1008 ``handshake timeout``), and past the cap of handshakes in progress an upgrade is
-refused at once (503 ``busy`` with ``Retry-After``). A database that fails the grant's read, the
-pairing's write or a batch's commit is answered ``unavailable`` (close 1013):
-the peer tries again later. A welcomed link runs in :mod:`.inbound_link`:
-consecutive deliveries are committed in one batch and acknowledged in order
+1008 ``handshake timeout``; a handshake whose sends are still not written a moment later,
+to a client that reads nothing, is given up and its slot freed), and past the cap of
+handshakes in progress an upgrade is refused at once (503 ``busy`` with ``Retry-After``).
+A database that fails the grant's read, the pairing's write or a batch's commit is
+answered ``unavailable`` (close 1013): the peer tries again later. A welcomed link runs
+in :mod:`.inbound_link`: consecutive deliveries are committed in one batch and acknowledged in order
 after the commit, and a watcher closes the link (after a signed ``refused``
 frame) once its grant is paused or revoked.
 """
@@ -29,8 +30,8 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol, TypeVar
 
 from starlette.responses import JSONResponse
 from starlette.routing import WebSocketRoute
@@ -59,6 +60,11 @@ log = logging.getLogger("kinbox.peers")
 
 TIMEOUT_REASON = "handshake timeout"
 """The close reason of a connection whose handshake passed its deadline (code 1008)."""
+GOODBYE_SECONDS = 1.0
+"""How long past its deadline a handshake may take to write its last frames (the refusal
+of a late one): past that it is given up, however far its sends got."""
+
+T = TypeVar("T")
 
 
 class PeerBackend(Protocol):
@@ -158,6 +164,19 @@ class PeerEndpoint:
             return None
         return slot
 
+    async def _by_deadline(self, slot: Slot, handshake: Awaitable[T]) -> T | None:
+        """``handshake``'s outcome; None once ``slot``'s deadline and
+        :data:`GOODBYE_SECONDS` have passed (it is given up, the connection left to close).
+        Its read has the deadline, and so must its sends: a client that leaves what it is
+        sent unread (pongs to its pings filling the buffers) kept a challenge, or the
+        goodbye at the deadline, waiting to be written for ever, and held its slot."""
+        try:
+            return await asyncio.wait_for(handshake,
+                                          remaining(slot, self.clock()) + GOODBYE_SECONDS)
+        except TimeoutError:
+            log.info("peer handshake given up at its deadline: the client reads nothing")
+            return None
+
     async def _first_frame(self, ws: WebSocket, slot: Slot) -> f.Frame:
         """The client's first frame, read by ``slot``'s deadline (else TimeoutError)."""
         return f.parse(await receive_text(ws, remaining(slot, self.clock())))
@@ -186,7 +205,7 @@ class PeerEndpoint:
         if slot is None:
             return
         try:
-            welcomed = await self._welcome(ws, token, slot)
+            welcomed = await self._by_deadline(slot, self._welcome(ws, token, slot))
         finally:
             self.slots.release(slot)  # an authenticated link holds no handshake slot
         if welcomed is None:
@@ -247,7 +266,7 @@ class PeerEndpoint:
         if slot is None:
             return
         try:
-            await self._pair(ws, slot)
+            await self._by_deadline(slot, self._pair(ws, slot))
         finally:
             self.slots.release(slot)
 
