@@ -132,3 +132,23 @@ def test_a_client_that_reads_nothing_holds_no_handshake_slot_past_its_deadline(
     refused busy. At its deadline (and a moment for the goodbye) the slot is free."""
     with unread(lenient):
         wait_for(lambda: let_in(lenient), 30, "a new handshake to be let in")
+
+
+def reset(s: socket.socket) -> bool:
+    """Has the server reset ``s``? Asks the system, reading nothing (data the server sent
+    earlier would come first)."""
+    return s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0
+
+
+@pytest.mark.timeout(120)
+def test_a_connection_whose_output_the_client_never_reads_ends_after_its_close(
+    lenient: int,
+) -> None:
+    """A connection closed while output waited for a client that reads nothing (pongs to
+    its pings, below the pending limit) was never closed: the close waits for that output
+    to be sent, and the client's system keeps the connection alive for ever with a
+    window of zero. Each held its socket and its buffers for good, and the handshake's
+    slot was free again, so a client could pile up as many as it liked. Past the close
+    timeout after its handshake ended (its deadline, 1 s here), it is dropped."""
+    with unread(lenient) as s:
+        wait_for(lambda: reset(s), 60, "the server to drop the connection")
