@@ -245,12 +245,15 @@ class PeerStore:
         d = self.t.device
         grant = (d.id == _key(device_id, OUTBOUND)) & (d.token_sealed == token_sealed)
         revoked = d.status == "revoked"
+        # Decided by the write itself, not by a read before it: on PostgreSQL a revoke
+        # committed between the two (another process) was overwritten with "paused".
+        which = grant if status == "revoked" else grant & ~revoked
 
         def op() -> bool:
-            if status == "revoked" or not d.select().where(grant & revoked).exists():
-                return bool(d.update(status=status, last_error=reason, updated_at=now)
-                            .where(grant).execute())
-            return True
+            if d.update(status=status, last_error=reason, updated_at=now).where(
+                    which).execute():
+                return True
+            return status != "revoked" and d.select().where(grant & revoked).exists()
         return self.writer.call(op)
 
     def note_problem(self, device_id: str, direction: str, text: str, now: float) -> None:

@@ -375,3 +375,54 @@ def test_a_devices_refusal_never_turns_a_grant_revoked_here_into_a_paused_one(
     assert [r.status for r in store.devices(OUTBOUND)] == ["paused"]
     writer.stop()
     db.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_devices_refusal_never_undoes_a_revoke_committed_under_it_on_postgres(
+        pg_url: str) -> None:
+    """On PostgreSQL another process commits between two statements of a transaction: a
+    device's signed "paused" read the grant as not revoked, the operator's revoke (another
+    terminal) committed, and the refusal then wrote `paused` over it; a later `resume`
+    re-enabled a grant the operator had revoked. The refusal writes only where the grant
+    is not revoked, decided by the write itself."""
+    import threading
+    import time
+
+    import psycopg2
+
+    from kinbox.persistence.peers import OUTBOUND
+
+    from .helpers import wait_for
+
+    device = "0123456789ab"
+    db, writer, store = _paired_inbound(pg_url, device)
+    now = time.time()
+    store.save_outbound(device, "laptop", "K" * 43, "http://127.0.0.1:1", "sealed",
+                        frozenset({"agent"}), now)
+    operator, watcher = psycopg2.connect(pg_url), psycopg2.connect(pg_url)
+    watcher.autocommit = True
+    try:
+        with operator.cursor() as cur:  # the revoke, its row locked until it commits
+            cur.execute("UPDATE peer_devices SET status = 'revoked' WHERE id = %s",
+                        (f"{OUTBOUND}:{device}",))
+        closed: list[bool] = []
+        refusal = threading.Thread(target=lambda: closed.append(store.close_outbound(
+            device, "sealed", "paused", "the device paused this", now)))
+        refusal.start()
+
+        def refusal_waits_for_the_revoke() -> bool:
+            with watcher.cursor() as cur:
+                cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                            "current_database() AND wait_event_type = 'Lock'")
+                return bool(cur.fetchone()[0])
+
+        wait_for(refusal_waits_for_the_revoke, 30, "the refusal to wait for the revoke")
+        operator.commit()
+        refusal.join(30)
+        assert closed == [True]  # closed all the same: the link fails the rows
+        assert [r.status for r in store.devices(OUTBOUND)] == ["revoked"]
+    finally:
+        operator.close()
+        watcher.close()
+        writer.stop()
+        db.close()
