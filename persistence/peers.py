@@ -116,11 +116,14 @@ class PeerStore:
         i = self.t.invite
 
         def op() -> InviteRecord | None:
-            rows = list(i.select().where(i.code_hash.startswith(code_hash_prefix),
-                                         i.used_at.is_null(), i.expires_at > now).limit(2))
-            if len(rows) != 1:
+            is_open = i.used_at.is_null() & (i.expires_at > now)
+            rows = list(i.select().where(i.code_hash.startswith(code_hash_prefix), is_open)
+                        .limit(2))
+            # Open when deleted, not only when read: on PostgreSQL a redemption (another
+            # process) may commit between the two, and its code was then said withdrawn.
+            if len(rows) != 1 or not i.delete().where(i.code_hash == rows[0].code_hash,
+                                                      is_open).execute():
                 return None
-            i.delete().where(i.code_hash == rows[0].code_hash).execute()
             return InviteRecord(rows[0].code_hash, frozenset(rows[0].scopes.split(",")),
                                 rows[0].expires_at, False)
         return self.writer.call(op)  # type: ignore[no-any-return]

@@ -426,3 +426,58 @@ def test_a_devices_refusal_never_undoes_a_revoke_committed_under_it_on_postgres(
         watcher.close()
         writer.stop()
         db.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_withdraw_never_reports_a_code_redeemed_under_it_as_withdrawn_on_postgres(
+        pg_url: str) -> None:
+    """A withdraw read the invite as open, a device's redemption (another process)
+    committed, and the withdraw then deleted the spent invite and said its code pairs
+    nothing any more: the operator withdrawing a code shown to the wrong person was told
+    all was well while that device stayed paired. The delete takes only an open invite."""
+    import threading
+    import time
+
+    import psycopg2
+
+    from kinbox.persistence import GroupCommitWriter, bind_tables, open_database, upgrade
+    from kinbox.persistence.peers import PeerStore
+
+    from .helpers import wait_for
+
+    db = open_database(pg_url)
+    tables = bind_tables(db)
+    upgrade(tables)
+    writer = GroupCommitWriter(db)
+    writer.start()
+    store = PeerStore(tables, writer)
+    now = time.time()
+    store.add_invite("a" * 64, frozenset({"agent"}), now, now + 600)
+    device, watcher = psycopg2.connect(pg_url), psycopg2.connect(pg_url)
+    watcher.autocommit = True
+    try:
+        with device.cursor() as cur:  # a redemption, its row locked until it commits
+            cur.execute("UPDATE peer_invites SET used_at = %s, used_by = %s "
+                        "WHERE code_hash = %s", (now, "0123456789ab", "a" * 64))
+        withdrawn: list[object] = []
+        withdraw = threading.Thread(target=lambda: withdrawn.append(
+            store.withdraw_invite("a" * 12, now)))
+        withdraw.start()
+
+        def withdraw_waits_for_the_redemption() -> bool:
+            with watcher.cursor() as cur:
+                cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                            "current_database() AND wait_event_type = 'Lock'")
+                return bool(cur.fetchone()[0])
+
+        wait_for(withdraw_waits_for_the_redemption, 30, "the withdraw to wait")
+        device.commit()
+        withdraw.join(30)
+        assert withdrawn == [None]  # not withdrawn: it was spent first
+        spent = store.invite("a" * 64)
+        assert spent is not None and spent.used_by == "0123456789ab"
+    finally:
+        device.close()
+        watcher.close()
+        writer.stop()
+        db.close()
