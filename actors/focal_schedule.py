@@ -35,6 +35,8 @@ MAX_WAKEUPS = 20
 LATEST_WAKEUP = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC).timestamp()
 """The last time a one-shot wake-up may be set for."""
 WAKEUP_KINDS = ("reminder", "check")
+WAKEUP_MESSAGE_KIND = "focal_wakeup"
+"""The kind of a wake-up occurrence's inbox row."""
 
 
 def next_after(job: JobRecord, now: float) -> float | None:
@@ -195,12 +197,30 @@ class FocalSchedule:
         return [j.to_dict() for j in self.jobs.active(FOCAL_ID) if j.kind in WAKEUP_KINDS]
 
     def cancel(self, job_id: str) -> bool:
-        """Cancel one of Focal's own wake-ups; False for any other job id."""
+        """Cancel one of Focal's own wake-ups; False for any other job id. Its occurrences
+        still queued for Focal (fired behind a long turn, or waiting out a failed attempt's
+        backoff) are cancelled in the same transaction: they woke Focal, and a reminder
+        notified the user, after the wake-up was cancelled. One whose turn is already
+        running is left to it."""
         key = lookup_key(job_id)
         job = self.jobs.get(key) if key is not None else None
         if job is None or job.chat_id != FOCAL_ID or job.kind not in WAKEUP_KINDS:
             return False
-        if not self.jobs.deactivate(job_id):
+        now = self.ctx.now()
+
+        def op() -> bool:
+            if not self.jobs.deactivate_now(job.id):
+                return False
+            queued = self.ctx.journal.cancel_pending_now(
+                FOCAL_ID, WAKEUP_MESSAGE_KIND, now, by="focal",
+                reason=f"the wake-up {job.id} was cancelled",
+                only=lambda message_id: _occurrence_of(message_id) == job.id)
+            if queued:
+                log.info("cancelled %d queued occurrence(s) of wake-up %s", len(queued),
+                         job.id)
+            return True
+
+        if not self.jobs.writer.call(op):
             return False
         self._driver.wake_at(None, job.id)  # its wake-up is not kept until its time
         return True
@@ -213,8 +233,8 @@ class FocalSchedule:
             return
         occurrence = int((job.next_run_at or now) * 1000)
         self.ctx.journal.enqueue_now(NewMessage(
-            f"wakeup-{job.id}-{occurrence}", FOCAL_ID, job.note or f"{job.kind} wake-up",
-            kind="focal_wakeup", sender="scheduler",
+            f"wakeup-{job.id}-{occurrence}", FOCAL_ID,
+            job.note or f"{job.kind} wake-up", kind=WAKEUP_MESSAGE_KIND, sender="scheduler",
             payload={"job_id": job.id, "kind": job.kind, "note": job.note}), now)
 
     def fire_due(self) -> list[str]:
@@ -242,3 +262,11 @@ class FocalSchedule:
             self.ctx.wake_dispatcher()
         return [j.id for j in fired]
 
+
+def _occurrence_of(message_id: str) -> str | None:
+    """The wake-up whose occurrence ``message_id`` is (``wakeup-<job id>-<its time>``,
+    :meth:`FocalSchedule._on_fire`), or None."""
+    head, _, occurrence = message_id.rpartition("-")
+    if not head.startswith("wakeup-") or not occurrence.isdigit():
+        return None
+    return head.removeprefix("wakeup-")

@@ -138,15 +138,18 @@ class InboxOperator:
         return self.writer.call(lambda: self._cancel_op(message_id, now, by, reason))
 
     def cancel_pending_now(self, target: str, kind: str, now: float, *, by: str,
-                           reason: str) -> list[str]:
-        """Give up on every ``pending`` row of ``kind`` to ``target`` inside the caller's
-        transaction (a writer operation), as :meth:`cancel` does one; the ids cancelled. A
-        row that is running (``processing``, on PostgreSQL claimed by another process
-        between the read and the write) is left to its turn."""
+                           reason: str, only: Callable[[str], bool] | None = None
+                           ) -> list[str]:
+        """Give up on every ``pending`` row of ``kind`` to ``target`` (of those, the ids
+        ``only`` takes, when given) inside the caller's transaction (a writer operation),
+        as :meth:`cancel` does one; the ids cancelled. A row that is running
+        (``processing``, on PostgreSQL claimed by another process between the read and
+        the write) is left to its turn."""
         m = self.t.inbox
         ids = [r.message_id for r in m.select(m.message_id).where(
             (m.target_chat_id == target) & (m.kind == kind)
-            & (m.status == core.PENDING)).order_by(m.seq)]
+            & (m.status == core.PENDING)).order_by(m.seq)
+            if only is None or only(r.message_id)]
         cancelled = []
         for message_id in ids:
             try:

@@ -130,9 +130,13 @@ class JobStore:
 
     def deactivate(self, job_id: str) -> bool:
         """Stop a job; False if there was no active job with that id."""
+        return bool(self.writer.call(lambda: self.deactivate_now(job_id)))
+
+    def deactivate_now(self, job_id: str) -> bool:
+        """:meth:`deactivate` inside the caller's transaction (a writer operation)."""
         j = self.t.job
-        return bool(self.writer.call(lambda: j.update(active=False).where(
-            j.id == job_id, j.active == True).execute()))  # noqa: E712
+        return bool(j.update(active=False).where(
+            j.id == job_id, j.active == True).execute())  # noqa: E712
 
     def move_due(self, written_after: float, moved_to: Callable[[JobRecord], float | None]
                  ) -> list[JobRecord]:

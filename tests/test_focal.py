@@ -18,6 +18,7 @@ from kinbox.actors.focal_schedule import next_after
 from kinbox.persistence import JobRecord, JobStore, SessionRecord
 
 from .conftest import Stores, ids_read
+from .helpers import wait_for
 
 MakeRuntime = Callable[..., Runtime]
 
@@ -824,3 +825,42 @@ def test_two_notices_of_one_task_in_one_turn_are_both_heard_and_the_turn_commits
     notices = [r["content"] for r in rt.inbox(target=FOCAL_ID)
                if r["kind"] == "task_blocked_notification"]
     assert len(notices) == 2 and "and OS" in notices[1], notices
+
+
+@pytest.mark.timeout(60)
+def test_a_wake_up_cancelled_while_its_occurrence_waits_behind_a_busy_focal_is_not_delivered(
+        make_runtime: MakeRuntime, clock: ManualClock, tmp_path: Path) -> None:
+    """A cron reminder came due while Focal was busy (a long turn on the user's message):
+    its occurrence waited in the inbox. The user cancelled the wake-up meanwhile
+    (``DELETE /focal/wakeups/{id}``), and the reminder still woke Focal and notified the
+    user once the long turn ended. Cancelled means no wake-up from then on: the queued
+    occurrence is cancelled with the job; another wake-up's stays."""
+    holding, release = threading.Event(), threading.Event()
+    woken: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id != FOCAL_ID:
+            return
+        if any(m.content == "hold" for m in turn.messages):
+            holding.set()
+            assert release.wait(20)
+        woken.extend(m.content for m in turn.messages if m.kind == "focal_wakeup")
+
+    rt = make_runtime(brain=brain, data_dir=tmp_path / "data", lease_seconds=7200.0)
+    chat = rt.get_or_create_focal_chat()
+    tools = rt.tools_for(FOCAL_ID)
+    cancelled = tools.schedule_wakeup("reminder", cron="*/5 * * * *", note="stand-up")
+    kept = tools.schedule_wakeup("reminder", cron="*/5 * * * *", note="water")
+    rt.post(chat.id, "hold")
+    assert holding.wait(10)
+    clock.advance(5 * 60)  # both due: queued behind the running turn
+    wait_for(lambda: kinds_to_focal(rt).count("focal_wakeup") == 2, 10, "the occurrences")
+    assert rt.focal.schedule.cancel(cancelled["job_id"]) is True
+    release.set()
+    rt.run_until_idle()
+    assert woken == ["water"]
+    assert [n["text"] for n in rt.focal.notifications] == ["water"]
+    rows = {r["content"]: r["status"] for r in rt.inbox(target=FOCAL_ID)
+            if r["kind"] == "focal_wakeup"}
+    assert rows == {"stand-up": "cancelled", "water": "delivered"}
+    assert [w["job_id"] for w in rt.focal.panel()["wakeups"]] == [kept["job_id"]]
