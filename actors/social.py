@@ -59,7 +59,7 @@ from . import social_rules as rules
 from .context import HookReads, RuntimeContext, TurnEffects
 from .runtime_options import check_seconds
 from .social_ingress import SocialIngress
-from .social_state import DEFAULT_QUEUE_BOUND, RECENT_IDS, SOCIAL_KIND
+from .social_state import DEFAULT_QUEUE_BOUND, RECENT_IDS, SOCIAL_KIND, thread_patch
 from .turn import Message, Turn, TurnOutcome
 
 __all__ = ["DEFAULT_QUEUE_BOUND", "RECENT_IDS", "SOCIAL_KIND", "SocialService"]
@@ -216,9 +216,11 @@ class SocialService(SocialIngress):
         """Outbox hook: replies of an inbox turn in a social session leave through the
         channel too: an event a stop handed to the inbox by its own reply route, an
         ``agent_send`` to the thread by the thread's last one. Which route reads the
-        session: what it returns is that work (:data:`.context.OutboxHook`)."""
+        session: what it returns is that work (:data:`.context.OutboxHook`). A turn on
+        handed-over events keeps the last one's reply route with the thread, as a direct
+        turn does, for the replies of the thread's later ``agent_send`` turns."""
         events = [m for m in turn.messages if m.kind == SOCIAL_KIND]
-        if (not outcome.ok or not turn.replies
+        if (not outcome.ok or not (turn.replies or events)
                 or not turn.session_id.startswith(rules.SESSION_PREFIX)
                 or (events and turn.row is None) or self.turns is None):
             return None  # a social event's own (direct) turn sends its replies itself
@@ -235,9 +237,15 @@ class SocialService(SocialIngress):
         if session is None or session.kind != "social" or session.platform is None \
                 or not isinstance(route, dict):
             return effects
+        now = ctx.now()
+        if events:
+            sender = events[-1].payload.get("sender_id")
+            patch = thread_patch(route, sender if isinstance(sender, str) else None)
+            effects.ops.append(lambda: ctx.store.patch_config_now(session.id, patch, now))
+        if not turn.replies:
+            return effects
         text, cause = "\n\n".join(turn.replies), turn.messages[0].message_id
         turns, platform = self.turns, session.platform
-        now = ctx.now()
         effects.ops.append(lambda: self.channels.keep_now(session.id, platform, route, text,
                                                           cause, now))
         effects.after.append(lambda: turns.submit(

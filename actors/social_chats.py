@@ -29,7 +29,7 @@ from . import channels
 from . import social_rules as rules
 from .context import RuntimeContext
 from .direct_turn import DirectOutcome, DirectTurns, TurnNotStarted
-from .social_state import SOCIAL_KIND, SocialState, turn_message
+from .social_state import SOCIAL_KIND, SocialState, thread_patch, turn_message
 from .steps import Blocking, Steps
 from .turn import Message, Turn
 
@@ -107,8 +107,7 @@ class ChatTurns(SocialState):
             unseen = {m.message_id for m in turn.close_steering() or []}
             ran = [e.event_id for e in taken if e.event_id not in unseen]
             last = [e for e in taken if e.event_id not in unseen][-1]
-            patch = {"social_reply_route": dict(last.reply_route),
-                     "social_last_sender": last.sender_id}
+            patch = thread_patch(last.reply_route, last.sender_id)
             now = self.ctx.now()
             text = "\n\n".join(turn.replies)
             # The patch first: on PostgreSQL its row lock makes the commits of a thread's

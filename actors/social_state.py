@@ -15,7 +15,9 @@ import logging
 import queue
 import threading
 from collections import OrderedDict, deque
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from ..persistence import DuplicateError, IdempotencyConflict, NewMessage
 from . import channels
@@ -119,6 +121,13 @@ class SocialState:
                                      self.ctx.now())
         except IdempotencyConflict:
             log.info("social event %s is in the inbox already", event.event_id)
+
+
+def thread_patch(reply_route: Mapping[str, Any], sender_id: str | None) -> dict[str, Any]:
+    """What a thread's session keeps of the last event a turn answered (committed with
+    it): its reply route, by which a turn another session starts there (``agent_send``)
+    answers, and its sender."""
+    return {"social_reply_route": dict(reply_route), "social_last_sender": sender_id}
 
 
 def turn_message(event: rules.SocialEvent) -> Message:

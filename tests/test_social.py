@@ -974,3 +974,42 @@ def test_a_stop_hands_over_every_event_after_one_the_inbox_holds_in_another_rend
     rows = {r["message_id"]: r for r in make_runtime().inbox(target="social-slack-T1")}
     assert rows[retry["event_id"]]["content"] == "rendered by an older version"
     assert after["event_id"] in rows  # kept, as every event after the one held already
+
+
+@pytest.mark.timeout(60)
+def test_a_thread_whose_events_ran_in_the_inbox_takes_its_reply_route_from_them(
+        make_runtime: MakeRuntime) -> None:
+    """A thread's reply route is kept with its session, so that an ``agent_send`` to the
+    thread answers there. A thread whose events a stop handed to the inbox, answered by
+    the next start's inbox turns, kept no route: a colleague's ``agent_send`` to it was
+    answered in the transcript and never sent (a first event: no route at all), or sent
+    to where the thread's earlier direct turn had answered."""
+    release = threading.Event()
+
+    def brain(turn: Turn) -> str:
+        if turn.row is None and "held" in turn.messages[0].content:
+            release.wait(20)  # the first runtime's direct turn outlasts its stop's wait
+            return "too late"
+        return "echo: " + turn.messages[0].content.splitlines()[-1]
+
+    rt = make_runtime(brain=brain)
+    rt.social.allow("slack", ["U1"])
+    rt.social.register_channel("slack", send=lambda route, text: None)
+    rt.social.ingest(event("held", thread="T7"))  # the thread's first event
+    wait_for(lambda: rt.social.statistics()["queued_now"] == 0, 10, "the consumer routing")
+    try:
+        rt.stop(timeout=0.5)  # its turn outlasts the wait: handed to the inbox
+    finally:
+        release.set()
+
+    again = make_runtime(brain=brain)
+    sent: list[tuple[Any, str]] = []
+    again.social.allow("slack", ["U1"])
+    again.social.register_channel("slack", send=lambda route, text: sent.append((route, text)))
+    wait_for(lambda: sent == [({"channel": "C9", "ts": "T7"}, "echo: held")], 20,
+             "the handed-over event's reply")
+    peer = again.create_session("social", "Helper")
+    again.tools_for(peer.id).agent_send("social-slack-T7", "a note from a colleague")
+    again.run_until_idle()
+    wait_for(lambda: len(sent) == 2, 10, "the reply to the colleague's note")
+    assert sent[-1] == ({"channel": "C9", "ts": "T7"}, "echo: a note from a colleague")
