@@ -105,8 +105,9 @@ class HeartbeatJob:
     def due(self, now: float) -> Heartbeat | None:
         """The heartbeat's decision when it is due (None otherwise), made before the firing
         transaction: it reads ``heartbeat.md`` and every watched session, which must not
-        hold up the writer (every send in the process waits for it). Switched off, it
-        reads neither."""
+        hold up the writer (every send in the process waits for it). Switched off, or with
+        a check-in still open for Focal (skipped: the schedule advances), it reads
+        neither."""
         job = self.jobs.get(HEARTBEAT_JOB)
         if job is None or not job.active or job.next_run_at is None or job.next_run_at > now:
             return None
@@ -116,6 +117,12 @@ class HeartbeatJob:
         if not hs.runs(setting):
             return Heartbeat(hb.HeartbeatDecision(False, "the heartbeat is off", None), "", [],
                              setting)
+        # One check-in at a time: one still waiting for Focal (behind a long turn, or for
+        # its retry) has not stored its signature, so its findings looked new again and
+        # Focal got them twice.
+        if self.ctx.journal.has_open_of_kind(FOCAL_ID, HEARTBEAT_KIND):
+            return Heartbeat(hb.HeartbeatDecision(False, "a check-in still waits for Focal",
+                                                  None), "", [], setting)
         checklist = self._checklist()
         found = hb.findings(self.focal.watched_sessions(), now)
         decision = hb.should_run_focal_heartbeat(checklist, found,

@@ -864,3 +864,44 @@ def test_a_wake_up_cancelled_while_its_occurrence_waits_behind_a_busy_focal_is_n
             if r["kind"] == "focal_wakeup"}
     assert rows == {"stand-up": "cancelled", "water": "delivered"}
     assert [w["job_id"] for w in rt.focal.panel()["wakeups"]] == [kept["job_id"]]
+
+
+@pytest.mark.timeout(60)
+def test_a_heartbeat_due_while_a_check_in_still_waits_for_focal_queues_no_second_one(
+        make_runtime: MakeRuntime, clock: ManualClock, tmp_path: Path) -> None:
+    """Focal busy for an hour (a long turn on the user's message): the check-in of the
+    first due heartbeat waited in the inbox, its signature not yet stored, so the next
+    due one found the same findings new and queued them again. Focal then got the same
+    check-in twice. One check-in waits at a time; the skipped occurrence still advances
+    the schedule, and once Focal took the check-in the next due one runs as before."""
+    holding, release = threading.Event(), threading.Event()
+    check_ins: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id != FOCAL_ID:
+            return
+        if any(m.content == "hold" for m in turn.messages):
+            holding.set()
+            assert release.wait(20)
+        check_ins.extend(m.message_id for m in turn.messages if m.kind == "focal_heartbeat")
+
+    rt = make_runtime(brain=brain, data_dir=tmp_path / "data", lease_seconds=7200.0)
+    chat = rt.get_or_create_focal_chat()
+    stall_a_session(rt)  # the default checklist, with findings
+    rt.post(chat.id, "hold")
+    assert holding.wait(10)
+    clock.advance(30 * 60)  # due: its check-in waits behind the running turn
+    wait_for(lambda: len(heartbeats(rt)) == 1, 10, "the first check-in")
+    clock.advance(30 * 60)  # due again while the first still waits
+    rt.context.focal.schedule.fire_due()
+    job = rt.context.focal.schedule.jobs.get("focal-heartbeat")
+    assert job.next_run_at == clock.now() + 30 * 60  # the schedule advanced all the same
+    release.set()
+    rt.run_until_idle()
+    assert len(check_ins) == 1, check_ins
+    assert len(heartbeats(rt)) == 1
+    s = rt.create_session(rt.project("p").id, "Also stuck")  # type: ignore[union-attr]
+    rt.tools_for(s.id).task_create("another job", status="in_progress")
+    clock.advance(30 * 60)  # Focal took it: the next one, on new findings, runs
+    rt.run_until_idle()
+    assert len(check_ins) == 2 and len(heartbeats(rt)) == 2
