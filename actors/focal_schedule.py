@@ -197,11 +197,12 @@ class FocalSchedule:
         return [j.to_dict() for j in self.jobs.active(FOCAL_ID) if j.kind in WAKEUP_KINDS]
 
     def cancel(self, job_id: str) -> bool:
-        """Cancel one of Focal's own wake-ups; False for any other job id. Its occurrences
-        still queued for Focal (fired behind a long turn, or waiting out a failed attempt's
-        backoff) are cancelled in the same transaction: they woke Focal, and a reminder
-        notified the user, after the wake-up was cancelled. One whose turn is already
-        running is left to it."""
+        """Cancel one of Focal's own wake-ups; False for any other job id, or one done with
+        nothing left to deliver. Its occurrences still queued for Focal (fired behind a long
+        turn, or waiting out a failed attempt's backoff; a one-shot's that fired too) are
+        cancelled in the same transaction: they woke Focal, and a reminder notified the
+        user, after the wake-up was cancelled. One whose turn is already running is left
+        to it."""
         key = lookup_key(job_id)
         job = self.jobs.get(key) if key is not None else None
         if job is None or job.chat_id != FOCAL_ID or job.kind not in WAKEUP_KINDS:
@@ -209,8 +210,7 @@ class FocalSchedule:
         now = self.ctx.now()
 
         def op() -> bool:
-            if not self.jobs.deactivate_now(job.id):
-                return False
+            stopped = self.jobs.deactivate_now(job.id)  # a fired one-shot is done already
             queued = self.ctx.journal.cancel_pending_now(
                 FOCAL_ID, WAKEUP_MESSAGE_KIND, now, by="focal",
                 reason=f"the wake-up {job.id} was cancelled",
@@ -218,7 +218,7 @@ class FocalSchedule:
             if queued:
                 log.info("cancelled %d queued occurrence(s) of wake-up %s", len(queued),
                          job.id)
-            return True
+            return stopped or bool(queued)
 
         if not self.jobs.writer.call(op):
             return False

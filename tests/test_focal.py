@@ -828,13 +828,17 @@ def test_two_notices_of_one_task_in_one_turn_are_both_heard_and_the_turn_commits
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("when", [{"cron": "*/5 * * * *"}, {"at": 1_700_000_300}])
 def test_a_wake_up_cancelled_while_its_occurrence_waits_behind_a_busy_focal_is_not_delivered(
-        make_runtime: MakeRuntime, clock: ManualClock, tmp_path: Path) -> None:
+        make_runtime: MakeRuntime, clock: ManualClock, tmp_path: Path,
+        when: dict[str, Any]) -> None:
     """A cron reminder came due while Focal was busy (a long turn on the user's message):
     its occurrence waited in the inbox. The user cancelled the wake-up meanwhile
     (``DELETE /focal/wakeups/{id}``), and the reminder still woke Focal and notified the
     user once the long turn ended. Cancelled means no wake-up from then on: the queued
-    occurrence is cancelled with the job; another wake-up's stays."""
+    occurrence is cancelled with the job; another wake-up's stays. A one-shot wake-up
+    that fired is done, and its cancel was refused (404) while its reminder was still
+    to come."""
     holding, release = threading.Event(), threading.Event()
     woken: list[str] = []
 
@@ -849,7 +853,8 @@ def test_a_wake_up_cancelled_while_its_occurrence_waits_behind_a_busy_focal_is_n
     rt = make_runtime(brain=brain, data_dir=tmp_path / "data", lease_seconds=7200.0)
     chat = rt.get_or_create_focal_chat()
     tools = rt.tools_for(FOCAL_ID)
-    cancelled = tools.schedule_wakeup("reminder", cron="*/5 * * * *", note="stand-up")
+    assert clock.now() + 300 == 1_700_000_300
+    cancelled = tools.schedule_wakeup("reminder", note="stand-up", **when)
     kept = tools.schedule_wakeup("reminder", cron="*/5 * * * *", note="water")
     rt.post(chat.id, "hold")
     assert holding.wait(10)
