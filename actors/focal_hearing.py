@@ -90,16 +90,19 @@ class HearingBack:
             f"{task.title}", kind="session_finished_notification", sender=session.id,
             payload={"task_id": task.id})
 
-    def _held_finish(self, turn: Turn, asked: list[Message]) -> TurnEffects | None:
+    def _held_finish(self, turn: Turn, asked: list[Message], ok: bool = True
+                     ) -> TurnEffects | None:
         """The finished notice held back while Focal's request was in flight (FO5), for a
-        turn that answers it without a reply: the reply was to tell Focal, and a turn that
-        only completed its task (a tool call, no text) told it nothing, ever."""
+        turn that answers it without a reply (``ok``), or fails: the reply was to tell
+        Focal, and a turn that only completed its task (a tool call, no text), or whose
+        every attempt failed, told it nothing, ever. A failed turn's notice commits only
+        when its row ends failed (a retry may yet answer)."""
         ctx = self.ctx
         session = ctx.store.session(turn.session_id)
         if session is None or not self._followed(session) or not self.exists():
             return None
         tasks = {t.id: t for t in ctx.tasks.for_session(session.id)}
-        if turn.outbox is not None:  # this turn's own changes commit with it
+        if ok and turn.outbox is not None:  # this turn's own changes commit with it
             tasks.update({t.id: t for t in turn.outbox.tasks.values() if t.chat_id == session.id})
         if not tasks or any(t.status in OPEN_TASK_STATES for t in tasks.values()):
             return None
@@ -118,15 +121,17 @@ class HearingBack:
     def outbox(self, ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome
                ) -> TurnEffects | HookReads | None:
         """Outbox hook: replies to Focal, heartbeat signatures, user notifications."""
-        if not outcome.ok:
-            return None
         if turn.session_id == FOCAL_ID:
+            if not outcome.ok:
+                return None
             effects = TurnEffects()
             self._focal_turn_effects(turn, effects)
             return effects
         asked = [m for m in turn.all_messages if m.sender_id == FOCAL_ID]
         if not asked:
             return None
+        if not outcome.ok:
+            return functools.partial(self._held_finish, turn, asked, False)
         said = [r for r in turn.replies if r.strip()]  # a blank reply answers nothing
         if not said:
             return functools.partial(self._held_finish, turn, asked)

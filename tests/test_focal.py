@@ -910,3 +910,36 @@ def test_a_heartbeat_due_while_a_check_in_still_waits_for_focal_queues_no_second
     clock.advance(30 * 60)  # Focal took it: the next one, on new findings, runs
     rt.run_until_idle()
     assert len(check_ins) == 2 and len(heartbeats(rt)) == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_finish_held_back_for_a_request_whose_turn_fails_for_good_is_noticed(
+        focal_rt: tuple[Runtime, FocalBrain], clock: ManualClock) -> None:
+    """The finished notice waits while Focal's request is in flight, for its answer tells
+    Focal. A request whose every attempt failed (the model down) answered nothing, and
+    Focal never heard that the session had finished its last task (FO5)."""
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    s = rt.create_session(rt.create_project("p").id, "Flaky")
+    t = rt.tools_for(s.id).task_create("x", status="in_progress")["task_id"]
+    working, go = threading.Event(), threading.Event()
+
+    def finish_then_fail(turn: Turn) -> None:
+        if any(m.sender_id == FOCAL_ID for m in turn.messages):
+            raise RuntimeError("model unavailable")
+        working.set()
+        assert go.wait(20)
+        turn.tools.task_update(t, status="completed")
+        turn.reply("done")
+    brain.scripts["Flaky"] = finish_then_fail
+    rt.post(s.id, "finish it")
+    assert working.wait(10)
+    rt.tools_for(FOCAL_ID).agent_send(s.id, "how is it going?")  # in flight from now
+    go.set()
+    for _ in range(12):  # past every attempt's backoff
+        rt.run_until_idle()
+        clock.advance(60)
+    rt.run_until_idle()
+    asked = [r for r in rt.inbox(target=s.id) if r["sender_chat_id"] == FOCAL_ID]
+    assert [r["status"] for r in asked] == ["failed"]
+    assert "session_finished_notification" in kinds_to_focal(rt), kinds_to_focal(rt)
