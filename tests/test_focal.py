@@ -831,7 +831,7 @@ def test_two_notices_of_one_task_in_one_turn_are_both_heard_and_the_turn_commits
 @pytest.mark.parametrize("when", [{"cron": "*/5 * * * *"}, {"at": 1_700_000_300}])
 def test_a_wake_up_cancelled_while_its_occurrence_waits_behind_a_busy_focal_is_not_delivered(
         make_runtime: MakeRuntime, clock: ManualClock, tmp_path: Path,
-        when: dict[str, Any]) -> None:
+        when: dict[str, Any], any_db_url: str) -> None:
     """A cron reminder came due while Focal was busy (a long turn on the user's message):
     its occurrence waited in the inbox. The user cancelled the wake-up meanwhile
     (``DELETE /focal/wakeups/{id}``), and the reminder still woke Focal and notified the
@@ -850,7 +850,8 @@ def test_a_wake_up_cancelled_while_its_occurrence_waits_behind_a_busy_focal_is_n
             assert release.wait(20)
         woken.extend(m.content for m in turn.messages if m.kind == "focal_wakeup")
 
-    rt = make_runtime(brain=brain, data_dir=tmp_path / "data", lease_seconds=7200.0)
+    rt = make_runtime(db=any_db_url, brain=brain, data_dir=tmp_path / "data",
+                      lease_seconds=7200.0)
     chat = rt.get_or_create_focal_chat()
     tools = rt.tools_for(FOCAL_ID)
     assert clock.now() + 300 == 1_700_000_300
