@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import functools
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from ..persistence import OPEN_TASK_STATES, NewMessage, SessionRecord, TaskChange, TaskRecord
@@ -122,16 +123,19 @@ class HearingBack:
                ) -> TurnEffects | HookReads | None:
         """Outbox hook: replies to Focal, heartbeat signatures, user notifications."""
         if turn.session_id == FOCAL_ID:
-            if not outcome.ok:
-                return None
             effects = TurnEffects()
-            self._focal_turn_effects(turn, effects)
+            if outcome.ok:
+                self._focal_turn_effects(turn, effects)
+            else:  # run only once its row ends failed (a retry may yet succeed); what it
+                # took as steering goes back to the inbox, to run again
+                self._notify_all(effects, _reminders(turn.messages))
             return effects
+        if not outcome.ok:  # likewise
+            failed = [m for m in turn.messages if m.sender_id == FOCAL_ID]
+            return functools.partial(self._held_finish, turn, failed, False) if failed else None
         asked = [m for m in turn.all_messages if m.sender_id == FOCAL_ID]
         if not asked:
             return None
-        if not outcome.ok:
-            return functools.partial(self._held_finish, turn, asked, False)
         said = [r for r in turn.replies if r.strip()]  # a blank reply answers nothing
         if not said:
             return functools.partial(self._held_finish, turn, asked)
@@ -154,13 +158,13 @@ class HearingBack:
         if not woken:
             return
         said = [r for r in turn.replies if r.strip()]  # white space says nothing
-        if said:  # one answer, however many things woke Focal
-            notes = [(said[-1], woken[0].kind)]
-        else:
-            # A silent turn: every reminder still notifies (FO7), each with its note (two
-            # due at once meet in one turn); a check or a notice has nothing to say.
-            notes = [(str(m.payload.get("note") or m.content), m.kind) for m in woken
-                     if m.kind == "focal_wakeup" and m.payload.get("kind") == "reminder"]
+        # One answer, however many things woke Focal; a silent turn: every reminder still
+        # notifies (FO7), each with its note (two due at once meet in one turn); a check
+        # or a notice has nothing to say.
+        self._notify_all(effects, [(said[-1], woken[0].kind)] if said else _reminders(woken))
+
+    def _notify_all(self, effects: TurnEffects, notes: list[tuple[str, str]]) -> None:
+        """Each of ``notes`` (text, source) a user notification once ``effects`` are done."""
         for text, kind in notes:
             effects.after.append(lambda text=text, kind=kind: self.notify(text, kind))
 
@@ -169,3 +173,11 @@ class HearingBack:
         with self._lock:
             self.notifications.append({"text": text, "source": source, "at": self.ctx.now()})
             self.unread = min(self.unread + 1, NOTIFICATION_LIMIT)
+
+
+def _reminders(messages: Sequence[Message]) -> list[tuple[str, str]]:
+    """The notes of the reminders among a Focal turn's ``messages``, as notifications (text,
+    source): a reminder always notifies (FO7), whatever the turn said or whether it
+    failed for good (its model down at the reminder's time)."""
+    return [(str(m.payload.get("note") or m.content), m.kind) for m in messages
+            if m.kind == "focal_wakeup" and m.payload.get("kind") == "reminder"]

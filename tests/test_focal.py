@@ -944,3 +944,27 @@ def test_a_finish_held_back_for_a_request_whose_turn_fails_for_good_is_noticed(
     asked = [r for r in rt.inbox(target=s.id) if r["sender_chat_id"] == FOCAL_ID]
     assert [r["status"] for r in asked] == ["failed"]
     assert "session_finished_notification" in kinds_to_focal(rt), kinds_to_focal(rt)
+
+
+@pytest.mark.timeout(60)
+def test_a_reminder_whose_focal_turn_fails_for_good_still_notifies(
+        focal_rt: tuple[Runtime, FocalBrain], clock: ManualClock) -> None:
+    """A reminder always notifies (FO7), even a silent turn's. One whose every Focal
+    turn failed (the model down at stand-up time) notified nobody: the user's alarm was
+    lost without a word. Once its row ends failed, the reminder notifies with its note;
+    a failed attempt that is retried does not (its retry notifies)."""
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    brain.focal_fails = True
+    tools = rt.tools_for(FOCAL_ID)
+    tools.schedule_wakeup("reminder", at=clock.now() + 60, note="stand-up")
+    clock.advance(60)
+    rt.run_until_idle()
+    assert len(brain.focal_turns) == 1 and list(rt.focal.notifications) == []  # retried
+    for _ in range(12):  # past every attempt's backoff
+        clock.advance(60)
+        rt.run_until_idle()
+    [row] = [r for r in rt.inbox(target=FOCAL_ID) if r["kind"] == "focal_wakeup"]
+    assert row["status"] == "failed"
+    assert [(n["text"], n["source"]) for n in rt.focal.notifications] == [
+        ("stand-up", "focal_wakeup")]
