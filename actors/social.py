@@ -122,8 +122,9 @@ class SocialService(SocialIngress):
         """Send a held reply on the turn pool (a failing send retries for seconds)."""
         assert self.turns is not None  # only a runtime that runs turns has replies
         sender = self.channels
-        self.turns.submit(lambda: sender.send(reply.session_id, platform, reply.route,
-                                              reply.text, reply.cause_id))
+        self._sends.submit(reply.session_id, lambda: sender.send(
+            reply.session_id, platform, reply.route, reply.text, reply.cause_id),
+            self.turns.submit)
 
     def webhook_secret(self, platform: str) -> bytes | None:
         """The platform's webhook signing secret (None: its webhook is closed)."""
@@ -248,6 +249,6 @@ class SocialService(SocialIngress):
         turns, platform = self.turns, session.platform
         effects.ops.append(lambda: self.channels.keep_now(session.id, platform, route, text,
                                                           cause, now))
-        effects.after.append(lambda: turns.submit(
-            lambda: self.channels.send(session.id, platform, route, text, cause)))
+        effects.after.append(lambda: self._sends.submit(session.id, lambda: self.channels.send(
+            session.id, platform, route, text, cause), turns.submit))
         return effects

@@ -25,6 +25,7 @@ from . import social_rules as rules
 from .context import RuntimeContext
 from .delayed import Delayed
 from .direct_turn import DirectTurns
+from .social_sends import ThreadSends
 from .turn import Message
 
 log = logging.getLogger("kinbox.social")
@@ -80,6 +81,9 @@ class SocialState:
         hands over too when its wait for the turns ends first."""
         self._pauses = Delayed("kinbox-social-pauses")
         """The stalled chats' next tries, by session id, all waiting on one thread."""
+        self._sends = ThreadSends()
+        """Replies sent off the chats' own order (inbox turns', held ones), lined up per
+        session."""
 
     def _handled(self) -> None:
         with self._lock:

@@ -1013,3 +1013,34 @@ def test_a_thread_whose_events_ran_in_the_inbox_takes_its_reply_route_from_them(
     again.run_until_idle()
     wait_for(lambda: len(sent) == 2, 10, "the reply to the colleague's note")
     assert sent[-1] == ({"channel": "C9", "ts": "T7"}, "echo: a note from a colleague")
+
+
+@pytest.mark.timeout(60)
+def test_replies_of_a_threads_inbox_turns_leave_in_the_order_of_the_turns(
+        make_runtime: MakeRuntime) -> None:
+    """A social event's turns send their replies one after another. The replies of a
+    thread's inbox turns (``agent_send`` notes, events a stop handed over) were each sent
+    on a thread of their own as their turn committed: a slow post of the first let the
+    second overtake it, and the thread read the answers out of order."""
+    arrived: list[str] = []
+    second = threading.Event()
+
+    def send(route: Mapping[str, Any], text: str) -> None:
+        if text == "echo: one":
+            second.wait(3)  # the second reply would overtake this one meanwhile
+        arrived.append(text)
+        if text == "echo: two":
+            second.set()
+
+    rt = make_runtime(brain=lambda turn: "echo: " + turn.messages[0].content.splitlines()[-1])
+    rt.social.allow("slack", ["U1"])
+    rt.social.register_channel("slack", send=send)
+    rt.social.ingest(event("hi"))
+    assert rt.social.wait_idle(10)
+    peer = rt.create_session("social", "Helper")
+    tools = rt.tools_for(peer.id)
+    tools.agent_send("social-slack-T1", "one")
+    tools.agent_send("social-slack-T1", "two")
+    rt.run_until_idle()
+    wait_for(lambda: len(arrived) == 3, 20, "the three replies")
+    assert arrived == ["echo: hi", "echo: one", "echo: two"]

@@ -1,0 +1,66 @@
+"""The replies of one social thread leave one after another, in the order of their turns
+(SO1).
+
+A social event's own turns send their replies in the chat's order (the chat's next turn
+waits for them, :mod:`.social_chats`). The replies of a thread's inbox turns (an
+``agent_send`` to the thread, events a stop handed over) and those held for a channel
+registered later leave on the turn pool once their turn committed: each on a thread of
+its own, a slow post of one let the next overtake it, and the thread read the answers
+out of order. :class:`ThreadSends` lines them up per session: one runs at a time, the
+next when it ended (sent, or failed for good). A session's line is kept only while it has
+sends, so memory holds what is in flight and nothing per thread ever seen.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+
+log = logging.getLogger("kinbox.social")
+
+Send = Callable[[], object]
+"""One reply's send (it records its own outcome)."""
+Run = Callable[[Callable[[], None]], object | None]
+"""Where sends run (the turn pool's ``submit``): None once the runtime is stopping."""
+
+
+class ThreadSends:
+    """Per-session lines of reply sends, each drained on one thread of ``run``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lines: dict[str, deque[Send]] = {}
+        """The sends waiting behind the one running, by session (present while one runs)."""
+
+    def submit(self, session_id: str, send: Send, run: Run) -> None:
+        """Send after the session's earlier sends; start its line when none runs. Refused
+        (a stopping runtime), the reply stays kept, for the next start to send."""
+        with self._lock:
+            line = self._lines.get(session_id)
+            if line is not None:
+                line.append(send)
+                return
+            self._lines[session_id] = deque()
+        if run(lambda: self._drain(session_id, send)) is None:
+            with self._lock:
+                self._lines.pop(session_id, None)
+
+    def waiting(self) -> int:
+        """How many sessions have a line (a send running)."""
+        with self._lock:
+            return len(self._lines)
+
+    def _drain(self, session_id: str, send: Send) -> None:
+        while True:
+            try:
+                send()
+            except Exception:  # a send records its outcome; the line must go on regardless
+                log.exception("a social reply's send to %s failed", session_id)
+            with self._lock:
+                line = self._lines[session_id]
+                if not line:
+                    del self._lines[session_id]
+                    return
+                send = line.popleft()
