@@ -105,8 +105,9 @@ class SocialService(SocialIngress):
                                                      "for a platform without a webhook")
         held = self.channels.register(platform, send,
                                       secret.encode() if isinstance(secret, str) else secret)
-        if self.turns is not None:  # and those an earlier life's stop or crash cut off
-            held += self.channels.left_kept(platform)
+        if self.turns is not None:  # and, before them, those an earlier life's stop or
+            # crash cut off: a thread's earlier replies leave first
+            held = self.channels.left_kept(platform) + held
         for reply in held:  # replies that ran before the product registered this channel
             self._send_later(platform, reply)
 

@@ -322,3 +322,42 @@ def test_a_reply_the_platform_took_is_not_sent_again_when_its_delivery_note_fail
     finally:
         again.stop()
     assert [b["text"] for b in platform.accepted] == ["Booked."]
+
+
+def answer_the_text(turn: Turn) -> str:
+    return "re: " + str(turn.messages[0].payload.get("text", turn.messages[0].content))
+
+
+@pytest.mark.timeout(120)
+def test_a_threads_replies_left_by_an_earlier_life_leave_before_its_later_ones(
+    db_url: str, platform: Platform
+) -> None:
+    """A stop cut off the send of a thread's first reply (kept) and handed its next event
+    to the inbox; the next start answered that event before the product registered the
+    channel (held in memory). The registration sent the held, later reply first and the
+    earlier life's reply after it: the thread read its answers out of order."""
+    rt = Runtime(db=db_url, brain=answer_the_text).start()
+    try:
+        rt.social.allow("slack", ["U1"])
+        rt.social.register_channel("slack", send=platform.send)
+        platform.held = "re: first"
+        rt.social.ingest({**EVENT, "text": "first"})
+        assert platform.holding.wait(20), "the reply never reached the platform"
+        rt.social.ingest({**EVENT, "event_id": "Ev-2", "text": "second"})  # waits its turn
+        wait_for(lambda: rt.social.statistics()["queued_now"] == 0, 10, "the routing")
+        rt.stop(timeout=1)  # the first reply's send still waits; the second event waits
+    finally:
+        platform.cut.set()
+    wait_for(lambda: platform.dropped == 1, 20, "the platform to drop the post")
+
+    again = Runtime(db=db_url, brain=answer_the_text).start()
+    try:
+        again.social.allow("slack", ["U1"])
+        wait_for(lambda: [o["status"] for o in again.social.outcomes] == ["no_channel"], 20,
+                 "the handed-over event's reply, held for the channel")
+        again.social.register_channel("slack", send=platform.send)
+        wait_for(lambda: len(platform.accepted) == 2, 20, "both replies")
+        assert again.social.wait_idle(20)
+    finally:
+        again.stop()
+    assert [a["text"] for a in platform.accepted] == ["re: first", "re: second"]
