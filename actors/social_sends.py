@@ -29,7 +29,10 @@ Run = Callable[[Callable[[], None]], object | None]
 class ThreadSends:
     """Per-session lines of reply sends, each drained on one thread of ``run``."""
 
-    def __init__(self) -> None:
+    def __init__(self, stopped: Callable[[], bool]) -> None:
+        """``stopped``: the runtime is stopping (what waits in a line then is not sent: the
+        pool cancels the sends it has not begun, and a start sends them, being kept)."""
+        self._stopped = stopped
         self._lock = threading.Lock()
         self._lines: dict[str, deque[Send]] = {}
         """The sends waiting behind the one running, by session (present while one runs)."""
@@ -60,7 +63,7 @@ class ThreadSends:
                 log.exception("a social reply's send to %s failed", session_id)
             with self._lock:
                 line = self._lines[session_id]
-                if not line:
+                if not line or self._stopped():
                     del self._lines[session_id]
                     return
                 send = line.popleft()

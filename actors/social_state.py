@@ -81,7 +81,7 @@ class SocialState:
         hands over too when its wait for the turns ends first."""
         self._pauses = Delayed("kinbox-social-pauses")
         """The stalled chats' next tries, by session id, all waiting on one thread."""
-        self._sends = ThreadSends()
+        self._sends = ThreadSends(self._stop.is_set)
         """Replies sent off the chats' own order (inbox turns', held ones), lined up per
         session."""
 

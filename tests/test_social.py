@@ -1044,3 +1044,51 @@ def test_replies_of_a_threads_inbox_turns_leave_in_the_order_of_the_turns(
     rt.run_until_idle()
     wait_for(lambda: len(arrived) == 3, 20, "the three replies")
     assert arrived == ["echo: hi", "echo: one", "echo: two"]
+
+
+@pytest.mark.timeout(30)
+def test_a_threads_line_of_sends_keeps_its_order_frees_itself_and_stops_with_the_runtime() -> None:
+    """The lines of :class:`ThreadSends` run a session's sends one after another in their
+    order, exist only while they have sends, and send nothing more once the runtime stops
+    (those replies are kept: the next start sends them)."""
+    from kinbox.actors.social_sends import ThreadSends
+
+    stopping = threading.Event()
+    lines = ThreadSends(stopping.is_set)
+    ran: list[str] = []
+    first_running, release = threading.Event(), threading.Event()
+
+    def run(work: Callable[[], None]) -> object:
+        threading.Thread(target=work, daemon=True).start()
+        return True
+
+    def send(name: str) -> Callable[[], None]:
+        def go() -> None:
+            if name == "a1":
+                first_running.set()
+                assert release.wait(10)
+            ran.append(name)
+        return go
+
+    lines.submit("s", send("a1"), run)
+    assert first_running.wait(10)
+    lines.submit("s", send("a2"), run)
+    lines.submit("t", send("b1"), run)  # another session's line runs beside it
+    wait_for(lambda: ran == ["b1"], 10, "the other session's send")
+    lines.submit("s", send("a3"), run)
+    release.set()
+    wait_for(lambda: lines.waiting() == 0, 10, "the lines to end")
+    assert ran == ["b1", "a1", "a2", "a3"]
+
+    release.clear()
+    first_running.clear()
+    ran.clear()
+    lines.submit("s", send("a1"), run)
+    assert first_running.wait(10)
+    lines.submit("s", send("a2"), run)
+    stopping.set()
+    release.set()
+    wait_for(lambda: lines.waiting() == 0, 10, "the line to end")
+    assert ran == ["a1"]  # a2 stays kept for the next start
+    lines.submit("s", send("a3"), lambda work: None)  # a pool that takes no more work
+    assert lines.waiting() == 0 and ran == ["a1"]
