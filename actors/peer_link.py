@@ -297,6 +297,13 @@ class PeerLink:
                                       ctx.now())
                 busy = claim is not None or bool(acks)
                 self._receive(ws, link, 0.002 if busy else 0.05 if link.held() else 0.2)
+        except ConnectionClosed:
+            # A send can find the link closed by the peer with frames still unread: the
+            # acks of rows it committed and the refusal it sent before closing (its grant
+            # closed). They settle those rows, not the lost link's retry (a row retried
+            # after its commit failed at the next handshake's refusal: delivered, failed).
+            _read_arrived(ws, link)
+            raise
         finally:
             self.effects.settled(acks, wait=True)
             if claim is not None:  # leased, never offered: hand back unrun
@@ -322,11 +329,18 @@ class PeerLink:
             link.receive(ws.recv(timeout))
         except TimeoutError:
             return
-        while link.state is LinkState.OPEN:  # drain whatever else already arrived
-            try:
-                link.receive(ws.recv(0))
-            except TimeoutError:
-                return
+        _read_arrived(ws, link)
+
+
+def _read_arrived(ws: ClientConnection, link: SenderLink) -> None:
+    """Feed ``link`` the frames already received, while it is open (a closed socket still
+    yields those it received before its close, then raises ConnectionClosed)."""
+    while link.state is LinkState.OPEN:
+        try:
+            link.receive(ws.recv(0))
+        except (TimeoutError, ConnectionClosed):
+            return
+
 
 def _outgoing(row: ClaimedRow) -> Outgoing:
     session = row.payload.get("session") if row.payload else None

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import uvicorn
+from websockets.sync.client import ClientConnection
 
 from kinbox.actors import Runtime, SystemClock, Turn
 from kinbox.actors.peer_backend import PeerHttpBackend
@@ -375,6 +376,72 @@ def test_a_revoke_mid_stream_commits_nothing_after_it_and_acknowledges_what_it_c
     assert failed and not {f"peer-{me}-{m}" for m in failed} & received
     assert {f"peer-{me}-{r['message_id']}" for r in a.inbox(state="delivered")} == received
     assert max(at for _, at in rows) <= revoked_at
+
+
+@pytest.mark.timeout(120)
+def test_acks_that_arrived_before_the_refusal_count_when_a_send_finds_the_link_closed(
+        pair_of: tuple[Runtime, Runtime, Served, threading.Event]) -> None:
+    """The receiver acknowledged a batch, refused (its grant was revoked) and closed the
+    link while the sender was between reads, with a freed slot's deliver to send: the send
+    raised ConnectionClosed, the acks and the refusal already received were never read, and
+    the rows the receiver had committed went back as a lost link's, to fail at the next
+    handshake's refusal: delivered rows reported failed (a retry delivers them twice)."""
+    import time
+
+    from websockets.protocol import State
+
+    from kinbox.actors.peer_link import PeerLink
+    from kinbox.transport import frames as f
+
+    a, b, served, _ = pair_of
+    rec = a.peers.pair(served.http, served.invite(), name="b")
+    me = a.peers.identity.device_id
+    link = a.peers.link_for(rec.device_id)
+    assert link is not None
+    # A window below the client's read buffer (16 frames): the receiver's close is read
+    # behind the acks it sent first, not held up by them.
+    link.window = 4
+    read_acks = 0
+    closed_unread = threading.Event()
+
+    def b_rows() -> set[str]:
+        rows = b.context.journal.t.db.execute_sql(
+            "SELECT message_id FROM agent_inbox_messages WHERE sender_chat_id = ?",
+            (f"peer:{me}",)).fetchall()
+        return {mid for (mid,) in rows}
+
+    def one_frame_at_a_time(ws: ClientConnection, sender: SenderLink, timeout: float) -> None:
+        """Read one frame; at an ack that frees a slot for a queued row, let the receiver
+        commit what it holds, revoke, and return once its close arrived, unread."""
+        nonlocal read_acks
+        if closed_unread.is_set():
+            return PeerLink._receive(link, ws, sender, timeout)
+        full = len(sender.held()) > sender.window  # a freed slot sends a queued row
+        try:
+            text = ws.recv(timeout)
+        except TimeoutError:
+            return None
+        sender.receive(text)
+        if isinstance(f.parse(text), f.Ack):
+            read_acks += 1
+            if full:
+                wait_for(lambda: len(b_rows()) > read_acks, 30, "a commit not yet acked")
+                b.peers.peers.set_status(me, "revoked", time.time(), direction=INBOUND)
+                wait_for(lambda: ws.state is not State.OPEN, 30, "the receiver's close")
+                closed_unread.set()
+        return None
+
+    link._receive = one_frame_at_a_time  # type: ignore[method-assign]
+    sender = a.create_session(None, "bulk").id
+    a.peers.send_many(sender, f"peer:{rec.device_id}", [f"m{i}" for i in range(300)])
+    wait_for(closed_unread.is_set, 60, "the receiver to close with acks unread")
+    wait_for(lambda: not a.inbox(state="pending") and not a.inbox(state="processing"), 60,
+             "every row settled on the sender")
+    received = b_rows()
+    failed = {r["message_id"] for r in a.inbox(state="failed")}
+    assert len(received) > read_acks
+    assert failed and not {f"peer-{me}-{m}" for m in failed} & received
+    assert {f"peer-{me}-{r['message_id']}" for r in a.inbox(state="delivered")} == received
 
 
 def test_a_peer_stop_starts_the_stop_grace_like_a_local_one(tmp_path: Path) -> None:
