@@ -118,22 +118,6 @@ class RunEnd:
     """Columns of its job to set (its failure counted)."""
 
 
-OCCURRENCE_IDS = 10
-"""How many runs one due time of a job may have, one per clock set back over it."""
-
-
-def _ran_on_a_clock_set_back(existing: CronRun | None, job: CronJobRecord) -> bool:
-    """Is ``existing``, a run of ``job`` holding the id of the occurrence firing now,
-    another time's, run by a clock that read ahead of this one and was set back since?
-
-    Every write of a job (its fire, its run's end, a trigger) stamps it at least as late
-    as any run begun before, so a run that began after the job's last write began on a
-    clock that was ahead. Its due time has come again on the clock set back (the job is
-    due at its next time from now): taken for the same occurrence, its run was never
-    recorded, no turn ran, and the job said it had run."""
-    return existing is not None and existing.started_at > job.updated_at
-
-
 def _job(r: CronJob) -> CronJobRecord:
     return CronJobRecord(r.id, r.name, r.cron, r.timezone, r.prompt, bool(r.active), r.delivery,
                          r.retry_count, r.next_run_at, r.last_run_at, r.last_result,
@@ -301,19 +285,14 @@ class CronStore:
                 return
             due = job.next_run_at if job.next_run_at is not None else now
             live = plan.run_status == "running"
-            first = f"{job.id}@{int(due * 1000)}"
-            for run_id in (first, *(f"{first}+{n}" for n in range(1, OCCURRENCE_IDS))):
-                run = CronRunRecord(run_id, job.id, due, now, None if live else now,
-                                    plan.run_status, None, plan.run_error,
-                                    owner if live else None, now + lease if live else None,
-                                    job.retry_count + 1)
-                # The rows it wrote, not SQLite's lastrowid (an earlier insert's, when
-                # this occurrence's run exists already: its turn would run, never recorded).
-                if r.insert(**asdict(run)).on_conflict_ignore().as_rowcount().execute():
-                    recorded.append(run)
-                    return
-                if not _ran_on_a_clock_set_back(r.get_or_none(r.id == run_id), job):
-                    return  # this occurrence's run exists: it is recorded once
+            run = CronRunRecord(f"{job.id}@{int(due * 1000)}", job.id, due, now,
+                                None if live else now, plan.run_status, None, plan.run_error,
+                                owner if live else None, now + lease if live else None,
+                                job.retry_count + 1)
+            # The rows it wrote, not SQLite's lastrowid (an earlier insert's, when this
+            # occurrence's run exists already: its turn would run, never recorded).
+            if r.insert(**asdict(run)).on_conflict_ignore().as_rowcount().execute():
+                recorded.append(run)
 
         def op() -> list[CronRunRecord]:
             firing.fire_due(self.t.cron_job, now, _job, advance, on_fire,

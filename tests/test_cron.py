@@ -538,36 +538,6 @@ def test_a_trigger_stored_by_a_clock_ahead_runs_at_once_after_the_clock_is_set_b
             "0 12 * * *", clock.now()))
 
 
-@pytest.mark.timeout(60)
-def test_the_hours_a_clock_ahead_ran_run_again_once_it_is_set_back(db_url: str) -> None:
-    """A machine's clock read three hours ahead for a while and ran an hourly job at its
-    (wrong) 01:00 and 02:00; corrected, the job is due at its next hour from now and runs
-    every hour. The runs of 01:00 and 02:00 took the ids of the ones the clock ahead had
-    made: their inserts were ignored, no turn ran, and the job said it had run (its
-    ``last_run_at``): two hours of an hourly job gone without a trace."""
-    hour = 3600.0
-    midnight = 1_767_225_600.0  # 2026-01-01 00:00 UTC
-    ahead = ManualClock(midnight + 7)
-    brain = CronBrain()
-    with Runtime(db=db_url, brain=brain, clock=ahead) as rt:
-        job_id = str(rt.cron.add("hourly", "0 * * * *", "Report.")["job_id"])
-        for _ in range(2):  # 01:00 and 02:00, by the clock ahead
-            ahead.advance(hour)
-            rt.run_until_idle()
-            assert rt.cron.wait_idle(10)
-        assert len(rt.cron.runs(job_id)) == 2
-    clock = ManualClock(midnight - 3 * hour + 2 * hour + 11)  # corrected: 23:00:11
-    with Runtime(db=db_url, brain=brain, clock=clock) as rt:
-        for _ in range(4):  # 00:00, 01:00, 02:00, 03:00, on the right clock
-            clock.advance(hour)
-            rt.run_until_idle()
-            assert rt.cron.wait_idle(10)
-        runs = rt.cron.runs(job_id)
-        assert [r["status"] for r in runs] == ["success"] * 6
-        assert len(brain.turns) == 6
-        assert len({r["run_id"] for r in runs}) == 6
-
-
 def test_a_clock_a_little_behind_the_last_write_moves_no_schedule() -> None:
     """Another runtime's clock may read ahead of this one (by up to the tolerance, an
     hour): its writes in this clock's future are no step back, and a retry's later time
