@@ -129,7 +129,8 @@ def run(sc: Scenario) -> None:
               "the Digest session answered the cron session by agent_send")
     sc.expect(refusals == ["not_found"], "the cron session cannot reach the Slack thread")
     # Its own job's: on a database an earlier run used, that run's job is due again as
-    # this run's clock starts where the last one started (a clock set back, to the job).
+    # this run's clock starts where the last one started (a clock set back, to the job),
+    # and is the runtime's to fire (its occurrence runs once: it ran in that run).
     announced = [a["run_id"] for a in rt.cron.drain_announcements()
                  if a["job_id"] == job["job_id"]]
     sc.expect(announced == [runs[0]["run_id"]], "the finished run was announced to the UI queue",

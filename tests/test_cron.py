@@ -538,6 +538,35 @@ def test_a_trigger_stored_by_a_clock_ahead_runs_at_once_after_the_clock_is_set_b
             "0 12 * * *", clock.now()))
 
 
+@pytest.mark.timeout(60)
+def test_an_occurrence_runs_once_when_a_clock_a_few_seconds_behind_wrote_its_job(
+        db_url: str) -> None:
+    """Runtimes on one database whose clocks differ by seconds (within the tolerance):
+    one fires the 08:00 run; an operator's pause and resume on the other, whose clock
+    still reads 07:59:57, puts the job at 08:00 again. The run's id (job and due time)
+    makes that occurrence one run: counted as another (a run that began after the job's
+    last write, taken for one a clock ahead had run), it ran twice."""
+    eight = next_fire("0 8 * * *", START)
+    assert eight is not None
+    brain = CronBrain()
+    clock = ManualClock(eight - 30)
+    with Runtime(db=db_url, brain=brain, clock=clock) as rt:
+        job_id = str(rt.cron.add("daily", "0 8 * * *", "Good morning.")["job_id"])
+        clock.advance(30)
+        rt.run_until_idle()
+        assert rt.cron.wait_idle(10)
+    behind = ManualClock(eight - 3)
+    with Runtime(db=db_url, clock=behind) as rt:  # send-only: the operator's commands
+        rt.cron.pause(job_id)
+        assert rt.cron.resume(job_id)["next_run_at"] == eight
+    clock.advance(1)
+    with Runtime(db=db_url, brain=brain, clock=clock) as rt:
+        rt.run_until_idle()
+        assert rt.cron.wait_idle(10)
+        assert [r["status"] for r in rt.cron.runs(job_id)] == ["success"]
+    assert len(brain.turns) == 1
+
+
 def test_a_clock_a_little_behind_the_last_write_moves_no_schedule() -> None:
     """Another runtime's clock may read ahead of this one (by up to the tolerance, an
     hour): its writes in this clock's future are no step back, and a retry's later time
