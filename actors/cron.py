@@ -362,13 +362,22 @@ class CronService:
         event loop of an async brain its waits hold no thread)."""
         assert self.turns is not None
         try:
-            job = yield Blocking(partial(self.store.get, run.job_id))
-            if job is None:
+            try:
+                job = yield Blocking(partial(self.store.get, run.job_id))
+                if job is None:
+                    return
+                sid = yield Blocking(partial(self.definitions.ensure_session, job))
+                recent = yield Blocking(partial(self.store.last_runs, job.id))
+            except WriterClosed:
+                raise  # stopping: the run stays ``running`` for whoever takes it over
+            except PersistenceError as exc:
+                # No turn ran: the run goes back as one whose failure was refused does.
+                # Raised, it sat out its lease unrenewed and was taken over as a dead
+                # runtime's.
+                yield Blocking(partial(self._hand_back, run, "the reads before its turn", exc))
                 return
             taken_over = run.takeovers > 0
-            sid = yield Blocking(partial(self.definitions.ensure_session, job))
             now = self.ctx.now()
-            recent = yield Blocking(partial(self.store.last_runs, job.id))
             earlier = [
                 r
                 for r in recent
@@ -462,7 +471,7 @@ class CronService:
         except WriterClosed:
             raise  # stopping: the run stays ``running`` for whoever takes it over
         except PersistenceError as exc:
-            self._hand_back(run, error, exc)
+            self._hand_back(run, f"the record of its failure ({error})", exc)
             return
         if updated is not None:
             self._driver.wake_at(updated.next_run_at, updated.id)
@@ -470,25 +479,26 @@ class CronService:
                 log.warning("cron job %s deactivated: %s", job.id, updated.last_error)
         self._finished(job, run, "error", None, error)
 
-    def _hand_back(self, run: CronRunRecord, error: str, refusal: PersistenceError) -> None:
-        """The database refused the record of ``run``'s failure (``error``): give the run
-        back, due again after a retry delay (:func:`.cron_rules.after_unrecorded_failure`),
-        as the inbox hands back such a row. Raised, it sat out its lease unrenewed, was
-        taken over as if its runtime had died, and after five was failed as such. A hand
-        back refused too leaves the run to its lease."""
+    def _hand_back(self, run: CronRunRecord, what: str, refusal: PersistenceError) -> None:
+        """The database refused ``what`` of ``run`` (the record of its failure, or the
+        reads before its turn, which ran no turn): give the run back, due again
+        after a retry delay (:func:`.cron_rules.after_unrecorded_failure`), as the inbox
+        hands back such a row. Raised, it sat out its lease unrenewed, was taken over as
+        if its runtime had died, and after five was failed as such. A hand back refused
+        too leaves the run to its lease."""
         due = rules.after_unrecorded_failure(run.attempts, self.ctx.now())
         try:
             self.store.hand_back(run.id, self.ctx.owner, due)
         except CronRunLost as exc:
-            log.warning("cron run %s failed but is no longer ours: %s", run.id, exc)
+            log.warning("cron run %s: the database refused %s, and the run is no longer "
+                        "ours: %s", run.id, what, exc)
             return
         except PersistenceError as exc:
-            log.error("cron run %s failed (%s) and neither its record (%s) nor its hand "
-                      "back (%s) was taken: it is taken over once its lease runs out",
-                      run.id, error, refusal, exc)
+            log.error("cron run %s: the database refused %s (%s) and its hand back (%s): "
+                      "it is taken over once its lease runs out", run.id, what, refusal, exc)
             return
-        log.error("cron run %s failed (%s) and its record was refused (%s): handed back, "
-                  "it runs again in %.0f s", run.id, error, refusal, due - self.ctx.now())
+        log.error("cron run %s: the database refused %s (%s): handed back, it runs again "
+                  "in %.0f s", run.id, what, refusal, due - self.ctx.now())
         self._driver.wake_at(due, run.id)
 
     def _finished(

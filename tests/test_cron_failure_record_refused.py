@@ -118,3 +118,42 @@ def test_a_handed_back_run_is_taken_after_its_due_time_with_no_takeover_counted(
     crons.finish(run.id, "owner-b", 170.0, "error", error="boom")
     assert [(r.status, r.error, r.takeovers) for r in crons.runs("job-h")] == [
         ("error", "boom", 0)]
+
+
+def refusing_last_runs(monkeypatch: pytest.MonkeyPatch, times: int) -> list[str]:
+    """Refuse the read of a job's last runs (before its run's turn) ``times`` times; the
+    job ids of those refused."""
+    real = CronStore.last_runs
+    refused: list[str] = []
+
+    def last_runs(self: CronStore, job_id: str) -> Any:
+        if len(refused) < times:
+            refused.append(job_id)
+            raise DatabaseFailed("the connection was lost")
+        return real(self, job_id)
+
+    monkeypatch.setattr(CronStore, "last_runs", last_runs)
+    return refused
+
+
+def test_a_read_refused_before_the_turn_hands_the_run_back_not_left_to_its_lease(
+        make_runtime: MakeRuntime, clock: ManualClock,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database error before the run's turn (its job's last runs read for the reminder)
+    is the same refusal: the run goes back for a backoff. Raised, it sat out its lease
+    with nothing renewing it, and was taken over as a dead runtime's."""
+    refused = refusing_last_runs(monkeypatch, 1)
+    brain = CronBrain()
+    rt = make_runtime(brain=brain, lease_seconds=3600)
+    job_id = str(rt.cron.add("yearly", "0 0 1 1 *", "Happy new year")["job_id"])
+    rt.cron.trigger(job_id)
+    wait_for(lambda: bool(refused), 20, "the read refused")
+    settle(rt)
+    assert brain.turns == []
+    clock.advance(MINUTE + 1)  # past a backoff, far short of the hour's lease
+    settle(rt)
+    wait_for(lambda: rt.cron.runs(job_id)[0]["status"] == "success", 20,
+             f"the run ran after the backoff ({rt.cron.runs(job_id)})")
+    [run] = rt.cron.runs(job_id)
+    assert run["takeovers"] == 0  # its runtime never died
+    assert len(brain.turns) == 1
