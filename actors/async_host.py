@@ -51,7 +51,6 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
@@ -61,7 +60,7 @@ from ..persistence import ClaimedRow, WriterClosed
 from . import delivery as dp
 from .async_tools import AsyncTools
 from .brain_tasks import BrainTasks, build_tools, tools_unread
-from .daemon_pool import DaemonPool
+from .daemon_pool import DaemonPool, daemon_default_executor
 from .loop_steps import settle
 from .loop_watch import LoopWatch
 from .session_actor import SessionActor
@@ -84,9 +83,6 @@ STOP_SLACK = COMMIT_AFTER_CANCEL + LAST_CANCELS + 1.0
 """Seconds past its timeout a stop waits, in all, for the drain and the loop's end: a free
 loop's drain ends by then; a loop a brain holds never runs it, so waiting longer only
 delays the process's exit."""
-DEFAULT_THREADS = min(32, (os.cpu_count() or 1) + 4)
-"""Threads of the loop's default executor, the brains' own blocking calls': asyncio's
-default pool's size."""
 LOOP_END_WAIT = 0.5
 """Seconds the stop always gives the loop to end once asked, its slack spent or not."""
 
@@ -101,7 +97,7 @@ class AsyncHost(BrainTasks):
         # a brain hands to a thread (asyncio.to_thread: the loop's default executor, a model
         # SDK's call deaf to the stop that gave up on its turn), holds no exit.
         self.executor = DaemonPool(workers, "kinbox-blocking")
-        self.loop.set_default_executor(DaemonPool(DEFAULT_THREADS, "kinbox-brain-thread"))
+        daemon_default_executor(self.loop, "kinbox-brain-thread")
         self._thread = threading.Thread(target=self._run, name="kinbox-async", daemon=True)
         # The brains' state (:class:`.brain_tasks.BrainTasks` says what each holds).
         self._brains = {}

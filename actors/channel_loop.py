@@ -31,6 +31,7 @@ import threading
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
+from .daemon_pool import daemon_default_executor
 from .errors import RuntimeStateError
 
 log = logging.getLogger("kinbox.social")
@@ -83,6 +84,8 @@ class ChannelLoop:
             return None
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
+            # An adapter's blocking post handed to a thread holds no exit (as a brain's).
+            daemon_default_executor(self._loop, "kinbox-channel-thread")
             self._thread = threading.Thread(target=self._loop.run_forever,
                                             name=self._name, daemon=True)
             self._thread.start()

@@ -12,6 +12,8 @@ executor (asyncio refuses any other): none of the stdlib pool's threads or queue
 
 from __future__ import annotations
 
+import asyncio
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -86,3 +88,15 @@ class DaemonPool(ThreadPoolExecutor):
         if wait:
             for thread in threads:
                 thread.join()
+
+
+LOOP_THREADS = min(32, (os.cpu_count() or 1) + 4)
+"""Threads of an event loop's default executor: asyncio's default pool's size."""
+
+
+def daemon_default_executor(loop: asyncio.AbstractEventLoop, name: str) -> None:
+    """Give ``loop`` a default executor of daemon threads (:data:`LOOP_THREADS`): what code
+    on it hands to a thread (``asyncio.to_thread``, ``run_in_executor(None, ...)``: a model
+    SDK's or a platform SDK's blocking call) holds no exit. The stock one's threads are
+    joined at exit, for as long as the call runs, after the stop that gave up on it."""
+    loop.set_default_executor(DaemonPool(LOOP_THREADS, name))

@@ -253,6 +253,47 @@ def test_an_async_brain_s_blocking_call_on_a_thread_does_not_hold_the_exit(
                   args=[ending])
 
 
+ASYNC_CHANNEL_THREAD_PROGRAM = """
+import asyncio
+import sys
+import threading
+import time
+from kinbox.actors import Runtime
+
+sending = threading.Event()
+
+async def send(route, text):
+    sending.set()
+    await asyncio.to_thread(time.sleep, 300)  # a platform SDK's blocking post, off the loop
+
+def brain(turn):
+    turn.reply("hi Ann")
+
+rt = Runtime(db=sys.argv[1], brain=brain).start()
+rt.social.register_channel("slack", send)
+rt.social.allow("slack", ["U-ann"])
+rt.social.ingest({"platform": "slack", "sender_id": "U-ann", "sender_name": "Ann",
+                  "thread_id": "T1", "text": "hello", "event_id": "e1"})
+assert sending.wait(30), "the reply's send never started"
+if sys.argv[2] == "stop":
+    rt.stop(timeout=1.0)
+print("the program ends", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("ending", ["stop", "no stop"])
+def test_an_async_channel_s_blocking_call_on_a_thread_does_not_hold_the_exit(
+        tmp_path: Path, db_url: str, ending: str) -> None:
+    """An ``async def`` channel adapter hands a blocking post to a thread with
+    ``asyncio.to_thread``: on the channel sends' own loop (:mod:`.channel_loop`), not the
+    brains', that was a stock pool whose threads the interpreter joins at exit, and the
+    program hung after its stop until the post returned, as an async brain's call no
+    longer holds it."""
+    exits_cleanly(tmp_path, ASYNC_CHANNEL_THREAD_PROGRAM, db_url, saying="the program ends",
+                  args=[ending])
+
+
 # -- 11. one exception tree -----------------------------------------------------------
 
 
