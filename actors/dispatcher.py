@@ -25,7 +25,7 @@ import pykka
 from ..persistence import ClaimResult, PersistenceError, WriterClosed
 from . import stops, subagents
 from .context import RuntimeContext
-from .lease_renewal import LeaseRenewal, failure_level
+from .lease_renewal import LeaseRenewal, log_failure
 from .messages import ClaimNow, Tick, Wake
 from .slots import Slots
 from .unheld_leases import UnheldLeases
@@ -111,9 +111,7 @@ class Dispatcher(pykka.ThreadingActor):
         try:
             stops.carry_out(self.ctx)
         except PersistenceError as exc:
-            log.log(failure_level(exc), "reading the stop requests failed (%s, SQLSTATE %s): "
-                    "%s; the next tick reads them again", type(exc).__name__,
-                    getattr(exc, "sqlstate", None), exc)
+            log_failure(log, "reading the stop requests", exc, "the next tick reads them again")
 
     def on_stop(self) -> None:
         self.slots.stop()
@@ -154,8 +152,5 @@ class Dispatcher(pykka.ThreadingActor):
         except WriterClosed:
             return None
         except PersistenceError as exc:
-            # Its text names no message (PostgreSQL's primary message alone: the DETAIL
-            # that may quote a row is kept off it, see DatabaseFailed.detail).
-            log.log(failure_level(exc), "claim failed (%s, SQLSTATE %s): %s; the next tick "
-                    "claims again", type(exc).__name__, getattr(exc, "sqlstate", None), exc)
+            log_failure(log, "claim", exc, "the next tick claims again")
             return None

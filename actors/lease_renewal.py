@@ -40,6 +40,15 @@ def failure_level(exc: PersistenceError) -> int:
     return logging.ERROR
 
 
+def log_failure(logger: logging.Logger, what: str, exc: PersistenceError, then: str) -> None:
+    """Log that the tick's ``what`` failed with ``exc`` (at :func:`failure_level`, its type
+    and SQLSTATE named) and what happens ``then``. Its text names no message: a
+    PostgreSQL error's primary message alone (the DETAIL that may quote a row is kept off
+    it, see ``DatabaseFailed.detail``)."""
+    logger.log(failure_level(exc), "%s failed (%s, SQLSTATE %s): %s; %s", what,
+               type(exc).__name__, getattr(exc, "sqlstate", None), exc, then)
+
+
 class LeaseRenewal:
     """Renews the leases of the sessions ``slots`` holds, at most once a third of a lease."""
 
@@ -67,8 +76,6 @@ class LeaseRenewal:
         except PersistenceError as exc:
             with self._lock:
                 self._schedule.refused(now, before)
-            log.log(failure_level(exc), "lease renewal failed (%s, SQLSTATE %s): %s; the "
-                    "next tick renews again", type(exc).__name__,
-                    getattr(exc, "sqlstate", None), exc)
+            log_failure(log, "lease renewal", exc, "the next tick renews again")
             return
         log.debug("renewed the leases of %d running or waiting turns", len(held))

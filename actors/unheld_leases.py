@@ -23,7 +23,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ..persistence import PersistenceError, WriterClosed
-from .lease_renewal import failure_level
+from .lease_renewal import log_failure
 
 if TYPE_CHECKING:
     from .context import RuntimeContext
@@ -84,7 +84,6 @@ class UnheldLeases:
         except WriterClosed:
             return []
         except PersistenceError as exc:
-            log.log(failure_level(exc), "looking for rows leased here that nothing runs "
-                    "failed (%s, SQLSTATE %s): %s; the next tick looks again",
-                    type(exc).__name__, getattr(exc, "sqlstate", None), exc)
+            log_failure(log, "looking for rows leased here that nothing runs", exc,
+                        "the next tick looks again")
             return []
