@@ -233,6 +233,10 @@ class RuntimeContext:
     whose row is its target's head leases it in the enqueue's transaction and starts its
     turn at once (the slot table), with no claim query. None on PostgreSQL, where several
     processes deliver, and in a send-only runtime."""
+    handing_over: set[str] = field(default_factory=set)
+    """Ids of the fast-path sends (:attr:`fast_lease`) between their submit and the offer
+    of the row they leased to the slots: leased, held by no session yet, and not to be
+    taken back as unheld (:mod:`.unheld_leases`): the sending thread runs it."""
 
     def __post_init__(self) -> None:
         self.now = self.clock.now
@@ -245,39 +249,54 @@ class RuntimeContext:
         flight here (its commit leases the next one), or waits out a backoff (the tick
         claims it when due)."""
         lease = None if self.closed.is_set() else self.fast_lease
-        reply = self.journal.submit_enqueue(msg, self.now(), lease=lease)
+        late = False
+        if lease is not None:  # before its commit: no look sees its lease without this
+            self.handing_over.add(msg.message_id)
         try:
-            result = reply.result(WRITE_TIMEOUT)
-        except WriteTimeout as late:
-            if not late.withdrawn:  # its batch runs: it may yet commit, leasing its row
-                reply.add_done_callback(lambda: self._sent_late(msg, reply))
-            raise
-        self.emit_sent(msg, result)
-        if result.claimed is not None:
-            self.hand_over(result.claimed)
-        elif lease is None:
-            self.wake_dispatcher()
-        return result
+            reply = self.journal.submit_enqueue(msg, self.now(), lease=lease)
+            try:
+                result = reply.result(WRITE_TIMEOUT)
+            except WriteTimeout as timed_out:
+                if not timed_out.withdrawn:  # its batch runs: it may yet commit, leasing its row
+                    late = True
+                    reply.add_done_callback(lambda: self._sent_late(msg, reply, lease is not None))
+                raise
+            self.emit_sent(msg, result)
+            if result.claimed is not None:
+                self.hand_over(result.claimed)
+            elif lease is None:
+                self.wake_dispatcher()
+            return result
+        finally:
+            if lease is not None and not late:
+                self.handing_over.discard(msg.message_id)
 
-    def _sent_late(self, msg: NewMessage, reply: Reply[EnqueueResult]) -> None:
+    def _sent_late(self, msg: NewMessage, reply: Reply[EnqueueResult], leased: bool) -> None:
         """A send whose sender stopped waiting (``WriteTimeout``, not withdrawn) has its
         answer (on the writer thread). Committed, it goes on as a send answered in time:
         observers hear ``sent``, and the row its send leased (the fast path) starts its
         turn, or the dispatcher is nudged. Left alone, that row stayed leased to this
         runtime with nothing to run or renew it: it waited out its lease, then ran as a
         suspect. On a thread of its own: a reply's callback must not block the writer,
-        and starting a turn may start a session actor."""
+        and starting a turn may start a session actor. ``leased``: a fast-path send, whose
+        id stays in :attr:`handing_over` until its row is offered."""
         try:
             result = reply.outcome()
         except Exception:
+            if leased:
+                self.handing_over.discard(msg.message_id)
             return  # not committed: the sender was told it may not have been
 
         def go_on() -> None:
-            self.emit_sent(msg, result)
-            if result.claimed is not None:
-                self.hand_over(result.claimed)
-            else:
-                self.wake_dispatcher()
+            try:
+                self.emit_sent(msg, result)
+                if result.claimed is not None:
+                    self.hand_over(result.claimed)
+                else:
+                    self.wake_dispatcher()
+            finally:
+                if leased:
+                    self.handing_over.discard(msg.message_id)
         threading.Thread(target=go_on, name="kinbox-late-send", daemon=True).start()
 
     def emit_sent(self, msg: NewMessage, result: EnqueueResult) -> None:

@@ -11,15 +11,19 @@ and the row came back as a suspect.
 The dispatcher, between two of its claims, looks at most each :data:`LOOK_INTERVAL` for
 the ``local`` rows leased to this runtime whose session no slot here holds, and hands
 back unrun those it saw so at its last look too, with the same lease (not renewed, not
-leased again); its claim then takes them again. Two looks, not one: a row leased with
-its send is offered to the slots by the sending thread once the commit's answer reaches
-it, and a look in between sees it leased and not yet held.
+leased again); its claim then takes them again. A row leased with its send (SQLite's
+fast path) is offered to the slots by the sending thread once the commit's answer
+reaches it, however late that thread gets there (a slow observer of ``sent``, a thread
+descheduled): it is left alone until then (``RuntimeContext.handing_over``). Taken back
+after two looks instead, it ran twice: its claim's turn, then the sender's. Two looks
+still, not one: a lease seen once may be one a turn takes up an instant later.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from ..persistence import PersistenceError, WriterClosed
@@ -36,10 +40,13 @@ LOOK_INTERVAL = 1.0
 goes back within two of them."""
 
 
-def unheld(leased: list[tuple[str, str, float]], held: set[str]) -> dict[str, float]:
+def unheld(leased: list[tuple[str, str, float]], held: set[str],
+           handing_over: Collection[str] = ()) -> dict[str, float]:
     """Of ``leased`` (message id, target, lease end), the rows whose target is not in
-    ``held``: message id -> lease end."""
-    return {mid: until for mid, target, until in leased if target not in held}
+    ``held`` and that no sending thread is about to offer (``handing_over``, message ids):
+    message id -> lease end."""
+    return {mid: until for mid, target, until in leased
+            if target not in held and mid not in handing_over}
 
 
 def seen_twice(before: dict[str, float], now: dict[str, float]) -> list[str]:
@@ -72,7 +79,10 @@ class UnheldLeases:
             # Read before the sessions held: a row held then that ends its turn after the
             # read is acknowledged or released by then, and a hand-back is fenced.
             leased = ctx.journal.leases_of(ctx.owner)
-            found = unheld(leased, set(self.slots.held())) if leased else {}
+            # The sends handing their rows over, then the sessions held: a send gone from
+            # the first has offered its row, so the second holds it.
+            sending = set(ctx.handing_over)
+            found = unheld(leased, set(self.slots.held()), sending) if leased else {}
             back = seen_twice(self._seen, found)
             self._seen = {mid: until for mid, until in found.items() if mid not in back}
             if back:
