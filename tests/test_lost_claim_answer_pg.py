@@ -185,3 +185,5 @@ def test_a_row_goes_back_once_two_looks_saw_it_unheld_with_the_same_lease() -> N
     assert first == {"a": 10.0, "c": 12.0}
     assert seen_twice({}, first) == []
     assert seen_twice(first, {"a": 10.0, "c": 13.0, "d": 9.0}) == ["a"]
+    # A row whose send is still handing it over is never unheld, however many looks.
+    assert unheld(leased, {"s2"}, {"a"}) == {"c": 12.0}
