@@ -1,4 +1,5 @@
-"""Pruning the journal: deleting finished inbox rows with their markers and history.
+"""Pruning the journal: deleting finished inbox rows with their markers and history, then
+the finished cron runs (:mod:`.cron_prune`, which has its own rules and locking).
 
 The rules (what may go) are :mod:`.retention`'s; this module applies them in bounded
 batches, newest candidates first. Each batch reads its candidates on the caller's
@@ -95,9 +96,9 @@ class InboxPrune:
 
     def prune_steps(self, cutoff: float, *, batch: int = retention.DEFAULT_BATCH,
                     dry_run: bool = False) -> Iterator[PruneCounts]:
-        """:meth:`prune` one batch at a time: each batch's counts once it committed (or,
-        dry, was counted), so a caller that stops between two (an operator's Ctrl-C)
-        knows what went."""
+        """:meth:`prune` one batch at a time, the inbox rows' then the cron runs': each
+        batch's counts once it committed (or, dry, was counted), so a caller that stops
+        between two (an operator's Ctrl-C) knows what went."""
         before = None
         # A dry run deletes nothing, so a chain member judged in a later batch would see
         # its successor still there: it is told which numbered ids would have gone.
