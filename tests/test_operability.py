@@ -234,23 +234,7 @@ rt = Runtime(db=sys.argv[1], brain=brain).start()
 project = rt.create_project("p")
 rt.post(rt.create_session(project.id, "A").id, "hello")
 assert running.wait(30), "the async turn never started"
-if sys.argv[2] == "stop":
-    rt.stop(timeout=1.0)
-print("the program ends", flush=True)
 """
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("ending", ["stop", "no stop"])
-def test_an_async_brain_s_blocking_call_on_a_thread_does_not_hold_the_exit(
-        tmp_path: Path, db_url: str, ending: str) -> None:
-    """An async brain hands its blocking calls (a model SDK, a product's tool) to a thread
-    with ``asyncio.to_thread``: on the runtime's event loop, that is the loop's default
-    executor, a pool whose threads the interpreter joins at exit. The stop gave up on the
-    brain (cancelled past its grace, its row handed back), and the process then hung
-    until the call returned, as a sync brain's deaf turn no longer holds it."""
-    exits_cleanly(tmp_path, ASYNC_THREAD_PROGRAM, db_url, saying="the program ends",
-                  args=[ending])
 
 
 ASYNC_CHANNEL_THREAD_PROGRAM = """
@@ -275,22 +259,32 @@ rt.social.allow("slack", ["U-ann"])
 rt.social.ingest({"platform": "slack", "sender_id": "U-ann", "sender_name": "Ann",
                   "thread_id": "T1", "text": "hello", "event_id": "e1"})
 assert sending.wait(30), "the reply's send never started"
+"""
+
+
+ENDING = """
 if sys.argv[2] == "stop":
     rt.stop(timeout=1.0)
 print("the program ends", flush=True)
 """
+"""How the programs above end: with ``stop()`` (its timeout short: it gives up on the
+call), or without it."""
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("ending", ["stop", "no stop"])
-def test_an_async_channel_s_blocking_call_on_a_thread_does_not_hold_the_exit(
-        tmp_path: Path, db_url: str, ending: str) -> None:
-    """An ``async def`` channel adapter hands a blocking post to a thread with
-    ``asyncio.to_thread``: on the channel sends' own loop (:mod:`.channel_loop`), not the
-    brains', that was a stock pool whose threads the interpreter joins at exit, and the
-    program hung after its stop until the post returned, as an async brain's call no
-    longer holds it."""
-    exits_cleanly(tmp_path, ASYNC_CHANNEL_THREAD_PROGRAM, db_url, saying="the program ends",
+@pytest.mark.parametrize("program", [ASYNC_THREAD_PROGRAM, ASYNC_CHANNEL_THREAD_PROGRAM],
+                         ids=["async brain", "async channel"])
+def test_a_blocking_call_handed_to_a_thread_by_async_code_does_not_hold_the_exit(
+        tmp_path: Path, db_url: str, program: str, ending: str) -> None:
+    """An async brain hands its blocking calls (a model SDK, a product's tool) to a thread
+    with ``asyncio.to_thread``, and so does an ``async def`` channel adapter (a platform
+    SDK's post), each on its own event loop (:mod:`.async_host`, :mod:`.channel_loop`):
+    that is the loop's default executor, a stock pool whose threads the interpreter joins
+    at exit. The stop gave up on the call (a brain's turn cancelled past its grace, its
+    row handed back; a send cancelled), and the process then hung until the call
+    returned, as a sync brain's deaf turn no longer holds it."""
+    exits_cleanly(tmp_path, program + ENDING, db_url, saying="the program ends",
                   args=[ending])
 
 
