@@ -45,7 +45,7 @@ from .schedule_driver import POLL_SECONDS, ScheduleDriver
 from .steps import Blocking, Steps
 from .triggers import local_time, next_fire
 from .turn import Message, Turn
-from .turn_run import refused_commit
+from .turn_run import refused_commit, refused_start
 
 log = logging.getLogger("kinbox.cron")
 
@@ -361,20 +361,29 @@ class CronService:
         """Run ``run`` as a turn and record how it ended (a :data:`.steps.Steps`: on the
         event loop of an async brain its waits hold no thread)."""
         assert self.turns is not None
+        # A database error before the turn (stopping apart: the run stays ``running`` for
+        # whoever takes it over) is no death of this runtime. Raised, the run sat out its
+        # lease unrenewed and was taken over as a dead runtime's, five times at most.
         try:
             try:
                 job = yield Blocking(partial(self.store.get, run.job_id))
-                if job is None:
-                    return
+            except WriterClosed:
+                raise
+            except PersistenceError as exc:  # no job to count a failure against
+                yield Blocking(partial(self._hand_back, run, "the read of its job", exc))
+                return
+            if job is None:
+                return
+            try:
                 sid = yield Blocking(partial(self.definitions.ensure_session, job))
                 recent = yield Blocking(partial(self.store.last_runs, job.id))
             except WriterClosed:
-                raise  # stopping: the run stays ``running`` for whoever takes it over
+                raise
             except PersistenceError as exc:
-                # No turn ran: the run goes back as one whose failure was refused does.
-                # Raised, it sat out its lease unrenewed and was taken over as a dead
-                # runtime's.
-                yield Blocking(partial(self._hand_back, run, "the reads before its turn", exc))
+                # A failed run whose turn never started, counted as a refused commit's is
+                # (retried, deactivated at the limit; its record refused too, handed back).
+                error = refused_start(exc).outcome.error or str(exc)
+                yield Blocking(partial(self._fail, job, run, error))
                 return
             taken_over = run.takeovers > 0
             now = self.ctx.now()
@@ -480,8 +489,8 @@ class CronService:
         self._finished(job, run, "error", None, error)
 
     def _hand_back(self, run: CronRunRecord, what: str, refusal: PersistenceError) -> None:
-        """The database refused ``what`` of ``run`` (the record of its failure, or the
-        reads before its turn, which ran no turn): give the run back, due again
+        """The database refused ``what`` of ``run`` (the record of its failure, or the read
+        of its job before its turn): give the run back, due again
         after a retry delay (:func:`.cron_rules.after_unrecorded_failure`), as the inbox
         hands back such a row. Raised, it sat out its lease unrenewed, was taken over as
         if its runtime had died, and after five was failed as such. A hand back refused

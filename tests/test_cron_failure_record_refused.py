@@ -11,6 +11,7 @@ takeover counted; once its record lands, the run's error is the brain's.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -120,32 +121,59 @@ def test_a_handed_back_run_is_taken_after_its_due_time_with_no_takeover_counted(
         ("error", "boom", 0)]
 
 
-def refusing_last_runs(monkeypatch: pytest.MonkeyPatch, times: int) -> list[str]:
-    """Refuse the read of a job's last runs (before its run's turn) ``times`` times; the
-    job ids of those refused."""
-    real = CronStore.last_runs
+
+def refusing_once(monkeypatch: pytest.MonkeyPatch, name: str) -> list[str]:
+    """Refuse the next call of ``CronStore.<name>`` off the test's thread (a read a run
+    makes before its turn, not the test's own), as a lost connection does; its
+    arguments' first, once refused."""
+    real = getattr(CronStore, name)
     refused: list[str] = []
 
-    def last_runs(self: CronStore, job_id: str) -> Any:
-        if len(refused) < times:
-            refused.append(job_id)
+    def read(self: CronStore, key: str, *args: Any, **kwargs: Any) -> Any:
+        if not refused and threading.current_thread() is not threading.main_thread():
+            refused.append(key)
             raise DatabaseFailed("the connection was lost")
-        return real(self, job_id)
+        return real(self, key, *args, **kwargs)
 
-    monkeypatch.setattr(CronStore, "last_runs", last_runs)
+    monkeypatch.setattr(CronStore, name, read)
     return refused
 
 
-def test_a_read_refused_before_the_turn_hands_the_run_back_not_left_to_its_lease(
+def test_a_read_refused_before_the_turn_is_a_failed_run_retried_not_left_to_its_lease(
         make_runtime: MakeRuntime, clock: ManualClock,  # noqa: F811
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A database error before the run's turn (its job's last runs read for the reminder)
-    is the same refusal: the run goes back for a backoff. Raised, it sat out its lease
-    with nothing renewing it, and was taken over as a dead runtime's."""
-    refused = refusing_last_runs(monkeypatch, 1)
-    brain = CronBrain()
-    rt = make_runtime(brain=brain, lease_seconds=3600)
+    """A database error before the run's turn (its job's last runs, read for the reminder)
+    is a failed run, as a refused commit is: retried after the first delay, counted
+    toward the job's limit. Raised, the run sat out its lease with nothing renewing it,
+    and was taken over as a dead runtime's."""
+    rt = make_runtime(brain=(brain := CronBrain()), lease_seconds=3600)
     job_id = str(rt.cron.add("yearly", "0 0 1 1 *", "Happy new year")["job_id"])
+    refused = refusing_once(monkeypatch, "last_runs")
+    rt.cron.trigger(job_id)
+    wait_for(lambda: bool(refused), 20, "the read refused")
+    settle(rt)
+    wait_for(lambda: rt.cron.runs(job_id)[0]["status"] == "error", 20,
+             f"the failed run recorded ({rt.cron.runs(job_id)})")
+    assert brain.turns == []
+    assert rt.cron.job(job_id)["retry_count"] == 1
+    clock.advance(MINUTE + 1)  # its retry, far short of the hour's lease
+    settle(rt)
+    wait_for(lambda: rt.cron.runs(job_id)[0]["status"] == "success", 20,
+             f"the retry ran ({rt.cron.runs(job_id)})")
+    failed, ok = rt.cron.runs(job_id)[1], rt.cron.runs(job_id)[0]
+    assert "refused the turn's start" in failed["error"]
+    assert failed["takeovers"] == ok["takeovers"] == 0  # its runtime never died
+    assert len(brain.turns) == 1
+
+
+def test_a_refused_read_of_its_job_hands_the_run_back_for_a_backoff(
+        make_runtime: MakeRuntime, clock: ManualClock,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read of the run's job itself refused: no job to count a failure against, the
+    run goes back, due after the first delay, and runs then."""
+    rt = make_runtime(brain=(brain := CronBrain()), lease_seconds=3600)
+    job_id = str(rt.cron.add("yearly", "0 0 1 1 *", "Happy new year")["job_id"])
+    refused = refusing_once(monkeypatch, "get")
     rt.cron.trigger(job_id)
     wait_for(lambda: bool(refused), 20, "the read refused")
     settle(rt)
