@@ -17,12 +17,13 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .validation import escaped
+from .validation import SEND_LIMIT, escaped
 
 STALL_AFTER = 30 * 60.0
 REMIND_BLOCKED_AFTER = 2 * 60 * 60.0
-CHECKLIST_LIMIT = 20_000
-"""Characters of ``heartbeat.md`` a check-in carries (a message's limit)."""
+CHECKLIST_LIMIT = SEND_LIMIT // 2
+"""Characters of ``heartbeat.md`` a check-in carries: half a message's limit, the other
+half left to the findings (:func:`check_in`)."""
 CHECKLIST_READ = CHECKLIST_LIMIT * 4 + 1
 """Bytes of ``heartbeat.md`` worth reading: UTF-8 takes at most 4 a character, and one
 more tells a file that is longer."""
@@ -64,16 +65,46 @@ class WatchedSession:
 
 
 def findings(sessions: Sequence[WatchedSession], now: float) -> list[str]:
-    """What deserves a check-in, sorted (the signature depends only on content)."""
-    found = []
+    """What deserves a check-in, the longest waiting first (what a cut check-in keeps,
+    :func:`check_in`), each once; the signature depends only on content."""
+    found: dict[str, float] = {}
     for s in sessions:
         if (s.open_tasks and not s.running and not s.blocked_on_user_since
                 and now - s.last_activity >= STALL_AFTER):
-            found.append(f"stalled: {s.title} ({s.id}) idle with {s.open_tasks} open tasks")
+            text = f"stalled: {s.title} ({s.id}) idle with {s.open_tasks} open tasks"
+            found[text] = min(found.get(text, s.last_activity), s.last_activity)
         for since in s.blocked_on_user_since:
             if now - since >= REMIND_BLOCKED_AFTER:
-                found.append(f"unanswered: {s.title} ({s.id}) waits on the user")
-    return sorted(set(found))
+                text = f"unanswered: {s.title} ({s.id}) waits on the user"
+                found[text] = min(found.get(text, since), since)
+    return sorted(found, key=lambda text: (found[text], text))
+
+
+def check_in(checklist: str, found: Sequence[str]) -> str:
+    """The check-in message: ``checklist`` (at most :data:`CHECKLIST_LIMIT` characters and
+    its cut note, :func:`checklist_text`), then ``found`` in order, as many as keep the
+    message within :data:`SEND_LIMIT`, and a line saying how many more were left out.
+
+    Uncapped, hundreds of stalled sessions made a check-in of many times the limit every
+    other message keeps to, and a model's context could overflow."""
+    if not found:
+        return checklist
+    head = checklist + "\n\nFindings:"
+    lines = [f"- {f}" for f in found]
+    if len(head) + sum(len(line) + 1 for line in lines) <= SEND_LIMIT:
+        return "\n".join([head, *lines])
+    room = SEND_LIMIT - len(head) - len(_left_out(len(lines))) - 1
+    kept: list[str] = []
+    for line in lines:
+        room -= len(line) + 1
+        if room < 0:
+            break
+        kept.append(line)
+    return "\n".join([head, *kept, _left_out(len(lines) - len(kept))])
+
+
+def _left_out(count: int) -> str:
+    return f"({count} more findings left out)"
 
 
 def signature(found: Sequence[str]) -> str:

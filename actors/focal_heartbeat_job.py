@@ -127,9 +127,7 @@ class HeartbeatJob:
         found = hb.findings(self.focal.watched_sessions(), now)
         decision = hb.should_run_focal_heartbeat(checklist, found,
                                                  config.get("focal_heartbeat_signature"))
-        body = checklist + ("\n\nFindings:\n" + "\n".join(f"- {f}" for f in found)
-                            if found else "")
-        return Heartbeat(decision, body, found, setting)
+        return Heartbeat(decision, hb.check_in(checklist, found), found, setting)
 
     def on_fire(self, job: JobRecord, now: float, heartbeat: Heartbeat | None) -> None:
         """Inside the firing transaction: the check-in message, when :meth:`due` decided

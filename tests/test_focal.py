@@ -15,6 +15,7 @@ from kinbox.actors import ConfigError, ManualClock, Runtime, ToolError, Turn
 from kinbox.actors.focal import FOCAL_ID, is_focal_chat
 from kinbox.actors.focal_heartbeat import DEFAULT_FOCAL_HEARTBEAT
 from kinbox.actors.focal_schedule import next_after
+from kinbox.actors.validation import SEND_LIMIT
 from kinbox.persistence import JobRecord, JobStore, SessionRecord
 
 from .conftest import Stores, ids_read
@@ -968,3 +969,32 @@ def test_a_reminder_whose_focal_turn_fails_for_good_still_notifies(
     assert row["status"] == "failed"
     assert [(n["text"], n["source"]) for n in rt.focal.notifications] == [
         ("stand-up", "focal_wakeup")]
+
+
+@pytest.mark.timeout(120)
+def test_a_check_in_on_many_stalled_sessions_stays_within_a_messages_limit(
+        focal_rt: tuple[Runtime, FocalBrain], clock: ManualClock) -> None:
+    """Every finding went into the check-in, uncapped: with dozens of stalled sessions
+    (titles up to 512 characters) Focal got a message far over the 20,000 characters any
+    other message keeps to, and a model's context could overflow. The findings are cut,
+    the longest waiting first, with one line saying how many more there are."""
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    project = rt.create_project("p").id
+    stalled = []
+    for i in range(60):
+        s = rt.create_session(project, f"{59 - i:02d} " + "x" * 400)  # not in title order
+        rt.tools_for(s.id).task_create("long job", status="in_progress")
+        stalled.append(s.id)
+        clock.advance(1)  # each stalls a second after the one before
+    clock.advance(30 * 60)
+    rt.run_until_idle()
+    [beat] = heartbeats(rt)
+    body = beat["content"]
+    assert len(body) <= SEND_LIMIT, len(body)
+    lines = body.split("Findings:\n", 1)[1].splitlines()
+    kept = [line for line in lines if line.startswith("- stalled: ")]
+    assert 0 < len(kept) < 60
+    assert [line.split("(")[1].split(")")[0] for line in kept] == stalled[:len(kept)]
+    assert lines[-1] == f"({60 - len(kept)} more findings left out)"
+    assert brain.focal_turns and brain.focal_turns[0].messages[0].content == body

@@ -7,6 +7,7 @@ import pytest
 from kinbox.actors import focal_context as fc
 from kinbox.actors import focal_heartbeat as hb
 from kinbox.actors import focal_policy as fp
+from kinbox.actors.validation import SEND_LIMIT
 
 REGISTRY = [*fp.BUILTIN_TOOLS, fp.ToolSpec("bash", "shell"), fp.ToolSpec("write_file", "files"),
             fp.ToolSpec("web_search", "web"), fp.ToolSpec("secret_admin", "admin", False)]
@@ -110,3 +111,26 @@ def test_the_signature_is_sha256_of_the_sorted_findings() -> None:
     import hashlib
 
     assert hb.signature(["b", "a"]) == hashlib.sha256(b"a\nb").hexdigest()
+
+
+def test_findings_come_the_longest_waiting_first_each_once() -> None:
+    sessions = [watched(id="b", title="B", last_activity=50.0),
+                watched(id="a", title="A", last_activity=100.0),
+                watched(id="c", title="C", blocked_on_user_since=(10.0, 0.0))]
+    assert hb.findings(sessions, 10 * hb.REMIND_BLOCKED_AFTER) == [
+        "unanswered: C (c) waits on the user", "stalled: B (b) idle with 1 open tasks",
+        "stalled: A (a) idle with 1 open tasks"]
+
+
+def test_a_check_in_keeps_its_findings_in_order_within_a_messages_limit() -> None:
+    found = [f"stalled: {i:03d} {'x' * 200}" for i in range(200)]
+    assert hb.check_in("- mine", []) == "- mine"
+    assert hb.check_in("- mine", found[:2]) == "- mine\n\nFindings:\n" + "\n".join(
+        f"- {f}" for f in found[:2])
+    for checklist in ("- mine", hb.checklist_text(b"y" * hb.CHECKLIST_READ)):
+        text = hb.check_in(checklist, found)
+        assert text.startswith(checklist) and len(text) <= SEND_LIMIT
+        lines = text.split("Findings:\n", 1)[1].splitlines()
+        assert lines[:-1] == [f"- {f}" for f in found[:len(lines) - 1]]
+        assert lines[-1] == f"({200 - (len(lines) - 1)} more findings left out)"
+        assert len(text) + len(found[len(lines) - 1]) + 3 > SEND_LIMIT  # as many as fit
