@@ -5,7 +5,8 @@ a Focal request (truncated to :data:`REPLY_LIMIT`), with the replying turn; a ta
 blocked on ``user`` or ``error``, or its reason changed, and a followed session closing
 its last open task, with the task change (one notice per event, each with an id of its
 own). A finish is held back while a Focal request to the session is in flight (its
-answer tells Focal), and sent with that answer's turn when the turn replies nothing. A
+answer tells Focal), and sent with that answer's turn when the turn replies nothing or
+fails for good, or with an operator's cancel of the request, which no turn answers. A
 woken Focal's reply queues a user notification. A part of :class:`~.focal.Focal`.
 """
 
@@ -98,26 +99,50 @@ class HearingBack:
         Focal, and a turn that only completed its task (a tool call, no text), or whose
         every attempt failed, told it nothing, ever. A failed turn's notice commits only
         when its row ends failed (a retry may yet answer)."""
+        changed = ([t for t in turn.outbox.tasks.values() if t.chat_id == turn.session_id]
+                   if ok and turn.outbox is not None else [])  # they commit with this turn
+        asked_at = min((row.created_at for m in asked
+                        if (row := self.ctx.journal.hot.existing(m.message_id)) is not None),
+                       default=None)
+        notice = self._held_notice(turn.session_id, asked_at, changed)
+        return TurnEffects(messages=[notice]) if notice is not None else None
+
+    def requests_cancelled(self, message_ids: list[str]) -> None:
+        """Inside an operator's cancel of ``message_ids``: the finished notice held back for
+        each that was a Focal request (FO5), as for a request whose turn fails for good. A
+        cancelled request has no turn to answer it, and Focal never heard that the session
+        had finished its last task."""
         ctx = self.ctx
-        session = ctx.store.session(turn.session_id)
+        for message_id in message_ids:
+            row = ctx.journal.hot.existing(message_id)
+            if row is None or row.sender_chat_id != FOCAL_ID or row.target_chat_id == FOCAL_ID:
+                continue
+            notice = self._held_notice(row.target_chat_id, row.created_at)
+            if notice is not None:
+                ctx.journal.enqueue_now(notice, ctx.now())
+
+    def _held_notice(self, session_id: str, asked_at: float | None,
+                     changed: Sequence[TaskRecord] = ()) -> NewMessage | None:
+        """The finished notice of ``session_id`` a Focal request asked at ``asked_at`` (its
+        first, when known) held back, or None: not followed, a task still open (``changed``:
+        the session's tasks as a turn committing with this changes them), closed before
+        Focal asked, or this closing already noticed."""
+        ctx = self.ctx
+        session = ctx.store.session(session_id)
         if session is None or not self._followed(session) or not self.exists():
             return None
         tasks = {t.id: t for t in ctx.tasks.for_session(session.id)}
-        if ok and turn.outbox is not None:  # this turn's own changes commit with it
-            tasks.update({t.id: t for t in turn.outbox.tasks.values() if t.chat_id == session.id})
+        tasks.update({t.id: t for t in changed})
         if not tasks or any(t.status in OPEN_TASK_STATES for t in tasks.values()):
             return None
         last = max(tasks.values(), key=lambda t: (t.updated_at, t.id))
-        asked_at = min((row.created_at for m in asked
-                        if (row := ctx.journal.hot.existing(m.message_id)) is not None),
-                       default=last.updated_at)
-        if last.updated_at < asked_at:
+        if asked_at is not None and last.updated_at < asked_at:
             return None  # closed before Focal asked: not held back by this request
         heard = [ctx.journal.hot.existing(mid)
                  for mid in taken_ids(ctx, f"focal-finished-{session.id}-{last.id}")]
         if any(row is not None and row.created_at >= last.updated_at for row in heard):
             return None  # this closing was noticed (the request was not yet in flight)
-        return TurnEffects(messages=[self._finished(ctx, session, last)])
+        return self._finished(ctx, session, last)
 
     def outbox(self, ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome
                ) -> TurnEffects | HookReads | None:

@@ -276,7 +276,8 @@ class RecordsApi:
         """
         ctx = self._running()
         reason, by = cancel_note(reason, by)
-        row = ctx.journal.cancel(_row_key(message_id), ctx.now(), by=by, reason=reason)
+        row = ctx.journal.cancel(_row_key(message_id), ctx.now(), by=by, reason=reason,
+                                 also=ctx.focal.requests_cancelled)
         subagents.report_ended(ctx, [message_id])  # no turn reports a cancelled task
         ctx.emit("cancelled", message_id=message_id, by=by)
         log.info("cancelled %s (by %s)", message_id, by)

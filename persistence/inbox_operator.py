@@ -128,14 +128,21 @@ class InboxOperator:
                                  {"status": core.CANCELLED, "lease_owner": None,
                                   "lease_until": None})
 
-    def cancel(self, message_id: str, now: float, *, by: str, reason: str) -> dict[str, Any]:
-        """Operator: give up on a ``pending`` or ``failed`` row (terminal ``cancelled``).
+    def cancel(self, message_id: str, now: float, *, by: str, reason: str,
+               also: Callable[[list[str]], object] | None = None) -> dict[str, Any]:
+        """Operator: give up on a ``pending`` or ``failed`` row (terminal ``cancelled``);
+        ``also`` runs in the same transaction with its id (what the row's end tells).
 
         Who and why are kept in the row's history. The rows queued behind it
         for the same target move up, so one bad message stops holding its
         session back.
         """
-        return self.writer.call(lambda: self._cancel_op(message_id, now, by, reason))
+        def op() -> dict[str, Any]:
+            row = self._cancel_op(message_id, now, by, reason)
+            if also is not None:
+                also([message_id])
+            return row
+        return self.writer.call(op)
 
     def cancel_pending_now(self, target: str, kind: str, now: float, *, by: str,
                            reason: str, only: Callable[[str], bool] | None = None

@@ -998,3 +998,31 @@ def test_a_check_in_on_many_stalled_sessions_stays_within_a_messages_limit(
     assert [line.split("(")[1].split(")")[0] for line in kept] == stalled[:len(kept)]
     assert lines[-1] == f"({60 - len(kept)} more findings left out)"
     assert brain.focal_turns and brain.focal_turns[0].messages[0].content == body
+
+
+@pytest.mark.timeout(60)
+def test_a_finish_held_back_for_a_request_an_operator_cancels_is_noticed(
+        focal_rt: tuple[Runtime, FocalBrain]) -> None:
+    """The finished notice waits while Focal's request is in flight, for its answer tells
+    Focal. An operator who cancelled that request (queued behind a long turn) left no turn
+    to answer it, and Focal never heard that the session had finished its last task."""
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    s = rt.create_session(rt.create_project("p").id, "Long")
+    t = rt.tools_for(s.id).task_create("x", status="in_progress")["task_id"]
+    working, go = threading.Event(), threading.Event()
+
+    def long_turn(turn: Turn) -> None:
+        working.set()
+        assert go.wait(20)
+    brain.scripts["Long"] = long_turn
+    rt.post(s.id, "keep at it")
+    assert working.wait(10)
+    rt.tools_for(FOCAL_ID).agent_send(s.id, "how is it going?")  # queued behind the turn
+    rt.tools_for(s.id).task_update(t, status="completed")  # held back: a request in flight
+    assert "session_finished_notification" not in kinds_to_focal(rt)
+    [asked] = [r for r in rt.inbox(target=s.id) if r["sender_chat_id"] == FOCAL_ID]
+    assert rt.cancel(asked["message_id"], "not needed")["status"] == "cancelled"
+    go.set()
+    rt.run_until_idle()
+    assert kinds_to_focal(rt).count("session_finished_notification") == 1, kinds_to_focal(rt)
