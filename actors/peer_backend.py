@@ -70,6 +70,14 @@ class PeerHttpBackend:
         rec = self.svc.peers.device(device_id, INBOUND)
         return rec.status if rec and rec.token_hash == token_hash else None
 
+    def committed(self, device_id: str, message_ids: Sequence[str]) -> list[str]:
+        """Those of ``message_ids`` committed here from the device (its inbox rows
+        ``peer-<device>-<id>`` exist): a refused device acknowledges them, not fails them."""
+        journal = self.ctx.journal
+        with _database("reading the rows a refused device carries"):
+            return [mid for mid in message_ids
+                    if journal.hot.existing(receiver.inbox_id(device_id, mid)) is not None]
+
     def seen(self, device_id: str) -> None:
         """A device completed a handshake."""
         with _database("noting a device seen"):

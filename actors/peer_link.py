@@ -8,7 +8,8 @@ into each other; :class:`~.peer_effects.LinkEffects` carries out the
 core's effects on the journal: ``ack`` after the receiver's ack (which it
 sends only after its own commit), a retry with the peer backoff when the
 link drops or cannot open, ``failed`` at once for a rejected payload or a
-refusing device, a release (no attempt counted) of what it holds when it
+refusing device (but ``delivered`` for the rows its refusal says it committed: their
+acks a lost link did not bring back), a release (no attempt counted) of what it holds when it
 stops. After a restart it simply finds its rows again. No rule lives here.
 
 Paused or revoked on this side (``kinbox peers pause|revoke --direction
@@ -193,10 +194,11 @@ class PeerLink:
         link = SenderLink(svc.identity, rec.device_id, rec.public_key, token, self.window,
                           prefetch=self.window)
         link.offer([_outgoing(r) for r in rows])
+        named = link.in_flight()
         try:
-            with connect_link(rec.url or "", token) as ws:
+            with connect_link(rec.url or "", token, in_flight=named) as ws:
                 self.ws = ws
-                self._carry(ws, link, rec, rows[-1].seq)
+                self._carry(ws, link, rec, rows[-1].seq, named)
         except PeerUnavailable as exc:
             if self._stop.is_set():
                 link.stopped()
@@ -218,7 +220,7 @@ class PeerLink:
             self.effects.settle_now(self.effects.apply(link.effects(), rec))
 
     def _carry(self, ws: ClientConnection, link: SenderLink, rec: DeviceRecord,
-               last_seq: int) -> None:
+               last_seq: int, named: tuple[str, ...]) -> None:
         """Move frames until the link ends, idles out, or the actor stops.
 
         Acks and claims are submitted to the writer without waiting: the loop
@@ -233,7 +235,7 @@ class PeerLink:
         claim: Reply[WindowClaim] | None = None
         stale = False  # acks were submitted after the outstanding claim
         acks: PendingAcks = []
-        link.connected(new_nonce(self.svc.random(NONCE_BYTES)))
+        link.connected(new_nonce(self.svc.random(NONCE_BYTES)), named)
         handshake_ends = time.monotonic() + HANDSHAKE_SECONDS
         drain_ends: float | None = None  # set once the grant here closed
         opened = False

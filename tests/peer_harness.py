@@ -166,6 +166,9 @@ class CuttingProxy:
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
         self.cuts = 0
+        self._replies = threading.Event()
+        """Cleared while the receiver's replies on live connections are held back."""
+        self._replies.set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -181,13 +184,17 @@ class CuttingProxy:
                 continue
             with self._lock:
                 self._conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, self._replies),
+                             daemon=True).start()
 
     @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _pump(src: socket.socket, dst: socket.socket,
+              flowing: threading.Event | None = None) -> None:
         try:
             while data := src.recv(65536):
+                if flowing is not None:
+                    flowing.wait()  # held: what the receiver said waits here (or is cut)
                 dst.sendall(data)
         except OSError:
             pass
@@ -195,6 +202,11 @@ class CuttingProxy:
             for s in (src, dst):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+
+    def hold_replies(self) -> None:
+        """Forward nothing more from the receiver to the sender (its acks among it) until
+        :meth:`cut`: what the sender sends still arrives, as when a link dies one way."""
+        self._replies.clear()
 
     def cut(self) -> None:
         """Drop every live connection (both directions, mid-frame if need be)."""
@@ -205,6 +217,7 @@ class CuttingProxy:
                 s.shutdown(socket.SHUT_RDWR)
             s.close()
         self.cuts += 1
+        self._replies.set()  # what was held is lost with the connections; new ones flow
 
     def close(self) -> None:
         """Stop accepting and cut everything."""

@@ -12,7 +12,7 @@ import pytest
 from kinbox.transport import frames as f
 from kinbox.transport import handshake as hs
 from kinbox.transport import key_file, receiver
-from kinbox.transport.errors import HandshakeRefused, IdentityError, LinkStateError
+from kinbox.transport.errors import FrameError, HandshakeRefused, IdentityError, LinkStateError
 from kinbox.transport.grants import (
     GrantView,
     InviteView,
@@ -544,6 +544,52 @@ def test_only_a_refusal_signed_by_the_pinned_key_ends_the_pairing() -> None:
         [effect] = link.effects()
         assert effect == Terminal(("m0", "m1"), effect.reason, status), grant_status
         assert link.state is LinkState.CLOSED
+
+
+def test_a_refusal_acknowledges_the_named_rows_it_says_the_peer_committed() -> None:
+    """A link lost before its acks arrived, then refused: the rows the refusal says (signed)
+    the peer committed are delivered, the rest fail; a ``committed`` frame dropped, changed
+    or added on the way, or naming a row the upgrade did not, settles nothing for good."""
+    def refused_after(committed: list[str] | None, sent: list[str] | None,
+                      named: tuple[str, ...] = ("m0", "m1")) -> SenderLink:
+        link = SenderLink(CLIENT, SERVER.device_id, SERVER.public_key, TOKEN)
+        link.offer([Outgoing("m0", "x"), Outgoing("m1", "y")])
+        assert link.in_flight() == ("m0", "m1")
+        link.connected(NC, named)
+        link.receive(f.encode(hs.challenge(SERVER, NS)))
+        hello = f.parse(link.frames_to_send()[0])
+        assert isinstance(hello, f.Hello)
+        signed = None if committed is None else f.Committed(committed)
+        if sent is not None:
+            link.receive(f.encode(f.Committed(sent)))
+        if link.state is LinkState.HANDSHAKE:  # else the committed frame already ended it
+            link.receive(f.encode(hs.refused(SERVER, NS, hello, TOKEN, Refusal.REVOKED,
+                                             signed)))
+        return link
+
+    acked, terminal = refused_after(["m1"], ["m1"]).effects()
+    assert acked == Acked(("m1",)) and terminal == Terminal(("m0",), terminal.reason)
+    [terminal] = refused_after([], []).effects()
+    assert terminal == Terminal(("m0", "m1"), terminal.reason)
+    for signed, sent in ((["m1"], None), (["m1"], []), ([], ["m1"]), (None, ["m1"])):
+        [effect] = refused_after(signed, sent).effects()
+        assert isinstance(effect, Retry) and effect.ids == ("m0", "m1"), (signed, sent)
+        assert effect.unproven, (signed, sent)
+    [effect] = refused_after(["m1"], ["m1"], named=("m0",)).effects()
+    assert isinstance(effect, Retry) and effect.ids == ("m0", "m1")
+
+
+def test_the_upgrade_names_the_held_rows_within_its_bounds() -> None:
+    ids = [f"msg-{i:0>60}" for i in range(100)]
+    named = f.in_flight_header(ids)
+    assert named == tuple(ids[:len(named)]) and 0 < len(named) <= f.IN_FLIGHT_LIMIT
+    assert len(" ".join(named)) <= f.IN_FLIGHT_BYTES
+    assert f.parse_in_flight(" ".join(named)) == named
+    assert f.parse_in_flight("") == ()
+    for bad in ("m0 m0", "m0  m1", "m0,m1", " ".join(f"m{i}" for i in range(65)),
+                "m" * 201, "m\u00e9"):
+        with pytest.raises(FrameError):
+            f.parse_in_flight(bad)
 
 
 def test_a_challenge_from_another_device_is_retried_not_final() -> None:

@@ -10,7 +10,8 @@ reads the frame's meaning. Pure: no sockets.
 Data frames: ``deliver``, ``ack``, ``read``, ``stop``, ``result``, ``error``.
 Control frames: ``challenge``, ``hello``, ``welcome`` (the handshake),
 ``pair``, ``paired`` (pairing), ``ping``, ``pong``, and ``refused``, the server's
-signed refusal that ends a handshake or a live link.
+signed refusal that ends a handshake or a live link, preceded in a handshake by
+``committed`` when the link's upgrade named the rows it carries (:data:`IN_FLIGHT_HEADER`).
 """
 
 from __future__ import annotations
@@ -94,6 +95,44 @@ NONCE = _pattern(r"[A-Za-z0-9_-]{22,86}")
 PUBLIC_KEY = _pattern(r"[A-Za-z0-9_-]{43}")
 SIGNATURE = _pattern(r"[A-Za-z0-9_-]{86}")
 TOKEN = _pattern(r"kbt_[A-Za-z0-9_-]{43}")
+
+IN_FLIGHT_LIMIT = 64
+"""Message ids a link's upgrade names at most (a sender's window)."""
+IN_FLIGHT_BYTES = 4096
+"""Longest :data:`IN_FLIGHT_HEADER` value: well inside a server's header line limit."""
+IN_FLIGHT_HEADER = "Kinbox-In-Flight"
+"""The upgrade request's header naming, space-separated, the ids of the rows the sender
+carries on this link (rows it may have sent before and heard no ack of). A server that
+refuses the handshake then says, signed, which of them it has committed (``committed``):
+the sender acknowledges those, and fails only the rest. A server of an earlier version
+ignores the header, and a sender that sends none never gets a ``committed`` frame."""
+
+
+def _message_ids(values: object) -> bool:
+    return (isinstance(values, list) and len(values) <= IN_FLIGHT_LIMIT
+            and all(MESSAGE_ID(v) for v in values) and len(set(values)) == len(values))
+
+
+def in_flight_header(ids: list[str]) -> tuple[str, ...]:
+    """The ids, from the first, that :data:`IN_FLIGHT_HEADER` names: as many as fit its
+    bounds (a row left out is failed by a refusal, as before there was a header)."""
+    named: list[str] = []
+    size = -1
+    for mid in ids[:IN_FLIGHT_LIMIT]:
+        size += len(mid) + 1
+        if size > IN_FLIGHT_BYTES:
+            break
+        named.append(mid)
+    return tuple(named)
+
+
+def parse_in_flight(value: str) -> tuple[str, ...]:
+    """The ids an :data:`IN_FLIGHT_HEADER` names; :class:`FrameError` for anything off
+    its format (over its bounds, a bad or repeated id)."""
+    ids = value.split(" ") if value else []
+    if len(value) > IN_FLIGHT_BYTES or not _message_ids(ids):
+        raise FrameError("bad_header", IN_FLIGHT_HEADER)
+    return tuple(ids)
 
 
 @dataclass(frozen=True)
@@ -259,9 +298,19 @@ class Refused(Frame):
     signature: str
 
 
+@dataclass(frozen=True)
+class Committed(Frame):
+    """Server, just before a handshake's ``refused``: which of the ids the upgrade named
+    (:data:`IN_FLIGHT_HEADER`) it has committed. The refusal's signature covers them."""
+
+    TYPE = "committed"
+    CHECKS = {"ids": _message_ids}
+    ids: list[str]
+
+
 FRAME_TYPES: dict[str, type[Frame]] = {c.TYPE: c for c in (
     Deliver, Ack, Read, Stop, Result, Error, Challenge, Hello, Welcome, Pair, Paired, Ping,
-    Pong, Refused)}
+    Pong, Refused, Committed)}
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

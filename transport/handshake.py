@@ -6,6 +6,12 @@ Link handshake (after the upgrade request's bearer token matched a grant)::
     client -> hello     {device_id: C, nonce: Nc, signature: sign_C(hello_transcript)}
     server -> welcome   {signature: sign_S(welcome_transcript)}
            | refused {reason: R, signature: sign_S(refused_transcript(R))}
+           | committed {ids}, refused {reason: R, signature: sign_S(refused_transcript(R, ids))}
+
+The last form answers an upgrade that named the rows the link carries
+(``Kinbox-In-Flight``): ``ids`` are those of them the server has committed, for
+a proven hello (none otherwise), so that a sender whose acks a cut link lost
+acknowledges them instead of failing rows the peer has.
 
 The client's signature covers both nonces, both device ids and the hash of
 the token it presented, so it proves the token's holder owns the device key
@@ -96,24 +102,41 @@ def answer_hello(identity: DeviceIdentity, server_nonce: str, frame: f.Hello,
     assert grant is not None
     if frame.device_id != grant.device_id:
         raise HandshakeRefused(Refusal.WRONG_DEVICE, "the token belongs to another device")
-    data = _transcript("hello", identity.device_id, frame.device_id, server_nonce,
-                       frame.nonce, grant.token_hash)
-    if not verify(grant.public_key, frame.signature, data):
+    if not proves(identity, server_nonce, frame, grant):
         raise HandshakeRefused(Refusal.BAD_SIGNATURE)
     welcome_data = _transcript("welcome", identity.device_id, frame.device_id, server_nonce,
                                frame.nonce, grant.token_hash)
     return f.Welcome(identity.sign(welcome_data))
 
 
+def proves(identity: DeviceIdentity, server_nonce: str, frame: f.Hello,
+           grant: GrantView) -> bool:
+    """Server: does ``frame`` prove the key ``grant`` was bound to at pairing?"""
+    data = _transcript("hello", identity.device_id, frame.device_id, server_nonce,
+                       frame.nonce, grant.token_hash)
+    return frame.device_id == grant.device_id and verify(grant.public_key, frame.signature,
+                                                         data)
+
+
+def _refused_step(reason: str, committed: f.Committed | None) -> str:
+    """The refusal's transcript step: with a ``committed`` frame, a digest of its ids too,
+    so that neither can be changed, added or dropped on the way without the other."""
+    if committed is None:
+        return f"refused:{reason}"
+    digest = hashlib.sha256("\n".join(committed.ids).encode("ascii")).hexdigest()
+    return f"refused:{reason}:committed:{digest}"
+
+
 def refused(identity: DeviceIdentity, server_nonce: str, frame: f.Hello, token: str,
-            reason: Refusal) -> f.Refused:
+            reason: Refusal, committed: f.Committed | None = None) -> f.Refused:
     """Server: what the grant says of ``token`` (unknown, paused, revoked), signed for the
     handshake of ``frame``; sent in place of the welcome, or on the live link it opened
-    when its grant closes."""
+    when its grant closes. In a handshake whose upgrade named the rows it carries, it
+    covers the ``committed`` frame sent just before it."""
     if reason not in SIGNED_REFUSALS:
         raise ValueError(f"only the grant's refusals are signed, not {reason.value!r}")
-    data = _transcript(f"refused:{reason.value}", identity.device_id, frame.device_id,
-                       server_nonce, frame.nonce, secret_hash(token))
+    data = _transcript(_refused_step(reason.value, committed), identity.device_id,
+                       frame.device_id, server_nonce, frame.nonce, secret_hash(token))
     return f.Refused(reason.value, identity.sign(data))
 
 
@@ -128,11 +151,13 @@ def check_welcome(identity: DeviceIdentity, ch: f.Challenge, sent: f.Hello, toke
 
 
 def check_refused(identity: DeviceIdentity, ch: f.Challenge, sent: f.Hello, token: str,
-                  frame: f.Refused, pinned_key: str) -> Refusal:
-    """Client: the refusal's code if the pinned key signed it for this handshake, else
-    HandshakeRefused (anyone at the peer's URL can send a refusal; only the peer can sign)."""
-    data = _transcript(f"refused:{frame.reason}", ch.device_id, identity.device_id, ch.nonce,
-                       sent.nonce, secret_hash(token))
+                  frame: f.Refused, pinned_key: str,
+                  committed: f.Committed | None = None) -> Refusal:
+    """Client: the refusal's code if the pinned key signed it for this handshake (and the
+    ``committed`` frame that came before it, if one did), else HandshakeRefused (anyone at
+    the peer's URL can send a refusal; only the peer can sign)."""
+    data = _transcript(_refused_step(frame.reason, committed), ch.device_id,
+                       identity.device_id, ch.nonce, sent.nonce, secret_hash(token))
     if not verify(pinned_key, frame.signature, data):
         raise HandshakeRefused(Refusal.BAD_SIGNATURE, "a refusal not signed by the key "
                                "pinned at pairing")

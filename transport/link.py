@@ -12,7 +12,9 @@ leaves the state as it was)::
     IDLE       --connected-->        HANDSHAKE  (waiting for the challenge)
     HANDSHAKE  --challenge-->        HANDSHAKE  (hello sent, waiting for welcome)
     HANDSHAKE  --welcome-->          OPEN       (window flushed)
-    HANDSHAKE  --refused (signed)--> CLOSED     (terminal: every leased row fails)
+    HANDSHAKE  --committed-->        HANDSHAKE  (which named rows the peer has)
+    HANDSHAKE  --refused (signed)--> CLOSED     (terminal: every leased row fails but
+                                                 those the peer said it committed)
     HANDSHAKE  --anything else-->    IDLE       (retried: nothing proves who refused)
     OPEN       --ack/error/result--> OPEN
     OPEN       --error naming no id--> IDLE     (leased rows retried: none will be acked)
@@ -149,15 +151,24 @@ class SenderLink:
         self._hello: f.Hello | None = None
         self._nonce = ""
         self._draining = False
+        self._named: tuple[str, ...] = ()
+        self._committed: f.Committed | None = None
 
     # -- inputs ----------------------------------------------------------------------------
 
-    def connected(self, client_nonce: str) -> None:
-        """The socket is open; wait for the server's challenge."""
+    def in_flight(self) -> tuple[str, ...]:
+        """The ids for the upgrade to name (:data:`.frames.IN_FLIGHT_HEADER`): the rows held
+        now, any of which a link lost before may have delivered unacknowledged."""
+        return f.in_flight_header(self.held())
+
+    def connected(self, client_nonce: str, named: tuple[str, ...] = ()) -> None:
+        """The socket is open, its upgrade having named ``named`` (:meth:`in_flight`); wait
+        for the server's challenge."""
         self._require(LinkState.IDLE, "connected")
         self.state = LinkState.HANDSHAKE
         self._nonce = client_nonce
         self._challenge = self._hello = None
+        self._named, self._committed = named, None
 
     def offer(self, rows: list[Outgoing]) -> None:
         """Rows to carry, in journal order; rows already held are ignored."""
@@ -272,6 +283,9 @@ class SenderLink:
                                         frame, self.pinned_key)
                 self.state = LinkState.OPEN
                 self._flush()
+            elif (isinstance(frame, f.Committed) and self._hello and self._named
+                  and self._committed is None and set(frame.ids) <= set(self._named)):
+                self._committed = frame  # believed once the refusal's signature covers it
             elif isinstance(frame, f.Refused) and self._challenge and self._hello:
                 self._refused(frame)
             elif isinstance(frame, f.Error):
@@ -288,12 +302,18 @@ class SenderLink:
     def _refused(self, frame: f.Refused) -> None:
         """A refusal: final if the pinned key signed it for this link's handshake."""
         assert self._challenge is not None and self._hello is not None
+        committed = self._committed if self.state is LinkState.HANDSHAKE else None
         try:
             why = handshake.check_refused(self.identity, self._challenge, self._hello,
-                                          self.token, frame, self.pinned_key)
+                                          self.token, frame, self.pinned_key, committed)
         except HandshakeRefused as exc:
             self._lost(f"a refusal the paired key did not sign ({exc.reason})", unproven=True)
             return
+        if committed is not None:  # delivered before a lost link's acks could say so
+            held = [mid for mid in committed.ids
+                    if self._queued.pop(mid, None) or self._inflight.pop(mid, None)]
+            if held:
+                self._effects.append(Acked(tuple(held)))
         self._terminal(f"the peer refused this device ({why.value})",
                        "paused" if why is Refusal.PAUSED else "revoked")
 

@@ -85,10 +85,15 @@ def _open(uri: str, headers: dict[str, str] | None, timeout: float) -> ClientCon
 
 
 @contextmanager
-def connect_link(url: str, token: str, timeout: float = OPEN_TIMEOUT) -> Iterator[ClientConnection]:
-    """Open the link websocket (closed on exit); the handshake frames follow on it."""
-    with _open(endpoint(url, "/peers/link"), {"Authorization": f"Bearer {token}"},
-               timeout) as ws:
+def connect_link(url: str, token: str, timeout: float = OPEN_TIMEOUT,
+                 in_flight: tuple[str, ...] = ()) -> Iterator[ClientConnection]:
+    """Open the link websocket (closed on exit); the handshake frames follow on it.
+    ``in_flight``: the ids of the rows the link carries (:data:`.frames.IN_FLIGHT_HEADER`),
+    from :meth:`.link.SenderLink.in_flight`."""
+    headers = {"Authorization": f"Bearer {token}"}
+    if in_flight:
+        headers[f.IN_FLIGHT_HEADER] = " ".join(in_flight)
+    with _open(endpoint(url, "/peers/link"), headers, timeout) as ws:
         yield ws
 
 

@@ -104,6 +104,10 @@ class PeerBackend(Protocol):
         ``token_hash`` is not active."""
         ...
 
+    def committed(self, device_id: str, message_ids: Sequence[str]) -> list[str]:
+        """Those of ``message_ids`` (the device's own ids) committed here from the device."""
+        ...
+
     def invite(self, code_hash: str) -> InviteView | None:
         """The pairing invite with this code hash."""
         ...
@@ -197,6 +201,12 @@ class PeerEndpoint:
         token, why = bearer_token(ws.headers.get("authorization"),
                                   ws.scope.get("query_string", b"").decode("latin-1"))
         refusal = refusal or (why.value if why else None)
+        named: tuple[str, ...] | None = None
+        if refusal is None and f.IN_FLIGHT_HEADER in ws.headers:
+            try:
+                named = f.parse_in_flight(ws.headers[f.IN_FLIGHT_HEADER])
+            except FrameError:
+                refusal = Refusal.MALFORMED.value
         if refusal is not None:
             await _deny(ws, refusal)
             return
@@ -205,7 +215,7 @@ class PeerEndpoint:
         if slot is None:
             return
         try:
-            welcomed = await self._by_deadline(slot, self._welcome(ws, token, slot))
+            welcomed = await self._by_deadline(slot, self._welcome(ws, token, slot, named))
         finally:
             self.slots.release(slot)  # an authenticated link holds no handshake slot
         if welcomed is None:
@@ -218,10 +228,11 @@ class PeerEndpoint:
         await InboundLink(ws, b, grant, functools.partial(handshake.refused, b.identity, nonce,
                                                        hello, token)).run()
 
-    async def _welcome(self, ws: WebSocket, token: str,
-                       slot: Slot) -> tuple[GrantView, f.Hello, str] | None:
+    async def _welcome(self, ws: WebSocket, token: str, slot: Slot,
+                       named: tuple[str, ...] | None) -> tuple[GrantView, f.Hello, str] | None:
         """The handshake of a link: its grant, hello and nonce once welcomed, else None
-        (refused, timed out or gone; the connection is closed)."""
+        (refused, timed out or gone; the connection is closed). ``named``: the ids the
+        upgrade said the link carries, answered in a refusal (see :mod:`.handshake`)."""
         b = self.backend
         await ws.accept()
         nonce = handshake.new_nonce(b.random(handshake.NONCE_BYTES))
@@ -233,6 +244,16 @@ class PeerEndpoint:
             # Read now, not at the upgrade: a grant resumed meanwhile is answered as it is.
             grant = await asyncio.to_thread(b.grant_for, secret_hash(token))
             answer = handshake.answer_hello(b.identity, nonce, hello, grant, token)
+            committed = None
+            if isinstance(answer, f.Refused) and named is not None:
+                # Only to the device itself: a refused grant's key, proven by the hello.
+                proven = grant is not None and handshake.proves(b.identity, nonce, hello,
+                                                                grant)
+                ids = (await asyncio.to_thread(b.committed, hello.device_id, named)
+                       if proven and named else [])
+                committed = f.Committed(ids)
+                answer = handshake.refused(b.identity, nonce, hello, token,
+                                           Refusal(answer.reason), committed)
         except (FrameError, HandshakeRefused, TimeoutError) as exc:
             await _refuse(ws, "peer handshake", exc)
             return None
@@ -244,6 +265,8 @@ class PeerEndpoint:
         if isinstance(answer, f.Refused):
             log.info("peer handshake refused: %s", answer.reason)
             with contextlib.suppress(Exception):
+                if committed is not None:
+                    await ws.send_text(f.encode(committed))
                 await ws.send_text(f.encode(answer))
                 await ws.close(code=1008)
             return None
