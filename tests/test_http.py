@@ -172,6 +172,16 @@ def test_the_root_says_what_every_cron_and_peer_route_is(served: tuple[Served, R
     assert routes["/peers/link"]["methods"] == ["GET"]  # a websocket upgrade
 
 
+def test_the_root_says_what_every_route_is(served: tuple[Served, Runtime]) -> None:
+    """The README says ``GET /`` lists each route with what it does; the social webhook
+    route was listed with an empty "about"."""
+    srv, _ = served
+    _, body = srv.request("GET", "/")
+    routes = {r["path"]: r["about"] for r in body["routes"]}
+    assert "/social/{platform}/events" in routes
+    assert [path for path, about in routes.items() if not about] == []
+
+
 def test_healthz_reports_each_check(
     make_runtime: MakeRuntime, tmp_path: Path, any_db_url: str
 ) -> None:

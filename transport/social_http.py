@@ -26,6 +26,7 @@ from starlette.routing import Route
 from . import json_body
 from . import webhook_signature as sig
 from .errors import BackendRefused, SignatureProblem, SignatureRejected, quoted
+from .http_app import DescribedRoute
 from .json_answers import error
 
 log = logging.getLogger("kinbox.http")
@@ -98,4 +99,9 @@ def social_routes(backend: SocialBackend, *, max_body: int = MAX_BODY,
             raise
         return JSONResponse(receipt, status_code=202)
 
-    return [Route("/social/{platform}/events", events, methods=["POST"])]
+    return [
+        DescribedRoute(
+            "/social/{platform}/events", events, methods=["POST"],
+            about="a chat platform's signed webhook event, queued for its thread's session",
+        )
+    ]
