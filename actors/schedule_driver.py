@@ -35,7 +35,9 @@ from apscheduler.executors.pool import BasePoolExecutor
 from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from ..persistence import PersistenceError
 from .daemon_pool import DaemonPool
+from .lease_renewal import log_failure
 from .triggers import utc
 
 log = logging.getLogger("kinbox.schedule")
@@ -180,5 +182,7 @@ class ScheduleDriver:
         self._fired = time.monotonic()
         try:
             self._fire()
+        except PersistenceError as exc:  # the database's (a lost connection: one line)
+            log_failure(log, "firing due schedules", exc, "the next wake-up tries again")
         except Exception:
             log.exception("firing due schedules failed; the next wake-up tries again")

@@ -11,6 +11,7 @@ clock that is the wall clock shifted (as a server's would be), on SQLite.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,8 @@ import pytest
 from kinbox.actors import Runtime, Turn
 from kinbox.actors.focal_schedule import FocalSchedule
 from kinbox.actors.schedule_driver import ScheduleDriver
+
+from .helpers import wait_for
 
 
 class ShiftedClock:
@@ -103,3 +106,37 @@ def test_the_driver_arms_a_wakeup_as_far_ahead_as_it_is_on_the_runtime_clock() -
         assert len(fires) <= 2 and fires[-1] >= due
     finally:
         driver.stop()
+
+
+@pytest.mark.timeout(30)
+def test_a_look_whose_database_connection_ended_logs_one_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The schedule's look meeting a lost connection (a server restart: the next look
+    connects again) logged an ERROR with a whole traceback, where the dispatcher's tick
+    logs the same failure as one WARNING line; a fault of kinbox's own stays an ERROR."""
+    from kinbox.persistence.driver_errors import OperationalError, ProgrammingError
+
+    raised = [OperationalError("server closed the connection unexpectedly"),
+              ProgrammingError("relation \"cron_jobs\" does not exist")]
+    done = threading.Event()
+
+    def fire() -> None:
+        if not raised:
+            done.set()
+            return
+        raise raised.pop(0)
+
+    driver = ScheduleDriver(fire, enabled=True, now=time.time)
+    driver.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="kinbox"):
+            for left in (1, 0):
+                driver.fire_soon()
+                wait_for(lambda left=left: len(raised) == left, 10, what="the schedule's look")
+            driver.fire_soon()
+            assert done.wait(10)
+    finally:
+        driver.stop()
+    records = [r for r in caplog.records if r.name == "kinbox.schedule"]
+    assert [(r.levelno, r.exc_info is None) for r in records] == [
+        (logging.WARNING, True), (logging.ERROR, True)], records
