@@ -26,7 +26,6 @@ from typing import Any
 
 from ..persistence import (
     CronJobRecord,
-    CronRunLost,
     CronRunRecord,
     CronStore,
     Occurrence,
@@ -36,9 +35,9 @@ from ..persistence import (
 )
 from . import cron_rules as rules
 from .announcements import Announcements, Drained
-from .brain_failure import ORDINARY, FailureKind
 from .context import RuntimeContext
 from .cron_jobs import CronJobs
+from .cron_run_ends import RunEnds, failure_changes, summary
 from .direct_turn import DirectTurns
 from .renewal_schedule import RenewalSchedule
 from .schedule_driver import POLL_SECONDS, ScheduleDriver
@@ -48,10 +47,6 @@ from .turn import Message, Turn
 from .turn_run import refused_commit, refused_start
 
 log = logging.getLogger("kinbox.cron")
-
-RESULT_CHARS = 4000
-"""How much of a run's replies its record and announcement keep."""
-
 
 class CronService:
     """Cron jobs of one runtime (``rt.cron``)."""
@@ -81,6 +76,8 @@ class CronService:
             now=ctx.now,
             poll_seconds=poll_seconds,
         )
+        self.ends = RunEnds(ctx, store, self.announcements, self._driver.wake_at)
+        """How its runs end: recorded, handed back, announced (:mod:`.cron_run_ends`)."""
         self.definitions = CronJobs(
             store,
             ctx.store,
@@ -228,12 +225,12 @@ class CronService:
         started = []
         for run in recorded:
             if run.status == "error":
-                self._refused(run)
+                self.ends.refused(run)
                 self.ctx.emit("cron_run_refused", job_id=run.job_id, run_id=run.id, error=run.error)
         for run in taken:
             if run.status == "error":
                 log.warning("cron run %s ended: %s", run.id, run.error)
-                self._refused(run)
+                self.ends.refused(run)
         for run in [
             *(r for r in recorded if r.status == "running"),
             *(r for r in taken if r.status == "running"),
@@ -353,7 +350,7 @@ class CronService:
         """Inside the takeover's transaction: does ``run`` end here (taken over once too
         often: its turn kills its runtime), a failure of ``job``, instead of running again?"""
         error = rules.after_takeover(run.takeovers)
-        return None if error is None else RunEnd(error, _failure_changes(job, error, now))
+        return None if error is None else RunEnd(error, failure_changes(job, error, now))
 
     # -- running ---------------------------------------------------------------------------
 
@@ -370,7 +367,7 @@ class CronService:
             except WriterClosed:
                 raise
             except PersistenceError as exc:  # no job to count a failure against
-                yield Blocking(partial(self._hand_back, run, "the read of its job", exc))
+                yield Blocking(partial(self.ends.hand_back, run, "the read of its job", exc))
                 return
             if job is None:
                 return
@@ -383,7 +380,7 @@ class CronService:
                 # A failed run whose turn never started, counted as a refused commit's is
                 # (retried, deactivated at the limit; its record refused too, handed back).
                 error = refused_start(exc).outcome.error or str(exc)
-                yield Blocking(partial(self._fail, job, run, error))
+                yield Blocking(partial(self.ends.fail, job, run, error))
                 return
             taken_over = run.takeovers > 0
             now = self.ctx.now()
@@ -404,7 +401,7 @@ class CronService:
             self.ctx.emit("cron_run_started", job_id=job.id, run_id=run.id, session_id=sid)
 
             def commit_ops(turn: Turn) -> list[Any]:
-                result = _summary(turn)
+                result = summary(turn)
                 return [
                     self.store.finish_op(
                         run.id,
@@ -423,22 +420,19 @@ class CronService:
             done = yield from self.turns.run_steps(sid, [message], commit_ops=commit_ops)
             if done.committed:
                 yield Blocking(
-                    partial(self._finished, job, run, "success", _summary(done.turn), None)
+                    partial(self.ends.finished, job, run, "success", summary(done.turn), None)
                 )
             elif not done.outcome.ok:
                 yield Blocking(
-                    partial(self._fail, job, run, done.error or "the turn failed", done.kind)
+                    partial(self.ends.fail, job, run, done.error or "the turn failed", done.kind)
                 )
             else:
                 # The commit was refused: a failed run as a brain's error is (fenced: a run
                 # taken over meanwhile is the other runtime's). Left ``running``, its lease
                 # ran out and it was taken over and run again, for ever, nothing counted.
                 refused = done.commit_error or PersistenceError(done.error or "refused")
-                yield Blocking(
-                    partial(
-                        self._fail, job, run, refused_commit(refused).outcome.error or str(refused)
-                    )
-                )
+                error = refused_commit(refused).outcome.error or str(refused)
+                yield Blocking(partial(self.ends.fail, job, run, error))
             if taken_over:
                 yield Blocking(self._after_taken_over_run)
         finally:
@@ -460,104 +454,3 @@ class CronService:
                 "(the next look fires it): %s",
                 exc,
             )
-
-    def _fail(
-        self, job: CronJobRecord, run: CronRunRecord, error: str, kind: FailureKind = ORDINARY
-    ) -> None:
-        now = self.ctx.now()
-        try:
-            updated = self.store.finish(
-                run.id,
-                self.ctx.owner,
-                now,
-                "error",
-                error=error,
-                job_changes=lambda current: _failure_changes(current, error, now, kind),
-            )
-        except CronRunLost as exc:
-            log.warning("cron run %s failed but is no longer ours: %s", run.id, exc)
-            return
-        except WriterClosed:
-            raise  # stopping: the run stays ``running`` for whoever takes it over
-        except PersistenceError as exc:
-            self._hand_back(run, f"the record of its failure ({error})", exc)
-            return
-        if updated is not None:
-            self._driver.wake_at(updated.next_run_at, updated.id)
-            if not updated.active:
-                log.warning("cron job %s deactivated: %s", job.id, updated.last_error)
-        self._finished(job, run, "error", None, error)
-
-    def _hand_back(self, run: CronRunRecord, what: str, refusal: PersistenceError) -> None:
-        """The database refused ``what`` of ``run`` (the record of its failure, or the read
-        of its job before its turn): give the run back, due again
-        after a retry delay (:func:`.cron_rules.after_unrecorded_failure`), as the inbox
-        hands back such a row. Raised, it sat out its lease unrenewed, was taken over as
-        if its runtime had died, and after five was failed as such. A hand back refused
-        too leaves the run to its lease."""
-        due = rules.after_unrecorded_failure(run.attempts, self.ctx.now())
-        try:
-            self.store.hand_back(run.id, self.ctx.owner, due)
-        except CronRunLost as exc:
-            log.warning("cron run %s: the database refused %s, and the run is no longer "
-                        "ours: %s", run.id, what, exc)
-            return
-        except PersistenceError as exc:
-            log.error("cron run %s: the database refused %s (%s) and its hand back (%s): "
-                      "it is taken over once its lease runs out", run.id, what, refusal, exc)
-            return
-        log.error("cron run %s: the database refused %s (%s): handed back, it runs again "
-                  "in %.0f s", run.id, what, refusal, due - self.ctx.now())
-        self._driver.wake_at(due, run.id)
-
-    def _finished(
-        self,
-        job: CronJobRecord,
-        run: CronRunRecord,
-        status: str,
-        result: str | None,
-        error: str | None,
-    ) -> None:
-        self.ctx.emit("cron_run_finished", job_id=job.id, run_id=run.id, status=status, error=error)
-        if job.delivery == "announce":
-            self.announcements.add(
-                {
-                    "job_id": job.id,
-                    "name": job.name,
-                    "run_id": run.id,
-                    "status": status,
-                    "result": result,
-                    "error": error,
-                    "session_id": rules.session_id_for(job.id),
-                    "at": self.ctx.now(),
-                }
-            )
-
-    def _refused(self, run: CronRunRecord) -> None:
-        """A run recorded failed at once (the previous one still active), or ended at its
-        takeover, is announced too."""
-        job = self.store.get(run.job_id)
-        if job is not None:
-            self._finished(job, run, "error", None, run.error)
-
-
-def _failure_changes(
-    job: CronJobRecord, error: str, now: float, kind: FailureKind = ORDINARY
-) -> dict[str, Any]:
-    """The columns a failed run of ``job`` (as read in the failure's transaction) sets;
-    ``kind``: how the brain's exception asked to be retried."""
-    plan = rules.after_failure(
-        job.retry_count, error, now, permanent=kind.permanent, retry_after=kind.retry_after
-    )
-    if not job.active:  # paused meanwhile: record, do not resume it
-        return {"retry_count": plan.retry_count, "last_error": plan.last_error}
-    return {
-        "retry_count": plan.retry_count,
-        "active": plan.active,
-        "next_run_at": plan.next_run_at,
-        "last_error": plan.last_error,
-    }
-
-
-def _summary(turn: Turn) -> str:
-    return "\n".join(turn.replies)[:RESULT_CHARS]
