@@ -83,24 +83,45 @@ def findings(sessions: Sequence[WatchedSession], now: float) -> list[str]:
 def check_in(checklist: str, found: Sequence[str]) -> str:
     """The check-in message: ``checklist`` (at most :data:`CHECKLIST_LIMIT` characters and
     its cut note, :func:`checklist_text`), then ``found`` in order, as many as keep the
-    message within :data:`SEND_LIMIT`, and a line saying how many more were left out.
+    message within :data:`SEND_LIMIT` (:func:`kept_findings`), and a line saying how many
+    more were left out.
 
     Uncapped, hundreds of stalled sessions made a check-in of many times the limit every
     other message keeps to, and a model's context could overflow."""
     if not found:
         return checklist
-    head = checklist + "\n\nFindings:"
-    lines = [f"- {f}" for f in found]
+    kept = kept_findings(checklist, found)
+    lines = [_head(checklist), *(_line(f) for f in kept)]
+    if len(kept) < len(found):
+        lines.append(_left_out(len(found) - len(kept)))
+    return "\n".join(lines)
+
+
+def kept_findings(checklist: str, found: Sequence[str]) -> list[str]:
+    """The first of ``found`` that :func:`check_in` carries with ``checklist``: all when
+    they fit within :data:`SEND_LIMIT`, else as many as fit beside the line saying how
+    many more were left out. The check-in's row keeps these, not all of ``found``: with
+    every finding its payload grew past the limit every other payload keeps to."""
+    head = _head(checklist)
+    lines = [_line(f) for f in found]
     if len(head) + sum(len(line) + 1 for line in lines) <= SEND_LIMIT:
-        return "\n".join([head, *lines])
+        return list(found)
     room = SEND_LIMIT - len(head) - len(_left_out(len(lines))) - 1
     kept: list[str] = []
-    for line in lines:
+    for finding, line in zip(found, lines, strict=True):
         room -= len(line) + 1
         if room < 0:
             break
-        kept.append(line)
-    return "\n".join([head, *kept, _left_out(len(lines) - len(kept))])
+        kept.append(finding)
+    return kept
+
+
+def _head(checklist: str) -> str:
+    return checklist + "\n\nFindings:"
+
+
+def _line(finding: str) -> str:
+    return f"- {finding}"
 
 
 def _left_out(count: int) -> str:

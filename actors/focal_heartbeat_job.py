@@ -39,6 +39,9 @@ class Heartbeat:
     decision: hb.HeartbeatDecision
     body: str
     findings: list[str]
+    kept: list[str]
+    """The findings the message carries (:func:`.focal_heartbeat.kept_findings`): what its
+    row's payload keeps, with the count of those left out."""
     setting: hs.HeartbeatSetting
     """The user's setting as the occurrence read it: the interval to the next."""
 
@@ -116,18 +119,19 @@ class HeartbeatJob:
         setting = hs.from_config(config)  # the user's, whoever wrote it (another process)
         if not hs.runs(setting):
             return Heartbeat(hb.HeartbeatDecision(False, "the heartbeat is off", None), "", [],
-                             setting)
+                             [], setting)
         # One check-in at a time: one still waiting for Focal (behind a long turn, or for
         # its retry) has not stored its signature, so its findings looked new again and
         # Focal got them twice.
         if self.ctx.journal.has_open_of_kind(FOCAL_ID, HEARTBEAT_KIND):
             return Heartbeat(hb.HeartbeatDecision(False, "a check-in still waits for Focal",
-                                                  None), "", [], setting)
+                                                  None), "", [], [], setting)
         checklist = self._checklist()
         found = hb.findings(self.focal.watched_sessions(), now)
         decision = hb.should_run_focal_heartbeat(checklist, found,
                                                  config.get("focal_heartbeat_signature"))
-        return Heartbeat(decision, hb.check_in(checklist, found), found, setting)
+        return Heartbeat(decision, hb.check_in(checklist, found), found,
+                         hb.kept_findings(checklist, found), setting)
 
     def on_fire(self, job: JobRecord, now: float, heartbeat: Heartbeat | None) -> None:
         """Inside the firing transaction: the check-in message, when :meth:`due` decided
@@ -139,10 +143,11 @@ class HeartbeatJob:
         if heartbeat is None or not heartbeat.decision.run:
             return
         occurrence = int((job.next_run_at or now) * 1000)
+        payload = {"signature": heartbeat.decision.signature, "findings": heartbeat.kept,
+                   "left_out": len(heartbeat.findings) - len(heartbeat.kept)}
         self.ctx.journal.enqueue_now(NewMessage(
             f"heartbeat-{occurrence}", FOCAL_ID, heartbeat.body, kind=HEARTBEAT_KIND,
-            sender="scheduler", payload={"signature": heartbeat.decision.signature,
-                                         "findings": heartbeat.findings}), now)
+            sender="scheduler", payload=payload), now)
 
     def _cancel_queued(self, now: float) -> None:
         """Inside a writer operation: cancel the check-ins queued for Focal and not yet

@@ -998,6 +998,11 @@ def test_a_check_in_on_many_stalled_sessions_stays_within_a_messages_limit(
     assert [line.split("(")[1].split(")")[0] for line in kept] == stalled[:len(kept)]
     assert lines[-1] == f"({60 - len(kept)} more findings left out)"
     assert brain.focal_turns and brain.focal_turns[0].messages[0].content == body
+    # The row's payload keeps what the message kept: with every finding, hundreds of
+    # stalled sessions made a payload past the 256 KiB any other payload keeps to, read
+    # with the row at every claim.
+    assert beat["payload"]["findings"] == [line[2:] for line in kept]
+    assert beat["payload"]["left_out"] == 60 - len(kept)
 
 
 @pytest.mark.timeout(60)

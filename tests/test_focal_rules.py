@@ -134,3 +134,6 @@ def test_a_check_in_keeps_its_findings_in_order_within_a_messages_limit() -> Non
         assert lines[:-1] == [f"- {f}" for f in found[:len(lines) - 1]]
         assert lines[-1] == f"({200 - (len(lines) - 1)} more findings left out)"
         assert len(text) + len(found[len(lines) - 1]) + 3 > SEND_LIMIT  # as many as fit
+        assert hb.kept_findings(checklist, found) == found[:len(lines) - 1]
+    assert hb.kept_findings("- mine", found[:2]) == found[:2]
+    assert hb.kept_findings("- mine", []) == []
