@@ -94,16 +94,37 @@ class LinkEffects:
                 pass  # read/stop answers travel on their own one-shot links (peers.request)
         return acked
 
-    def retry(self, message_id: str, error: str, *, permanent: bool) -> None:
+    def retry(self, message_id: str, error: str, *, permanent: bool) -> bool:
+        """Record a failed attempt of a row this link holds; False when the database refused
+        the record (the row is then handed back for its backoff, or was taken over)."""
         ctx = self.svc.ctx
         try:
             out = ctx.journal.retry(ctx.owner, message_id, error, ctx.now(), permanent=permanent)
-        except (LeaseLost, PersistenceError) as exc:
-            if isinstance(exc, WriterClosed):
-                raise
+        except WriterClosed:
+            raise
+        except LeaseLost as exc:  # taken over: its new owner answers for it
             log.warning("retry of peer row %s refused: %s", message_id, exc)
-            return
+            return False
+        except PersistenceError as exc:
+            log.warning("retry of peer row %s refused: %s", message_id, exc)
+            self._release_later(message_id)
+            return False
         self.announce(message_id, out.state.value == "failed", out.attempts, error)
+        return True
+
+    def _release_later(self, message_id: str) -> None:
+        """Hand back a row whose failed attempt the database would not record, uncounted and
+        due after that attempt's backoff (:meth:`~kinbox.persistence.Journal.release_later`,
+        as a local row's). Left leased, it held its device's rows for a whole lease, then
+        was taken over as if the link had died."""
+        ctx = self.svc.ctx
+        try:
+            ctx.journal.release_later(ctx.owner, message_id, ctx.now())
+        except WriterClosed:
+            raise
+        except PersistenceError as exc:  # lost meanwhile, or the database is down
+            log.info("could not hand peer row %s back (%s); it comes back by its lease",
+                     message_id, exc)
 
     def announce(self, message_id: str, failed: bool, attempts: int, error: str,
                   taken_over: bool = False) -> None:

@@ -165,8 +165,13 @@ class PeerLink:
             return
         if token is None:  # the device is paused or revoked: its rows fail at once
             reason = rec.last_error or f"peer device {self.device_id} is {rec.status}"
-            for row in rows:
-                self.effects.retry(row.message_id, reason, permanent=True)
+            recorded = [self.effects.retry(row.message_id, reason, permanent=True)
+                        for row in rows]
+            if not all(recorded):
+                # A row whose failure was refused went back for its backoff, and this
+                # claim takes rows waiting for one: asked again at once, it looped at
+                # the writer's speed for as long as the database refused the record.
+                self._idle_wait()
             return
         self._session(rec, rows, token)
 
