@@ -17,19 +17,24 @@ uvicorn runs on its own thread so that the main thread keeps kinbox's
 stops the server (no new connections, requests in flight finish), then the
 runtime, and prints what was done; a second exits at once (130).
 
-That thread is not a daemon, and neither are the workers it starts (anyio's
-threads for sync endpoints, which inherit it): the interpreter joins them
-before it finalizes, so none is still running, or closing the database
-connection its reads opened, while the interpreter tears itself down. The
-main thread waits for it on an event, never in ``Thread.join(timeout)``: on
-Python < 3.13 a signal handler that raises inside ``join`` marks the thread
-stopped while it runs (CPython issue 90882), and the next ``join`` returns at
-once.
+The main thread waits for that thread to end, and joins it, so that no thread of
+it is still running, or closing the database connection its reads opened, while the
+interpreter tears itself down. It waits on an event, never in
+``Thread.join(timeout)``: on Python < 3.13 a signal handler that raises inside
+``join`` marks the thread stopped while it runs (CPython issue 90882), and the next
+``join`` returns at once. The wait is bounded (:data:`HTTP_END_SECONDS`): a request
+whose thread waits on a database server that stopped answering (hung, paused) never
+ends, and uvicorn's loop, as it closes, joins its default executor's threads (the peer
+endpoints' ``asyncio.to_thread``). So the HTTP thread is a daemon, and so are the threads
+it starts: anyio's workers for the routes' blocking calls inherit it, and the loop's
+default executor is :func:`.daemon_default_executor`'s. The command stops the runtime
+and exits without them, as every other kinbox thread lets it.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import socket
 import sys
@@ -50,6 +55,7 @@ from ..transport import (
 from ..transport.head_deadline import head_deadline
 from ..transport.ws_pongs import bounded_pongs
 from .brain_ref import load_brain
+from .daemon_pool import daemon_default_executor
 from .errors import BrainRefError
 from .focal import Focal
 from .http_backends import answered, cron_social_routes
@@ -72,6 +78,9 @@ WS_MAX_SIZE = 1 << 20
 """Bytes a websocket message may have at the server (peer frames are refused far below)."""
 GRACE_SECONDS = 10
 """Seconds requests in flight get to finish after the first stop signal."""
+HTTP_END_SECONDS = GRACE_SECONDS + 10
+"""Seconds the HTTP thread gets to end after the first stop signal: its requests' grace,
+then uvicorn cancels what is left and closes its loop."""
 
 
 class RuntimeHttpBackend:
@@ -199,8 +208,11 @@ class _Server(uvicorn.Server):
         self.ready = threading.Event()
         self.ended = threading.Event()
         """Set when ``run`` returned (or raised), on its own thread."""
+        self.end_by: float | None = None
+        """The monotonic time after which the HTTP thread is no longer waited for."""
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        daemon_default_executor(asyncio.get_running_loop(), "kinbox-http-thread")
         await super().startup(sockets=sockets)
         if not self.should_exit:
             self.ready.set()
@@ -215,13 +227,22 @@ def _run_server(server: _Server, sock: socket.socket) -> None:
 
 
 def _stop_http(server: _Server | None, thread: threading.Thread | None) -> None:
-    """Stop uvicorn and wait for its thread (requests in flight get ``GRACE_SECONDS``)."""
+    """Stop uvicorn and wait for its thread (requests in flight get ``GRACE_SECONDS``), for
+    :data:`HTTP_END_SECONDS` after the first call at most: one still running then is left
+    to the process (a request waiting on a database server that stopped answering)."""
     if server is None or thread is None:
         return
     server.should_exit = True
-    if thread.ident is not None:  # started
-        server.ended.wait()
+    if thread.ident is None:  # never started
+        return
+    first = server.end_by is None
+    if server.end_by is None:
+        server.end_by = time.monotonic() + HTTP_END_SECONDS
+    if server.ended.wait(max(0.0, server.end_by - time.monotonic())):
         thread.join()  # its thread state is gone: what it held is released
+    elif first:
+        log.warning("the HTTP server did not end within %s s (a request waiting on the "
+                    "database?): exiting without it", HTTP_END_SECONDS)
 
 
 def handle(args: argparse.Namespace, out: TextIO) -> int:
@@ -257,7 +278,7 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
                 )
             )
             thread = threading.Thread(
-                target=_run_server, args=(server, sock), name="kinbox-http", daemon=False
+                target=_run_server, args=(server, sock), name="kinbox-http", daemon=True
             )
             thread.start()
             deadline = time.monotonic() + STARTUP_TIMEOUT
