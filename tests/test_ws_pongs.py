@@ -152,3 +152,35 @@ def test_a_connection_whose_output_the_client_never_reads_ends_after_its_close(
     timeout after its handshake ended (its deadline, 1 s here), it is dropped."""
     with unread(lenient) as s:
         wait_for(lambda: reset(s), 60, "the server to drop the connection")
+
+
+@pytest.mark.timeout(10)
+def test_a_drop_of_a_connection_whose_socket_is_gone_still_aborts_it() -> None:
+    """uvloop's transport hands out a socket object whose descriptor is already -1 once
+    the connection closed, and its ``setsockopt`` raises ValueError (not OSError): the
+    drop then raised out of the close timer, an ERROR traceback at shutdown, and the
+    transport was never aborted."""
+    import asyncio
+
+    from kinbox.transport.ws_pongs import ClosingDeadline
+
+    class GoneSocket:
+        def setsockopt(self, *args: object) -> None:
+            raise ValueError("negative file descriptor")
+
+    class Transport:
+        aborted = False
+
+        def get_extra_info(self, name: str) -> object:
+            return GoneSocket() if name == "socket" else None
+
+        def abort(self) -> None:
+            self.aborted = True
+
+    transport = Transport()
+    loop = asyncio.new_event_loop()
+    try:
+        ClosingDeadline(transport, loop, 10.0).drop()  # type: ignore[arg-type]
+    finally:
+        loop.close()
+    assert transport.aborted

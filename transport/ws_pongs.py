@@ -93,7 +93,8 @@ class ClosingDeadline:
         (a plain close would leave the system sending it, to a client that reads none)."""
         sock = self.transport.get_extra_info("socket")
         if sock is not None:
-            with contextlib.suppress(OSError):
+            # A socket already gone: OSError, or under uvloop ValueError (its descriptor -1).
+            with contextlib.suppress(OSError, ValueError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.transport.abort()
 
