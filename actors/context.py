@@ -259,7 +259,7 @@ class RuntimeContext:
             except WriteTimeout as timed_out:
                 if not timed_out.withdrawn:  # its batch runs: it may yet commit, leasing its row
                     late = True
-                    reply.add_done_callback(lambda: self._sent_late(msg, reply, lease is not None))
+                    reply.add_done_callback(lambda: self._sent_late(msg, reply))
                 raise
             self.emit_sent(msg, result)
             if result.claimed is not None:
@@ -268,23 +268,22 @@ class RuntimeContext:
                 self.wake_dispatcher()
             return result
         finally:
-            if lease is not None and not late:
+            if not late:  # a late one's id goes once its answer is carried out
                 self.handing_over.discard(msg.message_id)
 
-    def _sent_late(self, msg: NewMessage, reply: Reply[EnqueueResult], leased: bool) -> None:
+    def _sent_late(self, msg: NewMessage, reply: Reply[EnqueueResult]) -> None:
         """A send whose sender stopped waiting (``WriteTimeout``, not withdrawn) has its
         answer (on the writer thread). Committed, it goes on as a send answered in time:
         observers hear ``sent``, and the row its send leased (the fast path) starts its
         turn, or the dispatcher is nudged. Left alone, that row stayed leased to this
         runtime with nothing to run or renew it: it waited out its lease, then ran as a
         suspect. On a thread of its own: a reply's callback must not block the writer,
-        and starting a turn may start a session actor. ``leased``: a fast-path send, whose
-        id stays in :attr:`handing_over` until its row is offered."""
+        and starting a turn may start a session actor. A fast-path send's id stays in
+        :attr:`handing_over` until its row is offered (a discard of any other is nothing)."""
         try:
             result = reply.outcome()
         except Exception:
-            if leased:
-                self.handing_over.discard(msg.message_id)
+            self.handing_over.discard(msg.message_id)
             return  # not committed: the sender was told it may not have been
 
         def go_on() -> None:
@@ -295,8 +294,7 @@ class RuntimeContext:
                 else:
                     self.wake_dispatcher()
             finally:
-                if leased:
-                    self.handing_over.discard(msg.message_id)
+                self.handing_over.discard(msg.message_id)
         threading.Thread(target=go_on, name="kinbox-late-send", daemon=True).start()
 
     def emit_sent(self, msg: NewMessage, result: EnqueueResult) -> None:

@@ -25,6 +25,18 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "
         pause.wait(0.005)  # re-check soon; the timeout above bounds the wait
 
 
+def of_kind(kind: str, brain: Callable[[Any], object]) -> Callable[[Any], object]:
+    """``brain`` itself (``kind`` "sync"), or an ``async def`` brain that calls it ("async"):
+    one behaviour run by both kinds of brain."""
+    if kind == "sync":
+        return brain
+
+    async def async_brain(turn: Any) -> object:
+        return brain(turn)
+
+    return async_brain
+
+
 def end_backends(pg_url: str, pids: Iterable[int]) -> None:
     """End these server processes (``pg_terminate_backend``), as a server restart or a cut
     network ends a connection under its client."""

@@ -11,8 +11,6 @@ back unrun, with nothing of the attempt written.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from kinbox.actors import ManualClock, Runtime, Turn
@@ -20,7 +18,7 @@ from kinbox.actors.context import RuntimeContext, TurnEffects
 from kinbox.actors.turn import TurnOutcome
 from kinbox.persistence import DatabaseFailed
 
-from .helpers import wait_for
+from .helpers import of_kind, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -46,10 +44,7 @@ def test_a_failed_attempt_whose_hooks_cannot_read_goes_back_at_once(
         if len(calls) == 1:
             raise ValueError("the model timed out")
 
-    async def async_brain(turn: Turn) -> None:
-        brain(turn)
-
-    chosen: Any = brain if kind == "sync" else async_brain
+    chosen = of_kind(kind, brain)
     # The injected clock never moves on its own: a lease left to run out never does.
     rt = Runtime(db=db_url, brain=chosen, clock=clock, lease_seconds=3600).start()
     try:

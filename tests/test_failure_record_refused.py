@@ -17,7 +17,7 @@ import pytest
 from kinbox.actors import ManualClock, Runtime, Turn
 from kinbox.persistence import DatabaseFailed, Journal, Reply
 
-from .helpers import wait_for
+from .helpers import of_kind, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -43,10 +43,7 @@ def test_a_failure_record_the_database_keeps_refusing_does_not_rerun_the_brain_a
         calls.append(turn.messages[0].content)
         raise ValueError("the model timed out")
 
-    async def async_brain(turn: Turn) -> None:
-        brain(turn)
-
-    chosen: Any = brain if kind == "sync" else async_brain
+    chosen = of_kind(kind, brain)
     rt = Runtime(db=db_url, brain=chosen, clock=clock, lease_seconds=3600).start()
     try:
         session = rt.create_session(rt.create_project("p").id, "s").id

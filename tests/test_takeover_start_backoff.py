@@ -22,7 +22,7 @@ from kinbox.persistence import DatabaseFailed, NewMessage, Reply
 from kinbox.persistence.inbox_claims import InboxClaims
 
 from .conftest import Stores
-from .helpers import wait_for
+from .helpers import of_kind, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -56,10 +56,7 @@ def test_a_takeover_whose_start_keeps_being_refused_waits_out_a_backoff(
     def brain(turn: Turn) -> None:
         ran.extend(m.content for m in turn.messages)
 
-    async def async_brain(turn: Turn) -> None:
-        brain(turn)
-
-    chosen = brain if kind == "sync" else async_brain
+    chosen = of_kind(kind, brain)
     # The injected clock never moves on its own: a backoff never runs out by itself.
     rt = Runtime(db=db_url, brain=chosen, clock=clock, lease_seconds=3600).start()
     try:
