@@ -24,6 +24,7 @@ from .pg_claims import PgClaims
 from .pg_commits import PgTurnSql
 from .pg_database import defer
 from .pg_params import json_rows
+from .schema import INBOX_SEQUENCE
 from .seq_mark import NEXT_SEQ_SQL
 
 ROWS_PER_INSERT = 200
@@ -76,7 +77,7 @@ def _pg_new_value(column: str) -> str:
     """What PostgreSQL's new-rows statement puts in ``column``: from the row's JSON (``r``),
     cast to the model's type where it is a number."""
     if column == "seq":
-        return "nextval('agent_inbox_seq')"
+        return f"nextval('{INBOX_SEQUENCE}')"
     if column == "attempts":
         return "0"
     field = InboxMessage._meta.fields[column]  # type: ignore[attr-defined]
