@@ -244,9 +244,9 @@ class SocialService(SocialIngress):
             sender = events[-1].payload.get("sender_id")
             patch = thread_patch(route, sender if isinstance(sender, str) else None)
             effects.ops.append(lambda: ctx.store.patch_config_now(session.id, patch, now))
-        if not turn.replies:
+        text, cause = rules.reply_text(turn.replies), turn.messages[0].message_id
+        if not text:  # nothing to say (no reply, or only blank ones): nothing to post
             return effects
-        text, cause = "\n\n".join(turn.replies), turn.messages[0].message_id
         turns, platform = self.turns, session.platform
         effects.ops.append(lambda: self.channels.keep_now(session.id, platform, route, text,
                                                           cause, now))

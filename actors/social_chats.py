@@ -109,7 +109,7 @@ class ChatTurns(SocialState):
             last = [e for e in taken if e.event_id not in unseen][-1]
             patch = thread_patch(last.reply_route, last.sender_id)
             now = self.ctx.now()
-            text = "\n\n".join(turn.replies)
+            text = rules.reply_text(turn.replies)
             # The patch first: on PostgreSQL its row lock makes the commits of a thread's
             # turns one at a time across runtimes, so the marker check below is exact.
             # The reply is kept with the turn until its send ends (:mod:`.channels`).
@@ -214,7 +214,7 @@ class ChatTurns(SocialState):
                                  durable=False)
 
     def _send_replies(self, sid: str, event: rules.SocialEvent, turn: Turn) -> None:
-        self.channels.send(sid, event.platform, event.reply_route, "\n\n".join(turn.replies),
+        self.channels.send(sid, event.platform, event.reply_route, rules.reply_text(turn.replies),
                            event.event_id)
 
 

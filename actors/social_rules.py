@@ -30,7 +30,7 @@ import hashlib
 import json
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -223,6 +223,14 @@ def normalize(raw: object, event_id: str, platform: str | None = None) -> Social
         event_id = f"social-{plat}-{given_id.strip()}"
     return SocialEvent(event_id, plat, sender_id, sender_name, thread_id, text, attachments,
                        dict(route))
+
+
+def reply_text(replies: Iterable[str]) -> str:
+    """What a turn's replies post to the platform: those with something to say, joined by
+    a blank line; "" when none has (nothing is posted). A blank one (whitespace, or an
+    empty ``turn.reply("")``) is dropped: every platform refuses an empty message (Slack's
+    ``no_text``, Discord's and Telegram's 400), so it would only fail, or pad the others."""
+    return "\n\n".join(text for text in replies if text.strip())
 
 
 SESSION_PREFIX = "social-"

@@ -1092,3 +1092,34 @@ def test_a_threads_line_of_sends_keeps_its_order_frees_itself_and_stops_with_the
     assert ran == ["a1"]  # a2 stays kept for the next start
     lines.submit("s", send("a3"), lambda work: None)  # a pool that takes no more work
     assert lines.waiting() == 0 and ran == ["a1"]
+
+
+@pytest.mark.timeout(60)
+def test_a_blank_reply_is_never_posted_to_the_platform_nor_kept_for_a_restart(
+        make_runtime: MakeRuntime) -> None:
+    """A brain that answers only whitespace (``"  \\n"``, or two empty ``turn.reply("")``
+    that joined as ``"\\n\\n"``) has nothing to say: that used to be posted as is, and
+    every platform refuses an empty message (Slack ``no_text``, Discord and Telegram a
+    400), so the thread's outcome said ``failed`` and the blank was kept for a restart
+    to post again. Blank replies are dropped; a reply beside them leaves without them."""
+    answers = {"blank": ["  \n\t "], "empties": ["", ""], "mixed": ["", "  ", "real answer"]}
+
+    def brain(turn: Turn) -> None:
+        for text in answers[turn.messages[0].content.splitlines()[-1]]:
+            turn.reply(text)
+
+    rt = make_runtime(brain=brain)
+    sent: list[str] = []
+    rt.social.allow("slack", ["U1"])
+    rt.social.register_channel("slack", send=lambda route, text: sent.append(text))
+    for text in ("blank", "empties"):
+        rt.social.ingest(event(text, thread=f"T-{text}"))
+    assert rt.social.wait_idle(10)
+    peer = rt.create_session("social", "Helper")
+    rt.tools_for(peer.id).agent_send("social-slack-T-blank", "blank")  # an inbox turn
+    rt.run_until_idle()
+    rt.social.ingest(event("mixed", thread="T-mixed"))
+    assert rt.social.wait_idle(10)
+    wait_for(lambda: sent == ["real answer"], 10, "the one reply with words")
+    assert all(o["status"] in ("sent", "no_reply") for o in rt.social.outcomes)
+    assert rt.social.channels.kept.left_by_others(["slack"], "another-runtime") == []
