@@ -214,8 +214,13 @@ class ChatTurns(SocialState):
                                  durable=False)
 
     def _send_replies(self, sid: str, event: rules.SocialEvent, turn: Turn) -> None:
-        self.channels.send(sid, event.platform, event.reply_route, rules.reply_text(turn.replies),
-                           event.event_id)
+        """Send the turn's replies in the thread's line (:mod:`.social_sends`): here, when
+        no reply of the thread's inbox turns is on its way, else behind those."""
+        assert self.turns is not None
+        text = rules.reply_text(turn.replies)
+        self._sends.submit(sid, lambda: self.channels.send(
+            sid, event.platform, event.reply_route, text, event.event_id),
+            self.turns.submit, here=True)
 
 
 def record_events(ctx: RuntimeContext, sid: str, event_ids: list[str], now: float) -> None:

@@ -7,8 +7,11 @@ waits for them, :mod:`.social_chats`). The replies of a thread's inbox turns (an
 registered later leave on the turn pool once their turn committed: each on a thread of
 its own, a slow post of one let the next overtake it, and the thread read the answers
 out of order. :class:`ThreadSends` lines them up per session: one runs at a time, the
-next when it ended (sent, or failed for good). A session's line is kept only while it has
-sends, so memory holds what is in flight and nothing per thread ever seen.
+next when it ended (sent, or failed for good). A social event's own turn sends on its
+chat's thread, so that the chat's next turn waits for it, but in the same line: when the
+line is idle it runs there and then, else it queues behind the thread's inbox replies
+(sent beside the line, it overtook a slow one of them). A session's line is kept only
+while it has sends, so memory holds what is in flight and nothing per thread ever seen.
 """
 
 from __future__ import annotations
@@ -37,15 +40,26 @@ class ThreadSends:
         self._lines: dict[str, deque[Send]] = {}
         """The sends waiting behind the one running, by session (present while one runs)."""
 
-    def submit(self, session_id: str, send: Send, run: Run) -> None:
+    def submit(self, session_id: str, send: Send, run: Run, *, here: bool = False) -> None:
         """Send after the session's earlier sends; start its line when none runs. Refused
-        (a stopping runtime), the reply stays kept, for the next start to send."""
+        (a stopping runtime), the reply stays kept, for the next start to send. ``here``:
+        when none of the session's sends runs, this one runs on the calling thread (which
+        waits for it), and the sends that queued behind it meanwhile go on ``run``; when
+        one runs, it queues behind as any other (never waiting for a thread of ``run``,
+        which may all be such callers)."""
         with self._lock:
             line = self._lines.get(session_id)
             if line is not None:
                 line.append(send)
                 return
             self._lines[session_id] = deque()
+        if here:
+            _attempt(session_id, send)
+            with self._lock:
+                send_next = self._next(session_id)
+            if send_next is None:
+                return
+            send = send_next
         if run(lambda: self._drain(session_id, send)) is None:
             with self._lock:
                 self._lines.pop(session_id, None)
@@ -57,13 +71,26 @@ class ThreadSends:
 
     def _drain(self, session_id: str, send: Send) -> None:
         while True:
-            try:
-                send()
-            except Exception:  # a send records its outcome; the line must go on regardless
-                log.exception("a social reply's send to %s failed", session_id)
+            _attempt(session_id, send)
             with self._lock:
-                line = self._lines[session_id]
-                if not line or self._stopped():
-                    del self._lines[session_id]
-                    return
-                send = line.popleft()
+                send_next = self._next(session_id)
+            if send_next is None:
+                return
+            send = send_next
+
+    def _next(self, session_id: str) -> Send | None:
+        """Under the lock, once the line's running send ended: the next one, or None when
+        the line ends (empty, or the runtime stops: the rest stay kept)."""
+        line = self._lines[session_id]
+        if not line or self._stopped():
+            del self._lines[session_id]
+            return None
+        return line.popleft()
+
+
+def _attempt(session_id: str, send: Send) -> None:
+    """Run one send (it records its own outcome): the line goes on whatever it raises."""
+    try:
+        send()
+    except Exception:
+        log.exception("a social reply's send to %s failed", session_id)

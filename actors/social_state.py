@@ -82,8 +82,8 @@ class SocialState:
         self._pauses = Delayed("kinbox-social-pauses")
         """The stalled chats' next tries, by session id, all waiting on one thread."""
         self._sends = ThreadSends(self._stop.is_set)
-        """Replies sent off the chats' own order (inbox turns', held ones), lined up per
-        session."""
+        """Every reply of a thread (its events' turns', its inbox turns', held and kept
+        ones), lined up per session: they leave in order."""
 
     def _handled(self) -> None:
         with self._lock:

@@ -1123,3 +1123,35 @@ def test_a_blank_reply_is_never_posted_to_the_platform_nor_kept_for_a_restart(
     wait_for(lambda: sent == ["real answer"], 10, "the one reply with words")
     assert all(o["status"] in ("sent", "no_reply") for o in rt.social.outcomes)
     assert rt.social.channels.kept.left_by_others(["slack"], "another-runtime") == []
+
+
+@pytest.mark.timeout(60)
+def test_a_new_events_reply_waits_for_the_threads_inbox_reply_still_being_sent(
+        make_runtime: MakeRuntime) -> None:
+    """An inbox turn of the thread (an ``agent_send`` note, an event a stop handed over)
+    commits and its reply leaves on the thread's line of sends; a social event that came
+    next ran its turn and posted its reply at once, beside that line: while the platform
+    was slow with the first (a retry, a long post), the thread showed the second answer
+    first. A social event's reply now leaves on the thread's line too, after the first."""
+    arrived: list[str] = []
+    one_sending, second = threading.Event(), threading.Event()
+
+    def send(route: Mapping[str, Any], text: str) -> None:
+        if text == "echo: one":
+            one_sending.set()
+            second.wait(5)  # the second reply would overtake this one meanwhile
+        arrived.append(text)
+        if text == "echo: two":
+            second.set()
+
+    rt = make_runtime(brain=lambda turn: "echo: " + turn.messages[0].content.splitlines()[-1])
+    rt.social.allow("slack", ["U1"])
+    rt.social.register_channel("slack", send=send)
+    rt.social.ingest(event("hi"))
+    assert rt.social.wait_idle(10)
+    peer = rt.create_session("social", "Helper")
+    rt.tools_for(peer.id).agent_send("social-slack-T1", "one")
+    assert one_sending.wait(20)
+    rt.social.ingest(event("two"))
+    wait_for(lambda: len(arrived) == 3, 20, "the three replies")
+    assert arrived == ["echo: hi", "echo: one", "echo: two"]
