@@ -39,7 +39,7 @@ def _refusal(exc: Exception) -> BackendRefused:
     if isinstance(exc, cron_rules.InvalidCronExpression | cron_rules.InvalidCronJob):
         return BackendRefused(422, "invalid_argument", str(exc), field=exc.field)
     if isinstance(exc, social_rules.InvalidSocialEvent):
-        return BackendRefused(422, "invalid_argument", str(exc))
+        return BackendRefused(422, "invalid_argument", str(exc), field=exc.field or None)
     if isinstance(exc, social_rules.SocialQueueFull):
         return BackendRefused(503, "queue_full", str(exc))
     if isinstance(exc, WriteTimeout) and not exc.withdrawn:

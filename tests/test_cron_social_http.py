@@ -182,6 +182,27 @@ def test_bad_payloads_get_a_precise_4xx(served: tuple[Served, Runtime, list[tupl
     assert rt.social.statistics()["accepted"] == 0
 
 
+def test_an_invalid_webhook_event_is_a_422_whose_field_names_the_bad_one(
+        served: tuple[Served, Runtime, list[tuple[Any, str]]], clock: ManualClock) -> None:
+    """As a cron job's 422 does: the relay that maps a platform's payload decides on the
+    field it got wrong, never on the message's text. The webhook's 422 named it only in
+    its message."""
+    srv, rt, _ = served
+    now = clock.now()
+    good = {"sender_id": "U1", "thread_id": "T", "text": "x"}
+    for change, field in (({"thread_id": ""}, "thread_id"), ({"attachments": 3}, "attachments"),
+                          ({"sender_name": "a\nb"}, "sender_name"),
+                          ({"event_id": 7}, "event_id"), ({"reply_route": []}, "reply_route"),
+                          ({"attachments": [{"url": "ftp://x"}]}, "attachments[0]")):
+        body = json.dumps({**good, **change}).encode()
+        status, got = post(srv, "/social/slack/events", body, signed(body, now))
+        assert (status, got["error"], got.get("field")) == (422, "invalid_argument", field), got
+    body = b"[1, 2]"  # not an object: no field of it to name
+    status, got = post(srv, "/social/slack/events", body, signed(body, now))
+    assert (status, got["error"], got.get("field")) == (422, "invalid_argument", None), got
+    assert rt.social.statistics()["accepted"] == 0
+
+
 # -- cron routes -----------------------------------------------------------------------------
 
 def test_an_invalid_cron_job_is_a_422_whose_field_names_the_bad_one(

@@ -27,7 +27,7 @@ from . import json_body
 from . import webhook_signature as sig
 from .errors import BackendRefused, SignatureProblem, SignatureRejected, quoted
 from .http_app import DescribedRoute
-from .json_answers import error
+from .json_answers import error, refused_answer
 
 log = logging.getLogger("kinbox.http")
 
@@ -93,7 +93,7 @@ def social_routes(backend: SocialBackend, *, max_body: int = MAX_BODY,
             receipt = await run_in_threadpool(backend.ingest_event, platform, event)
         except BackendRefused as exc:
             guard.withdraw(signature)
-            return error(exc.status, exc.code, exc.message)
+            return refused_answer(exc)  # a bad event's 422 names its field
         except BaseException:
             guard.withdraw(signature)
             raise
