@@ -1155,3 +1155,39 @@ def test_a_new_events_reply_waits_for_the_threads_inbox_reply_still_being_sent(
     rt.social.ingest(event("two"))
     wait_for(lambda: len(arrived) == 3, 20, "the three replies")
     assert arrived == ["echo: hi", "echo: one", "echo: two"]
+
+
+@pytest.mark.timeout(30)
+def test_a_send_here_runs_on_its_caller_when_the_line_is_idle_else_queues_behind() -> None:
+    """:meth:`ThreadSends.submit` with ``here`` (a social event's own turn): on the calling
+    thread when the session has no send running, so its chat's next turn waits for it;
+    behind the running one otherwise, returning at once (a caller waiting for a thread
+    of the pool, which may all be such callers, could wait for ever)."""
+    from kinbox.actors.social_sends import ThreadSends
+
+    lines = ThreadSends(lambda: False)
+    ran: list[str] = []
+    caller = threading.current_thread()
+
+    def run(work: Callable[[], None]) -> object:
+        threading.Thread(target=work, daemon=True).start()
+        return True
+
+    lines.submit("s", lambda: ran.append(f"here on caller: {threading.current_thread() is caller}"),
+                 run, here=True)
+    assert ran == ["here on caller: True"] and lines.waiting() == 0
+
+    inbox_running, release = threading.Event(), threading.Event()
+
+    def inbox_reply() -> None:
+        inbox_running.set()
+        assert release.wait(10)
+        ran.append("inbox")
+
+    lines.submit("s", inbox_reply, run)
+    assert inbox_running.wait(10)
+    lines.submit("s", lambda: ran.append("event"), run, here=True)  # returns at once
+    assert ran == ["here on caller: True"]
+    release.set()
+    wait_for(lambda: lines.waiting() == 0, 10, "the line to end")
+    assert ran == ["here on caller: True", "inbox", "event"]
