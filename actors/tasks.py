@@ -88,26 +88,32 @@ class TaskService:
             except ToolError:
                 fresh = changes
             return self.apply_in_txn(chat_id, task_id, fresh, now,
-                                     self._opened_later(chat_id, task_id))
+                                     self._opened_later(chat_id, task_id, fresh["status"]))
         try:
             change = self.writes.write(apply, TaskChange(task, after, 0), announce)
         except RowNotFound as exc:
             raise ToolError("not_found", str(exc)) from exc
         return change.after
 
-    def _opened_later(self, chat_id: str, task_id: str) -> int:
-        """In a turn's commit: the tasks of ``chat_id`` other than ``task_id`` that the
-        turn leaves open (as its calls saw them) and that are not open yet, its later
-        changes in the same transaction. A turn that completes its step and then creates
-        the next one never leaves the session without an open task: judged alone, its
-        first change closed the session (``session_closed``, Focal's notice)."""
+    def _opened_later(self, chat_id: str, task_id: str, status: str) -> int:
+        """In a turn's commit, for a change giving ``task_id`` ``status``: the tasks of
+        ``chat_id`` that the turn leaves open (as its calls saw them) and that this change
+        leaves not open, its later changes in the same transaction. A turn that completes
+        its step and then creates the next one, or completes its task and then takes it
+        back (``in_progress``: it was not done), never leaves the session without an open
+        task: judged alone, its first change closed the session (``session_closed``,
+        Focal's notice)."""
         box = self.writes.outbox
         if box is None:
             return 0
         later = [t.id for t in box.tasks.values() if t.chat_id == chat_id and t.id != task_id
                  and t.status in task_rules.OPEN_STATUSES]
-        return sum(1 for tid in later if (row := self.ctx.tasks.get(tid)) is None
-                   or row.status not in task_rules.OPEN_STATUSES)
+        others = sum(1 for tid in later if (row := self.ctx.tasks.get(tid)) is None
+                     or row.status not in task_rules.OPEN_STATUSES)
+        final = box.tasks.get(task_id)
+        reopened = (final is not None and final.status in task_rules.OPEN_STATUSES
+                    and status not in task_rules.OPEN_STATUSES)
+        return others + reopened
 
     def notify(self, change: TaskChange) -> None:
         """Tell observers what a committed change means."""

@@ -729,6 +729,46 @@ def test_a_turn_that_finishes_a_task_and_starts_the_next_does_not_close_its_sess
 
 
 @pytest.mark.timeout(60)
+def test_a_turn_that_completes_a_task_and_then_reopens_it_does_not_close_its_session(
+        make_runtime: MakeRuntime) -> None:
+    """A model that marks its only task completed and then, in the same turn, takes it
+    back (``in_progress``: it was not done after all) leaves its session with an open
+    task. The first change was judged against the turn's other tasks only: the session
+    "closed" (``session_closed``), and Focal heard that a session it follows finished
+    while that session went on with the same task."""
+    events: list[tuple[str, dict[str, Any]]] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.messages[0].content == "check":
+            [step] = turn.tools.task_list()["tasks"]
+            turn.tools.task_update(step["task_id"], status="completed")
+            turn.tools.task_update(step["task_id"], status="in_progress",
+                                   reason="a test still fails")
+        elif turn.messages[0].content == "wrap up":
+            [step] = turn.tools.task_list()["tasks"]
+            turn.tools.task_update(step["task_id"], status="completed")
+
+    rt = make_runtime(brain=brain)
+    rt.subscribe(lambda e, d: events.append((e, d)) if e == "session_closed" else None)
+    p = rt.create_project("p")
+    focal = rt.get_or_create_focal_chat().id
+    worker = rt.tools_for(focal).agent_send("new", "start", project_id=p.id, title="worker",
+                                            task_title="step 1")["agent_id"]
+    rt.run_until_idle()
+    rt.post(worker, "check")
+    rt.run_until_idle()
+    assert [t["status"] for t in rt.tools_for(worker).task_list()["tasks"]] == ["in_progress"]
+    finished = [r for r in rt.inbox(target=focal)
+                if r["kind"] == "session_finished_notification"]
+    assert finished == [] and events == []
+    rt.post(worker, "wrap up")  # now it is done: that is heard, once
+    rt.run_until_idle()
+    assert [d["session_id"] for _, d in events] == [worker]
+    assert len([r for r in rt.inbox(target=focal)
+                if r["kind"] == "session_finished_notification"]) == 1
+
+
+@pytest.mark.timeout(60)
 def test_a_task_change_whose_write_outruns_its_wait_is_waited_for(
         make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
     """Outside a turn a task change commits before the call returns. When its batch ran
