@@ -125,7 +125,11 @@ def resolve(entries: Sequence[Entry], role: str, name: str | None) -> Entry:
     if name is None or not name.strip():
         raise ResolveError(Unresolved.NAME_REQUIRED, f"receiver_name is required for a {role}")
     key = name.strip()
-    matches = [e for e in entries if e.relationship == role and designates(key, e.name, e.id)]
+    # An id picks its one session first: it is what an ambiguous name is told to use, and
+    # a session titled with another's id would otherwise make that id match both.
+    matches = ([e for e in entries if e.relationship == role and e.id == key]
+               or [e for e in entries if e.relationship == role
+                   and designates(key, e.name, e.id)])
     if len(matches) == 1:
         return matches[0]
     if not matches:

@@ -83,6 +83,23 @@ def test_several_matches_are_refused_naming_the_candidates() -> None:
     assert resolve(roster(twins[0], twins), "child", "c2").id == "c2"
 
 
+
+def test_an_id_picks_its_session_even_when_another_is_titled_with_that_id() -> None:
+    """The id is what an ambiguous name is told to use ("use the id to pick one"), so it
+    must pick: a child titled with its sibling's id (a model naming a child after the
+    one it follows up) made that id match two children, and the sibling it names could
+    be reached by no name at all. A title equal to an id still designates its session
+    when no session has that id."""
+    kin = [Member("p", "P", None, None, "idle"), Member("c1", "report", "p", None, "idle"),
+           Member("c2", "c1", "p", None, "idle"), Member("c3", "report", "p", None, "idle")]
+    entries = roster(kin[0], kin)
+    assert resolve(entries, "child", "c1").id == "c1"
+    assert resolve(entries, "child", "c2").id == "c2"
+    with pytest.raises(ResolveError, match=r"2 children match receiver_name 'report'"):
+        resolve(entries, "child", "report")
+    titled = [kin[0], Member("c9", "c7", "p", None, "idle")]
+    assert resolve(roster(titled[0], titled), "child", "c7").id == "c9"
+
 def test_a_name_matches_up_to_unicode_normalisation_and_no_further() -> None:
     """A title stored decomposed ("Cafe" + U+0301) and typed precomposed (U+00E9) is the
     one name list_agents shows; it designates the session (two such are ambiguous).
