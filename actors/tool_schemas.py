@@ -202,11 +202,10 @@ def check_call(
     params = parameters(name, focal=focal)
     unknown = sorted(set(arguments) - set(params["properties"]))
     if unknown:
+        takes = ", ".join(params["properties"]) or "no arguments"
         raise ToolError(
             "invalid_argument",
-            f"{name} has no argument "
-            f"{', '.join(quoted(u) for u in unknown)}; "
-            f"it takes {', '.join(params['properties'])}.",
+            f"{name} has no argument {', '.join(quoted(u) for u in unknown)}; it takes {takes}.",
         )
     missing = [r for r in params["required"] if r not in arguments]
     if missing:

@@ -131,6 +131,19 @@ def test_call_runs_a_model_tool_call_and_reports_refusals_as_dicts(rt: Runtime) 
     assert len(rt.inbox()) == 1
 
 
+
+def test_an_argument_to_a_tool_that_takes_none_is_refused_saying_so(rt: Runtime) -> None:
+    """``task_list`` and ``list_agents`` take no arguments: a model that passes one
+    (a filter it imagined) was told the tool "takes ." and nothing it could act on."""
+    s = sessions(rt)
+    lead = rt.tools_for(s["lead"])
+    for name in ("task_list", "list_agents"):
+        assert lead.call(name, {"status": "open"}) == {
+            "error": "invalid_argument",
+            "message": f"{name} has no argument 'status'; it takes no arguments."}
+    assert lead.call("agent_read", {"agent": "x"})["message"] == (
+        "agent_read has no argument 'agent'; it takes agent_id.")
+
 def test_the_table_documents_every_tool_once() -> None:
     assert len(TOOLS) == 11
     assert all(description.endswith(".") for description, _, _ in TOOLS.values())
