@@ -175,7 +175,9 @@ def _reported(ctx: RuntimeContext, turn: Turn, outcome: TurnOutcome,
 def _settled_later(ctx: RuntimeContext, turn: Turn) -> TurnEffects | None:
     """A child that left its task blocked (its parent was told so) completes or cancels it
     in a later turn (the user answered, a sibling helped): the parent hears that outcome
-    too, committed with the turn (a turn that succeeded and changed tasks)."""
+    too, committed with the turn (a turn that succeeded and changed tasks). So too when
+    the child took the answer in one turn (its task ``in_progress`` again) and settles
+    the task in a later one: the parent's last word on it was still "blocked"."""
     assert turn.outbox is not None
     child = ctx.store.session(turn.session_id)
     if child is None or child.parent_id is None or child.kind != "subagent":
@@ -183,13 +185,26 @@ def _settled_later(ctx: RuntimeContext, turn: Turn) -> TurnEffects | None:
     effects = TurnEffects()
     for task in turn.outbox.tasks.values():
         before = ctx.tasks.get(task.id) if task.chat_id == child.id else None
-        if (before is not None and before.status == "blocked"
-                and task.status in ("completed", "cancelled")
+        if (before is not None and task.status in ("completed", "cancelled")
+                and (before.status == "blocked"
+                     or (before.status in task_rules.OPEN_STATUSES
+                         and _last_outcome(ctx, task.id) == "blocked"))
                 and ctx.journal.hot.existing(task_message_id(task.id)) is not None):
             text = turn.replies[-1] if turn.replies else (
                 f"(the sub-agent {task.status} its task)")
             effects.messages.append(_wake(ctx, child, task.id, text, task.status))
     return effects if effects.messages else None
+
+
+def _last_outcome(ctx: RuntimeContext, task_id: str) -> str | None:
+    """The outcome the parent last heard of a child's task (None: none, or pruned)."""
+    ids = result_ids(ctx, task_id)
+    if not ids:
+        return None
+    try:
+        return str(ctx.journal.get(ids[-1])["payload"].get("outcome"))
+    except RowNotFound:
+        return None
 
 
 def _failed(child_id: str, error: str) -> tuple[str, dict[str, object], str]:

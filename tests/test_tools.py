@@ -1310,6 +1310,47 @@ def test_a_child_that_completes_its_task_after_the_user_unblocks_it_tells_its_pa
     assert [w["payload"]["outcome"] for w in wakes] == ["blocked", "completed"]
 
 
+
+@pytest.mark.timeout(60)
+def test_a_child_that_resumes_after_the_user_answers_and_completes_later_tells_its_parent(
+        make_runtime: MakeRuntime) -> None:
+    """A child whose parent heard "blocked" takes the user's answer in one turn (its task
+    back to ``in_progress``: it works on) and completes the task in a later turn. Only a
+    completion straight from ``blocked`` was reported: the parent, told its child waits
+    on the user, never heard that the work was done."""
+    def brain(turn: Turn) -> None:
+        if not turn.session_id.startswith("subagent-"):
+            return
+        first = turn.messages[0]
+        [task] = turn.tools.task_list()["tasks"]
+        if first.kind == "subagent_task":
+            turn.tools.task_update(task["task_id"], status="blocked", blocked_on="user",
+                                   reason="which format?")
+            turn.reply("Which format do you want?")
+        elif first.content == "csv":  # the user's answer: back to work
+            turn.tools.task_update(task["task_id"], status="in_progress", reason="")
+            turn.reply("writing it as csv")
+        else:
+            turn.tools.task_update(task["task_id"], status="completed")
+            turn.reply("report written")
+
+    rt = make_runtime(brain=brain)
+    p = rt.create_project("p")
+    lead = rt.create_session(p.id, "Lead").id
+    child = rt.tools_for(lead).agent("write the report")
+    rt.run_until_idle()
+    rt.post(child["agent_id"], "csv")
+    rt.run_until_idle()
+    rt.post(child["agent_id"], "done?")
+    rt.run_until_idle()
+    assert rt.tools_for(child["agent_id"]).task_list()["tasks"][0]["status"] == "completed"
+    wakes = [r for r in rt.inbox(target=lead) if r["kind"] == "subagent_result"]
+    assert [(w["payload"]["outcome"], w["content"]) for w in wakes] == [
+        ("blocked", "Which format do you want?"), ("completed", "report written")]
+    rt.post(child["agent_id"], "thanks")  # completed again: nothing new to tell
+    rt.run_until_idle()
+    assert len([r for r in rt.inbox(target=lead) if r["kind"] == "subagent_result"]) == 2
+
 def test_a_wakeup_at_the_last_second_before_the_year_10000_is_taken_and_survives_a_restart(
         db_url: str, clock: ManualClock, tmp_path: Path) -> None:
     """``LATEST_WAKEUP`` is "the last time a one-shot wake-up may be set for", yet the
