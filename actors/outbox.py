@@ -134,6 +134,18 @@ class Outbox:
             self.ops.append(op)
             self.after.append(after)
 
+    def note(self, record: SessionRecord | TaskRecord) -> None:
+        """Remember a session or task as this turn's writes leave it (the view its later
+        calls and its commit's report read); :class:`ToolError` once the turn has ended:
+        a refused call from a thread the brain left running must not change that view,
+        as its write never comes."""
+        with self._undo_lock:
+            self.check_open()
+            if isinstance(record, SessionRecord):
+                self.sessions[record.id] = record
+            else:
+                self.tasks[record.id] = record
+
     def discard(self) -> None:
         """These writes will never commit (the attempt failed, or the journal refused its
         commit): give back what was taken for them. Runs each undo once."""
@@ -280,7 +292,7 @@ class Writes:
         """Create a session (``DuplicateError`` if its id is taken)."""
         r = record
         if self.outbox is not None:
-            self.outbox.sessions[r.id] = r
+            self.outbox.note(r)
         return self.write(
             lambda: self.ctx.store.create_session_now(
                 r.id, r.project_id, r.title, r.kind, r.created_at, parent_id=r.parent_id,
@@ -303,9 +315,9 @@ class Writes:
         return merged + sorted(mine.values(), key=lambda t: (t.created_at, t.id))
 
     def note_task(self, record: TaskRecord) -> None:
-        """Remember a task's state after a change queued in this turn."""
+        """Remember a task's state after a change queued in this turn (:meth:`Outbox.note`)."""
         if self.outbox is not None:
-            self.outbox.tasks[record.id] = record
+            self.outbox.note(record)
 
 
 def commit_together(ctx: RuntimeContext, build: Callable[[Writes], T],

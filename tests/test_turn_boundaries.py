@@ -605,3 +605,54 @@ def test_a_focal_send_meeting_the_turns_end_midway_watches_only_with_its_message
     session = rt.session(worker)
     assert session is not None and not session.config.get("focal_watching")
     assert rt.inbox(target=worker) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_refused_late_task_update_does_not_change_what_the_turn_reports(
+        make_runtime: MakeRuntime) -> None:
+    """A child's brain returned with its task done, leaving a thread that then marked the
+    task blocked. The call was refused ("This turn has ended"), yet it had already
+    noted the task's new state in the turn's view of its writes, which the turn's report
+    reads: the parent was told its child waits on the user, and the task, whose
+    change was never written, stayed ``in_progress`` for good."""
+    from kinbox.actors import ToolError
+
+    go_on, done = threading.Event(), threading.Event()
+    answers: list[object] = []
+
+    def brain(turn: Turn) -> None:
+        if not turn.session_id.startswith("subagent-"):
+            return
+        tools, task_id = turn.tools, turn.messages[0].payload["task_id"]
+
+        def later() -> None:
+            try:
+                assert go_on.wait(20)
+                answers.append(tools.task_update(task_id, status="blocked", blocked_on="user",
+                                                 reason="one more question"))
+            except ToolError as exc:
+                answers.append(exc)
+            finally:
+                done.set()
+        threading.Thread(target=later, daemon=True).start()
+        turn.reply("report written")
+
+    rt = make_runtime(brain=brain)
+    lead = rt.create_session(rt.create_project("p").id, "Lead").id
+    child = rt.tools_for(lead).agent("write the report")
+    real_effects = rt.context.effects
+
+    def effects(turn: Turn, outcome: Any) -> Any:
+        if turn.session_id == child["agent_id"] and not go_on.is_set():  # brain returned
+            go_on.set()
+            assert done.wait(20)
+        return real_effects(turn, outcome)
+
+    rt.context.effects = effects  # type: ignore[method-assign]
+    rt.run_until_idle()
+    [answer] = answers
+    assert isinstance(answer, ToolError) and "This turn has ended" in answer.message, answer
+    [wake] = [r for r in rt.inbox(target=lead) if r["kind"] == "subagent_result"]
+    assert (wake["payload"]["outcome"], wake["content"]) == ("completed", "report written")
+    [task] = rt.tools_for(child["agent_id"]).task_list()["tasks"]
+    assert (task["status"], task["reason"]) == ("completed", None)
