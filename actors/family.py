@@ -33,6 +33,8 @@ PENDING_LIMIT = 20
 """Most pending messages (waiting, not being delivered) a target may have before family
 sends are refused (F6)."""
 FAMILY_KIND = "family_message"
+BROADCAST_TEXT = "receiver_role (the text to broadcast with message='all')"
+"""How an error names the text of ``send("all", text)``, which is in ``receiver_role``."""
 
 T = TypeVar("T")
 
@@ -123,7 +125,9 @@ class FamilyTools:
         """Send to one family member, or ``send("all", message)`` to the whole roster."""
         if message == "all" and isinstance(receiver_role, str) \
                 and receiver_role not in roster.ROLES and receiver_name is None:
-            return self.broadcast(receiver_role)
+            # The text is in receiver_role: its errors name that argument, not ``message``.
+            return self.broadcast(require_message(receiver_role, FAMILY_LIMIT,
+                                                  name=BROADCAST_TEXT))
         if not isinstance(receiver_role, str):
             raise ToolError("invalid_argument",
                             "receiver_role must be 'parent', 'sibling' or 'child'.")

@@ -100,6 +100,25 @@ def test_a_receiver_name_no_row_can_hold_is_refused_as_an_argument(
     assert family["rt"].inbox() == []
 
 
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("x" * 20_000, "is 20,000 characters; the limit is 16,384"),
+    ("   ", "must not be empty"),
+    ("ab\x00c", "NUL character"),
+])
+def test_a_bad_broadcast_text_is_named_where_the_model_put_it(
+        family: dict[str, Any], text: str, fragment: str) -> None:
+    """``send("all", text)`` carries its text in ``receiver_role``; a text too long (or
+    blank) was refused as "message is 20,000 characters", while the model's message was
+    "all": it was told to shorten the one argument that was right."""
+    tools = family["rt"].tools_for(family["bob"])
+    answer = tools.call("send", {"message": "all", "receiver_role": text})
+    assert answer["error"] == "invalid_argument"
+    assert answer["message"].startswith("receiver_role (the text to broadcast with "
+                                        "message='all') "), answer
+    assert fragment in answer["message"]
+    assert family["rt"].inbox() == []
+
 def test_there_is_no_from_argument(family: dict[str, Any]) -> None:
     with pytest.raises(TypeError):
         family["rt"].tools_for(family["bob"]).send(  # type: ignore[call-arg]
