@@ -98,18 +98,22 @@ class TaskService:
     def _opened_later(self, chat_id: str, task_id: str, status: str) -> int:
         """In a turn's commit, for a change giving ``task_id`` ``status``: the tasks of
         ``chat_id`` that the turn leaves open (as its calls saw them) and that this change
-        leaves not open, its later changes in the same transaction. A turn that completes
-        its step and then creates the next one, or completes its task and then takes it
-        back (``in_progress``: it was not done), never leaves the session without an open
-        task: judged alone, its first change closed the session (``session_closed``,
-        Focal's notice)."""
+        leaves not open, and those the turn creates after it, its later changes in the
+        same transaction. A turn that completes its step and then creates the next one,
+        or completes its task and then takes it back (``in_progress``: it was not done),
+        never leaves the session without an open task; one that creates the next step and
+        completes it too closes the session once, with that last change. Judged alone,
+        its first change closed the session (``session_closed``, Focal's notice)."""
         box = self.writes.outbox
         if box is None:
             return 0
-        later = [t.id for t in box.tasks.values() if t.chat_id == chat_id and t.id != task_id
-                 and t.status in task_rules.OPEN_STATUSES]
-        others = sum(1 for tid in later if (row := self.ctx.tasks.get(tid)) is None
-                     or row.status not in task_rules.OPEN_STATUSES)
+        mine = [t for t in box.tasks.values() if t.chat_id == chat_id and t.id != task_id]
+        others = 0
+        for t in mine:
+            row = self.ctx.tasks.get(t.id)
+            if row is None or (t.status in task_rules.OPEN_STATUSES
+                               and row.status not in task_rules.OPEN_STATUSES):
+                others += 1
         final = box.tasks.get(task_id)
         reopened = (final is not None and final.status in task_rules.OPEN_STATUSES
                     and status not in task_rules.OPEN_STATUSES)

@@ -768,6 +768,41 @@ def test_a_turn_that_completes_a_task_and_then_reopens_it_does_not_close_its_ses
                 if r["kind"] == "session_finished_notification"]) == 1
 
 
+
+@pytest.mark.timeout(60)
+def test_a_turn_that_finishes_two_steps_in_a_row_closes_its_session_once(
+        make_runtime: MakeRuntime) -> None:
+    """A turn completes its step, creates the next one and completes that too: its
+    session closes once, with its last change. The first change, judged against the
+    tasks that existed then, closed it too: two ``session_closed`` events and two
+    "finished its last open task" notices to Focal for one turn."""
+    events: list[tuple[str, dict[str, Any]]] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.messages[0].content == "two steps":
+            [step] = turn.tools.task_list()["tasks"]
+            turn.tools.task_update(step["task_id"], status="completed")
+            second = turn.tools.task_create("step 2", status="in_progress")
+            turn.tools.task_update(second["task_id"], status="completed")
+
+    rt = make_runtime(brain=brain)
+    rt.subscribe(lambda e, d: events.append((e, d)) if e == "session_closed" else None)
+    p = rt.create_project("p")
+    focal = rt.get_or_create_focal_chat().id
+    worker = rt.tools_for(focal).agent_send("new", "start", project_id=p.id, title="worker",
+                                            task_title="step 1")["agent_id"]
+    rt.run_until_idle()
+    rt.post(worker, "two steps")
+    rt.run_until_idle()
+    assert [t["status"] for t in rt.tools_for(worker).task_list()["tasks"]] == [
+        "completed", "completed"]
+    [second] = [t["task_id"] for t in rt.tools_for(worker).task_list()["tasks"]
+                if t["title"] == "step 2"]
+    assert events == [("session_closed", {"session_id": worker, "task_id": second})]
+    finished = [r for r in rt.inbox(target=focal)
+                if r["kind"] == "session_finished_notification"]
+    assert [r["payload"]["task_id"] for r in finished] == [second]
+
 @pytest.mark.timeout(60)
 def test_a_task_change_whose_write_outruns_its_wait_is_waited_for(
         make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
