@@ -58,3 +58,25 @@ def test_retry_after_is_whole_seconds_and_never_zero(wait: float, header: str) -
 def test_limits_must_be_positive() -> None:
     with pytest.raises(ValueError):
         TokenTries(max_failures=0)
+
+
+def test_ipv6_addresses_of_one_slash_64_are_one_client() -> None:
+    """An IPv6 host holds a whole /64 (SLAAC privacy addresses, or any address it adds to
+    its interface): counted per address, it presented each wrong token from a new one and
+    was never locked out, however many it tried."""
+    tries = TokenTries(max_failures=3, window=60.0, lockout=60.0)
+    for n in range(3):
+        tries.failed(f"2001:db8:1:2::{n + 1:x}", 10.0 + n)
+    assert tries.wait("2001:db8:1:2:abcd:ef01:2345:6789", 13.0) == 59.0
+    assert tries.wait("2001:db8:1:3::1", 13.0) == 0.0  # another /64: another client
+
+
+def test_an_ipv4_client_on_a_dual_stack_socket_is_its_own_client() -> None:
+    """On a server bound to ``::`` IPv4 clients arrive as ``::ffff:a.b.c.d``: each is its
+    own client (not one /64 for all of IPv4, where one guesser locked out everyone), and
+    the same one as when it arrives as plain IPv4."""
+    tries = TokenTries(max_failures=2, window=60.0, lockout=60.0)
+    tries.failed("::ffff:192.0.2.7", 0.0)
+    tries.failed("192.0.2.7", 1.0)
+    assert tries.wait("::ffff:192.0.2.7", 2.0) == 59.0
+    assert tries.wait("::ffff:192.0.2.8", 2.0) == 0.0

@@ -6,8 +6,11 @@ client is locked out for :data:`LOCKOUT` seconds: every guarded call it makes is
 refused, even one with the right token (else the lock would still say which guess was
 right). A right token outside a lock forgets the client's failures.
 
-Pure: time comes in as ``now`` (a monotonic reading); the caller keys clients (by
-peer address) and serializes calls. Only addresses are kept, never a token. At most
+Pure: time comes in as ``now`` (a monotonic reading); the caller names clients by peer
+address and serializes calls. One client is what one machine can present itself as
+(:func:`client_of`): an IPv4 address, or an IPv6 /64, since a host holds its whole /64
+(privacy addresses, any address it adds) and, counted per address, tried each wrong
+token from a fresh one, never locked out. Only addresses are kept, never a token. At most
 :data:`MAX_CLIENTS` clients are remembered, so a flood of addresses cannot grow memory
 without bound: past it, clients with nothing left to count are dropped first, then the
 oldest.
@@ -15,6 +18,7 @@ oldest.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from dataclasses import dataclass, field
 
@@ -22,6 +26,23 @@ MAX_FAILURES = 10
 WINDOW = 60.0
 LOCKOUT = 60.0
 MAX_CLIENTS = 4096
+IPV6_PREFIX = 64
+"""The IPv6 network counted as one client: the /64 a single host is given."""
+
+
+def client_of(address: str) -> str:
+    """The client a peer ``address`` counts as: an IPv4 address as it is (also when an IPv6
+    socket shows it as ``::ffff:a.b.c.d``), an IPv6 address as its /64, anything else (a
+    Unix socket's name, no address) as it is."""
+    try:
+        ip = ipaddress.ip_address(address.partition("%")[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv4Address):
+        return str(ip)
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ipaddress.IPv6Network((ip, IPV6_PREFIX), strict=False))
 
 
 @dataclass
@@ -52,11 +73,12 @@ class TokenTries:
 
     def wait(self, client: str, now: float) -> float:
         """Seconds before ``client`` may present a token again; 0.0 when it may now."""
-        entry = self._clients.get(client)
+        entry = self._clients.get(client_of(client))
         return max(0.0, entry.locked_until - now) if entry is not None else 0.0
 
     def failed(self, client: str, now: float) -> float:
         """Count a wrong token from ``client``; the wait it now has (0.0 for none)."""
+        client = client_of(client)
         entry = self._clients.pop(client, None) or _Client()
         self._clients[client] = entry  # now the most recent
         entry.failures = [t for t in entry.failures if now - t < self.window] + [now]
@@ -72,7 +94,7 @@ class TokenTries:
 
     def succeeded(self, client: str) -> None:
         """A right token from ``client`` (not locked out): its failures are forgotten."""
-        self._clients.pop(client, None)
+        self._clients.pop(client_of(client), None)
 
     def _bound(self, now: float) -> None:
         if len(self._clients) <= self.max_clients:
