@@ -131,7 +131,8 @@ class PeerStore:
     def redeem(self, code_hash: str, now: float, device_id: str, name: str, public_key: str,
                token_hash: str) -> bool:
         """Use the invite once and store the inbound grant (or answer the same device's
-        retry, see :meth:`redeem_now`); False if it was used or expired."""
+        retry, see :meth:`redeem_now`); False if it was used or expired, or if the device
+        id has a grant of another key (nothing is spent then)."""
         return bool(self.writer.call(lambda: self.redeem_now(code_hash, now, device_id, name,
                                                              public_key, token_hash)))
 
@@ -142,6 +143,11 @@ class PeerStore:
         i, d = self.t.invite, self.t.device
         row = i.get_or_none(i.code_hash == code_hash)
         if row is None:
+            return False
+        held = d.get_or_none(d.id == _key(device_id, INBOUND))
+        if held is not None and held.public_key != public_key:
+            # The id is 48 bits of the key's hash: another key with a paired device's id
+            # was ground to match it, and would take over that device's grant and session.
             return False
         taken = i.update(used_at=now, used_by=device_id).where(
             i.code_hash == code_hash, i.used_at.is_null(), i.expires_at > now).execute()

@@ -114,8 +114,10 @@ class PeerBackend(Protocol):
 
     def redeem(self, code_hash: str, proof: handshake.PairingProof, token_hash: str) -> bool:
         """Use the invite and store the grant with ``token_hash``; False if someone used it
-        first. The device that redeemed it, asking again before it ever used the grant
-        (the ``paired`` answer was lost), gets True and its grant takes ``token_hash``."""
+        first, or if the device id has a grant of another key (a key ground to match a
+        paired device's 48-bit id), spending nothing. The device that redeemed it, asking
+        again before it ever used the grant (the ``paired`` answer was lost), gets True and
+        its grant takes ``token_hash``."""
         ...
 
     def random(self, n: int) -> bytes:
