@@ -397,8 +397,17 @@ def complete_pairing(identity: DeviceIdentity, peers: PeerStore, url: str, code:
         endpoint(url, "/peers/pair")
     except ValueError as exc:
         raise ConfigError(str(exc), field="url") from None
+    invite = parse_code(code)
+    held = peers.device(invite.device_id, OUTBOUND)
+    if held is not None and not invite.names(held.public_key):
+        # The id is 48 bits of the key's hash: a key can be ground to match it. Pairing
+        # replaced the earlier device's grant, and its messages went to this one.
+        raise ConfigError(f"that code names device {invite.device_id}, which is paired here "
+                          "with another key (kinbox peers list): a device that made its key "
+                          "match that id would receive every message for "
+                          f"peer:{invite.device_id}; nothing was sent", field="code")
     try:
-        paired = pair_with(url, identity, parse_code(code), identity.device_id,
+        paired = pair_with(url, identity, invite, identity.device_id,
                            new_nonce(os.urandom(NONCE_BYTES)))
     except PeerUnavailable as exc:
         raise PairingFailed(str(exc), "unavailable", retry=True, status=exc.status) from exc

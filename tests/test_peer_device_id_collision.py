@@ -17,12 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from kinbox.actors import Runtime
+from kinbox.actors import ConfigError, Runtime
 from kinbox.actors.peer_backend import PeerHttpBackend
+from kinbox.persistence.peers import OUTBOUND
 from kinbox.transport.errors import GrantClosed
 from kinbox.transport.grants import new_token, secret_hash
 from kinbox.transport.handshake import PairingProof
 from kinbox.transport.identity import DeviceIdentity
+from kinbox.transport.invite_code import parse_code
+
+from .peer_harness import Receiver
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,3 +60,31 @@ def test_a_pairing_with_another_key_for_a_paired_device_id_is_refused_and_spends
         backend.answer(phone.device_id, phone_token, "read")  # the phone still does
         invite = store.invite("b" * 64)
         assert invite is not None and not invite.used  # the code was not spent on it
+
+
+def test_a_code_naming_the_id_of_a_device_paired_here_with_another_key_dials_nothing(
+        receiver: Receiver, tmp_path: Path) -> None:
+    """The sending side: a device that ground its key to the id of one this runtime sends
+    to hands out its code ("pair with my laptop"); pairing with it replaced the earlier
+    device's outbound grant, and every message for ``peer:<id>`` (an agent's, a cron job's)
+    went to it from then on. Refused, naming the device, before the other side spends
+    anything; the earlier pairing stands."""
+    code = receiver.invite()
+    taken_id = parse_code(code).device_id
+    earlier = DeviceIdentity.from_seed(b"\x05" * 32)  # its id collides with the receiver's
+    with Runtime(db=f"sqlite:///{tmp_path / 'phone' / 'phone.db'}",
+                 data_dir=tmp_path / "phone" / "data") as rt:
+        sealed = rt.peers.identity.seal(new_token(b"\x06" * 32), b"\x07" * 12)
+        rt.peers.peers.save_outbound(taken_id, "laptop", earlier.public_key,
+                                     "http://127.0.0.1:9", sealed, frozenset({"agent"}),
+                                     rt.clock.now())
+        with pytest.raises(ConfigError) as info:
+            rt.peers.pair(receiver.http, code)
+        assert info.value.field == "code"
+        assert taken_id in str(info.value)
+        kept = rt.peers.peers.device(taken_id, OUTBOUND)
+        assert kept is not None
+        assert (kept.public_key, kept.token_sealed, kept.url) == (
+            earlier.public_key, sealed, "http://127.0.0.1:9")
+    assert receiver.query("select count(*) from peer_invites where used_at is not null") \
+        == [(0,)]  # nothing was spent there
