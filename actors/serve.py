@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import socket
 import sys
 import threading
@@ -63,6 +64,7 @@ from .interrupts import Interrupted, StopSignals
 from .peer_backend import PeerHttpBackend
 from .runtime import Runtime
 from .serve_flags import (
+    TOKEN_ENV,
     WILDCARD_ADDRESSES,
     is_loopback,
     read_token,
@@ -161,6 +163,8 @@ def _checked(args: argparse.Namespace) -> tuple[Any, OperatorToken | None]:
         operator = read_token(args.token_file)
     except ValueError as exc:
         parser.error(str(exc))
+    # Read once, kept as a digest: a subprocess a brain or its tools start must not inherit it.
+    os.environ.pop(TOKEN_ENV, None)
     if not is_loopback(args.host) and not args.allow_host:
         parser.error(
             f"--host {args.host} is reachable from other machines: name the Host "

@@ -44,6 +44,12 @@ def polite(turn):
     turn.reply("stopped before the end")
 
 
+def environ(turn):
+    # What a tool or a subprocess the brain starts would inherit.
+    import os
+    turn.reply(repr(os.environ.get("KINBOX_OPERATOR_TOKEN")))
+
+
 def slow(turn):
     # Announce the turn, then hold it far past the runtime's stop timeout.
     pathlib.Path("turn-started").write_text(turn.session_id)
@@ -574,6 +580,26 @@ def test_the_operator_token_may_come_from_the_environment(run_kinbox: Any, tmp_p
     cmd.proc.send_signal(signal.SIGTERM)
     assert cmd.finish() == 0
     assert "env-secret-0123456789" not in cmd.output
+
+
+@pytest.mark.timeout(90)
+def test_a_brain_and_what_it_starts_do_not_inherit_the_operator_token(
+    run_kinbox: Any, tmp_path: Path
+) -> None:
+    """A token taken from ``$KINBOX_OPERATOR_TOKEN`` stayed in the environment of serve's
+    process: every subprocess a brain or its tools started (a shell tool, a code runner
+    the model drives) inherited the key to the whole HTTP API."""
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    session_id = seed_pending(url)
+    secret = "op-" + os.urandom(8).hex()
+    cmd = run_kinbox("serve", "--port", "0", "--db", url, "--brain", "product_brain:environ",
+                     env={"KINBOX_OPERATOR_TOKEN": secret})
+    port = served_port(cmd)
+    wait_for(lambda: delivered(url), timeout=30, what="serve to deliver the pending row")
+    assert journal(url, session_id)[1] == ["ping", "None"]
+    assert get(port, "/focal", headers={"Authorization": f"Bearer {secret}"})[0] == 200
+    cmd.proc.send_signal(signal.SIGTERM)
+    assert cmd.finish() == 0
 
 
 @pytest.mark.timeout(90)
