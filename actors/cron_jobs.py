@@ -29,6 +29,9 @@ from .triggers import next_fire_or_never
 from .validation import lookup_key, quoted, unstorable
 
 DEFAULT_PROJECT = "default"
+TRIGGER_TRIES = 3
+"""Looks a trigger takes at its job: one found idle whose write then met a run started
+meanwhile, or a pause, looks again (which says which it met)."""
 
 
 def _no_wake(_job_id: str, _next_run_at: float | None) -> None:
@@ -150,18 +153,32 @@ class CronJobs:
             triggered_at=None))
 
     def trigger(self, job_id: str) -> dict[str, Any]:
-        """Make an active job due now (a runtime with a brain runs it at its next look)."""
+        """Make an active job due now (a runtime with a brain runs it at its next look);
+        :class:`CronJobPaused` for a paused job, :class:`CronRunInProgress` while a run of
+        it is in progress."""
+        for _ in range(TRIGGER_TRIES):
+            self._check_triggerable(job_id)
+            now = self.now()
+            # Only while active and idle, as the write finds it: a pause committed since
+            # the look above (another operator, another process) was otherwise answered
+            # "triggered", its job left paused with a due time; a run started meanwhile
+            # made the trigger that run's "still active" error run.
+            job = self.store.update(job_id, now, if_active=True, if_idle=True,
+                                    next_run_at=now, triggered_at=now)
+            if job is not None:
+                return self._changed(job_id, job)
+        self._check_triggerable(job_id)
+        raise rules.CronRunInProgress(job_id, "one that started and ended meanwhile")
+
+    def _check_triggerable(self, job_id: str) -> None:
+        """Refuse a trigger of a job that is gone, paused, or has a run in progress (written,
+        that trigger was the "still active" error run at the next look: answered
+        "triggered", the job never ran for it)."""
         if not self.get(job_id).active:
             raise rules.CronJobPaused(job_id)
-        now = self.now()
-        # Only while active, as the write finds it: a pause committed since the look above
-        # (another operator, another process) was otherwise answered "triggered", its job
-        # left paused with a due time.
-        job = self.store.update(job_id, now, if_active=True, next_run_at=now, triggered_at=now)
-        if job is None:
-            self.get(job_id)  # removed meanwhile: not found
-            raise rules.CronJobPaused(job_id)
-        return self._changed(job_id, job)
+        running = self.store.running(job_id)
+        if running is not None:
+            raise rules.CronRunInProgress(job_id, running.id)
 
     def remove(self, job_id: str) -> dict[str, Any]:
         """Delete a job and its run records (its session and transcript stay)."""

@@ -44,7 +44,8 @@ Errors::
         ├── InvalidCronJob          .field, .reason (also a ConfigError: a bad name,
         │                           prompt, delivery mode or time zone)
         ├── CronJobNotFound         .job_id
-        └── CronJobPaused           .job_id (a paused job cannot be triggered)
+        ├── CronJobPaused           .job_id (a paused job cannot be triggered)
+        └── CronRunInProgress       .job_id, .run_id (nor one whose run is in progress)
 """
 
 from __future__ import annotations
@@ -144,6 +145,18 @@ class CronJobPaused(CronError):
     def __init__(self, job_id: str) -> None:
         super().__init__(f"cron job {quoted(job_id)} is paused; resume it first")
         self.job_id = job_id
+
+
+class CronRunInProgress(CronError):
+    """The job has a run in progress (running, or handed back to run again): a trigger now
+    would be the "still active" error run, not a run, so it is refused and nothing is
+    written; trigger it again once that run ended."""
+
+    def __init__(self, job_id: str, run_id: str) -> None:
+        super().__init__(f"cron job {quoted(job_id)} has a run in progress ({quoted(run_id)}); "
+                         "trigger it again once that run ended")
+        self.job_id = job_id
+        self.run_id = run_id
 
 
 def session_id_for(job_id: str) -> str:

@@ -3,7 +3,8 @@
 Transport knows nothing of the runtime; these adapters give it what its
 Protocols ask for and translate the runtime's errors into
 :class:`~kinbox.transport.BackendRefused` with a precise status: 404 for an
-unknown job, 422 for invalid input, 409 for a paused job triggered, 503
+unknown job, 422 for invalid input, 409 for a paused job triggered (or one whose
+run is in progress), 503
 when the social queue is full, this runtime runs no turns or it stopped, or the
 database fails, 504 when a write may yet commit (its database did not answer in
 time: read before retrying).
@@ -34,7 +35,7 @@ ACTIONS = ("trigger", "pause", "resume", "remove")
 def _refusal(exc: Exception) -> BackendRefused:
     if isinstance(exc, cron_rules.CronJobNotFound):
         return BackendRefused(404, "not_found", str(exc))
-    if isinstance(exc, cron_rules.CronJobPaused):
+    if isinstance(exc, cron_rules.CronJobPaused | cron_rules.CronRunInProgress):
         return BackendRefused(409, "conflict", str(exc))
     if isinstance(exc, cron_rules.InvalidCronExpression | cron_rules.InvalidCronJob):
         return BackendRefused(422, "invalid_argument", str(exc), field=exc.field)
