@@ -144,9 +144,17 @@ class CronJobs:
                                                        next_run_at=None, triggered_at=None))
 
     def resume(self, job_id: str) -> dict[str, Any]:
-        """Restart a paused or deactivated job from its next regular time, retries reset."""
+        """Restart a paused or deactivated job from its next regular time, retries reset;
+        an active job whose trigger waits keeps it (and its due time)."""
         current = self.get(job_id)
         now = self.now()
+        if current.active and current.triggered_at is not None:
+            # Moved to the regular time, the trigger waiting for a delivering runtime was
+            # dropped, answered "resumed": the run asked for never happened.
+            kept = self.store.update(job_id, now, if_active=True, if_triggered=True,
+                                     retry_count=0, last_error=None)
+            if kept is not None:
+                return self._changed(job_id, kept)
         upcoming = next_fire_or_never(current.cron, now, current.timezone)
         return self._changed(job_id, self.store.update(
             job_id, now, active=True, retry_count=0, last_error=None, next_run_at=upcoming,

@@ -195,12 +195,16 @@ class CronStore:
         return j.id.not_in(taken_over)
 
     def update(self, job_id: str, now: float, *, if_active: bool = False,
-               if_idle: bool = False, **changes: Any) -> CronJobRecord | None:
+               if_idle: bool = False, if_triggered: bool = False,
+               **changes: Any) -> CronJobRecord | None:
         """Set columns of a job; the updated job, or None when there is no such job (with
         ``if_active``: no such active job, with ``if_idle``: no such job without a run
-        ``running``, as it is when the write runs)."""
+        ``running``, with ``if_triggered``: no such job with a trigger waiting, as it is
+        when the write runs)."""
         j, r = self.t.cron_job, self.t.cron_run
         which = (j.id == job_id) & (j.active == True) if if_active else j.id == job_id  # noqa: E712
+        if if_triggered:
+            which &= j.triggered_at.is_null(False)
         if if_idle:
             which &= j.id.not_in(r.select(r.job_id).where(r.job_id == job_id,
                                                           r.status == "running"))

@@ -83,3 +83,27 @@ def test_a_trigger_of_a_job_waiting_to_retry_runs_however_late(tmp_path: Path) -
         job = worker.cron.job(job_id)
     assert [r["status"] for r in runs] == ["success", "error"]
     assert (job["triggered_at"], job["retry_count"]) == (None, 0)
+
+
+@pytest.mark.timeout(60)
+def test_a_resume_of_an_active_job_keeps_the_trigger_that_waits(tmp_path: Path) -> None:
+    """``resume`` resets an active job's retries (an operator's "start afresh"): it also
+    dropped the trigger that waited for a delivering runtime, answered "resumed", and the
+    run asked for never happened. A paused job has no trigger (a pause drops it, and a
+    paused job cannot be triggered); an active one keeps its own."""
+    db = f"sqlite:///{tmp_path / 'kinbox.db'}"
+    clock = ManualClock(START)
+    with Runtime(db=db, clock=clock) as send_only:
+        job_id = str(send_only.cron.add("yearly", "0 0 1 1 *", "ping")["job_id"])
+        regular = send_only.cron.job(job_id)["next_run_at"]
+        send_only.cron.trigger(job_id)
+        clock.advance(5)
+        resumed = send_only.cron.resume(job_id)
+    assert (resumed["triggered_at"], resumed["next_run_at"]) == (START, START)
+    clock.advance(5)
+    with Runtime(db=db, brain=pong, clock=clock) as worker:
+        assert worker.cron.wait_idle(30)
+        runs = worker.cron.runs(job_id)
+        job = worker.cron.job(job_id)
+    assert [(r["status"], r["result"]) for r in runs] == [("success", "pong")]
+    assert (job["next_run_at"], job["triggered_at"]) == (regular, None)
