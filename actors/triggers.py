@@ -9,9 +9,10 @@ APScheduler 3's ``CronTrigger.from_crontab`` is not crontab: it counts weekday
 0 as Monday (crontab: Sunday, and 7 too), ANDs a restricted day of month with
 a restricted weekday (crontab: either matches; :func:`.cron_rules.either_day_matches`
 says when a field is restricted), and fires a fixed local time twice on the
-night clocks go back. So the fields are read here: weekdays are
-translated to names, the two day fields become two triggers taken together
-(:class:`OrTrigger`), and the repeat of a wall-clock time is skipped unless
+night clocks go back, and drops the step after a month name (``jan-dec/2``
+ran every month). So the fields are read here: weekdays are translated to
+names, month names to numbers, the two day fields become two triggers taken
+together (:class:`OrTrigger`), and the repeat of a wall-clock time is skipped unless
 the hour field is ``*`` (as cron does: an hourly or finer job runs on).
 """
 
@@ -84,6 +85,22 @@ def crontab_weekdays(field: str, expr: str) -> str:
     return ",".join(WEEKDAYS[d] for d in sorted(days))
 
 
+MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+"""Crontab's month names, January first (month 1)."""
+_NAME = re.compile(r"[A-Za-z]+")
+
+
+def crontab_months(field: str) -> str:
+    """A crontab month field with its names as numbers (``jan-dec/2`` -> ``1-12/2``); any
+    other word is left for APScheduler to refuse. APScheduler reads a range of month names
+    apart from numbers and drops a step after it: ``jan-dec/2`` ran every month,
+    ``mar/3`` in March alone, ``jan-dec/0`` was taken."""
+    def number(name: re.Match[str]) -> str:
+        word = name.group(0).lower()
+        return str(MONTHS.index(word) + 1) if word in MONTHS else name.group(0)
+    return _NAME.sub(number, field)
+
+
 def cron_trigger(expr: str, timezone: str = "UTC") -> BaseTrigger:
     """A crontab expression (minute hour day month weekday) in ``timezone`` as a trigger.
 
@@ -123,6 +140,7 @@ def _trigger(expr: str, zone: dt.tzinfo) -> BaseTrigger:
     """The trigger of a checked expression (five fields) on ``zone``'s clock."""
     minute, hour, day, month, weekday = expr.split()
     days = crontab_weekdays(weekday, expr)
+    month = crontab_months(month)
     try:
         if either_day_matches(day, weekday):
             return OrTrigger([

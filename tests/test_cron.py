@@ -142,6 +142,27 @@ def test_weekdays_and_day_fields_mean_what_they_mean_in_crontab(expr: str,
     assert _fires(expr, FRIDAY) == fires
 
 
+@pytest.mark.parametrize(("expr", "fires"), [
+    # every other month: the step after a range of month names was ignored (every month)
+    ("0 9 1 jan-dec/2 *", ["Sun 03-01 09:00 UTC", "Fri 05-01 09:00 UTC", "Wed 07-01 09:00 UTC"]),
+    ("0 9 1 Feb-Jun/2 *", ["Sun 02-01 09:00 UTC", "Wed 04-01 09:00 UTC", "Mon 06-01 09:00 UTC"]),
+    # from March on, every third month: a step after one name was ignored (March alone)
+    ("0 9 1 mar/3 *", ["Sun 03-01 09:00 UTC", "Mon 06-01 09:00 UTC", "Tue 09-01 09:00 UTC"]),
+    ("0 9 1 jan,jul *", ["Wed 07-01 09:00 UTC", "Fri 01-01 09:00 UTC", "Thu 07-01 09:00 UTC"]),
+])
+def test_month_names_with_a_step_mean_what_they_mean_in_crontab(expr: str,
+                                                                fires: list[str]) -> None:
+    """APScheduler reads a month name range (``jan-dec``) and drops the step after it: a job
+    written for every other month ran every month."""
+    assert _fires(expr, "2026-01-02T10:00:00+00:00") == fires
+
+
+@pytest.mark.parametrize("expr", ["0 9 * jan-dec/0 *", "0 9 * foo-dec/2 *", "0 9 * dec-jan *"])
+def test_a_month_field_crontab_refuses_is_refused(expr: str) -> None:
+    with pytest.raises(rules.InvalidCronExpression):
+        next_fire(expr, START)
+
+
 @pytest.mark.parametrize(("day", "weekday", "either"), [
     ("*", "*", False), ("*", "1", False), ("1", "*", False),
     ("*/2", "1", False), ("1", "*/2", False), ("*/2", "*/3", False),
