@@ -90,10 +90,10 @@ class CronJobs:
         job = CronJobRecord(f"cj_{short(self.new_id(), 10)}", name, cron.strip(), timezone, prompt,
                             bool(active), delivery, 0, upcoming if active else None,
                             None, None, None, now, now)
-        # The job first: if its write fails, nothing is left behind. Its session is made
-        # next (and again by its first run, should this one fail).
-        self.store.create(job)
-        self.ensure_session(job)
+        # The job and its session in one transaction: made in two, a failed session write
+        # answered the add as failed with the job committed, and the caller's retry added
+        # a second job, each run of the schedule twice.
+        self.store.create(job, also=lambda: self._create_session_now(job, now))
         self.on_change(job.id, job.next_run_at)
         return job.to_dict()
 
@@ -101,12 +101,17 @@ class CronJobs:
         """The job's session, created if it does not exist yet."""
         sid = rules.session_id_for(job.id)
         if self.sessions.session(sid) is None:
-            try:
-                self.sessions.create_session(sid, DEFAULT_PROJECT, f"Cron: {job.name}", "cron",
-                                             self.now(), config={"cron_job_id": job.id})
-            except DuplicateError:
-                pass  # another runtime created it first
+            self.sessions.writer.call(lambda: self._create_session_now(job, self.now()))
         return sid
+
+    def _create_session_now(self, job: CronJobRecord, now: float) -> None:
+        """Create the job's session inside the caller's transaction, unless it exists."""
+        try:
+            self.sessions.create_session_now(rules.session_id_for(job.id), DEFAULT_PROJECT,
+                                             f"Cron: {job.name}", "cron", now,
+                                             config={"cron_job_id": job.id})
+        except DuplicateError:
+            pass  # another runtime created it first
 
     def get(self, job_id: object) -> CronJobRecord:
         """The job; :class:`CronJobNotFound` if there is none."""

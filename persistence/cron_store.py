@@ -138,12 +138,16 @@ class CronStore:
 
     # -- jobs ------------------------------------------------------------------------------
 
-    def create(self, job: CronJobRecord) -> CronJobRecord:
-        """Insert a job (the caller validated it)."""
+    def create(self, job: CronJobRecord, also: Callable[[], object] | None = None
+               ) -> CronJobRecord:
+        """Insert a job (the caller validated it); ``also``, the caller's writes of it (its
+        session), in the same transaction: both commit or neither does."""
         values = asdict(job)
 
         def op() -> None:
             self.t.cron_job.insert(**values).execute()
+            if also is not None:
+                also()
             self._notify()
         self.writer.call(op)
         return job

@@ -327,6 +327,36 @@ def test_a_drain_reports_the_announcements_dropped_since_the_last_one(
 
 # -- definitions -------------------------------------------------------------------------------
 
+@pytest.mark.timeout(60)
+def test_an_add_whose_session_write_fails_leaves_no_job_behind(
+        make_runtime: MakeRuntime, any_db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job and its session were two transactions: the session's failing (a database
+    error) answered the add as failed (503 "try again" over HTTP) with the job committed,
+    and the caller's retry added a second job, each run of the schedule twice. Both commit
+    together now, or neither does."""
+    from kinbox.persistence import PersistenceError
+    from kinbox.persistence.driver_errors import OperationalError
+
+    rt = make_runtime(brain=CronBrain(), db=any_db_url)
+    sessions = rt.context.store
+    real = sessions.create_session_now
+    failures: list[str] = []
+
+    def refused(session_id: str, *args: Any, **kwargs: Any) -> Any:
+        if session_id.startswith("cron-") and not failures:
+            failures.append(session_id)
+            raise OperationalError("could not extend file: No space left on device")
+        return real(session_id, *args, **kwargs)
+
+    monkeypatch.setattr(sessions, "create_session_now", refused)
+    with pytest.raises(PersistenceError):
+        rt.cron.add("digest", "0 9 * * *", "Summarize")
+    assert failures and rt.cron.jobs() == []
+    job = rt.cron.add("digest", "0 9 * * *", "Summarize")  # the caller's retry
+    assert [j["job_id"] for j in rt.cron.jobs()] == [job["job_id"]]
+    assert rt.session(f"cron-{job['job_id']}") is not None
+
+
 def test_an_invalid_job_is_refused_and_nothing_is_written(make_runtime: MakeRuntime) -> None:
     rt = make_runtime(brain=CronBrain())
     for args, error, fragment in (
