@@ -160,7 +160,8 @@ class CronService:
         return self.definitions.resume(job_id)
 
     def trigger(self, job_id: str) -> dict[str, Any]:
-        """Run a job now (its regular schedule is unchanged)."""
+        """Run a job now (its regular schedule is unchanged); :class:`CronJobPaused` for a
+        paused job, :class:`CronRunInProgress` while a run of it is in progress."""
         job = self.definitions.trigger(job_id)
         try:
             self.tick()

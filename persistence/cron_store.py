@@ -212,8 +212,15 @@ class CronStore:
         if if_idle:
             which &= j.id.not_in(r.select(r.job_id).where(r.job_id == job_id,
                                                           r.status == "running"))
+        lock_first = if_idle and is_postgres(self.t.db)
 
         def op() -> CronJobRecord | None:
+            if lock_first:
+                # The job's row locked first, its runs read by the next statement: a fire
+                # holding the row (its run not committed yet) is waited for, and its run
+                # seen. Waited for by the UPDATE itself, PostgreSQL re-checked the row
+                # alone against the runs as they were before the wait.
+                j.select(j.id).where(j.id == job_id).for_update().execute()
             if not j.update(updated_at=now, **changes).where(which).execute():
                 return None
             self._notify()

@@ -94,3 +94,50 @@ def test_the_trigger_route_answers_409_naming_the_run_in_progress(
         srv.close()
     assert rt.cron.wait_idle(30)
     assert [r["status"] for r in rt.cron.runs(job_id)] == ["success"]
+
+
+@pytest.mark.timeout(60)
+def test_a_trigger_that_meets_a_fire_committing_meanwhile_is_refused_on_postgres(
+        make_runtime: MakeRuntime, pg_url: str) -> None:
+    """The trigger's look found no run; the write then waited for another runtime's fire
+    of the job (its row locked until that fire, with its run, committed). PostgreSQL
+    re-checked the job row alone, not the runs as they were once the wait ended: the
+    trigger was written, answered "triggered", and became the "still active" error run."""
+    import psycopg2
+
+    rt = make_runtime(db=pg_url)  # send-only: it fires nothing itself
+    job_id = str(rt.cron.add("yearly", "0 0 1 1 *", "Happy new year")["job_id"])
+    firing = psycopg2.connect(pg_url)  # another runtime's fire, held open
+    watch = psycopg2.connect(pg_url)
+    watch.autocommit = True
+    outcome: list[object] = []
+    try:
+        with firing.cursor() as cur:
+            cur.execute("UPDATE cron_jobs SET next_run_at = next_run_at + 60 WHERE id = %s",
+                        (job_id,))
+            cur.execute("INSERT INTO cron_runs (id, job_id, scheduled_for, started_at, status, "
+                        "owner, lease_until, attempts, takeovers) VALUES (%s, %s, 0, 0, "
+                        "'running', 'other-runtime', 1e12, 1, 0)", (f"{job_id}@0", job_id))
+
+        def trigger() -> None:
+            try:
+                outcome.append(rt.cron.trigger(job_id))
+            except Exception as exc:  # the test reads which
+                outcome.append(exc)
+
+        thread = threading.Thread(target=trigger, daemon=True)
+        thread.start()
+
+        def waiting_for_the_fire() -> bool:
+            with watch.cursor() as cur:
+                cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                            "current_database() AND wait_event_type = 'Lock'")
+                return bool(cur.fetchone()[0])
+        wait_for(waiting_for_the_fire, 30, "the trigger's write to wait for the fire")
+        firing.commit()
+        thread.join(30)
+    finally:
+        firing.close()
+        watch.close()
+    assert len(outcome) == 1 and isinstance(outcome[0], rules.CronRunInProgress), outcome
+    assert rt.cron.job(job_id)["triggered_at"] is None
