@@ -341,7 +341,9 @@ class CronService:
             log.info(
                 "cron job %s missed its run at %s (beyond the grace time)", job.id, job.next_run_at
             )
-            return Occurrence(changes, None)
+            # A retry missed so ends its occurrence's retries: the next regular one is a new
+            # occurrence, with all of its own (kept, they deactivated it at its first failure).
+            return Occurrence({**changes, "retry_count": 0}, None)
         if decision.due is rules.Due.PREVIOUS_ACTIVE:
             return Occurrence({**changes, "last_error": decision.error}, "error", decision.error)
         return Occurrence({**changes, "last_run_at": now}, "running")

@@ -445,6 +445,34 @@ def test_failures_back_off_1_2_4_8_16_minutes_then_deactivate(
     assert rt.cron.job(job_id)["retry_count"] == 0
 
 
+def test_a_retry_missed_while_down_ends_its_retries(db_url: str, clock: ManualClock) -> None:
+    """A failed run's retry missed while the runtime was down (past the grace time) moves
+    the job on to its next regular time, and that occurrence is a new one: it kept the
+    retries its predecessor had used, so its own failures deactivated the job sooner (four
+    retries used: at its first failure)."""
+    brain = CronBrain()
+    brain.failing = "model unavailable"
+    with Runtime(db=db_url, brain=brain, clock=clock) as rt:
+        job_id = str(rt.cron.add("daily", "0 9 * * *", "Sum up.")["job_id"])
+        rt.cron.trigger(job_id)
+        rt.run_until_idle()
+        for delay in (1, 2, 4):
+            clock.advance(delay * MINUTE)
+            rt.run_until_idle()
+        assert rt.cron.job(job_id)["retry_count"] == 4
+    clock.advance(3 * 3600)  # the fourth retry, 8 minutes on, is past the grace time
+    with Runtime(db=db_url, brain=brain, clock=clock) as rt:
+        rt.run_until_idle()
+        job = rt.cron.job(job_id)
+        assert len(rt.cron.runs(job_id)) == 4
+        assert job["next_run_at"] == next_fire("0 9 * * *", clock.now())
+        assert job["retry_count"] == 0
+        clock.advance(job["next_run_at"] - clock.now())
+        rt.run_until_idle()  # the next occurrence fails: retried, not deactivated
+        job = rt.cron.job(job_id)
+        assert job["active"] and job["next_run_at"] == clock.now() + MINUTE
+
+
 def test_a_success_resets_the_retry_count(make_runtime: MakeRuntime, clock: ManualClock) -> None:
     brain = CronBrain()
     brain.failing = "flaky"
