@@ -42,14 +42,27 @@ class LinkEffects:
         self.svc.peers.touch(self.device_id, OUTBOUND, self.svc.ctx.now())
 
     def settled(self, acks: PendingAcks, wait: bool) -> PendingAcks:
-        """Report the committed acks; return those still on their way."""
+        """Report the committed acks; return those still on their way. Rows whose ack the
+        database refused go back unrun, due after a backoff (:meth:`_release_later`): sent
+        again, the receiver repeats its ack."""
         ctx = self.svc.ctx
         waiting = []
         for reply, ids in acks:
             if not wait and not reply.done():
                 waiting.append((reply, ids))
                 continue
-            lost = set(reply.result(30))
+            try:
+                lost = set(reply.result(30))
+            except WriterClosed:
+                raise
+            except PersistenceError as exc:
+                # The receiver has them; left leased, they held the device's rows for a
+                # whole lease, then a takeover counted each as a dead link's attempt.
+                log.warning("acks of %d peer rows to %s refused (%s): they go back to be "
+                            "sent again", len(ids), self.device_id, type(exc).__name__)
+                for mid in ids:
+                    self._release_later(mid)
+                continue
             if lost:  # another worker took them over: theirs to send and settle
                 log.warning("acks of %d peer rows to %s refused: their leases were taken "
                             "over", len(lost), self.device_id)
@@ -113,10 +126,11 @@ class LinkEffects:
         return True
 
     def _release_later(self, message_id: str) -> None:
-        """Hand back a row whose failed attempt the database would not record, uncounted and
-        due after that attempt's backoff (:meth:`~kinbox.persistence.Journal.release_later`,
-        as a local row's). Left leased, it held its device's rows for a whole lease, then
-        was taken over as if the link had died."""
+        """Hand back a row whose failed attempt (or ack) the database would not record,
+        uncounted and due after that attempt's backoff
+        (:meth:`~kinbox.persistence.Journal.release_later`, as a local row's). Left
+        leased, it held its device's rows for a whole lease, then was taken over as if
+        the link had died."""
         ctx = self.svc.ctx
         try:
             ctx.journal.release_later(ctx.owner, message_id, ctx.now())
