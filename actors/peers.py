@@ -27,6 +27,7 @@ from websockets.sync.client import ClientConnection
 from ..persistence import (
     NewMessage,
     PersistenceError,
+    WriterClosed,
 )
 from ..persistence.peer_outbox import PeerOutbox
 from ..persistence.peers import OUTBOUND, DeviceRecord, PeerStore
@@ -230,9 +231,18 @@ class PeerService:
 
     def unproven(self, rec: DeviceRecord, reason: str) -> None:
         """Something at the device's address refused us or answered as another device,
-        unsigned: the pairing stands, the operator is told (``kinbox peers list``)."""
+        unsigned: the pairing stands, the operator is told (``kinbox peers list``) when
+        the database takes the note (it is left out, logged, when it does not)."""
         log.warning("peer %s: %s; retrying", rec.device_id, reason)
-        self.peers.note_problem(rec.device_id, OUTBOUND, reason, self.ctx.now())
+        try:
+            self.peers.note_problem(rec.device_id, OUTBOUND, reason, self.ctx.now())
+        except WriterClosed:
+            raise
+        except PersistenceError as exc:
+            # Bookkeeping: refused, it must not keep the link from recording its rows'
+            # retries (they stayed leased, the device's messages held for a whole lease).
+            log.warning("noting the problem of peer %s failed: %s", rec.device_id,
+                        type(exc).__name__)
 
     # -- pairing (the sending side) --------------------------------------------------------
 
