@@ -44,7 +44,7 @@ from ..transport.grants import Refusal
 from ..transport.handshake import NONCE_BYTES, new_nonce
 from ..transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
 from ..transport.invite_code import is_code, is_old_code, new_code, parse_code
-from ..transport.link import Answer, LinkState, Retry, SenderLink, Terminal
+from ..transport.link import Acked, Answer, LinkState, Retry, SenderLink, Terminal
 from ..transport.peer_address import address_problem
 from ..transport.peer_client import connect_link, endpoint, pair_with
 from .context import RuntimeContext
@@ -317,9 +317,13 @@ class PeerService:
                             "device key than this process's; ask a process that has it."
                             ) from None
         link = SenderLink(self.identity, rec.device_id, rec.public_key, token, 1)
+        # The rows waiting for a retry may have reached the device with their acks lost:
+        # named, a refusal says which it committed (delivered, not failed with the rest).
+        named = wire.in_flight_header(self.outbox.waiting(peer_target(rec.device_id),
+                                                          wire.IN_FLIGHT_LIMIT))
         try:
-            with connect_link(rec.url or "", token) as ws:
-                return self._exchange(ws, link, rec, agent_id, action)
+            with connect_link(rec.url or "", token, in_flight=named) as ws:
+                return self._exchange(ws, link, rec, agent_id, action, named)
         except PeerUnavailable as exc:
             if exc.status is not None:  # an HTTP refusal: unproven, as on a live link
                 self.unproven(rec, f"the peer's address refused the connection ({exc.reason})")
@@ -329,8 +333,8 @@ class PeerService:
             raise ToolError("execution_failed", f"Peer '{agent_id}' did not answer.") from None
 
     def _exchange(self, ws: ClientConnection, link: SenderLink, rec: DeviceRecord,
-                  agent_id: str, action: str) -> wire.Result:
-        link.connected(new_nonce(self.random(NONCE_BYTES)))
+                  agent_id: str, action: str, named: tuple[str, ...]) -> wire.Result:
+        link.connected(new_nonce(self.random(NONCE_BYTES)), named)
         req = short(self.ctx.new_id(), 16)
         deadline = time.monotonic() + REQUEST_TIMEOUT
         sent = False
@@ -341,6 +345,8 @@ class PeerService:
             for e in link.effects():
                 if isinstance(e, Answer) and e.frame.req == req:
                     return e.frame
+                if isinstance(e, Acked):  # before its refusal fails the device's rows
+                    self._committed_there(rec, e.ids)
                 if isinstance(e, Retry | Terminal):
                     why = e.reason
                 # What the device says of this one counts on any link: a signed refusal
@@ -364,6 +370,20 @@ class PeerService:
                 raise ToolError("execution_failed", f"Peer '{agent_id}' did not answer within "
                                 f"{REQUEST_TIMEOUT:g} s.")
             link.receive(data)
+
+    def _committed_there(self, rec: DeviceRecord, ids: Sequence[str]) -> None:
+        """The device's signed refusal says it committed these waiting rows: delivered. A
+        database that refuses leaves them to fail with the rest, as before."""
+        try:
+            done = self.outbox.ack_waiting(ids, self.ctx.now())
+        except WriterClosed:
+            raise
+        except PersistenceError as exc:
+            log.warning("acknowledging %d rows peer %s committed failed: %s", len(ids),
+                        rec.device_id, type(exc).__name__)
+            return
+        for mid in done:
+            self.ctx.emit("peer_acked", message_id=mid, device_id=rec.device_id)
 
     def listing(self, active_only: bool) -> list[dict[str, Any]]:
         """``agent_list`` records of paired devices: ``ready`` or ``paused`` (T1)."""

@@ -25,6 +25,9 @@ The window read and the lease are fixed SQL strings (as in
 message of writer time on a link at full speed, more than the rest of the
 claim; the statements now cost what the database does.
 
+:meth:`PeerOutbox.ack_waiting` delivers rows no link holds, those waiting for a retry
+that the device's signed refusal (heard by a ``read`` or ``stop`` link) says it has.
+
 The ``submit_*`` forms return the writer's reply without waiting for the
 commit, so a link at full speed keeps reading acks and sending frames while
 its last round of acks is being made durable.
@@ -192,6 +195,29 @@ class PeerOutbox:
         that sent them has let them go and its lease renewals would hold them for ever."""
         ids = list(message_ids)
         return self.writer.submit(lambda: self._ack_op(owner, ids, now))
+
+    def waiting(self, target: str, limit: int) -> list[str]:
+        """The ids of ``target``'s first ``limit`` open rows that no link holds (pending:
+        waiting for a retry, or due and not claimed yet), in journal order: what a
+        ``read`` or ``stop`` link names in its upgrade, so that a refusal it hears says
+        which of them the device committed (their acks lost with an earlier link)."""
+        return [r.message_id for r in self._open_rows(target, 0, limit)
+                if r.status == PENDING]
+
+    def _ack_waiting_op(self, ids: list[str], now: float) -> list[str]:
+        rows = self.hot.fence_rows(ids)
+        done = [mid for mid in ids if mid in rows and rows[mid][0] == PENDING]
+        for mid in done:  # taken and acknowledged at once: the device has it already
+            transition(mid, transition(mid, PENDING, Event.CLAIM), Event.ACK)
+        self.hot.mark_delivered(done, now)
+        return done
+
+    def ack_waiting(self, message_ids: Sequence[str], now: float) -> list[str]:
+        """Mark ``delivered`` those of ``message_ids`` still pending (no link holds them):
+        the device said, signed, that it committed them. A row a link took meanwhile is
+        left to it (its own handshake hears the same); returns the ids acknowledged."""
+        ids = list(message_ids)
+        return self.writer.call(lambda: self._ack_waiting_op(ids, now))
 
     def next_due(self, target: str) -> float | None:
         """When the target's head row becomes claimable (None when it has no open row)."""

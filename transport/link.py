@@ -14,7 +14,8 @@ leaves the state as it was)::
     HANDSHAKE  --welcome-->          OPEN       (window flushed)
     HANDSHAKE  --committed-->        HANDSHAKE  (which named rows the peer has)
     HANDSHAKE  --refused (signed)--> CLOSED     (terminal: every leased row fails but
-                                                 those the peer said it committed)
+                                                 those the peer said it committed, of
+                                                 the ids ``connected`` named: acked)
     HANDSHAKE  --anything else-->    IDLE       (retried: nothing proves who refused)
     OPEN       --ack/error/result--> OPEN
     OPEN       --error naming no id--> IDLE     (leased rows retried: none will be acked)
@@ -309,11 +310,11 @@ class SenderLink:
         except HandshakeRefused as exc:
             self._lost(f"a refusal the paired key did not sign ({exc.reason})", unproven=True)
             return
-        if committed is not None:  # delivered before a lost link's acks could say so
-            held = [mid for mid in committed.ids
-                    if self._queued.pop(mid, None) or self._inflight.pop(mid, None)]
-            if held:
-                self._effects.append(Acked(tuple(held)))
+        if committed is not None and committed.ids:  # delivered before a lost link's acks
+            for mid in committed.ids:  # could say so (a read's link holds none of them)
+                self._queued.pop(mid, None)
+                self._inflight.pop(mid, None)
+            self._effects.append(Acked(tuple(committed.ids)))
         self._terminal(f"the peer refused this device ({why.value})",
                        "paused" if why is Refusal.PAUSED else "revoked")
 
