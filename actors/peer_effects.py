@@ -95,7 +95,20 @@ class LinkEffects:
                 for mid in e.ids:
                     self.retry(mid, e.reason, permanent=False)
             elif isinstance(e, Terminal):
-                if not self.svc.refused_by(rec, e):
+                try:
+                    closed = self.svc.refused_by(rec, e)
+                except WriterClosed:
+                    raise
+                except PersistenceError as exc:
+                    # Unrecorded, the refusal is heard again: the rows go back for a
+                    # backoff, not left leased (the device's rows held for a lease).
+                    log.warning("recording that peer %s refused this device failed (%s); "
+                                "its rows go back to hear it again", self.device_id,
+                                type(exc).__name__)
+                    for mid in e.ids:
+                        self._release_later(mid)
+                    continue
+                if not closed:
                     # Paired again while this link spoke with the old token: the new
                     # pairing stands, and the rows go again with it.
                     for mid in e.ids:
