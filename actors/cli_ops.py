@@ -251,14 +251,17 @@ def db_status(args: argparse.Namespace, out: TextIO) -> int:
     :data:`EXIT_UPGRADE_PENDING` while changes are pending."""
     with stores(args.db, check_schema=False, read_only=True) as (journal, _):
         changes = pending_changes(journal.t)
-        counts = {} if changes else journal.counts()
+        found = {} if changes else journal.counts()
+    # Every state, 0 included: a script reads rows["failed"] whether or not any failed.
+    # None while an upgrade is pending: nothing was counted, and {} would read as empty.
+    counts = None if changes else {s: found.get(s, 0) for s in STATES}
     data = {"url": redact_url(args.db or default_url()), "up_to_date": not changes,
             "pending": changes,
             "rows": counts}
     lines = [f"database: {data['url']}",
              f"schema: {'up to date' if not changes else 'needs upgrade'}"]
     lines += [f"  pending: {c}" for c in changes]
-    lines += [f"rows {s}: {counts.get(s, 0)}" for s in STATES] if not changes else []
+    lines += [f"rows {s}: {n}" for s, n in (counts or {}).items()]
     emit(out, args.json, data, lines)
     return EXIT_UPGRADE_PENDING if changes else 0
 

@@ -121,7 +121,8 @@ def test_sessions_list_and_db_status(failed_row_db: str) -> None:
     assert [s["id"] for s in sessions["items"]] == ["s1"]
     status = json.loads(kinbox("db", "status", "--db", failed_row_db, "--json").stdout)
     assert status["up_to_date"] is True
-    assert status["rows"] == {"delivered": 1, "failed": 1, "pending": 1}
+    assert status["rows"] == {"delivered": 1, "failed": 1, "pending": 1, "processing": 0,
+                              "cancelled": 0}
 
 
 def test_sessions_list_shows_a_page_and_says_how_to_see_the_next(db_url: str) -> None:

@@ -37,6 +37,32 @@ def test_db_status_exits_non_zero_while_an_upgrade_is_pending(db_url: str) -> No
     assert "up to date" in current.stdout
 
 
+@pytest.mark.timeout(120)
+def test_db_status_json_names_every_state_with_its_count_zero_included(db_url: str) -> None:
+    """``db status --json`` listed only the states that had rows: on a fresh database
+    ``rows`` was ``{}``, and a script reading ``rows["failed"]`` to alert on failed rows
+    crashed with a KeyError exactly when all was well. Every state is there, 0 included;
+    while an upgrade is pending nothing was counted, and ``rows`` is null, not a ``{}``
+    that reads as an empty journal."""
+    db = open_database(db_url)
+    upgrade(bind_tables(db))
+    db.close()
+    s = Stores(db_url)
+    s.store.create_session("s1", None, "Worker", "interactive", 0)
+    s.journal.enqueue(NewMessage("m1", "s1", "body"), 0)
+    s.close()
+    done = kinbox("db", "status", "--json", "--db", db_url)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["rows"] == {"pending": 1, "processing": 0, "delivered": 0,
+                                               "failed": 0, "cancelled": 0}
+    db = open_database(db_url)
+    db.execute_sql("DROP TABLE agent_inbox_seq_mark")
+    db.close()
+    pending = kinbox("db", "status", "--json", "--db", db_url)
+    assert pending.returncode == 3, pending.stderr
+    assert json.loads(pending.stdout)["rows"] is None
+
+
 @pytest.mark.postgres
 @pytest.mark.timeout(180)
 def test_inbox_show_reads_a_row_and_its_history_in_one_snapshot(pg_url: str) -> None:
