@@ -56,6 +56,13 @@ def emit_page(out: TextIO, args: argparse.Namespace, items: list[Any], more: boo
     emit(out, args.json, data, lines)
 
 
+def emit_all(out: TextIO, as_json: bool, items: list[Any], lines: list[str]) -> None:
+    """Print a listing that is never cut (every row there is): as a page's JSON,
+    ``{"items", "more": false, "next_offset": null}``, so a script reads every listing
+    the same way, never a bare list (which could take no field beside its rows)."""
+    emit(out, as_json, {"items": items, "more": False, "next_offset": None}, lines)
+
+
 def age(seconds: float) -> str:
     """A duration in its largest whole unit: ``90s``, ``5m``, ``3h``, ``2d``."""
     if seconds < 120:

@@ -32,7 +32,7 @@ from ..transport.invite_code import invite_ref, parse_code
 from ..transport.key_file import private_folder
 from .cli_args import common
 from .cli_ops import operator_clock
-from .cli_output import emit, when
+from .cli_output import emit, emit_all, when
 from .data_dirs import add_data_dir_flag, resolve_data_dir
 from .errors import ConfigError
 
@@ -108,7 +108,7 @@ def invites(args: argparse.Namespace, out: TextIO) -> int:
         found = peers.open_invites(clock.now())
     data = [{"invite_id": invite_id(i.code_hash), "scopes": sorted(i.scopes),
              "expires_at": i.expires_at} for i in found]
-    emit(out, args.json, data, [f"{d['invite_id']}  {','.join(d['scopes']):<8} expires "
+    emit_all(out, args.json, data, [f"{d['invite_id']}  {','.join(d['scopes']):<8} expires "
                                 f"{when(d['expires_at'])} UTC" for d in data]
          or ["no open pairing invites"])
     return 0
@@ -181,7 +181,7 @@ def listing(args: argparse.Namespace, out: TextIO) -> int:
               # A name paired before names were checked may hold escape sequences.
               + (f"! {d['last_error']}" if d["status"] == "active" and d["last_error"]
                  else shown(d["name"])) for d in data]
-    emit(out, args.json, data, lines if data else ["no paired devices"])
+    emit_all(out, args.json, data, lines if data else ["no paired devices"])
     return 0
 
 
@@ -218,9 +218,9 @@ def change(args: argparse.Namespace, out: TextIO) -> int:
             for r, s in changes]
     data += [{"device_id": r.device_id, "direction": r.direction, "status": r.status,
               "changed": False, "reason": why} for r, why in left]
-    emit(out, args.json, data, [f"{d['device_id']} ({d['direction']}): {d['status']}"
-                                + ("" if d["changed"] else f", left as is: {d['reason']}")
-                                for d in data])
+    emit(out, args.json, {"device_id": args.device_id, "grants": data},
+         [f"{d['device_id']} ({d['direction']}): {d['status']}"
+          + ("" if d["changed"] else f", left as is: {d['reason']}") for d in data])
     return 0
 
 

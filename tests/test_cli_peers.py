@@ -65,17 +65,17 @@ def test_pair_list_pause_resume_revoke(tmp_path: Path) -> None:
         paired = cli("peers", "pair", receiver.http, receiver.invite(), "--name", "laptop",
                      "--db", url)
         assert paired["name"] == "laptop" and paired["direction"] == "outbound"
-        [mine] = cli("peers", "list", "--db", url)
+        [mine] = cli("peers", "list", "--db", url)["items"]
         assert (mine["device_id"], mine["status"], mine["queued"], mine["failed"]) == (
             paired["device_id"], "active", 0, 0)
         assert "token" not in json.dumps(mine)
         me = cli("peers", "whoami", "--db", url)["device_id"]
-        assert [g["status"] for g in receiver.peers("pause", me)] == ["paused"]
-        assert [g["status"] for g in receiver.peers("resume", me)] == ["active"]
-        assert [g["status"] for g in receiver.peers("revoke", me)] == ["revoked"]
+        assert [g["status"] for g in receiver.peers("pause", me)["grants"]] == ["paused"]
+        assert [g["status"] for g in receiver.peers("resume", me)["grants"]] == ["active"]
+        assert [g["status"] for g in receiver.peers("revoke", me)["grants"]] == ["revoked"]
         assert run("peers", "resume", me, "--db", receiver.url)[0] == 1  # revoked stays revoked
         assert run("peers", "pause", "ffffffffffff", "--db", receiver.url)[0] == 1
-        [theirs] = receiver.peers("list")
+        [theirs] = receiver.peers("list")["items"]
         assert (theirs["device_id"], theirs["status"]) == (me, "revoked")
     finally:
         receiver.stop()
@@ -91,7 +91,7 @@ def test_an_open_pairing_code_is_listed_by_id_and_can_be_withdrawn(
         leaked = cli("peers", "invite", "--db", receiver.url, "--ttl", "7d")
         used = cli("peers", "invite", "--db", receiver.url)
         also = cli("peers", "invite", "--db", receiver.url)
-        listed = cli("peers", "invites", "--db", receiver.url)
+        listed = cli("peers", "invites", "--db", receiver.url)["items"]
         assert [i["invite_id"] for i in listed] == [used["invite_id"], also["invite_id"],
                                                     leaked["invite_id"]]  # soonest first
         assert all(i["invite_id"] not in (used["code"], leaked["code"]) for i in listed)
@@ -99,7 +99,7 @@ def test_an_open_pairing_code_is_listed_by_id_and_can_be_withdrawn(
         gone = cli("peers", "withdraw", leaked["invite_id"], "--db", receiver.url)
         assert gone == {"invite_id": leaked["invite_id"], "withdrawn": True}
         assert cli("peers", "withdraw", also["code"], "--db", receiver.url)["withdrawn"]
-        assert cli("peers", "invites", "--db", receiver.url) == []
+        assert cli("peers", "invites", "--db", receiver.url)["items"] == []
         capsys.readouterr()
         assert run("peers", "pair", receiver.http, leaked["code"], "--db", url)[0] == 1
         assert "refused" in capsys.readouterr().err
@@ -144,7 +144,7 @@ def test_pair_reads_the_code_from_standard_input_so_ps_never_shows_it(
         assert code.encode() not in shown
         assert proc.returncode == 0, err
         paired = json.loads(out)
-        [grant] = receiver.peers("list")
+        [grant] = receiver.peers("list")["items"]
         assert paired["device_id"] == receiver.peers("whoami")["device_id"]
         assert (grant["direction"], grant["status"]) == ("inbound", "active")
         assert code not in out + err
@@ -170,7 +170,7 @@ def test_a_spent_code_is_refused_saying_what_may_have_spent_it_and_what_to_do(
         for words in ("refused", "used", "withdrawn", "expired", "kinbox peers invite"):
             assert words in said, said
         assert code not in said
-        assert len(receiver.peers("list")) == 1  # the second device got nothing
+        assert len(receiver.peers("list")["items"]) == 1  # the second device got nothing
     finally:
         receiver.stop()
 
@@ -251,7 +251,7 @@ def test_pause_and_resume_act_on_each_direction_they_apply_to_or_the_one_named(
     assert code == 0 and "left as is" in said
     assert statuses() == {INBOUND: "paused", OUTBOUND: "revoked"}
     store.set_status(device, "paused", now, direction=OUTBOUND)  # the laptop paused us
-    assert cli("peers", "resume", device, "--direction", "outbound", "--db", url) == [
+    assert cli("peers", "resume", device, "--direction", "outbound", "--db", url)["grants"] == [
         {"device_id": device, "direction": OUTBOUND, "status": "active", "changed": True}]
     assert statuses() == {INBOUND: "paused", OUTBOUND: "active"}
     assert run("peers", "revoke", device, "--direction", "inbound", "--db", url)[0] == 0
@@ -481,3 +481,25 @@ def test_a_withdraw_never_reports_a_code_redeemed_under_it_as_withdrawn_on_postg
         watcher.close()
         writer.stop()
         db.close()
+
+
+def test_peers_json_is_an_object_as_every_other_commands(tmp_path: Path) -> None:
+    """``peers list``, ``invites`` and ``pause``/``resume``/``revoke`` printed a bare JSON
+    list, every other command an object (the listings ``{"items", "more", "next_offset"}``):
+    a script walking listings by ``items`` failed on these, and a bare list can take no
+    field beside its rows without breaking every script that read it."""
+    url, device = f"sqlite:///{tmp_path / 'k.db'}", "0123456789ab"
+    db, writer, _ = _paired_inbound(url, device)
+    writer.stop()
+    db.close()
+    listed = cli("peers", "list", "--db", url)
+    assert (listed["more"], listed["next_offset"]) == (False, None)
+    assert [d["device_id"] for d in listed["items"]] == [device]
+    made = cli("peers", "invite", "--db", url)
+    assert cli("peers", "invites", "--db", url) == {
+        "items": [{"invite_id": made["invite_id"], "scopes": ["agent"],
+                   "expires_at": made["expires_at"]}], "more": False, "next_offset": None}
+    assert cli("peers", "pause", device, "--db", url) == {
+        "device_id": device,
+        "grants": [{"device_id": device, "direction": "inbound", "status": "paused",
+                    "changed": True}]}

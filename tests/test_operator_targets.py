@@ -297,7 +297,7 @@ def test_peer_invites_on_postgresql_expire_by_the_database_clock_not_a_slow_cli_
     assert [i.expires_at for i in open_now] == [json.loads(made.stdout)["expires_at"]]
     listed = kinbox("peers", "invites", "--json", "--db", pg_url, env=behind)
     assert listed.returncode == 0, listed.stderr
-    assert len(json.loads(listed.stdout)) == 1
+    assert len(json.loads(listed.stdout)["items"]) == 1
 
 
 def _spellings(pg_url: str) -> list[str]:

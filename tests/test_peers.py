@@ -79,7 +79,7 @@ def test_pair_send_read_and_list_across_two_processes(receiver: Receiver,
     rec = sender.peers.pair(receiver.http, receiver.invite(), name="bee")
     me = sender.peers.identity.device_id
     assert rec.device_id == receiver.peers("whoami")["device_id"]
-    [grant] = receiver.peers("list")
+    [grant] = receiver.peers("list")["items"]
     assert (grant["device_id"], grant["direction"], grant["status"], grant["scopes"]) == (
         me, "inbound", "active", ["agent"])
     assert receiver.query("SELECT kind, project_id FROM sessions WHERE id = ?",
