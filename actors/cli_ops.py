@@ -132,9 +132,11 @@ def inbox_list(args: argparse.Namespace, out: TextIO) -> int:
         lines = ["no rows" + (f" in state {args.state}" if args.state else "")
                  + (f" from offset {args.offset}" if args.offset else "")
                  + (f" before seq {args.before_seq}" if args.before_seq else "")]
-    # Message bodies stay out of listings; `inbox show` prints one on request.
+    # Message bodies stay out of listings; `inbox show` prints one on request. The payload
+    # too: a chat message's holds the sender's text whole, and its attachments.
     for r in rows:
         r.pop("content", None)
+        r.pop("payload", None)
     emit_page(out, args, rows, more, lines, next_page="the {limit} rows before these",
               keyset=True, after=before, cursor="before-seq")
     return 0

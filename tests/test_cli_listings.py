@@ -174,3 +174,26 @@ def test_the_runs_of_an_unknown_job_are_still_refused(busy_db: str) -> None:
     done = kinbox("cron", "runs", "nope", "--db", busy_db, "--json")
     assert done.returncode == 1 and "no cron job with id 'nope'" in done.stderr
 
+
+
+def test_inbox_list_json_keeps_a_social_message_text_out_as_it_keeps_the_body(
+        db_url: str) -> None:
+    """``inbox list`` left out a row's body (``content``) but printed its ``payload``, and
+    a chat message's payload holds the sender's text whole (and its attachments): every
+    WhatsApp or Slack message a user sent was in a listing an operator pastes into a
+    ticket. Listings print neither; ``inbox show`` prints both on request."""
+    from kinbox.actors.social_rules import SocialEvent
+    from kinbox.actors.social_state import turn_message
+
+    said = "my card number is 4111 1111 1111 1111"
+    message = turn_message(SocialEvent("ev1", "slack", "U1", "Ann", "T1", said))
+    s = Stores(db_url)
+    s.store.create_session("s1", None, "Slack: Ann", "social", 0)
+    s.journal.enqueue(NewMessage("ev1", "s1", message.content, kind=message.kind,
+                                 payload=message.payload), 0)
+    s.close()
+    listed = page("inbox", "list", "--db", db_url)
+    assert ids(listed, "message_id") == ["ev1"]
+    assert "4111" not in json.dumps(listed)
+    code, shown = run("inbox", "show", "ev1", "--db", db_url, "--json")
+    assert code == 0 and json.loads(shown)["payload"]["text"] == said
