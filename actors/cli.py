@@ -133,7 +133,10 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
             parser.error(f"argument {redact_url(arg)!a} is not UTF-8 text; kinbox takes "
                          "UTF-8 arguments")
     args = parser.parse_args(argv)
-    level = args.log_level or os.environ.get("KINBOX_LOG_LEVEL", "warning").lower()
+    # An empty variable is no level, as an empty $KINBOX_DB is no database: an env file's
+    # `KINBOX_LOG_LEVEL=` must not make every command a usage error.
+    level = args.log_level or os.environ.get("KINBOX_LOG_LEVEL", "").strip().lower() \
+        or "warning"
     if level not in LOG_LEVELS:
         parser.error(f"KINBOX_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
     # The level is kinbox's; libraries (the scheduler, websockets, the ASGI server) say only

@@ -195,6 +195,23 @@ def test_the_log_level_is_kinboxs_and_libraries_say_only_what_goes_wrong() -> No
 
 
 @pytest.mark.timeout(60)
+def test_an_empty_log_level_variable_is_no_level_as_every_other_empty_variable(
+        db_url: str) -> None:
+    """``KINBOX_LOG_LEVEL=`` (an env file's empty line, systemd's ``Environment=`` cleared,
+    ``-e KINBOX_LOG_LEVEL=$UNSET``) made every command a usage error (exit 2), while an
+    empty ``$KINBOX_DB``, ``$KINBOX_HOME`` or ``$KINBOX_OPERATOR_TOKEN`` reads as unset:
+    a worker under such a unit never started. Empty is the default, warning; a level
+    that is not one is still refused."""
+    assert kinbox("db", "upgrade", "--db", db_url).returncode == 0
+    for empty in ("", " "):
+        done = kinbox("db", "status", "--db", db_url, env={"KINBOX_LOG_LEVEL": empty})
+        assert done.returncode == 0, done.stderr
+        assert "up to date" in done.stdout
+    wrong = kinbox("db", "status", "--db", db_url, env={"KINBOX_LOG_LEVEL": "verbose"})
+    assert wrong.returncode == 2 and "KINBOX_LOG_LEVEL" in wrong.stderr
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "problem", ["readable_key", "junk_key", "file_not_folder", "world_writable_folder"]
 )
