@@ -43,15 +43,17 @@ def _peers(args: argparse.Namespace, *, create: bool = False, read_only: bool = 
     """The peer tables and, with ``create``, this device's identity. Only the commands
     that make this a device (``whoami``, ``invite``, ``pair``) create the database and the
     device key, as a runtime would; the others, like ``inbox list``, refuse a database
-    that is not there (a mistyped ``--db`` leaves nothing behind). Those that only read
-    (``list``, ``invites``) open it ``read_only``, as ``inbox list`` does: they upgrade
-    no schema, and refuse an old one."""
+    that is not there (a mistyped ``--db`` leaves nothing behind), and an old schema, as
+    ``inbox requeue`` does: upgrading it unasked migrated a shared database under the
+    runtimes of the old version, past the ``db status`` gate a deploy waits on. Those
+    that only read (``list``, ``invites``) open it ``read_only``, as ``inbox list``
+    does."""
     url = args.db or default_url()
     if create and url.startswith("sqlite:///"):  # like the runtime: a new device's folder
         private_folder(Path(url[len("sqlite:///"):]).expanduser().parent)
-    # upgrade: the peer tables may be newer than the runtime that made the file
+    # A new device's database is made (or brought up to date) as a runtime's start would.
     with opened(url, must_exist=not create, read_only=read_only,
-                schema=require_current if read_only else upgrade,
+                schema=upgrade if create else require_current,
                 writer_name="kinbox-cli-writer") as (tables, writer):
         try:
             # The peer service (websockets and the link) loads with the commands that make

@@ -503,3 +503,23 @@ def test_peers_json_is_an_object_as_every_other_commands(tmp_path: Path) -> None
         "device_id": device,
         "grants": [{"device_id": device, "direction": "inbound", "status": "paused",
                     "changed": True}]}
+
+
+@pytest.mark.parametrize("action", ["pause", "resume", "revoke", "withdraw"])
+def test_a_grant_change_refuses_an_old_schema_and_leaves_its_upgrade_to_db_upgrade(
+        tmp_path: Path, action: str) -> None:
+    """``peers pause``, ``resume``, ``revoke`` and ``withdraw`` upgraded an old schema
+    on the way, unasked, where every other command that changes an existing database
+    (``inbox requeue``, ``cron add``) refuses it: an operator revoking a device during a
+    deploy migrated the shared database under the runtimes of the old version, past the
+    ``db status`` gate (exit 3) the deploy waits on. They refuse it now, changing nothing."""
+    url, device = f"sqlite:///{tmp_path / 'k.db'}", "0123456789ab"
+    db, writer, _ = _paired_inbound(url, device)
+    writer.stop()
+    db.execute_sql("DROP TABLE agent_inbox_seq_mark")
+    db.close()
+    target = "0" * 12 if action == "withdraw" else device
+    done = kinbox("peers", action, target, "--db", url)
+    assert done.returncode == 1 and "kinbox db upgrade" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert kinbox("db", "status", "--db", url).returncode == 3  # still pending
