@@ -178,6 +178,18 @@ def refused_commit(error: BaseException) -> Judged:
     return _refused("the turn's commit", error)
 
 
+def error_text(error: BaseException) -> str:
+    """``<type>: <text>`` of a brain's (or the journal's) exception, storable. Its text as
+    the traceback module gives it when its ``__str__`` raises: a library's exception that
+    cannot say what it is still fails its attempt, where reading its text failed the
+    record of the attempt and left the row ``processing`` until its lease ran out."""
+    try:
+        text = str(error)
+    except Exception:
+        text = "<exception str() failed>"
+    return escaped(f"{type(error).__name__}: {text}")
+
+
 def refused_start(error: BaseException) -> Judged:
     """A taken-over row whose turn's start the journal refused: a failed attempt (its brain
     not run), with the journal's error, as :func:`refused_commit`."""
@@ -188,7 +200,7 @@ def _refused(what: str, error: BaseException) -> Judged:
     return Judged(
         TurnOutcome(
             False,
-            escaped(f"the journal refused {what}: {type(error).__name__}: {error}"),
+            f"the journal refused {what}: {error_text(error)}",
             None,
         ),
         escaped("".join(traceback.format_exception(error))),
@@ -213,12 +225,12 @@ def judge(ctx: RuntimeContext, turn: Turn, error: BaseException | None) -> Judge
                 "turn of %s stopped by %s ended with %s",
                 turn.session_id,
                 stopped_by,
-                escaped(f"{type(error).__name__}: {error}"),
+                error_text(error),
             )
         return Judged(TurnOutcome(True, None, stopped_by))
     if error is not None:
         # The brain's text, recorded as the row's error: escaped, or its commit would fail.
-        summary = escaped(f"{type(error).__name__}: {error}")
+        summary = error_text(error)
         detail = escaped("".join(traceback.format_exception(error)))
     elif overdue(turn.started, ctx.now(), ctx.turn_timeout):
         summary = detail = (

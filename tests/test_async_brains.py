@@ -271,6 +271,39 @@ def test_a_brain_raising_a_base_exception_fails_its_attempt_and_nothing_else(
     assert [e.text for e in rt.transcript(a)] == ["boom", "ok boom"]
 
 
+class Unprintable(Exception):
+    """An exception whose text cannot be read (a library's ``__str__`` that raises)."""
+
+    def __str__(self) -> str:
+        raise ValueError("no text")
+
+
+@pytest.mark.timeout(60)
+def test_a_brain_raising_an_exception_whose_str_fails_is_a_failed_attempt(
+        make_runtime: MakeRuntime, clock: ManualClock, flavour: str) -> None:
+    """Recording the attempt's error read ``str(error)``: an exception whose ``__str__``
+    raised failed the recording, and the row stayed ``processing`` (its session stuck)
+    until its lease ran out."""
+    calls: list[str] = []
+
+    async def behaviour(turn: Turn, tools: Any) -> None:
+        calls.append(turn.messages[0].content)
+        if len(calls) == 1:
+            raise Unprintable()
+        turn.reply("ok")
+
+    rt = make_runtime(brain=brain_of(flavour, behaviour))
+    a, _ = team(rt)
+    rt.post(a, "boom")
+    rt.run_until_idle(timeout=30)
+    row = rt.inbox()[0]
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    assert "Unprintable" in row["last_error"]
+    clock.advance(2)
+    rt.run_until_idle(timeout=30)
+    assert [e.text for e in rt.transcript(a)] == ["boom", "ok"]
+
+
 def test_a_sub_agent_wakes_its_parent(make_runtime: MakeRuntime, flavour: str) -> None:
     async def behaviour(turn: Turn, tools: Any) -> None:
         message = turn.messages[0]
