@@ -39,6 +39,7 @@ from .errors import KinboxError, ToolRoundsExceeded
 from .framework_turns import (
     as_text,
     call_tool,
+    count_from,
     history_for,
     history_size,
     prompt_for,
@@ -84,9 +85,12 @@ def autogen_brain(
 
     The model gets ``system_message`` (if any), the turn's prompt and the kinbox tools; after
     ``max_tool_rounds`` rounds of tool calls it is asked once more with no tools, and a
-    model that still calls tools fails the attempt (``ToolRoundsExceeded``). ``history`` is
-    how many of the session's earlier visible entries come before the prompt (0: none)."""
+    model that still calls tools fails the attempt (``ToolRoundsExceeded``); a
+    ``max_tool_rounds`` that is no whole number from 0 is a :class:`ConfigError` here.
+    ``history`` is how many of the session's earlier visible entries come before the
+    prompt (0: none)."""
     size = history_size(history)
+    rounds = count_from(max_tool_rounds, "max_tool_rounds", 0)
 
     async def loop(turn: Turn, client: ChatCompletionClient, token: CancellationToken) -> object:
         messages: list[LLMMessage] = (
@@ -100,7 +104,7 @@ def autogen_brain(
             )
         messages.append(UserMessage(content=await prompt_for(turn), source="user"))
         tools = kinbox_tool_schemas(turn)
-        for _ in range(max_tool_rounds):
+        for _ in range(rounds):
             result = await client.create(messages, tools=tools, cancellation_token=token)
             if isinstance(result.content, str):
                 return result.content
@@ -114,7 +118,7 @@ def autogen_brain(
         last = await client.create(messages, cancellation_token=token)
         if isinstance(last.content, str):
             return last.content
-        raise ToolRoundsExceeded(max_tool_rounds)
+        raise ToolRoundsExceeded(rounds)
 
     async def brain(turn: Turn) -> None:
         client = client_for if isinstance(client_for, ChatCompletionClient) else client_for(turn)

@@ -21,7 +21,7 @@ import json
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from .errors import ToolError
+from .errors import ConfigError, ToolError
 from .transcript_view import speaker
 from .turn import Turn
 from .turn_history import history_limit
@@ -47,6 +47,17 @@ def history_size(history: object) -> int:
     """An adapter's ``history=`` argument checked where the brain is built (a
     :class:`ConfigError` naming ``history``, not a failed attempt at every turn)."""
     return history_limit(history, "history")
+
+
+def count_from(value: object, field: str, low: int) -> int:
+    """An adapter's count argument (``max_tool_rounds``, ``max_turns``) checked where the
+    brain is built: a whole number from ``low``, else a :class:`ConfigError` naming
+    ``field``. Taken as given, a string or a number out of range failed every turn's
+    attempt (a ``TypeError``, or a limit no run can meet) until its row failed for good."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{field} must be a whole number from {low}, not {value!r}",
+                          field=field)
+    return value
 
 
 async def history_for(turn: Turn, history: int) -> list[tuple[str, str]]:

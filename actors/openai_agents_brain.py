@@ -47,6 +47,7 @@ from .errors import PermanentFailure
 from .framework_turns import (
     as_text,
     call_tool,
+    count_from,
     history_for,
     history_size,
     prompt_for,
@@ -182,14 +183,17 @@ def openai_agents_brain(
     ``run_config`` is passed on, with tracing disabled unless ``trace`` is True, one
     function call at a time unless it sets a concurrency, and a call of a tool the agent
     lacks answered to the model (see the module docstring);
-    ``max_turns`` bounds the model calls of one kinbox turn (the SDK's
-    default when None); ``history`` how many of the session's earlier visible entries
-    come before the prompt as input items (0: none, the prompt alone, as a string)."""
+    ``max_turns`` bounds the model calls of one kinbox turn (the SDK's default when None;
+    one that is no whole number from 1 is a :class:`ConfigError` here); ``history`` how
+    many of the session's earlier visible entries come before the prompt as input items
+    (0: none, the prompt alone, as a string)."""
     size = history_size(history)
     config = _kinbox_tool_rules(run_config or RunConfig())
     if not trace:
         config = dataclasses.replace(config, tracing_disabled=True)
-    limits: dict[str, Any] = {} if max_turns is None else {"max_turns": max_turns}
+    limits: dict[str, Any] = (
+        {} if max_turns is None else {"max_turns": count_from(max_turns, "max_turns", 1)}
+    )
 
     async def brain(turn: Turn) -> None:
         agent = agent_for if isinstance(agent_for, Agent) else agent_for(turn)

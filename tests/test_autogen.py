@@ -26,7 +26,7 @@ from autogen_core.models import (
 )
 from autogen_ext.models.replay import ReplayChatCompletionClient
 
-from kinbox.actors import ManualClock, Runtime, Turn
+from kinbox.actors import ConfigError, ManualClock, Runtime, Turn
 from kinbox.actors.autogen_brain import autogen_brain
 
 from .framework_family import (
@@ -198,3 +198,14 @@ def test_agent_stop_cancels_the_running_model_call_at_once(make_runtime: MakeRun
     assert rt.inbox()[0]["attempts"] == 0
     assert [e.text for e in rt.transcript(b)] == ["long job"]
     assert rt.marker_counts() == {mid: 1}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("rounds", ["2", -1, 2.5, True, None])
+def test_a_bad_max_tool_rounds_is_refused_where_the_brain_is_built(rounds: object) -> None:
+    """``max_tool_rounds="2"`` was taken, and every turn then failed its attempt with a
+    ``TypeError`` from ``range()`` until its row failed for good; -1 asked the model once,
+    without tools, as if 0 had been given."""
+    with pytest.raises(ConfigError) as err:
+        autogen_brain(ReplayChatCompletionClient([]), max_tool_rounds=rounds)  # type: ignore[arg-type]
+    assert err.value.field == "max_tool_rounds"

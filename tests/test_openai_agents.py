@@ -30,7 +30,7 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
-from kinbox.actors import ManualClock, Runtime, Turn
+from kinbox.actors import ConfigError, ManualClock, Runtime, Turn
 from kinbox.actors.openai_agents_brain import openai_agents_brain
 
 from .framework_family import REFUSED_TOOL_CALLS, ask_for_review, assert_reviewed, pr_review_family
@@ -522,3 +522,14 @@ def test_the_sdks_own_user_error_is_an_ordinary_failed_attempt(make_runtime: Mak
     row = rt.inbox()[0]
     assert (row["status"], row["attempts"]) == ("pending", 1)
     assert "UserError" in row["last_error"] and "PermanentFailure" not in row["last_error"]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("max_turns", ["3", 0, -1, 2.5, True])
+def test_a_bad_max_turns_is_refused_where_the_brain_is_built(max_turns: object) -> None:
+    """``max_turns=0`` (or "3") was taken, and every turn then failed its attempt (the SDK's
+    ``MaxTurnsExceeded`` before any model call, or a ``TypeError``) until its row failed for
+    good."""
+    with pytest.raises(ConfigError) as err:
+        openai_agents_brain(Agent(name="A"), max_turns=max_turns)  # type: ignore[arg-type]
+    assert err.value.field == "max_turns"
