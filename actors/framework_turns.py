@@ -96,10 +96,16 @@ async def call_tool(turn: Turn, name: str, arguments: str) -> dict[str, Any]:
     models send): the tool's result, or the refusal as ``{"error", "message"}``."""
     try:
         parsed = json.loads(arguments) if arguments.strip() else {}
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         return ToolError(
             "invalid_argument",
             f"{name}'s arguments are not valid JSON ({exc.msg} at position {exc.pos}).",
+        ).to_dict()
+    except ValueError:
+        # Valid JSON with an integer longer than Python converts (its 4,300 digits limit):
+        # a ValueError with no position, which the model should read as a refusal too.
+        return ToolError(
+            "invalid_argument", f"{name}'s arguments hold a number too long to read."
         ).to_dict()
     except RecursionError:
         # Valid JSON nested deeper than the parser recurses: no tool takes such a value,

@@ -53,6 +53,19 @@ NESTED_TOO_DEEPLY = pytest.param(
 parses the arguments (autogen's loop is kinbox's); the OpenAI Agents SDK parses them itself
 first, in its tool planning, and fails the run the same way before kinbox's tool runs."""
 
+TOO_MANY_DIGITS = pytest.param(
+    '{"agent_id": ' + "7" * 5_000 + "}",
+    {
+        "error": "invalid_argument",
+        "message": "agent_read's arguments hold a number too long to read.",
+    },
+    id="too_many_digits",
+)
+"""Valid JSON with an integer longer than Python converts (4,300 digits): the parser raised
+a ``ValueError`` that is no ``JSONDecodeError``, reading it as one raised
+``AttributeError``, and the attempt failed where the model should read a refusal. Where
+kinbox parses the arguments (autogen's loop is kinbox's)."""
+
 
 def pr_review_family(rt: Runtime, ids: dict[str, str]) -> None:
     """Alice and Bob in project ``prs``; their ids into ``ids`` (which the brains read)."""

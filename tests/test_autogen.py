@@ -32,6 +32,7 @@ from kinbox.actors.autogen_brain import autogen_brain
 from .framework_family import (
     NESTED_TOO_DEEPLY,
     REFUSED_TOOL_CALLS,
+    TOO_MANY_DIGITS,
     ask_for_review,
     assert_reviewed,
     pr_review_family,
@@ -98,7 +99,9 @@ def test_a_model_issued_agent_send_lands_durably_and_wakes_an_autogen_turn(
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("arguments, expected", [*REFUSED_TOOL_CALLS, NESTED_TOO_DEEPLY])
+@pytest.mark.parametrize(
+    "arguments, expected", [*REFUSED_TOOL_CALLS, NESTED_TOO_DEEPLY, TOO_MANY_DIGITS]
+)
 def test_a_refused_tool_call_comes_back_to_the_model_as_a_readable_error(
     make_runtime: MakeRuntime, arguments: dict[str, Any] | str, expected: Any
 ) -> None:
