@@ -42,7 +42,9 @@ cancelled with it as an inbox turn is, and gets :class:`BrainAbandoned` on a thr
 its own: it commits nothing and gives its session's mark back. A brain that never
 awaits (a CPU loop, a blocking call) holds the loop, where no cancel reaches it: the
 runtime's tick finds the loop stalled and says whose brain holds it
-(:meth:`AsyncHost.watch`), and a stop lets go of the direct turns waiting on it.
+(:meth:`AsyncHost.watch`), and a stop lets go of the direct turns waiting on it. Only
+the runtime ends the loop: a brain's ``loop.stop()``, or a KeyboardInterrupt or SystemExit
+of a task it spawned, is logged and the loop runs on.
 """
 
 from __future__ import annotations
@@ -106,6 +108,9 @@ class AsyncHost(BrainTasks):
         self._direct = set()
         self._waiting = set()
         self._ended = False
+        self._ending = False
+        """The runtime asked the loop to end (:meth:`stop`, :meth:`crash`): its
+        ``run_forever`` returning is the end, not a ``loop.stop()`` of a brain's."""
         self._drivers = set()
         self._watch = LoopWatch(self.loop, ctx.stop_grace, self._holder)
         self._draining: concurrent.futures.Future[None] | None = None
@@ -128,7 +133,13 @@ class AsyncHost(BrainTasks):
             while True:
                 try:
                     self.loop.run_forever()
-                    return  # stopped: by stop() or crash()
+                    if self._ending:
+                        return  # stopped: by stop() or crash()
+                    # Code on it called ``loop.stop()`` (a brain, a library it uses): the
+                    # loop's end would leave every async turn, this one's and the next
+                    # ones', ``processing`` for good. Only the runtime ends it.
+                    log.error("code on the async brains' loop stopped it (loop.stop()); "
+                              "the loop goes on")
                 except (SystemExit, KeyboardInterrupt) as exc:
                     # A task a brain spawned raised it: asyncio lets it out of the loop,
                     # which would end every async turn this runtime runs. The brain's own
@@ -208,6 +219,7 @@ class AsyncHost(BrainTasks):
             log.warning("async turns did not finish in time; their rows come back by lease")
             for wait in waits:  # a loop held meanwhile builds neither when it gets free
                 wait.cancel()
+        self._ending = True
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(max(left(), LOOP_END_WAIT))
         if self._thread.is_alive():
@@ -282,6 +294,7 @@ class AsyncHost(BrainTasks):
             for task in [*self._drivers, *self._direct]:
                 task.cancel()
             self.loop.call_later(0.05, self.loop.stop)
+        self._ending = True
         self.loop.call_soon_threadsafe(cancel_all)
         self._thread.join(5)
         self.executor.shutdown(wait=False, cancel_futures=True)

@@ -869,6 +869,28 @@ def test_a_stray_task_raising_a_base_exception_does_not_end_the_event_loop(
 
 
 @pytest.mark.timeout(60)
+def test_a_brain_stopping_the_event_loop_does_not_end_async_delivery(
+        make_runtime: MakeRuntime) -> None:
+    """A brain (or a library it calls) that ran ``asyncio.get_running_loop().stop()`` ended
+    the runtime's loop: that turn and every async turn after it stayed ``processing`` for
+    good while the runtime said it was running. Only the runtime's own stop ends the loop."""
+    async def brain(turn: Turn) -> None:
+        if turn.messages[0].content == "stop the loop":
+            asyncio.get_running_loop().stop()
+        await asyncio.sleep(0)
+        turn.reply("ok " + turn.messages[0].content)
+
+    rt = make_runtime(brain=brain)
+    a, b = _pair(rt)
+    rt.post(a, "stop the loop")
+    rt.run_until_idle(timeout=30)
+    rt.post(b, "hello")
+    rt.run_until_idle(timeout=30)
+    assert [e.text for e in rt.transcript(a)] == ["stop the loop", "ok stop the loop"]
+    assert [e.text for e in rt.transcript(b)] == ["hello", "ok hello"]
+
+
+@pytest.mark.timeout(60)
 def test_agent_stop_reaches_a_turn_that_polled_its_flag_on_a_loop_now_closed(
         make_runtime: MakeRuntime) -> None:
     """A sync brain that ran ``asyncio.run(turn.stopped(0))`` left a waiter on a loop that
