@@ -103,6 +103,8 @@ class AsyncHost(BrainTasks):
         self._thread = threading.Thread(target=self._run, name="kinbox-async", daemon=True)
         # The brains' state (:class:`.brain_tasks.BrainTasks` says what each holds).
         self._brains = {}
+        self._owners = weakref.WeakKeyDictionary()
+        self.loop.set_task_factory(self._new_task)
         self._cancelled = weakref.WeakKeyDictionary()
         self._gave_up = {}
         self._direct = set()

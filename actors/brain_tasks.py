@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import logging
 import threading
 import weakref
@@ -54,6 +55,10 @@ class BrainTasks:
     loop: asyncio.AbstractEventLoop
     _lock: threading.Lock
     _brains: dict[str, asyncio.Task[BaseException | None]]  # loop thread only
+    _owners: weakref.WeakKeyDictionary[asyncio.Task[Any], str]
+    """The session whose brain each task on the loop runs for: a brain's own task, and
+    every task it (or a framework's run inside it) spawned (written on the loop thread
+    only, by :meth:`_new_task`; read by :meth:`_holder` from any)."""
     _cancelled: weakref.WeakKeyDictionary[asyncio.Task[BaseException | None], float]
     """Brains :meth:`cancel` cancelled, and when, on the runtime's clock (loop thread
     only)."""
@@ -82,10 +87,23 @@ class BrainTasks:
     def _holder(self) -> str:
         """Who holds the loop now, as far as can be told from another thread."""
         task = asyncio.current_task(self.loop)
-        for sid, brain in list(self._brains.items()):
-            if brain is task:
-                return f"the async brain of {sid} never awaits"
+        sid = self._owners.get(task) if task is not None else None
+        if sid is not None:
+            return f"the async brain of {sid} never awaits"
         return "a task on it never awaits" if task is not None else "it is blocked"
+
+    def _new_task(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
+                  context: contextvars.Context | None = None) -> asyncio.Task[Any]:
+        """The loop's task factory: a task spawned by a brain's (an agent framework's run,
+        a model client's request, ``asyncio.gather``) belongs to that brain's session, so
+        a stall in it names the session (:meth:`_holder`), as a stall of the brain's own
+        task does."""
+        task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, context=context)
+        parent = asyncio.current_task(loop)
+        sid = self._owners.get(parent) if parent is not None else None
+        if sid is not None:
+            self._owners[task] = sid
+        return task
 
     def cancel(self, session_ids: list[str]) -> None:
         """Cancel the brains of these sessions' running turns (any thread)."""
@@ -122,6 +140,7 @@ class BrainTasks:
         """Await the brain; the error the attempt ends with, or None to commit."""
         sid = turn.session_id
         task: asyncio.Task[BaseException | None] = self.loop.create_task(self._call(turn))
+        self._owners[task] = sid  # before it first runs: what it spawns is the session's
         self._brains[sid] = task
         gave_up = self._gave_up[sid] = self.loop.create_future()
         with self._lock:

@@ -305,3 +305,41 @@ def test_tool_calls_of_one_response_commit_in_the_order_the_model_gave(
     assert rt.transcript(ids["alice"])[-1].text == "sent them all"
     assert [r["content"] for r in rt.inbox(target=ids["bob"])] == steps
     assert [e.text for e in rt.transcript(ids["bob"])] == steps
+
+
+@pytest.mark.timeout(60)
+def test_a_model_call_that_never_awaits_is_reported_naming_its_session(
+    make_runtime: MakeRuntime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A model (a client's blocking call inside ``async def``) that holds the event loop is
+    run in a task of the adapter's (its agent run, apart from the brain's task): the stall
+    was logged as "a task on it never awaits", naming no session, though it is that
+    session's brain that holds every async turn. It is named as a brain's own stall is."""
+    import threading
+
+    from .helpers import wait_for
+
+    started, release = threading.Event(), threading.Event()
+
+    async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        started.set()
+        release.wait(30)  # never awaits: the loop is held until the test lets go
+        return ModelResponse(parts=[TextPart("done")])
+
+    rt = make_runtime(brain=pydantic_ai_brain(Agent(FunctionModel(model))), stop_grace=0.5)
+    me = rt.create_session(rt.create_project("solo").id, "Me").id
+    try:
+        with caplog.at_level("WARNING", logger="kinbox.async"):
+            rt.post(me, "hello")
+            assert started.wait(20)
+            wait_for(
+                lambda: any("has not run for" in r.getMessage() for r in caplog.records),
+                timeout=20,
+                what="the stall's warning",
+            )
+        [stall] = [r.getMessage() for r in caplog.records if "has not run for" in r.getMessage()]
+        assert f"the async brain of {me} never awaits" in stall
+    finally:
+        release.set()
+    rt.run_until_idle(timeout=30)
+    assert rt.transcript(me)[-1].text == "done"
