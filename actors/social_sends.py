@@ -54,12 +54,10 @@ class ThreadSends:
                 return
             self._lines[session_id] = deque()
         if here:
-            _attempt(session_id, send)
-            with self._lock:
-                send_next = self._next(session_id)
-            if send_next is None:
+            then = self._after(session_id, send)
+            if then is None:
                 return
-            send = send_next
+            send = then
         if run(lambda: self._drain(session_id, send)) is None:
             with self._lock:
                 self._lines.pop(session_id, None)
@@ -70,22 +68,20 @@ class ThreadSends:
             return len(self._lines)
 
     def _drain(self, session_id: str, send: Send) -> None:
-        while True:
-            _attempt(session_id, send)
-            with self._lock:
-                send_next = self._next(session_id)
-            if send_next is None:
-                return
-            send = send_next
+        then: Send | None = send
+        while then is not None:
+            then = self._after(session_id, then)
 
-    def _next(self, session_id: str) -> Send | None:
-        """Under the lock, once the line's running send ended: the next one, or None when
-        the line ends (empty, or the runtime stops: the rest stay kept)."""
-        line = self._lines[session_id]
-        if not line or self._stopped():
-            del self._lines[session_id]
-            return None
-        return line.popleft()
+    def _after(self, session_id: str, send: Send) -> Send | None:
+        """Run the line's ``send``, then take its next one, or None when the line ends
+        (empty, or the runtime stops: the rest stay kept)."""
+        _attempt(session_id, send)
+        with self._lock:
+            line = self._lines[session_id]
+            if not line or self._stopped():
+                del self._lines[session_id]
+                return None
+            return line.popleft()
 
 
 def _attempt(session_id: str, send: Send) -> None:
