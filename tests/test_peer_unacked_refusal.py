@@ -12,7 +12,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from kinbox.actors import ManualClock, Runtime
+from kinbox.actors import ManualClock, Runtime, ToolError
 from kinbox.transport import frames as f
 from kinbox.transport import handshake as hs
 from kinbox.transport.grants import Refusal
@@ -27,14 +27,18 @@ from .peer_harness import CuttingProxy, Receiver
 pytestmark = pytest.mark.timeout(180)
 
 
+@pytest.mark.parametrize("heard_by", ["retry", "agent_read"])
 @pytest.mark.parametrize("action", ["pause", "revoke"])
 def test_a_row_committed_before_the_cut_is_delivered_when_the_device_then_refuses(
-        receiver: Receiver, tmp_path: Path, action: str) -> None:
+        receiver: Receiver, tmp_path: Path, action: str, heard_by: str) -> None:
     """The laptop committed the phone's message, the link died before the ack reached the
     phone (the row went back for a retry), and the laptop's operator paused or revoked the
     phone: the retry's handshake is refused, and the phone marked the row ``failed``
     though the laptop has it (a manual retry once resumed delivered it twice). The row
-    the laptop has is delivered; one it has not is failed as before."""
+    the laptop has is delivered; one it has not is failed as before. So too when the
+    phone's next contact is an ``agent_read`` of the laptop: its one-shot link failed
+    every open row of the device; its upgrade now names the rows waiting for a retry, as
+    a live link's does, and the signed refusal says which of them the laptop has."""
     clock = ManualClock()
     proxy = CuttingProxy(receiver.port)
     rt = Runtime(db=f"sqlite:///{tmp_path / 'o' / 'sender.db'}", brain=quiet_brain,
@@ -59,7 +63,11 @@ def test_a_row_committed_before_the_cut_is_delivered_when_the_device_then_refuse
         assert journal.get(mid)["status"] == "pending"
         [unsent] = rt.peers.send_many(me, target, ["never reached the laptop"])
         receiver.peers(action, phone)
-        clock.advance(10)  # the retry is due: the next handshake is refused
+        if heard_by == "retry":
+            clock.advance(10)  # the retry is due: the next handshake is refused
+        else:
+            with pytest.raises(ToolError, match="refused"):
+                rt.tools_for(me).agent_read(target)  # the clock stands: no retry is due
         for m in (mid, unsent["message_id"]):
             wait_for(lambda m=m: journal.get(m)["status"] in ("delivered", "failed"), 60,
                      "the refusal to settle the row")
