@@ -690,6 +690,24 @@ def test_tasks_are_durable_and_closing_the_last_one_is_announced(
             a: ("write report", "completed"), b: ("ship it", "cancelled")}
 
 
+def _worker_with_a_task(rt: Runtime) -> tuple[str, str, list[tuple[str, dict[str, Any]]]]:
+    """Focal, and a worker it started with the task "step 1"; the ``session_closed``
+    events heard from then on."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    rt.subscribe(lambda e, d: events.append((e, d)) if e == "session_closed" else None)
+    p = rt.create_project("p")
+    focal = rt.get_or_create_focal_chat().id
+    worker = rt.tools_for(focal).agent_send("new", "start", project_id=p.id, title="worker",
+                                            task_title="step 1")["agent_id"]
+    rt.run_until_idle()
+    return focal, worker, events
+
+
+def _finished(rt: Runtime, focal: str) -> list[dict[str, Any]]:
+    """The "finished its last open task" notices Focal was sent."""
+    return [r for r in rt.inbox(target=focal) if r["kind"] == "session_finished_notification"]
+
+
 @pytest.mark.timeout(60)
 def test_a_turn_that_finishes_a_task_and_starts_the_next_does_not_close_its_session(
         make_runtime: MakeRuntime) -> None:
@@ -698,8 +716,6 @@ def test_a_turn_that_finishes_a_task_and_starts_the_next_does_not_close_its_sess
     task. Its first change was judged alone, against the tasks committed so far: the
     session "closed" (``session_closed``), and Focal heard that a session it follows
     finished its last open task while that session went on with the next."""
-    events: list[tuple[str, dict[str, Any]]] = []
-
     def brain(turn: Turn) -> None:
         if turn.messages[0].content == "next step":
             [step] = [t for t in turn.tools.task_list()["tasks"] if t["status"] != "completed"]
@@ -710,22 +726,15 @@ def test_a_turn_that_finishes_a_task_and_starts_the_next_does_not_close_its_sess
             turn.tools.task_update(step["task_id"], status="completed")
 
     rt = make_runtime(brain=brain)
-    rt.subscribe(lambda e, d: events.append((e, d)) if e == "session_closed" else None)
-    p = rt.create_project("p")
-    focal = rt.get_or_create_focal_chat().id
-    worker = rt.tools_for(focal).agent_send("new", "start", project_id=p.id, title="worker",
-                                            task_title="step 1")["agent_id"]
-    rt.run_until_idle()
+    focal, worker, events = _worker_with_a_task(rt)
     rt.post(worker, "next step")
     rt.run_until_idle()
-    finished = [r for r in rt.inbox(target=focal)
-                if r["kind"] == "session_finished_notification"]
+    finished = _finished(rt, focal)
     assert finished == [] and events == []
     rt.post(worker, "wrap up")  # the last open task closes: that is heard, once
     rt.run_until_idle()
     assert [d["session_id"] for _, d in events] == [worker]
-    assert len([r for r in rt.inbox(target=focal)
-                if r["kind"] == "session_finished_notification"]) == 1
+    assert len(_finished(rt, focal)) == 1
 
 
 @pytest.mark.timeout(60)
@@ -736,8 +745,6 @@ def test_a_turn_that_completes_a_task_and_then_reopens_it_does_not_close_its_ses
     task. The first change was judged against the turn's other tasks only: the session
     "closed" (``session_closed``), and Focal heard that a session it follows finished
     while that session went on with the same task."""
-    events: list[tuple[str, dict[str, Any]]] = []
-
     def brain(turn: Turn) -> None:
         if turn.messages[0].content == "check":
             [step] = turn.tools.task_list()["tasks"]
@@ -749,24 +756,16 @@ def test_a_turn_that_completes_a_task_and_then_reopens_it_does_not_close_its_ses
             turn.tools.task_update(step["task_id"], status="completed")
 
     rt = make_runtime(brain=brain)
-    rt.subscribe(lambda e, d: events.append((e, d)) if e == "session_closed" else None)
-    p = rt.create_project("p")
-    focal = rt.get_or_create_focal_chat().id
-    worker = rt.tools_for(focal).agent_send("new", "start", project_id=p.id, title="worker",
-                                            task_title="step 1")["agent_id"]
-    rt.run_until_idle()
+    focal, worker, events = _worker_with_a_task(rt)
     rt.post(worker, "check")
     rt.run_until_idle()
     assert [t["status"] for t in rt.tools_for(worker).task_list()["tasks"]] == ["in_progress"]
-    finished = [r for r in rt.inbox(target=focal)
-                if r["kind"] == "session_finished_notification"]
+    finished = _finished(rt, focal)
     assert finished == [] and events == []
     rt.post(worker, "wrap up")  # now it is done: that is heard, once
     rt.run_until_idle()
     assert [d["session_id"] for _, d in events] == [worker]
-    assert len([r for r in rt.inbox(target=focal)
-                if r["kind"] == "session_finished_notification"]) == 1
-
+    assert len(_finished(rt, focal)) == 1
 
 
 @pytest.mark.timeout(60)
@@ -776,7 +775,6 @@ def test_a_turn_that_finishes_two_steps_in_a_row_closes_its_session_once(
     session closes once, with its last change. The first change, judged against the
     tasks that existed then, closed it too: two ``session_closed`` events and two
     "finished its last open task" notices to Focal for one turn."""
-    events: list[tuple[str, dict[str, Any]]] = []
 
     def brain(turn: Turn) -> None:
         if turn.messages[0].content == "two steps":
@@ -786,12 +784,7 @@ def test_a_turn_that_finishes_two_steps_in_a_row_closes_its_session_once(
             turn.tools.task_update(second["task_id"], status="completed")
 
     rt = make_runtime(brain=brain)
-    rt.subscribe(lambda e, d: events.append((e, d)) if e == "session_closed" else None)
-    p = rt.create_project("p")
-    focal = rt.get_or_create_focal_chat().id
-    worker = rt.tools_for(focal).agent_send("new", "start", project_id=p.id, title="worker",
-                                            task_title="step 1")["agent_id"]
-    rt.run_until_idle()
+    focal, worker, events = _worker_with_a_task(rt)
     rt.post(worker, "two steps")
     rt.run_until_idle()
     assert [t["status"] for t in rt.tools_for(worker).task_list()["tasks"]] == [
@@ -799,9 +792,9 @@ def test_a_turn_that_finishes_two_steps_in_a_row_closes_its_session_once(
     [second] = [t["task_id"] for t in rt.tools_for(worker).task_list()["tasks"]
                 if t["title"] == "step 2"]
     assert events == [("session_closed", {"session_id": worker, "task_id": second})]
-    finished = [r for r in rt.inbox(target=focal)
-                if r["kind"] == "session_finished_notification"]
+    finished = _finished(rt, focal)
     assert [r["payload"]["task_id"] for r in finished] == [second]
+
 
 @pytest.mark.timeout(60)
 def test_a_task_change_whose_write_outruns_its_wait_is_waited_for(
