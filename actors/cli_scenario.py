@@ -222,7 +222,17 @@ def write_whole(path: Path, text: str) -> None:
     """Write ``text`` as UTF-8 to ``path`` whole or not at all: into a new file beside it,
     synced and then renamed over it, so a failure half-way (a full disk) leaves the old
     file as it was and no part of the new one. A file there keeps its mode; a new one gets
-    the umask's, as an ordinary write would give it."""
+    the umask's, as an ordinary write would give it.
+
+    A path there that is no regular file (``/dev/stdout``, ``/dev/null``, a named pipe) is
+    written into as it is: a file renamed over it would replace the device itself (run
+    as root, ``/dev/null`` became a regular file holding the diagram). A regular file is
+    reached through its symlinks, so the rename replaces the file, not a link to it."""
+    if path.exists() and not path.is_file():
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text)
+        return
+    path = Path(os.path.realpath(path))
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
@@ -306,7 +316,7 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
     out.flush()
     if args.diagram:
         try:
-            write_whole(Path(os.path.realpath(args.diagram)),
+            write_whole(Path(args.diagram),
                         f"# {report['scenario']}\n\n{render_mermaid(report)}\n")
         except OSError as exc:
             print(f"kinbox: --diagram {args.diagram}: {exc.strerror or exc}", file=sys.stderr)

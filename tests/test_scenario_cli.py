@@ -428,3 +428,28 @@ def test_a_second_ctrl_c_leaves_no_temporary_database_behind(tmp_path: Path) -> 
     assert [p.name[:16] for p in temp.iterdir()] == ["kinbox-scenario-"]
     child.ctrl_c_twice()
     assert list(temp.iterdir()) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_diagram_path_that_is_no_regular_file_is_written_into_not_replaced(
+        tmp_path: Path) -> None:
+    """``--diagram /dev/stdout`` or ``/dev/null`` (a device, a pipe): the diagram was written
+    to a new file beside it, renamed over it. Run as root, that replaced ``/dev/null``
+    with a regular file holding the diagram (every later ``> /dev/null`` of the machine then
+    wrote into it); run as a user it was refused, as ``/dev`` is not theirs to write. A
+    named pipe stands in for the device here: it must still be a pipe, and carry the
+    diagram."""
+    pipe = tmp_path / "diagram.pipe"
+    os.mkfifo(pipe)
+    reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)  # a writer's open does not block
+    try:
+        result = kinbox("scenario", "run", "hello", "--diagram", str(pipe))
+        assert result.returncode == 0, result.stderr
+        assert pipe.is_fifo()
+        received = b""
+        while chunk := os.read(reader, 65536):
+            received += chunk
+    finally:
+        os.close(reader)
+    assert received.decode().startswith("# hello\n\n```mermaid\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["diagram.pipe"]
