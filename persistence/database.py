@@ -142,6 +142,11 @@ def open_database(url: str, *, synchronous: Synchronous = "FULL",
         path = str(sqlite_path(url))
         if Path(path).is_dir():  # SQLite says only 'unable to open database file'
             raise DatabaseOpenError(url, f"{path!r} is a directory, not a database file")
+        if Path(path).exists() and not Path(path).is_file():
+            # /dev/null reads as an empty database: the first write failed, a bare 'disk
+            # I/O error', and left a '-journal' file beside the device (a pipe: that error).
+            raise DatabaseOpenError(url, f"{path!r} is not a regular file (a device, a pipe "
+                                    "or a socket), not a database file")
         if (must_exist or read_only) and not Path(path).is_file():
             raise DatabaseMissing(url, f"there is no database file at {path!r}; a runtime "
                                   "creates it on start, or run `kinbox db upgrade`")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -107,6 +108,27 @@ def test_a_directory_where_the_file_should_be_is_named_as_such(
     assert "is a directory" in refused.value.reason
     assert [p.name for p in tmp_path.iterdir()] == ["k.db"]
     assert list((tmp_path / "k.db").iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("options", [{}, {"must_exist": True}, {"read_only": True}])
+@pytest.mark.parametrize("where", ["device", "pipe"])
+def test_a_device_or_a_pipe_where_the_file_should_be_is_named_as_such(
+        tmp_path: Path, options: dict[str, bool], where: str) -> None:
+    """``sqlite:////dev/null`` opened: SQLite read the device as an empty database, so the
+    runtime's first write failed with a bare 'disk I/O error' naming no database, and left
+    a ``null-journal`` file beside the device (in ``/dev``, run as root). A named pipe was
+    'disk I/O error' too. Neither can hold a database, and nothing is made beside them."""
+    if where == "device":
+        path = Path("/dev/null")
+    else:
+        path = tmp_path / "k.db"
+        os.mkfifo(path)
+    with pytest.raises(DatabaseOpenError) as refused:
+        open_database(f"sqlite:///{path}", **options)
+    assert type(refused.value) is DatabaseOpenError  # something is there: not "missing"
+    assert "not a regular file" in refused.value.reason
+    assert [p.name for p in tmp_path.iterdir()] == ([] if where == "device" else ["k.db"])
 
 
 def test_an_unreachable_postgres_is_a_database_open_error() -> None:
