@@ -61,8 +61,9 @@ def run_scenario(path: str, db_url: str | None = None, seed: int = 0,
     stop signal) to remove it too."""
     file = scenario_files.resolve(path)
     module = scenario_files.load(file)
+    once = scenario_files.once_per_database(module, file)  # checked on any database
     if db_url is not None:
-        check_database(db_url, once=scenario_files.once_per_database(module, file))
+        check_database(db_url, once=once)
     stream = stream or sys.stderr
     tmp = None
     if db_url is None:

@@ -45,7 +45,8 @@ def once_per_database(module: ModuleType, path: Path) -> str | None:
     """The scenario's ``ONCE_PER_DATABASE`` (None when it may share a database); an
     unknown value is a :class:`ScenarioError` naming the file."""
     once = getattr(module, "ONCE_PER_DATABASE", None)
-    if once is not None and once not in ONCE_PER_DATABASE:
+    # isinstance first: a list or a dict (both kinds named) is unhashable, a TypeError.
+    if once is not None and (not isinstance(once, str) or once not in ONCE_PER_DATABASE):
         raise ScenarioError(f"{path}: ONCE_PER_DATABASE must be one of "
                             f"{', '.join(map(repr, ONCE_PER_DATABASE))}, not {once!r}",
                             str(path))

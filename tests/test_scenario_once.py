@@ -41,8 +41,18 @@ def test_a_second_run_of_a_once_per_database_scenario_is_refused_before_it_runs(
         assert len(rt.inbox()) == rows  # nothing of the script ran
 
 
-def test_an_unknown_once_per_database_kind_is_a_scenario_error(tmp_path: Path) -> None:
-    path = script(tmp_path, "ONCE_PER_DATABASE = 'focus'\ndef run(sc):\n    sc.start()\n")
+@pytest.mark.parametrize("value", ["'focus'", "['focal']", "{'focal': 1}", "['focal', 'pairing']"])
+@pytest.mark.parametrize("db", [True, False], ids=["db", "temporary-db"])
+def test_an_unknown_once_per_database_kind_is_a_scenario_error(tmp_path: Path, value: str,
+                                                               db: bool) -> None:
+    """A list or a dict (a script naming both kinds) raised TypeError (unhashable) through
+    ``kinbox scenario run``, a traceback; without ``--db`` no value was looked at, so the
+    script ran, and failed only once given a database."""
+    ran = tmp_path / "ran"
+    path = script(tmp_path, f"ONCE_PER_DATABASE = {value}\ndef run(sc):\n"
+                            f"    open({str(ran)!r}, 'w').close()\n    sc.start()\n")
+    url = f"sqlite:///{tmp_path / 'k.db'}" if db else None
     with pytest.raises(ScenarioError) as refused:
-        run_scenario(str(path), f"sqlite:///{tmp_path / 'k.db'}", stream=io.StringIO())
+        run_scenario(str(path), url, stream=io.StringIO())
     assert "ONCE_PER_DATABASE" in str(refused.value)
+    assert not ran.exists()
