@@ -150,14 +150,24 @@ def plot(report: dict[str, Any], path: str) -> None:
 
 
 def plot_problem(path: str) -> str | None:
-    """Why ``--plot path`` cannot work (matplotlib missing, no such folder), or None."""
+    """Why ``--plot path`` cannot work (matplotlib missing, no such folder, a folder, a
+    format matplotlib has no writer for), or None: checked before the benchmark runs, as
+    ``savefig`` raises only after it."""
     try:
-        import matplotlib  # noqa: F401 (only whether it imports)
+        from matplotlib.backend_bases import FigureCanvasBase
     except ImportError:
         return "matplotlib is not installed; install the bench extra: pip install -e '.[bench]'"
     folder = Path(path).resolve().parent
     if not folder.is_dir():
         return f"no folder {folder} to write the plot into"
+    if Path(path).is_dir():
+        return f"{path} is a folder; name the file to write the plot to (e.g. plot.png)"
+    # savefig's rule: the format is the extension, lower-cased (none: PNG).
+    suffix = Path(path).suffix[1:].lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix and suffix not in formats:
+        return (f"matplotlib cannot write {Path(path).name!r} (format {suffix!r}); end the "
+                f"name in one of: {', '.join(sorted(formats))}")
     return None
 
 

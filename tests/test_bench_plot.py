@@ -43,3 +43,20 @@ def test_plot_into_a_missing_folder_fails_before_running_anything(tmp_path: Path
     rc, out, err, _ = bench(tmp_path, "throughput", "--quick", "--plot",
                             str(tmp_path / "nope" / "x.png"), hide_matplotlib=False)
     assert rc == 2 and "nope" in err and "Traceback" not in err and out == ""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["results.xyz", "results.PNG ", "a-folder"])
+def test_a_plot_path_matplotlib_cannot_write_is_a_problem_before_running_anything(
+        tmp_path: Path, name: str) -> None:
+    """``--plot results.xyz`` (a format matplotlib has no writer for) or a folder passed
+    the check, so the whole benchmark ran, minutes, and then ``savefig`` raised: a
+    ValueError traceback (a folder: IsADirectoryError) and no report printed. Checked on
+    :func:`plot_problem` itself: the command line would run the benchmark when it fails."""
+    from kinbox.actors.bench import plot_problem
+
+    (tmp_path / "a-folder").mkdir()
+    problem = plot_problem(str(tmp_path / name))
+    assert problem is not None and name.strip() in problem
+    for fine in ("x.png", "x.SVG", "x.pdf", "x"):
+        assert plot_problem(str(tmp_path / fine)) is None
