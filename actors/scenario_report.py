@@ -180,6 +180,26 @@ def _safe(text: str) -> str:
     return " ".join(text.replace(";", ",").replace("#", "no.").split())
 
 
+def _unsent_by_first_mention(report: dict[str, Any]) -> dict[int, list[str]]:
+    """The messages with no "sent" event (a turn's commit or the scheduler journaled
+    them), by the timeline index of the first event naming them (a turn that took
+    them, a peer's ack): an arrow is drawn just before it. One no event names (still
+    pending) is keyed past the timeline's end. Journal order within a key."""
+    sent = {e["message_id"] for e in report["timeline"]
+            if e["event"] == "sent" and e.get("created", True)}
+    first: dict[str, int] = {}
+    for i, e in enumerate(report["timeline"]):
+        for mid in e.get("message_ids") or [e.get("message_id")]:
+            if mid is not None and mid not in sent:
+                first.setdefault(mid, i)
+    end = len(report["timeline"])
+    at: dict[int, list[str]] = {}
+    for m in report["messages"]:
+        if m["id"] not in sent:
+            at.setdefault(first.get(m["id"], end), []).append(m["id"])
+    return at
+
+
 def render_mermaid(report: dict[str, Any]) -> str:
     """A Mermaid sequence diagram: sessions as participants, messages as arrows."""
     names = report["sessions"]
@@ -193,15 +213,18 @@ def render_mermaid(report: dict[str, Any]) -> str:
         title = _safe(names.get(sid, sid).replace('"', "'"))
         lines.append(f'    participant {alias[sid]} as {title}')
     state = {m["id"]: m for m in report["messages"]}
-    for e in report["timeline"]:
+    unsent = _unsent_by_first_mention(report)
+
+    def arrow(m: dict[str, Any]) -> str:
+        return (f"    {alias.get(m['sender'], 'OUT')}->>{alias[m['target']]}: {short(m['id'])} "
+                f"{m['kind']} ({m['state']}, {m['failed_attempts']} failed attempts)")
+    for i, e in enumerate(report["timeline"]):
         ev = e["event"]
+        lines += [arrow(state[mid]) for mid in unsent.pop(i, [])]
         if ev == "sent" and e.get("created", True):
             m = state.get(e["message_id"])
-            if m is None:
-                continue
-            src = alias.get(m["sender"], "OUT")
-            lines.append(f"    {src}->>{alias[m['target']]}: {short(m['id'])} "
-                         f"{m['kind']} ({m['state']}, {m['failed_attempts']} failed attempts)")
+            if m is not None:
+                lines.append(arrow(m))
         elif ev == "turn_committed" and e["session_id"] in alias:
             replies = e.get("replies") or ["(no reply)"]
             lines.append(f"    Note over {alias[e['session_id']]}: turn committed: "
@@ -217,5 +240,6 @@ def render_mermaid(report: dict[str, Any]) -> str:
         elif ev == "note" and ids:
             span = f"{alias[ids[0]]},{alias[ids[-1]]}" if len(ids) > 1 else alias[ids[0]]
             lines.append(f"    Note over {span}: {_safe(e['text'])}")
+    lines += [arrow(state[mid]) for at in sorted(unsent) for mid in unsent[at]]
     lines.append("```")
     return "\n".join(lines)

@@ -292,3 +292,23 @@ def test_a_title_mermaid_reads_specially_is_made_safe_in_the_diagram(tmp_path: P
     titles = {x.split(" as ", 1)[1] for x in render_mermaid(report).splitlines()
               if x.strip().startswith("participant")}
     assert titles == {"R&D, team no.1", "Ops 'on call'"}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["subagents", "focal_day"])
+def test_the_diagram_draws_every_message_of_the_journal(name: str, db_url: str) -> None:
+    """Messages a turn's commit journaled (a child's result, Focal's notices) or the
+    scheduler did (a wake-up, a heartbeat) have no "sent" event: the diagram left them
+    out, drawing 4 of focal_day's 10 messages. Each is drawn before the turn that took it."""
+    report = run(name, db_url)
+    diagram = render_mermaid(report).splitlines()
+    arrows = [x for x in diagram if "->>" in x]
+    assert len(arrows) == len(report["messages"])
+    drawn = [m["id"] for m in report["messages"]
+             if any(f": {m['id'][:16]}" in a for a in arrows)]
+    assert drawn == [m["id"] for m in report["messages"]]
+    if name == "subagents":
+        order = [next(i for i, x in enumerate(diagram) if text in x) for text in
+                 ("turn committed: changelog: 14", "subagent-result-",
+                  "turn committed: noted (1/2)")]
+        assert order == sorted(order)
