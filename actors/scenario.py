@@ -219,7 +219,13 @@ class Scenario:
             return bool(waitable.wait(timeout))
 
     def note(self, text: str) -> None:
-        """Put a note on the timeline (shown in the report and the diagram)."""
+        """Put a note on the timeline (shown in the report and the diagram).
+
+        :class:`ConfigError` for a ``text`` that is no string (a number, say: the text
+        report showed it, and the diagram failed on it after the report was printed)."""
+        if not isinstance(text, str):
+            raise ConfigError(f"sc.note: text must be a string, not {type(text).__name__}",
+                              field="text")
         self._record("note", {"text": text})
 
     def expect(self, condition: object, what: str, detail: str = "") -> bool:

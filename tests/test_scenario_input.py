@@ -120,3 +120,16 @@ def test_a_manual_clock_refuses_a_step_it_cannot_take(seconds: object) -> None:
         clock.advance(seconds)  # type: ignore[arg-type]
     assert refused.value.field == "seconds"
     assert clock.now() == 100.0
+
+
+def test_a_note_that_is_no_text_is_named_at_its_line(tmp_path: Path, db_url: str) -> None:
+    """``sc.note(42)`` was kept: the text report showed it, and then ``--diagram`` died
+    with an AttributeError traceback after the report was printed, writing no diagram."""
+    from kinbox.actors.scenario_report import render_mermaid
+
+    report = run_script(tmp_path, SCRIPTED.format(call="sc.note(42)"), db_url)
+    assert report["error"] is not None, report["expectations"]
+    assert (report["error"]["type"], report["error"]["lineno"]) == ("ConfigError", 5)
+    assert "text" in report["error"]["message"]
+    assert not any(e["event"] == "note" for e in report["timeline"])
+    assert "sequenceDiagram" in render_mermaid(report)
