@@ -216,8 +216,9 @@ def render_mermaid(report: dict[str, Any]) -> str:
     unsent = _unsent_by_first_mention(report)
 
     def arrow(m: dict[str, Any]) -> str:
-        return (f"    {alias.get(m['sender'], 'OUT')}->>{alias[m['target']]}: {short(m['id'])} "
-                f"{m['kind']} ({m['state']}, {m['failed_attempts']} failed attempts)")
+        return (f"    {alias.get(m['sender'], 'OUT')}->>{alias[m['target']]}: "
+                f"{_safe(short(m['id']))} {_safe(m['kind'])} "
+                f"({m['state']}, {m['failed_attempts']} failed attempts)")
     for i, e in enumerate(report["timeline"]):
         ev = e["event"]
         lines += [arrow(state[mid]) for mid in unsent.pop(i, [])]

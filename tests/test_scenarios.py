@@ -312,3 +312,20 @@ def test_the_diagram_draws_every_message_of_the_journal(name: str, db_url: str) 
                  ("turn committed: changelog: 14", "subagent-result-",
                   "turn committed: noted (1/2)")]
         assert order == sorted(order)
+
+
+def test_a_message_id_and_kind_mermaid_reads_specially_are_made_safe(tmp_path: Path,
+                                                                     db_url: str) -> None:
+    """Titles, notes and replies were made safe, a message's id and kind not: an
+    idempotency key such as 'order#12;b' (any text is a valid id) ended the arrow's
+    statement at ';' and Mermaid read '#12;' as an entity code, a control character."""
+    path = tmp_path / "ids.py"
+    path.write_text(
+        "def run(sc):\n    rt = sc.start()\n    p = sc.project('p')\n"
+        "    a = rt.create_session(p.id, 'A')\n"
+        "    rt.post(a.id, 'hi', message_id='order#12;b', kind='k;1#')\n    sc.settle()\n"
+        "    sc.expect(True, 'sent')\n")
+    report, _ = run_scenario(str(path), db_url, stream=io.StringIO())
+    assert not failures(report), failures(report)
+    (arrow,) = [x for x in render_mermaid(report).splitlines() if "->>" in x]
+    assert arrow.split(": ", 1)[1] == "orderno.12,b k,1no. (delivered, 0 failed attempts)"
