@@ -11,14 +11,16 @@ with ``ONCE_PER_DATABASE = "focal"`` (or ``"pairing"``): a database where an ear
 made that is refused before the script runs (:func:`once_per_database`).
 
 A script that cannot be loaded (a syntax error, a failed import, no
-``run(sc)``, a ``sys.exit()``) is a :class:`ScenarioError` naming its file and
-line; so is an exception the script raises while it runs (:func:`script_error`).
+``run(sc)``, an ``async`` or generator ``run``, a ``sys.exit()``) is a
+:class:`ScenarioError` naming its file and line; so is an exception the script
+raises while it runs (:func:`script_error`).
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import inspect
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -103,8 +105,15 @@ def load(path: Path) -> ModuleType:
                             str(path), exc.lineno) from None
     except (Exception, SystemExit) as exc:  # sys.exit() at the top of the file too
         raise script_error(exc, path) from None
-    if not callable(getattr(module, "run", None)):
+    run = getattr(module, "run", None)
+    if not callable(run):
         raise ScenarioError(f"{path}: defines no run(sc) function", str(path))
+    if inspect.iscoroutinefunction(run) or inspect.isgeneratorfunction(run) or \
+            inspect.isasyncgenfunction(run):
+        # Calling it only makes a coroutine or generator: its body would never run.
+        raise ScenarioError(f"{path}: run(sc) must be a plain function (def run(sc): ...), "
+                            "not async and without yield: the harness calls it once and "
+                            "its body would never run", str(path))
     return module
 
 

@@ -69,6 +69,21 @@ def test_a_script_that_cannot_load_is_a_usage_error(tmp_path: Path, text: str, l
     assert result.stdout == ""
 
 
+@pytest.mark.parametrize("head", ["async def run(sc):", "def run(sc):\n    yield"],
+                         ids=["coroutine", "generator"])
+def test_a_run_whose_body_a_call_does_not_run_is_a_usage_error(tmp_path: Path,
+                                                               head: str) -> None:
+    """``async def run(sc)`` (or a ``yield`` in it) made ``run(sc)`` return without running
+    its body: the report said FAILED with no check and no reason, beside a RuntimeWarning
+    that the coroutine was never awaited."""
+    path = script(tmp_path, f"{head}\n    sc.start()\n    sc.expect(True, 'ran')\n")
+    result = kinbox("scenario", "run", str(path))
+    assert result.returncode == 2, result.stdout
+    assert f"{path}: run(sc) must be a plain function" in result.stderr
+    assert "Traceback" not in result.stderr and "RuntimeWarning" not in result.stderr
+    assert result.stdout == ""
+
+
 def test_a_diagram_path_that_cannot_be_written_is_refused_before_running(tmp_path: Path) -> None:
     ran = tmp_path / "ran"
     path = script(tmp_path, f"def run(sc):\n    open({str(ran)!r}, 'w').close()\n"
