@@ -117,6 +117,9 @@ def render_text(report: dict[str, Any]) -> str:
                f"{s['failed_attempts']} failed attempts, {s['lives']} runtime lives")
     out.append("")
     out.append("expectations:")
+    if not report["expectations"]:  # Scenario.ok: a run that checks nothing fails
+        out.append("  (none: the script called no sc.expect, and a run that checks "
+                   "nothing fails)")
     for e in report["expectations"]:
         mark = "PASS" if e["ok"] else "FAIL"
         out.append(f"  [{mark}] {e['what']}" + (f" ({e['detail']})" if e["detail"] else ""))

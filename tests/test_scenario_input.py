@@ -133,3 +133,14 @@ def test_a_note_that_is_no_text_is_named_at_its_line(tmp_path: Path, db_url: str
     assert "text" in report["error"]["message"]
     assert not any(e["event"] == "note" for e in report["timeline"])
     assert "sequenceDiagram" in render_mermaid(report)
+
+
+def test_a_run_that_checks_nothing_says_why_it_failed(tmp_path: Path, db_url: str) -> None:
+    """A run with no ``sc.expect`` fails (a run must check something), but the text report
+    said only "result: FAILED" under an empty list of expectations, naming no reason."""
+    from kinbox.actors.scenario_report import render_text
+
+    report = run_script(tmp_path, "def run(sc):\n    sc.start()\n", db_url)
+    assert not report["ok"] and report["expectations"] == []
+    text = render_text(report)
+    assert "no sc.expect" in text.split("expectations:", 1)[1]
