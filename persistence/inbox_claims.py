@@ -104,6 +104,7 @@ class InboxClaims:
         limit and is ``failed`` (not claimed). Only a turn that had started counts."""
         found: dict[str, int] = {}
         m = self.t.inbox
+        self._drop_stops_of_dead_turns(ids)
         started = {r.message_id for r in m.select(m.message_id).where(
             m.message_id.in_(ids), m.turn_started_at.is_null(False))}
         for row in self._rows_for_fencing(ids):
@@ -119,6 +120,15 @@ class InboxClaims:
             if done is not None:
                 found[row.message_id] = -1 if done.failed else done.attempts
         return found
+
+    def _drop_stops_of_dead_turns(self, ids: list[str]) -> None:
+        """Forget the stops asked of the turns of ``ids`` (rows taken over: their worker
+        died mid-turn), in the claim's transaction. Such a request named a turn that is
+        over; left under the row's id, the claiming process carried it out on the new
+        turn of the row as it began, which committed the message with nothing done. A
+        stop asked from here on names the new turn (:mod:`.stop_requests`)."""
+        s = self.t.stop
+        s.delete().where(s.message_id.in_(ids)).execute()
 
     def mark_turn_started(self, owner: str, message_id: str, now: float) -> None:
         """Durably note that a taken-over row's turn is starting (fenced by the lease)."""

@@ -6,7 +6,8 @@ send-only ``kinbox serve`` beside a worker, or another worker on the same
 PostgreSQL), it records the request here against the row being processed;
 the process that leases that row finds it at its next tick, sets the flag,
 and forgets the request. Requests for rows no longer processing are
-forgotten too.
+forgotten too, and a claim that takes a row over (its worker died mid-turn)
+drops the requests of that dead turn in its own transaction.
 """
 
 from __future__ import annotations

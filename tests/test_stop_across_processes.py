@@ -223,3 +223,54 @@ def test_a_stop_from_another_process_stops_the_inbox_turn_a_cron_turn_waits_for(
         release_cron.set()
         front.stop()
         worker.stop()
+
+
+def test_a_request_for_a_turn_that_died_never_stops_the_turn_that_takes_it_over(
+        db_url: str) -> None:
+    """The worker running the turn dies (a kill, a lost machine) before its tick carried
+    out a stop another process asked of it: that turn is over. Its row, still
+    ``processing`` under the dead worker's lease, is taken over by the next worker, whose
+    turn of it is a new one; the request named the dead turn, yet it lingered under the
+    row's id and stopped the takeover's turn as it began, which committed the message
+    with nothing done (the brain ended on the stop), contrary to "a request that arrives
+    after the turn ended is dropped and never stops the next one"."""
+    first, die = threading.Event(), threading.Event()
+    stopped: list[bool] = []
+    front: list[Runtime] = []
+
+    def brain(turn: Turn) -> str:
+        if not first.is_set():
+            first.set()
+            die.wait(30)  # the worker is killed here
+            raise RuntimeError("killed")
+        # The takeover's turn: it runs until the lingering request is gone (carried out
+        # or dropped), then says whether it was stopped.
+        stops = front[0].context.stops
+        assert stops is not None
+        wait_for(lambda: stops.pending() == [], 20, what="the stale request to go")
+        stopped.append(turn.stop_requested)
+        return "done"
+
+    worker = Runtime(db=db_url, brain=brain, clock=SystemClock()).start()
+    front.append(Runtime(db=db_url, clock=SystemClock()).start())  # send-only
+    after: Runtime | None = None
+    try:
+        project = front[0].create_project("p")
+        bob = front[0].create_session(project.id, "Bob").id
+        boss = front[0].tools_for(front[0].create_session(project.id, "Boss").id)
+        front[0].post(bob, "work long")
+        assert first.wait(20)
+        worker.crash()  # dies before its next tick reads any request
+        # From the database the dead worker's row still looks like a running turn.
+        assert boss.agent_stop(bob)["status"] == "stop_requested"
+        die.set()
+        after = Runtime(db=db_url, brain=brain, clock=SystemClock()).start()
+        wait_for(lambda: front[0].inbox(target=bob)[0]["status"] == "delivered", 30,
+                 what="the takeover's commit")
+        assert stopped == [False]
+        assert [e.text for e in front[0].transcript(bob)][-1] == "done"
+    finally:
+        die.set()
+        if after is not None:
+            after.stop()
+        front[0].stop()
