@@ -88,9 +88,18 @@ class DirectTurnMarks:
     def end_direct_turn_marks(self, now: float, owners: set[str] | None = None) -> int:
         """End the direct-turn marks of ``owners`` (runtimes known to be gone), or every
         one (the start of a runtime that holds the database alone: no direct turn runs,
-        so a mark is a dead process's); how many."""
-        s = self.t.session
+        so a mark is a dead process's), with the stop requests naming their turns; how
+        many."""
+        s, stop = self.t.session, self.t.stop
         cond = (s.turn_owner.is_null(False) if owners is None
                 else s.turn_owner.in_(sorted(owners)))
-        return self.writer.call(lambda: s.update(turn_owner=None, turn_id=None,
-                                                 updated_at=now).where(cond).execute())
+
+        def op() -> int:
+            # The stops asked of those dead turns go with their marks: a run taken over
+            # runs a turn of the same id, which a lingering request stopped as it began.
+            dead = [r.turn_id for r in s.select(s.turn_id).where(cond, s.turn_id.is_null(False))]
+            if dead:
+                stop.delete().where(stop.message_id.in_(dead)).execute()
+            return int(s.update(turn_owner=None, turn_id=None, updated_at=now).where(cond)
+                       .execute())
+        return self.writer.call(op)

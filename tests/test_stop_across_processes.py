@@ -274,3 +274,48 @@ def test_a_request_for_a_turn_that_died_never_stops_the_turn_that_takes_it_over(
         if after is not None:
             after.stop()
         front[0].stop()
+
+
+def test_a_request_for_a_cron_turn_that_died_never_stops_the_run_taken_over(
+        db_url: str) -> None:
+    """The direct-turn analogue: the worker running a cron run's turn dies; a stop asked
+    after that names the run (the mark the dead worker left). The next worker ends the
+    dead mark and takes the run over, whose turn carries the same id: the request
+    lingered and stopped it as it began (its brain ended on the stop)."""
+    first, die = threading.Event(), threading.Event()
+    stopped: list[bool] = []
+    front: list[Runtime] = []
+
+    def brain(turn: Turn) -> str:
+        if not first.is_set():
+            first.set()
+            die.wait(30)  # the worker is killed here
+            raise RuntimeError("killed")
+        stops = front[0].context.stops
+        assert stops is not None
+        wait_for(lambda: stops.pending() == [], 20, what="the stale request to go")
+        stopped.append(turn.stop_requested)
+        return "done"
+
+    worker = Runtime(db=db_url, brain=brain, clock=SystemClock()).start()
+    front.append(Runtime(db=db_url, clock=SystemClock()).start())  # send-only
+    after: Runtime | None = None
+    try:
+        job = front[0].cron.add("digest", "0 0 1 1 *", "write the digest")
+        worker.cron.trigger(job["job_id"])
+        assert first.wait(30)
+        session = session_id_for(job["job_id"])
+        project = front[0].session(session).project_id
+        boss = front[0].tools_for(front[0].create_session(project, "Boss").id)
+        worker.crash()  # dies before its next tick reads any request
+        assert boss.agent_stop(session)["status"] == "stop_requested"  # the dead mark
+        die.set()
+        after = Runtime(db=db_url, brain=brain, clock=SystemClock()).start()
+        wait_for(lambda: [r["status"] for r in front[0].cron.runs(job["job_id"])]
+                 == ["success"], 30, what="the taken-over run's commit")
+        assert stopped == [False]
+    finally:
+        die.set()
+        if after is not None:
+            after.stop()
+        front[0].stop()
