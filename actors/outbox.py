@@ -90,6 +90,11 @@ class Outbox:
         """The running turn, held weakly (it holds this outbox): see :meth:`take`."""
         self.wakeups = 0
         """Focal wake-ups queued in this turn (they count toward Focal's limit)."""
+        self.task_updates: dict[str, int] = {}
+        """Updates of each task queued in this turn: the commit judges the task's net
+        change with the last (:meth:`.tasks.TaskService.update`)."""
+        self.tasks_before: dict[str, TaskRecord] = {}
+        """Each updated task's row as the commit finds it before the turn's first update."""
 
     def take(self, message_id: str) -> bool:
         """Take a row of the session into the running turn (:meth:`.turn.Turn.take`): how a
@@ -97,6 +102,14 @@ class Outbox:
         result does not wake the session again. False when there is no turn to take it."""
         turn = self.turn() if self.turn is not None else None
         return turn is not None and turn.take(message_id)
+
+    def count_update(self, task_id: str) -> int:
+        """This update of ``task_id`` is the turn's how-many-th (from 1);
+        :class:`ToolError` once the turn has ended."""
+        with self._undo_lock:
+            self.check_open()
+            nth = self.task_updates[task_id] = self.task_updates.get(task_id, 0) + 1
+            return nth
 
     def has_writes(self) -> bool:
         """Did the turn's tool calls write anything (for its commit to carry)?"""

@@ -48,13 +48,16 @@ class TaskService:
         return change.after
 
     def apply_in_txn(self, chat_id: str, task_id: str, changes: dict[str, object],
-                     now: float, opening: int = 0) -> TaskChange:
+                     now: float, opening: int = 0, nth: int = 0) -> TaskChange:
         """Apply a change inside the current transaction, enqueueing what hooks ask for.
         ``opening``: tasks of the session this transaction leaves open that are not open
-        yet (a turn's later changes): the session is not closed before them."""
+        yet (a turn's later changes): the session is not closed before them. ``nth``: in
+        a turn's commit, which of the turn's updates of this task this is (:meth:`_net`)."""
         change = self.ctx.tasks.apply(task_id, chat_id, changes, now)
         if opening:
             change = replace(change, open_left=change.open_left + opening)
+        if nth:
+            change = self._net(change, nth)
         for hook in self.ctx.task_hooks:
             for message in hook(self.ctx, change):
                 self.ctx.journal.enqueue_now(message, now)
@@ -70,6 +73,8 @@ class TaskService:
         now = self.ctx.now()
         after = replace(task, updated_at=now, **changes)  # type: ignore[arg-type]
         self.writes.note_task(after)
+        box = self.writes.outbox
+        nth = box.count_update(task_id) if box is not None else 0
 
         def announce(change: TaskChange) -> None:
             self.ctx.wake_dispatcher()  # a hook may have queued a notice
@@ -88,12 +93,31 @@ class TaskService:
             except ToolError:
                 fresh = changes
             return self.apply_in_txn(chat_id, task_id, fresh, now,
-                                     self._opened_later(chat_id, task_id, fresh["status"]))
+                                     self._opened_later(chat_id, task_id, fresh["status"]),
+                                     nth)
         try:
             change = self.writes.write(apply, TaskChange(task, after, 0), announce)
         except RowNotFound as exc:
             raise ToolError("not_found", str(exc)) from exc
         return change.after
+
+    def _net(self, change: TaskChange, nth: int) -> TaskChange:
+        """The ``nth`` of a turn's updates of a task, as its rules judge it: the turn's
+        updates commit together, so what they mean is the turn's net change, judged with
+        the last (from the row before the first); an earlier one is judged as no change.
+        Judged alone, a task blocked and unblocked again in one turn told Focal the
+        session waited on the user, one unblocked and blocked again on the same question
+        told it again, and one completed, reopened and completed again told it the
+        session finished twice."""
+        box = self.writes.outbox
+        if box is None:
+            return change
+        task_id = change.after.id
+        if nth == 1 and change.before is not None:
+            box.tasks_before[task_id] = change.before  # a retried commit sets it again
+        if nth < box.task_updates.get(task_id, nth):
+            return replace(change, before=change.after)  # the turn changes it again
+        return replace(change, before=box.tasks_before.get(task_id, change.before))
 
     def _opened_later(self, chat_id: str, task_id: str, status: str) -> int:
         """In a turn's commit, for a change giving ``task_id`` ``status``: the tasks of

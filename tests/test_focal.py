@@ -804,10 +804,11 @@ def test_a_wake_up_cancelled_while_another_runtime_fires_it_stays_cancelled(
         b.close()
 
 
-def test_two_notices_of_one_task_in_one_turn_are_both_heard_and_the_turn_commits(
+def test_a_task_blocked_and_asked_again_in_one_turn_is_one_notice_and_the_turn_commits(
         focal_rt: tuple[Runtime, FocalBrain]) -> None:
-    """One turn blocks its task, then changes the reason: two events, two notices, both
-    choosing their id inside the one commit."""
+    """One turn blocks its task, then changes the reason: Focal hears the turn's net
+    change, one notice with the last question; the next turn's new question is a second
+    notice of the task, its id chosen inside that turn's commit."""
     rt, brain = focal_rt
     rt.get_or_create_focal_chat()
     out = rt.tools_for(FOCAL_ID).agent_send(agent_id="new", project_id=rt.create_project("p").id,
@@ -822,10 +823,19 @@ def test_two_notices_of_one_task_in_one_turn_are_both_heard_and_the_turn_commits
     brain.scripts["Fix"] = asks_twice
     rt.post(out["agent_id"], "check the layout")
     rt.run_until_idle()
-    assert [r["status"] for r in rt.inbox(target=out["agent_id"])] == ["delivered"] * 2
+
+    def asks_again(turn: Turn) -> None:
+        turn.tools.task_update(t, reason="which OS?")
+        turn.tools.task_update(t, reason="which OS version?")
+        turn.reply("asked")
+    brain.scripts["Fix"] = asks_again
+    rt.post(out["agent_id"], "and now?")
+    rt.run_until_idle()
+    assert [r["status"] for r in rt.inbox(target=out["agent_id"])] == ["delivered"] * 3
     notices = [r["content"] for r in rt.inbox(target=FOCAL_ID)
                if r["kind"] == "task_blocked_notification"]
-    assert len(notices) == 2 and "and OS" in notices[1], notices
+    assert len(notices) == 2, notices
+    assert "which browser and OS?" in notices[0] and "which OS version?" in notices[1]
 
 
 @pytest.mark.timeout(60)
@@ -1031,3 +1041,43 @@ def test_a_finish_held_back_for_a_request_an_operator_cancels_is_noticed(
     go.set()
     rt.run_until_idle()
     assert kinds_to_focal(rt).count("session_finished_notification") == 1, kinds_to_focal(rt)
+
+
+@pytest.mark.timeout(60)
+def test_a_turn_that_blocks_and_unblocks_its_task_tells_focal_nothing(
+        focal_rt: tuple[Runtime, FocalBrain]) -> None:
+    """A turn's task changes commit together, and Focal hears what the turn did, not each
+    step: a task blocked and unblocked again in one turn was never seen blocked (Focal
+    was told the session waited on the user), one unblocked and blocked again on the same
+    question was told again, and one completed, reopened and completed again in a turn
+    was told finished while it was finished already."""
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    out = rt.tools_for(FOCAL_ID).agent_send(agent_id="new", project_id=rt.create_project("p").id,
+                                            title="Fix", task_title="fix it", message="go")
+    rt.run_until_idle()
+    t, sid = out["task_id"], out["agent_id"]
+    steps: list[dict[str, str]] = []
+
+    def script(turn: Turn) -> None:
+        for step in steps:
+            turn.tools.task_update(t, **step)
+        turn.reply("ok")
+    brain.scripts["Fix"] = script
+
+    def turn_of(*changes: dict[str, str]) -> list[str]:
+        steps[:] = changes
+        before = len(rt.inbox(target=FOCAL_ID))
+        rt.post(sid, "next")
+        rt.run_until_idle()
+        return [r["kind"] for r in rt.inbox(target=FOCAL_ID)[before:]
+                if r["kind"].endswith("notification")]
+
+    blocked = {"status": "blocked", "blocked_on": "user", "reason": "which browser?"}
+    assert turn_of(blocked, {"status": "in_progress"}) == []
+    assert turn_of(blocked) == ["task_blocked_notification"]
+    assert turn_of({"status": "in_progress"}, blocked) == []
+    assert turn_of({"status": "completed"}) == ["session_finished_notification"]
+    assert turn_of({"status": "in_progress"}, {"status": "completed"}) == []
+    task = rt.context.tasks.get(t)
+    assert task is not None and task.status == "completed"
