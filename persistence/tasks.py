@@ -15,6 +15,7 @@ from typing import Any
 import peewee as pw
 
 from . import paging
+from .database import is_postgres
 from .errors import RowNotFound
 from .models import Tables, Task
 from .writer import GroupCommitWriter
@@ -84,7 +85,16 @@ class TaskStore:
 
     def apply(self, task_id: str, chat_id: str, changes: dict[str, Any],
               now: float) -> TaskChange:
-        """Apply ``changes`` inside the caller's transaction (on the writer thread)."""
+        """Apply ``changes`` inside the caller's transaction (on the writer thread).
+
+        On PostgreSQL the session's row is locked first: a change of another of its tasks
+        in flight in another process is waited for, and this one's before and open count
+        (statements after the lock) see it. Read alongside it (READ COMMITTED), two
+        processes completing a session's last two tasks each counted the other's open,
+        and neither closed the session."""
+        if is_postgres(self.t.db):
+            s = self.t.session
+            s.select(s.id).where(s.id == chat_id).for_update().execute()
         t = self.t.task
         row = t.get_or_none((t.id == task_id) & (t.chat_id == chat_id))
         if row is None:
