@@ -1058,6 +1058,9 @@ def test_a_turn_that_blocks_and_unblocks_its_task_tells_focal_nothing(
     rt.run_until_idle()
     t, sid = out["task_id"], out["agent_id"]
     steps: list[dict[str, str]] = []
+    events: list[str] = []
+    rt.subscribe(lambda e, d: events.append(e) if e in ("task_blocked", "session_closed")
+                 else None)
 
     def script(turn: Turn) -> None:
         for step in steps:
@@ -1079,5 +1082,6 @@ def test_a_turn_that_blocks_and_unblocks_its_task_tells_focal_nothing(
     assert turn_of({"status": "in_progress"}, blocked) == []
     assert turn_of({"status": "completed"}) == ["session_finished_notification"]
     assert turn_of({"status": "in_progress"}, {"status": "completed"}) == []
+    assert events == ["task_blocked", "session_closed"]  # observers hear the same
     task = rt.context.tasks.get(t)
     assert task is not None and task.status == "completed"
