@@ -225,6 +225,28 @@ def test_a_stop_from_another_process_stops_the_inbox_turn_a_cron_turn_waits_for(
         worker.stop()
 
 
+class DiesOnce:
+    """A brain whose first turn hangs until ``die`` (its worker is killed there, so the
+    turn is over); a later turn, a takeover's, runs until the lingering stop request is
+    gone (carried out or dropped), then notes whether it was stopped."""
+
+    def __init__(self, front: list[Runtime]) -> None:
+        self.first, self.die = threading.Event(), threading.Event()
+        self.stopped: list[bool] = []
+        self.front = front  # the send-only runtime, once started
+
+    def __call__(self, turn: Turn) -> str:
+        if not self.first.is_set():
+            self.first.set()
+            self.die.wait(30)
+            raise RuntimeError("killed")
+        stops = self.front[0].context.stops
+        assert stops is not None
+        wait_for(lambda: stops.pending() == [], 20, what="the stale request to go")
+        self.stopped.append(turn.stop_requested)
+        return "done"
+
+
 def test_a_request_for_a_turn_that_died_never_stops_the_turn_that_takes_it_over(
         db_url: str) -> None:
     """The worker running the turn dies (a kill, a lost machine) before its tick carried
@@ -234,22 +256,9 @@ def test_a_request_for_a_turn_that_died_never_stops_the_turn_that_takes_it_over(
     row's id and stopped the takeover's turn as it began, which committed the message
     with nothing done (the brain ended on the stop), contrary to "a request that arrives
     after the turn ended is dropped and never stops the next one"."""
-    first, die = threading.Event(), threading.Event()
-    stopped: list[bool] = []
     front: list[Runtime] = []
-
-    def brain(turn: Turn) -> str:
-        if not first.is_set():
-            first.set()
-            die.wait(30)  # the worker is killed here
-            raise RuntimeError("killed")
-        # The takeover's turn: it runs until the lingering request is gone (carried out
-        # or dropped), then says whether it was stopped.
-        stops = front[0].context.stops
-        assert stops is not None
-        wait_for(lambda: stops.pending() == [], 20, what="the stale request to go")
-        stopped.append(turn.stop_requested)
-        return "done"
+    brain = DiesOnce(front)
+    first, die, stopped = brain.first, brain.die, brain.stopped
 
     worker = Runtime(db=db_url, brain=brain, clock=SystemClock()).start()
     front.append(Runtime(db=db_url, clock=SystemClock()).start())  # send-only
@@ -282,20 +291,9 @@ def test_a_request_for_a_cron_turn_that_died_never_stops_the_run_taken_over(
     after that names the run (the mark the dead worker left). The next worker ends the
     dead mark and takes the run over, whose turn carries the same id: the request
     lingered and stopped it as it began (its brain ended on the stop)."""
-    first, die = threading.Event(), threading.Event()
-    stopped: list[bool] = []
     front: list[Runtime] = []
-
-    def brain(turn: Turn) -> str:
-        if not first.is_set():
-            first.set()
-            die.wait(30)  # the worker is killed here
-            raise RuntimeError("killed")
-        stops = front[0].context.stops
-        assert stops is not None
-        wait_for(lambda: stops.pending() == [], 20, what="the stale request to go")
-        stopped.append(turn.stop_requested)
-        return "done"
+    brain = DiesOnce(front)
+    first, die, stopped = brain.first, brain.die, brain.stopped
 
     worker = Runtime(db=db_url, brain=brain, clock=SystemClock()).start()
     front.append(Runtime(db=db_url, clock=SystemClock()).start())  # send-only
