@@ -253,9 +253,11 @@ class Scenario:
                 if r["seq"] > self.first_seq]
 
     def marker_counts(self) -> dict[str, int]:
-        """Committed delivery markers of this run's messages."""
-        ours = {r["message_id"] for r in self.inbox()}
-        return {k: v for k, v in self.runtime.marker_counts().items() if k in ours}
+        """Committed delivery markers of each of this run's messages, 0 for one that
+        committed no turn: a check that every count is 1 (``set(...) == {1}``) must fail
+        for a message no turn took, and for a run that journaled nothing."""
+        counts = self.runtime.marker_counts()
+        return {r["message_id"]: counts.get(r["message_id"], 0) for r in self.inbox()}
 
     def ordered_timeline(self) -> list[dict[str, Any]]:
         """The timeline in the order its events happened (a copy)."""

@@ -144,3 +144,21 @@ def test_a_run_that_checks_nothing_says_why_it_failed(tmp_path: Path, db_url: st
     assert not report["ok"] and report["expectations"] == []
     text = render_text(report)
     assert "no sc.expect" in text.split("expectations:", 1)[1]
+
+
+def test_a_message_no_turn_took_counts_zero_so_a_check_of_each_fails(
+        tmp_path: Path, db_url: str) -> None:
+    """``sc.marker_counts()`` left out a message no turn committed: the bundled scripts'
+    check that every count is 1 (``set(...) == {1}``) passed with one that never ran."""
+    script = (
+        "from kinbox.actors import PermanentFailure\n\n"
+        "def refuse(turn):\n    raise PermanentFailure('not this one')\n\n"
+        "def run(sc):\n    rt = sc.start()\n    p = sc.project('p')\n"
+        "    bob = rt.create_session(p.id, 'Bob')\n    carol = rt.create_session(p.id, 'Carol')\n"
+        "    sc.on(carol.id, refuse)\n    rt.post(bob.id, 'hi')\n    rt.post(carol.id, 'hi')\n"
+        "    sc.settle()\n"
+        "    counts = sc.marker_counts()\n"
+        "    sc.expect(sorted(counts.values()) == [0, 1], 'one ran, one did not', repr(counts))\n"
+        "    sc.expect(set(counts.values()) != {1}, 'the check of each fails')\n")
+    report = run_script(tmp_path, script, db_url)
+    assert report["ok"], report["expectations"]
