@@ -48,6 +48,10 @@ runs on the runtime's ticker, which renews leases too: with no bound, a stalled 
 a lock wait (another session holding a catalog the check reads) stalled the ticker with
 it. A check cut short proves no one gone; the next one, half a second later, asks again."""
 
+RELEASE_WAIT = 2.0
+"""Seconds a stop waits for a check under way on the lock's connection before it leaves
+the connection to the process (a hung server never answers the check)."""
+
 CUT_SHORT = frozenset({"57014", "55P03"})
 """The SQLSTATEs of a statement cut short by its wait: ``statement_timeout``
 (query_canceled) and ``lock_timeout`` (lock_not_available)."""
@@ -147,13 +151,23 @@ class OwnerLiveness:
         return found
 
     def release(self) -> None:
-        """Give the lock up by closing its connection (as the process's death would)."""
-        with self._lock:
+        """Give the lock up by closing its connection (as the process's death would). A
+        check under way on it ends first; one the server never answers (it hung) is
+        waited for at most :data:`RELEASE_WAIT`: the stop must not hang with it (the
+        lock then goes with the connection's end, or the process's)."""
+        if not self._lock.acquire(timeout=RELEASE_WAIT):
+            log.warning("the life lock's connection waits on a statement the server has not "
+                        "answered in %.0f s; it is left to close with the process",
+                        RELEASE_WAIT)
+            return
+        try:
             if self._conn is not None:
                 try:
                     self._conn.close()
                 finally:
                     self._conn = None
+        finally:
+            self._lock.release()
 
 
 def live_runtimes(db: pw.PostgresqlDatabase) -> int:

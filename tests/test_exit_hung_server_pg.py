@@ -79,7 +79,9 @@ async def brain(turn):
 
 proxied = server._replace(netloc=f"{server.username}@127.0.0.1:{listener.getsockname()[1]}")
 rt = Runtime(db=proxied.geturl(), brain=brain).start()
-waits = ["_fire_held"]
+# The scheduler's look, and the ticker's check of this runtime's own life lock (on the
+# lock's connection, whose lock the stop's release of the life lock waited for).
+waits = ["_fire_held", "gone"]
 if sys.argv[2] == "turn":
     project = rt.create_project("p")
     rt.post(rt.create_session(project.id, "A").id, "hello")
@@ -100,11 +102,13 @@ print("the server hangs; the program ends", flush=True)
 @pytest.mark.parametrize("running", ["turn", "idle"])
 def test_a_program_whose_postgresql_server_hung_still_exits(
         tmp_path: Path, pg_url: str, running: str) -> None:
-    """The program ends (no ``stop()``) while a scheduler job, and an async brain's tool
-    call (``turn``), wait on a hung server. The stop at exit hung closing the connections
-    those threads use (the driver's close waits for their statement), and past it the
-    interpreter's join of the scheduler's and the async host's pools (not daemons)
-    waited for those threads: for ever, either way."""
+    """The program ends (no ``stop()``) while a scheduler job, the ticker's check of the
+    runtime's own life lock, and an async brain's tool call (``turn``), wait on a hung
+    server. The stop at exit hung closing the connections those threads use (the
+    driver's close waits for their statement), and past it the interpreter's join of the
+    scheduler's and the async host's pools (not daemons) waited for those threads: for
+    ever, either way. The release of the life lock waited for the check under way on its
+    connection: for ever too."""
     script = tmp_path / "app.py"
     script.write_text(textwrap.dedent(PROGRAM))
     try:
