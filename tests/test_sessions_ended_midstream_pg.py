@@ -111,10 +111,10 @@ def test_sends_and_turns_across_every_session_ended_lose_nothing_and_double_noth
     assert all(r["status"] == "delivered" for r in sender.inbox())
 
 
-def _end_sessions_but_life_locks(pg_url: str) -> int:
+def _end_sessions_but_life_locks(pg_url: str, end: bool = True) -> int:
     """End every other session on the database but those holding a runtime's life lock
     (an administrator's ``pg_terminate_backend`` of the busy ones, a pooler or a proxy
-    dropping them); how many."""
+    dropping them); how many (with ``end=False``: only count them)."""
     import psycopg2
 
     from kinbox.persistence.liveness import LOCK_CLASS
@@ -124,7 +124,8 @@ def _end_sessions_but_life_locks(pg_url: str) -> int:
     try:
         with admin.cursor() as cur:
             cur.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                f"SELECT {'pg_terminate_backend(pid)' if end else 'pid'} "
+                "FROM pg_stat_activity "
                 "WHERE datname = current_database() AND pid <> pg_backend_pid() "
                 "AND pid NOT IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' "
                 "AND classid = %s AND granted)", (LOCK_CLASS,))
@@ -180,6 +181,10 @@ def test_a_worker_whose_other_connections_end_goes_on_delivering(
              what="sends and turns under way")
     assert _end_sessions_but_life_locks(pg_url) > 0
     wait_for(lambda: len(turns) >= total // 2, timeout=60, what="more turns")
+    # More turns may have been counted before the first end: the second waits for the
+    # threads to have connected again, as it means to end them in the middle again.
+    wait_for(lambda: _end_sessions_but_life_locks(pg_url, end=False) > 0, timeout=60,
+             what="the threads to connect again")
     assert _end_sessions_but_life_locks(pg_url) > 0
     for t in threads:
         t.join(60)
