@@ -253,10 +253,10 @@ def db_status(args: argparse.Namespace, out: TextIO) -> int:
     :data:`EXIT_UPGRADE_PENDING` while changes are pending."""
     with stores(args.db, check_schema=False, read_only=True) as (journal, _):
         changes = pending_changes(journal.t)
-        found = {} if changes else journal.counts()
-    # Every state, 0 included: a script reads rows["failed"] whether or not any failed.
-    # None while an upgrade is pending: nothing was counted, and {} would read as empty.
-    counts = None if changes else {s: found.get(s, 0) for s in STATES}
+        # Every state, 0 included: a script reads rows["failed"] whether or not any failed.
+        # None while an upgrade is pending: nothing was counted, and {} would read as empty.
+        found = None if changes else journal.counts()
+    counts = None if found is None else {s: found.get(s, 0) for s in STATES}
     data = {"url": redact_url(args.db or default_url()), "up_to_date": not changes,
             "pending": changes,
             "rows": counts}

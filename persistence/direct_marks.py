@@ -13,6 +13,7 @@ from __future__ import annotations
 from .errors import RowNotFound
 from .inbox_core import PROCESSING
 from .models import Tables
+from .stop_requests import forget_now
 from .writer import GroupCommitWriter
 
 
@@ -90,16 +91,15 @@ class DirectTurnMarks:
         one (the start of a runtime that holds the database alone: no direct turn runs,
         so a mark is a dead process's), with the stop requests naming their turns; how
         many."""
-        s, stop = self.t.session, self.t.stop
+        s = self.t.session
         cond = (s.turn_owner.is_null(False) if owners is None
                 else s.turn_owner.in_(sorted(owners)))
 
         def op() -> int:
             # The stops asked of those dead turns go with their marks: a run taken over
             # runs a turn of the same id, which a lingering request stopped as it began.
-            dead = [r.turn_id for r in s.select(s.turn_id).where(cond, s.turn_id.is_null(False))]
-            if dead:
-                stop.delete().where(stop.message_id.in_(dead)).execute()
+            forget_now(self.t, [r.turn_id for r in s.select(s.turn_id)
+                                .where(cond, s.turn_id.is_null(False))])
             return int(s.update(turn_owner=None, turn_id=None, updated_at=now).where(cond)
                        .execute())
         return self.writer.call(op)

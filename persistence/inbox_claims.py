@@ -24,6 +24,7 @@ from .errors import DatabaseFailed, LeaseLost, PersistenceError, RowNotFound, Wr
 from .hot_path import CLAIM_COLUMNS, Head, HotPath
 from .inbox_records import ClaimedRow, ClaimResult, FenceRow
 from .models import InboxMessage, Tables
+from .stop_requests import forget_now
 from .takeovers import record_takeover
 from .writer import WRITE_TIMEOUT, Bulk, GroupCommitWriter, Reply
 
@@ -104,7 +105,10 @@ class InboxClaims:
         limit and is ``failed`` (not claimed). Only a turn that had started counts."""
         found: dict[str, int] = {}
         m = self.t.inbox
-        self._drop_stops_of_dead_turns(ids)
+        # The stops asked of these rows' turns named turns that are over (their worker
+        # died): left under the row's id, the claiming process carried one out on the
+        # row's new turn as it began, which committed the message with nothing done.
+        forget_now(self.t, ids)
         started = {r.message_id for r in m.select(m.message_id).where(
             m.message_id.in_(ids), m.turn_started_at.is_null(False))}
         for row in self._rows_for_fencing(ids):
@@ -120,15 +124,6 @@ class InboxClaims:
             if done is not None:
                 found[row.message_id] = -1 if done.failed else done.attempts
         return found
-
-    def _drop_stops_of_dead_turns(self, ids: list[str]) -> None:
-        """Forget the stops asked of the turns of ``ids`` (rows taken over: their worker
-        died mid-turn), in the claim's transaction. Such a request named a turn that is
-        over; left under the row's id, the claiming process carried it out on the new
-        turn of the row as it began, which committed the message with nothing done. A
-        stop asked from here on names the new turn (:mod:`.stop_requests`)."""
-        s = self.t.stop
-        s.delete().where(s.message_id.in_(ids)).execute()
 
     def mark_turn_started(self, owner: str, message_id: str, now: float) -> None:
         """Durably note that a taken-over row's turn is starting (fenced by the lease)."""

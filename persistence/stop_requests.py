@@ -49,7 +49,13 @@ class StopRequests:
 
     def forget(self, message_ids: list[str]) -> None:
         """Drop requests that were carried out or whose row is no longer processing."""
-        s = self.t.stop
         if message_ids:
-            self.writer.call(lambda: s.delete().where(s.message_id.in_(message_ids))
-                             .execute())
+            self.writer.call(lambda: forget_now(self.t, message_ids))
+
+
+def forget_now(tables: Tables, message_ids: list[str]) -> None:
+    """Drop the requests naming ``message_ids``, inside the caller's transaction (a
+    takeover's claim, the end of a dead runtime's direct-turn marks: turns that are over)."""
+    if message_ids:
+        s = tables.stop
+        s.delete().where(s.message_id.in_(message_ids)).execute()
