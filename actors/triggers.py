@@ -101,8 +101,9 @@ def crontab_months(field: str) -> str:
     return _NAME.sub(number, field)
 
 
-def cron_trigger(expr: str, timezone: str = "UTC") -> BaseTrigger:
-    """A crontab expression (minute hour day month weekday) in ``timezone`` as a trigger.
+def cron_trigger(expr: str, timezone: str = "UTC", *, until: float | None = None) -> BaseTrigger:
+    """A crontab expression (minute hour day month weekday) in ``timezone`` as a trigger
+    that fires up to ``until`` (epoch seconds; None: for ever).
 
     :class:`InvalidCronExpression` when the expression is malformed,
     :class:`InvalidCronJob` (field ``timezone``) when the time zone is.
@@ -133,22 +134,26 @@ def cron_trigger(expr: str, timezone: str = "UTC") -> BaseTrigger:
     fields = expr.split()
     if len(fields) != 5:
         raise InvalidCronExpression(expr, f"it has {len(fields)} fields, not 5")
-    return _trigger(expr, zone)
+    return _trigger(expr, zone, until)
 
 
-def _trigger(expr: str, zone: dt.tzinfo) -> BaseTrigger:
+def _trigger(expr: str, zone: dt.tzinfo, until: float | None = None) -> BaseTrigger:
     """The trigger of a checked expression (five fields) on ``zone``'s clock."""
     minute, hour, day, month, weekday = expr.split()
     days = crontab_weekdays(weekday, expr)
     month = crontab_months(month)
+    # APScheduler checks the end inside its walk: without one, a date that never comes
+    # (30 February) is searched for year by year up to 9999, seconds of CPU.
+    end = None if until is None else utc(until)
     try:
         if either_day_matches(day, weekday):
             return OrTrigger([
-                CronTrigger(minute=minute, hour=hour, day=day, month=month, timezone=zone),
+                CronTrigger(minute=minute, hour=hour, day=day, month=month, timezone=zone,
+                            end_date=end),
                 CronTrigger(minute=minute, hour=hour, month=month, day_of_week=days,
-                            timezone=zone)])
+                            timezone=zone, end_date=end)])
         return CronTrigger(minute=minute, hour=hour, day=day, month=month, day_of_week=days,
-                           timezone=zone)
+                           timezone=zone, end_date=end)
     except ValueError as exc:
         raise InvalidCronExpression(expr, str(exc)) from exc
 
@@ -178,13 +183,14 @@ def _repeated(at: dt.datetime, zone: zoneinfo.ZoneInfo) -> bool:
 
 def next_fire(expr: str, after: float, timezone: str = "UTC", *,
               inclusive: bool = False) -> float | None:
-    """The first fire time after ``after`` (epoch seconds; at it too if ``inclusive``)."""
-    trigger = cron_trigger(expr, timezone)
-    fixed_hour = not _every_hour(expr.split()[1])
-    zone = zoneinfo.ZoneInfo(timezone)
+    """The first fire time after ``after`` (epoch seconds; at it too if ``inclusive``);
+    None if the expression names no date that exists."""
     # APScheduler returns a time that is itself a fire time as is: the epsilon makes
     # "after" strict. Fire times are whole seconds, so a millisecond cannot skip one.
     start = after if inclusive else after + 0.001
+    trigger = cron_trigger(expr, timezone, until=start + NEVER_AFTER)
+    fixed_hour = not _every_hour(expr.split()[1])
+    zone = zoneinfo.ZoneInfo(timezone)
     at = start
     while True:
         nxt = trigger.get_next_fire_time(None, utc(at))
@@ -201,6 +207,11 @@ def next_fire(expr: str, after: float, timezone: str = "UTC", *,
             found = skipped
     return found
 
+
+NEVER_AFTER = 9 * 366 * 86_400.0
+"""A schedule that has not fired in this many seconds never will. The longest wait of
+one that exists is 29 February's: eight years across a century that is not a leap year
+(2096 to 2104); a restricted weekday fires every week."""
 
 MAX_GAP = 86_400.0
 """The longest stretch of wall-clock time a zone's clocks ever skipped (Samoa's 30

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from apscheduler.triggers.cron import CronTrigger
 
 from kinbox.actors import ManualClock, Runtime, Turn
 from kinbox.actors import cron_rules as rules
@@ -110,6 +111,30 @@ def test_next_fire_is_strictly_after_unless_inclusive() -> None:
     assert next_fire("* * * * *", START) == START + MINUTE
     assert next_fire("* * * * *", START, inclusive=True) == START
     assert next_fire("0 9 * * *", START, "Europe/Paris") == 1_700_035_200.0  # 09:00 CET
+
+
+def test_29_february_is_found_across_a_century_that_is_not_a_leap_year() -> None:
+    after_2096 = dt.datetime(2097, 3, 1, tzinfo=dt.UTC).timestamp()
+    nxt = next_fire("0 0 29 2 *", after_2096)
+    assert nxt == dt.datetime(2104, 2, 29, tzinfo=dt.UTC).timestamp()
+
+
+@pytest.mark.parametrize("expr", ["0 9 30 2 *", "0 9 31 4,6,9,11 *", "*/5 * 31 2 *"])
+def test_a_date_that_never_comes_is_known_after_a_bounded_search(
+        monkeypatch: pytest.MonkeyPatch, expr: str) -> None:
+    # APScheduler, left unbounded, walks every year up to 9999 (seconds of CPU on the
+    # thread that adds the job): count its steps instead of timing them.
+    steps = 0
+    walk = CronTrigger._increment_field_value
+
+    def counted(self: CronTrigger, dateval: dt.datetime, fieldnum: int) -> Any:
+        nonlocal steps
+        steps += 1
+        return walk(self, dateval, fieldnum)
+
+    monkeypatch.setattr(CronTrigger, "_increment_field_value", counted)
+    assert next_fire(expr, START) is None
+    assert 0 < steps < 1_000
 
 
 def _fires(expr: str, start: str, timezone: str = "UTC", n: int = 3) -> list[str]:
