@@ -4,9 +4,9 @@ Exit status of ``run``: 0 when every expectation held; 1 when one failed or
 the script raised (the report shows the script's own error, file and line);
 2 for usage errors (no such scenario, a script that does not load, a
 ``--db`` that cannot be opened, that another runtime delivers on, that holds
-open messages or, for a scenario that runs once per database, an earlier run's
-state, an output path that cannot be written, all checked before
-anything runs); 130
+open messages or active schedules (cron jobs, Focal's wake-ups) or, for a
+scenario that runs once per database, an earlier run's state, an output path
+that cannot be written, all checked before anything runs); 130
 when Ctrl-C or SIGTERM stopped the run: the runtime stops gracefully and
 the report, marked interrupted, shows what was done (a second signal stops
 at once; the journal keeps every unacknowledged row).
@@ -122,6 +122,7 @@ def check_database(url: str, *, once: str | None = None) -> None:
             _check_no_open_rows(url, db)
             if once is not None:
                 _check_not_run_before(url, db, once)
+            _check_no_schedules(url, db)
         finally:
             db.close()
     except DatabaseInUse as exc:
@@ -163,6 +164,22 @@ def _check_no_open_rows(url: str, db: Any) -> None:
                           f"runtime would deliver with its scripted brain; give a fresh "
                           f"database, or see to them first (kinbox inbox list --db ...)",
                           field="db")
+
+
+def _check_no_schedules(url: str, db: Any) -> None:
+    """ConfigError when the database holds active schedules (user cron jobs, Focal's
+    wake-ups and heartbeat): the scenario's runtime would fire them, an earlier run's or a
+    deployment's, with its scripted brain, as it would deliver open rows."""
+    tables = bind_tables(db)
+    cron, job = tables.cron_job, tables.job
+    held = [(cron, "active cron job(s)", cron.active), (job, "Focal wake-up(s)", job.active)]
+    found = [f"{n} {what}" for model, what, active in held
+             if db.table_exists(model._meta.table_name)
+             and (n := model.select().where(active).count())]
+    if found:
+        raise ConfigError(f"cannot run a scenario on {redact_url(url)!r}: it holds "
+                          f"{' and '.join(found)} that the scenario's runtime would run with "
+                          "its scripted brain; give a fresh database", field="db")
 
 
 def _check_not_run_before(url: str, db: Any, once: str) -> None:

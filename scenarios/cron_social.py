@@ -128,9 +128,8 @@ def run(sc: Scenario) -> None:
     sc.expect(rt.transcript(cron_session)[-1].text == "noted: Digest received and filed.",
               "the Digest session answered the cron session by agent_send")
     sc.expect(refusals == ["not_found"], "the cron session cannot reach the Slack thread")
-    # Its own job's: on a database an earlier run used, that run's job is due again as
-    # this run's clock starts where the last one started (a clock set back, to the job),
-    # and is the runtime's to fire (its occurrence runs once: it ran in that run).
+    # Its own job's: the announcements are the database's, and another runtime's jobs
+    # (a deployment's) may share it.
     announced = [a["run_id"] for a in rt.cron.drain_announcements()
                  if a["job_id"] == job["job_id"]]
     sc.expect(announced == [runs[0]["run_id"]], "the finished run was announced to the UI queue",
@@ -141,3 +140,6 @@ def run(sc: Scenario) -> None:
               "only the four agent_send messages went through the inbox",
               repr([r["target_chat_id"] for r in rows]))
     sc.expect(set(sc.marker_counts().values()) == {1}, "each inbox message ran exactly one turn")
+    # The demo's job ends with the run: a later scenario on this database refuses a
+    # database with active schedules (its runtime would fire them with its scripted brain).
+    rt.cron.pause(job["job_id"])

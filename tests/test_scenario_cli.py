@@ -342,6 +342,26 @@ def test_a_database_with_open_messages_is_refused_before_running(any_db_url: str
         after.stop()
 
 
+@pytest.mark.timeout(60)
+def test_a_database_with_active_schedules_is_refused_before_running(any_db_url: str,
+                                                                   tmp_path: Path) -> None:
+    """The scenario's runtime ran the database's cron jobs, an earlier run's or a
+    deployment's, with its scripted brain, and advanced their schedules for good."""
+    with Runtime(db=any_db_url) as rt:  # no brain: it manages definitions, runs nothing
+        job = rt.cron.add("digest", "* * * * *", "Write the digest.")
+    result = _refused_db(tmp_path, any_db_url)
+    assert "1 active cron job(s)" in result.stderr and len(result.stderr.splitlines()) == 1
+    with Runtime(db=any_db_url) as rt:
+        [kept] = rt.cron.jobs()
+        assert (kept["job_id"], kept["next_run_at"]) == (job["job_id"], job["next_run_at"])
+        rt.cron.pause(job["job_id"])
+    ran = tmp_path / "ran"
+    path = script(tmp_path, f"def run(sc):\n    open({str(ran)!r}, 'w').close()\n"
+                            "    sc.start()\n    sc.expect(True, 'fine')\n")
+    assert kinbox("scenario", "run", str(path), "--db", any_db_url).returncode == 0
+    assert ran.exists()  # a paused job holds nothing back
+
+
 @pytest.mark.postgres
 @pytest.mark.timeout(60)
 def test_a_postgresql_database_a_runtime_delivers_on_is_refused_before_running(
