@@ -181,7 +181,7 @@ class CronJobs:
             if job is not None:
                 return self._changed(job_id, job)
         self._check_triggerable(job_id)
-        raise rules.CronRunInProgress(job_id, "one that started and ended meanwhile")
+        raise rules.CronRunInProgress(job_id, None)  # each try found a run, gone at the look
 
     def _check_triggerable(self, job_id: str) -> None:
         """Refuse a trigger of a job that is gone, paused, or has a run in progress (written,

@@ -152,11 +152,13 @@ class CronRunInProgress(CronError):
     would be the "still active" error run, not a run, so it is refused and nothing is
     written; trigger it again once that run ended."""
 
-    def __init__(self, job_id: str, run_id: str) -> None:
-        super().__init__(f"cron job {quoted(job_id)} has a run in progress ({quoted(run_id)}); "
+    def __init__(self, job_id: str, run_id: str | None) -> None:
+        which = "" if run_id is None else f" ({quoted(run_id)})"
+        super().__init__(f"cron job {quoted(job_id)} has a run in progress{which}; "
                          "trigger it again once that run ended")
         self.job_id = job_id
         self.run_id = run_id
+        """The run; None when runs kept starting and ending while the trigger was tried."""
 
 
 def session_id_for(job_id: str) -> str:

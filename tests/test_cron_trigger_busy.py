@@ -141,3 +141,12 @@ def test_a_trigger_that_meets_a_fire_committing_meanwhile_is_refused_on_postgres
         watch.close()
     assert len(outcome) == 1 and isinstance(outcome[0], rules.CronRunInProgress), outcome
     assert rt.cron.job(job_id)["triggered_at"] is None
+
+
+def test_a_refusal_without_a_run_to_name_names_none() -> None:
+    """Runs kept starting and ending through every try: ``run_id`` held the sentence "one
+    that started and ended meanwhile" where callers read a run's id."""
+    named = rules.CronRunInProgress("cj_a", "cj_a@60")
+    unnamed = rules.CronRunInProgress("cj_a", None)
+    assert (named.run_id, unnamed.run_id) == ("cj_a@60", None)
+    assert "'cj_a@60'" in str(named) and "()" not in str(unnamed) and "None" not in str(unnamed)
