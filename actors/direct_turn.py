@@ -223,9 +223,15 @@ class DirectTurns(DirectPool):
                 raise BrainAbandoned(str(short))
         except GeneratorExit:
             raise
-        except BrainAbandoned:  # the loop ended under it: no outcome, as after a kill
+        except BrainAbandoned:  # the stop cut it short, or the loop ended under it
             if turn.outbox is not None:
                 turn.outbox.discard()
+            # What it took (a foreground child's result) goes back unrun with the turn's
+            # other rows, as an inbox turn's do: left leased to a runtime that stopped, the
+            # next start took it over as a dead worker's, suspect.
+            if turn.close_steering(wait=False) is None:
+                yield Blocking(turn.close_steering)
+            yield Blocking(partial(self._hand_back, session_id, taken))
             raise
         except BaseException as exc:  # a brain's SystemExit too fails its attempt, no more
             error = exc

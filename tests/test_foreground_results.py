@@ -7,6 +7,7 @@ parent as any background child's result does."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -516,3 +517,36 @@ def test_a_child_whose_task_ended_outside_a_turn_answers_its_end_not_in_progress
     assert got[0]["status"] == "cancelled", got[0]
     rt.run_until_idle(30)
     assert {r["status"] for r in rt.inbox(target="a")} == {"delivered"}
+
+
+@pytest.mark.parametrize("kind", ["cron", "social"])
+def test_a_direct_turn_cut_short_by_a_deploy_hands_its_taken_result_back(
+        make_runtime: MakeRuntime, clock: ManualClock, any_db_url: str, kind: str) -> None:
+    """The stop cancelled the turn past its grace after it took its foreground child's
+    result: the turn's other rows went back, but the result stayed leased to a runtime
+    that had stopped, to be taken over at the next start as a dead worker's (suspect, its
+    turns one at a time) instead of being the session's at once."""
+    took = threading.Event()
+
+    async def brain(turn: Turn) -> Any:
+        if not turn.session_id.startswith(f"{kind}-"):
+            return "42"
+        await turn.tools.agent("compute", run_in_background=False, timeout=30)
+        took.set()
+        await asyncio.Event().wait()  # a model call the deploy outlasts
+
+    rt = make_runtime(db=any_db_url, brain=brain, max_active_sessions=4, stop_grace=0.3)
+    if kind == "cron":
+        job_id = str(rt.cron.add("report", "* * * * *", "Report.")["job_id"])
+        clock.advance(60)
+        sid = f"cron-{job_id}"
+    else:
+        rt.social.allow("slack", ["U1"])
+        rt.social.register_channel("slack", send=lambda route, text: None)
+        assert rt.social.ingest(social_event())["accepted"]
+        sid = "social-slack-T1"
+    assert took.wait(30)
+    rt.stop(timeout=20)
+    after = make_runtime(db=any_db_url)  # send-only: it reads, delivers nothing
+    [result] = [r for r in after.inbox(target=sid) if r["kind"] == "subagent_result"]
+    assert (result["status"], result["lease_owner"], result["attempts"]) == ("pending", None, 0)
