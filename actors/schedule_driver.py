@@ -77,6 +77,8 @@ class ScheduleDriver:
         """Each key's armed wake-up: its APScheduler id (under ``_armed_lock``)."""
         self._armed_lock = threading.Lock()
         self._arming = itertools.count(1)
+        self._soon = False
+        """A look :meth:`fire_soon` asked for is armed and has not begun (``_armed_lock``)."""
 
     @property
     def enabled(self) -> bool:
@@ -127,6 +129,7 @@ class ScheduleDriver:
             self._scheduler.shutdown(wait=False)
         with self._armed_lock:
             self._armed.clear()
+            self._soon = False
 
     def wake_at(self, ts: float | None, key: str) -> None:
         """Call ``fire`` when the runtime's clock reaches ``ts`` (epoch seconds). One wake-up
@@ -140,7 +143,7 @@ class ScheduleDriver:
         # instance of an id at once and drops a date job due while one runs, so a key
         # re-armed under one id from inside its own fire (the cron tick re-arms
         # "cron-next") for a time already come lost that wake-up until the poll.
-        wake_id = f"at:{key}#{next(self._arming)}"  # apart from the poll's and "soon"
+        wake_id = f"at:{key}#{next(self._arming)}"  # apart from the poll's and "soon#" looks
         # On the wall clock APScheduler waits on; read before the lock (a database clock may
         # ask its server).
         at = time.time() + max(0.0, ts - self._now()) if ts is not None else 0.0
@@ -167,11 +170,24 @@ class ScheduleDriver:
 
     def fire_soon(self) -> None:
         """Call ``fire`` as soon as APScheduler's thread can (another process changed a
-        schedule); calls before it runs make one."""
+        schedule); calls before it begins make one, a call while it runs one more after it.
+        Each under an id of its own, as :meth:`wake_at`'s: under one id, a call while the
+        last one ran was dropped by APScheduler (a second instance of a running job), and
+        the change waited for the poll."""
         if self._scheduler is None or not self._scheduler.running:
             return
-        self._scheduler.add_job(self._safe_fire, "date", id="soon", replace_existing=True,
-                                misfire_grace_time=None)
+        with self._armed_lock:
+            if self._soon:
+                return
+            self._scheduler.add_job(self._fire_soon, "date", id=f"soon#{next(self._arming)}",
+                                    misfire_grace_time=None)
+            self._soon = True
+
+    def _fire_soon(self) -> None:
+        """The look :meth:`fire_soon` armed: begun, so a change from now on arms another."""
+        with self._armed_lock:
+            self._soon = False
+        self._safe_fire()
 
     def _safe_fire(self) -> None:
         with self._firing:

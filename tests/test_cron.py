@@ -1247,6 +1247,43 @@ def test_a_wakeup_rearmed_due_now_from_inside_its_own_fire_fires_again() -> None
         driver.stop()
 
 
+@pytest.mark.timeout(60)
+def test_a_look_asked_for_while_one_runs_runs_after_it() -> None:
+    """A change another process made (PostgreSQL's notification: a job added or triggered
+    over HTTP on a send-only ``kinbox serve``) asks for a look "soon", under one APScheduler
+    id: one asked for while such a look ran was dropped as a second instance of a running
+    job (a WARNING of APScheduler's), and the change waited for the poll (15 s), not
+    looked at once as the README says."""
+    from kinbox.actors.schedule_driver import ScheduleDriver
+
+    fires: list[float] = []
+    first_runs, release, second = threading.Event(), threading.Event(), threading.Event()
+
+    def fire() -> None:
+        fires.append(time.time())
+        if len(fires) == 1:
+            first_runs.set()
+            release.wait(10)
+        else:
+            second.set()
+
+    driver = ScheduleDriver(fire, enabled=True, now=time.time)  # no poll to catch it up
+    driver.start()
+    try:
+        driver.fire_soon()
+        assert first_runs.wait(10), "the first look did not run"
+        driver.fire_soon()  # a change that came while the first look runs
+        # Held until APScheduler has taken the second look from its store (ran it, or
+        # dropped it as a second instance of a running job).
+        wait_for(lambda: not driver._scheduler.get_jobs(),  # type: ignore[union-attr]
+                 timeout=10, what="APScheduler to take the second look")
+        release.set()
+        assert second.wait(10), f"looked {len(fires)} time(s): the second look was dropped"
+    finally:
+        release.set()
+        driver.stop()
+
+
 def test_a_trigger_whose_look_after_fails_still_answers_and_runs_once(
         make_runtime: MakeRuntime, clock: ManualClock, monkeypatch: pytest.MonkeyPatch) -> None:
     """The trigger is committed before the look that runs it: a database error in that
