@@ -204,6 +204,23 @@ def test_a_query_parameter_a_route_does_not_take_is_a_422_naming_it(
     assert srv.request("GET", f"{path}?limit=1" if "cron" in path else path)[0] == 200
 
 
+@pytest.mark.parametrize(("query", "field"), [
+    ("limit=0", "limit"), ("limit=x", "limit"), ("limit=1&offset=-1", "offset"),
+    ("offset=" + "9" * 20, "offset"), ("limit=1&limit=2", "limit"),
+    ("offset=1&offset=1", "offset"),
+])
+def test_a_bad_page_parameter_is_a_422_whose_field_names_it(
+        served: tuple[Served, Runtime], query: str, field: str) -> None:
+    """A client decides on ``field``, never on the message: a bad ``limit`` or ``offset``
+    (or one given twice) was a 422 with no ``field``, one message for either."""
+    srv, rt = served
+    job = rt.cron.add("digest", "0 9 * * 1", "sum up")["job_id"]
+    for path in ("/cron/jobs", "/cron/runs", f"/cron/jobs/{job}/runs"):
+        status, got = srv.request("GET", f"{path}?{query}")
+        assert (status, got["error"], got.get("field")) == (422, "invalid_argument", field), (
+            path, got)
+
+
 @pytest.mark.parametrize("body", [b'{"at": 1900000000}', b"now", b"[]",
                                   b"x" * 100_000])
 def test_a_body_sent_to_a_call_that_takes_none_is_a_422_and_nothing_is_done(

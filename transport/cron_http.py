@@ -119,7 +119,8 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
         offset = _whole(request, "offset", 0, 0, OFFSET_LIMIT)
         if limit is None or offset is None:
             return error(422, "invalid_argument", f"limit must be a whole number "
-                         f"1..{RUNS_LIMIT} and offset one 0..{OFFSET_LIMIT:_}")
+                         f"1..{RUNS_LIMIT} and offset one 0..{OFFSET_LIMIT:_}",
+                         field="limit" if limit is None else "offset")
         try:
             page, more = await run_in_threadpool(read, limit, offset)
         except BackendRefused as exc:

@@ -43,9 +43,10 @@ def check_query(request: Request, takes: Sequence[str]) -> None:
                              f"unknown query parameters {quoted(unknown)}"
                              f" for {request.method} {clipped(request.url.path)}; {known}")
     repeated = sorted(name for name, count in names.items() if count > 1)
-    if repeated:
+    if repeated:  # names the route takes (unknown ones are refused above): ``field`` too
         raise BackendRefused(422, "invalid_argument",
-                             f"query parameters given more than once: {quoted(repeated)}")
+                             f"query parameters given more than once: {quoted(repeated)}",
+                             field=repeated[0])
 
 
 async def check_no_body(request: Request) -> None:
