@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+import anyio.to_thread
 import uvicorn
 
 from ..transport import (
@@ -80,6 +81,11 @@ WS_MAX_SIZE = 1 << 20
 """Bytes a websocket message may have at the server (peer frames are refused far below)."""
 GRACE_SECONDS = 10
 """Seconds requests in flight get to finish after the first stop signal."""
+HTTP_THREADS = 8
+"""Threads the HTTP requests' blocking calls (the runtime's reads and writes) share. Each
+thread that reads keeps a database connection of its own (on PostgreSQL a server process):
+anyio's default pool has 40, and a burst of slow requests left a send-only server holding
+that many connections for good."""
 HTTP_END_SECONDS = GRACE_SECONDS + 10
 """Seconds the HTTP thread gets to end after the first stop signal: its requests' grace,
 then uvicorn cancels what is left and closes its loop."""
@@ -217,6 +223,8 @@ class _Server(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         daemon_default_executor(asyncio.get_running_loop(), "kinbox-http-thread")
+        # The routes' blocking calls run on anyio's pool (its limiter is this loop's).
+        anyio.to_thread.current_default_thread_limiter().total_tokens = HTTP_THREADS
         await super().startup(sockets=sockets)
         if not self.should_exit:
             self.ready.set()

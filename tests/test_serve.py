@@ -670,3 +670,60 @@ def test_a_stop_signal_after_the_runtime_crashed_still_exits_1(
     cmd.proc.send_signal(signal.SIGTERM)
     assert cmd.finish() == 1, cmd.output
     assert f"kinbox {command[0]}: the runtime is crashed" in cmd.output
+
+
+@pytest.mark.timeout(120)
+def test_a_send_only_serve_reads_on_a_bounded_number_of_database_connections(
+        run_kinbox: Any, pg_url: str) -> None:
+    """Each thread that runs an HTTP request's read keeps a database connection of its own,
+    and the requests ran on anyio's default pool of 40 threads: a burst of requests that
+    waited on the database (a lock, a slow server) left a send-only ``kinbox serve``
+    holding some 40 PostgreSQL connections, for good, where the README counts about three;
+    two or three such servers beside the workers took PostgreSQL's default 100, and every
+    process then failed to connect. Now the requests' blocking calls share
+    :data:`HTTP_THREADS` threads."""
+    import psycopg2
+
+    from kinbox.actors.serve import HTTP_THREADS
+
+    cmd = run_kinbox("serve", "--port", "0", "--db", pg_url)
+    port = served_port(cmd)
+    admin = psycopg2.connect(pg_url)
+    admin.autocommit = True
+    locker = psycopg2.connect(pg_url)
+
+    def count(where: str = "") -> int:
+        with admin.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                        f"current_database() AND pid <> pg_backend_pid() {where}")
+            return int(cur.fetchone()[0])
+
+    try:
+        assert get(port, "/cron/runs")[0] == 200
+        before = count()  # the server's, and the locker's
+        with locker.cursor() as cur:  # every read of the runs waits for this lock
+            cur.execute("LOCK TABLE cron_runs IN ACCESS EXCLUSIVE MODE")
+        answers: list[int] = []
+        requests = [threading.Thread(target=lambda: answers.append(get(port, "/cron/runs")[0]))
+                    for _ in range(3 * HTTP_THREADS)]
+        for r in requests:
+            r.start()
+        waiting = f"AND wait_event_type = 'Lock' AND pid <> {locker.get_backend_pid()}"
+        wait_for(lambda: count(waiting) >= HTTP_THREADS, timeout=30,
+                 what="the first requests to wait on the lock")
+        # The others wait for a thread, not on the database (a bounded look: nothing more
+        # should come, and without the bound all of them came at once).
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            assert count(waiting) <= HTTP_THREADS
+            time.sleep(0.05)
+        locker.rollback()
+        for r in requests:
+            r.join(30)
+        assert answers == [200] * len(requests)
+        assert count() <= before + HTTP_THREADS
+    finally:
+        locker.close()
+        admin.close()
+    cmd.proc.send_signal(signal.SIGINT)
+    assert cmd.finish() == 0
