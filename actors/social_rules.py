@@ -36,7 +36,7 @@ from typing import Any
 
 from .errors import ConfigError, KinboxError
 from .social_envelope import envelope as envelope  # the turn's text, rendered there
-from .validation import quoted, unstorable
+from .validation import QUOTE_LIMIT, quoted, unstorable
 
 PLATFORM_RE = re.compile(r"[a-z0-9_]{1,32}")
 """Platform names: lower-case, no dash (the dash separates platform and thread in ids)."""
@@ -192,10 +192,26 @@ def _attachments(raw: object) -> tuple[Attachment, ...]:
     return tuple(found)
 
 
+EVENT_FIELDS = ("platform", "sender_id", "sender_name", "thread_id", "text", "attachments",
+                "reply_route", "event_id")
+"""The fields of a raw event: any other is a mistake (a misspelt ``event_id`` lost the
+platform's retries their de-duplication), refused as ``POST /cron/jobs`` refuses one."""
+
+
 def normalize(raw: object, event_id: str, platform: str | None = None) -> SocialEvent:
-    """Validate a raw event (a JSON object); ``platform`` overrides the event's own."""
+    """Validate a raw event (a JSON object); ``platform``, when given (the webhook's route),
+    is the event's, and one the event names must be the same."""
     if not isinstance(raw, Mapping):
         raise InvalidSocialEvent("event", "give a JSON object")
+    unknown = [key for key in raw if key not in EVENT_FIELDS]
+    if unknown:
+        key = unknown[0]
+        name = key if isinstance(key, str) and len(key) <= QUOTE_LIMIT else quoted(key)
+        raise InvalidSocialEvent(name, f"not a field of an event; its fields are "
+                                       f"{', '.join(EVENT_FIELDS)}")
+    if platform is not None and raw.get("platform", platform) != platform:
+        raise InvalidSocialEvent("platform", f"the event names platform "
+                                             f"{quoted(raw['platform'])}, its route {platform!r}")
     plat = platform if platform is not None else raw.get("platform")
     if not isinstance(plat, str) or not PLATFORM_RE.fullmatch(plat):
         raise InvalidSocialEvent("platform", "1-32 characters of a-z, 0-9 and _")

@@ -15,6 +15,7 @@ import pytest
 from starlette.requests import Request
 
 from kinbox.actors import ManualClock, Runtime, Turn
+from kinbox.actors import social_rules as rules
 from kinbox.actors.serve import app_for
 from kinbox.persistence.driver_errors import OperationalError
 from kinbox.transport import BackendRefused, SignatureProblem, SignatureRejected, json_body
@@ -201,6 +202,30 @@ def test_an_invalid_webhook_event_is_a_422_whose_field_names_the_bad_one(
     status, got = post(srv, "/social/slack/events", body, signed(body, now))
     assert (status, got["error"], got.get("field")) == (422, "invalid_argument", None), got
     assert rt.social.statistics()["accepted"] == 0
+
+
+def test_a_webhook_event_with_a_field_kinbox_does_not_know_is_a_422_naming_it(
+        served: tuple[Served, Runtime, list[tuple[Any, str]]], clock: ManualClock) -> None:
+    """A relay's misspelt field was dropped unread and the event queued: ``eventId`` for
+    ``event_id`` took the platform's retry of it for a new event (its turn ran twice),
+    ``attachment`` for ``attachments`` lost the files. So was a ``platform`` other than
+    the route's (a body signed for Slack that says Discord). As ``POST /cron/jobs``
+    refuses a field it does not take."""
+    srv, rt, _ = served
+    now = clock.now()
+    good = {"sender_id": "U1", "thread_id": "T", "text": "x"}
+    for change, field in (({"eventId": "Ev1"}, "eventId"),
+                          ({"attachment": [{"url": "https://x.example/a"}]}, "attachment"),
+                          ({"platform": "discord"}, "platform")):
+        body = json.dumps({**good, **change}).encode()
+        status, got = post(srv, "/social/slack/events", body, signed(body, now))
+        assert (status, got["error"], got.get("field")) == (422, "invalid_argument", field), got
+    assert rt.social.statistics()["accepted"] == 0
+    body = json.dumps({**good, "platform": "slack"}).encode()  # the route's own: no news
+    assert post(srv, "/social/slack/events", body, signed(body, now))[0] == 202
+    with pytest.raises(rules.InvalidSocialEvent) as refused:
+        rt.social.ingest({"platform": "slack", **good, "evnet_id": "Ev2"})
+    assert refused.value.field == "evnet_id"
 
 
 # -- cron routes -----------------------------------------------------------------------------
