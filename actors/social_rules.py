@@ -175,6 +175,10 @@ def _attachments(raw: object) -> tuple[Attachment, ...]:
         if not isinstance(item, Mapping) or not isinstance(item.get("url"), str) \
                 or not item["url"].startswith(("https://", "http://")):
             raise InvalidSocialEvent(f"attachments[{i}]", "give an object with an http(s) url")
+        stray = [key for key in item if key not in ATTACHMENT_LIMITS]
+        if stray:  # a misspelt one (mimeType) was dropped unread
+            raise InvalidSocialEvent(f"attachments[{i}]", f"{quoted(stray[0])} is not a field "
+                                     f"of an attachment; its fields are url, name, mime_type")
         name, mime = item.get("name", ""), item.get("mime_type", "")
         if not isinstance(name, str) or not isinstance(mime, str):
             raise InvalidSocialEvent(f"attachments[{i}]", "name and mime_type are strings")

@@ -216,6 +216,8 @@ def test_a_webhook_event_with_a_field_kinbox_does_not_know_is_a_422_naming_it(
     good = {"sender_id": "U1", "thread_id": "T", "text": "x"}
     for change, field in (({"eventId": "Ev1"}, "eventId"),
                           ({"attachment": [{"url": "https://x.example/a"}]}, "attachment"),
+                          ({"attachments": [{"url": "https://x.example/a", "mimeType": "a/b"}]},
+                           "attachments[0]"),
                           ({"platform": "discord"}, "platform")):
         body = json.dumps({**good, **change}).encode()
         status, got = post(srv, "/social/slack/events", body, signed(body, now))
