@@ -79,7 +79,12 @@ def escaped(text: str) -> str:
 def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
     """``repr(value)`` for an error message, cut to about ``limit`` characters: a model's
     runaway argument must not come back whole into its context (or a log line)."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int (or a container of one) past Python's 4,300 digits
+        if isinstance(value, int):
+            return f"an integer of {value.bit_length():,} bits"
+        return f"a {type(value).__name__} holding an integer too long to print"
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
@@ -131,7 +136,8 @@ def require_int(name: str, value: Any, low: int, high: int) -> int:
         raise ToolError("invalid_argument",
                         f"{name} must be an integer from {low} to {high}, not {got}.")
     if not low <= value <= high:
-        raise ToolError("invalid_argument", f"{name} must be from {low} to {high}, got {value}.")
+        raise ToolError("invalid_argument",
+                        f"{name} must be from {low} to {high}, got {quoted(value)}.")
     return value
 
 

@@ -126,6 +126,21 @@ def test_a_huge_argument_is_refused_without_echoing_it_back(world: dict[str, Any
     assert rt.inbox() == []
 
 
+def test_an_integer_python_cannot_print_is_an_invalid_argument(world: dict[str, Any]) -> None:
+    """An int past Python's 4,300 digits (a framework's parser may hand one over, a caller
+    may pass one) raised ValueError out of the message that quoted it: the call crashed
+    where a model should hear what was wrong."""
+    tools = world["rt"].tools_for(world["me"])
+    huge = 10**5000
+    for args in ({"limit": huge}, {"limit": -huge}, {"status": huge}):
+        result = tools.call("agent_list", args)
+        assert result["error"] == "invalid_argument", result
+        assert len(result["message"]) < 400, result["message"][:200]
+    with pytest.raises(ToolError) as info:
+        tools.agent_list(limit=huge)
+    assert info.value.code == "invalid_argument"
+
+
 def test_an_id_longer_than_any_row_holds_is_invalid_and_a_longest_one_is_looked_up(
         world: dict[str, Any]) -> None:
     tools = world["rt"].tools_for(world["me"])
