@@ -18,6 +18,7 @@ import sys
 import threading
 from urllib.parse import urlsplit
 from kinbox.actors import Runtime
+from kinbox.actors.schedule_driver import ScheduleDriver
 
 # A proxy to the server that, once frozen, holds every byte its connections get and
 # refuses new ones: to a client, a server that hung.
@@ -77,8 +78,29 @@ async def brain(turn):
     await asyncio.to_thread(go_on.wait, 30)
     await turn.tools.task_list()  # a tool call: it reads, on a blocking worker
 
+# The scheduler's look waits on the hung server only on a connection its pool thread
+# opened before the freeze: one opened after it is refused, and the look ends at once.
+# When that thread's first look came (the listener's connect asks for one, whenever it
+# connects) was the machine's business. Now the first look opens its connection, then
+# waits for the freeze; every other look waits for it (one look at a time).
+started, looking, frozen_now = threading.Event(), threading.Event(), threading.Event()
+fire_held = ScheduleDriver._fire_held
+
+
+def first_look_after_the_freeze(driver):
+    started.wait()
+    rt.context.journal.t.db.execute_sql("SELECT 1")  # this thread's connection, now
+    looking.set()
+    frozen_now.wait()
+    fire_held(driver)
+
+
+ScheduleDriver._fire_held = first_look_after_the_freeze
 proxied = server._replace(netloc=f"{server.username}@127.0.0.1:{listener.getsockname()[1]}")
-rt = Runtime(db=proxied.geturl(), brain=brain).start()
+rt = Runtime(db=proxied.geturl(), brain=brain)
+rt.start()
+started.set()
+rt.cron.look_now()  # a scheduler job: it reads the cron tables
 # The scheduler's look, and the ticker's check of this runtime's own life lock (on the
 # lock's connection, whose lock the stop's release of the life lock waited for).
 waits = ["_fire_held", "gone"]
@@ -89,10 +111,11 @@ if sys.argv[2] == "turn":
     waits.append("task_list")
 # Not while a thread opens a connection: peewee holds a lock of the whole database while
 # it does, which every close then waits for (a server hanging mid-handshake: not here).
+wait_until(looking.is_set, "the scheduler's look")
 wait_until(lambda: not waiting_in("connect"), "the connections to open")
 frozen.set()
+frozen_now.set()
 go_on.set()
-rt.cron.look_now()  # a scheduler job: it reads the cron tables
 wait_until(lambda: all(waiting_in(f) for f in waits), f"{waits} to wait on the server")
 print("the server hangs; the program ends", flush=True)
 """
