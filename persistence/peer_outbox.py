@@ -96,12 +96,14 @@ class PeerOutbox:
             return WindowClaim([])  # a suspect row is out (this link's): it goes alone
         taken: list[ClaimedRow] = []
         over: list[str] = []  # leases that ran out under a link: counted, not taken
+        own = self._unheld(owner, rows) if after_seq <= 0 else set()
         stopped = False
         for r in rows:
-            if not (is_claimable(r.status, r.available_at, r.lease_until, now)
+            if not (r.message_id in own
+                    or is_claimable(r.status, r.available_at, r.lease_until, now)
                     or (waiting_too and r.status == PENDING)):
                 break
-            if r.status == PROCESSING:
+            if r.status == PROCESSING and r.message_id not in own:
                 over.append(r.message_id)
                 stopped = True  # it waits out its backoff, and the rows behind it
             elif stopped:
@@ -118,6 +120,22 @@ class PeerOutbox:
             self.t.db.execute_sql(self._sql_lease + f"({', '.join([p] * len(ids))})",
                                   (PROCESSING, owner, now + lease, now, *ids))
         return WindowClaim(taken, tuple(counted))
+
+    def _unheld(self, owner: str, rows: Sequence[Head]) -> set[str]:
+        """The ids of ``rows`` leased to ``owner``, for a claim from the device's head: its
+        link holds none of them then (it claims from the head only when it holds nothing).
+
+        A claim's lease can commit while its answer is lost with the connection (on
+        PostgreSQL: a server restart, a failover, a cut network): the link took the claim
+        for failed, and the rows stayed leased to a live owner that no one takes over.
+        Its next claims stopped at them until the lease ran out, then counted each as
+        taken over (an attempt, suspect, announced as its sender's death). Such a row
+        is taken again, uncounted, as a pending one is. Read under the rows' locks."""
+        leased = [r.message_id for r in rows if r.status == PROCESSING]
+        if not leased:
+            return set()
+        return {mid for mid, (status, lease_owner, *_rest) in self.hot.fence_rows(leased).items()
+                if status == PROCESSING and lease_owner == owner}
 
     def _count_takeovers(self, ids: list[str], now: float) -> list[TakenOver]:
         """Each of ``ids`` was leased by a link that never answered for it: a failed attempt

@@ -238,3 +238,23 @@ def test_a_link_whose_rows_were_taken_over_under_it_claims_nothing_after_them(
     for now in (later, later + 2.0):  # before and after their backoff
         assert _claim(outbox, "stalled", now, after_seq=held[-1].seq) == []
     assert _claim(outbox, "other", later + 2.0) == ["m0"]
+
+
+def test_rows_a_lost_claim_answer_left_leased_to_a_live_link_go_again_uncounted(
+        stores: Stores) -> None:
+    """A window claim's lease committed while its answer was lost with the connection (on
+    PostgreSQL: a server restart, a failover, a cut network): the link took the claim for
+    failed and holds none of the rows. Its next claim from the device's head found them
+    leased to a live owner: nothing to send until the lease ran out, then each counted as
+    taken over (an attempt, suspect, announced as its sender's death). A claim from the
+    head by the same owner (its link holds nothing then) takes them again, uncounted."""
+    outbox = PeerOutbox(stores.tables, stores.writer)
+    _send(stores, "m0", "m1", "m2")
+    assert _claim(outbox, "me", 1.0, limit=2) == ["m0", "m1"]  # its answer lost
+    assert _claim(outbox, "other", 2.0) == []  # a live lease: no other owner's
+    assert _claim(outbox, "me", 2.0) == ["m0", "m1", "m2"]
+    rows = [stores.journal.get(m) for m in ("m0", "m1", "m2")]
+    assert [(r["status"], r["lease_owner"], r["lease_until"], r["attempts"], bool(r["suspect"]))
+            for r in rows] == [("processing", "me", 2.0 + LEASE, 0, False)] * 3
+    # Past the window's last row, its own rows are the link's: nothing taken twice.
+    assert _claim(outbox, "me", 3.0, after_seq=max(r["seq"] for r in rows)) == []
