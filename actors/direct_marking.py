@@ -50,7 +50,17 @@ def wait_to_mark(ctx: RuntimeContext, session_id: str, turn_id: str) -> Steps[No
     back to be handed to the inbox; a cron run's record stays to be taken over)."""
 
     def take() -> bool:
-        return ctx.store.take_direct_turn(session_id, ctx.owner, turn_id, ctx.now())
+        try:
+            return ctx.store.take_direct_turn(session_id, ctx.owner, turn_id, ctx.now())
+        except WriterClosed:
+            raise  # stopping: a mark written is a gone runtime's, cleared by whoever looks
+        except PersistenceError:
+            # The mark may have committed while its answer was lost with the connection
+            # (a server restart, a failover): left, it held the session for as long as
+            # this runtime lived (no lease ends it, and no one clears a live runtime's
+            # marks), and no process claimed the session's messages.
+            unmark(ctx, session_id, turn_id)
+            raise
 
     while not (yield Blocking(take)):
         yield _pause(ctx, session_id)
