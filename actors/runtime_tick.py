@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..persistence import LifeLockLost
+from ..persistence import LifeLockLost, PersistenceError
 from . import subagents
+from .lease_renewal import log_failure
 from .messages import Tick
 from .takeover import TAKEOVER_INTERVAL, take_over_from_the_gone
 
@@ -68,6 +69,9 @@ class TickApi:
             log.error("%s; this runtime stops as if killed: start it again", exc)
             if self._state == "running":
                 self.crash()
+        except PersistenceError as exc:  # the database's (a lost connection: one line)
+            log_failure(log, "checking for runtimes that are gone", exc,
+                        "their leases expire as usual, and the next tick checks again")
         except Exception:
             log.exception("checking for runtimes that are gone failed; their leases expire "
                           "as usual")
