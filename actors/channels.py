@@ -230,6 +230,11 @@ class Channels:
         """Committed replies until their send ended for good (the module docstring)."""
         self._recovered: set[str] = set()
         """Platforms whose replies other runtimes left kept were taken up (once each)."""
+        self._unsure: dict[str, str] = {}
+        """Replies whose take-over failed (reply id -> platform): it may have committed as
+        its answer was lost with the connection, and then they are this runtime's, which
+        no other runtime takes over while it lives, and :meth:`_take_left` takes them
+        (again) at its next look."""
         self.gone: Callable[[set[str]], set[str]] | None = None
         """On PostgreSQL, which of these runtimes are gone (their life lock is free): the
         replies a live one kept are its own to send. None: every other runtime is (SQLite
@@ -267,18 +272,31 @@ class Channels:
         return self._take_left(platforms)
 
     def _take_left(self, platforms: list[str]) -> list[tuple[str, HeldReply]]:
-        left = self.kept.left_by_others(platforms, self.ctx.owner)
-        if left and self.gone is not None:
-            try:
-                gone = self.gone({r.owner for r in left})
-            except Exception:  # not proven gone: their runtimes may still send them
-                log.exception("could not tell which runtimes that kept replies are gone")
-                gone = set()
-            left = [r for r in left if r.owner in gone]
-        # Taken over first: another runtime (or this one's tick) may have found the same.
-        taken = self.kept.take_over(
-            [r.reply_id for r in left], {r.owner for r in left}, self.ctx.owner
-        )
+        me = self.ctx.owner
+        with self._lock:  # this look's alone: two looks taking one reply both sent it
+            unsure = {mid: p for mid, p in self._unsure.items() if p in platforms}
+            for mid in unsure:
+                del self._unsure[mid]
+        tried: list[KeptReply] = []
+        try:
+            left = self.kept.left_by_others(platforms, me, also=unsure)
+            if left and self.gone is not None:
+                others = {r.owner for r in left} - {me}
+                try:
+                    gone = self.gone(others) if others else set()
+                except Exception:  # not proven gone: their runtimes may still send them
+                    log.exception("could not tell which runtimes that kept replies are gone")
+                    gone = set()
+                left = [r for r in left if r.owner in gone or r.owner == me]
+            # Taken over first: another runtime (or this one's tick) may have found the same.
+            tried = left
+            taken = self.kept.take_over([r.reply_id for r in left], {r.owner for r in left}, me)
+        except BaseException as exc:
+            with self._lock:
+                self._unsure.update(unsure)
+                if isinstance(exc, PersistenceError) and not isinstance(exc, WriterClosed):
+                    self._unsure.update((r.reply_id, r.platform) for r in tried)
+            raise
         return [(r.platform, HeldReply(r.session_id, r.route, r.text, r.reply_id))
                 for r in left if r.reply_id in taken]
 

@@ -15,7 +15,7 @@ dedupe key.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,13 +84,17 @@ class SocialOutbox:
         # no other runtime takes a live one's replies over.
         return self.writer.call_landed(take) if reply_ids else set()
 
-    def left_by_others(self, platforms: list[str], owner: str) -> list[KeptReply]:
+    def left_by_others(self, platforms: list[str], owner: str,
+                       also: Collection[str] = ()) -> list[KeptReply]:
         """The replies for ``platforms`` that runtimes other than ``owner`` kept and never
-        settled, oldest first."""
+        settled, and those of ``also`` (reply ids) whoever keeps them, oldest first."""
         r = self.t.social_reply
+        others = r.owner != owner
+        if also:
+            others |= r.reply_id.in_(sorted(also))
         rows = (
             r.select()
-            .where(r.platform.in_(platforms), r.owner != owner)
+            .where(r.platform.in_(platforms), others)
             .order_by(r.created_at, r.reply_id)
         )
         return [

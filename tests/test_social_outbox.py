@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kinbox.actors import Runtime, Turn
-from kinbox.persistence import GroupCommitWriter, WriteTimeout
+from kinbox.persistence import DatabaseFailed, GroupCommitWriter, WriteTimeout
 
 from .helpers import SHORT, wait_for
 from .social_helpers import PlatformServer, respond
@@ -281,6 +281,41 @@ def test_a_take_over_whose_write_outran_its_wait_still_sends_the_reply(
             gate.set()
             batch_done.set()  # the take-over commits: the reply is the survivor's
         helper.join(30)
+        wait_for(lambda: len(platform.accepted) > before, 30, "the survivor to send it")
+        assert survivor.social.wait_idle(20)
+    finally:
+        survivor.stop()
+    [resent] = platform.accepted[before:]
+    assert resent == platform.first
+
+
+@pytest.mark.timeout(120)
+def test_a_take_over_whose_answer_was_lost_still_sends_the_reply(
+    pg_url: str, platform: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tick's take-over of a gone runtime's kept reply committed while its answer was
+    lost with the connection (a server restart, a failover, a cut network): the tick took
+    it for failed, and the reply was this live runtime's, which never sent it, and which
+    its next looks (for replies other runtimes kept) never saw again."""
+    survivor = started(pg_url, platform)
+    try:
+        try:
+            doomed, before = holding_a_reply(pg_url, platform)
+            kept = survivor.social.channels.kept
+            real = kept.take_over
+            lost = threading.Event()
+
+            def take_over(reply_ids: list[str], gone: set[str], owner: str) -> set[str]:
+                taken = real(reply_ids, gone, owner)
+                if taken and not lost.is_set():
+                    lost.set()
+                    raise DatabaseFailed("server closed the connection unexpectedly")
+                return taken
+            monkeypatch.setattr(kept, "take_over", take_over)
+            doomed.stop(timeout=1)  # its life lock goes with it: gone to the survivor
+        finally:
+            platform.cut.set()
+        assert lost.wait(30), "the take-over never came"
         wait_for(lambda: len(platform.accepted) > before, 30, "the survivor to send it")
         assert survivor.social.wait_idle(20)
     finally:
