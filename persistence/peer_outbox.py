@@ -130,12 +130,20 @@ class PeerOutbox:
         for failed, and the rows stayed leased to a live owner that no one takes over.
         Its next claims stopped at them until the lease ran out, then counted each as
         taken over (an attempt, suspect, announced as its sender's death). Such a row
-        is taken again, uncounted, as a pending one is. Read under the rows' locks."""
-        leased = [r.message_id for r in rows if r.status == PROCESSING]
+        is taken again, uncounted, as a pending one is. Read under the locks of
+        ``owner``'s rows (on PostgreSQL), never waiting for another owner's."""
+        leased = sorted(r.message_id for r in rows if r.status == PROCESSING)
         if not leased:
             return set()
-        return {mid for mid, (status, lease_owner, *_rest) in self.hot.fence_rows(leased).items()
-                if status == PROCESSING and lease_owner == owner}
+        hot = self.hot
+        lock = " ORDER BY message_id FOR UPDATE" if hot.postgres else ""
+        mine: set[str] = set()
+        for part in chunks(leased):
+            mine.update(r[0] for r in self.t.db.execute_sql(
+                f"SELECT message_id FROM {INBOX} WHERE message_id IN ({hot.in_list(len(part))}) "
+                f"AND status = {hot.p} AND lease_owner = {hot.p}{lock}",
+                [*part, PROCESSING, owner]))
+        return mine
 
     def _count_takeovers(self, ids: list[str], now: float) -> list[TakenOver]:
         """Each of ``ids`` was leased by a link that never answered for it: a failed attempt
