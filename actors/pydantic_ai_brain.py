@@ -21,7 +21,9 @@ as for every adapter; the runtime's own stop lets it finish within ``stop_grace`
 A model API's error answer (``ModelHTTPError``) fails the attempt as kinbox's rule for
 HTTP statuses says (:func:`.http_failure.model_http_failure`): 400, 401, 403, 404 and 422
 for good (``PermanentFailure``), 408, 429 and 5xx with the wait the answer asked
-(``RetryLater``, its ``retry_after``), any other as an ordinary failed attempt. A
+(``RetryLater``, its ``retry_after``), any other as an ordinary failed attempt; a refused
+request pydantic-ai raises with no status (``ModelRequestRejectedError``: refused before
+it was sent, or in a stream) for good too. A
 ``UserError`` of pydantic-ai (a mistake in the agent's set-up, such as a tool of its own
 named as a kinbox tool, which every attempt would repeat) fails the row for good.
 pydantic-ai is imported here only, never on kinbox's core path.
@@ -35,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pydantic_ai import RunContext, Tool
+from pydantic_ai import exceptions as _pai_errors
 from pydantic_ai.agent import AbstractAgent
 from pydantic_ai.exceptions import FallbackExceptionGroup, ModelHTTPError, UserError
 from pydantic_ai.messages import (
@@ -71,6 +74,14 @@ __all__ = [
     "prompt_of",
     "pydantic_ai_brain",
 ]
+
+_REJECTED: tuple[type[Exception], ...] = tuple(
+    c for c in (getattr(_pai_errors, "ModelRequestRejectedError", None),) if c is not None
+)
+"""pydantic-ai's category of a request the model API refuses (pydantic-ai 2), raised with
+no HTTP status where no answer came: before the request is sent, or as an error event in
+a stream. Its subclasses: a bad key, an unknown model, a context window exceeded."""
+_MODEL_ERRORS: tuple[type[Exception], ...] = (ModelHTTPError, *_REJECTED)
 
 AgentFor = Callable[[Turn], AbstractAgent[Any, Any]]
 """Builds (or returns) the pydantic-ai agent for a turn: your model, instructions, settings."""
@@ -182,7 +193,7 @@ def pydantic_ai_brain(
             )
         except UserError as exc:  # the application's mistake: every attempt would repeat it
             raise PermanentFailure(f"pydantic-ai refused the agent: {exc}") from exc
-        except ModelHTTPError as exc:
+        except _MODEL_ERRORS as exc:
             failure = _http_failure(exc)
             if failure is None:
                 raise
@@ -202,8 +213,14 @@ def pydantic_ai_brain(
 
 def _http_failure(error: BaseException) -> PermanentFailure | RetryLater | None:
     """The brain failure a model's error answer is (:func:`.http_failure.model_http_failure`;
-    pydantic-ai read its wait off the answer, ``Retry-After`` or ``retry-after-ms``), None
+    pydantic-ai read its wait off the answer, ``Retry-After`` or ``retry-after-ms``); a
+    refused request with no status (:data:`_REJECTED`) for good, as its 400 would be; None
     for any other error."""
-    if not isinstance(error, ModelHTTPError):
-        return None
-    return model_http_failure(error.status_code, error.retry_after, "the model API")
+    if isinstance(error, ModelHTTPError):
+        return model_http_failure(error.status_code, error.retry_after, "the model API")
+    if isinstance(error, _REJECTED):
+        return PermanentFailure(
+            f"the model API refused the request ({type(error).__name__}): the same request "
+            "cannot succeed later"
+        )
+    return None

@@ -131,6 +131,38 @@ def test_pydantic_ai_model_http_errors(
     assert "ModelHTTPError: status_code: " in row["last_error"]  # the cause, kept
 
 
+@pytest.mark.parametrize("category", [
+    "ModelRequestRejectedError", "ModelAuthenticationError", "ModelContextWindowExceededError",
+])
+def test_pydantic_ai_request_rejected_without_a_status_fails_for_good(
+    make_runtime: MakeRuntime, category: str
+) -> None:
+    """pydantic-ai raises a rejected request's category with no HTTP status where no answer
+    came: before the request is sent (``OpenAIChatModel`` on a model that refuses tools
+    while it reasons, which every kinbox turn sends), or as an error event in a stream. It
+    is the same refusal a 400 or 401 is, which fails the row at once, but it was an
+    ordinary failed attempt: the row waited through every backoff, failing the same way."""
+    pytest.importorskip("pydantic_ai", reason="the pydantic-ai extra is not installed")
+    from pydantic_ai import Agent
+    from pydantic_ai import exceptions as pai_errors
+    from pydantic_ai.messages import ModelMessage, ModelResponse
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from kinbox.actors.pydantic_ai_brain import pydantic_ai_brain
+
+    rejected = getattr(pai_errors, category, None)
+    if rejected is None:
+        pytest.skip(f"this pydantic-ai has no {category}")
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        raise rejected("test-model", "the provider will not take this request")
+
+    rt = make_runtime(brain=pydantic_ai_brain(Agent(FunctionModel(model))))
+    row = one_turn(rt)
+    assert_row(row, "failed", 1, None, "PermanentFailure: ")
+    assert f"{category}: " in row["last_error"]  # the cause, kept
+
+
 @pytest.mark.parametrize(("answers", "row_status", "wait"), [
     ([(401, {}), (403, {})], "failed", None),
     ([(401, {}), (429, {"retry-after": "120"})], "pending", 120.0),
