@@ -130,9 +130,11 @@ async def until_stopped(turn: Turn, run: Coroutine[Any, Any, T]) -> tuple[bool, 
     Waiting for kinbox's ``stop_grace`` instead would leave a model call running that
     nobody will read. The runtime's own stop (a deploy) is no such caller: the run goes on,
     as a plain async brain's does, its answer within the grace committed; past the grace
-    the host cancels the brain, and this run with it."""
+    the host cancels the brain, and this run with it. A run that ends cancelled with no
+    stop (its own CancelledError) raises it: a failed attempt, not a stopped turn."""
     task = asyncio.ensure_future(run)
     stop = asyncio.ensure_future(turn.stopped())
+    cancelled = False
     try:
         await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done() and turn.runtime_stopping:
@@ -141,8 +143,11 @@ async def until_stopped(turn: Turn, run: Coroutine[Any, Any, T]) -> tuple[bool, 
         stop.cancel()
         if not task.done():
             task.cancel()
-    if task.cancelled() or not task.done():
+            cancelled = True
+    if cancelled:
         with contextlib.suppress(asyncio.CancelledError):
             await task
         return True, None
+    # Ended before any stop: a CancelledError of the run's own (nobody asked the turn to
+    # stop) is raised, the attempt's failure as a plain brain's is, not a stopped turn.
     return False, task.result()

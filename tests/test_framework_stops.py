@@ -221,3 +221,59 @@ def test_a_social_turn_cut_short_by_the_stop_runs_at_the_next_start(
     rt.run_until_idle(timeout=20)
     texts = [e.text for e in rt.transcript("social-slack-T1")]
     assert texts.count("the answer") == 1 and len(texts) == 3, texts  # + the delivery note
+
+
+async def own_cancel() -> str:
+    """A model call that ends with a CancelledError of its own (an inner task it awaits
+    was cancelled: a client's connection pool closing, an anyio scope), nobody having
+    asked the turn to stop."""
+    inner = asyncio.ensure_future(asyncio.sleep(3600))
+    await asyncio.sleep(0)
+    inner.cancel()
+    await inner
+    return "never"
+
+
+class OwnCancelClient(ReplayChatCompletionClient):
+    def __init__(self) -> None:
+        super().__init__([])
+
+    async def create(self, messages: Sequence[LLMMessage], **kwargs: Any) -> CreateResult:
+        return CreateResult(finish_reason="stop", content=await own_cancel(),
+                            usage=RequestUsage(prompt_tokens=0, completion_tokens=0),
+                            cached=False)
+
+
+def own_cancel_brain(kind: str) -> Callable[[Turn], Any]:
+    if kind == "plain_async":
+        async def brain(turn: Turn) -> None:
+            turn.reply(await own_cancel())
+        return brain
+    if kind == "pydantic_ai":
+        async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            return ModelResponse(parts=[TextPart(await own_cancel())])
+        return pydantic_ai_brain(Agent(FunctionModel(model)))
+    if kind == "openai_agents":
+        async def script(items: Any, tools: list[str]) -> list[Any]:
+            return [say(await own_cancel())]
+        return openai_agents_brain(SdkAgent(name="B", model=ScriptModel(script)))
+    return autogen_brain(OwnCancelClient())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["plain_async", "pydantic_ai", "openai_agents", "autogen"])
+def test_a_run_cancelled_by_itself_with_no_stop_is_a_failed_attempt(
+    make_runtime: MakeRuntime, kind: str
+) -> None:
+    """A framework run that ended cancelled though nobody asked the turn to stop was taken
+    for the stop the adapter cancels it on: the turn committed as stopped, the message
+    acknowledged unanswered and never run again. As for a plain ``async def`` brain, the
+    run's own CancelledError is the attempt's failure, and the row is retried."""
+    rt = make_runtime(brain=own_cancel_brain(kind))
+    session = rt.create_session(rt.create_project("p").id, "A").id
+    rt.post(session, "hello")
+    rt.run_until_idle(timeout=30)
+    row = rt.inbox()[0]
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    assert "CancelledError" in row["last_error"]
+    assert rt.transcript(session) == []
