@@ -25,6 +25,7 @@ from .errors import ConfigError, ToolError
 from .transcript_view import speaker
 from .turn import Turn
 from .turn_history import history_limit
+from .validation import escaped
 
 T = TypeVar("T")
 
@@ -79,11 +80,14 @@ def reply_with(turn: Turn, output: object) -> None:
     """The framework's final output as the turn's reply; None and "" are no reply (0, False
     or [] are the agent's answer too). Text is replied as it is; anything else (a
     structured ``output_type``: a pydantic model, a dataclass, a list) as JSON, which a
-    parent agent or a product can parse back (``str()`` of a model is ``a=1 b='x'``)."""
+    parent agent or a product can parse back (``str()`` of a model is ``a=1 b='x'``).
+    Text no database holds (a NUL, a lone surrogate: an emoji a model's output cut in half)
+    is replied with those characters escaped: the answer is the model's, and refusing it
+    failed the attempt, the whole run thrown away to be run again."""
     if output is None or output == "":
         return
     if isinstance(output, str):
-        turn.reply(output)
+        turn.reply(escaped(output))
         return
     # pydantic comes with every framework hosted here; what it cannot serialize is its str.
     from pydantic_core import to_json

@@ -120,6 +120,39 @@ def test_an_answer_of_zero_is_the_reply(make_runtime: Callable[..., Runtime]) ->
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "answer, replied",
+    [
+        ("col1\x00col2", "col1\\x00col2"),
+        ("cut short \ud83d", "cut short \\ud83d"),
+    ],
+    ids=["nul", "lone_surrogate"],
+)
+def test_an_answer_no_database_holds_is_replied_escaped(
+    make_runtime: Callable[..., Runtime], answer: str, replied: str
+) -> None:
+    """A model's answer with a NUL or a lone surrogate (an emoji cut in half) was handed to
+    ``turn.reply``, which refuses such text: the attempt failed, the agent's whole run
+    (its model calls, its tool calls) was thrown away and run again, and an answer that
+    came back the same failed the message for good. The answer is the model's, not the
+    application's: it is replied with those characters escaped, as kinbox records other
+    text it did not choose."""
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart(answer)])
+
+    rt = make_runtime(brain=pydantic_ai_brain(Agent(FunctionModel(model))))
+    session = rt.create_session(rt.create_project("p").id, "A").id
+    rt.post(session, "export the table")
+    rt.run_until_idle(timeout=30)
+    row = rt.inbox()[0]
+    assert (row["status"], row["attempts"]) == ("delivered", 0)
+    assert [(e.role, e.text) for e in rt.transcript(session)] == [
+        ("user", "export the table"),
+        ("assistant", replied),
+    ]
+
+
+@pytest.mark.timeout(60)
 def test_a_structured_output_is_replied_as_json(make_runtime: Callable[..., Runtime]) -> None:
     """An agent whose ``output_type`` is a model replied its ``str()``: ``title='PR 7'
     approved=True``, which nothing (a parent agent, a product's UI) could parse back."""
