@@ -14,7 +14,10 @@ the agent lacks is answered to the model too
 (``tool_not_found_behavior="return_error_to_model"``), not a failed run. An agent whose
 own tool bears a kinbox tool's name fails the row for good (``PermanentFailure``) after
 one attempt. The SDK's own ``UserError`` stays an ordinary failed attempt: it also
-raises it for a state that passes (an MCP server not connected yet). The turn's
+raises it for a state that passes (an MCP server not connected yet). An input
+guardrail's tripwire (``InputGuardrailTripwireTriggered``) fails the row for good: every
+attempt would give the guardrail the same input (an output guardrail's, whose output
+a retry may change, stays an ordinary failed attempt). The turn's
 prompt and reply are those of every adapter (``framework_turns``); the session's earlier
 conversation (``history=``, the newest 20 visible entries by default) comes before the
 prompt as the run's input items (``{"role": "user" | "assistant", "content": ...}``); a
@@ -40,6 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agents import Agent, FunctionTool, RunConfig, RunContextWrapper, Runner, ToolExecutionConfig
+from agents.exceptions import InputGuardrailTripwireTriggered
 from agents.handoffs import Handoff
 from agents.tool_context import ToolContext
 
@@ -210,6 +214,13 @@ def openai_agents_brain(
             stopped, result = await until_stopped(
                 turn, Runner.run(agent, given, run_config=config, **limits)
             )
+        except InputGuardrailTripwireTriggered as exc:
+            # The application's guardrail refused the turn's input: every attempt gives it
+            # the same input, so a retry only runs it (and the agent beside it) again.
+            name = exc.guardrail_result.guardrail.get_name()
+            raise PermanentFailure(
+                f"the agent's input guardrail {name!r} refused the turn's input"
+            ) from exc
         except Exception as exc:  # the SDK passes the openai client's errors on as raised
             failure = openai_failure(exc, turn.started)
             if failure is None:

@@ -524,6 +524,42 @@ def test_the_sdks_own_user_error_is_an_ordinary_failed_attempt(make_runtime: Mak
     assert "UserError" in row["last_error"] and "PermanentFailure" not in row["last_error"]
 
 
+def test_an_input_guardrails_tripwire_fails_the_row_for_good(
+    make_runtime: MakeRuntime, clock: ManualClock
+) -> None:
+    """An input guardrail that trips refuses the turn's input, and every attempt gives its
+    guardrail the same input: the row was retried four times after its backoffs, each
+    running the guardrail (and, run in parallel with it, the agent) again, and holding
+    the session's next messages behind it, before it failed. It fails after one attempt,
+    the guardrail named."""
+    from agents import GuardrailFunctionOutput, input_guardrail
+
+    checked: list[str] = []
+
+    @input_guardrail(name="no_spam")
+    async def no_spam(ctx: Any, agent: Any, given: Any) -> GuardrailFunctionOutput:
+        checked.append("spam")
+        return GuardrailFunctionOutput(output_info=None, tripwire_triggered="spam" in str(given))
+
+    async def model(items: list[TResponseInputItem], tools: list[str]) -> list[TResponseOutputItem]:
+        return [say("ok")]
+
+    agent = Agent(name="Me", model=ScriptModel(model), input_guardrails=[no_spam])
+    rt = make_runtime(brain=openai_agents_brain(agent))
+    me = rt.create_session(rt.create_project("solo").id, "Me").id
+    rt.post(me, "buy spam now")
+    rt.post(me, "what is on today?")
+    for _ in range(5):  # through every backoff a retried row would wait
+        rt.run_until_idle(timeout=30)
+        clock.advance(30)
+    first, second = rt.inbox(target=me)
+    assert (first["status"], first["attempts"]) == ("failed", 1)
+    assert "PermanentFailure: " in first["last_error"] and "'no_spam'" in first["last_error"]
+    assert "InputGuardrailTripwireTriggered" in first["last_error"]  # the cause, kept
+    assert checked == ["spam", "spam"]  # once per message
+    assert second["status"] == "delivered"
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("max_turns", ["3", 0, -1, 2.5, True])
 def test_a_bad_max_turns_is_refused_where_the_brain_is_built(max_turns: object) -> None:
