@@ -17,7 +17,8 @@ one attempt. The SDK's own ``UserError`` stays an ordinary failed attempt: it al
 raises it for a state that passes (an MCP server not connected yet). An input
 guardrail's tripwire (``InputGuardrailTripwireTriggered``) fails the row for good: every
 attempt would give the guardrail the same input (an output guardrail's, whose output
-a retry may change, stays an ordinary failed attempt). The turn's
+a retry may change, stays an ordinary failed attempt). A run that paused for a tool's
+approval (``needs_approval``) fails for good too: kinbox cannot resume it. The turn's
 prompt and reply are those of every adapter (``framework_turns``); the session's earlier
 conversation (``history=``, the newest 20 visible entries by default) comes before the
 prompt as the run's input items (``{"role": "user" | "assistant", "content": ...}``); a
@@ -227,6 +228,21 @@ def openai_agents_brain(
                 raise
             raise failure from exc
         if not stopped and result is not None:
+            _refuse_interrupted(result)
             reply_with(turn, result.final_output)
 
     return brain
+
+
+def _refuse_interrupted(result: Any) -> None:
+    """PermanentFailure if the run paused for approval (a tool of the agent's with
+    ``needs_approval``): the SDK returns it unfinished, the calls in ``interruptions`` and
+    no output, to be resumed once approved. kinbox cannot resume it, and committing it
+    acknowledged the message unanswered, with the writes of a run that never ended."""
+    waiting = getattr(result, "interruptions", None)
+    if waiting:
+        names = sorted({str(getattr(item, "tool_name", None) or "?") for item in waiting})
+        raise PermanentFailure(
+            f"the run paused for approval of {', '.join(repr(n) for n in names)}, which "
+            "kinbox cannot give: remove needs_approval from the agent's tools"
+        )

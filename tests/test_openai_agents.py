@@ -560,6 +560,45 @@ def test_an_input_guardrails_tripwire_fails_the_row_for_good(
     assert second["status"] == "delivered"
 
 
+def test_a_run_paused_for_a_tools_approval_fails_the_row_for_good(
+    make_runtime: MakeRuntime,
+) -> None:
+    """A tool of the agent's with ``needs_approval`` pauses the SDK's run: it returns with
+    the call among its ``interruptions`` and no output, to be resumed once approved. The
+    turn committed that as an answer of nothing: the message acknowledged unanswered, the
+    approval asked of nobody, and the run's kinbox writes (a send before the pause)
+    committed though the run never ended. kinbox cannot resume such a run (as with
+    pydantic-ai, whose run refuses a deferred call it cannot hand back: a ``UserError``):
+    the row fails for good after one attempt, naming the tool, and nothing of it commits."""
+    ran: list[str] = []
+
+    @function_tool(needs_approval=True)
+    def delete_repo(name: str) -> str:
+        ran.append(name)
+        return "deleted"
+
+    ids: dict[str, str] = {}
+
+    async def model(items: list[TResponseInputItem], tools: list[str]) -> list[TResponseOutputItem]:
+        if not tool_outputs(items):
+            return [call("agent_send", {"agent_id": ids["bob"], "message": "deleting"}, "c1")]
+        return [call("delete_repo", {"name": "kinbox"}, "c2")]
+
+    agent = Agent(name="Ops", model=ScriptModel(model), tools=[delete_repo])
+    rt = make_runtime(brain=openai_agents_brain(agent))
+    project = rt.create_project("solo")
+    me = rt.create_session(project.id, "Me").id
+    ids["bob"] = rt.create_session(project.id, "Bob").id
+    rt.post(me, "clean up")
+    rt.run_until_idle(timeout=30)
+    row = rt.inbox(target=me)[0]
+    assert (row["status"], row["attempts"]) == ("failed", 1)
+    assert "PermanentFailure: " in row["last_error"] and "'delete_repo'" in row["last_error"]
+    assert ran == []
+    assert rt.inbox(target=ids["bob"]) == []  # the send went with the failed attempt
+    assert rt.transcript(me) == []
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("max_turns", ["3", 0, -1, 2.5, True])
 def test_a_bad_max_turns_is_refused_where_the_brain_is_built(max_turns: object) -> None:
