@@ -15,7 +15,8 @@ the turn's reply. The session's earlier conversation (``history=``, the newest 2
 entries by default) is the run's ``message_history``: each user entry a ``ModelRequest``
 and each reply a ``ModelResponse``, entries in a row of one role merged into one message
 and a reply whose question fell out of the window left out, so the history starts with a
-request and alternates as pydantic-ai requires. A caller's stop cancels the agent's run at
+request and alternates as pydantic-ai requires, headed by the agent's system prompt (which
+pydantic-ai adds only to a run with no history). A caller's stop cancels the agent's run at
 once (``framework_turns``,
 as for every adapter; the runtime's own stop lets it finish within ``stop_grace``).
 A model API's error answer (``ModelHTTPError``) fails the attempt as kinbox's rule for
@@ -73,6 +74,7 @@ __all__ = [
     "message_history",
     "prompt_of",
     "pydantic_ai_brain",
+    "with_system_prompt",
 ]
 
 _REJECTED: tuple[type[Exception], ...] = tuple(
@@ -168,6 +170,26 @@ def message_history(lines: list[tuple[str, str]]) -> list[ModelMessage]:
     return messages
 
 
+async def with_system_prompt(
+    agent: AbstractAgent[Any, Any], messages: list[ModelMessage], prompt: str
+) -> list[ModelMessage]:
+    """``messages`` (:func:`message_history`) headed by the agent's system prompt parts.
+
+    pydantic-ai adds an agent's ``system_prompt`` (static, or of its ``@agent.system_prompt``
+    functions) only to a run with no history, taking a history for one its own earlier run
+    made, which holds them; one rebuilt from the transcript holds none, and the agent lost
+    its system prompt from a chat's second turn on. Its own answer for a history rebuilt so
+    (``system_prompt_parts``, pydantic-ai 1.x onward; without it, the history as it is)."""
+    parts_of = getattr(agent, "system_prompt_parts", None)
+    if not messages or parts_of is None:
+        return messages
+    parts = await parts_of(message_history=messages, prompt=prompt)
+    first = messages[0]
+    if not parts or not isinstance(first, ModelRequest):
+        return messages
+    return [dataclasses.replace(first, parts=[*parts, *first.parts]), *messages[1:]]
+
+
 def pydantic_ai_brain(
     agent_for: AbstractAgent[Any, Any] | AgentFor, *, history: int = DEFAULT_HISTORY
 ) -> Callable[[Turn], Any]:
@@ -179,18 +201,19 @@ def pydantic_ai_brain(
     none, the turn's messages alone)."""
     size = history_size(history)
 
+    async def run(turn: Turn, agent: AbstractAgent[Any, Any]) -> Any:
+        prompt = await prompt_for(turn)
+        earlier = await with_system_prompt(
+            agent, message_history(await history_for(turn, size)), prompt
+        )
+        return await agent.run(
+            prompt, message_history=earlier or None, toolsets=[kinbox_toolset(turn)]
+        )
+
     async def brain(turn: Turn) -> None:
         agent = agent_for if isinstance(agent_for, AbstractAgent) else agent_for(turn)
-        earlier = message_history(await history_for(turn, size))
         try:
-            stopped, result = await until_stopped(
-                turn,
-                agent.run(
-                    await prompt_for(turn),
-                    message_history=earlier or None,
-                    toolsets=[kinbox_toolset(turn)],
-                ),
-            )
+            stopped, result = await until_stopped(turn, run(turn, agent))
         except UserError as exc:  # the application's mistake: every attempt would repeat it
             raise PermanentFailure(f"pydantic-ai refused the agent: {exc}") from exc
         except _MODEL_ERRORS as exc:

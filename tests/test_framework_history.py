@@ -94,6 +94,42 @@ def test_a_pydantic_ai_model_sees_the_chats_earlier_turns_as_its_message_history
     assert [type(m) for m in seen[1]] == [ModelRequest, ModelResponse, ModelRequest]
 
 
+def test_a_pydantic_ai_agents_system_prompt_is_kept_on_every_turn(
+    make_runtime: MakeRuntime,
+) -> None:
+    """pydantic-ai adds an agent's ``system_prompt`` (static, or of ``@agent.system_prompt``
+    functions) only to a run with no ``message_history``: it takes a history for one its
+    earlier runs made, which holds them. kinbox's history is rebuilt from the transcript
+    and holds none, so from a chat's second turn on the agent lost its system prompt, the
+    rules it was given. The history now starts with the agent's system prompt parts."""
+    from pydantic_ai.messages import SystemPromptPart
+
+    seen: list[list[ModelMessage]] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        seen.append(list(messages))
+        return ModelResponse(parts=[TextPart("oui")])
+
+    agent = Agent(FunctionModel(model), system_prompt="Answer in French.")
+
+    @agent.system_prompt
+    def house_rules() -> str:
+        return "Never delete a repository."
+
+    rt = make_runtime(brain=pydantic_ai_brain(agent))
+    ask(rt, chat(rt), "hello?", "and now?", "still there?")
+
+    def system(messages: list[ModelMessage]) -> list[str]:
+        return [p.content for m in messages for p in m.parts if isinstance(p, SystemPromptPart)]
+
+    assert [system(m) for m in seen] == [["Answer in French.", "Never delete a repository."]] * 3
+    assert [said(m) for m in seen][2] == [
+        ("user", "user: hello?"), ("assistant", "oui"),
+        ("user", "user: and now?"), ("assistant", "oui"),
+        ("user", "user: still there?"),
+    ]
+
+
 def test_history_zero_keeps_the_turns_messages_alone(make_runtime: MakeRuntime) -> None:
     rt, seen = pydantic_chat(make_runtime, ["4", "12"], history=0)
     ask(rt, chat(rt), "what is 2+2?", "and times 3?")
