@@ -237,10 +237,13 @@ def pydantic_ai_brain(
 def _http_failure(error: BaseException) -> PermanentFailure | RetryLater | None:
     """The brain failure a model's error answer is (:func:`.http_failure.model_http_failure`;
     pydantic-ai read its wait off the answer, ``Retry-After`` or ``retry-after-ms``); a
-    refused request with no status (:data:`_REJECTED`) for good, as its 400 would be; None
-    for any other error."""
+    request pydantic-ai reads as refused (:data:`_REJECTED`) for good where the status says
+    nothing else (no status, or one such as 413 the rule has no word for), as a 400 is;
+    None for any other error."""
     if isinstance(error, ModelHTTPError):
-        return model_http_failure(error.status_code, error.retry_after, "the model API")
+        failure = model_http_failure(error.status_code, error.retry_after, "the model API")
+        if failure is not None or not isinstance(error, _REJECTED):
+            return failure
     if isinstance(error, _REJECTED):
         return PermanentFailure(
             f"the model API refused the request ({type(error).__name__}): the same request "

@@ -163,6 +163,34 @@ def test_pydantic_ai_request_rejected_without_a_status_fails_for_good(
     assert f"{category}: " in row["last_error"]  # the cause, kept
 
 
+def test_pydantic_ai_request_rejected_with_a_status_outside_the_rule_fails_for_good(
+    make_runtime: MakeRuntime,
+) -> None:
+    """pydantic-ai reads a 413 (the request too large: the same request is again) as a
+    rejected request, as its models raise it (``ModelHTTPError.for_category``); kinbox's
+    status rule alone has no word for 413, and the row was retried through every backoff.
+    pydantic-ai's reading of the answer decides where the status does not."""
+    pytest.importorskip("pydantic_ai", reason="the pydantic-ai extra is not installed")
+    from pydantic_ai import Agent
+    from pydantic_ai import exceptions as pai_errors
+    from pydantic_ai.exceptions import ModelHTTPError
+    from pydantic_ai.messages import ModelMessage, ModelResponse
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from kinbox.actors.pydantic_ai_brain import pydantic_ai_brain
+
+    rejected = getattr(pai_errors, "ModelRequestRejectedError", None)
+    if rejected is None or not hasattr(ModelHTTPError, "for_category"):
+        pytest.skip("this pydantic-ai has no error categories")
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        raise ModelHTTPError.for_category(rejected, status_code=413, model_name="test-model")
+
+    rt = make_runtime(brain=pydantic_ai_brain(Agent(FunctionModel(model))))
+    row = one_turn(rt)
+    assert_row(row, "failed", 1, None, "PermanentFailure: ")
+
+
 @pytest.mark.parametrize(("answers", "row_status", "wait"), [
     ([(401, {}), (403, {})], "failed", None),
     ([(401, {}), (429, {"retry-after": "120"})], "pending", 120.0),
