@@ -22,9 +22,9 @@ as for every adapter; the runtime's own stop lets it finish within ``stop_grace`
 A model API's error answer (``ModelHTTPError``) fails the attempt as kinbox's rule for
 HTTP statuses says (:func:`.http_failure.model_http_failure`): 400, 401, 403, 404 and 422
 for good (``PermanentFailure``), 408, 429 and 5xx with the wait the answer asked
-(``RetryLater``, its ``retry_after``), any other as an ordinary failed attempt; a refused
-request pydantic-ai raises with no status (``ModelRequestRejectedError``: refused before
-it was sent, or in a stream) for good too. A
+(``RetryLater``, its ``retry_after``), any other as an ordinary failed attempt; a request
+pydantic-ai reads as refused (``ModelRequestRejectedError``) for good too where its status
+says nothing else (none: refused before it was sent, or in a stream; a 413). A
 ``UserError`` of pydantic-ai (a mistake in the agent's set-up, such as a tool of its own
 named as a kinbox tool, which every attempt would repeat) fails the row for good.
 pydantic-ai is imported here only, never on kinbox's core path.
@@ -179,7 +179,7 @@ async def with_system_prompt(
     functions) only to a run with no history, taking a history for one its own earlier run
     made, which holds them; one rebuilt from the transcript holds none, and the agent lost
     its system prompt from a chat's second turn on. Its own answer for a history rebuilt so
-    (``system_prompt_parts``, pydantic-ai 1.x onward; without it, the history as it is)."""
+    (``system_prompt_parts``; a pydantic-ai without it gets the history as it is)."""
     parts_of = getattr(agent, "system_prompt_parts", None)
     if not messages or parts_of is None:
         return messages
