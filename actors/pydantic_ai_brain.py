@@ -26,7 +26,8 @@ for good (``PermanentFailure``), 408, 429 and 5xx with the wait the answer asked
 pydantic-ai reads as refused (``ModelRequestRejectedError``) for good too where its status
 says nothing else (none: refused before it was sent, or in a stream; a 413). A
 ``UserError`` of pydantic-ai (a mistake in the agent's set-up, such as a tool of its own
-named as a kinbox tool, which every attempt would repeat) fails the row for good.
+named as a kinbox tool, which every attempt would repeat) fails the row for good, as does
+a run that ends with tool calls deferred (``DeferredToolRequests``: kinbox cannot resume it).
 pydantic-ai is imported here only, never on kinbox's core path.
 """
 
@@ -37,6 +38,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import pydantic_ai
 from pydantic_ai import RunContext, Tool
 from pydantic_ai import exceptions as _pai_errors
 from pydantic_ai.agent import AbstractAgent
@@ -229,9 +231,26 @@ def pydantic_ai_brain(
                 raise
             raise failure from group
         if not stopped and result is not None:
+            _refuse_deferred(result.output)
             reply_with(turn, result.output)
 
     return brain
+
+
+def _refuse_deferred(output: object) -> None:
+    """PermanentFailure if the run ended with tool calls deferred (``DeferredToolRequests``
+    among the agent's output types: calls awaiting approval, ``requires_approval``, or an
+    outside result), to be resumed once they have one. kinbox cannot resume it; replied,
+    the request was the answer, and the message acknowledged."""
+    deferred = getattr(pydantic_ai, "DeferredToolRequests", None)
+    if deferred is None or not isinstance(output, deferred):
+        return
+    calls = [*output.calls, *output.approvals]
+    names = sorted({str(call.tool_name) for call in calls}) or ["?"]
+    raise PermanentFailure(
+        f"the run ended waiting on {', '.join(repr(n) for n in names)} (DeferredToolRequests), "
+        "which kinbox cannot resume: leave DeferredToolRequests out of the agent's output types"
+    )
 
 
 def _http_failure(error: BaseException) -> PermanentFailure | RetryLater | None:

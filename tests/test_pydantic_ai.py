@@ -153,6 +153,40 @@ def test_an_answer_no_database_holds_is_replied_escaped(
 
 
 @pytest.mark.timeout(60)
+def test_a_run_ending_in_deferred_tool_calls_fails_the_row_for_good(
+    make_runtime: Callable[..., Runtime],
+) -> None:
+    """An agent with ``DeferredToolRequests`` among its output types ends its run with the
+    calls that wait for approval (``requires_approval``) or an outside result, to be
+    resumed once they have one. kinbox replied that object as JSON, the approval request
+    for the user's answer, and acknowledged the message: nobody resumes the run. As
+    without that output type (pydantic-ai's ``UserError``) and as the OpenAI Agents SDK's
+    run paused for approval, the row fails for good, naming the tool, nothing committed."""
+    from pydantic_ai import DeferredToolRequests
+
+    ran: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[ToolCallPart("delete_repo", {"name": "kinbox"})])
+
+    agent = Agent(FunctionModel(model), output_type=[str, DeferredToolRequests])
+
+    @agent.tool_plain(requires_approval=True)
+    def delete_repo(name: str) -> str:
+        ran.append(name)
+        return "deleted"
+
+    rt = make_runtime(brain=pydantic_ai_brain(agent))
+    session = rt.create_session(rt.create_project("p").id, "A").id
+    rt.post(session, "clean up")
+    rt.run_until_idle(timeout=30)
+    row = rt.inbox()[0]
+    assert (row["status"], row["attempts"]) == ("failed", 1)
+    assert "PermanentFailure: " in row["last_error"] and "'delete_repo'" in row["last_error"]
+    assert ran == [] and rt.transcript(session) == []
+
+
+@pytest.mark.timeout(60)
 def test_a_structured_output_is_replied_as_json(make_runtime: Callable[..., Runtime]) -> None:
     """An agent whose ``output_type`` is a model replied its ``str()``: ``title='PR 7'
     approved=True``, which nothing (a parent agent, a product's UI) could parse back."""
