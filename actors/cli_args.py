@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import NoReturn
 
 
 def database_url(text: str) -> str:
@@ -20,6 +21,14 @@ def database_url(text: str) -> str:
         raise argparse.ArgumentTypeError("expected a database URL (sqlite:///path/to/file.db "
                                          "or postgresql://user@host/db), got an empty one")
     return text
+
+
+def usage_error(args: argparse.Namespace, message: str) -> NoReturn:
+    """Refuse arguments argparse could not check alone (two that do not go together, a
+    value a command's own rule refuses) as it refuses the rest: the subcommand's usage
+    line and ``message`` on stderr, exit status 2, before anything is opened."""
+    parser: argparse.ArgumentParser = args._parser  # every leaf parser records itself
+    parser.error(message)
 
 
 DB_HELP = "database URL (default: $KINBOX_DB, then the data dir file)"

@@ -45,6 +45,7 @@ from .cli_args import (
     position_arg,
     project_slug_arg,
     session_id_arg,
+    usage_error,
 )
 from .cli_output import age, emit, emit_page, last_line, when
 from .clock import Clock, SystemClock
@@ -164,13 +165,12 @@ def inbox_requeue(args: argparse.Namespace, out: TextIO) -> int:
     committed requeued, and exits 130.
     """
     if (args.message_id is None) == (not args.all_failed):
-        raise ConfigError("give a message id, or --all-failed (with --target/--kind to "
-                          "narrow it), not both", field="message_id")
+        usage_error(args, "give a message id, or --all-failed (with --target/--kind to "
+                          "narrow it), not both")
     if args.message_id is not None and (args.target is not None or args.kind is not None):
         # One id is requeued whatever its target and kind: a filter beside it would be
         # ignored, and the operator would requeue a row they meant to leave alone.
-        raise ConfigError("--target and --kind filter --all-failed; requeue one id alone",
-                          field="target" if args.target is not None else "kind")
+        usage_error(args, "--target and --kind filter --all-failed; requeue one id alone")
     if args.message_id is not None:
         with operator_runtime(args.db) as rt:
             row = rt.requeue(args.message_id)
@@ -192,10 +192,13 @@ def inbox_requeue(args: argparse.Namespace, out: TextIO) -> int:
 def inbox_cancel(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox inbox cancel ID --reason TEXT``: give up on a pending or failed row."""
     if not (args.reason or "").strip():
-        raise ConfigError("say why: --reason TEXT (kept in the row's history)", field="reason")
+        usage_error(args, "say why: --reason TEXT (kept in the row's history)")
     from .runtime_records import cancel_note  # with the runtime: see operator_runtime
 
-    reason, by = cancel_note(args.reason, args.by)
+    try:
+        reason, by = cancel_note(args.reason, args.by)
+    except ConfigError as exc:  # a --by left empty, a reason past its length
+        usage_error(args, f"argument --{exc.field}: {exc}")
     with operator_runtime(args.db) as rt:
         row = rt.cancel(args.message_id, reason, by=by)
     emit(out, args.json, row, [f"cancelled {row['message_id']} (by {shown(by)}: "

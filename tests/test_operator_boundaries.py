@@ -442,3 +442,26 @@ def test_an_empty_kind_filter_is_a_usage_error_as_an_empty_target_is(cli_db: str
     err = done.stderr.decode()
     assert done.returncode == 2 and "Traceback" not in err, err
     assert "argument --kind: expected a message kind, got an empty one" in err
+
+
+# -- CLI: every usage error exits 2 with the subcommand's usage ------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args", [
+    ("inbox", "requeue"),  # neither an id nor --all-failed
+    ("inbox", "requeue", "m1", "--all-failed"),  # both
+    ("inbox", "requeue", "m1", "--target", "s1"),  # a filter beside one id
+    ("inbox", "requeue", "m1", "--kind", "chat"),
+    ("inbox", "cancel", "m1", "--reason", " "),  # no reason given
+    ("inbox", "cancel", "m1", "--reason", "r", "--by", " "),  # nobody
+])
+def test_requeue_and_cancel_usage_errors_exit_two_as_every_usage_error(
+        cli_db: str, args: tuple[str, ...]) -> None:
+    """``inbox requeue`` with neither an id nor ``--all-failed`` (or both, or a filter beside
+    one id), and ``inbox cancel`` with a blank ``--reason``, exited 1 as if the database had
+    refused: the README's usage errors exit 2, with the subcommand's usage line, before
+    anything is opened."""
+    done = kinbox_bytes(*args, "--db", cli_db)
+    err = done.stderr.decode()
+    assert done.returncode == 2 and "Traceback" not in err, err
+    assert f"usage: kinbox inbox {args[1]}" in err

@@ -60,7 +60,7 @@ def test_requeue_of_one_id_refuses_filters_it_would_ignore(db_url: str) -> None:
     s.close()
     for flags in (("--target", "someone-else"), ("--kind", "subagent_result")):
         done = kinbox("inbox", "requeue", "stuck", *flags, "--db", db_url)
-        assert done.returncode == 1, done.stdout
+        assert done.returncode == 2, done.stdout  # a usage error
         assert "Traceback" not in done.stderr
         assert "--all-failed" in done.stderr
     shown = kinbox("inbox", "show", "stuck", "--db", db_url)
@@ -77,7 +77,7 @@ def test_cancel_from_the_cli_checks_who_and_why_as_the_api_does(db_url: str) -> 
     for flags, field in ((("--reason", "stale", "--by", " "), "by"),
                          (("--reason", "x" * 2001), "reason")):
         done = kinbox("inbox", "cancel", "waiting", *flags, "--db", db_url)
-        assert done.returncode == 1, done.stdout
+        assert done.returncode == 2, done.stdout  # a usage error
         assert "Traceback" not in done.stderr and field in done.stderr
     assert "status: pending" in kinbox("inbox", "show", "waiting", "--db", db_url).stdout
     done = kinbox("inbox", "cancel", "waiting", "--reason", " stale ", "--by", "ops",
