@@ -71,12 +71,30 @@ def stores(url: str | None, *, check_schema: bool = True,
     A missing SQLite file is an error (``DatabaseMissing``), never created: only
     a runtime and ``kinbox db upgrade`` create databases. A command that only reads
     opens it ``read_only``: it changes nothing in the file, and works on one it may
-    not write.
+    not write. One that writes checks the schema first (:func:`refuse_old_schema`).
     """
-    with opened(url or default_url(), must_exist=True, read_only=read_only,
+    url = url or default_url()
+    if check_schema and not read_only:
+        refuse_old_schema(url)
+    with opened(url, must_exist=True, read_only=read_only,
                 schema=require_current if check_schema else lambda _tables: None,
                 writer_name="kinbox-cli-writer") as (tables, writer):
         yield Journal(tables, writer), SessionStore(tables, writer)
+
+
+def refuse_old_schema(url: str) -> None:
+    """Refuse a SQLite file of another schema (``SchemaError``), a missing one
+    (``DatabaseMissing``), before a command opens it for writing: that open switches
+    the file to WAL mode, and a file refused (another program's database, a mistyped
+    ``--db``) must be left as it was. Nothing to do on a server database: its opening
+    changes nothing."""
+    if sqlite_path(url) is None:
+        return
+    db = open_database(url, read_only=True)
+    try:
+        require_current(bind_tables(db))
+    finally:
+        db.close()
 
 
 @contextmanager

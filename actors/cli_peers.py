@@ -31,7 +31,7 @@ from ..transport.identity import DeviceIdentity
 from ..transport.invite_code import invite_ref, parse_code
 from ..transport.key_file import private_folder
 from .cli_args import common
-from .cli_ops import operator_clock
+from .cli_ops import operator_clock, refuse_old_schema
 from .cli_output import emit, emit_all, when
 from .data_dirs import add_data_dir_flag, resolve_data_dir
 from .errors import ConfigError
@@ -51,6 +51,8 @@ def _peers(args: argparse.Namespace, *, create: bool = False, read_only: bool = 
     url = args.db or default_url()
     if create and url.startswith("sqlite:///"):  # like the runtime: a new device's folder
         private_folder(Path(url[len("sqlite:///"):]).expanduser().parent)
+    if not create and not read_only:
+        refuse_old_schema(url)  # before an open for writing changes the file
     # A new device's database is made (or brought up to date) as a runtime's start would.
     with opened(url, must_exist=not create, read_only=read_only,
                 schema=upgrade if create else require_current,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -465,3 +466,36 @@ def test_requeue_and_cancel_usage_errors_exit_two_as_every_usage_error(
     err = done.stderr.decode()
     assert done.returncode == 2 and "Traceback" not in err, err
     assert f"usage: kinbox inbox {args[1]}" in err
+
+
+# -- CLI: a refused change leaves the file as it was -----------------------------------------
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args", [
+    ("inbox", "requeue", "--all-failed"),
+    ("inbox", "requeue", "m1"),
+    ("inbox", "cancel", "m1", "--reason", "stale"),
+    ("inbox", "prune", "--older-than", "40h"),
+    ("cron", "pause", "j1"),
+    ("peers", "pause", "abcdef123456"),
+])
+def test_a_change_refused_for_the_schema_leaves_a_sqlite_file_as_it_was(
+        tmp_path: Path, args: tuple[str, ...]) -> None:
+    """A command that changes the journal, pointed at a SQLite file that is not a kinbox
+    database of the current schema (another program's, a mistyped --db), said "run `kinbox
+    db upgrade`" and exited 1, but had already switched the file to WAL mode (and a new,
+    empty file to a database of kinbox's page size): the README says it is left as it
+    was."""
+    path = tmp_path / "theirs.db"
+    with sqlite3.connect(path) as con:  # another program's database, in rollback mode
+        con.execute("CREATE TABLE notes (x TEXT)")
+    con.close()
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    for file in (path, empty):
+        before = file.read_bytes()
+        done = kinbox_bytes(*args, "--db", f"sqlite:///{file}")
+        err = done.stderr.decode()
+        assert done.returncode == 1 and "kinbox db upgrade" in err, err
+        assert file.read_bytes() == before
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "theirs.db"]
