@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sqlite3
 import sys
 from collections.abc import Sequence
 from typing import NoReturn, TextIO
@@ -153,8 +154,10 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
             parser.error(str(exc))
     try:
         return int(args.handler(args, out))
-    # OSError: a data directory that is a file, a key file it cannot read.
-    except (KinboxError, TransportError, OSError) as exc:
+    # OSError: a data directory that is a file, a key file it cannot read. sqlite3.Error:
+    # SQLite reads a result's rows as they are fetched, after the statement ran (where
+    # kinbox's errors stand for the driver's), and a damaged page met then comes as its own.
+    except (KinboxError, TransportError, OSError, sqlite3.Error) as exc:
         # An error may quote what a peer or a file said: never raw onto the terminal.
         print(f"kinbox: {shown(str(exc), 2000)}", file=sys.stderr)
         return 1

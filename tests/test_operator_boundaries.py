@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sqlite3
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import pytest
 
 from kinbox.actors import ManualClock, Runtime, Turn
 from kinbox.actors.serve import app_for
+from kinbox.persistence import NewMessage
 
 from .conftest import Stores
 from .helpers import lock_waits, wait_for
@@ -499,3 +501,42 @@ def test_a_change_refused_for_the_schema_leaves_a_sqlite_file_as_it_was(
         assert done.returncode == 1 and "kinbox db upgrade" in err, err
         assert file.read_bytes() == before
         assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "theirs.db"]
+
+
+# -- CLI: a corrupt SQLite file is one line, not a traceback ---------------------------------
+
+@pytest.fixture
+def damaged_db(tmp_path: Path) -> str:
+    """A journal of 3,000 rows whose middle pages are overwritten with garbage (a disk
+    error, a copy taken mid-write): its header and schema read fine, its rows do not."""
+    url = f"sqlite:///{tmp_path / 'damaged.db'}"
+    s = Stores(url)
+    s.store.create_session("s1", None, "Worker", "interactive", 0)
+    for i in range(3000):
+        s.journal.enqueue(NewMessage(f"m{i}", "s1", f"body {i}"), 0)
+    s.close()
+    path = tmp_path / "damaged.db"
+    with sqlite3.connect(path) as con:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 20_000] = random.Random(1).randbytes(20_000)
+    path.write_bytes(bytes(data))
+    return url
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args", [
+    ("inbox", "list", "--limit", "3000"),
+    ("inbox", "prune", "--older-than", "40h", "--dry-run"),
+    ("inbox", "requeue", "--all-failed"),
+    ("db", "status"),
+])
+def test_a_damaged_sqlite_file_is_a_one_line_error_not_a_traceback(
+        damaged_db: str, args: tuple[str, ...]) -> None:
+    """SQLite reads a result's rows as they are fetched, after the statement ran: a damaged
+    page met then ("database disk image is malformed") came out of ``inbox list`` and
+    ``inbox prune --dry-run`` as a Python traceback, not the one line every other error
+    is."""
+    one_line_error(kinbox_bytes(*args, "--db", damaged_db))
