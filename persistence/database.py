@@ -86,14 +86,19 @@ def sqlite_path(url: str) -> Path | None:
     """The file of a ``sqlite:///`` URL, or None for any other URL.
 
     :class:`DatabaseOpenError` for a path that ends in ``/``: it names a folder, and a
-    path drops that slash, so a runtime made a database file where a folder was meant."""
+    path drops that slash, so a runtime made a database file where a folder was meant;
+    and for a ``~user`` this machine has no home folder for."""
     name = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
     if name in ("", ":memory:"):
         return None
     if name.endswith(("/", os.sep)):
         raise DatabaseOpenError(url, "the path ends in '/', a folder: name the database "
                                 "file in it (sqlite:///path/to/kinbox.db)")
-    return Path(name).expanduser()
+    try:
+        return Path(name).expanduser()
+    except RuntimeError:  # '~someone' for a user this machine has not, or no home at all
+        raise DatabaseOpenError(url, f"cannot find the home folder {name.split('/')[0]!r} "
+                                "names; give the path in full") from None
 
 
 MIN_SQLITE = (3, 35)

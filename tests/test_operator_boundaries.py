@@ -540,3 +540,14 @@ def test_a_damaged_sqlite_file_is_a_one_line_error_not_a_traceback(
     ``inbox prune --dry-run`` as a Python traceback, not the one line every other error
     is."""
     one_line_error(kinbox_bytes(*args, "--db", damaged_db))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", [("db", "status"), ("db", "upgrade"), ("inbox", "list"),
+                                     ("inbox", "requeue", "--all-failed")])
+def test_a_home_folder_of_no_user_is_a_one_line_error_not_a_traceback(
+        command: tuple[str, ...]) -> None:
+    """``--db sqlite:///~someone/kinbox.db`` for a user this machine has not (a path
+    copied from another machine) failed with a traceback ending in ``RuntimeError: Could
+    not determine home directory``."""
+    one_line_error(kinbox_bytes(*command, "--db", "sqlite:///~no-such-user-kinbox/k.db"))
