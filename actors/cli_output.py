@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 from typing import Any, TextIO
 
 from ..transport.frames import shown
@@ -25,12 +26,33 @@ def when(ts: float | None) -> str:
 def emit(out: TextIO, as_json: bool, data: Any, lines: list[str]) -> None:
     """Print ``data`` as JSON (``--json``), else ``lines``, escaped for a terminal."""
     if as_json:
-        out.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+        out.write(as_json_text(data) + "\n")
     else:
         # Names, titles, texts and errors come from chat users, peers and HTTP clients:
         # escape sequences and line breaks in them must not reach the operator's terminal.
         out.write("\n".join(shown(line, len(line)) for line in lines)
                   + ("\n" if lines else ""))
+
+
+def as_json_text(data: Any) -> str:
+    """``data`` as JSON text, and only JSON: a float that is not a number (a payload a
+    Python caller posted with ``float('nan')`` or ``inf``, which Python's json writes as
+    ``NaN`` and ``Infinity``, and no other reader takes) is written as the string
+    ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``."""
+    try:
+        return json.dumps(data, indent=2, sort_keys=True, default=str, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(data), indent=2, sort_keys=True, default=str)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def emit_page(out: TextIO, args: argparse.Namespace, items: list[Any], more: bool,

@@ -551,3 +551,31 @@ def test_a_home_folder_of_no_user_is_a_one_line_error_not_a_traceback(
     copied from another machine) failed with a traceback ending in ``RuntimeError: Could
     not determine home directory``."""
     one_line_error(kinbox_bytes(*command, "--db", "sqlite:///~no-such-user-kinbox/k.db"))
+
+
+# -- CLI: --json is JSON ---------------------------------------------------------------------
+
+def _strict_json(text: str) -> Any:
+    """``text`` read as JSON is written: Python's reader takes NaN and Infinity, which
+    no other does (jq, JavaScript)."""
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.timeout(60)
+def test_inbox_show_json_of_a_payload_holding_nan_is_json(cli_db: str) -> None:
+    """``rt.post`` took a payload holding ``float('nan')`` or ``inf`` (Python's json writes
+    them), and ``inbox show --json`` printed ``NaN`` and ``Infinity``: no JSON reader but
+    Python's takes them, so the operator's script (jq) failed on the row it had to look
+    at. They print as the strings "NaN", "Infinity" and "-Infinity"."""
+    s = Stores(cli_db)
+    s.store.create_session("s1", None, "Worker", "interactive", 0)
+    s.journal.enqueue(NewMessage("odd", "s1", "body", payload={
+        "x": float("nan"), "up": [float("inf")], "down": {"y": float("-inf")}, "n": 1.5}), 0)
+    s.close()
+    done = kinbox_bytes("inbox", "show", "odd", "--json", "--db", cli_db)
+    assert done.returncode == 0, done.stderr.decode()
+    shown = _strict_json(done.stdout.decode())
+    assert shown["payload"] == {"x": "NaN", "up": ["Infinity"], "down": {"y": "-Infinity"},
+                                "n": 1.5}
