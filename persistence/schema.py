@@ -155,6 +155,15 @@ def upgrade(tables: Tables) -> list[str]:
                 if f.column_name not in have
             )
             narrow.extend((name, f) for f in _narrow_columns(db, model))
+        required = [f"{t}.{c}" for t, c, f in missing_columns
+                    if not f.null and f.default is None]
+        if required:
+            # Every column kinbox adds to a table of its own has a default or takes NULL:
+            # a table missing one that has neither is another program's of the same name.
+            raise SchemaError(
+                f"cannot add the column(s) {', '.join(required[:5])}: required, with no "
+                f"default; the table {required[0].split('.')[0]} is not one kinbox made "
+                "(another program's of that name?): use a database of kinbox's own")
         if missing_columns:
             migrator = _migrator(db)
             migrate.migrate(*(migrator.add_column(t, c, f) for t, c, f in missing_columns))

@@ -579,3 +579,21 @@ def test_inbox_show_json_of_a_payload_holding_nan_is_json(cli_db: str) -> None:
     shown = _strict_json(done.stdout.decode())
     assert shown["payload"] == {"x": "NaN", "up": ["Infinity"], "down": {"y": "-Infinity"},
                                 "n": 1.5}
+
+
+@pytest.mark.timeout(60)
+def test_db_upgrade_of_a_table_kinbox_did_not_make_is_a_one_line_error(tmp_path: Path) -> None:
+    """A file holding another program's table under a name kinbox uses (here
+    ``agent_inbox_messages`` with a column of its own): ``db upgrade`` failed with a
+    traceback ending in playhouse's ``ValueError: message_id is not null but has no
+    default``. It is a one-line error now, and the file keeps its table as it was."""
+    path = tmp_path / "theirs.db"
+    with sqlite3.connect(path) as con:
+        con.execute("CREATE TABLE agent_inbox_messages (x INTEGER)")
+    con.close()
+    line = one_line_error(kinbox_bytes("db", "upgrade", "--db", f"sqlite:///{path}"))
+    assert "agent_inbox_messages" in line
+    with sqlite3.connect(path) as con:
+        columns = [r[1] for r in con.execute("PRAGMA table_info(agent_inbox_messages)")]
+    con.close()
+    assert columns == ["x"]
