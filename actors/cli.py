@@ -77,8 +77,12 @@ class _Parser(argparse.ArgumentParser):
         # arguments: ..."), a URL pasted into another option.
         for arg in self._given:
             value = arg.partition("=")[2] if arg.startswith("-") and "=" in arg else arg
-            if redact_url(value) != value:
-                message = redact_text(message, value)
+            masked = redact_url(value)
+            if masked != value:
+                # Quoted as Python's repr (argparse's "invalid choice: %r", a type's
+                # "got {text!r}"), a password's backslashes are doubled and its quotes
+                # escaped: the quoted URL goes whole, then the password as typed.
+                message = redact_text(message.replace(repr(value), repr(masked)), value)
         super().error(message)
 
     def parse_args(self, args: list[str] | None = None,  # type: ignore[override]

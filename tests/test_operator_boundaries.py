@@ -190,6 +190,23 @@ def test_a_usage_error_does_not_echo_a_database_password(argv: tuple[str, ...]) 
     assert "Sup3rSecret" not in err + done.stdout.decode(), err
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("password", ["Sup3r\\Secret", "Sup3r'Sec\"ret"])
+@pytest.mark.parametrize("where", [("--db", "{url}", "db", "status"),  # invalid choice
+                                   ("sessions", "list", "--limit", "{url}")])
+def test_a_usage_error_does_not_echo_a_password_argparse_quotes_with_escapes(
+        password: str, where: tuple[str, ...]) -> None:
+    """argparse quotes the argument it refuses as Python's repr: a backslash doubled, a
+    quote escaped. The mask looked for the password as typed, and the usage error
+    printed one with a backslash or both quotes in it whole (``Sup3r\\\\Secret``)."""
+    url = f"postgresql://kinbox:{password}@127.0.0.1:1/x"
+    done = kinbox_bytes(*(arg.format(url=url) for arg in where))
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert "Sup3r" not in err and "Secret" not in err, err
+    assert "postgresql://kinbox:***@127.0.0.1:1/x" in err, err
+
+
 # -- CLI: tracebacks instead of one-line errors ----------------------------------------------
 
 @pytest.fixture
