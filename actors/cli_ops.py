@@ -233,7 +233,7 @@ def cursor_arg(text: str) -> paging.Keyset:
     except InvalidArgument:
         raise argparse.ArgumentTypeError(
             f"expected the cursor a page printed (its '... more: --after' line or "
-            f"its JSON's next_after), got {text[:40]!r}") from None
+            f"its JSON's next_after), got {redact_url(text)[:40]!r}") from None
     assert position is not None
     return position
 

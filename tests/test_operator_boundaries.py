@@ -191,14 +191,17 @@ def test_a_usage_error_does_not_echo_a_database_password(argv: tuple[str, ...]) 
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("password", ["Sup3r\\Secret", "Sup3r'Sec\"ret"])
+@pytest.mark.parametrize("password",
+                         ["Sup3r\\Secret", "Sup3r'Sec\"ret", "Sup3rSecretLongerThanMost"])
 @pytest.mark.parametrize("where", [("--db", "{url}", "db", "status"),  # invalid choice
-                                   ("sessions", "list", "--limit", "{url}")])
+                                   ("sessions", "list", "--limit", "{url}"),
+                                   ("sessions", "list", "--after", "{url}")])  # quoted cut
 def test_a_usage_error_does_not_echo_a_password_argparse_quotes_with_escapes(
         password: str, where: tuple[str, ...]) -> None:
     """argparse quotes the argument it refuses as Python's repr: a backslash doubled, a
     quote escaped. The mask looked for the password as typed, and the usage error
-    printed one with a backslash or both quotes in it whole (``Sup3r\\\\Secret``)."""
+    printed one with a backslash or both quotes in it whole (``Sup3r\\\\Secret``). An
+    ``--after`` quoted its first 40 characters: the start of a longer password."""
     url = f"postgresql://kinbox:{password}@127.0.0.1:1/x"
     done = kinbox_bytes(*(arg.format(url=url) for arg in where))
     err = done.stderr.decode()
