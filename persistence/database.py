@@ -32,9 +32,17 @@ BUSY_TIMEOUT_MS = 10_000
 
 
 def default_data_dir() -> Path:
-    """The data directory: ``$KINBOX_HOME`` or ``~/.local/share/kinbox``."""
+    """The data directory: ``$KINBOX_HOME`` or ``~/.local/share/kinbox``. A '~' in
+    ``$KINBOX_HOME`` (an env file's, which no shell expanded) is the home folder, as it is
+    in the SQLite path made from it: a server database's folder, and its device key, are
+    not put under a folder named '~' wherever a command runs."""
     home = os.environ.get("KINBOX_HOME")
-    return Path(home) if home else Path.home() / ".local" / "share" / "kinbox"
+    if not home:
+        return Path.home() / ".local" / "share" / "kinbox"
+    try:
+        return Path(home).expanduser()
+    except RuntimeError:  # '~someone' with no home folder here: the open names the path
+        return Path(home)
 
 
 def default_url() -> str:

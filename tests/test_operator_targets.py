@@ -398,3 +398,20 @@ def test_kinbox_connects_to_postgres_with_its_connection_defaults(pg_url: str) -
         assert params["tcp_user_timeout"] == "60000"
     finally:
         db.close()
+
+
+def test_a_kinbox_home_written_with_a_tilde_is_under_the_home_folder_for_every_file(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``KINBOX_HOME=~/kb`` as an env file writes it (systemd's and docker's do not expand
+    the '~'): the default SQLite file went under the home folder, but a PostgreSQL
+    database's folder (its device key) under a folder literally named '~' in whatever
+    folder the command ran from, so each folder made another device."""
+    from kinbox.actors.data_dirs import data_dir_for
+    from kinbox.persistence import default_url, sqlite_path
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("KINBOX_HOME", "~/kb")
+    monkeypatch.delenv("KINBOX_DB", raising=False)
+    assert sqlite_path(default_url()) == tmp_path / "kb" / "kinbox.db"
+    folder = data_dir_for("postgresql://app@db.example:5432/app")
+    assert folder.is_absolute() and folder.parent == tmp_path / "kb" / "databases"
