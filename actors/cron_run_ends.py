@@ -27,6 +27,7 @@ from .announcements import Announcements
 from .brain_failure import ORDINARY, FailureKind
 from .context import RuntimeContext
 from .turn import Turn
+from .turn_run import error_kind
 
 log = logging.getLogger("kinbox.cron")
 
@@ -71,7 +72,9 @@ class RunEnds:
         if updated is not None:
             self.wake_at(updated.next_run_at, updated.id)
             if not updated.active:
-                log.warning("cron job %s deactivated: %s", job.id, updated.last_error)
+                last = updated.last_error or ""
+                log.warning("cron job %s deactivated: %s", job.id, error_kind(last))
+                log.debug("cron job %s deactivated: %s", job.id, last)
         self.finished(job, run, "error", None, error)
 
     def hand_back(self, run: CronRunRecord, what: str, refusal: PersistenceError) -> None:

@@ -40,7 +40,7 @@ from .direct_marking import TurnNotStarted, unmark, wait_to_mark
 from .direct_pool import DirectPool
 from .steps import Blocking, Steps, landed, settle, wait_landed
 from .turn import Message, Turn, TurnOutcome
-from .turn_run import cut_short, judge, new_turn, prepare, take_result
+from .turn_run import cut_short, error_kind, judge, new_turn, prepare, take_result
 
 log = logging.getLogger("kinbox.direct")
 
@@ -243,7 +243,9 @@ class DirectTurns(DirectPool):
             if turn.outbox is not None:
                 turn.outbox.discard()
             yield Blocking(partial(self._hand_back, session_id, taken))
-            log.info("direct turn of %s failed: %s", session_id, outcome.error)
+            error = outcome.error or ""
+            log.info("direct turn of %s failed: %s", session_id, error_kind(error))
+            log.debug("direct turn of %s failed: %s", session_id, error)
             ctx.emit(
                 "turn_failed",
                 session_id=session_id,

@@ -40,6 +40,7 @@ from .turn_run import (
     SyncBrainAwaitable,
     TurnCutShort,
     cut_short,
+    error_kind,
     judge,
     new_turn,
     prepare,
@@ -458,11 +459,11 @@ class SessionActor(PooledActor):
     def record_failure(self, run: dp.Delivery, effect: dp.RecordFailure) -> list[dp.Effect]:
         """A failed attempt: nothing of the turn is committed; retry later, or ``failed``.
 
-        The row keeps the traceback as ``last_error``; observers and logs get
-        the one-line summary, never a message body. A taken-over row whose start the
-        journal refused has no turn: no hook hears of it (its brain never ran), and a
-        child's task that it leaves ``failed`` is reported to its parent as one a claim
-        failed is (:func:`.subagents.report_ended`).
+        The row keeps the traceback as ``last_error``; observers get the one-line
+        summary, the log above DEBUG its type only (a brain's text may quote the body).
+        A taken-over row whose start the journal refused has no turn: no hook hears of
+        it (its brain never ran), and a child's task that it leaves ``failed`` is
+        reported to its parent as one a claim failed is (:func:`.subagents.report_ended`).
         """
         ctx, turn, judged, flag = self.ctx, self.turn, self.judged, self.flag
         assert judged is not None
@@ -509,16 +510,13 @@ class SessionActor(PooledActor):
         finally:
             self.end_turn(flag)
         final = result.state.value == "failed"
-        # A retried attempt is routine (INFO); giving up on a message is an ERROR.
-        log.log(
-            logging.ERROR if final else logging.INFO,
-            "turn of %s for %s failed (attempt %d%s): %s",
-            sid,
-            effect.message_id,
-            result.attempts,
-            ", giving up: row failed" if final else f", retry at {result.available_at:.3f}",
-            summary,
-        )
+        # A retried attempt is routine (INFO); giving up on a message is an ERROR. Above
+        # DEBUG the error's type only: its text may quote the message's body.
+        line = "turn of %s for %s failed (attempt %d%s): %s"
+        how = ", giving up: row failed" if final else f", retry at {result.available_at:.3f}"
+        log.log(logging.ERROR if final else logging.INFO, line, sid, effect.message_id,
+                result.attempts, how, error_kind(summary))
+        log.debug(line, sid, effect.message_id, result.attempts, how, summary)
         ctx.emit(
             "turn_failed",
             session_id=sid,

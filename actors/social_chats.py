@@ -32,6 +32,7 @@ from .direct_turn import DirectOutcome, DirectTurns, TurnNotStarted
 from .social_state import SOCIAL_KIND, SocialState, thread_patch, turn_message
 from .steps import Blocking, Steps
 from .turn import Message, Turn
+from .turn_run import error_kind
 
 log = logging.getLogger("kinbox.social")
 
@@ -208,7 +209,8 @@ class ChatTurns(SocialState):
             with self._lock:
                 self.counts["duplicates"] += 1
         else:  # nothing was committed, so nothing is sent; the outcome says why
-            log.warning("social turn in %s failed: %s", sid, done.error)
+            log.warning("social turn in %s failed: %s", sid, error_kind(done.error or ""))
+            log.debug("social turn in %s failed: %s", sid, done.error)
             self.channels.record(sid, event.platform, ran[-1].event_id,
                                  channels.DeliveryOutcome("turn_failed", 0, done.error),
                                  durable=False)

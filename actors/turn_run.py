@@ -190,6 +190,15 @@ def error_text(error: BaseException) -> str:
     return escaped(f"{type(error).__name__}: {text}")
 
 
+def error_kind(summary: str) -> str:
+    """What a log above DEBUG may quote of a failure's one-line summary (:func:`error_text`):
+    its part before the first ``": "``, the exception's type (or kinbox's own words, "the
+    journal refused the turn's commit"). Never the text after it: a brain builds its
+    exception's text from anything, the message's body or a model's answer quoting it. The
+    whole summary goes to the row's ``last_error`` and to the DEBUG log."""
+    return summary.partition(": ")[0]
+
+
 def refused_start(error: BaseException) -> Judged:
     """A taken-over row whose turn's start the journal refused: a failed attempt (its brain
     not run), with the journal's error, as :func:`refused_commit`."""
@@ -221,12 +230,11 @@ def judge(ctx: RuntimeContext, turn: Turn, error: BaseException | None) -> Judge
     stopped_by = ctx.turns.settle(turn.session_id)
     if stopped_by is not None and stopped_by not in (TIMEOUT, RUNTIME_STOP):
         if error is not None:
-            log.info(
-                "turn of %s stopped by %s ended with %s",
-                turn.session_id,
-                stopped_by,
-                error_text(error),
-            )
+            text = error_text(error)
+            log.info("turn of %s stopped by %s ended with %s", turn.session_id, stopped_by,
+                     error_kind(text))
+            log.debug("turn of %s stopped by %s ended with %s", turn.session_id, stopped_by,
+                      text)
         return Judged(TurnOutcome(True, None, stopped_by))
     if error is not None:
         # The brain's text, recorded as the row's error: escaped, or its commit would fail.

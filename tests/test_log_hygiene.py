@@ -1,0 +1,118 @@
+"""What the log says above DEBUG of a failed turn: its ids and its exception's type, never
+the exception's text, which a brain builds from anything (the message body, a model's
+answer quoting it). The text goes to the row's ``last_error`` and to the DEBUG log."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from kinbox.actors import PermanentFailure, Runtime, Turn
+
+from .helpers import wait_for
+
+MakeRuntime = Callable[..., Runtime]
+MARK = "BODY-MARK-7f3a"
+
+
+def _bodies(turn: Turn) -> str:
+    return " | ".join(m.content for m in turn.all_messages)
+
+
+def _above_debug(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno > logging.DEBUG]
+
+
+def _debug(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_inbox_turn_logs_its_type_and_ids_and_its_text_only_at_debug(
+        make_runtime: MakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    def brain(turn: Turn) -> None:
+        text = _bodies(turn)
+        if "final" in text:
+            raise PermanentFailure(f"the model refused: {text}")
+        raise ValueError(f"the model echoed {text}")
+
+    rt = make_runtime(brain=brain)
+    project = rt.create_project("p")
+    a, b = (rt.create_session(project.id, t).id for t in ("A", "B"))
+    with caplog.at_level(logging.DEBUG, logger="kinbox"):
+        retried = rt.post(b, f"retried {MARK}", sender=a).message_id
+        final = rt.post(a, f"final {MARK}", sender=b).message_id
+        rt.run_until_idle()
+    above = _above_debug(caplog)
+    assert not [m for m in above if MARK in m]
+    assert any(retried in m and b in m and "ValueError" in m for m in above)
+    assert any(final in m and a in m and "PermanentFailure" in m for m in above)
+    assert any(retried in m and MARK in m for m in _debug(caplog))
+    assert any(final in m and MARK in m for m in _debug(caplog))
+    assert MARK in (rt.inbox(state="failed")[0]["last_error"] or "")  # the operator's
+
+
+@pytest.mark.timeout(60)
+def test_a_turn_a_caller_stopped_logs_what_it_raised_without_its_text(
+        make_runtime: MakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    started = threading.Event()
+
+    def brain(turn: Turn) -> None:
+        started.set()
+        turn.wait_stop_requested(20)
+        raise ValueError(f"aborted while reading {_bodies(turn)}")
+
+    rt = make_runtime(brain=brain)
+    project = rt.create_project("p")
+    a, b = (rt.create_session(project.id, t).id for t in ("A", "B"))
+    with caplog.at_level(logging.DEBUG, logger="kinbox"):
+        rt.post(b, f"stop me {MARK}", sender=a)
+        assert started.wait(20)
+        assert rt.tools_for(a).agent_stop(b)["status"] == "stop_requested"
+        wait_for(lambda: any("stopped by" in r.getMessage() for r in caplog.records), 20,
+                 "the stop's log")
+        rt.run_until_idle()
+    above = _above_debug(caplog)
+    assert not [m for m in above if MARK in m]
+    assert any(b in m and "stopped by" in m and "ValueError" in m for m in above)
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_social_turn_logs_no_event_text(
+        make_runtime: MakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    def brain(turn: Turn) -> None:
+        raise RuntimeError(f"could not answer {_bodies(turn)}")
+
+    rt = make_runtime(brain=brain)
+    rt.social.allow("slack", ["U1"])
+    rt.social.register_channel("slack", send=lambda route, text: None)
+    with caplog.at_level(logging.DEBUG, logger="kinbox"):
+        rt.social.ingest({"platform": "slack", "sender_id": "U1", "sender_name": "n",
+                          "thread_id": "T1", "text": f"hello {MARK}",
+                          "reply_route": {"channel": "C1"}})
+        assert rt.social.wait_idle(20)
+    above = _above_debug(caplog)
+    assert not [m for m in above if MARK in m]
+    assert any("social-slack-T1" in m and "RuntimeError" in m for m in above)
+    assert any(MARK in m for m in _debug(caplog))
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_cron_run_and_its_deactivated_job_log_no_prompt(
+        make_runtime: MakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    def brain(turn: Turn) -> None:
+        raise PermanentFailure(f"the model refused {_bodies(turn)}")
+
+    rt = make_runtime(brain=brain)
+    job_id = rt.cron.add("digest", "0 9 * * 1-5", f"Summarize {MARK}")["job_id"]
+    with caplog.at_level(logging.DEBUG, logger="kinbox"):
+        rt.cron.trigger(job_id)
+        wait_for(lambda: not rt.cron.job(job_id)["active"], 20, "the job deactivated")
+        assert rt.cron.wait_idle(20)
+    above = _above_debug(caplog)
+    assert not [m for m in above if MARK in m]
+    assert any(job_id in m and "deactivated" in m for m in above)
+    assert MARK in (rt.cron.job(job_id)["last_error"] or "")
