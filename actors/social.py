@@ -103,8 +103,13 @@ class SocialService(SocialIngress):
             # (a secret read from an unset environment variable, say).
             raise rules.InvalidSocialEvent("secret", "give a non-empty signing secret, or None "
                                                      "for a platform without a webhook")
-        held = self.channels.register(platform, send,
-                                      secret.encode() if isinstance(secret, str) else secret)
+        key = secret.encode() if isinstance(secret, str) else secret
+        if key is not None and len(key) < rules.MIN_SECRET_BYTES:
+            raise rules.InvalidSocialEvent(  # never quoting it
+                "secret", f"the signing secret has {len(key)} bytes, fewer than "
+                          f"{rules.MIN_SECRET_BYTES}: a short one is guessed by trying "
+                          "(`openssl rand -hex 32` makes one)")
+        held = self.channels.register(platform, send, key)
         if self.turns is not None:  # and, before them, those an earlier life's stop or
             # crash cut off: a thread's earlier replies leave first
             held = self.channels.left_kept(platform) + held

@@ -48,6 +48,9 @@ ATTACHMENT_LIMITS = {"url": 2048, "name": 256, "mime_type": 128}
 cut pre-signed URL reaches the turn and fails there, far from the cause)."""
 MAX_ID = 256
 SOCIAL_PROJECT = "social"
+MIN_SECRET_BYTES = 16
+"""The shortest webhook signing secret (encoded): a shorter one is guessed by trying, and
+whoever guesses it signs events as the platform (Slack's are 32 hex digits)."""
 
 
 class SocialError(KinboxError):

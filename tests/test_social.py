@@ -525,6 +525,21 @@ def test_an_empty_or_odd_webhook_secret_is_refused_at_registration(
     assert rt.social.webhook_secret("slack") is None  # nothing registered: no webhook
 
 
+@pytest.mark.parametrize("secret", ["hunter2", b"0123456789abcde", "ünïcødé"])
+def test_a_short_webhook_secret_is_refused_at_registration_without_quoting_it(
+        make_runtime: MakeRuntime, secret: str | bytes) -> None:
+    """A short key is guessed by trying: whoever guesses it signs events as the platform."""
+    rt = make_runtime(brain=lambda turn: None)
+    with pytest.raises(rules.InvalidSocialEvent) as info:
+        rt.social.register_channel("slack", send=lambda route, text: None, secret=secret)
+    assert info.value.field == "secret"
+    text = secret.decode() if isinstance(secret, bytes) else secret
+    assert text not in str(info.value)
+    assert rt.social.webhook_secret("slack") is None
+    rt.social.register_channel("slack", send=lambda route, text: None, secret=b"k" * 16)
+    assert rt.social.webhook_secret("slack") == b"k" * 16
+
+
 def _thread_event(text: str, event_id: str) -> dict[str, Any]:
     return {"platform": "slack", "sender_id": "U1", "sender_name": "name-U1",
             "thread_id": "T1", "text": text, "reply_route": {"channel": "C9", "ts": "T1"},
