@@ -49,16 +49,18 @@ import uvicorn
 
 from ..transport import (
     LOOPBACK_HOSTS,
+    ExposedWithoutToken,
     HandshakeLimits,
     OperatorToken,
     PeerEndpoint,
     create_app,
 )
 from ..transport.head_deadline import head_deadline
+from ..transport.host_guard import is_loopback
 from ..transport.ws_pongs import bounded_pongs
 from .brain_ref import load_brain
 from .daemon_pool import daemon_default_executor
-from .errors import BrainRefError
+from .errors import BrainRefError, ConfigError
 from .focal import Focal
 from .http_backends import answered, cron_social_routes
 from .interrupts import Interrupted, StopSignals
@@ -67,7 +69,6 @@ from .runtime import Runtime
 from .serve_flags import (
     TOKEN_ENV,
     WILDCARD_ADDRESSES,
-    is_loopback,
     read_token,
     token_file_exposure,
 )
@@ -138,12 +139,17 @@ def app_for(
     operator: OperatorToken | None = None,
     clock: Callable[[], float] = time.monotonic,
     peer_handshakes: HandshakeLimits | None = None,
+    *,
+    allow_unauthenticated: bool = False,
 ) -> Any:
     """The HTTP application of a started runtime.
 
     It answers loopback names, ``allowed_hosts``, and the bind address
     ``host`` itself when that is one address (not ``0.0.0.0``);
-    ``operator`` is the token every call but ``GET /`` and ``/healthz`` must present;
+    ``operator`` is the token every call but ``GET /`` and ``/healthz`` must present,
+    required when it answers a name that is not loopback (:class:`ConfigError`, ``field``
+    ``"operator"``) unless ``allow_unauthenticated`` says a proxy in front of it
+    authenticates every request;
     ``clock`` (monotonic seconds) times the lock-out of a client that presents too many
     wrong tokens; ``peer_handshakes`` bounds the peer endpoint's handshakes
     (:class:`~kinbox.transport.HandshakeLimits`' defaults when not given).
@@ -152,14 +158,18 @@ def app_for(
     if host not in WILDCARD_ADDRESSES and host not in hosts:
         hosts.append(host)
     peers = PeerEndpoint(PeerHttpBackend(rt.peers), hosts, peer_handshakes)
-    return create_app(
-        RuntimeHttpBackend(rt),
-        hosts,
-        operator,
-        peers.routes(),
-        guarded_routes=cron_social_routes(rt),
-        clock=clock,
-    )
+    try:
+        return create_app(
+            RuntimeHttpBackend(rt),
+            hosts,
+            operator,
+            peers.routes(),
+            guarded_routes=cron_social_routes(rt),
+            clock=clock,
+            allow_unauthenticated=allow_unauthenticated,
+        )
+    except ExposedWithoutToken as exc:
+        raise ConfigError(str(exc), field="operator") from None
 
 
 def _checked(args: argparse.Namespace) -> tuple[Any, OperatorToken | None]:

@@ -2,19 +2,18 @@
 the operator token) and its parser.
 
 Each argparse ``type`` here turns a bad value into a usage error (status 2,
-no traceback). The rule for what counts as loopback lives here, as does
-where the operator token comes from: ``--token-file`` (first line of the
-file) or ``$KINBOX_OPERATOR_TOKEN``. Only the token's digest leaves this
-module (:class:`~kinbox.transport.OperatorToken`); it is never printed. A token file
-other users may read or write (``echo secret > token`` under umask 022) is said to be
-(:func:`token_file_exposure`): not refused, as a secret mounted read-only for all
+no traceback). Where the operator token comes from lives here: ``--token-file``
+(first line of the file) or ``$KINBOX_OPERATOR_TOKEN`` (what counts as loopback is
+:func:`kinbox.transport.host_guard.is_loopback`, the app's rule too). Only the token's
+digest leaves this module (:class:`~kinbox.transport.OperatorToken`); it is never
+printed. A token file other users may read or write (``echo secret > token`` under umask
+022) is said to be (:func:`token_file_exposure`): not refused, as a secret mounted read-only for all
 (0444) is one too, and its operator may have no other way to give it.
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import stat
 from pathlib import Path
@@ -65,17 +64,6 @@ def bind_address(text: str) -> str:
             f"not an address to bind: {text!r} (expected an IP address such as 127.0.0.1, "
             "::1 or 0.0.0.0, or a host name; the port goes in --port)") from None
     return name
-
-
-def is_loopback(host: str) -> bool:
-    """True when binding ``host`` is reachable only from this machine."""
-    host = host.strip("[]")
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name: it may resolve to anything
 
 
 def read_token(token_file: str | None) -> OperatorToken | None:

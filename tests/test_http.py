@@ -19,11 +19,18 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from kinbox.actors import ManualClock, Runtime
+from kinbox.actors import ConfigError, ManualClock, Runtime
 from kinbox.actors.focal import FOCAL_ID
 from kinbox.actors.serve import app_for
 from kinbox.persistence import TurnEntry
-from kinbox.transport import HostGuard, OperatorToken, allowed_name, create_app
+from kinbox.transport import (
+    LOOPBACK_HOSTS,
+    ExposedWithoutToken,
+    HostGuard,
+    OperatorToken,
+    allowed_name,
+    create_app,
+)
 from kinbox.transport.host_guard import host_of
 from kinbox.transport.operator_token import MIN_LENGTH
 from kinbox.transport.token_tries import LOCKOUT, MAX_FAILURES
@@ -573,3 +580,34 @@ def test_healthz_without_the_token_names_what_failed_but_not_the_drivers_text(
         assert body["checks"]["database"]["error_type"] == "OperationalError"
     finally:
         srv.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("hosts", [["kinbox.example.com"], ["127.0.0.1", "10.0.0.5"],
+                                   ["*.example.com"], ["[2001:db8::1]"]])
+def test_an_app_answering_other_machines_needs_a_token_or_an_explicit_opt_in(
+        hosts: list[str]) -> None:
+    """Reads hold message bodies and a POST needs only ``X-Kinbox: 1``: an app answering a
+    name others reach, with no token, served them to anyone who could reach it."""
+    with pytest.raises(ExposedWithoutToken) as info:
+        create_app(BrokenBackend(), hosts)  # type: ignore[arg-type]
+    assert isinstance(info.value, ValueError)
+    assert set(info.value.hosts) == {h for h in hosts if h not in LOOPBACK_HOSTS}
+    token = OperatorToken.from_secret("s3cret-operator-token")
+    create_app(BrokenBackend(), hosts, token)  # type: ignore[arg-type]
+    create_app(BrokenBackend(), hosts, allow_unauthenticated=True)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(30)
+def test_app_for_refuses_a_name_others_reach_without_a_token(
+        make_runtime: MakeRuntime) -> None:
+    rt = make_runtime(brain=quiet_brain)
+    for options in ({"allowed_hosts": ["kinbox.example.com"]}, {"host": "192.168.1.5"}):
+        with pytest.raises(ConfigError) as info:
+            app_for(rt, **options)  # type: ignore[arg-type]
+        assert info.value.field == "operator"
+        app_for(rt, **options, operator=OperatorToken.from_secret("s3cret-operator-token"))
+        app_for(rt, **options, allow_unauthenticated=True)  # type: ignore[arg-type]
+    for host in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::"):
+        app_for(rt, host=host)  # loopback, or a wildcard whose address is no Host answered
+    app_for(rt, allowed_hosts=["localhost", "127.0.0.2"])

@@ -100,7 +100,8 @@ def test_the_peer_endpoint_answers_the_hosts_the_http_api_answers(tmp_path: Path
                 clock=SystemClock()).start()
     sock = socket.create_server(("127.0.0.1", 0))  # bound here: nobody takes it meanwhile
     port = int(sock.getsockname()[1])
-    server = uvicorn.Server(uvicorn.Config(app_for(b, allowed_hosts=["*.example.com"]),
+    server = uvicorn.Server(uvicorn.Config(app_for(b, allowed_hosts=["*.example.com"],
+                                                   allow_unauthenticated=True),
                                            host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, args=([sock],), daemon=True)
     thread.start()

@@ -17,6 +17,7 @@ Its errors derive from :class:`TransportError`.
 from .cron_http import RUNS_LIMIT, CronBackend, cron_routes
 from .errors import (
     BackendRefused,
+    ExposedWithoutToken,
     FrameError,
     GrantClosed,
     HandshakeRefused,
@@ -43,6 +44,7 @@ __all__ = [
     "BackendRefused",
     "CronBackend",
     "DeviceIdentity",
+    "ExposedWithoutToken",
     "FrameError",
     "GrantClosed",
     "HandshakeLimits",

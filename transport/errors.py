@@ -15,7 +15,9 @@ from "you misused it" (:class:`LinkStateError`)::
     ├── HandshakeRefused   a handshake or pairing step failed; .reason says which
     ├── GrantClosed        a live link's grant was paused or revoked; .status
     ├── LinkStateError     a link core was driven out of order (a caller's bug)
-    └── PeerUnavailable    the peer could not be reached or refused the link
+    ├── PeerUnavailable    the peer could not be reached or refused the link
+    └── ExposedWithoutToken  an app would answer names other machines reach with no
+                           operator token; .hosts; also a ValueError
 
 The actors layer raises :class:`BackendRefused` from the backends it hands
 to the HTTP routes, translating its own errors, so the routes answer with a
@@ -125,6 +127,22 @@ class LinkStateError(TransportError):
         super().__init__(f"link in state {state!r} cannot handle {event!r}")
         self.state = state
         self.event = event
+
+
+class ExposedWithoutToken(TransportError, ValueError):
+    """An app was asked to answer ``hosts``, names other machines reach, without an operator
+    token: its reads hold message bodies and a state change needs only ``X-Kinbox: 1``, so
+    anyone who reaches it would read and write. Give a token, or say that something in front
+    of the app authenticates every request (``allow_unauthenticated=True``)."""
+
+    def __init__(self, hosts: tuple[str, ...]) -> None:
+        super().__init__(
+            f"the app would answer {', '.join(clipped(h) for h in hosts)} without an operator "
+            "token: anyone who reaches it reads and writes; give operator="
+            "OperatorToken.from_secret(...), or allow_unauthenticated=True when a proxy in "
+            "front of it authenticates every request"
+        )
+        self.hosts = hosts
 
 
 class PeerUnavailable(TransportError):

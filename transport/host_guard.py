@@ -50,6 +50,19 @@ def allowed_name(name: str) -> str:
     return norm
 
 
+def is_loopback(host: str) -> bool:
+    """True when ``host`` (an address to bind, or a Host name to answer) is reachable only
+    from this machine: ``localhost`` or a loopback address. A name or a pattern is not: it
+    may resolve to anything."""
+    host = host.strip().strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def host_of(header: str) -> str:
     """The host part of a ``Host`` header: ``[::1]:80`` -> ``[::1]``, ``a:80`` -> ``a``."""
     header = header.strip().lower()

@@ -28,6 +28,7 @@ waiting on the database.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -44,12 +45,14 @@ from starlette.routing import BaseRoute, Match, Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from .errors import BackendRefused, clipped, quoted
-from .host_guard import HostGuard
+from .errors import BackendRefused, ExposedWithoutToken, clipped, quoted
+from .host_guard import HostGuard, is_loopback
 from .json_answers import error, refused_answer
 from .operator_token import OperatorToken
 from .request_shape import Handler, shaped
 from .token_tries import TokenTries, retry_after
+
+log = logging.getLogger("kinbox.http")
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 STATE_HEADER = "x-kinbox"
@@ -153,11 +156,16 @@ def create_app(
     guarded_routes: Callable[[Refusal], Sequence[BaseRoute]] | None = None,
     tries: TokenTries | None = None,
     clock: Callable[[], float] = time.monotonic,
+    allow_unauthenticated: bool = False,
 ) -> Starlette:
     """The Starlette application.
 
     ``allowed_hosts`` are the Host names it answers; ``operator``, when given,
-    is the token every call but ``GET /`` and ``/healthz`` must present (``/healthz``
+    is the token every call but ``GET /`` and ``/healthz`` must present. Answering a name
+    that is not loopback (one other machines reach, also through a proxy on this one) needs
+    it: :class:`.ExposedWithoutToken` without, unless ``allow_unauthenticated`` says that
+    something in front of the app authenticates every request (then a warning is logged;
+    ``/healthz``
     answers a caller without it with each failed check's error type only: a driver's
     text may name hosts, users or tables). ``extra_routes`` are mounted beside the API
     as they are; ``guarded_routes(refusal)`` gives routes built with the app's own rule
@@ -165,6 +173,13 @@ def create_app(
     tokens per client address (a :class:`.TokenTries` of the default limits when not
     given), read against ``clock`` (monotonic seconds).
     """
+    exposed = tuple(h for h in allowed_hosts if not is_loopback(h))
+    if exposed and operator is None:
+        if not allow_unauthenticated:
+            raise ExposedWithoutToken(exposed)
+        log.warning("the HTTP app answers %s without an operator token "
+                    "(allow_unauthenticated): whatever is in front of it must authenticate "
+                    "every request", ", ".join(clipped(h) for h in exposed))
     health_limiter: list[CapacityLimiter] = []  # made on first use, inside the event loop
     # Called from the handlers on the event loop only, so one thread at a time.
     token_tries = tries if tries is not None else TokenTries()
