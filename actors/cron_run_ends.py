@@ -67,7 +67,7 @@ class RunEnds:
         except WriterClosed:
             raise  # stopping: the run stays ``running`` for whoever takes it over
         except PersistenceError as exc:
-            self.hand_back(run, f"the record of its failure ({error})", exc)
+            self.hand_back(run, f"the record of its failure ({error_kind(error)})", exc)
             return
         if updated is not None:
             self.wake_at(updated.next_run_at, updated.id)

@@ -11,6 +11,7 @@ takeover counted; once its record lands, the run's error is the brain's.
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -185,3 +186,22 @@ def test_a_refused_read_of_its_job_hands_the_run_back_for_a_backoff(
     [run] = rt.cron.runs(job_id)
     assert run["takeovers"] == 0  # its runtime never died
     assert len(brain.turns) == 1
+
+
+def test_the_log_of_a_refused_failure_record_names_the_error_type_not_its_text(
+        make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The hand back's ERROR line quoted the brain's error whole, and a brain's text can
+    quote the prompt it ran."""
+    refused = refusing_failure_records(monkeypatch, 1)
+    brain = CronBrain()
+    brain.failing = "the model echoed BODY-MARK-c41e"
+    rt = make_runtime(brain=brain, lease_seconds=3600)
+    job_id = str(rt.cron.add("yearly", "0 0 1 1 *", "Happy new year")["job_id"])
+    with caplog.at_level(logging.INFO, logger="kinbox"):
+        rt.cron.trigger(job_id)
+        wait_for(lambda: bool(refused), 20, "the failure record refused")
+        settle(rt)
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert any(refused[0] in m and "RuntimeError" in m for m in lines)
+    assert not [m for m in lines if "BODY-MARK" in m]
