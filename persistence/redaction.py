@@ -14,8 +14,9 @@ parameter named ``...password``); text that is neither as written (``postgresql:
 a slash left out) keeps nothing between its first ``:`` and its last ``@``, and a ``?``
 in a password masks what follows it too.
 :func:`redact_text` masks in any other text (a driver's error) each spelling of the
-passwords a URL holds: as written, percent-decoded, unquoted and unescaped (a short one
-where it stands alone, not inside a word).
+passwords a URL holds: as written, percent-decoded, unquoted and unescaped, and the pieces
+an unencoded ``/``, ``?`` or ``#`` cuts it into, which libpq reads as the port or the
+database (a short one where it stands alone, not inside a word).
 """
 
 from __future__ import annotations
@@ -112,14 +113,19 @@ def _unescaped(value: str) -> str:
     return re.sub(r"\\(.)", r"\1", value, flags=re.DOTALL)
 
 
+_URL_BREAKS = re.compile(r"[/?#]")
+"""What ends a URL's host part: written unencoded in a password, it splits the password
+there, and libpq reads its pieces as the port and the database's name, and quotes them."""
+
+
 def _passwords(url: str) -> set[str]:
     """Every spelling of the passwords ``url`` holds: as written, percent-decoded,
-    unquoted and unescaped."""
+    unquoted and unescaped, and the pieces a ``/``, ``?`` or ``#`` in it cuts it into."""
     spellings = set()
     for begin, end in _spans(url):
         value = url[begin:end]
         spellings |= {value, unquote(value), unquote_plus(value), value.strip("'"),
-                      _unescaped(value)}
+                      _unescaped(value), *_URL_BREAKS.split(value)}
     return {v for v in spellings if v}
 
 

@@ -90,7 +90,8 @@ def test_pinning_workers_is_scaleouts_alone(capsys: pytest.CaptureFixture[str]) 
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("url", ["postgresql://u:Sup3r%zzSecret@127.0.0.1:1/kinbox",
-                                 "postgresql://u@127.0.0.1:1/kinbox?password=Sup3r%zzSecret"])
+                                 "postgresql://u@127.0.0.1:1/kinbox?password=Sup3r%zzSecret",
+                                 "postgresql://u:Sup3r/zzSecret@127.0.0.1:1/kinbox"])
 def test_a_password_the_driver_quotes_in_its_error_is_masked_there_too(
         capsys: pytest.CaptureFixture[str], url: str) -> None:
     """libpq refuses a URL whose password holds a '%' that starts no escape, quoting it

@@ -53,3 +53,15 @@ def test_a_short_password_inside_words_is_left_there(password: str, said: str) -
 def test_a_long_password_is_masked_inside_words_too() -> None:
     url = "postgresql://me:Hunter2Hunter2@127.0.0.1/db"
     assert redact_text("token xHunter2Hunter2y", url) == "token x***y"
+
+
+@pytest.mark.parametrize("url", ["postgresql://kbx:Sup3r/SecretPw@127.0.0.1:5432/x",
+                                 "postgresql://kbx:Sup3r?SecretPw@127.0.0.1:5432/x",
+                                 "postgresql://kbx:Sup3r#SecretPw@127.0.0.1:5432/x"])
+def test_the_part_of_a_password_the_driver_reads_as_the_port_is_masked(url: str) -> None:
+    """A '/', '?' or '#' unencoded in the password ends the URL's host part there: libpq
+    reads the password's first part as the port and quotes it (``invalid integer value
+    "Sup3r" for connection option "port"``); ``kinbox bench scaleout --db`` printed it."""
+    said = 'invalid integer value "Sup3r" for connection option "port"'
+    assert "Sup3r" not in redact_text(said, url)
+    assert "Sup3r" not in redact_url(url)
