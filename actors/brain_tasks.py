@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..persistence import WriterClosed
+from .brain_scope import brain_of
 from .loop_steps import settle
 from .running import TIMEOUT
 from .steps import Steps
@@ -178,7 +179,8 @@ class BrainTasks:
         SystemExit must not leave the task: asyncio re-raises those out of the loop, which
         would end every async turn of the runtime with it."""
         try:
-            take_result(turn, await self.ctx.brain(turn))  # type: ignore[misc]
+            with brain_of(self.ctx):
+                take_result(turn, await self.ctx.brain(turn))  # type: ignore[misc]
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():

@@ -33,6 +33,7 @@ from functools import partial
 
 from ..persistence import LeaseLost, PersistenceError, WriterClosed
 from .brain_failure import ORDINARY, FailureKind
+from .brain_scope import brain_of
 from .brain_tasks import BrainAbandoned
 from .context import RuntimeContext, TurnEffects, gather_effects
 from .direct_gate import SessionGate
@@ -330,7 +331,8 @@ class DirectTurns(DirectPool):
 def _run_sync_brain(ctx: RuntimeContext, turn: Turn) -> BaseException | None:
     """A sync brain on this thread: the error the attempt ends with, or None."""
     try:
-        take_result(turn, ctx.brain(turn))
+        with brain_of(ctx):
+            take_result(turn, ctx.brain(turn))
     except BaseException as exc:  # a brain's SystemExit too fails its attempt, no more
         return exc
     return None

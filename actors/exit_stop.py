@@ -7,7 +7,7 @@ exit before ``atexit`` hooks run, so a hook there came after that join. The hook
 therefore a threading exit hook, registered after ``concurrent.futures``' own so that it
 runs before it (they run last registered first): each still-running runtime stops
 cleanly there (running turns are asked to stop and finish or hand their rows back)
-before anything is joined.
+before anything is joined; one whose stop is under way (on another thread) is waited for.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def stop_at_exit(rt: Stoppable) -> None:
 
 def _stop_live_runtimes() -> None:
     for rt in list(_live):
-        if rt.state == "running":
+        # A stop under way too (one a turn began runs on a daemon thread): it ends first.
+        if rt.state in ("running", "stopped"):
             try:
                 rt.stop()
             except Exception:

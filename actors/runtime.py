@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -48,6 +49,7 @@ from ..persistence import (
 from ..transport.key_file import private_folder
 from . import subagents
 from .async_host import AsyncHost
+from .brain_scope import in_a_turn_of
 from .clock import Clock, ManualClock, SystemClock
 from .context import Observer, RuntimeContext
 from .cron import CronService
@@ -83,6 +85,11 @@ STOP_FLOOR = 1.0
 the rows waiting for a slot) and then the writer (to commit what the turns committed as
 they ended): a row or a turn that was done in time should not come back by lease because
 a deaf turn spent the deadline."""
+
+STOP_SETTLE = 15.0
+"""Seconds past the first stop's ``timeout`` a second ``stop()`` waits for it to end: what a
+stop may take after its turns' deadline (the dispatcher's and the writer's floors, the
+peer links' close, the release of the database)."""
 
 START_FAILED_WAIT = 5.0
 """Seconds a start that failed late waits for what it had started to stop (a turn the
@@ -156,6 +163,13 @@ class Runtime(RecordsApi, WatchApi, TickApi):
         self._ctx: RuntimeContext | None = None
         self._observers: list[Observer] = []
         self._state = "new"
+        self._stop_lock = threading.Lock()
+        """Orders the stops that callers on several threads ask for at once: one stops."""
+        self._stopper: threading.Thread | None = None
+        """The thread the stop under way runs on (a call from it does not wait for it)."""
+        self._stop_timeout = 0.0
+        self._stop_done = threading.Event()
+        """Set once the stop has ended: the database is free for the next runtime."""
         self._ticker = Ticker(tick_interval_for(tick_interval, lease_seconds), self._tick,
                               self._wake)
         self._unsubscribe: Callable[[], None] | None = None
@@ -303,15 +317,50 @@ class Runtime(RecordsApi, WatchApi, TickApi):
 
         The ticker runs on until the turns have ended, renewing their leases and nothing
         else (:meth:`_tick` in state ``stopped``): a turn winding down longer than its
-        lease's remainder would otherwise be taken over and run again elsewhere."""
-        if self._state != "running":
+        lease's remainder would otherwise be taken over and run again elsewhere.
+
+        Called while another stop is under way (another thread's), it returns once that
+        stop has ended. Called from one of this runtime's own turns (its brain, or a tool
+        it calls), which the stop waits for, it begins the stop on a thread of its own and
+        returns: the turn ends, commits, and the stop ends after it."""
+        with self._stop_lock:
+            state = self._state
+            if state == "running":
+                self._state = "stopped"
+                self._stopper = threading.current_thread()
+                self._stop_timeout = timeout
+        if state == "stopped":
+            self._await_stop()
+            return
+        if state != "running":
             return
         ctx = self._require()
-        self._state = "stopped"
-        left = self._wind_down(ctx, timeout)
-        ctx.emit("stopped", owner=self.owner)
-        self._teardown(max(left(), STOP_FLOOR))
-        log.info("runtime %s stopped", self.owner)
+        if in_a_turn_of(ctx):  # the stop waits for this very turn: it cannot wait here
+            stopper = threading.Thread(target=self._stop_now, args=(ctx, timeout),
+                                       name="kinbox-stop", daemon=True)
+            self._stopper = stopper
+            stopper.start()
+            return
+        self._stop_now(ctx, timeout)
+
+    def _stop_now(self, ctx: RuntimeContext, timeout: float) -> None:
+        try:
+            left = self._wind_down(ctx, timeout)
+            ctx.emit("stopped", owner=self.owner)
+            self._teardown(max(left(), STOP_FLOOR))
+            log.info("runtime %s stopped", self.owner)
+        finally:
+            self._stop_done.set()
+
+    def _await_stop(self) -> None:
+        """Wait for the stop under way to end; not on its own thread (a signal handler that
+        interrupted it), nor in a turn it waits for."""
+        if (threading.current_thread() is self._stopper or self._ctx is None
+                or in_a_turn_of(self._ctx)):
+            return
+        if not self._stop_done.wait(self._stop_timeout + STOP_SETTLE):
+            log.warning("runtime %s still stopping %.1f s into its stop", self.owner,
+                        self._stop_timeout + STOP_SETTLE)
 
     def _wind_down(self, ctx: RuntimeContext, timeout: float) -> Callable[[], float]:
         """Stop what runs, turns first (a graceful stop's, and a start's that failed late:

@@ -29,6 +29,7 @@ from ..persistence import (
 )
 from . import delivery as dp
 from . import subagents
+from .brain_scope import brain_of
 from .context import NO_EFFECTS, RuntimeContext, TurnEffects, gather_effects
 from .messages import Deliver
 from .pooled import ActorPool, PooledActor
@@ -129,7 +130,8 @@ class SessionActor(PooledActor):
         assert self.turn is not None
         try:
             prepare(self.ctx, self.turn)
-            take_result(self.turn, self.ctx.brain(self.turn))
+            with brain_of(self.ctx):
+                take_result(self.turn, self.ctx.brain(self.turn))
         except BaseException as exc:  # a brain's SystemExit too fails its attempt, no more
             return exc
         return None

@@ -22,6 +22,7 @@ PURE_MODULES = [
     "actors/access.py",
     "actors/cli_args.py",
     "actors/passivation.py",
+    "actors/brain_scope.py",
     "actors/validation.py",
     "actors/renewal_schedule.py",
     "actors/roster.py",
