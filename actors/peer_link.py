@@ -97,6 +97,11 @@ class PeerLink:
         """Rows may be due (a send committed, the clock moved)."""
         self._wake.set()
 
+    @property
+    def woken(self) -> bool:
+        """Woken since the link last looked at its rows."""
+        return self._wake.is_set()
+
     def begin_stop(self) -> None:
         """Ask the link to stop, without waiting: its thread leaves the link within a
         read's wait (0.2 s at most) and closes the socket itself, which waits for the
@@ -121,7 +126,8 @@ class PeerLink:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self._step()
+                if not self._step():
+                    return
             except WriterClosed:
                 return
             except Exception:
@@ -147,22 +153,32 @@ class PeerLink:
             self.effects.announce(t.message_id, t.failed, t.attempts, t.error, taken_over=True)
         return window.rows
 
-    def _step(self) -> None:
+    def _step(self) -> bool:
+        """One look at the device's rows; False once the link ends (revoked, nothing left
+        to fail)."""
         rec = self.svc.peers.device(self.device_id, OUTBOUND)
         if rec is None:
             self._idle_wait()
-            return
+            return True
         token = self._token(rec) if rec.status == "active" else None
         if rec.status == "active" and token is None:
             self._wake.wait(5.0)  # not this process's rows: look again if it pairs anew
             self._wake.clear()
-            return
+            return True
+        revoked = rec.status == "revoked"
+        if revoked:  # a send committed after this claim's read wakes the link again
+            self._wake.clear()
         # Paused or revoked (here, or by the device's signed refusal): every open row fails
         # now, those waiting for a backoff too (they stayed queued up to an hour).
         rows = self._claim(0, self.window, waiting_too=token is None)
         if not rows:
+            # Revoked for good (pairing anew makes a new grant): nothing to fail, nothing
+            # to poll for. A later send starts a link again (the device scan finds another
+            # process's), one woken meanwhile looks once more.
+            if revoked and self.svc.let_go(self):
+                return False
             self._idle_wait()
-            return
+            return True
         if token is None:  # the device is paused or revoked: its rows fail at once
             reason = rec.last_error or f"peer device {self.device_id} is {rec.status}"
             recorded = [self.effects.retry(row.message_id, reason, permanent=True)
@@ -172,8 +188,9 @@ class PeerLink:
                 # claim takes rows waiting for one: asked again at once, it looped at
                 # the writer's speed for as long as the database refused the record.
                 self._idle_wait()
-            return
+            return True
         self._session(rec, rows, token)
+        return True
 
     def _token(self, rec: DeviceRecord) -> str | None:
         """The device's bearer token; None when this process's device key did not seal it.

@@ -183,9 +183,25 @@ class PeerService:
             log.warning("looking for newly paired devices failed: %s", type(exc).__name__)
 
     def _link_every_device(self) -> None:
-        """A link for each outbound device (:meth:`link_for`: one already running stays)."""
+        """A link for each outbound device (:meth:`link_for`: one already running stays),
+        but a revoked one's only while it has open rows (its link fails them and ends)."""
         for rec in self.peers.devices(OUTBOUND):
+            if rec.status == "revoked":
+                with self._lock:
+                    linked = rec.device_id in self.links
+                if not linked and self.outbox.next_due(peer_target(rec.device_id)) is None:
+                    continue
             self.link_for(rec.device_id)
+
+    def let_go(self, link: PeerLink) -> bool:
+        """``link`` (of a revoked device, with no row left to fail) ends: False, keeping
+        it, when a send woke it since its last look (it looks again)."""
+        with self._lock:
+            if link.woken:
+                return False
+            if self.links.get(link.device_id) is link:
+                del self.links[link.device_id]
+        return True
 
     def link_for(self, device_id: str) -> PeerLink | None:
         """The device's link, started on first use (None in a send-only runtime, or once

@@ -1,0 +1,71 @@
+"""The link of a device revoked here ends once it has failed the device's rows.
+
+A revoked grant is never active again (pairing anew makes a new one). Its link still ran
+for as long as the runtime did: a thread per revoked device, each claiming through the
+writer and reading the journal every second, however long ago the device was revoked.
+Now the link ends when it finds nothing more to fail; a later send to the device (here,
+or from another process, which the device scan finds) starts one that fails it and ends.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from kinbox.actors import ManualClock, Runtime
+from kinbox.persistence.peers import OUTBOUND
+from kinbox.transport.grants import new_token
+from kinbox.transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
+
+from .helpers import quiet_brain, wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def link_threads(device_id: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate()
+            if t.name == f"kinbox-peer-{device_id}" and t.is_alive()]
+
+
+def status_of(rt: Runtime, message_id: str) -> str:
+    return next(r["status"] for r in rt.inbox() if r["message_id"] == message_id)
+
+
+def test_a_revoked_devices_link_ends_and_a_later_send_still_fails(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    rt = Runtime(db=url, brain=quiet_brain, clock=ManualClock(),
+                 data_dir=tmp_path / "data").start()
+    try:
+        me = rt.create_session(None, "sender").id
+        peer = DeviceIdentity.generate()
+        device = peer.device_id
+        rt.peers.peers.save_outbound(
+            device, "gone", peer.public_key, "http://127.0.0.1:9",
+            rt.peers.identity.seal(new_token(os.urandom(32)), os.urandom(SEAL_NONCE_BYTES)),
+            frozenset({"agent"}), rt.clock.now())
+        rt.peers.peers.set_status(device, "revoked", rt.clock.now(), direction=OUTBOUND)
+        [sent] = rt.peers.send_many(me, f"peer:{device}", ["hello"])
+        wait_for(lambda: status_of(rt, sent["message_id"]) == "failed", 30,
+                 "the row to the revoked device to fail")
+        wait_for(lambda: not link_threads(device), 30, "the revoked device's link to end")
+        assert device not in rt.peers.links
+        rt.peers._link_every_device()  # the device scan: nothing to fail, no link
+        assert not link_threads(device) and device not in rt.peers.links
+
+        [again] = rt.peers.send_many(me, f"peer:{device}", ["hello again"])
+        wait_for(lambda: status_of(rt, again["message_id"]) == "failed", 30,
+                 "a later send to the revoked device to fail")
+        wait_for(lambda: not link_threads(device), 30, "its link to end again")
+
+        # A row another process queued (a send-only runtime: it runs no link) is found by
+        # the device scan and failed, and that link ends too.
+        with Runtime(db=url, data_dir=tmp_path / "data") as sender:
+            [queued] = sender.peers.send_many(me, f"peer:{device}", ["from elsewhere"])
+        wait_for(lambda: status_of(rt, queued["message_id"]) == "failed", 30,
+                 "the row another process queued to fail")
+        wait_for(lambda: not link_threads(device), 30, "its link to end")
+    finally:
+        rt.stop()
