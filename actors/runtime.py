@@ -31,6 +31,7 @@ from ..persistence import (
     Journal,
     Lease,
     OwnerLiveness,
+    PersistenceError,
     RateBuckets,
     SessionRecord,
     SessionStore,
@@ -346,11 +347,27 @@ class Runtime(RecordsApi, WatchApi, TickApi):
     def _stop_now(self, ctx: RuntimeContext, timeout: float) -> None:
         try:
             left = self._wind_down(ctx, timeout)
+            self._hand_back_unoffered(ctx)
             ctx.emit("stopped", owner=self.owner)
             self._teardown(max(left(), STOP_FLOOR))
             log.info("runtime %s stopped", self.owner)
         finally:
             self._stop_done.set()
+
+    def _hand_back_unoffered(self, ctx: RuntimeContext) -> None:
+        """Hand back the rows of the fast-path sends the stop got ahead of (their commit
+        leased the row, their sender had not offered it to the slots yet: a signal
+        handler's stop, on the very thread that waited for the commit), before the writer
+        stops: offered late, their hand-back met a closed writer, and each stayed leased
+        to this stopped runtime, to be taken over at the next start as a suspect."""
+        ids = list(ctx.handing_over)
+        if not ids:
+            return
+        try:
+            ctx.journal.hand_back(self.owner, ids, ctx.now())  # rows leased no more: refused
+        except PersistenceError as exc:  # WriterClosed too: their leases run out instead
+            log.warning("could not hand back %d rows of sends under way at the stop: %s",
+                        len(ids), type(exc).__name__)
 
     def _await_stop(self) -> None:
         """Wait for the stop under way to end; not on its own thread (a signal handler that
