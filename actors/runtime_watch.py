@@ -108,7 +108,10 @@ class WatchApi:
     def run_until_idle(self, timeout: float = 10.0) -> None:
         """Wait until nothing can run before the next due time; :class:`IdleTimeout` after
         ``timeout``. A row in backoff, and the rows queued behind it, do not keep the
-        runtime busy: move an injected clock (or wait) for them to come due."""
+        runtime busy: move an injected clock (or wait) for them to come due.
+        :class:`RuntimeStateError` (``state`` ``stopped`` or ``crashed``) as soon as the
+        runtime stops under the wait (another thread's ``stop()``, a signal handler's):
+        nothing more runs, and the wait would only run out its timeout."""
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
             raise ConfigError(f"timeout must be a positive number of seconds, not {timeout!r}",
                               field="timeout")
@@ -120,6 +123,9 @@ class WatchApi:
         deadline = time.monotonic() + timeout
         nudged = -math.inf
         while not self.is_idle():
+            if self._state != "running":
+                raise RuntimeStateError(f"the runtime {self._state} while waiting for it to "
+                                        "be idle", state=self._state)
             snap = ctx.activity.snapshot()
             if (not snap["busy"] and not snap["claim_pending"]
                     and time.monotonic() - nudged >= IDLE_NUDGE_INTERVAL):
