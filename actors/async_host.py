@@ -298,7 +298,8 @@ class AsyncHost(BrainTasks):
             self.loop.call_later(0.05, self.loop.stop)
         self._ending = True
         self.loop.call_soon_threadsafe(cancel_all)
-        self._thread.join(5)
+        if not self.on_loop():  # a brain that crashed its runtime: the loop ends after it
+            self._thread.join(5)
         self.executor.shutdown(wait=False, cancel_futures=True)
 
     # -- bridges ---------------------------------------------------------------------------

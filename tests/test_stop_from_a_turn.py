@@ -111,3 +111,35 @@ def test_a_second_stop_returns_once_the_runtime_has_stopped(tmp_path: Path) -> N
         assert again.state == "running"
     assert time.monotonic() - began < 30
     first.join(30)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_turn_that_crashes_its_runtime_leaves_the_database_free(
+        tmp_path: Path, kind: str) -> None:
+    """``rt.crash()`` from inside an async brain (a scenario's turn that kills its process)
+    tried to join the event loop's thread from that thread: it raised ``RuntimeError`` half
+    way, and the SQLite file's lock was never let go (``DatabaseInUse`` for every runtime
+    the program started on it after)."""
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    box: dict[str, Any] = {}
+    returned = threading.Event()
+    raised: list[BaseException] = []
+
+    def brain(turn: Turn) -> None:
+        try:
+            box["rt"].crash()
+        except BaseException as exc:
+            raised.append(exc)
+        returned.set()
+
+    async def async_brain(turn: Turn) -> None:
+        brain(turn)
+
+    rt = box["rt"] = Runtime(db=url, brain=brain if kind == "sync" else async_brain,
+                             data_dir=tmp_path / "data").start()
+    rt.post(rt.create_session(rt.create_project("p").id, "A").id, "crash now")
+    assert returned.wait(30)
+    assert raised == [] and rt.state == "crashed"
+    with Runtime(db=url, brain=quiet_brain, data_dir=tmp_path / "data") as again:
+        again.run_until_idle(30)  # the message runs again, as after a kill
+        assert [r["status"] for r in again.inbox()] == ["delivered"]
