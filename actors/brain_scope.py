@@ -1,11 +1,12 @@
-"""Which runtime's brain the calling code runs in: what a stop called from a turn needs.
+"""Which runtime's code the caller runs in: what a stop called from a turn needs.
 
-A brain (or a tool it calls, an observer of its turn, a thread it hands work to with
-``asyncio.to_thread``) that calls ``rt.stop()`` on its own runtime cannot be waited for
-by that stop: the stop waits for the running turns to end, and this one ends only once
-the call returns. The runtime marks the context its brains run in (a context variable:
-the thread of a sync brain, the task of an async one and what it copies its context to),
-and :meth:`.runtime.Runtime.stop` asks :func:`in_a_turn_of` before it waits.
+A brain (or a tool it calls, a thread it hands work to with ``asyncio.to_thread``), or an
+observer (often on a turn's thread, or the event loop), that calls ``rt.stop()`` on its
+own runtime cannot be waited for by that stop: the stop waits for the running turns to
+end, and this one ends only once the call returns. The runtime marks the context its
+brains and observers run in (a context variable: the thread of a sync brain, the task of
+an async one and what it copies its context to), and :meth:`.runtime.Runtime.stop` asks
+:func:`in_a_turn_of` before it waits.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ _RUNTIME: ContextVar[object | None] = ContextVar("kinbox_brain_of", default=None
 
 @contextmanager
 def brain_of(runtime: object) -> Iterator[None]:
-    """Run the body as a brain of ``runtime`` (its context: ``RuntimeContext``)."""
+    """Run the body as ``runtime``'s own code (its context: ``RuntimeContext``)."""
     token = _RUNTIME.set(runtime)
     try:
         yield
@@ -28,5 +29,5 @@ def brain_of(runtime: object) -> Iterator[None]:
 
 
 def in_a_turn_of(runtime: object) -> bool:
-    """Is the caller a brain of ``runtime`` (or code it called), the runtime's own turn?"""
+    """Is the caller ``runtime``'s own code (a brain, an observer, or code they called)?"""
     return _RUNTIME.get() is runtime

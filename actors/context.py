@@ -29,6 +29,7 @@ from ..persistence import (
     TaskStore,
     WriteTimeout,
 )
+from .brain_scope import brain_of
 from .clock import Clock
 from .errors import RuntimeStateError
 from .messages import Wake
@@ -339,12 +340,15 @@ class RuntimeContext:
             raise RuntimeStateError(f"the runtime is {state}; it accepts no more work")
 
     def emit(self, event: str, **data: Any) -> None:
-        """Tell observers; an observer that raises is logged, never fatal."""
+        """Tell observers; an observer that raises is logged, never fatal. They run as the
+        runtime's own code (:mod:`.brain_scope`): often on a turn's thread, which a stop
+        they call must not wait for."""
         if not self.observers:
             return
         for observer in list(self.observers):
             try:
-                observer(event, data)
+                with brain_of(self):
+                    observer(event, data)
             except Exception:
                 log.exception("observer failed on %s", event)
 

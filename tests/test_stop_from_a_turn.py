@@ -143,3 +143,38 @@ def test_a_turn_that_crashes_its_runtime_leaves_the_database_free(
     with Runtime(db=url, brain=quiet_brain, data_dir=tmp_path / "data") as again:
         again.run_until_idle(30)  # the message runs again, as after a kill
         assert [r["status"] for r in again.inbox()] == ["delivered"]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_an_observer_that_stops_the_runtime_as_a_turn_starts_does_not_hold_it(
+        tmp_path: Path, kind: str) -> None:
+    """Observers run on the turn's thread (the event loop, for an async brain): one that
+    called ``rt.stop()`` (stop after the first turn, say) held the stop its whole timeout
+    (for good, on the event loop) and the turn's commit was refused."""
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    returned = threading.Event()
+
+    def brain(turn: Turn) -> None:
+        turn.reply("done")
+
+    async def async_brain(turn: Turn) -> None:
+        brain(turn)
+
+    rt = Runtime(db=url, brain=brain if kind == "sync" else async_brain,
+                 data_dir=tmp_path / "data")
+
+    def observer(event: str, data: dict[str, Any]) -> None:
+        if event == "turn_started" and not returned.is_set():
+            rt.stop(timeout=STOP_TIMEOUT)
+            returned.set()
+
+    rt.subscribe(observer)
+    rt.start()
+    try:
+        session = rt.create_session(rt.create_project("p").id, "A").id
+        rt.post(session, "one turn only")
+        assert returned.wait(STOP_TIMEOUT / 3), "the observer's stop() waited for the turn"
+    finally:
+        rt.stop()
+    with Runtime(db=url, brain=quiet_brain, data_dir=tmp_path / "data") as again:
+        assert [r["status"] for r in again.inbox()] == ["delivered"]
