@@ -185,6 +185,8 @@ class PeerService:
     def _link_every_device(self) -> None:
         """A link for each outbound device (:meth:`link_for`: one already running stays),
         but a revoked one's only while it has open rows (its link fails them and ends)."""
+        if not self.delivering:
+            return
         for rec in self.peers.devices(OUTBOUND):
             if rec.status == "revoked":
                 with self._lock:
