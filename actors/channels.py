@@ -45,6 +45,7 @@ from typing import Any
 
 from ..persistence import KeptReply, PersistenceError, SocialOutbox, TurnEntry, WriterClosed
 from . import social_rules as rules
+from .brain_scope import brain_of
 from .channel_loop import CANCEL_GRACE, ChannelLoop
 from .context import RuntimeContext
 from .http_failure import retry_after_seconds
@@ -328,16 +329,17 @@ class Channels:
             channel = self._channels.get(platform)
             if channel is None and text:
                 self._hold(platform, HeldReply(session_id, route, text, cause_id))
-        outcome = deliver(
-            channel.send_of(cause_id) if channel else None,
-            route,
-            text,
-            retry_delays=self.retry_delays,
-            wait=self._stop.wait,
-            loop=self.loop,
-            send_timeout=self.send_timeout,
-            stopped=self._stop.is_set,
-        )
+        with brain_of(self.ctx):  # the adapter's code: a stop it calls must not wait for it
+            outcome = deliver(
+                channel.send_of(cause_id) if channel else None,
+                route,
+                text,
+                retry_delays=self.retry_delays,
+                wait=self._stop.wait,
+                loop=self.loop,
+                send_timeout=self.send_timeout,
+                stopped=self._stop.is_set,
+            )
         self.record(session_id, platform, cause_id, outcome, durable=outcome.status != "no_reply")
         if outcome.status in ("sent", "failed"):  # ended for good: no start sends it again
             try:

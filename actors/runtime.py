@@ -322,9 +322,9 @@ class Runtime(RecordsApi, WatchApi, TickApi):
 
         Called while another stop is under way (another thread's), it returns once that
         stop has ended. Called from one of this runtime's own turns (its brain, or a tool
-        it calls) or from an observer (on a turn's thread), which the stop waits for, it
-        begins the stop on a thread of its own and returns: the turn ends, commits, and
-        the stop ends after it."""
+        it calls), an observer (on a turn's thread) or a channel send, which the stop
+        waits for, it begins the stop on a thread of its own and returns: the turn ends,
+        commits, and the stop ends after it."""
         with self._stop_lock:
             state = self._state
             if state == "running":

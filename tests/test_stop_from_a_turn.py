@@ -178,3 +178,40 @@ def test_an_observer_that_stops_the_runtime_as_a_turn_starts_does_not_hold_it(
         rt.stop()
     with Runtime(db=url, brain=quiet_brain, data_dir=tmp_path / "data") as again:
         assert [r["status"] for r in again.inbox()] == ["delivered"]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_channel_send_that_stops_the_runtime_does_not_hold_it(
+        tmp_path: Path, kind: str) -> None:
+    """A channel adapter's ``send`` runs on the direct-turn pool (an async one on the
+    channel loop): one that called ``rt.stop()`` held the stop its whole timeout, and an
+    async one then joined the channel loop's thread from itself: ``RuntimeError`` half way
+    through the stop, which never let go of the SQLite file's lock."""
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    box: dict[str, Any] = {}
+    returned = threading.Event()
+    raised: list[BaseException] = []
+
+    def send(route: dict[str, Any], text: str) -> None:
+        try:
+            box["rt"].stop(timeout=STOP_TIMEOUT)
+        except BaseException as exc:
+            raised.append(exc)
+        returned.set()
+
+    async def async_send(route: dict[str, Any], text: str) -> None:
+        send(route, text)
+
+    rt = box["rt"] = Runtime(db=url, brain=lambda turn: turn.reply("bye"),
+                             data_dir=tmp_path / "data").start()
+    try:
+        rt.social.register_channel("chat", send=send if kind == "sync" else async_send)
+        rt.social.allow("chat", ["U1"])
+        rt.social.ingest({"platform": "chat", "sender_id": "U1", "sender_name": "Ann",
+                          "thread_id": "T1", "text": "/shutdown", "reply_route": {}})
+        assert returned.wait(STOP_TIMEOUT / 3), "the send's stop() waited for the send"
+    finally:
+        rt.stop()
+    assert raised == []
+    with Runtime(db=url, brain=quiet_brain, data_dir=tmp_path / "data") as again:
+        assert again.state == "running"
