@@ -89,6 +89,14 @@ NOT_THE_DEVICE = (
 request was changed on the way: the refusals no one learns the code from (see
 ``transport.handshake``)."""
 
+UNREACHABLE = (
+    "the pairing did not complete ({detail}): the other device must be running `kinbox "
+    "serve` at that address (check the host and port it printed); the code is still good "
+    "for this device: run the same command again once it answers"
+)
+"""What a pairing is told as when the device could not be reached, or asked to be tried
+later: the error alone (``ConnectionRefusedError``) told a first user nothing to do."""
+
 TAMPERED = frozenset({Refusal.WRONG_DEVICE, Refusal.BAD_SIGNATURE})
 
 DEVICE_SCAN_SECONDS = 1.0
@@ -458,7 +466,8 @@ def complete_pairing(identity: DeviceIdentity, peers: PeerStore, url: str, code:
         paired = pair_with(url, identity, invite, identity.device_id,
                            new_nonce(os.urandom(NONCE_BYTES)))
     except PeerUnavailable as exc:
-        raise PairingFailed(str(exc), "unavailable", retry=True, status=exc.status) from exc
+        raise PairingFailed(UNREACHABLE.format(detail=exc), "unavailable", retry=True,
+                            status=exc.status) from exc
     except HandshakeRefused as exc:
         # A refusal names its code; whatever else answered wrote free text (kept in the
         # message, escaped), which no caller should branch on.

@@ -181,6 +181,21 @@ def test_pairing_with_nobody_listening_is_a_clear_error(tmp_path: Path) -> None:
     assert code == 1
 
 
+def test_pairing_with_nobody_listening_says_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A first ``kinbox peers pair`` before the other device's ``kinbox serve`` was up (or
+    at a wrong port) said only "peer unavailable (cannot connect: ConnectionRefusedError)":
+    it now says what must answer there and that the same command may be run again, as the
+    code is still good (``retry`` True)."""
+    code, _ = run("peers", "pair", "http://127.0.0.1:9", UNISSUED,
+                  "--db", f"sqlite:///{tmp_path / 'a.db'}")
+    said = capsys.readouterr().err
+    assert code == 1
+    for words in ("ConnectionRefusedError", "kinbox serve", "same command"):
+        assert words in said, said
+
+
 @pytest.mark.parametrize("url", ["http://me:Sup3rSecret@127.0.0.1:99999",
                                  "ftp://me:Sup3rSecret@127.0.0.1:8765",
                                  "http://me:Sup3rSecret@[not-an-ip]:8765",
