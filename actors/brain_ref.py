@@ -29,7 +29,9 @@ def load_brain(spec: str) -> Brain:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
-            raise BrainRefError(spec, f"no module named {exc.name!r}") from exc
+            raise BrainRefError(spec, f"no module named {exc.name!r} in the current "
+                                f"directory ({cwd}) nor among the installed packages; "
+                                "start kinbox from the folder that holds it") from exc
         raise BrainRefError(spec, f"importing {module_name!r} failed: {exc}") from exc
     except Exception as exc:
         raise BrainRefError(spec, f"importing {module_name!r} failed: "
