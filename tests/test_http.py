@@ -541,6 +541,17 @@ def test_the_host_guard_matches_exact_names_and_subdomain_patterns() -> None:
             allowed_name(bad)
 
 
+@pytest.mark.parametrize("name", ["kinbox.example.com:8765", "localhost:8765",
+                                  "10.0.0.5:8765", "*.example.com:443"])
+def test_an_allowed_host_given_with_its_port_is_told_to_leave_the_port_out(name: str) -> None:
+    """``--allow-host kinbox.example.com:8765`` was refused as "not a host name ...
+    (expected a name such as kinbox.example, *.example.com or an IP)", which the name is:
+    only a name whose letters are hex digits was told to give it without its port."""
+    with pytest.raises(ValueError, match="without a port"):
+        allowed_name(name)
+    assert allowed_name("::1") == "[::1]" and allowed_name("[::1]") == "[::1]"
+
+
 @pytest.mark.parametrize("pattern", ["*.com", "*.Test", "*.co"])
 def test_a_subdomain_pattern_of_a_whole_top_level_domain_is_refused(pattern: str) -> None:
     """``*.com`` was taken as any subdomain pattern: every name under .com passed the Host

@@ -30,6 +30,10 @@ def allowed_name(name: str) -> str:
     cannot be a Host (a name, ``*.domain``, an IPv4 or IPv6 literal)."""
     norm = name.strip().lower()
     if ":" in norm and not norm.startswith("["):
+        try:  # a bare IPv6 address, else a name or IPv4 address with its port
+            ipaddress.IPv6Address(norm)
+        except ValueError:
+            raise ValueError(f"not a host name: {name!r} (give it without a port)") from None
         norm = f"[{norm}]"
     if not _NAME.match(norm):
         raise ValueError(f"not a host name: {name!r} (expected a name such as "
