@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import NoReturn, TextIO
 
 from .. import actors
-from ..persistence import redact_text, redact_url
+from ..persistence import DatabaseOpenError, redact_text, redact_url
 from ..transport import TransportError
 from ..transport.frames import shown
 from . import (
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     # kinbox's errors stand for the driver's), and a damaged page met then comes as its own.
     except (KinboxError, TransportError, OSError, sqlite3.Error) as exc:
         # An error may quote what a peer or a file said: never raw onto the terminal.
-        print(f"kinbox: {shown(str(exc), 2000)}", file=sys.stderr)
+        print(f"kinbox: {shown(str(exc) + url_origin(args, exc), 2000)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         # Ctrl-C in a command without stop handling of its own (a listing, a requeue): a
@@ -172,6 +172,16 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         print("kinbox: interrupted; a change under way is committed whole or not at all: "
               "look before running it again", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def url_origin(args: argparse.Namespace, exc: BaseException) -> str:
+    """Where a database URL that did not open came from, when the user did not type it:
+    a ``$KINBOX_DB`` set long ago is otherwise a URL no flag of theirs names."""
+    env = os.environ.get("KINBOX_DB")
+    if (isinstance(exc, DatabaseOpenError) and env and getattr(args, "db", None) is None
+            and exc.url == redact_url(env)):
+        return " (the URL is $KINBOX_DB's: set it to the database you mean, or give --db)"
+    return ""
 
 
 if __name__ == "__main__":

@@ -177,6 +177,18 @@ def test_an_unopenable_database_is_a_clear_error() -> None:
     assert "no database file at" in result.stderr
 
 
+def test_a_database_from_kinbox_db_that_does_not_open_says_where_its_url_came_from() -> None:
+    """A ``$KINBOX_DB`` set long ago (or to a stray value) made every command say only
+    "cannot open database ' ': unsupported scheme", naming no flag the user had given:
+    the error now says the URL is ``$KINBOX_DB``'s, and a ``--db`` one's does not."""
+    from_env = kinbox("db", "status", env={"KINBOX_DB": "sqlite:////no/such/dir/x.db"})
+    assert from_env.returncode == 1
+    assert "no database file at" in from_env.stderr and "$KINBOX_DB" in from_env.stderr
+    given = kinbox("db", "status", "--db", "sqlite:////no/such/dir/x.db",
+                   env={"KINBOX_DB": "sqlite:////no/such/dir/x.db"})
+    assert given.returncode == 1 and "$KINBOX_DB" not in given.stderr
+
+
 def test_the_log_level_is_kinboxs_and_libraries_say_only_what_goes_wrong() -> None:
     """`--log-level info` printed APScheduler's INFO lines (every job added, every run)
     among kinbox's own."""
