@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import configparser
+import re
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,38 @@ FRAMEWORK_ADAPTERS = {
     "autogen_ext": "actors/autogen_brain.py",
 }
 """Each optional agent framework (its top-level package) and the one module that imports it."""
+
+
+EXTRA_OF = {
+    "pydantic_ai": ("pydantic-ai", "pydantic-ai-slim"),
+    "agents": ("openai-agents", "openai-agents"),
+    "autogen_core": ("autogen", "autogen-core"),
+    "autogen_ext": ("autogen", "autogen-ext"),
+}
+"""Each framework package: the extra that installs it, and the distribution it comes in."""
+
+
+def test_each_framework_a_readme_example_imports_comes_with_its_extra() -> None:
+    """``pip install '.[autogen]'`` installed autogen-core alone, and the README's autogen
+    example (its client from autogen-ext) failed with ModuleNotFoundError."""
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    extras = cfg["options.extras_require"]
+    imported: set[str] = set()
+    for block in re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(),
+                            re.S | re.M):
+        for node in ast.walk(ast.parse(block)):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                imported.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name.split(".")[0] for alias in node.names)
+    frameworks = sorted(imported & EXTRA_OF.keys())
+    assert "autogen_ext" in frameworks  # the examples are read
+    for name in frameworks:
+        extra, dist = EXTRA_OF[name]
+        wanted = [re.split(r"[<>=!~ \[]", line.strip())[0]
+                  for line in extras[extra].splitlines() if line.strip()]
+        assert dist in wanted, f"the README imports {name}; the {extra} extra lacks {dist}"
 
 
 def test_an_agent_framework_is_imported_by_its_adapter_module_only() -> None:
