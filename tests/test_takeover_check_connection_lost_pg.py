@@ -30,24 +30,30 @@ def test_a_check_whose_connection_ended_says_so_in_one_warning_and_goes_on(
         journal = rt.context.journal
         db = journal.t.db
         real = journal.lease_owners
-        checker: list[int] = []
         checks = threading.Semaphore(0)
+        end = threading.Event()
 
         def lease_owners() -> Any:
-            if not checker:  # the check's thread and its connection
-                checker.append(db.execute_sql("SELECT pg_backend_pid()").fetchone()[0])
-            owners = real()
-            checks.release()
-            return owners
+            # The check ends its own connection first: the tick's other work on this
+            # thread (the device scan) must not be the one to meet the ended connection.
+            if end.is_set():
+                end.clear()
+                pid = db.execute_sql("SELECT pg_backend_pid()").fetchone()[0]
+                end_backends(pg_url, [pid])
+            try:
+                return real()
+            finally:
+                checks.release()
 
         journal.lease_owners = lease_owners  # type: ignore[method-assign]
         assert checks.acquire(timeout=20)
         with caplog.at_level(logging.WARNING, logger="kinbox"):
-            end_backends(pg_url, checker)
-            # The next check fails on the ended connection; the one after it connects again.
+            end.set()
+            # This check fails on the ended connection; the one after it connects again.
             wait_for(lambda: any(r.name == "kinbox.runtime" for r in caplog.records),
                      timeout=20, what="the check's failure")
-            assert checks.acquire(timeout=20)
+            assert checks.acquire(timeout=20)  # the failed check
+            assert checks.acquire(timeout=20)  # the next one, on a new connection
         said = [r for r in caplog.records if r.name == "kinbox.runtime"]
         assert [(r.levelno, r.exc_info) for r in said] == [(logging.WARNING, None)]
         assert rt.state == "running"
