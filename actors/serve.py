@@ -147,13 +147,20 @@ def app_for(
     It answers loopback names, ``allowed_hosts``, and the bind address
     ``host`` itself when that is one address (not ``0.0.0.0``);
     ``operator`` is the token every call but ``GET /`` and ``/healthz`` must present,
-    required when it answers a name that is not loopback (:class:`ConfigError`, ``field``
-    ``"operator"``) unless ``allow_unauthenticated`` says a proxy in front of it
-    authenticates every request;
+    required when it answers a name that is not loopback, or ``host`` is a wildcard
+    (:class:`ConfigError`, ``field`` ``"operator"``) unless ``allow_unauthenticated``
+    says a proxy in front of it authenticates every request;
     ``clock`` (monotonic seconds) times the lock-out of a client that presents too many
     wrong tokens; ``peer_handshakes`` bounds the peer endpoint's handshakes
     (:class:`~kinbox.transport.HandshakeLimits`' defaults when not given).
     """
+    if host in WILDCARD_ADDRESSES and operator is None and not allow_unauthenticated:
+        # Every machine reaches a wildcard bind, and a client writes its own Host: that
+        # the app answers loopback names alone keeps no one out (as ``serve`` refuses it).
+        raise ConfigError(f"host {host!r} is reached from other machines, which read and "
+                          "write without an operator token: give operator=OperatorToken."
+                          "from_secret(...), or allow_unauthenticated=True when a proxy in "
+                          "front of it authenticates every request", field="operator")
     hosts = [*LOOPBACK_HOSTS, *allowed_hosts]
     if host not in WILDCARD_ADDRESSES and host not in hosts:
         hosts.append(host)
