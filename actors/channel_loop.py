@@ -99,6 +99,12 @@ class ChannelLoop:
             loop, thread = self._loop, self._thread
         if not closing or loop is None or thread is None:
             return  # closed before (or by another thread now), or never started
+        if thread is threading.current_thread():
+            # A send that crashed its runtime, on this loop: waiting here for the loop (or
+            # joining its thread) waits for itself. The sends are cancelled and the loop
+            # ends once this one returns to it.
+            loop.create_task(_cancel_all(timeout)).add_done_callback(lambda _: loop.stop())
+            return
         try:
             asyncio.run_coroutine_threadsafe(_cancel_all(timeout), loop).result(timeout + 1)
         except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):

@@ -215,3 +215,39 @@ def test_a_channel_send_that_stops_the_runtime_does_not_hold_it(
     assert raised == []
     with Runtime(db=url, brain=quiet_brain, data_dir=tmp_path / "data") as again:
         assert again.state == "running"
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_channel_send_that_crashes_the_runtime_leaves_the_database_free(
+        tmp_path: Path, kind: str) -> None:
+    """``rt.crash()`` from an async channel adapter's ``send`` (on the channel loop's thread)
+    waited on the loop it held for its sends' cancel, then joined that thread from itself:
+    ``RuntimeError`` half way through the crash, and the SQLite file's lock was never let go
+    (``DatabaseInUse`` for every later runtime of the program on it)."""
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    box: dict[str, Any] = {}
+    returned = threading.Event()
+    raised: list[BaseException] = []
+
+    def send(route: dict[str, Any], text: str) -> None:
+        try:
+            box["rt"].crash()
+        except BaseException as exc:
+            raised.append(exc)
+        returned.set()
+
+    async def async_send(route: dict[str, Any], text: str) -> None:
+        send(route, text)
+
+    rt = box["rt"] = Runtime(db=url, brain=lambda turn: turn.reply("bye"),
+                             data_dir=tmp_path / "data").start()
+    rt.social.register_channel("chat", send=send if kind == "sync" else async_send)
+    rt.social.allow("chat", ["U1"])
+    rt.social.ingest({"platform": "chat", "sender_id": "U1", "sender_name": "Ann",
+                      "thread_id": "T1", "text": "/crash", "reply_route": {}})
+    assert returned.wait(30)
+    assert raised == [] and rt.state == "crashed"
+    wait_for(lambda: not rt.social.channels.loop.running(), timeout=30,
+             what="the channel loop to end")
+    with Runtime(db=url, brain=quiet_brain, data_dir=tmp_path / "data") as again:
+        assert again.state == "running"
