@@ -147,23 +147,27 @@ def app_for(
     It answers loopback names, ``allowed_hosts``, and the bind address
     ``host`` itself when that is one address (not ``0.0.0.0``);
     ``operator`` is the token every call but ``GET /`` and ``/healthz`` must present,
-    required when it answers a name that is not loopback, or ``host`` is a wildcard
-    (:class:`ConfigError`, ``field`` ``"operator"``) unless ``allow_unauthenticated``
-    says a proxy in front of it authenticates every request;
+    required when it answers a name that is not loopback or ``host`` is not a loopback
+    address (a wildcard too: the Host check stops a browser, not a client elsewhere that
+    sends ``Host: localhost`` itself): :class:`ConfigError`, ``field`` ``"operator"``,
+    unless ``allow_unauthenticated`` says a proxy in front of it authenticates every
+    request;
     ``clock`` (monotonic seconds) times the lock-out of a client that presents too many
     wrong tokens; ``peer_handshakes`` bounds the peer endpoint's handshakes
     (:class:`~kinbox.transport.HandshakeLimits`' defaults when not given).
     """
-    if host in WILDCARD_ADDRESSES and operator is None and not allow_unauthenticated:
-        # Every machine reaches a wildcard bind, and a client writes its own Host: that
-        # the app answers loopback names alone keeps no one out (as ``serve`` refuses it).
-        raise ConfigError(f"host {host!r} is reached from other machines, which read and "
-                          "write without an operator token: give operator=OperatorToken."
-                          "from_secret(...), or allow_unauthenticated=True when a proxy in "
-                          "front of it authenticates every request", field="operator")
     hosts = [*LOOPBACK_HOSTS, *allowed_hosts]
     if host not in WILDCARD_ADDRESSES and host not in hosts:
         hosts.append(host)
+    if not is_loopback(host) and operator is None:
+        if not allow_unauthenticated:
+            raise ConfigError(f"host {host!r} is reachable from other machines, which can "
+                              "send any Host: give an operator token (operator=OperatorToken."
+                              "from_secret(...)), or allow_unauthenticated=True when a proxy "
+                              "in front of it authenticates every request", field="operator")
+        log.warning("the HTTP app is served on %s without an operator token "
+                    "(allow_unauthenticated): whatever is in front of it must authenticate "
+                    "every request", host)
     peers = PeerEndpoint(PeerHttpBackend(rt.peers), hosts, peer_handshakes)
     try:
         return create_app(

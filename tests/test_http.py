@@ -612,9 +612,9 @@ def test_an_app_answering_other_machines_needs_a_token_or_an_explicit_opt_in(
 @pytest.mark.timeout(30)
 def test_app_for_refuses_a_name_others_reach_without_a_token(
         make_runtime: MakeRuntime) -> None:
+    """A bind to every interface (``host="0.0.0.0"``) too: the Host check stops a browser,
+    not a client elsewhere that sends ``Host: localhost`` itself."""
     rt = make_runtime(brain=quiet_brain)
-    # A wildcard bind is reached from every machine too: the Host a client sends is its
-    # own to write (Host: localhost), so answering loopback names alone keeps no one out.
     for options in ({"allowed_hosts": ["kinbox.example.com"]}, {"host": "192.168.1.5"},
                     {"host": "0.0.0.0"}, {"host": "::"}):
         with pytest.raises(ConfigError) as info:
@@ -623,5 +623,5 @@ def test_app_for_refuses_a_name_others_reach_without_a_token(
         app_for(rt, **options, operator=OperatorToken.from_secret("s3cret-operator-token"))
         app_for(rt, **options, allow_unauthenticated=True)  # type: ignore[arg-type]
     for host in ("127.0.0.1", "localhost", "::1", "[::1]"):
-        app_for(rt, host=host)  # loopback
+        app_for(rt, host=host)
     app_for(rt, allowed_hosts=["localhost", "127.0.0.2"])
