@@ -349,8 +349,11 @@ class RuntimeContext:
             try:
                 with brain_of(self):
                     observer(event, data)
-            except Exception:
-                log.exception("observer failed on %s", event)
+            except Exception as exc:
+                # Its type above DEBUG, its traceback at DEBUG: an observer's exception
+                # quotes what it was given (a turn_committed event carries the replies).
+                log.error("observer failed on %s: %s", event, type(exc).__name__)
+                log.debug("observer failed on %s", event, exc_info=True)
 
     def wake_dispatcher(self) -> None:
         """Nudge the dispatcher (after a send committed).

@@ -116,3 +116,27 @@ def test_a_failed_cron_run_and_its_deactivated_job_log_no_prompt(
     assert not [m for m in above if MARK in m]
     assert any(job_id in m and "deactivated" in m for m in above)
     assert MARK in (rt.cron.job(job_id)["last_error"] or "")
+
+
+@pytest.mark.timeout(60)
+def test_an_observer_that_raises_is_logged_by_type_its_traceback_at_debug(
+        make_runtime: MakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    """The observer's traceback went to ERROR, and an observer's exception quotes what it
+    was given: a turn_committed event carries the replies."""
+    def observer(event: str, data: dict[str, object]) -> None:
+        if event == "turn_committed":
+            raise KeyError(f"no handler for {data['replies']}")
+
+    rt = make_runtime(brain=lambda turn: f"echo {_bodies(turn)}")
+    rt.subscribe(observer)
+    project = rt.create_project("p")
+    a, b = (rt.create_session(project.id, t).id for t in ("A", "B"))
+    with caplog.at_level(logging.DEBUG, logger="kinbox"):
+        rt.post(b, f"hello {MARK}", sender=a)
+        rt.run_until_idle()
+    formatter = logging.Formatter()
+    above = [formatter.format(r) for r in caplog.records if r.levelno > logging.DEBUG]
+    assert not [m for m in above if MARK in m]
+    assert any("turn_committed" in m and "KeyError" in m for m in above)
+    assert any(MARK in formatter.format(r) for r in caplog.records
+               if r.levelno == logging.DEBUG and r.exc_info)
