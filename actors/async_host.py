@@ -63,6 +63,7 @@ from . import delivery as dp
 from .async_tools import AsyncTools
 from .brain_tasks import BrainTasks, build_tools, tools_unread
 from .daemon_pool import DaemonPool, daemon_default_executor
+from .loop_errors import log_by_type
 from .loop_steps import settle
 from .loop_watch import LoopWatch
 from .session_actor import SessionActor
@@ -100,6 +101,7 @@ class AsyncHost(BrainTasks):
         # SDK's call deaf to the stop that gave up on its turn), holds no exit.
         self.executor = DaemonPool(workers, "kinbox-blocking")
         daemon_default_executor(self.loop, "kinbox-brain-thread")
+        log_by_type(self.loop, "async brains'")
         self._thread = threading.Thread(target=self._run, name="kinbox-async", daemon=True)
         # The brains' state (:class:`.brain_tasks.BrainTasks` says what each holds).
         self._brains = {}

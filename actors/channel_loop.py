@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from .daemon_pool import daemon_default_executor
 from .errors import RuntimeStateError
+from .loop_errors import log_by_type
 
 log = logging.getLogger("kinbox.social")
 
@@ -86,6 +87,7 @@ class ChannelLoop:
             self._loop = asyncio.new_event_loop()
             # An adapter's blocking post handed to a thread holds no exit (as a brain's).
             daemon_default_executor(self._loop, "kinbox-channel-thread")
+            log_by_type(self._loop, "channel adapters'")
             self._thread = threading.Thread(target=self._loop.run_forever,
                                             name=self._name, daemon=True)
             self._thread.start()

@@ -4,6 +4,7 @@ answer quoting it). The text goes to the row's ``last_error`` and to the DEBUG l
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable
@@ -140,3 +141,31 @@ def test_an_observer_that_raises_is_logged_by_type_its_traceback_at_debug(
     assert any("turn_committed" in m and "KeyError" in m for m in above)
     assert any(MARK in formatter.format(r) for r in caplog.records
                if r.levelno == logging.DEBUG and r.exc_info)
+
+
+@pytest.mark.timeout(60)
+def test_an_exception_nothing_handled_on_the_brains_loop_is_logged_by_type(
+        make_runtime: MakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    """asyncio's own handler logged a stray callback's exception (and the callback's
+    arguments) at ERROR: a brain's background work quoting the message's body."""
+    def echo(text: str) -> None:
+        raise ValueError(f"could not index {text}")
+
+    async def brain(turn: Turn) -> str:
+        asyncio.get_running_loop().call_soon(echo, _bodies(turn))  # never awaited
+        return "ok"
+
+    rt = make_runtime(brain=brain)
+    project = rt.create_project("p")
+    a, b = (rt.create_session(project.id, t).id for t in ("A", "B"))
+    with caplog.at_level(logging.DEBUG):
+        rt.post(b, f"hello {MARK}", sender=a)
+        rt.run_until_idle()
+        wait_for(lambda: any("nothing handled" in r.getMessage() for r in caplog.records),
+                 20, "the loop's line")
+    formatter = logging.Formatter()
+    above = [formatter.format(r) for r in caplog.records if r.levelno > logging.DEBUG]
+    assert not [m for m in above if MARK in m]
+    assert any("async brains'" in m and "ValueError" in m for m in above)
+    assert any(MARK in formatter.format(r) for r in caplog.records
+               if r.levelno == logging.DEBUG)
