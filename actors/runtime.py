@@ -171,6 +171,10 @@ class Runtime(RecordsApi, WatchApi, TickApi):
         self._stop_timeout = 0.0
         self._stop_done = threading.Event()
         """Set once the stop has ended: the database is free for the next runtime."""
+        self._starting: threading.Thread | None = None
+        """The thread running :meth:`start`, until it is over."""
+        self._stop_asked: float | None = None
+        """The timeout of a stop asked while the start ran: the start ends by stopping."""
         self._ticker = Ticker(tick_interval_for(tick_interval, lease_seconds), self._tick,
                               self._wake)
         self._unsubscribe: Callable[[], None] | None = None
@@ -194,10 +198,34 @@ class Runtime(RecordsApi, WatchApi, TickApi):
     # -- life cycle ------------------------------------------------------------------------
 
     def start(self) -> Runtime:
-        """Open the database, start the actors and replay what was not acknowledged."""
-        if self._state != "new":
-            raise RuntimeStateError(f"a runtime starts once; this one is {self._state}",
-                                    state=self._state)
+        """Open the database, start the actors and replay what was not acknowledged.
+
+        A :meth:`stop` asked while the start runs (a signal handler's, another thread's)
+        is carried out as the start ends: the runtime it returns is stopped."""
+        with self._stop_lock:
+            if self._state != "new" or self._starting is not None:
+                state = "starting" if self._starting is not None else self._state
+                raise RuntimeStateError(f"a runtime starts once; this one is {state}",
+                                        state=state)
+            self._starting = threading.current_thread()
+        try:
+            self._start()
+        except BaseException:
+            with self._stop_lock:
+                self._starting = None
+                if self._stop_asked is not None:  # nothing to stop: its callers go on
+                    self._stop_asked = None  # (a start tried again is asked anew)
+                    self._stop_done.set()
+                    self._stop_done.clear()
+            raise
+        with self._stop_lock:
+            self._starting = None
+            asked = self._stop_asked
+        if asked is not None:  # a stop came while the start ran (a signal handler's)
+            self.stop(asked)
+        return self
+
+    def _start(self) -> None:
         path = sqlite_path(self.url)
         if path is not None:  # a folder kinbox makes is its user's alone (messages are there)
             try:
@@ -300,7 +328,6 @@ class Runtime(RecordsApi, WatchApi, TickApi):
         self._ticker.start()
         ctx.emit("started", owner=self.owner)
         ctx.wake_dispatcher()
-        return self
 
     @property
     def state(self) -> str:
@@ -326,11 +353,21 @@ class Runtime(RecordsApi, WatchApi, TickApi):
         waits for, it begins the stop on a thread of its own and returns: the turn ends,
         commits, and the stop ends after it."""
         with self._stop_lock:
+            if self._starting is not None:  # the start ends by stopping (see start())
+                self._stop_asked = timeout
+                starter = self._starting
+            else:
+                starter = None
             state = self._state
-            if state == "running":
+            if starter is None and state == "running":
                 self._state = "stopped"
                 self._stopper = threading.current_thread()
                 self._stop_timeout = timeout
+        if starter is not None:
+            if starter is not threading.current_thread():  # else its signal handler
+                self._stop_timeout = max(self._stop_timeout, timeout)
+                self._await_stop()
+            return
         if state == "stopped":
             self._await_stop()
             return
@@ -373,8 +410,8 @@ class Runtime(RecordsApi, WatchApi, TickApi):
     def _await_stop(self) -> None:
         """Wait for the stop under way to end; not on its own thread (a signal handler that
         interrupted it), nor in a turn it waits for."""
-        if (threading.current_thread() is self._stopper or self._ctx is None
-                or in_a_turn_of(self._ctx)):
+        if threading.current_thread() is self._stopper or (
+                self._ctx is not None and in_a_turn_of(self._ctx)):
             return
         if not self._stop_done.wait(self._stop_timeout + STOP_SETTLE):
             log.warning("runtime %s still stopping %.1f s into its stop", self.owner,
