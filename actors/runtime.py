@@ -87,10 +87,11 @@ the rows waiting for a slot) and then the writer (to commit what the turns commi
 they ended): a row or a turn that was done in time should not come back by lease because
 a deaf turn spent the deadline."""
 
-STOP_SETTLE = 15.0
-"""Seconds past the first stop's ``timeout`` a second ``stop()`` waits for it to end: what a
-stop may take after its turns' deadline (the dispatcher's and the writer's floors, the
-peer links' close, the release of the database)."""
+STOP_SETTLE = 30.0
+"""Seconds past a stop's ``timeout`` a ``stop()`` that does not run it waits for it to end
+(a second caller's; the main thread's, whose stop runs on a thread of its own): what a stop
+may take after its turns' deadline (the dispatcher's and the writer's floors, the peer
+links' close, the release of the database)."""
 
 START_FAILED_WAIT = 5.0
 """Seconds a start that failed late waits for what it had started to stop (a turn the
@@ -351,7 +352,9 @@ class Runtime(RecordsApi, WatchApi, TickApi):
         stop has ended. Called from one of this runtime's own turns (its brain, or a tool
         it calls), an observer (on a turn's thread) or a channel send, which the stop
         waits for, it begins the stop on a thread of its own and returns: the turn ends,
-        commits, and the stop ends after it."""
+        commits, and the stop ends after it. On the main thread (a signal handler's, which
+        may have interrupted a frame holding one of the runtime's locks) the stop runs on
+        a thread of its own too, waited for at most ``timeout`` + :data:`STOP_SETTLE`."""
         with self._stop_lock:
             if self._starting is not None:  # the start ends by stopping (see start())
                 self._stop_asked = timeout
@@ -374,11 +377,23 @@ class Runtime(RecordsApi, WatchApi, TickApi):
         if state != "running":
             return
         ctx = self._require()
-        if in_a_turn_of(ctx):  # the stop waits for this very turn: it cannot wait here
+        own_turn = in_a_turn_of(ctx)
+        if own_turn or threading.current_thread() is threading.main_thread():
+            # A turn's stop cannot wait for itself. On the main thread the caller may be a
+            # signal handler that interrupted a frame holding one of the runtime's locks
+            # (rt.statistics() inside the turn board's): run there, the stop would wait
+            # for that lock for good; from here, the wait below is bounded, the handler
+            # returns, the frame lets go, and the stop ends.
             stopper = threading.Thread(target=self._stop_now, args=(ctx, timeout),
                                        name="kinbox-stop", daemon=True)
+            try:
+                stopper.start()
+            except RuntimeError:  # no new thread at interpreter shutdown: stop here
+                self._stop_now(ctx, timeout)
+                return
             self._stopper = stopper
-            stopper.start()
+            if not own_turn:
+                self._await_stop()
             return
         self._stop_now(ctx, timeout)
 
