@@ -180,21 +180,18 @@ def test_an_observer_that_stops_the_runtime_as_a_turn_starts_does_not_hold_it(
         assert [r["status"] for r in again.inbox()] == ["delivered"]
 
 
-@pytest.mark.parametrize("kind", ["sync", "async"])
-def test_a_channel_send_that_stops_the_runtime_does_not_hold_it(
-        tmp_path: Path, kind: str) -> None:
-    """A channel adapter's ``send`` runs on the direct-turn pool (an async one on the
-    channel loop): one that called ``rt.stop()`` held the stop its whole timeout, and an
-    async one then joined the channel loop's thread from itself: ``RuntimeError`` half way
-    through the stop, which never let go of the SQLite file's lock."""
-    url = f"sqlite:///{tmp_path / 'k.db'}"
-    box: dict[str, Any] = {}
+def _channel_send_calling(tmp_path: Path, kind: str, act: Callable[[Runtime], object],
+                          text: str) -> tuple[Runtime, threading.Event, list[BaseException]]:
+    """A runtime on ``tmp_path`` whose channel adapter's ``send`` (``kind``: sync, or async
+    on the channel loop) calls ``act(rt)``, and an event whose reply it sends: the runtime,
+    set once ``act`` returned, and what it raised."""
+    box: dict[str, Runtime] = {}
     returned = threading.Event()
     raised: list[BaseException] = []
 
     def send(route: dict[str, Any], text: str) -> None:
         try:
-            box["rt"].stop(timeout=STOP_TIMEOUT)
+            act(box["rt"])
         except BaseException as exc:
             raised.append(exc)
         returned.set()
@@ -202,18 +199,36 @@ def test_a_channel_send_that_stops_the_runtime_does_not_hold_it(
     async def async_send(route: dict[str, Any], text: str) -> None:
         send(route, text)
 
-    rt = box["rt"] = Runtime(db=url, brain=lambda turn: turn.reply("bye"),
+    rt = box["rt"] = Runtime(db=f"sqlite:///{tmp_path / 'k.db'}",
+                             brain=lambda turn: turn.reply("bye"),
                              data_dir=tmp_path / "data").start()
     try:
         rt.social.register_channel("chat", send=send if kind == "sync" else async_send)
         rt.social.allow("chat", ["U1"])
         rt.social.ingest({"platform": "chat", "sender_id": "U1", "sender_name": "Ann",
-                          "thread_id": "T1", "text": "/shutdown", "reply_route": {}})
+                          "thread_id": "T1", "text": text, "reply_route": {}})
+    except BaseException:
+        rt.stop()
+        raise
+    return rt, returned, raised
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_channel_send_that_stops_the_runtime_does_not_hold_it(
+        tmp_path: Path, kind: str) -> None:
+    """A channel adapter's ``send`` runs on the direct-turn pool (an async one on the
+    channel loop): one that called ``rt.stop()`` held the stop its whole timeout, and an
+    async one then joined the channel loop's thread from itself: ``RuntimeError`` half way
+    through the stop, which never let go of the SQLite file's lock."""
+    rt, returned, raised = _channel_send_calling(
+        tmp_path, kind, lambda rt: rt.stop(timeout=STOP_TIMEOUT), "/shutdown")
+    try:
         assert returned.wait(STOP_TIMEOUT / 3), "the send's stop() waited for the send"
     finally:
         rt.stop()
     assert raised == []
-    with Runtime(db=url, brain=quiet_brain, data_dir=tmp_path / "data") as again:
+    with Runtime(db=f"sqlite:///{tmp_path / 'k.db'}", brain=quiet_brain,
+                 data_dir=tmp_path / "data") as again:
         assert again.state == "running"
 
 
@@ -224,30 +239,11 @@ def test_a_channel_send_that_crashes_the_runtime_leaves_the_database_free(
     waited on the loop it held for its sends' cancel, then joined that thread from itself:
     ``RuntimeError`` half way through the crash, and the SQLite file's lock was never let go
     (``DatabaseInUse`` for every later runtime of the program on it)."""
-    url = f"sqlite:///{tmp_path / 'k.db'}"
-    box: dict[str, Any] = {}
-    returned = threading.Event()
-    raised: list[BaseException] = []
-
-    def send(route: dict[str, Any], text: str) -> None:
-        try:
-            box["rt"].crash()
-        except BaseException as exc:
-            raised.append(exc)
-        returned.set()
-
-    async def async_send(route: dict[str, Any], text: str) -> None:
-        send(route, text)
-
-    rt = box["rt"] = Runtime(db=url, brain=lambda turn: turn.reply("bye"),
-                             data_dir=tmp_path / "data").start()
-    rt.social.register_channel("chat", send=send if kind == "sync" else async_send)
-    rt.social.allow("chat", ["U1"])
-    rt.social.ingest({"platform": "chat", "sender_id": "U1", "sender_name": "Ann",
-                      "thread_id": "T1", "text": "/crash", "reply_route": {}})
+    rt, returned, raised = _channel_send_calling(tmp_path, kind, Runtime.crash, "/crash")
     assert returned.wait(30)
     assert raised == [] and rt.state == "crashed"
     wait_for(lambda: not rt.social.channels.loop.running(), timeout=30,
              what="the channel loop to end")
-    with Runtime(db=url, brain=quiet_brain, data_dir=tmp_path / "data") as again:
+    with Runtime(db=f"sqlite:///{tmp_path / 'k.db'}", brain=quiet_brain,
+                 data_dir=tmp_path / "data") as again:
         assert again.state == "running"
