@@ -349,7 +349,10 @@ class RuntimeContext:
             try:
                 with brain_of(self):
                     observer(event, data)
-            except Exception as exc:
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # SystemExit too: out of here, it ended the turn's
+                # thread after its commit, the session's next rows held for a lease.
                 # Its type above DEBUG, its traceback at DEBUG: an observer's exception
                 # quotes what it was given (a turn_committed event carries the replies).
                 log.error("observer failed on %s: %s", event, type(exc).__name__)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 from collections.abc import Callable
 
@@ -169,3 +170,30 @@ def test_an_exception_nothing_handled_on_the_brains_loop_is_logged_by_type(
     assert any("async brains'" in m and "ValueError" in m for m in above)
     assert any(MARK in formatter.format(r) for r in caplog.records
                if r.levelno == logging.DEBUG)
+
+
+@pytest.mark.timeout(60)
+def test_an_observer_that_raises_system_exit_ends_no_turn_and_holds_no_row(
+        make_runtime: MakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    """``SystemExit`` (a ``sys.exit()`` in an observer) left the observer call: it ended the
+    committing turn's thread, and the session's next rows stayed ``processing`` and
+    ``pending`` until the lease ran out."""
+    exited: list[str] = []
+
+    def observer(event: str, data: dict[str, object]) -> None:
+        if event == "turn_committed" and not exited:
+            exited.append(event)
+            sys.exit(3)
+
+    rt = make_runtime(brain=lambda turn: "ok")
+    rt.subscribe(observer)
+    project = rt.create_project("p")
+    a, b = (rt.create_session(project.id, t).id for t in ("A", "B"))
+    with caplog.at_level(logging.ERROR, logger="kinbox"):
+        for n in range(3):
+            rt.post(b, f"m{n}", sender=a)
+        rt.run_until_idle(20)
+    assert exited == ["turn_committed"]
+    assert [r["status"] for r in rt.inbox()] == ["delivered"] * 3
+    assert any("observer failed on turn_committed: SystemExit" in r.getMessage()
+               for r in caplog.records)
