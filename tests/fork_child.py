@@ -3,7 +3,8 @@
 Usage: python fork_child.py DB_URL [OWNER]
 SQLite: takes the database's exclusive lock; PostgreSQL: holds OWNER's life lock. Then it
 forks a child that does not exec (a brain's ``multiprocessing`` worker, say) and waits
-on its stdin; prints "held <child pid>" and waits for ever, to be SIGKILLed.
+on its stdin; prints "held <child pid>" and waits for ever, to be SIGKILLed. The child
+prints "forked" once it runs (the two lines in either order).
 """
 
 from __future__ import annotations
@@ -26,9 +27,13 @@ def main() -> None:
         held.hold()
     child = os.fork()
     if child == 0:  # lives on after its parent's death, until its stdin closes
+        # The fork hooks have run (they run before fork() returns here): the test waits
+        # for this line, since a parent killed before the child ran them left the lock
+        # held by the child's copy.
+        os.write(1, b"forked\n")  # one write each: a pipe keeps it whole
         sys.stdin.read()
         os._exit(0)
-    print(f"held {child}", flush=True)
+    os.write(1, f"held {child}\n".encode())
     threading.Event().wait()
     print(held)  # never reached
 

@@ -32,10 +32,18 @@ class Holder:
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen([sys.executable, str(CHILD), *args], text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line.startswith("held "), line
-        self.child = int(line.split()[1])
+        assert self.proc.stdout is not None and self.proc.stdin is not None
+        try:
+            # Both, in either order: a parent killed before its child ran the fork hooks
+            # (on a loaded machine) left the lock held by the child's copy.
+            lines = sorted(self.proc.stdout.readline() for _ in range(2))
+            assert lines[0] == "forked\n" and lines[1].startswith("held "), lines
+        except BaseException:
+            self.proc.kill()  # and its child: it reads its stdin's end and exits
+            self.proc.wait(30)
+            self.proc.stdin.close()
+            raise
+        self.child = int(lines[1].split()[1])
 
     def kill_parent(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
