@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kinbox.actors import Runtime
-from kinbox.actors import runtime as runtime_module
+from kinbox.actors import runtime_life as runtime_module
 
 from .helpers import quiet_brain, wait_for
 
