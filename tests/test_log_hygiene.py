@@ -24,8 +24,16 @@ def _bodies(turn: Turn) -> str:
     return " | ".join(m.content for m in turn.all_messages)
 
 
+def _two_sessions(rt: Runtime) -> tuple[str, str]:
+    """Sessions A and B of a new project."""
+    project = rt.create_project("p")
+    return rt.create_session(project.id, "A").id, rt.create_session(project.id, "B").id
+
+
 def _above_debug(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno > logging.DEBUG]
+    """The lines above DEBUG as a handler writes them: a traceback logged with one too."""
+    formatter = logging.Formatter()
+    return [formatter.format(r) for r in caplog.records if r.levelno > logging.DEBUG]
 
 
 def _debug(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -42,8 +50,7 @@ def test_a_failed_inbox_turn_logs_its_type_and_ids_and_its_text_only_at_debug(
         raise ValueError(f"the model echoed {text}")
 
     rt = make_runtime(brain=brain)
-    project = rt.create_project("p")
-    a, b = (rt.create_session(project.id, t).id for t in ("A", "B"))
+    a, b = _two_sessions(rt)
     with caplog.at_level(logging.DEBUG, logger="kinbox"):
         retried = rt.post(b, f"retried {MARK}", sender=a).message_id
         final = rt.post(a, f"final {MARK}", sender=b).message_id
@@ -68,8 +75,7 @@ def test_a_turn_a_caller_stopped_logs_what_it_raised_without_its_text(
         raise ValueError(f"aborted while reading {_bodies(turn)}")
 
     rt = make_runtime(brain=brain)
-    project = rt.create_project("p")
-    a, b = (rt.create_session(project.id, t).id for t in ("A", "B"))
+    a, b = _two_sessions(rt)
     with caplog.at_level(logging.DEBUG, logger="kinbox"):
         rt.post(b, f"stop me {MARK}", sender=a)
         assert started.wait(20)
@@ -131,13 +137,12 @@ def test_an_observer_that_raises_is_logged_by_type_its_traceback_at_debug(
 
     rt = make_runtime(brain=lambda turn: f"echo {_bodies(turn)}")
     rt.subscribe(observer)
-    project = rt.create_project("p")
-    a, b = (rt.create_session(project.id, t).id for t in ("A", "B"))
+    a, b = _two_sessions(rt)
     with caplog.at_level(logging.DEBUG, logger="kinbox"):
         rt.post(b, f"hello {MARK}", sender=a)
         rt.run_until_idle()
     formatter = logging.Formatter()
-    above = [formatter.format(r) for r in caplog.records if r.levelno > logging.DEBUG]
+    above = _above_debug(caplog)
     assert not [m for m in above if MARK in m]
     assert any("turn_committed" in m and "KeyError" in m for m in above)
     assert any(MARK in formatter.format(r) for r in caplog.records
@@ -157,15 +162,14 @@ def test_an_exception_nothing_handled_on_the_brains_loop_is_logged_by_type(
         return "ok"
 
     rt = make_runtime(brain=brain)
-    project = rt.create_project("p")
-    a, b = (rt.create_session(project.id, t).id for t in ("A", "B"))
+    a, b = _two_sessions(rt)
     with caplog.at_level(logging.DEBUG):
         rt.post(b, f"hello {MARK}", sender=a)
         rt.run_until_idle()
         wait_for(lambda: any("nothing handled" in r.getMessage() for r in caplog.records),
                  20, "the loop's line")
     formatter = logging.Formatter()
-    above = [formatter.format(r) for r in caplog.records if r.levelno > logging.DEBUG]
+    above = _above_debug(caplog)
     assert not [m for m in above if MARK in m]
     assert any("async brains'" in m and "ValueError" in m for m in above)
     assert any(MARK in formatter.format(r) for r in caplog.records
@@ -187,8 +191,7 @@ def test_an_observer_that_raises_system_exit_ends_no_turn_and_holds_no_row(
 
     rt = make_runtime(brain=lambda turn: "ok")
     rt.subscribe(observer)
-    project = rt.create_project("p")
-    a, b = (rt.create_session(project.id, t).id for t in ("A", "B"))
+    a, b = _two_sessions(rt)
     with caplog.at_level(logging.ERROR, logger="kinbox"):
         for n in range(3):
             rt.post(b, f"m{n}", sender=a)

@@ -247,6 +247,16 @@ class DiesOnce:
         return "done"
 
 
+def _dying_worker(db_url: str) -> tuple[DiesOnce, Runtime, list[Runtime]]:
+    """A worker whose first turn hangs (:class:`DiesOnce`), and beside it a send-only
+    runtime (``front[0]``) that outlives it."""
+    front: list[Runtime] = []
+    brain = DiesOnce(front)
+    worker = Runtime(db=db_url, brain=brain, clock=SystemClock()).start()
+    front.append(Runtime(db=db_url, clock=SystemClock()).start())  # send-only
+    return brain, worker, front
+
+
 def test_a_request_for_a_turn_that_died_never_stops_the_turn_that_takes_it_over(
         db_url: str) -> None:
     """The worker running the turn dies (a kill, a lost machine) before its tick carried
@@ -256,12 +266,8 @@ def test_a_request_for_a_turn_that_died_never_stops_the_turn_that_takes_it_over(
     row's id and stopped the takeover's turn as it began, which committed the message
     with nothing done (the brain ended on the stop), contrary to "a request that arrives
     after the turn ended is dropped and never stops the next one"."""
-    front: list[Runtime] = []
-    brain = DiesOnce(front)
+    brain, worker, front = _dying_worker(db_url)
     first, die, stopped = brain.first, brain.die, brain.stopped
-
-    worker = Runtime(db=db_url, brain=brain, clock=SystemClock()).start()
-    front.append(Runtime(db=db_url, clock=SystemClock()).start())  # send-only
     after: Runtime | None = None
     try:
         project = front[0].create_project("p")
@@ -291,12 +297,8 @@ def test_a_request_for_a_cron_turn_that_died_never_stops_the_run_taken_over(
     after that names the run (the mark the dead worker left). The next worker ends the
     dead mark and takes the run over, whose turn carries the same id: the request
     lingered and stopped it as it began (its brain ended on the stop)."""
-    front: list[Runtime] = []
-    brain = DiesOnce(front)
+    brain, worker, front = _dying_worker(db_url)
     first, die, stopped = brain.first, brain.die, brain.stopped
-
-    worker = Runtime(db=db_url, brain=brain, clock=SystemClock()).start()
-    front.append(Runtime(db=db_url, clock=SystemClock()).start())  # send-only
     after: Runtime | None = None
     try:
         job = front[0].cron.add("digest", "0 0 1 1 *", "write the digest")
