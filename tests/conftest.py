@@ -171,6 +171,21 @@ def make_runtime(db_url: str, clock: ManualClock) -> Iterator[Callable[..., Runt
         rt.stop()  # a no-op unless it is running
 
 
+@pytest.fixture
+def pg_runtimes(pg_url: str) -> Iterator[Callable[..., Runtime]]:
+    """Start runtimes on the test's PostgreSQL; all are stopped at the end."""
+    made: list[Runtime] = []
+
+    def make(**options: Any) -> Runtime:
+        rt = Runtime(db=pg_url, **options).start()
+        made.append(rt)
+        return rt
+
+    yield make
+    for rt in reversed(made):
+        rt.stop()
+
+
 _TEST_HOME = tempfile.mkdtemp(prefix="kinbox-test-home-")
 
 

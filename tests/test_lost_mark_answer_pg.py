@@ -13,7 +13,7 @@ take: it writes for real, then its caller gets a lost connection's error.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,22 +27,8 @@ from .helpers import wait_for
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(90)]
 
 
-@pytest.fixture
-def runtimes(pg_url: str) -> Iterator[Callable[..., Runtime]]:
-    made: list[Runtime] = []
-
-    def make(**options: Any) -> Runtime:
-        rt = Runtime(db=pg_url, **options).start()
-        made.append(rt)
-        return rt
-
-    yield make
-    for rt in reversed(made):
-        rt.stop()
-
-
 def test_a_mark_whose_answer_was_lost_does_not_hold_its_session(
-        runtimes: Callable[..., Runtime]) -> None:
+        pg_runtimes: Callable[..., Runtime]) -> None:
     """The cron run's mark committed, its answer was lost: a message to the session is
     still delivered, at once, not at the runtime's next start."""
     ran: list[str] = []
@@ -50,7 +36,7 @@ def test_a_mark_whose_answer_was_lost_does_not_hold_its_session(
     def brain(turn: Turn) -> None:
         ran.append(turn.messages[0].content)
 
-    rt = runtimes(brain=brain)
+    rt = pg_runtimes(brain=brain)
     store = rt.context.store
     real = store.take_direct_turn
     lost = threading.Event()

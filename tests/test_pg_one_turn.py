@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg2
@@ -23,21 +23,6 @@ from .conftest import Stores
 from .helpers import lock_waits, wait_for
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def runtimes(pg_url: str) -> Iterator[Callable[..., Runtime]]:
-    """Start runtimes on the test's PostgreSQL; all are stopped at the end."""
-    made: list[Runtime] = []
-
-    def make(**options: Any) -> Runtime:
-        rt = Runtime(db=pg_url, **options).start()
-        made.append(rt)
-        return rt
-
-    yield make
-    for rt in reversed(made):
-        rt.stop()
 
 
 def _row_is_locked(pg_url: str, message_id: str) -> bool:
@@ -55,7 +40,7 @@ def _row_is_locked(pg_url: str, message_id: str) -> bool:
 
 
 def test_a_commit_holds_its_rows_from_its_lease_check_to_its_end(
-        pg_url: str, runtimes: Callable[..., Runtime]) -> None:
+        pg_url: str, pg_runtimes: Callable[..., Runtime]) -> None:
     """A turn that sent something commits row by row: its lease check, then its writes.
     The check was a plain read, so another worker could take the row over between the two
     (A's writer stalled past its lease) and both turns committed, the send twice."""
@@ -67,7 +52,7 @@ def test_a_commit_holds_its_rows_from_its_lease_check_to_its_end(
         else:
             sent.append(turn.messages[0].content)
 
-    a = runtimes(brain=brain, lease_seconds=1.0)
+    a = pg_runtimes(brain=brain, lease_seconds=1.0)
     sid = a.create_session("default", "T").id
     other = a.create_session("default", "U").id
     hot = a.context.journal.hot
@@ -86,7 +71,7 @@ def test_a_commit_holds_its_rows_from_its_lease_check_to_its_end(
         a.post(sid, "hello", message_id="m1")
         assert checked.wait(30)
         assert _row_is_locked(pg_url, "m1"), "a takeover could commit a second turn now"
-        b = runtimes(brain=brain)  # a second worker, there to take the row over if it could
+        b = pg_runtimes(brain=brain)  # a second worker, there to take the row over if it could
         go.set()
         a.run_until_idle(30)
         b.run_until_idle(30)
@@ -139,7 +124,7 @@ def test_a_send_that_commits_after_a_later_numbered_one_waits_for_its_turn(
 
 
 def test_a_session_whose_cron_turn_runs_is_claimed_by_no_process(
-        pg_url: str, runtimes: Callable[..., Runtime]) -> None:
+        pg_url: str, pg_runtimes: Callable[..., Runtime]) -> None:
     """A cron run is a direct turn: no inbox row is processing for it, and its exclusion
     was the memory of the process running it, so another worker claimed a message to
     the cron session and ran it beside the run."""
@@ -152,7 +137,7 @@ def test_a_session_whose_cron_turn_runs_is_claimed_by_no_process(
             assert gate.wait(60)
         ran.append(turn.messages[0].message_id)
 
-    a = runtimes(brain=brain)
+    a = pg_runtimes(brain=brain)
     job = a.cron.add("digest", "0 9 * * *", "Summarize")
     session = session_id_for(job["job_id"])
     other = Stores(pg_url)  # another worker's journal
@@ -194,7 +179,7 @@ def test_a_direct_turn_waits_for_its_sessions_inbox_turn_in_any_process(
 
 def test_one_message_id_enqueued_by_two_processes_at_once_is_one_row(pg_url: str) -> None:
     """An enqueue reads whether its id has a row, then inserts. Another process's insert of
-    the same id between the two (two runtimes reporting one orphaned sub-agent task at
+    the same id between the two (two pg_runtimes reporting one orphaned sub-agent task at
     their start) made the insert write nothing, and the enqueue raised an internal error
     instead of applying the idempotence rule."""
     first, second = Stores(pg_url), Stores(pg_url)
@@ -481,13 +466,13 @@ def test_a_cron_turn_gets_in_between_another_processs_stream_of_turns(pg_url: st
 
 
 def test_a_lock_a_stuck_client_keeps_fails_the_write_that_waits_and_halts_nothing_else(
-        pg_url: str, runtimes: Callable[..., Runtime], monkeypatch: pytest.MonkeyPatch) -> None:
+        pg_url: str, pg_runtimes: Callable[..., Runtime], monkeypatch: pytest.MonkeyPatch) -> None:
     """A psql session left in an open transaction holding a session's row lock used to
     halt the writer at the first write of that row, and with it every send of the runtime,
     until the client let go. The waiting write now fails after the lock wait (a
     :class:`DatabaseFailed`, nothing of it written) and the writer goes on."""
     monkeypatch.setattr(pg_database, "LOCK_WAIT_MS", 300)  # read when a connection opens
-    rt = runtimes(brain=lambda turn: None)
+    rt = pg_runtimes(brain=lambda turn: None)
     for sid in ("stuck", "free"):
         rt.create_session("default", sid, session_id=sid)
     holder = psycopg2.connect(pg_url)
