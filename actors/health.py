@@ -8,10 +8,17 @@ check runs on a thread of its own, so a
 database that hangs (a table locked by a migration, a network that drops packets)
 makes it time out, never the caller. Never raises: a failing check says why in its
 ``error`` and names the exception's type in its ``error_type``.
+
+The read thread stays for the next probe, with its connection, until none has come for
+:data:`PROBE_IDLE` seconds: a load balancer asking ``/healthz`` every second would
+otherwise open (and a PostgreSQL server fork and authenticate) a connection a second.
+A runtime's stop closes that connection with every other (``close_all``); the next
+probe connects again.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +29,12 @@ from typing import Any
 from ..persistence import GroupCommitWriter
 from .context import RuntimeContext
 from .errors import RuntimeStateError
+
+PROBE_IDLE = 60.0
+"""Seconds the read thread (and its connection) waits for a next probe before it ends."""
+
+_Probe = tuple[RuntimeContext, "Future[Any]"] | None
+"""A read to answer, or None: the read thread ends (the runtime stops)."""
 
 
 def _failure(exc: BaseException) -> dict[str, str]:
@@ -40,12 +53,16 @@ def _statement(ctx: RuntimeContext | None) -> Callable[[], object]:
 
 
 class HealthChecks:
-    """The checks of one runtime, and the read probe they keep between calls."""
+    """The checks of one runtime, and the read thread they keep between calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle: float = PROBE_IDLE) -> None:
+        self.idle = idle
         self._lock = threading.Lock()
         self._probe: Future[Any] | None = None
         """The last database read (a new one starts only once it has answered)."""
+        self._asks: queue.SimpleQueue[_Probe] = queue.SimpleQueue()
+        self._reader: threading.Thread | None = None
+        """The read thread while it waits for probes (None once it has ended)."""
 
     def report(self, state: str, ctx: RuntimeContext | None,
                writer: GroupCommitWriter | None, send_only: bool,
@@ -78,23 +95,52 @@ class HealthChecks:
         return {"healthy": all(c["ok"] for c in checks.values()), "checks": checks}
 
     def _read(self, ctx: RuntimeContext, timeout: float) -> None:
-        """A primary-key read (cheap, real) within ``timeout``, on a thread of its own (a
+        """A primary-key read (cheap, real) within ``timeout``, on the read thread (a
         daemon: one stuck in the database keeps no process from exiting); while an earlier
         one has not answered, the database is not answering, and no other is started."""
         with self._lock:
             probe = self._probe
             if probe is None or probe.done():
                 probe = self._probe = Future()
-
-                def read(answer: Future[Any] = probe) -> None:
-                    try:
-                        answer.set_result(ctx.store.session("kinbox-health-probe"))
-                    except BaseException as exc:
-                        answer.set_exception(exc)
-                    finally:
-                        ctx.store.t.db.close()  # this thread's connection, not the others'
-                threading.Thread(target=read, name="kinbox-health", daemon=True).start()
+                self._asks.put((ctx, probe))
+                if self._reader is None:
+                    self._reader = threading.Thread(target=self._serve, name="kinbox-health",
+                                                    daemon=True)
+                    self._reader.start()
         try:
             probe.result(timeout)
         except FutureTimeout:
             raise TimeoutError(f"no answer from the database within {timeout} s") from None
+
+    def close(self) -> None:
+        """End the read thread and its connection (a stop: it is not waited for, as a read
+        stuck in the database ends only with it)."""
+        with self._lock:
+            if self._reader is not None:
+                self._asks.put(None)
+                self._reader = None
+
+    def _serve(self) -> None:
+        """The read thread: answer probes on this thread's connection (kept between
+        them) until none comes for ``idle`` seconds."""
+        ctx: RuntimeContext | None = None
+        while True:
+            try:
+                ask = self._asks.get(timeout=self.idle)
+            except queue.Empty:
+                with self._lock:  # a probe put from here on finds no reader and starts one
+                    if self._asks.empty():
+                        self._reader = None
+                        break
+                continue
+            if ask is None:
+                break
+            ctx, answer = ask
+            try:
+                answer.set_result(ctx.store.session("kinbox-health-probe"))
+            except BaseException as exc:
+                # A broken connection is not kept for the next probe.
+                ctx.store.t.db.close()
+                answer.set_exception(exc)
+        if ctx is not None:
+            ctx.store.t.db.close()  # this thread's connection, not the others'

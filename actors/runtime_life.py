@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from ..persistence import ExclusiveLock, GroupCommitWriter, OwnerLiveness
     from .context import RuntimeContext
+    from .health import HealthChecks
     from .peers import PeerService
     from .services import Services
     from .shared_database import SharedDatabase
@@ -56,6 +57,7 @@ class LifeCycleApi:
     owner: str
     _state: str
     _ctx: RuntimeContext | None
+    _health: HealthChecks
     _services: Services | None
     _peers: PeerService | None
     _ticker: Ticker
@@ -262,9 +264,11 @@ class LifeCycleApi:
         if ctx.dispatcher is not None:
             ctx.dispatcher.stop(block=False)
         ctx.emit("crashed", owner=self.owner)
+        self._health.close()
         self._release_ownership()
 
     def _teardown(self, timeout: float = 10.0) -> None:
+        self._health.close()
         if self._writer is not None:
             self._writer.stop(timeout)  # the stop's timeout bounds this wait too
         self._release_ownership()
