@@ -260,6 +260,10 @@ class Runtime(LifeCycleApi, RecordsApi, WatchApi, TickApi):
             # Receiving works everywhere; outbound links only where rows are delivered.
             if not self.send_only and self._peers is not None:
                 self._peers.start()
+            # Still part of the start: a database that fails these leaves nothing running.
+            if subagents.report_orphans(ctx):
+                log.warning("reported child tasks whose message had ended outside a turn")
+            counts = journal.counts()
         except BaseException:
             if self._ctx is not None:
                 try:
@@ -270,10 +274,7 @@ class Runtime(LifeCycleApi, RecordsApi, WatchApi, TickApi):
             raise
         self._state = "running"
         stop_at_exit(self)
-        if subagents.report_orphans(ctx):
-            log.warning("reported child tasks whose message had ended outside a turn")
         self._last_report = ctx.now()
-        counts = journal.counts()
         log.info("runtime %s started on %s (%s); open rows: %d pending, %d processing",
                  self.owner, redact_url(self.url),
                  "send-only: no brain, claims nothing" if self.send_only else "delivering",

@@ -23,7 +23,13 @@ from kinbox.actors import (
 from kinbox.actors import slots as slots_module
 from kinbox.actors.context import TurnEffects
 from kinbox.actors.services import Services
-from kinbox.persistence import DatabaseInUse, DatabaseOpenError, Journal, NewMessage
+from kinbox.persistence import (
+    DatabaseFailed,
+    DatabaseInUse,
+    DatabaseOpenError,
+    Journal,
+    NewMessage,
+)
 from kinbox.persistence.driver_errors import OperationalError
 from kinbox.transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
 
@@ -560,6 +566,26 @@ def test_a_second_runtime_on_the_same_sqlite_file_is_refused(make_runtime: MakeR
         Runtime(db=db_url, brain=quiet_brain).start()
     assert refused.value.path == db_url.removeprefix("sqlite:///")
     assert isinstance(refused.value, KinboxError)
+
+
+def test_a_start_whose_last_reads_fail_leaves_nothing_running(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start's last reads (the open rows it logs, the child tasks it reports) ran after
+    the runtime said ``running``: a database failing there raised from start() with the
+    dispatcher, the writer and the file's lock left running, and no caller to stop them."""
+    def failing(self: Journal) -> dict[str, int]:
+        raise DatabaseFailed("the database went away")
+    monkeypatch.setattr(Journal, "counts", failing)
+    before = set(threading.enumerate())
+    rt = Runtime(db=db_url, brain=quiet_brain)
+    with pytest.raises(DatabaseFailed):
+        rt.start()
+    assert rt.state == "new"
+    wait_for(lambda: not [t for t in set(threading.enumerate()) - before
+                          if not t.daemon or t.name.startswith("kinbox")],
+             what="the failed start's threads to end")
+    monkeypatch.undo()
+    Runtime(db=db_url, brain=quiet_brain).start().stop()  # the file's lock was let go
 
 
 def test_a_lock_file_that_cannot_be_made_is_a_database_open_error_naming_it(
