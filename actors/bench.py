@@ -205,8 +205,12 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
     else:
         systems = [s for s in args.systems.split(",") if s]
     unknown = [s for s in systems if s not in SYSTEMS]
-    if unknown or args.repeat < 1:
-        print(f"kinbox: unknown systems {unknown} or --repeat < 1", file=sys.stderr)
+    if unknown:
+        print(f"kinbox: --systems: unknown {', '.join(unknown)} (known: "
+              f"{', '.join(SYSTEMS)})", file=sys.stderr)
+        return 2
+    if args.repeat < 1:
+        print(f"kinbox: --repeat must be >= 1, got {args.repeat}", file=sys.stderr)
         return 2
     if args.plot:
         problem = plot_problem(args.plot)

@@ -21,6 +21,7 @@ from kinbox.actors.bench_bare import BarePipeline
 from kinbox.actors.bench_stages import STAGES
 from kinbox.actors.bench_systems import SYSTEMS, Workload, bounded, fresh_dir
 from kinbox.actors.bench_workload import Measured, Recorder, order_violations, stamp
+from kinbox.actors.cli import main
 
 from .helpers import wait_for
 
@@ -271,3 +272,16 @@ def test_concurrency_report_counts_every_turn_and_judges_the_targets() -> None:
     assert targets["lost"] == {"target": 0, "op": "==", "measured": 0, "met": True}
     report["settings"].update(quick=True, cpus=2)  # as ``bench.run`` adds them
     assert "target async_peak_threads <= 32" in table({"benchmark": "concurrency", **report})
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--systems", "kinbox,hue"], "--systems: unknown hue (known: "),
+    (["--repeat", "0"], "--repeat must be >= 1, got 0"),
+])
+def test_a_bad_systems_or_repeat_flag_is_named_precisely(
+        flags: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """One sentence named both flags ("unknown systems [] or --repeat < 1"), whichever
+    was wrong."""
+    assert main(["bench", "throughput", "--quick", *flags]) == 2
+    err = capsys.readouterr().err
+    assert said in err and ("--repeat" in said) == ("--repeat" in err)
