@@ -129,7 +129,7 @@ def autogen_brain(
             token.cancel()  # a client's request running apart from this task ends too
             raise
         except Exception as exc:
-            failure = _client_failure(exc, turn.started)
+            failure = _client_failure(exc, turn.now())
             if failure is None:
                 raise
             raise failure from exc

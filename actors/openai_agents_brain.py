@@ -223,7 +223,7 @@ def openai_agents_brain(
                 f"the agent's input guardrail {name!r} refused the turn's input"
             ) from exc
         except Exception as exc:  # the SDK passes the openai client's errors on as raised
-            failure = openai_failure(exc, turn.started)
+            failure = openai_failure(exc, turn.now())
             if failure is None:
                 raise
             raise failure from exc

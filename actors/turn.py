@@ -60,6 +60,7 @@ class Turn:
         outbox: Outbox | None = None,
         fetch_row: Callable[[str], Message | None] | None = None,
         fetch_history: HistoryRead | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.session_id = session_id
         self.messages = messages
@@ -67,6 +68,7 @@ class Turn:
         """The claimed inbox row that started the turn."""
         self.started = started
         """When the turn started, on the runtime's clock."""
+        self._clock = clock
         self.outbox = outbox
         """What the turn's tool calls wrote: committed with the turn, dropped if it fails."""
         self.steered_ids: list[str] = []
@@ -108,6 +110,12 @@ class Turn:
         """Held while the request is read (never on the event loop): read once."""
         # Transcript order is the order things happened: steering lands between replies.
         self._log: list[TurnEntry] = [m.entry() for m in messages]
+
+    def now(self) -> float:
+        """The runtime's clock now (a turn built without one: when it started). What an
+        HTTP date a model API answered with (``Retry-After``) is measured from: a turn may
+        have waited on the model for a while since it started."""
+        return self.started if self._clock is None else self._clock()
 
     @property
     def tools(self) -> Any:

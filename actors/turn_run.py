@@ -117,6 +117,7 @@ def new_turn(
         outbox=outbox,
         fetch_row=fetch_row,
         fetch_history=history_reader(ctx, session_id),
+        clock=ctx.now,
     )
 
 

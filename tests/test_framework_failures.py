@@ -75,6 +75,7 @@ class ErrorServer(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.before_answer()  # type: ignore[attr-defined]
         status, headers = self.server.answer  # type: ignore[attr-defined]
         body = json.dumps({"error": {"message": "no", "type": "test", "code": None}}).encode()
         self.send_response(status)
@@ -93,6 +94,7 @@ class ErrorServer(BaseHTTPRequestHandler):
 def error_server() -> Iterator[ThreadingHTTPServer]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), ErrorServer)
     server.answer = (500, {})  # type: ignore[attr-defined]
+    server.before_answer = lambda: None  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
@@ -227,6 +229,49 @@ def test_pydantic_ai_fallback_model_errors(
     assert_row(row, row_status, 1, wait, kind_of(row_status, wait))
 
 
+def openai_agents_on(server: ThreadingHTTPServer) -> Callable[[Turn], Any]:
+    """An OpenAI Agents SDK brain whose chat-completions model asks ``server``."""
+    pytest.importorskip("agents", reason="the openai-agents extra is not installed")
+    from agents import Agent, OpenAIChatCompletionsModel
+    from openai import AsyncOpenAI
+
+    from kinbox.actors.openai_agents_brain import openai_agents_brain
+
+    def agent_for(turn: Turn) -> Agent[Any]:
+        client = AsyncOpenAI(api_key="sk-test", base_url=base_url(server), max_retries=0)
+        return Agent(name="a", model=OpenAIChatCompletionsModel("gpt-test", client))
+
+    return openai_agents_brain(agent_for)
+
+
+def autogen_on(server: ThreadingHTTPServer) -> Callable[[Turn], Any]:
+    """An autogen brain on autogen-core's client interface over the openai client asking
+    ``server``, as autogen-ext's ``OpenAIChatCompletionClient`` is (that one needs
+    tiktoken, no test extra): its ``create`` passes on what ``chat.completions.create``
+    raises."""
+    pytest.importorskip("autogen_ext.models.replay", reason="the autogen extra is not installed")
+    from autogen_core.models import CreateResult
+    from autogen_ext.models.replay import ReplayChatCompletionClient
+    from openai import AsyncOpenAI
+
+    from kinbox.actors.autogen_brain import autogen_brain
+
+    class OpenAIClient(ReplayChatCompletionClient):
+        def __init__(self) -> None:
+            super().__init__([])
+            self.openai = AsyncOpenAI(
+                api_key="sk-test", base_url=base_url(server), max_retries=0
+            )
+
+        async def create(self, messages: Any, **kwargs: Any) -> CreateResult:
+            await self.openai.chat.completions.create(
+                model="gpt-test", messages=[{"role": "user", "content": "hello"}]
+            )
+            raise AssertionError("the server answers every request with an error")
+
+    return autogen_brain(OpenAIClient())
+
+
 @pytest.mark.parametrize("status, headers, row_status, attempts, wait", PARAMS, ids=IDS)
 def test_openai_agents_sdk_openai_client_errors(
     make_runtime: MakeRuntime,
@@ -237,19 +282,8 @@ def test_openai_agents_sdk_openai_client_errors(
     attempts: int,
     wait: float | None,
 ) -> None:
-    pytest.importorskip("agents", reason="the openai-agents extra is not installed")
-    from agents import Agent, OpenAIChatCompletionsModel
-    from openai import AsyncOpenAI
-
-    from kinbox.actors.openai_agents_brain import openai_agents_brain
-
     error_server.answer = (status, headers)  # type: ignore[attr-defined]
-
-    def agent_for(turn: Turn) -> Agent[Any]:
-        client = AsyncOpenAI(api_key="sk-test", base_url=base_url(error_server), max_retries=0)
-        return Agent(name="a", model=OpenAIChatCompletionsModel("gpt-test", client))
-
-    rt = make_runtime(brain=openai_agents_brain(agent_for))
+    rt = make_runtime(brain=openai_agents_on(error_server))
     row = one_turn(rt)
     assert_row(row, row_status, attempts, wait, kind_of(row_status, wait))
     assert "openai." in row["last_error"]  # the client's own error, kept as the cause
@@ -265,34 +299,30 @@ def test_autogen_openai_client_errors(
     attempts: int,
     wait: float | None,
 ) -> None:
-    """autogen-core's client interface over the openai client, as autogen-ext's
-    ``OpenAIChatCompletionClient`` is (that one needs tiktoken, no test extra): its
-    ``create`` passes on what ``chat.completions.create`` raises."""
-    pytest.importorskip("autogen_ext.models.replay", reason="the autogen extra is not installed")
-    from autogen_core.models import CreateResult
-    from autogen_ext.models.replay import ReplayChatCompletionClient
-    from openai import AsyncOpenAI
-
-    from kinbox.actors.autogen_brain import autogen_brain
-
-    class OpenAIClient(ReplayChatCompletionClient):
-        def __init__(self) -> None:
-            super().__init__([])
-            self.openai = AsyncOpenAI(
-                api_key="sk-test", base_url=base_url(error_server), max_retries=0
-            )
-
-        async def create(self, messages: Any, **kwargs: Any) -> CreateResult:
-            await self.openai.chat.completions.create(
-                model="gpt-test", messages=[{"role": "user", "content": "hello"}]
-            )
-            raise AssertionError("the server answers every request with an error")
-
     error_server.answer = (status, headers)  # type: ignore[attr-defined]
-    rt = make_runtime(brain=autogen_brain(OpenAIClient()))
+    rt = make_runtime(brain=autogen_on(error_server))
     row = one_turn(rt)
     assert_row(row, row_status, attempts, wait, kind_of(row_status, wait))
     assert "openai." in row["last_error"]
+
+
+@pytest.mark.parametrize("brain_on", [openai_agents_on, autogen_on],
+                         ids=["openai-agents", "autogen"])
+def test_an_http_date_to_retry_at_is_kept_however_long_the_model_took(
+    make_runtime: MakeRuntime,
+    error_server: ThreadingHTTPServer,
+    clock: ManualClock,
+    brain_on: Callable[[ThreadingHTTPServer], Callable[[Turn], Any]],
+) -> None:
+    """A ``Retry-After`` date was measured from the turn's start, not from the answer:
+    a turn that waited 15 s on the model before a 429 saying "at START + 20 s" was retried
+    at START + 35 s, 15 s past the time the API named."""
+    error_server.before_answer = lambda: clock.advance(15.0)  # type: ignore[attr-defined]
+    error_server.answer = (  # type: ignore[attr-defined]
+        429, {"retry-after": "Tue, 14 Nov 2023 22:13:40 GMT"})  # START + 20 s
+    rt = make_runtime(brain=brain_on(error_server))
+    row = one_turn(rt)
+    assert_row(row, "pending", 1, 20.0, "RetryLater: ")
 
 
 # -- the pure rule they share ------------------------------------------------------------------
