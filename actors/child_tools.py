@@ -47,6 +47,9 @@ class ChildTools:
     caller_id: str
     _caller: Callable[[], SessionRecord]
     """The tools' own: the calling session, checked to exist."""
+    _holds = False
+    """Whether this caller's foreground waits hold a session thread (set by the first
+    :meth:`_reserve_a_thread`; what :meth:`release_thread` gives back)."""
 
     def agent(self, description: Any, run_in_background: Any = True, title: Any = None,
               timeout: Any = 300) -> dict[str, Any]:
@@ -97,7 +100,7 @@ class ChildTools:
             return self._writes.together(start), float(wait)
         if box is not None:  # it commits at once, not with the turn: not after its end
             box.check_open()
-        self._reserve_a_thread(caller.id)  # the caller's wait gives it back
+        self._reserve_a_thread()  # the caller's wait gives it back
         try:
             # The turn waits for this child, so it commits now, not with the turn; an id
             # repeatable across attempts lets a retried turn find the child it started.
@@ -192,17 +195,19 @@ class ChildTools:
         return ToolError("execution_failed", f"Sub-agent '{result['agent_id']}' is still "
                          f"running after {timeout:.0f}s; it reports back when done.")
 
-    def _reserve_a_thread(self, caller_id: str) -> None:
+    def _reserve_a_thread(self) -> None:
         """Count a foreground wait, or refuse one that could never end: the child needs a
         session thread of its own, and every other one would be blocked waiting too. The
         check and the count are one step, so two parents asking at once cannot both pass
-        (the wait that follows gives it back: :meth:`release_thread`)."""
+        (the wait that follows gives it back: :meth:`release_thread`). Only an inbox
+        turn's wait holds a session thread (:meth:`_wait_holds_a_thread`): one that holds
+        none is never refused for want of one, and is not counted."""
         ctx = self._ctx
-        mine = 1 if caller_id in ctx.turns.running() else 0
+        holds = self._holds = self._wait_holds_a_thread()
         with ctx.activity.cond:
-            held = ctx.foreground_waits + mine
+            held = ctx.foreground_waits + int(holds)
             if held < ctx.max_active:
-                ctx.foreground_waits += 1
+                ctx.foreground_waits += int(holds)
                 return
         raise ToolError("execution_failed",
                         f"A foreground sub-agent needs a free session thread, and none can "
@@ -211,10 +216,22 @@ class ChildTools:
                         "(the child reports back), or run kinbox with a larger "
                         "max_active_sessions.")
 
+    def _wait_holds_a_thread(self) -> bool:
+        """Does this caller's foreground wait hold one of the turns the runtime runs at once
+        (``max_active``: its session threads, or its async turns)? An inbox turn's does,
+        for as long as it waits. A direct turn's (a cron run, a social event: they run on
+        a pool of their own) holds none, nor does a call outside any turn (the product's
+        own thread); counted, a cron run's child was refused with ``max_active_sessions=1``
+        as if no thread could ever free up, and an inbox parent waiting beside it too.
+        Constant for these tools, which serve one turn (or none)."""
+        box = self._writes.outbox
+        turn = box.turn() if box is not None and box.turn is not None else None
+        return turn is not None and turn.row is not None
+
     def release_thread(self) -> None:
         """A foreground wait counted by :meth:`_reserve_a_thread` is over."""
         with self._ctx.activity.cond:
-            self._ctx.foreground_waits -= 1
+            self._ctx.foreground_waits -= int(self._holds)
 
     def stopped_waiting(self, result: dict[str, Any]) -> ToolError | None:
         """The error that ends a foreground wait whose own turn was asked to stop (by

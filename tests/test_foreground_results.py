@@ -550,3 +550,63 @@ def test_a_direct_turn_cut_short_by_a_deploy_hands_its_taken_result_back(
     after = make_runtime(db=any_db_url)  # send-only: it reads, delivers nothing
     [result] = [r for r in after.inbox(target=sid) if r["kind"] == "subagent_result"]
     assert (result["status"], result["lease_owner"], result["attempts"]) == ("pending", None, 0)
+
+
+@pytest.mark.parametrize("kind", ["cron", "social"])
+def test_a_direct_turn_s_foreground_child_runs_on_the_one_session_thread(
+        make_runtime: MakeRuntime, clock: ManualClock, kind: str) -> None:
+    """A cron run or a social event runs on the direct turns' own pool, not on a session
+    thread: its wait leaves every session thread free for the child. With
+    ``max_active_sessions=1`` it was refused as if it held the only one ("none can free
+    up"), and the run failed; its wait also counted as holding one, so an inbox parent
+    waiting beside it could be refused the same way."""
+    brain, turns = direct_parent(f"{kind}-")
+    rt = make_runtime(brain=brain, max_active_sessions=1)
+    if kind == "cron":
+        sid = run_cron_job(rt, clock)
+        [run] = rt.cron.runs()
+        assert (run["status"], run["error"]) == ("success", None)
+    else:
+        sid = run_social_event(rt)
+    assert_taken_once(rt, sid, turns, "cron" if kind == "cron" else "social_message")
+    assert rt.context.foreground_waits == 0
+
+
+def test_an_inbox_parent_is_not_refused_for_a_direct_turn_waiting_beside_it(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    """Two session threads: a cron run waits for its child (on the direct pool) while an
+    inbox parent waits for its own (one thread), and their children take turns on the
+    other. The cron run's wait was counted as holding a thread, and the parent was told
+    that none could free up."""
+    cron_waiting, release = threading.Event(), threading.Event()
+    answers: list[Any] = []
+
+    def brain(turn: Turn) -> Any:
+        if turn.session_id.startswith("cron-"):
+            got = turn.tools.agent("slow report", run_in_background=False, timeout=30)
+            return f"child said {got['result']}"
+        if turn.session_id == "a":
+            assert cron_waiting.wait(30)
+            try:
+                answers.append(turn.tools.agent("compute", run_in_background=False,
+                                                timeout=30)["result"])
+            finally:
+                release.set()
+            return None
+        if turn.messages[0].content == "slow report":
+            cron_waiting.set()
+            assert release.wait(30)  # holds the other thread until the parent has asked
+        return "42"
+
+    rt = make_runtime(brain=brain, max_active_sessions=2)
+    # The cron run's child gives its thread back once the parent's child is started.
+    rt.subscribe(lambda event, data: release.set() if (
+        event == "sent" and data["kind"] == "subagent_task" and data["sender"] == "a") else None)
+    family(rt)
+    rt.post("a", "go")
+    sid = run_cron_job(rt, clock)
+    rt.run_until_idle(30)
+    assert answers == ["42"]
+    assert [r["result"] for r in rt.cron.runs()] == ["child said 42"]
+    assert [e.text for e in rt.transcript(sid) if e.role == "assistant"] == ["child said 42"]
+    assert rt.context.foreground_waits == 0
