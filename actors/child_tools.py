@@ -160,7 +160,10 @@ class ChildTools:
         A child whose task failed answers ``failed`` with the failure as ``error`` (its
         wake-up's text): taken into this turn, that wake-up is never shown to the brain,
         and the task's own status (blocked on ``error``) read as a child waiting on the
-        user, with no word of what went wrong.
+        user, with no word of what went wrong. Any other end answers its wake-up's text as
+        ``result`` (its last reply of the task, as a background parent hears it): not the
+        child's newest reply, which a retried attempt, finding the same child long done,
+        read from whatever the child had said since (to a sibling, to a user).
 
         A task message that ended outside a turn (an operator's cancel, a claim that
         failed it) is reported here if its report has not landed yet: it comes in a
@@ -176,11 +179,14 @@ class ChildTools:
         last = self._result_row(ids[-1]) if ids else None
         if last is not None and last["payload"].get("outcome") == "failed":
             return {**result, "status": "failed", "result": None, "error": last["content"]}
+        task = self._ctx.tasks.get(result["task_id"])
+        status = task.status if task else "unknown"
+        if last is not None:  # the task's end, as its wake-up says it
+            return {**result, "status": status, "result": last["content"]}
+        # No wake-up to read (its parent stopped it; pruned): the child's newest reply.
         replies = [e.text for e in self._ctx.store.transcript(result["agent_id"], last=1,
                                                                roles=("assistant",))]
-        task = self._ctx.tasks.get(result["task_id"])
-        return {**result, "status": task.status if task else "unknown",
-                "result": replies[-1] if replies else None}
+        return {**result, "status": status, "result": replies[-1] if replies else None}
 
     def _result_row(self, message_id: str) -> dict[str, Any] | None:
         """A result wake-up's row (None once pruned)."""

@@ -610,3 +610,30 @@ def test_an_inbox_parent_is_not_refused_for_a_direct_turn_waiting_beside_it(
     assert [r["result"] for r in rt.cron.runs()] == ["child said 42"]
     assert [e.text for e in rt.transcript(sid) if e.role == "assistant"] == ["child said 42"]
     assert rt.context.foreground_waits == 0
+
+
+def test_a_retried_wait_answers_the_child_s_result_not_what_it_said_since(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    """The answer of a wait is the child's result: what its task's end said, as the
+    wake-up the waiting turn takes says it. It was the child's newest reply in its
+    transcript, so a retried attempt (which finds the same finished child) answered
+    whatever the child had said since, to a sibling or a user, as the task's result."""
+    got: list[dict[str, Any]] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id != "a":
+            turn.reply("42" if turn.messages[0].kind == "subagent_task" else "fine, thanks")
+            return
+        answer = turn.tools.agent("compute", run_in_background=False, timeout=30)
+        got.append(answer)
+        if len(got) == 1:
+            rt.post(answer["agent_id"], "how are you?")  # the child talks on meanwhile
+            raise RuntimeError("the model failed after the child answered")
+        turn.reply(f"child said {answer['result']}")
+
+    rt = make_runtime(brain=brain, max_active_sessions=4)
+    family(rt)
+    rt.post("a", "go")
+    drain_with_retries(rt, clock, 2)
+    assert [(g["status"], g["result"]) for g in got] == [("completed", "42")] * 2
+    assert [e.text for e in rt.transcript("a")] == ["go", "42", "child said 42"]
