@@ -240,9 +240,12 @@ class Turn:
         return await self._stop.wait_async(timeout)
 
     def reply(self, text: str) -> None:
-        """Add an assistant message to the session's transcript (committed with the turn)."""
+        """Add an assistant message to the session's transcript (committed with the turn).
+        ``text`` that is no ``str`` (a model's response object handed over whole) or that
+        cannot be stored is a :class:`ConfigError` (``field="text"``), which fails the
+        attempt unless the brain handles it."""
         if not isinstance(text, str):
-            raise TypeError(f"reply takes a str, not {type(text).__name__}")
+            raise ConfigError(f"reply takes a str, not {type(text).__name__}", field="text")
         problem = unstorable(text)
         if problem is not None:  # refused here, not in the commit: that would retry forever
             raise ConfigError(f"the reply {problem}", field="text")

@@ -41,6 +41,35 @@ def test_a_reply_that_cannot_be_stored_fails_the_attempt_with_a_clear_error(
     assert rt.transcript(s.id) == []  # nothing of the attempt was written
 
 
+@pytest.mark.parametrize("given", [None, 42, b"bytes", {"text": "a model's response"}],
+                         ids=["none", "int", "bytes", "dict"])
+def test_a_reply_that_is_no_text_is_a_kinbox_error_naming_the_text(
+        make_runtime: MakeRuntime, clock: ManualClock, given: object) -> None:
+    """``turn.reply`` refused a value that is no ``str`` (a model's response object handed
+    over whole, a None) with a bare ``TypeError``, outside the one exception tree that
+    every other refusal of a turn's call is in (a reply that cannot be stored, a
+    history's limit: ``ConfigError`` with its ``.field``)."""
+    refusals: list[BaseException] = []
+
+    def brain(turn: Turn) -> None:
+        try:
+            turn.reply(given)  # type: ignore[arg-type]
+        except Exception as exc:
+            refusals.append(exc)
+            raise
+
+    rt = make_runtime(brain=brain)
+    s = rt.create_session(rt.create_project("p").id, "A")
+    rt.post(s.id, "go")
+    rt.run_until_idle()
+    [refusal] = refusals
+    assert isinstance(refusal, ConfigError) and refusal.field == "text"
+    assert type(given).__name__ in str(refusal)
+    [row] = rt.inbox(target=s.id)
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    assert rt.transcript(s.id) == []  # nothing of the attempt was written
+
+
 def test_a_brain_exception_with_unstorable_text_is_recorded_escaped(
         make_runtime: MakeRuntime, clock: ManualClock, any_db_url: str) -> None:
     """On PostgreSQL the NUL alone left the row ``processing`` until its lease ran out."""
