@@ -17,8 +17,20 @@ import socket
 import sys
 import threading
 from urllib.parse import urlsplit
-from kinbox.actors import Runtime
+from kinbox.actors import Runtime, runtime_life
 from kinbox.actors.schedule_driver import ScheduleDriver
+from kinbox.persistence import connections, db_clock, liveness
+
+# The stop's waits, bounded as in any program, bounded shorter here (the same waits, some
+# seconds sooner): the stop at exit gives the turns and jobs that wait on the hung server
+# 1 s, not its default 10, and each hung close or release 0.5 s, not 2 or 5. Unbounded,
+# a wait still hangs the exit for good.
+for module, name in ((connections, "CLOSE_WAIT"), (db_clock, "CLOSE_WAIT"),
+                     (liveness, "RELEASE_WAIT")):
+    assert isinstance(getattr(module, name), float), (module, name)
+    setattr(module, name, 0.5)
+assert runtime_life.LifeCycleApi.stop.__defaults__ == (10.0,)
+runtime_life.LifeCycleApi.stop.__defaults__ = (1.0,)
 
 # A proxy to the server that, once frozen, holds every byte its connections get and
 # refuses new ones: to a client, a server that hung.
@@ -97,7 +109,7 @@ def first_look_after_the_freeze(driver):
 
 ScheduleDriver._fire_held = first_look_after_the_freeze
 proxied = server._replace(netloc=f"{server.username}@127.0.0.1:{listener.getsockname()[1]}")
-rt = Runtime(db=proxied.geturl(), brain=brain)
+rt = Runtime(db=proxied.geturl(), brain=brain, stop_grace=1.0)
 rt.start()
 started.set()
 rt.cron.look_now()  # a scheduler job: it reads the cron tables
