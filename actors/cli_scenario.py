@@ -4,7 +4,8 @@ Exit status of ``run``: 0 when every expectation held; 1 when one failed or
 the script raised (the report shows the script's own error, file and line);
 2 for usage errors (no such scenario, a script that does not load, a
 ``--db`` that cannot be opened, that another runtime delivers on, that holds
-open messages or active schedules (cron jobs, Focal's wake-ups) or, for a
+open messages, active schedules (cron jobs, Focal's wake-ups) or unsent social
+replies or, for a
 scenario that runs once per database, an earlier run's state, an output path
 that cannot be written, all checked before anything runs); 130
 when Ctrl-C or SIGTERM stopped the run: the runtime stops gracefully and
@@ -123,6 +124,7 @@ def check_database(url: str, *, once: str | None = None) -> None:
             if once is not None:
                 _check_not_run_before(url, db, once)
             _check_no_schedules(url, db)
+            _check_no_unsent_replies(url, db)
         finally:
             db.close()
     except DatabaseInUse as exc:
@@ -180,6 +182,22 @@ def _check_no_schedules(url: str, db: Any) -> None:
         raise ConfigError(f"cannot run a scenario on {redact_url(url)!r}: it holds "
                           f"{' and '.join(found)} that the scenario's runtime would run with "
                           "its scripted brain; give a fresh database", field="db")
+
+
+def _check_no_unsent_replies(url: str, db: Any) -> None:
+    """ConfigError when the database keeps social replies no platform has taken yet (an
+    earlier run's or a deployment's, kept for its next start to send): a scenario that
+    registers their platform's channel would take them over, "send" them through its
+    scripted adapter and forget them for good."""
+    kept = bind_tables(db).social_reply
+    if not db.table_exists(kept._meta.table_name):
+        return
+    count = kept.select().count()
+    if count:
+        raise ConfigError(f"cannot run a scenario on {redact_url(url)!r}: it keeps {count} "
+                          "social reply(ies) not yet sent, which the scenario's channel "
+                          "adapters would send in their platform's place and forget; give "
+                          "a fresh database", field="db")
 
 
 def _check_not_run_before(url: str, db: Any, once: str) -> None:

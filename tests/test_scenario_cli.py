@@ -488,3 +488,28 @@ def test_a_diagram_path_that_is_no_regular_file_is_written_into_not_replaced(
         os.close(reader)
     assert received.decode().startswith("# hello\n\n```mermaid\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["diagram.pipe"]
+
+
+@pytest.mark.timeout(60)
+def test_a_database_with_unsent_social_replies_is_refused_before_running(
+        any_db_url: str, tmp_path: Path) -> None:
+    """A reply a deployment's turn committed and its platform never took (no channel yet,
+    or a stop cut the send off) is kept for its next start to send. A scenario that
+    registers that platform's channel (cron_social) took it over, "sent" it through its
+    scripted adapter and forgot it for good: the deployment's user never got it, and the
+    run FAILED on a reply that was not its own."""
+    with Runtime(db=any_db_url, brain=lambda turn: turn.reply("on my way")) as rt:
+        rt.social.allow("slack", ["U1"])  # no channel registered: the reply is kept
+        rt.social.ingest({"platform": "slack", "sender_id": "U1", "thread_id": "T1",
+                          "text": "where are you?", "reply_route": {"channel": "C1"}})
+        assert rt.social.wait_idle(30)
+    result = kinbox("scenario", "run", "cron_social", "--db", any_db_url)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    assert "1 social reply(ies)" in result.stderr and len(result.stderr.splitlines()) == 1
+    db = open_database(any_db_url)
+    try:
+        kept = bind_tables(db).social_reply
+        assert [r.text for r in kept.select()] == ["on my way"]
+    finally:
+        db.close()
