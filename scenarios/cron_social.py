@@ -36,14 +36,26 @@ class SocialIdle:
 def run(sc: Scenario) -> None:
     rt = sc.start()
     thread_id = f"T{rt.new_id()[:6]}"  # a thread of this run (runs may share a database)
-    thread = f"social-slack-{thread_id}"
-    sent: list[tuple[dict[str, Any], str]] = []
-    rt.social.register_channel("slack", send=lambda route, text: sent.append((route, text)))
-    rt.social.allow("slack", ["U-ann"])
     concierge = rt.create_session(rt.project("social").id, "Concierge")
     digest = rt.create_session(rt.project("default").id, "Digest")
     job = rt.cron.add("morning digest", "0 8 * * *", "Write the morning digest.")
+    try:
+        play(sc, rt, job, concierge.id, digest.id, thread_id)
+    finally:
+        # The demo's job ends with the run, whatever happened in it: a later scenario on
+        # this database refuses a database with active schedules (its runtime would fire
+        # them with its scripted brain).
+        rt.cron.pause(job["job_id"])
+
+
+def play(sc: Scenario, rt: Runtime, job: dict[str, Any], concierge_id: str, digest_id: str,
+         thread_id: str) -> None:
+    """The story itself: the Slack thread, the denied sender, the 08:00 run, the checks."""
+    thread = f"social-slack-{thread_id}"
     cron_session = f"cron-{job['job_id']}"
+    sent: list[tuple[dict[str, Any], str]] = []
+    rt.social.register_channel("slack", send=lambda route, text: sent.append((route, text)))
+    rt.social.allow("slack", ["U-ann"])
     refusals: list[str] = []
     # A direct (cron, social) turn's sends reach their targets while it is still
     # committing; an answer waits for the commit it answers, so the report is the same
@@ -60,7 +72,7 @@ def run(sc: Scenario) -> None:
         first = turn.messages[0]
         if first.kind == "social_message":
             question = first.content.splitlines()[-1]
-            turn.tools.agent_send(concierge.id, f"Ann asks: {question}")
+            turn.tools.agent_send(concierge_id, f"Ann asks: {question}")
             turn.reply("Let me check with the concierge.")
         else:
             turn.reply(f"The concierge says: {first.content}")
@@ -75,7 +87,7 @@ def run(sc: Scenario) -> None:
         if first.kind != "cron":
             turn.reply(f"noted: {first.content}")
             return
-        turn.tools.agent_send(digest.id, "Digest: one guest question answered overnight.")
+        turn.tools.agent_send(digest_id, "Digest: one guest question answered overnight.")
         try:
             turn.tools.agent_send(thread, "good morning")
         except ToolError as exc:
@@ -88,9 +100,9 @@ def run(sc: Scenario) -> None:
         turn.reply("filed")
 
     sc.on(thread, thread_turn)
-    sc.on(concierge.id, concierge_turn)
+    sc.on(concierge_id, concierge_turn)
     sc.on(cron_session, cron_turn)
-    sc.on(digest.id, digest_turn)
+    sc.on(digest_id, digest_turn)
 
     route = {"channel": "C-dining", "thread_ts": thread_id}
     rt.social.ingest({"platform": "slack", "sender_id": "U-ann", "sender_name": "Ann",
@@ -136,10 +148,7 @@ def run(sc: Scenario) -> None:
               f"announced {announced}, ran {[r['run_id'] for r in runs]}")
     rows = sc.inbox()
     sc.expect(sorted(r["target_chat_id"] for r in rows)
-              == sorted([concierge.id, thread, digest.id, cron_session]),
+              == sorted([concierge_id, thread, digest_id, cron_session]),
               "only the four agent_send messages went through the inbox",
               repr([r["target_chat_id"] for r in rows]))
     sc.expect(set(sc.marker_counts().values()) == {1}, "each inbox message ran exactly one turn")
-    # The demo's job ends with the run: a later scenario on this database refuses a
-    # database with active schedules (its runtime would fire them with its scripted brain).
-    rt.cron.pause(job["job_id"])

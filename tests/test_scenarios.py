@@ -329,3 +329,27 @@ def test_a_message_id_and_kind_mermaid_reads_specially_are_made_safe(tmp_path: P
     assert not failures(report), failures(report)
     (arrow,) = [x for x in render_mermaid(report).splitlines() if "->>" in x]
     assert arrow.split(": ", 1)[1] == "orderno.12,b k,1no. (delivered, 0 failed attempts)"
+
+
+@pytest.mark.timeout(60)
+def test_cron_social_that_fails_half_way_leaves_no_active_job(
+        db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its morning job was paused only on the script's last line: a run that raised before
+    it (a turn that never came, an interrupt) left the job active, and every later
+    ``kinbox scenario run --db`` on that database was refused (exit 2, "1 active cron
+    job(s)") until someone paused it by hand."""
+    from kinbox.actors.cli_scenario import check_database
+    from kinbox.actors.errors import ConfigError
+    from kinbox.actors.scenario import Scenario
+
+    def broken(self: Scenario, seconds: float) -> None:
+        raise RuntimeError("the script failed half-way")
+
+    monkeypatch.setattr(Scenario, "advance", broken)
+    report = run("cron_social", db_url)
+    assert report["error"]["type"] == "RuntimeError"
+    monkeypatch.undo()
+    try:
+        check_database(db_url)
+    except ConfigError as exc:
+        pytest.fail(f"the next run is refused: {exc}")
