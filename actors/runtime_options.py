@@ -8,7 +8,7 @@ never later inside a thread.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from .clock import Clock
 from .errors import ConfigError
@@ -53,3 +53,24 @@ def check_seconds(field: str, value: object, alternative: str = "") -> None:
     if not finite_number(value) or value <= 0:
         raise ConfigError(f"{field} must be a number of seconds > 0{alternative}, "
                           f"got {value!r}", field=field)
+
+
+MAX_RETRY_DELAY = 3600.0
+"""The longest pause a retry schedule may ask for between two tries: a social reply's
+retries hold its chat's next turn, and a longer wait than threading's own limit raised
+``OverflowError`` inside the send."""
+
+
+def check_delays(field: str, value: object) -> tuple[float, ...]:
+    """A retry schedule (``rt.social.retry_delays``): a sequence of finite seconds, each
+    from 0 to :data:`MAX_RETRY_DELAY`, as a tuple of floats; else :class:`ConfigError`
+    naming ``field``, before any send uses it (a string among them failed a send half-way
+    through its retries)."""
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise ConfigError(f"{field} must be a sequence of seconds (a tuple or list), "
+                          f"got {type(value).__name__}", field=field)
+    for delay in value:
+        if not finite_number(delay) or not 0 <= delay <= MAX_RETRY_DELAY:
+            raise ConfigError(f"{field} must hold numbers of seconds from 0 to "
+                              f"{MAX_RETRY_DELAY:g}, got {delay!r}", field=field)
+    return tuple(float(delay) for delay in value)

@@ -49,7 +49,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
 
@@ -57,7 +57,7 @@ from ..persistence import PersistenceError
 from . import channels
 from . import social_rules as rules
 from .context import HookReads, RuntimeContext, TurnEffects
-from .runtime_options import check_seconds
+from .runtime_options import check_delays, check_seconds
 from .social_ingress import SocialIngress
 from .social_state import DEFAULT_QUEUE_BOUND, RECENT_IDS, SOCIAL_KIND, thread_patch
 from .turn import Message, Turn, TurnOutcome
@@ -143,8 +143,8 @@ class SocialService(SocialIngress):
         return self.channels.retry_delays
 
     @retry_delays.setter
-    def retry_delays(self, delays: tuple[float, ...]) -> None:
-        self.channels.retry_delays = tuple(delays)
+    def retry_delays(self, delays: Sequence[float]) -> None:
+        self.channels.retry_delays = check_delays("retry_delays", delays)
 
     @property
     def send_timeout(self) -> float:

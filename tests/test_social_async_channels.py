@@ -248,3 +248,24 @@ def test_a_send_racing_the_stop_is_run_and_cancelled_or_refused_never_put_on_a_d
 
 async def _answer() -> str:
     return "posted"
+
+
+@pytest.mark.parametrize("delays", [5, "1,2,4", (1.0, "2"), (float("nan"),), (float("inf"),),
+                                    (-1.0,), (True,), [[1.0]]])
+def test_retry_delays_are_finite_seconds_refused_otherwise(make_runtime: MakeRuntime,
+                                                           delays: Any) -> None:
+    """``(1, "2")`` (delays read from an environment variable) was taken as it was, and
+    the first failed send then raised TypeError between its attempts: the reply was never
+    retried, no outcome said why, and only a traceback in the log told of it."""
+    rt = make_runtime(brain=SocialBrain())
+    with pytest.raises(ConfigError) as refused:
+        rt.social.retry_delays = delays
+    assert refused.value.field == "retry_delays" and rt.social.retry_delays == (1.0, 2.0, 4.0)
+
+
+def test_retry_delays_take_any_sequence_of_seconds(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime(brain=SocialBrain())
+    rt.social.retry_delays = [0, 0.5, 3]
+    assert rt.social.retry_delays == (0.0, 0.5, 3.0)
+    rt.social.retry_delays = ()  # one attempt only
+    assert rt.social.retry_delays == ()
