@@ -175,7 +175,28 @@ def _event_line(names: dict[str, str], e: dict[str, Any]) -> str | None:
                 f"(attempt {e['attempts']}, {outcome})")
     if ev == "acked_by_marker":
         return f"{short(e['message_id'])} acknowledged from its delivery marker (no second turn)"
+    if ev == "social_delivery":
+        return _delivery_line(names, e)
+    if ev == "social_denied":
+        return f"{e['platform']} event from {e['sender_id']} denied (not on the allowlist)"
+    if ev == "social_refused":
+        return (f"{e['platform']} event refused: the social queue is full "
+                f"({e['refused']} refused)")
     return None
+
+
+def _delivery_line(names: dict[str, str], e: dict[str, Any]) -> str | None:
+    """A social reply's send: whether its platform got it. None for a turn with nothing to
+    post, or one that failed (its own line says so)."""
+    status = e["status"]
+    if status in ("no_reply", "turn_failed"):
+        return None
+    where = f"reply of {_label(names, e['session_id'])} via {e['platform']}"
+    if status == "sent":
+        return f"{where} sent after {e['attempts']} attempt(s)"
+    error = _last_line(e.get("error"))
+    return (f"{where} NOT sent: {status} after {e['attempts']} attempt(s)"
+            + (f" ({error[:100]})" if error else ""))
 
 
 def _safe(text: str) -> str:

@@ -353,3 +353,33 @@ def test_cron_social_that_fails_half_way_leaves_no_active_job(
         check_database(db_url)
     except ConfigError as exc:
         pytest.fail(f"the next run is refused: {exc}")
+
+
+@pytest.mark.timeout(60)
+def test_the_text_report_tells_a_social_reply_that_was_not_sent(tmp_path: Path,
+                                                                db_url: str) -> None:
+    """The report said the thread's turn committed "replying 'Booked.'" and nothing more:
+    that the platform refused the reply, or that a sender was denied, was in the JSON
+    timeline only, and the text a person reads told a story where the reply went out."""
+    path = tmp_path / "refused_reply.py"
+    path.write_text(
+        "from kinbox.actors import social_rules as rules\n\n"
+        "def refuse(route, text):\n    raise rules.ChannelRefused(403)\n\n"
+        "class Idle:\n    def __init__(self, rt):\n        self.rt = rt\n"
+        "    def wait(self, timeout=None):\n"
+        "        return self.rt.social.wait_idle(timeout or 10)\n\n"
+        "def run(sc):\n    rt = sc.start()\n"
+        "    rt.social.register_channel('slack', send=refuse)\n"
+        "    rt.social.allow('slack', ['U1'])\n"
+        "    sc.on('social-slack-T1', lambda turn: turn.reply('Booked.'))\n"
+        "    for sender in ('U1', 'U9'):\n"
+        "        rt.social.ingest({'platform': 'slack', 'sender_id': sender, 'thread_id': 'T1',\n"
+        "                          'text': 'book it'})\n"
+        "        sc.wait(Idle(rt))\n"
+        "    sc.expect(True, 'ran')\n")
+    report, _ = run_scenario(str(path), db_url, stream=io.StringIO())
+    assert report["error"] is None, report["error"]
+    text = render_text(report)
+    assert "reply of slack: U1 [social-slack-T1] via slack NOT sent: failed after 1 attempt(s)" \
+        in text, text
+    assert "slack event from U9 denied (not on the allowlist)" in text, text
