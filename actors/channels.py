@@ -230,7 +230,11 @@ class Channels:
         self.kept = SocialOutbox(ctx.store.t, ctx.store.writer)
         """Committed replies until their send ended for good (the module docstring)."""
         self._recovered: set[str] = set()
-        """Platforms whose replies other runtimes left kept were taken up (once each)."""
+        """Platforms registered here, whose replies other runtimes left kept are taken up
+        (the tick's :meth:`left_by_the_gone` looks at these)."""
+        self._looked: set[str] = set()
+        """Platforms whose registration's look for those replies succeeded: a failed look
+        (the database did not answer) is made again by the next registration."""
         self._unsure: dict[str, str] = {}
         """Replies whose take-over failed (reply id -> platform): it may have committed as
         its answer was lost with the connection, and then they are this runtime's, which
@@ -255,12 +259,20 @@ class Channels:
     def left_kept(self, platform: str) -> list[HeldReply]:
         """The replies for ``platform`` that an earlier life of this runtime (or another
         runtime) kept and whose send never ended (a stop or crash cut it off), oldest
-        first; once per platform (a registration that replaces an adapter gets none)."""
+        first; once per platform (a registration that replaces an adapter gets none), unless
+        that look failed: then the next registration looks again (on SQLite nothing else
+        does)."""
         with self._lock:
-            if platform in self._recovered:
+            if platform in self._looked:
                 return []
+            self._looked.add(platform)
             self._recovered.add(platform)
-        return [reply for _, reply in self._take_left([platform])]
+        try:
+            return [reply for _, reply in self._take_left([platform])]
+        except BaseException:
+            with self._lock:
+                self._looked.discard(platform)
+            raise
 
     def left_by_the_gone(self) -> list[tuple[str, HeldReply]]:
         """PostgreSQL, on the runtime's tick: the replies for the platforms this runtime

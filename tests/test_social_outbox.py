@@ -17,7 +17,7 @@ import pytest
 from kinbox.actors import Runtime, Turn
 from kinbox.persistence import DatabaseFailed, GroupCommitWriter, WriteTimeout
 
-from .helpers import SHORT, wait_for
+from .helpers import SHORT, failing_once, wait_for
 from .social_helpers import PlatformServer, respond
 
 
@@ -396,3 +396,30 @@ def test_a_threads_replies_left_by_an_earlier_life_leave_before_its_later_ones(
     finally:
         again.stop()
     assert [a["text"] for a in platform.accepted] == ["re: first", "re: second"]
+
+
+@pytest.mark.timeout(60)
+def test_a_registration_whose_look_for_kept_replies_failed_looks_again_at_the_next(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``register_channel`` takes up the replies an earlier life kept, once per platform.
+    When that look failed (the database did not answer), the product's next
+    ``register_channel`` found the platform looked at already: the earlier life's reply
+    was not sent until the runtime started again (on SQLite no tick looks again)."""
+    with Runtime(db=db_url, brain=booked) as rt:
+        rt.social.allow("slack", ["U1"])  # no channel yet: the reply is kept, unsent
+        rt.social.ingest(dict(EVENT))
+        assert rt.social.wait_idle(20)
+    sent: list[str] = []
+    with Runtime(db=db_url, brain=booked) as again:
+        kept = again.social.channels.kept
+        failures: list[str] = []
+        monkeypatch.setattr(kept, "left_by_others", failing_once(
+            kept.left_by_others, DatabaseFailed("the database did not answer"), failures,
+            "look"))
+        with pytest.raises(DatabaseFailed):
+            again.social.register_channel("slack", send=lambda route, text: sent.append(text))
+        again.social.register_channel("slack", send=lambda route, text: sent.append(text))
+        wait_for(lambda: sent == ["Booked."], 20, "the kept reply to be sent")
+        assert again.social.wait_idle(20)
+    assert sent == ["Booked."]
