@@ -7,7 +7,8 @@ the script raised (the report shows the script's own error, file and line);
 open messages, active schedules (cron jobs, Focal's wake-ups) or unsent social
 replies or, for a
 scenario that runs once per database, an earlier run's state, an output path
-that cannot be written, all checked before anything runs); 130
+that cannot be written or that is the run's own script or SQLite database, all checked
+before anything runs); 130
 when Ctrl-C or SIGTERM stopped the run: the runtime stops gracefully and
 the report, marked interrupted, shows what was done (a second signal stops
 at once; the journal keeps every unacknowledged row).
@@ -244,6 +245,31 @@ def check_output_path(path: str, flag: str) -> None:
         raise ConfigError(f"{flag} {path}: not writable", field=flag.lstrip("-"))
 
 
+SQLITE_FILES = ("", "-wal", "-shm", "-journal")
+"""A SQLite database's file and those SQLite keeps beside it."""
+
+
+def check_not_the_runs_own(path: str, flag: str, scenario: Path, db_url: str | None) -> None:
+    """Refuse an output file that is one of the run's own: the scenario's script, or the
+    SQLite database it keeps (or a file SQLite keeps beside it). The output is renamed
+    over its path after the run: a slip of the shell's completion (``--db
+    sqlite:///run.db --diagram run.db``) replaced the journal ``--db`` was given to
+    keep."""
+    target = Path(os.path.realpath(path))
+    own = [(Path(os.path.realpath(scenario)), "the scenario's script")]
+    try:
+        database = sqlite_path(db_url) if db_url is not None else None
+    except DatabaseOpenError:  # no file at all: the database's own check says why
+        database = None
+    if database is not None:
+        own += [(Path(os.path.realpath(f"{database}{suffix}")), "the run's SQLite database")
+                for suffix in SQLITE_FILES]
+    for file, what in own:
+        if target == file:
+            raise ConfigError(f"{flag} {path}: is {what} ({str(file)!r}); give another file",
+                              field=flag.lstrip("-"))
+
+
 def encodable(text: str, stream: TextIO) -> str:
     """``text`` as ``stream`` can write it: what its encoding lacks (the report's '…' on an
     ASCII terminal) escaped, rather than an error half-way through the report."""
@@ -337,6 +363,8 @@ def handle(args: argparse.Namespace, out: TextIO) -> int:
     try:
         if args.diagram:
             check_output_path(args.diagram, "--diagram")
+            check_not_the_runs_own(args.diagram, "--diagram",
+                                   scenario_files.resolve(args.path), args.db)
         with StopSignals(on_second=exit_at_once):
             try:
                 report, _ = run_scenario(args.path, args.db, args.seed, temp_dirs=temp_dirs)

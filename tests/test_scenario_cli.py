@@ -121,6 +121,28 @@ def test_a_diagram_folder_that_is_a_file_and_a_scenario_that_is_a_folder_are_nam
                                      "give a scenario's .py file")
 
 
+@pytest.mark.parametrize("target", ["the database", "its journal", "the script"])
+def test_a_diagram_path_that_would_overwrite_the_runs_own_files_is_refused(
+        tmp_path: Path, target: str) -> None:
+    """``--db sqlite:///run.db --diagram run.db`` (a slip of the shell's completion): the run
+    went on and its diagram was renamed over the journal the user gave ``--db`` to keep
+    (or over the scenario script itself)."""
+    ran = tmp_path / "ran"
+    path = script(tmp_path, f"def run(sc):\n    open({str(ran)!r}, 'w').close()\n"
+                            "    sc.start()\n    sc.expect(True, 'fine')\n")
+    db = tmp_path / "run.db"
+    db.write_bytes(b"")  # an empty file is a new database to SQLite
+    diagram = {"the database": db, "its journal": tmp_path / "run.db-wal",
+               "the script": path}[target]
+    result = kinbox("scenario", "run", str(path), "--db", f"sqlite:///{db}",
+                    "--diagram", str(diagram), cwd=tmp_path)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stderr.startswith(f"kinbox: --diagram {diagram}: ") and "Traceback" not in \
+        result.stderr
+    assert not ran.exists() and result.stdout == ""
+    assert path.read_text().startswith("def run(sc):")
+
+
 def test_scenario_list_names_the_bundled_scenarios() -> None:
     result = kinbox("scenario", "list")
     assert result.returncode == 0, result.stderr
