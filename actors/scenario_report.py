@@ -227,8 +227,11 @@ def _unsent_by_first_mention(report: dict[str, Any]) -> dict[int, list[str]]:
 def render_mermaid(report: dict[str, Any]) -> str:
     """A Mermaid sequence diagram: sessions as participants, messages as arrows."""
     names = report["sessions"]
+    # A direct turn's session (a social thread's, a cron job's) may have no message at all.
     ids = sorted({m["sender"] for m in report["messages"] if m["sender"]}
-                 | {m["target"] for m in report["messages"]})
+                 | {m["target"] for m in report["messages"]}
+                 | {e["session_id"] for e in report["timeline"]
+                    if e["event"] in ("turn_committed", "turn_failed")})
     alias = {sid: f"S{i}" for i, sid in enumerate(ids)}
     lines = ["```mermaid", "sequenceDiagram"]
     if any(m["sender"] is None for m in report["messages"]):
@@ -257,6 +260,10 @@ def render_mermaid(report: dict[str, Any]) -> str:
         elif ev == "turn_failed" and e["session_id"] in alias:
             lines.append(f"    Note over {alias[e['session_id']]}: attempt failed, "
                          f"{e['state']}")
+        elif (ev == "social_delivery" and e["session_id"] in alias
+              and e["status"] not in ("sent", "no_reply", "turn_failed")):
+            lines.append(f"    Note over {alias[e['session_id']]}: reply NOT sent via "
+                         f"{_safe(e['platform'])} ({_safe(e['status'])})")
         elif (ev in ("crashed", "started") and e["life"] > 1) or ev == "crashed":
             span = f"{alias[ids[0]]},{alias[ids[-1]]}" if len(ids) > 1 else alias.get(
                 ids[0], "OUT") if ids else "OUT"

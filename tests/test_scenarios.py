@@ -383,3 +383,37 @@ def test_the_text_report_tells_a_social_reply_that_was_not_sent(tmp_path: Path,
     assert "reply of slack: U1 [social-slack-T1] via slack NOT sent: failed after 1 attempt(s)" \
         in text, text
     assert "slack event from U9 denied (not on the allowlist)" in text, text
+
+
+@pytest.mark.timeout(60)
+def test_the_diagram_draws_the_turns_of_sessions_no_message_reached(tmp_path: Path,
+                                                                   db_url: str) -> None:
+    """A social thread's (or a cron job's) turns are direct, no inbox row: the diagram drew
+    participants only from the journal's messages, so a run of such turns alone was an
+    empty ``sequenceDiagram`` while its text report told two turns and a refused reply."""
+    path = tmp_path / "social_only.py"
+    path.write_text(
+        "from kinbox.actors import social_rules as rules\n"
+        "from kinbox.actors.scenario import failing\n\n"
+        "def refuse(route, text):\n    raise rules.ChannelRefused(403)\n\n"
+        "class Idle:\n    def __init__(self, rt):\n        self.rt = rt\n"
+        "    def wait(self, timeout=None):\n"
+        "        return self.rt.social.wait_idle(timeout or 10)\n\n"
+        "def run(sc):\n    rt = sc.start()\n"
+        "    rt.social.register_channel('slack', send=refuse)\n"
+        "    rt.social.allow('slack', ['U1'])\n"
+        "    sc.on('social-slack-T1', failing(1))\n"
+        "    for text in ('one', 'two'):\n"
+        "        rt.social.ingest({'platform': 'slack', 'sender_id': 'U1', 'thread_id': 'T1',\n"
+        "                          'text': text})\n"
+        "        sc.wait(Idle(rt))\n"
+        "    sc.expect(True, 'ran')\n")
+    report, _ = run_scenario(str(path), db_url, stream=io.StringIO())
+    assert report["error"] is None, report["error"]
+    assert render_mermaid(report).splitlines()[1:-1] == [
+        "sequenceDiagram",
+        "    participant S0 as slack: U1",
+        "    Note over S0: attempt failed, direct",
+        "    Note over S0: turn committed: ok",
+        "    Note over S0: reply NOT sent via slack (failed)",
+    ]
