@@ -198,6 +198,20 @@ class Channel:
         return partial(self.send, reply_id=reply_id) if self.takes_reply_id else self.send
 
 
+def takes_route_and_text(send: Send) -> bool:
+    """Can ``send`` be called as ``send(reply_route, text)``? True when its signature cannot
+    be read (a builtin): only a call would tell."""
+    try:
+        signature = inspect.signature(send)
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind({}, "")
+    except TypeError:
+        return False
+    return True
+
+
 def takes_reply_id(send: Send) -> bool:
     """Does ``send`` take a ``reply_id`` keyword (the platform's dedupe key)?"""
     try:

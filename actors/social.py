@@ -96,7 +96,9 @@ class SocialService(SocialIngress):
         replies held for it (turns that ran before it was registered) leave now."""
         if not isinstance(platform, str) or not rules.PLATFORM_RE.fullmatch(platform):
             raise rules.InvalidSocialEvent("platform", "1-32 characters of a-z, 0-9 and _")
-        if not callable(send):
+        if not callable(send) or not channels.takes_route_and_text(send):
+            # One that cannot take them failed every reply, retried as if the platform
+            # were down, and settled it unsent.
             raise rules.InvalidSocialEvent("send", "give a callable send(reply_route, text)")
         if secret is not None and (not isinstance(secret, str | bytes) or not secret):
             # An empty key signs anything anyone can compute: the webhook would be open

@@ -540,6 +540,42 @@ def test_a_short_webhook_secret_is_refused_at_registration_without_quoting_it(
     assert rt.social.webhook_secret("slack") == b"k" * 16
 
 
+def _one_argument(text: str) -> None:
+    """An adapter written for the text alone."""
+
+
+async def _keyword_only(*, route: Mapping[str, Any], text: str) -> None:
+    """An adapter that takes its arguments by name only."""
+
+
+@pytest.mark.parametrize("send", [_one_argument, _keyword_only, lambda: None],
+                         ids=["one-argument", "keyword-only", "no-argument"])
+def test_an_adapter_that_cannot_take_a_route_and_a_text_is_refused_at_registration(
+        make_runtime: MakeRuntime, send: Any) -> None:
+    """``send(text)`` was registered as it was: every reply then failed four times with a
+    TypeError (retried as if the platform were down, for seconds), was settled as
+    ``failed`` and never sent, the mistake found in the log, reply after reply."""
+    rt = make_runtime(brain=lambda turn: None)
+    with pytest.raises(rules.InvalidSocialEvent) as info:
+        rt.social.register_channel("slack", send=send)
+    assert info.value.field == "send" and "send(reply_route, text)" in str(info.value)
+    assert rt.social.channels.get("slack") is None  # nothing registered
+
+
+def test_adapters_of_every_usual_shape_are_registered(make_runtime: MakeRuntime) -> None:
+    class Client:
+        def post(self, route: Mapping[str, Any], text: str, reply_id: str | None = None
+                 ) -> None: ...
+
+        def __call__(self, route: Mapping[str, Any], text: str) -> None: ...
+
+    rt = make_runtime(brain=lambda turn: None)
+    for send in (Client().post, Client(), print, lambda *args: None,
+                 lambda route, text, extra=1: None):
+        rt.social.register_channel("slack", send=send)
+        assert rt.social.channels.get("slack") is not None
+
+
 def _thread_event(text: str, event_id: str) -> dict[str, Any]:
     return {"platform": "slack", "sender_id": "U1", "sender_name": "name-U1",
             "thread_id": "T1", "text": text, "reply_route": {"channel": "C9", "ts": "T1"},
