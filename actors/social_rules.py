@@ -233,11 +233,15 @@ def normalize(raw: object, event_id: str, platform: str | None = None) -> Social
     route = raw.get("reply_route", {})
     if not isinstance(route, Mapping):
         raise InvalidSocialEvent("reply_route", "give a JSON object")
-    try:  # it is kept with the session as JSON: every key and value must be storable
-        stored = json.dumps(route, ensure_ascii=False, allow_nan=False)
+    try:  # it is kept with the session and the reply as JSON, its keys sorted: every key
+        # and value must be storable so (keys of two types cannot be sorted)
+        stored = json.dumps(route, ensure_ascii=False, allow_nan=False, sort_keys=True)
     except (TypeError, ValueError, RecursionError):
         raise InvalidSocialEvent("reply_route", "give a JSON object") from None
     _storable("reply_route", stored)
+    # As JSON gives it back: the adapter gets now what a restart gives it from the kept
+    # reply (string keys, lists), not the caller's own objects.
+    route = json.loads(stored)
     given_id = raw.get("event_id")
     if given_id is not None:
         if not isinstance(given_id, str) or not given_id.strip() or len(given_id) > 128:

@@ -52,6 +52,34 @@ def test_malformed_events_are_refused_with_the_field_named(raw: Any, field: str)
     assert info.value.field == field
 
 
+@pytest.mark.timeout(60)
+def test_a_reply_route_with_keys_json_cannot_order_is_refused_at_ingest(
+        social_rt: SocialRt) -> None:
+    """``{1: "a", "channel": "C9"}`` from a product's own code passed the check and got a
+    receipt; every turn of the thread then failed inside its commit (the route is kept
+    as JSON with sorted keys: TypeError), the chat tried again for ever, and a stop
+    died handing the event over, its wind-down cut short."""
+    rt, _, _ = social_rt
+    with pytest.raises(rules.InvalidSocialEvent) as info:
+        rt.social.ingest({**event(), "reply_route": {1: "a", "channel": "C9"}})
+    assert info.value.field == "reply_route"
+    with pytest.raises(rules.InvalidSocialEvent):
+        rt.social.ingest({**event(), "reply_route": {"channel": "C9", "meta": {2: 0, "x": 1}}})
+    assert rt.social.statistics()["accepted"] == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_reply_route_reaches_the_adapter_as_it_is_kept(social_rt: SocialRt) -> None:
+    """What the adapter gets is what a restart would give it from the kept reply: JSON's
+    (string keys, lists), not the product's own objects."""
+    rt, _, sent = social_rt
+    rt.social.ingest({**event(), "reply_route": {7: ("C9", "T1")}})
+    assert rt.social.wait_idle(20)
+    assert sent == [({"7": ["C9", "T1"]}, "echo: hello")]
+    stop_done = rt.stop(timeout=10)
+    assert rt.state == "stopped", stop_done
+
+
 def test_an_attachment_at_its_limits_reaches_the_envelope_whole() -> None:
     """Attachment fields over their limits used to be cut in silence (a pre-signed URL cut
     at 2048 characters fails where the turn opens it); now they are refused (above), and
