@@ -230,7 +230,9 @@ def normalize(raw: object, event_id: str, platform: str | None = None) -> Social
     attachments = _attachments(raw.get("attachments"))
     if not text and not attachments:
         raise InvalidSocialEvent("text", "give text or at least one attachment")
-    route = raw.get("reply_route", {})
+    route = raw.get("reply_route")
+    if route is None:  # absent, or null as every other optional field may be
+        route = {}
     if not isinstance(route, Mapping):
         raise InvalidSocialEvent("reply_route", "give a JSON object")
     try:  # it is kept with the session and the reply as JSON, its keys sorted: every key

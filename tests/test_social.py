@@ -52,6 +52,16 @@ def test_malformed_events_are_refused_with_the_field_named(raw: Any, field: str)
     assert info.value.field == field
 
 
+def test_a_null_reply_route_is_no_route_as_every_other_optional_field_null_is() -> None:
+    """A bridge that writes every field (``"reply_route": null`` for none) had its event
+    refused (422) while a null ``sender_name``, ``attachments`` or ``event_id`` passed as
+    absent: the platform's retries were refused the same way, and the message was lost."""
+    raw = {**event(), "reply_route": None, "sender_name": None, "attachments": None,
+           "event_id": None}
+    normalized = rules.normalize(raw, "e1")
+    assert (normalized.reply_route, normalized.event_id) == ({}, "e1")
+
+
 @pytest.mark.timeout(60)
 def test_a_reply_route_with_keys_json_cannot_order_is_refused_at_ingest(
         social_rt: SocialRt) -> None:
