@@ -85,8 +85,8 @@ class SocialService(SocialIngress):
             ids = frozenset(sender_ids)
         except TypeError:  # not iterable, or an entry that is no id (a dict, a list)
             raise rules.InvalidSocialEvent("sender_id", "give a list of sender ids") from None
-        if not all(isinstance(i, str) and i for i in ids):
-            raise rules.InvalidSocialEvent("sender_id", "allowlist entries are non-empty ids")
+        for sender_id in ids:  # each one an event can carry: else it denies in silence
+            rules.allowed_sender(sender_id)
         with self._lock:
             self._allow[platform] = ids
 

@@ -279,6 +279,19 @@ def session_id_for(platform: str, thread_id: str) -> str:
     return f"{SESSION_PREFIX}{platform}-h_{digest}"
 
 
+def allowed_sender(value: object) -> str:
+    """``value`` as an allowlist entry: an id an event's sender can have (:func:`normalize`
+    strips it and keeps it to one line), else :class:`InvalidSocialEvent`. One no event
+    can carry (``" U2"``, from ``"U1, U2".split(",")``) denied its sender in silence."""
+    if not isinstance(value, str) or not value:
+        raise InvalidSocialEvent("sender_id", "allowlist entries are non-empty ids")
+    if value != value.strip() or len(value) > MAX_ID:
+        raise InvalidSocialEvent("sender_id", f"the allowlist entry {quoted(value)} is no "
+                                              f"sender id an event can have (at most {MAX_ID} "
+                                              "characters, no surrounding whitespace)")
+    return _one_line("sender_id", _storable("sender_id", value))
+
+
 def authorized(allowlist: Mapping[str, frozenset[str]], platform: str, sender_id: str) -> bool:
     """True when ``sender_id`` is on the platform's allowlist (an empty list denies)."""
     return sender_id in allowlist.get(platform, frozenset())

@@ -329,6 +329,12 @@ def test_a_handed_over_event_answering_before_its_channel_is_registered_is_sent_
     ("slack", [["U1"]], "sender_id"),  # unhashable
     ("slack", 7, "sender_id"),
     ("slack", ["U1", ""], "sender_id"),
+    # "U1, U2".split(","): no event's sender id is " U2" (an event's is stripped), so U2
+    # was denied in silence, as any entry no event can carry.
+    ("slack", ["U1", " U2"], "sender_id"),
+    ("slack", ["U1\n"], "sender_id"),
+    ("slack", ["U\t1"], "sender_id"),
+    ("slack", ["U" * 257], "sender_id"),
     ("Sl-ack", ["U1"], "platform"),
     (None, ["U1"], "platform"),
 ])
