@@ -213,9 +213,13 @@ class PeerService:
                 del self.links[link.device_id]
         return True
 
-    def link_for(self, device_id: str) -> PeerLink | None:
+    def link_for(self, device_id: str, *, wake: bool = False) -> PeerLink | None:
         """The device's link, started on first use (None in a send-only runtime, or once
-        the service is stopping: the device's rows wait in the journal for the next start)."""
+        the service is stopping: the device's rows wait in the journal for the next start).
+
+        ``wake``: it looks at its rows again (a send committed some). Woken under the
+        lock :meth:`let_go` takes: woken after the look-up, a link that had just found
+        nothing to fail could end in between, and the rows waited for the device scan."""
         if not self.delivering:
             return None
         with self._lock:
@@ -225,14 +229,15 @@ class PeerService:
             if link is None:
                 link = self.links[device_id] = PeerLink(self, device_id)
                 link.start()
+            if wake:
+                link.wake()
         return link
 
     def wake_all(self) -> None:
-        """Every link looks at its rows again."""
+        """Every link looks at its rows again (under the lock, as :meth:`link_for`)."""
         with self._lock:
-            links = list(self.links.values())
-        for link in links:
-            link.wake()
+            for link in self.links.values():
+                link.wake()
 
     def random(self, n: int) -> bytes:
         """Randomness for nonces, tokens and seals."""
@@ -249,10 +254,10 @@ class PeerService:
                                          refusal.reason, self.ctx.now()):
             return False
         log.warning("peer %s refused this device: %s", rec.device_id, refusal.reason)
-        with self._lock:
+        with self._lock:  # as link_for(wake=True), without starting one
             link = self.links.get(rec.device_id)
-        if link is not None:
-            link.wake()
+            if link is not None:
+                link.wake()
         return True
 
     def unproven(self, rec: DeviceRecord, reason: str) -> None:
@@ -322,9 +327,7 @@ class PeerService:
         msgs = [self._message(caller_id, rec, t, session) for t in texts]
 
         def wake_link() -> None:
-            link = self.link_for(rec.device_id)
-            if link is not None:
-                link.wake()
+            self.link_for(rec.device_id, wake=True)
         results = []
         for first in range(0, len(msgs), 500):
             results += out.send(msgs[first:first + 500], after=wake_link)

@@ -69,3 +69,57 @@ def test_a_revoked_devices_link_ends_and_a_later_send_still_fails(tmp_path: Path
         wait_for(lambda: not link_threads(device), 30, "its link to end")
     finally:
         rt.stop()
+
+
+def test_a_send_racing_the_revoked_links_let_go_keeps_it_looking(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A send woke the link it looked up outside the service's lock: the link, having found
+    nothing to fail, could let go in between, and the wake fell on a link that had ended.
+    The row then waited for the device scan (up to a second, more under load) instead of
+    being failed at once. Here the test plays the link's part and lets go exactly there."""
+    from kinbox.actors import peers as peers_module
+
+    outcomes: list[bool] = []
+    racers: list[threading.Thread] = []
+
+    class RacingLink(peers_module.PeerLink):
+        armed = True
+
+        def start(self) -> None:
+            pass  # no thread of its own: the test says when it lets go
+
+        def wake(self) -> None:
+            if RacingLink.armed:
+                RacingLink.armed = False
+                lock = self.svc._lock  # which side of the lock the wake is on
+                if lock.locked():  # woken under the lock: its let_go can only come after
+                    racers.append(threading.Thread(
+                        target=lambda: outcomes.append(self.svc.let_go(self))))
+                    racers[-1].start()
+                else:  # woken outside it: the link's let_go fits before the wake
+                    outcomes.append(self.svc.let_go(self))
+            super().wake()
+
+    monkeypatch.setattr(peers_module, "PeerLink", RacingLink)
+    monkeypatch.setattr(peers_module, "DEVICE_SCAN_SECONDS", 3600.0)  # no scan to rescue it
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    rt = Runtime(db=url, brain=quiet_brain, clock=ManualClock(),
+                 data_dir=tmp_path / "data").start()
+    try:
+        me = rt.create_session(None, "sender").id
+        peer = DeviceIdentity.generate()
+        device = peer.device_id
+        rt.peers.peers.save_outbound(
+            device, "gone", peer.public_key, "http://127.0.0.1:9",
+            rt.peers.identity.seal(new_token(os.urandom(32)), os.urandom(SEAL_NONCE_BYTES)),
+            frozenset({"agent"}), rt.clock.now())
+        rt.peers.peers.set_status(device, "revoked", rt.clock.now(), direction=OUTBOUND)
+        link = rt.peers.link_for(device)  # the revoked device's link, found nothing yet
+        assert isinstance(link, RacingLink)
+        rt.peers.send_many(me, f"peer:{device}", ["hello"])
+        for t in racers:
+            t.join(30)
+        assert outcomes == [False], "the link let go of a device a send had just woken"
+        assert rt.peers.links.get(device) is link and link.woken
+    finally:
+        rt.stop()
