@@ -12,6 +12,10 @@ refusing device (but ``delivered`` for the rows its refusal says it committed: t
 acks a lost link did not bring back), a release (no attempt counted) of what it holds when it
 stops. After a restart it simply finds its rows again. No rule lives here.
 
+The link of a paused or revoked device ends once it has failed the device's rows
+(:meth:`~.peers.PeerService.let_go`): a send, rows another process queued or a resume
+(the device scan finds those) start one again.
+
 Paused or revoked on this side (``kinbox peers pause|revoke --direction
 outbound``), a live link sends nothing more but waits up to
 :data:`DRAIN_SECONDS` for the acks of the frames already sent: the receiver
@@ -154,8 +158,8 @@ class PeerLink:
         return window.rows
 
     def _step(self) -> bool:
-        """One look at the device's rows; False once the link ends (revoked, nothing left
-        to fail)."""
+        """One look at the device's rows; False once the link ends (paused or revoked,
+        nothing left to fail)."""
         rec = self.svc.peers.device(self.device_id, OUTBOUND)
         if rec is None:
             self._idle_wait()
@@ -165,17 +169,18 @@ class PeerLink:
             self._wake.wait(5.0)  # not this process's rows: look again if it pairs anew
             self._wake.clear()
             return True
-        revoked = rec.status == "revoked"
-        if revoked:  # a send committed after this claim's read wakes the link again
+        closed = token is None  # paused or revoked
+        if closed:  # a send committed after this claim's read wakes the link again
             self._wake.clear()
         # Paused or revoked (here, or by the device's signed refusal): every open row fails
         # now, those waiting for a backoff too (they stayed queued up to an hour).
-        rows = self._claim(0, self.window, waiting_too=token is None)
+        rows = self._claim(0, self.window, waiting_too=closed)
         if not rows:
-            # Revoked for good (pairing anew makes a new grant): nothing to fail, nothing
-            # to poll for. A later send starts a link again (the device scan finds another
-            # process's), one woken meanwhile looks once more.
-            if revoked and self.svc.let_go(self):
+            # Nothing to fail, and nothing to poll for: a revoked grant is never active
+            # again (pairing anew makes a new one), and a resume of a paused one is found
+            # by the device scan, which starts a link again, as a later send does (the scan
+            # finds another process's). One woken meanwhile looks once more.
+            if closed and self.svc.let_go(self):
                 return False
             self._idle_wait()
             return True

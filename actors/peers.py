@@ -192,11 +192,12 @@ class PeerService:
 
     def _link_every_device(self) -> None:
         """A link for each outbound device (:meth:`link_for`: one already running stays),
-        but a revoked one's only while it has open rows (its link fails them and ends)."""
+        but a paused or revoked one's only while it has open rows (its link fails them
+        and ends); a paused one resumed since gets its link back here."""
         if not self.delivering:
             return
         for rec in self.peers.devices(OUTBOUND):
-            if rec.status == "revoked":
+            if rec.status != "active":
                 with self._lock:
                     linked = rec.device_id in self.links
                 if not linked and self.outbox.next_due(peer_target(rec.device_id)) is None:
@@ -204,8 +205,8 @@ class PeerService:
             self.link_for(rec.device_id)
 
     def let_go(self, link: PeerLink) -> bool:
-        """``link`` (of a revoked device, with no row left to fail) ends: False, keeping
-        it, when a send woke it since its last look (it looks again)."""
+        """``link`` (of a paused or revoked device, with no row left to fail) ends: False,
+        keeping it, when a send woke it since its last look (it looks again)."""
         with self._lock:
             if link.woken:
                 return False
@@ -280,7 +281,8 @@ class PeerService:
     def pair(self, url: str, code: str, name: str = "") -> DeviceRecord:
         """Redeem a pairing code printed by ``kinbox peers invite`` on the other device."""
         rec = complete_pairing(self.identity, self.peers, url, code, name, self.ctx.now())
-        self.link_for(rec.device_id)
+        # Woken: a link of the device paused before, letting go, looks again (now active).
+        self.link_for(rec.device_id, wake=True)
         return rec
 
     # -- the agent tools on peer:<id> ------------------------------------------------------

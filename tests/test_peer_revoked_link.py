@@ -1,4 +1,4 @@
-"""The link of a device revoked here ends once it has failed the device's rows.
+"""The link of a device revoked (or paused) here ends once it has failed the device's rows.
 
 A revoked grant is never active again (pairing anew makes a new one). Its link still ran
 for as long as the runtime did: a thread per revoked device, each claiming through the
@@ -121,5 +121,51 @@ def test_a_send_racing_the_revoked_links_let_go_keeps_it_looking(
             t.join(30)
         assert outcomes == [False], "the link let go of a device a send had just woken"
         assert rt.peers.links.get(device) is link and link.woken
+    finally:
+        rt.stop()
+
+
+def test_a_paused_devices_link_ends_and_a_resume_starts_it_again(tmp_path: Path) -> None:
+    """A paused device's link claimed through the writer and read the journal every second
+    for as long as the device stayed paused, a thread per paused device, for nothing: its
+    rows fail at once, and a send wakes it. Now it ends as a revoked one's does; a send, or
+    rows another process queued, start one that fails them, and a resume (here, or by
+    another process's `kinbox peers resume`) is found by the device scan, which starts the
+    link that sends again."""
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    rt = Runtime(db=url, brain=quiet_brain, clock=ManualClock(),
+                 data_dir=tmp_path / "data").start()
+    try:
+        me = rt.create_session(None, "sender").id
+        peer = DeviceIdentity.generate()
+        device = peer.device_id
+        rt.peers.peers.save_outbound(
+            device, "laptop", peer.public_key, "http://127.0.0.1:9",
+            rt.peers.identity.seal(new_token(os.urandom(32)), os.urandom(SEAL_NONCE_BYTES)),
+            frozenset({"agent"}), rt.clock.now())
+        rt.peers.peers.set_status(device, "paused", rt.clock.now(), direction=OUTBOUND)
+        [sent] = rt.peers.send_many(me, f"peer:{device}", ["hello"])
+        wait_for(lambda: status_of(rt, sent["message_id"]) == "failed", 30,
+                 "the row to the paused device to fail")
+        wait_for(lambda: not link_threads(device), 30, "the paused device's link to end")
+        rt.peers._link_every_device()  # the device scan: nothing to fail, no link
+        assert not link_threads(device) and device not in rt.peers.links
+
+        with Runtime(db=url, data_dir=tmp_path / "data") as sender:  # runs no link
+            [queued] = sender.peers.send_many(me, f"peer:{device}", ["from elsewhere"])
+        wait_for(lambda: status_of(rt, queued["message_id"]) == "failed", 30,
+                 "the row another process queued to fail")
+        wait_for(lambda: not link_threads(device), 30, "its link to end again")
+
+        # Resumed by another process: the scan starts the link, which tries the device.
+        with Runtime(db=url, data_dir=tmp_path / "data") as other:
+            other.peers.peers.set_status(device, "active", other.clock.now(),
+                                         direction=OUTBOUND)
+        wait_for(lambda: device in rt.peers.links, 30, "the resumed device's link to start")
+        [resumed] = rt.peers.send_many(me, f"peer:{device}", ["back again"])
+        row = lambda: next(r for r in rt.inbox() if r["message_id"] == resumed["message_id"])  # noqa: E731
+        wait_for(lambda: row()["status"] == "pending" and row()["attempts"] == 1, 30,
+                 "the link to try the unreachable device")
+        assert link_threads(device)
     finally:
         rt.stop()
