@@ -38,8 +38,21 @@ class LinkEffects:
 
     def opened(self) -> None:
         """The peer proved its key: note the device as seen now."""
+        self._touch()
+
+    def _touch(self) -> None:
+        """Note the device as seen now (``kinbox peers list``), when the database takes the
+        note: it is bookkeeping, and refused, it must not end the link (it ended each one
+        at its welcome, so nothing was sent for as long as the note was refused) nor skip
+        the hand-back of a claim under way (its rows then waited out their lease)."""
         self._touched = time.monotonic()
-        self.svc.peers.touch(self.device_id, OUTBOUND, self.svc.ctx.now())
+        try:
+            self.svc.peers.touch(self.device_id, OUTBOUND, self.svc.ctx.now())
+        except WriterClosed:
+            raise
+        except PersistenceError as exc:
+            log.warning("noting peer %s as seen failed: %s", self.device_id,
+                        type(exc).__name__)
 
     def settled(self, acks: PendingAcks, wait: bool) -> PendingAcks:
         """Report the committed acks; return those still on their way. Rows whose ack the
@@ -70,8 +83,7 @@ class LinkEffects:
                 if mid not in lost:
                     ctx.emit("peer_acked", message_id=mid, device_id=self.device_id)
             if time.monotonic() - self._touched > 1.0:  # "last seen", not per message
-                self._touched = time.monotonic()
-                self.svc.peers.touch(self.device_id, OUTBOUND, ctx.now())
+                self._touch()
         return waiting
 
     def settle_now(self, acked: list[str]) -> None:
