@@ -52,6 +52,7 @@ from .errors import ConfigError, PairingFailed, ToolError
 from .ids import short
 from .outbox import Writes
 from .peer_link import PeerLink, peer_target
+from .validation import SEND_LIMIT, require_message
 
 log = logging.getLogger("kinbox.peers")
 
@@ -326,7 +327,10 @@ class PeerService:
             raise ToolError("invalid_argument", "session must be 1 to 64 letters, digits, "
                             f"'_' or '-', got {session!r}.")
         out = writes if writes is not None else Writes(self.ctx, None)
-        msgs = [self._message(caller_id, rec, t, session) for t in texts]
+        # The agent_send rules (rt.post's too): a blank text passed the frame's own check,
+        # was committed, and failed at the receiver after a round trip.
+        msgs = [self._message(caller_id, rec, require_message(t, SEND_LIMIT), session)
+                for t in texts]
 
         def wake_link() -> None:
             self.link_for(rec.device_id, wake=True)
