@@ -40,7 +40,7 @@ from kinbox.transport.invite_code import new_code, parse_code
 from kinbox.transport.peer_client import pair_with
 
 from .helpers import quiet_brain, wait_for
-from .peer_harness import CuttingProxy, Receiver, free_port, port_open
+from .peer_harness import CuttingProxy, Receiver, cli, free_port, port_open
 
 DIRECT: dict[str, Any] = (
     {"legacy": True} if tuple(int(p) for p in websockets_version.split(".")[:2]) >= (17, 1)
@@ -687,6 +687,29 @@ def test_a_revoke_is_heard_on_a_new_link_as_a_refusal_signed_by_the_peer(
     row = sender.context.journal.get(mid)
     assert row["attempts"] == 1 and "revoked" in row["last_error"]
     assert sender.peers.peers.device(rec.device_id, OUTBOUND).status == "revoked"  # type: ignore[union-attr]
+
+
+def test_a_pause_heard_from_the_device_and_both_resumes_let_messages_through_again(
+        receiver: Receiver, sender: Runtime, tmp_path: Path) -> None:
+    """The device pauses this one: the next link's refusal records it paused here and fails
+    the row; its link then ends (nothing to carry while paused). Resumed there and here
+    (`kinbox peers resume` on the sender's database, another command's write), the device
+    scan starts the link again and the next message is delivered."""
+    rec = sender.peers.pair(receiver.http, receiver.invite())
+    me = sender.peers.identity.device_id
+    receiver.peers("pause", me)
+    [mid] = send_many(sender, rec.device_id, 1)
+    wait_for(lambda: sender.context.journal.get(mid)["status"] == "failed", 30, "the failure")
+    assert sender.peers.peers.device(rec.device_id, OUTBOUND).status == "paused"  # type: ignore[union-attr]
+    wait_for(lambda: rec.device_id not in sender.peers.links, 30, "the paused link to end")
+
+    receiver.peers("resume", me)
+    cli("peers", "resume", rec.device_id, "--db", f"sqlite:///{tmp_path / 'a' / 'sender.db'}")
+    wait_for(lambda: rec.device_id in sender.peers.links, 30, "the scan to start the link")
+    [again] = send_many(sender, rec.device_id, 1)
+    wait_for(lambda: sender.context.journal.get(again)["status"] == "delivered", 30,
+             "the message after both resumes")
+    assert receiver.peer_rows(me) == [f"peer-{me}-{again}"]
 
 
 STRANGERS = ["http 403 revoked", "another device's challenge", "an unsigned refusal",
