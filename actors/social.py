@@ -53,7 +53,7 @@ from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
 
-from ..persistence import PersistenceError
+from ..persistence import PersistenceError, WriterClosed
 from . import channels
 from . import social_rules as rules
 from .context import HookReads, RuntimeContext, TurnEffects
@@ -200,23 +200,41 @@ class SocialService(SocialIngress):
             events = [*self._in_turn.values(), *self._unstarted.values()]
             self._in_turn.clear()
             self._unstarted.clear()
-        handed = 0
-        for event in events:
+        handed = lost = 0
+        for done, event in enumerate(events):
             with self._lock:
                 allowed = rules.authorized(self._allow, event.platform, event.sender_id)
             if not allowed:
                 continue
             try:
-                self._to_inbox(event)
+                self._hand_over_one(event)
                 handed += 1
-            except PersistenceError as exc:  # the database is gone: nothing more can be kept
-                log.error("social ingress stopped: %d accepted events could not be kept "
-                          "(%s)", len(events) - handed, exc)
-                return handed
+            except WriterClosed:  # nothing more can be kept
+                lost += len(events) - done
+                break
+            except Exception as exc:  # this event's alone: the others are tried all the same
+                lost += 1
+                # Its type only above DEBUG: an error's text may quote the event's.
+                log.error("social event %s could not be kept (%s)", event.event_id,
+                          type(exc).__name__)
+                log.debug("social event %s could not be kept", event.event_id, exc_info=True)
+        if lost:
+            log.error("social ingress stopped: %d accepted events could not be kept", lost)
         if handed:
             log.warning("social ingress stopped: %d accepted events not yet run were handed "
                         "to the inbox; they run at the next start", handed)
         return handed
+
+    def _hand_over_one(self, event: rules.SocialEvent) -> None:
+        """:meth:`_to_inbox`, once more after a failed write: a write that timed out or met
+        a busy database is withdrawn or may have committed, and the enqueue is idempotent
+        (one row however often), so the second try keeps it or finds it kept."""
+        try:
+            self._to_inbox(event)
+        except WriterClosed:
+            raise
+        except PersistenceError:
+            self._to_inbox(event)
 
     # -- replies of inbox turns --------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import pytest
 
 from kinbox.actors import Runtime, RuntimeStateError, Turn
 from kinbox.actors import social_rules as rules
-from kinbox.persistence import RowNotFound
+from kinbox.persistence import RowNotFound, WriteTimeout
 from kinbox.persistence.driver_errors import OperationalError
 
 from .conftest import Stores
@@ -463,6 +463,52 @@ def test_an_async_brain_answers_social_events_and_takes_steering(
     go_on.set()
     assert rt.social.wait_idle(10)
     assert sent == ["got one, two"]
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_write_at_the_hand_over_loses_that_event_alone_if_any(
+        make_runtime: MakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
+    """The stop's hand-over gave up at its first failed write: one write that timed out
+    (a busy writer) lost every accepted event after it, though each had its 202. A failed
+    write is tried once more (an enqueue is idempotent), and one that fails again costs
+    that event alone."""
+    running = threading.Semaphore(0)
+
+    def brain(turn: Turn) -> str:
+        text = turn.messages[0].content.splitlines()[-1]
+        if text.startswith("hold"):  # occupies a pool thread until the stop asks it to end
+            running.release()
+            assert turn.wait_stop_requested(20)
+        return f"echo: {text}"
+
+    rt = make_runtime(brain=brain)
+    rt.social.allow("slack", ["U1"])
+    rt.social.register_channel("slack", send=lambda route, text: None)
+    for i in range(4):  # every thread of the direct-turn pool
+        rt.social.ingest(event(f"hold {i}", thread=f"T{i}"))
+    for _ in range(4):
+        assert running.acquire(timeout=10)
+    for i in range(4):
+        rt.social.ingest(event(f"queued {i}", thread=f"Q{i}"))
+    wait_for(lambda: rt.social.statistics()["queued_now"] == 0, 10, "the consumer routing")
+    real = rt.social._to_inbox
+    tries: dict[str, int] = {}
+    failing = {("queued 0", 1), ("queued 1", 1), ("queued 1", 2)}
+
+    def flaky(e: Any) -> None:  # queued 0's first write fails, queued 1's both
+        tries[e.text] = tries.get(e.text, 0) + 1
+        if (e.text, tries[e.text]) in failing:
+            raise WriteTimeout(5.0, withdrawn=True)
+        real(e)
+    rt.social._to_inbox = flaky  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="kinbox.social"):
+        rt.stop()
+    assert any("1 accepted events could not be kept" in r.message for r in caplog.records)
+
+    again = make_runtime(brain=lambda turn: None)
+    kept = {r["content"].splitlines()[-1] for r in again.inbox()}
+    assert {"queued 0", "queued 2", "queued 3"} <= kept
+    assert "queued 1" not in kept
 
 
 @pytest.mark.timeout(60)
