@@ -194,8 +194,15 @@ class CronJobs:
             raise rules.CronRunInProgress(job_id, running.id)
 
     def remove(self, job_id: str) -> dict[str, Any]:
-        """Delete a job and its run records (its session and transcript stay)."""
-        if lookup_key(job_id) is None or not self.store.delete(job_id):
+        """Delete a job and its run records (its session and transcript stay);
+        :class:`CronRunInProgress` while a run of it is in progress (its result would be
+        lost with it): remove it once that run ended."""
+        if lookup_key(job_id) is None:
+            raise rules.CronJobNotFound(str(job_id))
+        removal = self.store.delete(job_id, self.now())
+        if removal.live_run is not None:
+            raise rules.CronRunInProgress(job_id, removal.live_run, action="remove")
+        if not removal.removed:
             raise rules.CronJobNotFound(str(job_id))
         self.on_change(job_id, None)
         return {"job_id": job_id, "removed": True}

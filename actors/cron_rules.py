@@ -45,7 +45,8 @@ Errors::
         │                           prompt, delivery mode or time zone)
         ├── CronJobNotFound         .job_id
         ├── CronJobPaused           .job_id (a paused job cannot be triggered)
-        └── CronRunInProgress       .job_id, .run_id (nor one whose run is in progress)
+        └── CronRunInProgress       .job_id, .run_id, .action (nor one whose run is in
+                                    progress triggered or removed)
 """
 
 from __future__ import annotations
@@ -150,15 +151,20 @@ class CronJobPaused(CronError):
 class CronRunInProgress(CronError):
     """The job has a run in progress (running, or handed back to run again): a trigger now
     would be the "still active" error run, not a run, so it is refused and nothing is
-    written; trigger it again once that run ended."""
+    written; trigger it again once that run ended. A removal is refused too while the run
+    is in progress on a live runtime: removed with its job, the run's turn could commit
+    nothing, and its result was lost."""
 
-    def __init__(self, job_id: str, run_id: str | None) -> None:
+    def __init__(self, job_id: str, run_id: str | None, *, action: str = "trigger") -> None:
         which = "" if run_id is None else f" ({quoted(run_id)})"
         super().__init__(f"cron job {quoted(job_id)} has a run in progress{which}; "
-                         "trigger it again once that run ended")
+                         f"{action} it again once that run ended")
         self.job_id = job_id
         self.run_id = run_id
         """The run; None when runs kept starting and ending while the trigger was tried."""
+        self.action = action
+        """What was refused: ``trigger``, or ``remove`` (removed with its job, the run's
+        result was lost)."""
 
 
 def session_id_for(job_id: str) -> str:

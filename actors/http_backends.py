@@ -4,7 +4,7 @@ Transport knows nothing of the runtime; these adapters give it what its
 Protocols ask for and translate the runtime's errors into
 :class:`~kinbox.transport.BackendRefused` with a precise status: 404 for an
 unknown job, 422 for invalid input, 409 for a paused job triggered (or one whose
-run is in progress), 503
+run is in progress, triggered or removed), 503
 when the social queue is full, this runtime runs no turns or it stopped, or the
 database fails, 504 when a write may yet commit (its database did not answer in
 time: read before retrying).

@@ -15,6 +15,7 @@ from .cron_store import (
     CronRunRecord,
     CronStore,
     Occurrence,
+    Removal,
     RunEnd,
 )
 from .database import (
@@ -118,6 +119,7 @@ __all__ = [
     "PruneBatch",
     "PruneCounts",
     "RateBuckets",
+    "Removal",
     "Reply",
     "RowNotFound",
     "RunEnd",

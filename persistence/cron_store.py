@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import peewee as pw
 
@@ -106,6 +106,23 @@ class Occurrence:
     or None (no run: a missed occurrence skipped)."""
     run_error: str | None = None
     """The error of a run recorded as failed at once."""
+
+
+class Removal(NamedTuple):
+    """What a job's removal (:meth:`CronStore.delete`) did."""
+
+    removed: bool
+    """The job was there, and is gone with its runs."""
+    live_run: str | None
+    """The run in progress that kept the job (nothing removed); None otherwise."""
+
+
+class _RunStarted(Exception):
+    """Inside a removal: a run of the job started meanwhile (undoes the removal)."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(run_id)
+        self.run_id = run_id
 
 
 @dataclass(frozen=True)
@@ -227,20 +244,42 @@ class CronStore:
             return _job(j.get(j.id == job_id))
         return self.writer.call(op)
 
-    def delete(self, job_id: str) -> bool:
-        """Remove a job and its runs; False when there was no such job."""
+    def delete(self, job_id: str, now: float) -> Removal:
+        """Remove a job and its runs, unless a run of it is in progress on a live runtime
+        (``running``, owned, its lease not out at ``now``): then nothing is removed and
+        :class:`Removal` names that run. Removed with its job, that run's turn went on,
+        its commit found no record to finish and was undone: its reply and transcript
+        lost, the removal answered as done. A run whose lease ran out (its runtime is
+        gone) or that was handed back runs nowhere, and goes with its job."""
         j, r = self.t.cron_job, self.t.cron_run
 
-        def op() -> bool:
+        def op() -> Removal:
+            live = self._live_run(job_id, now)
+            if live is not None:
+                return Removal(False, live)
             # The runs, then the job: the order finish_op and take_over lock them in.
-            # Then the runs again: on PostgreSQL the job's delete waits for a fire holding
-            # its row, whose run the first delete could not see (not committed yet); left,
-            # it stayed ``running`` with no job, taken over at each lease's end for ever.
             r.delete().where(r.job_id == job_id).execute()
             removed = bool(j.delete().where(j.id == job_id).execute())
+            # On PostgreSQL the job's delete waits for a fire holding its row, whose run
+            # the first delete could not see (not committed yet): that run is live, and
+            # the whole removal is undone (the writer's savepoint) rather than lose it.
+            live = self._live_run(job_id, now)
+            if live is not None:
+                raise _RunStarted(live)
             r.delete().where(r.job_id == job_id).execute()
-            return removed
-        return self.writer.call(op)
+            return Removal(removed, None)
+
+        try:
+            return self.writer.call(op)
+        except _RunStarted as exc:
+            return Removal(False, exc.run_id)
+
+    def _live_run(self, job_id: str, now: float) -> str | None:
+        """The id of the job's run in progress on a live runtime, if any."""
+        r = self.t.cron_run
+        row = r.select(r.id).where(r.job_id == job_id, r.status == "running",
+                                   r.owner.is_null(False), r.lease_until >= now).first()
+        return None if row is None else str(row.id)
 
     def move_due(self, now: float, written_after: float,
                  moved_to: Callable[[CronJobRecord], float | None]) -> list[CronJobRecord]:

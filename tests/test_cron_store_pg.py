@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from kinbox.persistence import CronJobRecord, CronStore, Occurrence
+from kinbox.persistence import CronJobRecord, CronStore, Occurrence, Removal
 
 from .conftest import Stores
 from .helpers import wait_for
@@ -66,21 +66,25 @@ def test_a_pause_committed_while_another_runtime_records_a_failed_run_holds(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("removed_at", [110.0, 200.0], ids=["run live", "lease ran out"])
 def test_a_job_removed_while_another_runtime_fires_it_leaves_no_run_behind(
-        pg_url: str) -> None:
+        pg_url: str, removed_at: float) -> None:
     """Runtime A fires the job (its UPDATE and its run's INSERT, uncommitted) while an
     operator removes it through B. B deleted the job's runs first (A's was not committed
     yet, so none), then waited for A's lock on the job and deleted it: A's run was left
     ``running`` with no job, taken over and dropped at every lease's end for ever (its
-    turn finds no job and never finishes it). The job goes first now, and its runs are
-    read after A committed."""
+    turn finds no job and never finishes it). The runs are read again after A committed:
+    A's run, live, undoes the removal (removed, its result was lost); a run whose lease
+    ran out by the removal's time goes with its job."""
     a, b = Stores(pg_url), Stores(pg_url)
     try:
         jobs_a, jobs_b = CronStore(a.tables, a.writer), CronStore(b.tables, b.writer)
         for job_id in ("job-a", "job-b"):  # fired in id order, in one transaction
             jobs_a.create(CronJobRecord(job_id, "nightly", "0 3 * * *", "UTC", "check", True,
                                         "none", 0, 100.0, None, None, None, 0.0, 0.0))
-        remove = threading.Thread(target=lambda: jobs_b.delete("job-a"))
+        removal: list[Removal] = []
+        remove = threading.Thread(
+            target=lambda: removal.append(jobs_b.delete("job-a", removed_at)))
 
         def decide(job: CronJobRecord, _running: object) -> Occurrence:
             if job.id == "job-b":  # job-a's run is inserted, not committed
@@ -93,8 +97,15 @@ def test_a_job_removed_while_another_runtime_fires_it_leaves_no_run_behind(
         remove.join(10)
         assert not remove.is_alive()
         assert sorted(r.job_id for r in runs) == ["job-a", "job-b"]
-        assert jobs_b.get("job-a") is None
-        assert [r.job_id for r in jobs_b.runs()] == ["job-b"]  # none of the removed job
+        run_a = next(r for r in runs if r.job_id == "job-a")
+        if removed_at < run_a.lease_until:  # the run is live: nothing removed
+            assert removal == [Removal(False, run_a.id)]
+            assert jobs_b.get("job-a") is not None
+            assert sorted(r.job_id for r in jobs_b.runs()) == ["job-a", "job-b"]
+        else:
+            assert removal == [Removal(True, None)]
+            assert jobs_b.get("job-a") is None
+            assert [r.job_id for r in jobs_b.runs()] == ["job-b"]  # none of the removed job
     finally:
         a.close()
         b.close()

@@ -8,7 +8,7 @@
     POST   /cron/jobs/{job_id}/trigger     run it now
     POST   /cron/jobs/{job_id}/pause       stop its schedule
     POST   /cron/jobs/{job_id}/resume      restart it, retries reset
-    DELETE /cron/jobs/{job_id}             remove it and its runs
+    DELETE /cron/jobs/{job_id}             remove it and its runs (409 while one runs)
     GET    /cron/jobs/{job_id}/runs        its runs, newest first (?limit=, ?offset=)
     GET    /cron/runs                      every job's runs (?limit=, ?offset=)
     POST   /cron/announcements/drain       take the UI's announcements of finished runs:
