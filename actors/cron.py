@@ -129,13 +129,18 @@ class CronService:
         delivery: Any = "announce",
         timezone: Any = "UTC",
         active: bool = True,
+        idempotency_key: Any = None,
     ) -> dict[str, Any]:
-        """Create a job (``cron`` a crontab expression); nothing is written if invalid."""
-        job = self.definitions.add(
-            name, cron, prompt, delivery=delivery, timezone=timezone, active=active
+        """Create a job (``cron`` a crontab expression); nothing is written if invalid.
+        ``idempotency_key``: a repeat of this add (its answer lost) answers the job it
+        added; another job with the key is :class:`CronJobConflict`."""
+        added = self.definitions.added(
+            name, cron, prompt, delivery=delivery, timezone=timezone, active=active,
+            idempotency_key=idempotency_key,
         )
-        self.ctx.emit("cron_added", job_id=job["job_id"], cron=job["cron"])
-        return job
+        if added.new:  # not an earlier add's job, answered again
+            self.ctx.emit("cron_added", job_id=added.job["job_id"], cron=added.job["cron"])
+        return added.job
 
     def job(self, job_id: str) -> dict[str, Any]:
         """One job."""

@@ -12,7 +12,7 @@ is listed like any other.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..persistence import (
     CronJobRecord,
@@ -65,6 +65,15 @@ def _cut(records: list[Any], limit: int) -> tuple[list[dict[str, Any]], bool]:
     return [r.to_dict() for r in records[:limit]], len(records) > limit
 
 
+class Added(NamedTuple):
+    """What an add did."""
+
+    job: dict[str, Any]
+    """The job, as :meth:`CronJobs.job` shows it."""
+    new: bool
+    """Added by this call (False: an earlier add's, with the same idempotency key)."""
+
+
 class CronJobs:
     """Cron job definitions on one database."""
 
@@ -80,22 +89,40 @@ class CronJobs:
         the job is gone); the runtime re-arms APScheduler."""
 
     def add(self, name: Any, cron: Any, prompt: Any, *, delivery: Any = "announce",
-            timezone: Any = "UTC", active: bool = True) -> dict[str, Any]:
-        """Create a job; nothing is written if any field is invalid."""
+            timezone: Any = "UTC", active: bool = True,
+            idempotency_key: Any = None) -> dict[str, Any]:
+        """Create a job; nothing is written if any field is invalid. With an
+        ``idempotency_key`` another add gave, that add's job is answered (the same
+        definition: a retry whose first answer was lost) or :class:`CronJobConflict`
+        raised (another), and nothing is written."""
+        return self.added(name, cron, prompt, delivery=delivery, timezone=timezone,
+                          active=active, idempotency_key=idempotency_key).job
+
+    def added(self, name: Any, cron: Any, prompt: Any, *, delivery: Any = "announce",
+              timezone: Any = "UTC", active: bool = True,
+              idempotency_key: Any = None) -> Added:
+        """:meth:`add`, saying whether the job is new or an earlier add's."""
         name, prompt, delivery = rules.check_fields(name, prompt, delivery)
+        key = rules.check_idempotency_key(idempotency_key)
         if not isinstance(timezone, str) or unstorable(timezone) is not None:
             raise rules.InvalidCronJob("timezone", "give an IANA time zone name")
         now = self.now()
         upcoming = next_fire_or_never(cron, now, timezone)  # parses it: malformed, never fires
         job = CronJobRecord(f"cj_{short(self.new_id(), 10)}", name, cron.strip(), timezone, prompt,
                             bool(active), delivery, 0, upcoming if active else None,
-                            None, None, None, now, now)
+                            None, None, None, now, now, idempotency_key=key)
         # The job and its session in one transaction: made in two, a failed session write
         # answered the add as failed with the job committed, and the caller's retry added
         # a second job, each run of the schedule twice.
-        self.store.create(job, also=lambda: self._create_session_now(job, now))
+        stored = self.store.create(job, also=lambda: self._create_session_now(job, now))
+        if stored.id != job.id:  # the key's earlier add
+            assert key is not None
+            differ = rules.differing_fields(stored.to_dict(), job.to_dict())
+            if differ:
+                raise rules.CronJobConflict(stored.id, key, differ)
+            return Added(stored.to_dict(), False)
         self.on_change(job.id, job.next_run_at)
-        return job.to_dict()
+        return Added(job.to_dict(), True)
 
     def ensure_session(self, job: CronJobRecord) -> str:
         """The job's session, created if it does not exist yet."""

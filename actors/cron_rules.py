@@ -45,8 +45,10 @@ Errors::
         │                           prompt, delivery mode or time zone)
         ├── CronJobNotFound         .job_id
         ├── CronJobPaused           .job_id (a paused job cannot be triggered)
-        └── CronRunInProgress       .job_id, .run_id, .action (nor one whose run is in
-                                    progress triggered or removed)
+        ├── CronRunInProgress       .job_id, .run_id, .action (nor one whose run is in
+        │                           progress triggered or removed)
+        └── CronJobConflict         .job_id, .idempotency_key, .fields (an add whose key
+                                    another job was added with, that job different)
 """
 
 from __future__ import annotations
@@ -72,6 +74,13 @@ EXPRESSION_LIMIT = 512
 value of every field listed one by one is under 400; a longer one only costs CPU at each
 next-run computation (a 240 KB one took a second). Here, with the rules, so the tool
 schemas can state it."""
+
+
+IDEMPOTENCY_KEY_LIMIT = 128
+"""Longest idempotency key an add takes, in characters (the column is as wide:
+``kinbox.persistence.IDEMPOTENCY_KEY_CHARS``, which a test holds equal)."""
+DEFINITION_FIELDS = ("name", "cron", "timezone", "prompt", "delivery")
+"""What a job's add asks for: a repeat of the add (its idempotency key) asks the same."""
 
 
 MACHINE_ZONES = {
@@ -165,6 +174,38 @@ class CronRunInProgress(CronError):
         self.action = action
         """What was refused: ``trigger``, or ``remove`` (removed with its job, the run's
         result was lost)."""
+
+
+class CronJobConflict(CronError):
+    """An add's idempotency key is another add's, whose job differs from this one: not a
+    retry of that add (a retry answers its job), so nothing is added."""
+
+    def __init__(self, job_id: str, idempotency_key: str, fields: tuple[str, ...]) -> None:
+        super().__init__(f"idempotency key {quoted(idempotency_key)} added cron job "
+                         f"{quoted(job_id)}, whose {', '.join(fields)} differ from this "
+                         "request's: use a new key for another job")
+        self.job_id = job_id
+        self.idempotency_key = idempotency_key
+        self.fields = fields
+        """The fields (of :data:`DEFINITION_FIELDS`) in which the two differ."""
+
+
+def check_idempotency_key(key: object) -> str | None:
+    """``key`` as an add's idempotency key (None: none given); :class:`InvalidCronJob`
+    unless it is 1 to :data:`IDEMPOTENCY_KEY_LIMIT` printable ASCII characters (an HTTP
+    header's value, kept as given)."""
+    if key is None:
+        return None
+    if not (isinstance(key, str) and 0 < len(key) <= IDEMPOTENCY_KEY_LIMIT
+            and key.isascii() and key.isprintable()):
+        raise InvalidCronJob("idempotency_key", f"give 1 to {IDEMPOTENCY_KEY_LIMIT} "
+                                                "printable ASCII characters")
+    return key
+
+
+def differing_fields(stored: dict[str, object], asked: dict[str, object]) -> tuple[str, ...]:
+    """The :data:`DEFINITION_FIELDS` in which a stored job and an add's request differ."""
+    return tuple(f for f in DEFINITION_FIELDS if stored.get(f) != asked.get(f))
 
 
 def session_id_for(job_id: str) -> str:

@@ -4,7 +4,7 @@ Transport knows nothing of the runtime; these adapters give it what its
 Protocols ask for and translate the runtime's errors into
 :class:`~kinbox.transport.BackendRefused` with a precise status: 404 for an
 unknown job, 422 for invalid input, 409 for a paused job triggered (or one whose
-run is in progress, triggered or removed), 503
+run is in progress, triggered or removed, or an idempotency key another job's), 503
 when the social queue is full, this runtime runs no turns or it stopped, or the
 database fails, 504 when a write may yet commit (its database did not answer in
 time: read before retrying).
@@ -35,7 +35,8 @@ ACTIONS = ("trigger", "pause", "resume", "remove")
 def _refusal(exc: Exception) -> BackendRefused:
     if isinstance(exc, cron_rules.CronJobNotFound):
         return BackendRefused(404, "not_found", str(exc))
-    if isinstance(exc, cron_rules.CronJobPaused | cron_rules.CronRunInProgress):
+    if isinstance(exc, cron_rules.CronJobPaused | cron_rules.CronRunInProgress
+                  | cron_rules.CronJobConflict):
         return BackendRefused(409, "conflict", str(exc))
     if isinstance(exc, cron_rules.InvalidCronExpression | cron_rules.InvalidCronJob):
         return BackendRefused(422, "invalid_argument", str(exc), field=exc.field)
@@ -92,12 +93,13 @@ class CronHttpBackend:
         with answered(self.rt):
             return self.cron.job(job_id)
 
-    def add(self, fields: dict[str, Any]) -> dict[str, Any]:
+    def add(self, fields: dict[str, Any], idempotency_key: str | None) -> dict[str, Any]:
         """``POST /cron/jobs``."""
         with answered(self.rt):
             return self.cron.add(fields.get("name"), fields.get("cron"), fields.get("prompt"),
                                  delivery=fields.get("delivery", "announce"),
-                                 timezone=fields.get("timezone", "UTC"))
+                                 timezone=fields.get("timezone", "UTC"),
+                                 idempotency_key=idempotency_key)
 
     def act(self, action: str, job_id: str) -> dict[str, Any]:
         """``POST /cron/jobs/{job_id}/<action>`` and ``DELETE /cron/jobs/{job_id}``."""

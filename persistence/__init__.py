@@ -66,7 +66,7 @@ from .journal import (
     TurnEntry,
 )
 from .liveness import OwnerLiveness, live_runtimes
-from .models import CRON_EXPRESSION_CHARS, Tables, bind_tables
+from .models import CRON_EXPRESSION_CHARS, IDEMPOTENCY_KEY_CHARS, Tables, bind_tables
 from .rate_buckets import BucketState, RateBuckets
 from .schema import pending_changes, require_current, upgrade
 from .session_records import EntryRecord, ProjectRecord, SessionPage, SessionRecord
@@ -79,6 +79,7 @@ from .writer import WRITE_TIMEOUT, GroupCommitWriter, Reply, WriterStatistics
 __all__ = [
     "CRON_EXPRESSION_CHARS",
     "DEFAULT_LEASE_SECONDS",
+    "IDEMPOTENCY_KEY_CHARS",
     "OPEN_TASK_STATES",
     "SQLITE_PAGE_SIZE",
     "WRITE_TIMEOUT",

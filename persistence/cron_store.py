@@ -23,7 +23,7 @@ import peewee as pw
 
 from . import firing, paging, retention
 from .database import is_postgres
-from .errors import LeaseLost
+from .errors import DuplicateError, LeaseLost
 from .inbox_notify import SCHEDULES_NOTIFY_SQL
 from .models import CronJob, CronRun, Tables
 from .writer import GroupCommitWriter
@@ -60,11 +60,15 @@ class CronJobRecord:
     updated_at: float
     triggered_at: float | None = None
     """When a trigger made the job due (None: no trigger waits)."""
+    idempotency_key: str | None = None
+    """The key of the request that added it (None: none given); not shown."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The job as the CLI and HTTP API show it."""
+        """The job as the CLI and HTTP API show it (its idempotency key left out: it is
+        the adding client's, as a request's header is)."""
         data = asdict(self)
         data["job_id"] = data.pop("id")
+        del data["idempotency_key"]
         return data
 
 
@@ -138,7 +142,8 @@ class RunEnd:
 def _job(r: CronJob) -> CronJobRecord:
     return CronJobRecord(r.id, r.name, r.cron, r.timezone, r.prompt, bool(r.active), r.delivery,
                          r.retry_count, r.next_run_at, r.last_run_at, r.last_result,
-                         r.last_error, r.created_at, r.updated_at, r.triggered_at)
+                         r.last_error, r.created_at, r.updated_at, r.triggered_at,
+                         r.idempotency_key)
 
 
 def _run(r: CronRun) -> CronRunRecord:
@@ -158,16 +163,25 @@ class CronStore:
     def create(self, job: CronJobRecord, also: Callable[[], object] | None = None
                ) -> CronJobRecord:
         """Insert a job (the caller validated it); ``also``, the caller's writes of it (its
-        session), in the same transaction: both commit or neither does."""
+        session), in the same transaction: both commit or neither does. A job whose
+        ``idempotency_key`` another job has already is not inserted: that job is returned
+        (its id not ``job.id``), nothing written; a request committing that key meanwhile
+        is waited for (PostgreSQL) or came first (SQLite's one writer)."""
         values = asdict(job)
+        j = self.t.cron_job
 
-        def op() -> None:
-            self.t.cron_job.insert(**values).execute()
+        def op() -> CronJobRecord:
+            if not j.insert(**values).on_conflict_ignore().as_rowcount().execute():
+                earlier = (j.get_or_none(j.idempotency_key == job.idempotency_key)
+                           if job.idempotency_key is not None else None)
+                if earlier is None:  # the id itself was taken
+                    raise DuplicateError("cron job", "id", job.id)
+                return _job(earlier)
             if also is not None:
                 also()
             self._notify()
-        self.writer.call(op)
-        return job
+            return job
+        return self.writer.call(op)
 
     def _notify(self) -> None:
         """PostgreSQL: have the current transaction wake the delivering runtimes' schedules

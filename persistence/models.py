@@ -22,6 +22,10 @@ CRON_EXPRESSION_CHARS = 512
 longest expression the actors' rules take (their ``EXPRESSION_LIMIT``, which a test holds
 equal), so none they take fails to insert where the width is enforced (PostgreSQL)."""
 
+IDEMPOTENCY_KEY_CHARS = 128
+"""The width of a cron job's ``idempotency_key`` column: the longest key the actors' rules
+take (their ``IDEMPOTENCY_KEY_LIMIT``, held equal by a test)."""
+
 
 class _Base(pw.Model):
     class Meta:
@@ -223,6 +227,9 @@ class CronJob(_Base):
     last_error = pw.TextField(null=True)
     created_at = pw.DoubleField()
     updated_at = pw.DoubleField()
+    idempotency_key = pw.CharField(null=True, unique=True, max_length=IDEMPOTENCY_KEY_CHARS)
+    """The key the client that added the job gave its request (None: none given): a
+    retry of that request answers this job instead of adding a second."""
 
     class Meta:
         table_name = "cron_jobs"

@@ -4,6 +4,7 @@
 
     GET    /cron/jobs                      every job
     POST   /cron/jobs                      add: {name, cron, prompt, delivery?, timezone?}
+                                           (Idempotency-Key: a retry adds no second job)
     GET    /cron/jobs/{job_id}             one job
     POST   /cron/jobs/{job_id}/trigger     run it now
     POST   /cron/jobs/{job_id}/pause       stop its schedule
@@ -38,6 +39,9 @@ from .json_answers import error, refused_answer
 from .request_shape import PAGE, shaped
 
 ADD_FIELDS = ("name", "cron", "prompt", "delivery", "timezone")
+IDEMPOTENCY_KEY = "Idempotency-Key"
+"""The header of a ``POST /cron/jobs`` a client may retry: the same key and job again
+answer the job added first (no second job), the same key with another job is a 409."""
 MAX_BODY = 256 * 1024
 """Largest ``POST /cron/jobs`` body, in bytes: room for the longest prompt (20,000
 characters) even with every character escaped as a JSON surrogate pair (12 bytes)."""
@@ -55,8 +59,9 @@ class CronBackend(Protocol):
         """One job."""
         ...
 
-    def add(self, fields: dict[str, Any]) -> dict[str, Any]:
-        """Create a job from the request's fields."""
+    def add(self, fields: dict[str, Any], idempotency_key: str | None) -> dict[str, Any]:
+        """Create a job from the request's fields; ``idempotency_key`` (its header, if
+        given): a repeat answers the job the key's first request added."""
         ...
 
     def act(self, action: str, job_id: str) -> dict[str, Any]:
@@ -141,7 +146,14 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
         if unknown:
             return error(422, "invalid_argument", f"unknown fields {quoted(unknown)}; "
                                                   f"known: {list(ADD_FIELDS)}")
-        return await _call(lambda: backend.add(body), 201)
+        keys = request.headers.getlist(IDEMPOTENCY_KEY)
+        if len(keys) > 1:  # which one the client meant is anyone's guess
+            return error(422, "invalid_argument", f"one {IDEMPOTENCY_KEY} header, not "
+                         f"{len(keys)}", field="idempotency_key")
+        key = keys[0] if keys else None
+        # A repeat (the same key and job) answers 201 with the job as the first did: the
+        # client whose answer was lost reads it as it would have read that one.
+        return await _call(lambda: backend.add(body, key), 201)
 
     async def one(request: Request) -> Response:
         return await _call(lambda: backend.job(request.path_params["job_id"]))
