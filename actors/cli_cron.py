@@ -12,7 +12,7 @@ import argparse
 import uuid
 from typing import Any, TextIO
 
-from ..persistence import CronStore
+from ..persistence import CronStore, InvalidArgument, paging
 from ..transport import RUNS_LIMIT
 from . import cron_rules as rules
 from .cli_args import common, offset_arg, whole_number
@@ -83,17 +83,34 @@ def _action(verb: str, past: str) -> Any:
 
 
 def cron_runs(args: argparse.Namespace, out: TextIO) -> int:
-    """``kinbox cron runs [JOB_ID]``: newest first."""
-    runs, more = _jobs(args, lambda j: j.runs_page(args.job_id, args.limit, args.offset),
-                       read_only=True)
+    """``kinbox cron runs [JOB_ID]``: newest first, older than ``--before`` (the cursor a
+    page printed: each run once while runs are recorded) or from the ``--offset``-th."""
+    if args.offset is None:
+        args.offset = 0
+    runs, more = _jobs(args, lambda j: j.runs_page(args.job_id, args.limit, args.offset,
+                                                   before=args.before), read_only=True)
     lines = [f"{r['run_id']:<32} {r['status']:<8} attempt {r['attempts']}  "
              f"started {_utc(r['started_at'])}  "
              + (f"error: {r['error']}" if r["error"] else (r["result"] or "")[:60])
              for r in runs]
-    emit_page(out, args, runs, more, lines or [
-        "no runs" + (f" from offset {args.offset}" if args.offset else "")],
-        next_page="the {limit} runs before these")
+    emit_page(out, args, list(runs), more, lines or [
+        "no runs" + (f" from offset {args.offset}" if args.offset else "")
+        + (" before the cursor" if args.before else "")],
+        next_page="the {limit} runs before these", keyset=True, after=runs.before,
+        cursor="before")
     return 0
+
+
+def _cursor(text: str) -> str:
+    """An argparse type: a ``--before``, the cursor a page of runs printed (the store's
+    rule, so a mistyped one is a usage error before the database is opened)."""
+    try:
+        paging.keyset(text, "before")
+    except InvalidArgument:
+        raise argparse.ArgumentTypeError(
+            "expected the cursor a page printed (its '... more: --before' line or its "
+            f"JSON's next_before), got {text[:40]!r}") from None
+    return text
 
 
 _runs_limit = whole_number(RUNS_LIMIT)
@@ -131,6 +148,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("job_id", nargs="?")
     p.add_argument("--limit", type=_runs_limit, default=20,
                    help=f"the newest N runs, 1 to {RUNS_LIMIT} (default 20)")
-    p.add_argument("--offset", type=offset_arg, default=0,
-                   help="but the newest N (the page before: --offset 20)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--before", type=_cursor, metavar="CURSOR",
+                       help="the runs older than the page that printed CURSOR (each run "
+                            "once, however many are recorded meanwhile)")
+    # No default of 0: argparse refuses a flag beside --before only when it differs from
+    # its default, and took `--offset 0 --before CURSOR`.
+    where.add_argument("--offset", type=offset_arg, default=None,
+                       help="but the newest N (runs recorded meanwhile shift it)")
     p.set_defaults(handler=cron_runs)

@@ -36,7 +36,7 @@ from ..persistence import (
 from . import cron_rules as rules
 from .announcements import Announcements, Drained
 from .context import RuntimeContext
-from .cron_jobs import CronJobs
+from .cron_jobs import CronJobs, RunList
 from .cron_run_ends import RunEnds, failure_changes, summary
 from .direct_turn import DirectTurns
 from .renewal_schedule import RenewalSchedule
@@ -187,11 +187,14 @@ class CronService:
         return self.definitions.runs(job_id, limit)
 
     def runs_page(
-        self, job_id: str | None = None, limit: int = 50, offset: int = 0
-    ) -> tuple[list[dict[str, Any]], bool]:
-        """Run records, newest first, at most ``limit`` from the ``offset``-th on, and
-        whether older ones follow."""
-        return self.definitions.runs_page(job_id, limit, offset)
+        self, job_id: str | None = None, limit: int = 50, offset: int = 0, *,
+        before: str | None = None,
+    ) -> tuple[RunList, bool]:
+        """Run records, newest first, at most ``limit`` older than the cursor ``before``
+        (the page before's ``.before``) or from the ``offset``-th on, and whether older
+        ones follow; the page's ``.before`` is the next page's cursor (None on the last).
+        A walk by the cursor lists each run once while runs are recorded."""
+        return self.definitions.runs_page(job_id, limit, offset, before=before)
 
     def drain_announcements(self) -> Drained:
         """Take the queued announcements of finished runs (the UI's feed), oldest first;

@@ -21,6 +21,7 @@ from ..persistence import (
     InvalidArgument,
     SessionStore,
     paging,
+    run_cursor,
 )
 from ..transport import RUNS_LIMIT
 from . import cron_rules as rules
@@ -63,6 +64,16 @@ def _check_offset(offset: object) -> None:
 def _cut(records: list[Any], limit: int) -> tuple[list[dict[str, Any]], bool]:
     """A page read one record past ``limit``: the page, and whether more follow."""
     return [r.to_dict() for r in records[:limit]], len(records) > limit
+
+
+class RunList(list[dict[str, Any]]):
+    """A page of run records; :attr:`before`, the cursor of the page after it (None on the
+    last page)."""
+
+    def __init__(self, runs: list[dict[str, Any]], before: str | None) -> None:
+        super().__init__(runs)
+        self.before = before
+        """Hand back as ``before`` for the older runs: each run is on one page."""
 
 
 class Added(NamedTuple):
@@ -239,15 +250,27 @@ class CronJobs:
         :data:`~kinbox.transport.RUNS_LIMIT`."""
         return self.runs_page(job_id, limit)[0]
 
-    def runs_page(self, job_id: str | None = None, limit: int = 50, offset: int = 0
-                  ) -> tuple[list[dict[str, Any]], bool]:
-        """Run records, newest first (ties by id), at most ``limit`` from the ``offset``-th
-        on, and whether older ones follow."""
+    def runs_page(self, job_id: str | None = None, limit: int = 50, offset: int = 0,
+                  *, before: str | None = None) -> tuple[RunList, bool]:
+        """Run records, newest first (ties by id), at most ``limit`` older than the cursor
+        ``before`` (a page's :attr:`RunList.before`; None: from the newest) or from the
+        ``offset``-th on (not both), and whether older ones follow. Walk by the cursor:
+        runs recorded meanwhile shift an offset's pages, repeating a run."""
         _check_limit(limit)
         _check_offset(offset)
+        if before is not None:
+            if offset:
+                raise rules.InvalidCronJob("before", "give before or offset, not both")
+            try:
+                paging.keyset(before, "before")
+            except InvalidArgument:
+                raise rules.InvalidCronJob("before", "give the cursor a page of runs "
+                                                     "named") from None
         if job_id is not None:
             self.get(job_id)
-        return _cut(self.store.runs(job_id, limit=limit + 1, offset=offset), limit)
+        records = self.store.runs(job_id, limit=limit + 1, offset=offset, before=before)
+        page, more = _cut(records, limit)
+        return RunList(page, run_cursor(records[limit - 1]) if more else None), more
 
     def _changed(self, job_id: str, job: CronJobRecord | None) -> dict[str, Any]:
         if job is None:

@@ -109,12 +109,13 @@ class CronHttpBackend:
             result: dict[str, Any] = getattr(self.cron, action)(job_id)
         return result
 
-    def runs(self, job_id: str | None, limit: int, offset: int
-             ) -> tuple[list[dict[str, Any]], bool]:
-        """``GET /cron/jobs/{job_id}/runs`` and ``GET /cron/runs``: a page, and whether
-        older runs follow."""
+    def runs(self, job_id: str | None, limit: int, offset: int, before: str | None
+             ) -> tuple[list[dict[str, Any]], bool, str | None]:
+        """``GET /cron/jobs/{job_id}/runs`` and ``GET /cron/runs``: a page, whether older
+        runs follow, and their cursor."""
         with answered(self.rt):
-            return self.cron.runs_page(job_id, limit, offset)
+            page, more = self.cron.runs_page(job_id, limit, offset, before=before)
+        return list(page), more, page.before
 
     def drain_announcements(self) -> tuple[list[dict[str, Any]], int]:
         """``POST /cron/announcements/drain``."""

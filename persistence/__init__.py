@@ -17,6 +17,7 @@ from .cron_store import (
     Occurrence,
     Removal,
     RunEnd,
+    run_cursor,
 )
 from .database import (
     SQLITE_PAGE_SIZE,
@@ -158,6 +159,7 @@ __all__ = [
     "redact_url",
     "require_current",
     "retention",
+    "run_cursor",
     "sqlite_path",
     "upgrade",
 ]

@@ -139,6 +139,11 @@ class RunEnd:
     """Columns of its job to set (its failure counted)."""
 
 
+def run_cursor(run: CronRunRecord) -> str:
+    """The cursor of the runs older than ``run`` (:meth:`CronStore.runs`' ``before``)."""
+    return paging.Keyset(run.started_at, run.id).token()
+
+
 def _job(r: CronJob) -> CronJobRecord:
     return CronJobRecord(r.id, r.name, r.cron, r.timezone, r.prompt, bool(r.active), r.delivery,
                          r.retry_count, r.next_run_at, r.last_run_at, r.last_result,
@@ -310,14 +315,22 @@ class CronStore:
     # -- runs ------------------------------------------------------------------------------
 
     def runs(self, job_id: str | None = None, *, limit: int | None = 50,
-             offset: int = 0) -> list[CronRunRecord]:
-        """Runs, newest first (ties by id); at most ``limit`` (all: None) from the
-        ``offset``-th on (bounds: :mod:`.paging`)."""
+             offset: int = 0, before: str | paging.Keyset | None = None
+             ) -> list[CronRunRecord]:
+        """Runs, newest first (ties by id); at most ``limit`` (all: None) older than the
+        cursor ``before`` (:func:`run_cursor` of a page's last run; None: from the newest),
+        from the ``offset``-th of those on (bounds and cursor: :mod:`.paging`). A run's
+        start never changes, so a walk by the cursor lists each run once however many
+        are recorded meanwhile (an offset counts from the newest, and each new run shifts
+        the next page by one)."""
         limit, offset = paging.limit(limit), paging.offset(offset)
+        position = paging.keyset(before, "before")
         r = self.t.cron_run
         q = r.select().order_by(r.started_at.desc(), r.id.desc())
         if job_id is not None:
             q = q.where(r.job_id == job_id)
+        if position is not None:
+            q = q.where(pw.Tuple(r.started_at, r.id) < pw.Tuple(position.at, position.id))
         return [_run(x) for x in paging.cut(q, limit, offset)]
 
     def last_runs(self, job_id: str) -> list[CronRunRecord]:

@@ -150,9 +150,15 @@ def test_cron_runs_says_whether_older_runs_follow(busy_db: str) -> None:
     older = page("cron", "runs", "--db", busy_db, "--offset", "20")
     assert ids(older, "run_id") == ["r04", "r03", "r02", "r01", "r00"]
     assert (older["more"], older["next_offset"]) == (False, None)
+    by_cursor = page("cron", "runs", "--db", busy_db, "--before", newest["next_before"])
+    assert ids(by_cursor, "run_id") == ids(older, "run_id")
+    assert (by_cursor["more"], by_cursor["next_before"]) == (False, None)
     code, text = run("cron", "runs", "--db", busy_db, "--limit", "5")
     assert code == 0
-    assert text.splitlines()[-1] == "... more: --offset 5 lists the 5 runs before these"
+    # The cursor, not an offset: runs recorded meanwhile shift an offset's pages.
+    last = text.splitlines()[-1]
+    assert last.startswith("... more: --before ") and last.endswith(
+        " lists the 5 runs before these"), last
 
 
 @pytest.mark.parametrize("args", [

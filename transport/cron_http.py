@@ -10,8 +10,8 @@
     POST   /cron/jobs/{job_id}/pause       stop its schedule
     POST   /cron/jobs/{job_id}/resume      restart it, retries reset
     DELETE /cron/jobs/{job_id}             remove it and its runs (409 while one runs)
-    GET    /cron/jobs/{job_id}/runs        its runs, newest first (?limit=, ?offset=)
-    GET    /cron/runs                      every job's runs (?limit=, ?offset=)
+    GET    /cron/jobs/{job_id}/runs        its runs, newest first (?limit=, ?before= or ?offset=)
+    GET    /cron/runs                      every job's runs (?limit=, ?before= or ?offset=)
     POST   /cron/announcements/drain       take the UI's announcements of finished runs:
                                            {announcements, dropped (since the last drain)}
 
@@ -37,6 +37,9 @@ from .errors import BackendRefused, quoted
 from .http_app import DescribedRoute, Refusal, guard
 from .json_answers import error, refused_answer
 from .request_shape import PAGE, shaped
+
+RUNS_PAGE = (*PAGE, "before")
+"""The query parameters of a listing of runs: a page's cursor too."""
 
 ADD_FIELDS = ("name", "cron", "prompt", "delivery", "timezone")
 IDEMPOTENCY_KEY = "Idempotency-Key"
@@ -68,10 +71,11 @@ class CronBackend(Protocol):
         """``trigger``, ``pause``, ``resume`` or ``remove`` a job."""
         ...
 
-    def runs(self, job_id: str | None, limit: int, offset: int
-             ) -> tuple[list[dict[str, Any]], bool]:
-        """At most ``limit`` run records, newest first, from the ``offset``-th on; and
-        whether older ones follow."""
+    def runs(self, job_id: str | None, limit: int, offset: int, before: str | None
+             ) -> tuple[list[dict[str, Any]], bool, str | None]:
+        """At most ``limit`` run records, newest first, older than the cursor ``before``
+        (None: from the newest) or from the ``offset``-th on; whether older ones follow;
+        and the cursor of the older ones (None on the last page)."""
         ...
 
     def drain_announcements(self) -> tuple[list[dict[str, Any]], int]:
@@ -96,6 +100,10 @@ and ``rt.cron.jobs``)."""
 NEXT_OFFSET = "X-Kinbox-Next-Offset"
 """The header of a listing page (jobs, runs) that is not the last: the ``offset`` of the
 next."""
+
+NEXT_BEFORE = "X-Kinbox-Next-Before"
+"""The header of a page of runs that is not the last: the cursor (``?before=``) of the
+runs older than its last."""
 
 OFFSET_LIMIT = 1_000_000_000
 """The largest ``offset`` a listing takes (past every job or run a database holds)."""
@@ -165,8 +173,23 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
 
     async def runs(request: Request) -> Response:
         job_id = request.path_params.get("job_id")
-        return await paged(request, 50, lambda limit, offset: backend.runs(job_id, limit,
-                                                                           offset))
+        before = request.query_params.get("before")
+        cursors: list[str | None] = []
+
+        def read(limit: int, offset: int) -> tuple[list[dict[str, Any]], bool]:
+            page, more, cursor = backend.runs(job_id, limit, offset, before)
+            cursors.append(cursor)
+            return page, more
+
+        answer = await paged(request, 50, read)
+        if cursors and cursors[0] is not None:
+            # The older runs, past the page's last: a walk by it lists each run once while
+            # runs are recorded (each one shifts the pages of an offset, counted from the
+            # newest). A page read from a cursor names no offset: it counts from none.
+            answer.headers[NEXT_BEFORE] = cursors[0]
+            if before is not None:
+                del answer.headers[NEXT_OFFSET]
+        return answer
 
     async def drain(request: Request) -> Response:
         def take() -> dict[str, Any]:
@@ -187,11 +210,13 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
         *(DescribedRoute(f"/cron/jobs/{{job_id}}/{verb}", guarded(shaped(action(verb))),
                          methods=["POST"], about=about)
           for verb, about in ABOUT_ACTIONS.items()),
-        DescribedRoute("/cron/jobs/{job_id}/runs", guarded(shaped(runs, query=PAGE)),
+        DescribedRoute("/cron/jobs/{job_id}/runs", guarded(shaped(runs, query=RUNS_PAGE)),
                        methods=["GET"],
-                       about="a cron job's runs, newest first (?limit=, ?offset=)"),
-        DescribedRoute("/cron/runs", guarded(shaped(runs, query=PAGE)), methods=["GET"],
-                       about="every cron job's runs, newest first (?limit=, ?offset=)"),
+                       about="a cron job's runs, newest first (?limit=, ?before= or "
+                             "?offset=)"),
+        DescribedRoute("/cron/runs", guarded(shaped(runs, query=RUNS_PAGE)), methods=["GET"],
+                       about="every cron job's runs, newest first (?limit=, ?before= or "
+                             "?offset=)"),
         DescribedRoute("/cron/announcements/drain", guarded(shaped(drain)), methods=["POST"],
                        about="take the announcements of finished runs, and how many "
                              "were dropped"),
