@@ -26,6 +26,7 @@ from typing import Any
 
 from ..persistence import (
     CronJobRecord,
+    CronRunLost,
     CronRunRecord,
     CronStore,
     Occurrence,
@@ -35,6 +36,7 @@ from ..persistence import (
 )
 from . import cron_rules as rules
 from .announcements import Announcements, Drained
+from .brain_tasks import BrainAbandoned
 from .context import RuntimeContext
 from .cron_jobs import CronJobs, RunList
 from .cron_run_ends import RunEnds, failure_changes, summary
@@ -428,7 +430,14 @@ class CronService:
                     )
                 ]
 
-            done = yield from self.turns.run_steps(sid, [message], commit_ops=commit_ops)
+            try:
+                done = yield from self.turns.run_steps(sid, [message], commit_ops=commit_ops)
+            except BrainAbandoned:
+                # The runtime's stop cut the turn short (or its loop ended): nothing of it
+                # committed. Left leased to this runtime, its next start took it over as a
+                # dead runtime's, a death counted toward the run's failure at each deploy.
+                yield Blocking(partial(self._hand_back_unrun, run))
+                raise
             if done.committed:
                 yield Blocking(
                     partial(self.ends.finished, job, run, "success", summary(done.turn), None)
@@ -449,6 +458,17 @@ class CronService:
         finally:
             with self._lock:
                 self._mine.discard(run.id)
+
+    def _hand_back_unrun(self, run: CronRunRecord) -> None:
+        """Give ``run``, which the runtime's stop ended unrun, back: due at once (for a
+        runtime beside this one, or this one's next start), its takeover no death."""
+        try:
+            self.store.hand_back(run.id, self.ctx.owner, self.ctx.now() - 1)
+        except CronRunLost:
+            pass  # taken over meanwhile: the other runtime's now
+        except PersistenceError as exc:  # the writer closed too: left to its lease
+            log.info("cron run %s ended unrun by the stop stays leased (%s): it is taken "
+                     "over at the next start", run.id, type(exc).__name__)
 
     def _after_taken_over_run(self) -> None:
         """A run taken over has ended: its job's occurrence that came due meanwhile
