@@ -99,11 +99,17 @@ def zone_problem(name: str) -> str | None:
     """Why ``name``, a zone the zone database knows, is refused as a job's time zone, or None.
 
     Besides :data:`MACHINE_ZONES`, the ``right/`` zones count leap seconds: their clock is
-    27 s off every other zone's, so a job at 09:00 there fires at 08:59:33."""
+    27 s off every other zone's, so a job at 09:00 there fires at 08:59:33. A ``posix/``
+    zone is a copy of another in the system's zone folder, unknown where the zones come
+    from the tzdata package alone (there, the job was deactivated when it came due)."""
     if name in MACHINE_ZONES:
         return MACHINE_ZONES[name]
     if name.startswith("right/"):
         return "counts leap seconds, so its clock is 27 s off UTC's and every other zone's"
+    if name.startswith("posix/"):
+        return (f"is this machine's copy of {quoted(name.removeprefix('posix/'))} in its zone "
+                "folder, which a machine whose zones come from the tzdata package has not "
+                "(give that name)")
     return None
 
 

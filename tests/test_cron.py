@@ -404,6 +404,19 @@ def test_an_invalid_job_is_refused_and_nothing_is_written(make_runtime: MakeRunt
     assert rt.cron.jobs() == [] and [s for s in rt.sessions() if s.kind == "cron"] == []
 
 
+def test_a_zone_of_the_machines_posix_folder_is_refused_naming_its_iana_name(
+        make_runtime: MakeRuntime) -> None:
+    """``posix/Europe/Paris`` is a file of this machine's zone folder, not a zone name: a
+    machine on the database whose zones come from the ``tzdata`` package (a slim container)
+    has no such zone, and there the job was deactivated when it came due. It is refused
+    as the job's time zone, naming the IANA name to give instead."""
+    rt = make_runtime(brain=CronBrain())
+    with pytest.raises(rules.InvalidCronJob, match="'Asia/Tokyo'") as info:
+        rt.cron.add("j", "* * * * *", "p", timezone="posix/Asia/Tokyo")
+    assert info.value.field == "timezone"
+    assert rt.cron.jobs() == []
+
+
 def test_a_due_job_runs_a_turn_in_its_cron_session_with_the_reminder(
         make_runtime: MakeRuntime, clock: ManualClock) -> None:
     brain = CronBrain()
