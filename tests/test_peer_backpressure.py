@@ -10,6 +10,7 @@ taken from it, and a backend whose commit waits on a gate, as a held database wo
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -100,3 +101,25 @@ def test_a_peer_ignoring_the_window_is_read_no_faster_than_the_receiver_commits(
     # the one the reader waits to queue.
     assert taken <= 2 * inbound_link.UNCOMMITTED_LIMIT + 1
     assert db.committed == acks == count
+
+
+class FailingAnswers(HeldDatabase):
+    """A backend whose answer to a read fails unexpectedly (a bug, a driver's error)."""
+
+    def answer(self, device_id: str, token_hash: str, action: str) -> tuple[str, str]:
+        raise ValueError("the backend broke")
+
+
+def test_a_link_ended_by_an_unexpected_error_says_so_in_the_log(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An error of the backend's other than a closed grant or a refusal ended the link
+    (the sender saw it close) with nothing in the log: the link's tasks' errors were
+    gathered and dropped."""
+    ws, db = Socket(0), FailingAnswers()
+    ws.frames = [f.encode(f.Read("r1"))]
+    grant = GrantView("dev", "key", "hash", frozenset({"agent"}), "active")
+    session = inbound_link.InboundLink(ws, db, grant, lambda reason: f.Refused(reason.value))  # type: ignore[arg-type]
+    with caplog.at_level(logging.ERROR, logger="kinbox.peers"):
+        asyncio.run(asyncio.wait_for(session.run(), 20))
+    assert [r.getMessage() for r in caplog.records] == [
+        "the link from dev ended on an error (ValueError)"]

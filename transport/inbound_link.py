@@ -98,7 +98,15 @@ class InboundLink:
         finally:
             for t in tasks:
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            ended = await asyncio.gather(*tasks, return_exceptions=True)
+            for error in ended:
+                # A failure that ended the link (a backend's unexpected error) was dropped
+                # here in silence: the sender only saw its link close, and the log nothing.
+                if isinstance(error, Exception):
+                    log.error("the link from %s ended on an error (%s)", self.device_id,
+                              type(error).__name__)
+                    log.debug("the link from %s ended on an error", self.device_id,
+                              exc_info=error)
 
     async def _read(self) -> None:
         try:
