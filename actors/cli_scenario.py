@@ -33,6 +33,7 @@ from ..persistence import (
     DatabaseMissing,
     DatabaseOpenError,
     ExclusiveLock,
+    Tables,
     bind_tables,
     inbox_core,
     is_sqlite,
@@ -41,9 +42,12 @@ from ..persistence import (
     redact_url,
     sqlite_path,
 )
+from . import focal_heartbeat_setting as hs
 from . import scenario_files
+from .access import FOCAL_ID
 from .cli_args import database_url
 from .errors import ConfigError, ScenarioError
+from .focal_heartbeat_job import HEARTBEAT_JOB
 from .interrupts import EXIT_INTERRUPTED, Interrupted, StopSignals, exit_now
 from .progress import Progress
 from .scenario_report import build_report, render_mermaid, render_text
@@ -175,7 +179,10 @@ def _check_no_schedules(url: str, db: Any) -> None:
     deployment's, with its scripted brain, as it would deliver open rows."""
     tables = bind_tables(db)
     cron, job = tables.cron_job, tables.job
-    held = [(cron, "active cron job(s)", cron.active), (job, "Focal wake-up(s)", job.active)]
+    wakes = job.active
+    if not _heartbeat_runs(db, tables):  # its job stays active, and fires to do nothing
+        wakes &= job.id != HEARTBEAT_JOB
+    held = [(cron, "active cron job(s)", cron.active), (job, "Focal wake-up(s)", wakes)]
     found = [f"{n} {what}" for model, what, active in held
              if db.table_exists(model._meta.table_name)
              and (n := model.select().where(active).count())]
@@ -199,6 +206,15 @@ def _check_no_unsent_replies(url: str, db: Any) -> None:
                           "social reply(ies) not yet sent, which the scenario's channel "
                           "adapters would send in their platform's place and forget; give "
                           "a fresh database", field="db")
+
+
+def _heartbeat_runs(db: Any, tables: Tables) -> bool:
+    """Is Focal's heartbeat switched on (by the setting its job obeys)?"""
+    session = tables.session
+    if not db.table_exists(session._meta.table_name):
+        return False
+    row = session.get_or_none(session.id == FOCAL_ID)
+    return row is not None and hs.runs(hs.from_config(json.loads(row.config or "{}")))
 
 
 def _check_not_run_before(url: str, db: Any, once: str) -> None:

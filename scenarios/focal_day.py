@@ -19,7 +19,7 @@ give a fresh one (or none: the default is a temporary one).
 
 from typing import Any
 
-from kinbox.actors import Turn
+from kinbox.actors import Runtime, Turn
 from kinbox.actors.scenario import Scenario
 
 FOCAL = "focal-suzent"
@@ -28,6 +28,17 @@ ONCE_PER_DATABASE = "focal"  # a database holding an earlier run's Focal is refu
 
 def run(sc: Scenario) -> None:
     rt = sc.start()
+    try:
+        day(sc, rt)
+    finally:
+        # The demo's heartbeat ends with the run, whatever happened in it: a later scenario
+        # on this database refuses one whose heartbeat runs (its runtime would fire it with
+        # its scripted brain).
+        rt.focal.set_heartbeat(enabled=False)
+
+
+def day(sc: Scenario, rt: Runtime) -> None:
+    """The story itself: Focal's two sessions, the stand-up reminder, the heartbeats."""
     beats: list[dict[str, Any]] = []
     rt.subscribe(lambda event, data: beats.append(data) if event == "heartbeat" else None)
     rt.get_or_create_focal_chat()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kinbox.actors import scenario_files
+from kinbox.actors import Runtime, scenario_files
 from kinbox.actors.cli_scenario import run_scenario
 from kinbox.actors.scenario_report import render_mermaid, render_text
 
@@ -417,3 +417,24 @@ def test_the_diagram_draws_the_turns_of_sessions_no_message_reached(tmp_path: Pa
         "    Note over S0: turn committed: ok",
         "    Note over S0: reply NOT sent via slack (failed)",
     ]
+
+
+@pytest.mark.timeout(120)
+def test_another_scenario_runs_on_a_database_focal_day_ran_on(db_url: str) -> None:
+    """focal_day left its heartbeat on, whose job counted as a Focal wake-up the next
+    runtime would fire with its scripted brain: every other scenario on that database was
+    refused ("1 Focal wake-up(s)"), even with the heartbeat switched off by hand, since
+    its job stays active and fires to do nothing. The run switches it off at its end, and
+    a heartbeat that is off is no wake-up."""
+    from kinbox.actors.cli_scenario import check_database
+    from kinbox.actors.errors import ConfigError
+
+    assert run("focal_day", db_url)["ok"]
+    try:
+        check_database(db_url)
+    except ConfigError as exc:
+        pytest.fail(f"the next run is refused: {exc}")
+    with Runtime(db=db_url) as rt:
+        rt.focal.set_heartbeat(enabled=True)
+    with pytest.raises(ConfigError, match="1 Focal wake-up"):
+        check_database(db_url)
