@@ -138,8 +138,12 @@ class HearingBack:
         last = max(tasks.values(), key=lambda t: (t.updated_at, t.id))
         if asked_at is not None and last.updated_at < asked_at:
             return None  # closed before Focal asked: not held back by this request
-        heard = [ctx.journal.hot.existing(mid)
-                 for mid in taken_ids(ctx, f"focal-finished-{session.id}-{last.id}")]
+        # Every task closed at that time may be the one whose change closed the session
+        # (the notice names it, task_hook): tasks closed at one clock reading tie, and
+        # the id that breaks the tie need not be the one noticed.
+        closing = sorted(t.id for t in tasks.values() if t.updated_at == last.updated_at)
+        heard = [ctx.journal.hot.existing(mid) for task_id in closing
+                 for mid in taken_ids(ctx, f"focal-finished-{session.id}-{task_id}")]
         if any(row is not None and row.created_at >= last.updated_at for row in heard):
             return None  # this closing was noticed (the request was not yet in flight)
         return self._finished(ctx, session, last)

@@ -356,6 +356,27 @@ def test_a_finish_held_back_for_a_request_answered_without_a_reply_is_noticed(
             if r["kind"] == "session_finished_notification"] == [quiet.id, done.id]
 
 
+def test_a_finish_noticed_then_asked_about_is_one_notice_when_its_tasks_closed_at_once(
+        focal_rt: tuple[Runtime, FocalBrain]) -> None:
+    """Two tasks closed at the same time (one clock reading, the injected clock's every
+    step): the notice named the one whose change closed the session, and the held-back
+    check after Focal's next request looked only at the other (the larger id breaks the
+    tie), found no notice of it and told Focal the session finished a second time."""
+    rt, _ = focal_rt
+    rt.get_or_create_focal_chat()
+    done = rt.create_session(rt.create_project("p").id, "Done")
+    rt.tools_for(FOCAL_ID).agent_send(done.id, "start")
+    rt.run_until_idle()
+    tools = rt.tools_for(done.id)
+    first, second = sorted(tools.task_create(n, status="in_progress")["task_id"] for n in "xy")
+    tools.task_update(second, status="completed")
+    tools.task_update(first, status="completed")  # closes the session: noticed at once
+    rt.tools_for(FOCAL_ID).agent_send(done.id, "anything else?")  # answered with no reply
+    rt.run_until_idle()
+    assert [r["payload"]["task_id"] for r in rt.inbox(target=FOCAL_ID)
+            if r["kind"] == "session_finished_notification"] == [first]
+
+
 @pytest.mark.parametrize("blank", ["", " \n "])
 def test_a_request_answered_with_blank_text_and_a_finish_tells_focal_it_finished(
         focal_rt: tuple[Runtime, FocalBrain], blank: str) -> None:
