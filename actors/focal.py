@@ -11,6 +11,7 @@ journal row committed with the change that caused it. How it hears back
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -50,6 +51,8 @@ from .validation import (
     require_message,
     require_str,
 )
+
+log = logging.getLogger("kinbox.focal")
 
 FOCAL_PROJECT = "suzent-focal"
 FOCAL_TITLE = "SUZENT"
@@ -93,16 +96,28 @@ class Focal(HearingBack):
                     chat = ctx.store.session(FOCAL_ID)
                     assert chat is not None  # a session is never deleted
             if not chat.config.get("focal_heartbeat_initialized"):
-                private_folder(self.folder)
-                path = self.folder / "heartbeat.md"
-                if not path.exists():
-                    path.write_text(hb.DEFAULT_FOCAL_HEARTBEAT)
+                self._seed_checklist()
                 ctx.store.patch_config(FOCAL_ID, {"focal_heartbeat_initialized": True}, now)
                 if self.schedule is not None:
                     self.schedule.heartbeat.ensure()
             if chat.title != FOCAL_TITLE:
                 ctx.store.update_session(FOCAL_ID, now, title=FOCAL_TITLE)
             return ctx.store.session(FOCAL_ID)  # type: ignore[return-value]
+
+    def _seed_checklist(self) -> None:
+        """Write the default ``heartbeat.md`` for the user to edit, unless there is one.
+        Best effort: without the file the heartbeat runs the default checklist all the
+        same, and a data folder that cannot hold it (a file in the way, no permission, a
+        read-only mount) raised from every ``get_or_create_focal_chat()``, and the
+        heartbeat's job was never made."""
+        path = self.folder / "heartbeat.md"
+        try:
+            private_folder(self.folder)
+            if not path.exists():
+                path.write_text(hb.DEFAULT_FOCAL_HEARTBEAT)
+        except OSError as exc:
+            log.warning("heartbeat.md cannot be written in %s (%s); the heartbeat runs the "
+                        "default checklist", self.folder, exc.strerror)
 
     # -- the heartbeat setting (FO6) -------------------------------------------------------
 

@@ -82,6 +82,33 @@ def test_the_focal_chat_is_created_once_in_a_hidden_project(focal_rt: tuple[Runt
     assert [j.kind for j in rt.context.focal.schedule.jobs.active()] == ["heartbeat"]
 
 
+def test_a_data_folder_that_cannot_hold_heartbeat_md_leaves_focal_and_its_heartbeat_working(
+        make_runtime: MakeRuntime, clock: ManualClock, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """heartbeat.md is seeded once for the user to edit; without one the default checklist
+    runs. A data folder that could not hold it (a file in the way, no permission, a
+    read-only mount) raised a bare OSError from every ``get_or_create_focal_chat()``
+    (``GET /focal`` with it), the heartbeat's job was never made, and Focal never checked
+    in again."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "projects").write_text("in the way")
+    brain = FocalBrain()
+    rt = make_runtime(brain=brain, data_dir=tmp_path / "data")
+    brain.rt = rt
+    with caplog.at_level(logging.WARNING, logger="kinbox.focal"):
+        assert rt.get_or_create_focal_chat().id == FOCAL_ID
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "kinbox.focal"]
+    assert "heartbeat.md" in warning and "default checklist" in warning
+    assert rt.get_or_create_focal_chat().id == FOCAL_ID  # once: no warning each call
+    assert len([r for r in caplog.records if r.name == "kinbox.focal"]) == 1
+    assert rt.focal.heartbeat().enabled
+    stall_a_session(rt)
+    clock.advance(30 * 60)
+    rt.run_until_idle()
+    [beat] = heartbeats(rt)
+    assert beat["content"].startswith(DEFAULT_FOCAL_HEARTBEAT)
+
+
 def test_a_product_project_cannot_take_the_hidden_focal_projects_slug(
         focal_rt: tuple[Runtime, FocalBrain]) -> None:
     """Focal lives in the hidden project ``suzent-focal`` (FO1), made on first use by
