@@ -72,8 +72,7 @@ class HeartbeatJob:
     def setting(self) -> hs.HeartbeatSetting:
         """The user's heartbeat setting as the tables hold it (the default without a
         Focal chat)."""
-        focal = self.ctx.store.session(FOCAL_ID)
-        return hs.from_config(focal.config if focal else {})
+        return hs.from_config(self._config())
 
     def change(self, changes: dict[str, Any]) -> hs.HeartbeatSetting:
         """Apply checked ``changes`` (:func:`.focal_heartbeat_setting.checked`) to the
@@ -114,9 +113,7 @@ class HeartbeatJob:
         job = self.jobs.get(HEARTBEAT_JOB)
         if job is None or not job.active or job.next_run_at is None or job.next_run_at > now:
             return None
-        focal = self.ctx.store.session(FOCAL_ID)
-        config = focal.config if focal else {}
-        setting = hs.from_config(config)  # the user's, whoever wrote it (another process)
+        setting = self.setting()  # the user's, whoever wrote it (another process)
         if not hs.runs(setting):
             return Heartbeat(hb.HeartbeatDecision(False, "the heartbeat is off", None), "", [],
                              [], setting)
@@ -126,12 +123,20 @@ class HeartbeatJob:
         if self.ctx.journal.has_open_of_kind(FOCAL_ID, HEARTBEAT_KIND):
             return Heartbeat(hb.HeartbeatDecision(False, "a check-in still waits for Focal",
                                                   None), "", [], [], setting)
+        # The signature is read after that look: the check-in turn stores it with the
+        # commit that closes its row, and read before, a check-in ending in between left
+        # the last signature unseen and its findings went to Focal again.
+        last_signature = self._config().get("focal_heartbeat_signature")
         checklist = self._checklist()
         found = hb.findings(self.focal.watched_sessions(), now)
-        decision = hb.should_run_focal_heartbeat(checklist, found,
-                                                 config.get("focal_heartbeat_signature"))
+        decision = hb.should_run_focal_heartbeat(checklist, found, last_signature)
         return Heartbeat(decision, hb.check_in(checklist, found), found,
                          hb.kept_findings(checklist, found), setting)
+
+    def _config(self) -> dict[str, Any]:
+        """The Focal chat's config as the tables hold it now (empty without the chat)."""
+        focal = self.ctx.store.session(FOCAL_ID)
+        return focal.config if focal else {}
 
     def on_fire(self, job: JobRecord, now: float, heartbeat: Heartbeat | None) -> None:
         """Inside the firing transaction: the check-in message, when :meth:`due` decided

@@ -973,6 +973,46 @@ def test_a_heartbeat_due_while_a_check_in_still_waits_for_focal_queues_no_second
 
 
 @pytest.mark.timeout(60)
+def test_a_check_in_that_ends_as_the_next_heartbeat_looks_is_not_sent_again(
+        make_runtime: MakeRuntime, clock: ManualClock, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A due heartbeat read the last check-in's signature, then asked whether a check-in
+    still waited for Focal. A check-in turn (behind a long Focal turn) that committed
+    between the two reads had stored its signature too late for the first and closed
+    its row in time for the second: the same findings looked new, and Focal got them
+    again."""
+    taking, release = threading.Event(), threading.Event()
+    check_ins: list[str] = []
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id != FOCAL_ID:
+            return
+        if any(m.kind == "focal_heartbeat" for m in turn.messages) and not check_ins:
+            taking.set()
+            assert release.wait(20)
+        check_ins.extend(m.message_id for m in turn.messages if m.kind == "focal_heartbeat")
+        turn.reply("noted")
+
+    rt = make_runtime(brain=brain, data_dir=tmp_path / "data", lease_seconds=7200.0)
+    rt.get_or_create_focal_chat()
+    stall_a_session(rt)
+    clock.advance(30 * 60)
+    assert taking.wait(10)  # the first check-in's turn runs, its signature not yet stored
+    journal = rt.context.journal
+    is_open = journal.has_open_of_kind
+
+    def ends_first(target: str, kind: str) -> bool:  # the check-in commits right now
+        release.set()
+        wait_for(lambda: "focal_heartbeat_signature" in rt.session(FOCAL_ID).config,  # type: ignore[union-attr]
+                 10, "the check-in's commit")
+        return is_open(target, kind)
+    monkeypatch.setattr(journal, "has_open_of_kind", ends_first)
+    clock.advance(30 * 60)
+    rt.run_until_idle()
+    assert len(check_ins) == 1 and len(heartbeats(rt)) == 1, check_ins
+
+
+@pytest.mark.timeout(60)
 def test_a_finish_held_back_for_a_request_whose_turn_fails_for_good_is_noticed(
         focal_rt: tuple[Runtime, FocalBrain], clock: ManualClock) -> None:
     """The finished notice waits while Focal's request is in flight, for its answer tells
