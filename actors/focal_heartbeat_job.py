@@ -175,21 +175,36 @@ class HeartbeatJob:
         except FileNotFoundError:
             return hb.DEFAULT_FOCAL_HEARTBEAT
         except OSError as exc:
-            log.warning("heartbeat.md cannot be opened (%s); the default checklist runs",
+            log.warning("%s cannot be opened (%s); the default checklist runs", path,
                         exc.strerror)
             return hb.DEFAULT_FOCAL_HEARTBEAT
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
-                log.warning("heartbeat.md is not a regular file; the default checklist runs")
+                log.warning("%s is not a regular file; the default checklist runs", path)
                 return hb.DEFAULT_FOCAL_HEARTBEAT
             raw = os.read(fd, hb.CHECKLIST_READ)
         except OSError as exc:
-            log.warning("heartbeat.md cannot be read (%s); the default checklist runs",
+            log.warning("%s cannot be read (%s); the default checklist runs", path,
                         exc.strerror)
             return hb.DEFAULT_FOCAL_HEARTBEAT
         finally:
             os.close(fd)
+        _warn_unless_utf8(raw, path)
         return hb.checklist_text(raw)
+
+
+def _warn_unless_utf8(raw: bytes, path: os.PathLike[str]) -> None:
+    """Say in the log when ``raw`` (the file's first bytes) is not UTF-8: its bad bytes
+    reach Focal as U+FFFD (:func:`.focal_heartbeat.checklist_text`), and nothing told the
+    user why their checklist came out garbled. A character cut by the read's limit is no
+    encoding problem."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.end == len(raw) and len(raw) == hb.CHECKLIST_READ:
+            return  # the read's limit cut the last character
+        log.warning("%s is not UTF-8 (a bad byte at offset %d); its bad bytes are replaced "
+                    "with U+FFFD", path, exc.start)
 
 
 def _heartbeat_job(setting: hs.HeartbeatSetting, now: float) -> JobRecord:

@@ -13,7 +13,7 @@ import pytest
 
 from kinbox.actors import ConfigError, ManualClock, Runtime, ToolError, Turn
 from kinbox.actors.focal import FOCAL_ID, is_focal_chat
-from kinbox.actors.focal_heartbeat import DEFAULT_FOCAL_HEARTBEAT
+from kinbox.actors.focal_heartbeat import CHECKLIST_READ, DEFAULT_FOCAL_HEARTBEAT
 from kinbox.actors.focal_schedule import next_after
 from kinbox.actors.validation import SEND_LIMIT
 from kinbox.persistence import JobRecord, JobStore, SessionRecord
@@ -540,6 +540,33 @@ def test_any_heartbeat_file_leaves_the_wakeups_firing(
         assert content[2:8].decode() in body  # the user's checklist, not the default
     else:
         assert body.startswith(DEFAULT_FOCAL_HEARTBEAT)
+
+
+@pytest.mark.parametrize(("content", "warned"), [
+    (b"- caf\xe9 au lait", True),  # Latin-1
+    (b"- ok " * 10 + "\u00e9".encode() * CHECKLIST_READ, False),  # UTF-8, cut by the read
+    (b"- all fine", False),
+])
+def test_a_checklist_that_is_not_utf8_is_named_in_the_log(
+        focal_rt: tuple[Runtime, FocalBrain], clock: ManualClock, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture, content: bytes, warned: bool) -> None:
+    """Bytes of heartbeat.md that are not UTF-8 reach Focal as U+FFFD, and nothing told
+    the user why their checklist came out garbled (a file that cannot be read says so in
+    the log); a read that cuts a long file mid-character is no encoding problem."""
+    rt, _ = focal_rt
+    rt.get_or_create_focal_chat()
+    folder = tmp_path / "data" / "projects" / "suzent-focal"
+    (folder / "heartbeat.md").write_bytes(content)
+    with caplog.at_level(logging.WARNING, logger="kinbox.schedule"):
+        clock.advance(30 * 60)
+        rt.run_until_idle()
+    [beat] = heartbeats(rt)  # an edited checklist: it runs
+    assert beat["content"].startswith("- ")
+    notes = [r.getMessage() for r in caplog.records if "UTF-8" in r.getMessage()]
+    if warned:
+        assert len(notes) == 1 and str(folder) in notes[0], notes
+    else:
+        assert notes == []
 
 
 def test_the_heartbeat_reads_its_checklist_and_sessions_off_the_writer(
