@@ -51,8 +51,13 @@ class HearingBack:
         return bool(session.config.get("spawned_by_focal") or session.config.get(
             "focal_watching"))
 
-    def _request_in_flight(self, session_id: str) -> bool:
-        return self.ctx.journal.has_open_from(FOCAL_ID, session_id)
+    def _request_in_flight(self, session_id: str, closed_at: float) -> bool:
+        """A Focal request to the session is open that was asked by ``closed_at`` (when a
+        task's change closed the session): its answer is to tell Focal (FO5). One asked
+        later (while the turn that closed it still ran) is not: the held notice counts a
+        closing before the request as not held back by it (:meth:`_held_notice`), and
+        Focal never heard of it when the answer said nothing."""
+        return self.ctx.journal.has_open_from(FOCAL_ID, session_id, created_by=closed_at)
 
     def task_hook(self, ctx: RuntimeContext, change: TaskChange) -> list[NewMessage]:
         """Inside a task change's transaction: notices for Focal, one per event. The task
@@ -80,7 +85,7 @@ class HearingBack:
                 payload={"task_id": task.id, "blocked_on": task.blocked_on,
                          "reason": task.reason}))
         if (task_rules.closes_session(before, after, change.open_left) and self._followed(session)
-                and self.exists() and not self._request_in_flight(session.id)):
+                and self.exists() and not self._request_in_flight(session.id, task.updated_at)):
             out.append(self._finished(ctx, session, task))
         return out
 

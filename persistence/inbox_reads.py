@@ -135,8 +135,11 @@ class InboxReads:
         return m.select().where(m.target_chat_id == target, pw.SQL(is_open()),
                                 m.kind == kind).exists()
 
-    def has_open_from(self, sender: str, target: str) -> bool:
-        """``target`` has an open row from ``sender``."""
+    def has_open_from(self, sender: str, target: str, *,
+                      created_by: float | None = None) -> bool:
+        """``target`` has an open row from ``sender`` (created at or before ``created_by``,
+        when given)."""
         m = self.t.inbox
+        since = () if created_by is None else (m.created_at <= created_by,)
         return m.select().where(m.target_chat_id == target, pw.SQL(is_open()),
-                                m.sender_chat_id == sender).exists()
+                                m.sender_chat_id == sender, *since).exists()

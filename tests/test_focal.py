@@ -404,6 +404,39 @@ def test_a_finish_noticed_then_asked_about_is_one_notice_when_its_tasks_closed_a
             if r["kind"] == "session_finished_notification"] == [first]
 
 
+@pytest.mark.timeout(60)
+def test_a_finish_committed_after_focal_asked_mid_turn_is_noticed_when_no_reply_tells_it(
+        focal_rt: tuple[Runtime, FocalBrain], clock: ManualClock) -> None:
+    """A session completed its last task in a turn on the user's message, and Focal asked
+    it something while that turn still ran. The completion, committed with the turn,
+    was held back for Focal's request; the request's turn then said nothing, and the
+    held notice was dropped as "closed before Focal asked" (the task's time is when the
+    turn called the tool, before Focal asked): Focal never heard the session finished."""
+    rt, brain = focal_rt
+    rt.get_or_create_focal_chat()
+    s = rt.create_session(rt.create_project("p").id, "Worker")
+    t = rt.tools_for(s.id).task_create("x", status="in_progress")["task_id"]
+    rt.tools_for(FOCAL_ID).agent_send(s.id, "start")  # followed from now on
+    rt.run_until_idle()
+    closed, go = threading.Event(), threading.Event()
+
+    def script(turn: Turn) -> None:
+        if any(m.content == "finish up" for m in turn.messages):
+            turn.tools.task_update(t, status="completed")
+            closed.set()
+            assert go.wait(20)
+            turn.reply("done, as you asked")  # to the user
+    brain.scripts["Worker"] = script
+    rt.post(s.id, "finish up")
+    assert closed.wait(10)
+    clock.advance(5)
+    rt.tools_for(FOCAL_ID).agent_send(s.id, "how is it going?")  # answered with no reply
+    go.set()
+    rt.run_until_idle()
+    assert [r["payload"]["task_id"] for r in rt.inbox(target=FOCAL_ID)
+            if r["kind"] == "session_finished_notification"] == [t]
+
+
 @pytest.mark.parametrize("blank", ["", " \n "])
 def test_a_request_answered_with_blank_text_and_a_finish_tells_focal_it_finished(
         focal_rt: tuple[Runtime, FocalBrain], blank: str) -> None:
