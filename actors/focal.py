@@ -307,7 +307,8 @@ class Focal(HearingBack):
                     per_project[p.slug] = per_project.get(p.slug, 0) + 1
                     per_chat[t.chat_id] = per_chat.get(t.chat_id, 0) + 1
         watched = self.watched_sessions()
-        stalled = sum(1 for f in hb.findings(watched, ctx.now()) if f.startswith("stalled"))
+        now = ctx.now()
+        stalled = sum(1 for w in watched if hb.is_stalled(w, now))  # the heartbeat's rule
         auto_running = sum(1 for w in watched if w.running and (
             (s := ctx.store.session(w.id)) is not None and s.config.get("spawned_by_focal")))
         # One row, not the whole chat: a long-lived Focal transcript grows without bound.

@@ -64,13 +64,20 @@ class WatchedSession:
     blocked_on_user_since: tuple[float, ...] = ()
 
 
+def is_stalled(session: WatchedSession, now: float) -> bool:
+    """Idle for :data:`STALL_AFTER` with open tasks, not running and nothing waiting on
+    the user: a finding of the heartbeat, and what ``GET /focal`` counts as stalled."""
+    return bool(session.open_tasks and not session.running
+                and not session.blocked_on_user_since
+                and now - session.last_activity >= STALL_AFTER)
+
+
 def findings(sessions: Sequence[WatchedSession], now: float) -> list[str]:
     """What deserves a check-in, the longest waiting first (what a cut check-in keeps,
     :func:`check_in`), each once; the signature depends only on content."""
     found: dict[str, float] = {}
     for s in sessions:
-        if (s.open_tasks and not s.running and not s.blocked_on_user_since
-                and now - s.last_activity >= STALL_AFTER):
+        if is_stalled(s, now):
             text = f"stalled: {s.title} ({s.id}) idle with {s.open_tasks} open tasks"
             found[text] = min(found.get(text, s.last_activity), s.last_activity)
         for since in s.blocked_on_user_since:
