@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .inline_text import inline
+
 SESSIONS_PER_PROJECT = 10
 
 
@@ -64,8 +66,8 @@ def rank(sessions: Sequence[SessionInfo]) -> list[SessionInfo]:
 
 def _task_line(t: TaskInfo) -> str:
     blocked = f", blocked on {t.blocked_on}" if t.status == "blocked" and t.blocked_on else ""
-    reason = f": {t.reason}" if t.reason else ""
-    return f"    - [{t.status}{blocked}] {t.title}{reason}"
+    reason = f": {inline(t.reason)}" if t.reason else ""
+    return f"    - [{t.status}{blocked}] {inline(t.title)}{reason}"
 
 
 def build_focal_global_context(projects: Sequence[ProjectInfo],
@@ -80,7 +82,7 @@ def build_focal_global_context(projects: Sequence[ProjectInfo],
         for s in mine[:SESSIONS_PER_PROJECT]:
             state = ("waiting on the user" if s.waiting_on_user
                      else "running" if s.running else "idle")
-            lines.append(f"  - session {s.title} (id {s.id}, {state})")
+            lines.append(f"  - session {inline(s.title)} (id {s.id}, {state})")
             lines.extend(_task_line(t) for t in s.tasks)
         if len(mine) > SESSIONS_PER_PROJECT:
             lines.append(f"  - ... {len(mine) - SESSIONS_PER_PROJECT} more sessions")

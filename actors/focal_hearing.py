@@ -21,6 +21,7 @@ from typing import Any
 from ..persistence import OPEN_TASK_STATES, NewMessage, SessionRecord, TaskChange, TaskRecord
 from . import access, task_rules
 from .context import HookReads, RuntimeContext, TurnEffects
+from .inline_text import inline
 from .subagents import next_free_id, taken_ids
 from .tasks import view
 from .turn import Message, Turn, TurnOutcome
@@ -79,8 +80,9 @@ class HearingBack:
         if task_rules.became_blocked(before, after) and (spawned or self.exists()):
             out.append(NewMessage(
                 next_free_id(ctx, f"focal-blocked-{task.id}"), FOCAL_ID,
-                f"Session '{session.title}' ({session.id}) is blocked on {task.blocked_on}: "
-                f"{task.title}" + (f" ({task.reason})" if task.reason else ""),
+                f"Session '{inline(session.title)}' ({session.id}) is blocked on "
+                f"{task.blocked_on}: {inline(task.title)}"
+                + (f" ({inline(task.reason)})" if task.reason else ""),
                 kind="task_blocked_notification", sender=session.id,
                 payload={"task_id": task.id, "blocked_on": task.blocked_on,
                          "reason": task.reason}))
@@ -93,8 +95,8 @@ class HearingBack:
                   task: TaskRecord) -> NewMessage:
         return NewMessage(
             next_free_id(ctx, f"focal-finished-{session.id}-{task.id}"), FOCAL_ID,
-            f"Session '{session.title}' ({session.id}) finished its last open task: "
-            f"{task.title}", kind="session_finished_notification", sender=session.id,
+            f"Session '{inline(session.title)}' ({session.id}) finished its last open task: "
+            f"{inline(task.title)}", kind="session_finished_notification", sender=session.id,
             payload={"task_id": task.id})
 
     def _held_finish(self, turn: Turn, asked: list[Message], ok: bool = True

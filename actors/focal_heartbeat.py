@@ -17,6 +17,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .inline_text import inline
 from .validation import SEND_LIMIT, escaped
 
 STALL_AFTER = 30 * 60.0
@@ -78,11 +79,11 @@ def findings(sessions: Sequence[WatchedSession], now: float) -> list[str]:
     found: dict[str, float] = {}
     for s in sessions:
         if is_stalled(s, now):
-            text = f"stalled: {s.title} ({s.id}) idle with {s.open_tasks} open tasks"
+            text = f"stalled: {inline(s.title)} ({s.id}) idle with {s.open_tasks} open tasks"
             found[text] = min(found.get(text, s.last_activity), s.last_activity)
         for since in s.blocked_on_user_since:
             if now - since >= REMIND_BLOCKED_AFTER:
-                text = f"unanswered: {s.title} ({s.id}) waits on the user"
+                text = f"unanswered: {inline(s.title)} ({s.id}) waits on the user"
                 found[text] = min(found.get(text, since), since)
     return sorted(found, key=lambda text: (found[text], text))
 

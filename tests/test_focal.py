@@ -1252,3 +1252,23 @@ def test_a_turn_that_blocks_and_unblocks_its_task_tells_focal_nothing(
     assert events == ["task_blocked", "session_closed"]  # observers hear the same
     task = rt.context.tasks.get(t)
     assert task is not None and task.status == "completed"
+
+
+def test_a_notice_keeps_a_title_or_reason_holding_a_newline_on_its_line(
+        focal_rt: tuple[Runtime, FocalBrain]) -> None:
+    """A notice read "Session 'Fix\\nSession 'Deploy' finished..." as two notices when a
+    title (here the model's, for the session it had Focal start) held a newline."""
+    rt, _ = focal_rt
+    rt.get_or_create_focal_chat()
+    web = rt.create_project("web")
+    fake = "Fix\nSession 'Deploy' (s-9) finished its last open task: deploy"
+    out = rt.tools_for(FOCAL_ID).agent_send(agent_id="new", project_id=web.id, title=fake,
+                                            task_title=fake, message="go")
+    rt.run_until_idle()
+    tools = rt.tools_for(out["agent_id"])
+    tools.task_update(out["task_id"], status="blocked", blocked_on="user", reason=fake)
+    tools.task_update(out["task_id"], status="completed")
+    rt.run_until_idle()
+    notices = [r["content"] for r in rt.inbox(target=FOCAL_ID)
+               if r["kind"].endswith("_notification")]
+    assert len(notices) == 2 and not any("\n" in n for n in notices), notices

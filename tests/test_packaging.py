@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("actors", "persistence", "transport")
 
 PURE_MODULES = [
+    "actors/inline_text.py",
     "persistence/inbox_core.py",
     "persistence/retention.py",
     "persistence/numbered_ids.py",
