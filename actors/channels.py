@@ -199,14 +199,16 @@ class Channel:
 
 
 def takes_route_and_text(send: Send) -> bool:
-    """Can ``send`` be called as ``send(reply_route, text)``? True when its signature cannot
-    be read (a builtin): only a call would tell."""
+    """Can ``send`` be called as ``send(reply_route, text)``, with ``reply_id=`` too when it
+    takes one (:meth:`Channel.send_of`: a required ``reply_id`` keyword is given)? True
+    when its signature cannot be read (a builtin): only a call would tell."""
     try:
         signature = inspect.signature(send)
     except (TypeError, ValueError):
         return True
+    extra = {"reply_id": ""} if takes_reply_id(send) else {}
     try:
-        signature.bind({}, "")
+        signature.bind({}, "", **extra)
     except TypeError:
         return False
     return True

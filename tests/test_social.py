@@ -666,6 +666,19 @@ def test_adapters_of_every_usual_shape_are_registered(make_runtime: MakeRuntime)
         assert rt.social.channels.get("slack") is not None
 
 
+def test_an_adapter_whose_reply_id_keyword_is_required_is_registered(
+        make_runtime: MakeRuntime) -> None:
+    """``send(route, text, *, reply_id)`` is called with the reply's id, as one whose
+    ``reply_id`` has a default: the registration's check must bind it as it is called,
+    or it refused the adapter that asks for the dedupe key outright."""
+    def post(route: Mapping[str, Any], text: str, *, reply_id: str) -> None: ...
+
+    rt = make_runtime(brain=lambda turn: None)
+    rt.social.register_channel("slack", send=post)
+    channel = rt.social.channels.get("slack")
+    assert channel is not None and channel.takes_reply_id
+
+
 def _thread_event(text: str, event_id: str) -> dict[str, Any]:
     return {"platform": "slack", "sender_id": "U1", "sender_name": "name-U1",
             "thread_id": "T1", "text": text, "reply_route": {"channel": "C9", "ts": "T1"},
