@@ -111,10 +111,12 @@ class SocialService(SocialIngress):
                 "secret", f"the signing secret has {len(key)} bytes, fewer than "
                           f"{rules.MIN_SECRET_BYTES}: a short one is guessed by trying "
                           "(`openssl rand -hex 32` makes one)")
-        held = self.channels.register(platform, send, key)
-        if self.turns is not None:  # and, before them, those an earlier life's stop or
-            # crash cut off: a thread's earlier replies leave first
-            held = self.channels.left_kept(platform) + held
+        # Those an earlier life's stop or crash cut off first (a thread's earlier replies
+        # leave first), looked for before the adapter is set and this life's held replies
+        # are taken: a look that fails then raises with nothing registered nor taken, and
+        # the product's next registration finds them all (taken first, they were lost).
+        left = self.channels.left_kept(platform) if self.turns is not None else []
+        held = left + self.channels.register(platform, send, key)
         for reply in held:  # replies that ran before the product registered this channel
             self._send_later(platform, reply)
 

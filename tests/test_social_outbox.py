@@ -423,3 +423,30 @@ def test_a_registration_whose_look_for_kept_replies_failed_looks_again_at_the_ne
         wait_for(lambda: sent == ["Booked."], 20, "the kept reply to be sent")
         assert again.social.wait_idle(20)
     assert sent == ["Booked."]
+
+
+@pytest.mark.timeout(60)
+def test_a_registration_whose_look_failed_loses_no_reply_held_for_its_platform(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reply whose turn ran before its platform's channel was registered waits in this
+    runtime's memory. The registration handed those over before its look for an earlier
+    life's replies; when that look failed, it raised with them already taken, and the
+    product's next ``register_channel`` (which looks again) found none: the reply was not
+    sent until the runtime started again."""
+    sent: list[str] = []
+    with Runtime(db=db_url, brain=booked) as rt:
+        rt.social.allow("slack", ["U1"])  # no channel yet: the reply waits for one
+        rt.social.ingest(dict(EVENT))
+        assert rt.social.wait_idle(20)
+        kept = rt.social.channels.kept
+        failures: list[str] = []
+        monkeypatch.setattr(kept, "left_by_others", failing_once(
+            kept.left_by_others, DatabaseFailed("the database did not answer"), failures,
+            "look"))
+        with pytest.raises(DatabaseFailed):
+            rt.social.register_channel("slack", send=lambda route, text: sent.append(text))
+        rt.social.register_channel("slack", send=lambda route, text: sent.append(text))
+        wait_for(lambda: sent == ["Booked."], 20, "the held reply to be sent")
+        assert rt.social.wait_idle(20)
+    assert sent == ["Booked."]
