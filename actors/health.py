@@ -63,6 +63,9 @@ class HealthChecks:
         self._asks: queue.SimpleQueue[_Probe] = queue.SimpleQueue()
         self._reader: threading.Thread | None = None
         """The read thread while it waits for probes (None once it has ended)."""
+        self._closed = False
+        """The runtime stopped (it starts once): no probe comes that a connection kept
+        would serve, and a probe's read thread ends with its answer."""
 
     def report(self, state: str, ctx: RuntimeContext | None,
                writer: GroupCommitWriter | None, send_only: bool,
@@ -104,8 +107,9 @@ class HealthChecks:
                 probe = self._probe = Future()
                 self._asks.put((ctx, probe))
                 if self._reader is None:
-                    self._reader = threading.Thread(target=self._serve, name="kinbox-health",
-                                                    daemon=True)
+                    idle = 0.0 if self._closed else self.idle
+                    self._reader = threading.Thread(target=self._serve, args=(idle,),
+                                                    name="kinbox-health", daemon=True)
                     self._reader.start()
         try:
             probe.result(timeout)
@@ -114,19 +118,21 @@ class HealthChecks:
 
     def close(self) -> None:
         """End the read thread and its connection (a stop: it is not waited for, as a read
-        stuck in the database ends only with it)."""
+        stuck in the database ends only with it); a probe after it reads on a thread that
+        ends, its connection closed, once it has answered."""
         with self._lock:
+            self._closed = True
             if self._reader is not None:
                 self._asks.put(None)
                 self._reader = None
 
-    def _serve(self) -> None:
+    def _serve(self, idle: float) -> None:
         """The read thread: answer probes on this thread's connection (kept between
         them) until none comes for ``idle`` seconds."""
         ctx: RuntimeContext | None = None
         while True:
             try:
-                ask = self._asks.get(timeout=self.idle)
+                ask = self._asks.get(timeout=idle)
             except queue.Empty:
                 with self._lock:  # a probe put from here on finds no reader and starts one
                     if self._asks.empty():

@@ -100,3 +100,24 @@ def test_the_read_thread_ends_with_its_connection_once_no_probe_comes(
         assert [is_closed(conn) for conn in by_probes(opened)] == [True, False]
     finally:
         rt.stop()
+
+
+def test_a_probe_after_the_stop_keeps_no_thread_nor_connection(
+        any_db_url: str, tmp_path: Path) -> None:
+    """A runtime starts once: a probe after its stop (a load balancer's, as it shuts down)
+    has no next probe to keep its connection for. Its read thread stayed a minute with a
+    connection to the stopped runtime's database (a PostgreSQL backend that kept a
+    ``DROP DATABASE`` waiting)."""
+    before = probe_threads()
+    rt = Runtime(db=any_db_url, data_dir=str(tmp_path), brain=lambda turn: None).start()
+    opened = count_connects(rt)
+    assert rt.health(timeout=10.0)["healthy"]
+    rt.stop()
+    for reader in probe_threads() - before:
+        reader.join(10)
+    after = probe_threads() - before
+    rt.health(timeout=10.0)  # answered or not: what matters is what stays
+    for reader in probe_threads() - before - after:
+        reader.join(10)
+        assert not reader.is_alive(), "the read thread outlived its stopped runtime"
+    assert all(is_closed(conn) for conn in by_probes(opened)), by_probes(opened)
