@@ -181,7 +181,9 @@ class CronService:
         return job
 
     def remove(self, job_id: str) -> dict[str, Any]:
-        """Delete a job and its run records (its session and transcript stay)."""
+        """Delete a job and its run records (its session and transcript stay);
+        :class:`CronRunInProgress` (nothing removed) while a run of it is in progress on a
+        live runtime, whose reply would be lost."""
         return self.definitions.remove(job_id)
 
     def runs(self, job_id: str | None = None, limit: int = 50) -> list[dict[str, Any]]:

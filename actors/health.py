@@ -18,6 +18,7 @@ probe connects again.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -29,6 +30,8 @@ from typing import Any
 from ..persistence import GroupCommitWriter
 from .context import RuntimeContext
 from .errors import RuntimeStateError
+
+log = logging.getLogger("kinbox.runtime")
 
 PROBE_IDLE = 60.0
 """Seconds the read thread (and its connection) waits for a next probe before it ends."""
@@ -145,8 +148,16 @@ class HealthChecks:
             try:
                 answer.set_result(ctx.store.session("kinbox-health-probe"))
             except BaseException as exc:
-                # A broken connection is not kept for the next probe.
-                ctx.store.t.db.close()
                 answer.set_exception(exc)
+                _close(ctx)  # a broken connection is not kept for the next probe
         if ctx is not None:
-            ctx.store.t.db.close()  # this thread's connection, not the others'
+            _close(ctx)
+
+
+def _close(ctx: RuntimeContext) -> None:
+    """Close this thread's connection (not the others'); a close that fails (a connection
+    already broken) ends no read thread."""
+    try:
+        ctx.store.t.db.close()
+    except Exception:
+        log.debug("closing the health probe's connection failed", exc_info=True)

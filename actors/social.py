@@ -211,8 +211,10 @@ class SocialService(SocialIngress):
             try:
                 self._hand_over_one(event)
                 handed += 1
-            except WriterClosed:  # nothing more can be kept
-                lost += len(events) - done
+            except WriterClosed:  # nothing more can be kept (of the events allowed)
+                with self._lock:
+                    lost += sum(rules.authorized(self._allow, e.platform, e.sender_id)
+                                for e in events[done:])
                 break
             except Exception as exc:  # this event's alone: the others are tried all the same
                 lost += 1

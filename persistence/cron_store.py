@@ -440,7 +440,8 @@ class CronStore:
 
     def hand_back(self, run_id: str, owner: str, due: float) -> None:
         """Give a run ``owner`` holds back unrun, to be taken (:meth:`take_over`) once
-        ``due`` has passed: its failure's record was refused. Its owner is cleared, so that
+        ``due`` has passed: its failure's record was refused, or the runtime's graceful stop
+        cut its turn short. Its owner is cleared, so that
         takeover counts no death of its runtime. Raises :class:`CronRunLost` unless
         ``owner`` still holds it."""
         r = self.t.cron_run
