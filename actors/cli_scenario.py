@@ -144,15 +144,19 @@ def check_database(url: str, *, once: str | None = None) -> None:
         raise ConfigError(str(exc), field="db") from None
 
 
+def _refused(url: str, why: str) -> ConfigError:
+    """The refusal of ``--db`` (its password masked), saying ``why``."""
+    return ConfigError(f"cannot run a scenario on {redact_url(url)!r}: {why}", field="db")
+
+
 def _check_no_runtime(url: str, db: Any) -> None:
     """ConfigError when a delivering runtime runs on the PostgreSQL database: it would
     claim the scenario's rows and run them with its own brain."""
     running = live_runtimes(db)
     if running:
-        raise ConfigError(f"cannot run a scenario on {redact_url(url)!r}: {running} "
-                          "delivering kinbox runtime(s) run on it and would deliver the "
-                          "scenario's messages with their own brains; stop them or give "
-                          "another database", field="db")
+        raise _refused(url, f"{running} delivering kinbox runtime(s) run on it and would "
+                       "deliver the scenario's messages with their own brains; stop them or "
+                       "give another database")
 
 
 def _check_no_open_rows(url: str, db: Any) -> None:
@@ -166,11 +170,10 @@ def _check_no_open_rows(url: str, db: Any) -> None:
     count = m.select().where(m.status.in_([inbox_core.PENDING,
                                            inbox_core.PROCESSING])).count()
     if count:
-        raise ConfigError(f"cannot run a scenario on {redact_url(url)!r}: it holds {count} "
-                          f"open message(s) (pending or processing) that the scenario's "
-                          f"runtime would deliver with its scripted brain; give a fresh "
-                          f"database, or see to them first (kinbox inbox list --db ...)",
-                          field="db")
+        raise _refused(url, f"it holds {count} open message(s) (pending or processing) "
+                       "that the scenario's runtime would deliver with its scripted brain; "
+                       "give a fresh database, or see to them first (kinbox inbox list "
+                       "--db ...)")
 
 
 def _check_no_schedules(url: str, db: Any) -> None:
@@ -187,9 +190,8 @@ def _check_no_schedules(url: str, db: Any) -> None:
              if db.table_exists(model._meta.table_name)
              and (n := model.select().where(active).count())]
     if found:
-        raise ConfigError(f"cannot run a scenario on {redact_url(url)!r}: it holds "
-                          f"{' and '.join(found)} that the scenario's runtime would run with "
-                          "its scripted brain; give a fresh database", field="db")
+        raise _refused(url, f"it holds {' and '.join(found)} that the scenario's runtime "
+                       "would run with its scripted brain; give a fresh database")
 
 
 def _check_no_unsent_replies(url: str, db: Any) -> None:
@@ -202,10 +204,9 @@ def _check_no_unsent_replies(url: str, db: Any) -> None:
         return
     count = kept.select().count()
     if count:
-        raise ConfigError(f"cannot run a scenario on {redact_url(url)!r}: it keeps {count} "
-                          "social reply(ies) not yet sent, which the scenario's channel "
-                          "adapters would send in their platform's place and forget; give "
-                          "a fresh database", field="db")
+        raise _refused(url, f"it keeps {count} social reply(ies) not yet sent, which the "
+                       "scenario's channel adapters would send in their platform's place and "
+                       "forget; give a fresh database")
 
 
 def _heartbeat_runs(db: Any, tables: Tables) -> bool:

@@ -251,3 +251,21 @@ def counting(real: Callable[..., Any], calls: list[int],
             raise DatabaseFailed("server closed the connection unexpectedly")
         return real(*args, **kwargs)
     return call
+
+
+class Holding:
+    """A brain whose first turn holds until ``release`` is set (``holding`` says it does);
+    every turn replies ``reply``."""
+
+    def __init__(self, reply: str = "done") -> None:
+        self.reply = reply
+        self.holding = threading.Event()
+        self.release = threading.Event()
+        self.turns = 0
+
+    def __call__(self, turn: object) -> str:
+        self.turns += 1
+        if self.turns == 1:
+            self.holding.set()
+            self.release.wait(30)
+        return self.reply

@@ -12,17 +12,17 @@ ran out) or that was handed back holds nothing: it goes with its job, as before.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from kinbox.actors import ManualClock, Runtime, Turn
+from kinbox.actors import ManualClock, Runtime
 from kinbox.actors import cron_rules as rules
 from kinbox.actors.serve import app_for
 from kinbox.persistence import Occurrence
 
+from .helpers import Holding
 from .test_http import Served
 
 MakeRuntime = Callable[..., Runtime]
@@ -30,26 +30,10 @@ STATE = {"X-Kinbox": "1", "Content-Type": "application/json"}
 LEASE = 30.0
 
 
-class Holding:
-    """A brain whose first turn holds until released."""
-
-    def __init__(self) -> None:
-        self.holding = threading.Event()
-        self.release = threading.Event()
-        self.turns = 0
-
-    def __call__(self, turn: Turn) -> str:
-        self.turns += 1
-        if self.turns == 1:
-            self.holding.set()
-            self.release.wait(30)
-        return "the overnight summary"
-
-
 @pytest.mark.timeout(90)
 def test_a_job_whose_run_is_in_progress_is_not_removed_and_the_run_keeps_its_result(
         make_runtime: MakeRuntime, any_db_url: str) -> None:
-    brain = Holding()
+    brain = Holding("the overnight summary")
     rt = make_runtime(brain=brain, db=any_db_url)
     job_id = str(rt.cron.add("digest", "0 0 1 1 *", "Summarize")["job_id"])
     rt.cron.trigger(job_id)
@@ -74,7 +58,7 @@ def test_a_job_whose_run_is_in_progress_is_not_removed_and_the_run_keeps_its_res
 @pytest.mark.timeout(60)
 def test_the_remove_route_answers_409_naming_the_run_in_progress(
         make_runtime: MakeRuntime, tmp_path: Path) -> None:
-    brain = Holding()
+    brain = Holding("the overnight summary")
     rt = make_runtime(brain=brain, data_dir=tmp_path / "data")
     job_id = str(rt.cron.add("digest", "0 0 1 1 *", "Summarize")["job_id"])
     srv = Served(app_for(rt))

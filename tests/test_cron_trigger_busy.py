@@ -16,31 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from kinbox.actors import KinboxError, ManualClock, Runtime, Turn
+from kinbox.actors import KinboxError, ManualClock, Runtime
 from kinbox.actors import cron_rules as rules
 from kinbox.actors.serve import app_for
 
-from .helpers import wait_for
+from .helpers import Holding, wait_for
 from .test_http import Served
 
 MakeRuntime = Callable[..., Runtime]
 STATE = {"X-Kinbox": "1", "Content-Type": "application/json"}
-
-
-class Holding:
-    """A brain whose first turn holds until released."""
-
-    def __init__(self) -> None:
-        self.holding = threading.Event()
-        self.release = threading.Event()
-        self.turns = 0
-
-    def __call__(self, turn: Turn) -> str:
-        self.turns += 1
-        if self.turns == 1:
-            self.holding.set()
-            self.release.wait(30)
-        return "done"
 
 
 @pytest.mark.timeout(60)

@@ -272,10 +272,13 @@ def autogen_on(server: ThreadingHTTPServer) -> Callable[[Turn], Any]:
     return autogen_brain(OpenAIClient())
 
 
+@pytest.mark.parametrize("brain_on", [openai_agents_on, autogen_on],
+                         ids=["openai-agents", "autogen"])
 @pytest.mark.parametrize("status, headers, row_status, attempts, wait", PARAMS, ids=IDS)
-def test_openai_agents_sdk_openai_client_errors(
+def test_openai_client_errors_under_the_agents_sdk_and_autogen(
     make_runtime: MakeRuntime,
     error_server: ThreadingHTTPServer,
+    brain_on: Callable[[ThreadingHTTPServer], Callable[[Turn], Any]],
     status: int,
     headers: dict[str, str],
     row_status: str,
@@ -283,27 +286,10 @@ def test_openai_agents_sdk_openai_client_errors(
     wait: float | None,
 ) -> None:
     error_server.answer = (status, headers)  # type: ignore[attr-defined]
-    rt = make_runtime(brain=openai_agents_on(error_server))
+    rt = make_runtime(brain=brain_on(error_server))
     row = one_turn(rt)
     assert_row(row, row_status, attempts, wait, kind_of(row_status, wait))
     assert "openai." in row["last_error"]  # the client's own error, kept as the cause
-
-
-@pytest.mark.parametrize("status, headers, row_status, attempts, wait", PARAMS, ids=IDS)
-def test_autogen_openai_client_errors(
-    make_runtime: MakeRuntime,
-    error_server: ThreadingHTTPServer,
-    status: int,
-    headers: dict[str, str],
-    row_status: str,
-    attempts: int,
-    wait: float | None,
-) -> None:
-    error_server.answer = (status, headers)  # type: ignore[attr-defined]
-    rt = make_runtime(brain=autogen_on(error_server))
-    row = one_turn(rt)
-    assert_row(row, row_status, attempts, wait, kind_of(row_status, wait))
-    assert "openai." in row["last_error"]
 
 
 @pytest.mark.parametrize("brain_on", [openai_agents_on, autogen_on],

@@ -34,19 +34,24 @@ def status_of(rt: Runtime, message_id: str) -> str:
     return next(r["status"] for r in rt.inbox() if r["message_id"] == message_id)
 
 
+def paired_device(rt: Runtime, name: str, status: str) -> str:
+    """A device paired outbound (at an address nothing answers), in ``status``: its id."""
+    peer = DeviceIdentity.generate()
+    rt.peers.peers.save_outbound(
+        peer.device_id, name, peer.public_key, "http://127.0.0.1:9",
+        rt.peers.identity.seal(new_token(os.urandom(32)), os.urandom(SEAL_NONCE_BYTES)),
+        frozenset({"agent"}), rt.clock.now())
+    rt.peers.peers.set_status(peer.device_id, status, rt.clock.now(), direction=OUTBOUND)
+    return peer.device_id
+
+
 def test_a_revoked_devices_link_ends_and_a_later_send_still_fails(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'k.db'}"
     rt = Runtime(db=url, brain=quiet_brain, clock=ManualClock(),
                  data_dir=tmp_path / "data").start()
     try:
         me = rt.create_session(None, "sender").id
-        peer = DeviceIdentity.generate()
-        device = peer.device_id
-        rt.peers.peers.save_outbound(
-            device, "gone", peer.public_key, "http://127.0.0.1:9",
-            rt.peers.identity.seal(new_token(os.urandom(32)), os.urandom(SEAL_NONCE_BYTES)),
-            frozenset({"agent"}), rt.clock.now())
-        rt.peers.peers.set_status(device, "revoked", rt.clock.now(), direction=OUTBOUND)
+        device = paired_device(rt, "gone", "revoked")
         [sent] = rt.peers.send_many(me, f"peer:{device}", ["hello"])
         wait_for(lambda: status_of(rt, sent["message_id"]) == "failed", 30,
                  "the row to the revoked device to fail")
@@ -107,13 +112,7 @@ def test_a_send_racing_the_revoked_links_let_go_keeps_it_looking(
                  data_dir=tmp_path / "data").start()
     try:
         me = rt.create_session(None, "sender").id
-        peer = DeviceIdentity.generate()
-        device = peer.device_id
-        rt.peers.peers.save_outbound(
-            device, "gone", peer.public_key, "http://127.0.0.1:9",
-            rt.peers.identity.seal(new_token(os.urandom(32)), os.urandom(SEAL_NONCE_BYTES)),
-            frozenset({"agent"}), rt.clock.now())
-        rt.peers.peers.set_status(device, "revoked", rt.clock.now(), direction=OUTBOUND)
+        device = paired_device(rt, "gone", "revoked")
         link = rt.peers.link_for(device)  # the revoked device's link, found nothing yet
         assert isinstance(link, RacingLink)
         rt.peers.send_many(me, f"peer:{device}", ["hello"])
@@ -137,13 +136,7 @@ def test_a_paused_devices_link_ends_and_a_resume_starts_it_again(tmp_path: Path)
                  data_dir=tmp_path / "data").start()
     try:
         me = rt.create_session(None, "sender").id
-        peer = DeviceIdentity.generate()
-        device = peer.device_id
-        rt.peers.peers.save_outbound(
-            device, "laptop", peer.public_key, "http://127.0.0.1:9",
-            rt.peers.identity.seal(new_token(os.urandom(32)), os.urandom(SEAL_NONCE_BYTES)),
-            frozenset({"agent"}), rt.clock.now())
-        rt.peers.peers.set_status(device, "paused", rt.clock.now(), direction=OUTBOUND)
+        device = paired_device(rt, "laptop", "paused")
         [sent] = rt.peers.send_many(me, f"peer:{device}", ["hello"])
         wait_for(lambda: status_of(rt, sent["message_id"]) == "failed", 30,
                  "the row to the paused device to fail")

@@ -355,6 +355,19 @@ def test_cron_social_that_fails_half_way_leaves_no_active_job(
         pytest.fail(f"the next run is refused: {exc}")
 
 
+REFUSING_SLACK = (
+    "def refuse(route, text):\n    raise rules.ChannelRefused(403)\n\n"
+    "class Idle:\n    def __init__(self, rt):\n        self.rt = rt\n"
+    "    def wait(self, timeout=None):\n"
+    "        return self.rt.social.wait_idle(timeout or 10)\n\n"
+    "def run(sc):\n    rt = sc.start()\n"
+    "    rt.social.register_channel('slack', send=refuse)\n"
+    "    rt.social.allow('slack', ['U1'])\n"
+)
+"""A scenario script's start: a Slack channel whose platform refuses every reply, U1
+allowed (``run`` goes on from there)."""
+
+
 @pytest.mark.timeout(60)
 def test_the_text_report_tells_a_social_reply_that_was_not_sent(tmp_path: Path,
                                                                 db_url: str) -> None:
@@ -363,14 +376,7 @@ def test_the_text_report_tells_a_social_reply_that_was_not_sent(tmp_path: Path,
     timeline only, and the text a person reads told a story where the reply went out."""
     path = tmp_path / "refused_reply.py"
     path.write_text(
-        "from kinbox.actors import social_rules as rules\n\n"
-        "def refuse(route, text):\n    raise rules.ChannelRefused(403)\n\n"
-        "class Idle:\n    def __init__(self, rt):\n        self.rt = rt\n"
-        "    def wait(self, timeout=None):\n"
-        "        return self.rt.social.wait_idle(timeout or 10)\n\n"
-        "def run(sc):\n    rt = sc.start()\n"
-        "    rt.social.register_channel('slack', send=refuse)\n"
-        "    rt.social.allow('slack', ['U1'])\n"
+        "from kinbox.actors import social_rules as rules\n\n" + REFUSING_SLACK +
         "    sc.on('social-slack-T1', lambda turn: turn.reply('Booked.'))\n"
         "    for sender in ('U1', 'U9'):\n"
         "        rt.social.ingest({'platform': 'slack', 'sender_id': sender, 'thread_id': 'T1',\n"
@@ -394,14 +400,7 @@ def test_the_diagram_draws_the_turns_of_sessions_no_message_reached(tmp_path: Pa
     path = tmp_path / "social_only.py"
     path.write_text(
         "from kinbox.actors import social_rules as rules\n"
-        "from kinbox.actors.scenario import failing\n\n"
-        "def refuse(route, text):\n    raise rules.ChannelRefused(403)\n\n"
-        "class Idle:\n    def __init__(self, rt):\n        self.rt = rt\n"
-        "    def wait(self, timeout=None):\n"
-        "        return self.rt.social.wait_idle(timeout or 10)\n\n"
-        "def run(sc):\n    rt = sc.start()\n"
-        "    rt.social.register_channel('slack', send=refuse)\n"
-        "    rt.social.allow('slack', ['U1'])\n"
+        "from kinbox.actors.scenario import failing\n\n" + REFUSING_SLACK +
         "    sc.on('social-slack-T1', failing(1))\n"
         "    for text in ('one', 'two'):\n"
         "        rt.social.ingest({'platform': 'slack', 'sender_id': 'U1', 'thread_id': 'T1',\n"

@@ -465,6 +465,20 @@ def test_an_async_brain_answers_social_events_and_takes_steering(
     assert sent == ["got one, two"]
 
 
+def holding_brain() -> tuple[threading.Semaphore, Callable[[Turn], str]]:
+    """A brain echoing each event's text, whose turns of a text starting "hold" occupy
+    their pool thread until the stop asks them to end; released once per such turn."""
+    running = threading.Semaphore(0)
+
+    def brain(turn: Turn) -> str:
+        text = turn.messages[0].content.splitlines()[-1]
+        if text.startswith("hold"):
+            running.release()
+            assert turn.wait_stop_requested(20)
+        return f"echo: {text}"
+    return running, brain
+
+
 @pytest.mark.timeout(60)
 def test_a_failed_write_at_the_hand_over_loses_that_event_alone_if_any(
         make_runtime: MakeRuntime, caplog: pytest.LogCaptureFixture) -> None:
@@ -472,14 +486,7 @@ def test_a_failed_write_at_the_hand_over_loses_that_event_alone_if_any(
     (a busy writer) lost every accepted event after it, though each had its 202. A failed
     write is tried once more (an enqueue is idempotent), and one that fails again costs
     that event alone."""
-    running = threading.Semaphore(0)
-
-    def brain(turn: Turn) -> str:
-        text = turn.messages[0].content.splitlines()[-1]
-        if text.startswith("hold"):  # occupies a pool thread until the stop asks it to end
-            running.release()
-            assert turn.wait_stop_requested(20)
-        return f"echo: {text}"
+    running, brain = holding_brain()
 
     rt = make_runtime(brain=brain)
     rt.social.allow("slack", ["U1"])
@@ -517,14 +524,7 @@ def test_a_graceful_stop_hands_events_no_turn_took_to_the_inbox_and_loses_none(
     """Events accepted (a platform got its 202) but not yet in a turn when the runtime
     stops (waiting for a pool thread, for their chat's turn, to steer it) used to be
     dropped in silence; they run at the next start, once, and answer by their routes."""
-    running = threading.Semaphore(0)
-
-    def brain(turn: Turn) -> str:
-        text = turn.messages[0].content.splitlines()[-1]
-        if text.startswith("hold"):  # occupies a pool thread until the stop asks it to end
-            running.release()
-            assert turn.wait_stop_requested(20)
-        return f"echo: {text}"
+    running, brain = holding_brain()
 
     def setup(rt: Runtime, sent: list[tuple[Any, str]]) -> None:
         rt.social.allow("slack", ["U1", "U2"])
