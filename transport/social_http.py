@@ -5,7 +5,9 @@ platform has a webhook (its secret is registered; else 404), the body size
 (``Content-Length`` and the bytes actually read; 413 beyond the cap; 408 when it has
 not all come in time), the
 signature (:mod:`.webhook_signature`; 401 unsigned, malformed, stale or
-forged, 409 replayed), the JSON (400 not JSON, 422 not an object), and
+forged; a delivery seen before within the replay window: 409 while the first is being
+handled, the first's 202 receipt marked ``duplicate`` once it was accepted), the JSON
+(400 not JSON, 422 not an object), and
 then hands the event to the backend, which validates and queues it (422 a
 bad field, 503 the queue is full). Accepted: 202 with the event id and the
 session it goes to. The signature replaces the ``X-Kinbox`` header the
@@ -74,11 +76,14 @@ def social_routes(backend: SocialBackend, *, max_body: int = MAX_BODY,
             ts = sig.verify(secret, request.headers.get(sig.TIMESTAMP_HEADER), signature, body,
                             backend.now(), window)
             assert signature is not None
-            guard.check(signature, backend.now())
+            answered = guard.check(signature, backend.now())
         except SignatureRejected as exc:
             log.info("webhook delivery for %s refused: %s", platform, exc.reason.value)
             status = 409 if exc.reason is SignatureProblem.REPLAYED else 401
             return error(status, exc.reason.value, exc.detail)
+        if answered is not None:  # accepted before: the platform missed the answer
+            log.info("webhook delivery for %s repeated; answered as before", platform)
+            return JSONResponse({**answered, "duplicate": True}, status_code=202)
         try:
             event = json_body.parse(body)
             if not isinstance(event, dict):
@@ -86,7 +91,8 @@ def social_routes(backend: SocialBackend, *, max_body: int = MAX_BODY,
         except BackendRefused as exc:
             return error(exc.status, exc.code, exc.message)
         # Remembered before the first await, so a twin delivery arriving while this one is
-        # handled is refused; withdrawn if the handling refuses it (it may come again).
+        # handled is refused (409: it may yet fail); withdrawn if the handling refuses it
+        # (it may come again), its receipt kept if it is accepted (a repeat gets it).
         guard.remember(signature, ts, backend.now())
         try:
             # A thread: the ingest may read the database (a retry another process ran).
@@ -97,6 +103,7 @@ def social_routes(backend: SocialBackend, *, max_body: int = MAX_BODY,
         except BaseException:
             guard.withdraw(signature)
             raise
+        guard.accepted(signature, receipt)
         return JSONResponse(receipt, status_code=202)
 
     return [

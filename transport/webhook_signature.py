@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import re
 from collections import OrderedDict
+from typing import Any
 
 from .errors import SignatureProblem, SignatureRejected
 
@@ -62,35 +63,49 @@ def _key(signature: str) -> str:
 
 
 class ReplayGuard:
-    """Signatures accepted within the replay window; a second delivery of one is refused."""
+    """Deliveries seen within the replay window, by signature: one being handled (a second
+    delivery of it is refused: it may yet fail, and the platform is to send it again), or
+    one accepted, with its receipt (a second delivery is answered that receipt: the
+    platform missed the first answer, and a refusal would only have it try again)."""
 
     def __init__(self, window: float = REPLAY_WINDOW, capacity: int = 100_000) -> None:
         self.window = window
         self.capacity = capacity
-        self._seen: OrderedDict[str, float] = OrderedDict()
+        self._seen: OrderedDict[str, tuple[float, dict[str, Any] | None]] = OrderedDict()
 
-    def check(self, signature: str, now: float) -> None:
-        """Refuse a signature accepted before within the window."""
+    def check(self, signature: str, now: float) -> dict[str, Any] | None:
+        """None for a delivery not seen within the window; the receipt of one accepted;
+        :class:`SignatureRejected` (``REPLAYED``) for one still being handled."""
         self._forget(now)
-        if _key(signature) in self._seen:
+        seen = self._seen.get(_key(signature))
+        if seen is None:
+            return None
+        if seen[1] is None:
             raise SignatureRejected(SignatureProblem.REPLAYED,
-                                    "this delivery was already accepted")
+                                    "this delivery is being handled; send it again later")
+        return seen[1]
 
     def remember(self, signature: str, timestamp: int, now: float) -> None:
-        """Remember an accepted delivery's signature until its window ends.
-
-        Only accepted ones: a delivery refused for a full queue may come again.
-        """
+        """Remember a delivery being handled until its window ends (:meth:`accepted` or
+        :meth:`withdraw` says how its handling ended)."""
         self._forget(now)
-        self._seen[_key(signature)] = float(timestamp)
+        self._seen[_key(signature)] = (float(timestamp), None)
+
+    def accepted(self, signature: str, receipt: dict[str, Any]) -> None:
+        """The delivery was accepted: a second delivery of it is answered ``receipt``."""
+        key = _key(signature)
+        seen = self._seen.get(key)
+        if seen is not None:
+            self._seen[key] = (seen[0], receipt)
 
     def withdraw(self, signature: str) -> None:
-        """Forget a delivery remembered before its handling refused it (it may come again)."""
+        """Forget a delivery remembered before its handling refused it (it may come again:
+        a full queue's refusal)."""
         self._seen.pop(_key(signature), None)
 
     def _forget(self, now: float) -> None:
         while self._seen:  # oldest first; also bounded by capacity
-            oldest, ts = next(iter(self._seen.items()))
+            oldest, (ts, _) = next(iter(self._seen.items()))
             if now - ts <= self.window and len(self._seen) < self.capacity:
                 return
             del self._seen[oldest]
