@@ -166,10 +166,12 @@ class CronService:
         """Restart a paused or deactivated job from its next regular time, retries reset."""
         return self.definitions.resume(job_id)
 
-    def trigger(self, job_id: str) -> dict[str, Any]:
+    def trigger(self, job_id: str, idempotency_key: str | None = None) -> dict[str, Any]:
         """Run a job now (its regular schedule is unchanged); :class:`CronJobPaused` for a
-        paused job, :class:`CronRunInProgress` while a run of it is in progress."""
-        job = self.definitions.trigger(job_id)
+        paused job, :class:`CronRunInProgress` while a run of it is in progress. A repeat
+        of the job's last keyed trigger (``idempotency_key``) answers the job as it is,
+        running nothing again."""
+        job = self.definitions.trigger(job_id, idempotency_key)
         try:
             self.tick()
         except PersistenceError as exc:

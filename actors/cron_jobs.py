@@ -203,10 +203,16 @@ class CronJobs:
             job_id, now, active=True, retry_count=0, last_error=None, next_run_at=upcoming,
             triggered_at=None))
 
-    def trigger(self, job_id: str) -> dict[str, Any]:
+    def trigger(self, job_id: str, idempotency_key: Any = None) -> dict[str, Any]:
         """Make an active job due now (a runtime with a brain runs it at its next look);
         :class:`CronJobPaused` for a paused job, :class:`CronRunInProgress` while a run of
-        it is in progress."""
+        it is in progress. ``idempotency_key`` (checked as an add's): the key of the job's
+        last keyed trigger answers the job as it is, neither triggered again nor refused
+        for the run that trigger started (a client retrying after a lost answer)."""
+        key = rules.check_idempotency_key(idempotency_key)
+        if key is not None and self.get(job_id).trigger_key == key:
+            return self.get(job_id).to_dict()
+        keyed = {} if key is None else {"trigger_key": key}
         for _ in range(TRIGGER_TRIES):
             self._check_triggerable(job_id)
             now = self.now()
@@ -215,7 +221,7 @@ class CronJobs:
             # "triggered", its job left paused with a due time; a run started meanwhile
             # made the trigger that run's "still active" error run.
             job = self.store.update(job_id, now, if_active=True, if_idle=True,
-                                    next_run_at=now, triggered_at=now)
+                                    next_run_at=now, triggered_at=now, **keyed)
             if job is not None:
                 return self._changed(job_id, job)
         self._check_triggerable(job_id)

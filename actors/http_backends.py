@@ -101,11 +101,15 @@ class CronHttpBackend:
                                  timezone=fields.get("timezone", "UTC"),
                                  idempotency_key=idempotency_key)
 
-    def act(self, action: str, job_id: str) -> dict[str, Any]:
-        """``POST /cron/jobs/{job_id}/<action>`` and ``DELETE /cron/jobs/{job_id}``."""
+    def act(self, action: str, job_id: str, idempotency_key: str | None = None
+            ) -> dict[str, Any]:
+        """``POST /cron/jobs/{job_id}/<action>`` and ``DELETE /cron/jobs/{job_id}``; a
+        trigger's ``idempotency_key`` (its header, if given)."""
         if action not in ACTIONS:
             raise BackendRefused(404, "not_found", f"no cron action {action!r}")
         with answered(self.rt):
+            if action == "trigger":
+                return self.cron.trigger(job_id, idempotency_key)
             result: dict[str, Any] = getattr(self.cron, action)(job_id)
         return result
 

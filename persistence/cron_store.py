@@ -62,13 +62,15 @@ class CronJobRecord:
     """When a trigger made the job due (None: no trigger waits)."""
     idempotency_key: str | None = None
     """The key of the request that added it (None: none given); not shown."""
+    trigger_key: str | None = None
+    """The key of its last keyed trigger (None: none yet); not shown."""
 
     def to_dict(self) -> dict[str, Any]:
         """The job as the CLI and HTTP API show it (its idempotency key left out: it is
         the adding client's, as a request's header is)."""
         data = asdict(self)
         data["job_id"] = data.pop("id")
-        del data["idempotency_key"]
+        del data["idempotency_key"], data["trigger_key"]
         return data
 
 
@@ -148,7 +150,7 @@ def _job(r: CronJob) -> CronJobRecord:
     return CronJobRecord(r.id, r.name, r.cron, r.timezone, r.prompt, bool(r.active), r.delivery,
                          r.retry_count, r.next_run_at, r.last_run_at, r.last_result,
                          r.last_error, r.created_at, r.updated_at, r.triggered_at,
-                         r.idempotency_key)
+                         r.idempotency_key, r.trigger_key)
 
 
 def _run(r: CronRun) -> CronRunRecord:

@@ -228,6 +228,9 @@ class CronJob(_Base):
     created_at = pw.DoubleField()
     updated_at = pw.DoubleField()
     idempotency_key = pw.CharField(null=True, unique=True, max_length=IDEMPOTENCY_KEY_CHARS)
+    trigger_key = pw.CharField(null=True, max_length=IDEMPOTENCY_KEY_CHARS)
+    """The key the client of its last keyed trigger gave (None: none yet): a retry of that
+    trigger answers the job as it is instead of running it again."""
     """The key the client that added the job gave its request (None: none given): a
     retry of that request answers this job instead of adding a second."""
 

@@ -134,3 +134,43 @@ def test_a_refusal_without_a_run_to_name_names_none() -> None:
     unnamed = rules.CronRunInProgress("cj_a", None)
     assert (named.run_id, unnamed.run_id) == ("cj_a@60", None)
     assert "'cj_a@60'" in str(named) and "()" not in str(unnamed) and "None" not in str(unnamed)
+
+
+@pytest.mark.timeout(60)
+def test_a_retried_keyed_trigger_runs_the_job_once(
+        make_runtime: MakeRuntime, clock: ManualClock, tmp_path: Path) -> None:
+    """A client whose trigger's answer was lost tries again: while the run it started was
+    in progress the retry was refused (409, read as "failed"), and once it had ended the
+    retry ran the job a second time. With an ``Idempotency-Key`` the retry answers the job
+    as it is and runs nothing again; another key triggers anew."""
+    brain = Holding()
+    rt = make_runtime(brain=brain, data_dir=tmp_path / "data")
+    job_id = str(rt.cron.add("yearly", "0 0 1 1 *", "Happy new year")["job_id"])
+    srv = Served(app_for(rt))
+    keyed = {**STATE, "Idempotency-Key": "trigger-1"}
+    path = f"/cron/jobs/{job_id}/trigger"
+    try:
+        status, first = srv.request("POST", path, keyed)
+        assert status == 200, first
+        assert brain.holding.wait(30)
+        status, again = srv.request("POST", path, keyed)  # its run in progress
+        assert status == 200 and again["job_id"] == job_id, again
+        assert "idempotency_key" not in again and "trigger_key" not in again
+        brain.release.set()
+        wait_for(lambda: [r["status"] for r in rt.cron.runs(job_id)] == ["success"], 30,
+                 "the run to end")
+        status, late = srv.request("POST", path, keyed)  # after it ended
+        assert status == 200, late
+        assert rt.cron.wait_idle(30)
+        assert [r["status"] for r in rt.cron.runs(job_id)] == ["success"]
+        clock.advance(1)  # a trigger's run is the occurrence of its time: a time of its own
+        status, _ = srv.request("POST", path, {**STATE, "Idempotency-Key": "trigger-2"})
+        assert status == 200
+        wait_for(lambda: [r["status"] for r in rt.cron.runs(job_id)] == ["success"] * 2, 30,
+                 "the second key's run")
+        status, got = srv.request("POST", path, {**STATE, "Idempotency-Key": ""})
+        assert (status, got["field"]) == (422, "idempotency_key"), got
+    finally:
+        brain.release.set()
+        srv.close()
+    assert brain.turns == 2

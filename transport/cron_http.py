@@ -6,7 +6,7 @@
     POST   /cron/jobs                      add: {name, cron, prompt, delivery?, timezone?}
                                            (Idempotency-Key: a retry adds no second job)
     GET    /cron/jobs/{job_id}             one job
-    POST   /cron/jobs/{job_id}/trigger     run it now
+    POST   /cron/jobs/{job_id}/trigger     run it now (Idempotency-Key: a retry runs nothing again)
     POST   /cron/jobs/{job_id}/pause       stop its schedule
     POST   /cron/jobs/{job_id}/resume      restart it, retries reset
     DELETE /cron/jobs/{job_id}             remove it and its runs (409 while one runs)
@@ -67,8 +67,11 @@ class CronBackend(Protocol):
         given): a repeat answers the job the key's first request added."""
         ...
 
-    def act(self, action: str, job_id: str) -> dict[str, Any]:
-        """``trigger``, ``pause``, ``resume`` or ``remove`` a job."""
+    def act(self, action: str, job_id: str, idempotency_key: str | None = None
+            ) -> dict[str, Any]:
+        """``trigger``, ``pause``, ``resume`` or ``remove`` a job; ``idempotency_key`` (a
+        trigger's header, if given): a repeat of the job's last keyed trigger runs
+        nothing again."""
         ...
 
     def runs(self, job_id: str | None, limit: int, offset: int, before: str | None
@@ -121,6 +124,15 @@ def _whole(request: Request, name: str, default: int, low: int, high: int) -> in
     return int(text) if low <= int(text) <= high else None
 
 
+def idempotency_key(request: Request) -> str | Response | None:
+    """The request's ``Idempotency-Key`` header (None: none), or the 422 answering two."""
+    keys = request.headers.getlist(IDEMPOTENCY_KEY)
+    if len(keys) > 1:  # which one the client meant is anyone's guess
+        return error(422, "invalid_argument", f"one {IDEMPOTENCY_KEY} header, not "
+                     f"{len(keys)}", field="idempotency_key")
+    return keys[0] if keys else None
+
+
 def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
     """The cron routes; ``refusal`` is the app's rule for every call (see
     :func:`.http_app.create_app`)."""
@@ -154,11 +166,9 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
         if unknown:
             return error(422, "invalid_argument", f"unknown fields {quoted(unknown)}; "
                                                   f"known: {list(ADD_FIELDS)}")
-        keys = request.headers.getlist(IDEMPOTENCY_KEY)
-        if len(keys) > 1:  # which one the client meant is anyone's guess
-            return error(422, "invalid_argument", f"one {IDEMPOTENCY_KEY} header, not "
-                         f"{len(keys)}", field="idempotency_key")
-        key = keys[0] if keys else None
+        key = idempotency_key(request)
+        if isinstance(key, Response):
+            return key
         # A repeat (the same key and job) answers 201 with the job as the first did: the
         # client whose answer was lost reads it as it would have read that one.
         return await _call(lambda: backend.add(body, key), 201)
@@ -168,7 +178,10 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
 
     def action(verb: str) -> Callable[[Request], Any]:
         async def handler(request: Request) -> Response:
-            return await _call(lambda: backend.act(verb, request.path_params["job_id"]))
+            key = idempotency_key(request) if verb == "trigger" else None
+            if isinstance(key, Response):
+                return key
+            return await _call(lambda: backend.act(verb, request.path_params["job_id"], key))
         return handler
 
     async def runs(request: Request) -> Response:
