@@ -210,8 +210,8 @@ class CronJobs:
         last keyed trigger answers the job as it is, neither triggered again nor refused
         for the run that trigger started (a client retrying after a lost answer)."""
         key = rules.check_idempotency_key(idempotency_key)
-        if key is not None and self.get(job_id).trigger_key == key:
-            return self.get(job_id).to_dict()
+        if key is not None and (current := self.get(job_id)).trigger_key == key:
+            return current.to_dict()
         keyed = {} if key is None else {"trigger_key": key}
         for _ in range(TRIGGER_TRIES):
             self._check_triggerable(job_id)
