@@ -202,19 +202,16 @@ class SocialService(SocialIngress):
             events = [*self._in_turn.values(), *self._unstarted.values()]
             self._in_turn.clear()
             self._unstarted.clear()
+        with self._lock:
+            allowed = [e for e in events
+                       if rules.authorized(self._allow, e.platform, e.sender_id)]
         handed = lost = 0
-        for done, event in enumerate(events):
-            with self._lock:
-                allowed = rules.authorized(self._allow, event.platform, event.sender_id)
-            if not allowed:
-                continue
+        for done, event in enumerate(allowed):
             try:
                 self._hand_over_one(event)
                 handed += 1
-            except WriterClosed:  # nothing more can be kept (of the events allowed)
-                with self._lock:
-                    lost += sum(rules.authorized(self._allow, e.platform, e.sender_id)
-                                for e in events[done:])
+            except WriterClosed:  # nothing more can be kept
+                lost += len(allowed) - done
                 break
             except Exception as exc:  # this event's alone: the others are tried all the same
                 lost += 1
