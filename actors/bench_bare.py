@@ -31,6 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from . import bench_stages
 from .bench_workload import Measured, Recorder, Workload, produce
@@ -49,13 +50,16 @@ SCHEMA = (
 class _Batch:
     """What the writer commits together; ``committed`` is set after the commit."""
 
-    __slots__ = ("acks", "committed", "entries", "markers", "sends")
+    __slots__ = ("acks", "committed", "entries", "markers", "rows", "sends")
 
     def __init__(self) -> None:
-        self.sends: list[tuple[int, int, str]] = []
-        self.entries: list[tuple[int, str, str]] = []
-        self.markers: list[tuple[int, int]] = []
-        self.acks: list[tuple[int]] = []
+        self.sends: list[tuple[Any, int, str]] = []
+        """(id, target, body) of each new row: what the mailboxes get after the commit."""
+        self.rows: list[tuple[Any, ...]] = []
+        """The new rows as a variant writes them (``bare`` writes ``sends`` as they are)."""
+        self.entries: list[tuple[Any, ...]] = []
+        self.markers: list[tuple[Any, ...]] = []
+        self.acks: list[tuple[Any, ...]] = []
         self.committed = threading.Event()
 
     def __bool__(self) -> bool:
@@ -63,34 +67,39 @@ class _Batch:
 
 
 class BarePipeline:
-    """Durable sends, one writer, mailboxes filled after the commit, worker threads for turns."""
+    """Durable sends, one writer, mailboxes filled after the commit, worker threads for turns.
 
-    def __init__(self, path: Path, sessions: int, brain: Callable[[int, str], str],
+    A variant that writes other rows (:mod:`.bench_bare_rows`) replaces ``schema``, the
+    reads of :meth:`_top` and :meth:`_unacked`, the row :meth:`send` and
+    :meth:`_commit_turn` queue, and the statements of :meth:`_write`."""
+
+    schema: tuple[str, ...] = SCHEMA
+
+    def __init__(self, path: Path, sessions: int, brain: Callable[[int, str], str | None],
                  workers: int = 64, chain: int = 16) -> None:
         self.brain = brain
         self.chain = chain
         self._conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=FULL")
-        for statement in SCHEMA:
+        for statement in self.schema:
             self._conn.execute(statement)
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         self._batch = _Batch()
         self._stopping = False  # the writer's: set once no turn can commit any more
         self._closing = False  # the workers': start no further turn
-        self._mailboxes: list[deque[tuple[int, str]]] = [deque() for _ in range(sessions)]
+        self._mailboxes: list[deque[tuple[Any, str]]] = [deque() for _ in range(sessions)]
         self._scheduled = [False] * sessions
         self._ready: queue.SimpleQueue[int | None] = queue.SimpleQueue()
-        self._next_id = 1 + (self._conn.execute("SELECT MAX(id) FROM inbox").fetchone()[0] or 0)
+        self._next_id = 1 + self._top(self._conn)
         self._threads = [threading.Thread(target=self._writer, name="bare-writer", daemon=True)]
         self._threads += [threading.Thread(target=self._worker, name=f"bare-worker-{i}",
                                            daemon=True) for i in range(workers)]
 
     def start(self) -> BarePipeline:
         """Rehydrate the unacknowledged rows and start the threads."""
-        rows = self._conn.execute("SELECT id, target, body FROM inbox WHERE acked = 0"
-                                  " ORDER BY id").fetchall()
+        rows = self._unacked(self._conn)
         with self._lock:
             self._deliver(rows)
         for thread in self._threads:
@@ -111,7 +120,16 @@ class BarePipeline:
         writer.join(10)
         self._conn.close()
 
-    def send(self, target: int, body: str) -> int:
+    def _top(self, conn: sqlite3.Connection) -> int:
+        """The highest row id written."""
+        return conn.execute("SELECT MAX(id) FROM inbox").fetchone()[0] or 0
+
+    def _unacked(self, conn: sqlite3.Connection) -> list[tuple[Any, int, str]]:
+        """(id, target, body) of the unacknowledged rows, in the order they were sent."""
+        return conn.execute("SELECT id, target, body FROM inbox WHERE acked = 0"
+                            " ORDER BY id").fetchall()
+
+    def send(self, target: int, body: str) -> Any:
         """Queue one row for ``target`` and return its id once it is committed."""
         with self._lock:
             batch, mid = self._batch, self._next_id
@@ -121,7 +139,7 @@ class BarePipeline:
         batch.committed.wait()
         return mid
 
-    def _commit_turn(self, target: int, mid: int, body: str, reply: str) -> None:
+    def _commit_turn(self, target: int, mid: Any, body: str, reply: str | None) -> None:
         with self._lock:
             batch = self._batch
             batch.entries += [(target, "user", body), (target, "assistant", reply)]
@@ -130,7 +148,7 @@ class BarePipeline:
             self._work.notify()
         batch.committed.wait()
 
-    def _deliver(self, rows: list[tuple[int, int, str]]) -> None:
+    def _deliver(self, rows: list[tuple[Any, int, str]]) -> None:
         """Committed rows into their mailboxes; schedule idle sessions (lock held)."""
         for mid, target, body in rows:
             self._mailboxes[target].append((mid, body))
@@ -148,20 +166,24 @@ class BarePipeline:
                     return
                 batch, self._batch = self._batch, _Batch()
             conn.execute("BEGIN")
-            if batch.sends:
-                conn.executemany("INSERT INTO inbox (id, target, body) VALUES (?, ?, ?)",
-                                 batch.sends)
-            if batch.markers:
-                conn.executemany("INSERT INTO transcript (target, role, text) VALUES (?, ?, ?)",
-                                 batch.entries)
-                conn.executemany("INSERT INTO markers (message_id, target) VALUES (?, ?)",
-                                 batch.markers)
-                conn.executemany("UPDATE inbox SET acked = 1 WHERE id = ?", batch.acks)
+            self._write(conn, batch)
             conn.execute("COMMIT")
             if batch.sends:
                 with self._lock:
                     self._deliver(batch.sends)
             batch.committed.set()
+
+    def _write(self, conn: sqlite3.Connection, batch: _Batch) -> None:
+        """The statements of one batch (inside its transaction)."""
+        if batch.sends:
+            conn.executemany("INSERT INTO inbox (id, target, body) VALUES (?, ?, ?)",
+                             batch.sends)
+        if batch.markers:
+            conn.executemany("INSERT INTO transcript (target, role, text) VALUES (?, ?, ?)",
+                             batch.entries)
+            conn.executemany("INSERT INTO markers (message_id, target) VALUES (?, ?)",
+                             batch.markers)
+            conn.executemany("UPDATE inbox SET acked = 1 WHERE id = ?", batch.acks)
 
     def _worker(self) -> None:
         while (target := self._ready.get()) is not None:

@@ -24,6 +24,7 @@ import pykka
 
 from . import bench_stages
 from .bench_bare import run_bare
+from .bench_bare_rows import run_bare_rows
 from .bench_dbos import run_dbos
 from .bench_workload import Measured, Recorder, Workload, fresh_dir, produce, stamp
 
@@ -215,6 +216,7 @@ SYSTEMS: dict[str, Callable[[Workload, Path], Measured]] = {
     "bare": run_bare,
     "bare_py100": lambda w, d: run_bare(w, d, python_us=100),
     "bare_py200": lambda w, d: run_bare(w, d, python_us=200),
+    "bare_rows": run_bare_rows,
     "dbos": run_dbos,
 }
 
