@@ -269,8 +269,8 @@ def scaleout(quick: bool, base: str, tiny: bool = False,
     sizes = Sizes.of(quick, tiny)
     results: dict[str, dict[str, Any]] = {}
     runs = [("kinbox_1_worker", "kinbox", 1), ("kinbox_2_workers", "kinbox", 2)]
-    if "bare_pg" in systems:
-        runs.append(("bare_pg_2_workers", "bare_pg", 2))
+    runs += [(f"{bare}_2_workers", bare, 2) for bare in ("bare_pg", "bare_pg_rows")
+             if bare in systems]
     runs += [(s, s, 1) for s in systems if s != "kinbox"]
     for name, system, n in runs:
         results[name] = {**drain(system, base, n, sizes.drain, pin),
@@ -315,6 +315,15 @@ def ratios(r: dict[str, dict[str, Any]]) -> dict[str, Any]:
             out[f"{w}: kinbox_vs_bare_pg"] = round(one[key] / r["bare_pg"][key], 2)
             if "pgqueuer" in r:
                 out[f"{w}: bare_pg_vs_pgqueuer"] = round(r["bare_pg"][key] / r["pgqueuer"][key], 2)
+        if "bare_pg_rows" in r:  # that overhead split: kinbox's rows, and the rest
+            out[f"{w}: kinbox_vs_bare_pg_rows"] = round(one[key] / r["bare_pg_rows"][key], 2)
+            if "bare_pg" in r:
+                out[f"{w}: bare_pg_rows_vs_bare_pg"] = round(
+                    r["bare_pg_rows"][key] / r["bare_pg"][key], 2)
+        for bare in ("bare_pg", "bare_pg_rows"):
+            if bare in r and f"{bare}_2_workers" in r:
+                out[f"{w}: {bare} 2 workers / 1"] = round(
+                    r[f"{bare}_2_workers"][key] / r[bare][key], 2)
     out["recovery to first redelivery, s (target <= 1)"] = (
         r["kinbox_recovery"]["first_redelivery_s"])
     out["p99 send -> turn start at 500/s, ms (target <= 20)"] = r["kinbox_latency"]["p99_ms"]

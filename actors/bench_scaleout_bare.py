@@ -32,7 +32,8 @@ import select
 import threading
 import time
 import uuid
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
 
 BATCH = 64
 LEASE_SECONDS = 30.0
@@ -97,13 +98,13 @@ def install(cur: Cursor) -> None:
 
 
 def claim(cur: Cursor, owner: str, limit: int = BATCH,
-          lease: float = LEASE_SECONDS) -> list[tuple[int, str, str]]:
+          lease: float = LEASE_SECONDS) -> list[tuple[Any, str, str]]:
     """Lease up to ``limit`` session heads to ``owner``; (id, session, body) each."""
     cur.execute(CLAIM, {"owner": owner, "lease": lease, "limit": limit})
     return sorted(cur.fetchall())
 
 
-def ack(cur: Cursor, owner: str, turns: list[tuple[int, str]]) -> set[int]:
+def ack(cur: Cursor, owner: str, turns: list[tuple[Any, str | None]]) -> set[Any]:
     """Commit ``(id, reply)`` turns' effects under ``owner``'s leases; the ids acked."""
     cur.execute(ACK, {"owner": owner, "ids": [t[0] for t in turns],
                       "replies": [t[1] for t in turns]})
@@ -141,7 +142,23 @@ class Stages:
                 "claims": self.claims, "acked": self.acked, "refused": self.refused}
 
 
-def run_bare_pg(url: str, brain: Brain, stop: threading.Event) -> dict[str, Any]:
+class Statements(NamedTuple):
+    """What the worker loop runs: ``bare_pg``'s own (:data:`NARROW`), or a variant's over
+    other rows (:mod:`.bench_scaleout_bare_rows`)."""
+
+    claim: Callable[[Cursor, str], list[tuple[Any, str, str]]]
+    ack: Callable[[Cursor, str, list[tuple[Any, str | None]]], set[Any]]
+    channel: str
+    """What a send notifies and an idle worker listens on."""
+    reply: str | None
+    """Each turn's reply (an assistant entry), None for none."""
+
+
+NARROW = Statements(claim, ack, "bare_inbox", reply="ok")
+
+
+def run_bare_pg(url: str, brain: Brain, stop: threading.Event,
+                statements: Statements = NARROW) -> dict[str, Any]:
     """The worker loop: claim a batch (commit), run its turns, ack them (commit); idle on
     ``LISTEN``. Returns the stage times for the child's report."""
     import psycopg2
@@ -153,14 +170,14 @@ def run_bare_pg(url: str, brain: Brain, stop: threading.Event) -> dict[str, Any]
     with conn, conn.cursor() as cur:
         cur.execute("SET synchronous_commit = on")
     with listen.cursor() as cur:
-        cur.execute("LISTEN bare_inbox")
+        cur.execute(f"LISTEN {statements.channel}")
     stages = Stages()
     clock = time.perf_counter
     print("ready", flush=True)
     while not stop.is_set():
         t0 = clock()
         with conn.cursor() as cur:
-            rows = claim(cur, owner)
+            rows = statements.claim(cur, owner)
         conn.commit()
         t1 = clock()
         stages.seconds["claim"] += t1 - t0
@@ -173,10 +190,10 @@ def run_bare_pg(url: str, brain: Brain, stop: threading.Event) -> dict[str, Any]
         turns = []
         for mid, _session, body in rows:
             brain.handle(str(mid), body)
-            turns.append((mid, "ok"))
+            turns.append((mid, statements.reply))
         t2 = clock()
         with conn.cursor() as cur:
-            done = ack(cur, owner, turns)
+            done = statements.ack(cur, owner, turns)
         t3 = clock()
         conn.commit()
         t4 = clock()

@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from .bench_scaleout_bare import run_bare_pg
+from .bench_scaleout_bare_rows import STATEMENTS as ROWS
 from .cpu_pinning import pin_process
 
 BATCH = 64
@@ -172,7 +173,9 @@ def run_dbos(url: str, brain: Brain, stop: threading.Event) -> None:
     DBOS.destroy()
 
 
-SYSTEMS = {"kinbox": run_kinbox, "bare_pg": run_bare_pg, "raw": run_raw, "pgqueuer": run_pgqueuer,
+SYSTEMS = {"kinbox": run_kinbox, "bare_pg": run_bare_pg,
+           "bare_pg_rows": lambda url, brain, stop: run_bare_pg(url, brain, stop, ROWS),
+           "raw": run_raw, "pgqueuer": run_pgqueuer,
            "procrastinate": run_procrastinate, "dbos": run_dbos}
 
 

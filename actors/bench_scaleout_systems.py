@@ -22,11 +22,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..persistence import redact_text, redact_url
-from . import bench_scaleout_bare
+from . import bench_scaleout_bare, bench_scaleout_bare_rows
 from .bench_systems import stamp
 from .runtime import Runtime
 
-SYSTEM_NAMES = ("kinbox", "bare_pg", "raw", "pgqueuer", "procrastinate", "dbos")
+SYSTEM_NAMES = ("kinbox", "bare_pg", "bare_pg_rows", "raw", "pgqueuer", "procrastinate", "dbos")
 CHUNK = 2000
 
 log = logging.getLogger("kinbox.bench")
@@ -43,6 +43,7 @@ REMAINING = {
     "kinbox": "SELECT COUNT(*) FROM agent_inbox_messages WHERE status IN ('pending', 'processing')",
     "raw": "SELECT COUNT(*) FROM raw_jobs WHERE status <> 'done'",
     "bare_pg": "SELECT COUNT(*) FROM bare_inbox WHERE status <> 'done'",
+    "bare_pg_rows": bench_scaleout_bare_rows.REMAINING,
     "procrastinate": "SELECT COUNT(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')",
     "dbos": "SELECT COUNT(*) FROM dbos.workflow_status WHERE status IN ('ENQUEUED', 'PENDING')",
     "pgqueuer": "SELECT COUNT(*) FROM pgqueuer",
@@ -198,6 +199,9 @@ class Producer:
     def _setup_bare_pg(self) -> None:
         bench_scaleout_bare.install(self._conn().cursor())
 
+    def _setup_bare_pg_rows(self) -> None:
+        bench_scaleout_bare_rows.install(self._conn().cursor())
+
     def _setup_pgqueuer(self) -> None:
         self._pgq(lambda q: q.install())
 
@@ -277,6 +281,10 @@ class Producer:
                 values = ", ".join(["(%s, %s)"] * len(rows))
                 self.query(f"INSERT INTO {table} (session, body) VALUES {values}",
                           [v for r in rows for v in r])
+            elif self.system == "bare_pg_rows":
+                self.query(bench_scaleout_bare_rows.INSERT,
+                           ([self.ids[k % self.sessions] for k in ks],
+                            [stamp(self.payload) for _ in ks]))
             elif self.system == "procrastinate":
                 deferrer = self.app.configure_task("turn", queue="turns")
                 deferrer.batch_defer(*[{"body": stamp(self.payload)} for _ in ks])
@@ -300,6 +308,8 @@ class Producer:
                       "NOTIFY raw_jobs", (self.ids[k % self.sessions], body))
         elif self.system == "bare_pg":
             self.query(bench_scaleout_bare.SEND, (self.ids[k % self.sessions], body))
+        elif self.system == "bare_pg_rows":
+            self.query(bench_scaleout_bare_rows.SEND, ([self.ids[k % self.sessions]], [body]))
         elif self.system == "procrastinate":
             self.app.configure_task("turn", queue="turns").defer(body=body)
         elif self.system == "dbos":
@@ -319,10 +329,13 @@ class Producer:
                               "WHERE status = 'failed'")[0][0])
 
     def audit(self) -> dict[str, int]:
-        """bare_pg: its lost and duplicate counts from the committed rows; others none."""
-        if self.system != "bare_pg":
-            return {}
-        return bench_scaleout_bare.audit(self._conn().cursor())
+        """bare_pg and bare_pg_rows: their lost and duplicate counts from the committed
+        rows; others none."""
+        if self.system == "bare_pg":
+            return bench_scaleout_bare.audit(self._conn().cursor())
+        if self.system == "bare_pg_rows":
+            return bench_scaleout_bare_rows.audit(self._conn().cursor())
+        return {}
 
     def close(self) -> None:
         """Stop the send-only runtime and clients and remove the runtime's files; connections

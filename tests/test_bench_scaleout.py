@@ -48,6 +48,8 @@ def test_the_ratios_name_each_target_with_its_measure() -> None:
          "pgqueuer": {"drain_msgs_per_s": 50, "closed_msgs_per_s": 100},
          "dbos": {"drain_msgs_per_s": 25, "closed_msgs_per_s": 10},
          "bare_pg": {"drain_msgs_per_s": 400, "closed_msgs_per_s": 100},
+         "bare_pg_rows": {"drain_msgs_per_s": 200, "closed_msgs_per_s": 90},
+         "bare_pg_rows_2_workers": {"drain_msgs_per_s": 300, "closed_msgs_per_s": 90},
          "kinbox_latency": {"p99_ms": 12.5}, "kinbox_recovery": {"first_redelivery_s": 0.6}}
     ratios = bench_scaleout.ratios(r)
     assert ratios["drain: 2 workers / 1 (target >= 1.3)"] == 1.5
@@ -56,6 +58,12 @@ def test_the_ratios_name_each_target_with_its_measure() -> None:
     assert ratios["recovery to first redelivery, s (target <= 1)"] == 0.6
     assert ratios["drain: kinbox_vs_bare_pg"] == 0.25
     assert ratios["drain: bare_pg_vs_pgqueuer"] == 8.0
+    # kinbox_vs_bare_pg split: kinbox's rows (bare_pg_rows / bare_pg), and the rest
+    assert ratios["drain: bare_pg_rows_vs_bare_pg"] == 0.5
+    assert ratios["drain: kinbox_vs_bare_pg_rows"] == 0.5
+    assert ratios["closed: bare_pg_rows_vs_bare_pg"] == 0.9
+    assert ratios["drain: bare_pg_rows 2 workers / 1"] == 1.5
+    assert "drain: bare_pg 2 workers / 1" not in ratios  # not run here
 
 
 @pytest.mark.postgres
@@ -72,12 +80,15 @@ def test_a_tiny_scaleout_run_reports_every_system_and_workload(
     results = report["results"]
     others = [s for s in SYSTEM_NAMES if s != "kinbox"]
     assert set(results) == {"kinbox_1_worker", "kinbox_2_workers", "bare_pg_2_workers",
+                            "bare_pg_rows_2_workers",
                             *others, "kinbox_sends_only", "kinbox_latency", "kinbox_recovery"}
-    for name in ["kinbox_1_worker", "kinbox_2_workers", "bare_pg_2_workers", *others]:
+    for name in ["kinbox_1_worker", "kinbox_2_workers", "bare_pg_2_workers",
+                 "bare_pg_rows_2_workers", *others]:
         assert results[name]["drain_msgs_per_s"] > 0 and results[name]["closed_msgs_per_s"] > 0
     assert results["kinbox_sends_only"]["closed_msgs_per_s"] > 0
     for w in ("drain", "closed"):
-        assert (results["bare_pg"][f"{w}_lost"], results["bare_pg"][f"{w}_duplicate"]) == (0, 0)
+        for bare in ("bare_pg", "bare_pg_rows"):
+            assert (results[bare][f"{w}_lost"], results[bare][f"{w}_duplicate"]) == (0, 0)
     assert results["kinbox_latency"]["p99_ms"] is not None
     assert results["kinbox_recovery"]["first_redelivery_s"] is not None
     assert len(results["kinbox_latency"]["per_worker"]) == 2

@@ -85,3 +85,97 @@ def test_an_ack_after_the_lease_was_lost_writes_nothing(pg_url: str) -> None:
         finally:
             a.close()
             b.close()
+
+
+# -- bare_pg_rows: the same loop over kinbox's own rows ------------------------------------
+
+def _catalog(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    tables = ("agent_inbox_messages", "transcript_entries", "delivery_markers")
+    conn = psycopg2.connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT table_name, column_name, data_type, character_maximum_length,"
+                        " is_nullable, ordinal_position FROM information_schema.columns"
+                        " WHERE table_schema = current_schema() AND table_name = ANY(%s)"
+                        " ORDER BY 1, 6", (list(tables),))
+            columns = cur.fetchall()
+            cur.execute("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname ="
+                        " current_schema() AND tablename = ANY(%s) ORDER BY 1", (list(tables),))
+            indexes = cur.fetchall()
+            cur.execute("SELECT sequencename FROM pg_sequences WHERE schemaname ="
+                        " current_schema() ORDER BY 1")
+            sequences = cur.fetchall()
+        return {"columns": columns, "indexes": indexes, "sequences": sequences}
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(120)
+def test_bare_pg_rows_creates_the_tables_and_indexes_kinbox_creates(pg_url: str) -> None:
+    from kinbox.actors import Runtime
+
+    with scratch_producer("kinbox", pg_url, 1, 100) as kinbox:
+        assert isinstance(kinbox.rt, Runtime)
+        theirs = _catalog(kinbox.url)
+    with scratch_producer("bare_pg_rows", pg_url, 1, 100) as rows:
+        ours = _catalog(rows.url)
+    assert len(theirs["indexes"]) == 10 and len(theirs["columns"]) == 21 + 9 + 4
+    assert ours["columns"] == theirs["columns"]
+    assert ours["indexes"] == theirs["indexes"]
+    # every sequence the message path uses (kinbox's database has more, for its other tables)
+    assert set(ours["sequences"]) <= set(theirs["sequences"])
+    assert ("agent_inbox_seq",) in ours["sequences"]
+
+
+@pytest.mark.timeout(120)
+def test_two_bare_rows_workers_deliver_every_message_once_in_session_order(pg_url: str) -> None:
+    with scratch_producer("bare_pg_rows", pg_url, 200, 100) as producer:
+        pool = Workers("bare_pg_rows", producer.url, 2)
+        try:
+            producer.backlog(3000)
+            producer.send(3000)  # a durable send too: the closed loop's
+            wait_done(producer, 90)
+        finally:
+            reports = pool.stop()
+        assert producer.audit() == {"lost": 0, "duplicate": 0}
+        started = [(t, mid) for r in reports for mid, t in r["starts"]]
+        seq_of = dict(_rows(producer, "SELECT message_id, seq FROM agent_inbox_messages"))
+        assert sorted(m for _, m in started) == sorted(seq_of)  # each started once
+        assert all(r["starts"] for r in reports)  # both workers took a share
+        session_of = dict(_rows(producer, "SELECT message_id, target_chat_id"
+                                          " FROM agent_inbox_messages"))
+        by_session: dict[str, list[int]] = defaultdict(list)
+        for _, mid in sorted(started):
+            by_session[session_of[mid]].append(seq_of[mid])
+        assert all(seqs == sorted(seqs) for seqs in by_session.values())
+        # one entry a turn, the user's (the brain replied nothing), as kinbox writes
+        assert _rows(producer, "SELECT role, COUNT(*) FROM transcript_entries GROUP BY role"
+                     ) == [("user", 3001)]
+
+
+@pytest.mark.timeout(60)
+def test_a_bare_rows_ack_after_the_lease_was_lost_writes_nothing(pg_url: str) -> None:
+    from kinbox.actors import bench_scaleout_bare_rows as rows
+
+    with scratch_producer("bare_pg_rows", pg_url, 2, 100) as producer:
+        a = psycopg2.connect(producer.url)
+        b = psycopg2.connect(producer.url)
+        a.autocommit = b.autocommit = True
+        try:
+            producer.backlog(4)  # sessions s0, s1: two rows each
+            held = rows.claim(a.cursor(), "A")
+            assert [r[1] for r in held] == ["s000000", "s000001"]
+            assert rows.claim(b.cursor(), "B") == []  # both heads leased
+            producer.query("UPDATE agent_inbox_messages SET lease_until = lease_until - 3600"
+                           " WHERE lease_owner = 'A'")
+            taken = rows.claim(b.cursor(), "B")
+            assert [r[0] for r in taken] == [r[0] for r in held]
+            assert rows.ack(a.cursor(), "A", [(r[0], "late") for r in held]) == set()
+            assert _rows(producer, "SELECT COUNT(*) FROM transcript_entries")[0][0] == 0
+            assert _rows(producer, "SELECT COUNT(*) FROM delivery_markers")[0][0] == 0
+            assert rows.ack(b.cursor(), "B", [(r[0], None) for r in taken]) == {
+                r[0] for r in taken}
+            assert producer.audit() == {"lost": 2, "duplicate": 0}
+        finally:
+            a.close()
+            b.close()
