@@ -215,13 +215,19 @@ def run_bare(w: Workload, workdir: Path, python_us: int = 0) -> Measured:
         rec.handled(body)
         return "ok"
 
-    pipe = BarePipeline(workdir / "bare.db", w.sessions, brain).start()
+    return measure("bare", BarePipeline(workdir / "bare.db", w.sessions, brain), w, rec)
+
+
+def measure(name: str, pipe: BarePipeline, w: Workload, rec: Recorder) -> Measured:
+    """Start ``pipe``, send ``w`` through it, and measure until ``rec`` heard every turn:
+    the rate, latencies and the CPU a message by stage; ``pipe`` stopped however it ends."""
+    pipe.start()
     try:
         before = bench_stages.sample()
         start = time.perf_counter()
         producers = produce(w, pipe.send)
         if not rec.done.wait(3600):
-            raise TimeoutError("bare did not deliver every message")
+            raise TimeoutError(f"{name} did not deliver every message")
         elapsed = time.perf_counter() - start
         return rec.measured(elapsed, stages=bench_stages.per_message(
             before, bench_stages.sample(), producers, w.messages))

@@ -27,9 +27,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import bench_stages
-from .bench_bare import BarePipeline, _Batch
-from .bench_workload import Measured, Recorder, Workload, produce
+from .bench_bare import BarePipeline, _Batch, measure
+from .bench_workload import Measured, Recorder, Workload
 
 INBOX = "agent_inbox_messages"
 SCHEMA = (
@@ -153,15 +152,5 @@ def run_bare_rows(w: Workload, workdir: Path) -> Measured:
     def brain(target: int, body: str) -> None:
         rec.handled(body)
 
-    pipe = BareRowsPipeline(workdir / "bare-rows.db", w.sessions, brain).start()
-    try:
-        before = bench_stages.sample()
-        start = time.perf_counter()
-        producers = produce(w, pipe.send)
-        if not rec.done.wait(3600):
-            raise TimeoutError("bare_rows did not deliver every message")
-        elapsed = time.perf_counter() - start
-        return rec.measured(elapsed, stages=bench_stages.per_message(
-            before, bench_stages.sample(), producers, w.messages))
-    finally:
-        pipe.stop()
+    return measure("bare_rows", BareRowsPipeline(workdir / "bare-rows.db", w.sessions, brain),
+                   w, rec)
