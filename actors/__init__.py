@@ -24,6 +24,7 @@ from ..persistence.errors import (
     PersistenceError,
     RowNotFound,
     SchemaError,
+    SchemaTooNew,
     WriterClosed,
     WriteTimeout,
 )
@@ -117,6 +118,7 @@ __all__ = [
     "RuntimeStateError",
     "ScenarioError",
     "SchemaError",
+    "SchemaTooNew",
     "SubagentTools",
     "SystemClock",
     "TaskTools",

@@ -14,6 +14,7 @@ Decide on the types and their attributes, never on the message text::
         ├── DatabaseOpenError      .url (password masked), .reason: cannot be opened
         │   └── DatabaseMissing    a read-only command found no database there
         ├── SchemaError            the schema is missing or older than this code
+        │   └── SchemaTooNew       .found, .known: a newer kinbox upgraded the database
         ├── IdempotencyConflict    .message_id was reused for another message
         ├── IllegalTransition      .message_id, .current, .event: the state machine forbids it
         ├── LeaseLost              .message_id, .owner: acted on a row it no longer leases
@@ -60,6 +61,21 @@ class DatabaseMissing(DatabaseOpenError):
 
 class SchemaError(PersistenceError):
     """The schema is missing tables or columns; run ``kinbox db upgrade``."""
+
+
+class SchemaTooNew(SchemaError):
+    """The database's schema version ``found`` is newer than the ``known`` one of this code
+    (a newer kinbox upgraded it): refused, nothing changed. Not for ``kinbox db upgrade``:
+    this code cannot take a schema back."""
+
+    def __init__(self, found: int, known: int) -> None:
+        super().__init__(
+            f"the database's schema is version {found}, newer than this kinbox knows "
+            f"(version {known}): a newer kinbox upgraded it. Run that kinbox version or "
+            "a later one on it (upgrade this installation); kinbox never downgrades a "
+            "schema, so go back only to a backup taken before that upgrade")
+        self.found = found
+        self.known = known
 
 
 class IdempotencyConflict(PersistenceError):

@@ -372,6 +372,17 @@ class SocialReply(_Base):
         table_name = "social_replies"
 
 
+class SchemaVersion(_Base):
+    """The schema version the last upgrade left the database at (:mod:`.schema_version`):
+    one row, ``id`` 1, so that a kinbox can tell a database a newer one upgraded."""
+
+    id = pw.IntegerField(primary_key=True, constraints=[pw.Check("id = 1")])
+    version = pw.IntegerField()
+
+    class Meta:
+        table_name = "kinbox_schema"
+
+
 MODELS: tuple[type[_Base], ...] = (
     Project,
     Session,
@@ -389,6 +400,7 @@ MODELS: tuple[type[_Base], ...] = (
     RateBucket,
     InboxSeqMark,
     SocialReply,
+    SchemaVersion,
 )
 
 
@@ -413,12 +425,14 @@ class Tables:
     bucket: type[RateBucket]
     seq_mark: type[InboxSeqMark]
     social_reply: type[SocialReply]
+    schema_version: type[SchemaVersion]
 
     def all(self) -> list[type[pw.Model]]:
         """Every bound model, in creation order."""
         return [self.project, self.session, self.transcript, self.marker, self.task,
                 self.inbox, self.event, self.job, self.cron_job, self.cron_run, self.device,
-                self.invite, self.stop, self.bucket, self.seq_mark, self.social_reply]
+                self.invite, self.stop, self.bucket, self.seq_mark, self.social_reply,
+                self.schema_version]
 
 
 def _bound(model: type[_Base], db: pw.Database) -> type:

@@ -1,7 +1,10 @@
 """Creating and upgrading the schema with peewee's migration support.
 
 The models are the description of the schema; the database is compared to
-them, not to a hand-kept version number. ``upgrade`` creates missing tables
+them. Its version number (:mod:`.schema_version`) only says whether this code
+may do so: a database a newer kinbox upgraded is refused first (``SchemaTooNew``),
+and an older one's number is raised by the upgrade that brings it up to the
+models, in the same transaction. ``upgrade`` creates missing tables
 and indexes and adds missing columns through ``playhouse.migrate`` (which
 knows how to add a NOT NULL column with a default on every backend), and on
 PostgreSQL widens a text column an older schema made narrower than its model
@@ -25,6 +28,7 @@ from .open_indexes import (
     missing_open_indexes,
     surplus_indexes,
 )
+from .schema_version import check_version, version_change, write_version
 
 INBOX_SEQUENCE = "agent_inbox_seq"
 """PostgreSQL sequence that orders inbox rows across processes."""
@@ -99,8 +103,10 @@ def _repair_sequence(db: pw.Database) -> None:
 
 
 def pending_changes(tables: Tables) -> list[str]:
-    """What ``upgrade`` would change, one line each; empty when up to date."""
+    """What ``upgrade`` would change, one line each; empty when up to date.
+    :class:`.SchemaTooNew` for a database a newer kinbox upgraded."""
     db = tables.db
+    found = check_version(db)  # first: a newer schema is not compared with older models
     existing = set(db.get_tables())
     indexes = index_names(db)
     changes: list[str] = []
@@ -121,12 +127,17 @@ def pending_changes(tables: Tables) -> list[str]:
         changes.extend(f"create index {name}" for name in missing_open_indexes(db))
         changes.extend(f"drop index {name} (replaced)" for name in surplus_indexes(db))
     sequence = _sequence_change(db, existing)
-    return changes if sequence is None else [*changes, sequence]
+    if sequence is not None:
+        changes.append(sequence)
+    version = version_change(found)
+    return changes if version is None else [*changes, version]
 
 
 def upgrade(tables: Tables) -> list[str]:
-    """Bring the schema up to the models; return the changes made (by this call: what
-    another process's upgrade made while this one waited for it is not among them)."""
+    """Bring the schema up to the models and raise its version number, in one
+    transaction; return the changes made (by this call: what another process's upgrade
+    made while this one waited for it is not among them). :class:`.SchemaTooNew`,
+    nothing changed, for a database a newer kinbox upgraded."""
     db = tables.db
     if not pending_changes(tables):
         return []  # nothing to write: no transaction beside a running runtime
@@ -176,11 +187,13 @@ def upgrade(tables: Tables) -> list[str]:
         if is_postgres(db):
             _repair_sequence(db)
         create_open_indexes(db)
+        write_version(db)  # last, in the same transaction: raised only with all the rest
     return changes
 
 
 def require_current(tables: Tables) -> None:
-    """Raise :class:`SchemaError` unless the schema matches the models."""
+    """Raise :class:`SchemaError` unless the schema matches the models and the code's
+    version (:class:`.SchemaTooNew` for a newer one)."""
     changes = pending_changes(tables)
     if changes:
         raise SchemaError(
