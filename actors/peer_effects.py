@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING
 from ..persistence import LeaseLost, PersistenceError, WriterClosed
 from ..persistence.peers import OUTBOUND, DeviceRecord
 from ..persistence.writer import Reply
-from ..transport.link import Acked, Answer, Effect, Rejected, Released, Retry, Terminal
+from ..transport.link import (
+    Acked,
+    Answer,
+    Effect,
+    Postponed,
+    Rejected,
+    Released,
+    Retry,
+    Terminal,
+)
 
 if TYPE_CHECKING:
     from .peers import PeerService
@@ -101,6 +110,10 @@ class LinkEffects:
                 self.retry(e.id, e.reason, permanent=True)
             elif isinstance(e, Released):
                 self.release(list(e.ids))
+            elif isinstance(e, Postponed):  # busy, not failing: no attempt, no flag
+                log.info("peer %s is busy: its %d rows wait %g s", self.device_id,
+                         len(e.ids), e.wait)
+                self.postpone(list(e.ids), e.wait)
             elif isinstance(e, Retry):
                 if e.unproven:  # a stale URL or a stranger on it: the operator should know
                     self.svc.unproven(rec, e.reason)
@@ -172,6 +185,22 @@ class LinkEffects:
         self.svc.ctx.emit("peer_failed" if failed else "peer_retry", message_id=message_id,
                           device_id=self.device_id, attempts=attempts, error=error,
                           taken_over=taken_over)
+
+    def postpone(self, ids: list[str], wait: float) -> None:
+        """Hand rows back uncounted, due in ``wait`` seconds: the link's next claim finds
+        nothing before then (the head holds back the rows behind it), so it does not dial
+        the busy receiver again sooner than it asked."""
+        if not ids:
+            return
+        ctx = self.svc.ctx
+        now = ctx.now()
+        try:
+            ctx.journal.release_until(ctx.owner, ids, now, now + wait)
+        except WriterClosed:
+            raise
+        except PersistenceError as exc:  # lost meanwhile, or the database is down
+            log.info("could not hand %d peer rows back (%s); they come back by their lease",
+                     len(ids), type(exc).__name__)
 
     def release(self, ids: list[str]) -> None:
         ctx = self.svc.ctx

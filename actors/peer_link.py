@@ -41,7 +41,7 @@ from ..persistence.peers import OUTBOUND, DeviceRecord
 from ..persistence.writer import Reply
 from ..transport import frames as wire
 from ..transport import key_file
-from ..transport.errors import IdentityError, PeerUnavailable
+from ..transport.errors import IdentityError, PeerBusy, PeerUnavailable
 from ..transport.handshake import NONCE_BYTES, new_nonce
 from ..transport.link import LinkState, Outgoing, SenderLink
 from ..transport.peer_client import connect_link
@@ -229,6 +229,8 @@ class PeerLink:
         except PeerUnavailable as exc:
             if self._stop.is_set():
                 link.stopped()
+            elif isinstance(exc, PeerBusy):  # up, out of handshake slots: no failure
+                link.busy(exc.retry_after)
             elif exc.status is not None:
                 link.refused(exc.reason)
             else:

@@ -37,6 +37,7 @@ from ..transport.errors import (
     FrameError,
     HandshakeRefused,
     IdentityError,
+    PeerBusy,
     PeerUnavailable,
     TransportError,
 )
@@ -44,7 +45,15 @@ from ..transport.grants import Refusal
 from ..transport.handshake import NONCE_BYTES, new_nonce
 from ..transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
 from ..transport.invite_code import is_code, is_old_code, new_code, parse_code
-from ..transport.link import Acked, Answer, LinkState, Retry, SenderLink, Terminal
+from ..transport.link import (
+    Acked,
+    Answer,
+    LinkState,
+    Retry,
+    SenderLink,
+    Terminal,
+    busy_wait,
+)
 from ..transport.peer_address import address_problem
 from ..transport.peer_client import connect_link, endpoint, pair_with
 from .context import RuntimeContext
@@ -359,6 +368,10 @@ class PeerService:
         try:
             with connect_link(rec.url or "", token, in_flight=named) as ws:
                 return self._exchange(ws, link, rec, agent_id, action, named)
+        except PeerBusy as exc:  # up, out of handshake slots: nothing to tell the operator
+            wait = busy_wait(exc.retry_after)
+            raise ToolError("execution_failed", f"Peer '{agent_id}' is busy; try again in "
+                            f"{wait:g} s.", retry_after=wait) from None
         except PeerUnavailable as exc:
             if exc.status is not None:  # an HTTP refusal: unproven, as on a live link
                 self.unproven(rec, f"the peer's address refused the connection ({exc.reason})")

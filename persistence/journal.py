@@ -424,6 +424,20 @@ class Journal(InboxReads, InboxClaims, SteeringClaims, InboxOperator, InboxPrune
         if ``owner`` lost a lease."""
         self.writer.call_bulk(self._releases, (owner, list(message_ids), now))
 
+    def release_until(self, owner: str, message_ids: Sequence[str], now: float,
+                      due: float) -> None:
+        """Hand leased rows back unrun (no attempt counted), due no sooner than ``due``:
+        their receiver is busy and asked to be tried then (a peer's ``503 busy``), which is
+        no failure of theirs. Refused with :class:`LeaseLost` if ``owner`` lost a lease."""
+        ids = list(message_ids)
+
+        def op() -> None:
+            for row in self._fence(owner, ids):
+                core.transition(row.message_id, row.status, core.Event.RELEASE)
+            self._release_rows(ids, now, due)
+
+        self.writer.call(op)
+
     def release_later(self, owner: str, message_id: str, now: float) -> float:
         """Hand a leased row back unrun (no attempt counted), due only after the backoff
         of the failed attempt whose record the database refused

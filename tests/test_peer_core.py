@@ -33,14 +33,17 @@ from kinbox.transport.invite_code import (
     parse_code,
 )
 from kinbox.transport.link import (
+    BUSY_WAIT_LIMIT,
     Acked,
     LinkState,
     Outgoing,
+    Postponed,
     Rejected,
     Released,
     Retry,
     SenderLink,
     Terminal,
+    busy_wait,
 )
 
 SERVER = DeviceIdentity.generate()
@@ -466,6 +469,22 @@ def test_a_stopped_link_releases_what_it_holds_and_a_lost_one_retries_it() -> No
     link = SenderLink(CLIENT, SERVER.device_id, SERVER.public_key, TOKEN)
     link.stopped()  # holding nothing: nothing to do
     assert link.effects() == [] and link.state is LinkState.IDLE
+
+
+@pytest.mark.timeout(10)
+def test_a_busy_answer_postpones_what_the_link_holds_uncounted_by_the_wait_asked() -> None:
+    """``503 busy`` at the upgrade: the receiver is up, out of handshake slots. No attempt
+    (no Retry), no unproven flag: the rows wait what it asked, bounded both ways."""
+    link = SenderLink(CLIENT, SERVER.device_id, SERVER.public_key, TOKEN, 2)
+    link.offer([Outgoing("m0", "a"), Outgoing("m1", "b")])
+    link.busy(7.0)
+    [effect] = link.effects()
+    assert isinstance(effect, Postponed)
+    assert (effect.ids, effect.wait) == (("m0", "m1"), 7.0)
+    assert link.state is LinkState.IDLE and link.held() == [] and link.frames_to_send() == []
+    assert busy_wait(0.0) == 1.0  # never at once: that would dial it in a loop
+    assert busy_wait(10**9) == BUSY_WAIT_LIMIT  # whatever answers busy cannot hold rows a day
+    assert busy_wait(None) > 1.0  # no usable Retry-After: a handshake's deadline
 
 
 def test_rejected_payload_is_terminal_for_that_row_only() -> None:

@@ -15,7 +15,8 @@ from "you misused it" (:class:`LinkStateError`)::
     ├── HandshakeRefused   a handshake or pairing step failed; .reason says which
     ├── GrantClosed        a live link's grant was paused or revoked; .status
     ├── LinkStateError     a link core was driven out of order (a caller's bug)
-    ├── PeerUnavailable    the peer could not be reached or refused the link
+    ├── PeerUnavailable    the peer could not be reached or refused the link; .status
+    │   └── PeerBusy       it answered 503 ``busy`` (no handshake slot free); .retry_after
     └── ExposedWithoutToken  an app would answer names other machines reach with no
                            operator token; .hosts; also a ValueError
 
@@ -153,3 +154,14 @@ class PeerUnavailable(TransportError):
         super().__init__(f"peer unavailable ({reason})")
         self.reason = reason
         self.status = status
+
+
+class PeerBusy(PeerUnavailable):
+    """The peer's address answered 503 ``busy``: a kinbox serve whose handshake slots are
+    all taken (see ``handshake_slots``). Healthy, only loaded: no attempt failed, nothing
+    is wrong with the pairing. ``retry_after``: the seconds its ``Retry-After`` asked to
+    wait (None when it gave no usable one)."""
+
+    def __init__(self, reason: str, *, retry_after: float | None) -> None:
+        super().__init__(reason, status=503)
+        self.retry_after = retry_after

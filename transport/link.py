@@ -21,6 +21,7 @@ leaves the state as it was)::
     OPEN       --error naming no id--> IDLE     (leased rows retried: none will be acked)
     OPEN       --refused (signed)--> CLOSED     (the grant closed: every leased row fails)
     any        --connection_lost-->  IDLE       (leased rows retried by the journal)
+    any        --busy-->             IDLE       (held rows postponed: no attempt counted)
     any        --stopped-->          IDLE       (held rows released: no attempt counted)
 
 Only the pinned key ends a pairing: a refusal at the upgrade, an unsigned
@@ -28,7 +29,9 @@ Only the pinned key ends a pairing: a refusal at the upgrade, an unsigned
 ``refused`` frame the key did not sign could come from whoever holds the
 peer's address now (a stale URL, a stranger on the LAN) or relays between
 the devices, so they are retried like a dropped link, flagged ``unproven``
-for the operator.
+for the operator. A ``503 busy`` at the upgrade (``busy``) is none of these: the
+receiver is up and out of handshake slots for now, so the rows wait the time it asked
+(:func:`busy_wait`), uncounted and unflagged.
 
 The window: at most ``window`` ``deliver`` frames are unacknowledged at
 once. Resume: a row that was sent but not acknowledged when the link
@@ -47,7 +50,22 @@ from . import frames as f
 from . import handshake
 from .errors import FrameError, HandshakeRefused, LinkStateError
 from .grants import Refusal
+from .handshake_slots import HANDSHAKE_TIMEOUT
 from .identity import DeviceIdentity
+
+BUSY_WAIT_LIMIT = 3600.0
+"""The longest a busy answer's ``Retry-After`` is obeyed, in seconds (the peer backoff's
+cap): anything at the address can answer busy, and a day-long wait asked by one would
+hold the device's rows for a day."""
+
+
+def busy_wait(retry_after: float | None) -> float:
+    """Seconds a link answered ``503 busy`` waits before it dials again: what the receiver
+    asked (its earliest handshake deadline), at least 1 s; without a usable
+    ``Retry-After``, a handshake's deadline (a slot is free by then at the latest)."""
+    if retry_after is None:
+        return HANDSHAKE_TIMEOUT
+    return min(max(retry_after, 1.0), BUSY_WAIT_LIMIT)
 
 
 class LinkState(StrEnum):
@@ -108,6 +126,17 @@ class Released:
 
 
 @dataclass(frozen=True)
+class Postponed:
+    """The receiver is busy (no handshake slot free): these rows go back unrun, no attempt
+    counted, due no sooner than ``wait`` seconds from now, which the link must not dial
+    before. Nothing about them or the pairing failed."""
+
+    ids: tuple[str, ...]
+    wait: float
+    reason: str
+
+
+@dataclass(frozen=True)
 class Terminal:
     """The peer refused us for good (revoked, paused, unknown): rows fail, the link closes.
 
@@ -127,7 +156,7 @@ class Answer:
     frame: f.Result
 
 
-Effect = Acked | Rejected | Released | Retry | Terminal | Answer
+Effect = Acked | Postponed | Rejected | Released | Retry | Terminal | Answer
 
 
 class SenderLink:
@@ -223,6 +252,15 @@ class SenderLink:
         an HTTP answer proves nothing about who sent it (a peer refuses for good by signing
         a ``refused`` frame in the handshake)."""
         self._lost(f"the peer's address refused the connection ({reason})", unproven=True)
+
+    def busy(self, retry_after: float | None) -> None:
+        """The upgrade was answered ``503 busy`` (``retry_after``: its ``Retry-After``
+        seconds, None without one): every held row waits :func:`busy_wait`, uncounted."""
+        self._out.clear()
+        self._effects.append(Postponed(self._settle_all(), busy_wait(retry_after),
+                                       "the peer is busy (no handshake slot free)"))
+        if self.state is not LinkState.CLOSED:
+            self.state = LinkState.IDLE
 
     def connection_lost(self, reason: str) -> None:
         """The socket closed or could not be opened."""
@@ -369,5 +407,5 @@ class SenderLink:
         self.state = LinkState.CLOSED
 
 
-__all__ = ["Acked", "Answer", "LinkState", "Outgoing", "Refusal", "Rejected", "Released",
-           "Retry", "SenderLink", "Terminal"]
+__all__ = ["BUSY_WAIT_LIMIT", "Acked", "Answer", "LinkState", "Outgoing", "Postponed", "Refusal",
+           "Rejected", "Released", "Retry", "SenderLink", "Terminal", "busy_wait"]

@@ -20,7 +20,8 @@ from websockets.sync.client import ClientConnection, connect
 
 from . import frames as f
 from . import handshake
-from .errors import FrameError, HandshakeRefused, PeerUnavailable
+from .errors import FrameError, HandshakeRefused, PeerBusy, PeerUnavailable
+from .grants import Refusal
 from .identity import DeviceIdentity
 from .invite_code import InviteCode
 
@@ -59,7 +60,16 @@ def _refusal(exc: InvalidStatus) -> PeerUnavailable:
         reason = str(json.loads(exc.response.body or b"{}").get("error", status))
     except (ValueError, AttributeError):
         reason = str(status)
+    if status == 503 and reason == Refusal.BUSY:  # the code of its JSON answer, not text
+        return PeerBusy(reason, retry_after=_seconds(exc.response.headers.get("Retry-After")))
     return PeerUnavailable(f.shown(reason), status=status)
+
+
+def _seconds(value: str | None) -> float | None:
+    """A ``Retry-After`` of whole seconds (what a kinbox serve sends), else None."""
+    if value is None or not value.strip().isdigit() or len(value.strip()) > 9:
+        return None
+    return float(value.strip())
 
 
 def _open(uri: str, headers: dict[str, str] | None, timeout: float) -> ClientConnection:
