@@ -12,6 +12,13 @@ refusing device (but ``delivered`` for the rows its refusal says it committed: t
 acks a lost link did not bring back), a release (no attempt counted) of what it holds when it
 stops. After a restart it simply finds its rows again. No rule lives here.
 
+A link with no row due sleeps without touching the database until something can have
+given it work (:meth:`PeerLink._idle_wait`): a send to the device committed here wakes it
+(after the commit), its head row's due time comes (a retry's backoff, a lease running
+out: on an injected clock, when the clock reaches it), or the device scan
+(:meth:`~.peers.PeerService.tick`) finds a due row another process queued. It claimed
+once a second before, for every paired device, for as long as the runtime ran.
+
 The link of a paused or revoked device ends once it has failed the device's rows
 (:meth:`~.peers.PeerService.let_go`): a send, rows another process queued or a resume
 (the device scan finds those) start one again.
@@ -58,7 +65,11 @@ WINDOW = 64
 LINGER_SECONDS = 5.0
 """How long an open link with nothing to carry stays open for the next message."""
 DRY_POLL_SECONDS = 1.0
-"""How often an open link whose claims found nothing looks again unwoken."""
+"""How often an open link whose claims found nothing looks again unwoken (for at most
+:data:`LINGER_SECONDS`; closed, it sleeps until woken)."""
+DUE_RECHECK_SECONDS = 0.02
+"""How soon an idle link whose head is due but whose claim took nothing (another claim of
+the device held its lock) claims again: soon, not at the writer's speed."""
 GRANT_CHECK_SECONDS = 1.0
 """How often a live link reads whether its grant here is still active."""
 DRAIN_SECONDS = 5.0
@@ -92,6 +103,12 @@ class PeerLink:
         self.effects = LinkEffects(svc, device_id)
         self._unsealable: str | None = None
         """The sealed token this process's key could not open (said once)."""
+        self._sleeping = False
+        """In :meth:`_idle_wait`: set before it reads the head's due time, so that a clock
+        move from then on is judged by :attr:`_due` (:meth:`clock_moved`)."""
+        self._due: float | None = None
+        """While sleeping, when the device's head row comes due on the runtime's clock
+        (None: no open row, or not read yet)."""
 
     def start(self) -> None:
         """Start the link thread."""
@@ -100,6 +117,19 @@ class PeerLink:
     def wake(self) -> None:
         """Rows may be due (a send committed, the clock moved)."""
         self._wake.set()
+
+    def clock_moved(self, now: float) -> None:
+        """The injected clock moved to ``now``: a sleeping link looks again only once its
+        head row is due (each move woke every link, which claimed for nothing); any other
+        looks again, as before (a live link's retries may have come due)."""
+        due = self._due
+        if not self._sleeping or (due is not None and due <= now):
+            self._wake.set()
+
+    @property
+    def asleep(self) -> bool:
+        """Idle, waiting to be woken (the device scan looks for rows due for it)."""
+        return self._sleeping
 
     @property
     def woken(self) -> bool:
@@ -139,10 +169,26 @@ class PeerLink:
                 self._stop.wait(1.0)
 
     def _idle_wait(self) -> None:
-        due = self.svc.outbox.next_due(self.target)
-        delay = 1.0 if due is None else min(1.0, max(0.02, due - self.svc.ctx.now()))
-        self._wake.wait(delay)
-        self._wake.clear()
+        """Sleep until woken or the device's head row is due, reading the database once.
+
+        The wake is cleared only after the sleep, before the next claim: a send that
+        commits after the claim that found nothing (its wake set after its commit) cuts
+        the sleep short, however the two interleave. Timed out on the wall clock, the link
+        asks the runtime's clock whether the head is due before it claims (an injected
+        clock that did not move leaves it asleep: :meth:`clock_moved` wakes it)."""
+        ctx = self.svc.ctx
+        self._due, self._sleeping = None, True
+        try:
+            due = self._due = self.svc.outbox.next_due(self.target)
+            while not self._wake.is_set():
+                left = None if due is None else due - ctx.now()
+                if left is not None and left <= 0:
+                    self._wake.wait(DUE_RECHECK_SECONDS)
+                    return
+                self._wake.wait(left)
+        finally:
+            self._sleeping, self._due = False, None
+            self._wake.clear()
 
     def _claim(self, after_seq: int, limit: int, waiting_too: bool = False) -> list[ClaimedRow]:
         ctx = self.svc.ctx

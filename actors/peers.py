@@ -164,7 +164,7 @@ class PeerService:
             self._stopping = False
         subscribe = getattr(self.ctx.clock, "subscribe", None)
         if subscribe is not None:  # an injected clock moved: backoffs may have run out
-            self._unsubscribe = subscribe(lambda _now: self.wake_all())
+            self._unsubscribe = subscribe(self.clock_moved)
         self._link_every_device()
 
     def stop(self, timeout: float = STOP_SECONDS) -> None:
@@ -191,7 +191,10 @@ class PeerService:
         every outbound device that has none. :meth:`start` starts the links of the devices
         paired then, and a send from this runtime starts its device's; a device paired
         by another process later, with rows other processes queue for it, had no link
-        here, and its rows waited for this runtime's restart."""
+        here, and its rows waited for this runtime's restart. It also wakes a sleeping
+        link whose device has a row due: one another process queued (nothing else tells
+        this one on SQLite), or one whose lease another process's link left to run out;
+        and the link of a device paused or revoked since, to fail its rows."""
         if not self.delivering or time.monotonic() - self._scanned < DEVICE_SCAN_SECONDS:
             return
         self._scanned = time.monotonic()
@@ -212,7 +215,15 @@ class PeerService:
                     linked = rec.device_id in self.links
                 if not linked and self.outbox.next_due(peer_target(rec.device_id)) is None:
                     continue
-            self.link_for(rec.device_id)
+                # A sleeping link no longer reads its grant: woken, it fails what it holds
+                # (the rows waiting for a backoff too) and ends.
+                self.link_for(rec.device_id, wake=True)
+                continue
+            link = self.link_for(rec.device_id)
+            if link is not None and link.asleep:
+                due = self.outbox.next_due(link.target)
+                if due is not None and due <= self.ctx.now():
+                    link.wake()
 
     def let_go(self, link: PeerLink) -> bool:
         """``link`` (of a paused or revoked device, with no row left to fail) ends: False,
@@ -244,11 +255,12 @@ class PeerService:
                 link.wake()
         return link
 
-    def wake_all(self) -> None:
-        """Every link looks at its rows again (under the lock, as :meth:`link_for`)."""
+    def clock_moved(self, now: float) -> None:
+        """The injected clock moved: each link whose rows it can have made due looks again
+        (:meth:`PeerLink.clock_moved`; under the lock, as :meth:`link_for`)."""
         with self._lock:
             for link in self.links.values():
-                link.wake()
+                link.clock_moved(now)
 
     def random(self, n: int) -> bytes:
         """Randomness for nonces, tokens and seals."""
