@@ -219,6 +219,29 @@ def test_a_row_released_later_goes_back_uncounted_and_due_after_its_attempts_bac
 
 
 @pytest.mark.timeout(30)
+def test_rows_released_until_a_time_go_back_uncounted_and_are_not_claimed_before_it(
+    stores: Stores,
+) -> None:
+    """What a busy receiver's answer leaves (a peer's ``503 busy``): the rows unrun, their
+    attempts as they were, due when it asked; only their lease's owner hands them back."""
+    j = stores.journal
+    send(j, "a1")
+    send(j, "a2", target="s2")
+    j.claim("w1", T0)
+    j.claim("w1", T0)
+    assert j.get("a2")["status"] == "processing"
+    with pytest.raises(LeaseLost):
+        j.release_until("w2", ["a1"], T0, T0 + 30)
+    j.release_until("w1", ["a1", "a2"], T0, T0 + 30)
+    for mid in ("a1", "a2"):
+        row = j.get(mid)
+        assert (row["status"], row["attempts"], row["lease_owner"]) == ("pending", 0, None)
+        assert row["available_at"] == T0 + 30 and row["last_error"] is None
+    assert j.claim("w1", T0 + 29).rows == []
+    assert sorted(r.message_id for r in j.claim("w1", T0 + 30).rows) == ["a1", "a2"]
+
+
+@pytest.mark.timeout(30)
 def test_a_permanent_retry_fails_the_row_at_its_first_attempt(stores: Stores) -> None:
     j = stores.journal
     send(j, "a1")
