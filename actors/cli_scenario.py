@@ -93,6 +93,7 @@ def run_scenario(path: str, db_url: str | None = None, seed: int = 0,
             error = {"type": type(exc).__name__, "message": str(failure),
                      "path": failure.path, "lineno": failure.lineno,
                      "frames": scenario_files.script_frames(exc, file),
+                     "notes": [str(n) for n in getattr(exc, "__notes__", ())],
                      "traceback": scenario_files.script_traceback(exc, file)}
             sc.expect(False, "the scenario script ran to the end", str(failure))
         sc.finish()  # graceful: running turns finish and commit before the report reads

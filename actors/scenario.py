@@ -21,9 +21,10 @@ run only then, so a script that waits on its own (``event.wait()``,
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -217,6 +218,29 @@ class Scenario:
         """
         with self.gate.opened():
             return bool(waitable.wait(timeout))
+
+    @contextlib.contextmanager
+    def cleanup(self, undo: Callable[..., object], *args: Any,
+                **kwargs: Any) -> Iterator[None]:
+        """Call ``undo(*args, **kwargs)`` when the block ends, however it ends: the clean-up
+        at a scenario's end (pausing its cron job, switching Focal's heartbeat off).
+
+        Not a plain ``finally``: on a runtime the failure took down with it (a database
+        gone), the clean-up fails too, and its error replaced the one the run failed with
+        (the report named the clean-up's line). Here the block's own error goes on, the
+        clean-up's added to it as a note (the report shows it); a clean-up that fails
+        after a block that ran through raises its own error."""
+        try:
+            yield
+        except BaseException as exc:
+            try:
+                undo(*args, **kwargs)
+            except Exception as later:  # a second signal's Interrupted goes on, as it would
+                name = getattr(undo, "__qualname__", None) or repr(undo)
+                exc.add_note(f"the clean-up {name}() failed too: "
+                             f"{type(later).__name__}: {later}")
+            raise
+        undo(*args, **kwargs)
 
     def note(self, text: str) -> None:
         """Put a note on the timeline (shown in the report and the diagram).

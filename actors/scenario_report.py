@@ -97,6 +97,7 @@ def render_text(report: dict[str, Any]) -> str:
         out.append(f"error: {report['error']['message']}")
         out += [f"  {f['where']} in {f['function']}: {f['line']}"
                 for f in report["error"].get("frames", [])]
+        out += [f"  note: {n}" for n in report["error"].get("notes", [])]
         out.append("")
     out.append("messages (journal order):")
     for m in report["messages"]:

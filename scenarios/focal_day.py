@@ -28,13 +28,12 @@ ONCE_PER_DATABASE = "focal"  # a database holding an earlier run's Focal is refu
 
 def run(sc: Scenario) -> None:
     rt = sc.start()
-    try:
+    # The demo's heartbeat ends with the run, whatever happened in it: a later scenario on
+    # this database refuses one whose heartbeat runs (its runtime would fire it with its
+    # scripted brain). Not a bare ``finally``: a switch that fails too (on a runtime the
+    # failure took down) would hide the error the run failed with.
+    with sc.cleanup(rt.focal.set_heartbeat, enabled=False):
         day(sc, rt)
-    finally:
-        # The demo's heartbeat ends with the run, whatever happened in it: a later scenario
-        # on this database refuses one whose heartbeat runs (its runtime would fire it with
-        # its scripted brain).
-        rt.focal.set_heartbeat(enabled=False)
 
 
 def day(sc: Scenario, rt: Runtime) -> None:

@@ -437,3 +437,28 @@ def test_another_scenario_runs_on_a_database_focal_day_ran_on(db_url: str) -> No
         rt.focal.set_heartbeat(enabled=True)
     with pytest.raises(ConfigError, match="1 Focal wake-up"):
         check_database(db_url)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["cron_social", "focal_day"])
+def test_a_clean_up_that_fails_too_does_not_hide_the_error_the_run_failed_with(
+        name: str, db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo's clean-up at its end (pausing its job, switching the heartbeat off) ran in
+    a ``finally``: on a runtime the failure had taken down with it, the clean-up failed
+    too, and its error replaced the one the run failed with (the report named the
+    clean-up's line and its ``WriterClosed``, not the script's own error)."""
+    from kinbox.actors.scenario import Scenario
+
+    def crashed_and_failed(self: Scenario, seconds: float) -> None:
+        self.crash()  # the runtime goes down with the failure: the clean-up fails too
+        raise RuntimeError("the run's own failure")
+
+    monkeypatch.setattr(Scenario, "advance", crashed_and_failed)
+    report = run(name, db_url)
+    error = report["error"]
+    assert (error["type"], error["message"].rsplit(": ", 1)[1]) == (
+        "RuntimeError", "the run's own failure"), error
+    (note,) = error["notes"]
+    assert "WriterClosed" in note, note
+    text = render_text(report)
+    assert f"  note: {note}" in text, text
