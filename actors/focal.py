@@ -33,6 +33,7 @@ from . import focal_heartbeat_setting as hs
 from . import focal_policy as policy
 from .context import RuntimeContext
 from .errors import ToolError
+from .focal_checklist_file import seed_whole
 from .focal_hearing import (
     FOCAL_ID,
     NOTIFICATION_LIMIT,
@@ -109,12 +110,13 @@ class Focal(HearingBack):
         Best effort: without the file the heartbeat runs the default checklist all the
         same, and a data folder that cannot hold it (a file in the way, no permission, a
         read-only mount) raised from every ``get_or_create_focal_chat()``, and the
-        heartbeat's job was never made."""
+        heartbeat's job was never made. Whole or not at all (:func:`.seed_whole`): a
+        default cut off half-way was read as the user's edited checklist."""
         path = self.folder / "heartbeat.md"
         try:
             private_folder(self.folder)
             if not path.exists():
-                path.write_text(hb.DEFAULT_FOCAL_HEARTBEAT)
+                seed_whole(path, hb.DEFAULT_FOCAL_HEARTBEAT)
         except OSError as exc:
             log.warning("heartbeat.md cannot be written in %s (%s); the heartbeat runs the "
                         "default checklist", self.folder, exc.strerror)

@@ -24,6 +24,7 @@ from . import focal_heartbeat as hb
 from . import focal_heartbeat_setting as hs
 from .context import RuntimeContext
 from .focal import FOCAL_ID, Focal
+from .focal_checklist_file import read_up_to
 
 log = logging.getLogger("kinbox.schedule")
 
@@ -182,7 +183,7 @@ class HeartbeatJob:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 log.warning("%s is not a regular file; the default checklist runs", path)
                 return hb.DEFAULT_FOCAL_HEARTBEAT
-            raw = os.read(fd, hb.CHECKLIST_READ)
+            raw = read_up_to(fd, hb.CHECKLIST_READ)
         except OSError as exc:
             log.warning("%s cannot be read (%s); the default checklist runs", path,
                         exc.strerror)

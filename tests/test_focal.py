@@ -13,7 +13,11 @@ import pytest
 
 from kinbox.actors import ConfigError, ManualClock, Runtime, ToolError, Turn
 from kinbox.actors.focal import FOCAL_ID, is_focal_chat
-from kinbox.actors.focal_heartbeat import CHECKLIST_READ, DEFAULT_FOCAL_HEARTBEAT
+from kinbox.actors.focal_heartbeat import (
+    CHECKLIST_LIMIT,
+    CHECKLIST_READ,
+    DEFAULT_FOCAL_HEARTBEAT,
+)
 from kinbox.actors.focal_schedule import next_after
 from kinbox.actors.validation import SEND_LIMIT
 from kinbox.persistence import JobRecord, JobStore, SessionRecord
@@ -573,6 +577,61 @@ def test_any_heartbeat_file_leaves_the_wakeups_firing(
         assert content[2:8].decode() in body  # the user's checklist, not the default
     else:
         assert body.startswith(DEFAULT_FOCAL_HEARTBEAT)
+
+
+SEED_ON_A_FULL_DISK = """
+import resource, signal, sys
+from kinbox.actors import Runtime
+with Runtime(db=sys.argv[1], data_dir=sys.argv[2]) as rt:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))  # the disk fills 100 bytes on
+    rt.get_or_create_focal_chat()
+"""
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(60)
+def test_a_seed_cut_off_half_way_leaves_no_half_checklist(tmp_path: Path, pg_url: str) -> None:
+    """The default heartbeat.md was written in place: a write cut off half-way (a full
+    disk, a crash) left the first part of it, which every heartbeat then read as the
+    user's own edited checklist (one that always runs). The database is PostgreSQL, so
+    the checklist is the only file the process writes past the limit."""
+    import subprocess
+    import sys
+
+    data = tmp_path / "data"
+    done = subprocess.run(
+        [sys.executable, "-c", SEED_ON_A_FULL_DISK, pg_url, str(data)], capture_output=True,
+        text=True, timeout=50, env={**os.environ, "KINBOX_HOME": str(tmp_path / "home"),
+                                    "PYTHONDONTWRITEBYTECODE": "1"})
+    assert done.returncode == 0, done.stderr
+    assert "heartbeat.md cannot be written" in done.stderr, done.stderr
+    folder = data / "projects" / "suzent-focal"
+    assert sorted(p.name for p in folder.iterdir()) == []  # no half file, no temporary one
+
+
+@pytest.mark.timeout(60)
+def test_a_checklist_whose_reads_come_in_pieces_is_read_whole(
+        focal_rt: tuple[Runtime, FocalBrain], clock: ManualClock, tmp_path: Path) -> None:
+    """One ``os.read`` took its first piece for the whole checklist: a read may return
+    fewer bytes than the file holds (a network or FUSE mount's may). /proc's files are
+    regular files whose reads come a page at a time: the checklist here is the runtime
+    process's memory map, longer than a check-in carries, so it must come out cut at the
+    limit, not at the first page."""
+    rt, _ = focal_rt
+    rt.get_or_create_focal_chat()
+    path = tmp_path / "data" / "projects" / "suzent-focal" / "heartbeat.md"
+    path.unlink()
+    path.symlink_to("/proc/self/maps")
+    fd = os.open(path, os.O_RDONLY)
+    try:  # the premise: the first read is short, the whole is longer than the limit
+        assert len(os.read(fd, CHECKLIST_READ)) < CHECKLIST_LIMIT < len(path.read_bytes())
+    finally:
+        os.close(fd)
+    clock.advance(30 * 60)
+    rt.run_until_idle()
+    [beat] = heartbeats(rt)  # an edited checklist: it runs
+    assert f"(heartbeat.md is cut at {CHECKLIST_LIMIT:,} characters)" in beat["content"]
 
 
 @pytest.mark.parametrize(("content", "warned"), [
