@@ -173,17 +173,33 @@ class CronStore:
         session), in the same transaction: both commit or neither does. A job whose
         ``idempotency_key`` another job has already is not inserted: that job is returned
         (its id not ``job.id``), nothing written; a request committing that key meanwhile
-        is waited for (PostgreSQL) or came first (SQLite's one writer)."""
+        is waited for (PostgreSQL) or came first (SQLite's one writer). A taken id is a
+        :class:`DuplicateError`; any other refusal of the row (a NOT NULL value missing)
+        a :class:`DatabaseFailed`, nothing written.
+
+        Only the key's conflict is ignored (its conflict target named): an insert that
+        ignored every conflict was, on SQLite, ``INSERT OR IGNORE``, which passes over a
+        NOT NULL violation too, and the row the table refused was answered as a taken id."""
         values = asdict(job)
         j = self.t.cron_job
+        key = job.idempotency_key
+
+        def the_keys() -> CronJobRecord | None:
+            earlier = j.get_or_none(j.idempotency_key == key) if key is not None else None
+            return _job(earlier) if earlier is not None else None
 
         def op() -> CronJobRecord:
-            if not j.insert(**values).on_conflict_ignore().as_rowcount().execute():
-                earlier = (j.get_or_none(j.idempotency_key == job.idempotency_key)
-                           if job.idempotency_key is not None else None)
-                if earlier is None:  # the id itself was taken
-                    raise DuplicateError("cron job", "id", job.id)
-                return _job(earlier)
+            earlier = the_keys()
+            if earlier is not None:
+                return earlier
+            if j.select().where(j.id == job.id).exists():
+                raise DuplicateError("cron job", "id", job.id)
+            insert = j.insert(**values).on_conflict(action="NOTHING",
+                                                    conflict_target=[j.idempotency_key])
+            if not insert.as_rowcount().execute():  # the key, committed meanwhile (PostgreSQL)
+                earlier = the_keys()
+                assert earlier is not None  # only the key's conflict is ignored
+                return earlier
             if also is not None:
                 also()
             self._notify()
