@@ -33,6 +33,7 @@ from ..persistence import (
     DatabaseMissing,
     DatabaseOpenError,
     ExclusiveLock,
+    PersistenceError,
     Tables,
     bind_tables,
     inbox_core,
@@ -97,7 +98,16 @@ def run_scenario(path: str, db_url: str | None = None, seed: int = 0,
                      "traceback": scenario_files.script_traceback(exc, file)}
             sc.expect(False, "the scenario script ran to the end", str(failure))
         sc.finish()  # graceful: running turns finish and commit before the report reads
-        report = build_report(sc, error=error, interrupted=interrupted)
+        try:
+            report = build_report(sc, error=error, interrupted=interrupted)
+        except PersistenceError as exc:
+            if error is None:
+                raise
+            # The database the script failed on (gone, say) fails the report's reads too:
+            # their error alone hid the script's. The report comes without the journal.
+            error["notes"].append(f"the report could not read the journal: "
+                                  f"{type(exc).__name__}: {str(exc).strip()}")
+            report = build_report(sc, error=error, interrupted=interrupted, journal=False)
         progress.close(report["summary"])
     finally:
         if sc.started:

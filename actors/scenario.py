@@ -238,7 +238,7 @@ class Scenario:
             except Exception as later:  # a second signal's Interrupted goes on, as it would
                 name = getattr(undo, "__qualname__", None) or repr(undo)
                 exc.add_note(f"the clean-up {name}() failed too: "
-                             f"{type(later).__name__}: {later}")
+                             f"{type(later).__name__}: {str(later).strip()}")
             raise
         undo(*args, **kwargs)
 

@@ -20,15 +20,18 @@ def short(message_id: str) -> str:
 
 
 def build_report(sc: Scenario, *, error: dict[str, Any] | None = None,
-                 interrupted: str | None = None) -> dict[str, Any]:
+                 interrupted: str | None = None, journal: bool = True) -> dict[str, Any]:
     """Collect the report of a finished (or interrupted) scenario: this run's rows only.
 
     ``error`` is the script's own exception (type, message, path, line),
-    ``interrupted`` the name of the signal that stopped the run.
+    ``interrupted`` the name of the signal that stopped the run. ``journal=False``: the
+    database cannot be read (the script failed on it), and the report holds what the run
+    kept in memory alone (its timeline and expectations), no rows or session titles.
     """
     timeline = sc.ordered_timeline()
-    rows = sc.inbox() if sc.started else []
-    names = {s.id: s.title for s in sc.runtime.sessions()} if sc.started else {}
+    read = sc.started and journal
+    rows = sc.inbox() if read else []
+    names = {s.id: s.title for s in sc.runtime.sessions()} if read else {}
     # The row's attempts restart at 0 on a requeue; its history keeps every failure.
     failed = (sc.runtime.context.journal.failure_counts(r["message_id"] for r in rows)
               if rows else {})

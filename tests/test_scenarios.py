@@ -16,6 +16,7 @@ from kinbox.actors.cli_scenario import run_scenario
 from kinbox.actors.scenario_report import render_mermaid, render_text
 
 from .conftest import PG_URL, reset_postgres
+from .helpers import database_down
 
 SCENARIOS = sorted((Path(__file__).resolve().parent.parent / "scenarios").glob("*.py"))
 NAMES = [p.stem for p in SCENARIOS]
@@ -462,3 +463,55 @@ def test_a_clean_up_that_fails_too_does_not_hide_the_error_the_run_failed_with(
     assert "WriterClosed" in note, note
     text = render_text(report)
     assert f"  note: {note}" in text, text
+
+
+OUTAGE = """\
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg2
+
+
+def take_the_database_down(url):
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    admin = psycopg2.connect(urlunsplit(parts._replace(path="/postgres")))
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = %s", (name,))
+    admin.close()
+
+
+def run(sc):
+    rt = sc.start()
+    job = rt.cron.add("digest", "0 8 * * *", "Write the digest.")
+    with sc.cleanup(rt.cron.pause, job["job_id"]):
+        take_the_database_down(sc.db_url)
+        rt.create_session(None, "after the outage")
+"""
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(90)
+def test_a_database_gone_for_the_report_too_still_reports_the_scripts_error(
+        tmp_path: Path, pg_url: str) -> None:
+    """The database went away under the script: its call failed, then the report's reads
+    of the journal did too, and their error was all the run showed (``kinbox:
+    connection ... failed``, no report, not the script's line). The report now comes
+    without the journal's rows, the script's error in it, the reads' failure a note."""
+    path = tmp_path / "outage.py"
+    path.write_text(OUTAGE)
+    try:
+        report, _ = run_scenario(str(path), pg_url, stream=io.StringIO())
+    finally:
+        with database_down(pg_url):
+            pass  # it takes connections again after the block
+    error = report["error"]
+    line = OUTAGE.splitlines().index('        rt.create_session(None, "after the outage")') + 1
+    assert (error["type"], error["path"], error["lineno"]) == (
+        "OperationalError", str(path), line), error
+    assert len(error["notes"]) == 2, error["notes"]  # the clean-up's, the report's reads'
+    assert report["messages"] == [] and not report["ok"]
+    text = render_text(report)
+    assert f"error: {path}:{line}: OperationalError" in text, text
