@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import peewee as pw
 
 from . import firing, paging, retention
+from .conflicts import unless_present
 from .database import is_postgres
 from .errors import DuplicateError, LeaseLost
 from .inbox_notify import SCHEDULES_NOTIFY_SQL
@@ -394,7 +395,7 @@ class CronStore:
                                 job.retry_count + 1)
             # The rows it wrote, not SQLite's lastrowid (an earlier insert's, when this
             # occurrence's run exists already: its turn would run, never recorded).
-            if r.insert(**asdict(run)).on_conflict_ignore().as_rowcount().execute():
+            if unless_present(r.insert(**asdict(run)), r.id).as_rowcount().execute():
                 recorded.append(run)
 
         def op() -> list[CronRunRecord]:

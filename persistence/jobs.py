@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import firing
+from .conflicts import unless_present
 from .database import is_postgres
 from .errors import RowNotFound
 from .models import ScheduledJob, Tables
@@ -93,7 +94,7 @@ class JobStore:
         j = self.t.job
 
         def op() -> JobRecord:
-            _insert(j, job).on_conflict_ignore().execute()
+            unless_present(_insert(j, job), j.id).execute()
             return _record(j.get(j.id == job.id))
         return self.writer.call(op)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from .conflicts import unless_present
 from .database import is_postgres
 from .models import Tables
 from .writer import GroupCommitWriter
@@ -63,7 +64,8 @@ class RateBuckets:
         b = self.t.bucket
         key = (b.sender_id == sender_id) & (b.target_id == target_id)
         # The row first, so that there is always one to lock.
-        b.insert(sender_id=sender_id, target_id=target_id).on_conflict_ignore().execute()
+        unless_present(b.insert(sender_id=sender_id, target_id=target_id),
+                       b.sender_id, b.target_id).execute()
         query = b.select(b.tokens, b.updated_at).where(key)
         if is_postgres(self.t.db):
             query = query.for_update()

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import peewee as pw
 
 from . import paging, session_filters
+from .conflicts import unless_present
 from .database import is_postgres
 from .direct_marks import DirectTurnMarks
 from .errors import DuplicateError, RowNotFound
@@ -81,8 +82,9 @@ class SessionStore(DirectTurnMarks):
             if row is None:
                 # Another process may be creating it too (two runtimes' first start on one
                 # PostgreSQL database): its row wins, and this insert does nothing.
-                p.insert(id=project_id, slug=slug, name=name, hidden=hidden,
-                         created_at=now).on_conflict_ignore().execute()
+                # Its id and slug both: any unique conflict (a NOT NULL one raises).
+                unless_present(p.insert(id=project_id, slug=slug, name=name, hidden=hidden,
+                                        created_at=now)).execute()
                 row = p.get_or_none(p.slug == slug)
                 if row is None:  # the id is another slug's
                     raise DuplicateError("project", "id", project_id)
@@ -118,11 +120,12 @@ class SessionStore(DirectTurnMarks):
         # Not a read and then an insert: another process may be creating the same session
         # (the Focal chat, a cron job's or a social thread's) on PostgreSQL, and an insert
         # beside its uncommitted row waits for it and then fails on the key.
-        if not s.insert(id=session_id, project_id=project_id, title=title, kind=kind,
-                        platform=platform, parent_id=parent_id, status=IDLE,
-                        config=json.dumps(config or {}, sort_keys=True),
-                        created_at=now, updated_at=now).on_conflict_ignore().as_rowcount(
-                        ).execute():
+        if not unless_present(s.insert(id=session_id, project_id=project_id, title=title,
+                                       kind=kind, platform=platform, parent_id=parent_id,
+                                       status=IDLE,
+                                       config=json.dumps(config or {}, sort_keys=True),
+                                       created_at=now, updated_at=now),
+                              s.id).as_rowcount().execute():
             raise DuplicateError("session", "id", session_id)
         return SessionRecord(session_id, project_id, title, kind, platform, parent_id, IDLE,
                              now, now, dict(config or {}))

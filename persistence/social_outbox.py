@@ -19,6 +19,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .conflicts import unless_present
 from .models import Tables
 from .writer import GroupCommitWriter
 
@@ -47,7 +48,8 @@ class SocialOutbox:
     def keep_now(self, reply: KeptReply, now: float) -> None:
         """Keep ``reply`` inside the caller's transaction (the turn's commit); one kept
         already (the same cause, committed again elsewhere) stays as it was."""
-        self.t.social_reply.insert(
+        r = self.t.social_reply
+        unless_present(r.insert(
             reply_id=reply.reply_id,
             session_id=reply.session_id,
             platform=reply.platform,
@@ -55,7 +57,7 @@ class SocialOutbox:
             text=reply.text,
             owner=reply.owner,
             created_at=now,
-        ).on_conflict_ignore().execute()
+        ), r.reply_id).execute()
 
     def settle(self, reply_id: str) -> None:
         """The reply's send ended for good: forget it."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .conflicts import unless_present
 from .models import Tables
 from .writer import GroupCommitWriter
 
@@ -37,9 +38,9 @@ class StopRequests:
     def ask(self, message_id: str, session_id: str, asked_by: str | None, now: float) -> None:
         """Record a stop for the turn of ``message_id`` (the first asker's name stays)."""
         s = self.t.stop
-        self.writer.call(lambda: s.insert(message_id=message_id, session_id=session_id,
-                                          asked_by=asked_by, asked_at=now)
-                         .on_conflict_ignore().execute())
+        self.writer.call(lambda: unless_present(
+            s.insert(message_id=message_id, session_id=session_id, asked_by=asked_by,
+                     asked_at=now), s.message_id).execute())
 
     def pending(self) -> list[StopAsk]:
         """Every recorded request (a handful at most: each lives until the next tick)."""
