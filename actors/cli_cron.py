@@ -52,11 +52,21 @@ def _line(job: dict[str, Any]) -> str:
 
 
 def cron_list(args: argparse.Namespace, out: TextIO) -> int:
-    """``kinbox cron list``: a page of jobs, read as a page (not every job)."""
-    jobs, more = _jobs(args, lambda j: j.jobs_page(args.limit, args.offset), read_only=True)
+    """``kinbox cron list``: a page of jobs, read as a page (not every job): soonest due
+    first from the ``--offset``-th, or by id past ``--after`` (the cursor a page printed;
+    ``''`` starts the walk: each job once while jobs fire)."""
+    if args.offset is None:
+        args.offset = 0
+    jobs, more = _jobs(args, lambda j: j.jobs_page(args.limit, args.offset, after=args.after),
+                       read_only=True)
     lines = [_line(j) for j in jobs] or [
-        "no cron jobs" + (f" from offset {args.offset}" if args.offset else "")]
-    emit_page(out, args, jobs, more, lines, next_page="the next {limit}")
+        "no cron jobs" + (f" from offset {args.offset}" if args.offset else "")
+        + (" after the cursor" if args.after else "")]
+    if args.after is None:
+        emit_page(out, args, list(jobs), more, lines, next_page="the next {limit}")
+    else:
+        emit_page(out, args, list(jobs), more, lines, next_page="the next {limit}",
+                  keyset=True, after=jobs.after)
     return 0
 
 
@@ -113,6 +123,18 @@ def _cursor(text: str) -> str:
     return text
 
 
+def _job_cursor(text: str) -> str:
+    """An argparse type: an ``--after``, the job id a page of jobs printed (the store's
+    rule, so a mistyped one is a usage error before the database is opened)."""
+    try:
+        paging.key_after(text, "after")
+    except InvalidArgument:
+        raise argparse.ArgumentTypeError(
+            "expected the cursor a page printed (its '... more: --after' line or its JSON's "
+            f"next_after), or '' to start, got {text[:40]!r}") from None
+    return text
+
+
 _runs_limit = whole_number(RUNS_LIMIT)
 """``--limit`` of ``cron runs``: the range the store takes (as ``GET /cron/runs``), so a
 number past it is a usage error here, not an error from the store."""
@@ -126,8 +148,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = common(csub.add_parser("list", help="jobs, soonest due first, paused ones last"))
     p.add_argument("--limit", type=_runs_limit, default=100,
                    help=f"at most N jobs, 1 to {RUNS_LIMIT} (default 100)")
-    p.add_argument("--offset", type=offset_arg, default=0,
-                   help="skip the first N (the next page: --offset 100)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--after", type=_job_cursor, metavar="CURSOR",
+                       help="by id, the jobs past the page that printed CURSOR ('' from "
+                            "the first): each job once while jobs fire")
+    # No default of 0, as runs' --offset: argparse took `--offset 0 --after CURSOR`.
+    where.add_argument("--offset", type=offset_arg, default=None,
+                       help="skip the first N (the next page: --offset 100; jobs that "
+                            "fire meanwhile shift it)")
     p.set_defaults(handler=cron_list)
     p = common(csub.add_parser("add", help="add a job"))
     p.add_argument("name")

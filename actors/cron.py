@@ -38,7 +38,7 @@ from . import cron_rules as rules
 from .announcements import Announcements, Drained
 from .brain_tasks import BrainAbandoned
 from .context import RuntimeContext
-from .cron_jobs import CronJobs, RunList
+from .cron_jobs import CronJobs, JobList, RunList
 from .cron_run_ends import RunEnds, failure_changes, summary
 from .direct_turn import DirectTurns
 from .renewal_schedule import RenewalSchedule
@@ -153,10 +153,14 @@ class CronService:
         :data:`~kinbox.transport.RUNS_LIMIT`) from the ``offset``-th on."""
         return self.definitions.jobs(limit, offset)
 
-    def jobs_page(self, limit: int, offset: int = 0) -> tuple[list[dict[str, Any]], bool]:
-        """At most ``limit`` jobs in listing order from the ``offset``-th on, read in one
-        query, and whether more follow."""
-        return self.definitions.jobs_page(limit, offset)
+    def jobs_page(self, limit: int, offset: int = 0, *, after: str | None = None
+                  ) -> tuple[JobList, bool]:
+        """At most ``limit`` jobs in listing order from the ``offset``-th on, or in id
+        order past the cursor ``after`` (the page before's ``.after``; ``""``: from the
+        first), read in one query, and whether more follow; a page read from a cursor
+        has the next one's as ``.after`` (None on the last). A walk by the cursor lists
+        each job once while jobs fire (each moves in due order as it does)."""
+        return self.definitions.jobs_page(limit, offset, after=after)
 
     def pause(self, job_id: str) -> dict[str, Any]:
         """Stop a job's schedule (its runs and session stay)."""

@@ -76,6 +76,17 @@ class RunList(list[dict[str, Any]]):
         """Hand back as ``before`` for the older runs: each run is on one page."""
 
 
+class JobList(list[dict[str, Any]]):
+    """A page of jobs; :attr:`after`, the cursor of the page after it (None on the last
+    page, and on a page in due order, which no cursor continues)."""
+
+    def __init__(self, jobs: list[dict[str, Any]], after: str | None) -> None:
+        super().__init__(jobs)
+        self.after = after
+        """Hand back as ``after`` for the jobs past these in id order: each job is on one
+        page however the jobs fire meanwhile."""
+
+
 class Added(NamedTuple):
     """What an add did."""
 
@@ -171,14 +182,29 @@ class CronJobs:
         _check_offset(offset)
         return [j.to_dict() for j in self.store.jobs(limit=limit, offset=offset)]
 
-    def jobs_page(self, limit: int, offset: int = 0) -> tuple[list[dict[str, Any]], bool]:
+    def jobs_page(self, limit: int, offset: int = 0, *, after: str | None = None
+                  ) -> tuple[JobList, bool]:
         """At most ``limit`` jobs (1 to :data:`~kinbox.transport.RUNS_LIMIT`) in listing
-        order from the ``offset``-th on, and whether more follow: one read, one job past
-        the page (the order ends on the id, so pages neither repeat nor skip a job that
-        stays put)."""
+        order from the ``offset``-th on, or in id order past the cursor ``after`` (a
+        page's :attr:`JobList.after`; ``""``: from the first), not both; and whether more
+        follow: one read, one job past the page. Walk by the cursor: a job that fires
+        between two pages moves in due order (to its next time), and the offset's next
+        page skips one job and a later one repeats it; a job's id never moves."""
         _check_limit(limit)
         _check_offset(offset)
-        return _cut(self.store.jobs(limit=limit + 1, offset=offset), limit)
+        if after is not None:
+            if offset:
+                raise rules.InvalidCronJob("after", "give after or offset, not both")
+            try:
+                paging.key_after(after)
+            except InvalidArgument:
+                raise rules.InvalidCronJob("after", "give the cursor a page of jobs "
+                                                    "named (a job id, or empty to "
+                                                    "start)") from None
+        records = self.store.jobs(limit=limit + 1, offset=offset, after=after)
+        page, more = _cut(records, limit)
+        cursor = records[limit - 1].id if more and after is not None else None
+        return JobList(page, cursor), more
 
     def pause(self, job_id: str) -> dict[str, Any]:
         """Stop a job's schedule (its runs and session stay)."""

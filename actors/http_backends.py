@@ -83,10 +83,12 @@ class CronHttpBackend:
         self.rt = rt
         self.cron: CronService = rt.cron
 
-    def jobs(self, limit: int, offset: int) -> tuple[list[dict[str, Any]], bool]:
-        """``GET /cron/jobs``: a page, and whether another follows."""
+    def jobs(self, limit: int, offset: int, after: str | None = None
+             ) -> tuple[list[dict[str, Any]], bool]:
+        """``GET /cron/jobs``: a page (in id order past ``after``, when given), and whether
+        another follows."""
         with answered(self.rt):
-            return self.cron.jobs_page(limit, offset)
+            return self.cron.jobs_page(limit, offset, after=after)
 
     def job(self, job_id: str) -> dict[str, Any]:
         """``GET /cron/jobs/{job_id}``."""

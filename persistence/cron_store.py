@@ -221,12 +221,23 @@ class CronStore:
         return _job(row) if row else None
 
     def jobs(self, *, active_only: bool = False, limit: int | None = None,
-             offset: int = 0) -> list[CronJobRecord]:
+             offset: int = 0, after: str | None = None) -> list[CronJobRecord]:
         """Jobs, soonest due first (paused ones last); at most ``limit`` (all: None) from
-        the ``offset``-th on (bounds: :mod:`.paging`)."""
+        the ``offset``-th on (bounds: :mod:`.paging`).
+
+        With ``after`` (a job id, :func:`.paging.key_after`; ``""``: from the first),
+        the jobs whose id sorts after it, in id order instead: the one order a job never
+        moves in. In due order a job moves as it fires (to its next time), as it is
+        paused (last) or triggered (first), so the pages of a walk by offset skipped one
+        job and repeated another; by id, a job there through the walk is on one page (one
+        added or removed meanwhile may be on none). A walk of the primary key."""
         limit, offset = paging.limit(limit), paging.offset(offset)
+        position = paging.key_after(after)
         j = self.t.cron_job
-        q = j.select().order_by(j.active.desc(), j.next_run_at, j.id)
+        if position is None:
+            q = j.select().order_by(j.active.desc(), j.next_run_at, j.id)
+        else:
+            q = j.select().where(j.id > position).order_by(j.id)
         if active_only:
             q = q.where(j.active == True)  # noqa: E712
         return [_job(r) for r in paging.cut(q, limit, offset)]

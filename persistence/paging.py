@@ -134,3 +134,20 @@ def keyset(value: object, field: str = "after") -> Keyset | None:
         except (ValueError, TypeError):
             pass
     raise InvalidArgument(field, value, "a cursor a page of the listing returned")
+
+
+def key_after(value: object, field: str = "after") -> str | None:
+    """A cursor that is a row's own unique key (a cron job's id, which a walk in key order
+    is past): None (no cursor), or a key some row could have. The empty key sorts before
+    every row's, so it starts a walk. Anything else (not text, longer than
+    :data:`CURSOR_ID_LIMIT`, a NUL, a lone surrogate) is :class:`~.errors.InvalidArgument`:
+    no id has it, and PostgreSQL would fail the comparison instead of finding nothing."""
+    if value is None:
+        return None
+    if isinstance(value, str) and len(value) <= CURSOR_ID_LIMIT and "\x00" not in value:
+        try:
+            value.encode()
+            return value
+        except UnicodeEncodeError:
+            pass
+    raise InvalidArgument(field, value, "a job id a page of the listing named")

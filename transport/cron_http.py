@@ -2,7 +2,8 @@
 
 ::
 
-    GET    /cron/jobs                      every job
+    GET    /cron/jobs                      its jobs, soonest due first (?limit=, ?offset=),
+                                           or by id (?after=: a walk, each job once)
     POST   /cron/jobs                      add: {name, cron, prompt, delivery?, timezone?}
                                            (Idempotency-Key: a retry adds no second job)
     GET    /cron/jobs/{job_id}             one job
@@ -41,6 +42,9 @@ from .request_shape import PAGE, shaped
 RUNS_PAGE = (*PAGE, "before")
 """The query parameters of a listing of runs: a page's cursor too."""
 
+JOBS_PAGE = (*PAGE, "after")
+"""The query parameters of the listing of jobs: a page's cursor too (a job id)."""
+
 ADD_FIELDS = ("name", "cron", "prompt", "delivery", "timezone")
 IDEMPOTENCY_KEY = "Idempotency-Key"
 """The header of a ``POST /cron/jobs`` a client may retry: the same key and job again
@@ -53,9 +57,12 @@ characters) even with every character escaped as a JSON surrogate pair (12 bytes
 class CronBackend(Protocol):
     """What the cron routes need from a runtime; refusals are :class:`BackendRefused`."""
 
-    def jobs(self, limit: int, offset: int) -> tuple[list[dict[str, Any]], bool]:
-        """At most ``limit`` jobs in listing order, from the ``offset``-th on; and whether
-        more follow."""
+    def jobs(self, limit: int, offset: int, after: str | None = None
+             ) -> tuple[list[dict[str, Any]], bool]:
+        """At most ``limit`` jobs in listing order, from the ``offset``-th on, or in id
+        order, those whose ``job_id`` sorts after ``after`` (``""``: from the first); and
+        whether more follow. Called with ``after`` only when the request gave one (a
+        backend written before the cursor keeps serving offsets)."""
         ...
 
     def job(self, job_id: str) -> dict[str, Any]:
@@ -103,6 +110,10 @@ and ``rt.cron.jobs``)."""
 NEXT_OFFSET = "X-Kinbox-Next-Offset"
 """The header of a listing page (jobs, runs) that is not the last: the ``offset`` of the
 next."""
+
+NEXT_AFTER = "X-Kinbox-Next-After"
+"""The header of a page of jobs read by ``?after=`` that is not the last: the cursor
+(``?after=``) of the next, the id of its last job."""
 
 NEXT_BEFORE = "X-Kinbox-Next-Before"
 """The header of a page of runs that is not the last: the cursor (``?before=``) of the
@@ -155,7 +166,24 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
         return JSONResponse(page, headers=headers)
 
     async def jobs(request: Request) -> Response:
-        return await paged(request, RUNS_LIMIT, backend.jobs)
+        after = request.query_params.get("after")
+        if after is None:
+            return await paged(request, RUNS_LIMIT, backend.jobs)
+        last: list[str] = []
+
+        def read(limit: int, offset: int) -> tuple[list[dict[str, Any]], bool]:
+            page, more = backend.jobs(limit, offset, after=after)
+            if more and page:
+                last.append(str(page[-1]["job_id"]))
+            return page, more
+
+        answer = await paged(request, RUNS_LIMIT, read)
+        if last:
+            # By id, which a job never moves in: a walk by it lists each job once while
+            # jobs fire (each one moves in due order, and shifted an offset's pages).
+            answer.headers[NEXT_AFTER] = last[0]
+            del answer.headers[NEXT_OFFSET]
+        return answer
 
     async def add(request: Request) -> Response:
         try:
@@ -213,10 +241,10 @@ def cron_routes(backend: CronBackend, refusal: Refusal) -> list[Route]:
     guarded = guard(refusal)  # every cron call, reads too, meets the app's rule first
 
     return [
-        _by_method("/cron/jobs", {"GET": guarded(shaped(jobs, query=PAGE)),
+        _by_method("/cron/jobs", {"GET": guarded(shaped(jobs, query=JOBS_PAGE)),
                                   "POST": guarded(shaped(add, body=True))},
-                   "the cron jobs, soonest due first (?limit=, ?offset=); POST adds one: "
-                   "{name, cron, prompt, delivery?, timezone?}"),
+                   "the cron jobs, soonest due first (?limit=, ?offset=), or by id "
+                   "(?after=); POST adds one: {name, cron, prompt, delivery?, timezone?}"),
         _by_method("/cron/jobs/{job_id}", {"GET": guarded(shaped(one)),
                                             "DELETE": guarded(shaped(action("remove")))},
                    "one cron job; DELETE removes it and its runs"),
