@@ -195,8 +195,7 @@ class CronStore:
                 return earlier
             if j.select().where(j.id == job.id).exists():
                 raise DuplicateError("cron job", "id", job.id)
-            insert = j.insert(**values).on_conflict(action="NOTHING",
-                                                    conflict_target=[j.idempotency_key])
+            insert = unless_present(j.insert(**values), j.idempotency_key)
             if not insert.as_rowcount().execute():  # the key, committed meanwhile (PostgreSQL)
                 earlier = the_keys()
                 assert earlier is not None  # only the key's conflict is ignored

@@ -123,12 +123,12 @@ def _ignores_every_conflict(tree: ast.AST) -> list[int]:
             if _ignore_call(node) or (id(node) not in docstrings and _ignore_sql(node))]
 
 
-def _ignore_call(node: ast.AST) -> bool:
+def _ignore_call(node: ast.AST, ignoring: tuple[str, ...] = ("ignore",)) -> bool:
     if isinstance(node, ast.Attribute):
         return node.attr == "on_conflict_ignore"
     return isinstance(node, ast.Call) and any(
         k.arg == "action" and isinstance(k.value, ast.Constant)
-        and str(k.value.value).lower() == "ignore" for k in node.keywords)
+        and str(k.value.value).lower() in ignoring for k in node.keywords)
 
 
 def _ignore_sql(node: ast.AST) -> bool:
@@ -143,3 +143,13 @@ def test_no_persistence_insert_ignores_every_conflict() -> None:
     assert found == {}
     assert _ignores_every_conflict(ast.parse("t.insert(x=1).on_conflict_ignore()"))
     assert _ignores_every_conflict(ast.parse('db.execute_sql("INSERT OR IGNORE INTO t")'))
+
+
+@pytest.mark.timeout(60)
+def test_a_conflict_is_passed_over_by_the_one_rule_only() -> None:
+    """Every insert that keeps a row already there says so through ``unless_present``: a
+    DO NOTHING written beside it is the rule restated, and drifts from it."""
+    found = {path.name: [n.lineno for n in ast.walk(ast.parse(path.read_text()))
+                         if _ignore_call(n, ("ignore", "nothing"))]
+             for path in sorted(PERSISTENCE.glob("*.py")) if path.name != "conflicts.py"}
+    assert {name: lines for name, lines in found.items() if lines} == {}
