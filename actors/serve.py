@@ -153,7 +153,8 @@ def app_for(
     unless ``allow_unauthenticated`` says a proxy in front of it authenticates every
     request;
     ``clock`` (monotonic seconds) times the lock-out of a client that presents too many
-    wrong tokens; ``peer_handshakes`` bounds the peer endpoint's handshakes
+    wrong tokens or fails too many peer handshakes, and those handshakes' deadlines;
+    ``peer_handshakes`` bounds the peer endpoint's handshakes
     (:class:`~kinbox.transport.HandshakeLimits`' defaults when not given).
     """
     hosts = [*LOOPBACK_HOSTS, *allowed_hosts]
@@ -168,7 +169,7 @@ def app_for(
         log.warning("the HTTP app is served on %s without an operator token "
                     "(allow_unauthenticated): whatever is in front of it must authenticate "
                     "every request", host)
-    peers = PeerEndpoint(PeerHttpBackend(rt.peers), hosts, peer_handshakes)
+    peers = PeerEndpoint(PeerHttpBackend(rt.peers), hosts, peer_handshakes, clock)
     try:
         return create_app(
             RuntimeHttpBackend(rt),

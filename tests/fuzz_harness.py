@@ -148,7 +148,8 @@ class Fuzzed:
     changes: Changes
     logs: LogWatch
     token_clock: ManualClock
-    """Times ``tokened``'s lock-out of a client that keeps presenting wrong tokens."""
+    """Times both apps' lock-outs of a client that keeps presenting wrong tokens (to
+    ``tokened``'s API) or failing peer handshakes."""
 
     def settle(self) -> None:
         """Wait until what an accepted request started (a social turn, a cron run) ended,
@@ -164,8 +165,8 @@ def serving(make_runtime: Any, tmp_path: Path, db_url: str) -> Iterator[Fuzzed]:
     rt = make_runtime(db=db_url, brain=quiet_brain, data_dir=tmp_path / "data")
     rt.social.register_channel("slack", send=lambda route, text: None, secret=SECRET)
     rt.social.allow("slack", ["U1"])
-    open_srv = Served(app_for(rt))
     token_clock = ManualClock()
+    open_srv = Served(app_for(rt, clock=token_clock.now))
     tokened = Served(app_for(rt, operator=OperatorToken.from_secret(TOKEN), clock=token_clock.now))
     changes = Changes(tmp_path, db_url)
     try:

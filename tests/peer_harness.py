@@ -23,6 +23,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -296,13 +297,15 @@ def opened_link(sender: Runtime, rec: DeviceRecord, token: str,
 class Served:
     """A runtime whose HTTP app (with the peer endpoint) is served by uvicorn in a thread."""
 
-    def __init__(self, rt: Runtime, handshakes: HandshakeLimits | None = None) -> None:
-        """``handshakes``: the peer endpoint's limits (its defaults when None)."""
+    def __init__(self, rt: Runtime, handshakes: HandshakeLimits | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``handshakes``: the peer endpoint's limits (its defaults when None); ``clock``:
+        the app's monotonic seconds (lock-outs of wrong tokens and failed handshakes)."""
         self.rt = rt
         sock = socket.create_server(("127.0.0.1", 0))  # bound here: nobody takes it
         self.port = int(sock.getsockname()[1])
         self.http = f"http://127.0.0.1:{self.port}"
-        app = app_for(rt, peer_handshakes=handshakes)
+        app = app_for(rt, clock=clock, peer_handshakes=handshakes)
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
                                                     log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, args=([sock],), daemon=True)

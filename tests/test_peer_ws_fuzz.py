@@ -35,6 +35,7 @@ from kinbox.transport.grants import HTTP_STATUS, Refusal
 from kinbox.transport.identity import DeviceIdentity
 from kinbox.transport.invite_code import parse_code
 from kinbox.transport.peer_client import pair_with
+from kinbox.transport.token_tries import LOCKOUT
 
 from .fuzz_harness import Fuzzed, ServerErrors, serving
 from .helpers import wait_for
@@ -141,6 +142,8 @@ messages = st.one_of(
 def test_garbage_in_the_handshake_is_refused_by_reason_and_the_next_device_served(
         device: tuple[Fuzzed, Device], path: str, first: str | bytes) -> None:
     fuzzed, dev = device
+    # Each example a client no failed handshake of an earlier one locked out (token_tries).
+    fuzzed.token_clock.advance(LOCKOUT)
     before = fuzzed.changes.snapshot()
     ws = dev.dial(path, None if path == "/peers/link" else {})
     assert isinstance(f.parse(ws.recv(WAIT)), f.Challenge)
@@ -207,6 +210,7 @@ def test_an_upgrade_to_a_path_that_is_no_peer_endpoint_is_a_json_404(
 def test_a_token_no_grant_was_issued_with_gets_a_signed_refusal_and_changes_nothing(
         device: tuple[Fuzzed, Device], token: str, stranger: bool) -> None:
     fuzzed, dev = device
+    fuzzed.token_clock.advance(LOCKOUT)  # as above
     me = DeviceIdentity.generate() if stranger else dev.identity
     before = fuzzed.changes.snapshot()
     ws = dev.dial("/peers/link", {"Authorization": f"Bearer {token}"})

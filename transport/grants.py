@@ -70,6 +70,9 @@ class Refusal(StrEnum):
     SCOPE = "scope"
     BUSY = "busy"
     """Too many handshakes in progress (:mod:`.handshake_slots`): try again later."""
+    TOO_MANY_TRIES = "too_many_tries"
+    """Too many failed handshakes from the client's address (:mod:`.token_tries`): try
+    again later."""
 
 
 SIGNED_REFUSALS = frozenset({Refusal.UNKNOWN, Refusal.PAUSED, Refusal.REVOKED})
@@ -84,6 +87,7 @@ HTTP_STATUS: dict[Refusal, int] = {
     Refusal.UNKNOWN: 401, Refusal.PAUSED: 403, Refusal.REVOKED: 403,
     Refusal.WRONG_DEVICE: 403, Refusal.BAD_SIGNATURE: 403, Refusal.EXPIRED_INVITE: 403,
     Refusal.BAD_ORIGIN: 403, Refusal.SCOPE: 403, Refusal.BUSY: 503,
+    Refusal.TOO_MANY_TRIES: 429,
 }
 
 

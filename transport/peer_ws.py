@@ -16,6 +16,12 @@ No refusal creates state. Until its handshake ends a connection holds one of the
 1008 ``handshake timeout``; a handshake whose sends are still not written a moment later,
 to a client that reads nothing, is given up and its slot freed), and past the cap of
 handshakes in progress an upgrade is refused at once (503 ``busy`` with ``Retry-After``).
+A client address with too many failed handshakes (:mod:`.token_tries`: an unknown token,
+a hello that proves no grant's key, a protocol error) is refused at the upgrade for a
+while (429 ``too_many_tries`` with ``Retry-After``), before a challenge, a read or a
+signature: each failure cost a grant's read and a signed refusal, at any rate a client
+liked. A device that proves its grant's key (welcomed, or refused as paused or revoked)
+is never counted, nor does its welcome forget others' failures at its address.
 A database that fails the grant's read, the pairing's write or a batch's commit is
 answered ``unavailable`` (close 1013): the peer tries again later. A welcomed link runs
 in :mod:`.inbound_link`: consecutive deliveries are committed in one batch and acknowledged in order
@@ -54,7 +60,7 @@ from .handshake_slots import HandshakeLimits, HandshakeSlots, Slot, remaining
 from .host_guard import AllowedHosts, host_of
 from .identity import DeviceIdentity
 from .inbound_link import InboundLink, receive_text, unavailable
-from .token_tries import retry_after
+from .token_tries import TokenTries, client_of, retry_after
 
 log = logging.getLogger("kinbox.peers")
 
@@ -131,14 +137,20 @@ class PeerBackend(Protocol):
 
 
 
-async def _deny(ws: WebSocket, reason: str, headers: dict[str, str] | None = None) -> None:
+async def _deny(ws: WebSocket, reason: str, headers: dict[str, str] | None = None,
+                level: int = logging.INFO) -> None:
     status = HTTP_STATUS.get(Refusal(reason), 403) if reason in set(Refusal) else 403
-    log.info("peer connection refused: %s", reason)
+    log.log(level, "peer connection refused: %s", reason)
     try:
         await ws.send_denial_response(JSONResponse({"error": reason}, status_code=status,
                                                    headers=headers))
     except RuntimeError:  # the server lacks the denial-response extension
         await ws.close(code=1008, reason=reason)
+
+
+def _client(ws: WebSocket) -> str:
+    """The peer address of ``ws``'s connection (what failed handshakes are counted by)."""
+    return ws.client.host if ws.client is not None else ""
 
 
 def _precheck(ws: WebSocket, allowed: AllowedHosts) -> str | None:
@@ -154,13 +166,39 @@ class PeerEndpoint:
 
     def __init__(self, backend: PeerBackend, allowed_hosts: Sequence[str],
                  limits: HandshakeLimits | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 tries: TokenTries | None = None) -> None:
         """``limits`` bound the handshakes (:class:`.HandshakeLimits`' defaults when not
-        given), timed on ``clock`` (monotonic seconds)."""
+        given); ``tries`` count failed link handshakes per client address (a
+        :class:`.TokenTries` of the default limits when not given); both are timed on
+        ``clock`` (monotonic seconds)."""
         self.backend = backend
         self.allowed_hosts = AllowedHosts(allowed_hosts)
         self.slots = HandshakeSlots(limits)
         self.clock = clock
+        # Called on the event loop only, so one at a time.
+        self.tries = tries if tries is not None else TokenTries()
+
+    async def _locked_out(self, ws: WebSocket) -> bool:
+        """Is the client of ``ws`` locked out after failed handshakes (then its upgrade is
+        refused, 429 with ``Retry-After``)? Logged at DEBUG: its lock was logged once."""
+        wait = self.tries.wait(_client(ws), self.clock())
+        if wait > 0:
+            await _deny(ws, Refusal.TOO_MANY_TRIES.value, {"Retry-After": retry_after(wait)},
+                        logging.DEBUG)
+        return wait > 0
+
+    def _failed(self, ws: WebSocket) -> None:
+        """Count a failed handshake of the client of ``ws``; say so once its lock begins
+        (the address, never the token)."""
+        client, now = _client(ws), self.clock()
+        before = self.tries.wait(client, now)
+        wait = self.tries.failed(client, now)
+        if wait > 0 and before == 0:
+            log.warning("peer handshakes from %s refused for %s s: %d failed within %g s "
+                        "(unknown or wrong device tokens, or hellos proving no paired key)",
+                        client_of(client), retry_after(wait), self.tries.max_failures,
+                        self.tries.window)
 
     async def _slot(self, ws: WebSocket) -> Slot | None:
         """A handshake slot for ``ws``; None when all are held (the upgrade is refused)."""
@@ -213,6 +251,8 @@ class PeerEndpoint:
             await _deny(ws, refusal)
             return
         assert token is not None
+        if await self._locked_out(ws):
+            return
         slot = await self._slot(ws)
         if slot is None:
             return
@@ -247,16 +287,21 @@ class PeerEndpoint:
             grant = await asyncio.to_thread(b.grant_for, secret_hash(token))
             answer = handshake.answer_hello(b.identity, nonce, hello, grant, token)
             committed = None
+            # A refused grant's own device (its key proven by the hello) is no failed try.
+            proven = isinstance(answer, f.Welcome) or (
+                grant is not None and handshake.proves(b.identity, nonce, hello, grant))
+            if not proven:
+                self._failed(ws)
             if isinstance(answer, f.Refused) and named is not None:
-                # Only to the device itself: a refused grant's key, proven by the hello.
-                proven = grant is not None and handshake.proves(b.identity, nonce, hello,
-                                                                grant)
+                # Only to the device itself.
                 ids = (await asyncio.to_thread(b.committed, hello.device_id, named)
                        if proven and named else [])
                 committed = f.Committed(ids)
                 answer = handshake.refused(b.identity, nonce, hello, token,
                                            Refusal(answer.reason), committed)
         except (FrameError, HandshakeRefused, TimeoutError) as exc:
+            if not isinstance(exc, TimeoutError):  # a timeout read and signed nothing
+                self._failed(ws)
             await _refuse(ws, "peer handshake", exc)
             return None
         except BackendRefused as exc:
@@ -273,6 +318,8 @@ class PeerEndpoint:
                 await ws.close(code=1008)
             return None
         assert grant is not None
+        # Not TokenTries.succeeded: a device's welcome does not forget the failures of
+        # whoever else shares its address (a NAT), or that client would never be locked out.
         try:
             await ws.send_text(f.encode(answer))
         except (WebSocketDisconnect, RuntimeError, OSError):

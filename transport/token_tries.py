@@ -1,10 +1,13 @@
-"""How many wrong operator tokens one client may present before it must wait.
+"""How many failed tries one client may make before it must wait: wrong operator tokens
+(the HTTP API), failed peer handshakes (``peer_ws``), each counted on its own.
 
 Without a limit, a client that reaches the HTTP API may try tokens as fast as the
-server answers. After :data:`MAX_FAILURES` wrong tokens within :data:`WINDOW` seconds a
-client is locked out for :data:`LOCKOUT` seconds: every guarded call it makes is then
-refused, even one with the right token (else the lock would still say which guess was
-right). A right token outside a lock forgets the client's failures.
+server answers, and one that reaches the peer endpoint may keep it reading grants and
+signing refusals as fast. After :data:`MAX_FAILURES` failures within :data:`WINDOW`
+seconds a client is locked out for :data:`LOCKOUT` seconds: every guarded call it makes
+is then refused, even one with the right token (else the lock would still say which
+guess was right; and the refusal must cost no read). A success outside a lock forgets
+the client's failures.
 
 Pure: time comes in as ``now`` (a monotonic reading); the caller names clients by peer
 address and serializes calls. One client is what one machine can present itself as
@@ -52,7 +55,7 @@ class _Client:
 
 
 class TokenTries:
-    """Failed token tries per client; :meth:`wait` says whether one must wait."""
+    """Failed tries per client; :meth:`wait` says whether one must wait."""
 
     def __init__(
         self,
@@ -77,7 +80,8 @@ class TokenTries:
         return max(0.0, entry.locked_until - now) if entry is not None else 0.0
 
     def failed(self, client: str, now: float) -> float:
-        """Count a wrong token from ``client``; the wait it now has (0.0 for none)."""
+        """Count a failed try (a wrong token) from ``client``; the wait it now has (0.0 for
+        none)."""
         client = client_of(client)
         entry = self._clients.pop(client, None) or _Client()
         self._clients[client] = entry  # now the most recent
@@ -93,7 +97,8 @@ class TokenTries:
         return len(self._clients)
 
     def succeeded(self, client: str) -> None:
-        """A right token from ``client`` (not locked out): its failures are forgotten."""
+        """A try from ``client`` that succeeded (not locked out): its failures are
+        forgotten."""
         self._clients.pop(client_of(client), None)
 
     def _bound(self, now: float) -> None:
