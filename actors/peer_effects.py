@@ -111,7 +111,7 @@ class LinkEffects:
             elif isinstance(e, Released):
                 self.release(list(e.ids))
             elif isinstance(e, Postponed):  # busy, not failing: no attempt, no flag
-                log.info("peer %s is busy: its %d rows wait %g s", self.device_id,
+                log.info("peer %s: %s; its %d rows wait %g s", self.device_id, e.reason,
                          len(e.ids), e.wait)
                 self.postpone(list(e.ids), e.wait)
             elif isinstance(e, Retry):

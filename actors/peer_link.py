@@ -275,8 +275,8 @@ class PeerLink:
         except PeerUnavailable as exc:
             if self._stop.is_set():
                 link.stopped()
-            elif isinstance(exc, PeerBusy):  # up, out of handshake slots: no failure
-                link.busy(exc.retry_after)
+            elif isinstance(exc, PeerBusy):  # up, and asks to be tried later: no failure
+                link.busy(exc.retry_after, exc.reason)
             elif exc.status is not None:
                 link.refused(exc.reason)
             else:

@@ -46,6 +46,7 @@ from ..transport.handshake import NONCE_BYTES, new_nonce
 from ..transport.identity import SEAL_NONCE_BYTES, DeviceIdentity
 from ..transport.invite_code import is_code, is_old_code, new_code, parse_code
 from ..transport.link import (
+    BUSY_REASONS,
     Acked,
     Answer,
     LinkState,
@@ -380,9 +381,10 @@ class PeerService:
         try:
             with connect_link(rec.url or "", token, in_flight=named) as ws:
                 return self._exchange(ws, link, rec, agent_id, action, named)
-        except PeerBusy as exc:  # up, out of handshake slots: nothing to tell the operator
+        except PeerBusy as exc:  # up, asks to be tried later: nothing to tell the operator
             wait = busy_wait(exc.retry_after)
-            raise ToolError("execution_failed", f"Peer '{agent_id}' is busy; try again in "
+            why = BUSY_REASONS.get(exc.reason, exc.reason)
+            raise ToolError("execution_failed", f"Peer '{agent_id}' is {why}; try again in "
                             f"{wait:g} s.", retry_after=wait) from None
         except PeerUnavailable as exc:
             if exc.status is not None:  # an HTTP refusal: unproven, as on a live link

@@ -5,7 +5,7 @@ and a signed refusal, at any rate a client liked (64 at once): one client kept a
 signing. Now, over a real uvicorn server on 127.0.0.1, an address past its failed
 handshakes is refused at the upgrade (429, ``Retry-After``), before a challenge, a read
 or a signature, and logged once; other addresses, and paired devices that prove their
-key, are not held back."""
+key, are not held back; and a sender told 429 waits as for a busy receiver."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from kinbox.actors import ManualClock, Runtime, SystemClock
+from kinbox.actors.errors import ToolError
 from kinbox.persistence.peers import INBOUND, OUTBOUND
 from kinbox.transport import frames as f
 from kinbox.transport import handshake as hs
@@ -29,7 +30,7 @@ from kinbox.transport.grants import new_token
 from kinbox.transport.identity import DeviceIdentity
 from kinbox.transport.token_tries import LOCKOUT, MAX_FAILURES
 
-from .helpers import quiet_brain
+from .helpers import quiet_brain, wait_for
 from .peer_harness import Served
 
 pytestmark = pytest.mark.timeout(120)
@@ -151,6 +152,42 @@ def test_a_paired_device_proving_its_key_is_never_counted(paired: Pair) -> None:
         answer = handshake(served.port, token, me)
         assert isinstance(answer, f.Refused) and answer.reason == "paused", answer
     fail(served.port, times=1)  # a stranger from the address is answered, not locked out
+
+
+def test_a_sender_its_receiver_locked_out_waits_uncounted_as_for_a_busy_one(
+        paired: Pair, clock: ManualClock) -> None:
+    sender, _, served, device, app_clock = paired
+    fail(served.port)  # from 127.0.0.1, the sender's address too
+    me = sender.create_session(None, "sender").id
+    [sent] = sender.peers.send_many(me, f"peer:{device}", ["hello"])
+
+    def row() -> dict[str, Any]:
+        return sender.context.journal.get(sent["message_id"])
+
+    wait_for(lambda: row()["status"] == "pending" and row()["available_at"] > clock.now(),
+             30, "the link to hear 429 and hand the row back")
+    back = row()
+    assert back["attempts"] == 0, back["last_error"]  # no failed attempt
+    assert back["available_at"] >= clock.now() + LOCKOUT - 15  # its Retry-After
+    rec = sender.peers.peers.device(device, OUTBOUND)
+    assert rec is not None and rec.status == "active"
+    assert rec.last_error is None  # not flagged as a stranger's refusal
+
+    with pytest.raises(ToolError) as refused:
+        sender.peers.request(f"peer:{device}", "read")
+    assert refused.value.code == "execution_failed"
+    assert refused.value.retry_after is not None and 1 <= refused.value.retry_after <= LOCKOUT
+
+    app_clock.advance(LOCKOUT)
+
+    def delivered_once_due() -> bool:
+        now, r = clock.now(), row()
+        if r["status"] == "pending" and r["available_at"] > now:
+            clock.advance(r["available_at"] - now)
+        return bool(r["status"] == "delivered")
+
+    wait_for(delivered_once_due, 30, "the row delivered once the lock-out is over")
+    assert row()["attempts"] == 0
 
 
 def test_a_welcome_does_not_forget_the_failures_of_others_at_its_address(

@@ -158,10 +158,13 @@ class PeerUnavailable(TransportError):
 
 class PeerBusy(PeerUnavailable):
     """The peer's address answered 503 ``busy``: a kinbox serve whose handshake slots are
-    all taken (see ``handshake_slots``). Healthy, only loaded: no attempt failed, nothing
-    is wrong with the pairing. ``retry_after``: the seconds its ``Retry-After`` asked to
-    wait (None when it gave no usable one)."""
+    all taken (see ``handshake_slots``); or 429 ``too_many_tries``: one that refuses this
+    address's handshakes for a while, after too many failed ones from it (see
+    ``token_tries``; another client at the address, behind the same NAT, may have failed
+    them). Healthy, only loaded: no attempt failed, nothing is wrong with the pairing.
+    ``retry_after``: the seconds its ``Retry-After`` asked to wait (None when it gave no
+    usable one); ``status``: 503 or 429."""
 
-    def __init__(self, reason: str, *, retry_after: float | None) -> None:
-        super().__init__(reason, status=503)
+    def __init__(self, reason: str, *, retry_after: float | None, status: int = 503) -> None:
+        super().__init__(reason, status=status)
         self.retry_after = retry_after

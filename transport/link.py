@@ -31,7 +31,9 @@ peer's address now (a stale URL, a stranger on the LAN) or relays between
 the devices, so they are retried like a dropped link, flagged ``unproven``
 for the operator. A ``503 busy`` at the upgrade (``busy``) is none of these: the
 receiver is up and out of handshake slots for now, so the rows wait the time it asked
-(:func:`busy_wait`), uncounted and unflagged.
+(:func:`busy_wait`), uncounted and unflagged; and so is a ``429 too_many_tries``, a
+receiver that refuses this address's handshakes for a while after too many failed ones
+(another client behind the same address may have failed them).
 
 The window: at most ``window`` ``deliver`` frames are unacknowledged at
 once. Resume: a row that was sent but not acknowledged when the link
@@ -57,6 +59,16 @@ BUSY_WAIT_LIMIT = 3600.0
 """The longest a busy answer's ``Retry-After`` is obeyed, in seconds (the peer backoff's
 cap): anything at the address can answer busy, and a day-long wait asked by one would
 hold the device's rows for a day."""
+
+
+BUSY_REASONS = {
+    Refusal.BUSY.value: "busy (no handshake slot free)",
+    Refusal.TOO_MANY_TRIES.value: "refusing this address's handshakes for a while (too "
+    "many failed ones came from it; another client behind the same address may have made "
+    "them)",
+}
+"""What a receiver that asked to be tried again later is (``the peer is ...``), by its
+refusal's code: one wording for the logs, a tool's error and a pairing's."""
 
 
 def busy_wait(retry_after: float | None) -> float:
@@ -253,12 +265,13 @@ class SenderLink:
         a ``refused`` frame in the handshake)."""
         self._lost(f"the peer's address refused the connection ({reason})", unproven=True)
 
-    def busy(self, retry_after: float | None) -> None:
-        """The upgrade was answered ``503 busy`` (``retry_after``: its ``Retry-After``
-        seconds, None without one): every held row waits :func:`busy_wait`, uncounted."""
+    def busy(self, retry_after: float | None, reason: str = Refusal.BUSY.value) -> None:
+        """The upgrade was answered ``503 busy`` or ``429 too_many_tries`` (``reason``;
+        ``retry_after``: its ``Retry-After`` seconds, None without one): every held row
+        waits :func:`busy_wait`, uncounted."""
         self._out.clear()
         self._effects.append(Postponed(self._settle_all(), busy_wait(retry_after),
-                                       "the peer is busy (no handshake slot free)"))
+                                       f"the peer is {BUSY_REASONS.get(reason, reason)}"))
         if self.state is not LinkState.CLOSED:
             self.state = LinkState.IDLE
 
@@ -407,5 +420,6 @@ class SenderLink:
         self.state = LinkState.CLOSED
 
 
-__all__ = ["BUSY_WAIT_LIMIT", "Acked", "Answer", "LinkState", "Outgoing", "Postponed", "Refusal",
-           "Rejected", "Released", "Retry", "SenderLink", "Terminal", "busy_wait"]
+__all__ = ["BUSY_REASONS", "BUSY_WAIT_LIMIT", "Acked", "Answer", "LinkState", "Outgoing",
+           "Postponed", "Refusal", "Rejected", "Released", "Retry", "SenderLink", "Terminal",
+           "busy_wait"]

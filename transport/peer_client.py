@@ -21,7 +21,7 @@ from websockets.sync.client import ClientConnection, connect
 from . import frames as f
 from . import handshake
 from .errors import FrameError, HandshakeRefused, PeerBusy, PeerUnavailable
-from .grants import Refusal
+from .grants import HTTP_STATUS, Refusal
 from .identity import DeviceIdentity
 from .invite_code import InviteCode
 
@@ -54,14 +54,21 @@ def _without_login(url: str) -> str:
     return re.sub(r"//.*@", "//***@", url, flags=re.DOTALL)
 
 
+_BUSY = frozenset((HTTP_STATUS[r], r.value) for r in (Refusal.BUSY, Refusal.TOO_MANY_TRIES))
+"""The upgrade refusals of a receiver that is up and asks to be tried again later."""
+
+
 def _refusal(exc: InvalidStatus) -> PeerUnavailable:
     status = exc.response.status_code
     try:
         reason = str(json.loads(exc.response.body or b"{}").get("error", status))
     except (ValueError, AttributeError):
         reason = str(status)
-    if status == 503 and reason == Refusal.BUSY:  # the code of its JSON answer, not text
-        return PeerBusy(reason, retry_after=_seconds(exc.response.headers.get("Retry-After")))
+    # The code of its JSON answer, not text: a kinbox serve out of handshake slots, or
+    # refusing this address's handshakes for a while (too many failed ones from it).
+    if (status, reason) in _BUSY:
+        return PeerBusy(reason, retry_after=_seconds(exc.response.headers.get("Retry-After")),
+                        status=status)
     return PeerUnavailable(f.shown(reason), status=status)
 
 
