@@ -108,6 +108,16 @@ UNREACHABLE = (
 """What a pairing is told as when the device could not be reached, or asked to be tried
 later: the error alone (``ConnectionRefusedError``) told a first user nothing to do."""
 
+BUSY = (
+    "the pairing did not complete ({detail}): the other device is up, running `kinbox "
+    "serve` at that address, but it is {why}; the code is still good for this device: "
+    "try the same command again in {wait:g} s"
+)
+"""What a pairing is told as when the device answered that it is busy (``503 busy``) or
+refuses this address for a while (``429 too_many_tries``), ``why`` from
+:data:`~kinbox.transport.link.BUSY_REASONS`: :data:`UNREACHABLE` sent a user to check a
+server that was running."""
+
 TAMPERED = frozenset({Refusal.WRONG_DEVICE, Refusal.BAD_SIGNATURE})
 
 DEVICE_SCAN_SECONDS = 1.0
@@ -501,6 +511,10 @@ def complete_pairing(identity: DeviceIdentity, peers: PeerStore, url: str, code:
     try:
         paired = pair_with(url, identity, invite, identity.device_id,
                            new_nonce(os.urandom(NONCE_BYTES)))
+    except PeerBusy as exc:  # up: nothing about the address is wrong
+        message = BUSY.format(detail=exc, why=BUSY_REASONS.get(exc.reason, exc.reason),
+                              wait=busy_wait(exc.retry_after))
+        raise PairingFailed(message, "unavailable", retry=True, status=exc.status) from exc
     except PeerUnavailable as exc:
         raise PairingFailed(UNREACHABLE.format(detail=exc), "unavailable", retry=True,
                             status=exc.status) from exc

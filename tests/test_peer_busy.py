@@ -8,6 +8,7 @@ receiver gave, and the device is not flagged."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 from websockets.sync.client import ClientConnection, connect
 
 from kinbox.actors import ManualClock, Runtime, SystemClock
-from kinbox.actors.errors import ToolError
+from kinbox.actors.errors import PairingFailed, ToolError
 from kinbox.persistence.peers import OUTBOUND
 from kinbox.transport import HandshakeLimits
 from kinbox.transport import frames as f
@@ -119,3 +120,20 @@ def test_many_busy_answers_never_fail_a_message(
         clock.advance(row()["available_at"] - clock.now())
     last = row()  # pending, or taken again by the link: never failed, never counted
     assert last["status"] in ("pending", "processing") and last["attempts"] == 0
+
+
+def test_pairing_with_a_busy_device_says_it_is_up_and_when_to_try_again(
+        busy_pair: tuple[Runtime, Served, str, ClientConnection]) -> None:
+    """Told it "must be running kinbox serve at that address", a user checked a server
+    that was running; busy, it is up and asks to be tried again after a while."""
+    sender, served, _, _ = busy_pair
+    with pytest.raises(PairingFailed) as failed:
+        sender.peers.pair(served.http, served.invite(), name="b")
+    assert failed.value.reason == "unavailable" and failed.value.retry
+    assert failed.value.status == 503
+    message = str(failed.value)
+    assert "must be running" not in message
+    assert "busy" in message
+    wait = re.search(r"again in (\d+) s", message)
+    assert wait is not None, message
+    assert 1 <= int(wait.group(1)) <= SLOT_SECONDS
