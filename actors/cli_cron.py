@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import uuid
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from ..persistence import CronStore, InvalidArgument, paging
@@ -111,28 +112,25 @@ def cron_runs(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _cursor(text: str) -> str:
-    """An argparse type: a ``--before``, the cursor a page of runs printed (the store's
-    rule, so a mistyped one is a usage error before the database is opened)."""
-    try:
-        paging.keyset(text, "before")
-    except InvalidArgument:
-        raise argparse.ArgumentTypeError(
-            "expected the cursor a page printed (its '... more: --before' line or its "
-            f"JSON's next_before), got {text[:40]!r}") from None
-    return text
+def _cursor_type(check: Callable[[str, str], object], flag: str,
+                 start: str = "") -> Callable[[str], str]:
+    """An argparse type for ``--{flag}``: the cursor a page printed, checked by the store's
+    rule ``check`` (so a mistyped one is a usage error before the database is opened)."""
+    def parse(text: str) -> str:
+        try:
+            check(text, flag)
+        except InvalidArgument:
+            raise argparse.ArgumentTypeError(
+                f"expected the cursor a page printed (its '... more: --{flag}' line or its "
+                f"JSON's next_{flag}){start}, got {text[:40]!r}") from None
+        return text
+    return parse
 
 
-def _job_cursor(text: str) -> str:
-    """An argparse type: an ``--after``, the job id a page of jobs printed (the store's
-    rule, so a mistyped one is a usage error before the database is opened)."""
-    try:
-        paging.key_after(text, "after")
-    except InvalidArgument:
-        raise argparse.ArgumentTypeError(
-            "expected the cursor a page printed (its '... more: --after' line or its JSON's "
-            f"next_after), or '' to start, got {text[:40]!r}") from None
-    return text
+_cursor = _cursor_type(paging.keyset, "before")
+"""``--before`` of ``cron runs``: a page of runs' cursor."""
+_job_cursor = _cursor_type(paging.key_after, "after", ", or '' to start")
+"""``--after`` of ``cron list``: the job id a page of jobs printed."""
 
 
 _runs_limit = whole_number(RUNS_LIMIT)
