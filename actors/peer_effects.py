@@ -114,6 +114,10 @@ class LinkEffects:
                 log.info("peer %s: %s; its %d rows wait %g s", self.device_id, e.reason,
                          len(e.ids), e.wait)
                 self.postpone(list(e.ids), e.wait)
+                # Shown, not flagged: something at the address (a proxy in front of
+                # the device, all peers behind one address) may keep answering so, and
+                # the rows, never failed, would wait unseen.
+                self.svc.note(rec, f"{e.reason}; its messages wait, uncounted")
             elif isinstance(e, Retry):
                 if e.unproven:  # a stale URL or a stranger on it: the operator should know
                     self.svc.unproven(rec, e.reason)
@@ -189,7 +193,9 @@ class LinkEffects:
     def postpone(self, ids: list[str], wait: float) -> None:
         """Hand rows back uncounted, due in ``wait`` seconds: the link's next claim finds
         nothing before then (the head holds back the rows behind it), so it does not dial
-        the busy receiver again sooner than it asked."""
+        the busy receiver again sooner than it asked. Refused (a lease lost, the database
+        down), the rows stay leased here and the link's next claim takes them again at
+        once: one dial sooner than asked, nothing lost."""
         if not ids:
             return
         ctx = self.svc.ctx
@@ -199,8 +205,8 @@ class LinkEffects:
         except WriterClosed:
             raise
         except PersistenceError as exc:  # lost meanwhile, or the database is down
-            log.info("could not hand %d peer rows back (%s); they come back by their lease",
-                     len(ids), type(exc).__name__)
+            log.info("could not hand %d peer rows back to wait (%s); the link takes them "
+                     "again", len(ids), type(exc).__name__)
 
     def release(self, ids: list[str]) -> None:
         ctx = self.svc.ctx

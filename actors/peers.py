@@ -299,8 +299,14 @@ class PeerService:
         unsigned: the pairing stands, the operator is told (``kinbox peers list``) when
         the database takes the note (it is left out, logged, when it does not)."""
         log.warning("peer %s: %s; retrying", rec.device_id, reason)
+        self.note(rec, reason)
+
+    def note(self, rec: DeviceRecord, text: str) -> None:
+        """Show ``text`` as the device's problem in ``kinbox peers list`` (its status
+        unchanged; the device's next welcomed link clears it); logged and left out when
+        the database refuses it."""
         try:
-            self.peers.note_problem(rec.device_id, OUTBOUND, reason, self.ctx.now())
+            self.peers.note_problem(rec.device_id, OUTBOUND, text, self.ctx.now())
         except WriterClosed:
             raise
         except PersistenceError as exc:

@@ -198,7 +198,8 @@ class CronStore:
             insert = unless_present(j.insert(**values), j.idempotency_key)
             if not insert.as_rowcount().execute():  # the key, committed meanwhile (PostgreSQL)
                 earlier = the_keys()
-                assert earlier is not None  # only the key's conflict is ignored
+                if earlier is None:  # its job removed since: the key was taken all the same
+                    raise DuplicateError("cron job", "idempotency_key", key)
                 return earlier
             if also is not None:
                 also()

@@ -76,7 +76,10 @@ def test_a_busy_receiver_costs_no_attempt_no_flag_and_is_dialled_after_its_wait(
     assert back["available_at"] >= clock.now() + SLOT_SECONDS - 15
     rec = sender.peers.peers.device(device, OUTBOUND)
     assert rec is not None and rec.status == "active"
-    assert rec.last_error is None  # not shown as a stranger's refusal in `peers list`
+    # Shown in `peers list` as busy, not as a stranger's refusal: its messages wait unseen
+    # no longer, and no attempt is counted.
+    wait_for(lambda: "busy" in (note(sender, device) or ""), 30, "the device's busy note")
+    assert "refused the connection" not in (note(sender, device) or "")
 
     holder.close()  # the receiver has a slot again (once its server has seen the close)
 
@@ -88,6 +91,14 @@ def test_a_busy_receiver_costs_no_attempt_no_flag_and_is_dialled_after_its_wait(
 
     wait_for(delivered_once_due, 30, "the row delivered once due")
     assert row()["attempts"] == 0
+    wait_for(lambda: note(sender, device) is None, 30, "the note cleared by the welcome")
+
+
+def note(rt: Runtime, device: str) -> str | None:
+    """The device's note in ``kinbox peers list`` (its last problem), None when clear."""
+    rec = rt.peers.peers.device(device, OUTBOUND)
+    assert rec is not None
+    return rec.last_error
 
 
 def test_a_read_of_a_busy_receiver_says_when_to_try_again_and_flags_nothing(

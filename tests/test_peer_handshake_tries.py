@@ -171,7 +171,14 @@ def test_a_sender_its_receiver_locked_out_waits_uncounted_as_for_a_busy_one(
     assert back["available_at"] >= clock.now() + LOCKOUT - 15  # its Retry-After
     rec = sender.peers.peers.device(device, OUTBOUND)
     assert rec is not None and rec.status == "active"
-    assert rec.last_error is None  # not flagged as a stranger's refusal
+
+    def note() -> str:
+        found = sender.peers.peers.device(device, OUTBOUND)
+        return (found.last_error if found is not None else None) or ""
+
+    # Shown as a receiver refusing this address for a while, not as a stranger's refusal.
+    wait_for(lambda: "refusing this address" in note(), 30, "the device's note")
+    assert "refused the connection" not in note()
 
     with pytest.raises(ToolError) as refused:
         sender.peers.request(f"peer:{device}", "read")
