@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 def database_url(text: str) -> str:
@@ -88,3 +88,14 @@ def project_slug_arg(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a project slug, got an empty one")
     return text
+
+
+def cursor_or_offset(p: argparse.ArgumentParser, flag: str, cursor: Callable[[str], Any],
+                     cursor_help: str, offset_help: str, metavar: str = "CURSOR") -> None:
+    """A listing's paging flags: ``--{flag} CURSOR`` (a keyset walk) or ``--offset N``, not
+    both. ``--offset`` has no default of 0: argparse refuses a flag beside another of its
+    group only when it differs from its default, and took ``--offset 0 --{flag} CURSOR``,
+    ignoring the offset."""
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(f"--{flag}", type=cursor, metavar=metavar, help=cursor_help)
+    where.add_argument("--offset", type=offset_arg, default=None, help=offset_help)

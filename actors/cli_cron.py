@@ -16,7 +16,7 @@ from typing import Any, TextIO
 from ..persistence import CronStore, InvalidArgument, paging
 from ..transport import RUNS_LIMIT
 from . import cron_rules as rules
-from .cli_args import common, offset_arg, whole_number
+from .cli_args import common, cursor_or_offset, whole_number
 from .cli_ops import operator_clock, stores
 from .cli_output import emit, emit_page, when
 from .cron_jobs import CronJobs
@@ -146,14 +146,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = common(csub.add_parser("list", help="jobs, soonest due first, paused ones last"))
     p.add_argument("--limit", type=_runs_limit, default=100,
                    help=f"at most N jobs, 1 to {RUNS_LIMIT} (default 100)")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--after", type=_job_cursor, metavar="CURSOR",
-                       help="by id, the jobs past the page that printed CURSOR ('' from "
-                            "the first): each job once while jobs fire")
-    # No default of 0, as runs' --offset: argparse took `--offset 0 --after CURSOR`.
-    where.add_argument("--offset", type=offset_arg, default=None,
-                       help="skip the first N (the next page: --offset 100; jobs that "
-                            "fire meanwhile shift it)")
+    cursor_or_offset(p, "after", _job_cursor,
+                     "by id, the jobs past the page that printed CURSOR ('' from the first): "
+                     "each job once while jobs fire",
+                     "skip the first N (the next page: --offset 100; jobs that fire "
+                     "meanwhile shift it)")
     p.set_defaults(handler=cron_list)
     p = common(csub.add_parser("add", help="add a job"))
     p.add_argument("name")
@@ -174,12 +171,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("job_id", nargs="?")
     p.add_argument("--limit", type=_runs_limit, default=20,
                    help=f"the newest N runs, 1 to {RUNS_LIMIT} (default 20)")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--before", type=_cursor, metavar="CURSOR",
-                       help="the runs older than the page that printed CURSOR (each run "
-                            "once, however many are recorded meanwhile)")
-    # No default of 0: argparse refuses a flag beside --before only when it differs from
-    # its default, and took `--offset 0 --before CURSOR`.
-    where.add_argument("--offset", type=offset_arg, default=None,
-                       help="but the newest N (runs recorded meanwhile shift it)")
+    cursor_or_offset(p, "before", _cursor,
+                     "the runs older than the page that printed CURSOR (each run once, "
+                     "however many are recorded meanwhile)",
+                     "but the newest N (runs recorded meanwhile shift it)")
     p.set_defaults(handler=cron_runs)

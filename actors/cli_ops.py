@@ -39,9 +39,9 @@ from ..transport.frames import shown
 from ..transport.key_file import private_folder
 from .cli_args import (
     common,
+    cursor_or_offset,
     kind_arg,
     limit_arg,
-    offset_arg,
     position_arg,
     project_slug_arg,
     session_id_arg,
@@ -317,15 +317,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--target", type=session_id_arg, help="only rows addressed to this session")
     p.add_argument("--limit", type=limit_arg, default=100,
                    help="the newest N rows (default 100), listed oldest first")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--before-seq", type=position_arg, metavar="SEQ",
-                       help="only rows older than seq SEQ (the page before one: its "
-                            "'... more: --before-seq' line; each row once, however many "
-                            "arrive meanwhile)")
-    # No default of 0, as for sessions list: argparse refuses a flag beside --before-seq
-    # only when it differs from its default.
-    where.add_argument("--offset", type=offset_arg, default=None,
-                       help="but the newest N (rows enqueued meanwhile shift it)")
+    cursor_or_offset(p, "before-seq", position_arg,
+                     "only rows older than seq SEQ (the page before one: its '... more: "
+                     "--before-seq' line; each row once, however many arrive meanwhile)",
+                     "but the newest N (rows enqueued meanwhile shift it)", metavar="SEQ")
     p.set_defaults(handler=inbox_list)
     p = common(isub.add_parser("show", help="one row in full, with its history"))
     p.add_argument("message_id")
@@ -350,14 +345,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--project", type=project_slug_arg, help="project slug")
     p.add_argument("--limit", type=limit_arg, default=100,
                    help="at most N sessions (default 100), newest first (by creation)")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--after", type=cursor_arg, metavar="CURSOR",
-                       help="the page after the one that printed CURSOR (each session "
-                            "once, however many turn meanwhile)")
-    # No default of 0: argparse refuses a flag beside --after only when it differs from
-    # its default, and took `--offset 0 --after CURSOR`, ignoring the offset.
-    where.add_argument("--offset", type=offset_arg, default=None,
-                       help="skip the first N (sessions created meanwhile shift it)")
+    cursor_or_offset(p, "after", cursor_arg,
+                     "the page after the one that printed CURSOR (each session once, "
+                     "however many turn meanwhile)",
+                     "skip the first N (sessions created meanwhile shift it)")
     p.set_defaults(handler=sessions_list)
 
     dbp = sub.add_parser("db", help="schema status and upgrade")

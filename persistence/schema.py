@@ -106,8 +106,8 @@ def pending_changes(tables: Tables) -> list[str]:
     """What ``upgrade`` would change, one line each; empty when up to date.
     :class:`.SchemaTooNew` for a database a newer kinbox upgraded."""
     db = tables.db
-    found = check_version(db)  # first: a newer schema is not compared with older models
     existing = set(db.get_tables())
+    found = check_version(db, existing)  # first: a newer schema is not compared with older models
     indexes = index_names(db)
     changes: list[str] = []
     for model in tables.all():

@@ -22,6 +22,7 @@ of each version, so a change made without raising it fails there.
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection
 
 import peewee as pw
 
@@ -55,19 +56,21 @@ def verdict(found: int, known: int) -> VersionVerdict:
     return VersionVerdict.CURRENT
 
 
-def read_version(db: pw.Database) -> int:
-    """The database's schema version; 0 without the table or its row."""
-    if VERSION_TABLE not in db.get_tables():
+def read_version(db: pw.Database, tables: Collection[str] | None = None) -> int:
+    """The database's schema version; 0 without the table or its row. ``tables``: the
+    database's tables where the caller has read them already."""
+    if VERSION_TABLE not in (db.get_tables() if tables is None else tables):
         return 0
     found = (SchemaVersion.select(SchemaVersion.version)
              .where(SchemaVersion.id == 1).bind(db).scalar())
     return int(found) if found is not None else 0
 
 
-def check_version(db: pw.Database) -> int:
+def check_version(db: pw.Database, tables: Collection[str] | None = None) -> int:
     """The database's schema version, when this code may work on it; else
-    :class:`.SchemaTooNew`, nothing read or written but the number."""
-    found = read_version(db)
+    :class:`.SchemaTooNew`, nothing read or written but the number (``tables``: as
+    :func:`read_version`)."""
+    found = read_version(db, tables)
     if verdict(found, SCHEMA_VERSION) is VersionVerdict.NEWER:
         raise SchemaTooNew(found, SCHEMA_VERSION)
     return found
