@@ -19,36 +19,10 @@ MakeRuntime = Callable[..., Runtime]
 SURROGATE = "\ud800"
 
 
-def test_a_reply_that_cannot_be_stored_fails_the_attempt_with_a_clear_error(
-        make_runtime: MakeRuntime, clock: ManualClock) -> None:
-    refusals: list[ConfigError] = []
-
-    def brain(turn: Turn) -> None:
-        try:
-            turn.reply(f"half {SURROGATE} an emoji")
-        except ConfigError as exc:
-            refusals.append(exc)
-            raise
-
-    rt = make_runtime(brain=brain)
-    s = rt.create_session(rt.create_project("p").id, "A")
-    rt.post(s.id, "go")
-    rt.run_until_idle()
-    [row] = rt.inbox(target=s.id)
-    assert (row["status"], row["attempts"]) == ("pending", 1)
-    assert refusals[0].field == "text" and "lone surrogate" in str(refusals[0])
-    assert row["last_error"].rstrip().endswith(str(refusals[0]))
-    assert rt.transcript(s.id) == []  # nothing of the attempt was written
-
-
-@pytest.mark.parametrize("given", [None, 42, b"bytes", {"text": "a model's response"}],
-                         ids=["none", "int", "bytes", "dict"])
-def test_a_reply_that_is_no_text_is_a_kinbox_error_naming_the_text(
-        make_runtime: MakeRuntime, clock: ManualClock, given: object) -> None:
-    """``turn.reply`` refused a value that is no ``str`` (a model's response object handed
-    over whole, a None) with a bare ``TypeError``, outside the one exception tree that
-    every other refusal of a turn's call is in (a reply that cannot be stored, a
-    history's limit: ``ConfigError`` with its ``.field``)."""
+def _reply_once(make_runtime: MakeRuntime, given: object
+                ) -> tuple[Runtime, str, list[BaseException]]:
+    """A runtime whose brain replies ``given`` to one message, run until idle: the runtime,
+    the session and what the reply raised."""
     refusals: list[BaseException] = []
 
     def brain(turn: Turn) -> None:
@@ -62,12 +36,35 @@ def test_a_reply_that_is_no_text_is_a_kinbox_error_naming_the_text(
     s = rt.create_session(rt.create_project("p").id, "A")
     rt.post(s.id, "go")
     rt.run_until_idle()
+    return rt, s.id, refusals
+
+
+def test_a_reply_that_cannot_be_stored_fails_the_attempt_with_a_clear_error(
+        make_runtime: MakeRuntime, clock: ManualClock) -> None:
+    rt, sid, refusals = _reply_once(make_runtime, f"half {SURROGATE} an emoji")
+    assert isinstance(refusals[0], ConfigError)
+    [row] = rt.inbox(target=sid)
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    assert refusals[0].field == "text" and "lone surrogate" in str(refusals[0])
+    assert row["last_error"].rstrip().endswith(str(refusals[0]))
+    assert rt.transcript(sid) == []  # nothing of the attempt was written
+
+
+@pytest.mark.parametrize("given", [None, 42, b"bytes", {"text": "a model's response"}],
+                         ids=["none", "int", "bytes", "dict"])
+def test_a_reply_that_is_no_text_is_a_kinbox_error_naming_the_text(
+        make_runtime: MakeRuntime, clock: ManualClock, given: object) -> None:
+    """``turn.reply`` refused a value that is no ``str`` (a model's response object handed
+    over whole, a None) with a bare ``TypeError``, outside the one exception tree that
+    every other refusal of a turn's call is in (a reply that cannot be stored, a
+    history's limit: ``ConfigError`` with its ``.field``)."""
+    rt, sid, refusals = _reply_once(make_runtime, given)
     [refusal] = refusals
     assert isinstance(refusal, ConfigError) and refusal.field == "text"
     assert type(given).__name__ in str(refusal)
-    [row] = rt.inbox(target=s.id)
+    [row] = rt.inbox(target=sid)
     assert (row["status"], row["attempts"]) == ("pending", 1)
-    assert rt.transcript(s.id) == []  # nothing of the attempt was written
+    assert rt.transcript(sid) == []  # nothing of the attempt was written
 
 
 def test_a_brain_exception_with_unstorable_text_is_recorded_escaped(
