@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TextIO
 import peewee as pw
 
 from ..persistence import (
+    SCHEMA_VERSION,
     InvalidArgument,
     Journal,
     RowNotFound,
@@ -28,6 +29,7 @@ from ..persistence import (
     open_database,
     paging,
     pending_changes,
+    read_stamp,
     redact_url,
     require_current,
     sqlite_path,
@@ -270,20 +272,27 @@ def sessions_list(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def db_status(args: argparse.Namespace, out: TextIO) -> int:
-    """``kinbox db status``: schema changes pending and rows per state; exits
-    :data:`EXIT_UPGRADE_PENDING` while changes are pending."""
+    """``kinbox db status``: schema changes pending, the schema version and rows per
+    state; exits :data:`EXIT_UPGRADE_PENDING` while changes are pending."""
     with stores(args.db, check_schema=False, read_only=True) as (journal, _):
         changes = pending_changes(journal.t)
+        stamp = read_stamp(journal.t.db)
         # Every state, 0 included: a script reads rows["failed"] whether or not any failed.
         # None while an upgrade is pending: nothing was counted, and {} would read as empty.
         found = None if changes else journal.counts()
     counts = None if found is None else {s: found.get(s, 0) for s in STATES}
+    version = {"database": stamp.version, "compatible_from": stamp.compatible,
+               "this_kinbox": SCHEMA_VERSION}
     data = {"url": redact_url(args.db or default_url()), "up_to_date": not changes,
-            "pending": changes,
+            "pending": changes, "schema_version": version,
             "rows": counts}
     lines = [f"database: {data['url']}",
              f"schema: {'up to date' if not changes else 'needs upgrade'}"]
     lines += [f"  pending: {c}" for c in changes]
+    lines.append(f"schema version: {stamp.version} (this kinbox: {SCHEMA_VERSION})")
+    if stamp.version > SCHEMA_VERSION:
+        lines.append(f"  upgraded by a newer kinbox; kinbox of schema version "
+                     f"{stamp.compatible} or later may work on it")
     lines += [f"rows {s}: {n}" for s, n in (counts or {}).items()]
     emit(out, args.json, data, lines)
     return EXIT_UPGRADE_PENDING if changes else 0

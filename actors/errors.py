@@ -28,7 +28,7 @@ refuses; decide on the types and their attributes, never on message text::
         ├── DatabaseOpenError  .url (password masked), .reason
         │   └── DatabaseMissing  a read found no database and created none
         ├── SchemaError        the schema is older than this code
-        │   └── SchemaTooNew   .found, .known: a newer kinbox upgraded it
+        │   └── SchemaTooNew   .found, .known, .compatible: a newer kinbox upgraded it
         ├── IdempotencyConflict  .message_id reused for another message
         ├── IllegalTransition  .message_id, .current, .event
         ├── LeaseLost          .message_id, .owner (fencing)

@@ -71,6 +71,7 @@ from .liveness import OwnerLiveness, live_runtimes
 from .models import CRON_EXPRESSION_CHARS, IDEMPOTENCY_KEY_CHARS, Tables, bind_tables
 from .rate_buckets import BucketState, RateBuckets
 from .schema import pending_changes, require_current, upgrade
+from .schema_version import SCHEMA_VERSION, Stamp, read_stamp
 from .session_records import EntryRecord, ProjectRecord, SessionPage, SessionRecord
 from .sessions import SessionStore
 from .social_outbox import KeptReply, SocialOutbox
@@ -83,6 +84,7 @@ __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "IDEMPOTENCY_KEY_CHARS",
     "OPEN_TASK_STATES",
+    "SCHEMA_VERSION",
     "SQLITE_PAGE_SIZE",
     "WRITE_TIMEOUT",
     "BucketState",
@@ -132,6 +134,7 @@ __all__ = [
     "SessionRecord",
     "SessionStore",
     "SocialOutbox",
+    "Stamp",
     "StopAsk",
     "StopRequests",
     "Tables",
@@ -157,6 +160,7 @@ __all__ = [
     "pending_changes",
     "pg_address",
     "pg_default_port",
+    "read_stamp",
     "redact_text",
     "redact_url",
     "require_current",

@@ -65,17 +65,20 @@ class SchemaError(PersistenceError):
 
 class SchemaTooNew(SchemaError):
     """The database's schema version ``found`` is newer than the ``known`` one of this code
-    (a newer kinbox upgraded it): refused, nothing changed. Not for ``kinbox db upgrade``:
-    this code cannot take a schema back."""
+    (a newer kinbox upgraded it) and needs code of at least version ``compatible``: refused,
+    nothing changed. Not for ``kinbox db upgrade``: this code cannot take a schema back."""
 
-    def __init__(self, found: int, known: int) -> None:
+    def __init__(self, found: int, known: int, compatible: int | None = None) -> None:
+        compatible = found if compatible is None else compatible
         super().__init__(
             f"the database's schema is version {found}, newer than this kinbox knows "
-            f"(version {known}): a newer kinbox upgraded it. Run that kinbox version or "
-            "a later one on it (upgrade this installation); kinbox never downgrades a "
-            "schema, so go back only to a backup taken before that upgrade")
+            f"(version {known}), and needs a kinbox of schema version {compatible} or "
+            "later: a newer kinbox upgraded it. Run that kinbox version or a later one on "
+            "it (upgrade this installation); kinbox never downgrades a schema, so go back "
+            "only to a backup taken before that upgrade")
         self.found = found
         self.known = known
+        self.compatible = compatible
 
 
 class IdempotencyConflict(PersistenceError):

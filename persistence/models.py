@@ -374,10 +374,14 @@ class SocialReply(_Base):
 
 class SchemaVersion(_Base):
     """The schema version the last upgrade left the database at (:mod:`.schema_version`):
-    one row, ``id`` 1, so that a kinbox can tell a database a newer one upgraded."""
+    one row, ``id`` 1, so that a kinbox can tell a database a newer one upgraded, and
+    whether it may still work on it."""
 
     id = pw.IntegerField(primary_key=True, constraints=[pw.Check("id = 1")])
     version = pw.IntegerField()
+    compatible = pw.IntegerField(null=True)
+    """The oldest schema version whose code may work on this database as it is (NULL,
+    written by version 1, which had no such column: ``version`` itself)."""
 
     class Meta:
         table_name = "kinbox_schema"

@@ -2,9 +2,11 @@
 
 The models are the description of the schema; the database is compared to
 them. Its version number (:mod:`.schema_version`) only says whether this code
-may do so: a database a newer kinbox upgraded is refused first (``SchemaTooNew``),
-and an older one's number is raised by the upgrade that brings it up to the
-models, in the same transaction. ``upgrade`` creates missing tables
+may do so: a database a newer kinbox upgraded is refused first (``SchemaTooNew``)
+unless it says this code may still work on it (then it is only checked for the
+tables and columns this code uses, and changed in nothing), and an older one's
+number is raised by the upgrade that brings it up to the models, in the same
+transaction. ``upgrade`` creates missing tables
 and indexes and adds missing columns through ``playhouse.migrate`` (which
 knows how to add a NOT NULL column with a default on every backend), and on
 PostgreSQL widens a text column an older schema made narrower than its model
@@ -28,7 +30,14 @@ from .open_indexes import (
     missing_open_indexes,
     surplus_indexes,
 )
-from .schema_version import check_version, version_change, write_version
+from .schema_version import (
+    SCHEMA_VERSION,
+    Stamp,
+    VersionVerdict,
+    check_version,
+    version_change,
+    write_version,
+)
 
 INBOX_SEQUENCE = "agent_inbox_seq"
 """PostgreSQL sequence that orders inbox rows across processes."""
@@ -102,23 +111,33 @@ def _repair_sequence(db: pw.Database) -> None:
         db.execute_sql("SELECT setval(%s, %s)", (INBOX_SEQUENCE, newest))
 
 
+def _absent(db: pw.Database, model: type[pw.Model], existing: set[str]) -> list[str]:
+    """The change that makes ``model``'s table, or one per column of it the table lacks."""
+    name = model._meta.table_name
+    if name not in existing:
+        return [f"create table {name}"]
+    have = {c.name for c in db.get_columns(name)}
+    return [f"add column {name}.{field.column_name}"
+            for field in model._meta.sorted_fields if field.column_name not in have]
+
+
 def pending_changes(tables: Tables) -> list[str]:
     """What ``upgrade`` would change, one line each; empty when up to date.
-    :class:`.SchemaTooNew` for a database a newer kinbox upgraded."""
+    :class:`.SchemaTooNew` for a database a newer kinbox upgraded past this code."""
     db = tables.db
     existing = set(db.get_tables())
-    found = check_version(db, existing)  # first: a newer schema is not compared with older models
+    # First: a newer schema is not compared with older models.
+    found, judged = check_version(db, existing)
+    if judged is VersionVerdict.NEWER_COMPATIBLE:
+        _require_compatible(tables, existing, found)
+        return []
     indexes = index_names(db)
     changes: list[str] = []
     for model in tables.all():
         name = model._meta.table_name
+        changes.extend(_absent(db, model, existing))
         if name not in existing:
-            changes.append(f"create table {name}")
             continue
-        have = {c.name for c in db.get_columns(name)}
-        for field in model._meta.sorted_fields:
-            if field.column_name not in have:
-                changes.append(f"add column {name}.{field.column_name}")
         changes.extend(_widen(name, field) for field in _narrow_columns(db, model))
         changes.extend(f"create index {index._name}"  # the models' own indexes
                        for index in model._meta.fields_to_index()
@@ -131,6 +150,20 @@ def pending_changes(tables: Tables) -> list[str]:
         changes.append(sequence)
     version = version_change(found)
     return changes if version is None else [*changes, version]
+
+
+def _require_compatible(tables: Tables, existing: set[str], found: Stamp) -> None:
+    """A newer kinbox's database that says this code may work on it: every table and
+    column this code uses must be there (its indexes are the newer code's business: one
+    it dropped is not built again), else :class:`SchemaError`, nothing changed."""
+    db = tables.db
+    absent = [line for model in tables.all() for line in _absent(db, model, existing)]
+    if absent:
+        raise SchemaError(
+            f"the database's schema is version {found.version} and says a kinbox of "
+            f"version {found.compatible} may work on it, but it lacks what this kinbox "
+            f"(version {SCHEMA_VERSION}) needs ({'; '.join(absent[:5])}"
+            f"{'; ...' if len(absent) > 5 else ''}): run the kinbox that upgraded it")
 
 
 def upgrade(tables: Tables) -> list[str]:

@@ -1,9 +1,10 @@
 """The schema's version number: what a kinbox does with a database another version made.
 
-A database records the schema version the last upgrade left it at. This code upgrades
-an older one (the version raised in the upgrade's own transaction) and refuses one a
-newer kinbox upgraded, touching nothing; two processes upgrading one PostgreSQL database
-at once migrate it once.
+A database records the schema version the last upgrade left it at, and the oldest
+version whose code may still work on it. This code upgrades an older one (the version
+raised in the upgrade's own transaction), works on a newer one that says it may, as it
+is, and refuses one a newer kinbox upgraded past it, touching nothing; two processes
+upgrading one PostgreSQL database at once migrate it once.
 """
 
 from __future__ import annotations
@@ -29,10 +30,14 @@ from kinbox.persistence import (
     upgrade,
 )
 from kinbox.persistence.database import is_sqlite
+from kinbox.persistence.open_indexes import index_names
 from kinbox.persistence.schema_version import (
+    COMPATIBLE_FROM,
     SCHEMA_VERSION,
     VERSION_TABLE,
+    Stamp,
     VersionVerdict,
+    read_stamp,
     read_version,
     verdict,
 )
@@ -42,15 +47,25 @@ from .test_cli import ROOT, kinbox
 
 SCHEMA_FINGERPRINTS = {
     1: "b01da8103f3867dcd60e6aaf1738e8bb17e20a5fb715ceb72d460f0a8fe269c6",
+    2: "d3eefdf812a5d741c2307968a06a83e8b97ff4ae64b7769fca033ae0967f0dbb",
 }
 """schema version -> SHA-256 of the schema a fresh SQLite upgrade makes (every table's
 and index's statement, sorted). A change to the models or the indexes changes it: raise
 :data:`SCHEMA_VERSION` with it and pin the new fingerprint here."""
 
 
-def _set_version(db: pw.Database, version: int) -> None:
-    db.execute_sql(f"UPDATE {VERSION_TABLE} SET version = %s" if not is_sqlite(db)
-                   else f"UPDATE {VERSION_TABLE} SET version = ?", (version,))
+def _set_version(db: pw.Database, version: int, compatible: int | None = None) -> None:
+    """Stamp the database as an upgrade to ``version`` would (``compatible``: the oldest
+    version it says may work on it; ``version`` itself by default)."""
+    mark = "?" if is_sqlite(db) else "%s"
+    db.execute_sql(f"UPDATE {VERSION_TABLE} SET version = {mark}, compatible = {mark}",
+                   (version, version if compatible is None else compatible))
+
+
+def _as_version_1(db: pw.Database) -> None:
+    """Make an up-to-date database what version 1 left: no ``compatible`` column."""
+    db.execute_sql(f"ALTER TABLE {VERSION_TABLE} DROP COLUMN compatible")
+    db.execute_sql(f"UPDATE {VERSION_TABLE} SET version = 1")
 
 
 def _columns(db: pw.Database, table: str) -> set[str]:
@@ -58,13 +73,23 @@ def _columns(db: pw.Database, table: str) -> set[str]:
 
 
 @pytest.mark.timeout(10)
-@pytest.mark.parametrize(("found", "expected"), [
-    (0, VersionVerdict.OLDER), (SCHEMA_VERSION - 1, VersionVerdict.OLDER),
-    (SCHEMA_VERSION, VersionVerdict.CURRENT), (SCHEMA_VERSION + 1, VersionVerdict.NEWER),
+@pytest.mark.parametrize(("found", "compatible", "expected"), [
+    (0, None, VersionVerdict.OLDER), (4, None, VersionVerdict.OLDER),
+    (4, 2, VersionVerdict.OLDER), (5, None, VersionVerdict.CURRENT),
+    (5, 3, VersionVerdict.CURRENT), (6, None, VersionVerdict.NEWER),
+    (6, 6, VersionVerdict.NEWER), (9, 6, VersionVerdict.NEWER),
+    (6, 5, VersionVerdict.NEWER_COMPATIBLE), (9, 1, VersionVerdict.NEWER_COMPATIBLE),
 ])
 def test_the_version_rule_compares_the_database_with_the_code(
-        found: int, expected: VersionVerdict) -> None:
-    assert verdict(found, SCHEMA_VERSION) is expected
+        found: int, compatible: int | None, expected: VersionVerdict) -> None:
+    """Code of version 5 against a database's version and the oldest version it says may
+    work on it (None: not recorded, the version itself)."""
+    assert verdict(found, 5, compatible) is expected
+
+
+@pytest.mark.timeout(10)
+def test_this_code_says_its_own_schema_is_compatible_with_itself() -> None:
+    assert 1 <= COMPATIBLE_FROM <= SCHEMA_VERSION
 
 
 @pytest.mark.timeout(60)
@@ -115,13 +140,13 @@ def test_a_database_newer_than_the_code_is_refused_and_left_as_it_is(
     db = open_database(any_db_url)
     tables = bind_tables(db)
     upgrade(tables)
-    _set_version(db, SCHEMA_VERSION + 1)
+    _set_version(db, SCHEMA_VERSION + 1, compatible=SCHEMA_VERSION + 1)
     db.execute_sql("ALTER TABLE agent_inbox_messages DROP COLUMN last_error")
     for call in (upgrade, require_current, pending_changes):
         with pytest.raises(SchemaTooNew) as refused:
             call(tables)
-        assert (refused.value.found, refused.value.known) == (SCHEMA_VERSION + 1,
-                                                              SCHEMA_VERSION)
+        assert (refused.value.found, refused.value.known, refused.value.compatible) == (
+            SCHEMA_VERSION + 1, SCHEMA_VERSION, SCHEMA_VERSION + 1)
         assert isinstance(refused.value, SchemaError)
         assert isinstance(refused.value, KinboxError)
     assert read_version(db) == SCHEMA_VERSION + 1
@@ -241,3 +266,123 @@ def test_the_schema_version_is_raised_whenever_the_schema_changes(tmp_path: Path
     assert SCHEMA_FINGERPRINTS.get(SCHEMA_VERSION) == fingerprint, (
         f"the schema differs from version {SCHEMA_VERSION}'s: raise SCHEMA_VERSION in "
         f"persistence/schema_version.py and pin {fingerprint} for it here")
+
+
+NEWER_TABLE = "kinbox_newer_feature"
+"""A table a newer kinbox made, which this code knows nothing of."""
+
+DROPPED_INDEX = "sessions_created_at_id"
+"""An index of this code's models that a newer kinbox might have dropped or replaced."""
+
+
+def _as_newer_compatible(db: pw.Database) -> None:
+    """Make an up-to-date database what a newer kinbox that says this code may still work
+    on it leaves: a table and a column of its own, one of this code's indexes gone."""
+    # Not one of kinbox's tables, which a PostgreSQL test's reset drops: this one may be
+    # left from an earlier test on the same database.
+    db.execute_sql(f"DROP TABLE IF EXISTS {NEWER_TABLE}")
+    db.execute_sql(f"CREATE TABLE {NEWER_TABLE} (id INTEGER PRIMARY KEY)")
+    db.execute_sql("ALTER TABLE agent_inbox_messages ADD COLUMN newer_note TEXT")
+    db.execute_sql(f"DROP INDEX {DROPPED_INDEX}")
+    _set_version(db, SCHEMA_VERSION + 1, compatible=SCHEMA_VERSION)
+
+
+@pytest.mark.timeout(60)
+def test_a_newer_database_that_says_this_code_may_work_on_it_is_used_as_it_is(
+        any_db_url: str) -> None:
+    """A rolling deploy: a newer kinbox upgraded the database with changes this one can
+    live with. This one starts and delivers on it, and changes nothing: no index of its
+    models built again, no number taken back."""
+    db = open_database(any_db_url)
+    tables = bind_tables(db)
+    upgrade(tables)
+    _as_newer_compatible(db)
+    assert pending_changes(tables) == []
+    require_current(tables)
+    assert upgrade(tables) == []
+    handled: list[str] = []
+    rt = Runtime(db=any_db_url, brain=lambda turn: handled.append(turn.messages[0].content))
+    rt.start()
+    try:
+        project = rt.create_project("p")
+        session = rt.create_session(project.id, "s")
+        rt.post(session.id, "hello from the older kinbox")
+        wait_for(lambda: [r["status"] for r in rt.inbox()] == ["delivered"], timeout=30,
+                 what="the message delivered on the newer database")
+    finally:
+        rt.stop()
+    assert handled == ["hello from the older kinbox"]
+    assert read_stamp(db) == Stamp(SCHEMA_VERSION + 1, SCHEMA_VERSION)
+    assert DROPPED_INDEX not in index_names(db)
+    assert NEWER_TABLE in db.get_tables()
+    db.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_newer_compatible_database_lacking_a_column_this_code_uses_is_refused(
+        any_db_url: str) -> None:
+    """A newer kinbox's promise is checked, not trusted: a column this code reads and
+    writes is gone, so it refuses, names the column, and adds nothing back."""
+    db = open_database(any_db_url)
+    tables = bind_tables(db)
+    upgrade(tables)
+    _as_newer_compatible(db)
+    db.execute_sql("ALTER TABLE agent_inbox_messages DROP COLUMN last_error")
+    for call in (upgrade, require_current, pending_changes):
+        with pytest.raises(SchemaError, match=r"agent_inbox_messages\.last_error") as refused:
+            call(tables)
+        assert not isinstance(refused.value, SchemaTooNew)
+    assert "last_error" not in _columns(db, "agent_inbox_messages")
+    assert read_stamp(db) == Stamp(SCHEMA_VERSION + 1, SCHEMA_VERSION)
+    db.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_version_1_database_gets_the_compatible_number_by_its_upgrade(
+        any_db_url: str) -> None:
+    db = open_database(any_db_url)
+    tables = bind_tables(db)
+    upgrade(tables)
+    _as_version_1(db)
+    assert read_stamp(db) == Stamp(1, 1)
+    assert sorted(pending_changes(tables)) == sorted([
+        f"add column {VERSION_TABLE}.compatible",
+        f"set schema version to {SCHEMA_VERSION} (from 1)"])
+    upgrade(tables)
+    assert read_stamp(db) == Stamp(SCHEMA_VERSION, COMPATIBLE_FROM)
+    assert pending_changes(tables) == []
+    db.close()
+
+
+@pytest.mark.timeout(60)
+def test_db_status_shows_both_numbers_and_accepts_a_newer_compatible_database(
+        db_url: str) -> None:
+    db = open_database(db_url)
+    upgrade(bind_tables(db))
+    db.close()
+    status = kinbox("db", "status", "--json", "--db", db_url)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert json.loads(status.stdout)["schema_version"] == {
+        "database": SCHEMA_VERSION, "compatible_from": COMPATIBLE_FROM,
+        "this_kinbox": SCHEMA_VERSION}
+    db = open_database(db_url)
+    _as_newer_compatible(db)
+    db.close()
+    status = kinbox("db", "status", "--json", "--db", db_url)
+    assert status.returncode == 0, status.stdout + status.stderr
+    shown = json.loads(status.stdout)
+    assert shown["up_to_date"] is True
+    assert shown["schema_version"] == {"database": SCHEMA_VERSION + 1,
+                                       "compatible_from": SCHEMA_VERSION,
+                                       "this_kinbox": SCHEMA_VERSION}
+    plain = kinbox("db", "status", "--db", db_url)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert (f"schema version: {SCHEMA_VERSION + 1} (this kinbox: {SCHEMA_VERSION})"
+            in plain.stdout)
+    assert f"kinbox of schema version {SCHEMA_VERSION} or later may work on it" in plain.stdout
+    upgraded = kinbox("db", "upgrade", "--db", db_url)
+    assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
+    db = open_database(db_url)
+    assert read_stamp(db) == Stamp(SCHEMA_VERSION + 1, SCHEMA_VERSION)
+    assert DROPPED_INDEX not in index_names(db)
+    db.close()
