@@ -28,15 +28,15 @@ from ..persistence import (
     default_url,
     open_database,
     paging,
-    pending_changes,
-    read_stamp,
     redact_url,
     require_current,
+    schema_status,
     sqlite_path,
     upgrade,
 )
 from ..persistence.inbox_core import State
 from ..persistence.opened import opened
+from ..persistence.schema_version import VersionVerdict
 from ..transport.frames import shown
 from ..transport.key_file import private_folder
 from .cli_args import (
@@ -275,8 +275,8 @@ def db_status(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox db status``: schema changes pending, the schema version and rows per
     state; exits :data:`EXIT_UPGRADE_PENDING` while changes are pending."""
     with stores(args.db, check_schema=False, read_only=True) as (journal, _):
-        changes = pending_changes(journal.t)
-        stamp = read_stamp(journal.t.db)
+        status = schema_status(journal.t)
+        changes, stamp = status.changes, status.stamp
         # Every state, 0 included: a script reads rows["failed"] whether or not any failed.
         # None while an upgrade is pending: nothing was counted, and {} would read as empty.
         found = None if changes else journal.counts()
@@ -289,10 +289,13 @@ def db_status(args: argparse.Namespace, out: TextIO) -> int:
     lines = [f"database: {data['url']}",
              f"schema: {'up to date' if not changes else 'needs upgrade'}"]
     lines += [f"  pending: {c}" for c in changes]
-    lines.append(f"schema version: {stamp.version} (this kinbox: {SCHEMA_VERSION})")
-    if stamp.version > SCHEMA_VERSION:
-        lines.append(f"  upgraded by a newer kinbox; kinbox of schema version "
-                     f"{stamp.compatible} or later may work on it")
+    if stamp.version == 0:  # an empty database, or one from before the number
+        lines.append(f"schema version: none recorded (this kinbox: {SCHEMA_VERSION})")
+    else:
+        newer = status.verdict is VersionVerdict.NEWER_COMPATIBLE
+        lines.append(f"schema version: {stamp.version} (this kinbox: {SCHEMA_VERSION}; "
+                     f"{'upgraded by a newer kinbox; ' if newer else ''}kinbox of schema "
+                     f"version {stamp.compatible} or later may work on it)")
     lines += [f"rows {s}: {n}" for s, n in (counts or {}).items()]
     emit(out, args.json, data, lines)
     return EXIT_UPGRADE_PENDING if changes else 0

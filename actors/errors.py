@@ -27,8 +27,10 @@ refuses; decide on the types and their attributes, never on message text::
     └── PersistenceError       the database refused (``kinbox.persistence``)
         ├── DatabaseOpenError  .url (password masked), .reason
         │   └── DatabaseMissing  a read found no database and created none
-        ├── SchemaError        the schema is older than this code
-        │   └── SchemaTooNew   .found, .known, .compatible: a newer kinbox upgraded it
+        ├── SchemaError        the schema is older than this code, or newer
+        │   ├── SchemaTooNew   .found, .known, .compatible: a newer kinbox upgraded it
+        │   └── SchemaIncomplete  .found, .known, .compatible, .missing: a newer one
+        │                      lacks what this code needs
         ├── IdempotencyConflict  .message_id reused for another message
         ├── IllegalTransition  .message_id, .current, .event
         ├── LeaseLost          .message_id, .owner (fencing)

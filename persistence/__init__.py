@@ -46,6 +46,7 @@ from .errors import (
     PersistenceError,
     RowNotFound,
     SchemaError,
+    SchemaIncomplete,
     SchemaTooNew,
     WriterClosed,
     WriteTimeout,
@@ -70,7 +71,7 @@ from .journal import (
 from .liveness import OwnerLiveness, live_runtimes
 from .models import CRON_EXPRESSION_CHARS, IDEMPOTENCY_KEY_CHARS, Tables, bind_tables
 from .rate_buckets import BucketState, RateBuckets
-from .schema import pending_changes, require_current, upgrade
+from .schema import SchemaStatus, pending_changes, require_current, schema_status, upgrade
 from .schema_version import SCHEMA_VERSION, Stamp, read_stamp
 from .session_records import EntryRecord, ProjectRecord, SessionPage, SessionRecord
 from .sessions import SessionStore
@@ -129,6 +130,8 @@ __all__ = [
     "RowNotFound",
     "RunEnd",
     "SchemaError",
+    "SchemaIncomplete",
+    "SchemaStatus",
     "SchemaTooNew",
     "SessionPage",
     "SessionRecord",
@@ -166,6 +169,7 @@ __all__ = [
     "require_current",
     "retention",
     "run_cursor",
+    "schema_status",
     "sqlite_path",
     "upgrade",
 ]

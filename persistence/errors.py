@@ -13,8 +13,11 @@ Decide on the types and their attributes, never on the message text::
     └── PersistenceError
         ├── DatabaseOpenError      .url (password masked), .reason: cannot be opened
         │   └── DatabaseMissing    a read-only command found no database there
-        ├── SchemaError            the schema is missing or older than this code
-        │   └── SchemaTooNew       .found, .known: a newer kinbox upgraded the database
+        ├── SchemaError            the schema is missing, older than this code, or newer
+        │   ├── SchemaTooNew       .found, .known, .compatible: a newer kinbox upgraded the
+        │   │                      database past what this code may work on
+        │   └── SchemaIncomplete   .found, .known, .compatible, .missing: a newer kinbox's
+        │                          database this code may work on lacks what it needs
         ├── IdempotencyConflict    .message_id was reused for another message
         ├── IllegalTransition      .message_id, .current, .event: the state machine forbids it
         ├── LeaseLost              .message_id, .owner: acted on a row it no longer leases
@@ -68,8 +71,7 @@ class SchemaTooNew(SchemaError):
     (a newer kinbox upgraded it) and needs code of at least version ``compatible``: refused,
     nothing changed. Not for ``kinbox db upgrade``: this code cannot take a schema back."""
 
-    def __init__(self, found: int, known: int, compatible: int | None = None) -> None:
-        compatible = found if compatible is None else compatible
+    def __init__(self, found: int, known: int, compatible: int) -> None:
         super().__init__(
             f"the database's schema is version {found}, newer than this kinbox knows "
             f"(version {known}), and needs a kinbox of schema version {compatible} or "
@@ -79,6 +81,24 @@ class SchemaTooNew(SchemaError):
         self.found = found
         self.known = known
         self.compatible = compatible
+
+
+class SchemaIncomplete(SchemaError):
+    """A database a newer kinbox upgraded says this code (version ``known``) may work on it
+    (its ``compatible`` number), but lacks what this code needs: ``missing``, one line each
+    (a table, a column, a unique index, the inbox sequence; a column this code does not
+    know that every insert would have to fill). Refused, nothing changed."""
+
+    def __init__(self, found: int, known: int, compatible: int, missing: list[str]) -> None:
+        shown = "; ".join(missing[:5]) + ("; ..." if len(missing) > 5 else "")
+        super().__init__(
+            f"the database's schema is version {found} and says a kinbox of version "
+            f"{compatible} or later may work on it, but it lacks what this kinbox (version "
+            f"{known}) needs ({shown}): run the kinbox that upgraded it")
+        self.found = found
+        self.known = known
+        self.compatible = compatible
+        self.missing = missing
 
 
 class IdempotencyConflict(PersistenceError):

@@ -16,11 +16,13 @@ would do, for ``kinbox db status``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import peewee as pw
 from playhouse import migrate
 
 from .database import is_postgres, is_sqlite
-from .errors import SchemaError
+from .errors import SchemaError, SchemaIncomplete
 from .hot_path import INBOX
 from .liveness import LOCK_CLASS
 from .models import Tables
@@ -111,26 +113,42 @@ def _repair_sequence(db: pw.Database) -> None:
         db.execute_sql("SELECT setval(%s, %s)", (INBOX_SEQUENCE, newest))
 
 
+def _missing_fields(db: pw.Database, model: type[pw.Model]) -> list[pw.Field]:
+    """The fields of ``model`` whose columns its (existing) table lacks."""
+    have = {c.name for c in db.get_columns(model._meta.table_name)}
+    return [field for field in model._meta.sorted_fields if field.column_name not in have]
+
+
 def _absent(db: pw.Database, model: type[pw.Model], existing: set[str]) -> list[str]:
     """The change that makes ``model``'s table, or one per column of it the table lacks."""
     name = model._meta.table_name
     if name not in existing:
         return [f"create table {name}"]
-    have = {c.name for c in db.get_columns(name)}
-    return [f"add column {name}.{field.column_name}"
-            for field in model._meta.sorted_fields if field.column_name not in have]
+    return [f"add column {name}.{field.column_name}" for field in _missing_fields(db, model)]
 
 
-def pending_changes(tables: Tables) -> list[str]:
-    """What ``upgrade`` would change, one line each; empty when up to date.
-    :class:`.SchemaTooNew` for a database a newer kinbox upgraded past this code."""
+@dataclass(frozen=True)
+class SchemaStatus:
+    """What an upgrade would change, and the version numbers it judged by."""
+
+    changes: list[str]
+    """One line each; empty when up to date (or worked on as it is: a newer database this
+    code may use)."""
+    stamp: Stamp
+    verdict: VersionVerdict
+
+
+def schema_status(tables: Tables) -> SchemaStatus:
+    """The schema's :class:`SchemaStatus`. :class:`.SchemaTooNew` for a database a newer
+    kinbox upgraded past this code, :class:`.SchemaIncomplete` for one that says this code
+    may work on it but lacks what it needs."""
     db = tables.db
     existing = set(db.get_tables())
     # First: a newer schema is not compared with older models.
     found, judged = check_version(db, existing)
     if judged is VersionVerdict.NEWER_COMPATIBLE:
         _require_compatible(tables, existing, found)
-        return []
+        return SchemaStatus([], found, judged)
     indexes = index_names(db)
     changes: list[str] = []
     for model in tables.all():
@@ -148,29 +166,52 @@ def pending_changes(tables: Tables) -> list[str]:
     sequence = _sequence_change(db, existing)
     if sequence is not None:
         changes.append(sequence)
-    version = version_change(found)
-    return changes if version is None else [*changes, version]
+    version = version_change(found, judged)
+    return SchemaStatus(changes if version is None else [*changes, version], found, judged)
+
+
+def pending_changes(tables: Tables) -> list[str]:
+    """What ``upgrade`` would change, one line each; empty when up to date
+    (:func:`schema_status`'s, with its errors)."""
+    return schema_status(tables).changes
 
 
 def _require_compatible(tables: Tables, existing: set[str], found: Stamp) -> None:
-    """A newer kinbox's database that says this code may work on it: every table and
-    column this code uses must be there (its indexes are the newer code's business: one
-    it dropped is not built again), else :class:`SchemaError`, nothing changed."""
+    """A newer kinbox's database that says this code may work on it: what this code needs
+    must be there, else :class:`.SchemaIncomplete`, nothing changed. Its tables and
+    columns, the unique indexes its writes rely on (a duplicate slug, idempotency key or
+    token, or ``seq``, would go through without them) and, on PostgreSQL, a usable inbox
+    sequence; and no column it does not know that every insert must fill (NOT NULL, no
+    default in the table: its inserts would fail one by one, mid-run). Its other indexes
+    are the newer code's business: one it dropped is not built again."""
     db = tables.db
-    absent = [line for model in tables.all() for line in _absent(db, model, existing)]
-    if absent:
-        raise SchemaError(
-            f"the database's schema is version {found.version} and says a kinbox of "
-            f"version {found.compatible} may work on it, but it lacks what this kinbox "
-            f"(version {SCHEMA_VERSION}) needs ({'; '.join(absent[:5])}"
-            f"{'; ...' if len(absent) > 5 else ''}): run the kinbox that upgraded it")
+    indexes = index_names(db)
+    missing = [line for model in tables.all() for line in _absent(db, model, existing)]
+    for model in tables.all():
+        name = model._meta.table_name
+        if name not in existing:
+            continue
+        missing.extend(f"unique index {index._name}"
+                       for index in model._meta.fields_to_index()
+                       if index._unique and index._name not in indexes)
+        known = {field.column_name for field in model._meta.sorted_fields}
+        missing.extend(f"a value for {name}.{column.name} (required, unknown to this kinbox)"
+                       for column in db.get_columns(name)
+                       if column.name not in known and not column.null
+                       and column.default is None and not column.primary_key)
+    sequence = _sequence_change(db, existing)
+    if sequence is not None:
+        missing.append(sequence)
+    if missing:
+        raise SchemaIncomplete(found.version, SCHEMA_VERSION, found.compatible, missing)
 
 
 def upgrade(tables: Tables) -> list[str]:
     """Bring the schema up to the models and raise its version number, in one
     transaction; return the changes made (by this call: what another process's upgrade
     made while this one waited for it is not among them). :class:`.SchemaTooNew`,
-    nothing changed, for a database a newer kinbox upgraded."""
+    nothing changed, for a database a newer kinbox upgraded past this code; nothing to
+    do (``[]``) for one it may work on as it is."""
     db = tables.db
     if not pending_changes(tables):
         return []  # nothing to write: no transaction beside a running runtime
@@ -193,11 +234,7 @@ def upgrade(tables: Tables) -> list[str]:
             if name not in existing:
                 db.create_tables([model], safe=True)
                 continue
-            have = {c.name for c in db.get_columns(name)}
-            missing_columns.extend(
-                (name, f.column_name, f) for f in model._meta.sorted_fields
-                if f.column_name not in have
-            )
+            missing_columns.extend((name, f.column_name, f) for f in _missing_fields(db, model))
             narrow.extend((name, f) for f in _narrow_columns(db, model))
         required = [f"{t}.{c}" for t, c, f in missing_columns
                     if not f.null and f.default is None]

@@ -17,7 +17,8 @@ code changed was read the old way. The number tells them apart:
 
 Beside its version an upgrade records the oldest version whose code may still work on
 the database as it is (:data:`COMPATIBLE_FROM`): a change an older kinbox can live with
-(a new table, a column with a default, an index) leaves it where it was, so a rolling
+(a new table, a column that takes NULL or has a default in the table itself, not only in
+Python, which is all peewee's migrator leaves; an index) leaves it where it was, so a rolling
 deploy of several processes on one PostgreSQL database keeps its older processes
 running, and restartable, beside the upgraded ones; a change older code would misread
 raises it. One number alone made every upgrade a stop of every older process.
@@ -46,7 +47,8 @@ SCHEMA_VERSION = 2
 COMPATIBLE_FROM = 1
 """The oldest schema version whose code may work on a database this code upgraded, as it
 is. Raise it to :data:`SCHEMA_VERSION` with a change older code would get wrong: a column
-it must write and does not know (required, no default), a column or table whose meaning
+it must write and does not know (required, no default in the table; older code checks
+for these and refuses the database, :class:`.SchemaIncomplete`), a column or table whose meaning
 changed, one it reads that is gone, rows it must not see. Version 2's one change, a
 column of this table, is nothing version 1 reads (version 1 refuses every newer number,
 knowing no compatible one)."""
@@ -80,14 +82,14 @@ class VersionVerdict(enum.Enum):
     """Refuse it: a newer kinbox upgraded it past what this code may work on."""
 
 
-def verdict(found: int, known: int, compatible: int | None = None) -> VersionVerdict:
+def verdict(found: int, known: int, compatible: int) -> VersionVerdict:
     """The rule: the database's version ``found`` (and the oldest version that may work on
-    it, ``compatible``; ``found`` when not recorded) against the code's ``known``."""
+    it, ``compatible``) against the code's ``known``."""
     if found < known:
         return VersionVerdict.OLDER
     if found == known:
         return VersionVerdict.CURRENT
-    if (found if compatible is None else compatible) <= known:
+    if compatible <= known:
         return VersionVerdict.NEWER_COMPATIBLE
     return VersionVerdict.NEWER
 
@@ -105,6 +107,8 @@ def read_stamp(db: pw.Database, tables: Collection[str] | None = None) -> Stamp:
     values = dict(zip((d[0] for d in cursor.description), row, strict=True))
     version = int(values["version"])
     compatible = values.get("compatible")
+    # The one place a missing number is read: an upgrade that recorded none (version 1)
+    # made no promise beyond its own version.
     return Stamp(version, version if compatible is None else int(compatible))
 
 
@@ -125,18 +129,25 @@ def check_version(db: pw.Database, tables: Collection[str] | None = None
     return found, judged
 
 
-def version_change(found: Stamp) -> str | None:
-    """What an upgrade does to the number of a database at ``found``, or None."""
-    if verdict(found.version, SCHEMA_VERSION, found.compatible) is not VersionVerdict.OLDER:
+def version_change(found: Stamp, judged: VersionVerdict) -> str | None:
+    """What an upgrade does to the number of a database at ``found`` (judged ``judged``),
+    or None."""
+    if judged is not VersionVerdict.OLDER:
         return None
     return f"set schema version to {SCHEMA_VERSION} (from {found.version})"
 
 
 def write_version(db: pw.Database) -> None:
     """Record :data:`SCHEMA_VERSION` and :data:`COMPATIBLE_FROM` (inside the upgrade's
-    transaction, its table made)."""
+    transaction, its table made). Never over a newer number: the upgrade judged the
+    database under its lock, and should another process have raised it past this code
+    regardless (another lock, a hand's edit), the upgrade fails here and rolls back."""
     (SchemaVersion.insert(id=1, version=SCHEMA_VERSION, compatible=COMPATIBLE_FROM)
      .on_conflict(conflict_target=[SchemaVersion.id],
                   update={SchemaVersion.version: SCHEMA_VERSION,
-                          SchemaVersion.compatible: COMPATIBLE_FROM})
+                          SchemaVersion.compatible: COMPATIBLE_FROM},
+                  where=SchemaVersion.version <= SCHEMA_VERSION)
      .bind(db).execute())
+    found = read_stamp(db)
+    if found.version != SCHEMA_VERSION:
+        raise SchemaTooNew(found.version, SCHEMA_VERSION, found.compatible)

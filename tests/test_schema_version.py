@@ -17,11 +17,13 @@ from pathlib import Path
 
 import peewee as pw
 import pytest
+from playhouse import migrate
 
 from kinbox.actors import ManualClock, Runtime
 from kinbox.persistence import (
     KinboxError,
     SchemaError,
+    SchemaIncomplete,
     SchemaTooNew,
     bind_tables,
     open_database,
@@ -40,18 +42,20 @@ from kinbox.persistence.schema_version import (
     read_stamp,
     read_version,
     verdict,
+    write_version,
 )
 
 from .helpers import wait_for
 from .test_cli import ROOT, kinbox
 
 SCHEMA_FINGERPRINTS = {
-    1: "b01da8103f3867dcd60e6aaf1738e8bb17e20a5fb715ceb72d460f0a8fe269c6",
-    2: "d3eefdf812a5d741c2307968a06a83e8b97ff4ae64b7769fca033ae0967f0dbb",
+    1: ("b01da8103f3867dcd60e6aaf1738e8bb17e20a5fb715ceb72d460f0a8fe269c6", 1),
+    2: ("d3eefdf812a5d741c2307968a06a83e8b97ff4ae64b7769fca033ae0967f0dbb", 1),
 }
-"""schema version -> SHA-256 of the schema a fresh SQLite upgrade makes (every table's
-and index's statement, sorted). A change to the models or the indexes changes it: raise
-:data:`SCHEMA_VERSION` with it and pin the new fingerprint here."""
+"""schema version -> (SHA-256 of the schema a fresh SQLite upgrade makes (every table's
+and index's statement, sorted), its :data:`COMPATIBLE_FROM`). A change to the models or
+the indexes changes the first: raise :data:`SCHEMA_VERSION` with it, pin the new
+fingerprint here, and say which older versions may still work on it."""
 
 
 def _set_version(db: pw.Database, version: int, compatible: int | None = None) -> None:
@@ -74,22 +78,17 @@ def _columns(db: pw.Database, table: str) -> set[str]:
 
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize(("found", "compatible", "expected"), [
-    (0, None, VersionVerdict.OLDER), (4, None, VersionVerdict.OLDER),
-    (4, 2, VersionVerdict.OLDER), (5, None, VersionVerdict.CURRENT),
-    (5, 3, VersionVerdict.CURRENT), (6, None, VersionVerdict.NEWER),
-    (6, 6, VersionVerdict.NEWER), (9, 6, VersionVerdict.NEWER),
-    (6, 5, VersionVerdict.NEWER_COMPATIBLE), (9, 1, VersionVerdict.NEWER_COMPATIBLE),
+    (0, 0, VersionVerdict.OLDER), (4, 4, VersionVerdict.OLDER),
+    (4, 2, VersionVerdict.OLDER), (5, 5, VersionVerdict.CURRENT),
+    (5, 3, VersionVerdict.CURRENT), (6, 6, VersionVerdict.NEWER),
+    (9, 6, VersionVerdict.NEWER), (6, 5, VersionVerdict.NEWER_COMPATIBLE),
+    (9, 1, VersionVerdict.NEWER_COMPATIBLE),
 ])
 def test_the_version_rule_compares_the_database_with_the_code(
-        found: int, compatible: int | None, expected: VersionVerdict) -> None:
+        found: int, compatible: int, expected: VersionVerdict) -> None:
     """Code of version 5 against a database's version and the oldest version it says may
-    work on it (None: not recorded, the version itself)."""
+    work on it."""
     assert verdict(found, 5, compatible) is expected
-
-
-@pytest.mark.timeout(10)
-def test_this_code_says_its_own_schema_is_compatible_with_itself() -> None:
-    assert 1 <= COMPATIBLE_FROM <= SCHEMA_VERSION
 
 
 @pytest.mark.timeout(60)
@@ -248,8 +247,67 @@ def test_two_processes_upgrading_one_postgres_database_at_once_migrate_it_once(
     assert applied[0] == []
     assert f"set schema version to {SCHEMA_VERSION} (from 0)" in applied[1]
     db = open_database(pg_url)
-    assert db.execute_sql(f"SELECT version FROM {VERSION_TABLE}").fetchall() == [
-        (SCHEMA_VERSION,)]
+    assert db.execute_sql(f"SELECT version, compatible FROM {VERSION_TABLE}").fetchall() == [
+        (SCHEMA_VERSION, COMPATIBLE_FROM)]
+    db.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("newer", ["compatible", "incompatible"])
+def test_an_upgrade_waiting_for_the_lock_looks_again_and_leaves_a_newer_database_alone(
+        pg_url: str, newer: str) -> None:
+    """An older kinbox's upgrade that found work to do waits for the schema lock while a
+    newer kinbox upgrades: under the lock it judges the database again, and so neither
+    builds an index the newer one dropped nor lowers its numbers (compatible: nothing to
+    do, exit 0; not: refused, exit 1)."""
+    import psycopg2
+
+    from kinbox.persistence.schema import SCHEMA_LOCK_SQL
+
+    db = open_database(pg_url)
+    upgrade(bind_tables(db))
+    db.execute_sql(f"DROP INDEX {DROPPED_INDEX}")  # work for the older upgrade to find
+    db.close()
+    holder = psycopg2.connect(pg_url)  # the newer kinbox, upgrading
+    probe = psycopg2.connect(pg_url)
+    probe.autocommit = True
+
+    def waiting() -> int:
+        with probe.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                        "current_database() AND wait_event_type = 'Lock' "
+                        "AND wait_event = 'advisory'")
+            return int(cur.fetchone()[0])
+    compatible = SCHEMA_VERSION if newer == "compatible" else SCHEMA_VERSION + 1
+    proc: subprocess.Popen[str] | None = None
+    try:
+        with holder.cursor() as cur:
+            cur.execute(SCHEMA_LOCK_SQL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kinbox.actors", "db", "upgrade", "--json", "--db",
+             pg_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        wait_for(lambda: waiting() == 1 or proc.poll() is not None, timeout=60,
+                 what="the older upgrade to wait for the schema lock")
+        with holder.cursor() as cur:
+            cur.execute(f"UPDATE {VERSION_TABLE} SET version = %s, compatible = %s",
+                        (SCHEMA_VERSION + 1, compatible))
+        holder.commit()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        holder.close()
+        probe.close()
+    if newer == "compatible":
+        assert proc.returncode == 0, out + err
+        assert json.loads(out)["applied"] == []
+    else:
+        assert proc.returncode == 1, out + err
+        assert f"version {SCHEMA_VERSION + 1}" in err
+    db = open_database(pg_url)
+    assert read_stamp(db) == Stamp(SCHEMA_VERSION + 1, compatible)
+    assert DROPPED_INDEX not in index_names(db)
     db.close()
 
 
@@ -263,9 +321,14 @@ def test_the_schema_version_is_raised_whenever_the_schema_changes(tmp_path: Path
         "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL").fetchall())
     db.close()
     fingerprint = hashlib.sha256("\n".join(statements).encode()).hexdigest()
-    assert SCHEMA_FINGERPRINTS.get(SCHEMA_VERSION) == fingerprint, (
+    pinned, compatible = SCHEMA_FINGERPRINTS.get(SCHEMA_VERSION, ("", 0))
+    assert pinned == fingerprint, (
         f"the schema differs from version {SCHEMA_VERSION}'s: raise SCHEMA_VERSION in "
-        f"persistence/schema_version.py and pin {fingerprint} for it here")
+        f"persistence/schema_version.py and pin {fingerprint} for it here, with the "
+        "oldest version that may still work on it (COMPATIBLE_FROM)")
+    assert compatible == COMPATIBLE_FROM, (
+        f"version {SCHEMA_VERSION} is pinned as compatible from {compatible}, the code "
+        f"says {COMPATIBLE_FROM}")
 
 
 NEWER_TABLE = "kinbox_newer_feature"
@@ -318,22 +381,85 @@ def test_a_newer_database_that_says_this_code_may_work_on_it_is_used_as_it_is(
     db.close()
 
 
+def _add_required_column(db: pw.Database) -> None:
+    """What a newer kinbox's upgrade does for a required field with a default in Python
+    (peewee's migrator: added, filled, then NOT NULL, no default left in the table)."""
+    migrator = (migrate.SqliteMigrator(db) if is_sqlite(db)
+                else migrate.PostgresqlMigrator(db))
+    migrate.migrate(migrator.add_column("projects", "newer_required",
+                                        pw.IntegerField(default=0)))
+
+
+LACKS = {
+    "column": ("ALTER TABLE agent_inbox_messages DROP COLUMN last_error",
+               "add column agent_inbox_messages.last_error"),
+    "unique index": ("DROP INDEX projects_slug", "unique index projects_slug"),
+    "required column": (_add_required_column,
+                        "a value for projects.newer_required (required, unknown to this "
+                        "kinbox)"),
+}
+"""What a newer database may lack for this code: how to take it away, and the line that
+names it in the refusal."""
+
+
 @pytest.mark.timeout(60)
-def test_a_newer_compatible_database_lacking_a_column_this_code_uses_is_refused(
-        any_db_url: str) -> None:
+@pytest.mark.parametrize("lacking", sorted(LACKS))
+def test_a_newer_compatible_database_lacking_what_this_code_needs_is_refused(
+        any_db_url: str, lacking: str) -> None:
     """A newer kinbox's promise is checked, not trusted: a column this code reads and
-    writes is gone, so it refuses, names the column, and adds nothing back."""
+    writes gone, a unique index its writes rely on gone, or a column its inserts would
+    have to fill and cannot: refused at once (not insert by insert, mid-run), naming
+    what is missing, nothing added back."""
     db = open_database(any_db_url)
     tables = bind_tables(db)
     upgrade(tables)
     _as_newer_compatible(db)
-    db.execute_sql("ALTER TABLE agent_inbox_messages DROP COLUMN last_error")
+    take_away, named = LACKS[lacking]
+    if callable(take_away):
+        take_away(db)
+    else:
+        db.execute_sql(take_away)
     for call in (upgrade, require_current, pending_changes):
-        with pytest.raises(SchemaError, match=r"agent_inbox_messages\.last_error") as refused:
+        with pytest.raises(SchemaIncomplete) as refused:
             call(tables)
-        assert not isinstance(refused.value, SchemaTooNew)
-    assert "last_error" not in _columns(db, "agent_inbox_messages")
+        assert refused.value.missing == [named]
+        assert (refused.value.found, refused.value.known, refused.value.compatible) == (
+            SCHEMA_VERSION + 1, SCHEMA_VERSION, SCHEMA_VERSION)
+        assert isinstance(refused.value, SchemaError)
+    if lacking == "column":  # nothing added back
+        assert "last_error" not in _columns(db, "agent_inbox_messages")
+    if lacking == "unique index":
+        assert "projects_slug" not in index_names(db)
     assert read_stamp(db) == Stamp(SCHEMA_VERSION + 1, SCHEMA_VERSION)
+    db.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_newer_compatible_postgres_database_without_the_inbox_sequence_is_refused(
+        pg_url: str) -> None:
+    db = open_database(pg_url)
+    tables = bind_tables(db)
+    upgrade(tables)
+    _as_newer_compatible(db)
+    db.execute_sql("DROP SEQUENCE agent_inbox_seq CASCADE")
+    with pytest.raises(SchemaIncomplete) as refused:
+        upgrade(tables)
+    assert refused.value.missing == ["create sequence agent_inbox_seq"]
+    db.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_newer_version_that_recorded_no_compatible_number_is_refused(
+        any_db_url: str) -> None:
+    """A missing number promises nothing beyond its own version."""
+    db = open_database(any_db_url)
+    tables = bind_tables(db)
+    upgrade(tables)
+    db.execute_sql(f"UPDATE {VERSION_TABLE} SET version = {SCHEMA_VERSION + 1}, "
+                   "compatible = NULL")
+    assert read_stamp(db) == Stamp(SCHEMA_VERSION + 1, SCHEMA_VERSION + 1)
+    with pytest.raises(SchemaTooNew):
+        upgrade(tables)
     db.close()
 
 
@@ -365,6 +491,9 @@ def test_db_status_shows_both_numbers_and_accepts_a_newer_compatible_database(
     assert json.loads(status.stdout)["schema_version"] == {
         "database": SCHEMA_VERSION, "compatible_from": COMPATIBLE_FROM,
         "this_kinbox": SCHEMA_VERSION}
+    plain = kinbox("db", "status", "--db", db_url)
+    assert (f"schema version: {SCHEMA_VERSION} (this kinbox: {SCHEMA_VERSION}; kinbox of "
+            f"schema version {COMPATIBLE_FROM} or later may work on it)") in plain.stdout
     db = open_database(db_url)
     _as_newer_compatible(db)
     db.close()
@@ -377,12 +506,25 @@ def test_db_status_shows_both_numbers_and_accepts_a_newer_compatible_database(
                                        "this_kinbox": SCHEMA_VERSION}
     plain = kinbox("db", "status", "--db", db_url)
     assert plain.returncode == 0, plain.stdout + plain.stderr
-    assert (f"schema version: {SCHEMA_VERSION + 1} (this kinbox: {SCHEMA_VERSION})"
-            in plain.stdout)
-    assert f"kinbox of schema version {SCHEMA_VERSION} or later may work on it" in plain.stdout
+    assert (f"schema version: {SCHEMA_VERSION + 1} (this kinbox: {SCHEMA_VERSION}; upgraded "
+            f"by a newer kinbox; kinbox of schema version {SCHEMA_VERSION} or later may work "
+            "on it)") in plain.stdout
     upgraded = kinbox("db", "upgrade", "--db", db_url)
     assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
     db = open_database(db_url)
     assert read_stamp(db) == Stamp(SCHEMA_VERSION + 1, SCHEMA_VERSION)
     assert DROPPED_INDEX not in index_names(db)
+    db.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_numbers_are_never_written_over_a_newer_version(any_db_url: str) -> None:
+    """Beyond the lock: an upgrade's stamp that finds a newer one (raised by a process that
+    took no lock, or by hand) fails its upgrade instead of lowering it."""
+    db = open_database(any_db_url)
+    upgrade(bind_tables(db))
+    _set_version(db, SCHEMA_VERSION + 1, compatible=SCHEMA_VERSION + 1)
+    with pytest.raises(SchemaTooNew), db.atomic():
+        write_version(db)
+    assert read_stamp(db) == Stamp(SCHEMA_VERSION + 1, SCHEMA_VERSION + 1)
     db.close()
