@@ -30,6 +30,8 @@ table (an operator's query, not the message path's).
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import peewee as pw
 
 from .database import is_postgres
@@ -87,21 +89,20 @@ def index_names(db: pw.Database) -> set[str]:
     return {r[0] for r in db.execute_sql(sql).fetchall()}
 
 
-def missing_open_indexes(db: pw.Database) -> list[str]:
-    """The names of :data:`INBOX_INDEXES` the database lacks."""
-    have = index_names(db)
+def missing_open_indexes(have: Collection[str]) -> list[str]:
+    """The names of :data:`INBOX_INDEXES` a database with the indexes ``have`` lacks."""
     return [name for name in INBOX_INDEXES if name not in have]
 
 
-def surplus_indexes(db: pw.Database) -> list[str]:
-    """The names of :data:`FULL_INDEXES` the database has."""
-    have = index_names(db)
+def surplus_indexes(have: Collection[str]) -> list[str]:
+    """The names of :data:`FULL_INDEXES` a database with the indexes ``have`` has."""
     return [name for name in FULL_INDEXES if name in have]
 
 
 def create_open_indexes(db: pw.Database) -> None:
     """Create the missing ones and drop the surplus (inside the upgrade's transaction)."""
-    for name in missing_open_indexes(db):
+    have = index_names(db)
+    for name in missing_open_indexes(have):
         db.execute_sql(f"CREATE INDEX IF NOT EXISTS {name} {INBOX_INDEXES[name]}")
-    for name in surplus_indexes(db):
+    for name in surplus_indexes(have):
         db.execute_sql(f"DROP INDEX IF EXISTS {name}")

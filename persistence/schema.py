@@ -28,10 +28,10 @@ from .liveness import LOCK_CLASS
 from .models import Tables
 from .open_indexes import (
     create_open_indexes,
-    index_names,
     missing_open_indexes,
     surplus_indexes,
 )
+from .schema_catalog import Catalog, read_catalog
 from .schema_version import (
     SCHEMA_VERSION,
     Stamp,
@@ -57,17 +57,13 @@ def _migrator(db: pw.Database) -> migrate.SchemaMigrator:
     return migrate.SchemaMigrator.from_database(db)
 
 
-def _narrow_columns(db: pw.Database, model: type[pw.Model]) -> list[pw.CharField]:
+def _narrow_columns(catalog: Catalog, model: type[pw.Model]) -> list[pw.CharField]:
     """The model's text fields whose PostgreSQL column is narrower than the field (none
     elsewhere): a value the field is meant to take fails to insert there."""
-    if not is_postgres(db):
-        return []
-    widths = dict(db.execute_sql(
-        "SELECT column_name, character_maximum_length FROM information_schema.columns "
-        "WHERE table_schema = current_schema() AND table_name = %s "
-        "AND character_maximum_length IS NOT NULL", (model._meta.table_name,)).fetchall())
+    have = catalog.columns.get(model._meta.table_name, {})
     return [f for f in model._meta.sorted_fields if isinstance(f, pw.CharField)
-            and f.column_name in widths and widths[f.column_name] < f.max_length]
+            and f.column_name in have and (width := have[f.column_name].width) is not None
+            and width < f.max_length]
 
 
 def _widen(name: str, field: pw.CharField) -> str:
@@ -113,18 +109,23 @@ def _repair_sequence(db: pw.Database) -> None:
         db.execute_sql("SELECT setval(%s, %s)", (INBOX_SEQUENCE, newest))
 
 
-def _missing_fields(db: pw.Database, model: type[pw.Model]) -> list[pw.Field]:
+def _missing_fields(catalog: Catalog, model: type[pw.Model]) -> list[pw.Field]:
     """The fields of ``model`` whose columns its (existing) table lacks."""
-    have = {c.name for c in db.get_columns(model._meta.table_name)}
+    have = catalog.columns[model._meta.table_name]
     return [field for field in model._meta.sorted_fields if field.column_name not in have]
 
 
-def _absent(db: pw.Database, model: type[pw.Model], existing: set[str]) -> list[str]:
+def _absent(catalog: Catalog, model: type[pw.Model]) -> list[str]:
     """The change that makes ``model``'s table, or one per column of it the table lacks."""
     name = model._meta.table_name
-    if name not in existing:
+    if name not in catalog.tables:
         return [f"create table {name}"]
-    return [f"add column {name}.{field.column_name}" for field in _missing_fields(db, model)]
+    return [f"add column {name}.{field.column_name}"
+            for field in _missing_fields(catalog, model)]
+
+
+def _catalog(tables: Tables, existing: set[str] | None = None) -> Catalog:
+    return read_catalog(tables.db, [m._meta.table_name for m in tables.all()], existing)
 
 
 @dataclass(frozen=True)
@@ -146,23 +147,24 @@ def schema_status(tables: Tables) -> SchemaStatus:
     existing = set(db.get_tables())
     # First: a newer schema is not compared with older models.
     found, judged = check_version(db, existing)
+    catalog = _catalog(tables, existing)
     if judged is VersionVerdict.NEWER_COMPATIBLE:
-        _require_compatible(tables, existing, found)
+        _require_compatible(tables, catalog, found)
         return SchemaStatus([], found, judged)
-    indexes = index_names(db)
     changes: list[str] = []
     for model in tables.all():
         name = model._meta.table_name
-        changes.extend(_absent(db, model, existing))
+        changes.extend(_absent(catalog, model))
         if name not in existing:
             continue
-        changes.extend(_widen(name, field) for field in _narrow_columns(db, model))
+        changes.extend(_widen(name, field) for field in _narrow_columns(catalog, model))
         changes.extend(f"create index {index._name}"  # the models' own indexes
                        for index in model._meta.fields_to_index()
-                       if index._name not in indexes)
+                       if index._name not in catalog.indexes)
     if INBOX in existing:
-        changes.extend(f"create index {name}" for name in missing_open_indexes(db))
-        changes.extend(f"drop index {name} (replaced)" for name in surplus_indexes(db))
+        changes.extend(f"create index {name}" for name in missing_open_indexes(catalog.indexes))
+        changes.extend(f"drop index {name} (replaced)"
+                       for name in surplus_indexes(catalog.indexes))
     sequence = _sequence_change(db, existing)
     if sequence is not None:
         changes.append(sequence)
@@ -176,7 +178,7 @@ def pending_changes(tables: Tables) -> list[str]:
     return schema_status(tables).changes
 
 
-def _require_compatible(tables: Tables, existing: set[str], found: Stamp) -> None:
+def _require_compatible(tables: Tables, catalog: Catalog, found: Stamp) -> None:
     """A newer kinbox's database that says this code may work on it: what this code needs
     must be there, else :class:`.SchemaIncomplete`, nothing changed. Its tables and
     columns, the unique indexes its writes rely on (a duplicate slug, idempotency key or
@@ -184,22 +186,19 @@ def _require_compatible(tables: Tables, existing: set[str], found: Stamp) -> Non
     sequence; and no column it does not know that every insert must fill (NOT NULL, no
     default in the table: its inserts would fail one by one, mid-run). Its other indexes
     are the newer code's business: one it dropped is not built again."""
-    db = tables.db
-    indexes = index_names(db)
-    missing = [line for model in tables.all() for line in _absent(db, model, existing)]
+    missing = [line for model in tables.all() for line in _absent(catalog, model)]
     for model in tables.all():
         name = model._meta.table_name
-        if name not in existing:
+        if name not in catalog.tables:
             continue
         missing.extend(f"unique index {index._name}"
                        for index in model._meta.fields_to_index()
-                       if index._unique and index._name not in indexes)
+                       if index._unique and index._name not in catalog.indexes)
         known = {field.column_name for field in model._meta.sorted_fields}
-        missing.extend(f"a value for {name}.{column.name} (required, unknown to this kinbox)"
-                       for column in db.get_columns(name)
-                       if column.name not in known and not column.null
-                       and column.default is None and not column.primary_key)
-    sequence = _sequence_change(db, existing)
+        missing.extend(f"a value for {name}.{column} (required, unknown to this kinbox)"
+                       for column, info in catalog.columns[name].items()
+                       if column not in known and not info.null and not info.has_default)
+    sequence = _sequence_change(tables.db, set(catalog.tables))
     if sequence is not None:
         missing.append(sequence)
     if missing:
@@ -226,16 +225,17 @@ def upgrade(tables: Tables) -> list[str]:
         changes = pending_changes(tables)  # under the lock: what is left to do now
         if not changes:
             return changes
-        existing = set(db.get_tables())
+        catalog = _catalog(tables)
         missing_columns: list[tuple[str, str, pw.Field]] = []
         narrow: list[tuple[str, pw.CharField]] = []
         for model in tables.all():
             name = model._meta.table_name
-            if name not in existing:
+            if name not in catalog.tables:
                 db.create_tables([model], safe=True)
                 continue
-            missing_columns.extend((name, f.column_name, f) for f in _missing_fields(db, model))
-            narrow.extend((name, f) for f in _narrow_columns(db, model))
+            missing_columns.extend((name, f.column_name, f)
+                                   for f in _missing_fields(catalog, model))
+            narrow.extend((name, f) for f in _narrow_columns(catalog, model))
         required = [f"{t}.{c}" for t, c, f in missing_columns
                     if not f.null and f.default is None]
         if required:
@@ -253,7 +253,8 @@ def upgrade(tables: Tables) -> list[str]:
             migrate.migrate(*(migrator.alter_column_type(t, f.column_name, f)
                               for t, f in narrow))
         for model in tables.all():
-            model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]
+            if model._meta.table_name in catalog.tables:  # a new table came with its own
+                model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]
         if is_postgres(db):
             _repair_sequence(db)
         create_open_indexes(db)
