@@ -170,6 +170,22 @@ def lock_waits(pg_url: str) -> int:
         probe.close()
 
 
+def advisory_waiters(pg_url: str) -> int:
+    """How many sessions of ``pg_url``'s database wait for an advisory lock now (an
+    upgrade waiting for the schema lock shows here)."""
+    import psycopg2
+
+    probe = psycopg2.connect(pg_url)
+    try:
+        with probe.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                        "current_database() AND wait_event_type = 'Lock' "
+                        "AND wait_event = 'advisory'")
+            return int(cur.fetchone()[0])
+    finally:
+        probe.close()
+
+
 def life_locks(pg_url: str) -> int:
     """How many runtimes hold their life lock on ``pg_url``'s database now (a killed
     runtime's goes when its server process notices the connection closed, not at once)."""

@@ -15,7 +15,7 @@ import pytest
 from kinbox.persistence import NewMessage
 
 from .conftest import Stores
-from .helpers import wait_for
+from .helpers import advisory_waiters, wait_for
 from .test_cli import ROOT, kinbox
 
 pytestmark = pytest.mark.timeout(120)
@@ -128,15 +128,6 @@ def test_db_upgrade_reports_only_what_it_applied_when_another_process_upgraded_f
     db.execute_sql("ALTER TABLE agent_inbox_messages DROP COLUMN last_error")
     db.close()
     first = psycopg2.connect(pg_url)  # the other process's upgrade, under the schema lock
-    probe = psycopg2.connect(pg_url)
-    probe.autocommit = True
-
-    def waiting_for_the_schema_lock() -> int:
-        with probe.cursor() as cur:
-            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
-                        "current_database() AND wait_event_type = 'Lock' "
-                        "AND wait_event = 'advisory'")
-            return int(cur.fetchone()[0])
     try:
         with first.cursor() as cur:
             cur.execute(SCHEMA_LOCK_SQL)
@@ -144,7 +135,7 @@ def test_db_upgrade_reports_only_what_it_applied_when_another_process_upgraded_f
             [sys.executable, "-m", "kinbox.actors", "db", "upgrade", "--json", "--db",
              pg_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         try:
-            wait_for(lambda: waiting_for_the_schema_lock() == 1 or second.poll() is not None,
+            wait_for(lambda: advisory_waiters(pg_url) == 1 or second.poll() is not None,
                      timeout=60, what="the second upgrade to wait for the first")
             with first.cursor() as cur:
                 cur.execute("ALTER TABLE agent_inbox_messages ADD COLUMN last_error TEXT")
@@ -156,7 +147,6 @@ def test_db_upgrade_reports_only_what_it_applied_when_another_process_upgraded_f
                 second.wait()
     finally:
         first.close()
-        probe.close()
     assert second.returncode == 0, err
     assert json.loads(out) == {"applied": []}
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import peewee as pw
@@ -25,6 +26,7 @@ from kinbox.persistence import (
     SchemaError,
     SchemaIncomplete,
     SchemaTooNew,
+    Tables,
     bind_tables,
     open_database,
     pending_changes,
@@ -45,7 +47,7 @@ from kinbox.persistence.schema_version import (
     write_version,
 )
 
-from .helpers import wait_for
+from .helpers import advisory_waiters, wait_for
 from .test_cli import ROOT, kinbox
 
 SCHEMA_FINGERPRINTS = {
@@ -214,15 +216,6 @@ def test_two_processes_upgrading_one_postgres_database_at_once_migrate_it_once(
     from kinbox.persistence.schema import SCHEMA_LOCK_SQL
 
     holder = psycopg2.connect(pg_url)  # keeps both waiting, so they start together
-    probe = psycopg2.connect(pg_url)
-    probe.autocommit = True
-
-    def waiting() -> int:
-        with probe.cursor() as cur:
-            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
-                        "current_database() AND wait_event_type = 'Lock' "
-                        "AND wait_event = 'advisory'")
-            return int(cur.fetchone()[0])
     procs: list[subprocess.Popen[str]] = []
     try:
         with holder.cursor() as cur:
@@ -231,7 +224,7 @@ def test_two_processes_upgrading_one_postgres_database_at_once_migrate_it_once(
             [sys.executable, "-m", "kinbox.actors", "db", "upgrade", "--json", "--db",
              pg_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
             for _ in range(2)]
-        wait_for(lambda: waiting() == 2 or any(p.poll() is not None for p in procs),
+        wait_for(lambda: advisory_waiters(pg_url) == 2 or any(p.poll() is not None for p in procs),
                  timeout=60, what="both upgrades to wait for the schema lock")
         holder.commit()
         outs = [p.communicate(timeout=60) for p in procs]
@@ -241,7 +234,6 @@ def test_two_processes_upgrading_one_postgres_database_at_once_migrate_it_once(
                 p.kill()
                 p.wait()
         holder.close()
-        probe.close()
     assert [p.returncode for p in procs] == [0, 0], outs
     applied = sorted((json.loads(out)["applied"] for out, _ in outs), key=len)
     assert applied[0] == []
@@ -269,15 +261,6 @@ def test_an_upgrade_waiting_for_the_lock_looks_again_and_leaves_a_newer_database
     db.execute_sql(f"DROP INDEX {DROPPED_INDEX}")  # work for the older upgrade to find
     db.close()
     holder = psycopg2.connect(pg_url)  # the newer kinbox, upgrading
-    probe = psycopg2.connect(pg_url)
-    probe.autocommit = True
-
-    def waiting() -> int:
-        with probe.cursor() as cur:
-            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
-                        "current_database() AND wait_event_type = 'Lock' "
-                        "AND wait_event = 'advisory'")
-            return int(cur.fetchone()[0])
     compatible = SCHEMA_VERSION if newer == "compatible" else SCHEMA_VERSION + 1
     proc: subprocess.Popen[str] | None = None
     try:
@@ -286,7 +269,7 @@ def test_an_upgrade_waiting_for_the_lock_looks_again_and_leaves_a_newer_database
         proc = subprocess.Popen(
             [sys.executable, "-m", "kinbox.actors", "db", "upgrade", "--json", "--db",
              pg_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        wait_for(lambda: waiting() == 1 or proc.poll() is not None, timeout=60,
+        wait_for(lambda: advisory_waiters(pg_url) == 1 or proc.poll() is not None, timeout=60,
                  what="the older upgrade to wait for the schema lock")
         with holder.cursor() as cur:
             cur.execute(f"UPDATE {VERSION_TABLE} SET version = %s, compatible = %s",
@@ -298,7 +281,6 @@ def test_an_upgrade_waiting_for_the_lock_looks_again_and_leaves_a_newer_database
             proc.kill()
             proc.wait()
         holder.close()
-        probe.close()
     if newer == "compatible":
         assert proc.returncode == 0, out + err
         assert json.loads(out)["applied"] == []
@@ -329,6 +311,16 @@ def test_the_schema_version_is_raised_whenever_the_schema_changes(tmp_path: Path
     assert compatible == COMPATIBLE_FROM, (
         f"version {SCHEMA_VERSION} is pinned as compatible from {compatible}, the code "
         f"says {COMPATIBLE_FROM}")
+
+
+@pytest.fixture
+def upgraded(any_db_url: str) -> Iterator[tuple[pw.Database, Tables]]:
+    """A database of each backend, upgraded to this code's schema."""
+    db = open_database(any_db_url)
+    tables = bind_tables(db)
+    upgrade(tables)
+    yield db, tables
+    db.close()
 
 
 NEWER_TABLE = "kinbox_newer_feature"
@@ -405,14 +397,12 @@ names it in the refusal."""
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("lacking", sorted(LACKS))
 def test_a_newer_compatible_database_lacking_what_this_code_needs_is_refused(
-        any_db_url: str, lacking: str) -> None:
+        upgraded: tuple[pw.Database, Tables], lacking: str) -> None:
     """A newer kinbox's promise is checked, not trusted: a column this code reads and
     writes gone, a unique index its writes rely on gone, or a column its inserts would
     have to fill and cannot: refused at once (not insert by insert, mid-run), naming
     what is missing, nothing added back."""
-    db = open_database(any_db_url)
-    tables = bind_tables(db)
-    upgrade(tables)
+    db, tables = upgraded
     _as_newer_compatible(db)
     take_away, named = LACKS[lacking]
     if callable(take_away):
@@ -431,7 +421,6 @@ def test_a_newer_compatible_database_lacking_what_this_code_needs_is_refused(
     if lacking == "unique index":
         assert "projects_slug" not in index_names(db)
     assert read_stamp(db) == Stamp(SCHEMA_VERSION + 1, SCHEMA_VERSION)
-    db.close()
 
 
 @pytest.mark.timeout(60)
@@ -450,25 +439,20 @@ def test_a_newer_compatible_postgres_database_without_the_inbox_sequence_is_refu
 
 @pytest.mark.timeout(60)
 def test_a_newer_version_that_recorded_no_compatible_number_is_refused(
-        any_db_url: str) -> None:
+        upgraded: tuple[pw.Database, Tables]) -> None:
     """A missing number promises nothing beyond its own version."""
-    db = open_database(any_db_url)
-    tables = bind_tables(db)
-    upgrade(tables)
+    db, tables = upgraded
     db.execute_sql(f"UPDATE {VERSION_TABLE} SET version = {SCHEMA_VERSION + 1}, "
                    "compatible = NULL")
     assert read_stamp(db) == Stamp(SCHEMA_VERSION + 1, SCHEMA_VERSION + 1)
     with pytest.raises(SchemaTooNew):
         upgrade(tables)
-    db.close()
 
 
 @pytest.mark.timeout(60)
 def test_a_version_1_database_gets_the_compatible_number_by_its_upgrade(
-        any_db_url: str) -> None:
-    db = open_database(any_db_url)
-    tables = bind_tables(db)
-    upgrade(tables)
+        upgraded: tuple[pw.Database, Tables]) -> None:
+    db, tables = upgraded
     _as_version_1(db)
     assert read_stamp(db) == Stamp(1, 1)
     assert sorted(pending_changes(tables)) == sorted([
@@ -477,7 +461,6 @@ def test_a_version_1_database_gets_the_compatible_number_by_its_upgrade(
     upgrade(tables)
     assert read_stamp(db) == Stamp(SCHEMA_VERSION, COMPATIBLE_FROM)
     assert pending_changes(tables) == []
-    db.close()
 
 
 @pytest.mark.timeout(60)
@@ -518,13 +501,12 @@ def test_db_status_shows_both_numbers_and_accepts_a_newer_compatible_database(
 
 
 @pytest.mark.timeout(60)
-def test_the_numbers_are_never_written_over_a_newer_version(any_db_url: str) -> None:
+def test_the_numbers_are_never_written_over_a_newer_version(
+        upgraded: tuple[pw.Database, Tables]) -> None:
     """Beyond the lock: an upgrade's stamp that finds a newer one (raised by a process that
     took no lock, or by hand) fails its upgrade instead of lowering it."""
-    db = open_database(any_db_url)
-    upgrade(bind_tables(db))
+    db, _ = upgraded
     _set_version(db, SCHEMA_VERSION + 1, compatible=SCHEMA_VERSION + 1)
     with pytest.raises(SchemaTooNew), db.atomic():
         write_version(db)
     assert read_stamp(db) == Stamp(SCHEMA_VERSION + 1, SCHEMA_VERSION + 1)
-    db.close()
