@@ -3,8 +3,9 @@
 Each handshake with an unknown or wrong device token cost the receiver a database read
 and a signed refusal, at any rate a client liked (64 at once): one client kept a server
 signing. Now, over a real uvicorn server on 127.0.0.1, an address past its failed
-handshakes is refused at the upgrade (429, ``Retry-After``), before a challenge, a read
-or a signature, and logged once; other addresses, and paired devices that prove their
+handshakes (or pairings with codes no open invite matches) is refused at the upgrade of
+either route (429, ``Retry-After``), before a challenge, a read or a signature, and logged
+once; other addresses, and paired devices that prove their
 key, are not held back; and a sender told 429 waits as for a busy receiver."""
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from kinbox.transport import frames as f
 from kinbox.transport import handshake as hs
 from kinbox.transport.grants import new_token
 from kinbox.transport.identity import DeviceIdentity
+from kinbox.transport.invite_code import new_code, parse_code
 from kinbox.transport.token_tries import LOCKOUT, MAX_FAILURES
 
 from .helpers import quiet_brain, wait_for
@@ -206,4 +208,49 @@ def test_a_welcome_does_not_forget_the_failures_of_others_at_its_address(
     welcome = handshake(served.port, _token_of(sender, device), sender.peers.identity)
     assert isinstance(welcome, f.Welcome)
     fail(served.port, times=1)
+    assert locked_out(served.port).response.status_code == 429
+
+
+def pair_attempt(port: int, code: str, source: str = "127.0.0.1") -> f.Frame:
+    """One pairing handshake from ``source`` redeeming ``code`` for a new device: the
+    server's answer (``paired``, or an ``error``); InvalidStatus when the upgrade is
+    refused."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+    with connect(f"ws://127.0.0.1:{port}/peers/pair", sock=sock, open_timeout=10) as ws:
+        ch = f.parse(ws.recv(10))
+        assert isinstance(ch, f.Challenge)
+        ws.send(f.encode(hs.pair(DeviceIdentity.generate(), ch, parse_code(code),
+                                 hs.new_nonce(os.urandom(32)), "newcomer")))
+        return f.parse(ws.recv(10))
+
+
+def test_an_address_past_its_failed_pairings_is_refused_at_the_upgrade(
+        paired: Pair) -> None:
+    """Each pairing code no open invite matches cost the receiver an invite's read and a
+    signature check, at any rate a client liked. Past its failures an address is refused
+    at the upgrade, a right code too (else the lock-out would tell which guess was right);
+    another address pairs, and the address pairs again once its lock-out is over."""
+    _, receiver, served, _, app_clock = paired
+    for _ in range(MAX_FAILURES):
+        wrong = new_code(receiver.peers.identity.public_key, os.urandom(32))
+        answer = pair_attempt(served.port, wrong)
+        assert isinstance(answer, f.Error) and answer.code == "forbidden", answer
+    with pytest.raises(InvalidStatus) as refused:
+        pair_attempt(served.port, served.invite())
+    assert refused.value.response.status_code == 429
+    assert refused.value.response.headers["Retry-After"] == str(int(LOCKOUT))
+    assert json.loads(refused.value.response.body) == {"error": "too_many_tries"}
+    assert isinstance(pair_attempt(served.port, served.invite(), source=OTHER), f.Paired)
+    app_clock.advance(LOCKOUT)
+    assert isinstance(pair_attempt(served.port, served.invite()), f.Paired)
+
+
+def test_failed_pairings_and_failed_links_count_together(paired: Pair) -> None:
+    """One address, one count: a client cannot double its tries by splitting them
+    between the two routes."""
+    _, receiver, served, _, _ = paired
+    fail(served.port, times=MAX_FAILURES // 2)
+    for _ in range(MAX_FAILURES - MAX_FAILURES // 2):
+        wrong = new_code(receiver.peers.identity.public_key, os.urandom(32))
+        assert isinstance(pair_attempt(served.port, wrong), f.Error)
     assert locked_out(served.port).response.status_code == 429

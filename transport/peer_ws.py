@@ -17,7 +17,8 @@ No refusal creates state. Until its handshake ends a connection holds one of the
 to a client that reads nothing, is given up and its slot freed), and past the cap of
 handshakes in progress an upgrade is refused at once (503 ``busy`` with ``Retry-After``).
 A client address with too many failed handshakes (:mod:`.token_tries`: an unknown token,
-a hello that proves no grant's key, a protocol error) is refused at the upgrade for a
+a hello that proves no grant's key, a pairing code no open invite matches, a protocol
+error) is refused at the upgrade of either route for a
 while (429 ``too_many_tries`` with ``Retry-After``), before a challenge, a read or a
 signature: each failure cost a grant's read and a signed refusal, at any rate a client
 liked. A device that proves its grant's key (welcomed, or refused as paused or revoked)
@@ -169,7 +170,7 @@ class PeerEndpoint:
                  clock: Callable[[], float] = time.monotonic,
                  tries: TokenTries | None = None) -> None:
         """``limits`` bound the handshakes (:class:`.HandshakeLimits`' defaults when not
-        given); ``tries`` count failed link handshakes per client address (a
+        given); ``tries`` count failed link and pairing handshakes per client address (a
         :class:`.TokenTries` of the default limits when not given); both are timed on
         ``clock`` (monotonic seconds)."""
         self.backend = backend
@@ -196,7 +197,8 @@ class PeerEndpoint:
         wait = self.tries.failed(client, now)
         if wait > 0 and before == 0:
             log.warning("peer handshakes from %s refused for %s s: %d failed within %g s "
-                        "(unknown or wrong device tokens, or hellos proving no paired key)",
+                        "(unknown or wrong device tokens, hellos proving no paired key, or "
+                        "pairing codes no open invite matches)",
                         client_of(client), retry_after(wait), self.tries.max_failures,
                         self.tries.window)
 
@@ -329,10 +331,15 @@ class PeerEndpoint:
         return grant, hello, nonce
 
     async def pair(self, ws: WebSocket) -> None:
-        """Redeem a pairing code: the new peer proves its key, gets a token."""
+        """Redeem a pairing code: the new peer proves its key, gets a token. A failed
+        redemption (no invite for the code, a used or expired one, a broken frame) counts
+        against its address as a failed link handshake does, and an address locked out is
+        refused at the upgrade: each try cost an invite's read and a signature check."""
         refusal = _precheck(ws, self.allowed_hosts)
         if refusal is not None:
             await _deny(ws, refusal)
+            return
+        if await self._locked_out(ws):
             return
         slot = await self._slot(ws)
         if slot is None:
@@ -371,6 +378,8 @@ class PeerEndpoint:
                 return
             log.info("paired device %s", proof.device_id)
         except (FrameError, HandshakeRefused, TimeoutError) as exc:
+            if not isinstance(exc, TimeoutError):  # a timeout read and checked nothing
+                self._failed(ws)
             await _refuse(ws, "pairing", exc)
         except BackendRefused as exc:
             await unavailable(ws, exc, "pairing")
