@@ -201,7 +201,7 @@ rates do not follow the count (docs/benchmark-log.md, the run of 2026-12-03 21:1
 at the quick size their 10,000 took 40-80 s of the run's 90 s budget, and at 5,000 they
 ran as fast or a little faster (2026-12-08 00:19 UTC, alternated: naive 1,199 / 1,333
 msgs/s at 10,000 against 1,191 / 1,404 at 5,000, huey 1,468 / 1,680 against 1,550 /
-1,777), so the cut flatters no one."""
+1,777), so the cut does not flatter kinbox (if anything it favours them)."""
 
 
 def bounded(system: str, w: Workload, quick: bool) -> Workload:

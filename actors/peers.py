@@ -110,13 +110,22 @@ later: the error alone (``ConnectionRefusedError``) told a first user nothing to
 
 BUSY = (
     "the pairing did not complete ({detail}): the other device is up, running `kinbox "
-    "serve` at that address, but it is {why}; the code is still good for this device: "
-    "try the same command again in {wait:g} s"
+    "serve` at that address, but it is {why}; {code}: try the same command again in "
+    "{wait:g} s"
 )
 """What a pairing is told as when the device answered that it is busy (``503 busy``) or
 refuses this address for a while (``429 too_many_tries``), ``why`` from
-:data:`~kinbox.transport.link.BUSY_REASONS`: :data:`UNREACHABLE` sent a user to check a
-server that was running."""
+:data:`~kinbox.transport.link.BUSY_REASONS` and ``code`` from :data:`BUSY_CODE`:
+:data:`UNREACHABLE` sent a user to check a server that was running."""
+
+BUSY_CODE = {
+    Refusal.BUSY.value: "the code is still good for this device",
+    Refusal.TOO_MANY_TRIES.value: "the code was not read, so it is as good as it was (a "
+    "wrong or spent code stays refused)",
+}
+"""What a busy answer says of the code, by its refusal's code: a busy device had a good
+code's pairing waiting for a slot; one refusing this address never looked at it, and the
+tries that locked it out may have been this very code."""
 
 TAMPERED = frozenset({Refusal.WRONG_DEVICE, Refusal.BAD_SIGNATURE})
 
@@ -519,6 +528,7 @@ def complete_pairing(identity: DeviceIdentity, peers: PeerStore, url: str, code:
                            new_nonce(os.urandom(NONCE_BYTES)))
     except PeerBusy as exc:  # up: nothing about the address is wrong
         message = BUSY.format(detail=exc, why=BUSY_REASONS.get(exc.reason, exc.reason),
+                              code=BUSY_CODE.get(exc.reason, BUSY_CODE[Refusal.BUSY.value]),
                               wait=busy_wait(exc.retry_after))
         raise PairingFailed(message, "unavailable", retry=True, status=exc.status) from exc
     except PeerUnavailable as exc:

@@ -3,10 +3,11 @@
 The models are the description of the schema; the database is compared to
 them. Its version number (:mod:`.schema_version`) only says whether this code
 may do so: a database a newer kinbox upgraded is refused first (``SchemaTooNew``)
-unless it says this code may still work on it (then it is only checked for the
-tables and columns this code uses, and changed in nothing), and an older one's
-number is raised by the upgrade that brings it up to the models, in the same
-transaction. ``upgrade`` creates missing tables
+unless it says this code may still work on it (then it is only checked for what this
+code needs: its tables and columns, the unique indexes and the sequence its writes rely
+on, no required column it does not know; ``SchemaIncomplete`` otherwise, and changed
+in nothing), and an older one's number is raised by the upgrade that brings it up to the
+models, in the same transaction. ``upgrade`` creates missing tables
 and indexes and adds missing columns through ``playhouse.migrate`` (which
 knows how to add a NOT NULL column with a default on every backend), and on
 PostgreSQL widens a text column an older schema made narrower than its model
@@ -137,6 +138,8 @@ class SchemaStatus:
     code may use)."""
     stamp: Stamp
     verdict: VersionVerdict
+    catalog: Catalog
+    """What the database had when it was judged."""
 
 
 def schema_status(tables: Tables) -> SchemaStatus:
@@ -150,7 +153,7 @@ def schema_status(tables: Tables) -> SchemaStatus:
     catalog = _catalog(tables, existing)
     if judged is VersionVerdict.NEWER_COMPATIBLE:
         _require_compatible(tables, catalog, found)
-        return SchemaStatus([], found, judged)
+        return SchemaStatus([], found, judged, catalog)
     changes: list[str] = []
     for model in tables.all():
         name = model._meta.table_name
@@ -169,7 +172,8 @@ def schema_status(tables: Tables) -> SchemaStatus:
     if sequence is not None:
         changes.append(sequence)
     version = version_change(found, judged)
-    return SchemaStatus(changes if version is None else [*changes, version], found, judged)
+    return SchemaStatus(changes if version is None else [*changes, version], found, judged,
+                        catalog)
 
 
 def pending_changes(tables: Tables) -> list[str]:
@@ -222,10 +226,10 @@ def upgrade(tables: Tables) -> list[str]:
             # than a connection's lock wait: this one waits it out, then looks again.
             db.execute_sql("SET LOCAL lock_timeout = 0")
             db.execute_sql(SCHEMA_LOCK_SQL)
-        changes = pending_changes(tables)  # under the lock: what is left to do now
+        status = schema_status(tables)  # under the lock: what is left to do now
+        changes, catalog = status.changes, status.catalog
         if not changes:
             return changes
-        catalog = _catalog(tables)
         missing_columns: list[tuple[str, str, pw.Field]] = []
         narrow: list[tuple[str, pw.CharField]] = []
         for model in tables.all():
@@ -264,7 +268,8 @@ def upgrade(tables: Tables) -> list[str]:
 
 def require_current(tables: Tables) -> None:
     """Raise :class:`SchemaError` unless the schema matches the models and the code's
-    version (:class:`.SchemaTooNew` for a newer one)."""
+    version, or is a newer one this code may work on (:class:`.SchemaTooNew` for a newer
+    one it may not, :class:`.SchemaIncomplete` for one that lacks what it needs)."""
     changes = pending_changes(tables)
     if changes:
         raise SchemaError(

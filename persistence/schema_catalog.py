@@ -5,9 +5,9 @@ that writes. It compared the models with the database table by table, and on
 PostgreSQL each table cost two reads of ``information_schema.columns`` (a view
 the server plans afresh each time): 58 statements and 0.1-0.3 s of every start of
 a runtime, a worker or a CLI command on an up-to-date database. A snapshot answers
-every question the check asks from one read of the columns of kinbox's tables and
-one of the indexes (three statements with the tables); on SQLite the columns come
-from ``PRAGMA table_info``, which reads the file in process.
+every question the check asks from one read of the columns of kinbox's tables (the
+system catalog's) and one of the indexes (three statements with the tables); on SQLite
+the columns come from ``PRAGMA table_info``, which reads the file in process.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ class ColumnInfo:
     null: bool
     """It takes NULL."""
     has_default: bool
-    """The table gives it a value when an insert names none."""
+    """The table gives it a value when an insert names none (a default, an identity or
+    generated column, SQLite's rowid)."""
     width: int | None
     """PostgreSQL: the most characters a text column takes (None: no limit, or SQLite,
     which enforces none)."""
@@ -53,15 +54,34 @@ def read_catalog(db: pw.Database, wanted: Collection[str],
     columns: dict[str, dict[str, ColumnInfo]] = {name: {} for name in present}
     if is_postgres(db):
         if present:
-            rows = db.execute_sql(
-                "SELECT table_name, column_name, is_nullable = 'YES', "
-                "column_default IS NOT NULL, character_maximum_length "
-                "FROM information_schema.columns WHERE table_schema = current_schema() "
-                "AND table_name = ANY(%s)", (present,)).fetchall()
-            for table, column, null, has_default, width in rows:
-                columns[table][column] = ColumnInfo(bool(null), bool(has_default), width)
+            for table, column, null, filled, width in db.execute_sql(_PG_COLUMNS,
+                                                                     (present,)).fetchall():
+                columns[table][column] = ColumnInfo(bool(null), bool(filled), width)
     else:
         for name in present:
-            columns[name] = {c.name: ColumnInfo(c.null, c.default is not None, None)
+            columns[name] = {c.name: ColumnInfo(c.null, _sqlite_fills(c), None)
                              for c in db.get_columns(name)}
     return Catalog(existing, columns, frozenset(index_names(db)))
+
+
+# From the system catalog, not information_schema.columns: that view shows only the
+# columns of tables the role holds a privilege on (a table it cannot see would look
+# empty, every column "missing"), and it is slower to plan. A column is filled by the
+# table when it has a default, is an identity column or is generated. A text column's
+# width is its type modifier less the 4 bytes of its header (varchar(n), char(n)).
+_PG_COLUMNS = (
+    "SELECT c.relname, a.attname, NOT a.attnotnull, "
+    "a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '', "
+    "CASE WHEN a.atttypid IN ('varchar'::regtype, 'bpchar'::regtype) AND a.atttypmod > 4 "
+    "THEN a.atttypmod - 4 END "
+    "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE n.nspname = current_schema() AND c.relname = ANY(%s) "
+    "AND a.attnum > 0 AND NOT a.attisdropped")
+
+
+def _sqlite_fills(column: pw.ColumnMetadata) -> bool:
+    """Does SQLite give ``column`` a value when an insert names none: a default, or the
+    rowid an ``INTEGER PRIMARY KEY`` stands for?"""
+    return column.default is not None or (
+        column.primary_key and column.data_type.upper() == "INTEGER")

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import peewee as pw
 
-from .errors import SchemaTooNew
+from .errors import SchemaError, SchemaTooNew
 from .models import SchemaVersion
 
 SCHEMA_VERSION = 2
@@ -149,5 +149,9 @@ def write_version(db: pw.Database) -> None:
                   where=SchemaVersion.version <= SCHEMA_VERSION)
      .bind(db).execute())
     found = read_stamp(db)
-    if found.version != SCHEMA_VERSION:
+    if found.version == SCHEMA_VERSION:
+        return
+    if verdict(found.version, SCHEMA_VERSION, found.compatible) is VersionVerdict.NEWER:
         raise SchemaTooNew(found.version, SCHEMA_VERSION, found.compatible)
+    raise SchemaError(f"another process raised the schema to version {found.version} "
+                      "during this upgrade, which wrote nothing; run it again")

@@ -170,20 +170,26 @@ def lock_waits(pg_url: str) -> int:
         probe.close()
 
 
-def advisory_waiters(pg_url: str) -> int:
-    """How many sessions of ``pg_url``'s database wait for an advisory lock now (an
-    upgrade waiting for the schema lock shows here)."""
-    import psycopg2
+class AdvisoryWaiters:
+    """Counts, when called, the sessions of ``pg_url``'s database that wait for an
+    advisory lock now (an upgrade waiting for the schema lock shows here), on one
+    connection of its own: a test polls it every few milliseconds. ``close`` it."""
 
-    probe = psycopg2.connect(pg_url)
-    try:
-        with probe.cursor() as cur:
+    def __init__(self, pg_url: str) -> None:
+        import psycopg2
+
+        self.probe = psycopg2.connect(pg_url)
+        self.probe.autocommit = True
+
+    def __call__(self) -> int:
+        with self.probe.cursor() as cur:
             cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
                         "current_database() AND wait_event_type = 'Lock' "
                         "AND wait_event = 'advisory'")
             return int(cur.fetchone()[0])
-    finally:
-        probe.close()
+
+    def close(self) -> None:
+        self.probe.close()
 
 
 def life_locks(pg_url: str) -> int:

@@ -15,7 +15,7 @@ import pytest
 from kinbox.persistence import NewMessage
 
 from .conftest import Stores
-from .helpers import advisory_waiters, wait_for
+from .helpers import AdvisoryWaiters, wait_for
 from .test_cli import ROOT, kinbox
 
 pytestmark = pytest.mark.timeout(120)
@@ -128,6 +128,7 @@ def test_db_upgrade_reports_only_what_it_applied_when_another_process_upgraded_f
     db.execute_sql("ALTER TABLE agent_inbox_messages DROP COLUMN last_error")
     db.close()
     first = psycopg2.connect(pg_url)  # the other process's upgrade, under the schema lock
+    waiting = AdvisoryWaiters(pg_url)
     try:
         with first.cursor() as cur:
             cur.execute(SCHEMA_LOCK_SQL)
@@ -135,7 +136,7 @@ def test_db_upgrade_reports_only_what_it_applied_when_another_process_upgraded_f
             [sys.executable, "-m", "kinbox.actors", "db", "upgrade", "--json", "--db",
              pg_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         try:
-            wait_for(lambda: advisory_waiters(pg_url) == 1 or second.poll() is not None,
+            wait_for(lambda: waiting() == 1 or second.poll() is not None,
                      timeout=60, what="the second upgrade to wait for the first")
             with first.cursor() as cur:
                 cur.execute("ALTER TABLE agent_inbox_messages ADD COLUMN last_error TEXT")
@@ -147,6 +148,7 @@ def test_db_upgrade_reports_only_what_it_applied_when_another_process_upgraded_f
                 second.wait()
     finally:
         first.close()
+        waiting.close()
     assert second.returncode == 0, err
     assert json.loads(out) == {"applied": []}
 

@@ -23,7 +23,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from kinbox.actors import ManualClock, Runtime, SystemClock
-from kinbox.actors.errors import ToolError
+from kinbox.actors.errors import PairingFailed, ToolError
 from kinbox.persistence.peers import INBOUND, OUTBOUND
 from kinbox.transport import frames as f
 from kinbox.transport import handshake as hs
@@ -254,3 +254,20 @@ def test_failed_pairings_and_failed_links_count_together(paired: Pair) -> None:
         wrong = new_code(receiver.peers.identity.public_key, os.urandom(32))
         assert isinstance(pair_attempt(served.port, wrong), f.Error)
     assert locked_out(served.port).response.status_code == 429
+
+
+def test_pairing_from_a_locked_out_address_says_so_and_what_it_means_for_the_code(
+        paired: Pair) -> None:
+    """The operator is told the device refuses this address for a while and that its
+    code was not read (not that it is good: the failed tries may have been this code)."""
+    sender, receiver, served, _, _ = paired
+    for _ in range(MAX_FAILURES):
+        wrong = new_code(receiver.peers.identity.public_key, os.urandom(32))
+        assert isinstance(pair_attempt(served.port, wrong), f.Error)
+    with pytest.raises(PairingFailed) as failed:
+        sender.peers.pair(served.http, served.invite(), name="again")
+    assert (failed.value.reason, failed.value.retry, failed.value.status) == (
+        "unavailable", True, 429)
+    assert "refusing this address's handshakes for a while" in str(failed.value)
+    assert "the code was not read" in str(failed.value)
+    assert "still good" not in str(failed.value)

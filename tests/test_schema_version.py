@@ -47,7 +47,7 @@ from kinbox.persistence.schema_version import (
     write_version,
 )
 
-from .helpers import advisory_waiters, wait_for
+from .helpers import AdvisoryWaiters, wait_for
 from .test_cli import ROOT, kinbox
 
 SCHEMA_FINGERPRINTS = {
@@ -216,6 +216,7 @@ def test_two_processes_upgrading_one_postgres_database_at_once_migrate_it_once(
     from kinbox.persistence.schema import SCHEMA_LOCK_SQL
 
     holder = psycopg2.connect(pg_url)  # keeps both waiting, so they start together
+    waiting = AdvisoryWaiters(pg_url)
     procs: list[subprocess.Popen[str]] = []
     try:
         with holder.cursor() as cur:
@@ -224,7 +225,7 @@ def test_two_processes_upgrading_one_postgres_database_at_once_migrate_it_once(
             [sys.executable, "-m", "kinbox.actors", "db", "upgrade", "--json", "--db",
              pg_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
             for _ in range(2)]
-        wait_for(lambda: advisory_waiters(pg_url) == 2 or any(p.poll() is not None for p in procs),
+        wait_for(lambda: waiting() == 2 or any(p.poll() is not None for p in procs),
                  timeout=60, what="both upgrades to wait for the schema lock")
         holder.commit()
         outs = [p.communicate(timeout=60) for p in procs]
@@ -234,6 +235,7 @@ def test_two_processes_upgrading_one_postgres_database_at_once_migrate_it_once(
                 p.kill()
                 p.wait()
         holder.close()
+        waiting.close()
     assert [p.returncode for p in procs] == [0, 0], outs
     applied = sorted((json.loads(out)["applied"] for out, _ in outs), key=len)
     assert applied[0] == []
@@ -261,6 +263,7 @@ def test_an_upgrade_waiting_for_the_lock_looks_again_and_leaves_a_newer_database
     db.execute_sql(f"DROP INDEX {DROPPED_INDEX}")  # work for the older upgrade to find
     db.close()
     holder = psycopg2.connect(pg_url)  # the newer kinbox, upgrading
+    waiting = AdvisoryWaiters(pg_url)
     compatible = SCHEMA_VERSION if newer == "compatible" else SCHEMA_VERSION + 1
     proc: subprocess.Popen[str] | None = None
     try:
@@ -269,7 +272,7 @@ def test_an_upgrade_waiting_for_the_lock_looks_again_and_leaves_a_newer_database
         proc = subprocess.Popen(
             [sys.executable, "-m", "kinbox.actors", "db", "upgrade", "--json", "--db",
              pg_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        wait_for(lambda: advisory_waiters(pg_url) == 1 or proc.poll() is not None, timeout=60,
+        wait_for(lambda: waiting() == 1 or proc.poll() is not None, timeout=60,
                  what="the older upgrade to wait for the schema lock")
         with holder.cursor() as cur:
             cur.execute(f"UPDATE {VERSION_TABLE} SET version = %s, compatible = %s",
@@ -281,6 +284,7 @@ def test_an_upgrade_waiting_for_the_lock_looks_again_and_leaves_a_newer_database
             proc.kill()
             proc.wait()
         holder.close()
+        waiting.close()
     if newer == "compatible":
         assert proc.returncode == 0, out + err
         assert json.loads(out)["applied"] == []
@@ -338,6 +342,11 @@ def _as_newer_compatible(db: pw.Database) -> None:
     db.execute_sql(f"DROP TABLE IF EXISTS {NEWER_TABLE}")
     db.execute_sql(f"CREATE TABLE {NEWER_TABLE} (id INTEGER PRIMARY KEY)")
     db.execute_sql("ALTER TABLE agent_inbox_messages ADD COLUMN newer_note TEXT")
+    # Required, but filled by the table: a default, and on PostgreSQL an identity column.
+    db.execute_sql("ALTER TABLE projects ADD COLUMN newer_count INTEGER NOT NULL DEFAULT 0")
+    if not is_sqlite(db):
+        db.execute_sql("ALTER TABLE projects ADD COLUMN newer_number bigint "
+                       "GENERATED ALWAYS AS IDENTITY")
     db.execute_sql(f"DROP INDEX {DROPPED_INDEX}")
     _set_version(db, SCHEMA_VERSION + 1, compatible=SCHEMA_VERSION)
 

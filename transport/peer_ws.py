@@ -202,6 +202,14 @@ class PeerEndpoint:
                         client_of(client), retry_after(wait), self.tries.max_failures,
                         self.tries.window)
 
+    async def _refuse_counted(self, ws: WebSocket, what: str,
+                              exc: FrameError | HandshakeRefused | TimeoutError) -> None:
+        """Refuse a handshake (:func:`_refuse`), counting it as a failed try of its client
+        unless it timed out: a timeout read, checked and signed nothing."""
+        if not isinstance(exc, TimeoutError):
+            self._failed(ws)
+        await _refuse(ws, what, exc)
+
     async def _slot(self, ws: WebSocket) -> Slot | None:
         """A handshake slot for ``ws``; None when all are held (the upgrade is refused)."""
         slot = self.slots.take(self.clock())
@@ -302,9 +310,7 @@ class PeerEndpoint:
                 answer = handshake.refused(b.identity, nonce, hello, token,
                                            Refusal(answer.reason), committed)
         except (FrameError, HandshakeRefused, TimeoutError) as exc:
-            if not isinstance(exc, TimeoutError):  # a timeout read and signed nothing
-                self._failed(ws)
-            await _refuse(ws, "peer handshake", exc)
+            await self._refuse_counted(ws, "peer handshake", exc)
             return None
         except BackendRefused as exc:
             await unavailable(ws, exc, "handshake")
@@ -378,9 +384,7 @@ class PeerEndpoint:
                 return
             log.info("paired device %s", proof.device_id)
         except (FrameError, HandshakeRefused, TimeoutError) as exc:
-            if not isinstance(exc, TimeoutError):  # a timeout read and checked nothing
-                self._failed(ws)
-            await _refuse(ws, "pairing", exc)
+            await self._refuse_counted(ws, "pairing", exc)
         except BackendRefused as exc:
             await unavailable(ws, exc, "pairing")
         except WebSocketDisconnect:
