@@ -14,13 +14,11 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from ..persistence import CronStore, InvalidArgument, paging
-from ..transport import RUNS_LIMIT
+from ..transport.page_limits import RUNS_LIMIT
 from . import cron_rules as rules
 from .cli_args import common, cursor_or_offset, whole_number
 from .cli_ops import operator_clock, stores
 from .cli_output import emit, emit_page, when
-from .cron_jobs import CronJobs
-from .triggers import local_time
 
 
 def _jobs(args: argparse.Namespace, work: Any, *, read_only: bool = False) -> Any:
@@ -28,6 +26,9 @@ def _jobs(args: argparse.Namespace, work: Any, *, read_only: bool = False) -> An
     # change is: on this machine's, a trigger from a laptop two hours behind the server
     # was an occurrence missed past the grace time (skipped), two hours ahead one due in
     # two hours; a job added or resumed so first ran as late as the clock was ahead.
+    # Here, not at the top: the scheduler it brings is no part of every command's start.
+    from .cron_jobs import CronJobs
+
     with stores(args.db, read_only=read_only) as (journal, sessions), \
             operator_clock(journal.t.db) as clock:
         jobs = CronJobs(CronStore(journal.t, journal.writer), sessions, clock.now,
@@ -44,6 +45,8 @@ def _line(job: dict[str, Any]) -> str:
     state = "active" if job["active"] else "paused"
     # The next run in the job's own zone, named: the expression's 09:00 in Paris shown in
     # UTC, unsaid, read as a job due at 08:00.
+    from .triggers import local_time  # with the scheduler: see _jobs
+
     upcoming = job["next_run_at"]
     when = "-" if upcoming is None else local_time(upcoming, job["timezone"])
     schedule = f"{job['cron']} ({job['timezone']})"

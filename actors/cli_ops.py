@@ -38,7 +38,6 @@ from ..persistence.inbox_core import State
 from ..persistence.opened import opened
 from ..persistence.schema_version import VersionVerdict
 from ..transport.frames import shown
-from ..transport.key_file import private_folder
 from .cli_args import (
     common,
     cursor_or_offset,
@@ -305,6 +304,10 @@ def db_upgrade(args: argparse.Namespace, out: TextIO) -> int:
     """``kinbox db upgrade``: create missing tables, columns and indexes (and, like a
     runtime's start, a new SQLite file's folder: the commands that find no database say
     to run this)."""
+    # Here, not at the top: the key file's module brings the cryptography library, no part
+    # of every command's start.
+    from ..transport.key_file import private_folder
+
     url = args.db or default_url()
     path = sqlite_path(url)
     if path is not None:

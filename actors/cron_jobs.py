@@ -23,7 +23,7 @@ from ..persistence import (
     paging,
     run_cursor,
 )
-from ..transport import RUNS_LIMIT
+from ..transport.page_limits import RUNS_LIMIT
 from . import cron_rules as rules
 from .ids import short
 from .triggers import next_fire_or_never

@@ -56,7 +56,7 @@ from ..transport import (
     create_app,
 )
 from ..transport.head_deadline import head_deadline
-from ..transport.host_guard import is_loopback
+from ..transport.host_names import is_loopback
 from ..transport.ws_pongs import bounded_pongs
 from .brain_ref import load_brain
 from .daemon_pool import daemon_default_executor

@@ -4,7 +4,7 @@ the operator token) and its parser.
 Each argparse ``type`` here turns a bad value into a usage error (status 2,
 no traceback). Where the operator token comes from lives here: ``--token-file``
 (first line of the file) or ``$KINBOX_OPERATOR_TOKEN`` (what counts as loopback is
-:func:`kinbox.transport.host_guard.is_loopback`, the app's rule too). Only the token's
+:func:`kinbox.transport.host_names.is_loopback`, the app's rule too). Only the token's
 digest leaves this module (:class:`~kinbox.transport.OperatorToken`); it is never
 printed. A token file other users may read or write (``echo secret > token`` under umask
 022) is said to be (:func:`token_file_exposure`): not refused, as a secret mounted read-only for all
@@ -19,7 +19,8 @@ import stat
 from pathlib import Path
 from typing import TextIO
 
-from ..transport import OperatorToken, allowed_name
+from ..transport.host_names import allowed_name
+from ..transport.operator_token import OperatorToken
 from .cli_args import DB_HELP, database_url
 from .data_dirs import add_data_dir_flag
 

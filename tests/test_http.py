@@ -31,7 +31,7 @@ from kinbox.transport import (
     allowed_name,
     create_app,
 )
-from kinbox.transport.host_guard import host_of
+from kinbox.transport.host_names import host_of
 from kinbox.transport.operator_token import MIN_LENGTH
 from kinbox.transport.token_tries import LOCKOUT, MAX_FAILURES
 

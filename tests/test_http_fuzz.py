@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from kinbox.actors import cron_rules
 from kinbox.transport import LOOPBACK_HOSTS
 from kinbox.transport import webhook_signature as sig
-from kinbox.transport.host_guard import AllowedHosts, host_of
+from kinbox.transport.host_names import AllowedHosts, host_of
 from kinbox.transport.token_tries import LOCKOUT
 
 from .fuzz_harness import SECRET, TOKEN, Fuzzed, call, check_answer, serving

@@ -55,6 +55,8 @@ PURE_MODULES = [
     "transport/peer_address.py",
     "transport/token_tries.py",
     "transport/handshake_slots.py",
+    "transport/host_names.py",
+    "transport/page_limits.py",
 ]
 """Modules that hold rules only: time and randomness come in as arguments."""
 

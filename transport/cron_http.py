@@ -37,6 +37,7 @@ from . import json_body
 from .errors import BackendRefused, quoted
 from .http_app import DescribedRoute, Refusal, guard
 from .json_answers import error, refused_answer
+from .page_limits import RUNS_LIMIT
 from .request_shape import PAGE, shaped
 
 RUNS_PAGE = (*PAGE, "before")
@@ -100,11 +101,6 @@ async def _call(work: Callable[[], Any], status: int = 200) -> JSONResponse:
     except BackendRefused as exc:
         return refused_answer(exc)
     return JSONResponse(result, status_code=status)
-
-
-RUNS_LIMIT = 500
-"""Most records one listing returns: run records (HTTP and ``rt.cron.runs``), jobs (HTTP
-and ``rt.cron.jobs``)."""
 
 
 NEXT_OFFSET = "X-Kinbox-Next-Offset"

@@ -46,7 +46,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from .errors import BackendRefused, ExposedWithoutToken, clipped, quoted
-from .host_guard import HostGuard, is_loopback
+from .host_guard import HostGuard
+from .host_names import is_loopback
 from .json_answers import error, refused_answer
 from .operator_token import OperatorToken
 from .request_shape import Handler, shaped

@@ -58,7 +58,7 @@ from .grants import (
     secret_hash,
 )
 from .handshake_slots import HandshakeLimits, HandshakeSlots, Slot, remaining
-from .host_guard import AllowedHosts, host_of
+from .host_names import AllowedHosts, host_of
 from .identity import DeviceIdentity
 from .inbound_link import InboundLink, receive_text, unavailable
 from .token_tries import TokenTries, client_of, retry_after
