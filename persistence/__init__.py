@@ -72,7 +72,7 @@ from .liveness import OwnerLiveness, live_runtimes
 from .models import CRON_EXPRESSION_CHARS, IDEMPOTENCY_KEY_CHARS, Tables, bind_tables
 from .rate_buckets import BucketState, RateBuckets
 from .schema import SchemaStatus, pending_changes, require_current, schema_status, upgrade
-from .schema_version import SCHEMA_VERSION, Stamp, read_stamp
+from .schema_version import SCHEMA_VERSION, Stamp
 from .session_records import EntryRecord, ProjectRecord, SessionPage, SessionRecord
 from .sessions import SessionStore
 from .social_outbox import KeptReply, SocialOutbox
@@ -163,7 +163,6 @@ __all__ = [
     "pending_changes",
     "pg_address",
     "pg_default_port",
-    "read_stamp",
     "redact_text",
     "redact_url",
     "require_current",

@@ -112,11 +112,6 @@ def read_stamp(db: pw.Database, tables: Collection[str] | None = None) -> Stamp:
     return Stamp(version, version if compatible is None else int(compatible))
 
 
-def read_version(db: pw.Database, tables: Collection[str] | None = None) -> int:
-    """The database's schema version (:func:`read_stamp`'s)."""
-    return read_stamp(db, tables).version
-
-
 def check_version(db: pw.Database, tables: Collection[str] | None = None
                   ) -> tuple[Stamp, VersionVerdict]:
     """The database's stamp and its verdict, when this code may work on it; else
@@ -148,7 +143,7 @@ def write_version(db: pw.Database) -> None:
                           SchemaVersion.compatible: COMPATIBLE_FROM},
                   where=SchemaVersion.version <= SCHEMA_VERSION)
      .bind(db).execute())
-    found = read_stamp(db)
+    found = read_stamp(db, (VERSION_TABLE,))
     if found.version == SCHEMA_VERSION:
         return
     if verdict(found.version, SCHEMA_VERSION, found.compatible) is VersionVerdict.NEWER:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -168,6 +171,15 @@ def lock_waits(pg_url: str) -> int:
             return int(cur.fetchone()[0])
     finally:
         probe.close()
+
+
+def db_upgrade_process(pg_url: str) -> subprocess.Popen[str]:
+    """``kinbox db upgrade --json`` on ``pg_url`` in a process of its own, started (its
+    output piped): to race it against a held schema lock or another upgrade."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "kinbox.actors", "db", "upgrade", "--json", "--db", pg_url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=Path(__file__).resolve().parent.parent)
 
 
 class AdvisoryWaiters:

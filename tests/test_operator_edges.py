@@ -15,7 +15,7 @@ import pytest
 from kinbox.persistence import NewMessage
 
 from .conftest import Stores
-from .helpers import AdvisoryWaiters, wait_for
+from .helpers import AdvisoryWaiters, db_upgrade_process, wait_for
 from .test_cli import ROOT, kinbox
 
 pytestmark = pytest.mark.timeout(120)
@@ -132,9 +132,7 @@ def test_db_upgrade_reports_only_what_it_applied_when_another_process_upgraded_f
     try:
         with first.cursor() as cur:
             cur.execute(SCHEMA_LOCK_SQL)
-        second = subprocess.Popen(
-            [sys.executable, "-m", "kinbox.actors", "db", "upgrade", "--json", "--db",
-             pg_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        second = db_upgrade_process(pg_url)
         try:
             wait_for(lambda: waiting() == 1 or second.poll() is not None,
                      timeout=60, what="the second upgrade to wait for the first")

@@ -224,6 +224,15 @@ def pair_attempt(port: int, code: str, source: str = "127.0.0.1") -> f.Frame:
         return f.parse(ws.recv(10))
 
 
+def fail_pairing(port: int, receiver: Runtime, times: int = MAX_FAILURES) -> None:
+    """``times`` pairings with codes that name ``receiver`` but no open invite, each
+    refused ``forbidden``."""
+    for _ in range(times):
+        wrong = new_code(receiver.peers.identity.public_key, os.urandom(32))
+        answer = pair_attempt(port, wrong)
+        assert isinstance(answer, f.Error) and answer.code == "forbidden", answer
+
+
 def test_an_address_past_its_failed_pairings_is_refused_at_the_upgrade(
         paired: Pair) -> None:
     """Each pairing code no open invite matches cost the receiver an invite's read and a
@@ -231,10 +240,7 @@ def test_an_address_past_its_failed_pairings_is_refused_at_the_upgrade(
     at the upgrade, a right code too (else the lock-out would tell which guess was right);
     another address pairs, and the address pairs again once its lock-out is over."""
     _, receiver, served, _, app_clock = paired
-    for _ in range(MAX_FAILURES):
-        wrong = new_code(receiver.peers.identity.public_key, os.urandom(32))
-        answer = pair_attempt(served.port, wrong)
-        assert isinstance(answer, f.Error) and answer.code == "forbidden", answer
+    fail_pairing(served.port, receiver)
     with pytest.raises(InvalidStatus) as refused:
         pair_attempt(served.port, served.invite())
     assert refused.value.response.status_code == 429
@@ -250,9 +256,7 @@ def test_failed_pairings_and_failed_links_count_together(paired: Pair) -> None:
     between the two routes."""
     _, receiver, served, _, _ = paired
     fail(served.port, times=MAX_FAILURES // 2)
-    for _ in range(MAX_FAILURES - MAX_FAILURES // 2):
-        wrong = new_code(receiver.peers.identity.public_key, os.urandom(32))
-        assert isinstance(pair_attempt(served.port, wrong), f.Error)
+    fail_pairing(served.port, receiver, times=MAX_FAILURES - MAX_FAILURES // 2)
     assert locked_out(served.port).response.status_code == 429
 
 
@@ -261,9 +265,7 @@ def test_pairing_from_a_locked_out_address_says_so_and_what_it_means_for_the_cod
     """The operator is told the device refuses this address for a while and that its
     code was not read (not that it is good: the failed tries may have been this code)."""
     sender, receiver, served, _, _ = paired
-    for _ in range(MAX_FAILURES):
-        wrong = new_code(receiver.peers.identity.public_key, os.urandom(32))
-        assert isinstance(pair_attempt(served.port, wrong), f.Error)
+    fail_pairing(served.port, receiver)
     with pytest.raises(PairingFailed) as failed:
         sender.peers.pair(served.http, served.invite(), name="again")
     assert (failed.value.reason, failed.value.retry, failed.value.status) == (

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,13 +41,12 @@ from kinbox.persistence.schema_version import (
     Stamp,
     VersionVerdict,
     read_stamp,
-    read_version,
     verdict,
     write_version,
 )
 
-from .helpers import AdvisoryWaiters, wait_for
-from .test_cli import ROOT, kinbox
+from .helpers import AdvisoryWaiters, db_upgrade_process, wait_for
+from .test_cli import kinbox
 
 SCHEMA_FINGERPRINTS = {
     1: ("b01da8103f3867dcd60e6aaf1738e8bb17e20a5fb715ceb72d460f0a8fe269c6", 1),
@@ -97,10 +95,10 @@ def test_the_version_rule_compares_the_database_with_the_code(
 def test_a_new_database_is_stamped_with_the_code_schema_version(any_db_url: str) -> None:
     db = open_database(any_db_url)
     tables = bind_tables(db)
-    assert read_version(db) == 0
+    assert read_stamp(db).version == 0
     applied = upgrade(tables)
     assert f"set schema version to {SCHEMA_VERSION} (from 0)" in applied
-    assert read_version(db) == SCHEMA_VERSION
+    assert read_stamp(db).version == SCHEMA_VERSION
     assert pending_changes(tables) == []
     db.close()
 
@@ -127,7 +125,7 @@ def test_an_older_database_is_migrated_and_its_version_raised_by_one_upgrade(
     with pytest.raises(SchemaError, match="kinbox db upgrade"):
         require_current(tables)
     assert sorted(upgrade(tables)) == sorted(expected)
-    assert read_version(db) == SCHEMA_VERSION
+    assert read_stamp(db).version == SCHEMA_VERSION
     assert "last_error" in _columns(db, "agent_inbox_messages")
     require_current(tables)
     db.close()
@@ -150,7 +148,7 @@ def test_a_database_newer_than_the_code_is_refused_and_left_as_it_is(
             SCHEMA_VERSION + 1, SCHEMA_VERSION, SCHEMA_VERSION + 1)
         assert isinstance(refused.value, SchemaError)
         assert isinstance(refused.value, KinboxError)
-    assert read_version(db) == SCHEMA_VERSION + 1
+    assert read_stamp(db).version == SCHEMA_VERSION + 1
     assert "last_error" not in _columns(db, "agent_inbox_messages")
     db.close()
 
@@ -203,7 +201,7 @@ def test_a_failed_migration_leaves_the_version_and_the_tables_as_they_were(
     with pytest.raises(SchemaError) as refused:
         upgrade(tables)
     assert not isinstance(refused.value, SchemaTooNew)
-    assert read_version(db) == 0
+    assert read_stamp(db).version == 0
     assert not {VERSION_TABLE, "agent_inbox_seq_mark"} & set(db.get_tables())
     db.close()
 
@@ -221,10 +219,7 @@ def test_two_processes_upgrading_one_postgres_database_at_once_migrate_it_once(
     try:
         with holder.cursor() as cur:
             cur.execute(SCHEMA_LOCK_SQL)
-        procs = [subprocess.Popen(
-            [sys.executable, "-m", "kinbox.actors", "db", "upgrade", "--json", "--db",
-             pg_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-            for _ in range(2)]
+        procs = [db_upgrade_process(pg_url) for _ in range(2)]
         wait_for(lambda: waiting() == 2 or any(p.poll() is not None for p in procs),
                  timeout=60, what="both upgrades to wait for the schema lock")
         holder.commit()
@@ -269,9 +264,7 @@ def test_an_upgrade_waiting_for_the_lock_looks_again_and_leaves_a_newer_database
     try:
         with holder.cursor() as cur:
             cur.execute(SCHEMA_LOCK_SQL)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "kinbox.actors", "db", "upgrade", "--json", "--db",
-             pg_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        proc = db_upgrade_process(pg_url)
         wait_for(lambda: waiting() == 1 or proc.poll() is not None, timeout=60,
                  what="the older upgrade to wait for the schema lock")
         with holder.cursor() as cur:
