@@ -14,6 +14,8 @@ from kinbox.actors.bench_scaleout import Workers, wait_done
 from kinbox.actors.bench_scaleout_bare import ack, claim
 from kinbox.actors.bench_scaleout_systems import Producer, scratch_producer
 
+from .helpers import wait_for
+
 pytestmark = pytest.mark.postgres
 
 
@@ -21,17 +23,51 @@ def _rows(producer: Producer, sql: str) -> list[tuple[Any, ...]]:
     return producer.query(sql)
 
 
+class AcksHeld:
+    """Hold every ack (its insert into ``markers`` waits on a table lock) until two workers
+    hold leases in ``inbox``: both take a share whatever the scheduler does, where a worker
+    starved of CPU on a loaded machine could otherwise see the other drain everything.
+    Taken after the backlog, whose ANALYZE the lock would block."""
+
+    def __init__(self, producer: Producer, inbox: str, markers: str) -> None:
+        self.producer, self.inbox = producer, inbox
+        self.conn = psycopg2.connect(producer.url)
+        with self.conn.cursor() as cur:
+            cur.execute(f"LOCK TABLE {markers} IN SHARE MODE")  # an insert's lock conflicts
+
+    def release_once_both_lease(self) -> None:
+        wait_for(lambda: _rows(self.producer, f"SELECT COUNT(DISTINCT lease_owner) FROM"
+                                              f" {self.inbox} WHERE lease_owner IS NOT NULL"
+                               )[0][0] == 2, 60, "both workers holding leases")
+        self.release()
+
+    def __enter__(self) -> AcksHeld:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Idempotent; before the workers stop, which they cannot while an ack waits."""
+        if not self.conn.closed:
+            self.conn.rollback()
+            self.conn.close()
+
+
 @pytest.mark.timeout(120)
 def test_two_bare_workers_deliver_every_message_once_in_session_order(pg_url: str) -> None:
     with scratch_producer("bare_pg", pg_url, 200, 100) as producer:
-        pool = Workers("bare_pg", producer.url, 2)
-        try:
-            # Sent once both poll: a claim leases 64 of the 200 heads, so both workers find
-            # heads free and each session's turns pass between them, in turn.
-            producer.backlog(3000)
-            wait_done(producer, 90)
-        finally:
-            reports = pool.stop()
+        producer.backlog(3000)
+        with AcksHeld(producer, "bare_inbox", "bare_markers") as held:
+            pool = Workers("bare_pg", producer.url, 2)
+            try:
+                # A claim leases 64 of the 200 heads, so both workers find heads free and each
+                # session's turns pass between them, in turn.
+                held.release_once_both_lease()
+                wait_done(producer, 90)
+            finally:
+                held.release()
+                reports = pool.stop()
         assert producer.audit() == {"lost": 0, "duplicate": 0}
         started = [(t, int(mid)) for r in reports for mid, t in r["starts"]]
         assert sorted(m for _, m in started) == [r[0] for r in _rows(
@@ -130,13 +166,16 @@ def test_bare_pg_rows_creates_the_tables_and_indexes_kinbox_creates(pg_url: str)
 @pytest.mark.timeout(120)
 def test_two_bare_rows_workers_deliver_every_message_once_in_session_order(pg_url: str) -> None:
     with scratch_producer("bare_pg_rows", pg_url, 200, 100) as producer:
-        pool = Workers("bare_pg_rows", producer.url, 2)
-        try:
-            producer.backlog(3000)
-            producer.send(3000)  # a durable send too: the closed loop's
-            wait_done(producer, 90)
-        finally:
-            reports = pool.stop()
+        producer.backlog(3000)
+        with AcksHeld(producer, "agent_inbox_messages", "delivery_markers") as held:
+            pool = Workers("bare_pg_rows", producer.url, 2)
+            try:
+                producer.send(3000)  # a durable send too: the closed loop's
+                held.release_once_both_lease()
+                wait_done(producer, 90)
+            finally:
+                held.release()
+                reports = pool.stop()
         assert producer.audit() == {"lost": 0, "duplicate": 0}
         started = [(t, mid) for r in reports for mid, t in r["starts"]]
         seq_of = dict(_rows(producer, "SELECT message_id, seq FROM agent_inbox_messages"))
