@@ -166,8 +166,9 @@ def test_an_upgrade_to_a_path_that_is_no_websocket_route_is_a_json_404(
     """Starlette's router closed it before accepting, which the server answered 403 with
     no body: a peer dialling a wrong address heard "forbidden", not "no such endpoint"."""
     srv, _ = served
-    with pytest.raises(InvalidStatus) as info:
-        connect(f"ws://127.0.0.1:{srv.port}{path}", proxy=None, open_timeout=5).close()
+    with pytest.raises(InvalidStatus) as info, connect(
+            f"ws://127.0.0.1:{srv.port}{path}", proxy=None, open_timeout=5):
+        pass
     response = info.value.response
     got = json.loads(response.body)
     assert (response.status_code, got["error"]) == (404, "not_found"), got

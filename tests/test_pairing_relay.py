@@ -64,7 +64,7 @@ class Relay:
 
     def dial_laptop(self) -> tuple[ClientConnection, f.Challenge]:
         """A connection of the relay's own to the laptop, and its challenge."""
-        ws = connect(self.laptop, proxy=None, open_timeout=20)
+        ws = connect(self.laptop, proxy=None, open_timeout=20, legacy=True)
         ch = self.read(ws)
         assert isinstance(ch, f.Challenge)
         return ws, ch

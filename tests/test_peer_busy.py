@@ -37,7 +37,8 @@ MakeRuntime = Callable[..., Runtime]
 def hold_the_slot(served: Served) -> ClientConnection:
     """A connection to the receiver for its only handshake slot, to be entered: a pairing
     that takes its challenge and says nothing (as a slow or hostile client would)."""
-    return connect(f"ws://127.0.0.1:{served.port}/peers/pair", open_timeout=10, proxy=None)
+    return connect(f"ws://127.0.0.1:{served.port}/peers/pair", open_timeout=10, proxy=None,
+                   legacy=True)
 
 
 @pytest.fixture

@@ -49,7 +49,8 @@ def served(
 def dial(port: int, path: str, token: str | None = None) -> ClientConnection:
     headers = {"Authorization": f"Bearer {token}"} if token else None
     return connect(
-        f"ws://127.0.0.1:{port}{path}", additional_headers=headers, open_timeout=10, proxy=None
+        f"ws://127.0.0.1:{port}{path}", additional_headers=headers, open_timeout=10, proxy=None,
+        legacy=True,
     )
 
 

@@ -82,7 +82,7 @@ def test_a_row_committed_before_the_cut_is_delivered_when_the_device_then_refuse
 def _link(receiver: Receiver, token: str, in_flight: str) -> ClientConnection:
     return connect(f"ws://127.0.0.1:{receiver.port}/peers/link", proxy=None, open_timeout=20,
                    additional_headers={"Authorization": f"Bearer {token}",
-                                       f.IN_FLIGHT_HEADER: in_flight})
+                                       f.IN_FLIGHT_HEADER: in_flight}, legacy=True)
 
 
 def _hello(ws: ClientConnection, identity: DeviceIdentity,

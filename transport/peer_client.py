@@ -84,10 +84,12 @@ def _open(uri: str, headers: dict[str, str] | None, timeout: float) -> ClientCon
         # Keepalive pings: a link that goes silent without a close or a reset (a laptop
         # asleep, a NAT that forgot the flow) is lost within ping_interval + ping_timeout,
         # and its rows go back with a retry, instead of staying leased (renewed) forever.
+        # ``legacy=True``: the link owns the connection (it closes it), not a ``with``
+        # block, which websockets 17.1 made the default's only undeprecated use.
         return connect(uri, additional_headers=headers, open_timeout=timeout, proxy=None,
                        compression=None, max_size=f.MAX_FRAME_BYTES,
                        ping_interval=KEEPALIVE_SECONDS, ping_timeout=KEEPALIVE_SECONDS,
-                       close_timeout=2)
+                       close_timeout=2, legacy=True)
     except InvalidStatus as exc:
         raise _refusal(exc) from None
     except WebSocketException as exc:
