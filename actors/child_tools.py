@@ -11,6 +11,7 @@ so one that could never end (every thread waiting) is refused. A part of
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +30,7 @@ from .subagents import (
     task_message_id,
 )
 from .tasks import TaskService
-from .validation import SEND_LIMIT, TITLE_LIMIT, require_int, require_message
+from .validation import CHILD_LIMIT, SEND_LIMIT, TITLE_LIMIT, require_int, require_message
 
 FOREGROUND_KEY = "foreground_key"
 """The config entry of a foreground child holding its key (:meth:`.outbox.Outbox.child_key`):
@@ -37,6 +38,34 @@ what a retried attempt checks before it takes a session of the derived id as its
 
 DEFAULT_TITLE_CHARS = 60
 """Characters of its description that name a child started without a title."""
+
+
+class ChildPlace:
+    """A parent's place for one more running child, counted from its check until the child
+    is durable (the tasks count it from then on) or never will be; given back once."""
+
+    def __init__(self, ctx: RuntimeContext, parent_id: str) -> None:
+        self._ctx, self._parent = ctx, parent_id
+        self._held = False
+        self._lock = threading.Lock()
+
+    def take(self) -> None:
+        """Count the place, or refuse with ``execution_failed`` (nothing counted)."""
+        ctx, parent = self._ctx, self._parent
+        if not ctx.starting_children.reserve(parent, CHILD_LIMIT,
+                                             lambda: ctx.tasks.running_children(parent)):
+            raise ToolError("execution_failed",
+                            f"Sub-agent limit: {CHILD_LIMIT} of this agent's sub-agents are "
+                            "still running; wait for one to report back before starting "
+                            "another.")
+        self._held = True
+
+    def release(self) -> None:
+        """The child is durable or never will be: no longer counted here (once)."""
+        with self._lock:
+            held, self._held = self._held, False
+        if held:
+            self._ctx.starting_children.release(self._parent)
 
 
 class ChildTools:
@@ -81,6 +110,7 @@ class ChildTools:
         box = self._writes.outbox
 
         key: str | None = None  # a foreground child's (:meth:`.outbox.Outbox.child_key`)
+        place = ChildPlace(ctx, caller.id)
 
         def start(writes: Writes) -> dict[str, Any]:
             now = ctx.now()
@@ -90,14 +120,21 @@ class ChildTools:
             task = TaskService(ctx, writes).create(child_id, caller.project_id, name,
                                                    "in_progress")
             writes.send([NewMessage(task_message_id(task.id), child_id, text, kind=TASK_KIND,
-                                    sender=caller.id, payload={"task_id": task.id})])
+                                    sender=caller.id, payload={"task_id": task.id})],
+                        after=place.release)
+            writes.on_discard(place.release)
             return {"agent_id": child_id, "task_id": task.id, "status": "running"}
 
         if run_in_background:
             child_id = f"subagent-sub_{short(ctx.new_id(), 8)}"
             # One write: a child's session without its task and message (the turn ended
             # between them, a thread the brain left running) is a sub-agent that never runs.
-            return self._writes.together(start), float(wait)
+            place.take()
+            try:
+                return self._writes.together(start), float(wait)
+            except BaseException:
+                place.release()
+                raise
         if box is not None:  # it commits at once, not with the turn: not after its end
             box.check_open()
         self._reserve_a_thread()  # the caller's wait gives it back
@@ -117,8 +154,10 @@ class ChildTools:
             # Checked again with the writes: the turn may end meanwhile (a thread the
             # brain left running), and a child must not be written after that.
             check = box.check_open if box is not None else None
+            place.take()
             return commit_together(ctx, start, check), float(wait)
         except BaseException:
+            place.release()
             self.release_thread()
             raise
 

@@ -202,6 +202,9 @@ class RuntimeContext:
     """The delivery slots (:mod:`.slots`): where turns start and end, from any thread."""
     queued_sends: QueuedSends = field(default_factory=QueuedSends)
     """Family sends checked against the pending limit, not yet durable (:mod:`.queued_sends`)."""
+    starting_children: QueuedSends = field(default_factory=QueuedSends)
+    """Sub-agents checked against the running-children limit, per parent, not yet durable
+    (:data:`.validation.CHILD_LIMIT`)."""
     buckets: Any = None
     """Family rate-limit buckets (``family.Buckets``, shared through the database), set by
     the runtime."""

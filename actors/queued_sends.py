@@ -1,4 +1,6 @@
-"""Family sends on their way to the journal, counted per target for the pending limit (F6).
+"""Writes on their way to the journal, counted per key against a limit: family sends per
+target for the pending limit (F6), and sub-agent starts per parent for the running-children
+limit (:data:`.validation.CHILD_LIMIT`), which has the same race.
 
 A family send made in a turn becomes an inbox row only when that turn commits,
 yet the limit (at most 20 pending per target) must count it from the call on:

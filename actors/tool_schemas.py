@@ -19,7 +19,7 @@ from .cron_rules import EXPRESSION_LIMIT
 from .errors import ToolError
 from .focal_policy import NOTE_LIMIT
 from .task_rules import REASON_LIMIT
-from .validation import ID_LIMIT, SEND_LIMIT, TITLE_LIMIT, quoted
+from .validation import CHILD_LIMIT, ID_LIMIT, SEND_LIMIT, TITLE_LIMIT, quoted
 
 Schema = dict[str, Any]
 
@@ -56,7 +56,8 @@ TOOLS: dict[str, tuple[str, Schema, tuple[str, ...]]] = {
     ),
     "agent_stop": ("Ask another session's running turn to stop.", {"agent_id": _ID}, ("agent_id",)),
     "agent": (
-        "Start a sub-agent for a piece of work; it reports back when done.",
+        "Start a sub-agent for a piece of work; it reports back when done. At most "
+        f"{CHILD_LIMIT} of yours run at once.",
         {
             "description": {**_TEXT, "description": "what the sub-agent should do"},
             "run_in_background": {

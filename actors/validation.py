@@ -18,6 +18,12 @@ SEND_LIMIT = 20_000
 TITLE_LIMIT = 512
 """Characters in a session title."""
 
+CHILD_LIMIT = 20
+"""Most sub-agents one session may have running at once (their task ``pending`` or
+``in_progress``; a ``blocked`` one waits on the user and does not count): a brain that
+calls ``agent`` in a loop is refused at the limit instead of starting a model turn each
+(:class:`.child_tools.ChildPlace`)."""
+
 JSON_OBJECT_LIMIT = 256 * 1024
 """Characters of a message's payload or a session's config as stored (JSON, keys sorted,
 ASCII): a payload is read with its row at every claim, a config by every turn of its

@@ -21,6 +21,8 @@ from .models import Tables, Task
 from .writer import GroupCommitWriter
 
 OPEN_TASK_STATES = ("pending", "in_progress", "blocked")
+RUNNING_TASK_STATES = ("pending", "in_progress")
+"""A sub-agent's task in these is running (or about to): not blocked on anyone, not ended."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,14 @@ class TaskStore:
         t = self.t.task
         return [_record(r) for r in t.select().where(t.chat_id == chat_id)
                 .order_by(t.created_at, t.id)]
+
+    def running_children(self, parent_id: str) -> int:
+        """How many sub-agents of ``parent_id`` have a task still running
+        (:data:`RUNNING_TASK_STATES`): by the sessions' parent index and the tasks' chat one."""
+        t, s = self.t.task, self.t.session
+        return (t.select().join(s, on=(s.id == t.chat_id))
+                .where(s.parent_id == parent_id, s.kind == "subagent",
+                       t.status.in_(RUNNING_TASK_STATES)).count())
 
     def open_of_chats(self, chat_prefix: str, statuses: tuple[str, ...]) -> list[TaskRecord]:
         """The tasks in ``statuses`` of sessions whose id starts with ``chat_prefix``
