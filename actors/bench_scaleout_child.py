@@ -179,6 +179,15 @@ SYSTEMS = {"kinbox": run_kinbox, "bare_pg": run_bare_pg,
            "procrastinate": run_procrastinate, "dbos": run_dbos}
 
 
+def _stop_when_orphaned(stop: threading.Event) -> None:
+    """Stop as SIGTERM would once the bench that started this worker is gone (killed, or a
+    test's timeout ended its process): an orphan went on polling the database for good."""
+    parent = os.getppid()
+    while not stop.wait(1.0):
+        if os.getppid() != parent:
+            stop.set()
+
+
 def main() -> None:
     system, out = sys.argv[1:3]
     url = os.environ["KINBOX_DB"]  # not an argument: ps shows arguments, password and all
@@ -188,6 +197,7 @@ def main() -> None:
     brain = Brain(slow="--slow" in options)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    threading.Thread(target=_stop_when_orphaned, args=(stop,), daemon=True).start()
     extra = SYSTEMS[system](url, brain, stop)  # bare_pg: its stage times
     with open(out, "w") as f:
         json.dump({**brain.report(), **(extra or {})}, f)

@@ -24,6 +24,7 @@ from .ids import short
 from .outbox import Writes, commit_together, foreground_child_id
 from .subagents import (
     TASK_KIND,
+    TASK_MESSAGE_PREFIX,
     report_task,
     result_ids,
     task_message_chain,
@@ -52,8 +53,9 @@ class ChildPlace:
     def take(self) -> None:
         """Count the place, or refuse with ``execution_failed`` (nothing counted)."""
         ctx, parent = self._ctx, self._parent
-        if not ctx.starting_children.reserve(parent, CHILD_LIMIT,
-                                             lambda: ctx.tasks.running_children(parent)):
+        if not ctx.starting_children.reserve(
+                parent, CHILD_LIMIT,
+                lambda: ctx.tasks.running_children(parent, TASK_MESSAGE_PREFIX)):
             raise ToolError("execution_failed",
                             f"Sub-agent limit: {CHILD_LIMIT} of this agent's sub-agents are "
                             "still running; wait for one to report back before starting "

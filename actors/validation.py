@@ -19,8 +19,9 @@ TITLE_LIMIT = 512
 """Characters in a session title."""
 
 CHILD_LIMIT = 20
-"""Most sub-agents one session may have running at once (their task ``pending`` or
-``in_progress``; a ``blocked`` one waits on the user and does not count): a brain that
+"""Most sub-agents one session may have running at once (the task ``agent`` handed them
+``pending`` or ``in_progress``; one ``blocked`` waits on the user and does not count, nor
+do tasks a child made for itself): a brain that
 calls ``agent`` in a loop is refused at the limit instead of starting a model turn each
 (:class:`.child_tools.ChildPlace`)."""
 

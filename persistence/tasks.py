@@ -22,7 +22,7 @@ from .writer import GroupCommitWriter
 
 OPEN_TASK_STATES = ("pending", "in_progress", "blocked")
 RUNNING_TASK_STATES = ("pending", "in_progress")
-"""A sub-agent's task in these is running (or about to): not blocked on anyone, not ended."""
+"""A task in these is running (or about to): not blocked on anyone, not ended."""
 
 
 @dataclass(frozen=True)
@@ -122,13 +122,18 @@ class TaskStore:
         return [_record(r) for r in t.select().where(t.chat_id == chat_id)
                 .order_by(t.created_at, t.id)]
 
-    def running_children(self, parent_id: str) -> int:
-        """How many sub-agents of ``parent_id`` have a task still running
-        (:data:`RUNNING_TASK_STATES`): by the sessions' parent index and the tasks' chat one."""
-        t, s = self.t.task, self.t.session
+    def running_children(self, parent_id: str, handed_by: str) -> int:
+        """How many sub-agents of ``parent_id`` still run the task it handed them
+        (:data:`RUNNING_TASK_STATES`): a task the inbox message ``handed_by + task id``
+        handed over, not the tasks a child made for itself (a child that ended leaves
+        those as they were). By the sessions' parent index, the tasks' chat one and the
+        inbox's message id. A first message pruned while its task runs on in a hand-back
+        (a deploy's; the task message ended long before) is a child not counted."""
+        t, s, m = self.t.task, self.t.session, self.t.inbox
+        handed = m.select(m.message_id).where(m.message_id == pw.Value(handed_by).concat(t.id))
         return (t.select().join(s, on=(s.id == t.chat_id))
                 .where(s.parent_id == parent_id, s.kind == "subagent",
-                       t.status.in_(RUNNING_TASK_STATES)).count())
+                       t.status.in_(RUNNING_TASK_STATES), pw.fn.EXISTS(handed)).count())
 
     def open_of_chats(self, chat_prefix: str, statuses: tuple[str, ...]) -> list[TaskRecord]:
         """The tasks in ``statuses`` of sessions whose id starts with ``chat_prefix``

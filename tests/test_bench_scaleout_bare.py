@@ -27,7 +27,8 @@ class AcksHeld:
     """Hold every ack (its insert into ``markers`` waits on a table lock) until two workers
     hold leases in ``inbox``: both take a share whatever the scheduler does, where a worker
     starved of CPU on a loaded machine could otherwise see the other drain everything.
-    Taken after the backlog, whose ANALYZE the lock would block."""
+    Taken after the backlog, whose ANALYZE the lock would block; waited for well inside the
+    30 s lease, past which the first worker's rows would be taken over."""
 
     def __init__(self, producer: Producer, inbox: str, markers: str) -> None:
         self.producer, self.inbox = producer, inbox
@@ -38,7 +39,7 @@ class AcksHeld:
     def release_once_both_lease(self) -> None:
         wait_for(lambda: _rows(self.producer, f"SELECT COUNT(DISTINCT lease_owner) FROM"
                                               f" {self.inbox} WHERE lease_owner IS NOT NULL"
-                               )[0][0] == 2, 60, "both workers holding leases")
+                               )[0][0] == 2, 20, "both workers holding leases")
         self.release()
 
     def __enter__(self) -> AcksHeld:

@@ -127,3 +127,33 @@ def test_two_callers_at_once_cannot_both_take_the_last_place(
         gate.set()
     rt.run_until_idle(30)
     assert rt.context.starting_children.count("a") == 0
+
+
+def test_tasks_a_child_made_for_itself_hold_no_place(make_runtime: MakeRuntime,
+                                                   any_db_url: str) -> None:
+    gate = threading.Event()
+
+    def brain(turn: Turn) -> None:
+        if turn.session_id.startswith("subagent-"):
+            if turn.messages[0].content != "plan the trip":
+                gate.wait(30)
+            for k in range(3):  # its own to-do list, left open when it is done
+                turn.tools.task_create(f"step {k}")
+        turn.reply("ok")
+
+    rt = make_runtime(db=any_db_url, brain=brain, max_active_sessions=CHILD_LIMIT + 4)
+    sessions(rt)
+    tools = rt.tools_for("a")
+    first = tools.agent("plan the trip")
+    rt.run_until_idle(30)
+    own = [t for t in rt.tools_for(first["agent_id"]).task_list()["tasks"]
+           if t["task_id"] != first["task_id"]]
+    assert [t["status"] for t in own] == ["pending"] * 3  # open, and not the handed task
+    try:
+        for k in range(CHILD_LIMIT):  # every place is free
+            tools.agent(f"part {k}")
+        assert _refused(lambda: tools.agent("one too many")).code == "execution_failed"
+    finally:
+        gate.set()
+    rt.run_until_idle(30)
+    assert rt.context.starting_children.count("a") == 0

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
-from websockets.version import version as websockets_version
 
 from kinbox.actors import (
     ConfigError,
@@ -41,13 +40,6 @@ from kinbox.transport.peer_client import pair_with
 
 from .helpers import quiet_brain, wait_for
 from .peer_harness import CuttingProxy, Receiver, cli, free_port, port_open
-
-DIRECT: dict[str, Any] = (
-    {"legacy": True} if tuple(int(p) for p in websockets_version.split(".")[:2]) >= (17, 1)
-    else {})
-"""How to keep a connection open outside a ``with`` without websockets 17.1's deprecation
-warning; before 17.1 there is no such argument (and kinbox's extras may pin an older
-websockets: openai-agents 0.24 wants < 17)."""
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -137,7 +129,7 @@ class Peer:
         if header == "":
             headers = {}
         ws = connect(f"ws://127.0.0.1:{self.r.port}/peers/link{query}",
-                     additional_headers=headers, proxy=None, open_timeout=20, **DIRECT)
+                     additional_headers=headers, proxy=None, open_timeout=20, legacy=True)
         me = identity or self.identity
         ch = f.parse(ws.recv(20))
         assert isinstance(ch, f.Challenge)
