@@ -21,9 +21,8 @@ TITLE_LIMIT = 512
 CHILD_LIMIT = 20
 """Most sub-agents one session may have running at once (the task ``agent`` handed them
 ``pending`` or ``in_progress``; one ``blocked`` waits on the user and does not count, nor
-do tasks a child made for itself): a brain that
-calls ``agent`` in a loop is refused at the limit instead of starting a model turn each
-(:class:`.child_tools.ChildPlace`)."""
+do tasks a child made for itself): a brain that calls ``agent`` in a loop is refused at
+the limit instead of starting a model turn each (:class:`.child_tools.ChildPlace`)."""
 
 JSON_OBJECT_LIMIT = 256 * 1024
 """Characters of a message's payload or a session's config as stored (JSON, keys sorted,
