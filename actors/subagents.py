@@ -36,6 +36,7 @@ from ..persistence import (
     TaskChange,
 )
 from ..persistence.numbered_ids import numbered
+from ..persistence.tasks import RUNNING_TASK_STATES
 from . import task_rules
 from .context import HookReads, RuntimeContext, TurnEffects
 from .running import RUNTIME_STOP
@@ -84,7 +85,7 @@ REPORT_INTERVAL = 30.0
 """Seconds between a delivering runtime's looks for child tasks whose message another
 process ended (an operator's ``kinbox inbox cancel``): :func:`report_orphans`."""
 
-UNREPORTED = ("pending", "in_progress")
+UNREPORTED = RUNNING_TASK_STATES
 """A child task's states before its outcome was reported to the parent."""
 
 TASK_MESSAGE_PREFIX = "subagent-task-"

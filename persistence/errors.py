@@ -83,6 +83,11 @@ class SchemaTooNew(SchemaError):
         self.compatible = compatible
 
 
+def first_lines(lines: list[str], most: int = 5) -> str:
+    """Up to ``most`` of ``lines``, joined for one line of an error ("; ..." when cut)."""
+    return "; ".join(lines[:most]) + ("; ..." if len(lines) > most else "")
+
+
 class SchemaIncomplete(SchemaError):
     """A database a newer kinbox upgraded says this code (version ``known``) may work on it
     (its ``compatible`` number), but lacks what this code needs: ``missing``, one line each
@@ -90,7 +95,7 @@ class SchemaIncomplete(SchemaError):
     know that every insert would have to fill). Refused, nothing changed."""
 
     def __init__(self, found: int, known: int, compatible: int, missing: list[str]) -> None:
-        shown = "; ".join(missing[:5]) + ("; ..." if len(missing) > 5 else "")
+        shown = first_lines(missing)
         super().__init__(
             f"the database's schema is version {found} and says a kinbox of version "
             f"{compatible} or later may work on it, but it lacks what this kinbox (version "

@@ -17,13 +17,14 @@ would do, for ``kinbox db status``.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import peewee as pw
 from playhouse import migrate
 
 from .database import is_postgres, is_sqlite
-from .errors import SchemaError, SchemaIncomplete
+from .errors import SchemaError, SchemaIncomplete, first_lines
 from .hot_path import INBOX
 from .liveness import LOCK_CLASS
 from .models import Tables
@@ -71,7 +72,7 @@ def _widen(name: str, field: pw.CharField) -> str:
     return f"widen column {name}.{field.column_name} to {field.max_length} characters"
 
 
-def _sequence_change(db: pw.Database, existing: set[str]) -> str | None:
+def _sequence_change(db: pw.Database, existing: Collection[str]) -> str | None:
     """PostgreSQL: what :data:`INBOX_SEQUENCE` needs before a send can take a ``seq`` from
     it, or None. No table owns it, so a copy of the tables alone (``pg_dump -t``) comes
     without it, and rows copied into a new database are ahead of its count: every send
@@ -125,6 +126,14 @@ def _absent(catalog: Catalog, model: type[pw.Model]) -> list[str]:
             for field in _missing_fields(catalog, model)]
 
 
+def _missing_indexes(catalog: Catalog, model: type[pw.Model], *,
+                     unique_only: bool = False) -> list[str]:
+    """The names of ``model``'s own indexes (its unique ones: ``unique_only``) that the
+    database lacks."""
+    return [index._name for index in model._meta.fields_to_index()
+            if (index._unique or not unique_only) and index._name not in catalog.indexes]
+
+
 def _catalog(tables: Tables, existing: set[str] | None = None) -> Catalog:
     return read_catalog(tables.db, [m._meta.table_name for m in tables.all()], existing)
 
@@ -158,17 +167,16 @@ def schema_status(tables: Tables) -> SchemaStatus:
     for model in tables.all():
         name = model._meta.table_name
         changes.extend(_absent(catalog, model))
-        if name not in existing:
+        if name not in catalog.tables:
             continue
         changes.extend(_widen(name, field) for field in _narrow_columns(catalog, model))
-        changes.extend(f"create index {index._name}"  # the models' own indexes
-                       for index in model._meta.fields_to_index()
-                       if index._name not in catalog.indexes)
-    if INBOX in existing:
+        changes.extend(f"create index {index}"  # the models' own indexes
+                       for index in _missing_indexes(catalog, model))
+    if INBOX in catalog.tables:
         changes.extend(f"create index {name}" for name in missing_open_indexes(catalog.indexes))
         changes.extend(f"drop index {name} (replaced)"
                        for name in surplus_indexes(catalog.indexes))
-    sequence = _sequence_change(db, existing)
+    sequence = _sequence_change(db, catalog.tables)
     if sequence is not None:
         changes.append(sequence)
     version = version_change(found, judged)
@@ -195,14 +203,13 @@ def _require_compatible(tables: Tables, catalog: Catalog, found: Stamp) -> None:
         name = model._meta.table_name
         if name not in catalog.tables:
             continue
-        missing.extend(f"unique index {index._name}"
-                       for index in model._meta.fields_to_index()
-                       if index._unique and index._name not in catalog.indexes)
+        missing.extend(f"unique index {index}"
+                       for index in _missing_indexes(catalog, model, unique_only=True))
         known = {field.column_name for field in model._meta.sorted_fields}
         missing.extend(f"a value for {name}.{column} (required, unknown to this kinbox)"
                        for column, info in catalog.columns[name].items()
                        if column not in known and not info.null and not info.has_default)
-    sequence = _sequence_change(tables.db, set(catalog.tables))
+    sequence = _sequence_change(tables.db, catalog.tables)
     if sequence is not None:
         missing.append(sequence)
     if missing:
@@ -273,6 +280,6 @@ def require_current(tables: Tables) -> None:
     changes = pending_changes(tables)
     if changes:
         raise SchemaError(
-            "the database schema is out of date (" + "; ".join(changes[:5])
-            + ("; ..." if len(changes) > 5 else "") + "); run `kinbox db upgrade`"
+            f"the database schema is out of date ({first_lines(changes)}); "
+            "run `kinbox db upgrade`"
         )

@@ -143,10 +143,8 @@ def write_version(db: pw.Database) -> None:
                           SchemaVersion.compatible: COMPATIBLE_FROM},
                   where=SchemaVersion.version <= SCHEMA_VERSION)
      .bind(db).execute())
-    found = read_stamp(db, (VERSION_TABLE,))
-    if found.version == SCHEMA_VERSION:
+    found, judged = check_version(db, (VERSION_TABLE,))  # SchemaTooNew past this code
+    if judged is VersionVerdict.CURRENT:
         return
-    if verdict(found.version, SCHEMA_VERSION, found.compatible) is VersionVerdict.NEWER:
-        raise SchemaTooNew(found.version, SCHEMA_VERSION, found.compatible)
     raise SchemaError(f"another process raised the schema to version {found.version} "
                       "during this upgrade, which wrote nothing; run it again")

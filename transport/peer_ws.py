@@ -180,15 +180,6 @@ class PeerEndpoint:
         # Called on the event loop only, so one at a time.
         self.tries = tries if tries is not None else TokenTries()
 
-    async def _locked_out(self, ws: WebSocket) -> bool:
-        """Is the client of ``ws`` locked out after failed handshakes (then its upgrade is
-        refused, 429 with ``Retry-After``)? Logged at DEBUG: its lock was logged once."""
-        wait = self.tries.wait(_client(ws), self.clock())
-        if wait > 0:
-            await _deny(ws, Refusal.TOO_MANY_TRIES.value, {"Retry-After": retry_after(wait)},
-                        logging.DEBUG)
-        return wait > 0
-
     def _failed(self, ws: WebSocket) -> None:
         """Count a failed handshake of the client of ``ws``; say so once its lock begins
         (the address, never the token)."""
@@ -210,8 +201,15 @@ class PeerEndpoint:
             self._failed(ws)
         await _refuse(ws, what, exc)
 
-    async def _slot(self, ws: WebSocket) -> Slot | None:
-        """A handshake slot for ``ws``; None when all are held (the upgrade is refused)."""
+    async def _admit(self, ws: WebSocket) -> Slot | None:
+        """A handshake slot for ``ws``; None when its upgrade is refused: its client is
+        locked out after failed handshakes (429 with ``Retry-After``, logged at DEBUG: its
+        lock was logged once), or every slot is held."""
+        wait = self.tries.wait(_client(ws), self.clock())
+        if wait > 0:
+            await _deny(ws, Refusal.TOO_MANY_TRIES.value, {"Retry-After": retry_after(wait)},
+                        logging.DEBUG)
+            return None
         slot = self.slots.take(self.clock())
         if isinstance(slot, float):
             await _deny(ws, Refusal.BUSY.value, {"Retry-After": retry_after(slot)})
@@ -261,9 +259,7 @@ class PeerEndpoint:
             await _deny(ws, refusal)
             return
         assert token is not None
-        if await self._locked_out(ws):
-            return
-        slot = await self._slot(ws)
+        slot = await self._admit(ws)
         if slot is None:
             return
         try:
@@ -345,9 +341,7 @@ class PeerEndpoint:
         if refusal is not None:
             await _deny(ws, refusal)
             return
-        if await self._locked_out(ws):
-            return
-        slot = await self._slot(ws)
+        slot = await self._admit(ws)
         if slot is None:
             return
         try:
